@@ -1,0 +1,55 @@
+# Every target installs what it needs into .venv on first use; later runs
+# reinstall only when pyproject.toml changes.
+#   make train-symbolic DEVICES=cpu:0,cpu:1 EPOCHS=3
+#   make setup MXNET=cu112            # CUDA 11.2 build of MXNet instead of the CPU one
+
+PYTHON ?= python3
+MXNET ?= cpu
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(MXNET)
+
+DEVICES ?=
+EPOCHS ?=
+TRAIN_FLAGS = $(if $(DEVICES),--devices $(DEVICES)) $(if $(EPOCHS),--epochs $(EPOCHS))
+
+.PHONY: help setup train-symbolic train-imperative export compare bench test clean
+
+help:
+	@echo "make train-symbolic    train the ctx_group graph model-parallel (Module API)"
+	@echo "make train-imperative  train the Gluon twin model-parallel"
+	@echo "make export            export the symbolic checkpoint to symbol/params and ONNX, verify"
+	@echo "make compare           train all variants side by side, write table, plot and graph"
+	@echo "make bench             training throughput and time-to-accuracy, as ratios"
+	@echo "make test              run the test suite"
+	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N MXNET=cpu|cu112 PYTHON=python3.x"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=21.3"
+	$(PY) -m pip install --quiet -e ".[$(MXNET),test]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+setup: $(STAMP)
+
+train-symbolic: $(STAMP)
+	$(PY) -m mp_symbolic train --variant symbolic $(TRAIN_FLAGS)
+
+train-imperative: $(STAMP)
+	$(PY) -m mp_symbolic train --variant imperative $(TRAIN_FLAGS)
+
+export: $(STAMP)
+	$(PY) -m export
+
+compare: $(STAMP)
+	$(PY) -m mp_symbolic compare $(TRAIN_FLAGS)
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf artifacts .pytest_cache

@@ -1,0 +1,147 @@
+"""MXNet's checkpoint file pair, written atomically, and read back with checks.
+
+A checkpoint is ``<prefix>-symbol.json`` plus ``<prefix>-<epoch:04d>.params``,
+the files ``mx.model.save_checkpoint`` writes and ``mx.model.load_checkpoint``
+and ``mx.mod.Module.load`` read. Here each file is written to a temporary
+file in the same folder and renamed into place, so an interrupted run never
+leaves a half-written file behind.
+"""
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+
+import mxnet as mx
+
+__all__ = ['atomic_path', 'write_text', 'write_json', 'save_checkpoint',
+           'load_checkpoint', 'CheckpointError']
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, corrupt, or does not fit its symbol."""
+
+
+@contextmanager
+def atomic_path(path):
+    """Yields a temporary path next to ``path``; renames it onto ``path`` on
+    success, removes it on failure."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.',
+                               suffix='.tmp')
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text(path, text):
+    with atomic_path(path) as tmp:
+        with open(tmp, 'w') as f:
+            f.write(text)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + '\n')
+
+
+def save_checkpoint(prefix, epoch, symbol, arg_params, aux_params=None):
+    """Writes ``<prefix>-symbol.json`` and ``<prefix>-<epoch:04d>.params``.
+
+    Returns:
+        The two paths written.
+    """
+    sym_path = '%s-symbol.json' % prefix
+    params_path = '%s-%04d.params' % (prefix, epoch)
+    arrays = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
+    arrays.update({'aux:%s' % k: v.as_in_context(mx.cpu())
+                   for k, v in (aux_params or {}).items()})
+    with atomic_path(params_path) as tmp:
+        mx.nd.save(tmp, arrays)
+    write_text(sym_path, symbol.tojson())
+    return sym_path, params_path
+
+
+def load_checkpoint(sym_path, params_path):
+    """Loads a symbol and its parameters and checks that they fit.
+
+    Every non-input argument of the symbol must have an array of the shape the
+    symbol infers (from its variables' ``__shape__`` attributes, or from
+    ``data``'s width), and no array may be left over.
+
+    Returns:
+        ``(symbol, arg_params, aux_params)``; arrays on ``cpu()``.
+
+    Raises:
+        CheckpointError: a file is missing or corrupt, or symbol and
+            parameters do not match (the message lists what differs).
+    """
+    for path in (sym_path, params_path):
+        if not os.path.isfile(path):
+            raise CheckpointError('expected a checkpoint file at %s, found none' % path)
+    try:
+        symbol = mx.sym.load(sym_path)
+    except (mx.base.MXNetError, ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError('%s is not an MXNet symbol file: %s'
+                              % (sym_path, _first_line(err))) from None
+    try:
+        saved = mx.nd.load(params_path)
+    except (mx.base.MXNetError, ValueError) as err:
+        raise CheckpointError('%s is not an MXNet params file: %s'
+                              % (params_path, _first_line(err))) from None
+    if not isinstance(saved, dict):
+        raise CheckpointError('%s holds unnamed arrays; expected arg:/aux: names'
+                              % params_path)
+    arg_params, aux_params = {}, {}
+    for key, value in saved.items():
+        kind, _, name = key.partition(':')
+        if kind == 'arg':
+            arg_params[name] = value
+        elif kind == 'aux':
+            aux_params[name] = value
+        else:
+            raise CheckpointError("%s: expected array names 'arg:<name>' or 'aux:<name>', "
+                                  'found %r' % (params_path, key))
+    check_params(symbol, arg_params, aux_params, where=params_path)
+    return symbol, arg_params, aux_params
+
+
+def check_params(symbol, arg_params, aux_params, where='params'):
+    """Raises :class:`CheckpointError` unless the arrays fit ``symbol``."""
+    from .model import DATA_NAME, LABEL_NAME  # pylint: disable=import-outside-toplevel
+    inputs = {DATA_NAME, LABEL_NAME}
+    expected = [a for a in symbol.list_arguments() if a not in inputs]
+    missing = sorted(set(expected) - set(arg_params))
+    extra = sorted(set(arg_params) - set(expected))
+    extra_aux = sorted(set(aux_params) - set(symbol.list_auxiliary_states()))
+    problems = []
+    if missing:
+        problems.append('missing %s' % ', '.join(missing))
+    if extra or extra_aux:
+        problems.append('unexpected %s' % ', '.join(extra + extra_aux))
+    if not problems:
+        shapes = {k: v.shape for k, v in arg_params.items()}
+        in_width = None
+        if DATA_NAME in symbol.list_arguments():
+            first = [a for a in expected if a.endswith('_weight')]
+            in_width = arg_params[first[0]].shape[1] if first else None
+        try:
+            arg_shapes, _, _ = symbol.infer_shape_partial(
+                **({DATA_NAME: (1, in_width)} if in_width else {}))
+        except mx.base.MXNetError as err:
+            raise CheckpointError('%s: arrays do not fit the symbol: %s'
+                                  % (where, _first_line(err))) from None
+        for name, inferred in zip(symbol.list_arguments(), arg_shapes):
+            if name in shapes and inferred and tuple(inferred) != tuple(shapes[name]):
+                problems.append('%s has shape %s, the symbol expects %s'
+                                % (name, tuple(shapes[name]), tuple(inferred)))
+    if problems:
+        raise CheckpointError('%s does not match its symbol: %s' % (where, '; '.join(problems)))
+
+
+def _first_line(err):
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

@@ -1,0 +1,97 @@
+"""Training configuration: one frozen dataclass, one field per CLI flag."""
+from dataclasses import dataclass, fields
+import math
+import os
+
+__all__ = ['TrainConfig', 'VARIANTS', 'APIS', 'OPTIMIZERS']
+
+VARIANTS = ('symbolic', 'imperative')
+APIS = ('module', 'executor')
+OPTIMIZERS = ('sgd', 'adam')
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs.
+
+    Raises:
+        ValueError: a field is out of range; the message names the field and
+            the value found.
+    """
+    # 'symbolic' (ctx_group graph bound with group2ctx) or 'imperative' (Gluon + autograd).
+    variant: str = 'symbolic'
+    # Symbolic variant only: 'module' (mx.mod.Module, group2ctxs) or 'executor' (simple_bind, group2ctx).
+    api: str = 'module'
+    # '--devices' string such as 'cpu:0,cpu:1,cpu:2'; None: three GPUs if present, else cpu(0..2).
+    devices: str = None
+    # Layer widths, input first; (2, 2, 2, 1) is the seed's network. Data has 2 features, 1 target.
+    widths: tuple = (2, 2, 2, 1)
+    # Synthetic examples (the seed uses 10 000).
+    num_examples: int = 10000
+    # Examples per step (the seed uses 100); a last, smaller batch is dropped.
+    batch_size: int = 100
+    # Passes over the data; 5 reaches full-data MSE ~1e-6 (the noise floor) with the default SGD.
+    num_epochs: int = 5
+    # 'sgd' or 'adam'. Plain SGD converges in one epoch here; the seed's Adam at lr 1e-3 needs far more.
+    optimizer: str = 'sgd'
+    # Learning rate; gradients are averaged over the batch (rescale_grad = 1 / batch_size).
+    lr: float = 0.02
+    # SGD momentum (ignored by Adam).
+    momentum: float = 0.0
+    # Seeds the data, the batch order and the initial parameters.
+    seed: int = 0
+    # Output folder; None: artifacts/<variant>/.
+    out: str = None
+    # Show a tqdm progress bar.
+    progress: bool = True
+    # Write an MXNet profiler trace (Chrome trace format) to <out>/profile.json.
+    profile: bool = False
+
+    def __post_init__(self):
+        def bad(name, expected):
+            raise ValueError('%s: expected %s, found %r' % (name, expected, getattr(self, name)))
+
+        if self.variant not in VARIANTS:
+            bad('variant', ' or '.join(VARIANTS))
+        if self.api not in APIS:
+            bad('api', ' or '.join(APIS))
+        if self.optimizer not in OPTIMIZERS:
+            bad('optimizer', ' or '.join(OPTIMIZERS))
+        object.__setattr__(self, 'widths', tuple(self.widths))
+        if (len(self.widths) < 2 or not all(_is_int(w) and w >= 1 for w in self.widths)):
+            bad('widths', 'at least two positive integers')
+        if self.widths[0] != 2 or self.widths[-1] != 1:
+            bad('widths', 'input width 2 and output width 1 (the data has 2 features, 1 target)')
+        for name in ('num_examples', 'batch_size', 'num_epochs'):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                bad(name, 'a positive integer')
+        if self.batch_size > self.num_examples:
+            bad('batch_size', 'at most num_examples (%d)' % self.num_examples)
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            bad('lr', 'a positive finite number')
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            bad('momentum', 'a number in [0, 1)')
+        if not _is_int(self.seed) or self.seed < 0:
+            bad('seed', 'a non-negative integer')
+
+    @property
+    def num_layers(self):
+        return len(self.widths) - 1
+
+    @property
+    def out_dir(self):
+        return self.out if self.out is not None else os.path.join('artifacts', self.variant)
+
+    def optimizer_params(self):
+        """Keyword arguments for ``mx.optimizer.create`` (without rescale_grad)."""
+        params = {'learning_rate': self.lr}
+        if self.optimizer == 'sgd':
+            params['momentum'] = self.momentum
+        return params
+
+    def to_dict(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
