@@ -4,7 +4,7 @@ import numpy as np
 
 from .data import TRUE_B, TRUE_W
 
-__all__ = ['forward_numpy', 'full_mse', 'end_to_end_map', 'map_error']
+__all__ = ['forward_numpy', 'full_mse', 'end_to_end_map', 'map_error', 'AGREE_RTOL', 'AGREE_ATOL']
 
 
 def _layers(params):
@@ -46,3 +46,11 @@ def map_error(params):
     """Largest absolute difference between the learned and the true map."""
     W, b = end_to_end_map(params)
     return float(max(np.max(np.abs(W - TRUE_W)), np.max(np.abs(b - TRUE_B))))
+
+
+# Two runs "agree" when every loss and parameter satisfies
+# |a - b| <= AGREE_ATOL + AGREE_RTOL * |b| (numpy.allclose). float32 arithmetic
+# on different devices may round differently; measured differences here are
+# far smaller than this.
+AGREE_RTOL = 1e-4
+AGREE_ATOL = 1e-5

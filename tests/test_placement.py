@@ -1,0 +1,80 @@
+"""The device plan and the --devices flag: what is accepted, what is refused."""
+import mxnet as mx
+import pytest
+
+from mp_symbolic.cli import build_parser, main
+from mp_symbolic.placement import DeviceSpecError, make_plan, parse_devices, partition
+
+
+def test_parse_devices_mixed():
+    assert parse_devices('cpu:0, gpu:1', num_gpus=2) == [mx.cpu(0), mx.gpu(1)]
+
+
+@pytest.mark.parametrize('layers, stages, expected', [
+    (3, 3, (0, 1, 2)), (3, 2, (0, 0, 1)), (3, 1, (0, 0, 0)), (5, 2, (0, 0, 0, 1, 1))])
+def test_partition_is_contiguous_and_balanced(layers, stages, expected):
+    assert partition(layers, stages) == expected
+
+
+def test_default_plan_uses_cpu_stand_ins_without_gpus():
+    plan, note = make_plan(3, None, num_gpus=0)
+    assert plan.devices == (mx.cpu(0), mx.cpu(1), mx.cpu(2))
+    assert 'stand-in' in note
+
+
+def test_default_plan_uses_gpus_when_there_are_enough():
+    plan, note = make_plan(3, None, num_gpus=4)
+    assert plan.devices == (mx.gpu(0), mx.gpu(1), mx.gpu(2))
+    assert '3 GPUs' in note
+
+
+def test_group2ctx_names_match_the_block_groups():
+    plan, _ = make_plan(3, 'cpu:0,cpu:1')
+    assert plan.group2ctx == {'stage0': mx.cpu(0), 'stage1': mx.cpu(1)}
+    assert plan.stage_of_layer == (0, 0, 1)
+
+
+@pytest.mark.parametrize('spec, message', [
+    ('cpu:0,cpu:1,cpu:2,cpu:3', 'too many devices for the layers (devices: 4, layers: 3)'),
+    ('gpu:0', 'gpu:0 requested but MXNet sees 0 GPU(s)'),
+    ('cpu:0,gpu:2', 'gpu:2 requested but MXNet sees 0 GPU(s)'),
+    ('cpu0', "expected devices of the form 'cpu:N' or 'gpu:N', found 'cpu0'"),
+    ('cpu:-1', "found 'cpu:-1'"),
+    ('tpu:0', "found 'tpu:0'"),
+    ('cpu:0,,cpu:1', "found ''"),
+    ('', 'found an empty string'),
+    ('cpu:1,cpu:1', 'expected each device once, found cpu:1 twice'),
+])
+def test_bad_devices_exit_2_with_one_line(spec, message, capsys):
+    assert main(['train', '--devices', spec, '--no-progress']) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count('\n') == 1, captured.err
+    assert captured.err.startswith('error: ')
+    assert message in captured.err
+    assert 'Traceback' not in captured.err
+    assert captured.out == ''
+
+
+def test_bad_gpu_count_is_a_device_spec_error():
+    with pytest.raises(DeviceSpecError, match='gpu:3 requested but MXNet sees 2 GPU'):
+        parse_devices('gpu:3', num_gpus=2)
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--epochs', '0'], 'num_epochs: expected a positive integer, found 0'),
+    (['--lr', 'nan'], 'lr: expected a positive finite number'),
+    (['--widths', '3,2,1'], 'widths: expected input width 2 and output width 1'),
+    (['--batch-size', '20000'], 'batch_size: expected at most num_examples (10000)'),
+])
+def test_bad_config_values_exit_2_naming_the_field(argv, message, capsys):
+    assert main(['train', '--no-progress'] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and message in err, err
+
+
+def test_help_lists_every_option():
+    text = build_parser()._subparsers._group_actions[0].choices['train'].format_help()  # pylint: disable=protected-access
+    for flag in ('--variant', '--api', '--devices', '--epochs', '--batch-size', '--lr',
+                 '--optimizer', '--momentum', '--widths', '--num-examples', '--seed',
+                 '--out', '--profile', '--no-progress'):
+        assert flag in text
