@@ -1,10 +1,12 @@
-"""Command line: ``python -m mp_symbolic train ...``.
+"""Command line: ``python -m mp_symbolic train|compare ...``.
 
 Parses flags into a :class:`~mp_symbolic.config.TrainConfig` and calls
-:func:`~mp_symbolic.train.train`. User errors (a bad flag value, a device plan
+:func:`~mp_symbolic.train.train` or :func:`~mp_symbolic.compare.compare`
+(which exits 1 when the variants disagree). User errors (a bad flag value, a device plan
 that cannot be made) print one line to stderr and exit with status 2.
 """
 import argparse
+import os
 import sys
 
 from .config import APIS, OPTIMIZERS, VARIANTS, TrainConfig
@@ -70,6 +72,16 @@ def build_parser():
     train.add_argument('--profile', action='store_true',
                        help='write an MXNet profiler trace (Chrome trace format) to '
                             '<out>/profile.json')
+    compare = commands.add_parser(
+        'compare', help='train every variant side by side and compare them',
+        description='Train the symbolic graph model-parallel (Module API), its imperative '
+                    'twin on the same devices, and the symbolic graph on one device, from '
+                    'the same start and batch order; print one table and write results '
+                    'JSON, a loss plot and the device-coloured graph under --out. Exits 1 '
+                    'if the variants do not agree within the stated tolerance.')
+    add_train_flags(compare)
+    compare.add_argument('--out', default='artifacts/compare', metavar='DIR',
+                         help='output folder (default: %(default)s)')
     return parser
 
 
@@ -83,6 +95,8 @@ def config_from_args(args, **overrides):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    # MXNet logs a line each time it binds a graph with its oneDNN subgraph backend.
+    os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     from .placement import make_plan  # pylint: disable=import-outside-toplevel
     from .train import train  # pylint: disable=import-outside-toplevel
@@ -93,6 +107,9 @@ def main(argv=None):
         print('error: %s' % err, file=sys.stderr)
         return 2
     try:
+        if args.command == 'compare':
+            from .compare import compare  # pylint: disable=import-outside-toplevel
+            return 0 if compare(cfg).agree else 1
         train(cfg)
     except OSError as err:
         print('error: %s' % err, file=sys.stderr)

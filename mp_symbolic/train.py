@@ -215,8 +215,9 @@ def fit(stepper, X, y, cfg, log=print):
     """
     step_losses, epoch_losses = [], []
     steps_per_epoch = len(X) // cfg.batch_size
+    # disable=None: no bar when stderr is not a terminal
     bar = tqdm(total=cfg.num_epochs * steps_per_epoch, unit='batch', leave=False,
-               disable=not cfg.progress, desc='train')
+               disable=None if cfg.progress else True, desc='train')
     mx.nd.waitall()
     start = time.perf_counter()
     for epoch in range(cfg.num_epochs):
@@ -229,7 +230,7 @@ def fit(stepper, X, y, cfg, log=print):
         step_losses += values
         epoch_losses.append(float(np.mean(values)))
         bar.set_postfix(mse='%.3g' % epoch_losses[-1])
-        (bar.write if cfg.progress else log)('epoch %d/%d  mean batch MSE %.4e'
+        (bar.write if not bar.disable else log)('epoch %d/%d  mean batch MSE %.4e'
                                              % (epoch + 1, cfg.num_epochs, epoch_losses[-1]))
     mx.nd.waitall()
     wall = time.perf_counter() - start

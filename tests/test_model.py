@@ -22,21 +22,28 @@ def test_every_node_and_variable_carries_its_stage_group(stage_of_layer):
     assert all(g is not None for g in groups.values()), groups
 
 
-def test_scope_inside_hybrid_forward_would_miss_the_variables():
+def test_scope_inside_hybrid_forward_misses_the_variables_and_binding_fails():
     """Why StageDense tags around the whole forward: a scope inside
-    hybrid_forward leaves the parameter variables untagged."""
+    hybrid_forward tags the ops but not the parameter variables, and the
+    model-parallel bind for training then fails."""
     class InnerScope(mx.gluon.HybridBlock):
-        def __init__(self, **kwargs):
+        def __init__(self, group, **kwargs):
             super().__init__(**kwargs)
-            self.weight = self.params.get('weight', shape=(1, 2))
+            self.group = group
+            self.weight = self.params.get('weight', shape=(2, 2))
 
         def hybrid_forward(self, F, x, weight):  # pylint: disable=arguments-differ
-            with mx.AttrScope(ctx_group='stage0'):
-                return F.FullyConnected(x, weight, no_bias=True, num_hidden=1)
+            with mx.AttrScope(ctx_group=self.group):
+                return F.FullyConnected(x, weight, no_bias=True, num_hidden=2)
 
-    groups = _groups(InnerScope(prefix='inner_')(mx.sym.var('data')))
-    assert groups['inner_weight'] is None
-    assert groups['inner_fullyconnected0'] == 'stage0'
+    first, second = InnerScope('stage0', prefix='a_'), InnerScope('stage1', prefix='b_')
+    out = mx.sym.LinearRegressionOutput(second(first(mx.sym.var('data'))), mx.sym.var('label'))
+    groups = _groups(out)
+    assert groups['a_fullyconnected0'] == 'stage0'
+    assert groups['a_weight'] is None and groups['b_weight'] is None
+    with pytest.raises(mx.base.MXNetError, match='Trying to save gradient to cpu'):
+        out.simple_bind(ctx=mx.cpu(0), group2ctx={'stage0': mx.cpu(0), 'stage1': mx.cpu(1)},
+                        data=(4, 2), label=(4, 2))
 
 
 def test_inference_symbol_has_data_input_only():

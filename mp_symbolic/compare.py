@@ -1,0 +1,216 @@
+"""Side-by-side run of the variants: same start, same batches, one table.
+
+Trains the symbolic graph model-parallel (Module API), its imperative Gluon
+twin on the same device plan, and the symbolic graph on the plan's first
+device alone, from the same initial parameters and in the same batch order.
+Then reports whether they learned the same thing (within the tolerance of the
+project's equivalence test), what model parallelism cost in samples/s, where
+each stage ran, and how many cross-device copies one training step makes.
+
+Writes to ``cfg.out`` (default ``artifacts/compare/``): ``compare.json``,
+``loss_curves.png`` and the device-coloured training graph
+(``graph.dot``, plus ``graph.png`` / ``graph.svg`` when ``dot`` is installed).
+
+References: MXNet 1.9.1 ``tests/python/unittest/test_model_parallel.py``
+(split graph vs one-device graph), ``src/executor/graph_executor.cc``
+(``AssignContext`` inserts ``_CrossDeviceCopy`` nodes at group boundaries).
+"""
+from dataclasses import dataclass, replace
+import json
+import os
+
+import mxnet as mx
+from mxnet import autograd
+import numpy as np
+
+from .checkpoint import atomic_path, write_json
+from .data import make_dataset
+from .graphviz_plot import write_graph
+from .model import build_net, training_symbol
+from .placement import format_device, make_plan
+from .train import fit, initial_params, make_stepper
+
+__all__ = ['compare', 'CompareResult', 'RTOL', 'ATOL', 'count_graph_copies',
+           'count_autograd_copies', 'REFERENCE']
+
+# The tolerance of the equivalence test (tests/test_train.py), on losses and parameters.
+RTOL = 1e-4
+ATOL = 1e-5
+REFERENCE = 'symbolic MP'  # the run every other one is compared with
+
+
+@dataclass
+class CompareResult:
+    """What :func:`compare` measured; ``rows`` holds one dict per variant."""
+    rows: list
+    agree: bool
+    files: dict
+
+
+def count_graph_copies(stepper):
+    """``_CrossDeviceCopy`` nodes MXNet inserted in a bound symbolic graph.
+
+    Read from the executor's ``debug_str()``, which lists the graph after
+    ``group2ctx`` placement, one ``Op:<name>, Name=<node>`` line per node.
+
+    Returns:
+        ``(forward, backward)`` copies executed by one training step.
+    """
+    names = [line.split('Name=', 1)[1]
+             for line in stepper._exec.debug_str().splitlines()  # pylint: disable=protected-access
+             if line.startswith('Op:_CrossDeviceCopy,')]
+    backward = sum('_backward' in n for n in names)
+    return len(names) - backward, backward
+
+
+def count_autograd_copies(stepper, X):
+    """Cross-device copies of one imperative training step.
+
+    Records one forward pass and counts the ``_copyto`` nodes autograd kept
+    (each ``as_in_context`` to another device). Each recorded copy has one
+    backward copy taking its gradient back to the source device, so backward
+    equals forward. Parameters are not changed (no backward, no update).
+
+    Returns:
+        ``(forward, backward)``.
+    """
+    with autograd.record():
+        pred = stepper.net(mx.nd.array(X, ctx=stepper.plan.first_device))
+    nodes = json.loads(autograd.get_symbol(pred).tojson())['nodes']
+    forward = sum(n['op'] == '_copyto' for n in nodes)
+    return forward, forward
+
+
+def _max_diff(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+def _close(a, b):
+    return bool(np.allclose(a, b, rtol=RTOL, atol=ATOL))
+
+
+def _runs(cfg, plan):
+    """``(name, config, plan)`` of each variant; the reference first."""
+    single, _ = make_plan(cfg.num_layers, [plan.first_device])
+    sym = replace(cfg, variant='symbolic', api='module')
+    return [(REFERENCE, sym, plan),
+            ('imperative MP', replace(cfg, variant='imperative'), plan),
+            ('symbolic 1-device', sym, single)]
+
+
+def compare(cfg, log=print):
+    """Trains the three runs, prints the table, writes JSON, plot and graph.
+
+    Args:
+        cfg: A :class:`~mp_symbolic.config.TrainConfig`; ``variant`` and
+            ``api`` are ignored, ``out=None`` means ``artifacts/compare``.
+        log: Called with each line of output.
+
+    Returns:
+        A :class:`CompareResult`.
+
+    Raises:
+        DeviceSpecError: ``cfg.devices`` cannot make a device plan.
+        OSError: an output file cannot be written.
+    """
+    out_dir = cfg.out if cfg.out is not None else os.path.join('artifacts', 'compare')
+    plan, note = make_plan(cfg.num_layers, cfg.devices)
+    if note:
+        log(note)
+    X, y = make_dataset(cfg.num_examples, cfg.seed)
+    init = initial_params(cfg.widths, cfg.seed)
+
+    rows, losses, params = [], {}, {}
+    for name, run_cfg, run_plan in _runs(cfg, plan):
+        log('training %s ...' % name)
+        stepper = make_stepper(run_cfg, run_plan, init)
+        if run_cfg.variant == 'imperative':
+            copies = count_autograd_copies(stepper, X[:cfg.batch_size])
+            method = 'autograd _copyto nodes (forward) x 2'
+        else:
+            copies = count_graph_copies(stepper)
+            method = '_CrossDeviceCopy nodes in the bound graph'
+        result = fit(stepper, X, y, run_cfg, lambda line, n=name: log('  %s: %s' % (n, line)))
+        losses[name], params[name] = result.step_losses, result.params
+        rows.append({
+            'variant': name, 'api': run_cfg.api if run_cfg.variant == 'symbolic' else 'gluon',
+            'final_mse': result.final_mse, 'samples_per_sec': result.samples_per_sec,
+            'wall_time_s': result.wall_time,
+            'stage_devices': [format_device(d) for d in run_plan.devices],
+            'stage_of_layer': list(run_plan.stage_of_layer),
+            'cross_device_copies_per_step': sum(copies),
+            'copies_forward': copies[0], 'copies_backward': copies[1], 'copy_count_method': method,
+        })
+
+    agree = True
+    for row in rows:
+        ref_l, ref_p = losses[REFERENCE], params[REFERENCE]
+        mine_l, mine_p = losses[row['variant']], params[row['variant']]
+        row['max_step_loss_diff'] = _max_diff(mine_l, ref_l)
+        row['max_param_diff'] = max(_max_diff(mine_p[k], ref_p[k]) for k in ref_p)
+        row['agree'] = _close(mine_l, ref_l) and all(_close(mine_p[k], ref_p[k]) for k in ref_p)
+        agree = agree and row['agree']
+
+    for line in format_table(rows):
+        log(line)
+    log('agree: %s (losses of every step and final parameters vs %s, '
+        'rtol=%g, atol=%g)' % ('yes' if agree else 'no', REFERENCE, RTOL, ATOL))
+
+    files = {'loss_plot': plot_losses(losses, os.path.join(out_dir, 'loss_curves.png'))}
+    graph_files, graph_note = write_graph(
+        training_symbol(build_net(cfg.widths, plan.stage_of_layer)), plan,
+        os.path.join(out_dir, 'graph'))
+    files.update(graph_files)
+    if graph_note:
+        log(graph_note)
+    files['results'] = os.path.join(out_dir, 'compare.json')
+    write_json(files['results'], {
+        'config': dict(cfg.to_dict(), out=out_dir), 'reference': REFERENCE,
+        'tolerance': {'rtol': RTOL, 'atol': ATOL,
+                      'applies_to': 'per-step batch MSE and final parameters'},
+        'agree': agree, 'variants': rows, 'step_losses': losses,
+        'files': {k: os.path.basename(v) for k, v in files.items()},
+        'mxnet_version': mx.__version__,
+    })
+    log('wrote %s' % ', '.join(sorted(files.values())))
+    return CompareResult(rows=rows, agree=agree, files=files)
+
+
+def format_table(rows):
+    """Lines of the comparison table, one row per variant."""
+    head = ('variant', 'final MSE', 'max|dloss|', 'max|dparam|', 'samples/s',
+            'stage devices', 'copies/step', 'agree')
+    body = [(r['variant'], '%.3e' % r['final_mse'], '%.1e' % r['max_step_loss_diff'],
+             '%.1e' % r['max_param_diff'], '%.0f' % r['samples_per_sec'],
+             ','.join(r['stage_devices']),
+             '%d (%d fwd + %d bwd)' % (r['cross_device_copies_per_step'],
+                                      r['copies_forward'], r['copies_backward']),
+             'yes' if r['agree'] else 'no') for r in rows]
+    width = [max(len(line[i]) for line in [head] + body) for i in range(len(head))]
+    return ['  '.join(c.ljust(w) for c, w in zip(line, width)).rstrip()
+            for line in [head] + body]
+
+
+def plot_losses(losses, path):
+    """Per-step batch MSE of each variant, log-scale y, written atomically as PNG.
+
+    Returns:
+        ``path``.
+    """
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')  # no display needed
+    from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+    fig, ax = plt.subplots(figsize=(7, 4))
+    # Curves coincide when the variants agree; distinct styles keep each visible.
+    for (name, values), style in zip(losses.items(), ('-', '--', ':')):
+        ax.plot(np.arange(1, len(values) + 1), values, style, linewidth=1.5, label=name)
+    ax.set_yscale('log')
+    ax.set_xlabel('step')
+    ax.set_ylabel('batch MSE')
+    ax.set_title('Training loss per step, same start and batch order')
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format='png', dpi=100)
+    plt.close(fig)
+    return path
