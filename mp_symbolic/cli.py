@@ -103,6 +103,8 @@ def main(argv=None):
     try:
         cfg = config_from_args(args)
         make_plan(cfg.num_layers, cfg.devices)  # validate before any work
+        if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+            raise ValueError('out: expected a folder, found a file at %s' % cfg.out_dir)
     except ValueError as err:
         print('error: %s' % err, file=sys.stderr)
         return 2
