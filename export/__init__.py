@@ -1,0 +1,12 @@
+"""Export of the trained model-parallel graph, and prediction from the export.
+
+``python -m export`` turns the symbolic training checkpoint into
+
+* an inference-only MXNet file pair (``<name>-symbol.json`` and
+  ``<name>-0000.params``) that keeps every ``ctx_group`` attribute, so it can
+  be bound model-parallel again with ``group2ctx``;
+* ``<name>.onnx`` for onnxruntime and other ONNX runtimes;
+* a verification report comparing both against the trained parameters.
+
+``python -m export.predict`` runs either file on ``.npy`` or CSV inputs.
+"""

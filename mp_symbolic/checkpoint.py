@@ -30,6 +30,9 @@ def atomic_path(path):
     fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.',
                                suffix='.tmp')
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
     try:
         yield tmp
         os.replace(tmp, path)
@@ -122,26 +125,27 @@ def check_params(symbol, arg_params, aux_params, where='params'):
         problems.append('missing %s' % ', '.join(missing))
     if extra or extra_aux:
         problems.append('unexpected %s' % ', '.join(extra + extra_aux))
-    if not problems:
-        shapes = {k: v.shape for k, v in arg_params.items()}
-        in_width = None
-        if DATA_NAME in symbol.list_arguments():
-            first = [a for a in expected if a.endswith('_weight')]
-            in_width = arg_params[first[0]].shape[1] if first else None
-        try:
-            arg_shapes, _, _ = symbol.infer_shape_partial(
-                **({DATA_NAME: (1, in_width)} if in_width else {}))
-        except mx.base.MXNetError as err:
-            raise CheckpointError('%s: arrays do not fit the symbol: %s'
-                                  % (where, _first_line(err))) from None
-        for name, inferred in zip(symbol.list_arguments(), arg_shapes):
-            if name in shapes and inferred and tuple(inferred) != tuple(shapes[name]):
-                problems.append('%s has shape %s, the symbol expects %s'
-                                % (name, tuple(shapes[name]), tuple(inferred)))
+    shapes = {k: v.shape for k, v in arg_params.items()}
+    try:
+        # Gluon records each parameter's shape in its variable's __shape__.
+        arg_shapes, _, _ = symbol.infer_shape_partial()
+    except mx.base.MXNetError as err:
+        raise CheckpointError('%s: cannot infer the shapes its symbol expects: %s'
+                              % (where, _first_line(err))) from None
+    for name, inferred in zip(symbol.list_arguments(), arg_shapes):
+        if name in shapes and inferred and 0 not in inferred \
+                and tuple(inferred) != tuple(shapes[name]):
+            problems.append('%s has shape %s, the symbol expects %s'
+                            % (name, tuple(shapes[name]), tuple(inferred)))
     if problems:
         raise CheckpointError('%s does not match its symbol: %s' % (where, '; '.join(problems)))
 
 
 def _first_line(err):
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
+    """The informative line of an error: MXNet's messages start with a C++
+    traceback and end with the check that failed."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    line = lines[-1] if lines[0].startswith('Traceback') else lines[0]
+    return line[len('MXNetError: '):] if line.startswith('MXNetError: ') else line

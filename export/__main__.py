@@ -1,0 +1,55 @@
+"""Command line: ``python -m export [--checkpoint DIR] [--out DIR] [--name NAME]``.
+
+Exports the symbolic training checkpoint to an MXNet file pair and ONNX,
+verifies both and prints the report. A checkpoint that cannot be exported
+prints one line to stderr and exits with status 2; a failed verification or
+an unwritable folder exits with status 1. Nothing is written on error.
+"""
+import argparse
+import os
+import sys
+
+__all__ = ['main', 'build_parser']
+
+
+def build_parser():
+    from .exporter import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR  # pylint: disable=import-outside-toplevel
+    parser = argparse.ArgumentParser(
+        prog='python -m export',
+        description='Export the model-parallel training checkpoint to an MXNet '
+                    'symbol/params pair (ctx_group kept) and ONNX, and verify both.')
+    parser.add_argument('--checkpoint', default=DEFAULT_CHECKPOINT_DIR, metavar='DIR',
+                        help='folder of a symbolic training run, read through its '
+                             'summary.json; trained first if it has none (default: %(default)s)')
+    parser.add_argument('--out', default=DEFAULT_OUT_DIR, metavar='DIR',
+                        help='output folder (default: %(default)s)')
+    parser.add_argument('--name', default='regression',
+                        help='file name prefix of the exported files (default: %(default)s)')
+    return parser
+
+
+def _one_line(err):
+    return ' '.join(str(err).split())
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')  # no "backend MKLDNN" line per bind
+    from .errors import VerificationError  # pylint: disable=import-outside-toplevel
+    from .exporter import export_checkpoint  # pylint: disable=import-outside-toplevel
+    try:
+        export_checkpoint(args.checkpoint, args.out, args.name)
+    except VerificationError as err:
+        print('error: %s' % _one_line(err), file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print('error: %s' % _one_line(err), file=sys.stderr)
+        return 2
+    except OSError as err:
+        print('error: %s' % _one_line(err), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

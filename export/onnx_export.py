@@ -1,0 +1,155 @@
+"""The inference symbol as an ONNX model, around the traps of MXNet 1.9's exporter.
+
+``mx.onnx.export_model`` (MXNet 1.9.1) has no converter for the loss heads,
+turns any unbound variable not named ``<last node>_label`` into a graph
+input, lists every weight as a graph input as well as an initializer
+(onnxruntime then warns and cannot fold them), declares whatever opset the
+installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
+
+* the loss head is already gone (:func:`export.inference.inference_graph`)
+  and every argument but ``data`` gets an array, so ``data`` is the only input;
+* the graph is built by the exporter's own converter at a pinned opset
+  (:data:`ONNX_OPSET`, the newest MXNet 1.9.1 has translations for), and the
+  model declares that opset and :data:`ONNX_IR_VERSION` explicitly;
+* initializers are removed from the graph inputs;
+* the batch dimension is the named dynamic dimension :data:`BATCH_DIM`;
+* ``metadata_props`` records where the model came from.
+"""
+from collections import OrderedDict
+import hashlib
+import importlib.metadata
+import json
+import os
+
+import mxnet as mx
+from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
+import onnx
+from onnx import TensorProto, helper
+
+from mp_symbolic.model import DATA_NAME
+
+from .errors import ExportError
+from .inference import input_width, output_width, stage_layout
+
+__all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
+           'check_onnx_version', 'to_onnx', 'sha256_file', 'producer_version']
+
+ONNX_OPSET = 13
+# IR version 7 is the oldest that carries opset 13, so the widest range of
+# runtimes can load the file.
+ONNX_IR_VERSION = 7
+BATCH_DIM = 'batch'
+PRODUCER_NAME = 'mxnet-model-parallel'
+_ONNX_BREAKS_AT = (1, 18)
+
+
+def producer_version():
+    """This project's installed version (``'unknown'`` when run uninstalled)."""
+    try:
+        return importlib.metadata.version(PRODUCER_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        return 'unknown'
+
+
+def check_onnx_version():
+    """Raises ExportError unless the installed ``onnx`` works with MXNet 1.9.1.
+
+    Raises:
+        ExportError: ``onnx>=1.18``, or an ``onnx`` too old for opset 13.
+    """
+    release = tuple(int(part) for part in onnx.__version__.split('.')[:2])
+    if release >= _ONNX_BREAKS_AT:
+        raise ExportError("expected onnx<%d.%d (MXNet %s's exporter breaks with newer "
+                          "releases; pyproject.toml pins onnx==1.14.1), found onnx %s"
+                          % (_ONNX_BREAKS_AT + (mx.__version__, onnx.__version__)))
+    if onnx.defs.onnx_opset_version() < ONNX_OPSET:
+        raise ExportError('expected an onnx release that supports opset %d, found onnx %s '
+                          '(opset %d)' % (ONNX_OPSET, onnx.__version__,
+                                          onnx.defs.onnx_opset_version()))
+
+
+def sha256_file(path):
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _set_shape(value_info, dims):
+    shape = value_info.type.tensor_type.shape
+    del shape.dim[:]
+    for dim in dims:
+        if isinstance(dim, str):
+            shape.dim.add().dim_param = dim
+        else:
+            shape.dim.add().dim_value = dim
+
+
+def to_onnx(symbol, arg_params, aux_params, source_files, extra_metadata=None):
+    """Converts an inference symbol and its arrays to an ONNX ``ModelProto``.
+
+    Args:
+        symbol: The inference symbol, ``ctx_group`` on every node.
+        arg_params: Parameter name -> NDArray; every argument but ``data``.
+        aux_params: Auxiliary state name -> NDArray.
+        source_files: ``{'symbol': path, 'params': path}`` of the training
+            checkpoint; their names and sha256 go into the metadata.
+        extra_metadata: More ``metadata_props`` entries (string values).
+
+    Returns:
+        The model; nothing is written.
+
+    Raises:
+        ExportError: ``onnx`` is unsuitable, an op has no converter, or an
+            input other than ``data`` would be left in the graph.
+    """
+    check_onnx_version()
+    width = input_width(symbol, arg_params)
+    out_width = output_width(symbol, arg_params, width)
+    params = dict(arg_params)
+    params.update(aux_params)
+    try:
+        graph = MXNetGraph().create_onnx_graph_proto(
+            symbol, params, in_shapes=[(1, width)], in_types=[TensorProto.FLOAT],
+            opset_version=ONNX_OPSET, dynamic=True, dynamic_input_shapes=[(BATCH_DIM, width)])
+    except AttributeError as err:  # the exporter's "No conversion function registered ..."
+        raise ExportError('MXNet cannot convert this graph to ONNX: %s' % err) from None
+    weights = {init.name for init in graph.initializer}
+    kept = [value for value in graph.input if value.name not in weights]
+    del graph.input[:]
+    graph.input.extend(kept)
+    if [value.name for value in graph.input] != [DATA_NAME]:
+        raise ExportError('expected %r as the only graph input, found %s'
+                          % (DATA_NAME, ', '.join(value.name for value in graph.input)))
+    for value in graph.output:
+        _set_shape(value, (BATCH_DIM, out_width))
+
+    stages = stage_layout(symbol)
+    metadata = OrderedDict([
+        ('producer', PRODUCER_NAME),
+        ('producer_version', producer_version()),
+        ('mxnet_version', mx.__version__),
+        ('onnx_version', onnx.__version__),
+        ('opset', str(ONNX_OPSET)),
+        ('input_names', json.dumps([v.name for v in graph.input])),
+        ('input_shapes', json.dumps({v.name: [BATCH_DIM, width] for v in graph.input})),
+        ('output_names', json.dumps([v.name for v in graph.output])),
+        ('output_shapes', json.dumps({v.name: [BATCH_DIM, out_width] for v in graph.output})),
+        ('stages', json.dumps({group: {'layers': info['layers'], 'variables': info['variables']}
+                               for group, info in stages.items()})),
+        ('source_symbol', os.path.basename(source_files['symbol'])),
+        ('source_symbol_sha256', sha256_file(source_files['symbol'])),
+        ('source_params', os.path.basename(source_files['params'])),
+        ('source_params_sha256', sha256_file(source_files['params'])),
+    ])
+    metadata.update(extra_metadata or {})
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', ONNX_OPSET)],
+                              ir_version=ONNX_IR_VERSION, producer_name=PRODUCER_NAME,
+                              producer_version=producer_version(),
+                              doc_string='Inference graph of %s exported from MXNet %s; '
+                                         'metadata_props says where it came from.'
+                                         % (metadata['source_params'], mx.__version__))
+    helper.set_model_props(model, metadata)
+    return model

@@ -1,0 +1,328 @@
+"""Export to symbol/params and ONNX, and prediction from both in MXNet and
+onnxruntime: round trips, placement, parity, metadata, and refusals."""
+import io
+import json
+import os
+import shutil
+
+import mxnet as mx
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from mp_symbolic.config import TrainConfig
+from mp_symbolic.metrics import forward_numpy
+from mp_symbolic.train import train
+
+from export import onnx_export
+from export.__main__ import main as export_main
+from export.errors import ExportError
+from export.exporter import export_checkpoint
+from export.onnx_export import sha256_file
+from export.predict import main as predict_main
+from export.runtimes import MXNetPredictor, OnnxPredictor
+
+TOL = 1e-5
+STAGES = ('stage0', 'stage1', 'stage2')
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """A short model-parallel training run on cpu(0), cpu(1), cpu(2)."""
+    out = tmp_path_factory.mktemp('symbolic')
+    result = train(TrainConfig(num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
+                               out=str(out)), log=lambda line: None)
+    return {'dir': str(out), 'params': result.params,
+            'params_file': result.files['params']}
+
+
+@pytest.fixture(scope='module')
+def exported(trained, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp('export'))
+    lines = []
+    paths, report = export_checkpoint(trained['dir'], out, log=lines.append)
+    return {'dir': out, 'paths': paths, 'report': report, 'lines': lines}
+
+
+def _features(n, seed):
+    return np.random.default_rng(seed).normal(0, 2, (n, 2)).astype(np.float32)
+
+
+def _one_error_line(text):
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    assert lines[0].startswith('error: ')
+    return lines[0]
+
+
+# -- export ---------------------------------------------------------------
+
+def test_export_writes_files_and_a_passing_report(exported):
+    assert sorted(os.listdir(exported['dir'])) == sorted(
+        os.path.basename(p) for p in exported['paths'].values())  # no temporaries left
+    with open(exported['paths']['report']) as f:
+        report = json.load(f)
+    assert report['ok'] is True
+    assert {row['batch_size'] for row in report['parity']} == {1, 7, 1000}
+    assert all(row['max_abs_diff'] <= TOL for row in report['parity'])
+    assert all(check['ok'] for check in report['checks'])
+    assert report['learned_map']['max_abs_error'] < 0.01
+    assert any(line.startswith('verification: PASSED') for line in exported['lines'])
+
+
+def test_symbol_has_no_loss_head_and_keeps_ctx_group(exported):
+    with open(exported['paths']['symbol']) as f:
+        nodes = json.load(f)['nodes']
+    ops = [n['op'] for n in nodes]
+    assert 'LinearRegressionOutput' not in ops and ops.count('FullyConnected') == 3
+    assert 'label' not in [n['name'] for n in nodes]
+    groups = {n['name']: n['attrs']['__ctx_group__'] for n in nodes}
+    assert groups['data'] == 'stage0'
+    for layer, stage in enumerate(STAGES):
+        for suffix in ('weight', 'bias', 'fc'):
+            assert groups['layer%d_%s' % (layer, suffix)] == stage
+
+
+@pytest.mark.parametrize('devices, expected', [
+    ('cpu:0', {s: mx.cpu(0) for s in STAGES}),
+    ('cpu:0,cpu:1,cpu:2', {s: mx.cpu(i) for i, s in enumerate(STAGES)}),
+])
+def test_pair_rebinds_model_parallel(exported, trained, devices, expected):
+    predictor = MXNetPredictor.from_files(exported['paths']['symbol'], devices=devices)
+    assert predictor.group2ctx == expected
+    for n in (3, 50):
+        X = _features(n, n)
+        np.testing.assert_allclose(predictor.predict(X), forward_numpy(trained['params'], X),
+                                   rtol=0, atol=TOL)
+    placement = predictor.placement()
+    assert set(placement) == {'data'} | {'layer%d_%s' % (i, k) for i in range(3)
+                                         for k in ('weight', 'bias')}
+    for name, ctx in placement.items():
+        stage = 'stage0' if name == 'data' else 'stage%s' % name[len('layer')]
+        assert ctx == expected[stage], name
+
+
+def test_pair_loads_in_plain_mxnet(exported, trained):
+    prefix = exported['paths']['symbol'][:-len('-symbol.json')]
+    sym, arg_params, aux_params = mx.model.load_checkpoint(prefix, 0)
+    group2ctx = {'stage0': mx.cpu(0), 'stage1': mx.cpu(1), 'stage2': mx.cpu(2)}
+    exe = sym.simple_bind(ctx=mx.cpu(0), group2ctx=group2ctx, grad_req='null', data=(5, 2))
+    exe.copy_params_from(arg_params, aux_params)
+    X = _features(5, 11)
+    out = exe.forward(is_train=False, data=X)[0].asnumpy()
+    np.testing.assert_allclose(out, forward_numpy(trained['params'], X), rtol=0, atol=TOL)
+    assert exe.arg_dict['layer2_weight'].context == mx.cpu(2)
+
+
+# -- ONNX -----------------------------------------------------------------
+
+def test_onnx_parity_at_new_batch_sizes(exported, trained):
+    session = ort.InferenceSession(exported['paths']['onnx'], providers=['CPUExecutionProvider'])
+    for n in (3, 50):
+        X = _features(n, 100 + n)
+        (out,) = session.run(None, {'data': X})
+        assert out.shape == (n, 1)
+        np.testing.assert_allclose(out, forward_numpy(trained['params'], X), rtol=0, atol=TOL)
+
+
+def test_onnx_metadata_and_opset(exported, trained):
+    model = onnx.load(exported['paths']['onnx'])
+    props = {p.key: p.value for p in model.metadata_props}
+    for key in ('producer', 'producer_version', 'mxnet_version', 'input_names', 'input_shapes',
+                'output_names', 'output_shapes', 'stages', 'source_params_sha256'):
+        assert props.get(key), key
+    assert props['mxnet_version'] == mx.__version__
+    assert props['source_params_sha256'] == sha256_file(trained['params_file'])
+    assert json.loads(props['input_shapes']) == {'data': ['batch', 2]}
+    stages = json.loads(props['stages'])
+    assert {s: stages[s]['layers'] for s in stages} == {'stage0': [0], 'stage1': [1],
+                                                        'stage2': [2]}
+    assert [(o.domain, o.version) for o in model.opset_import] == [('', 13)]
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == 'batch'
+
+
+def test_onnx_weights_are_initializers_not_inputs(exported):
+    model = onnx.load(exported['paths']['onnx'])
+    assert [i.name for i in model.graph.input] == ['data']
+    initializers = {i.name for i in model.graph.initializer}
+    assert {'layer0_weight', 'layer2_bias'} <= initializers
+
+
+def test_onnxruntime_loads_without_warnings(exported, tmp_path, capfd):
+    capfd.readouterr()
+    ort.InferenceSession(exported['paths']['onnx'], providers=['CPUExecutionProvider'])
+    assert capfd.readouterr().err == ''
+    # The same capture does see the warning for weights left in the graph inputs.
+    model = onnx.load(exported['paths']['onnx'])
+    weight = next(i for i in model.graph.initializer if i.name == 'layer0_weight')
+    model.graph.input.append(onnx.helper.make_tensor_value_info(
+        weight.name, weight.data_type, list(weight.dims)))
+    onnx.save(model, str(tmp_path / 'weights-as-inputs.onnx'))
+    ort.InferenceSession(str(tmp_path / 'weights-as-inputs.onnx'),
+                         providers=['CPUExecutionProvider'])
+    assert 'layer0_weight appears in graph inputs' in capfd.readouterr().err
+
+
+def test_exporter_refuses_onnx_that_breaks_it(monkeypatch):
+    monkeypatch.setattr(onnx, '__version__', '1.18.0')
+    with pytest.raises(ExportError, match='onnx<1.18'):
+        onnx_export.check_onnx_version()
+
+
+# -- refusals of bad checkpoints ------------------------------------------
+
+def _damage(params_file, how):
+    if how == 'corrupt':
+        with open(params_file, 'wb') as f:
+            f.write(b'not an ndarray file')
+        return
+    if how == 'missing file':
+        os.remove(params_file)
+        return
+    arrays = mx.nd.load(params_file)
+    if how == 'missing array':
+        del arrays['arg:layer1_bias']
+    elif how == 'extra array':
+        arrays['arg:layer3_weight'] = mx.nd.zeros((1, 1))
+    elif how == 'wrong shape':
+        arrays['arg:layer2_weight'] = mx.nd.zeros((3, 2))
+    mx.nd.save(params_file, arrays)
+
+
+@pytest.mark.parametrize('how, message', [
+    ('missing array', 'missing layer1_bias'),
+    ('extra array', 'unexpected layer3_weight'),
+    ('wrong shape', 'layer2_weight has shape (3, 2)'),
+    ('corrupt', 'is not an MXNet params file'),
+    ('missing file', 'expected a checkpoint file'),
+])
+def test_export_refuses_bad_checkpoint(trained, tmp_path, capfd, how, message):
+    checkpoint = tmp_path / 'checkpoint'
+    shutil.copytree(trained['dir'], checkpoint)
+    _damage(str(checkpoint / os.path.basename(trained['params_file'])), how)
+    out = tmp_path / 'out'
+    capfd.readouterr()
+    assert export_main(['--checkpoint', str(checkpoint), '--out', str(out)]) == 2
+    assert message in _one_error_line(capfd.readouterr().err)
+    assert not out.exists() or not os.listdir(out)
+
+
+# -- predict CLI ----------------------------------------------------------
+
+@pytest.mark.parametrize('model, devices', [('onnx', None), ('symbol', 'cpu:0'),
+                                            ('symbol', 'cpu:0,cpu:1,cpu:2')])
+@pytest.mark.parametrize('fmt', ['csv', 'npy'])
+def test_predict_writes_training_time_numbers(exported, trained, tmp_path, model, devices, fmt):
+    X = _features(4, 7)
+    np.save(str(tmp_path / 'x.npy'), X)
+    target = str(tmp_path / ('y.' + fmt))
+    argv = ['--model', exported['paths'][model], '--input', str(tmp_path / 'x.npy'),
+            '--output', target] + (['--devices', devices] if devices else [])
+    assert predict_main(argv) == 0
+    Y = np.load(target) if fmt == 'npy' else np.loadtxt(target, delimiter=',', ndmin=2)
+    np.testing.assert_allclose(Y, forward_numpy(trained['params'], X), rtol=0, atol=TOL)
+
+
+def test_predict_reads_stdin_csv_and_prints(exported, trained, monkeypatch, capfd):
+    X = np.array([[1.0, 2.0], [-0.5, 0.25]], dtype=np.float32)
+    monkeypatch.setattr('sys.stdin', io.StringIO('1,2\n# comment\n-0.5, 0.25\n'))
+    capfd.readouterr()
+    assert predict_main(['--model', exported['paths']['onnx'], '--input', '-']) == 0
+    printed = np.loadtxt(io.StringIO(capfd.readouterr().out), delimiter=',', ndmin=2)
+    np.testing.assert_allclose(printed, forward_numpy(trained['params'], X), rtol=0, atol=TOL)
+
+
+BAD_INPUTS = [
+    ('three.csv', '1,2,3\n', 'expected 2 features per line, found 3'),
+    ('three.npy', np.zeros((4, 3)), 'expected an array of shape (samples, 2)'),
+    ('flat.npy', np.zeros(2), 'found shape (2,)'),
+    ('nan.csv', '1,2\n3,nan\n', 'expected finite numbers'),
+    ('inf.npy', np.array([[1.0, np.inf]]), 'expected finite numbers'),
+    ('text.csv', '1,2\nx,y\n', "expected numbers, found 'x' in line 2, column 1"),
+    ('text.npy', np.array([['a', 'b']]), 'expected a numeric array'),
+    ('empty.csv', '', 'expected at least one sample'),
+    ('empty.npy', np.zeros((0, 2)), 'expected at least one sample'),
+    ('absent.csv', None, 'expected an input file at'),
+    ('table.xlsx', 'x', 'expected an input file ending in .npy or .csv'),
+]
+
+
+@pytest.mark.parametrize('model', ['onnx', 'symbol'])
+@pytest.mark.parametrize('name, content, message', BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_predict_rejects_bad_input(exported, tmp_path, capfd, model, name, content, message):
+    path = tmp_path / name
+    if isinstance(content, str):
+        path.write_text(content)
+    elif content is not None:
+        np.save(str(path), content)
+    target = tmp_path / 'y.csv'
+    capfd.readouterr()
+    code = predict_main(['--model', exported['paths'][model], '--input', str(path),
+                         '--output', str(target)])
+    assert code == 2
+    assert message in _one_error_line(capfd.readouterr().err)
+    assert not target.exists()
+
+
+def _corrupt_copy(exported, tmp_path, which):
+    """A copy of the pair or the ONNX file with one file damaged or gone."""
+    for key in ('symbol', 'params', 'onnx'):
+        shutil.copy(exported['paths'][key], str(tmp_path))
+    local = {k: str(tmp_path / os.path.basename(p)) for k, p in exported['paths'].items()}
+    if which == 'onnx garbage':
+        with open(local['onnx'], 'wb') as f:
+            f.write(b'\x08garbage')
+        return local['onnx']
+    if which == 'params garbage':
+        with open(local['params'], 'wb') as f:
+            f.write(b'garbage')
+    elif which == 'params missing':
+        os.remove(local['params'])
+    elif which == 'symbol garbage':
+        with open(local['symbol'], 'w') as f:
+            f.write('{"nodes": [')
+    return local['symbol']
+
+
+@pytest.mark.parametrize('which, message', [
+    ('onnx garbage', 'is not a loadable ONNX model'),
+    ('params garbage', 'is not an MXNet params file'),
+    ('params missing', 'expected a params file'),
+    ('symbol garbage', 'is not an MXNet symbol file'),
+])
+def test_predict_rejects_corrupt_model(exported, tmp_path, capfd, which, message):
+    model = _corrupt_copy(exported, tmp_path, which)
+    np.save(str(tmp_path / 'x.npy'), _features(2, 0))
+    target = tmp_path / 'y.npy'
+    capfd.readouterr()
+    assert predict_main(['--model', model, '--input', str(tmp_path / 'x.npy'),
+                         '--output', str(target)]) == 2
+    assert message in _one_error_line(capfd.readouterr().err)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--model', '{dir}/absent.onnx'], 'expected an ONNX model file at'),
+    (['--model', '{dir}/absent-symbol.json'], 'expected an MXNet symbol file at'),
+    (['--model', '{dir}/model.pt'], 'expected a model file ending in .onnx or -symbol.json'),
+    (['--model', '{onnx}', '--devices', 'cpu:0'], 'expected --devices only with an MXNet pair'),
+    (['--model', '{symbol}', '--devices', 'cpu:0,cpu:1,cpu:2,cpu:3'], 'too many devices'),
+    (['--model', '{onnx}', '--output', '{dir}/y.json'], 'expected an output file ending in'),
+])
+def test_predict_rejects_bad_arguments(exported, tmp_path, capfd, argv, message):
+    np.save(str(tmp_path / 'x.npy'), _features(2, 0))
+    fill = {'dir': str(tmp_path), 'onnx': exported['paths']['onnx'],
+            'symbol': exported['paths']['symbol']}
+    argv = [a.format(**fill) for a in argv] + ['--input', str(tmp_path / 'x.npy')]
+    capfd.readouterr()
+    assert predict_main(argv) == 2
+    assert message in _one_error_line(capfd.readouterr().err)
+    assert not (tmp_path / 'y.json').exists()
+
+
+def test_onnx_predictor_and_mxnet_predictor_agree(exported):
+    X = _features(1000, 3)
+    onnx_out = OnnxPredictor(exported['paths']['onnx']).predict(X)
+    mxnet_out = MXNetPredictor.from_files(exported['paths']['symbol']).predict(X)
+    np.testing.assert_allclose(onnx_out, mxnet_out, rtol=0, atol=TOL)
