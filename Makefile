@@ -28,6 +28,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=21.3"
 	$(PY) -m pip install --quiet -e ".[$(MXNET),test]"
+	@command -v dot >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; } || echo "graphviz 'dot' not installed (needs root/apt): graph pictures will be .dot source only"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

@@ -26,16 +26,13 @@ import numpy as np
 from .checkpoint import atomic_path, write_json
 from .data import make_dataset
 from .graphviz_plot import write_graph
+from .metrics import AGREE_ATOL, AGREE_RTOL
 from .model import build_net, training_symbol
 from .placement import format_device, make_plan
 from .train import fit, initial_params, make_stepper
 
-__all__ = ['compare', 'CompareResult', 'RTOL', 'ATOL', 'count_graph_copies',
-           'count_autograd_copies', 'REFERENCE']
+__all__ = ['compare', 'CompareResult', 'count_autograd_copies', 'REFERENCE']
 
-# The tolerance of the equivalence test (tests/test_train.py), on losses and parameters.
-RTOL = 1e-4
-ATOL = 1e-5
 REFERENCE = 'symbolic MP'  # the run every other one is compared with
 
 
@@ -45,22 +42,6 @@ class CompareResult:
     rows: list
     agree: bool
     files: dict
-
-
-def count_graph_copies(stepper):
-    """``_CrossDeviceCopy`` nodes MXNet inserted in a bound symbolic graph.
-
-    Read from the executor's ``debug_str()``, which lists the graph after
-    ``group2ctx`` placement, one ``Op:<name>, Name=<node>`` line per node.
-
-    Returns:
-        ``(forward, backward)`` copies executed by one training step.
-    """
-    names = [line.split('Name=', 1)[1]
-             for line in stepper._exec.debug_str().splitlines()  # pylint: disable=protected-access
-             if line.startswith('Op:_CrossDeviceCopy,')]
-    backward = sum('_backward' in n for n in names)
-    return len(names) - backward, backward
 
 
 def count_autograd_copies(stepper, X):
@@ -86,7 +67,7 @@ def _max_diff(a, b):
 
 
 def _close(a, b):
-    return bool(np.allclose(a, b, rtol=RTOL, atol=ATOL))
+    return bool(np.allclose(a, b, rtol=AGREE_RTOL, atol=AGREE_ATOL))
 
 
 def _runs(cfg, plan):
@@ -96,6 +77,31 @@ def _runs(cfg, plan):
     return [(REFERENCE, sym, plan),
             ('imperative MP', replace(cfg, variant='imperative'), plan),
             ('symbolic 1-device', sym, single)]
+
+
+def _train_run(name, cfg, plan, X, y, init, log):
+    """Trains one run; returns ``(table row, per-step losses, final params)``."""
+    stepper = make_stepper(cfg, plan, init)
+    if cfg.variant == 'imperative':
+        copies = count_autograd_copies(stepper, X[:cfg.batch_size])
+        method = 'autograd-recorded _copyto nodes; each has one backward copy'
+    else:
+        copies = stepper.cross_device_copies()
+        method = '_CrossDeviceCopy nodes in the bound graph (debug_str)'
+    result = fit(stepper, X, y, cfg, lambda line: log('  %s: %s' % (name, line)))
+    row = {
+        'variant': name, 'api': cfg.api if cfg.variant == 'symbolic' else 'gluon',
+        'final_mse': result.final_mse, 'samples_per_sec': result.samples_per_sec,
+        'wall_time_s': result.wall_time,
+        'stage_devices': [format_device(d) for d in plan.devices],
+        'stage_of_layer': list(plan.stage_of_layer),
+        # every array as MXNet reports it: [name, device, gradient device or None]
+        'placement': [[n, str(d), str(g) if g is not None else None]
+                      for n, d, g in result.placement],
+        'cross_device_copies_per_step': sum(copies),
+        'copies_forward': copies[0], 'copies_backward': copies[1], 'copy_count_method': method,
+    }
+    return row, result.step_losses, result.params
 
 
 def compare(cfg, log=print):
@@ -123,24 +129,8 @@ def compare(cfg, log=print):
     rows, losses, params = [], {}, {}
     for name, run_cfg, run_plan in _runs(cfg, plan):
         log('training %s ...' % name)
-        stepper = make_stepper(run_cfg, run_plan, init)
-        if run_cfg.variant == 'imperative':
-            copies = count_autograd_copies(stepper, X[:cfg.batch_size])
-            method = 'autograd _copyto nodes (forward) x 2'
-        else:
-            copies = count_graph_copies(stepper)
-            method = '_CrossDeviceCopy nodes in the bound graph'
-        result = fit(stepper, X, y, run_cfg, lambda line, n=name: log('  %s: %s' % (n, line)))
-        losses[name], params[name] = result.step_losses, result.params
-        rows.append({
-            'variant': name, 'api': run_cfg.api if run_cfg.variant == 'symbolic' else 'gluon',
-            'final_mse': result.final_mse, 'samples_per_sec': result.samples_per_sec,
-            'wall_time_s': result.wall_time,
-            'stage_devices': [format_device(d) for d in run_plan.devices],
-            'stage_of_layer': list(run_plan.stage_of_layer),
-            'cross_device_copies_per_step': sum(copies),
-            'copies_forward': copies[0], 'copies_backward': copies[1], 'copy_count_method': method,
-        })
+        row, losses[name], params[name] = _train_run(name, run_cfg, run_plan, X, y, init, log)
+        rows.append(row)
 
     agree = True
     for row in rows:
@@ -153,8 +143,10 @@ def compare(cfg, log=print):
 
     for line in format_table(rows):
         log(line)
+    log('max|dloss|, max|dparam|: largest difference from %s over every step\'s batch MSE '
+        'and every final parameter' % REFERENCE)
     log('agree: %s (losses of every step and final parameters vs %s, '
-        'rtol=%g, atol=%g)' % ('yes' if agree else 'no', REFERENCE, RTOL, ATOL))
+        'rtol=%g, atol=%g)' % ('yes' if agree else 'no', REFERENCE, AGREE_RTOL, AGREE_ATOL))
 
     files = {'loss_plot': plot_losses(losses, os.path.join(out_dir, 'loss_curves.png'))}
     graph_files, graph_note = write_graph(
@@ -166,7 +158,7 @@ def compare(cfg, log=print):
     files['results'] = os.path.join(out_dir, 'compare.json')
     write_json(files['results'], {
         'config': dict(cfg.to_dict(), out=out_dir), 'reference': REFERENCE,
-        'tolerance': {'rtol': RTOL, 'atol': ATOL,
+        'tolerance': {'rtol': AGREE_RTOL, 'atol': AGREE_ATOL,
                       'applies_to': 'per-step batch MSE and final parameters'},
         'agree': agree, 'variants': rows, 'step_losses': losses,
         'files': {k: os.path.basename(v) for k, v in files.items()},

@@ -11,7 +11,6 @@ The ``.dot`` source is always written; PNG and SVG are rendered by the
 graphviz ``dot`` program when it is installed.
 """
 import json
-import os
 import shutil
 import subprocess
 
@@ -45,7 +44,7 @@ def device_graph(symbol, plan):
     group2ctx = plan.group2ctx
     colour = {ctx: DEVICE_COLOURS[s % len(DEVICE_COLOURS)]
               for s, ctx in enumerate(plan.devices)}
-    dot = Digraph(name='training_graph', graph_attr={'rankdir': 'BT'},
+    dot = Digraph(name='training_graph', graph_attr={'rankdir': 'BT', 'fontname': 'Helvetica'},
                   node_attr={'style': 'filled', 'fontname': 'Helvetica'})
     nodes = json.loads(symbol.tojson())['nodes']
     device = []
@@ -56,7 +55,7 @@ def device_graph(symbol, plan):
                              % (node['name'], group, ', '.join(sorted(group2ctx))))
         ctx = group2ctx.get(group)
         device.append(ctx)
-        label = node['name'] if node['op'] == 'null' else '%s\n%s' % (node['op'], node['name'])
+        label = node['name'] if node['op'] == 'null' else r'%s\n%s' % (node['op'], node['name'])
         dot.node('n%d' % i, label=label, shape='ellipse' if node['op'] == 'null' else 'box',
                  fillcolor=colour.get(ctx, UNPLACED_COLOUR))
         for src, _, _ in node['inputs']:

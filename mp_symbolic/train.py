@@ -20,7 +20,7 @@ from mxnet import autograd, gluon
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import save_checkpoint, write_json
+from .checkpoint import save_checkpoint, write_json, write_text
 from .data import batches, make_dataset
 from .metrics import end_to_end_map, full_mse, map_error
 from .model import DATA_NAME, LABEL_NAME, build_net, training_symbol
@@ -46,8 +46,14 @@ def initial_params(widths, seed=0):
 
 
 def _create_optimizer(cfg, batch_size):
-    return mx.optimizer.create(cfg.optimizer, rescale_grad=1.0 / batch_size,
-                               **cfg.optimizer_params())
+    optimizer = mx.optimizer.create(cfg.optimizer, rescale_grad=1.0 / batch_size,
+                                    **cfg.optimizer_params())
+    # MXNet's Updater fuses up to MXNET_OPTIMIZER_AGGREGATION_SIZE (4) parameters
+    # into one multi_*_update op, grouped by dtype only: with Module that op would
+    # run on one device over another device's weights. One update per parameter
+    # keeps each update on its parameter's own device.
+    optimizer.aggregate_num = 0
+    return optimizer
 
 
 class _SymbolicStepper:
@@ -79,8 +85,16 @@ class _SymbolicStepper:
                 for n in self._exec.arg_dict]
 
     def cross_device_copies(self):
-        """How many ``_CrossDeviceCopy`` nodes MXNet inserted in the bound graph."""
-        return self._exec.debug_str().count('_CrossDeviceCopy')
+        """``_CrossDeviceCopy`` nodes MXNet inserted when it bound the graph
+        with ``group2ctx``, as ``(forward, backward)`` copies per step.
+
+        Read from ``debug_str()``: the placed graph, one ``Op:<op>, Name=<node>``
+        line per node.
+        """
+        names = [line.split('Name=', 1)[1] for line in self._exec.debug_str().splitlines()
+                 if line.startswith('Op:_CrossDeviceCopy,')]
+        backward = sum('_backward' in n for n in names)
+        return len(names) - backward, backward
 
 
 class ModuleStepper(_SymbolicStepper):
@@ -226,7 +240,7 @@ def fit(stepper, X, y, cfg, log=print):
             losses.append(stepper.step(X_batch, y_batch))
             bar.update()
         # one synchronisation per epoch: (steps,) on the last stage's device
-        values = mx.nd.stack(*losses).asnumpy().tolist()
+        values = mx.nd.stack(*losses).asnumpy().ravel().tolist()
         step_losses += values
         epoch_losses.append(float(np.mean(values)))
         bar.set_postfix(mse='%.3g' % epoch_losses[-1])
@@ -276,8 +290,11 @@ def train(cfg, log=print):
     if cfg.profile:
         profile_path = os.path.join(cfg.out_dir, 'profile.json')
         os.makedirs(cfg.out_dir, exist_ok=True)
-        mx.profiler.set_config(profile_all=True, aggregate_stats=True,
-                               filename=profile_path)
+        # Ops, executors and C API calls; no memory counters (they make the
+        # trace ten times larger).
+        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True,
+                               profile_api=True, profile_memory=False,
+                               aggregate_stats=True, filename=profile_path)
         mx.profiler.set_state('run')
     try:
         result = fit(stepper, X, y, cfg, log)
@@ -286,6 +303,8 @@ def train(cfg, log=print):
             mx.nd.waitall()
             mx.profiler.set_state('stop')
             mx.profiler.dump()
+            stats_path = os.path.join(cfg.out_dir, 'profile-stats.txt')
+            write_text(stats_path, mx.profiler.dumps(reset=True))
     W, b = np.array(result.learned_w), np.array(result.learned_b)
     log('full-data MSE: %.3e' % result.final_mse)
     log('learned map: y = %s . x + %s   (true: [2, -3.4] . x + 4.2; max error %.2e)'
@@ -301,6 +320,9 @@ def train(cfg, log=print):
     result.files = {'symbol': sym_path, 'params': params_path}
     if cfg.profile:
         result.files['profile'] = profile_path
+        result.files['profile_stats'] = stats_path
+        log('profile: %s (open in chrome://tracing or ui.perfetto.dev), %s'
+            % (profile_path, stats_path))
     summary_path = os.path.join(cfg.out_dir, 'summary.json')
     write_json(summary_path, {
         'config': cfg.to_dict(),

@@ -175,3 +175,33 @@ def test_short_training_converges_and_writes_a_loadable_checkpoint(tmp_path, var
         forward_numpy({k: v.asnumpy() for k, v in arg_params.items()}, X),
         forward_numpy(result.params, X))
     assert not [p for p in os.listdir(tmp_path) if p.endswith('.tmp')]
+
+
+def _update_calls(optimizer, calls):
+    """Records the devices of the weights in each of ``optimizer``'s update calls."""
+    update = optimizer.update_multi_precision
+
+    def recording(index, weight, grad, state):
+        weights = weight if isinstance(weight, (list, tuple)) else [weight]
+        calls.append({w.context for w in weights})
+        return update(index, weight, grad, state)
+    optimizer.update_multi_precision = recording
+
+
+@pytest.mark.parametrize('variant, api', VARIANTS)
+def test_every_update_runs_on_one_device(small_data, variant, api):
+    """MXNet's Updater would fuse parameters of several devices into one
+    multi_sgd_update op; each update must touch one device's weights only."""
+    stepper, _, cfg = _stepper(small_data, variant, api, THREE_DEVICES)
+    if variant == 'imperative':
+        optimizers = [t._optimizer for t in stepper.trainers]  # pylint: disable=protected-access
+    elif api == 'module':
+        optimizers = [stepper.module._optimizer]  # pylint: disable=protected-access
+    else:
+        optimizers = [stepper._updater.optimizer]  # pylint: disable=protected-access
+    calls = []
+    for optimizer in optimizers:
+        _update_calls(optimizer, calls)
+    stepper.step(*next(batches(*small_data, cfg.batch_size, epoch=0)))
+    assert calls and all(len(devices) == 1 for devices in calls), calls
+    assert set().union(*calls) == {mx.cpu(0), mx.cpu(1), mx.cpu(2)}

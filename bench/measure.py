@@ -1,0 +1,79 @@
+"""Clock readings for the benchmark, each after ``mx.nd.waitall()``.
+
+MXNet runs operators asynchronously: without ``waitall()`` a clock read
+measures how fast Python queued work, not how fast it ran.
+"""
+import os
+import platform
+import statistics
+import time
+
+import mxnet as mx
+
+from mp_symbolic.metrics import full_mse
+
+__all__ = ['throughput', 'time_to_accuracy', 'machine_info']
+
+
+def throughput(variants, batch_size, num_steps, repeats, warmup):
+    """Median samples/s of ``repeats`` timed runs of ``num_steps`` steps each.
+
+    Repeats go round-robin over the variants, so a change in machine load
+    during the run touches every variant alike instead of the last ones.
+
+    Args:
+        variants: ``{name: object with run(num_steps)}``.
+        warmup: Untimed steps first (graph binding, memory pools, oneDNN primitives).
+
+    Returns:
+        ``{name: (median, [samples/s of each repeat])}``.
+    """
+    for variant in variants.values():
+        variant.run(warmup)
+    rates = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, variant in variants.items():
+            mx.nd.waitall()
+            start = time.perf_counter()
+            variant.run(num_steps)
+            mx.nd.waitall()
+            rates[name].append(num_steps * batch_size / (time.perf_counter() - start))
+    return {name: (statistics.median(r), r) for name, r in rates.items()}
+
+
+def time_to_accuracy(variant, X, y, steps_per_epoch, target, max_epochs, max_seconds):
+    """Training time until the full-data MSE is at most ``target``.
+
+    The MSE is checked once per epoch, off the clock.
+
+    Returns:
+        ``(seconds or None if the cap was hit first, epochs run, last MSE)``.
+    """
+    elapsed, mse = 0.0, float('nan')
+    for epoch in range(1, max_epochs + 1):
+        mx.nd.waitall()
+        start = time.perf_counter()
+        variant.run(steps_per_epoch)
+        mx.nd.waitall()
+        elapsed += time.perf_counter() - start
+        mse = full_mse(variant.params(), X, y)
+        if mse <= target:
+            return elapsed, epoch, mse
+        if elapsed >= max_seconds:
+            break
+    return None, epoch, mse
+
+
+def machine_info():
+    """``{'cores', 'cpu', 'mxnet', 'python', 'load'}`` of this machine."""
+    cpu = platform.processor() or 'unknown'
+    try:
+        with open('/proc/cpuinfo') as f:
+            names = [line.split(':', 1)[1].strip() for line in f
+                     if line.startswith('model name')]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass  # not Linux: keep platform's answer
+    return {'cores': os.cpu_count(), 'cpu': cpu, 'mxnet': mx.__version__,
+            'python': platform.python_version(),
+            'load': '%.2f %.2f %.2f' % os.getloadavg()}

@@ -1,0 +1,156 @@
+"""``compare``: the side-by-side run, its files, the copy counts, and the seed's loop.
+
+One small comparison (2 000 examples, 5 epochs: 100 steps) is trained once per module and
+shared by the tests that read its results.
+"""
+import json
+import os
+import re
+import shutil
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from bench.seed_loop import SeedLoop
+from mp_symbolic.cli import main
+from mp_symbolic.compare import REFERENCE, compare, count_autograd_copies
+from mp_symbolic.config import TrainConfig
+from mp_symbolic.graphviz_plot import DEVICE_COLOURS
+from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
+from mp_symbolic.model import build_net, training_symbol
+from mp_symbolic.placement import make_plan
+from mp_symbolic.train import initial_params, make_stepper
+
+from conftest import THREE_DEVICES
+
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+ROW_FIELDS = {'variant', 'final_mse', 'max_step_loss_diff', 'max_param_diff', 'samples_per_sec',
+              'stage_devices', 'cross_device_copies_per_step', 'copies_forward',
+              'copies_backward', 'copy_count_method', 'placement', 'agree'}
+
+
+@pytest.fixture(scope='module')
+def compared(tmp_path_factory):
+    """``(CompareResult, results JSON, output folder)`` of one small comparison."""
+    out = str(tmp_path_factory.mktemp('compare'))
+    cfg = TrainConfig(devices=THREE_DEVICES, num_examples=2000, num_epochs=5,
+                      progress=False, out=out)
+    result = compare(cfg, log=lambda line: None)
+    with open(result.files['results']) as f:
+        return result, json.load(f), out
+
+
+def test_results_json_has_every_field_and_the_variants_agree(compared):
+    result, saved, _ = compared
+    assert saved['tolerance']['rtol'] == AGREE_RTOL == 1e-4
+    assert saved['tolerance']['atol'] == AGREE_ATOL == 1e-5
+    assert saved['config']['num_epochs'] == 5
+    assert [r['variant'] for r in saved['variants']][0] == REFERENCE
+    assert len(saved['variants']) == 3
+    for row in saved['variants']:
+        assert ROW_FIELDS <= set(row), 'missing %s' % (ROW_FIELDS - set(row))
+        assert row['agree'], row['variant']
+        bound = AGREE_ATOL + AGREE_RTOL * max(saved['step_losses'][REFERENCE])
+        assert row['max_step_loss_diff'] <= bound
+        assert row['final_mse'] < 1e-4  # learned the map (noise floor 1e-6)
+    assert saved['agree'] is result.agree is True
+    losses = saved['step_losses']
+    for name, values in losses.items():
+        np.testing.assert_allclose(values, losses[REFERENCE], rtol=AGREE_RTOL, atol=AGREE_ATOL,
+                                   err_msg=name)
+    assert saved['variants'][2]['stage_devices'] == ['cpu:0']
+
+
+def test_loss_plot_is_a_png(compared):
+    result, _, _ = compared
+    with open(result.files['loss_plot'], 'rb') as f:
+        data = f.read()
+    assert data.startswith(PNG_MAGIC)
+    assert len(data) > 5000  # three curves and axes, not an empty canvas
+
+
+def _graph_nodes():
+    plan, _ = make_plan(3, THREE_DEVICES)
+    symbol = training_symbol(build_net((2, 2, 2, 1), plan.stage_of_layer))
+    return plan, json.loads(symbol.tojson())['nodes']
+
+
+def test_graph_dot_has_every_node_coloured_by_its_device(compared):
+    result, _, _ = compared
+    with open(result.files['graph_dot']) as f:
+        source = f.read()
+    plan, nodes = _graph_nodes()
+    drawn = dict(re.findall(r'^\s*n(\d+) \[.*fillcolor="(#[0-9a-f]{6})"', source, re.M))
+    assert sorted(int(i) for i in drawn) == list(range(len(nodes)))
+    stage_of_group = {'stage%d' % s: s for s in range(plan.num_stages)}
+    for i, node in enumerate(nodes):
+        stage = stage_of_group[node['attrs']['__ctx_group__']]
+        assert drawn[str(i)] == DEVICE_COLOURS[stage], node['name']
+    for s in range(plan.num_stages):  # the legend names each device with its colour
+        assert re.search(r'legend%d \[label="cpu:%d: stage%d" fillcolor="%s"'
+                         % (s, s, s, DEVICE_COLOURS[s]), source)
+    # the two activations that cross stages are drawn as cross-device edges
+    assert source.count('style=dashed') == 2
+
+
+@pytest.mark.skipif(shutil.which('dot') is None,
+                    reason='graphviz `dot` is not installed; only the .dot source is written')
+def test_graph_png_is_rendered_when_dot_is_installed(compared):
+    result, _, _ = compared
+    with open(result.files['graph_png'], 'rb') as f:
+        data = f.read()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert os.path.getsize(result.files['graph_svg']) > 1000
+
+
+@pytest.mark.parametrize('devices, expected', [
+    # Two stage boundaries (stage0 -> stage1 -> stage2): MXNet inserts one copy of
+    # the activation at each going forward and one of its gradient at each going
+    # back. data, label and parameters are bound on their own stage's device.
+    (THREE_DEVICES, (2, 2)),
+    ('cpu:0,cpu:1', (1, 1)),  # layers (0, 0, 1): one boundary
+    ('cpu:0', (0, 0)),
+])
+@pytest.mark.parametrize('api', ['module', 'executor'])
+def test_bound_graph_has_one_copy_per_boundary_each_way(devices, expected, api):
+    cfg = TrainConfig(devices=devices, api=api, num_examples=200, progress=False)
+    plan, _ = make_plan(cfg.num_layers, devices)
+    stepper = make_stepper(cfg, plan, initial_params(cfg.widths))
+    assert stepper.cross_device_copies() == expected
+
+
+def test_imperative_twin_copies_as_many_as_the_bound_graph(small_data):
+    X, _ = small_data
+    cfg = TrainConfig(variant='imperative', devices=THREE_DEVICES, progress=False)
+    plan, _ = make_plan(cfg.num_layers, THREE_DEVICES)
+    stepper = make_stepper(cfg, plan, initial_params(cfg.widths))
+    before = stepper.params()
+    assert count_autograd_copies(stepper, X[:cfg.batch_size]) == (2, 2)
+    after = stepper.params()
+    for name in before:  # counting records a forward pass only: nothing is updated
+        np.testing.assert_array_equal(after[name], before[name])
+
+
+def test_compare_cli_rejects_a_bad_device_list(capsys):
+    assert main(['compare', '--devices', 'cpu:0,cpu:0', '--no-progress']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and 'twice' in err[0]
+
+
+def test_seed_loop_updates_parameters_on_every_device(small_data):
+    """The seed question: do gradients reach every layer? Its own ``mytrainer``
+    raises if a parameter's gradient was not written, so three steps passing
+    means every layer got a fresh gradient each step."""
+    X, y = small_data
+    devices = [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
+    init = initial_params((2, 2, 2, 1))
+    loop = SeedLoop(devices, batch_size=50, init=init)
+    for i, block in enumerate(loop.net):
+        assert block.w.data().context == block.b.data().context == devices[i]
+    np.testing.assert_array_equal(loop.params()['layer0_weight'], init['layer0_weight'])
+    loop.run(X, y, num_steps=3)
+    after = loop.params()
+    for name, value in init.items():
+        assert np.all(after[name] != value), '%s did not change in every entry' % name
+    assert loop.iteration == 2 and loop.results[0][0] == 0  # loss read at iteration 0
