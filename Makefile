@@ -13,7 +13,7 @@ DEVICES ?=
 EPOCHS ?=
 TRAIN_FLAGS = $(if $(DEVICES),--devices $(DEVICES)) $(if $(EPOCHS),--epochs $(EPOCHS))
 
-.PHONY: help setup train-symbolic train-imperative export compare bench test clean
+.PHONY: help setup train-symbolic train-imperative export compare bench bench-export test clean
 
 help:
 	@echo "make train-symbolic    train the ctx_group graph model-parallel (Module API)"
@@ -21,6 +21,7 @@ help:
 	@echo "make export            export the symbolic checkpoint to symbol/params and ONNX, verify"
 	@echo "make compare           train all variants side by side, write table, plot and graph"
 	@echo "make bench             training throughput and time-to-accuracy, as ratios"
+	@echo "make bench-export      inference throughput of the exported model: onnxruntime vs MXNet"
 	@echo "make test              run the test suite"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N MXNET=cpu|cu112 PYTHON=python3.x"
 
@@ -48,6 +49,9 @@ compare: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+bench-export: export
+	$(PY) bench/export_throughput.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

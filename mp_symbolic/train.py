@@ -26,7 +26,7 @@ from .metrics import end_to_end_map, full_mse, map_error
 from .model import DATA_NAME, LABEL_NAME, build_net, training_symbol
 from .placement import format_device, make_plan
 
-__all__ = ['initial_params', 'ModuleStepper', 'ExecutorStepper', 'ImperativeStepper',
+__all__ = ['initial_params', 'PerDeviceUpdater', 'ModuleStepper', 'ExecutorStepper', 'ImperativeStepper',
            'make_stepper', 'fit', 'train', 'TrainResult', 'CHECKPOINT_NAME']
 
 CHECKPOINT_NAME = 'regression'
@@ -46,14 +46,36 @@ def initial_params(widths, seed=0):
 
 
 def _create_optimizer(cfg, batch_size):
-    optimizer = mx.optimizer.create(cfg.optimizer, rescale_grad=1.0 / batch_size,
-                                    **cfg.optimizer_params())
-    # MXNet's Updater fuses up to MXNET_OPTIMIZER_AGGREGATION_SIZE (4) parameters
-    # into one multi_*_update op, grouped by dtype only: with Module that op would
-    # run on one device over another device's weights. One update per parameter
-    # keeps each update on its parameter's own device.
-    optimizer.aggregate_num = 0
-    return optimizer
+    return mx.optimizer.create(cfg.optimizer, rescale_grad=1.0 / batch_size,
+                               **cfg.optimizer_params())
+
+
+class PerDeviceUpdater:
+    """Wraps an ``mx.optimizer.Updater`` so each call updates one device's arrays.
+
+    MXNet's Updater fuses up to ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` (4)
+    parameters into one ``multi_*_update`` op, grouping them by dtype only:
+    handed the parameters of several devices at once (as ``Module.update``
+    does), one op would run on one device over another device's weights. This
+    splits each call by device and keeps the fusion within a device.
+    """
+
+    def __init__(self, updater):
+        self.updater = updater
+
+    def __call__(self, index, grad, weight):
+        if not isinstance(index, (list, tuple)):
+            return self.updater(index, grad, weight)
+        by_device = OrderedDict()
+        for i, g, w in zip(index, grad, weight):
+            by_device.setdefault(w.context, []).append((i, g, w))
+        for items in by_device.values():
+            indices, grads, weights = zip(*items)
+            self.updater(list(indices), list(grads), list(weights))
+        return None
+
+    def __getattr__(self, name):  # get_states, set_states, optimizer, ...
+        return getattr(self.updater, name)
 
 
 class _SymbolicStepper:
@@ -108,8 +130,9 @@ class ModuleStepper(_SymbolicStepper):
                          label_shapes=[(LABEL_NAME, (cfg.batch_size, cfg.widths[-1]))])
         self.module.init_params(arg_params={k: mx.nd.array(v) for k, v in init.items()},
                                 aux_params={}, allow_missing=False)
-        # kvstore=None: one executor, so the update runs on each parameter's own device.
+        # kvstore=None: no parameter server; the Module's updater updates in place.
         self.module.init_optimizer(kvstore=None, optimizer=_create_optimizer(cfg, cfg.batch_size))
+        self.module._updater = PerDeviceUpdater(self.module._updater)  # pylint: disable=protected-access
         self._exec = self.module._exec_group.execs[0]  # pylint: disable=protected-access
 
     def step(self, X, y):
@@ -134,14 +157,16 @@ class ExecutorStepper(_SymbolicStepper):
                LABEL_NAME: (cfg.batch_size, cfg.widths[-1])})
         for name, value in init.items():
             mx.nd.array(value).copyto(self._exec.arg_dict[name])
-        self._updater = mx.optimizer.get_updater(_create_optimizer(cfg, cfg.batch_size))
+        self._updater = PerDeviceUpdater(
+            mx.optimizer.get_updater(_create_optimizer(cfg, cfg.batch_size)))
 
     def step(self, X, y):
         self._exec.forward(is_train=True, **{DATA_NAME: X, LABEL_NAME: y})
         self._exec.backward()
-        for i, name in enumerate(self.param_names):
-            # weight and gradient live on the same device; so does the optimizer state
-            self._updater(i, self._exec.grad_dict[name], self._exec.arg_dict[name])
+        names = self.param_names
+        # weight, gradient and optimizer state of each parameter share its device
+        self._updater(list(range(len(names))), [self._exec.grad_dict[n] for n in names],
+                      [self._exec.arg_dict[n] for n in names])
         return self._loss(self._exec.outputs[0], y)
 
 
