@@ -26,8 +26,9 @@ from .metrics import end_to_end_map, full_mse, map_error
 from .model import DATA_NAME, LABEL_NAME, build_net, training_symbol
 from .placement import format_device, make_plan
 
-__all__ = ['initial_params', 'PerDeviceUpdater', 'ModuleStepper', 'ExecutorStepper', 'ImperativeStepper',
-           'make_stepper', 'fit', 'train', 'TrainResult', 'CHECKPOINT_NAME']
+__all__ = ['initial_params', 'PerDeviceUpdater', 'ModuleStepper', 'ExecutorStepper',
+           'ImperativeStepper', 'make_stepper', 'fit', 'train', 'TrainResult',
+           'CHECKPOINT_NAME']
 
 CHECKPOINT_NAME = 'regression'
 
