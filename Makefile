@@ -2,9 +2,10 @@
 # reinstall only when pyproject.toml changes.
 #   make train-symbolic DEVICES=cpu:0,cpu:1 EPOCHS=3
 #   make setup MXNET=cu112            # CUDA 11.2 build of MXNet instead of the CPU one
+#                                     # (later targets keep it; MXNET=cpu switches back)
 
 PYTHON ?= python3
-MXNET ?= cpu
+MXNET ?= $(if $(wildcard .venv/.installed-cu112),cu112,cpu)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(MXNET)
@@ -28,6 +29,8 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=21.3"
+	@# mxnet and mxnet-cu112 install the same module: remove the other build first
+	$(PY) -m pip uninstall --quiet --yes $(if $(filter cu112,$(MXNET)),mxnet,mxnet-cu112) 2>/dev/null || true
 	$(PY) -m pip install --quiet -e ".[$(MXNET),test]"
 	@command -v dot >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; } || echo "graphviz 'dot' not installed (needs root/apt): graph pictures will be .dot source only"
 	@rm -f $(VENV)/.installed-*
