@@ -14,6 +14,7 @@ import os
 import sys
 
 from mp_symbolic.data import make_dataset
+from mp_symbolic.text import columns
 from mp_symbolic.train import initial_params
 
 from .measure import machine_info, throughput, time_to_accuracy
@@ -43,18 +44,12 @@ def build_parser():
     return parser
 
 
-def _table(head, body):
-    width = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
-    return ['  '.join(str(c).ljust(w) for c, w in zip(r, width)).rstrip()
-            for r in [head] + body]
-
-
 def run(repeats, num_steps, tta_max_seconds, log=print):
     """Measures everything and logs the tables.
 
     Returns:
         ``{'throughput': {batch_size: {variant: samples/s}}, 'tta': {variant:
-        (seconds or None, epochs, mse)}}``.
+        (seconds, reached, epochs, mse)}}``.
     """
     info = machine_info()
     log('machine: %d cores, %s; MXNet %s, Python %s; load average at start %s'
@@ -87,7 +82,7 @@ def _throughput(X, y, init, repeats, num_steps, log):
                            '%.2fx' % (rates[b][name] / rates[b][BASELINE])]
                           for b in BATCH_SIZES), [])
             for name in VARIANTS]
-    for line in _table(head, body):
+    for line in columns([head] + body):
         log('  ' + line)
     for b in BATCH_SIZES:
         log('  bs=%d: %s is %.2fx %s and %.2fx imperative MP'
@@ -97,7 +92,7 @@ def _throughput(X, y, init, repeats, num_steps, log):
 
 
 def _time_to_accuracy(X, y, init, repeats, cap, log):
-    """Logs the time-to-accuracy table; returns ``{variant: (seconds, epochs, mse)}``."""
+    """Logs the time-to-accuracy table; returns ``{variant: (seconds, reached, epochs, mse)}``."""
     steps_per_epoch = NUM_EXAMPLES // TTA_BATCH_SIZE
     tta_repeats = min(repeats, TTA_MAX_REPEATS)
     runs = {name: [] for name in VARIANTS}
@@ -113,28 +108,32 @@ def _time_to_accuracy(X, y, init, repeats, cap, log):
         % (TARGET_MSE, tta_repeats, TTA_BATCH_SIZE, TTA_MAX_EPOCHS, cap))
     body = []
     for name in VARIANTS:
-        seconds, epochs, mse = tta[name]
-        body.append([name, '%.2f' % seconds if seconds is not None else '>cap', epochs,
-                     '%.2e' % mse, _ratio(seconds, tta[BASELINE][0], cap),
-                     _ratio(seconds, tta[SEED][0], cap)])
-    for line in _table(['variant', 'seconds', 'epochs', 'MSE', 'vs 1-device', 'vs seed'],
-                       body):
+        seconds, reached, epochs, mse = tta[name]
+        body.append([name, '%.2f' % seconds if reached else '>%.2f (cap)' % seconds, epochs,
+                     '%.2e' % mse, _ratio(tta[name], tta[BASELINE]),
+                     _ratio(tta[name], tta[SEED])])
+    for line in columns([['variant', 'seconds', 'epochs', 'MSE', 'vs 1-device', 'vs seed']]
+                        + body):
         log('  ' + line)
     return tta
 
 
 def _median_run(runs):
-    """The run with the median time; a run that hit the cap counts as slowest."""
-    ordered = sorted(runs, key=lambda r: float('inf') if r[0] is None else r[0])
+    """The run with the median time; a run that hit a cap counts as slowest."""
+    ordered = sorted(runs, key=lambda r: (not r[1], r[0]))
     return ordered[(len(ordered) - 1) // 2]
 
 
-def _ratio(seconds, reference, cap):
-    if seconds is None:
-        return '-'
-    if reference is None:  # the reference ran past the cap: an upper bound
-        return '<%.3fx' % (seconds / cap)
-    return '%.3fx' % (seconds / reference)
+def _ratio(run, reference):
+    """``run``'s time over ``reference``'s; a bound when a cap stopped either."""
+    (seconds, reached), (ref_seconds, ref_reached) = run[:2], reference[:2]
+    if reached and ref_reached:
+        return '%.3fx' % (seconds / ref_seconds)
+    if reached:  # the reference needs more than ref_seconds
+        return '<%.3fx' % (seconds / ref_seconds)
+    if ref_reached:
+        return '>%.3fx' % (seconds / ref_seconds)
+    return '-'
 
 
 def main(argv=None):
@@ -145,8 +144,6 @@ def main(argv=None):
         print('error: --repeats and --steps: expected positive integers, found %d and %d'
               % (args.repeats, args.steps), file=sys.stderr)
         return 2
-    # MXNet logs a line each time it binds a graph with its oneDNN subgraph backend.
-    os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
     run(args.repeats, args.steps, 10.0 if args.quick else TTA_MAX_SECONDS)
     return 0
 

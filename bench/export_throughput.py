@@ -49,7 +49,6 @@ def main(argv=None):
     parser.add_argument('--repeats', type=int, default=7)
     parser.add_argument('--repeat-seconds', type=float, default=0.2)
     args = parser.parse_args(argv)
-    os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
     prefix = os.path.join(args.model_dir, args.name)
     runtimes = [('onnxruntime %s' % ort.__version__, OnnxPredictor(prefix + '.onnx')),
                 ('mxnet %s, 3 devices' % mx.__version__,

@@ -47,7 +47,9 @@ def time_to_accuracy(variant, X, y, steps_per_epoch, target, max_epochs, max_sec
     The MSE is checked once per epoch, off the clock.
 
     Returns:
-        ``(seconds or None if the cap was hit first, epochs run, last MSE)``.
+        ``(seconds, reached, epochs run, last MSE)``: ``reached`` is False
+        when a cap stopped the run first; ``seconds`` is then the training
+        time until it stopped (a lower bound).
     """
     elapsed, mse = 0.0, float('nan')
     for epoch in range(1, max_epochs + 1):
@@ -58,10 +60,10 @@ def time_to_accuracy(variant, X, y, steps_per_epoch, target, max_epochs, max_sec
         elapsed += time.perf_counter() - start
         mse = full_mse(variant.params(), X, y)
         if mse <= target:
-            return elapsed, epoch, mse
+            return elapsed, True, epoch, mse
         if elapsed >= max_seconds:
             break
-    return None, epoch, mse
+    return elapsed, False, epoch, mse
 
 
 def machine_info():

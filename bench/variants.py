@@ -16,7 +16,7 @@ from mp_symbolic.config import TrainConfig
 from mp_symbolic.data import batches
 from mp_symbolic.model import build_net
 from mp_symbolic.placement import make_plan
-from mp_symbolic.train import make_stepper
+from mp_symbolic.train import create_optimizer, make_stepper
 
 from .seed_loop import SeedLoop
 
@@ -42,9 +42,8 @@ class HybridStepper:
         for name, param in self.net.collect_params().items():
             param.set_data(mx.nd.array(init[name]))
         self.net.hybridize(static_alloc=True, static_shape=True)
-        opt = mx.optimizer.create(cfg.optimizer, rescale_grad=1.0 / cfg.batch_size,
-                                  **cfg.optimizer_params())
-        self.trainer = gluon.Trainer(self.net.collect_params(), opt, kvstore=None)
+        self.trainer = gluon.Trainer(self.net.collect_params(), create_optimizer(cfg),
+                                     kvstore=None)
         self._loss_fn = gluon.loss.L2Loss()
 
     def step(self, X, y):

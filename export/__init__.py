@@ -10,3 +10,8 @@
 
 ``python -m export.predict`` runs either file on ``.npy`` or CSV inputs.
 """
+import os
+
+# Where `make train-symbolic` writes, and where `make export` writes.
+DEFAULT_CHECKPOINT_DIR = os.path.join('artifacts', 'symbolic')
+DEFAULT_OUT_DIR = os.path.join('artifacts', 'export')

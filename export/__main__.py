@@ -6,21 +6,22 @@ prints one line to stderr and exits with status 2; a failed verification or
 an unwritable folder exits with status 1. Nothing is written on error.
 """
 import argparse
-import os
 import sys
+
+from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 
 __all__ = ['main', 'build_parser']
 
 
 def build_parser():
-    from .exporter import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR  # pylint: disable=import-outside-toplevel
     parser = argparse.ArgumentParser(
         prog='python -m export',
         description='Export the model-parallel training checkpoint to an MXNet '
                     'symbol/params pair (ctx_group kept) and ONNX, and verify both.')
-    parser.add_argument('--checkpoint', default=DEFAULT_CHECKPOINT_DIR, metavar='DIR',
+    parser.add_argument('--checkpoint', default=None, metavar='DIR',
                         help='folder of a symbolic training run, read through its '
-                             'summary.json; trained first if it has none (default: %(default)s)')
+                             'summary.json (default: %s, trained first if it has none)'
+                             % DEFAULT_CHECKPOINT_DIR)
     parser.add_argument('--out', default=DEFAULT_OUT_DIR, metavar='DIR',
                         help='output folder (default: %(default)s)')
     parser.add_argument('--name', default='regression',
@@ -34,11 +35,11 @@ def _one_line(err):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')  # no "backend MKLDNN" line per bind
     from .errors import VerificationError  # pylint: disable=import-outside-toplevel
     from .exporter import export_checkpoint  # pylint: disable=import-outside-toplevel
     try:
-        export_checkpoint(args.checkpoint, args.out, args.name)
+        export_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT_DIR, args.out, args.name,
+                          train_if_missing=args.checkpoint is None)
     except VerificationError as err:
         print('error: %s' % _one_line(err), file=sys.stderr)
         return 1

@@ -19,13 +19,13 @@ import dataclasses
 import json
 import os
 
-import mxnet as mx
 import onnx
 
-from mp_symbolic.checkpoint import atomic_path, load_checkpoint
+from mp_symbolic.checkpoint import atomic_path, load_checkpoint, save_params
 from mp_symbolic.config import TrainConfig
 from mp_symbolic.train import CHECKPOINT_NAME, train
 
+from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError
 from .inference import inference_graph, stage_layout
 from .onnx_export import check_onnx_version, sha256_file, to_onnx
@@ -34,25 +34,29 @@ from .verify import failed_checks, format_report, verify_export
 __all__ = ['DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR', 'locate_checkpoint',
            'export_checkpoint', 'export_paths']
 
-DEFAULT_CHECKPOINT_DIR = os.path.join('artifacts', 'symbolic')
-DEFAULT_OUT_DIR = os.path.join('artifacts', 'export')
 SUMMARY_NAME = 'summary.json'
 
 
-def locate_checkpoint(checkpoint_dir, log=print):
+def locate_checkpoint(checkpoint_dir, log=print, train_if_missing=False):
     """The training summary and checkpoint files in ``checkpoint_dir``.
 
-    With no ``summary.json`` there, trains the default configuration into
-    ``checkpoint_dir`` first (and says so through ``log``).
+    Args:
+        train_if_missing: With no ``summary.json`` there, train the default
+            configuration into ``checkpoint_dir`` first (saying so through
+            ``log``) instead of raising.
 
     Returns:
         ``(summary dict, symbol path, params path)``.
 
     Raises:
-        ExportError: ``summary.json`` is not JSON or names no files.
+        ExportError: no ``summary.json`` (and ``train_if_missing`` is off), or
+            it is not JSON or names no files.
     """
     summary_path = os.path.join(checkpoint_dir, SUMMARY_NAME)
     if not os.path.exists(summary_path):
+        if not train_if_missing:
+            raise ExportError('expected a symbolic training run in %s (its %s), found none'
+                              % (checkpoint_dir, SUMMARY_NAME))
         log('no trained checkpoint in %s (no %s): training one with the default '
             'settings first' % (checkpoint_dir, SUMMARY_NAME))
         train(dataclasses.replace(TrainConfig(), out=checkpoint_dir), log=log)
@@ -79,7 +83,7 @@ def export_paths(out_dir, name=CHECKPOINT_NAME):
 
 
 def export_checkpoint(checkpoint_dir=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR,
-                      name=CHECKPOINT_NAME, log=print):
+                      name=CHECKPOINT_NAME, log=print, train_if_missing=False):
     """Exports, verifies and writes the checkpoint in ``checkpoint_dir``.
 
     Args:
@@ -87,6 +91,7 @@ def export_checkpoint(checkpoint_dir=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT
         out_dir: Folder for the export files.
         name: File name prefix of the export files.
         log: Called with each line of output (the report included).
+        train_if_missing: See :func:`locate_checkpoint`.
 
     Returns:
         ``(paths, report)``: the files written (see :func:`export_paths`) and
@@ -100,7 +105,12 @@ def export_checkpoint(checkpoint_dir=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT
         VerificationError: a check failed; nothing was written.
     """
     check_onnx_version()
-    summary, sym_path, params_path = locate_checkpoint(checkpoint_dir, log)
+    paths = export_paths(out_dir, name)
+    taken = [path for path in paths.values() if os.path.isdir(path)]
+    if taken:
+        raise ExportError('expected to write files at %s, found a folder there'
+                          % ', '.join(taken))
+    summary, sym_path, params_path = locate_checkpoint(checkpoint_dir, log, train_if_missing)
     symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)
@@ -110,14 +120,12 @@ def export_checkpoint(checkpoint_dir=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT
     model = to_onnx(inference, arg_params, aux_params,
                     {'symbol': sym_path, 'params': params_path},
                     extra_metadata={'trained_devices': ','.join(summary.get('devices', []))})
-    paths = export_paths(out_dir, name)
     with ExitStack() as stack:
-        staged = OrderedDict((key, stack.enter_context(atomic_path(path)))
-                             for key, path in paths.items())
+        # Entered in reverse so that they are renamed in order, the report last.
+        staged = OrderedDict((key, stack.enter_context(atomic_path(paths[key])))
+                             for key in reversed(paths))
         inference.save(staged['symbol'])
-        arrays = {'arg:%s' % k: v for k, v in arg_params.items()}
-        arrays.update({'aux:%s' % k: v for k, v in aux_params.items()})
-        mx.nd.save(staged['params'], arrays)
+        save_params(staged['params'], arg_params, aux_params)
         onnx.save(model, staged['onnx'])
         report = verify_export(staged['onnx'], staged['symbol'], staged['params'],
                                {k: v.asnumpy() for k, v in arg_params.items()})

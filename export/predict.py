@@ -15,7 +15,6 @@ A bad model, input or output path prints one line to stderr and exits with
 status 2 (status 1 if the output cannot be written); nothing is written.
 """
 import argparse
-import os
 import sys
 
 __all__ = ['main', 'build_parser']
@@ -46,10 +45,10 @@ def _error(err):
 def main(argv=None):
     """Runs the command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')  # no "backend MKLDNN" line per bind
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
-    from .runtimes import load_predictor  # pylint: disable=import-outside-toplevel
-    from .tables import format_csv, output_format, read_features, write_predictions  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from .runtimes import load_predictor
+    from .tables import format_csv, output_format, read_features, write_predictions
     try:
         if args.output is not None:
             output_format(args.output)

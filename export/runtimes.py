@@ -22,7 +22,7 @@ from mp_symbolic.model import DATA_NAME
 from mp_symbolic.placement import DeviceSpecError, make_plan
 
 from .errors import InputError, ModelFileError
-from .inference import inference_graph, input_width, output_width, stage_layout
+from .inference import inference_graph, input_width, stage_layout
 
 __all__ = ['MXNetPredictor', 'OnnxPredictor', 'load_predictor', 'params_beside',
            'SYMBOL_SUFFIX', 'ONNX_SUFFIX']
@@ -105,7 +105,6 @@ class MXNetPredictor:
         # to each device, so fewer devices than groups merge neighbouring stages.
         self.group2ctx = {group: plan.device_of_layer(i) for i, group in enumerate(self.stages)}
         self.input_width = input_width(self.symbol, self.arg_params)
-        self.output_width = output_width(self.symbol, self.arg_params, self.input_width)
         self._exec = None
 
     @classmethod

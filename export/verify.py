@@ -117,7 +117,7 @@ def _describe(predictor):
                                 for g, c in predictor.group2ctx.items())
 
 
-def verify_export(onnx_path, sym_path, params_path, reference_params, devices=None):
+def verify_export(onnx_path, sym_path, params_path, reference_params):
     """Runs every check on freshly written export files.
 
     Args:
@@ -125,9 +125,6 @@ def verify_export(onnx_path, sym_path, params_path, reference_params, devices=No
         sym_path, params_path: The MXNet pair.
         reference_params: The trained parameters (name -> numpy array) the
             outputs must match.
-        devices: ``--devices`` strings (or ``None`` for one device per
-            stage) to bind the pair with; default: one device per stage, and
-            everything on ``cpu:0``.
 
     Returns:
         The report; ``report['ok']`` is whether every check passed.
@@ -143,7 +140,8 @@ def verify_export(onnx_path, sym_path, params_path, reference_params, devices=No
     checks.append(_check('onnxruntime loads without warnings', not ort_log,
                          ort_log[0] if ort_log else 'nothing logged at default severity'))
     runtimes = [onnx_runtime]
-    for spec in devices or (None, 'cpu:0'):
+    # one device per stage (the model-parallel split), then every stage on cpu(0)
+    for spec in (None, 'cpu:0'):
         mxnet_runtime = MXNetPredictor.from_files(sym_path, params_path, devices=spec)
         checks.append(_placement_check(mxnet_runtime))
         runtimes.append(mxnet_runtime)

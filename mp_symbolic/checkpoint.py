@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import mxnet as mx
 
-__all__ = ['atomic_path', 'write_text', 'write_json', 'save_checkpoint',
+__all__ = ['atomic_path', 'write_text', 'write_json', 'save_checkpoint', 'save_params',
            'load_checkpoint', 'CheckpointError']
 
 
@@ -24,15 +24,14 @@ class CheckpointError(ValueError):
 @contextmanager
 def atomic_path(path):
     """Yields a temporary path next to ``path``; renames it onto ``path`` on
-    success, removes it on failure."""
+    success, removes it on failure (an exception or an interrupt), so ``path``
+    is either the old file or the complete new one."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.',
                                suffix='.tmp')
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
     try:
         yield tmp
         os.replace(tmp, path)
@@ -59,21 +58,27 @@ def save_checkpoint(prefix, epoch, symbol, arg_params, aux_params=None):
     """
     sym_path = '%s-symbol.json' % prefix
     params_path = '%s-%04d.params' % (prefix, epoch)
+    with atomic_path(params_path) as tmp:
+        save_params(tmp, arg_params, aux_params)
+    write_text(sym_path, symbol.tojson())
+    return sym_path, params_path
+
+
+def save_params(path, arg_params, aux_params=None):
+    """``mx.nd.save`` with MXNet's ``arg:``/``aux:`` names, arrays on ``cpu()``."""
     arrays = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
     arrays.update({'aux:%s' % k: v.as_in_context(mx.cpu())
                    for k, v in (aux_params or {}).items()})
-    with atomic_path(params_path) as tmp:
-        mx.nd.save(tmp, arrays)
-    write_text(sym_path, symbol.tojson())
-    return sym_path, params_path
+    mx.nd.save(path, arrays)
 
 
 def load_checkpoint(sym_path, params_path):
     """Loads a symbol and its parameters and checks that they fit.
 
-    Every non-input argument of the symbol must have an array of the shape the
-    symbol infers (from its variables' ``__shape__`` attributes, or from
-    ``data``'s width), and no array may be left over.
+    Every non-input argument of the symbol must have an array, of the shape
+    the symbol records (its variables' ``__shape__`` attributes) and that
+    MXNet's shape inference accepts with the others; no array may be left
+    over.
 
     Returns:
         ``(symbol, arg_params, aux_params)``; arrays on ``cpu()``.
@@ -125,7 +130,7 @@ def check_params(symbol, arg_params, aux_params, where='params'):
         problems.append('missing %s' % ', '.join(missing))
     if extra or extra_aux:
         problems.append('unexpected %s' % ', '.join(extra + extra_aux))
-    shapes = {k: v.shape for k, v in arg_params.items()}
+    shapes = {k: tuple(v.shape) for k, v in arg_params.items()}
     try:
         # Gluon records each parameter's shape in its variable's __shape__.
         arg_shapes, _, _ = symbol.infer_shape_partial()
@@ -133,10 +138,20 @@ def check_params(symbol, arg_params, aux_params, where='params'):
         raise CheckpointError('%s: cannot infer the shapes its symbol expects: %s'
                               % (where, _first_line(err))) from None
     for name, inferred in zip(symbol.list_arguments(), arg_shapes):
-        if name in shapes and inferred and 0 not in inferred \
-                and tuple(inferred) != tuple(shapes[name]):
+        if name in shapes and inferred and 0 not in inferred and tuple(inferred) != shapes[name]:
             problems.append('%s has shape %s, the symbol expects %s'
-                            % (name, tuple(shapes[name]), tuple(inferred)))
+                            % (name, shapes[name], tuple(inferred)))
+    if not problems:
+        # Without __shape__ attributes only the arrays themselves say the shapes:
+        # run MXNet's inference over all of them, data width from the first weight.
+        known = {k: v for k, v in shapes.items() if k in expected}
+        first = next((a for a in expected if len(shapes.get(a, ())) == 2), None)
+        if DATA_NAME in symbol.list_arguments() and first is not None:
+            known[DATA_NAME] = (1, shapes[first][1])
+        try:
+            symbol.infer_shape_partial(**known)
+        except mx.base.MXNetError as err:
+            problems.append('the arrays do not fit together: %s' % _first_line(err))
     if problems:
         raise CheckpointError('%s does not match its symbol: %s' % (where, '; '.join(problems)))
 

@@ -95,8 +95,6 @@ def config_from_args(args, **overrides):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    # MXNet logs a line each time it binds a graph with its oneDNN subgraph backend.
-    os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     from .placement import make_plan  # pylint: disable=import-outside-toplevel
     from .train import train  # pylint: disable=import-outside-toplevel

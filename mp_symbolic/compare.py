@@ -29,6 +29,7 @@ from .graphviz_plot import write_graph
 from .metrics import AGREE_ATOL, AGREE_RTOL
 from .model import build_net, training_symbol
 from .placement import format_device, make_plan
+from .text import columns
 from .train import fit, initial_params, make_stepper
 
 __all__ = ['compare', 'CompareResult', 'count_autograd_copies', 'REFERENCE']
@@ -178,9 +179,7 @@ def format_table(rows):
              '%d (%d fwd + %d bwd)' % (r['cross_device_copies_per_step'],
                                       r['copies_forward'], r['copies_backward']),
              'yes' if r['agree'] else 'no') for r in rows]
-    width = [max(len(line[i]) for line in [head] + body) for i in range(len(head))]
-    return ['  '.join(c.ljust(w) for c, w in zip(line, width)).rstrip()
-            for line in [head] + body]
+    return columns([head] + body)
 
 
 def plot_losses(losses, path):

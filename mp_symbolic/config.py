@@ -20,7 +20,8 @@ class TrainConfig:
     """
     # 'symbolic' (ctx_group graph bound with group2ctx) or 'imperative' (Gluon + autograd).
     variant: str = 'symbolic'
-    # Symbolic variant only: 'module' (mx.mod.Module, group2ctxs) or 'executor' (simple_bind, group2ctx).
+    # Symbolic variant only: 'module' (mx.mod.Module, group2ctxs) or 'executor'
+    # (Symbol.simple_bind, group2ctx).
     api: str = 'module'
     # '--devices' string such as 'cpu:0,cpu:1,cpu:2'; None: three GPUs if present, else cpu(0..2).
     devices: str = None
@@ -32,7 +33,8 @@ class TrainConfig:
     batch_size: int = 100
     # Passes over the data; 5 reaches full-data MSE ~1e-6 (the noise floor) with the default SGD.
     num_epochs: int = 5
-    # 'sgd' or 'adam'. Plain SGD converges in one epoch here; the seed's Adam at lr 1e-3 needs far more.
+    # 'sgd' or 'adam'. Plain SGD converges in one epoch here; the seed's Adam at
+    # lr 1e-3 needs 16 epochs.
     optimizer: str = 'sgd'
     # Learning rate; gradients are averaged over the batch (rescale_grad = 1 / batch_size).
     lr: float = 0.02
@@ -73,6 +75,12 @@ class TrainConfig:
             bad('momentum', 'a number in [0, 1)')
         if not _is_int(self.seed) or self.seed < 0:
             bad('seed', 'a non-negative integer')
+        # Flags that would otherwise be silently ignored.
+        if self.optimizer != 'sgd' and self.momentum != 0:
+            bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
+        if self.variant == 'imperative' and self.api != 'module':
+            bad('api', "'module' (the default) with variant 'imperative' "
+                       '(the API choice is for the symbolic variant)')
 
     @property
     def num_layers(self):

@@ -45,9 +45,7 @@ class StageDense(gluon.HybridBlock):
 
     def __init__(self, in_units, units, stage, **kwargs):
         super().__init__(**kwargs)
-        self.in_units = in_units
         self.units = units
-        self.stage = stage
         self.ctx_group = stage_name(stage)
         with self.name_scope():
             self.weight = self.params.get(
@@ -79,8 +77,9 @@ def build_net(widths=(2, 2, 2, 1), stage_of_layer=None):
     Args:
         widths: Layer widths, input first: ``(2, 2, 2, 1)`` is the seed's
             2 -> 2 -> 2 -> 1 network (three layers).
-        stage_of_layer: Stage index of each layer (non-decreasing, starting
-            at 0). Default: one stage per layer.
+        stage_of_layer: Stage index of each layer: starting at 0, each layer in
+            the same stage as the previous one or the next. Default: one stage
+            per layer.
 
     Returns:
         The (uninitialised) network. Parameters are named ``layer<i>_weight``
@@ -98,8 +97,10 @@ def build_net(widths=(2, 2, 2, 1), stage_of_layer=None):
     if stage_of_layer is None:
         stage_of_layer = tuple(range(num_layers))
     stage_of_layer = tuple(stage_of_layer)
-    if len(stage_of_layer) != num_layers:
-        raise ValueError('stage_of_layer must give a stage for each of the %d layers, got %r'
+    if len(stage_of_layer) != num_layers or stage_of_layer[0] != 0 or any(
+            b - a not in (0, 1) for a, b in zip(stage_of_layer, stage_of_layer[1:])):
+        raise ValueError('stage_of_layer must give each of the %d layers a stage, contiguous '
+                         'and starting at 0 (such as (0, 0, 1)), got %r'
                          % (num_layers, stage_of_layer))
     net = gluon.nn.HybridSequential(prefix='')
     for i in range(num_layers):

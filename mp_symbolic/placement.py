@@ -17,7 +17,7 @@ import mxnet as mx
 
 from .model import stage_name
 
-__all__ = ['DevicePlan', 'DeviceSpecError', 'parse_devices', 'default_devices',
+__all__ = ['DevicePlan', 'DeviceSpecError', 'parse_devices', 'check_devices', 'default_devices',
            'partition', 'make_plan', 'format_device']
 
 _DEVICE_RE = re.compile(r'^(cpu|gpu):(\d+)$')
@@ -54,11 +54,27 @@ def parse_devices(spec, num_gpus=None):
             raise DeviceSpecError("expected devices of the form 'cpu:N' or 'gpu:N', "
                                   "found %r in %r" % (entry, spec))
         kind, index = match.group(1), int(match.group(2))
-        ctx = mx.cpu(index) if kind == 'cpu' else mx.gpu(index)
-        if ctx in devices:
-            raise DeviceSpecError('expected each device once, found %s twice in %r'
-                                  % (entry, spec))
-        devices.append(ctx)
+        devices.append(mx.cpu(index) if kind == 'cpu' else mx.gpu(index))
+    return check_devices(devices, num_gpus)
+
+
+def check_devices(devices, num_gpus=None):
+    """Checks a device list: each device once, every GPU present.
+
+    Returns:
+        ``devices`` as a list.
+
+    Raises:
+        DeviceSpecError: a device is listed twice, or a GPU is not there.
+    """
+    devices = list(devices)
+    seen = set()
+    for ctx in devices:
+        if ctx in seen:
+            raise DeviceSpecError('expected each device once, found %s twice in %s'
+                                  % (format_device(ctx),
+                                     ','.join(format_device(d) for d in devices)))
+        seen.add(ctx)
     gpus = [d for d in devices if d.device_type == 'gpu']
     if gpus:
         if num_gpus is None:
@@ -150,7 +166,7 @@ class DevicePlan:
         return self.devices[-1]
 
     def describe(self):
-        """One line per stage: ``stage0 -> cpu(0): layers 0``."""
+        """One line per stage: ``stage0 -> cpu(0): layer 0``."""
         lines = []
         for s, d in enumerate(self.devices):
             layers = [str(i) for i, st in enumerate(self.stage_of_layer) if st == s]
@@ -165,8 +181,8 @@ def make_plan(num_layers, devices=None, num_gpus=None):
 
     Args:
         num_layers: Layers of the network (3 for the seed's network).
-        devices: A ``--devices`` string, a list of contexts, or ``None`` for
-            :func:`default_devices`.
+        devices: A ``--devices`` string, a list of contexts (checked as
+            :func:`check_devices` does), or ``None`` for :func:`default_devices`.
         num_gpus: GPUs MXNet can see; ``None`` asks MXNet.
 
     Returns:
@@ -181,5 +197,7 @@ def make_plan(num_layers, devices=None, num_gpus=None):
         devices, note = default_devices(num_layers, num_gpus)
     elif isinstance(devices, str):
         devices = parse_devices(devices, num_gpus)
+    else:
+        devices = check_devices(devices, num_gpus)
     devices = tuple(devices)
     return DevicePlan(devices, partition(num_layers, len(devices))), note

@@ -12,6 +12,7 @@ References: MXNet 1.9.1 ``tests/python/unittest/test_model_parallel.py``
 """
 from collections import OrderedDict
 from dataclasses import dataclass, field
+import glob
 import os
 import time
 
@@ -25,10 +26,11 @@ from .data import batches, make_dataset
 from .metrics import end_to_end_map, full_mse, map_error
 from .model import DATA_NAME, LABEL_NAME, build_net, training_symbol
 from .placement import format_device, make_plan
+from .text import columns
 
-__all__ = ['initial_params', 'PerDeviceUpdater', 'ModuleStepper', 'ExecutorStepper',
-           'ImperativeStepper', 'make_stepper', 'fit', 'train', 'TrainResult',
-           'CHECKPOINT_NAME']
+__all__ = ['initial_params', 'create_optimizer', 'PerDeviceUpdater', 'ModuleStepper',
+           'ExecutorStepper', 'ImperativeStepper', 'make_stepper', 'fit', 'train',
+           'TrainResult', 'CHECKPOINT_NAME']
 
 CHECKPOINT_NAME = 'regression'
 
@@ -46,8 +48,9 @@ def initial_params(widths, seed=0):
                        for name, p in net.collect_params().items())
 
 
-def _create_optimizer(cfg, batch_size):
-    return mx.optimizer.create(cfg.optimizer, rescale_grad=1.0 / batch_size,
+def create_optimizer(cfg):
+    """``cfg``'s optimizer; gradients averaged over the batch (``rescale_grad``)."""
+    return mx.optimizer.create(cfg.optimizer, rescale_grad=1.0 / cfg.batch_size,
                                **cfg.optimizer_params())
 
 
@@ -132,8 +135,9 @@ class ModuleStepper(_SymbolicStepper):
         self.module.init_params(arg_params={k: mx.nd.array(v) for k, v in init.items()},
                                 aux_params={}, allow_missing=False)
         # kvstore=None: no parameter server; the Module's updater updates in place.
-        self.module.init_optimizer(kvstore=None, optimizer=_create_optimizer(cfg, cfg.batch_size))
-        self.module._updater = PerDeviceUpdater(self.module._updater)  # pylint: disable=protected-access
+        self.module.init_optimizer(kvstore=None, optimizer=create_optimizer(cfg))
+        # pylint: disable=protected-access
+        self.module._updater = PerDeviceUpdater(self.module._updater)
         self._exec = self.module._exec_group.execs[0]  # pylint: disable=protected-access
 
     def step(self, X, y):
@@ -159,7 +163,7 @@ class ExecutorStepper(_SymbolicStepper):
         for name, value in init.items():
             mx.nd.array(value).copyto(self._exec.arg_dict[name])
         self._updater = PerDeviceUpdater(
-            mx.optimizer.get_updater(_create_optimizer(cfg, cfg.batch_size)))
+            mx.optimizer.get_updater(create_optimizer(cfg)))
 
     def step(self, X, y):
         self._exec.forward(is_train=True, **{DATA_NAME: X, LABEL_NAME: y})
@@ -176,7 +180,7 @@ class ImperativeStepper:
 
     ``gluon.Trainer`` requires all its parameters on the same set of devices,
     so there is one Trainer per device, each updating that device's
-    parameters; ``step(batch_size)`` on each after one backward pass.
+    parameters; ``step()`` on each after one backward pass.
     """
 
     def __init__(self, plan, cfg, init):
@@ -189,7 +193,7 @@ class ImperativeStepper:
                 param.initialize(ctx=ctx)
                 param.set_data(mx.nd.array(init[name]))
                 by_device.setdefault(ctx, OrderedDict())[name] = param
-        self.trainers = [gluon.Trainer(params, _create_optimizer(cfg, cfg.batch_size),
+        self.trainers = [gluon.Trainer(params, create_optimizer(cfg),
                                        kvstore=None)
                          for params in by_device.values()]
         self._loss_fn = gluon.loss.L2Loss()  # 0.5 * (pred - y)**2 per sample
@@ -270,8 +274,9 @@ def fit(stepper, X, y, cfg, log=print):
         step_losses += values
         epoch_losses.append(float(np.mean(values)))
         bar.set_postfix(mse='%.3g' % epoch_losses[-1])
-        (bar.write if not bar.disable else log)('epoch %d/%d  mean batch MSE %.4e'
-                                             % (epoch + 1, cfg.num_epochs, epoch_losses[-1]))
+        with tqdm.external_write_mode():  # clears the bar while the line is written
+            log('epoch %d/%d  mean batch MSE %.4e' % (epoch + 1, cfg.num_epochs,
+                                                     epoch_losses[-1]))
     mx.nd.waitall()
     wall = time.perf_counter() - start
     bar.close()
@@ -286,10 +291,8 @@ def fit(stepper, X, y, cfg, log=print):
 
 def placement_table(placement):
     """Lines of a table: each array -> its device (and its gradient's)."""
-    rows = [('array', 'device', 'grad device')]
-    rows += [(n, str(d), str(g) if g is not None else '-') for n, d, g in placement]
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
-    return ['  '.join(c.ljust(w) for c, w in zip(r, width)).rstrip() for r in rows]
+    return columns([('array', 'device', 'grad device')] +
+                   [(n, d, g if g is not None else '-') for n, d, g in placement])
 
 
 def train(cfg, log=print):
@@ -343,6 +346,12 @@ def train(cfg, log=print):
     sym_path, params_path = save_checkpoint(
         prefix, cfg.num_epochs, symbol,
         {k: mx.nd.array(v) for k, v in result.params.items()})
+    # A params file of an earlier run with other epochs would sit beside the new
+    # symbol and be taken for its pair.
+    for stale in glob.glob(glob.escape(prefix) + '-[0-9][0-9][0-9][0-9].params'):
+        if stale != params_path:
+            os.remove(stale)
+            log('removed %s (an earlier run)' % stale)
     result.files = {'symbol': sym_path, 'params': params_path}
     if cfg.profile:
         result.files['profile'] = profile_path

@@ -208,6 +208,47 @@ def test_export_refuses_bad_checkpoint(trained, tmp_path, capfd, how, message):
     assert not out.exists() or not os.listdir(out)
 
 
+def test_export_of_a_missing_training_run_trains_nothing(tmp_path, capfd):
+    """Only the default folder is trained on demand; a mistyped one is refused."""
+    missing = tmp_path / 'no-such-run'
+    assert export_main(['--checkpoint', str(missing), '--out', str(tmp_path / 'out')]) == 2
+    assert 'expected a symbolic training run in' in _one_error_line(capfd.readouterr().err)
+    assert not missing.exists() and not (tmp_path / 'out').exists()
+
+
+def test_export_refuses_a_folder_where_a_file_goes(trained, tmp_path, capfd):
+    out = tmp_path / 'out'
+    (out / 'regression.onnx').mkdir(parents=True)
+    assert export_main(['--checkpoint', trained['dir'], '--out', str(out)]) == 2
+    assert 'found a folder there' in _one_error_line(capfd.readouterr().err)
+    assert os.listdir(out) == ['regression.onnx']
+
+
+def test_failed_verification_writes_nothing(trained, tmp_path, capfd, monkeypatch):
+    from export import verify  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(verify, 'TOLERANCE', 0.0)  # no float32 runtime matches float64 exactly
+    out = tmp_path / 'out'
+    assert export_main(['--checkpoint', trained['dir'], '--out', str(out)]) == 1
+    err = capfd.readouterr().err
+    assert 'verification failed, nothing written: parity' in _one_error_line(err)
+    assert not out.exists() or not os.listdir(out)
+
+
+def test_export_refuses_misshaped_arrays_without_shape_attributes(trained, tmp_path, capfd):
+    """With no __shape__ attributes to compare against, MXNet's own shape
+    inference over the arrays still catches a layer that does not fit."""
+    checkpoint = tmp_path / 'checkpoint'
+    shutil.copytree(trained['dir'], checkpoint)
+    sym_file = checkpoint / 'regression-symbol.json'
+    graph = json.loads(sym_file.read_text())
+    for node in graph['nodes']:
+        node.get('attrs', {}).pop('__shape__', None)
+    sym_file.write_text(json.dumps(graph))
+    _damage(str(checkpoint / os.path.basename(trained['params_file'])), 'wrong shape')
+    assert export_main(['--checkpoint', str(checkpoint), '--out', str(tmp_path / 'out')]) == 2
+    assert 'the arrays do not fit together' in _one_error_line(capfd.readouterr().err)
+
+
 # -- predict CLI ----------------------------------------------------------
 
 @pytest.mark.parametrize('model, devices', [('onnx', None), ('symbol', 'cpu:0'),

@@ -55,7 +55,8 @@ def test_inference_symbol_has_data_input_only():
 
 
 @pytest.mark.parametrize('widths, stages', [((2,), None), ((2, 0, 1), None),
-                                            ((2, 2, 1), (0,))])
+                                            ((2, 2, 1), (0,)), ((2, 2, 2, 1), (2, 1, 0)),
+                                            ((2, 2, 2, 1), (0, 2, 2)), ((2, 2, 1), (1, 1))])
 def test_bad_net_shape_raises(widths, stages):
     with pytest.raises(ValueError):
         build_net(widths, stages)

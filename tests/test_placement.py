@@ -1,4 +1,6 @@
 """The device plan and the --devices flag: what is accepted, what is refused."""
+import re
+
 import mxnet as mx
 import pytest
 
@@ -73,8 +75,37 @@ def test_bad_config_values_exit_2_naming_the_field(argv, message, capsys):
 
 
 def test_help_lists_every_option():
-    text = build_parser()._subparsers._group_actions[0].choices['train'].format_help()  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    text = build_parser()._subparsers._group_actions[0].choices['train'].format_help()
     for flag in ('--variant', '--api', '--devices', '--epochs', '--batch-size', '--lr',
                  '--optimizer', '--momentum', '--widths', '--num-examples', '--seed',
                  '--out', '--profile', '--no-progress'):
         assert flag in text
+
+
+@pytest.mark.parametrize('devices, message', [
+    ([mx.cpu(0), mx.cpu(0)], 'expected each device once, found cpu:0 twice'),
+    ([mx.cpu(0), mx.gpu(7)], 'gpu:7 requested but MXNet sees 0 GPU(s)'),
+])
+def test_device_lists_are_checked_like_strings(devices, message):
+    with pytest.raises(DeviceSpecError, match=re.escape(message)):
+        make_plan(3, devices, num_gpus=0)
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--optimizer', 'adam', '--momentum', '0.9'], "momentum: expected 0 with optimizer 'adam'"),
+    (['--variant', 'imperative', '--api', 'executor'], "api: expected 'module' (the default) "
+                                                       "with variant 'imperative'"),
+])
+def test_flags_that_would_be_ignored_are_refused(argv, message, capsys):
+    assert main(['train', '--no-progress'] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and message in err, err
+
+
+def test_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
+    target = tmp_path / 'a-file'
+    target.write_text('keep me')
+    assert main(['train', '--no-progress', '--out', str(target)]) == 2
+    assert 'out: expected a folder, found a file at' in capsys.readouterr().err
+    assert target.read_text() == 'keep me'

@@ -95,16 +95,59 @@ def test_symbolic_matches_one_device_and_imperative_after_several_steps(small_da
 
 
 def test_adam_variants_agree(small_data):
-    """Adam keeps per-parameter state on the parameter's device in both APIs."""
+    """Adam keeps two state arrays per parameter: every variant must keep them
+    apart per parameter and device, and agree on losses, gradients and
+    parameters."""
     results = []
-    for variant in ('symbolic', 'imperative'):
-        stepper, _, cfg = _stepper(small_data, variant, 'module', THREE_DEVICES,
+    for variant, api in VARIANTS:
+        stepper, _, cfg = _stepper(small_data, variant, api, THREE_DEVICES,
                                    optimizer='adam', lr=0.01)
         results.append(_run_steps(stepper, small_data, cfg.batch_size, num_steps=5))
-    np.testing.assert_allclose(results[0][0], results[1][0], rtol=AGREE_RTOL, atol=AGREE_ATOL)
-    for name in results[0][2]:
-        np.testing.assert_allclose(results[0][2][name], results[1][2][name],
-                                   rtol=AGREE_RTOL, atol=AGREE_ATOL)
+    ref_losses, ref_grads, ref_params = results[0]
+    for losses, grads, params in results[1:]:
+        np.testing.assert_allclose(losses, ref_losses, rtol=AGREE_RTOL, atol=AGREE_ATOL)
+        for name in ref_params:
+            np.testing.assert_allclose(grads[name], ref_grads[name], rtol=AGREE_RTOL,
+                                       atol=AGREE_ATOL)
+            np.testing.assert_allclose(params[name], ref_params[name], rtol=AGREE_RTOL,
+                                       atol=AGREE_ATOL)
+
+
+def _optimizer_states(stepper, variant, api):
+    """``[(weight device, [state devices])]`` of every parameter's optimizer state."""
+    # pylint: disable=protected-access
+    if variant == 'imperative':
+        pairs = []
+        for trainer in stepper.trainers:
+            for updater in trainer._updaters:
+                pairs += [(trainer._params[i].list_data()[0].context, state)
+                          for i, state in updater.states.items()]
+        return [(ctx, _state_devices(state)) for ctx, state in pairs]
+    updater = stepper.module._updater if api == 'module' else stepper._updater
+    weights = stepper.module._exec_group.param_arrays if api == 'module' else [
+        stepper._exec.arg_dict[n] for n in stepper.param_names]
+    contexts = [w[0].context if isinstance(w, list) else w.context for w in weights]
+    return [(contexts[i], _state_devices(state)) for i, state in updater.states.items()]
+
+
+def _state_devices(state):
+    if state is None:
+        return []
+    if isinstance(state, (list, tuple)):
+        return sum((_state_devices(s) for s in state), [])
+    return [state.context]
+
+
+@pytest.mark.parametrize('variant, api', VARIANTS)
+def test_optimizer_state_lives_on_its_parameter_device(small_data, variant, api):
+    stepper, _, cfg = _stepper(small_data, variant, api, THREE_DEVICES, optimizer='adam')
+    stepper.step(*next(batches(*small_data, cfg.batch_size, epoch=0)))
+    states = _optimizer_states(stepper, variant, api)
+    assert len(states) == 6
+    assert {ctx for ctx, _ in states} == {mx.cpu(0), mx.cpu(1), mx.cpu(2)}
+    for ctx, state_devices in states:
+        assert len(state_devices) == 2  # Adam: mean and variance
+        assert set(state_devices) == {ctx}
 
 
 def test_backward_inside_or_outside_record_gives_the_same_gradients():
@@ -205,3 +248,22 @@ def test_every_update_runs_on_one_device(small_data, variant, api):
     stepper.step(*next(batches(*small_data, cfg.batch_size, epoch=0)))
     assert calls and all(len(devices) == 1 for devices in calls), calls
     assert set().union(*calls) == {mx.cpu(0), mx.cpu(1), mx.cpu(2)}
+
+
+def test_cli_train_writes_checkpoint_profile_and_removes_a_stale_pair(tmp_path, capsys):
+    """The CLI end to end: exit 0, a Chrome trace whose rows include the stage
+    devices, and no params file of an earlier run left beside the new symbol."""
+    from mp_symbolic.cli import main  # pylint: disable=import-outside-toplevel
+    (tmp_path / 'regression-0009.params').write_bytes(b'an earlier run')
+    assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '500',
+                 '--devices', THREE_DEVICES, '--out', str(tmp_path), '--profile']) == 0
+    out = capsys.readouterr().out
+    assert 'full-data MSE: ' in out and 'removed ' in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        'profile-stats.txt', 'profile.json', 'regression-0001.params',
+        'regression-symbol.json', 'summary.json']
+    trace = json.loads((tmp_path / 'profile.json').read_text())
+    rows = {e['args']['name'] for e in trace['traceEvents']
+            if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+    assert {'cpu/0', 'cpu/1'} <= rows, rows
+    assert 'FullyConnected' in (tmp_path / 'profile-stats.txt').read_text()
