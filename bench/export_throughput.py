@@ -41,23 +41,58 @@ def measure(predict, X, repeats, repeat_seconds):
     return statistics.median(_time_calls(predict, X, calls) / calls for _ in range(repeats))
 
 
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or value == float('inf'):
+            raise argparse.ArgumentTypeError('expected a positive number, found %r' % text)
+        return value
+    return parse
+
+
+def _batch_sizes(text):
+    try:
+        sizes = [int(b) for b in text.split(',')]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            'expected comma-separated positive integers such as 1,4096, found %r' % text)
+    return sizes
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--model-dir', default=os.path.join('artifacts', 'export'))
-    parser.add_argument('--name', default='regression')
-    parser.add_argument('--batch-sizes', default='1,4096')
-    parser.add_argument('--repeats', type=int, default=7)
-    parser.add_argument('--repeat-seconds', type=float, default=0.2)
+    parser = argparse.ArgumentParser(prog='python bench/export_throughput.py',
+                                     description=__doc__.split('\n')[0])
+    parser.add_argument('--model-dir', default=os.path.join('artifacts', 'export'),
+                        help='folder of the exported files (default: %(default)s)')
+    parser.add_argument('--name', default='regression',
+                        help='file name prefix of the exported files (default: %(default)s)')
+    parser.add_argument('--batch-sizes', type=_batch_sizes, default=[1, 4096],
+                        help='batch sizes to time (default: 1,4096)')
+    parser.add_argument('--repeats', type=_positive(int), default=7,
+                        help='timed repeats per figure; the median is reported (default: 7)')
+    parser.add_argument('--repeat-seconds', type=_positive(float), default=0.2,
+                        help='about how long each repeat runs (default: 0.2)')
     args = parser.parse_args(argv)
     prefix = os.path.join(args.model_dir, args.name)
-    runtimes = [('onnxruntime %s' % ort.__version__, OnnxPredictor(prefix + '.onnx')),
-                ('mxnet %s, 3 devices' % mx.__version__,
-                 MXNetPredictor.from_files(prefix + '-symbol.json', devices='cpu:0,cpu:1,cpu:2')),
-                ('mxnet %s, 1 device' % mx.__version__,
-                 MXNetPredictor.from_files(prefix + '-symbol.json', devices='cpu:0'))]
+    try:
+        onnx_runtime = OnnxPredictor(prefix + '.onnx')
+        split = MXNetPredictor.from_files(prefix + '-symbol.json')
+        one = MXNetPredictor.from_files(prefix + '-symbol.json', devices='cpu:0')
+    except ValueError as err:  # missing or unusable files: say which, in one line
+        print('error: %s (run make export first)' % ' '.join(str(err).split()), file=sys.stderr)
+        return 2
+    # one device per stage of the exported model: its model-parallel split
+    runtimes = [('onnxruntime %s' % ort.__version__, onnx_runtime),
+                ('mxnet %s, %d devices' % (mx.__version__, len(split.stages)), split),
+                ('mxnet %s, 1 device' % mx.__version__, one)]
     print('| runtime | batch | calls/s | samples/s | us per call | vs onnxruntime |')
     print('|---|---:|---:|---:|---:|---:|')
-    for batch_size in [int(b) for b in args.batch_sizes.split(',')]:
+    for batch_size in args.batch_sizes:
         X = np.random.default_rng(0).normal(0, 1, (batch_size, 2)).astype(np.float32)
         seconds = [(label, measure(runtime.predict, X, args.repeats, args.repeat_seconds))
                    for label, runtime in runtimes]

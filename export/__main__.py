@@ -6,6 +6,7 @@ prints one line to stderr and exits with status 2; a failed verification or
 an unwritable folder exits with status 1. Nothing is written on error.
 """
 import argparse
+import os
 import sys
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
@@ -35,9 +36,15 @@ def _one_line(err):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    from .errors import VerificationError  # pylint: disable=import-outside-toplevel
-    from .exporter import export_checkpoint  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.checkpoint import check_writable_dir
+    from .errors import VerificationError
+    from .exporter import export_checkpoint
     try:
+        if not args.name or os.sep in args.name or args.name.startswith('.'):
+            raise ValueError('--name: expected a file name prefix such as regression, found %r'
+                             % args.name)
+        check_writable_dir(args.out, '--out')
         export_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT_DIR, args.out, args.name,
                           train_if_missing=args.checkpoint is None)
     except VerificationError as err:

@@ -15,6 +15,7 @@ A bad model, input or output path prints one line to stderr and exits with
 status 2 (status 1 if the output cannot be written); nothing is written.
 """
 import argparse
+import os
 import sys
 
 __all__ = ['main', 'build_parser']
@@ -47,11 +48,16 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
+    from mp_symbolic.checkpoint import check_writable_dir
     from .runtimes import load_predictor
     from .tables import format_csv, output_format, read_features, write_predictions
     try:
         if args.output is not None:
             output_format(args.output)
+            if os.path.isdir(args.output):
+                raise ValueError('--output: expected a file path, found a folder at %s'
+                                 % args.output)
+            check_writable_dir(os.path.dirname(args.output) or '.', '--output')
         predictor = load_predictor(args.model, args.devices)
         X = read_features(args.input, predictor.input_width)
         Y = predictor.predict(X)

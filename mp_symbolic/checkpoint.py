@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 import mxnet as mx
 
-__all__ = ['atomic_path', 'write_text', 'write_json', 'save_checkpoint', 'save_params',
-           'load_checkpoint', 'CheckpointError']
+__all__ = ['atomic_path', 'check_writable_dir', 'write_text', 'write_json', 'save_checkpoint',
+           'save_params', 'load_checkpoint', 'check_params', 'CheckpointError']
 
 
 class CheckpointError(ValueError):
@@ -38,6 +38,22 @@ def atomic_path(path):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def check_writable_dir(path, name):
+    """Raises ValueError unless ``path`` is, or can become, a writable folder.
+
+    Args:
+        name: What to call the path in the message (a field or flag name).
+    """
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError('%s: expected a folder, found a file at %s' % (name, probe))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError('%s: expected a folder this user can write, found %s not writable'
+                         % (name, probe))
 
 
 def write_text(path, text):

@@ -6,7 +6,6 @@ Parses flags into a :class:`~mp_symbolic.config.TrainConfig` and calls
 that cannot be made) print one line to stderr and exit with status 2.
 """
 import argparse
-import os
 import sys
 
 from .config import APIS, OPTIMIZERS, VARIANTS, TrainConfig
@@ -93,25 +92,43 @@ def config_from_args(args, **overrides):
     return TrainConfig(**values)
 
 
+# Config field -> the flag that sets it, for error messages.
+_FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr',
+            'optimizer': '--optimizer', 'momentum': '--momentum', 'widths': '--widths',
+            'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
+            'api': '--api', 'out': '--out', 'devices': '--devices'}
+
+EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
+EXIT_FAILED = 1      # training diverged, or a file could not be written
+EXIT_DISAGREE = 3    # compare: the variants did not agree within the tolerance
+
+
+def _flag_message(err):
+    field, sep, rest = str(err).partition(': ')
+    return '%s:%s' % (_FLAG_OF[field], rest and ' ' + rest) if sep and field in _FLAG_OF \
+        else str(err)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
-    from .placement import make_plan  # pylint: disable=import-outside-toplevel
-    from .train import train  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from .checkpoint import check_writable_dir
+    from .placement import make_plan
+    from .train import TrainingDiverged, train
     try:
         cfg = config_from_args(args)
         make_plan(cfg.num_layers, cfg.devices)  # validate before any work
-        if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-            raise ValueError('out: expected a folder, found a file at %s' % cfg.out_dir)
+        check_writable_dir(cfg.out_dir, 'out')
     except ValueError as err:
-        print('error: %s' % err, file=sys.stderr)
-        return 2
+        print('error: %s' % _flag_message(err), file=sys.stderr)
+        return EXIT_USAGE
     try:
         if args.command == 'compare':
-            from .compare import compare  # pylint: disable=import-outside-toplevel
-            return 0 if compare(cfg).agree else 1
+            from .compare import compare
+            return 0 if compare(cfg).agree else EXIT_DISAGREE
         train(cfg)
-    except OSError as err:
+    except (OSError, TrainingDiverged) as err:
         print('error: %s' % err, file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     return 0

@@ -1,6 +1,5 @@
 """Training configuration: one frozen dataclass, one field per CLI flag."""
 from dataclasses import dataclass, fields
-import math
 import os
 
 __all__ = ['TrainConfig', 'VARIANTS', 'APIS', 'OPTIMIZERS']
@@ -64,13 +63,16 @@ class TrainConfig:
             bad('widths', 'at least two positive integers')
         if self.widths[0] != 2 or self.widths[-1] != 1:
             bad('widths', 'input width 2 and output width 1 (the data has 2 features, 1 target)')
+        if any(a * b >= 2 ** 31 for a, b in zip(self.widths, self.widths[1:])):
+            bad('widths', 'layers of fewer than 2**31 weights each (MXNet 1.x indexes '
+                          'tensors with 32-bit integers)')
         for name in ('num_examples', 'batch_size', 'num_epochs'):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 bad(name, 'a positive integer')
         if self.batch_size > self.num_examples:
             bad('batch_size', 'at most num_examples (%d)' % self.num_examples)
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            bad('lr', 'a positive finite number')
+        if not (isinstance(self.lr, (int, float)) and 0 < self.lr <= _FLOAT32_MAX):
+            bad('lr', 'a positive number a float32 can hold')
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             bad('momentum', 'a number in [0, 1)')
         if not _is_int(self.seed) or self.seed < 0:
@@ -99,6 +101,9 @@ class TrainConfig:
 
     def to_dict(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _is_int(value):

@@ -21,6 +21,9 @@ __all__ = ['DevicePlan', 'DeviceSpecError', 'parse_devices', 'check_devices', 'd
            'partition', 'make_plan', 'format_device']
 
 _DEVICE_RE = re.compile(r'^(cpu|gpu):(\d+)$')
+# cpu(N) ids only name stand-in devices; MXNet keeps per-device state for each,
+# so an absurd id is refused rather than allocated for.
+MAX_CPU_ID = 63
 
 
 class DeviceSpecError(ValueError):
@@ -54,6 +57,12 @@ def parse_devices(spec, num_gpus=None):
             raise DeviceSpecError("expected devices of the form 'cpu:N' or 'gpu:N', "
                                   "found %r in %r" % (entry, spec))
         kind, index = match.group(1), int(match.group(2))
+        if kind == 'cpu' and index > MAX_CPU_ID:
+            raise DeviceSpecError('expected cpu:N with N at most %d, found %r in %r'
+                                  % (MAX_CPU_ID, entry, spec))
+        if kind == 'gpu' and index > 2 ** 31 - 1:
+            raise DeviceSpecError('expected a GPU index MXNet can hold, found %r in %r'
+                                  % (entry, spec))
         devices.append(mx.cpu(index) if kind == 'cpu' else mx.gpu(index))
     return check_devices(devices, num_gpus)
 

@@ -30,9 +30,13 @@ from .text import columns
 
 __all__ = ['initial_params', 'create_optimizer', 'PerDeviceUpdater', 'ModuleStepper',
            'ExecutorStepper', 'ImperativeStepper', 'make_stepper', 'fit', 'train',
-           'TrainResult', 'CHECKPOINT_NAME']
+           'TrainResult', 'TrainingDiverged', 'CHECKPOINT_NAME']
 
 CHECKPOINT_NAME = 'regression'
+
+
+class TrainingDiverged(RuntimeError):
+    """Training ended with a non-finite loss; nothing was written."""
 
 
 def initial_params(widths, seed=0):
@@ -301,6 +305,7 @@ def train(cfg, log=print):
 
     Raises:
         DeviceSpecError: ``cfg.devices`` cannot make a device plan.
+        TrainingDiverged: the loss became NaN or infinite.
     """
     plan, note = make_plan(cfg.num_layers, cfg.devices)
     if note:
@@ -334,8 +339,12 @@ def train(cfg, log=print):
             mx.profiler.dump()
             stats_path = os.path.join(cfg.out_dir, 'profile-stats.txt')
             write_text(stats_path, mx.profiler.dumps(reset=True))
-    W, b = np.array(result.learned_w), np.array(result.learned_b)
     log('full-data MSE: %.3e' % result.final_mse)
+    if not np.isfinite(result.final_mse):
+        raise TrainingDiverged('training diverged (full-data MSE %s after %d epochs of %s at '
+                               'lr %g); no checkpoint written; try a smaller --lr'
+                               % (result.final_mse, cfg.num_epochs, cfg.optimizer, cfg.lr))
+    W, b = np.array(result.learned_w), np.array(result.learned_b)
     log('learned map: y = %s . x + %s   (true: [2, -3.4] . x + 4.2; max error %.2e)'
         % (np.array2string(W.ravel(), precision=4), np.array2string(b, precision=4),
            result.map_error))

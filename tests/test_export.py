@@ -249,6 +249,14 @@ def test_export_refuses_misshaped_arrays_without_shape_attributes(trained, tmp_p
     assert 'the arrays do not fit together' in _one_error_line(capfd.readouterr().err)
 
 
+@pytest.mark.parametrize('name', ['', 'a/b', '.hidden'])
+def test_export_refuses_a_name_that_is_not_a_file_prefix(trained, tmp_path, capfd, name):
+    out = tmp_path / 'out'
+    assert export_main(['--checkpoint', trained['dir'], '--out', str(out), '--name', name]) == 2
+    assert '--name: expected a file name prefix' in _one_error_line(capfd.readouterr().err)
+    assert not out.exists()
+
+
 # -- predict CLI ----------------------------------------------------------
 
 @pytest.mark.parametrize('model, devices', [('onnx', None), ('symbol', 'cpu:0'),
@@ -350,16 +358,21 @@ def test_predict_rejects_corrupt_model(exported, tmp_path, capfd, which, message
     (['--model', '{onnx}', '--devices', 'cpu:0'], 'expected --devices only with an MXNet pair'),
     (['--model', '{symbol}', '--devices', 'cpu:0,cpu:1,cpu:2,cpu:3'], 'too many devices'),
     (['--model', '{onnx}', '--output', '{dir}/y.json'], 'expected an output file ending in'),
+    (['--model', '{onnx}', '--output', '{dir}/folder.csv'], '--output: expected a file path, '
+                                                           'found a folder'),
+    (['--model', '{onnx}', '--output', '{dir}/x.npy/y.csv'], '--output: expected a folder, '
+                                                            'found a file'),
 ])
 def test_predict_rejects_bad_arguments(exported, tmp_path, capfd, argv, message):
     np.save(str(tmp_path / 'x.npy'), _features(2, 0))
+    (tmp_path / 'folder.csv').mkdir()
     fill = {'dir': str(tmp_path), 'onnx': exported['paths']['onnx'],
             'symbol': exported['paths']['symbol']}
     argv = [a.format(**fill) for a in argv] + ['--input', str(tmp_path / 'x.npy')]
     capfd.readouterr()
     assert predict_main(argv) == 2
     assert message in _one_error_line(capfd.readouterr().err)
-    assert not (tmp_path / 'y.json').exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['folder.csv', 'x.npy']
 
 
 def test_onnx_predictor_and_mxnet_predictor_agree(exported):

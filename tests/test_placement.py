@@ -46,6 +46,7 @@ def test_group2ctx_names_match_the_block_groups():
     ('cpu:0,,cpu:1', "found ''"),
     ('', 'found an empty string'),
     ('cpu:1,cpu:1', 'expected each device once, found cpu:1 twice'),
+    ('cpu:99999999999', "expected cpu:N with N at most 63, found 'cpu:99999999999'"),
 ])
 def test_bad_devices_exit_2_with_one_line(spec, message, capsys):
     assert main(['train', '--devices', spec, '--no-progress']) == 2
@@ -63,12 +64,14 @@ def test_bad_gpu_count_is_a_device_spec_error():
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--epochs', '0'], 'num_epochs: expected a positive integer, found 0'),
-    (['--lr', 'nan'], 'lr: expected a positive finite number'),
-    (['--widths', '3,2,1'], 'widths: expected input width 2 and output width 1'),
-    (['--batch-size', '20000'], 'batch_size: expected at most num_examples (10000)'),
+    (['--epochs', '0'], '--epochs: expected a positive integer, found 0'),
+    (['--lr', 'nan'], '--lr: expected a positive number a float32 can hold, found nan'),
+    (['--lr', '1e308'], '--lr: expected a positive number a float32 can hold, found 1e+308'),
+    (['--widths', '3,2,1'], '--widths: expected input width 2 and output width 1'),
+    (['--widths', '2,100000,100000,1'], '--widths: expected layers of fewer than 2**31 weights'),
+    (['--batch-size', '20000'], '--batch-size: expected at most num_examples (10000)'),
 ])
-def test_bad_config_values_exit_2_naming_the_field(argv, message, capsys):
+def test_bad_config_values_exit_2_naming_the_flag(argv, message, capsys):
     assert main(['train', '--no-progress'] + argv) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and message in err, err
@@ -93,9 +96,10 @@ def test_device_lists_are_checked_like_strings(devices, message):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--optimizer', 'adam', '--momentum', '0.9'], "momentum: expected 0 with optimizer 'adam'"),
-    (['--variant', 'imperative', '--api', 'executor'], "api: expected 'module' (the default) "
-                                                       "with variant 'imperative'"),
+    (['--optimizer', 'adam', '--momentum', '0.9'],
+     "--momentum: expected 0 with optimizer 'adam'"),
+    (['--variant', 'imperative', '--api', 'executor'],
+     "--api: expected 'module' (the default) with variant 'imperative'"),
 ])
 def test_flags_that_would_be_ignored_are_refused(argv, message, capsys):
     assert main(['train', '--no-progress'] + argv) == 2
@@ -107,5 +111,7 @@ def test_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
     target = tmp_path / 'a-file'
     target.write_text('keep me')
     assert main(['train', '--no-progress', '--out', str(target)]) == 2
-    assert 'out: expected a folder, found a file at' in capsys.readouterr().err
+    assert '--out: expected a folder, found a file at' in capsys.readouterr().err
+    assert main(['train', '--no-progress', '--out', str(target / 'below')]) == 2
+    assert '--out: expected a folder, found a file at' in capsys.readouterr().err
     assert target.read_text() == 'keep me'

@@ -267,3 +267,12 @@ def test_cli_train_writes_checkpoint_profile_and_removes_a_stale_pair(tmp_path, 
             if e.get('ph') == 'M' and e.get('name') == 'process_name'}
     assert {'cpu/0', 'cpu/1'} <= rows, rows
     assert 'FullyConnected' in (tmp_path / 'profile-stats.txt').read_text()
+
+
+def test_diverged_training_exits_1_and_writes_no_checkpoint(tmp_path, capsys):
+    from mp_symbolic.cli import main  # pylint: disable=import-outside-toplevel
+    assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '500',
+                 '--lr', '100', '--devices', THREE_DEVICES, '--out', str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'error: training diverged (full-data MSE nan' in err
+    assert not list(tmp_path.iterdir())
