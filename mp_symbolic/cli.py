@@ -1,9 +1,11 @@
 """Command line: ``python -m mp_symbolic train|compare ...``.
 
 Parses flags into a :class:`~mp_symbolic.config.TrainConfig` and calls
-:func:`~mp_symbolic.train.train` or :func:`~mp_symbolic.compare.compare`
-(which exits 1 when the variants disagree). User errors (a bad flag value, a device plan
-that cannot be made) print one line to stderr and exit with status 2.
+:func:`~mp_symbolic.train.train` or :func:`~mp_symbolic.compare.compare`.
+User errors (a bad flag value, a device plan that cannot be made, an output
+folder that cannot be written) print one line to stderr naming the flag and
+exit with status 2 before any work; training that diverges or a file that
+cannot be written exits 1; ``compare`` exits 3 when the variants disagree.
 """
 import argparse
 import sys
@@ -104,9 +106,11 @@ EXIT_DISAGREE = 3    # compare: the variants did not agree within the tolerance
 
 
 def _flag_message(err):
+    """``'num_epochs: expected ...'`` -> ``'--epochs: expected ...'``."""
     field, sep, rest = str(err).partition(': ')
-    return '%s:%s' % (_FLAG_OF[field], rest and ' ' + rest) if sep and field in _FLAG_OF \
-        else str(err)
+    if sep and field in _FLAG_OF:
+        return '%s: %s' % (_FLAG_OF[field], rest)
+    return str(err)
 
 
 def main(argv=None):

@@ -37,7 +37,7 @@ class TrainConfig:
     optimizer: str = 'sgd'
     # Learning rate; gradients are averaged over the batch (rescale_grad = 1 / batch_size).
     lr: float = 0.02
-    # SGD momentum (ignored by Adam).
+    # SGD momentum (must stay 0 with Adam).
     momentum: float = 0.0
     # Seeds the data, the batch order and the initial parameters.
     seed: int = 0
