@@ -98,7 +98,7 @@ def config_from_args(args, **overrides):
 _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr',
             'optimizer': '--optimizer', 'momentum': '--momentum', 'widths': '--widths',
             'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
-            'api': '--api', 'out': '--out', 'devices': '--devices'}
+            'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile'}
 
 EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
 EXIT_FAILED = 1      # training diverged, or a file could not be written
@@ -122,7 +122,8 @@ def main(argv=None):
     from .train import TrainingDiverged, train
     try:
         cfg = config_from_args(args)
-        make_plan(cfg.num_layers, cfg.devices)  # validate before any work
+        plan, _ = make_plan(cfg.num_layers, cfg.devices)  # validate before any work
+        cfg.check_profiler_devices(plan.devices)
         check_writable_dir(cfg.out_dir, 'out')
     except ValueError as err:
         print('error: %s' % _flag_message(err), file=sys.stderr)

@@ -84,6 +84,21 @@ class TrainConfig:
             bad('api', "'module' (the default) with variant 'imperative' "
                        '(the API choice is for the symbolic variant)')
 
+    def check_profiler_devices(self, devices):
+        """Raises ValueError if MXNet's profiler cannot record on ``devices``.
+
+        MXNet 1.9.1's profiler keeps one row per core, plus two, and aborts
+        the process (``Check failed: idx < DeviceCount()``) on ``cpu(N)`` past
+        them.
+        """
+        limit = (os.cpu_count() or 1) + 2
+        over = ['cpu:%d' % d.device_id for d in devices
+                if d.device_type == 'cpu' and d.device_id >= limit]
+        if self.profile and over:
+            raise ValueError('profile: expected cpu:N devices with N below %d on this %d-core '
+                             'machine (MXNet\'s profiler aborts past them), found %s'
+                             % (limit, limit - 2, ', '.join(over)))
+
     @property
     def num_layers(self):
         return len(self.widths) - 1

@@ -1,4 +1,5 @@
 """The device plan and the --devices flag: what is accepted, what is refused."""
+import os
 import re
 
 import mxnet as mx
@@ -105,6 +106,14 @@ def test_flags_that_would_be_ignored_are_refused(argv, message, capsys):
     assert main(['train', '--no-progress'] + argv) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and message in err, err
+
+
+def test_profiling_a_device_past_the_profiler_rows_is_refused(capsys):
+    cpu = os.cpu_count() + 2
+    assert main(['train', '--no-progress', '--profile', '--devices',
+                 'cpu:0,cpu:%d' % cpu]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and '--profile: expected cpu:N devices with N below' in err
 
 
 def test_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
