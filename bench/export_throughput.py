@@ -20,6 +20,7 @@ import mxnet as mx
 import numpy as np
 import onnxruntime as ort
 
+from export.errors import one_line
 from export.runtimes import MXNetPredictor, OnnxPredictor
 
 
@@ -84,7 +85,7 @@ def main(argv=None):
         split = MXNetPredictor.from_files(prefix + '-symbol.json')
         one = MXNetPredictor.from_files(prefix + '-symbol.json', devices='cpu:0')
     except ValueError as err:  # missing or unusable files: say which, in one line
-        print('error: %s (run make export first)' % ' '.join(str(err).split()), file=sys.stderr)
+        print('error: %s (run make export first)' % one_line(err), file=sys.stderr)
         return 2
     # one device per stage of the exported model: its model-parallel split
     runtimes = [('onnxruntime %s' % ort.__version__, onnx_runtime),

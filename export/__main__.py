@@ -10,6 +10,7 @@ import os
 import sys
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
+from .errors import one_line
 
 __all__ = ['main', 'build_parser']
 
@@ -30,10 +31,6 @@ def build_parser():
     return parser
 
 
-def _one_line(err):
-    return ' '.join(str(err).split())
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     # pylint: disable=import-outside-toplevel
@@ -47,15 +44,10 @@ def main(argv=None):
         check_writable_dir(args.out, '--out')
         export_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT_DIR, args.out, args.name,
                           train_if_missing=args.checkpoint is None)
-    except VerificationError as err:
-        print('error: %s' % _one_line(err), file=sys.stderr)
-        return 1
-    except ValueError as err:
-        print('error: %s' % _one_line(err), file=sys.stderr)
-        return 2
-    except OSError as err:
-        print('error: %s' % _one_line(err), file=sys.stderr)
-        return 1
+    except (VerificationError, OSError, ValueError) as err:
+        print('error: %s' % one_line(err), file=sys.stderr)
+        # a file that failed its checks or could not be written: 1; a bad input: 2
+        return 1 if isinstance(err, (VerificationError, OSError)) else 2
     return 0
 
 

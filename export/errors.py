@@ -1,7 +1,9 @@
-"""The exceptions of the export package. All are ``ValueError``s: each one is
-a user-facing problem with a file or an input, reported in one line."""
+"""The exceptions of the export package, and how they are reported. All are
+``ValueError``s: each one is a user-facing problem with a file or an input,
+reported in one line (:func:`one_line`)."""
 
-__all__ = ['ExportError', 'VerificationError', 'ModelFileError', 'InputError', 'OutputError']
+__all__ = ['one_line', 'ExportError', 'VerificationError', 'ModelFileError', 'InputError',
+           'OutputError']
 
 
 class ExportError(ValueError):
@@ -22,3 +24,8 @@ class InputError(ValueError):
 
 class OutputError(ValueError):
     """A predictions output path of a kind that cannot be written."""
+
+
+def one_line(err):
+    """An error's message with its line breaks and runs of spaces folded."""
+    return ' '.join(str(err).split())

@@ -18,6 +18,8 @@ import argparse
 import os
 import sys
 
+from .errors import one_line
+
 __all__ = ['main', 'build_parser']
 
 
@@ -40,7 +42,7 @@ def build_parser():
 
 
 def _error(err):
-    print('error: %s' % ' '.join(str(err).split()), file=sys.stderr)
+    print('error: %s' % one_line(err), file=sys.stderr)
 
 
 def main(argv=None):

@@ -21,7 +21,7 @@ from mp_symbolic.checkpoint import load_checkpoint
 from mp_symbolic.model import DATA_NAME
 from mp_symbolic.placement import DeviceSpecError, make_plan
 
-from .errors import InputError, ModelFileError
+from .errors import InputError, ModelFileError, one_line
 from .inference import inference_graph, input_width, stage_layout
 
 __all__ = ['MXNetPredictor', 'OnnxPredictor', 'load_predictor', 'params_beside',
@@ -170,7 +170,7 @@ class OnnxPredictor:
             self.session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
         except _ORT_LOAD_ERRORS as err:
             raise ModelFileError('%s is not a loadable ONNX model: %s'
-                                 % (path, ' '.join(str(err).split()))) from None
+                                 % (path, one_line(err))) from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) != 1 or len(inputs[0].shape) != 2 or not isinstance(inputs[0].shape[1], int):
             raise ModelFileError('%s: expected one input of shape (batch, features), found %s'

@@ -14,7 +14,7 @@ import numpy as np
 
 from mp_symbolic.checkpoint import atomic_path, write_text
 
-from .errors import InputError, OutputError
+from .errors import InputError, OutputError, one_line
 
 __all__ = ['STDIN', 'read_features', 'output_format', 'format_csv', 'write_predictions']
 
@@ -65,7 +65,7 @@ def _read_npy(path, width):
         X = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise InputError('%s is not a readable .npy array: %s'
-                         % (path, ' '.join(str(err).split()))) from None
+                         % (path, one_line(err))) from None
     if not isinstance(X, np.ndarray) or not (np.issubdtype(X.dtype, np.integer)
                                              or np.issubdtype(X.dtype, np.floating)):
         raise InputError('expected a numeric array in %s, found dtype %s'

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 
 import mxnet as mx
 
+from .model import DATA_NAME, LABEL_NAME
+
 __all__ = ['atomic_path', 'check_writable_dir', 'write_text', 'write_json', 'save_checkpoint',
            'save_params', 'load_checkpoint', 'check_params', 'CheckpointError']
 
@@ -135,7 +137,6 @@ def load_checkpoint(sym_path, params_path):
 
 def check_params(symbol, arg_params, aux_params, where='params'):
     """Raises :class:`CheckpointError` unless the arrays fit ``symbol``."""
-    from .model import DATA_NAME, LABEL_NAME  # pylint: disable=import-outside-toplevel
     inputs = {DATA_NAME, LABEL_NAME}
     expected = [a for a in symbol.list_arguments() if a not in inputs]
     missing = sorted(set(expected) - set(arg_params))

@@ -27,10 +27,9 @@ from .checkpoint import atomic_path, write_json
 from .data import make_dataset
 from .graphviz_plot import write_graph
 from .metrics import AGREE_ATOL, AGREE_RTOL
-from .model import build_net, training_symbol
 from .placement import format_device, make_plan
 from .text import columns
-from .train import fit, initial_params, make_stepper
+from .train import fit, initial_params, make_stepper, plan_symbol
 
 __all__ = ['compare', 'CompareResult', 'count_autograd_copies', 'REFERENCE']
 
@@ -151,7 +150,7 @@ def compare(cfg, log=print):
 
     files = {'loss_plot': plot_losses(losses, os.path.join(out_dir, 'loss_curves.png'))}
     graph_files, graph_note = write_graph(
-        training_symbol(build_net(cfg.widths, plan.stage_of_layer)), plan,
+        plan_symbol(cfg, plan), plan,
         os.path.join(out_dir, 'graph'))
     files.update(graph_files)
     if graph_note:

@@ -29,7 +29,7 @@ from .placement import format_device, make_plan
 from .text import columns
 
 __all__ = ['initial_params', 'create_optimizer', 'PerDeviceUpdater', 'ModuleStepper',
-           'ExecutorStepper', 'ImperativeStepper', 'make_stepper', 'fit', 'train',
+           'ExecutorStepper', 'ImperativeStepper', 'plan_symbol', 'make_stepper', 'fit', 'train',
            'TrainResult', 'TrainingDiverged', 'CHECKPOINT_NAME']
 
 CHECKPOINT_NAME = 'regression'
@@ -201,7 +201,6 @@ class ImperativeStepper:
                                        kvstore=None)
                          for params in by_device.values()]
         self._loss_fn = gluon.loss.L2Loss()  # 0.5 * (pred - y)**2 per sample
-        self._batch_size = cfg.batch_size
 
     def step(self, X, y):
         X = mx.nd.array(X, ctx=self.plan.first_device)
@@ -230,11 +229,16 @@ class ImperativeStepper:
                 for name, p in self.net.collect_params().items()]
 
 
+def plan_symbol(cfg, plan):
+    """The training symbol of ``cfg``'s network, its layers tagged with ``plan``'s stages."""
+    return training_symbol(build_net(cfg.widths, plan.stage_of_layer))
+
+
 def make_stepper(cfg, plan, init):
     """The stepper for ``cfg.variant`` / ``cfg.api`` on ``plan``."""
     if cfg.variant == 'imperative':
         return ImperativeStepper(plan, cfg, init)
-    symbol = training_symbol(build_net(cfg.widths, plan.stage_of_layer))
+    symbol = plan_symbol(cfg, plan)
     cls = ModuleStepper if cfg.api == 'module' else ExecutorStepper
     return cls(symbol, plan, cfg, init)
 
@@ -324,8 +328,8 @@ def train(cfg, log=print):
     if cfg.profile:
         profile_path = os.path.join(cfg.out_dir, 'profile.json')
         os.makedirs(cfg.out_dir, exist_ok=True)
-        # Ops, executors and C API calls; no memory counters (they make the
-        # trace ten times larger).
+        # Ops, executors and C API calls; memory counters say nothing about
+        # placement and are left out.
         mx.profiler.set_config(profile_symbolic=True, profile_imperative=True,
                                profile_api=True, profile_memory=False,
                                aggregate_stats=True, filename=profile_path)
@@ -351,7 +355,7 @@ def train(cfg, log=print):
     log('training: %.2f s wall, %.0f samples/s' % (result.wall_time, result.samples_per_sec))
 
     prefix = os.path.join(cfg.out_dir, CHECKPOINT_NAME)
-    symbol = training_symbol(build_net(cfg.widths, plan.stage_of_layer))
+    symbol = plan_symbol(cfg, plan)
     sym_path, params_path = save_checkpoint(
         prefix, cfg.num_epochs, symbol,
         {k: mx.nd.array(v) for k, v in result.params.items()})
