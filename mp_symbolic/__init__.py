@@ -1,12 +1,18 @@
-"""Model parallelism in Apache MXNet 1.x, taught through one small network.
+"""Model parallelism for Gluon networks on Apache MXNet 1.x.
 
-The network (:mod:`~mp_symbolic.model`) is three HybridBlocks whose ops and
-parameters carry a ``ctx_group``; :mod:`~mp_symbolic.placement` maps groups to
-devices; :mod:`~mp_symbolic.train` trains the symbolic graph (Module or
-executor API) and its imperative Gluon twin on that plan.
+* :class:`Pipeline` splits a list of Gluon ``HybridBlock`` s into stages, one
+  device each, by tagging every op and parameter with a ``ctx_group``;
+  ``pipe.module(loss=...)`` is an ``mx.mod.Module`` bound to those devices
+  (``fit``, ``score``, ``predict``, ``save_checkpoint`` work as usual), and the
+  Pipeline itself is the imperative Gluon twin.
+* :class:`Trainer` is ``gluon.Trainer`` for parameters on different devices.
+* :mod:`~mp_symbolic.placement` maps stages to devices, :mod:`~mp_symbolic.balance`
+  decides how many blocks each stage gets.
 
-The names below are imported on first use, so that ``python -m mp_symbolic
---help`` answers without loading MXNet.
+The command line (``python -m mp_symbolic train|compare``) trains the two
+example workloads in :mod:`mp_symbolic.tasks`. Names below are imported on
+first use, so that ``python -m mp_symbolic --help`` answers without loading
+MXNet.
 """
 import importlib
 import os
@@ -15,14 +21,15 @@ import os
 # backend; it reads this once, so it is set before anything binds.
 os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
-__all__ = ['TrainConfig', 'StageDense', 'build_net', 'inference_symbol', 'training_symbol',
-           'stage_name', 'DevicePlan', 'DeviceSpecError', 'make_plan', 'parse_devices']
+__all__ = ['Pipeline', 'PipelineModule', 'PerDeviceUpdater', 'Trainer', 'TrainConfig',
+           'DevicePlan', 'DeviceSpecError', 'BalanceError', 'make_plan', 'parse_devices',
+           'stage_name']
 
 _MODULE_OF = {
-    'TrainConfig': 'config', 'StageDense': 'model', 'build_net': 'model',
-    'inference_symbol': 'model', 'training_symbol': 'model', 'stage_name': 'model',
-    'DevicePlan': 'placement', 'DeviceSpecError': 'placement', 'make_plan': 'placement',
-    'parse_devices': 'placement',
+    'Pipeline': 'pipeline', 'PipelineModule': 'module', 'PerDeviceUpdater': 'module',
+    'Trainer': 'trainer', 'TrainConfig': 'config', 'DevicePlan': 'placement',
+    'DeviceSpecError': 'placement', 'make_plan': 'placement', 'parse_devices': 'placement',
+    'stage_name': 'placement', 'BalanceError': 'balance',
 }
 
 

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 
 import mxnet as mx
 
-from .model import DATA_NAME, LABEL_NAME
 
 __all__ = ['atomic_path', 'check_writable_dir', 'write_text', 'write_json', 'save_checkpoint',
            'save_params', 'load_checkpoint', 'check_params', 'CheckpointError']
@@ -135,9 +134,15 @@ def load_checkpoint(sym_path, params_path):
     return symbol, arg_params, aux_params
 
 
+def input_names(symbol, data_name='data'):
+    """The arguments of ``symbol`` that are inputs, not parameters: ``data``
+    and the labels (MXNet names them ``<head>_label`` or ``label``)."""
+    return [a for a in symbol.list_arguments() if a == data_name or a.endswith('label')]
+
+
 def check_params(symbol, arg_params, aux_params, where='params'):
     """Raises :class:`CheckpointError` unless the arrays fit ``symbol``."""
-    inputs = {DATA_NAME, LABEL_NAME}
+    inputs = set(input_names(symbol))
     expected = [a for a in symbol.list_arguments() if a not in inputs]
     missing = sorted(set(expected) - set(arg_params))
     extra = sorted(set(arg_params) - set(expected))
@@ -160,11 +165,9 @@ def check_params(symbol, arg_params, aux_params, where='params'):
                             % (name, shapes[name], tuple(inferred)))
     if not problems:
         # Without __shape__ attributes only the arrays themselves say the shapes:
-        # run MXNet's inference over all of them, data width from the first weight.
+        # run MXNet's inference over all of them.
         known = {k: v for k, v in shapes.items() if k in expected}
-        first = next((a for a in expected if len(shapes.get(a, ())) == 2), None)
-        if DATA_NAME in symbol.list_arguments() and first is not None:
-            known[DATA_NAME] = (1, shapes[first][1])
+        known.update({k: tuple(v.shape) for k, v in aux_params.items()})
         try:
             symbol.infer_shape_partial(**known)
         except mx.base.MXNetError as err:

@@ -8,43 +8,62 @@ exit with status 2 before any work; training that diverges or a file that
 cannot be written exits 1; ``compare`` exits 3 when the variants disagree.
 """
 import argparse
+import os
 import sys
 
-from .config import APIS, OPTIMIZERS, VARIANTS, TrainConfig
+from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
+from .tasks import TASKS
 
 __all__ = ['main', 'build_parser']
 
 _DEFAULTS = TrainConfig()
 
 
-def _widths(text):
-    try:
-        return tuple(int(w) for w in text.split(','))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            "expected comma-separated integers such as 2,2,2,1, found %r" % text) from None
+def _int_list(example):
+    def parse(text):
+        try:
+            return tuple(int(w) for w in text.split(','))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                'expected comma-separated integers such as %s, found %r' % (example, text)) from None
+    return parse
+
+
+def _balance(text):
+    return 'time' if text == 'time' else _int_list('2,1')(text)
 
 
 def add_train_flags(parser):
     """The flags of one training run; shared by every command that trains."""
+    parser.add_argument('--task', choices=TASKS, default=_DEFAULTS.task,
+                        help='regression: the seed question\'s 2-2-2-1 linear network on '
+                             'synthetic data; digits: a CNN on scikit-learn\'s 8x8 digits '
+                             '(default: %(default)s)')
     parser.add_argument('--devices', default=None, metavar='LIST',
                         help="one device per stage, e.g. 'cpu:0,cpu:1,cpu:2', 'gpu:0,gpu:1,gpu:2' "
-                             "or a mix; fewer devices than layers makes contiguous stages "
-                             "(default: three GPUs if MXNet sees them, else cpu:0,cpu:1,cpu:2)")
-    parser.add_argument('--epochs', type=int, default=_DEFAULTS.num_epochs, dest='num_epochs',
-                        help='passes over the data (default: %(default)s)')
-    parser.add_argument('--batch-size', type=int, default=_DEFAULTS.batch_size,
-                        help='examples per step (default: %(default)s)')
-    parser.add_argument('--lr', type=float, default=_DEFAULTS.lr,
-                        help='learning rate (default: %(default)s)')
-    parser.add_argument('--optimizer', choices=OPTIMIZERS, default=_DEFAULTS.optimizer,
-                        help='optimizer (default: %(default)s)')
-    parser.add_argument('--momentum', type=float, default=_DEFAULTS.momentum,
-                        help='SGD momentum (default: %(default)s)')
-    parser.add_argument('--widths', type=_widths, default=_DEFAULTS.widths, metavar='W0,W1,...',
-                        help='layer widths, input first (default: 2,2,2,1)')
-    parser.add_argument('--num-examples', type=int, default=_DEFAULTS.num_examples,
-                        help='synthetic examples (default: %(default)s)')
+                             "or a mix; with --replicas R, R x stages devices listed replica by "
+                             "replica (default: three GPUs if MXNet sees them, else "
+                             "cpu:0,cpu:1,cpu:2)")
+    parser.add_argument('--balance', type=_balance, default=None, metavar='N0,N1,...|time',
+                        help='blocks per stage, or time to balance by measured forward + '
+                             'backward time (default: balanced by parameter count)')
+    parser.add_argument('--epochs', type=int, default=None, dest='num_epochs',
+                        help='passes over the data (default: 5 regression, 10 digits)')
+    parser.add_argument('--batch-size', type=int, default=None,
+                        help='examples per step, across replicas and workers '
+                             '(default: 100 regression, 64 digits)')
+    parser.add_argument('--lr', type=float, default=None,
+                        help='learning rate (default: 0.02 regression, 0.1 digits)')
+    parser.add_argument('--optimizer', choices=OPTIMIZERS, default=None,
+                        help='optimizer (default: sgd)')
+    parser.add_argument('--momentum', type=float, default=None,
+                        help='SGD momentum (default: 0 regression, 0.9 digits)')
+    parser.add_argument('--widths', type=_int_list('2,2,2,1'), default=None,
+                        metavar='W0,W1,...',
+                        help='regression: layer widths, input first; 2 inputs, 1 output, any '
+                             'number of layers between (default: 2,2,2,1, three layers)')
+    parser.add_argument('--num-examples', type=int, default=None,
+                        help='regression: synthetic examples (default: 10000)')
     parser.add_argument('--seed', type=int, default=_DEFAULTS.seed,
                         help='seed of data, batch order and initial parameters '
                              '(default: %(default)s)')
@@ -55,7 +74,8 @@ def add_train_flags(parser):
 def build_parser():
     parser = argparse.ArgumentParser(
         prog='python -m mp_symbolic',
-        description='Model-parallel training of a three-layer linear regression in MXNet 1.x.')
+        description='Model-parallel training in MXNet 1.x: the seed question\'s regression '
+                    'and a CNN on 8x8 digits, split over devices by mp_symbolic.Pipeline.')
     commands = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
     train = commands.add_parser(
         'train', help='train one variant and write its checkpoint',
@@ -68,8 +88,17 @@ def build_parser():
                        help='symbolic variant: train through mx.mod.Module or the '
                             'Symbol executor API (default: %(default)s)')
     add_train_flags(train)
+    train.add_argument('--chunks', type=int, default=1,
+                       help='symbolic variant: micro-batches per batch, pipelined by MXNet\'s '
+                            'engine (GPipe); must divide the batch size (default: 1)')
+    train.add_argument('--replicas', type=int, default=1,
+                       help='data-parallel copies of the pipeline (default: 1)')
+    train.add_argument('--kvstore', choices=KVSTORES, default=None,
+                       help='sums gradients across replicas or processes (default: local with '
+                            'several replicas, else none)')
     train.add_argument('--out', default=None, metavar='DIR',
-                       help='output folder (default: artifacts/<variant>)')
+                       help='output folder (default: artifacts/<variant> for the regression, '
+                            'artifacts/digits[-imperative] for digits)')
     train.add_argument('--profile', action='store_true',
                        help='write an MXNet profiler trace (Chrome trace format) to '
                             '<out>/profile.json')
@@ -78,7 +107,7 @@ def build_parser():
         description='Train the symbolic graph model-parallel (Module API), its imperative '
                     'twin on the same devices, and the symbolic graph on one device, from '
                     'the same start and batch order; print one table and write results '
-                    'JSON, a loss plot and the device-coloured graph under --out. Exits 1 '
+                    'JSON, a loss plot and the device-coloured graph under --out. Exits 3 '
                     'if the variants do not agree within the stated tolerance.')
     add_train_flags(compare)
     compare.add_argument('--out', default='artifacts/compare', metavar='DIR',
@@ -98,7 +127,9 @@ def config_from_args(args, **overrides):
 _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr',
             'optimizer': '--optimizer', 'momentum': '--momentum', 'widths': '--widths',
             'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
-            'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile'}
+            'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
+            'task': '--task', 'chunks': '--chunks', 'replicas': '--replicas',
+            'kvstore': '--kvstore', 'balance': '--balance'}
 
 EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
 EXIT_FAILED = 1      # training diverged, or a file could not be written
@@ -115,15 +146,19 @@ def _flag_message(err):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if getattr(args, 'chunks', 1) > 1:
+        # Read once, at MXNet's first operator: oneDNN's BatchNorm fails on
+        # micro-batched graphs split across devices (see Pipeline).
+        os.environ.setdefault('MXNET_MKLDNN_ENABLED', '0')
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from .checkpoint import check_writable_dir
-    from .placement import make_plan
-    from .train import TrainingDiverged, train
+    from .tasks import get_task
+    from .train import TrainingDidNotLearn, TrainingDiverged, build_pipeline, train
     try:
         cfg = config_from_args(args)
-        plan, _ = make_plan(cfg.num_layers, cfg.devices)  # validate before any work
-        cfg.check_profiler_devices(plan.devices)
+        pipe, _ = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
+        cfg.check_profiler_devices(pipe.plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')
     except ValueError as err:
         print('error: %s' % _flag_message(err), file=sys.stderr)
@@ -133,7 +168,7 @@ def main(argv=None):
             from .compare import compare
             return 0 if compare(cfg).agree else EXIT_DISAGREE
         train(cfg)
-    except (OSError, TrainingDiverged) as err:
+    except (OSError, TrainingDiverged, TrainingDidNotLearn) as err:
         print('error: %s' % err, file=sys.stderr)
         return EXIT_FAILED
     return 0

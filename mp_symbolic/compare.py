@@ -24,12 +24,12 @@ from mxnet import autograd
 import numpy as np
 
 from .checkpoint import atomic_path, write_json
-from .data import make_dataset
 from .graphviz_plot import write_graph
 from .metrics import AGREE_ATOL, AGREE_RTOL
-from .placement import format_device, make_plan
+from .placement import format_device
+from .tasks import get_task
 from .text import columns
-from .train import fit, initial_params, make_stepper, plan_symbol
+from .train import build_pipeline, fit, initial_values, make_stepper
 
 __all__ = ['compare', 'CompareResult', 'count_autograd_copies', 'REFERENCE']
 
@@ -56,7 +56,7 @@ def count_autograd_copies(stepper, X):
         ``(forward, backward)``.
     """
     with autograd.record():
-        pred = stepper.net(mx.nd.array(X, ctx=stepper.plan.first_device))
+        pred = stepper.pipe(mx.nd.array(X, ctx=stepper.plan.first_device))
     nodes = json.loads(autograd.get_symbol(pred).tojson())['nodes']
     forward = sum(n['op'] == '_copyto' for n in nodes)
     return forward, forward
@@ -71,30 +71,36 @@ def _close(a, b):
 
 
 def _runs(cfg, plan):
-    """``(name, config, plan)`` of each variant; the reference first."""
-    single, _ = make_plan(cfg.num_layers, [plan.first_device])
+    """``(name, config)`` of each variant; the reference first."""
     sym = replace(cfg, variant='symbolic', api='module')
-    return [(REFERENCE, sym, plan),
-            ('imperative MP', replace(cfg, variant='imperative'), plan),
-            ('symbolic 1-device', sym, single)]
+    return [(REFERENCE, sym),
+            ('imperative MP', replace(cfg, variant='imperative')),
+            ('symbolic 1-device', replace(sym, devices=format_device(plan.first_device),
+                                          balance=None))]
 
 
-def _train_run(name, cfg, plan, X, y, init, log):
+def _train_run(name, cfg, task, data, log):
     """Trains one run; returns ``(table row, per-step losses, final params)``."""
-    stepper = make_stepper(cfg, plan, init)
+    pipe, _ = build_pipeline(cfg, task)
+    plan = pipe.plan
+    X, y = data[0], data[1]
+    stepper = make_stepper(cfg, pipe, task, initial_values(pipe, cfg.seed), y.shape[1:])
     if cfg.variant == 'imperative':
         copies = count_autograd_copies(stepper, X[:cfg.batch_size])
         method = 'autograd-recorded _copyto nodes; each has one backward copy'
     else:
         copies = stepper.cross_device_copies()
         method = '_CrossDeviceCopy nodes in the bound graph (debug_str)'
-    result = fit(stepper, X, y, cfg, lambda line: log('  %s: %s' % (name, line)))
+    result = fit(stepper, X, y, cfg, lambda line: log('  %s: %s' % (name, line)), task.METRIC)
+    metrics, lines, _ = task.evaluate(result.params, stepper.predict, data)
     row = {
         'variant': name, 'api': cfg.api if cfg.variant == 'symbolic' else 'gluon',
-        'final_mse': result.final_mse, 'samples_per_sec': result.samples_per_sec,
+        'metrics': metrics, 'result': lines[0],
+        'samples_per_sec': result.samples_per_sec,
         'wall_time_s': result.wall_time,
         'stage_devices': [format_device(d) for d in plan.devices],
         'stage_of_layer': list(plan.stage_of_layer),
+        'final_mse': metrics.get('final_mse'),
         # every array as MXNet reports it: [name, device, gradient device or None]
         'placement': [[n, str(d), str(g) if g is not None else None]
                       for n, d, g in result.placement],
@@ -120,16 +126,17 @@ def compare(cfg, log=print):
         OSError: an output file cannot be written.
     """
     out_dir = cfg.out if cfg.out is not None else os.path.join('artifacts', 'compare')
-    plan, note = make_plan(cfg.num_layers, cfg.devices)
+    task = get_task(cfg.task)
+    pipe, note = build_pipeline(cfg, task)
     if note:
         log(note)
-    X, y = make_dataset(cfg.num_examples, cfg.seed)
-    init = initial_params(cfg.widths, cfg.seed)
+    cfg = replace(cfg, devices=','.join(format_device(d) for d in pipe.plan.all_devices))
+    data = task.load(cfg)
 
     rows, losses, params = [], {}, {}
-    for name, run_cfg, run_plan in _runs(cfg, plan):
+    for name, run_cfg in _runs(cfg, pipe.plan):
         log('training %s ...' % name)
-        row, losses[name], params[name] = _train_run(name, run_cfg, run_plan, X, y, init, log)
+        row, losses[name], params[name] = _train_run(name, run_cfg, task, data, log)
         rows.append(row)
 
     agree = True
@@ -150,7 +157,7 @@ def compare(cfg, log=print):
 
     files = {'loss_plot': plot_losses(losses, os.path.join(out_dir, 'loss_curves.png'))}
     graph_files, graph_note = write_graph(
-        plan_symbol(cfg, plan), plan,
+        pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME), pipe.plan,
         os.path.join(out_dir, 'graph'))
     files.update(graph_files)
     if graph_note:
@@ -170,15 +177,24 @@ def compare(cfg, log=print):
 
 def format_table(rows):
     """Lines of the comparison table, one row per variant."""
-    head = ('variant', 'final MSE', 'max|dloss|', 'max|dparam|', 'samples/s',
+    head = ('variant', 'result', 'max|dloss|', 'max|dparam|', 'samples/s',
             'stage devices', 'copies/step', 'agree')
-    body = [(r['variant'], '%.3e' % r['final_mse'], '%.1e' % r['max_step_loss_diff'],
+    body = [(r['variant'], _short(r), '%.1e' % r['max_step_loss_diff'],
              '%.1e' % r['max_param_diff'], '%.0f' % r['samples_per_sec'],
              ','.join(r['stage_devices']),
              '%d (%d fwd + %d bwd)' % (r['cross_device_copies_per_step'],
                                       r['copies_forward'], r['copies_backward']),
              'yes' if r['agree'] else 'no') for r in rows]
     return columns([head] + body)
+
+
+def _short(row):
+    metrics = row['metrics']
+    if 'final_mse' in metrics:
+        return 'MSE %.3e' % metrics['final_mse']
+    if 'held_out_accuracy' in metrics:
+        return 'acc %.2f%%' % (100 * metrics['held_out_accuracy'])
+    return row['result']
 
 
 def plot_losses(losses, path):
@@ -196,7 +212,7 @@ def plot_losses(losses, path):
         ax.plot(np.arange(1, len(values) + 1), values, style, linewidth=1.5, label=name)
     ax.set_yscale('log')
     ax.set_xlabel('step')
-    ax.set_ylabel('batch MSE')
+    ax.set_ylabel('batch loss')
     ax.set_title('Training loss per step, same start and batch order')
     ax.legend()
     fig.tight_layout()

@@ -1,12 +1,21 @@
-"""Training configuration: one frozen dataclass, one field per CLI flag."""
+"""Training configuration: one frozen dataclass, one field per CLI flag.
+
+Fields left ``None`` take the task's default (``mp_symbolic.tasks.<task>.DEFAULTS``):
+the regression trains in a few seconds with plain SGD, the digits CNN with
+SGD + momentum.
+"""
 from dataclasses import dataclass, fields
 import os
 
-__all__ = ['TrainConfig', 'VARIANTS', 'APIS', 'OPTIMIZERS']
+__all__ = ['TrainConfig', 'VARIANTS', 'APIS', 'OPTIMIZERS', 'KVSTORES', 'MAX_EPOCHS']
 
 VARIANTS = ('symbolic', 'imperative')
 APIS = ('module', 'executor')
 OPTIMIZERS = ('sgd', 'adam')
+KVSTORES = ('local', 'device', 'dist_sync')
+MAX_EPOCHS = 100000
+MAX_EXAMPLES = 10 ** 8        # synthetic examples: 800 MB of float32 features at most
+_TASK_FIELDS = ('widths', 'num_examples')  # the regression's own flags
 
 
 @dataclass(frozen=True)
@@ -17,6 +26,8 @@ class TrainConfig:
         ValueError: a field is out of range; the message names the field and
             the value found.
     """
+    # 'regression' (the seed question's 2-2-2-1 network) or 'digits' (a CNN on 8x8 digits).
+    task: str = 'regression'
     # 'symbolic' (ctx_group graph bound with group2ctx) or 'imperative' (Gluon + autograd).
     variant: str = 'symbolic'
     # Symbolic variant only: 'module' (mx.mod.Module, group2ctxs) or 'executor'
@@ -24,65 +35,107 @@ class TrainConfig:
     api: str = 'module'
     # '--devices' string such as 'cpu:0,cpu:1,cpu:2'; None: three GPUs if present, else cpu(0..2).
     devices: str = None
-    # Layer widths, input first; (2, 2, 2, 1) is the seed's network. Data has 2 features, 1 target.
-    widths: tuple = (2, 2, 2, 1)
-    # Synthetic examples (the seed uses 10 000).
-    num_examples: int = 10000
-    # Examples per step (the seed uses 100); a last, smaller batch is dropped.
-    batch_size: int = 100
-    # Passes over the data; 5 reaches full-data MSE ~1e-6 (the noise floor) with the default SGD.
-    num_epochs: int = 5
-    # 'sgd' or 'adam'. Plain SGD converges in one epoch here; the seed's Adam at
-    # lr 1e-3 needs 16 epochs.
-    optimizer: str = 'sgd'
-    # Learning rate; gradients are averaged over the batch (rescale_grad = 1 / batch_size).
-    lr: float = 0.02
-    # SGD momentum (must stay 0 with Adam).
-    momentum: float = 0.0
+    # Regression only: layer widths, input first; None: (2, 2, 2, 1), the seed's network.
+    widths: tuple = None
+    # Regression only: synthetic examples; None: 10 000 (the seed's).
+    num_examples: int = None
+    # Examples per step; a last, smaller batch is dropped. None: 100 (regression), 64 (digits).
+    batch_size: int = None
+    # Passes over the data. None: 5 (regression reaches the noise floor), 10 (digits).
+    num_epochs: int = None
+    # 'sgd' or 'adam'. None: 'sgd'.
+    optimizer: str = None
+    # Learning rate; gradients are averaged over the batch. None: 0.02 (regression), 0.1 (digits).
+    lr: float = None
+    # SGD momentum (must stay 0 with Adam). None: 0 (regression), 0.9 (digits).
+    momentum: float = None
     # Seeds the data, the batch order and the initial parameters.
     seed: int = 0
-    # Output folder; None: artifacts/<variant>/.
+    # Output folder; None: artifacts/<variant>/ (regression), artifacts/digits[-imperative]/.
     out: str = None
     # Show a tqdm progress bar.
     progress: bool = True
     # Write an MXNet profiler trace (Chrome trace format) to <out>/profile.json.
     profile: bool = False
+    # Symbolic variant: micro-batches per batch (GPipe); must divide the batch size.
+    chunks: int = 1
+    # Data-parallel copies of the pipeline; --devices lists replicas x stages devices.
+    replicas: int = 1
+    # Sums gradients across replicas or processes: 'local', 'device', 'dist_sync'.
+    # None: 'local' with several replicas, else no kvstore.
+    kvstore: str = None
+    # Blocks per stage (a tuple), 'time', or None (balanced by parameter count).
+    balance: object = None
 
     def __post_init__(self):
         def bad(name, expected):
             raise ValueError('%s: expected %s, found %r' % (name, expected, getattr(self, name)))
 
+        from .tasks import TASKS, get_task  # pylint: disable=import-outside-toplevel
+        if self.task not in TASKS:
+            bad('task', ' or '.join(TASKS))
+        defaults = get_task(self.task).DEFAULTS
+        for name in _TASK_FIELDS:
+            if name not in defaults and getattr(self, name) is not None:
+                bad(name, 'it unset with task %r (it is a regression setting)' % self.task)
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         if self.variant not in VARIANTS:
             bad('variant', ' or '.join(VARIANTS))
         if self.api not in APIS:
             bad('api', ' or '.join(APIS))
         if self.optimizer not in OPTIMIZERS:
             bad('optimizer', ' or '.join(OPTIMIZERS))
-        object.__setattr__(self, 'widths', tuple(self.widths))
-        if (len(self.widths) < 2 or not all(_is_int(w) and w >= 1 for w in self.widths)):
-            bad('widths', 'at least two positive integers')
-        if self.widths[0] != 2 or self.widths[-1] != 1:
-            bad('widths', 'input width 2 and output width 1 (the data has 2 features, 1 target)')
-        if any(a * b >= 2 ** 31 for a, b in zip(self.widths, self.widths[1:])):
-            bad('widths', 'layers of fewer than 2**31 weights each (MXNet 1.x indexes '
-                          'tensors with 32-bit integers)')
-        for name in ('num_examples', 'batch_size', 'num_epochs'):
+        if self.widths is not None:
+            object.__setattr__(self, 'widths', tuple(self.widths))
+            if (len(self.widths) < 2 or not all(_is_int(w) and w >= 1 for w in self.widths)):
+                bad('widths', 'at least two positive integers')
+            if self.widths[0] != 2 or self.widths[-1] != 1:
+                bad('widths', 'input width 2 and output width 1 (the data has 2 features, '
+                              '1 target)')
+            if sum(a * b + b for a, b in zip(self.widths, self.widths[1:])) > 2 ** 28:
+                bad('widths', 'at most 2**28 parameters in all (1 GiB of float32 weights, '
+                              'before gradients and optimizer state)')
+        for name in ('batch_size', 'num_epochs', 'chunks', 'replicas'):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 bad(name, 'a positive integer')
-        if self.batch_size > self.num_examples:
-            bad('batch_size', 'at most num_examples (%d)' % self.num_examples)
-        if not (isinstance(self.lr, (int, float)) and 0 < self.lr <= _FLOAT32_MAX):
-            bad('lr', 'a positive number a float32 can hold')
+        if self.num_epochs > MAX_EPOCHS:
+            bad('num_epochs', 'at most %d' % MAX_EPOCHS)
+        if self.num_examples is not None:
+            if not _is_int(self.num_examples) or not 1 <= self.num_examples <= MAX_EXAMPLES:
+                bad('num_examples', 'a positive integer at most %d' % MAX_EXAMPLES)
+            if self.batch_size > self.num_examples:
+                bad('batch_size', 'at most num_examples (%d)' % self.num_examples)
+        if not (isinstance(self.lr, (int, float)) and 1e-30 <= self.lr <= 1e6):
+            bad('lr', 'a number in [1e-30, 1e6]')
         if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
             bad('momentum', 'a number in [0, 1)')
-        if not _is_int(self.seed) or self.seed < 0:
-            bad('seed', 'a non-negative integer')
+        if not _is_int(self.seed) or not 0 <= self.seed < 2 ** 32:
+            bad('seed', 'an integer in [0, 2**32) (MXNet seeds with 32 bits)')
+        if self.kvstore is not None and self.kvstore not in KVSTORES:
+            bad('kvstore', ' or '.join(KVSTORES))
+        if isinstance(self.balance, str) and self.balance != 'time':
+            bad('balance', "'time' or blocks per stage such as 2,1")
+        if self.out is not None and not self.out.strip():
+            bad('out', 'a folder path, found an empty string')
         # Flags that would otherwise be silently ignored.
         if self.optimizer != 'sgd' and self.momentum != 0:
             bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
-        if self.variant == 'imperative' and self.api != 'module':
-            bad('api', "'module' (the default) with variant 'imperative' "
-                       '(the API choice is for the symbolic variant)')
+        if self.variant == 'imperative':
+            for name, default in (('api', 'module'), ('chunks', 1), ('replicas', 1),
+                                  ('kvstore', None)):
+                if getattr(self, name) != default:
+                    bad(name, '%r (the default) with variant \'imperative\' (it is a setting '
+                              'of the symbolic variant)' % (default,))
+        if self.api == 'executor' and (self.replicas > 1 or self.kvstore is not None):
+            bad('api', "'module' with replicas or a kvstore (the executor API binds one "
+                       'replica and sums no gradients)')
+        if self.batch_size % (self.chunks * self.replicas):
+            bad('batch_size', 'a multiple of chunks x replicas (%d x %d)'
+                % (self.chunks, self.replicas))
+        if self.replicas > 1 and self.kvstore is None:
+            object.__setattr__(self, 'kvstore', 'local')
 
     def check_profiler_devices(self, devices):
         """Raises ValueError if MXNet's profiler cannot record on ``devices``.
@@ -100,12 +153,13 @@ class TrainConfig:
                              % (limit, limit - 2, ', '.join(over)))
 
     @property
-    def num_layers(self):
-        return len(self.widths) - 1
-
-    @property
     def out_dir(self):
-        return self.out if self.out is not None else os.path.join('artifacts', self.variant)
+        if self.out is not None:
+            return self.out
+        if self.task == 'regression':
+            return os.path.join('artifacts', self.variant)
+        return os.path.join('artifacts', self.task + ('' if self.variant == 'symbolic'
+                                                      else '-' + self.variant))
 
     def optimizer_params(self):
         """Keyword arguments for ``mx.optimizer.create`` (without rescale_grad)."""
@@ -116,9 +170,6 @@ class TrainConfig:
 
     def to_dict(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _is_int(value):
