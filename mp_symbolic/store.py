@@ -435,14 +435,17 @@ class Store:
                     and type(entry.get('bytes')) is int):
                 raise StoreError('%s: expected {"sha256": hex, "bytes": int} for %r, found %r'
                                  % (os.path.join(folder, MANIFEST), name, entry))
-            if os.path.islink(path) or not os.path.isfile(path):
+            try:  # a writer may delete this snapshot meanwhile: current() then retries
+                if os.path.islink(path) or not os.path.isfile(path):
+                    raise FileNotFoundError
+                size = os.path.getsize(path)
+                if size != entry['bytes']:
+                    raise StoreError('%s: expected %d bytes, found %d bytes'
+                                     % (path, entry['bytes'], size))
+                sha256 = _hash_file(path)
+            except FileNotFoundError:
                 raise StoreError('%s: expected a file of %d bytes, found %s'
-                                 % (path, entry['bytes'], _kind(path)))
-            size = os.path.getsize(path)
-            if size != entry['bytes']:
-                raise StoreError('%s: expected %d bytes, found %d bytes'
-                                 % (path, entry['bytes'], size))
-            sha256 = _hash_file(path)
+                                 % (path, entry['bytes'], _kind(path))) from None
             if sha256 != entry['sha256']:
                 raise StoreError('%s: expected sha256 %s, found %s'
                                  % (path, entry['sha256'], sha256))

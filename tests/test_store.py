@@ -433,3 +433,20 @@ def test_atomic_write_bytes_replaces_the_file_and_leaves_no_temporary(tmp_path, 
     atomic_write_bytes(path, b'new')
     with open(path, 'rb') as f:
         assert f.read() == b'new'
+
+
+def test_a_reader_racing_a_writer_reads_the_new_snapshot_whole(tmp_path, monkeypatch):
+    import mp_symbolic.store as store_module
+    out = str(tmp_path / 'out')
+    commit(out, A, 'A')
+    real = store_module._hash_file
+    raced = []
+
+    def hash_while_a_writer_commits(path):
+        if not raced:  # mid-read, another writer replaces A by B and deletes A's files
+            raced.append(commit(out, B, 'B'))
+        return real(path)
+
+    monkeypatch.setattr(store_module, '_hash_file', hash_while_a_writer_commits)
+    snapshot = Store(out).current()
+    assert raced and snapshot.folder == raced[0].folder and contents(snapshot) == B
