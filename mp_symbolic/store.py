@@ -1,10 +1,10 @@
 """A folder of outputs that is always one whole snapshot, written by one process at a time.
 
 A training checkpoint or an export is several files that only make sense
-together. Renaming them into place one by one leaves a mix of old and new
+together. Renamed into place one by one, they become a mix of old and new
 files when the process is killed between two renames; two runs writing to the
 same folder delete each other's files; a full disk in the middle of a save
-loses the old files. This module keeps such a folder as::
+must not cost the old files. This module keeps such a folder as::
 
     OUT/
       .lock                advisory lock (fcntl.flock); holds the writer's pid, for messages
@@ -14,8 +14,8 @@ loses the old files. This module keeps such a folder as::
 
 A save writes a new snapshot beside the current one, fsyncs it, records every
 file's size and sha256 in ``MANIFEST.json`` (written last), renames it into
-place and then replaces ``current`` with one ``rename(2)``, the same commit
-step Git uses for refs and LMDB/SQLite use for their meta pages. Whenever the
+place and then replaces ``current`` with one ``rename(2)``, as Git updates a
+ref (write a lock file, rename it onto the ref). Whenever the
 writer dies, ``current`` names either the old or the new snapshot, and both
 are complete; what the dead writer left beside it is removed by the next
 writer. Readers verify every file against the manifest and use only the files
@@ -212,7 +212,8 @@ class Store:
         held, removes what an interrupted save left: ``.staging-*`` folders,
         ``.current-*`` temporary links and ``snap-*`` folders that ``current``
         does not name. A lock left by a killed process never blocks: the
-        kernel drops a ``flock`` with the last descriptor of its holder.
+        kernel drops a ``flock`` with the last descriptor of its holder (a
+        child forked inside the block holds it too, until it exits).
 
         Raises:
             FolderInUse: Another process holds the lock.
