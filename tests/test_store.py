@@ -210,7 +210,8 @@ def small_tmpfs(tmp_path):
     proc = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=256k', 'tmpfs', mnt],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip('cannot mount a tmpfs here: %s' % proc.stderr.strip())
+        pytest.skip('cannot mount a tmpfs here: %s' % (proc.stderr.strip().splitlines()
+                                                        or ['mount failed'])[0])
     try:
         yield mnt
     finally:
