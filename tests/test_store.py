@@ -3,6 +3,7 @@ file-system call of a save, a full disk at each write, a second writer, a
 tampered folder. After each, the folder must hold one whole snapshot, the old
 or the new one, and the next writer must be able to go on."""
 import errno
+import hashlib
 import json
 import os
 import re
@@ -70,7 +71,10 @@ def test_commit_then_current_returns_verified_files_and_replaces_the_old_snapsho
     assert got.folder == first.folder and contents(got) == A and got.meta == {'name': 'A'}
     with open(os.path.join(got.folder, MANIFEST)) as f:
         manifest = json.load(f)
-    assert manifest['files']['params']['bytes'] == len(A['params'])
+    for name, text in A.items():
+        assert manifest['files'][name] == got.files[name] == {
+            'sha256': hashlib.sha256(text.encode()).hexdigest(), 'bytes': len(text)}
+    assert manifest['format'] == 'mp_symbolic.store/1' and manifest['meta'] == {'name': 'A'}
     assert store.has_snapshot()
 
     second = commit(out, B, 'B')
@@ -410,9 +414,15 @@ def test_a_failing_write_or_bad_files_leave_the_previous_snapshot(tmp_path):
     assert_only_one_snapshot(out)
 
 
-def test_commit_outside_locked_and_a_file_as_folder_raise(tmp_path):
+def test_commit_outside_locked_nested_locked_and_a_file_as_folder_raise(tmp_path):
+    store = Store(str(tmp_path / 'out'))
     with pytest.raises(StoreError, match='expected commit.. inside Store.locked'):
-        Store(str(tmp_path / 'out')).commit(writer(A))
+        store.commit(writer(A))
+    with store.locked():
+        with pytest.raises(StoreError, match='expected one locked.. at a time per Store'):
+            with store.locked():
+                pass
+        store.commit(writer(A))
     _write(str(tmp_path / 'file'), b'')
     with pytest.raises(StoreError, match='expected a folder, found a file'):
         with Store(str(tmp_path / 'file')).locked():
