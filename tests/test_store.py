@@ -1,0 +1,463 @@
+"""The store's promises under real faults: a process killed after each
+file-system call of a save, a full disk at each write, a second writer, a
+tampered folder. After each, the folder must hold one whole snapshot, the old
+or the new one, and the next writer must be able to go on."""
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from mp_symbolic.store import MANIFEST, FolderInUse, Store, StoreError, atomic_write_bytes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+A = {'params': 'A-params ' * 50, 'symbol.json': '{"A": 1}', 'summary.json': '{"epoch": 1}'}
+B = {'params': 'B-params ' * 60, 'symbol.json': '{"B": 2}', 'summary.json': '{"epoch": 2}',
+     'log.txt': 'B only'}
+C = {'params': 'C', 'summary.json': '{"epoch": 3}'}
+
+
+def writer(files):
+    """A write() for Store.commit that writes through os.open/os.write/os.close,
+    the calls the fault injections below count and break."""
+    def write(folder):
+        for name, text in files.items():
+            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                data = text.encode()
+                while data:
+                    data = data[os.write(fd, data):]
+            finally:
+                os.close(fd)
+    return write
+
+
+def commit(folder, files, name):
+    with Store(folder).locked() as store:
+        return store.commit(writer(files), {'name': name})
+
+
+def contents(snapshot):
+    out = {}
+    for name in snapshot.files:
+        with open(snapshot.path(name)) as f:
+            out[name] = f.read()
+    return out
+
+
+def assert_only_one_snapshot(folder):
+    names = sorted(os.listdir(folder))
+    assert len(names) == 3 and names[:2] == ['.lock', 'current'] \
+        and names[2].startswith('snap-'), names
+
+
+def child_env():
+    return dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0')
+
+
+def test_commit_then_current_returns_verified_files_and_replaces_the_old_snapshot(tmp_path):
+    out = str(tmp_path / 'out')
+    store = Store(out)
+    assert store.current() is None and not store.has_snapshot()
+
+    first = commit(out, A, 'A')
+    got = Store(out).current()
+    assert got.folder == first.folder and contents(got) == A and got.meta == {'name': 'A'}
+    with open(os.path.join(got.folder, MANIFEST)) as f:
+        manifest = json.load(f)
+    for name, text in A.items():
+        assert manifest['files'][name] == got.files[name] == {
+            'sha256': hashlib.sha256(text.encode()).hexdigest(), 'bytes': len(text)}
+    assert manifest['format'] == 'mp_symbolic.store/1' and manifest['meta'] == {'name': 'A'}
+    assert store.has_snapshot()
+
+    second = commit(out, B, 'B')
+    assert contents(Store(out).current()) == B
+    assert not os.path.exists(first.folder)
+    assert os.readlink(os.path.join(out, 'current')) == os.path.basename(second.folder)
+    assert_only_one_snapshot(out)
+    with pytest.raises(StoreError, match='expected a file named .nope. in the manifest'):
+        second.path('nope')
+
+
+# A child that, for k = 1, 2, ..., commits A into a fresh folder, then forks a
+# process that starts committing B and SIGKILLs itself right after its k-th
+# file-system call, until a k where the save ends first.
+KILL_CHILD = r'''
+import json, os, shutil, signal, sys
+from mp_symbolic.store import Store
+base, A, B = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+
+def writer(files):  # as in the test module: os.open/os.write/os.close, all counted
+    def write(folder):
+        for name, text in files.items():
+            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, text.encode())
+            os.close(fd)
+    return write
+
+COUNTED = [(os, n) for n in ('replace', 'rename', 'symlink', 'fsync', 'remove', 'unlink',
+                             'rmdir', 'mkdir', 'makedirs', 'write', 'close')]
+COUNTED.append((shutil, 'rmtree'))
+
+def arm(k):
+    count = [0]
+    def wrap(real):
+        def counted(*args, **kwargs):
+            try:
+                return real(*args, **kwargs)
+            finally:
+                count[0] += 1
+                if count[0] == k:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        return counted
+    for module, name in COUNTED:
+        setattr(module, name, wrap(getattr(module, name)))
+
+killed = []
+for k in range(1, 1000):
+    folder = os.path.join(base, 'k%03d' % k)
+    with Store(folder).locked() as store:
+        store.commit(writer(A), {'name': 'A'})
+    pid = os.fork()
+    if pid == 0:
+        arm(k)
+        try:
+            with Store(folder).locked() as store:
+                store.commit(writer(B), {'name': 'B'})
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        killed.append(k)
+    elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        shutil.rmtree(folder)
+        break
+    else:
+        sys.exit('k=%d: expected a SIGKILL or a finished save, found status %d' % (k, status))
+print(json.dumps(killed))
+'''
+
+
+def test_a_kill_after_any_file_system_call_of_a_save_leaves_the_old_or_the_new_snapshot(
+        tmp_path):
+    base = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, '-c', KILL_CHILD, base, json.dumps(A), json.dumps(B)],
+        env=child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    killed = json.loads(proc.stdout)
+    # A save is ~30 counted calls (mkdir, writes, fsyncs, renames, the old snapshot's removal).
+    assert len(killed) >= 20 and killed == list(range(1, len(killed) + 1)), killed
+    seen = {'A': 0, 'B': 0}
+    leftovers = 0
+    for k in killed:
+        folder = os.path.join(base, 'k%03d' % k)
+        snapshot = Store(folder).current()  # readers need no lock and no cleanup
+        name = snapshot.meta['name']
+        assert contents(snapshot) == {'A': A, 'B': B}[name], 'k=%d: a mix of A and B' % k
+        seen[name] += 1
+        leftovers += len(os.listdir(folder)) > 3
+        commit(folder, C, 'C')
+        assert contents(Store(folder).current()) == C, 'k=%d' % k
+        assert_only_one_snapshot(folder)
+    # Kills landed on both sides of the switch, and some left debris to clean.
+    assert seen['A'] > 0 and seen['B'] > 0 and leftovers > 0, (seen, leftovers)
+
+
+@pytest.mark.parametrize('call', ['write', 'fsync'])
+def test_a_full_disk_at_any_write_keeps_the_previous_snapshot(tmp_path, monkeypatch, call):
+    out = str(tmp_path / 'out')
+    commit(out, A, 'A')
+    real = getattr(os, call)
+    failures = 0
+    for n in range(1, 1000):
+        count = [0]
+
+        def full_disk(*args, _n=n, _count=count):
+            _count[0] += 1
+            if _count[0] == _n:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real(*args)
+
+        monkeypatch.setattr(os, call, full_disk)
+        try:
+            commit(out, B, 'B')
+        except OSError as e:
+            monkeypatch.setattr(os, call, real)
+            assert e.errno == errno.ENOSPC
+            failures += 1
+            assert contents(Store(out).current()) == A, 'ENOSPC at %s call %d' % (call, n)
+            assert_only_one_snapshot(out)
+            continue
+        monkeypatch.setattr(os, call, real)
+        break
+    assert contents(Store(out).current()) == B
+    # write: 4 files + the manifest; fsync: 4 files, the manifest, staging and out (twice).
+    assert failures >= 5, failures
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 256 KiB tmpfs, or a skip where this process may not mount one."""
+    mnt = str(tmp_path / 'mnt')
+    os.mkdir(mnt)
+    if os.geteuid() != 0 or not shutil.which('mount'):
+        pytest.skip('mounting a small tmpfs needs root and mount(8)')
+    proc = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=256k', 'tmpfs', mnt],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip('cannot mount a tmpfs here: %s' % (proc.stderr.strip().splitlines()
+                                                        or ['mount failed'])[0])
+    try:
+        yield mnt
+    finally:
+        subprocess.run(['umount', mnt], check=True)
+
+
+def test_a_really_full_disk_keeps_the_previous_snapshot(small_tmpfs):
+    out = os.path.join(small_tmpfs, 'out')
+    big = {'params': 'a' * 100_000, 'summary.json': '{}'}
+    commit(out, big, 'A')
+    with pytest.raises(OSError) as e:
+        commit(out, {'params': 'b' * 200_000, 'summary.json': '{}'}, 'B')
+    assert e.value.errno == errno.ENOSPC
+    assert contents(Store(out).current()) == big
+    assert_only_one_snapshot(out)
+    # The failed save gave its space back: a save that fits beside A succeeds.
+    smaller = {'params': 'c' * 90_000, 'summary.json': '{}'}
+    commit(out, smaller, 'C')
+    assert contents(Store(out).current()) == smaller
+
+
+HOLDER = r'''
+import sys, time
+from mp_symbolic.store import Store
+with Store(sys.argv[1]).locked():
+    print('locked', flush=True)
+    time.sleep(120)
+'''
+
+
+def test_a_second_writer_is_refused_at_once_and_a_killed_writer_never_blocks(tmp_path):
+    out = str(tmp_path / 'out')
+    holder = subprocess.Popen([sys.executable, '-c', HOLDER, out], env=child_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'locked\n'
+        outcome = []
+
+        def try_lock():
+            try:
+                with Store(out).locked():
+                    outcome.append('locked')
+            except FolderInUse as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=try_lock, daemon=True)
+        thread.start()
+        thread.join(timeout=2)  # a bound on waiting for the lock, not a timing figure
+        assert not thread.is_alive(), 'locked() waited for the other writer instead of refusing'
+        (error,) = outcome
+        assert str(error) == ('%s is in use by another process (pid %d); expected one writer '
+                              'per folder' % (os.path.abspath(out), holder.pid))
+    finally:
+        holder.kill()  # SIGKILL: the holder never releases the lock itself
+        holder.wait()
+    with Store(out).locked() as store:
+        store.commit(writer(C))
+    assert contents(Store(out).current()) == C
+
+
+def _replace_link(out, target):
+    tmp = os.path.join(out, 'tmp-link')
+    os.symlink(target, tmp)
+    os.replace(tmp, os.path.join(out, 'current'))
+
+
+def _edit_manifest(snap, edit):
+    path = os.path.join(snap.folder, MANIFEST)
+    with open(path) as f:
+        manifest = json.load(f)
+    edit(manifest)
+    with open(path, 'w') as f:
+        json.dump(manifest, f)
+
+
+def _write(path, data):
+    with open(path, 'wb') as f:
+        f.write(data)
+
+
+def _flip_a_bit(path):
+    with open(path, 'rb') as f:
+        data = bytearray(f.read())
+    data[3] ^= 0x01
+    _write(path, bytes(data))
+
+
+# Each case damages a committed folder and returns what the message must hold:
+# the path it names, the expected value and the found value.
+TAMPERING = {
+    'link to an absolute path': lambda out, snap: (
+        _replace_link(out, snap.folder),
+        ('current', 'snap-<token>', repr(snap.folder)))[1],
+    'link out of the folder': lambda out, snap: (
+        os.mkdir(os.path.join(os.path.dirname(out), 'other')),
+        _replace_link(out, '../other'),
+        ('current', 'snap-<token>', "'../other'"))[2],
+    'link to a missing folder': lambda out, snap: (
+        _replace_link(out, 'snap-gone'),
+        ('current', 'snap-gone', 'nothing'))[1],
+    'current not a link': lambda out, snap: (
+        os.remove(os.path.join(out, 'current')),
+        _write(os.path.join(out, 'current'), b'snap-x'),
+        ('current', 'a symlink', 'a file'))[2],
+    'manifest missing': lambda out, snap: (
+        os.remove(os.path.join(snap.folder, MANIFEST)),
+        (MANIFEST, 'the snapshot manifest', 'nothing'))[1],
+    'manifest not JSON': lambda out, snap: (
+        _write(os.path.join(snap.folder, MANIFEST), b'{"format": '),
+        (MANIFEST, 'JSON', 'Expecting value'))[1],
+    'manifest of another format': lambda out, snap: (
+        _edit_manifest(snap, lambda m: m.update(format='other/9')),
+        (MANIFEST, "'mp_symbolic.store/1'", "'other/9'"))[1],
+    'manifest naming ../x': lambda out, snap: (
+        _edit_manifest(snap, lambda m: m['files'].update({'../x': m['files']['params']})),
+        (MANIFEST, 'plain file names', "'../x'"))[1],
+    'manifest naming an absolute path': lambda out, snap: (
+        _edit_manifest(snap, lambda m: m['files'].update({'/etc/hostname': m['files']['params']})),
+        (MANIFEST, 'plain file names', "'/etc/hostname'"))[1],
+    'a named file missing': lambda out, snap: (
+        os.remove(snap.path('symbol.json')),
+        ('symbol.json', 'a file of %d bytes' % len(A['symbol.json']), 'nothing'))[1],
+    'a bit flipped': lambda out, snap: (
+        _flip_a_bit(snap.path('params')),
+        ('params', 'sha256 ' + snap.files['params']['sha256'], ''))[1],
+    'a file grown by one byte': lambda out, snap: (
+        _write(snap.path('summary.json'), A['summary.json'].encode() + b' '),
+        ('summary.json', '%d bytes' % len(A['summary.json']),
+         '%d bytes' % (len(A['summary.json']) + 1)))[1],
+}
+
+
+@pytest.mark.parametrize('case', sorted(TAMPERING))
+def test_a_tampered_folder_raises_one_line_naming_the_file_and_the_values(tmp_path, case):
+    out = str(tmp_path / 'out')
+    snap = commit(out, A, 'A')
+    named, expected, found = TAMPERING[case](out, snap)
+    with pytest.raises(StoreError) as e:
+        Store(out).current()
+    message = str(e.value)
+    assert '\n' not in message
+    head, _, tail = message.partition(': expected ')
+    expected_part, _, found_part = tail.partition(', found ')
+    assert head.startswith(out) and head.endswith(named), message
+    assert expected in expected_part and found in found_part, message
+    if case == 'a bit flipped':
+        assert re.fullmatch('[0-9a-f]{64}', found_part) and found_part not in expected_part, \
+            message
+
+
+def test_leftovers_of_an_interrupted_save_are_removed_by_the_next_writer(tmp_path):
+    out = str(tmp_path / 'out')
+    snap = commit(out, A, 'A')
+    os.mkdir(os.path.join(out, '.staging-dead'))
+    _write(os.path.join(out, '.staging-dead', 'params'), b'half')
+    os.symlink('snap-orphan', os.path.join(out, '.current-dead'))
+    os.mkdir(os.path.join(out, 'snap-orphan'))
+    _write(os.path.join(out, 'snap-orphan', 'params'), b'never committed')
+    assert contents(Store(out).current()) == A  # readers ignore leftovers
+    with Store(out).locked():
+        assert_only_one_snapshot(out)
+    assert Store(out).current().folder == snap.folder and contents(Store(out).current()) == A
+
+
+def test_leftovers_are_kept_when_current_is_damaged(tmp_path):
+    out = str(tmp_path / 'out')
+    snap = commit(out, A, 'A')
+    _replace_link(out, 'snap-gone')
+    with Store(out).locked():
+        pass
+    assert os.path.isdir(snap.folder)  # the only good snapshot is not an orphan to delete
+
+
+def test_a_failing_write_or_bad_files_leave_the_previous_snapshot(tmp_path):
+    out = str(tmp_path / 'out')
+    commit(out, A, 'A')
+
+    def crashing(folder):
+        writer(B)(folder)
+        raise RuntimeError('crashed after writing')
+
+    def with_subfolder(folder):
+        os.mkdir(os.path.join(folder, 'sub'))
+
+    with Store(out).locked() as store:
+        with pytest.raises(RuntimeError, match='crashed after writing'):
+            store.commit(crashing)
+        with pytest.raises(StoreError, match='expected write.. to leave plain files only, '
+                                             'found a folder'):
+            store.commit(with_subfolder)
+        with pytest.raises(StoreError, match='expected write.. to leave MANIFEST.json'):
+            store.commit(writer({MANIFEST: '{}'}))
+        with pytest.raises(StoreError, match='meta: expected a JSON-able dict'):
+            store.commit(writer(B), meta={'x': object()})
+    assert contents(Store(out).current()) == A
+    assert_only_one_snapshot(out)
+
+
+def test_commit_outside_locked_nested_locked_and_a_file_as_folder_raise(tmp_path):
+    store = Store(str(tmp_path / 'out'))
+    with pytest.raises(StoreError, match='expected commit.. inside Store.locked'):
+        store.commit(writer(A))
+    with store.locked():
+        with pytest.raises(StoreError, match='expected one locked.. at a time per Store'):
+            with store.locked():
+                pass
+        store.commit(writer(A))
+    _write(str(tmp_path / 'file'), b'')
+    with pytest.raises(StoreError, match='expected a folder, found a file'):
+        with Store(str(tmp_path / 'file')).locked():
+            pass
+
+
+def test_atomic_write_bytes_replaces_the_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    path = str(tmp_path / 'x.json')
+    atomic_write_bytes(path, b'old')
+    real = os.write
+    monkeypatch.setattr(os, 'write', lambda *a: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, 'No space left on device')))
+    with pytest.raises(OSError):
+        atomic_write_bytes(path, b'new')
+    monkeypatch.setattr(os, 'write', real)
+    with open(path, 'rb') as f:
+        assert f.read() == b'old'
+    assert os.listdir(str(tmp_path)) == ['x.json']
+    atomic_write_bytes(path, b'new')
+    with open(path, 'rb') as f:
+        assert f.read() == b'new'
+
+
+def test_a_reader_racing_a_writer_reads_the_new_snapshot_whole(tmp_path, monkeypatch):
+    import mp_symbolic.store as store_module
+    out = str(tmp_path / 'out')
+    commit(out, A, 'A')
+    real = store_module._hash_file
+    raced = []
+
+    def hash_while_a_writer_commits(path):
+        if not raced:  # mid-read, another writer replaces A by B and deletes A's files
+            raced.append(commit(out, B, 'B'))
+        return real(path)
+
+    monkeypatch.setattr(store_module, '_hash_file', hash_while_a_writer_commits)
+    snapshot = Store(out).current()
+    assert raced and snapshot.folder == raced[0].folder and contents(snapshot) == B
