@@ -1,12 +1,14 @@
-"""Command line: ``python -m export [--checkpoint DIR] [--out DIR] [--name NAME]``.
+"""Command line: ``python -m export [--checkpoint DIR | --checkpoint PREFIX --epoch N] [--out DIR]``.
 
-Exports the symbolic training checkpoint to an MXNet file pair and ONNX,
-verifies both and prints the report. A checkpoint that cannot be exported
-prints one line to stderr and exits with status 2; a failed verification or
-an unwritable folder exits with status 1. Nothing is written on error.
+Exports a training checkpoint to an MXNet file pair and ONNX, verifies both
+against the checkpoint bound on one device, and commits them under
+``--out``/current/. A checkpoint or flag that cannot be exported prints one
+line to stderr and exits with status 2; a failed verification or an
+unwritable folder exits with status 1. Nothing is written on error; export
+never trains.
 """
 import argparse
-import os
+import re
 import sys
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
@@ -14,20 +16,28 @@ from .errors import one_line
 
 __all__ = ['main', 'build_parser']
 
+_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]*$')
+
 
 def build_parser():
     parser = argparse.ArgumentParser(
         prog='python -m export',
-        description='Export the model-parallel training checkpoint to an MXNet '
-                    'symbol/params pair (ctx_group kept) and ONNX, and verify both.')
-    parser.add_argument('--checkpoint', default=None, metavar='DIR',
-                        help='folder of a symbolic training run, read through its '
-                             'summary.json (default: %s, trained first if it has none)'
-                             % DEFAULT_CHECKPOINT_DIR)
+        description='Export a model-parallel training checkpoint to an MXNet symbol/params '
+                    'pair (ctx_group kept) and ONNX, verify both, and commit them as one unit.')
+    parser.add_argument('--checkpoint', default=DEFAULT_CHECKPOINT_DIR, metavar='DIR|PREFIX',
+                        help='a training folder (python -m mp_symbolic train --out DIR), or the '
+                             'prefix of a checkpoint pair saved by mod.save_checkpoint(PREFIX, N)'
+                             ' (with --epoch N) (default: %(default)s)')
+    parser.add_argument('--epoch', type=int, default=None, metavar='N',
+                        help='epoch of a PREFIX checkpoint (PREFIX-NNNN.params)')
+    parser.add_argument('--input-shape', default=None, metavar='D0,D1,...',
+                        help='shape of one input sample, e.g. 1,8,8, where the checkpoint does '
+                             'not record it (Pipeline modules record it)')
     parser.add_argument('--out', default=DEFAULT_OUT_DIR, metavar='DIR',
-                        help='output folder (default: %(default)s)')
-    parser.add_argument('--name', default='regression',
-                        help='file name prefix of the exported files (default: %(default)s)')
+                        help='output folder; files go to DIR/current/ (default: %(default)s)')
+    parser.add_argument('--name', default=None,
+                        help='file name prefix of the exported files (default: the task\'s name,'
+                             ' or the checkpoint prefix\'s)')
     return parser
 
 
@@ -37,17 +47,27 @@ def main(argv=None):
     from mp_symbolic.checkpoint import check_writable_dir
     from .errors import VerificationError
     from .exporter import export_checkpoint
+    from .inference import parse_shape
     try:
-        if not args.name or os.sep in args.name or args.name.startswith('.'):
-            raise ValueError('--name: expected a file name prefix such as regression, found %r'
+        if args.name is not None and not _NAME_RE.match(args.name):
+            raise ValueError('--name: expected a file name prefix of letters, digits, ., _ and '
+                             '- starting with a letter or digit, such as regression, found %a'
                              % args.name)
+        if not args.checkpoint.strip():
+            raise ValueError('--checkpoint: expected a training folder or a checkpoint prefix, '
+                             'found an empty string')
         check_writable_dir(args.out, '--out')
-        export_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT_DIR, args.out, args.name,
-                          train_if_missing=args.checkpoint is None)
+        shape = parse_shape(args.input_shape) if args.input_shape is not None else None
+        export_checkpoint(args.checkpoint, args.out, args.name, epoch=args.epoch,
+                          input_shape=shape)
     except (VerificationError, OSError, ValueError) as err:
         print('error: %s' % one_line(err), file=sys.stderr)
         # a file that failed its checks or could not be written: 1; a bad input: 2
         return 1 if isinstance(err, (VerificationError, OSError)) else 2
+    except KeyboardInterrupt:
+        print('error: interrupted; the previous export in %s is kept' % args.out,
+              file=sys.stderr)
+        return 130
     return 0
 
 

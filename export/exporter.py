@@ -1,145 +1,160 @@
-"""From a symbolic training checkpoint to verified export files.
+"""From a training checkpoint to verified export files, committed as one unit.
 
-:func:`export_checkpoint` reads the checkpoint named by a training run's
-``summary.json`` (training one first if there is none), and writes to the
-output folder
+:func:`export_checkpoint` reads either
 
-* ``<name>-symbol.json`` + ``<name>-0000.params``: the inference graph, with
-  the ``ctx_group`` of every op and variable, and its parameters;
+* a training folder (``python -m mp_symbolic train --out DIR``): its committed
+  checkpoint, every file verified against the commit record; or
+* any MXNet checkpoint pair saved from a Pipeline module
+  (``mod.save_checkpoint(PREFIX, N)``), as ``mx.model.load_checkpoint(PREFIX, N)``
+  reads it;
+
+and writes to the output folder, as one snapshot (:mod:`mp_symbolic.store`,
+``OUT/current/``):
+
+* ``<name>-symbol.json`` + ``<name>-0000.params``: the inference graph (loss
+  head replaced by its inference form), with the ``ctx_group`` of every op and
+  variable, and its parameters;
 * ``<name>.onnx``: the same graph for ONNX runtimes;
 * ``<name>-verification.json``: the :mod:`~export.verify` report.
 
-Every file is first written to a temporary file beside its destination and
-verified there; only when all checks pass are the files renamed into place,
-so a failed export leaves nothing (old files stay as they were).
+The files are verified in the staging folder; only when every check passes is
+the snapshot committed, so a failed or interrupted export leaves the previous
+one in place, whole. Export never trains.
 """
 from collections import OrderedDict
-from contextlib import ExitStack
-import dataclasses
 import json
 import os
 
 import onnx
 
-from mp_symbolic.checkpoint import atomic_path, load_checkpoint, save_params
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.train import CHECKPOINT_NAME, train
+from mp_symbolic.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_params
+from mp_symbolic.store import Store
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError
-from .inference import inference_graph, stage_layout
+from .inference import inference_graph, sample_shape, stage_layout
 from .onnx_export import check_onnx_version, sha256_file, to_onnx
-from .verify import failed_checks, format_report, verify_export
+from .verify import OneDeviceReference, failed_checks, format_report, verify_export
 
 __all__ = ['DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR', 'locate_checkpoint',
-           'export_checkpoint', 'export_paths']
-
-SUMMARY_NAME = 'summary.json'
+           'export_checkpoint', 'export_names']
 
 
-def locate_checkpoint(checkpoint_dir, log=print, train_if_missing=False):
-    """The training summary and checkpoint files in ``checkpoint_dir``.
+def locate_checkpoint(checkpoint, epoch=None):
+    """The checkpoint files to export.
 
     Args:
-        train_if_missing: With no ``summary.json`` there, train the default
-            configuration into ``checkpoint_dir`` first (saying so through
-            ``log``) instead of raising.
+        checkpoint: A training folder, or a prefix ``P`` of ``P-symbol.json``
+            and ``P-%04d.params`` (then ``epoch`` is required).
+        epoch: The epoch of a prefix checkpoint.
 
     Returns:
-        ``(summary dict, symbol path, params path)``.
+        ``(info, symbol path, params path)``: ``info`` holds ``name``,
+        ``devices`` (as trained) and ``folder``.
 
     Raises:
-        ExportError: no ``summary.json`` (and ``train_if_missing`` is off), or
-            it is not JSON or names no files.
+        ExportError, CheckpointError: nothing there, or not what was expected.
     """
-    summary_path = os.path.join(checkpoint_dir, SUMMARY_NAME)
-    if not os.path.exists(summary_path):
-        if not train_if_missing:
-            raise ExportError('expected a symbolic training run in %s (its %s), found none'
-                              % (checkpoint_dir, SUMMARY_NAME))
-        log('no trained checkpoint in %s (no %s): training one with the default '
-            'settings first' % (checkpoint_dir, SUMMARY_NAME))
-        train(dataclasses.replace(TrainConfig(), out=checkpoint_dir), log=log)
-    try:
-        with open(summary_path) as f:
-            summary = json.load(f)
-    except (OSError, ValueError) as err:
-        raise ExportError('%s is not a readable training summary: %s'
-                          % (summary_path, err)) from None
-    files = summary.get('files') if isinstance(summary, dict) else None
-    if not (isinstance(files, dict) and isinstance(files.get('symbol'), str)
-            and isinstance(files.get('params'), str)):
-        raise ExportError("%s: expected 'files' with 'symbol' and 'params' names, found %r"
-                          % (summary_path, files))
-    return (summary, os.path.join(checkpoint_dir, files['symbol']),
-            os.path.join(checkpoint_dir, files['params']))
+    if epoch is None:
+        if not os.path.isdir(checkpoint):
+            if os.path.isfile('%s-symbol.json' % checkpoint):
+                raise ExportError('--epoch: expected the epoch of the checkpoint %s-NNNN.params '
+                                  'to export, found none given' % checkpoint)
+            raise ExportError('expected a training folder or a checkpoint prefix at %s, found '
+                              'neither; train one first (make train-symbolic, or python -m '
+                              'mp_symbolic train --out %s)' % (checkpoint, checkpoint))
+        run = read_checkpoint(checkpoint)
+        devices = run.summary.get('devices')
+        if not (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
+            raise ExportError('%s: expected the training devices as a list of strings, found %r'
+                              % (os.path.join(run.folder, 'summary.json'),
+                                 type(devices).__name__))
+        name = run.meta.get('task')
+        return ({'name': name if isinstance(name, str) else 'model', 'devices': devices,
+                 'folder': os.path.realpath(checkpoint)}, run.symbol_path, run.params_path)
+    if not isinstance(epoch, int) or epoch < 0 or epoch > 9999:
+        raise ExportError('--epoch: expected an integer in [0, 9999], found %r' % (epoch,))
+    sym_path, params_path = '%s-symbol.json' % checkpoint, '%s-%04d.params' % (checkpoint, epoch)
+    return ({'name': os.path.basename(checkpoint) or 'model', 'devices': None,
+             'folder': os.path.realpath(os.path.dirname(checkpoint) or '.')},
+            sym_path, params_path)
 
 
-def export_paths(out_dir, name=CHECKPOINT_NAME):
-    """``{'symbol', 'params', 'onnx', 'report'}`` -> path, for ``out_dir``/``name``."""
-    prefix = os.path.join(out_dir, name)
-    return OrderedDict([('symbol', prefix + '-symbol.json'), ('params', prefix + '-0000.params'),
-                        ('onnx', prefix + '.onnx'), ('report', prefix + '-verification.json')])
+def export_names(name):
+    """``{'symbol', 'params', 'onnx', 'report'}`` -> file name."""
+    return OrderedDict([('symbol', name + '-symbol.json'), ('params', name + '-0000.params'),
+                        ('onnx', name + '.onnx'), ('report', name + '-verification.json')])
 
 
-def export_checkpoint(checkpoint_dir=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR,
-                      name=CHECKPOINT_NAME, log=print, train_if_missing=False):
-    """Exports, verifies and writes the checkpoint in ``checkpoint_dir``.
+def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR, name=None,
+                      log=print, epoch=None, input_shape=None):
+    """Exports, verifies and commits the checkpoint.
 
     Args:
-        checkpoint_dir: Folder of a symbolic training run (its summary.json).
-        out_dir: Folder for the export files.
-        name: File name prefix of the export files.
+        checkpoint, epoch: See :func:`locate_checkpoint`.
+        out_dir: Folder for the export (a store: ``out_dir/current/``).
+        name: File name prefix (default: the task's name, or the prefix's).
         log: Called with each line of output (the report included).
-        train_if_missing: See :func:`locate_checkpoint`.
+        input_shape: Shape of one input sample, where the checkpoint does not
+            record it.
 
     Returns:
-        ``(paths, report)``: the files written (see :func:`export_paths`) and
-        the verification report.
+        ``(paths, report)``: the committed files (see :func:`export_names`)
+        and the verification report.
 
     Raises:
         CheckpointError: a checkpoint file is missing or corrupt, or its
             params do not fit its symbol.
-        ExportError: the summary is unreadable, the graph cannot be exported
-            (no ``ctx_group``, an op ONNX cannot express, ``onnx>=1.18``).
-        VerificationError: a check failed; nothing was written.
+        ExportError: the graph cannot be exported (no ``ctx_group``, an op
+            ONNX cannot express, ``onnx>=1.18``), or ``out_dir`` is the
+            checkpoint's own folder.
+        FolderInUse: another process writes to ``out_dir``.
+        VerificationError: a check failed; nothing was committed.
     """
     check_onnx_version()
-    paths = export_paths(out_dir, name)
-    taken = [path for path in paths.values() if os.path.isdir(path)]
-    if taken:
-        raise ExportError('expected to write files at %s, found a folder there'
-                          % ', '.join(taken))
-    summary, sym_path, params_path = locate_checkpoint(checkpoint_dir, log, train_if_missing)
+    info, sym_path, params_path = locate_checkpoint(checkpoint, epoch)
+    if os.path.realpath(out_dir) in (info['folder'], os.path.realpath(checkpoint)):
+        raise ExportError('--out: expected a folder other than the checkpoint\'s own (%s), '
+                          'found the same' % out_dir)
+    name = name or info['name']
     symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)
-    log('exporting %s (%s): %s' % (params_path, ', '.join(summary.get('devices', [])),
-                                   '; '.join('%s: layers %s' % (g, s['layers'])
-                                             for g, s in stages.items())))
+    shape = sample_shape(inference, arg_params, input_shape)
+    trained_on = ', '.join(info['devices']) if info['devices'] else 'devices not recorded'
+    log('exporting %s (%s): input %s, %s' % (params_path, trained_on, shape, '; '.join(
+        '%s: %d ops' % (g, len(s['ops'])) for g, s in stages.items())))
     model = to_onnx(inference, arg_params, aux_params,
-                    {'symbol': sym_path, 'params': params_path},
-                    extra_metadata={'trained_devices': ','.join(summary.get('devices', []))})
-    with ExitStack() as stack:
-        # Entered in reverse so that they are renamed in order, the report last.
-        staged = OrderedDict((key, stack.enter_context(atomic_path(paths[key])))
-                             for key in reversed(paths))
-        inference.save(staged['symbol'])
-        save_params(staged['params'], arg_params, aux_params)
-        onnx.save(model, staged['onnx'])
-        report = verify_export(staged['onnx'], staged['symbol'], staged['params'],
-                               {k: v.asnumpy() for k, v in arg_params.items()})
+                    {'symbol': sym_path, 'params': params_path}, shape,
+                    extra_metadata={'trained_devices': ','.join(info['devices'] or [])})
+    reference = OneDeviceReference(symbol, arg_params, aux_params, shape)
+    names = export_names(name)
+    report = {}
+
+    def write(folder):
+        paths = {key: os.path.join(folder, file) for key, file in names.items()}
+        inference.save(paths['symbol'])
+        save_params(paths['params'], arg_params, aux_params)
+        onnx.save(model, paths['onnx'])
+        report.update(verify_export(paths['onnx'], paths['symbol'], paths['params'], reference))
         report['source'] = OrderedDict([('symbol', sym_path), ('params', params_path),
                                         ('params_sha256', sha256_file(params_path)),
-                                        ('trained_devices', summary.get('devices'))])
-        report['files'] = dict(paths)
+                                        ('trained_devices', info['devices']),
+                                        ('input_shape', list(shape))])
+        report['files'] = dict(names)
         for line in format_report(report):
             log(line)
         if not report['ok']:
             raise VerificationError('verification failed, nothing written: %s'
                                     % '; '.join(failed_checks(report)))
-        with open(staged['report'], 'w') as f:
+        with open(paths['report'], 'w') as f:
             json.dump(report, f, indent=2)
             f.write('\n')
-    log('wrote %s' % ', '.join(paths.values()))
+
+    store = Store(out_dir)
+    with store.locked():
+        snapshot = store.commit(write, {'kind': 'export', 'name': name, 'files': dict(names),
+                                        'source_params_sha256': sha256_file(params_path)})
+    paths = OrderedDict((key, snapshot.path(file)) for key, file in names.items())
+    log('wrote %s' % ', '.join(os.path.join(out_dir, 'current', f) for f in names.values()))
     return paths, report

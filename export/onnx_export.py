@@ -26,10 +26,10 @@ from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 import onnx
 from onnx import TensorProto, helper
 
-from mp_symbolic.model import DATA_NAME
+from mp_symbolic.pipeline import DATA_NAME
 
 from .errors import ExportError
-from .inference import input_width, output_width, stage_layout
+from .inference import output_shape, stage_layout
 
 __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
            'check_onnx_version', 'to_onnx', 'sha256_file', 'producer_version']
@@ -87,7 +87,7 @@ def _set_shape(value_info, dims):
             shape.dim.add().dim_value = dim
 
 
-def to_onnx(symbol, arg_params, aux_params, source_files, extra_metadata=None):
+def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=None):
     """Converts an inference symbol and its arrays to an ONNX ``ModelProto``.
 
     Args:
@@ -96,6 +96,7 @@ def to_onnx(symbol, arg_params, aux_params, source_files, extra_metadata=None):
         aux_params: Auxiliary state name -> NDArray.
         source_files: ``{'symbol': path, 'params': path}`` of the training
             checkpoint; their names and sha256 go into the metadata.
+        shape: Shape of one input sample (batch dimension left out).
         extra_metadata: More ``metadata_props`` entries (string values).
 
     Returns:
@@ -106,25 +107,32 @@ def to_onnx(symbol, arg_params, aux_params, source_files, extra_metadata=None):
             input other than ``data`` would be left in the graph.
     """
     check_onnx_version()
-    width = input_width(symbol, arg_params)
-    out_width = output_width(symbol, arg_params, width)
+    shape = tuple(shape)
+    out_shape = output_shape(symbol, arg_params, aux_params, shape)
     params = dict(arg_params)
     params.update(aux_params)
     try:
         graph = MXNetGraph().create_onnx_graph_proto(
-            symbol, params, in_shapes=[(1, width)], in_types=[TensorProto.FLOAT],
-            opset_version=ONNX_OPSET, dynamic=True, dynamic_input_shapes=[(BATCH_DIM, width)])
-    except AttributeError as err:  # the exporter's "No conversion function registered ..."
+            symbol, params, in_shapes=[(1,) + shape], in_types=[TensorProto.FLOAT],
+            opset_version=ONNX_OPSET, dynamic=True,
+            dynamic_input_shapes=[(BATCH_DIM,) + shape])
+    except (AttributeError, NotImplementedError) as err:  # "No conversion function ..."
         raise ExportError('MXNet cannot convert this graph to ONNX: %s' % err) from None
+    # MXNet's softmax converter leaves an initializer no node reads; onnxruntime
+    # warns about it at load.
+    used = {name for node in graph.node for name in node.input}
+    unused = [init for init in graph.initializer if init.name not in used]
+    for init in unused:
+        graph.initializer.remove(init)
     weights = {init.name for init in graph.initializer}
-    kept = [value for value in graph.input if value.name not in weights]
+    kept = [value for value in graph.input if value.name not in weights and value.name in used]
     del graph.input[:]
     graph.input.extend(kept)
     if [value.name for value in graph.input] != [DATA_NAME]:
         raise ExportError('expected %r as the only graph input, found %s'
                           % (DATA_NAME, ', '.join(value.name for value in graph.input)))
     for value in graph.output:
-        _set_shape(value, (BATCH_DIM, out_width))
+        _set_shape(value, (BATCH_DIM,) + out_shape)
 
     stages = stage_layout(symbol)
     metadata = OrderedDict([
@@ -134,9 +142,10 @@ def to_onnx(symbol, arg_params, aux_params, source_files, extra_metadata=None):
         ('onnx_version', onnx.__version__),
         ('opset', str(ONNX_OPSET)),
         ('input_names', json.dumps([v.name for v in graph.input])),
-        ('input_shapes', json.dumps({v.name: [BATCH_DIM, width] for v in graph.input})),
+        ('input_shapes', json.dumps({v.name: [BATCH_DIM] + list(shape) for v in graph.input})),
         ('output_names', json.dumps([v.name for v in graph.output])),
-        ('output_shapes', json.dumps({v.name: [BATCH_DIM, out_width] for v in graph.output})),
+        ('output_shapes', json.dumps({v.name: [BATCH_DIM] + list(out_shape)
+                                      for v in graph.output})),
         ('stages', json.dumps({group: {'layers': info['layers'], 'variables': info['variables']}
                                for group, info in stages.items()})),
         ('source_symbol', os.path.basename(source_files['symbol'])),

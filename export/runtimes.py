@@ -18,11 +18,11 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from mp_symbolic.checkpoint import load_checkpoint
-from mp_symbolic.model import DATA_NAME
-from mp_symbolic.placement import DeviceSpecError, make_plan
+from mp_symbolic.pipeline import DATA_NAME
+from mp_symbolic.placement import DeviceSpecError, make_plan, split_bind
 
 from .errors import InputError, ModelFileError, one_line
-from .inference import inference_graph, input_width, stage_layout
+from .inference import features, inference_graph, sample_shape, stage_layout
 
 __all__ = ['MXNetPredictor', 'OnnxPredictor', 'load_predictor', 'params_beside',
            'SYMBOL_SUFFIX', 'ONNX_SUFFIX']
@@ -37,11 +37,16 @@ _ORT_LOAD_ERRORS = (ort_state.InvalidProtobuf, ort_state.InvalidGraph, ort_state
                     ort_state.NotImplemented, ort_state.RuntimeException)
 
 
-def _check_batch(X, width):
+def _check_batch(X, shape):
+    """``(samples, features)`` or ``(samples,) + shape`` -> ``(samples,) + shape`` float32."""
     X = np.asarray(X)
-    if X.ndim != 2 or X.shape[1] != width:
-        raise InputError('expected an array of shape (samples, %d), found shape %s'
-                         % (width, X.shape))
+    width = features(shape)
+    if X.ndim == 2 and X.shape[1] == width:
+        X = X.reshape((len(X),) + tuple(shape))
+    elif X.shape[1:] != tuple(shape):
+        raise InputError('expected an array of shape (samples, %d)%s, found shape %s'
+                         % (width, '' if len(shape) == 1 else ' or (samples,) + %s'
+                            % (tuple(shape),), X.shape))
     return np.ascontiguousarray(X, dtype=np.float32)
 
 
@@ -64,7 +69,12 @@ def params_beside(sym_path):
     if not found:
         raise ModelFileError('expected a params file %s-NNNN.params beside %s, found none'
                              % (prefix, sym_path))
-    return found[-1]
+    if len(found) > 1:  # which one belongs to the symbol is not for a guess to decide
+        raise ModelFileError('expected one params file beside %s, found %d (%s); export the '
+                             'checkpoint with python -m export and use its files'
+                             % (sym_path, len(found), ', '.join(os.path.basename(p)
+                                                                for p in found)))
+    return found[0]
 
 
 class MXNetPredictor:
@@ -90,7 +100,7 @@ class MXNetPredictor:
         DeviceSpecError: ``devices`` cannot be mapped onto the groups.
     """
 
-    def __init__(self, symbol, arg_params, aux_params=None, devices=None):
+    def __init__(self, symbol, arg_params, aux_params=None, devices=None, shape=None):
         self.symbol = inference_graph(symbol)
         self.stages = stage_layout(self.symbol)
         self.arg_params = {k: v for k, v in arg_params.items()
@@ -104,11 +114,12 @@ class MXNetPredictor:
         # Groups play the part of layers here: make_plan gives contiguous groups
         # to each device, so fewer devices than groups merge neighbouring stages.
         self.group2ctx = {group: plan.device_of_layer(i) for i, group in enumerate(self.stages)}
-        self.input_width = input_width(self.symbol, self.arg_params)
+        self.sample_shape = sample_shape(self.symbol, self.arg_params, shape)
+        self.input_width = features(self.sample_shape)
         self._exec = None
 
     @classmethod
-    def from_files(cls, sym_path, params_path=None, devices=None):
+    def from_files(cls, sym_path, params_path=None, devices=None, shape=None):
         """Loads a pair; ``params_path`` defaults to :func:`params_beside`.
 
         Raises:
@@ -122,15 +133,16 @@ class MXNetPredictor:
                 raise ModelFileError('expected an MXNet symbol file at %s, found none' % sym_path)
             params_path = params_beside(sym_path)
         symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
-        return cls(symbol, arg_params, aux_params, devices)
+        return cls(symbol, arg_params, aux_params, devices, shape)
 
     def bind(self, batch_size):
         """The executor for ``batch_size`` samples (the last one is reused)."""
         if self._exec is None or self._exec.arg_dict[DATA_NAME].shape[0] != batch_size:
             data_ctx = self.group2ctx[self.symbol.get_internals()[DATA_NAME].attr('ctx_group')]
-            self._exec = self.symbol.simple_bind(
-                ctx=data_ctx, group2ctx=self.group2ctx, grad_req='null',
-                **{DATA_NAME: (batch_size, self.input_width)})
+            with split_bind(self.group2ctx):
+                self._exec = self.symbol.simple_bind(
+                    ctx=data_ctx, group2ctx=self.group2ctx, grad_req='null',
+                    **{DATA_NAME: (batch_size,) + tuple(self.sample_shape)})
             for name, value in self.arg_params.items():
                 value.copyto(self._exec.arg_dict[name])
             for name, value in self.aux_params.items():
@@ -149,7 +161,7 @@ class MXNetPredictor:
         Raises:
             InputError: ``X`` is not ``(samples, input_width)``.
         """
-        X = _check_batch(X, self.input_width)
+        X = _check_batch(X, self.sample_shape)
         executor = self.bind(len(X))
         executor.forward(is_train=False, **{DATA_NAME: X})
         return executor.outputs[0].asnumpy()
@@ -172,12 +184,15 @@ class OnnxPredictor:
             raise ModelFileError('%s is not a loadable ONNX model: %s'
                                  % (path, one_line(err))) from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        if len(inputs) != 1 or len(inputs[0].shape) != 2 or not isinstance(inputs[0].shape[1], int):
-            raise ModelFileError('%s: expected one input of shape (batch, features), found %s'
+        if len(inputs) != 1 or len(inputs[0].shape) < 2 or not all(
+                isinstance(d, int) for d in inputs[0].shape[1:]):
+            raise ModelFileError('%s: expected one input of shape (batch, ...) with fixed '
+                                 'per-sample dimensions, found %s'
                                  % (path, ', '.join('%s%s' % (i.name, i.shape) for i in inputs)))
         self.input_name = inputs[0].name
-        self.input_width = inputs[0].shape[1]
-        self.output_width = outputs[0].shape[1]
+        self.sample_shape = tuple(inputs[0].shape[1:])
+        self.input_width = features(self.sample_shape)
+        self.output_width = features([d for d in outputs[0].shape[1:] if isinstance(d, int)])
 
     def predict(self, X):
         """``(samples, features)`` -> ``(samples, outputs)`` float32 numpy array.
@@ -185,7 +200,7 @@ class OnnxPredictor:
         Raises:
             InputError: ``X`` is not ``(samples, input_width)``.
         """
-        X = _check_batch(X, self.input_width)
+        X = _check_batch(X, self.sample_shape)
         return self.session.run(None, {self.input_name: X})[0]
 
 

@@ -184,3 +184,88 @@ def _first_line(err):
         return type(err).__name__
     line = lines[-1] if lines[0].startswith('Traceback') else lines[0]
     return line[len('MXNetError: '):] if line.startswith('MXNetError: ') else line
+
+
+# -- training checkpoints committed as one unit ------------------------------
+
+SUMMARY_NAME = 'summary.json'
+
+
+class Checkpoint:
+    """A verified, committed training checkpoint (see :func:`read_checkpoint`).
+
+    Attributes:
+        folder: The snapshot folder (``OUT/snap-...``, what ``OUT/current`` names).
+        meta: What the run recorded: ``epoch``, ``task``, ``files``, ``complete``, ...
+        summary: ``summary.json`` of the snapshot.
+        symbol_path, params_path, states_path: Verified file paths.
+        epoch: Epochs trained.
+    """
+
+    def __init__(self, snapshot):
+        self.snapshot = snapshot
+        self.folder = snapshot.folder
+        self.meta = snapshot.meta
+        files = self.meta.get('files') if isinstance(self.meta, dict) else None
+        if not (isinstance(files, dict)
+                and all(isinstance(files.get(k), str) for k in ('symbol', 'params', 'states'))):
+            raise CheckpointError('%s: expected a training checkpoint naming its symbol, params '
+                                  'and states files, found %r' % (self.folder, files))
+        self.symbol_path = snapshot.path(files['symbol'])
+        self.params_path = snapshot.path(files['params'])
+        self.states_path = snapshot.path(files['states'])
+        with open(snapshot.path(SUMMARY_NAME)) as f:
+            self.summary = json.load(f)
+        self.epoch = self.meta.get('epoch')
+
+    def load(self):
+        """``(symbol, arg_params, aux_params)``, checked to fit together."""
+        return load_checkpoint(self.symbol_path, self.params_path)
+
+
+def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states, summary,
+                      complete):
+    """Commits one checkpoint as a unit: symbol, params, optimizer state and
+    summary land together in a new snapshot, or not at all.
+
+    Args:
+        store: A :class:`~mp_symbolic.store.Store` whose lock is held.
+        name: File prefix (the task's name).
+        states: Optimizer state by parameter name (:mod:`~mp_symbolic.optstate`).
+        summary: JSON-able dict written as ``summary.json``.
+        complete: Whether this is the run's final checkpoint.
+
+    Returns:
+        The :class:`Checkpoint`.
+    """
+    from .optstate import save_states  # pylint: disable=import-outside-toplevel
+    files = {'symbol': '%s-symbol.json' % name, 'params': '%s-%04d.params' % (name, epoch),
+             'states': '%s-%04d.states' % (name, epoch)}
+
+    def write(folder):
+        symbol.save(os.path.join(folder, files['symbol']))
+        save_params(os.path.join(folder, files['params']), arg_params, aux_params)
+        save_states(os.path.join(folder, files['states']), states)
+        with open(os.path.join(folder, SUMMARY_NAME), 'w') as f:
+            json.dump(dict(summary, files=files, epoch=epoch, complete=complete), f, indent=2,
+                      sort_keys=True)
+            f.write('\n')
+
+    meta = {'epoch': epoch, 'task': name, 'files': files, 'complete': complete}
+    return Checkpoint(store.commit(write, meta))
+
+
+def read_checkpoint(folder):
+    """The committed checkpoint of a training folder, verified file by file.
+
+    Raises:
+        CheckpointError: nothing committed there, or a file does not match
+            what the commit recorded (``StoreError`` is a ``ValueError`` too).
+    """
+    from .store import Store  # pylint: disable=import-outside-toplevel
+    snapshot = Store(folder).current()
+    if snapshot is None:
+        raise CheckpointError('expected a training run in %s (its current/ snapshot), found '
+                              'none; train one first, e.g. python -m mp_symbolic train --out %s'
+                              % (folder, folder))
+    return Checkpoint(snapshot)

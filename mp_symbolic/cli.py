@@ -33,7 +33,7 @@ def _balance(text):
     return 'time' if text == 'time' else _int_list('2,1')(text)
 
 
-def add_train_flags(parser):
+def add_train_flags(parser, defaults=True):
     """The flags of one training run; shared by every command that trains."""
     parser.add_argument('--task', choices=TASKS, default=_DEFAULTS.task,
                         help='regression: the seed question\'s 2-2-2-1 linear network on '
@@ -71,7 +71,9 @@ def add_train_flags(parser):
                         help='no progress bar')
 
 
-def build_parser():
+def build_parser(defaults=True):
+    """The parser; with ``defaults=False`` flags not given are left out of
+    the result (to tell what a user set from a default)."""
     parser = argparse.ArgumentParser(
         prog='python -m mp_symbolic',
         description='Model-parallel training in MXNet 1.x: the seed question\'s regression '
@@ -87,7 +89,7 @@ def build_parser():
     train.add_argument('--api', choices=APIS, default=_DEFAULTS.api,
                        help='symbolic variant: train through mx.mod.Module or the '
                             'Symbol executor API (default: %(default)s)')
-    add_train_flags(train)
+    add_train_flags(train, defaults)
     train.add_argument('--chunks', type=int, default=1,
                        help='symbolic variant: micro-batches per batch, pipelined by MXNet\'s '
                             'engine (GPipe); must divide the batch size (default: 1)')
@@ -96,6 +98,13 @@ def build_parser():
     train.add_argument('--kvstore', choices=KVSTORES, default=None,
                        help='sums gradients across replicas or processes (default: local with '
                             'several replicas, else none)')
+    train.add_argument('--checkpoint-every', type=int, default=1, metavar='N',
+                       help='commit a checkpoint (weights and optimizer state) every N epochs '
+                            'and at the end (default: %(default)s)')
+    train.add_argument('--resume', default=None, metavar='DIR',
+                       help='continue the last committed checkpoint in DIR up to --epochs, on '
+                            'these --devices (the run\'s data, widths, optimizer and seed come '
+                            'from the checkpoint); output goes to DIR unless --out is given')
     train.add_argument('--out', default=None, metavar='DIR',
                        help='output folder (default: artifacts/<variant> for the regression, '
                             'artifacts/digits[-imperative] for digits)')
@@ -109,18 +118,35 @@ def build_parser():
                     'the same start and batch order; print one table and write results '
                     'JSON, a loss plot and the device-coloured graph under --out. Exits 3 '
                     'if the variants do not agree within the stated tolerance.')
-    add_train_flags(compare)
+    add_train_flags(compare, defaults)
     compare.add_argument('--out', default='artifacts/compare', metavar='DIR',
                          help='output folder (default: %(default)s)')
+    if not defaults:
+        for subparser in commands.choices.values():
+            for action in subparser._actions:  # pylint: disable=protected-access
+                action.default = argparse.SUPPRESS
     return parser
 
 
-def config_from_args(args, **overrides):
-    """The :class:`TrainConfig` for parsed ``args`` (fields it has)."""
+def config_from_args(args, argv=None, **overrides):
+    """The :class:`TrainConfig` for parsed ``args`` (fields it has).
+
+    With ``--resume``, the run's identity comes from the checkpoint and only
+    the flags given in ``argv`` override it.
+    """
     names = TrainConfig.__dataclass_fields__
     values = {k: v for k, v in vars(args).items() if k in names}
     values.update(overrides)
-    return TrainConfig(**values)
+    if values.get('resume') is None:
+        return TrainConfig(**values)
+    # pylint: disable=import-outside-toplevel
+    from .checkpoint import read_checkpoint
+    from .config import resume_config
+    given = vars(build_parser(defaults=False).parse_args(argv))
+    given = {k: v for k, v in given.items() if k in names}
+    given.update(overrides)
+    saved = read_checkpoint(values['resume']).summary.get('config')
+    return resume_config(saved, given)
 
 
 # Config field -> the flag that sets it, for error messages.
@@ -129,11 +155,13 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
             'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
             'task': '--task', 'chunks': '--chunks', 'replicas': '--replicas',
-            'kvstore': '--kvstore', 'balance': '--balance'}
+            'kvstore': '--kvstore', 'balance': '--balance',
+            'checkpoint_every': '--checkpoint-every', 'resume': '--resume'}
 
 EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
 EXIT_FAILED = 1      # training diverged, or a file could not be written
 EXIT_DISAGREE = 3    # compare: the variants did not agree within the tolerance
+EXIT_INTERRUPTED = 130  # Ctrl-C: the last committed checkpoint is kept
 
 
 def _flag_message(err):
@@ -156,7 +184,7 @@ def main(argv=None):
     from .tasks import get_task
     from .train import TrainingDidNotLearn, TrainingDiverged, build_pipeline, train
     try:
-        cfg = config_from_args(args)
+        cfg = config_from_args(args, argv)
         pipe, _ = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
         cfg.check_profiler_devices(pipe.plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')
@@ -168,7 +196,14 @@ def main(argv=None):
             from .compare import compare
             return 0 if compare(cfg).agree else EXIT_DISAGREE
         train(cfg)
+    except ValueError as err:  # a folder in use, a checkpoint that cannot be resumed
+        print('error: %s' % _flag_message(err), file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, TrainingDiverged, TrainingDidNotLearn) as err:
         print('error: %s' % err, file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        print('error: interrupted; the last committed checkpoint in %s is kept' % cfg.out_dir,
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0

@@ -7,7 +7,8 @@ SGD + momentum.
 from dataclasses import dataclass, fields
 import os
 
-__all__ = ['TrainConfig', 'VARIANTS', 'APIS', 'OPTIMIZERS', 'KVSTORES', 'MAX_EPOCHS']
+__all__ = ['TrainConfig', 'VARIANTS', 'APIS', 'OPTIMIZERS', 'KVSTORES', 'MAX_EPOCHS',
+           'RESUME_IDENTITY', 'resume_config']
 
 VARIANTS = ('symbolic', 'imperative')
 APIS = ('module', 'executor')
@@ -66,6 +67,10 @@ class TrainConfig:
     kvstore: str = None
     # Blocks per stage (a tuple), 'time', or None (balanced by parameter count).
     balance: object = None
+    # Commit a checkpoint (weights + optimizer state) every this many epochs, and at the end.
+    checkpoint_every: int = 1
+    # A training folder whose last committed checkpoint this run continues.
+    resume: str = None
 
     def __post_init__(self):
         def bad(name, expected):
@@ -97,7 +102,7 @@ class TrainConfig:
             if sum(a * b + b for a, b in zip(self.widths, self.widths[1:])) > 2 ** 28:
                 bad('widths', 'at most 2**28 parameters in all (1 GiB of float32 weights, '
                               'before gradients and optimizer state)')
-        for name in ('batch_size', 'num_epochs', 'chunks', 'replicas'):
+        for name in ('batch_size', 'num_epochs', 'chunks', 'replicas', 'checkpoint_every'):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 bad(name, 'a positive integer')
         if self.num_epochs > MAX_EPOCHS:
@@ -117,8 +122,9 @@ class TrainConfig:
             bad('kvstore', ' or '.join(KVSTORES))
         if isinstance(self.balance, str) and self.balance != 'time':
             bad('balance', "'time' or blocks per stage such as 2,1")
-        if self.out is not None and not self.out.strip():
-            bad('out', 'a folder path, found an empty string')
+        for name in ('out', 'resume'):
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                bad(name, 'a folder path, not an empty string')
         # Flags that would otherwise be silently ignored.
         if self.optimizer != 'sgd' and self.momentum != 0:
             bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
@@ -156,6 +162,8 @@ class TrainConfig:
     def out_dir(self):
         if self.out is not None:
             return self.out
+        if self.resume is not None:
+            return self.resume
         if self.task == 'regression':
             return os.path.join('artifacts', self.variant)
         return os.path.join('artifacts', self.task + ('' if self.variant == 'symbolic'
@@ -170,6 +178,47 @@ class TrainConfig:
 
     def to_dict(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# What makes a run the same run: a resume must keep these. Devices, stages,
+# chunks, replicas, the API and the epoch count may change.
+RESUME_IDENTITY = ('task', 'variant', 'widths', 'num_examples', 'batch_size', 'optimizer',
+                   'lr', 'momentum', 'seed')
+
+
+def resume_config(saved, given):
+    """The config of a resumed run.
+
+    Args:
+        saved: The checkpoint's config (``summary.json``'s ``config``).
+        given: The fields set explicitly for this run (flags given).
+
+    Returns:
+        A :class:`TrainConfig`: ``saved``'s identity (:data:`RESUME_IDENTITY`)
+        with ``given``'s other fields.
+
+    Raises:
+        ValueError: a given identity field differs from the checkpoint's, or
+            the checkpoint's config is not one this version can read.
+    """
+    if not isinstance(saved, dict) or not all(k in saved for k in RESUME_IDENTITY):
+        raise ValueError('resume: expected a checkpoint recording its training config, found '
+                         '%r' % (sorted(saved) if isinstance(saved, dict) else saved,))
+    values = {}
+    for name in RESUME_IDENTITY:
+        value = saved[name]
+        if name == 'widths' and value is not None:
+            value = tuple(value)
+        if name in given and given[name] is not None and given[name] != value:
+            raise ValueError('%s: expected the checkpoint\'s %r with resume (or leave it out), '
+                             'found %r' % (name, value, given[name]))
+        values[name] = value
+    for name, value in given.items():
+        if name not in RESUME_IDENTITY:
+            values[name] = value
+    if 'balance' in values and isinstance(values['balance'], list):
+        values['balance'] = tuple(values['balance'])
+    return TrainConfig(**values)
 
 
 def _is_int(value):

@@ -78,8 +78,10 @@ class ImperativeStepper:
         return np.concatenate(outputs)
 
     def arg_aux(self):
-        arg, aux = self.pipe.get_params()
-        return arg, aux
+        return self.pipe.get_params()
+
+    def set_params(self, arg_params, aux_params):
+        self.pipe.set_params(arg_params, aux_params)
 
     def optimizer_states(self):
         return self.trainer.states()

@@ -22,6 +22,8 @@ import os
 
 import mxnet as mx
 
+from .placement import split_bind
+
 __all__ = ['PipelineModule', 'PerDeviceUpdater', 'with_input_shape']
 
 
@@ -133,8 +135,9 @@ class PipelineModule(mx.mod.Module):
                              ' found %d' % (self.pipeline.chunks, self.pipeline.replicas, parts,
                                             shape[0]))
         self.sample_shape = shape[1:]
-        super().bind(data_shapes, label_shapes, for_training, inputs_need_grad, force_rebind,
-                     shared_module, grad_req)
+        with split_bind({i: d for i, d in enumerate(self.pipeline.plan.all_devices)}):
+            super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
+                         force_rebind, shared_module, grad_req)
 
     def init_optimizer(self, kvstore='local', optimizer='sgd',
                        optimizer_params=(('learning_rate', 0.01),), force_init=False):

@@ -11,13 +11,18 @@ or a mix. ``cpu(0)``, ``cpu(1)``, ... are distinct devices to MXNet (its own
 model-parallel tests use them that way), which is how everything here runs
 without a GPU.
 """
-import re
+from contextlib import contextmanager
 from dataclasses import dataclass
+import os
+import re
+import sys
+import tempfile
 
 import mxnet as mx
 
 __all__ = ['DevicePlan', 'DeviceSpecError', 'parse_devices', 'check_devices', 'default_devices',
-           'partition', 'make_plan', 'format_device', 'stage_name', 'STAGE_PREFIX']
+           'partition', 'make_plan', 'format_device', 'stage_name', 'STAGE_PREFIX', 'split_bind',
+           'resolve_devices', 'split_replicas']
 
 STAGE_PREFIX = 'stage'
 # ASCII digits only: Python's \d also matches '０' and '٣', which int() would
@@ -295,3 +300,42 @@ def make_plan(num_layers, devices=None, num_gpus=None, stage_of_layer=None, repl
     if stage_of_layer is None:
         stage_of_layer = partition(num_layers, len(replica_devices[0]))
     return DevicePlan(replica_devices[0], tuple(stage_of_layer), replica_devices), note
+
+
+@contextmanager
+def split_bind(group2ctx):
+    """Around a bind of a graph split over several devices: MXNet's oneDNN
+    subgraph backend off.
+
+    That backend (``MXNET_SUBGRAPH_BACKEND``, read at every bind) fuses
+    convolution, BatchNorm and activation ops for inference without looking
+    at ``ctx_group``; a fused op that straddles two devices then fails at run
+    time ("The size of NDArray doesn't match the requested MKLDNN memory
+    desc"). A graph on one device keeps the fusion. MXNet logs a line for
+    ``NONE`` at every bind; that line is dropped, anything else it writes
+    passes through.
+    """
+    devices = set(group2ctx.values()) if group2ctx else set()
+    if len(devices) < 2:
+        yield
+        return
+    old = os.environ.get('MXNET_SUBGRAPH_BACKEND')
+    os.environ['MXNET_SUBGRAPH_BACKEND'] = 'NONE'
+    sys.stderr.flush()
+    saved = os.dup(2)
+    sink = tempfile.TemporaryFile()
+    os.dup2(sink.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        sink.seek(0)
+        for line in sink.read().decode('utf-8', 'replace').splitlines(True):
+            if 'MXNET_SUBGRAPH_BACKEND=NONE is detected' not in line:
+                sys.stderr.write(line)
+        sink.close()
+        if old is None:
+            del os.environ['MXNET_SUBGRAPH_BACKEND']
+        else:
+            os.environ['MXNET_SUBGRAPH_BACKEND'] = old

@@ -22,6 +22,7 @@ from .data import staged_batches
 from .module import PerDeviceUpdater
 from .optstate import set_states_by_name, states_by_name
 from .pipeline import DATA_NAME
+from .placement import split_bind
 
 __all__ = ['ModuleStepper', 'ExecutorStepper', 'create_optimizer']
 
@@ -159,6 +160,12 @@ class ModuleStepper(_SymbolicStepper):
         """``(arg_params, aux_params)`` as NDArrays on ``cpu()``."""
         return self.module.get_params()
 
+    def set_params(self, arg_params, aux_params):
+        """Sets every replica's parameters (numpy values), each on its device."""
+        self.module.set_params({k: mx.nd.array(v) for k, v in arg_params.items()},
+                               {k: mx.nd.array(v) for k, v in aux_params.items()},
+                               allow_missing=False, force_init=True)
+
     def _state_names(self):
         # Module's updater indexes parameter i of replica k as i * replicas + k;
         # replica 0's state is the model's.
@@ -187,10 +194,11 @@ class ExecutorStepper(_SymbolicStepper):
         symbol = pipe.training_symbol(task.LOSS, label_name=self.label_name)
         grad_req = {n: 'null' if n in (DATA_NAME, self.label_name) else 'write'
                     for n in symbol.list_arguments()}
-        exe = symbol.simple_bind(
-            ctx=self.plan.first_device, group2ctx=self.plan.group2ctx, grad_req=grad_req,
-            **{DATA_NAME: (cfg.batch_size,) + tuple(task.sample_shape(cfg)),
-               self.label_name: (cfg.batch_size,) + tuple(label_shape)})
+        with split_bind(self.plan.group2ctx):
+            exe = symbol.simple_bind(
+                ctx=self.plan.first_device, group2ctx=self.plan.group2ctx, grad_req=grad_req,
+                **{DATA_NAME: (cfg.batch_size,) + tuple(task.sample_shape(cfg)),
+                   self.label_name: (cfg.batch_size,) + tuple(label_shape)})
         arg_params, aux_params = init
         for name, value in arg_params.items():
             exe.arg_dict[name][:] = value
@@ -216,6 +224,12 @@ class ExecutorStepper(_SymbolicStepper):
 
     def predict(self, X):
         return self._predict_with(self._exec, X)
+
+    def set_params(self, arg_params, aux_params):
+        for name, value in arg_params.items():
+            self._exec.arg_dict[name][:] = value
+        for name, value in aux_params.items():
+            self._exec.aux_dict[name][:] = value
 
     def arg_aux(self):
         exe = self._exec

@@ -14,12 +14,13 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from .checkpoint import save_checkpoint, save_params, write_json, write_text
+from .checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint, write_text
 from .imperative import ImperativeStepper
 from .module import with_input_shape
-from .optstate import save_states
+from .optstate import load_states
 from .pipeline import DATA_NAME, Pipeline
 from .placement import format_device, make_plan
+from .store import Store
 from .symbolic import ExecutorStepper, ModuleStepper
 from .tasks import get_task
 from .text import columns
@@ -93,7 +94,7 @@ class TrainResult:
     step_losses: list           # the task's batch loss of every step, in order
     epoch_losses: list          # mean batch loss of each epoch
     params: dict                # name -> numpy array, after training
-    wall_time: float            # seconds, training loop only, after mx.nd.waitall()
+    wall_time: float            # seconds, training loop only (no checkpoints), after waitall()
     samples_per_sec: float
     aux: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
@@ -132,6 +133,7 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
     """
     step_losses, epoch_losses = [], []
     steps = len(X) // cfg.batch_size
+    outside = 0.0  # seconds in on_epoch (checkpoints), not training
     # disable=None: no bar when stderr is not a terminal
     bar = tqdm(total=(cfg.num_epochs - start_epoch) * steps, unit='batch', leave=False,
                disable=None if cfg.progress else True, desc='train')
@@ -154,11 +156,14 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
                 log('epoch %d/%d  mean %s %.4e' % (epoch + 1, cfg.num_epochs, metric,
                                                   epoch_losses[-1]))
             if on_epoch is not None:
+                mx.nd.waitall()
+                paused = time.perf_counter()
                 on_epoch(epoch + 1, epoch_losses[-1])
+                outside += time.perf_counter() - paused
         mx.nd.waitall()
     finally:
         bar.close()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - start - outside
     samples = (cfg.num_epochs - start_epoch) * steps * cfg.batch_size
     return TrainResult(step_losses=step_losses, epoch_losses=epoch_losses,
                        params=stepper.params(), aux=stepper.aux(), wall_time=wall,
@@ -210,72 +215,128 @@ def _title(cfg, pipe):
         cfg.task, name, len(pipe.blocks), pipe.plan.num_stages, extra)
 
 
-def write_checkpoint(cfg, task, stepper, pipe, epoch, summary):
-    """Writes the symbol, params, optimizer state and ``summary.json``.
-
-    Returns:
-        ``{'symbol', 'params', 'states', 'summary'}`` -> path.
-    """
-    prefix = os.path.join(cfg.out_dir, task.NAME)
-    symbol = with_input_shape(pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME,
-                                                   chunks=1),
-                              DATA_NAME, task.sample_shape(cfg))
-    arg, aux = stepper.arg_aux()
-    sym_path, params_path = save_checkpoint(prefix, epoch, symbol, arg, aux)
-    states_path = '%s-%04d.states' % (prefix, epoch)
-    save_states(states_path, stepper.optimizer_states())
-    files = {'symbol': sym_path, 'params': params_path, 'states': states_path}
-    summary = dict(summary, files={k: os.path.basename(v) for k, v in files.items()})
-    files['summary'] = os.path.join(cfg.out_dir, 'summary.json')
-    write_json(files['summary'], summary)
-    return files
-
-
-def train(cfg, log=print):
-    """Trains ``cfg.task`` with ``cfg.variant``, prints the report, writes the
-    checkpoint, and returns the :class:`TrainResult`.
-
-    Raises:
-        DeviceSpecError: ``cfg.devices`` cannot make a device plan.
-        TrainingDiverged: the loss became NaN or infinite.
-        TrainingDidNotLearn: the trained network is no better than the initial one.
-    """
-    task = get_task(cfg.task)
-    data = task.load(cfg)
-    pipe, note = build_pipeline(cfg, task)
-    for line in ([note] if note else []) + [_title(cfg, pipe)] + \
-            ['  ' + l for l in pipe.describe()]:
-        log(line)
-    init = initial_values(pipe, cfg.seed)
-    stepper = make_stepper(cfg, pipe, task, init, data[1].shape[1:])
-    log('placement (as MXNet reports it):')
-    for line in placement_table(stepper.placement()):
-        log('  ' + line)
-    _, _, score_before = task.evaluate(init[0], stepper.predict, data)
-
-    with profiling(cfg, cfg.out_dir) as profile_files:
-        result = fit(stepper, data[0], data[1], cfg, log, task.METRIC)
-    result.metrics, lines, score = task.evaluate(result.params, stepper.predict, data)
-    for line in lines:
-        log(line)
-    log('training: %.2f s wall, %.0f samples/s' % (result.wall_time, result.samples_per_sec))
-    if not score < score_before:
-        raise TrainingDidNotLearn('training did not improve the model (%s: %.4g before, %.4g '
-                                  'after %d epochs); nothing saved (a larger --lr or more '
-                                  '--epochs?)' % (task.METRIC, score_before, score,
-                                                  cfg.num_epochs))
+def _summary(cfg, task, pipe, result, complete):
     summary = {
         'config': cfg.to_dict(), 'task': task.NAME,
         'devices': [format_device(d) for d in pipe.plan.all_devices],
         'balance': list(pipe.balance), 'stage_of_layer': list(pipe.plan.stage_of_block),
-        'wall_time_s': result.wall_time, 'samples_per_sec': result.samples_per_sec,
-        'epoch_losses': result.epoch_losses, 'mxnet_version': mx.__version__,
+        'epoch_losses': result['epoch_losses'], 'mxnet_version': mx.__version__,
+        'complete': complete,
     }
-    summary.update(result.metrics)
-    result.files = write_checkpoint(cfg, task, stepper, pipe, cfg.num_epochs, summary)
+    summary.update(result.get('metrics', {}))
+    for key in ('wall_time_s', 'samples_per_sec'):
+        if key in result:
+            summary[key] = result[key]
+    return summary
+
+
+class _Checkpointer:
+    """Commits the stepper's state to the run's store as one unit."""
+
+    def __init__(self, store, cfg, task, pipe, stepper, epoch_losses):
+        self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
+        self.epoch_losses = list(epoch_losses)
+        self.symbol = with_input_shape(
+            pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME, chunks=1),
+            DATA_NAME, task.sample_shape(cfg))
+        self.last = None
+
+    def commit(self, epoch, result=None, complete=False):
+        arg, aux = self.stepper.arg_aux()
+        summary = _summary(self.cfg, self.task, self.pipe,
+                           dict(result or {}, epoch_losses=self.epoch_losses), complete)
+        self.last = commit_checkpoint(self.store, self.task.NAME, epoch, self.symbol, arg, aux,
+                                      self.stepper.optimizer_states(), summary, complete)
+        return self.last
+
+    def on_epoch(self, epoch, loss):
+        self.epoch_losses.append(loss)
+        if epoch % self.cfg.checkpoint_every == 0 and epoch < self.cfg.num_epochs:
+            self.commit(epoch)
+
+
+def _resume(cfg, stepper):
+    """Loads the checkpoint of ``cfg.resume`` into ``stepper``; returns
+    ``(start epoch, epoch losses so far)``.
+
+    Raises:
+        CheckpointError, OptimizerStateError: the checkpoint cannot be used.
+    """
+    checkpoint = read_checkpoint(cfg.resume)
+    if checkpoint.epoch >= cfg.num_epochs:
+        raise ValueError('epochs: expected more than the %d epochs of the checkpoint in %s to '
+                         'resume, found %d' % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
+    _, arg, aux = checkpoint.load()
+    stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
+                       {k: v.asnumpy() for k, v in aux.items()})
+    stepper.set_optimizer_states(load_states(checkpoint.states_path))
+    return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
+
+
+def train(cfg, log=print):
+    """Trains ``cfg.task`` with ``cfg.variant``, prints the report, commits a
+    checkpoint every ``cfg.checkpoint_every`` epochs and at the end, and
+    returns the :class:`TrainResult`.
+
+    The output folder is locked for the whole run (one writer per folder);
+    each checkpoint is committed as one unit (:mod:`~mp_symbolic.store`).
+
+    Raises:
+        DeviceSpecError: ``cfg.devices`` cannot make a device plan.
+        FolderInUse: another process writes to the output folder.
+        CheckpointError: ``cfg.resume`` holds no usable checkpoint.
+        TrainingDiverged: the loss became NaN or infinite (the last
+            committed checkpoint is kept).
+        TrainingDidNotLearn: the trained network is no better than the
+            initial one (its final checkpoint is not committed).
+    """
+    task = get_task(cfg.task)
+    store = Store(cfg.out_dir)
+    with store.locked():
+        data = task.load(cfg)
+        pipe, note = build_pipeline(cfg, task)
+        for line in ([note] if note else []) + [_title(cfg, pipe)] + \
+                ['  ' + l for l in pipe.describe()]:
+            log(line)
+        init = initial_values(pipe, cfg.seed)
+        stepper = make_stepper(cfg, pipe, task, init, data[1].shape[1:])
+        _, _, score_before = task.evaluate(init[0], stepper.predict, data)
+        start_epoch, epoch_losses = 0, []
+        if cfg.resume is not None:
+            start_epoch, epoch_losses = _resume(cfg, stepper)
+            log('resumed from %s after epoch %d' % (cfg.resume, start_epoch))
+        log('placement (as MXNet reports it):')
+        for line in placement_table(stepper.placement()):
+            log('  ' + line)
+
+        checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses)
+        with profiling(cfg, cfg.out_dir) as profile_files:
+            result = fit(stepper, data[0], data[1], cfg, log, task.METRIC, start_epoch,
+                         checkpointer.on_epoch)
+        result.epoch_losses = checkpointer.epoch_losses
+        result.metrics, lines, score = task.evaluate(result.params, stepper.predict, data)
+        for line in lines:
+            log(line)
+        log('training: %.2f s wall, %.0f samples/s' % (result.wall_time,
+                                                      result.samples_per_sec))
+        if not score < score_before:
+            raise TrainingDidNotLearn(
+                'training did not improve the model (%s: %.4g before, %.4g after %d epochs); '
+                'final checkpoint not saved (a larger --lr or more --epochs?)'
+                % ('MSE' if task.NAME == 'regression' else 'error rate', score_before, score,
+                   cfg.num_epochs))
+        checkpoint = checkpointer.commit(cfg.num_epochs, dict(
+            metrics=result.metrics, wall_time_s=result.wall_time,
+            samples_per_sec=result.samples_per_sec), complete=True)
+    result.files = {'symbol': checkpoint.symbol_path, 'params': checkpoint.params_path,
+                    'states': checkpoint.states_path,
+                    'summary': os.path.join(checkpoint.folder, SUMMARY_NAME)}
     result.files.update(profile_files)
     if profile_files:
         log('profile: %s (open in chrome://tracing or ui.perfetto.dev), %s'
             % (profile_files['profile'], profile_files['profile_stats']))
-    log('checkpoint: %s, %s' % (result.files['symbol'], result.files['params']))
+    log('checkpoint: %s (epoch %d; %s)' % (os.path.join(cfg.out_dir, 'current'),
+                                           cfg.num_epochs, ', '.join(
+                                               os.path.basename(result.files[k])
+                                               for k in ('symbol', 'params', 'states'))))
     return result
