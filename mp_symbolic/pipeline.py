@@ -95,6 +95,8 @@ class Pipeline(gluon.Block):
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1):
         super().__init__(prefix='pipeline_')
         self.blocks = tuple(_as_blocks(blocks))
+        for i, block in enumerate(self.blocks):
+            self.register_child(block, 'block%d' % i)
         if devices is None:
             raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
                                   'list of mx.Context, found None')
@@ -111,8 +113,6 @@ class Pipeline(gluon.Block):
         self.balance = self._solve_balance(balance, num_stages, sample)
         self.plan = DevicePlan(replica_devices[0], balancing.stage_of_block(self.balance),
                                replica_devices)
-        for i, block in enumerate(self.blocks):
-            self.register_child(block, 'block%d' % i)
         self._check_no_shared_params()
         self._check_onednn_batchnorm()
 
@@ -258,7 +258,10 @@ class Pipeline(gluon.Block):
         Raises:
             ValueError: MXNet cannot infer the shapes from ``data_shape``.
         """
-        sym = self._build(mx.sym.var(data_name), 1)
+        self._reset_variables()
+        sym = mx.sym.var(data_name)
+        for block in self.blocks:
+            sym = block(sym)
         try:
             arg_shapes, _, aux_shapes = sym.infer_shape(**{data_name: tuple(data_shape)})
         except mx.base.MXNetError as err:

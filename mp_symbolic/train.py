@@ -197,6 +197,8 @@ def profiling(cfg, out_dir):
     except BaseException:
         mx.nd.waitall()
         mx.profiler.set_state('stop')
+        # MXNet dumps what it recorded when the process ends: send it nowhere.
+        mx.profiler.set_config(filename=os.devnull)
         raise
     mx.nd.waitall()
     mx.profiler.set_state('stop')

@@ -37,11 +37,22 @@ def test_group2ctx_names_match_the_block_groups():
     assert plan.stage_of_layer == (0, 0, 1)
 
 
+def test_replicas_list_their_devices_replica_by_replica():
+    plan, _ = make_plan(2, 'cpu:0,cpu:1,cpu:2,cpu:3', replicas=2)
+    assert plan.group2ctxs == [{'stage0': mx.cpu(0), 'stage1': mx.cpu(1)},
+                               {'stage0': mx.cpu(2), 'stage1': mx.cpu(3)}]
+    with pytest.raises(DeviceSpecError, match='found 3 devices for 2 replicas'):
+        make_plan(2, 'cpu:0,cpu:1,cpu:2', replicas=2)
+
+
 @pytest.mark.parametrize('spec, message', [
-    ('cpu:0,cpu:1,cpu:2,cpu:3', 'too many devices for the layers (devices: 4, layers: 3)'),
+    ('cpu:0,cpu:1,cpu:2,cpu:3', 'too many devices for the blocks (devices per replica: 4, '
+                                'blocks: 3)'),
+    ('cpu:\uff10', "found 'cpu:\\uff10'"),        # a full-width digit zero
+    ('cpu:\u0663', "found 'cpu:\\u0663'"),        # an Arabic-Indic three
     ('gpu:0', 'gpu:0 requested but MXNet sees 0 GPU(s)'),
     ('cpu:0,gpu:2', 'gpu:2 requested but MXNet sees 0 GPU(s)'),
-    ('cpu0', "expected devices of the form 'cpu:N' or 'gpu:N', found 'cpu0'"),
+    ('cpu0', "expected devices of the form 'cpu:N' or 'gpu:N' (N in ASCII digits), found 'cpu0'"),
     ('cpu:-1', "found 'cpu:-1'"),
     ('tpu:0', "found 'tpu:0'"),
     ('cpu:0,,cpu:1', "found ''"),
@@ -66,10 +77,10 @@ def test_bad_gpu_count_is_a_device_spec_error():
 
 @pytest.mark.parametrize('argv, message', [
     (['--epochs', '0'], '--epochs: expected a positive integer, found 0'),
-    (['--lr', 'nan'], '--lr: expected a positive number a float32 can hold, found nan'),
-    (['--lr', '1e308'], '--lr: expected a positive number a float32 can hold, found 1e+308'),
+    (['--lr', 'nan'], '--lr: expected a number in [1e-30, 1e6], found nan'),
+    (['--lr', '1e308'], '--lr: expected a number in [1e-30, 1e6], found 1e+308'),
     (['--widths', '3,2,1'], '--widths: expected input width 2 and output width 1'),
-    (['--widths', '2,100000,100000,1'], '--widths: expected layers of fewer than 2**31 weights'),
+    (['--widths', '2,100000,100000,1'], '--widths: expected at most 2**28 parameters in all'),
     (['--batch-size', '20000'], '--batch-size: expected at most num_examples (10000)'),
 ])
 def test_bad_config_values_exit_2_naming_the_flag(argv, message, capsys):
@@ -83,7 +94,8 @@ def test_help_lists_every_option():
     text = build_parser()._subparsers._group_actions[0].choices['train'].format_help()
     for flag in ('--variant', '--api', '--devices', '--epochs', '--batch-size', '--lr',
                  '--optimizer', '--momentum', '--widths', '--num-examples', '--seed',
-                 '--out', '--profile', '--no-progress'):
+                 '--out', '--profile', '--no-progress', '--task', '--chunks', '--replicas',
+                 '--kvstore', '--balance', '--checkpoint-every', '--resume'):
         assert flag in text
 
 

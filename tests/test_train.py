@@ -1,90 +1,99 @@
-"""Model-parallel training: placement, gradient flow, equivalence of the
-variants, convergence. The structure follows MXNet 1.9.1's
-``test_model_parallel.py`` / ``test_multi_device_exec.py``: bind the split
-graph and the one-device graph, compare outputs and every gradient, and check
-every array's ``.context``."""
+"""Model-parallel training: placement, gradient flow, transparency of the
+split (the same computation as one device and as the imperative twin, with
+and without micro-batches), convergence, and the command line. The structure
+follows MXNet 1.9.1's ``test_model_parallel.py``: bind the split graph and
+the one-device graph, compare outputs and every gradient, and check every
+array's ``.context``; and torchgpipe's transparency test."""
 import json
 import os
+import subprocess
+import sys
 
 import mxnet as mx
-from mxnet import autograd, gluon
 import numpy as np
 import pytest
 
-from mp_symbolic.checkpoint import load_checkpoint
+from mp_symbolic.cli import main
 from mp_symbolic.config import TrainConfig
-from mp_symbolic.data import batches
-from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL, forward_numpy
-from mp_symbolic.model import build_net
-from mp_symbolic.placement import make_plan
-from mp_symbolic.train import initial_params, make_stepper, train
+from mp_symbolic.data import staged_batches
+from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
+from mp_symbolic.tasks import digits, get_task, regression
+from mp_symbolic.train import CHECK_EVERY, build_pipeline, initial_values, make_stepper, train
 
 from conftest import THREE_DEVICES
 
 VARIANTS = [('symbolic', 'module'), ('symbolic', 'executor'), ('imperative', 'module')]
 
 
-def _stepper(small_data, variant, api, devices, **cfg_fields):
-    X, _ = small_data
-    cfg = TrainConfig(variant=variant, api=api, devices=devices, num_examples=len(X),
-                      batch_size=50, progress=False, **cfg_fields)
-    plan, _ = make_plan(cfg.num_layers, devices)
-    return make_stepper(cfg, plan, initial_params(cfg.widths, cfg.seed)), plan, cfg
+def _stepper(data, variant, api, devices, task='regression', **fields):
+    X, y = data[0], data[1]
+    if task == 'regression':
+        fields.setdefault('num_examples', len(X))
+        fields.setdefault('batch_size', 40)
+    cfg = TrainConfig(task=task, variant=variant, api=api, devices=devices, progress=False,
+                      **fields)
+    pipe, _ = build_pipeline(cfg, get_task(task))
+    stepper = make_stepper(cfg, pipe, get_task(task), initial_values(pipe, cfg.seed),
+                           y.shape[1:])
+    return stepper, pipe, cfg
+
+
+def _batches(stepper, data, epoch=0):
+    return stepper.batches(data[0], data[1], epoch)
 
 
 @pytest.mark.parametrize('variant, api', VARIANTS)
-@pytest.mark.parametrize('devices', [THREE_DEVICES, 'cpu:1,cpu:2'])
-def test_every_array_and_gradient_sits_on_its_stage_device(small_data, variant, api, devices):
-    stepper, plan, _ = _stepper(small_data, variant, api, devices)
+@pytest.mark.parametrize('task, devices', [('regression', THREE_DEVICES),
+                                           ('regression', 'cpu:1,cpu:2'),
+                                           ('digits', THREE_DEVICES)])
+def test_every_array_gradient_and_statistic_sits_on_its_stage_device(
+        small_data, digits_data, variant, api, task, devices):
+    data = small_data if task == 'regression' else digits_data
+    stepper, pipe, _ = _stepper(data, variant, api, devices, task)
     placement = {name: (ctx, grad_ctx) for name, ctx, grad_ctx in stepper.placement()}
-    for layer in range(3):
-        for kind in ('weight', 'bias'):
-            ctx, grad_ctx = placement['layer%d_%s' % (layer, kind)]
-            assert ctx == plan.device_of_layer(layer)
-            assert grad_ctx == plan.device_of_layer(layer)
+    checked = 0
+    for block, stage in zip(pipe.blocks, pipe.plan.stage_of_block):
+        for param in block.collect_params().values():
+            ctx, grad_ctx = placement[param.name]
+            assert ctx == pipe.plan.devices[stage], param.name
+            if param.grad_req != 'null':
+                assert grad_ctx == pipe.plan.devices[stage], param.name
+            checked += 1
+    assert checked == len(placement) - (0 if variant == 'imperative' else 2)
+    if task == 'digits':
+        assert placement['bn1_running_var'][0] == pipe.plan.devices[
+            pipe.plan.stage_of_block[5]]
     if variant == 'symbolic':
-        assert placement['data'][0] == plan.first_device
-        assert placement['label'][0] == plan.last_device
+        label = get_task(task).LABEL_NAME
+        assert placement['data'][0] == pipe.plan.first_device
+        assert placement[label][0] == pipe.plan.last_device
 
 
 @pytest.mark.parametrize('variant, api', VARIANTS)
 def test_gradients_reach_every_layer_after_one_step(small_data, variant, api):
     """The seed's bug: gradients never reached the first two layers."""
-    stepper, _, cfg = _stepper(small_data, variant, api, THREE_DEVICES)
-    X_batch, y_batch = next(batches(*small_data, cfg.batch_size, epoch=0))
+    stepper, _, _ = _stepper(small_data, variant, api, THREE_DEVICES)
     before = stepper.params()
-    stepper.step(X_batch, y_batch)
+    stepper.step(*next(iter(_batches(stepper, small_data))))
     after = stepper.params()
     for name, grad in stepper.grads().items():
         assert np.abs(grad).max() > 1e-3, name
         assert not np.allclose(before[name], after[name]), name
 
 
-def _run_steps(stepper, small_data, batch_size, num_steps):
+def _run_steps(stepper, data, num_steps):
     losses = []
-    for step, (X_batch, y_batch) in enumerate(batches(*small_data, batch_size, epoch=0)):
+    for step, batch in enumerate(_batches(stepper, data)):
         if step == num_steps:
             break
-        losses.append(stepper.step(X_batch, y_batch).asscalar())
-    return np.array(losses), stepper.grads(), stepper.params()
+        losses.append(stepper.step(*batch).asscalar())
+    return np.array(losses), stepper.grads(), stepper.params(), stepper.aux()
 
 
-def test_symbolic_matches_one_device_and_imperative_after_several_steps(small_data):
-    """Same initial parameters and batches, SGD with momentum (so optimizer
-    state matters): the model-parallel graph (Module and executor), the same
-    graph on one device and the imperative twin agree on every loss, every
-    gradient of the last step, and every parameter after it."""
-    runs = {}
-    for label, variant, api, devices in [
-            ('module, 3 devices', 'symbolic', 'module', THREE_DEVICES),
-            ('executor, 3 devices', 'symbolic', 'executor', THREE_DEVICES),
-            ('module, 1 device', 'symbolic', 'module', 'cpu:0'),
-            ('imperative, 3 devices', 'imperative', 'module', THREE_DEVICES)]:
-        stepper, _, cfg = _stepper(small_data, variant, api, devices, momentum=0.9, lr=0.01)
-        runs[label] = _run_steps(stepper, small_data, cfg.batch_size, num_steps=8)
-    ref_losses, ref_grads, ref_params = runs.pop('module, 3 devices')
-    assert len(ref_losses) == 8 and ref_losses[-1] < ref_losses[0]
-    for label, (losses, grads, params) in runs.items():
+def _assert_runs_agree(runs, reference):
+    ref_losses, ref_grads, ref_params, ref_aux = runs.pop(reference)
+    assert ref_losses[-1] < ref_losses[0]
+    for label, (losses, grads, params, aux) in runs.items():
         np.testing.assert_allclose(losses, ref_losses, rtol=AGREE_RTOL, atol=AGREE_ATOL,
                                    err_msg=label)
         for name in ref_params:
@@ -92,37 +101,73 @@ def test_symbolic_matches_one_device_and_imperative_after_several_steps(small_da
                                        atol=AGREE_ATOL, err_msg='%s grad %s' % (label, name))
             np.testing.assert_allclose(params[name], ref_params[name], rtol=AGREE_RTOL,
                                        atol=AGREE_ATOL, err_msg='%s param %s' % (label, name))
+        for name in ref_aux:
+            np.testing.assert_allclose(aux[name], ref_aux[name], rtol=AGREE_RTOL,
+                                       atol=AGREE_ATOL, err_msg='%s aux %s' % (label, name))
 
 
-def test_adam_variants_agree(small_data):
-    """Adam keeps two state arrays per parameter: every variant must keep them
-    apart per parameter and device, and agree on losses, gradients and
-    parameters."""
-    results = []
-    for variant, api in VARIANTS:
-        stepper, _, cfg = _stepper(small_data, variant, api, THREE_DEVICES,
-                                   optimizer='adam', lr=0.01)
-        results.append(_run_steps(stepper, small_data, cfg.batch_size, num_steps=5))
-    ref_losses, ref_grads, ref_params = results[0]
-    for losses, grads, params in results[1:]:
-        np.testing.assert_allclose(losses, ref_losses, rtol=AGREE_RTOL, atol=AGREE_ATOL)
-        for name in ref_params:
-            np.testing.assert_allclose(grads[name], ref_grads[name], rtol=AGREE_RTOL,
-                                       atol=AGREE_ATOL)
-            np.testing.assert_allclose(params[name], ref_params[name], rtol=AGREE_RTOL,
-                                       atol=AGREE_ATOL)
+def test_split_equals_one_device_and_imperative_on_an_uneven_plan(small_data):
+    """Four layers on two devices (2 + 2 by parameter count is not what a
+    count split gives), SGD with momentum so optimizer state matters: every
+    loss, the last step's gradients and every parameter agree."""
+    runs = {}
+    for label, variant, api, devices in [
+            ('module, 2 devices', 'symbolic', 'module', 'cpu:0,cpu:1'),
+            ('executor, 2 devices', 'symbolic', 'executor', 'cpu:0,cpu:1'),
+            ('module, 1 device', 'symbolic', 'module', 'cpu:0'),
+            ('imperative, 2 devices', 'imperative', 'module', 'cpu:0,cpu:1')]:
+        stepper, pipe, _ = _stepper(small_data, variant, api, devices, widths=(2, 4, 3, 2, 1),
+                                    momentum=0.9, lr=0.01)
+        runs[label] = _run_steps(stepper, small_data, num_steps=8)
+    assert pipe.plan.num_stages == 2 and len(pipe.blocks) == 4
+    _assert_runs_agree(runs, 'module, 2 devices')
+
+
+def test_split_cnn_equals_one_device_and_imperative(digits_data):
+    """The CNN (convolution, BatchNorm, pooling, dense) on three devices:
+    losses, gradients, parameters and BatchNorm statistics agree."""
+    runs = {}
+    for label, variant, api, devices in [
+            ('module, 3 devices', 'symbolic', 'module', THREE_DEVICES),
+            ('module, 1 device', 'symbolic', 'module', 'cpu:0'),
+            ('imperative, 3 devices', 'imperative', 'module', THREE_DEVICES)]:
+        stepper, _, _ = _stepper(digits_data, variant, api, devices, 'digits', batch_size=32)
+        runs[label] = _run_steps(stepper, digits_data, num_steps=4)
+    _assert_runs_agree(runs, 'module, 3 devices')
+
+
+@pytest.mark.parametrize('api', ['module', 'executor'])
+def test_micro_batches_leave_losses_gradients_and_parameters_unchanged(small_data, api):
+    """GPipe's transparency: gradients summed over M chunks are the whole
+    batch's, for M in 1, 2, 4, 5 (batch 40), on a model without BatchNorm."""
+    runs = {}
+    for chunks in (1, 2, 4, 5):
+        stepper, _, _ = _stepper(small_data, 'symbolic', api, THREE_DEVICES, chunks=chunks,
+                                 widths=(2, 8, 8, 1), momentum=0.9, lr=0.01)
+        runs['M=%d' % chunks] = _run_steps(stepper, small_data, num_steps=6)
+    _assert_runs_agree(runs, 'M=1')
+
+
+@pytest.mark.parametrize('optimizer', ['sgd', 'adam'])
+def test_replicas_sum_gradients_to_the_one_replica_result(small_data, optimizer):
+    """Two replicas of a 2-stage pipeline (4 devices) on the same global batch
+    equal one replica: the kvstore sums the halves' gradients."""
+    runs = {}
+    for replicas, devices in ((1, 'cpu:0,cpu:1'), (2, 'cpu:0,cpu:1,cpu:2,cpu:3')):
+        stepper, pipe, _ = _stepper(small_data, 'symbolic', 'module', devices,
+                                    replicas=replicas, optimizer=optimizer, lr=0.01)
+        runs['R=%d' % replicas] = _run_steps(stepper, small_data, num_steps=6)
+    assert pipe.plan.replica_devices == ((mx.cpu(0), mx.cpu(1)), (mx.cpu(2), mx.cpu(3)))
+    _assert_runs_agree(runs, 'R=1')
 
 
 def _optimizer_states(stepper, variant, api):
     """``[(weight device, [state devices])]`` of every parameter's optimizer state."""
     # pylint: disable=protected-access
     if variant == 'imperative':
-        pairs = []
-        for trainer in stepper.trainers:
-            for updater in trainer._updaters:
-                pairs += [(trainer._params[i].list_data()[0].context, state)
-                          for i, state in updater.states.items()]
-        return [(ctx, _state_devices(state)) for ctx, state in pairs]
+        updater, params = stepper.trainer._updater, stepper.trainer._params
+        return [(params[i].list_data()[0].context, _state_devices(state))
+                for i, state in updater.states.items()]
     updater = stepper.module._updater if api == 'module' else stepper._updater
     weights = stepper.module._exec_group.param_arrays if api == 'module' else [
         stepper._exec.arg_dict[n] for n in stepper.param_names]
@@ -140,84 +185,14 @@ def _state_devices(state):
 
 @pytest.mark.parametrize('variant, api', VARIANTS)
 def test_optimizer_state_lives_on_its_parameter_device(small_data, variant, api):
-    stepper, _, cfg = _stepper(small_data, variant, api, THREE_DEVICES, optimizer='adam')
-    stepper.step(*next(batches(*small_data, cfg.batch_size, epoch=0)))
+    stepper, _, _ = _stepper(small_data, variant, api, THREE_DEVICES, optimizer='adam')
+    stepper.step(*next(iter(_batches(stepper, small_data))))
     states = _optimizer_states(stepper, variant, api)
     assert len(states) == 6
     assert {ctx for ctx, _ in states} == {mx.cpu(0), mx.cpu(1), mx.cpu(2)}
     for ctx, state_devices in states:
         assert len(state_devices) == 2  # Adam: mean and variance
         assert set(state_devices) == {ctx}
-
-
-def test_backward_inside_or_outside_record_gives_the_same_gradients():
-    """The seed asks where ``backward()`` goes: either place works."""
-    init = initial_params((2, 2, 2, 1))
-    X = mx.nd.array(np.arange(8, dtype=np.float32).reshape(4, 2) / 8, ctx=mx.cpu(0))
-    y = mx.nd.ones((4, 1), ctx=mx.cpu(2))
-    grads = []
-    for inside in (True, False):
-        net = build_net()
-        for i, layer in enumerate(net):
-            for name, p in layer.collect_params().items():
-                p.initialize(ctx=mx.cpu(i))
-                p.set_data(mx.nd.array(init[name]))
-        with autograd.record():
-            loss = gluon.loss.L2Loss()(net(X), y)
-            if inside:
-                loss.backward()
-        if not inside:
-            loss.backward()
-        grads.append({n: p.grad().asnumpy() for n, p in net.collect_params().items()})
-    for name in grads[0]:
-        np.testing.assert_array_equal(grads[0][name], grads[1][name])
-        assert np.abs(grads[0][name]).max() > 0
-
-
-def _net_on_three_devices():
-    net = build_net()
-    for i, layer in enumerate(net):
-        layer.collect_params().initialize(ctx=mx.cpu(i))
-    return net
-
-
-def test_one_trainer_refuses_parameters_on_different_devices():
-    with pytest.raises(AssertionError, match='same set of contexts'):
-        gluon.Trainer(_net_on_three_devices().collect_params(), 'sgd', {'learning_rate': 0.1})
-
-
-def test_hybridized_net_ignores_ctx_group_and_refuses_split_parameters():
-    """CachedOp runs the whole graph on the input's device."""
-    net = _net_on_three_devices()
-    net.hybridize()
-    with pytest.raises(mx.base.MXNetError, match='CachedOp requires all inputs to live on '
-                                                 'the same context'):
-        net(mx.nd.ones((4, 2), ctx=mx.cpu(0))).wait_to_read()
-
-
-@pytest.mark.parametrize('variant, api', [('symbolic', 'module'), ('imperative', 'module')])
-def test_short_training_converges_and_writes_a_loadable_checkpoint(tmp_path, variant, api):
-    cfg = TrainConfig(variant=variant, api=api, devices=THREE_DEVICES, num_epochs=2,
-                      progress=False, out=str(tmp_path))
-    lines = []
-    result = train(cfg, log=lines.append)
-    assert result.final_mse <= 1e-5
-    assert result.map_error < 1e-2
-    np.testing.assert_allclose(result.learned_w, [[2.0, -3.4]], atol=1e-2)
-    np.testing.assert_allclose(result.learned_b, [4.2], atol=1e-2)
-    assert any(line.startswith('full-data MSE: ') for line in lines)
-    assert any('layer2_weight' in line and 'cpu(2)' in line for line in lines)
-    summary = json.loads((tmp_path / 'summary.json').read_text())
-    assert summary['final_mse'] == result.final_mse
-    assert summary['devices'] == ['cpu:0', 'cpu:1', 'cpu:2']
-    symbol, arg_params, _ = load_checkpoint(result.files['symbol'], result.files['params'])
-    assert os.path.basename(result.files['params']) == 'regression-0002.params'
-    assert symbol.attr_dict()['layer1_weight']['__ctx_group__'] == 'stage1'
-    X = np.random.default_rng(3).normal(size=(5, 2))
-    np.testing.assert_allclose(
-        forward_numpy({k: v.asnumpy() for k, v in arg_params.items()}, X),
-        forward_numpy(result.params, X))
-    assert not [p for p in os.listdir(tmp_path) if p.endswith('.tmp')]
 
 
 def _update_calls(optimizer, calls):
@@ -235,33 +210,89 @@ def _update_calls(optimizer, calls):
 def test_every_update_runs_on_one_device(small_data, variant, api):
     """MXNet's Updater would fuse parameters of several devices into one
     multi_sgd_update op; each update must touch one device's weights only."""
-    stepper, _, cfg = _stepper(small_data, variant, api, THREE_DEVICES)
+    stepper, _, _ = _stepper(small_data, variant, api, THREE_DEVICES)
+    # pylint: disable=protected-access
     if variant == 'imperative':
-        optimizers = [t._optimizer for t in stepper.trainers]  # pylint: disable=protected-access
+        optimizer = stepper.trainer.optimizer
     elif api == 'module':
-        optimizers = [stepper.module._optimizer]  # pylint: disable=protected-access
+        optimizer = stepper.module._optimizer
     else:
-        optimizers = [stepper._updater.optimizer]  # pylint: disable=protected-access
+        optimizer = stepper._optimizer
     calls = []
-    for optimizer in optimizers:
-        _update_calls(optimizer, calls)
-    stepper.step(*next(batches(*small_data, cfg.batch_size, epoch=0)))
+    _update_calls(optimizer, calls)
+    stepper.step(*next(iter(_batches(stepper, small_data))))
     assert calls and all(len(devices) == 1 for devices in calls), calls
     assert set().union(*calls) == {mx.cpu(0), mx.cpu(1), mx.cpu(2)}
 
 
-def test_cli_train_writes_checkpoint_profile_and_removes_a_stale_pair(tmp_path, capsys):
+def test_staged_batches_follow_the_epoch_order_and_split_across_workers():
+    X = np.arange(20, dtype=np.float32).reshape(10, 2)
+    y = np.arange(10, dtype=np.float32).reshape(10, 1)
+    whole = [b[1].asnumpy().ravel().tolist()
+             for b in staged_batches(X, y, 4, 3, 7, mx.cpu(0), mx.cpu(1))]
+    halves = [[b[1].asnumpy().ravel().tolist()
+               for b in staged_batches(X, y, 4, 3, 7, mx.cpu(0), mx.cpu(1), shard=(r, 2))]
+              for r in range(2)]
+    assert len(whole) == 2  # 10 // 4; the last 2 examples are dropped
+    for step, batch in enumerate(whole):
+        assert halves[0][step] + halves[1][step] == batch
+
+
+@pytest.mark.parametrize('variant, api', [('symbolic', 'module'), ('imperative', 'module')])
+def test_short_training_converges_and_commits_a_loadable_checkpoint(tmp_path, variant, api):
+    cfg = TrainConfig(variant=variant, api=api, devices=THREE_DEVICES, num_epochs=2,
+                      progress=False, out=str(tmp_path))
+    lines = []
+    result = train(cfg, log=lines.append)
+    assert result.final_mse <= 1e-5
+    assert result.map_error < 1e-2
+    np.testing.assert_allclose(result.learned_w, [[2.0, -3.4]], atol=1e-2)
+    np.testing.assert_allclose(result.learned_b, [4.2], atol=1e-2)
+    assert any(line.startswith('full-data MSE: ') for line in lines)
+    assert any('layer2_weight' in line and 'cpu(2)' in line for line in lines)
+    summary = json.loads((tmp_path / 'current' / 'summary.json').read_text())
+    assert summary['final_mse'] == result.final_mse and summary['complete'] is True
+    assert summary['devices'] == ['cpu:0', 'cpu:1', 'cpu:2']
+    symbol, arg_params, _ = mx.model.load_checkpoint(str(tmp_path / 'current' / 'regression'),
+                                                     2)
+    assert symbol.attr_dict()['layer1_weight']['__ctx_group__'] == 'stage1'
+    X = np.random.default_rng(3).normal(size=(5, 2))
+    np.testing.assert_allclose(
+        regression.forward_numpy({k: v.asnumpy() for k, v in arg_params.items()}, X),
+        regression.forward_numpy(result.params, X))
+    assert sorted(os.listdir(tmp_path))[:2] == ['.lock', 'current']
+
+
+def test_digits_reaches_the_target_accuracy_with_bn_statistics_placed(tmp_path):
+    result = train(TrainConfig(task='digits', devices=THREE_DEVICES, progress=False,
+                               out=str(tmp_path)), log=lambda line: None)
+    assert result.held_out_accuracy >= digits.TARGET_ACCURACY
+    placed = {n: d for n, d, _ in result.placement}
+    assert placed['bn0_running_mean'] == mx.cpu(0) and placed['dense1_weight'] == mx.cpu(2)
+
+
+def test_batchnorm_with_micro_batches_trains_from_the_command_line(tmp_path):
+    """BatchNorm computes its statistics per chunk, as in GPipe; the CLI turns
+    oneDNN off for such runs (see test_pipeline), so this runs in a process
+    of its own."""
+    out = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--task', 'digits',
+                          '--chunks', '4', '--epochs', '6', '--no-progress', '--devices',
+                          THREE_DEVICES, '--out', str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    assert '4 micro-batches per batch' in out.stdout
+    accuracy = float(out.stdout.split('held-out accuracy: ')[1].split('%')[0])
+    assert accuracy >= 90.0
+
+
+def test_cli_train_profiles_and_commits(tmp_path, capsys):
     """The CLI end to end: exit 0, a Chrome trace whose rows include the stage
-    devices, and no params file of an earlier run left beside the new symbol."""
-    from mp_symbolic.cli import main  # pylint: disable=import-outside-toplevel
-    (tmp_path / 'regression-0009.params').write_bytes(b'an earlier run')
+    devices, and a committed snapshot."""
     assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '500',
                  '--devices', THREE_DEVICES, '--out', str(tmp_path), '--profile']) == 0
     out = capsys.readouterr().out
-    assert 'full-data MSE: ' in out and 'removed ' in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        'profile-stats.txt', 'profile.json', 'regression-0001.params',
-        'regression-symbol.json', 'summary.json']
+    assert 'full-data MSE: ' in out
+    assert {'profile-stats.txt', 'profile.json', 'current'} <= set(os.listdir(tmp_path))
     trace = json.loads((tmp_path / 'profile.json').read_text())
     rows = {e['args']['name'] for e in trace['traceEvents']
             if e.get('ph') == 'M' and e.get('name') == 'process_name'}
@@ -269,10 +300,49 @@ def test_cli_train_writes_checkpoint_profile_and_removes_a_stale_pair(tmp_path, 
     assert 'FullyConnected' in (tmp_path / 'profile-stats.txt').read_text()
 
 
-def test_diverged_training_exits_1_and_writes_no_checkpoint(tmp_path, capsys):
-    from mp_symbolic.cli import main  # pylint: disable=import-outside-toplevel
-    assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '500',
-                 '--lr', '100', '--devices', THREE_DEVICES, '--out', str(tmp_path)]) == 1
+def test_divergence_stops_within_its_epoch_and_writes_no_profile(tmp_path):
+    """--lr 100 diverges in the first epoch's first steps: the run stops
+    there (not after every epoch), exits 1 with one line naming epoch and
+    step, and commits nothing; a profile is not written. (A process of its
+    own: MXNet's profiler cannot start again in a process that dumped once.)"""
+    out = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
+                          '--epochs', '20', '--num-examples', '2000', '--lr', '100',
+                          '--devices', THREE_DEVICES, '--out', str(tmp_path), '--profile'],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 1, out.stderr
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: training diverged: batch loss ')
+    assert 'at epoch 1, step ' in err[0]
+    assert 'epoch 1/20' not in out.stdout
+    assert not (tmp_path / 'profile.json').exists()
+    assert not (tmp_path / 'current').exists()
+
+
+def test_divergence_in_a_later_epoch_keeps_the_last_committed_checkpoint(tmp_path, capsys,
+                                                                         monkeypatch):
+    """A NaN appearing in epoch 3 stops epoch 3; epoch 2's checkpoint stays current."""
+    from mp_symbolic import symbolic  # pylint: disable=import-outside-toplevel
+    step = symbolic.ModuleStepper.step
+    calls = []
+
+    def poisoned(self, X, y):
+        calls.append(1)
+        loss = step(self, X, y)
+        return loss * float('nan') if len(calls) == 2 * 40 + 3 else loss
+    monkeypatch.setattr(symbolic.ModuleStepper, 'step', poisoned)
+    assert main(['train', '--no-progress', '--epochs', '6', '--num-examples', '4000',
+                 '--devices', THREE_DEVICES, '--out', str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err.count('\n') == 1 and 'error: training diverged (full-data MSE nan' in err
-    assert not list(tmp_path.iterdir())
+    assert 'error: training diverged: batch loss nan at epoch 3, step 3' in err
+    # 40 steps per epoch: stopped within two check blocks of the bad step
+    assert len(calls) <= 2 * 40 + 3 + 2 * CHECK_EVERY
+    summary = json.loads((tmp_path / 'current' / 'summary.json').read_text())
+    assert summary['epoch'] == 2 and summary['complete'] is False
+
+
+def test_a_run_that_does_not_learn_exits_1_and_commits_no_final_checkpoint(tmp_path, capsys):
+    assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '500',
+                 '--lr', '1e-30', '--devices', THREE_DEVICES, '--out', str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert 'error: training did not improve the model' in err
+    assert not (tmp_path / 'current').exists()

@@ -1,0 +1,197 @@
+"""The Pipeline: tagging of any Gluon blocks, the plan, the Module it hands
+out (MXNet's own fit/score/predict/save_checkpoint), and its refusals."""
+import json
+
+import mxnet as mx
+from mxnet import gluon
+import numpy as np
+import pytest
+
+from mp_symbolic import Pipeline
+from mp_symbolic.placement import DeviceSpecError, stage_name
+from mp_symbolic.tasks import digits, regression
+
+from conftest import THREE_DEVICES
+
+nn = gluon.nn
+
+
+def _groups(symbol):
+    return {n['name']: n.get('attrs', {}).get('__ctx_group__')
+            for n in json.loads(symbol.tojson())['nodes']}
+
+
+def _mlp(widths=(2, 8, 8, 8, 1)):
+    return [nn.Dense(widths[i + 1], in_units=widths[i], activation='relu' if i < 3 else None,
+                     prefix='fc%d_' % i) for i in range(len(widths) - 1)]
+
+
+@pytest.mark.parametrize('blocks, devices, loss', [
+    (regression.build_blocks, THREE_DEVICES, 'l2'),
+    (regression.build_blocks, 'cpu:0,cpu:1', 'l2'),
+    (digits.build_blocks, THREE_DEVICES, 'softmax'),
+    (digits.build_blocks, 'cpu:1,cpu:0', 'softmax'),
+])
+def test_every_op_variable_and_auxiliary_state_carries_its_stage(blocks, devices, loss):
+    pipe = Pipeline(blocks(), devices)
+    groups = _groups(pipe.training_symbol(loss))
+    assert all(g is not None for g in groups.values()), groups
+    for block, stage in zip(pipe.blocks, pipe.plan.stage_of_block):
+        for param in block.collect_params().values():
+            assert groups[param.name] == stage_name(stage), param.name
+    assert groups['data'] == 'stage0'
+    last = stage_name(pipe.plan.num_stages - 1)
+    assert groups['softmax_label'] == last
+    symbol = pipe.training_symbol(loss)
+    assert len(symbol.list_auxiliary_states()) == (4 if blocks is digits.build_blocks else 0)
+
+
+def test_rebuilding_with_another_plan_does_not_keep_the_first_plans_groups():
+    """Gluon caches each parameter's variable: a second Pipeline over the same
+    blocks must tag them with its own stages."""
+    blocks = _mlp()
+    first = _groups(Pipeline(blocks, 'cpu:0,cpu:1', balance=[1, 3]).symbol())
+    second = _groups(Pipeline(blocks, 'cpu:0,cpu:1', balance=[3, 1]).symbol())
+    assert first['fc1_weight'] == 'stage1' and second['fc1_weight'] == 'stage0'
+    assert first['fc3_weight'] == second['fc3_weight'] == 'stage1'
+
+
+def test_plan_is_printed_with_block_names_and_parameter_counts():
+    lines = Pipeline(_mlp(), 'cpu:0,cpu:1').describe()
+    assert lines[0].startswith('stage0 -> cpu(0): fc0')
+    assert 'parameters)' in lines[0] and lines[1].startswith('stage1 -> cpu(1): ')
+
+
+def test_micro_batched_graph_has_unique_op_names_and_shared_weights():
+    pipe = Pipeline(_mlp(), 'cpu:0,cpu:1', chunks=4)
+    symbol = pipe.training_symbol('l2')
+    nodes = json.loads(symbol.tojson())['nodes']
+    ops = [n['name'] for n in nodes if n['op'] != 'null']
+    assert len(ops) == len(set(ops))
+    assert sum(n['op'] == 'FullyConnected' for n in nodes) == 4 * 4
+    assert symbol.list_arguments().count('fc0_weight') == 1
+    assert 'chunk' in ops and 'join' in ops
+
+
+def test_deferred_shapes_are_inferred_from_a_sample():
+    blocks = [nn.Conv2D(4, 3), nn.Flatten(), nn.Dense(3)]
+    with pytest.raises(ValueError, match='expected every parameter shape to be known'):
+        Pipeline(blocks, 'cpu:0,cpu:1')
+    pipe = Pipeline(blocks, 'cpu:0,cpu:1', sample=np.zeros((2, 1, 6, 6)))
+    assert blocks[2].weight.shape == (3, 64)
+    assert sum(pipe.balance) == 3
+
+
+@pytest.mark.parametrize('kwargs, error, message', [
+    ({'blocks': [], 'devices': 'cpu:0'}, ValueError, 'expected at least one HybridBlock'),
+    ({'blocks': [nn.Dense(2, in_units=2), gluon.nn.Sequential()], 'devices': 'cpu:0'},
+     TypeError, 'found Sequential at position 1'),
+    ({'devices': None}, DeviceSpecError, 'found None'),
+    ({'devices': 'cpu:0,cpu:1,cpu:2,cpu:3,cpu:4'}, DeviceSpecError, 'devices per replica: 5'),
+    ({'devices': 'cpu:0,cpu:1', 'balance': [2, 3]}, ValueError, 'summing to the 4 blocks'),
+    ({'devices': 'cpu:0,cpu:1', 'balance': [4, 0]}, ValueError, 'at least one block per stage'),
+    ({'devices': 'cpu:0,cpu:1', 'balance': [4]}, ValueError, 'one entry per device'),
+    ({'devices': 'cpu:0,cpu:1', 'balance': 'params'}, ValueError, "found 'params'"),
+    ({'devices': 'cpu:0,cpu:1', 'balance': 'time'}, ValueError, 'expected sample='),
+    ({'devices': 'cpu:0,cpu:1', 'chunks': 0}, ValueError, 'chunks: expected a positive'),
+    ({'devices': 'cpu:0,cpu:1,cpu:2', 'replicas': 2}, DeviceSpecError, 'multiple of the '
+                                                                        'replicas'),
+    ({'devices': [mx.cpu(0), 'cpu:1']}, DeviceSpecError, 'expected devices as mx.Context'),
+])
+def test_bad_arguments_are_refused_with_what_was_expected(kwargs, error, message):
+    kwargs = dict(kwargs)
+    kwargs.setdefault('blocks', _mlp())
+    with pytest.raises(error, match=message.replace('(', r'\(').replace(')', r'\)')):
+        Pipeline(**kwargs)
+
+
+def test_a_parameter_shared_across_stages_is_refused():
+    shared = nn.Dense(4, in_units=4, prefix='tied_')
+    second = nn.Dense(4, in_units=4, params=shared.collect_params(), prefix='tied2_')
+    with pytest.raises(ValueError, match='tied_weight is shared by blocks of stage0 and stage1'):
+        Pipeline([shared, second], 'cpu:0,cpu:1')
+
+
+def test_mxnet_fit_with_ndarrayiter_trains_a_pipeline_module(tmp_path):
+    """The framework's own loop: fit, score, predict, save_checkpoint, and
+    MXNet's load_checkpoint on the result."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(512, 2)).astype(np.float32)
+    y = (X[:, 0] * X[:, 1] > 0).astype(np.float32)  # XOR-like: needs the hidden layers
+    pipe = Pipeline(_mlp((2, 16, 16, 16, 2)), 'cpu:0,cpu:1')
+    mod = pipe.module(loss='softmax')
+    train_iter = mx.io.NDArrayIter(X, y, batch_size=32, shuffle=False)
+    mx.random.seed(0)
+    mod.fit(train_iter, eval_data=train_iter, optimizer='sgd', num_epoch=25,
+            optimizer_params={'learning_rate': 0.2, 'momentum': 0.9},
+            initializer=mx.init.Xavier())
+    (_, accuracy), = mod.score(train_iter, 'acc')
+    assert accuracy > 0.9
+    probabilities = mod.predict(train_iter).asnumpy()
+    assert probabilities.shape == (512, 2)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1, rtol=1e-5)
+    executor = mod._exec_group.execs[0]  # pylint: disable=protected-access
+    assert executor.arg_dict['fc0_weight'].context == mx.cpu(0)
+    assert executor.arg_dict['fc3_weight'].context == mx.cpu(1)
+    mod.save_checkpoint(str(tmp_path / 'mlp'), 25)
+    symbol, arg_params, _ = mx.model.load_checkpoint(str(tmp_path / 'mlp'), 25)
+    assert symbol.attr_dict()['data']['__shape__'] == '(0, 2)'
+    assert symbol.attr_dict()['fc3_weight']['__ctx_group__'] == 'stage1'
+    assert set(arg_params) == {p.name for p in pipe.collect_params().values()}
+
+
+def test_module_refuses_a_batch_the_chunks_do_not_divide():
+    mod = Pipeline(_mlp(), 'cpu:0,cpu:1', chunks=3).module(loss='l2')
+    with pytest.raises(ValueError, match=r'multiple of chunks x replicas \(3 x 1 = 3\), found 32'):
+        mod.bind(data_shapes=[('data', (32, 2))], label_shapes=[('softmax_label', (32, 1))])
+
+
+def test_module_refuses_replicas_without_a_kvstore():
+    mod = Pipeline(_mlp(), 'cpu:0,cpu:1,cpu:2,cpu:3', replicas=2).module(loss='l2')
+    mod.bind(data_shapes=[('data', (8, 2))], label_shapes=[('softmax_label', (8, 1))])
+    mod.init_params()
+    with pytest.raises(ValueError, match='found None .each replica would train on its own'):
+        mod.init_optimizer(kvstore=None)
+
+
+def test_batchnorm_with_micro_batches_under_onednn_is_refused(monkeypatch):
+    monkeypatch.setenv('MXNET_MKLDNN_ENABLED', '1')
+    if not mx.runtime.Features().is_enabled('MKLDNN'):
+        pytest.skip('this MXNet build has no oneDNN')
+    with pytest.raises(ValueError, match='expected MXNET_MKLDNN_ENABLED=0'):
+        Pipeline(digits.build_blocks(), 'cpu:0,cpu:1', chunks=2)
+    Pipeline(digits.build_blocks(), 'cpu:0,cpu:1', chunks=1)  # one chunk is fine
+    Pipeline(_mlp(), 'cpu:0,cpu:1', chunks=2)  # and so is no BatchNorm
+
+
+def test_imperative_twin_places_and_moves_parameters():
+    blocks = _mlp()
+    for block in blocks:
+        block.initialize(ctx=mx.cpu(0))
+    before = blocks[3].weight.data().asnumpy()
+    pipe = Pipeline(blocks, 'cpu:0,cpu:1', balance=[2, 2])
+    pipe.initialize()
+    assert blocks[0].weight.list_ctx() == [mx.cpu(0)]
+    assert blocks[3].weight.list_ctx() == [mx.cpu(1)]
+    np.testing.assert_array_equal(blocks[3].weight.data().asnumpy(), before)  # moved, kept
+    out = pipe(mx.nd.ones((4, 2), ctx=mx.cpu(0)))
+    assert out.context == mx.cpu(1) and out.shape == (4, 1)
+    with pytest.raises(ValueError, match='ctx: expected None'):
+        pipe.initialize(ctx=mx.cpu(0))
+
+
+def test_set_params_and_get_params_round_trip():
+    pipe = Pipeline(digits.build_blocks(), THREE_DEVICES)
+    sym = pipe.symbol()
+    values = {n: np.full(s, i, dtype=np.float32) for i, (n, s) in enumerate(zip(
+        sym.list_arguments()[1:], sym.infer_shape(data=(1, 1, 8, 8))[0][1:]))}
+    aux = {n: np.ones(s, dtype=np.float32) for n, s in zip(
+        sym.list_auxiliary_states(), sym.infer_shape(data=(1, 1, 8, 8))[2])}
+    pipe.set_params(values, aux)
+    assert pipe.blocks[-1].weight.list_ctx() == [mx.cpu(2)]
+    arg_params, aux_params = pipe.get_params()
+    assert set(aux_params) == set(aux) and set(arg_params) == set(values)
+    for name, value in values.items():
+        np.testing.assert_array_equal(arg_params[name].asnumpy(), value)
+    with pytest.raises(ValueError, match='expected shape'):
+        pipe.set_params(dict(values, dense1_bias=np.zeros(3)), aux)
