@@ -5,18 +5,19 @@ verifies both and prints the report. A checkpoint that cannot be exported
 prints one line to stderr and exits with status 2; a failed verification or
 an unwritable folder exits with status 1. Nothing is written on error.
 """
-import argparse
-import os
+import re
 import sys
 
+from mp_symbolic.cliargs import OneLineArgumentParser
+
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
-from .errors import one_line
+from .errors import excerpt, one_line
 
 __all__ = ['main', 'build_parser']
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog='python -m export',
         description='Export the model-parallel training checkpoint to an MXNet '
                     'symbol/params pair (ctx_group kept) and ONNX, and verify both.')
@@ -31,6 +32,11 @@ def build_parser():
     return parser
 
 
+# A file name prefix on any system: no path separators, no shell or glob
+# characters, nothing a command line could take for a flag (a leading '-').
+_NAME_RE = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]*')
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     # pylint: disable=import-outside-toplevel
@@ -38,9 +44,10 @@ def main(argv=None):
     from .errors import VerificationError
     from .exporter import export_checkpoint
     try:
-        if not args.name or os.sep in args.name or args.name.startswith('.'):
-            raise ValueError('--name: expected a file name prefix such as regression, found %r'
-                             % args.name)
+        if not _NAME_RE.fullmatch(args.name) or len(args.name) > 100:
+            raise ValueError('--name: expected a file name prefix such as regression (up to 100 '
+                             'letters, digits, ., _ or -, starting with a letter or digit), '
+                             'found %s' % excerpt(ascii(args.name)[1:-1]))
         check_writable_dir(args.out, '--out')
         export_checkpoint(args.checkpoint or DEFAULT_CHECKPOINT_DIR, args.out, args.name,
                           train_if_missing=args.checkpoint is None)
