@@ -192,4 +192,4 @@ def check_predictions(Y, X, where):
             'expected finite predictions, found %d of %d outputs not finite (NaN or inf); the '
             'first for input sample %d of %s: %s' % (
                 bad.sum(), bad.size, row + 1, where,
-                excerpt(','.join('%.9g' % v for v in np.asarray(X)[row]))))
+                excerpt(','.join(str(v) for v in np.asarray(X, dtype=np.float32)[row]))))
