@@ -45,11 +45,11 @@ def one_line(err):
 
 def excerpt(text, limit=EXCERPT_LIMIT):
     """A quotable excerpt of text read from a file: whitespace folded,
-    unprintable characters shown as ``?``, at most ``limit`` characters
-    (``...`` marks a cut), in quotes."""
+    unprintable characters escaped (``\\x00``, ``\\udcff``), at most
+    ``limit`` characters (``...`` marks a cut), in quotes."""
     if isinstance(text, bytes):
         text = text.decode('utf-8', 'replace')
-    text = ''.join(c if c.isprintable() else '?' for c in ' '.join(text.split()))
+    text = ''.join(c if c.isprintable() else ascii(c)[1:-1] for c in ' '.join(text.split()))
     if len(text) > limit:
         text = text[:limit - 3] + '...'
     return "'%s'" % text

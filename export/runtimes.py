@@ -179,11 +179,14 @@ class MXNetPredictor:
         if params_path is None:
             params_path = params_beside(sym_path)
         check_symbol_file(sym_path)
+        for path in (sym_path, params_path):
+            try:
+                path.encode('utf-8')
+            except UnicodeEncodeError:  # a name that is not UTF-8: MXNet cannot open it
+                raise ModelFileError('expected a file name MXNet can open (UTF-8), found %s'
+                                     % path) from None
         try:
             symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
-        except UnicodeEncodeError:  # MXNet passes paths to C as UTF-8
-            raise ModelFileError('expected file names MXNet can open (UTF-8), found %s and %s'
-                                 % (sym_path, params_path)) from None
         except CheckpointError as err:
             raise CheckpointError(library_message(_MXNET_QUOTE_RE.sub('', str(err)), 300)) from None
         return cls(symbol, arg_params, aux_params, devices)

@@ -190,6 +190,28 @@ def test_fixed_batch_model_runs_in_batches_of_its_size(models, trained, tmp_path
                                    forward_numpy(trained['params'], X), rtol=0, atol=1e-5)
 
 
+def test_undecodable_model_name_runs_in_onnxruntime_and_is_refused_for_mxnet(
+        exported, trained, tmp_path, capfd):
+    """onnxruntime is handed the file's bytes; MXNet opens files by UTF-8 name."""
+    name = os.fsdecode(b'm\xff')
+    shutil.copy(exported['onnx'], str(tmp_path / (name + '.onnx')))
+    shutil.copy(exported['symbol'], str(tmp_path / (name + '-symbol.json')))
+    shutil.copy(exported['params'], str(tmp_path / (name + '-0000.params')))
+    X = _features(3, 4)
+    np.save(str(tmp_path / 'x.npy'), X)
+    argv = ['--input', str(tmp_path / 'x.npy'), '--output', str(tmp_path / 'y.npy')]
+    code, _ = _predict(capfd, ['--model', str(tmp_path / (name + '.onnx'))] + argv)
+    assert code == 0
+    np.testing.assert_allclose(np.load(str(tmp_path / 'y.npy')),
+                               forward_numpy(trained['params'], X), rtol=0, atol=1e-5)
+    os.remove(str(tmp_path / 'y.npy'))
+    code, out = _predict(capfd, ['--model', str(tmp_path / (name + '-symbol.json'))] + argv)
+    assert code == 2
+    assert _one_error_line(out.err) == ('error: expected a file name MXNet can open (UTF-8), '
+                                        'found %s/m\\udcff-symbol.json' % tmp_path)
+    assert not (tmp_path / 'y.npy').exists()
+
+
 # -- 3. non-finite predictions --------------------------------------------
 
 @pytest.mark.parametrize('model, rows, message', [
@@ -339,7 +361,7 @@ def test_input_error_quotes_at_most_a_short_excerpt(models, tmp_path, capfd, nam
 
 
 def test_excerpt_is_short_printable_and_quoted():
-    assert excerpt('a\tb\n\x00c') == "'a b ?c'"
+    assert excerpt('a\tb\n\x00c\udcff') == "'a b \\x00c\\udcff'"
     assert excerpt(b'\xff' * 100) == "'%s...'" % ('\ufffd' * (EXCERPT_LIMIT - 3))
     assert len(excerpt(SECRET)) == EXCERPT_LIMIT + 2
 
