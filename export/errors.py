@@ -7,8 +7,8 @@ A message may show what a file holds only through :func:`excerpt` or
 at an arbitrary file never copies that file's first line to the terminal.
 """
 
-__all__ = ['one_line', 'excerpt', 'describe_start', 'describe_undecodable', 'library_message', 'ExportError',
-           'VerificationError', 'ModelFileError', 'InputError', 'OutputError',
+__all__ = ['one_line', 'excerpt', 'describe_start', 'describe_undecodable', 'library_message',
+           'ExportError', 'VerificationError', 'ModelFileError', 'InputError', 'OutputError',
            'PredictionError', 'EXCERPT_LIMIT']
 
 EXCERPT_LIMIT = 60  # characters of a file's content an error message may quote
@@ -43,13 +43,18 @@ def one_line(err):
     return ' '.join(str(err).split())
 
 
+def _printable(text):
+    """``text`` with whitespace folded and other unprintable characters escaped."""
+    return ''.join(c if c.isprintable() else ascii(c)[1:-1] for c in ' '.join(text.split()))
+
+
 def excerpt(text, limit=EXCERPT_LIMIT):
     """A quotable excerpt of text read from a file: whitespace folded,
     unprintable characters escaped (``\\x00``, ``\\udcff``), at most
     ``limit`` characters (``...`` marks a cut), in quotes."""
     if isinstance(text, bytes):
         text = text.decode('utf-8', 'replace')
-    text = ''.join(c if c.isprintable() else ascii(c)[1:-1] for c in ' '.join(text.split()))
+    text = _printable(text)
     if len(text) > limit:
         text = text[:limit - 3] + '...'
     return "'%s'" % text
@@ -92,7 +97,7 @@ def library_message(err, limit=200):
     line = lines[-1] if lines[0].startswith(('Traceback', 'Stack trace')) else ' '.join(lines)
     if line.startswith('MXNetError: '):
         line = line[len('MXNetError: '):]
-    line = excerpt(line, len(line) + 2)[1:-1]  # printable, whitespace folded
+    line = _printable(line)
     if len(line) > limit:
         line = '%s ... %s' % (line[:limit // 3], line[-(limit - limit // 3 - 5):])
     return line

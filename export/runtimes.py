@@ -139,6 +139,7 @@ class MXNetPredictor:
     Attributes:
         group2ctx: ``{'stage0': ctx, ...}`` as passed to ``simple_bind``.
         note: A line saying which default devices were chosen, or ``None``.
+        path: The symbol file, if loaded with :meth:`from_files`.
 
     Raises:
         ExportError: the symbol lacks ``ctx_group`` attributes or has no
@@ -161,6 +162,7 @@ class MXNetPredictor:
         # to each device, so fewer devices than groups merge neighbouring stages.
         self.group2ctx = {group: plan.device_of_layer(i) for i, group in enumerate(self.stages)}
         self.input_width = input_width(self.symbol, self.arg_params)
+        self.path = None  # the symbol file, when loaded by from_files
         self._exec = None
 
     @classmethod
@@ -189,7 +191,9 @@ class MXNetPredictor:
             symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
         except CheckpointError as err:
             raise CheckpointError(library_message(_MXNET_QUOTE_RE.sub('', str(err)), 300)) from None
-        return cls(symbol, arg_params, aux_params, devices)
+        predictor = cls(symbol, arg_params, aux_params, devices)
+        predictor.path = sym_path
+        return predictor
 
     def bind(self, batch_size):
         """The executor for ``batch_size`` samples (the last one is reused)."""
@@ -223,8 +227,8 @@ class MXNetPredictor:
             executor.forward(is_train=False, **{DATA_NAME: X})
             return executor.outputs[0].asnumpy()
         except mx.base.MXNetError as err:
-            raise ModelFileError('MXNet failed to run the graph on %d samples: %s'
-                                 % (len(X), library_message(err))) from None
+            raise ModelFileError('%s failed in MXNet on a batch of %d samples: %s' % (
+                self.path or 'the graph', len(X), library_message(err))) from None
 
 
 class OnnxPredictor:

@@ -68,15 +68,18 @@ def _read_npy(path, width):
     try:
         with open(path, 'rb') as f:
             head = f.read(64)
-            if head.startswith(_NPY_MAGIC):
-                f.seek(0)
-                X = np.load(f, allow_pickle=False)
-    except (OSError, EOFError, ValueError) as err:
+        if not head.startswith(_NPY_MAGIC):
+            raise InputError('%s is not a .npy array: expected it to start with %r, found %s'
+                             % (path, _NPY_MAGIC, describe_start(head)))
+        X = np.load(path, allow_pickle=False)
+    except (OSError, EOFError) as err:
         raise InputError('%s is not a readable .npy array: %s'
                          % (path, library_message(err))) from None
-    if not head.startswith(_NPY_MAGIC):
-        raise InputError('%s is not a .npy array: expected it to start with %r, found %s'
-                         % (path, _NPY_MAGIC, describe_start(head)))
+    except ValueError as err:
+        if isinstance(err, InputError):
+            raise
+        raise InputError('%s is not a readable .npy array: %s'
+                         % (path, library_message(err))) from None
     if not isinstance(X, np.ndarray) or not (np.issubdtype(X.dtype, np.integer)
                                              or np.issubdtype(X.dtype, np.floating)):
         raise InputError('expected a numeric array in %s, found dtype %s'
