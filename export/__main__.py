@@ -4,23 +4,26 @@ Exports a training checkpoint to an MXNet file pair and ONNX, verifies both
 against the checkpoint bound on one device, and commits them under
 ``--out``/current/. A checkpoint or flag that cannot be exported prints one
 line to stderr and exits with status 2; a failed verification or an
-unwritable folder exits with status 1. Nothing is written on error; export
-never trains.
+unwritable folder exits with status 1; Ctrl-C exits 130. Nothing is written
+on error; export never trains.
 """
-import argparse
 import re
 import sys
 
+from mp_symbolic.cliargs import OneLineArgumentParser, print_error
+
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
-from .errors import one_line
+from .errors import excerpt, one_line
 
 __all__ = ['main', 'build_parser']
 
-_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]*$')
+# A file name prefix on any system: no path separators, no shell or glob
+# characters, nothing a command line could take for a flag (a leading '-').
+_NAME_RE = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]*')
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog='python -m export',
         description='Export a model-parallel training checkpoint to an MXNet symbol/params '
                     'pair (ctx_group kept) and ONNX, verify both, and commit them as one unit.')
@@ -49,10 +52,11 @@ def main(argv=None):
     from .exporter import export_checkpoint
     from .inference import parse_shape
     try:
-        if args.name is not None and not _NAME_RE.match(args.name):
-            raise ValueError('--name: expected a file name prefix of letters, digits, ., _ and '
-                             '- starting with a letter or digit, such as regression, found %a'
-                             % args.name)
+        if args.name is not None and (not _NAME_RE.fullmatch(args.name)
+                                      or len(args.name) > 100):
+            raise ValueError('--name: expected a file name prefix such as regression (up to 100 '
+                             'letters, digits, ., _ or -, starting with a letter or digit), '
+                             'found %s' % excerpt(ascii(args.name)[1:-1]))
         if not args.checkpoint.strip():
             raise ValueError('--checkpoint: expected a training folder or a checkpoint prefix, '
                              'found an empty string')
@@ -61,12 +65,11 @@ def main(argv=None):
         export_checkpoint(args.checkpoint, args.out, args.name, epoch=args.epoch,
                           input_shape=shape)
     except (VerificationError, OSError, ValueError) as err:
-        print('error: %s' % one_line(err), file=sys.stderr)
+        print_error(one_line(err))
         # a file that failed its checks or could not be written: 1; a bad input: 2
         return 1 if isinstance(err, (VerificationError, OSError)) else 2
     except KeyboardInterrupt:
-        print('error: interrupted; the previous export in %s is kept' % args.out,
-              file=sys.stderr)
+        print_error('interrupted; the previous export in %s is kept' % args.out)
         return 130
     return 0
 

@@ -7,24 +7,29 @@
 ``--model`` is the ``.onnx`` file (run by onnxruntime) or the ``-symbol.json``
 of the MXNet pair (params file found beside it), bound with ``group2ctx`` on
 ``--devices``: one device per stage keeps the model-parallel split, a single
-device takes every stage. ``--input`` is ``.npy`` or CSV (``-``: CSV on
+device takes every stage. ``--input`` is ``.npy`` or ``.csv`` (``-``: CSV on
 stdin). Predictions go to stdout as CSV, or to ``--output`` (``.csv`` or
-``.npy``).
+``.npy``; any other name is refused rather than guessed).
 
-A bad model, input or output path prints one line to stderr and exits with
-status 2 (status 1 if the output cannot be written); nothing is written.
+Every failure is one line on stderr starting ``error:``, and nothing is
+written. Exit status: 2 for a bad flag, model or input; 1 if the predictions
+are not all finite numbers (NaN or inf) or cannot be written (a full disk, a
+closed pipe); 130 if interrupted (Ctrl-C).
 """
-import argparse
+import errno
 import os
 import sys
 
-from .errors import one_line
+from mp_symbolic.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
 
-__all__ = ['main', 'build_parser']
+__all__ = ['main', 'build_parser', 'FAILED', 'INTERRUPTED']
+
+FAILED = 1  # the predictions are not finite, or could not be written
+INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog='python -m export.predict',
         description='Predict with an exported model: ONNX through onnxruntime, or the '
                     'MXNet symbol/params pair bound model-parallel with group2ctx.')
@@ -33,7 +38,8 @@ def build_parser():
     parser.add_argument('--input', required=True, metavar='PATH',
                         help='features, one sample per row: .npy, .csv, or - for CSV on stdin')
     parser.add_argument('--output', default=None, metavar='PATH',
-                        help='write predictions to this .csv or .npy file (default: CSV on stdout)')
+                        help='write predictions to this file, CSV if it ends in .csv, a numpy '
+                             'array if .npy (default: CSV on stdout)')
     parser.add_argument('--devices', default=None, metavar='LIST',
                         help="MXNet pair only: devices for the stages, e.g. 'cpu:0,cpu:1,cpu:2' "
                              "(one per stage) or 'cpu:0' (all stages on one device); default: "
@@ -41,42 +47,76 @@ def build_parser():
     return parser
 
 
-def _error(err):
-    print('error: %s' % one_line(err), file=sys.stderr)
+def _print_predictions(text):
+    """Writes ``text`` to stdout and flushes it, so that a full disk or a
+    closed pipe is an ``OSError`` here rather than a traceback at exit."""
+    if sys.stdout is None:  # started with stdout closed (>&-)
+        raise OSError(errno.EBADF, 'stdout is closed')
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError:
+        # Python flushes stdout once more at exit; with stdout pointed at
+        # /dev/null that flush cannot fail a second time.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        raise
 
 
-def main(argv=None):
-    """Runs the command; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    # Imported after parsing so that --help and flag errors do not wait for MXNet.
+def _check_output(path):
     # pylint: disable=import-outside-toplevel
     from mp_symbolic.checkpoint import check_writable_dir
+    from .tables import output_format
+    output_format(path)
+    if os.path.isdir(path):
+        raise ValueError('--output: expected a file path, found a folder at %s' % path)
+    check_writable_dir(os.path.dirname(path) or '.', '--output')
+
+
+def _predict(args):
+    # Imported after parsing so that --help and flag errors do not wait for MXNet.
+    # pylint: disable=import-outside-toplevel
+    from .errors import PredictionError
     from .runtimes import load_predictor
-    from .tables import format_csv, output_format, read_features, write_predictions
+    from .tables import STDIN, check_predictions, format_csv, read_features, write_predictions
     try:
         if args.output is not None:
-            output_format(args.output)
-            if os.path.isdir(args.output):
-                raise ValueError('--output: expected a file path, found a folder at %s'
-                                 % args.output)
-            check_writable_dir(os.path.dirname(args.output) or '.', '--output')
+            _check_output(args.output)
         predictor = load_predictor(args.model, args.devices)
         X = read_features(args.input, predictor.input_width)
         Y = predictor.predict(X)
+        check_predictions(Y, X, '<stdin>' if args.input == STDIN else args.input)
+    except PredictionError as err:
+        print_error(err)
+        return FAILED
     except (ValueError, OSError) as err:
-        _error(err)
-        return 2
-    if getattr(predictor, 'note', None):
+        print_error(err)
+        return USAGE_ERROR
+    if getattr(predictor, 'note', None) and sys.stderr is not None:
         print(predictor.note, file=sys.stderr)
-    if args.output is None:
-        sys.stdout.write(format_csv(Y))
-        return 0
     try:
-        write_predictions(args.output, Y)
+        if args.output is None:
+            _print_predictions(format_csv(Y))
+        else:
+            write_predictions(args.output, Y)
     except OSError as err:
-        _error(err)
-        return 1
+        print_error('%s: could not write the predictions: %s'
+                    % ('stdout' if args.output is None else args.output, err.strerror or err))
+        return FAILED
     return 0
+
+
+def main(argv=None):
+    """Runs the command; returns the exit status (see the module docstring)."""
+    try:
+        return _predict(build_parser().parse_args(argv))
+    except KeyboardInterrupt:
+        print_error('interrupted')
+        return INTERRUPTED
 
 
 if __name__ == '__main__':

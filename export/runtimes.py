@@ -7,34 +7,44 @@
 * :class:`OnnxPredictor` runs the ``.onnx`` file in onnxruntime.
 
 Both take a float32 ``(samples, features)`` array and return
-``(samples, outputs)``; :func:`load_predictor` picks one by file name.
+``(samples, outputs)``; :func:`load_predictor` picks one by file name. A file
+that is not what its name says, or a model that fails while it runs, raises
+:class:`~export.errors.ModelFileError` naming the file; messages quote at
+most a short excerpt of what the file holds.
 """
 import glob
+import json
 import os
 import re
 
+import mxnet as mx
 import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from mp_symbolic.checkpoint import load_checkpoint
+from mp_symbolic.checkpoint import CheckpointError, load_checkpoint
 from mp_symbolic.pipeline import DATA_NAME
 from mp_symbolic.placement import DeviceSpecError, make_plan, split_bind
 
-from .errors import InputError, ModelFileError, one_line
+from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
+                     library_message)
 from .inference import features, inference_graph, sample_shape, stage_layout
 
 __all__ = ['MXNetPredictor', 'OnnxPredictor', 'load_predictor', 'params_beside',
-           'SYMBOL_SUFFIX', 'ONNX_SUFFIX']
+           'check_symbol_file', 'SYMBOL_SUFFIX', 'ONNX_SUFFIX']
 
 SYMBOL_SUFFIX = '-symbol.json'
 ONNX_SUFFIX = '.onnx'
 _EPOCH_RE = re.compile(r'-(\d{4})\.params$')
-# What onnxruntime raises for a file it cannot load (none derive from a common
-# base other than Exception).
-_ORT_LOAD_ERRORS = (ort_state.InvalidProtobuf, ort_state.InvalidGraph, ort_state.Fail,
-                    ort_state.NoSuchFile, ort_state.InvalidArgument,
-                    ort_state.NotImplemented, ort_state.RuntimeException)
+# What onnxruntime raises for a file it cannot load or a graph that fails as
+# it runs (none derive from a common base other than Exception).
+_ORT_ERRORS = (ort_state.InvalidProtobuf, ort_state.InvalidGraph, ort_state.Fail,
+               ort_state.NoSuchFile, ort_state.InvalidArgument, ort_state.NotImplemented,
+               ort_state.RuntimeException, ort_state.EPFail)
+_ORT_STATUS_RE = re.compile(r'^\[ONNXRuntimeError\] : \d+ : ')
+_MAX_SYMBOL_BYTES = 64 << 20  # a symbol file is a graph description, not weights
+# MXNet's JSON reader quotes the file where it stopped: "around ^`...`".
+_MXNET_QUOTE_RE = re.compile(r',?\s*around \^`.*`', re.S)
 
 
 def _check_batch(X, shape):
@@ -77,6 +87,52 @@ def params_beside(sym_path):
     return found[0]
 
 
+def check_symbol_file(path):
+    """Raises unless ``path`` holds the JSON graph MXNet writes for a symbol.
+
+    MXNet's own reader reports undecodable bytes as a ``utf-8 codec`` error
+    and a JSON error by quoting the file; this says what the file is instead.
+
+    Raises:
+        ModelFileError: the file is unreadable, binary, not JSON, or JSON
+            without MXNet's ``nodes``, ``arg_nodes`` and ``heads`` lists.
+    """
+    what = '%s is not an MXNet symbol file' % path
+    try:
+        with open(path, 'rb') as f:
+            data = f.read(_MAX_SYMBOL_BYTES + 1)
+    except OSError as err:
+        raise ModelFileError('%s is not a readable file: %s'
+                             % (path, err.strerror or err)) from None
+    if len(data) > _MAX_SYMBOL_BYTES:
+        raise ModelFileError('%s: expected a graph of at most %d MiB, found a larger file'
+                             % (what, _MAX_SYMBOL_BYTES >> 20))
+    try:
+        graph = json.loads(data.decode('utf-8'))
+    except UnicodeDecodeError as err:
+        raise ModelFileError('%s: expected UTF-8 JSON text (a symbol JSON), found %s'
+                             % (what, describe_undecodable(data, err))) from None
+    except ValueError as err:  # json.JSONDecodeError: its message is a position, no quote
+        found = ('invalid JSON (%s)' % err if data.lstrip()[:1] in (b'{', b'[')
+                 else describe_start(data[:64]))
+        raise ModelFileError('%s: expected a symbol JSON, found %s' % (what, found)) from None
+    keys = ('nodes', 'arg_nodes', 'heads')
+    if not isinstance(graph, dict) or not all(isinstance(graph.get(k), list) for k in keys):
+        if isinstance(graph, dict):
+            found = 'an object with keys %s' % excerpt(', '.join(sorted(graph)))
+        else:
+            found = 'a JSON %s' % {list: 'array', str: 'string'}.get(type(graph), 'value')
+        raise ModelFileError('%s: expected a JSON object with lists %s, found %s'
+                             % (what, ', '.join(keys), found))
+    bad = next((i for i, node in enumerate(graph['nodes'])
+                if not (isinstance(node, dict) and isinstance(node.get('op'), str)
+                        and isinstance(node.get('name'), str)
+                        and isinstance(node.get('inputs'), list))), None)
+    if bad is not None:
+        raise ModelFileError("%s: expected every node to have 'op', 'name' and 'inputs', "
+                             'found node %d without' % (what, bad))
+
+
 class MXNetPredictor:
     """An inference symbol bound model-parallel by its ``ctx_group`` attributes.
 
@@ -93,6 +149,7 @@ class MXNetPredictor:
     Attributes:
         group2ctx: ``{'stage0': ctx, ...}`` as passed to ``simple_bind``.
         note: A line saying which default devices were chosen, or ``None``.
+        path: The symbol file, if loaded with :meth:`from_files`.
 
     Raises:
         ExportError: the symbol lacks ``ctx_group`` attributes or has no
@@ -116,6 +173,7 @@ class MXNetPredictor:
         self.group2ctx = {group: plan.device_of_layer(i) for i, group in enumerate(self.stages)}
         self.sample_shape = sample_shape(self.symbol, self.arg_params, shape)
         self.input_width = features(self.sample_shape)
+        self.path = None  # the symbol file, when loaded by from_files
         self._exec = None
 
     @classmethod
@@ -123,17 +181,30 @@ class MXNetPredictor:
         """Loads a pair; ``params_path`` defaults to :func:`params_beside`.
 
         Raises:
-            ModelFileError: no params file beside ``sym_path``.
+            ModelFileError: no params file beside ``sym_path``, or
+                ``sym_path`` is not a symbol file (:func:`check_symbol_file`).
             CheckpointError: a file is missing or corrupt, or the arrays do
                 not fit the symbol.
             ExportError, DeviceSpecError: see the class.
         """
+        if not os.path.isfile(sym_path):
+            raise ModelFileError('expected an MXNet symbol file at %s, found none' % sym_path)
         if params_path is None:
-            if not os.path.isfile(sym_path):
-                raise ModelFileError('expected an MXNet symbol file at %s, found none' % sym_path)
             params_path = params_beside(sym_path)
-        symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
-        return cls(symbol, arg_params, aux_params, devices, shape)
+        check_symbol_file(sym_path)
+        for path in (sym_path, params_path):
+            try:
+                path.encode('utf-8')
+            except UnicodeEncodeError:  # a name that is not UTF-8: MXNet cannot open it
+                raise ModelFileError('expected a file name MXNet can open (UTF-8), found %s'
+                                     % path) from None
+        try:
+            symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
+        except CheckpointError as err:
+            raise CheckpointError(library_message(_MXNET_QUOTE_RE.sub('', str(err)), 300)) from None
+        predictor = cls(symbol, arg_params, aux_params, devices, shape)
+        predictor.path = sym_path
+        return predictor
 
     def bind(self, batch_size):
         """The executor for ``batch_size`` samples (the last one is reused)."""
@@ -160,48 +231,108 @@ class MXNetPredictor:
 
         Raises:
             InputError: ``X`` is not ``(samples, input_width)``.
+            ModelFileError: MXNet fails to run the graph.
         """
         X = _check_batch(X, self.sample_shape)
-        executor = self.bind(len(X))
-        executor.forward(is_train=False, **{DATA_NAME: X})
-        return executor.outputs[0].asnumpy()
+        try:
+            executor = self.bind(len(X))
+            executor.forward(is_train=False, **{DATA_NAME: X})
+            return executor.outputs[0].asnumpy()
+        except mx.base.MXNetError as err:
+            raise ModelFileError('%s failed in MXNet on a batch of %d samples: %s' % (
+                self.path or 'the graph', len(X), library_message(err))) from None
 
 
 class OnnxPredictor:
     """An ``.onnx`` file in an onnxruntime CPU session.
 
+    A model whose batch dimension is fixed (say to 1) is run in batches of
+    that size; the number of samples must be a multiple of it.
+
+    Attributes:
+        batch_size: The fixed batch size, or ``None`` if any is accepted.
+
     Raises:
         ModelFileError: the file is missing, not a model onnxruntime can
-            load, or not one 2-D input with a fixed feature count.
+            load, or not one float32 input of shape (batch, features) with a
+            fixed feature count and a 2-D first output.
     """
 
     def __init__(self, path):
         if not os.path.isfile(path):
             raise ModelFileError('expected an ONNX model file at %s, found none' % path)
+        self.path = path
         try:
-            self.session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
-        except _ORT_LOAD_ERRORS as err:
+            with open(path, 'rb') as f:
+                data = f.read()  # onnxruntime reads it whole too; its path may not be UTF-8
+            self.session = ort.InferenceSession(data, providers=['CPUExecutionProvider'])
+        except OSError as err:
+            raise ModelFileError('%s is not a readable file: %s'
+                                 % (path, err.strerror or err)) from None
+        except _ORT_ERRORS as err:
             raise ModelFileError('%s is not a loadable ONNX model: %s'
-                                 % (path, one_line(err))) from None
+                                 % (path, _ort_message(err))) from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         if len(inputs) != 1 or len(inputs[0].shape) < 2 or not all(
                 isinstance(d, int) for d in inputs[0].shape[1:]):
             raise ModelFileError('%s: expected one input of shape (batch, ...) with fixed '
-                                 'per-sample dimensions, found %s'
-                                 % (path, ', '.join('%s%s' % (i.name, i.shape) for i in inputs)))
+                                 'per-sample dimensions, found %s' % (path, _describe_args(inputs)))
+        if inputs[0].type != 'tensor(float)':
+            raise ModelFileError('%s: expected a float32 input (tensor(float)), found %s'
+                                 % (path, _describe_args(inputs)))
+        if len(outputs[0].shape) != 2:
+            raise ModelFileError('%s: expected its first output to be of shape (batch, outputs), '
+                                 'found %s' % (path, _describe_args(outputs[:1])))
         self.input_name = inputs[0].name
         self.sample_shape = tuple(inputs[0].shape[1:])
         self.input_width = features(self.sample_shape)
-        self.output_width = features([d for d in outputs[0].shape[1:] if isinstance(d, int)])
+        self.output_width = outputs[0].shape[1]
+        batch = inputs[0].shape[0]
+        self.batch_size = batch if isinstance(batch, int) and batch > 0 else None
+        # A failing run is reported by the exception; onnxruntime would also log it.
+        self._quiet = ort.RunOptions()
+        self._quiet.log_severity_level = 4  # fatal only
 
     def predict(self, X):
         """``(samples, features)`` -> ``(samples, outputs)`` float32 numpy array.
 
         Raises:
-            InputError: ``X`` is not ``(samples, input_width)``.
+            InputError: ``X`` is not ``(samples, input_width)``, or its
+                samples are not a multiple of a fixed batch size.
+            ModelFileError: onnxruntime fails to run the model, or its output
+                is not ``(samples, outputs)`` numbers.
         """
         X = _check_batch(X, self.sample_shape)
-        return self.session.run(None, {self.input_name: X})[0]
+        step = self.batch_size or len(X)
+        if len(X) % step:
+            raise InputError('%s runs batches of exactly %d samples (its input is %s); expected '
+                             'a multiple of %d samples, found %d'
+                             % (self.path, step, _describe_args(self.session.get_inputs()),
+                                step, len(X)))
+        return np.concatenate([self._run(X[i:i + step]) for i in range(0, len(X), step)])
+
+    def _run(self, X):
+        try:
+            Y = self.session.run(None, {self.input_name: X}, self._quiet)[0]
+        except _ORT_ERRORS as err:
+            raise ModelFileError('%s failed in onnxruntime on a batch of %d samples: %s'
+                                 % (self.path, len(X), _ort_message(err))) from None
+        Y = np.asarray(Y)
+        if Y.ndim != 2 or len(Y) != len(X) or not np.issubdtype(Y.dtype, np.number):
+            raise ModelFileError('%s: expected (%d, outputs) numbers from a batch of %d samples, '
+                                 'found %s of shape %s' % (self.path, len(X), len(X), Y.dtype,
+                                                           Y.shape))
+        return Y.astype(np.float32, copy=False)
+
+
+def _describe_args(args):
+    """``data['batch', 2] tensor(float)``, ...: names and shapes as the file gives them."""
+    return excerpt(', '.join('%s%s %s' % (a.name, a.shape, a.type) for a in args), 120)[1:-1]
+
+
+def _ort_message(err):
+    """onnxruntime's message without its status prefix, as one short line."""
+    return library_message(_ORT_STATUS_RE.sub('', str(err)))
 
 
 def load_predictor(path, devices=None):

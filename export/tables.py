@@ -1,9 +1,10 @@
 """Prediction inputs and outputs: ``.npy`` arrays and CSV tables.
 
-Inputs are ``(samples, features)``: a 2-D ``.npy`` array, or CSV with one
-sample per line and no header (blank lines and lines starting with ``#`` are
-skipped), from a file or, for ``-``, from stdin. Values must be finite as
-float32. Outputs are ``(samples, outputs)`` in the same two formats.
+Inputs are ``(samples, features)``: a 2-D ``.npy`` array, or CSV (UTF-8
+text, ``.csv``) with one sample per line and no header (blank lines and lines
+starting with ``#`` are skipped), from a file or, for ``-``, from stdin.
+Values must be finite as float32. Outputs are ``(samples, outputs)`` in the
+same two formats, and must be finite too (:func:`check_predictions`).
 """
 import csv
 import io
@@ -14,12 +15,15 @@ import numpy as np
 
 from mp_symbolic.checkpoint import atomic_path, write_text
 
-from .errors import InputError, OutputError, one_line
+from .errors import (InputError, OutputError, PredictionError, describe_start,
+                     describe_undecodable, excerpt, library_message)
 
-__all__ = ['STDIN', 'read_features', 'output_format', 'format_csv', 'write_predictions']
+__all__ = ['STDIN', 'read_features', 'output_format', 'format_csv', 'write_predictions',
+           'check_predictions', 'SUFFIXES']
 
 STDIN = '-'
-_CSV_SUFFIXES = ('.csv', '.txt')
+SUFFIXES = ('.csv', '.npy')  # of inputs and outputs alike
+_NPY_MAGIC = b'\x93NUMPY'
 
 
 def _suffix(path):
@@ -51,8 +55,8 @@ def _read_csv(text, width, where):
             try:
                 row.append(float(field))
             except ValueError:
-                raise InputError('expected numbers, found %r in line %d, column %d of %s'
-                                 % (field, lineno, col, where)) from None
+                raise InputError('expected numbers, found %s in line %d, column %d of %s'
+                                 % (excerpt(field), lineno, col, where)) from None
         rows.append(row)
         lines.append(lineno)
     with np.errstate(over='ignore'):  # too large for float32: inf, reported below
@@ -62,10 +66,20 @@ def _read_csv(text, width, where):
 
 def _read_npy(path, width):
     try:
+        with open(path, 'rb') as f:
+            head = f.read(64)
+        if not head.startswith(_NPY_MAGIC):
+            raise InputError('%s is not a .npy array: expected it to start with %r, found %s'
+                             % (path, _NPY_MAGIC, describe_start(head)))
         X = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
+    except (OSError, EOFError) as err:
         raise InputError('%s is not a readable .npy array: %s'
-                         % (path, one_line(err))) from None
+                         % (path, library_message(err))) from None
+    except ValueError as err:
+        if isinstance(err, InputError):
+            raise
+        raise InputError('%s is not a readable .npy array: %s'
+                         % (path, library_message(err))) from None
     if not isinstance(X, np.ndarray) or not (np.issubdtype(X.dtype, np.integer)
                                              or np.issubdtype(X.dtype, np.floating)):
         raise InputError('expected a numeric array in %s, found dtype %s'
@@ -78,22 +92,42 @@ def _read_npy(path, width):
     return _check_rows(X, width, path, lambda row: 'row %d' % (row + 1))
 
 
+def _decode(data, where):
+    try:
+        return data.decode('utf-8-sig')
+    except UnicodeDecodeError as err:
+        raise InputError('expected CSV text (UTF-8) in %s, found %s'
+                         % (where, describe_undecodable(data, err))) from None
+
+
+def _read_stdin():
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise InputError('--input -: expected CSV on stdin, found stdin closed')
+    try:
+        if hasattr(sys.stdin, 'buffer'):
+            return _decode(sys.stdin.buffer.read(), '<stdin>')
+        return sys.stdin.read()
+    except OSError as err:
+        raise InputError('--input -: expected CSV on stdin, found stdin not readable: %s'
+                         % (err.strerror or err)) from None
+
+
 def read_features(path, width):
     """Reads ``(samples, width)`` float32 features.
 
     Args:
-        path: A ``.npy`` file, a ``.csv`` (or ``.txt``) file, or ``-`` for
-            CSV on stdin.
+        path: A ``.npy`` file, a ``.csv`` file, or ``-`` for CSV on stdin.
         width: Features per sample the model expects.
 
     Raises:
         InputError: the file is missing or unreadable, of another kind, or
             not a non-empty table of ``width`` finite numbers per sample (the
-            message says what was expected and what was found, and where).
+            message says what was expected and what was found, and where;
+            it quotes at most a short excerpt of the file).
     """
     if path == STDIN:
-        return _read_csv(sys.stdin.read(), width, '<stdin>')
-    if _suffix(path) not in ('.npy',) + _CSV_SUFFIXES:
+        return _read_csv(_read_stdin(), width, '<stdin>')
+    if _suffix(path) not in SUFFIXES:
         raise InputError('expected an input file ending in .npy or .csv (or - for CSV on '
                          'stdin), found %s' % path)
     if not os.path.isfile(path):
@@ -101,24 +135,24 @@ def read_features(path, width):
     if _suffix(path) == '.npy':
         return _read_npy(path, width)
     try:
-        with open(path, newline='') as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError('%s is not a readable CSV text file: %s' % (path, err)) from None
-    return _read_csv(text, width, path)
+        with open(path, 'rb') as f:
+            data = f.read()
+    except OSError as err:
+        raise InputError('%s is not a readable file: %s' % (path, err.strerror or err)) from None
+    return _read_csv(_decode(data, path), width, path)
 
 
 def output_format(path):
     """``'npy'`` or ``'csv'`` for an output path, by its extension.
 
     Raises:
-        OutputError: any other extension.
+        OutputError: any other extension (``.txt`` included: the text written
+            is CSV, and the name should say so).
     """
-    if _suffix(path) == '.npy':
-        return 'npy'
-    if _suffix(path) in _CSV_SUFFIXES:
-        return 'csv'
-    raise OutputError('expected an output file ending in .csv or .npy, found %s' % path)
+    if _suffix(path) in SUFFIXES:
+        return _suffix(path)[1:]
+    raise OutputError('--output: expected an output file ending in .csv or .npy, found %s'
+                      % path)
 
 
 def format_csv(Y):
@@ -138,3 +172,27 @@ def write_predictions(path, Y):
                 np.save(f, np.asarray(Y))
     else:
         write_text(path, format_csv(Y))
+
+
+def check_predictions(Y, X, where):
+    """Raises unless every prediction is a finite number.
+
+    Args:
+        Y: ``(samples, outputs)`` predictions.
+        X: The ``(samples, features)`` inputs they were computed from.
+        where: Where ``X`` came from, for the message.
+
+    Raises:
+        PredictionError: NaN or inf among the predictions (a parameter that
+            is not finite, or an input so large that the network overflows
+            float32); the message gives their count and the first input
+            sample that produced one.
+    """
+    bad = ~np.isfinite(np.asarray(Y, dtype=np.float64))
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise PredictionError(
+            'expected finite predictions, found %d of %d outputs not finite (NaN or inf); the '
+            'first for input sample %d of %s: %s' % (
+                bad.sum(), bad.size, row + 1, where,
+                excerpt(','.join(str(v) for v in np.asarray(X, dtype=np.float32)[row]))))
