@@ -5,6 +5,11 @@ stream, left unsynchronised) and ``params()`` (numpy, ``layer<i>_weight`` is
 ``(out, in)``), so one harness times them all. The project's variants train
 with :class:`~mp_symbolic.config.TrainConfig`'s SGD and batch order; the seed's
 loop keeps its own Adam (lr 0.001) and its in-order batches.
+
+``bare executor (floor)`` is the least a step can cost on the model-parallel
+plan: the bound graph's forward, backward and per-device update on a batch
+already in its arrays, no data movement at all. The Module path is measured
+against it.
 """
 from collections import OrderedDict
 from dataclasses import replace
@@ -13,21 +18,23 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from mp_symbolic.config import TrainConfig
-from mp_symbolic.data import batches
-from mp_symbolic.model import build_net
-from mp_symbolic.placement import make_plan
-from mp_symbolic.train import create_optimizer, make_stepper
+from mp_symbolic.module import PerDeviceUpdater
+from mp_symbolic.pipeline import DATA_NAME
+from mp_symbolic.symbolic import create_optimizer
+from mp_symbolic.tasks import regression
+from mp_symbolic.train import build_pipeline, make_stepper
 
 from .seed_loop import SeedLoop
 
 __all__ = ['HybridStepper', 'StepLoop', 'VARIANTS', 'make_variant', 'BASELINE',
-           'REFERENCE', 'SEED']
+           'REFERENCE', 'SEED', 'FLOOR']
 
 REFERENCE = 'symbolic MP (Module)'
 BASELINE = 'symbolic 1-device'
 SEED = 'seed loop (Adam 1e-3)'
+FLOOR = 'bare executor (floor)'
 THREE = 'cpu:0,cpu:1,cpu:2'
-VARIANTS = (REFERENCE, 'symbolic MP (executor)', BASELINE, 'imperative MP',
+VARIANTS = (REFERENCE, 'symbolic MP (executor)', FLOOR, BASELINE, 'imperative MP',
             'Gluon hybridized 1-device', SEED)
 
 
@@ -36,8 +43,9 @@ class HybridStepper:
     ``step(X, y)`` as the project's steppers."""
 
     def __init__(self, cfg, init, ctx=mx.cpu(0)):
-        self.ctx = ctx
-        self.net = build_net(cfg.widths, (0,) * cfg.num_layers)
+        self.ctx, self.cfg = ctx, cfg
+        self.net = gluon.nn.HybridSequential(prefix='')
+        self.net.add(*regression.build_blocks(cfg.widths))
         self.net.initialize(ctx=ctx)
         for name, param in self.net.collect_params().items():
             param.set_data(mx.nd.array(init[name]))
@@ -46,8 +54,12 @@ class HybridStepper:
                                      kvstore=None)
         self._loss_fn = gluon.loss.L2Loss()
 
+    def batches(self, X, y, epoch):
+        from mp_symbolic.data import staged_batches  # pylint: disable=import-outside-toplevel
+        return staged_batches(X, y, self.cfg.batch_size, epoch, self.cfg.seed, self.ctx,
+                              self.ctx)
+
     def step(self, X, y):
-        X, y = mx.nd.array(X, ctx=self.ctx), mx.nd.array(y, ctx=self.ctx)
         with autograd.record():
             pred = self.net(X)
             loss = self._loss_fn(pred, y)
@@ -60,21 +72,53 @@ class HybridStepper:
         return OrderedDict((n, p.data().asnumpy()) for n, p in self.net.collect_params().items())
 
 
-class StepLoop:
-    """Runs a stepper over ``mp_symbolic.data.batches``, epoch after epoch."""
+class FloorStepper:
+    """The bound model-parallel graph stepped on the batch already in its
+    arrays: forward, backward, per-device update, and nothing else."""
 
-    def __init__(self, stepper, X, y, cfg):
+    def __init__(self, pipe, cfg, init, X, y):
+        symbol = pipe.training_symbol('l2', label_name=regression.LABEL_NAME)
+        grad_req = {n: 'null' if n in (DATA_NAME, regression.LABEL_NAME) else 'write'
+                    for n in symbol.list_arguments()}
+        self.exe = symbol.simple_bind(ctx=pipe.plan.first_device, group2ctx=pipe.plan.group2ctx,
+                                      grad_req=grad_req,
+                                      **{DATA_NAME: (cfg.batch_size, 2),
+                                         regression.LABEL_NAME: (cfg.batch_size, 1)})
+        for name, value in init.items():
+            self.exe.arg_dict[name][:] = value
+        self.exe.arg_dict[DATA_NAME][:] = X[:cfg.batch_size]
+        self.exe.arg_dict[regression.LABEL_NAME][:] = y[:cfg.batch_size]
+        names = [n for n in symbol.list_arguments() if grad_req[n] == 'write']
+        self.names = names
+        self.updater = PerDeviceUpdater(mx.optimizer.get_updater(create_optimizer(cfg)))
+        self.args = (list(range(len(names))), [self.exe.grad_dict[n] for n in names],
+                     [self.exe.arg_dict[n] for n in names])
+
+    def run(self, num_steps):
+        for _ in range(num_steps):
+            self.exe.forward(is_train=True)
+            self.exe.backward()
+            self.updater(*self.args)
+
+    def params(self):
+        return OrderedDict((n, self.exe.arg_dict[n].asnumpy()) for n in self.names)
+
+
+class StepLoop:
+    """Runs a stepper over its staged batches, epoch after epoch."""
+
+    def __init__(self, stepper, X, y):
         self.stepper = stepper
-        self._epoch_batches = lambda epoch: batches(X, y, cfg.batch_size, epoch, cfg.seed)
+        self._epoch_batches = lambda epoch: stepper.batches(X, y, epoch)
         self._epoch = 0
-        self._it = self._epoch_batches(0)
+        self._it = iter(self._epoch_batches(0))
 
     def run(self, num_steps):
         for _ in range(num_steps):
             batch = next(self._it, None)
             if batch is None:
                 self._epoch += 1
-                self._it = self._epoch_batches(self._epoch)
+                self._it = iter(self._epoch_batches(self._epoch))
                 batch = next(self._it)
             self.stepper.step(*batch)
 
@@ -85,25 +129,30 @@ class StepLoop:
 def make_variant(name, X, y, batch_size, init):
     """The variant ``name`` (one of :data:`VARIANTS`), ready to ``run``.
 
+    Args:
+        init: Initial parameters, name -> numpy array.
+
     Raises:
         ValueError: ``name`` is not in :data:`VARIANTS`.
     """
-    cfg = TrainConfig(batch_size=batch_size, num_examples=len(X), progress=False)
-    three, _ = make_plan(cfg.num_layers, THREE)
-    one, _ = make_plan(cfg.num_layers, 'cpu:0')
+    cfg = TrainConfig(batch_size=batch_size, num_examples=len(X), progress=False,
+                      devices=THREE)
     if name == SEED:
-        loop = SeedLoop(three.devices, batch_size=batch_size, init=init)
+        pipe, _ = build_pipeline(cfg, regression)
+        loop = SeedLoop(pipe.plan.devices, batch_size=batch_size, init=init)
         return _SeedVariant(loop, X, y)
     if name == 'Gluon hybridized 1-device':
-        stepper = HybridStepper(cfg, init)
-    elif name in (REFERENCE, 'symbolic MP (executor)', BASELINE, 'imperative MP'):
+        return StepLoop(HybridStepper(cfg, init), X, y)
+    if name == FLOOR:
+        return FloorStepper(build_pipeline(cfg, regression)[0], cfg, init, X, y)
+    if name in (REFERENCE, 'symbolic MP (executor)', BASELINE, 'imperative MP'):
         variant = 'imperative' if name == 'imperative MP' else 'symbolic'
         api = 'executor' if 'executor' in name else 'module'
-        stepper = make_stepper(replace(cfg, variant=variant, api=api),
-                               one if name == BASELINE else three, init)
-    else:
-        raise ValueError('unknown variant %r; expected one of %s' % (name, ', '.join(VARIANTS)))
-    return StepLoop(stepper, X, y, cfg)
+        run_cfg = replace(cfg, variant=variant, api=api,
+                          devices='cpu:0' if name == BASELINE else THREE)
+        pipe, _ = build_pipeline(run_cfg, regression)
+        return StepLoop(make_stepper(run_cfg, pipe, regression, (init, {}), (1,)), X, y)
+    raise ValueError('unknown variant %r; expected one of %s' % (name, ', '.join(VARIANTS)))
 
 
 class _SeedVariant:

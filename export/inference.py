@@ -16,6 +16,7 @@ import re
 import mxnet as mx
 import numpy as np
 
+from mp_symbolic.checkpoint import first_line
 from mp_symbolic.heads import INFERENCE_FORMS, inference_form
 from mp_symbolic.pipeline import DATA_NAME
 from mp_symbolic.placement import stage_name
@@ -170,8 +171,8 @@ def output_shape(symbol, arg_params, aux_params, shape):
     try:
         _, out_shapes, _ = symbol.infer_shape(**{DATA_NAME: (1,) + tuple(shape)}, **shapes)
     except mx.base.MXNetError as err:
-        raise ExportError('the graph does not take inputs of shape %s: %s'
-                          % (tuple(shape), str(err).strip().splitlines()[-1])) from None
+        raise ExportError('the arrays do not fit together with inputs of shape %s: %s'
+                          % (tuple(shape), first_line(err))) from None
     return tuple(int(d) for d in out_shapes[0][1:])
 
 

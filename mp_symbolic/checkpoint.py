@@ -15,7 +15,8 @@ import mxnet as mx
 
 
 __all__ = ['atomic_path', 'check_writable_dir', 'write_text', 'write_json', 'save_checkpoint',
-           'save_params', 'load_checkpoint', 'check_params', 'CheckpointError']
+           'save_params', 'load_checkpoint', 'check_params', 'CheckpointError', 'first_line',
+           'input_names', 'Checkpoint', 'commit_checkpoint', 'read_checkpoint', 'SUMMARY_NAME']
 
 
 class CheckpointError(ValueError):
@@ -111,12 +112,12 @@ def load_checkpoint(sym_path, params_path):
         symbol = mx.sym.load(sym_path)
     except (mx.base.MXNetError, ValueError, UnicodeDecodeError) as err:
         raise CheckpointError('%s is not an MXNet symbol file: %s'
-                              % (sym_path, _first_line(err))) from None
+                              % (sym_path, first_line(err))) from None
     try:
         saved = mx.nd.load(params_path)
     except (mx.base.MXNetError, ValueError) as err:
         raise CheckpointError('%s is not an MXNet params file: %s'
-                              % (params_path, _first_line(err))) from None
+                              % (params_path, first_line(err))) from None
     if not isinstance(saved, dict):
         raise CheckpointError('%s holds unnamed arrays; expected arg:/aux: names'
                               % params_path)
@@ -158,7 +159,7 @@ def check_params(symbol, arg_params, aux_params, where='params'):
         arg_shapes, _, _ = symbol.infer_shape_partial()
     except mx.base.MXNetError as err:
         raise CheckpointError('%s: cannot infer the shapes its symbol expects: %s'
-                              % (where, _first_line(err))) from None
+                              % (where, first_line(err))) from None
     for name, inferred in zip(symbol.list_arguments(), arg_shapes):
         if name in shapes and inferred and 0 not in inferred and tuple(inferred) != shapes[name]:
             problems.append('%s has shape %s, the symbol expects %s'
@@ -171,12 +172,12 @@ def check_params(symbol, arg_params, aux_params, where='params'):
         try:
             symbol.infer_shape_partial(**known)
         except mx.base.MXNetError as err:
-            problems.append('the arrays do not fit together: %s' % _first_line(err))
+            problems.append('the arrays do not fit together: %s' % first_line(err))
     if problems:
         raise CheckpointError('%s does not match its symbol: %s' % (where, '; '.join(problems)))
 
 
-def _first_line(err):
+def first_line(err):
     """The informative line of an error: MXNet's messages start with a C++
     traceback and end with the check that failed."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]

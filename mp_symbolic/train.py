@@ -14,6 +14,7 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
+from .config import RESUME_IDENTITY, resume_config
 from .checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint, write_text
 from .imperative import ImperativeStepper
 from .module import with_input_shape
@@ -265,8 +266,10 @@ def _resume(cfg, stepper):
         CheckpointError, OptimizerStateError: the checkpoint cannot be used.
     """
     checkpoint = read_checkpoint(cfg.resume)
+    saved = checkpoint.summary.get('config', {})
+    resume_config(saved, {k: getattr(cfg, k) for k in RESUME_IDENTITY})  # same run, or raise
     if checkpoint.epoch >= cfg.num_epochs:
-        raise ValueError('epochs: expected more than the %d epochs of the checkpoint in %s to '
+        raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in %s to '
                          'resume, found %d' % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
     _, arg, aux = checkpoint.load()
     stepper.set_params({k: v.asnumpy() for k, v in arg.items()},

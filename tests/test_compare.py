@@ -19,14 +19,13 @@ from mp_symbolic.compare import REFERENCE, compare, count_autograd_copies
 from mp_symbolic.config import TrainConfig
 from mp_symbolic.graphviz_plot import DEVICE_COLOURS
 from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
-from mp_symbolic.model import build_net, training_symbol
-from mp_symbolic.placement import make_plan
-from mp_symbolic.train import initial_params, make_stepper
+from mp_symbolic.tasks import regression
+from mp_symbolic.train import build_pipeline, initial_values, make_stepper
 
 from conftest import THREE_DEVICES
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
-ROW_FIELDS = {'variant', 'final_mse', 'max_step_loss_diff', 'max_param_diff', 'samples_per_sec',
+ROW_FIELDS = {'variant', 'final_mse', 'metrics', 'result', 'max_step_loss_diff', 'max_param_diff', 'samples_per_sec',
               'stage_devices', 'cross_device_copies_per_step', 'copies_forward',
               'copies_backward', 'copy_count_method', 'placement', 'agree'}
 
@@ -61,6 +60,7 @@ def test_results_json_has_every_field_and_the_variants_agree(compared):
         np.testing.assert_allclose(values, losses[REFERENCE], rtol=AGREE_RTOL, atol=AGREE_ATOL,
                                    err_msg=name)
     assert saved['variants'][2]['stage_devices'] == ['cpu:0']
+    assert saved['variants'][0]['result'].startswith('full-data MSE: ')
 
 
 def test_loss_plot_is_a_png(compared):
@@ -72,9 +72,9 @@ def test_loss_plot_is_a_png(compared):
 
 
 def _graph_nodes():
-    plan, _ = make_plan(3, THREE_DEVICES)
-    symbol = training_symbol(build_net((2, 2, 2, 1), plan.stage_of_layer))
-    return plan, json.loads(symbol.tojson())['nodes']
+    pipe, _ = build_pipeline(TrainConfig(devices=THREE_DEVICES), regression)
+    symbol = pipe.training_symbol('l2', label_name='label')
+    return pipe.plan, json.loads(symbol.tojson())['nodes']
 
 
 def test_graph_dot_has_every_node_coloured_by_its_device(compared):
@@ -110,14 +110,15 @@ def test_graph_png_is_rendered_when_dot_is_installed(compared):
     # the activation at each going forward and one of its gradient at each going
     # back. data, label and parameters are bound on their own stage's device.
     (THREE_DEVICES, (2, 2)),
-    ('cpu:0,cpu:1', (1, 1)),  # layers (0, 0, 1): one boundary
+    ('cpu:0,cpu:1', (1, 1)),  # layers (0, 0, 1): one boundary (balance 2,1)
     ('cpu:0', (0, 0)),
 ])
 @pytest.mark.parametrize('api', ['module', 'executor'])
 def test_bound_graph_has_one_copy_per_boundary_each_way(devices, expected, api):
-    cfg = TrainConfig(devices=devices, api=api, num_examples=200, progress=False)
-    plan, _ = make_plan(cfg.num_layers, devices)
-    stepper = make_stepper(cfg, plan, initial_params(cfg.widths))
+    cfg = TrainConfig(devices=devices, api=api, num_examples=200, progress=False,
+                      balance=None if devices != 'cpu:0,cpu:1' else (2, 1))
+    pipe, _ = build_pipeline(cfg, regression)
+    stepper = make_stepper(cfg, pipe, regression, initial_values(pipe, 0), (1,))
     assert stepper.cross_device_copies() == expected
 
 
@@ -129,13 +130,13 @@ def test_imperative_twin_records_a_copy_where_the_bound_graph_has_one(small_data
     copy, as the profiler's CopyCPU2CPU count per step shows.)"""
     X, _ = small_data
     cfg = TrainConfig(devices=devices, progress=False)
-    plan, _ = make_plan(cfg.num_layers, devices)
-    init = initial_params(cfg.widths)
-    bound_forward, _ = make_stepper(cfg, plan, init).cross_device_copies()
-    stepper = make_stepper(replace(cfg, variant='imperative'), plan, init)
+    pipe, _ = build_pipeline(cfg, regression)
+    init = initial_values(pipe, 0)
+    bound_forward, _ = make_stepper(cfg, pipe, regression, init, (1,)).cross_device_copies()
+    stepper = make_stepper(replace(cfg, variant='imperative'), pipe, regression, init, (1,))
     before = stepper.params()
     forward, _ = count_autograd_copies(stepper, X[:cfg.batch_size])
-    assert forward == bound_forward == plan.num_stages - 1
+    assert forward == bound_forward == pipe.plan.num_stages - 1
     after = stepper.params()
     for name in before:  # counting records a forward pass only: nothing is updated
         np.testing.assert_array_equal(after[name], before[name])
@@ -167,7 +168,8 @@ def test_seed_loop_updates_parameters_on_every_device(small_data):
     means every layer got a fresh gradient each step."""
     X, y = small_data
     devices = [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
-    init = initial_params((2, 2, 2, 1))
+    pipe, _ = build_pipeline(TrainConfig(devices=THREE_DEVICES), regression)
+    init = initial_values(pipe, 0)[0]
     loop = SeedLoop(devices, batch_size=50, init=init)
     for i, block in enumerate(loop.net):
         assert block.w.data().context == block.b.data().context == devices[i]

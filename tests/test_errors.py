@@ -21,7 +21,7 @@ import pytest
 from mp_symbolic.cli import add_train_flags
 from mp_symbolic.cliargs import OneLineArgumentParser, print_error
 from mp_symbolic.config import TrainConfig
-from mp_symbolic.metrics import forward_numpy
+from mp_symbolic.tasks.regression import forward_numpy
 from mp_symbolic.train import train
 
 from export.__main__ import main as export_main
@@ -324,7 +324,8 @@ def test_export_name_of_letters_digits_dot_dash_underscore_is_accepted(tmp_path,
     missing = tmp_path / 'no-run'
     assert export_main(['--checkpoint', str(missing), '--out', str(tmp_path / 'out'),
                         '--name', 'Model-v1.2_b']) == 2
-    assert 'expected a symbolic training run in' in _one_error_line(capfd.readouterr().err)
+    assert 'expected a training folder or a checkpoint prefix at' in \
+        _one_error_line(capfd.readouterr().err)
 
 
 # -- 8. no file content beyond a short excerpt ----------------------------

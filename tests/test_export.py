@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from mp_symbolic.config import TrainConfig
-from mp_symbolic.metrics import forward_numpy
+from mp_symbolic.tasks.regression import forward_numpy
 from mp_symbolic.train import train
 
 from export import onnx_export
@@ -33,7 +33,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp('symbolic')
     result = train(TrainConfig(num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
                                out=str(out)), log=lambda line: None)
-    return {'dir': str(out), 'params': result.params,
+    return {'dir': str(out), 'params': result.params, 'files': result.files,
             'params_file': result.files['params']}
 
 
@@ -58,16 +58,18 @@ def _one_error_line(text):
 
 # -- export ---------------------------------------------------------------
 
-def test_export_writes_files_and_a_passing_report(exported):
-    assert sorted(os.listdir(exported['dir'])) == sorted(
-        os.path.basename(p) for p in exported['paths'].values())  # no temporaries left
+def test_export_commits_files_and_a_passing_report(exported):
+    current = os.path.join(exported['dir'], 'current')
+    assert sorted(os.listdir(current)) == sorted(
+        [os.path.basename(p) for p in exported['paths'].values()] + ['MANIFEST.json'])
+    assert sorted(n for n in os.listdir(exported['dir']) if not n.startswith('snap-')) == [
+        '.lock', 'current']  # no temporaries left
     with open(exported['paths']['report']) as f:
         report = json.load(f)
     assert report['ok'] is True
     assert {row['batch_size'] for row in report['parity']} == {1, 7, 1000}
     assert all(row['max_abs_diff'] <= TOL for row in report['parity'])
     assert all(check['ok'] for check in report['checks'])
-    assert report['learned_map']['max_abs_error'] < 0.01
     assert any(line.startswith('verification: PASSED') for line in exported['lines'])
 
 
@@ -80,7 +82,7 @@ def test_symbol_has_no_loss_head_and_keeps_ctx_group(exported):
     groups = {n['name']: n['attrs']['__ctx_group__'] for n in nodes}
     assert groups['data'] == 'stage0'
     for layer, stage in enumerate(STAGES):
-        for suffix in ('weight', 'bias', 'fc'):
+        for suffix in ('weight', 'bias', 'fwd'):
             assert groups['layer%d_%s' % (layer, suffix)] == stage
 
 
@@ -190,6 +192,14 @@ def _damage(params_file, how):
     mx.nd.save(params_file, arrays)
 
 
+def _plain_pair(trained, folder):
+    """The trained checkpoint as a plain MXNet pair (prefix, epoch) in ``folder``."""
+    folder.mkdir()
+    for key in ('symbol', 'params'):
+        shutil.copy(trained['files'][key], str(folder))
+    return str(folder / 'regression'), 2
+
+
 @pytest.mark.parametrize('how, message', [
     ('missing array', 'missing layer1_bias'),
     ('extra array', 'unexpected layer3_weight'),
@@ -198,54 +208,65 @@ def _damage(params_file, how):
     ('missing file', 'expected a checkpoint file'),
 ])
 def test_export_refuses_bad_checkpoint(trained, tmp_path, capfd, how, message):
-    checkpoint = tmp_path / 'checkpoint'
-    shutil.copytree(trained['dir'], checkpoint)
-    _damage(str(checkpoint / os.path.basename(trained['params_file'])), how)
+    prefix, epoch = _plain_pair(trained, tmp_path / 'checkpoint')
+    _damage('%s-%04d.params' % (prefix, epoch), how)
     out = tmp_path / 'out'
     capfd.readouterr()
-    assert export_main(['--checkpoint', str(checkpoint), '--out', str(out)]) == 2
+    assert export_main(['--checkpoint', prefix, '--epoch', str(epoch), '--out', str(out)]) == 2
     assert message in _one_error_line(capfd.readouterr().err)
-    assert not out.exists() or not os.listdir(out)
+    assert not (out / 'current').exists()
 
 
-def test_export_of_a_missing_training_run_trains_nothing(tmp_path, capfd):
-    """Only the default folder is trained on demand; a mistyped one is refused."""
+def test_export_refuses_a_tampered_training_folder(trained, tmp_path, capfd):
+    """A committed training folder is verified file by file before export."""
+    checkpoint = tmp_path / 'run'
+    shutil.copytree(trained['dir'], str(checkpoint), symlinks=True)
+    params = checkpoint / 'current' / os.path.basename(trained['params_file'])
+    params.write_bytes(params.read_bytes()[:-1] + b'\x00')
+    assert export_main(['--checkpoint', str(checkpoint), '--out', str(tmp_path / 'out')]) == 2
+    line = _one_error_line(capfd.readouterr().err)
+    assert os.path.basename(trained['params_file']) in line and 'sha256' in line
+
+
+def test_export_of_a_missing_training_run_says_how_to_make_one(tmp_path, capfd):
+    """Export never trains."""
     missing = tmp_path / 'no-such-run'
     assert export_main(['--checkpoint', str(missing), '--out', str(tmp_path / 'out')]) == 2
-    assert 'expected a symbolic training run in' in _one_error_line(capfd.readouterr().err)
+    line = _one_error_line(capfd.readouterr().err)
+    assert 'expected a training folder or a checkpoint prefix at' in line
+    assert 'make train-symbolic' in line
     assert not missing.exists() and not (tmp_path / 'out').exists()
 
 
-def test_export_refuses_a_folder_where_a_file_goes(trained, tmp_path, capfd):
-    out = tmp_path / 'out'
-    (out / 'regression.onnx').mkdir(parents=True)
-    assert export_main(['--checkpoint', trained['dir'], '--out', str(out)]) == 2
-    assert 'found a folder there' in _one_error_line(capfd.readouterr().err)
-    assert os.listdir(out) == ['regression.onnx']
+def test_export_refuses_its_own_checkpoint_folder_as_out(trained, capfd):
+    assert export_main(['--checkpoint', trained['dir'], '--out', trained['dir']]) == 2
+    assert "expected a folder other than the checkpoint's own" in \
+        _one_error_line(capfd.readouterr().err)
 
 
 def test_failed_verification_writes_nothing(trained, tmp_path, capfd, monkeypatch):
     from export import verify  # pylint: disable=import-outside-toplevel
-    monkeypatch.setattr(verify, 'TOLERANCE', 0.0)  # no float32 runtime matches float64 exactly
+    monkeypatch.setattr(verify, 'TOLERANCE', -1.0)  # nothing is within a negative tolerance
     out = tmp_path / 'out'
     assert export_main(['--checkpoint', trained['dir'], '--out', str(out)]) == 1
     err = capfd.readouterr().err
     assert 'verification failed, nothing written: parity' in _one_error_line(err)
-    assert not out.exists() or not os.listdir(out)
+    assert not (out / 'current').exists()
+    assert [n for n in os.listdir(out) if n != '.lock'] == []
 
 
 def test_export_refuses_misshaped_arrays_without_shape_attributes(trained, tmp_path, capfd):
     """With no __shape__ attributes to compare against, MXNet's own shape
     inference over the arrays still catches a layer that does not fit."""
-    checkpoint = tmp_path / 'checkpoint'
-    shutil.copytree(trained['dir'], checkpoint)
-    sym_file = checkpoint / 'regression-symbol.json'
+    prefix, epoch = _plain_pair(trained, tmp_path / 'checkpoint')
+    sym_file = tmp_path / 'checkpoint' / 'regression-symbol.json'
     graph = json.loads(sym_file.read_text())
     for node in graph['nodes']:
         node.get('attrs', {}).pop('__shape__', None)
     sym_file.write_text(json.dumps(graph))
-    _damage(str(checkpoint / os.path.basename(trained['params_file'])), 'wrong shape')
-    assert export_main(['--checkpoint', str(checkpoint), '--out', str(tmp_path / 'out')]) == 2
+    _damage('%s-%04d.params' % (prefix, epoch), 'wrong shape')
+    assert export_main(['--checkpoint', prefix, '--epoch', str(epoch), '--out',
+                        str(tmp_path / 'out'), '--input-shape', '2']) == 2
     assert 'the arrays do not fit together' in _one_error_line(capfd.readouterr().err)
 
 

@@ -1,0 +1,139 @@
+"""Training folders that survive: every checkpoint committed as one unit,
+one writer per folder, resume on the same or another device plan, and a
+training killed mid-run leaving a whole, exportable checkpoint.
+(mp_symbolic/store.py's own fault tests are in test_store.py.)"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from mp_symbolic.checkpoint import read_checkpoint
+from mp_symbolic.cli import main
+from mp_symbolic.config import TrainConfig, resume_config
+from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
+from mp_symbolic.store import FolderInUse, Store
+from mp_symbolic.train import train
+
+from export.__main__ import main as export_main
+
+from conftest import THREE_DEVICES
+
+QUIET = dict(log=lambda line: None)
+
+
+def _run(out, devices=THREE_DEVICES, epochs=4, **fields):
+    cfg = TrainConfig(devices=devices, num_epochs=epochs, progress=False, out=str(out),
+                      num_examples=1000, **fields)
+    return train(cfg, **QUIET)
+
+
+@pytest.mark.parametrize('optimizer, fields', [('sgd', {'momentum': 0.9, 'lr': 0.01}),
+                                               ('adam', {'lr': 0.01})])
+def test_resume_on_the_same_plan_equals_an_uninterrupted_run_bitwise(tmp_path, optimizer,
+                                                                     fields):
+    whole = _run(tmp_path / 'whole', optimizer=optimizer, **fields)
+    _run(tmp_path / 'part', epochs=2, optimizer=optimizer, **fields)
+    resumed = train(TrainConfig(devices=THREE_DEVICES, num_epochs=4, progress=False,
+                                num_examples=1000, optimizer=optimizer,
+                                resume=str(tmp_path / 'part'), **fields), **QUIET)
+    for name, value in whole.params.items():
+        np.testing.assert_array_equal(resumed.params[name], value, err_msg=name)
+    assert resumed.epoch_losses == whole.epoch_losses
+    assert read_checkpoint(str(tmp_path / 'part')).epoch == 4
+
+
+@pytest.mark.parametrize('optimizer', ['sgd', 'adam'])
+def test_resume_onto_other_plans_moves_weights_and_optimizer_state(tmp_path, optimizer):
+    """3 devices -> 2 -> 1 -> back to 3, one epoch each, equals one run on 3."""
+    fields = {'momentum': 0.9, 'lr': 0.01} if optimizer == 'sgd' else {'lr': 0.01}
+    whole = _run(tmp_path / 'whole', epochs=4, optimizer=optimizer, **fields)
+    _run(tmp_path / 'hop', epochs=1, optimizer=optimizer, **fields)
+    for epochs, devices in ((2, 'cpu:1,cpu:0'), (3, 'cpu:2'), (4, THREE_DEVICES)):
+        saved = read_checkpoint(str(tmp_path / 'hop')).summary['config']
+        result = train(resume_config(saved, {'devices': devices, 'num_epochs': epochs,
+                                             'progress': False,
+                                             'resume': str(tmp_path / 'hop')}), **QUIET)
+        assert {str(d) for _, d, _ in result.placement} == {
+            'cpu(%s)' % d.split(':')[1] for d in devices.split(',')}
+    for name, value in whole.params.items():
+        np.testing.assert_allclose(result.params[name], value, rtol=AGREE_RTOL, atol=AGREE_ATOL,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--widths', '2,4,1'], "--widths: expected the checkpoint's (2, 2, 2, 1) with resume"),
+    (['--variant', 'imperative'], "--variant: expected the checkpoint's 'symbolic'"),
+    (['--epochs', '2'], '--epochs: expected more than the 2 epochs of the checkpoint'),
+])
+def test_a_resume_that_cannot_work_is_one_line(tmp_path, capsys, argv, message):
+    _run(tmp_path / 'run', epochs=2)
+    capsys.readouterr()
+    assert main(['train', '--no-progress', '--resume', str(tmp_path / 'run')] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and message in err, err
+
+
+def test_train_refuses_a_config_that_is_not_the_checkpoints_run(tmp_path):
+    _run(tmp_path / 'run', epochs=2)
+    with pytest.raises(ValueError, match="lr: expected the checkpoint's 0.02"):
+        train(TrainConfig(devices=THREE_DEVICES, num_epochs=3, num_examples=1000, lr=0.5,
+                          progress=False, resume=str(tmp_path / 'run')), **QUIET)
+
+
+def test_resume_without_a_committed_checkpoint_is_refused(tmp_path, capsys):
+    assert main(['train', '--no-progress', '--resume', str(tmp_path)]) == 2
+    assert 'expected a training run in' in capsys.readouterr().err
+
+
+def test_resume_with_the_optimizer_state_missing_is_refused(tmp_path, capsys):
+    _run(tmp_path / 'run', epochs=2)
+    states = read_checkpoint(str(tmp_path / 'run')).states_path
+    os.remove(states)
+    assert main(['train', '--no-progress', '--epochs', '3', '--resume',
+                 str(tmp_path / 'run')]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and os.path.basename(states) in err
+
+
+def test_a_second_training_into_a_folder_in_use_is_refused_at_once(tmp_path, capsys):
+    out = tmp_path / 'run'
+    with Store(str(out)).locked():  # another writer holds the folder
+        started = time.monotonic()
+        assert main(['train', '--no-progress', '--out', str(out)]) == 2
+        assert time.monotonic() - started < 30
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'is in use by another process (pid %d)' % os.getpid() in err
+    with Store(str(out)).locked():
+        with pytest.raises(FolderInUse):
+            train(TrainConfig(devices=THREE_DEVICES, progress=False, out=str(out)), **QUIET)
+
+
+def test_export_into_a_folder_in_use_is_refused(tmp_path, capsys):
+    _run(tmp_path / 'run', epochs=1)
+    with Store(str(tmp_path / 'out')).locked():
+        assert export_main(['--checkpoint', str(tmp_path / 'run'), '--out',
+                            str(tmp_path / 'out')]) == 2
+    assert 'is in use by another process' in capsys.readouterr().err
+
+
+def test_a_training_killed_mid_run_leaves_a_whole_checkpoint_that_exports(tmp_path):
+    """SIGKILL while epochs are being committed: the folder holds one whole
+    checkpoint (verified file by file), and it exports."""
+    out = tmp_path / 'run'
+    proc = subprocess.Popen([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
+                             '--epochs', '400', '--num-examples', '2000', '--out', str(out),
+                             '--devices', THREE_DEVICES], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    for line in proc.stdout:
+        if line.startswith('epoch 5/'):
+            break
+    time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    checkpoint = read_checkpoint(str(out))
+    assert checkpoint.epoch >= 4 and checkpoint.meta['complete'] is False
+    assert export_main(['--checkpoint', str(out), '--out', str(tmp_path / 'export')]) == 0
