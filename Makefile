@@ -1,6 +1,7 @@
 # Every target installs what it needs into .venv on first use; later runs
-# reinstall only when pyproject.toml changes.
-#   make train-symbolic DEVICES=cpu:0,cpu:1 EPOCHS=3
+# reinstall only when pyproject.toml changes. Python 3.8 to 3.11 (MXNet 1.9.1's
+# wheels); pick one with PYTHON=, e.g. `make test PYTHON=python3.11`.
+#   make train-symbolic DEVICES=cpu:0,cpu:1 EPOCHS=3 CHUNKS=4
 #   make setup MXNET=cu112            # CUDA 11.2 build of MXNet instead of the CPU one
 #                                     # (later targets keep it; MXNET=cpu switches back)
 
@@ -12,21 +13,33 @@ STAMP := $(VENV)/.installed-$(MXNET)
 
 DEVICES ?=
 EPOCHS ?=
+CHUNKS ?=
 TRAIN_FLAGS = $(if $(DEVICES),--devices $(DEVICES)) $(if $(EPOCHS),--epochs $(EPOCHS))
+RUN_FLAGS = $(TRAIN_FLAGS) $(if $(CHUNKS),--chunks $(CHUNKS))
+SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
-.PHONY: help setup train-symbolic train-imperative export compare bench bench-export test clean
+.PHONY: help setup train-symbolic train-imperative train-digits export export-digits compare \
+        bench bench-export test clean distclean
 
 help:
-	@echo "make train-symbolic    train the ctx_group graph model-parallel (Module API)"
-	@echo "make train-imperative  train the Gluon twin model-parallel"
-	@echo "make export            export the symbolic checkpoint to symbol/params and ONNX, verify"
+	@echo "make train-symbolic    train the regression model-parallel (Pipeline + MXNet Module)"
+	@echo "make train-imperative  train the regression's Gluon twin model-parallel"
+	@echo "make train-digits      train a CNN on scikit-learn's 8x8 digits over three devices"
+	@echo "make export            export the regression checkpoint to symbol/params and ONNX, verify"
+	@echo "make export-digits     export the digits checkpoint the same way"
 	@echo "make compare           train all variants side by side, write table, plot and graph"
 	@echo "make bench             training throughput and time-to-accuracy, as ratios"
 	@echo "make bench-export      inference throughput of the exported model: onnxruntime vs MXNet"
 	@echo "make test              run the test suite"
-	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N MXNET=cpu|cu112 PYTHON=python3.x"
+	@echo "make clean             remove artifacts/ (distclean: .venv too)"
+	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x"
 
 $(STAMP): pyproject.toml
+	@# a .venv made by a Python MXNet 1.9.1 cannot run (3.12+, or older than 3.8) is made anew
+	@if [ -x $(PY) ] && ! $(PY) -c '$(SUPPORTED)'; then \
+	  echo "$(VENV) uses $$($(PY) -V 2>&1), which MXNet 1.9.1 does not support: recreating it with $(PYTHON)"; \
+	  rm -rf $(VENV); fi
+	@$(PYTHON) -c '$(SUPPORTED)' || { echo "error: PYTHON=$(PYTHON) is $$($(PYTHON) -V 2>&1); expected Python 3.8 to 3.11 (MXNet 1.9.1's wheels), e.g. make PYTHON=python3.11"; exit 2; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=21.3"
 	@# mxnet and mxnet-cu112 install the same module: remove the other build first
@@ -39,13 +52,22 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 train-symbolic: $(STAMP)
-	$(PY) -m mp_symbolic train --variant symbolic $(TRAIN_FLAGS)
+	$(PY) -m mp_symbolic train --variant symbolic $(RUN_FLAGS)
 
 train-imperative: $(STAMP)
 	$(PY) -m mp_symbolic train --variant imperative $(TRAIN_FLAGS)
 
+train-digits: $(STAMP)
+	$(PY) -m mp_symbolic train --task digits $(RUN_FLAGS)
+
+# Export never trains: these targets train first when there is no checkpoint yet.
 export: $(STAMP)
+	@test -e artifacts/symbolic/current || $(PY) -m mp_symbolic train --variant symbolic --no-progress
 	$(PY) -m export
+
+export-digits: $(STAMP)
+	@test -e artifacts/digits/current || $(PY) -m mp_symbolic train --task digits --no-progress
+	$(PY) -m export --checkpoint artifacts/digits --out artifacts/export-digits
 
 compare: $(STAMP)
 	$(PY) -m mp_symbolic compare $(TRAIN_FLAGS)
@@ -61,3 +83,6 @@ test: $(STAMP)
 
 clean:
 	rm -rf artifacts .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info

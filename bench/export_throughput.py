@@ -1,6 +1,6 @@
 """Inference throughput of the exported model: onnxruntime vs MXNet, one process.
 
-    python bench/export_throughput.py [--model-dir artifacts/export] [--repeats 7]
+    python bench/export_throughput.py [--model-dir artifacts/export/current] [--repeats 7]
     make bench-export        # exports first, then runs this
 
 Runs ``<name>.onnx`` in onnxruntime and the ``<name>-symbol.json`` pair in
@@ -68,7 +68,7 @@ def _batch_sizes(text):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python bench/export_throughput.py',
                                      description=__doc__.split('\n')[0])
-    parser.add_argument('--model-dir', default=os.path.join('artifacts', 'export'),
+    parser.add_argument('--model-dir', default=os.path.join('artifacts', 'export', 'current'),
                         help='folder of the exported files (default: %(default)s)')
     parser.add_argument('--name', default='regression',
                         help='file name prefix of the exported files (default: %(default)s)')
