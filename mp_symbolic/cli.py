@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from .config import APIS, OPTIMIZERS, VARIANTS, TrainConfig
+from .launch import add_launch_parser
 
 __all__ = ['main', 'build_parser']
 
@@ -83,6 +84,7 @@ def build_parser():
     add_train_flags(compare)
     compare.add_argument('--out', default='artifacts/compare', metavar='DIR',
                          help='output folder (default: %(default)s)')
+    add_launch_parser(commands)
     return parser
 
 
@@ -115,6 +117,8 @@ def _flag_message(err):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.command == 'launch':
+        return args.run(args)
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from .checkpoint import check_writable_dir
