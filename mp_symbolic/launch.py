@@ -187,10 +187,15 @@ def plan_job(command, num_workers, num_servers, hosts, port):
             [node('worker', i, i, worker_argv(command)) for i in range(num_workers)])
 
 
-def shell_line(node, cwd):
-    """One shell line that runs ``node`` on its host: ``cd DIR && env VAR=... CMD``."""
+def shell_line(node, cwd, exec_=False):
+    """One shell line that runs ``node`` on its host: ``cd DIR && env VAR=... CMD``.
+
+    With ``exec_``, the shell replaces itself with the command (``exec env ...``),
+    so that ending the shell's session ends the command.
+    """
     env = ' '.join('%s=%s' % (k, shlex.quote(v)) for k, v in node.env)
-    return 'cd %s && env %s %s' % (shlex.quote(cwd), env, shlex.join(node.argv))
+    return 'cd %s && %senv %s %s' % (shlex.quote(cwd), 'exec ' if exec_ else '', env,
+                                      shlex.join(node.argv))
 
 
 def manual_script(nodes, cwd):
@@ -338,7 +343,7 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
         with lock:
             print('launch: pids: %s' % ', '.join('%s %d' % (c.node.name, c.pid) for c in children),
                   file=out, flush=True)
-        workers_done_at = scheduler_done_at = None
+        over_since = ended_first = None
         while True:
             if received:
                 name = signal.Signals(received[0]).name
@@ -360,19 +365,18 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
                     _plural(sum(n.role == 'worker' for n in nodes), 'worker'),
                     _plural(sum(n.role == 'server' for n in nodes), 'server'),
                     time.monotonic() - start))
-            now = time.monotonic()
-            if workers_done_at is None and all(c.node.role != 'worker' for c in running):
-                workers_done_at = now
-            if scheduler_done_at is None and all(c.node.role != 'scheduler' for c in running):
-                scheduler_done_at = now
-            since = min(t for t in (workers_done_at, scheduler_done_at, float('inf'))
-                        if t is not None)
-            if now - since > timeout:
-                which = 'every worker' if workers_done_at is not None else 'the scheduler'
+            # Once every worker, or the scheduler, has exited 0, the job is over:
+            # the rest get `timeout` seconds to end by themselves.
+            if over_since is None:
+                roles = {c.node.role for c in running}
+                if 'worker' not in roles or 'scheduler' not in roles:
+                    over_since = time.monotonic()
+                    ended_first = 'every worker' if 'worker' not in roles else 'the scheduler'
+            elif time.monotonic() - over_since > timeout:
                 return finish(EXIT_FAILED, 'error: %s exited 0 but %s did not end within '
                               '%g s after; stopped %s' % (
-                                  which, ', '.join(c.node.name for c in running), timeout,
-                                  'it' if len(running) == 1 else 'them'))
+                                  ended_first, ', '.join(c.node.name for c in running),
+                                  timeout, 'it' if len(running) == 1 else 'them'))
             time.sleep(POLL)
     finally:
         _stop(children)  # a no-op after finish(); guards against an exception in between
@@ -499,13 +503,13 @@ def run_launch(args):
         print(manual_script(nodes, cwd))
         return 0
     print('launch: scheduler at %s:%d, %s, %s (%s mode)' % (
-        nodes[0].env[1][1], port, _plural(args.servers, 'server'),
+        dict(nodes[0].env)['DMLC_PS_ROOT_URI'], port, _plural(args.servers, 'server'),
         _plural(args.workers, 'worker'), args.mode), flush=True)
     if args.mode == 'ssh':
         # Untested here (no ssh on the machine this was written on). -tt gives the
         # remote command a terminal, so ending ssh hangs it up and ends the process.
         return run_job(nodes, args.timeout, argv_of=lambda node: (
             'ssh', '-tt', '-o', 'BatchMode=yes', node.host,
-            shell_line(node, cwd).replace(' && env ', ' && exec env ', 1)))
+            shell_line(node, cwd, exec_=True)))
     # Unbuffered Python output, so lines are relayed as they are printed.
     return run_job(nodes, args.timeout, extra_env={'PYTHONUNBUFFERED': '1'})
