@@ -177,23 +177,30 @@ def test_worker_exiting_non_zero_stops_the_job_and_its_grandchildren():
 
 
 @pytest.mark.parametrize('signum, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_to_launcher_stops_the_job(signum, status):
+def test_signal_to_launcher_stops_the_job(signum, status, tmp_path):
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, '-m', 'mp_symbolic', 'launch', '--port', str(port), '--workers', '1',
-         '--servers', '1', '--', 'sh', '-c', 'echo ready; sleep 600'],
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout = []
-    for line in proc.stdout:  # up to the worker's first line: every process is started
-        stdout.append(line)
-        if line.startswith('[worker 0] ready'):
-            break
+    out_path, err_path = tmp_path / 'out', tmp_path / 'err'
+    with open(out_path, 'w') as out, open(err_path, 'w') as err:
+        proc = subprocess.Popen(
+            [sys.executable, '-m', 'mp_symbolic', 'launch', '--port', str(port), '--workers', '1',
+             '--servers', '1', '--', 'sh', '-c', 'echo ready; sleep 600'],
+            cwd=ROOT, env=ENV, stdout=out, stderr=err)
+    deadline = time.monotonic() + JOB_TIMEOUT
+    # Up to the worker's first line: every process is started.
+    while '[worker 0] ready' not in out_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=JOB_TIMEOUT)
+    try:
+        proc.wait(timeout=JOB_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
     assert proc.returncode == status
-    assert err.splitlines()[-1] == ('error: launch interrupted by %s; stopped the 3 running '
-                                    'processes of the job' % signum.name)
-    assert_nothing_left(''.join(stdout) + out, port, num_processes=3)
+    assert err_path.read_text().splitlines()[-1] == (
+        'error: launch interrupted by %s; stopped the 3 running processes of the job'
+        % signum.name)
+    assert_nothing_left(out_path.read_text(), port, num_processes=3)
 
 
 def test_servers_outliving_the_workers_are_stopped_after_the_timeout():
