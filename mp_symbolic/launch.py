@@ -506,8 +506,8 @@ def run_launch(args):
         dict(nodes[0].env)['DMLC_PS_ROOT_URI'], port, _plural(args.servers, 'server'),
         _plural(args.workers, 'worker'), args.mode), flush=True)
     if args.mode == 'ssh':
-        # Untested here (no ssh on the machine this was written on). -tt gives the
-        # remote command a terminal, so ending ssh hangs it up and ends the process.
+        # Tested only with a stand-in ssh (none on the machine this was written on).
+        # -tt gives the remote command a terminal, so ending ssh hangs it up and ends it.
         return run_job(nodes, args.timeout, argv_of=lambda node: (
             'ssh', '-tt', '-o', 'BatchMode=yes', node.host,
             shell_line(node, cwd, exec_=True)))

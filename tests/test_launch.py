@@ -247,6 +247,33 @@ def test_manual_commands_run_as_separate_hosts_complete_the_job(tmp_path):
     assert params[0] == params[1]
 
 
+def test_ssh_mode_runs_each_process_through_ssh_to_its_host(tmp_path):
+    # No ssh here: a stand-in reports its host and runs the remote line locally.
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'ssh').write_text('#!/bin/sh\n'
+                                 'for arg; do host=$line; line=$arg; done\n'
+                                 'echo "ssh to $host" >&2\n'
+                                 'exec sh -c "$line"\n')
+    (bin_dir / 'ssh').chmod(0o755)
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('127.0.0.1\nlocalhost\n')
+    port = free_port()
+    env = dict(ENV, PATH='%s%s%s' % (bin_dir, os.pathsep, ENV['PATH']))
+    result = subprocess.run(
+        [sys.executable, '-m', 'mp_symbolic', 'launch', '--mode', 'ssh', '--hostfile',
+         str(hostfile), '--port', str(port), '--workers', '2', '--servers', '1', '--',
+         *WORKER, '--steps', '2'],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert sorted(re.findall(r'^\[(.*)\] ssh to (\S+)$', result.stderr, re.M)) == [
+        ('scheduler', '127.0.0.1'), ('server 0', '127.0.0.1'), ('worker 0', '127.0.0.1'),
+        ('worker 1', 'localhost')]
+    params = final_params(result.stdout)
+    assert len(params) == 2 and params['worker 0'] == params['worker 1']
+    assert_nothing_left(result.stdout, port, num_processes=4)
+
+
 def test_hosts_are_assigned_round_robin_with_the_scheduler_on_the_first():
     hosts = [('a', '10.0.0.1'), ('b', '10.0.0.2')]
     nodes = plan_job(['python', 'w.py'], num_workers=3, num_servers=2, hosts=hosts, port=9000)
