@@ -30,6 +30,7 @@ help:
 	@echo "make compare           train all variants side by side, write table, plot and graph"
 	@echo "make bench             training throughput and time-to-accuracy, as ratios"
 	@echo "make bench-export      inference throughput of the exported model: onnxruntime vs MXNet"
+	@echo "make bench-dist        a dist_sync job of 1 and 2 workers on loopback (launch overhead)"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x"
@@ -77,6 +78,10 @@ bench: $(STAMP)
 
 bench-export: export
 	$(PY) bench/export_throughput.py
+
+.PHONY: bench-dist
+bench-dist: $(STAMP)
+	$(PY) -m bench.dist
 
 test: $(STAMP)
 	$(PY) -m pytest -q

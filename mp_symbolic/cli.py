@@ -12,6 +12,7 @@ import os
 import sys
 
 from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
+from .launch import add_launch_parser
 from .tasks import TASKS
 
 __all__ = ['main', 'build_parser']
@@ -121,6 +122,7 @@ def build_parser(defaults=True):
     add_train_flags(compare, defaults)
     compare.add_argument('--out', default='artifacts/compare', metavar='DIR',
                          help='output folder (default: %(default)s)')
+    add_launch_parser(commands)
     if not defaults:
         for subparser in commands.choices.values():
             for action in subparser._actions:  # pylint: disable=protected-access
@@ -174,6 +176,8 @@ def _flag_message(err):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.command == 'launch':
+        return args.run(args)
     if getattr(args, 'chunks', 1) > 1:
         # Read once, at MXNet's first operator: oneDNN's BatchNorm fails on
         # micro-batched graphs split across devices (see Pipeline).
