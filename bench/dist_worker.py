@@ -19,9 +19,11 @@ import time
 
 import mxnet as mx
 
-from mp_symbolic.data import make_dataset
+from mp_symbolic.pipeline import Pipeline
+from mp_symbolic.tasks.regression import LABEL_NAME, build_blocks, make_dataset
 from mp_symbolic.launch import abort_on_error
-from mp_symbolic.model import DATA_NAME, LABEL_NAME, build_net, training_symbol
+
+DATA_NAME = 'data'
 
 
 def build_parser():
@@ -48,7 +50,7 @@ def main(argv=None):
                                [mx.nd.array(y[i:i + batch_size])])
                for i in range(0, len(X) - batch_size + 1, batch_size)]
 
-    mod = mx.mod.Module(training_symbol(build_net((2, 2, 2, 1), stage_of_layer=(0, 0, 0))),
+    mod = mx.mod.Module(Pipeline(build_blocks(), 'cpu:0').training_symbol('l2', label_name=LABEL_NAME),
                         data_names=[DATA_NAME], label_names=[LABEL_NAME], context=mx.cpu(0))
     mod.bind(data_shapes=[(DATA_NAME, (batch_size, 2))],
              label_shapes=[(LABEL_NAME, (batch_size, 1))])

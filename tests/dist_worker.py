@@ -23,9 +23,11 @@ import sys
 import mxnet as mx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mp_symbolic.data import make_dataset
+from mp_symbolic.pipeline import Pipeline
+from mp_symbolic.tasks.regression import LABEL_NAME, build_blocks, make_dataset
 from mp_symbolic.launch import abort_on_error
-from mp_symbolic.model import DATA_NAME, LABEL_NAME, build_net, training_symbol
+
+DATA_NAME = 'data'
 
 
 def main():
@@ -42,8 +44,8 @@ def main():
     X, y = make_dataset(num_examples=args.steps * args.batch_size * kv.num_workers, seed=0)
     X, y = X[kv.rank::kv.num_workers], y[kv.rank::kv.num_workers]  # this worker's share
 
-    net = build_net((2, 2, 2, 1), stage_of_layer=(0, 0, 0))
-    mod = mx.mod.Module(training_symbol(net), data_names=[DATA_NAME],
+    symbol = Pipeline(build_blocks(), 'cpu:0').training_symbol('l2', label_name=LABEL_NAME)
+    mod = mx.mod.Module(symbol, data_names=[DATA_NAME],
                         label_names=[LABEL_NAME], context=mx.cpu(0))
     mod.bind(data_shapes=[(DATA_NAME, (args.batch_size, 2))],
              label_shapes=[(LABEL_NAME, (args.batch_size, 1))])
