@@ -5,7 +5,9 @@ its own (:mod:`~mp_symbolic.symbolic`, :mod:`~mp_symbolic.imperative`,
 :mod:`~mp_symbolic.tasks`). Tests call these functions for one tiny epoch.
 """
 from collections import OrderedDict
+import contextlib
 from contextlib import contextmanager
+import hashlib
 from dataclasses import dataclass, field
 import os
 import time
@@ -218,6 +220,15 @@ def _title(cfg, pipe):
         cfg.task, name, len(pipe.blocks), pipe.plan.num_stages, extra)
 
 
+def params_digest(params):
+    """sha256 of every parameter's float32 bytes, by name: equal digests, equal weights."""
+    digest = hashlib.sha256()
+    for name in sorted(params):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(params[name], dtype=np.float32).tobytes())
+    return digest.hexdigest()
+
+
 def _summary(cfg, task, pipe, result, complete):
     summary = {
         'config': cfg.to_dict(), 'task': task.NAME,
@@ -245,6 +256,8 @@ class _Checkpointer:
         self.last = None
 
     def commit(self, epoch, result=None, complete=False):
+        if self.store is None:  # a data-parallel worker other than worker 0
+            return None
         arg, aux = self.stepper.arg_aux()
         summary = _summary(self.cfg, self.task, self.pipe,
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
@@ -296,15 +309,21 @@ def train(cfg, log=print):
             initial one (its final checkpoint is not committed).
     """
     task = get_task(cfg.task)
-    store = Store(cfg.out_dir)
-    with store.locked():
+    kvstore = mx.kv.create(cfg.kvstore) if (cfg.kvstore or '').startswith('dist') else None
+    writer = kvstore is None or kvstore.rank == 0  # one worker writes the checkpoints
+    if kvstore is not None:
+        log('worker %d of %d (kvstore %s); %s' % (
+            kvstore.rank, kvstore.num_workers, cfg.kvstore,
+            'this worker writes the checkpoints' if writer else 'worker 0 writes the checkpoints'))
+    store = Store(cfg.out_dir) if writer else None
+    with store.locked() if writer else contextlib.nullcontext():
         data = task.load(cfg)
         pipe, note = build_pipeline(cfg, task)
         for line in ([note] if note else []) + [_title(cfg, pipe)] + \
                 ['  ' + l for l in pipe.describe()]:
             log(line)
         init = initial_values(pipe, cfg.seed)
-        stepper = make_stepper(cfg, pipe, task, init, data[1].shape[1:])
+        stepper = make_stepper(cfg, pipe, task, init, data[1].shape[1:], kvstore)
         _, _, score_before = task.evaluate(init[0], stepper.predict, data)
         start_epoch, epoch_losses = 0, []
         if cfg.resume is not None:
@@ -333,6 +352,9 @@ def train(cfg, log=print):
         checkpoint = checkpointer.commit(cfg.num_epochs, dict(
             metrics=result.metrics, wall_time_s=result.wall_time,
             samples_per_sec=result.samples_per_sec), complete=True)
+    log('parameters sha256: %s' % params_digest(result.params))
+    if checkpoint is None:
+        return result
     result.files = {'symbol': checkpoint.symbol_path, 'params': checkpoint.params_path,
                     'states': checkpoint.states_path,
                     'summary': os.path.join(checkpoint.folder, SUMMARY_NAME)}

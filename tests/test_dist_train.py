@@ -1,0 +1,39 @@
+"""``train`` under ``python -m mp_symbolic launch``: two data-parallel workers
+of the model-parallel pipeline, gradients summed by dist_sync through
+ps-lite, equal to one process on the same global batch."""
+import re
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+
+from mp_symbolic.checkpoint import read_checkpoint
+from mp_symbolic.config import TrainConfig
+from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
+from mp_symbolic.train import train
+
+TRAIN = ['train', '--epochs', '2', '--num-examples', '1000', '--devices', 'cpu:0,cpu:1',
+         '--optimizer', 'adam', '--lr', '0.05', '--no-progress']
+
+
+def test_two_workers_end_with_the_same_parameters_as_one_process(tmp_path):
+    job = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch', '--workers', '2',
+                          '--servers', '1', '--'] + TRAIN + ['--out', str(tmp_path / 'dist')],
+                         capture_output=True, text=True, timeout=240, check=False)
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    digests = re.findall(r'^\[worker (\d)\] parameters sha256: ([0-9a-f]{64})$', job.stdout,
+                         re.M)
+    assert sorted(w for w, _ in digests) == ['0', '1']
+    assert digests[0][1] == digests[1][1]  # both workers hold the same weights
+    assert len(re.findall(r'this worker writes the checkpoints', job.stdout)) == 1
+    assert 'launch: 2 workers, 1 server: all exited 0' in job.stdout
+
+    one = train(TrainConfig(devices='cpu:0,cpu:1', num_epochs=2, num_examples=1000,
+                            optimizer='adam', lr=0.05, progress=False,
+                            out=str(tmp_path / 'one')), log=lambda line: None)
+    _, arg_params, _ = read_checkpoint(str(tmp_path / 'dist')).load()
+    for name, value in one.params.items():
+        np.testing.assert_allclose(arg_params[name].asnumpy(), value, rtol=AGREE_RTOL,
+                                   atol=AGREE_ATOL, err_msg=name)
+    assert arg_params['layer2_weight'].context == mx.cpu()
