@@ -45,7 +45,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade "pip>=21.3"
 	@# mxnet and mxnet-cu112 install the same module: remove the other build first
 	$(PY) -m pip uninstall --quiet --yes $(if $(filter cu112,$(MXNET)),mxnet,mxnet-cu112) 2>/dev/null || true
-	$(PY) -m pip install --quiet -e ".[$(MXNET),test]"
+	@# not editable: setuptools prints a warning banner for editable installs; commands run
+	@# from this folder import the package from here anyway
+	$(PY) -m pip install --quiet ".[$(MXNET),test]"
 	@command -v dot >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null; } || echo "graphviz 'dot' not installed (needs root/apt): graph pictures will be .dot source only"
 	@rm -f $(VENV)/.installed-*
 	@touch $@

@@ -93,7 +93,7 @@ def _throughput(X, y, init, repeats, num_steps, log):
             % (b, REFERENCE, rates[b][REFERENCE] / rates[b][BASELINE], BASELINE,
                rates[b][REFERENCE] / rates[b]['imperative MP']))
     for b in BATCH_SIZES:
-        log('  bs=%d: step time of %s / %s (no data movement): %.2fx'
+        log('  bs=%d: step time of %s / %s (staged batches): %.2fx'
             % (b, REFERENCE, FLOOR, rates[b][FLOOR] / rates[b][REFERENCE]))
     return rates
 

@@ -7,9 +7,10 @@ with :class:`~mp_symbolic.config.TrainConfig`'s SGD and batch order; the seed's
 loop keeps its own Adam (lr 0.001) and its in-order batches.
 
 ``bare executor (floor)`` is the least a step can cost on the model-parallel
-plan: the bound graph's forward, backward and per-device update on a batch
-already in its arrays, no data movement at all. The Module path is measured
-against it.
+plan: the bound graph's forward, backward and per-device update, fed batches
+already staged on the stage devices (one on-device copy into the bound
+arrays per input), with no loss read and no bookkeeping. The Module path is
+measured against it.
 """
 from collections import OrderedDict
 from dataclasses import replace
@@ -18,6 +19,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from mp_symbolic.config import TrainConfig
+from mp_symbolic.data import staged_batches
 from mp_symbolic.module import PerDeviceUpdater
 from mp_symbolic.pipeline import DATA_NAME
 from mp_symbolic.symbolic import create_optimizer
@@ -55,7 +57,6 @@ class HybridStepper:
         self._loss_fn = gluon.loss.L2Loss()
 
     def batches(self, X, y, epoch):
-        from mp_symbolic.data import staged_batches  # pylint: disable=import-outside-toplevel
         return staged_batches(X, y, self.cfg.batch_size, epoch, self.cfg.seed, self.ctx,
                               self.ctx)
 
@@ -73,10 +74,11 @@ class HybridStepper:
 
 
 class FloorStepper:
-    """The bound model-parallel graph stepped on the batch already in its
-    arrays: forward, backward, per-device update, and nothing else."""
+    """The bound model-parallel graph fed staged batches: a copy of each into
+    its arrays, forward, backward, per-device update, and nothing else."""
 
     def __init__(self, pipe, cfg, init, X, y):
+        self.pipe, self.cfg, self.X, self.y = pipe, cfg, X, y
         symbol = pipe.training_symbol('l2', label_name=regression.LABEL_NAME)
         grad_req = {n: 'null' if n in (DATA_NAME, regression.LABEL_NAME) else 'write'
                     for n in symbol.list_arguments()}
@@ -86,16 +88,30 @@ class FloorStepper:
                                          regression.LABEL_NAME: (cfg.batch_size, 1)})
         for name, value in init.items():
             self.exe.arg_dict[name][:] = value
-        self.exe.arg_dict[DATA_NAME][:] = X[:cfg.batch_size]
-        self.exe.arg_dict[regression.LABEL_NAME][:] = y[:cfg.batch_size]
+        self._data = self.exe.arg_dict[DATA_NAME]
+        self._label = self.exe.arg_dict[regression.LABEL_NAME]
+        self._epoch = 0
+        self._it = self._batches()
         names = [n for n in symbol.list_arguments() if grad_req[n] == 'write']
         self.names = names
         self.updater = PerDeviceUpdater(mx.optimizer.get_updater(create_optimizer(cfg)))
         self.args = (list(range(len(names))), [self.exe.grad_dict[n] for n in names],
                      [self.exe.arg_dict[n] for n in names])
 
+    def _batches(self):
+        self._epoch += 1
+        return iter(staged_batches(self.X, self.y, self.cfg.batch_size, self._epoch,
+                                   self.cfg.seed, self.pipe.plan.first_device,
+                                   self.pipe.plan.last_device))
+
     def run(self, num_steps):
         for _ in range(num_steps):
+            batch = next(self._it, None)
+            if batch is None:
+                self._it = self._batches()
+                batch = next(self._it)
+            batch[0].copyto(self._data)
+            batch[1].copyto(self._label)
             self.exe.forward(is_train=True)
             self.exe.backward()
             self.updater(*self.args)

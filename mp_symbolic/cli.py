@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 
+from .cliargs import OneLineArgumentParser
 from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
 from .launch import add_launch_parser
 from .tasks import TASKS
@@ -75,7 +76,7 @@ def add_train_flags(parser, defaults=True):
 def build_parser(defaults=True):
     """The parser; with ``defaults=False`` flags not given are left out of
     the result (to tell what a user set from a default)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog='python -m mp_symbolic',
         description='Model-parallel training in MXNet 1.x: the seed question\'s regression '
                     'and a CNN on 8x8 digits, split over devices by mp_symbolic.Pipeline.')

@@ -162,12 +162,36 @@ class PipelineModule(mx.mod.Module):
             super().init_optimizer(kvstore, optimizer, optimizer_params, force_init=force_init)
         if self._updater is not None and not isinstance(self._updater, PerDeviceUpdater):
             self._updater = PerDeviceUpdater(self._updater)
+        self._update_args = None
         if self._kvstore is not None and 'dist' in self._kvstore.type:
             # every worker starts from the values the kvstore holds (worker 0's)
             for i, (name, arrays) in enumerate(zip(self._exec_group.param_names,
                                                    self._exec_group.param_arrays)):
                 self._kvstore.pull(name, out=arrays, priority=-i)
             self._params_dirty = True
+
+    def update(self):
+        """``mx.mod.Module.update``; without a kvstore, one call of the
+        per-device updater with argument lists made once (MXNet's loop
+        rebuilds them in Python every step)."""
+        if self._kvstore is not None or self._update_on_kvstore:
+            super().update()
+            return
+        assert self.binded and self.params_initialized and self.optimizer_initialized
+        self._params_dirty = True
+        if getattr(self, '_update_args', None) is None:
+            group, replicas = self._exec_group, len(self._context)
+            indices, grads, weights = [], [], []
+            for i, (arrays, grad_arrays) in enumerate(zip(group.param_arrays,
+                                                          group.grad_arrays)):
+                if grad_arrays[0] is None:  # a fixed parameter
+                    continue
+                for k in range(replicas):
+                    indices.append(i * replicas + k)  # MXNet's index of replica k's copy
+                    grads.append(grad_arrays[k])
+                    weights.append(arrays[k])
+            self._update_args = (indices, grads, weights)
+        self._updater(*self._update_args)
 
     @property
     def kvstore(self):
