@@ -14,6 +14,7 @@ STAMP := $(VENV)/.installed-$(MXNET)
 DEVICES ?=
 EPOCHS ?=
 CHUNKS ?=
+QUICK ?=
 TRAIN_FLAGS = $(if $(DEVICES),--devices $(DEVICES)) $(if $(EPOCHS),--epochs $(EPOCHS))
 RUN_FLAGS = $(TRAIN_FLAGS) $(if $(CHUNKS),--chunks $(CHUNKS))
 SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
@@ -33,7 +34,7 @@ help:
 	@echo "make bench-dist        a dist_sync job of 1 and 2 workers on loopback (launch overhead)"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
-	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x"
+	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
 
 $(STAMP): pyproject.toml
 	@# a .venv made by a Python MXNet 1.9.1 cannot run (3.12+, or older than 3.8) is made anew
@@ -75,15 +76,16 @@ export-digits: $(STAMP)
 compare: $(STAMP)
 	$(PY) -m mp_symbolic compare $(TRAIN_FLAGS)
 
+# QUICK=1: a smoke run of a benchmark (few repeats; its figures mean little)
 bench: $(STAMP)
-	$(PY) -m bench
+	$(PY) -m bench $(if $(QUICK),--quick)
 
 bench-export: export
-	$(PY) bench/export_throughput.py
+	$(PY) bench/export_throughput.py $(if $(QUICK),--repeats 1 --repeat-seconds 0.02)
 
 .PHONY: bench-dist
 bench-dist: $(STAMP)
-	$(PY) -m bench.dist
+	$(PY) -m bench.dist $(if $(QUICK),--repeats 1 --steps 20 --warmup 2)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -214,8 +214,8 @@ class ExecutorStepper(_SymbolicStepper):
 
     def step(self, X, y):
         exe = self._exec
-        exe.arg_dict[DATA_NAME][:] = X
-        exe.arg_dict[self.label_name][:] = y
+        X.copyto(exe.arg_dict[DATA_NAME])  # on-device copies of the staged batch
+        y.copyto(exe.arg_dict[self.label_name])
         exe.forward(is_train=True)
         exe.backward()
         # weight, gradient and optimizer state of each parameter share its device

@@ -1,0 +1,104 @@
+"""Every shell command in README.md runs as written, in a copy of this folder.
+
+``sh`` blocks are commands that must succeed (benchmark targets run with
+``QUICK=1``, a smoke run; ``make test`` is this suite and is not run again).
+In ``text`` blocks, a ``$ command`` line followed by an ``error:`` line shows
+a refusal: the command must fail with status 2 and print that line. A
+``python`` block whose first line is ``# NAME.py`` is the file ``NAME.py``
+that a later command runs. Commands starting with ``python`` run in the
+project's environment, as the README says (``.venv/bin`` first on PATH).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_BLOCK_RE = re.compile(r'^```(\w*)\n(.*?)^```', re.M | re.S)
+SKIP = {'make test'}  # this suite
+QUICK = ('make bench', 'make bench-export', 'make bench-dist', 'make bench-pipeline')
+
+
+def _blocks():
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        return _BLOCK_RE.findall(f.read())
+
+
+def _commands(body):
+    """Lines of a shell block, ``\\`` continuations joined, comments dropped."""
+    commands, pending = [], ''
+    for line in body.splitlines():
+        line = pending + line.strip()
+        if line.endswith('\\'):
+            pending = line[:-1] + ' '
+            continue
+        pending = ''
+        if line and not line.startswith('#'):
+            commands.append(re.sub(r'\s+#\s.*$', '', line))
+    return commands
+
+
+def _readme_steps():
+    """``[(kind, text, expected)]`` in README order: files to write, commands to run."""
+    steps = []
+    for lang, body in _blocks():
+        if lang == 'python' and re.match(r'# (\w+\.py)\b', body):
+            steps.append(('file', re.match(r'# (\w+\.py)\b', body).group(1), body))
+        elif lang == 'sh':
+            steps += [('run', c, None) for c in _commands(body) if c not in SKIP]
+        elif lang == 'text':
+            lines = body.splitlines()
+            for line, after in zip(lines, lines[1:]):
+                if line.startswith('$ ') and after.startswith('error: '):
+                    steps.append(('refuse', line[2:], after))
+    return steps
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+    """A copy of this folder (sources, mtimes kept) sharing its .venv."""
+    if not os.path.exists(os.path.join(ROOT, '.venv', 'bin', 'python')):
+        pytest.skip('no .venv here: run through make test')
+    work = str(tmp_path_factory.mktemp('readme') / 'project')
+    shutil.copytree(ROOT, work, symlinks=True, ignore=shutil.ignore_patterns(
+        '.venv', 'artifacts', '.git', 'build', '*.egg-info', '__pycache__', '.pytest_cache',
+        'my_model*', 'my_export', 'x.csv', 'y.npy', 'states.npz', 'hosts'))
+    os.symlink(os.path.join(ROOT, '.venv'), os.path.join(work, '.venv'))
+    return work
+
+
+def _env(work):
+    env = dict(os.environ, PATH=os.path.join(work, '.venv', 'bin') + os.pathsep +
+               os.environ.get('PATH', ''), MXNET_SUBGRAPH_VERBOSE='0')
+    env.pop('PYTHONPATH', None)
+    return env
+
+
+def test_the_readme_has_commands_to_run():
+    kinds = [kind for kind, _, _ in _readme_steps()]
+    assert kinds.count('run') >= 10 and 'refuse' in kinds and 'file' in kinds
+
+
+def test_every_readme_command_runs_as_written(workdir):
+    failures = []
+    for kind, text, expected in _readme_steps():
+        if kind == 'file':
+            with open(os.path.join(workdir, text), 'w') as f:
+                f.write(expected)
+            continue
+        command = text + (' QUICK=1' if text.startswith(QUICK) else '')
+        done = subprocess.run(['bash', '-c', command], cwd=workdir, env=_env(workdir),
+                              capture_output=True, text=True, timeout=900, check=False,
+                              stdin=subprocess.DEVNULL)
+        if kind == 'run' and done.returncode != 0:
+            failures.append('%s -> exit %d: %s' % (text, done.returncode,
+                                                   (done.stderr or done.stdout)[-500:]))
+        elif kind == 'refuse':
+            lines = done.stderr.strip().splitlines()
+            if done.returncode != 2 or lines != [expected]:
+                failures.append('%s -> exit %d, stderr %r; expected exit 2 and %r'
+                                % (text, done.returncode, done.stderr[-300:], expected))
+    assert not failures, '\n'.join(failures)
