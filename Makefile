@@ -1,5 +1,5 @@
 # Every target installs what it needs into .venv on first use; later runs
-# reinstall only when pyproject.toml changes. Python 3.8 to 3.11 (MXNet 1.9.1's
+# reinstall only when pyproject.toml or the package sources change. Python 3.8 to 3.11 (MXNet 1.9.1's
 # wheels); pick one with PYTHON=, e.g. `make test PYTHON=python3.11`.
 #   make train-symbolic DEVICES=cpu:0,cpu:1 EPOCHS=3 CHUNKS=4
 #   make setup MXNET=cu112            # CUDA 11.2 build of MXNet instead of the CPU one
@@ -36,7 +36,10 @@ help:
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
 
-$(STAMP): pyproject.toml
+# The project is installed as a copy (see the pip line): reinstalled when its sources change.
+SOURCES := $(wildcard mp_symbolic/*.py mp_symbolic/tasks/*.py export/*.py)
+
+$(STAMP): pyproject.toml $(SOURCES)
 	@# a .venv made by a Python MXNet 1.9.1 cannot run (3.12+, or older than 3.8) is made anew
 	@if [ -x $(PY) ] && ! $(PY) -c '$(SUPPORTED)'; then \
 	  echo "$(VENV) uses $$($(PY) -V 2>&1), which MXNet 1.9.1 does not support: recreating it with $(PYTHON)"; \

@@ -12,6 +12,7 @@ import tempfile
 from contextlib import contextmanager
 
 import mxnet as mx
+import numpy as np
 
 
 __all__ = ['atomic_path', 'check_writable_dir', 'write_text', 'write_json', 'save_checkpoint',
@@ -153,6 +154,11 @@ def check_params(symbol, arg_params, aux_params, where='params'):
         problems.append('missing %s' % ', '.join(missing))
     if extra or extra_aux:
         problems.append('unexpected %s' % ', '.join(extra + extra_aux))
+    other = ['%s %s' % (k, np.dtype(v.dtype).name) for k, v in
+             list(arg_params.items()) + list(aux_params.items()) if v.dtype != np.float32]
+    if other:
+        problems.append('expected float32 arrays (the graph computes in float32), found %s'
+                        % ', '.join(other[:3]) + (' ...' if len(other) > 3 else ''))
     shapes = {k: tuple(v.shape) for k, v in arg_params.items()}
     try:
         # Gluon records each parameter's shape in its variable's __shape__.

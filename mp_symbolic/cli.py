@@ -175,7 +175,26 @@ def _flag_message(err):
     return str(err)
 
 
+def _make_folder(path):
+    """Creates the output folder now, so that a path the system refuses (under
+    /proc, a name too long) is an error before any work, naming the flag."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise ValueError('out: expected a folder this user can create, found %s refused: %s'
+                         % (path, err.strerror or err)) from None
+
+
+def _printable_streams():
+    # A path the terminal's encoding cannot show is printed escaped, not a crash
+    # after the work is done.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, 'reconfigure'):
+            stream.reconfigure(errors='backslashreplace')
+
+
 def main(argv=None):
+    _printable_streams()
     args = build_parser().parse_args(argv)
     if args.command == 'launch':
         return args.run(args)
@@ -193,6 +212,7 @@ def main(argv=None):
         pipe, _ = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
         cfg.check_profiler_devices(pipe.plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')
+        _make_folder(cfg.out_dir)
     except ValueError as err:
         print('error: %s' % _flag_message(err), file=sys.stderr)
         return EXIT_USAGE

@@ -137,3 +137,32 @@ def test_a_training_killed_mid_run_leaves_a_whole_checkpoint_that_exports(tmp_pa
     checkpoint = read_checkpoint(str(out))
     assert checkpoint.epoch >= 4 and checkpoint.meta['complete'] is False
     assert export_main(['--checkpoint', str(out), '--out', str(tmp_path / 'export')]) == 0
+
+
+def test_ctrl_c_exits_130_with_one_line_and_keeps_the_last_checkpoint(tmp_path):
+    out = tmp_path / 'run'
+    proc = subprocess.Popen([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
+                             '--epochs', '400', '--num-examples', '2000', '--out', str(out),
+                             '--devices', THREE_DEVICES], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith('epoch 3/'):
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.strip().splitlines() == [
+        'error: interrupted; the last committed checkpoint in %s is kept' % out]
+    assert read_checkpoint(str(out)).epoch >= 2
+
+
+def test_a_path_the_terminal_cannot_show_is_printed_escaped(tmp_path):
+    """Under an ASCII stdout a Unicode --out trains, commits and exits 0."""
+    out = tmp_path / 'r\u00e9sultat'
+    done = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
+                           '--epochs', '1', '--num-examples', '500', '--out', str(out),
+                           '--devices', THREE_DEVICES], capture_output=True,
+                          env=dict(os.environ, PYTHONIOENCODING='ascii'), timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert b'r\\xe9sultat' in done.stdout and read_checkpoint(str(out)).epoch == 1

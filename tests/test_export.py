@@ -401,3 +401,47 @@ def test_onnx_predictor_and_mxnet_predictor_agree(exported):
     onnx_out = OnnxPredictor(exported['paths']['onnx']).predict(X)
     mxnet_out = MXNetPredictor.from_files(exported['paths']['symbol']).predict(X)
     np.testing.assert_allclose(onnx_out, mxnet_out, rtol=0, atol=TOL)
+
+
+# -- the digits CNN -----------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def cnn_export(tmp_path_factory):
+    """The digits CNN (convolution, BatchNorm, pooling, dense) trained briefly
+    on three devices and exported."""
+    from mp_symbolic.tasks import digits  # pylint: disable=import-outside-toplevel
+    run = str(tmp_path_factory.mktemp('digits'))
+    train(TrainConfig(task='digits', num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
+                      out=run), log=lambda line: None)
+    out = str(tmp_path_factory.mktemp('digits-export'))
+    paths, report = export_checkpoint(run, out, log=lambda line: None)
+    X = digits.load_digits()[0][:37]
+    return paths, report, X
+
+
+def test_cnn_export_matches_in_onnxruntime_and_mxnet(cnn_export):
+    paths, report, X = cnn_export
+    assert report['ok'] and report['source']['input_shape'] == [1, 8, 8]
+    session = ort.InferenceSession(paths['onnx'], providers=['CPUExecutionProvider'])
+    onnx_out = session.run(None, {'data': X})[0]
+    split = MXNetPredictor.from_files(paths['symbol'], devices='cpu:0,cpu:1,cpu:2')
+    one = MXNetPredictor.from_files(paths['symbol'], devices='cpu:0')
+    assert onnx_out.shape == (37, 10)
+    np.testing.assert_allclose(onnx_out.sum(axis=1), 1, rtol=1e-5)  # softmax, not logits
+    np.testing.assert_allclose(split.predict(X.reshape(37, 64)), onnx_out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(one.predict(X), onnx_out, rtol=1e-4, atol=1e-5)
+    placement = split.placement()
+    assert placement['conv0_weight'] == mx.cpu(0) and placement['dense1_weight'] == mx.cpu(2)
+    ops = [n['op'] for n in json.load(open(paths['symbol']))['nodes']]
+    assert 'SoftmaxOutput' not in ops and 'softmax' in ops and 'BatchNorm' in ops
+
+
+@pytest.mark.parametrize('dtype', ['float64', 'float16'])
+def test_export_refuses_params_of_another_dtype(trained, tmp_path, capfd, dtype):
+    prefix, epoch = _plain_pair(trained, tmp_path / 'checkpoint')
+    path = '%s-%04d.params' % (prefix, epoch)
+    mx.nd.save(path, {k: v.astype(dtype) for k, v in mx.nd.load(path).items()})
+    assert export_main(['--checkpoint', prefix, '--epoch', str(epoch), '--out',
+                        str(tmp_path / 'out')]) == 2
+    assert 'expected float32 arrays (the graph computes in float32), found layer' in \
+        _one_error_line(capfd.readouterr().err)

@@ -136,3 +136,10 @@ def test_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
     assert main(['train', '--no-progress', '--out', str(target / 'below')]) == 2
     assert '--out: expected a folder, found a file at' in capsys.readouterr().err
     assert target.read_text() == 'keep me'
+
+
+@pytest.mark.parametrize('out', ['/proc/mp-out', '/tmp/' + 'x' * 300])
+def test_an_out_the_system_refuses_is_an_error_before_training(out, capsys):
+    assert main(['train', '--no-progress', '--out', out]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and '--out: expected a folder this user can create' in err
