@@ -168,10 +168,14 @@ EXIT_INTERRUPTED = 130  # Ctrl-C: the last committed checkpoint is kept
 
 
 def _flag_message(err):
-    """``'num_epochs: expected ...'`` -> ``'--epochs: expected ...'``."""
+    """``'num_epochs: expected ...'`` -> ``'--epochs: expected ...'``; a device
+    plan that cannot be made names ``--devices``."""
+    from .placement import DeviceSpecError  # pylint: disable=import-outside-toplevel
     field, sep, rest = str(err).partition(': ')
     if sep and field in _FLAG_OF:
         return '%s: %s' % (_FLAG_OF[field], rest)
+    if isinstance(err, DeviceSpecError):
+        return '--devices: %s' % err
     return str(err)
 
 

@@ -120,17 +120,24 @@ def test_export_into_a_folder_in_use_is_refused(tmp_path, capsys):
     assert 'is in use by another process' in capsys.readouterr().err
 
 
+def _training_until(out, epoch):
+    """A long training into ``out``, in a process of its own, once it has
+    printed epoch ``epoch``'s line."""
+    proc = subprocess.Popen([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
+                             '--epochs', '400', '--num-examples', '2000', '--out', str(out),
+                             '--devices', THREE_DEVICES], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith('epoch %d/' % epoch):
+            break
+    return proc
+
+
 def test_a_training_killed_mid_run_leaves_a_whole_checkpoint_that_exports(tmp_path):
     """SIGKILL while epochs are being committed: the folder holds one whole
     checkpoint (verified file by file), and it exports."""
     out = tmp_path / 'run'
-    proc = subprocess.Popen([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
-                             '--epochs', '400', '--num-examples', '2000', '--out', str(out),
-                             '--devices', THREE_DEVICES], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    for line in proc.stdout:
-        if line.startswith('epoch 5/'):
-            break
+    proc = _training_until(out, 5)
     time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -141,13 +148,7 @@ def test_a_training_killed_mid_run_leaves_a_whole_checkpoint_that_exports(tmp_pa
 
 def test_ctrl_c_exits_130_with_one_line_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / 'run'
-    proc = subprocess.Popen([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
-                             '--epochs', '400', '--num-examples', '2000', '--out', str(out),
-                             '--devices', THREE_DEVICES], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith('epoch 3/'):
-            break
+    proc = _training_until(out, 3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130

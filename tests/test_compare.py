@@ -179,3 +179,11 @@ def test_seed_loop_updates_parameters_on_every_device(small_data):
     for name, value in init.items():
         assert np.all(after[name] != value), '%s did not change in every entry' % name
     assert loop.iteration == 2 and loop.results[0][0] == 0  # loss read at iteration 0
+
+
+def test_compare_of_diverging_runs_stops_with_one_line_and_writes_no_json(tmp_path, capsys):
+    assert main(['compare', '--no-progress', '--lr', '100', '--num-examples', '1000',
+                 '--devices', THREE_DEVICES, '--out', str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: training diverged: batch loss ')
+    assert not (tmp_path / 'compare.json').exists()
