@@ -445,3 +445,17 @@ def test_export_refuses_params_of_another_dtype(trained, tmp_path, capfd, dtype)
                         str(tmp_path / 'out')]) == 2
     assert 'expected float32 arrays (the graph computes in float32), found layer' in \
         _one_error_line(capfd.readouterr().err)
+
+
+def test_predict_refuses_a_committed_export_whose_files_changed(exported, tmp_path, capfd):
+    copy = tmp_path / 'export'
+    shutil.copytree(exported['dir'], str(copy), symlinks=True)
+    params = copy / 'current' / os.path.basename(exported['paths']['params'])
+    data = bytearray(params.read_bytes())
+    data[-1] ^= 1
+    params.write_bytes(bytes(data))
+    np.save(str(tmp_path / 'x.npy'), _features(2, 0))
+    assert predict_main(['--model', str(copy / 'current' / 'regression-symbol.json'),
+                         '--input', str(tmp_path / 'x.npy')]) == 2
+    line = _one_error_line(capfd.readouterr().err)
+    assert 'regression-0000.params: expected sha256' in line
