@@ -1,0 +1,247 @@
+"""Memory per device of a model-parallel ``mx.mod.Module``: what sits where.
+
+Per device, in bytes:
+
+* ``params``, ``grads``, ``aux``: the executor's ``arg_dict`` (parameters
+  only), ``grad_dict`` and ``aux_dict`` arrays, by their ``.context``;
+* ``optimizer``: the updater's states (``mod._updater.states``: an NDArray, a
+  tuple/list of them, or None per parameter), by their ``.context``;
+* ``inputs``: the executor's data and label arrays;
+* ``module_copy``: the Module's own copy of every parameter
+  (``mod._arg_params`` / ``_aux_params``, made at bind on the default
+  context: host memory, on ``cpu(0)`` here);
+* ``other``: the executor's activations and workspace, which no array
+  exposes: the device's total from MXNet's storage profiler minus the six
+  above. The executor allocates it lazily, so it is measured after one full
+  step (forward, backward, update).
+
+The first six are exact. ``other`` needs the storage profiler, and MXNet
+1.9.1's profiler serves one trace per process (``set_config`` after
+``dump()`` raises ``Check failed: auto_remove_ == false``, and a dump with
+``finished=False`` leaves a file without its header and device rows), so
+:func:`measure_memory` runs the model in a fresh Python process
+(``python -m mp_symbolic.memory``), leaving the caller's profiler untouched.
+On GPUs the child also reports ``mx.context.gpu_memory_info``.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+__all__ = ['CATEGORIES', 'device_memory', 'measure_memory', 'compare_memory',
+           'format_memory', 'format_bytes']
+
+# Array categories, in table order; 'other' and 'total' follow when measured.
+CATEGORIES = ('params', 'grads', 'optimizer', 'aux', 'inputs', 'module_copy')
+
+
+def _nbytes(arr):
+    import numpy as np
+    return int(arr.size) * np.dtype(arr.dtype).itemsize
+
+
+def _add(table, arr, category):
+    if arr is None:
+        return
+    row = table.setdefault(str(arr.context), dict.fromkeys(CATEGORIES, 0))
+    row[category] += _nbytes(arr)
+
+
+def _states(state):
+    """The NDArrays in one optimizer state (NDArray, nested tuple/list, or None)."""
+    if state is None:
+        return []
+    if isinstance(state, (tuple, list)):
+        return [a for s in state for a in _states(s)]
+    return [state]
+
+
+def device_memory(module, storage=None):
+    """Bytes per device and category of a bound, initialised ``mx.mod.Module``.
+
+    Args:
+        module: After ``bind``, ``init_params`` and ``init_optimizer`` (and one
+            ``update`` for the optimizer states, which are made lazily).
+        storage: ``{device: bytes}`` the device holds in all
+            (:func:`mp_symbolic.trace.storage_bytes`, devices as ``'cpu/0'``
+            or ``'cpu(0)'``); adds ``other`` and ``total`` to each row.
+
+    Returns:
+        ``{device: {category: bytes}}``, devices as ``str(ctx)`` (``'cpu(0)'``).
+
+    Raises:
+        ValueError: the module is not bound, or ``storage`` holds less on a
+            device than its arrays take.
+    """
+    if not getattr(module, 'binded', False):
+        raise ValueError('expected a bound mx.mod.Module, found %s' % type(module).__name__)
+    table = {}
+    inputs = set(module.data_names) | set(module.label_names)
+    for ex in module._exec_group.execs:
+        for name, arr in ex.arg_dict.items():
+            _add(table, arr, 'inputs' if name in inputs else 'params')
+        for name, arr in ex.grad_dict.items():
+            _add(table, arr, 'grads')
+        for arr in ex.aux_dict.values():
+            _add(table, arr, 'aux')
+    updater = getattr(module, '_updater', None)
+    for state in (getattr(updater, 'states', None) or {}).values():
+        for arr in _states(state):
+            _add(table, arr, 'optimizer')
+    for params in (module._arg_params, module._aux_params):
+        for arr in (params or {}).values():
+            _add(table, arr, 'module_copy')
+    if storage is not None:
+        storage = {_ctx_name(d): b for d, b in storage.items()}
+        for device in set(storage) - set(table):
+            table[device] = dict.fromkeys(CATEGORIES, 0)
+        for device, row in table.items():
+            known = sum(row.values())
+            total = storage.get(device, 0)
+            if total < known:
+                raise ValueError('%s: expected the storage total to cover its arrays (%d bytes), '
+                                 'found %d bytes' % (device, known, total))
+            row['other'], row['total'] = total - known, total
+    return dict(sorted(table.items(), key=lambda kv: _device_key(kv[0])))
+
+
+def _ctx_name(device):
+    """``'cpu/0'`` (profiler) or ``'cpu(0)'`` -> ``'cpu(0)'``."""
+    if '/' in device:
+        kind, index = device.split('/', 1)
+        return '%s(%s)' % (kind, index)
+    return device
+
+
+def _device_key(name):
+    """``'cpu(10)'`` -> ``('cpu', 10)``, so cpu(2) sorts before cpu(10)."""
+    kind, _, index = name.partition('(')
+    index = index.rstrip(')')
+    return kind, int(index) if index.isdigit() else -1
+
+
+def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='cpu(0)',
+                   optimizer='sgd', optimizer_params=None, timeout=300):
+    """Binds ``symbol`` in a fresh process, runs one step, returns :func:`device_memory`.
+
+    Args:
+        symbol: The training symbol (``mx.sym.Symbol`` or its JSON).
+        data_shapes, label_shapes: ``[(name, shape)]`` as ``Module.bind`` takes them.
+        group2ctx: ``{ctx_group: 'cpu(1)' or mx.Context}``; None binds every op
+            on ``context`` (the one-device plan).
+        context: The Module's context (inputs and the Module's parameter copy).
+        optimizer, optimizer_params: As ``Module.init_optimizer`` takes them
+            (``momentum`` makes SGD keep one state per parameter).
+
+    Returns:
+        ``{'devices': {device: {category: bytes}}, 'gpu_memory_info':
+        {device: [free, total]}}`` (the last only on GPUs).
+
+    Raises:
+        RuntimeError: the child process failed; the message ends with its last
+            line of stderr.
+    """
+    spec = {'symbol': symbol if isinstance(symbol, str) else symbol.tojson(),
+            'data_shapes': [[n, list(s)] for n, s in data_shapes],
+            'label_shapes': [[n, list(s)] for n, s in label_shapes],
+            'group2ctx': {g: str(c) for g, c in (group2ctx or {}).items()} or None,
+            'context': str(context), 'optimizer': optimizer,
+            'optimizer_params': optimizer_params or {}}
+    # The child imports this very package, wherever the caller imported it from.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0',
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get('PYTHONPATH')])))
+    proc = subprocess.run([sys.executable, '-m', 'mp_symbolic.memory'], input=json.dumps(spec),
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or ['(no stderr)']
+        raise RuntimeError('memory measurement: expected exit status 0, found %d: %s'
+                           % (proc.returncode, lines[-1]))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compare_memory(symbol, data_shapes, label_shapes, group2ctx, context='cpu(0)', **kwargs):
+    """:func:`measure_memory` on the split plan and on ``context`` alone.
+
+    Returns:
+        ``{'split': ..., 'one_device': ...}``, each as :func:`measure_memory` returns.
+    """
+    return {'split': measure_memory(symbol, data_shapes, label_shapes, group2ctx, context,
+                                    **kwargs),
+            'one_device': measure_memory(symbol, data_shapes, label_shapes, None, context,
+                                         **kwargs)}
+
+
+def format_bytes(n):
+    """``1536`` -> ``'1.5 KiB'``; bytes below 1 KiB as ``'512 B'``."""
+    for unit, size in (('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):
+        if abs(n) >= size:
+            return '%.1f %s' % (n / size, unit)
+    return '%d B' % n
+
+
+def format_memory(devices, title=None):
+    """Lines of a table: one row per device, one column per category, a total row."""
+    from .text import columns
+    cats = list(CATEGORIES) + [c for c in ('other', 'total')
+                               if all(c in row for row in devices.values())]
+    rows = [['device'] + cats]
+    for device, row in devices.items():
+        rows.append([device] + [format_bytes(row[c]) for c in cats])
+    rows.append(['all'] + [format_bytes(sum(r[c] for r in devices.values())) for c in cats])
+    return ([title] if title else []) + columns(rows)
+
+
+def _run_child(spec):
+    """In a fresh process: profile storage, bind, one step, report (``__main__``)."""
+    trace_path = os.path.join(tempfile.mkdtemp(prefix='mp-memory-'), 'memory.json')
+    import mxnet as mx
+    from .trace import load_trace, storage_bytes
+    from .train import PerDeviceUpdater
+    # Before the first allocation, so the counters see every array.
+    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
+                           profile_memory=True, aggregate_stats=False, filename=trace_path)
+    mx.profiler.set_state('run')
+    ctx = lambda s: mx.Context(s.split('(')[0], int(s.split('(')[1].rstrip(')')))  # noqa: E731
+    symbol = mx.sym.load_json(spec['symbol'])
+    data_shapes = [(n, tuple(s)) for n, s in spec['data_shapes']]
+    label_shapes = [(n, tuple(s)) for n, s in spec['label_shapes']]
+    group2ctx = spec['group2ctx']
+    mod = mx.mod.Module(symbol, data_names=[n for n, _ in data_shapes],
+                        label_names=[n for n, _ in label_shapes], context=ctx(spec['context']),
+                        group2ctxs={g: ctx(c) for g, c in group2ctx.items()} if group2ctx else None)
+    mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
+    # Any callable initialiser will do: values do not change sizes.
+    mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
+    mod.init_optimizer(kvstore=None, optimizer=spec['optimizer'],
+                       optimizer_params=spec['optimizer_params'])
+    mod._updater = PerDeviceUpdater(mod._updater)  # one fused update per device
+    batch = mx.io.DataBatch([mx.nd.ones(s) for _, s in data_shapes],
+                            [mx.nd.zeros(s) for _, s in label_shapes])
+    mod.forward_backward(batch)
+    mod.update()
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    storage = storage_bytes(load_trace(trace_path))
+    os.remove(trace_path)
+    os.rmdir(os.path.dirname(trace_path))
+    result = {'devices': device_memory(mod, _batch_free(storage, batch))}
+    gpu_ids = sorted({int(d[4:-1]) for d in result['devices'] if d.startswith('gpu(')})
+    if gpu_ids:
+        result['gpu_memory_info'] = {'gpu(%d)' % i: list(mx.context.gpu_memory_info(i))
+                                     for i in gpu_ids}
+    return result
+
+
+def _batch_free(storage, batch):
+    """``storage`` less the child's batch arrays, which are not the model's."""
+    out = {_ctx_name(d): b for d, b in storage.items()}
+    for arr in batch.data + batch.label:
+        out[str(arr.context)] = out.get(str(arr.context), 0) - _nbytes(arr)
+    return out
+
+
+if __name__ == '__main__':
+    print(json.dumps(_run_child(json.loads(sys.stdin.read()))))
