@@ -30,7 +30,7 @@ import re
 
 __all__ = ['load_trace', 'device_rows', 'op_intervals', 'busy_time', 'overlap_time',
            'step_windows', 'clip', 'step_stats', 'gpipe_bubble', 'storage_bytes',
-           'TraceError']
+           'label_chunks', 'WHOLE_BATCH_OPS', 'TraceError']
 
 PINNED_ROW, SHARED_ROW = 'cpu pinned/', 'cpu shared/'
 
@@ -204,6 +204,60 @@ def gpipe_bubble(num_stages, num_chunks):
         raise ValueError('expected num_stages >= 1 and num_chunks >= 1, found %d and %d'
                          % (num_stages, num_chunks))
     return (num_stages - 1) / (num_chunks + num_stages - 1)
+
+
+# Ops that see the whole batch: the split into micro-batches, the concat and
+# loss head, and the sums of the per-chunk weight gradients.
+WHOLE_BATCH_OPS = frozenset([
+    'SliceChannel', 'Concat', 'SoftmaxOutput', 'LinearRegressionOutput', 'add_n',
+    'ElementWiseSum', '_grad_add', '_backward_SliceChannel', '_backward_Concat',
+    '_backward_SoftmaxOutput', '_backward_LinearRegressionOutput'])
+
+
+def label_chunks(intervals, num_chunks):
+    """Phase and micro-batch of each op of one device in one step.
+
+    The profiler names op types only, so the chunk is inferred from order:
+    the ``i``-th forward op of a type on a device belongs to chunk ``i``, the
+    ``i``-th backward op of a type to chunk ``M - 1 - i``: the executor runs
+    forward chunks in order and backward in reverse (GPipe's fill and
+    drain). Checked on this machine with unequal chunks (``slice_axis`` of
+    128, 256 and 640 rows, two stages): the forward ``FullyConnected``
+    durations grew and the backward ones shrank on both devices. A type
+    whose count is not a multiple of ``num_chunks`` (bulked segments, see
+    ``MXNET_EXEC_BULK_EXEC_TRAIN``) gets no chunk; with ``L`` ops of a type
+    per chunk, occurrences go ``L`` at a time.
+
+    Args:
+        intervals: ``[(start, end, name)]`` of one device, one step.
+        num_chunks: Micro-batches per step (M).
+
+    Returns:
+        ``[(start, end, name, phase, chunk)]`` in start order; ``phase`` is
+        ``'forward'``, ``'backward'`` or ``'update'`` (names ending
+        ``_update``), ``chunk`` an int or None (whole-batch ops, updates).
+    """
+    def phase(name):
+        if name.endswith('_update'):
+            return 'update'
+        sums = ('add_n', 'ElementWiseSum', '_grad_add')  # of the chunks' weight gradients
+        return 'backward' if name.startswith('_backward') or name in sums else 'forward'
+
+    ops = sorted(intervals)
+    counts = {}
+    for _, _, name in ops:
+        counts[name] = counts.get(name, 0) + 1
+    seen, out = {}, []
+    for start, end, name in ops:
+        p, chunk = phase(name), None
+        regular = counts[name] % num_chunks == 0 and not name.startswith('[')
+        if p != 'update' and name not in WHOLE_BATCH_OPS and regular:
+            per_chunk = counts[name] // num_chunks
+            i = seen.get(name, 0) // per_chunk
+            chunk = i if p == 'forward' else num_chunks - 1 - i
+        seen[name] = seen.get(name, 0) + 1
+        out.append((start, end, name, p, chunk))
+    return out
 
 
 def storage_bytes(trace):

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from mp_symbolic.trace import (TraceError, busy_time, clip, device_rows, gpipe_bubble,
-                               load_trace, op_intervals, overlap_time, step_stats,
-                               step_windows, storage_bytes)
+                               label_chunks, load_trace, op_intervals, overlap_time,
+                               step_stats, step_windows, storage_bytes)
 
 
 def _rows(*names):
@@ -108,3 +108,14 @@ def test_unclosed_trace_is_refused_with_the_reason(tmp_path):
         load_trace(str(path))
     path.write_text(json.dumps(_trace()))
     assert load_trace(str(path)) == _trace()
+
+
+def test_label_chunks_runs_forward_in_order_and_backward_in_reverse():
+    ops = [(0, 1, 'SliceChannel'), (1, 2, 'FullyConnected'), (2, 3, 'FullyConnected'),
+           (5, 6, '_backward_FullyConnected'), (6, 7, '_backward_FullyConnected'),
+           (7, 8, 'add_n'), (8, 9, 'sgd_mom_update'), (9, 10, '[relu,relu]')]
+    assert [(name, phase, chunk) for _, _, name, phase, chunk in label_chunks(ops, 2)] == [
+        ('SliceChannel', 'forward', None), ('FullyConnected', 'forward', 0),
+        ('FullyConnected', 'forward', 1), ('_backward_FullyConnected', 'backward', 1),
+        ('_backward_FullyConnected', 'backward', 0), ('add_n', 'backward', None),
+        ('sgd_mom_update', 'update', None), ('[relu,relu]', 'forward', None)]
