@@ -122,7 +122,7 @@ def _device_key(name):
 
 
 def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='cpu(0)',
-                   optimizer='sgd', optimizer_params=None, timeout=300):
+                   optimizer='sgd', optimizer_params=None, env=None, timeout=300):
     """Binds ``symbol`` in a fresh process, runs one step, returns :func:`device_memory`.
 
     Args:
@@ -133,6 +133,8 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
         context: The Module's context (inputs and the Module's parameter copy).
         optimizer, optimizer_params: As ``Module.init_optimizer`` takes them
             (``momentum`` makes SGD keep one state per parameter).
+        env: Extra environment variables of the child, e.g.
+            ``{'MXNET_BACKWARD_DO_MIRROR': '1'}`` (read when it binds).
 
     Returns:
         ``{'devices': {device: {category: bytes}}, 'gpu_memory_info':
@@ -150,7 +152,7 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
             'optimizer_params': optimizer_params or {}}
     # The child imports this very package, wherever the caller imported it from.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0',
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0', **(env or {}),
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get('PYTHONPATH')])))
     proc = subprocess.run([sys.executable, '-m', 'mp_symbolic.memory'], input=json.dumps(spec),
                           capture_output=True, text=True, env=env, timeout=timeout)

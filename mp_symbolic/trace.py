@@ -97,7 +97,9 @@ def op_intervals(trace):
     open_ops, out = {}, {}
     events = [e for e in trace['traceEvents']
               if e.get('cat') == 'operator' and e.get('ph') in ('B', 'E') and e['pid'] in rows]
-    for e in sorted(events, key=lambda e: (e['ts'], e['ph'] == 'B')):  # E before B at a tie
+    # MXNet writes each op's 'B' and 'E' one after the other: pair them in file
+    # order (sorting by time would misorder a zero-length op's pair).
+    for e in events:
         key = (e['pid'], e.get('tid'), e['name'])
         if e['ph'] == 'B':
             open_ops.setdefault(key, []).append(e['ts'])

@@ -1,0 +1,400 @@
+"""``python -m bench.pipeline``: micro-batch pipelining of a wide MLP, from the trace.
+
+A K-stage MLP (one ``FullyConnected`` + ``relu`` of width ``num_hiddens`` per
+stage, stage ``s`` on ``cpu(s)``) splits each batch into M micro-batches
+(:func:`build_chunked_symbol`); MXNet's dependency engine then runs stage s
+on chunk m while stage s + 1 works on chunk m - 1, since each ``cpu(i)`` has
+its own engine worker. For K = 2, 3 and M = 1, 2, 4, 8, all in one process:
+
+* samples/s (median of repeats, ``mx.nd.waitall()`` before each clock read)
+  as a ratio to M = 1 and to the same K-layer model bound on ``cpu(0)``;
+* from MXNet's profiler trace, on separate steps after the timed ones: each
+  device's busy time, the time at least two devices are busy, and the
+  measured bubble ``1 - sum(busy) / (K * span)`` beside GPipe's
+  ``(K - 1) / (M + K - 1)`` (:mod:`mp_symbolic.trace`);
+* memory per device of the split plan and of one device
+  (:mod:`mp_symbolic.memory`), and the effect of MXNet's mirroring
+  (re-materialisation: ``MXNET_BACKWARD_DO_MIRROR=1``, or
+  ``__force_mirroring__`` on a stage's ops) on memory and step time.
+
+Every executor is bound with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (read at each
+bind): MXNet otherwise runs runs of ops as one bulked segment, which the
+trace shows as ``'[op,op,...]'`` and which hides the chunk of each op.
+(``MXNET_SUBGRAPH_BACKEND=NONE``, also read at each bind, changes nothing
+here: oneDNN fuses no training op of this model.) The timeline picture
+infers chunks with :func:`mp_symbolic.trace.label_chunks`.
+
+On this CPU stand-in the K devices share the machine's cores, so wall-clock
+speedups are bounded by free cores; the overlap in the trace is the figure
+that carries over to GPUs.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+from mp_symbolic.memory import compare_memory, format_memory, measure_memory
+from mp_symbolic.text import columns
+from mp_symbolic.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
+                               step_stats, step_windows)
+
+from .measure import machine_info, throughput
+
+__all__ = ['build_chunked_symbol', 'stage_devices', 'bind', 'StepLoop', 'run', 'main']
+
+OUT_DIR = os.path.join('artifacts', 'bench')
+LR = 1e-4
+
+
+def stage_devices(num_stages):
+    """``{'stage<s>': mx.cpu(s)}``: the one place stages meet devices here."""
+    return {'stage%d' % s: mx.cpu(s) for s in range(num_stages)}
+
+
+def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=()):
+    """The K-stage MLP with its batch split into M micro-batches, as a training symbol.
+
+    ``data`` (batch, num_hiddens) is split on stage 0; each chunk runs through
+    every stage's ``FullyConnected`` + ``relu`` with the stage's shared
+    weights; the chunks are concatenated on the last stage and fed to a
+    ``SoftmaxOutput`` over ``num_hiddens`` classes (label ``softmax_label``,
+    (batch,)). Every op and variable carries ``ctx_group='stage<s>'``. This
+    is the graph ``mp_symbolic.Pipeline(blocks, devices, chunks=M)`` builds.
+
+    Args:
+        mirror_stages: Stages whose ops get ``__force_mirroring__='True'``:
+            the backward pass recomputes their outputs instead of keeping them.
+
+    Raises:
+        ValueError: fewer than one stage or chunk.
+    """
+    if num_stages < 1 or num_chunks < 1:
+        raise ValueError('expected num_stages >= 1 and num_chunks >= 1, found %d and %d'
+                         % (num_stages, num_chunks))
+
+    def scope(s):
+        extra = {'__force_mirroring__': 'True'} if s in mirror_stages else {}
+        return mx.AttrScope(ctx_group='stage%d' % s, **extra)
+
+    weights, biases = [], []
+    for s in range(num_stages):
+        with scope(s):
+            weights.append(mx.sym.var('s%d_weight' % s))
+            biases.append(mx.sym.var('s%d_bias' % s))
+    with scope(0):
+        data = mx.sym.var('data')
+        chunks = (mx.sym.split(data, num_outputs=num_chunks, axis=0, name='split')
+                  if num_chunks > 1 else [data])
+    outs = []
+    for m in range(num_chunks):
+        h = chunks[m]  # (batch / M, num_hiddens)
+        for s in range(num_stages):
+            with scope(s):
+                h = mx.sym.FullyConnected(h, weight=weights[s], bias=biases[s],
+                                          num_hidden=num_hiddens, name='s%d_fc_c%d' % (s, m))
+                h = mx.sym.relu(h, name='s%d_relu_c%d' % (s, m))
+        outs.append(h)
+    with scope(num_stages - 1):
+        out = mx.sym.concat(*outs, dim=0, name='concat') if num_chunks > 1 else outs[0]
+        return mx.sym.SoftmaxOutput(out, mx.sym.var('softmax_label'), name='softmax')
+
+
+def bind(symbol, batch_size, num_hiddens, group2ctx=None, env=None, seed=0):
+    """``symbol`` bound for training on ``group2ctx`` (None: all on ``cpu(0)``).
+
+    ``env`` entries are set only around ``simple_bind`` (MXNet reads
+    ``MXNET_EXEC_BULK_EXEC_TRAIN`` and ``MXNET_BACKWARD_DO_MIRROR`` there).
+    Parameters are drawn from ``seed``: every variant starts alike.
+    """
+    env = dict({'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}, **(env or {}))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        exe = symbol.simple_bind(mx.cpu(0), group2ctx=group2ctx, grad_req='write',
+                                 data=(batch_size, num_hiddens), softmax_label=(batch_size,))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+    rng = np.random.RandomState(seed)
+    scale = 1 / np.sqrt(num_hiddens)
+    for name, arr in exe.arg_dict.items():
+        if name == 'softmax_label':
+            arr[:] = rng.randint(0, num_hiddens, size=arr.shape)
+        else:
+            arr[:] = rng.uniform(-scale, scale, size=arr.shape) if name != 'data' else \
+                rng.normal(size=arr.shape)
+    return exe
+
+
+class StepLoop:
+    """``run(n)``: n training steps (forward, backward, SGD on each weight's device)."""
+
+    def __init__(self, exe):
+        self.exe = exe
+        self.params = [(exe.arg_dict[n], exe.grad_dict[n]) for n in sorted(exe.arg_dict)
+                       if n not in ('data', 'softmax_label')]
+
+    def run(self, num_steps):
+        for _ in range(num_steps):
+            self.exe.forward(is_train=True)
+            self.exe.backward()
+            for weight, grad in self.params:
+                mx.nd.sgd_update(weight, grad, lr=LR, out=weight)
+
+
+def check_stages(stages):
+    """Raises ValueError for stage counts MXNet's profiler cannot record here.
+
+    The profiler has a row per core plus two (``cpu pinned/``, ``cpu shared/``,
+    read back as the next two CPUs, see :mod:`mp_symbolic.trace`) and aborts
+    the process on ``cpu(i)`` past them.
+    """
+    limit = (os.cpu_count() or 1) + 2
+    if any(k < 1 or k > limit for k in stages):
+        raise ValueError('--stages: expected stage counts from 1 to %d on this %d-core machine '
+                         "(MXNet's profiler aborts past cpu(%d)), found %s"
+                         % (limit, limit - 2, limit - 1, ','.join(map(str, stages))))
+
+
+def _name(k, m):
+    return 'K%d-M%d' % (k, m)
+
+
+def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profiled_steps,
+        out_dir=OUT_DIR, log=print):
+    """Measures everything, logs the tables, writes ``pipeline.json`` and the timeline.
+
+    Returns:
+        The JSON report as a dict.
+    """
+    info = machine_info()
+    log('machine: %d cores, %s; MXNet %s; load average at start %s'
+        % (info['cores'], info['cpu'], info['mxnet'], info['load']))
+    log('model: %d-wide MLP, one FullyConnected+relu per stage, batch %d, SGD lr %g'
+        % (num_hiddens, batch_size, LR))
+    variants, symbols = {}, {}
+    for k in stages:
+        symbols[_name(k, 0)] = build_chunked_symbol(k, 1, num_hiddens)
+        variants[_name(k, 0)] = StepLoop(bind(symbols[_name(k, 0)], batch_size, num_hiddens))
+        for m in chunks:
+            symbols[_name(k, m)] = build_chunked_symbol(k, m, num_hiddens)
+            variants[_name(k, m)] = StepLoop(bind(symbols[_name(k, m)], batch_size,
+                                                  num_hiddens, stage_devices(k)))
+    rates = throughput(variants, batch_size, steps, repeats, warmup)
+    trace_path = os.path.join(out_dir, 'pipeline-profile.json')
+    steps_stats = _profile(variants, stages, chunks, profiled_steps, trace_path)
+    report = {'machine': info, 'model': {'num_hiddens': num_hiddens, 'batch_size': batch_size,
+                                         'lr': LR},
+              'timing': {'steps': steps, 'repeats': repeats, 'warmup': warmup},
+              'profiled_steps': profiled_steps, 'configs': []}
+    for k in stages:
+        one = rates[_name(k, 0)][0]
+        base = rates[_name(k, chunks[0])][0]
+        report['configs'].append({'stages': k, 'chunks': 0, 'devices': ['cpu/0'],
+                                  'samples_per_s': one, **steps_stats[_name(k, 0)]})
+        for m in chunks:
+            r = rates[_name(k, m)][0]
+            report['configs'].append({
+                'stages': k, 'chunks': m, 'devices': ['cpu/%d' % s for s in range(k)],
+                'samples_per_s': r, 'vs_first_chunks': r / base, 'vs_one_device': r / one,
+                'gpipe_bubble': gpipe_bubble(k, m), **steps_stats[_name(k, m)]})
+    _log_pipeline(report, chunks[0], log)
+    report['memory'] = _memory(symbols, stages, chunks, batch_size, num_hiddens, log)
+    report['mirror'] = _mirror(stages[0], chunks[-1], num_hiddens, batch_size, steps, repeats,
+                               warmup, log)
+    log('')
+    log('note: the CPU stand-in devices share this machine\'s %d cores, so wall-clock speedups '
+        'are bounded by free cores; the overlap in the trace is the figure that carries over '
+        'to GPUs.' % info['cores'])
+    os.makedirs(out_dir, exist_ok=True)
+    _write_json(os.path.join(out_dir, 'pipeline.json'), report)
+    from .timeline import plot_timeline
+    picture = os.path.join(out_dir, 'pipeline-timeline.png')
+    plot_timeline(load_trace(trace_path), [(max(stages), m) for m in chunks], picture)
+    log('wrote %s, %s, %s' % (os.path.join(out_dir, 'pipeline.json'), picture, trace_path))
+    return report
+
+
+def _profile(variants, stages, chunks, profiled_steps, path):
+    """Profiles ``profiled_steps`` steps of each variant, each between two markers.
+
+    Returns ``{variant: stats of the step with the median span}``.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    mx.nd.waitall()
+    mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_api=False,
+                           profile_memory=False, aggregate_stats=False, filename=path)
+    domain = mx.profiler.Domain('bench')
+    mx.profiler.set_state('run')
+    for name, variant in variants.items():
+        marker = mx.profiler.Marker(domain, name)
+        for _ in range(profiled_steps):
+            mx.nd.waitall()
+            marker.mark('process')
+            variant.run(1)
+        mx.nd.waitall()
+        marker.mark('process')
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    trace = load_trace(path)
+    ops = op_intervals(trace)
+    out = {}
+    for name in variants:
+        k = int(name[1:].split('-')[0])
+        devices = ['cpu/0'] if name.endswith('-M0') else ['cpu/%d' % s for s in range(k)]
+        per_step = [step_stats(clip(ops, w), devices) for w in step_windows(trace, name)]
+        per_step.sort(key=lambda s: s['span_us'])
+        out[name] = per_step[(len(per_step) - 1) // 2]
+    return out
+
+
+def _log_pipeline(report, first_m, log):
+    log('')
+    log('pipeline: samples/s median of %d runs of %d steps; busy/overlap/span in ms from the '
+        'profiler trace (step with the median span of %d profiled steps)'
+        % (report['timing']['repeats'], report['timing']['steps'], report['profiled_steps']))
+    head = ['K', 'M', 'samples/s', 'vs M=%d' % first_m, 'vs 1-dev', 'busy per device (ms)',
+            '>=2 busy', 'span', 'bubble', 'GPipe']
+    body = []
+    for c in report['configs']:
+        busy = ' '.join('%.1f' % (c['busy_us'][d] / 1e3) for d in c['devices'])
+        if c['chunks'] == 0:
+            body.append([c['stages'], '1-dev', '%.0f' % c['samples_per_s'], '', '1.00x', busy,
+                         '', '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'], ''])
+            continue
+        body.append([c['stages'], c['chunks'], '%.0f' % c['samples_per_s'],
+                     '%.2fx' % c['vs_first_chunks'], '%.2fx' % c['vs_one_device'], busy,
+                     '%.1f' % (c['overlap_us'] / 1e3), '%.1f' % (c['span_us'] / 1e3),
+                     '%.2f' % c['bubble'], '%.2f' % c['gpipe_bubble']])
+    for line in columns([head] + body):
+        log('  ' + line)
+
+
+def _memory(symbols, stages, chunks, batch_size, num_hiddens, log):
+    """Memory per device, split plan vs one device, for each K at the largest M."""
+    out = {}
+    log('')
+    log('memory per device after one step (Module, SGD momentum 0.9; other = activations and '
+        'workspace, from the storage profiler in a fresh process)')
+    shapes = ([('data', (batch_size, num_hiddens))], [('softmax_label', (batch_size,))])
+    for k in stages:
+        name = _name(k, chunks[-1])
+        result = compare_memory(symbols[name], *shapes, stage_devices(k),
+                                optimizer_params={'momentum': 0.9})
+        out[name] = result
+        for plan, title in (('split', '%s on %d devices' % (name, k)),
+                            ('one_device', '%s on cpu(0)' % name)):
+            for line in format_memory(result[plan]['devices'], title):
+                log('  ' + line)
+    return out
+
+
+def _mirror(k, m, num_hiddens, batch_size, steps, repeats, warmup, log):
+    """Memory and samples/s with MXNet's mirroring, against none."""
+    setups = {'none': ((), {}), 'MXNET_BACKWARD_DO_MIRROR=1': ((), {'MXNET_BACKWARD_DO_MIRROR':
+                                                                     '1'}),
+              '__force_mirroring__ on all stages': (tuple(range(k)), {})}
+    shapes = ([('data', (batch_size, num_hiddens))], [('softmax_label', (batch_size,))])
+    variants, out = {}, {}
+    for label, (mirror_stages, env) in setups.items():
+        symbol = build_chunked_symbol(k, m, num_hiddens, mirror_stages)
+        variants[label] = StepLoop(bind(symbol, batch_size, num_hiddens, stage_devices(k), env))
+        out[label] = {'memory': measure_memory(symbol, *shapes, stage_devices(k),
+                                               optimizer_params={'momentum': 0.9}, env=env)}
+    rates = throughput(variants, batch_size, steps, repeats, warmup)
+    log('')
+    log('re-materialisation (%s): activations+workspace per device and samples/s'
+        % _name(k, m))
+    devices = list(out['none']['memory']['devices'])
+    body = []
+    for label in setups:
+        out[label]['samples_per_s'] = rates[label][0]
+        other = out[label]['memory']['devices']
+        body.append([label] + ['%.1f MiB' % (other[d]['other'] / 2 ** 20) for d in devices]
+                    + ['%.0f' % rates[label][0],
+                       '%.2fx' % (rates[label][0] / rates['none'][0])])
+    for line in columns([['mirroring'] + devices + ['samples/s', 'vs none']] + body):
+        log('  ' + line)
+    return out
+
+
+def _write_json(path, report):
+    """Writes ``report`` whole or not at all."""
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+        json.dump(report, f, indent=1, default=float)
+    os.replace(tmp, path)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog='python -m bench.pipeline',
+        description='Micro-batch pipelining: samples/s, overlap and bubble from the trace, '
+                    'memory per device, re-materialisation.')
+    parser.add_argument('--stages', default='2,3', help='stage counts (default: %(default)s)')
+    parser.add_argument('--chunks', default='1,2,4,8',
+                        help='micro-batch counts, the first is the reference (default: '
+                             '%(default)s)')
+    parser.add_argument('--hidden', type=int, default=2048, help='width (default: %(default)s)')
+    parser.add_argument('--batch-size', type=int, default=512,
+                        help='samples per step, divisible by every chunk count '
+                             '(default: %(default)s)')
+    parser.add_argument('--steps', type=int, default=5,
+                        help='steps per timed run (default: %(default)s)')
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='timed runs; the median is reported (default: %(default)s)')
+    parser.add_argument('--out', default=OUT_DIR, help='output folder (default: %(default)s)')
+    parser.add_argument('--quick', action='store_true',
+                        help='width 128, batch 64, 2 steps x 1 run: a smoke run')
+    return parser
+
+
+def _ints(flag, text):
+    try:
+        values = [int(v) for v in text.split(',')]
+    except ValueError:
+        raise ValueError('%s: expected comma-separated integers, found %r' % (flag, text)) \
+            from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError('%s: expected positive integers, found %r' % (flag, text))
+    return values
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.hidden, args.batch_size, args.steps, args.repeats = 128, 64, 2, 1
+    try:
+        stages, chunks = _ints('--stages', args.stages), _ints('--chunks', args.chunks)
+        check_stages(stages)
+        if any(args.batch_size % m for m in chunks):
+            raise ValueError('--batch-size: expected a multiple of every chunk count %s, found %d'
+                             % (chunks, args.batch_size))
+        if min(args.hidden, args.steps, args.repeats) < 1:
+            raise ValueError('--hidden, --steps, --repeats: expected positive integers, found '
+                             '%d, %d, %d' % (args.hidden, args.steps, args.repeats))
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise ValueError('--out: expected a folder, found a file: %s' % args.out)
+    except ValueError as e:
+        print('error: %s' % e, file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    try:
+        run(stages, chunks, args.hidden, args.batch_size, args.steps, args.repeats,
+            warmup=1 if args.quick else 2, profiled_steps=3, out_dir=args.out)
+    except TraceError as e:
+        print('error: %s' % e, file=sys.stderr)
+        return 1
+    print('done in %.0f s' % (time.perf_counter() - start))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
