@@ -14,7 +14,7 @@ DEVICES ?=
 EPOCHS ?=
 TRAIN_FLAGS = $(if $(DEVICES),--devices $(DEVICES)) $(if $(EPOCHS),--epochs $(EPOCHS))
 
-.PHONY: help setup train-symbolic train-imperative export compare bench bench-export test clean
+.PHONY: help setup train-symbolic train-imperative export compare bench bench-export bench-pipeline test clean
 
 help:
 	@echo "make train-symbolic    train the ctx_group graph model-parallel (Module API)"
@@ -23,6 +23,7 @@ help:
 	@echo "make compare           train all variants side by side, write table, plot and graph"
 	@echo "make bench             training throughput and time-to-accuracy, as ratios"
 	@echo "make bench-export      inference throughput of the exported model: onnxruntime vs MXNet"
+	@echo "make bench-pipeline    micro-batch pipelining: overlap and bubble from the trace, memory per device"
 	@echo "make test              run the test suite"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N MXNET=cpu|cu112 PYTHON=python3.x"
 
@@ -55,6 +56,9 @@ bench: $(STAMP)
 
 bench-export: export
 	$(PY) bench/export_throughput.py
+
+bench-pipeline: $(STAMP)
+	$(PY) -m bench.pipeline
 
 test: $(STAMP)
 	$(PY) -m pytest -q

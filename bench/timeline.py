@@ -3,7 +3,7 @@
 Each op of the step is a bar on its device's row, coloured by its micro-batch
 (:func:`mp_symbolic.trace.label_chunks`); forward bars are solid, backward
 bars hatched and lighter, whole-batch ops (split, concat, loss, gradient
-sums) grey, weight updates black. GPipe's fill (forward chunks entering
+sums) light grey, cross-device copies dark grey, weight updates black. GPipe's fill (forward chunks entering
 stage after stage) and drain (backward chunks leaving in reverse) show as
 the staircase at each end.
 """
@@ -39,8 +39,8 @@ def plot_timeline(trace, configs, path):
         t0 = min(iv[0] for d in devices for iv in step.get(d, []))
         for row, device in enumerate(devices):
             for start, end, _, phase, chunk in label_chunks(step.get(device, []), m):
-                colour = ('black' if phase == 'update' else
-                          'lightgrey' if chunk is None else colours[chunk % len(colours)])
+                colour = {'update': 'black', 'copy': 'dimgrey'}.get(
+                    phase, 'lightgrey' if chunk is None else colours[chunk % len(colours)])
                 ax.broken_barh([((start - t0) / 1e3, (end - start) / 1e3)], (row - 0.4, 0.8),
                                facecolors=colour, edgecolor='white', linewidth=0.3,
                                hatch='///' if phase == 'backward' else None,
@@ -57,6 +57,7 @@ def plot_timeline(trace, configs, path):
                 Patch(facecolor='white', edgecolor='black', hatch='///',
                       label='backward (hatched)'),
                 Patch(facecolor='lightgrey', label='whole batch'),
+                Patch(facecolor='dimgrey', label='cross-device copy'),
                 Patch(facecolor='black', label='SGD update')]
     fig.legend(handles=handles, loc='upper right', fontsize=8, ncol=2)
     fig.tight_layout(rect=(0, 0, 0.78, 1))

@@ -236,12 +236,15 @@ def label_chunks(intervals, num_chunks):
 
     Returns:
         ``[(start, end, name, phase, chunk)]`` in start order; ``phase`` is
-        ``'forward'``, ``'backward'`` or ``'update'`` (names ending
-        ``_update``), ``chunk`` an int or None (whole-batch ops, updates).
+        ``'forward'``, ``'backward'``, ``'update'`` (names ending ``_update``)
+        or ``'copy'`` (cross-device copies, either direction); ``chunk`` an
+        int, or None for whole-batch ops, updates and copies.
     """
     def phase(name):
         if name.endswith('_update'):
             return 'update'
+        if name.startswith(('Copy', '_CrossDeviceCopy')):
+            return 'copy'  # activations forward or gradients back: the name does not say
         sums = ('add_n', 'ElementWiseSum', '_grad_add')  # of the chunks' weight gradients
         return 'backward' if name.startswith('_backward') or name in sums else 'forward'
 
@@ -253,7 +256,7 @@ def label_chunks(intervals, num_chunks):
     for start, end, name in ops:
         p, chunk = phase(name), None
         regular = counts[name] % num_chunks == 0 and not name.startswith('[')
-        if p != 'update' and name not in WHOLE_BATCH_OPS and regular:
+        if p in ('forward', 'backward') and name not in WHOLE_BATCH_OPS and regular:
             per_chunk = counts[name] // num_chunks
             i = seen.get(name, 0) // per_chunk
             chunk = i if p == 'forward' else num_chunks - 1 - i

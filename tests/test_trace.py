@@ -113,9 +113,11 @@ def test_unclosed_trace_is_refused_with_the_reason(tmp_path):
 def test_label_chunks_runs_forward_in_order_and_backward_in_reverse():
     ops = [(0, 1, 'SliceChannel'), (1, 2, 'FullyConnected'), (2, 3, 'FullyConnected'),
            (5, 6, '_backward_FullyConnected'), (6, 7, '_backward_FullyConnected'),
-           (7, 8, 'add_n'), (8, 9, 'sgd_mom_update'), (9, 10, '[relu,relu]')]
+           (7, 8, 'add_n'), (8, 9, 'sgd_mom_update'), (9, 10, '[relu,relu]'),
+           (10, 11, 'CopyCPU2CPU'), (11, 12, 'CopyCPU2CPU')]
     assert [(name, phase, chunk) for _, _, name, phase, chunk in label_chunks(ops, 2)] == [
         ('SliceChannel', 'forward', None), ('FullyConnected', 'forward', 0),
         ('FullyConnected', 'forward', 1), ('_backward_FullyConnected', 'backward', 1),
         ('_backward_FullyConnected', 'backward', 0), ('add_n', 'backward', None),
-        ('sgd_mom_update', 'update', None), ('[relu,relu]', 'forward', None)]
+        ('sgd_mom_update', 'update', None), ('[relu,relu]', 'forward', None),
+        ('CopyCPU2CPU', 'copy', None), ('CopyCPU2CPU', 'copy', None)]

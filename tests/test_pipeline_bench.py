@@ -1,0 +1,58 @@
+"""Smoke run of the pipeline benchmark, and its refusals.
+
+The benchmark profiles, and MXNet's profiler serves one trace per process, so
+the run happens in a child process.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+
+from bench.pipeline import build_chunked_symbol, main
+
+
+def test_quick_run_writes_report_and_timeline(tmp_path):
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
+    proc = subprocess.run([sys.executable, '-m', 'bench.pipeline', '--quick', '--stages', '2',
+                           '--chunks', '1,2', '--out', str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / 'pipeline.json').read_text())
+    configs = {(c['stages'], c['chunks']): c for c in report['configs']}
+    assert sorted(configs) == [(2, 0), (2, 1), (2, 2)]
+    for c in configs.values():
+        assert 0 <= c['bubble'] < 1 and c['samples_per_s'] > 0
+        assert all(c['busy_us'][d] > 0 for d in c['devices'])
+    assert configs[(2, 2)]['gpipe_bubble'] == 1 / 3
+    assert (tmp_path / 'pipeline-timeline.png').stat().st_size > 0
+    split = report['memory']['K2-M2']['split']['devices']
+    assert split['cpu(0)']['other'] > 0 and split['cpu(1)']['other'] > 0
+    assert 'CPU stand-in devices share' in proc.stdout
+
+
+def test_chunked_symbol_tags_every_op_and_variable_with_its_stage():
+    symbol = build_chunked_symbol(3, 4, 8)
+    attrs = symbol.attr_dict()
+    groups = {n['name']: attrs.get(n['name'], {}).get('ctx_group')
+              for n in json.loads(symbol.tojson())['nodes']}
+    assert None not in groups.values()
+    assert groups['data'] == 'stage0' and groups['split'] == 'stage0'
+    assert groups['s1_fc_c3'] == 'stage1' and groups['s2_weight'] == 'stage2'
+    assert groups['concat'] == 'stage2' and groups['softmax_label'] == 'stage2'
+    exe = symbol.simple_bind(mx.cpu(0), group2ctx={'stage%d' % s: mx.cpu(s) for s in range(3)},
+                             data=(8, 8))
+    assert exe.arg_dict['s2_weight'].context == mx.cpu(2)
+
+
+def test_batch_not_divisible_by_the_chunks_is_refused(capsys):
+    assert main(['--batch-size', '10', '--chunks', '1,4']) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('error: --batch-size: expected a multiple')
+
+
+def test_more_stages_than_the_profiler_records_is_refused(capsys):
+    assert main(['--stages', '2,%d' % (os.cpu_count() + 3)]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and "MXNet's profiler aborts past" in err
