@@ -37,7 +37,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from mp_symbolic.memory import compare_memory, format_memory, measure_memory
+from mp_symbolic.memory import compare_memory, format_bytes, format_memory, measure_memory
 from mp_symbolic.text import columns
 from mp_symbolic.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
                                step_stats, step_windows)
@@ -55,7 +55,8 @@ def stage_devices(num_stages):
     return {'stage%d' % s: mx.cpu(s) for s in range(num_stages)}
 
 
-def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=()):
+def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
+                         layers_per_stage=1):
     """The K-stage MLP with its batch split into M micro-batches, as a training symbol.
 
     ``data`` (batch, num_hiddens) is split on stage 0; each chunk runs through
@@ -68,6 +69,7 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=()):
     Args:
         mirror_stages: Stages whose ops get ``__force_mirroring__='True'``:
             the backward pass recomputes their outputs instead of keeping them.
+        layers_per_stage: ``FullyConnected`` + ``relu`` pairs per stage.
 
     Raises:
         ValueError: fewer than one stage or chunk.
@@ -83,8 +85,10 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=()):
     weights, biases = [], []
     for s in range(num_stages):
         with scope(s):
-            weights.append(mx.sym.var('s%d_weight' % s))
-            biases.append(mx.sym.var('s%d_bias' % s))
+            weights.append([mx.sym.var('s%d%s_weight' % (s, _layer(i)))
+                            for i in range(layers_per_stage)])
+            biases.append([mx.sym.var('s%d%s_bias' % (s, _layer(i)))
+                           for i in range(layers_per_stage)])
     with scope(0):
         data = mx.sym.var('data')
         chunks = (mx.sym.split(data, num_outputs=num_chunks, axis=0, name='split')
@@ -94,13 +98,21 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=()):
         h = chunks[m]  # (batch / M, num_hiddens)
         for s in range(num_stages):
             with scope(s):
-                h = mx.sym.FullyConnected(h, weight=weights[s], bias=biases[s],
-                                          num_hidden=num_hiddens, name='s%d_fc_c%d' % (s, m))
-                h = mx.sym.relu(h, name='s%d_relu_c%d' % (s, m))
+                for i in range(layers_per_stage):
+                    h = mx.sym.FullyConnected(h, weight=weights[s][i], bias=biases[s][i],
+                                              num_hidden=num_hiddens,
+                                              name='s%d_fc%s_c%d' % (s, _layer(i), m))
+                    h = mx.sym.relu(h, name='s%d_relu%s_c%d' % (s, _layer(i), m))
         outs.append(h)
     with scope(num_stages - 1):
         out = mx.sym.concat(*outs, dim=0, name='concat') if num_chunks > 1 else outs[0]
         return mx.sym.SoftmaxOutput(out, mx.sym.var('softmax_label'), name='softmax')
+
+
+def _layer(i):
+    """Name part of a stage's i-th layer: none for the first, so one layer per
+    stage gives ``s0_weight``, ``s0_fc_c0``."""
+    return '_%d' % i if i else ''
 
 
 def bind(symbol, batch_size, num_hiddens, group2ctx=None, env=None, seed=0):
@@ -197,14 +209,18 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
     for k in stages:
         one = rates[_name(k, 0)][0]
         base = rates[_name(k, chunks[0])][0]
+        one_busy = steps_stats[_name(k, 0)]['busy_us']['cpu/0']
         report['configs'].append({'stages': k, 'chunks': 0, 'devices': ['cpu/0'],
-                                  'samples_per_s': one, **steps_stats[_name(k, 0)]})
+                                  'samples_per_s': one, 'runs': rates[_name(k, 0)][1],
+                                  **steps_stats[_name(k, 0)]})
         for m in chunks:
-            r = rates[_name(k, m)][0]
+            r, stats = rates[_name(k, m)][0], steps_stats[_name(k, m)]
             report['configs'].append({
                 'stages': k, 'chunks': m, 'devices': ['cpu/%d' % s for s in range(k)],
-                'samples_per_s': r, 'vs_first_chunks': r / base, 'vs_one_device': r / one,
-                'gpipe_bubble': gpipe_bubble(k, m), **steps_stats[_name(k, m)]})
+                'samples_per_s': r, 'runs': rates[_name(k, m)][1], 'vs_first_chunks': r / base,
+                'vs_one_device': r / one, 'gpipe_bubble': gpipe_bubble(k, m),
+                # > 1: ops ran slower side by side (shared cores) or there are more of them
+                'busy_vs_one_device': sum(stats['busy_us'].values()) / one_busy, **stats})
     _log_pipeline(report, chunks[0], log)
     report['memory'] = _memory(symbols, stages, chunks, batch_size, num_hiddens, log)
     report['mirror'] = _mirror(stages[0], chunks[-1], num_hiddens, batch_size, steps, repeats,
@@ -261,18 +277,19 @@ def _log_pipeline(report, first_m, log):
         'profiler trace (step with the median span of %d profiled steps)'
         % (report['timing']['repeats'], report['timing']['steps'], report['profiled_steps']))
     head = ['K', 'M', 'samples/s', 'vs M=%d' % first_m, 'vs 1-dev', 'busy per device (ms)',
-            '>=2 busy', 'span', 'bubble', 'GPipe']
+            'sum/1-dev', '>=2 busy', 'span', 'bubble', 'GPipe']
     body = []
     for c in report['configs']:
         busy = ' '.join('%.1f' % (c['busy_us'][d] / 1e3) for d in c['devices'])
         if c['chunks'] == 0:
             body.append([c['stages'], '1-dev', '%.0f' % c['samples_per_s'], '', '1.00x', busy,
-                         '', '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'], ''])
+                         '', '', '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'], ''])
             continue
         body.append([c['stages'], c['chunks'], '%.0f' % c['samples_per_s'],
                      '%.2fx' % c['vs_first_chunks'], '%.2fx' % c['vs_one_device'], busy,
-                     '%.1f' % (c['overlap_us'] / 1e3), '%.1f' % (c['span_us'] / 1e3),
-                     '%.2f' % c['bubble'], '%.2f' % c['gpipe_bubble']])
+                     '%.2f' % c['busy_vs_one_device'], '%.1f' % (c['overlap_us'] / 1e3),
+                     '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'],
+                     '%.2f' % c['gpipe_bubble']])
     for line in columns([head] + body):
         log('  ' + line)
 
@@ -281,18 +298,20 @@ def _memory(symbols, stages, chunks, batch_size, num_hiddens, log):
     """Memory per device, split plan vs one device, for each K at the largest M."""
     out = {}
     log('')
-    log('memory per device after one step (Module, SGD momentum 0.9; other = activations and '
-        'workspace, from the storage profiler in a fresh process)')
+    log('memory per device after one step (Module, SGD momentum 0.9; other = activations, '
+        'per-chunk weight gradients before their sum, workspace: the storage profiler\'s '
+        'total in a fresh process less the arrays)')
     shapes = ([('data', (batch_size, num_hiddens))], [('softmax_label', (batch_size,))])
     for k in stages:
-        name = _name(k, chunks[-1])
-        result = compare_memory(symbols[name], *shapes, stage_devices(k),
-                                optimizer_params={'momentum': 0.9})
-        out[name] = result
-        for plan, title in (('split', '%s on %d devices' % (name, k)),
-                            ('one_device', '%s on cpu(0)' % name)):
-            for line in format_memory(result[plan]['devices'], title):
-                log('  ' + line)
+        for m in sorted({chunks[0], chunks[-1]}):
+            name = _name(k, m)
+            result = compare_memory(symbols[name], *shapes, stage_devices(k),
+                                    optimizer_params={'momentum': 0.9})
+            out[name] = result
+            for plan, title in (('split', '%s on %d devices' % (name, k)),
+                                ('one_device', '%s on cpu(0)' % name)):
+                for line in format_memory(result[plan]['devices'], title):
+                    log('  ' + line)
     return out
 
 
@@ -306,7 +325,11 @@ def _mirror(k, m, num_hiddens, batch_size, steps, repeats, warmup, log):
     for label, (mirror_stages, env) in setups.items():
         symbol = build_chunked_symbol(k, m, num_hiddens, mirror_stages)
         variants[label] = StepLoop(bind(symbol, batch_size, num_hiddens, stage_devices(k), env))
-        out[label] = {'memory': measure_memory(symbol, *shapes, stage_devices(k),
+        # Nodes the backward pass recomputes, as the bound graph lists them.
+        mirrored = {line.split('Name=')[1] for line in variants[label].exe.debug_str().splitlines()
+                    if line.startswith('Op:') and line.endswith('_mirror')}
+        out[label] = {'recomputed_ops': len(mirrored),
+                      'memory': measure_memory(symbol, *shapes, stage_devices(k),
                                                optimizer_params={'momentum': 0.9}, env=env)}
     rates = throughput(variants, batch_size, steps, repeats, warmup)
     log('')
@@ -317,10 +340,12 @@ def _mirror(k, m, num_hiddens, batch_size, steps, repeats, warmup, log):
     for label in setups:
         out[label]['samples_per_s'] = rates[label][0]
         other = out[label]['memory']['devices']
-        body.append([label] + ['%.1f MiB' % (other[d]['other'] / 2 ** 20) for d in devices]
+        body.append([label, out[label]['recomputed_ops']]
+                    + [format_bytes(other[d]['other']) for d in devices]
                     + ['%.0f' % rates[label][0],
                        '%.2fx' % (rates[label][0] / rates['none'][0])])
-    for line in columns([['mirroring'] + devices + ['samples/s', 'vs none']] + body):
+    head = ['mirroring', 'recomputed ops'] + ['other on %s' % d for d in devices]
+    for line in columns([head + ['samples/s', 'vs none']] + body):
         log('  ' + line)
     return out
 

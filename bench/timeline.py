@@ -3,9 +3,9 @@
 Each op of the step is a bar on its device's row, coloured by its micro-batch
 (:func:`mp_symbolic.trace.label_chunks`); forward bars are solid, backward
 bars hatched and lighter, whole-batch ops (split, concat, loss, gradient
-sums) light grey, cross-device copies dark grey, weight updates black. GPipe's fill (forward chunks entering
-stage after stage) and drain (backward chunks leaving in reverse) show as
-the staircase at each end.
+sums) light grey, cross-device copies dark grey, weight updates black.
+GPipe's fill (forward chunks entering stage after stage) and drain (backward
+chunks leaving in reverse) show as the staircase at each end.
 """
 import matplotlib
 
