@@ -126,7 +126,10 @@ def bind(symbol, batch_size, num_hiddens, group2ctx=None, env=None, seed=0):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        exe = symbol.simple_bind(mx.cpu(0), group2ctx=group2ctx, grad_req='write',
+        # No gradient for the inputs, as Module binds them (inputs_need_grad=False).
+        grad_req = {n: 'null' if n in ('data', 'softmax_label') else 'write'
+                    for n in symbol.list_arguments()}
+        exe = symbol.simple_bind(mx.cpu(0), group2ctx=group2ctx, grad_req=grad_req,
                                  data=(batch_size, num_hiddens), softmax_label=(batch_size,))
     finally:
         for k, v in saved.items():

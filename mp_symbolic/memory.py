@@ -9,7 +9,7 @@ Per device, in bytes:
 * ``inputs``: the executor's data and label arrays;
 * ``module_copy``: the Module's own copy of every parameter
   (``mod._arg_params`` / ``_aux_params``, made at bind on the default
-  context: host memory, on ``cpu(0)`` here);
+  context: host memory, on ``cpu(0)`` here; none for a bare executor);
 * ``other``: the executor's activations and workspace, which no array
   exposes: the device's total from MXNet's storage profiler minus the six
   above. The executor allocates it lazily, so it is measured after one full
@@ -57,39 +57,58 @@ def _states(state):
     return [state]
 
 
-def device_memory(module, storage=None):
-    """Bytes per device and category of a bound, initialised ``mx.mod.Module``.
+def device_memory(model, storage=None, input_names=None, updater=None):
+    """Bytes per device and category of a bound ``mx.mod.Module`` or executor.
 
     Args:
-        module: After ``bind``, ``init_params`` and ``init_optimizer`` (and one
-            ``update`` for the optimizer states, which are made lazily).
+        model: A Module after ``bind`` and ``init_params`` (and ``init_optimizer``
+            plus one ``update`` for the optimizer states, which are made
+            lazily), or an ``mx.executor.Executor``.
         storage: ``{device: bytes}`` the device holds in all
             (:func:`mp_symbolic.trace.storage_bytes`, devices as ``'cpu/0'``
             or ``'cpu(0)'``); adds ``other`` and ``total`` to each row.
+        input_names: Arguments that are inputs, not parameters. Default: the
+            Module's data and label names; for an executor, the arguments
+            without a gradient.
+        updater: The optimizer updater; default: the Module's ``_updater``.
 
     Returns:
-        ``{device: {category: bytes}}``, devices as ``str(ctx)`` (``'cpu(0)'``).
+        ``{device: {category: bytes}}``, devices as ``str(ctx)`` (``'cpu(0)'``),
+        sorted by device.
 
     Raises:
-        ValueError: the module is not bound, or ``storage`` holds less on a
-            device than its arrays take.
+        ValueError: ``model`` is neither a bound Module nor an executor, or
+            ``storage`` holds less on a device than its arrays take.
     """
-    if not getattr(module, 'binded', False):
-        raise ValueError('expected a bound mx.mod.Module, found %s' % type(module).__name__)
+    import mxnet as mx
+    if isinstance(model, mx.executor.Executor):
+        execs, copies = [model], ()
+        if input_names is None:
+            input_names = [n for n, g in model.grad_dict.items() if g is None]
+            input_names += [n for n in model.arg_dict if n not in model.grad_dict]
+    elif getattr(model, 'binded', False):
+        execs = model._exec_group.execs
+        copies = (model._arg_params, model._aux_params)
+        if input_names is None:
+            input_names = list(model.data_names) + list(model.label_names)
+        if updater is None:
+            updater = getattr(model, '_updater', None)
+    else:
+        raise ValueError('expected a bound mx.mod.Module or an mx.executor.Executor, found %s'
+                         % type(model).__name__)
     table = {}
-    inputs = set(module.data_names) | set(module.label_names)
-    for ex in module._exec_group.execs:
+    inputs = set(input_names)
+    for ex in execs:
         for name, arr in ex.arg_dict.items():
             _add(table, arr, 'inputs' if name in inputs else 'params')
-        for name, arr in ex.grad_dict.items():
+        for arr in ex.grad_dict.values():
             _add(table, arr, 'grads')
         for arr in ex.aux_dict.values():
             _add(table, arr, 'aux')
-    updater = getattr(module, '_updater', None)
     for state in (getattr(updater, 'states', None) or {}).values():
         for arr in _states(state):
             _add(table, arr, 'optimizer')
-    for params in (module._arg_params, module._aux_params):
+    for params in copies:
         for arr in (params or {}).values():
             _add(table, arr, 'module_copy')
     if storage is not None:
