@@ -43,6 +43,7 @@ from mp_symbolic.trace import (TraceError, clip, gpipe_bubble, load_trace, op_in
                                step_stats, step_windows)
 
 from .measure import machine_info, throughput
+from .timeline import plot_timeline
 
 __all__ = ['build_chunked_symbol', 'stage_devices', 'bind', 'StepLoop', 'run', 'main']
 
@@ -179,6 +180,7 @@ def check_stages(stages):
 
 
 def _name(k, m):
+    """Variant and marker name; M0 is the K-layer model bound on cpu(0) alone."""
     return 'K%d-M%d' % (k, m)
 
 
@@ -204,7 +206,7 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
                                                   num_hiddens, stage_devices(k)))
     rates = throughput(variants, batch_size, steps, repeats, warmup)
     trace_path = os.path.join(out_dir, 'pipeline-profile.json')
-    steps_stats = _profile(variants, stages, chunks, profiled_steps, trace_path)
+    steps_stats = _profile(variants, profiled_steps, trace_path)
     report = {'machine': info, 'model': {'num_hiddens': num_hiddens, 'batch_size': batch_size,
                                          'lr': LR},
               'timing': {'steps': steps, 'repeats': repeats, 'warmup': warmup},
@@ -213,13 +215,14 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
         one = rates[_name(k, 0)][0]
         base = rates[_name(k, chunks[0])][0]
         one_busy = steps_stats[_name(k, 0)]['busy_us']['cpu/0']
-        report['configs'].append({'stages': k, 'chunks': 0, 'devices': ['cpu/0'],
-                                  'samples_per_s': one, 'runs': rates[_name(k, 0)][1],
-                                  **steps_stats[_name(k, 0)]})
+        report['configs'].append({'stages': k, 'chunks': 1, 'plan': 'one device',
+                                  'devices': ['cpu/0'], 'samples_per_s': one,
+                                  'runs': rates[_name(k, 0)][1], **steps_stats[_name(k, 0)]})
         for m in chunks:
             r, stats = rates[_name(k, m)][0], steps_stats[_name(k, m)]
             report['configs'].append({
-                'stages': k, 'chunks': m, 'devices': ['cpu/%d' % s for s in range(k)],
+                'stages': k, 'chunks': m, 'plan': 'split',
+                'devices': ['cpu/%d' % s for s in range(k)],
                 'samples_per_s': r, 'runs': rates[_name(k, m)][1], 'vs_first_chunks': r / base,
                 'vs_one_device': r / one, 'gpipe_bubble': gpipe_bubble(k, m),
                 # > 1: ops ran slower side by side (shared cores) or there are more of them
@@ -234,14 +237,13 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
         'to GPUs.' % info['cores'])
     os.makedirs(out_dir, exist_ok=True)
     _write_json(os.path.join(out_dir, 'pipeline.json'), report)
-    from .timeline import plot_timeline
     picture = os.path.join(out_dir, 'pipeline-timeline.png')
     plot_timeline(load_trace(trace_path), [(max(stages), m) for m in chunks], picture)
     log('wrote %s, %s, %s' % (os.path.join(out_dir, 'pipeline.json'), picture, trace_path))
     return report
 
 
-def _profile(variants, stages, chunks, profiled_steps, path):
+def _profile(variants, profiled_steps, path):
     """Profiles ``profiled_steps`` steps of each variant, each between two markers.
 
     Returns ``{variant: stats of the step with the median span}``.
@@ -284,7 +286,7 @@ def _log_pipeline(report, first_m, log):
     body = []
     for c in report['configs']:
         busy = ' '.join('%.1f' % (c['busy_us'][d] / 1e3) for d in c['devices'])
-        if c['chunks'] == 0:
+        if c['plan'] == 'one device':
             body.append([c['stages'], '1-dev', '%.0f' % c['samples_per_s'], '', '1.00x', busy,
                          '', '', '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'], ''])
             continue

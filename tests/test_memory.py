@@ -80,3 +80,18 @@ def test_format_shows_kib_and_mib():
     lines = format_memory({'cpu(0)': dict.fromkeys(
         ('params', 'grads', 'optimizer', 'aux', 'inputs', 'module_copy'), 2048)}, 'split')
     assert lines[0] == 'split' and lines[2].startswith('cpu(0)') and '2.0 KiB' in lines[2]
+
+
+def test_device_memory_of_an_executor_counts_gradient_free_arguments_as_inputs():
+    symbol = training_symbol(build_net(WIDTHS, stage_of_layer=STAGES))
+    grad_req = {n: 'null' if n in ('data', 'label') else 'write' for n in symbol.list_arguments()}
+    exe = symbol.simple_bind(mx.cpu(0), group2ctx={g: mx.Context('cpu', int(c[4]))
+                                                   for g, c in GROUP2CTX.items()},
+                             grad_req=grad_req, **dict(DATA + LABEL))
+    table = device_memory(exe)
+    assert {d: row['params'] for d, row in table.items()} == _param_bytes_by_device(symbol)
+    assert {d: row['grads'] for d, row in table.items()} == _param_bytes_by_device(symbol)
+    assert table['cpu(1)']['inputs'] == 32 * 4 * 4 and table['cpu(0)']['module_copy'] == 0
+    with pytest.raises(ValueError, match='expected a bound mx.mod.Module or an '
+                                         'mx.executor.Executor, found Symbol'):
+        device_memory(symbol)

@@ -20,12 +20,13 @@ def test_quick_run_writes_report_and_timeline(tmp_path):
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / 'pipeline.json').read_text())
-    configs = {(c['stages'], c['chunks']): c for c in report['configs']}
-    assert sorted(configs) == [(2, 0), (2, 1), (2, 2)]
+    configs = {(c['plan'], c['chunks']): c for c in report['configs']}
+    assert sorted(configs) == [('one device', 1), ('split', 1), ('split', 2)]
     for c in configs.values():
         assert 0 <= c['bubble'] < 1 and c['samples_per_s'] > 0
         assert all(c['busy_us'][d] > 0 for d in c['devices'])
-    assert configs[(2, 2)]['gpipe_bubble'] == 1 / 3
+    assert configs[('split', 2)]['gpipe_bubble'] == 1 / 3
+    assert configs[('split', 2)]['overlap_us'] <= min(configs[('split', 2)]['busy_us'].values())
     assert (tmp_path / 'pipeline-timeline.png').stat().st_size > 0
     split = report['memory']['K2-M2']['split']['devices']
     assert split['cpu(0)']['other'] > 0 and split['cpu(1)']['other'] > 0
