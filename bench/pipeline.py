@@ -278,25 +278,33 @@ def _profile(variants, profiled_steps, path):
 
 def _log_pipeline(report, first_m, log):
     log('')
-    log('pipeline: samples/s median of %d runs of %d steps; busy/overlap/span in ms from the '
-        'profiler trace (step with the median span of %d profiled steps)'
+    log('pipeline: samples/s median of %d runs of %d steps (spread: (max-min)/median); '
+        'busy/overlap/span in ms from the profiler trace (step with the median span of %d '
+        'profiled steps)'
         % (report['timing']['repeats'], report['timing']['steps'], report['profiled_steps']))
-    head = ['K', 'M', 'samples/s', 'vs M=%d' % first_m, 'vs 1-dev', 'busy per device (ms)',
+    head = ['K', 'M', 'samples/s', 'spread', 'vs M=%d' % first_m, 'vs 1-dev',
+            'busy per device (ms)',
             'sum/1-dev', '>=2 busy', 'span', 'bubble', 'GPipe']
     body = []
     for c in report['configs']:
         busy = ' '.join('%.1f' % (c['busy_us'][d] / 1e3) for d in c['devices'])
         if c['plan'] == 'one device':
-            body.append([c['stages'], '1-dev', '%.0f' % c['samples_per_s'], '', '1.00x', busy,
+            body.append([c['stages'], '1-dev', '%.0f' % c['samples_per_s'], _spread(c), '',
+                         '1.00x', busy,
                          '', '', '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'], ''])
             continue
-        body.append([c['stages'], c['chunks'], '%.0f' % c['samples_per_s'],
+        body.append([c['stages'], c['chunks'], '%.0f' % c['samples_per_s'], _spread(c),
                      '%.2fx' % c['vs_first_chunks'], '%.2fx' % c['vs_one_device'], busy,
                      '%.2f' % c['busy_vs_one_device'], '%.1f' % (c['overlap_us'] / 1e3),
                      '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'],
                      '%.2f' % c['gpipe_bubble']])
     for line in columns([head] + body):
         log('  ' + line)
+
+
+def _spread(config):
+    runs = config['runs']
+    return '%.0f%%' % (100 * (max(runs) - min(runs)) / config['samples_per_s'])
 
 
 def _memory(symbols, stages, chunks, batch_size, num_hiddens, log):
