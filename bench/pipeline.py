@@ -426,7 +426,7 @@ def main(argv=None):
     start = time.perf_counter()
     try:
         run(stages, chunks, args.hidden, args.batch_size, args.steps, args.repeats,
-            warmup=1 if args.quick else 2, profiled_steps=3, out_dir=args.out)
+            warmup=1 if args.quick else 2, profiled_steps=5, out_dir=args.out)
     except TraceError as e:
         print('error: %s' % e, file=sys.stderr)
         return 1
