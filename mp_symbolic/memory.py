@@ -17,8 +17,9 @@ Per device, in bytes:
 
 The first six are exact. ``other`` needs the storage profiler, and MXNet
 1.9.1's profiler serves one trace per process (``set_config`` after
-``dump()`` raises ``Check failed: auto_remove_ == false``, and a dump with
-``finished=False`` leaves a file without its header and device rows), so
+``dump()`` raises ``Check failed: auto_remove_ == false``; after
+``dump(finished=False)`` the file is left unclosed and later dumps write
+fragments without the header and device rows), so
 :func:`measure_memory` runs the model in a fresh Python process
 (``python -m mp_symbolic.memory``), leaving the caller's profiler untouched.
 On GPUs the child also reports ``mx.context.gpu_memory_info``.
@@ -29,6 +30,13 @@ import subprocess
 import sys
 import tempfile
 
+import mxnet as mx
+import numpy as np
+
+from .text import columns
+from .trace import load_trace, storage_bytes
+from .train import PerDeviceUpdater
+
 __all__ = ['CATEGORIES', 'device_memory', 'measure_memory', 'compare_memory',
            'format_memory', 'format_bytes']
 
@@ -37,7 +45,6 @@ CATEGORIES = ('params', 'grads', 'optimizer', 'aux', 'inputs', 'module_copy')
 
 
 def _nbytes(arr):
-    import numpy as np
     return int(arr.size) * np.dtype(arr.dtype).itemsize
 
 
@@ -80,7 +87,6 @@ def device_memory(model, storage=None, input_names=None, updater=None):
         ValueError: ``model`` is neither a bound Module nor an executor, or
             ``storage`` holds less on a device than its arrays take.
     """
-    import mxnet as mx
     if isinstance(model, mx.executor.Executor):
         execs, copies = [model], ()
         if input_names is None:
@@ -133,6 +139,12 @@ def _ctx_name(device):
     return device
 
 
+def _context(name):
+    """``'cpu(1)'`` -> ``mx.cpu(1)``."""
+    kind, _, index = name.partition('(')
+    return mx.Context(kind, int(index.rstrip(')')))
+
+
 def _device_key(name):
     """``'cpu(10)'`` -> ``('cpu', 10)``, so cpu(2) sorts before cpu(10)."""
     kind, _, index = name.partition('(')
@@ -160,9 +172,19 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
         {device: [free, total]}}`` (the last only on GPUs).
 
     Raises:
+        ValueError: a ``cpu(i)`` past the rows of MXNet's profiler (cores + 2),
+            where it would abort the child.
         RuntimeError: the child process failed; the message ends with its last
             line of stderr.
     """
+    limit = (os.cpu_count() or 1) + 2
+    over = sorted({str(c) for c in [context] + list((group2ctx or {}).values())
+                   if _context(str(c)).device_type == 'cpu'
+                   and _context(str(c)).device_id >= limit})
+    if over:
+        raise ValueError('expected cpu(i) devices with i below %d on this %d-core machine '
+                         "(MXNet's profiler aborts past them), found %s"
+                         % (limit, limit - 2, ', '.join(over)))
     spec = {'symbol': symbol if isinstance(symbol, str) else symbol.tojson(),
             'data_shapes': [[n, list(s)] for n, s in data_shapes],
             'label_shapes': [[n, list(s)] for n, s in label_shapes],
@@ -171,10 +193,11 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
             'optimizer_params': optimizer_params or {}}
     # The child imports this very package, wherever the caller imported it from.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0', **(env or {}),
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get('PYTHONPATH')])))
+    child_env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
+    child_env.update(env or {})
+    child_env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, child_env.get('PYTHONPATH')]))
     proc = subprocess.run([sys.executable, '-m', 'mp_symbolic.memory'], input=json.dumps(spec),
-                          capture_output=True, text=True, env=env, timeout=timeout)
+                          capture_output=True, text=True, env=child_env, timeout=timeout)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or ['(no stderr)']
         raise RuntimeError('memory measurement: expected exit status 0, found %d: %s'
@@ -204,7 +227,6 @@ def format_bytes(n):
 
 def format_memory(devices, title=None):
     """Lines of a table: one row per device, one column per category, a total row."""
-    from .text import columns
     cats = list(CATEGORIES) + [c for c in ('other', 'total')
                                if all(c in row for row in devices.values())]
     rows = [['device'] + cats]
@@ -217,21 +239,19 @@ def format_memory(devices, title=None):
 def _run_child(spec):
     """In a fresh process: profile storage, bind, one step, report (``__main__``)."""
     trace_path = os.path.join(tempfile.mkdtemp(prefix='mp-memory-'), 'memory.json')
-    import mxnet as mx
-    from .trace import load_trace, storage_bytes
-    from .train import PerDeviceUpdater
     # Before the first allocation, so the counters see every array.
     mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
                            profile_memory=True, aggregate_stats=False, filename=trace_path)
     mx.profiler.set_state('run')
-    ctx = lambda s: mx.Context(s.split('(')[0], int(s.split('(')[1].rstrip(')')))  # noqa: E731
     symbol = mx.sym.load_json(spec['symbol'])
     data_shapes = [(n, tuple(s)) for n, s in spec['data_shapes']]
     label_shapes = [(n, tuple(s)) for n, s in spec['label_shapes']]
     group2ctx = spec['group2ctx']
     mod = mx.mod.Module(symbol, data_names=[n for n, _ in data_shapes],
-                        label_names=[n for n, _ in label_shapes], context=ctx(spec['context']),
-                        group2ctxs={g: ctx(c) for g, c in group2ctx.items()} if group2ctx else None)
+                        label_names=[n for n, _ in label_shapes],
+                        context=_context(spec['context']),
+                        group2ctxs={g: _context(c) for g, c in group2ctx.items()} if group2ctx
+                        else None)
     mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
     # Any callable initialiser will do: values do not change sizes.
     mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))

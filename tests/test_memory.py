@@ -1,8 +1,11 @@
 """Memory per device: exact array bytes, activations from the storage profiler."""
+import os
+
 import mxnet as mx
 import pytest
 
-from mp_symbolic.memory import compare_memory, device_memory, format_bytes, format_memory
+from mp_symbolic.memory import (compare_memory, device_memory, format_bytes, format_memory,
+                                measure_memory)
 from mp_symbolic.model import build_net, training_symbol
 
 WIDTHS, STAGES = (64, 128, 128, 4), (0, 1, 1)
@@ -95,3 +98,11 @@ def test_device_memory_of_an_executor_counts_gradient_free_arguments_as_inputs()
     with pytest.raises(ValueError, match='expected a bound mx.mod.Module or an '
                                          'mx.executor.Executor, found Symbol'):
         device_memory(symbol)
+
+
+def test_a_device_past_the_profiler_rows_is_refused_before_any_child_runs():
+    symbol = training_symbol(build_net(WIDTHS, stage_of_layer=STAGES))
+    with pytest.raises(ValueError, match=r"profiler aborts past them\), found cpu\(%d\)"
+                                         % (os.cpu_count() + 2)):
+        measure_memory(symbol, DATA, LABEL, {'stage0': 'cpu(0)',
+                                             'stage1': 'cpu(%d)' % (os.cpu_count() + 2)})
