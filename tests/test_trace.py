@@ -5,7 +5,7 @@ import pytest
 
 from mp_symbolic.trace import (TraceError, busy_time, clip, device_rows, gpipe_bubble,
                                label_chunks, load_trace, op_intervals, overlap_time,
-                               step_stats, step_windows, storage_bytes)
+                               pipeline_steps, step_stats, step_windows, storage_bytes)
 
 
 def _rows(*names):
@@ -121,3 +121,11 @@ def test_label_chunks_runs_forward_in_order_and_backward_in_reverse():
         ('_backward_FullyConnected', 'backward', 0), ('add_n', 'backward', None),
         ('sgd_mom_update', 'update', None), ('[relu,relu]', 'forward', None),
         ('CopyCPU2CPU', 'copy', None), ('CopyCPU2CPU', 'copy', None)]
+
+
+def test_pipeline_steps_give_each_step_with_gpipe_beside_it():
+    trace = _trace()
+    steps = pipeline_steps(trace, ['cpu/0', 'cpu/1'], num_chunks=1)
+    assert [s['window_us'] for s in steps] == [(100, 200), (200, 300)]
+    assert [s['bubble'] for s in steps] == [1 - 90 / 160, 0.5]
+    assert all(s['gpipe_bubble'] == 0.5 for s in steps)
