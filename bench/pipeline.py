@@ -18,7 +18,7 @@ its own engine worker. For K = 2, 3 and M = 1, 2, 4, 8, all in one process:
   ``__force_mirroring__`` on a stage's ops) on memory and step time.
 
 Every executor is bound with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (read at each
-bind): MXNet otherwise runs runs of ops as one bulked segment, which the
+bind): MXNet otherwise runs consecutive ops as one bulked segment, which the
 trace shows as ``'[op,op,...]'`` and which hides the chunk of each op.
 (``MXNET_SUBGRAPH_BACKEND=NONE``, also read at each bind, changes nothing
 here: oneDNN fuses no training op of this model.) The timeline picture
@@ -283,15 +283,14 @@ def _log_pipeline(report, first_m, log):
         'profiled steps)'
         % (report['timing']['repeats'], report['timing']['steps'], report['profiled_steps']))
     head = ['K', 'M', 'samples/s', 'spread', 'vs M=%d' % first_m, 'vs 1-dev',
-            'busy per device (ms)',
-            'sum/1-dev', '>=2 busy', 'span', 'bubble', 'GPipe']
+            'busy per device (ms)', 'sum/1-dev', '>=2 busy', 'span', 'bubble', 'GPipe']
     body = []
     for c in report['configs']:
         busy = ' '.join('%.1f' % (c['busy_us'][d] / 1e3) for d in c['devices'])
         if c['plan'] == 'one device':
             body.append([c['stages'], '1-dev', '%.0f' % c['samples_per_s'], _spread(c), '',
-                         '1.00x', busy,
-                         '', '', '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'], ''])
+                         '1.00x', busy, '', '', '%.1f' % (c['span_us'] / 1e3),
+                         '%.2f' % c['bubble'], ''])
             continue
         body.append([c['stages'], c['chunks'], '%.0f' % c['samples_per_s'], _spread(c),
                      '%.2fx' % c['vs_first_chunks'], '%.2fx' % c['vs_one_device'], busy,
