@@ -48,6 +48,7 @@ from .timeline import plot_timeline
 __all__ = ['build_chunked_symbol', 'stage_devices', 'bind', 'StepLoop', 'run', 'main']
 
 OUT_DIR = os.path.join('artifacts', 'bench')
+ORDERED = '-ordered'  # variant name suffix: build_chunked_symbol(order_forward=True)
 LR = 1e-4
 
 
@@ -57,7 +58,7 @@ def stage_devices(num_stages):
 
 
 def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
-                         layers_per_stage=1):
+                         layers_per_stage=1, order_forward=False):
     """The K-stage MLP with its batch split into M micro-batches, as a training symbol.
 
     ``data`` (batch, num_hiddens) is split on stage 0; each chunk runs through
@@ -71,6 +72,10 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
         mirror_stages: Stages whose ops get ``__force_mirroring__='True'``:
             the backward pass recomputes their outputs instead of keeping them.
         layers_per_stage: ``FullyConnected`` + ``relu`` pairs per stage.
+        order_forward: Make chunk m's first op wait for chunk m - 1's stage-0
+            output (through ``0 * BlockGrad(sum(.))``, no gradient): the
+            engine then queues the copy of chunk m - 1 to stage 1 before
+            chunk m's work on stage 0, instead of after several chunks'.
 
     Raises:
         ValueError: fewer than one stage or chunk.
@@ -94,9 +99,13 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
         data = mx.sym.var('data')
         chunks = (mx.sym.split(data, num_outputs=num_chunks, axis=0, name='split')
                   if num_chunks > 1 else [data])
-    outs = []
+    outs, stage0_out = [], None
     for m in range(num_chunks):
         h = chunks[m]  # (batch / M, num_hiddens)
+        if order_forward and stage0_out is not None:
+            with scope(0):
+                after = 0 * mx.sym.BlockGrad(mx.sym.sum(stage0_out, keepdims=True))  # (1, 1)
+                h = mx.sym.broadcast_add(h, after, name='after_c%d' % (m - 1))
         for s in range(num_stages):
             with scope(s):
                 for i in range(layers_per_stage):
@@ -104,6 +113,8 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
                                               num_hidden=num_hiddens,
                                               name='s%d_fc%s_c%d' % (s, _layer(i), m))
                     h = mx.sym.relu(h, name='s%d_relu%s_c%d' % (s, _layer(i), m))
+            if s == 0:
+                stage0_out = h
         outs.append(h)
     with scope(num_stages - 1):
         out = mx.sym.concat(*outs, dim=0, name='concat') if num_chunks > 1 else outs[0]
@@ -204,13 +215,17 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
             symbols[_name(k, m)] = build_chunked_symbol(k, m, num_hiddens)
             variants[_name(k, m)] = StepLoop(bind(symbols[_name(k, m)], batch_size,
                                                   num_hiddens, stage_devices(k)))
+        for m in (m for m in chunks if m > 1):
+            variants[_name(k, m) + ORDERED] = StepLoop(bind(
+                build_chunked_symbol(k, m, num_hiddens, order_forward=True), batch_size,
+                num_hiddens, stage_devices(k)))
     rates = throughput(variants, batch_size, steps, repeats, warmup)
     trace_path = os.path.join(out_dir, 'pipeline-profile.json')
     steps_stats = _profile(variants, profiled_steps, trace_path)
     report = {'machine': info, 'model': {'num_hiddens': num_hiddens, 'batch_size': batch_size,
                                          'lr': LR},
               'timing': {'steps': steps, 'repeats': repeats, 'warmup': warmup},
-              'profiled_steps': profiled_steps, 'configs': []}
+              'profiled_steps': profiled_steps, 'configs': [], 'ordered': []}
     for k in stages:
         one = rates[_name(k, 0)][0]
         base = rates[_name(k, chunks[0])][0]
@@ -227,7 +242,15 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
                 'vs_one_device': r / one, 'gpipe_bubble': gpipe_bubble(k, m),
                 # > 1: ops ran slower side by side (shared cores) or there are more of them
                 'busy_vs_one_device': sum(stats['busy_us'].values()) / one_busy, **stats})
+            if m > 1:
+                name = _name(k, m) + ORDERED
+                report['ordered'].append({
+                    'stages': k, 'chunks': m, 'devices': ['cpu/%d' % s for s in range(k)],
+                    'samples_per_s': rates[name][0], 'runs': rates[name][1],
+                    'vs_default_order': rates[name][0] / r, 'default_bubble': stats['bubble'],
+                    'gpipe_bubble': gpipe_bubble(k, m), **steps_stats[name]})
     _log_pipeline(report, chunks[0], log)
+    _log_ordered(report, log)
     report['memory'] = _memory(symbols, stages, chunks, batch_size, num_hiddens, log)
     report['mirror'] = _mirror(stages[0], chunks[-1], num_hiddens, batch_size, steps, repeats,
                                warmup, log)
@@ -297,6 +320,20 @@ def _log_pipeline(report, first_m, log):
                      '%.2f' % c['busy_vs_one_device'], '%.1f' % (c['overlap_us'] / 1e3),
                      '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'],
                      '%.2f' % c['gpipe_bubble']])
+    for line in columns([head] + body):
+        log('  ' + line)
+
+
+def _log_ordered(report, log):
+    log('')
+    log('forward order forced (build_chunked_symbol(order_forward=True)): chunk m starts on '
+        'stage0 after chunk m-1 left it')
+    head = ['K', 'M', 'samples/s', 'spread', 'vs default', '>=2 busy', 'span', 'bubble',
+            'default', 'GPipe']
+    body = [[c['stages'], c['chunks'], '%.0f' % c['samples_per_s'], _spread(c),
+             '%.2fx' % c['vs_default_order'], '%.1f' % (c['overlap_us'] / 1e3),
+             '%.1f' % (c['span_us'] / 1e3), '%.2f' % c['bubble'], '%.2f' % c['default_bubble'],
+             '%.2f' % c['gpipe_bubble']] for c in report['ordered']]
     for line in columns([head] + body):
         log('  ' + line)
 

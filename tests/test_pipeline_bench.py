@@ -1,4 +1,4 @@
-"""Smoke run of the pipeline benchmark, and its refusals.
+"""Smoke run of the pipeline benchmark, its graph's transparency, and its refusals.
 
 The benchmark profiles, and MXNet's profiler serves one trace per process, so
 the run happens in a child process.
@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 import mxnet as mx
+import numpy as np
 
-from bench.pipeline import build_chunked_symbol, main
+from bench.pipeline import bind, build_chunked_symbol, main, stage_devices
 
 
 def test_quick_run_writes_report_and_timeline(tmp_path):
@@ -30,6 +31,7 @@ def test_quick_run_writes_report_and_timeline(tmp_path):
     assert (tmp_path / 'pipeline-timeline.png').stat().st_size > 0
     split = report['memory']['K2-M2']['split']['devices']
     assert split['cpu(0)']['other'] > 0 and split['cpu(1)']['other'] > 0
+    assert [(c['stages'], c['chunks']) for c in report['ordered']] == [(2, 2)]
     assert 'CPU stand-in devices share' in proc.stdout
 
 
@@ -45,6 +47,22 @@ def test_chunked_symbol_tags_every_op_and_variable_with_its_stage():
     exe = symbol.simple_bind(mx.cpu(0), group2ctx={'stage%d' % s: mx.cpu(s) for s in range(3)},
                              data=(8, 8))
     assert exe.arg_dict['s2_weight'].context == mx.cpu(2)
+
+
+def test_chunking_and_forcing_the_forward_order_leave_outputs_and_gradients_unchanged():
+    """Same parameters and batch: M=1, M=4, M=4 ordered give the same step."""
+    results = []
+    for m, ordered in ((1, False), (4, False), (4, True)):
+        exe = bind(build_chunked_symbol(2, m, 16, order_forward=ordered), 8, 16,
+                   stage_devices(2), seed=3)
+        exe.forward(is_train=True)
+        exe.backward()
+        results.append([exe.outputs[0].asnumpy()]
+                       + [exe.grad_dict[n].asnumpy() for n in sorted(exe.grad_dict)
+                          if exe.grad_dict[n] is not None])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_batch_not_divisible_by_the_chunks_is_refused(capsys):
