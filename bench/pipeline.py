@@ -261,7 +261,10 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
     os.makedirs(out_dir, exist_ok=True)
     _write_json(os.path.join(out_dir, 'pipeline.json'), report)
     picture = os.path.join(out_dir, 'pipeline-timeline.png')
-    plot_timeline(load_trace(trace_path), [(max(stages), m) for m in chunks], picture)
+    panels = [(max(stages), m) for m in chunks]
+    # and the forced order at the second-largest M (M=4 by default)
+    panels += [(max(stages), m, ORDERED) for m in chunks if m > 1][-2:-1]
+    plot_timeline(load_trace(trace_path), panels, picture)
     log('wrote %s, %s, %s' % (os.path.join(out_dir, 'pipeline.json'), picture, trace_path))
     return report
 

@@ -27,14 +27,16 @@ def median_step(ops, windows, devices):
 
 
 def plot_timeline(trace, configs, path):
-    """Writes one panel per ``(stages, chunks)`` config (markers ``'K<k>-M<m>'``)."""
+    """Writes one panel per config: ``(stages, chunks)`` for the steps between
+    markers ``'K<k>-M<m>'``, or ``(stages, chunks, suffix)`` for ``'K<k>-M<m><suffix>'``."""
     ops = op_intervals(trace)
     colours = plt.get_cmap('tab10').colors
     fig, axes = plt.subplots(len(configs), 1, figsize=(11, 1.0 + 1.1 * sum(
-        k for k, _ in configs)), squeeze=False)
-    for ax, (k, m) in zip(axes[:, 0], configs):
+        c[0] for c in configs)), squeeze=False)
+    for ax, (k, m, *suffix) in zip(axes[:, 0], configs):
         devices = ['cpu/%d' % s for s in range(k)]
-        window = median_step(ops, step_windows(trace, 'K%d-M%d' % (k, m)), devices)
+        marker = 'K%d-M%d%s' % (k, m, ''.join(suffix))
+        window = median_step(ops, step_windows(trace, marker), devices)
         step = clip(ops, window)
         t0 = min(iv[0] for d in devices for iv in step.get(d, []))
         for row, device in enumerate(devices):
@@ -48,11 +50,11 @@ def plot_timeline(trace, configs, path):
         ax.set_yticks(range(k))
         ax.set_yticklabels(['stage%d %s' % (s, d) for s, d in enumerate(devices)])
         ax.invert_yaxis()
-        ax.set_title('K=%d stages, M=%d micro-batches: one training step' % (k, m),
-                     fontsize=10, loc='left')
+        ax.set_title('K=%d stages, M=%d micro-batches%s: one training step'
+                     % (k, m, ', forward order forced' if suffix else ''), fontsize=10, loc='left')
         ax.set_xlabel('ms from the step\'s first op')
     handles = [Patch(facecolor=colours[c], label='chunk %d' % c)
-               for c in range(max(m for _, m in configs))]
+               for c in range(max(c[1] for c in configs))]
     handles += [Patch(facecolor='white', edgecolor='black', label='forward (solid)'),
                 Patch(facecolor='white', edgecolor='black', hatch='///',
                       label='backward (hatched)'),
