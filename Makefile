@@ -20,7 +20,7 @@ RUN_FLAGS = $(TRAIN_FLAGS) $(if $(CHUNKS),--chunks $(CHUNKS))
 SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
 .PHONY: help setup train-symbolic train-imperative train-digits export export-digits compare \
-        bench bench-export test clean distclean
+        bench bench-export bench-dist bench-pipeline test clean distclean
 
 help:
 	@echo "make train-symbolic    train the regression model-parallel (Pipeline + MXNet Module)"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench             training throughput and time-to-accuracy, as ratios"
 	@echo "make bench-export      inference throughput of the exported model: onnxruntime vs MXNet"
 	@echo "make bench-dist        a dist_sync job of 1 and 2 workers on loopback (launch overhead)"
+	@echo "make bench-pipeline    micro-batch pipelining: overlap and bubble from the trace, memory per device"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
@@ -86,9 +87,11 @@ bench: $(STAMP)
 bench-export: export
 	$(PY) bench/export_throughput.py $(if $(QUICK),--repeats 1 --repeat-seconds 0.02)
 
-.PHONY: bench-dist
 bench-dist: $(STAMP)
 	$(PY) -m bench.dist $(if $(QUICK),--repeats 1 --steps 20 --warmup 2)
+
+bench-pipeline: $(STAMP)
+	$(PY) -m bench.pipeline $(if $(QUICK),--quick)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

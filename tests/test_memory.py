@@ -1,0 +1,115 @@
+"""Memory per device: exact array bytes, activations from the storage profiler."""
+import os
+
+import mxnet as mx
+import pytest
+
+from mp_symbolic.memory import (compare_memory, device_memory, format_bytes, format_memory,
+                                measure_memory)
+from mp_symbolic import Pipeline
+from mp_symbolic.tasks.regression import build_blocks
+
+WIDTHS = (64, 128, 128, 4)
+DATA, LABEL = [('data', (32, 64))], [('label', (32, 4))]
+GROUP2CTX = {'stage0': 'cpu(0)', 'stage1': 'cpu(1)'}
+
+
+def _symbol():
+    """Three dense layers, the first on stage0 and the other two on stage1."""
+    pipe = Pipeline(build_blocks(WIDTHS), 'cpu:0,cpu:1', balance=[1, 2])
+    return pipe.training_symbol('l2', label_name='label')
+
+
+def _param_bytes_by_device(symbol):
+    """Bytes of each parameter, summed per stage device, from shapes and ctx_group alone."""
+    arg_shapes, _, _ = symbol.infer_shape(**dict(DATA + LABEL))
+    attrs = symbol.attr_dict()
+    out = {}
+    for name, shape in zip(symbol.list_arguments(), arg_shapes):
+        if name in ('data', 'label'):
+            continue
+        device = GROUP2CTX[attrs[name]['ctx_group']]
+        size = 1
+        for dim in shape:
+            size *= dim
+        out[device] = out.get(device, 0) + 4 * size  # float32
+    return out
+
+
+@pytest.fixture(scope='module')
+def measured():
+    symbol = _symbol()
+    return symbol, compare_memory(symbol, DATA, LABEL, GROUP2CTX,
+                                  optimizer_params={'momentum': 0.9})
+
+
+def test_params_grads_and_momentum_bytes_equal_the_stage_arrays_on_each_device(measured):
+    symbol, result = measured
+    expected = _param_bytes_by_device(symbol)
+    split = result['split']['devices']
+    assert sorted(split) == ['cpu(0)', 'cpu(1)']
+    for device, nbytes in expected.items():
+        assert split[device]['params'] == nbytes
+        assert split[device]['grads'] == nbytes
+        assert split[device]['optimizer'] == nbytes  # one momentum array per parameter
+
+
+def test_activations_are_measured_on_both_devices(measured):
+    split = measured[1]['split']['devices']
+    assert split['cpu(0)']['other'] > 0 and split['cpu(1)']['other'] > 0
+    for row in split.values():
+        assert row['total'] == sum(v for k, v in row.items() if k != 'total')
+
+
+def test_split_plan_puts_less_parameter_memory_on_each_device_than_one_device(measured):
+    one = measured[1]['one_device']['devices']
+    split = measured[1]['split']['devices']
+    assert list(one) == ['cpu(0)']
+    assert all(row['params'] < one['cpu(0)']['params'] for row in split.values())
+    assert sum(row['params'] for row in split.values()) == one['cpu(0)']['params']
+
+
+def test_device_memory_of_a_module_in_this_process_without_storage_totals():
+    symbol = _symbol()
+    mod = mx.mod.Module(symbol, data_names=['data'], label_names=['label'],
+                        group2ctxs={g: mx.Context('cpu', int(c[4])) for g, c in GROUP2CTX.items()})
+    mod.bind(data_shapes=DATA, label_shapes=LABEL)
+    mod.init_params()
+    table = device_memory(mod)
+    assert {d: row['params'] for d, row in table.items()} == _param_bytes_by_device(symbol)
+    assert table['cpu(0)']['inputs'] == 32 * 64 * 4 and table['cpu(1)']['inputs'] == 32 * 4 * 4
+    assert 'other' not in table['cpu(0)']
+    with pytest.raises(ValueError, match='expected the storage total to cover its arrays'):
+        device_memory(mod, storage={'cpu/0': 1, 'cpu/1': 1})
+
+
+def test_format_shows_kib_and_mib():
+    assert format_bytes(512) == '512 B'
+    assert format_bytes(1536) == '1.5 KiB'
+    assert format_bytes(3 << 20) == '3.0 MiB'
+    lines = format_memory({'cpu(0)': dict.fromkeys(
+        ('params', 'grads', 'optimizer', 'aux', 'inputs', 'module_copy'), 2048)}, 'split')
+    assert lines[0] == 'split' and lines[2].startswith('cpu(0)') and '2.0 KiB' in lines[2]
+
+
+def test_device_memory_of_an_executor_counts_gradient_free_arguments_as_inputs():
+    symbol = _symbol()
+    grad_req = {n: 'null' if n in ('data', 'label') else 'write' for n in symbol.list_arguments()}
+    exe = symbol.simple_bind(mx.cpu(0), group2ctx={g: mx.Context('cpu', int(c[4]))
+                                                   for g, c in GROUP2CTX.items()},
+                             grad_req=grad_req, **dict(DATA + LABEL))
+    table = device_memory(exe)
+    assert {d: row['params'] for d, row in table.items()} == _param_bytes_by_device(symbol)
+    assert {d: row['grads'] for d, row in table.items()} == _param_bytes_by_device(symbol)
+    assert table['cpu(1)']['inputs'] == 32 * 4 * 4 and table['cpu(0)']['module_copy'] == 0
+    with pytest.raises(ValueError, match='expected a bound mx.mod.Module or an '
+                                         'mx.executor.Executor, found Symbol'):
+        device_memory(symbol)
+
+
+def test_a_device_past_the_profiler_rows_is_refused_before_any_child_runs():
+    symbol = _symbol()
+    with pytest.raises(ValueError, match=r"profiler aborts past them\), found cpu\(%d\)"
+                                         % (os.cpu_count() + 2)):
+        measure_memory(symbol, DATA, LABEL, {'stage0': 'cpu(0)',
+                                             'stage1': 'cpu(%d)' % (os.cpu_count() + 2)})

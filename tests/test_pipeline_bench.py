@@ -1,0 +1,78 @@
+"""Smoke run of the pipeline benchmark, its graph's transparency, and its refusals.
+
+The benchmark profiles, and MXNet's profiler serves one trace per process, so
+the run happens in a child process.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+
+from bench.chunked import bind, build_chunked_symbol, stage_devices
+from bench.pipeline import main
+
+
+def test_quick_run_writes_report_and_timeline(tmp_path):
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
+    proc = subprocess.run([sys.executable, '-m', 'bench.pipeline', '--quick', '--stages', '2',
+                           '--chunks', '1,2', '--out', str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / 'pipeline.json').read_text())
+    configs = {(c['plan'], c['chunks']): c for c in report['configs']}
+    assert sorted(configs) == [('one device', 1), ('split', 1), ('split', 2)]
+    for c in configs.values():
+        assert 0 <= c['bubble'] < 1 and c['samples_per_s'] > 0
+        assert all(c['busy_us'][d] > 0 for d in c['devices'])
+    assert configs[('split', 2)]['gpipe_bubble'] == 1 / 3
+    assert configs[('split', 2)]['overlap_us'] <= min(configs[('split', 2)]['busy_us'].values())
+    assert (tmp_path / 'pipeline-timeline.png').stat().st_size > 0
+    split = report['memory']['K2-M2']['split']['devices']
+    assert split['cpu(0)']['other'] > 0 and split['cpu(1)']['other'] > 0
+    assert [(c['stages'], c['chunks']) for c in report['ordered']] == [(2, 2)]
+    assert 'CPU stand-in devices share' in proc.stdout
+
+
+def test_chunked_symbol_tags_every_op_and_variable_with_its_stage():
+    symbol = build_chunked_symbol(3, 4, 8)
+    attrs = symbol.attr_dict()
+    groups = {n['name']: attrs.get(n['name'], {}).get('ctx_group')
+              for n in json.loads(symbol.tojson())['nodes']}
+    assert None not in groups.values()
+    assert groups['data'] == 'stage0' and groups['split'] == 'stage0'
+    assert groups['s1_fc_c3'] == 'stage1' and groups['s2_weight'] == 'stage2'
+    assert groups['concat'] == 'stage2' and groups['softmax_label'] == 'stage2'
+    exe = symbol.simple_bind(mx.cpu(0), group2ctx={'stage%d' % s: mx.cpu(s) for s in range(3)},
+                             data=(8, 8))
+    assert exe.arg_dict['s2_weight'].context == mx.cpu(2)
+
+
+def test_chunking_and_forcing_the_forward_order_leave_outputs_and_gradients_unchanged():
+    """Same parameters and batch: M=1, M=4, M=4 ordered give the same step."""
+    results = []
+    for m, ordered in ((1, False), (4, False), (4, True)):
+        exe = bind(build_chunked_symbol(2, m, 16, order_forward=ordered), 8, 16,
+                   stage_devices(2), seed=3)
+        exe.forward(is_train=True)
+        exe.backward()
+        results.append([exe.outputs[0].asnumpy()]
+                       + [exe.grad_dict[n].asnumpy() for n in sorted(exe.grad_dict)
+                          if exe.grad_dict[n] is not None])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_not_divisible_by_the_chunks_is_refused(capsys):
+    assert main(['--batch-size', '10', '--chunks', '1,4']) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('error: --batch-size: expected a multiple')
+
+
+def test_more_stages_than_the_profiler_records_is_refused(capsys):
+    assert main(['--stages', '2,%d' % (os.cpu_count() + 3)]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and "MXNet's profiler aborts past" in err

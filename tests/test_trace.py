@@ -1,0 +1,131 @@
+"""Trace analysis on small synthetic traces whose answers are known exactly."""
+import json
+
+import pytest
+
+from mp_symbolic.trace import (TraceError, busy_time, clip, device_rows, gpipe_bubble,
+                               label_chunks, load_trace, op_intervals, overlap_time,
+                               pipeline_steps, step_stats, step_windows, storage_bytes)
+
+
+def _rows(*names):
+    return [{'ph': 'M', 'name': 'process_name', 'pid': pid, 'args': {'name': n}}
+            for pid, n in enumerate(names)]
+
+
+def _op(pid, name, start, end):
+    return [{'ph': 'B', 'cat': 'operator', 'name': name, 'pid': pid, 'tid': 7, 'ts': start},
+            {'ph': 'E', 'cat': 'operator', 'name': name, 'pid': pid, 'tid': 7, 'ts': end}]
+
+
+def _mark(ts):
+    return {'ph': 'n', 'name': 'step', 'cat': 'bench,instant_marker', 'pid': 99, 'ts': ts}
+
+
+def _trace():
+    """Two steps on two devices, plus the async duplicates MXNet also writes.
+
+    Step 1 (100..200): cpu/0 busy 100-140 and 130-150 (union 50), cpu/1 busy
+    140-180 (40); both busy 140-150 (10); span 100-180 (80).
+    Step 2 (200..300): only cpu/0, 210-230.
+    """
+    events = _rows('cpu/0', 'cpu/1', 'cpu pinned/', 'cpu shared/')
+    events += [{'ph': 'M', 'name': 'process_name', 'pid': 55, 'args': {'name': 'operator'}}]
+    events += _op(0, 'FullyConnected', 100, 140) + _op(0, 'relu', 130, 150)
+    events += _op(1, '_backward_FullyConnected', 140, 180)
+    events += _op(0, 'FullyConnected', 210, 230)
+    events += [dict(e, ph=e['ph'].lower(), pid=55) for e in _op(0, 'FullyConnected', 0, 999)]
+    events += [_mark(100), _mark(200), _mark(300)]
+    return {'traceEvents': events}
+
+
+def test_op_intervals_pair_begin_and_end_per_device_and_ignore_async_duplicates():
+    ops = op_intervals(_trace())
+    assert ops == {'cpu/0': [(100, 140, 'FullyConnected'), (130, 150, 'relu'),
+                             (210, 230, 'FullyConnected')],
+                   'cpu/1': [(140, 180, '_backward_FullyConnected')]}
+
+
+def test_busy_time_is_the_union_of_intervals():
+    assert busy_time([(0, 10), (5, 15), (20, 30)]) == 25
+    assert busy_time([]) == 0
+
+
+def test_overlap_time_counts_only_simultaneous_devices():
+    by_device = {'a': [(0, 10), (5, 15)], 'b': [(12, 20)], 'c': [(14, 30)]}
+    assert overlap_time(by_device) == 8  # 12-20: a&b 12-15, b&c 14-20, counted once
+    assert overlap_time(by_device, at_least=3) == 1  # 14-15
+    assert overlap_time({'a': [(0, 10)], 'b': [(10, 20)]}) == 0  # touching is not overlapping
+
+
+def test_step_stats_give_busy_overlap_and_bubble_of_each_step():
+    trace = _trace()
+    windows = step_windows(trace)
+    assert windows == [(100, 200), (200, 300)]
+    first = step_stats(clip(op_intervals(trace), windows[0]), ['cpu/0', 'cpu/1'])
+    assert first == {'span_us': 80, 'busy_us': {'cpu/0': 50, 'cpu/1': 40}, 'overlap_us': 10,
+                     'bubble': 1 - 90 / (2 * 80)}
+    second = step_stats(clip(op_intervals(trace), windows[1]), ['cpu/0', 'cpu/1'])
+    assert second['bubble'] == 0.5 and second['overlap_us'] == 0  # cpu/1 idle all step
+
+
+def test_step_with_ops_outside_the_plan_is_refused():
+    with pytest.raises(TraceError, match=r"expected ops only on \['cpu/0'\], found ops on "
+                                         r"\['cpu/1'\]"):
+        step_stats(clip(op_intervals(_trace()), (100, 200)), ['cpu/0'])
+
+
+def test_pinned_and_shared_rows_read_as_the_cpus_past_the_cores():
+    rows = device_rows(_trace())
+    assert [rows[pid] for pid in (0, 1, 2, 3)] == ['cpu/0', 'cpu/1', 'cpu/2', 'cpu/3']
+    assert 55 not in rows  # the 'operator' process is not a device
+    with_gpu = {'traceEvents': _rows('cpu/0', 'cpu/1', 'gpu/0', 'cpu pinned/', 'cpu shared/')}
+    assert device_rows(with_gpu)[3] == 'cpu pinned/'
+
+
+def test_gpipe_bubble():
+    assert gpipe_bubble(1, 4) == 0
+    assert gpipe_bubble(2, 1) == 0.5
+    assert gpipe_bubble(3, 8) == 2 / 10
+    with pytest.raises(ValueError, match='num_chunks >= 1'):
+        gpipe_bubble(2, 0)
+
+
+def test_storage_bytes_is_the_last_counter_value_in_time_per_device():
+    events = _rows('cpu/0', 'cpu/1', 'cpu pinned/', 'cpu shared/') + [
+        {'ph': 'C', 'cat': 'Device Storage', 'ts': ts, 'args': {'Memory: ' + d: v}}
+        for ts, d, v in [(3, 'cpu/0', 30), (1, 'cpu/0', 10), (2, 'cpu pinned/', 5),
+                         (4, 'cpu/1', 7)]]
+    assert storage_bytes({'traceEvents': events}) == {'cpu/0': 30, 'cpu/2': 5, 'cpu/1': 7}
+    with pytest.raises(TraceError, match='profile_memory=True'):
+        storage_bytes(_trace())
+
+
+def test_unclosed_trace_is_refused_with_the_reason(tmp_path):
+    path = tmp_path / 'fragment.json'
+    path.write_text(json.dumps(_trace())[:-3])
+    with pytest.raises(TraceError, match='first dump'):
+        load_trace(str(path))
+    path.write_text(json.dumps(_trace()))
+    assert load_trace(str(path)) == _trace()
+
+
+def test_label_chunks_runs_forward_in_order_and_backward_in_reverse():
+    ops = [(0, 1, 'SliceChannel'), (1, 2, 'FullyConnected'), (2, 3, 'FullyConnected'),
+           (5, 6, '_backward_FullyConnected'), (6, 7, '_backward_FullyConnected'),
+           (7, 8, 'add_n'), (8, 9, 'sgd_mom_update'), (9, 10, '[relu,relu]'),
+           (10, 11, 'CopyCPU2CPU'), (11, 12, 'CopyCPU2CPU')]
+    assert [(name, phase, chunk) for _, _, name, phase, chunk in label_chunks(ops, 2)] == [
+        ('SliceChannel', 'forward', None), ('FullyConnected', 'forward', 0),
+        ('FullyConnected', 'forward', 1), ('_backward_FullyConnected', 'backward', 1),
+        ('_backward_FullyConnected', 'backward', 0), ('add_n', 'backward', None),
+        ('sgd_mom_update', 'update', None), ('[relu,relu]', 'forward', None),
+        ('CopyCPU2CPU', 'copy', None), ('CopyCPU2CPU', 'copy', None)]
+
+
+def test_pipeline_steps_give_each_step_with_gpipe_beside_it():
+    trace = _trace()
+    steps = pipeline_steps(trace, ['cpu/0', 'cpu/1'], num_chunks=1)
+    assert [s['window_us'] for s in steps] == [(100, 200), (200, 300)]
+    assert [s['bubble'] for s in steps] == [1 - 90 / 160, 0.5]
+    assert all(s['gpipe_bubble'] == 0.5 for s in steps)
