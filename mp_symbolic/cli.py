@@ -100,6 +100,9 @@ def build_parser(defaults=True):
     train.add_argument('--kvstore', choices=KVSTORES, default=None,
                        help='sums gradients across replicas or processes (default: local with '
                             'several replicas, else none)')
+    train.add_argument('--no-memory', dest='memory', action='store_false',
+                       help='skip the memory-per-device table (symbolic variant; measured in '
+                            'two child processes before training)')
     train.add_argument('--checkpoint-every', type=int, default=1, metavar='N',
                        help='commit a checkpoint (weights and optimizer state) every N epochs '
                             'and at the end (default: %(default)s)')

@@ -67,6 +67,9 @@ class TrainConfig:
     kvstore: str = None
     # Blocks per stage (a tuple), 'time', or None (balanced by parameter count).
     balance: object = None
+    # Symbolic variant: measure memory per device (the plan beside one device) before
+    # training, in child processes (about two seconds each); the command line turns it on.
+    memory: bool = False
     # Commit a checkpoint (weights + optimizer state) every this many epochs, and at the end.
     checkpoint_every: int = 1
     # A training folder whose last committed checkpoint this run continues.

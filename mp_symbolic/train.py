@@ -291,6 +291,38 @@ def _resume(cfg, stepper):
     return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
 
 
+def plan_memory(cfg, pipe, task, label_shape, log=print):
+    """Bytes per device of the split plan beside the same model on one device,
+    measured after one step (:mod:`~mp_symbolic.memory`); logged as two tables.
+
+    Returns:
+        ``{'split': {device: {category: bytes}}, 'one_device': {...}}``, or
+        ``None`` (said in a line) where it cannot be measured.
+    """
+    if cfg.variant != 'symbolic':
+        return None
+    from .memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
+    local = cfg.batch_size // cfg.replicas
+    symbol = pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME)
+    try:
+        measured = compare_memory(
+            symbol, [(DATA_NAME, (local,) + tuple(task.sample_shape(cfg)))],
+            [(task.LABEL_NAME, (local,) + tuple(label_shape))], pipe.plan.group2ctx,
+            context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
+            optimizer_params=cfg.optimizer_params())
+    except (ValueError, RuntimeError) as err:
+        log('memory per device: not measured (%s)' % err)
+        return None
+    result = {k: v['devices'] for k, v in measured.items()}
+    log('memory per device, after one step (other: activations and workspace, from MXNet\'s '
+        'storage profiler):')
+    for title, key in (('  this plan', 'split'), ('  the same model on %s alone'
+                                                  % pipe.plan.first_device, 'one_device')):
+        for line in format_memory(result[key], title):
+            log(line if line.startswith('  ') else '    ' + line)
+    return result
+
+
 def train(cfg, log=print):
     """Trains ``cfg.task`` with ``cfg.variant``, prints the report, commits a
     checkpoint every ``cfg.checkpoint_every`` epochs and at the end, and
@@ -332,6 +364,7 @@ def train(cfg, log=print):
         log('placement (as MXNet reports it):')
         for line in placement_table(stepper.placement()):
             log('  ' + line)
+        memory = plan_memory(cfg, pipe, task, data[1].shape[1:], log) if cfg.memory else None
 
         checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses)
         with profiling(cfg, cfg.out_dir) as profile_files:
@@ -350,8 +383,9 @@ def train(cfg, log=print):
                 % ('MSE' if task.NAME == 'regression' else 'error rate', score_before, score,
                    cfg.num_epochs))
         checkpoint = checkpointer.commit(cfg.num_epochs, dict(
-            metrics=result.metrics, wall_time_s=result.wall_time,
-            samples_per_sec=result.samples_per_sec), complete=True)
+            metrics=dict(result.metrics, **({'memory_per_device': memory} if memory else {})),
+            wall_time_s=result.wall_time, samples_per_sec=result.samples_per_sec),
+            complete=True)
     log('parameters sha256: %s' % params_digest(result.params))
     if checkpoint is None:
         return result
