@@ -111,13 +111,13 @@ class TrainResult:
         raise AttributeError(name)
 
 
-def _read_block(losses, start, stop, epoch, first_step):
+def _read_block(losses, start, stop, epoch):
     """Values of ``losses[start:stop]``; raises at the first non-finite one."""
     values = mx.nd.stack(*losses[start:stop]).asnumpy().ravel()
     bad = np.flatnonzero(~np.isfinite(values))
     if len(bad):
         raise TrainingDiverged('training diverged: batch loss %s at epoch %d, step %d (lower '
-                               '--lr?)' % (values[bad[0]], epoch + 1, first_step + start + bad[0] + 1))
+                               '--lr?)' % (values[bad[0]], epoch + 1, start + bad[0] + 1))
     return values.tolist()
 
 
@@ -150,8 +150,8 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
                 bar.update()
                 if len(losses) % CHECK_EVERY == 0 and len(losses) > CHECK_EVERY:
                     values += _read_block(losses, len(values), len(losses) - CHECK_EVERY,
-                                          epoch, 0)
-            values += _read_block(losses, len(values), len(losses), epoch, 0)
+                                          epoch)
+            values += _read_block(losses, len(values), len(losses), epoch)
             step_losses += values
             epoch_losses.append(float(np.mean(values)))
             bar.set_postfix(loss='%.3g' % epoch_losses[-1])
