@@ -27,13 +27,14 @@ import os
 
 import onnx
 
-from mp_symbolic.checkpoint import CheckpointError, load_checkpoint, read_checkpoint, save_params
+from mp_symbolic.checkpoint import load_checkpoint, read_checkpoint, save_params
 from mp_symbolic.store import Store
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError
 from .inference import inference_graph, sample_shape, stage_layout
 from .onnx_export import check_onnx_version, sha256_file, to_onnx
+from .runtimes import check_symbol_file
 from .verify import OneDeviceReference, failed_checks, format_report, verify_export
 
 __all__ = ['DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR', 'locate_checkpoint',
@@ -117,6 +118,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         raise ExportError('--out: expected a folder other than the checkpoint\'s own (%s), '
                           'found the same' % out_dir)
     name = name or info['name']
+    if os.path.isfile(sym_path):
+        check_symbol_file(sym_path)  # says what a file that is no symbol is, quoting nothing
     symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)
