@@ -95,6 +95,9 @@ def build_parser(defaults=True):
     train.add_argument('--chunks', type=int, default=1,
                        help='symbolic variant: micro-batches per batch, pipelined by MXNet\'s '
                             'engine (GPipe); must divide the batch size (default: 1)')
+    train.add_argument('--mirror', action='store_true',
+                       help='symbolic variant: recompute every stage\'s activations in the '
+                            'backward pass instead of keeping them (MXNet\'s mirroring)')
     train.add_argument('--replicas', type=int, default=1,
                        help='data-parallel copies of the pipeline (default: 1)')
     train.add_argument('--kvstore', choices=KVSTORES, default=None,
@@ -162,7 +165,7 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
             'task': '--task', 'chunks': '--chunks', 'replicas': '--replicas',
             'kvstore': '--kvstore', 'balance': '--balance',
-            'checkpoint_every': '--checkpoint-every', 'resume': '--resume'}
+            'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror'}
 
 EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
 EXIT_FAILED = 1      # training diverged, or a file could not be written

@@ -67,6 +67,8 @@ class TrainConfig:
     kvstore: str = None
     # Blocks per stage (a tuple), 'time', or None (balanced by parameter count).
     balance: object = None
+    # Symbolic variant: every stage's ops recomputed in the backward pass (MXNet's mirroring).
+    mirror: bool = False
     # Symbolic variant: measure memory per device (the plan beside one device) before
     # training, in child processes (about two seconds each); the command line turns it on.
     memory: bool = False
@@ -133,7 +135,7 @@ class TrainConfig:
             bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
         if self.variant == 'imperative':
             for name, default in (('api', 'module'), ('chunks', 1), ('replicas', 1),
-                                  ('kvstore', None)):
+                                  ('kvstore', None), ('mirror', False)):
                 if getattr(self, name) != default:
                     bad(name, '%r (the default) with variant \'imperative\' (it is a setting '
                               'of the symbolic variant)' % (default,))

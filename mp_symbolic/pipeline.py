@@ -78,6 +78,10 @@ class Pipeline(gluon.Block):
             batch size must be a multiple of ``chunks * replicas``.
         replicas: Data-parallel copies of the pipeline; ``devices`` then lists
             ``replicas x stages`` devices, replica by replica.
+        mirror: Re-materialisation: ``True`` (every stage) or stage indices
+            whose ops carry MXNet's ``__force_mirroring__``, so the backward
+            pass recomputes their outputs instead of keeping them (compute
+            traded for activation memory; see the README for what it measured).
 
     Attributes:
         blocks: The blocks, in order.
@@ -92,7 +96,8 @@ class Pipeline(gluon.Block):
             of two stages.
     """
 
-    def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1):
+    def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
+                 mirror=False):
         super().__init__(prefix='pipeline_')
         self.blocks = tuple(_as_blocks(blocks))
         for i, block in enumerate(self.blocks):
@@ -105,6 +110,10 @@ class Pipeline(gluon.Block):
         if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
             raise ValueError('chunks: expected a positive integer, found %r' % (chunks,))
         self.chunks, self.replicas = chunks, replicas
+        self.mirror = tuple(range(num_stages)) if mirror is True else tuple(mirror or ())
+        if any(not isinstance(st, int) or not 0 <= st < num_stages for st in self.mirror):
+            raise ValueError('mirror: expected True or stage indices below %d, found %r'
+                             % (num_stages, mirror))
         self._sample_shape = None
         if sample is not None:
             self._sample_shape = tuple(sample) if isinstance(sample, (tuple, list)) \
@@ -206,7 +215,8 @@ class Pipeline(gluon.Block):
         outputs = []
         for x in parts:
             for s, blocks in enumerate(self.stages):
-                with mx.AttrScope(ctx_group=stage_name(s)):
+                extra = {'force_mirroring': 'True'} if s in self.mirror else {}
+                with mx.AttrScope(ctx_group=stage_name(s), **extra):
                     for block in blocks:
                         x = block(x)
             outputs.append(x)

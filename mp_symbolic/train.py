@@ -60,7 +60,7 @@ def build_pipeline(cfg, task):
     balance = cfg.balance
     sample = (cfg.batch_size,) + tuple(task.sample_shape(cfg)) if balance == 'time' else None
     return Pipeline(blocks, devices, balance=balance, sample=sample, chunks=cfg.chunks,
-                    replicas=cfg.replicas), note
+                    replicas=cfg.replicas, mirror=cfg.mirror), note
 
 
 def initial_values(pipe, seed):
@@ -214,6 +214,8 @@ def _title(cfg, pipe):
     extra = ''
     if cfg.chunks > 1:
         extra += ', %d micro-batches per batch' % cfg.chunks
+    if cfg.mirror:
+        extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:
         extra += ', %d replicas (kvstore %s)' % (cfg.replicas, cfg.kvstore)
     return '%s: %s model-parallel training, %d blocks in %d stage(s)%s:' % (

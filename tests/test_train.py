@@ -346,3 +346,18 @@ def test_a_run_that_does_not_learn_exits_1_and_commits_no_final_checkpoint(tmp_p
     err = capsys.readouterr().err
     assert 'error: training did not improve the model' in err
     assert not (tmp_path / 'current').exists()
+
+
+def test_mirroring_recomputes_ops_and_changes_no_result(small_data):
+    """MXNet's mirroring (``__force_mirroring__`` on every stage's ops): the
+    bound graph recomputes forward ops in the backward pass, and losses,
+    gradients and parameters stay those of the plain graph."""
+    runs, recomputed = {}, {}
+    for mirror in (False, True):
+        stepper, _, _ = _stepper(small_data, 'symbolic', 'executor', THREE_DEVICES,
+                                 widths=(2, 8, 8, 1), mirror=mirror)
+        recomputed[mirror] = sum(line.startswith('Op:') and line.endswith('_mirror')
+                                 for line in stepper._exec.debug_str().splitlines())  # pylint: disable=protected-access
+        runs['mirror=%s' % mirror] = _run_steps(stepper, small_data, num_steps=5)
+    assert recomputed[False] == 0 and recomputed[True] > 0
+    _assert_runs_agree(runs, 'mirror=False')
