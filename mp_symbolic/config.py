@@ -128,8 +128,12 @@ class TrainConfig:
         if isinstance(self.balance, str) and self.balance != 'time':
             bad('balance', "'time' or blocks per stage such as 2,1")
         for name in ('out', 'resume'):
-            if getattr(self, name) is not None and not getattr(self, name).strip():
+            value = getattr(self, name)
+            if value is not None and not value.strip():
                 bad(name, 'a folder path, not an empty string')
+            if value is not None and not _utf8(value):
+                raise ValueError('%s: expected a path MXNet can open (UTF-8; it opens files by '
+                                 'UTF-8 name), found %a' % (name, value))
         # Flags that would otherwise be silently ignored.
         if self.optimizer != 'sgd' and self.momentum != 0:
             bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
@@ -224,6 +228,14 @@ def resume_config(saved, given):
     if 'balance' in values and isinstance(values['balance'], list):
         values['balance'] = tuple(values['balance'])
     return TrainConfig(**values)
+
+
+def _utf8(text):
+    try:
+        text.encode('utf-8')
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _is_int(value):

@@ -143,3 +143,11 @@ def test_an_out_the_system_refuses_is_an_error_before_training(out, capsys):
     assert main(['train', '--no-progress', '--out', out]) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and '--out: expected a folder this user can create' in err
+
+
+def test_an_out_mxnet_cannot_open_is_refused_before_training(capsys):
+    """A name that is not UTF-8 (bytes 0xff, as a shell passes them) cannot be
+    opened by MXNet, which names files in UTF-8."""
+    assert main(['train', '--no-progress', '--out', '/tmp/bad\udcffname']) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and '--out: expected a path MXNet can open (UTF-8' in err
