@@ -21,10 +21,10 @@ for training. The scope must enclose the whole call of each block, and Gluon
 caches each parameter's variable, so the cache is cleared before every build.
 """
 import json
+import os
 
 import mxnet as mx
 from mxnet import gluon
-import numpy as np
 
 from . import balance as balancing
 from .heads import make_head
@@ -375,7 +375,6 @@ class Pipeline(gluon.Block):
 
 def onednn_active():
     """Whether MXNet runs CPU operators through oneDNN (MKLDNN) in this process."""
-    import os  # pylint: disable=import-outside-toplevel
     if os.environ.get('MXNET_MKLDNN_ENABLED', '1').lower() in ('0', 'false'):
         return False
     return mx.runtime.Features().is_enabled('MKLDNN')
