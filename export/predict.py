@@ -1,7 +1,7 @@
 """Command line: predictions from an exported model.
 
-    python -m export.predict --model artifacts/export/regression.onnx --input x.csv
-    python -m export.predict --model artifacts/export/regression-symbol.json \\
+    python -m export.predict --model artifacts/export/current/regression.onnx --input x.csv
+    python -m export.predict --model artifacts/export/current/regression-symbol.json \\
         --input x.npy --output y.npy --devices cpu:0,cpu:1,cpu:2
 
 ``--model`` is the ``.onnx`` file (run by onnxruntime) or the ``-symbol.json``
