@@ -1,11 +1,14 @@
-"""Command line: ``python -m mp_symbolic train|compare ...``.
+"""Command line: ``python -m mp_symbolic train|compare|launch ...``.
 
 Parses flags into a :class:`~mp_symbolic.config.TrainConfig` and calls
-:func:`~mp_symbolic.train.train` or :func:`~mp_symbolic.compare.compare`.
-User errors (a bad flag value, a device plan that cannot be made, an output
-folder that cannot be written) print one line to stderr naming the flag and
-exit with status 2 before any work; training that diverges or a file that
-cannot be written exits 1; ``compare`` exits 3 when the variants disagree.
+:func:`~mp_symbolic.train.train` or :func:`~mp_symbolic.compare.compare`
+(``launch`` lives in :mod:`~mp_symbolic.launch`). User errors (a bad flag
+value, a device plan that cannot be made, an output folder that cannot be
+written or is in use, a checkpoint that cannot be resumed) print one line to
+stderr naming the flag and exit with status 2 before any work; training that
+diverges or does not learn, or a file that cannot be written, exits 1;
+Ctrl-C exits 130 keeping the last committed checkpoint; ``compare`` exits 3
+when the variants disagree.
 """
 import argparse
 import os
