@@ -5,10 +5,11 @@
 swap it in. :func:`bind` binds a training symbol the way the benchmark
 measures it, and :class:`StepLoop` runs training steps on the executor.
 """
-import os
 
 import mxnet as mx
 import numpy as np
+
+from mp_symbolic.scoped import environ
 
 __all__ = ['LR', 'stage_devices', 'build_chunked_symbol', 'bind', 'StepLoop']
 
@@ -99,21 +100,12 @@ def bind(symbol, batch_size, num_hiddens, group2ctx=None, env=None, seed=0):
     in the profiler trace, so the chunk of each op can be inferred.
     Parameters are drawn from ``seed``: every variant starts alike.
     """
-    env = dict({'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}, **(env or {}))
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        # No gradient for the inputs, as Module binds them (inputs_need_grad=False).
-        grad_req = {n: 'null' if n in ('data', 'softmax_label') else 'write'
-                    for n in symbol.list_arguments()}
+    # No gradient for the inputs, as Module binds them (inputs_need_grad=False).
+    grad_req = {n: 'null' if n in ('data', 'softmax_label') else 'write'
+                for n in symbol.list_arguments()}
+    with environ(**dict({'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}, **(env or {}))):
         exe = symbol.simple_bind(mx.cpu(0), group2ctx=group2ctx, grad_req=grad_req,
                                  data=(batch_size, num_hiddens), softmax_label=(batch_size,))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
     rng = np.random.RandomState(seed)
     scale = 1 / np.sqrt(num_hiddens)
     for name, arr in exe.arg_dict.items():

@@ -36,10 +36,11 @@ import time
 
 import mxnet as mx
 
+from mp_symbolic.checkpoint import write_text
 from mp_symbolic.memory import compare_memory, format_bytes, format_memory, measure_memory
 from mp_symbolic.text import columns
 from mp_symbolic.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
-                               step_stats, step_windows)
+                               profiler_cpu_limit, step_stats, step_windows)
 
 from .chunked import LR, StepLoop, bind, build_chunked_symbol, stage_devices
 from .measure import machine_info, throughput
@@ -58,7 +59,7 @@ def check_stages(stages):
     read back as the next two CPUs, see :mod:`mp_symbolic.trace`) and aborts
     the process on ``cpu(i)`` past them.
     """
-    limit = (os.cpu_count() or 1) + 2
+    limit = profiler_cpu_limit()
     if any(k < 1 or k > limit for k in stages):
         raise ValueError('--stages: expected stage counts from 1 to %d on this %d-core machine '
                          "(MXNet's profiler aborts past cpu(%d)), found %s"
@@ -134,7 +135,8 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
         'are bounded by free cores; the overlap in the trace is the figure that carries over '
         'to GPUs.' % info['cores'])
     os.makedirs(out_dir, exist_ok=True)
-    _write_json(os.path.join(out_dir, 'pipeline.json'), report)
+    write_text(os.path.join(out_dir, 'pipeline.json'),
+               json.dumps(report, indent=1, default=float) + '\n')
     picture = os.path.join(out_dir, 'pipeline-timeline.png')
     panels = [(max(stages), m) for m in chunks]
     # and the forced order at the second-largest M (M=4 by default)
@@ -275,14 +277,6 @@ def _mirror(k, m, num_hiddens, batch_size, steps, repeats, warmup, log):
     for line in columns([head + ['samples/s', 'vs none']] + body):
         log('  ' + line)
     return out
-
-
-def _write_json(path, report):
-    """Writes ``report`` whole or not at all."""
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(report, f, indent=1, default=float)
-    os.replace(tmp, path)
 
 
 def build_parser():

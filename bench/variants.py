@@ -20,9 +20,7 @@ from mxnet import autograd, gluon
 
 from mp_symbolic.config import TrainConfig
 from mp_symbolic.data import staged_batches
-from mp_symbolic.module import PerDeviceUpdater
-from mp_symbolic.pipeline import DATA_NAME
-from mp_symbolic.symbolic import create_optimizer
+from mp_symbolic.symbolic import ExecutorStepper, create_optimizer
 from mp_symbolic.tasks import regression
 from mp_symbolic.train import build_pipeline, make_stepper
 
@@ -74,57 +72,26 @@ class HybridStepper:
 
 
 class FloorStepper:
-    """The bound model-parallel graph fed staged batches: a copy of each into
-    its arrays, forward, backward, per-device update, and nothing else."""
+    """The executor stepper's step without its loss read: a copy of each
+    staged batch into the bound arrays, forward, backward, per-device update."""
 
     def __init__(self, pipe, cfg, init, X, y):
-        self.pipe, self.cfg, self.X, self.y = pipe, cfg, X, y
-        symbol = pipe.training_symbol('l2', label_name=regression.LABEL_NAME)
-        grad_req = {n: 'null' if n in (DATA_NAME, regression.LABEL_NAME) else 'write'
-                    for n in symbol.list_arguments()}
-        self.exe = symbol.simple_bind(ctx=pipe.plan.first_device, group2ctx=pipe.plan.group2ctx,
-                                      grad_req=grad_req,
-                                      **{DATA_NAME: (cfg.batch_size, 2),
-                                         regression.LABEL_NAME: (cfg.batch_size, 1)})
-        for name, value in init.items():
-            self.exe.arg_dict[name][:] = value
-        self._data = self.exe.arg_dict[DATA_NAME]
-        self._label = self.exe.arg_dict[regression.LABEL_NAME]
-        self._epoch = 0
-        self._it = self._batches()
-        names = [n for n in symbol.list_arguments() if grad_req[n] == 'write']
-        self.names = names
-        self.updater = PerDeviceUpdater(mx.optimizer.get_updater(create_optimizer(cfg)))
-        self.args = (list(range(len(names))), [self.exe.grad_dict[n] for n in names],
-                     [self.exe.arg_dict[n] for n in names])
-
-    def _batches(self):
-        self._epoch += 1
-        return iter(staged_batches(self.X, self.y, self.cfg.batch_size, self._epoch,
-                                   self.cfg.seed, self.pipe.plan.first_device,
-                                   self.pipe.plan.last_device))
+        self.stepper = ExecutorStepper(pipe, regression, cfg, (init, {}), (1,))
+        self.loop = StepLoop(self.stepper, X, y, step='update_step')
 
     def run(self, num_steps):
-        for _ in range(num_steps):
-            batch = next(self._it, None)
-            if batch is None:
-                self._it = self._batches()
-                batch = next(self._it)
-            batch[0].copyto(self._data)
-            batch[1].copyto(self._label)
-            self.exe.forward(is_train=True)
-            self.exe.backward()
-            self.updater(*self.args)
+        self.loop.run(num_steps)
 
     def params(self):
-        return OrderedDict((n, self.exe.arg_dict[n].asnumpy()) for n in self.names)
+        return self.stepper.params()
 
 
 class StepLoop:
     """Runs a stepper over its staged batches, epoch after epoch."""
 
-    def __init__(self, stepper, X, y):
+    def __init__(self, stepper, X, y, step='step'):
         self.stepper = stepper
+        self._step = getattr(stepper, step)
         self._epoch_batches = lambda epoch: stepper.batches(X, y, epoch)
         self._epoch = 0
         self._it = iter(self._epoch_batches(0))
@@ -136,7 +103,7 @@ class StepLoop:
                 self._epoch += 1
                 self._it = iter(self._epoch_batches(self._epoch))
                 batch = next(self._it)
-            self.stepper.step(*batch)
+            self._step(*batch)
 
     def params(self):
         return self.stepper.params()

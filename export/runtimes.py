@@ -25,7 +25,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from mp_symbolic.checkpoint import CheckpointError, load_checkpoint
 from mp_symbolic.pipeline import DATA_NAME
 from mp_symbolic.placement import DeviceSpecError, make_plan, split_bind
-from mp_symbolic.store import Store
+from mp_symbolic.store import check_committed_file
 
 from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
                      library_message)
@@ -336,19 +336,6 @@ def _ort_message(err):
     return library_message(_ORT_STATUS_RE.sub('', str(err)))
 
 
-def _check_committed(path):
-    """A file of a committed export (``OUT/current/...``) is checked against
-    its commit: every file of the snapshot by its sha256 (a half-replaced or
-    altered export is refused, not run)."""
-    folder = os.path.dirname(os.path.realpath(path))
-    if not (os.path.basename(folder).startswith('snap-')
-            and os.path.isfile(os.path.join(folder, 'MANIFEST.json'))):
-        return
-    snapshot = Store(os.path.dirname(folder)).current()
-    if snapshot is not None and snapshot.folder == folder:
-        snapshot.path(os.path.basename(path))  # named by the commit, or StoreError
-
-
 def load_predictor(path, devices=None):
     """The predictor for an exported file, chosen by its name.
 
@@ -363,7 +350,7 @@ def load_predictor(path, devices=None):
         CheckpointError: the pair's arrays do not fit its symbol.
         DeviceSpecError: ``devices`` given for an ONNX model, or unusable.
     """
-    _check_committed(path)
+    check_committed_file(path)  # a file of OUT/current/ must match its commit
     if path.endswith(ONNX_SUFFIX):
         if devices is not None:
             raise DeviceSpecError('expected --devices only with an MXNet pair (%s), '

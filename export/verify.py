@@ -13,10 +13,6 @@ The report (a JSON-ready dict) holds
   the reference).
 """
 from collections import OrderedDict
-from contextlib import contextmanager
-import os
-import sys
-import tempfile
 
 import numpy as np
 import onnx
@@ -27,11 +23,12 @@ import mxnet as mx
 from mp_symbolic.checkpoint import input_names
 from mp_symbolic.pipeline import DATA_NAME
 from mp_symbolic.placement import format_device
+from mp_symbolic.scoped import captured_stderr
 
 from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET
 from .runtimes import MXNetPredictor, OnnxPredictor
 
-__all__ = ['BATCH_SIZES', 'TOLERANCE', 'REQUIRED_METADATA', 'captured_stderr',
+__all__ = ['BATCH_SIZES', 'TOLERANCE', 'REQUIRED_METADATA',
            'verify_export', 'format_report', 'failed_checks', 'OneDeviceReference']
 
 BATCH_SIZES = (1, 7, 1000)
@@ -40,30 +37,6 @@ REQUIRED_METADATA = ('producer', 'producer_version', 'mxnet_version', 'input_nam
                      'input_shapes', 'output_names', 'output_shapes', 'stages',
                      'source_params_sha256')
 _SEED = 20240601
-
-
-@contextmanager
-def captured_stderr():
-    """Collects what is written to file descriptor 2 inside the block.
-
-    onnxruntime logs from C++ straight to the process's stderr, past
-    ``sys.stderr``; this catches it. Yields a list that holds the non-empty
-    lines once the block has ended.
-    """
-    lines = []
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield lines
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            lines.extend(line for line in sink.read().decode('utf-8', 'replace').splitlines()
-                         if line.strip())
 
 
 def _check(name, ok, detail):

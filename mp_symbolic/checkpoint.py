@@ -1,10 +1,13 @@
-"""MXNet's checkpoint file pair, written atomically, and read back with checks.
+"""MXNet's checkpoint file pair, read back with checks, and a training
+checkpoint committed as one unit.
 
-A checkpoint is ``<prefix>-symbol.json`` plus ``<prefix>-<epoch:04d>.params``,
-the files ``mx.model.save_checkpoint`` writes and ``mx.model.load_checkpoint``
-and ``mx.mod.Module.load`` read. Here each file is written to a temporary
-file in the same folder and renamed into place, so an interrupted run never
-leaves a half-written file behind.
+A checkpoint pair is ``<prefix>-symbol.json`` plus
+``<prefix>-<epoch:04d>.params``, the files ``mx.model.save_checkpoint`` writes
+and ``mx.model.load_checkpoint`` reads. A training run commits the pair, its
+optimizer state and ``summary.json`` together through
+:class:`~mp_symbolic.store.Store` (:func:`commit_checkpoint`); single files
+(reports, pictures) are written to a temporary file and renamed into place
+(:func:`atomic_path`).
 """
 import json
 import os
@@ -15,9 +18,9 @@ import mxnet as mx
 import numpy as np
 
 
-__all__ = ['atomic_path', 'check_writable_dir', 'write_text', 'write_json', 'save_checkpoint',
-           'save_params', 'load_checkpoint', 'check_params', 'CheckpointError', 'first_line',
-           'input_names', 'Checkpoint', 'commit_checkpoint', 'read_checkpoint', 'SUMMARY_NAME']
+__all__ = ['atomic_path', 'check_writable_dir', 'write_text', 'write_json', 'save_params',
+           'load_checkpoint', 'check_params', 'CheckpointError', 'first_line', 'input_names',
+           'Checkpoint', 'commit_checkpoint', 'read_checkpoint', 'SUMMARY_NAME']
 
 
 class CheckpointError(ValueError):
@@ -67,20 +70,6 @@ def write_text(path, text):
 
 def write_json(path, obj):
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + '\n')
-
-
-def save_checkpoint(prefix, epoch, symbol, arg_params, aux_params=None):
-    """Writes ``<prefix>-symbol.json`` and ``<prefix>-<epoch:04d>.params``.
-
-    Returns:
-        The two paths written.
-    """
-    sym_path = '%s-symbol.json' % prefix
-    params_path = '%s-%04d.params' % (prefix, epoch)
-    with atomic_path(params_path) as tmp:
-        save_params(tmp, arg_params, aux_params)
-    write_text(sym_path, symbol.tojson())
-    return sym_path, params_path
 
 
 def save_params(path, arg_params, aux_params=None):

@@ -222,8 +222,8 @@ def main(argv=None):
     from .train import TrainingDidNotLearn, TrainingDiverged, build_pipeline, train
     try:
         cfg = config_from_args(args, argv)
-        pipe, _ = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
-        cfg.check_profiler_devices(pipe.plan.all_devices)
+        built = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
+        cfg.check_profiler_devices(built[0].plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')
         _make_folder(cfg.out_dir)
     except ValueError as err:
@@ -233,7 +233,7 @@ def main(argv=None):
         if args.command == 'compare':
             from .compare import compare
             return 0 if compare(cfg).agree else EXIT_DISAGREE
-        train(cfg)
+        train(cfg, built=built)
     except ValueError as err:  # a folder in use, a checkpoint that cannot be resumed
         print('error: %s' % _flag_message(err), file=sys.stderr)
         return EXIT_USAGE

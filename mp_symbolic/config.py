@@ -159,7 +159,8 @@ class TrainConfig:
         the process (``Check failed: idx < DeviceCount()``) on ``cpu(N)`` past
         them.
         """
-        limit = (os.cpu_count() or 1) + 2
+        from .trace import profiler_cpu_limit  # pylint: disable=import-outside-toplevel
+        limit = profiler_cpu_limit()
         over = ['cpu:%d' % d.device_id for d in devices
                 if d.device_type == 'cpu' and d.device_id >= limit]
         if self.profile and over:

@@ -34,7 +34,7 @@ import mxnet as mx
 import numpy as np
 
 from .text import columns
-from .trace import load_trace, storage_bytes
+from .trace import load_trace, profiler_cpu_limit, storage_bytes
 from .module import PerDeviceUpdater
 
 __all__ = ['CATEGORIES', 'device_memory', 'measure_memory', 'compare_memory',
@@ -177,7 +177,7 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
         RuntimeError: the child process failed; the message ends with its last
             line of stderr.
     """
-    limit = (os.cpu_count() or 1) + 2
+    limit = profiler_cpu_limit()
     over = sorted({str(c) for c in [context] + list((group2ctx or {}).values())
                    if _context(str(c)).device_type == 'cpu'
                    and _context(str(c)).device_id >= limit})

@@ -16,13 +16,12 @@ References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
 ``tests/python/unittest/test_module.py::test_module_ctx_group``.
 """
 from collections import OrderedDict
-from contextlib import contextmanager
 import json
-import os
 
 import mxnet as mx
 
 from .placement import split_bind
+from .scoped import environ
 
 __all__ = ['PipelineModule', 'PerDeviceUpdater', 'with_input_shape']
 
@@ -53,21 +52,6 @@ class PerDeviceUpdater:
 
     def __getattr__(self, name):  # get_states, set_states, optimizer, states, ...
         return getattr(self.updater, name)
-
-
-@contextmanager
-def _gradients_only_kvstore():
-    # Module decides update_on_kvstore from this variable when it creates the
-    # kvstore; 0 makes the kvstore sum gradients and leaves the update local.
-    old = os.environ.get('MXNET_UPDATE_ON_KVSTORE')
-    os.environ['MXNET_UPDATE_ON_KVSTORE'] = '0'
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ['MXNET_UPDATE_ON_KVSTORE']
-        else:
-            os.environ['MXNET_UPDATE_ON_KVSTORE'] = old
 
 
 def with_input_shape(symbol, data_name, sample_shape):
@@ -158,7 +142,9 @@ class PipelineModule(mx.mod.Module):
         if self.optimizer_initialized and not force_init:
             self.logger.warning('optimizer already initialized, ignoring...')
             return
-        with _gradients_only_kvstore():
+        # Module decides update_on_kvstore from this variable when it creates the
+        # kvstore; 0 makes the kvstore sum gradients and leaves the update local.
+        with environ(MXNET_UPDATE_ON_KVSTORE='0'):
             super().init_optimizer(kvstore, optimizer, optimizer_params, force_init=force_init)
         if self._updater is not None and not isinstance(self._updater, PerDeviceUpdater):
             self._updater = PerDeviceUpdater(self._updater)

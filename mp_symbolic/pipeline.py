@@ -119,8 +119,9 @@ class Pipeline(gluon.Block):
             self._sample_shape = tuple(sample) if isinstance(sample, (tuple, list)) \
                 else tuple(sample.shape)
             self.infer_shape(self._sample_shape)
-        self.balance = self._solve_balance(balance, num_stages, sample)
-        self.plan = DevicePlan(replica_devices[0], balancing.stage_of_block(self.balance),
+        self.plan = DevicePlan(replica_devices[0],
+                               balancing.stage_of_block(
+                                   self._solve_balance(balance, num_stages, sample)),
                                replica_devices)
         self._check_no_shared_params()
         self._check_onednn_batchnorm()
@@ -145,6 +146,11 @@ class Pipeline(gluon.Block):
                                                           mx.cpu(0))
             return balancing.solve(self.costs, num_stages)
         return balancing.check_balance(balance, len(self.blocks), num_stages)
+
+    @property
+    def balance(self):
+        """Blocks per stage."""
+        return self.plan.balance
 
     @property
     def stages(self):

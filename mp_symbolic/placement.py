@@ -13,12 +13,12 @@ without a GPU.
 """
 from contextlib import contextmanager
 from dataclasses import dataclass
-import os
 import re
 import sys
-import tempfile
 
 import mxnet as mx
+
+from .scoped import captured_stderr, environ
 
 __all__ = ['DevicePlan', 'DeviceSpecError', 'parse_devices', 'check_devices', 'default_devices',
            'partition', 'make_plan', 'format_device', 'stage_name', 'STAGE_PREFIX', 'split_bind',
@@ -319,23 +319,9 @@ def split_bind(group2ctx):
     if len(devices) < 2:
         yield
         return
-    old = os.environ.get('MXNET_SUBGRAPH_BACKEND')
-    os.environ['MXNET_SUBGRAPH_BACKEND'] = 'NONE'
-    sys.stderr.flush()
-    saved = os.dup(2)
-    sink = tempfile.TemporaryFile()
-    os.dup2(sink.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        sink.seek(0)
-        for line in sink.read().decode('utf-8', 'replace').splitlines(True):
-            if 'MXNET_SUBGRAPH_BACKEND=NONE is detected' not in line:
-                sys.stderr.write(line)
-        sink.close()
-        if old is None:
-            del os.environ['MXNET_SUBGRAPH_BACKEND']
-        else:
-            os.environ['MXNET_SUBGRAPH_BACKEND'] = old
+    with environ(MXNET_SUBGRAPH_BACKEND='NONE'):
+        with captured_stderr() as lines:
+            yield
+    for line in lines:
+        if 'MXNET_SUBGRAPH_BACKEND=NONE is detected' not in line:
+            print(line, file=sys.stderr)

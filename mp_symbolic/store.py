@@ -34,6 +34,7 @@ import time
 import uuid
 
 __all__ = ['Store', 'Snapshot', 'StoreError', 'FolderInUse', 'atomic_write_bytes',
+           'check_committed_file',
            'MANIFEST', 'FORMAT']
 
 MANIFEST = 'MANIFEST.json'
@@ -470,3 +471,23 @@ class Store:
                 raise StoreError('%s: expected "%s" to be an object, found %r'
                                  % (path, key, manifest.get(key)))
         return manifest
+
+
+def check_committed_file(path):
+    """Checks a file read through a store's ``current`` link against its commit.
+
+    A path that resolves into the current ``snap-*`` folder of a store has
+    every file of that snapshot verified (:meth:`Store.current`) and must be
+    one the manifest names; any other path is left alone.
+
+    Raises:
+        StoreError: the snapshot does not match its manifest, or does not
+            name the file.
+    """
+    folder = os.path.dirname(os.path.realpath(path))
+    if not (os.path.basename(folder).startswith(SNAP_PREFIX)
+            and os.path.isfile(os.path.join(folder, MANIFEST))):
+        return
+    snapshot = Store(os.path.dirname(folder)).current()
+    if snapshot is not None and snapshot.folder == folder:
+        snapshot.path(os.path.basename(path))

@@ -212,7 +212,8 @@ class ExecutorStepper(_SymbolicStepper):
                              [exe.grad_dict[n] for n in self._names],
                              [exe.arg_dict[n] for n in self._names])
 
-    def step(self, X, y):
+    def update_step(self, X, y):
+        """Forward, backward and one update on a staged batch; no loss is read."""
         exe = self._exec
         X.copyto(exe.arg_dict[DATA_NAME])  # on-device copies of the staged batch
         y.copyto(exe.arg_dict[self.label_name])
@@ -220,6 +221,9 @@ class ExecutorStepper(_SymbolicStepper):
         exe.backward()
         # weight, gradient and optimizer state of each parameter share its device
         self._updater(*self._update_args)
+
+    def step(self, X, y):
+        self.update_step(X, y)
         return self._loss()
 
     def predict(self, X):

@@ -26,13 +26,22 @@ with ``gpu/0``.
 This file reads JSON only; it imports no MXNet and no training code.
 """
 import json
+import os
 import re
 
 __all__ = ['load_trace', 'device_rows', 'op_intervals', 'busy_time', 'overlap_time',
            'step_windows', 'clip', 'step_stats', 'pipeline_steps',
-           'gpipe_bubble', 'storage_bytes', 'label_chunks', 'WHOLE_BATCH_OPS', 'TraceError']
+           'gpipe_bubble', 'storage_bytes', 'label_chunks', 'WHOLE_BATCH_OPS', 'TraceError',
+           'profiler_cpu_limit']
 
 PINNED_ROW, SHARED_ROW = 'cpu pinned/', 'cpu shared/'
+
+
+def profiler_cpu_limit():
+    """The first ``cpu(i)`` MXNet's profiler cannot record: one row per core,
+    then ``cpu pinned/`` and ``cpu shared/``; past them it aborts the process
+    (``Check failed: idx < DeviceCount()``)."""
+    return (os.cpu_count() or 1) + 2
 
 
 class TraceError(ValueError):

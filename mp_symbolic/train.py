@@ -325,10 +325,15 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
     return result
 
 
-def train(cfg, log=print):
+def train(cfg, log=print, built=None):
     """Trains ``cfg.task`` with ``cfg.variant``, prints the report, commits a
     checkpoint every ``cfg.checkpoint_every`` epochs and at the end, and
     returns the :class:`TrainResult`.
+
+    Args:
+        built: What :func:`build_pipeline` returned for ``cfg``, when the
+            caller already built it (the command line does, to check the plan
+            before any work; ``balance='time'`` then measures once).
 
     The output folder is locked for the whole run (one writer per folder);
     each checkpoint is committed as one unit (:mod:`~mp_symbolic.store`).
@@ -352,7 +357,7 @@ def train(cfg, log=print):
     store = Store(cfg.out_dir) if writer else None
     with store.locked() if writer else contextlib.nullcontext():
         data = task.load(cfg)
-        pipe, note = build_pipeline(cfg, task)
+        pipe, note = built if built is not None else build_pipeline(cfg, task)
         for line in ([note] if note else []) + [_title(cfg, pipe)] + \
                 ['  ' + l for l in pipe.describe()]:
             log(line)
