@@ -38,7 +38,7 @@ help:
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
 
 # The project is installed as a copy (see the pip line): reinstalled when its sources change.
-SOURCES := $(wildcard mp_symbolic/*.py mp_symbolic/tasks/*.py export/*.py)
+SOURCES := $(wildcard mp_symbolic/*.py mp_symbolic/*/*.py mp_symbolic/*/*/*.py export/*.py)
 
 $(STAMP): pyproject.toml $(SOURCES)
 	@# a .venv made by a Python MXNet 1.9.1 cannot run (3.12+, or older than 3.8) is made anew

@@ -13,10 +13,10 @@ import argparse
 import os
 import sys
 
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.tasks import regression
-from mp_symbolic.text import columns
-from mp_symbolic.train import build_pipeline, initial_values
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.training.tasks import regression
+from mp_symbolic.tools.text import columns
+from mp_symbolic.training.loop import build_pipeline, initial_values
 
 from .measure import machine_info, throughput, time_to_accuracy
 from .variants import BASELINE, FLOOR, REFERENCE, SEED, THREE, VARIANTS, make_variant

@@ -9,7 +9,7 @@ measures it, and :class:`StepLoop` runs training steps on the executor.
 import mxnet as mx
 import numpy as np
 
-from mp_symbolic.scoped import environ
+from mp_symbolic.core.scoped import environ
 
 __all__ = ['LR', 'stage_devices', 'build_chunked_symbol', 'bind', 'StepLoop']
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from mp_symbolic.text import columns
+from mp_symbolic.tools.text import columns
 
 GLOBAL_BATCH = 1000
 WORKER_COUNTS = (1, 2)

@@ -10,7 +10,7 @@ import time
 
 import mxnet as mx
 
-from mp_symbolic.tasks.regression import full_mse
+from mp_symbolic.training.tasks.regression import full_mse
 
 __all__ = ['throughput', 'time_to_accuracy', 'machine_info']
 

@@ -11,9 +11,9 @@ its own engine worker. For K = 2, 3 and M = 1, 2, 4, 8, all in one process:
 * from MXNet's profiler trace, on separate steps after the timed ones: each
   device's busy time, the time at least two devices are busy, and the
   measured bubble ``1 - sum(busy) / (K * span)`` beside GPipe's
-  ``(K - 1) / (M + K - 1)`` (:mod:`mp_symbolic.trace`);
+  ``(K - 1) / (M + K - 1)`` (:mod:`mp_symbolic.tools.trace`);
 * memory per device of the split plan and of one device
-  (:mod:`mp_symbolic.memory`), and the effect of MXNet's mirroring
+  (:mod:`mp_symbolic.tools.memory`), and the effect of MXNet's mirroring
   (re-materialisation: ``MXNET_BACKWARD_DO_MIRROR=1``, or
   ``__force_mirroring__`` on a stage's ops) on memory and step time.
 
@@ -22,7 +22,7 @@ bind): MXNet otherwise runs consecutive ops as one bulked segment, which the
 trace shows as ``'[op,op,...]'`` and which hides the chunk of each op.
 (``MXNET_SUBGRAPH_BACKEND=NONE``, also read at each bind, changes nothing
 here: oneDNN fuses no training op of this model.) The timeline picture
-infers chunks with :func:`mp_symbolic.trace.label_chunks`.
+infers chunks with :func:`mp_symbolic.tools.trace.label_chunks`.
 
 On this CPU stand-in the K devices share the machine's cores, so wall-clock
 speedups are bounded by free cores; the overlap in the trace is the figure
@@ -36,10 +36,10 @@ import time
 
 import mxnet as mx
 
-from mp_symbolic.checkpoint import write_text
-from mp_symbolic.memory import compare_memory, format_bytes, format_memory, measure_memory
-from mp_symbolic.text import columns
-from mp_symbolic.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
+from mp_symbolic.tools.checkpoint import write_text
+from mp_symbolic.tools.memory import compare_memory, format_bytes, format_memory, measure_memory
+from mp_symbolic.tools.text import columns
+from mp_symbolic.tools.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
                                profiler_cpu_limit, step_stats, step_windows)
 
 from .chunked import LR, StepLoop, bind, build_chunked_symbol, stage_devices
@@ -56,7 +56,7 @@ def check_stages(stages):
     """Raises ValueError for stage counts MXNet's profiler cannot record here.
 
     The profiler has a row per core plus two (``cpu pinned/``, ``cpu shared/``,
-    read back as the next two CPUs, see :mod:`mp_symbolic.trace`) and aborts
+    read back as the next two CPUs, see :mod:`mp_symbolic.tools.trace`) and aborts
     the process on ``cpu(i)`` past them.
     """
     limit = profiler_cpu_limit()

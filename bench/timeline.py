@@ -1,7 +1,7 @@
 """The pipeline timeline picture: device rows against time, one step per panel.
 
 Each op of the step is a bar on its device's row, coloured by its micro-batch
-(:func:`mp_symbolic.trace.label_chunks`); forward bars are solid, backward
+(:func:`mp_symbolic.tools.trace.label_chunks`); forward bars are solid, backward
 bars hatched and lighter, whole-batch ops (split, concat, loss, gradient
 sums) light grey, cross-device copies dark grey, weight updates black.
 GPipe's fill (forward chunks entering stage after stage) and drain (backward
@@ -13,7 +13,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from mp_symbolic.trace import clip, label_chunks, op_intervals, step_windows  # noqa: E402
+from mp_symbolic.tools.trace import clip, label_chunks, op_intervals, step_windows  # noqa: E402
 
 __all__ = ['plot_timeline', 'median_step']
 

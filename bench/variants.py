@@ -3,7 +3,7 @@
 Each variant is an object with ``run(num_steps)`` (steps on its own batch
 stream, left unsynchronised) and ``params()`` (numpy, ``layer<i>_weight`` is
 ``(out, in)``), so one harness times them all. The project's variants train
-with :class:`~mp_symbolic.config.TrainConfig`'s SGD and batch order; the seed's
+with :class:`~mp_symbolic.training.config.TrainConfig`'s SGD and batch order; the seed's
 loop keeps its own Adam (lr 0.001) and its in-order batches.
 
 ``bare executor (floor)`` is the least a step can cost on the model-parallel
@@ -18,11 +18,11 @@ from dataclasses import replace
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.data import staged_batches
-from mp_symbolic.symbolic import ExecutorStepper, create_optimizer
-from mp_symbolic.tasks import regression
-from mp_symbolic.train import build_pipeline, make_stepper
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.training.data import staged_batches
+from mp_symbolic.training.symbolic import ExecutorStepper, create_optimizer
+from mp_symbolic.training.tasks import regression
+from mp_symbolic.training.loop import build_pipeline, make_stepper
 
 from .seed_loop import SeedLoop
 

@@ -10,7 +10,7 @@ on error; export never trains.
 import re
 import sys
 
-from mp_symbolic.cliargs import OneLineArgumentParser, print_error
+from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import excerpt, one_line
@@ -47,7 +47,7 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     # pylint: disable=import-outside-toplevel
-    from mp_symbolic.checkpoint import check_writable_dir
+    from mp_symbolic.tools.checkpoint import check_writable_dir
     from .errors import VerificationError
     from .exporter import export_checkpoint
     from .inference import parse_shape

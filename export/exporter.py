@@ -8,7 +8,7 @@
   (``mod.save_checkpoint(PREFIX, N)``), as ``mx.model.load_checkpoint(PREFIX, N)``
   reads it;
 
-and writes to the output folder, as one snapshot (:mod:`mp_symbolic.store`,
+and writes to the output folder, as one snapshot (:mod:`mp_symbolic.tools.store`,
 ``OUT/current/``):
 
 * ``<name>-symbol.json`` + ``<name>-0000.params``: the inference graph (loss
@@ -27,8 +27,8 @@ import os
 
 import onnx
 
-from mp_symbolic.checkpoint import load_checkpoint, read_checkpoint, save_params
-from mp_symbolic.store import Store
+from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_params
+from mp_symbolic.tools.store import Store
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError

@@ -16,10 +16,10 @@ import re
 import mxnet as mx
 import numpy as np
 
-from mp_symbolic.checkpoint import first_line
-from mp_symbolic.heads import INFERENCE_FORMS, inference_form
-from mp_symbolic.pipeline import DATA_NAME
-from mp_symbolic.placement import stage_name
+from mp_symbolic.tools.checkpoint import first_line
+from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
+from mp_symbolic.core.pipeline import DATA_NAME
+from mp_symbolic.core.devices import stage_name
 
 from .errors import ExportError
 

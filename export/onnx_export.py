@@ -26,7 +26,7 @@ from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 import onnx
 from onnx import TensorProto, helper
 
-from mp_symbolic.pipeline import DATA_NAME
+from mp_symbolic.core.pipeline import DATA_NAME
 
 from .errors import ExportError
 from .inference import output_shape, stage_layout

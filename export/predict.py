@@ -20,7 +20,7 @@ import errno
 import os
 import sys
 
-from mp_symbolic.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
+from mp_symbolic.tools.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
 
 __all__ = ['main', 'build_parser', 'FAILED', 'INTERRUPTED']
 
@@ -69,7 +69,7 @@ def _print_predictions(text):
 
 def _check_output(path):
     # pylint: disable=import-outside-toplevel
-    from mp_symbolic.checkpoint import check_writable_dir
+    from mp_symbolic.tools.checkpoint import check_writable_dir
     from .tables import output_format
     output_format(path)
     if os.path.isdir(path):

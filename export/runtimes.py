@@ -3,7 +3,7 @@
 * :class:`MXNetPredictor` binds the ``-symbol.json`` / ``.params`` pair with
   ``simple_bind(group2ctx=...)``: MXNet places every op and every argument
   array by the ``ctx_group`` attribute kept in the file, on devices chosen at
-  load time through :func:`mp_symbolic.placement.make_plan`.
+  load time through :func:`mp_symbolic.core.devices.make_plan`.
 * :class:`OnnxPredictor` runs the ``.onnx`` file in onnxruntime.
 
 Both take a float32 ``(samples, features)`` array and return
@@ -22,10 +22,11 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from mp_symbolic.checkpoint import CheckpointError, load_checkpoint
-from mp_symbolic.pipeline import DATA_NAME
-from mp_symbolic.placement import DeviceSpecError, make_plan, split_bind
-from mp_symbolic.store import check_committed_file
+from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
+from mp_symbolic.core.pipeline import DATA_NAME
+from mp_symbolic.core.compat import split_bind
+from mp_symbolic.core.devices import DeviceSpecError, make_plan
+from mp_symbolic.tools.store import check_committed_file
 
 from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
                      library_message)

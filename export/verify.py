@@ -20,10 +20,10 @@ import onnxruntime as ort
 
 import mxnet as mx
 
-from mp_symbolic.checkpoint import input_names
-from mp_symbolic.pipeline import DATA_NAME
-from mp_symbolic.placement import format_device
-from mp_symbolic.scoped import captured_stderr
+from mp_symbolic.tools.checkpoint import input_names
+from mp_symbolic.core.pipeline import DATA_NAME
+from mp_symbolic.core.devices import format_device
+from mp_symbolic.core.scoped import captured_stderr
 
 from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET
 from .runtimes import MXNetPredictor, OnnxPredictor

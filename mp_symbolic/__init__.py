@@ -1,18 +1,21 @@
 """Model parallelism for Gluon networks on Apache MXNet 1.x.
 
-* :class:`Pipeline` splits a list of Gluon ``HybridBlock`` s into stages, one
-  device each, by tagging every op and parameter with a ``ctx_group``;
+* :class:`Pipeline` splits Gluon ``HybridBlock`` s into stages, one device
+  each, by tagging every op and parameter with a ``ctx_group``;
   ``pipe.module(loss=...)`` is an ``mx.mod.Module`` bound to those devices
   (``fit``, ``score``, ``predict``, ``save_checkpoint`` work as usual), and the
   Pipeline itself is the imperative Gluon twin.
 * :class:`Trainer` is ``gluon.Trainer`` for parameters on different devices.
-* :mod:`~mp_symbolic.placement` maps stages to devices, :mod:`~mp_symbolic.balance`
-  decides how many blocks each stage gets.
+* :class:`Task` describes a workload for ``python -m mp_symbolic train --task FILE``.
+* :func:`save_checkpoint` / :func:`read_checkpoint` commit a Module's
+  parameters, optimizer state and plan as one unit, and read them back for a
+  Pipeline rebuilt in another process, on any plan.
 
-The command line (``python -m mp_symbolic train|compare``) trains the two
-example workloads in :mod:`mp_symbolic.tasks`. Names below are imported on
-first use, so that ``python -m mp_symbolic --help`` answers without loading
-MXNet.
+The layers, from the tree: :mod:`mp_symbolic.core` (the library; MXNet and
+the standard library only), :mod:`mp_symbolic.tools` (store, launcher,
+traces, memory), :mod:`mp_symbolic.training` (the command line and the
+bundled tasks). Names below are imported on first use, so that
+``python -m mp_symbolic --help`` answers without loading MXNet.
 """
 import importlib
 import os
@@ -21,16 +24,18 @@ import os
 # backend; it reads this once, so it is set before anything binds.
 os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
-__all__ = ['Pipeline', 'PipelineModule', 'PerDeviceUpdater', 'Trainer', 'TrainConfig',
-           'DevicePlan', 'DeviceSpecError', 'BalanceError', 'make_plan', 'parse_devices',
-           'stage_name']
-
 _MODULE_OF = {
-    'Pipeline': 'pipeline', 'PipelineModule': 'module', 'PerDeviceUpdater': 'module',
-    'Trainer': 'trainer', 'TrainConfig': 'config', 'DevicePlan': 'placement',
-    'DeviceSpecError': 'placement', 'make_plan': 'placement', 'parse_devices': 'placement',
-    'stage_name': 'placement', 'BalanceError': 'balance',
+    'Pipeline': 'core.pipeline', 'PipelineModule': 'core.module',
+    'PerDeviceUpdater': 'core.updater', 'Trainer': 'core.trainer', 'Task': 'core.task',
+    'balance_by_time': 'core.balance', 'balance_by_size': 'core.balance',
+    'DevicePlan': 'core.devices', 'make_plan': 'core.devices',
+    'parse_devices': 'core.devices', 'stage_name': 'core.devices',
+    'DeviceSpecError': 'core.devices', 'BalanceError': 'core.balance',
+    'TaskError': 'core.task', 'OptimizerStateError': 'core.optstate',
+    'save_checkpoint': 'tools.checkpoint', 'read_checkpoint': 'tools.checkpoint',
+    'CheckpointError': 'tools.checkpoint', 'TrainConfig': 'training.config',
 }
+__all__ = sorted(_MODULE_OF)
 
 
 def __getattr__(name):

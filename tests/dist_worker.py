@@ -23,9 +23,9 @@ import sys
 import mxnet as mx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mp_symbolic.pipeline import Pipeline
-from mp_symbolic.tasks.regression import LABEL_NAME, build_blocks, make_dataset
-from mp_symbolic.launch import abort_on_error
+from mp_symbolic.core.pipeline import Pipeline
+from mp_symbolic.training.tasks.regression import LABEL_NAME, build_blocks, make_dataset
+from mp_symbolic.tools.launch import abort_on_error
 
 DATA_NAME = 'data'
 

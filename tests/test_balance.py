@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.balance import BalanceError, check_balance, solve, stage_of_block
+from mp_symbolic.core.balance import BalanceError, check_balance, solve, stage_of_block
 
 nn = gluon.nn
 

@@ -11,12 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from mp_symbolic.checkpoint import read_checkpoint
-from mp_symbolic.cli import main
-from mp_symbolic.config import TrainConfig, resume_config
-from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
-from mp_symbolic.store import FolderInUse, Store
-from mp_symbolic.train import train
+from mp_symbolic.tools.checkpoint import read_checkpoint
+from mp_symbolic.training.cli import main
+from mp_symbolic.training.config import TrainConfig, resume_config
+from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
+from mp_symbolic.tools.store import FolderInUse, Store
+from mp_symbolic.training.loop import train
 
 from export.__main__ import main as export_main
 

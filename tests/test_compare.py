@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from bench.seed_loop import SeedLoop
-from mp_symbolic.cli import main
-from mp_symbolic.compare import REFERENCE, compare, count_autograd_copies
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.graphviz_plot import DEVICE_COLOURS
-from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
-from mp_symbolic.tasks import regression
-from mp_symbolic.train import build_pipeline, initial_values, make_stepper
+from mp_symbolic.training.cli import main
+from mp_symbolic.training.compare import REFERENCE, compare, count_autograd_copies
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.training.graphviz_plot import DEVICE_COLOURS
+from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
+from mp_symbolic.training.tasks import regression
+from mp_symbolic.training.loop import build_pipeline, initial_values, make_stepper
 
 from conftest import THREE_DEVICES
 

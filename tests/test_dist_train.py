@@ -8,10 +8,10 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from mp_symbolic.checkpoint import read_checkpoint
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
-from mp_symbolic.train import train
+from mp_symbolic.tools.checkpoint import read_checkpoint
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
+from mp_symbolic.training.loop import train
 
 TRAIN = ['train', '--epochs', '2', '--num-examples', '1000', '--devices', 'cpu:0,cpu:1',
          '--optimizer', 'adam', '--lr', '0.05', '--no-progress']

@@ -18,11 +18,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-from mp_symbolic.cli import add_train_flags
-from mp_symbolic.cliargs import OneLineArgumentParser, print_error
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.tasks.regression import forward_numpy
-from mp_symbolic.train import train
+from mp_symbolic.training.cli import add_train_flags
+from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.training.tasks.regression import forward_numpy
+from mp_symbolic.training.loop import train
 
 from export.__main__ import main as export_main
 from export.errors import EXCERPT_LIMIT, excerpt

@@ -11,9 +11,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.tasks.regression import forward_numpy
-from mp_symbolic.train import train
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.training.tasks.regression import forward_numpy
+from mp_symbolic.training.loop import train
 
 from export import onnx_export
 from export.__main__ import main as export_main
@@ -409,7 +409,7 @@ def test_onnx_predictor_and_mxnet_predictor_agree(exported):
 def cnn_export(tmp_path_factory):
     """The digits CNN (convolution, BatchNorm, pooling, dense) trained briefly
     on three devices and exported."""
-    from mp_symbolic.tasks import digits  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.tasks import digits  # pylint: disable=import-outside-toplevel
     run = str(tmp_path_factory.mktemp('digits'))
     train(TrainConfig(task='digits', num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
                       out=run), log=lambda line: None)

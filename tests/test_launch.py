@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from mp_symbolic import cli
-from mp_symbolic.launch import plan_job, read_hostfile, shell_line, worker_argv
+from mp_symbolic.training import cli
+from mp_symbolic.tools.launch import plan_job, read_hostfile, shell_line, worker_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = [sys.executable, 'tests/dist_worker.py']
@@ -395,7 +395,7 @@ def test_abort_on_error_exits_at_once_with_the_status():
     # os._exit skips interpreter shutdown, where MXNet's kvstore would wait in
     # ps-lite's exit barrier; an atexit handler stands in for that wait here.
     code = ('import atexit, sys\n'
-            'from mp_symbolic.launch import abort_on_error\n'
+            'from mp_symbolic.tools.launch import abort_on_error\n'
             'atexit.register(lambda: print("shutdown ran"))\n'
             'with abort_on_error():\n'
             '    print("working")\n'

@@ -4,10 +4,10 @@ import os
 import mxnet as mx
 import pytest
 
-from mp_symbolic.memory import (compare_memory, device_memory, format_bytes, format_memory,
+from mp_symbolic.tools.memory import (compare_memory, device_memory, format_bytes, format_memory,
                                 measure_memory)
 from mp_symbolic import Pipeline
-from mp_symbolic.tasks.regression import build_blocks
+from mp_symbolic.training.tasks.regression import build_blocks
 
 WIDTHS = (64, 128, 128, 4)
 DATA, LABEL = [('data', (32, 64))], [('label', (32, 4))]

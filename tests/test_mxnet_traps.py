@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.tasks import regression
+from mp_symbolic.training.tasks import regression
 
 from conftest import THREE_DEVICES
 

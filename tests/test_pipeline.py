@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.placement import DeviceSpecError, stage_name
-from mp_symbolic.tasks import digits, regression
+from mp_symbolic.core.devices import DeviceSpecError, stage_name
+from mp_symbolic.training.tasks import digits, regression
 
 from conftest import THREE_DEVICES
 

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from mp_symbolic.store import MANIFEST, FolderInUse, Store, StoreError, atomic_write_bytes
+from mp_symbolic.tools.store import MANIFEST, FolderInUse, Store, StoreError, atomic_write_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 A = {'params': 'A-params ' * 50, 'symbol.json': '{"A": 1}', 'summary.json': '{"epoch": 1}'}
@@ -91,7 +91,7 @@ def test_commit_then_current_returns_verified_files_and_replaces_the_old_snapsho
 # file-system call, until a k where the save ends first.
 KILL_CHILD = r'''
 import json, os, shutil, signal, sys
-from mp_symbolic.store import Store
+from mp_symbolic.tools.store import Store
 base, A, B = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 
 def writer(files):  # as in the test module: os.open/os.write/os.close, all counted
@@ -239,7 +239,7 @@ def test_a_really_full_disk_keeps_the_previous_snapshot(small_tmpfs):
 
 HOLDER = r'''
 import sys, time
-from mp_symbolic.store import Store
+from mp_symbolic.tools.store import Store
 with Store(sys.argv[1]).locked():
     print('locked', flush=True)
     time.sleep(120)
@@ -447,7 +447,7 @@ def test_atomic_write_bytes_replaces_the_file_and_leaves_no_temporary(tmp_path, 
 
 
 def test_a_reader_racing_a_writer_reads_the_new_snapshot_whole(tmp_path, monkeypatch):
-    import mp_symbolic.store as store_module
+    import mp_symbolic.tools.store as store_module
     out = str(tmp_path / 'out')
     commit(out, A, 'A')
     real = store_module._hash_file

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mp_symbolic.trace import (TraceError, busy_time, clip, device_rows, gpipe_bubble,
+from mp_symbolic.tools.trace import (TraceError, busy_time, clip, device_rows, gpipe_bubble,
                                label_chunks, load_trace, op_intervals, overlap_time,
                                pipeline_steps, step_stats, step_windows, storage_bytes)
 

@@ -13,12 +13,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mp_symbolic.cli import main
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.data import staged_batches
-from mp_symbolic.metrics import AGREE_ATOL, AGREE_RTOL
-from mp_symbolic.tasks import digits, get_task, regression
-from mp_symbolic.train import CHECK_EVERY, build_pipeline, initial_values, make_stepper, train
+from mp_symbolic.training.cli import main
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.training.data import staged_batches
+from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
+from mp_symbolic.training.tasks import digits, get_task, regression
+from mp_symbolic.training.loop import CHECK_EVERY, build_pipeline, initial_values, make_stepper, train
 
 from conftest import THREE_DEVICES
 
@@ -321,7 +321,7 @@ def test_divergence_stops_within_its_epoch_and_writes_no_profile(tmp_path):
 def test_divergence_in_a_later_epoch_keeps_the_last_committed_checkpoint(tmp_path, capsys,
                                                                          monkeypatch):
     """A NaN appearing in epoch 3 stops epoch 3; epoch 2's checkpoint stays current."""
-    from mp_symbolic import symbolic  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training import symbolic  # pylint: disable=import-outside-toplevel
     step = symbolic.ModuleStepper.step
     calls = []
 

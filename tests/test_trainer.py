@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline, Trainer
-from mp_symbolic.optstate import OptimizerStateError
-from mp_symbolic.tasks import regression
+from mp_symbolic.core.optstate import OptimizerStateError
+from mp_symbolic.training.tasks import regression
 
 from conftest import THREE_DEVICES
 

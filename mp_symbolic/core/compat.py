@@ -1,0 +1,48 @@
+"""Every MXNet 1.9.1 behaviour this library works around, in one place.
+
+Each workaround says what MXNet does, why it matters for a graph split over
+devices, and what is done instead; ``tests/test_mxnet_traps.py`` pins each
+behaviour, so that when MXNet changes (or the user runs on GPUs) a failing
+test says which workaround can go.
+"""
+from contextlib import contextmanager
+import os
+import sys
+
+import mxnet as mx
+
+from .scoped import captured_stderr, environ
+
+__all__ = []
+
+
+@contextmanager
+def split_bind(group2ctx):
+    """Around a bind of a graph split over several devices: MXNet's oneDNN
+    subgraph backend off.
+
+    That backend (``MXNET_SUBGRAPH_BACKEND``, read at every bind) fuses
+    convolution, BatchNorm and activation ops for inference without looking
+    at ``ctx_group``; a fused op that straddles two devices then fails at run
+    time ("The size of NDArray doesn't match the requested MKLDNN memory
+    desc"). A graph on one device keeps the fusion. MXNet logs a line for
+    ``NONE`` at every bind; that line is dropped, anything else it writes
+    passes through.
+    """
+    devices = set(group2ctx.values()) if group2ctx else set()
+    if len(devices) < 2:
+        yield
+        return
+    with environ(MXNET_SUBGRAPH_BACKEND='NONE'):
+        with captured_stderr() as lines:
+            yield
+    for line in lines:
+        if 'MXNET_SUBGRAPH_BACKEND=NONE is detected' not in line:
+            print(line, file=sys.stderr)
+
+
+def onednn_active():
+    """Whether MXNet runs CPU operators through oneDNN (MKLDNN) in this process."""
+    if os.environ.get('MXNET_MKLDNN_ENABLED', '1').lower() in ('0', 'false'):
+        return False
+    return mx.runtime.Features().is_enabled('MKLDNN')

@@ -1,0 +1,297 @@
+"""The one place that decides which device runs which pipeline stage.
+
+A *device plan* maps a network's blocks to contiguous pipeline stages and each
+stage to one device; with replicas, R copies of that plan each get their own
+devices. It is built and validated here, and every variant (Module, executor,
+imperative, export) takes its ``group2ctx`` from it, so the group names in the
+symbol attributes, the bind call and the tests are the same.
+
+Device strings follow ``--devices``: ``cpu:0,cpu:1,cpu:2``, ``gpu:0,gpu:1``,
+or a mix. ``cpu(0)``, ``cpu(1)``, ... are distinct devices to MXNet (its own
+model-parallel tests use them that way), which is how everything here runs
+without a GPU.
+"""
+from dataclasses import dataclass
+import re
+
+import mxnet as mx
+
+
+__all__ = []
+
+STAGE_PREFIX = 'stage'
+# ASCII digits only: Python's \d also matches '０' and '٣', which int() would
+# silently read as 0 and 3.
+_DEVICE_RE = re.compile(r'^(cpu|gpu):([0-9]+)$')
+# cpu(N) ids only name stand-in devices; MXNet keeps per-device state for each,
+# so an absurd id is refused rather than allocated for.
+MAX_CPU_ID = 63
+
+
+class DeviceSpecError(ValueError):
+    """A ``--devices`` value that cannot become a device plan."""
+
+
+def stage_name(stage):
+    """The ``ctx_group`` name of pipeline stage ``stage`` (``'stage0'``, ...)."""
+    return '%s%d' % (STAGE_PREFIX, stage)
+
+
+def format_device(ctx):
+    """``mx.gpu(1)`` -> ``'gpu:1'``, the form ``--devices`` takes."""
+    return '%s:%d' % (ctx.device_type, ctx.device_id)
+
+
+def parse_devices(spec, num_gpus=None):
+    """Parses ``'cpu:0,gpu:1'`` into ``[mx.cpu(0), mx.gpu(1)]``.
+
+    Args:
+        spec: Comma-separated ``cpu:N`` / ``gpu:N`` entries.
+        num_gpus: GPUs MXNet can see; ``None`` asks MXNet.
+
+    Raises:
+        DeviceSpecError: an entry is malformed, a device is listed twice, or
+            a GPU is not there.
+    """
+    if not isinstance(spec, str):
+        raise DeviceSpecError("expected a device list such as 'cpu:0,cpu:1,cpu:2' or a list of "
+                              "mx.Context, found %s" % type(spec).__name__)
+    entries = [e.strip() for e in spec.split(',')] if spec.strip() else []
+    if not entries:
+        raise DeviceSpecError("expected a comma-separated device list such as "
+                              "'cpu:0,cpu:1,cpu:2', found an empty string")
+    devices = []
+    for entry in entries:
+        match = _DEVICE_RE.match(entry)
+        if not match:
+            raise DeviceSpecError("expected devices of the form 'cpu:N' or 'gpu:N' (N in ASCII "
+                                  "digits), found %a in %a" % (entry, spec))
+        kind, index = match.group(1), int(match.group(2))
+        if kind == 'cpu' and index > MAX_CPU_ID:
+            raise DeviceSpecError('expected cpu:N with N at most %d, found %r in %r'
+                                  % (MAX_CPU_ID, entry, spec))
+        if kind == 'gpu' and index > 2 ** 31 - 1:
+            raise DeviceSpecError('expected a GPU index MXNet can hold, found %r in %r'
+                                  % (entry, spec))
+        devices.append(mx.cpu(index) if kind == 'cpu' else mx.gpu(index))
+    return check_devices(devices, num_gpus)
+
+
+def check_devices(devices, num_gpus=None):
+    """Checks a device list: contexts, each device once, every GPU present.
+
+    Returns:
+        ``devices`` as a list.
+
+    Raises:
+        DeviceSpecError: an entry is not an ``mx.Context``, a device is
+            listed twice, or a GPU is not there.
+    """
+    devices = list(devices)
+    seen = set()
+    for ctx in devices:
+        if not isinstance(ctx, mx.Context):
+            raise DeviceSpecError('expected devices as mx.Context (mx.cpu(0), mx.gpu(1)) or a '
+                                  "string such as 'cpu:0,cpu:1', found %r" % (ctx,))
+        if ctx in seen:
+            raise DeviceSpecError('expected each device once, found %s twice in %s'
+                                  % (format_device(ctx),
+                                     ','.join(format_device(d) for d in devices)))
+        seen.add(ctx)
+    gpus = [d for d in devices if d.device_type == 'gpu']
+    if gpus:
+        if num_gpus is None:
+            num_gpus = _visible_gpus()
+        missing = [format_device(d) for d in gpus if d.device_id >= num_gpus]
+        if missing:
+            raise DeviceSpecError('%s requested but MXNet sees %d GPU(s)%s'
+                                  % (', '.join(missing), num_gpus,
+                                     '' if num_gpus else ' (use cpu:N devices)'))
+    return devices
+
+
+def _visible_gpus():
+    try:
+        return mx.context.num_gpus()
+    except mx.base.MXNetError:  # a CUDA build on a machine without a driver
+        return 0
+
+
+def default_devices(num_stages, num_gpus=None):
+    """One device per stage: GPUs if MXNet sees enough, else CPU stand-ins.
+
+    Returns:
+        ``(devices, note)``: the device list and a one-line note saying which
+        choice was made, for the caller to print once.
+    """
+    if num_gpus is None:
+        num_gpus = _visible_gpus()
+    if num_gpus >= num_stages:
+        return [mx.gpu(i) for i in range(num_stages)], \
+            'devices: %d GPUs found, one stage on each' % num_stages
+    return [mx.cpu(i) for i in range(num_stages)], \
+        ('devices: MXNet sees %d GPU(s), fewer than the %d stages; using cpu(0..%d) '
+         'as stand-in devices' % (num_gpus, num_stages, num_stages - 1))
+
+
+def partition(num_blocks, num_stages):
+    """Stage index of each block: contiguous, as even as counts allow, no stage empty.
+
+    >>> partition(3, 2)
+    (0, 0, 1)
+
+    Raises:
+        DeviceSpecError: more stages than blocks, or fewer than one stage.
+    """
+    if num_stages < 1:
+        raise DeviceSpecError('expected at least one device, found %d' % num_stages)
+    if num_stages > num_blocks:
+        raise DeviceSpecError('too many devices for the layers (devices: %d, layers: %d); '
+                              'expected at most one device per layer'
+                              % (num_stages, num_blocks))
+    base, extra = divmod(num_blocks, num_stages)
+    stages = []
+    for stage in range(num_stages):
+        stages += [stage] * (base + (1 if stage < extra else 0))
+    return tuple(stages)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Blocks -> stages -> devices, for each replica.
+
+    Attributes:
+        devices: Device of each stage of replica 0, ``devices[s]`` for stage ``s``.
+        stage_of_layer: Stage index of each block (layer), contiguous from 0.
+        replica_devices: ``replica_devices[r][s]``: device of stage ``s`` in
+            replica ``r``; ``(devices,)`` without replicas.
+    """
+    devices: tuple
+    stage_of_layer: tuple
+    replica_devices: tuple = None
+
+    def __post_init__(self):
+        if self.replica_devices is None:
+            object.__setattr__(self, 'replica_devices', (tuple(self.devices),))
+
+    @property
+    def num_stages(self):
+        return len(self.devices)
+
+    @property
+    def num_replicas(self):
+        return len(self.replica_devices)
+
+    @property
+    def stage_of_block(self):
+        return self.stage_of_layer
+
+    @property
+    def balance(self):
+        """Blocks per stage (torchgpipe's ``balance``)."""
+        return tuple(self.stage_of_layer.count(s) for s in range(self.num_stages))
+
+    @property
+    def group2ctx(self):
+        """``{'stage0': ctx0, ...}`` of replica 0, for ``simple_bind(group2ctx=...)``."""
+        return {stage_name(s): d for s, d in enumerate(self.devices)}
+
+    @property
+    def group2ctxs(self):
+        """One ``group2ctx`` per replica, for ``Module(group2ctxs=[...])``."""
+        return [{stage_name(s): d for s, d in enumerate(devices)}
+                for devices in self.replica_devices]
+
+    @property
+    def all_devices(self):
+        return [d for devices in self.replica_devices for d in devices]
+
+    def device_of_layer(self, layer):
+        return self.devices[self.stage_of_layer[layer]]
+
+    @property
+    def first_device(self):
+        return self.devices[0]
+
+    @property
+    def last_device(self):
+        return self.devices[-1]
+
+    def describe(self, names=None):
+        """One line per stage: ``stage0 -> cpu(0): layer 0`` (or the block names)."""
+        lines = []
+        for s, d in enumerate(self.devices):
+            blocks = [i for i, st in enumerate(self.stage_of_layer) if st == s]
+            where = ', '.join(str(d) for d in (devices[s] for devices in self.replica_devices))
+            if names is None:
+                what = 'layer%s %s' % ('s' if len(blocks) > 1 else '',
+                                       ', '.join(str(i) for i in blocks))
+            else:
+                what = ', '.join(names[i] for i in blocks)
+            lines.append('%s -> %s: %s' % (stage_name(s), where, what))
+        return lines
+
+
+def resolve_devices(devices, num_gpus=None):
+    """A ``--devices`` string or a list of contexts -> a checked list of contexts."""
+    if isinstance(devices, str):
+        return parse_devices(devices, num_gpus)
+    if isinstance(devices, mx.Context):
+        devices = [devices]
+    try:
+        devices = list(devices)
+    except TypeError:
+        raise DeviceSpecError("expected a device list such as 'cpu:0,cpu:1,cpu:2' or a list of "
+                              'mx.Context, found %r' % (devices,)) from None
+    if not devices:
+        raise DeviceSpecError('expected at least one device, found an empty list')
+    return check_devices(devices, num_gpus)
+
+
+def split_replicas(devices, replicas):
+    """``R*K`` devices listed replica by replica -> ``R`` tuples of ``K``.
+
+    Raises:
+        DeviceSpecError: ``replicas`` is not a positive integer dividing the
+            number of devices.
+    """
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise DeviceSpecError('replicas: expected a positive integer, found %r' % (replicas,))
+    if len(devices) % replicas:
+        raise DeviceSpecError('expected a device count that is a multiple of the replicas '
+                              '(R x K devices, listed replica by replica), found %d devices for '
+                              '%d replicas' % (len(devices), replicas))
+    k = len(devices) // replicas
+    return tuple(tuple(devices[r * k:(r + 1) * k]) for r in range(replicas))
+
+
+def make_plan(num_layers, devices=None, num_gpus=None, stage_of_layer=None, replicas=1):
+    """Builds and validates the device plan.
+
+    Args:
+        num_layers: Blocks (layers) of the network.
+        devices: A ``--devices`` string, a list of contexts (checked as
+            :func:`check_devices` does), or ``None`` for :func:`default_devices`
+            (one device per layer).
+        num_gpus: GPUs MXNet can see; ``None`` asks MXNet.
+        stage_of_layer: Stage of each layer; ``None``: :func:`partition`.
+        replicas: Copies of the plan; ``devices`` then lists ``replicas x K``
+            devices, replica by replica.
+
+    Returns:
+        ``(plan, note)``; ``note`` is a line to print when the default devices
+        were chosen, else ``None``.
+
+    Raises:
+        DeviceSpecError: see :func:`parse_devices`, :func:`partition` and
+            :func:`split_replicas`.
+    """
+    note = None
+    if devices is None:
+        devices, note = default_devices(num_layers * replicas, num_gpus)
+    else:
+        devices = resolve_devices(devices, num_gpus)
+    replica_devices = split_replicas(devices, replicas)
+    if stage_of_layer is None:
+        stage_of_layer = partition(num_layers, len(replica_devices[0]))
+    return DevicePlan(replica_devices[0], tuple(stage_of_layer), replica_devices), note

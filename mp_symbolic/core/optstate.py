@@ -1,0 +1,139 @@
+"""Optimizer state by parameter name, free of devices, so a run can resume
+onto another device plan (DeepSpeed's "universal checkpoint" idea).
+
+MXNet keeps optimizer state per integer index, on the weight's device, and
+counts updates per device id (``Optimizer._all_index_update_counts``); its own
+``get_states`` pickles those arrays with their devices. Here the state of
+each parameter is taken by name as numpy arrays, with its update count and
+the optimizer's ``num_update``, and written to one ``.npz`` file (no pickle).
+Restoring puts every array on the device of the parameter it belongs to, so
+an uninterrupted run and a resumed one compute the same updates (Adam's bias
+correction included).
+"""
+import io
+import json
+
+import mxnet as mx
+import numpy as np
+
+__all__ = []
+
+FORMAT = 'mp_symbolic.optimizer_states/1'
+
+
+class OptimizerStateError(ValueError):
+    """An optimizer-state file that is unreadable or does not fit the model."""
+
+
+def _encode(state, arrays):
+    if state is None:
+        return {'t': 'none'}
+    if isinstance(state, mx.nd.NDArray):
+        arrays.append(state.asnumpy())
+        return {'t': 'nd', 'a': len(arrays) - 1}
+    if isinstance(state, (tuple, list)):
+        return {'t': type(state).__name__, 'items': [_encode(s, arrays) for s in state]}
+    raise OptimizerStateError('expected optimizer states made of NDArrays, tuples and None, '
+                              'found %s' % type(state).__name__)
+
+
+def _decode(spec, arrays, ctx):
+    kind = spec['t']
+    if kind == 'none':
+        return None
+    if kind == 'nd':
+        return mx.nd.array(arrays[spec['a']], ctx=ctx, dtype=arrays[spec['a']].dtype)
+    items = [_decode(s, arrays, ctx) for s in spec['items']]
+    return tuple(items) if kind == 'tuple' else items
+
+
+def _count_of(optimizer, index):
+    # pylint: disable=protected-access
+    for counts in optimizer._all_index_update_counts.values():
+        if index in counts:
+            return counts[index]
+    return None
+
+
+def states_by_name(updater, optimizer, names):
+    """The state of each parameter, by name.
+
+    Args:
+        updater: The ``mx.optimizer.Updater`` (or a wrapper of one).
+        optimizer: Its optimizer.
+        names: ``{index: parameter name}`` of the parameters to take.
+
+    Returns:
+        ``{'format', 'optimizer', 'num_update', 'params': {name: {'count',
+        'state'}}, 'arrays': [numpy arrays]}``; a parameter never updated has
+        no entry.
+    """
+    arrays, params = [], {}
+    for index, name in names.items():
+        if index not in updater.states:
+            continue
+        params[name] = {'count': _count_of(optimizer, index),
+                        'state': _encode(updater.states[index], arrays)}
+    return {'format': FORMAT, 'optimizer': type(optimizer).__name__.lower(),
+            'num_update': optimizer.num_update, 'params': params, 'arrays': arrays}
+
+
+def set_states_by_name(updater, optimizer, states, targets):
+    """Restores :func:`states_by_name` output.
+
+    Args:
+        targets: ``{name: (index, device)}``: where each parameter's state goes.
+
+    Raises:
+        OptimizerStateError: another optimizer, or a state for a parameter
+            ``targets`` does not name.
+    """
+    kind = type(optimizer).__name__.lower()
+    if states.get('optimizer') != kind:
+        raise OptimizerStateError('expected optimizer state of %s, found state of %s'
+                                  % (kind, states.get('optimizer')))
+    unknown = sorted(set(states['params']) - set(targets))
+    if unknown:
+        raise OptimizerStateError('expected optimizer state for this model\'s parameters, '
+                                  'found state for %s' % ', '.join(unknown[:5]))
+    # pylint: disable=protected-access
+    for name, entry in states['params'].items():
+        index, device = targets[name]
+        updater.states[index] = _decode(entry['state'], states['arrays'], device)
+        updater.states_synced[index] = True
+        if entry['count'] is not None:
+            optimizer._all_index_update_counts.setdefault(device.device_id, {})[index] = \
+                entry['count']
+    optimizer.num_update = states['num_update']
+
+
+def save_states(path, states):
+    """Writes :func:`states_by_name` output to ``path`` (an ``.npz`` file)."""
+    meta = {k: v for k, v in states.items() if k != 'arrays'}
+    arrays = {'a%d' % i: a for i, a in enumerate(states['arrays'])}
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.array(json.dumps(meta)), **arrays)
+    with open(path, 'wb') as f:
+        f.write(buffer.getvalue())
+
+
+def load_states(path):
+    """Reads :func:`save_states` output.
+
+    Raises:
+        OptimizerStateError: the file is missing, unreadable or of another format.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data['meta']))
+            if meta.get('format') != FORMAT:
+                raise OptimizerStateError('%s: expected optimizer states of format %s, found %r'
+                                          % (path, FORMAT, meta.get('format')))
+            arrays = [data['a%d' % i] for i in range(len(data.files) - 1)]
+    except (OSError, ValueError, KeyError) as err:
+        if isinstance(err, OptimizerStateError):
+            raise
+        raise OptimizerStateError('%s is not a readable optimizer-state file: %s'
+                                  % (path, ' '.join(str(err).split())[:200])) from None
+    meta['arrays'] = arrays
+    return meta

@@ -1,0 +1,52 @@
+"""Process state changed for the length of a ``with`` block, then restored.
+
+MXNet reads several settings from the environment at each bind
+(``MXNET_SUBGRAPH_BACKEND``, ``MXNET_EXEC_BULK_EXEC_TRAIN``,
+``MXNET_BACKWARD_DO_MIRROR``) or each kvstore creation
+(``MXNET_UPDATE_ON_KVSTORE``), and its C++ parts (and onnxruntime's) log
+straight to file descriptor 2, past ``sys.stderr``. Standard library only.
+"""
+from contextlib import contextmanager
+import os
+import sys
+import tempfile
+
+__all__ = []
+
+
+@contextmanager
+def environ(**values):
+    """Sets the environment variables ``values`` inside the block; restores
+    (or removes) each afterwards."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def captured_stderr():
+    """Collects what is written to file descriptor 2 inside the block.
+
+    Yields a list that holds the non-empty lines once the block has ended.
+    """
+    lines = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(line for line in sink.read().decode('utf-8', 'replace').splitlines()
+                         if line.strip())

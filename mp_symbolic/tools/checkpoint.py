@@ -1,0 +1,265 @@
+"""MXNet's checkpoint file pair, read back with checks, and a training
+checkpoint committed as one unit.
+
+A checkpoint pair is ``<prefix>-symbol.json`` plus
+``<prefix>-<epoch:04d>.params``, the files ``mx.model.save_checkpoint`` writes
+and ``mx.model.load_checkpoint`` reads. A training run commits the pair, its
+optimizer state and ``summary.json`` together through
+:class:`~mp_symbolic.tools.store.Store` (:func:`commit_checkpoint`); single files
+(reports, pictures) are written to a temporary file and renamed into place
+(:func:`atomic_path`).
+"""
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+
+import mxnet as mx
+import numpy as np
+
+
+__all__ = []
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, corrupt, or does not fit its symbol."""
+
+
+@contextmanager
+def atomic_path(path):
+    """Yields a temporary path next to ``path``; renames it onto ``path`` on
+    success, removes it on failure (an exception or an interrupt), so ``path``
+    is either the old file or the complete new one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.',
+                               suffix='.tmp')
+    os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def check_writable_dir(path, name):
+    """Raises ValueError unless ``path`` is, or can become, a writable folder.
+
+    Args:
+        name: What to call the path in the message (a field or flag name).
+    """
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError('%s: expected a folder, found a file at %s' % (name, probe))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError('%s: expected a folder this user can write, found %s not writable'
+                         % (name, probe))
+
+
+def write_text(path, text):
+    with atomic_path(path) as tmp:
+        with open(tmp, 'w') as f:
+            f.write(text)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + '\n')
+
+
+def save_params(path, arg_params, aux_params=None):
+    """``mx.nd.save`` with MXNet's ``arg:``/``aux:`` names, arrays on ``cpu()``."""
+    arrays = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
+    arrays.update({'aux:%s' % k: v.as_in_context(mx.cpu())
+                   for k, v in (aux_params or {}).items()})
+    mx.nd.save(path, arrays)
+
+
+def load_checkpoint(sym_path, params_path):
+    """Loads a symbol and its parameters and checks that they fit.
+
+    Every non-input argument of the symbol must have an array, of the shape
+    the symbol records (its variables' ``__shape__`` attributes) and that
+    MXNet's shape inference accepts with the others; no array may be left
+    over.
+
+    Returns:
+        ``(symbol, arg_params, aux_params)``; arrays on ``cpu()``.
+
+    Raises:
+        CheckpointError: a file is missing or corrupt, or symbol and
+            parameters do not match (the message lists what differs).
+    """
+    for path in (sym_path, params_path):
+        if not os.path.isfile(path):
+            raise CheckpointError('expected a checkpoint file at %s, found none' % path)
+    try:
+        symbol = mx.sym.load(sym_path)
+    except (mx.base.MXNetError, ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError('%s is not an MXNet symbol file: %s'
+                              % (sym_path, first_line(err))) from None
+    try:
+        saved = mx.nd.load(params_path)
+    except (mx.base.MXNetError, ValueError) as err:
+        raise CheckpointError('%s is not an MXNet params file: %s'
+                              % (params_path, first_line(err))) from None
+    if not isinstance(saved, dict):
+        raise CheckpointError('%s holds unnamed arrays; expected arg:/aux: names'
+                              % params_path)
+    arg_params, aux_params = {}, {}
+    for key, value in saved.items():
+        kind, _, name = key.partition(':')
+        if kind == 'arg':
+            arg_params[name] = value
+        elif kind == 'aux':
+            aux_params[name] = value
+        else:
+            raise CheckpointError("%s: expected array names 'arg:<name>' or 'aux:<name>', "
+                                  'found %r' % (params_path, key))
+    check_params(symbol, arg_params, aux_params, where=params_path)
+    return symbol, arg_params, aux_params
+
+
+def input_names(symbol, data_name='data'):
+    """The arguments of ``symbol`` that are inputs, not parameters: ``data``
+    and the labels (MXNet names them ``<head>_label`` or ``label``)."""
+    return [a for a in symbol.list_arguments() if a == data_name or a.endswith('label')]
+
+
+def check_params(symbol, arg_params, aux_params, where='params'):
+    """Raises :class:`CheckpointError` unless the arrays fit ``symbol``."""
+    inputs = set(input_names(symbol))
+    expected = [a for a in symbol.list_arguments() if a not in inputs]
+    missing = sorted(set(expected) - set(arg_params))
+    extra = sorted(set(arg_params) - set(expected))
+    extra_aux = sorted(set(aux_params) - set(symbol.list_auxiliary_states()))
+    problems = []
+    if missing:
+        problems.append('missing %s' % ', '.join(missing))
+    if extra or extra_aux:
+        problems.append('unexpected %s' % ', '.join(extra + extra_aux))
+    other = ['%s %s' % (k, np.dtype(v.dtype).name) for k, v in
+             list(arg_params.items()) + list(aux_params.items()) if v.dtype != np.float32]
+    if other:
+        problems.append('expected float32 arrays (the graph computes in float32), found %s'
+                        % ', '.join(other[:3]) + (' ...' if len(other) > 3 else ''))
+    shapes = {k: tuple(v.shape) for k, v in arg_params.items()}
+    try:
+        # Gluon records each parameter's shape in its variable's __shape__.
+        arg_shapes, _, _ = symbol.infer_shape_partial()
+    except mx.base.MXNetError as err:
+        raise CheckpointError('%s: cannot infer the shapes its symbol expects: %s'
+                              % (where, first_line(err))) from None
+    for name, inferred in zip(symbol.list_arguments(), arg_shapes):
+        if name in shapes and inferred and 0 not in inferred and tuple(inferred) != shapes[name]:
+            problems.append('%s has shape %s, the symbol expects %s'
+                            % (name, shapes[name], tuple(inferred)))
+    if not problems:
+        # Without __shape__ attributes only the arrays themselves say the shapes:
+        # run MXNet's inference over all of them.
+        known = {k: v for k, v in shapes.items() if k in expected}
+        known.update({k: tuple(v.shape) for k, v in aux_params.items()})
+        try:
+            symbol.infer_shape_partial(**known)
+        except mx.base.MXNetError as err:
+            problems.append('the arrays do not fit together: %s' % first_line(err))
+    if problems:
+        raise CheckpointError('%s does not match its symbol: %s' % (where, '; '.join(problems)))
+
+
+def first_line(err):
+    """The informative line of an error: MXNet's messages start with a C++
+    traceback and end with the check that failed."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    line = lines[-1] if lines[0].startswith('Traceback') else lines[0]
+    return line[len('MXNetError: '):] if line.startswith('MXNetError: ') else line
+
+
+# -- training checkpoints committed as one unit ------------------------------
+
+SUMMARY_NAME = 'summary.json'
+
+
+class Checkpoint:
+    """A verified, committed training checkpoint (see :func:`read_checkpoint`).
+
+    Attributes:
+        folder: The snapshot folder (``OUT/snap-...``, what ``OUT/current`` names).
+        meta: What the run recorded: ``epoch``, ``task``, ``files``, ``complete``, ...
+        summary: ``summary.json`` of the snapshot.
+        symbol_path, params_path, states_path: Verified file paths.
+        epoch: Epochs trained.
+    """
+
+    def __init__(self, snapshot):
+        self.snapshot = snapshot
+        self.folder = snapshot.folder
+        self.meta = snapshot.meta
+        files = self.meta.get('files') if isinstance(self.meta, dict) else None
+        if not (isinstance(files, dict)
+                and all(isinstance(files.get(k), str) for k in ('symbol', 'params', 'states'))):
+            raise CheckpointError('%s: expected a training checkpoint naming its symbol, params '
+                                  'and states files, found %r' % (self.folder, files))
+        self.symbol_path = snapshot.path(files['symbol'])
+        self.params_path = snapshot.path(files['params'])
+        self.states_path = snapshot.path(files['states'])
+        with open(snapshot.path(SUMMARY_NAME)) as f:
+            self.summary = json.load(f)
+        self.epoch = self.meta.get('epoch')
+
+    def load(self):
+        """``(symbol, arg_params, aux_params)``, checked to fit together."""
+        return load_checkpoint(self.symbol_path, self.params_path)
+
+
+def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states, summary,
+                      complete):
+    """Commits one checkpoint as a unit: symbol, params, optimizer state and
+    summary land together in a new snapshot, or not at all.
+
+    Args:
+        store: A :class:`~mp_symbolic.tools.store.Store` whose lock is held.
+        name: File prefix (the task's name).
+        states: Optimizer state by parameter name (:mod:`~mp_symbolic.core.optstate`).
+        summary: JSON-able dict written as ``summary.json``.
+        complete: Whether this is the run's final checkpoint.
+
+    Returns:
+        The :class:`Checkpoint`.
+    """
+    from ..core.optstate import save_states  # pylint: disable=import-outside-toplevel
+    files = {'symbol': '%s-symbol.json' % name, 'params': '%s-%04d.params' % (name, epoch),
+             'states': '%s-%04d.states' % (name, epoch)}
+
+    def write(folder):
+        symbol.save(os.path.join(folder, files['symbol']))
+        save_params(os.path.join(folder, files['params']), arg_params, aux_params)
+        save_states(os.path.join(folder, files['states']), states)
+        with open(os.path.join(folder, SUMMARY_NAME), 'w') as f:
+            json.dump(dict(summary, files=files, epoch=epoch, complete=complete), f, indent=2,
+                      sort_keys=True)
+            f.write('\n')
+
+    meta = {'epoch': epoch, 'task': name, 'files': files, 'complete': complete}
+    return Checkpoint(store.commit(write, meta))
+
+
+def read_checkpoint(folder):
+    """The committed checkpoint of a training folder, verified file by file.
+
+    Raises:
+        CheckpointError: nothing committed there, or a file does not match
+            what the commit recorded (``StoreError`` is a ``ValueError`` too).
+    """
+    from .store import Store  # pylint: disable=import-outside-toplevel
+    snapshot = Store(folder).current()
+    if snapshot is None:
+        raise CheckpointError('expected a training run in %s (its current/ snapshot), found '
+                              'none; train one first, e.g. python -m mp_symbolic train --out %s'
+                              % (folder, folder))
+    return Checkpoint(snapshot)

@@ -1,0 +1,513 @@
+"""``python -m mp_symbolic launch``: start one MXNet distributed-kvstore job.
+
+MXNet's distributed kvstore (``dist_sync``, ``dist_async``) runs on ps-lite:
+one scheduler, S servers and W workers, each a process that learns its role
+and where the scheduler listens from ``DMLC_*`` environment variables. A
+server or scheduler needs no program of its own: with ``DMLC_ROLE=server`` or
+``scheduler``, ``import mxnet`` runs ps-lite's loop and exits when the job
+ends (``mxnet/kvstore/kvstore_server.py``). A worker runs the training
+command and calls ``mx.kv.create('dist_sync')``.
+
+The launcher in MXNet's source tree (``tools/launch.py``) hands this to
+dmlc-core's tracker (``dmlc_tracker``), which the wheel does not ship. This
+module is a small replacement: it plans the processes (:func:`plan_job`),
+then runs them on this machine (``--mode local``), runs them through ssh
+(``--mode ssh``), or prints the command of each for its host
+(``--mode manual``). While the job runs, it relays every child's output
+prefixed with its name, and if any process dies before the job ends it stops
+all the others, so that no process is left waiting on ps-lite's barrier.
+"""
+import argparse
+import contextlib
+import ipaddress
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+__all__ = []
+
+MODES = ('local', 'ssh', 'manual')
+# First words of COMMAND that are ``python -m mp_symbolic`` subcommands.
+MP_SYMBOLIC_COMMANDS = ('train', 'compare')
+# What a server and the scheduler run: importing MXNet with DMLC_ROLE set runs them.
+SERVER_ARGV = (sys.executable, '-c', 'import mxnet')
+STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when stopping the job
+POLL = 0.05       # seconds between checks of the children
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+@dataclass(frozen=True)
+class Node:
+    """One process of the job.
+
+    Attributes:
+        role: ``'scheduler'``, ``'server'`` or ``'worker'``.
+        index: Its number among the processes of its role (0 for the scheduler).
+        host: The host it runs on, as the hostfile names it (the ssh target).
+        env: The ``DMLC_*`` variables it needs, as ``((name, value), ...)``.
+        argv: Its command.
+    """
+    role: str
+    index: int
+    host: str
+    env: tuple
+    argv: tuple
+
+    @property
+    def name(self):
+        """``'scheduler'``, ``'server 0'``, ``'worker 1'``, ...: the output prefix."""
+        return 'scheduler' if self.role == 'scheduler' else '%s %d' % (self.role, self.index)
+
+
+def worker_argv(command):
+    """The command a worker runs for the launch's ``COMMAND``.
+
+    ``train ...`` or ``compare ...`` (a ``python -m mp_symbolic`` subcommand)
+    becomes ``<this python> -m mp_symbolic train ... --kvstore dist_sync``
+    (unless it already has ``--kvstore``); anything else runs as given.
+    """
+    command = list(command)
+    if command[0] not in MP_SYMBOLIC_COMMANDS:
+        return tuple(command)
+    if not any(arg == '--kvstore' or arg.startswith('--kvstore=') for arg in command):
+        command += ['--kvstore', 'dist_sync']
+    return (sys.executable, '-m', 'mp_symbolic', *command)
+
+
+def read_hostfile(path):
+    """The host names in ``path``: one a line, ``#`` starts a comment.
+
+    Raises:
+        ValueError: The file cannot be read, names no host, or a line has more
+            than one word.
+    """
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as err:
+        raise ValueError('--hostfile: cannot read %s (%s)' % (path, err.strerror)) from None
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        words = line.split('#', 1)[0].split()
+        if len(words) > 1:
+            raise ValueError('--hostfile: expected one host name a line, found %r on line %d '
+                             'of %s' % (line.strip(), number, path))
+        hosts.extend(words)
+    if not hosts:
+        raise ValueError('--hostfile: expected at least one host name, found none in %s' % path)
+    return hosts
+
+
+def resolve_host(host):
+    """The IPv4 address of ``host``, as ps-lite's ``DMLC_*`` variables take it.
+
+    Raises:
+        ValueError: ``host`` has no IPv4 address.
+    """
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise ValueError('unknown host %r: expected a host name or IPv4 address this machine '
+                         'can resolve (%s)' % (host, err)) from None
+
+
+def is_loopback(address):
+    return ipaddress.ip_address(address).is_loopback
+
+
+def free_port():
+    """A TCP port nothing listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('', 0))
+        return sock.getsockname()[1]
+
+
+def check_port_free(port):
+    """Raises ValueError if the scheduler could not listen on ``port`` here.
+
+    The scheduler binds every interface (``tcp://*:port``), as this check does.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ does
+        try:
+            sock.bind(('', port))
+        except OSError as err:
+            raise ValueError('--port: expected a free port for the scheduler, found port %d '
+                             'in use (%s)' % (port, err.strerror)) from None
+
+
+def plan_job(command, num_workers, num_servers, hosts, port):
+    """The processes of one job: the scheduler, then the servers, then the workers.
+
+    Args:
+        command: The workers' command (see :func:`worker_argv`).
+        hosts: ``[(host name, IPv4 address), ...]``. The scheduler runs on the
+            first; servers and workers go round-robin over all of them.
+        port: The port the scheduler listens on.
+
+    Returns:
+        A list of :class:`Node`.
+
+    Raises:
+        ValueError: ``num_workers`` or ``num_servers`` is below 1, ``hosts``
+            is empty or ``command`` is empty.
+    """
+    if num_workers < 1:
+        raise ValueError('--workers: expected a positive integer, found %d' % num_workers)
+    if num_servers < 1:
+        raise ValueError('--servers: expected a positive integer, found %d' % num_servers)
+    if not command:
+        raise ValueError('expected a command after --, as in '
+                         '"launch --workers 2 --servers 1 -- python worker.py", found none')
+    if not hosts:
+        raise ValueError('expected at least one host, found none')
+    root_address = hosts[0][1]
+
+    def node(role, index, host_index, argv):
+        host, address = hosts[host_index % len(hosts)]
+        env = (('DMLC_ROLE', role), ('DMLC_PS_ROOT_URI', root_address),
+               ('DMLC_PS_ROOT_PORT', str(port)), ('DMLC_NUM_SERVER', str(num_servers)),
+               ('DMLC_NUM_WORKER', str(num_workers)), ('DMLC_NODE_HOST', address))
+        return Node(role, index, host, env, tuple(argv))
+
+    return ([node('scheduler', 0, 0, SERVER_ARGV)] +
+            [node('server', i, i, SERVER_ARGV) for i in range(num_servers)] +
+            [node('worker', i, i, worker_argv(command)) for i in range(num_workers)])
+
+
+def shell_line(node, cwd, exec_=False):
+    """One shell line that runs ``node`` on its host: ``cd DIR && env VAR=... CMD``.
+
+    With ``exec_``, the shell replaces itself with the command (``exec env ...``),
+    so that ending the shell's session ends the command.
+    """
+    env = ' '.join('%s=%s' % (k, shlex.quote(v)) for k, v in node.env)
+    return 'cd %s && %senv %s %s' % (shlex.quote(cwd), 'exec ' if exec_ else '', env,
+                                      shlex.join(node.argv))
+
+
+def manual_script(nodes, cwd):
+    """The text ``--mode manual`` prints: for each process, a comment naming it
+    and its host, then the line to paste into a shell on that host."""
+    lines = ['# One line per process: run each on the host its comment names, in any order.',
+             '# Every host needs this directory, the same data and the same Python '
+             'environment.']
+    for node in nodes:
+        lines.append('# %s on %s' % (node.name, node.host))
+        lines.append(shell_line(node, cwd))
+    return '\n'.join(lines)
+
+
+def _plural(count, word):
+    return '%d %s' % (count, word if count == 1 else word + ('es' if word.endswith('s') else 's'))
+
+
+def _how_ended(info):
+    """``'exited with status 3'`` or ``'was killed by SIGKILL'`` from ``os.waitid``."""
+    if info.si_code == os.CLD_EXITED:
+        return 'exited with status %d' % info.si_status
+    try:
+        name = signal.Signals(info.si_status).name
+    except ValueError:
+        name = 'signal %d' % info.si_status
+    return 'was killed by %s' % name
+
+
+class _Child:
+    """A running process of the job, its own process group leader.
+
+    Its exit is observed with ``waitid(WNOWAIT)``, which leaves it a zombie
+    until :meth:`reap`: its pid, and so its process group id, cannot be reused
+    while the launcher may still signal the group.
+    """
+
+    def __init__(self, node, argv, env, out, err, lock):
+        self.node = node
+        self._info = None
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        self.threads = [threading.Thread(target=_relay, daemon=True,
+                                         args=(pipe, sink, '[%s] ' % node.name, lock))
+                        for pipe, sink in ((self.proc.stdout, out), (self.proc.stderr, err))]
+        for thread in self.threads:
+            thread.start()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def ended(self):
+        """``os.waitid`` result once the process has ended, else None (it is not reaped)."""
+        if self.proc.returncode is not None:
+            return self._info
+        self._info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return self._info
+
+    def signal_group(self, signum):
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone
+
+    def reap(self):
+        self.ended()
+        self.proc.wait()
+        for thread in self.threads:
+            thread.join(timeout=1.0)
+
+
+def _relay(pipe, sink, prefix, lock):
+    """Copies ``pipe`` line by line to ``sink``, each line after ``prefix``."""
+    for raw in iter(pipe.readline, b''):
+        line = raw.decode('utf-8', 'replace').rstrip('\r\n')
+        with lock:
+            try:
+                sink.write(prefix + line + '\n')
+                sink.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # the launcher's own output is gone; keep draining the child
+    pipe.close()
+
+
+def _stop(children):
+    """SIGTERM to every child's process group, SIGKILL after ``STOP_GRACE``,
+    then reap them all."""
+    children = [c for c in children if c.proc.returncode is None]  # not reaped yet
+    for child in children:
+        child.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    while time.monotonic() < deadline and any(c.ended() is None for c in children):
+        time.sleep(POLL)
+    for child in children:
+        child.signal_group(signal.SIGKILL)  # also grandchildren that outlived their parent
+    for child in children:
+        child.reap()
+
+
+def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
+            out=None, err=None):
+    """Runs the job's processes until they all end; stops them all on a fault.
+
+    Args:
+        nodes: From :func:`plan_job`.
+        timeout: Seconds the scheduler and servers get to end by themselves
+            after every worker exited 0 (and the others, after the scheduler
+            exited 0).
+        argv_of: ``node -> argv`` actually started (ssh mode wraps it).
+        extra_env: Variables added to this process's environment for every child.
+        out, err: Where the children's stdout and stderr lines go (default:
+            this process's). Each line is prefixed with ``[<node name>] ``.
+
+    Returns:
+        The launcher's exit status: 0 if every process exited 0; 1 if one
+        died, exited non-zero or outlived the timeout; 128 + the signal
+        number if this process got SIGINT or SIGTERM. One line says which.
+    """
+    out, err = out or sys.stdout, err or sys.stderr
+    lock = threading.Lock()
+    received = []
+    previous = {s: signal.signal(s, lambda signum, _: received.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    start = time.monotonic()
+    children = []
+    env = dict(os.environ, **(extra_env or {}))
+
+    def finish(status, message):
+        _stop(children)
+        with lock:
+            print(message, file=err if status else out, flush=True)
+        return status
+
+    try:
+        for node in nodes:
+            try:
+                children.append(_Child(node, argv_of(node), dict(env, **dict(node.env)),
+                                       out, err, lock))
+            except OSError as error:
+                return finish(EXIT_FAILED, 'error: cannot start %s (%s); stopped the %s '
+                              'started before it' % (node.name, error,
+                                                     _plural(len(children), 'process')))
+        with lock:
+            print('launch: pids: %s' % ', '.join('%s %d' % (c.node.name, c.pid) for c in children),
+                  file=out, flush=True)
+        over_since = ended_first = None
+        while True:
+            if received:
+                name = signal.Signals(received[0]).name
+                running = sum(c.ended() is None for c in children)
+                return finish(128 + received[0], 'error: launch interrupted by %s; stopped the '
+                              '%s of the job' % (name, _plural(running, 'running process')))
+            ended = [(c, c.ended()) for c in children]
+            for child, info in ended:
+                if info is not None and not (info.si_code == os.CLD_EXITED and
+                                             info.si_status == 0):
+                    others = sum(i is None for _, i in ended)
+                    return finish(EXIT_FAILED, 'error: %s (pid %d) %s; %s' % (
+                        child.node.name, child.pid, _how_ended(info),
+                        'stopped the other %s of the job' % _plural(others, 'process')
+                        if others else 'no other process of the job was running'))
+            running = [c for c, info in ended if info is None]
+            if not running:
+                return finish(0, 'launch: %s, %s: all exited 0 in %.1f s' % (
+                    _plural(sum(n.role == 'worker' for n in nodes), 'worker'),
+                    _plural(sum(n.role == 'server' for n in nodes), 'server'),
+                    time.monotonic() - start))
+            # Once every worker, or the scheduler, has exited 0, the job is over:
+            # the rest get `timeout` seconds to end by themselves.
+            if over_since is None:
+                roles = {c.node.role for c in running}
+                if 'worker' not in roles or 'scheduler' not in roles:
+                    over_since = time.monotonic()
+                    ended_first = 'every worker' if 'worker' not in roles else 'the scheduler'
+            elif time.monotonic() - over_since > timeout:
+                return finish(EXIT_FAILED, 'error: %s exited 0 but %s did not end within '
+                              '%g s after; stopped %s' % (
+                                  ended_first, ', '.join(c.node.name for c in running),
+                                  timeout, 'it' if len(running) == 1 else 'them'))
+            time.sleep(POLL)
+    finally:
+        _stop(children)  # a no-op after finish(); guards against an exception in between
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def abort_on_error():
+    """In a worker: an uncaught exception or a non-zero ``sys.exit`` ends the
+    process at once (``os._exit``), so the launcher sees it fail.
+
+    A worker that leaves Python normally runs MXNet's kvstore destructor, which
+    waits in ps-lite's exit barrier for every other worker. After an error the
+    others never come (they wait for this worker's gradients), so the failed
+    worker would hang instead of exiting, and the job with it. Use it around
+    the worker's code::
+
+        with abort_on_error():
+            main()
+
+    The traceback (or the exit message) is printed and the output flushed
+    first; the status is ``sys.exit``'s, or 1 for an exception.
+    """
+    try:
+        yield
+    except SystemExit as exit_:
+        if exit_.code is None or exit_.code == 0:
+            raise
+        if not isinstance(exit_.code, int):
+            print(exit_.code, file=sys.stderr)
+        _abort(exit_.code if isinstance(exit_.code, int) else 1)
+    except BaseException:  # pylint: disable=broad-except
+        traceback.print_exc()
+        _abort(1)
+
+
+def _abort(status):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # pylint: disable=protected-access
+
+
+def add_launch_parser(commands):
+    """Adds the ``launch`` subcommand to ``commands`` (argparse subparsers)."""
+    parser = commands.add_parser(
+        'launch', help='run one distributed-kvstore job: a scheduler, servers and workers',
+        description='Start one MXNet distributed-kvstore (ps-lite) job: a scheduler, '
+                    'S servers and W workers, each worker running COMMAND. A COMMAND that '
+                    'starts with train or compare runs "python -m mp_symbolic COMMAND '
+                    '--kvstore dist_sync"; any other runs as given. Every output line is '
+                    'prefixed with its process; if any process dies, the others are '
+                    'stopped and the launcher exits 1.',
+        usage='python -m mp_symbolic launch --workers W --servers S [--port P] '
+              '[--hostfile FILE] [--mode local|ssh|manual] [--timeout SECONDS] -- COMMAND...')
+    parser.add_argument('--workers', type=int, required=True, metavar='W',
+                        help='worker processes; each runs COMMAND')
+    parser.add_argument('--servers', type=int, required=True, metavar='S',
+                        help='parameter-server processes')
+    parser.add_argument('--port', type=int, default=None, metavar='P',
+                        help='port the scheduler listens on (default: a free port here)')
+    parser.add_argument('--hostfile', default=None, metavar='FILE',
+                        help='hosts, one a line (# comments): the scheduler runs on the first, '
+                             'servers and workers round-robin over all')
+    parser.add_argument('--mode', choices=MODES, default='local',
+                        help='local: every process on this machine; ssh: each through '
+                             '"ssh HOST"; manual: print the command of each process for its '
+                             'host (default: %(default)s)')
+    parser.add_argument('--timeout', type=float, default=60.0, metavar='SECONDS',
+                        help='seconds the scheduler and servers get to end after the '
+                             'workers exited 0 (default: %(default)g)')
+    parser.add_argument('job_command', nargs=argparse.REMAINDER, metavar='COMMAND',
+                        help='the workers\' command, after --')
+    parser.set_defaults(run=run_launch)
+    return parser
+
+
+def _hosts(args):
+    """``[(host, address)]`` for the run, checked against ``--mode``."""
+    if args.hostfile is None:
+        if args.mode == 'ssh':
+            raise ValueError('--mode ssh: expected --hostfile naming the hosts, found none')
+        return [('127.0.0.1', '127.0.0.1')]
+    hosts = [(host, resolve_host(host)) for host in read_hostfile(args.hostfile)]
+    if args.mode == 'local':
+        remote = [host for host, address in hosts if not is_loopback(address)]
+        if remote:
+            raise ValueError('--mode local runs every process on this machine, but %s in %s is '
+                             'not a loopback address; expected --mode ssh or --mode manual'
+                             % (remote[0], args.hostfile))
+    return hosts
+
+
+def _check(args):
+    """Checks the launch's flags; returns ``(nodes, port)``. Raises ValueError."""
+    if not args.timeout > 0:
+        raise ValueError('--timeout: expected a positive number of seconds, found %g'
+                         % args.timeout)
+    if args.port is not None and not 0 < args.port < 65536:
+        raise ValueError('--port: expected a port number in 1..65535, found %d' % args.port)
+    command = args.job_command[1:] if args.job_command[:1] == ['--'] else args.job_command
+    hosts = _hosts(args)
+    port = args.port if args.port is not None else free_port()
+    nodes = plan_job(command, args.workers, args.servers, hosts, port)
+    if args.mode == 'local':
+        if args.port is not None:
+            check_port_free(port)
+        program = nodes[-1].argv[0]
+        if shutil.which(program) is None:
+            raise ValueError('expected COMMAND to start with a program, found %r, which is '
+                             'not an executable file or on PATH' % program)
+    return nodes, port
+
+
+def run_launch(args):
+    """Runs ``launch`` for parsed ``args``; returns the exit status."""
+    try:
+        nodes, port = _check(args)
+    except ValueError as error:
+        print('error: %s' % error, file=sys.stderr)
+        return EXIT_USAGE
+    cwd = os.getcwd()
+    if args.mode == 'manual':
+        print(manual_script(nodes, cwd))
+        return 0
+    print('launch: scheduler at %s:%d, %s, %s (%s mode)' % (
+        dict(nodes[0].env)['DMLC_PS_ROOT_URI'], port, _plural(args.servers, 'server'),
+        _plural(args.workers, 'worker'), args.mode), flush=True)
+    if args.mode == 'ssh':
+        # Tested only with a stand-in ssh (none on the machine this was written on).
+        # -tt gives the remote command a terminal, so ending ssh hangs it up and ends it.
+        return run_job(nodes, args.timeout, argv_of=lambda node: (
+            'ssh', '-tt', '-o', 'BatchMode=yes', node.host,
+            shell_line(node, cwd, exec_=True)))
+    # Unbuffered Python output, so lines are relayed as they are printed.
+    return run_job(nodes, args.timeout, extra_env={'PYTHONUNBUFFERED': '1'})

@@ -1,0 +1,287 @@
+"""Memory per device of a model-parallel ``mx.mod.Module``: what sits where.
+
+Per device, in bytes:
+
+* ``params``, ``grads``, ``aux``: the executor's ``arg_dict`` (parameters
+  only), ``grad_dict`` and ``aux_dict`` arrays, by their ``.context``;
+* ``optimizer``: the updater's states (``mod._updater.states``: an NDArray, a
+  tuple/list of them, or None per parameter), by their ``.context``;
+* ``inputs``: the executor's data and label arrays;
+* ``module_copy``: the Module's own copy of every parameter
+  (``mod._arg_params`` / ``_aux_params``, made at bind on the default
+  context: host memory, on ``cpu(0)`` here; none for a bare executor);
+* ``other``: the executor's activations and workspace, which no array
+  exposes: the device's total from MXNet's storage profiler minus the six
+  above. The executor allocates it lazily, so it is measured after one full
+  step (forward, backward, update).
+
+The first six are exact. ``other`` needs the storage profiler, and MXNet
+1.9.1's profiler serves one trace per process (``set_config`` after
+``dump()`` raises ``Check failed: auto_remove_ == false``; after
+``dump(finished=False)`` the file is left unclosed and later dumps write
+fragments without the header and device rows), so
+:func:`measure_memory` runs the model in a fresh Python process
+(``python -m mp_symbolic.tools.memory``), leaving the caller's profiler untouched.
+On GPUs the child also reports ``mx.context.gpu_memory_info``.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import mxnet as mx
+import numpy as np
+
+from .text import columns
+from .trace import load_trace, profiler_cpu_limit, storage_bytes
+from ..core.updater import PerDeviceUpdater
+
+__all__ = []
+
+# Array categories, in table order; 'other' and 'total' follow when measured.
+CATEGORIES = ('params', 'grads', 'optimizer', 'aux', 'inputs', 'module_copy')
+
+
+def _nbytes(arr):
+    return int(arr.size) * np.dtype(arr.dtype).itemsize
+
+
+def _add(table, arr, category):
+    if arr is None:
+        return
+    row = table.setdefault(str(arr.context), dict.fromkeys(CATEGORIES, 0))
+    row[category] += _nbytes(arr)
+
+
+def _states(state):
+    """The NDArrays in one optimizer state (NDArray, nested tuple/list, or None)."""
+    if state is None:
+        return []
+    if isinstance(state, (tuple, list)):
+        return [a for s in state for a in _states(s)]
+    return [state]
+
+
+def device_memory(model, storage=None, input_names=None, updater=None):
+    """Bytes per device and category of a bound ``mx.mod.Module`` or executor.
+
+    Args:
+        model: A Module after ``bind`` and ``init_params`` (and ``init_optimizer``
+            plus one ``update`` for the optimizer states, which are made
+            lazily), or an ``mx.executor.Executor``.
+        storage: ``{device: bytes}`` the device holds in all
+            (:func:`mp_symbolic.tools.trace.storage_bytes`, devices as ``'cpu/0'``
+            or ``'cpu(0)'``); adds ``other`` and ``total`` to each row.
+        input_names: Arguments that are inputs, not parameters. Default: the
+            Module's data and label names; for an executor, the arguments
+            without a gradient.
+        updater: The optimizer updater; default: the Module's ``_updater``.
+
+    Returns:
+        ``{device: {category: bytes}}``, devices as ``str(ctx)`` (``'cpu(0)'``),
+        sorted by device.
+
+    Raises:
+        ValueError: ``model`` is neither a bound Module nor an executor, or
+            ``storage`` holds less on a device than its arrays take.
+    """
+    if isinstance(model, mx.executor.Executor):
+        execs, copies = [model], ()
+        if input_names is None:
+            input_names = [n for n, g in model.grad_dict.items() if g is None]
+            input_names += [n for n in model.arg_dict if n not in model.grad_dict]
+    elif getattr(model, 'binded', False):
+        execs = model._exec_group.execs
+        copies = (model._arg_params, model._aux_params)
+        if input_names is None:
+            input_names = list(model.data_names) + list(model.label_names)
+        if updater is None:
+            updater = getattr(model, '_updater', None)
+    else:
+        raise ValueError('expected a bound mx.mod.Module or an mx.executor.Executor, found %s'
+                         % type(model).__name__)
+    table = {}
+    inputs = set(input_names)
+    for ex in execs:
+        for name, arr in ex.arg_dict.items():
+            _add(table, arr, 'inputs' if name in inputs else 'params')
+        for arr in ex.grad_dict.values():
+            _add(table, arr, 'grads')
+        for arr in ex.aux_dict.values():
+            _add(table, arr, 'aux')
+    for state in (getattr(updater, 'states', None) or {}).values():
+        for arr in _states(state):
+            _add(table, arr, 'optimizer')
+    for params in copies:
+        for arr in (params or {}).values():
+            _add(table, arr, 'module_copy')
+    if storage is not None:
+        storage = {_ctx_name(d): b for d, b in storage.items()}
+        for device in set(storage) - set(table):
+            table[device] = dict.fromkeys(CATEGORIES, 0)
+        for device, row in table.items():
+            known = sum(row.values())
+            total = storage.get(device, 0)
+            if total < known:
+                raise ValueError('%s: expected the storage total to cover its arrays (%d bytes), '
+                                 'found %d bytes' % (device, known, total))
+            row['other'], row['total'] = total - known, total
+    return dict(sorted(table.items(), key=lambda kv: _device_key(kv[0])))
+
+
+def _ctx_name(device):
+    """``'cpu/0'`` (profiler) or ``'cpu(0)'`` -> ``'cpu(0)'``."""
+    if '/' in device:
+        kind, index = device.split('/', 1)
+        return '%s(%s)' % (kind, index)
+    return device
+
+
+def _context(name):
+    """``'cpu(1)'`` -> ``mx.cpu(1)``."""
+    kind, _, index = name.partition('(')
+    return mx.Context(kind, int(index.rstrip(')')))
+
+
+def _device_key(name):
+    """``'cpu(10)'`` -> ``('cpu', 10)``, so cpu(2) sorts before cpu(10)."""
+    kind, _, index = name.partition('(')
+    index = index.rstrip(')')
+    return kind, int(index) if index.isdigit() else -1
+
+
+def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='cpu(0)',
+                   optimizer='sgd', optimizer_params=None, env=None, timeout=300):
+    """Binds ``symbol`` in a fresh process, runs one step, returns :func:`device_memory`.
+
+    Args:
+        symbol: The training symbol (``mx.sym.Symbol`` or its JSON).
+        data_shapes, label_shapes: ``[(name, shape)]`` as ``Module.bind`` takes them.
+        group2ctx: ``{ctx_group: 'cpu(1)' or mx.Context}``; None binds every op
+            on ``context`` (the one-device plan).
+        context: The Module's context (inputs and the Module's parameter copy).
+        optimizer, optimizer_params: As ``Module.init_optimizer`` takes them
+            (``momentum`` makes SGD keep one state per parameter).
+        env: Extra environment variables of the child, e.g.
+            ``{'MXNET_BACKWARD_DO_MIRROR': '1'}`` (read when it binds).
+
+    Returns:
+        ``{'devices': {device: {category: bytes}}, 'gpu_memory_info':
+        {device: [free, total]}}`` (the last only on GPUs).
+
+    Raises:
+        ValueError: a ``cpu(i)`` past the rows of MXNet's profiler (cores + 2),
+            where it would abort the child.
+        RuntimeError: the child process failed; the message ends with its last
+            line of stderr.
+    """
+    limit = profiler_cpu_limit()
+    over = sorted({str(c) for c in [context] + list((group2ctx or {}).values())
+                   if _context(str(c)).device_type == 'cpu'
+                   and _context(str(c)).device_id >= limit})
+    if over:
+        raise ValueError('expected cpu(i) devices with i below %d on this %d-core machine '
+                         "(MXNet's profiler aborts past them), found %s"
+                         % (limit, limit - 2, ', '.join(over)))
+    spec = {'symbol': symbol if isinstance(symbol, str) else symbol.tojson(),
+            'data_shapes': [[n, list(s)] for n, s in data_shapes],
+            'label_shapes': [[n, list(s)] for n, s in label_shapes],
+            'group2ctx': {g: str(c) for g, c in (group2ctx or {}).items()} or None,
+            'context': str(context), 'optimizer': optimizer,
+            'optimizer_params': optimizer_params or {}}
+    # The child imports this very package, wherever the caller imported it from.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child_env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
+    child_env.update(env or {})
+    child_env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, child_env.get('PYTHONPATH')]))
+    proc = subprocess.run([sys.executable, '-m', 'mp_symbolic.tools.memory'], input=json.dumps(spec),
+                          capture_output=True, text=True, env=child_env, timeout=timeout)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or ['(no stderr)']
+        raise RuntimeError('memory measurement: expected exit status 0, found %d: %s'
+                           % (proc.returncode, lines[-1]))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compare_memory(symbol, data_shapes, label_shapes, group2ctx, context='cpu(0)', **kwargs):
+    """:func:`measure_memory` on the split plan and on ``context`` alone.
+
+    Returns:
+        ``{'split': ..., 'one_device': ...}``, each as :func:`measure_memory` returns.
+    """
+    return {'split': measure_memory(symbol, data_shapes, label_shapes, group2ctx, context,
+                                    **kwargs),
+            'one_device': measure_memory(symbol, data_shapes, label_shapes, None, context,
+                                         **kwargs)}
+
+
+def format_bytes(n):
+    """``1536`` -> ``'1.5 KiB'``; bytes below 1 KiB as ``'512 B'``."""
+    for unit, size in (('GiB', 1 << 30), ('MiB', 1 << 20), ('KiB', 1 << 10)):
+        if abs(n) >= size:
+            return '%.1f %s' % (n / size, unit)
+    return '%d B' % n
+
+
+def format_memory(devices, title=None):
+    """Lines of a table: one row per device, one column per category, a total row."""
+    cats = list(CATEGORIES) + [c for c in ('other', 'total')
+                               if all(c in row for row in devices.values())]
+    rows = [['device'] + cats]
+    for device, row in devices.items():
+        rows.append([device] + [format_bytes(row[c]) for c in cats])
+    rows.append(['all'] + [format_bytes(sum(r[c] for r in devices.values())) for c in cats])
+    return ([title] if title else []) + columns(rows)
+
+
+def _run_child(spec):
+    """In a fresh process: profile storage, bind, one step, report (``__main__``)."""
+    trace_path = os.path.join(tempfile.mkdtemp(prefix='mp-memory-'), 'memory.json')
+    # Before the first allocation, so the counters see every array.
+    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
+                           profile_memory=True, aggregate_stats=False, filename=trace_path)
+    mx.profiler.set_state('run')
+    symbol = mx.sym.load_json(spec['symbol'])
+    data_shapes = [(n, tuple(s)) for n, s in spec['data_shapes']]
+    label_shapes = [(n, tuple(s)) for n, s in spec['label_shapes']]
+    group2ctx = spec['group2ctx']
+    mod = mx.mod.Module(symbol, data_names=[n for n, _ in data_shapes],
+                        label_names=[n for n, _ in label_shapes],
+                        context=_context(spec['context']),
+                        group2ctxs={g: _context(c) for g, c in group2ctx.items()} if group2ctx
+                        else None)
+    mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
+    # Any callable initialiser will do: values do not change sizes.
+    mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
+    mod.init_optimizer(kvstore=None, optimizer=spec['optimizer'],
+                       optimizer_params=spec['optimizer_params'])
+    mod._updater = PerDeviceUpdater(mod._updater)  # one fused update per device
+    batch = mx.io.DataBatch([mx.nd.ones(s) for _, s in data_shapes],
+                            [mx.nd.zeros(s) for _, s in label_shapes])
+    mod.forward_backward(batch)
+    mod.update()
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    storage = storage_bytes(load_trace(trace_path))
+    os.remove(trace_path)
+    os.rmdir(os.path.dirname(trace_path))
+    result = {'devices': device_memory(mod, _batch_free(storage, batch))}
+    gpu_ids = sorted({int(d[4:-1]) for d in result['devices'] if d.startswith('gpu(')})
+    if gpu_ids:
+        result['gpu_memory_info'] = {'gpu(%d)' % i: list(mx.context.gpu_memory_info(i))
+                                     for i in gpu_ids}
+    return result
+
+
+def _batch_free(storage, batch):
+    """``storage`` less the child's batch arrays, which are not the model's."""
+    out = {_ctx_name(d): b for d, b in storage.items()}
+    for arr in batch.data + batch.label:
+        out[str(arr.context)] = out.get(str(arr.context), 0) - _nbytes(arr)
+    return out
+
+
+if __name__ == '__main__':
+    print(json.dumps(_run_child(json.loads(sys.stdin.read()))))

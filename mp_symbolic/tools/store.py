@@ -1,0 +1,491 @@
+"""A folder of outputs that is always one whole snapshot, written by one process at a time.
+
+A training checkpoint or an export is several files that only make sense
+together. Renamed into place one by one, they become a mix of old and new
+files when the process is killed between two renames; two runs writing to the
+same folder delete each other's files; a full disk in the middle of a save
+must not cost the old files. This module keeps such a folder as::
+
+    OUT/
+      .lock                advisory lock (fcntl.flock); holds the writer's pid, for messages
+      current -> snap-T    relative symlink: the commit record, switched atomically
+      snap-T/              the committed snapshot: the caller's files + MANIFEST.json
+      .staging-T/          a save in progress (renamed to snap-T, or removed)
+
+A save writes a new snapshot beside the current one, fsyncs it, records every
+file's size and sha256 in ``MANIFEST.json`` (written last), renames it into
+place and then replaces ``current`` with one ``rename(2)``, as Git updates a
+ref (write a lock file, rename it onto the ref). Whenever the
+writer dies, ``current`` names either the old or the new snapshot, and both
+are complete; what the dead writer left beside it is removed by the next
+writer. Readers verify every file against the manifest and use only the files
+it names.
+
+Only the standard library is used, so the export side and tools can read
+training outputs without MXNet.
+"""
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+
+__all__ = []
+
+MANIFEST = 'MANIFEST.json'
+FORMAT = 'mp_symbolic.store/1'  # the manifest's 'format'; bump when its fields change
+LOCK = '.lock'
+CURRENT = 'current'
+SNAP_PREFIX = 'snap-'
+STAGING_PREFIX = '.staging-'
+LINK_PREFIX = '.current-'
+_CHUNK = 1 << 20
+
+
+class StoreError(ValueError):
+    """A store folder that is not as expected; the message is one line saying
+    what was expected and what was found."""
+
+
+class FolderInUse(StoreError):
+    """Another live process holds the folder's writer lock."""
+
+
+def _fsync_path(path):
+    """fsyncs a file or a folder (a folder's fsync makes its entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_new_file(path, data):
+    """Creates ``path`` (which must not exist), writes ``data`` and fsyncs it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path, data):
+    """Replaces the file ``path`` with ``data``, durably and all at once.
+
+    The bytes go to a temporary file in the same folder, which is fsynced,
+    renamed onto ``path``, and the folder fsynced, so after a crash ``path``
+    holds the old bytes or the new ones.
+
+    Args:
+        path: The file to write; its folder must exist.
+        data: The bytes (``bytes``, ``bytearray`` or ``memoryview``).
+
+    Raises:
+        OSError: The write failed (e.g. ENOSPC); ``path`` is unchanged and the
+            temporary file removed.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, '.%s.%s.tmp' % (os.path.basename(path), uuid.uuid4().hex[:12]))
+    try:
+        _write_new_file(tmp, data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_path(folder)
+
+
+def _remove(path):
+    """Removes a file, symlink or folder tree; a missing path is fine."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _kind(path):
+    """What is at ``path``, for messages: 'a file', 'a folder', 'a symlink', ..."""
+    if os.path.islink(path):
+        return 'a symlink'
+    if os.path.isdir(path):
+        return 'a folder'
+    if os.path.isfile(path):
+        return 'a file'
+    return 'a special file' if os.path.lexists(path) else 'nothing'
+
+
+def _is_plain_name(name):
+    return (isinstance(name, str) and name not in ('', '.', '..')
+            and '/' not in name and '\0' not in name)
+
+
+def _hash_and_fsync(path):
+    """Returns (sha256 hex, size) of the file at ``path`` after fsyncing it."""
+    digest = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while True:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                break
+            digest.update(chunk)
+            size += len(chunk)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return digest.hexdigest(), size
+
+
+def _hash_file(path):
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Snapshot:
+    """A committed snapshot whose files were checked against its manifest.
+
+    Attributes:
+        folder: Absolute real path of the ``snap-<token>`` folder.
+        manifest: The parsed ``MANIFEST.json``.
+        meta: ``manifest['meta']``, the dict given to :meth:`Store.commit`.
+        files: File name -> ``{'sha256': hex, 'bytes': size}``, from the manifest.
+    """
+
+    def __init__(self, folder, manifest):
+        self.folder = folder
+        self.manifest = manifest
+        self.meta = manifest['meta']
+        self.files = manifest['files']
+
+    def path(self, name):
+        """Absolute path of a file the manifest names.
+
+        Raises:
+            StoreError: The manifest does not name ``name``.
+        """
+        if name not in self.files:
+            raise StoreError('%s: expected a file named %r in the manifest, found only %s'
+                             % (self.folder, name, sorted(self.files)))
+        return os.path.join(self.folder, name)
+
+    def __repr__(self):
+        return 'Snapshot(%r, files=%s)' % (self.folder, sorted(self.files))
+
+
+class Store:
+    """One folder holding one committed snapshot; one writer at a time.
+
+    Writers do ``with store.locked(): store.commit(write, meta)``; readers
+    call :meth:`current` and need no lock.
+
+    Args:
+        folder: The output folder; created by :meth:`locked` if missing.
+    """
+
+    def __init__(self, folder):
+        self.folder = os.path.abspath(folder)
+        self._lock_fd = None
+
+    def _at(self, name):
+        return os.path.join(self.folder, name)
+
+    # -- writer side ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self):
+        """Holds the folder's writer lock for the ``with`` block.
+
+        Creates the folder if needed and takes the lock without waiting. Once
+        held, removes what an interrupted save left: ``.staging-*`` folders,
+        ``.current-*`` temporary links and ``snap-*`` folders that ``current``
+        does not name. A lock left by a killed process never blocks: the
+        kernel drops a ``flock`` with the last descriptor of its holder (a
+        child forked inside the block holds it too, until it exits).
+
+        Raises:
+            FolderInUse: Another process holds the lock.
+            StoreError: ``folder`` exists and is not a folder, or this Store
+                already holds the lock.
+        """
+        if self._lock_fd is not None:
+            raise StoreError('%s: expected one locked() at a time per Store, found it already held'
+                             % self.folder)
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+        except FileExistsError:
+            raise StoreError('%s: expected a folder, found a file' % self.folder) from None
+        fd = os.open(self._at(LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode('ascii', 'replace').strip() or 'unknown'
+            os.close(fd)
+            raise FolderInUse('%s is in use by another process (pid %s); expected one writer '
+                              'per folder' % (self.folder, pid)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, b'%d\n' % os.getpid(), 0)
+            self._lock_fd = fd
+            self._clean_leftovers()
+            yield self
+        finally:
+            self._lock_fd = None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # releases the flock
+
+    def _clean_leftovers(self):
+        try:
+            target = os.readlink(self._at(CURRENT))
+        except FileNotFoundError:
+            target = None  # nothing committed: every snap-* is a save that never switched
+        except OSError:
+            target = ''  # `current` is not a symlink: keep every snap-*, current() will say why
+        for name in os.listdir(self.folder):
+            if name.startswith(STAGING_PREFIX) or name.startswith(LINK_PREFIX):
+                _remove(self._at(name))
+            elif name.startswith(SNAP_PREFIX) and name != target:
+                if target is None or _is_plain_name(target) and os.path.isdir(self._at(target)):
+                    _remove(self._at(name))
+                # else: `current` is damaged; removing snapshots could lose the only good one
+
+    def commit(self, write, meta=None):
+        """Writes a new snapshot and makes it current, or leaves the old one.
+
+        Steps: ``write(staging)`` writes the files; each is fsynced and
+        hashed; ``MANIFEST.json`` (format, every file's sha256 and size,
+        ``meta``, UTC time) is written last and fsynced with the staging
+        folder; the folder is renamed to ``snap-<token>``; ``current`` is
+        switched to it with one ``os.replace``; then the previous snapshot is
+        deleted. The folder is fsynced after the rename and after the switch.
+
+        Args:
+            write: Called with the staging folder's path; writes the
+                snapshot's files there, as plain files (no subfolders,
+                symlinks or a file named ``MANIFEST.json``).
+            meta: A JSON-able dict stored in the manifest (e.g. epoch, config).
+
+        Returns:
+            The new current :class:`Snapshot`.
+
+        Raises:
+            StoreError: Not inside :meth:`locked`, ``meta`` not a JSON-able
+                dict, or ``write`` left something other than plain files.
+            OSError: A file-system call failed (ENOSPC included).
+            Exception: Whatever ``write`` raised. On any exception the
+                staging folder is removed and the previous snapshot stays
+                current and intact; the exception is re-raised. (Should the
+                failure come after the switch, e.g. the last fsync, and even
+                switching back fail, the new snapshot stays current, whole.)
+        """
+        if self._lock_fd is None:
+            raise StoreError('%s: expected commit() inside Store.locked(), found the lock not held'
+                             % self.folder)
+        meta = {} if meta is None else meta
+        if not isinstance(meta, dict):
+            raise StoreError('meta: expected a dict, found %s' % type(meta).__name__)
+        try:
+            json.dumps(meta)
+        except (TypeError, ValueError) as e:
+            raise StoreError('meta: expected a JSON-able dict, found %s' % e) from None
+        previous = self._read_link()
+        token = uuid.uuid4().hex[:16]
+        staging = self._at(STAGING_PREFIX + token)
+        snap_name = SNAP_PREFIX + token
+        snap = self._at(snap_name)
+        link_tmp = self._at(LINK_PREFIX + token)
+        try:
+            os.mkdir(staging)
+            write(staging)
+            manifest = self._seal(staging, meta)
+            os.rename(staging, snap)
+            _fsync_path(self.folder)
+            os.symlink(snap_name, link_tmp)
+            os.replace(link_tmp, self._at(CURRENT))
+            _fsync_path(self.folder)
+        except BaseException:
+            _remove(staging)
+            _remove(link_tmp)
+            if self._points_to(snap_name) and not self._switch_back(previous, snap_name):
+                raise  # could not restore the old link: the new snapshot stays, whole
+            _remove(snap)
+            raise
+        if previous is not None and previous != snap_name and _is_plain_name(previous) \
+                and previous.startswith(SNAP_PREFIX):
+            # Committed already: a failure here leaves an orphan the next locked() removes.
+            shutil.rmtree(self._at(previous), ignore_errors=True)
+        return Snapshot(os.path.realpath(snap), manifest)
+
+    def _switch_back(self, previous, snap_name):
+        """Points ``current`` at ``previous`` again (or removes it if there
+        was none) after a failure that followed the switch to ``snap_name``,
+        such as an fsync error. Returns whether ``current`` left ``snap_name``."""
+        link_tmp = self._at(LINK_PREFIX + snap_name[len(SNAP_PREFIX):] + '-back')
+        try:
+            if previous is None:
+                os.unlink(self._at(CURRENT))
+            else:
+                os.symlink(previous, link_tmp)
+                os.replace(link_tmp, self._at(CURRENT))
+            _fsync_path(self.folder)
+        except OSError:
+            _remove(link_tmp)
+        return not self._points_to(snap_name)
+
+    def _seal(self, staging, meta):
+        """fsyncs and hashes the written files, then writes the manifest."""
+        files = {}
+        for name in sorted(os.listdir(staging)):
+            path = os.path.join(staging, name)
+            if name == MANIFEST:
+                raise StoreError('%s: expected write() to leave %s to the store, found it written'
+                                 % (path, MANIFEST))
+            if os.path.islink(path) or not os.path.isfile(path):
+                raise StoreError('%s: expected write() to leave plain files only, found %s'
+                                 % (path, _kind(path)))
+            sha256, size = _hash_and_fsync(path)
+            files[name] = {'sha256': sha256, 'bytes': size}
+        manifest = {'format': FORMAT, 'files': files, 'meta': meta,
+                    'created_utc': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}
+        _write_new_file(os.path.join(staging, MANIFEST),
+                        (json.dumps(manifest, indent=2, sort_keys=True) + '\n').encode())
+        _fsync_path(staging)
+        return manifest
+
+    # -- reader side ---------------------------------------------------------
+
+    def _read_link(self):
+        try:
+            return os.readlink(self._at(CURRENT))
+        except FileNotFoundError:
+            return None
+        except OSError:
+            raise StoreError('%s: expected a symlink to snap-<token>, found %s'
+                             % (self._at(CURRENT), _kind(self._at(CURRENT)))) from None
+
+    def _points_to(self, name):
+        try:
+            return os.readlink(self._at(CURRENT)) == name
+        except OSError:
+            return False
+
+    def has_snapshot(self):
+        """Whether a snapshot was ever committed here (``current`` exists);
+        :meth:`current` verifies it."""
+        return os.path.lexists(self._at(CURRENT))
+
+    def current(self):
+        """The committed snapshot, verified, or None when nothing was committed.
+
+        Checks that ``current`` is a relative link to a ``snap-*`` folder of
+        this folder that exists; that its ``MANIFEST.json`` parses and has
+        this format; and that every file it names is a plain name, exists,
+        and has the recorded size and sha256. Files the manifest does not
+        name are ignored. If a writer switches ``current`` while this reads,
+        the new snapshot is read instead.
+
+        Returns:
+            A :class:`Snapshot`, or None if there is no ``current`` link.
+
+        Raises:
+            StoreError: Any check failed; the message names the link, folder
+                or file and the expected vs found value.
+        """
+        for attempt in range(3):
+            target = self._read_link()
+            if target is None:
+                return None
+            try:
+                return self._verify(target)
+            except StoreError:
+                if attempt == 2 or self._read_link() == target:
+                    raise
+
+    def _verify(self, target):
+        link = self._at(CURRENT)
+        if not (_is_plain_name(target) and target.startswith(SNAP_PREFIX)):
+            raise StoreError('%s: expected a link to a folder snap-<token> beside it, found %r'
+                             % (link, target))
+        folder = self._at(target)
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            raise StoreError('%s: expected the snapshot folder %s, found %s'
+                             % (link, folder, _kind(folder)))
+        manifest = self._read_manifest(os.path.join(folder, MANIFEST))
+        for name, entry in sorted(manifest['files'].items()):
+            path = os.path.join(folder, name)
+            if not _is_plain_name(name) or name == MANIFEST:
+                raise StoreError('%s: expected plain file names in "files", found %r'
+                                 % (os.path.join(folder, MANIFEST), name))
+            if not (isinstance(entry, dict) and isinstance(entry.get('sha256'), str)
+                    and type(entry.get('bytes')) is int):
+                raise StoreError('%s: expected {"sha256": hex, "bytes": int} for %r, found %r'
+                                 % (os.path.join(folder, MANIFEST), name, entry))
+            try:  # a writer may delete this snapshot meanwhile: current() then retries
+                if os.path.islink(path) or not os.path.isfile(path):
+                    raise FileNotFoundError
+                size = os.path.getsize(path)
+                if size != entry['bytes']:
+                    raise StoreError('%s: expected %d bytes, found %d bytes'
+                                     % (path, entry['bytes'], size))
+                sha256 = _hash_file(path)
+            except FileNotFoundError:
+                raise StoreError('%s: expected a file of %d bytes, found %s'
+                                 % (path, entry['bytes'], _kind(path))) from None
+            if sha256 != entry['sha256']:
+                raise StoreError('%s: expected sha256 %s, found %s'
+                                 % (path, entry['sha256'], sha256))
+        return Snapshot(os.path.realpath(folder), manifest)
+
+    @staticmethod
+    def _read_manifest(path):
+        try:
+            with open(path, 'rb') as f:
+                manifest = json.loads(f.read().decode('utf-8'))
+        except FileNotFoundError:
+            raise StoreError('%s: expected the snapshot manifest, found nothing' % path) from None
+        except (UnicodeDecodeError, ValueError) as e:
+            raise StoreError('%s: expected JSON, found %s' % (path, e)) from None
+        if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+            raise StoreError('%s: expected "format": %r, found %r' % (
+                path, FORMAT, manifest.get('format') if isinstance(manifest, dict)
+                else type(manifest).__name__))
+        for key in ('files', 'meta'):
+            if not isinstance(manifest.get(key), dict):
+                raise StoreError('%s: expected "%s" to be an object, found %r'
+                                 % (path, key, manifest.get(key)))
+        return manifest
+
+
+def check_committed_file(path):
+    """Checks a file read through a store's ``current`` link against its commit.
+
+    A path that resolves into the current ``snap-*`` folder of a store has
+    every file of that snapshot verified (:meth:`Store.current`) and must be
+    one the manifest names; any other path is left alone.
+
+    Raises:
+        StoreError: the snapshot does not match its manifest, or does not
+            name the file.
+    """
+    folder = os.path.dirname(os.path.realpath(path))
+    if not (os.path.basename(folder).startswith(SNAP_PREFIX)
+            and os.path.isfile(os.path.join(folder, MANIFEST))):
+        return
+    snapshot = Store(os.path.dirname(folder)).current()
+    if snapshot is not None and snapshot.folder == folder:
+        snapshot.path(os.path.basename(path))

@@ -1,0 +1,247 @@
+"""Command line: ``python -m mp_symbolic train|compare|launch ...``.
+
+Parses flags into a :class:`~mp_symbolic.training.config.TrainConfig` and calls
+:func:`~mp_symbolic.training.loop.train` or :func:`~mp_symbolic.training.compare.compare`
+(``launch`` lives in :mod:`~mp_symbolic.tools.launch`). User errors (a bad flag
+value, a device plan that cannot be made, an output folder that cannot be
+written or is in use, a checkpoint that cannot be resumed) print one line to
+stderr naming the flag and exit with status 2 before any work; training that
+diverges or does not learn, or a file that cannot be written, exits 1;
+Ctrl-C exits 130 keeping the last committed checkpoint; ``compare`` exits 3
+when the variants disagree.
+"""
+import argparse
+import os
+import sys
+
+from ..tools.cliargs import OneLineArgumentParser
+from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
+from ..tools.launch import add_launch_parser
+from .tasks import TASKS
+
+__all__ = []
+
+_DEFAULTS = TrainConfig()
+
+
+def _int_list(example):
+    def parse(text):
+        try:
+            return tuple(int(w) for w in text.split(','))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                'expected comma-separated integers such as %s, found %r' % (example, text)) from None
+    return parse
+
+
+def _balance(text):
+    return 'time' if text == 'time' else _int_list('2,1')(text)
+
+
+def add_train_flags(parser, defaults=True):
+    """The flags of one training run; shared by every command that trains."""
+    parser.add_argument('--task', choices=TASKS, default=_DEFAULTS.task,
+                        help='regression: the seed question\'s 2-2-2-1 linear network on '
+                             'synthetic data; digits: a CNN on scikit-learn\'s 8x8 digits '
+                             '(default: %(default)s)')
+    parser.add_argument('--devices', default=None, metavar='LIST',
+                        help="one device per stage, e.g. 'cpu:0,cpu:1,cpu:2', 'gpu:0,gpu:1,gpu:2' "
+                             "or a mix; with --replicas R, R x stages devices listed replica by "
+                             "replica (default: three GPUs if MXNet sees them, else "
+                             "cpu:0,cpu:1,cpu:2)")
+    parser.add_argument('--balance', type=_balance, default=None, metavar='N0,N1,...|time',
+                        help='blocks per stage, or time to balance by measured forward + '
+                             'backward time (default: balanced by parameter count)')
+    parser.add_argument('--epochs', type=int, default=None, dest='num_epochs',
+                        help='passes over the data (default: 5 regression, 10 digits)')
+    parser.add_argument('--batch-size', type=int, default=None,
+                        help='examples per step, across replicas and workers '
+                             '(default: 100 regression, 64 digits)')
+    parser.add_argument('--lr', type=float, default=None,
+                        help='learning rate (default: 0.02 regression, 0.1 digits)')
+    parser.add_argument('--optimizer', choices=OPTIMIZERS, default=None,
+                        help='optimizer (default: sgd)')
+    parser.add_argument('--momentum', type=float, default=None,
+                        help='SGD momentum (default: 0 regression, 0.9 digits)')
+    parser.add_argument('--widths', type=_int_list('2,2,2,1'), default=None,
+                        metavar='W0,W1,...',
+                        help='regression: layer widths, input first; 2 inputs, 1 output, any '
+                             'number of layers between (default: 2,2,2,1, three layers)')
+    parser.add_argument('--num-examples', type=int, default=None,
+                        help='regression: synthetic examples (default: 10000)')
+    parser.add_argument('--seed', type=int, default=_DEFAULTS.seed,
+                        help='seed of data, batch order and initial parameters '
+                             '(default: %(default)s)')
+    parser.add_argument('--no-progress', dest='progress', action='store_false',
+                        help='no progress bar')
+
+
+def build_parser(defaults=True):
+    """The parser; with ``defaults=False`` flags not given are left out of
+    the result (to tell what a user set from a default)."""
+    parser = OneLineArgumentParser(
+        prog='python -m mp_symbolic',
+        description='Model-parallel training in MXNet 1.x: the seed question\'s regression '
+                    'and a CNN on 8x8 digits, split over devices by mp_symbolic.Pipeline.')
+    commands = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
+    train = commands.add_parser(
+        'train', help='train one variant and write its checkpoint',
+        description='Train the network model-parallel, print placement and results, '
+                    'and write a checkpoint (symbol JSON + params) under --out.')
+    train.add_argument('--variant', choices=VARIANTS, default=_DEFAULTS.variant,
+                       help='symbolic: ctx_group graph bound with group2ctx; '
+                            'imperative: Gluon + autograd (default: %(default)s)')
+    train.add_argument('--api', choices=APIS, default=_DEFAULTS.api,
+                       help='symbolic variant: train through mx.mod.Module or the '
+                            'Symbol executor API (default: %(default)s)')
+    add_train_flags(train, defaults)
+    train.add_argument('--chunks', type=int, default=1,
+                       help='symbolic variant: micro-batches per batch, pipelined by MXNet\'s '
+                            'engine (GPipe); must divide the batch size (default: 1)')
+    train.add_argument('--mirror', action='store_true',
+                       help='symbolic variant: recompute every stage\'s activations in the '
+                            'backward pass instead of keeping them (MXNet\'s mirroring)')
+    train.add_argument('--replicas', type=int, default=1,
+                       help='data-parallel copies of the pipeline (default: 1)')
+    train.add_argument('--kvstore', choices=KVSTORES, default=None,
+                       help='sums gradients across replicas or processes (default: local with '
+                            'several replicas, else none)')
+    train.add_argument('--no-memory', dest='memory', action='store_false',
+                       help='skip the memory-per-device table (symbolic variant; measured in '
+                            'two child processes before training)')
+    train.add_argument('--checkpoint-every', type=int, default=1, metavar='N',
+                       help='commit a checkpoint (weights and optimizer state) every N epochs '
+                            'and at the end (default: %(default)s)')
+    train.add_argument('--resume', default=None, metavar='DIR',
+                       help='continue the last committed checkpoint in DIR up to --epochs, on '
+                            'these --devices (the run\'s data, widths, optimizer and seed come '
+                            'from the checkpoint); output goes to DIR unless --out is given')
+    train.add_argument('--out', default=None, metavar='DIR',
+                       help='output folder (default: artifacts/<variant> for the regression, '
+                            'artifacts/digits[-imperative] for digits)')
+    train.add_argument('--profile', action='store_true',
+                       help='write an MXNet profiler trace (Chrome trace format) to '
+                            '<out>/profile.json')
+    compare = commands.add_parser(
+        'compare', help='train every variant side by side and compare them',
+        description='Train the symbolic graph model-parallel (Module API), its imperative '
+                    'twin on the same devices, and the symbolic graph on one device, from '
+                    'the same start and batch order; print one table and write results '
+                    'JSON, a loss plot and the device-coloured graph under --out. Exits 3 '
+                    'if the variants do not agree within the stated tolerance.')
+    add_train_flags(compare, defaults)
+    compare.add_argument('--out', default='artifacts/compare', metavar='DIR',
+                         help='output folder (default: %(default)s)')
+    add_launch_parser(commands)
+    if not defaults:
+        for subparser in commands.choices.values():
+            for action in subparser._actions:  # pylint: disable=protected-access
+                action.default = argparse.SUPPRESS
+    return parser
+
+
+def config_from_args(args, argv=None, **overrides):
+    """The :class:`TrainConfig` for parsed ``args`` (fields it has).
+
+    With ``--resume``, the run's identity comes from the checkpoint and only
+    the flags given in ``argv`` override it.
+    """
+    names = TrainConfig.__dataclass_fields__
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values.update(overrides)
+    if values.get('resume') is None:
+        return TrainConfig(**values)
+    # pylint: disable=import-outside-toplevel
+    from ..tools.checkpoint import read_checkpoint
+    from .config import resume_config
+    given = vars(build_parser(defaults=False).parse_args(argv))
+    given = {k: v for k, v in given.items() if k in names}
+    given.update(overrides)
+    saved = read_checkpoint(values['resume']).summary.get('config')
+    return resume_config(saved, given)
+
+
+# Config field -> the flag that sets it, for error messages.
+_FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr',
+            'optimizer': '--optimizer', 'momentum': '--momentum', 'widths': '--widths',
+            'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
+            'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
+            'task': '--task', 'chunks': '--chunks', 'replicas': '--replicas',
+            'kvstore': '--kvstore', 'balance': '--balance',
+            'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror'}
+
+EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
+EXIT_FAILED = 1      # training diverged, or a file could not be written
+EXIT_DISAGREE = 3    # compare: the variants did not agree within the tolerance
+EXIT_INTERRUPTED = 130  # Ctrl-C: the last committed checkpoint is kept
+
+
+def _flag_message(err):
+    """``'num_epochs: expected ...'`` -> ``'--epochs: expected ...'``; a device
+    plan that cannot be made names ``--devices``."""
+    from ..core.devices import DeviceSpecError  # pylint: disable=import-outside-toplevel
+    field, sep, rest = str(err).partition(': ')
+    if sep and field in _FLAG_OF:
+        return '%s: %s' % (_FLAG_OF[field], rest)
+    if isinstance(err, DeviceSpecError):
+        return '--devices: %s' % err
+    return str(err)
+
+
+def _make_folder(path):
+    """Creates the output folder now, so that a path the system refuses (under
+    /proc, a name too long) is an error before any work, naming the flag."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise ValueError('out: expected a folder this user can create, found %s refused: %s'
+                         % (path, err.strerror or err)) from None
+
+
+def _printable_streams():
+    # A path the terminal's encoding cannot show is printed escaped, not a crash
+    # after the work is done.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, 'reconfigure'):
+            stream.reconfigure(errors='backslashreplace')
+
+
+def main(argv=None):
+    _printable_streams()
+    args = build_parser().parse_args(argv)
+    if args.command == 'launch':
+        return args.run(args)
+    if getattr(args, 'chunks', 1) > 1:
+        # Read once, at MXNet's first operator: oneDNN's BatchNorm fails on
+        # micro-batched graphs split across devices (see Pipeline).
+        os.environ.setdefault('MXNET_MKLDNN_ENABLED', '0')
+    # Imported after parsing so that --help and flag errors do not wait for MXNet.
+    # pylint: disable=import-outside-toplevel
+    from ..tools.checkpoint import check_writable_dir
+    from .tasks import get_task
+    from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, train
+    try:
+        cfg = config_from_args(args, argv)
+        built = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
+        cfg.check_profiler_devices(built[0].plan.all_devices)
+        check_writable_dir(cfg.out_dir, 'out')
+        _make_folder(cfg.out_dir)
+    except ValueError as err:
+        print('error: %s' % _flag_message(err), file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.command == 'compare':
+            from .compare import compare
+            return 0 if compare(cfg).agree else EXIT_DISAGREE
+        train(cfg, built=built)
+    except ValueError as err:  # a folder in use, a checkpoint that cannot be resumed
+        print('error: %s' % _flag_message(err), file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, TrainingDiverged, TrainingDidNotLearn) as err:
+        print('error: %s' % err, file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print('error: interrupted; the last committed checkpoint in %s is kept' % cfg.out_dir,
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0

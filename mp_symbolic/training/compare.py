@@ -1,0 +1,222 @@
+"""Side-by-side run of the variants: same start, same batches, one table.
+
+Trains the symbolic graph model-parallel (Module API), its imperative Gluon
+twin on the same device plan, and the symbolic graph on the plan's first
+device alone, from the same initial parameters and in the same batch order.
+Then reports whether they learned the same thing (within the tolerance of the
+project's equivalence test), what model parallelism cost in samples/s, where
+each stage ran, and how many cross-device copies one training step makes.
+
+Writes to ``cfg.out`` (default ``artifacts/compare/``): ``compare.json``,
+``loss_curves.png`` and the device-coloured training graph
+(``graph.dot``, plus ``graph.png`` / ``graph.svg`` when ``dot`` is installed).
+
+References: MXNet 1.9.1 ``tests/python/unittest/test_model_parallel.py``
+(split graph vs one-device graph), ``src/executor/graph_executor.cc``
+(``AssignContext`` inserts ``_CrossDeviceCopy`` nodes at group boundaries).
+"""
+from dataclasses import dataclass, replace
+import json
+import os
+
+import mxnet as mx
+from mxnet import autograd
+import numpy as np
+
+from ..tools.checkpoint import atomic_path, write_json
+from .graphviz_plot import write_graph
+from .metrics import AGREE_ATOL, AGREE_RTOL
+from ..core.devices import format_device
+from .tasks import get_task
+from ..tools.text import columns
+from .loop import build_pipeline, fit, initial_values, make_stepper
+
+__all__ = []
+
+REFERENCE = 'symbolic MP'  # the run every other one is compared with
+
+
+@dataclass
+class CompareResult:
+    """What :func:`compare` measured; ``rows`` holds one dict per variant."""
+    rows: list
+    agree: bool
+    files: dict
+
+
+def count_autograd_copies(stepper, X):
+    """Cross-device copies of one imperative training step.
+
+    Records one forward pass and counts the ``_copyto`` nodes autograd kept
+    (each ``as_in_context`` to another device). Each recorded copy has one
+    backward copy taking its gradient back to the source device, so backward
+    equals forward. Parameters are not changed (no backward, no update).
+
+    Returns:
+        ``(forward, backward)``.
+    """
+    with autograd.record():
+        pred = stepper.pipe(mx.nd.array(X, ctx=stepper.plan.first_device))
+    nodes = json.loads(autograd.get_symbol(pred).tojson())['nodes']
+    forward = sum(n['op'] == '_copyto' for n in nodes)
+    return forward, forward
+
+
+def _max_diff(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+def _close(a, b):
+    return bool(np.allclose(a, b, rtol=AGREE_RTOL, atol=AGREE_ATOL))
+
+
+def _runs(cfg, plan):
+    """``(name, config)`` of each variant; the reference first."""
+    sym = replace(cfg, variant='symbolic', api='module')
+    return [(REFERENCE, sym),
+            ('imperative MP', replace(cfg, variant='imperative')),
+            ('symbolic 1-device', replace(sym, devices=format_device(plan.first_device),
+                                          balance=None))]
+
+
+def _train_run(name, cfg, task, data, log):
+    """Trains one run; returns ``(table row, per-step losses, final params)``."""
+    pipe, _ = build_pipeline(cfg, task)
+    plan = pipe.plan
+    X, y = data[0], data[1]
+    stepper = make_stepper(cfg, pipe, task, initial_values(pipe, cfg.seed), y.shape[1:])
+    if cfg.variant == 'imperative':
+        copies = count_autograd_copies(stepper, X[:cfg.batch_size])
+        method = 'autograd-recorded _copyto nodes; each has one backward copy'
+    else:
+        copies = stepper.cross_device_copies()
+        method = '_CrossDeviceCopy nodes in the bound graph (debug_str)'
+    result = fit(stepper, X, y, cfg, lambda line: log('  %s: %s' % (name, line)), task.METRIC)
+    metrics, lines, _ = task.evaluate(result.params, stepper.predict, data)
+    row = {
+        'variant': name, 'api': cfg.api if cfg.variant == 'symbolic' else 'gluon',
+        'metrics': metrics, 'result': lines[0],
+        'samples_per_sec': result.samples_per_sec,
+        'wall_time_s': result.wall_time,
+        'stage_devices': [format_device(d) for d in plan.devices],
+        'stage_of_layer': list(plan.stage_of_layer),
+        'final_mse': metrics.get('final_mse'),
+        # every array as MXNet reports it: [name, device, gradient device or None]
+        'placement': [[n, str(d), str(g) if g is not None else None]
+                      for n, d, g in result.placement],
+        'cross_device_copies_per_step': sum(copies),
+        'copies_forward': copies[0], 'copies_backward': copies[1], 'copy_count_method': method,
+    }
+    return row, result.step_losses, result.params
+
+
+def compare(cfg, log=print):
+    """Trains the three runs, prints the table, writes JSON, plot and graph.
+
+    Args:
+        cfg: A :class:`~mp_symbolic.training.config.TrainConfig`; ``variant`` and
+            ``api`` are ignored, ``out=None`` means ``artifacts/compare``.
+        log: Called with each line of output.
+
+    Returns:
+        A :class:`CompareResult`.
+
+    Raises:
+        DeviceSpecError: ``cfg.devices`` cannot make a device plan.
+        OSError: an output file cannot be written.
+    """
+    out_dir = cfg.out if cfg.out is not None else os.path.join('artifacts', 'compare')
+    task = get_task(cfg.task)
+    pipe, note = build_pipeline(cfg, task)
+    if note:
+        log(note)
+    cfg = replace(cfg, devices=','.join(format_device(d) for d in pipe.plan.all_devices))
+    data = task.load(cfg)
+
+    rows, losses, params = [], {}, {}
+    for name, run_cfg in _runs(cfg, pipe.plan):
+        log('training %s ...' % name)
+        row, losses[name], params[name] = _train_run(name, run_cfg, task, data, log)
+        rows.append(row)
+
+    agree = True
+    for row in rows:
+        ref_l, ref_p = losses[REFERENCE], params[REFERENCE]
+        mine_l, mine_p = losses[row['variant']], params[row['variant']]
+        row['max_step_loss_diff'] = _max_diff(mine_l, ref_l)
+        row['max_param_diff'] = max(_max_diff(mine_p[k], ref_p[k]) for k in ref_p)
+        row['agree'] = _close(mine_l, ref_l) and all(_close(mine_p[k], ref_p[k]) for k in ref_p)
+        agree = agree and row['agree']
+
+    for line in format_table(rows):
+        log(line)
+    log('max|dloss|, max|dparam|: largest difference from %s over every step\'s batch MSE '
+        'and every final parameter' % REFERENCE)
+    log('agree: %s (losses of every step and final parameters vs %s, '
+        'rtol=%g, atol=%g)' % ('yes' if agree else 'no', REFERENCE, AGREE_RTOL, AGREE_ATOL))
+
+    files = {'loss_plot': plot_losses(losses, os.path.join(out_dir, 'loss_curves.png'))}
+    graph_files, graph_note = write_graph(
+        pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME), pipe.plan,
+        os.path.join(out_dir, 'graph'))
+    files.update(graph_files)
+    if graph_note:
+        log(graph_note)
+    files['results'] = os.path.join(out_dir, 'compare.json')
+    write_json(files['results'], {
+        'config': dict(cfg.to_dict(), out=out_dir), 'reference': REFERENCE,
+        'tolerance': {'rtol': AGREE_RTOL, 'atol': AGREE_ATOL,
+                      'applies_to': 'per-step batch MSE and final parameters'},
+        'agree': agree, 'variants': rows, 'step_losses': losses,
+        'files': {k: os.path.basename(v) for k, v in files.items()},
+        'mxnet_version': mx.__version__,
+    })
+    log('wrote %s' % ', '.join(sorted(files.values())))
+    return CompareResult(rows=rows, agree=agree, files=files)
+
+
+def format_table(rows):
+    """Lines of the comparison table, one row per variant."""
+    head = ('variant', 'result', 'max|dloss|', 'max|dparam|', 'samples/s',
+            'stage devices', 'copies/step', 'agree')
+    body = [(r['variant'], _short(r), '%.1e' % r['max_step_loss_diff'],
+             '%.1e' % r['max_param_diff'], '%.0f' % r['samples_per_sec'],
+             ','.join(r['stage_devices']),
+             '%d (%d fwd + %d bwd)' % (r['cross_device_copies_per_step'],
+                                      r['copies_forward'], r['copies_backward']),
+             'yes' if r['agree'] else 'no') for r in rows]
+    return columns([head] + body)
+
+
+def _short(row):
+    metrics = row['metrics']
+    if 'final_mse' in metrics:
+        return 'MSE %.3e' % metrics['final_mse']
+    if 'held_out_accuracy' in metrics:
+        return 'acc %.2f%%' % (100 * metrics['held_out_accuracy'])
+    return row['result']
+
+
+def plot_losses(losses, path):
+    """Per-step batch MSE of each variant, log-scale y, written atomically as PNG.
+
+    Returns:
+        ``path``.
+    """
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')  # no display needed
+    from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+    fig, ax = plt.subplots(figsize=(7, 4))
+    # Curves coincide when the variants agree; distinct styles keep each visible.
+    for (name, values), style in zip(losses.items(), ('-', '--', ':')):
+        ax.plot(np.arange(1, len(values) + 1), values, style, linewidth=1.5, label=name)
+    ax.set_yscale('log')
+    ax.set_xlabel('step')
+    ax.set_ylabel('batch loss')
+    ax.set_title('Training loss per step, same start and batch order')
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format='png', dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,90 @@
+"""The imperative twin: the same Pipeline run by Gluon and autograd.
+
+Each parameter lives on its stage's device; the Pipeline's forward pass moves
+activations from device to device (autograd records those copies, so the
+gradient flows back across them), and one :class:`~mp_symbolic.Trainer`
+updates every parameter on its own device (``gluon.Trainer`` refuses
+parameters on different devices).
+"""
+from collections import OrderedDict
+
+import mxnet as mx
+from mxnet import autograd
+import numpy as np
+
+from .data import staged_batches
+from ..core.heads import gluon_loss, predict_form
+from .symbolic import create_optimizer
+from ..core.trainer import Trainer
+
+__all__ = []
+
+
+class ImperativeStepper:
+    """Trains ``pipe`` imperatively; same interface as the symbolic steppers.
+
+    Args:
+        pipe: The :class:`~mp_symbolic.Pipeline` (its Gluon parameters are
+            placed and set to ``init``).
+        task, cfg: The task module and the config.
+        init: ``(arg_params, aux_params)`` as numpy dicts.
+    """
+
+    def __init__(self, pipe, task, cfg, init, label_shape=None):
+        del label_shape
+        self.pipe, self.plan, self.task, self.cfg = pipe, pipe.plan, task, cfg
+        pipe.set_params(*init)
+        self._arg_names = list(init[0])
+        self._aux_names = list(init[1])
+        self.trainer = Trainer(pipe.collect_params(), create_optimizer(cfg, rescale_grad=1.0))
+        self._loss_fn = gluon_loss(task.LOSS)
+
+    def batches(self, X, y, epoch):
+        return staged_batches(X, y, self.cfg.batch_size, epoch, self.cfg.seed,
+                              self.plan.first_device, self.plan.last_device)
+
+    def step(self, X, y):
+        with autograd.record():
+            out = self.pipe(X)  # each stage copies its input to its own device
+            loss = self._loss_fn(out, y)
+        loss.backward()  # outside record(): computing gradients needs no recording
+        self.trainer.step(X.shape[0])
+        return self.task.batch_loss(predict_form(self.task.LOSS, out.detach()), y)
+
+    def _collect(self, names, what):
+        params = self.pipe.collect_params()
+        return OrderedDict((n, getattr(params[n], what)().asnumpy()) for n in names)
+
+    def params(self):
+        return self._collect(self._arg_names, 'data')
+
+    def aux(self):
+        return self._collect(self._aux_names, 'data')
+
+    def grads(self):
+        return self._collect(self._arg_names, 'grad')
+
+    def placement(self):
+        params = self.pipe.collect_params()
+        return [(n, params[n].data().context,
+                 params[n].grad().context if params[n].grad_req != 'null' else None)
+                for n in self._arg_names + self._aux_names]
+
+    def predict(self, X, batch_size=1024):
+        outputs = []
+        for start in range(0, len(X), batch_size):
+            out = self.pipe(mx.nd.array(X[start:start + batch_size], ctx=self.plan.first_device))
+            outputs.append(predict_form(self.task.LOSS, out).asnumpy())
+        return np.concatenate(outputs)
+
+    def arg_aux(self):
+        return self.pipe.get_params()
+
+    def set_params(self, arg_params, aux_params):
+        self.pipe.set_params(arg_params, aux_params)
+
+    def optimizer_states(self):
+        return self.trainer.states()
+
+    def set_optimizer_states(self, states):
+        self.trainer.set_states(states)

@@ -1,0 +1,409 @@
+"""One training run, end to end: task -> Pipeline -> stepper -> epochs -> checkpoint.
+
+:func:`train` reads as its steps; each step is a function here or a module of
+its own (:mod:`~mp_symbolic.training.symbolic`, :mod:`~mp_symbolic.training.imperative`,
+:mod:`~mp_symbolic.training.tasks`). Tests call these functions for one tiny epoch.
+"""
+from collections import OrderedDict
+import contextlib
+from contextlib import contextmanager
+import hashlib
+from dataclasses import dataclass, field
+import os
+import time
+
+import mxnet as mx
+import numpy as np
+from tqdm import tqdm
+
+from .config import RESUME_IDENTITY, resume_config
+from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint, write_text
+from .imperative import ImperativeStepper
+from ..core.module import with_input_shape
+from ..core.optstate import load_states
+from ..core.pipeline import DATA_NAME, Pipeline
+from ..core.devices import format_device, make_plan
+from ..tools.store import Store
+from .symbolic import ExecutorStepper, ModuleStepper
+from .tasks import get_task
+from ..tools.text import columns
+
+__all__ = []
+
+# Losses are read in blocks of this many steps, one block behind the newest
+# step, so a non-finite loss stops training within its epoch without a
+# synchronisation per step.
+CHECK_EVERY = 10
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run stopped there."""
+
+
+class TrainingDidNotLearn(RuntimeError):
+    """Training ended no better than it started."""
+
+
+def build_pipeline(cfg, task):
+    """The task's blocks on ``cfg``'s device plan.
+
+    Returns:
+        ``(pipe, note)``: note says which default devices were chosen, or ``None``.
+    """
+    blocks = task.build_blocks(cfg.widths) if cfg.widths is not None else task.build_blocks()
+    devices = cfg.devices
+    note = None
+    if devices is None:
+        plan, note = make_plan(min(3, len(blocks)), None, replicas=cfg.replicas)
+        devices = plan.all_devices
+    balance = cfg.balance
+    sample = (cfg.batch_size,) + tuple(task.sample_shape(cfg)) if balance == 'time' else None
+    return Pipeline(blocks, devices, balance=balance, sample=sample, chunks=cfg.chunks,
+                    replicas=cfg.replicas, mirror=cfg.mirror), note
+
+
+def initial_values(pipe, seed):
+    """Initial parameters from the blocks' own initialisers, as numpy arrays.
+
+    Drawn once on ``cpu(0)`` after ``mx.random.seed(seed)``, so that every
+    variant and device plan starts from the same values for the same seed.
+
+    Returns:
+        ``(arg_params, aux_params)``: name -> numpy array.
+    """
+    mx.random.seed(seed)
+    params = pipe.collect_params()
+    params.initialize(ctx=mx.cpu(0), force_reinit=True)
+    aux_names = set(pipe.symbol().list_auxiliary_states())
+    arg, aux = OrderedDict(), OrderedDict()
+    for name, param in params.items():
+        (aux if name in aux_names else arg)[name] = param.data().asnumpy()
+    return arg, aux
+
+
+def make_stepper(cfg, pipe, task, init, label_shape, kvstore=None):
+    """The stepper for ``cfg.variant`` / ``cfg.api``."""
+    if cfg.variant == 'imperative':
+        return ImperativeStepper(pipe, task, cfg, init)
+    if cfg.api == 'executor':
+        return ExecutorStepper(pipe, task, cfg, init, label_shape)
+    return ModuleStepper(pipe, task, cfg, init, label_shape, kvstore=kvstore)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`fit` and :func:`train` measured."""
+    step_losses: list           # the task's batch loss of every step, in order
+    epoch_losses: list          # mean batch loss of each epoch
+    params: dict                # name -> numpy array, after training
+    wall_time: float            # seconds, training loop only (no checkpoints), after waitall()
+    samples_per_sec: float
+    aux: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    placement: list = field(default_factory=list)  # [(name, device, grad device)]
+    files: dict = field(default_factory=dict)
+
+    def __getattr__(self, name):  # final_mse, map_error, held_out_accuracy, ...
+        metrics = self.__dict__.get('metrics', {})
+        if name in metrics:
+            return metrics[name]
+        raise AttributeError(name)
+
+
+def _read_block(losses, start, stop, epoch):
+    """Values of ``losses[start:stop]``; raises at the first non-finite one."""
+    values = mx.nd.stack(*losses[start:stop]).asnumpy().ravel()
+    bad = np.flatnonzero(~np.isfinite(values))
+    if len(bad):
+        raise TrainingDiverged('training diverged: batch loss %s at epoch %d, step %d (lower '
+                               '--lr?)' % (values[bad[0]], epoch + 1, start + bad[0] + 1))
+    return values.tolist()
+
+
+def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_epoch=None):
+    """Runs epochs ``start_epoch .. cfg.num_epochs - 1`` of ``stepper`` on ``(X, y)``.
+
+    Args:
+        log: Called with each line of per-epoch output.
+        metric: What the batch loss is, for those lines.
+        on_epoch: Called as ``on_epoch(epoch, epoch_loss)`` after each epoch
+            (``epoch`` counts from 1), e.g. to write a checkpoint.
+
+    Raises:
+        TrainingDiverged: a batch loss became NaN or infinite; raised within
+            the epoch it happened in.
+    """
+    step_losses, epoch_losses = [], []
+    steps = len(X) // cfg.batch_size
+    outside = 0.0  # seconds in on_epoch (checkpoints), not training
+    # disable=None: no bar when stderr is not a terminal
+    bar = tqdm(total=(cfg.num_epochs - start_epoch) * steps, unit='batch', leave=False,
+               disable=None if cfg.progress else True, desc='train')
+    mx.nd.waitall()
+    start = time.perf_counter()
+    try:
+        for epoch in range(start_epoch, cfg.num_epochs):
+            losses, values = [], []
+            for X_batch, y_batch in stepper.batches(X, y, epoch):
+                losses.append(stepper.step(X_batch, y_batch))
+                bar.update()
+                if len(losses) % CHECK_EVERY == 0 and len(losses) > CHECK_EVERY:
+                    values += _read_block(losses, len(values), len(losses) - CHECK_EVERY,
+                                          epoch)
+            values += _read_block(losses, len(values), len(losses), epoch)
+            step_losses += values
+            epoch_losses.append(float(np.mean(values)))
+            bar.set_postfix(loss='%.3g' % epoch_losses[-1])
+            with tqdm.external_write_mode():  # clears the bar while the line is written
+                log('epoch %d/%d  mean %s %.4e' % (epoch + 1, cfg.num_epochs, metric,
+                                                  epoch_losses[-1]))
+            if on_epoch is not None:
+                mx.nd.waitall()
+                paused = time.perf_counter()
+                on_epoch(epoch + 1, epoch_losses[-1])
+                outside += time.perf_counter() - paused
+        mx.nd.waitall()
+    finally:
+        bar.close()
+    wall = time.perf_counter() - start - outside
+    samples = (cfg.num_epochs - start_epoch) * steps * cfg.batch_size
+    return TrainResult(step_losses=step_losses, epoch_losses=epoch_losses,
+                       params=stepper.params(), aux=stepper.aux(), wall_time=wall,
+                       samples_per_sec=samples / wall if wall > 0 else float('nan'),
+                       placement=stepper.placement())
+
+
+def placement_table(placement):
+    """Lines of a table: each array -> its device (and its gradient's)."""
+    return columns([('array', 'device', 'grad device')] +
+                   [(n, d, g if g is not None else '-') for n, d, g in placement])
+
+
+@contextmanager
+def profiling(cfg, out_dir):
+    """MXNet's profiler around the block when ``cfg.profile``; yields the file
+    paths, dumped only if the block succeeds (a failed run writes no trace)."""
+    if not cfg.profile:
+        yield {}
+        return
+    files = {'profile': os.path.join(out_dir, 'profile.json'),
+             'profile_stats': os.path.join(out_dir, 'profile-stats.txt')}
+    os.makedirs(out_dir, exist_ok=True)
+    # Ops, executors and C API calls; memory counters say nothing about placement.
+    mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_api=True,
+                           profile_memory=False, aggregate_stats=True,
+                           filename=files['profile'])
+    mx.profiler.set_state('run')
+    try:
+        yield files
+    except BaseException:
+        mx.nd.waitall()
+        mx.profiler.set_state('stop')
+        # MXNet dumps what it recorded when the process ends: send it nowhere.
+        mx.profiler.set_config(filename=os.devnull)
+        raise
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    write_text(files['profile_stats'], mx.profiler.dumps(reset=True))
+
+
+def _title(cfg, pipe):
+    name = cfg.variant + ('' if cfg.variant == 'imperative' else ' (%s API)' % cfg.api)
+    extra = ''
+    if cfg.chunks > 1:
+        extra += ', %d micro-batches per batch' % cfg.chunks
+    if cfg.mirror:
+        extra += ', activations recomputed in backward (mirror)'
+    if cfg.replicas > 1:
+        extra += ', %d replicas (kvstore %s)' % (cfg.replicas, cfg.kvstore)
+    return '%s: %s model-parallel training, %d blocks in %d stage(s)%s:' % (
+        cfg.task, name, len(pipe.blocks), pipe.plan.num_stages, extra)
+
+
+def params_digest(params):
+    """sha256 of every parameter's float32 bytes, by name: equal digests, equal weights."""
+    digest = hashlib.sha256()
+    for name in sorted(params):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(params[name], dtype=np.float32).tobytes())
+    return digest.hexdigest()
+
+
+def _summary(cfg, task, pipe, result, complete):
+    summary = {
+        'config': cfg.to_dict(), 'task': task.NAME,
+        'devices': [format_device(d) for d in pipe.plan.all_devices],
+        'balance': list(pipe.balance), 'stage_of_layer': list(pipe.plan.stage_of_block),
+        'epoch_losses': result['epoch_losses'], 'mxnet_version': mx.__version__,
+        'complete': complete,
+    }
+    summary.update(result.get('metrics', {}))
+    for key in ('wall_time_s', 'samples_per_sec'):
+        if key in result:
+            summary[key] = result[key]
+    return summary
+
+
+class _Checkpointer:
+    """Commits the stepper's state to the run's store as one unit."""
+
+    def __init__(self, store, cfg, task, pipe, stepper, epoch_losses):
+        self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
+        self.epoch_losses = list(epoch_losses)
+        self.symbol = with_input_shape(
+            pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME, chunks=1),
+            DATA_NAME, task.sample_shape(cfg))
+        self.last = None
+
+    def commit(self, epoch, result=None, complete=False):
+        if self.store is None:  # a data-parallel worker other than worker 0
+            return None
+        arg, aux = self.stepper.arg_aux()
+        summary = _summary(self.cfg, self.task, self.pipe,
+                           dict(result or {}, epoch_losses=self.epoch_losses), complete)
+        self.last = commit_checkpoint(self.store, self.task.NAME, epoch, self.symbol, arg, aux,
+                                      self.stepper.optimizer_states(), summary, complete)
+        return self.last
+
+    def on_epoch(self, epoch, loss):
+        self.epoch_losses.append(loss)
+        if epoch % self.cfg.checkpoint_every == 0 and epoch < self.cfg.num_epochs:
+            self.commit(epoch)
+
+
+def _resume(cfg, stepper):
+    """Loads the checkpoint of ``cfg.resume`` into ``stepper``; returns
+    ``(start epoch, epoch losses so far)``.
+
+    Raises:
+        CheckpointError, OptimizerStateError: the checkpoint cannot be used.
+    """
+    checkpoint = read_checkpoint(cfg.resume)
+    saved = checkpoint.summary.get('config', {})
+    resume_config(saved, {k: getattr(cfg, k) for k in RESUME_IDENTITY})  # same run, or raise
+    if checkpoint.epoch >= cfg.num_epochs:
+        raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in %s to '
+                         'resume, found %d' % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
+    _, arg, aux = checkpoint.load()
+    stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
+                       {k: v.asnumpy() for k, v in aux.items()})
+    stepper.set_optimizer_states(load_states(checkpoint.states_path))
+    return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
+
+
+def plan_memory(cfg, pipe, task, label_shape, log=print):
+    """Bytes per device of the split plan beside the same model on one device,
+    measured after one step (:mod:`~mp_symbolic.tools.memory`); logged as two tables.
+
+    Returns:
+        ``{'split': {device: {category: bytes}}, 'one_device': {...}}``, or
+        ``None`` (said in a line) where it cannot be measured.
+    """
+    if cfg.variant != 'symbolic':
+        return None
+    from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
+    local = cfg.batch_size // cfg.replicas
+    symbol = pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME)
+    try:
+        measured = compare_memory(
+            symbol, [(DATA_NAME, (local,) + tuple(task.sample_shape(cfg)))],
+            [(task.LABEL_NAME, (local,) + tuple(label_shape))], pipe.plan.group2ctx,
+            context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
+            optimizer_params=cfg.optimizer_params())
+    except (ValueError, RuntimeError) as err:
+        log('memory per device: not measured (%s)' % err)
+        return None
+    result = {k: v['devices'] for k, v in measured.items()}
+    log('memory per device, after one step (other: activations and workspace, from MXNet\'s '
+        'storage profiler):')
+    for title, key in (('  this plan', 'split'), ('  the same model on %s alone'
+                                                  % pipe.plan.first_device, 'one_device')):
+        for line in format_memory(result[key], title):
+            log(line if line.startswith('  ') else '    ' + line)
+    return result
+
+
+def train(cfg, log=print, built=None):
+    """Trains ``cfg.task`` with ``cfg.variant``, prints the report, commits a
+    checkpoint every ``cfg.checkpoint_every`` epochs and at the end, and
+    returns the :class:`TrainResult`.
+
+    Args:
+        built: What :func:`build_pipeline` returned for ``cfg``, when the
+            caller already built it (the command line does, to check the plan
+            before any work; ``balance='time'`` then measures once).
+
+    The output folder is locked for the whole run (one writer per folder);
+    each checkpoint is committed as one unit (:mod:`~mp_symbolic.tools.store`).
+
+    Raises:
+        DeviceSpecError: ``cfg.devices`` cannot make a device plan.
+        FolderInUse: another process writes to the output folder.
+        CheckpointError: ``cfg.resume`` holds no usable checkpoint.
+        TrainingDiverged: the loss became NaN or infinite (the last
+            committed checkpoint is kept).
+        TrainingDidNotLearn: the trained network is no better than the
+            initial one (its final checkpoint is not committed).
+    """
+    task = get_task(cfg.task)
+    kvstore = mx.kv.create(cfg.kvstore) if (cfg.kvstore or '').startswith('dist') else None
+    writer = kvstore is None or kvstore.rank == 0  # one worker writes the checkpoints
+    if kvstore is not None:
+        log('worker %d of %d (kvstore %s); %s' % (
+            kvstore.rank, kvstore.num_workers, cfg.kvstore,
+            'this worker writes the checkpoints' if writer else 'worker 0 writes the checkpoints'))
+    store = Store(cfg.out_dir) if writer else None
+    with store.locked() if writer else contextlib.nullcontext():
+        data = task.load(cfg)
+        pipe, note = built if built is not None else build_pipeline(cfg, task)
+        for line in ([note] if note else []) + [_title(cfg, pipe)] + \
+                ['  ' + l for l in pipe.describe()]:
+            log(line)
+        init = initial_values(pipe, cfg.seed)
+        stepper = make_stepper(cfg, pipe, task, init, data[1].shape[1:], kvstore)
+        _, _, score_before = task.evaluate(init[0], stepper.predict, data)
+        start_epoch, epoch_losses = 0, []
+        if cfg.resume is not None:
+            start_epoch, epoch_losses = _resume(cfg, stepper)
+            log('resumed from %s after epoch %d' % (cfg.resume, start_epoch))
+        log('placement (as MXNet reports it):')
+        for line in placement_table(stepper.placement()):
+            log('  ' + line)
+        memory = plan_memory(cfg, pipe, task, data[1].shape[1:], log) if cfg.memory else None
+
+        checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses)
+        with profiling(cfg, cfg.out_dir) as profile_files:
+            result = fit(stepper, data[0], data[1], cfg, log, task.METRIC, start_epoch,
+                         checkpointer.on_epoch)
+        result.epoch_losses = checkpointer.epoch_losses
+        result.metrics, lines, score = task.evaluate(result.params, stepper.predict, data)
+        for line in lines:
+            log(line)
+        log('training: %.2f s wall, %.0f samples/s' % (result.wall_time,
+                                                      result.samples_per_sec))
+        if not score < score_before:
+            raise TrainingDidNotLearn(
+                'training did not improve the model (%s: %.4g before, %.4g after %d epochs); '
+                'final checkpoint not saved (a larger --lr or more --epochs?)'
+                % ('MSE' if task.NAME == 'regression' else 'error rate', score_before, score,
+                   cfg.num_epochs))
+        checkpoint = checkpointer.commit(cfg.num_epochs, dict(
+            metrics=dict(result.metrics, **({'memory_per_device': memory} if memory else {})),
+            wall_time_s=result.wall_time, samples_per_sec=result.samples_per_sec),
+            complete=True)
+    log('parameters sha256: %s' % params_digest(result.params))
+    if checkpoint is None:
+        return result
+    result.files = {'symbol': checkpoint.symbol_path, 'params': checkpoint.params_path,
+                    'states': checkpoint.states_path,
+                    'summary': os.path.join(checkpoint.folder, SUMMARY_NAME)}
+    result.files.update(profile_files)
+    if profile_files:
+        log('profile: %s (open in chrome://tracing or ui.perfetto.dev), %s'
+            % (profile_files['profile'], profile_files['profile_stats']))
+    log('checkpoint: %s (epoch %d; %s)' % (os.path.join(cfg.out_dir, 'current'),
+                                           cfg.num_epochs, ', '.join(
+                                               os.path.basename(result.files[k])
+                                               for k in ('symbol', 'params', 'states'))))
+    return result

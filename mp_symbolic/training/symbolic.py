@@ -1,0 +1,248 @@
+"""The symbolic variant: the Pipeline's tagged graph, bound with ``group2ctx``.
+
+Two ways to drive the same graph, behind one small "stepper" interface
+(``step(X, y)`` runs forward, backward and one update and returns the batch
+loss as an NDArray, left unread so steps are not synchronised):
+
+* :class:`ModuleStepper`: MXNet's ``Module`` (a :class:`~mp_symbolic.core.module.PipelineModule`,
+  ``group2ctxs``, replicas and kvstores included);
+* :class:`ExecutorStepper`: ``Symbol.simple_bind(group2ctx=...)`` and an
+  optimizer updater in a plain loop, the bare executor.
+
+References: MXNet 1.9.1 ``tests/python/unittest/test_model_parallel.py``
+(executor + ``group2ctx``), ``test_module.py::test_module_ctx_group``
+(Module + ``group2ctxs``).
+"""
+from collections import OrderedDict
+
+import mxnet as mx
+import numpy as np
+
+from .data import staged_batches
+from ..core.updater import PerDeviceUpdater
+from ..core.optstate import set_states_by_name, states_by_name
+from ..core.pipeline import DATA_NAME
+from ..core.compat import split_bind
+
+__all__ = []
+
+
+def create_optimizer(cfg, rescale_grad=None):
+    """``cfg``'s optimizer; gradients averaged over the global batch by default."""
+    rescale = 1.0 / cfg.batch_size if rescale_grad is None else rescale_grad
+    return mx.optimizer.create(cfg.optimizer, rescale_grad=rescale, **cfg.optimizer_params())
+
+
+class _SymbolicStepper:
+    """What both symbolic steppers share; ``self._execs`` are the bound executors."""
+
+    def __init__(self, pipe, task, cfg):
+        self.pipe, self.plan, self.task, self.cfg = pipe, pipe.plan, task, cfg
+        self.label_name = task.LABEL_NAME
+        self.shard = (0, 1)
+
+    def batches(self, X, y, epoch):
+        return staged_batches(X, y, self.cfg.batch_size, epoch, self.cfg.seed,
+                              self.plan.first_device, self.plan.last_device, self.shard)
+
+    def _loss(self):
+        # the head's output and the label already sit on each replica's last device
+        losses = [self.task.batch_loss(e.outputs[0], e.arg_dict[self.label_name])
+                  for e in self._execs]
+        if len(losses) == 1:
+            return losses[0]
+        first = losses[0].context
+        return mx.nd.add_n(*[l.as_in_context(first) for l in losses]) / len(losses)
+
+    @property
+    def _exec(self):
+        return self._execs[0]
+
+    @property
+    def param_names(self):
+        return [n for n in self._exec.arg_dict if n not in (DATA_NAME, self.label_name)]
+
+    def params(self):
+        return OrderedDict((n, self._exec.arg_dict[n].asnumpy()) for n in self.param_names)
+
+    def aux(self):
+        return OrderedDict((n, a.asnumpy()) for n, a in self._exec.aux_dict.items())
+
+    def grads(self):
+        return OrderedDict((n, self._exec.grad_dict[n].asnumpy()) for n in self.param_names)
+
+    def placement(self):
+        """``[(name, array device, gradient device or None)]`` as MXNet reports them,
+        auxiliary states (BatchNorm statistics) included."""
+        rows = []
+        for r, exe in enumerate(self._execs):
+            tag = '' if len(self._execs) == 1 else ' [replica %d]' % r
+            rows += [(n + tag, a.context, exe.grad_dict[n].context
+                      if exe.grad_dict.get(n) is not None else None)
+                     for n, a in exe.arg_dict.items()]
+            rows += [(n + tag, a.context, None) for n, a in exe.aux_dict.items()]
+        return rows
+
+    def cross_device_copies(self):
+        """``_CrossDeviceCopy`` nodes MXNet inserted when it bound the graph
+        with ``group2ctx``, as ``(forward, backward)`` copies per step.
+
+        Read from ``debug_str()``: the placed graph, one ``Op:<op>, Name=<node>``
+        line per node.
+        """
+        names = [line.split('Name=', 1)[1] for line in self._exec.debug_str().splitlines()
+                 if line.startswith('Op:_CrossDeviceCopy,')]
+        backward = sum('_backward' in n for n in names)
+        return len(names) - backward, backward
+
+    def _predict_with(self, exe, X):
+        """Inference-mode outputs of ``exe`` over ``X``, in batches of its bound size."""
+        size = exe.arg_dict[DATA_NAME].shape[0]
+        outputs = []
+        for start in range(0, len(X), size):
+            part = X[start:start + size]
+            batch = np.zeros((size,) + part.shape[1:], dtype=np.float32)
+            batch[:len(part)] = part
+            exe.arg_dict[DATA_NAME][:] = batch
+            exe.forward(is_train=False)
+            outputs.append(exe.outputs[0].asnumpy()[:len(part)])
+        return np.concatenate(outputs)
+
+
+class ModuleStepper(_SymbolicStepper):
+    """The Pipeline trained through its ``PipelineModule`` (``mx.mod.Module``).
+
+    Args:
+        pipe: The :class:`~mp_symbolic.Pipeline`.
+        task: The task module (loss, label name, batch loss).
+        cfg: The :class:`~mp_symbolic.training.config.TrainConfig`.
+        init: ``(arg_params, aux_params)`` as numpy dicts.
+        label_shape: Shape of one example's label.
+        kvstore: A kvstore instance or name (``cfg.kvstore`` by default);
+            with ``dist_sync`` each worker trains its shard of every batch.
+    """
+
+    def __init__(self, pipe, task, cfg, init, label_shape, kvstore=None):
+        super().__init__(pipe, task, cfg)
+        kvstore = cfg.kvstore if kvstore is None else kvstore
+        if isinstance(kvstore, str) and kvstore.startswith('dist'):
+            kvstore = mx.kv.create(kvstore)
+        if isinstance(kvstore, mx.kvstore.KVStore) and 'dist' in kvstore.type:
+            self.shard = (kvstore.rank, kvstore.num_workers)
+            if cfg.batch_size % (kvstore.num_workers * pipe.chunks * pipe.replicas):
+                raise ValueError('batch_size: expected a multiple of workers x chunks x '
+                                 'replicas (%d x %d x %d), found %d'
+                                 % (kvstore.num_workers, pipe.chunks, pipe.replicas,
+                                    cfg.batch_size))
+        self.kvstore = kvstore
+        local = cfg.batch_size // self.shard[1]
+        self.module = pipe.module(loss=task.LOSS, label_name=self.label_name)
+        self.module.bind(data_shapes=[(DATA_NAME, (local,) + tuple(task.sample_shape(cfg)))],
+                         label_shapes=[(self.label_name, (local,) + tuple(label_shape))])
+        arg_params, aux_params = init
+        self.module.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
+                                aux_params={k: mx.nd.array(v) for k, v in aux_params.items()},
+                                allow_missing=False)
+        self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg))
+        # pylint: disable=protected-access
+        self._execs = self.module._exec_group.execs
+
+    def step(self, X, y):
+        self.module.forward(mx.io.DataBatch(data=[X], label=[y]), is_train=True)
+        self.module.backward()
+        self.module.update()
+        return self._loss()
+
+    def predict(self, X):
+        return self.module.predict(mx.io.NDArrayIter(X, batch_size=self.module._exec_group.batch_size)).asnumpy()  # pylint: disable=protected-access
+
+    def arg_aux(self):
+        """``(arg_params, aux_params)`` as NDArrays on ``cpu()``."""
+        return self.module.get_params()
+
+    def set_params(self, arg_params, aux_params):
+        """Sets every replica's parameters (numpy values), each on its device."""
+        self.module.set_params({k: mx.nd.array(v) for k, v in arg_params.items()},
+                               {k: mx.nd.array(v) for k, v in aux_params.items()},
+                               allow_missing=False, force_init=True)
+
+    def _state_names(self):
+        # Module's updater indexes parameter i of replica k as i * replicas + k;
+        # replica 0's state is the model's.
+        replicas = len(self._execs)
+        return OrderedDict((i * replicas, n)
+                           for i, n in enumerate(self.module._exec_group.param_names))  # pylint: disable=protected-access
+
+    def optimizer_states(self):
+        return states_by_name(self.module.updater, self.module._optimizer,  # pylint: disable=protected-access
+                              self._state_names())
+
+    def set_optimizer_states(self, states):
+        replicas = len(self._execs)
+        names = self.module._exec_group.param_names  # pylint: disable=protected-access
+        for k, exe in enumerate(self._execs):
+            targets = {n: (i * replicas + k, exe.arg_dict[n].context) for i, n in enumerate(names)}
+            set_states_by_name(self.module.updater, self.module._optimizer, states, targets)  # pylint: disable=protected-access
+
+
+class ExecutorStepper(_SymbolicStepper):
+    """The Pipeline's graph bound with ``Symbol.simple_bind(..., group2ctx=...)``,
+    updated by an optimizer updater in a plain loop (one replica)."""
+
+    def __init__(self, pipe, task, cfg, init, label_shape):
+        super().__init__(pipe, task, cfg)
+        symbol = pipe.training_symbol(task.LOSS, label_name=self.label_name)
+        grad_req = {n: 'null' if n in (DATA_NAME, self.label_name) else 'write'
+                    for n in symbol.list_arguments()}
+        with split_bind(self.plan.group2ctx):
+            exe = symbol.simple_bind(
+                ctx=self.plan.first_device, group2ctx=self.plan.group2ctx, grad_req=grad_req,
+                **{DATA_NAME: (cfg.batch_size,) + tuple(task.sample_shape(cfg)),
+                   self.label_name: (cfg.batch_size,) + tuple(label_shape)})
+        arg_params, aux_params = init
+        for name, value in arg_params.items():
+            exe.arg_dict[name][:] = value
+        for name, value in aux_params.items():
+            exe.aux_dict[name][:] = value
+        self._execs = [exe]
+        self._optimizer = create_optimizer(cfg)
+        self._updater = PerDeviceUpdater(mx.optimizer.get_updater(self._optimizer))
+        self._names = self.param_names
+        self._update_args = (list(range(len(self._names))),
+                             [exe.grad_dict[n] for n in self._names],
+                             [exe.arg_dict[n] for n in self._names])
+
+    def update_step(self, X, y):
+        """Forward, backward and one update on a staged batch; no loss is read."""
+        exe = self._exec
+        X.copyto(exe.arg_dict[DATA_NAME])  # on-device copies of the staged batch
+        y.copyto(exe.arg_dict[self.label_name])
+        exe.forward(is_train=True)
+        exe.backward()
+        # weight, gradient and optimizer state of each parameter share its device
+        self._updater(*self._update_args)
+
+    def step(self, X, y):
+        self.update_step(X, y)
+        return self._loss()
+
+    def predict(self, X):
+        return self._predict_with(self._exec, X)
+
+    def set_params(self, arg_params, aux_params):
+        for name, value in arg_params.items():
+            self._exec.arg_dict[name][:] = value
+        for name, value in aux_params.items():
+            self._exec.aux_dict[name][:] = value
+
+    def arg_aux(self):
+        exe = self._exec
+        return ({n: exe.arg_dict[n].copyto(mx.cpu()) for n in self._names},
+                {n: a.copyto(mx.cpu()) for n, a in exe.aux_dict.items()})
+
+    def optimizer_states(self):
+        return states_by_name(self._updater, self._optimizer, OrderedDict(enumerate(self._names)))
+
+    def set_optimizer_states(self, states):
+        targets = {n: (i, self._exec.arg_dict[n].context) for i, n in enumerate(self._names)}
+        set_states_by_name(self._updater, self._optimizer, states, targets)
