@@ -16,7 +16,7 @@ import sys
 from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.tasks import regression
 from mp_symbolic.tools.text import columns
-from mp_symbolic.training.loop import build_pipeline, initial_values
+from mp_symbolic.training.loop import build_pipeline, initial_values, load
 
 from .measure import machine_info, throughput, time_to_accuracy
 from .variants import BASELINE, FLOOR, REFERENCE, SEED, THREE, VARIANTS, make_variant
@@ -59,7 +59,7 @@ def run(repeats, num_steps, tta_max_seconds, log=print):
         % (info['cores'], info['cpu'], info['mxnet'], info['python'], info['load']))
     log('devices: cpu(0), cpu(1), cpu(2) stand in for three GPUs')
     X, y = regression.make_dataset(NUM_EXAMPLES, seed=0)
-    pipe, _ = build_pipeline(TrainConfig(devices=THREE), regression)
+    pipe, _ = build_pipeline(*reversed(load(TrainConfig(devices=THREE))))
     init = initial_values(pipe, seed=0)[0]
 
     rates = _throughput(X, y, init, repeats, num_steps, log)

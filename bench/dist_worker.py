@@ -20,7 +20,9 @@ import time
 import mxnet as mx
 
 from mp_symbolic.core.pipeline import Pipeline
-from mp_symbolic.training.tasks.regression import LABEL_NAME, build_blocks, make_dataset
+from mp_symbolic.training.tasks.regression import build_blocks, make_dataset
+
+LABEL_NAME = 'label'
 from mp_symbolic.tools.launch import abort_on_error
 
 DATA_NAME = 'data'

@@ -22,7 +22,7 @@ from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.data import staged_batches
 from mp_symbolic.training.symbolic import ExecutorStepper, create_optimizer
 from mp_symbolic.training.tasks import regression
-from mp_symbolic.training.loop import build_pipeline, make_stepper
+from mp_symbolic.training.loop import build_pipeline, load, make_stepper
 
 from .seed_loop import SeedLoop
 
@@ -45,7 +45,7 @@ class HybridStepper:
     def __init__(self, cfg, init, ctx=mx.cpu(0)):
         self.ctx, self.cfg = ctx, cfg
         self.net = gluon.nn.HybridSequential(prefix='')
-        self.net.add(*regression.build_blocks(cfg.widths))
+        self.net.add(*regression.build_blocks())
         self.net.initialize(ctx=ctx)
         for name, param in self.net.collect_params().items():
             param.set_data(mx.nd.array(init[name]))
@@ -75,8 +75,8 @@ class FloorStepper:
     """The executor stepper's step without its loss read: a copy of each
     staged batch into the bound arrays, forward, backward, per-device update."""
 
-    def __init__(self, pipe, cfg, init, X, y):
-        self.stepper = ExecutorStepper(pipe, regression, cfg, (init, {}), (1,))
+    def __init__(self, pipe, task, cfg, init, X, y):
+        self.stepper = ExecutorStepper(pipe, task, cfg, (init, {}), (1,))
         self.loop = StepLoop(self.stepper, X, y, step='update_step')
 
     def run(self, num_steps):
@@ -118,23 +118,23 @@ def make_variant(name, X, y, batch_size, init):
     Raises:
         ValueError: ``name`` is not in :data:`VARIANTS`.
     """
-    cfg = TrainConfig(batch_size=batch_size, num_examples=len(X), progress=False,
-                      devices=THREE)
+    task, cfg = load(TrainConfig(batch_size=batch_size, task_args={'num_examples': len(X)},
+                                 progress=False, devices=THREE))
     if name == SEED:
-        pipe, _ = build_pipeline(cfg, regression)
+        pipe, _ = build_pipeline(cfg, task)
         loop = SeedLoop(pipe.plan.devices, batch_size=batch_size, init=init)
         return _SeedVariant(loop, X, y)
     if name == 'Gluon hybridized 1-device':
         return StepLoop(HybridStepper(cfg, init), X, y)
     if name == FLOOR:
-        return FloorStepper(build_pipeline(cfg, regression)[0], cfg, init, X, y)
+        return FloorStepper(build_pipeline(cfg, task)[0], task, cfg, init, X, y)
     if name in (REFERENCE, 'symbolic MP (executor)', BASELINE, 'imperative MP'):
         variant = 'imperative' if name == 'imperative MP' else 'symbolic'
         api = 'executor' if 'executor' in name else 'module'
         run_cfg = replace(cfg, variant=variant, api=api,
                           devices='cpu:0' if name == BASELINE else THREE)
-        pipe, _ = build_pipeline(run_cfg, regression)
-        return StepLoop(make_stepper(run_cfg, pipe, regression, (init, {}), (1,)), X, y)
+        pipe, _ = build_pipeline(run_cfg, task)
+        return StepLoop(make_stepper(run_cfg, pipe, task, (init, {}), (1,)), X, y)
     raise ValueError('unknown variant %r; expected one of %s' % (name, ', '.join(VARIANTS)))
 
 

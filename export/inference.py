@@ -32,7 +32,6 @@ LOSS_HEADS = tuple(INFERENCE_FORMS)
 _TRAINING_ONLY = ('MakeLoss', 'make_loss', 'BlockGrad', 'softmax_cross_entropy')
 
 _STAGE_RE = re.compile(r'^stage(\d+)$')
-_LAYER_RE = re.compile(r'^layer(\d+)_')
 
 
 def _nodes(symbol):
@@ -75,7 +74,7 @@ def stage_layout(symbol):
     """The pipeline stages of ``symbol``, from its ``ctx_group`` attributes.
 
     Returns:
-        ``OrderedDict`` ``{'stage0': {'layers': [0], 'ops': [...],
+        ``OrderedDict`` ``{'stage0': {'layers': ['layer0'], 'ops': [...],
         'variables': [...]}, ...}`` in stage order.
 
     Raises:
@@ -93,14 +92,25 @@ def stage_layout(symbol):
             entry['variables'].append(node['name'])
         else:
             entry['ops'].append(node['name'])
-            match = _LAYER_RE.match(node['name'])
-            if match and int(match.group(1)) not in entry['layers']:
-                entry['layers'].append(int(match.group(1)))
+            layer = _layer_of(node['name'], entry['layers'])
+            if layer not in entry['layers']:
+                entry['layers'].append(layer)
     expected = [stage_name(s) for s in range(len(groups))]
     if sorted(groups, key=_stage_key) != expected:
         raise ExportError('expected ctx_group names %s, found %s'
                           % (', '.join(expected), ', '.join(sorted(groups))))
     return OrderedDict((name, groups[name]) for name in expected)
+
+
+def _layer_of(op_name, known):
+    """The layer (block) an op belongs to, from Gluon's naming: a block's ops
+    are called ``<prefix><op>`` (``conv0_fwd``, ``dense0_relu_fwd``), so the
+    name less its last part, or a known layer it extends."""
+    base = op_name.rsplit('_', 1)[0] if '_' in op_name else op_name
+    for layer in known:
+        if base.startswith(layer + '_'):
+            return layer
+    return base
 
 
 def _stage_key(name):

@@ -21,3 +21,21 @@ def digits_data():
     """The digits split: ``(X_train, y_train, X_held_out, y_held_out)``."""
     from mp_symbolic.training.tasks import digits  # pylint: disable=import-outside-toplevel
     return digits.split(*digits.load_digits(), seed=0)
+
+
+def make_config(**fields):
+    """A ``TrainConfig``; the regression's ``widths`` and ``num_examples`` go to
+    its task arguments, as ``--widths`` and ``--num-examples`` do."""
+    from mp_symbolic.training.config import TrainConfig  # pylint: disable=import-outside-toplevel
+    task_args = dict(fields.pop('task_args', {}))
+    for name in ('widths', 'num_examples'):
+        if name in fields:
+            task_args[name] = fields.pop(name)
+    return TrainConfig(task_args=task_args, **fields)
+
+
+def load_config(**fields):
+    """``(task, config)``: :func:`make_config`'s config with its task loaded
+    and the task's defaults filled in."""
+    from mp_symbolic.training.loop import load  # pylint: disable=import-outside-toplevel
+    return load(make_config(**fields))

@@ -24,7 +24,9 @@ import mxnet as mx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mp_symbolic.core.pipeline import Pipeline
-from mp_symbolic.training.tasks.regression import LABEL_NAME, build_blocks, make_dataset
+from mp_symbolic.training.tasks.regression import build_blocks, make_dataset
+
+LABEL_NAME = 'label'
 from mp_symbolic.tools.launch import abort_on_error
 
 DATA_NAME = 'data'

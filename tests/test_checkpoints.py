@@ -20,13 +20,13 @@ from mp_symbolic.training.loop import train
 
 from export.__main__ import main as export_main
 
-from conftest import THREE_DEVICES
+from conftest import THREE_DEVICES, make_config
 
 QUIET = dict(log=lambda line: None)
 
 
 def _run(out, devices=THREE_DEVICES, epochs=4, **fields):
-    cfg = TrainConfig(devices=devices, num_epochs=epochs, progress=False, out=str(out),
+    cfg = make_config(devices=devices, num_epochs=epochs, progress=False, out=str(out),
                       num_examples=1000, **fields)
     return train(cfg, **QUIET)
 
@@ -37,7 +37,7 @@ def test_resume_on_the_same_plan_equals_an_uninterrupted_run_bitwise(tmp_path, o
                                                                      fields):
     whole = _run(tmp_path / 'whole', optimizer=optimizer, **fields)
     _run(tmp_path / 'part', epochs=2, optimizer=optimizer, **fields)
-    resumed = train(TrainConfig(devices=THREE_DEVICES, num_epochs=4, progress=False,
+    resumed = train(make_config(devices=THREE_DEVICES, num_epochs=4, progress=False,
                                 num_examples=1000, optimizer=optimizer,
                                 resume=str(tmp_path / 'part'), **fields), **QUIET)
     for name, value in whole.params.items():
@@ -80,7 +80,7 @@ def test_a_resume_that_cannot_work_is_one_line(tmp_path, capsys, argv, message):
 def test_train_refuses_a_config_that_is_not_the_checkpoints_run(tmp_path):
     _run(tmp_path / 'run', epochs=2)
     with pytest.raises(ValueError, match="lr: expected the checkpoint's 0.02"):
-        train(TrainConfig(devices=THREE_DEVICES, num_epochs=3, num_examples=1000, lr=0.5,
+        train(make_config(devices=THREE_DEVICES, num_epochs=3, num_examples=1000, lr=0.5,
                           progress=False, resume=str(tmp_path / 'run')), **QUIET)
 
 
@@ -109,7 +109,7 @@ def test_a_second_training_into_a_folder_in_use_is_refused_at_once(tmp_path, cap
     assert err.count('\n') == 1 and 'is in use by another process (pid %d)' % os.getpid() in err
     with Store(str(out)).locked():
         with pytest.raises(FolderInUse):
-            train(TrainConfig(devices=THREE_DEVICES, progress=False, out=str(out)), **QUIET)
+            train(make_config(devices=THREE_DEVICES, progress=False, out=str(out)), **QUIET)
 
 
 def test_export_into_a_folder_in_use_is_refused(tmp_path, capsys):

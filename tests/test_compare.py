@@ -19,13 +19,12 @@ from mp_symbolic.training.compare import REFERENCE, compare, count_autograd_copi
 from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.graphviz_plot import DEVICE_COLOURS
 from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
-from mp_symbolic.training.tasks import regression
 from mp_symbolic.training.loop import build_pipeline, initial_values, make_stepper
 
-from conftest import THREE_DEVICES
+from conftest import THREE_DEVICES, load_config, make_config
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
-ROW_FIELDS = {'variant', 'final_mse', 'metrics', 'result', 'max_step_loss_diff', 'max_param_diff', 'samples_per_sec',
+ROW_FIELDS = {'variant', 'short', 'metrics', 'result', 'max_step_loss_diff', 'max_param_diff', 'samples_per_sec',
               'stage_devices', 'cross_device_copies_per_step', 'copies_forward',
               'copies_backward', 'copy_count_method', 'placement', 'agree'}
 
@@ -34,7 +33,7 @@ ROW_FIELDS = {'variant', 'final_mse', 'metrics', 'result', 'max_step_loss_diff',
 def compared(tmp_path_factory):
     """``(CompareResult, results JSON, output folder)`` of one small comparison."""
     out = str(tmp_path_factory.mktemp('compare'))
-    cfg = TrainConfig(devices=THREE_DEVICES, num_examples=2000, num_epochs=5,
+    cfg = make_config(devices=THREE_DEVICES, num_examples=2000, num_epochs=5,
                       progress=False, out=out)
     result = compare(cfg, log=lambda line: None)
     with open(result.files['results']) as f:
@@ -53,7 +52,7 @@ def test_results_json_has_every_field_and_the_variants_agree(compared):
         assert row['agree'], row['variant']
         bound = AGREE_ATOL + AGREE_RTOL * max(saved['step_losses'][REFERENCE])
         assert row['max_step_loss_diff'] <= bound
-        assert row['final_mse'] < 1e-4  # learned the map (noise floor 1e-6)
+        assert row['metrics']['final_mse'] < 1e-4  # learned the map (noise floor 1e-6)
     assert saved['agree'] is result.agree is True
     losses = saved['step_losses']
     for name, values in losses.items():
@@ -72,7 +71,7 @@ def test_loss_plot_is_a_png(compared):
 
 
 def _graph_nodes():
-    pipe, _ = build_pipeline(TrainConfig(devices=THREE_DEVICES), regression)
+    pipe, _ = build_pipeline(*reversed(load_config(devices=THREE_DEVICES)))
     symbol = pipe.training_symbol('l2', label_name='label')
     return pipe.plan, json.loads(symbol.tojson())['nodes']
 
@@ -115,10 +114,10 @@ def test_graph_png_is_rendered_when_dot_is_installed(compared):
 ])
 @pytest.mark.parametrize('api', ['module', 'executor'])
 def test_bound_graph_has_one_copy_per_boundary_each_way(devices, expected, api):
-    cfg = TrainConfig(devices=devices, api=api, num_examples=200, progress=False,
-                      balance=None if devices != 'cpu:0,cpu:1' else (2, 1))
-    pipe, _ = build_pipeline(cfg, regression)
-    stepper = make_stepper(cfg, pipe, regression, initial_values(pipe, 0), (1,))
+    task, cfg = load_config(devices=devices, api=api, num_examples=200, progress=False,
+                            balance=None if devices != 'cpu:0,cpu:1' else (2, 1))
+    pipe, _ = build_pipeline(cfg, task)
+    stepper = make_stepper(cfg, pipe, task, initial_values(pipe, 0), (1,))
     assert stepper.cross_device_copies() == expected
 
 
@@ -129,11 +128,11 @@ def test_imperative_twin_records_a_copy_where_the_bound_graph_has_one(small_data
     of the imperative twin is taken as equal: one gradient copy per recorded
     copy, as the profiler's CopyCPU2CPU count per step shows.)"""
     X, _ = small_data
-    cfg = TrainConfig(devices=devices, progress=False)
-    pipe, _ = build_pipeline(cfg, regression)
+    task, cfg = load_config(devices=devices, progress=False)
+    pipe, _ = build_pipeline(cfg, task)
     init = initial_values(pipe, 0)
-    bound_forward, _ = make_stepper(cfg, pipe, regression, init, (1,)).cross_device_copies()
-    stepper = make_stepper(replace(cfg, variant='imperative'), pipe, regression, init, (1,))
+    bound_forward, _ = make_stepper(cfg, pipe, task, init, (1,)).cross_device_copies()
+    stepper = make_stepper(replace(cfg, variant='imperative'), pipe, task, init, (1,))
     before = stepper.params()
     forward, _ = count_autograd_copies(stepper, X[:cfg.batch_size])
     assert forward == bound_forward == pipe.plan.num_stages - 1
@@ -168,7 +167,7 @@ def test_seed_loop_updates_parameters_on_every_device(small_data):
     means every layer got a fresh gradient each step."""
     X, y = small_data
     devices = [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
-    pipe, _ = build_pipeline(TrainConfig(devices=THREE_DEVICES), regression)
+    pipe, _ = build_pipeline(*reversed(load_config(devices=THREE_DEVICES)))
     init = initial_values(pipe, 0)[0]
     loop = SeedLoop(devices, batch_size=50, init=init)
     for i, block in enumerate(loop.net):

@@ -13,6 +13,8 @@ from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
 from mp_symbolic.training.loop import train
 
+from conftest import make_config
+
 TRAIN = ['train', '--epochs', '2', '--num-examples', '1000', '--devices', 'cpu:0,cpu:1',
          '--optimizer', 'adam', '--lr', '0.05', '--no-progress']
 
@@ -29,7 +31,7 @@ def test_two_workers_end_with_the_same_parameters_as_one_process(tmp_path):
     assert len(re.findall(r'this worker writes the checkpoints', job.stdout)) == 1
     assert 'launch: 2 workers, 1 server: all exited 0' in job.stdout
 
-    one = train(TrainConfig(devices='cpu:0,cpu:1', num_epochs=2, num_examples=1000,
+    one = train(make_config(devices='cpu:0,cpu:1', num_epochs=2, num_examples=1000,
                             optimizer='adam', lr=0.05, progress=False,
                             out=str(tmp_path / 'one')), log=lambda line: None)
     _, arg_params, _ = read_checkpoint(str(tmp_path / 'dist')).load()

@@ -29,6 +29,8 @@ from export.errors import EXCERPT_LIMIT, excerpt
 from export.exporter import export_checkpoint
 from export.predict import main as predict_main
 
+from conftest import make_config
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = 'root:x:0:0:the first line of some file that is not a model at all, quoted nowhere'
 
@@ -36,7 +38,7 @@ SECRET = 'root:x:0:0:the first line of some file that is not a model at all, quo
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp('symbolic')
-    result = train(TrainConfig(num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
+    result = train(make_config(num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
                                out=str(out)), log=lambda line: None)
     return {'dir': str(out), 'params': result.params}
 

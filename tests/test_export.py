@@ -23,6 +23,8 @@ from export.onnx_export import sha256_file
 from export.predict import main as predict_main
 from export.runtimes import MXNetPredictor, OnnxPredictor
 
+from conftest import make_config
+
 TOL = 1e-5
 STAGES = ('stage0', 'stage1', 'stage2')
 
@@ -31,7 +33,7 @@ STAGES = ('stage0', 'stage1', 'stage2')
 def trained(tmp_path_factory):
     """A short model-parallel training run on cpu(0), cpu(1), cpu(2)."""
     out = tmp_path_factory.mktemp('symbolic')
-    result = train(TrainConfig(num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
+    result = train(make_config(num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
                                out=str(out)), log=lambda line: None)
     return {'dir': str(out), 'params': result.params, 'files': result.files,
             'params_file': result.files['params']}
@@ -138,8 +140,9 @@ def test_onnx_metadata_and_opset(exported, trained):
     assert props['source_params_sha256'] == sha256_file(trained['params_file'])
     assert json.loads(props['input_shapes']) == {'data': ['batch', 2]}
     stages = json.loads(props['stages'])
-    assert {s: stages[s]['layers'] for s in stages} == {'stage0': [0], 'stage1': [1],
-                                                        'stage2': [2]}
+    assert {s: stages[s]['layers'] for s in stages} == {'stage0': ['layer0'],
+                                                        'stage1': ['layer1'],
+                                                        'stage2': ['layer2']}
     assert [(o.domain, o.version) for o in model.opset_import] == [('', 13)]
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == 'batch'
 
@@ -411,7 +414,7 @@ def cnn_export(tmp_path_factory):
     on three devices and exported."""
     from mp_symbolic.training.tasks import digits  # pylint: disable=import-outside-toplevel
     run = str(tmp_path_factory.mktemp('digits'))
-    train(TrainConfig(task='digits', num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
+    train(make_config(task='digits', num_epochs=2, progress=False, devices='cpu:0,cpu:1,cpu:2',
                       out=run), log=lambda line: None)
     out = str(tmp_path_factory.mktemp('digits-export'))
     paths, report = export_checkpoint(run, out, log=lambda line: None)
@@ -434,6 +437,16 @@ def test_cnn_export_matches_in_onnxruntime_and_mxnet(cnn_export):
     assert placement['conv0_weight'] == mx.cpu(0) and placement['dense1_weight'] == mx.cpu(2)
     ops = [n['op'] for n in json.load(open(paths['symbol']))['nodes']]
     assert 'SoftmaxOutput' not in ops and 'softmax' in ops and 'BatchNorm' in ops
+
+
+def test_cnn_onnx_metadata_lists_each_stages_layers(cnn_export):
+    paths, _, _ = cnn_export
+    props = {p.key: p.value for p in onnx.load(paths['onnx']).metadata_props}
+    layers = [json.loads(props['stages'])['stage%d' % s]['layers'] for s in range(3)]
+    assert all(layers)
+    assert [name for stage in layers for name in stage] == [
+        'conv0', 'bn0', 'relu0', 'pool0', 'conv1', 'bn1', 'relu1', 'pool1', 'flatten0',
+        'dense0', 'dense1', 'softmax']  # the head's inference form ends the last stage
 
 
 @pytest.mark.parametrize('dtype', ['float64', 'float16'])

@@ -304,19 +304,34 @@ def test_hostfile_skips_comments_and_blank_lines(tmp_path):
 # -- which command a worker runs --------------------------------------------------------------
 
 def test_mp_symbolic_subcommand_gets_the_dist_sync_kvstore():
-    assert worker_argv(['train', '--epochs', '2']) == (
+    assert worker_argv(['train', '--epochs', '2'], ('train',)) == (
         sys.executable, '-m', 'mp_symbolic', 'train', '--epochs', '2', '--kvstore', 'dist_sync')
 
 
 def test_given_kvstore_is_kept():
-    assert worker_argv(['train', '--kvstore=dist_async'])[-1] == '--kvstore=dist_async'
+    assert worker_argv(['train', '--kvstore=dist_async'], ('train',))[-1] == '--kvstore=dist_async'
 
 
 def test_other_command_runs_as_given():
-    assert worker_argv(['python', 'w.py', 'train']) == ('python', 'w.py', 'train')
+    assert worker_argv(['python', 'w.py', 'train'], ('train',)) == ('python', 'w.py', 'train')
 
 
 # -- refusals before anything starts ----------------------------------------------------------
+
+@pytest.mark.parametrize('worker, message', [
+    (['train', '...'], "python -m mp_symbolic train: unrecognized arguments: ..."),
+    (['train', '--epochs', '0'], 'worker command: --epochs: expected a positive integer'),
+    (['train', '--task', 'nowhere.py'], 'worker command: --task nowhere.py: expected a task '
+                                        'file, found no file nowhere.py'),
+])
+def test_a_bad_worker_command_is_refused_before_any_process_starts(worker, message):
+    result = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch', '--workers', '2',
+                             '--servers', '1', '--'] + worker,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stdout == ''  # not even the launcher's first line: nothing started
+    assert result.stderr.count('\n') == 1 and message in result.stderr, result.stderr
+
 
 def _refused(capsys, monkeypatch, *args):
     """Runs the CLI in this process with process creation forbidden; returns stderr."""

@@ -81,7 +81,7 @@ def test_bad_gpu_count_is_a_device_spec_error():
     (['--lr', '1e308'], '--lr: expected a number in [1e-30, 1e6], found 1e+308'),
     (['--widths', '3,2,1'], '--widths: expected input width 2 and output width 1'),
     (['--widths', '2,100000,100000,1'], '--widths: expected at most 2**28 parameters in all'),
-    (['--batch-size', '20000'], '--batch-size: expected at most num_examples (10000)'),
+    (['--batch-size', '20000'], "--batch-size: expected at most the task's 10000 training examples"),
 ])
 def test_bad_config_values_exit_2_naming_the_flag(argv, message, capsys):
     assert main(['train', '--no-progress'] + argv) == 2

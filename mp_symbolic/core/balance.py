@@ -160,3 +160,36 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
         times.append(statistics.median(samples))
         shape = exe.outputs[0].shape
     return times
+
+
+def balance_by_size(blocks, partitions):
+    """Blocks per stage for ``partitions`` stages, the largest stage's
+    parameter count as small as it can be (torchgpipe's ``balance_by_size``
+    counts memory the same way: parameters dominate a stage's share).
+
+    Raises:
+        BalanceError: a parameter shape is not known yet, or more stages
+            than blocks.
+    """
+    return solve(param_counts(blocks), partitions)
+
+
+def balance_by_time(blocks, sample, device=None, *, partitions, repeats=5):
+    """Blocks per stage for ``partitions`` stages, the slowest stage's
+    measured forward + backward time as small as it can be (torchgpipe's
+    ``balance_by_time``). Pass the result as ``Pipeline(balance=...)``.
+
+    Args:
+        blocks: The Gluon blocks, in order.
+        sample: A batch (numpy or NDArray) or its shape.
+        device: Where to time them (default ``cpu(0)``); the device kind the
+            pipeline will run on.
+        partitions: Number of stages.
+        repeats: Timed passes per block (their median counts).
+
+    Raises:
+        BalanceError: more stages than blocks.
+    """
+    shape = tuple(sample) if isinstance(sample, (tuple, list)) else tuple(sample.shape)
+    costs = forward_backward_times(blocks, shape, device or mx.cpu(0), repeats=repeats)
+    return solve(costs, partitions)

@@ -15,13 +15,15 @@ differences that model parallelism needs:
 References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
 ``tests/python/unittest/test_module.py::test_module_ctx_group``.
 """
+from collections import OrderedDict
 import json
 
 import mxnet as mx
 
 from .compat import split_bind
-from .updater import PerDeviceUpdater
+from .optstate import load_states, set_states_by_name, states_by_name
 from .scoped import environ
+from .updater import PerDeviceUpdater
 
 __all__ = []
 
@@ -37,6 +39,38 @@ def with_input_shape(symbol, data_name, sample_shape):
         if node['op'] == 'null' and node['name'] == data_name:
             node.setdefault('attrs', {})['__shape__'] = str((0,) + tuple(sample_shape))
     return mx.sym.load_json(json.dumps(graph))
+
+
+def match_parameters(saved, ours, values, shapes):
+    """``{saved name: our name}`` for a checkpoint's parameters.
+
+    Equal name sets match by name. Otherwise (Gluon's automatic names count
+    blocks per process, so the same network built elsewhere may be
+    ``dense5_weight`` where it was ``dense2_weight``) parameters match by
+    their place in the graph's argument order, which the architecture alone
+    decides, with every known shape checked.
+
+    Args:
+        saved, ours: Parameter names in graph order (arguments, then
+            auxiliary states).
+        values: Saved name -> array.
+        shapes: Our name -> shape (``None`` or zeros where not known yet).
+
+    Raises:
+        ValueError: the parameters differ in number or shape.
+    """
+    if set(saved) == set(ours):
+        return {n: n for n in saved}
+    if len(saved) != len(ours):
+        raise ValueError('checkpoint: expected the %d parameters of this network, found %d '
+                         '(another architecture?)' % (len(ours), len(saved)))
+    for old, new in zip(saved, ours):
+        shape = shapes.get(new)
+        if shape and all(shape) and tuple(shape) != tuple(values[old].shape):
+            raise ValueError('checkpoint: expected %s of shape %s (matched by its place in the '
+                             'graph, names differ), found %s of shape %s'
+                             % (new, tuple(shape), old, tuple(values[old].shape)))
+    return dict(zip(saved, ours))
 
 
 class PipelineModule(mx.mod.Module):
@@ -74,6 +108,9 @@ class PipelineModule(mx.mod.Module):
                          context=[devices[0] for devices in plan.replica_devices],
                          group2ctxs=plan.group2ctxs, **kwargs)
         self.sample_shape = None
+        self._update_args = None
+        # what restore() read, until bind/init_params and init_optimizer take it
+        self._pending = {'params': None, 'states': None}
 
     def bind(self, data_shapes, label_shapes=None, for_training=True,
              inputs_need_grad=False, force_rebind=False, shared_module=None, grad_req='write'):
@@ -94,6 +131,8 @@ class PipelineModule(mx.mod.Module):
         with split_bind({i: d for i, d in enumerate(self.pipeline.plan.all_devices)}):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
+        self._update_args = None  # a new executor group: update() lists its arrays anew
+        self._apply_pending()
 
     def init_optimizer(self, kvstore='local', optimizer='sgd',
                        optimizer_params=(('learning_rate', 0.01),), force_init=False):
@@ -121,6 +160,9 @@ class PipelineModule(mx.mod.Module):
         if self._updater is not None and not isinstance(self._updater, PerDeviceUpdater):
             self._updater = PerDeviceUpdater(self._updater)
         self._update_args = None
+        if self._pending['states'] is not None:
+            self.set_optimizer_states(self._pending.pop('states'))
+            self._pending['states'] = None
         if self._kvstore is not None and 'dist' in self._kvstore.type:
             # every worker starts from the values the kvstore holds (worker 0's)
             for i, (name, arrays) in enumerate(zip(self._exec_group.param_names,
@@ -150,6 +192,94 @@ class PipelineModule(mx.mod.Module):
                     weights.append(arrays[k])
             self._update_args = (indices, grads, weights)
         self._updater(*self._update_args)
+
+    # -- optimizer state by parameter name, and restoring a checkpoint --------
+
+    def _state_index(self):
+        """``{parameter name: MXNet's updater index of replica 0's copy}``:
+        Module's updater indexes parameter ``i`` of replica ``k`` as
+        ``i * replicas + k``."""
+        replicas = len(self._context)
+        return OrderedDict((n, i * replicas)
+                           for i, n in enumerate(self._exec_group.param_names))
+
+    def optimizer_states(self):
+        """The optimizer state by parameter name, device-free (replica 0's;
+        the replicas' are equal), as :mod:`~mp_symbolic.core.optstate` saves it.
+
+        Raises:
+            RuntimeError: the optimizer is not initialised.
+        """
+        if not self.optimizer_initialized:
+            raise RuntimeError('optimizer_states: expected init_optimizer() (or fit) first, '
+                               'found no optimizer')
+        return states_by_name(self._updater, self._optimizer,
+                              OrderedDict((i, n) for n, i in self._state_index().items()))
+
+    def set_optimizer_states(self, states):
+        """Puts :meth:`optimizer_states` output back, each state on its
+        parameter's device, for every replica.
+
+        Raises:
+            OptimizerStateError: the states are of another optimizer or name
+                parameters this module does not have.
+        """
+        for k, exe in enumerate(self._exec_group.execs):
+            targets = {n: (i + k, exe.arg_dict[n].context)
+                       for n, i in self._state_index().items()}
+            set_states_by_name(self._updater, self._optimizer, states, targets)
+
+    def restore(self, checkpoint):
+        """Continues a committed checkpoint (:func:`mp_symbolic.read_checkpoint`)
+        on this module's plan: parameters, and the optimizer state once the
+        optimizer exists (``fit`` then picks both up).
+
+        Names are matched as saved; where Gluon's automatic names differ (the
+        blocks were built in another order or process), parameters are
+        matched by their place in the graph, shapes checked.
+
+        Args:
+            checkpoint: A :class:`~mp_symbolic.tools.checkpoint.Checkpoint`.
+
+        Raises:
+            ValueError: the checkpoint's parameters do not fit this network.
+        """
+        symbol, arg_params, aux_params = checkpoint.load()
+        shapes = {p.name: p.shape for p in self.pipeline.collect_params().values()}
+        ours = [a for a in self.export_symbol.list_arguments()
+                if a not in (self.data_name, self.label_name)]
+        rename = match_parameters(
+            [a for a in symbol.list_arguments() if a in arg_params] +
+            symbol.list_auxiliary_states(), ours + self.export_symbol.list_auxiliary_states(),
+            dict(arg_params, **aux_params), shapes)
+        arg_params = {rename[k]: v for k, v in arg_params.items()}
+        aux_params = {rename[k]: v for k, v in aux_params.items()}
+        states = load_states(checkpoint.states_path)
+        states['params'] = {rename.get(k, k): v for k, v in states['params'].items()}
+        if not states['params']:
+            states = None  # saved before its optimizer existed
+        self._pending = {'params': (arg_params, aux_params), 'states': states}
+        self._apply_pending()
+        if self.optimizer_initialized and states is not None:
+            self.set_optimizer_states(states)
+            self._pending['states'] = None
+
+    def _apply_pending(self):
+        if self._pending['params'] is not None and self.binded and self.params_initialized:
+            arg_params, aux_params = self._pending['params']
+            self._pending['params'] = None
+            self.set_params(arg_params, aux_params, allow_missing=False, force_init=True)
+
+    def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
+                    allow_missing=False, force_init=False, allow_extra=False):
+        """``mx.mod.Module.init_params``; after :meth:`restore`, the
+        checkpoint's values unless others are given."""
+        if self._pending['params'] is not None and arg_params is None and aux_params is None:
+            arg_params, aux_params = self._pending['params']
+            self._pending['params'] = None
+            allow_missing, force_init = False, True
+        super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
+                            allow_extra)
 
     @property
     def kvstore(self):

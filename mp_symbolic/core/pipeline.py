@@ -121,20 +121,20 @@ class Pipeline(gluon.Block):
             self.infer_shape(self._sample_shape)
         self.plan = DevicePlan(replica_devices[0],
                                balancing.stage_of_block(
-                                   self._solve_balance(balance, num_stages, sample)),
+                                   self._solve_balance(balance, num_stages, sample, replica_devices[0])),
                                replica_devices)
         self._check_no_shared_params()
         self._check_onednn_batchnorm()
 
     # -- planning ------------------------------------------------------------
 
-    def _solve_balance(self, balance, num_stages, sample):
+    def _solve_balance(self, balance, num_stages, sample, devices):
         if num_stages > len(self.blocks):
             raise DeviceSpecError('too many devices for the blocks (devices per replica: %d, '
                                   'blocks: %d); expected at most one device per block'
                                   % (num_stages, len(self.blocks)))
         if balance is None:
-            return balancing.solve(balancing.param_counts(self.blocks), num_stages)
+            return balancing.balance_by_size(self.blocks, num_stages)
         if isinstance(balance, str):
             if balance != 'time':
                 raise balancing.BalanceError("balance: expected None, 'time' or a list of "
@@ -142,9 +142,9 @@ class Pipeline(gluon.Block):
             if sample is None:
                 raise balancing.BalanceError("balance='time': expected sample= (a batch or "
                                              'its shape) to time the blocks on, found none')
-            self.costs = balancing.forward_backward_times(self.blocks, self._sample_shape,
-                                                          mx.cpu(0))
-            return balancing.solve(self.costs, num_stages)
+            # timed on the first stage's device: the kind of device the stages run on
+            return balancing.balance_by_time(self.blocks, self._sample_shape, devices[0],
+                                             partitions=num_stages)
         return balancing.check_balance(balance, len(self.blocks), num_stages)
 
     @property

@@ -263,3 +263,67 @@ def read_checkpoint(folder):
                               'none; train one first, e.g. python -m mp_symbolic train --out %s'
                               % (folder, folder))
     return Checkpoint(snapshot)
+
+
+# -- a Pipeline's Module, saved and restored from Python ---------------------
+
+def save_checkpoint(module, folder, epoch, name='model', summary=None):
+    """Commits a Pipeline's Module to ``folder`` as one unit: the graph (with
+    its ``ctx_group`` s and per-sample input shape), parameters, optimizer
+    state by parameter name, and the plan, through the crash-safe store
+    (``folder/current`` names the last whole checkpoint).
+
+    ``mx.model.load_checkpoint(folder + '/current/' + name, epoch)`` reads
+    it back as MXNet's own pair; :func:`read_checkpoint` and
+    ``PipelineModule.restore`` continue it on any plan, in another process.
+
+    Args:
+        module: A bound, initialised :class:`~mp_symbolic.PipelineModule`
+            (``fit`` leaves it so).
+        folder: The output folder; one writer at a time.
+        epoch: Epochs trained (names the params file).
+        name: File prefix.
+        summary: More JSON-able facts to record in ``summary.json``.
+
+    Returns:
+        The committed :class:`Checkpoint`.
+
+    Raises:
+        ValueError: the module is not bound and initialised, or ``epoch`` is
+            not a non-negative integer; ``FolderInUse`` (a ValueError too):
+            another process writes to ``folder``.
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..core.devices import format_device
+    from ..core.module import PipelineModule, with_input_shape
+    from .store import Store
+    if not isinstance(module, PipelineModule):
+        raise ValueError('module: expected a PipelineModule (pipe.module(...)), found %s'
+                         % type(module).__name__)
+    if not (module.binded and module.params_initialized):
+        raise ValueError('module: expected it bound with parameters (after fit, or bind and '
+                         'init_params), found it %s' % ('unbound' if not module.binded
+                                                        else 'without parameters'))
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError('epoch: expected a non-negative integer, found %r' % (epoch,))
+    pipe = module.pipeline
+    symbol = module.export_symbol
+    if module.sample_shape:
+        symbol = with_input_shape(symbol, module.data_name, module.sample_shape)
+    arg_params, aux_params = module.get_params()
+    states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
+    facts = {'plan': {'devices': [format_device(d) for d in pipe.plan.all_devices],
+                      'balance': list(pipe.balance), 'chunks': pipe.chunks,
+                      'replicas': pipe.replicas,
+                      'stages': [[b.name for b in blocks] for blocks in pipe.stages]},
+             'parameters': list(arg_params) + list(aux_params)}
+    facts.update(summary or {})
+    store = Store(folder)
+    with store.locked():
+        return commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states,
+                                 facts, complete=True)
+
+
+# The optimizer state of a module saved before its optimizer existed.
+EMPTY_STATES = {'format': 'mp_symbolic.optimizer_states/1', 'optimizer': None, 'num_update': 0,
+                'params': {}, 'arrays': []}

@@ -36,7 +36,6 @@ __all__ = []
 
 MODES = ('local', 'ssh', 'manual')
 # First words of COMMAND that are ``python -m mp_symbolic`` subcommands.
-MP_SYMBOLIC_COMMANDS = ('train', 'compare')
 # What a server and the scheduler run: importing MXNet with DMLC_ROLE set runs them.
 SERVER_ARGV = (sys.executable, '-c', 'import mxnet')
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when stopping the job
@@ -69,19 +68,24 @@ class Node:
         return 'scheduler' if self.role == 'scheduler' else '%s %d' % (self.role, self.index)
 
 
-def worker_argv(command):
+# The package's own command line: ``python -m mp_symbolic``.
+PROGRAM = (sys.executable, '-m', __name__.split('.')[0])
+
+
+def worker_argv(command, subcommands=()):
     """The command a worker runs for the launch's ``COMMAND``.
 
-    ``train ...`` or ``compare ...`` (a ``python -m mp_symbolic`` subcommand)
-    becomes ``<this python> -m mp_symbolic train ... --kvstore dist_sync``
-    (unless it already has ``--kvstore``); anything else runs as given.
+    A command naming one of ``subcommands`` (the package's own, such as
+    ``train``) becomes ``<this python> -m mp_symbolic train ... --kvstore
+    dist_sync`` (unless it already has ``--kvstore``); anything else runs as
+    given.
     """
     command = list(command)
-    if command[0] not in MP_SYMBOLIC_COMMANDS:
+    if command[0] not in subcommands:
         return tuple(command)
     if not any(arg == '--kvstore' or arg.startswith('--kvstore=') for arg in command):
         command += ['--kvstore', 'dist_sync']
-    return (sys.executable, '-m', 'mp_symbolic', *command)
+    return PROGRAM + tuple(command)
 
 
 def read_hostfile(path):
@@ -146,11 +150,12 @@ def check_port_free(port):
                              'in use (%s)' % (port, err.strerror)) from None
 
 
-def plan_job(command, num_workers, num_servers, hosts, port):
+def plan_job(command, num_workers, num_servers, hosts, port, subcommands=()):
     """The processes of one job: the scheduler, then the servers, then the workers.
 
     Args:
         command: The workers' command (see :func:`worker_argv`).
+        subcommands: The package's own commands (see :func:`worker_argv`).
         hosts: ``[(host name, IPv4 address), ...]``. The scheduler runs on the
             first; servers and workers go round-robin over all of them.
         port: The port the scheduler listens on.
@@ -182,7 +187,8 @@ def plan_job(command, num_workers, num_servers, hosts, port):
 
     return ([node('scheduler', 0, 0, SERVER_ARGV)] +
             [node('server', i, i, SERVER_ARGV) for i in range(num_servers)] +
-            [node('worker', i, i, worker_argv(command)) for i in range(num_workers)])
+            [node('worker', i, i, worker_argv(command, subcommands))
+             for i in range(num_workers)])
 
 
 def shell_line(node, cwd, exec_=False):
@@ -418,16 +424,26 @@ def _abort(status):
     os._exit(status)  # pylint: disable=protected-access
 
 
-def add_launch_parser(commands):
-    """Adds the ``launch`` subcommand to ``commands`` (argparse subparsers)."""
+def add_launch_parser(commands, subcommands=None):
+    """Adds the ``launch`` subcommand to ``commands`` (argparse subparsers).
+
+    Args:
+        subcommands: ``{name: check}``: the package's own commands a worker
+            may run (``train``, ...), each with a function that checks the
+            worker's arguments (``check(['train', ...])``) before any process
+            starts, raising ``ValueError`` (or exiting, as argparse does) with
+            one line.
+    """
+    subcommands = dict(subcommands or {})
     parser = commands.add_parser(
         'launch', help='run one distributed-kvstore job: a scheduler, servers and workers',
         description='Start one MXNet distributed-kvstore (ps-lite) job: a scheduler, '
                     'S servers and W workers, each worker running COMMAND. A COMMAND that '
-                    'starts with train or compare runs "python -m mp_symbolic COMMAND '
-                    '--kvstore dist_sync"; any other runs as given. Every output line is '
+                    'starts with %s runs "python -m mp_symbolic COMMAND --kvstore '
+                    'dist_sync", its options checked before any process starts; any other '
+                    'runs as given. Every output line is '
                     'prefixed with its process; if any process dies, the others are '
-                    'stopped and the launcher exits 1.',
+                    'stopped and the launcher exits 1.' % (' or '.join(subcommands) or 'no name'),
         usage='python -m mp_symbolic launch --workers W --servers S [--port P] '
               '[--hostfile FILE] [--mode local|ssh|manual] [--timeout SECONDS] -- COMMAND...')
     parser.add_argument('--workers', type=int, required=True, metavar='W',
@@ -448,7 +464,7 @@ def add_launch_parser(commands):
                              'workers exited 0 (default: %(default)g)')
     parser.add_argument('job_command', nargs=argparse.REMAINDER, metavar='COMMAND',
                         help='the workers\' command, after --')
-    parser.set_defaults(run=run_launch)
+    parser.set_defaults(run=lambda args: run_launch(args, subcommands))
     return parser
 
 
@@ -468,17 +484,20 @@ def _hosts(args):
     return hosts
 
 
-def _check(args):
-    """Checks the launch's flags; returns ``(nodes, port)``. Raises ValueError."""
+def _check(args, subcommands):
+    """Checks the launch's flags and the workers' command; returns ``(nodes,
+    port)``. Raises ValueError."""
     if not args.timeout > 0:
         raise ValueError('--timeout: expected a positive number of seconds, found %g'
                          % args.timeout)
     if args.port is not None and not 0 < args.port < 65536:
         raise ValueError('--port: expected a port number in 1..65535, found %d' % args.port)
     command = args.job_command[1:] if args.job_command[:1] == ['--'] else args.job_command
+    if command and command[0] in subcommands:
+        subcommands[command[0]](command)  # the worker's options, before any process starts
     hosts = _hosts(args)
     port = args.port if args.port is not None else free_port()
-    nodes = plan_job(command, args.workers, args.servers, hosts, port)
+    nodes = plan_job(command, args.workers, args.servers, hosts, port, subcommands)
     if args.mode == 'local':
         if args.port is not None:
             check_port_free(port)
@@ -489,10 +508,14 @@ def _check(args):
     return nodes, port
 
 
-def run_launch(args):
-    """Runs ``launch`` for parsed ``args``; returns the exit status."""
+def run_launch(args, subcommands=None):
+    """Runs ``launch`` for parsed ``args``; returns the exit status.
+
+    Args:
+        subcommands: See :func:`add_launch_parser`.
+    """
     try:
-        nodes, port = _check(args)
+        nodes, port = _check(args, dict(subcommands or {}))
     except ValueError as error:
         print('error: %s' % error, file=sys.stderr)
         return EXIT_USAGE

@@ -11,13 +11,14 @@ Ctrl-C exits 130 keeping the last committed checkpoint; ``compare`` exits 3
 when the variants disagree.
 """
 import argparse
+import ast
 import os
 import sys
 
 from ..tools.cliargs import OneLineArgumentParser
 from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
 from ..tools.launch import add_launch_parser
-from .tasks import TASKS
+from .tasks import BUNDLED
 
 __all__ = []
 
@@ -38,12 +39,30 @@ def _balance(text):
     return 'time' if text == 'time' else _int_list('2,1')(text)
 
 
+def _task_arg(text):
+    """``'KEY=VALUE'`` -> ``(key, value)``; the value is a Python literal
+    (``4``, ``0.5``, ``2,4,1``, ``'x'``) or else the text itself."""
+    key, sep, value = text.partition('=')
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError('expected KEY=VALUE with KEY a Python name, found %r'
+                                         % text)
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return key, value
+
+
 def add_train_flags(parser, defaults=True):
     """The flags of one training run; shared by every command that trains."""
-    parser.add_argument('--task', choices=TASKS, default=_DEFAULTS.task,
+    parser.add_argument('--task', default=_DEFAULTS.task, metavar='TASK',
                         help='regression: the seed question\'s 2-2-2-1 linear network on '
-                             'synthetic data; digits: a CNN on scikit-learn\'s 8x8 digits '
-                             '(default: %(default)s)')
+                             'synthetic data; digits: a CNN on scikit-learn\'s 8x8 digits; '
+                             'FILE.py or a module name: your own task, a file defining '
+                             'task(**kwargs) -> mp_symbolic.Task (default: %(default)s)')
+    parser.add_argument('--task-arg', type=_task_arg, action='append', default=[],
+                        dest='task_arg', metavar='KEY=VALUE',
+                        help='keyword argument of task(), repeatable; VALUE is a Python '
+                             'literal (4, 0.5, 2,4,1) or text')
     parser.add_argument('--devices', default=None, metavar='LIST',
                         help="one device per stage, e.g. 'cpu:0,cpu:1,cpu:2', 'gpu:0,gpu:1,gpu:2' "
                              "or a mix; with --replicas R, R x stages devices listed replica by "
@@ -53,22 +72,25 @@ def add_train_flags(parser, defaults=True):
                         help='blocks per stage, or time to balance by measured forward + '
                              'backward time (default: balanced by parameter count)')
     parser.add_argument('--epochs', type=int, default=None, dest='num_epochs',
-                        help='passes over the data (default: 5 regression, 10 digits)')
+                        help="passes over the data (default: the task's; 5 regression, 10 "
+                             'digits)')
     parser.add_argument('--batch-size', type=int, default=None,
                         help='examples per step, across replicas and workers '
-                             '(default: 100 regression, 64 digits)')
+                             "(default: the task's; 100 regression, 64 digits)")
     parser.add_argument('--lr', type=float, default=None,
-                        help='learning rate (default: 0.02 regression, 0.1 digits)')
+                        help="learning rate (default: the task's; 0.02 regression, 0.1 digits)")
     parser.add_argument('--optimizer', choices=OPTIMIZERS, default=None,
-                        help='optimizer (default: sgd)')
+                        help="optimizer (default: the task's; sgd for both bundled tasks)")
     parser.add_argument('--momentum', type=float, default=None,
-                        help='SGD momentum (default: 0 regression, 0.9 digits)')
+                        help="SGD momentum (default: the task's; 0 regression, 0.9 digits)")
     parser.add_argument('--widths', type=_int_list('2,2,2,1'), default=None,
                         metavar='W0,W1,...',
                         help='regression: layer widths, input first; 2 inputs, 1 output, any '
-                             'number of layers between (default: 2,2,2,1, three layers)')
+                             'number of layers between (default: 2,2,2,1, three layers); the '
+                             'same as --task-arg widths=W0,W1,...')
     parser.add_argument('--num-examples', type=int, default=None,
-                        help='regression: synthetic examples (default: 10000)')
+                        help='regression: synthetic examples (default: 10000); the same as '
+                             '--task-arg num_examples=N')
     parser.add_argument('--seed', type=int, default=_DEFAULTS.seed,
                         help='seed of data, batch order and initial parameters '
                              '(default: %(default)s)')
@@ -81,8 +103,9 @@ def build_parser(defaults=True):
     the result (to tell what a user set from a default)."""
     parser = OneLineArgumentParser(
         prog='python -m mp_symbolic',
-        description='Model-parallel training in MXNet 1.x: the seed question\'s regression '
-                    'and a CNN on 8x8 digits, split over devices by mp_symbolic.Pipeline.')
+        description='Model-parallel training in MXNet 1.x: your own task (a file defining '
+                    'task() -> mp_symbolic.Task), the seed question\'s regression or a CNN on '
+                    '8x8 digits, split over devices by mp_symbolic.Pipeline.')
     commands = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
     train = commands.add_parser(
         'train', help='train one variant and write its checkpoint',
@@ -118,7 +141,7 @@ def build_parser(defaults=True):
                             'from the checkpoint); output goes to DIR unless --out is given')
     train.add_argument('--out', default=None, metavar='DIR',
                        help='output folder (default: artifacts/<variant> for the regression, '
-                            'artifacts/digits[-imperative] for digits)')
+                            'artifacts/<task>[-imperative] for other tasks)')
     train.add_argument('--profile', action='store_true',
                        help='write an MXNet profiler trace (Chrome trace format) to '
                             '<out>/profile.json')
@@ -132,12 +155,48 @@ def build_parser(defaults=True):
     add_train_flags(compare, defaults)
     compare.add_argument('--out', default='artifacts/compare', metavar='DIR',
                          help='output folder (default: %(default)s)')
-    add_launch_parser(commands)
+    add_launch_parser(commands, {'train': _check_worker, 'compare': _check_worker})
     if not defaults:
         for subparser in commands.choices.values():
             for action in subparser._actions:  # pylint: disable=protected-access
                 action.default = argparse.SUPPRESS
     return parser
+
+
+def _task_args(values):
+    """``--task-arg`` pairs, and the regression's ``--widths`` / ``--num-examples``
+    (shorthands for two of them), as one ``task_args`` tuple."""
+    pairs = list(values.pop('task_arg', None) or [])
+    for name in ('widths', 'num_examples'):
+        if values.get(name) is not None:
+            pairs.append((name, values[name]))
+        values.pop(name, None)
+    seen = {}
+    for key, value in pairs:
+        if key in seen and seen[key] != value:
+            raise ValueError('task_args: expected each KEY once, found %s=%r and %s=%r'
+                             % (key, seen[key], key, value))
+        seen[key] = value
+    return tuple(seen.items())
+
+
+def _check_worker(argv):
+    """Checks a launched worker's ``train ...`` / ``compare ...`` arguments as
+    its process will read them (flags and config values; a task file must
+    exist), so that a bad one is refused before any process starts.
+
+    Raises:
+        ValueError: a config value that cannot work; argparse exits 2 with
+            one line for a flag it cannot parse.
+    """
+    args = build_parser().parse_args(list(argv))
+    try:
+        cfg = config_from_args(args, list(argv))
+    except ValueError as err:
+        raise ValueError('worker command: %s' % _flag_message(err)) from None
+    if (cfg.task.endswith('.py') or os.sep in cfg.task) and not os.path.isfile(cfg.task):
+        raise ValueError('worker command: --task %s: expected a task file, found no file %s'
+                         % (cfg.task, cfg.task))
 
 
 def config_from_args(args, argv=None, **overrides):
@@ -147,7 +206,10 @@ def config_from_args(args, argv=None, **overrides):
     the flags given in ``argv`` override it.
     """
     names = TrainConfig.__dataclass_fields__
-    values = {k: v for k, v in vars(args).items() if k in names}
+    raw = vars(args).copy()
+    task_args = _task_args(raw)
+    values = {k: v for k, v in raw.items() if k in names}
+    values['task_args'] = task_args
     values.update(overrides)
     if values.get('resume') is None:
         return TrainConfig(**values)
@@ -155,7 +217,10 @@ def config_from_args(args, argv=None, **overrides):
     from ..tools.checkpoint import read_checkpoint
     from .config import resume_config
     given = vars(build_parser(defaults=False).parse_args(argv))
+    given_args = _task_args(given)
     given = {k: v for k, v in given.items() if k in names}
+    if given_args:
+        given['task_args'] = given_args
     given.update(overrides)
     saved = read_checkpoint(values['resume']).summary.get('config')
     return resume_config(saved, given)
@@ -166,7 +231,7 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'optimizer': '--optimizer', 'momentum': '--momentum', 'widths': '--widths',
             'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
             'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
-            'task': '--task', 'chunks': '--chunks', 'replicas': '--replicas',
+            'task': '--task', 'task_args': '--task-arg', 'chunks': '--chunks', 'replicas': '--replicas',
             'kvstore': '--kvstore', 'balance': '--balance',
             'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror'}
 
@@ -176,10 +241,19 @@ EXIT_DISAGREE = 3    # compare: the variants did not agree within the tolerance
 EXIT_INTERRUPTED = 130  # Ctrl-C: the last committed checkpoint is kept
 
 
-def _flag_message(err):
+def _flag_message(err, task=None):
     """``'num_epochs: expected ...'`` -> ``'--epochs: expected ...'``; a device
     plan that cannot be made names ``--devices``."""
-    from ..core.devices import DeviceSpecError  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from ..core.devices import DeviceSpecError
+    from ..core.task import TaskError
+    from .tasks import TaskLoadError
+    if isinstance(err, TaskLoadError):
+        if err.arg is not None:
+            return '%s: %s' % (_FLAG_OF.get(err.arg, '--task-arg %s' % err.arg), err)
+        return '--task %s: %s' % (err.spec, err)
+    if isinstance(err, TaskError) and task is not None:
+        return '--task %s: %s' % (task, err)
     field, sep, rest = str(err).partition(': ')
     if sep and field in _FLAG_OF:
         return '%s: %s' % (_FLAG_OF[field], rest)
@@ -218,24 +292,26 @@ def main(argv=None):
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir
-    from .tasks import get_task
-    from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, train
+    from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, load, train
+    spec = None
     try:
         cfg = config_from_args(args, argv)
-        built = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
+        spec = cfg.task
+        task, cfg = load(cfg)
+        built = build_pipeline(cfg, task)  # the whole plan, before any work
         cfg.check_profiler_devices(built[0].plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')
         _make_folder(cfg.out_dir)
     except ValueError as err:
-        print('error: %s' % _flag_message(err), file=sys.stderr)
+        print('error: %s' % _flag_message(err, spec), file=sys.stderr)
         return EXIT_USAGE
     try:
         if args.command == 'compare':
             from .compare import compare
-            return 0 if compare(cfg).agree else EXIT_DISAGREE
-        train(cfg, built=built)
+            return 0 if compare(cfg, task=task).agree else EXIT_DISAGREE
+        train(cfg, built=built, task=task)
     except ValueError as err:  # a folder in use, a checkpoint that cannot be resumed
-        print('error: %s' % _flag_message(err), file=sys.stderr)
+        print('error: %s' % _flag_message(err, spec), file=sys.stderr)
         return EXIT_USAGE
     except (OSError, TrainingDiverged, TrainingDidNotLearn) as err:
         print('error: %s' % err, file=sys.stderr)

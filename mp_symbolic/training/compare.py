@@ -27,9 +27,8 @@ from ..tools.checkpoint import atomic_path, write_json
 from .graphviz_plot import write_graph
 from .metrics import AGREE_ATOL, AGREE_RTOL
 from ..core.devices import format_device
-from .tasks import get_task
 from ..tools.text import columns
-from .loop import build_pipeline, fit, initial_values, make_stepper
+from .loop import build_pipeline, fit, initial_values, load, make_stepper
 
 __all__ = []
 
@@ -83,24 +82,23 @@ def _train_run(name, cfg, task, data, log):
     """Trains one run; returns ``(table row, per-step losses, final params)``."""
     pipe, _ = build_pipeline(cfg, task)
     plan = pipe.plan
-    X, y = data[0], data[1]
-    stepper = make_stepper(cfg, pipe, task, initial_values(pipe, cfg.seed), y.shape[1:])
+    X, y = data.X, data.y
+    stepper = make_stepper(cfg, pipe, task, initial_values(pipe, cfg.seed), task.label_shape)
     if cfg.variant == 'imperative':
         copies = count_autograd_copies(stepper, X[:cfg.batch_size])
         method = 'autograd-recorded _copyto nodes; each has one backward copy'
     else:
         copies = stepper.cross_device_copies()
         method = '_CrossDeviceCopy nodes in the bound graph (debug_str)'
-    result = fit(stepper, X, y, cfg, lambda line: log('  %s: %s' % (name, line)), task.METRIC)
-    metrics, lines, _ = task.evaluate(result.params, stepper.predict, data)
+    result = fit(stepper, X, y, cfg, lambda line: log('  %s: %s' % (name, line)), task.loss_label)
+    report = task.report(result.params, stepper.predict)
     row = {
         'variant': name, 'api': cfg.api if cfg.variant == 'symbolic' else 'gluon',
-        'metrics': metrics, 'result': lines[0],
+        'metrics': report.metrics, 'result': report.lines[0], 'short': report.short,
         'samples_per_sec': result.samples_per_sec,
         'wall_time_s': result.wall_time,
         'stage_devices': [format_device(d) for d in plan.devices],
         'stage_of_layer': list(plan.stage_of_layer),
-        'final_mse': metrics.get('final_mse'),
         # every array as MXNet reports it: [name, device, gradient device or None]
         'placement': [[n, str(d), str(g) if g is not None else None]
                       for n, d, g in result.placement],
@@ -110,7 +108,7 @@ def _train_run(name, cfg, task, data, log):
     return row, result.step_losses, result.params
 
 
-def compare(cfg, log=print):
+def compare(cfg, log=print, task=None):
     """Trains the three runs, prints the table, writes JSON, plot and graph.
 
     Args:
@@ -126,12 +124,13 @@ def compare(cfg, log=print):
         OSError: an output file cannot be written.
     """
     out_dir = cfg.out if cfg.out is not None else os.path.join('artifacts', 'compare')
-    task = get_task(cfg.task)
+    if task is None:
+        task, cfg = load(cfg)
     pipe, note = build_pipeline(cfg, task)
     if note:
         log(note)
     cfg = replace(cfg, devices=','.join(format_device(d) for d in pipe.plan.all_devices))
-    data = task.load(cfg)
+    data = task.data()
 
     rows, losses, params = [], {}, {}
     for name, run_cfg in _runs(cfg, pipe.plan):
@@ -157,7 +156,7 @@ def compare(cfg, log=print):
 
     files = {'loss_plot': plot_losses(losses, os.path.join(out_dir, 'loss_curves.png'))}
     graph_files, graph_note = write_graph(
-        pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME), pipe.plan,
+        pipe.training_symbol(task.loss, label_name=task.label), pipe.plan,
         os.path.join(out_dir, 'graph'))
     files.update(graph_files)
     if graph_note:
@@ -189,12 +188,7 @@ def format_table(rows):
 
 
 def _short(row):
-    metrics = row['metrics']
-    if 'final_mse' in metrics:
-        return 'MSE %.3e' % metrics['final_mse']
-    if 'held_out_accuracy' in metrics:
-        return 'acc %.2f%%' % (100 * metrics['held_out_accuracy'])
-    return row['result']
+    return row['short']
 
 
 def plot_losses(losses, path):

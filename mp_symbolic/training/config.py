@@ -1,11 +1,11 @@
 """Training configuration: one frozen dataclass, one field per CLI flag.
 
-Fields left ``None`` take the task's default (``mp_symbolic.training.tasks.<task>.DEFAULTS``):
-the regression trains in a few seconds with plain SGD, the digits CNN with
-SGD + momentum.
+Fields left ``None`` take the task's default (the :class:`~mp_symbolic.Task`'s
+``batch_size``, ``num_epochs``, ``optimizer``, ``lr``, ``momentum`` and
+``out_dir``), filled in by :meth:`TrainConfig.with_task`. Standard library
+only: the command line builds one before loading MXNet.
 """
-from dataclasses import dataclass, fields
-import os
+from dataclasses import dataclass, fields, replace
 
 __all__ = []
 
@@ -14,8 +14,8 @@ APIS = ('module', 'executor')
 OPTIMIZERS = ('sgd', 'adam')
 KVSTORES = ('local', 'device', 'dist_sync')
 MAX_EPOCHS = 100000
-MAX_EXAMPLES = 10 ** 8        # synthetic examples: 800 MB of float32 features at most
-_TASK_FIELDS = ('widths', 'num_examples')  # the regression's own flags
+# Fields a task gives defaults for.
+TASK_DEFAULTS = ('batch_size', 'num_epochs', 'optimizer', 'lr', 'momentum')
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,11 @@ class TrainConfig:
         ValueError: a field is out of range; the message names the field and
             the value found.
     """
-    # 'regression' (the seed question's 2-2-2-1 network) or 'digits' (a CNN on 8x8 digits).
+    # The task: 'regression' (the seed question's 2-2-2-1 network), 'digits' (a CNN on
+    # 8x8 digits), a .py file or a module defining task(**kwargs) -> mp_symbolic.Task.
     task: str = 'regression'
+    # Keyword arguments of task(), as (key, value) pairs (--task-arg KEY=VALUE).
+    task_args: tuple = ()
     # 'symbolic' (ctx_group graph bound with group2ctx) or 'imperative' (Gluon + autograd).
     variant: str = 'symbolic'
     # Symbolic variant only: 'module' (mx.mod.Module, group2ctxs) or 'executor'
@@ -35,23 +38,20 @@ class TrainConfig:
     api: str = 'module'
     # '--devices' string such as 'cpu:0,cpu:1,cpu:2'; None: three GPUs if present, else cpu(0..2).
     devices: str = None
-    # Regression only: layer widths, input first; None: (2, 2, 2, 1), the seed's network.
-    widths: tuple = None
-    # Regression only: synthetic examples; None: 10 000 (the seed's).
-    num_examples: int = None
-    # Examples per step; a last, smaller batch is dropped. None: 100 (regression), 64 (digits).
+    # Examples per step; a last, smaller batch is dropped. None: the task's.
     batch_size: int = None
-    # Passes over the data. None: 5 (regression reaches the noise floor), 10 (digits).
+    # Passes over the data. None: the task's.
     num_epochs: int = None
-    # 'sgd' or 'adam'. None: 'sgd'.
+    # 'sgd' or 'adam'. None: the task's.
     optimizer: str = None
-    # Learning rate; gradients are averaged over the batch. None: 0.02 (regression), 0.1 (digits).
+    # Learning rate; gradients are averaged over the batch. None: the task's.
     lr: float = None
-    # SGD momentum (must stay 0 with Adam). None: 0 (regression), 0.9 (digits).
+    # SGD momentum (must stay 0 with Adam). None: the task's.
     momentum: float = None
     # Seeds the data, the batch order and the initial parameters.
     seed: int = 0
-    # Output folder; None: artifacts/<variant>/ (regression), artifacts/digits[-imperative]/.
+    # Output folder; None: the task's (artifacts/<variant> for the regression,
+    # artifacts/<task>[-<variant>] for others), or the --resume folder.
     out: str = None
     # Show a tqdm progress bar.
     progress: bool = True
@@ -80,45 +80,26 @@ class TrainConfig:
         def bad(name, expected):
             raise ValueError('%s: expected %s, found %r' % (name, expected, getattr(self, name)))
 
-        from .tasks import TASKS, get_task  # pylint: disable=import-outside-toplevel
-        if self.task not in TASKS:
-            bad('task', ' or '.join(TASKS))
-        defaults = get_task(self.task).DEFAULTS
-        for name in _TASK_FIELDS:
-            if name not in defaults and getattr(self, name) is not None:
-                bad(name, 'it unset with task %r (it is a regression setting)' % self.task)
-        for name, value in defaults.items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value)
+        if not isinstance(self.task, str) or not self.task.strip():
+            bad('task', 'a bundled task name, a .py file or a module name')
+        object.__setattr__(self, 'task_args', _freeze(self.task_args))
         if self.variant not in VARIANTS:
             bad('variant', ' or '.join(VARIANTS))
         if self.api not in APIS:
             bad('api', ' or '.join(APIS))
-        if self.optimizer not in OPTIMIZERS:
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
             bad('optimizer', ' or '.join(OPTIMIZERS))
-        if self.widths is not None:
-            object.__setattr__(self, 'widths', tuple(self.widths))
-            if (len(self.widths) < 2 or not all(_is_int(w) and w >= 1 for w in self.widths)):
-                bad('widths', 'at least two positive integers')
-            if self.widths[0] != 2 or self.widths[-1] != 1:
-                bad('widths', 'input width 2 and output width 1 (the data has 2 features, '
-                              '1 target)')
-            if sum(a * b + b for a, b in zip(self.widths, self.widths[1:])) > 2 ** 28:
-                bad('widths', 'at most 2**28 parameters in all (1 GiB of float32 weights, '
-                              'before gradients and optimizer state)')
         for name in ('batch_size', 'num_epochs', 'chunks', 'replicas', 'checkpoint_every'):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
                 bad(name, 'a positive integer')
-        if self.num_epochs > MAX_EPOCHS:
+        if self.num_epochs is not None and self.num_epochs > MAX_EPOCHS:
             bad('num_epochs', 'at most %d' % MAX_EPOCHS)
-        if self.num_examples is not None:
-            if not _is_int(self.num_examples) or not 1 <= self.num_examples <= MAX_EXAMPLES:
-                bad('num_examples', 'a positive integer at most %d' % MAX_EXAMPLES)
-            if self.batch_size > self.num_examples:
-                bad('batch_size', 'at most num_examples (%d)' % self.num_examples)
-        if not (isinstance(self.lr, (int, float)) and 1e-30 <= self.lr <= 1e6):
+        if self.lr is not None and not (isinstance(self.lr, (int, float))
+                                        and 1e-30 <= self.lr <= 1e6):
             bad('lr', 'a number in [1e-30, 1e6]')
-        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+        if self.momentum is not None and not (isinstance(self.momentum, (int, float))
+                                              and 0 <= self.momentum < 1):
             bad('momentum', 'a number in [0, 1)')
         if not _is_int(self.seed) or not 0 <= self.seed < 2 ** 32:
             bad('seed', 'an integer in [0, 2**32) (MXNet seeds with 32 bits)')
@@ -133,6 +114,8 @@ class TrainConfig:
             if value is not None and not _utf8(value):
                 raise ValueError('%s: expected a path MXNet can open (UTF-8; it opens files by '
                                  'UTF-8 name), found %a' % (name, value))
+        if any(getattr(self, name) is None for name in TASK_DEFAULTS):
+            return  # the rest is checked once the task's defaults are in (with_task)
         # Flags that would otherwise be silently ignored.
         if self.optimizer != 'sgd' and self.momentum != 0:
             bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
@@ -167,16 +150,33 @@ class TrainConfig:
                              'machine (MXNet\'s profiler aborts past them), found %s'
                              % (limit, limit - 2, ', '.join(over)))
 
+    def with_task(self, task):
+        """This config with the task's defaults for the fields left ``None``.
+
+        Args:
+            task: The :class:`~mp_symbolic.Task`.
+
+        Raises:
+            ValueError: the combined values cannot work (the message names
+                the field).
+        """
+        values = {name: getattr(task, name) for name in TASK_DEFAULTS
+                  if getattr(self, name) is None}
+        if self.optimizer is not None and self.momentum is None and self.optimizer != 'sgd':
+            values['momentum'] = 0.0  # the task's SGD momentum does not carry over to Adam
+        if self.out is None and self.resume is None:
+            values['out'] = task.default_out_dir(self.variant)
+        cfg = replace(self, **values)
+        num_examples = len(task.data().X)
+        if cfg.batch_size > num_examples:
+            raise ValueError('batch_size: expected at most the task\'s %d training examples, '
+                             'found %d' % (num_examples, cfg.batch_size))
+        return cfg
+
     @property
     def out_dir(self):
-        if self.out is not None:
-            return self.out
-        if self.resume is not None:
-            return self.resume
-        if self.task == 'regression':
-            return os.path.join('artifacts', self.variant)
-        return os.path.join('artifacts', self.task + ('' if self.variant == 'symbolic'
-                                                      else '-' + self.variant))
+        """The output folder (``out``, else the ``resume`` folder)."""
+        return self.out if self.out is not None else self.resume
 
     def optimizer_params(self):
         """Keyword arguments for ``mx.optimizer.create`` (without rescale_grad)."""
@@ -186,13 +186,15 @@ class TrainConfig:
         return params
 
     def to_dict(self):
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values['task_args'] = dict(self.task_args)
+        return values
 
 
 # What makes a run the same run: a resume must keep these. Devices, stages,
 # chunks, replicas, the API and the epoch count may change.
-RESUME_IDENTITY = ('task', 'variant', 'widths', 'num_examples', 'batch_size', 'optimizer',
-                   'lr', 'momentum', 'seed')
+RESUME_IDENTITY = ('task', 'task_args', 'variant', 'batch_size', 'optimizer', 'lr',
+                   'momentum', 'seed')
 
 
 def resume_config(saved, given):
@@ -216,11 +218,18 @@ def resume_config(saved, given):
     values = {}
     for name in RESUME_IDENTITY:
         value = saved[name]
-        if name == 'widths' and value is not None:
-            value = tuple(value)
-        if name in given and given[name] is not None and given[name] != value:
-            raise ValueError('%s: expected the checkpoint\'s %r with resume (or leave it out), '
-                             'found %r' % (name, value, given[name]))
+        if name == 'task_args':
+            value = _freeze(value)
+            if 'task_args' in given:
+                for key, arg in _freeze(given['task_args']):
+                    if dict(value).get(key, _MISSING) != arg:
+                        raise ValueError('%s: expected the checkpoint\'s %s with resume (or '
+                                         'leave it out), found %r'
+                                         % (key, _show(dict(value).get(key, _MISSING)), arg))
+                given = {k: v for k, v in given.items() if k != 'task_args'}
+        elif name in given and given[name] is not None and given[name] != value:
+            raise ValueError('%s: expected the checkpoint\'s %s with resume (or leave it out), '
+                             'found %r' % (name, _show(value), given[name]))
         values[name] = value
     for name, value in given.items():
         if name not in RESUME_IDENTITY:
@@ -228,6 +237,30 @@ def resume_config(saved, given):
     if 'balance' in values and isinstance(values['balance'], list):
         values['balance'] = tuple(values['balance'])
     return TrainConfig(**values)
+
+
+_MISSING = object()
+
+
+def _show(value):
+    return 'default' if value is _MISSING else repr(value)
+
+
+def _freeze(value):
+    """Task arguments as a sorted tuple of ``(key, value)`` pairs, lists made
+    tuples (JSON gives lists back), so that a config compares and hashes."""
+    def frozen(v):
+        return tuple(frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+    if isinstance(value, dict):
+        value = value.items()
+    pairs = []
+    for item in value or ():
+        key, arg = item
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError('task_args: expected KEY=VALUE with KEY a Python name, found %r'
+                             % (key,))
+        pairs.append((key, frozen(arg)))
+    return tuple(sorted(pairs))
 
 
 def _utf8(text):

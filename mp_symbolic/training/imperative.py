@@ -37,7 +37,7 @@ class ImperativeStepper:
         self._arg_names = list(init[0])
         self._aux_names = list(init[1])
         self.trainer = Trainer(pipe.collect_params(), create_optimizer(cfg, rescale_grad=1.0))
-        self._loss_fn = gluon_loss(task.LOSS)
+        self._loss_fn = gluon_loss(task.loss)
 
     def batches(self, X, y, epoch):
         return staged_batches(X, y, self.cfg.batch_size, epoch, self.cfg.seed,
@@ -49,7 +49,7 @@ class ImperativeStepper:
             loss = self._loss_fn(out, y)
         loss.backward()  # outside record(): computing gradients needs no recording
         self.trainer.step(X.shape[0])
-        return self.task.batch_loss(predict_form(self.task.LOSS, out.detach()), y)
+        return self.task.batch_loss(predict_form(self.task.loss, out.detach()), y)
 
     def _collect(self, names, what):
         params = self.pipe.collect_params()
@@ -74,7 +74,7 @@ class ImperativeStepper:
         outputs = []
         for start in range(0, len(X), batch_size):
             out = self.pipe(mx.nd.array(X[start:start + batch_size], ctx=self.plan.first_device))
-            outputs.append(predict_form(self.task.LOSS, out).asnumpy())
+            outputs.append(predict_form(self.task.loss, out).asnumpy())
         return np.concatenate(outputs)
 
     def arg_aux(self):

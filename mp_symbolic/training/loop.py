@@ -8,7 +8,7 @@ from collections import OrderedDict
 import contextlib
 from contextlib import contextmanager
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import os
 import time
 
@@ -17,7 +17,8 @@ import numpy as np
 from tqdm import tqdm
 
 from .config import RESUME_IDENTITY, resume_config
-from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint, write_text
+from ..tools.checkpoint import (SUMMARY_NAME, commit_checkpoint, first_line, read_checkpoint,
+                                write_text)
 from .imperative import ImperativeStepper
 from ..core.module import with_input_shape
 from ..core.optstate import load_states
@@ -25,7 +26,8 @@ from ..core.pipeline import DATA_NAME, Pipeline
 from ..core.devices import format_device, make_plan
 from ..tools.store import Store
 from .symbolic import ExecutorStepper, ModuleStepper
-from .tasks import get_task
+from .tasks import load_task
+from ..core.task import TaskError
 from ..tools.text import columns
 
 __all__ = []
@@ -50,16 +52,38 @@ def build_pipeline(cfg, task):
     Returns:
         ``(pipe, note)``: note says which default devices were chosen, or ``None``.
     """
-    blocks = task.build_blocks(cfg.widths) if cfg.widths is not None else task.build_blocks()
+    blocks = task.make_blocks()
     devices = cfg.devices
     note = None
     if devices is None:
         plan, note = make_plan(min(3, len(blocks)), None, replicas=cfg.replicas)
         devices = plan.all_devices
-    balance = cfg.balance
-    sample = (cfg.batch_size,) + tuple(task.sample_shape(cfg)) if balance == 'time' else None
-    return Pipeline(blocks, devices, balance=balance, sample=sample, chunks=cfg.chunks,
-                    replicas=cfg.replicas, mirror=cfg.mirror), note
+    sample = (cfg.batch_size,) + tuple(task.sample_shape)
+    try:
+        pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
+                        replicas=cfg.replicas, mirror=cfg.mirror)
+    except ValueError as err:
+        field, _, rest = str(err).partition(': ')
+        if field != 'sample':
+            raise
+        raise TaskError('train: expected examples the blocks can take, found examples of '
+                        'shape %s: %s' % (tuple(task.sample_shape), rest)) from None
+    _check_labels(pipe, task, cfg.batch_size)
+    return pipe, note
+
+
+def _check_labels(pipe, task, batch_size):
+    """Raises TaskError unless the task's labels fit the network's output."""
+    symbol = pipe.training_symbol(task.loss, label_name=task.label, chunks=1)
+    shapes = {DATA_NAME: (batch_size,) + tuple(task.sample_shape)}
+    if task.label in symbol.list_arguments():
+        shapes[task.label] = (batch_size,) + tuple(task.label_shape)
+    try:
+        symbol.infer_shape(**shapes)
+    except mx.base.MXNetError as err:
+        raise TaskError('train: expected labels that fit the network\'s output and the loss '
+                        '%r, found labels of shape %s per example: %s'
+                        % (task.loss, tuple(task.label_shape), first_line(err))) from None
 
 
 def initial_values(pipe, seed):
@@ -208,7 +232,7 @@ def profiling(cfg, out_dir):
     write_text(files['profile_stats'], mx.profiler.dumps(reset=True))
 
 
-def _title(cfg, pipe):
+def _title(cfg, task, pipe):
     name = cfg.variant + ('' if cfg.variant == 'imperative' else ' (%s API)' % cfg.api)
     extra = ''
     if cfg.chunks > 1:
@@ -218,7 +242,7 @@ def _title(cfg, pipe):
     if cfg.replicas > 1:
         extra += ', %d replicas (kvstore %s)' % (cfg.replicas, cfg.kvstore)
     return '%s: %s model-parallel training, %d blocks in %d stage(s)%s:' % (
-        cfg.task, name, len(pipe.blocks), pipe.plan.num_stages, extra)
+        task.name, name, len(pipe.blocks), pipe.plan.num_stages, extra)
 
 
 def params_digest(params):
@@ -232,7 +256,8 @@ def params_digest(params):
 
 def _summary(cfg, task, pipe, result, complete):
     summary = {
-        'config': cfg.to_dict(), 'task': task.NAME,
+        'config': cfg.to_dict(), 'task': task.name, 'description': task.description,
+        'stages': [[b.name for b in blocks] for blocks in pipe.stages],
         'devices': [format_device(d) for d in pipe.plan.all_devices],
         'balance': list(pipe.balance), 'stage_of_layer': list(pipe.plan.stage_of_block),
         'epoch_losses': result['epoch_losses'], 'mxnet_version': mx.__version__,
@@ -252,8 +277,8 @@ class _Checkpointer:
         self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
         self.epoch_losses = list(epoch_losses)
         self.symbol = with_input_shape(
-            pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME, chunks=1),
-            DATA_NAME, task.sample_shape(cfg))
+            pipe.training_symbol(task.loss, label_name=task.label, chunks=1),
+            DATA_NAME, task.sample_shape)
         self.last = None
 
     def commit(self, epoch, result=None, complete=False):
@@ -262,7 +287,7 @@ class _Checkpointer:
         arg, aux = self.stepper.arg_aux()
         summary = _summary(self.cfg, self.task, self.pipe,
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
-        self.last = commit_checkpoint(self.store, self.task.NAME, epoch, self.symbol, arg, aux,
+        self.last = commit_checkpoint(self.store, self.task.name, epoch, self.symbol, arg, aux,
                                       self.stepper.optimizer_states(), summary, complete)
         return self.last
 
@@ -304,11 +329,11 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
         return None
     from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
     local = cfg.batch_size // cfg.replicas
-    symbol = pipe.training_symbol(task.LOSS, label_name=task.LABEL_NAME)
+    symbol = pipe.training_symbol(task.loss, label_name=task.label)
     try:
         measured = compare_memory(
-            symbol, [(DATA_NAME, (local,) + tuple(task.sample_shape(cfg)))],
-            [(task.LABEL_NAME, (local,) + tuple(label_shape))], pipe.plan.group2ctx,
+            symbol, [(DATA_NAME, (local,) + tuple(task.sample_shape))],
+            [(task.label, (local,) + tuple(label_shape))], pipe.plan.group2ctx,
             context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
             optimizer_params=cfg.optimizer_params())
     except (ValueError, RuntimeError) as err:
@@ -324,7 +349,18 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
     return result
 
 
-def train(cfg, log=print, built=None):
+def load(cfg):
+    """``cfg``'s task, and ``cfg`` with the task's defaults filled in.
+
+    Raises:
+        TaskLoadError: the task cannot be loaded (see
+            :func:`~mp_symbolic.training.tasks.load_task`).
+    """
+    task, arguments = load_task(cfg.task, cfg.task_args, cfg.seed)
+    return task, replace(cfg, task_args=arguments).with_task(task)
+
+
+def train(cfg, log=print, built=None, task=None):
     """Trains ``cfg.task`` with ``cfg.variant``, prints the report, commits a
     checkpoint every ``cfg.checkpoint_every`` epochs and at the end, and
     returns the :class:`TrainResult`.
@@ -333,6 +369,8 @@ def train(cfg, log=print, built=None):
         built: What :func:`build_pipeline` returned for ``cfg``, when the
             caller already built it (the command line does, to check the plan
             before any work; ``balance='time'`` then measures once).
+        task: ``cfg``'s :class:`~mp_symbolic.Task` when the caller has
+            loaded it (``cfg`` then has its defaults, see :func:`load`).
 
     The output folder is locked for the whole run (one writer per folder);
     each checkpoint is committed as one unit (:mod:`~mp_symbolic.tools.store`).
@@ -346,7 +384,8 @@ def train(cfg, log=print, built=None):
         TrainingDidNotLearn: the trained network is no better than the
             initial one (its final checkpoint is not committed).
     """
-    task = get_task(cfg.task)
+    if task is None:
+        task, cfg = load(cfg)
     kvstore = mx.kv.create(cfg.kvstore) if (cfg.kvstore or '').startswith('dist') else None
     writer = kvstore is None or kvstore.rank == 0  # one worker writes the checkpoints
     if kvstore is not None:
@@ -355,14 +394,14 @@ def train(cfg, log=print, built=None):
             'this worker writes the checkpoints' if writer else 'worker 0 writes the checkpoints'))
     store = Store(cfg.out_dir) if writer else None
     with store.locked() if writer else contextlib.nullcontext():
-        data = task.load(cfg)
+        data = task.data()
         pipe, note = built if built is not None else build_pipeline(cfg, task)
-        for line in ([note] if note else []) + [_title(cfg, pipe)] + \
+        for line in ([note] if note else []) + [_title(cfg, task, pipe)] + \
                 ['  ' + l for l in pipe.describe()]:
             log(line)
         init = initial_values(pipe, cfg.seed)
-        stepper = make_stepper(cfg, pipe, task, init, data[1].shape[1:], kvstore)
-        _, _, score_before = task.evaluate(init[0], stepper.predict, data)
+        stepper = make_stepper(cfg, pipe, task, init, task.label_shape, kvstore)
+        before = task.report(init[0], stepper.predict)
         start_epoch, epoch_losses = 0, []
         if cfg.resume is not None:
             start_epoch, epoch_losses = _resume(cfg, stepper)
@@ -370,24 +409,24 @@ def train(cfg, log=print, built=None):
         log('placement (as MXNet reports it):')
         for line in placement_table(stepper.placement()):
             log('  ' + line)
-        memory = plan_memory(cfg, pipe, task, data[1].shape[1:], log) if cfg.memory else None
+        memory = plan_memory(cfg, pipe, task, task.label_shape, log) if cfg.memory else None
 
         checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses)
         with profiling(cfg, cfg.out_dir) as profile_files:
-            result = fit(stepper, data[0], data[1], cfg, log, task.METRIC, start_epoch,
+            result = fit(stepper, data.X, data.y, cfg, log, task.loss_label, start_epoch,
                          checkpointer.on_epoch)
         result.epoch_losses = checkpointer.epoch_losses
-        result.metrics, lines, score = task.evaluate(result.params, stepper.predict, data)
-        for line in lines:
+        report = task.report(result.params, stepper.predict)
+        result.metrics = report.metrics
+        for line in report.lines:
             log(line)
         log('training: %.2f s wall, %.0f samples/s' % (result.wall_time,
                                                       result.samples_per_sec))
-        if not score < score_before:
+        if not report.score < before.score:
             raise TrainingDidNotLearn(
                 'training did not improve the model (%s: %.4g before, %.4g after %d epochs); '
                 'final checkpoint not saved (a larger --lr or more --epochs?)'
-                % ('MSE' if task.NAME == 'regression' else 'error rate', score_before, score,
-                   cfg.num_epochs))
+                % (report.score_name, before.score, report.score, cfg.num_epochs))
         checkpoint = checkpointer.commit(cfg.num_epochs, dict(
             metrics=dict(result.metrics, **({'memory_per_device': memory} if memory else {})),
             wall_time_s=result.wall_time, samples_per_sec=result.samples_per_sec),

@@ -38,7 +38,7 @@ class _SymbolicStepper:
 
     def __init__(self, pipe, task, cfg):
         self.pipe, self.plan, self.task, self.cfg = pipe, pipe.plan, task, cfg
-        self.label_name = task.LABEL_NAME
+        self.label_name = task.label
         self.shard = (0, 1)
 
     def batches(self, X, y, epoch):
@@ -136,8 +136,8 @@ class ModuleStepper(_SymbolicStepper):
                                     cfg.batch_size))
         self.kvstore = kvstore
         local = cfg.batch_size // self.shard[1]
-        self.module = pipe.module(loss=task.LOSS, label_name=self.label_name)
-        self.module.bind(data_shapes=[(DATA_NAME, (local,) + tuple(task.sample_shape(cfg)))],
+        self.module = pipe.module(loss=task.loss, label_name=self.label_name)
+        self.module.bind(data_shapes=[(DATA_NAME, (local,) + tuple(task.sample_shape))],
                          label_shapes=[(self.label_name, (local,) + tuple(label_shape))])
         arg_params, aux_params = init
         self.module.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
@@ -166,23 +166,11 @@ class ModuleStepper(_SymbolicStepper):
                                {k: mx.nd.array(v) for k, v in aux_params.items()},
                                allow_missing=False, force_init=True)
 
-    def _state_names(self):
-        # Module's updater indexes parameter i of replica k as i * replicas + k;
-        # replica 0's state is the model's.
-        replicas = len(self._execs)
-        return OrderedDict((i * replicas, n)
-                           for i, n in enumerate(self.module._exec_group.param_names))  # pylint: disable=protected-access
-
     def optimizer_states(self):
-        return states_by_name(self.module.updater, self.module._optimizer,  # pylint: disable=protected-access
-                              self._state_names())
+        return self.module.optimizer_states()
 
     def set_optimizer_states(self, states):
-        replicas = len(self._execs)
-        names = self.module._exec_group.param_names  # pylint: disable=protected-access
-        for k, exe in enumerate(self._execs):
-            targets = {n: (i * replicas + k, exe.arg_dict[n].context) for i, n in enumerate(names)}
-            set_states_by_name(self.module.updater, self.module._optimizer, states, targets)  # pylint: disable=protected-access
+        self.module.set_optimizer_states(states)
 
 
 class ExecutorStepper(_SymbolicStepper):
@@ -191,13 +179,13 @@ class ExecutorStepper(_SymbolicStepper):
 
     def __init__(self, pipe, task, cfg, init, label_shape):
         super().__init__(pipe, task, cfg)
-        symbol = pipe.training_symbol(task.LOSS, label_name=self.label_name)
+        symbol = pipe.training_symbol(task.loss, label_name=self.label_name)
         grad_req = {n: 'null' if n in (DATA_NAME, self.label_name) else 'write'
                     for n in symbol.list_arguments()}
         with split_bind(self.plan.group2ctx):
             exe = symbol.simple_bind(
                 ctx=self.plan.first_device, group2ctx=self.plan.group2ctx, grad_req=grad_req,
-                **{DATA_NAME: (cfg.batch_size,) + tuple(task.sample_shape(cfg)),
+                **{DATA_NAME: (cfg.batch_size,) + tuple(task.sample_shape),
                    self.label_name: (cfg.batch_size,) + tuple(label_shape)})
         arg_params, aux_params = init
         for name, value in arg_params.items():

@@ -5,18 +5,14 @@ A small CNN of Gluon's own blocks (convolution, BatchNorm, ReLU, pooling,
 dense), trained with a softmax head; judged by accuracy on a held-out fifth of
 the images (stratified, fixed by the seed).
 """
-import mxnet as mx
 from mxnet import gluon
 import numpy as np
 
+import mp_symbolic
+from mp_symbolic.core.task import Report
+
 __all__ = []
 
-NAME = 'digits'
-LOSS = 'softmax'
-LABEL_NAME = 'softmax_label'
-METRIC = 'cross-entropy'
-DEFAULTS = {'batch_size': 64, 'num_epochs': 10, 'optimizer': 'sgd', 'lr': 0.1,
-            'momentum': 0.9}
 HELD_OUT = 0.2
 TARGET_ACCURACY = 0.95  # what `make train-digits` is expected to reach
 
@@ -56,29 +52,23 @@ def split(X, y, seed=0, held_out=HELD_OUT):
     return X[~mask], y[~mask], X[mask], y[mask]
 
 
-def load(cfg):
-    """``(X_train, y_train, X_held_out, y_held_out)``."""
-    X, y = load_digits()
-    return split(X, y, cfg.seed)
-
-
-def sample_shape(cfg):
-    del cfg
-    return (1, 8, 8)
-
-
-def batch_loss(output, label):
-    """Mean cross-entropy of the head's probabilities, on their device."""
-    picked = mx.nd.pick(output, label, axis=-1)
-    return -mx.nd.mean(mx.nd.log(mx.nd.maximum(picked, 1e-12)))
-
-
 def evaluate(params, predict, data):
     """Held-out accuracy; ``predict(X)`` returns class probabilities."""
     del params
-    X_test, y_test = data[2], data[3]
-    accuracy = float(np.mean(np.argmax(predict(X_test), axis=1) == y_test))
+    accuracy = float(np.mean(np.argmax(predict(data.X_val), axis=1) == data.y_val))
     lines = ['held-out accuracy: %.2f%% (%d of %d images)'
-             % (100 * accuracy, int(round(accuracy * len(y_test))), len(y_test))]
-    return {'held_out_accuracy': accuracy, 'held_out_examples': len(y_test)}, lines, \
-        1.0 - accuracy
+             % (100 * accuracy, int(round(accuracy * len(data.y_val))), len(data.y_val))]
+    return Report(metrics={'held_out_accuracy': accuracy, 'held_out_examples': len(data.y_val)},
+                  lines=lines, score=1.0 - accuracy, short='acc %.2f%%' % (100 * accuracy),
+                  score_name='error rate')
+
+
+def task(seed=0):
+    """The digits CNN as a :class:`~mp_symbolic.Task`; ``seed`` (``--seed``)
+    fixes the held-out split."""
+    X_train, y_train, X_test, y_test = split(*load_digits(), seed=seed)
+    return mp_symbolic.Task(
+        name='digits', blocks=build_blocks(), loss='softmax', train=(X_train, y_train),
+        val=(X_test, y_test), metric='acc', batch_size=64, num_epochs=10, optimizer='sgd',
+        lr=0.1, momentum=0.9, evaluate=evaluate,
+        description="a CNN on scikit-learn's 8x8 digits (a stratified fifth held out)")

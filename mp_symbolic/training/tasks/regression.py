@@ -9,15 +9,13 @@ import mxnet as mx
 from mxnet import gluon
 import numpy as np
 
+import mp_symbolic
+from mp_symbolic.core.task import Report
+
 __all__ = []
 
-NAME = 'regression'
-LOSS = 'l2'
-LABEL_NAME = 'label'
-METRIC = 'batch MSE'
-# Defaults of the flags this task reads (see mp_symbolic.training.config.TrainConfig).
-DEFAULTS = {'widths': (2, 2, 2, 1), 'num_examples': 10000, 'batch_size': 100, 'num_epochs': 5,
-            'optimizer': 'sgd', 'lr': 0.02, 'momentum': 0.0}
+MAX_EXAMPLES = 10 ** 8        # synthetic examples: 800 MB of float32 features at most
+MAX_PARAMS = 2 ** 28          # 1 GiB of float32 weights, before gradients and optimizer state
 
 TRUE_W = np.array([2.0, -3.4], dtype=np.float32)
 TRUE_B = 4.2
@@ -39,22 +37,6 @@ def build_blocks(widths=(2, 2, 2, 1)):
                            weight_initializer=mx.init.Xavier(magnitude=2.24),
                            bias_initializer=mx.init.Constant(0.5))
             for i in range(len(widths) - 1)]
-
-
-def load(cfg):
-    """``(X, y, X_held_out, y_held_out)``: the synthetic data; every example
-    is trained on, and the full-data MSE judges the fit (no held-out part)."""
-    X, y = make_dataset(cfg.num_examples, cfg.seed)
-    return X, y, X, y
-
-
-def sample_shape(cfg):
-    return (cfg.widths[0],)
-
-
-def batch_loss(output, label):
-    """The batch MSE, on the output's device: ``(batch, 1)`` -> scalar."""
-    return mx.nd.mean(mx.nd.square(output - label))
 
 
 def _layers(params):
@@ -95,19 +77,10 @@ def map_error(params):
 
 
 def evaluate(params, predict, data):
-    """Judges the trained network.
-
-    Args:
-        params: Name -> numpy array.
-        predict: Unused here (the map is read off the parameters).
-        data: What :func:`load` returned.
-
-    Returns:
-        ``(metrics, lines, score)``: a JSON-ready dict, report lines, and the
-        figure that says whether training helped (lower is better).
-    """
+    """Judges the trained network by its full-data MSE and the affine map it
+    learned (read off the parameters; ``predict`` is not needed)."""
     del predict
-    X, y = data[0], data[1]
+    X, y = data.X, data.y
     mse = full_mse(params, X, y)
     W, b = end_to_end_map(params)
     metrics = {'final_mse': mse, 'learned_w': W.tolist(), 'learned_b': b.tolist(),
@@ -116,4 +89,45 @@ def evaluate(params, predict, data):
              'learned map: y = %s . x + %s   (true: [2, -3.4] . x + 4.2; max error %.2e)'
              % (np.array2string(W.ravel(), precision=5), np.array2string(b, precision=5),
                 metrics['map_error'])]
-    return metrics, lines, mse
+    return Report(metrics=metrics, lines=lines, score=mse, short='MSE %.3e' % mse,
+                  score_name='MSE')
+
+
+def _check_widths(widths):
+    try:
+        widths = tuple(widths)
+    except TypeError:
+        widths = ()
+    if len(widths) < 2 or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1
+                                  for w in widths):
+        raise ValueError('widths: expected at least two positive integers, found %r' % (widths,))
+    if widths[0] != 2 or widths[-1] != 1:
+        raise ValueError('widths: expected input width 2 and output width 1 (the data has 2 '
+                         'features, 1 target), found %r' % (widths,))
+    if sum(a * b + b for a, b in zip(widths, widths[1:])) > MAX_PARAMS:
+        raise ValueError('widths: expected at most 2**28 parameters in all (1 GiB of float32 '
+                         'weights, before gradients and optimizer state), found %r' % (widths,))
+    return widths
+
+
+def task(widths=(2, 2, 2, 1), num_examples=10000, seed=0):
+    """The seed question's regression as a :class:`~mp_symbolic.Task`.
+
+    Args:
+        widths: Layer widths, input first (2 inputs, 1 output).
+        num_examples: Synthetic examples, all trained on (the full-data MSE
+            judges the fit; there is no held-out part).
+        seed: Seeds the data (``--seed``).
+    """
+    widths = _check_widths(widths)
+    if not isinstance(num_examples, int) or isinstance(num_examples, bool) or \
+            not 1 <= num_examples <= MAX_EXAMPLES:
+        raise ValueError('num_examples: expected a positive integer at most %d, found %r'
+                         % (MAX_EXAMPLES, num_examples))
+    X, y = make_dataset(num_examples, seed)
+    return mp_symbolic.Task(
+        name='regression', blocks=build_blocks(widths), loss='l2', train=(X, y),
+        label_name='label', batch_size=100, num_epochs=5, optimizer='sgd',
+        lr=0.02, momentum=0.0, evaluate=evaluate, out_dir='artifacts/{variant}',
+        description="the seed question's %s linear network on synthetic data"
+                    % '-'.join(str(w) for w in widths))

@@ -1,0 +1,337 @@
+"""``Task``: a workload the command line trains, written by its user.
+
+A task file defines ``task(**kwargs)`` returning a :class:`Task`; ``python -m
+mp_symbolic train --task FILE.py --task-arg KEY=VALUE`` calls it with the
+``--task-arg`` values as keyword arguments and gives the task everything the
+command line offers (device plans, chunks, replicas, committed checkpoints,
+resume, launch, profiling, memory, export). The bundled regression and digits
+tasks are two such files. The idea follows flax's examples: the model and data
+are plain functions, the training loop is the library's.
+
+Example (``my_task.py``)::
+
+    from mxnet import gluon
+    from sklearn.datasets import load_wine
+    import mp_symbolic
+
+    def task(hidden=32):
+        X, y = load_wine(return_X_y=True)
+        ...
+        return mp_symbolic.Task(
+            name='wine', blocks=[gluon.nn.Dense(hidden, activation='relu'), ...],
+            loss='softmax', train=(X_train, y_train), val=(X_val, y_val),
+            metric='acc', batch_size=16, num_epochs=30, lr=0.05)
+"""
+from collections import namedtuple
+from dataclasses import dataclass, field
+import re
+
+import mxnet as mx
+import numpy as np
+
+from .heads import LOSSES
+
+__all__ = []
+
+# What a task's data becomes: numpy arrays, examples first, float32.
+Data = namedtuple('Data', 'X y X_val y_val')
+
+_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$')
+# The loss each head minimises, as the per-epoch line names it.
+LOSS_LABELS = {'l2': 'batch MSE', 'softmax': 'cross-entropy',
+               'logistic': 'binary cross-entropy'}
+_DEFAULT_METRICS = {'l2': 'mse', 'softmax': 'acc', 'logistic': 'binary accuracy'}
+
+
+class TaskError(ValueError):
+    """A task that cannot be trained: a field of the wrong kind, or data that
+    does not fit the network."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """How the trained network did (what :attr:`Task.evaluate` returns).
+
+    Attributes:
+        metrics: JSON-ready figures, recorded in ``summary.json``.
+        lines: Printed after training.
+        score: Lower is better; training that does not lower it fails.
+        short: A few characters for tables (``'acc 97.49%'``).
+        score_name: What ``score`` is, for messages.
+    """
+    metrics: dict
+    lines: list
+    score: float
+    short: str
+    score_name: str = 'score'
+
+
+@dataclass(frozen=True)
+class Task:
+    """A workload: a network of Gluon blocks, its data, loss and defaults.
+
+    Args:
+        name: Names the checkpoint files (``<name>-symbol.json``) and the
+            default output folder; letters, digits, ``.``, ``_``, ``-``.
+        blocks: A list of Gluon ``HybridBlock`` s (split into stages by
+            :class:`~mp_symbolic.Pipeline`), a ``HybridSequential``, or a
+            callable returning either; give blocks a ``prefix=`` for
+            parameter names that do not depend on Gluon's name counters.
+        train: ``(X, y)`` numpy arrays (examples first) or an
+            ``mx.io.DataIter`` with one data and one label (read once into
+            memory; the training loop shuffles it per epoch by the seed).
+        loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
+            ``(prediction, label) -> Symbol`` (what ``pipe.module(loss=...)``
+            takes).
+        val: Held-out data like ``train``, or ``None``: the metric is then
+            computed on ``train``.
+        metric: An MXNet metric name (``'acc'``, ``'mse'``, ...) or an
+            ``mx.metric.EvalMetric``; ``None``: ``'mse'`` for ``'l2'``,
+            ``'acc'`` for ``'softmax'``, accuracy at 0.5 for ``'logistic'``.
+        batch_size, num_epochs, optimizer, lr, momentum: Defaults of the
+            ``--batch-size``, ``--epochs``, ``--optimizer``, ``--lr`` and
+            ``--momentum`` flags (``optimizer``: ``'sgd'`` or ``'adam'``).
+        input_shape: Shape of one example; ``None``: read off the data.
+        label_name: The label variable's name; ``None``: ``'softmax_label'``
+            (``mx.io.NDArrayIter``'s default).
+        description: One line saying what the task is.
+        evaluate: ``None`` (the metric on ``val``) or a callable
+            ``evaluate(params, predict, data) -> Report`` for a report of
+            your own (``params``: name -> numpy; ``predict(X)``: the
+            network's output in its head's inference form; ``data``: a
+            :data:`Data`).
+        out_dir: Default output folder, a format string over ``{name}`` and
+            ``{variant}``; ``None``: ``artifacts/{name}`` for the symbolic
+            variant, ``artifacts/{name}-{variant}`` for others.
+
+    Raises:
+        TaskError: a field of the wrong kind or out of range (the message
+            names the field, what was expected and what was found).
+    """
+    name: str
+    blocks: object
+    train: object
+    loss: object = 'softmax'
+    val: object = None
+    metric: object = None
+    batch_size: int = 64
+    num_epochs: int = 10
+    optimizer: str = 'sgd'
+    lr: float = 0.1
+    momentum: float = 0.0
+    input_shape: tuple = None
+    label_name: str = None
+    description: str = ''
+    evaluate: object = None
+    out_dir: str = None
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        def bad(name, expected):
+            raise TaskError('%s: expected %s, found %s' % (name, expected,
+                                                          _describe(getattr(self, name))))
+
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            bad('name', 'a file-name prefix of letters, digits, ., _ or - (up to 64)')
+        if not (callable(self.loss) or self.loss in LOSSES):
+            bad('loss', '%s or a callable (prediction, label) -> Symbol'
+                % ', '.join(repr(l) for l in LOSSES))
+        for name in ('batch_size', 'num_epochs'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                bad(name, 'a positive integer')
+        if self.optimizer not in ('sgd', 'adam'):
+            bad('optimizer', "'sgd' or 'adam'")
+        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or \
+                not 0 < self.lr <= 1e6:
+            bad('lr', 'a number in (0, 1e6]')
+        if not isinstance(self.momentum, (int, float)) or not 0 <= self.momentum < 1:
+            bad('momentum', 'a number in [0, 1)')
+        if self.optimizer != 'sgd' and self.momentum:
+            bad('momentum', "0 with optimizer %r (momentum is an SGD setting)" % self.optimizer)
+        if self.input_shape is not None:
+            try:
+                shape = tuple(int(d) for d in self.input_shape)
+            except (TypeError, ValueError):
+                shape = ()
+            if not shape or min(shape) < 1:
+                bad('input_shape', 'the shape of one example, positive integers')
+            object.__setattr__(self, 'input_shape', shape)
+        if self.label_name is not None and not isinstance(self.label_name, str):
+            bad('label_name', 'a string')
+        if self.evaluate is not None and not callable(self.evaluate):
+            bad('evaluate', 'None or a callable (params, predict, data) -> Report')
+        if self.out_dir is not None and not isinstance(self.out_dir, str):
+            bad('out_dir', 'None or a folder path')
+        if not isinstance(self.description, str):
+            bad('description', 'a string')
+        if self.metric is not None and not isinstance(self.metric, (str, mx.metric.EvalMetric)):
+            bad('metric', 'an MXNet metric name or an mx.metric.EvalMetric')
+
+    # -- what the training loop reads --------------------------------------
+
+    def make_blocks(self):
+        """The network's blocks (calling ``blocks`` once if it is a function).
+
+        Raises:
+            TaskError: ``blocks`` gives no HybridBlock.
+        """
+        if 'blocks' not in self._cache:
+            blocks = self.blocks() if callable(self.blocks) and \
+                not isinstance(self.blocks, mx.gluon.Block) else self.blocks
+            if isinstance(blocks, mx.gluon.Block):
+                if not isinstance(blocks, mx.gluon.HybridBlock):
+                    raise TaskError('blocks: expected Gluon HybridBlocks, found %s'
+                                    % type(blocks).__name__)
+            else:
+                try:
+                    blocks = list(blocks)
+                except TypeError:
+                    raise TaskError('blocks: expected a list of Gluon HybridBlocks, a '
+                                    'HybridSequential or a function returning one, found %s'
+                                    % _describe(blocks)) from None
+                if not blocks or not all(isinstance(b, mx.gluon.HybridBlock) for b in blocks):
+                    raise TaskError('blocks: expected a non-empty list of Gluon HybridBlocks, '
+                                    'found %s' % _describe(blocks))
+            self._cache['blocks'] = blocks
+        return self._cache['blocks']
+
+    def data(self):
+        """The data as numpy arrays: a :data:`Data` (``X_val``/``y_val`` are
+        the training arrays when there is no ``val``).
+
+        Raises:
+            TaskError: data that is not ``(X, y)`` arrays or a DataIter, or
+                whose examples and labels do not pair up.
+        """
+        if 'data' not in self._cache:
+            X, y = _arrays(self.train, 'train')
+            if self.val is None:
+                X_val, y_val = X, y
+            else:
+                X_val, y_val = _arrays(self.val, 'val')
+                if X_val.shape[1:] != X.shape[1:]:
+                    raise TaskError('val: expected examples of shape %s like train, found %s'
+                                    % (X.shape[1:], X_val.shape[1:]))
+            if self.input_shape is not None and X.shape[1:] != self.input_shape:
+                raise TaskError('train: expected examples of input_shape %s, found %s'
+                                % (self.input_shape, X.shape[1:]))
+            self._cache['data'] = Data(X, y, X_val, y_val)
+        return self._cache['data']
+
+    @property
+    def sample_shape(self):
+        """Shape of one example."""
+        return self.input_shape if self.input_shape is not None else self.data().X.shape[1:]
+
+    @property
+    def label_shape(self):
+        """Shape of one example's label."""
+        return self.data().y.shape[1:]
+
+    @property
+    def label(self):
+        """The label variable's name."""
+        return self.label_name or 'softmax_label'
+
+    @property
+    def loss_label(self):
+        """What the per-epoch line calls the batch loss."""
+        return LOSS_LABELS.get(self.loss, 'loss') if isinstance(self.loss, str) else 'loss'
+
+    def default_out_dir(self, variant):
+        if self.out_dir is not None:
+            return self.out_dir.format(name=self.name, variant=variant)
+        return 'artifacts/%s' % self.name + ('' if variant == 'symbolic' else '-' + variant)
+
+    def batch_loss(self, output, label):
+        """The batch's mean loss from the head's output, on its device."""
+        if self.loss == 'l2':
+            return mx.nd.mean(mx.nd.square(output - label.reshape(output.shape)))
+        if self.loss == 'softmax':
+            picked = mx.nd.pick(output, label, axis=-1)
+            return -mx.nd.mean(mx.nd.log(mx.nd.maximum(picked, 1e-12)))
+        if self.loss == 'logistic':
+            p = mx.nd.clip(output, 1e-12, 1 - 1e-12)
+            label = label.reshape(output.shape)
+            return -mx.nd.mean(label * mx.nd.log(p) + (1 - label) * mx.nd.log(1 - p))
+        return mx.nd.mean(output)  # a callable head: MakeLoss outputs the loss itself
+
+    def report(self, params, predict):
+        """How the network with ``params`` does (see ``evaluate``).
+
+        Args:
+            params: Name -> numpy array.
+            predict: ``predict(X)`` -> numpy outputs in inference form.
+        """
+        data = self.data()
+        if self.evaluate is not None:
+            report = self.evaluate(params, predict, data)
+            if not isinstance(report, Report):
+                raise TaskError('evaluate: expected it to return an mp_symbolic.core.task.'
+                                'Report, found %s' % _describe(report))
+            return report
+        out = predict(data.X_val)
+        where = 'validation' if self.val is not None else 'training'
+        metric = self.metric if self.metric is not None else _DEFAULT_METRICS.get(self.loss, 'mse')
+        metric = _make_metric(metric)
+        metric.reset()
+        metric.update([mx.nd.array(data.y_val)], [mx.nd.array(out)])
+        name, value = metric.get()
+        loss = float(self.batch_loss(mx.nd.array(out), mx.nd.array(data.y_val)).asscalar())
+        lines = ['%s %s: %.4f (%d examples)' % (where, name, value, len(data.y_val)),
+                 '%s %s: %.4e' % (where, self.loss_label.replace('batch ', ''), loss)]
+        return Report(metrics={'%s_%s' % (where, name.replace(' ', '_')): float(value),
+                               '%s_loss' % where: loss},
+                      lines=lines, score=loss, short='%s %.4g' % (name, value),
+                      score_name='%s loss' % where)
+
+
+def _make_metric(metric):
+    if isinstance(metric, mx.metric.EvalMetric):
+        return metric
+    if metric == 'binary accuracy':
+        return mx.metric.CustomMetric(
+            lambda label, pred: float(np.mean((pred.reshape(label.shape) > 0.5) == label)),
+            name='binary accuracy')
+    try:
+        return mx.metric.create(metric)
+    except ValueError as err:
+        raise TaskError('metric: expected an MXNet metric name (acc, mse, mae, rmse, f1, '
+                        'top_k_accuracy, ...), found %r: %s' % (metric, err)) from None
+
+
+def _arrays(data, name):
+    """``(X, y)`` float32 numpy arrays from a pair or a DataIter."""
+    if isinstance(data, mx.io.DataIter):
+        xs, ys = [], []
+        data.reset()
+        for batch in data:
+            if not batch.label:
+                raise TaskError('%s: expected a DataIter with labels, found one without' % name)
+            keep = batch.data[0].shape[0] - (batch.pad or 0)
+            xs.append(batch.data[0].asnumpy()[:keep])
+            ys.append(batch.label[0].asnumpy()[:keep])
+        data.reset()
+        if not xs:
+            raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
+        X, y = np.concatenate(xs), np.concatenate(ys)
+    elif isinstance(data, (tuple, list)) and len(data) == 2:
+        X, y = (a.asnumpy() if isinstance(a, mx.nd.NDArray) else np.asarray(a) for a in data)
+    else:
+        raise TaskError('%s: expected (X, y) arrays or an mx.io.DataIter, found %s'
+                        % (name, _describe(data)))
+    if X.ndim < 2 or y.ndim < 1 or len(X) != len(y):
+        raise TaskError('%s: expected X of shape (examples, ...) and y with one label per '
+                        'example, found X %s and y %s' % (name, X.shape, y.shape))
+    if not (np.issubdtype(X.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
+        raise TaskError('%s: expected numeric arrays, found %s and %s' % (name, X.dtype, y.dtype))
+    X, y = X.astype(np.float32), y.astype(np.float32)
+    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
+        raise TaskError('%s: expected finite values, found NaN or infinity' % name)
+    return X, y
+
+
+def _describe(value):
+    text = repr(value)
+    return text if len(text) <= 60 else '%s %s...' % (type(value).__name__, text[:40])
