@@ -7,6 +7,8 @@ only: the command line builds one before loading MXNet.
 """
 from dataclasses import dataclass, fields, replace
 
+from .tasks import DEFAULT_TASK
+
 __all__ = []
 
 VARIANTS = ('symbolic', 'imperative')
@@ -28,7 +30,7 @@ class TrainConfig:
     """
     # The task: 'regression' (the seed question's 2-2-2-1 network), 'digits' (a CNN on
     # 8x8 digits), a .py file or a module defining task(**kwargs) -> mp_symbolic.Task.
-    task: str = 'regression'
+    task: str = DEFAULT_TASK
     # Keyword arguments of task(), as (key, value) pairs (--task-arg KEY=VALUE).
     task_args: tuple = ()
     # 'symbolic' (ctx_group graph bound with group2ctx) or 'imperative' (Gluon + autograd).

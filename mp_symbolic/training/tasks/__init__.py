@@ -16,6 +16,7 @@ import traceback
 __all__ = []
 
 BUNDLED = ('regression', 'digits')
+DEFAULT_TASK = 'regression'  # the seed question's, what `train` runs without --task
 
 
 class TaskLoadError(ValueError):
