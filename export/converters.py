@@ -30,6 +30,7 @@ References: MXNet 1.9.1 ``python/mxnet/onnx/mx2onnx/_export_onnx.py``
 """
 import contextlib
 import copy
+import json
 import threading
 
 import onnx
@@ -91,18 +92,52 @@ def refusal(op, node, reason):
                        % (op, block_of(node['name']), ' (%s)' % group if group else '', reason))
 
 
-def check_translations(nodes, opset=OPSET):
-    """Raises for the first op node MXNet's converter has no function for.
+def _input_shape(shapes, nodes, entry):
+    """Shape of the tensor a node input ``[node id, output index, ...]`` reads."""
+    source = nodes[entry[0]]
+    if source['op'] == 'null':
+        return shapes.get(source['name'])
+    return shapes.get('%s_output' % source['name'],
+                      shapes.get('%s_output%d' % (source['name'], entry[1])))
+
+
+def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
+    """Raises for the first op MXNet's converter cannot translate.
+
+    That is an op with no converter function at ``opset``, or a known gap
+    where MXNet's converter would write a graph that onnxruntime rejects: its
+    ``RNN`` converter with ``num_layers=2`` reads the first layer's weights as
+    if the input size were the hidden size.
 
     Args:
-        nodes: The symbol's JSON nodes, in graph order.
+        symbol: The inference symbol.
+        arg_shapes: Argument and auxiliary state name -> shape.
+        sample_shape: One input sample's shape (batch left out).
 
     Raises:
-        ExportError: naming the op, its block and its stage.
+        ExportError: one line naming the op, its block and its stage.
     """
+    nodes = json.loads(symbol.tojson())['nodes']
     for node in nodes:
         if node['op'] != 'null' and not has_translation(node['op'], opset):
             raise refusal(node['op'], node, "MXNet's ONNX converter has no translation for it")
+    rnns = [node for node in nodes if node['op'] == 'RNN'
+            and int(node.get('attrs', {}).get('num_layers', '1')) > 1]
+    if not rnns:
+        return
+    internals = symbol.get_internals()
+    known = {name: shape for name, shape in arg_shapes.items()
+             if name in internals.list_inputs()}
+    _, out_shapes, _ = internals.infer_shape_partial(data=(1,) + tuple(sample_shape), **known)
+    shapes = dict(zip(internals.list_outputs(), out_shapes))
+    for node in rnns:
+        data_shape = _input_shape(shapes, nodes, node['inputs'][0])  # (T, N, C)
+        hidden = int(node['attrs']['state_size'])
+        if data_shape and data_shape[-1] != hidden:
+            raise refusal('RNN', node, "MXNet's ONNX converter handles num_layers=%s only with "
+                          'an input size equal to the hidden size, found input size %d, '
+                          'hidden size %d' % (node['attrs']['num_layers'], data_shape[-1],
+                                              hidden))
 
 
 def _check_graph_at(opset, ir_version):

@@ -116,7 +116,8 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
     out_shape = output_shape(symbol, arg_params, aux_params, shape)
     params = dict(arg_params)
     params.update(aux_params)
-    converters.check_translations(json.loads(symbol.tojson())['nodes'], ONNX_OPSET)
+    arrays = {name: value.shape for name, value in params.items()}
+    converters.check_translations(symbol, arrays, shape, ONNX_OPSET)
     try:
         with converters.conversion_context(ONNX_OPSET, ONNX_IR_VERSION):
             graph = MXNetGraph().create_onnx_graph_proto(
