@@ -15,3 +15,7 @@ import os
 # Where `make train-symbolic` writes, and where `make export` writes.
 DEFAULT_CHECKPOINT_DIR = os.path.join('artifacts', 'symbolic')
 DEFAULT_OUT_DIR = os.path.join('artifacts', 'export')
+
+from .loader import LoadedModel, load_model  # noqa: E402  (after the constants it imports)
+
+__all__ = ['load_model', 'LoadedModel', 'DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR']
