@@ -7,6 +7,7 @@ nodes with the function registered for it in ``MXNetGraph.registry_``
 requested opset wins). This module
 
 * registers, at :data:`OPSET` (13, the opset the export declares), a
+  ``GroupNorm`` converter (MXNet has none), and a
   ``Convolution`` and a ``Pooling`` converter that also take the 1-D layout
   ``NCW`` of Gluon's ``Conv1D``, ``MaxPool1D``, ``AvgPool1D``,
   ``GlobalMaxPool1D`` and ``GlobalAvgPool1D`` (MXNet's converters refuse any
@@ -33,10 +34,11 @@ import copy
 import json
 import threading
 
-import onnx
-import onnx.checker
 from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 from mxnet.onnx.mx2onnx._op_translations import _op_translations_opset12 as _mx12
+import onnx
+import onnx.checker
+from onnx.helper import make_node
 
 from .errors import ExportError
 
@@ -68,6 +70,30 @@ def _as_2d_layout_call(convert):
 
 MXNetGraph.register('Convolution', OPSET)(_as_2d_layout_call(_mx12.convert_convolution))
 MXNetGraph.register('Pooling', OPSET)(_as_2d_layout_call(_mx12.convert_pooling))
+
+
+@MXNetGraph.register('GroupNorm', OPSET)
+def convert_group_norm(node, **kwargs):
+    """MXNet's ``GroupNorm`` (Gluon's ``GroupNorm``) as ONNX nodes.
+
+    MXNet 1.9.1 normalises each of the ``num_groups`` groups of channels of
+    a sample over its channels and positions (biased variance, ``eps``
+    inside the square root), then scales and shifts it by the group's
+    ``gamma`` and ``beta`` (both of shape ``(num_groups,)``). That is ONNX's
+    ``InstanceNormalization`` on the input reshaped to ``(N, num_groups,
+    -1)``, reshaped back.
+    """
+    name, (data, gamma, beta), attrs = _mx12.get_inputs(node, kwargs)
+    groups = int(attrs.get('num_groups', 1))
+    eps = float(attrs.get('eps', 1e-5))
+    _mx12.create_tensor([0, groups, -1], name + '_grouped_shape', kwargs['initializer'])
+    return [
+        make_node('Shape', [data], [name + '_shape']),
+        make_node('Reshape', [data, name + '_grouped_shape'], [name + '_grouped']),
+        make_node('InstanceNormalization', [name + '_grouped', gamma, beta],
+                  [name + '_normed'], epsilon=eps),
+        make_node('Reshape', [name + '_normed', name + '_shape'], [name], name=name),
+    ]
 
 
 def has_translation(op, opset=OPSET):

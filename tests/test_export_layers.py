@@ -108,10 +108,14 @@ CASES = {
                   (4,), 1, EXPORTS),
     'InstanceNorm': (lambda: [nn.Conv2D(3, 1, in_channels=2), nn.InstanceNorm(in_channels=3),
                               nn.Flatten()], (2, 4, 4), 1, EXPORTS),
-    'GroupNorm': (lambda: [nn.Conv2D(4, 1, in_channels=2), nn.GroupNorm(2),
-                           nn.Flatten()], (2, 4, 4), 1,
-                  "cannot export op GroupNorm of block groupnorm0 (stage1): MXNet's ONNX "
-                  'converter has no translation for it'),
+    'GroupNorm': (lambda: [nn.Conv2D(4, 1, in_channels=2), nn.GroupNorm(2), nn.Flatten()],
+                  (2, 4, 4), 1, EXPORTS),
+    'GroupNorm on (N, C, W)': (lambda: [nn.Conv1D(6, 1, in_channels=2), nn.GroupNorm(3),
+                                        nn.Flatten()], (2, 5), 1, EXPORTS),
+    'BatchNormReLU': (lambda: [nn.Conv2D(3, 1, in_channels=2), nn.BatchNormReLU(in_channels=3),
+                               nn.Flatten()], (2, 4, 4), 1,
+                      'cannot export op _contrib_BatchNormWithReLU of block batchnormrelu0 '
+                      "(stage1): MXNet's ONNX converter has no translation for it"),
     # recurrent, reduced over time
     'LSTM + mean': (lambda: [rnn.LSTM(5, layout='NTC', input_size=4), _reduce('mean')],
                     (3, 4), 1, EXPORTS),
