@@ -214,3 +214,33 @@ def test_layer_exports_with_parity_or_is_refused_in_one_line(name, tmp_path):
     expected_out = exe.forward(is_train=False, data=X)[0].asnumpy()
     np.testing.assert_allclose(onnx_out, expected_out.reshape(onnx_out.shape),
                                rtol=TOL, atol=TOL)
+
+
+def test_converter_graph_check_runs_at_the_declared_opset_and_is_restored(tmp_path, monkeypatch):
+    """A node valid only at a newer opset (ReduceMean with its axes as an input,
+    opset 18) is refused at the declared opset 13, in one line; MXNet's
+    converter and onnx's checker are the library's own again afterwards."""
+    import onnx  # pylint: disable=import-outside-toplevel
+    from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph  # pylint: disable=import-outside-toplevel
+    from mxnet.onnx.mx2onnx._op_translations import _op_translations_opset12 as mx12  # pylint: disable=import-outside-toplevel
+
+    def reduce_mean_opset18(node, **kwargs):
+        name, inputs, _ = mx12.get_inputs(node, kwargs)
+        mx12.create_tensor([1], name + '_axes', kwargs['initializer'])
+        return [onnx.helper.make_node('ReduceMean', [inputs[0], name + '_axes'], [name],
+                                      name=name)]
+
+    monkeypatch.setitem(MXNetGraph.registry_[13], 'mean', reduce_mean_opset18)
+    make_blocks, shape, stage0, _ = CASES['F.mean']
+    prefix = str(tmp_path / 'model')
+    with mx.name.NameManager():
+        blocks = make_blocks()
+    _checkpoint(blocks, shape, stage0, prefix)
+    check_graph, convert_layer = onnx.checker.check_graph, MXNetGraph.__dict__['convert_layer']
+    with pytest.raises(ExportError) as refused:
+        export_checkpoint(prefix, str(tmp_path / 'export'), epoch=1, log=lambda line: None)
+    assert str(refused.value).startswith('MXNet converted this graph to ONNX that is not valid '
+                                         'at opset 13: ')
+    assert 'ReduceMean' in str(refused.value) and '\n' not in str(refused.value)
+    assert onnx.checker.check_graph is check_graph
+    assert MXNetGraph.__dict__['convert_layer'] is convert_layer

@@ -138,3 +138,5 @@ def test_load_model_refuses_bad_epoch_devices_and_input(exported):
     model = export.load_model(out, devices='cpu:0')
     with pytest.raises(InputError, match='expected'):
         model.predict(np.zeros((3, 5), np.float32))
+    with pytest.raises(InputError, match=r'^expected .* found shape \(%s' % model.sample_shape[0]):
+        model.predict(np.zeros(model.sample_shape, np.float32))  # one sample, unbatched
