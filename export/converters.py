@@ -7,8 +7,8 @@ nodes with the function registered for it in ``MXNetGraph.registry_``
 requested opset wins). This module
 
 * registers, at :data:`OPSET` (13, the opset the export declares), a
-  ``GroupNorm`` converter (MXNet has none), and a
-  ``Convolution`` and a ``Pooling`` converter that also take the 1-D layout
+  ``GroupNorm`` converter (MXNet has none), and ``Convolution`` and
+  ``Pooling`` converters that also take the 1-D layout
   ``NCW`` of Gluon's ``Conv1D``, ``MaxPool1D``, ``AvgPool1D``,
   ``GlobalMaxPool1D`` and ``GlobalAvgPool1D`` (MXNet's converters refuse any
   layout but ``NCHW`` and ``NCDHW``; ONNX's ``Conv``, ``MaxPool``,
@@ -19,7 +19,7 @@ requested opset wins). This module
   version the model declares. MXNet calls it without a checker context, so
   onnx checks against its own newest opset (19 for onnx 1.14), where
   ``ReduceMean`` and its kin no longer take an ``axes`` attribute: every
-  graph with a ``LayerNorm``, ``mean``, ``sum`` or ``max`` failed with
+  graph with a ``LayerNorm``, a ``mean`` or a ``max`` reduction failed with
   ``Unrecognized attribute: axes for operator ReduceMean`` although it is
   valid at opset 13. The same context turns a converter's refusal into one
   line naming the op and the block it belongs to.
@@ -27,7 +27,7 @@ requested opset wins). This module
 References: MXNet 1.9.1 ``python/mxnet/onnx/mx2onnx/_export_onnx.py``
 (``MXNetGraph.register``, ``convert_layer``, ``create_onnx_graph_proto``) and
 ``_op_translations/_op_translations_opset12.py`` (``convert_convolution``,
-``convert_pooling``).
+``convert_pooling``); ONNX's ``InstanceNormalization`` for GroupNorm.
 """
 import contextlib
 import copy

@@ -13,7 +13,7 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
   model declares that opset and :data:`ONNX_IR_VERSION` explicitly; the
   converter's own graph check runs at that opset too, and ops it lacks or
   refuses are named with their block (:mod:`export.converters`, which also
-  adds 1-D convolution and pooling);
+  adds 1-D convolution and pooling, and GroupNorm);
 * initializers are removed from the graph inputs;
 * the batch dimension is the named dynamic dimension :data:`BATCH_DIM`;
 * ``metadata_props`` records where the model came from.
@@ -39,6 +39,7 @@ __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
            'check_onnx_version', 'to_onnx', 'sha256_file', 'producer_version']
 
 ONNX_OPSET = 13
+assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the declared opset'
 # IR version 7 is the oldest that carries opset 13, so the widest range of
 # runtimes can load the file.
 ONNX_IR_VERSION = 7
