@@ -7,7 +7,8 @@ nodes with the function registered for it in ``MXNetGraph.registry_``
 requested opset wins). This module
 
 * registers, at :data:`OPSET` (13, the opset the export declares), a
-  ``GroupNorm`` converter (MXNet has none), and ``Convolution`` and
+  ``GroupNorm`` converter (MXNet has none), a ``BatchNorm`` converter that
+  honours ``fix_gamma`` (MXNet's reads the stored gamma), and ``Convolution`` and
   ``Pooling`` converters that also take the 1-D layout
   ``NCW`` of Gluon's ``Conv1D``, ``MaxPool1D``, ``AvgPool1D``,
   ``GlobalMaxPool1D`` and ``GlobalAvgPool1D`` (MXNet's converters refuse any
@@ -36,6 +37,7 @@ import threading
 
 from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 from mxnet.onnx.mx2onnx._op_translations import _op_translations_opset12 as _mx12
+import numpy as np
 import onnx
 import onnx.checker
 from onnx.helper import make_node
@@ -70,6 +72,28 @@ def _as_2d_layout_call(convert):
 
 MXNetGraph.register('Convolution', OPSET)(_as_2d_layout_call(_mx12.convert_convolution))
 MXNetGraph.register('Pooling', OPSET)(_as_2d_layout_call(_mx12.convert_pooling))
+
+
+@MXNetGraph.register('BatchNorm', OPSET)
+def convert_batchnorm(node, **kwargs):
+    """MXNet's ``BatchNorm`` converter, with ``fix_gamma`` honoured.
+
+    With ``fix_gamma=True`` (Gluon's ``BatchNorm(scale=False)``, and
+    ``mx.sym.BatchNorm``'s default) MXNet computes with a gamma of ones
+    whatever the stored gamma holds (weight decay moves it off 1); MXNet's
+    converter passes the stored gamma. Here the node reads ones instead.
+    """
+    nodes = _mx12.convert_batchnorm(node, **kwargs)
+    if node.get('attrs', {}).get('fix_gamma', 'True') not in ('True', 'true', '1'):
+        return nodes
+    norm = nodes[-1]
+    gamma = kwargs['weights'].get(norm.input[1])
+    if gamma is None:
+        raise NotImplementedError('fix_gamma=True with a gamma that is not a parameter')
+    ones = norm.name + '_fixed_gamma'
+    _mx12.create_tensor(np.ones(gamma.shape), ones, kwargs['initializer'], dtype=gamma.dtype)
+    norm.input[1] = ones
+    return nodes
 
 
 @MXNetGraph.register('GroupNorm', OPSET)

@@ -104,6 +104,9 @@ CASES = {
     # normalisation
     'BatchNorm': (lambda: [nn.Conv2D(3, 3, in_channels=2), nn.BatchNorm(in_channels=3),
                            nn.Flatten()], (2, 5, 5), 1, EXPORTS),
+    'BatchNorm(scale=False)': (lambda: [nn.Conv2D(3, 1, in_channels=2),
+                                        nn.BatchNorm(scale=False, in_channels=3), nn.Flatten()],
+                               (2, 4, 4), 1, EXPORTS),
     'LayerNorm': (lambda: [nn.Dense(6, in_units=4), nn.LayerNorm(in_channels=6)],
                   (4,), 1, EXPORTS),
     'InstanceNorm': (lambda: [nn.Conv2D(3, 1, in_channels=2), nn.InstanceNorm(in_channels=3),
