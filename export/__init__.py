@@ -8,7 +8,9 @@
 * ``<name>.onnx`` for onnxruntime and other ONNX runtimes;
 * a verification report comparing both against the trained parameters.
 
-``python -m export.predict`` runs either file on ``.npy`` or CSV inputs.
+``python -m export.predict`` runs either file on ``.npy`` or CSV inputs, and
+:func:`load_model` binds the MXNet pair again on a device plan (or one
+device) for inference from Python (docs/export.md).
 """
 import os
 

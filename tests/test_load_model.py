@@ -1,18 +1,22 @@
 """``export.load_model``: the exported pair bound on a device plan or one
 device, against onnxruntime on the same export, for the regression MLP and
 the digits CNN (convolution, BatchNorm and ReLU across stage boundaries)."""
+import os
+import shutil
+
 import mxnet as mx
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from mp_symbolic.config import TrainConfig
+from mp_symbolic.placement import DeviceSpecError
+from mp_symbolic.store import StoreError
 from mp_symbolic.train import train
 
 import export
 from export.errors import InputError, ModelFileError
 from export.exporter import export_checkpoint
-from mp_symbolic.placement import DeviceSpecError
 
 TOL = 1e-5
 THREE = 'cpu:0,cpu:1,cpu:2'
@@ -140,3 +144,15 @@ def test_load_model_refuses_bad_epoch_devices_and_input(exported):
         model.predict(np.zeros((3, 5), np.float32))
     with pytest.raises(InputError, match=r'^expected .* found shape \(%s' % model.sample_shape[0]):
         model.predict(np.zeros(model.sample_shape, np.float32))  # one sample, unbatched
+
+
+def test_load_model_refuses_a_committed_export_whose_files_changed(regression_export, tmp_path):
+    _, out, paths = regression_export
+    copy = tmp_path / 'export'
+    shutil.copytree(out, str(copy), symlinks=True)
+    params = copy / 'current' / os.path.basename(paths['params'])
+    data = bytearray(params.read_bytes())
+    data[-1] ^= 1
+    params.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match='regression-0000.params: expected sha256'):
+        export.load_model(str(copy))
