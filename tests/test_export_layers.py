@@ -11,7 +11,10 @@ The table is docs/export.md's.
 """
 import mxnet as mx
 from mxnet.gluon import nn, rnn
+from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
+from mxnet.onnx.mx2onnx._op_translations import _op_translations_opset12 as mx12
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -223,10 +226,6 @@ def test_converter_graph_check_runs_at_the_declared_opset_and_is_restored(tmp_pa
     """A node valid only at a newer opset (ReduceMean with its axes as an input,
     opset 18) is refused at the declared opset 13, in one line; MXNet's
     converter and onnx's checker are the library's own again afterwards."""
-    import onnx  # pylint: disable=import-outside-toplevel
-    from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph  # pylint: disable=import-outside-toplevel
-    from mxnet.onnx.mx2onnx._op_translations import _op_translations_opset12 as mx12  # pylint: disable=import-outside-toplevel
-
     def reduce_mean_opset18(node, **kwargs):
         name, inputs, _ = mx12.get_inputs(node, kwargs)
         mx12.create_tensor([1], name + '_axes', kwargs['initializer'])
