@@ -8,10 +8,16 @@
 * ``<name>.onnx`` for onnxruntime and other ONNX runtimes;
 * a verification report comparing both against the trained parameters.
 
-``python -m export.predict`` runs either file on ``.npy`` or CSV inputs.
+``python -m export.predict`` runs either file on ``.npy`` or CSV inputs, and
+:func:`load_model` binds the MXNet pair again on a device plan (or one
+device) for inference from Python (docs/export.md).
 """
 import os
 
 # Where `make train-symbolic` writes, and where `make export` writes.
 DEFAULT_CHECKPOINT_DIR = os.path.join('artifacts', 'symbolic')
 DEFAULT_OUT_DIR = os.path.join('artifacts', 'export')
+
+from .loader import LoadedModel, load_model  # noqa: E402  (after the constants it imports)
+
+__all__ = ['load_model', 'LoadedModel', 'DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR']

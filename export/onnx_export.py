@@ -10,7 +10,10 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
   and every argument but ``data`` gets an array, so ``data`` is the only input;
 * the graph is built by the exporter's own converter at a pinned opset
   (:data:`ONNX_OPSET`, the newest MXNet 1.9.1 has translations for), and the
-  model declares that opset and :data:`ONNX_IR_VERSION` explicitly;
+  model declares that opset and :data:`ONNX_IR_VERSION` explicitly; the
+  converter's own graph check runs at that opset too, and ops it lacks or
+  refuses are named with their block (:mod:`export.converters`, which also
+  adds 1-D convolution and pooling, and GroupNorm);
 * initializers are removed from the graph inputs;
 * the batch dimension is the named dynamic dimension :data:`BATCH_DIM`;
 * ``metadata_props`` records where the model came from.
@@ -28,6 +31,7 @@ from onnx import TensorProto, helper
 
 from mp_symbolic.core.pipeline import DATA_NAME
 
+from . import converters
 from .errors import ExportError
 from .inference import output_shape, stage_layout
 
@@ -35,6 +39,7 @@ __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
            'check_onnx_version', 'to_onnx', 'sha256_file', 'producer_version']
 
 ONNX_OPSET = 13
+assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the declared opset'
 # IR version 7 is the oldest that carries opset 13, so the widest range of
 # runtimes can load the file.
 ONNX_IR_VERSION = 7
@@ -103,21 +108,26 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         The model; nothing is written.
 
     Raises:
-        ExportError: ``onnx`` is unsuitable, an op has no converter, or an
-            input other than ``data`` would be left in the graph.
+        ExportError: ``onnx`` is unsuitable, an op has no converter or its
+            converter refuses it (one line naming the op and its block), or
+            an input other than ``data`` would be left in the graph.
     """
     check_onnx_version()
     shape = tuple(shape)
     out_shape = output_shape(symbol, arg_params, aux_params, shape)
     params = dict(arg_params)
     params.update(aux_params)
+    arrays = {name: value.shape for name, value in params.items()}
+    converters.check_translations(symbol, arrays, shape, ONNX_OPSET)
     try:
-        graph = MXNetGraph().create_onnx_graph_proto(
-            symbol, params, in_shapes=[(1,) + shape], in_types=[TensorProto.FLOAT],
-            opset_version=ONNX_OPSET, dynamic=True,
-            dynamic_input_shapes=[(BATCH_DIM,) + shape])
-    except (AttributeError, NotImplementedError) as err:  # "No conversion function ..."
-        raise ExportError('MXNet cannot convert this graph to ONNX: %s' % err) from None
+        with converters.conversion_context(ONNX_OPSET, ONNX_IR_VERSION):
+            graph = MXNetGraph().create_onnx_graph_proto(
+                symbol, params, in_shapes=[(1,) + shape], in_types=[TensorProto.FLOAT],
+                opset_version=ONNX_OPSET, dynamic=True,
+                dynamic_input_shapes=[(BATCH_DIM,) + shape])
+    except onnx.checker.ValidationError as err:
+        raise ExportError('MXNet converted this graph to ONNX that is not valid at opset %d: %s'
+                          % (ONNX_OPSET, ' '.join(str(err).split()))) from None
     # MXNet's softmax converter leaves an initializer no node reads; onnxruntime
     # warns about it at load.
     used = {name for node in graph.node for name in node.input}

@@ -151,7 +151,7 @@ class MXNetPredictor:
     Attributes:
         group2ctx: ``{'stage0': ctx, ...}`` as passed to ``simple_bind``.
         note: A line saying which default devices were chosen, or ``None``.
-        path: The symbol file, if loaded with :meth:`from_files`.
+        path, params_path: The files, if loaded with :meth:`from_files`.
 
     Raises:
         ExportError: the symbol lacks ``ctx_group`` attributes or has no
@@ -176,6 +176,7 @@ class MXNetPredictor:
         self.sample_shape = sample_shape(self.symbol, self.arg_params, shape)
         self.input_width = features(self.sample_shape)
         self.path = None  # the symbol file, when loaded by from_files
+        self.params_path = None  # and its params file
         self._exec = None
 
     @classmethod
@@ -205,7 +206,7 @@ class MXNetPredictor:
         except CheckpointError as err:
             raise CheckpointError(library_message(_MXNET_QUOTE_RE.sub('', str(err)), 300)) from None
         predictor = cls(symbol, arg_params, aux_params, devices, shape)
-        predictor.path = sym_path
+        predictor.path, predictor.params_path = sym_path, params_path
         return predictor
 
     def bind(self, batch_size):
