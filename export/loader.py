@@ -12,7 +12,7 @@ Binding a split graph by hand (``sym.simple_bind(group2ctx=...)``) trips over
 MXNet 1.9.1's oneDNN subgraph backend, which fuses convolution, BatchNorm and
 activation across the stage boundary ("The size of NDArray doesn't match the
 requested MKLDNN memory desc" on the digits CNN); the predictor binds inside
-:func:`mp_symbolic.placement.split_bind`, which turns that backend off for
+:func:`mp_symbolic.core.devices.split_bind`, which turns that backend off for
 split binds only.
 """
 import glob
@@ -22,15 +22,15 @@ import mxnet as mx
 from mxnet import gluon
 import numpy as np
 
-from mp_symbolic.pipeline import DATA_NAME
-from mp_symbolic.store import check_committed_file
+from mp_symbolic.core.pipeline import DATA_NAME
+from mp_symbolic.tools.store import check_committed_file
 
 from .errors import InputError, ModelFileError
 from .runtimes import SYMBOL_SUFFIX, MXNetPredictor, params_beside
 
 __all__ = ['load_model', 'LoadedModel']
 
-_CURRENT = 'current'  # the committed snapshot of an export folder (mp_symbolic.store)
+_CURRENT = 'current'  # the committed snapshot of an export folder (mp_symbolic.tools.store)
 
 
 def _symbol_in_folder(folder):

@@ -20,7 +20,7 @@ import pytest
 
 from export.errors import ExportError
 from export.exporter import export_checkpoint
-from mp_symbolic.pipeline import Pipeline
+from mp_symbolic.core.pipeline import Pipeline
 
 DEVICES = 'cpu:0,cpu:1'
 TOL = 1e-5

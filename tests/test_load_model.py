@@ -9,10 +9,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from mp_symbolic.config import TrainConfig
-from mp_symbolic.placement import DeviceSpecError
-from mp_symbolic.store import StoreError
-from mp_symbolic.train import train
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.core.devices import DeviceSpecError
+from mp_symbolic.tools.store import StoreError
+from mp_symbolic.training.loop import train
 
 import export
 from export.errors import InputError, ModelFileError
