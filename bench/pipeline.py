@@ -40,7 +40,8 @@ from mp_symbolic.tools.checkpoint import write_text
 from mp_symbolic.tools.memory import compare_memory, format_bytes, format_memory, measure_memory
 from mp_symbolic.tools.text import columns
 from mp_symbolic.tools.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
-                               profiler_cpu_limit, step_stats, step_windows)
+                               step_stats, step_windows)
+from mp_symbolic.core.compat import profiler_cpu_limit
 
 from .chunked import LR, StepLoop, bind, build_chunked_symbol, stage_devices
 from .measure import machine_info, throughput

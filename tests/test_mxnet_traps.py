@@ -89,3 +89,55 @@ def test_backward_inside_or_outside_record_gives_the_same_gradients():
     for name in grads[0]:
         np.testing.assert_array_equal(grads[0][name], grads[1][name])
         assert np.abs(grads[0][name]).max() > 0
+
+
+# -- the behaviours mp_symbolic.core.compat works around ---------------------------------------
+# (oneDNN's subgraph fusion across ctx_group is pinned in test_load_model.py:
+# test_split_bind_without_the_onednn_workaround_fails_on_the_digits_cnn)
+
+def _module_update_on_kvstore(env):
+    import os  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.scoped import environ  # pylint: disable=import-outside-toplevel
+    data = mx.sym.var('data')
+    net = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=1, name='fc'),
+                                        name='out')
+    mod = mx.mod.Module(net, data_names=['data'], label_names=['out_label'],
+                        context=[mx.cpu(0), mx.cpu(1)])
+    mod.bind([('data', (4, 2))], [('out_label', (4, 1))])
+    mod.init_params()
+    saved = os.environ.pop('MXNET_UPDATE_ON_KVSTORE', None)
+    try:
+        with environ(**env):
+            mod.init_optimizer(kvstore='local', optimizer='sgd')
+    finally:
+        if saved is not None:
+            os.environ['MXNET_UPDATE_ON_KVSTORE'] = saved
+    return mod._update_on_kvstore  # pylint: disable=protected-access
+
+
+def test_module_updates_on_the_kvstore_unless_told_not_to():
+    """compat.gradient_only_kvstore: by default Module lets the kvstore run
+    every update on one device; MXNET_UPDATE_ON_KVSTORE=0 keeps it local."""
+    assert _module_update_on_kvstore({}) is True
+    assert _module_update_on_kvstore({'MXNET_UPDATE_ON_KVSTORE': '0'}) is False
+
+
+def test_profiler_aborts_past_its_device_rows(tmp_path):
+    """compat.profiler_cpu_limit: an op on cpu(N), N >= cores + 2, recorded by
+    the profiler, aborts the whole process."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.compat import profiler_cpu_limit  # pylint: disable=import-outside-toplevel
+    code = ('import mxnet as mx\n'
+            'mx.profiler.set_config(profile_all=True, filename=%r)\n'
+            'mx.profiler.set_state("run")\n'
+            'x = mx.nd.ones((2,), ctx=mx.cpu(%d)) * 2\n'
+            'mx.nd.waitall()\nmx.profiler.set_state("stop")\nprint("survived")\n')
+    below = subprocess.run([sys.executable, '-c', code % (str(tmp_path / 'a.json'),
+                                                          profiler_cpu_limit() - 1)],
+                           capture_output=True, text=True, timeout=120)
+    past = subprocess.run([sys.executable, '-c', code % (str(tmp_path / 'b.json'),
+                                                         profiler_cpu_limit())],
+                          capture_output=True, text=True, timeout=120)
+    assert below.returncode == 0 and 'survived' in below.stdout
+    assert past.returncode != 0 and 'survived' not in past.stdout

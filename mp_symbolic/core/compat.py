@@ -46,3 +46,27 @@ def onednn_active():
     if os.environ.get('MXNET_MKLDNN_ENABLED', '1').lower() in ('0', 'false'):
         return False
     return mx.runtime.Features().is_enabled('MKLDNN')
+
+
+def gradient_only_kvstore():
+    """Around ``Module.init_optimizer``: the kvstore sums gradients only.
+
+    MXNet's Module decides ``update_on_kvstore`` from
+    ``MXNET_UPDATE_ON_KVSTORE`` (default 1) when it creates the kvstore; with
+    it, the kvstore holds one copy of each weight and its optimizer state and
+    runs the update itself, on the kvstore's device. A model-parallel module
+    updates each parameter on its own stage's device, with its state beside
+    it (saved by name, so a run resumes onto any plan): 0 here.
+    """
+    return environ(MXNET_UPDATE_ON_KVSTORE='0')
+
+
+def profiler_cpu_limit():
+    """The first ``cpu(i)`` MXNet's profiler cannot record.
+
+    MXNet 1.9.1's profiler keeps one row per core, then ``cpu pinned/`` and
+    ``cpu shared/``; an op on ``cpu(N)`` past them aborts the process
+    (``Check failed: idx < DeviceCount()``), so such plans are refused up
+    front.
+    """
+    return (os.cpu_count() or 1) + 2

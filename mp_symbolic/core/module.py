@@ -20,9 +20,8 @@ import json
 
 import mxnet as mx
 
-from .compat import split_bind
+from .compat import gradient_only_kvstore, split_bind
 from .optstate import load_states, set_states_by_name, states_by_name
-from .scoped import environ
 from .updater import PerDeviceUpdater
 
 __all__ = []
@@ -153,9 +152,7 @@ class PipelineModule(mx.mod.Module):
         if self.optimizer_initialized and not force_init:
             self.logger.warning('optimizer already initialized, ignoring...')
             return
-        # Module decides update_on_kvstore from this variable when it creates the
-        # kvstore; 0 makes the kvstore sum gradients and leaves the update local.
-        with environ(MXNET_UPDATE_ON_KVSTORE='0'):
+        with gradient_only_kvstore():
             super().init_optimizer(kvstore, optimizer, optimizer_params, force_init=force_init)
         if self._updater is not None and not isinstance(self._updater, PerDeviceUpdater):
             self._updater = PerDeviceUpdater(self._updater)

@@ -34,7 +34,8 @@ import mxnet as mx
 import numpy as np
 
 from .text import columns
-from .trace import load_trace, profiler_cpu_limit, storage_bytes
+from ..core.compat import profiler_cpu_limit
+from .trace import load_trace, storage_bytes
 from ..core.updater import PerDeviceUpdater
 
 __all__ = []

@@ -34,13 +34,6 @@ __all__ = []
 PINNED_ROW, SHARED_ROW = 'cpu pinned/', 'cpu shared/'
 
 
-def profiler_cpu_limit():
-    """The first ``cpu(i)`` MXNet's profiler cannot record: one row per core,
-    then ``cpu pinned/`` and ``cpu shared/``; past them it aborts the process
-    (``Check failed: idx < DeviceCount()``)."""
-    return (os.cpu_count() or 1) + 2
-
-
 class TraceError(ValueError):
     """The trace is not a complete MXNet profiler dump, or lacks what is asked."""
 

@@ -143,7 +143,7 @@ class TrainConfig:
         the process (``Check failed: idx < DeviceCount()``) on ``cpu(N)`` past
         them.
         """
-        from ..tools.trace import profiler_cpu_limit  # pylint: disable=import-outside-toplevel
+        from ..core.compat import profiler_cpu_limit  # pylint: disable=import-outside-toplevel
         limit = profiler_cpu_limit()
         over = ['cpu:%d' % d.device_id for d in devices
                 if d.device_type == 'cpu' and d.device_id >= limit]
