@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # A task file of the kind a user writes: scikit-learn's bundled breast-cancer
 # data, an MLP whose blocks have no prefix= and no in_units.
 OWN_TASK = '''
+import mxnet as mx
 import numpy as np
 from mxnet import gluon
 from sklearn.datasets import load_breast_cancer
@@ -28,8 +29,10 @@ def task(hidden=16, seed=0):
     X = (X - X.mean(axis=0)) / X.std(axis=0)
     order = np.random.default_rng(seed).permutation(len(X))
     train, val = order[:448], order[448:]
-    blocks = [gluon.nn.Dense(hidden, activation='relu'), gluon.nn.Dense(hidden, activation='relu'),
-              gluon.nn.Dense(2)]
+    init = mx.init.Xavier()
+    blocks = [gluon.nn.Dense(hidden, activation='relu', weight_initializer=init),
+              gluon.nn.Dense(hidden, activation='relu', weight_initializer=init),
+              gluon.nn.Dense(2, weight_initializer=init)]
     return mp_symbolic.Task(name='cancer', blocks=blocks, loss='softmax',
                             train=(X[train], y[train]), val=(X[val], y[val]), metric='acc',
                             batch_size=32, num_epochs=3, lr=0.1, momentum=0.9,
@@ -105,6 +108,36 @@ def test_own_task_exports_to_onnx_that_scores_what_the_module_scored(trained, ow
     probs = session.run(None, {'data': X_val.astype(np.float32)})[0]
     accuracy = float(np.mean(np.argmax(probs, axis=1) == y_val))
     assert accuracy == pytest.approx(_summary(out)['validation_accuracy'], abs=1e-9)
+
+    np.save(tmp_path / 'x.npy', X_val.astype(np.float32))
+    for model, devices in (('cancer.onnx', []), ('cancer-symbol.json', ['--devices',
+                                                                        'cpu:0,cpu:1'])):
+        predicted = _run('export.predict', '--model', str(tmp_path / 'export' / 'current' / model),
+                         '--input', str(tmp_path / 'x.npy'), '--output',
+                         str(tmp_path / 'y.npy'), *devices)
+        assert predicted.returncode == 0, predicted.stderr
+        np.testing.assert_allclose(np.load(tmp_path / 'y.npy'), probs, rtol=1e-4, atol=1e-5)
+
+
+def test_own_task_profiles_measures_memory_and_compares(own_task, tmp_path):
+    result = _run('mp_symbolic', 'train', '--task', str(own_task), '--devices', 'cpu:0,cpu:1',
+                  '--epochs', '1', '--chunks', '2', '--profile', '--out', str(tmp_path / 'p'),
+                  '--no-progress')
+    assert result.returncode == 0, result.stderr
+    assert 'memory per device, after one step' in result.stdout
+    assert (tmp_path / 'p' / 'profile.json').stat().st_size > 1000
+    result = _run('mp_symbolic', 'compare', '--task', str(own_task), '--devices',
+                  'cpu:0,cpu:1', '--epochs', '1', '--out', str(tmp_path / 'c'), '--no-progress')
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r'imperative MP\s+accuracy 0\.\d+', result.stdout), result.stdout
+
+
+def test_own_task_divergence_stops_the_run_keeping_the_last_checkpoint(own_task, tmp_path):
+    result = _run('mp_symbolic', 'train', '--task', str(own_task), '--devices', 'cpu:0',
+                  '--lr', '1e5', '--epochs', '3', '--out', str(tmp_path / 'd'), '--no-progress',
+                  '--no-memory')
+    assert result.returncode == 1
+    assert result.stderr.startswith('error: training diverged'), result.stderr
 
 
 def test_own_task_trains_under_launch_with_two_workers(own_task, tmp_path):
