@@ -66,17 +66,24 @@ class Pipeline(gluon.Block):
     Args:
         blocks: Gluon ``HybridBlock`` s in order (``Dense``, ``Conv2D``,
             ``BatchNorm``, pooling, ``Flatten``, ``Dropout``, your own ...), or
-            a ``HybridSequential``. Each block takes one input and returns one
-            output.
+            a ``HybridSequential``; each block takes one input and returns one
+            output. Or ONE ``HybridBlock`` of any shape (residuals, branches,
+            concatenations: ``vision.resnet18_v1(classes=10)``): its traced
+            graph is cut into one contiguous range of ops per stage
+            (:mod:`~mp_symbolic.graphcut`).
         devices: ``'cpu:0,cpu:1,cpu:2'`` (the ``--devices`` form) or a list of
             ``mx.Context``; one device per stage, times ``replicas``.
         balance: ``None``: balance the stages by parameter count; a list of
             ints: blocks per stage (one entry per device, each at least 1,
-            summing to the number of blocks); ``'time'``: balance by each
-            block's measured forward + backward time on ``sample``.
+            summing to the number of blocks; ops per stage for one whole
+            network); ``'time'``: balance by each block's (op's) measured
+            forward + backward time on ``sample``. For a whole network, among
+            cuts within 10% of the best balance the one with the fewest
+            activation bytes crossing the boundaries wins.
         sample: A batch (numpy or NDArray) or its shape, for ``balance='time'``
             and for parameter shapes not known yet (layers without their input
-            size).
+            size); for a whole network it also gives the bytes crossing each
+            boundary.
         chunks: Micro-batches per batch in the symbolic graph (GPipe); the
             batch size must be a multiple of ``chunks * replicas``.
         replicas: Data-parallel copies of the pipeline; ``devices`` then lists
@@ -85,18 +92,27 @@ class Pipeline(gluon.Block):
             whose ops carry MXNet's ``__force_mirroring__``, so the backward
             pass recomputes their outputs instead of keeping them (compute
             traded for activation memory; see the README for what it measured).
+        tied: ``{parameter name: stage}`` for parameters read by several
+            stages (tied weights) that should live on another stage than the
+            first that reads them. Other stages read such a parameter through
+            an ``identity`` op in its stage (a copy, in the imperative twin);
+            its gradient is the sum over its uses.
 
     Attributes:
         blocks: The blocks, in order.
         plan: The :class:`~mp_symbolic.placement.DevicePlan`.
-        balance: Blocks per stage.
+        balance: Blocks per stage (ops per stage for a whole network).
         chunks, replicas: As given.
+        whole: Whether one whole network was cut (then ``cut`` is its
+            :class:`~mp_symbolic.graphcut.Cut`).
+        tied: ``{parameter name: (owning stage, stages that read it)}``.
 
     Raises:
         TypeError: a block is not a ``HybridBlock``.
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks or replicas that cannot work; a parameter shared by blocks
-            of two stages.
+            chunks or replicas that cannot work; a ``tied`` entry that is
+            not a parameter and a stage; a whole network without ``sample``
+            whose shapes are not known.
     """
 
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,

@@ -58,7 +58,11 @@ def build_pipeline(cfg, task):
         plan, note = make_plan(min(3, len(blocks)), None, replicas=cfg.replicas)
         devices = plan.all_devices
     balance = cfg.balance
-    sample = (cfg.batch_size,) + tuple(task.sample_shape(cfg)) if balance == 'time' else None
+    # a whole network (one HybridBlock) is cut by shapes it infers from a batch
+    whole = isinstance(blocks, mx.gluon.HybridBlock) and \
+        not isinstance(blocks, mx.gluon.nn.HybridSequential)
+    sample = (cfg.batch_size,) + tuple(task.sample_shape(cfg)) \
+        if balance == 'time' or whole else None
     return Pipeline(blocks, devices, balance=balance, sample=sample, chunks=cfg.chunks,
                     replicas=cfg.replicas, mirror=cfg.mirror), note
 
@@ -218,8 +222,9 @@ def _title(cfg, pipe):
         extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:
         extra += ', %d replicas (kvstore %s)' % (cfg.replicas, cfg.kvstore)
-    return '%s: %s model-parallel training, %d blocks in %d stage(s)%s:' % (
-        cfg.task, name, len(pipe.blocks), pipe.plan.num_stages, extra)
+    parts = '%d ops' % len(pipe.cut.op_names) if pipe.whole else '%d blocks' % len(pipe.blocks)
+    return '%s: %s model-parallel training, %s in %d stage(s)%s:' % (
+        cfg.task, name, parts, pipe.plan.num_stages, extra)
 
 
 def params_digest(params):
