@@ -493,6 +493,13 @@ def test_replicas_of_a_whole_network_step_as_one_replica_and_memory_is_per_devic
         np.testing.assert_allclose(after[1][name], after[0][name], rtol=1e-5, atol=1e-6)
 
 
+def test_mirrored_stages_of_a_whole_network_carry_the_mirroring_attribute():
+    pipe = Pipeline(SkipNet(prefix='skip_'), 'cpu:1,cpu:2', balance=[2, 3], mirror=[1])
+    nodes = json.loads(pipe.symbol().tojson())['nodes']
+    mirrored = {n['name'] for n in nodes if n.get('attrs', {}).get('__force_mirroring__')}
+    assert mirrored == set(pipe.stages[1]) and len(mirrored) == 3
+
+
 class _DigitsResNet(gluon.HybridBlock):
     """A small residual CNN for the 8x8 digits, as one block."""
 
@@ -528,6 +535,19 @@ def test_training_loop_commits_a_whole_network_and_resumes_it_on_another_plan(tm
         np.testing.assert_allclose(resumed.params[name], value, rtol=1e-4, atol=1e-5,
                                    err_msg=name)
     assert resumed.held_out_accuracy > 0.5  # ten classes: chance is 0.1
+
+
+@pytest.mark.parametrize('variant, api', [('symbolic', 'executor'), ('imperative', 'module')])
+def test_training_loop_trains_a_whole_network_with_the_executor_and_the_imperative_twin(
+        tmp_path, monkeypatch, variant, api):
+    monkeypatch.setattr(digits, 'build_blocks', lambda: _DigitsResNet(prefix='res_'))
+    lines = []
+    result = train(TrainConfig(task='digits', variant=variant, api=api, devices='cpu:0,cpu:1',
+                               num_epochs=1, progress=False, lr=0.05, out=str(tmp_path)),
+                   log=lines.append)
+    assert any('ops in 2 stage(s)' in line for line in lines)
+    assert any('bytes per sample' in line for line in lines)
+    assert {str(d) for _, d, _ in result.placement} == {'cpu(0)', 'cpu(1)'}
 
 
 # -- the model zoo ------------------------------------------------------------------
