@@ -10,6 +10,12 @@ batch into M micro-batches that run through the stages with shared weights
 (GPipe); MXNet's dependency engine then runs stage ``s`` on chunk ``m`` while
 stage ``s+1`` works on chunk ``m-1``, with no scheduler of ours.
 
+One ``HybridBlock`` of any shape (residuals, branches) is split whole: its
+traced graph is cut into one contiguous range of ops per stage and relabelled
+(:mod:`~mp_symbolic.graphcut`). A parameter read by several stages (tied
+weights) lives on one stage and the others read it through an ``identity``
+op there.
+
 The same object is the imperative twin: a Gluon ``Block`` whose parameters
 live on their stage's device and whose forward pass moves activations between
 devices (autograd records those copies, so gradients flow back across them).

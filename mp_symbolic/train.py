@@ -52,15 +52,16 @@ def build_pipeline(cfg, task):
         ``(pipe, note)``: note says which default devices were chosen, or ``None``.
     """
     blocks = task.build_blocks(cfg.widths) if cfg.widths is not None else task.build_blocks()
-    devices = cfg.devices
-    note = None
-    if devices is None:
-        plan, note = make_plan(min(3, len(blocks)), None, replicas=cfg.replicas)
-        devices = plan.all_devices
-    balance = cfg.balance
     # a whole network (one HybridBlock) is cut by shapes it infers from a batch
     whole = isinstance(blocks, mx.gluon.HybridBlock) and \
         not isinstance(blocks, mx.gluon.nn.HybridSequential)
+    devices = cfg.devices
+    note = None
+    if devices is None:
+        plan, note = make_plan(3 if whole else min(3, len(blocks)), None,
+                               replicas=cfg.replicas)
+        devices = plan.all_devices
+    balance = cfg.balance
     sample = (cfg.batch_size,) + tuple(task.sample_shape(cfg)) \
         if balance == 'time' or whole else None
     return Pipeline(blocks, devices, balance=balance, sample=sample, chunks=cfg.chunks,
