@@ -18,7 +18,10 @@ layers:
   its owner's stage and the others read it through one ``identity`` op there
   (MXNet 1.9.1 fails in backward on a variable read directly on two devices);
 * :func:`replicate_chunks`: the graph run on ``chunks`` micro-batches with
-  shared parameters (split in the first stage, concat in the last).
+  shared parameters (split in the first stage, concat in the last);
+* :class:`Cut`: all of the above for one traced network, as ``Pipeline``
+  uses it; :func:`run_graph`: a labelled graph run op by op on NDArrays (the
+  imperative twin of a cut network).
 
 MXNet's graph executor does the rest: bound with ``group2ctx`` it puts each
 node on its group's device and copies every entry that crosses devices,
@@ -33,9 +36,10 @@ import numpy as np
 
 from .placement import stage_name
 
-__all__ = ['CutError', 'op_order', 'param_costs', 'op_times', 'entry_bytes', 'crossing_bytes',
-           'solve_cut', 'label', 'tie_parameters', 'replicate_chunks', 'variable_readers',
-           'load', 'GROUP_ATTR']
+__all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
+           'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'solve_cut', 'label',
+           'tie_parameters', 'replicate_chunks', 'unique_names', 'run_graph', 'load',
+           'GROUP_ATTR']
 
 GROUP_ATTR = '__ctx_group__'
 _IDENTITY_OP = '_copy'      # what mx.sym.identity makes; ONNX maps it to Identity
@@ -465,6 +469,7 @@ class Cut:
         owners: ``{parameter name: stage}`` chosen by the user.
         data_name: The input variable.
         slack: See :func:`solve_cut`.
+        ctx: Device to time ops on for ``balance='time'`` (default ``cpu(0)``).
 
     Attributes:
         graph: The unlabelled graph (op names made unique).
@@ -474,6 +479,9 @@ class Cut:
         readers: ``{variable name: stages that read it}``.
         boundary_bytes: Activation bytes crossing each boundary per sample
             (``None`` without ``input_shape``).
+        activation_bytes: ``{(node name, output index): bytes}`` of the
+            input and every op output for one batch of ``input_shape``
+            (``None`` without it).
         costs: The cost of each op that was balanced.
 
     Raises:
@@ -496,13 +504,13 @@ class Cut:
                            '(pass sample=, a batch or its shape)'
                            % (missing[0], shapes.get(missing[0])))
         cross = None
-        self.boundary_bytes = None
+        self.boundary_bytes = self.activation_bytes = None
         batch = None
         if input_shape is not None:
             batch = max(int(input_shape[0]), 1)
             nbytes = entry_bytes(load(self.graph), {data_name: tuple(input_shape)})
-            self._activations = {k: v for k, v in nbytes.items() if k[0] not in params}
-            cross = cut_bytes(self.graph, self._activations) / batch
+            self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
+            cross = cut_bytes(self.graph, self.activation_bytes) / batch
         if balance is None:
             self.costs = param_costs(self.graph, shapes, {data_name})
         elif isinstance(balance, str):
@@ -538,7 +546,7 @@ class Cut:
         if input_shape is not None:
             self.boundary_bytes = [b // batch for b in
                                    crossing_bytes(self.graph, self.stage_of_op,
-                                                  self._activations)]
+                                                  self.activation_bytes)]
         self.labelled([])  # an auxiliary state read by two stages fails here
 
     @property

@@ -150,7 +150,7 @@ def test_resnet18_cut_is_the_same_every_time_and_balanced_by_parameters():
     tight = graphcut.solve_cut(costs, 4, slack=0.0)
     stage_of = [s for s, n in enumerate(tight) for _ in range(n)]
     tight_bytes = graphcut.crossing_bytes(first.cut.graph, stage_of,
-                                          first.cut._activations)  # pylint: disable=protected-access
+                                          first.cut.activation_bytes)
     assert sum(first.cut.boundary_bytes) * 2 <= sum(tight_bytes)
 
 
@@ -214,7 +214,7 @@ def test_resnet18_whole_places_parameters_on_all_four_devices_and_predicts_as_on
     np.testing.assert_allclose(probabilities, mx.nd.softmax(mx.nd.array(expected)).asnumpy(),
                                atol=1e-5)
     pipe.initialize()  # the imperative twin: each parameter on its stage's device
-    assert net.collect_params()['resnetv10_dense0_weight'].list_ctx() == [mx.cpu(4)]
+    assert net.collect_params()[net.prefix + 'dense0_weight'].list_ctx() == [mx.cpu(4)]
     np.testing.assert_allclose(pipe(mx.nd.array(X)).asnumpy(), expected, atol=1e-5)
 
 
