@@ -531,18 +531,19 @@ def _read_on(params, device):
     """Within: each of ``params`` reads, on ``device``, a copy of its value
     from its own device, made by ``as_in_context`` (autograd records it, so
     the gradient of every use is summed into the one parameter)."""
-    saved = [(p, p._data, p._ctx_list, p._ctx_map) for p in params]  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    saved = [(p, p._data, p._ctx_list, p._ctx_map) for p in params]
     try:
         for param in params:
             copy = param.data(param.list_ctx()[0]).as_in_context(device)
-            param._data, param._ctx_list = [copy], [device]  # pylint: disable=protected-access
-            ctx_map = [[], []]
+            param._data, param._ctx_list = [copy], [device]
+            ctx_map = [[], []]  # Gluon's lookup: [device type & 1][device id] -> index
             ctx_map[device.device_typeid & 1] = [None] * device.device_id + [0]
-            param._ctx_map = ctx_map  # pylint: disable=protected-access
+            param._ctx_map = ctx_map
         yield
     finally:
         for param, data, ctx_list, ctx_map in saved:
-            param._data, param._ctx_list, param._ctx_map = data, ctx_list, ctx_map  # pylint: disable=protected-access
+            param._data, param._ctx_list, param._ctx_map = data, ctx_list, ctx_map
 
 
 def _finish(symbol, pipeline):
