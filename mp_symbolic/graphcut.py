@@ -335,7 +335,8 @@ def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
 def tie_parameters(graph):
     """A copy of ``graph`` where every variable read by ops of a ``ctx_group``
     other than its own is read by those ops through one ``identity`` op
-    (``<variable>_tied``) in the variable's group.
+    (``<variable>_tied``) in the variable's group. Variables without a group
+    are left as they are.
 
     MXNet 1.9.1 sums such a variable's gradients on one reader's device and
     then fails to save them to the variable's ("Trying to save gradient to
@@ -353,7 +354,7 @@ def tie_parameters(graph):
             if nodes[src]['op'] != 'null':
                 continue
             own = nodes[src].get('attrs', {}).get(GROUP_ATTR)
-            if node.get('attrs', {}).get(GROUP_ATTR) != own:
+            if own is not None and node.get('attrs', {}).get(GROUP_ATTR) != own:
                 if version:
                     raise CutError('auxiliary state %s is read by ops of %s and %s; expected '
                                    'each auxiliary state in one stage'
