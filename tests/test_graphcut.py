@@ -220,6 +220,40 @@ def test_resnet18_whole_places_parameters_on_all_four_devices_and_predicts_as_on
     np.testing.assert_allclose(pipe(mx.nd.array(X)).asnumpy(), expected, atol=1e-5)
 
 
+def test_imperative_twin_of_a_whole_resnet_trains_as_the_zoo_network():
+    """Under autograd.record: the same outputs, gradients and BatchNorm running
+    statistics as the zoo network on one device."""
+    mx.random.seed(2)
+    net = vision.resnet18_v1(classes=10)
+    net.initialize(mx.init.Xavier())
+    X = mx.nd.random.uniform(shape=(4, 3, 32, 32))
+    net(X)
+    params = net.collect_params()
+    start = {n: p.data().copy() for n, p in params.items()}
+    with autograd.record():
+        expected = net(X)
+    expected.backward()
+    grads = {n: p.grad().asnumpy() for n, p in params.items() if p.grad_req != 'null'}
+    after = {n: p.data().asnumpy() for n, p in params.items()}
+    for name, param in params.items():
+        param.set_data(start[name])
+    pipe = Pipeline(net, 'cpu:1,cpu:2,cpu:3', sample=(4, 3, 32, 32))
+    pipe.initialize()
+    with autograd.record():
+        out = pipe(X.as_in_context(mx.cpu(1)))
+    out.backward()
+    assert out.context == mx.cpu(3)
+    np.testing.assert_allclose(out.asnumpy(), expected.asnumpy(), rtol=1e-5, atol=1e-6)
+    for name, param in params.items():
+        device = pipe.plan.devices[pipe.cut.owner[name]]
+        assert param.list_ctx() == [device], name
+        np.testing.assert_allclose(param.data(device).asnumpy(), after[name], rtol=1e-5,
+                                   atol=1e-6, err_msg=name)  # running statistics moved alike
+        if name in grads:
+            np.testing.assert_allclose(param.grad(device).asnumpy(), grads[name], rtol=1e-5,
+                                       atol=1e-6, err_msg=name)
+
+
 @pytest.mark.skipif(not onednn_active(), reason='a oneDNN trap')
 def test_onednn_fails_the_second_inference_pass_of_some_split_resnets(resnet):
     """MXNet 1.9.1 with oneDNN: a split ResNet-18 bound for inference only
