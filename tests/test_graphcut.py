@@ -156,10 +156,14 @@ def test_resnet18_cut_is_the_same_every_time_and_balanced_by_parameters():
     assert sum(first.cut.boundary_bytes) * 2 <= sum(tight_bytes)
 
 
-def test_balance_by_time_measures_every_op():
-    pipe = Pipeline(SkipNet(prefix='skip_'), 'cpu:1,cpu:2', balance='time', sample=(8, 4))
-    assert len(pipe.cut.costs) == 5 and all(t > 0 for t in pipe.cut.costs)
-    assert sum(pipe.balance) == 5
+@pytest.mark.parametrize('make, sample, num_ops', [
+    (lambda: SkipNet(prefix='skip_'), (8, 4), 5),
+    (lambda: TiedLM(prefix='lm_'), (16, 4), 9),  # Embedding: no gradient for its ids
+])
+def test_balance_by_time_measures_every_op(make, sample, num_ops):
+    pipe = Pipeline(make(), 'cpu:1,cpu:2', balance='time', sample=sample)
+    assert len(pipe.cut.costs) == num_ops and all(t > 0 for t in pipe.cut.costs)
+    assert sum(pipe.balance) == num_ops
 
 
 @pytest.mark.parametrize('kwargs, error, message', [
