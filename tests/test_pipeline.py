@@ -105,11 +105,13 @@ def test_bad_arguments_are_refused_with_what_was_expected(kwargs, error, message
         Pipeline(**kwargs)
 
 
-def test_a_parameter_shared_across_stages_is_refused():
+def test_a_parameter_shared_across_stages_lives_on_the_first_stage_that_reads_it():
     shared = nn.Dense(4, in_units=4, prefix='tied_')
     second = nn.Dense(4, in_units=4, params=shared.collect_params(), prefix='tied2_')
-    with pytest.raises(ValueError, match='tied_weight is shared by blocks of stage0 and stage1'):
-        Pipeline([shared, second], 'cpu:0,cpu:1')
+    pipe = Pipeline([shared, second], 'cpu:0,cpu:1')
+    assert pipe.tied == {'tied_weight': (0, [0, 1]), 'tied_bias': (0, [0, 1])}
+    with pytest.raises(ValueError, match='tied: expected a stage index below 2 for tied_bias'):
+        Pipeline([shared, second], 'cpu:0,cpu:1', tied={'tied_bias': 2})
 
 
 def test_mxnet_fit_with_ndarrayiter_trains_a_pipeline_module(tmp_path):

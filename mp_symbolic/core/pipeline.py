@@ -10,6 +10,12 @@ batch into M micro-batches that run through the stages with shared weights
 (GPipe); MXNet's dependency engine then runs stage ``s`` on chunk ``m`` while
 stage ``s+1`` works on chunk ``m-1``, with no scheduler of ours.
 
+One ``HybridBlock`` of any shape (residuals, branches) is split whole: its
+traced graph is cut into one contiguous range of ops per stage and relabelled
+(:mod:`~mp_symbolic.core.graphcut`). A parameter read by several stages (tied
+weights) lives on one stage and the others read it through an ``identity``
+op there.
+
 The same object is the imperative twin: a Gluon ``Block`` whose parameters
 live on their stage's device and whose forward pass moves activations between
 devices (autograd records those copies, so gradients flow back across them).
@@ -20,12 +26,15 @@ those before ``hybrid_forward`` runs), and the split graph then fails to bind
 for training. The scope must enclose the whole call of each block, and Gluon
 caches each parameter's variable, so the cache is cleared before every build.
 """
+from contextlib import contextmanager
 import json
 
 import mxnet as mx
 from mxnet import gluon
+import numpy as np
 
 from . import balance as balancing
+from . import graphcut
 from .compat import onednn_active
 from .heads import make_head
 from .devices import (DeviceSpecError, DevicePlan, resolve_devices, split_replicas,
@@ -63,17 +72,24 @@ class Pipeline(gluon.Block):
     Args:
         blocks: Gluon ``HybridBlock`` s in order (``Dense``, ``Conv2D``,
             ``BatchNorm``, pooling, ``Flatten``, ``Dropout``, your own ...), or
-            a ``HybridSequential``. Each block takes one input and returns one
-            output.
+            a ``HybridSequential``; each block takes one input and returns one
+            output. Or ONE ``HybridBlock`` of any shape (residuals, branches,
+            concatenations: ``vision.resnet18_v1(classes=10)``): its traced
+            graph is cut into one contiguous range of ops per stage
+            (:mod:`~mp_symbolic.core.graphcut`).
         devices: ``'cpu:0,cpu:1,cpu:2'`` (the ``--devices`` form) or a list of
             ``mx.Context``; one device per stage, times ``replicas``.
         balance: ``None``: balance the stages by parameter count; a list of
             ints: blocks per stage (one entry per device, each at least 1,
-            summing to the number of blocks); ``'time'``: balance by each
-            block's measured forward + backward time on ``sample``.
+            summing to the number of blocks; ops per stage for one whole
+            network); ``'time'``: balance by each block's (op's) measured
+            forward + backward time on ``sample``. For a whole network, among
+            cuts within 10% of the best balance the one with the fewest
+            activation bytes crossing the boundaries wins.
         sample: A batch (numpy or NDArray) or its shape, for ``balance='time'``
             and for parameter shapes not known yet (layers without their input
-            size).
+            size); for a whole network it also gives the bytes crossing each
+            boundary.
         chunks: Micro-batches per batch in the symbolic graph (GPipe); the
             batch size must be a multiple of ``chunks * replicas``.
         replicas: Data-parallel copies of the pipeline; ``devices`` then lists
@@ -82,23 +98,36 @@ class Pipeline(gluon.Block):
             whose ops carry MXNet's ``__force_mirroring__``, so the backward
             pass recomputes their outputs instead of keeping them (compute
             traded for activation memory; see the README for what it measured).
+        tied: ``{parameter name: stage}`` for parameters read by several
+            stages (tied weights) that should live on another stage than the
+            first that reads them. Other stages read such a parameter through
+            an ``identity`` op in its stage (a copy, in the imperative twin);
+            its gradient is the sum over its uses.
 
     Attributes:
         blocks: The blocks, in order.
         plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
-        balance: Blocks per stage.
+        balance: Blocks per stage (ops per stage for a whole network).
         chunks, replicas: As given.
+        whole: Whether one whole network was cut (then ``cut`` is its
+            :class:`~mp_symbolic.core.graphcut.Cut`).
+        tied: ``{parameter name: (owning stage, stages that read it)}``.
 
     Raises:
         TypeError: a block is not a ``HybridBlock``.
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks or replicas that cannot work; a parameter shared by blocks
-            of two stages.
+            chunks or replicas that cannot work; a ``tied`` entry that is
+            not a parameter and a stage; a whole network without ``sample``
+            whose shapes are not known.
     """
 
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
-                 mirror=False):
+                 mirror=False, tied=None):
         super().__init__(prefix='pipeline_')
+        # One HybridBlock (not a HybridSequential) is split by a graph cut.
+        self.whole = isinstance(blocks, gluon.HybridBlock) and \
+            not isinstance(blocks, gluon.nn.HybridSequential)
+        self.cut = None
         self.blocks = tuple(_as_blocks(blocks))
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
@@ -119,11 +148,14 @@ class Pipeline(gluon.Block):
             self._sample_shape = tuple(sample) if isinstance(sample, (tuple, list)) \
                 else tuple(sample.shape)
             self.infer_shape(self._sample_shape)
-        self.plan = DevicePlan(replica_devices[0],
-                               balancing.stage_of_block(
-                                   self._solve_balance(balance, num_stages, sample, replica_devices[0])),
-                               replica_devices)
-        self._check_no_shared_params()
+        if self.whole:
+            self.cut = self._cut_graph(balance, num_stages, tied)
+            stage_of = self.cut.stage_of_op
+        else:
+            stage_of = balancing.stage_of_block(
+                self._solve_balance(balance, num_stages, sample, replica_devices[0]))
+        self.plan = DevicePlan(replica_devices[0], stage_of, replica_devices)
+        self._owner = self._owners(tied)
         self._check_onednn_batchnorm()
 
     # -- planning ------------------------------------------------------------
@@ -147,32 +179,84 @@ class Pipeline(gluon.Block):
                                              partitions=num_stages)
         return balancing.check_balance(balance, len(self.blocks), num_stages)
 
+    def _cut_graph(self, balance, num_stages, tied):
+        self._reset_variables()
+        symbol = self.blocks[0](mx.sym.var(DATA_NAME))
+        self._reset_variables()
+        shapes = {name: param.shape for name, param in self.collect_params().items()}
+        if self._sample_shape is None and any(
+                shape is None or not all(shape) for shape in shapes.values()):
+            raise ValueError('sample: expected a batch or its shape to split a whole network '
+                             'whose parameter shapes are not known yet, found none')
+        try:
+            return graphcut.Cut(symbol, num_stages, balance, self._sample_shape, shapes,
+                                tied, DATA_NAME)
+        except graphcut.CutError as err:
+            if 'too many devices' in str(err):
+                raise DeviceSpecError(str(err)) from None
+            raise balancing.BalanceError(str(err)) from None
+
+    def _owners(self, tied):
+        """``{parameter name: owning stage}``: the first stage that reads it,
+        unless ``tied`` says otherwise."""
+        if self.whole:
+            owner = {n: s for n, s in self.cut.owner.items() if n != DATA_NAME}
+            for name in self.collect_params():
+                owner.setdefault(name, 0)  # a parameter the forward pass does not use
+            return owner
+        owner = {}
+        for block, stage in zip(self.blocks, self.plan.stage_of_block):
+            for name in block.collect_params():
+                owner.setdefault(name, stage)
+        for name, stage in (tied or {}).items():
+            if name not in owner:
+                raise ValueError('tied: expected parameter names of the blocks, found %r'
+                                 % (name,))
+            if not isinstance(stage, int) or isinstance(stage, bool) or \
+                    not 0 <= stage < self.plan.num_stages:
+                raise ValueError('tied: expected a stage index below %d for %s, found %r'
+                                 % (self.plan.num_stages, name, stage))
+            owner[name] = stage
+        return owner
+
+    @property
+    def tied(self):
+        """``{parameter name: (owning stage, [stages that read it])}`` of every
+        parameter read by more than one stage."""
+        readers = {}
+        if self.whole:
+            readers = {n: list(r) for n, r in self.cut.readers.items() if n != DATA_NAME}
+        else:
+            for block, stage in zip(self.blocks, self.plan.stage_of_block):
+                for name in block.collect_params():
+                    readers.setdefault(name, [])
+                    if stage not in readers[name]:
+                        readers[name].append(stage)
+        return {n: (self._owner[n], sorted(r)) for n, r in readers.items()
+                if len(set(r) | {self._owner[n]}) > 1}
+
     @property
     def balance(self):
-        """Blocks per stage."""
+        """Blocks per stage (ops per stage for a whole network)."""
         return self.plan.balance
 
     @property
     def stages(self):
-        """The blocks of each stage: ``stages[s]`` is a list."""
+        """The blocks of each stage: ``stages[s]`` is a list (op names for a
+        whole network)."""
+        if self.whole:
+            return [self.cut.ops_of_stage(s) for s in range(self.plan.num_stages)]
         return [[b for b, st in zip(self.blocks, self.plan.stage_of_block) if st == s]
                 for s in range(self.plan.num_stages)]
 
-    def _params_of_stage(self):
-        """``[(stage, param)]`` for every parameter, in block order."""
-        out = []
-        for block, stage in zip(self.blocks, self.plan.stage_of_block):
-            out += [(stage, p) for p in block.collect_params().values()]
-        return out
+    @property
+    def stage_names(self):
+        """Names of each stage's blocks (of its ops, for a whole network)."""
+        return [[b if isinstance(b, str) else b.name for b in stage] for stage in self.stages]
 
-    def _check_no_shared_params(self):
-        stage_of = {}
-        for stage, param in self._params_of_stage():
-            if stage_of.setdefault(param.name, stage) != stage:
-                raise ValueError('parameter %s is shared by blocks of %s and %s; expected each '
-                                 'parameter in one stage (it lives on one device)'
-                                 % (param.name, stage_name(stage_of[param.name]),
-                                    stage_name(stage)))
+    def _params_of_stage(self):
+        """``[(owning stage, param)]`` for every parameter once, in block order."""
+        return [(self._owner[name], param) for name, param in self.collect_params().items()]
 
     def _check_onednn_batchnorm(self):
         # MXNet 1.9.1's oneDNN BatchNorm backward fails on some micro-batched
@@ -188,7 +272,14 @@ class Pipeline(gluon.Block):
                              'split across devices), found oneDNN enabled')
 
     def describe(self):
-        """The plan, one line per stage, with block names and parameter counts."""
+        """The plan, one line per stage, with block names and parameter counts.
+
+        For a whole network: per stage, its device(s), op count and parameter
+        count, then its ops and its parameters, and after each stage but the
+        last the activation bytes per sample that cross to the next.
+        """
+        if self.whole:
+            return self._describe_cut()
         lines = []
         for s, blocks in enumerate(self.stages):
             devices = ', '.join(str(d[s]) for d in self.plan.replica_devices)
@@ -198,6 +289,30 @@ class Pipeline(gluon.Block):
             except balancing.BalanceError:
                 count = 'parameter count not known yet'
             lines.append('%s -> %s: %s (%s)' % (stage_name(s), devices, names, count))
+        lines += ['tied: %s lives on %s, read by %s' % (
+            name, stage_name(owner), ', '.join(stage_name(r) for r in readers))
+                  for name, (owner, readers) in sorted(self.tied.items())]
+        return lines
+
+    def _describe_cut(self):
+        cut, params = self.cut, self.collect_params()
+        lines = []
+        for s in range(self.plan.num_stages):
+            devices = ', '.join(str(d[s]) for d in self.plan.replica_devices)
+            ops = cut.ops_of_stage(s)
+            names = [n for n in cut.params_of_stage(s) if n in params]
+            count = sum(int(np.prod(params[n].shape)) for n in names)
+            lines.append('%s -> %s: %d ops, %d parameter values' % (stage_name(s), devices,
+                                                                    len(ops), count))
+            lines.append('  ops: ' + ', '.join(ops))
+            lines.append('  parameters: ' + (', '.join(names) or 'none'))
+            if s + 1 < self.plan.num_stages:
+                crossing = 'not known (no sample)' if cut.boundary_bytes is None else \
+                    '%d bytes per sample' % cut.boundary_bytes[s]
+                lines.append('  %s -> %s: %s' % (stage_name(s), stage_name(s + 1), crossing))
+        lines += ['tied: %s lives on %s, read by %s' % (
+            name, stage_name(owner), ', '.join(stage_name(r) for r in readers))
+                  for name, (owner, readers) in sorted(self.tied.items())]
         return lines
 
     # -- symbolic ------------------------------------------------------------
@@ -211,6 +326,8 @@ class Pipeline(gluon.Block):
 
     def _build(self, data, chunks):
         """``data`` through every stage, tagged; chunks joined on the last stage."""
+        if self.whole:
+            return self._build_cut(data, chunks)
         self._reset_variables()
         first, last = stage_name(0), stage_name(self.plan.num_stages - 1)
         if chunks > 1:
@@ -230,6 +347,18 @@ class Pipeline(gluon.Block):
             return outputs[0]
         with mx.AttrScope(ctx_group=last):
             return mx.sym.concat(*outputs, dim=0, name='join')
+
+    def _build_cut(self, data, chunks):
+        """The labelled graph of a whole network, on ``chunks`` micro-batches."""
+        mirror = self.mirror
+        graph = graphcut.replicate_chunks(self.cut.labelled(mirror), DATA_NAME, chunks,
+                                          self.plan.num_stages - 1)
+        if data.list_arguments() == [data.name] and len(data.get_internals()) == 1:
+            for node in graph['nodes']:  # the input variable takes the caller's name
+                if node['op'] == 'null' and node['name'] == DATA_NAME:
+                    node['name'] = data.name
+            return graphcut.load(graph)
+        return graphcut.load(graph)(**{DATA_NAME: data})
 
     def _data(self, data_name):
         with mx.AttrScope(ctx_group=stage_name(0)):
@@ -300,10 +429,19 @@ class Pipeline(gluon.Block):
         """
         if isinstance(x, mx.sym.Symbol):
             return _finish(self._build(x, 1), self)
+        if self.whole:
+            inputs = {name: param.data(self.plan.devices[self._owner[name]])
+                      for name, param in self.collect_params().items()}
+            inputs[DATA_NAME] = x
+            return graphcut.run_graph(self.cut.labelled(), inputs, self.plan.group2ctx)
+        tied = self.tied
         for s, blocks in enumerate(self.stages):
             x = x.as_in_context(self.plan.devices[s])  # recorded by autograd
-            for block in blocks:
-                x = block(x)
+            borrowed = [self.collect_params()[n] for n, (owner, readers) in tied.items()
+                        if owner != s and s in readers]
+            with _read_on(borrowed, self.plan.devices[s]):
+                for block in blocks:
+                    x = block(x)
         return x
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
@@ -387,9 +525,38 @@ def _is_initialized(param):
         return False
 
 
+@contextmanager
+def _read_on(params, device):
+    """Within: each of ``params`` reads, on ``device``, a copy of its value
+    from its own device, made by ``as_in_context`` (autograd records it, so
+    the gradient of every use is summed into the one parameter)."""
+    # pylint: disable=protected-access
+    saved = [(p, p._data, p._ctx_list, p._ctx_map) for p in params]
+    try:
+        for param in params:
+            copy = param.data(param.list_ctx()[0]).as_in_context(device)
+            param._data, param._ctx_list = [copy], [device]
+            ctx_map = [[], []]  # Gluon's lookup: [device type & 1][device id] -> index
+            ctx_map[device.device_typeid & 1] = [None] * device.device_id + [0]
+            param._ctx_map = ctx_map
+        yield
+    finally:
+        for param, data, ctx_list, ctx_map in saved:
+            param._data, param._ctx_list, param._ctx_map = data, ctx_list, ctx_map
+
+
 def _finish(symbol, pipeline):
-    """Checks every node carries a stage; gives chunk copies of ops unique names."""
+    """Checks every node carries a stage; gives chunk copies of ops unique
+    names; reads every parameter used by several stages through an identity
+    in its owner's stage (:func:`mp_symbolic.core.graphcut.tie_parameters`)."""
     graph = json.loads(symbol.tojson())
+    owner = getattr(pipeline, '_owner', {})
+    for node in graph['nodes']:
+        if node['op'] == 'null' and node['name'] in owner:
+            node['attrs']['__ctx_group__'] = stage_name(owner[node['name']])
+    tied = graphcut.tie_parameters(graph)
+    if tied != json.loads(symbol.tojson()):
+        symbol, graph = graphcut.load(tied), tied
     groups = {stage_name(s) for s in range(pipeline.plan.num_stages)}
     seen = {}
     for node in graph['nodes']:
@@ -404,7 +571,7 @@ def _finish(symbol, pipeline):
                 node['name'] = '%s_chunk%d' % (node['name'], count)
     if not any(count > 1 for count in seen.values()):
         return symbol
-    return mx.sym.load_json(json.dumps(graph))
+    return graphcut.load(graph)
 
 
 def _last_line(err):

@@ -315,7 +315,7 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     facts = {'plan': {'devices': [format_device(d) for d in pipe.plan.all_devices],
                       'balance': list(pipe.balance), 'chunks': pipe.chunks,
                       'replicas': pipe.replicas,
-                      'stages': [[b.name for b in blocks] for blocks in pipe.stages]},
+                      'stages': pipe.stage_names},
              'parameters': list(arg_params) + list(aux_params)}
     facts.update(summary or {})
     store = Store(folder)

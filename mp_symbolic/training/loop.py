@@ -53,10 +53,14 @@ def build_pipeline(cfg, task):
         ``(pipe, note)``: note says which default devices were chosen, or ``None``.
     """
     blocks = task.make_blocks()
+    # a whole network (one HybridBlock) is cut by shapes it infers from a batch
+    whole = isinstance(blocks, mx.gluon.HybridBlock) and \
+        not isinstance(blocks, mx.gluon.nn.HybridSequential)
     devices = cfg.devices
     note = None
     if devices is None:
-        plan, note = make_plan(min(3, len(blocks)), None, replicas=cfg.replicas)
+        plan, note = make_plan(3 if whole else min(3, len(blocks)), None,
+                               replicas=cfg.replicas)
         devices = plan.all_devices
     sample = (cfg.batch_size,) + tuple(task.sample_shape)
     try:
@@ -241,8 +245,9 @@ def _title(cfg, task, pipe):
         extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:
         extra += ', %d replicas (kvstore %s)' % (cfg.replicas, cfg.kvstore)
-    return '%s: %s model-parallel training, %d blocks in %d stage(s)%s:' % (
-        task.name, name, len(pipe.blocks), pipe.plan.num_stages, extra)
+    parts = '%d ops' % len(pipe.cut.op_names) if pipe.whole else '%d blocks' % len(pipe.blocks)
+    return '%s: %s model-parallel training, %s in %d stage(s)%s:' % (
+        task.name, name, parts, pipe.plan.num_stages, extra)
 
 
 def params_digest(params):
@@ -257,7 +262,7 @@ def params_digest(params):
 def _summary(cfg, task, pipe, result, complete):
     summary = {
         'config': cfg.to_dict(), 'task': task.name, 'description': task.description,
-        'stages': [[b.name for b in blocks] for blocks in pipe.stages],
+        'stages': pipe.stage_names,
         'devices': [format_device(d) for d in pipe.plan.all_devices],
         'balance': list(pipe.balance), 'stage_of_layer': list(pipe.plan.stage_of_block),
         'epoch_losses': result['epoch_losses'], 'mxnet_version': mx.__version__,

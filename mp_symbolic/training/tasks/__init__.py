@@ -15,7 +15,7 @@ import traceback
 
 __all__ = []
 
-BUNDLED = ('regression', 'digits')
+BUNDLED = ('regression', 'digits', 'zoo')
 DEFAULT_TASK = 'regression'  # the seed question's, what `train` runs without --task
 
 

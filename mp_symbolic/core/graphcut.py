@@ -1,0 +1,636 @@
+"""The graph cut: any traced network split into contiguous pipeline stages.
+
+Pure functions over a symbol's JSON graph (``json.loads(symbol.tojson())``),
+after the way PyTorch's pipelining splits a traced graph rather than a list of
+layers:
+
+* :func:`op_order`: the op nodes in a topological order (the order MXNet
+  writes them, checked);
+* :func:`param_costs`, :func:`op_times`: what each op costs (the parameters
+  it is the first to read; its measured forward + backward time);
+* :func:`entry_bytes`, :func:`crossing_bytes`: the activation bytes a cut
+  makes cross each boundary (from shape inference on a sample);
+* :func:`solve_cut`: one contiguous range of ops per stage, the largest stage
+  as small as it can be, and among cuts near that the one with the fewest
+  bytes crossing; deterministic;
+* :func:`label`: every op, parameter variable and auxiliary state given its
+  stage's ``ctx_group``; a parameter read by ops of several stages lives in
+  its owner's stage and the others read it through one ``identity`` op there
+  (MXNet 1.9.1 fails in backward on a variable read directly on two devices);
+* :func:`replicate_chunks`: the graph run on ``chunks`` micro-batches with
+  shared parameters (split in the first stage, concat in the last);
+* :class:`Cut`: all of the above for one traced network, as ``Pipeline``
+  uses it; :func:`run_graph`: a labelled graph run op by op on NDArrays (the
+  imperative twin of a cut network).
+
+MXNet's graph executor does the rest: bound with ``group2ctx`` it puts each
+node on its group's device and copies every entry that crosses devices,
+including skip connections over several stages.
+"""
+import json
+import statistics
+import time
+
+import mxnet as mx
+import numpy as np
+
+from .devices import stage_name
+
+__all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
+           'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'solve_cut', 'label',
+           'tie_parameters', 'replicate_chunks', 'unique_names', 'run_graph', 'load',
+           'GROUP_ATTR']
+
+GROUP_ATTR = '__ctx_group__'
+_IDENTITY_OP = '_copy'      # what mx.sym.identity makes; ONNX maps it to Identity
+
+
+class CutError(ValueError):
+    """A graph that cannot be cut as asked (too few ops, a bad balance, ...)."""
+
+
+def load(graph):
+    """The Symbol of a JSON graph (``arg_nodes`` and ``node_row_ptr`` recomputed)."""
+    graph = dict(graph)
+    graph['arg_nodes'] = [i for i, n in enumerate(graph['nodes']) if n['op'] == 'null']
+    graph.pop('node_row_ptr', None)
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def op_order(graph):
+    """Indices of the op (non-variable) nodes in a topological order.
+
+    MXNet writes nodes in a depth-first post-order, which is topological;
+    this checks it (an input listed after its reader is an internal error).
+    """
+    order = []
+    for i, node in enumerate(graph['nodes']):
+        if any(src >= i for src, _, _ in node['inputs']):
+            raise AssertionError('node %s reads a node listed after it' % node['name'])
+        if node['op'] != 'null':
+            order.append(i)
+    return order
+
+
+def variable_readers(graph):
+    """``{variable node index: [op node indices that read it, in order]}``."""
+    readers = {}
+    for i, node in enumerate(graph['nodes']):
+        for src, _, _ in node['inputs']:
+            if graph['nodes'][src]['op'] == 'null':
+                readers.setdefault(src, [])
+                if i not in readers[src]:
+                    readers[src].append(i)
+    return readers
+
+
+def param_costs(graph, shapes, data_names):
+    """Elements of the parameters each op is the first to read, one per op in
+    :func:`op_order` (a parameter read by several ops counts once).
+
+    Args:
+        shapes: ``{variable name: shape}`` (from shape inference).
+        data_names: Variables that are inputs, not parameters.
+    """
+    order = op_order(graph)
+    position = {n: k for k, n in enumerate(order)}
+    costs = [0.0] * len(order)
+    for var, ops in variable_readers(graph).items():
+        name = graph['nodes'][var]['name']
+        if name in data_names:
+            continue
+        costs[position[ops[0]]] += float(np.prod(shapes[name]))
+    return costs
+
+
+def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
+    """Median seconds of one forward + backward pass of each op alone, one per
+    op in :func:`op_order`.
+
+    Each op is bound by itself on ``ctx`` with its inputs as fresh variables of
+    the shapes inference gives for ``input_shapes``, filled with random values,
+    and timed with ``mx.nd.waitall()`` around each pass.
+    """
+    graph = json.loads(symbol.tojson())
+    shapes = entry_shapes(symbol, input_shapes)
+    rng = np.random.default_rng(seed)
+    times = []
+    for i in op_order(graph):
+        node = graph['nodes'][i]
+        nodes, inputs = [], []
+        for k, (src, idx, _) in enumerate(node['inputs']):
+            nodes.append({'op': 'null', 'name': 'in%d' % k, 'inputs': []})
+            inputs.append([k, 0, 0])
+        attrs = {a: v for a, v in node.get('attrs', {}).items() if not a.startswith('__')}
+        nodes.append({'op': node['op'], 'name': 'op', 'attrs': attrs, 'inputs': inputs})
+        sym = load({'nodes': nodes, 'heads': [[len(nodes) - 1, 0, 0]], 'attrs': graph['attrs']})
+        in_shapes = {'in%d' % k: shapes[(graph['nodes'][src]['name'], idx)]
+                     for k, (src, idx, _) in enumerate(node['inputs'])}
+        times.append(_time_op(sym, in_shapes, ctx, rng, repeats))
+    return times
+
+
+def _time_op(sym, in_shapes, ctx, rng, repeats):
+    """Median seconds of ``sym``'s forward + backward; an op that cannot give
+    its first input a gradient (``Embedding``'s ids) is timed without it."""
+    args = sym.list_arguments()
+    try:
+        return _time_bound(sym, in_shapes, ctx, rng, repeats, {a: 'write' for a in args})
+    except mx.base.MXNetError:
+        return _time_bound(sym, in_shapes, ctx, rng, repeats,
+                           {a: 'null' if a == 'in0' else 'write' for a in args})
+
+
+def _time_bound(sym, in_shapes, ctx, rng, repeats, grad_req):
+    exe = sym.simple_bind(ctx, grad_req=grad_req,
+                          **{a: in_shapes[a] for a in sym.list_arguments()})
+    for array in exe.arg_arrays + exe.aux_arrays:
+        array[:] = rng.normal(0.0, 0.1, array.shape)
+    head_grads = [mx.nd.ones(o.shape, ctx=ctx) for o in exe.outputs]
+    samples = []
+    for r in range(repeats + 1):
+        mx.nd.waitall()
+        start = time.perf_counter()
+        exe.forward(is_train=True)
+        exe.backward(out_grads=head_grads)
+        mx.nd.waitall()
+        if r:  # the first pass allocates and sets up
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def entry_shapes(symbol, input_shapes, with_dtype=False):
+    """``{(node name, output index): shape}`` of every visible output of every
+    node, from shape inference on ``input_shapes`` (``{name: shape}``, inputs
+    float32); with ``with_dtype``, ``(shape, bytes per element)``."""
+    internals = symbol.get_internals()
+    _, out_shapes, _ = internals.infer_shape(**input_shapes)
+    if with_dtype:
+        _, out_types, _ = internals.infer_type(**{k: np.float32 for k in input_shapes})
+        flags = [np.dtype(t).itemsize for t in out_types]
+    out = {}
+    count = {}
+    for k in range(len(out_shapes)):
+        name = internals[k].name
+        idx = count.get(name, 0)
+        count[name] = idx + 1
+        out[(name, idx)] = (tuple(out_shapes[k]), flags[k]) if with_dtype \
+            else tuple(out_shapes[k])
+    return out
+
+
+def entry_bytes(symbol, input_shapes):
+    """``{(node name, output index): bytes}`` of every visible node output."""
+    return {key: int(np.prod(shape)) * itemsize
+            for key, (shape, itemsize) in entry_shapes(symbol, input_shapes, True).items()}
+
+
+def _crossings(graph, nbytes):
+    """``(first, last, bytes)`` per distinct entry read by an op: positions (in
+    :func:`op_order`) of its producer (-1: a variable) and of its last reader."""
+    order = op_order(graph)
+    position = {n: k for k, n in enumerate(order)}
+    nodes = graph['nodes']
+    spans = {}
+    for i in order:
+        for src, idx, _ in nodes[i]['inputs']:
+            if nodes[src]['op'] == 'null' and (nodes[src]['name'], idx) not in nbytes:
+                continue
+            key = (src, idx)
+            first = position.get(src, -1)
+            spans[key] = (first, max(spans.get(key, (first, -1))[1], position[i]))
+    return [(first, last, nbytes.get((nodes[src]['name'], idx), 0))
+            for (src, idx), (first, last) in sorted(spans.items())]
+
+
+def cut_bytes(graph, nbytes):
+    """Bytes crossing a cut made after each op position: ``out[p]`` for a cut
+    between positions ``p`` and ``p + 1`` of :func:`op_order`.
+
+    Args:
+        nbytes: ``{(node name, output index): bytes}`` of the entries that
+            count: activations and inputs (:func:`entry_bytes` without the
+            parameters).
+    """
+    n = len(op_order(graph))
+    delta = np.zeros(n + 1, dtype=np.float64)
+    for first, last, size in _crossings(graph, nbytes):
+        # crosses every cut after p for first <= p < last
+        lo = max(first, 0)
+        if last > lo:
+            delta[lo] += size
+            delta[last] -= size
+    return np.cumsum(delta)[:n]
+
+
+def crossing_bytes(graph, stage_of_op, nbytes):
+    """Bytes crossing each boundary (``num_stages - 1`` entries) of a cut.
+
+    Args:
+        stage_of_op: Stage of each op, in :func:`op_order`, contiguous.
+        nbytes: As for :func:`cut_bytes`.
+    """
+    per_cut = cut_bytes(graph, nbytes)
+    bounds = [p for p in range(len(stage_of_op) - 1) if stage_of_op[p] != stage_of_op[p + 1]]
+    return [int(per_cut[p]) for p in bounds]
+
+
+def solve_cut(costs, num_stages, cross=None, slack=0.1):
+    """Ops per stage: contiguous, each stage at least one op.
+
+    First the largest stage cost ``B`` as small as it can be; then, among the
+    cuts whose every stage costs at most ``B * (1 + slack)``, the fewest bytes
+    crossing (summed over the boundaries); then the smaller sum of squared
+    stage costs; then the earlier cut. Deterministic.
+
+    Args:
+        costs: Non-negative cost of each op, in order.
+        num_stages: Stages to make.
+        cross: Bytes crossing a cut after each position (:func:`cut_bytes`);
+            ``None``: balance only.
+        slack: How far above the best largest stage a cut may go to cross
+            fewer bytes.
+
+    Returns:
+        A tuple of ``num_stages`` positive ints summing to ``len(costs)``.
+
+    Raises:
+        CutError: more stages than ops, or fewer than one.
+    """
+    n = len(costs)
+    if not 1 <= num_stages <= n:
+        raise CutError('too many devices for the graph (devices: %d, ops: %d); expected at most '
+                       'one device per op' % (num_stages, n))
+    prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
+    # bottleneck[k][i]: smallest largest stage over splits of ops[:i] into k stages
+    inf = np.inf
+    bottleneck = np.full((num_stages + 1, n + 1), inf)
+    bottleneck[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        for i in range(k, n - (num_stages - k) + 1):
+            j = np.arange(k - 1, i)
+            bottleneck[k][i] = np.min(np.maximum(bottleneck[k - 1][j], prefix[i] - prefix[j]))
+    best = bottleneck[num_stages][n]
+    cap = best * (1.0 + slack) + 1e-9 * max(1.0, abs(best))
+    cross = np.zeros(n) if cross is None else np.asarray(cross, dtype=np.float64)
+    # (bytes, sum of squares) of the best split of ops[:i] into k stages within cap
+    size = np.full((num_stages + 1, n + 1), inf)
+    squares = np.full((num_stages + 1, n + 1), inf)
+    cut = np.zeros((num_stages + 1, n + 1), dtype=np.int64)
+    size[0][0] = squares[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        for i in range(k, n - (num_stages - k) + 1):
+            j = np.arange(k - 1, i)
+            stage = prefix[i] - prefix[j]
+            ok = (stage <= cap) & np.isfinite(size[k - 1][j])
+            if not ok.any():
+                continue
+            # a cut before ops[j] (j > 0) makes cross[j - 1] bytes cross
+            b = size[k - 1][j] + np.where(j > 0, cross[np.maximum(j - 1, 0)], 0.0)
+            q = squares[k - 1][j] + stage * stage
+            b, q = np.where(ok, b, inf), np.where(ok, q, inf)
+            # lexicographic (bytes, squares, j): rounding keeps float noise out of ties
+            pick = np.lexsort((j, np.round(q, 6), np.round(b, 3)))[0]
+            size[k][i], squares[k][i], cut[k][i] = b[pick], q[pick], j[pick]
+    assert np.isfinite(size[num_stages][n])  # the bottleneck split itself is within cap
+    sizes, i = [], n
+    for k in range(num_stages, 0, -1):
+        j = int(cut[k][i])
+        sizes.append(i - j)
+        i = j
+    return tuple(reversed(sizes))
+
+
+def _set_group(node, group, mirror=False):
+    attrs = node.setdefault('attrs', {})
+    attrs[GROUP_ATTR] = group
+    if mirror:
+        attrs['__force_mirroring__'] = 'True'
+
+
+def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
+    """A copy of ``graph`` with every node's ``ctx_group`` set.
+
+    Ops get their stage; a variable gets the stage of its owner (``owners``,
+    else the first op that reads it); inputs (``data_names``) get stage 0.
+    Variables read by ops of several stages are then read through an
+    ``identity`` op in the owner's stage (:func:`tie_parameters`).
+
+    Args:
+        stage_of_op: Stage of each op in :func:`op_order`.
+        owners: ``{variable name: stage}`` for variables whose stage the user
+            chose.
+        mirror: Stages whose ops carry ``__force_mirroring__``.
+
+    Raises:
+        CutError: an auxiliary state read by ops of two stages (it is written
+            in place, it cannot be copied).
+    """
+    graph = json.loads(json.dumps(graph))
+    nodes = graph['nodes']
+    order = op_order(graph)
+    stage = dict(zip(order, stage_of_op))
+    for i in order:
+        _set_group(nodes[i], stage_name(stage[i]), stage[i] in mirror)
+    owners = dict(owners or {})
+    for var, ops in variable_readers(graph).items():
+        name = nodes[var]['name']
+        if name in data_names:
+            _set_group(nodes[var], stage_name(0))
+            continue
+        _set_group(nodes[var], stage_name(owners.get(name, stage[ops[0]])))
+    for i, node in enumerate(nodes):  # a variable no op reads
+        if node['op'] == 'null' and GROUP_ATTR not in node.get('attrs', {}):
+            _set_group(node, stage_name(0))
+    return tie_parameters(graph)
+
+
+def tie_parameters(graph):
+    """A copy of ``graph`` where every variable read by ops of a ``ctx_group``
+    other than its own is read by those ops through one ``identity`` op
+    (``<variable>_tied``) in the variable's group. Variables without a group
+    are left as they are.
+
+    MXNet 1.9.1 sums such a variable's gradients on one reader's device and
+    then fails to save them to the variable's ("Trying to save gradient to
+    cpu(1) while its source node sum_grad computes it on cpu(3)"); through the
+    identity, the sum over the uses lands on the owner's device.
+
+    Raises:
+        CutError: the variable is an auxiliary state (written in place).
+    """
+    graph = json.loads(json.dumps(graph))
+    nodes = graph['nodes']
+    foreign = {}
+    for i, node in enumerate(nodes):
+        for k, (src, idx, version) in enumerate(node['inputs']):
+            if nodes[src]['op'] != 'null':
+                continue
+            own = nodes[src].get('attrs', {}).get(GROUP_ATTR)
+            if own is not None and node.get('attrs', {}).get(GROUP_ATTR) != own:
+                if version:
+                    raise CutError('auxiliary state %s is read by ops of %s and %s; expected '
+                                   'each auxiliary state in one stage'
+                                   % (nodes[src]['name'], own, node['attrs'][GROUP_ATTR]))
+                foreign.setdefault(src, []).append((i, k))
+    if not foreign:
+        return graph
+    # Rebuild the node list with each identity right after its variable.
+    redirect = {(i, k) for uses in foreign.values() for i, k in uses}
+    new_nodes, new_index, identity_of = [], {}, {}
+    for i, node in enumerate(nodes):
+        node['inputs'] = [[identity_of[src], 0, 0] if (i, k) in redirect
+                          else [new_index[src], idx, v]
+                          for k, (src, idx, v) in enumerate(node['inputs'])]
+        new_index[i] = len(new_nodes)
+        new_nodes.append(node)
+        if i in foreign:
+            identity_of[i] = len(new_nodes)
+            new_nodes.append({'op': _IDENTITY_OP, 'name': '%s_tied' % node['name'],
+                              'attrs': {GROUP_ATTR: node['attrs'][GROUP_ATTR]},
+                              'inputs': [[new_index[i], 0, 0]]})
+    graph['nodes'] = new_nodes
+    graph['heads'] = [[new_index[src], idx, v] for src, idx, v in graph['heads']]
+    return graph
+
+
+def replicate_chunks(graph, data_name, chunks, last_stage):
+    """``graph`` run on ``chunks`` micro-batches of its input: the input split
+    along the batch axis in stage 0 (``chunk``), every op copied per chunk
+    (copies after the first named ``<op>_chunk<m>``), every variable shared,
+    the outputs joined in ``last_stage`` (``join``).
+
+    Raises:
+        CutError: the graph has more than one output.
+    """
+    if chunks == 1:
+        return json.loads(json.dumps(graph))
+    if len(graph['heads']) != 1:
+        raise CutError('chunks: expected a network with one output, found %d outputs'
+                       % len(graph['heads']))
+    nodes = graph['nodes']
+    data = [i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == data_name]
+    if len(data) != 1:
+        raise CutError('chunks: expected one input variable %r, found %d'
+                       % (data_name, len(data)))
+    out, index = [], {}
+    for i, node in enumerate(nodes):
+        if node['op'] == 'null':
+            index[(i, None)] = len(out)
+            out.append(json.loads(json.dumps(node)))
+    split = len(out)
+    out.append({'op': 'split', 'name': 'chunk',
+                'attrs': {'axis': '0', 'num_outputs': str(chunks),
+                          GROUP_ATTR: nodes[data[0]]['attrs'][GROUP_ATTR]},
+                'inputs': [[index[(data[0], None)], 0, 0]]})
+    heads = []
+    for m in range(chunks):
+        for i, node in enumerate(nodes):
+            if node['op'] == 'null':
+                continue
+            copy = json.loads(json.dumps(node))
+            if m:
+                copy['name'] = '%s_chunk%d' % (node['name'], m)
+            inputs = []
+            for src, idx, v in node['inputs']:
+                if src == data[0]:
+                    inputs.append([split, m, 0])
+                elif nodes[src]['op'] == 'null':
+                    inputs.append([index[(src, None)], idx, v])
+                else:
+                    inputs.append([index[(src, m)], idx, v])
+            copy['inputs'] = inputs
+            index[(i, m)] = len(out)
+            out.append(copy)
+        src, idx, v = graph['heads'][0]
+        heads.append([index[(src, m)] if nodes[src]['op'] != 'null' else index[(src, None)],
+                      idx, v])
+    out.append({'op': 'Concat', 'name': 'join',
+                'attrs': {'dim': '0', 'num_args': str(chunks), GROUP_ATTR: stage_name(last_stage)},
+                'inputs': heads})
+    return {'nodes': out, 'heads': [[len(out) - 1, 0, 0]], 'attrs': graph['attrs']}
+
+
+def unique_names(graph):
+    """A copy of ``graph`` whose op names are unique (a block called twice in
+    one network makes two ops of one name): later ones get ``_<k>``."""
+    graph = json.loads(json.dumps(graph))
+    seen = {n['name'] for n in graph['nodes'] if n['op'] == 'null'}
+    for node in graph['nodes']:
+        if node['op'] == 'null':
+            continue
+        name, k = node['name'], 1
+        while name in seen:
+            name = '%s_%d' % (node['name'], k)
+            k += 1
+        node['name'] = name
+        seen.add(name)
+    return graph
+
+
+class Cut:
+    """A network's graph cut into stages: what :class:`~mp_symbolic.Pipeline`
+    builds for one ``HybridBlock``.
+
+    Args:
+        symbol: The traced network (``net(mx.sym.var(data_name))``).
+        num_stages: Stages to make.
+        balance: ``None`` (parameter count), ``'time'`` (measured on
+            ``input_shape``) or a list of ops per stage.
+        input_shape: A batch's shape, or ``None`` when the data shape is not
+            known (then no bytes are counted).
+        param_shapes: ``{name: shape}`` of every parameter and auxiliary state.
+        owners: ``{parameter name: stage}`` chosen by the user.
+        data_name: The input variable.
+        slack: See :func:`solve_cut`.
+        ctx: Device to time ops on for ``balance='time'`` (default ``cpu(0)``).
+
+    Attributes:
+        graph: The unlabelled graph (op names made unique).
+        op_names: Op names in :func:`op_order`.
+        stage_of_op: Stage of each op.
+        owner: ``{variable name: stage}`` of every variable.
+        readers: ``{variable name: stages that read it}``.
+        boundary_bytes: Activation bytes crossing each boundary per sample
+            (``None`` without ``input_shape``).
+        activation_bytes: ``{(node name, output index): bytes}`` of the
+            input and every op output for one batch of ``input_shape``
+            (``None`` without it).
+        costs: The cost of each op that was balanced.
+
+    Raises:
+        CutError: more stages than ops, a bad ``balance`` or ``owners``, an
+            auxiliary state read by two stages.
+    """
+
+    def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
+                 owners=None, data_name='data', slack=0.1, ctx=None):
+        self.graph = unique_names(json.loads(symbol.tojson()))
+        nodes = self.graph['nodes']
+        order = op_order(self.graph)
+        self.op_names = [nodes[i]['name'] for i in order]
+        self.data_name = data_name
+        params = {n['name'] for n in nodes if n['op'] == 'null'} - {data_name}
+        shapes = dict(param_shapes or {})
+        missing = sorted(p for p in params if not _known(shapes.get(p)))
+        if missing:
+            raise CutError('expected every parameter shape to be known, found %s with shape %s '
+                           '(pass sample=, a batch or its shape)'
+                           % (missing[0], shapes.get(missing[0])))
+        cross = None
+        self.boundary_bytes = self.activation_bytes = None
+        batch = None
+        if input_shape is not None:
+            batch = max(int(input_shape[0]), 1)
+            nbytes = entry_bytes(load(self.graph), {data_name: tuple(input_shape)})
+            self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
+            cross = cut_bytes(self.graph, self.activation_bytes) / batch
+        if balance is None:
+            self.costs = param_costs(self.graph, shapes, {data_name})
+        elif isinstance(balance, str):
+            if balance != 'time':
+                raise CutError("balance: expected None, 'time' or a list of ops per stage, "
+                               'found %r' % balance)
+            if input_shape is None:
+                raise CutError("balance='time': expected sample= (a batch or its shape) to time "
+                               'the ops on, found none')
+            self.costs = op_times(load(self.graph), {data_name: tuple(input_shape)},
+                                  ctx or mx.cpu(0))
+        else:
+            self.costs = None
+        if self.costs is None:
+            sizes = _check_sizes(balance, len(order), num_stages)
+        else:
+            sizes = solve_cut(self.costs, num_stages, cross, slack)
+        self.stage_of_op = tuple(s for s, count in enumerate(sizes) for _ in range(count))
+        stage = dict(zip(order, self.stage_of_op))
+        self.readers, self.owner = {}, {}
+        for var, ops in variable_readers(self.graph).items():
+            name = nodes[var]['name']
+            self.readers[name] = sorted({stage[i] for i in ops})
+            self.owner[name] = 0 if name == data_name else stage[ops[0]]
+        for name, st in (owners or {}).items():
+            if name not in params:
+                raise CutError('tied: expected parameter names of the network, found %r'
+                               % (name,))
+            if not isinstance(st, int) or isinstance(st, bool) or not 0 <= st < num_stages:
+                raise CutError('tied: expected a stage index below %d for %s, found %r'
+                               % (num_stages, name, st))
+            self.owner[name] = st
+        if input_shape is not None:
+            self.boundary_bytes = [b // batch for b in
+                                   crossing_bytes(self.graph, self.stage_of_op,
+                                                  self.activation_bytes)]
+        self.labelled([])  # an auxiliary state read by two stages fails here
+
+    @property
+    def sizes(self):
+        """Ops per stage."""
+        return tuple(self.stage_of_op.count(s) for s in range(max(self.stage_of_op) + 1))
+
+    def labelled(self, mirror=()):
+        """The graph, every node with its ``ctx_group`` (:func:`label`)."""
+        return label(self.graph, self.stage_of_op, {self.data_name}, self.owner, mirror)
+
+    def ops_of_stage(self, stage):
+        return [n for n, s in zip(self.op_names, self.stage_of_op) if s == stage]
+
+    def params_of_stage(self, stage):
+        """Variables (but the input) owned by ``stage``, in graph order."""
+        return [n['name'] for n in self.graph['nodes'] if n['op'] == 'null'
+                and n['name'] != self.data_name and self.owner.get(n['name']) == stage]
+
+
+def _known(shape):
+    return shape is not None and len(shape) > 0 and all(d > 0 for d in shape)
+
+
+def _check_sizes(balance, num_ops, num_stages):
+    try:
+        sizes = tuple(balance)
+    except TypeError:
+        raise CutError("balance: expected None, 'time' or a list of ops per stage, found %r"
+                       % (balance,)) from None
+    if len(sizes) != num_stages or not all(
+            isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 1
+            for b in sizes) or sum(sizes) != num_ops:
+        raise CutError('balance: expected %d positive op counts (one per device) summing to the '
+                       '%d ops of the graph, found %r' % (num_stages, num_ops, sizes))
+    return tuple(int(b) for b in sizes)
+
+
+def run_graph(graph, inputs, device_of_group):
+    """Runs a labelled graph op by op on NDArrays (the imperative twin of a cut
+    network): each op on its group's device, each input moved there first
+    (``as_in_context``, which autograd records, so gradients flow back).
+
+    Args:
+        inputs: ``{variable name: NDArray}`` for every variable of the graph.
+        device_of_group: ``{'stage0': ctx, ...}``.
+
+    Returns:
+        The graph's outputs: one NDArray, or a list for several.
+    """
+    nodes = graph['nodes']
+    values = {}
+    for i, node in enumerate(nodes):
+        if node['op'] == 'null':
+            values[(i, 0)] = inputs[node['name']]
+            continue
+        attrs = node.get('attrs', {})
+        device = device_of_group[attrs[GROUP_ATTR]]
+        args = [values[(src, idx)].as_in_context(device) for src, idx, _ in node['inputs']]
+        kwargs = {k: v for k, v in attrs.items() if not k.startswith('__')}
+        out = _op_function(node['op'])(*args, **kwargs)
+        for k, value in enumerate(out if isinstance(out, (list, tuple)) else [out]):
+            values[(i, k)] = value
+    outputs = [values[(src, idx)] for src, idx, _ in graph['heads']]
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _op_function(op):
+    for namespace in (mx.nd.op, mx.nd._internal, mx.nd):  # pylint: disable=protected-access
+        fn = getattr(namespace, op, None)
+        if fn is not None:
+            return fn
+    raise CutError('expected an operator MXNet runs imperatively, found %r' % op)
