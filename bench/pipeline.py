@@ -41,7 +41,7 @@ from mp_symbolic.tools.memory import compare_memory, format_bytes, format_memory
 from mp_symbolic.tools.text import columns
 from mp_symbolic.tools.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
                                step_stats, step_windows)
-from mp_symbolic.core.compat import profiler_cpu_limit
+from mp_symbolic.core.compat import profiler_cpu_limit, unprofilable
 
 from .chunked import LR, StepLoop, bind, build_chunked_symbol, stage_devices
 from .measure import machine_info, throughput
@@ -61,7 +61,7 @@ def check_stages(stages):
     the process on ``cpu(i)`` past them.
     """
     limit = profiler_cpu_limit()
-    if any(k < 1 or k > limit for k in stages):
+    if any(k < 1 or unprofilable([mx.cpu(i) for i in range(k)]) for k in stages):
         raise ValueError('--stages: expected stage counts from 1 to %d on this %d-core machine '
                          "(MXNet's profiler aborts past cpu(%d)), found %s"
                          % (limit, limit - 2, limit - 1, ','.join(map(str, stages))))

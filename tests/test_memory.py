@@ -109,7 +109,7 @@ def test_device_memory_of_an_executor_counts_gradient_free_arguments_as_inputs()
 
 def test_a_device_past_the_profiler_rows_is_refused_before_any_child_runs():
     symbol = _symbol()
-    with pytest.raises(ValueError, match=r"profiler aborts past them\), found cpu\(%d\)"
+    with pytest.raises(ValueError, match=r"profiler aborts past them\), found cpu:%d"
                                          % (os.cpu_count() + 2)):
         measure_memory(symbol, DATA, LABEL, {'stage0': 'cpu(0)',
                                              'stage1': 'cpu(%d)' % (os.cpu_count() + 2)})

@@ -70,3 +70,21 @@ def profiler_cpu_limit():
     front.
     """
     return (os.cpu_count() or 1) + 2
+
+
+def unprofilable(devices):
+    """The ``cpu(i)`` of ``devices`` (contexts or their strings) that MXNet's
+    profiler cannot record (see :func:`profiler_cpu_limit`), as ``'cpu:i'``."""
+    limit = profiler_cpu_limit()
+    over = []
+    for device in devices:
+        ctx = device if isinstance(device, mx.Context) else _context(str(device))
+        if ctx.device_type == 'cpu' and ctx.device_id >= limit:
+            over.append('cpu:%d' % ctx.device_id)
+    return sorted(set(over), key=lambda name: int(name[4:]))
+
+
+def _context(text):
+    """``'cpu(3)'`` or ``'cpu:3'`` -> ``mx.cpu(3)``."""
+    kind, _, rest = text.replace(':', '(').partition('(')
+    return mx.Context(kind.strip(), int(rest.strip(')')))

@@ -34,7 +34,7 @@ import mxnet as mx
 import numpy as np
 
 from .text import columns
-from ..core.compat import profiler_cpu_limit
+from ..core.compat import profiler_cpu_limit, unprofilable
 from .trace import load_trace, storage_bytes
 from ..core.updater import PerDeviceUpdater
 
@@ -178,9 +178,7 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
             line of stderr.
     """
     limit = profiler_cpu_limit()
-    over = sorted({str(c) for c in [context] + list((group2ctx or {}).values())
-                   if _context(str(c)).device_type == 'cpu'
-                   and _context(str(c)).device_id >= limit})
+    over = unprofilable([context] + list((group2ctx or {}).values()))
     if over:
         raise ValueError('expected cpu(i) devices with i below %d on this %d-core machine '
                          "(MXNet's profiler aborts past them), found %s"

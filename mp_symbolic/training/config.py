@@ -143,10 +143,10 @@ class TrainConfig:
         the process (``Check failed: idx < DeviceCount()``) on ``cpu(N)`` past
         them.
         """
-        from ..core.compat import profiler_cpu_limit  # pylint: disable=import-outside-toplevel
+        # pylint: disable=import-outside-toplevel
+        from ..core.compat import profiler_cpu_limit, unprofilable
         limit = profiler_cpu_limit()
-        over = ['cpu:%d' % d.device_id for d in devices
-                if d.device_type == 'cpu' and d.device_id >= limit]
+        over = unprofilable(devices)
         if self.profile and over:
             raise ValueError('profile: expected cpu:N devices with N below %d on this %d-core '
                              'machine (MXNet\'s profiler aborts past them), found %s'
