@@ -21,7 +21,6 @@ for training. The scope must enclose the whole call of each block, and Gluon
 caches each parameter's variable, so the cache is cleared before every build.
 """
 import json
-import os
 
 import mxnet as mx
 from mxnet import gluon
@@ -124,7 +123,6 @@ class Pipeline(gluon.Block):
                                    self._solve_balance(balance, num_stages, sample)),
                                replica_devices)
         self._check_no_shared_params()
-        self._check_onednn_batchnorm()
 
     # -- planning ------------------------------------------------------------
 
@@ -173,19 +171,6 @@ class Pipeline(gluon.Block):
                                  'parameter in one stage (it lives on one device)'
                                  % (param.name, stage_name(stage_of[param.name]),
                                     stage_name(stage)))
-
-    def _check_onednn_batchnorm(self):
-        # MXNet 1.9.1's oneDNN BatchNorm backward fails on some micro-batched
-        # graphs split across devices ("The size of NDArray doesn't match the
-        # requested MKLDNN memory desc"); its reference kernel does not.
-        if self.chunks == 1 or self.plan.num_stages == 1 or not onednn_active():
-            return
-        ops = {n['op'] for n in json.loads(self.symbol().tojson())['nodes']}
-        if 'BatchNorm' in ops:
-            raise ValueError('chunks: expected MXNET_MKLDNN_ENABLED=0 in the environment '
-                             'before the first operator runs, for BatchNorm with chunks > 1 '
-                             "(MXNet 1.9.1's oneDNN BatchNorm fails on micro-batched graphs "
-                             'split across devices), found oneDNN enabled')
 
     def describe(self):
         """The plan, one line per stage, with block names and parameter counts."""
@@ -377,13 +362,6 @@ class Pipeline(gluon.Block):
 
     def __repr__(self):
         return 'Pipeline(\n  %s\n)' % '\n  '.join(self.describe())
-
-
-def onednn_active():
-    """Whether MXNet runs CPU operators through oneDNN (MKLDNN) in this process."""
-    if os.environ.get('MXNET_MKLDNN_ENABLED', '1').lower() in ('0', 'false'):
-        return False
-    return mx.runtime.Features().is_enabled('MKLDNN')
 
 
 def _is_initialized(param):

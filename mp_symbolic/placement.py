@@ -18,6 +18,7 @@ import sys
 
 import mxnet as mx
 
+from .compat import split_bind_environ
 from .scoped import captured_stderr, environ
 
 __all__ = ['DevicePlan', 'DeviceSpecError', 'parse_devices', 'check_devices', 'default_devices',
@@ -304,22 +305,21 @@ def make_plan(num_layers, devices=None, num_gpus=None, stage_of_layer=None, repl
 
 @contextmanager
 def split_bind(group2ctx):
-    """Around a bind of a graph split over several devices: MXNet's oneDNN
-    subgraph backend off.
+    """Around a bind of a graph split over several devices: the environment
+    :func:`mp_symbolic.compat.split_bind_environ` gives (MXNet's oneDNN
+    subgraph backend off; on CPU with oneDNN, no storage shared between
+    intermediate arrays, so no cross-device copy writes through another
+    array's oneDNN layout).
 
-    That backend (``MXNET_SUBGRAPH_BACKEND``, read at every bind) fuses
-    convolution, BatchNorm and activation ops for inference without looking
-    at ``ctx_group``; a fused op that straddles two devices then fails at run
-    time ("The size of NDArray doesn't match the requested MKLDNN memory
-    desc"). A graph on one device keeps the fusion. MXNet logs a line for
-    ``NONE`` at every bind; that line is dropped, anything else it writes
-    passes through.
+    A graph on one device is bound as it is. MXNet logs a line for
+    ``MXNET_SUBGRAPH_BACKEND=NONE`` at every bind; that line is dropped,
+    anything else it writes passes through.
     """
-    devices = set(group2ctx.values()) if group2ctx else set()
-    if len(devices) < 2:
+    env = split_bind_environ(group2ctx.values() if group2ctx else ())
+    if not env:
         yield
         return
-    with environ(MXNET_SUBGRAPH_BACKEND='NONE'):
+    with environ(**env):
         with captured_stderr() as lines:
             yield
     for line in lines:
