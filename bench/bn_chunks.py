@@ -10,6 +10,10 @@ is divided by ``--chunks 1``'s; the median of those ratios is reported. The
 last variant is what every ``--chunks`` run did before: oneDNN off
 (``MXNET_MKLDNN_ENABLED=0``). Also counts the ``Storage type fallback``
 blocks each variant wrote to stderr.
+
+``--steps-only`` times forward and backward of the bound graphs instead, in
+this process (oneDNN as the environment says), on the three-device plan and
+on one device, to tell the micro-batching's own cost from the split's.
 """
 import argparse
 import os
@@ -18,10 +22,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from mp_symbolic.text import columns
 
-__all__ = ['VARIANTS', 'run_variant', 'measure', 'main']
+__all__ = ['VARIANTS', 'run_variant', 'measure', 'step_times', 'main']
 
 # name -> (--chunks, extra environment)
 VARIANTS = {
@@ -72,6 +77,63 @@ def measure(rounds, num_epochs, log=print):
     return results
 
 
+def step_times(batch_size, one_device, rounds, num_steps=40):
+    """Median seconds of one forward + backward of the digits graph with
+    chunks 1 and 4, and the median of their per-round ratios:
+    ``(t1, t4, ratio)``. Bound as the library binds them; alternating."""
+    # pylint: disable=import-outside-toplevel
+    import mxnet as mx
+    import numpy as np
+    from mp_symbolic import Pipeline
+    from mp_symbolic.placement import split_bind
+    from mp_symbolic.tasks import digits
+    exes = {}
+    for chunks in (1, 4):
+        pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1,cpu:2', chunks=chunks)
+        group2ctx = pipe.plan.group2ctx
+        if one_device:
+            group2ctx = {g: mx.cpu(0) for g in group2ctx}
+        with split_bind(group2ctx):
+            exes[chunks] = pipe.training_symbol('softmax').simple_bind(
+                mx.cpu(0), group2ctx=group2ctx, data=(batch_size, 1, 8, 8),
+                softmax_label=(batch_size,))
+        rng = np.random.default_rng(0)
+        for arr in exes[chunks].arg_arrays:
+            arr[:] = rng.uniform(-0.1, 0.1, arr.shape)
+
+    def seconds(exe, steps):
+        mx.nd.waitall()
+        start = time.perf_counter()
+        for _ in range(steps):
+            exe.forward(is_train=True)
+            exe.backward()
+        mx.nd.waitall()
+        return (time.perf_counter() - start) / steps
+
+    for exe in exes.values():
+        seconds(exe, num_steps // 2)  # warm-up: oneDNN primitives, memory
+    times = {1: [], 4: []}
+    for r in range(rounds):
+        for chunks in ((1, 4) if r % 2 == 0 else (4, 1)):
+            times[chunks].append(seconds(exes[chunks], num_steps))
+    ratios = [t4 / t1 for t1, t4 in zip(times[1], times[4])]
+    return (statistics.median(times[1]), statistics.median(times[4]),
+            statistics.median(ratios))
+
+
+def _steps_only(rounds):
+    rows = [['batch', 'graph', 'chunks=1', 'chunks=4', 'ratio (median)']]
+    for batch_size in (64, 256):
+        for one_device in (True, False):
+            t1, t4, ratio = step_times(batch_size, one_device, rounds)
+            rows.append([str(batch_size), 'one device' if one_device else 'three devices',
+                         '%.2f ms' % (t1 * 1e3), '%.2f ms' % (t4 * 1e3), '%.2fx' % ratio])
+    print('forward + backward of the digits graph, %d alternating rounds of 40 steps:' % rounds)
+    for line in columns(rows):
+        print('  ' + line)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.bn_chunks', description=__doc__
                                      .split('\n\n')[0])
@@ -79,10 +141,15 @@ def main(argv=None):
                         help='alternating rounds; the median is reported (default: %(default)s)')
     parser.add_argument('--epochs', type=int, default=10,
                         help='epochs per run (default: %(default)s, as make train-digits)')
+    parser.add_argument('--steps-only', action='store_true',
+                        help='time forward + backward of the bound graphs in this process '
+                             'instead of training runs')
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.epochs < 1:
         parser.error('expected --rounds and --epochs of at least 1, found %d and %d'
                      % (args.rounds, args.epochs))
+    if args.steps_only:
+        return _steps_only(args.rounds)
     results = measure(args.rounds, args.epochs)
     rows = [['variant', 'epoch (median)', 'vs chunks=1 (median ratio)', 'fallback blocks']]
     for name, res in results.items():
