@@ -14,6 +14,10 @@ blocks each variant wrote to stderr.
 ``--steps-only`` times forward and backward of the bound graphs instead, in
 this process (oneDNN as the environment says), on the three-device plan and
 on one device, to tell the micro-batching's own cost from the split's.
+``--sweep`` binds the digits graph at every balance over 2 and 3 devices with
+1, 2 and 4 chunks, with MXNet's memory planner as it is and with
+:mod:`mp_symbolic.compat`'s workaround, and counts the cuts that fail or
+whose gradients differ from the same graph on one device.
 """
 import argparse
 import os
@@ -26,7 +30,7 @@ import time
 
 from mp_symbolic.text import columns
 
-__all__ = ['VARIANTS', 'run_variant', 'measure', 'step_times', 'main']
+__all__ = ['VARIANTS', 'run_variant', 'measure', 'step_times', 'sweep', 'main']
 
 # name -> (--chunks, extra environment)
 VARIANTS = {
@@ -134,6 +138,68 @@ def _steps_only(rounds):
     return 0
 
 
+def _two_steps(pipe, group2ctx, scope, batch_size=64):
+    """Gradients and output after two training steps on one fixed batch."""
+    # pylint: disable=import-outside-toplevel
+    import mxnet as mx
+    import numpy as np
+    with scope:
+        exe = pipe.training_symbol('softmax').simple_bind(
+            mx.cpu(0), group2ctx=group2ctx, data=(batch_size, 1, 8, 8),
+            softmax_label=(batch_size,))
+    rng = np.random.default_rng(0)
+    for name in sorted(exe.arg_dict):
+        exe.arg_dict[name][:] = rng.uniform(-0.3, 0.3, exe.arg_dict[name].shape)
+    exe.arg_dict['softmax_label'][:] = rng.integers(0, 10, batch_size)
+    for name, arr in exe.aux_dict.items():
+        arr[:] = 1 if name.endswith('var') else 0
+    for _ in range(2):
+        exe.forward(is_train=True)
+        exe.backward()
+    out = {n: g.asnumpy() for n, g in exe.grad_dict.items() if g is not None}
+    out['output'] = exe.outputs[0].asnumpy()
+    return out
+
+
+def sweep(log=print):
+    """Rows ``[devices, chunks, planner, failed, differ, cuts]`` over every balance."""
+    # pylint: disable=import-outside-toplevel
+    import itertools
+    import mxnet as mx
+    import numpy as np
+    from mp_symbolic import Pipeline, compat
+    from mp_symbolic.placement import split_bind
+    from mp_symbolic.scoped import environ
+    from mp_symbolic.tasks import digits
+    num_blocks = len(digits.build_blocks())
+    rows = []
+    for num_devices in (2, 3):
+        cuts = list(itertools.combinations(range(1, num_blocks), num_devices - 1))
+        for chunks in (1, 2, 4):
+            counts = {'as MXNet plans it': [0, 0], 'compat workaround': [0, 0]}
+            for cut in cuts:
+                balance = [b - a for a, b in zip((0,) + cut, cut + (num_blocks,))]
+                pipe = Pipeline(digits.build_blocks(),
+                                ','.join('cpu:%d' % i for i in range(num_devices)),
+                                balance=balance, chunks=chunks)
+                group2ctx = pipe.plan.group2ctx
+                want = _two_steps(pipe, {g: mx.cpu(0) for g in group2ctx}, split_bind(None))
+                for planner, scope in (('as MXNet plans it', environ(**compat.SUBGRAPH_BACKEND)),
+                                       ('compat workaround', split_bind(group2ctx))):
+                    try:
+                        got = _two_steps(pipe, group2ctx, scope)
+                    except mx.base.MXNetError:
+                        counts[planner][0] += 1
+                        continue
+                    if any(not np.allclose(got[n], want[n], rtol=1e-4, atol=1e-4) for n in want):
+                        counts[planner][1] += 1
+            for planner, (failed, differ) in counts.items():
+                rows.append([str(num_devices), str(chunks), planner, str(failed), str(differ),
+                             str(len(cuts))])
+                log('  '.join(rows[-1]))
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.bn_chunks', description=__doc__
                                      .split('\n\n')[0])
@@ -141,6 +207,9 @@ def main(argv=None):
                         help='alternating rounds; the median is reported (default: %(default)s)')
     parser.add_argument('--epochs', type=int, default=10,
                         help='epochs per run (default: %(default)s, as make train-digits)')
+    parser.add_argument('--sweep', action='store_true',
+                        help='count the balances MXNet fails on, without and with the '
+                             'workaround')
     parser.add_argument('--steps-only', action='store_true',
                         help='time forward + backward of the bound graphs in this process '
                              'instead of training runs')
@@ -150,6 +219,15 @@ def main(argv=None):
                      % (args.rounds, args.epochs))
     if args.steps_only:
         return _steps_only(args.rounds)
+    if args.sweep:
+        from mp_symbolic.compat import onednn_active  # pylint: disable=import-outside-toplevel
+        rows = sweep(log=lambda line: None)
+        print('digits, every balance, two steps of batch 64, oneDNN %s:'
+              % ('on' if onednn_active() else 'off'))
+        for line in columns([['devices', 'chunks', 'memory plan', 'failed', 'differ',
+                              'cuts']] + rows):
+            print('  ' + line)
+        return 0
     results = measure(args.rounds, args.epochs)
     rows = [['variant', 'epoch (median)', 'vs chunks=1 (median ratio)', 'fallback blocks']]
     for name, res in results.items():
