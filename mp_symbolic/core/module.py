@@ -127,11 +127,20 @@ class PipelineModule(mx.mod.Module):
                              ' found %d' % (self.pipeline.chunks, self.pipeline.replicas, parts,
                                             shape[0]))
         self.sample_shape = shape[1:]
-        with split_bind({i: d for i, d in enumerate(self.pipeline.plan.all_devices)}):
+        with split_bind(self._devices()):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
         self._update_args = None  # a new executor group: update() lists its arrays anew
         self._apply_pending()
+
+    def reshape(self, data_shapes, label_shapes=None):
+        """``mx.mod.Module.reshape`` (called by ``forward`` on a batch of
+        another shape), bound as :meth:`bind` binds."""
+        with split_bind(self._devices()):
+            super().reshape(data_shapes, label_shapes)
+
+    def _devices(self):
+        return {i: d for i, d in enumerate(self.pipeline.plan.all_devices)}
 
     def init_optimizer(self, kvstore='local', optimizer='sgd',
                        optimizer_params=(('learning_rate', 0.01),), force_init=False):

@@ -35,7 +35,6 @@ import numpy as np
 
 from . import balance as balancing
 from . import graphcut
-from .compat import onednn_active
 from .heads import make_head
 from .devices import (DeviceSpecError, DevicePlan, resolve_devices, split_replicas,
                         stage_name)
@@ -156,7 +155,6 @@ class Pipeline(gluon.Block):
                 self._solve_balance(balance, num_stages, sample, replica_devices[0]))
         self.plan = DevicePlan(replica_devices[0], stage_of, replica_devices)
         self._owner = self._owners(tied)
-        self._check_onednn_batchnorm()
 
     # -- planning ------------------------------------------------------------
 
@@ -257,19 +255,6 @@ class Pipeline(gluon.Block):
     def _params_of_stage(self):
         """``[(owning stage, param)]`` for every parameter once, in block order."""
         return [(self._owner[name], param) for name, param in self.collect_params().items()]
-
-    def _check_onednn_batchnorm(self):
-        # MXNet 1.9.1's oneDNN BatchNorm backward fails on some micro-batched
-        # graphs split across devices ("The size of NDArray doesn't match the
-        # requested MKLDNN memory desc"); its reference kernel does not.
-        if self.chunks == 1 or self.plan.num_stages == 1 or not onednn_active():
-            return
-        ops = {n['op'] for n in json.loads(self.symbol().tojson())['nodes']}
-        if 'BatchNorm' in ops:
-            raise ValueError('chunks: expected MXNET_MKLDNN_ENABLED=0 in the environment '
-                             'before the first operator runs, for BatchNorm with chunks > 1 '
-                             "(MXNet 1.9.1's oneDNN BatchNorm fails on micro-batched graphs "
-                             'split across devices), found oneDNN enabled')
 
     def describe(self):
         """The plan, one line per stage, with block names and parameter counts.

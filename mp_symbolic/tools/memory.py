@@ -37,6 +37,7 @@ from .text import columns
 from ..core.compat import profiler_cpu_limit, unprofilable
 from .trace import load_trace, storage_bytes
 from ..core.updater import PerDeviceUpdater
+from ..core.compat import split_bind
 
 __all__ = []
 
@@ -244,13 +245,12 @@ def _run_child(spec):
     symbol = mx.sym.load_json(spec['symbol'])
     data_shapes = [(n, tuple(s)) for n, s in spec['data_shapes']]
     label_shapes = [(n, tuple(s)) for n, s in spec['label_shapes']]
-    group2ctx = spec['group2ctx']
+    group2ctx = {g: _context(c) for g, c in (spec['group2ctx'] or {}).items()}
     mod = mx.mod.Module(symbol, data_names=[n for n, _ in data_shapes],
                         label_names=[n for n, _ in label_shapes],
-                        context=_context(spec['context']),
-                        group2ctxs={g: _context(c) for g, c in group2ctx.items()} if group2ctx
-                        else None)
-    mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
+                        context=_context(spec['context']), group2ctxs=group2ctx or None)
+    with split_bind(group2ctx):  # bound as training binds it
+        mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
     # Any callable initialiser will do: values do not change sizes.
     mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
     mod.init_optimizer(kvstore=None, optimizer=spec['optimizer'],

@@ -285,10 +285,6 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.command == 'launch':
         return args.run(args)
-    if getattr(args, 'chunks', 1) > 1:
-        # Read once, at MXNet's first operator: oneDNN's BatchNorm fails on
-        # micro-batched graphs split across devices (see Pipeline).
-        os.environ.setdefault('MXNET_MKLDNN_ENABLED', '0')
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir

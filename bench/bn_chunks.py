@@ -1,0 +1,245 @@
+"""``python -m bench.bn_chunks``: the digits CNN (BatchNorm included) with
+``--chunks 4`` against ``--chunks 1``, as the command line trains them.
+
+Each variant is ``python -m mp_symbolic train --task digits`` in a process of
+its own (oneDNN is switched on or off once per process), run in alternating
+rounds so that a busy machine slows every variant alike; the figure is the
+training loop's own wall time (the ``training: X s wall`` line: after
+``waitall()``, no checkpoints, no start-up). Per round, each variant's time
+is divided by ``--chunks 1``'s; the median of those ratios is reported. The
+last variant is what every ``--chunks`` run did before: oneDNN off
+(``MXNET_MKLDNN_ENABLED=0``). Also counts the ``Storage type fallback``
+blocks each variant wrote to stderr.
+
+``--steps-only`` times forward and backward of the bound graphs instead, in
+this process (oneDNN as the environment says), on the three-device plan and
+on one device, to tell the micro-batching's own cost from the split's.
+``--sweep`` binds the digits graph at every balance over 2 and 3 devices with
+1, 2 and 4 chunks, with MXNet's memory planner as it is and with
+:mod:`mp_symbolic.core.compat`'s workaround, and counts the cuts that fail or
+whose gradients differ from the same graph on one device.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from mp_symbolic.tools.text import columns
+
+__all__ = ['VARIANTS', 'run_variant', 'measure', 'step_times', 'sweep', 'main']
+
+# name -> (--chunks, extra environment)
+VARIANTS = {
+    'chunks=1': (1, {}),
+    'chunks=4': (4, {}),
+    'chunks=4, oneDNN off': (4, {'MXNET_MKLDNN_ENABLED': '0'}),
+}
+BASE = 'chunks=1'
+_WALL = re.compile(r'^training: ([0-9.]+) s wall', re.M)
+
+
+def run_variant(chunks, env, num_epochs, out_dir):
+    """One training run; ``(seconds of the training loop, fallback blocks on stderr)``.
+
+    Raises:
+        RuntimeError: the run failed or printed no ``training:`` line.
+    """
+    cmd = [sys.executable, '-m', 'mp_symbolic', 'train', '--task', 'digits',
+           '--chunks', str(chunks), '--epochs', str(num_epochs), '--no-memory',
+           '--no-progress', '--out', out_dir]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, **env))
+    match = _WALL.search(proc.stdout)
+    if proc.returncode != 0 or not match:
+        lines = proc.stderr.strip().splitlines() or ['(no stderr)']
+        raise RuntimeError('%s: expected exit status 0 and a training line, found %d: %s'
+                           % (' '.join(cmd[2:]), proc.returncode, lines[-1]))
+    return float(match.group(1)), proc.stderr.count('Storage type fallback detected')
+
+
+def measure(rounds, num_epochs, log=print):
+    """``{variant: {'seconds': [...], 'ratios': [...], 'fallbacks': [...]}}``."""
+    results = {name: {'seconds': [], 'ratios': [], 'fallbacks': []} for name in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix='bn-chunks-') as tmp:
+        for r in range(rounds):
+            order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
+            seconds = {}
+            for name in order:
+                chunks, env = VARIANTS[name]
+                seconds[name], fallbacks = run_variant(
+                    chunks, env, num_epochs, os.path.join(tmp, 'r%d-%d' % (r, chunks)))
+                results[name]['seconds'].append(seconds[name])
+                results[name]['fallbacks'].append(fallbacks)
+            for name in VARIANTS:
+                results[name]['ratios'].append(seconds[name] / seconds[BASE])
+            log('round %d/%d: %s' % (r + 1, rounds, ', '.join(
+                '%s %.2f s' % (n, seconds[n]) for n in VARIANTS)))
+    return results
+
+
+def step_times(batch_size, one_device, rounds, num_steps=40):
+    """Median seconds of one forward + backward of the digits graph with
+    chunks 1 and 4, and the median of their per-round ratios:
+    ``(t1, t4, ratio)``. Bound as the library binds them; alternating."""
+    # pylint: disable=import-outside-toplevel
+    import mxnet as mx
+    import numpy as np
+    from mp_symbolic import Pipeline
+    from mp_symbolic.core.compat import split_bind
+    from mp_symbolic.training.tasks import digits
+    exes = {}
+    for chunks in (1, 4):
+        pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1,cpu:2', chunks=chunks)
+        group2ctx = pipe.plan.group2ctx
+        if one_device:
+            group2ctx = {g: mx.cpu(0) for g in group2ctx}
+        with split_bind(group2ctx):
+            exes[chunks] = pipe.training_symbol('softmax').simple_bind(
+                mx.cpu(0), group2ctx=group2ctx, data=(batch_size, 1, 8, 8),
+                softmax_label=(batch_size,))
+        rng = np.random.default_rng(0)
+        for arr in exes[chunks].arg_arrays:
+            arr[:] = rng.uniform(-0.1, 0.1, arr.shape)
+
+    def seconds(exe, steps):
+        mx.nd.waitall()
+        start = time.perf_counter()
+        for _ in range(steps):
+            exe.forward(is_train=True)
+            exe.backward()
+        mx.nd.waitall()
+        return (time.perf_counter() - start) / steps
+
+    for exe in exes.values():
+        seconds(exe, num_steps // 2)  # warm-up: oneDNN primitives, memory
+    times = {1: [], 4: []}
+    for r in range(rounds):
+        for chunks in ((1, 4) if r % 2 == 0 else (4, 1)):
+            times[chunks].append(seconds(exes[chunks], num_steps))
+    ratios = [t4 / t1 for t1, t4 in zip(times[1], times[4])]
+    return (statistics.median(times[1]), statistics.median(times[4]),
+            statistics.median(ratios))
+
+
+def _steps_only(rounds):
+    rows = [['batch', 'graph', 'chunks=1', 'chunks=4', 'ratio (median)']]
+    for batch_size in (64, 256):
+        for one_device in (True, False):
+            t1, t4, ratio = step_times(batch_size, one_device, rounds)
+            rows.append([str(batch_size), 'one device' if one_device else 'three devices',
+                         '%.2f ms' % (t1 * 1e3), '%.2f ms' % (t4 * 1e3), '%.2fx' % ratio])
+    print('forward + backward of the digits graph, %d alternating rounds of 40 steps:' % rounds)
+    for line in columns(rows):
+        print('  ' + line)
+    return 0
+
+
+def _two_steps(pipe, group2ctx, scope, batch_size=64):
+    """Gradients and output after two training steps on one fixed batch."""
+    # pylint: disable=import-outside-toplevel
+    import mxnet as mx
+    import numpy as np
+    with scope:
+        exe = pipe.training_symbol('softmax').simple_bind(
+            mx.cpu(0), group2ctx=group2ctx, data=(batch_size, 1, 8, 8),
+            softmax_label=(batch_size,))
+    rng = np.random.default_rng(0)
+    for name in sorted(exe.arg_dict):
+        exe.arg_dict[name][:] = rng.uniform(-0.3, 0.3, exe.arg_dict[name].shape)
+    exe.arg_dict['softmax_label'][:] = rng.integers(0, 10, batch_size)
+    for name, arr in exe.aux_dict.items():
+        arr[:] = 1 if name.endswith('var') else 0
+    for _ in range(2):
+        exe.forward(is_train=True)
+        exe.backward()
+    out = {n: g.asnumpy() for n, g in exe.grad_dict.items() if g is not None}
+    out['output'] = exe.outputs[0].asnumpy()
+    return out
+
+
+def sweep(log=print):
+    """Rows ``[devices, chunks, planner, failed, differ, cuts]`` over every balance."""
+    # pylint: disable=import-outside-toplevel
+    import itertools
+    import mxnet as mx
+    import numpy as np
+    from mp_symbolic import Pipeline
+    from mp_symbolic.core import compat
+    from mp_symbolic.core.compat import split_bind
+    from mp_symbolic.core.scoped import environ
+    from mp_symbolic.training.tasks import digits
+    num_blocks = len(digits.build_blocks())
+    rows = []
+    for num_devices in (2, 3):
+        cuts = list(itertools.combinations(range(1, num_blocks), num_devices - 1))
+        for chunks in (1, 2, 4):
+            counts = {'as MXNet plans it': [0, 0], 'compat workaround': [0, 0]}
+            for cut in cuts:
+                balance = [b - a for a, b in zip((0,) + cut, cut + (num_blocks,))]
+                pipe = Pipeline(digits.build_blocks(),
+                                ','.join('cpu:%d' % i for i in range(num_devices)),
+                                balance=balance, chunks=chunks)
+                group2ctx = pipe.plan.group2ctx
+                want = _two_steps(pipe, {g: mx.cpu(0) for g in group2ctx}, split_bind(None))
+                for planner, scope in (('as MXNet plans it', environ(**compat.SUBGRAPH_BACKEND)),
+                                       ('compat workaround', split_bind(group2ctx))):
+                    try:
+                        got = _two_steps(pipe, group2ctx, scope)
+                    except mx.base.MXNetError:
+                        counts[planner][0] += 1
+                        continue
+                    if any(not np.allclose(got[n], want[n], rtol=1e-4, atol=1e-4) for n in want):
+                        counts[planner][1] += 1
+            for planner, (failed, differ) in counts.items():
+                rows.append([str(num_devices), str(chunks), planner, str(failed), str(differ),
+                             str(len(cuts))])
+                log('  '.join(rows[-1]))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m bench.bn_chunks', description=__doc__
+                                     .split('\n\n')[0])
+    parser.add_argument('--rounds', type=int, default=5,
+                        help='alternating rounds; the median is reported (default: %(default)s)')
+    parser.add_argument('--epochs', type=int, default=10,
+                        help='epochs per run (default: %(default)s, as make train-digits)')
+    parser.add_argument('--sweep', action='store_true',
+                        help='count the balances MXNet fails on, without and with the '
+                             'workaround')
+    parser.add_argument('--steps-only', action='store_true',
+                        help='time forward + backward of the bound graphs in this process '
+                             'instead of training runs')
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.epochs < 1:
+        parser.error('expected --rounds and --epochs of at least 1, found %d and %d'
+                     % (args.rounds, args.epochs))
+    if args.steps_only:
+        return _steps_only(args.rounds)
+    if args.sweep:
+        from mp_symbolic.core.compat import onednn_active  # pylint: disable=import-outside-toplevel
+        rows = sweep(log=lambda line: None)
+        print('digits, every balance, two steps of batch 64, oneDNN %s:'
+              % ('on' if onednn_active() else 'off'))
+        for line in columns([['devices', 'chunks', 'memory plan', 'failed', 'differ',
+                              'cuts']] + rows):
+            print('  ' + line)
+        return 0
+    results = measure(args.rounds, args.epochs)
+    rows = [['variant', 'epoch (median)', 'vs chunks=1 (median ratio)', 'fallback blocks']]
+    for name, res in results.items():
+        rows.append([name, '%.3f s' % (statistics.median(res['seconds']) / args.epochs),
+                     '%.2fx' % statistics.median(res['ratios']),
+                     '%d' % max(res['fallbacks'])])
+    print('digits, %d epochs per run, %d rounds:' % (args.epochs, args.rounds))
+    for line in columns(rows):
+        print('  ' + line)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
