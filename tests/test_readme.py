@@ -1,4 +1,5 @@
-"""Every shell command in README.md runs as written, in a copy of this folder.
+"""Every shell command in README.md runs as written, in a copy of this folder,
+and so does every refusal that README.md and the pages under docs/ show.
 
 ``sh`` blocks are commands that must succeed (benchmark targets run with
 ``QUICK=1``, a smoke run; ``make test`` is this suite and is not run again).
@@ -7,7 +8,10 @@ a refusal: the command must fail with status 2 and print that line. A
 ``python`` block whose first line is ``# NAME.py`` is the file ``NAME.py``
 that a later command runs. Commands starting with ``python`` run in the
 project's environment, as the README says (``.venv/bin`` first on PATH).
+The pages under docs/ contribute their refusals only (their long commands
+are benchmarks and multi-host jobs), run after the README's commands.
 """
+import glob
 import os
 import re
 import shutil
@@ -21,8 +25,8 @@ SKIP = {'make test'}  # this suite
 QUICK = ('make bench', 'make bench-export', 'make bench-dist', 'make bench-pipeline')
 
 
-def _blocks():
-    with open(os.path.join(ROOT, 'README.md')) as f:
+def _blocks(path=os.path.join(ROOT, 'README.md')):
+    with open(path) as f:
         return _BLOCK_RE.findall(f.read())
 
 
@@ -40,6 +44,13 @@ def _commands(body):
     return commands
 
 
+def _refusals(body):
+    """``$ command`` lines of a text block followed by an ``error:`` line."""
+    lines = body.splitlines()
+    return [('refuse', line[2:], after) for line, after in zip(lines, lines[1:])
+            if line.startswith('$ ') and after.startswith('error: ')]
+
+
 def _readme_steps():
     """``[(kind, text, expected)]`` in README order: files to write, commands to run."""
     steps = []
@@ -49,10 +60,17 @@ def _readme_steps():
         elif lang == 'sh':
             steps += [('run', c, None) for c in _commands(body) if c not in SKIP]
         elif lang == 'text':
-            lines = body.splitlines()
-            for line, after in zip(lines, lines[1:]):
-                if line.startswith('$ ') and after.startswith('error: '):
-                    steps.append(('refuse', line[2:], after))
+            steps += _refusals(body)
+    return steps
+
+
+def _docs_refusals():
+    """The refusals the pages under docs/ show, page by page."""
+    steps = []
+    for path in sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md'))):
+        for lang, body in _blocks(path):
+            if lang == 'text':
+                steps += _refusals(body)
     return steps
 
 
@@ -64,7 +82,8 @@ def workdir(tmp_path_factory):
     work = str(tmp_path_factory.mktemp('readme') / 'project')
     shutil.copytree(ROOT, work, symlinks=True, ignore=shutil.ignore_patterns(
         '.venv', 'artifacts', '.git', 'build', '*.egg-info', '__pycache__', '.pytest_cache',
-        'my_model*', 'my_export', 'x.csv', 'y.npy', 'states.npz', 'hosts'))
+        'my_model.py', 'my_resume.py', 'my_task.py', 'wine_rows.npy', 'x.csv', 'y.npy',
+        'states.npz', 'hosts', 'load_export.py', 'bn_relu*'))
     os.symlink(os.path.join(ROOT, '.venv'), os.path.join(work, '.venv'))
     return work
 
@@ -78,12 +97,13 @@ def _env(work):
 
 def test_the_readme_has_commands_to_run():
     kinds = [kind for kind, _, _ in _readme_steps()]
-    assert kinds.count('run') >= 10 and 'refuse' in kinds and 'file' in kinds
+    assert kinds.count('run') >= 10 and 'refuse' in kinds and kinds.count('file') >= 3
+    assert _docs_refusals()
 
 
 def test_every_readme_command_runs_as_written(workdir):
     failures = []
-    for kind, text, expected in _readme_steps():
+    for kind, text, expected in _readme_steps() + _docs_refusals():
         if kind == 'file':
             with open(os.path.join(workdir, text), 'w') as f:
                 f.write(expected)
