@@ -319,7 +319,8 @@ def test_other_command_runs_as_given():
 # -- refusals before anything starts ----------------------------------------------------------
 
 @pytest.mark.parametrize('worker, message', [
-    (['train', '...'], "python -m mp_symbolic train: unrecognized arguments: ..."),
+    (['train', '...'], 'error: worker command: python -m mp_symbolic: unrecognized '
+                       'arguments: ...'),
     (['train', '--epochs', '0'], 'worker command: --epochs: expected a positive integer'),
     (['train', '--task', 'nowhere.py'], 'worker command: --task nowhere.py: expected a task '
                                         'file, found no file nowhere.py'),

@@ -1,6 +1,8 @@
 """Your own model from Python: a Pipeline's Module checkpointed through the
 store and continued on another plan with Gluon's automatic names shifted, and
 MXNet's Module contract kept (``bind(force_rebind=True)``)."""
+import os
+
 import mxnet as mx
 from mxnet import gluon
 import numpy as np
@@ -67,6 +69,15 @@ def test_a_checkpoint_continues_on_another_plan_with_other_automatic_names(tmp_p
     arg, _ = mod.get_params()
     for name in arg:
         assert name in names
+
+
+def test_a_saved_module_exports_from_its_folder(tmp_path):
+    from export.exporter import export_checkpoint  # pylint: disable=import-outside-toplevel
+    mod = _fit(Pipeline(_net(), 'cpu:0,cpu:1', sample=(16, 5)).module(), 0, 1)
+    mp_symbolic.save_checkpoint(mod, str(tmp_path / 'run'), epoch=1, name='mlp')
+    paths, report = export_checkpoint(str(tmp_path / 'run'), str(tmp_path / 'export'),
+                                      log=lambda line: None)
+    assert report['ok'] and os.path.basename(paths['onnx']) == 'mlp.onnx'
 
 
 def test_a_checkpoint_of_another_network_is_refused_in_one_line(tmp_path):

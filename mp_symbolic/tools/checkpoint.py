@@ -312,10 +312,10 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
         symbol = with_input_shape(symbol, module.data_name, module.sample_shape)
     arg_params, aux_params = module.get_params()
     states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
-    facts = {'plan': {'devices': [format_device(d) for d in pipe.plan.all_devices],
-                      'balance': list(pipe.balance), 'chunks': pipe.chunks,
-                      'replicas': pipe.replicas,
-                      'stages': pipe.stage_names},
+    devices = [format_device(d) for d in pipe.plan.all_devices]
+    facts = {'devices': devices,  # what the exporter records as the training devices
+             'plan': {'devices': devices, 'balance': list(pipe.balance), 'chunks': pipe.chunks,
+                      'replicas': pipe.replicas, 'stages': pipe.stage_names},
              'parameters': list(arg_params) + list(aux_params)}
     facts.update(summary or {})
     store = Store(folder)

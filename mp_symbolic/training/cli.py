@@ -98,11 +98,11 @@ def add_train_flags(parser, defaults=True):
                         help='no progress bar')
 
 
-def build_parser(defaults=True):
+def build_parser(defaults=True, prog='python -m mp_symbolic'):
     """The parser; with ``defaults=False`` flags not given are left out of
     the result (to tell what a user set from a default)."""
     parser = OneLineArgumentParser(
-        prog='python -m mp_symbolic',
+        prog=prog,
         description='Model-parallel training in MXNet 1.x: your own task (a file defining '
                     'task() -> mp_symbolic.Task), the seed question\'s regression or a CNN on '
                     '8x8 digits, split over devices by mp_symbolic.Pipeline.')
@@ -189,7 +189,7 @@ def _check_worker(argv):
         ValueError: a config value that cannot work; argparse exits 2 with
             one line for a flag it cannot parse.
     """
-    args = build_parser().parse_args(list(argv))
+    args = build_parser(prog='worker command: python -m mp_symbolic').parse_args(list(argv))
     try:
         cfg = config_from_args(args, list(argv))
     except ValueError as err:

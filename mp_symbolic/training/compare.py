@@ -149,8 +149,8 @@ def compare(cfg, log=print, task=None):
 
     for line in format_table(rows):
         log(line)
-    log('max|dloss|, max|dparam|: largest difference from %s over every step\'s batch MSE '
-        'and every final parameter' % REFERENCE)
+    log('max|dloss|, max|dparam|: largest difference from %s over every step\'s %s '
+        'and every final parameter' % (REFERENCE, task.loss_label))
     log('agree: %s (losses of every step and final parameters vs %s, '
         'rtol=%g, atol=%g)' % ('yes' if agree else 'no', REFERENCE, AGREE_RTOL, AGREE_ATOL))
 
@@ -165,7 +165,7 @@ def compare(cfg, log=print, task=None):
     write_json(files['results'], {
         'config': dict(cfg.to_dict(), out=out_dir), 'reference': REFERENCE,
         'tolerance': {'rtol': AGREE_RTOL, 'atol': AGREE_ATOL,
-                      'applies_to': 'per-step batch MSE and final parameters'},
+                      'applies_to': 'per-step %s and final parameters' % task.loss_label},
         'agree': agree, 'variants': rows, 'step_losses': losses,
         'files': {k: os.path.basename(v) for k, v in files.items()},
         'mxnet_version': mx.__version__,
@@ -192,7 +192,7 @@ def _short(row):
 
 
 def plot_losses(losses, path):
-    """Per-step batch MSE of each variant, log-scale y, written atomically as PNG.
+    """Per-step batch loss of each variant, log-scale y, written atomically as PNG.
 
     Returns:
         ``path``.
