@@ -16,7 +16,7 @@ import sys
 import mxnet as mx
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common, nose
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # common, nose
 
 from mp_symbolic.trainer import Trainer  # noqa: E402  pylint: disable=wrong-import-position
 
