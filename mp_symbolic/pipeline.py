@@ -27,6 +27,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import balance as balancing
+from . import twin
 from .heads import make_head
 from .placement import (DeviceSpecError, DevicePlan, resolve_devices, split_replicas,
                         stage_name)
@@ -74,8 +75,9 @@ class Pipeline(gluon.Block):
         sample: A batch (numpy or NDArray) or its shape, for ``balance='time'``
             and for parameter shapes not known yet (layers without their input
             size).
-        chunks: Micro-batches per batch in the symbolic graph (GPipe); the
-            batch size must be a multiple of ``chunks * replicas``.
+        chunks: Micro-batches per batch (GPipe), in the symbolic graph and in
+            the imperative twin; the batch size must be a multiple of
+            ``chunks * replicas``.
         replicas: Data-parallel copies of the pipeline; ``devices`` then lists
             ``replicas x stages`` devices, replica by replica.
         mirror: Re-materialisation: ``True`` (every stage) or stage indices
@@ -294,21 +296,24 @@ class Pipeline(gluon.Block):
     # -- imperative twin -----------------------------------------------------
 
     def forward(self, x):  # pylint: disable=arguments-differ
-        """Runs the blocks stage by stage, moving ``x`` to each stage's device.
+        """Runs the blocks stage by stage, moving ``x`` to each stage's device;
+        with replicas, each replica a share of the batch, with chunks, as
+        micro-batches (see :func:`mp_symbolic.twin.forward`). Returns the
+        whole batch's output on the last stage of the first replica.
 
         On a Symbol, returns the tagged inference graph (one chunk).
+
+        Raises:
+            ValueError: the batch is not a multiple of ``chunks x replicas``.
         """
         if isinstance(x, mx.sym.Symbol):
             return _finish(self._build(x, 1), self)
-        for s, blocks in enumerate(self.stages):
-            x = x.as_in_context(self.plan.devices[s])  # recorded by autograd
-            for block in blocks:
-                x = block(x)
-        return x
+        return twin.forward(self, x)
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):
-        """Initialises (or moves) each parameter on its stage's device.
+        """Initialises (or moves) each parameter on its stage's device, one
+        copy per replica.
 
         Parameters already initialised elsewhere keep their values and move.
         Layers without their input size finish on the first forward pass.
@@ -320,18 +325,19 @@ class Pipeline(gluon.Block):
             raise ValueError('ctx: expected None (a Pipeline places each stage on its own '
                              'device), found %r' % (ctx,))
         for stage, param in self._params_of_stage():
-            device = self.plan.devices[stage]
+            devices = twin.stage_devices(self.plan, stage)
             if not force_reinit and _is_initialized(param):
-                if param.list_ctx() != [device]:
-                    param.reset_ctx(device)
+                if param.list_ctx() != devices:
+                    param.reset_ctx(devices)
                 continue
-            param.initialize(None, ctx=device, default_init=init, force_reinit=force_reinit)
+            param.initialize(None, ctx=devices, default_init=init, force_reinit=force_reinit)
         if verbose:
             for line in self.describe():
                 print(line)
 
     def set_params(self, arg_params, aux_params=None):
-        """Places the given values: each parameter on its stage's device.
+        """Places the given values: each parameter on its stage's device (on
+        each replica's).
 
         Args:
             arg_params, aux_params: Name -> NDArray or numpy array (as
@@ -354,12 +360,12 @@ class Pipeline(gluon.Block):
                     or any(k not in (0, v) for k, v in zip(known, value.shape))):
                 raise ValueError('%s: expected shape %s, found %s'
                                  % (param.name, known, value.shape))
-            device = self.plan.devices[stage]
+            devices = twin.stage_devices(self.plan, stage)
             if not _is_initialized(param):
                 param.shape = value.shape
-                param.initialize(None, ctx=device, default_init=mx.init.Zero())
-            elif param.list_ctx() != [device]:
-                param.reset_ctx(device)
+                param.initialize(None, ctx=devices, default_init=mx.init.Zero())
+            elif param.list_ctx() != devices:
+                param.reset_ctx(devices)
             param.set_data(value.astype(param.dtype))
 
     def get_params(self):

@@ -59,8 +59,9 @@ class Trainer(gluon.Trainer):
             device.
 
     Raises:
-        ValueError: ``params`` is not Parameters, lists a parameter twice, or
-            an ``update_on_kvstore`` the kvstore cannot honour (as Gluon).
+        ValueError: ``params`` is not Parameters, lists a parameter twice,
+            ``kvstore=None`` for a parameter with several copies, or an
+            ``update_on_kvstore`` the kvstore cannot honour (as Gluon).
         RuntimeError: a parameter is not initialised, or a row_sparse
             parameter already has another Trainer (as Gluon).
     """
@@ -78,6 +79,14 @@ class Trainer(gluon.Trainer):
         super().__init__(params, optimizer, optimizer_params, kvstore=kvstore,
                          compression_params=compression_params,
                          update_on_kvstore=update_on_kvstore)
+        if kvstore is None:
+            several = [p for p in self._params if len(p.list_ctx()) > 1]
+            if several:
+                # gluon.Trainer would update each copy with its own gradient
+                raise ValueError('kvstore: expected one (local, device or dist_sync) to sum the '
+                                 'gradients of the copies of %s (on %s), found None (the copies '
+                                 'would drift apart)' % (several[0].name, ', '.join(
+                                     str(c) for c in several[0].list_ctx())))
 
     # -- placement -----------------------------------------------------------
 
