@@ -76,9 +76,13 @@ def worker_argv(command):
 
     ``train ...`` or ``compare ...`` (a ``python -m mp_symbolic`` subcommand)
     becomes ``<this python> -m mp_symbolic train ... --kvstore dist_sync``
-    (unless it already has ``--kvstore``); anything else runs as given.
+    (unless it already has ``--kvstore``); ``FILE.py ...`` becomes
+    ``<this python> FILE.py ...`` (a script of yours, run by the launcher's
+    Python); anything else runs as given.
     """
     command = list(command)
+    if command[0].endswith('.py'):
+        return (sys.executable, *command)
     if command[0] not in MP_SYMBOLIC_COMMANDS:
         return tuple(command)
     if not any(arg == '--kvstore' or arg.startswith('--kvstore=') for arg in command):
@@ -427,7 +431,9 @@ def add_launch_parser(commands):
         description='Start one MXNet distributed-kvstore (ps-lite) job: a scheduler, '
                     'S servers and W workers, each worker running COMMAND. A COMMAND that '
                     'starts with train or compare runs "python -m mp_symbolic COMMAND '
-                    '--kvstore dist_sync"; any other runs as given. Every output line is '
+                    '--kvstore dist_sync"; one that starts with a FILE.py runs "python '
+                    'FILE.py ..." with the launcher\'s Python; any other runs as given. '
+                    'Every output line is '
                     'prefixed with its process; if any process dies, the others are '
                     'stopped and the launcher exits 1.',
         usage='python -m mp_symbolic launch --workers W --servers S [--port P] '
@@ -485,6 +491,10 @@ def _check(args):
         if args.port is not None:
             check_port_free(port)
         program = nodes[-1].argv[0]
+        script = command[0] if command[0].endswith('.py') else None
+        if script is not None and not os.path.isfile(script):
+            raise ValueError('expected COMMAND\'s script %s to be a file, found %s'
+                             % (script, 'a directory' if os.path.isdir(script) else 'none'))
         if shutil.which(program) is None:
             raise ValueError('expected COMMAND to start with a program, found %r, which is '
                              'not an executable file or on PATH' % program)

@@ -1,6 +1,13 @@
 """``mp_symbolic.Trainer`` on hybrid placements: a Pipeline's imperative twin
 with replicas (each parameter on one device per replica) and with chunks,
-tied to one replica, to one chunk and to the symbolic twin (PipelineModule)."""
+tied to one replica, to one chunk and to the symbolic twin (PipelineModule);
+and from several processes with dist_sync."""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
 import mxnet as mx
 from mxnet import autograd, gluon
 import numpy as np
@@ -14,6 +21,8 @@ TWO = 'cpu:0,cpu:1'
 MOMENTUM = {'learning_rate': 0.1, 'momentum': 0.9}
 BATCH = 32
 TOL = 1e-5
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, 'examples', 'gluon_dist_sync.py')
 
 
 def _batch(step):
@@ -210,3 +219,29 @@ def test_a_model_parallel_pipeline_needs_no_kvstore():
     pipe = _pipe(TWO)
     trainer = _train(pipe, steps=[0])
     assert trainer.kvstore is None
+
+
+def test_two_dist_sync_workers_end_with_the_same_parameters_as_one_process(tmp_path):
+    """examples/gluon_dist_sync.py under the launcher: both workers print the
+    same digest, and rank 0's parameters equal one process on the whole batch."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    job = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch', '--workers', '2',
+                          '--servers', '1', '--', EXAMPLE, '--steps', '10',
+                          '--save', str(tmp_path / 'dist.params')],
+                         capture_output=True, text=True, timeout=120, check=False, env=env,
+                         cwd=ROOT)
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    digests = re.findall(r'^\[worker (\d)\] parameters sha256: ([0-9a-f]{64})$', job.stdout,
+                         re.M)
+    assert sorted(w for w, _ in digests) == ['0', '1']
+    assert digests[0][1] == digests[1][1]
+    assert 'launch: 2 workers, 1 server: all exited 0' in job.stdout
+
+    spec = importlib.util.spec_from_file_location('gluon_dist_sync', EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    one, _, _ = example.train(steps=10, kvstore='local')
+    dist = mx.nd.load(str(tmp_path / 'dist.params'))
+    for name, value in one.get_params()[0].items():
+        np.testing.assert_allclose(dist[name].asnumpy(), value.asnumpy(), rtol=TOL, atol=TOL,
+                                   err_msg=name)
