@@ -5,7 +5,8 @@
   ``pipe.module(loss=...)`` is an ``mx.mod.Module`` bound to those devices
   (``fit``, ``score``, ``predict``, ``save_checkpoint`` work as usual), and the
   Pipeline itself is the imperative Gluon twin.
-* :class:`Trainer` is ``gluon.Trainer`` for parameters on different devices.
+* :class:`Trainer` is ``gluon.Trainer`` for parameters on any devices (stages,
+  replicas or both).
 * :mod:`~mp_symbolic.placement` maps stages to devices, :mod:`~mp_symbolic.balance`
   decides how many blocks each stage gets.
 

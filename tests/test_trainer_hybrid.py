@@ -89,6 +89,75 @@ def test_two_replicas_on_four_devices_equal_one_replica_after_three_momentum_ste
         assert param.list_grad()[1].context == mx.cpu(2 + stage)
 
 
+@pytest.mark.parametrize('kvstore', ['local', 'device'])
+def test_updating_on_the_kvstore_gives_what_updating_each_copy_gives(kvstore):
+    local = _pipe(FOUR, replicas=2)
+    _train(local, kvstore=kvstore, update_on_kvstore=False)
+    on_kvstore = _pipe(FOUR, replicas=2)
+    trainer = _train(on_kvstore, kvstore=kvstore, update_on_kvstore=True)
+    assert trainer._update_on_kvstore is True  # pylint: disable=protected-access
+    _assert_close(_values(on_kvstore), _values(local))
+
+
+def test_allreduce_grads_then_update_equals_step():
+    stepped = _pipe(FOUR, replicas=2)
+    _train(stepped)
+    pipe = _pipe(FOUR, replicas=2)
+    trainer = Trainer(pipe.collect_params(), 'sgd', dict(MOMENTUM))
+    for step in range(3):
+        X, y = _batch(step)
+        with autograd.record():
+            out = pipe(X)
+            loss = gluon.loss.L2Loss()(out, y.as_in_context(out.context))
+        loss.backward()
+        trainer.allreduce_grads()
+        for param in pipe.collect_params().values():  # both copies hold the summed gradient
+            first, second = (g.asnumpy() for g in param.list_grad())
+            np.testing.assert_array_equal(first, second, err_msg=param.name)
+        trainer.update(BATCH)
+    _assert_close(_values(pipe), _values(stepped))
+
+
+def test_the_lr_scheduler_counts_one_update_per_step_on_any_placement():
+    """Per-device updaters each count their own updates; the schedule must
+    still advance once per step, as gluon.Trainer's does on one device."""
+    def learning_rates(pipe, trainer_class):
+        schedule = mx.lr_scheduler.FactorScheduler(step=2, factor=0.5, base_lr=0.1)
+        trainer = trainer_class(pipe.collect_params(), 'sgd',
+                                {'learning_rate': 0.1, 'lr_scheduler': schedule})
+        rates = []
+        for step in range(6):
+            _step(pipe, trainer, *_batch(step))
+            rates.append(trainer.learning_rate)
+        return rates
+    expected = learning_rates(_pipe('cpu:0'), gluon.Trainer)
+    assert expected == [0.1, 0.1, 0.05, 0.05, 0.025, 0.025]
+    assert learning_rates(_pipe(FOUR, replicas=2), Trainer) == expected
+    assert learning_rates(_pipe('cpu:2,cpu:0'), Trainer) == expected
+
+
+def test_row_sparse_gradients_of_a_replicated_embedding_match_dense_ones():
+    def run(sparse_grad):
+        embed = gluon.nn.Embedding(10, 3, sparse_grad=sparse_grad, prefix='embed_')
+        dense = gluon.nn.Dense(1, in_units=6, prefix='dense_')
+        pipe = Pipeline([embed, gluon.nn.Flatten(), dense], FOUR, replicas=2, balance=[1, 2])
+        mx.random.seed(0)
+        pipe.initialize()
+        # no momentum: SGD's lazy update skips the momentum of rows not in a batch
+        trainer = Trainer(pipe.collect_params(), 'sgd', {'learning_rate': 0.1})
+        for step in range(3):
+            X = mx.nd.array(np.random.RandomState(step).randint(0, 10, (8, 2)))
+            with autograd.record():
+                loss = pipe(X).sum()
+            loss.backward()
+            trainer.step(8)
+        return pipe
+    sparse, dense = run(True), run(False)
+    assert sparse.blocks[0].weight.list_grad()[0].stype == 'row_sparse'
+    assert sparse.blocks[0].weight.list_ctx() == [mx.cpu(0), mx.cpu(2)]
+    _assert_close(_values(sparse), _values(dense))
+
+
 def test_replicas_return_the_whole_batch_on_the_last_stage_of_the_first_replica():
     one, two = _pipe(TWO), _pipe(FOUR, replicas=2)
     X, _ = _batch(0)
