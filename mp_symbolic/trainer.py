@@ -157,6 +157,10 @@ class Trainer(gluon.Trainer):
                                      'when training in async mode.')
             if config['update_on_kvstore'] is not None:
                 update_on_kvstore = config['update_on_kvstore']
+            if kvstore is None and config['update_on_kvstore']:
+                raise ValueError('update_on_kvstore: expected False or None without a kvstore '
+                                 '(no parameter has several copies and the kvstore is not '
+                                 'dist_*), found True')
             if update_on_kvstore and (kvstore is None or not kvstore.is_capable('optimizer')):
                 if config['update_on_kvstore']:
                     raise ValueError('Please set update_on_kvstore=False '

@@ -220,14 +220,18 @@ def test_a_batch_that_does_not_split_into_replicas_and_chunks_is_refused():
         pipe(_batch(0)[0])
 
 
-@pytest.mark.parametrize('target', [(TWO, 1), ('cpu:3,cpu:2', 1), ('cpu:2,cpu:3,cpu:0,cpu:1', 2)])
+@pytest.mark.parametrize('target, saved_on_kvstore, loaded_on_kvstore', [
+    ((TWO, 1), None, None), (('cpu:3,cpu:2', 1), None, None),
+    (('cpu:2,cpu:3,cpu:0,cpu:1', 2), None, None), ((TWO, 1), True, None),
+    (('cpu:2,cpu:3,cpu:0,cpu:1', 2), None, True)])
 def test_states_saved_on_two_replicas_load_onto_another_placement_and_continue_identically(
-        tmp_path, target):
+        tmp_path, target, saved_on_kvstore, loaded_on_kvstore):
     """Three steps, save, three more on two replicas equals three steps, save,
     load on another placement (one replica, or the replicas' devices swapped),
-    three more there."""
+    three more there; also to and from the state a kvstore keeps
+    (update_on_kvstore=True)."""
     reference = _pipe(FOUR, replicas=2)
-    trainer = _train(reference)
+    trainer = _train(reference, update_on_kvstore=saved_on_kvstore)
     trainer.save_states(str(tmp_path / 'states.npz'))
     saved = reference.get_params()
     for step in range(3, 6):
@@ -236,7 +240,8 @@ def test_states_saved_on_two_replicas_load_onto_another_placement_and_continue_i
     devices, replicas = target
     moved = _pipe(devices, replicas=replicas)
     moved.set_params(*saved)
-    other = Trainer(moved.collect_params(), 'sgd', dict(MOMENTUM))
+    other = Trainer(moved.collect_params(), 'sgd', dict(MOMENTUM),
+                    update_on_kvstore=loaded_on_kvstore)
     other.load_states(str(tmp_path / 'states.npz'))
     for step in range(3, 6):
         _step(moved, other, *_batch(step))
@@ -288,6 +293,9 @@ def test_a_model_parallel_pipeline_needs_no_kvstore():
     pipe = _pipe(TWO)
     trainer = _train(pipe, steps=[0])
     assert trainer.kvstore is None
+    with pytest.raises(ValueError, match='update_on_kvstore: expected False or None without a '
+                                         'kvstore'):
+        _train(pipe, steps=[1], update_on_kvstore=True)
 
 
 def test_two_dist_sync_workers_end_with_the_same_parameters_as_one_process(tmp_path):
