@@ -12,7 +12,9 @@ stage ``s+1`` works on chunk ``m-1``, with no scheduler of ours.
 
 The same object is the imperative twin: a Gluon ``Block`` whose parameters
 live on their stage's device and whose forward pass moves activations between
-devices (autograd records those copies, so gradients flow back across them).
+devices (autograd records those copies, so gradients flow back across them);
+with replicas and chunks too (:mod:`~mp_symbolic.twin`), trained by
+:class:`~mp_symbolic.Trainer`.
 
 Why the tagging happens here: ``mx.AttrScope(ctx_group=...)`` inside
 ``hybrid_forward`` tags the ops but not the parameter variables (Gluon creates
