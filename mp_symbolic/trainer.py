@@ -87,6 +87,17 @@ class Trainer(gluon.Trainer):
                                  'gradients of the copies of %s (on %s), found None (the copies '
                                  'would drift apart)' % (several[0].name, ', '.join(
                                      str(c) for c in several[0].list_ctx())))
+        kind = kvstore.type if isinstance(kvstore, KVStore) else str(kvstore)
+        if 'dist' in kind:
+            # Gluon creates the kvstore and sends worker 0's values at the
+            # first step, after the first backward pass. With a dist kvstore
+            # and the update on the workers, two-worker jobs then ended with
+            # garbage weights after the second step in about one run of four
+            # (stock gluon.Trainer too, MXNet 1.9.1, CPU); set up before any
+            # forward pass, as Module does, they did not. Workers also start
+            # from worker 0's values, not only after the first update.
+            self._init_kvstore()
+            self._init_params()  # parameters still deferred wait for the first step
 
     # -- placement -----------------------------------------------------------
 
