@@ -50,7 +50,9 @@ class Trainer(gluon.Trainer):
         kvstore: ``'device'``, ``'local'``, ``'dist_sync'``, ... or a
             ``KVStore``; it sums the gradients of a parameter's copies (and of
             the workers). None is created when no parameter has several
-            copies and no ``dist_*`` kvstore is asked for.
+            copies and no ``dist_*`` kvstore is asked for. A ``dist_*`` kvstore
+            is set up here (Gluon: at the first step), so every worker starts
+            from worker 0's values.
         compression_params: Gradient compression of the kvstore (see
             ``KVStore.set_gradient_compression``).
         update_on_kvstore: Whether the kvstore runs the optimizer. ``None``:
