@@ -306,6 +306,7 @@ class Pipeline(gluon.Block):
         On a Symbol, returns the tagged inference graph (one chunk).
 
         Raises:
+            TypeError: ``x`` is neither an NDArray nor a Symbol.
             ValueError: the batch is not a multiple of ``chunks x replicas``.
         """
         if isinstance(x, mx.sym.Symbol):
