@@ -5,7 +5,8 @@
   ``pipe.module(loss=...)`` is an ``mx.mod.Module`` bound to those devices
   (``fit``, ``score``, ``predict``, ``save_checkpoint`` work as usual), and the
   Pipeline itself is the imperative Gluon twin.
-* :class:`Trainer` is ``gluon.Trainer`` for parameters on different devices.
+* :class:`Trainer` is ``gluon.Trainer`` for parameters on any devices (stages,
+  replicas or both).
 * :class:`Task` describes a workload for ``python -m mp_symbolic train --task FILE``.
 * :func:`save_checkpoint` / :func:`read_checkpoint` commit a Module's
   parameters, optimizer state and plan as one unit, and read them back for a

@@ -316,6 +316,11 @@ def test_other_command_runs_as_given():
     assert worker_argv(['python', 'w.py', 'train'], ('train',)) == ('python', 'w.py', 'train')
 
 
+def test_a_python_script_runs_with_the_launchers_python():
+    assert worker_argv(['examples/w.py', '--steps', '2']) == (
+        sys.executable, 'examples/w.py', '--steps', '2')
+
+
 # -- refusals before anything starts ----------------------------------------------------------
 
 @pytest.mark.parametrize('worker, message', [
@@ -396,6 +401,13 @@ def test_command_that_is_not_a_program_is_refused_before_start(capsys, monkeypat
     line = _refused(capsys, monkeypatch, '--workers', '1', '--servers', '1', '--',
                     'no-such-program-xyz', 'w.py')
     assert "found 'no-such-program-xyz'" in line
+
+
+def test_a_script_that_is_not_there_is_refused_before_start(capsys, monkeypatch, tmp_path):
+    line = _refused(capsys, monkeypatch, '--workers', '1', '--servers', '1', '--',
+                    str(tmp_path / 'missing.py'))
+    assert line == "error: expected COMMAND's script %s to be a file, found none" % (
+        tmp_path / 'missing.py')
 
 
 def test_refusal_from_the_command_line_exits_2_with_one_line():

@@ -164,9 +164,9 @@ def _optimizer_states(stepper, variant, api):
     """``[(weight device, [state devices])]`` of every parameter's optimizer state."""
     # pylint: disable=protected-access
     if variant == 'imperative':
-        updater, params = stepper.trainer._updater, stepper.trainer._params
+        params = stepper.trainer._params
         return [(params[i].list_data()[0].context, _state_devices(state))
-                for i, state in updater.states.items()]
+                for updater in stepper.trainer._updaters for i, state in updater.states.items()]
     updater = stepper.module._updater if api == 'module' else stepper._updater
     weights = stepper.module._exec_group.param_arrays if api == 'module' else [
         stepper._exec.arg_dict[n] for n in stepper.param_names]

@@ -104,11 +104,17 @@ def test_loading_another_optimizers_state_is_refused(tmp_path):
         trainer.load_states(str(tmp_path / 'bad.npz'))
 
 
-def test_a_parameter_on_several_devices_is_refused():
+def test_a_parameter_on_two_devices_gets_the_summed_gradient_on_each_copy():
+    """Where this class used to refuse a parameter on several devices, it now
+    does what gluon.Trainer does: both copies take the gradient of the whole
+    batch and stay equal."""
     net = gluon.nn.Dense(2, in_units=2)
-    net.initialize(ctx=[mx.cpu(0), mx.cpu(1)])
+    net.initialize(mx.init.One(), ctx=[mx.cpu(0), mx.cpu(1)])
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 1.0})
     with autograd.record():
-        loss = net(mx.nd.ones((2, 2), ctx=mx.cpu(0))).sum()
-    loss.backward()
-    with pytest.raises(ValueError, match='expected each parameter on one device'):
-        Trainer(net.collect_params(), 'sgd').step(2)
+        losses = [net(mx.nd.ones((1, 2), ctx=ctx)).sum() for ctx in (mx.cpu(0), mx.cpu(1))]
+    autograd.backward(losses)
+    trainer.step(1)
+    for ctx in (mx.cpu(0), mx.cpu(1)):  # each copy's gradient is 1: 1 - 2 and 0 - 2
+        np.testing.assert_array_equal(net.weight.data(ctx).asnumpy(), -np.ones((2, 2)))
+        np.testing.assert_array_equal(net.bias.data(ctx).asnumpy(), -2 * np.ones(2))

@@ -68,8 +68,18 @@ def states_by_name(updater, optimizer, names):
         'state'}}, 'arrays': [numpy arrays]}``; a parameter never updated has
         no entry.
     """
+    return states_of(optimizer, [(name, index, updater) for index, name in names.items()])
+
+
+def states_of(optimizer, sources):
+    """:func:`states_by_name` with an updater per parameter.
+
+    Args:
+        optimizer: The optimizer of every updater.
+        sources: ``[(name, index, updater)]``: where each parameter's state is.
+    """
     arrays, params = [], {}
-    for index, name in names.items():
+    for name, index, updater in sources:
         if index not in updater.states:
             continue
         params[name] = {'count': _count_of(optimizer, index),
@@ -88,6 +98,23 @@ def set_states_by_name(updater, optimizer, states, targets):
         OptimizerStateError: another optimizer, or a state for a parameter
             ``targets`` does not name.
     """
+    set_states_of(optimizer, states, {name: [(updater, index, device, [device.device_id])]
+                                      for name, (index, device) in targets.items()})
+
+
+def set_states_of(optimizer, states, targets):
+    """Restores :func:`states_of` output, a parameter's state to each of its copies.
+
+    Args:
+        targets: ``{name: [(updater, index, device, count_ids)]}``: each copy's
+            updater, index in it, the device its state goes to (``None``: the
+            CPU, moved by the updater to its weight's device on first use) and
+            the device ids whose update count of ``index`` is set.
+
+    Raises:
+        OptimizerStateError: another optimizer, or a state for a parameter
+            ``targets`` does not name.
+    """
     kind = type(optimizer).__name__.lower()
     if states.get('optimizer') != kind:
         raise OptimizerStateError('expected optimizer state of %s, found state of %s'
@@ -98,12 +125,14 @@ def set_states_by_name(updater, optimizer, states, targets):
                                   'found state for %s' % ', '.join(unknown[:5]))
     # pylint: disable=protected-access
     for name, entry in states['params'].items():
-        index, device = targets[name]
-        updater.states[index] = _decode(entry['state'], states['arrays'], device)
-        updater.states_synced[index] = True
-        if entry['count'] is not None:
-            optimizer._all_index_update_counts.setdefault(device.device_id, {})[index] = \
-                entry['count']
+        for updater, index, device, count_ids in targets[name]:
+            updater.states[index] = _decode(entry['state'], states['arrays'],
+                                            device or mx.cpu())
+            updater.states_synced[index] = device is not None
+            if entry['count'] is not None:
+                for device_id in count_ids:
+                    optimizer._all_index_update_counts.setdefault(device_id, {})[index] = \
+                        entry['count']
     optimizer.num_update = states['num_update']
 
 

@@ -18,7 +18,9 @@ op there.
 
 The same object is the imperative twin: a Gluon ``Block`` whose parameters
 live on their stage's device and whose forward pass moves activations between
-devices (autograd records those copies, so gradients flow back across them).
+devices (autograd records those copies, so gradients flow back across them);
+with replicas and chunks too (:mod:`~mp_symbolic.core.twin`), trained by
+:class:`~mp_symbolic.Trainer`.
 
 Why the tagging happens here: ``mx.AttrScope(ctx_group=...)`` inside
 ``hybrid_forward`` tags the ops but not the parameter variables (Gluon creates
@@ -35,6 +37,7 @@ import numpy as np
 
 from . import balance as balancing
 from . import graphcut
+from . import twin
 from .heads import make_head
 from .devices import (DeviceSpecError, DevicePlan, resolve_devices, split_replicas,
                         stage_name)
@@ -89,8 +92,9 @@ class Pipeline(gluon.Block):
             and for parameter shapes not known yet (layers without their input
             size); for a whole network it also gives the bytes crossing each
             boundary.
-        chunks: Micro-batches per batch in the symbolic graph (GPipe); the
-            batch size must be a multiple of ``chunks * replicas``.
+        chunks: Micro-batches per batch (GPipe), in the symbolic graph and in
+            the imperative twin; the batch size must be a multiple of
+            ``chunks * replicas``.
         replicas: Data-parallel copies of the pipeline; ``devices`` then lists
             ``replicas x stages`` devices, replica by replica.
         mirror: Re-materialisation: ``True`` (every stage) or stage indices
@@ -155,6 +159,7 @@ class Pipeline(gluon.Block):
                 self._solve_balance(balance, num_stages, sample, replica_devices[0]))
         self.plan = DevicePlan(replica_devices[0], stage_of, replica_devices)
         self._owner = self._owners(tied)
+        self._borrowed = None  # {stage: [(tied parameter, owning stage)]}, made on first use
 
     # -- planning ------------------------------------------------------------
 
@@ -408,30 +413,49 @@ class Pipeline(gluon.Block):
     # -- imperative twin -----------------------------------------------------
 
     def forward(self, x):  # pylint: disable=arguments-differ
-        """Runs the blocks stage by stage, moving ``x`` to each stage's device.
+        """Runs the blocks stage by stage, moving ``x`` to each stage's device;
+        with replicas, each replica a share of the batch, with chunks, as
+        micro-batches (see :func:`mp_symbolic.core.twin.forward`). Returns the
+        whole batch's output on the last stage of the first replica.
 
         On a Symbol, returns the tagged inference graph (one chunk).
+
+        Raises:
+            TypeError: ``x`` is neither an NDArray nor a Symbol.
+            ValueError: the batch is not a multiple of ``chunks x replicas``.
         """
         if isinstance(x, mx.sym.Symbol):
             return _finish(self._build(x, 1), self)
-        if self.whole:
-            inputs = {name: param.data(self.plan.devices[self._owner[name]])
-                      for name, param in self.collect_params().items()}
-            inputs[DATA_NAME] = x
-            return graphcut.run_graph(self.cut.labelled(), inputs, self.plan.group2ctx)
-        tied = self.tied
-        for s, blocks in enumerate(self.stages):
-            x = x.as_in_context(self.plan.devices[s])  # recorded by autograd
-            borrowed = [self.collect_params()[n] for n, (owner, readers) in tied.items()
-                        if owner != s and s in readers]
-            with _read_on(borrowed, self.plan.devices[s]):
-                for block in blocks:
-                    x = block(x)
+        return twin.forward(self, x)
+
+    def _run_stage(self, stage, x, devices):
+        """Stage ``stage``'s blocks on ``x``, on one replica's ``devices``. A
+        tied parameter owned by another stage is read through a copy from its
+        owner's device, recorded by autograd (its gradient sums every use)."""
+        if self._borrowed is None:
+            params = self.collect_params()
+            self._borrowed = {s: [(params[n], owner) for n, (owner, readers) in self.tied.items()
+                                  if owner != s and s in readers]
+                              for s in range(self.plan.num_stages)}
+        with _read_on([(p, devices[owner]) for p, owner in self._borrowed[stage]],
+                      devices[stage]):
+            for block in self.stages[stage]:
+                x = block(x)
         return x
+
+    def _run_whole(self, x, replica):
+        """The whole network's labelled graph on ``x``, op by op, on replica
+        ``replica``'s devices."""
+        devices = self.plan.replica_devices[replica]
+        inputs = {name: param.data(devices[self._owner[name]])
+                  for name, param in self.collect_params().items()}
+        inputs[DATA_NAME] = x
+        return graphcut.run_graph(self.cut.labelled(), inputs, self.plan.group2ctxs[replica])
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):
-        """Initialises (or moves) each parameter on its stage's device.
+        """Initialises (or moves) each parameter on its stage's device, one
+        copy per replica.
 
         Parameters already initialised elsewhere keep their values and move.
         Layers without their input size finish on the first forward pass.
@@ -443,18 +467,19 @@ class Pipeline(gluon.Block):
             raise ValueError('ctx: expected None (a Pipeline places each stage on its own '
                              'device), found %r' % (ctx,))
         for stage, param in self._params_of_stage():
-            device = self.plan.devices[stage]
+            devices = twin.stage_devices(self.plan, stage)
             if not force_reinit and _is_initialized(param):
-                if param.list_ctx() != [device]:
-                    param.reset_ctx(device)
+                if param.list_ctx() != devices:
+                    param.reset_ctx(devices)
                 continue
-            param.initialize(None, ctx=device, default_init=init, force_reinit=force_reinit)
+            param.initialize(None, ctx=devices, default_init=init, force_reinit=force_reinit)
         if verbose:
             for line in self.describe():
                 print(line)
 
     def set_params(self, arg_params, aux_params=None):
-        """Places the given values: each parameter on its stage's device.
+        """Places the given values: each parameter on its stage's device (on
+        each replica's).
 
         Args:
             arg_params, aux_params: Name -> NDArray or numpy array (as
@@ -477,12 +502,12 @@ class Pipeline(gluon.Block):
                     or any(k not in (0, v) for k, v in zip(known, value.shape))):
                 raise ValueError('%s: expected shape %s, found %s'
                                  % (param.name, known, value.shape))
-            device = self.plan.devices[stage]
+            devices = twin.stage_devices(self.plan, stage)
             if not _is_initialized(param):
                 param.shape = value.shape
-                param.initialize(None, ctx=device, default_init=mx.init.Zero())
-            elif param.list_ctx() != [device]:
-                param.reset_ctx(device)
+                param.initialize(None, ctx=devices, default_init=mx.init.Zero())
+            elif param.list_ctx() != devices:
+                param.reset_ctx(devices)
             param.set_data(value.astype(param.dtype))
 
     def get_params(self):
@@ -512,14 +537,14 @@ def _is_initialized(param):
 
 @contextmanager
 def _read_on(params, device):
-    """Within: each of ``params`` reads, on ``device``, a copy of its value
-    from its own device, made by ``as_in_context`` (autograd records it, so
-    the gradient of every use is summed into the one parameter)."""
+    """Within: each ``(param, source)`` of ``params`` reads, on ``device``, a
+    copy of its value on ``source``, made by ``as_in_context`` (autograd
+    records it, so the gradient of every use is summed into that copy)."""
     # pylint: disable=protected-access
-    saved = [(p, p._data, p._ctx_list, p._ctx_map) for p in params]
+    saved = [(p, p._data, p._ctx_list, p._ctx_map) for p, _ in params]
     try:
-        for param in params:
-            copy = param.data(param.list_ctx()[0]).as_in_context(device)
+        for param, source in params:
+            copy = param.data(source).as_in_context(device)
             param._data, param._ctx_list = [copy], [device]
             ctx_map = [[], []]  # Gluon's lookup: [device type & 1][device id] -> index
             ctx_map[device.device_typeid & 1] = [None] * device.device_id + [0]

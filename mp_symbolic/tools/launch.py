@@ -77,10 +77,13 @@ def worker_argv(command, subcommands=()):
 
     A command naming one of ``subcommands`` (the package's own, such as
     ``train``) becomes ``<this python> -m mp_symbolic train ... --kvstore
-    dist_sync`` (unless it already has ``--kvstore``); anything else runs as
-    given.
+    dist_sync`` (unless it already has ``--kvstore``); ``FILE.py ...`` becomes
+    ``<this python> FILE.py ...`` (a script of yours, run by the launcher's
+    Python); anything else runs as given.
     """
     command = list(command)
+    if command[0].endswith('.py'):
+        return (sys.executable, *command)
     if command[0] not in subcommands:
         return tuple(command)
     if not any(arg == '--kvstore' or arg.startswith('--kvstore=') for arg in command):
@@ -440,8 +443,9 @@ def add_launch_parser(commands, subcommands=None):
         description='Start one MXNet distributed-kvstore (ps-lite) job: a scheduler, '
                     'S servers and W workers, each worker running COMMAND. A COMMAND that '
                     'starts with %s runs "python -m mp_symbolic COMMAND --kvstore '
-                    'dist_sync", its options checked before any process starts; any other '
-                    'runs as given. Every output line is '
+                    'dist_sync", its options checked before any process starts; one that '
+                    'starts with a FILE.py runs "python FILE.py ..." with the launcher\'s '
+                    'Python; any other runs as given. Every output line is '
                     'prefixed with its process; if any process dies, the others are '
                     'stopped and the launcher exits 1.' % (' or '.join(subcommands) or 'no name'),
         usage='python -m mp_symbolic launch --workers W --servers S [--port P] '
@@ -502,6 +506,10 @@ def _check(args, subcommands):
         if args.port is not None:
             check_port_free(port)
         program = nodes[-1].argv[0]
+        script = command[0] if command[0].endswith('.py') else None
+        if script is not None and not os.path.isfile(script):
+            raise ValueError('expected COMMAND\'s script %s to be a file, found %s'
+                             % (script, 'a directory' if os.path.isdir(script) else 'none'))
         if shutil.which(program) is None:
             raise ValueError('expected COMMAND to start with a program, found %r, which is '
                              'not an executable file or on PATH' % program)

@@ -1,0 +1,69 @@
+"""The imperative twin's forward pass: a Pipeline run by Gluon and autograd,
+with replicas (data parallelism) and micro-batches (GPipe).
+
+Each parameter has one copy per replica, on that replica's device of its
+stage (``plan.replica_devices[r][stage]``). ``forward`` splits the batch into
+``replicas`` equal shares and each share into ``chunks`` micro-batches, runs
+every micro-batch through the stages of its replica, moving activations from
+device to device (autograd records those copies, so gradients flow back across
+them, to each replica's own copies), and joins the outputs on the last stage
+of replica 0. :class:`~mp_symbolic.Trainer` then sums the gradients of a
+parameter's copies, so one step equals one replica on the whole batch.
+
+Operations are issued in GPipe's order (clock ``k`` runs stage ``k - m`` of
+micro-batch ``m``) and return at once; MXNet's dependency engine runs stage
+``s`` of one micro-batch while stage ``s + 1`` works on the previous one, as
+in the symbolic graph of :meth:`Pipeline.training_symbol`.
+
+Reference: torchgpipe's ``microbatch.scatter``/``gather`` and its clock
+schedule; Gluon's ``split_and_load`` for the replicas.
+"""
+import mxnet as mx
+
+__all__ = []
+
+
+def stage_devices(plan, stage):
+    """The devices of stage ``stage``, one per replica (where its parameters live)."""
+    return [devices[stage] for devices in plan.replica_devices]
+
+
+def _check_batch(pipe, x):
+    if not isinstance(x, mx.nd.NDArray):
+        raise TypeError('x: expected an NDArray (or a Symbol), found %s' % type(x).__name__)
+    parts = pipe.replicas * pipe.chunks
+    if not x.shape or x.shape[0] % parts:
+        raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d), '
+                         'found %s' % (pipe.chunks, pipe.replicas, parts,
+                                       x.shape[0] if x.shape else 'a scalar'))
+    return x.shape[0] // parts
+
+
+def forward(pipe, x):
+    """``x`` through ``pipe``'s stages on every replica; the whole batch's
+    output on the last stage of replica 0.
+
+    Raises:
+        TypeError: ``x`` is not an NDArray.
+        ValueError: the batch does not split into ``chunks x replicas``
+            equal parts.
+    """
+    size = _check_batch(pipe, x)
+    plan = pipe.plan
+    num_stages, chunks = plan.num_stages, pipe.chunks
+    # micro[r][m]: micro-batch m of replica r, as far as it has gone
+    micro = [[x if size == x.shape[0] else
+              mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
+                               end=(r * chunks + m + 1) * size)
+              for m in range(chunks)] for r in range(pipe.replicas)]
+    if pipe.whole:  # a cut graph runs op by op, each op on its stage's device
+        micro = [[pipe._run_whole(h.as_in_context(devices[0]), r) for h in shares]  # pylint: disable=protected-access
+                 for r, (devices, shares) in enumerate(zip(plan.replica_devices, micro))]
+    for clock in range(chunks + num_stages - 1 if not pipe.whole else 0):
+        for r, devices in enumerate(plan.replica_devices):
+            for m in range(max(0, clock - num_stages + 1), min(chunks, clock + 1)):
+                stage = clock - m
+                h = micro[r][m].as_in_context(devices[stage])  # recorded by autograd
+                micro[r][m] = pipe._run_stage(stage, h, devices)  # pylint: disable=protected-access
+    outputs = [h.as_in_context(plan.last_device) for shares in micro for h in shares]
+    return outputs[0] if len(outputs) == 1 else mx.nd.concat(*outputs, dim=0)
