@@ -19,6 +19,7 @@ import numpy as np
 
 
 __all__ = ['atomic_path', 'check_writable_dir', 'write_text', 'write_json', 'save_params',
+           'save_symbol',
            'load_checkpoint', 'check_params', 'CheckpointError', 'first_line', 'input_names',
            'Checkpoint', 'commit_checkpoint', 'read_checkpoint', 'SUMMARY_NAME']
 
@@ -73,11 +74,70 @@ def write_json(path, obj):
 
 
 def save_params(path, arg_params, aux_params=None):
-    """``mx.nd.save`` with MXNet's ``arg:``/``aux:`` names, arrays on ``cpu()``."""
+    """``mx.nd.save`` with MXNet's ``arg:``/``aux:`` names, arrays on ``cpu()``,
+    read back: the file must load and hold every array at its shape and type.
+
+    Raises:
+        OSError: The file could not be written (a full disk, a file size
+            limit) or does not read back as written; one line.
+    """
     arrays = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
     arrays.update({'aux:%s' % k: v.as_in_context(mx.cpu())
                    for k, v in (aux_params or {}).items()})
-    mx.nd.save(path, arrays)
+    try:
+        mx.nd.save(path, arrays)
+    except mx.base.MXNetError as err:  # 'FileStream.Write incomplete' under a full disk
+        raise OSError('%s: cannot write the parameters (%s; a full disk or a file size limit?)'
+                      % (path, first_line(err))) from None
+    try:
+        saved = mx.nd.load(path)
+    except mx.base.MXNetError as err:
+        raise OSError('%s: expected the parameters just written to read back, found %s'
+                      % (path, first_line(err))) from None
+    found = {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in saved.items()} \
+        if isinstance(saved, dict) else {}
+    if found != {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in arrays.items()}:
+        raise OSError('%s: expected %d arrays to read back as written, found %d that differ'
+                      % (path, len(arrays), len(found)))
+
+
+def save_symbol(path, symbol):
+    """``symbol.save(path)``, read back and parsed.
+
+    MXNet's ``Symbol.save`` ignores write errors: under a full disk or a file
+    size limit it leaves a truncated file and returns. The file must hold
+    exactly ``symbol.tojson()`` and parse as JSON.
+
+    Raises:
+        OSError: The file is not what was written; one line.
+    """
+    expected = symbol.tojson().encode('utf-8')
+    symbol.save(path)
+    size = os.path.getsize(path)
+    if size != len(expected):
+        raise OSError('%s: expected the %d bytes of the symbol written, found %d bytes '
+                      '(a full disk or a file size limit?)' % (path, len(expected), size))
+    with open(path, 'rb') as f:
+        data = f.read(len(expected) + 1)
+    try:
+        json.loads(data.decode('utf-8'))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        data = None
+    if data != expected:
+        raise OSError('%s: expected the symbol just written to read back, found other bytes'
+                      % path)
+
+
+def _check_json_written(path, obj):
+    """Reads back a JSON file just written; raises OSError unless it holds ``obj``."""
+    try:
+        with open(path, 'rb') as f:
+            found = json.loads(f.read().decode('utf-8'))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        found = None
+    if found is None or json.dumps(found, sort_keys=True) != json.dumps(obj, sort_keys=True):
+        raise OSError('%s: expected the JSON just written to read back, found %s'
+                      % (path, 'other values' if found is not None else 'no valid JSON'))
 
 
 def load_checkpoint(sym_path, params_path):
@@ -233,19 +293,35 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
 
     Returns:
         The :class:`Checkpoint`.
+
+    Raises:
+        OSError: A file could not be written or does not read back as
+            written (every file is checked before the commit); the previous
+            checkpoint stays current.
     """
-    from .optstate import save_states  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from .optstate import OptimizerStateError, load_states, save_states
     files = {'symbol': '%s-symbol.json' % name, 'params': '%s-%04d.params' % (name, epoch),
              'states': '%s-%04d.states' % (name, epoch)}
 
     def write(folder):
-        symbol.save(os.path.join(folder, files['symbol']))
+        # Each file is read back before the store writes the manifest over it.
+        save_symbol(os.path.join(folder, files['symbol']), symbol)
         save_params(os.path.join(folder, files['params']), arg_params, aux_params)
-        save_states(os.path.join(folder, files['states']), states)
-        with open(os.path.join(folder, SUMMARY_NAME), 'w') as f:
-            json.dump(dict(summary, files=files, epoch=epoch, complete=complete), f, indent=2,
-                      sort_keys=True)
+        states_path = os.path.join(folder, files['states'])
+        save_states(states_path, states)
+        try:
+            if len(load_states(states_path)['arrays']) != len(states['arrays']):
+                raise OptimizerStateError('a different number of arrays')
+        except OptimizerStateError as err:
+            raise OSError('%s: expected the optimizer state just written to read back, found '
+                          '%s' % (states_path, err)) from None
+        content = dict(summary, files=files, epoch=epoch, complete=complete)
+        summary_path = os.path.join(folder, SUMMARY_NAME)
+        with open(summary_path, 'w') as f:
+            json.dump(content, f, indent=2, sort_keys=True)
             f.write('\n')
+        _check_json_written(summary_path, content)
 
     meta = {'epoch': epoch, 'task': name, 'files': files, 'complete': complete}
     return Checkpoint(store.commit(write, meta))

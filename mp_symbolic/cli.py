@@ -218,6 +218,7 @@ def main(argv=None):
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from .checkpoint import check_writable_dir
+    from .store import check_store_folder
     from .tasks import get_task
     from .train import TrainingDidNotLearn, TrainingDiverged, build_pipeline, train
     try:
@@ -225,6 +226,7 @@ def main(argv=None):
         built = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
         cfg.check_profiler_devices(built[0].plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')
+        check_store_folder(cfg.out_dir, 'training', 'out')  # not an export, not in a snapshot
         _make_folder(cfg.out_dir)
     except ValueError as err:
         print('error: %s' % _flag_message(err), file=sys.stderr)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 __all__ = ['Node', 'plan_job', 'read_hostfile', 'resolve_host', 'worker_argv',
            'shell_line', 'manual_script', 'run_job', 'add_launch_parser', 'run_launch',
-           'abort_on_error']
+           'abort_on_error', 'hold_kvstore']
 
 MODES = ('local', 'ssh', 'manual')
 # First words of COMMAND that are ``python -m mp_symbolic`` subcommands.
@@ -384,6 +384,26 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
             signal.signal(signum, handler)
 
 
+_ABORTING = []  # non-empty inside abort_on_error()
+_HELD = []      # the worker's dist kvstores, kept from MXNet's destructor (see hold_kvstore)
+
+
+def hold_kvstore(kvstore):
+    """Keeps a worker's dist kvstore alive until :func:`abort_on_error` ends.
+
+    MXNet's kvstore destructor waits in ps-lite's barrier for every other
+    worker. A worker whose training fails drops its kvstore as the exception
+    unwinds, long before :func:`abort_on_error` can end it, and waits there
+    forever while the others wait in theirs (or in the kvstore's start-up
+    barrier): the job hangs. Held here, the kvstore is released only when
+    the worker's code ended well; after an error the process ends without
+    the barrier and the launcher stops the rest. Outside
+    :func:`abort_on_error` this does nothing.
+    """
+    if _ABORTING:
+        _HELD.append(kvstore)
+
+
 @contextlib.contextmanager
 def abort_on_error():
     """In a worker: an uncaught exception or a non-zero ``sys.exit`` ends the
@@ -399,12 +419,16 @@ def abort_on_error():
             main()
 
     The traceback (or the exit message) is printed and the output flushed
-    first; the status is ``sys.exit``'s, or 1 for an exception.
+    first; the status is ``sys.exit``'s, or 1 for an exception. A kvstore
+    given to :func:`hold_kvstore` inside the block is released only when the
+    block ends well.
     """
+    _ABORTING.append(True)
     try:
         yield
     except SystemExit as exit_:
         if exit_.code is None or exit_.code == 0:
+            _HELD.clear()  # every worker got this far: the exit barrier is met
             raise
         if not isinstance(exit_.code, int):
             print(exit_.code, file=sys.stderr)
@@ -412,6 +436,10 @@ def abort_on_error():
     except BaseException:  # pylint: disable=broad-except
         traceback.print_exc()
         _abort(1)
+    else:
+        _HELD.clear()
+    finally:
+        _ABORTING.pop()
 
 
 def _abort(status):

@@ -23,6 +23,7 @@ from .module import with_input_shape
 from .optstate import load_states
 from .pipeline import DATA_NAME, Pipeline
 from .placement import format_device, make_plan
+from .launch import hold_kvstore
 from .store import Store
 from .symbolic import ExecutorStepper, ModuleStepper
 from .tasks import get_task
@@ -349,12 +350,14 @@ def train(cfg, log=print, built=None):
     """
     task = get_task(cfg.task)
     kvstore = mx.kv.create(cfg.kvstore) if (cfg.kvstore or '').startswith('dist') else None
+    if kvstore is not None:
+        hold_kvstore(kvstore)  # a failed worker must not wait in its destructor's barrier
     writer = kvstore is None or kvstore.rank == 0  # one worker writes the checkpoints
     if kvstore is not None:
         log('worker %d of %d (kvstore %s); %s' % (
             kvstore.rank, kvstore.num_workers, cfg.kvstore,
             'this worker writes the checkpoints' if writer else 'worker 0 writes the checkpoints'))
-    store = Store(cfg.out_dir) if writer else None
+    store = Store(cfg.out_dir, kind='training') if writer else None
     with store.locked() if writer else contextlib.nullcontext():
         data = task.load(cfg)
         pipe, note = built if built is not None else build_pipeline(cfg, task)
