@@ -21,6 +21,7 @@ import os
 import sys
 
 from mp_symbolic.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
+from mp_symbolic.interrupts import exit_on_signals, exit_status, interrupt_on_signals
 
 __all__ = ['main', 'build_parser', 'FAILED', 'INTERRUPTED']
 
@@ -83,6 +84,7 @@ def _predict(args):
     from .errors import PredictionError
     from .runtimes import load_predictor
     from .tables import STDIN, check_predictions, format_csv, read_features, write_predictions
+    interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported by main()
     try:
         if args.output is not None:
             _check_output(args.output)
@@ -114,10 +116,11 @@ def main(argv=None):
     """Runs the command; returns the exit status (see the module docstring)."""
     try:
         return _predict(build_parser().parse_args(argv))
-    except KeyboardInterrupt:
-        print_error('interrupted')
-        return INTERRUPTED
+    except KeyboardInterrupt as err:
+        print_error('interrupted' if exit_status(err) == INTERRUPTED else 'terminated (SIGTERM)')
+        return exit_status(err)
 
 
 if __name__ == '__main__':
+    exit_on_signals()  # until the predictor's libraries are loaded, a signal is one line
     sys.exit(main())

@@ -270,13 +270,60 @@ class Checkpoint:
         self.symbol_path = snapshot.path(files['symbol'])
         self.params_path = snapshot.path(files['params'])
         self.states_path = snapshot.path(files['states'])
-        with open(snapshot.path(SUMMARY_NAME)) as f:
-            self.summary = json.load(f)
+        self.summary = _read_summary(snapshot.path(SUMMARY_NAME))
         self.epoch = self.meta.get('epoch')
+        if type(self.epoch) is not int or not 0 <= self.epoch <= 10 ** 9:
+            raise CheckpointError('%s: expected "epoch" to be a count of epochs, found %s'
+                                  % (os.path.join(self.folder, 'MANIFEST.json'),
+                                     _excerpt(self.epoch)))
 
     def load(self):
         """``(symbol, arg_params, aux_params)``, checked to fit together."""
         return load_checkpoint(self.symbol_path, self.params_path)
+
+
+MAX_SUMMARY_BYTES = 64 << 20  # a summary holds a few numbers per epoch
+
+
+def _excerpt(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + '...'
+
+
+def _read_summary(path):
+    """``summary.json`` as a dict whose known fields have their types.
+
+    Raises:
+        CheckpointError: The file is over 64 MiB, not JSON (or nested too
+            deeply to read), or a field is of the wrong type; the message
+            names the file.
+    """
+    from .store import StoreError, read_bounded  # pylint: disable=import-outside-toplevel
+    try:
+        summary = json.loads(read_bounded(path, MAX_SUMMARY_BYTES, 'summary').decode('utf-8'))
+    except StoreError as err:
+        raise CheckpointError(str(err)) from None
+    except RecursionError:
+        raise CheckpointError('%s: expected a training summary, found JSON nested too deeply '
+                              'to read' % path) from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError('%s: expected a training summary (JSON), found %s'
+                              % (path, ' '.join(str(err).split())[:200])) from None
+    if not isinstance(summary, dict):
+        raise CheckpointError('%s: expected a JSON object, found %s'
+                              % (path, type(summary).__name__))
+    checks = {'config': (dict, 'an object'), 'devices': (list, 'a list'),
+              'epoch_losses': (list, 'a list of numbers')}
+    for key, (kind, expected) in checks.items():
+        if key in summary and not isinstance(summary[key], kind):
+            raise CheckpointError('%s: expected "%s" to be %s, found %s'
+                                  % (path, key, expected, _excerpt(summary[key])))
+    losses = summary.get('epoch_losses', [])
+    bad = [v for v in losses if type(v) not in (int, float)]
+    if bad:
+        raise CheckpointError('%s: expected "epoch_losses" to be a list of numbers, found %s'
+                              % (path, _excerpt(bad[0])))
+    return summary
 
 
 def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states, summary,

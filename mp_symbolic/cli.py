@@ -16,6 +16,7 @@ import sys
 
 from .cliargs import OneLineArgumentParser
 from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
+from .interrupts import Terminated, exit_status, interrupt_on_signals
 from .launch import add_launch_parser
 from .tasks import TASKS
 
@@ -151,6 +152,8 @@ def config_from_args(args, argv=None, **overrides):
     values.update(overrides)
     if values.get('resume') is None:
         return TrainConfig(**values)
+    if not values['resume'].strip():
+        raise ValueError('resume: expected a training folder, found an empty string')
     # pylint: disable=import-outside-toplevel
     from .checkpoint import read_checkpoint
     from .config import resume_config
@@ -231,6 +234,7 @@ def main(argv=None):
     except ValueError as err:
         print('error: %s' % _flag_message(err), file=sys.stderr)
         return EXIT_USAGE
+    interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported below
     try:
         if args.command == 'compare':
             from .compare import compare
@@ -242,8 +246,9 @@ def main(argv=None):
     except (OSError, TrainingDiverged, TrainingDidNotLearn) as err:
         print('error: %s' % err, file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print('error: interrupted; the last committed checkpoint in %s is kept' % cfg.out_dir,
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as err:
+        print('error: %s; the last committed checkpoint in %s is kept'
+              % ('terminated (SIGTERM)' if isinstance(err, Terminated) else 'interrupted',
+                 cfg.out_dir), file=sys.stderr)
+        return exit_status(err)
     return 0

@@ -216,10 +216,16 @@ def resume_config(saved, given):
                          '%r' % (sorted(saved) if isinstance(saved, dict) else saved,))
     values = {}
     for name in RESUME_IDENTITY:
+        if name == 'widths' and not (saved[name] is None or isinstance(saved[name], list)):
+            raise ValueError('resume: expected the checkpoint\'s widths to be a list, found %s'
+                             % type(saved[name]).__name__)
         value = saved[name]
         if name == 'widths' and value is not None:
             value = tuple(value)
         if name in given and given[name] is not None and given[name] != value:
+            if value is None:  # e.g. --widths for a task that has none
+                raise ValueError('%s: expected none with resume (the checkpoint\'s %s run does '
+                                 'not set it), found %r' % (name, saved['task'], given[name]))
             raise ValueError('%s: expected the checkpoint\'s %r with resume (or leave it out), '
                              'found %r' % (name, value, given[name]))
         values[name] = value

@@ -46,6 +46,7 @@ POLL = 0.05       # seconds between checks of the children
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+MAX_HOSTFILE_BYTES = 1 << 20  # far more than any cluster's host names
 
 
 @dataclass(frozen=True)
@@ -90,14 +91,21 @@ def read_hostfile(path):
     """The host names in ``path``: one a line, ``#`` starts a comment.
 
     Raises:
-        ValueError: The file cannot be read, names no host, or a line has more
-            than one word.
+        ValueError: The file cannot be read, is over 1 MiB or not UTF-8,
+            names no host, or a line has more than one word.
     """
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
+        with open(path, 'rb') as f:
+            data = f.read(MAX_HOSTFILE_BYTES + 1)  # /dev/zero or a FIFO never ends
+        lines = data.decode('utf-8').splitlines()
     except OSError as err:
         raise ValueError('--hostfile: cannot read %s (%s)' % (path, err.strerror)) from None
+    except UnicodeDecodeError:
+        raise ValueError('--hostfile: expected host names as UTF-8 text in %s, found bytes '
+                         'that are not' % path) from None
+    if len(data) > MAX_HOSTFILE_BYTES:
+        raise ValueError('--hostfile: expected a list of hosts of at most %d bytes, found more '
+                         'in %s' % (MAX_HOSTFILE_BYTES, path))
     hosts = []
     for number, line in enumerate(lines, 1):
         words = line.split('#', 1)[0].split()

@@ -186,19 +186,179 @@ def test_worker_0_failing_alone_ends_the_job_in_seconds(tmp_path):
                                'fcntl.flock(fd, fcntl.LOCK_EX)\nprint(1, flush=True)\n'
                                'time.sleep(300)\n', str(out / '.lock')],
                               stdout=subprocess.PIPE, text=True)
+    launcher = None
     try:
         assert holder.stdout.readline() == '1\n'
         start = time.monotonic()
-        job = run(['-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--',
-                   'train', '--out', str(out)] + TRAIN, timeout=90)
+        launcher = subprocess.Popen(
+            [PYTHON, '-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--',
+             'train', '--out', str(out)] + TRAIN, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            stdout, stderr = launcher.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            launcher.terminate()  # the launcher stops its job's processes on SIGTERM
+            stdout, stderr = launcher.communicate(timeout=30)
         elapsed = time.monotonic() - start
     finally:
         holder.kill()
         holder.wait()
-    assert job.returncode == 1, job.stdout[-2000:] + job.stderr[-2000:]
-    assert ('is in use by another process; expected one writer per folder' in job.stderr
-            or 'is in use by another process (pid' in job.stderr)
-    last = job.stderr.strip().splitlines()[-1]
+    assert launcher.returncode == 1, stdout[-2000:] + stderr[-2000:]
+    assert 'is in use by another process (pid' in stderr
+    last = stderr.strip().splitlines()[-1]
     assert last.startswith('error: worker ') and 'exited with status 2; stopped the other' \
         in last, last
     assert elapsed < 60  # the processes start in about 10 s on two busy cores
+
+
+# -- 5. tracebacks that are one line now ------------------------------------------------
+
+def _signal_after(argv, signum, delay):
+    proc = subprocess.Popen([PYTHON] + argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize('argv, signum, delay', [
+    (['-m', 'mp_symbolic', 'train', '--out', '{tmp}/run'] + TRAIN, signal.SIGINT, 0.3),
+    (['-m', 'mp_symbolic', 'train', '--out', '{tmp}/run'] + TRAIN, signal.SIGINT, 1.5),
+    (['-m', 'mp_symbolic', 'train', '--out', '{tmp}/run'] + TRAIN, signal.SIGTERM, 1.0),
+    (['-m', 'export', '--checkpoint', '{tmp}/none', '--out', '{tmp}/e'], signal.SIGINT, 1.0),
+    (['-m', 'export.predict', '--model', '{tmp}/m.onnx', '--input', '{tmp}/x.csv'],
+     signal.SIGINT, 1.0),
+], ids=['train-0.3s', 'train-1.5s', 'train-sigterm', 'export', 'predict'])
+def test_signal_while_starting_is_one_line(tmp_path, argv, signum, delay):
+    status, _, stderr = _signal_after([a.format(tmp=tmp_path) for a in argv], signum, delay)
+    assert status == 128 + signum, stderr
+    assert stderr.startswith('error: ') and stderr.count('\n') == 1, stderr
+
+
+def test_launch_interrupted_while_starting_ends_in_one_line_of_its_own(tmp_path):
+    status, _, stderr = _signal_after(
+        ['-m', 'mp_symbolic', 'launch', '--workers', '1', '--servers', '1', '--', 'train',
+         '--out', str(tmp_path / 'run')] + TRAIN, signal.SIGINT, 1.0)
+    assert status == 130, stderr
+    assert 'Traceback' not in stderr
+    own = [line for line in stderr.splitlines() if not line.startswith('[')]
+    assert len(own) == 1 and own[0].startswith('error: '), stderr
+
+
+def test_sigterm_while_training_is_one_line_and_keeps_the_checkpoint(tmp_path):
+    out = tmp_path / 'run'
+    proc = subprocess.Popen([PYTHON, '-m', 'mp_symbolic', 'train', '--out', str(out),
+                             '--epochs', '100000', '--num-examples', '200', '--devices',
+                             'cpu:0,cpu:1', '--no-progress', '--no-memory'], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while Store(str(out)).current() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # until the first checkpoint is committed
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert stderr == ('error: terminated (SIGTERM); the last committed checkpoint in %s is '
+                      'kept\n' % out)
+    assert Store(str(out)).current() is not None
+
+
+def _commit_forged(trained, dst, summary_text):
+    """A copy of ``trained``'s snapshot with ``summary.json`` replaced, committed
+    so that its manifest matches (a forger can do the same)."""
+    from mp_symbolic.checkpoint import SUMMARY_NAME  # pylint: disable=import-outside-toplevel
+    snap = Store(str(trained)).current()
+
+    def write(folder):
+        for name in snap.files:
+            if name != SUMMARY_NAME:
+                shutil.copy(os.path.join(snap.folder, name), folder)
+        with open(os.path.join(folder, SUMMARY_NAME), 'w') as f:
+            f.write(summary_text)
+
+    with Store(str(dst), kind='training').locked() as store:
+        store.commit(write, snap.meta)
+
+
+@pytest.mark.parametrize('text, message', [
+    ('[' * 100000 + ']' * 100000, 'nested too deeply'),
+    ('{"epoch": 2', 'expected a training summary (JSON)'),
+    ('[1, 2]', 'expected a JSON object, found list'),
+    ('{"epoch_losses": ["x"]}', 'expected "epoch_losses" to be a list of numbers'),
+    ('{"config": 5}', 'expected "config" to be an object, found 5'),
+], ids=['nested', 'broken', 'list', 'losses', 'config'])
+def test_forged_summary_is_one_line_naming_the_file(trained, tmp_path, capsys, text, message):
+    forged = tmp_path / 'forged'
+    _commit_forged(trained, forged, text)
+    from mp_symbolic.cli import main  # pylint: disable=import-outside-toplevel
+    status = main(['train', '--resume', str(forged), '--epochs', '4', '--no-progress',
+                   '--devices', 'cpu:0,cpu:1'])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count('\n') == 1 and message in err and 'summary.json' in err, err
+
+
+def test_deeply_nested_manifest_is_one_line(tmp_path):
+    with Store(str(tmp_path / 'out')).locked() as store:
+        snap = store.commit(lambda folder: open(os.path.join(folder, 'f'), 'w').close())
+    os.chmod(snap.folder, 0o755)
+    with open(os.path.join(snap.folder, 'MANIFEST.json'), 'w') as f:
+        f.write('{"format": ' + '[' * 100000 + ']' * 100000 + '}')
+    with pytest.raises(StoreError, match='nested too deeply'):
+        Store(str(tmp_path / 'out')).current()
+
+
+def _forged_npy(path, shape):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    header = np.lib.format.header_data_from_array_1_0(np.ones((3, 2), np.float32))
+    header['shape'] = shape
+    with open(path, 'wb') as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(np.ones((3, 2), np.float32).tobytes())
+    return str(path)
+
+
+@pytest.mark.parametrize('shape, message', [
+    ((10 ** 12, 2), 'expected the 8000000000000 bytes its header claims'),
+    ((-3, 2), 'found shape (-3, 2) in its header'),
+], ids=['10**12 rows', 'negative'])
+def test_npy_header_that_lies_is_refused_before_reading(tmp_path, shape, message):
+    from export.errors import InputError  # pylint: disable=import-outside-toplevel
+    from export.tables import read_features  # pylint: disable=import-outside-toplevel
+    with pytest.raises(InputError) as err:
+        read_features(_forged_npy(tmp_path / 'x.npy', shape), 2)
+    assert message in str(err.value)
+    assert read_features(_forged_npy(tmp_path / 'ok.npy', (3, 2)), 2).shape == (3, 2)
+
+
+def test_csv_field_over_the_csv_limit_is_one_line(tmp_path):
+    from export.errors import InputError  # pylint: disable=import-outside-toplevel
+    from export.tables import read_features  # pylint: disable=import-outside-toplevel
+    path = tmp_path / 'x.csv'
+    path.write_text('1,2\n1,' + '9' * 200000 + '\n')
+    with pytest.raises(InputError, match='field larger than field limit .* in line 2 of'):
+        read_features(str(path), 2)
+
+
+def test_hostfile_that_never_ends_is_refused():
+    from mp_symbolic.launch import read_hostfile  # pylint: disable=import-outside-toplevel
+    with pytest.raises(ValueError, match='--hostfile: expected a list of hosts of at most'):
+        read_hostfile('/dev/zero')
+
+
+# -- 6. the smaller ones ------------------------------------------------------------------
+
+def test_empty_resume_names_the_flag(capsys):
+    from mp_symbolic.cli import main  # pylint: disable=import-outside-toplevel
+    assert main(['train', '--resume', '']) == 2
+    assert capsys.readouterr().err == ('error: --resume: expected a training folder, found an '
+                                       'empty string\n')
+
+
+def test_widths_on_a_resume_of_a_run_without_widths_says_so():
+    from mp_symbolic.config import TrainConfig, resume_config  # pylint: disable=import-outside-toplevel
+    saved = TrainConfig(task='digits').to_dict()
+    with pytest.raises(ValueError) as err:
+        resume_config(saved, {'widths': (2, 2, 2, 1)})
+    assert str(err.value) == ("widths: expected none with resume (the checkpoint's digits run "
+                              "does not set it), found (2, 2, 2, 1)")

@@ -1,0 +1,77 @@
+"""Ctrl-C and SIGTERM as one line, from a command's first instant.
+
+Python turns SIGINT into ``KeyboardInterrupt`` wherever it lands. In the
+seconds a command spends importing MXNet or onnx, before its own ``except
+KeyboardInterrupt`` is in place, that is a traceback through the import
+machinery; and SIGTERM ends a process with no word at all. The entry points
+(``python -m mp_symbolic``, ``python -m export``, ``python -m
+export.predict``) call :func:`exit_on_signals` first, before the heavy
+imports: a signal then prints one line and ends the process at once, which
+is safe because nothing has been written yet. Where the command's own
+handling starts, :func:`interrupt_on_signals` makes both signals raise
+``KeyboardInterrupt`` again, which the command reports in one line.
+
+Only the standard library is imported here.
+"""
+import os
+import signal
+import threading
+
+__all__ = ['exit_on_signals', 'interrupt_on_signals', 'exit_status', 'Terminated']
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where SIGINT would raise ``KeyboardInterrupt``."""
+
+
+def _write_line(text):
+    try:
+        os.write(2, ('error: %s\n' % text).encode('utf-8', 'backslashreplace'))
+    except OSError:
+        pass  # stderr is gone: the exit status still tells
+
+
+def exit_on_signals(what='interrupted before any work; nothing was written'):
+    """From now on SIGINT and SIGTERM print ``error: <what> (<signal>)`` and end
+    the process with status 128 + the signal number, without unwinding."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, _frame):
+        _write_line('%s (%s)' % (what, signal.Signals(signum).name))
+        os._exit(128 + signum)  # pylint: disable=protected-access
+
+    for signum in SIGNALS:
+        signal.signal(signum, handler)
+
+
+def _terminate(signum, _frame):
+    raise Terminated('SIGTERM')
+
+
+def interrupt_on_signals():
+    """From now on SIGINT raises ``KeyboardInterrupt`` and SIGTERM raises
+    :class:`Terminated` (one), for the command's own handler to report.
+
+    In a ``dist_sync`` worker (``DMLC_ROLE=worker``) SIGTERM keeps its default
+    action: the launcher stops a job with it, and a worker blocked inside
+    ps-lite would only run a Python handler once the launcher gives up and
+    sends SIGKILL. Called from another thread than the main one, it does
+    nothing (only the main thread may set handlers).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.environ.get('DMLC_ROLE') == 'worker':
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    else:
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def exit_status(interrupt):
+    """128 + the signal number behind a ``KeyboardInterrupt``: 143 for
+    :class:`Terminated`, 130 otherwise."""
+    return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
+
