@@ -4,7 +4,8 @@ Exports a training checkpoint to an MXNet file pair and ONNX, verifies both
 against the checkpoint bound on one device, and commits them under
 ``--out``/current/. A checkpoint or flag that cannot be exported prints one
 line to stderr and exits with status 2; a failed verification or an
-unwritable folder exits with status 1; Ctrl-C exits 130. Nothing is written
+unwritable folder exits with status 1; Ctrl-C exits 130, SIGTERM 143, each
+with one line. Nothing is written
 on error; export never trains.
 """
 import re

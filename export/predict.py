@@ -14,7 +14,7 @@ stdin). Predictions go to stdout as CSV, or to ``--output`` (``.csv`` or
 Every failure is one line on stderr starting ``error:``, and nothing is
 written. Exit status: 2 for a bad flag, model or input; 1 if the predictions
 are not all finite numbers (NaN or inf) or cannot be written (a full disk, a
-closed pipe); 130 if interrupted (Ctrl-C).
+closed pipe); 130 if interrupted (Ctrl-C), 143 on SIGTERM.
 """
 import errno
 import os

@@ -7,7 +7,7 @@ value, a device plan that cannot be made, an output folder that cannot be
 written or is in use, a checkpoint that cannot be resumed) print one line to
 stderr naming the flag and exit with status 2 before any work; training that
 diverges or does not learn, or a file that cannot be written, exits 1;
-Ctrl-C exits 130 keeping the last committed checkpoint; ``compare`` exits 3
+Ctrl-C exits 130 (SIGTERM 143) keeping the last committed checkpoint; ``compare`` exits 3
 when the variants disagree.
 """
 import argparse
