@@ -115,12 +115,14 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         VerificationError: a check failed; nothing was committed.
     """
     check_onnx_version()
-    # Never inside or onto a training folder or a snapshot: the store would replace it.
-    check_store_folder(out_dir, 'export', '--out')
+    if not out_dir.strip():
+        raise ExportError('--out: expected a folder path, found an empty string')
     info, sym_path, params_path = locate_checkpoint(checkpoint, epoch)
     if os.path.realpath(out_dir) in (info['folder'], os.path.realpath(checkpoint)):
         raise ExportError('--out: expected a folder other than the checkpoint\'s own (%s), '
                           'found the same' % out_dir)
+    # Never onto or inside a training folder or a snapshot: the store would replace it.
+    check_store_folder(out_dir, 'export', '--out')
     name = name or info['name']
     if os.path.isfile(sym_path):
         check_symbol_file(sym_path)  # says what a file that is no symbol is, quoting nothing

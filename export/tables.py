@@ -82,7 +82,7 @@ def _check_npy_header(f, path, width):
     swaps. The shape must be 2-D with ``width`` columns and no negative size,
     and the data it claims must be in the file.
     """
-    head = f.read(12)
+    head = f.read(64)  # the magic and the header's length; more, to describe a stranger
     if not head.startswith(_NPY_MAGIC):
         raise InputError('%s is not a .npy array: expected it to start with %r, found %s'
                          % (path, _NPY_MAGIC, describe_start(head)))

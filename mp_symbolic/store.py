@@ -22,8 +22,8 @@ are complete; what the dead writer left beside it is removed by the next
 writer. Readers verify every file against the manifest and use only the files
 it names.
 
-A folder says what it holds (``.kind``, written when a writer of that kind
-first locks it): a training run refuses an export folder and an export refuses
+A folder says what it holds (``.kind``, written with a writer's first
+commit): a training run refuses an export folder and an export refuses
 a training folder, since each would replace the other's snapshot. No store is
 made inside another store or a snapshot, where the enclosing store's next
 writer would delete it. The lock file is opened without following a symlink
@@ -326,8 +326,9 @@ class Store:
     Args:
         folder: The output folder; created by :meth:`locked` if missing.
         kind: What the folder holds, one of :data:`KINDS`: :meth:`locked`
-            refuses a folder of the other kind and records this one in
-            ``.kind``. None (a store of no kind) checks nesting only.
+            refuses a folder of the other kind, and :meth:`commit` records
+            this one in ``.kind`` before its first switch of ``current``.
+            None (a store of no kind) checks nesting only.
     """
 
     def __init__(self, folder, kind=None):
@@ -349,7 +350,7 @@ class Store:
         Creates the folder if needed and takes the lock without waiting. The
         lock file is opened without following a symlink, must be a regular
         file with one link, and is never truncated. Once held, checks the
-        folder (:func:`check_store_folder`), records its kind, and removes what an interrupted save left: ``.staging-*`` folders,
+        folder (:func:`check_store_folder`) and removes what an interrupted save left: ``.staging-*`` folders,
         ``.current-*`` temporary links and ``snap-*`` folders that ``current``
         does not name. A lock left by a killed process never blocks: the
         kernel drops a ``flock`` with the last descriptor of its holder (a
@@ -386,8 +387,6 @@ class Store:
             # Fixed width, so a shorter pid overwrites a longer one without truncating.
             os.pwrite(fd, b'%-19d\n' % os.getpid(), 0)
             check_store_folder(self.folder, self.kind, self.folder)  # again, under the lock
-            if self.kind is not None and _marker(self.folder) != self.kind:
-                atomic_write_bytes(self._at(KIND), self.kind.encode() + b'\n')
             self._lock_fd = fd
             self._clean_leftovers()
             yield self
@@ -479,6 +478,8 @@ class Store:
             os.mkdir(staging)
             write(staging)
             manifest = self._seal(staging, meta)
+            if self.kind is not None and _marker(self.folder) != self.kind:
+                atomic_write_bytes(self._at(KIND), self.kind.encode() + b'\n')
             os.rename(staging, snap)
             _fsync_path(self.folder)
             os.symlink(snap_name, link_tmp)

@@ -76,7 +76,8 @@ def test_export_refuses_a_training_folder_written_before_folders_had_kinds(train
     shutil.copytree(trained, old, symlinks=True)
     os.remove(old / '.kind')  # as a training folder of an earlier version
     before = snapshot_files(old)
-    status, err = export_main(['--checkpoint', str(old), '--out', str(old)], capsys)
+    status, err = export_main(['--checkpoint', str(old / 'current' / 'regression'), '--epoch',
+                               '2', '--out', str(old)], capsys)
     assert (status, err.split(' at ')[0]) == (
         2, 'error: --out: expected an export folder (or a new one), found a training folder')
     assert snapshot_files(old) == before
@@ -96,8 +97,9 @@ def test_training_refuses_an_export_folder(tmp_path):
 
 
 def test_store_of_one_kind_refuses_the_other_and_nesting(tmp_path):
-    with Store(str(tmp_path / 'a'), kind='training').locked():
-        pass
+    with Store(str(tmp_path / 'a'), kind='training').locked() as store:
+        assert not (tmp_path / 'a' / '.kind').exists()  # a failed first save leaves no mark
+        store.commit(lambda folder: open(os.path.join(folder, 'f'), 'w').close())
     assert (tmp_path / 'a' / '.kind').read_text() == 'training\n'
     with pytest.raises(WrongFolder, match='expected an export folder'):
         with Store(str(tmp_path / 'a'), kind='export').locked():
@@ -163,7 +165,7 @@ def test_file_size_limit_during_a_commit_exits_1_and_commits_nothing(tmp_path):
     assert result.stderr.count('\n') == 1 and 'regression-symbol.json: expected the' \
         in result.stderr, result.stderr
     assert Store(str(out)).current() is None
-    assert sorted(os.listdir(out)) == ['.kind', '.lock']
+    assert sorted(os.listdir(out)) == ['.lock']
 
 
 def test_params_that_cannot_be_written_raise_one_line():
