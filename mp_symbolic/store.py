@@ -191,15 +191,13 @@ def read_bounded(path, limit, what='file'):
 
 
 def _marker(folder):
-    """The kind a folder's ``.kind`` file names; '' if it names none of
-    :data:`KINDS`; None if there is no such file."""
+    """The kind a folder's ``.kind`` file names, or '' (no such file, or one
+    naming none of :data:`KINDS`)."""
     path = os.path.join(folder, KIND)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
     except OSError:
-        return ''  # a symlink or something unreadable: a store, of no kind we know
+        return ''  # none, a symlink, or something unreadable
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return ''
@@ -221,14 +219,15 @@ def folder_kind(folder):
     marker = _marker(folder)
     if marker:
         return marker
-    if os.path.isfile(os.path.join(folder, MANIFEST)):
+    if os.path.basename(folder).startswith((SNAP_PREFIX, STAGING_PREFIX)) \
+            and os.path.isfile(os.path.join(folder, MANIFEST)):
         return 'snapshot'
     try:
         target = os.readlink(os.path.join(folder, CURRENT))
     except OSError:
-        return None if marker is None else 'store'
+        return None
     if not (_is_plain_name(target) and target.startswith(SNAP_PREFIX)):
-        return None if marker is None else 'store'
+        return None
     try:
         meta = json.loads(read_bounded(os.path.join(folder, target, MANIFEST),
                                        MAX_MANIFEST_BYTES, 'manifest').decode('utf-8'))['meta']
