@@ -349,9 +349,9 @@ class Store:
         Creates the folder if needed and takes the lock without waiting. The
         lock file is opened without following a symlink, must be a regular
         file with one link, and is never truncated. Once held, checks the
-        folder (:func:`check_store_folder`) and removes what an interrupted save left: ``.staging-*`` folders,
-        ``.current-*`` temporary links and ``snap-*`` folders that ``current``
-        does not name. A lock left by a killed process never blocks: the
+        folder (:func:`check_store_folder`) and removes what an interrupted
+        save left: ``.staging-*`` folders, ``.current-*`` temporary links and
+        ``snap-*`` folders that ``current`` does not name. A lock left by a killed process never blocks: the
         kernel drops a ``flock`` with the last descriptor of its holder (a
         child forked inside the block holds it too, until it exits).
 

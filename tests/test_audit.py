@@ -371,7 +371,8 @@ def test_empty_resume_names_the_flag(capsys):
 
 
 def test_widths_on_a_resume_of_a_run_without_widths_says_so():
-    from mp_symbolic.config import TrainConfig, resume_config  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.config import TrainConfig, resume_config
     saved = TrainConfig(task='digits').to_dict()
     with pytest.raises(ValueError) as err:
         resume_config(saved, {'widths': (2, 2, 2, 1)})
