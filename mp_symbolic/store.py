@@ -351,9 +351,10 @@ class Store:
         file with one link, and is never truncated. Once held, checks the
         folder (:func:`check_store_folder`) and removes what an interrupted
         save left: ``.staging-*`` folders, ``.current-*`` temporary links and
-        ``snap-*`` folders that ``current`` does not name. A lock left by a killed process never blocks: the
-        kernel drops a ``flock`` with the last descriptor of its holder (a
-        child forked inside the block holds it too, until it exits).
+        ``snap-*`` folders that ``current`` does not name. A lock left by a
+        killed process never blocks: the kernel drops a ``flock`` with the
+        last descriptor of its holder (a child forked inside the block holds
+        it too, until it exits).
 
         Raises:
             FolderInUse: Another process holds the lock.
