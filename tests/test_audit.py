@@ -178,6 +178,60 @@ def test_params_that_cannot_be_written_raise_one_line():
 
 # -- 4. a worker that fails alone ends the job, without ps-lite's barrier -----------------
 
+def _launch(command, timeout=90):
+    """``launch --workers 2 --servers 1 -- COMMAND``: (status, stdout, stderr,
+    seconds). A job still running after ``timeout`` is stopped (SIGTERM to the
+    launcher, which stops its processes) and reported as status None."""
+    start = time.monotonic()
+    launcher = subprocess.Popen(
+        [PYTHON, '-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--']
+        + command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = launcher.communicate(timeout=timeout)
+        status = launcher.returncode
+    except subprocess.TimeoutExpired:
+        launcher.terminate()
+        stdout, stderr = launcher.communicate(timeout=30)
+        status = None
+    return status, stdout, stderr, time.monotonic() - start
+
+
+# A worker that reports its error and returns a status, as the command line
+# does: by then the exception, and with it the kvstore, is released.
+FAILING_WORKER = """
+import sys
+import mxnet as mx
+from mp_symbolic.launch import abort_on_error, hold_kvstore
+
+def work():
+    kv = mx.kv.create('dist_sync')
+    hold_kvstore(kv)
+    if kv.rank == 1:
+        raise ValueError('rank 1 fails alone')
+    kv.init(0, mx.nd.zeros(1))
+    kv.push(0, mx.nd.ones(1))
+
+def main():
+    try:
+        work()
+    except ValueError as err:
+        print('error: %s' % err, file=sys.stderr)
+        return 2
+    return 0
+
+with abort_on_error():
+    sys.exit(main())
+"""
+
+
+def test_a_worker_of_another_rank_failing_alone_ends_the_job_in_seconds():
+    status, stdout, stderr, elapsed = _launch([PYTHON, '-c', FAILING_WORKER])
+    assert status == 1, stdout[-2000:] + stderr[-2000:]
+    assert 'error: rank 1 fails alone' in stderr
+    assert 'exited with status 2; stopped the other 3 processes' in stderr.splitlines()[-1]
+    assert elapsed < 60
+
+
 def test_worker_0_failing_alone_ends_the_job_in_seconds(tmp_path):
     out = tmp_path / 'busy'
     out.mkdir()
@@ -188,24 +242,13 @@ def test_worker_0_failing_alone_ends_the_job_in_seconds(tmp_path):
                                'fcntl.flock(fd, fcntl.LOCK_EX)\nprint(1, flush=True)\n'
                                'time.sleep(300)\n', str(out / '.lock')],
                               stdout=subprocess.PIPE, text=True)
-    launcher = None
     try:
         assert holder.stdout.readline() == '1\n'
-        start = time.monotonic()
-        launcher = subprocess.Popen(
-            [PYTHON, '-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--',
-             'train', '--out', str(out)] + TRAIN, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)
-        try:
-            stdout, stderr = launcher.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            launcher.terminate()  # the launcher stops its job's processes on SIGTERM
-            stdout, stderr = launcher.communicate(timeout=30)
-        elapsed = time.monotonic() - start
+        status, stdout, stderr, elapsed = _launch(['train', '--out', str(out)] + TRAIN)
     finally:
         holder.kill()
         holder.wait()
-    assert launcher.returncode == 1, stdout[-2000:] + stderr[-2000:]
+    assert status == 1, stdout[-2000:] + stderr[-2000:]
     assert 'is in use by another process (pid' in stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith('error: worker ') and 'exited with status 2; stopped the other' \
