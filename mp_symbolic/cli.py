@@ -229,7 +229,8 @@ def main(argv=None):
         built = build_pipeline(cfg, get_task(cfg.task))  # the whole plan, before any work
         cfg.check_profiler_devices(built[0].plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')
-        check_store_folder(cfg.out_dir, 'training', 'out')  # not an export, not in a snapshot
+        # Not an export folder, not inside a training or export folder or a snapshot.
+        check_store_folder(cfg.out_dir, 'training' if args.command == 'train' else None, 'out')
         _make_folder(cfg.out_dir)
     except ValueError as err:
         print('error: %s' % _flag_message(err), file=sys.stderr)
