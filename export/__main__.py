@@ -12,7 +12,7 @@ import re
 import sys
 
 from mp_symbolic.cliargs import OneLineArgumentParser, print_error
-from mp_symbolic.interrupts import exit_on_signals
+from mp_symbolic.interrupts import exit_on_signals, ignore_signals
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import excerpt, one_line
@@ -82,4 +82,6 @@ def main(argv=None):
 
 if __name__ == '__main__':
     exit_on_signals()  # until main() loads MXNet and onnx, a signal is one line
-    sys.exit(main())
+    STATUS = main()
+    ignore_signals()  # done and written: a signal while MXNet shuts down would end it silently
+    sys.exit(STATUS)

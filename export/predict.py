@@ -21,7 +21,8 @@ import os
 import sys
 
 from mp_symbolic.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
-from mp_symbolic.interrupts import exit_on_signals, exit_status, interrupt_on_signals
+from mp_symbolic.interrupts import (exit_on_signals, exit_status, ignore_signals,
+                                    interrupt_on_signals)
 
 __all__ = ['main', 'build_parser', 'FAILED', 'INTERRUPTED']
 
@@ -123,4 +124,6 @@ def main(argv=None):
 
 if __name__ == '__main__':
     exit_on_signals()  # until the predictor's libraries are loaded, a signal is one line
-    sys.exit(main())
+    STATUS = main()
+    ignore_signals()  # done and written: a signal while MXNet shuts down would end it silently
+    sys.exit(STATUS)

@@ -2,7 +2,7 @@
 import os
 import sys
 
-from .interrupts import exit_on_signals
+from .interrupts import exit_on_signals, ignore_signals
 
 exit_on_signals()  # before MXNet loads: Ctrl-C or SIGTERM while starting is one line
 # pylint: disable=wrong-import-position
@@ -11,8 +11,10 @@ from .cli import main  # noqa: E402
 
 def _run():
     status = main()
-    if os.environ.get('DMLC_ROLE') != 'worker':  # a worker may wait in ps-lite's exit barrier
-        exit_on_signals('interrupted while exiting')
+    # Done and written: a signal while MXNet shuts down would end the process silently.
+    # (A worker may still wait in ps-lite's exit barrier: the launcher's SIGTERM must end it.)
+    if os.environ.get('DMLC_ROLE') != 'worker':
+        ignore_signals()
     return status
 
 

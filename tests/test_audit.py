@@ -321,6 +321,23 @@ def test_sigterm_while_training_is_one_line_and_keeps_the_checkpoint(tmp_path):
     assert Store(str(out)).current() is not None
 
 
+@pytest.mark.parametrize('delay', [0.0, 0.1])
+def test_sigint_while_a_finished_run_exits_is_no_traceback_and_no_silent_death(tmp_path,
+                                                                               delay):
+    proc = subprocess.Popen([PYTHON, '-m', 'mp_symbolic', 'train', '--out', str(tmp_path / 'r')]
+                            + TRAIN, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith('checkpoint:'):  # the run's last line: all is written
+            break
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode in (0, 130), (proc.returncode, stderr)  # not killed by SIGINT
+    assert 'Traceback' not in stderr and stderr.count('\n') <= 1, stderr
+    assert Store(str(tmp_path / 'r')).current() is not None
+
+
 def _commit_forged(trained, dst, summary_text):
     """A copy of ``trained``'s snapshot with ``summary.json`` replaced, committed
     so that its manifest matches (a forger can do the same)."""
