@@ -26,6 +26,9 @@ __all__ = ['exit_on_signals', 'interrupt_on_signals', 'ignore_signals', 'exit_st
            'Terminated']
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Signals ignored when the process started (a background job of a script ignores
+# SIGINT): they stay ignored, as Python itself leaves them.
+_IGNORED = {s for s in SIGNALS if signal.getsignal(s) == signal.SIG_IGN}
 
 
 class Terminated(KeyboardInterrupt):
@@ -50,7 +53,8 @@ def exit_on_signals(what='interrupted before any work; nothing was written'):
         os._exit(128 + signum)  # pylint: disable=protected-access
 
     for signum in SIGNALS:
-        signal.signal(signum, handler)
+        if signum not in _IGNORED:
+            signal.signal(signum, handler)
 
 
 def _terminate(signum, _frame):
@@ -97,11 +101,11 @@ def interrupt_on_signals():
         return
     if not getattr(sys.unraisablehook, 'redelivers', False):
         sys.unraisablehook = _redeliver_interrupts(sys.unraisablehook)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if os.environ.get('DMLC_ROLE') == 'worker':
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    else:
-        signal.signal(signal.SIGTERM, _terminate)
+    if signal.SIGINT not in _IGNORED:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.SIGTERM not in _IGNORED:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if os.environ.get('DMLC_ROLE') == 'worker'
+                      else _terminate)
 
 
 def ignore_signals():
