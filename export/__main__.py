@@ -4,13 +4,15 @@ Exports a training checkpoint to an MXNet file pair and ONNX, verifies both
 against the checkpoint bound on one device, and commits them under
 ``--out``/current/. A checkpoint or flag that cannot be exported prints one
 line to stderr and exits with status 2; a failed verification or an
-unwritable folder exits with status 1; Ctrl-C exits 130. Nothing is written
+unwritable folder exits with status 1; Ctrl-C exits 130, SIGTERM 143, each
+with one line. Nothing is written
 on error; export never trains.
 """
 import re
 import sys
 
 from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
+from mp_symbolic.tools.interrupts import exit_on_signals, ignore_signals
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import excerpt, one_line
@@ -51,6 +53,8 @@ def main(argv=None):
     from .errors import VerificationError
     from .exporter import export_checkpoint
     from .inference import parse_shape
+    from mp_symbolic.tools.interrupts import exit_status, interrupt_on_signals
+    interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported below
     try:
         if args.name is not None and (not _NAME_RE.fullmatch(args.name)
                                       or len(args.name) > 100):
@@ -68,11 +72,16 @@ def main(argv=None):
         print_error(one_line(err))
         # a file that failed its checks or could not be written: 1; a bad input: 2
         return 1 if isinstance(err, (VerificationError, OSError)) else 2
-    except KeyboardInterrupt:
-        print_error('interrupted; the previous export in %s is kept' % args.out)
-        return 130
+    except KeyboardInterrupt as err:
+        print_error('%s; the previous export in %s is kept'
+                    % ('interrupted' if exit_status(err) == 130 else 'terminated (SIGTERM)',
+                       args.out))
+        return exit_status(err)
     return 0
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    exit_on_signals()  # until main() loads MXNet and onnx, a signal is one line
+    STATUS = main()
+    ignore_signals()  # done and written: a signal while MXNet shuts down would end it silently
+    sys.exit(STATUS)

@@ -27,8 +27,8 @@ import os
 
 import onnx
 
-from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_params
-from mp_symbolic.tools.store import Store
+from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_params, save_symbol
+from mp_symbolic.tools.store import Store, check_store_folder
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError
@@ -109,14 +109,20 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         ExportError: the graph cannot be exported (no ``ctx_group``, an op
             ONNX cannot express, ``onnx>=1.18``), or ``out_dir`` is the
             checkpoint's own folder.
+        WrongFolder: ``out_dir`` is empty, a training folder, or inside a
+            training folder, an export folder or a snapshot.
         FolderInUse: another process writes to ``out_dir``.
         VerificationError: a check failed; nothing was committed.
     """
     check_onnx_version()
+    if not out_dir.strip():
+        raise ExportError('--out: expected a folder path, found an empty string')
     info, sym_path, params_path = locate_checkpoint(checkpoint, epoch)
     if os.path.realpath(out_dir) in (info['folder'], os.path.realpath(checkpoint)):
         raise ExportError('--out: expected a folder other than the checkpoint\'s own (%s), '
                           'found the same' % out_dir)
+    # Never onto or inside a training folder or a snapshot: the store would replace it.
+    check_store_folder(out_dir, 'export', '--out')
     name = name or info['name']
     if os.path.isfile(sym_path):
         check_symbol_file(sym_path)  # says what a file that is no symbol is, quoting nothing
@@ -136,7 +142,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
 
     def write(folder):
         paths = {key: os.path.join(folder, file) for key, file in names.items()}
-        inference.save(paths['symbol'])
+        save_symbol(paths['symbol'], inference)  # read back: MXNet ignores write errors
         save_params(paths['params'], arg_params, aux_params)
         onnx.save(model, paths['onnx'])
         report.update(verify_export(paths['onnx'], paths['symbol'], paths['params'], reference))
@@ -154,7 +160,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
             json.dump(report, f, indent=2)
             f.write('\n')
 
-    store = Store(out_dir)
+    store = Store(out_dir, kind='export')
     with store.locked():
         snapshot = store.commit(write, {'kind': 'export', 'name': name, 'files': dict(names),
                                         'source_params_sha256': sha256_file(params_path)})

@@ -14,13 +14,15 @@ stdin). Predictions go to stdout as CSV, or to ``--output`` (``.csv`` or
 Every failure is one line on stderr starting ``error:``, and nothing is
 written. Exit status: 2 for a bad flag, model or input; 1 if the predictions
 are not all finite numbers (NaN or inf) or cannot be written (a full disk, a
-closed pipe); 130 if interrupted (Ctrl-C).
+closed pipe); 130 if interrupted (Ctrl-C), 143 on SIGTERM.
 """
 import errno
 import os
 import sys
 
 from mp_symbolic.tools.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
+from mp_symbolic.tools.interrupts import (exit_on_signals, exit_status, ignore_signals,
+                                    interrupt_on_signals)
 
 __all__ = ['main', 'build_parser', 'FAILED', 'INTERRUPTED']
 
@@ -83,6 +85,7 @@ def _predict(args):
     from .errors import PredictionError
     from .runtimes import load_predictor
     from .tables import STDIN, check_predictions, format_csv, read_features, write_predictions
+    interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported by main()
     try:
         if args.output is not None:
             _check_output(args.output)
@@ -114,10 +117,13 @@ def main(argv=None):
     """Runs the command; returns the exit status (see the module docstring)."""
     try:
         return _predict(build_parser().parse_args(argv))
-    except KeyboardInterrupt:
-        print_error('interrupted')
-        return INTERRUPTED
+    except KeyboardInterrupt as err:
+        print_error('interrupted' if exit_status(err) == INTERRUPTED else 'terminated (SIGTERM)')
+        return exit_status(err)
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    exit_on_signals()  # until the predictor's libraries are loaded, a signal is one line
+    STATUS = main()
+    ignore_signals()  # done and written: a signal while MXNet shuts down would end it silently
+    sys.exit(STATUS)

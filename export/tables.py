@@ -24,6 +24,7 @@ __all__ = ['STDIN', 'read_features', 'output_format', 'format_csv', 'write_predi
 STDIN = '-'
 SUFFIXES = ('.csv', '.npy')  # of inputs and outputs alike
 _NPY_MAGIC = b'\x93NUMPY'
+_MAX_NPY_HEADER = 1 << 20  # numpy's own headers are a few hundred bytes
 
 
 def _suffix(path):
@@ -44,7 +45,16 @@ def _check_rows(X, width, where, line_of_row):
 
 def _read_csv(text, width, where):
     rows, lines = [], []
-    for lineno, fields in enumerate(csv.reader(io.StringIO(text)), 1):
+    reader = csv.reader(io.StringIO(text))
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as err:  # e.g. a field over csv's 128 KiB limit
+            raise InputError('expected CSV, found %s in line %d of %s'
+                             % (err, reader.line_num, where)) from None
+        lineno = reader.line_num
         if not fields or not ''.join(fields).strip() or fields[0].lstrip().startswith('#'):
             continue
         if len(fields) != width:
@@ -64,13 +74,48 @@ def _read_csv(text, width, where):
     return _check_rows(X, width, where, lambda row: 'line %d' % lines[row])
 
 
+def _check_npy_header(f, path, width):
+    """Reads a ``.npy`` header from ``f`` and checks it against the file's size.
+
+    Numpy allocates what the header claims before it reads a byte: a header
+    claiming 10**12 rows would be a MemoryError, or worse, a machine that
+    swaps. The shape must be 2-D with ``width`` columns and no negative size,
+    and the data it claims must be in the file.
+    """
+    head = f.read(64)  # the magic and the header's length; more, to describe a stranger
+    if not head.startswith(_NPY_MAGIC):
+        raise InputError('%s is not a .npy array: expected it to start with %r, found %s'
+                         % (path, _NPY_MAGIC, describe_start(head)))
+    version = tuple(head[6:8])
+    if version == (1, 0):
+        header_bytes = int.from_bytes(head[8:10], 'little')
+    elif version == (2, 0):
+        header_bytes = int.from_bytes(head[8:12], 'little')
+    else:  # 3.0 only differs for structured dtypes, which are not features
+        raise InputError('%s: expected a .npy array of format 1.0 or 2.0, found %d.%d'
+                         % (path, version[0], version[1]))
+    if header_bytes > _MAX_NPY_HEADER:
+        raise InputError('%s: expected a .npy header of at most %d bytes, found one of %d'
+                         % (path, _MAX_NPY_HEADER, header_bytes))
+    f.seek(0)
+    np.lib.format.read_magic(f)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(f)
+    if len(shape) != 2 or shape[1] != width or shape[0] < 0:
+        raise InputError('expected an array of shape (samples, %d) in %s, found shape %s in '
+                         'its header' % (width, path, shape))
+    claimed = shape[0] * shape[1] * dtype.itemsize
+    present = os.fstat(f.fileno()).st_size - f.tell()
+    if claimed > present:
+        raise InputError('%s: expected the %d bytes its header claims (shape %s, %s), found %d'
+                         % (path, claimed, shape, dtype, present))
+
+
 def _read_npy(path, width):
     try:
         with open(path, 'rb') as f:
-            head = f.read(64)
-        if not head.startswith(_NPY_MAGIC):
-            raise InputError('%s is not a .npy array: expected it to start with %r, found %s'
-                             % (path, _NPY_MAGIC, describe_start(head)))
+            _check_npy_header(f, path, width)
         X = np.load(path, allow_pickle=False)
     except (OSError, EOFError) as err:
         raise InputError('%s is not a readable .npy array: %s'

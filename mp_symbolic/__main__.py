@@ -2,12 +2,26 @@
 import os
 import sys
 
-from .training.cli import main
+from .tools.interrupts import exit_on_signals, ignore_signals
+
+exit_on_signals()  # before MXNet loads: Ctrl-C or SIGTERM while starting is one line
+# pylint: disable=wrong-import-position
+from .training.cli import main  # noqa: E402
+
+
+def _run():
+    status = main()
+    # Done and written: a signal while MXNet shuts down would end the process silently.
+    # (A worker may still wait in ps-lite's exit barrier: the launcher's SIGTERM must end it.)
+    if os.environ.get('DMLC_ROLE') != 'worker':
+        ignore_signals()
+    return status
+
 
 if os.environ.get('DMLC_ROLE') == 'worker':
     # A dist_sync worker that leaves Python normally after an error waits in
     # ps-lite's exit barrier forever: end it at once (see launch.abort_on_error).
     from .tools.launch import abort_on_error
     with abort_on_error():
-        sys.exit(main())
-sys.exit(main())
+        sys.exit(_run())
+sys.exit(_run())

@@ -65,7 +65,7 @@ def test_export_commits_files_and_a_passing_report(exported):
     assert sorted(os.listdir(current)) == sorted(
         [os.path.basename(p) for p in exported['paths'].values()] + ['MANIFEST.json'])
     assert sorted(n for n in os.listdir(exported['dir']) if not n.startswith('snap-')) == [
-        '.lock', 'current']  # no temporaries left
+        '.kind', '.lock', 'current']  # no temporaries left
     with open(exported['paths']['report']) as f:
         report = json.load(f)
     assert report['ok'] is True

@@ -259,7 +259,7 @@ def test_short_training_converges_and_commits_a_loadable_checkpoint(tmp_path, va
     np.testing.assert_allclose(
         regression.forward_numpy({k: v.asnumpy() for k, v in arg_params.items()}, X),
         regression.forward_numpy(result.params, X))
-    assert sorted(os.listdir(tmp_path))[:2] == ['.lock', 'current']
+    assert sorted(os.listdir(tmp_path))[:3] == ['.kind', '.lock', 'current']
 
 
 def test_digits_reaches_the_target_accuracy_with_bn_statistics_placed(tmp_path):

@@ -71,11 +71,70 @@ def write_json(path, obj):
 
 
 def save_params(path, arg_params, aux_params=None):
-    """``mx.nd.save`` with MXNet's ``arg:``/``aux:`` names, arrays on ``cpu()``."""
+    """``mx.nd.save`` with MXNet's ``arg:``/``aux:`` names, arrays on ``cpu()``,
+    read back: the file must load and hold every array at its shape and type.
+
+    Raises:
+        OSError: The file could not be written (a full disk, a file size
+            limit) or does not read back as written; one line.
+    """
     arrays = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
     arrays.update({'aux:%s' % k: v.as_in_context(mx.cpu())
                    for k, v in (aux_params or {}).items()})
-    mx.nd.save(path, arrays)
+    try:
+        mx.nd.save(path, arrays)
+    except mx.base.MXNetError as err:  # 'FileStream.Write incomplete' under a full disk
+        raise OSError('%s: cannot write the parameters (%s; a full disk or a file size limit?)'
+                      % (path, first_line(err))) from None
+    try:
+        saved = mx.nd.load(path)
+    except mx.base.MXNetError as err:
+        raise OSError('%s: expected the parameters just written to read back, found %s'
+                      % (path, first_line(err))) from None
+    found = {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in saved.items()} \
+        if isinstance(saved, dict) else {}
+    if found != {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in arrays.items()}:
+        raise OSError('%s: expected %d arrays to read back as written, found %d that differ'
+                      % (path, len(arrays), len(found)))
+
+
+def save_symbol(path, symbol):
+    """``symbol.save(path)``, read back and parsed.
+
+    MXNet's ``Symbol.save`` ignores write errors: under a full disk or a file
+    size limit it leaves a truncated file and returns. The file must hold
+    exactly ``symbol.tojson()`` and parse as JSON.
+
+    Raises:
+        OSError: The file is not what was written; one line.
+    """
+    expected = symbol.tojson().encode('utf-8')
+    symbol.save(path)
+    size = os.path.getsize(path)
+    if size != len(expected):
+        raise OSError('%s: expected the %d bytes of the symbol written, found %d bytes '
+                      '(a full disk or a file size limit?)' % (path, len(expected), size))
+    with open(path, 'rb') as f:
+        data = f.read(len(expected) + 1)
+    try:
+        json.loads(data.decode('utf-8'))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        data = None
+    if data != expected:
+        raise OSError('%s: expected the symbol just written to read back, found other bytes'
+                      % path)
+
+
+def _check_json_written(path, obj):
+    """Reads back a JSON file just written; raises OSError unless it holds ``obj``."""
+    try:
+        with open(path, 'rb') as f:
+            found = json.loads(f.read().decode('utf-8'))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        found = None
+    if found is None or json.dumps(found, sort_keys=True) != json.dumps(obj, sort_keys=True):
+        raise OSError('%s: expected the JSON just written to read back, found %s'
+                      % (path, 'other values' if found is not None else 'no valid JSON'))
 
 
 def load_checkpoint(sym_path, params_path):
@@ -208,13 +267,60 @@ class Checkpoint:
         self.symbol_path = snapshot.path(files['symbol'])
         self.params_path = snapshot.path(files['params'])
         self.states_path = snapshot.path(files['states'])
-        with open(snapshot.path(SUMMARY_NAME)) as f:
-            self.summary = json.load(f)
+        self.summary = _read_summary(snapshot.path(SUMMARY_NAME))
         self.epoch = self.meta.get('epoch')
+        if type(self.epoch) is not int or not 0 <= self.epoch <= 10 ** 9:
+            raise CheckpointError('%s: expected "epoch" to be a count of epochs, found %s'
+                                  % (os.path.join(self.folder, 'MANIFEST.json'),
+                                     _excerpt(self.epoch)))
 
     def load(self):
         """``(symbol, arg_params, aux_params)``, checked to fit together."""
         return load_checkpoint(self.symbol_path, self.params_path)
+
+
+MAX_SUMMARY_BYTES = 64 << 20  # a summary holds a few numbers per epoch
+
+
+def _excerpt(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + '...'
+
+
+def _read_summary(path):
+    """``summary.json`` as a dict whose known fields have their types.
+
+    Raises:
+        CheckpointError: The file is over 64 MiB, not JSON (or nested too
+            deeply to read), or a field is of the wrong type; the message
+            names the file.
+    """
+    from .store import StoreError, read_bounded  # pylint: disable=import-outside-toplevel
+    try:
+        summary = json.loads(read_bounded(path, MAX_SUMMARY_BYTES, 'summary').decode('utf-8'))
+    except StoreError as err:
+        raise CheckpointError(str(err)) from None
+    except RecursionError:
+        raise CheckpointError('%s: expected a training summary, found JSON nested too deeply '
+                              'to read' % path) from None
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError('%s: expected a training summary (JSON), found %s'
+                              % (path, ' '.join(str(err).split())[:200])) from None
+    if not isinstance(summary, dict):
+        raise CheckpointError('%s: expected a JSON object, found %s'
+                              % (path, type(summary).__name__))
+    checks = {'config': (dict, 'an object'), 'devices': (list, 'a list'),
+              'epoch_losses': (list, 'a list of numbers')}
+    for key, (kind, expected) in checks.items():
+        if key in summary and not isinstance(summary[key], kind):
+            raise CheckpointError('%s: expected "%s" to be %s, found %s'
+                                  % (path, key, expected, _excerpt(summary[key])))
+    losses = summary.get('epoch_losses', [])
+    bad = [v for v in losses if type(v) not in (int, float)]
+    if bad:
+        raise CheckpointError('%s: expected "epoch_losses" to be a list of numbers, found %s'
+                              % (path, _excerpt(bad[0])))
+    return summary
 
 
 def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states, summary,
@@ -231,19 +337,35 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
 
     Returns:
         The :class:`Checkpoint`.
+
+    Raises:
+        OSError: A file could not be written or does not read back as
+            written (every file is checked before the commit); the previous
+            checkpoint stays current.
     """
-    from ..core.optstate import save_states  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from ..core.optstate import OptimizerStateError, load_states, save_states
     files = {'symbol': '%s-symbol.json' % name, 'params': '%s-%04d.params' % (name, epoch),
              'states': '%s-%04d.states' % (name, epoch)}
 
     def write(folder):
-        symbol.save(os.path.join(folder, files['symbol']))
+        # Each file is read back before the store writes the manifest over it.
+        save_symbol(os.path.join(folder, files['symbol']), symbol)
         save_params(os.path.join(folder, files['params']), arg_params, aux_params)
-        save_states(os.path.join(folder, files['states']), states)
-        with open(os.path.join(folder, SUMMARY_NAME), 'w') as f:
-            json.dump(dict(summary, files=files, epoch=epoch, complete=complete), f, indent=2,
-                      sort_keys=True)
+        states_path = os.path.join(folder, files['states'])
+        save_states(states_path, states)
+        try:
+            if len(load_states(states_path)['arrays']) != len(states['arrays']):
+                raise OptimizerStateError('a different number of arrays')
+        except OptimizerStateError as err:
+            raise OSError('%s: expected the optimizer state just written to read back, found '
+                          '%s' % (states_path, err)) from None
+        content = dict(summary, files=files, epoch=epoch, complete=complete)
+        summary_path = os.path.join(folder, SUMMARY_NAME)
+        with open(summary_path, 'w') as f:
+            json.dump(content, f, indent=2, sort_keys=True)
             f.write('\n')
+        _check_json_written(summary_path, content)
 
     meta = {'epoch': epoch, 'task': name, 'files': files, 'complete': complete}
     return Checkpoint(store.commit(write, meta))

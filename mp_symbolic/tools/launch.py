@@ -43,6 +43,7 @@ POLL = 0.05       # seconds between checks of the children
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+MAX_HOSTFILE_BYTES = 1 << 20  # far more than any cluster's host names
 
 
 @dataclass(frozen=True)
@@ -95,14 +96,21 @@ def read_hostfile(path):
     """The host names in ``path``: one a line, ``#`` starts a comment.
 
     Raises:
-        ValueError: The file cannot be read, names no host, or a line has more
-            than one word.
+        ValueError: The file cannot be read, is over 1 MiB or not UTF-8,
+            names no host, or a line has more than one word.
     """
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
+        with open(path, 'rb') as f:
+            data = f.read(MAX_HOSTFILE_BYTES + 1)  # /dev/zero or a FIFO never ends
+        lines = data.decode('utf-8').splitlines()
     except OSError as err:
         raise ValueError('--hostfile: cannot read %s (%s)' % (path, err.strerror)) from None
+    except UnicodeDecodeError:
+        raise ValueError('--hostfile: expected host names as UTF-8 text in %s, found bytes '
+                         'that are not' % path) from None
+    if len(data) > MAX_HOSTFILE_BYTES:
+        raise ValueError('--hostfile: expected a list of hosts of at most %d bytes, found more '
+                         'in %s' % (MAX_HOSTFILE_BYTES, path))
     hosts = []
     for number, line in enumerate(lines, 1):
         words = line.split('#', 1)[0].split()
@@ -391,6 +399,26 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
             signal.signal(signum, handler)
 
 
+_ABORTING = []  # non-empty inside abort_on_error()
+_HELD = []      # the worker's dist kvstores, kept from MXNet's destructor (see hold_kvstore)
+
+
+def hold_kvstore(kvstore):
+    """Keeps a worker's dist kvstore alive until :func:`abort_on_error` ends.
+
+    MXNet's kvstore destructor waits in ps-lite's barrier for every other
+    worker. A worker whose training fails drops its kvstore as the exception
+    unwinds, long before :func:`abort_on_error` can end it, and waits there
+    forever while the others wait in theirs (or in the kvstore's start-up
+    barrier): the job hangs. Held here, the kvstore is released only when
+    the worker's code ended well; after an error the process ends without
+    the barrier and the launcher stops the rest. Outside
+    :func:`abort_on_error` this does nothing.
+    """
+    if _ABORTING:
+        _HELD.append(kvstore)
+
+
 @contextlib.contextmanager
 def abort_on_error():
     """In a worker: an uncaught exception or a non-zero ``sys.exit`` ends the
@@ -406,12 +434,16 @@ def abort_on_error():
             main()
 
     The traceback (or the exit message) is printed and the output flushed
-    first; the status is ``sys.exit``'s, or 1 for an exception.
+    first; the status is ``sys.exit``'s, or 1 for an exception. A kvstore
+    given to :func:`hold_kvstore` inside the block is released only when the
+    block ends well.
     """
+    _ABORTING.append(True)
     try:
         yield
     except SystemExit as exit_:
         if exit_.code is None or exit_.code == 0:
+            _HELD.clear()  # every worker got this far: the exit barrier is met
             raise
         if not isinstance(exit_.code, int):
             print(exit_.code, file=sys.stderr)
@@ -419,6 +451,10 @@ def abort_on_error():
     except BaseException:  # pylint: disable=broad-except
         traceback.print_exc()
         _abort(1)
+    else:
+        _HELD.clear()
+    finally:
+        _ABORTING.pop()
 
 
 def _abort(status):

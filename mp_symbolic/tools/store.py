@@ -8,6 +8,7 @@ must not cost the old files. This module keeps such a folder as::
 
     OUT/
       .lock                advisory lock (fcntl.flock); holds the writer's pid, for messages
+      .kind                what the folder holds: 'training' or 'export' (one line)
       current -> snap-T    relative symlink: the commit record, switched atomically
       snap-T/              the committed snapshot: the caller's files + MANIFEST.json
       .staging-T/          a save in progress (renamed to snap-T, or removed)
@@ -21,6 +22,14 @@ are complete; what the dead writer left beside it is removed by the next
 writer. Readers verify every file against the manifest and use only the files
 it names.
 
+A folder says what it holds (``.kind``, written with a writer's first
+commit): a training run refuses an export folder and an export refuses
+a training folder, since each would replace the other's snapshot. No store is
+made inside another store or a snapshot, where the enclosing store's next
+writer would delete it. The lock file is opened without following a symlink
+and never truncated, so a link planted at ``OUT/.lock`` cannot make a writer
+truncate or create another file.
+
 Only the standard library is used, so the export side and tools can read
 training outputs without MXNet.
 """
@@ -30,6 +39,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 import uuid
 
@@ -38,6 +48,9 @@ __all__ = []
 MANIFEST = 'MANIFEST.json'
 FORMAT = 'mp_symbolic.store/1'  # the manifest's 'format'; bump when its fields change
 LOCK = '.lock'
+KIND = '.kind'
+KINDS = ('training', 'export')  # what a store folder may hold
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest names a few files; more is not one of ours
 CURRENT = 'current'
 SNAP_PREFIX = 'snap-'
 STAGING_PREFIX = '.staging-'
@@ -52,6 +65,10 @@ class StoreError(ValueError):
 
 class FolderInUse(StoreError):
     """Another live process holds the folder's writer lock."""
+
+
+class WrongFolder(StoreError):
+    """A folder that holds another kind of output, or lies inside a store."""
 
 
 def _fsync_path(path):
@@ -153,6 +170,119 @@ def _hash_file(path):
     return digest.hexdigest()
 
 
+def read_bounded(path, limit, what='file'):
+    """The bytes of the file at ``path``, refusing one over ``limit`` bytes.
+
+    A file that never ends (``/dev/zero``, a FIFO) or a forged one of many
+    gigabytes is refused after ``limit + 1`` bytes instead of filling memory.
+
+    Raises:
+        StoreError: The file holds more than ``limit`` bytes.
+        OSError: It cannot be opened or read.
+    """
+    with open(path, 'rb') as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise StoreError('%s: expected a %s of at most %d bytes, found more'
+                         % (path, what, limit))
+    return data
+
+
+def _marker(folder):
+    """The kind a folder's ``.kind`` file names, or '' (no such file, or one
+    naming none of :data:`KINDS`)."""
+    path = os.path.join(folder, KIND)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return ''  # none, a symlink, or something unreadable
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ''
+        text = os.read(fd, 64).decode('ascii', 'replace').strip()
+    finally:
+        os.close(fd)
+    return text if text in KINDS else ''
+
+
+def folder_kind(folder):
+    """What the folder holds: ``'training'`` or ``'export'``; ``'snapshot'``
+    for a committed or staged snapshot folder; ``'store'`` for a store whose
+    kind cannot be told; None for any other folder (or none).
+
+    The ``.kind`` file says it; a folder written before there were kinds is
+    told by its current manifest (an export records ``"kind": "export"``, a
+    training checkpoint names its optimizer states).
+    """
+    marker = _marker(folder)
+    if marker:
+        return marker
+    if os.path.basename(folder).startswith((SNAP_PREFIX, STAGING_PREFIX)) \
+            and os.path.isfile(os.path.join(folder, MANIFEST)):
+        return 'snapshot'
+    try:
+        target = os.readlink(os.path.join(folder, CURRENT))
+    except OSError:
+        return None
+    if not (_is_plain_name(target) and target.startswith(SNAP_PREFIX)):
+        return None
+    try:
+        meta = json.loads(read_bounded(os.path.join(folder, target, MANIFEST),
+                                       MAX_MANIFEST_BYTES, 'manifest').decode('utf-8'))['meta']
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        return 'store'
+    if isinstance(meta, dict) and meta.get('kind') in KINDS:
+        return meta['kind']
+    if isinstance(meta, dict) and isinstance(meta.get('files'), dict) \
+            and 'states' in meta['files']:
+        return 'training'
+    return 'store'
+
+
+_ARTICLE = {'training': 'a training folder', 'export': 'an export folder',
+            'snapshot': 'a snapshot folder', 'store': 'an output folder of unknown kind'}
+
+
+def check_store_folder(path, kind=None, name='folder'):
+    """Raises unless ``path`` may become (or is) a store folder of ``kind``.
+
+    Refused: an empty path; a folder inside another store or a snapshot
+    (``OUT/current``, ``OUT/snap-*``, ``OUT/sub``), which that store's next
+    writer could delete; and, with ``kind``, a folder holding the other kind
+    (training output where an export goes, or the reverse). A folder of
+    unknown kind is accepted, as before kinds existed.
+
+    Args:
+        path: The folder (need not exist).
+        kind: One of :data:`KINDS`, or None to check nesting only.
+        name: What to call the path in the message (a flag such as ``--out``).
+
+    Raises:
+        WrongFolder: The message names ``name``, what was expected and what
+            was found.
+    """
+    if kind is not None and kind not in KINDS:
+        raise ValueError('kind: expected one of %s, found %r' % (KINDS, kind))
+    if not isinstance(path, str) or not path.strip():
+        raise WrongFolder('%s: expected a folder path, found an empty string' % name)
+    real = os.path.realpath(path)
+    want = _ARTICLE[kind] if kind else 'a folder'
+    parent = os.path.dirname(real)
+    while True:
+        found = folder_kind(parent)
+        if found is not None:
+            raise WrongFolder('%s: expected %s outside any training or export folder, found %s '
+                              'inside %s (%s), whose next writer may delete it'
+                              % (name, want, path, _ARTICLE[found], parent))
+        if os.path.dirname(parent) == parent:
+            break
+        parent = os.path.dirname(parent)
+    found = folder_kind(real)
+    if found == 'snapshot' or (kind is not None and found in KINDS and found != kind):
+        raise WrongFolder('%s: expected %s (or a new one), found %s at %s; choose another folder'
+                          % (name, want, _ARTICLE[found], path))
+
+
 class Snapshot:
     """A committed snapshot whose files were checked against its manifest.
 
@@ -192,10 +322,17 @@ class Store:
 
     Args:
         folder: The output folder; created by :meth:`locked` if missing.
+        kind: What the folder holds, one of :data:`KINDS`: :meth:`locked`
+            refuses a folder of the other kind, and :meth:`commit` records
+            this one in ``.kind`` before its first switch of ``current``.
+            None (a store of no kind) checks nesting only.
     """
 
-    def __init__(self, folder):
+    def __init__(self, folder, kind=None):
+        if kind is not None and kind not in KINDS:
+            raise ValueError('kind: expected one of %s or None, found %r' % (KINDS, kind))
         self.folder = os.path.abspath(folder)
+        self.kind = kind
         self._lock_fd = None
 
     def _at(self, name):
@@ -207,30 +344,37 @@ class Store:
     def locked(self):
         """Holds the folder's writer lock for the ``with`` block.
 
-        Creates the folder if needed and takes the lock without waiting. Once
-        held, removes what an interrupted save left: ``.staging-*`` folders,
-        ``.current-*`` temporary links and ``snap-*`` folders that ``current``
-        does not name. A lock left by a killed process never blocks: the
-        kernel drops a ``flock`` with the last descriptor of its holder (a
-        child forked inside the block holds it too, until it exits).
+        Creates the folder if needed and takes the lock without waiting. The
+        lock file is opened without following a symlink, must be a regular
+        file with one link, and is never truncated. Once held, checks the
+        folder (:func:`check_store_folder`) and removes what an interrupted
+        save left: ``.staging-*`` folders, ``.current-*`` temporary links and
+        ``snap-*`` folders that ``current`` does not name. A lock left by a
+        killed process never blocks: the kernel drops a ``flock`` with the
+        last descriptor of its holder (a child forked inside the block holds
+        it too, until it exits).
 
         Raises:
             FolderInUse: Another process holds the lock.
-            StoreError: ``folder`` exists and is not a folder, or this Store
-                already holds the lock.
+            WrongFolder: The folder holds the other kind, or lies inside a
+                store or a snapshot.
+            StoreError: ``folder`` exists and is not a folder, ``.lock`` is a
+                symlink or not a regular file, or this Store already holds
+                the lock.
         """
         if self._lock_fd is not None:
             raise StoreError('%s: expected one locked() at a time per Store, found it already held'
                              % self.folder)
+        check_store_folder(self.folder, self.kind, self.folder)  # before making it
         try:
             os.makedirs(self.folder, exist_ok=True)
         except FileExistsError:
             raise StoreError('%s: expected a folder, found a file' % self.folder) from None
-        fd = os.open(self._at(LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = os.read(fd, 32).decode('ascii', 'replace').strip() or 'unknown'
+            pid = (os.pread(fd, 32, 0).decode('ascii', 'replace').split() or ['unknown'])[0]
             os.close(fd)
             raise FolderInUse('%s is in use by another process (pid %s); expected one writer '
                               'per folder' % (self.folder, pid)) from None
@@ -238,16 +382,35 @@ class Store:
             os.close(fd)
             raise
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, b'%d\n' % os.getpid(), 0)
+            # Fixed width, so a shorter pid overwrites a longer one without truncating.
+            os.pwrite(fd, b'%-19d\n' % os.getpid(), 0)
+            check_store_folder(self.folder, self.kind, self.folder)  # again, under the lock
             self._lock_fd = fd
             self._clean_leftovers()
             yield self
         finally:
             self._lock_fd = None
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
             os.close(fd)  # releases the flock
+
+    def _open_lock(self):
+        """Opens (or creates) ``.lock`` without following a symlink; returns the fd."""
+        path = self._at(LOCK)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | os.O_NONBLOCK, 0o644)
+        except OSError as err:
+            if os.path.islink(path):
+                raise StoreError('%s: expected the folder\'s lock file, found a symlink; refusing '
+                                 'to follow it (remove it if this is your folder)' % path) from None
+            raise StoreError('%s: expected a lock file this user can open, found %s (%s)'
+                             % (path, _kind(path), err.strerror or err)) from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(fd)
+            raise StoreError('%s: expected the folder\'s lock file (a regular file with one '
+                             'link), found %s' % (path, 'a file with %d links' % info.st_nlink
+                                                  if stat.S_ISREG(info.st_mode) else _kind(path)))
+        return fd
 
     def _clean_leftovers(self):
         try:
@@ -313,6 +476,8 @@ class Store:
             os.mkdir(staging)
             write(staging)
             manifest = self._seal(staging, meta)
+            if self.kind is not None and _marker(self.folder) != self.kind:
+                atomic_write_bytes(self._at(KIND), self.kind.encode() + b'\n')
             os.rename(staging, snap)
             _fsync_path(self.folder)
             os.symlink(snap_name, link_tmp)
@@ -454,10 +619,15 @@ class Store:
     @staticmethod
     def _read_manifest(path):
         try:
-            with open(path, 'rb') as f:
-                manifest = json.loads(f.read().decode('utf-8'))
+            manifest = json.loads(read_bounded(path, MAX_MANIFEST_BYTES, 'manifest')
+                                  .decode('utf-8'))
         except FileNotFoundError:
             raise StoreError('%s: expected the snapshot manifest, found nothing' % path) from None
+        except StoreError:
+            raise
+        except RecursionError:
+            raise StoreError('%s: expected a manifest, found JSON nested too deeply to read'
+                             % path) from None
         except (UnicodeDecodeError, ValueError) as e:
             raise StoreError('%s: expected JSON, found %s' % (path, e)) from None
         if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:

@@ -7,7 +7,7 @@ value, a device plan that cannot be made, an output folder that cannot be
 written or is in use, a checkpoint that cannot be resumed) print one line to
 stderr naming the flag and exit with status 2 before any work; training that
 diverges or does not learn, or a file that cannot be written, exits 1;
-Ctrl-C exits 130 keeping the last committed checkpoint; ``compare`` exits 3
+Ctrl-C exits 130 (SIGTERM 143) keeping the last committed checkpoint; ``compare`` exits 3
 when the variants disagree.
 """
 import argparse
@@ -17,6 +17,7 @@ import sys
 
 from ..tools.cliargs import OneLineArgumentParser
 from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
+from ..tools.interrupts import Terminated, exit_status, interrupt_on_signals
 from ..tools.launch import add_launch_parser
 from .tasks import BUNDLED
 
@@ -213,6 +214,8 @@ def config_from_args(args, argv=None, **overrides):
     values.update(overrides)
     if values.get('resume') is None:
         return TrainConfig(**values)
+    if not values['resume'].strip():
+        raise ValueError('resume: expected a training folder, found an empty string')
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import read_checkpoint
     from .config import resume_config
@@ -288,6 +291,7 @@ def main(argv=None):
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir
+    from ..tools.store import check_store_folder
     from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, load, train
     spec = None
     try:
@@ -297,10 +301,13 @@ def main(argv=None):
         built = build_pipeline(cfg, task)  # the whole plan, before any work
         cfg.check_profiler_devices(built[0].plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')
+        # Not an export folder, not inside a training or export folder or a snapshot.
+        check_store_folder(cfg.out_dir, 'training' if args.command == 'train' else None, 'out')
         _make_folder(cfg.out_dir)
     except ValueError as err:
         print('error: %s' % _flag_message(err, spec), file=sys.stderr)
         return EXIT_USAGE
+    interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported below
     try:
         if args.command == 'compare':
             from .compare import compare
@@ -312,8 +319,9 @@ def main(argv=None):
     except (OSError, TrainingDiverged, TrainingDidNotLearn) as err:
         print('error: %s' % err, file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print('error: interrupted; the last committed checkpoint in %s is kept' % cfg.out_dir,
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as err:
+        print('error: %s; the last committed checkpoint in %s is kept'
+              % ('terminated (SIGTERM)' if isinstance(err, Terminated) else 'interrupted',
+                 cfg.out_dir), file=sys.stderr)
+        return exit_status(err)
     return 0

@@ -219,19 +219,25 @@ def resume_config(saved, given):
                          '%r' % (sorted(saved) if isinstance(saved, dict) else saved,))
     values = {}
     for name in RESUME_IDENTITY:
+        if name == 'task_args' and not isinstance(saved[name], dict):
+            raise ValueError('resume: expected the checkpoint\'s task_args to be a dict, found '
+                             '%s' % type(saved[name]).__name__)
         value = saved[name]
         if name == 'task_args':
             value = _freeze(value)
             if 'task_args' in given:
                 for key, arg in _freeze(given['task_args']):
-                    if dict(value).get(key, _MISSING) != arg:
-                        raise ValueError('%s: expected the checkpoint\'s %s with resume (or '
-                                         'leave it out), found %r'
-                                         % (key, _show(dict(value).get(key, _MISSING)), arg))
+                    if key not in dict(value):  # e.g. --widths for a task that has none
+                        raise ValueError('%s: expected none with resume (the checkpoint\'s %s '
+                                         'task does not take it), found %r'
+                                         % (key, saved['task'], arg))
+                    if dict(value)[key] != arg:
+                        raise ValueError('%s: expected the checkpoint\'s %r with resume (or '
+                                         'leave it out), found %r' % (key, dict(value)[key], arg))
                 given = {k: v for k, v in given.items() if k != 'task_args'}
         elif name in given and given[name] is not None and given[name] != value:
-            raise ValueError('%s: expected the checkpoint\'s %s with resume (or leave it out), '
-                             'found %r' % (name, _show(value), given[name]))
+            raise ValueError('%s: expected the checkpoint\'s %r with resume (or leave it out), '
+                             'found %r' % (name, value, given[name]))
         values[name] = value
     for name, value in given.items():
         if name not in RESUME_IDENTITY:
@@ -239,13 +245,6 @@ def resume_config(saved, given):
     if 'balance' in values and isinstance(values['balance'], list):
         values['balance'] = tuple(values['balance'])
     return TrainConfig(**values)
-
-
-_MISSING = object()
-
-
-def _show(value):
-    return 'default' if value is _MISSING else repr(value)
 
 
 def _freeze(value):

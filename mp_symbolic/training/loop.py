@@ -25,6 +25,7 @@ from ..core.optstate import load_states
 from ..core.pipeline import DATA_NAME, Pipeline
 from ..core.devices import format_device, make_plan
 from ..tools.store import Store
+from ..tools.launch import hold_kvstore
 from .symbolic import ExecutorStepper, ModuleStepper
 from .tasks import load_task
 from ..core.task import TaskError
@@ -383,6 +384,8 @@ def train(cfg, log=print, built=None, task=None):
     Raises:
         DeviceSpecError: ``cfg.devices`` cannot make a device plan.
         FolderInUse: another process writes to the output folder.
+        WrongFolder: the output folder holds an export, or lies inside a
+            training or export folder.
         CheckpointError: ``cfg.resume`` holds no usable checkpoint.
         TrainingDiverged: the loss became NaN or infinite (the last
             committed checkpoint is kept).
@@ -392,12 +395,14 @@ def train(cfg, log=print, built=None, task=None):
     if task is None:
         task, cfg = load(cfg)
     kvstore = mx.kv.create(cfg.kvstore) if (cfg.kvstore or '').startswith('dist') else None
+    if kvstore is not None:
+        hold_kvstore(kvstore)  # a failed worker must not wait in its destructor's barrier
     writer = kvstore is None or kvstore.rank == 0  # one worker writes the checkpoints
     if kvstore is not None:
         log('worker %d of %d (kvstore %s); %s' % (
             kvstore.rank, kvstore.num_workers, cfg.kvstore,
             'this worker writes the checkpoints' if writer else 'worker 0 writes the checkpoints'))
-    store = Store(cfg.out_dir) if writer else None
+    store = Store(cfg.out_dir, kind='training') if writer else None
     with store.locked() if writer else contextlib.nullcontext():
         data = task.data()
         pipe, note = built if built is not None else build_pipeline(cfg, task)
