@@ -16,6 +16,13 @@ traced graph is cut into one contiguous range of ops per stage and relabelled
 weights) lives on one stage and the others read it through an ``identity``
 op there.
 
+A stage may hold several devices (``'cpu:0+cpu:1,cpu:2'``): its
+tensor-parallel layers (:mod:`~mp_symbolic.core.tensor_parallel`) then put
+shard ``i`` on the stage's device ``i``, in ``ctx_group``
+``stage<s>_shard<i>``; everything else in the stage runs on its first device.
+Where users see parameters (``get_params``, ``set_params``, checkpoints) a
+split layer has its unsplit names and shapes.
+
 The same object is the imperative twin: a Gluon ``Block`` whose parameters
 live on their stage's device and whose forward pass moves activations between
 devices (autograd records those copies, so gradients flow back across them).
@@ -35,10 +42,11 @@ import numpy as np
 
 from . import balance as balancing
 from . import graphcut
+from . import tensor_parallel
 from .compat import onednn_active
 from .heads import make_head
-from .devices import (DeviceSpecError, DevicePlan, resolve_devices, split_replicas,
-                        stage_name)
+from .devices import (DeviceSpecError, DevicePlan, resolve_devices, shard_group,
+                      split_replicas, stage_name)
 
 __all__ = []
 
@@ -78,7 +86,9 @@ class Pipeline(gluon.Block):
             graph is cut into one contiguous range of ops per stage
             (:mod:`~mp_symbolic.core.graphcut`).
         devices: ``'cpu:0,cpu:1,cpu:2'`` (the ``--devices`` form) or a list of
-            ``mx.Context``; one device per stage, times ``replicas``.
+            ``mx.Context``; one device per stage, times ``replicas``. A stage
+            of several devices, for tensor-parallel layers: ``'cpu:0+cpu:1,cpu:2'``
+            or a tuple of contexts in the list.
         balance: ``None``: balance the stages by parameter count; a list of
             ints: blocks per stage (one entry per device, each at least 1,
             summing to the number of blocks; ops per stage for one whole
@@ -118,7 +128,9 @@ class Pipeline(gluon.Block):
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
             chunks or replicas that cannot work; a ``tied`` entry that is
             not a parameter and a stage; a whole network without ``sample``
-            whose shapes are not known.
+            whose shapes are not known; a stage of several devices whose
+            count is not the shards of a tensor-parallel layer in it, or that
+            holds part of a whole network.
     """
 
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
@@ -156,6 +168,8 @@ class Pipeline(gluon.Block):
                 self._solve_balance(balance, num_stages, sample, replica_devices[0]))
         self.plan = DevicePlan(replica_devices[0], stage_of, replica_devices)
         self._owner = self._owners(tied)
+        self.sharded = tensor_parallel.layout(self.blocks)
+        self._shard_of = self._shard_devices()
         self._check_onednn_batchnorm()
 
     # -- planning ------------------------------------------------------------
@@ -195,6 +209,35 @@ class Pipeline(gluon.Block):
             if 'too many devices' in str(err):
                 raise DeviceSpecError(str(err)) from None
             raise balancing.BalanceError(str(err)) from None
+
+    def _shard_devices(self):
+        """``{parameter name: index of its device in its stage}`` for the
+        shards of tensor-parallel layers; others are on the stage's first."""
+        widths = [self.plan.width(s) for s in range(self.plan.num_stages)]
+        if self.whole:
+            if max(widths) > 1:
+                raise DeviceSpecError('expected one device per stage for a whole network cut by '
+                                      'its graph, found stages of %s devices (give the layers as '
+                                      'a list of blocks to split them over a stage\'s devices)'
+                                      % widths)
+            return {}
+        shard_of = {}
+        for block, stage in zip(self.blocks, self.plan.stage_of_block):
+            for layer in tensor_parallel.sharded_blocks(block):
+                try:
+                    indices = layer.device_indices(widths[stage])
+                except ValueError as err:
+                    raise DeviceSpecError('%s in %s: %s' % (layer.name, stage_name(stage), err)) \
+                        from None
+                for index, params in zip(indices, layer._shard_params):  # pylint: disable=protected-access
+                    for param in params.values():
+                        shard_of[param.name] = index
+        return shard_of
+
+    def _device_of(self, name):
+        """Device (replica 0) of parameter ``name``: its stage's, or its shard's."""
+        stage = self._owner[name]
+        return self.plan.stage_devices[0][stage][self._shard_of.get(name, 0)]
 
     def _owners(self, tied):
         """``{parameter name: owning stage}``: the first stage that reads it,
@@ -282,7 +325,7 @@ class Pipeline(gluon.Block):
             return self._describe_cut()
         lines = []
         for s, blocks in enumerate(self.stages):
-            devices = ', '.join(str(d[s]) for d in self.plan.replica_devices)
+            devices = self.plan.stage_label(s)
             names = ', '.join(b.name for b in blocks)
             try:
                 count = '%d parameters' % sum(balancing.param_counts(blocks))
@@ -339,7 +382,8 @@ class Pipeline(gluon.Block):
         for x in parts:
             for s, blocks in enumerate(self.stages):
                 extra = {'force_mirroring': 'True'} if s in self.mirror else {}
-                with mx.AttrScope(ctx_group=stage_name(s), **extra):
+                with mx.AttrScope(ctx_group=stage_name(s), **extra), \
+                        tensor_parallel.stage_scope(s, self.plan.width(s)):
                     for block in blocks:
                         x = block(x)
             outputs.append(x)
@@ -457,8 +501,8 @@ class Pipeline(gluon.Block):
         if ctx is not None:
             raise ValueError('ctx: expected None (a Pipeline places each stage on its own '
                              'device), found %r' % (ctx,))
-        for stage, param in self._params_of_stage():
-            device = self.plan.devices[stage]
+        for _, param in self._params_of_stage():
+            device = self._device_of(param.name)
             if not force_reinit and _is_initialized(param):
                 if param.list_ctx() != [device]:
                     param.reset_ctx(device)
@@ -473,14 +517,17 @@ class Pipeline(gluon.Block):
 
         Args:
             arg_params, aux_params: Name -> NDArray or numpy array (as
-                ``mx.model.load_checkpoint`` returns them).
+                ``mx.model.load_checkpoint`` returns them); a tensor-parallel
+                layer's parameters by their unsplit names and shapes (or by
+                their shard names).
 
         Raises:
             ValueError: a parameter has no value, or a value of another shape.
         """
         values = dict(arg_params)
         values.update(aux_params or {})
-        for stage, param in self._params_of_stage():
+        values = tensor_parallel.split_params(values, self.sharded)
+        for _, param in self._params_of_stage():
             if param.name not in values:
                 raise ValueError('expected a value for every parameter, found none for %s'
                                  % param.name)
@@ -492,7 +539,7 @@ class Pipeline(gluon.Block):
                     or any(k not in (0, v) for k, v in zip(known, value.shape))):
                 raise ValueError('%s: expected shape %s, found %s'
                                  % (param.name, known, value.shape))
-            device = self.plan.devices[stage]
+            device = self._device_of(param.name)
             if not _is_initialized(param):
                 param.shape = value.shape
                 param.initialize(None, ctx=device, default_init=mx.init.Zero())
@@ -504,14 +551,29 @@ class Pipeline(gluon.Block):
         """``(arg_params, aux_params)`` of the initialised parameters, on ``cpu()``.
 
         Auxiliary states are those the symbol lists as such (BatchNorm's
-        running statistics).
+        running statistics). A tensor-parallel layer's parameters are
+        gathered: their unsplit names and shapes, whatever the shards.
         """
         aux_names = set(self.symbol().list_auxiliary_states())
         arg_params, aux_params = {}, {}
         for param in self.collect_params().values():
             value = param.data(param.list_ctx()[0]).copyto(mx.cpu())
             (aux_params if param.name in aux_names else arg_params)[param.name] = value
-        return arg_params, aux_params
+        return tensor_parallel.gather_params(arg_params, self.sharded), aux_params
+
+    def gather_params(self, values):
+        """``values`` (name -> array) with the shards of each tensor-parallel
+        parameter joined into the unsplit parameter (on ``cpu()``)."""
+        return tensor_parallel.gather_params(values, self.sharded)
+
+    def split_params(self, values):
+        """``values`` with each unsplit tensor-parallel parameter split into
+        this Pipeline's shards (the inverse of :meth:`gather_params`).
+
+        Raises:
+            ValueError: an unsplit value of another shape than its layer's.
+        """
+        return tensor_parallel.split_params(values, self.sharded)
 
     def __repr__(self):
         return 'Pipeline(\n  %s\n)' % '\n  '.join(self.describe())
@@ -551,13 +613,15 @@ def _finish(symbol, pipeline):
     in its owner's stage (:func:`mp_symbolic.core.graphcut.tie_parameters`)."""
     graph = json.loads(symbol.tojson())
     owner = getattr(pipeline, '_owner', {})
+    shard_of = getattr(pipeline, '_shard_of', {})
     for node in graph['nodes']:
         if node['op'] == 'null' and node['name'] in owner:
-            node['attrs']['__ctx_group__'] = stage_name(owner[node['name']])
+            node['attrs']['__ctx_group__'] = shard_group(owner[node['name']],
+                                                         shard_of.get(node['name'], 0))
     tied = graphcut.tie_parameters(graph)
     if tied != json.loads(symbol.tojson()):
         symbol, graph = graphcut.load(tied), tied
-    groups = {stage_name(s) for s in range(pipeline.plan.num_stages)}
+    groups = set(pipeline.plan.group2ctx)
     seen = {}
     for node in graph['nodes']:
         group = node.get('attrs', {}).get('__ctx_group__')
