@@ -38,7 +38,7 @@ _MODULE_OF = {
     'save_checkpoint': 'tools.checkpoint', 'read_checkpoint': 'tools.checkpoint',
     'CheckpointError': 'tools.checkpoint', 'TrainConfig': 'training.config',
     'ColumnParallelDense': 'core.tensor_parallel', 'RowParallelDense': 'core.tensor_parallel',
-    'VocabParallelEmbedding': 'core.tensor_parallel',
+    'VocabParallelEmbedding': 'core.tensor_parallel', 'PerShard': 'core.tensor_parallel',
 }
 __all__ = sorted(_MODULE_OF)
 

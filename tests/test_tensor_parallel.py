@@ -233,3 +233,46 @@ def test_public_names():
     assert mp_symbolic.ColumnParallelDense is ColumnParallelDense
     with pytest.raises(ValueError, match='shards: expected a positive integer, found 0'):
         RowParallelDense(4, 4, 0)
+
+
+def _pair_softmax(F, x):
+    """Softmax within each pair of features (a stand-in for per-head attention)."""
+    return F.reshape(F.softmax(F.reshape(x, (0, 0, -4, -1, 2)), axis=-1), (0, 0, -3))
+
+
+def _attention_like(shards):
+    return [ColumnParallelDense(12, 6, shards, flatten=False, prefix='qkv_'),
+            mp_symbolic.PerShard(_pair_softmax, 12, shards),
+            RowParallelDense(5, 12, shards, flatten=False, prefix='proj_')]
+
+
+@pytest.mark.parametrize('devices,shards', [('cpu:1+cpu:2', 2), ('cpu:1+cpu:2+cpu:3', 3)])
+def test_per_shard_function_between_column_and_row_matches_one_device(devices, shards):
+    rng = np.random.RandomState(3)
+    X = mx.nd.array(rng.uniform(-1, 1, (4, 3, 6)))
+    y = mx.nd.array(rng.uniform(-1, 1, (4, 3, 5)))
+
+    def module(pipe, **init):
+        mod = pipe.module(loss='l2')
+        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
+        mod.init_params(mx.init.Uniform(0.5), **init)
+        mod.init_optimizer(kvstore=None, optimizer_params={'learning_rate': 0.1})
+        return mod
+
+    one = module(Pipeline(_attention_like(1), 'cpu:0'))
+    pipe = Pipeline(_attention_like(shards), devices)
+    split = module(pipe, arg_params=one.get_params()[0])
+    ops = [n['op'] for n in json.loads(pipe.symbol().tojson())['nodes']]
+    assert 'slice_axis' not in ops and 'Concat' not in ops
+    assert _close(_step(split, X, y), _step(one, X, y))
+    _params_close(split.get_params()[0], one.get_params()[0])
+
+
+def test_imperative_twin_of_split_attention_like_block_matches_one_device():
+    X = mx.nd.array(np.random.RandomState(4).uniform(-1, 1, (4, 3, 6)))
+    one = Pipeline(_attention_like(1), 'cpu:0')
+    one.initialize(mx.init.Uniform(0.5))
+    split = Pipeline(_attention_like(2), 'cpu:1+cpu:2')
+    split.set_params(*one.get_params())
+    assert split.collect_params()['qkv_shard1_weight'].list_ctx() == [mx.cpu(2)]
+    assert _close(split(X.as_in_context(mx.cpu(1))).asnumpy(), one(X).asnumpy())

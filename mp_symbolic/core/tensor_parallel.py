@@ -11,6 +11,10 @@ Megatron-LM's ``core/tensor_parallel/layers.py`` on MXNet's graph executor:
   a :class:`ColumnParallelDense` of as many shards, shard ``i`` reads shard
   ``i``'s output of that layer and the gather is skipped (Megatron's
   ``input_is_parallel``): the pair costs one reduction and no gather.
+* :class:`PerShard` applies a parameter-free function to each shard's part
+  of a column layer's output, on that shard's device (the local attention of
+  Megatron's ``ParallelAttention`` between its column-parallel QKV and its
+  row-parallel output projection); a following row layer reads its parts.
 * :class:`VocabParallelEmbedding` splits ``Embedding``'s table by rows
   (vocabulary); shard ``i`` looks up the indices in its range, zeroes the
   others, and an ``add_n`` sums the shards.
@@ -49,7 +53,7 @@ import numpy as np
 
 from .devices import shard_group
 
-__all__ = ['ColumnParallelDense', 'RowParallelDense', 'VocabParallelEmbedding']
+__all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'VocabParallelEmbedding']
 
 _GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
 _LOCAL = threading.local()
@@ -207,7 +211,8 @@ class _ShardedBlock(gluon.HybridBlock):
 
     def _imperative(self, x):
         F = mx.nd
-        devices = [next(iter(p.values())).list_ctx()[0] for p in self._shard_params]
+        devices = [next(iter(p.values())).list_ctx()[0] if p else x.context
+                   for p in self._shard_params]
         x = self._prepare(F, x)
         parts = []
         for i, device in enumerate(devices):
@@ -274,10 +279,7 @@ class ColumnParallelDense(_ShardedBlock):
                            'fwd' if self.shards == 1 else 'shard%d_fwd' % i)
 
     def _combine(self, F, parts, x):
-        if self.shards == 1:
-            return parts[0]
-        attr = {_GATHER_ATTR: '%d:%d' % (self.shards, self._flatten)} if F is mx.sym else {}
-        return F.concat(*parts, dim=-1, name='gather', **({'attr': attr} if attr else {}))
+        return _gather(F, parts, self._flatten)
 
     def _unsplit(self, F, x, weight, bias=None):
         return self._dense(F, x, weight, bias, self._units, 'fwd')
@@ -286,6 +288,93 @@ class ColumnParallelDense(_ShardedBlock):
         return '%s(%d -> %d, %d shards%s)' % (
             type(self).__name__, self._in_units, self._units, self.shards,
             ', ' + self._act if self._act else '')
+
+
+def _column_parts(x, shards, flatten):
+    """The shard outputs behind a column layer's (or :class:`PerShard`'s)
+    gather that a layer of ``shards`` shards can read directly, or ``None``."""
+    if not isinstance(x, mx.sym.Symbol) or shards == 1:
+        return None
+    mark = x.attr(_GATHER_ATTR)
+    if mark is None:
+        return None
+    count, flat = (int(v) for v in mark.split(':'))
+    children = x.get_children()
+    if count != shards or (flatten and not flat) or len(children) != shards:
+        return None
+    return [children[i] for i in range(shards)]
+
+
+def _gather(F, parts, flatten):
+    """Shard outputs joined along the last axis, marked for a following layer."""
+    if len(parts) == 1:
+        return parts[0]
+    if F is mx.sym:
+        return F.concat(*parts, dim=-1, name='gather',
+                        attr={_GATHER_ATTR: '%d:%d' % (len(parts), flatten)})
+    return F.concat(*parts, dim=-1)
+
+
+class PerShard(_ShardedBlock):
+    """A parameter-free function of each shard's part of the input, on that
+    shard's device.
+
+    Between a :class:`ColumnParallelDense` and a :class:`RowParallelDense` of
+    as many shards, shard ``i`` applies ``fn`` to shard ``i``'s output of the
+    column layer, and the row layer reads shard ``i``'s result: no gather, no
+    slicing, nothing crosses devices (Megatron's attention core, run on the
+    heads each device holds). Otherwise the input's last axis is cut into
+    ``shards`` contiguous parts (sizes as the column layer's) and the results
+    are concatenated on shard 0's device. On NDArrays every shard runs on the
+    input's device.
+
+    ``fn`` must act on each part alone, e.g. on whole attention heads, for
+    the result not to depend on the shard count: lay out the column layer's
+    outputs so that each shard holds whole heads (``[q k v]`` of head 0, then
+    of head 1, ...), as Megatron-LM does.
+
+    Args:
+        fn: ``fn(F, x) -> y`` on a part ``x`` (``F`` is ``mx.sym`` or
+            ``mx.nd``); its last axis may change size.
+        units: Size of the input's last axis (to cut it when it is not a
+            column layer's output).
+        shards: Parts, as the layers around it.
+        flatten: Whether the row layer after it flattens its input (as that
+            layer's ``flatten``).
+        prefix, params: As any Gluon block.
+
+    Raises:
+        ValueError: ``units`` or ``shards`` not a positive integer, or
+            ``fn`` not callable.
+    """
+
+    def __init__(self, fn, units, shards, flatten=False, prefix=None, params=None):
+        super().__init__(shards, prefix=prefix, params=params)
+        _positive('units', units)
+        if not callable(fn):
+            raise ValueError('fn: expected a function fn(F, x) -> y, found %r' % (fn,))
+        self._fn, self._units, self._flatten = fn, units, flatten
+        self.sizes = shard_sizes(units, shards)
+        self._starts = np.cumsum([0] + self.sizes).tolist()
+
+    def _shard(self, F, i, x):
+        parts = _column_parts(x, self.shards, False)
+        if parts is not None:
+            x = parts[i]
+        elif self.shards > 1:
+            x = F.slice_axis(x, axis=-1, begin=self._starts[i], end=self._starts[i + 1],
+                             name='shard%d_slice' % i)
+        return self._fn(F, x)
+
+    def _combine(self, F, parts, x):
+        return _gather(F, parts, self._flatten)
+
+    def _unsplit(self, F, x):
+        return self._fn(F, x)
+
+    def __repr__(self):
+        return '%s(%s, %d shards)' % (type(self).__name__, getattr(self._fn, '__name__', 'fn'),
+                                      self.shards)
 
 
 class RowParallelDense(_ShardedBlock):
@@ -331,21 +420,6 @@ class RowParallelDense(_ShardedBlock):
                 self._add_param('bias', (units,), None, init=bias_initializer, dtype=dtype,
                                 allow_deferred_init=True)
 
-    def _column_parts(self, x):
-        """Shard outputs of a column layer's gather that this layer can read
-        directly, or ``None``."""
-        if not isinstance(x, mx.sym.Symbol) or self.shards == 1:
-            return None
-        mark = x.attr(_GATHER_ATTR)
-        if mark is None:
-            return None
-        shards, flatten = (int(v) for v in mark.split(':'))
-        children = x.get_children()
-        if shards != self.shards or (self._flatten and not flatten) or \
-                len(children) != shards:
-            return None
-        return [children[i] for i in range(shards)]
-
     def _prepare(self, F, x):
         if F is mx.sym and self.shards > 1 and x.get_children() is None:
             return F.identity(x, name='input')
@@ -353,7 +427,7 @@ class RowParallelDense(_ShardedBlock):
 
     def _shard(self, F, i, x, weight, bias=None):
         if self.shards > 1:
-            parts = self._column_parts(x)
+            parts = _column_parts(x, self.shards, self._flatten)
             if parts is not None:
                 x = parts[i]
             else:
