@@ -276,3 +276,34 @@ def test_imperative_twin_of_split_attention_like_block_matches_one_device():
     split.set_params(*one.get_params())
     assert split.collect_params()['qkv_shard1_weight'].list_ctx() == [mx.cpu(2)]
     assert _close(split(X.as_in_context(mx.cpu(1))).asnumpy(), one(X).asnumpy())
+
+
+def _tied_lm(shards):
+    """Embedding, a column layer, and the output tied to the embedding's shards."""
+    emb = VocabParallelEmbedding(10, 6, shards, prefix='tok_')
+    return [emb, ColumnParallelDense(6, 6, shards, flatten=False, activation='tanh',
+                                     prefix='mid_'),
+            ColumnParallelDense(10, 6, shards, use_bias=False, flatten=False,
+                                prefix=emb.prefix, params=emb.params)]
+
+
+def test_output_tied_to_vocab_parallel_embedding_across_stages_matches_one_device():
+    rng = np.random.RandomState(5)
+    X, y = mx.nd.array(rng.randint(0, 10, (4, 3))), mx.nd.array(rng.randint(0, 10, (4, 3)))
+
+    def module(pipe, **init):
+        mod = pipe.module(loss=lambda p, l: mx.sym.SoftmaxOutput(p, l, preserve_shape=True))
+        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
+        mod.init_params(mx.init.Uniform(0.5), **init)
+        mod.init_optimizer(kvstore=None, optimizer='adam',
+                           optimizer_params={'learning_rate': 0.1})
+        return mod
+
+    one = module(Pipeline(_tied_lm(1), 'cpu:0'))
+    assert sorted(one.get_params()[0]) == ['mid_bias', 'mid_weight', 'tok_weight']
+    pipe = Pipeline(_tied_lm(2), 'cpu:1+cpu:2,cpu:3+cpu:4', balance=[2, 1])
+    split = module(pipe, arg_params=one.get_params()[0])
+    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
+    assert _close(_step(split, X, y), _step(one, X, y))
+    _params_close(split.get_params()[0], one.get_params()[0])

@@ -231,7 +231,9 @@ class Pipeline(gluon.Block):
                         from None
                 for index, params in zip(indices, layer._shard_params):  # pylint: disable=protected-access
                     for param in params.values():
-                        shard_of[param.name] = index
+                        # a tied parameter sits where its owning stage puts it
+                        if self._owner[param.name] == stage or param.name not in shard_of:
+                            shard_of[param.name] = index
         return shard_of
 
     def _device_of(self, name):
