@@ -307,3 +307,33 @@ def test_output_tied_to_vocab_parallel_embedding_across_stages_matches_one_devic
     assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
+
+
+class _Residual(gluon.HybridBlock):
+    """Column -> Row with a skip connection, then a head: one whole network."""
+
+    def __init__(self, shards, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.col = ColumnParallelDense(8, 5, shards, activation='relu', prefix='col_')
+            self.row = RowParallelDense(5, 8, shards, prefix='row_')
+            self.out = gluon.nn.Dense(3, in_units=5, prefix='out_')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.out(x + self.row(self.col(x)))
+
+
+def test_whole_network_cut_keeps_each_layer_shards_on_one_stage_and_matches_one_device():
+    X, y = _batch()
+    one = _module(Pipeline(_Residual(1, prefix='res_'), 'cpu:0'), X, y)
+    pipe = Pipeline(_Residual(2, prefix='res_'), 'cpu:1+cpu:2,cpu:3')
+    split = _module(pipe, X, y, arg_params=one.get_params()[0])
+    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    assert [executor.arg_dict['res_col_shard%d_weight' % i].context for i in (0, 1)] == \
+        [mx.cpu(1), mx.cpu(2)]
+    assert _close(_step(split, X, y), _step(one, X, y))
+    _params_close(split.get_params()[0], one.get_params()[0])
+    twin = Pipeline(_Residual(2, prefix='res_'), 'cpu:1+cpu:2,cpu:3')
+    twin.set_params(*one.get_params())
+    assert _close(mx.nd.softmax(twin(X.as_in_context(mx.cpu(1)))).asnumpy(), one.predict(
+        mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy())

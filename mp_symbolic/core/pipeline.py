@@ -129,8 +129,7 @@ class Pipeline(gluon.Block):
             chunks or replicas that cannot work; a ``tied`` entry that is
             not a parameter and a stage; a whole network without ``sample``
             whose shapes are not known; a stage of several devices whose
-            count is not the shards of a tensor-parallel layer in it, or that
-            holds part of a whole network.
+            count is not the shards of a tensor-parallel layer in it.
     """
 
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
@@ -195,7 +194,8 @@ class Pipeline(gluon.Block):
 
     def _cut_graph(self, balance, num_stages, tied):
         self._reset_variables()
-        symbol = self.blocks[0](mx.sym.var(DATA_NAME))
+        with tensor_parallel.mark_shards():
+            symbol = self.blocks[0](mx.sym.var(DATA_NAME))
         self._reset_variables()
         shapes = {name: param.shape for name, param in self.collect_params().items()}
         if self._sample_shape is None and any(
@@ -214,14 +214,21 @@ class Pipeline(gluon.Block):
         """``{parameter name: index of its device in its stage}`` for the
         shards of tensor-parallel layers; others are on the stage's first."""
         widths = [self.plan.width(s) for s in range(self.plan.num_stages)]
-        if self.whole:
-            if max(widths) > 1:
-                raise DeviceSpecError('expected one device per stage for a whole network cut by '
-                                      'its graph, found stages of %s devices (give the layers as '
-                                      'a list of blocks to split them over a stage\'s devices)'
-                                      % widths)
-            return {}
         shard_of = {}
+        if self.whole:
+            try:
+                graph = self._labelled()
+            except ValueError as err:
+                raise DeviceSpecError(str(err)) from None
+            groups = {shard_group(s, i): (s, i) for s, w in enumerate(widths) for i in range(w)}
+            for node in graph['nodes']:
+                attrs = node.get('attrs', {})
+                if node['op'] == 'null' and tensor_parallel.SHARD_ATTR in attrs \
+                        and node['name'] in self._owner:
+                    # a shard's weight goes where shard_groups put its layer
+                    self._owner[node['name']], shard_of[node['name']] = \
+                        groups[attrs[graphcut.GROUP_ATTR]]
+            return shard_of
         for block, stage in zip(self.blocks, self.plan.stage_of_block):
             for layer in tensor_parallel.sharded_blocks(block):
                 try:
@@ -235,6 +242,39 @@ class Pipeline(gluon.Block):
                         if self._owner[param.name] == stage or param.name not in shard_of:
                             shard_of[param.name] = index
         return shard_of
+
+    def _labelled(self, mirror=()):
+        """The cut graph labelled by stage, each tensor-parallel shard in its group
+        (weights that moved away from a reader then read through an identity)."""
+        graph = self.cut.labelled(mirror)
+        if not any(tensor_parallel.SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
+            return graph
+        return graphcut.tie_parameters(tensor_parallel.shard_groups(
+            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
+
+    def _cut_layout(self):
+        """``(op names of each stage, {variable: stages whose ops read it})`` of
+        the labelled cut graph (shards moved to their layer's stage)."""
+        if not self._shard_of:
+            return ([self.cut.ops_of_stage(s) for s in range(self.plan.num_stages)],
+                    self.cut.readers)
+        nodes = self._labelled()['nodes']
+        stage = {shard_group(s, i): s for s in range(self.plan.num_stages)
+                 for i in range(self.plan.width(s))}
+        ops, readers = [[] for _ in range(self.plan.num_stages)], {}
+        for node in nodes:
+            if node['op'] == 'null':
+                continue
+            st = stage[node['attrs'][graphcut.GROUP_ATTR]]
+            if not node['name'].endswith('_tied'):
+                ops[st].append(node['name'])
+            for src, _, _ in node['inputs']:
+                source = nodes[src]
+                if source['op'] == 'null':
+                    readers.setdefault(source['name'], [])
+                    if st not in readers[source['name']]:
+                        readers[source['name']].append(st)
+        return ops, readers
 
     def _device_of(self, name):
         """Device (replica 0) of parameter ``name``: its stage's, or its shard's."""
@@ -270,7 +310,7 @@ class Pipeline(gluon.Block):
         parameter read by more than one stage."""
         readers = {}
         if self.whole:
-            readers = {n: list(r) for n, r in self.cut.readers.items() if n != DATA_NAME}
+            readers = {n: list(r) for n, r in self._cut_layout()[1].items() if n != DATA_NAME}
         else:
             for block, stage in zip(self.blocks, self.plan.stage_of_block):
                 for name in block.collect_params():
@@ -290,7 +330,7 @@ class Pipeline(gluon.Block):
         """The blocks of each stage: ``stages[s]`` is a list (op names for a
         whole network)."""
         if self.whole:
-            return [self.cut.ops_of_stage(s) for s in range(self.plan.num_stages)]
+            return self._cut_layout()[0]
         return [[b for b, st in zip(self.blocks, self.plan.stage_of_block) if st == s]
                 for s in range(self.plan.num_stages)]
 
@@ -343,9 +383,9 @@ class Pipeline(gluon.Block):
         cut, params = self.cut, self.collect_params()
         lines = []
         for s in range(self.plan.num_stages):
-            devices = ', '.join(str(d[s]) for d in self.plan.replica_devices)
-            ops = cut.ops_of_stage(s)
-            names = [n for n in cut.params_of_stage(s) if n in params]
+            devices = self.plan.stage_label(s)
+            ops = self._cut_layout()[0][s]
+            names = [n for n in params if self._owner.get(n) == s]
             count = sum(int(np.prod(params[n].shape)) for n in names)
             lines.append('%s -> %s: %d ops, %d parameter values' % (stage_name(s), devices,
                                                                     len(ops), count))
@@ -397,7 +437,7 @@ class Pipeline(gluon.Block):
     def _build_cut(self, data, chunks):
         """The labelled graph of a whole network, on ``chunks`` micro-batches."""
         mirror = self.mirror
-        graph = graphcut.replicate_chunks(self.cut.labelled(mirror), DATA_NAME, chunks,
+        graph = graphcut.replicate_chunks(self._labelled(mirror), DATA_NAME, chunks,
                                           self.plan.num_stages - 1)
         if data.list_arguments() == [data.name] and len(data.get_internals()) == 1:
             for node in graph['nodes']:  # the input variable takes the caller's name
@@ -476,10 +516,10 @@ class Pipeline(gluon.Block):
         if isinstance(x, mx.sym.Symbol):
             return _finish(self._build(x, 1), self)
         if self.whole:
-            inputs = {name: param.data(self.plan.devices[self._owner[name]])
+            inputs = {name: param.data(self._device_of(name))
                       for name, param in self.collect_params().items()}
             inputs[DATA_NAME] = x
-            return graphcut.run_graph(self.cut.labelled(), inputs, self.plan.group2ctx)
+            return graphcut.run_graph(self._labelled(), inputs, self.plan.group2ctx)
         tied = self.tied
         for s, blocks in enumerate(self.stages):
             x = x.as_in_context(self.plan.devices[s])  # recorded by autograd

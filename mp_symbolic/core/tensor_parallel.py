@@ -45,17 +45,21 @@ Gluon's default ``Uniform``; ``Xavier`` sees the shard's fan).
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+import json
 import threading
 
 import mxnet as mx
 from mxnet import gluon
 import numpy as np
 
-from .devices import shard_group
+from .devices import shard_group, stage_name
 
 __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'VocabParallelEmbedding']
 
 _GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
+SHARD_ATTR = '__tp_shard__'      # on a shard's ops and weights in a traced whole network: 'i/N/layer'
+GROUP_ATTR = '__ctx_group__'
+_MARK = 'mark'
 _LOCAL = threading.local()
 
 
@@ -69,6 +73,60 @@ def stage_scope(stage, width):
         yield
     finally:
         _LOCAL.stage = saved
+
+
+@contextmanager
+def mark_shards():
+    """Within: tensor-parallel layers tag each shard's ops and weights with
+    ``__tp_shard__='i/N/<layer>'`` instead of a ``ctx_group``, for a whole
+    network whose stages a graph cut decides (:func:`shard_groups` then
+    places them)."""
+    saved = getattr(_LOCAL, 'stage', None)
+    _LOCAL.stage = _MARK
+    try:
+        yield
+    finally:
+        _LOCAL.stage = saved
+
+
+def shard_groups(graph, widths):
+    """A copy of a labelled graph (JSON, every node in a ``stage<s>`` group)
+    with each node tagged by :func:`mark_shards` in its shard's group, for
+    stages of ``widths[s]`` devices. A layer's shards all go to the stage of
+    its first op (a cut in topological order could otherwise put shard 0 and
+    shard 1 of one layer on two stages). An ``identity`` through which other
+    stages read a moved weight (``<weight>_tied``) moves with it.
+
+    Raises:
+        ValueError: a stage of several devices, but not as many as the
+            shards of a layer with ops in it.
+    """
+    graph = json.loads(json.dumps(graph))
+    stage_of = {stage_name(s): s for s in range(len(widths))}
+    stage_of_layer = {}
+    for node in graph['nodes']:  # in topological order
+        mark = node.get('attrs', {}).get(SHARD_ATTR)
+        if mark is not None and node['op'] != 'null':
+            stage_of_layer.setdefault(mark.split('/', 2)[2],
+                                      stage_of[node['attrs'][GROUP_ATTR]])
+    moved = {}
+    for i, node in enumerate(graph['nodes']):
+        attrs = node.get('attrs', {})
+        if SHARD_ATTR not in attrs:
+            continue
+        shard, shards, layer = attrs[SHARD_ATTR].split('/', 2)
+        shard, shards = int(shard), int(shards)
+        stage = stage_of_layer.get(layer, stage_of[attrs[GROUP_ATTR]])
+        try:
+            index = device_index(shard, shards, widths[stage])
+        except ValueError as err:
+            raise ValueError('%s in %s: %s' % (node['name'], stage_name(stage), err)) from None
+        attrs[GROUP_ATTR] = moved[i] = shard_group(stage, index)
+    for node in graph['nodes']:
+        if node['name'].endswith('_tied') and len(node['inputs']) == 1 and \
+                node['inputs'][0][0] in moved:
+            node['attrs'][GROUP_ATTR] = moved[node['inputs'][0][0]]
+    return graph
 
 
 @contextmanager
@@ -196,6 +254,10 @@ class _ShardedBlock(gluon.HybridBlock):
             stage = getattr(_LOCAL, 'stage', None)
             if stage is None or self.shards == 1:
                 scopes = [nullcontext] * self.shards
+            elif stage == _MARK:
+                scopes = [lambda i=i: mx.AttrScope(
+                    **{SHARD_ATTR: '%d/%d/%s' % (i, self.shards, self.name)})
+                          for i in range(self.shards)]
             else:
                 groups = [shard_group(stage[0], j) for j in self.device_indices(stage[1])]
                 scopes = [lambda g=g: mx.AttrScope(ctx_group=g) for g in groups]
