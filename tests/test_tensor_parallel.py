@@ -337,3 +337,23 @@ def test_whole_network_cut_keeps_each_layer_shards_on_one_stage_and_matches_one_
     twin.set_params(*one.get_params())
     assert _close(mx.nd.softmax(twin(X.as_in_context(mx.cpu(1)))).asnumpy(), one.predict(
         mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy())
+
+
+def test_whole_network_checkpoint_holds_unsplit_layers_and_resumes_on_three_shards(tmp_path):
+    X, y = _batch()
+    two = _module(Pipeline(_Residual(2, prefix='res_'), 'cpu:1+cpu:2,cpu:3'), X, y,
+                  optimizer='adam')
+    _step(two, X, y)
+    save_checkpoint(two, str(tmp_path), epoch=1)
+    checkpoint = read_checkpoint(str(tmp_path))
+    symbol, saved, _ = checkpoint.load()
+    assert not any('shard' in name for name in symbol.list_arguments())
+    groups = {n['attrs']['__ctx_group__'] for n in json.loads(symbol.tojson())['nodes']}
+    assert groups == {'stage0', 'stage1'}
+    expected, after = _step(two, X, y), two.get_params()[0]
+    three = _module(Pipeline(_Residual(3, prefix='res_'), 'cpu:1+cpu:2+cpu:4,cpu:3'), X, y,
+                    optimizer='adam')
+    three.restore(checkpoint)
+    _params_close(three.get_params()[0], saved)
+    assert _close(_step(three, X, y), expected)
+    _params_close(three.get_params()[0], after)

@@ -252,6 +252,31 @@ class Pipeline(gluon.Block):
         return graphcut.tie_parameters(tensor_parallel.shard_groups(
             graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
 
+    def _unsplit_labelled(self):
+        """The whole network traced with its tensor-parallel layers unsplit (as
+        checkpoints hold it), each node in the stage its split form has: by
+        name, and a layer's unsplit ops and weights in its shards' stage."""
+        self._reset_variables()
+        with tensor_parallel.unsplit():
+            graph = json.loads(self.blocks[0](mx.sym.var(DATA_NAME)).tojson())
+        self._reset_variables()
+        split = self._labelled()['nodes']
+        stage = {shard_group(s, i): s for s in range(self.plan.num_stages)
+                 for i in range(self.plan.width(s))}
+        stage_of = {n['name']: stage[n['attrs'][graphcut.GROUP_ATTR]] for n in split}
+        layers = {}
+        for node in split:
+            mark = node.get('attrs', {}).get(tensor_parallel.SHARD_ATTR)
+            if mark is not None:
+                layers.setdefault(mark.split('/', 2)[2] + '_', stage_of[node['name']])
+        for node in graph['nodes']:
+            name = node['name']
+            where = stage_of.get(name)
+            if where is None:
+                where = next((s for layer, s in layers.items() if name.startswith(layer)), 0)
+            node.setdefault('attrs', {})[graphcut.GROUP_ATTR] = stage_name(where)
+        return graphcut.tie_parameters(graph)
+
     def _cut_layout(self):
         """``(op names of each stage, {variable: stages whose ops read it})`` of
         the labelled cut graph (shards moved to their layer's stage)."""
@@ -437,7 +462,9 @@ class Pipeline(gluon.Block):
     def _build_cut(self, data, chunks):
         """The labelled graph of a whole network, on ``chunks`` micro-batches."""
         mirror = self.mirror
-        graph = graphcut.replicate_chunks(self._labelled(mirror), DATA_NAME, chunks,
+        labelled = self._unsplit_labelled() if self._shard_of and tensor_parallel.is_unsplit() \
+            else self._labelled(mirror)
+        graph = graphcut.replicate_chunks(labelled, DATA_NAME, chunks,
                                           self.plan.num_stages - 1)
         if data.list_arguments() == [data.name] and len(data.get_internals()) == 1:
             for node in graph['nodes']:  # the input variable takes the caller's name

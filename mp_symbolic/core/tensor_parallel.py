@@ -141,6 +141,11 @@ def unsplit():
         _LOCAL.unsplit = saved
 
 
+def is_unsplit():
+    """Whether layers build their unsplit graph here (within :func:`unsplit`)."""
+    return getattr(_LOCAL, 'unsplit', False)
+
+
 def shard_sizes(total, shards):
     """Sizes of ``shards`` contiguous parts of ``total``, the first ones larger
     by one where it does not divide: ``shard_sizes(7, 3) == [3, 2, 2]``."""
@@ -243,7 +248,7 @@ class _ShardedBlock(gluon.HybridBlock):
     def _symbolic(self, x):
         F = mx.sym
         with self.name_scope():
-            if getattr(_LOCAL, 'unsplit', False):
+            if is_unsplit():
                 variables = {}
                 for key, param in self._shard_params[0].items():
                     full = self.sharded.get(self.params.prefix + key)
