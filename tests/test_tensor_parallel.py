@@ -305,6 +305,7 @@ def test_output_tied_to_vocab_parallel_embedding_across_stages_matches_one_devic
     split = module(pipe, arg_params=one.get_params()[0])
     executor = split._exec_group.execs[0]  # pylint: disable=protected-access
     assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
+    assert split.export_symbol.list_arguments().count('tok_weight') == 1
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
 

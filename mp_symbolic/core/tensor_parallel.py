@@ -133,12 +133,13 @@ def shard_groups(graph, widths):
 def unsplit():
     """Within: tensor-parallel layers build their unsplit graph (one op, the
     unsplit layer's parameter names and shapes), as checkpoints save it."""
-    saved = getattr(_LOCAL, 'unsplit', False)
-    _LOCAL.unsplit = True
+    saved = getattr(_LOCAL, 'unsplit', False), getattr(_LOCAL, 'variables', None)
+    # one variable per unsplit name, however many layers read it (tied weights)
+    _LOCAL.unsplit, _LOCAL.variables = True, {}
     try:
         yield
     finally:
-        _LOCAL.unsplit = saved
+        _LOCAL.unsplit, _LOCAL.variables = saved
 
 
 def is_unsplit():
@@ -194,7 +195,7 @@ def _positive(name, value):
 
 
 class _ShardedBlock(gluon.HybridBlock):
-    """What the three layers share: shards, their groups and their devices."""
+    """What the layers share: shards, their groups and their devices."""
 
     def __init__(self, shards, prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
@@ -251,10 +252,13 @@ class _ShardedBlock(gluon.HybridBlock):
             if is_unsplit():
                 variables = {}
                 for key, param in self._shard_params[0].items():
-                    full = self.sharded.get(self.params.prefix + key)
-                    shape = param.shape if full is None else full.shape
-                    variables[key] = mx.sym.var(self.params.prefix + key, shape=shape,
-                                                dtype=param.dtype)
+                    name = self.params.prefix + key
+                    full = self.sharded.get(name)
+                    if name not in _LOCAL.variables:
+                        _LOCAL.variables[name] = mx.sym.var(
+                            name, shape=param.shape if full is None else full.shape,
+                            dtype=param.dtype)
+                    variables[key] = _LOCAL.variables[name]
                 return self._unsplit(F, x, **variables)
             stage = getattr(_LOCAL, 'stage', None)
             if stage is None or self.shards == 1:
