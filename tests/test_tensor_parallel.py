@@ -358,3 +358,10 @@ def test_whole_network_checkpoint_holds_unsplit_layers_and_resumes_on_three_shar
     _params_close(three.get_params()[0], saved)
     assert _close(_step(three, X, y), expected)
     _params_close(three.get_params()[0], after)
+
+
+def test_unsplit_value_of_another_shape_raises_naming_both_shapes():
+    pipe = Pipeline(_mlp(2), 'cpu:1+cpu:2,cpu:3', balance=[1, 2])
+    with pytest.raises(ValueError, match=r'mlpcol_weight: expected shape \(8, 5\) \(the unsplit '
+                                         r'layer\), found \(3, 3\)'):
+        pipe.set_params({'mlpcol_weight': np.zeros((3, 3))})
