@@ -20,7 +20,7 @@ RUN_FLAGS = $(TRAIN_FLAGS) $(if $(CHUNKS),--chunks $(CHUNKS))
 SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
 .PHONY: help setup train-symbolic train-imperative train-digits export export-digits compare \
-        bench bench-export bench-dist bench-pipeline test clean distclean
+        bench bench-export bench-dist bench-pipeline bench-tp test clean distclean
 
 help:
 	@echo "make train-symbolic    train the regression model-parallel (Pipeline + MXNet Module)"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench-export      inference throughput of the exported model: onnxruntime vs MXNet"
 	@echo "make bench-dist        a dist_sync job of 1 and 2 workers on loopback (launch overhead)"
 	@echo "make bench-pipeline    micro-batch pipelining: overlap and bubble from the trace, memory per device"
+	@echo "make bench-tp          tensor-parallel MLP block: memory per device and step time at 1, 2, 4 shards"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
@@ -92,6 +93,9 @@ bench-dist: $(STAMP)
 
 bench-pipeline: $(STAMP)
 	$(PY) -m bench.pipeline $(if $(QUICK),--quick)
+
+bench-tp: $(STAMP)
+	$(PY) -m bench.tensor_parallel $(if $(QUICK),--quick)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

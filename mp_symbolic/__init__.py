@@ -5,6 +5,9 @@
   ``pipe.module(loss=...)`` is an ``mx.mod.Module`` bound to those devices
   (``fit``, ``score``, ``predict``, ``save_checkpoint`` work as usual), and the
   Pipeline itself is the imperative Gluon twin.
+* :class:`ColumnParallelDense`, :class:`RowParallelDense` and
+  :class:`VocabParallelEmbedding` split one layer's weight over the devices
+  of a stage (``'cpu:0+cpu:1,cpu:2'``): tensor parallelism, Megatron-LM's way.
 * :class:`Trainer` is ``gluon.Trainer`` for parameters on any devices (stages,
   replicas or both).
 * :class:`Task` describes a workload for ``python -m mp_symbolic train --task FILE``.
@@ -35,6 +38,8 @@ _MODULE_OF = {
     'TaskError': 'core.task', 'OptimizerStateError': 'core.optstate',
     'save_checkpoint': 'tools.checkpoint', 'read_checkpoint': 'tools.checkpoint',
     'CheckpointError': 'tools.checkpoint', 'TrainConfig': 'training.config',
+    'ColumnParallelDense': 'core.tensor_parallel', 'RowParallelDense': 'core.tensor_parallel',
+    'VocabParallelEmbedding': 'core.tensor_parallel', 'PerShard': 'core.tensor_parallel',
 }
 __all__ = sorted(_MODULE_OF)
 

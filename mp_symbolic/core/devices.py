@@ -7,7 +7,12 @@ imperative, export) takes its ``group2ctx`` from it, so the group names in the
 symbol attributes, the bind call and the tests are the same.
 
 Device strings follow ``--devices``: ``cpu:0,cpu:1,cpu:2``, ``gpu:0,gpu:1``,
-or a mix. ``cpu(0)``, ``cpu(1)``, ... are distinct devices to MXNet (its own
+or a mix. A stage may hold several devices for tensor-parallel layers
+(:mod:`~mp_symbolic.core.tensor_parallel`): ``cpu:0+cpu:1,cpu:2`` is a
+two-stage plan whose first stage has two devices (in Python, a tuple of
+contexts in the list). Shard ``i`` of stage ``s`` runs in ``ctx_group``
+:func:`shard_group` ``(s, i)``: ``'stage0'`` for shard 0, as without shards,
+then ``'stage0_shard1'``, ... ``cpu(0)``, ``cpu(1)``, ... are distinct devices to MXNet (its own
 model-parallel tests use them that way), which is how everything here runs
 without a GPU.
 """
@@ -37,16 +42,34 @@ def stage_name(stage):
     return '%s%d' % (STAGE_PREFIX, stage)
 
 
+def shard_group(stage, index):
+    """The ``ctx_group`` of the ``index``-th device of stage ``stage``:
+    ``'stage0'`` for the first (the stage's own group), ``'stage0_shard1'``, ...
+    for the others."""
+    return stage_name(stage) if index == 0 else '%s_shard%d' % (stage_name(stage), index)
+
+
 def format_device(ctx):
     """``mx.gpu(1)`` -> ``'gpu:1'``, the form ``--devices`` takes."""
     return '%s:%d' % (ctx.device_type, ctx.device_id)
 
 
+def format_stage(devices):
+    """A stage's device(s) in the ``--devices`` form: ``'cpu:1'``, ``'cpu:1+cpu:2'``."""
+    if isinstance(devices, mx.Context):
+        return format_device(devices)
+    return '+'.join(format_device(d) for d in devices)
+
+
 def parse_devices(spec, num_gpus=None):
     """Parses ``'cpu:0,gpu:1'`` into ``[mx.cpu(0), mx.gpu(1)]``.
 
+    ``'cpu:0+cpu:1,cpu:2'`` gives ``[(mx.cpu(0), mx.cpu(1)), mx.cpu(2)]``: a
+    stage of two devices (for tensor-parallel layers), then one of one.
+
     Args:
-        spec: Comma-separated ``cpu:N`` / ``gpu:N`` entries.
+        spec: Comma-separated ``cpu:N`` / ``gpu:N`` entries, or several such
+            joined by ``+`` for a stage of several devices.
         num_gpus: GPUs MXNet can see; ``None`` asks MXNet.
 
     Raises:
@@ -61,44 +84,66 @@ def parse_devices(spec, num_gpus=None):
         raise DeviceSpecError("expected a comma-separated device list such as "
                               "'cpu:0,cpu:1,cpu:2', found an empty string")
     devices = []
-    for entry in entries:
-        match = _DEVICE_RE.match(entry)
-        if not match:
-            raise DeviceSpecError("expected devices of the form 'cpu:N' or 'gpu:N' (N in ASCII "
-                                  "digits), found %a in %a" % (entry, spec))
-        kind, index = match.group(1), int(match.group(2))
-        if kind == 'cpu' and index > MAX_CPU_ID:
-            raise DeviceSpecError('expected cpu:N with N at most %d, found %r in %r'
-                                  % (MAX_CPU_ID, entry, spec))
-        if kind == 'gpu' and index > 2 ** 31 - 1:
-            raise DeviceSpecError('expected a GPU index MXNet can hold, found %r in %r'
-                                  % (entry, spec))
-        devices.append(mx.cpu(index) if kind == 'cpu' else mx.gpu(index))
+    for group in entries:
+        parts = [e.strip() for e in group.split('+')]
+        stage = tuple(_parse_device(e, spec) for e in parts)
+        devices.append(stage[0] if len(stage) == 1 else stage)
     return check_devices(devices, num_gpus)
+
+
+def _parse_device(entry, spec):
+    """One ``cpu:N`` / ``gpu:N`` entry of ``spec`` -> its context."""
+    match = _DEVICE_RE.match(entry)
+    if not match:
+        raise DeviceSpecError("expected devices of the form 'cpu:N' or 'gpu:N' (N in ASCII "
+                              "digits), found %a in %a" % (entry, spec))
+    kind, index = match.group(1), int(match.group(2))
+    if kind == 'cpu' and index > MAX_CPU_ID:
+        raise DeviceSpecError('expected cpu:N with N at most %d, found %r in %r'
+                              % (MAX_CPU_ID, entry, spec))
+    if kind == 'gpu' and index > 2 ** 31 - 1:
+        raise DeviceSpecError('expected a GPU index MXNet can hold, found %r in %r'
+                              % (entry, spec))
+    return mx.cpu(index) if kind == 'cpu' else mx.gpu(index)
+
+
+def flat_devices(devices):
+    """The contexts of a device list whose stages may be tuples, in order."""
+    flat = []
+    for entry in devices:
+        flat += list(entry) if isinstance(entry, (tuple, list)) else [entry]
+    return flat
 
 
 def check_devices(devices, num_gpus=None):
     """Checks a device list: contexts, each device once, every GPU present.
 
+    An entry may be a tuple of contexts: one stage on several devices.
+
     Returns:
-        ``devices`` as a list.
+        ``devices`` as a list (multi-device stages as tuples).
 
     Raises:
-        DeviceSpecError: an entry is not an ``mx.Context``, a device is
-            listed twice, or a GPU is not there.
+        DeviceSpecError: an entry is not an ``mx.Context`` (or a non-empty
+            tuple of them), a device is listed twice, or a GPU is not there.
     """
-    devices = list(devices)
+    devices = [tuple(e) if isinstance(e, (tuple, list)) else e for e in devices]
+    if any(isinstance(e, tuple) and not e for e in devices):
+        raise DeviceSpecError('expected each stage to hold at least one device, found an empty '
+                              'tuple in %r' % (devices,))
+    devices = [e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in devices]
+    flat = flat_devices(devices)
     seen = set()
-    for ctx in devices:
+    for ctx in flat:
         if not isinstance(ctx, mx.Context):
             raise DeviceSpecError('expected devices as mx.Context (mx.cpu(0), mx.gpu(1)) or a '
                                   "string such as 'cpu:0,cpu:1', found %r" % (ctx,))
         if ctx in seen:
             raise DeviceSpecError('expected each device once, found %s twice in %s'
                                   % (format_device(ctx),
-                                     ','.join(format_device(d) for d in devices)))
+                                     ','.join(format_stage(d) for d in devices)))
         seen.add(ctx)
-    gpus = [d for d in devices if d.device_type == 'gpu']
+    gpus = [d for d in flat if d.device_type == 'gpu']
     if gpus:
         if num_gpus is None:
             num_gpus = _visible_gpus()
@@ -160,19 +205,41 @@ def partition(num_blocks, num_stages):
 class DevicePlan:
     """Blocks -> stages -> devices, for each replica.
 
+    A stage may hold several devices (tensor-parallel shards): give it as a
+    tuple of contexts in ``devices`` / ``replica_devices``; ``devices`` and
+    ``replica_devices`` then keep each stage's first device (the one its
+    other ops run on) and ``stage_devices`` has them all.
+
     Attributes:
         devices: Device of each stage of replica 0, ``devices[s]`` for stage ``s``.
         stage_of_layer: Stage index of each block (layer), contiguous from 0.
         replica_devices: ``replica_devices[r][s]``: device of stage ``s`` in
             replica ``r``; ``(devices,)`` without replicas.
+        stage_devices: ``stage_devices[r][s]``: the tuple of devices of stage
+            ``s`` in replica ``r``; shard ``i`` of a tensor-parallel layer runs
+            on ``stage_devices[r][s][i]``.
     """
     devices: tuple
     stage_of_layer: tuple
     replica_devices: tuple = None
+    stage_devices: tuple = None
 
     def __post_init__(self):
-        if self.replica_devices is None:
-            object.__setattr__(self, 'replica_devices', (tuple(self.devices),))
+        replicas = self.replica_devices
+        if replicas is None:
+            replicas = (tuple(self.devices),)
+        stages = tuple(tuple(tuple(d) if isinstance(d, (tuple, list)) else (d,)
+                             for d in devices) for devices in replicas)
+        if self.stage_devices is None:
+            object.__setattr__(self, 'stage_devices', stages)
+        object.__setattr__(self, 'replica_devices',
+                           tuple(tuple(s[0] for s in devices) for devices in self.stage_devices))
+        object.__setattr__(self, 'devices', self.replica_devices[0])
+        widths = {tuple(len(s) for s in devices) for devices in self.stage_devices}
+        if len(widths) > 1:
+            raise DeviceSpecError('expected every replica to give each stage as many devices, '
+                                  'found devices per stage %s' % ' and '.join(
+                                      str(list(w)) for w in sorted(widths)))
 
     @property
     def num_stages(self):
@@ -191,20 +258,38 @@ class DevicePlan:
         """Blocks per stage (torchgpipe's ``balance``)."""
         return tuple(self.stage_of_layer.count(s) for s in range(self.num_stages))
 
+    def width(self, stage):
+        """Devices of stage ``stage`` (the shards its tensor-parallel layers take)."""
+        return len(self.stage_devices[0][stage])
+
     @property
     def group2ctx(self):
-        """``{'stage0': ctx0, ...}`` of replica 0, for ``simple_bind(group2ctx=...)``."""
-        return {stage_name(s): d for s, d in enumerate(self.devices)}
+        """``{'stage0': ctx0, ...}`` of replica 0, for ``simple_bind(group2ctx=...)``;
+        a stage of several devices adds ``'stage0_shard1'``, ... (:func:`shard_group`)."""
+        return self.group2ctxs[0]
 
     @property
     def group2ctxs(self):
         """One ``group2ctx`` per replica, for ``Module(group2ctxs=[...])``."""
-        return [{stage_name(s): d for s, d in enumerate(devices)}
-                for devices in self.replica_devices]
+        return [{shard_group(s, i): d for s, stage in enumerate(devices)
+                 for i, d in enumerate(stage)}
+                for devices in self.stage_devices]
 
     @property
     def all_devices(self):
-        return [d for devices in self.replica_devices for d in devices]
+        """Every device, replica by replica, stage by stage (shards included)."""
+        return [d for devices in self.stage_devices for stage in devices for d in stage]
+
+    def stage_label(self, stage):
+        """The stage's device(s) in each replica: ``'cpu(1)'``, ``'cpu(1)+cpu(2), cpu(4)+cpu(5)'``."""
+        return ', '.join('+'.join(str(d) for d in devices[stage])
+                         for devices in self.stage_devices)
+
+    @property
+    def spec(self):
+        """The plan's devices in the ``--devices`` form (``'cpu:0+cpu:1,cpu:2'``)."""
+        return ','.join(format_stage(stage) for devices in self.stage_devices
+                        for stage in devices)
 
     def device_of_layer(self, layer):
         return self.devices[self.stage_of_layer[layer]]
@@ -222,7 +307,7 @@ class DevicePlan:
         lines = []
         for s, d in enumerate(self.devices):
             blocks = [i for i, st in enumerate(self.stage_of_layer) if st == s]
-            where = ', '.join(str(d) for d in (devices[s] for devices in self.replica_devices))
+            where = self.stage_label(s)
             if names is None:
                 what = 'layer%s %s' % ('s' if len(blocks) > 1 else '',
                                        ', '.join(str(i) for i in blocks))

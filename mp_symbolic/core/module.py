@@ -10,7 +10,12 @@ differences that model parallelism needs:
 * the kvstore, where there is one, only sums gradients (across replicas or
   worker processes); each replica then updates its own copy on its own
   devices, so optimizer state stays beside its weights and can be saved by
-  parameter name.
+  parameter name;
+* a tensor-parallel layer's parameters go in and out by their unsplit names
+  and shapes (``get_params``, ``set_params``, ``init_params(arg_params=...)``,
+  checkpoints, optimizer state): the module splits them into its shards on
+  the way in and gathers them on the way out, so values move between plans
+  of any number of shards.
 
 References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
 ``tests/python/unittest/test_module.py::test_module_ctx_group``.
@@ -20,8 +25,10 @@ import json
 
 import mxnet as mx
 
+from . import tensor_parallel
 from .compat import gradient_only_kvstore, split_bind
-from .optstate import load_states, set_states_by_name, states_by_name
+from .optstate import gather_states, load_states, set_states_by_name, split_states, \
+    states_by_name
 from .updater import PerDeviceUpdater
 
 __all__ = []
@@ -83,9 +90,10 @@ class PipelineModule(mx.mod.Module):
 
     Attributes:
         pipeline: The Pipeline.
-        export_symbol: The training graph without micro-batches, which
-            :meth:`save_checkpoint` writes (chunks are a training schedule,
-            not part of the model).
+        export_symbol: The training graph without micro-batches and with
+            tensor-parallel layers unsplit, which :meth:`save_checkpoint`
+            writes (chunks and shards are a training schedule, not part of
+            the model).
     """
 
     def __init__(self, pipeline, loss='softmax', data_name='data', label_name='softmax_label',
@@ -98,8 +106,12 @@ class PipelineModule(mx.mod.Module):
         self.loss = loss
         self.data_name, self.label_name = data_name, label_name
         symbol = pipeline.training_symbol(loss, data_name, label_name)
-        self.export_symbol = symbol if pipeline.chunks == 1 else \
-            pipeline.training_symbol(loss, data_name, label_name, chunks=1)
+        if pipeline.chunks == 1 and not pipeline.sharded:
+            self.export_symbol = symbol
+        else:
+            with tensor_parallel.unsplit():
+                self.export_symbol = pipeline.training_symbol(loss, data_name, label_name,
+                                                              chunks=1)
         arguments = symbol.list_arguments()
         label_names = (label_name,) if label_name in arguments else ()
         plan = pipeline.plan
@@ -219,8 +231,9 @@ class PipelineModule(mx.mod.Module):
         if not self.optimizer_initialized:
             raise RuntimeError('optimizer_states: expected init_optimizer() (or fit) first, '
                                'found no optimizer')
-        return states_by_name(self._updater, self._optimizer,
-                              OrderedDict((i, n) for n, i in self._state_index().items()))
+        states = states_by_name(self._updater, self._optimizer,
+                                OrderedDict((i, n) for n, i in self._state_index().items()))
+        return gather_states(states, self.pipeline.sharded)
 
     def set_optimizer_states(self, states):
         """Puts :meth:`optimizer_states` output back, each state on its
@@ -230,6 +243,7 @@ class PipelineModule(mx.mod.Module):
             OptimizerStateError: the states are of another optimizer or name
                 parameters this module does not have.
         """
+        states = split_states(states, self.pipeline.sharded)
         for k, exe in enumerate(self._exec_group.execs):
             targets = {n: (i + k, exe.arg_dict[n].context)
                        for n, i in self._state_index().items()}
@@ -279,13 +293,29 @@ class PipelineModule(mx.mod.Module):
     def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
                     allow_missing=False, force_init=False, allow_extra=False):
         """``mx.mod.Module.init_params``; after :meth:`restore`, the
-        checkpoint's values unless others are given."""
+        checkpoint's values unless others are given. Tensor-parallel
+        parameters may come by their unsplit names and shapes."""
         if self._pending['params'] is not None and arg_params is None and aux_params is None:
             arg_params, aux_params = self._pending['params']
             self._pending['params'] = None
             allow_missing, force_init = False, True
+        if arg_params is not None:
+            arg_params = self.pipeline.split_params(arg_params)
         super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
                             allow_extra)
+
+    def set_params(self, arg_params, aux_params, allow_missing=False, force_init=True,
+                   allow_extra=False):
+        """``mx.mod.Module.set_params``; tensor-parallel parameters by their
+        unsplit names and shapes (or their shard names)."""
+        super().set_params(self.pipeline.split_params(arg_params), aux_params, allow_missing,
+                           force_init, allow_extra)
+
+    def get_params(self):
+        """``mx.mod.Module.get_params``, each tensor-parallel parameter
+        gathered: the unsplit layer's names and shapes, whatever the shards."""
+        arg_params, aux_params = super().get_params()
+        return self.pipeline.gather_params(arg_params), aux_params
 
     @property
     def kvstore(self):

@@ -166,3 +166,82 @@ def load_states(path):
                                   % (path, ' '.join(str(err).split())[:200])) from None
     meta['arrays'] = arrays
     return meta
+
+
+def _merge(specs, arrays, out, axis, ndim):
+    """One state spec from the specs of a parameter's shards: arrays of the
+    weight's rank joined along ``axis``, others (scalars) taken from shard 0."""
+    kind = specs[0]['t']
+    if kind == 'none':
+        return {'t': 'none'}
+    if kind == 'nd':
+        parts = [arrays[s['a']] for s in specs]
+        out.append(np.concatenate(parts, axis=axis) if parts[0].ndim == ndim else parts[0])
+        return {'t': 'nd', 'a': len(out) - 1}
+    return {'t': kind, 'items': [_merge([s['items'][j] for s in specs], arrays, out, axis, ndim)
+                                 for j in range(len(specs[0]['items']))]}
+
+
+def _cut(spec, arrays, out, axis, sizes, ndim):
+    """A parameter's state spec cut into one spec per shard (``sizes`` along ``axis``)."""
+    kind = spec['t']
+    if kind == 'none':
+        return [{'t': 'none'} for _ in sizes]
+    if kind == 'nd':
+        array, specs, start = arrays[spec['a']], [], 0
+        for size in sizes:
+            if array.ndim == ndim:
+                index = [slice(None)] * ndim
+                index[axis] = slice(start, start + size)
+                out.append(np.ascontiguousarray(array[tuple(index)]))
+            else:
+                out.append(array)
+            specs.append({'t': 'nd', 'a': len(out) - 1})
+            start += size
+        return specs
+    items = [_cut(s, arrays, out, axis, sizes, ndim) for s in spec['items']]
+    return [{'t': kind, 'items': [item[i] for item in items]} for i in range(len(sizes))]
+
+
+def gather_states(states, sharded):
+    """:func:`states_by_name` output with the states of each tensor-parallel
+    parameter's shards joined under its unsplit name.
+
+    Args:
+        sharded: ``{unsplit name: ShardedParam}``
+            (:func:`mp_symbolic.core.tensor_parallel.layout`).
+    """
+    if not sharded:
+        return states
+    shard_of = {n: p for p in sharded.values() for n in p.names}
+    arrays, out, params = states['arrays'], [], {}
+    for name, entry in states['params'].items():
+        param = shard_of.get(name)
+        if param is None:
+            params[name] = {'count': entry['count'],
+                            'state': _merge([entry['state']], arrays, out, 0, -1)}
+        elif param.name not in params and all(n in states['params'] for n in param.names):
+            entries = [states['params'][n] for n in param.names]
+            params[param.name] = {'count': entries[0]['count'],
+                                  'state': _merge([e['state'] for e in entries], arrays, out,
+                                                  param.axis, len(param.shape))}
+    return dict(states, params=params, arrays=out)
+
+
+def split_states(states, sharded):
+    """The inverse of :func:`gather_states`: each unsplit parameter's state cut
+    into its shards' (names already of shards pass unchanged)."""
+    if not sharded:
+        return states
+    arrays, out, params = states['arrays'], [], {}
+    for name, entry in states['params'].items():
+        param = sharded.get(name)
+        if param is None:
+            params[name] = {'count': entry['count'],
+                            'state': _merge([entry['state']], arrays, out, 0, -1)}
+            continue
+        sizes = [p.shape[param.axis] for p in param.shards]
+        for shard, spec in zip(param.names, _cut(entry['state'], arrays, out, param.axis, sizes,
+                                                 len(param.shape))):
+            params[shard] = {'count': entry['count'], 'state': spec}
+    return dict(states, params=params, arrays=out)

@@ -16,6 +16,13 @@ traced graph is cut into one contiguous range of ops per stage and relabelled
 weights) lives on one stage and the others read it through an ``identity``
 op there.
 
+A stage may hold several devices (``'cpu:0+cpu:1,cpu:2'``): its
+tensor-parallel layers (:mod:`~mp_symbolic.core.tensor_parallel`) then put
+shard ``i`` on the stage's device ``i``, in ``ctx_group``
+``stage<s>_shard<i>``; everything else in the stage runs on its first device.
+Where users see parameters (``get_params``, ``set_params``, checkpoints) a
+split layer has its unsplit names and shapes.
+
 The same object is the imperative twin: a Gluon ``Block`` whose parameters
 live on their stage's device and whose forward pass moves activations between
 devices (autograd records those copies, so gradients flow back across them);
@@ -37,10 +44,10 @@ import numpy as np
 
 from . import balance as balancing
 from . import graphcut
-from . import twin
+from . import tensor_parallel, twin
 from .heads import make_head
-from .devices import (DeviceSpecError, DevicePlan, resolve_devices, split_replicas,
-                        stage_name)
+from .devices import (DeviceSpecError, DevicePlan, resolve_devices, shard_group,
+                      split_replicas, stage_name)
 
 __all__ = []
 
@@ -80,7 +87,9 @@ class Pipeline(gluon.Block):
             graph is cut into one contiguous range of ops per stage
             (:mod:`~mp_symbolic.core.graphcut`).
         devices: ``'cpu:0,cpu:1,cpu:2'`` (the ``--devices`` form) or a list of
-            ``mx.Context``; one device per stage, times ``replicas``.
+            ``mx.Context``; one device per stage, times ``replicas``. A stage
+            of several devices, for tensor-parallel layers: ``'cpu:0+cpu:1,cpu:2'``
+            or a tuple of contexts in the list.
         balance: ``None``: balance the stages by parameter count; a list of
             ints: blocks per stage (one entry per device, each at least 1,
             summing to the number of blocks; ops per stage for one whole
@@ -121,7 +130,8 @@ class Pipeline(gluon.Block):
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
             chunks or replicas that cannot work; a ``tied`` entry that is
             not a parameter and a stage; a whole network without ``sample``
-            whose shapes are not known.
+            whose shapes are not known; a stage of several devices whose
+            count is not the shards of a tensor-parallel layer in it.
     """
 
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
@@ -160,6 +170,8 @@ class Pipeline(gluon.Block):
         self.plan = DevicePlan(replica_devices[0], stage_of, replica_devices)
         self._owner = self._owners(tied)
         self._borrowed = None  # {stage: [(tied parameter, owning stage)]}, made on first use
+        self.sharded = tensor_parallel.layout(self.blocks)
+        self._shard_of = self._shard_devices()
 
     # -- planning ------------------------------------------------------------
 
@@ -184,7 +196,8 @@ class Pipeline(gluon.Block):
 
     def _cut_graph(self, balance, num_stages, tied):
         self._reset_variables()
-        symbol = self.blocks[0](mx.sym.var(DATA_NAME))
+        with tensor_parallel.mark_shards():
+            symbol = self.blocks[0](mx.sym.var(DATA_NAME))
         self._reset_variables()
         shapes = {name: param.shape for name, param in self.collect_params().items()}
         if self._sample_shape is None and any(
@@ -198,6 +211,107 @@ class Pipeline(gluon.Block):
             if 'too many devices' in str(err):
                 raise DeviceSpecError(str(err)) from None
             raise balancing.BalanceError(str(err)) from None
+
+    def _shard_devices(self):
+        """``{parameter name: index of its device in its stage}`` for the
+        shards of tensor-parallel layers; others are on the stage's first."""
+        widths = [self.plan.width(s) for s in range(self.plan.num_stages)]
+        shard_of = {}
+        if self.whole:
+            try:
+                graph = self._labelled()
+            except ValueError as err:
+                raise DeviceSpecError(str(err)) from None
+            groups = {shard_group(s, i): (s, i) for s, w in enumerate(widths) for i in range(w)}
+            for node in graph['nodes']:
+                attrs = node.get('attrs', {})
+                if node['op'] == 'null' and tensor_parallel.SHARD_ATTR in attrs \
+                        and node['name'] in self._owner:
+                    # a shard's weight goes where shard_groups put its layer
+                    self._owner[node['name']], shard_of[node['name']] = \
+                        groups[attrs[graphcut.GROUP_ATTR]]
+            return shard_of
+        for block, stage in zip(self.blocks, self.plan.stage_of_block):
+            for layer in tensor_parallel.sharded_blocks(block):
+                try:
+                    indices = layer.device_indices(widths[stage])
+                except ValueError as err:
+                    raise DeviceSpecError('%s in %s: %s' % (layer.name, stage_name(stage), err)) \
+                        from None
+                for index, params in zip(indices, layer._shard_params):  # pylint: disable=protected-access
+                    for param in params.values():
+                        # a tied parameter sits where its owning stage puts it
+                        if self._owner[param.name] == stage or param.name not in shard_of:
+                            shard_of[param.name] = index
+        return shard_of
+
+    def _labelled(self, mirror=()):
+        """The cut graph labelled by stage, each tensor-parallel shard in its group
+        (weights that moved away from a reader then read through an identity)."""
+        graph = self.cut.labelled(mirror)
+        if not any(tensor_parallel.SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
+            return graph
+        return graphcut.tie_parameters(tensor_parallel.shard_groups(
+            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
+
+    def _unsplit_labelled(self):
+        """The whole network traced with its tensor-parallel layers unsplit (as
+        checkpoints hold it), each node in the stage its split form has: by
+        name, and a layer's unsplit ops and weights in its shards' stage."""
+        self._reset_variables()
+        with tensor_parallel.unsplit():
+            graph = json.loads(self.blocks[0](mx.sym.var(DATA_NAME)).tojson())
+        self._reset_variables()
+        split = self._labelled()['nodes']
+        stage = {shard_group(s, i): s for s in range(self.plan.num_stages)
+                 for i in range(self.plan.width(s))}
+        stage_of = {n['name']: stage[n['attrs'][graphcut.GROUP_ATTR]] for n in split}
+        layers = {}
+        for node in split:
+            mark = node.get('attrs', {}).get(tensor_parallel.SHARD_ATTR)
+            if mark is not None:
+                layers.setdefault(mark.split('/', 2)[2] + '_', stage_of[node['name']])
+        for node in graph['nodes']:
+            name = node['name']
+            where = stage_of.get(name)
+            if where is None:
+                where = next((s for layer, s in layers.items() if name.startswith(layer)), 0)
+            node.setdefault('attrs', {})[graphcut.GROUP_ATTR] = stage_name(where)
+        return graphcut.tie_parameters(graph)
+
+    def _cut_layout(self):
+        """``(op names of each stage, {variable: stages whose ops read it})`` of
+        the labelled cut graph (shards moved to their layer's stage)."""
+        if not self._shard_of:
+            return ([self.cut.ops_of_stage(s) for s in range(self.plan.num_stages)],
+                    self.cut.readers)
+        nodes = self._labelled()['nodes']
+        stage = {shard_group(s, i): s for s in range(self.plan.num_stages)
+                 for i in range(self.plan.width(s))}
+        ops, readers = [[] for _ in range(self.plan.num_stages)], {}
+        for node in nodes:
+            if node['op'] == 'null':
+                continue
+            st = stage[node['attrs'][graphcut.GROUP_ATTR]]
+            if not node['name'].endswith('_tied'):
+                ops[st].append(node['name'])
+            for src, _, _ in node['inputs']:
+                source = nodes[src]
+                if source['op'] == 'null':
+                    readers.setdefault(source['name'], [])
+                    if st not in readers[source['name']]:
+                        readers[source['name']].append(st)
+        return ops, readers
+
+    def _device_of(self, name, replica=0):
+        """Device of parameter ``name`` in replica ``replica``: its stage's, or
+        its shard's."""
+        stage = self._owner[name]
+        return self.plan.stage_devices[replica][stage][self._shard_of.get(name, 0)]
+
+    def _devices_of(self, name):
+        """The devices of parameter ``name``'s copies, one per replica."""
+        return [self._device_of(name, r) for r in range(self.plan.num_replicas)]
 
     def _owners(self, tied):
         """``{parameter name: owning stage}``: the first stage that reads it,
@@ -228,7 +342,7 @@ class Pipeline(gluon.Block):
         parameter read by more than one stage."""
         readers = {}
         if self.whole:
-            readers = {n: list(r) for n, r in self.cut.readers.items() if n != DATA_NAME}
+            readers = {n: list(r) for n, r in self._cut_layout()[1].items() if n != DATA_NAME}
         else:
             for block, stage in zip(self.blocks, self.plan.stage_of_block):
                 for name in block.collect_params():
@@ -248,7 +362,7 @@ class Pipeline(gluon.Block):
         """The blocks of each stage: ``stages[s]`` is a list (op names for a
         whole network)."""
         if self.whole:
-            return [self.cut.ops_of_stage(s) for s in range(self.plan.num_stages)]
+            return self._cut_layout()[0]
         return [[b for b, st in zip(self.blocks, self.plan.stage_of_block) if st == s]
                 for s in range(self.plan.num_stages)]
 
@@ -272,7 +386,7 @@ class Pipeline(gluon.Block):
             return self._describe_cut()
         lines = []
         for s, blocks in enumerate(self.stages):
-            devices = ', '.join(str(d[s]) for d in self.plan.replica_devices)
+            devices = self.plan.stage_label(s)
             names = ', '.join(b.name for b in blocks)
             try:
                 count = '%d parameters' % sum(balancing.param_counts(blocks))
@@ -288,9 +402,9 @@ class Pipeline(gluon.Block):
         cut, params = self.cut, self.collect_params()
         lines = []
         for s in range(self.plan.num_stages):
-            devices = ', '.join(str(d[s]) for d in self.plan.replica_devices)
-            ops = cut.ops_of_stage(s)
-            names = [n for n in cut.params_of_stage(s) if n in params]
+            devices = self.plan.stage_label(s)
+            ops = self._cut_layout()[0][s]
+            names = [n for n in params if self._owner.get(n) == s]
             count = sum(int(np.prod(params[n].shape)) for n in names)
             lines.append('%s -> %s: %d ops, %d parameter values' % (stage_name(s), devices,
                                                                     len(ops), count))
@@ -329,7 +443,8 @@ class Pipeline(gluon.Block):
         for x in parts:
             for s, blocks in enumerate(self.stages):
                 extra = {'force_mirroring': 'True'} if s in self.mirror else {}
-                with mx.AttrScope(ctx_group=stage_name(s), **extra):
+                with mx.AttrScope(ctx_group=stage_name(s), **extra), \
+                        tensor_parallel.stage_scope(s, self.plan.width(s)):
                     for block in blocks:
                         x = block(x)
             outputs.append(x)
@@ -341,7 +456,9 @@ class Pipeline(gluon.Block):
     def _build_cut(self, data, chunks):
         """The labelled graph of a whole network, on ``chunks`` micro-batches."""
         mirror = self.mirror
-        graph = graphcut.replicate_chunks(self.cut.labelled(mirror), DATA_NAME, chunks,
+        labelled = self._unsplit_labelled() if self._shard_of and tensor_parallel.is_unsplit() \
+            else self._labelled(mirror)
+        graph = graphcut.replicate_chunks(labelled, DATA_NAME, chunks,
                                           self.plan.num_stages - 1)
         if data.list_arguments() == [data.name] and len(data.get_internals()) == 1:
             for node in graph['nodes']:  # the input variable takes the caller's name
@@ -446,11 +563,10 @@ class Pipeline(gluon.Block):
     def _run_whole(self, x, replica):
         """The whole network's labelled graph on ``x``, op by op, on replica
         ``replica``'s devices."""
-        devices = self.plan.replica_devices[replica]
-        inputs = {name: param.data(devices[self._owner[name]])
+        inputs = {name: param.data(self._device_of(name, replica))
                   for name, param in self.collect_params().items()}
         inputs[DATA_NAME] = x
-        return graphcut.run_graph(self.cut.labelled(), inputs, self.plan.group2ctxs[replica])
+        return graphcut.run_graph(self._labelled(), inputs, self.plan.group2ctxs[replica])
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):
@@ -466,8 +582,8 @@ class Pipeline(gluon.Block):
         if ctx is not None:
             raise ValueError('ctx: expected None (a Pipeline places each stage on its own '
                              'device), found %r' % (ctx,))
-        for stage, param in self._params_of_stage():
-            devices = twin.stage_devices(self.plan, stage)
+        for _, param in self._params_of_stage():
+            devices = self._devices_of(param.name)
             if not force_reinit and _is_initialized(param):
                 if param.list_ctx() != devices:
                     param.reset_ctx(devices)
@@ -483,14 +599,17 @@ class Pipeline(gluon.Block):
 
         Args:
             arg_params, aux_params: Name -> NDArray or numpy array (as
-                ``mx.model.load_checkpoint`` returns them).
+                ``mx.model.load_checkpoint`` returns them); a tensor-parallel
+                layer's parameters by their unsplit names and shapes (or by
+                their shard names).
 
         Raises:
             ValueError: a parameter has no value, or a value of another shape.
         """
         values = dict(arg_params)
         values.update(aux_params or {})
-        for stage, param in self._params_of_stage():
+        values = tensor_parallel.split_params(values, self.sharded)
+        for _, param in self._params_of_stage():
             if param.name not in values:
                 raise ValueError('expected a value for every parameter, found none for %s'
                                  % param.name)
@@ -502,7 +621,7 @@ class Pipeline(gluon.Block):
                     or any(k not in (0, v) for k, v in zip(known, value.shape))):
                 raise ValueError('%s: expected shape %s, found %s'
                                  % (param.name, known, value.shape))
-            devices = twin.stage_devices(self.plan, stage)
+            devices = self._devices_of(param.name)
             if not _is_initialized(param):
                 param.shape = value.shape
                 param.initialize(None, ctx=devices, default_init=mx.init.Zero())
@@ -514,14 +633,29 @@ class Pipeline(gluon.Block):
         """``(arg_params, aux_params)`` of the initialised parameters, on ``cpu()``.
 
         Auxiliary states are those the symbol lists as such (BatchNorm's
-        running statistics).
+        running statistics). A tensor-parallel layer's parameters are
+        gathered: their unsplit names and shapes, whatever the shards.
         """
         aux_names = set(self.symbol().list_auxiliary_states())
         arg_params, aux_params = {}, {}
         for param in self.collect_params().values():
             value = param.data(param.list_ctx()[0]).copyto(mx.cpu())
             (aux_params if param.name in aux_names else arg_params)[param.name] = value
-        return arg_params, aux_params
+        return tensor_parallel.gather_params(arg_params, self.sharded), aux_params
+
+    def gather_params(self, values):
+        """``values`` (name -> array) with the shards of each tensor-parallel
+        parameter joined into the unsplit parameter (on ``cpu()``)."""
+        return tensor_parallel.gather_params(values, self.sharded)
+
+    def split_params(self, values):
+        """``values`` with each unsplit tensor-parallel parameter split into
+        this Pipeline's shards (the inverse of :meth:`gather_params`).
+
+        Raises:
+            ValueError: an unsplit value of another shape than its layer's.
+        """
+        return tensor_parallel.split_params(values, self.sharded)
 
     def __repr__(self):
         return 'Pipeline(\n  %s\n)' % '\n  '.join(self.describe())
@@ -561,13 +695,15 @@ def _finish(symbol, pipeline):
     in its owner's stage (:func:`mp_symbolic.core.graphcut.tie_parameters`)."""
     graph = json.loads(symbol.tojson())
     owner = getattr(pipeline, '_owner', {})
+    shard_of = getattr(pipeline, '_shard_of', {})
     for node in graph['nodes']:
         if node['op'] == 'null' and node['name'] in owner:
-            node['attrs']['__ctx_group__'] = stage_name(owner[node['name']])
+            node['attrs']['__ctx_group__'] = shard_group(owner[node['name']],
+                                                         shard_of.get(node['name'], 0))
     tied = graphcut.tie_parameters(graph)
     if tied != json.loads(symbol.tojson()):
         symbol, graph = graphcut.load(tied), tied
-    groups = {stage_name(s) for s in range(pipeline.plan.num_stages)}
+    groups = set(pipeline.plan.group2ctx)
     seen = {}
     for node in graph['nodes']:
         group = node.get('attrs', {}).get('__ctx_group__')

@@ -23,11 +23,6 @@ import mxnet as mx
 __all__ = []
 
 
-def stage_devices(plan, stage):
-    """The devices of stage ``stage``, one per replica (where its parameters live)."""
-    return [devices[stage] for devices in plan.replica_devices]
-
-
 def _check_batch(pipe, x):
     if not isinstance(x, mx.nd.NDArray):
         raise TypeError('x: expected an NDArray (or a Symbol), found %s' % type(x).__name__)

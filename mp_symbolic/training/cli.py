@@ -66,8 +66,9 @@ def add_train_flags(parser, defaults=True):
                              'literal (4, 0.5, 2,4,1) or text')
     parser.add_argument('--devices', default=None, metavar='LIST',
                         help="one device per stage, e.g. 'cpu:0,cpu:1,cpu:2', 'gpu:0,gpu:1,gpu:2' "
-                             "or a mix; with --replicas R, R x stages devices listed replica by "
-                             "replica (default: three GPUs if MXNet sees them, else "
+                             "or a mix; 'cpu:0+cpu:1,cpu:2': a first stage of two devices for "
+                             "tensor-parallel layers; with --replicas R, R x stages devices listed "
+                             "replica by replica (default: three GPUs if MXNet sees them, else "
                              "cpu:0,cpu:1,cpu:2)")
     parser.add_argument('--balance', type=_balance, default=None, metavar='N0,N1,...|time',
                         help='blocks per stage, or time to balance by measured forward + '

@@ -129,7 +129,7 @@ def compare(cfg, log=print, task=None):
     pipe, note = build_pipeline(cfg, task)
     if note:
         log(note)
-    cfg = replace(cfg, devices=','.join(format_device(d) for d in pipe.plan.all_devices))
+    cfg = replace(cfg, devices=pipe.plan.spec)
     data = task.data()
 
     rows, losses, params = [], {}, {}

@@ -21,8 +21,9 @@ from ..tools.checkpoint import (SUMMARY_NAME, commit_checkpoint, first_line, rea
                                 write_text)
 from .imperative import ImperativeStepper
 from ..core.module import with_input_shape
-from ..core.optstate import load_states
+from ..core.optstate import gather_states, load_states, split_states
 from ..core.pipeline import DATA_NAME, Pipeline
+from ..core.tensor_parallel import unsplit
 from ..core.devices import format_device, make_plan
 from ..tools.store import Store
 from ..tools.launch import hold_kvstore
@@ -282,19 +283,22 @@ class _Checkpointer:
     def __init__(self, store, cfg, task, pipe, stepper, epoch_losses):
         self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
         self.epoch_losses = list(epoch_losses)
-        self.symbol = with_input_shape(
-            pipe.training_symbol(task.loss, label_name=task.label, chunks=1),
-            DATA_NAME, task.sample_shape)
+        with unsplit():  # a checkpoint holds the model, not its shards
+            self.symbol = with_input_shape(
+                pipe.training_symbol(task.loss, label_name=task.label, chunks=1),
+                DATA_NAME, task.sample_shape)
         self.last = None
 
     def commit(self, epoch, result=None, complete=False):
         if self.store is None:  # a data-parallel worker other than worker 0
             return None
         arg, aux = self.stepper.arg_aux()
+        arg = self.pipe.gather_params(arg)  # tensor-parallel layers by their unsplit names
+        states = gather_states(self.stepper.optimizer_states(), self.pipe.sharded)
         summary = _summary(self.cfg, self.task, self.pipe,
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
         self.last = commit_checkpoint(self.store, self.task.name, epoch, self.symbol, arg, aux,
-                                      self.stepper.optimizer_states(), summary, complete)
+                                      states, summary, complete)
         return self.last
 
     def on_epoch(self, epoch, loss):
@@ -317,9 +321,11 @@ def _resume(cfg, stepper):
         raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in %s to '
                          'resume, found %d' % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
     _, arg, aux = checkpoint.load()
+    arg = stepper.pipe.split_params(arg)  # onto this plan's shards
     stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
                        {k: v.asnumpy() for k, v in aux.items()})
-    stepper.set_optimizer_states(load_states(checkpoint.states_path))
+    stepper.set_optimizer_states(split_states(load_states(checkpoint.states_path),
+                                              stepper.pipe.sharded))
     return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
 
 

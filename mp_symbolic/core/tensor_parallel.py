@@ -1,0 +1,661 @@
+"""Tensor-parallel layers: one layer's weight split over the devices of a stage.
+
+Megatron-LM's ``core/tensor_parallel/layers.py`` on MXNet's graph executor:
+
+* :class:`ColumnParallelDense` splits ``Dense``'s weight ``(units, in_units)``
+  by output rows; shard ``i`` computes ``units_i`` outputs from the whole
+  input and a ``concat`` gathers them (Megatron's ``gather_output``).
+* :class:`RowParallelDense` splits the weight by input columns; shard ``i``
+  reads its slice of the input, and an ``add_n`` sums the partial outputs
+  (Megatron's all-reduce); the bias is added once, by shard 0. Directly after
+  a :class:`ColumnParallelDense` of as many shards, shard ``i`` reads shard
+  ``i``'s output of that layer and the gather is skipped (Megatron's
+  ``input_is_parallel``): the pair costs one reduction and no gather.
+* :class:`PerShard` applies a parameter-free function to each shard's part
+  of a column layer's output, on that shard's device (the local attention of
+  Megatron's ``ParallelAttention`` between its column-parallel QKV and its
+  row-parallel output projection); a following row layer reads its parts.
+* :class:`VocabParallelEmbedding` splits ``Embedding``'s table by rows
+  (vocabulary); shard ``i`` looks up the indices in its range, zeroes the
+  others, and an ``add_n`` sums the shards.
+
+Where Megatron calls collectives (``mappings.py``), MXNet's executor inserts
+the copies: each shard's ops and weight carry a ``ctx_group`` of their own
+(:func:`~mp_symbolic.core.devices.shard_group`), the gather or reduction runs
+in shard 0's group, and ``group2ctx`` places each group on a device. The
+backward pass is the executor's (the gradient of a concat is a split, of a
+sum a broadcast), so no conjugate operators are written here.
+
+Inside a :class:`~mp_symbolic.Pipeline` stage of N devices, shard ``i`` runs
+on the stage's device ``i``; a stage of one device runs every shard on that
+device. Outside a Pipeline (plain Gluon), the blocks run where their
+parameters are. On NDArrays the same split runs imperatively: each shard's
+input is copied to its weight's device (autograd records the copies).
+
+Parameters: shard ``i`` of a parameter ``<prefix>weight`` is the Gluon
+parameter ``<prefix>shard<i>_weight`` (the suffix keeps MXNet's initializers
+dispatching on ``weight``/``bias``); with ``shards=1`` the names are
+``Dense``'s and ``Embedding``'s own. :func:`gather_params` and
+:func:`split_params` turn values between the shard names and the unsplit
+layer's names and shapes, which is what users see in ``get_params()``,
+``set_params()`` and checkpoints. An initializer runs on each shard's shape
+(the same distribution as the unsplit layer for elementwise ones such as
+Gluon's default ``Uniform``; ``Xavier`` sees the shard's fan).
+"""
+from collections import OrderedDict
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+import json
+import threading
+
+import mxnet as mx
+from mxnet import gluon
+import numpy as np
+
+from .devices import shard_group, stage_name
+
+__all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'VocabParallelEmbedding']
+
+_GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
+SHARD_ATTR = '__tp_shard__'      # on a shard's ops and weights in a traced whole network: 'i/N/layer'
+GROUP_ATTR = '__ctx_group__'
+_MARK = 'mark'
+_LOCAL = threading.local()
+
+
+@contextmanager
+def stage_scope(stage, width):
+    """Within: tensor-parallel layers build their shards for stage ``stage``
+    of ``width`` devices (the Pipeline enters this around each stage)."""
+    saved = getattr(_LOCAL, 'stage', None)
+    _LOCAL.stage = (stage, width)
+    try:
+        yield
+    finally:
+        _LOCAL.stage = saved
+
+
+@contextmanager
+def mark_shards():
+    """Within: tensor-parallel layers tag each shard's ops and weights with
+    ``__tp_shard__='i/N/<layer>'`` instead of a ``ctx_group``, for a whole
+    network whose stages a graph cut decides (:func:`shard_groups` then
+    places them)."""
+    saved = getattr(_LOCAL, 'stage', None)
+    _LOCAL.stage = _MARK
+    try:
+        yield
+    finally:
+        _LOCAL.stage = saved
+
+
+def shard_groups(graph, widths):
+    """A copy of a labelled graph (JSON, every node in a ``stage<s>`` group)
+    with each node tagged by :func:`mark_shards` in its shard's group, for
+    stages of ``widths[s]`` devices. A layer's shards all go to the stage of
+    its first op (a cut in topological order could otherwise put shard 0 and
+    shard 1 of one layer on two stages). An ``identity`` through which other
+    stages read a moved weight (``<weight>_tied``) moves with it.
+
+    Raises:
+        ValueError: a stage of several devices, but not as many as the
+            shards of a layer with ops in it.
+    """
+    graph = json.loads(json.dumps(graph))
+    stage_of = {stage_name(s): s for s in range(len(widths))}
+    stage_of_layer = {}
+    for node in graph['nodes']:  # in topological order
+        mark = node.get('attrs', {}).get(SHARD_ATTR)
+        if mark is not None and node['op'] != 'null':
+            stage_of_layer.setdefault(mark.split('/', 2)[2],
+                                      stage_of[node['attrs'][GROUP_ATTR]])
+    moved = {}
+    for i, node in enumerate(graph['nodes']):
+        attrs = node.get('attrs', {})
+        if SHARD_ATTR not in attrs:
+            continue
+        shard, shards, layer = attrs[SHARD_ATTR].split('/', 2)
+        shard, shards = int(shard), int(shards)
+        stage = stage_of_layer.get(layer, stage_of[attrs[GROUP_ATTR]])
+        try:
+            index = device_index(shard, shards, widths[stage])
+        except ValueError as err:
+            raise ValueError('%s in %s: %s' % (node['name'], stage_name(stage), err)) from None
+        attrs[GROUP_ATTR] = moved[i] = shard_group(stage, index)
+    for node in graph['nodes']:
+        if node['name'].endswith('_tied') and len(node['inputs']) == 1 and \
+                node['inputs'][0][0] in moved:
+            node['attrs'][GROUP_ATTR] = moved[node['inputs'][0][0]]
+    return graph
+
+
+@contextmanager
+def unsplit():
+    """Within: tensor-parallel layers build their unsplit graph (one op, the
+    unsplit layer's parameter names and shapes), as checkpoints save it."""
+    saved = getattr(_LOCAL, 'unsplit', False), getattr(_LOCAL, 'variables', None)
+    # one variable per unsplit name, however many layers read it (tied weights)
+    _LOCAL.unsplit, _LOCAL.variables = True, {}
+    try:
+        yield
+    finally:
+        _LOCAL.unsplit, _LOCAL.variables = saved
+
+
+def is_unsplit():
+    """Whether layers build their unsplit graph here (within :func:`unsplit`)."""
+    return getattr(_LOCAL, 'unsplit', False)
+
+
+def shard_sizes(total, shards):
+    """Sizes of ``shards`` contiguous parts of ``total``, the first ones larger
+    by one where it does not divide: ``shard_sizes(7, 3) == [3, 2, 2]``."""
+    base, extra = divmod(total, shards)
+    return [base + (1 if i < extra else 0) for i in range(shards)]
+
+
+def device_index(shard, shards, width):
+    """The stage device (index) that runs ``shard`` of ``shards`` in a stage
+    of ``width`` devices: shard ``i`` on device ``i``, or all on the one device.
+
+    Raises:
+        ValueError: the stage has several devices, but not ``shards``.
+    """
+    if width == 1:
+        return 0
+    if width != shards:
+        raise ValueError('expected a stage of 1 or %d devices for a layer of %d shards, found '
+                         '%d devices' % (shards, shards, width))
+    return shard
+
+
+@dataclass
+class ShardedParam:
+    """One unsplit parameter and its shards.
+
+    Attributes:
+        name: The unsplit parameter's name (``dense0_weight``).
+        shape: Its shape.
+        axis: The axis it is split along.
+        shards: The Gluon parameters of its parts, in order.
+    """
+    name: str
+    shape: tuple
+    axis: int
+    shards: list
+
+    @property
+    def names(self):
+        return [p.name for p in self.shards]
+
+
+def _positive(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError('%s: expected a positive integer, found %r' % (name, value))
+
+
+class _ShardedBlock(gluon.HybridBlock):
+    """What the layers share: shards, their groups and their devices."""
+
+    def __init__(self, shards, prefix=None, params=None):
+        super().__init__(prefix=prefix, params=params)
+        _positive('shards', shards)
+        self.shards = shards
+        self.sharded = OrderedDict()   # unsplit name -> ShardedParam
+        self._shard_params = [OrderedDict() for _ in range(shards)]  # per shard: key -> Parameter
+
+    def _add_param(self, key, shape, axis, sizes=None, **kwargs):
+        """Registers parameter ``key`` of the unsplit ``shape``: split along
+        ``axis`` in ``sizes`` (one per shard), or whole on shard 0 (``axis=None``)."""
+        if axis is None:
+            param = self.params.get(key, shape=shape, **kwargs)
+            self._shard_params[0][key] = param
+            return
+        parts = []
+        for i in range(self.shards):
+            part = list(shape)
+            part[axis] = sizes[i]
+            name = key if self.shards == 1 else 'shard%d_%s' % (i, key)
+            param = self.params.get(name, shape=tuple(part), **kwargs)
+            self._shard_params[i][key] = param
+            parts.append(param)
+        full = self.params.prefix + key
+        self.sharded[full] = ShardedParam(full, tuple(shape), axis, parts)
+
+    def device_indices(self, width):
+        """Stage device of each shard, in a stage of ``width`` devices."""
+        return [device_index(i, self.shards, width) for i in range(self.shards)]
+
+    # -- the graph, the same code for Symbols and NDArrays --------------------
+
+    def _prepare(self, F, x):
+        """``x`` as every shard reads it (in shard 0's group)."""
+        return x
+
+    def _shard(self, F, i, x, **params):
+        raise NotImplementedError
+
+    def _combine(self, F, parts, x):
+        raise NotImplementedError
+
+    def _unsplit(self, F, x, **params):
+        raise NotImplementedError
+
+    def forward(self, x):  # pylint: disable=arguments-differ
+        if isinstance(x, mx.sym.Symbol):
+            return self._symbolic(x)
+        return self._imperative(x)
+
+    def _symbolic(self, x):
+        F = mx.sym
+        with self.name_scope():
+            if is_unsplit():
+                variables = {}
+                for key, param in self._shard_params[0].items():
+                    name = self.params.prefix + key
+                    full = self.sharded.get(name)
+                    if name not in _LOCAL.variables:
+                        _LOCAL.variables[name] = mx.sym.var(
+                            name, shape=param.shape if full is None else full.shape,
+                            dtype=param.dtype)
+                    variables[key] = _LOCAL.variables[name]
+                return self._unsplit(F, x, **variables)
+            stage = getattr(_LOCAL, 'stage', None)
+            if stage is None or self.shards == 1:
+                scopes = [nullcontext] * self.shards
+            elif stage == _MARK:
+                scopes = [lambda i=i: mx.AttrScope(
+                    **{SHARD_ATTR: '%d/%d/%s' % (i, self.shards, self.name)})
+                          for i in range(self.shards)]
+            else:
+                groups = [shard_group(stage[0], j) for j in self.device_indices(stage[1])]
+                scopes = [lambda g=g: mx.AttrScope(ctx_group=g) for g in groups]
+            with scopes[0]():
+                x = self._prepare(F, x)
+            parts = []
+            for i in range(self.shards):
+                with scopes[i]():
+                    params = {k: p.var() for k, p in self._shard_params[i].items()}
+                    parts.append(self._shard(F, i, x, **params))
+            with scopes[0]():
+                return self._combine(F, parts, x)
+
+    def _imperative(self, x):
+        F = mx.nd
+        devices = [next(iter(p.values())).list_ctx()[0] if p else x.context
+                   for p in self._shard_params]
+        x = self._prepare(F, x)
+        parts = []
+        for i, device in enumerate(devices):
+            params = {k: p.data(device) for k, p in self._shard_params[i].items()}
+            parts.append(self._shard(F, i, x.as_in_context(device), **params)
+                         .as_in_context(devices[0]))
+        return self._combine(F, parts, x)
+
+
+class ColumnParallelDense(_ShardedBlock):
+    """``gluon.nn.Dense`` whose weight is split by output units over ``shards``.
+
+    Shard ``i`` holds rows ``units_i`` of the weight ``(units, in_units)`` and
+    of the bias, computes those outputs (and the activation) from the whole
+    input, and a concat on shard 0's device gathers them.
+
+    Args:
+        units: Output size (``Dense``'s ``units``).
+        in_units: Input size (required: each shard's shape is known up front).
+        shards: Parts the layer is split into; ``units`` need not divide.
+        activation, use_bias, flatten, dtype, weight_initializer,
+            bias_initializer, prefix, params: As ``gluon.nn.Dense``.
+
+    Raises:
+        ValueError: ``units``, ``in_units`` or ``shards`` not a positive
+            integer, or more shards than units.
+    """
+
+    def __init__(self, units, in_units, shards, activation=None, use_bias=True, flatten=True,
+                 dtype='float32', weight_initializer=None, bias_initializer='zeros',
+                 prefix=None, params=None):
+        super().__init__(shards, prefix=prefix, params=params)
+        _positive('units', units)
+        _positive('in_units', in_units)
+        if shards > units:
+            raise ValueError('shards: expected at most units (%d) shards, found %d'
+                             % (units, shards))
+        self._units, self._in_units, self._flatten = units, in_units, flatten
+        self._use_bias, self._act = use_bias, activation
+        self.sizes = shard_sizes(units, shards)
+        with self.name_scope():
+            self._add_param('weight', (units, in_units), 0, self.sizes,
+                            init=weight_initializer, dtype=dtype, allow_deferred_init=True)
+            if use_bias:
+                self._add_param('bias', (units,), 0, self.sizes, init=bias_initializer,
+                                dtype=dtype, allow_deferred_init=True)
+
+    def _dense(self, F, x, weight, bias, num_hidden, name):
+        y = F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=num_hidden,
+                             flatten=self._flatten, name=name)
+        if self._act is not None:
+            y = F.Activation(y, act_type=self._act, name=name + '_' + self._act)
+        return y
+
+    def _prepare(self, F, x):
+        if F is mx.sym and self.shards > 1 and x.get_children() is None:
+            # a variable read by several groups fails in backward unless read
+            # through an op of its own group
+            return F.identity(x, name='input')
+        return x
+
+    def _shard(self, F, i, x, weight, bias=None):
+        return self._dense(F, x, weight, bias, self.sizes[i],
+                           'fwd' if self.shards == 1 else 'shard%d_fwd' % i)
+
+    def _combine(self, F, parts, x):
+        return _gather(F, parts, self._flatten)
+
+    def _unsplit(self, F, x, weight, bias=None):
+        return self._dense(F, x, weight, bias, self._units, 'fwd')
+
+    def __repr__(self):
+        return '%s(%d -> %d, %d shards%s)' % (
+            type(self).__name__, self._in_units, self._units, self.shards,
+            ', ' + self._act if self._act else '')
+
+
+def _column_parts(x, shards, flatten):
+    """The shard outputs behind a column layer's (or :class:`PerShard`'s)
+    gather that a layer of ``shards`` shards can read directly, or ``None``."""
+    if not isinstance(x, mx.sym.Symbol) or shards == 1:
+        return None
+    mark = x.attr(_GATHER_ATTR)
+    if mark is None:
+        return None
+    count, flat = (int(v) for v in mark.split(':'))
+    children = x.get_children()
+    if count != shards or (flatten and not flat) or len(children) != shards:
+        return None
+    return [children[i] for i in range(shards)]
+
+
+def _gather(F, parts, flatten):
+    """Shard outputs joined along the last axis, marked for a following layer."""
+    if len(parts) == 1:
+        return parts[0]
+    if F is mx.sym:
+        return F.concat(*parts, dim=-1, name='gather',
+                        attr={_GATHER_ATTR: '%d:%d' % (len(parts), flatten)})
+    return F.concat(*parts, dim=-1)
+
+
+class PerShard(_ShardedBlock):
+    """A parameter-free function of each shard's part of the input, on that
+    shard's device.
+
+    Between a :class:`ColumnParallelDense` and a :class:`RowParallelDense` of
+    as many shards, shard ``i`` applies ``fn`` to shard ``i``'s output of the
+    column layer, and the row layer reads shard ``i``'s result: no gather, no
+    slicing, nothing crosses devices (Megatron's attention core, run on the
+    heads each device holds). Otherwise the input's last axis is cut into
+    ``shards`` contiguous parts (sizes as the column layer's) and the results
+    are concatenated on shard 0's device. On NDArrays every shard runs on the
+    input's device.
+
+    ``fn`` must act on each part alone, e.g. on whole attention heads, for
+    the result not to depend on the shard count: lay out the column layer's
+    outputs so that each shard holds whole heads (``[q k v]`` of head 0, then
+    of head 1, ...), as Megatron-LM does.
+
+    Args:
+        fn: ``fn(F, x) -> y`` on a part ``x`` (``F`` is ``mx.sym`` or
+            ``mx.nd``); its last axis may change size.
+        units: Size of the input's last axis (to cut it when it is not a
+            column layer's output).
+        shards: Parts, as the layers around it.
+        flatten: Whether the row layer after it flattens its input (as that
+            layer's ``flatten``).
+        prefix, params: As any Gluon block.
+
+    Raises:
+        ValueError: ``units`` or ``shards`` not a positive integer, or
+            ``fn`` not callable.
+    """
+
+    def __init__(self, fn, units, shards, flatten=False, prefix=None, params=None):
+        super().__init__(shards, prefix=prefix, params=params)
+        _positive('units', units)
+        if not callable(fn):
+            raise ValueError('fn: expected a function fn(F, x) -> y, found %r' % (fn,))
+        self._fn, self._units, self._flatten = fn, units, flatten
+        self.sizes = shard_sizes(units, shards)
+        self._starts = np.cumsum([0] + self.sizes).tolist()
+
+    def _shard(self, F, i, x):
+        parts = _column_parts(x, self.shards, False)
+        if parts is not None:
+            x = parts[i]
+        elif self.shards > 1:
+            x = F.slice_axis(x, axis=-1, begin=self._starts[i], end=self._starts[i + 1],
+                             name='shard%d_slice' % i)
+        return self._fn(F, x)
+
+    def _combine(self, F, parts, x):
+        return _gather(F, parts, self._flatten)
+
+    def _unsplit(self, F, x):
+        return self._fn(F, x)
+
+    def __repr__(self):
+        return '%s(%s, %d shards)' % (type(self).__name__, getattr(self._fn, '__name__', 'fn'),
+                                      self.shards)
+
+
+class RowParallelDense(_ShardedBlock):
+    """``gluon.nn.Dense`` whose weight is split by input units over ``shards``.
+
+    Shard ``i`` holds columns ``in_units_i`` of the weight ``(units,
+    in_units)`` and multiplies them with its slice of the input; an ``add_n``
+    on shard 0's device sums the partial outputs, shard 0 adds the bias, and
+    the activation follows the sum. Directly after a
+    :class:`ColumnParallelDense` of as many shards (its ``units`` equal to
+    this layer's ``in_units``), shard ``i`` takes that layer's shard ``i``
+    output and no slicing or gather happens.
+
+    Args:
+        units: Output size.
+        in_units: Input size (required).
+        shards: Parts the layer is split into; ``in_units`` need not divide.
+        activation, use_bias, flatten, dtype, weight_initializer,
+            bias_initializer, prefix, params: As ``gluon.nn.Dense``.
+
+    Raises:
+        ValueError: ``units``, ``in_units`` or ``shards`` not a positive
+            integer, or more shards than input units.
+    """
+
+    def __init__(self, units, in_units, shards, activation=None, use_bias=True, flatten=True,
+                 dtype='float32', weight_initializer=None, bias_initializer='zeros',
+                 prefix=None, params=None):
+        super().__init__(shards, prefix=prefix, params=params)
+        _positive('units', units)
+        _positive('in_units', in_units)
+        if shards > in_units:
+            raise ValueError('shards: expected at most in_units (%d) shards, found %d'
+                             % (in_units, shards))
+        self._units, self._in_units, self._flatten = units, in_units, flatten
+        self._use_bias, self._act = use_bias, activation
+        self.sizes = shard_sizes(in_units, shards)
+        self._starts = np.cumsum([0] + self.sizes).tolist()
+        with self.name_scope():
+            self._add_param('weight', (units, in_units), 1, self.sizes,
+                            init=weight_initializer, dtype=dtype, allow_deferred_init=True)
+            if use_bias:
+                self._add_param('bias', (units,), None, init=bias_initializer, dtype=dtype,
+                                allow_deferred_init=True)
+
+    def _prepare(self, F, x):
+        if F is mx.sym and self.shards > 1 and x.get_children() is None:
+            return F.identity(x, name='input')
+        return x
+
+    def _shard(self, F, i, x, weight, bias=None):
+        if self.shards > 1:
+            parts = _column_parts(x, self.shards, self._flatten)
+            if parts is not None:
+                x = parts[i]
+            else:
+                if self._flatten:
+                    x = F.flatten(x, name='shard%d_flatten' % i)
+                x = F.slice_axis(x, axis=-1, begin=self._starts[i], end=self._starts[i + 1],
+                                 name='shard%d_slice' % i)
+        return F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=self._units,
+                                flatten=self._flatten,
+                                name='fwd' if self.shards == 1 else 'shard%d_fwd' % i)
+
+    def _combine(self, F, parts, x):
+        y = parts[0] if self.shards == 1 else F.add_n(*parts, name='reduce')
+        if self._act is not None:
+            y = F.Activation(y, act_type=self._act, name=self._act)
+        return y
+
+    def _unsplit(self, F, x, weight, bias=None):
+        y = F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=self._units,
+                             flatten=self._flatten, name='fwd')
+        if self._act is not None:
+            y = F.Activation(y, act_type=self._act, name=self._act)
+        return y
+
+    def __repr__(self):
+        return '%s(%d -> %d, %d shards%s)' % (
+            type(self).__name__, self._in_units, self._units, self.shards,
+            ', ' + self._act if self._act else '')
+
+
+class VocabParallelEmbedding(_ShardedBlock):
+    """``gluon.nn.Embedding`` whose table is split by rows (vocabulary).
+
+    Shard ``i`` holds rows ``[start_i, end_i)`` of the table ``(input_dim,
+    output_dim)``; it looks up the indices in its range (others read row 0
+    and are zeroed), and an ``add_n`` on shard 0's device sums the shards,
+    which is Megatron-LM's masked lookup and all-reduce.
+
+    Args:
+        input_dim: Vocabulary size.
+        output_dim: Embedding size.
+        shards: Parts the table is split into; ``input_dim`` need not divide.
+        dtype, weight_initializer, prefix, params: As ``gluon.nn.Embedding``.
+
+    Raises:
+        ValueError: ``input_dim``, ``output_dim`` or ``shards`` not a
+            positive integer, or more shards than rows.
+    """
+
+    def __init__(self, input_dim, output_dim, shards, dtype='float32', weight_initializer=None,
+                 prefix=None, params=None):
+        super().__init__(shards, prefix=prefix, params=params)
+        _positive('input_dim', input_dim)
+        _positive('output_dim', output_dim)
+        if shards > input_dim:
+            raise ValueError('shards: expected at most input_dim (%d) shards, found %d'
+                             % (input_dim, shards))
+        self._input_dim, self._output_dim, self._dtype = input_dim, output_dim, dtype
+        self.sizes = shard_sizes(input_dim, shards)
+        self._starts = np.cumsum([0] + self.sizes).tolist()
+        with self.name_scope():
+            self._add_param('weight', (input_dim, output_dim), 0, self.sizes,
+                            init=weight_initializer, dtype=dtype, allow_deferred_init=True)
+
+    def _prepare(self, F, x):
+        if self.shards > 1:
+            return F.BlockGrad(x, name='indices') if F is mx.sym else x.detach()
+        return x
+
+    def _shard(self, F, i, x, weight):
+        if self.shards == 1:
+            return F.Embedding(x, weight, input_dim=self._input_dim, output_dim=self._output_dim,
+                               dtype=self._dtype, name='fwd')
+        local = x - self._starts[i]
+        valid = (local >= 0) * (local < self.sizes[i])   # 1 where shard i holds the row
+        rows = F.Embedding(local * valid, weight, input_dim=self.sizes[i],
+                           output_dim=self._output_dim, dtype=self._dtype,
+                           name='shard%d_fwd' % i)
+        return F.broadcast_mul(rows, F.expand_dims(valid, axis=-1), name='shard%d_mask' % i)
+
+    def _combine(self, F, parts, x):
+        return parts[0] if self.shards == 1 else F.add_n(*parts, name='reduce')
+
+    def _unsplit(self, F, x, weight):
+        return F.Embedding(x, weight, input_dim=self._input_dim, output_dim=self._output_dim,
+                           dtype=self._dtype, name='fwd')
+
+    def __repr__(self):
+        return '%s(%d -> %d, %d shards)' % (type(self).__name__, self._input_dim,
+                                           self._output_dim, self.shards)
+
+
+# -- the unsplit layer's parameters where users see them ----------------------
+
+def sharded_blocks(block):
+    """Every tensor-parallel layer in ``block`` (itself or its children)."""
+    found = []
+    block.apply(lambda b: found.append(b) if isinstance(b, _ShardedBlock) else None)
+    return found
+
+
+def layout(blocks):
+    """``{unsplit name: ShardedParam}`` of every split parameter in ``blocks``
+    (layers of one shard included: their names are the unsplit ones)."""
+    found = OrderedDict()
+    for block in blocks:
+        for layer in sharded_blocks(block):
+            found.update((n, s) for n, s in layer.sharded.items() if len(s.shards) > 1)
+    return found
+
+
+def _as_numpy(value):
+    return value.asnumpy() if isinstance(value, mx.nd.NDArray) else np.asarray(value)
+
+
+def gather_params(values, sharded):
+    """``values`` (name -> array) with each split parameter's shards replaced
+    by the unsplit parameter (a concat along its axis), on ``cpu()``.
+    Names that are not shards pass unchanged; so do unsplit names."""
+    out = OrderedDict()
+    shard_names = {n: s for s in sharded.values() for n in s.names}
+    for name, value in values.items():
+        if name not in shard_names:
+            out[name] = value
+            continue
+        param = shard_names[name]
+        if param.name in out or not all(n in values for n in param.names):
+            continue
+        parts = [_as_numpy(values[n]) for n in param.names]
+        out[param.name] = mx.nd.array(np.concatenate(parts, axis=param.axis),
+                                      dtype=parts[0].dtype)
+    return out
+
+
+def split_params(values, sharded):
+    """``values`` with each unsplit parameter replaced by its shards (slices
+    along its axis); names that are already shards, or not split, pass
+    unchanged.
+
+    Raises:
+        ValueError: an unsplit value of another shape than the layer's.
+    """
+    out = OrderedDict()
+    for name, value in values.items():
+        param = sharded.get(name)
+        if param is None:
+            out[name] = value
+            continue
+        array = _as_numpy(value)
+        if tuple(array.shape) != tuple(param.shape):
+            raise ValueError('%s: expected shape %s (the unsplit layer), found %s'
+                             % (name, param.shape, tuple(array.shape)))
+        start = 0
+        for shard in param.shards:
+            size = shard.shape[param.axis]
+            index = [slice(None)] * array.ndim
+            index[param.axis] = slice(start, start + size)
+            out[shard.name] = mx.nd.array(array[tuple(index)], dtype=array.dtype)
+            start += size
+    return out
