@@ -36,7 +36,7 @@ import time
 
 import mxnet as mx
 
-from mp_symbolic.tools.checkpoint import write_text
+from mp_symbolic.tools.files import write_text
 from mp_symbolic.tools.memory import compare_memory, format_bytes, format_memory, measure_memory
 from mp_symbolic.tools.text import columns
 from mp_symbolic.tools.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,

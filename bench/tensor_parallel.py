@@ -27,7 +27,7 @@ import mxnet as mx
 import numpy as np
 
 from mp_symbolic import ColumnParallelDense, Pipeline, RowParallelDense
-from mp_symbolic.tools.checkpoint import write_text
+from mp_symbolic.tools.files import write_text
 from mp_symbolic.tools.memory import format_bytes, measure_memory
 from mp_symbolic.tools.text import columns
 

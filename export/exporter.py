@@ -33,7 +33,9 @@ from mp_symbolic.tools.store import Store, check_store_folder
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError
 from .inference import inference_graph, sample_shape, stage_layout
-from .onnx_export import check_onnx_version, sha256_file, to_onnx
+from mp_symbolic.tools.files import sha256_file
+
+from .onnx_export import check_onnx_version, to_onnx
 from .runtimes import check_symbol_file
 from .verify import OneDeviceReference, failed_checks, format_report, verify_export
 

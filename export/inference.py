@@ -16,7 +16,7 @@ import re
 import mxnet as mx
 import numpy as np
 
-from mp_symbolic.tools.checkpoint import first_line
+from mp_symbolic.core.compat import error_line
 from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
 from mp_symbolic.core.pipeline import DATA_NAME
 from mp_symbolic.core.devices import stage_name
@@ -182,7 +182,7 @@ def output_shape(symbol, arg_params, aux_params, shape):
         _, out_shapes, _ = symbol.infer_shape(**{DATA_NAME: (1,) + tuple(shape)}, **shapes)
     except mx.base.MXNetError as err:
         raise ExportError('the arrays do not fit together with inputs of shape %s: %s'
-                          % (tuple(shape), first_line(err))) from None
+                          % (tuple(shape), error_line(err))) from None
     return tuple(int(d) for d in out_shapes[0][1:])
 
 

@@ -19,7 +19,6 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
 * ``metadata_props`` records where the model came from.
 """
 from collections import OrderedDict
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -30,13 +29,14 @@ import onnx
 from onnx import TensorProto, helper
 
 from mp_symbolic.core.pipeline import DATA_NAME
+from mp_symbolic.tools.files import sha256_file
 
 from . import converters
 from .errors import ExportError
 from .inference import output_shape, stage_layout
 
 __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
-           'check_onnx_version', 'to_onnx', 'sha256_file', 'producer_version']
+           'check_onnx_version', 'to_onnx', 'producer_version']
 
 ONNX_OPSET = 13
 assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the declared opset'
@@ -71,15 +71,6 @@ def check_onnx_version():
         raise ExportError('expected an onnx release that supports opset %d, found onnx %s '
                           '(opset %d)' % (ONNX_OPSET, onnx.__version__,
                                           onnx.defs.onnx_opset_version()))
-
-
-def sha256_file(path):
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _set_shape(value_info, dims):

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from mp_symbolic.tools.checkpoint import atomic_path, write_text
+from mp_symbolic.tools.files import atomic_path, write_text
 
 from .errors import (InputError, OutputError, PredictionError, describe_start,
                      describe_undecodable, excerpt, library_message)

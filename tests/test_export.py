@@ -19,7 +19,7 @@ from export import onnx_export
 from export.__main__ import main as export_main
 from export.errors import ExportError
 from export.exporter import export_checkpoint
-from export.onnx_export import sha256_file
+from mp_symbolic.tools.files import sha256_file
 from export.predict import main as predict_main
 from export.runtimes import MXNetPredictor, OnnxPredictor
 

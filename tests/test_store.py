@@ -14,7 +14,8 @@ import threading
 
 import pytest
 
-from mp_symbolic.tools.store import MANIFEST, FolderInUse, Store, StoreError, atomic_write_bytes
+from mp_symbolic.tools.files import atomic_write_bytes
+from mp_symbolic.tools.store import MANIFEST, FolderInUse, Store, StoreError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 A = {'params': 'A-params ' * 50, 'symbol.json': '{"A": 1}', 'summary.json': '{"epoch": 1}'}
@@ -450,7 +451,7 @@ def test_a_reader_racing_a_writer_reads_the_new_snapshot_whole(tmp_path, monkeyp
     import mp_symbolic.tools.store as store_module
     out = str(tmp_path / 'out')
     commit(out, A, 'A')
-    real = store_module._hash_file
+    real = store_module.sha256_file
     raced = []
 
     def hash_while_a_writer_commits(path):
@@ -458,6 +459,6 @@ def test_a_reader_racing_a_writer_reads_the_new_snapshot_whole(tmp_path, monkeyp
             raced.append(commit(out, B, 'B'))
         return real(path)
 
-    monkeypatch.setattr(store_module, '_hash_file', hash_while_a_writer_commits)
+    monkeypatch.setattr(store_module, 'sha256_file', hash_while_a_writer_commits)
     snapshot = Store(out).current()
     assert raced and snapshot.folder == raced[0].folder and contents(snapshot) == B

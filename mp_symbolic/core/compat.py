@@ -145,3 +145,14 @@ def _context(text):
     """``'cpu(3)'`` or ``'cpu:3'`` -> ``mx.cpu(3)``."""
     kind, _, rest = text.replace(':', '(').partition('(')
     return mx.Context(kind.strip(), int(rest.strip(')')))
+
+
+def error_line(err):
+    """The informative line of an error. MXNet's messages start with a C++
+    stack trace (or a Python one) and end with the check that failed; others
+    say it on their first line."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    line = lines[-1] if lines[0].startswith(('Traceback', 'Stack trace')) else lines[0]
+    return line[len('MXNetError: '):] if line.startswith('MXNetError: ') else line

@@ -29,13 +29,12 @@ devices (autograd records those copies, so gradients flow back across them);
 with replicas and chunks too (:mod:`~mp_symbolic.core.twin`), trained by
 :class:`~mp_symbolic.Trainer`.
 
-Why the tagging happens here: ``mx.AttrScope(ctx_group=...)`` inside
-``hybrid_forward`` tags the ops but not the parameter variables (Gluon creates
-those before ``hybrid_forward`` runs), and the split graph then fails to bind
-for training. The scope must enclose the whole call of each block, and Gluon
-caches each parameter's variable, so the cache is cleared before every build.
+This module validates and holds the plan; the graphs are built in
+:mod:`~mp_symbolic.core.graph`, the imperative forward pass runs in
+:mod:`~mp_symbolic.core.twin`, blocks are balanced by
+:mod:`~mp_symbolic.core.balance` and devices resolved by
+:mod:`~mp_symbolic.core.devices`.
 """
-from contextlib import contextmanager
 import json
 
 import mxnet as mx
@@ -43,16 +42,13 @@ from mxnet import gluon
 import numpy as np
 
 from . import balance as balancing
-from . import graphcut
-from . import tensor_parallel, twin
+from . import graph, graphcut, tensor_parallel, twin
+from .graph import DATA_NAME, LABEL_NAME
 from .heads import make_head
 from .devices import (DeviceSpecError, DevicePlan, resolve_devices, shard_group,
                       split_replicas, stage_name)
 
 __all__ = []
-
-DATA_NAME = 'data'             # mx.io.NDArrayIter's default data name
-LABEL_NAME = 'softmax_label'   # mx.io.NDArrayIter's default label name
 
 
 def _as_blocks(blocks):
@@ -422,58 +418,11 @@ class Pipeline(gluon.Block):
     # -- symbolic ------------------------------------------------------------
 
     def _reset_variables(self):
-        # Gluon caches each parameter's variable with the attributes in force
-        # when it was first made: a second build (another plan) would keep the
-        # first plan's ctx_group.
-        for param in self.collect_params().values():
-            param._var = None  # pylint: disable=protected-access
-
-    def _build(self, data, chunks):
-        """``data`` through every stage, tagged; chunks joined on the last stage."""
-        if self.whole:
-            return self._build_cut(data, chunks)
-        self._reset_variables()
-        first, last = stage_name(0), stage_name(self.plan.num_stages - 1)
-        if chunks > 1:
-            with mx.AttrScope(ctx_group=first):
-                parts = list(mx.sym.split(data, num_outputs=chunks, axis=0, name='chunk'))
-        else:
-            parts = [data]
-        outputs = []
-        for x in parts:
-            for s, blocks in enumerate(self.stages):
-                extra = {'force_mirroring': 'True'} if s in self.mirror else {}
-                with mx.AttrScope(ctx_group=stage_name(s), **extra), \
-                        tensor_parallel.stage_scope(s, self.plan.width(s)):
-                    for block in blocks:
-                        x = block(x)
-            outputs.append(x)
-        if chunks == 1:
-            return outputs[0]
-        with mx.AttrScope(ctx_group=last):
-            return mx.sym.concat(*outputs, dim=0, name='join')
-
-    def _build_cut(self, data, chunks):
-        """The labelled graph of a whole network, on ``chunks`` micro-batches."""
-        mirror = self.mirror
-        labelled = self._unsplit_labelled() if self._shard_of and tensor_parallel.is_unsplit() \
-            else self._labelled(mirror)
-        graph = graphcut.replicate_chunks(labelled, DATA_NAME, chunks,
-                                          self.plan.num_stages - 1)
-        if data.list_arguments() == [data.name] and len(data.get_internals()) == 1:
-            for node in graph['nodes']:  # the input variable takes the caller's name
-                if node['op'] == 'null' and node['name'] == DATA_NAME:
-                    node['name'] = data.name
-            return graphcut.load(graph)
-        return graphcut.load(graph)(**{DATA_NAME: data})
-
-    def _data(self, data_name):
-        with mx.AttrScope(ctx_group=stage_name(0)):
-            return mx.sym.var(data_name)
+        graph.reset_variables(self)
 
     def symbol(self, data_name=DATA_NAME):
         """The inference graph: ``data`` -> prediction, every node tagged."""
-        return _finish(self._build(self._data(data_name), 1), self)
+        return graph.finish(graph.build(self, graph.data_variable(data_name), 1), self)
 
     def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None):
         """The graph with its loss head (see :func:`mp_symbolic.core.heads.make_head`).
@@ -482,10 +431,10 @@ class Pipeline(gluon.Block):
             chunks: Micro-batches; ``None``: the Pipeline's ``chunks``.
         """
         chunks = self.chunks if chunks is None else chunks
-        prediction = self._build(self._data(data_name), chunks)
+        prediction = graph.build(self, graph.data_variable(data_name), chunks)
         with mx.AttrScope(ctx_group=stage_name(self.plan.num_stages - 1)):
             head = make_head(loss, prediction, mx.sym.var(label_name))
-        return _finish(head, self)
+        return graph.finish(head, self)
 
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, **kwargs):
         """An ``mx.mod.Module`` bound to the stages' devices (see
@@ -510,22 +459,7 @@ class Pipeline(gluon.Block):
         Raises:
             ValueError: MXNet cannot infer the shapes from ``data_shape``.
         """
-        self._reset_variables()
-        sym = mx.sym.var(data_name)
-        for block in self.blocks:
-            sym = block(sym)
-        try:
-            arg_shapes, _, aux_shapes = sym.infer_shape(**{data_name: tuple(data_shape)})
-        except mx.base.MXNetError as err:
-            raise ValueError('sample: cannot infer the network\'s shapes from input shape %s: %s'
-                             % (tuple(data_shape), _last_line(err))) from None
-        shapes = dict(zip(sym.list_arguments(), arg_shapes))
-        shapes.update(zip(sym.list_auxiliary_states(), aux_shapes))
-        for param in self.collect_params().values():
-            if param.name in shapes:
-                param.shape = shapes[param.name]
-        self._reset_variables()
-        return shapes
+        return graph.infer_shapes(self, data_shape, data_name)
 
     # -- imperative twin -----------------------------------------------------
 
@@ -542,31 +476,8 @@ class Pipeline(gluon.Block):
             ValueError: the batch is not a multiple of ``chunks x replicas``.
         """
         if isinstance(x, mx.sym.Symbol):
-            return _finish(self._build(x, 1), self)
+            return graph.finish(graph.build(self, x, 1), self)
         return twin.forward(self, x)
-
-    def _run_stage(self, stage, x, devices):
-        """Stage ``stage``'s blocks on ``x``, on one replica's ``devices``. A
-        tied parameter owned by another stage is read through a copy from its
-        owner's device, recorded by autograd (its gradient sums every use)."""
-        if self._borrowed is None:
-            params = self.collect_params()
-            self._borrowed = {s: [(params[n], owner) for n, (owner, readers) in self.tied.items()
-                                  if owner != s and s in readers]
-                              for s in range(self.plan.num_stages)}
-        with _read_on([(p, devices[owner]) for p, owner in self._borrowed[stage]],
-                      devices[stage]):
-            for block in self.stages[stage]:
-                x = block(x)
-        return x
-
-    def _run_whole(self, x, replica):
-        """The whole network's labelled graph on ``x``, op by op, on replica
-        ``replica``'s devices."""
-        inputs = {name: param.data(self._device_of(name, replica))
-                  for name, param in self.collect_params().items()}
-        inputs[DATA_NAME] = x
-        return graphcut.run_graph(self._labelled(), inputs, self.plan.group2ctxs[replica])
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):
@@ -669,57 +580,3 @@ def _is_initialized(param):
         return False
 
 
-@contextmanager
-def _read_on(params, device):
-    """Within: each ``(param, source)`` of ``params`` reads, on ``device``, a
-    copy of its value on ``source``, made by ``as_in_context`` (autograd
-    records it, so the gradient of every use is summed into that copy)."""
-    # pylint: disable=protected-access
-    saved = [(p, p._data, p._ctx_list, p._ctx_map) for p, _ in params]
-    try:
-        for param, source in params:
-            copy = param.data(source).as_in_context(device)
-            param._data, param._ctx_list = [copy], [device]
-            ctx_map = [[], []]  # Gluon's lookup: [device type & 1][device id] -> index
-            ctx_map[device.device_typeid & 1] = [None] * device.device_id + [0]
-            param._ctx_map = ctx_map
-        yield
-    finally:
-        for param, data, ctx_list, ctx_map in saved:
-            param._data, param._ctx_list, param._ctx_map = data, ctx_list, ctx_map
-
-
-def _finish(symbol, pipeline):
-    """Checks every node carries a stage; gives chunk copies of ops unique
-    names; reads every parameter used by several stages through an identity
-    in its owner's stage (:func:`mp_symbolic.core.graphcut.tie_parameters`)."""
-    graph = json.loads(symbol.tojson())
-    owner = getattr(pipeline, '_owner', {})
-    shard_of = getattr(pipeline, '_shard_of', {})
-    for node in graph['nodes']:
-        if node['op'] == 'null' and node['name'] in owner:
-            node['attrs']['__ctx_group__'] = shard_group(owner[node['name']],
-                                                         shard_of.get(node['name'], 0))
-    tied = graphcut.tie_parameters(graph)
-    if tied != json.loads(symbol.tojson()):
-        symbol, graph = graphcut.load(tied), tied
-    groups = set(pipeline.plan.group2ctx)
-    seen = {}
-    for node in graph['nodes']:
-        group = node.get('attrs', {}).get('__ctx_group__')
-        if group not in groups:  # an internal invariant: every node is built in a scope
-            raise AssertionError('node %s has ctx_group %r, expected one of %s'
-                                 % (node['name'], group, sorted(groups)))
-        if node['op'] != 'null':
-            count = seen.get(node['name'], 0)
-            seen[node['name']] = count + 1
-            if count:
-                node['name'] = '%s_chunk%d' % (node['name'], count)
-    if not any(count > 1 for count in seen.values()):
-        return symbol
-    return graphcut.load(graph)
-
-
-def _last_line(err):
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__

@@ -18,7 +18,12 @@ in the symbolic graph of :meth:`Pipeline.training_symbol`.
 Reference: torchgpipe's ``microbatch.scatter``/``gather`` and its clock
 schedule; Gluon's ``split_and_load`` for the replicas.
 """
+from contextlib import contextmanager
+
 import mxnet as mx
+
+from . import graphcut
+from .graph import DATA_NAME
 
 __all__ = []
 
@@ -52,13 +57,60 @@ def forward(pipe, x):
                                end=(r * chunks + m + 1) * size)
               for m in range(chunks)] for r in range(pipe.replicas)]
     if pipe.whole:  # a cut graph runs op by op, each op on its stage's device
-        micro = [[pipe._run_whole(h.as_in_context(devices[0]), r) for h in shares]  # pylint: disable=protected-access
+        micro = [[run_whole(pipe, h.as_in_context(devices[0]), r) for h in shares]
                  for r, (devices, shares) in enumerate(zip(plan.replica_devices, micro))]
     for clock in range(chunks + num_stages - 1 if not pipe.whole else 0):
         for r, devices in enumerate(plan.replica_devices):
             for m in range(max(0, clock - num_stages + 1), min(chunks, clock + 1)):
                 stage = clock - m
                 h = micro[r][m].as_in_context(devices[stage])  # recorded by autograd
-                micro[r][m] = pipe._run_stage(stage, h, devices)  # pylint: disable=protected-access
+                micro[r][m] = run_stage(pipe, stage, h, devices)
     outputs = [h.as_in_context(plan.last_device) for shares in micro for h in shares]
     return outputs[0] if len(outputs) == 1 else mx.nd.concat(*outputs, dim=0)
+
+
+def run_stage(pipe, stage, x, devices):
+    """Stage ``stage``'s blocks on ``x``, on one replica's ``devices``. A
+    tied parameter owned by another stage is read through a copy from its
+    owner's device, recorded by autograd (its gradient sums every use)."""
+    # pylint: disable=protected-access
+    if pipe._borrowed is None:
+        params = pipe.collect_params()
+        pipe._borrowed = {s: [(params[n], owner) for n, (owner, readers) in pipe.tied.items()
+                              if owner != s and s in readers]
+                          for s in range(pipe.plan.num_stages)}
+    with read_on([(p, devices[owner]) for p, owner in pipe._borrowed[stage]],
+                  devices[stage]):
+        for block in pipe.stages[stage]:
+            x = block(x)
+    return x
+
+
+def run_whole(pipe, x, replica):
+    """The whole network's labelled graph on ``x``, op by op, on replica
+    ``replica``'s devices."""
+    # pylint: disable=protected-access
+    inputs = {name: param.data(pipe._device_of(name, replica))
+              for name, param in pipe.collect_params().items()}
+    inputs[DATA_NAME] = x
+    return graphcut.run_graph(pipe._labelled(), inputs, pipe.plan.group2ctxs[replica])
+
+
+@contextmanager
+def read_on(params, device):
+    """Within: each ``(param, source)`` of ``params`` reads, on ``device``, a
+    copy of its value on ``source``, made by ``as_in_context`` (autograd
+    records it, so the gradient of every use is summed into that copy)."""
+    # pylint: disable=protected-access
+    saved = [(p, p._data, p._ctx_list, p._ctx_map) for p, _ in params]
+    try:
+        for param, source in params:
+            copy = param.data(source).as_in_context(device)
+            param._data, param._ctx_list = [copy], [device]
+            ctx_map = [[], []]  # Gluon's lookup: [device type & 1][device id] -> index
+            ctx_map[device.device_typeid & 1] = [None] * device.device_id + [0]
+            param._ctx_map = ctx_map
+        yield
+    finally:
+        for param, data, ctx_list, ctx_map in saved:
+            param._data, param._ctx_list, param._ctx_map = data, ctx_list, ctx_map

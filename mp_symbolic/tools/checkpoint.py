@@ -7,41 +7,23 @@ and ``mx.model.load_checkpoint`` reads. A training run commits the pair, its
 optimizer state and ``summary.json`` together through
 :class:`~mp_symbolic.tools.store.Store` (:func:`commit_checkpoint`); single files
 (reports, pictures) are written to a temporary file and renamed into place
-(:func:`atomic_path`).
+(:func:`mp_symbolic.tools.files.atomic_path`).
 """
 import json
 import os
-import tempfile
-from contextlib import contextmanager
 
 import mxnet as mx
 import numpy as np
 
+
+
+from ..core.compat import error_line as first_line
 
 __all__ = []
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that is missing, corrupt, or does not fit its symbol."""
-
-
-@contextmanager
-def atomic_path(path):
-    """Yields a temporary path next to ``path``; renames it onto ``path`` on
-    success, removes it on failure (an exception or an interrupt), so ``path``
-    is either the old file or the complete new one."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.',
-                               suffix='.tmp')
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def check_writable_dir(path, name):
@@ -58,16 +40,6 @@ def check_writable_dir(path, name):
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError('%s: expected a folder this user can write, found %s not writable'
                          % (name, probe))
-
-
-def write_text(path, text):
-    with atomic_path(path) as tmp:
-        with open(tmp, 'w') as f:
-            f.write(text)
-
-
-def write_json(path, obj):
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + '\n')
 
 
 def save_params(path, arg_params, aux_params=None):
@@ -227,16 +199,6 @@ def check_params(symbol, arg_params, aux_params, where='params'):
             problems.append('the arrays do not fit together: %s' % first_line(err))
     if problems:
         raise CheckpointError('%s does not match its symbol: %s' % (where, '; '.join(problems)))
-
-
-def first_line(err):
-    """The informative line of an error: MXNet's messages start with a C++
-    traceback and end with the check that failed."""
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(err).__name__
-    line = lines[-1] if lines[0].startswith('Traceback') else lines[0]
-    return line[len('MXNetError: '):] if line.startswith('MXNetError: ') else line
 
 
 # -- training checkpoints committed as one unit ------------------------------

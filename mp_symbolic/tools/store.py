@@ -35,13 +35,15 @@ training outputs without MXNet.
 """
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 import stat
 import time
 import uuid
+
+from . import files
+from .files import atomic_write_bytes, fsync_path, sha256_file
 
 __all__ = []
 
@@ -55,7 +57,6 @@ CURRENT = 'current'
 SNAP_PREFIX = 'snap-'
 STAGING_PREFIX = '.staging-'
 LINK_PREFIX = '.current-'
-_CHUNK = 1 << 20
 
 
 class StoreError(ValueError):
@@ -71,15 +72,6 @@ class WrongFolder(StoreError):
     """A folder that holds another kind of output, or lies inside a store."""
 
 
-def _fsync_path(path):
-    """fsyncs a file or a folder (a folder's fsync makes its entries durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_new_file(path, data):
     """Creates ``path`` (which must not exist), writes ``data`` and fsyncs it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -90,33 +82,6 @@ def _write_new_file(path, data):
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def atomic_write_bytes(path, data):
-    """Replaces the file ``path`` with ``data``, durably and all at once.
-
-    The bytes go to a temporary file in the same folder, which is fsynced,
-    renamed onto ``path``, and the folder fsynced, so after a crash ``path``
-    holds the old bytes or the new ones.
-
-    Args:
-        path: The file to write; its folder must exist.
-        data: The bytes (``bytes``, ``bytearray`` or ``memoryview``).
-
-    Raises:
-        OSError: The write failed (e.g. ENOSPC); ``path`` is unchanged and the
-            temporary file removed.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, '.%s.%s.tmp' % (os.path.basename(path), uuid.uuid4().hex[:12]))
-    try:
-        _write_new_file(tmp, data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_path(folder)
 
 
 def _remove(path):
@@ -146,28 +111,8 @@ def _is_plain_name(name):
 
 def _hash_and_fsync(path):
     """Returns (sha256 hex, size) of the file at ``path`` after fsyncing it."""
-    digest = hashlib.sha256()
-    size = 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while True:
-            chunk = os.read(fd, _CHUNK)
-            if not chunk:
-                break
-            digest.update(chunk)
-            size += len(chunk)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return digest.hexdigest(), size
-
-
-def _hash_file(path):
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b''):
-            digest.update(chunk)
-    return digest.hexdigest()
+    fsync_path(path)
+    return files.sha256_file(path), os.path.getsize(path)  # the writer's own, not the reader's
 
 
 def read_bounded(path, limit, what='file'):
@@ -479,10 +424,10 @@ class Store:
             if self.kind is not None and _marker(self.folder) != self.kind:
                 atomic_write_bytes(self._at(KIND), self.kind.encode() + b'\n')
             os.rename(staging, snap)
-            _fsync_path(self.folder)
+            fsync_path(self.folder)
             os.symlink(snap_name, link_tmp)
             os.replace(link_tmp, self._at(CURRENT))
-            _fsync_path(self.folder)
+            fsync_path(self.folder)
         except BaseException:
             _remove(staging)
             _remove(link_tmp)
@@ -507,7 +452,7 @@ class Store:
             else:
                 os.symlink(previous, link_tmp)
                 os.replace(link_tmp, self._at(CURRENT))
-            _fsync_path(self.folder)
+            fsync_path(self.folder)
         except OSError:
             _remove(link_tmp)
         return not self._points_to(snap_name)
@@ -529,7 +474,7 @@ class Store:
                     'created_utc': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}
         _write_new_file(os.path.join(staging, MANIFEST),
                         (json.dumps(manifest, indent=2, sort_keys=True) + '\n').encode())
-        _fsync_path(staging)
+        fsync_path(staging)
         return manifest
 
     # -- reader side ---------------------------------------------------------
@@ -607,7 +552,7 @@ class Store:
                 if size != entry['bytes']:
                     raise StoreError('%s: expected %d bytes, found %d bytes'
                                      % (path, entry['bytes'], size))
-                sha256 = _hash_file(path)
+                sha256 = sha256_file(path)
             except FileNotFoundError:
                 raise StoreError('%s: expected a file of %d bytes, found %s'
                                  % (path, entry['bytes'], _kind(path))) from None

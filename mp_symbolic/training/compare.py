@@ -23,7 +23,7 @@ import mxnet as mx
 from mxnet import autograd
 import numpy as np
 
-from ..tools.checkpoint import atomic_path, write_json
+from ..tools.files import atomic_path, write_json
 from .graphviz_plot import write_graph
 from .metrics import AGREE_ATOL, AGREE_RTOL
 from ..core.devices import format_device

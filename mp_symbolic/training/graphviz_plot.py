@@ -16,7 +16,7 @@ import subprocess
 
 from graphviz import Digraph
 
-from ..tools.checkpoint import atomic_path, write_text
+from ..tools.files import atomic_path, write_text
 from ..core.devices import format_device
 
 __all__ = []

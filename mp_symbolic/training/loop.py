@@ -17,8 +17,9 @@ import numpy as np
 from tqdm import tqdm
 
 from .config import RESUME_IDENTITY, resume_config
-from ..tools.checkpoint import (SUMMARY_NAME, commit_checkpoint, first_line, read_checkpoint,
-                                write_text)
+from ..core.compat import error_line
+from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
+from ..tools.files import write_text
 from .imperative import ImperativeStepper
 from ..core.module import with_input_shape
 from ..core.optstate import gather_states, load_states, split_states
@@ -89,7 +90,7 @@ def _check_labels(pipe, task, batch_size):
     except mx.base.MXNetError as err:
         raise TaskError('train: expected labels that fit the network\'s output and the loss '
                         '%r, found labels of shape %s per example: %s'
-                        % (task.loss, tuple(task.label_shape), first_line(err))) from None
+                        % (task.loss, tuple(task.label_shape), error_line(err))) from None
 
 
 def initial_values(pipe, seed):

@@ -1,0 +1,136 @@
+"""The Pipeline's graphs: every op, parameter variable and auxiliary state
+tagged with its stage's ``ctx_group``, micro-batches split and joined, and
+the checks that every node carries a stage.
+
+Functions of a :class:`~mp_symbolic.Pipeline`; :mod:`~mp_symbolic.core.graphcut`
+labels the graph of one whole network, this module builds both forms.
+
+Why the tagging happens around each block's whole call:
+``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward`` tags the ops but not
+the parameter variables (Gluon creates those before ``hybrid_forward`` runs),
+and the split graph then fails to bind for training. Gluon caches each
+parameter's variable, so the cache is cleared before every build.
+"""
+import json
+
+import mxnet as mx
+
+from . import graphcut, tensor_parallel
+from .compat import error_line
+from .devices import shard_group, stage_name
+
+__all__ = []
+
+DATA_NAME = 'data'             # mx.io.NDArrayIter's default data name
+LABEL_NAME = 'softmax_label'   # mx.io.NDArrayIter's default label name
+
+
+def reset_variables(pipe):
+    """Forgets the variables Gluon cached for ``pipe``'s parameters."""
+    # Gluon caches each parameter's variable with the attributes in force
+    # when it was first made: a second build (another plan) would keep the
+    # first plan's ctx_group.
+    for param in pipe.collect_params().values():
+        param._var = None  # pylint: disable=protected-access
+
+
+def build(pipe, data, chunks):
+    """``data`` through every stage, tagged; chunks joined on the last stage."""
+    if pipe.whole:
+        return _build_cut(pipe, data, chunks)
+    reset_variables(pipe)
+    first, last = stage_name(0), stage_name(pipe.plan.num_stages - 1)
+    if chunks > 1:
+        with mx.AttrScope(ctx_group=first):
+            parts = list(mx.sym.split(data, num_outputs=chunks, axis=0, name='chunk'))
+    else:
+        parts = [data]
+    outputs = []
+    for x in parts:
+        for s, blocks in enumerate(pipe.stages):
+            extra = {'force_mirroring': 'True'} if s in pipe.mirror else {}
+            with mx.AttrScope(ctx_group=stage_name(s), **extra), \
+                    tensor_parallel.stage_scope(s, pipe.plan.width(s)):
+                for block in blocks:
+                    x = block(x)
+        outputs.append(x)
+    if chunks == 1:
+        return outputs[0]
+    with mx.AttrScope(ctx_group=last):
+        return mx.sym.concat(*outputs, dim=0, name='join')
+
+
+def _build_cut(pipe, data, chunks):
+    """The labelled graph of a whole network, on ``chunks`` micro-batches."""
+    mirror = pipe.mirror
+    labelled = pipe._unsplit_labelled() if pipe._shard_of and tensor_parallel.is_unsplit() \
+        else pipe._labelled(mirror)
+    graph = graphcut.replicate_chunks(labelled, DATA_NAME, chunks,
+                                      pipe.plan.num_stages - 1)
+    if data.list_arguments() == [data.name] and len(data.get_internals()) == 1:
+        for node in graph['nodes']:  # the input variable takes the caller's name
+            if node['op'] == 'null' and node['name'] == DATA_NAME:
+                node['name'] = data.name
+        return graphcut.load(graph)
+    return graphcut.load(graph)(**{DATA_NAME: data})
+
+
+def data_variable(data_name):
+    """The input variable, in the first stage."""
+    with mx.AttrScope(ctx_group=stage_name(0)):
+        return mx.sym.var(data_name)
+
+
+def infer_shapes(pipe, data_shape, data_name=DATA_NAME):
+    """Fills in parameter shapes not known yet from one input shape.
+
+    Raises:
+        ValueError: MXNet cannot infer the shapes from ``data_shape``.
+    """
+    reset_variables(pipe)
+    sym = mx.sym.var(data_name)
+    for block in pipe.blocks:
+        sym = block(sym)
+    try:
+        arg_shapes, _, aux_shapes = sym.infer_shape(**{data_name: tuple(data_shape)})
+    except mx.base.MXNetError as err:
+        raise ValueError('sample: cannot infer the network\'s shapes from input shape %s: %s'
+                         % (tuple(data_shape), error_line(err))) from None
+    shapes = dict(zip(sym.list_arguments(), arg_shapes))
+    shapes.update(zip(sym.list_auxiliary_states(), aux_shapes))
+    for param in pipe.collect_params().values():
+        if param.name in shapes:
+            param.shape = shapes[param.name]
+    reset_variables(pipe)
+    return shapes
+
+
+def finish(symbol, pipeline):
+    """Checks every node carries a stage; gives chunk copies of ops unique
+    names; reads every parameter used by several stages through an identity
+    in its owner's stage (:func:`mp_symbolic.core.graphcut.tie_parameters`)."""
+    graph = json.loads(symbol.tojson())
+    owner = getattr(pipeline, '_owner', {})
+    shard_of = getattr(pipeline, '_shard_of', {})
+    for node in graph['nodes']:
+        if node['op'] == 'null' and node['name'] in owner:
+            node['attrs']['__ctx_group__'] = shard_group(owner[node['name']],
+                                                         shard_of.get(node['name'], 0))
+    tied = graphcut.tie_parameters(graph)
+    if tied != json.loads(symbol.tojson()):
+        symbol, graph = graphcut.load(tied), tied
+    groups = set(pipeline.plan.group2ctx)
+    seen = {}
+    for node in graph['nodes']:
+        group = node.get('attrs', {}).get('__ctx_group__')
+        if group not in groups:  # an internal invariant: every node is built in a scope
+            raise AssertionError('node %s has ctx_group %r, expected one of %s'
+                                 % (node['name'], group, sorted(groups)))
+        if node['op'] != 'null':
+            count = seen.get(node['name'], 0)
+            seen[node['name']] = count + 1
+            if count:
+                node['name'] = '%s_chunk%d' % (node['name'], count)
+    if not any(count > 1 for count in seen.values()):
+        return symbol
+    return graphcut.load(graph)

@@ -1,0 +1,90 @@
+"""Files written whole or not at all, and their digests: the one atomic write
+(with fsync) and the one sha256 of the project. Standard library only.
+
+Reference: the rename-into-place pattern of ``os.replace`` (POSIX rename(2)
+is atomic within a file system) with the fsyncs that make it durable: the
+file before the rename, its folder after.
+"""
+from contextlib import contextmanager
+import hashlib
+import json
+import os
+import tempfile
+
+__all__ = []
+
+_CHUNK = 1 << 20
+
+
+def fsync_path(path):
+    """fsyncs a file or a folder (a folder's fsync makes its entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path):
+    """Yields a temporary path next to ``path``; when the block succeeds the
+    file there is fsynced, renamed onto ``path`` and the folder fsynced, so
+    after a crash ``path`` holds the old file or the complete new one. On any
+    failure (an exception or an interrupt) the temporary file is removed and
+    ``path`` is unchanged.
+
+    Raises:
+        OSError: the folder cannot be made, or a write, fsync or rename fails.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.' + os.path.basename(path) + '.',
+                               suffix='.tmp')
+    os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
+    try:
+        yield tmp
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    fsync_path(folder)
+
+
+def atomic_write_bytes(path, data):
+    """Replaces the file ``path`` with ``data``, durably and all at once (see
+    :func:`atomic_path`).
+
+    Raises:
+        OSError: the write failed (e.g. ENOSPC); ``path`` is unchanged.
+    """
+    with atomic_path(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+
+
+def write_text(path, text):
+    """Writes ``text`` to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, 'w') as f:
+            f.write(text)
+
+
+def write_json(path, obj):
+    """Writes ``obj`` as indented, sorted JSON to ``path`` atomically."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + '\n')
+
+
+def sha256_file(path):
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
