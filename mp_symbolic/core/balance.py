@@ -145,21 +145,28 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
         for param in block.collect_params().values():
             param._var = None  # pylint: disable=protected-access
         exe = out.simple_bind(ctx, grad_req='write', x=shape)
-        for array in exe.arg_arrays + exe.aux_arrays:
-            array[:] = rng.normal(0.0, 0.1, array.shape)
-        head_grads = [mx.nd.ones(o.shape, ctx=ctx) for o in exe.outputs]
-        samples = []
-        for i in range(repeats + 1):
-            mx.nd.waitall()
-            start = time.perf_counter()
-            exe.forward(is_train=True)
-            exe.backward(out_grads=head_grads)
-            mx.nd.waitall()
-            if i:  # the first pass allocates and sets up
-                samples.append(time.perf_counter() - start)
-        times.append(statistics.median(samples))
+        times.append(time_forward_backward(exe, ctx, rng, repeats))
         shape = exe.outputs[0].shape
     return times
+
+
+def time_forward_backward(exe, ctx, rng, repeats=5):
+    """Median seconds of one forward + backward pass of the bound executor
+    ``exe`` on ``ctx``, its arrays filled from ``rng``, with
+    ``mx.nd.waitall()`` around each pass (the first, which allocates, untimed)."""
+    for array in exe.arg_arrays + exe.aux_arrays:
+        array[:] = rng.normal(0.0, 0.1, array.shape)
+    head_grads = [mx.nd.ones(o.shape, ctx=ctx) for o in exe.outputs]
+    samples = []
+    for i in range(repeats + 1):
+        mx.nd.waitall()
+        start = time.perf_counter()
+        exe.forward(is_train=True)
+        exe.backward(out_grads=head_grads)
+        mx.nd.waitall()
+        if i:
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
 
 
 def balance_by_size(blocks, partitions):

@@ -28,12 +28,11 @@ node on its group's device and copies every entry that crosses devices,
 including skip connections over several stages.
 """
 import json
-import statistics
-import time
 
 import mxnet as mx
 import numpy as np
 
+from .balance import time_forward_backward
 from .devices import stage_name
 
 __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
@@ -144,19 +143,7 @@ def _time_op(sym, in_shapes, ctx, rng, repeats):
 def _time_bound(sym, in_shapes, ctx, rng, repeats, grad_req):
     exe = sym.simple_bind(ctx, grad_req=grad_req,
                           **{a: in_shapes[a] for a in sym.list_arguments()})
-    for array in exe.arg_arrays + exe.aux_arrays:
-        array[:] = rng.normal(0.0, 0.1, array.shape)
-    head_grads = [mx.nd.ones(o.shape, ctx=ctx) for o in exe.outputs]
-    samples = []
-    for r in range(repeats + 1):
-        mx.nd.waitall()
-        start = time.perf_counter()
-        exe.forward(is_train=True)
-        exe.backward(out_grads=head_grads)
-        mx.nd.waitall()
-        if r:  # the first pass allocates and sets up
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return time_forward_backward(exe, ctx, rng, repeats)
 
 
 def entry_shapes(symbol, input_shapes, with_dtype=False):
