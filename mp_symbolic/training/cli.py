@@ -17,7 +17,7 @@ import sys
 
 from ..tools.cliargs import OneLineArgumentParser
 from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
-from ..tools.interrupts import Terminated, exit_status, interrupt_on_signals
+from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
 from ..tools.launch import add_launch_parser
 from .tasks import BUNDLED
 
@@ -314,6 +314,10 @@ def main(argv=None):
             from .compare import compare
             return 0 if compare(cfg, task=task).agree else EXIT_DISAGREE
         train(cfg, built=built, task=task)
+        if os.environ.get('DMLC_ROLE') != 'worker':
+            # done and written: from here a signal must neither raise a traceback
+            # while the process exits nor kill it silently
+            ignore_signals()
     except ValueError as err:  # a folder in use, a checkpoint that cannot be resumed
         print('error: %s' % _flag_message(err, spec), file=sys.stderr)
         return EXIT_USAGE
