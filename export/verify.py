@@ -13,6 +13,7 @@ The report (a JSON-ready dict) holds
   the reference).
 """
 from collections import OrderedDict
+import json
 
 import numpy as np
 import onnx
@@ -32,6 +33,9 @@ __all__ = ['BATCH_SIZES', 'TOLERANCE', 'REQUIRED_METADATA',
            'verify_export', 'format_report', 'failed_checks', 'OneDeviceReference']
 
 BATCH_SIZES = (1, 7, 1000)
+# With a dynamic axis besides the batch (a sequence length): smaller batches,
+# each at several sizes of that axis.
+DYNAMIC_BATCH_SIZES = (1, 7, 64)
 TOLERANCE = 1e-5
 REQUIRED_METADATA = ('producer', 'producer_version', 'mxnet_version', 'input_names',
                      'input_shapes', 'output_names', 'output_shapes', 'stages',
@@ -146,19 +150,51 @@ def verify_export(onnx_path, sym_path, params_path, reference):
 
     rng = np.random.default_rng(_SEED)
     parity = []
-    for batch_size in BATCH_SIZES:
-        X = rng.normal(0.0, 1.0, (batch_size,) + onnx_runtime.sample_shape).astype(np.float32)
+    dynamic = onnx_runtime.dynamic_axes
+    for runtime in runtimes[1:]:
+        runtime.dynamic_axes = dynamic
+    vocab = _token_range(reference.symbol)
+    for batch_size, shape in _parity_shapes(onnx_runtime.sample_shape, dynamic):
+        if vocab:  # token ids for an Embedding (normal noise would index out of range)
+            X = rng.integers(0, vocab, (batch_size,) + shape).astype(np.float32)
+        else:
+            X = rng.normal(0.0, 1.0, (batch_size,) + shape).astype(np.float32)
         expected = reference(X)
         for runtime in runtimes:
             got = runtime.predict(X).reshape(expected.shape)
             diff = float(np.max(np.abs(got - expected)))
             ok = bool(np.allclose(got, expected, rtol=TOLERANCE, atol=TOLERANCE))
             parity.append(OrderedDict([('runtime', _describe(runtime)),
-                                       ('batch_size', batch_size),
+                                       ('batch_size', batch_size), ('shape', list(X.shape)),
                                        ('max_abs_diff', diff), ('ok', ok)]))
     ok = all(c['ok'] for c in checks) and all(p['ok'] for p in parity)
     return OrderedDict([('ok', ok), ('tolerance', TOLERANCE), ('checks', checks),
-                        ('parity', parity)])
+                        ('dynamic_axes', list(dynamic)), ('parity', parity)])
+
+
+def _parity_shapes(sample_shape, dynamic_axes):
+    """``[(batch size, sample shape)]`` to compare at: :data:`BATCH_SIZES`,
+    or with dynamic axes :data:`DYNAMIC_BATCH_SIZES` at sizes 1, about half
+    and all of each dynamic axis as traced."""
+    if not dynamic_axes:
+        return [(b, tuple(sample_shape)) for b in BATCH_SIZES]
+    shapes = []
+    for batch_size in DYNAMIC_BATCH_SIZES:
+        for size in sorted({1, sample_shape[dynamic_axes[0] - 1] // 2 + 1,
+                            sample_shape[dynamic_axes[0] - 1]}):
+            shape = [size if i + 1 in dynamic_axes else d for i, d in enumerate(sample_shape)]
+            shapes.append((batch_size, tuple(shape)))
+    return shapes
+
+
+def _token_range(symbol):
+    """The smallest ``input_dim`` of the Embeddings that read ``data``, or
+    ``None``: then the input is not token ids."""
+    nodes = json.loads(symbol.tojson())['nodes']
+    data = {i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == DATA_NAME}
+    dims = [int(n['attrs']['input_dim']) for n in nodes
+            if n['op'] == 'Embedding' and n['inputs'] and n['inputs'][0][0] in data]
+    return min(dims) if dims else None
 
 
 def format_report(report):
@@ -170,9 +206,10 @@ def format_report(report):
     lines.append('  parity with the training checkpoint bound on one device (max |difference|, '
                  'tolerance %g abs + %g rel):' % (report['tolerance'], report['tolerance']))
     for row in report['parity']:
-        lines.append('    [%s] %-52s batch %4d: %.2e' % ('ok' if row['ok'] else 'FAIL',
-                                                         row['runtime'], row['batch_size'],
-                                                         row['max_abs_diff']))
+        size = 'input %-8s' % 'x'.join(str(d) for d in row['shape']) \
+            if report.get('dynamic_axes') else 'batch %4d' % row['batch_size']
+        lines.append('    [%s] %-52s %s: %.2e' % ('ok' if row['ok'] else 'FAIL',
+                                                  row['runtime'], size, row['max_abs_diff']))
     return lines
 
 

@@ -49,6 +49,13 @@ def make_head(loss, prediction, label):
     if loss not in _HEAD_OPS:
         raise ValueError('loss: expected %s or a callable (prediction, label) -> Symbol, '
                          'found %r' % (', '.join(repr(l) for l in LOSSES), loss))
+    if loss == 'softmax':
+        # over the last axis, as the Gluon twin, the batch loss and the
+        # inference form take it: (N, C) with labels (N,) as before, and
+        # (N, T, C) with labels (N, T) (MXNet's default would take the
+        # softmax over axis 1 there)
+        return mx.sym.SoftmaxOutput(data=prediction, label=label, preserve_shape=True,
+                                    name=HEAD_NAMES[loss])
     return _HEAD_OPS[loss](data=prediction, label=label, name=HEAD_NAMES[loss])
 
 
