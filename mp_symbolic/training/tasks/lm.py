@@ -10,6 +10,7 @@ predicts each next character; it is judged by its validation loss in bits per
 character beside an add-k character n-gram measured on the same held-out
 positions (``k`` chosen on the end of the training part, not on validation).
 """
+import functools
 import glob
 import math
 import os
@@ -204,6 +205,37 @@ def make_evaluate(vocab, baseline, order, k):
     return evaluate
 
 
+@functools.lru_cache(maxsize=4)
+def prepare(block_size, train_chars, val_chars, ngram_order, stdlib=None):
+    """The data of a task (cached: tests build several tasks in a process).
+
+    Returns:
+        ``(vocab, (X, y), (X_val, y_val), baseline bits, k)``.
+
+    Raises:
+        ValueError: a size that cannot work (names the argument).
+    """
+    for name, value in (('block_size', block_size), ('train_chars', train_chars),
+                        ('val_chars', val_chars), ('ngram_order', ngram_order)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError('%s: expected a positive integer, found %r' % (name, value))
+    text = load_corpus(stdlib)
+    vocab = vocabulary(text)
+    train_ids, val_ids = split(encode(text, vocab))
+    for name, chars, ids in (('train_chars', train_chars, train_ids),
+                             ('val_chars', val_chars, val_ids)):
+        if not block_size <= chars <= len(ids) - 1:
+            raise ValueError('%s: expected %d to %d (block_size to the part\'s length), found %d'
+                             % (name, block_size, len(ids) - 1, chars))
+    X, y, _ = windows(train_ids, block_size, train_chars // block_size)
+    X_val, y_val, starts = windows(val_ids, block_size, val_chars // block_size)
+    positions = (starts[:, None] + 1 + np.arange(block_size)[None, :]).ravel()
+    baseline, k = ngram_baseline(train_ids, val_ids, positions, ngram_order, len(vocab))
+    for array in (X, y, X_val, y_val):
+        array.setflags(write=False)  # shared by every task made from the cache
+    return vocab, (X, y), (X_val, y_val), baseline, k
+
+
 def task(num_layers=4, num_heads=4, num_hiddens=128, block_size=128, train_chars=1 << 20,
          val_chars=1 << 17, ngram_order=4):
     """The character-level GPT on the standard library as a
@@ -221,27 +253,12 @@ def task(num_layers=4, num_heads=4, num_hiddens=128, block_size=128, train_chars
     Raises:
         ValueError: a size that cannot work (names the argument).
     """
-    for name, value in (('train_chars', train_chars), ('val_chars', val_chars),
-                        ('ngram_order', ngram_order)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError('%s: expected a positive integer, found %r' % (name, value))
-    text = load_corpus()
-    vocab = vocabulary(text)
+    vocab, train, val, baseline, k = prepare(block_size, train_chars, val_chars, ngram_order)
     cfg = gpt.GPTConfig(vocab_size=len(vocab), block_size=block_size, num_layers=num_layers,
                         num_heads=num_heads, num_hiddens=num_hiddens)
-    train_ids, val_ids = split(encode(text, vocab))
-    for name, chars, ids in (('train_chars', train_chars, train_ids),
-                             ('val_chars', val_chars, val_ids)):
-        if not block_size <= chars <= len(ids):
-            raise ValueError('%s: expected %d to %d (block_size to the part\'s length), found %d'
-                             % (name, block_size, len(ids), chars))
-    X, y, _ = windows(train_ids, block_size, train_chars // block_size)
-    X_val, y_val, starts = windows(val_ids, block_size, val_chars // block_size)
-    positions = (starts[:, None] + 1 + np.arange(block_size)[None, :]).ravel()
-    baseline, k = ngram_baseline(train_ids, val_ids, positions, ngram_order, len(vocab))
     return mp_symbolic.Task(
-        name='lm', blocks=lambda: gpt.build_blocks(cfg), loss='softmax', train=(X, y),
-        val=(X_val, y_val), batch_size=32, num_epochs=2, optimizer='adam', lr=2e-3,
+        name='lm', blocks=lambda: gpt.build_blocks(cfg), loss='softmax', train=train, val=val,
+        batch_size=32, num_epochs=2, optimizer='adam', lr=2e-3,
         evaluate=make_evaluate(vocab, baseline, ngram_order, k),
         description='a character-level GPT (%d blocks, width %d, %d heads, context %d) on the '
                     'Python standard library\'s %d modules' % (
