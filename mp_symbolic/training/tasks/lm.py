@@ -236,7 +236,7 @@ def prepare(block_size, train_chars, val_chars, ngram_order, stdlib=None):
     return vocab, (X, y), (X_val, y_val), baseline, k
 
 
-def task(num_layers=4, num_heads=4, num_hiddens=128, block_size=128, train_chars=1 << 20,
+def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1 << 22,
          val_chars=1 << 17, ngram_order=4):
     """The character-level GPT on the standard library as a
     :class:`~mp_symbolic.Task`.
@@ -258,7 +258,7 @@ def task(num_layers=4, num_heads=4, num_hiddens=128, block_size=128, train_chars
                         num_heads=num_heads, num_hiddens=num_hiddens)
     return mp_symbolic.Task(
         name='lm', blocks=lambda: gpt.build_blocks(cfg), loss='softmax', train=train, val=val,
-        batch_size=32, num_epochs=2, optimizer='adam', lr=2e-3,
+        batch_size=16, num_epochs=2, optimizer='adam', lr=3e-3,
         evaluate=make_evaluate(vocab, baseline, ngram_order, k),
         description='a character-level GPT (%d blocks, width %d, %d heads, context %d) on the '
                     'Python standard library\'s %d modules' % (
