@@ -237,7 +237,7 @@ def prepare(block_size, train_chars, val_chars, ngram_order, stdlib=None):
 
 
 def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1 << 22,
-         val_chars=1 << 17, ngram_order=4):
+         val_chars=1 << 17, ngram_order=4, whole=False):
     """The character-level GPT on the standard library as a
     :class:`~mp_symbolic.Task`.
 
@@ -249,6 +249,8 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
         val_chars: Validation characters: windows spread evenly over the
             held-out part (the n-gram is measured on the same characters).
         ngram_order: The baseline's n.
+        whole: Hand the Pipeline one network to cut by its graph instead of
+            the list of blocks to split by blocks (the same parameters).
 
     Raises:
         ValueError: a size that cannot work (names the argument).
@@ -256,8 +258,11 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
     vocab, train, val, baseline, k = prepare(block_size, train_chars, val_chars, ngram_order)
     cfg = gpt.GPTConfig(vocab_size=len(vocab), block_size=block_size, num_layers=num_layers,
                         num_heads=num_heads, num_hiddens=num_hiddens)
+    if not isinstance(whole, bool):
+        raise ValueError('whole: expected True or False, found %r' % (whole,))
+    build = gpt.build_network if whole else gpt.build_blocks
     return mp_symbolic.Task(
-        name='lm', blocks=lambda: gpt.build_blocks(cfg), loss='softmax', train=train, val=val,
+        name='lm', blocks=lambda: build(cfg), loss='softmax', train=train, val=val,
         batch_size=16, num_epochs=2, optimizer='adam', lr=3e-3,
         evaluate=make_evaluate(vocab, baseline, ngram_order, k),
         description='a character-level GPT (%d blocks, width %d, %d heads, context %d) on the '
