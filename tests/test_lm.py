@@ -136,7 +136,7 @@ def short_run(tmp_path_factory):
 def test_short_run_learns_from_the_context(short_run):
     _, result = short_run
     assert result.metrics['val_bits_per_char'] < SHORT_RUN_BOUND
-    assert result.metrics['baseline'] == 'add-k 4-gram, k=0.1'
+    assert result.metrics['baseline'].startswith('add-k 4-gram, k=')
     assert len(result.metrics['vocabulary']) > 90
 
 
