@@ -153,6 +153,10 @@ class MXNetPredictor:
             ``ctx_group`` keeps the model-parallel split; fewer devices take
             contiguous groups each (one device: every group on it). ``None``:
             one device per group, GPUs if MXNet sees enough, else CPUs.
+        shape: One sample's shape, where the symbol does not record it.
+        dynamic_axes: Input axes (1: the first after the batch) whose size
+            may differ from ``shape``; the graph is bound again for each
+            new input shape.
 
     Attributes:
         group2ctx: ``{'stage0': ctx, ...}`` as passed to ``simple_bind``.
@@ -262,13 +266,20 @@ class OnnxPredictor:
     A model whose batch dimension is fixed (say to 1) is run in batches of
     that size; the number of samples must be a multiple of it.
 
+    An input axis besides the batch may be dynamic too (``python -m export
+    --dynamic 1=seq``): ``sample_shape`` then gives the size the graph was
+    traced at (the ``sample_shape`` metadata), inputs may have any size along
+    it, and the output may have more than two dimensions.
+
     Attributes:
         batch_size: The fixed batch size, or ``None`` if any is accepted.
+        dynamic_axes: Input axes (1: the first after the batch) of any size.
 
     Raises:
         ModelFileError: the file is missing, not a model onnxruntime can
             load, or not one float32 input of shape (batch, features) with a
-            fixed feature count and a 2-D first output.
+            fixed feature count (or dynamic axes and their traced sizes) and
+            a 2-D first output (any, with dynamic axes).
     """
 
     def __init__(self, path):
@@ -342,7 +353,7 @@ class OnnxPredictor:
             raise ModelFileError('%s failed in onnxruntime on a batch of %d samples: %s'
                                  % (self.path, len(X), _ort_message(err))) from None
         Y = np.asarray(Y)
-        if Y.ndim != (2 if not self.dynamic_axes else Y.ndim) or len(Y) != len(X) or \
+        if (Y.ndim != 2 and not self.dynamic_axes) or len(Y) != len(X) or \
                 not np.issubdtype(Y.dtype, np.number):
             raise ModelFileError('%s: expected (%d, outputs) numbers from a batch of %d samples, '
                                  'found %s of shape %s' % (self.path, len(X), len(X), Y.dtype,

@@ -8,9 +8,12 @@ The report (a JSON-ready dict) holds
   argument of the re-bound pair on its stage's device;
 * ``parity``: the largest absolute difference between each runtime's output
   and the training checkpoint itself, bound on one device with MXNet (its
-  loss head's forward pass, label unused) at batch sizes :data:`BATCH_SIZES`;
-  each must be within :data:`TOLERANCE` (absolute, plus the same relative to
-  the reference).
+  loss head's forward pass, label unused) at batch sizes :data:`BATCH_SIZES`
+  (with a dynamic axis besides the batch, :data:`DYNAMIC_BATCH_SIZES` at
+  sizes 1, about half and all of that axis as traced); each must be within
+  :data:`TOLERANCE` (absolute, plus the same relative to the reference).
+  Inputs are normal noise, or token ids below the vocabulary size where an
+  ``Embedding`` reads the input.
 """
 from collections import OrderedDict
 import json
@@ -29,7 +32,7 @@ from mp_symbolic.core.scoped import captured_stderr
 from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET
 from .runtimes import MXNetPredictor, OnnxPredictor
 
-__all__ = ['BATCH_SIZES', 'TOLERANCE', 'REQUIRED_METADATA',
+__all__ = ['BATCH_SIZES', 'DYNAMIC_BATCH_SIZES', 'TOLERANCE', 'REQUIRED_METADATA',
            'verify_export', 'format_report', 'failed_checks', 'OneDeviceReference']
 
 BATCH_SIZES = (1, 7, 1000)
@@ -141,18 +144,17 @@ def verify_export(onnx_path, sym_path, params_path, reference):
     checks.append(_check('onnxruntime loads without warnings', not ort_log,
                          ort_log[0] if ort_log else 'nothing logged at default severity'))
     runtimes = [onnx_runtime]
+    dynamic = onnx_runtime.dynamic_axes
     # one device per stage (the model-parallel split), then every stage on cpu(0)
     for spec in (None, 'cpu:0'):
         mxnet_runtime = MXNetPredictor.from_files(sym_path, params_path, devices=spec,
-                                                  shape=onnx_runtime.sample_shape)
+                                                  shape=onnx_runtime.sample_shape,
+                                                  dynamic_axes=dynamic)
         checks.append(_placement_check(mxnet_runtime))
         runtimes.append(mxnet_runtime)
 
     rng = np.random.default_rng(_SEED)
     parity = []
-    dynamic = onnx_runtime.dynamic_axes
-    for runtime in runtimes[1:]:
-        runtime.dynamic_axes = dynamic
     vocab = _token_range(reference.symbol)
     for batch_size, shape in _parity_shapes(onnx_runtime.sample_shape, dynamic):
         if vocab:  # token ids for an Embedding (normal noise would index out of range)
@@ -178,12 +180,14 @@ def _parity_shapes(sample_shape, dynamic_axes):
     and all of each dynamic axis as traced."""
     if not dynamic_axes:
         return [(b, tuple(sample_shape)) for b in BATCH_SIZES]
+    sizes = [lambda d: 1, lambda d: d // 2 + 1, lambda d: d]
     shapes = []
     for batch_size in DYNAMIC_BATCH_SIZES:
-        for size in sorted({1, sample_shape[dynamic_axes[0] - 1] // 2 + 1,
-                            sample_shape[dynamic_axes[0] - 1]}):
-            shape = [size if i + 1 in dynamic_axes else d for i, d in enumerate(sample_shape)]
-            shapes.append((batch_size, tuple(shape)))
+        for size in sizes:
+            shape = tuple(size(d) if i + 1 in dynamic_axes else d
+                          for i, d in enumerate(sample_shape))
+            if (batch_size, shape) not in shapes:
+                shapes.append((batch_size, shape))
     return shapes
 
 

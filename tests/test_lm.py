@@ -195,3 +195,26 @@ def test_sampling_a_prompt_outside_the_vocabulary_is_refused(exported):
     model = MXNetModel(str(checkpoint))
     with pytest.raises(ValueError, match='--prompt: expected characters of the model'):
         sample(model, model.summary['vocabulary'], 'def \x00', 5)
+
+
+def test_sample_command_prints_the_prompt_and_its_continuation(exported):
+    checkpoint, _ = exported
+    result = subprocess.run([sys.executable, '-m', 'mp_symbolic.training.sample', '--checkpoint',
+                             str(checkpoint), '--prompt', 'import ', '--length', '30', '--seed',
+                             '1'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith('import ') and len(result.stdout) == len('import ') + 31
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('3=seq', '--dynamic: expected an input axis from 1 to 1 (axis 0 is the batch), found 3'),
+    ('1=batch', "--dynamic: expected a distinct name other than 'batch' for axis 1"),
+    ('seq', "--dynamic: expected AXIS=NAME such as 1=seq, found 'seq'"),
+])
+def test_bad_dynamic_axis_is_one_line(exported, tmp_path, flag, message):
+    checkpoint, _ = exported
+    result = subprocess.run([sys.executable, '-m', 'export', '--checkpoint', str(checkpoint),
+                             '--out', str(tmp_path / 'out'), '--dynamic', flag], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count('\n') == 1 and message in result.stderr, result.stderr

@@ -26,7 +26,6 @@ from . import gpt
 __all__ = []
 
 VAL_FRACTION = 0.1
-TARGET_BITS = 2.2      # what `make train-lm` is expected to reach, at most
 _K_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 _EVAL_WINDOWS = 256    # windows per predict() call in evaluate
 
