@@ -218,3 +218,22 @@ def test_bad_dynamic_axis_is_one_line(exported, tmp_path, flag, message):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.count('\n') == 1 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize('shape', [(4, 5), (2, 3, 5)])
+def test_softmax_head_is_softmax_cross_entropy_over_the_last_axis(shape):
+    from mp_symbolic.core.heads import make_head
+    head = make_head('softmax', mx.sym.var('data'), mx.sym.var('softmax_label'))
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=shape).astype(np.float32)
+    y = rng.integers(0, shape[-1], shape[:-1]).astype(np.float32)
+    exe = head.simple_bind(mx.cpu(), data=shape, softmax_label=y.shape)
+    exe.forward(is_train=True, data=X, softmax_label=y)
+    exe.backward()
+    probs = np.exp(X - X.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    np.testing.assert_allclose(exe.outputs[0].asnumpy(), probs, rtol=1e-5, atol=1e-6)
+    # the gradient of the summed cross-entropy of every position: p - onehot(y)
+    onehot = np.eye(shape[-1])[y.astype(int)]
+    np.testing.assert_allclose(exe.grad_dict['data'].asnumpy(), probs - onehot, rtol=1e-5,
+                               atol=1e-6)
