@@ -237,3 +237,23 @@ def test_softmax_head_is_softmax_cross_entropy_over_the_last_axis(shape):
     onehot = np.eye(shape[-1])[y.astype(int)]
     np.testing.assert_allclose(exe.grad_dict['data'].asnumpy(), probs - onehot, rtol=1e-5,
                                atol=1e-6)
+
+
+def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device):
+    from mxnet import autograd
+    from mp_symbolic.core.heads import gluon_loss
+    _, init, _, expected = one_device
+    pipe = mp_symbolic.Pipeline(gpt.build_blocks(TINY), 'cpu:0,cpu:1',
+                                sample=(BATCH, TINY.block_size))
+    pipe.set_params(init[0], {})
+    trainer = mp_symbolic.Trainer(pipe.collect_params(),
+                                  mx.optimizer.create('sgd', learning_rate=1.0, rescale_grad=1.0))
+    X, y = _batch()
+    with autograd.record():  # the label on the last stage's device, where the output is
+        loss = gluon_loss('softmax')(pipe(mx.nd.array(X, ctx=mx.cpu(0))),
+                                     mx.nd.array(y, ctx=mx.cpu(1)))
+    loss.backward()
+    trainer.step(BATCH)
+    for name, param in pipe.collect_params().items():
+        np.testing.assert_allclose(param.data().asnumpy(), expected[name], rtol=TOL, atol=TOL,
+                                   err_msg=name)
