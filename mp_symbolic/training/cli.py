@@ -291,6 +291,10 @@ def main(argv=None):
         # Read once, at MXNet's first operator: oneDNN's BatchNorm fails on
         # micro-batched graphs split across devices (see Pipeline).
         os.environ.setdefault('MXNET_MKLDNN_ENABLED', '0')
+        # with oneDNN off, MXNet logs a paragraph for the first run of each
+        # op that has a oneDNN kernel ("Storage type fallback detected"),
+        # though the result is the same
+        os.environ.setdefault('MXNET_STORAGE_FALLBACK_LOG_VERBOSE', '0')
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir
