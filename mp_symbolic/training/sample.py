@@ -38,10 +38,13 @@ class MXNetModel:
         checkpoint = read_checkpoint(folder)
         self.summary = checkpoint.summary
         symbol, arg_params, aux_params = checkpoint.load()
-        self.block_size = arg_params['embed_position_weight'].shape[0] \
-            if 'embed_position_weight' in arg_params else None
         shape = _recorded_shape(symbol)
-        self.block_size = self.block_size or shape[-1]
+        if len(shape) != 2:
+            raise ValueError('--checkpoint: expected a model of character sequences (input '
+                             '(batch, length)), found input %s in %s' % (shape, folder))
+        # the longest context: the position table's length, else the trained length
+        self.block_size = arg_params['embed_position_weight'].shape[0] \
+            if 'embed_position_weight' in arg_params else shape[-1]
         label = [n for n in symbol.list_arguments() if n.endswith('_label')]
         shapes = {'data': (1, self.block_size)}
         shapes.update({n: (1, self.block_size) for n in label})
