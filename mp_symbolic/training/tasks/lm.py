@@ -73,10 +73,6 @@ def encode(text, vocab):
             from None
 
 
-def decode(ids, vocab):
-    return ''.join(vocab[int(i)] for i in ids)
-
-
 def split(ids, val_fraction=VAL_FRACTION):
     """``(train, val)``: the first ``1 - val_fraction`` of ``ids`` and the rest."""
     cut = int(round(len(ids) * (1 - val_fraction)))
