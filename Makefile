@@ -19,13 +19,17 @@ TRAIN_FLAGS = $(if $(DEVICES),--devices $(DEVICES)) $(if $(EPOCHS),--epochs $(EP
 RUN_FLAGS = $(TRAIN_FLAGS) $(if $(CHUNKS),--chunks $(CHUNKS))
 SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
-.PHONY: help setup train-symbolic train-imperative train-digits export export-digits compare \
+.PHONY: help setup train-symbolic train-imperative train-digits train-lm export-lm sample-lm \
+        export export-digits compare \
         bench bench-export bench-dist bench-pipeline bench-tp test clean distclean
 
 help:
 	@echo "make train-symbolic    train the regression model-parallel (Pipeline + MXNet Module)"
 	@echo "make train-imperative  train the regression's Gluon twin model-parallel"
 	@echo "make train-digits      train a CNN on scikit-learn's 8x8 digits over three devices"
+	@echo "make train-lm          train a character-level GPT on the Python standard library (docs/lm.md)"
+	@echo "make export-lm         export it to symbol/params and ONNX (dynamic batch and sequence), verify"
+	@echo "make sample-lm         sample text from it (PROMPT='def ')"
 	@echo "make export            export the regression checkpoint to symbol/params and ONNX, verify"
 	@echo "make export-digits     export the digits checkpoint the same way"
 	@echo "make compare           train all variants side by side, write table, plot and graph"
@@ -68,6 +72,24 @@ train-imperative: $(STAMP)
 
 train-digits: $(STAMP)
 	$(PY) -m mp_symbolic train --task digits $(RUN_FLAGS)
+
+# The language model's two stages: the token embedding on the first, the output
+# layer that reads it on the second (a tied weight across devices).
+LM_DEVICES := cpu:0,cpu:1
+LM_TRAIN = $(PY) -m mp_symbolic train --task lm --devices $(or $(DEVICES),$(LM_DEVICES)) \
+	$(if $(EPOCHS),--epochs $(EPOCHS)) $(if $(CHUNKS),--chunks $(CHUNKS))
+PROMPT ?= def
+
+train-lm: $(STAMP)
+	$(LM_TRAIN)
+
+export-lm: $(STAMP)
+	@test -e artifacts/lm/current || $(LM_TRAIN) --no-progress
+	$(PY) -m export --checkpoint artifacts/lm --out artifacts/export-lm --dynamic 1=seq
+
+sample-lm: $(STAMP)
+	@test -e artifacts/lm/current || $(LM_TRAIN) --no-progress
+	$(PY) -m mp_symbolic.training.sample --checkpoint artifacts/lm --prompt '$(PROMPT) ' --length 300
 
 # Export never trains: these targets train first when there is no checkpoint yet.
 export: $(STAMP)

@@ -38,12 +38,28 @@ def build_parser():
     parser.add_argument('--input-shape', default=None, metavar='D0,D1,...',
                         help='shape of one input sample, e.g. 1,8,8, where the checkpoint does '
                              'not record it (Pipeline modules record it)')
+    parser.add_argument('--dynamic', action='append', default=[], metavar='AXIS=NAME',
+                        help='an input axis besides the batch whose size may vary in the ONNX '
+                             'file, e.g. 1=seq for a language model\'s sequence length '
+                             '(repeatable)')
     parser.add_argument('--out', default=DEFAULT_OUT_DIR, metavar='DIR',
                         help='output folder; files go to DIR/current/ (default: %(default)s)')
     parser.add_argument('--name', default=None,
                         help='file name prefix of the exported files (default: the task\'s name,'
                              ' or the checkpoint prefix\'s)')
     return parser
+
+
+def _dynamic(items):
+    """``['1=seq']`` -> ``{1: 'seq'}``."""
+    axes = {}
+    for item in items:
+        axis, sep, name = item.partition('=')
+        if not sep or not axis.strip().isdigit() or not name.isidentifier():
+            raise ValueError('--dynamic: expected AXIS=NAME such as 1=seq, found %s'
+                             % excerpt(ascii(item)[1:-1]))
+        axes[int(axis)] = name
+    return axes or None
 
 
 def main(argv=None):
@@ -67,7 +83,7 @@ def main(argv=None):
         check_writable_dir(args.out, '--out')
         shape = parse_shape(args.input_shape) if args.input_shape is not None else None
         export_checkpoint(args.checkpoint, args.out, args.name, epoch=args.epoch,
-                          input_shape=shape)
+                          input_shape=shape, dynamic_axes=_dynamic(args.dynamic))
     except (VerificationError, OSError, ValueError) as err:
         print_error(one_line(err))
         # a file that failed its checks or could not be written: 1; a bad input: 2

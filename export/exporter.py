@@ -53,7 +53,8 @@ def locate_checkpoint(checkpoint, epoch=None):
 
     Returns:
         ``(info, symbol path, params path)``: ``info`` holds ``name``,
-        ``devices`` (as trained) and ``folder``.
+        ``devices`` (as trained), ``folder`` and ``summary`` (the training
+        folder's ``summary.json``, or ``None``).
 
     Raises:
         ExportError, CheckpointError: nothing there, or not what was expected.
@@ -74,12 +75,13 @@ def locate_checkpoint(checkpoint, epoch=None):
                                  type(devices).__name__))
         name = run.meta.get('task')
         return ({'name': name if isinstance(name, str) else 'model', 'devices': devices,
-                 'folder': os.path.realpath(checkpoint)}, run.symbol_path, run.params_path)
+                 'folder': os.path.realpath(checkpoint), 'summary': run.summary},
+                run.symbol_path, run.params_path)
     if not isinstance(epoch, int) or epoch < 0 or epoch > 9999:
         raise ExportError('--epoch: expected an integer in [0, 9999], found %r' % (epoch,))
     sym_path, params_path = '%s-symbol.json' % checkpoint, '%s-%04d.params' % (checkpoint, epoch)
     return ({'name': os.path.basename(checkpoint) or 'model', 'devices': None,
-             'folder': os.path.realpath(os.path.dirname(checkpoint) or '.')},
+             'folder': os.path.realpath(os.path.dirname(checkpoint) or '.'), 'summary': None},
             sym_path, params_path)
 
 
@@ -90,7 +92,7 @@ def export_names(name):
 
 
 def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR, name=None,
-                      log=print, epoch=None, input_shape=None):
+                      log=print, epoch=None, input_shape=None, dynamic_axes=None):
     """Exports, verifies and commits the checkpoint.
 
     Args:
@@ -100,6 +102,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         log: Called with each line of output (the report included).
         input_shape: Shape of one input sample, where the checkpoint does not
             record it.
+        dynamic_axes: ``{input axis: name}`` besides the batch whose size
+            may vary in the ONNX file (``{1: 'seq'}`` for a language model's
+            sequence length); parity is then checked at several sizes.
 
     Returns:
         ``(paths, report)``: the committed files (see :func:`export_names`)
@@ -135,9 +140,12 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     trained_on = ', '.join(info['devices']) if info['devices'] else 'devices not recorded'
     log('exporting %s (%s): input %s, %s' % (params_path, trained_on, shape, '; '.join(
         '%s: %d ops' % (g, len(s['ops'])) for g, s in stages.items())))
+    extra = {'trained_devices': ','.join(info['devices'] or [])}
+    if info['summary'] is not None:  # what the run reported (a task's vocabulary, ...)
+        extra['training_summary'] = json.dumps(info['summary'], sort_keys=True)
     model = to_onnx(inference, arg_params, aux_params,
                     {'symbol': sym_path, 'params': params_path}, shape,
-                    extra_metadata={'trained_devices': ','.join(info['devices'] or [])})
+                    extra_metadata=extra, dynamic_axes=dynamic_axes)
     reference = OneDeviceReference(symbol, arg_params, aux_params, shape)
     names = export_names(name)
     report = {}

@@ -15,7 +15,10 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
   refuses are named with their block (:mod:`export.converters`, which also
   adds 1-D convolution and pooling, and GroupNorm);
 * initializers are removed from the graph inputs;
-* the batch dimension is the named dynamic dimension :data:`BATCH_DIM`;
+* the batch dimension is the named dynamic dimension :data:`BATCH_DIM`, and
+  so is any other input axis given in ``dynamic_axes`` (a language model's
+  sequence length); the output axes that follow it (found by MXNet's shape
+  inference at two sizes) take its name;
 * ``metadata_props`` records where the model came from.
 """
 from collections import OrderedDict
@@ -83,7 +86,35 @@ def _set_shape(value_info, dims):
             shape.dim.add().dim_value = dim
 
 
-def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=None):
+def _dynamic_dims(symbol, arg_params, aux_params, shape, out_shape, dynamic_axes):
+    """``(input dims, output dims)`` per sample, each axis of ``dynamic_axes``
+    (``{axis of the batched input: name}``) named, and the output axes whose
+    size follows it."""
+    in_dims, out_dims = list(shape), list(out_shape)
+    for axis, name in sorted(dynamic_axes.items()):
+        if not isinstance(axis, int) or isinstance(axis, bool) or not 1 <= axis <= len(shape):
+            raise ExportError('--dynamic: expected an input axis from 1 to %d (axis 0 is the '
+                              'batch), found %r' % (len(shape), axis))
+        if not isinstance(name, str) or not name.isidentifier() or name == BATCH_DIM or \
+                list(dynamic_axes.values()).count(name) > 1:
+            raise ExportError('--dynamic: expected a distinct name other than %r for axis %d, '
+                              'found %r' % (BATCH_DIM, axis, name))
+        other = list(shape)
+        other[axis - 1] = shape[axis - 1] - 1 if shape[axis - 1] > 1 else 2
+        try:
+            changed = output_shape(symbol, arg_params, aux_params, other)
+        except ExportError as err:
+            raise ExportError('--dynamic: expected input axis %d to take other sizes than %d, '
+                              'found it cannot: %s' % (axis, shape[axis - 1], err)) from None
+        in_dims[axis - 1] = name
+        for i, (a, b) in enumerate(zip(out_shape, changed)):
+            if a != b:
+                out_dims[i] = name
+    return tuple(in_dims), tuple(out_dims)
+
+
+def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=None,
+            dynamic_axes=None):
     """Converts an inference symbol and its arrays to an ONNX ``ModelProto``.
 
     Args:
@@ -94,6 +125,10 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
             checkpoint; their names and sha256 go into the metadata.
         shape: Shape of one input sample (batch dimension left out).
         extra_metadata: More ``metadata_props`` entries (string values).
+        dynamic_axes: ``{axis: name}`` of input axes besides the batch whose
+            size may vary (axis 1 is the first after the batch), e.g.
+            ``{1: 'seq'}``; ``shape`` gives their size when the graph is
+            traced.
 
     Returns:
         The model; nothing is written.
@@ -109,13 +144,15 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
     params = dict(arg_params)
     params.update(aux_params)
     arrays = {name: value.shape for name, value in params.items()}
+    in_dims, out_dims = _dynamic_dims(symbol, arg_params, aux_params, shape, out_shape,
+                                      dynamic_axes or {})
     converters.check_translations(symbol, arrays, shape, ONNX_OPSET)
     try:
         with converters.conversion_context(ONNX_OPSET, ONNX_IR_VERSION):
             graph = MXNetGraph().create_onnx_graph_proto(
                 symbol, params, in_shapes=[(1,) + shape], in_types=[TensorProto.FLOAT],
                 opset_version=ONNX_OPSET, dynamic=True,
-                dynamic_input_shapes=[(BATCH_DIM,) + shape])
+                dynamic_input_shapes=[(BATCH_DIM,) + in_dims])
     except onnx.checker.ValidationError as err:
         raise ExportError('MXNet converted this graph to ONNX that is not valid at opset %d: %s'
                           % (ONNX_OPSET, ' '.join(str(err).split()))) from None
@@ -133,7 +170,7 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         raise ExportError('expected %r as the only graph input, found %s'
                           % (DATA_NAME, ', '.join(value.name for value in graph.input)))
     for value in graph.output:
-        _set_shape(value, (BATCH_DIM,) + out_shape)
+        _set_shape(value, (BATCH_DIM,) + out_dims)
 
     stages = stage_layout(symbol)
     metadata = OrderedDict([
@@ -143,10 +180,12 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         ('onnx_version', onnx.__version__),
         ('opset', str(ONNX_OPSET)),
         ('input_names', json.dumps([v.name for v in graph.input])),
-        ('input_shapes', json.dumps({v.name: [BATCH_DIM] + list(shape) for v in graph.input})),
+        ('input_shapes', json.dumps({v.name: [BATCH_DIM] + list(in_dims) for v in graph.input})),
         ('output_names', json.dumps([v.name for v in graph.output])),
-        ('output_shapes', json.dumps({v.name: [BATCH_DIM] + list(out_shape)
+        ('output_shapes', json.dumps({v.name: [BATCH_DIM] + list(out_dims)
                                       for v in graph.output})),
+        # the per-sample shape the graph was traced at (the sizes of dynamic axes)
+        ('sample_shape', json.dumps(list(shape))),
         ('stages', json.dumps({group: {'layers': info['layers'], 'variables': info['variables']}
                                for group, info in stages.items()})),
         ('source_symbol', os.path.basename(source_files['symbol'])),

@@ -49,10 +49,16 @@ _MAX_SYMBOL_BYTES = 64 << 20  # a symbol file is a graph description, not weight
 _MXNET_QUOTE_RE = re.compile(r',?\s*around \^`.*`', re.S)
 
 
-def _check_batch(X, shape):
-    """``(samples, features)`` or ``(samples,) + shape`` -> ``(samples,) + shape`` float32."""
+def _check_batch(X, shape, dynamic_axes=()):
+    """``(samples, features)`` or ``(samples,) + shape`` -> ``(samples,) + shape``
+    float32; the input axes in ``dynamic_axes`` (axis 1: the first after the
+    batch) may have any size."""
     X = np.asarray(X)
     width = features(shape)
+    if dynamic_axes and X.ndim == len(shape) + 1 and all(
+            X.shape[i + 1] == d or (i + 1 in dynamic_axes and X.shape[i + 1] >= 1)
+            for i, d in enumerate(shape)):
+        return np.ascontiguousarray(X, dtype=np.float32)
     if X.ndim == 2 and X.shape[1] == width:
         X = X.reshape((len(X),) + tuple(shape))
     elif X.shape[1:] != tuple(shape):
@@ -147,6 +153,10 @@ class MXNetPredictor:
             ``ctx_group`` keeps the model-parallel split; fewer devices take
             contiguous groups each (one device: every group on it). ``None``:
             one device per group, GPUs if MXNet sees enough, else CPUs.
+        shape: One sample's shape, where the symbol does not record it.
+        dynamic_axes: Input axes (1: the first after the batch) whose size
+            may differ from ``shape``; the graph is bound again for each
+            new input shape.
 
     Attributes:
         group2ctx: ``{'stage0': ctx, ...}`` as passed to ``simple_bind``.
@@ -159,8 +169,10 @@ class MXNetPredictor:
         DeviceSpecError: ``devices`` cannot be mapped onto the groups.
     """
 
-    def __init__(self, symbol, arg_params, aux_params=None, devices=None, shape=None):
+    def __init__(self, symbol, arg_params, aux_params=None, devices=None, shape=None,
+                 dynamic_axes=()):
         self.symbol = inference_graph(symbol)
+        self.dynamic_axes = tuple(dynamic_axes)  # input axes that may take any size
         self.stages = stage_layout(self.symbol)
         self.arg_params = {k: v for k, v in arg_params.items()
                            if k in self.symbol.list_arguments()}
@@ -180,7 +192,7 @@ class MXNetPredictor:
         self._exec = None
 
     @classmethod
-    def from_files(cls, sym_path, params_path=None, devices=None, shape=None):
+    def from_files(cls, sym_path, params_path=None, devices=None, shape=None, dynamic_axes=()):
         """Loads a pair; ``params_path`` defaults to :func:`params_beside`.
 
         Raises:
@@ -205,18 +217,20 @@ class MXNetPredictor:
             symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
         except CheckpointError as err:
             raise CheckpointError(library_message(_MXNET_QUOTE_RE.sub('', str(err)), 300)) from None
-        predictor = cls(symbol, arg_params, aux_params, devices, shape)
+        predictor = cls(symbol, arg_params, aux_params, devices, shape, dynamic_axes)
         predictor.path, predictor.params_path = sym_path, params_path
         return predictor
 
-    def bind(self, batch_size):
-        """The executor for ``batch_size`` samples (the last one is reused)."""
-        if self._exec is None or self._exec.arg_dict[DATA_NAME].shape[0] != batch_size:
+    def bind(self, batch_size, sample_shape=None):
+        """The executor for ``batch_size`` samples of ``sample_shape`` (by
+        default the model's; the last executor is reused)."""
+        shape = (batch_size,) + tuple(sample_shape or self.sample_shape)
+        if self._exec is None or self._exec.arg_dict[DATA_NAME].shape != shape:
             data_ctx = self.group2ctx[self.symbol.get_internals()[DATA_NAME].attr('ctx_group')]
             with split_bind(self.group2ctx):
                 self._exec = self.symbol.simple_bind(
                     ctx=data_ctx, group2ctx=self.group2ctx, grad_req='null',
-                    **{DATA_NAME: (batch_size,) + tuple(self.sample_shape)})
+                    **{DATA_NAME: shape})
             for name, value in self.arg_params.items():
                 value.copyto(self._exec.arg_dict[name])
             for name, value in self.aux_params.items():
@@ -236,9 +250,9 @@ class MXNetPredictor:
             InputError: ``X`` is not ``(samples, input_width)``.
             ModelFileError: MXNet fails to run the graph.
         """
-        X = _check_batch(X, self.sample_shape)
+        X = _check_batch(X, self.sample_shape, self.dynamic_axes)
         try:
-            executor = self.bind(len(X))
+            executor = self.bind(len(X), X.shape[1:])
             executor.forward(is_train=False, **{DATA_NAME: X})
             return executor.outputs[0].asnumpy()
         except mx.base.MXNetError as err:
@@ -252,13 +266,20 @@ class OnnxPredictor:
     A model whose batch dimension is fixed (say to 1) is run in batches of
     that size; the number of samples must be a multiple of it.
 
+    An input axis besides the batch may be dynamic too (``python -m export
+    --dynamic 1=seq``): ``sample_shape`` then gives the size the graph was
+    traced at (the ``sample_shape`` metadata), inputs may have any size along
+    it, and the output may have more than two dimensions.
+
     Attributes:
         batch_size: The fixed batch size, or ``None`` if any is accepted.
+        dynamic_axes: Input axes (1: the first after the batch) of any size.
 
     Raises:
         ModelFileError: the file is missing, not a model onnxruntime can
             load, or not one float32 input of shape (batch, features) with a
-            fixed feature count and a 2-D first output.
+            fixed feature count (or dynamic axes and their traced sizes) and
+            a 2-D first output (any, with dynamic axes).
     """
 
     def __init__(self, path):
@@ -276,20 +297,31 @@ class OnnxPredictor:
             raise ModelFileError('%s is not a loadable ONNX model: %s'
                                  % (path, _ort_message(err))) from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        # axes after the batch that a name makes dynamic, sized as traced
+        traced = self.session.get_modelmeta().custom_metadata_map.get('sample_shape')
+        dims = list(inputs[0].shape[1:]) if inputs else []
+        self.dynamic_axes = tuple(i + 1 for i, d in enumerate(dims) if not isinstance(d, int))
+        if self.dynamic_axes and traced:
+            try:
+                traced = [int(d) for d in json.loads(traced)]
+            except (ValueError, TypeError):
+                traced = []
+            if len(traced) == len(dims):
+                dims = [d if isinstance(d, int) else t for d, t in zip(dims, traced)]
         if len(inputs) != 1 or len(inputs[0].shape) < 2 or not all(
-                isinstance(d, int) for d in inputs[0].shape[1:]):
+                isinstance(d, int) for d in dims):
             raise ModelFileError('%s: expected one input of shape (batch, ...) with fixed '
                                  'per-sample dimensions, found %s' % (path, _describe_args(inputs)))
         if inputs[0].type != 'tensor(float)':
             raise ModelFileError('%s: expected a float32 input (tensor(float)), found %s'
                                  % (path, _describe_args(inputs)))
-        if len(outputs[0].shape) != 2:
+        if len(outputs[0].shape) != 2 and not self.dynamic_axes:
             raise ModelFileError('%s: expected its first output to be of shape (batch, outputs), '
                                  'found %s' % (path, _describe_args(outputs[:1])))
         self.input_name = inputs[0].name
-        self.sample_shape = tuple(inputs[0].shape[1:])
+        self.sample_shape = tuple(dims)
         self.input_width = features(self.sample_shape)
-        self.output_width = outputs[0].shape[1]
+        self.output_width = outputs[0].shape[1] if len(outputs[0].shape) == 2 else None
         batch = inputs[0].shape[0]
         self.batch_size = batch if isinstance(batch, int) and batch > 0 else None
         # A failing run is reported by the exception; onnxruntime would also log it.
@@ -305,7 +337,7 @@ class OnnxPredictor:
             ModelFileError: onnxruntime fails to run the model, or its output
                 is not ``(samples, outputs)`` numbers.
         """
-        X = _check_batch(X, self.sample_shape)
+        X = _check_batch(X, self.sample_shape, self.dynamic_axes)
         step = self.batch_size or len(X)
         if len(X) % step:
             raise InputError('%s runs batches of exactly %d samples (its input is %s); expected '
@@ -321,7 +353,8 @@ class OnnxPredictor:
             raise ModelFileError('%s failed in onnxruntime on a batch of %d samples: %s'
                                  % (self.path, len(X), _ort_message(err))) from None
         Y = np.asarray(Y)
-        if Y.ndim != 2 or len(Y) != len(X) or not np.issubdtype(Y.dtype, np.number):
+        if (Y.ndim != 2 and not self.dynamic_axes) or len(Y) != len(X) or \
+                not np.issubdtype(Y.dtype, np.number):
             raise ModelFileError('%s: expected (%d, outputs) numbers from a batch of %d samples, '
                                  'found %s of shape %s' % (self.path, len(X), len(X), Y.dtype,
                                                            Y.shape))

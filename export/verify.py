@@ -8,11 +8,15 @@ The report (a JSON-ready dict) holds
   argument of the re-bound pair on its stage's device;
 * ``parity``: the largest absolute difference between each runtime's output
   and the training checkpoint itself, bound on one device with MXNet (its
-  loss head's forward pass, label unused) at batch sizes :data:`BATCH_SIZES`;
-  each must be within :data:`TOLERANCE` (absolute, plus the same relative to
-  the reference).
+  loss head's forward pass, label unused) at batch sizes :data:`BATCH_SIZES`
+  (with a dynamic axis besides the batch, :data:`DYNAMIC_BATCH_SIZES` at
+  sizes 1, about half and all of that axis as traced); each must be within
+  :data:`TOLERANCE` (absolute, plus the same relative to the reference).
+  Inputs are normal noise, or token ids below the vocabulary size where an
+  ``Embedding`` reads the input.
 """
 from collections import OrderedDict
+import json
 
 import numpy as np
 import onnx
@@ -28,10 +32,13 @@ from mp_symbolic.core.scoped import captured_stderr
 from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET
 from .runtimes import MXNetPredictor, OnnxPredictor
 
-__all__ = ['BATCH_SIZES', 'TOLERANCE', 'REQUIRED_METADATA',
+__all__ = ['BATCH_SIZES', 'DYNAMIC_BATCH_SIZES', 'TOLERANCE', 'REQUIRED_METADATA',
            'verify_export', 'format_report', 'failed_checks', 'OneDeviceReference']
 
 BATCH_SIZES = (1, 7, 1000)
+# With a dynamic axis besides the batch (a sequence length): smaller batches,
+# each at several sizes of that axis.
+DYNAMIC_BATCH_SIZES = (1, 7, 64)
 TOLERANCE = 1e-5
 REQUIRED_METADATA = ('producer', 'producer_version', 'mxnet_version', 'input_names',
                      'input_shapes', 'output_names', 'output_shapes', 'stages',
@@ -137,28 +144,61 @@ def verify_export(onnx_path, sym_path, params_path, reference):
     checks.append(_check('onnxruntime loads without warnings', not ort_log,
                          ort_log[0] if ort_log else 'nothing logged at default severity'))
     runtimes = [onnx_runtime]
+    dynamic = onnx_runtime.dynamic_axes
     # one device per stage (the model-parallel split), then every stage on cpu(0)
     for spec in (None, 'cpu:0'):
         mxnet_runtime = MXNetPredictor.from_files(sym_path, params_path, devices=spec,
-                                                  shape=onnx_runtime.sample_shape)
+                                                  shape=onnx_runtime.sample_shape,
+                                                  dynamic_axes=dynamic)
         checks.append(_placement_check(mxnet_runtime))
         runtimes.append(mxnet_runtime)
 
     rng = np.random.default_rng(_SEED)
     parity = []
-    for batch_size in BATCH_SIZES:
-        X = rng.normal(0.0, 1.0, (batch_size,) + onnx_runtime.sample_shape).astype(np.float32)
+    vocab = _token_range(reference.symbol)
+    for batch_size, shape in _parity_shapes(onnx_runtime.sample_shape, dynamic):
+        if vocab:  # token ids for an Embedding (normal noise would index out of range)
+            X = rng.integers(0, vocab, (batch_size,) + shape).astype(np.float32)
+        else:
+            X = rng.normal(0.0, 1.0, (batch_size,) + shape).astype(np.float32)
         expected = reference(X)
         for runtime in runtimes:
             got = runtime.predict(X).reshape(expected.shape)
             diff = float(np.max(np.abs(got - expected)))
             ok = bool(np.allclose(got, expected, rtol=TOLERANCE, atol=TOLERANCE))
             parity.append(OrderedDict([('runtime', _describe(runtime)),
-                                       ('batch_size', batch_size),
+                                       ('batch_size', batch_size), ('shape', list(X.shape)),
                                        ('max_abs_diff', diff), ('ok', ok)]))
     ok = all(c['ok'] for c in checks) and all(p['ok'] for p in parity)
     return OrderedDict([('ok', ok), ('tolerance', TOLERANCE), ('checks', checks),
-                        ('parity', parity)])
+                        ('dynamic_axes', list(dynamic)), ('parity', parity)])
+
+
+def _parity_shapes(sample_shape, dynamic_axes):
+    """``[(batch size, sample shape)]`` to compare at: :data:`BATCH_SIZES`,
+    or with dynamic axes :data:`DYNAMIC_BATCH_SIZES` at sizes 1, about half
+    and all of each dynamic axis as traced."""
+    if not dynamic_axes:
+        return [(b, tuple(sample_shape)) for b in BATCH_SIZES]
+    sizes = [lambda d: 1, lambda d: d // 2 + 1, lambda d: d]
+    shapes = []
+    for batch_size in DYNAMIC_BATCH_SIZES:
+        for size in sizes:
+            shape = tuple(size(d) if i + 1 in dynamic_axes else d
+                          for i, d in enumerate(sample_shape))
+            if (batch_size, shape) not in shapes:
+                shapes.append((batch_size, shape))
+    return shapes
+
+
+def _token_range(symbol):
+    """The smallest ``input_dim`` of the Embeddings that read ``data``, or
+    ``None``: then the input is not token ids."""
+    nodes = json.loads(symbol.tojson())['nodes']
+    data = {i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == DATA_NAME}
+    dims = [int(n['attrs']['input_dim']) for n in nodes
+            if n['op'] == 'Embedding' and n['inputs'] and n['inputs'][0][0] in data]
+    return min(dims) if dims else None
 
 
 def format_report(report):
@@ -170,9 +210,10 @@ def format_report(report):
     lines.append('  parity with the training checkpoint bound on one device (max |difference|, '
                  'tolerance %g abs + %g rel):' % (report['tolerance'], report['tolerance']))
     for row in report['parity']:
-        lines.append('    [%s] %-52s batch %4d: %.2e' % ('ok' if row['ok'] else 'FAIL',
-                                                         row['runtime'], row['batch_size'],
-                                                         row['max_abs_diff']))
+        size = 'input %-8s' % 'x'.join(str(d) for d in row['shape']) \
+            if report.get('dynamic_axes') else 'batch %4d' % row['batch_size']
+        lines.append('    [%s] %-52s %s: %.2e' % ('ok' if row['ok'] else 'FAIL',
+                                                  row['runtime'], size, row['max_abs_diff']))
     return lines
 
 

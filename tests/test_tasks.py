@@ -205,7 +205,7 @@ def test_a_task_that_cannot_work_is_one_line_naming_the_file(tmp_path, body, mes
 
 @pytest.mark.parametrize('argv, message', [
     (['--task', 'no_such_module_here'],
-     'error: --task no_such_module_here: expected regression, digits, zoo, a .py file or an '
+     'error: --task no_such_module_here: expected regression, digits, zoo, lm, a .py file or an '
      'importable module, found no such module'),
     (['--task', 'nowhere.py'], 'error: --task nowhere.py: expected a task file, found no file '
                                'nowhere.py'),

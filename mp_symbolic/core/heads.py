@@ -10,6 +10,7 @@ back-propagate the loss gradient per sample, unaveraged (``Module`` scales by
 =========== ============================ ============================= ===========
 ``'l2'``    ``LinearRegressionOutput``   ``L2Loss`` (0.5 (p - y)^2)    identity
 ``'softmax'`` ``SoftmaxOutput``          ``SoftmaxCrossEntropyLoss``   softmax
+                                          (summed over positions)
 ``'logistic'`` ``LogisticRegressionOutput`` ``SigmoidBinaryCrossEntropyLoss`` sigmoid
 =========== ============================ ============================= ===========
 """
@@ -49,6 +50,13 @@ def make_head(loss, prediction, label):
     if loss not in _HEAD_OPS:
         raise ValueError('loss: expected %s or a callable (prediction, label) -> Symbol, '
                          'found %r' % (', '.join(repr(l) for l in LOSSES), loss))
+    if loss == 'softmax':
+        # over the last axis, as the Gluon twin, the batch loss and the
+        # inference form take it: (N, C) with labels (N,) as before, and
+        # (N, T, C) with labels (N, T) (MXNet's default would take the
+        # softmax over axis 1 there)
+        return mx.sym.SoftmaxOutput(data=prediction, label=label, preserve_shape=True,
+                                    name=HEAD_NAMES[loss])
     return _HEAD_OPS[loss](data=prediction, label=label, name=HEAD_NAMES[loss])
 
 
@@ -61,11 +69,27 @@ def gluon_loss(loss):
     if loss == 'l2':
         return gluon.loss.L2Loss()
     if loss == 'softmax':
-        return gluon.loss.SoftmaxCrossEntropyLoss()
+        return PositionSummedSoftmaxCELoss()
     if loss == 'logistic':
         return gluon.loss.SigmoidBinaryCrossEntropyLoss()
     raise ValueError('loss: expected one of %s for the imperative twin, found %r'
                      % (', '.join(LOSSES), loss))
+
+
+class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
+    """Softmax cross-entropy over the last axis, summed over every other
+    axis but the batch: ``(N, C)`` -> ``(N,)`` as Gluon's
+    ``SoftmaxCrossEntropyLoss``, and ``(N, T, C)`` -> ``(N,)`` summed over
+    the T positions, where Gluon's averages them. ``SoftmaxOutput`` (with
+    ``preserve_shape``) back-propagates each position's gradient unaveraged,
+    so this is its twin: a sequence model's gradients agree."""
+
+    def __init__(self, **kwargs):
+        super().__init__(weight=None, batch_axis=0, **kwargs)
+
+    def hybrid_forward(self, F, pred, label):  # pylint: disable=arguments-differ
+        nll = -F.pick(F.log_softmax(pred, axis=-1), label, axis=-1)  # (N, ...)
+        return F.sum(F.reshape(nll, shape=(0, -1)), axis=1)
 
 
 def inference_form(head_op, head_attrs, prediction):

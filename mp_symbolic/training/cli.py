@@ -58,6 +58,8 @@ def add_train_flags(parser, defaults=True):
     parser.add_argument('--task', default=_DEFAULTS.task, metavar='TASK',
                         help='regression: the seed question\'s 2-2-2-1 linear network on '
                              'synthetic data; digits: a CNN on scikit-learn\'s 8x8 digits; '
+                             'zoo: a model-zoo network on them; lm: a character-level GPT on '
+                             'the Python standard library; '
                              'FILE.py or a module name: your own task, a file defining '
                              'task(**kwargs) -> mp_symbolic.Task (default: %(default)s)')
     parser.add_argument('--task-arg', type=_task_arg, action='append', default=[],

@@ -1,7 +1,7 @@
 """Finding a task: a bundled one by name, a ``.py`` file, or a module.
 
-``--task regression`` and ``--task digits`` are the two files beside this
-one; ``--task my_task.py`` loads a file of the user's, ``--task pkg.mod`` an
+``--task regression``, ``digits``, ``zoo`` and ``lm`` are the files beside
+this one; ``--task my_task.py`` loads a file of the user's, ``--task pkg.mod`` an
 importable module. Each defines ``task(**kwargs)`` returning an
 :class:`mp_symbolic.Task`; ``--task-arg KEY=VALUE`` values are its keyword
 arguments, and a ``seed`` parameter, if it has one, receives ``--seed``.
@@ -15,7 +15,7 @@ import traceback
 
 __all__ = []
 
-BUNDLED = ('regression', 'digits', 'zoo')
+BUNDLED = ('regression', 'digits', 'zoo', 'lm')
 DEFAULT_TASK = 'regression'  # the seed question's, what `train` runs without --task
 
 

@@ -1,0 +1,190 @@
+"""A GPT-style decoder (minGPT / nanoGPT's model) as Gluon blocks, for
+:class:`~mp_symbolic.Pipeline` to split.
+
+``build_blocks`` returns ``[Embed, Block x num_layers, TiedOutput]``: each
+block takes one input and returns one output, so a Pipeline splits the list
+by blocks (``Pipeline(blocks, ...)``) or the :class:`GPT` of the same blocks
+by its graph. The output layer reads the token embedding's weight (tied
+weights): split over stages, the weight lives on the first stage and the
+last reads it there.
+
+Every shape is read from the input in the graph (``arange_like``), not fixed
+when it is built, so one trained graph runs on any batch size and any
+sequence length up to ``block_size`` (an exported ONNX file too).
+
+The dense and embedding layers come from a :class:`Layers` factory, so that
+tensor-parallel versions of them (column-/row-parallel dense, a
+vocabulary-parallel embedding) can replace Gluon's own without touching the
+model. Imports MXNet only.
+"""
+from dataclasses import dataclass
+
+import mxnet as mx
+from mxnet import gluon
+
+__all__ = []
+
+_INIT = mx.init.Normal(0.02)  # GPT-2's initialisation of every weight matrix
+
+
+def _dense(units, in_units, prefix, kind):
+    """A position-wise ``Dense`` on ``(N, T, in_units)``. ``kind`` says its
+    role (``'column'``: q/k/v and the MLP's first layer; ``'row'``: the
+    attention's and the MLP's output), which a tensor-parallel factory maps to
+    Megatron-LM's column- and row-parallel layers."""
+    del kind
+    return gluon.nn.Dense(units, in_units=in_units, flatten=False, prefix=prefix,
+                          weight_initializer=_INIT)
+
+
+def _embedding(input_dim, output_dim, prefix):
+    return gluon.nn.Embedding(input_dim, output_dim, prefix=prefix, weight_initializer=_INIT)
+
+
+@dataclass(frozen=True)
+class Layers:
+    """Where the model gets its dense and embedding layers.
+
+    Attributes:
+        dense: ``dense(units, in_units, prefix, kind) -> HybridBlock`` on
+            ``(N, T, in_units)`` -> ``(N, T, units)``; ``kind`` is
+            ``'column'`` or ``'row'`` (Megatron-LM's split of each layer).
+        embedding: ``embedding(input_dim, output_dim, prefix) -> HybridBlock``
+            with a ``weight`` parameter of shape ``(input_dim, output_dim)``
+            (the output layer reads it).
+    """
+    dense: object = _dense
+    embedding: object = _embedding
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The model's size."""
+    vocab_size: int = 96      # distinct characters
+    block_size: int = 128     # longest context, in characters (position embeddings)
+    num_layers: int = 4       # transformer blocks
+    num_heads: int = 4        # attention heads per block
+    num_hiddens: int = 128    # model width; a multiple of num_heads
+
+    def __post_init__(self):
+        for name in ('vocab_size', 'block_size', 'num_layers', 'num_heads', 'num_hiddens'):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError('%s: expected a positive integer, found %r' % (name, value))
+        if self.num_hiddens % self.num_heads:
+            raise ValueError('num_hiddens: expected a multiple of num_heads (%d), found %d'
+                             % (self.num_heads, self.num_hiddens))
+
+
+class Embed(gluon.HybridBlock):
+    """Token ids ``(N, T)`` (float) -> token + position embeddings ``(N, T, C)``."""
+
+    def __init__(self, cfg, layers=Layers(), **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.token = layers.embedding(cfg.vocab_size, cfg.num_hiddens, 'token_')
+            self.position = _embedding(cfg.block_size, cfg.num_hiddens, 'position_')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        positions = F.contrib.arange_like(x, axis=1)                    # (T,)
+        return F.broadcast_add(self.token(x),                            # (N, T, C)
+                               F.expand_dims(self.position(positions), axis=0))  # (1, T, C)
+
+
+class CausalSelfAttention(gluon.HybridBlock):
+    """Multi-head self-attention where position t sees positions <= t."""
+
+    def __init__(self, cfg, layers=Layers(), **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = cfg.num_heads
+        self.scale = (cfg.num_hiddens // cfg.num_heads) ** -0.5
+        C = cfg.num_hiddens
+        with self.name_scope():
+            self.query = layers.dense(C, C, 'query_', 'column')
+            self.key = layers.dense(C, C, 'key_', 'column')
+            self.value = layers.dense(C, C, 'value_', 'column')
+            self.proj = layers.dense(C, C, 'proj_', 'row')
+
+    def _heads(self, F, x):
+        # (N, T, C) -> (N, T, H, D) -> (N, H, T, D); 0 copies a dimension, so T may vary
+        return F.transpose(F.reshape(x, shape=(0, 0, self.num_heads, -1)), axes=(0, 2, 1, 3))
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        q, k, v = (self._heads(F, layer(x)) for layer in (self.query, self.key, self.value))
+        scores = F.batch_dot(q, k, transpose_b=True) * self.scale        # (N, H, T, T)
+        steps = F.contrib.arange_like(x, axis=1)                         # (T,)
+        future = F.broadcast_greater(F.reshape(steps, shape=(1, -1)),    # (T, T): key after query
+                                     F.reshape(steps, shape=(-1, 1)))
+        scores = F.broadcast_add(scores, future * -1e9)
+        attention = F.softmax(scores, axis=-1)
+        out = F.batch_dot(attention, v)                                  # (N, H, T, D)
+        out = F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))  # (N, T, C)
+        return self.proj(out)
+
+
+class Block(gluon.HybridBlock):
+    """Pre-LayerNorm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+
+    def __init__(self, cfg, layers=Layers(), **kwargs):
+        super().__init__(**kwargs)
+        C = cfg.num_hiddens
+        with self.name_scope():
+            self.ln1 = gluon.nn.LayerNorm(in_channels=C, prefix='ln1_')
+            self.attention = CausalSelfAttention(cfg, layers, prefix='attention_')
+            self.ln2 = gluon.nn.LayerNorm(in_channels=C, prefix='ln2_')
+            self.fc = layers.dense(4 * C, C, 'fc_', 'column')
+            self.gelu = gluon.nn.GELU(prefix='gelu_')
+            self.out = layers.dense(C, 4 * C, 'out_', 'row')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        x = x + self.attention(self.ln1(x))
+        return x + self.out(self.gelu(self.fc(self.ln2(x))))
+
+
+class TiedOutput(gluon.HybridBlock):
+    """Final LayerNorm, then logits ``(N, T, vocab)`` from the token
+    embedding's own weight (no parameter of its own but the norm's)."""
+
+    def __init__(self, cfg, embed, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = cfg.vocab_size
+        with self.name_scope():
+            self.ln = gluon.nn.LayerNorm(in_channels=cfg.num_hiddens, prefix='ln_')
+        # the same Parameter, listed among this block's own so that a Pipeline
+        # sees both stages read it (a tied weight)
+        self.weight = embed.token.weight
+        self.params.update(embed.token.params)
+
+    def hybrid_forward(self, F, x, weight):  # pylint: disable=arguments-differ
+        return F.FullyConnected(self.ln(x), weight, no_bias=True, flatten=False,
+                                num_hidden=self.vocab_size)
+
+
+class GPT(gluon.HybridBlock):
+    """The blocks of :func:`build_blocks` as one network (a Pipeline cuts it
+    by its graph); the blocks keep their own parameter names."""
+
+    def __init__(self, blocks, **kwargs):
+        super().__init__(**kwargs)
+        self.layers = blocks
+        for i, block in enumerate(blocks):
+            self.register_child(block, 'layer%d' % i)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        for block in self.layers:
+            x = block(x)
+        return x
+
+
+def build_blocks(cfg, layers=Layers()):
+    """``[Embed, Block x num_layers, TiedOutput]`` with fixed parameter names
+    (``embed_token_weight``, ``block0_attention_query_weight``, ...,
+    ``head_ln_gamma``): token ids ``(N, T)`` -> logits ``(N, T, vocab)``."""
+    embed = Embed(cfg, layers, prefix='embed_')
+    return [embed] + [Block(cfg, layers, prefix='block%d_' % i) for i in range(cfg.num_layers)] \
+        + [TiedOutput(cfg, embed, prefix='head_')]
+
+
+def build_network(cfg, layers=Layers()):
+    """:func:`build_blocks` as one :class:`GPT`."""
+    return GPT(build_blocks(cfg, layers), prefix='gpt_')

@@ -1,0 +1,259 @@
+"""The character-level language model (``--task lm``): it is causal, it
+learns past what a model without context can reach, every split of it (stages
+over the blocks or over its graph, micro-batches, replicas) computes what one
+device computes, a checkpoint resumes onto another plan, and its export runs
+in onnxruntime at any batch size and sequence length with the trained
+numbers."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import onnx
+import pytest
+
+import mp_symbolic
+from mp_symbolic.training import loop
+from mp_symbolic.training.config import TrainConfig
+from mp_symbolic.training.sample import MXNetModel, OnnxModel, sample
+from mp_symbolic.training.tasks import gpt, lm
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
+BATCH = 8
+TOL = 1e-5
+# A short run (about 10 s of training): a network that ignores the context
+# cannot go below the corpus' unigram entropy (4.54 bits per character here);
+# a broken one stays near log2(vocabulary) = 7.4.
+SHORT_RUN = dict(num_layers=1, num_heads=2, num_hiddens=32, block_size=32,
+                 train_chars=1 << 16, val_chars=1 << 13)
+SHORT_RUN_BOUND = 4.2
+
+
+def _batch(cfg=TINY, seed=0, batch=BATCH):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, cfg.vocab_size, (batch, cfg.block_size)).astype(np.float32),
+            rng.integers(0, cfg.vocab_size, (batch, cfg.block_size)).astype(np.float32))
+
+
+def _network(whole):
+    return gpt.build_network(TINY) if whole else gpt.build_blocks(TINY)
+
+
+def _one_step(devices, whole=False, chunks=1, replicas=1, init=None):
+    """Outputs and parameters after one SGD step (lr 1: the change is the
+    gradient) of the tiny model on ``devices``."""
+    X, y = _batch()
+    pipe = mp_symbolic.Pipeline(_network(whole), devices, sample=(BATCH, TINY.block_size),
+                                chunks=chunks, replicas=replicas)
+    if init is None:
+        init = loop.initial_values(pipe, seed=0)
+    mod = pipe.module(loss='softmax')
+    mod.bind(data_shapes=[('data', X.shape)], label_shapes=[('softmax_label', y.shape)])
+    mod.init_params(arg_params={k: mx.nd.array(v) for k, v in init[0].items()},
+                    aux_params={}, allow_missing=False)
+    mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='sgd',
+                       optimizer_params={'learning_rate': 1.0, 'rescale_grad': 1.0 / BATCH})
+    mod.forward(mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)]), is_train=True)
+    out = mod.get_outputs()[0].asnumpy()
+    mod.backward()
+    mod.update()
+    params = {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
+    return pipe, init, out, params
+
+
+@pytest.fixture(scope='module')
+def one_device():
+    return _one_step('cpu:0')
+
+
+def test_prediction_at_a_position_reads_no_later_character():
+    net = gpt.build_network(TINY)
+    net.initialize(mx.init.Normal(0.5))
+    X, _ = _batch()
+    changed = X.copy()
+    changed[:, 6:] = (changed[:, 6:] + 1) % TINY.vocab_size
+    before, after = net(mx.nd.array(X)).asnumpy(), net(mx.nd.array(changed)).asnumpy()
+    np.testing.assert_allclose(after[:, :6], before[:, :6], rtol=0, atol=1e-6)
+    assert np.abs(after[:, 6:] - before[:, 6:]).max() > 1e-3
+
+
+def test_shorter_sequence_gives_the_prefix_of_the_longer_ones_output():
+    net = gpt.build_network(TINY)
+    net.initialize(mx.init.Normal(0.5))
+    X, _ = _batch()
+    full, prefix = net(mx.nd.array(X)).asnumpy(), net(mx.nd.array(X[:, :5])).asnumpy()
+    np.testing.assert_allclose(prefix, full[:, :5], rtol=1e-5, atol=1e-6)
+
+
+def test_output_layer_reads_the_token_embedding_on_its_own_stage():
+    pipe = mp_symbolic.Pipeline(gpt.build_blocks(TINY), 'cpu:0,cpu:1,cpu:2',
+                                sample=(BATCH, TINY.block_size))
+    owner, readers = pipe.tied['embed_token_weight']
+    assert owner == 0 and readers == [0, 2]
+    assert 'head_weight' not in pipe.collect_params()  # no second copy of the weight
+
+
+# Stages over the blocks or over the graph of the whole network, micro-batches, replicas.
+SPLITS = [
+    ('blocks', 'cpu:0,cpu:1', 1, 1),
+    ('blocks', 'cpu:0,cpu:1,cpu:2', 2, 1),
+    ('blocks', 'cpu:0,cpu:1,cpu:2,cpu:3', 1, 2),
+    ('blocks', 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2),
+    ('whole', 'cpu:0,cpu:1', 1, 1),
+    ('whole', 'cpu:0,cpu:1,cpu:2', 4, 1),
+    ('whole', 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2),
+]
+
+
+@pytest.mark.parametrize('network,devices,chunks,replicas', SPLITS)
+def test_split_equals_one_device_after_one_step(one_device, network, devices, chunks, replicas):
+    _, init, expected_out, expected = one_device
+    pipe, _, out, params = _one_step(devices, network == 'whole', chunks, replicas, init)
+    assert pipe.plan.num_stages == len(devices.split(',')) // replicas
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
+    assert sorted(params) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
+def _train(out, devices, num_epochs, resume=None, **task_args):
+    args = dict(SHORT_RUN, **task_args)
+    cfg = TrainConfig(task='lm', task_args=tuple(args.items()), devices=devices,
+                      num_epochs=num_epochs, out=None if resume else str(out), resume=resume,
+                      progress=False, batch_size=16, lr=0.01)
+    return loop.train(cfg, log=lambda line: None)
+
+
+@pytest.fixture(scope='module')
+def short_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp('lm') / 'short'
+    return out, _train(out, 'cpu:0,cpu:1', 2)
+
+
+def test_short_run_learns_from_the_context(short_run):
+    _, result = short_run
+    assert result.metrics['val_bits_per_char'] < SHORT_RUN_BOUND
+    assert result.metrics['baseline'].startswith('add-k 4-gram, k=')
+    assert len(result.metrics['vocabulary']) > 90
+
+
+def test_resume_onto_another_plan_equals_an_uninterrupted_run(short_run, tmp_path):
+    _, straight = short_run
+    first = tmp_path / 'resumed'
+    _train(first, 'cpu:0,cpu:1,cpu:2', 1)
+    resumed = _train(None, 'cpu:0', 2, resume=str(first))
+    for name, value in straight.params.items():
+        np.testing.assert_allclose(resumed.params[name], value, rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+
+
+def test_ngram_baseline_probabilities_sum_to_one():
+    ids = np.random.default_rng(0).integers(0, 5, 500)
+    model = lm.NGram(ids, 3, 5)
+    history = np.array([1, 2])
+    total = sum(2 ** -model.bits(np.append(history, c), [2], 0.1) for c in range(5))
+    assert abs(total - 1) < 1e-9
+
+
+@pytest.fixture(scope='module')
+def exported(short_run, tmp_path_factory):
+    out, _ = short_run
+    export_dir = tmp_path_factory.mktemp('lm') / 'export'
+    result = subprocess.run([sys.executable, '-m', 'export', '--checkpoint', str(out), '--out',
+                             str(export_dir), '--dynamic', '1=seq'], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return out, export_dir / 'current'
+
+
+def test_onnx_has_dynamic_batch_and_sequence_and_matches_the_checkpoint(exported):
+    _, folder = exported
+    report = json.loads((folder / 'lm-verification.json').read_text())
+    assert report['ok'] and report['dynamic_axes'] == [1]
+    assert {tuple(row['shape']) for row in report['parity']} >= {(1, 1), (7, 17), (64, 32)}
+    model = onnx.load(str(folder / 'lm.onnx'))
+    dims = [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in (model.graph.input[0], model.graph.output[0])]
+    assert dims[0] == ['batch', 'seq'] and dims[1][:2] == ['batch', 'seq']
+
+
+def test_sampling_from_onnx_equals_sampling_from_the_checkpoint(exported):
+    checkpoint, folder = exported
+    from_checkpoint, from_onnx = MXNetModel(str(checkpoint)), OnnxModel(str(folder / 'lm.onnx'))
+    vocab = from_checkpoint.summary['vocabulary']
+    text = sample(from_checkpoint, vocab, 'def ', 40, temperature=0.8, seed=3)
+    assert sample(from_onnx, vocab, 'def ', 40, temperature=0.8, seed=3) == text
+    assert text.startswith('def ') and len(text) == 44
+    assert sample(from_checkpoint, vocab, 'def ', 40, temperature=0.8, seed=4) != text
+
+
+def test_sampling_a_prompt_outside_the_vocabulary_is_refused(exported):
+    checkpoint, _ = exported
+    model = MXNetModel(str(checkpoint))
+    with pytest.raises(ValueError, match='--prompt: expected characters of the model'):
+        sample(model, model.summary['vocabulary'], 'def \x00', 5)
+
+
+def test_sample_command_prints_the_prompt_and_its_continuation(exported):
+    checkpoint, _ = exported
+    result = subprocess.run([sys.executable, '-m', 'mp_symbolic.training.sample', '--checkpoint',
+                             str(checkpoint), '--prompt', 'import ', '--length', '30', '--seed',
+                             '1'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith('import ') and len(result.stdout) == len('import ') + 31
+
+
+@pytest.mark.parametrize('flag, message', [
+    ('3=seq', '--dynamic: expected an input axis from 1 to 1 (axis 0 is the batch), found 3'),
+    ('1=batch', "--dynamic: expected a distinct name other than 'batch' for axis 1"),
+    ('seq', "--dynamic: expected AXIS=NAME such as 1=seq, found 'seq'"),
+])
+def test_bad_dynamic_axis_is_one_line(exported, tmp_path, flag, message):
+    checkpoint, _ = exported
+    result = subprocess.run([sys.executable, '-m', 'export', '--checkpoint', str(checkpoint),
+                             '--out', str(tmp_path / 'out'), '--dynamic', flag], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count('\n') == 1 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize('shape', [(4, 5), (2, 3, 5)])
+def test_softmax_head_is_softmax_cross_entropy_over_the_last_axis(shape):
+    from mp_symbolic.core.heads import make_head
+    head = make_head('softmax', mx.sym.var('data'), mx.sym.var('softmax_label'))
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=shape).astype(np.float32)
+    y = rng.integers(0, shape[-1], shape[:-1]).astype(np.float32)
+    exe = head.simple_bind(mx.cpu(), data=shape, softmax_label=y.shape)
+    exe.forward(is_train=True, data=X, softmax_label=y)
+    exe.backward()
+    probs = np.exp(X - X.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    np.testing.assert_allclose(exe.outputs[0].asnumpy(), probs, rtol=1e-5, atol=1e-6)
+    # the gradient of the summed cross-entropy of every position: p - onehot(y)
+    onehot = np.eye(shape[-1])[y.astype(int)]
+    np.testing.assert_allclose(exe.grad_dict['data'].asnumpy(), probs - onehot, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device):
+    from mxnet import autograd
+    from mp_symbolic.core.heads import gluon_loss
+    _, init, _, expected = one_device
+    pipe = mp_symbolic.Pipeline(gpt.build_blocks(TINY), 'cpu:0,cpu:1',
+                                sample=(BATCH, TINY.block_size))
+    pipe.set_params(init[0], {})
+    trainer = mp_symbolic.Trainer(pipe.collect_params(),
+                                  mx.optimizer.create('sgd', learning_rate=1.0, rescale_grad=1.0))
+    X, y = _batch()
+    with autograd.record():  # the label on the last stage's device, where the output is
+        loss = gluon_loss('softmax')(pipe(mx.nd.array(X, ctx=mx.cpu(0))),
+                                     mx.nd.array(y, ctx=mx.cpu(1)))
+    loss.backward()
+    trainer.step(BATCH)
+    for name, param in pipe.collect_params().items():
+        np.testing.assert_allclose(param.data().asnumpy(), expected[name], rtol=TOL, atol=TOL,
+                                   err_msg=name)
