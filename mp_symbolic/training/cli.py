@@ -244,7 +244,6 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
 EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
 EXIT_FAILED = 1      # training diverged, or a file could not be written
 EXIT_DISAGREE = 3    # compare: the variants did not agree within the tolerance
-EXIT_INTERRUPTED = 130  # Ctrl-C: the last committed checkpoint is kept
 
 
 def _flag_message(err, task=None):
