@@ -309,11 +309,13 @@ def test_softmax_head_is_softmax_cross_entropy_over_the_last_axis(shape):
                                atol=1e-6)
 
 
-def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device):
+@pytest.mark.parametrize('devices,shards', [('cpu:0,cpu:1', 1),
+                                             ('cpu:0+cpu:1,cpu:2+cpu:3', 2)])
+def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device, devices, shards):
     from mxnet import autograd
     from mp_symbolic.core.heads import gluon_loss
     _, init, _, expected = one_device
-    pipe = mp_symbolic.Pipeline(gpt.build_blocks(TINY), 'cpu:0,cpu:1',
+    pipe = mp_symbolic.Pipeline(_network(False, shards), devices,
                                 sample=(BATCH, TINY.block_size))
     pipe.set_params(init[0], {})
     trainer = mp_symbolic.Trainer(pipe.collect_params(),
@@ -321,9 +323,10 @@ def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device):
     X, y = _batch()
     with autograd.record():  # the label on the last stage's device, where the output is
         loss = gluon_loss('softmax')(pipe(mx.nd.array(X, ctx=mx.cpu(0))),
-                                     mx.nd.array(y, ctx=mx.cpu(1)))
+                                     mx.nd.array(y, ctx=pipe.plan.last_device))
     loss.backward()
     trainer.step(BATCH)
-    for name, param in pipe.collect_params().items():
-        np.testing.assert_allclose(param.data().asnumpy(), expected[name], rtol=TOL, atol=TOL,
+    params = {n: p.data(p.list_ctx()[0]) for n, p in pipe.collect_params().items()}
+    for name, value in pipe.gather_params(params).items():
+        np.testing.assert_allclose(value.asnumpy(), expected[name], rtol=TOL, atol=TOL,
                                    err_msg=name)
