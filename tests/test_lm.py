@@ -180,6 +180,20 @@ def test_checkpoint_of_a_sharded_run_loads_into_one_device_by_name_and_computes_
     np.testing.assert_allclose(outputs[1], outputs[0], rtol=TOL, atol=TOL)
 
 
+def test_sharded_network_starts_from_the_unsharded_networks_initial_values(one_device):
+    _, init, _, _ = one_device
+    pipe = mp_symbolic.Pipeline(_network(False, 2), 'cpu:0+cpu:1',
+                                sample=(BATCH, TINY.block_size))
+    arg, _ = loop.initial_values(pipe, seed=0)
+    assert 'embed_token_shard1_weight' in arg
+    gathered = pipe.gather_params(arg)   # shards joined as NDArrays, the rest as they were
+    assert sorted(gathered) == sorted(init[0])
+    for name, value in init[0].items():
+        whole = gathered[name]
+        whole = whole.asnumpy() if isinstance(whole, mx.nd.NDArray) else whole
+        np.testing.assert_array_equal(whole, value, err_msg=name)
+
+
 @pytest.mark.parametrize('args, message', [
     (dict(shards=3), r'shards: expected a divisor of num_heads \(4\), found 3'),
     (dict(shards=0), 'shards: expected a positive integer, found 0'),
