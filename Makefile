@@ -21,7 +21,7 @@ SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
 .PHONY: help setup train-symbolic train-imperative train-digits train-lm export-lm sample-lm \
         export export-digits compare \
-        bench bench-export bench-dist bench-pipeline bench-tp test clean distclean
+        bench bench-export bench-dist bench-pipeline bench-tp bench-lm test clean distclean
 
 help:
 	@echo "make train-symbolic    train the regression model-parallel (Pipeline + MXNet Module)"
@@ -38,6 +38,7 @@ help:
 	@echo "make bench-dist        a dist_sync job of 1 and 2 workers on loopback (launch overhead)"
 	@echo "make bench-pipeline    micro-batch pipelining: overlap and bubble from the trace, memory per device"
 	@echo "make bench-tp          tensor-parallel MLP block: memory per device and step time at 1, 2, 4 shards"
+	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
@@ -118,6 +119,9 @@ bench-pipeline: $(STAMP)
 
 bench-tp: $(STAMP)
 	$(PY) -m bench.tensor_parallel $(if $(QUICK),--quick)
+
+bench-lm: $(STAMP)
+	$(PY) -m bench.lm $(if $(QUICK),--quick)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

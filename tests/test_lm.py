@@ -38,24 +38,33 @@ def _batch(cfg=TINY, seed=0, batch=BATCH):
             rng.integers(0, cfg.vocab_size, (batch, cfg.block_size)).astype(np.float32))
 
 
-def _network(whole):
-    return gpt.build_network(TINY) if whole else gpt.build_blocks(TINY)
+def _network(whole, shards=1):
+    build = gpt.build_network if whole else gpt.build_blocks
+    return build(TINY, lm.sharded_layers(shards))
 
 
-def _one_step(devices, whole=False, chunks=1, replicas=1, init=None):
-    """Outputs and parameters after one SGD step (lr 1: the change is the
-    gradient) of the tiny model on ``devices``."""
+def _bound(pipe, arg_params, replicas=1):
+    """``pipe``'s Module with SGD (lr 1: a step's change is the gradient),
+    its parameters set from ``arg_params`` (unsplit names) by name."""
     X, y = _batch()
-    pipe = mp_symbolic.Pipeline(_network(whole), devices, sample=(BATCH, TINY.block_size),
-                                chunks=chunks, replicas=replicas)
-    if init is None:
-        init = loop.initial_values(pipe, seed=0)
     mod = pipe.module(loss='softmax')
     mod.bind(data_shapes=[('data', X.shape)], label_shapes=[('softmax_label', y.shape)])
-    mod.init_params(arg_params={k: mx.nd.array(v) for k, v in init[0].items()},
+    mod.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
                     aux_params={}, allow_missing=False)
     mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='sgd',
                        optimizer_params={'learning_rate': 1.0, 'rescale_grad': 1.0 / BATCH})
+    return mod
+
+
+def _one_step(devices, whole=False, chunks=1, replicas=1, init=None, shards=1):
+    """Outputs and parameters after one SGD step of the tiny model on ``devices``."""
+    X, y = _batch()
+    pipe = mp_symbolic.Pipeline(_network(whole, shards), devices,
+                                sample=(BATCH, TINY.block_size), chunks=chunks,
+                                replicas=replicas)
+    if init is None:
+        init = loop.initial_values(pipe, seed=0)
+    mod = _bound(pipe, init[0], replicas)
     mod.forward(mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)]), is_train=True)
     out = mod.get_outputs()[0].asnumpy()
     mod.backward()
@@ -96,27 +105,102 @@ def test_output_layer_reads_the_token_embedding_on_its_own_stage():
     assert 'head_weight' not in pipe.collect_params()  # no second copy of the weight
 
 
-# Stages over the blocks or over the graph of the whole network, micro-batches, replicas.
+# Stages over the blocks or over the graph of the whole network, tensor-parallel
+# shards inside stages ('+' joins a stage's devices), micro-batches, replicas.
 SPLITS = [
-    ('blocks', 'cpu:0,cpu:1', 1, 1),
-    ('blocks', 'cpu:0,cpu:1,cpu:2', 2, 1),
-    ('blocks', 'cpu:0,cpu:1,cpu:2,cpu:3', 1, 2),
-    ('blocks', 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2),
-    ('whole', 'cpu:0,cpu:1', 1, 1),
-    ('whole', 'cpu:0,cpu:1,cpu:2', 4, 1),
-    ('whole', 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2),
+    ('blocks', 'cpu:0,cpu:1', 1, 1, 1),
+    ('blocks', 'cpu:0,cpu:1,cpu:2', 2, 1, 1),
+    ('blocks', 'cpu:0,cpu:1,cpu:2,cpu:3', 1, 2, 1),
+    ('blocks', 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2, 1),
+    ('whole', 'cpu:0,cpu:1', 1, 1, 1),
+    ('whole', 'cpu:0,cpu:1,cpu:2', 4, 1, 1),
+    ('whole', 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2, 1),
+    ('blocks', 'cpu:0+cpu:1', 1, 1, 2),
+    ('blocks', 'cpu:0+cpu:1,cpu:2+cpu:3', 1, 1, 2),
+    ('blocks', 'cpu:0+cpu:1,cpu:2+cpu:3', 2, 1, 2),
+    ('blocks', 'cpu:0+cpu:1,cpu:2', 2, 1, 2),
+    ('blocks', 'cpu:0+cpu:1,cpu:2+cpu:3', 1, 2, 2),
+    ('whole', 'cpu:0+cpu:1,cpu:2+cpu:3', 2, 1, 2),
 ]
 
 
-@pytest.mark.parametrize('network,devices,chunks,replicas', SPLITS)
-def test_split_equals_one_device_after_one_step(one_device, network, devices, chunks, replicas):
+@pytest.mark.parametrize('network,devices,chunks,replicas,shards', SPLITS)
+def test_split_equals_one_device_after_one_step(one_device, network, devices, chunks, replicas,
+                                               shards):
     _, init, expected_out, expected = one_device
-    pipe, _, out, params = _one_step(devices, network == 'whole', chunks, replicas, init)
+    pipe, _, out, params = _one_step(devices, network == 'whole', chunks, replicas, init,
+                                     shards)
     assert pipe.plan.num_stages == len(devices.split(',')) // replicas
     np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
     assert sorted(params) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
+def test_sharded_layers_sit_on_their_stage_devices_in_halves(one_device):
+    _, init, _, _ = one_device
+    pipe = mp_symbolic.Pipeline(_network(False, 2), 'cpu:0+cpu:1,cpu:2+cpu:3',
+                                sample=(BATCH, TINY.block_size))
+    executor = _bound(pipe, init[0])._exec_group.execs[0]  # pylint: disable=protected-access
+    C = TINY.num_hiddens
+    for name, device, shape in [('block0_attention_query_shard1_weight', 1, (C // 2, C)),
+                                ('block0_attention_proj_shard1_weight', 1, (C, C // 2)),
+                                ('block1_fc_shard0_weight', 2, (2 * C, C)),
+                                ('block1_out_shard1_weight', 3, (C, 2 * C)),
+                                ('embed_token_shard1_weight', 1, (11, C))]:
+        assert executor.arg_dict[name].context == mx.cpu(device), name
+        assert executor.arg_dict[name].shape == shape, name
+    # the attention and the MLP read each shard's heads and units where they are
+    ops = [n['op'] for n in json.loads(pipe.symbol().tojson())['nodes']]
+    assert 'slice_axis' not in ops and ops.count('Concat') == 1  # the logits' gather
+
+
+def test_checkpoint_of_a_sharded_run_loads_into_one_device_by_name_and_computes_the_same(
+        one_device, tmp_path):
+    from mp_symbolic.tools.checkpoint import read_checkpoint, save_checkpoint
+    _, init, _, _ = one_device
+    X, y = _batch()
+    pipe = mp_symbolic.Pipeline(_network(False, 2), 'cpu:0+cpu:1,cpu:2+cpu:3',
+                                sample=(BATCH, TINY.block_size))
+    sharded = _bound(pipe, init[0])
+    sharded.forward_backward(mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)]))
+    sharded.update()   # parameters the one-device module has never seen
+    save_checkpoint(sharded, str(tmp_path), epoch=1)
+    _, saved, _ = read_checkpoint(str(tmp_path)).load()
+    assert sorted(saved) == sorted(init[0])   # the unsplit names
+    assert saved['embed_token_weight'].shape == (TINY.vocab_size, TINY.num_hiddens)
+    one = _bound(mp_symbolic.Pipeline(_network(False), 'cpu:0',
+                                      sample=(BATCH, TINY.block_size)), saved)
+    X2, y2 = _batch(seed=1)
+    batch = mx.io.DataBatch([mx.nd.array(X2)], [mx.nd.array(y2)])
+    outputs = []
+    for mod in (sharded, one):
+        mod.forward(batch, is_train=False)
+        outputs.append(mod.get_outputs()[0].asnumpy())
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=TOL, atol=TOL)
+
+
+def test_sharded_network_starts_from_the_unsharded_networks_initial_values(one_device):
+    _, init, _, _ = one_device
+    pipe = mp_symbolic.Pipeline(_network(False, 2), 'cpu:0+cpu:1',
+                                sample=(BATCH, TINY.block_size))
+    arg, _ = loop.initial_values(pipe, seed=0)
+    assert 'embed_token_shard1_weight' in arg
+    gathered = pipe.gather_params(arg)   # shards joined as NDArrays, the rest as they were
+    assert sorted(gathered) == sorted(init[0])
+    for name, value in init[0].items():
+        whole = gathered[name]
+        whole = whole.asnumpy() if isinstance(whole, mx.nd.NDArray) else whole
+        np.testing.assert_array_equal(whole, value, err_msg=name)
+
+
+@pytest.mark.parametrize('args, message', [
+    (dict(shards=3), r'shards: expected a divisor of num_heads \(4\), found 3'),
+    (dict(shards=0), 'shards: expected a positive integer, found 0'),
+])
+def test_shard_count_that_cannot_split_the_heads_raises(args, message):
+    with pytest.raises(ValueError, match=message):
+        lm.task(**args)
 
 
 def _train(out, devices, num_epochs, resume=None, **task_args):
@@ -239,11 +323,13 @@ def test_softmax_head_is_softmax_cross_entropy_over_the_last_axis(shape):
                                atol=1e-6)
 
 
-def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device):
+@pytest.mark.parametrize('devices,shards', [('cpu:0,cpu:1', 1),
+                                             ('cpu:0+cpu:1,cpu:2+cpu:3', 2)])
+def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device, devices, shards):
     from mxnet import autograd
     from mp_symbolic.core.heads import gluon_loss
     _, init, _, expected = one_device
-    pipe = mp_symbolic.Pipeline(gpt.build_blocks(TINY), 'cpu:0,cpu:1',
+    pipe = mp_symbolic.Pipeline(_network(False, shards), devices,
                                 sample=(BATCH, TINY.block_size))
     pipe.set_params(init[0], {})
     trainer = mp_symbolic.Trainer(pipe.collect_params(),
@@ -251,9 +337,10 @@ def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device):
     X, y = _batch()
     with autograd.record():  # the label on the last stage's device, where the output is
         loss = gluon_loss('softmax')(pipe(mx.nd.array(X, ctx=mx.cpu(0))),
-                                     mx.nd.array(y, ctx=mx.cpu(1)))
+                                     mx.nd.array(y, ctx=pipe.plan.last_device))
     loss.backward()
     trainer.step(BATCH)
-    for name, param in pipe.collect_params().items():
-        np.testing.assert_allclose(param.data().asnumpy(), expected[name], rtol=TOL, atol=TOL,
+    params = {n: p.data(p.list_ctx()[0]) for n, p in pipe.collect_params().items()}
+    for name, value in pipe.gather_params(params).items():
+        np.testing.assert_allclose(value.asnumpy(), expected[name], rtol=TOL, atol=TOL,
                                    err_msg=name)

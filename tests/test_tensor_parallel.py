@@ -365,3 +365,48 @@ def test_unsplit_value_of_another_shape_raises_naming_both_shapes():
     with pytest.raises(ValueError, match=r'mlpcol_weight: expected shape \(8, 5\) \(the unsplit '
                                          r'layer\), found \(3, 3\)'):
         pipe.set_params({'mlpcol_weight': np.zeros((3, 3))})
+
+
+def _mix(F, q, k, v):
+    """A per-pair function of three inputs (a stand-in for attention on whole heads)."""
+    return _pair_softmax(F, q * k) * v
+
+
+class _ThreeColumns(gluon.HybridBlock):
+    """Three column layers read by one PerShard, then a row layer."""
+
+    def __init__(self, shards, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.q, self.k, self.v = (ColumnParallelDense(8, 6, shards, flatten=False,
+                                                          prefix=p + '_') for p in 'qkv')
+            self.mix = mp_symbolic.PerShard(_mix, 8, shards)
+            self.proj = RowParallelDense(5, 8, shards, flatten=False, prefix='proj_')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.proj(self.mix(self.q(x), self.k(x), self.v(x)))
+
+
+def test_per_shard_function_of_several_column_outputs_reads_each_shard_and_matches_one_device():
+    rng = np.random.RandomState(6)
+    X = mx.nd.array(rng.uniform(-1, 1, (4, 3, 6)))
+    y = mx.nd.array(rng.uniform(-1, 1, (4, 3, 5)))
+
+    def module(pipe, **init):
+        mod = pipe.module(loss='l2')
+        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
+        mod.init_params(mx.init.Uniform(0.5), **init)
+        mod.init_optimizer(kvstore=None, optimizer_params={'learning_rate': 0.1})
+        return mod
+
+    one = module(Pipeline([_ThreeColumns(1, prefix='att_')], 'cpu:0'))
+    pipe = Pipeline([_ThreeColumns(2, prefix='att_')], 'cpu:1+cpu:2')
+    split = module(pipe, arg_params=one.get_params()[0])
+    ops = [n['op'] for n in json.loads(pipe.symbol().tojson())['nodes']]
+    assert 'slice_axis' not in ops and 'Concat' not in ops
+    assert _close(_step(split, X, y), _step(one, X, y))
+    _params_close(split.get_params()[0], one.get_params()[0])
+    twin = Pipeline([_ThreeColumns(2, prefix='att_')], 'cpu:1+cpu:2')
+    twin.set_params(*one.get_params())
+    assert _close(twin(X.as_in_context(mx.cpu(1))).asnumpy(),
+                  one.predict(mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy())

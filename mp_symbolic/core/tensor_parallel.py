@@ -404,9 +404,13 @@ class PerShard(_ShardedBlock):
     outputs so that each shard holds whole heads (``[q k v]`` of head 0, then
     of head 1, ...), as Megatron-LM does.
 
+    Several inputs (``block(q, k, v)``) are cut alike, and ``fn`` takes
+    each shard's part of every one (``fn(F, q_i, k_i, v_i)``): the local
+    attention after three column layers of as many shards.
+
     Args:
-        fn: ``fn(F, x) -> y`` on a part ``x`` (``F`` is ``mx.sym`` or
-            ``mx.nd``); its last axis may change size.
+        fn: ``fn(F, x, ...) -> y`` on a part of each input (``F`` is
+            ``mx.sym`` or ``mx.nd``); its last axis may change size.
         units: Size of the input's last axis (to cut it when it is not a
             column layer's output).
         shards: Parts, as the layers around it.
@@ -428,20 +432,30 @@ class PerShard(_ShardedBlock):
         self.sizes = shard_sizes(units, shards)
         self._starts = np.cumsum([0] + self.sizes).tolist()
 
-    def _shard(self, F, i, x):
+    def forward(self, x, *more):  # pylint: disable=arguments-differ
+        inputs = (x,) + more
+        if isinstance(x, mx.sym.Symbol):
+            return self._symbolic(inputs)
+        return self._combine(mx.nd, [self._shard(mx.nd, i, inputs)
+                                     for i in range(self.shards)], inputs)
+
+    def _part(self, F, i, x, j):
         parts = _column_parts(x, self.shards, False)
         if parts is not None:
-            x = parts[i]
-        elif self.shards > 1:
-            x = F.slice_axis(x, axis=-1, begin=self._starts[i], end=self._starts[i + 1],
-                             name='shard%d_slice' % i)
-        return self._fn(F, x)
+            return parts[i]
+        if self.shards == 1:
+            return x
+        return F.slice_axis(x, axis=-1, begin=self._starts[i], end=self._starts[i + 1],
+                            name='shard%d_slice%d' % (i, j) if j else 'shard%d_slice' % i)
+
+    def _shard(self, F, i, x):
+        return self._fn(F, *(self._part(F, i, v, j) for j, v in enumerate(x)))
 
     def _combine(self, F, parts, x):
         return _gather(F, parts, self._flatten)
 
     def _unsplit(self, F, x):
-        return self._fn(F, x)
+        return self._fn(F, *x)
 
     def __repr__(self):
         return '%s(%s, %d shards)' % (type(self).__name__, getattr(self._fn, '__name__', 'fn'),

@@ -72,15 +72,20 @@ def forward(pipe, x):
 def run_stage(pipe, stage, x, devices):
     """Stage ``stage``'s blocks on ``x``, on one replica's ``devices``. A
     tied parameter owned by another stage is read through a copy from its
-    owner's device, recorded by autograd (its gradient sums every use)."""
+    owner's device (a shard's: from its shard's device, onto this stage's
+    device of that shard), recorded by autograd (its gradient sums every use)."""
     # pylint: disable=protected-access
     if pipe._borrowed is None:
         params = pipe.collect_params()
-        pipe._borrowed = {s: [(params[n], owner) for n, (owner, readers) in pipe.tied.items()
+        pipe._borrowed = {s: [(params[n], owner, pipe._shard_of.get(n, 0))
+                              for n, (owner, readers) in pipe.tied.items()
                               if owner != s and s in readers]
                           for s in range(pipe.plan.num_stages)}
-    with read_on([(p, devices[owner]) for p, owner in pipe._borrowed[stage]],
-                  devices[stage]):
+    stage_devices = pipe.plan.stage_devices[pipe.plan.replica_devices.index(devices)]
+    reads = [(p, stage_devices[owner][shard],
+              stage_devices[stage][shard if len(stage_devices[stage]) > 1 else 0])
+             for p, owner, shard in pipe._borrowed[stage]]
+    with read_on(reads, devices[stage]):
         for block in pipe.stages[stage]:
             x = block(x)
     return x
@@ -100,15 +105,17 @@ def run_whole(pipe, x, replica):
 def read_on(params, device):
     """Within: each ``(param, source)`` of ``params`` reads, on ``device``, a
     copy of its value on ``source``, made by ``as_in_context`` (autograd
-    records it, so the gradient of every use is summed into that copy)."""
+    records it, so the gradient of every use is summed into that copy); a
+    ``(param, source, target)`` reads it on ``target`` instead."""
     # pylint: disable=protected-access
-    saved = [(p, p._data, p._ctx_list, p._ctx_map) for p, _ in params]
+    saved = [(p[0], p[0]._data, p[0]._ctx_list, p[0]._ctx_map) for p in params]
     try:
-        for param, source in params:
-            copy = param.data(source).as_in_context(device)
-            param._data, param._ctx_list = [copy], [device]
+        for param, source, *target in params:
+            where = target[0] if target else device
+            copy = param.data(source).as_in_context(where)
+            param._data, param._ctx_list = [copy], [where]
             ctx_map = [[], []]  # Gluon's lookup: [device type & 1][device id] -> index
-            ctx_map[device.device_typeid & 1] = [None] * device.device_id + [0]
+            ctx_map[where.device_typeid & 1] = [None] * where.device_id + [0]
             param._ctx_map = ctx_map
         yield
     finally:

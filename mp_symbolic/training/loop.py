@@ -97,14 +97,30 @@ def initial_values(pipe, seed):
     """Initial parameters from the blocks' own initialisers, as numpy arrays.
 
     Drawn once on ``cpu(0)`` after ``mx.random.seed(seed)``, so that every
-    variant and device plan starts from the same values for the same seed.
+    variant and device plan starts from the same values for the same seed. A
+    tensor-parallel parameter is drawn whole, in the unsplit layer's shape and
+    turn, and then split, so any shard count starts from the values of the
+    unsplit network.
 
     Returns:
         ``(arg_params, aux_params)``: name -> numpy array.
     """
     mx.random.seed(seed)
     params = pipe.collect_params()
-    params.initialize(ctx=mx.cpu(0), force_reinit=True)
+    whole_of = {p.name: whole for whole in pipe.sharded.values() for p in whole.shards}
+    drawn = OrderedDict()
+    for name, param in params.items():
+        whole = whole_of.get(name)
+        if whole is None:
+            param.initialize(ctx=mx.cpu(0), force_reinit=True)
+        elif whole.name not in drawn:
+            full = mx.gluon.Parameter(whole.name, shape=whole.shape, dtype=param.dtype,
+                                      init=param.init)
+            full.initialize(ctx=mx.cpu(0))
+            drawn[whole.name] = full.data()
+    for name, value in pipe.split_params(drawn).items():
+        params[name].initialize(init=mx.init.Zero(), ctx=mx.cpu(0), force_reinit=True)
+        params[name].set_data(value)
     aux_names = set(pipe.symbol().list_auxiliary_states())
     arg, aux = OrderedDict(), OrderedDict()
     for name, param in params.items():

@@ -14,8 +14,12 @@ sequence length up to ``block_size`` (an exported ONNX file too).
 
 The dense and embedding layers come from a :class:`Layers` factory, so that
 tensor-parallel versions of them (column-/row-parallel dense, a
-vocabulary-parallel embedding) can replace Gluon's own without touching the
-model. Imports MXNet only.
+vocabulary-parallel embedding, the output tied to its shards, and the
+attention and GELU run on each shard's heads and units) replace Gluon's own
+without touching the model; the default factory builds Gluon's layers. The
+attention works on whole heads of ``head_dim`` features, so it gives the same
+result on all heads at once or on any whole number of them per shard.
+Imports MXNet only.
 """
 from dataclasses import dataclass
 
@@ -24,7 +28,7 @@ from mxnet import gluon
 
 __all__ = []
 
-_INIT = mx.init.Normal(0.02)  # GPT-2's initialisation of every weight matrix
+INIT = mx.init.Normal(0.02)  # GPT-2's initialisation of every weight matrix
 
 
 def _dense(units, in_units, prefix, kind):
@@ -34,11 +38,11 @@ def _dense(units, in_units, prefix, kind):
     Megatron-LM's column- and row-parallel layers."""
     del kind
     return gluon.nn.Dense(units, in_units=in_units, flatten=False, prefix=prefix,
-                          weight_initializer=_INIT)
+                          weight_initializer=INIT)
 
 
 def _embedding(input_dim, output_dim, prefix):
-    return gluon.nn.Embedding(input_dim, output_dim, prefix=prefix, weight_initializer=_INIT)
+    return gluon.nn.Embedding(input_dim, output_dim, prefix=prefix, weight_initializer=INIT)
 
 
 @dataclass(frozen=True)
@@ -51,10 +55,21 @@ class Layers:
             ``'column'`` or ``'row'`` (Megatron-LM's split of each layer).
         embedding: ``embedding(input_dim, output_dim, prefix) -> HybridBlock``
             with a ``weight`` parameter of shape ``(input_dim, output_dim)``
-            (the output layer reads it).
+            (the output layer reads it, unless ``output`` is given).
+        per_shard: ``None`` (the default): the attention and the GELU run
+            as plain ops. Else ``per_shard(fn, units, prefix) -> HybridBlock``
+            that applies ``fn(F, *parts)`` to the parts of its inputs
+            (``units`` wide each) that each column layer's shard computed,
+            as :class:`mp_symbolic.PerShard` does.
+        output: ``None`` (the default): the logits are a ``FullyConnected``
+            on the token embedding's ``weight``. Else ``output(embedding,
+            vocab_size, in_units, prefix) -> HybridBlock``: the logits
+            ``(N, T, vocab_size)`` from the embedding block's parameters.
     """
     dense: object = _dense
     embedding: object = _embedding
+    per_shard: object = None
+    output: object = None
 
 
 @dataclass(frozen=True)
@@ -91,34 +106,55 @@ class Embed(gluon.HybridBlock):
                                F.expand_dims(self.position(positions), axis=0))  # (1, T, C)
 
 
+class _Attend:
+    """Causal attention of queries, keys and values ``(N, T, h D)`` holding
+    whole heads of ``head_dim`` features (all ``H`` heads, or a shard's): the
+    result ``(N, T, h D)``, head by head, whatever ``h`` is."""
+
+    def __init__(self, head_dim):
+        self.head_dim = head_dim
+        self.scale = head_dim ** -0.5
+        self.__name__ = 'attention'
+
+    def _heads(self, F, x):
+        # (N, T, h D) -> (N, T, h, D) -> (N, h, T, D); 0 copies a dimension, so T may vary
+        return F.transpose(F.reshape(x, shape=(0, 0, -1, self.head_dim)), axes=(0, 2, 1, 3))
+
+    def __call__(self, F, q, k, v):
+        steps = F.contrib.arange_like(q, axis=1)                         # (T,)
+        q, k, v = (self._heads(F, part) for part in (q, k, v))
+        scores = F.batch_dot(q, k, transpose_b=True) * self.scale        # (N, h, T, T)
+        future = F.broadcast_greater(F.reshape(steps, shape=(1, -1)),    # (T, T): key after query
+                                     F.reshape(steps, shape=(-1, 1)))
+        scores = F.broadcast_add(scores, future * -1e9)
+        attention = F.softmax(scores, axis=-1)
+        out = F.batch_dot(attention, v)                                  # (N, h, T, D)
+        return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))  # (N, T, h D)
+
+
+def _gelu(F, x):
+    return F.LeakyReLU(x, act_type='gelu')
+
+
 class CausalSelfAttention(gluon.HybridBlock):
     """Multi-head self-attention where position t sees positions <= t."""
 
     def __init__(self, cfg, layers=Layers(), **kwargs):
         super().__init__(**kwargs)
-        self.num_heads = cfg.num_heads
-        self.scale = (cfg.num_hiddens // cfg.num_heads) ** -0.5
         C = cfg.num_hiddens
+        self.attend = _Attend(C // cfg.num_heads)
         with self.name_scope():
             self.query = layers.dense(C, C, 'query_', 'column')
             self.key = layers.dense(C, C, 'key_', 'column')
             self.value = layers.dense(C, C, 'value_', 'column')
+            if layers.per_shard is not None:  # on each shard's heads
+                self.heads = layers.per_shard(self.attend, C, 'heads_')
             self.proj = layers.dense(C, C, 'proj_', 'row')
 
-    def _heads(self, F, x):
-        # (N, T, C) -> (N, T, H, D) -> (N, H, T, D); 0 copies a dimension, so T may vary
-        return F.transpose(F.reshape(x, shape=(0, 0, self.num_heads, -1)), axes=(0, 2, 1, 3))
-
     def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
-        q, k, v = (self._heads(F, layer(x)) for layer in (self.query, self.key, self.value))
-        scores = F.batch_dot(q, k, transpose_b=True) * self.scale        # (N, H, T, T)
-        steps = F.contrib.arange_like(x, axis=1)                         # (T,)
-        future = F.broadcast_greater(F.reshape(steps, shape=(1, -1)),    # (T, T): key after query
-                                     F.reshape(steps, shape=(-1, 1)))
-        scores = F.broadcast_add(scores, future * -1e9)
-        attention = F.softmax(scores, axis=-1)
-        out = F.batch_dot(attention, v)                                  # (N, H, T, D)
-        out = F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))  # (N, T, C)
+        q, k, v = (layer(x) for layer in (self.query, self.key, self.value))  # (N, T, C) each
+        heads = getattr(self, 'heads', None)
+        out = heads(q, k, v) if heads is not None else self.attend(F, q, k, v)  # (N, T, C)
         return self.proj(out)
 
 
@@ -133,7 +169,10 @@ class Block(gluon.HybridBlock):
             self.attention = CausalSelfAttention(cfg, layers, prefix='attention_')
             self.ln2 = gluon.nn.LayerNorm(in_channels=C, prefix='ln2_')
             self.fc = layers.dense(4 * C, C, 'fc_', 'column')
-            self.gelu = gluon.nn.GELU(prefix='gelu_')
+            if layers.per_shard is None:
+                self.gelu = gluon.nn.GELU(prefix='gelu_')
+            else:  # on each shard's units, between the column and the row layer
+                self.gelu = layers.per_shard(_gelu, 4 * C, 'gelu_')
             self.out = layers.dense(C, 4 * C, 'out_', 'row')
 
     def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
@@ -145,17 +184,22 @@ class TiedOutput(gluon.HybridBlock):
     """Final LayerNorm, then logits ``(N, T, vocab)`` from the token
     embedding's own weight (no parameter of its own but the norm's)."""
 
-    def __init__(self, cfg, embed, **kwargs):
+    def __init__(self, cfg, embed, layers=Layers(), **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = cfg.vocab_size
         with self.name_scope():
             self.ln = gluon.nn.LayerNorm(in_channels=cfg.num_hiddens, prefix='ln_')
-        # the same Parameter, listed among this block's own so that a Pipeline
-        # sees both stages read it (a tied weight)
-        self.weight = embed.token.weight
-        self.params.update(embed.token.params)
+            if layers.output is not None:  # a layer made with the embedding's parameters
+                self.out = layers.output(embed.token, cfg.vocab_size, cfg.num_hiddens, 'out_')
+        if layers.output is None:
+            # the same Parameter, listed among this block's own so that a
+            # Pipeline sees both stages read it (a tied weight)
+            self.weight = embed.token.weight
+            self.params.update(embed.token.params)
 
-    def hybrid_forward(self, F, x, weight):  # pylint: disable=arguments-differ
+    def hybrid_forward(self, F, x, weight=None):  # pylint: disable=arguments-differ
+        if weight is None:
+            return self.out(self.ln(x))
         return F.FullyConnected(self.ln(x), weight, no_bias=True, flatten=False,
                                 num_hidden=self.vocab_size)
 
@@ -182,7 +226,7 @@ def build_blocks(cfg, layers=Layers()):
     ``head_ln_gamma``): token ids ``(N, T)`` -> logits ``(N, T, vocab)``."""
     embed = Embed(cfg, layers, prefix='embed_')
     return [embed] + [Block(cfg, layers, prefix='block%d_' % i) for i in range(cfg.num_layers)] \
-        + [TiedOutput(cfg, embed, prefix='head_')]
+        + [TiedOutput(cfg, embed, layers, prefix='head_')]
 
 
 def build_network(cfg, layers=Layers()):

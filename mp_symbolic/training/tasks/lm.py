@@ -162,6 +162,40 @@ def ngram_baseline(train_ids, val_ids, positions, order, vocab_size, dev_fractio
     return bits, k
 
 
+# -- the model's layers ------------------------------------------------------
+
+def sharded_layers(shards):
+    """The model's layers split over ``shards`` devices of a stage
+    (Megatron-LM's transformer): query, key and value column-parallel (each
+    shard computes whole heads), the attention on each shard's heads, the
+    output projection row-parallel; the MLP column- then row-parallel with the
+    GELU on each shard's units; the token embedding vocabulary-parallel and the
+    output layer on its shards. With ``shards=1``: Gluon's own layers."""
+    if shards == 1:
+        return gpt.Layers()
+
+    def dense(units, in_units, prefix, kind):
+        cls = mp_symbolic.ColumnParallelDense if kind == 'column' \
+            else mp_symbolic.RowParallelDense
+        return cls(units, in_units, shards, flatten=False, prefix=prefix,
+                   weight_initializer=gpt.INIT)
+
+    def embedding(input_dim, output_dim, prefix):
+        return mp_symbolic.VocabParallelEmbedding(input_dim, output_dim, shards, prefix=prefix,
+                                                  weight_initializer=gpt.INIT)
+
+    def per_shard(fn, units, prefix):
+        return mp_symbolic.PerShard(fn, units, shards, prefix=prefix)
+
+    def output(embed, vocab_size, in_units, prefix):
+        # the embedding's shards as a column layer's: vocabulary split as the table is
+        return mp_symbolic.ColumnParallelDense(vocab_size, in_units, shards, use_bias=False,
+                                               flatten=False, prefix=prefix,
+                                               params=embed.params)
+
+    return gpt.Layers(dense=dense, embedding=embedding, per_shard=per_shard, output=output)
+
+
 # -- the task ----------------------------------------------------------------
 
 def bits_per_char(predict, X, y):
@@ -232,7 +266,7 @@ def prepare(block_size, train_chars, val_chars, ngram_order, stdlib=None):
 
 
 def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1 << 22,
-         val_chars=1 << 17, ngram_order=4, whole=False):
+         val_chars=1 << 17, ngram_order=4, whole=False, shards=1):
     """The character-level GPT on the standard library as a
     :class:`~mp_symbolic.Task`.
 
@@ -246,20 +280,33 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
         ngram_order: The baseline's n.
         whole: Hand the Pipeline one network to cut by its graph instead of
             the list of blocks to split by blocks (the same parameters).
+        shards: Tensor-parallel parts of each attention, MLP and the tied
+            embedding/output (:func:`sharded_layers`): a stage of ``shards``
+            devices holds 1/``shards`` of each; 1 builds Gluon's layers. The
+            parameters keep the unsplit names and shapes wherever they are
+            seen (checkpoints load across shard counts).
 
     Raises:
         ValueError: a size that cannot work (names the argument).
     """
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ValueError('shards: expected a positive integer, found %r' % (shards,))
+    if isinstance(num_heads, int) and num_heads % shards:
+        raise ValueError('shards: expected a divisor of num_heads (%d), found %d'
+                         % (num_heads, shards))
     vocab, train, val, baseline, k = prepare(block_size, train_chars, val_chars, ngram_order)
     cfg = gpt.GPTConfig(vocab_size=len(vocab), block_size=block_size, num_layers=num_layers,
                         num_heads=num_heads, num_hiddens=num_hiddens)
     if not isinstance(whole, bool):
         raise ValueError('whole: expected True or False, found %r' % (whole,))
     build = gpt.build_network if whole else gpt.build_blocks
+    layers = sharded_layers(shards)
     return mp_symbolic.Task(
-        name='lm', blocks=lambda: build(cfg), loss='softmax', train=train, val=val,
+        name='lm', blocks=lambda: build(cfg, layers), loss='softmax', train=train, val=val,
         batch_size=16, num_epochs=2, optimizer='adam', lr=3e-3,
         evaluate=make_evaluate(vocab, baseline, ngram_order, k),
-        description='a character-level GPT (%d blocks, width %d, %d heads, context %d) on the '
-                    'Python standard library\'s %d modules' % (
-                        num_layers, num_hiddens, num_heads, block_size, len(corpus_files())))
+        description='a character-level GPT (%d blocks, width %d, %d heads, context %d%s) on '
+                    'the Python standard library\'s %d modules' % (
+                        num_layers, num_hiddens, num_heads, block_size,
+                        ', %d tensor-parallel shards' % shards if shards > 1 else '',
+                        len(corpus_files())))
