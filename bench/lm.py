@@ -21,20 +21,18 @@ stand-ins that share its cores: the memory figures are what a GPU would hold,
 the step-time ratios the cost of the split; see docs/lm.md.
 """
 import argparse
-import json
 import os
 
 import mxnet as mx
 import numpy as np
 
 from mp_symbolic import Pipeline
-from mp_symbolic.tools.files import write_text
 from mp_symbolic.tools.memory import format_bytes, measure_memory
 from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import gpt, lm
 
-from .measure import machine_info, throughput
-from .tensor_parallel import _plans
+from .measure import throughput
+from .tensor_parallel import plans_of, write_report
 
 __all__ = ['run', 'main']
 
@@ -83,7 +81,7 @@ def run(shard_counts=(1, 2, 4), num_layers=2, num_heads=4, num_hiddens=256, bloc
                              % (num_heads, n))
     cfg = gpt.GPTConfig(vocab_size=VOCAB_SIZE, block_size=block_size, num_layers=num_layers,
                         num_heads=num_heads, num_hiddens=num_hiddens)
-    plans = _plans(shard_counts)
+    plans = plans_of(shard_counts)
     one = _pipe(cfg, 1, 'cpu:0')
     model_bytes = 4 * sum(int(np.prod(p.shape)) for p in one.collect_params().values())
     log('GPT: %d blocks, width %d, %d heads, context %d, vocabulary %d (%s of parameters), '
@@ -117,25 +115,10 @@ def run(shard_counts=(1, 2, 4), num_layers=2, num_heads=4, num_hiddens=256, bloc
     variants = {name: _Steps(_pipe(cfg, shards, devices), cfg, batch_size)
                 for name, (shards, devices) in plans.items()}
     rates = throughput(variants, batch_size, steps, repeats, warmup)
-    first = rates['1 device'][0]
-    rows = [['plan', 'samples/s', 'step time / 1 device']]
-    for name, (rate, _) in rates.items():
-        rows.append([name, '%.0f' % rate, '%.2f' % (first / rate)])
-    log('step time (median of %d repeats of %d steps):' % (repeats, steps))
-    for line in columns(rows):
-        log('  ' + line)
-
-    report = {'machine': machine_info(), 'num_layers': num_layers, 'num_heads': num_heads,
-              'num_hiddens': num_hiddens, 'block_size': block_size, 'vocab_size': VOCAB_SIZE,
-              'batch_size': batch_size, 'model_bytes': model_bytes, 'steps': steps,
-              'repeats': repeats, 'memory': memory,
-              'samples_per_sec': {n: {'median': r, 'repeats': rs} for n, (r, rs) in rates.items()},
-              'step_time_ratio': {n: first / r for n, (r, _) in rates.items()}}
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, 'lm.json')
-    write_text(path, json.dumps(report, indent=1))
-    log('wrote %s' % path)
-    return report
+    return write_report(os.path.join(out_dir, 'lm.json'), rates, steps, repeats,
+                        dict(num_layers=num_layers, num_heads=num_heads, num_hiddens=num_hiddens,
+                             block_size=block_size, vocab_size=VOCAB_SIZE,
+                             batch_size=batch_size, model_bytes=model_bytes, memory=memory), log)
 
 
 def main(argv=None):

@@ -66,7 +66,7 @@ class _Steps:
             self.mod.update()
 
 
-def _plans(shard_counts):
+def plans_of(shard_counts):
     """``{name: (shards, devices)}``: N shards on N devices, and on cpu(0) alone."""
     plans = {'1 device': (1, 'cpu:0')}
     for n in shard_counts:
@@ -80,7 +80,7 @@ def _plans(shard_counts):
 def run(shard_counts=(1, 2, 4), num_hiddens=512, batch_size=64, steps=20, repeats=5, warmup=5,
         out_dir=OUT_DIR, log=print):
     """Measures, logs the tables, writes ``tensor_parallel.json``; returns the report."""
-    plans = _plans(shard_counts)
+    plans = plans_of(shard_counts)
     layer_bytes = 4 * (2 * 4 * num_hiddens * num_hiddens + 5 * num_hiddens)
     log('MLP block %d -> %d -> %d (%s of parameters), batch %d, SGD'
         % (num_hiddens, 4 * num_hiddens, num_hiddens, format_bytes(layer_bytes), batch_size))
@@ -113,6 +113,14 @@ def run(shard_counts=(1, 2, 4), num_hiddens=512, batch_size=64, steps=20, repeat
                              num_hiddens)
                 for name, (shards, devices) in plans.items()}
     rates = throughput(variants, batch_size, steps, repeats, warmup)
+    return write_report(os.path.join(out_dir, 'tensor_parallel.json'), rates, steps, repeats,
+                        dict(num_hiddens=num_hiddens, batch_size=batch_size,
+                             layer_bytes=layer_bytes, memory=memory), log)
+
+
+def write_report(path, rates, steps, repeats, facts, log=print):
+    """Logs the step-time table (each plan's ratio to ``'1 device'``) and
+    writes the report, ``facts`` included, as JSON to ``path``; returns it."""
     one = rates['1 device'][0]
     rows = [['plan', 'samples/s', 'step time / 1 device']]
     for name, (rate, _) in rates.items():
@@ -120,14 +128,11 @@ def run(shard_counts=(1, 2, 4), num_hiddens=512, batch_size=64, steps=20, repeat
     log('step time (median of %d repeats of %d steps):' % (repeats, steps))
     for line in columns(rows):
         log('  ' + line)
-
-    report = {'machine': machine_info(), 'num_hiddens': num_hiddens, 'batch_size': batch_size,
-              'layer_bytes': layer_bytes, 'steps': steps, 'repeats': repeats,
-              'memory': memory,
-              'samples_per_sec': {n: {'median': r, 'repeats': rs} for n, (r, rs) in rates.items()},
-              'step_time_ratio': {n: one / r for n, (r, _) in rates.items()}}
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, 'tensor_parallel.json')
+    report = dict(facts, machine=machine_info(), steps=steps, repeats=repeats,
+                  samples_per_sec={n: {'median': r, 'repeats': rs}
+                                   for n, (r, rs) in rates.items()},
+                  step_time_ratio={n: one / r for n, (r, _) in rates.items()})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     write_text(path, json.dumps(report, indent=1))
     log('wrote %s' % path)
     return report
