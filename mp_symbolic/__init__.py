@@ -30,7 +30,7 @@ os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
 _MODULE_OF = {
     'Pipeline': 'core.pipeline', 'PipelineModule': 'core.module',
-    'PerDeviceUpdater': 'core.updater', 'Trainer': 'core.trainer', 'Task': 'core.task',
+    'PerDeviceUpdater': 'core.updater', 'Trainer': 'core.trainer', 'Task': 'core.task', 'Report': 'core.task',
     'balance_by_time': 'core.balance', 'balance_by_size': 'core.balance',
     'DevicePlan': 'core.devices', 'make_plan': 'core.devices',
     'parse_devices': 'core.devices', 'stage_name': 'core.devices',

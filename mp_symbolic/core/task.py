@@ -268,8 +268,8 @@ class Task:
         if self.evaluate is not None:
             report = self.evaluate(params, predict, data)
             if not isinstance(report, Report):
-                raise TaskError('evaluate: expected it to return an mp_symbolic.core.task.'
-                                'Report, found %s' % _describe(report))
+                raise TaskError('evaluate: expected it to return an mp_symbolic.Report, found %s'
+                                % _describe(report))
             return report
         out = predict(data.X_val)
         where = 'validation' if self.val is not None else 'training'

@@ -9,7 +9,6 @@ from mxnet import gluon
 import numpy as np
 
 import mp_symbolic
-from mp_symbolic.core.task import Report
 
 __all__ = []
 
@@ -58,9 +57,10 @@ def evaluate(params, predict, data):
     accuracy = float(np.mean(np.argmax(predict(data.X_val), axis=1) == data.y_val))
     lines = ['held-out accuracy: %.2f%% (%d of %d images)'
              % (100 * accuracy, int(round(accuracy * len(data.y_val))), len(data.y_val))]
-    return Report(metrics={'held_out_accuracy': accuracy, 'held_out_examples': len(data.y_val)},
-                  lines=lines, score=1.0 - accuracy, short='acc %.2f%%' % (100 * accuracy),
-                  score_name='error rate')
+    return mp_symbolic.Report(
+        metrics={'held_out_accuracy': accuracy, 'held_out_examples': len(data.y_val)},
+        lines=lines, score=1.0 - accuracy, short='acc %.2f%%' % (100 * accuracy),
+        score_name='error rate')
 
 
 def task(seed=0):

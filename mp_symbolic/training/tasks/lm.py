@@ -19,7 +19,6 @@ import sysconfig
 import numpy as np
 
 import mp_symbolic
-from mp_symbolic.core.task import Report
 
 from . import gpt
 
@@ -226,11 +225,11 @@ def make_evaluate(vocab, baseline, order, k):
                                      round(100 * VAL_FRACTION)),
                  'baseline:   %.4f bits per character, add-k %d-gram (k=%g) on the same '
                  'characters' % (baseline, order, k)]
-        return Report(metrics={'val_bits_per_char': bits, 'baseline_bits_per_char': baseline,
-                               'baseline': 'add-k %d-gram, k=%g' % (order, k),
-                               'vocabulary': vocab},
-                      lines=lines, score=bits, short='%.3f bits/char' % bits,
-                      score_name='validation bits per character')
+        return mp_symbolic.Report(
+            metrics={'val_bits_per_char': bits, 'baseline_bits_per_char': baseline,
+                     'baseline': 'add-k %d-gram, k=%g' % (order, k), 'vocabulary': vocab},
+            lines=lines, score=bits, short='%.3f bits/char' % bits,
+            score_name='validation bits per character')
     return evaluate
 
 

@@ -10,7 +10,6 @@ from mxnet import gluon
 import numpy as np
 
 import mp_symbolic
-from mp_symbolic.core.task import Report
 
 __all__ = []
 
@@ -89,8 +88,8 @@ def evaluate(params, predict, data):
              'learned map: y = %s . x + %s   (true: [2, -3.4] . x + 4.2; max error %.2e)'
              % (np.array2string(W.ravel(), precision=5), np.array2string(b, precision=5),
                 metrics['map_error'])]
-    return Report(metrics=metrics, lines=lines, score=mse, short='MSE %.3e' % mse,
-                  score_name='MSE')
+    return mp_symbolic.Report(metrics=metrics, lines=lines, score=mse, short='MSE %.3e' % mse,
+                              score_name='MSE')
 
 
 def _check_widths(widths):
