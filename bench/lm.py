@@ -28,11 +28,10 @@ import numpy as np
 
 from mp_symbolic import Pipeline
 from mp_symbolic.tools.memory import format_bytes, measure_memory
-from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import gpt, lm
 
 from .measure import throughput
-from .tensor_parallel import plans_of, write_report
+from .tensor_parallel import log_memory, plans_of, write_report
 
 __all__ = ['run', 'main']
 
@@ -89,28 +88,14 @@ def run(shard_counts=(1, 2, 4), num_layers=2, num_heads=4, num_hiddens=256, bloc
                             format_bytes(model_bytes), batch_size))
 
     shape = (batch_size, block_size)
-    memory, rows = {}, [['plan', 'device', 'params', 'grads', 'optimizer', 'on device',
-                         'params / 1 device', 'on device / 1 device']]
+    memory = {}
     for name, (shards, devices) in plans.items():
         pipe = _pipe(cfg, shards, devices)
         memory[name] = measure_memory(
             pipe.training_symbol('softmax'), [('data', shape)], [('softmax_label', shape)],
             pipe.plan.group2ctx, context=str(pipe.plan.first_device), optimizer=OPTIMIZER[0],
             optimizer_params=OPTIMIZER[1])['devices']
-    base = memory['1 device']['cpu(0)']
-    base_on_device = base['total'] - base['module_copy']
-    for name, devices in memory.items():
-        for device, row in devices.items():
-            # the Module's own copy of the parameters is host memory on a GPU machine
-            row['on_device'] = row['total'] - row['module_copy']
-            rows.append([name, device, format_bytes(row['params']), format_bytes(row['grads']),
-                         format_bytes(row['optimizer']), format_bytes(row['on_device']),
-                         '%.2f' % (row['params'] / base['params']),
-                         '%.2f' % (row['on_device'] / base_on_device)])
-    log('memory per device after one step (on device: MXNet\'s storage profiler total, '
-        'without the Module\'s host copy of the parameters; the batch sits on cpu(0)):')
-    for line in columns(rows):
-        log('  ' + line)
+    log_memory(memory, log, optimizer=True)
 
     variants = {name: _Steps(_pipe(cfg, shards, devices), cfg, batch_size)
                 for name, (shards, devices) in plans.items()}

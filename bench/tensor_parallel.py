@@ -85,8 +85,7 @@ def run(shard_counts=(1, 2, 4), num_hiddens=512, batch_size=64, steps=20, repeat
     log('MLP block %d -> %d -> %d (%s of parameters), batch %d, SGD'
         % (num_hiddens, 4 * num_hiddens, num_hiddens, format_bytes(layer_bytes), batch_size))
 
-    memory, rows = {}, [['plan', 'device', 'params', 'grads', 'on device', 'params / 1 device',
-                         'on device / 1 device']]
+    memory = {}
     for name, (shards, devices) in plans.items():
         pipe = Pipeline(_blocks(num_hiddens, shards), devices)
         symbol = pipe.training_symbol('l2')
@@ -94,20 +93,7 @@ def run(shard_counts=(1, 2, 4), num_hiddens=512, batch_size=64, steps=20, repeat
             symbol, [('data', (batch_size, num_hiddens))],
             [('softmax_label', (batch_size, num_hiddens))], pipe.plan.group2ctx,
             context=str(pipe.plan.first_device))['devices']
-    base = memory['1 device']['cpu(0)']
-    base_on_device = base['total'] - base['module_copy']
-    for name, devices in memory.items():
-        for device, row in devices.items():
-            # the Module's own copy of the parameters is host memory on a GPU machine
-            row['on_device'] = row['total'] - row['module_copy']
-            rows.append([name, device, format_bytes(row['params']), format_bytes(row['grads']),
-                         format_bytes(row['on_device']),
-                         '%.2f' % (row['params'] / base['params']),
-                         '%.2f' % (row['on_device'] / base_on_device)])
-    log('memory per device after one step (on device: MXNet\'s storage profiler total, '
-        'without the Module\'s host copy of the parameters; the batch sits on cpu(0)):')
-    for line in columns(rows):
-        log('  ' + line)
+    log_memory(memory, log)
 
     variants = {name: _Steps(Pipeline(_blocks(num_hiddens, shards), devices), batch_size,
                              num_hiddens)
@@ -116,6 +102,33 @@ def run(shard_counts=(1, 2, 4), num_hiddens=512, batch_size=64, steps=20, repeat
     return write_report(os.path.join(out_dir, 'tensor_parallel.json'), rates, steps, repeats,
                         dict(num_hiddens=num_hiddens, batch_size=batch_size,
                              layer_bytes=layer_bytes, memory=memory), log)
+
+
+def log_memory(memory, log=print, optimizer=False):
+    """Logs memory per device of each plan beside ``'1 device'``'s, and adds
+    ``on_device`` (all but the Module's host copy of the parameters, which is
+    host memory on a GPU machine) to each row of ``memory``.
+
+    Args:
+        memory: ``{plan: {device: {category: bytes}}}`` (``measure_memory``'s).
+        optimizer: Show the optimizer-state column too.
+    """
+    base = memory['1 device']['cpu(0)']
+    base_on_device = base['total'] - base['module_copy']
+    rows = [['plan', 'device', 'params', 'grads'] + (['optimizer'] if optimizer else []) +
+            ['on device', 'params / 1 device', 'on device / 1 device']]
+    for name, devices in memory.items():
+        for device, row in devices.items():
+            row['on_device'] = row['total'] - row['module_copy']
+            rows.append([name, device, format_bytes(row['params']), format_bytes(row['grads'])] +
+                        ([format_bytes(row['optimizer'])] if optimizer else []) +
+                        [format_bytes(row['on_device']),
+                         '%.2f' % (row['params'] / base['params']),
+                         '%.2f' % (row['on_device'] / base_on_device)])
+    log('memory per device after one step (on device: MXNet\'s storage profiler total, '
+        'without the Module\'s host copy of the parameters; the batch sits on cpu(0)):')
+    for line in columns(rows):
+        log('  ' + line)
 
 
 def write_report(path, rates, steps, repeats, facts, log=print):

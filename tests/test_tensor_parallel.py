@@ -246,6 +246,15 @@ def _attention_like(shards):
             RowParallelDense(5, 12, shards, flatten=False, prefix='proj_')]
 
 
+def _l2_module(pipe, X, y, **init):
+    """``pipe``'s Module with an L2 head, bound to ``X``/``y``, initialised, SGD."""
+    mod = pipe.module(loss='l2')
+    mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
+    mod.init_params(mx.init.Uniform(0.5), **init)
+    mod.init_optimizer(kvstore=None, optimizer_params={'learning_rate': 0.1})
+    return mod
+
+
 @pytest.mark.parametrize('devices,shards', [('cpu:1+cpu:2', 2), ('cpu:1+cpu:2+cpu:3', 3)])
 def test_per_shard_function_between_column_and_row_matches_one_device(devices, shards):
     rng = np.random.RandomState(3)
@@ -253,11 +262,7 @@ def test_per_shard_function_between_column_and_row_matches_one_device(devices, s
     y = mx.nd.array(rng.uniform(-1, 1, (4, 3, 5)))
 
     def module(pipe, **init):
-        mod = pipe.module(loss='l2')
-        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
-        mod.init_params(mx.init.Uniform(0.5), **init)
-        mod.init_optimizer(kvstore=None, optimizer_params={'learning_rate': 0.1})
-        return mod
+        return _l2_module(pipe, X, y, **init)
 
     one = module(Pipeline(_attention_like(1), 'cpu:0'))
     pipe = Pipeline(_attention_like(shards), devices)
@@ -393,11 +398,7 @@ def test_per_shard_function_of_several_column_outputs_reads_each_shard_and_match
     y = mx.nd.array(rng.uniform(-1, 1, (4, 3, 5)))
 
     def module(pipe, **init):
-        mod = pipe.module(loss='l2')
-        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
-        mod.init_params(mx.init.Uniform(0.5), **init)
-        mod.init_optimizer(kvstore=None, optimizer_params={'learning_rate': 0.1})
-        return mod
+        return _l2_module(pipe, X, y, **init)
 
     one = module(Pipeline([_ThreeColumns(1, prefix='att_')], 'cpu:0'))
     pipe = Pipeline([_ThreeColumns(2, prefix='att_')], 'cpu:1+cpu:2')

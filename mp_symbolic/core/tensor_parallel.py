@@ -204,6 +204,24 @@ class _ShardedBlock(gluon.HybridBlock):
         self.sharded = OrderedDict()   # unsplit name -> ShardedParam
         self._shard_params = [OrderedDict() for _ in range(shards)]  # per shard: key -> Parameter
 
+    def _dense_sizes(self, units, in_units, activation, use_bias, flatten, split):
+        """Checks and keeps a dense layer's arguments; returns the shard sizes
+        of the dimension ``split`` (``'units'`` or ``'in_units'``).
+
+        Raises:
+            ValueError: a size is not a positive integer, or there are more
+                shards than the split dimension has rows.
+        """
+        _positive('units', units)
+        _positive('in_units', in_units)
+        size = units if split == 'units' else in_units
+        if self.shards > size:
+            raise ValueError('shards: expected at most %s (%d) shards, found %d'
+                             % (split, size, self.shards))
+        self._units, self._in_units, self._flatten = units, in_units, flatten
+        self._use_bias, self._act = use_bias, activation
+        return shard_sizes(size, self.shards)
+
     def _add_param(self, key, shape, axis, sizes=None, **kwargs):
         """Registers parameter ``key`` of the unsplit ``shape``: split along
         ``axis`` in ``sizes`` (one per shard), or whole on shard 0 (``axis=None``)."""
@@ -316,14 +334,7 @@ class ColumnParallelDense(_ShardedBlock):
                  dtype='float32', weight_initializer=None, bias_initializer='zeros',
                  prefix=None, params=None):
         super().__init__(shards, prefix=prefix, params=params)
-        _positive('units', units)
-        _positive('in_units', in_units)
-        if shards > units:
-            raise ValueError('shards: expected at most units (%d) shards, found %d'
-                             % (units, shards))
-        self._units, self._in_units, self._flatten = units, in_units, flatten
-        self._use_bias, self._act = use_bias, activation
-        self.sizes = shard_sizes(units, shards)
+        self.sizes = self._dense_sizes(units, in_units, activation, use_bias, flatten, 'units')
         with self.name_scope():
             self._add_param('weight', (units, in_units), 0, self.sizes,
                             init=weight_initializer, dtype=dtype, allow_deferred_init=True)
@@ -489,14 +500,8 @@ class RowParallelDense(_ShardedBlock):
                  dtype='float32', weight_initializer=None, bias_initializer='zeros',
                  prefix=None, params=None):
         super().__init__(shards, prefix=prefix, params=params)
-        _positive('units', units)
-        _positive('in_units', in_units)
-        if shards > in_units:
-            raise ValueError('shards: expected at most in_units (%d) shards, found %d'
-                             % (in_units, shards))
-        self._units, self._in_units, self._flatten = units, in_units, flatten
-        self._use_bias, self._act = use_bias, activation
-        self.sizes = shard_sizes(in_units, shards)
+        self.sizes = self._dense_sizes(units, in_units, activation, use_bias, flatten,
+                                       'in_units')
         self._starts = np.cumsum([0] + self.sizes).tolist()
         with self.name_scope():
             self._add_param('weight', (units, in_units), 1, self.sizes,
