@@ -2,7 +2,7 @@
 
 It is MXNet's own Module (``fit``, ``score``, ``predict``, ``save_checkpoint``
 work unchanged), built from the Pipeline's tagged training graph and bound to
-its stages' devices through ``group2ctxs`` (one dict per replica), with two
+its stages' devices through ``group2ctxs`` (one dict per replica), with three
 differences that model parallelism needs:
 
 * every optimizer update runs on the device of the parameter it updates
@@ -178,9 +178,9 @@ class PipelineModule(mx.mod.Module):
         if self._updater is not None and not isinstance(self._updater, PerDeviceUpdater):
             self._updater = PerDeviceUpdater(self._updater)
         self._update_args = None
-        if self._pending['states'] is not None:
-            self.set_optimizer_states(self._pending.pop('states'))
-            self._pending['states'] = None
+        states, self._pending['states'] = self._pending['states'], None
+        if states is not None:
+            self.set_optimizer_states(states)
         if self._kvstore is not None and 'dist' in self._kvstore.type:
             # every worker starts from the values the kvstore holds (worker 0's)
             for i, (name, arrays) in enumerate(zip(self._exec_group.param_names,

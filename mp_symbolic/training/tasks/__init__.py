@@ -112,9 +112,10 @@ def _load_task(spec, task_args, seed):
                                           'task of type %s' % type(make).__name__))
     kwargs = dict(task_args)
     try:
-        params = inspect.signature(make).parameters
+        signature = inspect.signature(make)
     except (TypeError, ValueError):
-        params = {}
+        signature = None
+    params = signature.parameters if signature is not None else {}
     arguments = dict(kwargs)
     for name, param in params.items():
         if name != 'seed' and name not in arguments and param.default is not param.empty \
@@ -122,14 +123,14 @@ def _load_task(spec, task_args, seed):
             arguments[name] = param.default
     if 'seed' in params and 'seed' not in kwargs:
         kwargs['seed'] = seed
+    if signature is not None:
+        try:  # the arguments first: a TypeError inside task() is task()'s own
+            signature.bind(**kwargs)
+        except TypeError as err:
+            raise TaskLoadError('expected task() to take the given --task-arg names, found '
+                                'TypeError: task() %s' % err) from None
     try:
         task = make(**kwargs)
-    except TypeError as err:
-        if 'task()' in str(err) or 'argument' in str(err):
-            raise TaskLoadError('expected task() to take the given --task-arg names, found %s'
-                                % _raised(err)) from None
-        raise TaskLoadError('expected task() to return a Task, found it raised %s'
-                            % _raised(err)) from None
     except ValueError as err:
         field, sep, _ = str(err).partition(': ')
         if sep and field in kwargs and not isinstance(err, TaskError):
