@@ -4,8 +4,9 @@
 Each variant is ``python -m mp_symbolic train --task digits`` in a process of
 its own (oneDNN is switched on or off once per process), run in alternating
 rounds so that a busy machine slows every variant alike; the figure is the
-training loop's own wall time (the ``training: X s wall`` line: after
-``waitall()``, no checkpoints, no start-up). Per round, each variant's time
+training loop's own wall time (what the ``training: X s wall`` line prints,
+after ``waitall()``, no checkpoints, no start-up; read unrounded from the
+run's ``summary.json``). Per round, each variant's time
 is divided by ``--chunks 1``'s; the median of those ratios is reported. The
 last variant is what every ``--chunks`` run did before: oneDNN off
 (``MXNET_MKLDNN_ENABLED=0``). Also counts the ``Storage type fallback``
@@ -14,12 +15,17 @@ blocks each variant wrote to stderr.
 ``--steps-only`` times forward and backward of the bound graphs instead, in
 this process (oneDNN as the environment says), on the three-device plan and
 on one device, to tell the micro-batching's own cost from the split's.
+``--ops`` says where that cost goes: one training step of the digits graph on
+one device, recorded by MXNet's profiler with bulking off (each op its own
+engine operation), in a child process per variant; the time per step of each
+op type with chunks 1 and 4.
 ``--sweep`` binds the digits graph at every balance over 2 and 3 devices with
 1, 2 and 4 chunks, with MXNet's memory planner as it is and with
 :mod:`mp_symbolic.core.compat`'s workaround, and counts the cuts that fail or
 whose gradients differ from the same graph on one device.
 """
 import argparse
+import json
 import os
 import re
 import statistics
@@ -28,9 +34,10 @@ import sys
 import tempfile
 import time
 
+from mp_symbolic.tools.checkpoint import SUMMARY_NAME
 from mp_symbolic.tools.text import columns
 
-__all__ = ['VARIANTS', 'run_variant', 'measure', 'step_times', 'sweep', 'main']
+__all__ = ['VARIANTS', 'run_variant', 'measure', 'step_times', 'op_times', 'sweep', 'main']
 
 # name -> (--chunks, extra environment)
 VARIANTS = {
@@ -53,12 +60,14 @@ def run_variant(chunks, env, num_epochs, out_dir):
            '--no-progress', '--out', out_dir]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, **env))
-    match = _WALL.search(proc.stdout)
-    if proc.returncode != 0 or not match:
+    if proc.returncode != 0 or not _WALL.search(proc.stdout):
         lines = proc.stderr.strip().splitlines() or ['(no stderr)']
         raise RuntimeError('%s: expected exit status 0 and a training line, found %d: %s'
                            % (' '.join(cmd[2:]), proc.returncode, lines[-1]))
-    return float(match.group(1)), proc.stderr.count('Storage type fallback detected')
+    # the line rounds to 10 ms; the checkpoint's summary keeps the measured seconds
+    with open(os.path.join(out_dir, 'current', SUMMARY_NAME)) as f:
+        seconds = json.load(f)['wall_time_s']
+    return seconds, proc.stderr.count('Storage type fallback detected')
 
 
 def measure(rounds, num_epochs, log=print):
@@ -77,7 +86,7 @@ def measure(rounds, num_epochs, log=print):
             for name in VARIANTS:
                 results[name]['ratios'].append(seconds[name] / seconds[BASE])
             log('round %d/%d: %s' % (r + 1, rounds, ', '.join(
-                '%s %.2f s' % (n, seconds[n]) for n in VARIANTS)))
+                '%s %.3f s' % (n, seconds[n]) for n in VARIANTS)))
     return results
 
 
@@ -133,6 +142,97 @@ def _steps_only(rounds):
             rows.append([str(batch_size), 'one device' if one_device else 'three devices',
                          '%.2f ms' % (t1 * 1e3), '%.2f ms' % (t4 * 1e3), '%.2fx' % ratio])
     print('forward + backward of the digits graph, %d alternating rounds of 40 steps:' % rounds)
+    for line in columns(rows):
+        print('  ' + line)
+    return 0
+
+
+def _profile_step(chunks, devices, path, batch_size=64):
+    """Child process of :func:`op_times`: one recorded step after a warm-up."""
+    # pylint: disable=import-outside-toplevel
+    import mxnet as mx
+    import numpy as np
+    from mp_symbolic import Pipeline
+    from mp_symbolic.core.compat import split_bind
+    from mp_symbolic.training.tasks import digits
+    pipe = Pipeline(digits.build_blocks(), devices, chunks=chunks)
+    group2ctx = pipe.plan.group2ctx
+    symbol = pipe.training_symbol('softmax')
+    with split_bind(group2ctx):
+        exe = symbol.simple_bind(pipe.plan.first_device, group2ctx=group2ctx,
+                                 data=(batch_size, 1, 8, 8), softmax_label=(batch_size,),
+                                 grad_req={n: 'null' if n in ('data', 'softmax_label')
+                                           else 'write' for n in symbol.list_arguments()})
+    rng = np.random.default_rng(0)
+    for name in sorted(exe.arg_dict):
+        exe.arg_dict[name][:] = rng.uniform(-0.3, 0.3, exe.arg_dict[name].shape)
+    exe.arg_dict['softmax_label'][:] = rng.integers(0, 10, batch_size)
+    for step in range(3):  # the last step is recorded
+        if step == 2:
+            mx.profiler.set_config(profile_symbolic=True, filename=path)
+            mx.profiler.set_state('run')
+        exe.forward(is_train=True)
+        exe.backward()
+        mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    return 0
+
+
+def op_times(devices='cpu:0', rounds=3):
+    """``{chunks: {op type: (calls, microseconds)}}`` for one training step of
+    the digits graph on ``devices`` with bulking off, chunks 1 and 4; the
+    median over ``rounds`` child processes of each op type's time.
+
+    Raises:
+        RuntimeError: a child process failed.
+    """
+    from mp_symbolic.tools.trace import load_trace, op_intervals  # pylint: disable=import-outside-toplevel
+    env = dict(os.environ, MXNET_EXEC_BULK_EXEC_TRAIN='0')
+    samples = {1: [], 4: []}
+    with tempfile.TemporaryDirectory(prefix='bn-ops-') as tmp:
+        for r in range(rounds):
+            for chunks in ((1, 4) if r % 2 == 0 else (4, 1)):
+                path = os.path.join(tmp, '%d-%d.json' % (r, chunks))
+                cmd = [sys.executable, '-m', 'bench.bn_chunks', '--profile-step', str(chunks),
+                       devices, path]
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+                if proc.returncode != 0:
+                    lines = proc.stderr.strip().splitlines() or ['(no stderr)']
+                    raise RuntimeError('%s: expected exit status 0, found %d: %s'
+                                       % (' '.join(cmd[2:]), proc.returncode, lines[-1]))
+                per_op = {}
+                for intervals in op_intervals(load_trace(path)).values():
+                    for start, end, name in intervals:
+                        calls, micros = per_op.get(name, (0, 0.0))
+                        per_op[name] = (calls + 1, micros + end - start)
+                samples[chunks].append(per_op)
+    result = {}
+    for chunks, runs in samples.items():
+        names = set().union(*runs)
+        result[chunks] = {n: (max(run.get(n, (0, 0))[0] for run in runs),
+                              statistics.median(run.get(n, (0, 0.0))[1] for run in runs))
+                          for n in names}
+    return result
+
+
+def _ops(rounds):
+    times = op_times(rounds=rounds)
+    names = sorted(set(times[1]) | set(times[4]),
+                   key=lambda n: -(times[4].get(n, (0, 0))[1] - times[1].get(n, (0, 0))[1]))
+    rows = [['op', 'chunks=1', 'chunks=4', 'difference']]
+    totals = {c: sum(t for _, t in times[c].values()) for c in (1, 4)}
+    for name in names:
+        (c1, t1), (c4, t4) = times[1].get(name, (0, 0.0)), times[4].get(name, (0, 0.0))
+        if max(t1, t4) < 5:
+            continue
+        rows.append([name, '%d x, %.0f us' % (c1, t1), '%d x, %.0f us' % (c4, t4),
+                     '%+.0f us' % (t4 - t1)])
+    rows.append(['all ops', '%.0f us' % totals[1], '%.0f us' % totals[4],
+                 '%+.0f us (%.2fx)' % (totals[4] - totals[1], totals[4] / totals[1])])
+    print('one training step of the digits graph (batch 64) on cpu(0), each op alone '
+          '(MXNET_EXEC_BULK_EXEC_TRAIN=0), median of %d child processes; ops of 5 us or '
+          'more:' % rounds)
     for line in columns(rows):
         print('  ' + line)
     return 0
@@ -214,12 +314,22 @@ def main(argv=None):
     parser.add_argument('--steps-only', action='store_true',
                         help='time forward + backward of the bound graphs in this process '
                              'instead of training runs')
+    parser.add_argument('--ops', action='store_true',
+                        help='time each op type of one step on one device, chunks 1 and 4 '
+                             '(MXNet\'s profiler, bulking off)')
+    parser.add_argument('--profile-step', nargs=3, metavar=('CHUNKS', 'DEVICES', 'PATH'),
+                        help=argparse.SUPPRESS)  # the child process of --ops
     args = parser.parse_args(argv)
+    if args.profile_step:
+        chunks, devices, path = args.profile_step
+        return _profile_step(int(chunks), devices, path)
     if args.rounds < 1 or args.epochs < 1:
         parser.error('expected --rounds and --epochs of at least 1, found %d and %d'
                      % (args.rounds, args.epochs))
     if args.steps_only:
         return _steps_only(args.rounds)
+    if args.ops:
+        return _ops(args.rounds)
     if args.sweep:
         from mp_symbolic.core.compat import onednn_active  # pylint: disable=import-outside-toplevel
         rows = sweep(log=lambda line: None)

@@ -509,6 +509,10 @@ def test_micro_batches_through_a_whole_network_give_the_gradients_of_one_batch()
         exe.backward()
         grads.append({n: exe.grad_dict[n].asnumpy() for n in values})
     assert 'chunk' in symbol.tojson() and 'lm_dense3_fwd_chunk3' in symbol.tojson()
+    boundaries = [n for n in json.loads(symbol.tojson())['nodes']
+                  if n['op'] == compat.SEGMENT_BOUNDARY_OP]  # see compat.segment_boundaries
+    assert len(boundaries) == 3
+    assert {n['attrs']['__ctx_group__'] for n in boundaries} == {'stage2'}
     for name in values:
         np.testing.assert_allclose(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-6,
                                    err_msg=name)

@@ -146,6 +146,79 @@ def test_profiler_aborts_past_its_device_rows(tmp_path):
     assert past.returncode != 0 and 'survived' not in past.stdout
 
 
+_SEGMENT_PROBE = """
+import json, sys
+import mxnet as mx
+import numpy as np
+from mp_symbolic import Pipeline
+from mp_symbolic.core import compat
+from mp_symbolic.training.tasks import digits
+
+variant, path = sys.argv[1], sys.argv[2]
+pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1,cpu:2', chunks=4)
+symbol = pipe.training_symbol('softmax')
+if variant == 'without':  # every boundary copy bypassed
+    graph = json.loads(symbol.tojson())
+    alias = {i: n['inputs'][0] for i, n in enumerate(graph['nodes'])
+             if n['op'] == compat.SEGMENT_BOUNDARY_OP}
+    assert len(alias) == 3, alias
+    for node in graph['nodes']:
+        node['inputs'] = [alias.get(e[0], e) for e in node['inputs']]
+    symbol = mx.sym.load_json(json.dumps(graph))
+with compat.split_bind(pipe.plan.group2ctx):
+    exe = symbol.simple_bind(mx.cpu(0), group2ctx=pipe.plan.group2ctx, data=(64, 1, 8, 8),
+                             softmax_label=(64,), grad_req={
+                                 n: 'null' if n in ('data', 'softmax_label') else 'write'
+                                 for n in symbol.list_arguments()})
+rng = np.random.default_rng(0)
+for name in sorted(exe.arg_dict):
+    exe.arg_dict[name][:] = rng.uniform(-0.3, 0.3, exe.arg_dict[name].shape)
+exe.arg_dict['softmax_label'][:] = rng.integers(0, 10, 64)
+for step in range(2):  # the second step is recorded
+    if step:
+        mx.profiler.set_config(profile_symbolic=True, filename=path)
+        mx.profiler.set_state('run')
+    exe.forward(is_train=True)
+    exe.backward()
+    mx.nd.waitall()
+mx.profiler.set_state('stop')
+mx.profiler.dump()
+np.save(path + '.npy', np.concatenate([exe.grad_dict[n].asnumpy().ravel()
+                                       for n in sorted(exe.grad_dict)
+                                       if exe.grad_dict[n] is not None]))
+"""
+
+
+def test_a_bulked_segment_over_two_devices_runs_op_by_op(tmp_path):
+    """Why micro-batch outputs pass through a copy before the join
+    (compat.segment_boundaries): MXNet bulks consecutive ops of its schedule
+    into one engine operation, but gives up on a run that spans two devices,
+    and with micro-batches one chunk's last-stage ops are followed by the next
+    chunk's first-stage ops. Without the copies, the digits CNN's first
+    device runs most of its convolution, BatchNorm and pooling ops (forward
+    and backward) one engine operation at a time; with them, every one of
+    them in a bulked segment, with bitwise the same gradients."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.tools.trace import load_trace, op_intervals  # pylint: disable=import-outside-toplevel
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    unbulked, engine_ops, grads = {}, {}, {}
+    for variant in ('with', 'without'):
+        path = str(tmp_path / ('%s.json' % variant))
+        proc = subprocess.run([sys.executable, '-c', _SEGMENT_PROBE, variant, path], cwd=root,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        first = op_intervals(load_trace(path))['cpu/0']
+        unbulked[variant] = {name for _, _, name in first if not name.startswith('[')}
+        engine_ops[variant] = len(first)
+        grads[variant] = np.load(path + '.npy')
+    assert {'Convolution', '_backward_Convolution', 'BatchNorm'} <= unbulked['without']
+    assert unbulked['with'] == {'CopyCPU2CPU'}  # the stage's outputs, sent to the next device
+    assert engine_ops['with'] * 2 < engine_ops['without']
+    np.testing.assert_array_equal(grads['with'], grads['without'])
+
+
 def _step_8x8(pipe, group2ctx, bind_scope, batch_size=64):
     """Two forward/backward passes of the Pipeline's training graph on one
     fixed batch from fixed parameters; outputs and gradients as numpy."""

@@ -73,6 +73,12 @@ def test_micro_batched_graph_has_unique_op_names_and_shared_weights():
     assert sum(n['op'] == 'FullyConnected' for n in nodes) == 4 * 4
     assert symbol.list_arguments().count('fc0_weight') == 1
     assert 'chunk' in ops and 'join' in ops
+    # each chunk's output but the last through a copy on the last stage, so
+    # that MXNet bulks each stage's ops per chunk (compat.segment_boundaries)
+    boundaries = [n for n in nodes if n['op'] == compat.SEGMENT_BOUNDARY_OP]
+    assert [n['name'] for n in boundaries] == ['chunk_boundary0', 'chunk_boundary1',
+                                               'chunk_boundary2']
+    assert {n['attrs']['__ctx_group__'] for n in boundaries} == {'stage1'}
 
 
 def test_deferred_shapes_are_inferred_from_a_sample():

@@ -76,3 +76,16 @@ def test_more_stages_than_the_profiler_records_is_refused(capsys):
     assert main(['--stages', '2,%d' % (os.cpu_count() + 3)]) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and "MXNet's profiler aborts past" in err
+
+
+def test_op_times_of_the_digits_step_count_each_micro_batch():
+    """``python -m bench.bn_chunks --ops``'s measurement (two child processes):
+    each op type of the digits step, once per micro-batch with chunks=4; no
+    timing is checked."""
+    from bench.bn_chunks import op_times  # pylint: disable=import-outside-toplevel
+    times = op_times(rounds=1)
+    for op, calls in (('Convolution', 2), ('_backward_Convolution', 2), ('BatchNorm', 2),
+                      ('_backward_FullyConnected', 2)):
+        assert times[1][op][0] == calls and times[4][op][0] == 4 * calls, op
+        assert times[1][op][1] > 0 and times[4][op][1] > 0
+    assert 'add_n' not in times[1] and times[4]['add_n'][0] > 0  # chunk gradients summed

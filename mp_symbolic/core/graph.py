@@ -16,7 +16,7 @@ import json
 import mxnet as mx
 
 from . import graphcut, tensor_parallel
-from .compat import error_line
+from .compat import error_line, segment_boundaries
 from .devices import shard_group, stage_name
 
 __all__ = []
@@ -56,6 +56,8 @@ def build(pipe, data, chunks):
         outputs.append(x)
     if chunks == 1:
         return outputs[0]
+    if pipe.plan.num_stages > 1:
+        outputs = segment_boundaries(outputs, last)
     with mx.AttrScope(ctx_group=last):
         return mx.sym.concat(*outputs, dim=0, name='join')
 

@@ -33,6 +33,7 @@ import mxnet as mx
 import numpy as np
 
 from .balance import time_forward_backward
+from .compat import SEGMENT_BOUNDARY_OP, SEGMENT_BOUNDARY_PREFIX
 from .devices import stage_name
 
 __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
@@ -385,7 +386,9 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
     """``graph`` run on ``chunks`` micro-batches of its input: the input split
     along the batch axis in stage 0 (``chunk``), every op copied per chunk
     (copies after the first named ``<op>_chunk<m>``), every variable shared,
-    the outputs joined in ``last_stage`` (``join``).
+    the outputs joined in ``last_stage`` (``join``), each but the last through
+    a segment boundary when there are several stages
+    (:func:`mp_symbolic.core.compat.segment_boundaries`).
 
     Raises:
         CutError: the graph has more than one output.
@@ -432,6 +435,10 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
         src, idx, v = graph['heads'][0]
         heads.append([index[(src, m)] if nodes[src]['op'] != 'null' else index[(src, None)],
                       idx, v])
+    for m in range(chunks - 1 if last_stage > 0 else 0):  # see compat.segment_boundaries
+        out.append({'op': SEGMENT_BOUNDARY_OP, 'name': '%s%d' % (SEGMENT_BOUNDARY_PREFIX, m),
+                    'attrs': {GROUP_ATTR: stage_name(last_stage)}, 'inputs': [heads[m]]})
+        heads[m] = [len(out) - 1, 0, 0]
     out.append({'op': 'Concat', 'name': 'join',
                 'attrs': {'dim': '0', 'num_args': str(chunks), GROUP_ATTR: stage_name(last_stage)},
                 'inputs': heads})
