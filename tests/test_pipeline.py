@@ -257,3 +257,28 @@ def test_set_params_and_get_params_round_trip():
         np.testing.assert_array_equal(arg_params[name].asnumpy(), value)
     with pytest.raises(ValueError, match='expected shape'):
         pipe.set_params(dict(values, dense1_bias=np.zeros(3)), aux)
+
+
+def test_calling_the_pipeline_on_a_symbol_gives_its_tagged_graph():
+    """``pipe(symbol)``: a plain variable gives ``pipe.symbol()``; ops of the
+    caller's on the input run in the first stage; the bound graph computes
+    what the imperative twin does."""
+    pipe = Pipeline(_mlp(), 'cpu:0,cpu:1')
+    pipe.initialize(mx.init.Xavier())
+    assert pipe(mx.sym.var('data')).tojson() == pipe.symbol().tojson()
+    symbol = pipe(mx.sym.var('x') * 2)
+    groups = _groups(symbol)
+    assert groups['x'] == groups['_mulscalar0'] == 'stage0'
+    X = np.random.default_rng(0).uniform(-1, 1, (4, 2)).astype(np.float32)
+    args = {n: p.data(pipe.plan.group2ctx[groups[n]]) for n, p in pipe.collect_params().items()}
+    args['x'] = mx.nd.array(X, ctx=mx.cpu(0))
+    with split_bind(pipe.plan.group2ctx):
+        exe = symbol.bind(mx.cpu(0), args, group2ctx=pipe.plan.group2ctx)
+    got = exe.forward()[0].asnumpy()
+    want = pipe(mx.nd.array(X * 2, ctx=mx.cpu(0))).asnumpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with mx.AttrScope(ctx_group='gpu_side'):
+        foreign = mx.sym.relu(mx.sym.var('x'))
+    with pytest.raises(ValueError, match=r"of the Pipeline's \(stage0, stage1\), found 'x' in "
+                                         r"'gpu_side'"):
+        pipe(foreign)

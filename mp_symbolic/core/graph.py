@@ -83,6 +83,28 @@ def data_variable(data_name):
         return mx.sym.var(data_name)
 
 
+def on_first_stage(symbol, pipeline):
+    """``symbol`` (a caller's input to the Pipeline: a variable, or ops on
+    variables) with every node that names no ``ctx_group`` in the first
+    stage's, where the input lives.
+
+    Raises:
+        ValueError: a node names a ``ctx_group`` the plan does not have.
+    """
+    graph_json = json.loads(symbol.tojson())
+    groups = set(pipeline.plan.group2ctx)
+    for node in graph_json['nodes']:
+        attrs = node.setdefault('attrs', {})
+        group = attrs.get(graphcut.GROUP_ATTR)
+        if group is None:
+            attrs[graphcut.GROUP_ATTR] = stage_name(0)
+        elif group not in groups:
+            raise ValueError('x: expected the input symbol\'s nodes in no ctx_group or in one '
+                             'of the Pipeline\'s (%s), found %r in %r'
+                             % (', '.join(sorted(groups)), node['name'], group))
+    return graphcut.load(graph_json)
+
+
 def infer_shapes(pipe, data_shape, data_name=DATA_NAME):
     """Fills in parameter shapes not known yet from one input shape.
 

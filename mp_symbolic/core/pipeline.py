@@ -469,14 +469,16 @@ class Pipeline(gluon.Block):
         micro-batches (see :func:`mp_symbolic.core.twin.forward`). Returns the
         whole batch's output on the last stage of the first replica.
 
-        On a Symbol, returns the tagged inference graph (one chunk).
+        On a Symbol, returns the tagged inference graph (one chunk); the
+        Symbol's own nodes go to the first stage unless they name a stage.
 
         Raises:
             TypeError: ``x`` is neither an NDArray nor a Symbol.
-            ValueError: the batch is not a multiple of ``chunks x replicas``.
+            ValueError: the batch is not a multiple of ``chunks x replicas``,
+                or a node of the Symbol names a ``ctx_group`` the plan lacks.
         """
         if isinstance(x, mx.sym.Symbol):
-            return graph.finish(graph.build(self, x, 1), self)
+            return graph.finish(graph.build(self, graph.on_first_stage(x, self), 1), self)
         return twin.forward(self, x)
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
