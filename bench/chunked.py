@@ -9,6 +9,7 @@ measures it, and :class:`StepLoop` runs training steps on the executor.
 import mxnet as mx
 import numpy as np
 
+from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.scoped import environ
 
 __all__ = ['LR', 'stage_devices', 'build_chunked_symbol', 'bind', 'StepLoop']
@@ -97,13 +98,15 @@ def bind(symbol, batch_size, num_hiddens, group2ctx=None, env=None, seed=0):
     ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` and the ``env`` entries are set only
     around ``simple_bind``, where MXNet reads them (and
     ``MXNET_BACKWARD_DO_MIRROR``): without bulking each op is its own entry
-    in the profiler trace, so the chunk of each op can be inferred.
+    in the profiler trace, so the chunk of each op can be inferred. A split
+    graph is bound as the library binds one (:func:`mp_symbolic.core.compat.split_bind`).
     Parameters are drawn from ``seed``: every variant starts alike.
     """
     # No gradient for the inputs, as Module binds them (inputs_need_grad=False).
     grad_req = {n: 'null' if n in ('data', 'softmax_label') else 'write'
                 for n in symbol.list_arguments()}
-    with environ(**dict({'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}, **(env or {}))):
+    with environ(**dict({'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}, **(env or {}))), \
+            split_bind(group2ctx):
         exe = symbol.simple_bind(mx.cpu(0), group2ctx=group2ctx, grad_req=grad_req,
                                  data=(batch_size, num_hiddens), softmax_label=(batch_size,))
     rng = np.random.RandomState(seed)
