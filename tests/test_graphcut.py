@@ -691,3 +691,20 @@ def test_zoo_network_for_the_digits_builds_and_splits_whole():
     np.testing.assert_allclose(exe.forward(data=X)[0].asnumpy(), expected, atol=1e-5)
     with pytest.raises(ValueError, match="name: expected one of .*found 'resnet9'"):
         build_network('resnet9')
+
+
+@pytest.mark.parametrize('tied', [None, 2])
+def test_the_plan_counts_a_tied_weight_once_on_the_stage_it_lives_on(tied):
+    blocks = _tied_blocks()
+    weight = 'lm_embedding0_weight'
+    pipe = Pipeline(blocks, 'cpu:1,cpu:2,cpu:3', balance=[1, 2, 2],
+                    tied=None if tied is None else {weight: tied})
+    params = pipe.collect_params()
+    size = {n: int(np.prod(p.shape)) for n, p in params.items()}
+    counts = [int(line.rsplit('(', 1)[1].split()[0]) for line in pipe.describe()[:3]]
+    owner = 0 if tied is None else tied
+    stage_params = [{n for b in blocks[a:b] for n in b.collect_params()}
+                    for a, b in ((0, 1), (1, 3), (3, 5))]
+    want = [sum(size[n] for n in names if n != weight) + (size[weight] if s == owner else 0)
+            for s, names in enumerate(stage_params)]
+    assert counts == want and sum(counts) == sum(size.values())

@@ -384,9 +384,13 @@ class Pipeline(gluon.Block):
         for s, blocks in enumerate(self.stages):
             devices = self.plan.stage_label(s)
             names = ', '.join(b.name for b in blocks)
-            try:
-                count = '%d parameters' % sum(balancing.param_counts(blocks))
-            except balancing.BalanceError:
+            # each parameter once, on the stage it lives on (a tied one on its owner's)
+            params = {n: p for b in blocks for n, p in b.collect_params().items()
+                      if self._owner.get(n, s) == s}
+            shapes = [p.shape for p in params.values()]
+            if all(shape and all(d > 0 for d in shape) for shape in shapes):
+                count = '%d parameters' % sum(int(np.prod(shape)) for shape in shapes)
+            else:
                 count = 'parameter count not known yet'
             lines.append('%s -> %s: %s (%s)' % (stage_name(s), devices, names, count))
         lines += ['tied: %s lives on %s, read by %s' % (
