@@ -37,7 +37,8 @@ import time
 from mp_symbolic.tools.checkpoint import SUMMARY_NAME
 from mp_symbolic.tools.text import columns
 
-__all__ = ['VARIANTS', 'run_variant', 'measure', 'step_times', 'op_times', 'sweep', 'main']
+__all__ = ['VARIANTS', 'run_variant', 'measure', 'step_times', 'without_segment_boundaries',
+           'profile_step', 'op_times', 'sweep', 'main']
 
 # name -> (--chunks, extra environment)
 VARIANTS = {
@@ -147,8 +148,31 @@ def _steps_only(rounds):
     return 0
 
 
-def _profile_step(chunks, devices, path, batch_size=64):
-    """Child process of :func:`op_times`: one recorded step after a warm-up."""
+def without_segment_boundaries(symbol):
+    """``symbol`` with every micro-batch boundary copy
+    (:func:`mp_symbolic.core.compat.segment_boundaries`) bypassed, and how
+    many there were."""
+    # pylint: disable=import-outside-toplevel
+    import mxnet as mx
+    from mp_symbolic.core.compat import SEGMENT_BOUNDARY_OP
+    graph = json.loads(symbol.tojson())
+    alias = {i: n['inputs'][0] for i, n in enumerate(graph['nodes'])
+             if n['op'] == SEGMENT_BOUNDARY_OP}
+    for node in graph['nodes']:
+        node['inputs'] = [alias.get(e[0], e) for e in node['inputs']]
+    return mx.sym.load_json(json.dumps(graph)), len(alias)
+
+
+def profile_step(chunks, devices, path, batch_size=64, boundaries=True):
+    """One training step of the digits graph, recorded to the profiler trace
+    ``path`` after two warm-up steps; the gradients go to ``path + '.npy'``.
+    Run it in a process of its own (MXNet's profiler serves one trace per
+    process): the child process of :func:`op_times`.
+
+    Args:
+        boundaries: False: the micro-batch boundary copies bypassed
+            (:func:`without_segment_boundaries`).
+    """
     # pylint: disable=import-outside-toplevel
     import mxnet as mx
     import numpy as np
@@ -158,6 +182,8 @@ def _profile_step(chunks, devices, path, batch_size=64):
     pipe = Pipeline(digits.build_blocks(), devices, chunks=chunks)
     group2ctx = pipe.plan.group2ctx
     symbol = pipe.training_symbol('softmax')
+    if not boundaries:
+        symbol, _ = without_segment_boundaries(symbol)
     with split_bind(group2ctx):
         exe = symbol.simple_bind(pipe.plan.first_device, group2ctx=group2ctx,
                                  data=(batch_size, 1, 8, 8), softmax_label=(batch_size,),
@@ -176,6 +202,9 @@ def _profile_step(chunks, devices, path, batch_size=64):
         mx.nd.waitall()
     mx.profiler.set_state('stop')
     mx.profiler.dump()
+    np.save(path + '.npy', np.concatenate([exe.grad_dict[n].asnumpy().ravel()
+                                           for n in sorted(exe.grad_dict)
+                                           if exe.grad_dict[n] is not None]))
     return 0
 
 
@@ -322,7 +351,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.profile_step:
         chunks, devices, path = args.profile_step
-        return _profile_step(int(chunks), devices, path)
+        return profile_step(int(chunks), devices, path)
     if args.rounds < 1 or args.epochs < 1:
         parser.error('expected --rounds and --epochs of at least 1, found %d and %d'
                      % (args.rounds, args.epochs))

@@ -147,45 +147,9 @@ def test_profiler_aborts_past_its_device_rows(tmp_path):
 
 
 _SEGMENT_PROBE = """
-import json, sys
-import mxnet as mx
-import numpy as np
-from mp_symbolic import Pipeline
-from mp_symbolic.core import compat
-from mp_symbolic.training.tasks import digits
-
-variant, path = sys.argv[1], sys.argv[2]
-pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1,cpu:2', chunks=4)
-symbol = pipe.training_symbol('softmax')
-if variant == 'without':  # every boundary copy bypassed
-    graph = json.loads(symbol.tojson())
-    alias = {i: n['inputs'][0] for i, n in enumerate(graph['nodes'])
-             if n['op'] == compat.SEGMENT_BOUNDARY_OP}
-    assert len(alias) == 3, alias
-    for node in graph['nodes']:
-        node['inputs'] = [alias.get(e[0], e) for e in node['inputs']]
-    symbol = mx.sym.load_json(json.dumps(graph))
-with compat.split_bind(pipe.plan.group2ctx):
-    exe = symbol.simple_bind(mx.cpu(0), group2ctx=pipe.plan.group2ctx, data=(64, 1, 8, 8),
-                             softmax_label=(64,), grad_req={
-                                 n: 'null' if n in ('data', 'softmax_label') else 'write'
-                                 for n in symbol.list_arguments()})
-rng = np.random.default_rng(0)
-for name in sorted(exe.arg_dict):
-    exe.arg_dict[name][:] = rng.uniform(-0.3, 0.3, exe.arg_dict[name].shape)
-exe.arg_dict['softmax_label'][:] = rng.integers(0, 10, 64)
-for step in range(2):  # the second step is recorded
-    if step:
-        mx.profiler.set_config(profile_symbolic=True, filename=path)
-        mx.profiler.set_state('run')
-    exe.forward(is_train=True)
-    exe.backward()
-    mx.nd.waitall()
-mx.profiler.set_state('stop')
-mx.profiler.dump()
-np.save(path + '.npy', np.concatenate([exe.grad_dict[n].asnumpy().ravel()
-                                       for n in sorted(exe.grad_dict)
-                                       if exe.grad_dict[n] is not None]))
+import sys
+from bench.bn_chunks import profile_step
+profile_step(4, 'cpu:0,cpu:1,cpu:2', sys.argv[2], boundaries=sys.argv[1] == 'with')
 """
 
 
@@ -201,6 +165,7 @@ def test_a_bulked_segment_over_two_devices_runs_op_by_op(tmp_path):
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
     import os  # pylint: disable=import-outside-toplevel
+    from bench.bn_chunks import without_segment_boundaries  # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.trace import load_trace, op_intervals  # pylint: disable=import-outside-toplevel
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     unbulked, engine_ops, grads = {}, {}, {}
@@ -213,6 +178,8 @@ def test_a_bulked_segment_over_two_devices_runs_op_by_op(tmp_path):
         unbulked[variant] = {name for _, _, name in first if not name.startswith('[')}
         engine_ops[variant] = len(first)
         grads[variant] = np.load(path + '.npy')
+    pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1,cpu:2', chunks=4)
+    assert without_segment_boundaries(pipe.training_symbol('softmax'))[1] == 3
     assert {'Convolution', '_backward_Convolution', 'BatchNorm'} <= unbulked['without']
     assert unbulked['with'] == {'CopyCPU2CPU'}  # the stage's outputs, sent to the next device
     assert engine_ops['with'] * 2 < engine_ops['without']
