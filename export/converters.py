@@ -42,6 +42,8 @@ import onnx
 import onnx.checker
 from onnx.helper import make_node
 
+from mp_symbolic.core.names import GROUP_ATTR
+
 from .errors import ExportError
 
 __all__ = []
@@ -137,7 +139,7 @@ def block_of(node_name):
 
 def refusal(op, node, reason):
     """The one-line error for an op that cannot be exported."""
-    group = node.get('attrs', {}).get('__ctx_group__')
+    group = node.get('attrs', {}).get(GROUP_ATTR)
     return ExportError('cannot export op %s of block %s%s: %s'
                        % (op, block_of(node['name']), ' (%s)' % group if group else '', reason))
 

@@ -19,7 +19,7 @@ import numpy as np
 from mp_symbolic.core.compat import error_line
 from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
 from mp_symbolic.core.pipeline import DATA_NAME
-from mp_symbolic.core.devices import stage_name
+from mp_symbolic.core.names import GROUP_ATTR, stage_name
 
 from .errors import ExportError
 
@@ -58,7 +58,7 @@ def inference_graph(symbol):
     head = _nodes(symbol)[-1]
     if head['op'] in LOSS_HEADS:
         attrs = head.get('attrs', {})
-        with mx.AttrScope(ctx_group=attrs.get('__ctx_group__')):
+        with mx.AttrScope(ctx_group=attrs.get(GROUP_ATTR)):
             symbol = inference_form(head['op'], attrs, symbol.get_children()[0])
     elif head['op'] in _TRAINING_ONLY:
         raise ExportError('expected a graph ending in a known loss head (%s) or in its '
@@ -83,7 +83,7 @@ def stage_layout(symbol):
     """
     groups = {}
     for node in _nodes(symbol):
-        group = node.get('attrs', {}).get('__ctx_group__')
+        group = node.get('attrs', {}).get(GROUP_ATTR)
         if group is None:
             raise ExportError("expected a ctx_group attribute on every op and variable, "
                               "found none on %s %r" % (node['op'], node['name']))

@@ -287,6 +287,21 @@ def test_generic_code_does_not_know_the_bundled_tasks():
             assert word not in code, '%s mentions %s' % (path, word)
 
 
+def test_the_graph_vocabulary_has_one_home():
+    """The names the library writes into a graph (the ctx_group attribute, the
+    tied identity's suffix, the shard mark, chunk copies, input and label
+    names) are spelled in core/names.py alone; the rest imports them."""
+    words = ("'__ctx_group__'", "'__tp_shard__'", "'__force_mirroring__'", "'_tied'",
+             "'_chunk", "split('/', 2)", "'softmax_label'")
+    for path in _sources('mp_symbolic') + _sources('export'):
+        if path.name == 'names.py':
+            continue
+        code = re.sub(r'("""|\'\'\').*?\1', '', path.read_text(), flags=re.S)  # docstrings
+        code = '\n'.join(line.split('#')[0] for line in code.splitlines())
+        for word in words:
+            assert word not in code, '%s spells %s' % (path.relative_to(ROOT), word)
+
+
 def test_the_public_names_fit_on_one_screen():
     import mp_symbolic  # pylint: disable=import-outside-toplevel
     assert len(mp_symbolic.__all__) <= 30

@@ -21,10 +21,10 @@ import re
 
 import mxnet as mx
 
+from .names import shard_group, stage_name  # pylint: disable=unused-import  (their home is names)
 
 __all__ = []
 
-STAGE_PREFIX = 'stage'
 # ASCII digits only: Python's \d also matches '０' and '٣', which int() would
 # silently read as 0 and 3.
 _DEVICE_RE = re.compile(r'^(cpu|gpu):([0-9]+)$')
@@ -35,18 +35,6 @@ MAX_CPU_ID = 63
 
 class DeviceSpecError(ValueError):
     """A ``--devices`` value that cannot become a device plan."""
-
-
-def stage_name(stage):
-    """The ``ctx_group`` name of pipeline stage ``stage`` (``'stage0'``, ...)."""
-    return '%s%d' % (STAGE_PREFIX, stage)
-
-
-def shard_group(stage, index):
-    """The ``ctx_group`` of the ``index``-th device of stage ``stage``:
-    ``'stage0'`` for the first (the stage's own group), ``'stage0_shard1'``, ...
-    for the others."""
-    return stage_name(stage) if index == 0 else '%s_shard%d' % (stage_name(stage), index)
 
 
 def format_device(ctx):

@@ -17,12 +17,10 @@ import mxnet as mx
 
 from . import graphcut, tensor_parallel
 from .compat import error_line, segment_boundaries
-from .devices import shard_group, stage_name
+from .names import (CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR,
+                    chunk_name, shard_group, stage_name)
 
 __all__ = []
-
-DATA_NAME = 'data'             # mx.io.NDArrayIter's default data name
-LABEL_NAME = 'softmax_label'   # mx.io.NDArrayIter's default label name
 
 
 def reset_variables(pipe):
@@ -42,12 +40,13 @@ def build(pipe, data, chunks):
     first, last = stage_name(0), stage_name(pipe.plan.num_stages - 1)
     if chunks > 1:
         with mx.AttrScope(ctx_group=first):
-            parts = list(mx.sym.split(data, num_outputs=chunks, axis=0, name='chunk'))
+            parts = list(mx.sym.split(data, num_outputs=chunks, axis=0, name=CHUNK_SPLIT))
     else:
         parts = [data]
     outputs = []
     for x in parts:
         for s, blocks in enumerate(pipe.stages):
+            # AttrScope writes force_mirroring as MIRROR_ATTR
             extra = {'force_mirroring': 'True'} if s in pipe.mirror else {}
             with mx.AttrScope(ctx_group=stage_name(s), **extra), \
                     tensor_parallel.stage_scope(s, pipe.plan.width(s)):
@@ -59,7 +58,7 @@ def build(pipe, data, chunks):
     if pipe.plan.num_stages > 1:
         outputs = segment_boundaries(outputs, last)
     with mx.AttrScope(ctx_group=last):
-        return mx.sym.concat(*outputs, dim=0, name='join')
+        return mx.sym.concat(*outputs, dim=0, name=CHUNK_JOIN)
 
 
 def _build_cut(pipe, data, chunks):
@@ -95,9 +94,9 @@ def on_first_stage(symbol, pipeline):
     groups = set(pipeline.plan.group2ctx)
     for node in graph_json['nodes']:
         attrs = node.setdefault('attrs', {})
-        group = attrs.get(graphcut.GROUP_ATTR)
+        group = attrs.get(GROUP_ATTR)
         if group is None:
-            attrs[graphcut.GROUP_ATTR] = stage_name(0)
+            attrs[GROUP_ATTR] = stage_name(0)
         elif group not in groups:
             raise ValueError('x: expected the input symbol\'s nodes in no ctx_group or in one '
                              'of the Pipeline\'s (%s), found %r in %r'
@@ -138,7 +137,7 @@ def finish(symbol, pipeline):
     shard_of = getattr(pipeline, '_shard_of', {})
     for node in graph['nodes']:
         if node['op'] == 'null' and node['name'] in owner:
-            node['attrs']['__ctx_group__'] = shard_group(owner[node['name']],
+            node['attrs'][GROUP_ATTR] = shard_group(owner[node['name']],
                                                          shard_of.get(node['name'], 0))
     tied = graphcut.tie_parameters(graph)
     if tied != json.loads(symbol.tojson()):
@@ -146,7 +145,7 @@ def finish(symbol, pipeline):
     groups = set(pipeline.plan.group2ctx)
     seen = {}
     for node in graph['nodes']:
-        group = node.get('attrs', {}).get('__ctx_group__')
+        group = node.get('attrs', {}).get(GROUP_ATTR)
         if group not in groups:  # an internal invariant: every node is built in a scope
             raise AssertionError('node %s has ctx_group %r, expected one of %s'
                                  % (node['name'], group, sorted(groups)))
@@ -154,7 +153,7 @@ def finish(symbol, pipeline):
             count = seen.get(node['name'], 0)
             seen[node['name']] = count + 1
             if count:
-                node['name'] = '%s_chunk%d' % (node['name'], count)
+                node['name'] = chunk_name(node['name'], count)
     if not any(count > 1 for count in seen.values()):
         return symbol
     return graphcut.load(graph)

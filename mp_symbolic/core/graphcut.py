@@ -34,15 +34,14 @@ import numpy as np
 
 from .balance import time_forward_backward
 from .compat import SEGMENT_BOUNDARY_OP, SEGMENT_BOUNDARY_PREFIX
-from .devices import stage_name
+from .names import (CHUNK_JOIN, CHUNK_SPLIT, GROUP_ATTR, IDENTITY_OP, MIRROR_ATTR, chunk_name,
+                    stage_name, tied_name)
 
 __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
            'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'solve_cut', 'label',
            'tie_parameters', 'replicate_chunks', 'unique_names', 'run_graph', 'load',
            'GROUP_ATTR']
 
-GROUP_ATTR = '__ctx_group__'
-_IDENTITY_OP = '_copy'      # what mx.sym.identity makes; ONNX maps it to Identity
 
 
 class CutError(ValueError):
@@ -293,7 +292,7 @@ def _set_group(node, group, mirror=False):
     attrs = node.setdefault('attrs', {})
     attrs[GROUP_ATTR] = group
     if mirror:
-        attrs['__force_mirroring__'] = 'True'
+        attrs[MIRROR_ATTR] = 'True'
 
 
 def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
@@ -374,7 +373,7 @@ def tie_parameters(graph):
         new_nodes.append(node)
         if i in foreign:
             identity_of[i] = len(new_nodes)
-            new_nodes.append({'op': _IDENTITY_OP, 'name': '%s_tied' % node['name'],
+            new_nodes.append({'op': IDENTITY_OP, 'name': tied_name(node['name']),
                               'attrs': {GROUP_ATTR: node['attrs'][GROUP_ATTR]},
                               'inputs': [[new_index[i], 0, 0]]})
     graph['nodes'] = new_nodes
@@ -409,7 +408,7 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
             index[(i, None)] = len(out)
             out.append(json.loads(json.dumps(node)))
     split = len(out)
-    out.append({'op': 'split', 'name': 'chunk',
+    out.append({'op': 'split', 'name': CHUNK_SPLIT,
                 'attrs': {'axis': '0', 'num_outputs': str(chunks),
                           GROUP_ATTR: nodes[data[0]]['attrs'][GROUP_ATTR]},
                 'inputs': [[index[(data[0], None)], 0, 0]]})
@@ -419,8 +418,7 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
             if node['op'] == 'null':
                 continue
             copy = json.loads(json.dumps(node))
-            if m:
-                copy['name'] = '%s_chunk%d' % (node['name'], m)
+            copy['name'] = chunk_name(node['name'], m)
             inputs = []
             for src, idx, v in node['inputs']:
                 if src == data[0]:
@@ -439,7 +437,7 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
         out.append({'op': SEGMENT_BOUNDARY_OP, 'name': '%s%d' % (SEGMENT_BOUNDARY_PREFIX, m),
                     'attrs': {GROUP_ATTR: stage_name(last_stage)}, 'inputs': [heads[m]]})
         heads[m] = [len(out) - 1, 0, 0]
-    out.append({'op': 'Concat', 'name': 'join',
+    out.append({'op': 'Concat', 'name': CHUNK_JOIN,
                 'attrs': {'dim': '0', 'num_args': str(chunks), GROUP_ATTR: stage_name(last_stage)},
                 'inputs': heads})
     return {'nodes': out, 'heads': [[len(out) - 1, 0, 0]], 'attrs': graph['attrs']}

@@ -27,6 +27,7 @@ import mxnet as mx
 
 from . import tensor_parallel
 from .compat import gradient_only_kvstore, split_bind
+from .names import DATA_NAME, LABEL_NAME
 from .optstate import gather_states, load_states, set_states_by_name, split_states, \
     states_by_name
 from .updater import PerDeviceUpdater
@@ -96,7 +97,7 @@ class PipelineModule(mx.mod.Module):
             the model).
     """
 
-    def __init__(self, pipeline, loss='softmax', data_name='data', label_name='softmax_label',
+    def __init__(self, pipeline, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME,
                  **kwargs):
         for key in ('context', 'group2ctxs', 'data_names', 'label_names'):
             if key in kwargs:

@@ -43,10 +43,10 @@ import numpy as np
 
 from . import balance as balancing
 from . import graph, graphcut, tensor_parallel, twin
-from .graph import DATA_NAME, LABEL_NAME
 from .heads import make_head
-from .devices import (DeviceSpecError, DevicePlan, resolve_devices, shard_group,
-                      split_replicas, stage_name)
+from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
+from .names import (DATA_NAME, GROUP_ATTR, LABEL_NAME, SHARD_ATTR, is_tied, parse_shard_mark,
+                    shard_group, stage_name)
 
 __all__ = []
 
@@ -221,11 +221,11 @@ class Pipeline(gluon.Block):
             groups = {shard_group(s, i): (s, i) for s, w in enumerate(widths) for i in range(w)}
             for node in graph['nodes']:
                 attrs = node.get('attrs', {})
-                if node['op'] == 'null' and tensor_parallel.SHARD_ATTR in attrs \
+                if node['op'] == 'null' and SHARD_ATTR in attrs \
                         and node['name'] in self._owner:
                     # a shard's weight goes where shard_groups put its layer
                     self._owner[node['name']], shard_of[node['name']] = \
-                        groups[attrs[graphcut.GROUP_ATTR]]
+                        groups[attrs[GROUP_ATTR]]
             return shard_of
         for block, stage in zip(self.blocks, self.plan.stage_of_block):
             for layer in tensor_parallel.sharded_blocks(block):
@@ -245,7 +245,7 @@ class Pipeline(gluon.Block):
         """The cut graph labelled by stage, each tensor-parallel shard in its group
         (weights that moved away from a reader then read through an identity)."""
         graph = self.cut.labelled(mirror)
-        if not any(tensor_parallel.SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
+        if not any(SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
             return graph
         return graphcut.tie_parameters(tensor_parallel.shard_groups(
             graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
@@ -261,18 +261,18 @@ class Pipeline(gluon.Block):
         split = self._labelled()['nodes']
         stage = {shard_group(s, i): s for s in range(self.plan.num_stages)
                  for i in range(self.plan.width(s))}
-        stage_of = {n['name']: stage[n['attrs'][graphcut.GROUP_ATTR]] for n in split}
+        stage_of = {n['name']: stage[n['attrs'][GROUP_ATTR]] for n in split}
         layers = {}
         for node in split:
-            mark = node.get('attrs', {}).get(tensor_parallel.SHARD_ATTR)
+            mark = node.get('attrs', {}).get(SHARD_ATTR)
             if mark is not None:
-                layers.setdefault(mark.split('/', 2)[2] + '_', stage_of[node['name']])
+                layers.setdefault(parse_shard_mark(mark)[2] + '_', stage_of[node['name']])
         for node in graph['nodes']:
             name = node['name']
             where = stage_of.get(name)
             if where is None:
                 where = next((s for layer, s in layers.items() if name.startswith(layer)), 0)
-            node.setdefault('attrs', {})[graphcut.GROUP_ATTR] = stage_name(where)
+            node.setdefault('attrs', {})[GROUP_ATTR] = stage_name(where)
         return graphcut.tie_parameters(graph)
 
     def _cut_layout(self):
@@ -288,8 +288,8 @@ class Pipeline(gluon.Block):
         for node in nodes:
             if node['op'] == 'null':
                 continue
-            st = stage[node['attrs'][graphcut.GROUP_ATTR]]
-            if not node['name'].endswith('_tied'):
+            st = stage[node['attrs'][GROUP_ATTR]]
+            if not is_tied(node['name']):
                 ops[st].append(node['name'])
             for src, _, _ in node['inputs']:
                 source = nodes[src]

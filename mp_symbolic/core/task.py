@@ -30,6 +30,7 @@ import mxnet as mx
 import numpy as np
 
 from .heads import LOSSES
+from .names import LABEL_NAME
 
 __all__ = []
 
@@ -232,7 +233,7 @@ class Task:
     @property
     def label(self):
         """The label variable's name."""
-        return self.label_name or 'softmax_label'
+        return self.label_name or LABEL_NAME
 
     @property
     def loss_label(self):

@@ -52,13 +52,12 @@ import mxnet as mx
 from mxnet import gluon
 import numpy as np
 
-from .devices import shard_group, stage_name
+from .names import GROUP_ATTR, SHARD_ATTR, is_tied, parse_shard_mark, shard_group, shard_mark, \
+    stage_name
 
 __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'VocabParallelEmbedding']
 
 _GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
-SHARD_ATTR = '__tp_shard__'      # on a shard's ops and weights in a traced whole network: 'i/N/layer'
-GROUP_ATTR = '__ctx_group__'
 _MARK = 'mark'
 _LOCAL = threading.local()
 
@@ -107,15 +106,14 @@ def shard_groups(graph, widths):
     for node in graph['nodes']:  # in topological order
         mark = node.get('attrs', {}).get(SHARD_ATTR)
         if mark is not None and node['op'] != 'null':
-            stage_of_layer.setdefault(mark.split('/', 2)[2],
+            stage_of_layer.setdefault(parse_shard_mark(mark)[2],
                                       stage_of[node['attrs'][GROUP_ATTR]])
     moved = {}
     for i, node in enumerate(graph['nodes']):
         attrs = node.get('attrs', {})
         if SHARD_ATTR not in attrs:
             continue
-        shard, shards, layer = attrs[SHARD_ATTR].split('/', 2)
-        shard, shards = int(shard), int(shards)
+        shard, shards, layer = parse_shard_mark(attrs[SHARD_ATTR])
         stage = stage_of_layer.get(layer, stage_of[attrs[GROUP_ATTR]])
         try:
             index = device_index(shard, shards, widths[stage])
@@ -123,7 +121,7 @@ def shard_groups(graph, widths):
             raise ValueError('%s in %s: %s' % (node['name'], stage_name(stage), err)) from None
         attrs[GROUP_ATTR] = moved[i] = shard_group(stage, index)
     for node in graph['nodes']:
-        if node['name'].endswith('_tied') and len(node['inputs']) == 1 and \
+        if is_tied(node['name']) and len(node['inputs']) == 1 and \
                 node['inputs'][0][0] in moved:
             node['attrs'][GROUP_ATTR] = moved[node['inputs'][0][0]]
     return graph
@@ -283,7 +281,7 @@ class _ShardedBlock(gluon.HybridBlock):
                 scopes = [nullcontext] * self.shards
             elif stage == _MARK:
                 scopes = [lambda i=i: mx.AttrScope(
-                    **{SHARD_ATTR: '%d/%d/%s' % (i, self.shards, self.name)})
+                    **{SHARD_ATTR: shard_mark(i, self.shards, self.name)})
                           for i in range(self.shards)]
             else:
                 groups = [shard_group(stage[0], j) for j in self.device_indices(stage[1])]

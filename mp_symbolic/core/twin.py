@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import mxnet as mx
 
 from . import graphcut
-from .graph import DATA_NAME
+from .names import DATA_NAME
 
 __all__ = []
 

@@ -26,7 +26,6 @@ with ``gpu/0``.
 This file reads JSON only; it imports no MXNet and no training code.
 """
 import json
-import os
 import re
 
 __all__ = []

@@ -18,6 +18,7 @@ from graphviz import Digraph
 
 from ..tools.files import atomic_path, write_text
 from ..core.devices import format_device
+from ..core.names import GROUP_ATTR
 
 __all__ = []
 
@@ -49,7 +50,7 @@ def device_graph(symbol, plan):
     nodes = json.loads(symbol.tojson())['nodes']
     device = []
     for i, node in enumerate(nodes):
-        group = node.get('attrs', {}).get('__ctx_group__')
+        group = node.get('attrs', {}).get(GROUP_ATTR)
         if group is not None and group not in group2ctx:
             raise ValueError('node %s: ctx_group %r has no device in the plan (groups: %s)'
                              % (node['name'], group, ', '.join(sorted(group2ctx))))

@@ -23,7 +23,8 @@ from ..tools.files import write_text
 from .imperative import ImperativeStepper
 from ..core.module import with_input_shape
 from ..core.optstate import gather_states, load_states, split_states
-from ..core.pipeline import DATA_NAME, Pipeline
+from ..core.names import DATA_NAME
+from ..core.pipeline import Pipeline
 from ..core.tensor_parallel import unsplit
 from ..core.devices import format_device, make_plan
 from ..tools.store import Store

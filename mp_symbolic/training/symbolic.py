@@ -21,7 +21,7 @@ import numpy as np
 from .data import staged_batches
 from ..core.updater import PerDeviceUpdater
 from ..core.optstate import set_states_by_name, states_by_name
-from ..core.pipeline import DATA_NAME
+from ..core.names import DATA_NAME
 from ..core.compat import split_bind
 
 __all__ = []

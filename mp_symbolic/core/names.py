@@ -1,0 +1,79 @@
+"""The placed graph's vocabulary: every name and attribute the library writes
+into a Symbol, and reads back, in one place.
+
+The graph that :class:`~mp_symbolic.Pipeline` builds, the checkpoints it
+writes and the exported files all carry these names; the export side, the
+plots and the tests read them from here (as Megatron-LM's ``mappings.py``
+owns its communication vocabulary). Only the standard library is imported.
+
+* ``ctx_group`` of a stage and of a tensor-parallel shard: :func:`stage_name`,
+  :func:`shard_group`, stored in the node attribute :data:`GROUP_ATTR`;
+* a parameter read on another stage than its own goes through one
+  :data:`IDENTITY_OP` node named :func:`tied_name` ``(parameter)``;
+* a tensor-parallel shard's ops and weights carry :data:`SHARD_ATTR`, the mark
+  :func:`shard_mark` ``(index, shards, layer)``;
+* the copies of an op for micro-batch ``m > 0`` are :func:`chunk_name`
+  ``(op, m)``; the input is split by :data:`CHUNK_SPLIT` and the outputs
+  joined by :data:`CHUNK_JOIN`;
+* inputs are named as ``HybridBlock.export`` names them (:func:`input_names`),
+  the label as ``mx.io.NDArrayIter`` does (:data:`LABEL_NAME`).
+"""
+__all__ = []
+
+GROUP_ATTR = '__ctx_group__'          # MXNet's node attribute behind mx.AttrScope(ctx_group=...)
+MIRROR_ATTR = '__force_mirroring__'   # MXNet's: recompute this op's output in backward
+SHARD_ATTR = '__tp_shard__'           # ours: on a shard's ops and weights, 'i/N/layer'
+STAGE_PREFIX = 'stage'
+IDENTITY_OP = '_copy'                 # what mx.sym.identity makes; ONNX maps it to Identity
+TIED_SUFFIX = '_tied'
+CHUNK_SPLIT = 'chunk'                 # the split of the input into micro-batches
+CHUNK_JOIN = 'join'                   # the concat of the micro-batches' outputs
+CHUNK_INFIX = '_chunk'
+DATA_NAME = 'data'                    # mx.io.NDArrayIter's and HybridBlock.export's input name
+LABEL_NAME = 'softmax_label'          # mx.io.NDArrayIter's default label name
+
+
+def stage_name(stage):
+    """The ``ctx_group`` name of pipeline stage ``stage`` (``'stage0'``, ...)."""
+    return '%s%d' % (STAGE_PREFIX, stage)
+
+
+def shard_group(stage, index):
+    """The ``ctx_group`` of the ``index``-th device of stage ``stage``:
+    ``'stage0'`` for the first (the stage's own group), ``'stage0_shard1'``, ...
+    for the others."""
+    return stage_name(stage) if index == 0 else '%s_shard%d' % (stage_name(stage), index)
+
+
+def tied_name(variable):
+    """The identity through which other stages read ``variable``."""
+    return variable + TIED_SUFFIX
+
+
+def is_tied(name):
+    """Whether ``name`` is such an identity (see :func:`tied_name`)."""
+    return name.endswith(TIED_SUFFIX)
+
+
+def shard_mark(index, shards, layer):
+    """The :data:`SHARD_ATTR` value of shard ``index`` of ``shards`` of ``layer``."""
+    return '%d/%d/%s' % (index, shards, layer)
+
+
+def parse_shard_mark(mark):
+    """``'1/2/dense0'`` -> ``(1, 2, 'dense0')`` (the inverse of :func:`shard_mark`)."""
+    index, shards, layer = mark.split('/', 2)
+    return int(index), int(shards), layer
+
+
+def chunk_name(name, chunk):
+    """The name of op ``name``'s copy for micro-batch ``chunk`` (``name`` itself for 0)."""
+    return name if chunk == 0 else '%s%s%d' % (name, CHUNK_INFIX, chunk)
+
+
+def input_names(count):
+    """The names of a network's ``count`` inputs, as ``HybridBlock.export``
+    gives them: ``['data']`` for one, ``['data0', 'data1', ...]`` for several."""
+    if count == 1:
+        return [DATA_NAME]
+    return ['%s%d' % (DATA_NAME, i) for i in range(count)]
