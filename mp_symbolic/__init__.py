@@ -33,7 +33,7 @@ _MODULE_OF = {
     'PerDeviceUpdater': 'core.updater', 'Trainer': 'core.trainer', 'Task': 'core.task', 'Report': 'core.task',
     'balance_by_time': 'core.balance', 'balance_by_size': 'core.balance',
     'DevicePlan': 'core.devices', 'make_plan': 'core.devices',
-    'parse_devices': 'core.devices', 'stage_name': 'core.devices',
+    'parse_devices': 'core.devices', 'stage_name': 'core.names',
     'DeviceSpecError': 'core.devices', 'BalanceError': 'core.balance',
     'TaskError': 'core.task', 'OptimizerStateError': 'core.optstate',
     'save_checkpoint': 'tools.checkpoint', 'read_checkpoint': 'tools.checkpoint',

@@ -22,6 +22,7 @@ import pytest
 
 from mp_symbolic import BalanceError, Pipeline
 from mp_symbolic.core import graphcut
+from mp_symbolic.core.balance import solve
 from mp_symbolic.training.config import TrainConfig, resume_config
 from mp_symbolic.tools.checkpoint import read_checkpoint
 from mp_symbolic.core.heads import gluon_loss
@@ -118,7 +119,7 @@ def _brute_force_bottleneck(costs, k):
 @pytest.mark.parametrize('seed', range(5))
 def test_cut_makes_the_largest_stage_as_small_as_it_can_be(seed):
     costs = list(np.random.default_rng(seed).integers(0, 20, size=9).astype(float))
-    sizes = graphcut.solve_cut(costs, 3, slack=0.0)
+    sizes = solve(costs, 3, slack=0.0)
     assert len(sizes) == 3 and min(sizes) >= 1 and sum(sizes) == 9
     bounds = np.cumsum((0,) + sizes)
     worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
@@ -128,9 +129,9 @@ def test_cut_makes_the_largest_stage_as_small_as_it_can_be(seed):
 def test_cut_prefers_fewer_bytes_among_near_balanced_cuts():
     costs = [1.0] * 6
     cross = [5, 5, 9, 1, 5]  # bytes crossing a cut after each op
-    assert graphcut.solve_cut(costs, 2, cross, slack=0.0) == (3, 3)
-    assert graphcut.solve_cut(costs, 2, cross, slack=0.4) == (4, 2)
-    assert graphcut.solve_cut(costs, 2, None, slack=0.4) == (3, 3)
+    assert solve(costs, 2, cross, slack=0.0) == (3, 3)
+    assert solve(costs, 2, cross, slack=0.4) == (4, 2)
+    assert solve(costs, 2, None, slack=0.4) == (3, 3)
 
 
 def test_resnet18_cut_is_the_same_every_time_and_balanced_by_parameters():
@@ -151,7 +152,7 @@ def test_resnet18_cut_is_the_same_every_time_and_balanced_by_parameters():
                for a, b, c in itertools.combinations(range(1, len(costs)), 3))
     assert best <= largest(first.balance) <= 1.1 * best
     # among the near-balanced cuts it took one crossing no more bytes than the tightest
-    tight = graphcut.solve_cut(costs, 4, slack=0.0)
+    tight = solve(costs, 4, slack=0.0)
     stage_of = [s for s, n in enumerate(tight) for _ in range(n)]
     tight_bytes = graphcut.crossing_bytes(first.cut.graph, stage_of,
                                           first.cut.activation_bytes)
@@ -169,8 +170,10 @@ def test_balance_by_time_measures_every_op(make, sample, num_ops):
 
 
 @pytest.mark.parametrize('kwargs, error, message', [
-    (dict(balance=[2, 2]), BalanceError, 'balance: expected 2 positive op counts (one per '
-                                         'device) summing to the 5 ops of the graph, found (2, 2)'),
+    (dict(balance=[2, 2]), BalanceError, 'balance: expected ops per stage summing to the 5 ops, '
+                                         'found (2, 2) (sum 4)'),
+    (dict(balance=[4, 0, 1]), BalanceError, 'balance: expected one entry per device (devices: 2), '
+                                            'found 3 entries (4, 0, 1)'),
     (dict(balance='fast'), BalanceError, "balance: expected None, 'time' or a list of ops"),
     (dict(tied={'nothing': 1}), BalanceError, "tied: expected parameter names of the network, "
                                               "found 'nothing'"),

@@ -50,6 +50,10 @@ def test_gluon_caches_parameter_variables_with_their_first_attributes():
     with mx.AttrScope(ctx_group='stage1'):
         again = dense(mx.sym.var('x'))
     assert _groups(again)['d_weight'] == 'stage0'
+    compat.reset_variables(dense)  # the workaround: a fresh variable takes the scope in force
+    with mx.AttrScope(ctx_group='stage1'):
+        fresh = dense(mx.sym.var('x'))
+    assert _groups(fresh)['d_weight'] == 'stage1'
 
 
 def _net_on_three_devices():

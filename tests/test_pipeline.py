@@ -38,7 +38,7 @@ def test_every_op_variable_and_auxiliary_state_carries_its_stage(blocks, devices
     pipe = Pipeline(blocks(), devices)
     groups = _groups(pipe.training_symbol(loss))
     assert all(g is not None for g in groups.values()), groups
-    for block, stage in zip(pipe.blocks, pipe.plan.stage_of_block):
+    for block, stage in zip(pipe.blocks, pipe.plan.stage_of_layer):
         for param in block.collect_params().values():
             assert groups[param.name] == stage_name(stage), param.name
     assert groups['data'] == 'stage0'

@@ -287,6 +287,24 @@ def test_generic_code_does_not_know_the_bundled_tasks():
             assert word not in code, '%s mentions %s' % (path, word)
 
 
+@pytest.mark.parametrize('field, value', [('lr', 0.0), ('lr', 1e-31), ('lr', 2e6), ('lr', True),
+                                          ('momentum', 1.0), ('momentum', -0.1),
+                                          ('batch_size', 0), ('batch_size', 2.0)])
+def test_a_task_and_a_flag_refuse_the_same_values_in_the_same_words(field, value):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from mxnet.gluon import nn  # pylint: disable=import-outside-toplevel
+    from mp_symbolic import Task  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.config import TrainConfig  # pylint: disable=import-outside-toplevel
+    X, y = np.zeros((4, 2), np.float32), np.zeros(4, np.float32)
+    with pytest.raises(ValueError) as by_task:
+        Task(name='t', blocks=[nn.Dense(1)], train=(X, y), loss='l2', **{field: value})
+    with pytest.raises(ValueError) as by_flag:
+        TrainConfig(**{field: value})
+    expected = str(by_flag.value).split(', found')[0]
+    assert expected.startswith(field + ': expected ')
+    assert str(by_task.value).split(', found')[0] == expected
+
+
 def test_the_graph_vocabulary_has_one_home():
     """The names the library writes into a graph (the ctx_group attribute, the
     tied identity's suffix, the shard mark, chunk copies, input and label

@@ -51,7 +51,7 @@ def test_every_array_gradient_and_statistic_sits_on_its_stage_device(
     stepper, pipe, _ = _stepper(data, variant, api, devices, task)
     placement = {name: (ctx, grad_ctx) for name, ctx, grad_ctx in stepper.placement()}
     checked = 0
-    for block, stage in zip(pipe.blocks, pipe.plan.stage_of_block):
+    for block, stage in zip(pipe.blocks, pipe.plan.stage_of_layer):
         for param in block.collect_params().values():
             ctx, grad_ctx = placement[param.name]
             assert ctx == pipe.plan.devices[stage], param.name
@@ -61,7 +61,7 @@ def test_every_array_gradient_and_statistic_sits_on_its_stage_device(
     assert checked == len(placement) - (0 if variant == 'imperative' else 2)
     if task == 'digits':
         assert placement['bn1_running_var'][0] == pipe.plan.devices[
-            pipe.plan.stage_of_block[5]]
+            pipe.plan.stage_of_layer[5]]
     if variant == 'symbolic':
         label = 'label' if task == 'regression' else 'softmax_label'
         assert placement['data'][0] == pipe.plan.first_device

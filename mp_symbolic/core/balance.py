@@ -18,6 +18,9 @@ import time
 import mxnet as mx
 import numpy as np
 
+from .checks import is_int
+from .compat import reset_variables
+
 __all__ = []
 
 
@@ -25,77 +28,121 @@ class BalanceError(ValueError):
     """A ``balance`` that cannot split the blocks over the devices."""
 
 
-def check_balance(balance, num_blocks, num_stages):
-    """Validates a user's blocks-per-stage list.
+def check_balance(balance, num_items, num_stages, unit='blocks'):
+    """Validates a user's list of blocks (or ops) per stage.
+
+    Args:
+        num_items: Blocks of the list (ops of the graph, ``unit='ops'``).
+        unit: What ``balance`` counts, for the messages.
 
     Returns:
         ``balance`` as a tuple of ints.
 
     Raises:
         BalanceError: not one positive integer per device, or not summing to
-            the number of blocks.
+            the number of blocks (ops).
     """
     try:
         balance = tuple(balance)
     except TypeError:
-        raise BalanceError("balance: expected None, 'time' or a list of blocks per stage, "
-                           'found %r' % (balance,)) from None
-    if not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in balance):
-        raise BalanceError('balance: expected integers (blocks per stage), found %r'
-                           % (balance,))
+        raise BalanceError("balance: expected None, 'time' or a list of %s per stage, "
+                           'found %r' % (unit, balance)) from None
+    if not all(is_int(b) for b in balance):
+        raise BalanceError('balance: expected integers (%s per stage), found %r'
+                           % (unit, balance))
     if len(balance) != num_stages:
         raise BalanceError('balance: expected one entry per device (devices: %d), found %d '
                            'entries %r' % (num_stages, len(balance), balance))
     if min(balance) < 1:
-        raise BalanceError('balance: expected at least one block per stage, found %r'
-                           % (balance,))
-    if sum(balance) != num_blocks:
-        raise BalanceError('balance: expected blocks per stage summing to the %d blocks, '
-                           'found %r (sum %d)' % (num_blocks, balance, sum(balance)))
+        raise BalanceError('balance: expected at least one %s per stage, found %r'
+                           % (unit[:-1], balance))
+    if sum(balance) != num_items:
+        raise BalanceError('balance: expected %s per stage summing to the %d %s, '
+                           'found %r (sum %d)' % (unit, num_items, unit, balance, sum(balance)))
     return tuple(int(b) for b in balance)
 
 
-def solve(costs, num_stages):
-    """Blocks per stage minimising the largest stage cost.
+def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
+    """Blocks (or ops) per stage: contiguous, each stage at least one.
 
-    Contiguous stages, each non-empty. Ties are broken by the smaller sum of
-    squared stage costs (the more even split), then by the earlier cut.
+    First the largest stage cost ``B`` as small as it can be; then, among the
+    splits whose every stage costs at most ``B * (1 + slack)``, the fewest
+    bytes crossing (summed over the boundaries); then the smaller sum of
+    squared stage costs (the more even split); then the earlier cut.
+    Deterministic. The one solver of the library: block lists (``slack=0``,
+    nothing crossing) and cut graphs alike.
 
     Args:
-        costs: Non-negative cost of each block, in order.
-        num_stages: Stages to make (``1 <= num_stages <= len(costs)``).
+        costs: Non-negative cost of each block (op), in order.
+        num_stages: Stages to make.
+        cross: Bytes crossing a cut after each position (``None``: balance only).
+        slack: How far above the best largest stage a split may go to cross
+            fewer bytes.
+        unit: What the costs are of, for the message.
 
     Returns:
         A tuple of ``num_stages`` positive ints summing to ``len(costs)``.
 
     Raises:
-        BalanceError: more stages than blocks, or fewer than one.
+        BalanceError: more stages than blocks (ops), or fewer than one.
     """
     n = len(costs)
     if not 1 <= num_stages <= n:
-        raise BalanceError('too many devices for the blocks (devices: %d, blocks: %d); '
-                           'expected at most one device per block' % (num_stages, n))
+        raise BalanceError('too many devices for the %s (devices: %d, %s: %d); expected at '
+                           'most one device per %s' % (_whole(unit), num_stages, unit, n,
+                                                       unit[:-1]))
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
-    inf = (float('inf'), float('inf'))
-    # best[k][i]: (max, sum of squares) of the best split of blocks[:i] into k stages
-    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
-    best[0][0] = (0.0, 0.0)
+    # bottleneck[k][i]: smallest largest stage over splits of items[:i] into k stages
+    inf = np.inf
+    bottleneck = np.full((num_stages + 1, n + 1), inf)
+    bottleneck[0][0] = 0.0
     for k in range(1, num_stages + 1):
         for i in range(k, n - (num_stages - k) + 1):
-            for j in range(k - 1, i):
-                if best[k - 1][j] == inf:
-                    continue
-                c = prefix[i] - prefix[j]
-                cand = (max(best[k - 1][j][0], c), best[k - 1][j][1] + c * c)
-                if cand < best[k][i]:
-                    best[k][i], cut[k][i] = cand, j
+            j = np.arange(k - 1, i)
+            bottleneck[k][i] = np.min(np.maximum(bottleneck[k - 1][j], prefix[i] - prefix[j]))
+    best = bottleneck[num_stages][n]
+    cap = best * (1.0 + slack) + 1e-9 * max(1.0, abs(best))
+    cross = np.zeros(n) if cross is None else np.asarray(cross, dtype=np.float64)
+    # ties are judged relative to the costs' scale, so that float noise stays out of them
+    scale = max(float(prefix[-1]) ** 2, 1e-300)
+    # (bytes, sum of squares) of the best split of items[:i] into k stages within cap
+    size = np.full((num_stages + 1, n + 1), inf)
+    squares = np.full((num_stages + 1, n + 1), inf)
+    cut = np.zeros((num_stages + 1, n + 1), dtype=np.int64)
+    size[0][0] = squares[0][0] = 0.0
+    for k in range(1, num_stages + 1):
+        for i in range(k, n - (num_stages - k) + 1):
+            j = np.arange(k - 1, i)
+            stage = prefix[i] - prefix[j]
+            ok = (stage <= cap) & np.isfinite(size[k - 1][j])
+            if not ok.any():
+                continue
+            # a cut before items[j] (j > 0) makes cross[j - 1] bytes cross
+            b = size[k - 1][j] + np.where(j > 0, cross[np.maximum(j - 1, 0)], 0.0)
+            q = squares[k - 1][j] + stage * stage
+            b, q = np.where(ok, b, inf), np.where(ok, q, inf)
+            # lexicographic (bytes, squares, j)
+            pick = np.lexsort((j, np.round(q / scale, 9), np.round(b, 3)))[0]
+            size[k][i], squares[k][i], cut[k][i] = b[pick], q[pick], j[pick]
+    assert np.isfinite(size[num_stages][n])  # the bottleneck split itself is within cap
     sizes, i = [], n
     for k in range(num_stages, 0, -1):
-        j = cut[k][i]
+        j = int(cut[k][i])
         sizes.append(i - j)
         i = j
     return tuple(reversed(sizes))
+
+
+def _whole(unit):
+    return 'graph' if unit == 'ops' else unit
+
+
+def even_split(total, parts):
+    """Sizes of ``parts`` contiguous parts of ``total``, as even as counts
+    allow, the first ones larger by one where it does not divide:
+    ``even_split(7, 3) == [3, 2, 2]`` (layers over stages, units over shards)."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def stage_of_block(balance):
@@ -139,11 +186,9 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
     rng = np.random.default_rng(seed)
     shape, times = tuple(sample_shape), []
     for block in blocks:
-        for param in block.collect_params().values():
-            param._var = None  # pylint: disable=protected-access
+        reset_variables(block)
         out = block(mx.sym.var('x'))
-        for param in block.collect_params().values():
-            param._var = None  # pylint: disable=protected-access
+        reset_variables(block)
         exe = out.simple_bind(ctx, grad_req='write', x=shape)
         times.append(time_forward_backward(exe, ctx, rng, repeats))
         shape = exe.outputs[0].shape

@@ -155,6 +155,19 @@ def split_bind_environ(devices):
     return env
 
 
+def reset_variables(block):
+    """Forgets the Symbol variables Gluon cached for ``block``'s parameters.
+
+    Gluon makes a parameter's variable once, with the ``mx.AttrScope``
+    attributes in force then (``Parameter.var()`` caches it in ``_var``), and
+    reuses it in every later trace: a second build of the graph (another
+    plan, another stage, the unsplit form) would keep the first build's
+    ``ctx_group``. Every trace the library makes is wrapped in this reset.
+    """
+    for param in block.collect_params().values():
+        param._var = None  # pylint: disable=protected-access
+
+
 def gradient_only_kvstore():
     """Around ``Module.init_optimizer``: the kvstore sums gradients only.
 

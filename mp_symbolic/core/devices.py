@@ -21,6 +21,8 @@ import re
 
 import mxnet as mx
 
+from .balance import even_split, stage_of_block
+from .checks import positive_int
 from .names import shard_group, stage_name  # pylint: disable=unused-import  (their home is names)
 
 __all__ = []
@@ -182,11 +184,7 @@ def partition(num_blocks, num_stages):
         raise DeviceSpecError('too many devices for the layers (devices: %d, layers: %d); '
                               'expected at most one device per layer'
                               % (num_stages, num_blocks))
-    base, extra = divmod(num_blocks, num_stages)
-    stages = []
-    for stage in range(num_stages):
-        stages += [stage] * (base + (1 if stage < extra else 0))
-    return tuple(stages)
+    return stage_of_block(even_split(num_blocks, num_stages))
 
 
 @dataclass(frozen=True)
@@ -238,10 +236,6 @@ class DevicePlan:
         return len(self.replica_devices)
 
     @property
-    def stage_of_block(self):
-        return self.stage_of_layer
-
-    @property
     def balance(self):
         """Blocks per stage (torchgpipe's ``balance``)."""
         return tuple(self.stage_of_layer.count(s) for s in range(self.num_stages))
@@ -290,20 +284,6 @@ class DevicePlan:
     def last_device(self):
         return self.devices[-1]
 
-    def describe(self, names=None):
-        """One line per stage: ``stage0 -> cpu(0): layer 0`` (or the block names)."""
-        lines = []
-        for s, d in enumerate(self.devices):
-            blocks = [i for i, st in enumerate(self.stage_of_layer) if st == s]
-            where = self.stage_label(s)
-            if names is None:
-                what = 'layer%s %s' % ('s' if len(blocks) > 1 else '',
-                                       ', '.join(str(i) for i in blocks))
-            else:
-                what = ', '.join(names[i] for i in blocks)
-            lines.append('%s -> %s: %s' % (stage_name(s), where, what))
-        return lines
-
 
 def resolve_devices(devices, num_gpus=None):
     """A ``--devices`` string or a list of contexts -> a checked list of contexts."""
@@ -328,8 +308,7 @@ def split_replicas(devices, replicas):
         DeviceSpecError: ``replicas`` is not a positive integer dividing the
             number of devices.
     """
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-        raise DeviceSpecError('replicas: expected a positive integer, found %r' % (replicas,))
+    positive_int('replicas', replicas, DeviceSpecError)
     if len(devices) % replicas:
         raise DeviceSpecError('expected a device count that is a multiple of the replicas '
                               '(R x K devices, listed replica by replica), found %d devices for '

@@ -16,20 +16,11 @@ import json
 import mxnet as mx
 
 from . import graphcut, tensor_parallel
-from .compat import error_line, segment_boundaries
+from .compat import error_line, reset_variables, segment_boundaries
 from .names import (CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR,
                     chunk_name, shard_group, stage_name)
 
 __all__ = []
-
-
-def reset_variables(pipe):
-    """Forgets the variables Gluon cached for ``pipe``'s parameters."""
-    # Gluon caches each parameter's variable with the attributes in force
-    # when it was first made: a second build (another plan) would keep the
-    # first plan's ctx_group.
-    for param in pipe.collect_params().values():
-        param._var = None  # pylint: disable=protected-access
 
 
 def build(pipe, data, chunks):

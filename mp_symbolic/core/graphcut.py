@@ -10,9 +10,9 @@ layers:
   it is the first to read; its measured forward + backward time);
 * :func:`entry_bytes`, :func:`crossing_bytes`: the activation bytes a cut
   makes cross each boundary (from shape inference on a sample);
-* :func:`solve_cut`: one contiguous range of ops per stage, the largest stage
-  as small as it can be, and among cuts near that the one with the fewest
-  bytes crossing; deterministic;
+* one contiguous range of ops per stage, the largest stage as small as it can
+  be, and among cuts near that the one with the fewest bytes crossing
+  (:func:`mp_symbolic.core.balance.solve`, the solver of block lists too);
 * :func:`label`: every op, parameter variable and auxiliary state given its
   stage's ``ctx_group``; a parameter read by ops of several stages lives in
   its owner's stage and the others read it through one ``identity`` op there
@@ -32,19 +32,20 @@ import json
 import mxnet as mx
 import numpy as np
 
-from .balance import time_forward_backward
+from .balance import BalanceError, check_balance, solve, time_forward_backward
+from .checks import tied_owners
 from .compat import SEGMENT_BOUNDARY_OP, SEGMENT_BOUNDARY_PREFIX
 from .names import (CHUNK_JOIN, CHUNK_SPLIT, GROUP_ATTR, IDENTITY_OP, MIRROR_ATTR, chunk_name,
                     stage_name, tied_name)
 
 __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
-           'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'solve_cut', 'label',
+           'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'label',
            'tie_parameters', 'replicate_chunks', 'unique_names', 'run_graph', 'load',
            'GROUP_ATTR']
 
 
 
-class CutError(ValueError):
+class CutError(BalanceError):
     """A graph that cannot be cut as asked (too few ops, a bad balance, ...)."""
 
 
@@ -220,72 +221,6 @@ def crossing_bytes(graph, stage_of_op, nbytes):
     per_cut = cut_bytes(graph, nbytes)
     bounds = [p for p in range(len(stage_of_op) - 1) if stage_of_op[p] != stage_of_op[p + 1]]
     return [int(per_cut[p]) for p in bounds]
-
-
-def solve_cut(costs, num_stages, cross=None, slack=0.1):
-    """Ops per stage: contiguous, each stage at least one op.
-
-    First the largest stage cost ``B`` as small as it can be; then, among the
-    cuts whose every stage costs at most ``B * (1 + slack)``, the fewest bytes
-    crossing (summed over the boundaries); then the smaller sum of squared
-    stage costs; then the earlier cut. Deterministic.
-
-    Args:
-        costs: Non-negative cost of each op, in order.
-        num_stages: Stages to make.
-        cross: Bytes crossing a cut after each position (:func:`cut_bytes`);
-            ``None``: balance only.
-        slack: How far above the best largest stage a cut may go to cross
-            fewer bytes.
-
-    Returns:
-        A tuple of ``num_stages`` positive ints summing to ``len(costs)``.
-
-    Raises:
-        CutError: more stages than ops, or fewer than one.
-    """
-    n = len(costs)
-    if not 1 <= num_stages <= n:
-        raise CutError('too many devices for the graph (devices: %d, ops: %d); expected at most '
-                       'one device per op' % (num_stages, n))
-    prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
-    # bottleneck[k][i]: smallest largest stage over splits of ops[:i] into k stages
-    inf = np.inf
-    bottleneck = np.full((num_stages + 1, n + 1), inf)
-    bottleneck[0][0] = 0.0
-    for k in range(1, num_stages + 1):
-        for i in range(k, n - (num_stages - k) + 1):
-            j = np.arange(k - 1, i)
-            bottleneck[k][i] = np.min(np.maximum(bottleneck[k - 1][j], prefix[i] - prefix[j]))
-    best = bottleneck[num_stages][n]
-    cap = best * (1.0 + slack) + 1e-9 * max(1.0, abs(best))
-    cross = np.zeros(n) if cross is None else np.asarray(cross, dtype=np.float64)
-    # (bytes, sum of squares) of the best split of ops[:i] into k stages within cap
-    size = np.full((num_stages + 1, n + 1), inf)
-    squares = np.full((num_stages + 1, n + 1), inf)
-    cut = np.zeros((num_stages + 1, n + 1), dtype=np.int64)
-    size[0][0] = squares[0][0] = 0.0
-    for k in range(1, num_stages + 1):
-        for i in range(k, n - (num_stages - k) + 1):
-            j = np.arange(k - 1, i)
-            stage = prefix[i] - prefix[j]
-            ok = (stage <= cap) & np.isfinite(size[k - 1][j])
-            if not ok.any():
-                continue
-            # a cut before ops[j] (j > 0) makes cross[j - 1] bytes cross
-            b = size[k - 1][j] + np.where(j > 0, cross[np.maximum(j - 1, 0)], 0.0)
-            q = squares[k - 1][j] + stage * stage
-            b, q = np.where(ok, b, inf), np.where(ok, q, inf)
-            # lexicographic (bytes, squares, j): rounding keeps float noise out of ties
-            pick = np.lexsort((j, np.round(q, 6), np.round(b, 3)))[0]
-            size[k][i], squares[k][i], cut[k][i] = b[pick], q[pick], j[pick]
-    assert np.isfinite(size[num_stages][n])  # the bottleneck split itself is within cap
-    sizes, i = [], n
-    for k in range(num_stages, 0, -1):
-        j = int(cut[k][i])
-        sizes.append(i - j)
-        i = j
-    return tuple(reversed(sizes))
 
 
 def _set_group(node, group, mirror=False):
@@ -474,7 +409,7 @@ class Cut:
         param_shapes: ``{name: shape}`` of every parameter and auxiliary state.
         owners: ``{parameter name: stage}`` chosen by the user.
         data_name: The input variable.
-        slack: See :func:`solve_cut`.
+        slack: See :func:`mp_symbolic.core.balance.solve`.
         ctx: Device to time ops on for ``balance='time'`` (default ``cpu(0)``).
 
     Attributes:
@@ -491,8 +426,8 @@ class Cut:
         costs: The cost of each op that was balanced.
 
     Raises:
-        CutError: more stages than ops, a bad ``balance`` or ``owners``, an
-            auxiliary state read by two stages.
+        BalanceError: more stages than ops, or a bad ``balance`` (``CutError``,
+            a subclass: bad ``owners``, an auxiliary state read by two stages).
     """
 
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
@@ -531,9 +466,9 @@ class Cut:
         else:
             self.costs = None
         if self.costs is None:
-            sizes = _check_sizes(balance, len(order), num_stages)
+            sizes = check_balance(balance, len(order), num_stages, unit='ops')
         else:
-            sizes = solve_cut(self.costs, num_stages, cross, slack)
+            sizes = solve(self.costs, num_stages, cross, slack, unit='ops')
         self.stage_of_op = tuple(s for s, count in enumerate(sizes) for _ in range(count))
         stage = dict(zip(order, self.stage_of_op))
         self.readers, self.owner = {}, {}
@@ -541,14 +476,7 @@ class Cut:
             name = nodes[var]['name']
             self.readers[name] = sorted({stage[i] for i in ops})
             self.owner[name] = 0 if name == data_name else stage[ops[0]]
-        for name, st in (owners or {}).items():
-            if name not in params:
-                raise CutError('tied: expected parameter names of the network, found %r'
-                               % (name,))
-            if not isinstance(st, int) or isinstance(st, bool) or not 0 <= st < num_stages:
-                raise CutError('tied: expected a stage index below %d for %s, found %r'
-                               % (num_stages, name, st))
-            self.owner[name] = st
+        self.owner.update(tied_owners(owners, params, num_stages, 'the network', CutError))
         if input_shape is not None:
             self.boundary_bytes = [b // batch for b in
                                    crossing_bytes(self.graph, self.stage_of_op,
@@ -567,28 +495,9 @@ class Cut:
     def ops_of_stage(self, stage):
         return [n for n, s in zip(self.op_names, self.stage_of_op) if s == stage]
 
-    def params_of_stage(self, stage):
-        """Variables (but the input) owned by ``stage``, in graph order."""
-        return [n['name'] for n in self.graph['nodes'] if n['op'] == 'null'
-                and n['name'] != self.data_name and self.owner.get(n['name']) == stage]
-
 
 def _known(shape):
     return shape is not None and len(shape) > 0 and all(d > 0 for d in shape)
-
-
-def _check_sizes(balance, num_ops, num_stages):
-    try:
-        sizes = tuple(balance)
-    except TypeError:
-        raise CutError("balance: expected None, 'time' or a list of ops per stage, found %r"
-                       % (balance,)) from None
-    if len(sizes) != num_stages or not all(
-            isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 1
-            for b in sizes) or sum(sizes) != num_ops:
-        raise CutError('balance: expected %d positive op counts (one per device) summing to the '
-                       '%d ops of the graph, found %r' % (num_stages, num_ops, sizes))
-    return tuple(int(b) for b in sizes)
 
 
 def run_graph(graph, inputs, device_of_group):

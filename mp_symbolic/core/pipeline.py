@@ -44,6 +44,8 @@ import numpy as np
 from . import balance as balancing
 from . import graph, graphcut, tensor_parallel, twin
 from .heads import make_head
+from .checks import positive_int, tied_owners
+from .compat import reset_variables
 from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
 from .names import (DATA_NAME, GROUP_ATTR, LABEL_NAME, SHARD_ATTR, is_tied, parse_shard_mark,
                     shard_group, stage_name)
@@ -145,8 +147,7 @@ class Pipeline(gluon.Block):
                                   'list of mx.Context, found None')
         replica_devices = split_replicas(resolve_devices(devices), replicas)
         num_stages = len(replica_devices[0])
-        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
-            raise ValueError('chunks: expected a positive integer, found %r' % (chunks,))
+        positive_int('chunks', chunks)
         self.chunks, self.replicas = chunks, replicas
         self.mirror = tuple(range(num_stages)) if mirror is True else tuple(mirror or ())
         if any(not isinstance(st, int) or not 0 <= st < num_stages for st in self.mirror):
@@ -191,10 +192,10 @@ class Pipeline(gluon.Block):
         return balancing.check_balance(balance, len(self.blocks), num_stages)
 
     def _cut_graph(self, balance, num_stages, tied):
-        self._reset_variables()
+        reset_variables(self)
         with tensor_parallel.mark_shards():
             symbol = self.blocks[0](mx.sym.var(DATA_NAME))
-        self._reset_variables()
+        reset_variables(self)
         shapes = {name: param.shape for name, param in self.collect_params().items()}
         if self._sample_shape is None and any(
                 shape is None or not all(shape) for shape in shapes.values()):
@@ -203,7 +204,7 @@ class Pipeline(gluon.Block):
         try:
             return graphcut.Cut(symbol, num_stages, balance, self._sample_shape, shapes,
                                 tied, DATA_NAME)
-        except graphcut.CutError as err:
+        except balancing.BalanceError as err:  # CutError too
             if 'too many devices' in str(err):
                 raise DeviceSpecError(str(err)) from None
             raise balancing.BalanceError(str(err)) from None
@@ -227,7 +228,7 @@ class Pipeline(gluon.Block):
                     self._owner[node['name']], shard_of[node['name']] = \
                         groups[attrs[GROUP_ATTR]]
             return shard_of
-        for block, stage in zip(self.blocks, self.plan.stage_of_block):
+        for block, stage in zip(self.blocks, self.plan.stage_of_layer):
             for layer in tensor_parallel.sharded_blocks(block):
                 try:
                     indices = layer.device_indices(widths[stage])
@@ -254,10 +255,10 @@ class Pipeline(gluon.Block):
         """The whole network traced with its tensor-parallel layers unsplit (as
         checkpoints hold it), each node in the stage its split form has: by
         name, and a layer's unsplit ops and weights in its shards' stage."""
-        self._reset_variables()
+        reset_variables(self)
         with tensor_parallel.unsplit():
             graph = json.loads(self.blocks[0](mx.sym.var(DATA_NAME)).tojson())
-        self._reset_variables()
+        reset_variables(self)
         split = self._labelled()['nodes']
         stage = {shard_group(s, i): s for s in range(self.plan.num_stages)
                  for i in range(self.plan.width(s))}
@@ -318,18 +319,10 @@ class Pipeline(gluon.Block):
                 owner.setdefault(name, 0)  # a parameter the forward pass does not use
             return owner
         owner = {}
-        for block, stage in zip(self.blocks, self.plan.stage_of_block):
+        for block, stage in zip(self.blocks, self.plan.stage_of_layer):
             for name in block.collect_params():
                 owner.setdefault(name, stage)
-        for name, stage in (tied or {}).items():
-            if name not in owner:
-                raise ValueError('tied: expected parameter names of the blocks, found %r'
-                                 % (name,))
-            if not isinstance(stage, int) or isinstance(stage, bool) or \
-                    not 0 <= stage < self.plan.num_stages:
-                raise ValueError('tied: expected a stage index below %d for %s, found %r'
-                                 % (self.plan.num_stages, name, stage))
-            owner[name] = stage
+        owner.update(tied_owners(tied, owner, self.plan.num_stages, 'the blocks'))
         return owner
 
     @property
@@ -340,7 +333,7 @@ class Pipeline(gluon.Block):
         if self.whole:
             readers = {n: list(r) for n, r in self._cut_layout()[1].items() if n != DATA_NAME}
         else:
-            for block, stage in zip(self.blocks, self.plan.stage_of_block):
+            for block, stage in zip(self.blocks, self.plan.stage_of_layer):
                 for name in block.collect_params():
                     readers.setdefault(name, [])
                     if stage not in readers[name]:
@@ -359,7 +352,7 @@ class Pipeline(gluon.Block):
         whole network)."""
         if self.whole:
             return self._cut_layout()[0]
-        return [[b for b, st in zip(self.blocks, self.plan.stage_of_block) if st == s]
+        return [[b for b, st in zip(self.blocks, self.plan.stage_of_layer) if st == s]
                 for s in range(self.plan.num_stages)]
 
     @property
@@ -420,9 +413,6 @@ class Pipeline(gluon.Block):
         return lines
 
     # -- symbolic ------------------------------------------------------------
-
-    def _reset_variables(self):
-        graph.reset_variables(self)
 
     def symbol(self, data_name=DATA_NAME):
         """The inference graph: ``data`` -> prediction, every node tagged."""

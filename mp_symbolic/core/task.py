@@ -29,6 +29,8 @@ import re
 import mxnet as mx
 import numpy as np
 
+from .checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_lr, is_momentum, \
+    is_positive_int
 from .heads import LOSSES
 from .names import LABEL_NAME
 
@@ -139,15 +141,14 @@ class Task:
                 % ', '.join(repr(l) for l in LOSSES))
         for name in ('batch_size', 'num_epochs'):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                bad(name, 'a positive integer')
+            if not is_positive_int(value):
+                bad(name, POSITIVE_EXPECTED)
         if self.optimizer not in ('sgd', 'adam'):
             bad('optimizer', "'sgd' or 'adam'")
-        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or \
-                not 0 < self.lr <= 1e6:
-            bad('lr', 'a number in (0, 1e6]')
-        if not isinstance(self.momentum, (int, float)) or not 0 <= self.momentum < 1:
-            bad('momentum', 'a number in [0, 1)')
+        if not is_lr(self.lr):
+            bad('lr', LR_EXPECTED)
+        if not is_momentum(self.momentum):
+            bad('momentum', MOMENTUM_EXPECTED)
         if self.optimizer != 'sgd' and self.momentum:
             bad('momentum', "0 with optimizer %r (momentum is an SGD setting)" % self.optimizer)
         if self.input_shape is not None:

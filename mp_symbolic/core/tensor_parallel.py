@@ -52,6 +52,8 @@ import mxnet as mx
 from mxnet import gluon
 import numpy as np
 
+from .balance import even_split
+from .checks import positive_int
 from .names import GROUP_ATTR, SHARD_ATTR, is_tied, parse_shard_mark, shard_group, shard_mark, \
     stage_name
 
@@ -145,13 +147,6 @@ def is_unsplit():
     return getattr(_LOCAL, 'unsplit', False)
 
 
-def shard_sizes(total, shards):
-    """Sizes of ``shards`` contiguous parts of ``total``, the first ones larger
-    by one where it does not divide: ``shard_sizes(7, 3) == [3, 2, 2]``."""
-    base, extra = divmod(total, shards)
-    return [base + (1 if i < extra else 0) for i in range(shards)]
-
-
 def device_index(shard, shards, width):
     """The stage device (index) that runs ``shard`` of ``shards`` in a stage
     of ``width`` devices: shard ``i`` on device ``i``, or all on the one device.
@@ -187,17 +182,12 @@ class ShardedParam:
         return [p.name for p in self.shards]
 
 
-def _positive(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError('%s: expected a positive integer, found %r' % (name, value))
-
-
 class _ShardedBlock(gluon.HybridBlock):
     """What the layers share: shards, their groups and their devices."""
 
     def __init__(self, shards, prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
-        _positive('shards', shards)
+        positive_int('shards', shards)
         self.shards = shards
         self.sharded = OrderedDict()   # unsplit name -> ShardedParam
         self._shard_params = [OrderedDict() for _ in range(shards)]  # per shard: key -> Parameter
@@ -210,15 +200,15 @@ class _ShardedBlock(gluon.HybridBlock):
             ValueError: a size is not a positive integer, or there are more
                 shards than the split dimension has rows.
         """
-        _positive('units', units)
-        _positive('in_units', in_units)
+        positive_int('units', units)
+        positive_int('in_units', in_units)
         size = units if split == 'units' else in_units
         if self.shards > size:
             raise ValueError('shards: expected at most %s (%d) shards, found %d'
                              % (split, size, self.shards))
         self._units, self._in_units, self._flatten = units, in_units, flatten
         self._use_bias, self._act = use_bias, activation
-        return shard_sizes(size, self.shards)
+        return even_split(size, self.shards)
 
     def _add_param(self, key, shape, axis, sizes=None, **kwargs):
         """Registers parameter ``key`` of the unsplit ``shape``: split along
@@ -434,11 +424,11 @@ class PerShard(_ShardedBlock):
 
     def __init__(self, fn, units, shards, flatten=False, prefix=None, params=None):
         super().__init__(shards, prefix=prefix, params=params)
-        _positive('units', units)
+        positive_int('units', units)
         if not callable(fn):
             raise ValueError('fn: expected a function fn(F, x) -> y, found %r' % (fn,))
         self._fn, self._units, self._flatten = fn, units, flatten
-        self.sizes = shard_sizes(units, shards)
+        self.sizes = even_split(units, shards)
         self._starts = np.cumsum([0] + self.sizes).tolist()
 
     def forward(self, x, *more):  # pylint: disable=arguments-differ
@@ -568,13 +558,13 @@ class VocabParallelEmbedding(_ShardedBlock):
     def __init__(self, input_dim, output_dim, shards, dtype='float32', weight_initializer=None,
                  prefix=None, params=None):
         super().__init__(shards, prefix=prefix, params=params)
-        _positive('input_dim', input_dim)
-        _positive('output_dim', output_dim)
+        positive_int('input_dim', input_dim)
+        positive_int('output_dim', output_dim)
         if shards > input_dim:
             raise ValueError('shards: expected at most input_dim (%d) shards, found %d'
                              % (input_dim, shards))
         self._input_dim, self._output_dim, self._dtype = input_dim, output_dim, dtype
-        self.sizes = shard_sizes(input_dim, shards)
+        self.sizes = even_split(input_dim, shards)
         self._starts = np.cumsum([0] + self.sizes).tolist()
         with self.name_scope():
             self._add_param('weight', (input_dim, output_dim), 0, self.sizes,

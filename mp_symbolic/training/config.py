@@ -7,6 +7,8 @@ only: the command line builds one before loading MXNet.
 """
 from dataclasses import dataclass, fields, replace
 
+from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
+    is_momentum, is_positive_int
 from .tasks import DEFAULT_TASK
 
 __all__ = []
@@ -93,17 +95,15 @@ class TrainConfig:
             bad('optimizer', ' or '.join(OPTIMIZERS))
         for name in ('batch_size', 'num_epochs', 'chunks', 'replicas', 'checkpoint_every'):
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < 1):
-                bad(name, 'a positive integer')
+            if value is not None and not is_positive_int(value):
+                bad(name, POSITIVE_EXPECTED)
         if self.num_epochs is not None and self.num_epochs > MAX_EPOCHS:
             bad('num_epochs', 'at most %d' % MAX_EPOCHS)
-        if self.lr is not None and not (isinstance(self.lr, (int, float))
-                                        and 1e-30 <= self.lr <= 1e6):
-            bad('lr', 'a number in [1e-30, 1e6]')
-        if self.momentum is not None and not (isinstance(self.momentum, (int, float))
-                                              and 0 <= self.momentum < 1):
-            bad('momentum', 'a number in [0, 1)')
-        if not _is_int(self.seed) or not 0 <= self.seed < 2 ** 32:
+        if self.lr is not None and not is_lr(self.lr):
+            bad('lr', LR_EXPECTED)
+        if self.momentum is not None and not is_momentum(self.momentum):
+            bad('momentum', MOMENTUM_EXPECTED)
+        if not is_int(self.seed) or not 0 <= self.seed < 2 ** 32:
             bad('seed', 'an integer in [0, 2**32) (MXNet seeds with 32 bits)')
         if self.kvstore is not None and self.kvstore not in KVSTORES:
             bad('kvstore', ' or '.join(KVSTORES))
@@ -270,7 +270,3 @@ def _utf8(text):
         return True
     except UnicodeEncodeError:
         return False
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -284,7 +284,7 @@ def _summary(cfg, task, pipe, result, complete):
         'config': cfg.to_dict(), 'task': task.name, 'description': task.description,
         'stages': pipe.stage_names,
         'devices': [format_device(d) for d in pipe.plan.all_devices],
-        'balance': list(pipe.balance), 'stage_of_layer': list(pipe.plan.stage_of_block),
+        'balance': list(pipe.balance), 'stage_of_layer': list(pipe.plan.stage_of_layer),
         'epoch_losses': result['epoch_losses'], 'mxnet_version': mx.__version__,
         'complete': complete,
     }

@@ -1,0 +1,70 @@
+"""The value checks every boundary shares: one positive-integer check, one
+set of ranges for the training settings a task and a flag both give.
+
+Each check raises with the project's one grammar, ``field: expected X,
+found Y``, so that a value is refused in the same words wherever it enters
+(``Pipeline``, ``Task``, ``TrainConfig``, the layers, the command line).
+"""
+__all__ = []
+
+# A learning rate: below 1e-30 a float32 update is lost in rounding; above 1e6
+# nothing trains. Task and TrainConfig share it.
+LR_RANGE = (1e-30, 1e6)
+LR_EXPECTED = 'a number in [1e-30, 1e6]'
+MOMENTUM_EXPECTED = 'a number in [0, 1)'
+POSITIVE_EXPECTED = 'a positive integer'
+
+
+def is_int(value):
+    """Whether ``value`` is an integer (a ``bool`` is not one; numpy's are)."""
+    return isinstance(value, int) and not isinstance(value, bool) or \
+        type(value).__module__ == 'numpy' and type(value).__name__.startswith(('int', 'uint'))
+
+
+def is_positive_int(value):
+    """Whether ``value`` is an integer of at least 1."""
+    return is_int(value) and value >= 1
+
+
+def positive_int(field, value, error=ValueError):
+    """``value`` as an ``int``.
+
+    Raises:
+        error: ``value`` is not an integer of at least 1.
+    """
+    if not is_positive_int(value):
+        raise error('%s: expected %s, found %r' % (field, POSITIVE_EXPECTED, value))
+    return int(value)
+
+
+def is_lr(value):
+    """Whether ``value`` is a learning rate in :data:`LR_RANGE`."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        LR_RANGE[0] <= value <= LR_RANGE[1]
+
+
+def is_momentum(value):
+    """Whether ``value`` is an SGD momentum, in ``[0, 1)``."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1
+
+
+def tied_owners(tied, names, num_stages, what, error=ValueError):
+    """``tied`` (``{parameter name: stage}``, or ``None``) checked: every key a
+    parameter of ``names``, every value a stage index.
+
+    Args:
+        what: What the names are the parameters of (``'the blocks'``,
+            ``'the network'``), for the message.
+
+    Raises:
+        error: a name that is not a parameter, or a stage out of range.
+    """
+    owners = {}
+    for name, stage in (tied or {}).items():
+        if name not in names:
+            raise error('tied: expected parameter names of %s, found %r' % (what, name))
+        if not is_int(stage) or not 0 <= stage < num_stages:
+            raise error('tied: expected a stage index below %d for %s, found %r'
+                        % (num_stages, name, stage))
+        owners[name] = int(stage)
+    return owners
