@@ -125,7 +125,7 @@ def _training_until(out, epoch):
     printed epoch ``epoch``'s line."""
     proc = subprocess.Popen([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
                              '--epochs', '400', '--num-examples', '2000', '--out', str(out),
-                             '--devices', THREE_DEVICES], stdout=subprocess.PIPE,
+                             '--devices', THREE_DEVICES, '--no-memory'], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith('epoch %d/' % epoch):
@@ -162,7 +162,7 @@ def test_a_path_the_terminal_cannot_show_is_printed_escaped(tmp_path):
     out = tmp_path / 'r\u00e9sultat'
     done = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
                            '--epochs', '1', '--num-examples', '500', '--out', str(out),
-                           '--devices', THREE_DEVICES], capture_output=True,
+                           '--devices', THREE_DEVICES, '--no-memory'], capture_output=True,
                           env=dict(os.environ, PYTHONIOENCODING='ascii'), timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr

@@ -16,7 +16,7 @@ from mp_symbolic.training.loop import train
 from conftest import make_config
 
 TRAIN = ['train', '--epochs', '2', '--num-examples', '1000', '--devices', 'cpu:0,cpu:1',
-         '--optimizer', 'adam', '--lr', '0.05', '--no-progress']
+         '--optimizer', 'adam', '--lr', '0.05', '--no-progress', '--no-memory']
 
 
 def test_two_workers_end_with_the_same_parameters_as_one_process(tmp_path):

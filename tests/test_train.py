@@ -277,7 +277,7 @@ def test_batchnorm_with_micro_batches_trains_from_the_command_line_with_a_quiet_
     storage fallback blocks oneDNN off used to cause) would show."""
     out = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--task', 'digits',
                           '--chunks', '4', '--epochs', '6', '--no-progress', '--devices',
-                          THREE_DEVICES, '--out', str(tmp_path)],
+                          THREE_DEVICES, '--out', str(tmp_path), '--no-memory'],
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     assert 'Storage type fallback' not in out.stderr, out.stderr[:2000]
@@ -291,7 +291,7 @@ def test_cli_train_profiles_and_commits(tmp_path, capsys):
     """The CLI end to end: exit 0, a Chrome trace whose rows include the stage
     devices, and a committed snapshot."""
     assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '500',
-                 '--devices', THREE_DEVICES, '--out', str(tmp_path), '--profile']) == 0
+                 '--devices', THREE_DEVICES, '--out', str(tmp_path), '--profile', '--no-memory']) == 0
     out = capsys.readouterr().out
     assert 'full-data MSE: ' in out
     assert {'profile-stats.txt', 'profile.json', 'current'} <= set(os.listdir(tmp_path))
@@ -309,7 +309,7 @@ def test_divergence_stops_within_its_epoch_and_writes_no_profile(tmp_path):
     own: MXNet's profiler cannot start again in a process that dumped once.)"""
     out = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
                           '--epochs', '20', '--num-examples', '2000', '--lr', '100',
-                          '--devices', THREE_DEVICES, '--out', str(tmp_path), '--profile'],
+                          '--devices', THREE_DEVICES, '--out', str(tmp_path), '--profile', '--no-memory'],
                          capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 1, out.stderr
     err = out.stderr.strip().splitlines()
@@ -333,7 +333,7 @@ def test_divergence_in_a_later_epoch_keeps_the_last_committed_checkpoint(tmp_pat
         return loss * float('nan') if len(calls) == 2 * 40 + 3 else loss
     monkeypatch.setattr(symbolic.ModuleStepper, 'step', poisoned)
     assert main(['train', '--no-progress', '--epochs', '6', '--num-examples', '4000',
-                 '--devices', THREE_DEVICES, '--out', str(tmp_path)]) == 1
+                 '--devices', THREE_DEVICES, '--out', str(tmp_path), '--no-memory']) == 1
     err = capsys.readouterr().err
     assert 'error: training diverged: batch loss nan at epoch 3, step 3' in err
     # 40 steps per epoch: stopped within two check blocks of the bad step
@@ -344,7 +344,7 @@ def test_divergence_in_a_later_epoch_keeps_the_last_committed_checkpoint(tmp_pat
 
 def test_a_run_that_does_not_learn_exits_1_and_commits_no_final_checkpoint(tmp_path, capsys):
     assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '500',
-                 '--lr', '1e-30', '--devices', THREE_DEVICES, '--out', str(tmp_path)]) == 1
+                 '--lr', '1e-30', '--devices', THREE_DEVICES, '--out', str(tmp_path), '--no-memory']) == 1
     err = capsys.readouterr().err
     assert 'error: training did not improve the model' in err
     assert not (tmp_path / 'current').exists()
