@@ -1,15 +1,21 @@
 """The micro-batched K-stage MLP of the pipeline benchmark, bound and stepped.
 
-:func:`build_chunked_symbol` builds, with plain ``mx.sym``, the graph
-``mp_symbolic.Pipeline(blocks, devices, chunks=M)`` builds: the one place to
-swap it in. :func:`bind` binds a training symbol the way the benchmark
-measures it, and :class:`StepLoop` runs training steps on the executor.
+:func:`build_chunked_symbol` is the training graph that
+``mp_symbolic.Pipeline(blocks, devices, chunks=M)`` builds (the library
+builds it: its micro-batches, their boundary copies and the join).
+:func:`bind` binds a training symbol the way the benchmark measures it, and
+:class:`StepLoop` runs training steps on the executor.
 """
+import json
 
 import mxnet as mx
+from mxnet.gluon import nn
 import numpy as np
 
+from mp_symbolic import Pipeline
 from mp_symbolic.core.compat import split_bind
+from mp_symbolic.core.graphcut import load
+from mp_symbolic.core.names import CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR, LABEL_NAME, stage_name
 from mp_symbolic.core.scoped import environ
 
 __all__ = ['LR', 'stage_devices', 'build_chunked_symbol', 'bind', 'StepLoop']
@@ -19,7 +25,7 @@ LR = 1e-4  # SGD step of StepLoop
 
 def stage_devices(num_stages):
     """``{'stage<s>': mx.cpu(s)}``: the one place stages meet devices here."""
-    return {'stage%d' % s: mx.cpu(s) for s in range(num_stages)}
+    return {stage_name(s): mx.cpu(s) for s in range(num_stages)}
 
 
 def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
@@ -27,16 +33,17 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
     """The K-stage MLP with its batch split into M micro-batches, as a training symbol.
 
     ``data`` (batch, num_hiddens) is split on stage 0; each chunk runs through
-    every stage's ``FullyConnected`` + ``relu`` with the stage's shared
-    weights; the chunks are concatenated on the last stage and fed to a
-    ``SoftmaxOutput`` over ``num_hiddens`` classes (label ``softmax_label``,
-    (batch,)). Every op and variable carries ``ctx_group='stage<s>'``. This
-    is the graph ``mp_symbolic.Pipeline(blocks, devices, chunks=M)`` builds.
+    every stage's ``Dense(num_hiddens, activation='relu')`` layers with the
+    stage's shared weights (``s<stage>[_<layer>]_weight``); the chunks are
+    joined on the last stage and fed to a ``SoftmaxOutput`` over
+    ``num_hiddens`` classes (label ``softmax_label``, (batch,)). It is the
+    graph ``mp_symbolic.Pipeline(blocks, devices, chunks=M).training_symbol('softmax')``
+    builds, because the Pipeline builds it.
 
     Args:
         mirror_stages: Stages whose ops get ``__force_mirroring__='True'``:
             the backward pass recomputes their outputs instead of keeping them.
-        layers_per_stage: ``FullyConnected`` + ``relu`` pairs per stage.
+        layers_per_stage: ``Dense`` + ``relu`` layers per stage.
         order_forward: Make chunk m's first op wait for chunk m - 1's stage-0
             output (through ``0 * BlockGrad(sum(.))``, no gradient): the
             engine then queues the copy of chunk m - 1 to stage 1 before
@@ -48,47 +55,68 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
     if num_stages < 1 or num_chunks < 1:
         raise ValueError('expected num_stages >= 1 and num_chunks >= 1, found %d and %d'
                          % (num_stages, num_chunks))
+    blocks = [nn.Dense(num_hiddens, activation='relu', in_units=num_hiddens,
+                       prefix='s%d%s_' % (s, _layer(i)))
+              for s in range(num_stages) for i in range(layers_per_stage)]
+    pipe = Pipeline(blocks, [mx.cpu(s) for s in range(num_stages)],
+                    balance=[layers_per_stage] * num_stages, chunks=num_chunks,
+                    mirror=tuple(mirror_stages))
+    symbol = pipe.training_symbol('softmax')
+    return _ordered(symbol, num_chunks) if order_forward and num_chunks > 1 else symbol
 
-    def scope(s):
-        extra = {'__force_mirroring__': 'True'} if s in mirror_stages else {}
-        return mx.AttrScope(ctx_group='stage%d' % s, **extra)
 
-    weights, biases = [], []
-    for s in range(num_stages):
-        with scope(s):
-            weights.append([mx.sym.var('s%d%s_weight' % (s, _layer(i)))
-                            for i in range(layers_per_stage)])
-            biases.append([mx.sym.var('s%d%s_bias' % (s, _layer(i)))
-                           for i in range(layers_per_stage)])
-    with scope(0):
-        data = mx.sym.var('data')
-        chunks = (mx.sym.split(data, num_outputs=num_chunks, axis=0, name='split')
-                  if num_chunks > 1 else [data])
-    outs, stage0_out = [], None
-    for m in range(num_chunks):
-        h = chunks[m]  # (batch / M, num_hiddens)
-        if order_forward and stage0_out is not None:
-            with scope(0):
-                after = 0 * mx.sym.BlockGrad(mx.sym.sum(stage0_out, keepdims=True))  # (1, 1)
-                h = mx.sym.broadcast_add(h, after, name='after_c%d' % (m - 1))
-        for s in range(num_stages):
-            with scope(s):
-                for i in range(layers_per_stage):
-                    h = mx.sym.FullyConnected(h, weight=weights[s][i], bias=biases[s][i],
-                                              num_hidden=num_hiddens,
-                                              name='s%d_fc%s_c%d' % (s, _layer(i), m))
-                    h = mx.sym.relu(h, name='s%d_relu%s_c%d' % (s, _layer(i), m))
-            if s == 0:
-                stage0_out = h
-        outs.append(h)
-    with scope(num_stages - 1):
-        out = mx.sym.concat(*outs, dim=0, name='concat') if num_chunks > 1 else outs[0]
-        return mx.sym.SoftmaxOutput(out, mx.sym.var('softmax_label'), name='softmax')
+def _ordered(symbol, num_chunks):
+    """``symbol`` with chunk m's input (m > 0) waiting for chunk m - 1's
+    stage-0 output: ``chunk[m] + 0 * BlockGrad(sum(out0[m - 1]))``."""
+    graph = json.loads(symbol.tojson())
+    nodes = graph['nodes']
+    split = next(i for i, n in enumerate(nodes) if n['name'] == CHUNK_SPLIT)
+    stage0 = stage_name(0)
+    # the last stage-0 op reading each chunk's input, transitively, in node order
+    chunk_of = {}
+    for i, node in enumerate(nodes):
+        for src, idx, _ in node['inputs']:
+            if src == split:
+                chunk_of[i] = idx
+            elif src in chunk_of and node['name'] != CHUNK_JOIN:
+                chunk_of.setdefault(i, chunk_of[src])
+    last0 = {}
+    for i, m in chunk_of.items():
+        if nodes[i].get('attrs', {}).get(GROUP_ATTR) == stage0:
+            last0[m] = max(last0.get(m, -1), i)
+    out, index, waited = [], {}, {}
+    for i, node in enumerate(nodes):
+        waits = [idx for src, idx, _ in node['inputs'] if src == split and idx > 0]
+        for m in waits:
+            if m in waited:
+                continue
+            prev = [index[last0[m - 1]], 0, 0]
+            attrs = {GROUP_ATTR: stage0}
+            for op, name, inputs, extra in (
+                    ('sum', 'after%d_sum' % m, [prev], {'keepdims': 'True'}),
+                    ('BlockGrad', 'after%d_stop' % m, None, {}),
+                    ('_mul_scalar', 'after%d_zero' % m, None, {'scalar': '0'}),
+                    ('broadcast_add', 'after%d' % m, 'chunk', {})):
+                if inputs is None:
+                    inputs = [[len(out) - 1, 0, 0]]
+                elif inputs == 'chunk':
+                    inputs = [[index[split], m, 0], [len(out) - 1, 0, 0]]
+                out.append({'op': op, 'name': name, 'attrs': dict(attrs, **extra),
+                            'inputs': inputs})
+            waited[m] = len(out) - 1
+        node = dict(node)
+        node['inputs'] = [[waited[idx], 0, 0] if src == split and idx > 0 and idx in waited
+                          else [index[src], idx, v] for src, idx, v in node['inputs']]
+        index[i] = len(out)
+        out.append(node)
+    graph['nodes'] = out
+    graph['heads'] = [[index[src], idx, v] for src, idx, v in graph['heads']]
+    return load(graph)
 
 
 def _layer(i):
     """Name part of a stage's i-th layer: none for the first, so one layer per
-    stage gives ``s0_weight``, ``s0_fc_c0``."""
+    stage gives ``s0_weight``."""
     return '_%d' % i if i else ''
 
 
@@ -103,7 +131,7 @@ def bind(symbol, batch_size, num_hiddens, group2ctx=None, env=None, seed=0):
     Parameters are drawn from ``seed``: every variant starts alike.
     """
     # No gradient for the inputs, as Module binds them (inputs_need_grad=False).
-    grad_req = {n: 'null' if n in ('data', 'softmax_label') else 'write'
+    grad_req = {n: 'null' if n in (DATA_NAME, LABEL_NAME) else 'write'
                 for n in symbol.list_arguments()}
     with environ(**dict({'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}, **(env or {}))), \
             split_bind(group2ctx):
@@ -112,10 +140,10 @@ def bind(symbol, batch_size, num_hiddens, group2ctx=None, env=None, seed=0):
     rng = np.random.RandomState(seed)
     scale = 1 / np.sqrt(num_hiddens)
     for name, arr in exe.arg_dict.items():
-        if name == 'softmax_label':
+        if name == LABEL_NAME:
             arr[:] = rng.randint(0, num_hiddens, size=arr.shape)
         else:
-            arr[:] = rng.uniform(-scale, scale, size=arr.shape) if name != 'data' else \
+            arr[:] = rng.uniform(-scale, scale, size=arr.shape) if name != DATA_NAME else \
                 rng.normal(size=arr.shape)
     return exe
 
@@ -126,7 +154,7 @@ class StepLoop:
     def __init__(self, exe):
         self.exe = exe
         self.params = [(exe.arg_dict[n], exe.grad_dict[n]) for n in sorted(exe.arg_dict)
-                       if n not in ('data', 'softmax_label')]
+                       if n not in (DATA_NAME, LABEL_NAME)]
 
     def run(self, num_steps):
         for _ in range(num_steps):

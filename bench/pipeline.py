@@ -42,6 +42,7 @@ from mp_symbolic.tools.text import columns
 from mp_symbolic.tools.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
                                step_stats, step_windows)
 from mp_symbolic.core.compat import profiler_cpu_limit, unprofilable
+from mp_symbolic.core.scoped import environ
 
 from .chunked import LR, StepLoop, bind, build_chunked_symbol, stage_devices
 from .measure import machine_info, throughput
@@ -253,7 +254,8 @@ def _mirror(k, m, num_hiddens, batch_size, steps, repeats, warmup, log):
     shapes = ([('data', (batch_size, num_hiddens))], [('softmax_label', (batch_size,))])
     variants, out = {}, {}
     for label, (mirror_stages, env) in setups.items():
-        symbol = build_chunked_symbol(k, m, num_hiddens, mirror_stages)
+        with environ(**env):  # built as it will be bound (compat.segment_boundaries)
+            symbol = build_chunked_symbol(k, m, num_hiddens, mirror_stages)
         variants[label] = StepLoop(bind(symbol, batch_size, num_hiddens, stage_devices(k), env))
         # Nodes the backward pass recomputes, as the bound graph lists them.
         mirrored = {line.split('Name=')[1] for line in variants[label].exe.debug_str().splitlines()

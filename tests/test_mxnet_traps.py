@@ -56,6 +56,24 @@ def test_gluon_caches_parameter_variables_with_their_first_attributes():
     assert _groups(fresh)['d_weight'] == 'stage1'
 
 
+def test_graph_wide_mirroring_cannot_bind_a_segment_boundary_copy():
+    """Why micro-batch outputs keep no boundary copy under
+    MXNET_BACKWARD_DO_MIRROR=1 (compat.segment_boundaries): the recomputed
+    copy has no dtype, and the bind fails; without the copies it binds."""
+    blocks = [gluon.nn.Dense(8, activation='relu', in_units=8) for _ in range(2)]
+    pipe = Pipeline(blocks, 'cpu:1,cpu:2', chunks=2)
+    shapes = dict(data=(4, 8), softmax_label=(4,))
+    with environ(MXNET_BACKWARD_DO_MIRROR='1'):
+        built_without = pipe.training_symbol('softmax')
+    built_with = pipe.training_symbol('softmax')
+    assert 'chunk_boundary0' in built_with.tojson()
+    assert 'chunk_boundary0' not in built_without.tojson()
+    with environ(MXNET_BACKWARD_DO_MIRROR='1'), split_bind(pipe.plan.group2ctx):
+        with pytest.raises(RuntimeError, match='InferType pass cannot decide dtypes'):
+            built_with.simple_bind(mx.cpu(1), group2ctx=pipe.plan.group2ctx, **shapes)
+        built_without.simple_bind(mx.cpu(1), group2ctx=pipe.plan.group2ctx, **shapes)
+
+
 def _net_on_three_devices():
     pipe = Pipeline(regression.build_blocks(), THREE_DEVICES)
     pipe.initialize()

@@ -12,6 +12,7 @@ import mxnet as mx
 import numpy as np
 
 from bench.chunked import bind, build_chunked_symbol, stage_devices
+from mp_symbolic import Pipeline
 from bench.pipeline import main
 
 
@@ -36,15 +37,19 @@ def test_quick_run_writes_report_and_timeline(tmp_path):
     assert 'CPU stand-in devices share' in proc.stdout
 
 
-def test_chunked_symbol_tags_every_op_and_variable_with_its_stage():
+def test_chunked_symbol_is_the_pipelines_graph_with_every_node_on_its_stage():
     symbol = build_chunked_symbol(3, 4, 8)
+    blocks = [mx.gluon.nn.Dense(8, activation='relu', in_units=8, prefix='s%d_' % s)
+              for s in range(3)]
+    library = Pipeline(blocks, 'cpu:0,cpu:1,cpu:2', chunks=4).training_symbol('softmax')
+    assert symbol.tojson() == library.tojson()
     attrs = symbol.attr_dict()
     groups = {n['name']: attrs.get(n['name'], {}).get('ctx_group')
               for n in json.loads(symbol.tojson())['nodes']}
     assert None not in groups.values()
-    assert groups['data'] == 'stage0' and groups['split'] == 'stage0'
-    assert groups['s1_fc_c3'] == 'stage1' and groups['s2_weight'] == 'stage2'
-    assert groups['concat'] == 'stage2' and groups['softmax_label'] == 'stage2'
+    assert groups['data'] == 'stage0' and groups['chunk'] == 'stage0'
+    assert groups['s1_fwd_chunk3'] == 'stage1' and groups['s2_weight'] == 'stage2'
+    assert groups['join'] == 'stage2' and groups['softmax_label'] == 'stage2'
     exe = symbol.simple_bind(mx.cpu(0), group2ctx={'stage%d' % s: mx.cpu(s) for s in range(3)},
                              data=(8, 8))
     assert exe.arg_dict['s2_weight'].context == mx.cpu(2)

@@ -11,6 +11,7 @@ import sys
 
 import mxnet as mx
 
+from .names import GROUP_ATTR
 from .scoped import captured_stderr, environ
 
 __all__ = []
@@ -23,11 +24,13 @@ UNSHARED_MEMORY = {'NNVM_EXEC_MATCH_RANGE': '0'}
 # The op that ends a bulked segment of the executor's schedule on one device.
 SEGMENT_BOUNDARY_OP = '_copyto'
 SEGMENT_BOUNDARY_PREFIX = 'chunk_boundary'
+# MXNet's switch for mirroring every op of a graph (read when the graph is bound).
+DO_MIRROR = 'MXNET_BACKWARD_DO_MIRROR'
 
 
-def segment_boundaries(outputs, group):
-    """Micro-batch outputs ``outputs`` (Symbols, one per chunk, in the
-    join's order), each but the last through a copy on its own device, so
+def segment_boundaries(heads, group, first_index):
+    """Micro-batch outputs ``heads`` (one per chunk, in the join's order),
+    each but the last through a copy on its own device, so
     that MXNet bulks every stage's ops of every micro-batch (for a graph of
     several stages; on one stage there is nothing to separate).
 
@@ -58,18 +61,33 @@ def segment_boundaries(outputs, group):
     copies' dtype from it (``_copyto`` infers no dtype of its own), and
     nothing follows it. The values are the outputs themselves.
 
+    Under MXNet's graph-wide mirroring (``MXNET_BACKWARD_DO_MIRROR=1`` in the
+    environment when the graph is built and bound) the backward pass
+    recomputes the copies too, and the recomputed copy has no dtype to infer
+    from: the bind fails (``InferType pass cannot decide dtypes``). There the
+    copies are left out, and the chunks run unbulked.
+
     Args:
-        outputs: One Symbol per micro-batch.
+        heads: The graph entries (JSON ``[node, output, version]``) of the
+            micro-batch outputs, in the join's order.
         group: The ``ctx_group`` of the join (the last stage's).
+        first_index: The index the first appended node will have.
 
     Returns:
-        The outputs, each but the last through a copy named
-        ``chunk_boundary<m>``.
+        ``(nodes, heads)``: the copy nodes to append to the graph (JSON,
+        named ``chunk_boundary<m>``), and the entries for the join to read.
     """
-    with mx.AttrScope(ctx_group=group):
-        return [getattr(mx.sym._internal, SEGMENT_BOUNDARY_OP)(  # pylint: disable=protected-access
-            out, name='%s%d' % (SEGMENT_BOUNDARY_PREFIX, m)) if m < len(outputs) - 1 else out
-                for m, out in enumerate(outputs)]
+    if os.environ.get(DO_MIRROR, '0') not in ('', '0'):
+        return [], list(heads)
+    nodes, out = [], []
+    for m, head in enumerate(heads):
+        if m == len(heads) - 1:
+            out.append(head)
+            continue
+        nodes.append({'op': SEGMENT_BOUNDARY_OP, 'name': '%s%d' % (SEGMENT_BOUNDARY_PREFIX, m),
+                      'attrs': {GROUP_ATTR: group}, 'inputs': [head]})
+        out.append([first_index + len(nodes) - 1, 0, 0])
+    return nodes, out
 
 
 @contextmanager

@@ -16,9 +16,8 @@ import json
 import mxnet as mx
 
 from . import graphcut, tensor_parallel
-from .compat import error_line, reset_variables, segment_boundaries
-from .names import (CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR,
-                    chunk_name, shard_group, stage_name)
+from .compat import error_line, reset_variables
+from .names import DATA_NAME, GROUP_ATTR, chunk_name, shard_group, stage_name
 
 __all__ = []
 
@@ -28,28 +27,18 @@ def build(pipe, data, chunks):
     if pipe.whole:
         return _build_cut(pipe, data, chunks)
     reset_variables(pipe)
-    first, last = stage_name(0), stage_name(pipe.plan.num_stages - 1)
-    if chunks > 1:
-        with mx.AttrScope(ctx_group=first):
-            parts = list(mx.sym.split(data, num_outputs=chunks, axis=0, name=CHUNK_SPLIT))
-    else:
-        parts = [data]
-    outputs = []
-    for x in parts:
-        for s, blocks in enumerate(pipe.stages):
-            # AttrScope writes force_mirroring as MIRROR_ATTR
-            extra = {'force_mirroring': 'True'} if s in pipe.mirror else {}
-            with mx.AttrScope(ctx_group=stage_name(s), **extra), \
-                    tensor_parallel.stage_scope(s, pipe.plan.width(s)):
-                for block in blocks:
-                    x = block(x)
-        outputs.append(x)
+    x = data
+    for s, blocks in enumerate(pipe.stages):
+        # AttrScope writes force_mirroring as MIRROR_ATTR
+        extra = {'force_mirroring': 'True'} if s in pipe.mirror else {}
+        with mx.AttrScope(ctx_group=stage_name(s), **extra), \
+                tensor_parallel.stage_scope(s, pipe.plan.width(s)):
+            for block in blocks:
+                x = block(x)
     if chunks == 1:
-        return outputs[0]
-    if pipe.plan.num_stages > 1:
-        outputs = segment_boundaries(outputs, last)
-    with mx.AttrScope(ctx_group=last):
-        return mx.sym.concat(*outputs, dim=0, name=CHUNK_JOIN)
+        return x
+    return graphcut.load(graphcut.replicate_chunks(json.loads(x.tojson()), data.name, chunks,
+                                                   pipe.plan.num_stages - 1))
 
 
 def _build_cut(pipe, data, chunks):

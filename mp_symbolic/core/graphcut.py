@@ -34,7 +34,7 @@ import numpy as np
 
 from .balance import BalanceError, check_balance, solve, time_forward_backward
 from .checks import tied_owners
-from .compat import SEGMENT_BOUNDARY_OP, SEGMENT_BOUNDARY_PREFIX
+from .compat import segment_boundaries
 from .names import (CHUNK_JOIN, CHUNK_SPLIT, GROUP_ATTR, IDENTITY_OP, MIRROR_ATTR, chunk_name,
                     stage_name, tied_name)
 
@@ -368,10 +368,9 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
         src, idx, v = graph['heads'][0]
         heads.append([index[(src, m)] if nodes[src]['op'] != 'null' else index[(src, None)],
                       idx, v])
-    for m in range(chunks - 1 if last_stage > 0 else 0):  # see compat.segment_boundaries
-        out.append({'op': SEGMENT_BOUNDARY_OP, 'name': '%s%d' % (SEGMENT_BOUNDARY_PREFIX, m),
-                    'attrs': {GROUP_ATTR: stage_name(last_stage)}, 'inputs': [heads[m]]})
-        heads[m] = [len(out) - 1, 0, 0]
+    if last_stage > 0:
+        copies, heads = segment_boundaries(heads, stage_name(last_stage), len(out))
+        out += copies
     out.append({'op': 'Concat', 'name': CHUNK_JOIN,
                 'attrs': {'dim': '0', 'num_args': str(chunks), GROUP_ATTR: stage_name(last_stage)},
                 'inputs': heads})

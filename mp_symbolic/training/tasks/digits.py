@@ -70,5 +70,5 @@ def task(seed=0):
     return mp_symbolic.Task(
         name='digits', blocks=build_blocks(), loss='softmax', train=(X_train, y_train),
         val=(X_test, y_test), metric='acc', batch_size=64, num_epochs=10, optimizer='sgd',
-        lr=0.1, momentum=0.9, evaluate=evaluate,
+        lr=0.1, momentum=0.8, evaluate=evaluate,
         description="a CNN on scikit-learn's 8x8 digits (a stratified fifth held out)")
