@@ -1,5 +1,6 @@
-"""Every shell command in README.md runs as written, in a copy of this folder,
-and so does every refusal that README.md and the pages under docs/ show.
+"""Every shell command in README.md and in the walkthroughs it links
+(docs/your-own-model.md) runs as written, in a copy of this folder, and so
+does every refusal that README.md and the pages under docs/ show.
 
 ``sh`` blocks are commands that must succeed (benchmark targets run with
 ``QUICK=1``, a smoke run; ``make test`` is this suite and is not run again).
@@ -8,8 +9,8 @@ a refusal: the command must fail with status 2 and print that line. A
 ``python`` block whose first line is ``# NAME.py`` is the file ``NAME.py``
 that a later command runs. Commands starting with ``python`` run in the
 project's environment, as the README says (``.venv/bin`` first on PATH).
-The pages under docs/ contribute their refusals only (their long commands
-are benchmarks and multi-host jobs), run after the README's commands.
+The other pages under docs/ contribute their refusals only (their long
+commands are benchmarks and multi-host jobs), run after those commands.
 """
 import glob
 import os
@@ -51,10 +52,16 @@ def _refusals(body):
             if line.startswith('$ ') and after.startswith('error: ')]
 
 
+# Walkthroughs the README links, run after its own commands, in this order.
+WALKTHROUGHS = ('docs/your-own-model.md',)
+
+
 def _readme_steps():
-    """``[(kind, text, expected)]`` in README order: files to write, commands to run."""
+    """``[(kind, text, expected)]`` in README order, then the walkthroughs':
+    files to write, commands to run."""
     steps = []
-    for lang, body in _blocks():
+    blocks = _blocks() + [b for page in WALKTHROUGHS for b in _blocks(os.path.join(ROOT, page))]
+    for lang, body in blocks:
         if lang == 'python' and re.match(r'# (\w+\.py)\b', body):
             steps.append(('file', re.match(r'# (\w+\.py)\b', body).group(1), body))
         elif lang == 'sh':
@@ -68,6 +75,8 @@ def _docs_refusals():
     """The refusals the pages under docs/ show, page by page."""
     steps = []
     for path in sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md'))):
+        if os.path.relpath(path, ROOT) in WALKTHROUGHS:
+            continue
         for lang, body in _blocks(path):
             if lang == 'text':
                 steps += _refusals(body)
@@ -83,7 +92,7 @@ def workdir(tmp_path_factory):
     shutil.copytree(ROOT, work, symlinks=True, ignore=shutil.ignore_patterns(
         '.venv', 'artifacts', '.git', 'build', '*.egg-info', '__pycache__', '.pytest_cache',
         'my_model.py', 'my_resume.py', 'my_task.py', 'wine_rows.npy', 'x.csv', 'y.npy',
-        'states.npz', 'hosts', 'load_export.py', 'bn_relu*'))
+        'states.npz', 'hosts', 'load_export.py', 'bn_relu*', 'split.py'))
     os.symlink(os.path.join(ROOT, '.venv'), os.path.join(work, '.venv'))
     return work
 
