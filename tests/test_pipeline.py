@@ -282,3 +282,19 @@ def test_calling_the_pipeline_on_a_symbol_gives_its_tagged_graph():
     with pytest.raises(ValueError, match=r"of the Pipeline's \(stage0, stage1\), found 'x' in "
                                          r"'gpu_side'"):
         pipe(foreign)
+
+
+def test_the_placement_is_one_frozen_value_that_graph_and_twin_take():
+    """Planning makes one value; the graph builder and the twin read it, and
+    no private member of the Pipeline."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+    import pathlib  # pylint: disable=import-outside-toplevel
+    import re  # pylint: disable=import-outside-toplevel
+    pipe = Pipeline(_mlp(), 'cpu:0,cpu:1')
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        pipe.placement.owner = {}
+    assert pipe.plan is pipe.placement.plan and pipe.stages == pipe.placement.stages
+    core = pathlib.Path(__file__).resolve().parent.parent / 'mp_symbolic' / 'core'
+    for name in ('graph.py', 'twin.py'):
+        code = (core / name).read_text()
+        assert not re.search(r'\b(pipe|pipeline)\._', code), name

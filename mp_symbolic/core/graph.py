@@ -2,8 +2,9 @@
 tagged with its stage's ``ctx_group``, micro-batches split and joined, and
 the checks that every node carries a stage.
 
-Functions of a :class:`~mp_symbolic.Pipeline`; :mod:`~mp_symbolic.core.graphcut`
-labels the graph of one whole network, this module builds both forms.
+Functions of a :class:`~mp_symbolic.core.placement.Placement`;
+:mod:`~mp_symbolic.core.graphcut` labels the graph of one whole network and
+replicates micro-batches, this module builds both forms.
 
 Why the tagging happens around each block's whole call:
 ``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward`` tags the ops but not
@@ -22,32 +23,34 @@ from .names import DATA_NAME, GROUP_ATTR, chunk_name, shard_group, stage_name
 __all__ = []
 
 
-def build(pipe, data, chunks):
-    """``data`` through every stage, tagged; chunks joined on the last stage."""
-    if pipe.whole:
-        return _build_cut(pipe, data, chunks)
-    reset_variables(pipe)
+def build(placement, data, chunks):
+    """``data`` through every stage of ``placement``, tagged; chunks joined on
+    the last stage."""
+    if placement.whole:
+        return _build_cut(placement, data, chunks)
+    reset_variables(placement)
     x = data
-    for s, blocks in enumerate(pipe.stages):
+    for s, blocks in enumerate(placement.stages):
         # AttrScope writes force_mirroring as MIRROR_ATTR
-        extra = {'force_mirroring': 'True'} if s in pipe.mirror else {}
+        extra = {'force_mirroring': 'True'} if s in placement.mirror else {}
         with mx.AttrScope(ctx_group=stage_name(s), **extra), \
-                tensor_parallel.stage_scope(s, pipe.plan.width(s)):
+                tensor_parallel.stage_scope(s, placement.plan.width(s)):
             for block in blocks:
                 x = block(x)
     if chunks == 1:
         return x
     return graphcut.load(graphcut.replicate_chunks(json.loads(x.tojson()), data.name, chunks,
-                                                   pipe.plan.num_stages - 1))
+                                                   placement.plan.num_stages - 1))
 
 
-def _build_cut(pipe, data, chunks):
+def _build_cut(placement, data, chunks):
     """The labelled graph of a whole network, on ``chunks`` micro-batches."""
-    mirror = pipe.mirror
-    labelled = pipe._unsplit_labelled() if pipe._shard_of and tensor_parallel.is_unsplit() \
-        else pipe._labelled(mirror)
+    if placement.shard_of and tensor_parallel.is_unsplit():
+        labelled = placement.unsplit_labelled()
+    else:
+        labelled = placement.labelled(placement.mirror)
     graph = graphcut.replicate_chunks(labelled, DATA_NAME, chunks,
-                                      pipe.plan.num_stages - 1)
+                                      placement.plan.num_stages - 1)
     if data.list_arguments() == [data.name] and len(data.get_internals()) == 1:
         for node in graph['nodes']:  # the input variable takes the caller's name
             if node['op'] == 'null' and node['name'] == DATA_NAME:
@@ -62,7 +65,7 @@ def data_variable(data_name):
         return mx.sym.var(data_name)
 
 
-def on_first_stage(symbol, pipeline):
+def on_first_stage(symbol, placement):
     """``symbol`` (a caller's input to the Pipeline: a variable, or ops on
     variables) with every node that names no ``ctx_group`` in the first
     stage's, where the input lives.
@@ -71,7 +74,7 @@ def on_first_stage(symbol, pipeline):
         ValueError: a node names a ``ctx_group`` the plan does not have.
     """
     graph_json = json.loads(symbol.tojson())
-    groups = set(pipeline.plan.group2ctx)
+    groups = set(placement.plan.group2ctx)
     for node in graph_json['nodes']:
         attrs = node.setdefault('attrs', {})
         group = attrs.get(GROUP_ATTR)
@@ -84,15 +87,17 @@ def on_first_stage(symbol, pipeline):
     return graphcut.load(graph_json)
 
 
-def infer_shapes(pipe, data_shape, data_name=DATA_NAME):
-    """Fills in parameter shapes not known yet from one input shape.
+def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
+    """Fills in the parameter shapes of ``blocks`` (in order, each feeding the
+    next) not known yet from one input shape.
 
     Raises:
         ValueError: MXNet cannot infer the shapes from ``data_shape``.
     """
-    reset_variables(pipe)
+    for block in blocks:
+        reset_variables(block)
     sym = mx.sym.var(data_name)
-    for block in pipe.blocks:
+    for block in blocks:
         sym = block(sym)
     try:
         arg_shapes, _, aux_shapes = sym.infer_shape(**{data_name: tuple(data_shape)})
@@ -101,20 +106,20 @@ def infer_shapes(pipe, data_shape, data_name=DATA_NAME):
                          % (tuple(data_shape), error_line(err))) from None
     shapes = dict(zip(sym.list_arguments(), arg_shapes))
     shapes.update(zip(sym.list_auxiliary_states(), aux_shapes))
-    for param in pipe.collect_params().values():
-        if param.name in shapes:
-            param.shape = shapes[param.name]
-    reset_variables(pipe)
+    for block in blocks:
+        for param in block.collect_params().values():
+            if param.name in shapes:
+                param.shape = shapes[param.name]
+        reset_variables(block)
     return shapes
 
 
-def finish(symbol, pipeline):
+def finish(symbol, placement):
     """Checks every node carries a stage; gives chunk copies of ops unique
     names; reads every parameter used by several stages through an identity
     in its owner's stage (:func:`mp_symbolic.core.graphcut.tie_parameters`)."""
     graph = json.loads(symbol.tojson())
-    owner = getattr(pipeline, '_owner', {})
-    shard_of = getattr(pipeline, '_shard_of', {})
+    owner, shard_of = placement.owner, placement.shard_of
     for node in graph['nodes']:
         if node['op'] == 'null' and node['name'] in owner:
             node['attrs'][GROUP_ATTR] = shard_group(owner[node['name']],
@@ -122,7 +127,7 @@ def finish(symbol, pipeline):
     tied = graphcut.tie_parameters(graph)
     if tied != json.loads(symbol.tojson()):
         symbol, graph = graphcut.load(tied), tied
-    groups = set(pipeline.plan.group2ctx)
+    groups = set(placement.plan.group2ctx)
     seen = {}
     for node in graph['nodes']:
         group = node.get('attrs', {}).get(GROUP_ATTR)

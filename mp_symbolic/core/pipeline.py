@@ -29,26 +29,19 @@ devices (autograd records those copies, so gradients flow back across them);
 with replicas and chunks too (:mod:`~mp_symbolic.core.twin`), trained by
 :class:`~mp_symbolic.Trainer`.
 
-This module validates and holds the plan; the graphs are built in
-:mod:`~mp_symbolic.core.graph`, the imperative forward pass runs in
-:mod:`~mp_symbolic.core.twin`, blocks are balanced by
-:mod:`~mp_symbolic.core.balance` and devices resolved by
-:mod:`~mp_symbolic.core.devices`.
+This module is the Gluon block and the entry point: the plan is one frozen
+:class:`~mp_symbolic.core.placement.Placement` made by
+:func:`~mp_symbolic.core.placement.place`; the graphs are built from it in
+:mod:`~mp_symbolic.core.graph` and the imperative forward pass runs on it in
+:mod:`~mp_symbolic.core.twin`.
 """
-import json
-
 import mxnet as mx
 from mxnet import gluon
-import numpy as np
 
-from . import balance as balancing
-from . import graph, graphcut, tensor_parallel, twin
+from . import graph, tensor_parallel, twin
 from .heads import make_head
-from .checks import positive_int, tied_owners
-from .compat import reset_variables
-from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
-from .names import (DATA_NAME, GROUP_ATTR, LABEL_NAME, SHARD_ATTR, is_tied, parse_shard_mark,
-                    shard_group, stage_name)
+from .names import DATA_NAME, LABEL_NAME, stage_name
+from .placement import place
 
 __all__ = []
 
@@ -116,6 +109,8 @@ class Pipeline(gluon.Block):
 
     Attributes:
         blocks: The blocks, in order.
+        placement: The :class:`~mp_symbolic.core.placement.Placement`: what
+            runs where (the attributes below read it).
         plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
         chunks, replicas: As given.
@@ -136,210 +131,36 @@ class Pipeline(gluon.Block):
                  mirror=False, tied=None):
         super().__init__(prefix='pipeline_')
         # One HybridBlock (not a HybridSequential) is split by a graph cut.
-        self.whole = isinstance(blocks, gluon.HybridBlock) and \
+        whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
-        self.cut = None
         self.blocks = tuple(_as_blocks(blocks))
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
-        if devices is None:
-            raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
-                                  'list of mx.Context, found None')
-        replica_devices = split_replicas(resolve_devices(devices), replicas)
-        num_stages = len(replica_devices[0])
-        positive_int('chunks', chunks)
-        self.chunks, self.replicas = chunks, replicas
-        self.mirror = tuple(range(num_stages)) if mirror is True else tuple(mirror or ())
-        if any(not isinstance(st, int) or not 0 <= st < num_stages for st in self.mirror):
-            raise ValueError('mirror: expected True or stage indices below %d, found %r'
-                             % (num_stages, mirror))
-        self._sample_shape = None
+        sample_shape = None
         if sample is not None:
-            self._sample_shape = tuple(sample) if isinstance(sample, (tuple, list)) \
+            sample_shape = tuple(sample) if isinstance(sample, (tuple, list)) \
                 else tuple(sample.shape)
-            self.infer_shape(self._sample_shape)
-        if self.whole:
-            self.cut = self._cut_graph(balance, num_stages, tied)
-            stage_of = self.cut.stage_of_op
-        else:
-            stage_of = balancing.stage_of_block(
-                self._solve_balance(balance, num_stages, sample, replica_devices[0]))
-        self.plan = DevicePlan(replica_devices[0], stage_of, replica_devices)
-        self._owner = self._owners(tied)
-        self._borrowed = None  # {stage: [(tied parameter, owning stage)]}, made on first use
-        self.sharded = tensor_parallel.layout(self.blocks)
-        self._shard_of = self._shard_devices()
+        self.placement = place(self.blocks, whole, devices, balance, sample_shape, chunks,
+                               replicas, mirror, tied)
 
-    # -- planning ------------------------------------------------------------
+    # -- the placement, as attributes ---------------------------------------
 
-    def _solve_balance(self, balance, num_stages, sample, devices):
-        if num_stages > len(self.blocks):
-            raise DeviceSpecError('too many devices for the blocks (devices per replica: %d, '
-                                  'blocks: %d); expected at most one device per block'
-                                  % (num_stages, len(self.blocks)))
-        if balance is None:
-            return balancing.balance_by_size(self.blocks, num_stages)
-        if isinstance(balance, str):
-            if balance != 'time':
-                raise balancing.BalanceError("balance: expected None, 'time' or a list of "
-                                             'blocks per stage, found %r' % balance)
-            if sample is None:
-                raise balancing.BalanceError("balance='time': expected sample= (a batch or "
-                                             'its shape) to time the blocks on, found none')
-            # timed on the first stage's device: the kind of device the stages run on
-            return balancing.balance_by_time(self.blocks, self._sample_shape, devices[0],
-                                             partitions=num_stages)
-        return balancing.check_balance(balance, len(self.blocks), num_stages)
-
-    def _cut_graph(self, balance, num_stages, tied):
-        reset_variables(self)
-        with tensor_parallel.mark_shards():
-            symbol = self.blocks[0](mx.sym.var(DATA_NAME))
-        reset_variables(self)
-        shapes = {name: param.shape for name, param in self.collect_params().items()}
-        if self._sample_shape is None and any(
-                shape is None or not all(shape) for shape in shapes.values()):
-            raise ValueError('sample: expected a batch or its shape to split a whole network '
-                             'whose parameter shapes are not known yet, found none')
-        try:
-            return graphcut.Cut(symbol, num_stages, balance, self._sample_shape, shapes,
-                                tied, DATA_NAME)
-        except balancing.BalanceError as err:  # CutError too
-            if 'too many devices' in str(err):
-                raise DeviceSpecError(str(err)) from None
-            raise balancing.BalanceError(str(err)) from None
-
-    def _shard_devices(self):
-        """``{parameter name: index of its device in its stage}`` for the
-        shards of tensor-parallel layers; others are on the stage's first."""
-        widths = [self.plan.width(s) for s in range(self.plan.num_stages)]
-        shard_of = {}
-        if self.whole:
-            try:
-                graph = self._labelled()
-            except ValueError as err:
-                raise DeviceSpecError(str(err)) from None
-            groups = {shard_group(s, i): (s, i) for s, w in enumerate(widths) for i in range(w)}
-            for node in graph['nodes']:
-                attrs = node.get('attrs', {})
-                if node['op'] == 'null' and SHARD_ATTR in attrs \
-                        and node['name'] in self._owner:
-                    # a shard's weight goes where shard_groups put its layer
-                    self._owner[node['name']], shard_of[node['name']] = \
-                        groups[attrs[GROUP_ATTR]]
-            return shard_of
-        for block, stage in zip(self.blocks, self.plan.stage_of_layer):
-            for layer in tensor_parallel.sharded_blocks(block):
-                try:
-                    indices = layer.device_indices(widths[stage])
-                except ValueError as err:
-                    raise DeviceSpecError('%s in %s: %s' % (layer.name, stage_name(stage), err)) \
-                        from None
-                for index, params in zip(indices, layer._shard_params):  # pylint: disable=protected-access
-                    for param in params.values():
-                        # a tied parameter sits where its owning stage puts it
-                        if self._owner[param.name] == stage or param.name not in shard_of:
-                            shard_of[param.name] = index
-        return shard_of
-
-    def _labelled(self, mirror=()):
-        """The cut graph labelled by stage, each tensor-parallel shard in its group
-        (weights that moved away from a reader then read through an identity)."""
-        graph = self.cut.labelled(mirror)
-        if not any(SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
-            return graph
-        return graphcut.tie_parameters(tensor_parallel.shard_groups(
-            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
-
-    def _unsplit_labelled(self):
-        """The whole network traced with its tensor-parallel layers unsplit (as
-        checkpoints hold it), each node in the stage its split form has: by
-        name, and a layer's unsplit ops and weights in its shards' stage."""
-        reset_variables(self)
-        with tensor_parallel.unsplit():
-            graph = json.loads(self.blocks[0](mx.sym.var(DATA_NAME)).tojson())
-        reset_variables(self)
-        split = self._labelled()['nodes']
-        stage = {shard_group(s, i): s for s in range(self.plan.num_stages)
-                 for i in range(self.plan.width(s))}
-        stage_of = {n['name']: stage[n['attrs'][GROUP_ATTR]] for n in split}
-        layers = {}
-        for node in split:
-            mark = node.get('attrs', {}).get(SHARD_ATTR)
-            if mark is not None:
-                layers.setdefault(parse_shard_mark(mark)[2] + '_', stage_of[node['name']])
-        for node in graph['nodes']:
-            name = node['name']
-            where = stage_of.get(name)
-            if where is None:
-                where = next((s for layer, s in layers.items() if name.startswith(layer)), 0)
-            node.setdefault('attrs', {})[GROUP_ATTR] = stage_name(where)
-        return graphcut.tie_parameters(graph)
-
-    def _cut_layout(self):
-        """``(op names of each stage, {variable: stages whose ops read it})`` of
-        the labelled cut graph (shards moved to their layer's stage)."""
-        if not self._shard_of:
-            return ([self.cut.ops_of_stage(s) for s in range(self.plan.num_stages)],
-                    self.cut.readers)
-        nodes = self._labelled()['nodes']
-        stage = {shard_group(s, i): s for s in range(self.plan.num_stages)
-                 for i in range(self.plan.width(s))}
-        ops, readers = [[] for _ in range(self.plan.num_stages)], {}
-        for node in nodes:
-            if node['op'] == 'null':
-                continue
-            st = stage[node['attrs'][GROUP_ATTR]]
-            if not is_tied(node['name']):
-                ops[st].append(node['name'])
-            for src, _, _ in node['inputs']:
-                source = nodes[src]
-                if source['op'] == 'null':
-                    readers.setdefault(source['name'], [])
-                    if st not in readers[source['name']]:
-                        readers[source['name']].append(st)
-        return ops, readers
-
-    def _device_of(self, name, replica=0):
-        """Device of parameter ``name`` in replica ``replica``: its stage's, or
-        its shard's."""
-        stage = self._owner[name]
-        return self.plan.stage_devices[replica][stage][self._shard_of.get(name, 0)]
-
-    def _devices_of(self, name):
-        """The devices of parameter ``name``'s copies, one per replica."""
-        return [self._device_of(name, r) for r in range(self.plan.num_replicas)]
-
-    def _owners(self, tied):
-        """``{parameter name: owning stage}``: the first stage that reads it,
-        unless ``tied`` says otherwise."""
-        if self.whole:
-            owner = {n: s for n, s in self.cut.owner.items() if n != DATA_NAME}
-            for name in self.collect_params():
-                owner.setdefault(name, 0)  # a parameter the forward pass does not use
-            return owner
-        owner = {}
-        for block, stage in zip(self.blocks, self.plan.stage_of_layer):
-            for name in block.collect_params():
-                owner.setdefault(name, stage)
-        owner.update(tied_owners(tied, owner, self.plan.num_stages, 'the blocks'))
-        return owner
+    plan = property(lambda self: self.placement.plan, doc='The device plan.')
+    whole = property(lambda self: self.placement.whole,
+                     doc='Whether one whole network was cut (then ``cut`` is its Cut).')
+    cut = property(lambda self: self.placement.cut, doc='The graph cut of a whole network.')
+    chunks = property(lambda self: self.placement.chunks, doc='Micro-batches per batch.')
+    replicas = property(lambda self: self.placement.replicas,
+                        doc='Data-parallel copies of the pipeline.')
+    mirror = property(lambda self: self.placement.mirror,
+                      doc='Stages whose ops are recomputed in the backward pass.')
+    sharded = property(lambda self: self.placement.sharded, doc='The tensor-parallel layout.')
 
     @property
     def tied(self):
         """``{parameter name: (owning stage, [stages that read it])}`` of every
         parameter read by more than one stage."""
-        readers = {}
-        if self.whole:
-            readers = {n: list(r) for n, r in self._cut_layout()[1].items() if n != DATA_NAME}
-        else:
-            for block, stage in zip(self.blocks, self.plan.stage_of_layer):
-                for name in block.collect_params():
-                    readers.setdefault(name, [])
-                    if stage not in readers[name]:
-                        readers[name].append(stage)
-        return {n: (self._owner[n], sorted(r)) for n, r in readers.items()
-                if len(set(r) | {self._owner[n]}) > 1}
+        return self.placement.tied
 
     @property
     def balance(self):
@@ -350,10 +171,7 @@ class Pipeline(gluon.Block):
     def stages(self):
         """The blocks of each stage: ``stages[s]`` is a list (op names for a
         whole network)."""
-        if self.whole:
-            return self._cut_layout()[0]
-        return [[b for b, st in zip(self.blocks, self.plan.stage_of_layer) if st == s]
-                for s in range(self.plan.num_stages)]
+        return self.placement.stages
 
     @property
     def stage_names(self):
@@ -362,7 +180,8 @@ class Pipeline(gluon.Block):
 
     def _params_of_stage(self):
         """``[(owning stage, param)]`` for every parameter once, in block order."""
-        return [(self._owner[name], param) for name, param in self.collect_params().items()]
+        owner = self.placement.owner
+        return [(owner[name], param) for name, param in self.collect_params().items()]
 
     def describe(self):
         """The plan, one line per stage, with block names and parameter counts.
@@ -371,52 +190,14 @@ class Pipeline(gluon.Block):
         count, then its ops and its parameters, and after each stage but the
         last the activation bytes per sample that cross to the next.
         """
-        if self.whole:
-            return self._describe_cut()
-        lines = []
-        for s, blocks in enumerate(self.stages):
-            devices = self.plan.stage_label(s)
-            names = ', '.join(b.name for b in blocks)
-            # each parameter once, on the stage it lives on (a tied one on its owner's)
-            params = {n: p for b in blocks for n, p in b.collect_params().items()
-                      if self._owner.get(n, s) == s}
-            shapes = [p.shape for p in params.values()]
-            if all(shape and all(d > 0 for d in shape) for shape in shapes):
-                count = '%d parameters' % sum(int(np.prod(shape)) for shape in shapes)
-            else:
-                count = 'parameter count not known yet'
-            lines.append('%s -> %s: %s (%s)' % (stage_name(s), devices, names, count))
-        lines += ['tied: %s lives on %s, read by %s' % (
-            name, stage_name(owner), ', '.join(stage_name(r) for r in readers))
-                  for name, (owner, readers) in sorted(self.tied.items())]
-        return lines
-
-    def _describe_cut(self):
-        cut, params = self.cut, self.collect_params()
-        lines = []
-        for s in range(self.plan.num_stages):
-            devices = self.plan.stage_label(s)
-            ops = self._cut_layout()[0][s]
-            names = [n for n in params if self._owner.get(n) == s]
-            count = sum(int(np.prod(params[n].shape)) for n in names)
-            lines.append('%s -> %s: %d ops, %d parameter values' % (stage_name(s), devices,
-                                                                    len(ops), count))
-            lines.append('  ops: ' + ', '.join(ops))
-            lines.append('  parameters: ' + (', '.join(names) or 'none'))
-            if s + 1 < self.plan.num_stages:
-                crossing = 'not known (no sample)' if cut.boundary_bytes is None else \
-                    '%d bytes per sample' % cut.boundary_bytes[s]
-                lines.append('  %s -> %s: %s' % (stage_name(s), stage_name(s + 1), crossing))
-        lines += ['tied: %s lives on %s, read by %s' % (
-            name, stage_name(owner), ', '.join(stage_name(r) for r in readers))
-                  for name, (owner, readers) in sorted(self.tied.items())]
-        return lines
+        return self.placement.describe()
 
     # -- symbolic ------------------------------------------------------------
 
     def symbol(self, data_name=DATA_NAME):
         """The inference graph: ``data`` -> prediction, every node tagged."""
-        return graph.finish(graph.build(self, graph.data_variable(data_name), 1), self)
+        return graph.finish(graph.build(self.placement, graph.data_variable(data_name), 1),
+                            self.placement)
 
     def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None):
         """The graph with its loss head (see :func:`mp_symbolic.core.heads.make_head`).
@@ -425,10 +206,10 @@ class Pipeline(gluon.Block):
             chunks: Micro-batches; ``None``: the Pipeline's ``chunks``.
         """
         chunks = self.chunks if chunks is None else chunks
-        prediction = graph.build(self, graph.data_variable(data_name), chunks)
+        prediction = graph.build(self.placement, graph.data_variable(data_name), chunks)
         with mx.AttrScope(ctx_group=stage_name(self.plan.num_stages - 1)):
             head = make_head(loss, prediction, mx.sym.var(label_name))
-        return graph.finish(head, self)
+        return graph.finish(head, self.placement)
 
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, **kwargs):
         """An ``mx.mod.Module`` bound to the stages' devices (see
@@ -453,7 +234,7 @@ class Pipeline(gluon.Block):
         Raises:
             ValueError: MXNet cannot infer the shapes from ``data_shape``.
         """
-        return graph.infer_shapes(self, data_shape, data_name)
+        return graph.infer_shapes(self.blocks, data_shape, data_name)
 
     # -- imperative twin -----------------------------------------------------
 
@@ -472,8 +253,10 @@ class Pipeline(gluon.Block):
                 or a node of the Symbol names a ``ctx_group`` the plan lacks.
         """
         if isinstance(x, mx.sym.Symbol):
-            return graph.finish(graph.build(self, graph.on_first_stage(x, self), 1), self)
-        return twin.forward(self, x)
+            placement = self.placement
+            return graph.finish(graph.build(placement, graph.on_first_stage(x, placement), 1),
+                                placement)
+        return twin.forward(self.placement, x)
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):
@@ -490,7 +273,7 @@ class Pipeline(gluon.Block):
             raise ValueError('ctx: expected None (a Pipeline places each stage on its own '
                              'device), found %r' % (ctx,))
         for _, param in self._params_of_stage():
-            devices = self._devices_of(param.name)
+            devices = self.placement.devices_of(param.name)
             if not force_reinit and _is_initialized(param):
                 if param.list_ctx() != devices:
                     param.reset_ctx(devices)
@@ -528,7 +311,7 @@ class Pipeline(gluon.Block):
                     or any(k not in (0, v) for k, v in zip(known, value.shape))):
                 raise ValueError('%s: expected shape %s, found %s'
                                  % (param.name, known, value.shape))
-            devices = self._devices_of(param.name)
+            devices = self.placement.devices_of(param.name)
             if not _is_initialized(param):
                 param.shape = value.shape
                 param.initialize(None, ctx=devices, default_init=mx.init.Zero())

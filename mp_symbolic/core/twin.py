@@ -28,19 +28,19 @@ from .names import DATA_NAME
 __all__ = []
 
 
-def _check_batch(pipe, x):
+def _check_batch(placement, x):
     if not isinstance(x, mx.nd.NDArray):
         raise TypeError('x: expected an NDArray (or a Symbol), found %s' % type(x).__name__)
-    parts = pipe.replicas * pipe.chunks
+    parts = placement.replicas * placement.chunks
     if not x.shape or x.shape[0] % parts:
         raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d), '
-                         'found %s' % (pipe.chunks, pipe.replicas, parts,
+                         'found %s' % (placement.chunks, placement.replicas, parts,
                                        x.shape[0] if x.shape else 'a scalar'))
     return x.shape[0] // parts
 
 
-def forward(pipe, x):
-    """``x`` through ``pipe``'s stages on every replica; the whole batch's
+def forward(placement, x):
+    """``x`` through ``placement``'s stages on every replica; the whole batch's
     output on the last stage of replica 0.
 
     Raises:
@@ -48,57 +48,49 @@ def forward(pipe, x):
         ValueError: the batch does not split into ``chunks x replicas``
             equal parts.
     """
-    size = _check_batch(pipe, x)
-    plan = pipe.plan
-    num_stages, chunks = plan.num_stages, pipe.chunks
+    size = _check_batch(placement, x)
+    plan = placement.plan
+    num_stages, chunks = plan.num_stages, placement.chunks
     # micro[r][m]: micro-batch m of replica r, as far as it has gone
     micro = [[x if size == x.shape[0] else
               mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
                                end=(r * chunks + m + 1) * size)
-              for m in range(chunks)] for r in range(pipe.replicas)]
-    if pipe.whole:  # a cut graph runs op by op, each op on its stage's device
-        micro = [[run_whole(pipe, h.as_in_context(devices[0]), r) for h in shares]
+              for m in range(chunks)] for r in range(placement.replicas)]
+    if placement.whole:  # a cut graph runs op by op, each op on its stage's device
+        micro = [[run_whole(placement, h.as_in_context(devices[0]), r) for h in shares]
                  for r, (devices, shares) in enumerate(zip(plan.replica_devices, micro))]
-    for clock in range(chunks + num_stages - 1 if not pipe.whole else 0):
+    for clock in range(chunks + num_stages - 1 if not placement.whole else 0):
         for r, devices in enumerate(plan.replica_devices):
             for m in range(max(0, clock - num_stages + 1), min(chunks, clock + 1)):
                 stage = clock - m
                 h = micro[r][m].as_in_context(devices[stage])  # recorded by autograd
-                micro[r][m] = run_stage(pipe, stage, h, devices)
+                micro[r][m] = run_stage(placement, stage, h, devices)
     outputs = [h.as_in_context(plan.last_device) for shares in micro for h in shares]
     return outputs[0] if len(outputs) == 1 else mx.nd.concat(*outputs, dim=0)
 
 
-def run_stage(pipe, stage, x, devices):
+def run_stage(placement, stage, x, devices):
     """Stage ``stage``'s blocks on ``x``, on one replica's ``devices``. A
     tied parameter owned by another stage is read through a copy from its
     owner's device (a shard's: from its shard's device, onto this stage's
     device of that shard), recorded by autograd (its gradient sums every use)."""
-    # pylint: disable=protected-access
-    if pipe._borrowed is None:
-        params = pipe.collect_params()
-        pipe._borrowed = {s: [(params[n], owner, pipe._shard_of.get(n, 0))
-                              for n, (owner, readers) in pipe.tied.items()
-                              if owner != s and s in readers]
-                          for s in range(pipe.plan.num_stages)}
-    stage_devices = pipe.plan.stage_devices[pipe.plan.replica_devices.index(devices)]
+    stage_devices = placement.plan.stage_devices[placement.plan.replica_devices.index(devices)]
     reads = [(p, stage_devices[owner][shard],
               stage_devices[stage][shard if len(stage_devices[stage]) > 1 else 0])
-             for p, owner, shard in pipe._borrowed[stage]]
+             for p, owner, shard in placement.borrowed[stage]]
     with read_on(reads, devices[stage]):
-        for block in pipe.stages[stage]:
+        for block in placement.stages[stage]:
             x = block(x)
     return x
 
 
-def run_whole(pipe, x, replica):
+def run_whole(placement, x, replica):
     """The whole network's labelled graph on ``x``, op by op, on replica
     ``replica``'s devices."""
-    # pylint: disable=protected-access
-    inputs = {name: param.data(pipe._device_of(name, replica))
-              for name, param in pipe.collect_params().items()}
+    inputs = {name: param.data(placement.device_of(name, replica))
+              for name, param in placement.collect_params().items()}
     inputs[DATA_NAME] = x
-    return graphcut.run_graph(pipe._labelled(), inputs, pipe.plan.group2ctxs[replica])
+    return graphcut.run_graph(placement.labelled(), inputs, placement.plan.group2ctxs[replica])
 
 
 @contextmanager

@@ -1,0 +1,362 @@
+"""Where every part of a network runs: :func:`place` makes one frozen
+:class:`Placement` from the network, the devices and the options, and the
+graph builder (:mod:`~mp_symbolic.core.graph`), the imperative twin
+(:mod:`~mp_symbolic.core.twin`) and :class:`~mp_symbolic.Pipeline` read it.
+
+After torchgpipe's ``split_module()``, which returns plain values (partitions,
+balance, devices) that the rest takes as arguments: planning is one function
+whose steps each take the previous one's result, in an order the code makes
+plain, and no step rewrites another's result.
+
+The steps: the devices and their replicas (:mod:`~mp_symbolic.core.devices`);
+the parameter shapes from a sample; the stages (blocks per stage by
+:mod:`~mp_symbolic.core.balance`, or ops per stage by the cut of one whole
+network, :mod:`~mp_symbolic.core.graphcut`); each parameter's owning stage
+(the first that reads it, unless ``tied`` says otherwise); and each
+tensor-parallel shard's device within its stage
+(:mod:`~mp_symbolic.core.tensor_parallel`), which moves a shard's weight to
+the stage of its layer.
+"""
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import cached_property
+import json
+
+import mxnet as mx
+import numpy as np
+
+from . import balance as balancing
+from . import graph, graphcut, tensor_parallel
+from .checks import positive_int, tied_owners
+from .compat import reset_variables
+from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
+from .names import (DATA_NAME, GROUP_ATTR, SHARD_ATTR, is_tied, parse_shard_mark, shard_group,
+                    stage_name)
+
+__all__ = []
+
+
+def parameters(blocks):
+    """``{name: Parameter}`` of every parameter of ``blocks``, each once, in block order."""
+    params = OrderedDict()
+    for block in blocks:
+        for name, param in block.collect_params().items():
+            params.setdefault(name, param)
+    return params
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """A network placed on devices: what runs where, fixed once made.
+
+    Attributes:
+        blocks: The blocks, in order (one ``HybridBlock`` for a whole network).
+        whole: Whether one whole network was cut (then ``cut`` is its
+            :class:`~mp_symbolic.core.graphcut.Cut`).
+        cut: The cut, or ``None`` for a block list.
+        plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
+        owner: ``{parameter name: stage it lives on}``.
+        shard_of: ``{parameter name: index of its device in its stage}`` for
+            the shards of tensor-parallel layers; others are on the stage's first.
+        sharded: The tensor-parallel layout (:func:`tensor_parallel.layout`).
+        chunks, replicas: Micro-batches per batch, copies of the pipeline.
+        mirror: Stages whose ops are recomputed in the backward pass.
+        sample_shape: The sample's shape, or ``None``.
+    """
+    blocks: tuple
+    whole: bool
+    cut: object
+    plan: DevicePlan
+    owner: dict
+    shard_of: dict
+    sharded: object
+    chunks: int
+    replicas: int
+    mirror: tuple
+    sample_shape: tuple
+
+    def collect_params(self):
+        """The blocks' parameters (as a Gluon block's ``collect_params``)."""
+        return parameters(self.blocks)
+
+    # -- the labelled graph of a whole network -----------------------------
+
+    def labelled(self, mirror=()):
+        """The cut graph labelled by stage, each tensor-parallel shard in its
+        group (weights that moved away from a reader then read through an
+        identity)."""
+        graph = self.cut.labelled(mirror)
+        if not any(SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
+            return graph
+        return graphcut.tie_parameters(tensor_parallel.shard_groups(
+            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
+
+    def unsplit_labelled(self):
+        """The whole network traced with its tensor-parallel layers unsplit (as
+        checkpoints hold it), each node in the stage its split form has: by
+        name, and a layer's unsplit ops and weights in its shards' stage."""
+        reset_variables(self)
+        with tensor_parallel.unsplit():
+            graph = json.loads(self.blocks[0](mx.sym.var(DATA_NAME)).tojson())
+        reset_variables(self)
+        split = self.labelled()['nodes']
+        stage_of = {n['name']: self._stage_of_group[n['attrs'][GROUP_ATTR]] for n in split}
+        layers = {}
+        for node in split:
+            mark = node.get('attrs', {}).get(SHARD_ATTR)
+            if mark is not None:
+                layers.setdefault(parse_shard_mark(mark)[2] + '_', stage_of[node['name']])
+        for node in graph['nodes']:
+            name = node['name']
+            where = stage_of.get(name)
+            if where is None:
+                where = next((s for layer, s in layers.items() if name.startswith(layer)), 0)
+            node.setdefault('attrs', {})[GROUP_ATTR] = stage_name(where)
+        return graphcut.tie_parameters(graph)
+
+    @cached_property
+    def _stage_of_group(self):
+        return {shard_group(s, i): s for s in range(self.plan.num_stages)
+                for i in range(self.plan.width(s))}
+
+    @cached_property
+    def _cut_layout(self):
+        """``(op names of each stage, {variable: stages whose ops read it})`` of
+        the labelled cut graph (shards moved to their layer's stage)."""
+        if not self.shard_of:
+            return ([self.cut.ops_of_stage(s) for s in range(self.plan.num_stages)],
+                    self.cut.readers)
+        nodes = self.labelled()['nodes']
+        ops, readers = [[] for _ in range(self.plan.num_stages)], {}
+        for node in nodes:
+            if node['op'] == 'null':
+                continue
+            st = self._stage_of_group[node['attrs'][GROUP_ATTR]]
+            if not is_tied(node['name']):
+                ops[st].append(node['name'])
+            for src, _, _ in node['inputs']:
+                source = nodes[src]
+                if source['op'] == 'null':
+                    readers.setdefault(source['name'], [])
+                    if st not in readers[source['name']]:
+                        readers[source['name']].append(st)
+        return ops, readers
+
+    # -- what runs where ----------------------------------------------------
+
+    @property
+    def stages(self):
+        """The blocks of each stage (op names, for a whole network)."""
+        if self.whole:
+            return self._cut_layout[0]
+        return [[b for b, st in zip(self.blocks, self.plan.stage_of_layer) if st == s]
+                for s in range(self.plan.num_stages)]
+
+    def device_of(self, name, replica=0):
+        """Device of parameter ``name`` in replica ``replica``: its stage's, or
+        its shard's."""
+        stage = self.owner[name]
+        return self.plan.stage_devices[replica][stage][self.shard_of.get(name, 0)]
+
+    def devices_of(self, name):
+        """The devices of parameter ``name``'s copies, one per replica."""
+        return [self.device_of(name, r) for r in range(self.plan.num_replicas)]
+
+    @cached_property
+    def tied(self):
+        """``{parameter name: (owning stage, [stages that read it])}`` of every
+        parameter read by more than one stage."""
+        readers = {}
+        if self.whole:
+            readers = {n: list(r) for n, r in self._cut_layout[1].items() if n != DATA_NAME}
+        else:
+            for block, stage in zip(self.blocks, self.plan.stage_of_layer):
+                for name in block.collect_params():
+                    readers.setdefault(name, [])
+                    if stage not in readers[name]:
+                        readers[name].append(stage)
+        return {n: (self.owner[n], sorted(r)) for n, r in readers.items()
+                if len(set(r) | {self.owner[n]}) > 1}
+
+    @cached_property
+    def borrowed(self):
+        """``{stage: [(parameter, owning stage, shard index)]}``: the tied
+        parameters each stage reads from another stage."""
+        params = self.collect_params()
+        return {s: [(params[n], owner, self.shard_of.get(n, 0))
+                    for n, (owner, readers) in self.tied.items() if owner != s and s in readers]
+                for s in range(self.plan.num_stages)}
+
+    # -- the plan in words --------------------------------------------------
+
+    def describe(self):
+        """The plan, one line per stage, with block names and parameter counts.
+
+        For a whole network: per stage, its device(s), op count and parameter
+        count, then its ops and its parameters, and after each stage but the
+        last the activation bytes per sample that cross to the next.
+        """
+        lines = self._describe_cut() if self.whole else self._describe_blocks()
+        return lines + ['tied: %s lives on %s, read by %s' % (
+            name, stage_name(owner), ', '.join(stage_name(r) for r in readers))
+                        for name, (owner, readers) in sorted(self.tied.items())]
+
+    def _describe_blocks(self):
+        lines = []
+        for s, blocks in enumerate(self.stages):
+            names = ', '.join(b.name for b in blocks)
+            # each parameter once, on the stage it lives on (a tied one on its owner's)
+            params = {n: p for b in blocks for n, p in b.collect_params().items()
+                      if self.owner.get(n, s) == s}
+            shapes = [p.shape for p in params.values()]
+            if all(shape and all(d > 0 for d in shape) for shape in shapes):
+                count = '%d parameters' % sum(int(np.prod(shape)) for shape in shapes)
+            else:
+                count = 'parameter count not known yet'
+            lines.append('%s -> %s: %s (%s)' % (stage_name(s), self.plan.stage_label(s), names,
+                                                count))
+        return lines
+
+    def _describe_cut(self):
+        params = self.collect_params()
+        lines = []
+        for s in range(self.plan.num_stages):
+            ops = self.stages[s]
+            names = [n for n in params if self.owner.get(n) == s]
+            count = sum(int(np.prod(params[n].shape)) for n in names)
+            lines.append('%s -> %s: %d ops, %d parameter values'
+                         % (stage_name(s), self.plan.stage_label(s), len(ops), count))
+            lines.append('  ops: ' + ', '.join(ops))
+            lines.append('  parameters: ' + (', '.join(names) or 'none'))
+            if s + 1 < self.plan.num_stages:
+                crossing = 'not known (no sample)' if self.cut.boundary_bytes is None else \
+                    '%d bytes per sample' % self.cut.boundary_bytes[s]
+                lines.append('  %s -> %s: %s' % (stage_name(s), stage_name(s + 1), crossing))
+        return lines
+
+
+def place(blocks, whole, devices, balance=None, sample_shape=None, chunks=1, replicas=1,
+          mirror=False, tied=None):
+    """The :class:`Placement` of ``blocks`` on ``devices`` (see
+    :class:`~mp_symbolic.Pipeline` for the arguments).
+
+    Args:
+        blocks: The blocks (checked ``HybridBlock`` s); one, for ``whole``.
+        whole: Whether the one block is cut through its traced graph.
+        sample_shape: A batch's shape (parameter shapes are inferred from it
+            first), or ``None``.
+
+    Raises:
+        ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
+            chunks, replicas, mirror or tied values that cannot work.
+    """
+    if devices is None:
+        raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
+                              'list of mx.Context, found None')
+    replica_devices = split_replicas(resolve_devices(devices), replicas)
+    num_stages = len(replica_devices[0])
+    positive_int('chunks', chunks)
+    mirror = tuple(range(num_stages)) if mirror is True else tuple(mirror or ())
+    if any(not isinstance(st, int) or not 0 <= st < num_stages for st in mirror):
+        raise ValueError('mirror: expected True or stage indices below %d, found %r'
+                         % (num_stages, mirror))
+    if sample_shape is not None:
+        graph.infer_shapes(blocks, sample_shape)
+    cut = None
+    if whole:
+        cut = _cut(blocks[0], num_stages, balance, sample_shape, tied)
+        plan = DevicePlan(replica_devices[0], cut.stage_of_op, replica_devices)
+        owner = {n: s for n, s in cut.owner.items() if n != DATA_NAME}
+        for name in parameters(blocks):
+            owner.setdefault(name, 0)  # a parameter the forward pass does not use
+    else:
+        sizes = _balance(blocks, num_stages, balance, sample_shape, replica_devices[0][0])
+        plan = DevicePlan(replica_devices[0], balancing.stage_of_block(sizes), replica_devices)
+        owner = {}
+        for block, stage in zip(blocks, plan.stage_of_layer):
+            for name in block.collect_params():
+                owner.setdefault(name, stage)
+        owner.update(tied_owners(tied, owner, num_stages, 'the blocks'))
+    sharded = tensor_parallel.layout(blocks)
+    first = Placement(tuple(blocks), whole, cut, plan, owner, {}, sharded, chunks, replicas,
+                      mirror, sample_shape)
+    owner, shard_of = _shards(first)
+    return Placement(tuple(blocks), whole, cut, plan, owner, shard_of, sharded, chunks, replicas,
+                     mirror, sample_shape)
+
+
+def _balance(blocks, num_stages, balance, sample_shape, device):
+    """Blocks per stage of a block list."""
+    if num_stages > len(blocks):
+        raise DeviceSpecError('too many devices for the blocks (devices per replica: %d, '
+                              'blocks: %d); expected at most one device per block'
+                              % (num_stages, len(blocks)))
+    if balance is None:
+        return balancing.balance_by_size(blocks, num_stages)
+    if isinstance(balance, str):
+        if balance != 'time':
+            raise balancing.BalanceError("balance: expected None, 'time' or a list of "
+                                         'blocks per stage, found %r' % balance)
+        if sample_shape is None:
+            raise balancing.BalanceError("balance='time': expected sample= (a batch or "
+                                         'its shape) to time the blocks on, found none')
+        # timed on the first stage's device: the kind of device the stages run on
+        return balancing.balance_by_time(blocks, sample_shape, device, partitions=num_stages)
+    return balancing.check_balance(balance, len(blocks), num_stages)
+
+
+def _cut(net, num_stages, balance, sample_shape, tied):
+    """The cut of one whole network into ``num_stages`` stages."""
+    reset_variables(net)
+    with tensor_parallel.mark_shards():
+        symbol = net(mx.sym.var(DATA_NAME))
+    reset_variables(net)
+    shapes = {name: param.shape for name, param in net.collect_params().items()}
+    if sample_shape is None and any(
+            shape is None or not all(shape) for shape in shapes.values()):
+        raise ValueError('sample: expected a batch or its shape to split a whole network '
+                         'whose parameter shapes are not known yet, found none')
+    try:
+        return graphcut.Cut(symbol, num_stages, balance, sample_shape, shapes, tied, DATA_NAME)
+    except balancing.BalanceError as err:  # CutError too
+        if 'too many devices' in str(err):
+            raise DeviceSpecError(str(err)) from None
+        raise balancing.BalanceError(str(err)) from None
+
+
+def _shards(placement):
+    """``(owner, shard_of)``: each tensor-parallel shard's device index in
+    its stage, and its weight's owner moved to its layer's stage.
+
+    Raises:
+        DeviceSpecError: a stage of several devices whose count is not the
+            shards of a tensor-parallel layer in it.
+    """
+    plan = placement.plan
+    widths = [plan.width(s) for s in range(plan.num_stages)]
+    owner, shard_of = dict(placement.owner), {}
+    if placement.whole:
+        try:
+            graph = placement.labelled()
+        except ValueError as err:
+            raise DeviceSpecError(str(err)) from None
+        groups = {shard_group(s, i): (s, i) for s, w in enumerate(widths) for i in range(w)}
+        for node in graph['nodes']:
+            attrs = node.get('attrs', {})
+            if node['op'] == 'null' and SHARD_ATTR in attrs and node['name'] in owner:
+                # a shard's weight goes where shard_groups put its layer
+                owner[node['name']], shard_of[node['name']] = groups[attrs[GROUP_ATTR]]
+        return owner, shard_of
+    for block, stage in zip(placement.blocks, plan.stage_of_layer):
+        for layer in tensor_parallel.sharded_blocks(block):
+            try:
+                indices = layer.device_indices(widths[stage])
+            except ValueError as err:
+                raise DeviceSpecError('%s in %s: %s' % (layer.name, stage_name(stage), err)) \
+                    from None
+            for index, params in zip(indices, layer._shard_params):  # pylint: disable=protected-access
+                for param in params.values():
+                    # a tied parameter sits where its owning stage puts it
+                    if owner[param.name] == stage or param.name not in shard_of:
+                        shard_of[param.name] = index
+    return owner, shard_of
