@@ -28,7 +28,7 @@ SEGMENT_BOUNDARY_PREFIX = 'chunk_boundary'
 DO_MIRROR = 'MXNET_BACKWARD_DO_MIRROR'
 
 
-def segment_boundaries(heads, group, first_index):
+def segment_boundaries(heads, group, first_index, tag=''):
     """Micro-batch outputs ``heads`` (one per chunk, in the join's order),
     each but the last through a copy on its own device, so
     that MXNet bulks every stage's ops of every micro-batch (for a graph of
@@ -72,6 +72,8 @@ def segment_boundaries(heads, group, first_index):
             micro-batch outputs, in the join's order.
         group: The ``ctx_group`` of the join (the last stage's).
         first_index: The index the first appended node will have.
+        tag: Put in the copies' names after the prefix (one per output of a
+            network with several).
 
     Returns:
         ``(nodes, heads)``: the copy nodes to append to the graph (JSON,
@@ -84,7 +86,7 @@ def segment_boundaries(heads, group, first_index):
         if m == len(heads) - 1:
             out.append(head)
             continue
-        nodes.append({'op': SEGMENT_BOUNDARY_OP, 'name': '%s%d' % (SEGMENT_BOUNDARY_PREFIX, m),
+        nodes.append({'op': SEGMENT_BOUNDARY_OP, 'name': '%s%s%d' % (SEGMENT_BOUNDARY_PREFIX, tag, m),
                       'attrs': {GROUP_ATTR: group}, 'inputs': [head]})
         out.append([first_index + len(nodes) - 1, 0, 0])
     return nodes, out

@@ -23,9 +23,21 @@ from .names import DATA_NAME, GROUP_ATTR, chunk_name, shard_group, stage_name
 __all__ = []
 
 
+def _chain(blocks, inputs):
+    """The blocks one after the other on the Symbols ``inputs`` (the first
+    block takes them all; a block returning several outputs passes them all
+    to the next); several outputs at the end grouped."""
+    x = list(inputs)
+    for block in blocks:
+        x = block(*x)
+        x = list(x) if isinstance(x, (list, tuple)) else [x]
+    return x[0] if len(x) == 1 else mx.sym.Group(x)
+
+
 def build(placement, data, chunks):
-    """``data`` through every stage of ``placement``, tagged; chunks joined on
-    the last stage."""
+    """``data`` (a Symbol, or one per input) through every stage of
+    ``placement``, tagged; chunks joined on the last stage."""
+    data = list(data) if isinstance(data, (list, tuple)) else [data]
     if placement.whole:
         return _build_cut(placement, data, chunks)
     reset_variables(placement)
@@ -35,11 +47,12 @@ def build(placement, data, chunks):
         extra = {'force_mirroring': 'True'} if s in placement.mirror else {}
         with mx.AttrScope(ctx_group=stage_name(s), **extra), \
                 tensor_parallel.stage_scope(s, placement.plan.width(s)):
-            for block in blocks:
-                x = block(x)
+            x = [_chain(blocks, x)]
+    x = x[0]
     if chunks == 1:
         return x
-    return graphcut.load(graphcut.replicate_chunks(json.loads(x.tojson()), data.name, chunks,
+    return graphcut.load(graphcut.replicate_chunks(json.loads(x.tojson()),
+                                                   [d.name for d in data], chunks,
                                                    placement.plan.num_stages - 1))
 
 
@@ -49,14 +62,15 @@ def _build_cut(placement, data, chunks):
         labelled = placement.unsplit_labelled()
     else:
         labelled = placement.labelled(placement.mirror)
-    graph = graphcut.replicate_chunks(labelled, DATA_NAME, chunks,
-                                      placement.plan.num_stages - 1)
-    if data.list_arguments() == [data.name] and len(data.get_internals()) == 1:
-        for node in graph['nodes']:  # the input variable takes the caller's name
-            if node['op'] == 'null' and node['name'] == DATA_NAME:
-                node['name'] = data.name
+    names = placement.input_names
+    graph = graphcut.replicate_chunks(labelled, names, chunks, placement.plan.num_stages - 1)
+    if all(d.list_arguments() == [d.name] and len(d.get_internals()) == 1 for d in data):
+        rename = {n: d.name for n, d in zip(names, data)}
+        for node in graph['nodes']:  # each input variable takes the caller's name
+            if node['op'] == 'null' and node['name'] in rename:
+                node['name'] = rename[node['name']]
         return graphcut.load(graph)
-    return graphcut.load(graph)(**{DATA_NAME: data})
+    return graphcut.load(graph)(**dict(zip(names, data)))
 
 
 def data_variable(data_name):
@@ -91,19 +105,24 @@ def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
     """Fills in the parameter shapes of ``blocks`` (in order, each feeding the
     next) not known yet from one input shape.
 
+    Args:
+        data_shape, data_name: The input's shape and name; for several
+            inputs, a tuple of shapes and one of names.
+
     Raises:
         ValueError: MXNet cannot infer the shapes from ``data_shape``.
     """
+    names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
+    shapes = (tuple(data_shape),) if isinstance(data_name, str) else tuple(map(tuple, data_shape))
     for block in blocks:
         reset_variables(block)
-    sym = mx.sym.var(data_name)
-    for block in blocks:
-        sym = block(sym)
+    sym = _chain(blocks, [mx.sym.var(n) for n in names])
     try:
-        arg_shapes, _, aux_shapes = sym.infer_shape(**{data_name: tuple(data_shape)})
+        arg_shapes, _, aux_shapes = sym.infer_shape(**dict(zip(names, shapes)))
     except mx.base.MXNetError as err:
-        raise ValueError('sample: cannot infer the network\'s shapes from input shape %s: %s'
-                         % (tuple(data_shape), error_line(err))) from None
+        raise ValueError('sample: cannot infer the network\'s shapes from input shape%s %s: %s'
+                         % ('s' if len(shapes) > 1 else '',
+                            ', '.join(str(s) for s in shapes), error_line(err))) from None
     shapes = dict(zip(sym.list_arguments(), arg_shapes))
     shapes.update(zip(sym.list_auxiliary_states(), aux_shapes))
     for block in blocks:

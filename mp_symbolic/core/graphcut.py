@@ -317,64 +317,81 @@ def tie_parameters(graph):
 
 
 def replicate_chunks(graph, data_name, chunks, last_stage):
-    """``graph`` run on ``chunks`` micro-batches of its input: the input split
-    along the batch axis in stage 0 (``chunk``), every op copied per chunk
-    (copies after the first named ``<op>_chunk<m>``), every variable shared,
-    the outputs joined in ``last_stage`` (``join``), each but the last through
-    a segment boundary when there are several stages
+    """``graph`` run on ``chunks`` micro-batches of its inputs: each input
+    split along the batch axis in its own stage (``chunk``; ``chunk_<name>``
+    for several inputs), every op copied per chunk (copies after the first
+    named ``<op>_chunk<m>``), every variable shared, each output's chunks
+    joined in ``last_stage`` (``join``; ``join<k>`` for several outputs), each
+    but the last through a segment boundary when there are several stages
     (:func:`mp_symbolic.core.compat.segment_boundaries`).
 
+    Args:
+        data_name: The input variable, or the names of several.
+
     Raises:
-        CutError: the graph has more than one output.
+        CutError: an input is not a variable of the graph.
     """
     if chunks == 1:
         return json.loads(json.dumps(graph))
-    if len(graph['heads']) != 1:
-        raise CutError('chunks: expected a network with one output, found %d outputs'
-                       % len(graph['heads']))
+    names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
     nodes = graph['nodes']
-    data = [i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == data_name]
-    if len(data) != 1:
-        raise CutError('chunks: expected one input variable %r, found %d'
-                       % (data_name, len(data)))
+    inputs = {}
+    for name in names:
+        found = [i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name]
+        if len(found) != 1:
+            raise CutError('chunks: expected one input variable %r, found %d' % (name, len(found)))
+        inputs[found[0]] = name
     out, index = [], {}
     for i, node in enumerate(nodes):
         if node['op'] == 'null':
             index[(i, None)] = len(out)
             out.append(json.loads(json.dumps(node)))
-    split = len(out)
-    out.append({'op': 'split', 'name': CHUNK_SPLIT,
-                'attrs': {'axis': '0', 'num_outputs': str(chunks),
-                          GROUP_ATTR: nodes[data[0]]['attrs'][GROUP_ATTR]},
-                'inputs': [[index[(data[0], None)], 0, 0]]})
-    heads = []
+    split = {}
+    for i, name in inputs.items():
+        split[i] = len(out)
+        out.append({'op': 'split', 'name': CHUNK_SPLIT if len(names) == 1
+                    else '%s_%s' % (CHUNK_SPLIT, name),
+                    'attrs': {'axis': '0', 'num_outputs': str(chunks),
+                              GROUP_ATTR: nodes[i]['attrs'][GROUP_ATTR]},
+                    'inputs': [[index[(i, None)], 0, 0]]})
+    heads = [[] for _ in graph['heads']]
     for m in range(chunks):
         for i, node in enumerate(nodes):
             if node['op'] == 'null':
                 continue
             copy = json.loads(json.dumps(node))
             copy['name'] = chunk_name(node['name'], m)
-            inputs = []
+            entries = []
             for src, idx, v in node['inputs']:
-                if src == data[0]:
-                    inputs.append([split, m, 0])
+                if src in split:
+                    entries.append([split[src], m, 0])
                 elif nodes[src]['op'] == 'null':
-                    inputs.append([index[(src, None)], idx, v])
+                    entries.append([index[(src, None)], idx, v])
                 else:
-                    inputs.append([index[(src, m)], idx, v])
-            copy['inputs'] = inputs
+                    entries.append([index[(src, m)], idx, v])
+            copy['inputs'] = entries
             index[(i, m)] = len(out)
             out.append(copy)
-        src, idx, v = graph['heads'][0]
-        heads.append([index[(src, m)] if nodes[src]['op'] != 'null' else index[(src, None)],
-                      idx, v])
-    if last_stage > 0:
-        copies, heads = segment_boundaries(heads, stage_name(last_stage), len(out))
-        out += copies
-    out.append({'op': 'Concat', 'name': CHUNK_JOIN,
-                'attrs': {'dim': '0', 'num_args': str(chunks), GROUP_ATTR: stage_name(last_stage)},
-                'inputs': heads})
-    return {'nodes': out, 'heads': [[len(out) - 1, 0, 0]], 'attrs': graph['attrs']}
+        for k, (src, idx, v) in enumerate(graph['heads']):
+            if src in split:
+                heads[k].append([split[src], m, 0])
+            elif nodes[src]['op'] == 'null':
+                heads[k].append([index[(src, None)], idx, v])
+            else:
+                heads[k].append([index[(src, m)], idx, v])
+    joined = []
+    for k, parts in enumerate(heads):
+        if last_stage > 0:
+            copies, parts = segment_boundaries(parts, stage_name(last_stage), len(out),
+                                               '' if len(heads) == 1 else '%d_' % k)
+            out += copies
+        out.append({'op': 'Concat', 'name': CHUNK_JOIN if len(heads) == 1
+                    else '%s%d' % (CHUNK_JOIN, k),
+                    'attrs': {'dim': '0', 'num_args': str(chunks),
+                              GROUP_ATTR: stage_name(last_stage)},
+                    'inputs': parts})
+        joined.append([len(out) - 1, 0, 0])
+    return {'nodes': out, 'heads': joined, 'attrs': graph['attrs']}
 
 
 def unique_names(graph):
@@ -399,15 +416,17 @@ class Cut:
     builds for one ``HybridBlock``.
 
     Args:
-        symbol: The traced network (``net(mx.sym.var(data_name))``).
+        symbol: The traced network (``net(mx.sym.var(data_name))``; several
+            outputs grouped, ``mx.sym.Group``).
         num_stages: Stages to make.
         balance: ``None`` (parameter count), ``'time'`` (measured on
             ``input_shape``) or a list of ops per stage.
-        input_shape: A batch's shape, or ``None`` when the data shape is not
-            known (then no bytes are counted).
+        input_shape: A batch's shape (``{input name: shape}`` for several
+            inputs), or ``None`` when the data shape is not known (then no
+            bytes are counted).
         param_shapes: ``{name: shape}`` of every parameter and auxiliary state.
         owners: ``{parameter name: stage}`` chosen by the user.
-        data_name: The input variable.
+        data_name: The input variable, or the names of several.
         slack: See :func:`mp_symbolic.core.balance.solve`.
         ctx: Device to time ops on for ``balance='time'`` (default ``cpu(0)``).
 
@@ -435,8 +454,11 @@ class Cut:
         nodes = self.graph['nodes']
         order = op_order(self.graph)
         self.op_names = [nodes[i]['name'] for i in order]
-        self.data_name = data_name
-        params = {n['name'] for n in nodes if n['op'] == 'null'} - {data_name}
+        self.data_names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
+        self.data_name = self.data_names[0]
+        params = {n['name'] for n in nodes if n['op'] == 'null'} - set(self.data_names)
+        if input_shape is not None and not isinstance(input_shape, dict):
+            input_shape = {self.data_name: input_shape}
         shapes = dict(param_shapes or {})
         missing = sorted(p for p in params if not _known(shapes.get(p)))
         if missing:
@@ -447,12 +469,13 @@ class Cut:
         self.boundary_bytes = self.activation_bytes = None
         batch = None
         if input_shape is not None:
-            batch = max(int(input_shape[0]), 1)
-            nbytes = entry_bytes(load(self.graph), {data_name: tuple(input_shape)})
+            input_shape = {n: tuple(s) for n, s in input_shape.items()}
+            batch = max(int(input_shape[self.data_name][0]), 1)
+            nbytes = entry_bytes(load(self.graph), input_shape)
             self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
             cross = cut_bytes(self.graph, self.activation_bytes) / batch
         if balance is None:
-            self.costs = param_costs(self.graph, shapes, {data_name})
+            self.costs = param_costs(self.graph, shapes, set(self.data_names))
         elif isinstance(balance, str):
             if balance != 'time':
                 raise CutError("balance: expected None, 'time' or a list of ops per stage, "
@@ -460,8 +483,7 @@ class Cut:
             if input_shape is None:
                 raise CutError("balance='time': expected sample= (a batch or its shape) to time "
                                'the ops on, found none')
-            self.costs = op_times(load(self.graph), {data_name: tuple(input_shape)},
-                                  ctx or mx.cpu(0))
+            self.costs = op_times(load(self.graph), input_shape, ctx or mx.cpu(0))
         else:
             self.costs = None
         if self.costs is None:
@@ -474,7 +496,7 @@ class Cut:
         for var, ops in variable_readers(self.graph).items():
             name = nodes[var]['name']
             self.readers[name] = sorted({stage[i] for i in ops})
-            self.owner[name] = 0 if name == data_name else stage[ops[0]]
+            self.owner[name] = 0 if name in self.data_names else stage[ops[0]]
         self.owner.update(tied_owners(owners, params, num_stages, 'the network', CutError))
         if input_shape is not None:
             self.boundary_bytes = [b // batch for b in
@@ -489,7 +511,7 @@ class Cut:
 
     def labelled(self, mirror=()):
         """The graph, every node with its ``ctx_group`` (:func:`label`)."""
-        return label(self.graph, self.stage_of_op, {self.data_name}, self.owner, mirror)
+        return label(self.graph, self.stage_of_op, set(self.data_names), self.owner, mirror)
 
     def ops_of_stage(self, stage):
         return [n for n, s in zip(self.op_names, self.stage_of_op) if s == stage]

@@ -36,15 +36,18 @@ __all__ = []
 
 
 def with_input_shape(symbol, data_name, sample_shape):
-    """``symbol`` with ``(0,) + sample_shape`` recorded on its data variable.
+    """``symbol`` with ``(0,) + sample_shape`` recorded on its data variable
+    (``data_name`` and ``sample_shape`` may be ``{name: sample shape}`` and
+    ``None`` for several inputs).
 
     MXNet reads a 0 dimension as unknown, so the graph still binds at any
     batch size; an exporter reads the per-sample shape back from the file.
     """
+    shapes = data_name if isinstance(data_name, dict) else {data_name: sample_shape}
     graph = json.loads(symbol.tojson())
     for node in graph['nodes']:
-        if node['op'] == 'null' and node['name'] == data_name:
-            node.setdefault('attrs', {})['__shape__'] = str((0,) + tuple(sample_shape))
+        if node['op'] == 'null' and node['name'] in shapes:
+            node.setdefault('attrs', {})['__shape__'] = str((0,) + tuple(shapes[node['name']]))
     return mx.sym.load_json(json.dumps(graph))
 
 
@@ -85,12 +88,17 @@ class PipelineModule(mx.mod.Module):
 
     Args:
         pipeline: The :class:`~mp_symbolic.Pipeline`.
-        loss: See :func:`mp_symbolic.core.heads.make_head`.
-        data_name, label_name: Input and label variable names.
+        loss: See :func:`mp_symbolic.core.heads.make_head`; ``None``: an
+            inference module with no label (the network's outputs).
+        data_name, label_name: Input and label variable names (a network of
+            several inputs takes ``data0``, ``data1``, ...).
+        output: For a network of several outputs, the one the loss reads
+            (:meth:`~mp_symbolic.Pipeline.training_symbol`).
         **kwargs: Passed to ``mx.mod.Module``.
 
     Attributes:
         pipeline: The Pipeline.
+        input_shapes: ``{input name: one sample's shape}`` once bound.
         export_symbol: The training graph without micro-batches and with
             tensor-parallel layers unsplit, which :meth:`save_checkpoint`
             writes (chunks and shards are a training schedule, not part of
@@ -98,28 +106,33 @@ class PipelineModule(mx.mod.Module):
     """
 
     def __init__(self, pipeline, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME,
-                 **kwargs):
+                 output=None, **kwargs):
         for key in ('context', 'group2ctxs', 'data_names', 'label_names'):
             if key in kwargs:
                 raise ValueError('%s: expected it from the Pipeline (its devices and names), '
                                  'found it given' % key)
         self.pipeline = pipeline
         self.loss = loss
-        self.data_name, self.label_name = data_name, label_name
-        symbol = pipeline.training_symbol(loss, data_name, label_name)
+        self.data_name, self.label_name, self.output = data_name, label_name, output
+        symbol = pipeline.training_symbol(loss, data_name, label_name, output=output)
         if pipeline.chunks == 1 and not pipeline.sharded:
             self.export_symbol = symbol
         else:
             with tensor_parallel.unsplit():
                 self.export_symbol = pipeline.training_symbol(loss, data_name, label_name,
-                                                              chunks=1)
+                                                              chunks=1, output=output)
         arguments = symbol.list_arguments()
         label_names = (label_name,) if label_name in arguments else ()
+        # a named loss on one of several outputs: the head first, the others after
+        self._head_first = loss is not None and len(symbol.list_outputs()) > 1 and \
+            output is not None
         plan = pipeline.plan
-        super().__init__(symbol, data_names=(data_name,), label_names=label_names,
+        super().__init__(symbol, data_names=pipeline.data_names(data_name),
+                         label_names=label_names,
                          context=[devices[0] for devices in plan.replica_devices],
                          group2ctxs=plan.group2ctxs, **kwargs)
         self.sample_shape = None
+        self.input_shapes = {}
         self._update_args = None
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = {'params': None, 'states': None}
@@ -140,11 +153,32 @@ class PipelineModule(mx.mod.Module):
                              ' found %d' % (self.pipeline.chunks, self.pipeline.replicas, parts,
                                             shape[0]))
         self.sample_shape = shape[1:]
+        self.input_shapes = {d.name if hasattr(d, 'name') else d[0]:
+                             tuple(d.shape if hasattr(d, 'shape') else d[1])[1:]
+                             for d in data_shapes}
         with split_bind(self._devices()):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
         self._update_args = None  # a new executor group: update() lists its arrays anew
         self._apply_pending()
+
+    def recorded_shapes(self):
+        """``{input name: one sample's shape}`` that a checkpoint records (on
+        the graph's input variables), for the inputs of more than one axis."""
+        return {n: s for n, s in self.input_shapes.items() if s}
+
+    def update_metric(self, eval_metric, labels, pre_sliced=False):
+        """``mx.mod.Module.update_metric``; with a loss on one of several
+        outputs, the metric reads the head's output (the first), as it would
+        on a network of one output."""
+        group = self._exec_group
+        names = group.output_names
+        if self._head_first:
+            group.output_names = names[:1]  # the executor group zips names with outputs
+        try:
+            super().update_metric(eval_metric, labels, pre_sliced)
+        finally:
+            group.output_names = names
 
     def reshape(self, data_shapes, label_shapes=None):
         """``mx.mod.Module.reshape`` (called by ``forward`` on a batch of
@@ -332,9 +366,7 @@ class PipelineModule(mx.mod.Module):
         """Writes ``prefix-symbol.json`` and ``prefix-%04d.params`` as
         ``mx.mod.Module.save_checkpoint`` does, with the graph without
         micro-batches and the per-sample input shape recorded on ``data``."""
-        symbol = self.export_symbol
-        if self.sample_shape is not None:
-            symbol = with_input_shape(symbol, self.data_name, self.sample_shape)
+        symbol = with_input_shape(self.export_symbol, self.recorded_shapes(), None)
         symbol.save('%s-symbol.json' % prefix, remove_amp_cast=remove_amp_cast)
         self.save_params('%s-%04d.params' % (prefix, epoch))
         if save_optimizer_states:

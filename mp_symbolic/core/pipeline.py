@@ -136,12 +136,8 @@ class Pipeline(gluon.Block):
         self.blocks = tuple(_as_blocks(blocks))
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
-        sample_shape = None
-        if sample is not None:
-            sample_shape = tuple(sample) if isinstance(sample, (tuple, list)) \
-                else tuple(sample.shape)
-        self.placement = place(self.blocks, whole, devices, balance, sample_shape, chunks,
-                               replicas, mirror, tied)
+        self.placement = place(self.blocks, whole, devices, balance, sample, chunks, replicas,
+                               mirror, tied)
 
     # -- the placement, as attributes ---------------------------------------
 
@@ -194,39 +190,91 @@ class Pipeline(gluon.Block):
 
     # -- symbolic ------------------------------------------------------------
 
+    @property
+    def input_names(self):
+        """The inputs' names: ``('data',)`` for one, ``('data0', 'data1', ...)``
+        for several (as ``HybridBlock.export`` names them)."""
+        return self.placement.input_names
+
+    def data_names(self, data_name=DATA_NAME):
+        """The data variables of the graphs: ``(data_name,)`` for one input,
+        :attr:`input_names` for several."""
+        return (data_name,) if len(self.input_names) == 1 else self.input_names
+
+    def _inputs(self, data_name):
+        return [graph.data_variable(n) for n in self.data_names(data_name)]
+
     def symbol(self, data_name=DATA_NAME):
-        """The inference graph: ``data`` -> prediction, every node tagged."""
-        return graph.finish(graph.build(self.placement, graph.data_variable(data_name), 1),
+        """The inference graph: the inputs -> the network's output(s), every node tagged."""
+        return graph.finish(graph.build(self.placement, self._inputs(data_name), 1),
                             self.placement)
 
-    def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None):
+    def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
+                        output=None):
         """The graph with its loss head (see :func:`mp_symbolic.core.heads.make_head`).
 
         Args:
+            loss: A loss head; ``None``: no head, the network's outputs (an
+                inference graph with no label).
             chunks: Micro-batches; ``None``: the Pipeline's ``chunks``.
+            output: For a network of several outputs, the one a named loss
+                reads; the graph's outputs are then the head, then the other
+                outputs in order (through ``BlockGrad``: no gradient flows
+                from them). A callable loss receives the list of outputs.
+
+        Raises:
+            ValueError: ``output`` is missing or out of range for a network
+                of several outputs, or given for one of a single output.
         """
         chunks = self.chunks if chunks is None else chunks
-        prediction = graph.build(self.placement, graph.data_variable(data_name), chunks)
+        prediction = graph.build(self.placement, self._inputs(data_name), chunks)
+        count = len(prediction.list_outputs())
+        if loss is None:
+            return graph.finish(prediction, self.placement)
+        outputs = [prediction[k] for k in range(count)] if count > 1 else [prediction]
+        named = not callable(loss) or isinstance(loss, str)
+        if named and count > 1 and (not isinstance(output, int) or isinstance(output, bool)
+                                    or not 0 <= output < count):
+            raise ValueError('output: expected the index of the output the loss reads (the '
+                             'network has %d outputs), found %r' % (count, output))
+        if (count == 1 or not named) and output not in (None, 0):
+            raise ValueError('output: expected None for a network of one output or a callable '
+                             'loss (it receives every output), found %r' % (output,))
         with mx.AttrScope(ctx_group=stage_name(self.plan.num_stages - 1)):
-            head = make_head(loss, prediction, mx.sym.var(label_name))
+            label = mx.sym.var(label_name)
+            if not named and count > 1:
+                head = make_head(loss, outputs, label)
+            elif count == 1:
+                head = make_head(loss, prediction, label)
+            else:
+                head = mx.sym.Group(
+                    [make_head(loss, outputs[output], label)]
+                    + [mx.sym.BlockGrad(o, name='output%d' % k)
+                       for k, o in enumerate(outputs) if k != output])
         return graph.finish(head, self.placement)
 
-    def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, **kwargs):
+    def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, output=None,
+               **kwargs):
         """An ``mx.mod.Module`` bound to the stages' devices (see
         :class:`~mp_symbolic.core.module.PipelineModule`); ``fit``, ``score``,
         ``predict`` and ``save_checkpoint`` work as on any Module.
 
         Args:
-            loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
-                ``(prediction, label) -> Symbol``.
+            loss: ``'l2'``, ``'softmax'``, ``'logistic'``, a callable
+                ``(prediction, label) -> Symbol`` (for several outputs:
+                ``(outputs, label)``), or ``None`` for an inference module
+                with no label whose outputs are the network's, in order.
             data_name, label_name: Names of the input and label variables
-                (default: ``mx.io.NDArrayIter``'s ``data`` and ``softmax_label``).
+                (default: ``mx.io.NDArrayIter``'s ``data`` and ``softmax_label``);
+                a network of several inputs takes ``data0``, ``data1``, ...
+            output: For a network of several outputs, the one the loss reads
+                (see :meth:`training_symbol`).
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
         """
         from .module import PipelineModule  # pylint: disable=import-outside-toplevel
         return PipelineModule(self, loss=loss, data_name=data_name, label_name=label_name,
-                              **kwargs)
+                              output=output, **kwargs)
 
     def infer_shape(self, data_shape, data_name=DATA_NAME):
         """Fills in parameter shapes not known yet from one input shape.
@@ -238,11 +286,13 @@ class Pipeline(gluon.Block):
 
     # -- imperative twin -----------------------------------------------------
 
-    def forward(self, x):  # pylint: disable=arguments-differ
+    def forward(self, x, *more):  # pylint: disable=arguments-differ
         """Runs the blocks stage by stage, moving ``x`` to each stage's device;
         with replicas, each replica a share of the batch, with chunks, as
         micro-batches (see :func:`mp_symbolic.core.twin.forward`). Returns the
-        whole batch's output on the last stage of the first replica.
+        whole batch's output on the last stage of the first replica (a tuple,
+        for a network of several outputs). A network of several inputs takes
+        them all: ``pipe(x0, x1, ...)``, each batch first.
 
         On a Symbol, returns the tagged inference graph (one chunk); the
         Symbol's own nodes go to the first stage unless they name a stage.
@@ -252,11 +302,11 @@ class Pipeline(gluon.Block):
             ValueError: the batch is not a multiple of ``chunks x replicas``,
                 or a node of the Symbol names a ``ctx_group`` the plan lacks.
         """
+        placement = self.placement
         if isinstance(x, mx.sym.Symbol):
-            placement = self.placement
-            return graph.finish(graph.build(placement, graph.on_first_stage(x, placement), 1),
-                                placement)
-        return twin.forward(self.placement, x)
+            inputs = [graph.on_first_stage(s, placement) for s in (x,) + more]
+            return graph.finish(graph.build(placement, inputs, 1), placement)
+        return twin.forward(placement, x, *more)
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):

@@ -27,10 +27,10 @@ import numpy as np
 
 from . import balance as balancing
 from . import graph, graphcut, tensor_parallel
-from .checks import positive_int, tied_owners
+from .checks import is_int, positive_int, tied_owners
 from .compat import reset_variables
 from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
-from .names import (DATA_NAME, GROUP_ATTR, SHARD_ATTR, is_tied, parse_shard_mark, shard_group,
+from .names import (GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark, shard_group,
                     stage_name)
 
 __all__ = []
@@ -61,7 +61,9 @@ class Placement:
         sharded: The tensor-parallel layout (:func:`tensor_parallel.layout`).
         chunks, replicas: Micro-batches per batch, copies of the pipeline.
         mirror: Stages whose ops are recomputed in the backward pass.
-        sample_shape: The sample's shape, or ``None``.
+        sample_shapes: One batch shape per input, or ``None`` (no sample).
+        input_names: The inputs' names, as ``HybridBlock.export`` gives them
+            (:func:`~mp_symbolic.core.names.input_names`).
     """
     blocks: tuple
     whole: bool
@@ -73,7 +75,19 @@ class Placement:
     chunks: int
     replicas: int
     mirror: tuple
-    sample_shape: tuple
+    sample_shapes: tuple
+    input_names: tuple
+
+    @property
+    def sample_shape(self):
+        """The first input's batch shape, or ``None``."""
+        return None if self.sample_shapes is None else self.sample_shapes[0]
+
+    def trace(self, block, inputs):
+        """``block`` on the Symbols ``inputs`` (one per input name, the
+        first block: all of them); several outputs grouped."""
+        out = block(*inputs)
+        return mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
 
     def collect_params(self):
         """The blocks' parameters (as a Gluon block's ``collect_params``)."""
@@ -97,7 +111,8 @@ class Placement:
         name, and a layer's unsplit ops and weights in its shards' stage."""
         reset_variables(self)
         with tensor_parallel.unsplit():
-            graph = json.loads(self.blocks[0](mx.sym.var(DATA_NAME)).tojson())
+            graph = json.loads(self.trace(self.blocks[0], [mx.sym.var(n) for n in
+                                                           self.input_names]).tojson())
         reset_variables(self)
         split = self.labelled()['nodes']
         stage_of = {n['name']: self._stage_of_group[n['attrs'][GROUP_ATTR]] for n in split}
@@ -168,7 +183,8 @@ class Placement:
         parameter read by more than one stage."""
         readers = {}
         if self.whole:
-            readers = {n: list(r) for n, r in self._cut_layout[1].items() if n != DATA_NAME}
+            readers = {n: list(r) for n, r in self._cut_layout[1].items()
+                       if n not in self.input_names}
         else:
             for block, stage in zip(self.blocks, self.plan.stage_of_layer):
                 for name in block.collect_params():
@@ -235,7 +251,41 @@ class Placement:
         return lines
 
 
-def place(blocks, whole, devices, balance=None, sample_shape=None, chunks=1, replicas=1,
+def sample_shapes(sample):
+    """``sample`` as one batch shape per input: a batch (numpy or NDArray)
+    or its shape for one input; a tuple or list of batches or shapes, one per
+    positional input of the network, for several; ``None`` stays ``None``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if sample is None:
+        return None
+    if hasattr(sample, 'shape'):
+        return (tuple(int(d) for d in sample.shape),)
+    if isinstance(sample, (tuple, list)) and sample:
+        if all(is_int(d) for d in sample):
+            return (tuple(int(d) for d in sample),)
+        shapes = []
+        for item in sample:
+            if hasattr(item, 'shape'):
+                shapes.append(tuple(int(d) for d in item.shape))
+            elif isinstance(item, (tuple, list)) and item and all(is_int(d) for d in item):
+                shapes.append(tuple(int(d) for d in item))
+            else:
+                break
+        else:
+            return tuple(shapes)
+    raise ValueError('sample: expected a batch or its shape, or a tuple of them (one per input '
+                     'of the network), found %s' % _describe(sample))
+
+
+def _describe(value):
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + '...'
+
+
+def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
           mirror=False, tied=None):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
@@ -243,8 +293,9 @@ def place(blocks, whole, devices, balance=None, sample_shape=None, chunks=1, rep
     Args:
         blocks: The blocks (checked ``HybridBlock`` s); one, for ``whole``.
         whole: Whether the one block is cut through its traced graph.
-        sample_shape: A batch's shape (parameter shapes are inferred from it
-            first), or ``None``.
+        sample: A batch or its shape, or a tuple of them (one per input:
+            :func:`sample_shapes`); parameter shapes are inferred from it
+            first. ``None``: no sample, one input.
 
     Raises:
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
@@ -260,17 +311,19 @@ def place(blocks, whole, devices, balance=None, sample_shape=None, chunks=1, rep
     if any(not isinstance(st, int) or not 0 <= st < num_stages for st in mirror):
         raise ValueError('mirror: expected True or stage indices below %d, found %r'
                          % (num_stages, mirror))
-    if sample_shape is not None:
-        graph.infer_shapes(blocks, sample_shape)
+    shapes = sample_shapes(sample)
+    names = tuple(input_names(1 if shapes is None else len(shapes)))
+    if shapes is not None:
+        graph.infer_shapes(blocks, shapes, names)
     cut = None
     if whole:
-        cut = _cut(blocks[0], num_stages, balance, sample_shape, tied)
+        cut = _cut(blocks[0], num_stages, balance, shapes, names, tied)
         plan = DevicePlan(replica_devices[0], cut.stage_of_op, replica_devices)
-        owner = {n: s for n, s in cut.owner.items() if n != DATA_NAME}
+        owner = {n: s for n, s in cut.owner.items() if n not in names}
         for name in parameters(blocks):
             owner.setdefault(name, 0)  # a parameter the forward pass does not use
     else:
-        sizes = _balance(blocks, num_stages, balance, sample_shape, replica_devices[0][0])
+        sizes = _balance(blocks, num_stages, balance, shapes, replica_devices[0][0])
         plan = DevicePlan(replica_devices[0], balancing.stage_of_block(sizes), replica_devices)
         owner = {}
         for block, stage in zip(blocks, plan.stage_of_layer):
@@ -279,13 +332,13 @@ def place(blocks, whole, devices, balance=None, sample_shape=None, chunks=1, rep
         owner.update(tied_owners(tied, owner, num_stages, 'the blocks'))
     sharded = tensor_parallel.layout(blocks)
     first = Placement(tuple(blocks), whole, cut, plan, owner, {}, sharded, chunks, replicas,
-                      mirror, sample_shape)
+                      mirror, shapes, names)
     owner, shard_of = _shards(first)
     return Placement(tuple(blocks), whole, cut, plan, owner, shard_of, sharded, chunks, replicas,
-                     mirror, sample_shape)
+                     mirror, shapes, names)
 
 
-def _balance(blocks, num_stages, balance, sample_shape, device):
+def _balance(blocks, num_stages, balance, shapes, device):
     """Blocks per stage of a block list."""
     if num_stages > len(blocks):
         raise DeviceSpecError('too many devices for the blocks (devices per replica: %d, '
@@ -297,27 +350,34 @@ def _balance(blocks, num_stages, balance, sample_shape, device):
         if balance != 'time':
             raise balancing.BalanceError("balance: expected None, 'time' or a list of "
                                          'blocks per stage, found %r' % balance)
-        if sample_shape is None:
+        if shapes is None:
             raise balancing.BalanceError("balance='time': expected sample= (a batch or "
                                          'its shape) to time the blocks on, found none')
+        if len(shapes) > 1:
+            raise balancing.BalanceError("balance='time': expected blocks of one input to time, "
+                                         'found a sample of %d inputs (give balance= as blocks '
+                                         'per stage)' % len(shapes))
         # timed on the first stage's device: the kind of device the stages run on
-        return balancing.balance_by_time(blocks, sample_shape, device, partitions=num_stages)
+        return balancing.balance_by_time(blocks, shapes[0], device, partitions=num_stages)
     return balancing.check_balance(balance, len(blocks), num_stages)
 
 
-def _cut(net, num_stages, balance, sample_shape, tied):
+def _cut(net, num_stages, balance, shapes, names, tied):
     """The cut of one whole network into ``num_stages`` stages."""
     reset_variables(net)
     with tensor_parallel.mark_shards():
-        symbol = net(mx.sym.var(DATA_NAME))
+        out = net(*[mx.sym.var(n) for n in names])
+        symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
     reset_variables(net)
-    shapes = {name: param.shape for name, param in net.collect_params().items()}
-    if sample_shape is None and any(
-            shape is None or not all(shape) for shape in shapes.values()):
+    params = {name: param.shape for name, param in net.collect_params().items()}
+    if shapes is None and any(
+            shape is None or not all(shape) for shape in params.values()):
         raise ValueError('sample: expected a batch or its shape to split a whole network '
                          'whose parameter shapes are not known yet, found none')
     try:
-        return graphcut.Cut(symbol, num_stages, balance, sample_shape, shapes, tied, DATA_NAME)
+        return graphcut.Cut(symbol, num_stages, balance,
+                            None if shapes is None else dict(zip(names, shapes)), params, tied,
+                            names)
     except balancing.BalanceError as err:  # CutError too
         if 'too many devices' in str(err):
             raise DeviceSpecError(str(err)) from None

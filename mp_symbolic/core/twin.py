@@ -23,54 +23,65 @@ from contextlib import contextmanager
 import mxnet as mx
 
 from . import graphcut
-from .names import DATA_NAME
 
 __all__ = []
 
 
-def _check_batch(placement, x):
-    if not isinstance(x, mx.nd.NDArray):
-        raise TypeError('x: expected an NDArray (or a Symbol), found %s' % type(x).__name__)
+def _check_batch(placement, xs):
+    if len(xs) != len(placement.input_names):
+        raise TypeError('inputs: expected %d (%s), found %d'
+                        % (len(placement.input_names), ', '.join(placement.input_names), len(xs)))
     parts = placement.replicas * placement.chunks
-    if not x.shape or x.shape[0] % parts:
-        raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d), '
-                         'found %s' % (placement.chunks, placement.replicas, parts,
-                                       x.shape[0] if x.shape else 'a scalar'))
-    return x.shape[0] // parts
+    for name, x in zip(placement.input_names, xs):
+        if not isinstance(x, mx.nd.NDArray):
+            raise TypeError('%s: expected an NDArray (or a Symbol), found %s'
+                            % ('x' if len(xs) == 1 else name, type(x).__name__))
+        if not x.shape or x.shape[0] % parts or x.shape[0] != xs[0].shape[0]:
+            raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d)'
+                             '%s, found %s' % (placement.chunks, placement.replicas, parts,
+                                               ', the same for every input' if len(xs) > 1
+                                               else '', x.shape[0] if x.shape else 'a scalar'))
+    return xs[0].shape[0] // parts
 
 
-def forward(placement, x):
-    """``x`` through ``placement``'s stages on every replica; the whole batch's
-    output on the last stage of replica 0.
+def forward(placement, *xs):
+    """The inputs ``xs`` through ``placement``'s stages on every replica; the
+    whole batch's output on the last stage of replica 0 (a tuple for several).
 
     Raises:
-        TypeError: ``x`` is not an NDArray.
+        TypeError: an input is not an NDArray, or not one per input name.
         ValueError: the batch does not split into ``chunks x replicas``
             equal parts.
     """
-    size = _check_batch(placement, x)
+    size = _check_batch(placement, xs)
     plan = placement.plan
     num_stages, chunks = plan.num_stages, placement.chunks
-    # micro[r][m]: micro-batch m of replica r, as far as it has gone
-    micro = [[x if size == x.shape[0] else
-              mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
-                               end=(r * chunks + m + 1) * size)
+    # micro[r][m]: micro-batch m of replica r, as far as it has gone (a list:
+    # the values a stage passes on)
+    micro = [[[x if size == x.shape[0] else
+               mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
+                                end=(r * chunks + m + 1) * size) for x in xs]
               for m in range(chunks)] for r in range(placement.replicas)]
     if placement.whole:  # a cut graph runs op by op, each op on its stage's device
-        micro = [[run_whole(placement, h.as_in_context(devices[0]), r) for h in shares]
+        micro = [[run_whole(placement, [h.as_in_context(devices[0]) for h in hs], r)
+                  for hs in shares]
                  for r, (devices, shares) in enumerate(zip(plan.replica_devices, micro))]
     for clock in range(chunks + num_stages - 1 if not placement.whole else 0):
         for r, devices in enumerate(plan.replica_devices):
             for m in range(max(0, clock - num_stages + 1), min(chunks, clock + 1)):
                 stage = clock - m
-                h = micro[r][m].as_in_context(devices[stage])  # recorded by autograd
-                micro[r][m] = run_stage(placement, stage, h, devices)
-    outputs = [h.as_in_context(plan.last_device) for shares in micro for h in shares]
-    return outputs[0] if len(outputs) == 1 else mx.nd.concat(*outputs, dim=0)
+                hs = [h.as_in_context(devices[stage]) for h in micro[r][m]]  # recorded by autograd
+                micro[r][m] = run_stage(placement, stage, hs, devices)
+    outputs = [[h.as_in_context(plan.last_device) for h in hs]
+               for shares in micro for hs in shares]
+    joined = [parts[0] if len(parts) == 1 else mx.nd.concat(*parts, dim=0)
+              for parts in zip(*outputs)]
+    return joined[0] if len(joined) == 1 else tuple(joined)
 
 
-def run_stage(placement, stage, x, devices):
-    """Stage ``stage``'s blocks on ``x``, on one replica's ``devices``. A
+def run_stage(placement, stage, xs, devices):
+    """Stage ``stage``'s blocks on the values ``xs`` (a list: a block of
+    several outputs passes them all on), on one replica's ``devices``. A
     tied parameter owned by another stage is read through a copy from its
     owner's device (a shard's: from its shard's device, onto this stage's
     device of that shard), recorded by autograd (its gradient sums every use)."""
@@ -80,17 +91,19 @@ def run_stage(placement, stage, x, devices):
              for p, owner, shard in placement.borrowed[stage]]
     with read_on(reads, devices[stage]):
         for block in placement.stages[stage]:
-            x = block(x)
-    return x
+            xs = block(*xs)
+            xs = list(xs) if isinstance(xs, (list, tuple)) else [xs]
+    return xs
 
 
-def run_whole(placement, x, replica):
-    """The whole network's labelled graph on ``x``, op by op, on replica
-    ``replica``'s devices."""
+def run_whole(placement, xs, replica):
+    """The whole network's labelled graph on the inputs ``xs``, op by op, on
+    replica ``replica``'s devices; its outputs, as a list."""
     inputs = {name: param.data(placement.device_of(name, replica))
               for name, param in placement.collect_params().items()}
-    inputs[DATA_NAME] = x
-    return graphcut.run_graph(placement.labelled(), inputs, placement.plan.group2ctxs[replica])
+    inputs.update(zip(placement.input_names, xs))
+    out = graphcut.run_graph(placement.labelled(), inputs, placement.plan.group2ctxs[replica])
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 @contextmanager
