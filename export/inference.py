@@ -163,7 +163,8 @@ def parse_input_shapes(items):
     """``--input-shape`` values -> one sample's shape, or ``{name: shape}``.
 
     ``['1,8,8']`` (the one input's shape) -> ``(1, 8, 8)``;
-    ``['data0=16', 'data1=16']`` -> ``{'data0': (16,), 'data1': (16,)}``.
+    ``['data0=16', 'data1=16', 'data2=']`` -> ``{'data0': (16,), 'data1': (16,),
+    'data2': ()}`` (``data2`` holds one number per sample).
 
     Raises:
         ExportError: a shape is not positive integers, a name is given
@@ -179,7 +180,8 @@ def parse_input_shapes(items):
         if not name.isidentifier() or name in named:
             raise ExportError('--input-shape: expected NAME=D1,D2 with a distinct input name '
                               'such as data0=16, found %r' % (item,))
-        named[name] = parse_shape(shape, '--input-shape %s' % name)
+        # NAME= (nothing after it): one number per sample, such as a sequence's length
+        named[name] = parse_shape(shape, '--input-shape %s' % name) if shape.strip() else ()
     if plain and (named or len(plain) > 1):
         raise ExportError('--input-shape: expected one D1,D2 shape, or NAME=D1,D2 for each '
                           'input, found %d values: %s' % (len(items), ' '.join(items)))
@@ -193,11 +195,14 @@ def _recorded_shape(node):
     if not recorded:
         return None
     try:
-        shape = tuple(ast.literal_eval(recorded))[1:]
+        shape = tuple(ast.literal_eval(recorded))
     except (ValueError, SyntaxError, TypeError):
         return None
-    if shape and all(isinstance(d, int) and d > 0 for d in shape):
-        return shape
+    if not shape or shape[0] != 0:
+        return None
+    shape = shape[1:]
+    if all(isinstance(d, int) and d > 0 for d in shape):
+        return shape  # () for an input of one number per sample, such as a length
     return None
 
 
@@ -234,7 +239,7 @@ def sample_shapes(symbol, arg_params, given=None):
     ids = {n['name']: i for i, n in enumerate(nodes) if n['op'] == 'null'}
     shapes = OrderedDict()
     for name in inputs:
-        shape = given.get(name) or _recorded_shape(nodes[ids[name]])
+        shape = given[name] if name in given else _recorded_shape(nodes[ids[name]])
         if shape is None and len(inputs) == 1:
             shape = _dense_width(nodes, ids[name], arg_params)
         if shape is None:

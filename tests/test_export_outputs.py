@@ -291,3 +291,57 @@ def test_within_tolerance_is_relative_to_the_largest_value_of_the_output():
     assert within_tolerance(np.zeros(3), np.zeros(3), TOLERANCE)[0]
     assert not within_tolerance(np.full(3, 1e-30), np.zeros(3), TOLERANCE)[0]
     assert verify.TOLERANCE == 1e-4
+
+
+# -- GluonNLP BERT: three inputs, three outputs, shapes from the sample ------
+
+def _bert_pair(prefix, seq_len=6):
+    """A one-layer GluonNLP ``BERTModel(inputs, token_types, valid_length)``
+    as an MXNet pair whose inputs record ``(0, seq_len)`` and ``(0,)``, as a
+    Pipeline module records a batch of unknown size; and a sample batch."""
+    bert = pytest.importorskip('gluonnlp.model.bert')
+    mx.random.seed(0)
+    encoder = bert.BERTEncoder(num_layers=1, units=16, hidden_size=32, max_length=8,
+                               num_heads=2)
+    net = bert.BERTModel(encoder, vocab_size=30, token_type_vocab_size=2, units=16,
+                         embed_size=16, use_pooler=True, use_decoder=False,
+                         use_classifier=True)
+    net.initialize(mx.init.Normal(0.02))
+    rng = np.random.default_rng(0)
+    sample = {'data0': rng.integers(0, 30, (3, seq_len)).astype(np.float32),
+              'data1': rng.integers(0, 2, (3, seq_len)).astype(np.float32),
+              'data2': rng.integers(1, seq_len + 1, (3,)).astype(np.float32)}
+    net(*[mx.nd.array(sample[k]) for k in sorted(sample)])  # parameters take their shapes
+    graph = json.loads(mx.sym.Group(list(net(*[mx.sym.var(k) for k in sorted(sample)])))
+                       .tojson())
+    for node in graph['nodes']:
+        node.setdefault('attrs', {})['__ctx_group__'] = 'stage0'
+        if node['op'] == 'null' and node['name'] in sample:
+            node['attrs']['__shape__'] = str((0,) + sample[node['name']].shape[1:])
+    symbol = mx.sym.load_json(json.dumps(graph))
+    params = net.collect_params()
+    mx.model.save_checkpoint(prefix, 1, symbol,
+                             {n: p.data() for n, p in params.items()
+                              if n in symbol.list_arguments()},
+                             {n: p.data() for n, p in params.items()
+                              if n in symbol.list_auxiliary_states()})
+    return prefix, sample
+
+
+def test_bert_checkpoint_recording_batch_0_exports_with_its_sample(tmp_path):
+    # Inferred from a batch of 0, BERT's attention failed: "dim_size >= -1 (-4 vs. -1)".
+    prefix, sample = _bert_pair(str(tmp_path / 'bert'))
+    np.savez(str(tmp_path / 'sample.npz'), **sample)
+    assert export_main(['--checkpoint', prefix, '--epoch', '1', '--out', str(tmp_path / 'out'),
+                        '--sample', str(tmp_path / 'sample.npz'), '--verify-batches', '1,7']) == 0
+    onnx_path = str(tmp_path / 'out' / 'current' / 'bert.onnx')
+    session = ort.InferenceSession(onnx_path, providers=['CPUExecutionProvider'])
+    assert [i.name for i in session.get_inputs()] == ['data0', 'data1', 'data2']
+    assert [o.shape for o in session.get_outputs()] == [['batch', 6, 16], ['batch', 16],
+                                                         ['batch', 2]]
+    got = session.run(None, sample)
+    model = export.load_model(str(tmp_path / 'out'), devices='cpu:0')
+    assert model.sample_shapes == {'data0': (6,), 'data1': (6,), 'data2': ()}
+    for ours, theirs in zip(model.predict(sample['data0'], sample['data1'], sample['data2']),
+                            got):
+        assert np.max(np.abs(ours - theirs)) <= TOLERANCE * np.max(np.abs(ours))

@@ -181,7 +181,7 @@ def _inputs_at_batch_one(symbol, given=None):
                 shape = tuple(ast.literal_eval(recorded))
             except (ValueError, SyntaxError, TypeError):
                 continue
-            if name not in found and len(shape) > 1 and shape[0] == 0 and all(
+            if name not in found and shape and shape[0] == 0 and all(
                     isinstance(d, int) and d > 0 for d in shape[1:]):
                 found[name] = (1,) + shape[1:]
     return found
