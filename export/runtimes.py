@@ -26,7 +26,6 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
-from mp_symbolic.core.pipeline import DATA_NAME
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import DeviceSpecError, make_plan
 from mp_symbolic.tools.store import check_committed_file

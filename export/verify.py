@@ -325,13 +325,28 @@ def _parity_shapes(sample_shape, dynamic_axes, batch_sizes):
     return shapes
 
 
+# Ops that move or reshape their input's values without computing new ones:
+# an Embedding after them still reads token ids.
+_VALUE_KEEPING = ('transpose', 'reshape', 'Reshape', 'SwapAxis', 'swapaxes', 'expand_dims',
+                  'squeeze', 'Flatten', 'flatten', 'slice', 'slice_axis', 'slice_like', 'Cast',
+                  'cast', '_copy', 'identity', 'BlockGrad', 'reshape_like')
+
+
 def _token_range(symbol, name):
-    """The smallest ``input_dim`` of the Embeddings that read input ``name``,
-    or ``None``: then the input is not token ids."""
+    """The smallest ``input_dim`` of the Embeddings that read input ``name``
+    (directly or through ops that only move its values, such as a
+    ``transpose`` to ``(T, N)``), or ``None``: then the input is not token ids."""
     nodes = json.loads(symbol.tojson())['nodes']
-    data = {i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name}
-    dims = [int(n['attrs']['input_dim']) for n in nodes
-            if n['op'] == 'Embedding' and n['inputs'] and n['inputs'][0][0] in data]
+    reached = {i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name}
+    dims = []
+    for i, node in enumerate(nodes):  # in graph order: every input before its readers
+        first = node['inputs'][0][0] if node['inputs'] else None
+        if first not in reached:
+            continue
+        if node['op'] == 'Embedding':
+            dims.append(int(node['attrs']['input_dim']))
+        elif node['op'] in _VALUE_KEEPING:
+            reached.add(i)
     return min(dims) if dims else None
 
 

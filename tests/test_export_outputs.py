@@ -293,6 +293,20 @@ def test_within_tolerance_is_relative_to_the_largest_value_of_the_output():
     assert verify.TOLERANCE == 1e-4
 
 
+def test_token_ids_reach_an_embedding_after_a_transpose(tmp_path):
+    # GluonNLP's language models read (T, N) ids: noise there would index out
+    # of range, where MXNet clips and onnxruntime's Gather wraps around.
+    with mx.AttrScope(ctx_group='stage0'):
+        ids = mx.sym.transpose(mx.sym.var('data'))                         # (T, N)
+        embedded = mx.sym.Embedding(ids, input_dim=10, output_dim=4, name='embedding0')
+    with mx.AttrScope(ctx_group='stage1'):
+        out = mx.sym.transpose(embedded, axes=(1, 0, 2), name='out')       # (N, T, 4)
+    prefix = _save(out, str(tmp_path / 'emb'), {'data': (5,)})
+    _, report = export_checkpoint(prefix, str(tmp_path / 'out'), epoch=1, input_shape=(5,),
+                                  log=lambda _: None)
+    assert report['ok'] and max(row['max_abs_diff'] for row in report['parity']) == 0
+
+
 # -- GluonNLP BERT: three inputs, three outputs, shapes from the sample ------
 
 def _bert_pair(prefix, seq_len=6):
