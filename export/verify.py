@@ -21,7 +21,8 @@ bytes per sample (:func:`export.inference.activation_bytes`); with a dynamic
 axis besides the batch, the same rule over :data:`DYNAMIC_BATCH_SIZES` at
 sizes 1, about half and all of that axis as traced. Inputs are the rows of a
 given sample (``--sample``), cycled to the batch size, or else normal noise,
-or token ids below the vocabulary size where an ``Embedding`` reads the input.
+or token ids below the vocabulary size where an ``Embedding`` reads the input
+(directly or through a ``transpose``, ``reshape`` or the like).
 """
 from collections import OrderedDict
 import json
