@@ -35,7 +35,8 @@ from mp_symbolic.tools.store import Store, check_store_folder
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError, one_line
-from .inference import activation_bytes, inference_graph, input_names, sample_shapes, stage_layout
+from .inference import (activation_bytes, inference_graph, input_names, sample_shapes,
+                        stage_layout, with_input_dtypes)
 from mp_symbolic.tools.files import sha256_file
 
 from .onnx_export import check_onnx_version, to_onnx
@@ -201,6 +202,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     shapes = sample_shapes(inference, arg_params, input_shape)
     for input_name, input_shape in shapes.items():  # so that load_model knows them too
         inference = with_input_shape(inference, input_name, input_shape)
+    if dtypes:
+        inference = with_input_dtypes(inference, dtypes)
     shape = next(iter(shapes.values())) if len(shapes) == 1 else shapes
     trained_on = ', '.join(info['devices']) if info['devices'] else 'devices not recorded'
     described = (str(shape) if len(shapes) == 1 else

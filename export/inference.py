@@ -18,6 +18,7 @@ import json
 import re
 
 import mxnet as mx
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 import numpy as np
 
 from mp_symbolic.core.compat import error_line
@@ -29,7 +30,7 @@ from .errors import ExportError
 
 __all__ = ['LOSS_HEADS', 'inference_graph', 'stage_layout', 'input_names', 'sample_shape',
            'sample_shapes', 'output_shape', 'output_shapes', 'parse_shape', 'parse_input_shapes',
-           'activation_bytes']
+           'activation_bytes', 'with_input_dtypes', 'input_dtypes']
 
 # MXNet's loss-head ops, each replaced by its inference form.
 LOSS_HEADS = tuple(INFERENCE_FORMS)
@@ -317,6 +318,29 @@ def _describe_shapes(shapes):
     if list(shapes) == [DATA_NAME]:
         return str(tuple(shapes[DATA_NAME]))
     return ', '.join('%s %s' % (name, tuple(shape)) for name, shape in shapes.items())
+
+
+def with_input_dtypes(symbol, dtypes):
+    """``symbol`` with each input's dtype of ``dtypes`` other than float32
+    recorded as MXNet records ``mx.sym.var(name, dtype=...)`` (``__dtype__``),
+    so that the pair binds with it again."""
+    graph = json.loads(symbol.tojson())
+    for node in graph['nodes']:
+        dtype = np.dtype(dtypes.get(node['name'], np.float32)) if node['op'] == 'null' else None
+        if dtype is not None and dtype != np.float32:
+            node.setdefault('attrs', {})['__dtype__'] = str(_DTYPE_NP_TO_MX[dtype.type])
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def input_dtypes(symbol):
+    """``{input name: numpy dtype}`` of each input, float32 unless recorded."""
+    attrs = symbol.attr_dict()
+    found = {}
+    for name in input_names(symbol):
+        code = attrs.get(name, {}).get('__dtype__')
+        found[name] = np.dtype(_DTYPE_MX_TO_NP.get(int(code), np.float32)
+                               if code and code.lstrip('-').isdigit() else np.float32)
+    return found
 
 
 def activation_bytes(symbol, arg_params, aux_params, shapes, dtypes=None):

@@ -32,7 +32,8 @@ from mp_symbolic.tools.store import check_committed_file
 
 from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
                      library_message)
-from .inference import features, inference_graph, input_names, sample_shapes, stage_layout
+from .inference import (features, inference_graph, input_dtypes, input_names, sample_shapes,
+                        stage_layout)
 
 __all__ = ['MXNetPredictor', 'OnnxPredictor', 'load_predictor', 'params_beside',
            'check_symbol_file', 'SYMBOL_SUFFIX', 'ONNX_SUFFIX']
@@ -214,7 +215,8 @@ class MXNetPredictor:
         self.group2ctx = {group: plan.device_of_layer(i) for i, group in enumerate(self.stages)}
         self.input_names = input_names(self.symbol)
         self.sample_shapes = sample_shapes(self.symbol, self.arg_params, shape)
-        self.dtypes = {name: np.dtype((dtypes or {}).get(name, np.float32))
+        recorded = input_dtypes(self.symbol)  # float32 unless the export recorded another
+        self.dtypes = {name: np.dtype((dtypes or {}).get(name, recorded[name]))
                        for name in self.input_names}
         self.sample_shape = self.sample_shapes[self.input_names[0]]  # of the first input
         self.input_width = features(self.sample_shape)

@@ -293,18 +293,34 @@ def test_within_tolerance_is_relative_to_the_largest_value_of_the_output():
     assert verify.TOLERANCE == 1e-4
 
 
-def test_token_ids_reach_an_embedding_after_a_transpose(tmp_path):
-    # GluonNLP's language models read (T, N) ids: noise there would index out
-    # of range, where MXNet clips and onnxruntime's Gather wraps around.
+def _transposed_embedding():
     with mx.AttrScope(ctx_group='stage0'):
         ids = mx.sym.transpose(mx.sym.var('data'))                         # (T, N)
         embedded = mx.sym.Embedding(ids, input_dim=10, output_dim=4, name='embedding0')
     with mx.AttrScope(ctx_group='stage1'):
-        out = mx.sym.transpose(embedded, axes=(1, 0, 2), name='out')       # (N, T, 4)
-    prefix = _save(out, str(tmp_path / 'emb'), {'data': (5,)})
+        return mx.sym.transpose(embedded, axes=(1, 0, 2), name='out')      # (N, T, 4)
+
+
+def test_token_ids_reach_an_embedding_after_a_transpose(tmp_path):
+    # GluonNLP's language models read (T, N) ids: noise there would index out
+    # of range, where MXNet clips and onnxruntime's Gather wraps around.
+    prefix = _save(_transposed_embedding(), str(tmp_path / 'emb'), {'data': (5,)})
     _, report = export_checkpoint(prefix, str(tmp_path / 'out'), epoch=1, input_shape=(5,),
                                   log=lambda _: None)
     assert report['ok'] and max(row['max_abs_diff'] for row in report['parity']) == 0
+
+
+def test_a_sample_of_int32_ids_makes_int32_inputs_in_onnx_and_in_the_pair(tmp_path):
+    prefix = _save(_transposed_embedding(), str(tmp_path / 'emb'), {'data': (5,)})
+    ids = np.random.default_rng(0).integers(0, 10, (4, 5)).astype(np.int32)
+    paths, report = export_checkpoint(prefix, str(tmp_path / 'out'), epoch=1,
+                                      sample={'data': ids}, log=lambda _: None)
+    assert report['ok']
+    session = ort.InferenceSession(paths['onnx'], providers=['CPUExecutionProvider'])
+    assert session.get_inputs()[0].type == 'tensor(int32)'
+    model = export.load_model(str(tmp_path / 'out'), devices='cpu:0,cpu:1')
+    np.testing.assert_array_equal(model.predict(ids), session.run(None, {'data': ids})[0])
+    assert model.symbol.attr_dict()['data']['__dtype__'] == '4'  # MXNet's code for int32
 
 
 # -- GluonNLP BERT: three inputs, three outputs, shapes from the sample ------
