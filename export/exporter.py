@@ -129,6 +129,19 @@ def check_sample(sample, symbol):
     return arrays
 
 
+def _inputs(inference, arg_params, input_shape, sample):
+    """``(shapes, dtypes, sample)`` of the graph's inputs: from the sample,
+    or from ``input_shape`` and what the graph records (dtypes ``None``)."""
+    if sample is None:
+        return sample_shapes(inference, arg_params, input_shape), None, None
+    if input_shape is not None:
+        raise ExportError('--input-shape: expected it or --sample, found both')
+    sample = check_sample(sample, inference)
+    shapes = sample_shapes(inference, arg_params,
+                           OrderedDict((k, v.shape[1:]) for k, v in sample.items()))
+    return shapes, {k: v.dtype for k, v in sample.items()}, sample
+
+
 def export_names(name):
     """``{'symbol', 'params', 'onnx', 'report'}`` -> file name."""
     return OrderedDict([('symbol', name + '-symbol.json'), ('params', name + '-0000.params'),
@@ -192,16 +205,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)
-    dtypes = None
-    if sample is not None:
-        sample = check_sample(sample, inference)
-        given = OrderedDict((k, v.shape[1:]) for k, v in sample.items())
-        if input_shape is not None:
-            raise ExportError('--input-shape: expected it or --sample, found both')
-        input_shape, dtypes = given, {k: v.dtype for k, v in sample.items()}
-    shapes = sample_shapes(inference, arg_params, input_shape)
-    for input_name, input_shape in shapes.items():  # so that load_model knows them too
-        inference = with_input_shape(inference, input_name, input_shape)
+    shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample)
+    for input_name, one in shapes.items():  # recorded, so that load_model knows them too
+        inference = with_input_shape(inference, input_name, one)
     if dtypes:
         inference = with_input_dtypes(inference, dtypes)
     shape = next(iter(shapes.values())) if len(shapes) == 1 else shapes

@@ -163,6 +163,8 @@ def test_sample_gives_the_shapes_dtypes_and_data_of_the_verification(tmp_path):
 
 @pytest.mark.parametrize('argv, message', [
     (['--sample', 'S'], '--sample: expected one array per input (data0, data1), found data'),
+    (['--sample', 'S', '--input-shape', 'data0=4'],
+     '--input-shape: expected it or --sample, found both'),
     (['--input-shape', '4'], '--input-shape: expected NAME=D1,D2 for each of the inputs data0, '
                              'data1, found one shape (4,)'),
     (['--input-shape', 'data0=4'], "expected the per-sample input shape recorded on 'data1'"),
