@@ -1,4 +1,6 @@
-"""Command line: ``python -m export [--checkpoint DIR | --checkpoint PREFIX --epoch N] [--out DIR]``.
+"""Command line: ``python -m export [--checkpoint DIR | --checkpoint PREFIX --epoch N] [--out DIR]``
+``[--input-shape SHAPE | --input-shape NAME=SHAPE ... | --sample FILE.npz]``
+``[--verify-batches B1,B2] [--tolerance T]``.
 
 Exports a training checkpoint to an MXNet file pair and ONNX, verifies both
 against the checkpoint bound on one device, and commits them under
@@ -16,6 +18,7 @@ from mp_symbolic.tools.interrupts import exit_on_signals, ignore_signals
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import excerpt, one_line
+from .verify import MEMORY_BUDGET, TOLERANCE
 
 __all__ = ['main', 'build_parser']
 
@@ -35,9 +38,22 @@ def build_parser():
                              ' (with --epoch N) (default: %(default)s)')
     parser.add_argument('--epoch', type=int, default=None, metavar='N',
                         help='epoch of a PREFIX checkpoint (PREFIX-NNNN.params)')
-    parser.add_argument('--input-shape', default=None, metavar='D0,D1,...',
+    parser.add_argument('--input-shape', action='append', default=None,
+                        metavar='D0,D1,...|NAME=D0,D1,...',
                         help='shape of one input sample, e.g. 1,8,8, where the checkpoint does '
-                             'not record it (Pipeline modules record it)')
+                             'not record it (Pipeline modules record it); for several inputs '
+                             'NAME=D0,D1 once per input, e.g. data0=16 data1=16 (repeatable)')
+    parser.add_argument('--sample', default=None, metavar='FILE.npz',
+                        help='one array per input name (data, or data0, data1, ...), batch '
+                             'first: the input shapes and dtypes, and the data verification '
+                             'runs on')
+    parser.add_argument('--verify-batches', default=None, metavar='B1,B2,...',
+                        help='batch sizes to verify at, e.g. 1,7 (default: 1, 7 and the '
+                             'largest up to 1000 whose activations fit %d MiB)'
+                             % (MEMORY_BUDGET >> 20))
+    parser.add_argument('--tolerance', type=float, default=None, metavar='T',
+                        help='largest allowed difference from the checkpoint, as a fraction of '
+                             'each output\'s largest |value| (default: %g)' % TOLERANCE)
     parser.add_argument('--dynamic', action='append', default=[], metavar='AXIS=NAME',
                         help='an input axis besides the batch whose size may vary in the ONNX '
                              'file, e.g. 1=seq for a language model\'s sequence length '
@@ -67,8 +83,9 @@ def main(argv=None):
     # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.checkpoint import check_writable_dir
     from .errors import VerificationError
-    from .exporter import export_checkpoint
-    from .inference import parse_shape
+    from .exporter import export_checkpoint, read_sample
+    from .inference import parse_input_shapes
+    from .verify import parse_batches
     from mp_symbolic.tools.interrupts import exit_status, interrupt_on_signals
     interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported below
     try:
@@ -81,9 +98,15 @@ def main(argv=None):
             raise ValueError('--checkpoint: expected a training folder or a checkpoint prefix, '
                              'found an empty string')
         check_writable_dir(args.out, '--out')
-        shape = parse_shape(args.input_shape) if args.input_shape is not None else None
+        shape = parse_input_shapes(args.input_shape) if args.input_shape else None
+        batches = parse_batches(args.verify_batches) if args.verify_batches else None
+        if args.tolerance is not None and not 0 < args.tolerance < 1:
+            raise ValueError('--tolerance: expected a fraction of the output\'s scale in (0, 1) '
+                             'such as 1e-4, found %r' % args.tolerance)
+        sample = read_sample(args.sample) if args.sample is not None else None
         export_checkpoint(args.checkpoint, args.out, args.name, epoch=args.epoch,
-                          input_shape=shape, dynamic_axes=_dynamic(args.dynamic))
+                          input_shape=shape, dynamic_axes=_dynamic(args.dynamic),
+                          sample=sample, verify_batches=batches, tolerance=args.tolerance)
     except (VerificationError, OSError, ValueError) as err:
         print_error(one_line(err))
         # a file that failed its checks or could not be written: 1; a bad input: 2

@@ -33,6 +33,7 @@ References: MXNet 1.9.1 ``python/mxnet/onnx/mx2onnx/_export_onnx.py``
 import contextlib
 import copy
 import json
+import re
 import threading
 
 from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
@@ -129,10 +130,16 @@ def has_translation(op, opset=OPSET):
                for version in range(opset, _LOWEST_OPSET - 1, -1))
 
 
-def block_of(node_name):
+def block_of(node_name, op=None):
     """The Gluon block an op node comes from: its name without the op's own
     part (Gluon names ops ``<block prefix><op>``, e.g. ``conv0_fwd`` of
-    ``conv0``, ``pipeline_mean0_mean0`` of ``pipeline_mean0``)."""
+    ``conv0``, ``pipeline_mean0_mean0`` of ``pipeline_mean0``, and
+    ``yolov30_box_nms0`` of ``yolov30`` for op ``_contrib_box_nms``)."""
+    if op:
+        short = op[len('_contrib_'):] if op.startswith('_contrib_') else op
+        match = re.match(r'^(.+)_%s\d*$' % re.escape(short), node_name)
+        if match:
+            return match.group(1)
     head, sep, _ = node_name.rpartition('_')
     return head if sep and head else node_name
 
@@ -141,7 +148,8 @@ def refusal(op, node, reason):
     """The one-line error for an op that cannot be exported."""
     group = node.get('attrs', {}).get(GROUP_ATTR)
     return ExportError('cannot export op %s of block %s%s: %s'
-                       % (op, block_of(node['name']), ' (%s)' % group if group else '', reason))
+                       % (op, block_of(node['name'], op), ' (%s)' % group if group else '',
+                          reason))
 
 
 def _input_shape(shapes, nodes, entry):
@@ -164,7 +172,8 @@ def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
     Args:
         symbol: The inference symbol.
         arg_shapes: Argument and auxiliary state name -> shape.
-        sample_shape: One input sample's shape (batch left out).
+        sample_shape: One input sample's shape (batch left out), or
+            ``{input name: shape}``.
 
     Raises:
         ExportError: one line naming the op, its block and its stage.
@@ -173,6 +182,17 @@ def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
     for node in nodes:
         if node['op'] != 'null' and not has_translation(node['op'], opset):
             raise refusal(node['op'], node, "MXNet's ONNX converter has no translation for it")
+    for node in nodes:
+        attrs = node.get('attrs', {})
+        if node['op'] == '_contrib_box_nms' and int(attrs.get('id_index', '-1')) != -1 and \
+                attrs.get('force_suppress', 'False') in ('False', 'false', '0'):
+            # ONNX's NonMaxSuppression has no classes: MXNet's converter
+            # suppresses across them and only logs a warning (YOLOv3: other
+            # boxes and ids in onnxruntime than in MXNet).
+            raise refusal(node['op'], node, "MXNet's ONNX converter suppresses boxes across "
+                          'classes (ONNX NonMaxSuppression has none), found force_suppress=%s, '
+                          'id_index=%s' % (attrs.get('force_suppress', 'False'),
+                                           attrs.get('id_index', '-1')))
     rnns = [node for node in nodes if node['op'] == 'RNN'
             and int(node.get('attrs', {}).get('num_layers', '1')) > 1]
     if not rnns:
@@ -180,7 +200,9 @@ def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
     internals = symbol.get_internals()
     known = {name: shape for name, shape in arg_shapes.items()
              if name in internals.list_inputs()}
-    _, out_shapes, _ = internals.infer_shape_partial(data=(1,) + tuple(sample_shape), **known)
+    inputs = sample_shape if isinstance(sample_shape, dict) else {'data': sample_shape}
+    known.update({name: (1,) + tuple(shape) for name, shape in inputs.items()})
+    _, out_shapes, _ = internals.infer_shape_partial(**known)
     shapes = dict(zip(internals.list_outputs(), out_shapes))
     for node in rnns:
         data_shape = _input_shape(shapes, nodes, node['inputs'][0])  # (T, N, C)

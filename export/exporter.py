@@ -24,15 +24,19 @@ one in place, whole. Export never trains.
 from collections import OrderedDict
 import json
 import os
+import zipfile
 
+import numpy as np
 import onnx
 
+from mp_symbolic.core.module import with_input_shape
 from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_params, save_symbol
 from mp_symbolic.tools.store import Store, check_store_folder
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
-from .errors import ExportError, VerificationError
-from .inference import inference_graph, sample_shape, stage_layout
+from .errors import ExportError, VerificationError, one_line
+from .inference import (activation_bytes, inference_graph, input_names, sample_shapes,
+                        stage_layout, with_input_dtypes)
 from mp_symbolic.tools.files import sha256_file
 
 from .onnx_export import check_onnx_version, to_onnx
@@ -40,7 +44,7 @@ from .runtimes import check_symbol_file
 from .verify import OneDeviceReference, failed_checks, format_report, verify_export
 
 __all__ = ['DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR', 'locate_checkpoint',
-           'export_checkpoint', 'export_names']
+           'export_checkpoint', 'export_names', 'read_sample', 'check_sample']
 
 
 def locate_checkpoint(checkpoint, epoch=None):
@@ -85,6 +89,59 @@ def locate_checkpoint(checkpoint, epoch=None):
             sym_path, params_path)
 
 
+def read_sample(path):
+    """``--sample FILE.npz`` -> ``{input name: array}``, in the file's order.
+
+    Raises:
+        ExportError: not a readable ``.npz`` of arrays.
+    """
+    if not str(path).endswith('.npz'):
+        raise ExportError('--sample: expected a .npz file (numpy.savez: one array per input '
+                          'name, batch first), found %s' % path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return OrderedDict((key, npz[key]) for key in npz.files)
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise ExportError('--sample: expected a readable .npz file at %s, found %s'
+                          % (path, one_line(err))) from None
+
+
+def check_sample(sample, symbol):
+    """``sample`` as ``{input name: array}`` in the graph's input order.
+
+    Raises:
+        ExportError: its names are not the graph's inputs, an array has no
+            batch axis or no rows, or the batches differ in length.
+    """
+    inputs = input_names(symbol)
+    if sorted(sample) != sorted(inputs):
+        raise ExportError('--sample: expected one array per input (%s), found %s'
+                          % (', '.join(inputs), ', '.join(sorted(sample)) or 'none'))
+    arrays = OrderedDict((name, np.asarray(sample[name])) for name in inputs)
+    for name, X in arrays.items():
+        if X.ndim < 1 or not len(X) or X.dtype.kind not in 'fiu' or \
+                not np.all(np.isfinite(X)):
+            raise ExportError('--sample: expected %s as a batch of finite numbers (batch first), '
+                              'found %s of shape %s' % (name, X.dtype, X.shape))
+    if len({len(X) for X in arrays.values()}) > 1:
+        raise ExportError('--sample: expected the same batch size for every input, found %s'
+                          % ', '.join('%s %d' % (k, len(v)) for k, v in arrays.items()))
+    return arrays
+
+
+def _inputs(inference, arg_params, input_shape, sample):
+    """``(shapes, dtypes, sample)`` of the graph's inputs: from the sample,
+    or from ``input_shape`` and what the graph records (dtypes ``None``)."""
+    if sample is None:
+        return sample_shapes(inference, arg_params, input_shape), None, None
+    if input_shape is not None:
+        raise ExportError('--input-shape: expected it or --sample, found both')
+    sample = check_sample(sample, inference)
+    shapes = sample_shapes(inference, arg_params,
+                           OrderedDict((k, v.shape[1:]) for k, v in sample.items()))
+    return shapes, {k: v.dtype for k, v in sample.items()}, sample
+
+
 def export_names(name):
     """``{'symbol', 'params', 'onnx', 'report'}`` -> file name."""
     return OrderedDict([('symbol', name + '-symbol.json'), ('params', name + '-0000.params'),
@@ -92,7 +149,8 @@ def export_names(name):
 
 
 def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR, name=None,
-                      log=print, epoch=None, input_shape=None, dynamic_axes=None):
+                      log=print, epoch=None, input_shape=None, dynamic_axes=None,
+                      sample=None, verify_batches=None, tolerance=None):
     """Exports, verifies and commits the checkpoint.
 
     Args:
@@ -100,11 +158,17 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         out_dir: Folder for the export (a store: ``out_dir/current/``).
         name: File name prefix (default: the task's name, or the prefix's).
         log: Called with each line of output (the report included).
-        input_shape: Shape of one input sample, where the checkpoint does not
-            record it.
+        input_shape: Shape of one input sample, or ``{input name: shape}``,
+            where the checkpoint does not record it.
         dynamic_axes: ``{input axis: name}`` besides the batch whose size
             may vary in the ONNX file (``{1: 'seq'}`` for a language model's
             sequence length); parity is then checked at several sizes.
+        sample: ``{input name: array}``, batch first (``--sample``): the
+            shapes and dtypes of the inputs, and the data verification runs
+            on (see :func:`read_sample`).
+        verify_batches: The batch sizes to verify at; ``None``: the rule of
+            :func:`export.verify.verification_batches`.
+        tolerance: See :data:`export.verify.TOLERANCE` (its value, if ``None``).
 
     Returns:
         ``(paths, report)``: the committed files (see :func:`export_names`)
@@ -133,20 +197,35 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     name = name or info['name']
     if os.path.isfile(sym_path):
         check_symbol_file(sym_path)  # says what a file that is no symbol is, quoting nothing
-    symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
+    if sample is not None:
+        hints = {k: np.shape(v)[1:] for k, v in sample.items()}
+    else:
+        hints = (input_shape if isinstance(input_shape, dict) or input_shape is None
+                 else {'data': tuple(input_shape)})
+    symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)
-    shape = sample_shape(inference, arg_params, input_shape)
+    shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample)
+    for input_name, one in shapes.items():  # recorded, so that load_model knows them too
+        inference = with_input_shape(inference, input_name, one)
+    if dtypes:
+        inference = with_input_dtypes(inference, dtypes)
+    shape = next(iter(shapes.values())) if len(shapes) == 1 else shapes
     trained_on = ', '.join(info['devices']) if info['devices'] else 'devices not recorded'
-    log('exporting %s (%s): input %s, %s' % (params_path, trained_on, shape, '; '.join(
-        '%s: %d ops' % (g, len(s['ops'])) for g, s in stages.items())))
+    described = (str(shape) if len(shapes) == 1 else
+                 ', '.join('%s %s' % (k, v) for k, v in shapes.items()))
+    log('exporting %s (%s): input%s %s, %s' % (params_path, trained_on,
+                                                's' if len(shapes) > 1 else '', described,
+                                                '; '.join('%s: %d ops' % (g, len(s['ops']))
+                                                          for g, s in stages.items())))
     extra = {'trained_devices': ','.join(info['devices'] or [])}
     if info['summary'] is not None:  # what the run reported (a task's vocabulary, ...)
         extra['training_summary'] = json.dumps(info['summary'], sort_keys=True)
     model = to_onnx(inference, arg_params, aux_params,
-                    {'symbol': sym_path, 'params': params_path}, shape,
-                    extra_metadata=extra, dynamic_axes=dynamic_axes)
-    reference = OneDeviceReference(symbol, arg_params, aux_params, shape)
+                    {'symbol': sym_path, 'params': params_path}, shapes,
+                    extra_metadata=extra, dynamic_axes=dynamic_axes, dtypes=dtypes)
+    reference = OneDeviceReference(symbol, arg_params, aux_params, shapes, dtypes)
+    per_sample = activation_bytes(inference, arg_params, aux_params, shapes, dtypes)
     names = export_names(name)
     report = {}
 
@@ -155,11 +234,14 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         save_symbol(paths['symbol'], inference)  # read back: MXNet ignores write errors
         save_params(paths['params'], arg_params, aux_params)
         onnx.save(model, paths['onnx'])
-        report.update(verify_export(paths['onnx'], paths['symbol'], paths['params'], reference))
+        report.update(verify_export(paths['onnx'], paths['symbol'], paths['params'], reference,
+                                    batch_sizes=verify_batches, tolerance=tolerance,
+                                    sample=sample, bytes_per_sample=per_sample))
         report['source'] = OrderedDict([('symbol', sym_path), ('params', params_path),
                                         ('params_sha256', sha256_file(params_path)),
                                         ('trained_devices', info['devices']),
-                                        ('input_shape', list(shape))])
+                                        ('input_shape', list(shape) if len(shapes) == 1
+                                         else {k: list(v) for k, v in shapes.items()})])
         report['files'] = dict(names)
         for line in format_report(report):
             log(line)

@@ -1,12 +1,16 @@
-"""The inference graph: the training symbol with its loss head replaced by
-the head's inference form, and the pipeline stages its ``ctx_group``
-attributes describe.
+"""The inference graph: the training symbol with its loss heads replaced by
+their inference forms, its inputs and their shapes, and the pipeline stages
+its ``ctx_group`` attributes describe.
 
-A training graph ends in one of MXNet's loss heads, which have no ONNX
-converter: ``LinearRegressionOutput`` (its forward pass is the identity),
-``SoftmaxOutput`` (softmax) or ``LogisticRegressionOutput`` (sigmoid). The
-head is replaced by that form, built under the head's own ``ctx_group``;
-every other op and variable keeps the attributes it was trained with.
+A training graph's outputs may end in one of MXNet's loss heads, which have
+no ONNX converter: ``LinearRegressionOutput`` (its forward pass is the
+identity), ``SoftmaxOutput`` (softmax) or ``LogisticRegressionOutput``
+(sigmoid). Each head is replaced by that form, built under the head's own
+``ctx_group``; every other op and variable keeps the attributes it was
+trained with, and every output stays an output, in order.
+
+The inputs are named as ``HybridBlock.export`` names them: ``data`` for one
+input, ``data0``, ``data1``, ... for several.
 """
 from collections import OrderedDict
 import ast
@@ -14,6 +18,7 @@ import json
 import re
 
 import mxnet as mx
+from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 import numpy as np
 
 from mp_symbolic.core.compat import error_line
@@ -23,8 +28,9 @@ from mp_symbolic.core.names import GROUP_ATTR, stage_name
 
 from .errors import ExportError
 
-__all__ = ['LOSS_HEADS', 'inference_graph', 'stage_layout', 'sample_shape', 'output_shape',
-           'parse_shape']
+__all__ = ['LOSS_HEADS', 'inference_graph', 'stage_layout', 'input_names', 'sample_shape',
+           'sample_shapes', 'output_shape', 'output_shapes', 'parse_shape', 'parse_input_shapes',
+           'activation_bytes', 'with_input_dtypes', 'input_dtypes']
 
 # MXNet's loss-head ops, each replaced by its inference form.
 LOSS_HEADS = tuple(INFERENCE_FORMS)
@@ -32,41 +38,63 @@ LOSS_HEADS = tuple(INFERENCE_FORMS)
 _TRAINING_ONLY = ('MakeLoss', 'make_loss', 'BlockGrad', 'softmax_cross_entropy')
 
 _STAGE_RE = re.compile(r'^stage(\d+)$')
+# Several inputs are data0, data1, ... (HybridBlock.export's names).
+_NUMBERED_INPUT_RE = re.compile(r'^%s(\d+)$' % DATA_NAME)
 
 
 def _nodes(symbol):
     return json.loads(symbol.tojson())['nodes']
 
 
-def inference_graph(symbol):
-    """``symbol`` without its loss head (unchanged if it has none).
+def input_names(symbol):
+    """The graph's inputs: ``['data']``, or ``['data0', 'data1', ...]`` in
+    number order (MXNet lists arguments in the order the graph reads them)."""
+    arguments = symbol.list_arguments()
+    numbered = sorted((a for a in arguments if _NUMBERED_INPUT_RE.match(a)),
+                      key=lambda a: int(_NUMBERED_INPUT_RE.match(a).group(1)))
+    return ([DATA_NAME] if DATA_NAME in arguments else []) + numbered
 
-    Args:
-        symbol: A one-output symbol, as trained or already stripped.
 
-    Returns:
-        The symbol whose output is the prediction, e.g. ``layer2_fwd_output``
-        or ``softmax_out_output``.
-
-    Raises:
-        ExportError: the symbol has several outputs, ends in a training-only
-            op, or ``data`` is not one of the inference graph's arguments.
-    """
-    if len(symbol.list_outputs()) != 1:
-        raise ExportError('expected a symbol with one output, found %d: %s'
-                          % (len(symbol.list_outputs()), ', '.join(symbol.list_outputs())))
-    head = _nodes(symbol)[-1]
+def _inference_output(output):
+    """One output of the training graph as the prediction it stands for."""
+    head = _nodes(output)[-1]
     if head['op'] in LOSS_HEADS:
         attrs = head.get('attrs', {})
         with mx.AttrScope(ctx_group=attrs.get(GROUP_ATTR)):
-            symbol = inference_form(head['op'], attrs, symbol.get_children()[0])
-    elif head['op'] in _TRAINING_ONLY:
+            return inference_form(head['op'], attrs, output.get_children()[0])
+    if head['op'] == 'BlockGrad':  # an output a loss on another one left without gradient
+        return output.get_children()[0]
+    if head['op'] in _TRAINING_ONLY:
         raise ExportError('expected a graph ending in a known loss head (%s) or in its '
                           'prediction, found %s %r: export the prediction symbol instead'
                           % (', '.join(LOSS_HEADS), head['op'], head['name']))
-    if DATA_NAME not in symbol.list_arguments():
-        raise ExportError("expected the graph to read an input named %r, found inputs %s"
-                          % (DATA_NAME, ', '.join(symbol.list_arguments())))
+    return output
+
+
+def inference_graph(symbol):
+    """``symbol`` with every loss head replaced by its inference form
+    (unchanged if it has none).
+
+    Args:
+        symbol: A symbol of one or several outputs, as trained or already
+            stripped.
+
+    Returns:
+        The symbol whose outputs are the predictions, in order, e.g.
+        ``layer2_fwd_output`` or ``softmax_out_output``.
+
+    Raises:
+        ExportError: an output ends in a training-only op, or the graph
+            reads no input named ``data`` (or ``data0``, ``data1``, ...), or
+            both kinds.
+    """
+    outputs = [_inference_output(symbol[i]) for i in range(len(symbol.list_outputs()))]
+    symbol = outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
+    inputs = input_names(symbol)
+    if not inputs or (DATA_NAME in inputs and len(inputs) > 1):
+        raise ExportError("expected the graph to read an input named %r (or inputs %s0, %s1, "
+                          "... for several), found inputs %s"
+                          % (DATA_NAME, DATA_NAME, DATA_NAME, ', '.join(symbol.list_arguments())))
     return symbol
 
 
@@ -118,7 +146,7 @@ def _stage_key(name):
     return (0, int(match.group(1))) if match else (1, name)
 
 
-def parse_shape(text):
+def parse_shape(text, flag='--input-shape'):
     """``'1,8,8'`` or ``'(1, 8, 8)'`` -> ``(1, 8, 8)``.
 
     Raises:
@@ -129,61 +157,222 @@ def parse_shape(text):
     except ValueError:
         shape = ()
     if not shape or min(shape) < 1:
-        raise ExportError('--input-shape: expected the shape of one sample as positive '
-                          'integers such as 1,8,8, found %r' % (text,))
+        raise ExportError('%s: expected the shape of one sample as positive '
+                          'integers such as 1,8,8, found %r' % (flag, text))
     return shape
 
 
-def sample_shape(symbol, arg_params, given=None):
-    """The shape of one input sample, batch dimension left out.
+def parse_input_shapes(items):
+    """``--input-shape`` values -> one sample's shape, or ``{name: shape}``.
 
-    From, in order: ``given``; the ``__shape__`` attribute a Pipeline module
-    records on ``data`` (``(0, 1, 8, 8)``); the input width of a
-    ``FullyConnected`` layer reading ``data`` directly.
+    ``['1,8,8']`` (the one input's shape) -> ``(1, 8, 8)``;
+    ``['data0=16', 'data1=16', 'data2=']`` -> ``{'data0': (16,), 'data1': (16,),
+    'data2': ()}`` (``data2`` holds one number per sample).
 
     Raises:
-        ExportError: none of these says it.
+        ExportError: a shape is not positive integers, a name is given
+            twice, or both forms are mixed.
     """
-    if given is not None:
-        return tuple(given)
+    named, plain = OrderedDict(), []
+    for item in items:
+        name, sep, shape = str(item).partition('=')
+        if not sep:
+            plain.append(parse_shape(item))
+            continue
+        name = name.strip()
+        if not name.isidentifier() or name in named:
+            raise ExportError('--input-shape: expected NAME=D1,D2 with a distinct input name '
+                              'such as data0=16, found %r' % (item,))
+        # NAME= (nothing after it): one number per sample, such as a sequence's length
+        named[name] = parse_shape(shape, '--input-shape %s' % name) if shape.strip() else ()
+    if plain and (named or len(plain) > 1):
+        raise ExportError('--input-shape: expected one D1,D2 shape, or NAME=D1,D2 for each '
+                          'input, found %d values: %s' % (len(items), ' '.join(items)))
+    return plain[0] if plain else named
+
+
+def _recorded_shape(node):
+    """The per-sample shape a Pipeline module records on an input
+    (``__shape__`` ``(0, 1, 8, 8)``), or ``None``."""
+    recorded = node.get('attrs', {}).get('__shape__')
+    if not recorded:
+        return None
+    try:
+        shape = tuple(ast.literal_eval(recorded))
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    if not shape or shape[0] != 0:
+        return None
+    shape = shape[1:]
+    if all(isinstance(d, int) and d > 0 for d in shape):
+        return shape  # () for an input of one number per sample, such as a length
+    return None
+
+
+def sample_shapes(symbol, arg_params, given=None):
+    """The shape of one sample of each input, batch dimension left out.
+
+    For each input (:func:`input_names`), from, in order: ``given``; the
+    ``__shape__`` attribute a Pipeline module records on it
+    (``(0, 1, 8, 8)``); for one input, the input width of a
+    ``FullyConnected`` layer reading it directly.
+
+    Args:
+        given: ``{name: shape}``, or one shape for a graph of one input.
+
+    Returns:
+        ``OrderedDict`` ``{input name: shape}`` in input order.
+
+    Raises:
+        ExportError: none of these says an input's shape, or ``given``
+            names an input the graph does not read.
+    """
+    inputs = input_names(symbol)
+    if given is not None and not isinstance(given, dict):
+        if len(inputs) != 1:
+            raise ExportError('--input-shape: expected NAME=D1,D2 for each of the inputs %s, '
+                              'found one shape %s' % (', '.join(inputs), tuple(given)))
+        given = {inputs[0]: tuple(given)}
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(inputs))
+    if unknown:
+        raise ExportError('--input-shape: expected the names of the inputs (%s), found %s'
+                          % (', '.join(inputs), ', '.join(unknown)))
     nodes = _nodes(symbol)
-    data_ids = {i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == DATA_NAME}
-    for i in data_ids:
-        recorded = nodes[i].get('attrs', {}).get('__shape__')
-        if recorded:
-            try:
-                shape = tuple(ast.literal_eval(recorded))[1:]
-            except (ValueError, SyntaxError, TypeError):
-                shape = ()
-            if shape and all(isinstance(d, int) and d > 0 for d in shape):
-                return shape
+    ids = {n['name']: i for i, n in enumerate(nodes) if n['op'] == 'null'}
+    shapes = OrderedDict()
+    for name in inputs:
+        shape = given[name] if name in given else _recorded_shape(nodes[ids[name]])
+        if shape is None and len(inputs) == 1:
+            shape = _dense_width(nodes, ids[name], arg_params)
+        if shape is None:
+            raise ExportError('expected the per-sample input shape recorded on %r (a Pipeline '
+                              'module checkpoint records it), found none: give it with '
+                              '--input-shape, e.g. --input-shape %s1,8,8 (or --sample FILE.npz)'
+                              % (name, '' if len(inputs) == 1 else name + '='))
+        shapes[name] = tuple(int(d) for d in shape)
+    return shapes
+
+
+def _dense_width(nodes, data_id, arg_params):
     for node in nodes:
         inputs = [entry[0] for entry in node['inputs']]
-        if node['op'] == 'FullyConnected' and inputs and inputs[0] in data_ids:
+        if node['op'] == 'FullyConnected' and inputs and inputs[0] == data_id:
             weight = nodes[inputs[1]]['name']
             if weight in arg_params and len(arg_params[weight].shape) == 2:
                 return (int(arg_params[weight].shape[1]),)
-    raise ExportError('expected the per-sample input shape recorded on %r (a Pipeline module '
-                      'checkpoint records it), found none: give it with --input-shape, e.g. '
-                      '--input-shape 1,8,8' % DATA_NAME)
+    return None
 
 
-def output_shape(symbol, arg_params, aux_params, shape):
-    """Shape of one sample's output, from MXNet's shape inference.
+def sample_shape(symbol, arg_params, given=None):
+    """The shape of one sample of a graph of one input (see :func:`sample_shapes`).
 
     Raises:
-        ExportError: the arrays and ``shape`` do not fit the graph.
+        ExportError: the graph has several inputs, or its shape is unknown.
     """
+    shapes = sample_shapes(symbol, arg_params, given)
+    if len(shapes) != 1:
+        raise ExportError('expected a graph of one input, found %d: %s'
+                          % (len(shapes), ', '.join(shapes)))
+    return next(iter(shapes.values()))
+
+
+def _known_shapes(symbol, arg_params, aux_params):
     shapes = {name: value.shape for name, value in arg_params.items()
               if name in symbol.list_arguments()}
     shapes.update({name: value.shape for name, value in aux_params.items()
                    if name in symbol.list_auxiliary_states()})
+    return shapes
+
+
+def _batched(shapes, batch_size=1):
+    if not isinstance(shapes, dict):  # one input's shape
+        shapes = {DATA_NAME: shapes}
+    return {name: (batch_size,) + tuple(shape) for name, shape in shapes.items()}
+
+
+def output_shapes(symbol, arg_params, aux_params, shapes):
+    """Shape of one sample of each output, from MXNet's shape inference.
+
+    Args:
+        shapes: ``{input name: per-sample shape}`` (or one shape, for ``data``).
+
+    Raises:
+        ExportError: the arrays and ``shapes`` do not fit the graph.
+    """
     try:
-        _, out_shapes, _ = symbol.infer_shape(**{DATA_NAME: (1,) + tuple(shape)}, **shapes)
+        _, out_shapes, _ = symbol.infer_shape(**_batched(shapes),
+                                              **_known_shapes(symbol, arg_params, aux_params))
     except mx.base.MXNetError as err:
         raise ExportError('the arrays do not fit together with inputs of shape %s: %s'
-                          % (tuple(shape), error_line(err))) from None
-    return tuple(int(d) for d in out_shapes[0][1:])
+                          % (_describe_shapes(shapes), error_line(err))) from None
+    return [tuple(int(d) for d in out[1:]) for out in out_shapes]
+
+
+def output_shape(symbol, arg_params, aux_params, shape):
+    """Shape of one sample of the first output (see :func:`output_shapes`)."""
+    return output_shapes(symbol, arg_params, aux_params, shape)[0]
+
+
+def _describe_shapes(shapes):
+    if not isinstance(shapes, dict):
+        return str(tuple(shapes))
+    if list(shapes) == [DATA_NAME]:
+        return str(tuple(shapes[DATA_NAME]))
+    return ', '.join('%s %s' % (name, tuple(shape)) for name, shape in shapes.items())
+
+
+def with_input_dtypes(symbol, dtypes):
+    """``symbol`` with each input's dtype of ``dtypes`` other than float32
+    recorded as MXNet records ``mx.sym.var(name, dtype=...)`` (``__dtype__``),
+    so that the pair binds with it again."""
+    graph = json.loads(symbol.tojson())
+    for node in graph['nodes']:
+        dtype = np.dtype(dtypes.get(node['name'], np.float32)) if node['op'] == 'null' else None
+        if dtype is not None and dtype != np.float32:
+            node.setdefault('attrs', {})['__dtype__'] = str(_DTYPE_NP_TO_MX[dtype.type])
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def input_dtypes(symbol):
+    """``{input name: numpy dtype}`` of each input, float32 unless recorded."""
+    attrs = symbol.attr_dict()
+    found = {}
+    for name in input_names(symbol):
+        code = attrs.get(name, {}).get('__dtype__')
+        found[name] = np.dtype(_DTYPE_MX_TO_NP.get(int(code), np.float32)
+                               if code and code.lstrip('-').isdigit() else np.float32)
+    return found
+
+
+def activation_bytes(symbol, arg_params, aux_params, shapes, dtypes=None):
+    """Bytes of every op's outputs for one sample, by MXNet's shape inference.
+
+    The sum over all internal outputs at batch size 1, less the parameters
+    and the inputs: what an executor would allocate for one sample if it
+    shared no memory between ops, so an upper bound of a batch's
+    activations per sample (executors and onnxruntime reuse buffers).
+
+    Raises:
+        ExportError: the arrays and ``shapes`` do not fit the graph.
+    """
+    internals = symbol.get_internals()
+    known = _known_shapes(symbol, arg_params, aux_params)
+    try:
+        _, out_shapes, _ = internals.infer_shape_partial(**_batched(shapes), **known)
+        _, out_types, _ = internals.infer_type_partial(**{
+            name: np.dtype((dtypes or {}).get(name, np.float32)) for name in _batched(shapes)})
+    except mx.base.MXNetError as err:
+        raise ExportError('the arrays do not fit together with inputs of shape %s: %s'
+                          % (_describe_shapes(shapes), error_line(err))) from None
+    variables = set(symbol.list_arguments()) | set(symbol.list_auxiliary_states())
+    total = 0
+    for name, shape, dtype in zip(internals.list_outputs(), out_shapes, out_types):
+        if name in variables or not shape:
+            continue
+        size = np.dtype(dtype).itemsize if dtype is not None else 4
+        total += int(np.prod(shape)) * size
+    return total
 
 
 def features(shape):

@@ -22,7 +22,6 @@ import mxnet as mx
 from mxnet import gluon
 import numpy as np
 
-from mp_symbolic.core.pipeline import DATA_NAME
 from mp_symbolic.tools.store import check_committed_file
 
 from .errors import InputError, ModelFileError
@@ -123,7 +122,11 @@ class LoadedModel:
         symbol: The inference symbol, ``ctx_group`` on every node.
         arg_params, aux_params: Name -> NDArray, on ``cpu()``.
         group2ctx: ``{'stage0': ctx, ...}``: where each stage runs.
-        sample_shape: One input sample's shape (batch left out).
+        sample_shape: One input sample's shape (batch left out); of the
+            first input where there are several.
+        input_names: The inputs, in order: ``['data']``, or ``['data0',
+            'data1', ...]``.
+        sample_shapes: ``{input name: one sample's shape}``.
         path, params_path: The files loaded.
     """
 
@@ -133,31 +136,43 @@ class LoadedModel:
         self.arg_params, self.aux_params = predictor.arg_params, predictor.aux_params
         self.group2ctx = dict(predictor.group2ctx)
         self.sample_shape = tuple(predictor.sample_shape)
+        self.input_names = list(predictor.input_names)
+        self.sample_shapes = dict(predictor.sample_shapes)
         self.path = predictor.path
         self.params_path = predictor.params_path
 
-    def predict(self, X):
+    def predict(self, *inputs):
         """The model's outputs for a batch of any size.
 
         Args:
-            X: numpy array or NDArray, ``(samples,) + sample_shape`` or
-                ``(samples, features)``.
+            *inputs: One numpy array or NDArray per input, in input order,
+                each ``(samples,) + its sample shape`` (or, for one input,
+                ``(samples, features)``).
 
         Returns:
             float32 numpy array ``(samples, ...)``, the output of the last
-            stage.
+            stage; a tuple of them, in the graph's order, for a model of
+            several outputs.
 
         Raises:
-            InputError: ``X`` is not a batch of samples of that shape.
+            InputError: not one batch per input, or one that is not a batch
+                of samples of that shape.
             ModelFileError: MXNet fails to run the graph.
         """
-        if isinstance(X, mx.nd.NDArray):
-            X = X.asnumpy()
-        X = np.asarray(X)
-        if X.ndim < 2 or len(X) == 0:
-            raise InputError('expected a batch of shape (samples,) + %s, found shape %s'
-                             % (self.sample_shape, X.shape))
-        return self._predictor.predict(X)
+        arrays = []
+        for X, name in zip(inputs, self.input_names):
+            X = X.asnumpy() if isinstance(X, mx.nd.NDArray) else np.asarray(X)
+            if X.ndim < 1 or len(X) == 0 or (X.ndim < 2 and len(self.sample_shapes[name])):
+                raise InputError('expected a batch of shape (samples,) + %s%s, found shape %s'
+                                 % (self.sample_shapes[name],
+                                    ' for %s' % name if len(self.input_names) > 1 else '',
+                                    X.shape))
+            arrays.append(X)
+        if len(inputs) != len(self.input_names):
+            raise InputError('expected %d input arrays (%s), found %d'
+                             % (len(self.input_names), ', '.join(self.input_names), len(inputs)))
+        outputs = self._predictor.run(*arrays)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def placement(self):
         """``{argument name: context}`` as MXNet reports it for the bound graph."""
@@ -174,11 +189,13 @@ class LoadedModel:
             ctx: The device; ``None``: the first stage's.
 
         Returns:
-            A ``gluon.SymbolBlock`` taking ``data`` of shape
-            ``(samples,) + sample_shape``, its parameters loaded.
+            A ``gluon.SymbolBlock`` taking the inputs (``data``, or
+            ``data0``, ``data1``, ...) of shape ``(samples,) + sample_shape``,
+            its parameters loaded.
         """
         ctx = ctx or self.group2ctx[next(iter(self.group2ctx))]
-        block = gluon.SymbolBlock(self.symbol, mx.sym.var(DATA_NAME, dtype='float32'))
+        block = gluon.SymbolBlock(self.symbol, [mx.sym.var(name, dtype='float32')
+                                                for name in self.input_names])
         arrays = dict(self.arg_params)
         arrays.update(self.aux_params)
         block.collect_params().load_dict(arrays, ctx=ctx)

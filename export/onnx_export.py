@@ -6,8 +6,12 @@ input, lists every weight as a graph input as well as an initializer
 (onnxruntime then warns and cannot fold them), declares whatever opset the
 installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
 
-* the loss head is already gone (:func:`export.inference.inference_graph`)
-  and every argument but ``data`` gets an array, so ``data`` is the only input;
+* the loss heads are already gone (:func:`export.inference.inference_graph`)
+  and every argument but the inputs (``data``, or ``data0``, ``data1``, ...)
+  gets an array, so the inputs are the graph inputs, in order, each of its
+  own dtype; every output of the symbol is a graph output, in the symbol's
+  order (MXNet's converter lists them in the order it converts their nodes),
+  of any shape;
 * the graph is built by the exporter's own converter at a pinned opset
   (:data:`ONNX_OPSET`, the newest MXNet 1.9.1 has translations for), and the
   model declares that opset and :data:`ONNX_IR_VERSION` explicitly; the
@@ -25,18 +29,19 @@ from collections import OrderedDict
 import importlib.metadata
 import json
 import os
+import re
 
 import mxnet as mx
 from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from mp_symbolic.core.pipeline import DATA_NAME
 from mp_symbolic.tools.files import sha256_file
 
 from . import converters
 from .errors import ExportError
-from .inference import output_shape, stage_layout
+from .inference import input_names, output_shapes, stage_layout
 
 __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
            'check_onnx_version', 'to_onnx', 'producer_version']
@@ -86,11 +91,11 @@ def _set_shape(value_info, dims):
             shape.dim.add().dim_value = dim
 
 
-def _dynamic_dims(symbol, arg_params, aux_params, shape, out_shape, dynamic_axes):
-    """``(input dims, output dims)`` per sample, each axis of ``dynamic_axes``
-    (``{axis of the batched input: name}``) named, and the output axes whose
-    size follows it."""
-    in_dims, out_dims = list(shape), list(out_shape)
+def _dynamic_dims(symbol, arg_params, aux_params, shape, out_shapes, dynamic_axes):
+    """``(input dims, [dims of each output])`` per sample, each axis of
+    ``dynamic_axes`` (``{axis of the batched input: name}``) named, and the
+    output axes whose size follows it."""
+    in_dims, out_dims = list(shape), [list(s) for s in out_shapes]
     for axis, name in sorted(dynamic_axes.items()):
         if not isinstance(axis, int) or isinstance(axis, bool) or not 1 <= axis <= len(shape):
             raise ExportError('--dynamic: expected an input axis from 1 to %d (axis 0 is the '
@@ -102,19 +107,34 @@ def _dynamic_dims(symbol, arg_params, aux_params, shape, out_shape, dynamic_axes
         other = list(shape)
         other[axis - 1] = shape[axis - 1] - 1 if shape[axis - 1] > 1 else 2
         try:
-            changed = output_shape(symbol, arg_params, aux_params, other)
+            changed = output_shapes(symbol, arg_params, aux_params, other)
         except ExportError as err:
             raise ExportError('--dynamic: expected input axis %d to take other sizes than %d, '
                               'found it cannot: %s' % (axis, shape[axis - 1], err)) from None
         in_dims[axis - 1] = name
-        for i, (a, b) in enumerate(zip(out_shape, changed)):
-            if a != b:
-                out_dims[i] = name
-    return tuple(in_dims), tuple(out_dims)
+        for dims, before, after in zip(out_dims, out_shapes, changed):
+            for i, (a, b) in enumerate(zip(before, after)):
+                if a != b:
+                    dims[i] = name
+    return tuple(in_dims), [tuple(d) for d in out_dims]
+
+
+def _output_names(symbol):
+    """The ONNX names MXNet's converter gives the symbol's outputs
+    (``softmax0_output`` -> ``softmax0``; ``split0_output1`` -> ``split01``)."""
+    names = []
+    for name in symbol.list_outputs():
+        if name.endswith('_output'):
+            names.append(name[:-len('_output')])
+        elif re.search(r'_output[0-9]$', name):
+            names.append(name[:-len('_output0')] + name[-1])
+        else:
+            names.append(name)
+    return names
 
 
 def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=None,
-            dynamic_axes=None):
+            dynamic_axes=None, dtypes=None):
     """Converts an inference symbol and its arrays to an ONNX ``ModelProto``.
 
     Args:
@@ -123,12 +143,14 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         aux_params: Auxiliary state name -> NDArray.
         source_files: ``{'symbol': path, 'params': path}`` of the training
             checkpoint; their names and sha256 go into the metadata.
-        shape: Shape of one input sample (batch dimension left out).
+        shape: Shape of one input sample (batch dimension left out), or
+            ``{input name: shape}`` (``data0``, ``data1``, ...).
         extra_metadata: More ``metadata_props`` entries (string values).
         dynamic_axes: ``{axis: name}`` of input axes besides the batch whose
             size may vary (axis 1 is the first after the batch), e.g.
             ``{1: 'seq'}``; ``shape`` gives their size when the graph is
-            traced.
+            traced. One input only.
+        dtypes: ``{input name: numpy dtype}``; float32 where not given.
 
     Returns:
         The model; nothing is written.
@@ -136,23 +158,35 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
     Raises:
         ExportError: ``onnx`` is unsuitable, an op has no converter or its
             converter refuses it (one line naming the op and its block), or
-            an input other than ``data`` would be left in the graph.
+            an input other than the graph's inputs would be left in the graph.
     """
     check_onnx_version()
-    shape = tuple(shape)
-    out_shape = output_shape(symbol, arg_params, aux_params, shape)
+    inputs = input_names(symbol)
+    shapes = OrderedDict(shape) if isinstance(shape, dict) else OrderedDict([(inputs[0], shape)])
+    shapes = OrderedDict((name, tuple(shapes[name])) for name in inputs)
+    dtypes = {name: np.dtype((dtypes or {}).get(name, np.float32)) for name in inputs}
+    out_shapes = output_shapes(symbol, arg_params, aux_params, shapes)
     params = dict(arg_params)
     params.update(aux_params)
     arrays = {name: value.shape for name, value in params.items()}
-    in_dims, out_dims = _dynamic_dims(symbol, arg_params, aux_params, shape, out_shape,
-                                      dynamic_axes or {})
-    converters.check_translations(symbol, arrays, shape, ONNX_OPSET)
+    if dynamic_axes and len(inputs) > 1:
+        raise ExportError('--dynamic: expected a graph of one input, found %d: %s'
+                          % (len(inputs), ', '.join(inputs)))
+    in_dims = {name: tuple(s) for name, s in shapes.items()}
+    out_dims = list(out_shapes)
+    if dynamic_axes:
+        in_dims[inputs[0]], out_dims = _dynamic_dims(
+            symbol, arg_params, aux_params, shapes[inputs[0]], out_shapes, dynamic_axes)
+    converters.check_translations(symbol, arrays, shapes, ONNX_OPSET)
+    # MXNet's converter takes the input shapes and types in list_inputs() order.
+    order = [n for n in symbol.list_inputs() if n not in params]
     try:
         with converters.conversion_context(ONNX_OPSET, ONNX_IR_VERSION):
             graph = MXNetGraph().create_onnx_graph_proto(
-                symbol, params, in_shapes=[(1,) + shape], in_types=[TensorProto.FLOAT],
+                symbol, params, in_shapes=[(1,) + shapes[n] for n in order],
+                in_types=[onnx.helper.np_dtype_to_tensor_dtype(dtypes[n]) for n in order],
                 opset_version=ONNX_OPSET, dynamic=True,
-                dynamic_input_shapes=[(BATCH_DIM,) + in_dims])
+                dynamic_input_shapes=[(BATCH_DIM,) + in_dims[n] for n in order])
     except onnx.checker.ValidationError as err:
         raise ExportError('MXNet converted this graph to ONNX that is not valid at opset %d: %s'
                           % (ONNX_OPSET, ' '.join(str(err).split()))) from None
@@ -163,14 +197,23 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
     for init in unused:
         graph.initializer.remove(init)
     weights = {init.name for init in graph.initializer}
-    kept = [value for value in graph.input if value.name not in weights and value.name in used]
+    kept = {value.name: value for value in graph.input
+            if value.name not in weights and value.name in used}
+    if sorted(kept) != sorted(inputs):
+        raise ExportError('expected %s as the graph inputs, found %s'
+                          % (', '.join(inputs), ', '.join(sorted(kept)) or 'none'))
     del graph.input[:]
-    graph.input.extend(kept)
-    if [value.name for value in graph.input] != [DATA_NAME]:
-        raise ExportError('expected %r as the only graph input, found %s'
-                          % (DATA_NAME, ', '.join(value.name for value in graph.input)))
-    for value in graph.output:
-        _set_shape(value, (BATCH_DIM,) + out_dims)
+    graph.input.extend(kept[name] for name in inputs)
+    named = {value.name: value for value in graph.output}
+    outputs = _output_names(symbol)
+    if sorted(named) != sorted(outputs):
+        raise ExportError('expected the graph outputs %s, found %s'
+                          % (', '.join(outputs), ', '.join(sorted(named))))
+    ordered = [named[name] for name in outputs]
+    del graph.output[:]
+    graph.output.extend(ordered)
+    for value, dims in zip(graph.output, out_dims):
+        _set_shape(value, (BATCH_DIM,) + tuple(dims))
 
     stages = stage_layout(symbol)
     metadata = OrderedDict([
@@ -180,12 +223,15 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         ('onnx_version', onnx.__version__),
         ('opset', str(ONNX_OPSET)),
         ('input_names', json.dumps([v.name for v in graph.input])),
-        ('input_shapes', json.dumps({v.name: [BATCH_DIM] + list(in_dims) for v in graph.input})),
+        ('input_shapes', json.dumps({v.name: [BATCH_DIM] + list(in_dims[v.name])
+                                     for v in graph.input})),
+        ('input_dtypes', json.dumps({name: dtypes[name].name for name in inputs})),
         ('output_names', json.dumps([v.name for v in graph.output])),
-        ('output_shapes', json.dumps({v.name: [BATCH_DIM] + list(out_dims)
-                                      for v in graph.output})),
+        ('output_shapes', json.dumps({v.name: [BATCH_DIM] + list(dims)
+                                      for v, dims in zip(graph.output, out_dims)})),
         # the per-sample shape the graph was traced at (the sizes of dynamic axes)
-        ('sample_shape', json.dumps(list(shape))),
+        ('sample_shape', json.dumps(list(shapes[inputs[0]]))),
+        ('sample_shapes', json.dumps({name: list(s) for name, s in shapes.items()})),
         ('stages', json.dumps({group: {'layers': info['layers'], 'variables': info['variables']}
                                for group, info in stages.items()})),
         ('source_symbol', os.path.basename(source_files['symbol'])),

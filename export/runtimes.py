@@ -6,8 +6,11 @@
   load time through :func:`mp_symbolic.core.devices.make_plan`.
 * :class:`OnnxPredictor` runs the ``.onnx`` file in onnxruntime.
 
-Both take a float32 ``(samples, features)`` array and return
-``(samples, outputs)``; :func:`load_predictor` picks one by file name. A file
+Both run every input and every output of the graph (:meth:`run`: one array
+per input, in input order, batch first; a list of outputs of any shape), and
+``predict`` takes a float32 ``(samples, features)`` array of a one-input
+model and returns its first output, ``(samples, outputs)`` (the contract of
+``python -m export.predict``); :func:`load_predictor` picks one by file name. A file
 that is not what its name says, or a model that fails while it runs, raises
 :class:`~export.errors.ModelFileError` naming the file; messages quote at
 most a short excerpt of what the file holds.
@@ -23,14 +26,14 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
-from mp_symbolic.core.pipeline import DATA_NAME
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import DeviceSpecError, make_plan
 from mp_symbolic.tools.store import check_committed_file
 
 from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
                      library_message)
-from .inference import features, inference_graph, sample_shape, stage_layout
+from .inference import (features, inference_graph, input_dtypes, input_names, sample_shapes,
+                        stage_layout)
 
 __all__ = ['MXNetPredictor', 'OnnxPredictor', 'load_predictor', 'params_beside',
            'check_symbol_file', 'SYMBOL_SUFFIX', 'ONNX_SUFFIX']
@@ -49,23 +52,48 @@ _MAX_SYMBOL_BYTES = 64 << 20  # a symbol file is a graph description, not weight
 _MXNET_QUOTE_RE = re.compile(r',?\s*around \^`.*`', re.S)
 
 
-def _check_batch(X, shape, dynamic_axes=()):
+# onnxruntime's input types, as numpy dtypes
+_ORT_DTYPES = {'tensor(float)': np.float32, 'tensor(double)': np.float64,
+               'tensor(int32)': np.int32, 'tensor(int64)': np.int64}
+
+
+def _check_batch(X, shape, dynamic_axes=(), dtype=np.float32, name=None):
     """``(samples, features)`` or ``(samples,) + shape`` -> ``(samples,) + shape``
-    float32; the input axes in ``dynamic_axes`` (axis 1: the first after the
-    batch) may have any size."""
+    of ``dtype``; the input axes in ``dynamic_axes`` (axis 1: the first after
+    the batch) may have any size."""
     X = np.asarray(X)
     width = features(shape)
     if dynamic_axes and X.ndim == len(shape) + 1 and all(
             X.shape[i + 1] == d or (i + 1 in dynamic_axes and X.shape[i + 1] >= 1)
             for i, d in enumerate(shape)):
-        return np.ascontiguousarray(X, dtype=np.float32)
-    if X.ndim == 2 and X.shape[1] == width:
+        return np.ascontiguousarray(X, dtype=dtype)
+    if X.ndim == 2 and X.shape[1] == width and len(shape) > 1:
         X = X.reshape((len(X),) + tuple(shape))
-    elif X.shape[1:] != tuple(shape):
-        raise InputError('expected an array of shape (samples, %d)%s, found shape %s'
-                         % (width, '' if len(shape) == 1 else ' or (samples,) + %s'
-                            % (tuple(shape),), X.shape))
-    return np.ascontiguousarray(X, dtype=np.float32)
+    elif X.ndim < 1 or X.shape[1:] != tuple(shape):
+        raise InputError('%sexpected an array of shape (samples, %d)%s, found shape %s'
+                         % ('%s: ' % name if name else '', width,
+                            '' if len(shape) == 1 else ' or (samples,) + %s' % (tuple(shape),),
+                            X.shape))
+    return np.ascontiguousarray(X, dtype=dtype)
+
+
+def _check_inputs(arrays, names, shapes, dtypes, dynamic_axes=()):
+    """One batch per input -> the arrays as the graph takes them.
+
+    Raises:
+        InputError: not one array per input, an array of another shape, or
+            batches of different sizes.
+    """
+    if len(arrays) != len(names):
+        raise InputError('expected %d input arrays (%s), found %d'
+                         % (len(names), ', '.join(names), len(arrays)))
+    checked = [_check_batch(X, shapes[name], dynamic_axes, dtypes[name],
+                            name if len(names) > 1 else None)
+               for X, name in zip(arrays, names)]
+    if len({len(X) for X in checked}) > 1:
+        raise InputError('expected the same number of samples in every input, found %s'
+                         % ', '.join('%s %d' % (n, len(X)) for n, X in zip(names, checked)))
+    return checked
 
 
 def params_beside(sym_path):
@@ -170,7 +198,7 @@ class MXNetPredictor:
     """
 
     def __init__(self, symbol, arg_params, aux_params=None, devices=None, shape=None,
-                 dynamic_axes=()):
+                 dynamic_axes=(), dtypes=None):
         self.symbol = inference_graph(symbol)
         self.dynamic_axes = tuple(dynamic_axes)  # input axes that may take any size
         self.stages = stage_layout(self.symbol)
@@ -185,14 +213,21 @@ class MXNetPredictor:
         # Groups play the part of layers here: make_plan gives contiguous groups
         # to each device, so fewer devices than groups merge neighbouring stages.
         self.group2ctx = {group: plan.device_of_layer(i) for i, group in enumerate(self.stages)}
-        self.sample_shape = sample_shape(self.symbol, self.arg_params, shape)
+        self.input_names = input_names(self.symbol)
+        self.sample_shapes = sample_shapes(self.symbol, self.arg_params, shape)
+        recorded = input_dtypes(self.symbol)  # float32 unless the export recorded another
+        self.dtypes = {name: np.dtype((dtypes or {}).get(name, recorded[name]))
+                       for name in self.input_names}
+        self.sample_shape = self.sample_shapes[self.input_names[0]]  # of the first input
         self.input_width = features(self.sample_shape)
+        self.num_outputs = len(self.symbol.list_outputs())
         self.path = None  # the symbol file, when loaded by from_files
         self.params_path = None  # and its params file
         self._exec = None
 
     @classmethod
-    def from_files(cls, sym_path, params_path=None, devices=None, shape=None, dynamic_axes=()):
+    def from_files(cls, sym_path, params_path=None, devices=None, shape=None, dynamic_axes=(),
+                   dtypes=None):
         """Loads a pair; ``params_path`` defaults to :func:`params_beside`.
 
         Raises:
@@ -217,20 +252,29 @@ class MXNetPredictor:
             symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
         except CheckpointError as err:
             raise CheckpointError(library_message(_MXNET_QUOTE_RE.sub('', str(err)), 300)) from None
-        predictor = cls(symbol, arg_params, aux_params, devices, shape, dynamic_axes)
+        predictor = cls(symbol, arg_params, aux_params, devices, shape, dynamic_axes, dtypes)
         predictor.path, predictor.params_path = sym_path, params_path
         return predictor
 
     def bind(self, batch_size, sample_shape=None):
         """The executor for ``batch_size`` samples of ``sample_shape`` (by
-        default the model's; the last executor is reused)."""
-        shape = (batch_size,) + tuple(sample_shape or self.sample_shape)
-        if self._exec is None or self._exec.arg_dict[DATA_NAME].shape != shape:
-            data_ctx = self.group2ctx[self.symbol.get_internals()[DATA_NAME].attr('ctx_group')]
+        default the model's; ``{input name: shape}`` for several inputs; the
+        last executor is reused)."""
+        shapes = dict(self.sample_shapes)
+        if isinstance(sample_shape, dict):
+            shapes.update(sample_shape)
+        elif sample_shape is not None:
+            shapes[self.input_names[0]] = tuple(sample_shape)
+        shapes = {name: (batch_size,) + tuple(shape) for name, shape in shapes.items()}
+        if self._exec is None or any(self._exec.arg_dict[name].shape != shape
+                                     for name, shape in shapes.items()):
+            first = self.input_names[0]
+            data_ctx = self.group2ctx[self.symbol.get_internals()[first].attr('ctx_group')]
+            self._exec = None  # the old executor's memory goes before the new one's is taken
             with split_bind(self.group2ctx):
                 self._exec = self.symbol.simple_bind(
                     ctx=data_ctx, group2ctx=self.group2ctx, grad_req='null',
-                    **{DATA_NAME: shape})
+                    type_dict=dict(self.dtypes), **shapes)
             for name, value in self.arg_params.items():
                 value.copyto(self._exec.arg_dict[name])
             for name, value in self.aux_params.items():
@@ -243,21 +287,38 @@ class MXNetPredictor:
             self.bind(1)
         return {name: array.context for name, array in self._exec.arg_dict.items()}
 
-    def predict(self, X):
-        """``(samples, features)`` -> ``(samples, outputs)`` float32 numpy array.
+    def run(self, *arrays):
+        """One batch per input (in input order) -> every output, a list of
+        numpy arrays ``(samples, ...)``.
 
         Raises:
-            InputError: ``X`` is not ``(samples, input_width)``.
+            InputError: not one array per input, or one of another shape.
             ModelFileError: MXNet fails to run the graph.
         """
-        X = _check_batch(X, self.sample_shape, self.dynamic_axes)
+        arrays = _check_inputs(arrays, self.input_names, self.sample_shapes, self.dtypes,
+                               self.dynamic_axes)
+        shapes = {name: X.shape[1:] for name, X in zip(self.input_names, arrays)}
         try:
-            executor = self.bind(len(X), X.shape[1:])
-            executor.forward(is_train=False, **{DATA_NAME: X})
-            return executor.outputs[0].asnumpy()
+            executor = self.bind(len(arrays[0]), shapes)
+            executor.forward(is_train=False, **dict(zip(self.input_names, arrays)))
+            return [out.asnumpy() for out in executor.outputs]
         except mx.base.MXNetError as err:
             raise ModelFileError('%s failed in MXNet on a batch of %d samples: %s' % (
-                self.path or 'the graph', len(X), library_message(err))) from None
+                self.path or 'the graph', len(arrays[0]), library_message(err))) from None
+
+    def predict(self, X):
+        """``(samples, features)`` -> ``(samples, outputs)`` float32 numpy
+        array: the first output of a one-input model.
+
+        Raises:
+            InputError: ``X`` is not ``(samples, input_width)``, or the
+                model reads several inputs (use :meth:`run`).
+            ModelFileError: MXNet fails to run the graph.
+        """
+        if len(self.input_names) != 1:
+            raise InputError('expected a model of one input, found %d: %s'
+                             % (len(self.input_names), ', '.join(self.input_names)))
+        return self.run(X)[0]
 
 
 class OnnxPredictor:
@@ -271,18 +332,28 @@ class OnnxPredictor:
     traced at (the ``sample_shape`` metadata), inputs may have any size along
     it, and the output may have more than two dimensions.
 
+    Args:
+        path: The ``.onnx`` file.
+        table: Whether to hold the model to ``python -m export.predict``'s
+            contract (one float32 input; a 2-D first output unless an axis
+            besides the batch is dynamic). ``False``: any number of inputs
+            of fixed per-sample dimensions (float32, float64, int32 or
+            int64), any outputs.
+
     Attributes:
         batch_size: The fixed batch size, or ``None`` if any is accepted.
         dynamic_axes: Input axes (1: the first after the batch) of any size.
+        input_names, sample_shapes, dtypes: The inputs, in order, one
+            sample's shape and the numpy dtype of each.
 
     Raises:
         ModelFileError: the file is missing, not a model onnxruntime can
-            load, or not one float32 input of shape (batch, features) with a
-            fixed feature count (or dynamic axes and their traced sizes) and
-            a 2-D first output (any, with dynamic axes).
+            load, or not inputs of shape (batch, ...) with fixed per-sample
+            dimensions (or dynamic axes and their traced sizes), or (with
+            ``table``) not one float32 input and a 2-D first output.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, table=True):
         if not os.path.isfile(path):
             raise ModelFileError('expected an ONNX model file at %s, found none' % path)
         self.path = path
@@ -299,7 +370,7 @@ class OnnxPredictor:
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         # axes after the batch that a name makes dynamic, sized as traced
         traced = self.session.get_modelmeta().custom_metadata_map.get('sample_shape')
-        dims = list(inputs[0].shape[1:]) if inputs else []
+        dims = list(inputs[0].shape[1:]) if len(inputs) == 1 else []
         self.dynamic_axes = tuple(i + 1 for i, d in enumerate(dims) if not isinstance(d, int))
         if self.dynamic_axes and traced:
             try:
@@ -308,57 +379,93 @@ class OnnxPredictor:
                 traced = []
             if len(traced) == len(dims):
                 dims = [d if isinstance(d, int) else t for d, t in zip(dims, traced)]
-        if len(inputs) != 1 or len(inputs[0].shape) < 2 or not all(
-                isinstance(d, int) for d in dims):
-            raise ModelFileError('%s: expected one input of shape (batch, ...) with fixed '
-                                 'per-sample dimensions, found %s' % (path, _describe_args(inputs)))
-        if inputs[0].type != 'tensor(float)':
+        shapes = [dims] if len(inputs) == 1 else [list(i.shape[1:]) for i in inputs]
+        if not inputs or (table and len(inputs) != 1) or any(
+                len(i.shape) < 1 or not all(isinstance(d, int) for d in shape)
+                for i, shape in zip(inputs, shapes)) or (table and len(inputs[0].shape) < 2):
+            raise ModelFileError('%s: expected %s of shape (batch, ...) with fixed '
+                                 'per-sample dimensions, found %s'
+                                 % (path, 'one input' if table else 'inputs',
+                                    _describe_args(inputs) or 'none'))
+        if (table and inputs[0].type != 'tensor(float)') or any(
+                i.type not in _ORT_DTYPES for i in inputs):
             raise ModelFileError('%s: expected a float32 input (tensor(float)), found %s'
                                  % (path, _describe_args(inputs)))
-        if len(outputs[0].shape) != 2 and not self.dynamic_axes:
+        if table and len(outputs[0].shape) != 2 and not self.dynamic_axes:
             raise ModelFileError('%s: expected its first output to be of shape (batch, outputs), '
                                  'found %s' % (path, _describe_args(outputs[:1])))
+        self.table = table
+        self.input_names = [i.name for i in inputs]
+        self.sample_shapes = {i.name: tuple(shape) for i, shape in zip(inputs, shapes)}
+        self.dtypes = {i.name: np.dtype(_ORT_DTYPES[i.type]) for i in inputs}
         self.input_name = inputs[0].name
-        self.sample_shape = tuple(dims)
+        self.sample_shape = tuple(shapes[0])
         self.input_width = features(self.sample_shape)
         self.output_width = outputs[0].shape[1] if len(outputs[0].shape) == 2 else None
+        self.num_outputs = len(outputs)
         batch = inputs[0].shape[0]
         self.batch_size = batch if isinstance(batch, int) and batch > 0 else None
         # A failing run is reported by the exception; onnxruntime would also log it.
         self._quiet = ort.RunOptions()
         self._quiet.log_severity_level = 4  # fatal only
 
-    def predict(self, X):
-        """``(samples, features)`` -> ``(samples, outputs)`` float32 numpy array.
+    def run(self, *arrays):
+        """One batch per input (in input order) -> every output, a list of
+        numpy arrays ``(samples, ...)``.
 
         Raises:
-            InputError: ``X`` is not ``(samples, input_width)``, or its
-                samples are not a multiple of a fixed batch size.
-            ModelFileError: onnxruntime fails to run the model, or its output
-                is not ``(samples, outputs)`` numbers.
+            InputError: not one array per input, one of another shape, or
+                samples that are not a multiple of a fixed batch size.
+            ModelFileError: onnxruntime fails to run the model, or an output
+                is not ``(samples, ...)`` numbers.
         """
-        X = _check_batch(X, self.sample_shape, self.dynamic_axes)
-        step = self.batch_size or len(X)
-        if len(X) % step:
+        arrays = _check_inputs(arrays, self.input_names, self.sample_shapes, self.dtypes,
+                               self.dynamic_axes)
+        count = len(arrays[0])
+        step = self.batch_size or count
+        if count % step:
             raise InputError('%s runs batches of exactly %d samples (its input is %s); expected '
                              'a multiple of %d samples, found %d'
                              % (self.path, step, _describe_args(self.session.get_inputs()),
-                                step, len(X)))
-        return np.concatenate([self._run(X[i:i + step]) for i in range(0, len(X), step)])
+                                step, count))
+        parts = [self._run([X[i:i + step] for X in arrays]) for i in range(0, count, step)]
+        return [np.concatenate(outs) for outs in zip(*parts)]
 
-    def _run(self, X):
+    def predict(self, X):
+        """``(samples, features)`` -> ``(samples, outputs)`` float32 numpy
+        array: the first output of a one-input model.
+
+        Raises:
+            InputError: ``X`` is not ``(samples, input_width)``, or its
+                samples are not a multiple of a fixed batch size, or the
+                model reads several inputs (use :meth:`run`).
+            ModelFileError: onnxruntime fails to run the model, or its output
+                is not ``(samples, outputs)`` numbers.
+        """
+        if len(self.input_names) != 1:
+            raise InputError('expected a model of one input, found %d: %s'
+                             % (len(self.input_names), ', '.join(self.input_names)))
+        return self.run(X)[0]
+
+    def _run(self, arrays):
+        count = len(arrays[0])
         try:
-            Y = self.session.run(None, {self.input_name: X}, self._quiet)[0]
+            outputs = self.session.run(None, dict(zip(self.input_names, arrays)), self._quiet)
         except _ORT_ERRORS as err:
             raise ModelFileError('%s failed in onnxruntime on a batch of %d samples: %s'
-                                 % (self.path, len(X), _ort_message(err))) from None
-        Y = np.asarray(Y)
-        if (Y.ndim != 2 and not self.dynamic_axes) or len(Y) != len(X) or \
-                not np.issubdtype(Y.dtype, np.number):
-            raise ModelFileError('%s: expected (%d, outputs) numbers from a batch of %d samples, '
-                                 'found %s of shape %s' % (self.path, len(X), len(X), Y.dtype,
-                                                           Y.shape))
-        return Y.astype(np.float32, copy=False)
+                                 % (self.path, count, _ort_message(err))) from None
+        checked = []
+        for i, Y in enumerate(outputs):
+            Y = np.asarray(Y)
+            table = self.table and i == 0 and not self.dynamic_axes
+            if (table and Y.ndim != 2) or Y.ndim < 1 or len(Y) != count or \
+                    not np.issubdtype(Y.dtype, np.number):
+                raise ModelFileError('%s: expected (%d, %s) numbers from a batch of %d samples, '
+                                     'found %s of shape %s'
+                                     % (self.path, count, 'outputs' if table else '...', count,
+                                        Y.dtype, Y.shape))
+            checked.append(Y.astype(np.float32, copy=False))
+        return checked
 
 
 def _describe_args(args):

@@ -6,14 +6,23 @@ The report (a JSON-ready dict) holds
   the declared opset, weights kept out of the graph inputs, metadata present,
   onnxruntime loading without a word on stderr, and MXNet placing every
   argument of the re-bound pair on its stage's device;
-* ``parity``: the largest absolute difference between each runtime's output
-  and the training checkpoint itself, bound on one device with MXNet (its
-  loss head's forward pass, label unused) at batch sizes :data:`BATCH_SIZES`
-  (with a dynamic axis besides the batch, :data:`DYNAMIC_BATCH_SIZES` at
-  sizes 1, about half and all of that axis as traced); each must be within
-  :data:`TOLERANCE` (absolute, plus the same relative to the reference).
-  Inputs are normal noise, or token ids below the vocabulary size where an
-  ``Embedding`` reads the input.
+* ``parity``: for each runtime, batch size and output, the largest absolute
+  difference between the runtime's output and the training checkpoint
+  itself, bound on one device with MXNet (its loss head's forward pass, label
+  unused), and that output's scale: the largest absolute value the
+  checkpoint gives on that batch. A row passes when the difference is at
+  most :data:`TOLERANCE` times the scale (float32 rounding through a deep
+  graph stays orders of magnitude below it; a converter off by 1e-3 of the
+  scale is 10 times above it).
+
+The batch sizes (:func:`verification_batches`): 1, 7 and the largest up to
+1000 whose activations fit :data:`MEMORY_BUDGET`, by the model's activation
+bytes per sample (:func:`export.inference.activation_bytes`); with a dynamic
+axis besides the batch, the same rule over :data:`DYNAMIC_BATCH_SIZES` at
+sizes 1, about half and all of that axis as traced. Inputs are the rows of a
+given sample (``--sample``), cycled to the batch size, or else normal noise,
+or token ids below the vocabulary size where an ``Embedding`` reads the input
+(directly or through a ``transpose``, ``reshape`` or the like).
 """
 from collections import OrderedDict
 import json
@@ -24,33 +33,95 @@ import onnxruntime as ort
 
 import mxnet as mx
 
-from mp_symbolic.tools.checkpoint import input_names
-from mp_symbolic.core.pipeline import DATA_NAME
+from mp_symbolic.tools.checkpoint import input_names as checkpoint_inputs
 from mp_symbolic.core.devices import format_device
 from mp_symbolic.core.scoped import captured_stderr
 
+from .errors import ExportError
+from .inference import input_names
 from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET
 from .runtimes import MXNetPredictor, OnnxPredictor
 
-__all__ = ['BATCH_SIZES', 'DYNAMIC_BATCH_SIZES', 'TOLERANCE', 'REQUIRED_METADATA',
+__all__ = ['BATCH_SIZES', 'DYNAMIC_BATCH_SIZES', 'TOLERANCE', 'MEMORY_BUDGET',
+           'REQUIRED_METADATA', 'verification_batches', 'parse_batches', 'within_tolerance',
            'verify_export', 'format_report', 'failed_checks', 'OneDeviceReference']
 
+# The batch sizes verification runs at, where the activations fit MEMORY_BUDGET.
 BATCH_SIZES = (1, 7, 1000)
 # With a dynamic axis besides the batch (a sequence length): smaller batches,
 # each at several sizes of that axis.
 DYNAMIC_BATCH_SIZES = (1, 7, 64)
-TOLERANCE = 1e-5
+# Largest allowed |runtime - checkpoint| over an output, as a fraction of that
+# output's scale (its largest |value| on the batch).
+TOLERANCE = 1e-4
+# Activation bytes one batch may take in one runtime. Four runtimes hold a
+# batch at a time (the checkpoint, onnxruntime, two MXNet plans), so about
+# 2 GiB for the activations at most, whatever the model.
+MEMORY_BUDGET = 512 << 20
 REQUIRED_METADATA = ('producer', 'producer_version', 'mxnet_version', 'input_names',
                      'input_shapes', 'output_names', 'output_shapes', 'stages',
                      'source_params_sha256')
 _SEED = 20240601
 
 
+def verification_batches(bytes_per_sample, candidates=BATCH_SIZES, budget=MEMORY_BUDGET):
+    """The batch sizes to verify at: each of ``candidates`` whose activations
+    fit ``budget``, and, if the largest does not, the largest batch that does.
+
+    ``bytes_per_sample`` 162 MB (ResNet-50 v1d at 3x224x224) and the defaults
+    give ``[1, 3]``; 20 KB gives ``[1, 7, 1000]``. A batch of 1 is always
+    verified, whatever the budget.
+
+    Raises:
+        ExportError: ``bytes_per_sample`` is not a positive number.
+    """
+    if not bytes_per_sample > 0:
+        raise ExportError('activation bytes per sample: expected a positive number, found %r'
+                          % (bytes_per_sample,))
+    fits = max(1, int(budget // bytes_per_sample))
+    batches = sorted({b for b in candidates if b <= fits} | {1})
+    if max(candidates) > fits and fits not in batches:
+        batches.append(fits)
+    return batches
+
+
+def parse_batches(text):
+    """``'1,7'`` -> ``[1, 7]`` (``--verify-batches``).
+
+    Raises:
+        ExportError: not distinct positive integers.
+    """
+    try:
+        batches = [int(b) for b in str(text).split(',')]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1 or len(set(batches)) != len(batches):
+        raise ExportError('--verify-batches: expected distinct positive batch sizes such as '
+                          '1,7, found %r' % (text,))
+    return batches
+
+
+def within_tolerance(got, expected, tolerance):
+    """``(ok, max |got - expected|, scale)`` for one output: ``ok`` when the
+    difference is at most ``tolerance`` times ``scale``, the largest
+    ``|expected|`` (an output of zeros must be matched exactly). NaN
+    anywhere fails."""
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    if got.shape != expected.shape:
+        return False, float('inf'), float(np.max(np.abs(expected))) if expected.size else 0.0
+    if not expected.size:
+        return True, 0.0, 0.0
+    diff = float(np.max(np.abs(got - expected)))
+    scale = float(np.max(np.abs(expected)))
+    ok = bool(np.isfinite(diff) and diff <= tolerance * scale)
+    return ok, diff, scale
+
+
 def _check(name, ok, detail):
     return OrderedDict([('name', name), ('ok', bool(ok)), ('detail', detail)])
 
 
-def _onnx_checks(model, onnx_path, out_dims):
+def _onnx_checks(model, onnx_path, declared):
     checks = []
     try:
         onnx.checker.check_model(onnx_path, full_check=True)
@@ -59,10 +130,12 @@ def _onnx_checks(model, onnx_path, out_dims):
         checks.append(_check('onnx checker (full_check)', False, str(err).splitlines()[0]))
     try:
         inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-        output = inferred.graph.output[0]
-        dims = [d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim]
-        checks.append(_check('shape inference (strict)', dims == [BATCH_DIM] + out_dims[1:],
-                             '%s: %s' % (output.name, dims)))
+        found = [[d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim]
+                 for output in inferred.graph.output]
+        ok = len(found) == len(declared) and all(
+            dims == [BATCH_DIM] + list(out[1:]) for dims, out in zip(found, declared))
+        checks.append(_check('shape inference (strict)', ok, '; '.join(
+            '%s: %s' % (output.name, dims) for output, dims in zip(inferred.graph.output, found))))
     except onnx.shape_inference.InferenceError as err:
         checks.append(_check('shape inference (strict)', False, str(err).splitlines()[0]))
     opsets = [(o.domain, o.version) for o in model.opset_import]
@@ -104,31 +177,59 @@ class OneDeviceReference:
 
     Every ``ctx_group`` is ignored (no ``group2ctx``), labels are zeros (a
     loss head's forward pass does not read them), ``is_train=False``.
+
+    Args:
+        symbol, arg_params, aux_params: The training checkpoint.
+        shapes: ``{input name: per-sample shape}`` (or one shape for ``data``).
+        dtypes: ``{input name: numpy dtype}``; float32 where not given.
     """
 
-    def __init__(self, symbol, arg_params, aux_params, shape):
+    def __init__(self, symbol, arg_params, aux_params, shapes, dtypes=None):
         self.symbol, self.arg_params, self.aux_params = symbol, arg_params, aux_params
-        self.shape = tuple(shape)
+        names = input_names(symbol)
+        if not isinstance(shapes, dict):
+            shapes = {names[0]: tuple(shapes)}
+        self.input_names = names
+        self.shapes = OrderedDict((name, tuple(shapes[name])) for name in names)
+        self.shape = self.shapes[names[0]]  # of the first input
+        self.dtypes = {name: np.dtype((dtypes or {}).get(name, np.float32)) for name in names}
 
-    def __call__(self, X):
-        arg_shapes, _, _ = self.symbol.infer_shape_partial(**{DATA_NAME: X.shape})
-        inputs = set(input_names(self.symbol))
+    def __call__(self, *arrays):
+        """One batch per input -> every output of the graph, as numpy arrays."""
+        given = {name: X.shape for name, X in zip(self.input_names, arrays)}
+        arg_shapes, _, _ = self.symbol.infer_shape_partial(**given)
+        inputs = set(checkpoint_inputs(self.symbol)) | set(self.input_names)
         shapes = {name: shape for name, shape in zip(self.symbol.list_arguments(), arg_shapes)
                   if name in inputs}
-        exe = self.symbol.simple_bind(ctx=mx.cpu(0), grad_req='null', **shapes)
+        shapes.update(given)
+        exe = self.symbol.simple_bind(ctx=mx.cpu(0), grad_req='null',
+                                      type_dict=dict(self.dtypes), **shapes)
         exe.copy_params_from(self.arg_params, self.aux_params)
-        exe.forward(is_train=False, **{DATA_NAME: X})
-        return exe.outputs[0].asnumpy()
+        exe.forward(is_train=False, **dict(zip(self.input_names, arrays)))
+        outputs = [out.asnumpy() for out in exe.outputs]
+        del exe  # its memory is back before the runtimes bind
+        return outputs
 
 
-def verify_export(onnx_path, sym_path, params_path, reference):
+def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
+                  tolerance=None, sample=None, bytes_per_sample=None):
     """Runs every check on freshly written export files.
 
     Args:
         onnx_path: The ``.onnx`` file.
         sym_path, params_path: The MXNet pair.
-        reference: A callable ``X -> outputs`` the runtimes must match
-            (:class:`OneDeviceReference` of the training checkpoint).
+        reference: A callable ``(X0, X1, ...) -> [outputs]`` the runtimes
+            must match (:class:`OneDeviceReference` of the training
+            checkpoint).
+        batch_sizes: The batch sizes to compare at; ``None``:
+            :func:`verification_batches` of ``bytes_per_sample``.
+        tolerance: See :data:`TOLERANCE` (its value, if ``None``).
+        sample: ``{input name: array}``, batch first: the data to compare
+            on (its rows cycled to each batch size); ``None``: noise, or
+            token ids.
+        bytes_per_sample: Activation bytes per sample
+            (:func:`export.inference.activation_bytes`); ``None``: no
+            memory bound.
 
     Returns:
         The report; ``report['ok']`` is whether every check passed.
@@ -137,52 +238,86 @@ def verify_export(onnx_path, sym_path, params_path, reference):
         ModelFileError, CheckpointError, ExportError: a file cannot be
             loaded at all.
     """
+    tolerance = TOLERANCE if tolerance is None else tolerance
     model = onnx.load(onnx_path)
     with captured_stderr() as ort_log:
-        onnx_runtime = OnnxPredictor(onnx_path)
-    checks = _onnx_checks(model, onnx_path, list(onnx_runtime.session.get_outputs()[0].shape))
+        onnx_runtime = OnnxPredictor(onnx_path, table=False)
+    declared = [list(o.shape) for o in onnx_runtime.session.get_outputs()]
+    checks = _onnx_checks(model, onnx_path, declared)
     checks.append(_check('onnxruntime loads without warnings', not ort_log,
                          ort_log[0] if ort_log else 'nothing logged at default severity'))
     runtimes = [onnx_runtime]
     dynamic = onnx_runtime.dynamic_axes
+    shapes = reference.shapes
     # one device per stage (the model-parallel split), then every stage on cpu(0)
     for spec in (None, 'cpu:0'):
         mxnet_runtime = MXNetPredictor.from_files(sym_path, params_path, devices=spec,
-                                                  shape=onnx_runtime.sample_shape,
-                                                  dynamic_axes=dynamic)
+                                                  shape=dict(shapes), dynamic_axes=dynamic,
+                                                  dtypes=reference.dtypes)
         checks.append(_placement_check(mxnet_runtime))
         runtimes.append(mxnet_runtime)
+    if batch_sizes is None:
+        candidates = DYNAMIC_BATCH_SIZES if dynamic else BATCH_SIZES
+        batch_sizes = (verification_batches(bytes_per_sample, candidates)
+                       if bytes_per_sample else list(candidates))
+    output_names = [o.name for o in onnx_runtime.session.get_outputs()]
 
     rng = np.random.default_rng(_SEED)
     parity = []
-    vocab = _token_range(reference.symbol)
-    for batch_size, shape in _parity_shapes(onnx_runtime.sample_shape, dynamic):
-        if vocab:  # token ids for an Embedding (normal noise would index out of range)
-            X = rng.integers(0, vocab, (batch_size,) + shape).astype(np.float32)
-        else:
-            X = rng.normal(0.0, 1.0, (batch_size,) + shape).astype(np.float32)
-        expected = reference(X)
+    vocab = {name: _token_range(reference.symbol, name) for name in reference.input_names}
+    for batch_size, sizes in _parity_shapes(shapes[reference.input_names[0]], dynamic,
+                                            batch_sizes):
+        arrays = []
+        for name in reference.input_names:
+            shape = sizes if name == reference.input_names[0] else shapes[name]
+            arrays.append(_inputs(rng, batch_size, shape, reference.dtypes[name], vocab[name],
+                                  None if sample is None else sample[name]))
+        expected = reference(*arrays)
         for runtime in runtimes:
-            got = runtime.predict(X).reshape(expected.shape)
-            diff = float(np.max(np.abs(got - expected)))
-            ok = bool(np.allclose(got, expected, rtol=TOLERANCE, atol=TOLERANCE))
-            parity.append(OrderedDict([('runtime', _describe(runtime)),
-                                       ('batch_size', batch_size), ('shape', list(X.shape)),
-                                       ('max_abs_diff', diff), ('ok', ok)]))
+            outputs = runtime.run(*arrays)
+            for index, (got, want) in enumerate(zip(outputs, expected)):
+                ok, diff, scale = within_tolerance(got.reshape(want.shape)
+                                                   if got.size == want.size else got,
+                                                   want, tolerance)
+                row = OrderedDict([('runtime', _describe(runtime)), ('batch_size', batch_size),
+                                   ('shape', list(arrays[0].shape))])
+                if len(expected) > 1:
+                    row['output'] = output_names[index]
+                row.update([('max_abs_diff', diff), ('scale', scale), ('ok', ok)])
+                parity.append(row)
+            del outputs
+        del expected
     ok = all(c['ok'] for c in checks) and all(p['ok'] for p in parity)
-    return OrderedDict([('ok', ok), ('tolerance', TOLERANCE), ('checks', checks),
+    return OrderedDict([('ok', ok), ('tolerance', tolerance),
+                        ('tolerance_rule', 'max |difference| <= tolerance x scale (the largest '
+                                           '|value| of that output on that batch)'),
+                        ('batch_sizes', list(batch_sizes)),
+                        ('activation_bytes_per_sample', bytes_per_sample),
+                        ('memory_budget', MEMORY_BUDGET), ('checks', checks),
                         ('dynamic_axes', list(dynamic)), ('parity', parity)])
 
 
-def _parity_shapes(sample_shape, dynamic_axes):
-    """``[(batch size, sample shape)]`` to compare at: :data:`BATCH_SIZES`,
-    or with dynamic axes :data:`DYNAMIC_BATCH_SIZES` at sizes 1, about half
-    and all of each dynamic axis as traced."""
+def _inputs(rng, batch_size, shape, dtype, vocab, sample):
+    """One input's batch: ``sample``'s rows cycled (cut along the other
+    axes to ``shape``), or noise, or token ids below ``vocab``."""
+    if sample is not None:
+        rows = np.take(sample, np.arange(batch_size) % len(sample), axis=0)
+        return np.ascontiguousarray(rows[(slice(None),) + tuple(slice(0, d) for d in shape)],
+                                    dtype=dtype)
+    if vocab:  # token ids for an Embedding (normal noise would index out of range)
+        return rng.integers(0, vocab, (batch_size,) + tuple(shape)).astype(dtype)
+    return rng.normal(0.0, 1.0, (batch_size,) + tuple(shape)).astype(dtype)
+
+
+def _parity_shapes(sample_shape, dynamic_axes, batch_sizes):
+    """``[(batch size, sample shape)]`` to compare at: each of
+    ``batch_sizes``, with dynamic axes at sizes 1, about half and all of each
+    dynamic axis as traced."""
     if not dynamic_axes:
-        return [(b, tuple(sample_shape)) for b in BATCH_SIZES]
+        return [(b, tuple(sample_shape)) for b in batch_sizes]
     sizes = [lambda d: 1, lambda d: d // 2 + 1, lambda d: d]
     shapes = []
-    for batch_size in DYNAMIC_BATCH_SIZES:
+    for batch_size in batch_sizes:
         for size in sizes:
             shape = tuple(size(d) if i + 1 in dynamic_axes else d
                           for i, d in enumerate(sample_shape))
@@ -191,13 +326,28 @@ def _parity_shapes(sample_shape, dynamic_axes):
     return shapes
 
 
-def _token_range(symbol):
-    """The smallest ``input_dim`` of the Embeddings that read ``data``, or
-    ``None``: then the input is not token ids."""
+# Ops that move or reshape their input's values without computing new ones:
+# an Embedding after them still reads token ids.
+_VALUE_KEEPING = ('transpose', 'reshape', 'Reshape', 'SwapAxis', 'swapaxes', 'expand_dims',
+                  'squeeze', 'Flatten', 'flatten', 'slice', 'slice_axis', 'slice_like', 'Cast',
+                  'cast', '_copy', 'identity', 'BlockGrad', 'reshape_like')
+
+
+def _token_range(symbol, name):
+    """The smallest ``input_dim`` of the Embeddings that read input ``name``
+    (directly or through ops that only move its values, such as a
+    ``transpose`` to ``(T, N)``), or ``None``: then the input is not token ids."""
     nodes = json.loads(symbol.tojson())['nodes']
-    data = {i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == DATA_NAME}
-    dims = [int(n['attrs']['input_dim']) for n in nodes
-            if n['op'] == 'Embedding' and n['inputs'] and n['inputs'][0][0] in data]
+    reached = {i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name}
+    dims = []
+    for i, node in enumerate(nodes):  # in graph order: every input before its readers
+        first = node['inputs'][0][0] if node['inputs'] else None
+        if first not in reached:
+            continue
+        if node['op'] == 'Embedding':
+            dims.append(int(node['attrs']['input_dim']))
+        elif node['op'] in _VALUE_KEEPING:
+            reached.add(i)
     return min(dims) if dims else None
 
 
@@ -208,10 +358,12 @@ def format_report(report):
         lines.append('  [%s] %s: %s' % ('ok' if check['ok'] else 'FAIL', check['name'],
                                         check['detail']))
     lines.append('  parity with the training checkpoint bound on one device (max |difference|, '
-                 'tolerance %g abs + %g rel):' % (report['tolerance'], report['tolerance']))
+                 'tolerance %g of each output\'s largest |value|):' % report['tolerance'])
     for row in report['parity']:
         size = 'input %-8s' % 'x'.join(str(d) for d in row['shape']) \
             if report.get('dynamic_axes') else 'batch %4d' % row['batch_size']
+        if 'output' in row:
+            size += ' %s' % row['output']
         lines.append('    [%s] %-52s %s: %.2e' % ('ok' if row['ok'] else 'FAIL',
                                                   row['runtime'], size, row['max_abs_diff']))
     return lines
@@ -220,6 +372,8 @@ def format_report(report):
 def failed_checks(report):
     """Names of the checks and parity rows that failed."""
     names = [c['name'] for c in report['checks'] if not c['ok']]
-    names += ['parity %s batch %d (%.2e)' % (p['runtime'], p['batch_size'], p['max_abs_diff'])
+    names += ['parity %s batch %d%s (%.2e of scale %.2e)'
+              % (p['runtime'], p['batch_size'], ' %s' % p['output'] if 'output' in p else '',
+                 p['max_abs_diff'], p['scale'])
               for p in report['parity'] if not p['ok']]
     return names

@@ -9,6 +9,7 @@ optimizer state and ``summary.json`` together through
 (reports, pictures) are written to a temporary file and renamed into place
 (:func:`mp_symbolic.tools.files.atomic_path`).
 """
+import ast
 import json
 import os
 
@@ -109,13 +110,17 @@ def _check_json_written(path, obj):
                       % (path, 'other values' if found is not None else 'no valid JSON'))
 
 
-def load_checkpoint(sym_path, params_path):
+def load_checkpoint(sym_path, params_path, input_shapes=None):
     """Loads a symbol and its parameters and checks that they fit.
 
     Every non-input argument of the symbol must have an array, of the shape
     the symbol records (its variables' ``__shape__`` attributes) and that
     MXNet's shape inference accepts with the others; no array may be left
     over.
+
+    Args:
+        input_shapes: ``{input name: one sample's shape}`` where the symbol
+            does not record them (shape inference needs them for some ops).
 
     Returns:
         ``(symbol, arg_params, aux_params)``; arrays on ``cpu()``.
@@ -150,18 +155,41 @@ def load_checkpoint(sym_path, params_path):
         else:
             raise CheckpointError("%s: expected array names 'arg:<name>' or 'aux:<name>', "
                                   'found %r' % (params_path, key))
-    check_params(symbol, arg_params, aux_params, where=params_path)
+    check_params(symbol, arg_params, aux_params, where=params_path, input_shapes=input_shapes)
     return symbol, arg_params, aux_params
 
 
 def input_names(symbol, data_name='data'):
     """The arguments of ``symbol`` that are inputs, not parameters: ``data``
-    and the labels (MXNet names them ``<head>_label`` or ``label``)."""
-    return [a for a in symbol.list_arguments() if a == data_name or a.endswith('label')]
+    (or ``data0``, ``data1``, ... for several, as ``HybridBlock.export``
+    names them) and the labels (MXNet names them ``<head>_label`` or ``label``)."""
+    return [a for a in symbol.list_arguments()
+            if a == data_name or a.endswith('label')
+            or (a.startswith(data_name) and a[len(data_name):].isdigit())]
 
 
-def check_params(symbol, arg_params, aux_params, where='params'):
-    """Raises :class:`CheckpointError` unless the arrays fit ``symbol``."""
+def _inputs_at_batch_one(symbol, given=None):
+    """``{input: (1,) + per-sample shape}`` for each input whose ``__shape__``
+    records ``(0,) + per-sample shape``, and each of ``given``."""
+    inputs = set(input_names(symbol))
+    found = {name: (1,) + tuple(shape) for name, shape in (given or {}).items()
+             if name in inputs}
+    for name, attrs in symbol.attr_dict().items():
+        recorded = attrs.get('__shape__')
+        if name in inputs and recorded:
+            try:
+                shape = tuple(ast.literal_eval(recorded))
+            except (ValueError, SyntaxError, TypeError):
+                continue
+            if name not in found and shape and shape[0] == 0 and all(
+                    isinstance(d, int) and d > 0 for d in shape[1:]):
+                found[name] = (1,) + shape[1:]
+    return found
+
+
+def check_params(symbol, arg_params, aux_params, where='params', input_shapes=None):
+    """Raises :class:`CheckpointError` unless the arrays fit ``symbol``
+    (with inputs of ``input_shapes``, one sample each, where given)."""
     inputs = set(input_names(symbol))
     expected = [a for a in symbol.list_arguments() if a not in inputs]
     missing = sorted(set(expected) - set(arg_params))
@@ -179,8 +207,14 @@ def check_params(symbol, arg_params, aux_params, where='params'):
                         % ', '.join(other[:3]) + (' ...' if len(other) > 3 else ''))
     shapes = {k: tuple(v.shape) for k, v in arg_params.items()}
     try:
-        # Gluon records each parameter's shape in its variable's __shape__.
-        arg_shapes, _, _ = symbol.infer_shape_partial()
+        # Gluon records each parameter's shape in its variable's __shape__, a
+        # Pipeline module each input's with batch 0 ("unknown"); inferred from
+        # a batch of 0, a concat or flatten after it gets wrong widths (and
+        # attention ops fail), so inputs are inferred at batch 1.
+        batch_one = _inputs_at_batch_one(symbol, input_shapes)
+        if set(batch_one) != {a for a in input_names(symbol) if not a.endswith('label')}:
+            batch_one = {}  # one input's shape alone misleads a concat just as well
+        arg_shapes, _, _ = symbol.infer_shape_partial(**batch_one)
     except mx.base.MXNetError as err:
         raise CheckpointError('%s: cannot infer the shapes its symbol expects: %s'
                               % (where, first_line(err))) from None
@@ -193,6 +227,7 @@ def check_params(symbol, arg_params, aux_params, where='params'):
         # run MXNet's inference over all of them.
         known = {k: v for k, v in shapes.items() if k in expected}
         known.update({k: tuple(v.shape) for k, v in aux_params.items()})
+        known.update(batch_one)
         try:
             symbol.infer_shape_partial(**known)
         except mx.base.MXNetError as err:
