@@ -2,8 +2,13 @@
 
 It is MXNet's own Module (``fit``, ``score``, ``predict``, ``save_checkpoint``
 work unchanged), built from the Pipeline's tagged training graph and bound to
-its stages' devices through ``group2ctxs`` (one dict per replica), with three
-differences that model parallelism needs:
+its stages' devices through ``group2ctxs`` (one dict per replica). Gluon's
+fixed parameters (``grad_req='null'``: constants made with
+``params.get_constant`` and layers frozen with
+``collect_params().setattr('grad_req', 'null')``) are the Module's
+``fixed_param_names``, with any the caller names: they get no gradient, no
+update and no optimizer state. Three more differences are what model
+parallelism needs:
 
 * every optimizer update runs on the device of the parameter it updates
   (:class:`PerDeviceUpdater`);
@@ -45,6 +50,20 @@ def with_input_shape(symbol, data_name, sample_shape):
         if node['op'] == 'null' and node['name'] == data_name:
             node.setdefault('attrs', {})['__shape__'] = str((0,) + tuple(sample_shape))
     return mx.sym.load_json(json.dumps(graph))
+
+
+def fixed_param_names(pipeline, symbol):
+    """The arguments of ``symbol`` whose Gluon parameter has ``grad_req='null'``.
+
+    Gluon leaves such parameters alone (``gluon.Trainer`` skips them), but a
+    Symbol carries no ``grad_req``: ``mx.mod.Module`` trains every argument
+    that is not data, a label or in its ``fixed_param_names``. Auxiliary
+    states (also ``'null'`` in Gluon) are not arguments, and MXNet never
+    hands them to an optimizer.
+    """
+    arguments = set(symbol.list_arguments())
+    return [name for name, param in pipeline.collect_params().items()
+            if param.grad_req == 'null' and name in arguments]
 
 
 def match_parameters(saved, ours, values, shapes):
@@ -115,9 +134,12 @@ class PipelineModule(mx.mod.Module):
         arguments = symbol.list_arguments()
         label_names = (label_name,) if label_name in arguments else ()
         plan = pipeline.plan
+        given = list(kwargs.pop('fixed_param_names', None) or ())
+        fixed = given + [n for n in fixed_param_names(pipeline, symbol) if n not in given]
         super().__init__(symbol, data_names=(data_name,), label_names=label_names,
                          context=[devices[0] for devices in plan.replica_devices],
-                         group2ctxs=plan.group2ctxs, **kwargs)
+                         group2ctxs=plan.group2ctxs, fixed_param_names=fixed or None,
+                         **kwargs)
         self.sample_shape = None
         self._update_args = None
         # what restore() read, until bind/init_params and init_optimizer take it
@@ -239,11 +261,17 @@ class PipelineModule(mx.mod.Module):
         """Puts :meth:`optimizer_states` output back, each state on its
         parameter's device, for every replica.
 
+        A state of a fixed parameter (saved by a run that trained it) is
+        dropped: the parameter is never updated, so it would never be read.
+
         Raises:
             OptimizerStateError: the states are of another optimizer or name
                 parameters this module does not have.
         """
         states = split_states(states, self.pipeline.sharded)
+        fixed = set(self._fixed_param_names or ())
+        states = dict(states, params={n: s for n, s in states['params'].items()
+                                      if n not in fixed})
         for k, exe in enumerate(self._exec_group.execs):
             targets = {n: (i + k, exe.arg_dict[n].context)
                        for n, i in self._state_index().items()}
