@@ -124,6 +124,7 @@ def _numpy(values):
 
 
 def _module_route(pipe, sample_shape, fixed_param_names=()):
+    """Two epochs of ``fit`` (SGD with momentum); ``(values before, the module)``."""
     X, y = _data(sample_shape)
     mx.random.seed(0)
     pipe.initialize(mx.init.Xavier())
@@ -133,7 +134,7 @@ def _module_route(pipe, sample_shape, fixed_param_names=()):
     mod.fit(mx.io.NDArrayIter(X, y, batch_size=BATCH), num_epoch=2, optimizer='sgd',
             optimizer_params={'learning_rate': 0.5, 'momentum': 0.9},
             arg_params=pipe.get_params()[0], aux_params=pipe.get_params()[1])
-    return before, _numpy(mod.get_params()[0]), mod.optimizer_states()
+    return before, mod
 
 
 MODULE_ROUTES = {
@@ -154,7 +155,8 @@ def test_module_keeps_constants_and_frozen_layers_fixed_without_state(route, net
         blocks = Chain(blocks, prefix='net_')
     pipe = Pipeline(blocks, options.pop('devices'), sample=(BATCH,) + sample_shape, **options)
     fixed, trained = _fixed_and_trained(pipe)
-    before, after, states = _module_route(pipe, sample_shape)
+    before, mod = _module_route(pipe, sample_shape)
+    after, states = _numpy(mod.get_params()[0]), mod.optimizer_states()
     _assert_fixed_kept(before, after, fixed, trained)
     assert sorted(states['params']) == trained  # momentum for every trained one, none else
 
@@ -163,7 +165,8 @@ def test_tensor_parallel_shards_of_a_frozen_layer_stay_fixed_without_state():
     make, sample_shape = NETWORKS['tensor_parallel']
     pipe = Pipeline(make(), 'cpu:0,cpu:1+cpu:2', balance=[1, 3],
                     sample=(BATCH,) + sample_shape)
-    before, after, states = _module_route(pipe, sample_shape)
+    before, mod = _module_route(pipe, sample_shape)
+    after, states = _numpy(mod.get_params()[0]), mod.optimizer_states()
     # by their unsplit names, as the Module gives them out
     fixed = ['col_bias', 'col_weight', 'const_table']
     trained = ['out_bias', 'out_weight', 'row_bias', 'row_weight']
@@ -180,7 +183,8 @@ def test_fixed_param_names_given_to_module_are_kept_with_the_gluon_ones():
     # trained in Gluon, fixed by the caller (the whole layer: with oneDNN, MXNet 1.9.1's
     # FullyConnected gives its bias a zero gradient when its weight gets none)
     mine = [blocks[2].weight.name, blocks[2].bias.name]
-    before, after, states = _module_route(pipe, sample_shape, fixed_param_names=mine)
+    before, mod = _module_route(pipe, sample_shape, fixed_param_names=mine)
+    after, states = _numpy(mod.get_params()[0]), mod.optimizer_states()
     rest = [n for n in trained if n not in mine]
     _assert_fixed_kept(before, after, fixed + mine, rest)
     assert sorted(states['params']) == rest
@@ -265,3 +269,47 @@ def test_train_task_and_resume_keep_fixed_parameters_and_save_no_state_for_them(
         np.testing.assert_array_equal(arg_params[name].asnumpy(), init[name], err_msg=name)
     assert sorted(load_states(checkpoint.states_path)['params']) == sorted(trained)
     assert os.path.exists(checkpoint.params_path)
+
+
+def _with_stale_state(states, names):
+    """``states`` with a momentum for each of ``names``, as a run that trained
+    them would have saved."""
+    arrays = list(states['arrays'])
+    params = dict(states['params'])
+    for name, shape in names.items():
+        arrays.append(np.ones(shape, np.float32))
+        params[name] = {'count': 2, 'state': {'t': 'nd', 'a': len(arrays) - 1}}
+    return dict(states, params=params, arrays=arrays)
+
+
+def _executor_stepper(task_file):
+    from mp_symbolic.training.loop import build_pipeline, initial_values, load, make_stepper  # pylint: disable=import-outside-toplevel
+    task, cfg = load(make_config(task=task_file, devices='cpu:0,cpu:1', api='executor',
+                                 progress=False))
+    pipe, _ = build_pipeline(cfg, task)
+    return make_stepper(cfg, pipe, task, initial_values(pipe, cfg.seed), task.label_shape)
+
+
+@pytest.mark.parametrize('route', ['module', 'trainer', 'executor'])
+def test_a_saved_state_of_a_fixed_parameter_is_dropped_when_restored(task_file, route):
+    make, sample_shape = NETWORKS['mlp']
+    if route == 'executor':
+        stepper = _executor_stepper(task_file)
+        pipe, get, put = stepper.pipe, stepper.optimizer_states, stepper.set_optimizer_states
+        X, y = _data(sample_shape)
+        for X_batch, y_batch in stepper.batches(X, y, 0):
+            stepper.step(X_batch, y_batch)
+    else:
+        pipe = Pipeline(make(), 'cpu:0,cpu:1', sample=(BATCH,) + sample_shape)
+        if route == 'module':
+            _, mod = _module_route(pipe, sample_shape)
+            get, put = mod.optimizer_states, mod.set_optimizer_states
+        else:
+            pipe.initialize()
+            trainer = Trainer(pipe.collect_params(), 'sgd', {'learning_rate': 0.1,
+                                                             'momentum': 0.9})
+            get, put = trainer.states, trainer.set_states
+    fixed, _ = _fixed_and_trained(pipe)
+    params = pipe.collect_params()
+    put(_with_stale_state(get(), {n: params[n].shape for n in fixed}))
+    assert not set(get()['params']) & set(fixed)

@@ -32,7 +32,7 @@ import mxnet as mx
 
 from . import tensor_parallel
 from .compat import gradient_only_kvstore, split_bind
-from .optstate import gather_states, load_states, set_states_by_name, split_states, \
+from .optstate import drop_states, gather_states, load_states, set_states_by_name, split_states, \
     states_by_name
 from .updater import PerDeviceUpdater
 
@@ -268,10 +268,8 @@ class PipelineModule(mx.mod.Module):
             OptimizerStateError: the states are of another optimizer or name
                 parameters this module does not have.
         """
-        states = split_states(states, self.pipeline.sharded)
-        fixed = set(self._fixed_param_names or ())
-        states = dict(states, params={n: s for n, s in states['params'].items()
-                                      if n not in fixed})
+        states = drop_states(split_states(states, self.pipeline.sharded),
+                             self._fixed_param_names or ())
         for k, exe in enumerate(self._exec_group.execs):
             targets = {n: (i + k, exe.arg_dict[n].context)
                        for n, i in self._state_index().items()}

@@ -21,7 +21,7 @@ import numpy as np
 from .data import staged_batches
 from ..core.module import fixed_param_names
 from ..core.updater import PerDeviceUpdater
-from ..core.optstate import set_states_by_name, states_by_name
+from ..core.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.pipeline import DATA_NAME
 from ..core.compat import split_bind
 
@@ -199,7 +199,7 @@ class ExecutorStepper(_SymbolicStepper):
         self._execs = [exe]
         self._optimizer = create_optimizer(cfg)
         self._updater = PerDeviceUpdater(mx.optimizer.get_updater(self._optimizer))
-        self._names = self.param_names
+        self._names, self._fixed = self.param_names, fixed
         trained = [i for i, n in enumerate(self._names) if n not in fixed]
         self._update_args = (trained, [exe.grad_dict[self._names[i]] for i in trained],
                              [exe.arg_dict[self._names[i]] for i in trained])
@@ -237,4 +237,5 @@ class ExecutorStepper(_SymbolicStepper):
 
     def set_optimizer_states(self, states):
         targets = {n: (i, self._exec.arg_dict[n].context) for i, n in enumerate(self._names)}
-        set_states_by_name(self._updater, self._optimizer, states, targets)
+        set_states_by_name(self._updater, self._optimizer, drop_states(states, self._fixed),
+                           targets)
