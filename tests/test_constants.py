@@ -7,7 +7,8 @@ optimizer state, in the Module (list and whole forms, replicas, micro-batches,
 tensor-parallel shards), the bare executor, the imperative twin's Trainer,
 ``train --task`` with its checkpoints, and resume."""
 import os
-import textwrap
+import subprocess
+import sys
 
 import mxnet as mx
 from mxnet import gluon
@@ -212,8 +213,8 @@ def test_trainer_keeps_constants_and_frozen_layers_fixed_without_state(network):
 
 
 TASK = '''
-import numpy as np
-from mxnet import gluon
+import sys
+sys.path.insert(0, %r)  # this folder: the networks above
 import mp_symbolic
 from test_constants import NETWORKS, Chain, _data
 
@@ -229,7 +230,7 @@ def task(network='mlp', whole=0):
 @pytest.fixture(scope='module')
 def task_file(tmp_path_factory):
     path = tmp_path_factory.mktemp('task') / 'fixed_task.py'
-    path.write_text(textwrap.dedent(TASK))
+    path.write_text(TASK % os.path.dirname(os.path.abspath(__file__)))
     return str(path)
 
 
@@ -313,3 +314,18 @@ def test_a_saved_state_of_a_fixed_parameter_is_dropped_when_restored(task_file, 
     params = pipe.collect_params()
     put(_with_stale_state(get(), {n: params[n].shape for n in fixed}))
     assert not set(get()['params']) & set(fixed)
+
+
+def test_dist_sync_workers_keep_fixed_parameters_and_save_no_state_for_them(task_file, tmp_path):
+    job = subprocess.run(
+        [sys.executable, '-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--',
+         'train', '--task', task_file, '--devices', 'cpu:0,cpu:1', '--epochs', '1',
+         '--no-progress', '--no-memory', '--out', str(tmp_path / 'dist')],
+        capture_output=True, text=True, timeout=240, check=False)
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    pipe, init = _initial('mlp', 0, make_config().seed)
+    fixed, trained = _fixed_and_trained(pipe)
+    checkpoint = read_checkpoint(str(tmp_path / 'dist'))
+    _, arg_params, _ = checkpoint.load()
+    _assert_fixed_kept(init, _numpy(arg_params), fixed, trained)
+    assert sorted(load_states(checkpoint.states_path)['params']) == trained
