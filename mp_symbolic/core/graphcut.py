@@ -35,7 +35,7 @@ from mxnet.ndarray._internal import _imperative_invoke
 import numpy as np
 
 from .balance import time_forward_backward
-from .compat import SEGMENT_BOUNDARY_OP, SEGMENT_BOUNDARY_PREFIX
+from .compat import SEGMENT_BOUNDARY_OP, SEGMENT_BOUNDARY_PREFIX, error_line
 from .devices import stage_name
 
 __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
@@ -663,7 +663,7 @@ def _source_shapes(graph, inputs):
         shapes = entry_shapes(symbol, {k: v.shape for k, v in inputs.items() if k in known})
     except mx.base.MXNetError as err:
         raise CutError('shape of %s: expected MXNet to infer it from the inputs, found: %s'
-                       % (names[0], str(err).strip().splitlines()[0][:300])) from None
+                       % (names[0], error_line(err))) from None
     return {name: shapes[(name, 0)] for name in names}
 
 
@@ -706,4 +706,4 @@ def _invoke(node, args, kwargs):
     except mx.base.MXNetError as err:
         raise CutError('%s (%s): expected an operator MXNet runs imperatively on these inputs, '
                        'found: %s' % (node['name'], node['op'],
-                                      str(err).strip().splitlines()[0][:300])) from None
+                                      error_line(err))) from None

@@ -44,6 +44,7 @@ import numpy as np
 from . import balance as balancing
 from . import graph, graphcut, tensor_parallel, twin
 from .graph import DATA_NAME, LABEL_NAME
+from .compat import symbol_safe
 from .heads import make_head
 from .devices import (DeviceSpecError, DevicePlan, resolve_devices, shard_group,
                       split_replicas, stage_name)
@@ -130,6 +131,7 @@ class Pipeline(gluon.Block):
             count is not the shards of a tensor-parallel layer in it.
     """
 
+    @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None):
         super().__init__(prefix='pipeline_')
@@ -424,10 +426,12 @@ class Pipeline(gluon.Block):
     def _reset_variables(self):
         graph.reset_variables(self)
 
+    @symbol_safe
     def symbol(self, data_name=DATA_NAME):
         """The inference graph: ``data`` -> prediction, every node tagged."""
         return graph.finish(graph.build(self, graph.data_variable(data_name), 1), self)
 
+    @symbol_safe
     def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None):
         """The graph with its loss head (see :func:`mp_symbolic.core.heads.make_head`).
 
@@ -467,6 +471,7 @@ class Pipeline(gluon.Block):
 
     # -- imperative twin -----------------------------------------------------
 
+    @symbol_safe
     def forward(self, x):  # pylint: disable=arguments-differ
         """Runs the blocks stage by stage, moving ``x`` to each stage's device;
         with replicas, each replica a share of the batch, with chunks, as
