@@ -329,3 +329,18 @@ def test_dist_sync_workers_keep_fixed_parameters_and_save_no_state_for_them(task
     _, arg_params, _ = checkpoint.load()
     _assert_fixed_kept(init, _numpy(arg_params), fixed, trained)
     assert sorted(load_states(checkpoint.states_path)['params']) == trained
+
+
+def test_the_memory_table_counts_no_gradient_or_state_for_fixed_parameters(task_file):
+    from mp_symbolic.training.loop import build_pipeline, load, plan_memory  # pylint: disable=import-outside-toplevel
+    task, cfg = load(make_config(task=task_file, devices='cpu:0,cpu:1', progress=False))
+    pipe, _ = build_pipeline(cfg, task)
+    fixed, trained = _fixed_and_trained(pipe)
+    params = pipe.collect_params()
+    nbytes = {n: int(np.prod(params[n].shape)) * 4 for n in params}
+    measured = plan_memory(cfg, pipe, task, task.label_shape, log=lambda line: None)
+    for plan in ('split', 'one_device'):
+        rows = measured[plan].values()
+        assert sum(r['params'] for r in rows) == sum(nbytes.values())
+        assert sum(r['grads'] for r in rows) == sum(nbytes[n] for n in trained)
+        assert sum(r['optimizer'] for r in rows) == sum(nbytes[n] for n in trained)  # momentum
