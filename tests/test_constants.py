@@ -162,10 +162,15 @@ def test_module_keeps_constants_and_frozen_layers_fixed_without_state(route, net
     assert sorted(states['params']) == trained  # momentum for every trained one, none else
 
 
-def test_tensor_parallel_shards_of_a_frozen_layer_stay_fixed_without_state():
+@pytest.mark.parametrize('whole', [False, True])
+def test_tensor_parallel_shards_of_a_frozen_layer_stay_fixed_without_state(whole):
     make, sample_shape = NETWORKS['tensor_parallel']
-    pipe = Pipeline(make(), 'cpu:0,cpu:1+cpu:2', balance=[1, 3],
-                    sample=(BATCH,) + sample_shape)
+    if whole:  # the first stage's two devices hold both tensor-parallel layers' shards
+        pipe = Pipeline(Chain(make(), prefix='net_'), 'cpu:0+cpu:1,cpu:2',
+                        sample=(BATCH,) + sample_shape)
+    else:
+        pipe = Pipeline(make(), 'cpu:0,cpu:1+cpu:2', balance=[1, 3],
+                        sample=(BATCH,) + sample_shape)
     before, mod = _module_route(pipe, sample_shape)
     after, states = _numpy(mod.get_params()[0]), mod.optimizer_states()
     # by their unsplit names, as the Module gives them out
