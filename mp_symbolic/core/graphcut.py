@@ -27,6 +27,7 @@ MXNet's graph executor does the rest: bound with ``group2ctx`` it puts each
 node on its group's device and copies every entry that crosses devices,
 including skip connections over several stages.
 """
+import ast
 import ctypes
 import json
 
@@ -641,14 +642,16 @@ def run_graph(graph, inputs, device_of_group):
 
 
 def _has_unknown_shape(node):
+    """Whether ``node`` is a source op (no array input) whose ``shape``
+    attribute has a 0 dimension, which only shape inference can fill."""
     shape = node.get('attrs', {}).get('shape')
     if node['op'] == 'null' or node['inputs'] or not shape:
         return False
     try:
-        dims = json.loads(shape.replace('(', '[').replace(')', ']').replace('L', ''))
-    except ValueError:
+        dims = ast.literal_eval(shape)
+    except (ValueError, SyntaxError):
         return False
-    return isinstance(dims, list) and 0 in dims
+    return isinstance(dims, (tuple, list)) and 0 in dims
 
 
 def _source_shapes(graph, inputs):
@@ -667,8 +670,17 @@ def _source_shapes(graph, inputs):
     return {name: shapes[(name, 0)] for name in names}
 
 
-def _op_handle(op, cache={}):  # pylint: disable=dangerous-default-value
-    handle = cache.get(op)
+_OP_HANDLES = {}     # op name -> MXNet's handle of the operator
+_OP_ARGUMENTS = {}   # op name -> names of its attributes
+
+
+def _op_handle(op):
+    """MXNet's handle of operator ``op`` (what ``mx.nd``'s functions invoke).
+
+    Raises:
+        CutError: MXNet has no operator of that name.
+    """
+    handle = _OP_HANDLES.get(op)
     if handle is None:
         handle = ctypes.c_void_p()
         try:
@@ -678,13 +690,13 @@ def _op_handle(op, cache={}):  # pylint: disable=dangerous-default-value
             handle = None
         if not handle or not handle.value:
             raise CutError('expected an operator MXNet runs imperatively, found %r' % op)
-        cache[op] = handle
+        _OP_HANDLES[op] = handle
     return handle
 
 
-def _op_arguments(op, cache={}):  # pylint: disable=dangerous-default-value
+def _op_arguments(op):
     """The names of ``op``'s attributes, as MXNet documents them."""
-    if op not in cache:
+    if op not in _OP_ARGUMENTS:
         name, desc, num_args = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_uint()
         arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
         key_var_num_args, ret_type = ctypes.c_char_p(), ctypes.c_char_p()
@@ -692,8 +704,8 @@ def _op_arguments(op, cache={}):  # pylint: disable=dangerous-default-value
             _op_handle(op), ctypes.byref(name), ctypes.byref(desc), ctypes.byref(num_args),
             ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
             ctypes.byref(key_var_num_args), ctypes.byref(ret_type)))
-        cache[op] = {mx.base.py_str(arg_names[i]) for i in range(num_args.value)}
-    return cache[op]
+        _OP_ARGUMENTS[op] = {mx.base.py_str(arg_names[i]) for i in range(num_args.value)}
+    return _OP_ARGUMENTS[op]
 
 
 def _invoke(node, args, kwargs):
