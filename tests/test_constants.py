@@ -257,7 +257,8 @@ def _initial(network, whole, seed):
 @pytest.mark.parametrize('network, whole, variant, api', [
     ('mlp', 0, 'symbolic', 'module'), ('mlp', 1, 'symbolic', 'module'),
     ('mlp', 0, 'symbolic', 'executor'), ('mlp', 0, 'imperative', 'module'),
-    ('transformer', 0, 'symbolic', 'module'), ('transformer', 1, 'symbolic', 'module')])
+    ('transformer', 0, 'symbolic', 'module'), ('transformer', 1, 'symbolic', 'module'),
+    ('transformer', 1, 'imperative', 'module')])
 def test_train_task_and_resume_keep_fixed_parameters_and_save_no_state_for_them(
         task_file, tmp_path, network, whole, variant, api):
     args = {'network': network, 'whole': whole}
