@@ -152,3 +152,14 @@ def test_a_contrib_op_runs_as_the_symbol_runs_it(op, attrs, shape):
     out = run_graph(graph, {'data': data}, {'stage0': mx.cpu(1)})
     assert out.context == mx.cpu(1)
     np.testing.assert_array_equal(out.asnumpy(), expected.asnumpy())
+
+
+def test_a_zeros_with_a_zero_batch_takes_its_shape_from_the_real_input():
+    data = mx.sym.var('data')
+    state = mx.sym.zeros(shape=(0, 3))  # as begin_state(batch_size=0) makes it
+    graph = json.loads((mx.sym.elemwise_add(data, state) + 1).tojson())
+    for node in graph['nodes']:
+        if node['op'] != 'null':
+            node.setdefault('attrs', {})['__ctx_group__'] = 'stage0'
+    out = run_graph(graph, {'data': mx.nd.ones((5, 3))}, {'stage0': mx.cpu(1)})
+    np.testing.assert_array_equal(out.asnumpy(), np.full((5, 3), 2.0))
