@@ -15,6 +15,7 @@ import pytest
 
 from bench.seed_loop import SeedLoop
 from mp_symbolic.training.cli import main
+from mp_symbolic.training import compare as compare_module
 from mp_symbolic.training.compare import REFERENCE, compare, count_autograd_copies
 from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.graphviz_plot import DEVICE_COLOURS
@@ -186,3 +187,33 @@ def test_compare_of_diverging_runs_stops_with_one_line_and_writes_no_json(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('error: training diverged: batch loss ')
     assert not (tmp_path / 'compare.json').exists()
+
+
+def test_agree_steps_judges_the_first_steps_of_runs_that_drift_later():
+    ref = [2.0, 1.5, 1.2, 1.0]
+    drift = [2.0, 1.5, 1.2 + 1e-3, 1.0 + 2e-3]  # equal for two steps, then apart
+    params = {'w': np.ones(3)}
+    assert not compare_module.agrees(drift, ref, params, params)
+    assert compare_module.agrees(drift, ref, params, params, steps=2)
+    assert not compare_module.agrees(drift, ref, params, params, steps=3)
+    # the final parameters are not judged with steps
+    assert compare_module.agrees(ref, ref, {'w': np.zeros(3)}, params, steps=4)
+    assert not compare_module.agrees(ref, ref, {'w': np.zeros(3)}, params)
+
+
+def test_compare_cli_agree_steps_says_what_it_judged(tmp_path, capsys):
+    status = main(['compare', '--num-examples', '400', '--epochs', '1', '--no-progress',
+                   '--devices', 'cpu:0,cpu:1,cpu:2', '--agree-steps', '3',
+                   '--out', str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert 'agree: yes (losses of the first 3 steps (--agree-steps) vs symbolic MP' in out
+    results = json.loads((tmp_path / 'compare.json').read_text())
+    assert results['tolerance']['applies_to'] == 'batch MSE of the first 3 steps'
+    assert results['config']['agree_steps'] == 3
+
+
+def test_compare_cli_refuses_agree_steps_below_one(capsys):
+    assert main(['compare', '--agree-steps', '0', '--no-progress']) == 2
+    assert capsys.readouterr().err.strip() == \
+        'error: --agree-steps: expected a positive integer, found 0'

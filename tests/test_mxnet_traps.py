@@ -281,3 +281,25 @@ def test_cross_device_copy_through_a_stale_layout_of_the_same_size_gives_wrong_g
     got = _step_8x8(pipe, group2ctx, split_bind(group2ctx))
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_fully_connected_gives_its_bias_a_zero_gradient_when_its_weight_has_none():
+    """Why docs/any-network.md says to freeze a Dense layer whole: with
+    oneDNN, FullyConnected's backward skips its bias when the weight's
+    grad_req is 'null' (Module's fixed_param_names, Gluon's grad_req), on one
+    device as on a split."""
+    if not compat.onednn_active():
+        pytest.skip('oneDNN is off in this process')
+    out = mx.sym.FullyConnected(mx.sym.var('data'), mx.sym.var('w'), mx.sym.var('b'),
+                                num_hidden=3)
+    grads = {}
+    for weight_req in ('write', 'null'):
+        exe = out.simple_bind(mx.cpu(0), data=(4, 5),
+                              grad_req={'data': 'null', 'w': weight_req, 'b': 'write'})
+        for arr in exe.arg_arrays:
+            arr[:] = 0.5
+        exe.forward(is_train=True)
+        exe.backward(mx.nd.ones((4, 3)))
+        grads[weight_req] = exe.grad_dict['b'].asnumpy()
+    np.testing.assert_array_equal(grads['write'], [4, 4, 4])  # the batch's sum
+    np.testing.assert_array_equal(grads['null'], [0, 0, 0])

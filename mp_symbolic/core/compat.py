@@ -6,6 +6,7 @@ behaviour, so that when MXNet changes (or the user runs on GPUs) a failing
 test says which workaround can go.
 """
 from contextlib import contextmanager
+import functools
 import os
 import sys
 
@@ -239,3 +240,51 @@ def error_line(err):
         return type(err).__name__
     line = lines[-1] if lines[0].startswith(('Traceback', 'Stack trace')) else lines[0]
     return line[len('MXNetError: '):] if line.startswith('MXNetError: ') else line
+
+
+class NotSymbolSafe(ValueError):
+    """A block whose ``hybrid_forward`` fails when Gluon runs it on Symbols."""
+
+
+def _failing_block(traceback):
+    """The innermost Gluon block whose ``hybrid_forward`` was running on
+    Symbols (``F`` is ``mx.sym``) where ``traceback`` ends, or ``None``."""
+    block = None
+    while traceback is not None:
+        frame = traceback.tb_frame
+        if frame.f_code.co_name == 'hybrid_forward' and frame.f_locals.get('F') is mx.sym and \
+                isinstance(frame.f_locals.get('self'), mx.gluon.Block):
+            block = frame.f_locals['self']
+        traceback = traceback.tb_next
+    return block
+
+
+def symbol_safe(fn):
+    """``fn``, with an error raised inside a block's ``hybrid_forward`` while
+    Gluon traces it as a Symbol made one line naming the block.
+
+    A ``hybrid_forward`` may call what only NDArrays take (GluonCV's GroupNorm
+    calls ``x.reshape(0, 0, g, -1)``; others read ``x.shape`` or call
+    ``asnumpy``): it runs imperatively, but MXNet's symbol creator fails deep
+    in its C++ argument parser (``Invalid Parameter format for keep_highest
+    expect boolean but value='-1'``) or Python raises an ``AttributeError``,
+    naming an operator's arguments and not the block. A split needs the
+    Symbol, so such a block cannot be split; the error says which one.
+
+    Raises:
+        NotSymbolSafe: (a ``ValueError``) such an error, with the block's
+            name and class and the error's informative line.
+    """
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (mx.base.MXNetError, AttributeError, TypeError) as err:
+            block = _failing_block(err.__traceback__)
+            if block is None:
+                raise
+            raise NotSymbolSafe('blocks: expected every hybrid_forward to run on Symbols (the '
+                                'split traces the network), found %s (%s) failing: %s: %s'
+                                % (block.name, type(block).__name__, type(err).__name__,
+                                   error_line(err))) from None
+    return wrapper

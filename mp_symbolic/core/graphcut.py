@@ -27,14 +27,17 @@ MXNet's graph executor does the rest: bound with ``group2ctx`` it puts each
 node on its group's device and copies every entry that crosses devices,
 including skip connections over several stages.
 """
+import ast
+import ctypes
 import json
 
 import mxnet as mx
+from mxnet.ndarray._internal import _imperative_invoke
 import numpy as np
 
 from .balance import BalanceError, check_balance, solve, time_forward_backward
 from .checks import tied_owners
-from .compat import segment_boundaries
+from .compat import error_line, segment_boundaries
 from .names import (CHUNK_JOIN, CHUNK_SPLIT, GROUP_ATTR, IDENTITY_OP, MIRROR_ATTR, chunk_name,
                     stage_name, tied_name)
 
@@ -526,14 +529,26 @@ def run_graph(graph, inputs, device_of_group):
     network): each op on its group's device, each input moved there first
     (``as_in_context``, which autograd records, so gradients flow back).
 
+    Every op is invoked as ``mx.nd`` invokes it (``_contrib_*``, ``_np_*``,
+    internal ops alike), its attributes passed as the graph's strings, which
+    MXNet parses as it does for a Symbol. An op with no array input whose
+    ``shape`` has a 0 (a ``begin_state``-style ``_zeros(shape=(L, 0, H))``,
+    left for the Symbol's shape inference to fill from its consumers) gets
+    the shape that inference gives on the real inputs.
+
     Args:
         inputs: ``{variable name: NDArray}`` for every variable of the graph.
         device_of_group: ``{'stage0': ctx, ...}``.
 
     Returns:
         The graph's outputs: one NDArray, or a list for several.
+
+    Raises:
+        CutError: an op MXNet does not know, or one it cannot run on these
+            inputs (the message names the op and its node).
     """
     nodes = graph['nodes']
+    inferred = _source_shapes(graph, inputs)
     values = {}
     for i, node in enumerate(nodes):
         if node['op'] == 'null':
@@ -543,16 +558,92 @@ def run_graph(graph, inputs, device_of_group):
         device = device_of_group[attrs[GROUP_ATTR]]
         args = [values[(src, idx)].as_in_context(device) for src, idx, _ in node['inputs']]
         kwargs = {k: v for k, v in attrs.items() if not k.startswith('__')}
-        out = _op_function(node['op'])(*args, **kwargs)
-        for k, value in enumerate(out if isinstance(out, (list, tuple)) else [out]):
+        if node['name'] in inferred:
+            kwargs['shape'] = str(inferred[node['name']])
+        if not args and 'ctx' not in kwargs and 'ctx' in _op_arguments(node['op']):
+            kwargs['ctx'] = str(device)  # a source op (_zeros, _arange, ...) makes its array here
+        out = _invoke(node, args, kwargs)
+        for k, value in enumerate(out):
             values[(i, k)] = value
     outputs = [values[(src, idx)] for src, idx, _ in graph['heads']]
     return outputs[0] if len(outputs) == 1 else outputs
 
 
-def _op_function(op):
-    for namespace in (mx.nd.op, mx.nd._internal, mx.nd):  # pylint: disable=protected-access
-        fn = getattr(namespace, op, None)
-        if fn is not None:
-            return fn
-    raise CutError('expected an operator MXNet runs imperatively, found %r' % op)
+def _has_unknown_shape(node):
+    """Whether ``node`` is a source op (no array input) whose ``shape``
+    attribute has a 0 dimension, which only shape inference can fill."""
+    shape = node.get('attrs', {}).get('shape')
+    if node['op'] == 'null' or node['inputs'] or not shape:
+        return False
+    try:
+        dims = ast.literal_eval(shape)
+    except (ValueError, SyntaxError):
+        return False
+    return isinstance(dims, (tuple, list)) and 0 in dims
+
+
+def _source_shapes(graph, inputs):
+    """``{node name: shape}`` of the source ops whose ``shape`` has unknown
+    (0) dimensions, from shape inference on the real inputs' shapes."""
+    names = [n['name'] for n in graph['nodes'] if _has_unknown_shape(n)]
+    if not names:
+        return {}
+    symbol = load(graph)
+    known = set(symbol.list_arguments())
+    try:
+        shapes = entry_shapes(symbol, {k: v.shape for k, v in inputs.items() if k in known})
+    except mx.base.MXNetError as err:
+        raise CutError('shape of %s: expected MXNet to infer it from the inputs, found: %s'
+                       % (names[0], error_line(err))) from None
+    return {name: shapes[(name, 0)] for name in names}
+
+
+_OP_HANDLES = {}     # op name -> MXNet's handle of the operator
+_OP_ARGUMENTS = {}   # op name -> names of its attributes
+
+
+def _op_handle(op):
+    """MXNet's handle of operator ``op`` (what ``mx.nd``'s functions invoke).
+
+    Raises:
+        CutError: MXNet has no operator of that name.
+    """
+    handle = _OP_HANDLES.get(op)
+    if handle is None:
+        handle = ctypes.c_void_p()
+        try:
+            mx.base.check_call(mx.base._LIB.NNGetOpHandle(  # pylint: disable=protected-access
+                mx.base.c_str(op), ctypes.byref(handle)))
+        except mx.base.MXNetError:
+            handle = None
+        if not handle or not handle.value:
+            raise CutError('expected an operator MXNet runs imperatively, found %r' % op)
+        _OP_HANDLES[op] = handle
+    return handle
+
+
+def _op_arguments(op):
+    """The names of ``op``'s attributes, as MXNet documents them."""
+    if op not in _OP_ARGUMENTS:
+        name, desc, num_args = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_uint()
+        arg_names, arg_types, arg_descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
+        key_var_num_args, ret_type = ctypes.c_char_p(), ctypes.c_char_p()
+        mx.base.check_call(mx.base._LIB.MXSymbolGetAtomicSymbolInfo(  # pylint: disable=protected-access
+            _op_handle(op), ctypes.byref(name), ctypes.byref(desc), ctypes.byref(num_args),
+            ctypes.byref(arg_names), ctypes.byref(arg_types), ctypes.byref(arg_descs),
+            ctypes.byref(key_var_num_args), ctypes.byref(ret_type)))
+        _OP_ARGUMENTS[op] = {mx.base.py_str(arg_names[i]) for i in range(num_args.value)}
+    return _OP_ARGUMENTS[op]
+
+
+def _invoke(node, args, kwargs):
+    """``node``'s op on ``args`` with the graph's string attributes, as
+    ``mx.nd`` runs it (autograd records it); its visible outputs as a list."""
+    handle = _op_handle(node['op'])
+    try:
+        return _imperative_invoke(handle.value, args, list(kwargs), list(kwargs.values()),
+                                  None, False, True)
+    except mx.base.MXNetError as err:
+        raise CutError('%s (%s): expected an operator MXNet runs imperatively on these inputs, '
+                       'found: %s' % (node['name'], node['op'],
+                                      error_line(err))) from None

@@ -2,8 +2,13 @@
 
 It is MXNet's own Module (``fit``, ``score``, ``predict``, ``save_checkpoint``
 work unchanged), built from the Pipeline's tagged training graph and bound to
-its stages' devices through ``group2ctxs`` (one dict per replica), with three
-differences that model parallelism needs:
+its stages' devices through ``group2ctxs`` (one dict per replica). Gluon's
+fixed parameters (``grad_req='null'``: constants made with
+``params.get_constant`` and layers frozen with
+``collect_params().setattr('grad_req', 'null')``) are the Module's
+``fixed_param_names``, with any the caller names: they get no gradient, no
+update and no optimizer state. Three more differences are what model
+parallelism needs:
 
 * every optimizer update runs on the device of the parameter it updates
   (:class:`PerDeviceUpdater`);
@@ -28,7 +33,7 @@ import mxnet as mx
 from . import tensor_parallel
 from .compat import gradient_only_kvstore, split_bind
 from .names import DATA_NAME, LABEL_NAME
-from .optstate import gather_states, load_states, set_states_by_name, split_states, \
+from .optstate import drop_states, gather_states, load_states, set_states_by_name, split_states, \
     states_by_name
 from .updater import PerDeviceUpdater
 
@@ -49,6 +54,20 @@ def with_input_shape(symbol, data_name, sample_shape):
         if node['op'] == 'null' and node['name'] in shapes:
             node.setdefault('attrs', {})['__shape__'] = str((0,) + tuple(shapes[node['name']]))
     return mx.sym.load_json(json.dumps(graph))
+
+
+def fixed_param_names(pipeline, symbol):
+    """The arguments of ``symbol`` whose Gluon parameter has ``grad_req='null'``.
+
+    Gluon leaves such parameters alone (``gluon.Trainer`` skips them), but a
+    Symbol carries no ``grad_req``: ``mx.mod.Module`` trains every argument
+    that is not data, a label or in its ``fixed_param_names``. Auxiliary
+    states (also ``'null'`` in Gluon) are not arguments, and MXNet never
+    hands them to an optimizer.
+    """
+    arguments = set(symbol.list_arguments())
+    return [name for name, param in pipeline.collect_params().items()
+            if param.grad_req == 'null' and name in arguments]
 
 
 def match_parameters(saved, ours, values, shapes):
@@ -127,10 +146,13 @@ class PipelineModule(mx.mod.Module):
         self._head_first = loss is not None and len(symbol.list_outputs()) > 1 and \
             output is not None
         plan = pipeline.plan
+        given = list(kwargs.pop('fixed_param_names', None) or ())
+        fixed = given + [n for n in fixed_param_names(pipeline, symbol) if n not in given]
         super().__init__(symbol, data_names=pipeline.data_names(data_name),
                          label_names=label_names,
                          context=[devices[0] for devices in plan.replica_devices],
-                         group2ctxs=plan.group2ctxs, **kwargs)
+                         group2ctxs=plan.group2ctxs, fixed_param_names=fixed or None,
+                         **kwargs)
         self.sample_shape = None
         self.input_shapes = {}
         self._update_args = None
@@ -274,11 +296,15 @@ class PipelineModule(mx.mod.Module):
         """Puts :meth:`optimizer_states` output back, each state on its
         parameter's device, for every replica.
 
+        A state of a fixed parameter (saved by a run that trained it) is
+        dropped: the parameter is never updated, so it would never be read.
+
         Raises:
             OptimizerStateError: the states are of another optimizer or name
                 parameters this module does not have.
         """
-        states = split_states(states, self.pipeline.sharded)
+        states = drop_states(split_states(states, self.pipeline.sharded),
+                             self._fixed_param_names or ())
         for k, exe in enumerate(self._exec_group.execs):
             targets = {n: (i + k, exe.arg_dict[n].context)
                        for n, i in self._state_index().items()}

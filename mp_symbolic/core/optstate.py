@@ -136,6 +136,14 @@ def set_states_of(optimizer, states, targets):
     optimizer.num_update = states['num_update']
 
 
+def drop_states(states, names):
+    """``states`` without the entries of ``names``: fixed parameters
+    (``grad_req='null'``), never updated, whose state a run that trained them
+    saved and nothing would read."""
+    names = set(names)
+    return dict(states, params={n: e for n, e in states['params'].items() if n not in names})
+
+
 def save_states(path, states):
     """Writes :func:`states_by_name` output to ``path`` (an ``.npz`` file)."""
     meta = {k: v for k, v in states.items() if k != 'arrays'}

@@ -39,6 +39,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import graph, tensor_parallel, twin
+from .compat import symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, stage_name
 from .placement import place
@@ -127,6 +128,7 @@ class Pipeline(gluon.Block):
             count is not the shards of a tensor-parallel layer in it.
     """
 
+    @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None):
         super().__init__(prefix='pipeline_')
@@ -204,11 +206,13 @@ class Pipeline(gluon.Block):
     def _inputs(self, data_name):
         return [graph.data_variable(n) for n in self.data_names(data_name)]
 
+    @symbol_safe
     def symbol(self, data_name=DATA_NAME):
         """The inference graph: the inputs -> the network's output(s), every node tagged."""
         return graph.finish(graph.build(self.placement, self._inputs(data_name), 1),
                             self.placement)
 
+    @symbol_safe
     def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
                         output=None):
         """The graph with its loss head (see :func:`mp_symbolic.core.heads.make_head`).
@@ -286,6 +290,7 @@ class Pipeline(gluon.Block):
 
     # -- imperative twin -----------------------------------------------------
 
+    @symbol_safe
     def forward(self, x, *more):  # pylint: disable=arguments-differ
         """Runs the blocks stage by stage, moving ``x`` to each stage's device;
         with replicas, each replica a share of the batch, with chunks, as

@@ -28,7 +28,7 @@ from mxnet import optimizer as opt
 from mxnet.kvstore import KVStore
 from mxnet.model import _create_kvstore, _create_sparse_kvstore
 
-from .optstate import load_states, save_states, set_states_of, states_of
+from .optstate import drop_states, load_states, save_states, set_states_of, states_of
 
 __all__ = []
 
@@ -265,7 +265,8 @@ class Trainer(gluon.Trainer):
 
     def set_states(self, states):
         """Restores :meth:`states` output: each copy of a parameter gets the
-        state on its own device, whatever placement it was saved on.
+        state on its own device, whatever placement it was saved on. A state
+        of a parameter with ``grad_req='null'`` is dropped (never read).
 
         Raises:
             mp_symbolic.core.optstate.OptimizerStateError: state of another
@@ -273,6 +274,7 @@ class Trainer(gluon.Trainer):
             ValueError: the optimizer runs on a dist kvstore's servers.
         """
         self._ensure_kvstore()
+        states = drop_states(states, [p.name for p in self._params if p.grad_req == 'null'])
         count_ids = sorted({ctx.device_id for ctx in self._contexts} | {0})
         targets = {}
         for i, param in enumerate(self._params):

@@ -154,7 +154,8 @@ def _device_key(name):
 
 
 def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='cpu(0)',
-                   optimizer='sgd', optimizer_params=None, env=None, timeout=300):
+                   optimizer='sgd', optimizer_params=None, env=None, timeout=300,
+                   fixed_param_names=None):
     """Binds ``symbol`` in a fresh process, runs one step, returns :func:`device_memory`.
 
     Args:
@@ -167,6 +168,9 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
             (``momentum`` makes SGD keep one state per parameter).
         env: Extra environment variables of the child, e.g.
             ``{'MXNET_BACKWARD_DO_MIRROR': '1'}`` (read when it binds).
+        fixed_param_names: Parameters bound without a gradient and never
+            updated, as ``mx.mod.Module`` takes them (a Pipeline's constants
+            and frozen layers: they hold no gradient and no optimizer state).
 
     Returns:
         ``{'devices': {device: {category: bytes}}, 'gpu_memory_info':
@@ -189,7 +193,8 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
             'label_shapes': [[n, list(s)] for n, s in label_shapes],
             'group2ctx': {g: str(c) for g, c in (group2ctx or {}).items()} or None,
             'context': str(context), 'optimizer': optimizer,
-            'optimizer_params': optimizer_params or {}}
+            'optimizer_params': optimizer_params or {},
+            'fixed_param_names': list(fixed_param_names or ())}
     # The child imports this very package, wherever the caller imported it from.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child_env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
@@ -248,7 +253,8 @@ def _run_child(spec):
     group2ctx = {g: _context(c) for g, c in (spec['group2ctx'] or {}).items()}
     mod = mx.mod.Module(symbol, data_names=[n for n, _ in data_shapes],
                         label_names=[n for n, _ in label_shapes],
-                        context=_context(spec['context']), group2ctxs=group2ctx or None)
+                        context=_context(spec['context']), group2ctxs=group2ctx or None,
+                        fixed_param_names=spec.get('fixed_param_names') or None)
     with split_bind(group2ctx):  # bound as training binds it
         mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
     # Any callable initialiser will do: values do not change sizes.

@@ -159,6 +159,10 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     add_train_flags(compare, defaults)
     compare.add_argument('--out', default='artifacts/compare', metavar='DIR',
                          help='output folder (default: %(default)s)')
+    compare.add_argument('--agree-steps', type=int, default=None, metavar='N',
+                         help='judge agreement on the losses of the first N steps only, for a '
+                              'chaotic network whose runs drift apart later (default: every '
+                              "step's loss and every final parameter)")
     add_launch_parser(commands, {'train': _check_worker, 'compare': _check_worker})
     if not defaults:
         for subparser in commands.choices.values():
@@ -239,7 +243,8 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
             'task': '--task', 'task_args': '--task-arg', 'chunks': '--chunks', 'replicas': '--replicas',
             'kvstore': '--kvstore', 'balance': '--balance',
-            'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror'}
+            'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror',
+            'agree_steps': '--agree-steps'}
 
 EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
 EXIT_FAILED = 1      # training diverged, or a file could not be written

@@ -79,6 +79,10 @@ class TrainConfig:
     checkpoint_every: int = 1
     # A training folder whose last committed checkpoint this run continues.
     resume: str = None
+    # compare: judge agreement on the losses of the first N steps only (a chaotic
+    # network's runs drift apart at float32 rounding later); None: every step's loss
+    # and every final parameter.
+    agree_steps: int = None
 
     def __post_init__(self):
         def bad(name, expected):
@@ -93,7 +97,8 @@ class TrainConfig:
             bad('api', ' or '.join(APIS))
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
             bad('optimizer', ' or '.join(OPTIMIZERS))
-        for name in ('batch_size', 'num_epochs', 'chunks', 'replicas', 'checkpoint_every'):
+        for name in ('batch_size', 'num_epochs', 'chunks', 'replicas', 'checkpoint_every',
+                     'agree_steps'):
             value = getattr(self, name)
             if value is not None and not is_positive_int(value):
                 bad(name, POSITIVE_EXPECTED)

@@ -62,7 +62,9 @@ class ImperativeStepper:
         return self._collect(self._aux_names, 'data')
 
     def grads(self):
-        return self._collect(self._arg_names, 'grad')
+        params = self.pipe.collect_params()
+        return self._collect([n for n in self._arg_names if params[n].grad_req != 'null'],
+                             'grad')
 
     def placement(self):
         params = self.pipe.collect_params()

@@ -21,7 +21,7 @@ from ..core.compat import error_line
 from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
 from ..tools.files import write_text
 from .imperative import ImperativeStepper
-from ..core.module import with_input_shape
+from ..core.module import fixed_param_names, with_input_shape
 from ..core.optstate import gather_states, load_states, split_states
 from ..core.names import DATA_NAME
 from ..core.pipeline import Pipeline
@@ -365,7 +365,8 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
             symbol, [(DATA_NAME, (local,) + tuple(task.sample_shape))],
             [(task.label, (local,) + tuple(label_shape))], pipe.plan.group2ctx,
             context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
-            optimizer_params=cfg.optimizer_params())
+            optimizer_params=cfg.optimizer_params(),
+            fixed_param_names=fixed_param_names(pipe, symbol))
     except (ValueError, RuntimeError) as err:
         log('memory per device: not measured (%s)' % err)
         return None

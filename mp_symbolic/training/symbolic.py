@@ -19,8 +19,9 @@ import mxnet as mx
 import numpy as np
 
 from .data import staged_batches
+from ..core.module import fixed_param_names
 from ..core.updater import PerDeviceUpdater
-from ..core.optstate import set_states_by_name, states_by_name
+from ..core.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.names import DATA_NAME
 from ..core.compat import split_bind
 
@@ -69,7 +70,8 @@ class _SymbolicStepper:
         return OrderedDict((n, a.asnumpy()) for n, a in self._exec.aux_dict.items())
 
     def grads(self):
-        return OrderedDict((n, self._exec.grad_dict[n].asnumpy()) for n in self.param_names)
+        return OrderedDict((n, self._exec.grad_dict[n].asnumpy()) for n in self.param_names
+                           if self._exec.grad_dict.get(n) is not None)
 
     def placement(self):
         """``[(name, array device, gradient device or None)]`` as MXNet reports them,
@@ -180,7 +182,9 @@ class ExecutorStepper(_SymbolicStepper):
     def __init__(self, pipe, task, cfg, init, label_shape):
         super().__init__(pipe, task, cfg)
         symbol = pipe.training_symbol(task.loss, label_name=self.label_name)
-        grad_req = {n: 'null' if n in (DATA_NAME, self.label_name) else 'write'
+        # constants and frozen layers (grad_req 'null') get no gradient and no update
+        fixed = set(fixed_param_names(pipe, symbol))
+        grad_req = {n: 'null' if n in (DATA_NAME, self.label_name) or n in fixed else 'write'
                     for n in symbol.list_arguments()}
         with split_bind(self.plan.group2ctx):
             exe = symbol.simple_bind(
@@ -195,10 +199,10 @@ class ExecutorStepper(_SymbolicStepper):
         self._execs = [exe]
         self._optimizer = create_optimizer(cfg)
         self._updater = PerDeviceUpdater(mx.optimizer.get_updater(self._optimizer))
-        self._names = self.param_names
-        self._update_args = (list(range(len(self._names))),
-                             [exe.grad_dict[n] for n in self._names],
-                             [exe.arg_dict[n] for n in self._names])
+        self._names, self._fixed = self.param_names, fixed
+        trained = [i for i, n in enumerate(self._names) if n not in fixed]
+        self._update_args = (trained, [exe.grad_dict[self._names[i]] for i in trained],
+                             [exe.arg_dict[self._names[i]] for i in trained])
 
     def update_step(self, X, y):
         """Forward, backward and one update on a staged batch; no loss is read."""
@@ -233,4 +237,5 @@ class ExecutorStepper(_SymbolicStepper):
 
     def set_optimizer_states(self, states):
         targets = {n: (i, self._exec.arg_dict[n].context) for i, n in enumerate(self._names)}
-        set_states_by_name(self._updater, self._optimizer, states, targets)
+        set_states_by_name(self._updater, self._optimizer, drop_states(states, self._fixed),
+                           targets)

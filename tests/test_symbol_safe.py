@@ -1,0 +1,68 @@
+"""A block whose ``hybrid_forward`` fails on Symbols (it calls what only
+NDArrays take) is refused in one line naming the block, from Python and from
+the command line, instead of MXNet's traceback from its symbol creator."""
+import subprocess
+import sys
+
+import mxnet as mx
+from mxnet import gluon
+import pytest
+
+from mp_symbolic import Pipeline
+from mp_symbolic.core.compat import NotSymbolSafe
+
+
+class ReadsShape(gluon.HybridBlock):
+    """``x / x.shape[1]``: runs on NDArrays only (a Symbol has no ``shape``)."""
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return x / x.shape[1]
+
+
+MESSAGE = r'^blocks: expected every hybrid_forward to run on Symbols \(the split traces the ' \
+          r'network\), found %s \(%s\) failing: %s: '
+
+
+def test_gluoncv_group_norm_is_refused_in_one_line_naming_the_block():
+    import gluoncv  # pylint: disable=import-outside-toplevel
+    net = gluoncv.model_zoo.get_model('resnet50_v1b_gn', classes=10, pretrained=False)
+    with pytest.raises(NotSymbolSafe, match=MESSAGE % ('resnetv1b_groupnorm0', 'GroupNorm',
+                                                       'MXNetError')) as err:
+        Pipeline(net, 'cpu:0,cpu:1', sample=(1, 3, 32, 32))
+    assert '\n' not in str(err.value) and 'keep_highest' in str(err.value)
+
+
+def test_a_block_of_a_list_is_refused_when_its_graph_is_built():
+    pipe = Pipeline([gluon.nn.Dense(4, in_units=3), ReadsShape(prefix='odd_')], 'cpu:0,cpu:1')
+    pipe.initialize()
+    assert pipe(mx.nd.ones((2, 3))).shape == (2, 4)  # imperatively it runs
+    with pytest.raises(NotSymbolSafe, match=MESSAGE % ('odd', 'ReadsShape', 'AttributeError')):
+        pipe.module()
+
+
+TASK = '''
+import numpy as np
+from mxnet import gluon
+import mp_symbolic
+
+class ReadsShape(gluon.HybridBlock):
+    def hybrid_forward(self, F, x):
+        return x / x.shape[1]
+
+def task():
+    return mp_symbolic.Task(name='odd', blocks=[gluon.nn.Dense(4), ReadsShape(prefix='odd_')],
+                            loss='l2', train=(np.zeros((16, 3)), np.zeros((16, 4))), batch_size=8)
+'''
+
+
+def test_train_refuses_a_task_with_such_a_block_in_one_line(tmp_path):
+    path = tmp_path / 'odd_task.py'
+    path.write_text(TASK)
+    run = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--task', str(path),
+                          '--devices', 'cpu:0,cpu:1', '--out', str(tmp_path / 'out'),
+                          '--no-progress'], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        'error: blocks: expected every hybrid_forward to run on Symbols') and 'found odd (ReadsShape)' in lines[0]
+    assert not (tmp_path / 'out').exists()
