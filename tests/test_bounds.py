@@ -70,3 +70,55 @@ def test_a_stopped_timeout_that_is_not_positive_is_refused(value):
                   '--stopped-timeout', value, '--', 'true'])
     assert one_line_error(result) == (
         'error: --stopped-timeout: expected a positive number of seconds, found %s' % value)
+
+
+# -- sample: a subcommand, bounded, one line ---------------------------------------------------
+
+SAMPLE_FORMS = [['-m', 'mp_symbolic', 'sample'], ['-m', 'mp_symbolic.training.sample']]
+
+
+@pytest.fixture(scope='module')
+def garbage_onnx(tmp_path_factory):
+    path = tmp_path_factory.mktemp('sample') / 'garbage.onnx'
+    path.write_bytes(b'\x0a\xff\xff\xff\xff\x0f' + bytes(range(256)))  # not a ModelProto
+    return str(path)
+
+
+@pytest.mark.parametrize('form', SAMPLE_FORMS, ids=['subcommand', 'module'])
+def test_sample_on_a_fifo_is_refused_instead_of_blocking(form, tmp_path):
+    fifo = str(tmp_path / 'model.onnx')
+    os.mkfifo(fifo)
+    result = run(form + ['--model', fifo], timeout=60)
+    assert one_line_error(result) == ('error: --model: expected an ONNX file, found %s that is '
+                                      'not a regular file' % fifo)
+
+
+@pytest.mark.parametrize('form', SAMPLE_FORMS, ids=['subcommand', 'module'])
+def test_sample_on_a_file_that_is_not_onnx_is_one_line(form, garbage_onnx):
+    line = one_line_error(run(form + ['--model', garbage_onnx]))
+    assert line.startswith('error: --model: expected an ONNX file, found %s that is not one '
+                           '(DecodeError: ' % garbage_onnx), line
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--length', '100000000'], '--length: expected 0 to 100000 characters, found 100000000'),
+    (['--length', '-1'], '--length: expected 0 to 100000 characters, found -1'),
+    (['--seed', '-1'], '--seed: expected an integer in 0..4294967295, found -1'),
+    (['--seed', str(2 ** 32)], '--seed: expected an integer in 0..4294967295, found 4294967296'),
+    (['--temperature', 'inf'], '--temperature: expected a number >= 0, found inf'),
+])
+def test_sample_options_out_of_range_are_refused_before_the_model_loads(flags, message, tmp_path):
+    # The model is a FIFO: an option checked after the model loads would hang or name the file.
+    fifo = str(tmp_path / 'model.onnx')
+    os.mkfifo(fifo)
+    assert one_line_error(run(SAMPLE_FORMS[0] + ['--model', fifo] + flags)) == 'error: ' + message
+
+
+@pytest.mark.parametrize('form, delay', [(SAMPLE_FORMS[0], 0.0), (SAMPLE_FORMS[1], 0.0),
+                                         (SAMPLE_FORMS[1], 0.2)],
+                         ids=['subcommand', 'module', 'module-0.2s'])
+def test_sample_interrupted_while_starting_is_one_line(form, delay, garbage_onnx):
+    from tests.test_audit import _signal_after  # pylint: disable=import-outside-toplevel
+    status, _, stderr = _signal_after(form + ['--model', garbage_onnx], signal.SIGINT, delay)
+    assert status == 130, stderr
+    assert stderr == 'error: interrupted before any work; nothing was written (SIGINT)\n'
