@@ -13,7 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0')
 PYTHON = sys.executable
-TRAIN = ['--epochs', '1', '--num-examples', '64', '--devices', 'cpu:0,cpu:1', '--no-progress',
+TRAIN = ['--epochs', '1', '--num-examples', '200', '--devices', 'cpu:0,cpu:1', '--no-progress',
          '--no-memory']
 
 
@@ -122,3 +122,87 @@ def test_sample_interrupted_while_starting_is_one_line(form, delay, garbage_onnx
     status, _, stderr = _signal_after(form + ['--model', garbage_onnx], signal.SIGINT, delay)
     assert status == 130, stderr
     assert stderr == 'error: interrupted before any work; nothing was written (SIGINT)\n'
+
+
+# -- data the loss or the network cannot take: refused before training -------------------------
+
+DATA_TASK = '''
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+import mp_symbolic
+X = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+y = (X[:, 0] > 0).astype(np.float32)
+class Raising(mx.io.NDArrayIter):
+    def next(self):
+        raise OSError('disk gone')
+def task():
+    return mp_symbolic.Task(name='x', blocks=[gluon.nn.Dense(2, in_units=4)], loss='softmax',
+                            batch_size=16, num_epochs=1, %s)
+'''
+
+
+@pytest.mark.parametrize('data, message', [
+    ("train=(X, np.where(y > 0, 7, 0))",
+     'train: expected class indices 0..1 (the network has 2 outputs), found 30 labels that are '
+     'not, the first 7'),
+    ("train=(X, y), val=(X, -y)",
+     'val: expected class indices 0..1 (the network has 2 outputs), found 30 labels that are '
+     'not, the first -1'),
+    ("train=(X, np.stack([y, 1 - y], axis=1))",
+     "train: expected labels of shape () per example (class indices) for the loss 'softmax', "
+     "found (2,)"),
+    ("train=(X + 1j, y)", 'train: expected real numbers, found arrays of complex64 and float32'),
+    ("train=(X, y), val=(X[:0], y[:0])",
+     'val: expected at least one example, found none (X (0, 4))'),
+    ("train=Raising(X, y, batch_size=16)",
+     'train: expected a DataIter that can be read, found Raising raising OSError: disk gone'),
+    ("train=mx.io.NDArrayIter({'a': X, 'b': X}, y, batch_size=16)",
+     'train: expected a DataIter with 1 data array (the network takes 1 input), found 2 data '
+     'arrays'),
+], ids=['label-7', 'label-minus-1', 'two-columns', 'complex', 'empty-val', 'iter-raises',
+        'two-data-arrays'])
+def test_data_the_network_cannot_take_is_one_line_before_training(tmp_path, capsys, data,
+                                                                  message):
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    path = tmp_path / 'data_task.py'
+    path.write_text(DATA_TASK % data)
+    status = cli.main(['train', '--task', str(path), '--devices', 'cpu:0', '--out',
+                       str(tmp_path / 'out'), '--no-progress', '--no-memory'])
+    assert status == 2
+    assert capsys.readouterr().err == 'error: --task %s: %s\n' % (path, message)
+    assert not (tmp_path / 'out').exists()
+
+
+# -- task arguments are stored exactly, or refused before training -------------------------------
+
+ARG_TASK = '''
+import numpy as np
+from mxnet import gluon
+import mp_symbolic
+def task(x=None):
+    X = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    return mp_symbolic.Task(name='x', blocks=[gluon.nn.Dense(1, in_units=4)], loss='l2',
+                            train=(X, X[:, 0]), batch_size=16, num_epochs=1, lr=0.01)
+'''
+
+@pytest.mark.parametrize('value, found', [
+    ("b'abc'", "x=b'abc' (bytes)"),
+    ('{1,2}', 'x={1, 2} (set)'),
+    ('1j', 'x=1j (complex)'),
+    ('...', 'x=Ellipsis (ellipsis)'),
+    ('{3:4}', 'x={3: 4} (a dict key that is not a string: 3)'),
+    ("[1,{'a':{2:3}}]", "x=[1, {'a': {2: 3}}] (a dict key that is not a string: 2)"),
+])
+def test_task_arguments_json_cannot_store_exactly_are_refused_before_training(tmp_path, capsys,
+                                                                               value, found):
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    path = tmp_path / 'arg_task.py'  # a task that takes x: it trained, then the commit failed
+    path.write_text(ARG_TASK)
+    status = cli.main(['train', '--task', str(path), '--task-arg', 'x=' + value, '--devices',
+                       'cpu:0', '--out', str(tmp_path / 'out'), '--no-progress', '--no-memory'])
+    assert status == 2
+    assert capsys.readouterr().err == (
+        'error: --task-arg: expected values summary.json stores exactly (numbers, strings, '
+        'True, False, None, lists, dicts with string keys), found %s\n' % found)
+    assert not (tmp_path / 'out').exists()

@@ -86,11 +86,34 @@ def _check_labels(pipe, task, batch_size):
     if task.label in symbol.list_arguments():
         shapes[task.label] = (batch_size,) + tuple(task.label_shape)
     try:
-        symbol.infer_shape(**shapes)
+        _, out_shapes, _ = symbol.infer_shape(**shapes)
     except mx.base.MXNetError as err:
         raise TaskError('train: expected labels that fit the network\'s output and the loss '
                         '%r, found labels of shape %s per example: %s'
                         % (task.loss, tuple(task.label_shape), error_line(err))) from None
+    if task.loss == 'softmax':
+        _check_classes(task, out_shapes[0])
+
+
+def _check_classes(task, out_shape):
+    """Raises TaskError unless every label is a class index of the softmax
+    output ``out_shape`` (``(batch, ..., classes)``).
+
+    MXNet's SoftmaxOutput takes any label it can broadcast and casts it to an
+    integer: a label outside the classes trains on without a word.
+    """
+    classes = out_shape[-1]
+    expected = tuple(out_shape[1:-1])
+    if tuple(task.label_shape) != expected:
+        raise TaskError('train: expected labels of shape %s per example (class indices) for '
+                        'the loss \'softmax\', found %s' % (expected, tuple(task.label_shape)))
+    data = task.data()
+    for name, y in (('train', data.y), ('val', data.y_val)):
+        bad = (y < 0) | (y >= classes) | (y != np.floor(y))
+        if bad.any():
+            raise TaskError('%s: expected class indices 0..%d (the network has %d outputs), '
+                            'found %d labels that are not, the first %g'
+                            % (name, classes - 1, classes, int(bad.sum()), y[bad][0]))
 
 
 def initial_values(pipe, seed):
