@@ -206,3 +206,104 @@ def test_task_arguments_json_cannot_store_exactly_are_refused_before_training(tm
         'error: --task-arg: expected values summary.json stores exactly (numbers, strings, '
         'True, False, None, lists, dicts with string keys), found %s\n' % found)
     assert not (tmp_path / 'out').exists()
+
+
+# -- optimizer states read from a file are checked ---------------------------------------------
+
+def _momentum_trainer():
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mxnet import autograd, gluon  # pylint: disable=import-outside-toplevel
+    from mp_symbolic import Trainer  # pylint: disable=import-outside-toplevel
+    net = gluon.nn.Dense(3, in_units=2, prefix='dense0_')
+    net.initialize(ctx=mx.cpu(0))
+    trainer = Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1, 'momentum': 0.9})
+    with autograd.record():
+        loss = net(mx.nd.ones((4, 2))).sum()
+    loss.backward()
+    trainer.step(4)
+    return trainer
+
+
+def _forge(path, meta=None, arrays=None):
+    """An .npz in the states' own layout: ``meta`` as JSON text, then ``a0``, ``a1``, ..."""
+    import json  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    with np.load(path) as data:
+        saved_meta = json.loads(str(data['meta']))
+        saved_arrays = [data['a%d' % i] for i in range(len(data.files) - 1)]
+    meta = saved_meta if meta is None else meta(saved_meta)
+    arrays = saved_arrays if arrays is None else arrays(saved_arrays)
+    text = meta if isinstance(meta, str) else json.dumps(meta)
+    np.savez(path, meta=np.array(text), **{'a%d' % i: a for i, a in enumerate(arrays)})
+
+
+def _deep(meta):
+    meta['params']['dense0_weight']['state'] = {'t': 'tuple', 'items': [{'t': 'none'}]}
+    spec = meta['params']['dense0_weight']['state']
+    for _ in range(20):
+        spec['items'] = [{'t': 'list', 'items': []}]
+        spec = spec['items'][0]
+    return meta
+
+
+@pytest.mark.parametrize('forge, message', [
+    (lambda p: p.write_bytes(p.read_bytes()[:200]), 'is not a readable optimizer-state file: '
+                                                   'BadZipFile: '),
+    (lambda p: _forge(p, meta=lambda m: {k: v for k, v in m.items() if k != 'params'}),
+     'params: expected a dict of states by parameter name, found NoneType'),
+    (lambda p: _forge(p, meta=lambda m: dict(m, params={'dense0_weight': {
+        'count': 1, 'state': {'t': 'nd', 'a': 'x'}}})),
+     "dense0_weight: expected a state naming one of the 2 arrays, found 'x'"),
+    (lambda p: _forge(p, meta=lambda m: dict(m, num_update=-3)),
+     'num_update: expected an integer >= 0, found -3'),
+    (lambda p: _forge(p, meta=lambda m: '[' * 100000 + ']' * 100000),
+     'is not a readable optimizer-state file: RecursionError: '),
+    (lambda p: _forge(p, meta=_deep),
+     'dense0_weight: expected a state of NDArrays, tuples and None nested at most 8 deep'),
+    (lambda p: _forge(p, arrays=lambda a: [x.astype('int32') for x in a]),
+     'array 0: expected floating-point optimizer state, found dtype int32'),
+    (lambda p: _forge(p, arrays=lambda a: [x * float('nan') for x in a]),
+     'array 0: expected finite values, found NaN or infinity'),
+    (lambda p: _forge(p, arrays=lambda a: [x.reshape(-1) for x in a]),
+     "dense0_weight: expected a state of the parameter's shape (3, 2), found shape (6,)"),
+], ids=['truncated', 'no-params', 'index-not-int', 'negative-count', 'nested-json',
+        'nested-state', 'int-dtype', 'nan', 'wrong-shape'])
+def test_forged_or_truncated_states_are_refused_by_trainer_load_states(tmp_path, forge,
+                                                                        message):
+    from mp_symbolic import OptimizerStateError  # pylint: disable=import-outside-toplevel
+    trainer = _momentum_trainer()
+    path = tmp_path / 'states.npz'
+    trainer.save_states(str(path))
+    forge(path)
+    with pytest.raises(OptimizerStateError) as raised:
+        trainer.load_states(str(path))
+    assert str(raised.value).startswith(str(path)) and message in str(raised.value)
+    assert '\n' not in str(raised.value)
+
+
+def test_resume_with_the_states_of_another_model_is_one_line(tmp_path):
+    import shutil  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
+    run_dir, other = tmp_path / 'run', tmp_path / 'other'
+    for out, widths in ((run_dir, '2,2,2,1'), (other, '2,3,3,1')):  # the same parameter names
+        result = run(['-m', 'mp_symbolic', 'train', '--out', str(out), '--widths', widths,
+                      '--momentum', '0.9'] + TRAIN)
+        assert result.returncode == 0, result.stderr
+    snap, theirs = Store(str(run_dir)).current(), Store(str(other)).current()
+    states = next(n for n in snap.files if n.endswith('.states'))
+
+    def write(folder):  # the run's snapshot with the other model's states, manifest fixed
+        for name in snap.files:
+            shutil.copy(os.path.join(snap.folder, name), folder)
+        shutil.copy(os.path.join(theirs.folder, next(n for n in theirs.files
+                                                     if n.endswith('.states'))),
+                    os.path.join(folder, states))
+
+    forged = tmp_path / 'forged'
+    with Store(str(forged), kind='training').locked() as store:
+        store.commit(write, snap.meta)
+    result = run(['-m', 'mp_symbolic', 'train', '--resume', str(forged), '--epochs', '2',
+                  '--devices', 'cpu:0,cpu:1', '--no-progress', '--no-memory'])
+    line = one_line_error(result)
+    assert line.endswith("%s: layer0_weight: expected a state of the parameter's shape (2, 2), "
+                         "found shape (3, 2)" % states), line

@@ -22,7 +22,8 @@ from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
 from ..tools.files import write_text
 from .imperative import ImperativeStepper
 from ..core.module import with_input_shape
-from ..core.optstate import gather_states, load_states, split_states
+from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
+    split_states
 from ..core.pipeline import DATA_NAME, Pipeline
 from ..core.tensor_parallel import unsplit
 from ..core.devices import format_device, make_plan
@@ -364,8 +365,12 @@ def _resume(cfg, stepper):
     arg = stepper.pipe.split_params(arg)  # onto this plan's shards
     stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
                        {k: v.asnumpy() for k, v in aux.items()})
-    stepper.set_optimizer_states(split_states(load_states(checkpoint.states_path),
-                                              stepper.pipe.sharded))
+    states = split_states(load_states(checkpoint.states_path), stepper.pipe.sharded)
+    try:  # the states of another model (a file swapped, its manifest fixed): one line
+        check_states(states, {k: v.shape for k, v in arg.items()})
+    except OptimizerStateError as err:
+        raise OptimizerStateError('%s: %s' % (checkpoint.states_path, err)) from None
+    stepper.set_optimizer_states(states)
     return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
 
 
