@@ -307,3 +307,23 @@ def test_resume_with_the_states_of_another_model_is_one_line(tmp_path):
     line = one_line_error(result)
     assert line.endswith("%s: layer0_weight: expected a state of the parameter's shape (2, 2), "
                          "found shape (3, 2)" % states), line
+
+
+# -- messages quote an excerpt, not a whole value ------------------------------------------------
+
+@pytest.mark.parametrize('spec, start', [
+    (','.join('cpu:%d' % i for i in range(3000)),
+     "expected cpu:N with N at most 63, found 'cpu:64' in 'cpu:0,cpu:1,"),
+    (','.join('cpu:%d' % (i % 60) for i in range(3000)),
+     'expected each device once, found cpu:0 twice in cpu:0,cpu:1,'),
+    (','.join('gpu:%d' % i for i in range(3000)), 'gpu:0, gpu:1, gpu:2,'),
+    ('cpu:0,' + 'x' * 10000, "expected devices of the form 'cpu:N' or 'gpu:N' (N in ASCII "
+                             "digits), found 'xxx"),
+], ids=['cpu-64', 'twice', 'gpus', 'long-entry'])
+def test_a_device_list_of_thousands_is_quoted_as_an_excerpt(spec, start):
+    from mp_symbolic.core.devices import DeviceSpecError, parse_devices  # pylint: disable=import-outside-toplevel
+    with pytest.raises(DeviceSpecError) as raised:
+        parse_devices(spec, num_gpus=0)
+    message = str(raised.value)
+    assert message.startswith(start), message
+    assert len(message) < 300 and '...' in message, message
