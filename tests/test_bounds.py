@@ -101,8 +101,8 @@ def test_sample_on_a_file_that_is_not_onnx_is_one_line(form, garbage_onnx):
 
 
 @pytest.mark.parametrize('flags, message', [
-    (['--length', '100000000'], '--length: expected 0 to 100000 characters, found 100000000'),
-    (['--length', '-1'], '--length: expected 0 to 100000 characters, found -1'),
+    (['--length', '100000000'], '--length: expected 0 to 10000 characters, found 100000000'),
+    (['--length', '-1'], '--length: expected 0 to 10000 characters, found -1'),
     (['--seed', '-1'], '--seed: expected an integer in 0..4294967295, found -1'),
     (['--seed', str(2 ** 32)], '--seed: expected an integer in 0..4294967295, found 4294967296'),
     (['--temperature', 'inf'], '--temperature: expected a number >= 0, found inf'),

@@ -32,7 +32,7 @@ from ..tools.cliargs import OneLineArgumentParser, print_error  # noqa: E402
 
 __all__ = []
 
-MAX_LENGTH = 100_000  # characters one command draws: one forward pass each
+MAX_LENGTH = 10_000  # characters one command draws: one forward pass each, ms apiece
 MAX_SEED = 2 ** 32 - 1  # numpy's RandomState takes 0..2**32 - 1
 MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit on one message (an ONNX file)
 
