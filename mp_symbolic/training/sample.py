@@ -19,7 +19,7 @@ import os
 import stat
 import sys
 
-from ..tools.interrupts import exit_on_signals
+from ..tools.interrupts import exit_on_signals, ignore_signals
 
 if __name__ == '__main__':
     exit_on_signals()  # before numpy, onnx and MXNet load: Ctrl-C while starting is one line
@@ -242,4 +242,6 @@ def run(args):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    STATUS = main()
+    ignore_signals()  # done and printed: a signal while MXNet shuts down would end it silently
+    sys.exit(STATUS)
