@@ -44,7 +44,9 @@ def test_a_stopped_server_ends_the_job_within_the_stopped_timeout(tmp_path):
              '--steps', '100000'], cwd=ROOT, env=ENV, stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + 90
-        while '[worker 0] step 1' not in out_path.read_text() and time.monotonic() < deadline:
+        while not all(text in out_path.read_text() for text in ('[worker 0] step 1',
+                                                                 'launch: pids: ')) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)  # the kvstore is up: the server serves the worker's pushes
         server = job_pids(out_path.read_text())['server 0']
         os.kill(server, signal.SIGSTOP)
@@ -281,32 +283,38 @@ def test_forged_or_truncated_states_are_refused_by_trainer_load_states(tmp_path,
     assert '\n' not in str(raised.value)
 
 
-def test_resume_with_the_states_of_another_model_is_one_line(tmp_path):
+def test_resume_with_the_states_of_another_model_is_one_line(tmp_path, capsys):
     import shutil  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.optstate import load_states, save_states  # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
-    run_dir, other = tmp_path / 'run', tmp_path / 'other'
-    for out, widths in ((run_dir, '2,2,2,1'), (other, '2,3,3,1')):  # the same parameter names
-        result = run(['-m', 'mp_symbolic', 'train', '--out', str(out), '--widths', widths,
-                      '--momentum', '0.9'] + TRAIN)
-        assert result.returncode == 0, result.stderr
-    snap, theirs = Store(str(run_dir)).current(), Store(str(other)).current()
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    run_dir = tmp_path / 'run'
+    assert cli.main(['train', '--out', str(run_dir), '--momentum', '0.9'] + TRAIN) == 0
+    snap = Store(str(run_dir)).current()
     states = next(n for n in snap.files if n.endswith('.states'))
+    # The states of --widths 2,3,3,1: the same parameter names, other shapes.
+    other = load_states(os.path.join(snap.folder, states))
+    shapes = {'layer0_weight': (3, 2), 'layer0_bias': (3,), 'layer1_weight': (3, 3),
+              'layer1_bias': (3,), 'layer2_weight': (1, 3), 'layer2_bias': (1,)}
+    for name, entry in other['params'].items():
+        other['arrays'][entry['state']['a']] = np.zeros(shapes[name], np.float32)
 
     def write(folder):  # the run's snapshot with the other model's states, manifest fixed
         for name in snap.files:
             shutil.copy(os.path.join(snap.folder, name), folder)
-        shutil.copy(os.path.join(theirs.folder, next(n for n in theirs.files
-                                                     if n.endswith('.states'))),
-                    os.path.join(folder, states))
+        save_states(os.path.join(folder, states), other)
 
     forged = tmp_path / 'forged'
     with Store(str(forged), kind='training').locked() as store:
         store.commit(write, snap.meta)
-    result = run(['-m', 'mp_symbolic', 'train', '--resume', str(forged), '--epochs', '2',
-                  '--devices', 'cpu:0,cpu:1', '--no-progress', '--no-memory'])
-    line = one_line_error(result)
-    assert line.endswith("%s: layer0_weight: expected a state of the parameter's shape (2, 2), "
-                         "found shape (3, 2)" % states), line
+    capsys.readouterr()
+    status = cli.main(['train', '--resume', str(forged), '--epochs', '2', '--devices',
+                       'cpu:0,cpu:1', '--no-progress', '--no-memory'])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count('\n') == 1 and err.startswith('error: '), err
+    assert err.endswith("%s: layer0_weight: expected a state of the parameter's shape (2, 2), "
+                        "found shape (3, 2)\n" % states), err
 
 
 # -- messages quote an excerpt, not a whole value ------------------------------------------------
@@ -327,3 +335,66 @@ def test_a_device_list_of_thousands_is_quoted_as_an_excerpt(spec, start):
     message = str(raised.value)
     assert message.startswith(start), message
     assert len(message) < 300 and '...' in message, message
+
+
+def _state(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _children_of(pid):
+    """Pids whose parent is ``pid``, from ``/proc``."""
+    found = []
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                with open('/proc/%s/stat' % entry) as f:
+                    ppid = int(f.read().rsplit(')', 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                found.append(int(entry))
+    return found
+
+
+def test_a_stopped_command_of_a_workers_shell_ends_the_job(tmp_path):
+    from tests.test_launch import assert_nothing_left, free_port, job_pids  # pylint: disable=import-outside-toplevel
+    port = free_port()
+    out_path, err_path = tmp_path / 'out', tmp_path / 'err'
+    with open(out_path, 'w') as out, open(err_path, 'w') as err:
+        # the shell waits for sleep (no exec: a command follows), as a script would
+        proc = subprocess.Popen(
+            [PYTHON, '-m', 'mp_symbolic', 'launch', '--port', str(port), '--workers', '1',
+             '--servers', '1', '--stopped-timeout', '1', '--', 'sh', '-c',
+             'echo ready; sleep 600; true'], cwd=ROOT, env=ENV, stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 60
+        while not all(text in out_path.read_text() for text in ('[worker 0] ready',
+                                                                 'launch: pids: ')) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)  # the worker's line may come before the launcher's own
+        shell = job_pids(out_path.read_text())['worker 0']
+        sleeps = []
+        while not sleeps and time.monotonic() < deadline:
+            sleeps = _children_of(shell)
+            time.sleep(0.05)
+        os.kill(sleeps[0], signal.SIGSTOP)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+    assert proc.returncode == 1
+    last = err_path.read_text().splitlines()[-1]
+    assert last.startswith('error: a process of worker 0 (pid %d) has been stopped for '
+                           % sleeps[0]), last
+    assert last.endswith(' s (--stopped-timeout 1); stopped the other 2 processes of the job')
+    assert_nothing_left(out_path.read_text(), port, num_processes=3)
+    deadline = time.monotonic() + 5  # the stopped sleep is gone too (its new parent reaps it)
+    while os.path.exists('/proc/%d' % sleeps[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = _state(sleeps[0])
+    assert state in (None, 'Z'), state

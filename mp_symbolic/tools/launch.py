@@ -21,7 +21,8 @@ A process that is stopped (SIGSTOP, Ctrl-Z in its own terminal, a debugger)
 does not die, and the rest of the job would wait for it forever: ps-lite's
 heartbeat (``PS_HEARTBEAT_INTERVAL``, ``PS_HEARTBEAT_TIMEOUT``) only records
 when each node was last heard of, for a replacement node joining later; it
-never ends a job. So the launcher watches each local child's state in
+never ends a job. So the launcher watches the state of each child it
+started, and of every process in the child's process group, in
 ``/proc/PID/stat`` and ends the job once one has stayed stopped for
 ``--stopped-timeout`` seconds.
 """
@@ -249,19 +250,39 @@ def _how_ended(info):
     return 'was killed by %s' % name
 
 
-def _stopped(pid):
-    """True if ``pid`` is stopped by a signal or a tracer (state T or t in ``/proc``).
-
-    False where ``/proc`` cannot tell (the process is gone, or not Linux).
-    """
+def _stat(pid):
+    """``(state, process group)`` of ``pid`` from ``/proc/PID/stat``, or None
+    where ``/proc`` cannot tell (the process is gone, or not Linux)."""
     try:
-        with open('/proc/%d/stat' % pid, 'rb') as f:
+        with open('/proc/%s/stat' % pid, 'rb') as f:
             stat = f.read()
     except OSError:
-        return False
-    # "pid (comm) state ...": comm may hold spaces and parentheses, the last ')' ends it.
+        return None
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses; the last ')' ends it.
     fields = stat[stat.rfind(b')') + 1:].split()
-    return bool(fields) and fields[0] in (b'T', b't')
+    try:
+        return fields[0], int(fields[2])
+    except (IndexError, ValueError):
+        return None
+
+
+STOPPED_STATES = (b'T', b't')  # stopped by a signal, or by a tracer
+GROUP_SCAN = 1.0  # seconds between scans of /proc for stopped processes (one read each)
+
+
+def _stopped_in_groups(groups):
+    """``{process group: pid of a stopped process in it}`` for ``groups``."""
+    found = {}
+    try:
+        entries = os.listdir('/proc')
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.isdigit():
+            stat = _stat(entry)
+            if stat is not None and stat[0] in STOPPED_STATES and stat[1] in groups:
+                found.setdefault(stat[1], int(entry))
+    return found
 
 
 class _Child:
@@ -276,6 +297,7 @@ class _Child:
         self.node = node
         self._info = None
         self.stopped_since = None  # monotonic time it was first seen stopped, None if running
+        self.stopped_pid = None    # the stopped process: this one, or another of its group
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
@@ -296,10 +318,16 @@ class _Child:
         self._info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         return self._info
 
-    def stopped_for(self, now):
-        """Seconds this process has been seen stopped without a break (0 if running)."""
-        if self.ended() is not None or not _stopped(self.pid):
-            self.stopped_since = None
+    def stopped_for(self, now, stopped_in_group=None):
+        """Seconds this process, or ``stopped_in_group`` (a pid of its process
+        group), has been seen stopped without a break (0 if none is)."""
+        stat = _stat(self.pid) if self.ended() is None else None
+        if stat is not None and stat[0] in STOPPED_STATES:
+            self.stopped_pid = self.pid
+        elif stopped_in_group is not None and self.ended() is None:
+            self.stopped_pid = stopped_in_group  # a command of a shell script, say
+        else:
+            self.stopped_since = self.stopped_pid = None
             return 0.0
         if self.stopped_since is None:
             self.stopped_since = now
@@ -396,6 +424,7 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
             print('launch: pids: %s' % ', '.join('%s %d' % (c.node.name, c.pid) for c in children),
                   file=out, flush=True)
         over_since = ended_first = None
+        scanned, in_groups = float('-inf'), {}  # the children's groups' stopped processes
         while True:
             if received:
                 name = signal.Signals(received[0]).name
@@ -413,12 +442,17 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
                         if others else 'no other process of the job was running'))
             running = [c for c, info in ended if info is None]
             now = time.monotonic()
+            if stopped_timeout is not None and now - scanned >= GROUP_SCAN:
+                in_groups = _stopped_in_groups({c.pid for c in running})
+                scanned = now
             for child in running if stopped_timeout is not None else ():
-                if child.stopped_for(now) >= stopped_timeout:
+                if child.stopped_for(now, in_groups.get(child.pid)) >= stopped_timeout:
                     others = len(running) - 1
                     return finish(EXIT_FAILED, 'error: %s (pid %d) has been stopped for %.1f s '
                                   '(--stopped-timeout %g); %s' % (
-                                      child.node.name, child.pid, now - child.stopped_since,
+                                      child.node.name if child.stopped_pid == child.pid else
+                                      'a process of %s' % child.node.name,
+                                      child.stopped_pid, now - child.stopped_since,
                                       stopped_timeout,
                                       'stopped the other %s of the job' % _plural(
                                           others, 'process')
