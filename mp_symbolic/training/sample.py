@@ -86,6 +86,10 @@ class OnnxModel:
         except (DecodeError, ValueError, RuntimeError) as err:
             raise ValueError('--model: expected an ONNX file, found %s that is not one '
                              '(%s: %s)' % (path, type(err).__name__, err)) from None
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+            # weights kept beside the file, as onnx.load(path) would read them
+            from onnx.external_data_helper import load_external_data_for_model  # pylint: disable=import-outside-toplevel
+            load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
         props = {p.key: p.value for p in model.metadata_props}
         if 'training_summary' not in props:
             raise ValueError('--model: expected an ONNX file exported from a training folder '
