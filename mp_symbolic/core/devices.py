@@ -39,6 +39,15 @@ class DeviceSpecError(ValueError):
     """A ``--devices`` value that cannot become a device plan."""
 
 
+EXCERPT_LIMIT = 80  # characters of a device list quoted in a message
+
+
+def _excerpt(text, limit=EXCERPT_LIMIT):
+    """``text`` cut to ``limit`` characters (``...`` marks the cut): a device
+    list of thousands of entries is not echoed whole."""
+    return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
 def format_device(ctx):
     """``mx.gpu(1)`` -> ``'gpu:1'``, the form ``--devices`` takes."""
     return '%s:%d' % (ctx.device_type, ctx.device_id)
@@ -86,14 +95,15 @@ def _parse_device(entry, spec):
     match = _DEVICE_RE.match(entry)
     if not match:
         raise DeviceSpecError("expected devices of the form 'cpu:N' or 'gpu:N' (N in ASCII "
-                              "digits), found %a in %a" % (entry, spec))
+                              "digits), found %s in %s" % (_excerpt(ascii(entry)),
+                                                           _excerpt(ascii(spec))))
     kind, index = match.group(1), int(match.group(2))
     if kind == 'cpu' and index > MAX_CPU_ID:
-        raise DeviceSpecError('expected cpu:N with N at most %d, found %r in %r'
-                              % (MAX_CPU_ID, entry, spec))
+        raise DeviceSpecError('expected cpu:N with N at most %d, found %r in %s'
+                              % (MAX_CPU_ID, entry, _excerpt(repr(spec))))
     if kind == 'gpu' and index > 2 ** 31 - 1:
-        raise DeviceSpecError('expected a GPU index MXNet can hold, found %r in %r'
-                              % (entry, spec))
+        raise DeviceSpecError('expected a GPU index MXNet can hold, found %s in %s'
+                              % (_excerpt(repr(entry)), _excerpt(repr(spec))))
     return mx.cpu(index) if kind == 'cpu' else mx.gpu(index)
 
 
@@ -120,7 +130,7 @@ def check_devices(devices, num_gpus=None):
     devices = [tuple(e) if isinstance(e, (tuple, list)) else e for e in devices]
     if any(isinstance(e, tuple) and not e for e in devices):
         raise DeviceSpecError('expected each stage to hold at least one device, found an empty '
-                              'tuple in %r' % (devices,))
+                              'tuple in %s' % _excerpt(repr(devices)))
     devices = [e[0] if isinstance(e, tuple) and len(e) == 1 else e for e in devices]
     flat = flat_devices(devices)
     seen = set()
@@ -131,7 +141,7 @@ def check_devices(devices, num_gpus=None):
         if ctx in seen:
             raise DeviceSpecError('expected each device once, found %s twice in %s'
                                   % (format_device(ctx),
-                                     ','.join(format_stage(d) for d in devices)))
+                                     _excerpt(','.join(format_stage(d) for d in devices))))
         seen.add(ctx)
     gpus = [d for d in flat if d.device_type == 'gpu']
     if gpus:
@@ -140,7 +150,7 @@ def check_devices(devices, num_gpus=None):
         missing = [format_device(d) for d in gpus if d.device_id >= num_gpus]
         if missing:
             raise DeviceSpecError('%s requested but MXNet sees %d GPU(s)%s'
-                                  % (', '.join(missing), num_gpus,
+                                  % (_excerpt(', '.join(missing)), num_gpus,
                                      '' if num_gpus else ' (use cpu:N devices)'))
     return devices
 

@@ -12,6 +12,7 @@ correction included).
 """
 import io
 import json
+import zipfile
 
 import mxnet as mx
 import numpy as np
@@ -155,25 +156,99 @@ def save_states(path, states):
 
 
 def load_states(path):
-    """Reads :func:`save_states` output.
+    """Reads :func:`save_states` output, checked (see :func:`check_states`).
 
     Raises:
-        OptimizerStateError: the file is missing, unreadable or of another format.
+        OptimizerStateError: the file is missing, unreadable, of another
+            format, or holds states that :func:`check_states` refuses.
     """
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data['meta']))
-            if meta.get('format') != FORMAT:
+            if not isinstance(meta, dict) or meta.get('format') != FORMAT:
                 raise OptimizerStateError('%s: expected optimizer states of format %s, found %r'
-                                          % (path, FORMAT, meta.get('format')))
+                                          % (path, FORMAT, meta.get('format')
+                                             if isinstance(meta, dict) else type(meta).__name__))
             arrays = [data['a%d' % i] for i in range(len(data.files) - 1)]
-    except (OSError, ValueError, KeyError) as err:
-        if isinstance(err, OptimizerStateError):
-            raise
-        raise OptimizerStateError('%s is not a readable optimizer-state file: %s'
-                                  % (path, ' '.join(str(err).split())[:200])) from None
+    except OptimizerStateError:
+        raise
+    # a truncated or forged file: zipfile, numpy and json each fail in their own way
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, RecursionError,
+            zipfile.BadZipFile) as err:
+        raise OptimizerStateError('%s is not a readable optimizer-state file: %s: %s'
+                                  % (path, type(err).__name__,
+                                     ' '.join(str(err).split())[:200])) from None
     meta['arrays'] = arrays
+    try:
+        check_states(meta)
+    except OptimizerStateError as err:
+        raise OptimizerStateError('%s: %s' % (path, err)) from None
     return meta
+
+
+MAX_DEPTH = 8  # nesting of one parameter's state (MXNet's optimizers use 2 at most)
+
+
+def check_states(states, shapes=None):
+    """Checks :func:`states_by_name` output read from a file.
+
+    Args:
+        shapes: ``{name: shape}`` of the parameters the states are for; every
+            state array must have its parameter's shape. ``None``: not checked.
+
+    Raises:
+        OptimizerStateError: a field of the wrong kind, an array that is not
+            floating point or not finite, or of another shape than its parameter.
+    """
+    def bad(what, expected, found):
+        raise OptimizerStateError('%s: expected %s, found %s' % (what, expected, found))
+
+    arrays = states.get('arrays')
+    if not isinstance(states.get('optimizer'), (str, type(None))):
+        bad('optimizer', 'a name', type(states.get('optimizer')).__name__)
+    if not _count(states.get('num_update')):
+        bad('num_update', 'an integer >= 0', repr(states.get('num_update'))[:40])
+    params = states.get('params')
+    if not isinstance(params, dict):
+        bad('params', 'a dict of states by parameter name', type(params).__name__)
+    for i, array in enumerate(arrays):
+        if not np.issubdtype(array.dtype, np.floating):
+            bad('array %d' % i, 'floating-point optimizer state', 'dtype %s' % array.dtype)
+        if not np.all(np.isfinite(array)):
+            bad('array %d' % i, 'finite values', 'NaN or infinity')
+    for name, entry in params.items():
+        if not isinstance(entry, dict) or set(entry) != {'count', 'state'}:
+            bad(name, "{'count', 'state'}", repr(entry)[:60])
+        if entry['count'] is not None and not _count(entry['count']):
+            bad('%s count' % name, 'an integer >= 0 or None', repr(entry['count'])[:40])
+        shape = None if shapes is None else tuple(shapes[name]) if name in shapes else None
+        for index in _spec_arrays(entry['state'], len(arrays), name, 0):
+            if shape is not None and arrays[index].shape != shape:
+                bad(name, 'a state of the parameter\'s shape %s' % (shape,),
+                    'shape %s' % (arrays[index].shape,))
+
+
+def _count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _spec_arrays(spec, num_arrays, name, depth):
+    """The array indices a state spec refers to; raises OptimizerStateError
+    unless it is one :func:`_encode` writes."""
+    kind = spec.get('t') if isinstance(spec, dict) else None
+    if kind == 'none':
+        return []
+    if kind == 'nd':
+        index = spec.get('a')
+        if not _count(index) or index >= num_arrays:
+            raise OptimizerStateError('%s: expected a state naming one of the %d arrays, found '
+                                      '%s' % (name, num_arrays, repr(index)[:40]))
+        return [index]
+    if kind in ('tuple', 'list') and isinstance(spec.get('items'), list) and depth < MAX_DEPTH:
+        return [i for item in spec['items']
+                for i in _spec_arrays(item, num_arrays, name, depth + 1)]
+    raise OptimizerStateError('%s: expected a state of NDArrays, tuples and None nested at '
+                              'most %d deep, found %s' % (name, MAX_DEPTH, repr(spec)[:60]))
 
 
 def _merge(specs, arrays, out, axis, ndim):

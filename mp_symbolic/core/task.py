@@ -306,15 +306,15 @@ def _make_metric(metric):
 def _arrays(data, name):
     """``(X, y)`` float32 numpy arrays from a pair or a DataIter."""
     if isinstance(data, mx.io.DataIter):
-        xs, ys = [], []
-        data.reset()
-        for batch in data:
-            if not batch.label:
-                raise TaskError('%s: expected a DataIter with labels, found one without' % name)
-            keep = batch.data[0].shape[0] - (batch.pad or 0)
-            xs.append(batch.data[0].asnumpy()[:keep])
-            ys.append(batch.label[0].asnumpy()[:keep])
-        data.reset()
+        try:
+            xs, ys = _read_iter(data, name)
+        except TaskError:
+            raise
+        except Exception as err:  # pylint: disable=broad-except
+            # the user's iterator: whatever it raises is a fault of the task, told in one line
+            raise TaskError('%s: expected a DataIter that can be read, found %s raising %s: %s'
+                            % (name, type(data).__name__, type(err).__name__,
+                               _one_line(err))) from None
         if not xs:
             raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
         X, y = np.concatenate(xs), np.concatenate(ys)
@@ -328,10 +328,45 @@ def _arrays(data, name):
                         'example, found X %s and y %s' % (name, X.shape, y.shape))
     if not (np.issubdtype(X.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
         raise TaskError('%s: expected numeric arrays, found %s and %s' % (name, X.dtype, y.dtype))
+    if np.iscomplexobj(X) or np.iscomplexobj(y):
+        # float32 would keep the real part only, without a word
+        raise TaskError('%s: expected real numbers, found arrays of %s and %s'
+                        % (name, X.dtype, y.dtype))
+    if not len(X):
+        raise TaskError('%s: expected at least one example, found none (X %s)' % (name, X.shape))
     X, y = X.astype(np.float32), y.astype(np.float32)
     if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
         raise TaskError('%s: expected finite values, found NaN or infinity' % name)
     return X, y
+
+
+def _read_iter(data, name):
+    """Every batch of the DataIter ``data``: ``([X parts], [y parts])``, padding cut.
+
+    Raises:
+        TaskError: a batch without a label, or with more data arrays than
+            the network's one input.
+    """
+    xs, ys = [], []
+    data.reset()
+    for batch in data:
+        if not batch.label:
+            raise TaskError('%s: expected a DataIter with labels, found one without' % name)
+        if len(batch.data) != 1:
+            # several inputs are not fed yet: training on the first alone would be wrong
+            raise TaskError('%s: expected a DataIter with 1 data array (the network takes 1 '
+                            'input), found %d data arrays' % (name, len(batch.data)))
+        keep = batch.data[0].shape[0] - (batch.pad or 0)
+        xs.append(batch.data[0].asnumpy()[:keep])
+        ys.append(batch.label[0].asnumpy()[:keep])
+    data.reset()
+    return xs, ys
+
+
+def _one_line(err, limit=120):
+    """An exception's message on one line, cut to ``limit`` characters."""
+    text = ' '.join(str(err).split())
+    return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def _describe(value):

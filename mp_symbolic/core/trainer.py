@@ -28,7 +28,8 @@ from mxnet import optimizer as opt
 from mxnet.kvstore import KVStore
 from mxnet.model import _create_kvstore, _create_sparse_kvstore
 
-from .optstate import drop_states, load_states, save_states, set_states_of, states_of
+from .optstate import OptimizerStateError, check_states, drop_states, load_states, \
+    save_states, set_states_of, states_of
 
 __all__ = []
 
@@ -311,6 +312,15 @@ class Trainer(gluon.Trainer):
 
         Raises:
             mp_symbolic.core.optstate.OptimizerStateError: the file is unreadable,
-                or holds another optimizer's or another model's state.
+                truncated or forged (a field of the wrong kind, a state that is
+                not floating point or not finite), or holds another optimizer's
+                or another model's state (a state of another shape than its
+                parameter included).
         """
-        self.set_states(load_states(fname))
+        states = load_states(fname)
+        known = {p.name: p.shape for p in self._params if p.shape and all(p.shape)}
+        try:
+            check_states(states, known)  # else MXNet fails in the first update, or not at all
+        except OptimizerStateError as err:
+            raise OptimizerStateError('%s: %s' % (fname, err)) from None
+        self.set_states(states)

@@ -16,6 +16,15 @@ then runs them on this machine (``--mode local``), runs them through ssh
 (``--mode manual``). While the job runs, it relays every child's output
 prefixed with its name, and if any process dies before the job ends it stops
 all the others, so that no process is left waiting on ps-lite's barrier.
+
+A process that is stopped (SIGSTOP, Ctrl-Z in its own terminal, a debugger)
+does not die, and the rest of the job would wait for it forever: ps-lite's
+heartbeat (``PS_HEARTBEAT_INTERVAL``, ``PS_HEARTBEAT_TIMEOUT``) only records
+when each node was last heard of, for a replacement node joining later; it
+never ends a job. So the launcher watches the state of each child it
+started, and of every process in the child's process group, in
+``/proc/PID/stat`` and ends the job once one has stayed stopped for
+``--stopped-timeout`` seconds.
 """
 import argparse
 import contextlib
@@ -40,6 +49,7 @@ MODES = ('local', 'ssh', 'manual')
 SERVER_ARGV = (sys.executable, '-c', 'import mxnet')
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL when stopping the job
 POLL = 0.05       # seconds between checks of the children
+STOPPED_TIMEOUT = 5.0  # default seconds a child may stay stopped before the job is ended
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -240,6 +250,41 @@ def _how_ended(info):
     return 'was killed by %s' % name
 
 
+def _stat(pid):
+    """``(state, process group)`` of ``pid`` from ``/proc/PID/stat``, or None
+    where ``/proc`` cannot tell (the process is gone, or not Linux)."""
+    try:
+        with open('/proc/%s/stat' % pid, 'rb') as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses; the last ')' ends it.
+    fields = stat[stat.rfind(b')') + 1:].split()
+    try:
+        return fields[0], int(fields[2])
+    except (IndexError, ValueError):
+        return None
+
+
+STOPPED_STATES = (b'T', b't')  # stopped by a signal, or by a tracer
+GROUP_SCAN = 1.0  # seconds between scans of /proc for stopped processes (one read each)
+
+
+def _stopped_in_groups(groups):
+    """``{process group: pid of a stopped process in it}`` for ``groups``."""
+    found = {}
+    try:
+        entries = os.listdir('/proc')
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.isdigit():
+            stat = _stat(entry)
+            if stat is not None and stat[0] in STOPPED_STATES and stat[1] in groups:
+                found.setdefault(stat[1], int(entry))
+    return found
+
+
 class _Child:
     """A running process of the job, its own process group leader.
 
@@ -251,6 +296,8 @@ class _Child:
     def __init__(self, node, argv, env, out, err, lock):
         self.node = node
         self._info = None
+        self.stopped_since = None  # monotonic time it was first seen stopped, None if running
+        self.stopped_pid = None    # the stopped process: this one, or another of its group
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
@@ -270,6 +317,21 @@ class _Child:
             return self._info
         self._info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         return self._info
+
+    def stopped_for(self, now, stopped_in_group=None):
+        """Seconds this process, or ``stopped_in_group`` (a pid of its process
+        group), has been seen stopped without a break (0 if none is)."""
+        stat = _stat(self.pid) if self.ended() is None else None
+        if stat is not None and stat[0] in STOPPED_STATES:
+            self.stopped_pid = self.pid
+        elif stopped_in_group is not None and self.ended() is None:
+            self.stopped_pid = stopped_in_group  # a command of a shell script, say
+        else:
+            self.stopped_since = self.stopped_pid = None
+            return 0.0
+        if self.stopped_since is None:
+            self.stopped_since = now
+        return now - self.stopped_since
 
     def signal_group(self, signum):
         try:
@@ -303,6 +365,7 @@ def _stop(children):
     children = [c for c in children if c.proc.returncode is None]  # not reaped yet
     for child in children:
         child.signal_group(signal.SIGTERM)
+        child.signal_group(signal.SIGCONT)  # a stopped process acts on SIGTERM only once resumed
     deadline = time.monotonic() + STOP_GRACE
     while time.monotonic() < deadline and any(c.ended() is None for c in children):
         time.sleep(POLL)
@@ -313,7 +376,7 @@ def _stop(children):
 
 
 def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
-            out=None, err=None):
+            out=None, err=None, stopped_timeout=STOPPED_TIMEOUT):
     """Runs the job's processes until they all end; stops them all on a fault.
 
     Args:
@@ -325,10 +388,12 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
         extra_env: Variables added to this process's environment for every child.
         out, err: Where the children's stdout and stderr lines go (default:
             this process's). Each line is prefixed with ``[<node name>] ``.
+        stopped_timeout: Seconds a child may stay stopped (state T or t in
+            ``/proc``) before the job is ended; None: never.
 
     Returns:
         The launcher's exit status: 0 if every process exited 0; 1 if one
-        died, exited non-zero or outlived the timeout; 128 + the signal
+        died, exited non-zero, stayed stopped or outlived the timeout; 128 + the signal
         number if this process got SIGINT or SIGTERM. One line says which.
     """
     out, err = out or sys.stdout, err or sys.stderr
@@ -359,6 +424,7 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
             print('launch: pids: %s' % ', '.join('%s %d' % (c.node.name, c.pid) for c in children),
                   file=out, flush=True)
         over_since = ended_first = None
+        scanned, in_groups = float('-inf'), {}  # the children's groups' stopped processes
         while True:
             if received:
                 name = signal.Signals(received[0]).name
@@ -375,6 +441,22 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
                         'stopped the other %s of the job' % _plural(others, 'process')
                         if others else 'no other process of the job was running'))
             running = [c for c, info in ended if info is None]
+            now = time.monotonic()
+            if stopped_timeout is not None and now - scanned >= GROUP_SCAN:
+                in_groups = _stopped_in_groups({c.pid for c in running})
+                scanned = now
+            for child in running if stopped_timeout is not None else ():
+                if child.stopped_for(now, in_groups.get(child.pid)) >= stopped_timeout:
+                    others = len(running) - 1
+                    return finish(EXIT_FAILED, 'error: %s (pid %d) has been stopped for %.1f s '
+                                  '(--stopped-timeout %g); %s' % (
+                                      child.node.name if child.stopped_pid == child.pid else
+                                      'a process of %s' % child.node.name,
+                                      child.stopped_pid, now - child.stopped_since,
+                                      stopped_timeout,
+                                      'stopped the other %s of the job' % _plural(
+                                          others, 'process')
+                                      if others else 'no other process of the job was running'))
             if not running:
                 return finish(0, 'launch: %s, %s: all exited 0 in %.1f s' % (
                     _plural(sum(n.role == 'worker' for n in nodes), 'worker'),
@@ -485,7 +567,8 @@ def add_launch_parser(commands, subcommands=None):
                     'prefixed with its process; if any process dies, the others are '
                     'stopped and the launcher exits 1.' % (' or '.join(subcommands) or 'no name'),
         usage='python -m mp_symbolic launch --workers W --servers S [--port P] '
-              '[--hostfile FILE] [--mode local|ssh|manual] [--timeout SECONDS] -- COMMAND...')
+              '[--hostfile FILE] [--mode local|ssh|manual] [--timeout SECONDS] '
+              '[--stopped-timeout SECONDS] -- COMMAND...')
     parser.add_argument('--workers', type=int, required=True, metavar='W',
                         help='worker processes; each runs COMMAND')
     parser.add_argument('--servers', type=int, required=True, metavar='S',
@@ -502,6 +585,11 @@ def add_launch_parser(commands, subcommands=None):
     parser.add_argument('--timeout', type=float, default=60.0, metavar='SECONDS',
                         help='seconds the scheduler and servers get to end after the '
                              'workers exited 0 (default: %(default)g)')
+    parser.add_argument('--stopped-timeout', type=float, default=STOPPED_TIMEOUT,
+                        metavar='SECONDS',
+                        help='seconds a process of the job may stay stopped (SIGSTOP, a '
+                             'debugger) before the job is ended (in ssh mode: its ssh) '
+                             '(default: %(default)g)')
     parser.add_argument('job_command', nargs=argparse.REMAINDER, metavar='COMMAND',
                         help='the workers\' command, after --')
     parser.set_defaults(run=lambda args: run_launch(args, subcommands))
@@ -530,6 +618,9 @@ def _check(args, subcommands):
     if not args.timeout > 0:
         raise ValueError('--timeout: expected a positive number of seconds, found %g'
                          % args.timeout)
+    if not 0 < args.stopped_timeout < float('inf'):
+        raise ValueError('--stopped-timeout: expected a positive number of seconds, found %g'
+                         % args.stopped_timeout)
     if args.port is not None and not 0 < args.port < 65536:
         raise ValueError('--port: expected a port number in 1..65535, found %d' % args.port)
     command = args.job_command[1:] if args.job_command[:1] == ['--'] else args.job_command
@@ -575,6 +666,7 @@ def run_launch(args, subcommands=None):
         # -tt gives the remote command a terminal, so ending ssh hangs it up and ends it.
         return run_job(nodes, args.timeout, argv_of=lambda node: (
             'ssh', '-tt', '-o', 'BatchMode=yes', node.host,
-            shell_line(node, cwd, exec_=True)))
+            shell_line(node, cwd, exec_=True)), stopped_timeout=args.stopped_timeout)
     # Unbuffered Python output, so lines are relayed as they are printed.
-    return run_job(nodes, args.timeout, extra_env={'PYTHONUNBUFFERED': '1'})
+    return run_job(nodes, args.timeout, extra_env={'PYTHONUNBUFFERED': '1'},
+                   stopped_timeout=args.stopped_timeout)

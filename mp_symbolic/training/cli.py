@@ -1,8 +1,9 @@
-"""Command line: ``python -m mp_symbolic train|compare|launch ...``.
+"""Command line: ``python -m mp_symbolic train|compare|launch|sample ...``.
 
 Parses flags into a :class:`~mp_symbolic.training.config.TrainConfig` and calls
 :func:`~mp_symbolic.training.loop.train` or :func:`~mp_symbolic.training.compare.compare`
-(``launch`` lives in :mod:`~mp_symbolic.tools.launch`). User errors (a bad flag
+(``launch`` lives in :mod:`~mp_symbolic.tools.launch`, ``sample`` in
+:mod:`~mp_symbolic.training.sample`). User errors (a bad flag
 value, a device plan that cannot be made, an output folder that cannot be
 written or is in use, a checkpoint that cannot be resumed) print one line to
 stderr naming the flag and exit with status 2 before any work; training that
@@ -19,6 +20,7 @@ from ..tools.cliargs import OneLineArgumentParser
 from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
 from ..tools.launch import add_launch_parser
+from . import sample
 from .tasks import BUNDLED
 
 __all__ = []
@@ -164,6 +166,9 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
                               'chaotic network whose runs drift apart later (default: every '
                               "step's loss and every final parameter)")
     add_launch_parser(commands, {'train': _check_worker, 'compare': _check_worker})
+    sample.add_sample_flags(commands.add_parser(
+        'sample', help='continue a prompt with a trained character-level model',
+        description=sample.DESCRIPTION))
     if not defaults:
         for subparser in commands.choices.values():
             for action in subparser._actions:  # pylint: disable=protected-access
@@ -295,6 +300,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.command == 'launch':
         return args.run(args)
+    if args.command == 'sample':
+        return sample.run(args)
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir

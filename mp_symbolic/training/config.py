@@ -6,6 +6,7 @@ Fields left ``None`` take the task's default (the :class:`~mp_symbolic.Task`'s
 only: the command line builds one before loading MXNet.
 """
 from dataclasses import dataclass, fields, replace
+import math
 
 from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
     is_momentum, is_positive_int
@@ -265,8 +266,47 @@ def _freeze(value):
         if not isinstance(key, str) or not key.isidentifier():
             raise ValueError('task_args: expected KEY=VALUE with KEY a Python name, found %r'
                              % (key,))
+        problem = _unstorable(arg)
+        if problem is not None:
+            raise ValueError('task_args: expected values summary.json stores exactly (numbers, '
+                             'strings, True, False, None, lists, dicts with string keys), found '
+                             '%s=%s (%s)' % (key, _excerpt(repr(arg)), problem))
         pairs.append((key, frozen(arg)))
     return tuple(sorted(pairs))
+
+
+def _unstorable(value, depth=0):
+    """Why ``value`` would not come back from JSON as it went in, or None.
+
+    A task argument is recorded in ``summary.json`` and compared on resume:
+    bytes, sets, complex numbers and Ellipsis cannot be written, a dict key
+    that is not a string comes back as one, and NaN never equals itself.
+    """
+    if depth > 32:
+        return 'nested more than 32 deep'
+    if value is None or isinstance(value, (bool, int, str)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else 'not a finite number'
+    if isinstance(value, (list, tuple)):
+        items = value
+    elif isinstance(value, dict):
+        keys = [k for k in value if not isinstance(k, str)]
+        if keys:
+            return 'a dict key that is not a string: %r' % (keys[0],)
+        items = value.values()
+    else:
+        return type(value).__name__
+    for item in items:
+        problem = _unstorable(item, depth + 1)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _excerpt(text, limit=60):
+    """``text`` cut to ``limit`` characters for a message (``...`` marks the cut)."""
+    return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def _utf8(text):

@@ -22,7 +22,8 @@ from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
 from ..tools.files import write_text
 from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
-from ..core.optstate import gather_states, load_states, split_states
+from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
+    split_states
 from ..core.names import DATA_NAME
 from ..core.pipeline import Pipeline
 from ..core.tensor_parallel import unsplit
@@ -87,11 +88,34 @@ def _check_labels(pipe, task, batch_size):
     if task.label in symbol.list_arguments():
         shapes[task.label] = (batch_size,) + tuple(task.label_shape)
     try:
-        symbol.infer_shape(**shapes)
+        _, out_shapes, _ = symbol.infer_shape(**shapes)
     except mx.base.MXNetError as err:
         raise TaskError('train: expected labels that fit the network\'s output and the loss '
                         '%r, found labels of shape %s per example: %s'
                         % (task.loss, tuple(task.label_shape), error_line(err))) from None
+    if task.loss == 'softmax':
+        _check_classes(task, out_shapes[0])
+
+
+def _check_classes(task, out_shape):
+    """Raises TaskError unless every label is a class index of the softmax
+    output ``out_shape`` (``(batch, ..., classes)``).
+
+    MXNet's SoftmaxOutput takes any label it can broadcast and casts it to an
+    integer: a label outside the classes trains on without a word.
+    """
+    classes = out_shape[-1]
+    expected = tuple(out_shape[1:-1])
+    if tuple(task.label_shape) != expected:
+        raise TaskError('train: expected labels of shape %s per example (class indices) for '
+                        'the loss \'softmax\', found %s' % (expected, tuple(task.label_shape)))
+    data = task.data()
+    for name, y in (('train', data.y), ('val', data.y_val)):
+        bad = (y < 0) | (y >= classes) | (y != np.floor(y))
+        if bad.any():
+            raise TaskError('%s: expected class indices 0..%d (the network has %d outputs), '
+                            'found %d labels that are not, the first %g'
+                            % (name, classes - 1, classes, int(bad.sum()), y[bad][0]))
 
 
 def initial_values(pipe, seed):
@@ -342,8 +366,12 @@ def _resume(cfg, stepper):
     arg = stepper.pipe.split_params(arg)  # onto this plan's shards
     stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
                        {k: v.asnumpy() for k, v in aux.items()})
-    stepper.set_optimizer_states(split_states(load_states(checkpoint.states_path),
-                                              stepper.pipe.sharded))
+    states = split_states(load_states(checkpoint.states_path), stepper.pipe.sharded)
+    try:  # the states of another model (a file swapped, its manifest fixed): one line
+        check_states(states, {k: v.shape for k, v in arg.items()})
+    except OptimizerStateError as err:
+        raise OptimizerStateError('%s: %s' % (checkpoint.states_path, err)) from None
+    stepper.set_optimizer_states(states)
     return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
 
 

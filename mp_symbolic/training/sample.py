@@ -1,4 +1,5 @@
-"""Text from a trained character-level model: ``python -m mp_symbolic.training.sample``.
+"""Text from a trained character-level model: ``python -m mp_symbolic sample``
+(also ``python -m mp_symbolic.training.sample``).
 
 Reads either a training folder's committed checkpoint (``--checkpoint DIR``,
 bound on one device with MXNet) or an exported ONNX file (``--model X.onnx``,
@@ -11,17 +12,29 @@ the ONNX file's ``training_summary`` metadata.
 
 Example::
 
-    python -m mp_symbolic.training.sample --checkpoint artifacts/lm --prompt 'def ' --length 200
-    python -m mp_symbolic.training.sample --model artifacts/export-lm/current/lm.onnx --prompt 'import '
+    python -m mp_symbolic sample --checkpoint artifacts/lm --prompt 'def ' --length 200
+    python -m mp_symbolic sample --model artifacts/export-lm/current/lm.onnx --prompt 'import '
 """
-import json
+import os
+import stat
 import sys
 
-import numpy as np
+from ..tools.interrupts import exit_on_signals, ignore_signals
 
-from ..tools.cliargs import OneLineArgumentParser, print_error
+if __name__ == '__main__':
+    exit_on_signals()  # before numpy, onnx and MXNet load: Ctrl-C while starting is one line
+# pylint: disable=wrong-import-position
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from ..tools.cliargs import OneLineArgumentParser, print_error  # noqa: E402
 
 __all__ = []
+
+MAX_LENGTH = 10_000  # characters one command draws: one forward pass each, ms apiece
+MAX_SEED = 2 ** 32 - 1  # numpy's RandomState takes 0..2**32 - 1
+MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit on one message (an ONNX file)
 
 
 class MXNetModel:
@@ -66,7 +79,17 @@ class OnnxModel:
     def __init__(self, path):
         import onnx  # pylint: disable=import-outside-toplevel
         import onnxruntime as ort  # pylint: disable=import-outside-toplevel
-        model = onnx.load(path)
+        from google.protobuf.message import DecodeError  # pylint: disable=import-outside-toplevel
+        data = _read_model_file(path)
+        try:
+            model = onnx.load_from_string(data)
+        except (DecodeError, ValueError, RuntimeError) as err:
+            raise ValueError('--model: expected an ONNX file, found %s that is not one '
+                             '(%s: %s)' % (path, type(err).__name__, err)) from None
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+            # weights kept beside the file, as onnx.load(path) would read them
+            from onnx.external_data_helper import load_external_data_for_model  # pylint: disable=import-outside-toplevel
+            load_external_data_for_model(model, os.path.dirname(os.path.abspath(path)))
         props = {p.key: p.value for p in model.metadata_props}
         if 'training_summary' not in props:
             raise ValueError('--model: expected an ONNX file exported from a training folder '
@@ -90,6 +113,33 @@ class OnnxModel:
         return out[0, -1]
 
 
+def _read_model_file(path):
+    """The bytes of the regular file ``path``, at most :data:`MAX_MODEL_BYTES`.
+
+    Raises:
+        ValueError: ``path`` cannot be opened, is not a regular file (a FIFO
+            or a device would block or never end) or is too large.
+    """
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
+        raise ValueError('--model: cannot read %s (%s)' % (path, err.strerror)) from None
+    info = os.fstat(fd)  # the file checked is the file read
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MODEL_BYTES:
+        os.close(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError('--model: expected an ONNX file, found %s that is not a regular '
+                             'file' % path)
+        raise ValueError('--model: expected an ONNX file of at most %d bytes, found %d '
+                         'bytes in %s' % (MAX_MODEL_BYTES, info.st_size, path))
+    with os.fdopen(fd, 'rb') as f:
+        try:
+            return f.read(MAX_MODEL_BYTES + 1)
+        except OSError as err:
+            raise ValueError('--model: cannot read %s (%s)' % (path, err.strerror)) from None
+
+
 def _recorded_shape(symbol):
     shape = symbol.get_internals()['data'].attr('__shape__')
     if not shape:
@@ -109,7 +159,7 @@ def sample(model, vocab, prompt, length, temperature=1.0, seed=0):
 
     Raises:
         ValueError: a prompt character outside the vocabulary, an empty
-            prompt, a negative length or temperature.
+            prompt, or an option :func:`check_options` refuses.
     """
     if not prompt:
         raise ValueError('--prompt: expected at least one character, found an empty prompt')
@@ -117,10 +167,7 @@ def sample(model, vocab, prompt, length, temperature=1.0, seed=0):
     if missing:
         raise ValueError('--prompt: expected characters of the model\'s %d-character vocabulary, '
                          'found %s' % (len(vocab), ', '.join(repr(c) for c in missing)))
-    if length < 0:
-        raise ValueError('--length: expected 0 or more characters, found %d' % length)
-    if not temperature >= 0:
-        raise ValueError('--temperature: expected a number >= 0, found %r' % temperature)
+    check_options(length, temperature, seed)
     index = {c: i for i, c in enumerate(vocab)}
     ids = [index[c] for c in prompt]
     rng = np.random.RandomState(seed)
@@ -135,11 +182,34 @@ def sample(model, vocab, prompt, length, temperature=1.0, seed=0):
     return ''.join(vocab[i] for i in ids)
 
 
+def check_options(length, temperature, seed):
+    """Checks ``--length``, ``--temperature`` and ``--seed`` before any model loads.
+
+    Raises:
+        ValueError: a length outside 0..:data:`MAX_LENGTH`, a temperature
+            below 0 or not finite, a seed outside 0..2**32 - 1.
+    """
+    if not 0 <= length <= MAX_LENGTH:
+        raise ValueError('--length: expected 0 to %d characters, found %d' % (MAX_LENGTH, length))
+    if not 0 <= temperature < float('inf'):
+        raise ValueError('--temperature: expected a number >= 0, found %r' % temperature)
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError('--seed: expected an integer in 0..%d, found %d' % (MAX_SEED, seed))
+
+
+DESCRIPTION = ('Continue a prompt with a trained character-level model (the lm task): '
+               'from a training checkpoint or an exported ONNX file.')
+
+
 def build_parser():
-    parser = OneLineArgumentParser(
-        prog='python -m mp_symbolic.training.sample',
-        description='Continue a prompt with a trained character-level model (the lm task): '
-                    'from a training checkpoint or an exported ONNX file.')
+    parser = OneLineArgumentParser(prog='python -m mp_symbolic.training.sample',
+                                   description=DESCRIPTION)
+    add_sample_flags(parser)
+    return parser
+
+
+def add_sample_flags(parser):
+    """The flags of ``sample``, on ``parser`` (its own, or ``python -m mp_symbolic``'s)."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument('--checkpoint', metavar='DIR',
                         help='a training folder (its committed checkpoint, DIR/current)')
@@ -147,17 +217,22 @@ def build_parser():
                         help='an ONNX file exported with a dynamic sequence length')
     parser.add_argument('--prompt', default='def ', help='text to continue (default: %(default)r)')
     parser.add_argument('--length', type=int, default=200,
-                        help='characters to draw (default: %(default)s)')
+                        help='characters to draw, at most %d (default: %%(default)s)' % MAX_LENGTH)
     parser.add_argument('--temperature', type=float, default=0.8,
                         help='sharpens (<1) or flattens (>1) the distribution; 0: the likeliest '
                              'character each time (default: %(default)s)')
-    parser.add_argument('--seed', type=int, default=0, help='seeds the draws (default: 0)')
-    return parser
+    parser.add_argument('--seed', type=int, default=0,
+                        help='seeds the draws, 0..2**32-1 (default: 0)')
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args):
+    """Runs ``sample`` for parsed ``args``; returns the exit status (2: refused)."""
     try:
+        check_options(args.length, args.temperature, args.seed)
         model = OnnxModel(args.model) if args.model else MXNetModel(args.checkpoint)
         vocab = model.summary.get('vocabulary')
         if not isinstance(vocab, str) or not vocab:
@@ -171,4 +246,6 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    STATUS = main()
+    ignore_signals()  # done and printed: a signal while MXNet shuts down would end it silently
+    sys.exit(STATUS)
