@@ -92,7 +92,7 @@ def workdir(tmp_path_factory):
     shutil.copytree(ROOT, work, symlinks=True, ignore=shutil.ignore_patterns(
         '.venv', 'artifacts', '.git', 'build', '*.egg-info', '__pycache__', '.pytest_cache',
         'my_model.py', 'my_resume.py', 'my_task.py', 'wine_rows.npy', 'x.csv', 'y.npy',
-        'states.npz', 'hosts', 'load_export.py', 'bn_relu*', 'split.py'))
+        'states.npz', 'hosts', 'load_export.py', 'bn_relu*', 'split.py', 'bert_split.py'))
     os.symlink(os.path.join(ROOT, '.venv'), os.path.join(work, '.venv'))
     return work
 
