@@ -288,3 +288,37 @@ def symbol_safe(fn):
                                 % (block.name, type(block).__name__, type(err).__name__,
                                    error_line(err))) from None
     return wrapper
+
+
+@contextmanager
+def read_on(params, device):
+    """Within: each ``(param, source)`` of ``params`` reads, on ``device``, a
+    copy of its value on ``source``, made by ``as_in_context`` (autograd
+    records it, so the gradient of every use is summed into that copy); a
+    ``(param, source, target)`` reads it on ``target`` instead.
+
+    **What Gluon does.** ``Parameter.data(ctx)`` returns the copy that lives on
+    ``ctx`` and refuses any other device; a block's ``forward`` reads its
+    parameters on the device of its input. **Why it matters.** A tied weight
+    lives on its owner's stage, and another stage's blocks read it on their
+    own device. **What is done instead.** For the duration of the stage's
+    forward pass the parameter's private lists (``_data``, ``_ctx_list``,
+    ``_ctx_map``) name the recorded copy on the reading device; they are put
+    back afterwards, whatever happens (the imperative twin's tied weights,
+    :mod:`~mp_symbolic.core.twin`; ``tests/test_graphcut.py`` checks their
+    gradients sum every use).
+    """
+    # pylint: disable=protected-access
+    saved = [(p[0], p[0]._data, p[0]._ctx_list, p[0]._ctx_map) for p in params]
+    try:
+        for param, source, *target in params:
+            where = target[0] if target else device
+            copy = param.data(source).as_in_context(where)
+            param._data, param._ctx_list = [copy], [where]
+            ctx_map = [[], []]  # Gluon's lookup: [device type & 1][device id] -> index
+            ctx_map[where.device_typeid & 1] = [None] * where.device_id + [0]
+            param._ctx_map = ctx_map
+        yield
+    finally:
+        for param, data, ctx_list, ctx_map in saved:
+            param._data, param._ctx_list, param._ctx_map = data, ctx_list, ctx_map

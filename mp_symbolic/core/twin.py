@@ -18,11 +18,10 @@ in the symbolic graph of :meth:`Pipeline.training_symbol`.
 Reference: torchgpipe's ``microbatch.scatter``/``gather`` and its clock
 schedule; Gluon's ``split_and_load`` for the replicas.
 """
-from contextlib import contextmanager
-
 import mxnet as mx
 
 from . import graphcut
+from .compat import read_on
 
 __all__ = []
 
@@ -104,25 +103,3 @@ def run_whole(placement, xs, replica):
     inputs.update(zip(placement.input_names, xs))
     out = graphcut.run_graph(placement.labelled(), inputs, placement.plan.group2ctxs[replica])
     return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-@contextmanager
-def read_on(params, device):
-    """Within: each ``(param, source)`` of ``params`` reads, on ``device``, a
-    copy of its value on ``source``, made by ``as_in_context`` (autograd
-    records it, so the gradient of every use is summed into that copy); a
-    ``(param, source, target)`` reads it on ``target`` instead."""
-    # pylint: disable=protected-access
-    saved = [(p[0], p[0]._data, p[0]._ctx_list, p[0]._ctx_map) for p in params]
-    try:
-        for param, source, *target in params:
-            where = target[0] if target else device
-            copy = param.data(source).as_in_context(where)
-            param._data, param._ctx_list = [copy], [where]
-            ctx_map = [[], []]  # Gluon's lookup: [device type & 1][device id] -> index
-            ctx_map[where.device_typeid & 1] = [None] * where.device_id + [0]
-            param._ctx_map = ctx_map
-        yield
-    finally:
-        for param, data, ctx_list, ctx_map in saved:
-            param._data, param._ctx_list, param._ctx_map = data, ctx_list, ctx_map
