@@ -53,8 +53,10 @@ def locate_checkpoint(checkpoint, epoch=None):
 
     Returns:
         ``(info, symbol path, params path)``: ``info`` holds ``name``,
-        ``devices`` (as trained), ``folder`` and ``summary`` (the training
-        folder's ``summary.json``, or ``None``).
+        ``devices`` (as trained), ``folder``, ``summary`` (the training
+        folder's ``summary.json``, or ``None``) and ``checkpoint`` (the
+        training folder's :class:`~mp_symbolic.tools.checkpoint.Checkpoint`,
+        holding its snapshot against removal until closed, or ``None``).
 
     Raises:
         ExportError, CheckpointError: nothing there, or not what was expected.
@@ -70,18 +72,21 @@ def locate_checkpoint(checkpoint, epoch=None):
         run = read_checkpoint(checkpoint)
         devices = run.summary.get('devices')
         if not (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
+            run.close()
             raise ExportError('%s: expected the training devices as a list of strings, found %r'
                               % (os.path.join(run.folder, 'summary.json'),
                                  type(devices).__name__))
         name = run.meta.get('task')
         return ({'name': name if isinstance(name, str) else 'model', 'devices': devices,
-                 'folder': os.path.realpath(checkpoint), 'summary': run.summary},
+                 'folder': os.path.realpath(checkpoint), 'summary': run.summary,
+                 'checkpoint': run},
                 run.symbol_path, run.params_path)
     if not isinstance(epoch, int) or epoch < 0 or epoch > 9999:
         raise ExportError('--epoch: expected an integer in [0, 9999], found %r' % (epoch,))
     sym_path, params_path = '%s-symbol.json' % checkpoint, '%s-%04d.params' % (checkpoint, epoch)
     return ({'name': os.path.basename(checkpoint) or 'model', 'devices': None,
-             'folder': os.path.realpath(os.path.dirname(checkpoint) or '.'), 'summary': None},
+             'folder': os.path.realpath(os.path.dirname(checkpoint) or '.'), 'summary': None,
+             'checkpoint': None},
             sym_path, params_path)
 
 
@@ -124,6 +129,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     check_onnx_version()
     if not out_dir.strip():
         raise ExportError('--out: expected a folder path, found an empty string')
+    # info['checkpoint'] holds a training folder's snapshot against removal while this
+    # call runs (its writer may be committing): released with `info`, or below.
     info, sym_path, params_path = locate_checkpoint(checkpoint, epoch)
     if os.path.realpath(out_dir) in (info['folder'], os.path.realpath(checkpoint)):
         raise ExportError('--out: expected a folder other than the checkpoint\'s own (%s), '
@@ -174,6 +181,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     with store.locked():
         snapshot = store.commit(write, {'kind': 'export', 'name': name, 'files': dict(names),
                                         'source_params_sha256': sha256_file(params_path)})
+    if info['checkpoint'] is not None:
+        info['checkpoint'].close()
     paths = OrderedDict((key, snapshot.path(file)) for key, file in names.items())
     log('wrote %s' % ', '.join(os.path.join(out_dir, 'current', f) for f in names.values()))
     return paths, report

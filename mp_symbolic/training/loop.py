@@ -331,19 +331,21 @@ def _resume(cfg, stepper):
     Raises:
         CheckpointError, OptimizerStateError: the checkpoint cannot be used.
     """
-    checkpoint = read_checkpoint(cfg.resume)
-    saved = checkpoint.summary.get('config', {})
-    resume_config(saved, {k: getattr(cfg, k) for k in RESUME_IDENTITY})  # same run, or raise
-    if checkpoint.epoch >= cfg.num_epochs:
-        raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in %s to '
-                         'resume, found %d' % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
-    _, arg, aux = checkpoint.load()
-    arg = stepper.pipe.split_params(arg)  # onto this plan's shards
-    stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
-                       {k: v.asnumpy() for k, v in aux.items()})
-    stepper.set_optimizer_states(split_states(load_states(checkpoint.states_path),
-                                              stepper.pipe.sharded))
-    return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
+    # Held while read: a run still writing cfg.resume keeps committing meanwhile.
+    with read_checkpoint(cfg.resume) as checkpoint:
+        saved = checkpoint.summary.get('config', {})
+        resume_config(saved, {k: getattr(cfg, k) for k in RESUME_IDENTITY})  # same run, or raise
+        if checkpoint.epoch >= cfg.num_epochs:
+            raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in '
+                             '%s to resume, found %d'
+                             % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
+        _, arg, aux = checkpoint.load()
+        arg = stepper.pipe.split_params(arg)  # onto this plan's shards
+        stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
+                           {k: v.asnumpy() for k, v in aux.items()})
+        stepper.set_optimizer_states(split_states(load_states(checkpoint.states_path),
+                                                  stepper.pipe.sharded))
+        return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
 
 
 def plan_memory(cfg, pipe, task, label_shape, log=print):
