@@ -22,6 +22,7 @@ the snapshot committed, so a failed or interrupted export leaves the previous
 one in place, whole. Export never trains.
 """
 from collections import OrderedDict
+import contextlib
 import json
 import os
 
@@ -88,6 +89,22 @@ def locate_checkpoint(checkpoint, epoch=None):
              'folder': os.path.realpath(os.path.dirname(checkpoint) or '.'), 'summary': None,
              'checkpoint': None},
             sym_path, params_path)
+
+
+@contextlib.contextmanager
+def _naming(path, what):
+    """Re-raises an ``OSError`` of the block naming ``path``: onnx and Python's
+    file objects report a file-size limit as ``[Errno 27] File too large``
+    and a full disk as ``[Errno 28]``, without the file."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        named = OSError('%s: cannot write %s (%s; a full disk or a file size limit?)'
+                        % (path, what, err.strerror or err))
+        named.errno = err.errno
+        raise named from None
 
 
 def export_names(name):
@@ -161,7 +178,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         paths = {key: os.path.join(folder, file) for key, file in names.items()}
         save_symbol(paths['symbol'], inference)  # read back: MXNet ignores write errors
         save_params(paths['params'], arg_params, aux_params)
-        onnx.save(model, paths['onnx'])
+        with _naming(paths['onnx'], 'the ONNX model'):
+            onnx.save(model, paths['onnx'])
         report.update(verify_export(paths['onnx'], paths['symbol'], paths['params'], reference))
         report['source'] = OrderedDict([('symbol', sym_path), ('params', params_path),
                                         ('params_sha256', sha256_file(params_path)),
@@ -173,7 +191,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         if not report['ok']:
             raise VerificationError('verification failed, nothing written: %s'
                                     % '; '.join(failed_checks(report)))
-        with open(paths['report'], 'w') as f:
+        with _naming(paths['report'], 'the verification report'), open(paths['report'], 'w') as f:
             json.dump(report, f, indent=2)
             f.write('\n')
 

@@ -45,6 +45,9 @@ _ORT_ERRORS = (ort_state.InvalidProtobuf, ort_state.InvalidGraph, ort_state.Fail
                ort_state.RuntimeException, ort_state.EPFail)
 _ORT_STATUS_RE = re.compile(r'^\[ONNXRuntimeError\] : \d+ : ')
 _MAX_SYMBOL_BYTES = 64 << 20  # a symbol file is a graph description, not weights
+# Ops on the longest path from an input: a bundled network has a few hundred;
+# MXNet's Python side walks a graph recursively, and 100,000 ends in a RecursionError.
+_MAX_GRAPH_DEPTH = 4000
 # MXNet's JSON reader quotes the file where it stopped: "around ^`...`".
 _MXNET_QUOTE_RE = re.compile(r',?\s*around \^`.*`', re.S)
 
@@ -139,6 +142,38 @@ def check_symbol_file(path):
     if bad is not None:
         raise ModelFileError("%s: expected every node to have 'op', 'name' and 'inputs', "
                              'found node %d without' % (what, bad))
+    depth = []  # MXNet writes nodes in topological order: inputs come first
+    for i, node in enumerate(graph['nodes']):
+        try:
+            depth.append(1 + max((depth[edge[0]] for edge in node['inputs']
+                                  if 0 <= edge[0] < i), default=0))
+        except (TypeError, IndexError, KeyError):
+            raise ModelFileError('%s: expected node inputs [node, output, version] of earlier '
+                                 'nodes, found %s at node %d'
+                                 % (what, excerpt(str(node['inputs']), 40), i)) from None
+        if depth[-1] > _MAX_GRAPH_DEPTH:
+            raise ModelFileError('%s: expected a graph at most %d ops deep, found node %d (%s) '
+                                 '%d deep' % (what, _MAX_GRAPH_DEPTH, i,
+                                              excerpt(node['name'], 40), depth[-1]))
+
+
+def _check_states_beside_their_ops(symbol, where):
+    """Raises unless every auxiliary state (BatchNorm's running mean and
+    variance) is in its op's ``ctx_group``: MXNet updates a state in place on
+    its op's device and refuses a split bind otherwise ("mutable state cannot
+    go across device", inside a multi-line RuntimeError)."""
+    aux = set(symbol.list_auxiliary_states())
+    nodes = json.loads(symbol.tojson())['nodes']
+    for node in nodes:
+        group = node.get('attrs', {}).get('__ctx_group__')
+        for edge in node['inputs']:
+            state = nodes[edge[0]]
+            if state['name'] in aux and state.get('attrs', {}).get('__ctx_group__') != group:
+                raise ModelFileError(
+                    '%s: expected the state %s of %s %s on its op\'s device group %s, found it '
+                    'in %s' % (where, excerpt(state['name'], 60), node['op'],
+                               excerpt(node['name'], 60), group,
+                               state.get('attrs', {}).get('__ctx_group__')))
 
 
 class MXNetPredictor:
@@ -174,6 +209,7 @@ class MXNetPredictor:
         self.symbol = inference_graph(symbol)
         self.dynamic_axes = tuple(dynamic_axes)  # input axes that may take any size
         self.stages = stage_layout(self.symbol)
+        _check_states_beside_their_ops(self.symbol, 'the graph')
         self.arg_params = {k: v for k, v in arg_params.items()
                            if k in self.symbol.list_arguments()}
         self.aux_params = dict(aux_params or {})
@@ -217,6 +253,7 @@ class MXNetPredictor:
             symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
         except CheckpointError as err:
             raise CheckpointError(library_message(_MXNET_QUOTE_RE.sub('', str(err)), 300)) from None
+        _check_states_beside_their_ops(symbol, sym_path)  # the message names the file
         predictor = cls(symbol, arg_params, aux_params, devices, shape, dynamic_axes)
         predictor.path, predictor.params_path = sym_path, params_path
         return predictor
@@ -255,7 +292,7 @@ class MXNetPredictor:
             executor = self.bind(len(X), X.shape[1:])
             executor.forward(is_train=False, **{DATA_NAME: X})
             return executor.outputs[0].asnumpy()
-        except mx.base.MXNetError as err:
+        except (mx.base.MXNetError, RuntimeError) as err:  # simple_bind wraps its errors
             raise ModelFileError('%s failed in MXNet on a batch of %d samples: %s' % (
                 self.path or 'the graph', len(X), library_message(err))) from None
 
