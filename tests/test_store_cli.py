@@ -111,11 +111,13 @@ def test_training_and_export_with_out_at_the_root_are_refused_and_write_nothing(
 def test_exports_of_a_folder_whose_writer_commits_every_few_milliseconds_all_succeed(tmp_path,
                                                                                     parent):
     """A writer thread commits the run's checkpoint anew as fast as it can
-    while it is exported and read_checkpoint'ed: every read gets one whole
-    snapshot, though each is replaced many times while it is read."""
+    while it is exported, read_checkpoint'ed and resumed (--resume, into
+    another folder): every read gets one whole snapshot, though each is
+    replaced many times while it is read."""
     import shutil  # pylint: disable=import-outside-toplevel
     from export.exporter import export_checkpoint  # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
     live = str(tmp_path / 'live')
     shutil.copytree(str(parent / 'run'), live, symlinks=True)
     source = read_checkpoint(live)
@@ -149,6 +151,11 @@ def test_exports_of_a_folder_whose_writer_commits_every_few_milliseconds_all_suc
             export_checkpoint(live, str(tmp_path / ('export%d' % i)), log=lambda line: None)
             read_checkpoint(live).load()
             assert commits[0] > before  # the snapshot was replaced while it was read
+        before = commits[0]
+        resumed = str(tmp_path / 'resumed')  # --resume from the live folder into another one
+        assert main(['train', '--resume', live, '--out', resumed, '--epochs', '3',
+                     '--no-progress', '--no-memory', '--devices', 'cpu:0,cpu:1']) == 0
+        assert read_checkpoint(resumed).epoch == 3 and commits[0] > before
     finally:
         done.set()
         thread.join()

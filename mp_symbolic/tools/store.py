@@ -338,7 +338,8 @@ def check_destination(path, kind=None, name='folder'):
     if not names or names == [LOCK] or _is_store(real):
         return
     want = _ARTICLE[kind] if kind else 'a store folder'
-    shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
+    shown = ', '.join(ascii(n)[1:-1][:40] for n in names[:3]) + (', ...' if len(names) > 3
+                                                                  else '')
     raise WrongFolder('%s: expected an empty folder or %s, found a folder of %d entries of '
                       'unknown kind at %s (%s); nothing was written there, choose another folder'
                       % (name, want, len(names), path, shown))
@@ -378,7 +379,8 @@ class Snapshot:
         self.close()
 
     def __del__(self):
-        self.close()
+        with contextlib.suppress(Exception):  # at interpreter exit `os` may be gone already
+            self.close()
 
     def path(self, name):
         """Absolute path of a file the manifest names.
