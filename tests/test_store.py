@@ -553,3 +553,26 @@ def test_readers_of_a_folder_committing_every_few_milliseconds_always_read_one_w
     assert overtaken[0] > 0  # some reads held a snapshot the writer had switched away from
     commit(out, A, 'A')
     assert_only_one_snapshot(out)  # every snapshot a reader held goes with a later commit
+
+
+def test_a_fifo_or_a_folder_as_the_manifest_is_one_line_without_blocking(tmp_path):
+    """Opening a FIFO for reading waits for a writer; the store must not."""
+    for kind in ('fifo', 'folder'):
+        out = str(tmp_path / kind)
+        snap = commit(out, A, 'A')
+        os.remove(os.path.join(snap.folder, MANIFEST))
+        (os.mkfifo if kind == 'fifo' else os.mkdir)(os.path.join(snap.folder, MANIFEST))
+        raised = []
+
+        def read(folder=out):
+            try:
+                Store(folder).current()
+            except StoreError as err:
+                raised.append(str(err))
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), 'current() blocked on a %s manifest' % kind
+        assert raised == ['%s: expected a manifest (a regular file), found a %s' % (
+            os.path.join(snap.folder, MANIFEST), 'FIFO' if kind == 'fifo' else 'folder')]

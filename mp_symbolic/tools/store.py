@@ -135,21 +135,40 @@ def _hash_and_fsync(path):
 
 
 def read_bounded(path, limit, what='file'):
-    """The bytes of the file at ``path``, refusing one over ``limit`` bytes.
+    """The bytes of the regular file at ``path``, refusing one over ``limit`` bytes.
 
-    A file that never ends (``/dev/zero``, a FIFO) or a forged one of many
-    gigabytes is refused after ``limit + 1`` bytes instead of filling memory.
+    A forged file of many gigabytes is refused after ``limit + 1`` bytes
+    instead of filling memory; one that is not a regular file (a FIFO, which
+    would block until some process writes to it, ``/dev/zero``, a folder) is
+    refused without reading.
 
     Raises:
-        StoreError: The file holds more than ``limit`` bytes.
+        StoreError: The file holds more than ``limit`` bytes, or is not a
+            regular file.
         OSError: It cannot be opened or read.
     """
-    with open(path, 'rb') as f:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait to open
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StoreError('%s: expected a %s (a regular file), found %s'
+                         % (path, what, _mode_kind(mode)))
+    with open(fd, 'rb') as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise StoreError('%s: expected a %s of at most %d bytes, found more'
                          % (path, what, limit))
     return data
+
+
+def _mode_kind(mode):
+    """'a folder', 'a FIFO', ... for an ``st_mode`` that is no regular file."""
+    for test, name in ((stat.S_ISDIR, 'a folder'), (stat.S_ISFIFO, 'a FIFO'),
+                       (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'),
+                       (stat.S_ISSOCK, 'a socket')):
+        if test(mode):
+            return name
+    return 'a special file'
 
 
 def _parse_records(data):
