@@ -26,6 +26,7 @@ from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
 from mp_symbolic.core.pipeline import DATA_NAME
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import DeviceSpecError, make_plan
+from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
 from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
@@ -239,7 +240,8 @@ class MXNetPredictor:
             ExportError, DeviceSpecError: see the class.
         """
         if not os.path.isfile(sym_path):
-            raise ModelFileError('expected an MXNet symbol file at %s, found none' % sym_path)
+            raise ModelFileError('expected an MXNet symbol file at %s, found %s'
+                                 % (sym_path, what_is(sym_path, 'none')))
         if params_path is None:
             params_path = params_beside(sym_path)
         check_symbol_file(sym_path)
@@ -321,7 +323,8 @@ class OnnxPredictor:
 
     def __init__(self, path):
         if not os.path.isfile(path):
-            raise ModelFileError('expected an ONNX model file at %s, found none' % path)
+            raise ModelFileError('expected an ONNX model file at %s, found %s'
+                                 % (path, what_is(path, 'none')))
         self.path = path
         try:
             with open(path, 'rb') as f:

@@ -192,3 +192,21 @@ def test_an_export_over_a_file_size_limit_names_the_file(exported, tmp_path, cap
     assert line.endswith('.onnx: cannot write the ONNX model (File too large; a full disk or a '
                          'file size limit?)'), line
     assert 'current' not in os.listdir(str(tmp_path / 'e'))
+
+
+@pytest.mark.parametrize('name, kind', [('m.onnx', 'FIFO'), ('m-symbol.json', 'FIFO'),
+                                        ('m.onnx', 'folder'), ('m-symbol.json', 'folder')])
+def test_a_model_that_is_no_regular_file_is_one_line_saying_what_it_is(tmp_path, capsys, name,
+                                                                       kind):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import export  # pylint: disable=import-outside-toplevel
+    from export.errors import ModelFileError  # pylint: disable=import-outside-toplevel
+    model = str(tmp_path / name)
+    (os.mkfifo if kind == 'FIFO' else os.mkdir)(model)
+    np.save(str(tmp_path / 'x.npy'), np.ones((3, 2), np.float32))
+    status, err = _predict(['--model', model, '--input', str(tmp_path / 'x.npy')], capsys)
+    assert status == 2
+    assert _one_line(err).endswith('file at %s, found a %s' % (model, kind))
+    if name.endswith('-symbol.json') and kind == 'FIFO':  # a folder is an export folder to it
+        with pytest.raises(ModelFileError, match='found a %s' % kind):
+            export.load_model(model)

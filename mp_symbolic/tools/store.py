@@ -114,13 +114,7 @@ def _remove(path):
 
 def _kind(path):
     """What is at ``path``, for messages: 'a file', 'a folder', 'a symlink', ..."""
-    if os.path.islink(path):
-        return 'a symlink'
-    if os.path.isdir(path):
-        return 'a folder'
-    if os.path.isfile(path):
-        return 'a file'
-    return 'a special file' if os.path.lexists(path) else 'nothing'
+    return files.what_is(path)
 
 
 def _is_plain_name(name):
