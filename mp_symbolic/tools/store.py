@@ -146,23 +146,13 @@ def read_bounded(path, limit, what='file'):
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise StoreError('%s: expected a %s (a regular file), found %s'
-                         % (path, what, _mode_kind(mode)))
+                         % (path, what, _kind(path)))
     with open(fd, 'rb') as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise StoreError('%s: expected a %s of at most %d bytes, found more'
                          % (path, what, limit))
     return data
-
-
-def _mode_kind(mode):
-    """'a folder', 'a FIFO', ... for an ``st_mode`` that is no regular file."""
-    for test, name in ((stat.S_ISDIR, 'a folder'), (stat.S_ISFIFO, 'a FIFO'),
-                       (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'),
-                       (stat.S_ISSOCK, 'a socket')):
-        if test(mode):
-            return name
-    return 'a special file'
 
 
 def _parse_records(data):
