@@ -138,8 +138,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         ExportError: the graph cannot be exported (no ``ctx_group``, an op
             ONNX cannot express, ``onnx>=1.18``), or ``out_dir`` is the
             checkpoint's own folder.
-        WrongFolder: ``out_dir`` is empty, a training folder, or inside a
-            training folder, an export folder or a snapshot.
+        WrongFolder: ``out_dir`` is empty, a training folder, a folder of
+            other files (neither empty nor a store), or inside a training
+            folder, an export folder or a snapshot.
         FolderInUse: another process writes to ``out_dir``.
         VerificationError: a check failed; nothing was committed.
     """

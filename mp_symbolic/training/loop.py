@@ -409,8 +409,9 @@ def train(cfg, log=print, built=None, task=None):
     Raises:
         DeviceSpecError: ``cfg.devices`` cannot make a device plan.
         FolderInUse: another process writes to the output folder.
-        WrongFolder: the output folder holds an export, or lies inside a
-            training or export folder.
+        WrongFolder: the output folder holds an export or other files
+            (neither empty nor a store), or lies inside a training or export
+            folder.
         CheckpointError: ``cfg.resume`` holds no usable checkpoint.
         TrainingDiverged: the loss became NaN or infinite (the last
             committed checkpoint is kept).
