@@ -12,12 +12,24 @@
 :func:`load_model` binds the MXNet pair again on a device plan (or one
 device) for inference from Python (docs/export.md).
 """
+import importlib
 import os
 
 # Where `make train-symbolic` writes, and where `make export` writes.
 DEFAULT_CHECKPOINT_DIR = os.path.join('artifacts', 'symbolic')
 DEFAULT_OUT_DIR = os.path.join('artifacts', 'export')
 
-from .loader import LoadedModel, load_model  # noqa: E402  (after the constants it imports)
-
 __all__ = ['load_model', 'LoadedModel', 'DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR']
+
+
+def __getattr__(name):
+    # Imported on first use: `python -m export` and `python -m export.predict`
+    # import this package before their signal handling is in place, and
+    # MXNet takes seconds to import.
+    if name in ('load_model', 'LoadedModel'):
+        return getattr(importlib.import_module('.loader', __name__), name)
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -22,6 +22,7 @@ the snapshot committed, so a failed or interrupted export leaves the previous
 one in place, whole. Export never trains.
 """
 from collections import OrderedDict
+import contextlib
 import json
 import os
 import zipfile
@@ -57,8 +58,10 @@ def locate_checkpoint(checkpoint, epoch=None):
 
     Returns:
         ``(info, symbol path, params path)``: ``info`` holds ``name``,
-        ``devices`` (as trained), ``folder`` and ``summary`` (the training
-        folder's ``summary.json``, or ``None``).
+        ``devices`` (as trained), ``folder``, ``summary`` (the training
+        folder's ``summary.json``, or ``None``) and ``checkpoint`` (the
+        training folder's :class:`~mp_symbolic.tools.checkpoint.Checkpoint`,
+        holding its snapshot against removal until closed, or ``None``).
 
     Raises:
         ExportError, CheckpointError: nothing there, or not what was expected.
@@ -74,18 +77,21 @@ def locate_checkpoint(checkpoint, epoch=None):
         run = read_checkpoint(checkpoint)
         devices = run.summary.get('devices')
         if not (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
+            run.close()
             raise ExportError('%s: expected the training devices as a list of strings, found %r'
                               % (os.path.join(run.folder, 'summary.json'),
                                  type(devices).__name__))
         name = run.meta.get('task')
         return ({'name': name if isinstance(name, str) else 'model', 'devices': devices,
-                 'folder': os.path.realpath(checkpoint), 'summary': run.summary},
+                 'folder': os.path.realpath(checkpoint), 'summary': run.summary,
+                 'checkpoint': run},
                 run.symbol_path, run.params_path)
     if not isinstance(epoch, int) or epoch < 0 or epoch > 9999:
         raise ExportError('--epoch: expected an integer in [0, 9999], found %r' % (epoch,))
     sym_path, params_path = '%s-symbol.json' % checkpoint, '%s-%04d.params' % (checkpoint, epoch)
     return ({'name': os.path.basename(checkpoint) or 'model', 'devices': None,
-             'folder': os.path.realpath(os.path.dirname(checkpoint) or '.'), 'summary': None},
+             'folder': os.path.realpath(os.path.dirname(checkpoint) or '.'), 'summary': None,
+             'checkpoint': None},
             sym_path, params_path)
 
 
@@ -142,6 +148,22 @@ def _inputs(inference, arg_params, input_shape, sample):
     return shapes, {k: v.dtype for k, v in sample.items()}, sample
 
 
+@contextlib.contextmanager
+def _naming(path, what):
+    """Re-raises an ``OSError`` of the block naming ``path``: onnx and Python's
+    file objects report a file-size limit as ``[Errno 27] File too large``
+    and a full disk as ``[Errno 28]``, without the file."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        named = OSError('%s: cannot write %s (%s; a full disk or a file size limit?)'
+                        % (path, what, err.strerror or err))
+        named.errno = err.errno
+        raise named from None
+
+
 def export_names(name):
     """``{'symbol', 'params', 'onnx', 'report'}`` -> file name."""
     return OrderedDict([('symbol', name + '-symbol.json'), ('params', name + '-0000.params'),
@@ -180,14 +202,17 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         ExportError: the graph cannot be exported (no ``ctx_group``, an op
             ONNX cannot express, ``onnx>=1.18``), or ``out_dir`` is the
             checkpoint's own folder.
-        WrongFolder: ``out_dir`` is empty, a training folder, or inside a
-            training folder, an export folder or a snapshot.
+        WrongFolder: ``out_dir`` is empty, a training folder, a folder of
+            other files (neither empty nor a store), or inside a training
+            folder, an export folder or a snapshot.
         FolderInUse: another process writes to ``out_dir``.
         VerificationError: a check failed; nothing was committed.
     """
     check_onnx_version()
     if not out_dir.strip():
         raise ExportError('--out: expected a folder path, found an empty string')
+    # info['checkpoint'] holds a training folder's snapshot against removal while this
+    # call runs (its writer may be committing): released with `info`, or below.
     info, sym_path, params_path = locate_checkpoint(checkpoint, epoch)
     if os.path.realpath(out_dir) in (info['folder'], os.path.realpath(checkpoint)):
         raise ExportError('--out: expected a folder other than the checkpoint\'s own (%s), '
@@ -233,7 +258,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         paths = {key: os.path.join(folder, file) for key, file in names.items()}
         save_symbol(paths['symbol'], inference)  # read back: MXNet ignores write errors
         save_params(paths['params'], arg_params, aux_params)
-        onnx.save(model, paths['onnx'])
+        with _naming(paths['onnx'], 'the ONNX model'):
+            onnx.save(model, paths['onnx'])
         report.update(verify_export(paths['onnx'], paths['symbol'], paths['params'], reference,
                                     batch_sizes=verify_batches, tolerance=tolerance,
                                     sample=sample, bytes_per_sample=per_sample))
@@ -248,7 +274,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         if not report['ok']:
             raise VerificationError('verification failed, nothing written: %s'
                                     % '; '.join(failed_checks(report)))
-        with open(paths['report'], 'w') as f:
+        with _naming(paths['report'], 'the verification report'), open(paths['report'], 'w') as f:
             json.dump(report, f, indent=2)
             f.write('\n')
 
@@ -256,6 +282,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     with store.locked():
         snapshot = store.commit(write, {'kind': 'export', 'name': name, 'files': dict(names),
                                         'source_params_sha256': sha256_file(params_path)})
+    if info['checkpoint'] is not None:
+        info['checkpoint'].close()
     paths = OrderedDict((key, snapshot.path(file)) for key, file in names.items())
     log('wrote %s' % ', '.join(os.path.join(out_dir, 'current', f) for f in names.values()))
     return paths, report

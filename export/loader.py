@@ -22,6 +22,7 @@ import mxnet as mx
 from mxnet import gluon
 import numpy as np
 
+from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
 from .errors import InputError, ModelFileError
@@ -71,7 +72,8 @@ def locate_pair(path, epoch=None):
         raise ModelFileError('expected an export folder, a <name>%s file or the prefix of one, '
                              'found nothing of the kind at %s' % (SYMBOL_SUFFIX, path))
     if not os.path.isfile(sym_path):
-        raise ModelFileError('expected an MXNet symbol file at %s, found none' % sym_path)
+        raise ModelFileError('expected an MXNet symbol file at %s, found %s'
+                             % (sym_path, what_is(sym_path, 'none')))
     if epoch is None:
         return sym_path, params_beside(sym_path)
     if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= 9999:

@@ -69,13 +69,20 @@ def _print_predictions(text):
         raise
 
 
-def _check_output(path):
+def _check_output(path, sources=()):
+    """Raises unless predictions may be written to ``path``: a file name of a
+    known format, in a writable folder, and none of ``sources`` (the input
+    or the model, which writing would replace)."""
     # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.checkpoint import check_writable_dir
     from .tables import output_format
     output_format(path)
     if os.path.isdir(path):
         raise ValueError('--output: expected a file path, found a folder at %s' % path)
+    for flag, source in sources:
+        if os.path.exists(path) and os.path.exists(source) and os.path.samefile(path, source):
+            raise ValueError('--output: expected a file other than the %s, found %s, the same '
+                             'file as %s %s' % (flag.lstrip('-'), path, flag, source))
     check_writable_dir(os.path.dirname(path) or '.', '--output')
 
 
@@ -88,7 +95,7 @@ def _predict(args):
     interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported by main()
     try:
         if args.output is not None:
-            _check_output(args.output)
+            _check_output(args.output, [('--input', args.input), ('--model', args.model)])
         predictor = load_predictor(args.model, args.devices)
         X = read_features(args.input, predictor.input_width)
         Y = predictor.predict(X)

@@ -28,6 +28,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import DeviceSpecError, make_plan
+from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
 from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
@@ -48,6 +49,9 @@ _ORT_ERRORS = (ort_state.InvalidProtobuf, ort_state.InvalidGraph, ort_state.Fail
                ort_state.RuntimeException, ort_state.EPFail)
 _ORT_STATUS_RE = re.compile(r'^\[ONNXRuntimeError\] : \d+ : ')
 _MAX_SYMBOL_BYTES = 64 << 20  # a symbol file is a graph description, not weights
+# Ops on the longest path from an input: a bundled network has a few hundred;
+# MXNet's Python side walks a graph recursively, and 100,000 ends in a RecursionError.
+_MAX_GRAPH_DEPTH = 4000
 # MXNet's JSON reader quotes the file where it stopped: "around ^`...`".
 _MXNET_QUOTE_RE = re.compile(r',?\s*around \^`.*`', re.S)
 
@@ -167,6 +171,38 @@ def check_symbol_file(path):
     if bad is not None:
         raise ModelFileError("%s: expected every node to have 'op', 'name' and 'inputs', "
                              'found node %d without' % (what, bad))
+    depth = []  # MXNet writes nodes in topological order: inputs come first
+    for i, node in enumerate(graph['nodes']):
+        try:
+            depth.append(1 + max((depth[edge[0]] for edge in node['inputs']
+                                  if 0 <= edge[0] < i), default=0))
+        except (TypeError, IndexError, KeyError):
+            raise ModelFileError('%s: expected node inputs [node, output, version] of earlier '
+                                 'nodes, found %s at node %d'
+                                 % (what, excerpt(str(node['inputs']), 40), i)) from None
+        if depth[-1] > _MAX_GRAPH_DEPTH:
+            raise ModelFileError('%s: expected a graph at most %d ops deep, found node %d (%s) '
+                                 '%d deep' % (what, _MAX_GRAPH_DEPTH, i,
+                                              excerpt(node['name'], 40), depth[-1]))
+
+
+def _check_states_beside_their_ops(symbol, where):
+    """Raises unless every auxiliary state (BatchNorm's running mean and
+    variance) is in its op's ``ctx_group``: MXNet updates a state in place on
+    its op's device and refuses a split bind otherwise ("mutable state cannot
+    go across device", inside a multi-line RuntimeError)."""
+    aux = set(symbol.list_auxiliary_states())
+    nodes = json.loads(symbol.tojson())['nodes']
+    for node in nodes:
+        group = node.get('attrs', {}).get('__ctx_group__')
+        for edge in node['inputs']:
+            state = nodes[edge[0]]
+            if state['name'] in aux and state.get('attrs', {}).get('__ctx_group__') != group:
+                raise ModelFileError(
+                    '%s: expected the state %s of %s %s on its op\'s device group %s, found it '
+                    'in %s' % (where, excerpt(state['name'], 60), node['op'],
+                               excerpt(node['name'], 60), group,
+                               state.get('attrs', {}).get('__ctx_group__')))
 
 
 class MXNetPredictor:
@@ -202,6 +238,7 @@ class MXNetPredictor:
         self.symbol = inference_graph(symbol)
         self.dynamic_axes = tuple(dynamic_axes)  # input axes that may take any size
         self.stages = stage_layout(self.symbol)
+        _check_states_beside_their_ops(self.symbol, 'the graph')
         self.arg_params = {k: v for k, v in arg_params.items()
                            if k in self.symbol.list_arguments()}
         self.aux_params = dict(aux_params or {})
@@ -238,7 +275,8 @@ class MXNetPredictor:
             ExportError, DeviceSpecError: see the class.
         """
         if not os.path.isfile(sym_path):
-            raise ModelFileError('expected an MXNet symbol file at %s, found none' % sym_path)
+            raise ModelFileError('expected an MXNet symbol file at %s, found %s'
+                                 % (sym_path, what_is(sym_path, 'none')))
         if params_path is None:
             params_path = params_beside(sym_path)
         check_symbol_file(sym_path)
@@ -252,6 +290,7 @@ class MXNetPredictor:
             symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
         except CheckpointError as err:
             raise CheckpointError(library_message(_MXNET_QUOTE_RE.sub('', str(err)), 300)) from None
+        _check_states_beside_their_ops(symbol, sym_path)  # the message names the file
         predictor = cls(symbol, arg_params, aux_params, devices, shape, dynamic_axes, dtypes)
         predictor.path, predictor.params_path = sym_path, params_path
         return predictor
@@ -302,7 +341,7 @@ class MXNetPredictor:
             executor = self.bind(len(arrays[0]), shapes)
             executor.forward(is_train=False, **dict(zip(self.input_names, arrays)))
             return [out.asnumpy() for out in executor.outputs]
-        except mx.base.MXNetError as err:
+        except (mx.base.MXNetError, RuntimeError) as err:  # simple_bind wraps its errors
             raise ModelFileError('%s failed in MXNet on a batch of %d samples: %s' % (
                 self.path or 'the graph', len(arrays[0]), library_message(err))) from None
 
@@ -355,7 +394,8 @@ class OnnxPredictor:
 
     def __init__(self, path, table=True):
         if not os.path.isfile(path):
-            raise ModelFileError('expected an ONNX model file at %s, found none' % path)
+            raise ModelFileError('expected an ONNX model file at %s, found %s'
+                                 % (path, what_is(path, 'none')))
         self.path = path
         try:
             with open(path, 'rb') as f:

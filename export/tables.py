@@ -102,6 +102,9 @@ def _check_npy_header(f, path, width):
     read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                    else np.lib.format.read_array_header_2_0)
     shape, _, dtype = read_header(f)
+    if dtype.kind not in 'iuf':  # object arrays are pickles: their size says nothing
+        raise InputError('expected a numeric array in %s, found dtype %s in its header'
+                         % (path, dtype))
     if len(shape) != 2 or shape[1] != width or shape[0] < 0:
         raise InputError('expected an array of shape (samples, %d) in %s, found shape %s in '
                          'its header' % (width, path, shape))

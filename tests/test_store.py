@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -367,18 +368,62 @@ def test_a_tampered_folder_raises_one_line_naming_the_file_and_the_values(tmp_pa
             message
 
 
-def test_leftovers_of_an_interrupted_save_are_removed_by_the_next_writer(tmp_path):
+def test_leftovers_the_records_name_are_removed_by_the_next_writer(tmp_path):
     out = str(tmp_path / 'out')
     snap = commit(out, A, 'A')
-    os.mkdir(os.path.join(out, '.staging-dead'))
-    _write(os.path.join(out, '.staging-dead', 'params'), b'half')
-    os.symlink('snap-orphan', os.path.join(out, '.current-dead'))
-    os.mkdir(os.path.join(out, 'snap-orphan'))
-    _write(os.path.join(out, 'snap-orphan', 'params'), b'never committed')
+    with Store(out).locked() as store:  # what a writer killed mid-save leaves, recorded first
+        for token in ('0123456789abcdef', 'fedcba9876543210'):
+            store._record(token)  # pylint: disable=protected-access
+        os.mkdir(os.path.join(out, '.staging-0123456789abcdef'))
+        _write(os.path.join(out, '.staging-0123456789abcdef', 'params'), b'half')
+        os.symlink('snap-fedcba9876543210', os.path.join(out, '.current-fedcba9876543210'))
+        os.mkdir(os.path.join(out, 'snap-fedcba9876543210'))
+        _write(os.path.join(out, 'snap-fedcba9876543210', 'params'), b'never committed')
     assert contents(Store(out).current()) == A  # readers ignore leftovers
     with Store(out).locked():
         assert_only_one_snapshot(out)
     assert Store(out).current().folder == snap.folder and contents(Store(out).current()) == A
+
+
+def test_snap_and_staging_entries_of_someone_else_survive_commits(tmp_path):
+    """Cleaning removes only what the store's records name: a user's folder
+    called snap-*, .staging-* or .current-* inside a store is never deleted."""
+    out = str(tmp_path / 'out')
+    commit(out, A, 'A')
+    theirs = {'snap-photos': b'img', '.staging-work': b'draft', 'snap-0123456789abcdef': b'x',
+              '.current-mine': None}
+    for name, data in theirs.items():
+        if data is None:
+            os.symlink('snap-photos', os.path.join(out, name))
+        else:
+            os.mkdir(os.path.join(out, name))
+            _write(os.path.join(out, name, 'f.txt'), data)
+    for files, name in ((B, 'B'), (C, 'C'), (A, 'A')):
+        commit(out, files, name)
+    assert contents(Store(out).current()) == A
+    for name, data in theirs.items():
+        if data is None:
+            assert os.readlink(os.path.join(out, name)) == 'snap-photos'
+        else:
+            with open(os.path.join(out, name, 'f.txt'), 'rb') as f:
+                assert f.read() == data, name
+    ours = [n for n in os.listdir(out) if n not in theirs]
+    assert sorted(ours)[:2] == ['.lock', 'current'] and len(ours) == 3, ours
+
+
+def test_a_store_written_before_records_is_accepted_and_its_old_snapshot_replaced(tmp_path):
+    """A folder of the writer without records (.kind, .lock with only a pid,
+    current -> snap-*) is taken as a store; its snapshot goes once replaced,
+    and the leftovers it cannot tell as its own stay."""
+    out = str(tmp_path / 'out')
+    old = commit(out, A, 'A')
+    with open(os.path.join(out, '.lock'), 'r+b') as f:  # as the writer without records left it
+        f.truncate(20)
+    os.mkdir(os.path.join(out, '.staging-0000000000000000'))  # its leftover: not provably its own
+    new = commit(out, B, 'B')
+    assert contents(Store(out).current()) == B
+    assert not os.path.exists(old.folder) and os.path.isdir(new.folder)
+    assert os.path.isdir(os.path.join(out, '.staging-0000000000000000'))
 
 
 def test_leftovers_are_kept_when_current_is_damaged(tmp_path):
@@ -447,7 +492,7 @@ def test_atomic_write_bytes_replaces_the_file_and_leaves_no_temporary(tmp_path, 
         assert f.read() == b'new'
 
 
-def test_a_reader_racing_a_writer_reads_the_new_snapshot_whole(tmp_path, monkeypatch):
+def test_a_reader_holds_its_snapshot_whole_while_a_writer_commits(tmp_path, monkeypatch):
     import mp_symbolic.tools.store as store_module
     out = str(tmp_path / 'out')
     commit(out, A, 'A')
@@ -455,10 +500,79 @@ def test_a_reader_racing_a_writer_reads_the_new_snapshot_whole(tmp_path, monkeyp
     raced = []
 
     def hash_while_a_writer_commits(path):
-        if not raced:  # mid-read, another writer replaces A by B and deletes A's files
+        if not raced:  # mid-read, another writer replaces A by B and would delete A's files
             raced.append(commit(out, B, 'B'))
         return real(path)
 
     monkeypatch.setattr(store_module, 'sha256_file', hash_while_a_writer_commits)
-    snapshot = Store(out).current()
-    assert raced and snapshot.folder == raced[0].folder and contents(snapshot) == B
+    with Store(out).current(hold=True) as snapshot:
+        assert raced and contents(Store(out).current()) == B
+        commit(out, C, 'C')  # still held: A stays, whole, beside the newer snapshots
+        assert snapshot.meta == {'name': 'A'} and contents(snapshot) == A
+    commit(out, B, 'B')  # released: the next commit removes A and C
+    assert not os.path.exists(snapshot.folder)
+    assert_only_one_snapshot(out)
+
+
+def test_readers_of_a_folder_committing_every_few_milliseconds_always_read_one_whole_snapshot(
+        tmp_path):
+    """A writer thread commits as fast as it can; readers in other threads
+    hold current, read every file after a pause and find the snapshot the
+    manifest describes, never a missing file, also when the writer switched
+    away from it meanwhile."""
+    out = str(tmp_path / 'out')
+    commit(out, {'n': '0', 'params': '0' * 5000}, '0')
+    done, commits, errors, overtaken = threading.Event(), [0], [], [0]
+
+    def write():
+        with Store(out).locked() as store:
+            while commits[0] < 40:
+                n = commits[0] + 1
+                store.commit(writer({'n': str(n), 'params': str(n % 10) * 5000}), {'name': str(n)})
+                commits[0] = n
+        done.set()
+
+    def read():
+        try:
+            while not done.is_set():
+                with Store(out).current(hold=True) as snapshot:
+                    n = snapshot.meta['name']
+                    time.sleep(0.003)  # the writer commits meanwhile
+                    assert contents(snapshot) == {'n': n, 'params': str(int(n) % 10) * 5000}, n
+                    overtaken[0] += os.readlink(os.path.join(out, 'current')) != \
+                        os.path.basename(snapshot.folder)
+        except Exception as err:  # pylint: disable=broad-except
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=write)] + [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and commits[0] == 40, (errors[:3], commits)
+    assert overtaken[0] > 0  # some reads held a snapshot the writer had switched away from
+    commit(out, A, 'A')
+    assert_only_one_snapshot(out)  # every snapshot a reader held goes with a later commit
+
+
+def test_a_fifo_or_a_folder_as_the_manifest_is_one_line_without_blocking(tmp_path):
+    """Opening a FIFO for reading waits for a writer; the store must not."""
+    for kind in ('fifo', 'folder'):
+        out = str(tmp_path / kind)
+        snap = commit(out, A, 'A')
+        os.remove(os.path.join(snap.folder, MANIFEST))
+        (os.mkfifo if kind == 'fifo' else os.mkdir)(os.path.join(snap.folder, MANIFEST))
+        raised = []
+
+        def read(folder=out):
+            try:
+                Store(folder).current()
+            except StoreError as err:
+                raised.append(str(err))
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), 'current() blocked on a %s manifest' % kind
+        assert raised == ['%s: expected a manifest (a regular file), found a %s' % (
+            os.path.join(snap.folder, MANIFEST), 'FIFO' if kind == 'fifo' else 'folder')]

@@ -250,6 +250,11 @@ class Checkpoint:
         summary: ``summary.json`` of the snapshot.
         symbol_path, params_path, states_path: Verified file paths.
         epoch: Epochs trained.
+
+    One from :func:`read_checkpoint` holds its snapshot against removal by the
+    folder's writer until :meth:`close` (or the end of a ``with`` block, or
+    garbage collection), so its files stay whole while they are read even if
+    the run that writes the folder commits meanwhile.
     """
 
     def __init__(self, snapshot):
@@ -274,6 +279,16 @@ class Checkpoint:
     def load(self):
         """``(symbol, arg_params, aux_params)``, checked to fit together."""
         return load_checkpoint(self.symbol_path, self.params_path)
+
+    def close(self):
+        """Releases the snapshot: the folder's writer may remove it once it is not current."""
+        self.snapshot.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 MAX_SUMMARY_BYTES = 64 << 20  # a summary holds a few numbers per epoch
@@ -371,17 +386,25 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
 def read_checkpoint(folder):
     """The committed checkpoint of a training folder, verified file by file.
 
+    The checkpoint holds its snapshot against removal until it is closed
+    (``with read_checkpoint(folder) as checkpoint:``): a run still training in
+    ``folder`` keeps committing, and the snapshot read stays whole.
+
     Raises:
         CheckpointError: nothing committed there, or a file does not match
             what the commit recorded (``StoreError`` is a ``ValueError`` too).
     """
     from .store import Store  # pylint: disable=import-outside-toplevel
-    snapshot = Store(folder).current()
+    snapshot = Store(folder).current(hold=True)
     if snapshot is None:
         raise CheckpointError('expected a training run in %s (its current/ snapshot), found '
                               'none; train one first, e.g. python -m mp_symbolic train --out %s'
                               % (folder, folder))
-    return Checkpoint(snapshot)
+    try:
+        return Checkpoint(snapshot)
+    except BaseException:
+        snapshot.close()
+        raise
 
 
 # -- a Pipeline's Module, saved and restored from Python ---------------------
@@ -435,7 +458,7 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
                       'replicas': pipe.replicas, 'stages': pipe.stage_names},
              'parameters': list(arg_params) + list(aux_params)}
     facts.update(summary or {})
-    store = Store(folder)
+    store = Store(folder, kind='training')
     with store.locked():
         return commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states,
                                  facts, complete=True)

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import hashlib
 import json
 import os
+import stat
 import tempfile
 
 __all__ = []
@@ -79,6 +80,23 @@ def write_text(path, text):
 def write_json(path, obj):
     """Writes ``obj`` as indented, sorted JSON to ``path`` atomically."""
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + '\n')
+
+
+def what_is(path, nothing='nothing'):
+    """What is at ``path``, for messages: ``nothing`` (when nothing is there),
+    'a symlink', 'a file', 'a folder', 'a FIFO', 'a socket', 'a character
+    device', ..."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return nothing
+    for test, name in ((stat.S_ISLNK, 'a symlink'), (stat.S_ISREG, 'a file'),
+                       (stat.S_ISDIR, 'a folder'), (stat.S_ISFIFO, 'a FIFO'),
+                       (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a character device'),
+                       (stat.S_ISBLK, 'a block device')):
+        if test(mode):
+            return name
+    return 'a special file'
 
 
 def sha256_file(path):

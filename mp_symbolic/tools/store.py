@@ -7,7 +7,8 @@ same folder delete each other's files; a full disk in the middle of a save
 must not cost the old files. This module keeps such a folder as::
 
     OUT/
-      .lock                advisory lock (fcntl.flock); holds the writer's pid, for messages
+      .lock                advisory lock (fcntl.flock); holds the writer's pid, for messages,
+                           then the tokens T of the entries the store made (its records)
       .kind                what the folder holds: 'training' or 'export' (one line)
       current -> snap-T    relative symlink: the commit record, switched atomically
       snap-T/              the committed snapshot: the caller's files + MANIFEST.json
@@ -20,7 +21,17 @@ ref (write a lock file, rename it onto the ref). Whenever the
 writer dies, ``current`` names either the old or the new snapshot, and both
 are complete; what the dead writer left beside it is removed by the next
 writer. Readers verify every file against the manifest and use only the files
-it names.
+it names, holding the snapshot against removal while they read (a shared
+``flock`` on its ``MANIFEST.json``, which a writer's cleanup respects).
+
+A store never deletes what it did not write. A writer records a save's token
+in ``.lock`` (written and fsynced) before it creates ``.staging-T``, so every
+entry it may leave behind is named by its records; cleaning removes only
+those, and ``snap-*`` or ``.staging-*`` entries of anyone else stay. A folder
+is taken as a store's only when it is absent, empty, or already a store (its
+``.lock`` plus a ``.kind``, a committed ``current`` or records); any other
+folder (``/``, a home folder, one holding a run) is refused before anything
+is written.
 
 A folder says what it holds (``.kind``, written with a writer's first
 commit): a training run refuses an export folder and an export refuses
@@ -37,6 +48,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -57,6 +69,13 @@ CURRENT = 'current'
 SNAP_PREFIX = 'snap-'
 STAGING_PREFIX = '.staging-'
 LINK_PREFIX = '.current-'
+# The records in .lock: after the pid's 20 bytes, one 17-byte slot per token,
+# b'<16 hex digits>\n' or blanked with b'-'; read at most this many bytes.
+PID_BYTES = 20
+SLOT = 17
+MAX_RECORD_BYTES = SLOT << 16
+_TOKEN_RE = re.compile(rb'[0-9a-f]{16}\n')
+_BLANK = b'-' * (SLOT - 1) + b'\n'
 
 
 class StoreError(ValueError):
@@ -95,13 +114,7 @@ def _remove(path):
 
 def _kind(path):
     """What is at ``path``, for messages: 'a file', 'a folder', 'a symlink', ..."""
-    if os.path.islink(path):
-        return 'a symlink'
-    if os.path.isdir(path):
-        return 'a folder'
-    if os.path.isfile(path):
-        return 'a file'
-    return 'a special file' if os.path.lexists(path) else 'nothing'
+    return files.what_is(path)
 
 
 def _is_plain_name(name):
@@ -116,21 +129,82 @@ def _hash_and_fsync(path):
 
 
 def read_bounded(path, limit, what='file'):
-    """The bytes of the file at ``path``, refusing one over ``limit`` bytes.
+    """The bytes of the regular file at ``path``, refusing one over ``limit`` bytes.
 
-    A file that never ends (``/dev/zero``, a FIFO) or a forged one of many
-    gigabytes is refused after ``limit + 1`` bytes instead of filling memory.
+    A forged file of many gigabytes is refused after ``limit + 1`` bytes
+    instead of filling memory; one that is not a regular file (a FIFO, which
+    would block until some process writes to it, ``/dev/zero``, a folder) is
+    refused without reading.
 
     Raises:
-        StoreError: The file holds more than ``limit`` bytes.
+        StoreError: The file holds more than ``limit`` bytes, or is not a
+            regular file.
         OSError: It cannot be opened or read.
     """
-    with open(path, 'rb') as f:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait to open
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StoreError('%s: expected a %s (a regular file), found %s'
+                         % (path, what, _kind(path)))
+    with open(fd, 'rb') as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise StoreError('%s: expected a %s of at most %d bytes, found more'
                          % (path, what, limit))
     return data
+
+
+def _parse_records(data):
+    """``[(slot, token)]`` of the valid slots in the bytes after the pid."""
+    return [(i, data[i * SLOT:i * SLOT + SLOT - 1].decode('ascii'))
+            for i in range(len(data) // SLOT)
+            if _TOKEN_RE.fullmatch(data[i * SLOT:(i + 1) * SLOT])]
+
+
+def _read_records(folder):
+    """The tokens a store's ``.lock`` records, ``[]`` for none (or no lock file)."""
+    try:
+        fd = os.open(os.path.join(folder, LOCK),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return []
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        return _parse_records(os.pread(fd, MAX_RECORD_BYTES, PID_BYTES))
+    finally:
+        os.close(fd)
+
+
+def _remove_snapshot(path):
+    """Removes a snapshot folder unless a reader holds it (a shared ``flock``
+    on its manifest); returns whether it is gone.
+
+    The manifest is unlinked first, under an exclusive ``flock``: a reader
+    that opened it meanwhile finds it unlinked once it gets its shared lock,
+    and goes back to ``current``.
+    """
+    manifest = os.path.join(path, MANIFEST)
+    try:
+        fd = os.open(manifest, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        fd = None  # no manifest (a save that never sealed): no reader can hold it
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a reader holds it: a later commit removes it
+            except OSError:
+                pass  # no flock on this file system: remove as before
+            with contextlib.suppress(OSError):
+                os.unlink(manifest)
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return not os.path.lexists(path)
 
 
 def _marker(folder):
@@ -194,12 +268,13 @@ def check_store_folder(path, kind=None, name='folder'):
     Refused: an empty path; a folder inside another store or a snapshot
     (``OUT/current``, ``OUT/snap-*``, ``OUT/sub``), which that store's next
     writer could delete; and, with ``kind``, a folder holding the other kind
-    (training output where an export goes, or the reverse). A folder of
-    unknown kind is accepted, as before kinds existed.
+    (training output where an export goes, or the reverse) and any folder
+    that is neither absent, empty nor a store (:func:`check_destination`).
 
     Args:
         path: The folder (need not exist).
-        kind: One of :data:`KINDS`, or None to check nesting only.
+        kind: One of :data:`KINDS`, or None to check nesting only (for a
+            command that writes plain files, not a store).
         name: What to call the path in the message (a flag such as ``--out``).
 
     Raises:
@@ -226,6 +301,51 @@ def check_store_folder(path, kind=None, name='folder'):
     if found == 'snapshot' or (kind is not None and found in KINDS and found != kind):
         raise WrongFolder('%s: expected %s (or a new one), found %s at %s; choose another folder'
                           % (name, want, _ARTICLE[found], path))
+    if kind is not None:
+        check_destination(path, kind, name)
+
+
+def _is_store(real):
+    """Whether the folder at ``real`` was made by a store: its ``.lock`` is a
+    regular file and it says its kind, names a committed snapshot, holds
+    records, or holds nothing else."""
+    try:
+        info = os.lstat(os.path.join(real, LOCK))
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode):
+        return False
+    if _marker(real) or folder_kind(real) is not None or _read_records(real):
+        return True
+    return set(os.listdir(real)) <= {LOCK}
+
+
+def check_destination(path, kind=None, name='folder'):
+    """Raises unless a store may write in ``path``: it is absent, empty (a
+    lone ``.lock`` counts as empty), or already a store (:func:`_is_store`).
+
+    A store writes ``.lock``, ``.kind``, ``current`` and its ``snap-*`` /
+    ``.staging-*`` entries beside whatever a folder holds, so a folder of
+    someone else's files (``/``, a home folder, the parent of a run) is
+    refused before anything is written there.
+
+    Raises:
+        WrongFolder: The message names ``name``, the folder and a few of its
+            entries.
+    """
+    real = os.path.realpath(path)
+    try:
+        names = sorted(os.listdir(real))
+    except OSError:
+        return  # absent, a file, or unreadable: locked() says which
+    if not names or names == [LOCK] or _is_store(real):
+        return
+    want = _ARTICLE[kind] if kind else 'a store folder'
+    shown = ', '.join(ascii(n)[1:-1][:40] for n in names[:3]) + (', ...' if len(names) > 3
+                                                                  else '')
+    raise WrongFolder('%s: expected an empty folder or %s, found a folder of %d entries of '
+                      'unknown kind at %s (%s); nothing was written there, choose another folder'
+                      % (name, want, len(names), path, shown))
 
 
 class Snapshot:
@@ -236,13 +356,34 @@ class Snapshot:
         manifest: The parsed ``MANIFEST.json``.
         meta: ``manifest['meta']``, the dict given to :meth:`Store.commit`.
         files: File name -> ``{'sha256': hex, 'bytes': size}``, from the manifest.
+
+    One returned by ``Store.current(hold=True)`` holds its folder against
+    removal by a writer's cleanup (a shared ``flock`` on its manifest) until
+    :meth:`close`, the end of a ``with`` block, or garbage collection.
     """
 
-    def __init__(self, folder, manifest):
+    def __init__(self, folder, manifest, hold_fd=None):
         self.folder = folder
         self.manifest = manifest
         self.meta = manifest['meta']
         self.files = manifest['files']
+        self._hold_fd = hold_fd
+
+    def close(self):
+        """Lets writers remove the snapshot folder (when it is no longer current)."""
+        fd, self._hold_fd = self._hold_fd, None
+        if fd is not None:
+            os.close(fd)  # releases the shared flock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # at interpreter exit `os` may be gone already
+            self.close()
 
     def path(self, name):
         """Absolute path of a file the manifest names.
@@ -292,17 +433,21 @@ class Store:
         Creates the folder if needed and takes the lock without waiting. The
         lock file is opened without following a symlink, must be a regular
         file with one link, and is never truncated. Once held, checks the
-        folder (:func:`check_store_folder`) and removes what an interrupted
-        save left: ``.staging-*`` folders, ``.current-*`` temporary links and
-        ``snap-*`` folders that ``current`` does not name. A lock left by a
+        folder (:func:`check_store_folder`, :func:`check_destination`) and
+        removes what an interrupted save left, among the entries its records
+        name only: ``.staging-T`` folders, ``.current-T`` temporary links and
+        ``snap-T`` folders that ``current`` does not name and no reader
+        holds. Entries of the same prefixes that the records do not name
+        (another's, or left by a writer older than the records) are never
+        touched. A lock left by a
         killed process never blocks: the kernel drops a ``flock`` with the
         last descriptor of its holder (a child forked inside the block holds
         it too, until it exits).
 
         Raises:
             FolderInUse: Another process holds the lock.
-            WrongFolder: The folder holds the other kind, or lies inside a
-                store or a snapshot.
+            WrongFolder: The folder holds the other kind, lies inside a
+                store or a snapshot, or is neither empty nor a store.
             StoreError: ``folder`` exists and is not a folder, ``.lock`` is a
                 symlink or not a regular file, or this Store already holds
                 the lock.
@@ -310,7 +455,7 @@ class Store:
         if self._lock_fd is not None:
             raise StoreError('%s: expected one locked() at a time per Store, found it already held'
                              % self.folder)
-        check_store_folder(self.folder, self.kind, self.folder)  # before making it
+        self._check_folder()  # before making it
         try:
             os.makedirs(self.folder, exist_ok=True)
         except FileExistsError:
@@ -329,13 +474,18 @@ class Store:
         try:
             # Fixed width, so a shorter pid overwrites a longer one without truncating.
             os.pwrite(fd, b'%-19d\n' % os.getpid(), 0)
-            check_store_folder(self.folder, self.kind, self.folder)  # again, under the lock
+            self._check_folder()  # again, under the lock
             self._lock_fd = fd
             self._clean_leftovers()
             yield self
         finally:
             self._lock_fd = None
             os.close(fd)  # releases the flock
+
+    def _check_folder(self):
+        check_store_folder(self.folder, self.kind, self.folder)
+        if self.kind is None:
+            check_destination(self.folder, None, self.folder)
 
     def _open_lock(self):
         """Opens (or creates) ``.lock`` without following a symlink; returns the fd."""
@@ -357,20 +507,58 @@ class Store:
                                                   if stat.S_ISREG(info.st_mode) else _kind(path)))
         return fd
 
+    def _records(self):
+        return _parse_records(os.pread(self._lock_fd, MAX_RECORD_BYTES, PID_BYTES))
+
+    def _record(self, token):
+        """Records ``token`` in a free slot of ``.lock`` and fsyncs it, before
+        any entry named by it is made.
+
+        Raises:
+            StoreError: Every slot is taken (records of 65,536 snapshots
+                that readers still hold).
+            OSError: The write or the fsync failed (ENOSPC).
+        """
+        used = {slot for slot, _ in self._records()}
+        slot = next(i for i in range(len(used) + 1) if i not in used)
+        if (slot + 1) * SLOT > MAX_RECORD_BYTES:
+            raise StoreError('%s: expected fewer than %d snapshots held by readers, found all '
+                             'slots taken' % (self._at(LOCK), MAX_RECORD_BYTES // SLOT))
+        os.pwrite(self._lock_fd, token.encode('ascii') + b'\n', PID_BYTES + slot * SLOT)
+        os.fsync(self._lock_fd)
+
     def _clean_leftovers(self):
+        """Removes the entries the records name that ``current`` does not
+        (a held snapshot stays, for a later commit), and forgets the tokens
+        of which nothing is left. ``current``'s own snapshot, written before
+        there were records, is recorded, so that the next commit removes it."""
         try:
             target = os.readlink(self._at(CURRENT))
         except FileNotFoundError:
-            target = None  # nothing committed: every snap-* is a save that never switched
+            target = None  # nothing committed: every recorded snap-* is a save that never switched
         except OSError:
             target = ''  # `current` is not a symlink: keep every snap-*, current() will say why
-        for name in os.listdir(self.folder):
-            if name.startswith(STAGING_PREFIX) or name.startswith(LINK_PREFIX):
+        # A damaged `current` keeps every snapshot: removing one could lose the only good one.
+        damaged = target == '' or (target is not None and not (
+            _is_plain_name(target) and target.startswith(SNAP_PREFIX)
+            and os.path.isdir(self._at(target))))
+        records = self._records()
+        if target and not damaged and _TOKEN_RE.fullmatch(
+                target[len(SNAP_PREFIX):].encode('ascii', 'replace') + b'\n') \
+                and target[len(SNAP_PREFIX):] not in {t for _, t in records}:
+            self._record(target[len(SNAP_PREFIX):])
+        for slot, token in records:
+            for name in (STAGING_PREFIX + token, LINK_PREFIX + token, LINK_PREFIX + token + '-back'):
                 _remove(self._at(name))
-            elif name.startswith(SNAP_PREFIX) and name != target:
-                if target is None or _is_plain_name(target) and os.path.isdir(self._at(target)):
-                    _remove(self._at(name))
-                # else: `current` is damaged; removing snapshots could lose the only good one
+            snap = SNAP_PREFIX + token
+            if snap == target:
+                continue
+            if not damaged and os.path.lexists(self._at(snap)):
+                _remove_snapshot(self._at(snap))
+            if not any(os.path.lexists(self._at(prefix + token))
+                       for prefix in (SNAP_PREFIX, STAGING_PREFIX)):
+                # nothing of it is left: free the slot (a lost write only means another look)
+                os.pwrite(self._lock_fd, _BLANK, PID_BYTES + slot * SLOT)
 
     def commit(self, write, meta=None):
         """Writes a new snapshot and makes it current, or leaves the old one.
@@ -380,7 +568,8 @@ class Store:
         ``meta``, UTC time) is written last and fsynced with the staging
         folder; the folder is renamed to ``snap-<token>``; ``current`` is
         switched to it with one ``os.replace``; then the previous snapshot is
-        deleted. The folder is fsynced after the rename and after the switch.
+        deleted, unless a reader holds it (a later commit deletes it). The
+        token is recorded in ``.lock`` before the staging folder is made. The folder is fsynced after the rename and after the switch.
 
         Args:
             write: Called with the staging folder's path; writes the
@@ -417,6 +606,7 @@ class Store:
         snap_name = SNAP_PREFIX + token
         snap = self._at(snap_name)
         link_tmp = self._at(LINK_PREFIX + token)
+        self._record(token)  # before anything it names exists: a kill leaves nothing unrecorded
         try:
             os.mkdir(staging)
             write(staging)
@@ -435,10 +625,10 @@ class Store:
                 raise  # could not restore the old link: the new snapshot stays, whole
             _remove(snap)
             raise
-        if previous is not None and previous != snap_name and _is_plain_name(previous) \
-                and previous.startswith(SNAP_PREFIX):
-            # Committed already: a failure here leaves an orphan the next locked() removes.
-            shutil.rmtree(self._at(previous), ignore_errors=True)
+        # Committed already: the previous snapshot, and any a reader held until now, go;
+        # one a reader still holds stays, for a later commit.
+        with contextlib.suppress(OSError):
+            self._clean_leftovers()
         return Snapshot(os.path.realpath(snap), manifest)
 
     def _switch_back(self, previous, snap_name):
@@ -499,15 +689,23 @@ class Store:
         :meth:`current` verifies it."""
         return os.path.lexists(self._at(CURRENT))
 
-    def current(self):
+    def current(self, hold=False):
         """The committed snapshot, verified, or None when nothing was committed.
 
         Checks that ``current`` is a relative link to a ``snap-*`` folder of
         this folder that exists; that its ``MANIFEST.json`` parses and has
         this format; and that every file it names is a plain name, exists,
         and has the recorded size and sha256. Files the manifest does not
-        name are ignored. If a writer switches ``current`` while this reads,
-        the new snapshot is read instead.
+        name are ignored. The snapshot is held against removal while it is
+        verified (a shared ``flock`` on its manifest, which a writer's
+        cleanup respects), so a writer committing meanwhile leaves it whole;
+        one removed before the hold was taken is left for the snapshot
+        ``current`` names then.
+
+        Args:
+            hold: Keep holding the snapshot after returning, until the
+                :class:`Snapshot` is closed (for a caller that reads its
+                files next, such as an export of a live run).
 
         Returns:
             A :class:`Snapshot`, or None if there is no ``current`` link.
@@ -516,15 +714,54 @@ class Store:
             StoreError: Any check failed; the message names the link, folder
                 or file and the expected vs found value.
         """
-        for attempt in range(3):
+        for attempt in range(10):
             target = self._read_link()
             if target is None:
                 return None
+            fd = self._hold(target)
+            if fd is False:
+                continue  # removed after the switch: `current` names a newer one
             try:
-                return self._verify(target)
+                snapshot = self._verify(target)
             except StoreError:
-                if attempt == 2 or self._read_link() == target:
+                if fd is not None:
+                    os.close(fd)
+                if attempt == 9 or self._read_link() == target:
                     raise
+                continue
+            except BaseException:
+                if fd is not None:
+                    os.close(fd)
+                raise
+            if hold:
+                snapshot._hold_fd = fd  # pylint: disable=protected-access
+            elif fd is not None:
+                os.close(fd)
+            return snapshot
+        return self._verify(self._read_link())  # one that kept changing: say what is there
+
+    def _hold(self, target):
+        """A descriptor of ``target``'s manifest under a shared ``flock``;
+        None where it cannot be held (no manifest there, or no flock on this
+        file system: :meth:`_verify` then tells); False if a writer removed
+        it meanwhile."""
+        if not (_is_plain_name(target) and target.startswith(SNAP_PREFIX)):
+            return None
+        try:
+            fd = os.open(os.path.join(self._at(target), MANIFEST),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return False if self._read_link() != target else None
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # a writer holds LOCK_EX only while it removes
+        except OSError:
+            return fd  # no flock here: read unheld, as before
+        if os.fstat(fd).st_nlink == 0:  # unlinked by a writer before we got the lock
+            os.close(fd)
+            return False
+        return fd
 
     def _verify(self, target):
         link = self._at(CURRENT)

@@ -356,23 +356,25 @@ def _resume(cfg, stepper):
     Raises:
         CheckpointError, OptimizerStateError: the checkpoint cannot be used.
     """
-    checkpoint = read_checkpoint(cfg.resume)
-    saved = checkpoint.summary.get('config', {})
-    resume_config(saved, {k: getattr(cfg, k) for k in RESUME_IDENTITY})  # same run, or raise
-    if checkpoint.epoch >= cfg.num_epochs:
-        raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in %s to '
-                         'resume, found %d' % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
-    _, arg, aux = checkpoint.load()
-    arg = stepper.pipe.split_params(arg)  # onto this plan's shards
-    stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
-                       {k: v.asnumpy() for k, v in aux.items()})
-    states = split_states(load_states(checkpoint.states_path), stepper.pipe.sharded)
-    try:  # the states of another model (a file swapped, its manifest fixed): one line
-        check_states(states, {k: v.shape for k, v in arg.items()})
-    except OptimizerStateError as err:
-        raise OptimizerStateError('%s: %s' % (checkpoint.states_path, err)) from None
-    stepper.set_optimizer_states(states)
-    return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
+    # Held while read: a run still writing cfg.resume keeps committing meanwhile.
+    with read_checkpoint(cfg.resume) as checkpoint:
+        saved = checkpoint.summary.get('config', {})
+        resume_config(saved, {k: getattr(cfg, k) for k in RESUME_IDENTITY})  # same run, or raise
+        if checkpoint.epoch >= cfg.num_epochs:
+            raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in '
+                             '%s to resume, found %d'
+                             % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
+        _, arg, aux = checkpoint.load()
+        arg = stepper.pipe.split_params(arg)  # onto this plan's shards
+        stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
+                           {k: v.asnumpy() for k, v in aux.items()})
+        states = split_states(load_states(checkpoint.states_path), stepper.pipe.sharded)
+        try:  # the states of another model (a file swapped, its manifest fixed): one line
+            check_states(states, {k: v.shape for k, v in arg.items()})
+        except OptimizerStateError as err:
+            raise OptimizerStateError('%s: %s' % (checkpoint.states_path, err)) from None
+        stepper.set_optimizer_states(states)
+        return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
 
 
 def plan_memory(cfg, pipe, task, label_shape, log=print):
@@ -437,8 +439,9 @@ def train(cfg, log=print, built=None, task=None):
     Raises:
         DeviceSpecError: ``cfg.devices`` cannot make a device plan.
         FolderInUse: another process writes to the output folder.
-        WrongFolder: the output folder holds an export, or lies inside a
-            training or export folder.
+        WrongFolder: the output folder holds an export or other files
+            (neither empty nor a store), or lies inside a training or export
+            folder.
         CheckpointError: ``cfg.resume`` holds no usable checkpoint.
         TrainingDiverged: the loss became NaN or infinite (the last
             committed checkpoint is kept).
