@@ -28,6 +28,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import DeviceSpecError, make_plan
+from mp_symbolic.core.names import GROUP_ATTR
 from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
@@ -194,15 +195,15 @@ def _check_states_beside_their_ops(symbol, where):
     aux = set(symbol.list_auxiliary_states())
     nodes = json.loads(symbol.tojson())['nodes']
     for node in nodes:
-        group = node.get('attrs', {}).get('__ctx_group__')
+        group = node.get('attrs', {}).get(GROUP_ATTR)
         for edge in node['inputs']:
             state = nodes[edge[0]]
-            if state['name'] in aux and state.get('attrs', {}).get('__ctx_group__') != group:
+            if state['name'] in aux and state.get('attrs', {}).get(GROUP_ATTR) != group:
                 raise ModelFileError(
                     '%s: expected the state %s of %s %s on its op\'s device group %s, found it '
                     'in %s' % (where, excerpt(state['name'], 60), node['op'],
                                excerpt(node['name'], 60), group,
-                               state.get('attrs', {}).get('__ctx_group__')))
+                               state.get('attrs', {}).get(GROUP_ATTR)))
 
 
 class MXNetPredictor:
