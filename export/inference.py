@@ -23,8 +23,7 @@ import numpy as np
 
 from mp_symbolic.core.compat import error_line
 from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
-from mp_symbolic.core.names import DATA_NAME
-from mp_symbolic.core.names import GROUP_ATTR, stage_name
+from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR, stage_name
 
 from .errors import ExportError
 
