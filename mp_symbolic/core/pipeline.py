@@ -92,7 +92,9 @@ class Pipeline(gluon.Block):
         sample: A batch (numpy or NDArray) or its shape, for ``balance='time'``
             and for parameter shapes not known yet (layers without their input
             size); for a whole network it also gives the bytes crossing each
-            boundary.
+            boundary. A tuple of batches (or of shapes), one per positional
+            input, for a network of several inputs: they are then named
+            ``data0``, ``data1``, ... (``input_names``).
         chunks: Micro-batches per batch (GPipe), in the symbolic graph and in
             the imperative twin; the batch size must be a multiple of
             ``chunks * replicas``.
