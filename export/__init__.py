@@ -19,6 +19,15 @@ import os
 DEFAULT_CHECKPOINT_DIR = os.path.join('artifacts', 'symbolic')
 DEFAULT_OUT_DIR = os.path.join('artifacts', 'export')
 
+# Largest allowed |runtime - checkpoint| over an output, as a fraction of that
+# output's scale (its largest |value| on the batch).
+TOLERANCE = 1e-4
+# Activation bytes one batch may take in one runtime. Four runtimes hold a
+# batch at a time (the checkpoint, onnxruntime, two MXNet plans), so about
+# 2 GiB for the activations at most, whatever the model. (Defined here, not
+# in verify.py, so that the command line's help needs no MXNet.)
+MEMORY_BUDGET = 512 << 20
+
 __all__ = ['load_model', 'LoadedModel', 'DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR']
 
 

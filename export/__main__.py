@@ -16,9 +16,8 @@ import sys
 from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
 from mp_symbolic.tools.interrupts import exit_on_signals, ignore_signals
 
-from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
+from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR, MEMORY_BUDGET, TOLERANCE
 from .errors import excerpt, one_line
-from .verify import MEMORY_BUDGET, TOLERANCE
 
 __all__ = ['main', 'build_parser']
 

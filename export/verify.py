@@ -37,6 +37,7 @@ from mp_symbolic.tools.checkpoint import input_names as checkpoint_inputs
 from mp_symbolic.core.devices import format_device
 from mp_symbolic.core.scoped import captured_stderr
 
+from . import MEMORY_BUDGET, TOLERANCE
 from .errors import ExportError
 from .inference import input_names
 from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET
@@ -51,13 +52,6 @@ BATCH_SIZES = (1, 7, 1000)
 # With a dynamic axis besides the batch (a sequence length): smaller batches,
 # each at several sizes of that axis.
 DYNAMIC_BATCH_SIZES = (1, 7, 64)
-# Largest allowed |runtime - checkpoint| over an output, as a fraction of that
-# output's scale (its largest |value| on the batch).
-TOLERANCE = 1e-4
-# Activation bytes one batch may take in one runtime. Four runtimes hold a
-# batch at a time (the checkpoint, onnxruntime, two MXNet plans), so about
-# 2 GiB for the activations at most, whatever the model.
-MEMORY_BUDGET = 512 << 20
 REQUIRED_METADATA = ('producer', 'producer_version', 'mxnet_version', 'input_names',
                      'input_shapes', 'output_names', 'output_shapes', 'stages',
                      'source_params_sha256')
