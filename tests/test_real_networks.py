@@ -196,7 +196,7 @@ def _gluoncv(name, **kwargs):
 
 @SWEEP
 def test_fcn_segmentation_map_splits_matches_one_device_and_exports(tmp_path):
-    net = _gluoncv('fcn_resnet50_voc', pretrained_base=False)
+    net = _gluoncv('fcn_resnet50_voc', pretrained_base=False, crop_size=64, base_size=64)
     x = np.random.default_rng(0).normal(size=(1, 3, 64, 64)).astype(np.float32)
     one_device = net(mx.nd.array(x))
     one_device = [o.asnumpy() for o in (one_device if isinstance(one_device, (list, tuple))
