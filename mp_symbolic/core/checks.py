@@ -13,6 +13,13 @@ LR_RANGE = (1e-30, 1e6)
 LR_EXPECTED = 'a number in [1e-30, 1e6]'
 MOMENTUM_EXPECTED = 'a number in [0, 1)'
 POSITIVE_EXPECTED = 'a positive integer'
+EXCERPT_LIMIT = 80  # characters of a value quoted in a message
+
+
+def excerpt(text, limit=EXCERPT_LIMIT):
+    """``text`` cut to ``limit`` characters (``...`` marks the cut): a value
+    of thousands of entries (a device list, a sample) is not echoed whole."""
+    return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def is_int(value):

@@ -22,7 +22,7 @@ import re
 import mxnet as mx
 
 from .balance import even_split, stage_of_block
-from .checks import positive_int
+from .checks import excerpt as _excerpt, positive_int
 from .names import shard_group, stage_name  # pylint: disable=unused-import  (their home is names)
 
 __all__ = []
@@ -37,15 +37,6 @@ MAX_CPU_ID = 63
 
 class DeviceSpecError(ValueError):
     """A ``--devices`` value that cannot become a device plan."""
-
-
-EXCERPT_LIMIT = 80  # characters of a device list quoted in a message
-
-
-def _excerpt(text, limit=EXCERPT_LIMIT):
-    """``text`` cut to ``limit`` characters (``...`` marks the cut): a device
-    list of thousands of entries is not echoed whole."""
-    return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def format_device(ctx):

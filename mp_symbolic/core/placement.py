@@ -27,7 +27,7 @@ import numpy as np
 
 from . import balance as balancing
 from . import graph, graphcut, tensor_parallel
-from .checks import is_int, positive_int, tied_owners
+from .checks import excerpt, is_int, positive_int, tied_owners
 from .compat import reset_variables
 from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
 from .names import (GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark, shard_group,
@@ -277,12 +277,7 @@ def sample_shapes(sample):
         else:
             return tuple(shapes)
     raise ValueError('sample: expected a batch or its shape, or a tuple of them (one per input '
-                     'of the network), found %s' % _describe(sample))
-
-
-def _describe(value):
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + '...'
+                     'of the network), found %s' % excerpt(repr(sample)))
 
 
 def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
