@@ -711,3 +711,41 @@ def test_the_plan_counts_a_tied_weight_once_on_the_stage_it_lives_on(tied):
     want = [sum(size[n] for n in names if n != weight) + (size[weight] if s == owner else 0)
             for s, names in enumerate(stage_params)]
     assert counts == want and sum(counts) == sum(size.values())
+
+
+class _Chain(gluon.HybridBlock):
+    """The blocks one after the other, as one whole network."""
+
+    def __init__(self, blocks, **kwargs):
+        super().__init__(**kwargs)
+        self.parts = blocks
+        for i, block in enumerate(blocks):
+            self.register_child(block, 'part%d' % i)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        for block in self.parts:
+            x = block(x)
+        return x
+
+
+def _chain_blocks():
+    return [nn.Dense(8, activation='relu', in_units=4, prefix='b0_'),
+            nn.Dense(8, activation='tanh', in_units=8, prefix='b1_'),
+            nn.Dense(3, in_units=8, prefix='b2_')]
+
+
+@pytest.mark.parametrize('chunks, mirror', [(1, False), (3, [1])])
+def test_a_block_list_builds_the_graph_of_one_network_cut_at_its_block_boundaries(chunks,
+                                                                                    mirror):
+    """A block list is traced into one graph like a whole network: its graph
+    is the whole network's with the cut at the same block boundary (blocks
+    [1, 2] are ops [2, 3]), chunks and mirroring included."""
+    blocks = Pipeline(_chain_blocks(), 'cpu:0,cpu:1', balance=[1, 2], chunks=chunks,
+                      mirror=mirror)
+    whole = Pipeline(_Chain(_chain_blocks()), 'cpu:0,cpu:1', balance=[2, 3], chunks=chunks,
+                     mirror=mirror)
+    assert blocks.placement.traced.stage_of_op == whole.cut.stage_of_op == (0, 0, 1, 1, 1)
+    assert blocks.placement.traced.op_names == whole.cut.op_names
+    for loss in (None, 'softmax'):
+        assert blocks.training_symbol(loss).tojson() == whole.training_symbol(loss).tojson()
+    assert blocks.stage_names == [['b0'], ['b1', 'b2']] and blocks.balance == (1, 2)

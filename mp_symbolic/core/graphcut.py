@@ -432,6 +432,10 @@ class Cut:
         data_name: The input variable, or the names of several.
         slack: See :func:`mp_symbolic.core.balance.solve`.
         ctx: Device to time ops on for ``balance='time'`` (default ``cpu(0)``).
+        stage_of_op: The stage of each op in :func:`op_order`, when the
+            split points are fixed already (a block list's block boundaries,
+            balanced by :mod:`~mp_symbolic.core.balance`); ``balance`` is
+            then not read and parameter shapes need not be known.
 
     Attributes:
         graph: The unlabelled graph (op names made unique).
@@ -452,7 +456,7 @@ class Cut:
     """
 
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
-                 owners=None, data_name='data', slack=0.1, ctx=None):
+                 owners=None, data_name='data', slack=0.1, ctx=None, stage_of_op=None):
         self.graph = unique_names(json.loads(symbol.tojson()))
         nodes = self.graph['nodes']
         order = op_order(self.graph)
@@ -464,7 +468,7 @@ class Cut:
             input_shape = {self.data_name: input_shape}
         shapes = dict(param_shapes or {})
         missing = sorted(p for p in params if not _known(shapes.get(p)))
-        if missing:
+        if missing and stage_of_op is None:
             raise CutError('expected every parameter shape to be known, found %s with shape %s '
                            '(pass sample=, a batch or its shape)'
                            % (missing[0], shapes.get(missing[0])))
@@ -477,7 +481,9 @@ class Cut:
             nbytes = entry_bytes(load(self.graph), input_shape)
             self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
             cross = cut_bytes(self.graph, self.activation_bytes) / batch
-        if balance is None:
+        if stage_of_op is not None:
+            self.costs = None
+        elif balance is None:
             self.costs = param_costs(self.graph, shapes, set(self.data_names))
         elif isinstance(balance, str):
             if balance != 'time':
@@ -489,11 +495,14 @@ class Cut:
             self.costs = op_times(load(self.graph), input_shape, ctx or mx.cpu(0))
         else:
             self.costs = None
-        if self.costs is None:
-            sizes = check_balance(balance, len(order), num_stages, unit='ops')
+        if stage_of_op is not None:
+            self.stage_of_op = tuple(stage_of_op)
         else:
-            sizes = solve(self.costs, num_stages, cross, slack, unit='ops')
-        self.stage_of_op = tuple(s for s, count in enumerate(sizes) for _ in range(count))
+            if self.costs is None:
+                sizes = check_balance(balance, len(order), num_stages, unit='ops')
+            else:
+                sizes = solve(self.costs, num_stages, cross, slack, unit='ops')
+            self.stage_of_op = tuple(s for s, count in enumerate(sizes) for _ in range(count))
         stage = dict(zip(order, self.stage_of_op))
         self.readers, self.owner = {}, {}
         for var, ops in variable_readers(self.graph).items():
