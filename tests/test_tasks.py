@@ -327,6 +327,16 @@ def test_the_public_names_fit_on_one_screen():
         assert getattr(mp_symbolic, name) is not None
 
 
+def test_the_public_names_load_no_training_code_and_train_config_stays_readable():
+    code = ('import sys\nimport mp_symbolic\nfrom mp_symbolic import Pipeline, Trainer\n'
+            'print(any(m.startswith("mp_symbolic.training") for m in sys.modules))\n'
+            'from mp_symbolic.training import TrainConfig\n'
+            'print(mp_symbolic.TrainConfig is TrainConfig, "TrainConfig" in mp_symbolic.__all__)')
+    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, env=dict(os.environ))
+    assert result.stdout.split() == ['False', 'True', 'False'], result.stdout + result.stderr
+
+
 def test_help_answers_without_loading_mxnet():
     code = ('import sys\nfrom mp_symbolic.training.cli import main\n'
             'for argv in (["--help"], ["train", "--help"], ["launch", "--help"]):\n'
