@@ -2,15 +2,19 @@
 tagged with its stage's ``ctx_group``, micro-batches split and joined, and
 the checks that every node carries a stage.
 
-Functions of a :class:`~mp_symbolic.core.placement.Placement`;
-:mod:`~mp_symbolic.core.graphcut` labels the graph of one whole network and
-replicates micro-batches, this module builds both forms.
+Functions of a :class:`~mp_symbolic.core.placement.Placement`: both forms,
+a block list and one whole network, are built from its one labelled graph
+(:meth:`~mp_symbolic.core.placement.Placement.labelled`; a block list is
+traced into it at its block boundaries by
+:func:`~mp_symbolic.core.placement.trace_blocks`), and
+:func:`~mp_symbolic.core.graphcut.replicate_chunks` makes the micro-batches.
 
-Why the tagging happens around each block's whole call:
-``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward`` tags the ops but not
-the parameter variables (Gluon creates those before ``hybrid_forward`` runs),
-and the split graph then fails to bind for training. Gluon caches each
-parameter's variable, so the cache is cleared before every build.
+Why the labels are written into the traced graph's JSON rather than by
+``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward``: such a scope tags
+the ops but not the parameter variables (Gluon creates those before
+``hybrid_forward`` runs), and the split graph then fails to bind for
+training. Gluon caches each parameter's variable, so the cache is cleared
+before every trace.
 """
 import json
 
