@@ -21,7 +21,7 @@ import onnxruntime
 import pytest
 
 from mp_symbolic import BalanceError, Pipeline
-from mp_symbolic.core import graphcut
+from mp_symbolic.core import graphcut, twin
 from mp_symbolic.core.balance import solve
 from mp_symbolic.training.config import TrainConfig, resume_config
 from mp_symbolic.tools.checkpoint import read_checkpoint
@@ -749,3 +749,34 @@ def test_a_block_list_builds_the_graph_of_one_network_cut_at_its_block_boundarie
     for loss in (None, 'softmax'):
         assert blocks.training_symbol(loss).tojson() == whole.training_symbol(loss).tojson()
     assert blocks.stage_names == [['b0'], ['b1', 'b2']] and blocks.balance == (1, 2)
+
+
+def test_a_whole_networks_twin_runs_its_stages_in_gpipe_clock_order(monkeypatch):
+    """The imperative twin of a whole network takes the block list's
+    schedule: clock k runs stage k - m of micro-batch m (each stage its ops
+    of the labelled graph), not one micro-batch through every stage after
+    the other; the output is the one-device output."""
+    pipe = Pipeline(_Chain(_chain_blocks()), 'cpu:0,cpu:1,cpu:2', balance=[1, 2, 2], chunks=2)
+    pipe.initialize(mx.init.Uniform(0.5))
+    placement = pipe.placement
+    stages = twin.ops_of_stages(placement, placement.labelled())
+    calls, run = [], graphcut.GraphRun.run
+
+    def recording(self, indices):
+        indices = list(indices)
+        if indices in stages:  # one stage's ops
+            calls.append((id(self), stages.index(indices)))
+        return run(self, indices)
+
+    monkeypatch.setattr(graphcut.GraphRun, 'run', recording)
+    X = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (4, 4)), ctx=mx.cpu(0))
+    out = pipe(X)
+    runs = list(dict.fromkeys(r for r, _ in calls))
+    assert [(runs.index(r), s) for r, s in calls] == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1),
+                                                      (1, 2)]
+    alone = _Chain(_chain_blocks())
+    alone.initialize()
+    for name, param in alone.collect_params().items():
+        param.set_data(pipe.collect_params()[name].data(placement.device_of(name)).copyto(
+            mx.cpu(0)))
+    np.testing.assert_allclose(out.asnumpy(), alone(X).asnumpy(), rtol=1e-6, atol=1e-7)

@@ -127,7 +127,7 @@ class Placement:
                                                            self.input_names]).tojson())
         reset_variables(self)
         split = self.labelled()['nodes']
-        stage_of = {n['name']: self._stage_of_group[n['attrs'][GROUP_ATTR]] for n in split}
+        stage_of = {n['name']: self.stage_of_group[n['attrs'][GROUP_ATTR]] for n in split}
         layers = {}
         for node in split:
             mark = node.get('attrs', {}).get(SHARD_ATTR)
@@ -142,7 +142,8 @@ class Placement:
         return graphcut.tie_parameters(unsplit)
 
     @cached_property
-    def _stage_of_group(self):
+    def stage_of_group(self):
+        """``{ctx_group: stage}`` of every group of the plan (a shard's too)."""
         return {shard_group(s, i): s for s in range(self.plan.num_stages)
                 for i in range(self.plan.width(s))}
 
