@@ -780,3 +780,17 @@ def test_a_whole_networks_twin_runs_its_stages_in_gpipe_clock_order(monkeypatch)
         param.set_data(pipe.collect_params()[name].data(placement.device_of(name)).copyto(
             mx.cpu(0)))
     np.testing.assert_allclose(out.asnumpy(), alone(X).asnumpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_block_lists_graph_carries_the_shapes_and_dtypes_its_layers_have_now():
+    """A block list is traced each time a graph is built: a layer that learnt
+    its input size, or was cast, after an earlier build shows it in the next."""
+    blocks = [nn.Dense(5, prefix='a_'), nn.Dense(2, prefix='b_')]
+    pipe = Pipeline(blocks, 'cpu:0,cpu:1', balance=[1, 1])
+    pipe.symbol()
+    pipe.infer_shape((4, 7))
+    for block in blocks:
+        block.cast('float16')
+    nodes = {n['name']: n for n in json.loads(pipe.symbol().tojson())['nodes']}
+    assert nodes['a_weight']['attrs']['__shape__'] == '(5, 7)'
+    assert nodes['a_weight']['attrs']['__dtype__'] == '2'  # MXNet's code of float16

@@ -94,12 +94,14 @@ class Placement:
 
     # -- the one labelled graph ---------------------------------------------
 
-    @cached_property
+    @property
     def traced(self):
         """The :class:`~mp_symbolic.core.graphcut.Cut` every graph is
         labelled from: a whole network's, or the block list traced into one
-        graph whose split points are its block boundaries (traced when first
-        read: the imperative twin of a block list needs no Symbol)."""
+        graph whose split points are its block boundaries. A block list is
+        traced when a graph is built, each time (the imperative twin of a
+        block list needs no Symbol; a graph built after a layer learnt its
+        input size, or was cast, carries its shape and dtype as they are now)."""
         if self.cut is not None:
             return self.cut
         return trace_blocks(self.blocks, self.input_names, self.plan.stage_of_layer, self.owner)
