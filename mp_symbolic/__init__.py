@@ -52,7 +52,11 @@ def _public():
     from .core.trainer import Trainer
     from .core.updater import PerDeviceUpdater
     from .tools.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-    return {name: value for name, value in locals().items() if name in __all__}
+    return {value.__name__: value for value in (
+        BalanceError, balance_by_size, balance_by_time, DevicePlan, DeviceSpecError, make_plan,
+        parse_devices, PipelineModule, stage_name, OptimizerStateError, Pipeline, Report, Task,
+        TaskError, ColumnParallelDense, PerShard, RowParallelDense, VocabParallelEmbedding,
+        Trainer, PerDeviceUpdater, CheckpointError, read_checkpoint, save_checkpoint)}
 
 
 def __getattr__(name):

@@ -41,6 +41,22 @@ def _binary_cross_entropy(output, label):
     return -mx.nd.mean(label * mx.nd.log(p) + (1 - label) * mx.nd.log(1 - p))
 
 
+class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
+    """Softmax cross-entropy over the last axis, summed over every other
+    axis but the batch: ``(N, C)`` -> ``(N,)`` as Gluon's
+    ``SoftmaxCrossEntropyLoss``, and ``(N, T, C)`` -> ``(N,)`` summed over
+    the T positions, where Gluon's averages them. ``SoftmaxOutput`` (with
+    ``preserve_shape``) back-propagates each position's gradient unaveraged,
+    so this is its twin: a sequence model's gradients agree."""
+
+    def __init__(self, **kwargs):
+        super().__init__(weight=None, batch_axis=0, **kwargs)
+
+    def hybrid_forward(self, F, pred, label):  # pylint: disable=arguments-differ
+        nll = -F.pick(F.log_softmax(pred, axis=-1), label, axis=-1)  # (N, ...)
+        return F.sum(F.reshape(nll, shape=(0, -1)), axis=1)
+
+
 @dataclass(frozen=True)
 class Head:
     """One loss head, everything the library says about it in one record.
@@ -81,7 +97,7 @@ HEADS = {head.loss: head for head in (
     # form take it: (N, C) with labels (N,), and (N, T, C) with labels (N, T)
     # (MXNet's default would take the softmax over axis 1 there)
     Head('softmax', 'SoftmaxOutput', 'softmax', 'softmax', 'cross-entropy', 'acc',
-         lambda: PositionSummedSoftmaxCELoss(), _cross_entropy,  # pylint: disable=unnecessary-lambda
+         PositionSummedSoftmaxCELoss, _cross_entropy,
          lambda output: mx.nd.softmax(output, axis=-1), classes=True,
          op_args={'preserve_shape': True}),
     Head('logistic', 'LogisticRegressionOutput', 'logistic', 'sigmoid',
@@ -133,22 +149,6 @@ def gluon_loss(loss):
         raise ValueError('loss: expected one of %s for the imperative twin, found %r'
                          % (', '.join(LOSSES), loss))
     return HEADS[loss].gluon_loss()
-
-
-class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
-    """Softmax cross-entropy over the last axis, summed over every other
-    axis but the batch: ``(N, C)`` -> ``(N,)`` as Gluon's
-    ``SoftmaxCrossEntropyLoss``, and ``(N, T, C)`` -> ``(N,)`` summed over
-    the T positions, where Gluon's averages them. ``SoftmaxOutput`` (with
-    ``preserve_shape``) back-propagates each position's gradient unaveraged,
-    so this is its twin: a sequence model's gradients agree."""
-
-    def __init__(self, **kwargs):
-        super().__init__(weight=None, batch_axis=0, **kwargs)
-
-    def hybrid_forward(self, F, pred, label):  # pylint: disable=arguments-differ
-        nll = -F.pick(F.log_softmax(pred, axis=-1), label, axis=-1)  # (N, ...)
-        return F.sum(F.reshape(nll, shape=(0, -1)), axis=1)
 
 
 def inference_form(head_op, head_attrs, prediction):
