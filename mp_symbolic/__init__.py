@@ -18,36 +18,59 @@
 The layers, from the tree: :mod:`mp_symbolic.core` (the library; MXNet and
 the standard library only), :mod:`mp_symbolic.tools` (store, launcher,
 traces, memory), :mod:`mp_symbolic.training` (the command line and the
-bundled tasks). Names below are imported on first use, so that
-``python -m mp_symbolic --help`` answers without loading MXNet.
+bundled tasks). The names of ``__all__`` are imported on first use, so that
+``python -m mp_symbolic --help`` answers without loading MXNet; the training
+application's ``TrainConfig`` is ``mp_symbolic.training.TrainConfig``.
 """
-import importlib
 import os
 
 # MXNet logs a line each time it binds a graph with its oneDNN subgraph
 # backend; it reads this once, so it is set before anything binds.
 os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
-_MODULE_OF = {
-    'Pipeline': 'core.pipeline', 'PipelineModule': 'core.module',
-    'PerDeviceUpdater': 'core.updater', 'Trainer': 'core.trainer', 'Task': 'core.task', 'Report': 'core.task',
-    'balance_by_time': 'core.balance', 'balance_by_size': 'core.balance',
-    'DevicePlan': 'core.devices', 'make_plan': 'core.devices',
-    'parse_devices': 'core.devices', 'stage_name': 'core.names',
-    'DeviceSpecError': 'core.devices', 'BalanceError': 'core.balance',
-    'TaskError': 'core.task', 'OptimizerStateError': 'core.optstate',
-    'save_checkpoint': 'tools.checkpoint', 'read_checkpoint': 'tools.checkpoint',
-    'CheckpointError': 'tools.checkpoint', 'TrainConfig': 'training.config',
-    'ColumnParallelDense': 'core.tensor_parallel', 'RowParallelDense': 'core.tensor_parallel',
-    'VocabParallelEmbedding': 'core.tensor_parallel', 'PerShard': 'core.tensor_parallel',
-}
-__all__ = sorted(_MODULE_OF)
+__all__ = [
+    'BalanceError', 'CheckpointError', 'ColumnParallelDense', 'DevicePlan', 'DeviceSpecError',
+    'OptimizerStateError', 'PerDeviceUpdater', 'PerShard', 'Pipeline', 'PipelineModule',
+    'Report', 'RowParallelDense', 'Task', 'TaskError', 'Trainer', 'VocabParallelEmbedding',
+    'balance_by_size', 'balance_by_time', 'make_plan', 'parse_devices', 'read_checkpoint',
+    'save_checkpoint', 'stage_name',
+]
+
+
+def _public():
+    """The public names, each imported from its module by name."""
+    # pylint: disable=import-outside-toplevel
+    from .core.balance import BalanceError, balance_by_size, balance_by_time
+    from .core.devices import DevicePlan, DeviceSpecError, make_plan, parse_devices
+    from .core.module import PipelineModule
+    from .core.names import stage_name
+    from .core.optstate import OptimizerStateError
+    from .core.pipeline import Pipeline
+    from .core.task import Report, Task, TaskError
+    from .core.tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
+                                       VocabParallelEmbedding)
+    from .core.trainer import Trainer
+    from .core.updater import PerDeviceUpdater
+    from .tools.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+    return {value.__name__: value for value in (
+        BalanceError, balance_by_size, balance_by_time, DevicePlan, DeviceSpecError, make_plan,
+        parse_devices, PipelineModule, stage_name, OptimizerStateError, Pipeline, Report, Task,
+        TaskError, ColumnParallelDense, PerShard, RowParallelDense, VocabParallelEmbedding,
+        Trainer, PerDeviceUpdater, CheckpointError, read_checkpoint, save_checkpoint)}
 
 
 def __getattr__(name):
-    if name not in _MODULE_OF:
+    # On first use, so that python -m mp_symbolic --help answers without MXNet.
+    if name == 'TrainConfig':
+        # the training application's (mp_symbolic.training.TrainConfig); read
+        # here too, where earlier releases listed it
+        from .training.config import TrainConfig  # pylint: disable=import-outside-toplevel
+        return TrainConfig
+    if name not in __all__:
         raise AttributeError('module %r has no attribute %r' % (__name__, name))
-    return getattr(importlib.import_module('.' + _MODULE_OF[name], __name__), name)
+    names = _public()
+    globals().update(names)
+    return names[name]
 
 
 def __dir__():

@@ -21,7 +21,7 @@ import onnxruntime
 import pytest
 
 from mp_symbolic import BalanceError, Pipeline
-from mp_symbolic.core import graphcut
+from mp_symbolic.core import graphcut, twin
 from mp_symbolic.core.balance import solve
 from mp_symbolic.training.config import TrainConfig, resume_config
 from mp_symbolic.tools.checkpoint import read_checkpoint
@@ -711,3 +711,86 @@ def test_the_plan_counts_a_tied_weight_once_on_the_stage_it_lives_on(tied):
     want = [sum(size[n] for n in names if n != weight) + (size[weight] if s == owner else 0)
             for s, names in enumerate(stage_params)]
     assert counts == want and sum(counts) == sum(size.values())
+
+
+class _Chain(gluon.HybridBlock):
+    """The blocks one after the other, as one whole network."""
+
+    def __init__(self, blocks, **kwargs):
+        super().__init__(**kwargs)
+        self.parts = blocks
+        for i, block in enumerate(blocks):
+            self.register_child(block, 'part%d' % i)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        for block in self.parts:
+            x = block(x)
+        return x
+
+
+def _chain_blocks():
+    return [nn.Dense(8, activation='relu', in_units=4, prefix='b0_'),
+            nn.Dense(8, activation='tanh', in_units=8, prefix='b1_'),
+            nn.Dense(3, in_units=8, prefix='b2_')]
+
+
+@pytest.mark.parametrize('chunks, mirror', [(1, False), (3, [1])])
+def test_a_block_list_builds_the_graph_of_one_network_cut_at_its_block_boundaries(chunks,
+                                                                                    mirror):
+    """A block list is traced into one graph like a whole network: its graph
+    is the whole network's with the cut at the same block boundary (blocks
+    [1, 2] are ops [2, 3]), chunks and mirroring included."""
+    blocks = Pipeline(_chain_blocks(), 'cpu:0,cpu:1', balance=[1, 2], chunks=chunks,
+                      mirror=mirror)
+    whole = Pipeline(_Chain(_chain_blocks()), 'cpu:0,cpu:1', balance=[2, 3], chunks=chunks,
+                     mirror=mirror)
+    assert blocks.placement.traced.stage_of_op == whole.cut.stage_of_op == (0, 0, 1, 1, 1)
+    assert blocks.placement.traced.op_names == whole.cut.op_names
+    for loss in (None, 'softmax'):
+        assert blocks.training_symbol(loss).tojson() == whole.training_symbol(loss).tojson()
+    assert blocks.stage_names == [['b0'], ['b1', 'b2']] and blocks.balance == (1, 2)
+
+
+def test_a_whole_networks_twin_runs_its_stages_in_gpipe_clock_order(monkeypatch):
+    """The imperative twin of a whole network takes the block list's
+    schedule: clock k runs stage k - m of micro-batch m (each stage its ops
+    of the labelled graph), not one micro-batch through every stage after
+    the other; the output is the one-device output."""
+    pipe = Pipeline(_Chain(_chain_blocks()), 'cpu:0,cpu:1,cpu:2', balance=[1, 2, 2], chunks=2)
+    pipe.initialize(mx.init.Uniform(0.5))
+    placement = pipe.placement
+    stages = twin.ops_of_stages(placement, placement.labelled())
+    calls, run = [], graphcut.GraphRun.run
+
+    def recording(self, indices):
+        indices = list(indices)
+        if indices in stages:  # one stage's ops
+            calls.append((id(self), stages.index(indices)))
+        return run(self, indices)
+
+    monkeypatch.setattr(graphcut.GraphRun, 'run', recording)
+    X = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (4, 4)), ctx=mx.cpu(0))
+    out = pipe(X)
+    runs = list(dict.fromkeys(r for r, _ in calls))
+    assert [(runs.index(r), s) for r, s in calls] == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1),
+                                                      (1, 2)]
+    alone = _Chain(_chain_blocks())
+    alone.initialize()
+    for name, param in alone.collect_params().items():
+        param.set_data(pipe.collect_params()[name].data(placement.device_of(name)).copyto(
+            mx.cpu(0)))
+    np.testing.assert_allclose(out.asnumpy(), alone(X).asnumpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_block_lists_graph_carries_the_shapes_and_dtypes_its_layers_have_now():
+    """A block list is traced each time a graph is built: a layer that learnt
+    its input size, or was cast, after an earlier build shows it in the next."""
+    blocks = [nn.Dense(5, prefix='a_'), nn.Dense(2, prefix='b_')]
+    pipe = Pipeline(blocks, 'cpu:0,cpu:1', balance=[1, 1])
+    pipe.symbol()
+    pipe.infer_shape((4, 7))
+    for block in blocks:
+        block.cast('float16')
+    nodes = {n['name']: n for n in json.loads(pipe.symbol().tojson())['nodes']}
+    assert nodes['a_weight']['attrs']['__shape__'] == '(5, 7)'
+    assert nodes['a_weight']['attrs']['__dtype__'] == '2'  # MXNet's code of float16

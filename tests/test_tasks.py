@@ -282,7 +282,7 @@ def test_generic_code_does_not_know_the_bundled_tasks():
         code = re.sub(r'("""|\'\'\').*?\1', '', path.read_text(), flags=re.S)  # docstrings
         code = '\n'.join(line.split('#')[0] for line in code.splitlines())
         if path.name == 'heads.py':  # the L2 head is MXNet's LinearRegressionOutput
-            code = code.replace("'l2': 'regression'", '')
+            code = code.replace("'LinearRegressionOutput', 'regression'", '')
         for word in ("'regression'", "'digits'", 'final_mse', 'held_out_accuracy', 'layer(\\d'):
             assert word not in code, '%s mentions %s' % (path, word)
 
@@ -325,6 +325,16 @@ def test_the_public_names_fit_on_one_screen():
     assert len(mp_symbolic.__all__) <= 30
     for name in mp_symbolic.__all__:
         assert getattr(mp_symbolic, name) is not None
+
+
+def test_the_public_names_load_no_training_code_and_train_config_stays_readable():
+    code = ('import sys\nimport mp_symbolic\nfrom mp_symbolic import Pipeline, Trainer\n'
+            'print(any(m.startswith("mp_symbolic.training") for m in sys.modules))\n'
+            'from mp_symbolic.training import TrainConfig\n'
+            'print(mp_symbolic.TrainConfig is TrainConfig, "TrainConfig" in mp_symbolic.__all__)')
+    result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, env=dict(os.environ))
+    assert result.stdout.split() == ['False', 'True', 'False'], result.stdout + result.stderr
 
 
 def test_help_answers_without_loading_mxnet():

@@ -2,15 +2,19 @@
 tagged with its stage's ``ctx_group``, micro-batches split and joined, and
 the checks that every node carries a stage.
 
-Functions of a :class:`~mp_symbolic.core.placement.Placement`;
-:mod:`~mp_symbolic.core.graphcut` labels the graph of one whole network and
-replicates micro-batches, this module builds both forms.
+Functions of a :class:`~mp_symbolic.core.placement.Placement`: both forms,
+a block list and one whole network, are built from its one labelled graph
+(:meth:`~mp_symbolic.core.placement.Placement.labelled`; a block list is
+traced into it at its block boundaries by
+:func:`~mp_symbolic.core.placement.trace_blocks`), and
+:func:`~mp_symbolic.core.graphcut.replicate_chunks` makes the micro-batches.
 
-Why the tagging happens around each block's whole call:
-``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward`` tags the ops but not
-the parameter variables (Gluon creates those before ``hybrid_forward`` runs),
-and the split graph then fails to bind for training. Gluon caches each
-parameter's variable, so the cache is cleared before every build.
+Why the labels are written into the traced graph's JSON rather than by
+``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward``: such a scope tags
+the ops but not the parameter variables (Gluon creates those before
+``hybrid_forward`` runs), and the split graph then fails to bind for
+training. Gluon caches each parameter's variable, so the cache is cleared
+before every trace.
 """
 import json
 
@@ -18,12 +22,12 @@ import mxnet as mx
 
 from . import graphcut, tensor_parallel
 from .compat import error_line, reset_variables
-from .names import DATA_NAME, GROUP_ATTR, chunk_name, shard_group, stage_name
+from .names import DATA_NAME, GROUP_ATTR, SHARD_ATTR, chunk_name, shard_group, stage_name
 
 __all__ = []
 
 
-def _chain(blocks, inputs):
+def chain(blocks, inputs):
     """The blocks one after the other on the Symbols ``inputs`` (the first
     block takes them all; a block returning several outputs passes them all
     to the next); several outputs at the end grouped."""
@@ -36,32 +40,17 @@ def _chain(blocks, inputs):
 
 def build(placement, data, chunks):
     """``data`` (a Symbol, or one per input) through every stage of
-    ``placement``, tagged; chunks joined on the last stage."""
+    ``placement``: its one labelled graph (a whole network's cut, or a block
+    list traced at its block boundaries), on ``chunks`` micro-batches joined
+    on the last stage; with tensor-parallel layers built unsplit
+    (:func:`~mp_symbolic.core.tensor_parallel.unsplit`), their unsplit form."""
     data = list(data) if isinstance(data, (list, tuple)) else [data]
-    if placement.whole:
-        return _build_cut(placement, data, chunks)
-    reset_variables(placement)
-    x = data
-    for s, blocks in enumerate(placement.stages):
-        # AttrScope writes force_mirroring as MIRROR_ATTR
-        extra = {'force_mirroring': 'True'} if s in placement.mirror else {}
-        with mx.AttrScope(ctx_group=stage_name(s), **extra), \
-                tensor_parallel.stage_scope(s, placement.plan.width(s)):
-            x = [_chain(blocks, x)]
-    x = x[0]
-    if chunks == 1:
-        return x
-    return graphcut.load(graphcut.replicate_chunks(json.loads(x.tojson()),
-                                                   [d.name for d in data], chunks,
-                                                   placement.plan.num_stages - 1))
-
-
-def _build_cut(placement, data, chunks):
-    """The labelled graph of a whole network, on ``chunks`` micro-batches."""
     if placement.shard_of and tensor_parallel.is_unsplit():
         labelled = placement.unsplit_labelled()
     else:
         labelled = placement.labelled(placement.mirror)
+    for node in labelled['nodes']:  # the shard marks have done their work: placed the shards
+        node.get('attrs', {}).pop(SHARD_ATTR, None)
     names = placement.input_names
     graph = graphcut.replicate_chunks(labelled, names, chunks, placement.plan.num_stages - 1)
     if all(d.list_arguments() == [d.name] and len(d.get_internals()) == 1 for d in data):
@@ -116,7 +105,7 @@ def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
     shapes = (tuple(data_shape),) if isinstance(data_name, str) else tuple(map(tuple, data_shape))
     for block in blocks:
         reset_variables(block)
-    sym = _chain(blocks, [mx.sym.var(n) for n in names])
+    sym = chain(blocks, [mx.sym.var(n) for n in names])
     try:
         arg_shapes, _, aux_shapes = sym.infer_shape(**dict(zip(names, shapes)))
     except mx.base.MXNetError as err:

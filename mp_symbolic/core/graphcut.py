@@ -432,6 +432,10 @@ class Cut:
         data_name: The input variable, or the names of several.
         slack: See :func:`mp_symbolic.core.balance.solve`.
         ctx: Device to time ops on for ``balance='time'`` (default ``cpu(0)``).
+        stage_of_op: The stage of each op in :func:`op_order`, when the
+            split points are fixed already (a block list's block boundaries,
+            balanced by :mod:`~mp_symbolic.core.balance`); ``balance`` is
+            then not read and parameter shapes need not be known.
 
     Attributes:
         graph: The unlabelled graph (op names made unique).
@@ -452,7 +456,7 @@ class Cut:
     """
 
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
-                 owners=None, data_name='data', slack=0.1, ctx=None):
+                 owners=None, data_name='data', slack=0.1, ctx=None, stage_of_op=None):
         self.graph = unique_names(json.loads(symbol.tojson()))
         nodes = self.graph['nodes']
         order = op_order(self.graph)
@@ -464,7 +468,7 @@ class Cut:
             input_shape = {self.data_name: input_shape}
         shapes = dict(param_shapes or {})
         missing = sorted(p for p in params if not _known(shapes.get(p)))
-        if missing:
+        if missing and stage_of_op is None:
             raise CutError('expected every parameter shape to be known, found %s with shape %s '
                            '(pass sample=, a batch or its shape)'
                            % (missing[0], shapes.get(missing[0])))
@@ -477,7 +481,9 @@ class Cut:
             nbytes = entry_bytes(load(self.graph), input_shape)
             self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
             cross = cut_bytes(self.graph, self.activation_bytes) / batch
-        if balance is None:
+        if stage_of_op is not None:
+            self.costs = None
+        elif balance is None:
             self.costs = param_costs(self.graph, shapes, set(self.data_names))
         elif isinstance(balance, str):
             if balance != 'time':
@@ -489,11 +495,14 @@ class Cut:
             self.costs = op_times(load(self.graph), input_shape, ctx or mx.cpu(0))
         else:
             self.costs = None
-        if self.costs is None:
-            sizes = check_balance(balance, len(order), num_stages, unit='ops')
+        if stage_of_op is not None:
+            self.stage_of_op = tuple(stage_of_op)
         else:
-            sizes = solve(self.costs, num_stages, cross, slack, unit='ops')
-        self.stage_of_op = tuple(s for s, count in enumerate(sizes) for _ in range(count))
+            if self.costs is None:
+                sizes = check_balance(balance, len(order), num_stages, unit='ops')
+            else:
+                sizes = solve(self.costs, num_stages, cross, slack, unit='ops')
+            self.stage_of_op = tuple(s for s, count in enumerate(sizes) for _ in range(count))
         stage = dict(zip(order, self.stage_of_op))
         self.readers, self.owner = {}, {}
         for var, ops in variable_readers(self.graph).items():
@@ -547,26 +556,70 @@ def run_graph(graph, inputs, device_of_group):
         CutError: an op MXNet does not know, or one it cannot run on these
             inputs (the message names the op and its node).
     """
-    nodes = graph['nodes']
-    inferred = _source_shapes(graph, inputs)
-    values = {}
-    for i, node in enumerate(nodes):
-        if node['op'] == 'null':
-            values[(i, 0)] = inputs[node['name']]
-            continue
+    run = GraphRun(graph, inputs, device_of_group)
+    run.run(range(len(graph['nodes'])))
+    return run.outputs()
+
+
+class GraphRun:
+    """A labelled graph run op by op (:func:`run_graph`), a part at a time:
+    the imperative twin runs a cut network's stages in GPipe's clock order,
+    each :meth:`run` one stage of one micro-batch.
+
+    Args:
+        graph, inputs, device_of_group: As for :func:`run_graph`.
+
+    Raises:
+        CutError: shape inference fails for a source op of unknown shape.
+    """
+
+    def __init__(self, graph, inputs, device_of_group):
+        self.graph, self.device_of_group = graph, device_of_group
+        self.inferred = _source_shapes(graph, inputs)
+        self.values = {}
+        for i, node in enumerate(graph['nodes']):
+            if node['op'] == 'null':
+                self.values[(i, 0)] = inputs[node['name']]
+
+    def run(self, indices):
+        """Runs the op nodes ``indices``, and first every op they read that
+        has not run yet (a weight's ``identity`` in a later stage that owns
+        it), in the graph's (topological) order.
+
+        Raises:
+            CutError: as :func:`run_graph`.
+        """
+        nodes = self.graph['nodes']
+        todo, stack = set(), [i for i in indices if (i, 0) not in self.values]
+        while stack:
+            i = stack.pop()
+            if i in todo or (i, 0) in self.values:
+                continue
+            todo.add(i)
+            stack.extend(src for src, _, _ in nodes[i]['inputs'])
+        for i in sorted(todo):
+            self._invoke(i)
+
+    def _invoke(self, i):
+        node = self.graph['nodes'][i]
         attrs = node.get('attrs', {})
-        device = device_of_group[attrs[GROUP_ATTR]]
-        args = [values[(src, idx)].as_in_context(device) for src, idx, _ in node['inputs']]
+        device = self.device_of_group[attrs[GROUP_ATTR]]
+        args = [self.values[(src, idx)].as_in_context(device) for src, idx, _ in node['inputs']]
         kwargs = {k: v for k, v in attrs.items() if not k.startswith('__')}
-        if node['name'] in inferred:
-            kwargs['shape'] = str(inferred[node['name']])
+        if node['name'] in self.inferred:
+            kwargs['shape'] = str(self.inferred[node['name']])
         if not args and 'ctx' not in kwargs and 'ctx' in _op_arguments(node['op']):
             kwargs['ctx'] = str(device)  # a source op (_zeros, _arange, ...) makes its array here
-        out = _invoke(node, args, kwargs)
-        for k, value in enumerate(out):
-            values[(i, k)] = value
-    outputs = [values[(src, idx)] for src, idx, _ in graph['heads']]
-    return outputs[0] if len(outputs) == 1 else outputs
+        for k, value in enumerate(_invoke(node, args, kwargs)):
+            self.values[(i, k)] = value
+
+    def outputs(self):
+        """The graph's outputs: one NDArray, or a list for several (every op
+        they need run first)."""
+        heads = self.graph['heads']
+        self.run([src for src, _, _ in heads])
+        outputs = [self.values[(src, idx)] for src, idx, _ in heads]
+        return outputs[0] if len(outputs) == 1 else outputs
 
 
 def _has_unknown_shape(node):

@@ -12,6 +12,8 @@ owns its communication vocabulary). Only the standard library is imported.
   :data:`IDENTITY_OP` node named :func:`tied_name` ``(parameter)``;
 * a tensor-parallel shard's ops and weights carry :data:`SHARD_ATTR`, the mark
   :func:`shard_mark` ``(index, shards, layer)``;
+* while a block list is traced into one graph, each op carries its block's
+  index in :data:`BLOCK_ATTR` (read, then removed: the split points);
 * the copies of an op for micro-batch ``m > 0`` are :func:`chunk_name`
   ``(op, m)``; the input is split by :data:`CHUNK_SPLIT` and the outputs
   joined by :data:`CHUNK_JOIN`;
@@ -23,6 +25,7 @@ __all__ = []
 GROUP_ATTR = '__ctx_group__'          # MXNet's node attribute behind mx.AttrScope(ctx_group=...)
 MIRROR_ATTR = '__force_mirroring__'   # MXNet's: recompute this op's output in backward
 SHARD_ATTR = '__tp_shard__'           # ours: on a shard's ops and weights, 'i/N/layer'
+BLOCK_ATTR = '__mp_block__'           # ours, while a block list is traced: the op's block index
 STAGE_PREFIX = 'stage'
 IDENTITY_OP = '_copy'                 # what mx.sym.identity makes; ONNX maps it to Identity
 TIED_SUFFIX = '_tied'

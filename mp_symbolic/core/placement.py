@@ -18,7 +18,7 @@ tensor-parallel shard's device within its stage
 the stage of its layer.
 """
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 import json
 
@@ -30,8 +30,8 @@ from . import graph, graphcut, tensor_parallel
 from .checks import excerpt, is_int, positive_int, tied_owners
 from .compat import reset_variables
 from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
-from .names import (GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark, shard_group,
-                    stage_name)
+from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
+                    shard_group, shard_mark, stage_name)
 
 __all__ = []
 
@@ -64,6 +64,9 @@ class Placement:
         sample_shapes: One batch shape per input, or ``None`` (no sample).
         input_names: The inputs' names, as ``HybridBlock.export`` gives them
             (:func:`~mp_symbolic.core.names.input_names`).
+        stages: What each stage runs: its blocks (a block list) or its op
+            names (a whole network).
+        readers: ``{parameter name: [stages that read it]}``.
     """
     blocks: tuple
     whole: bool
@@ -77,95 +80,76 @@ class Placement:
     mirror: tuple
     sample_shapes: tuple
     input_names: tuple
+    stages: list = None
+    readers: dict = None
 
     @property
     def sample_shape(self):
         """The first input's batch shape, or ``None``."""
         return None if self.sample_shapes is None else self.sample_shapes[0]
 
-    def trace(self, block, inputs):
-        """``block`` on the Symbols ``inputs`` (one per input name, the
-        first block: all of them); several outputs grouped."""
-        out = block(*inputs)
-        return mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
-
     def collect_params(self):
         """The blocks' parameters (as a Gluon block's ``collect_params``)."""
         return parameters(self.blocks)
 
-    # -- the labelled graph of a whole network -----------------------------
+    # -- the one labelled graph ---------------------------------------------
+
+    @property
+    def traced(self):
+        """The :class:`~mp_symbolic.core.graphcut.Cut` every graph is
+        labelled from: a whole network's, or the block list traced into one
+        graph whose split points are its block boundaries. A block list is
+        traced when a graph is built, each time (the imperative twin of a
+        block list needs no Symbol; a graph built after a layer learnt its
+        input size, or was cast, carries its shape and dtype as they are now)."""
+        if self.cut is not None:
+            return self.cut
+        return trace_blocks(self.blocks, self.input_names, self.plan.stage_of_layer, self.owner)
 
     def labelled(self, mirror=()):
-        """The cut graph labelled by stage, each tensor-parallel shard in its
+        """The traced graph labelled by stage, each tensor-parallel shard in its
         group (weights that moved away from a reader then read through an
         identity)."""
-        graph = self.cut.labelled(mirror)
+        graph = self.traced.labelled(mirror)
         if not any(SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
             return graph
         return graphcut.tie_parameters(tensor_parallel.shard_groups(
             graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
 
     def unsplit_labelled(self):
-        """The whole network traced with its tensor-parallel layers unsplit (as
+        """The network traced with its tensor-parallel layers unsplit (as
         checkpoints hold it), each node in the stage its split form has: by
         name, and a layer's unsplit ops and weights in its shards' stage."""
+        if self.cut is None:  # a block list: each op in its block's stage, as when split
+            return trace_blocks(self.blocks, self.input_names, self.plan.stage_of_layer,
+                                self.owner, unsplit=True).labelled()
         reset_variables(self)
         with tensor_parallel.unsplit():
-            graph = json.loads(self.trace(self.blocks[0], [mx.sym.var(n) for n in
+            unsplit = json.loads(graph.chain(self.blocks, [mx.sym.var(n) for n in
                                                            self.input_names]).tojson())
         reset_variables(self)
         split = self.labelled()['nodes']
-        stage_of = {n['name']: self._stage_of_group[n['attrs'][GROUP_ATTR]] for n in split}
+        stage_of = {n['name']: self.stage_of_group[n['attrs'][GROUP_ATTR]] for n in split}
         layers = {}
         for node in split:
             mark = node.get('attrs', {}).get(SHARD_ATTR)
             if mark is not None:
                 layers.setdefault(parse_shard_mark(mark)[2] + '_', stage_of[node['name']])
-        for node in graph['nodes']:
+        for node in unsplit['nodes']:
             name = node['name']
             where = stage_of.get(name)
             if where is None:
                 where = next((s for layer, s in layers.items() if name.startswith(layer)), 0)
             node.setdefault('attrs', {})[GROUP_ATTR] = stage_name(where)
-        return graphcut.tie_parameters(graph)
+        return graphcut.tie_parameters(unsplit)
 
     @cached_property
-    def _stage_of_group(self):
+    def stage_of_group(self):
+        """``{ctx_group: stage}`` of every group of the plan (a shard's too)."""
         return {shard_group(s, i): s for s in range(self.plan.num_stages)
                 for i in range(self.plan.width(s))}
 
-    @cached_property
-    def _cut_layout(self):
-        """``(op names of each stage, {variable: stages whose ops read it})`` of
-        the labelled cut graph (shards moved to their layer's stage)."""
-        if not self.shard_of:
-            return ([self.cut.ops_of_stage(s) for s in range(self.plan.num_stages)],
-                    self.cut.readers)
-        nodes = self.labelled()['nodes']
-        ops, readers = [[] for _ in range(self.plan.num_stages)], {}
-        for node in nodes:
-            if node['op'] == 'null':
-                continue
-            st = self._stage_of_group[node['attrs'][GROUP_ATTR]]
-            if not is_tied(node['name']):
-                ops[st].append(node['name'])
-            for src, _, _ in node['inputs']:
-                source = nodes[src]
-                if source['op'] == 'null':
-                    readers.setdefault(source['name'], [])
-                    if st not in readers[source['name']]:
-                        readers[source['name']].append(st)
-        return ops, readers
-
     # -- what runs where ----------------------------------------------------
-
-    @property
-    def stages(self):
-        """The blocks of each stage (op names, for a whole network)."""
-        if self.whole:
-            return self._cut_layout[0]
-        return [[b for b, st in zip(self.blocks, self.plan.stage_of_layer) if st == s]
-                for s in range(self.plan.num_stages)]
 
     def device_of(self, name, replica=0):
         """Device of parameter ``name`` in replica ``replica``: its stage's, or
@@ -181,17 +165,7 @@ class Placement:
     def tied(self):
         """``{parameter name: (owning stage, [stages that read it])}`` of every
         parameter read by more than one stage."""
-        readers = {}
-        if self.whole:
-            readers = {n: list(r) for n, r in self._cut_layout[1].items()
-                       if n not in self.input_names}
-        else:
-            for block, stage in zip(self.blocks, self.plan.stage_of_layer):
-                for name in block.collect_params():
-                    readers.setdefault(name, [])
-                    if stage not in readers[name]:
-                        readers[name].append(stage)
-        return {n: (self.owner[n], sorted(r)) for n, r in readers.items()
+        return {n: (self.owner[n], sorted(r)) for n, r in self.readers.items()
                 if len(set(r) | {self.owner[n]}) > 1}
 
     @cached_property
@@ -212,7 +186,8 @@ class Placement:
         count, then its ops and its parameters, and after each stage but the
         last the activation bytes per sample that cross to the next.
         """
-        lines = self._describe_cut() if self.whole else self._describe_blocks()
+        # the stages in the units the split points were named in: blocks, or ops
+        lines = self._describe_blocks() if self.cut is None else self._describe_cut()
         return lines + ['tied: %s lives on %s, read by %s' % (
             name, stage_name(owner), ', '.join(stage_name(r) for r in readers))
                         for name, (owner, readers) in sorted(self.tied.items())]
@@ -329,8 +304,99 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     first = Placement(tuple(blocks), whole, cut, plan, owner, {}, sharded, chunks, replicas,
                       mirror, shapes, names)
     owner, shard_of = _shards(first)
-    return Placement(tuple(blocks), whole, cut, plan, owner, shard_of, sharded, chunks, replicas,
-                     mirror, shapes, names)
+    placed = replace(first, owner=owner, shard_of=shard_of)
+    stages, readers = _layout(placed)
+    return replace(placed, stages=stages, readers=readers)
+
+
+def trace_blocks(blocks, names, stage_of_layer, owner, unsplit=False):
+    """A block list traced into one graph like a whole network, its split
+    points the block boundaries: the
+    :class:`~mp_symbolic.core.graphcut.Cut` whose every op sits in its
+    block's stage (``stage_of_layer``), every parameter in its ``owner``.
+
+    Each block is traced under an attribute naming its index
+    (:data:`~mp_symbolic.core.names.BLOCK_ATTR`), read back per op and then
+    removed; a block's tensor-parallel layers mark their shards as in a whole
+    network (:func:`~mp_symbolic.core.tensor_parallel.mark_shards`), each
+    mark naming its block too: a layer whose weights another block reuses
+    (an output layer tied to the embedding) has the same name there, and
+    each call stays in its own block's stage. With ``unsplit``, the layers'
+    unsplit form (:func:`~mp_symbolic.core.tensor_parallel.unsplit`).
+
+    Raises:
+        MXNetError, AttributeError, TypeError: a block's ``hybrid_forward``
+            does not run on Symbols (made one line by
+            :func:`~mp_symbolic.core.compat.symbol_safe` where the Pipeline
+            builds a graph).
+    """
+    for block in blocks:
+        reset_variables(block)
+    with tensor_parallel.unsplit() if unsplit else tensor_parallel.mark_shards():
+        x = [mx.sym.var(n) for n in names]
+        for i, block in enumerate(blocks):
+            with mx.AttrScope(**{BLOCK_ATTR: str(i)}):
+                x = block(*x)
+            x = list(x) if isinstance(x, (list, tuple)) else [x]
+    symbol = x[0] if len(x) == 1 else mx.sym.Group(x)
+    for block in blocks:
+        reset_variables(block)
+    traced = json.loads(symbol.tojson())
+    stage_of_op, stage = [], 0
+    for i in graphcut.op_order(traced):
+        index = traced['nodes'][i].get('attrs', {}).get(BLOCK_ATTR)
+        # an op no block call made (none in Gluon's tracing): its predecessor's stage
+        stage = stage if index is None else stage_of_layer[int(index)]
+        stage_of_op.append(stage)
+    for node in traced['nodes']:
+        attrs = node.get('attrs', {})
+        index = attrs.pop(BLOCK_ATTR, None)
+        if SHARD_ATTR in attrs and index is not None:
+            shard, shards, layer = parse_shard_mark(attrs[SHARD_ATTR])
+            attrs[SHARD_ATTR] = shard_mark(shard, shards, '%s@%s' % (layer, index))
+    variables = {n['name'] for n in traced['nodes'] if n['op'] == 'null'} - set(names)
+    return graphcut.Cut(graphcut.load(traced), len(set(stage_of_layer)), data_name=names,
+                        owners={n: s for n, s in owner.items() if n in variables},
+                        stage_of_op=stage_of_op)
+
+
+def _layout(placement):
+    """``(stages, readers)``: what each stage runs and ``{parameter name:
+    [stages that read it]}``. A block list's stages are its blocks, and a
+    parameter's readers the stages of the blocks that hold it (no Symbol is
+    traced: a block list runs imperatively without one); a whole network's
+    come from its labelled graph (shards moved to their layer's stage)."""
+    plan = placement.plan
+    if placement.cut is None:
+        stages = [[b for b, st in zip(placement.blocks, plan.stage_of_layer) if st == s]
+                  for s in range(plan.num_stages)]
+        readers = {}
+        for block, stage in zip(placement.blocks, plan.stage_of_layer):
+            for name in block.collect_params():
+                readers.setdefault(name, [])
+                if stage not in readers[name]:
+                    readers[name].append(stage)
+        return stages, readers
+    cut = placement.cut
+    if not placement.shard_of:
+        return ([cut.ops_of_stage(s) for s in range(plan.num_stages)],
+                {n: list(r) for n, r in cut.readers.items() if n not in placement.input_names})
+    nodes = placement.labelled()['nodes']
+    groups = {shard_group(s, i): s for s in range(plan.num_stages) for i in range(plan.width(s))}
+    stages, readers = [[] for _ in range(plan.num_stages)], {}
+    for node in nodes:
+        if node['op'] == 'null':
+            continue
+        st = groups[node['attrs'][GROUP_ATTR]]
+        if not is_tied(node['name']):
+            stages[st].append(node['name'])
+        for src, _, _ in node['inputs']:
+            source = nodes[src]
+            if source['op'] == 'null' and source['name'] not in placement.input_names:
+                readers.setdefault(source['name'], [])
+                if st not in readers[source['name']]:
+                    readers[source['name']].append(st)
+    return stages, readers
 
 
 def _balance(blocks, num_stages, balance, shapes, device):

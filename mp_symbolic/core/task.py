@@ -31,7 +31,7 @@ import numpy as np
 
 from .checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_lr, is_momentum, \
     is_positive_int
-from .heads import LOSSES
+from .heads import HEADS, LOSSES
 from .names import LABEL_NAME
 
 __all__ = []
@@ -40,10 +40,6 @@ __all__ = []
 Data = namedtuple('Data', 'X y X_val y_val')
 
 _NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$')
-# The loss each head minimises, as the per-epoch line names it.
-LOSS_LABELS = {'l2': 'batch MSE', 'softmax': 'cross-entropy',
-               'logistic': 'binary cross-entropy'}
-_DEFAULT_METRICS = {'l2': 'mse', 'softmax': 'acc', 'logistic': 'binary accuracy'}
 
 
 class TaskError(ValueError):
@@ -239,7 +235,7 @@ class Task:
     @property
     def loss_label(self):
         """What the per-epoch line calls the batch loss."""
-        return LOSS_LABELS.get(self.loss, 'loss') if isinstance(self.loss, str) else 'loss'
+        return HEADS[self.loss].label if self.loss in LOSSES else 'loss'
 
     def default_out_dir(self, variant):
         if self.out_dir is not None:
@@ -248,15 +244,8 @@ class Task:
 
     def batch_loss(self, output, label):
         """The batch's mean loss from the head's output, on its device."""
-        if self.loss == 'l2':
-            return mx.nd.mean(mx.nd.square(output - label.reshape(output.shape)))
-        if self.loss == 'softmax':
-            picked = mx.nd.pick(output, label, axis=-1)
-            return -mx.nd.mean(mx.nd.log(mx.nd.maximum(picked, 1e-12)))
-        if self.loss == 'logistic':
-            p = mx.nd.clip(output, 1e-12, 1 - 1e-12)
-            label = label.reshape(output.shape)
-            return -mx.nd.mean(label * mx.nd.log(p) + (1 - label) * mx.nd.log(1 - p))
+        if self.loss in LOSSES:
+            return HEADS[self.loss].batch_loss(output, label)
         return mx.nd.mean(output)  # a callable head: MakeLoss outputs the loss itself
 
     def report(self, params, predict):
@@ -275,7 +264,8 @@ class Task:
             return report
         out = predict(data.X_val)
         where = 'validation' if self.val is not None else 'training'
-        metric = self.metric if self.metric is not None else _DEFAULT_METRICS.get(self.loss, 'mse')
+        metric = self.metric if self.metric is not None else \
+            HEADS[self.loss].metric if self.loss in LOSSES else 'mse'
         metric = _make_metric(metric)
         metric.reset()
         metric.update([mx.nd.array(data.y_val)], [mx.nd.array(out)])

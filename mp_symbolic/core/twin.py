@@ -13,7 +13,12 @@ parameter's copies, so one step equals one replica on the whole batch.
 Operations are issued in GPipe's order (clock ``k`` runs stage ``k - m`` of
 micro-batch ``m``) and return at once; MXNet's dependency engine runs stage
 ``s`` of one micro-batch while stage ``s + 1`` works on the previous one, as
-in the symbolic graph of :meth:`Pipeline.training_symbol`.
+in the symbolic graph of :meth:`Pipeline.training_symbol`. Both forms take
+that one schedule: a block list's stage runs its blocks (Gluon's own forward,
+so blocks that run only on NDArrays, and layers that learn their input size
+on the first pass, need no Symbol); a whole network's stage runs its ops of
+the labelled graph, each on its group's device
+(:class:`~mp_symbolic.core.graphcut.GraphRun`).
 
 Reference: torchgpipe's ``microbatch.scatter``/``gather`` and its clock
 schedule; Gluon's ``split_and_load`` for the replicas.
@@ -22,6 +27,7 @@ import mxnet as mx
 
 from . import graphcut
 from .compat import read_on
+from .names import GROUP_ATTR
 
 __all__ = []
 
@@ -61,16 +67,24 @@ def forward(placement, *xs):
                mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
                                 end=(r * chunks + m + 1) * size) for x in xs]
               for m in range(chunks)] for r in range(placement.replicas)]
-    if placement.whole:  # a cut graph runs op by op, each op on its stage's device
-        micro = [[run_whole(placement, [h.as_in_context(devices[0]) for h in hs], r)
+    ops = None
+    if placement.cut is not None:  # a cut graph runs op by op, each op on its stage's device
+        graph = placement.labelled()
+        ops = ops_of_stages(placement, graph)
+        micro = [[start_graph(placement, graph, [h.as_in_context(devices[0]) for h in hs], r)
                   for hs in shares]
                  for r, (devices, shares) in enumerate(zip(plan.replica_devices, micro))]
-    for clock in range(chunks + num_stages - 1 if not placement.whole else 0):
+    for clock in range(chunks + num_stages - 1):
         for r, devices in enumerate(plan.replica_devices):
             for m in range(max(0, clock - num_stages + 1), min(chunks, clock + 1)):
                 stage = clock - m
+                if ops is not None:
+                    micro[r][m].run(ops[stage])
+                    continue
                 hs = [h.as_in_context(devices[stage]) for h in micro[r][m]]  # recorded by autograd
                 micro[r][m] = run_stage(placement, stage, hs, devices)
+    if ops is not None:
+        micro = [[_as_list(run.outputs()) for run in runs] for runs in micro]
     outputs = [[h.as_in_context(plan.last_device) for h in hs]
                for shares in micro for hs in shares]
     joined = [parts[0] if len(parts) == 1 else mx.nd.concat(*parts, dim=0)
@@ -95,11 +109,25 @@ def run_stage(placement, stage, xs, devices):
     return xs
 
 
-def run_whole(placement, xs, replica):
-    """The whole network's labelled graph on the inputs ``xs``, op by op, on
-    replica ``replica``'s devices; its outputs, as a list."""
+def _as_list(out):
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def ops_of_stages(placement, graph):
+    """The op nodes of each stage in the labelled ``graph`` (a shard's in
+    its stage), in the graph's order."""
+    ops = [[] for _ in range(placement.plan.num_stages)]
+    for i, node in enumerate(graph['nodes']):
+        if node['op'] != 'null':
+            ops[placement.stage_of_group[node['attrs'][GROUP_ATTR]]].append(i)
+    return ops
+
+
+def start_graph(placement, graph, xs, replica):
+    """A run of the labelled ``graph`` on the inputs ``xs`` with replica
+    ``replica``'s parameters (:class:`~mp_symbolic.core.graphcut.GraphRun`),
+    its stages run one :meth:`~mp_symbolic.core.graphcut.GraphRun.run` at a time."""
     inputs = {name: param.data(placement.device_of(name, replica))
               for name, param in placement.collect_params().items()}
     inputs.update(zip(placement.input_names, xs))
-    out = graphcut.run_graph(placement.labelled(), inputs, placement.plan.group2ctxs[replica])
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    return graphcut.GraphRun(graph, inputs, placement.plan.group2ctxs[replica])

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from .config import RESUME_IDENTITY, resume_config
 from ..core.compat import error_line
+from ..core.heads import HEADS, LOSSES
 from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
 from ..tools.files import write_text
 from .imperative import ImperativeStepper
@@ -93,7 +94,7 @@ def _check_labels(pipe, task, batch_size):
         raise TaskError('train: expected labels that fit the network\'s output and the loss '
                         '%r, found labels of shape %s per example: %s'
                         % (task.loss, tuple(task.label_shape), error_line(err))) from None
-    if task.loss == 'softmax':
+    if task.loss in LOSSES and HEADS[task.loss].classes:
         _check_classes(task, out_shapes[0])
 
 
