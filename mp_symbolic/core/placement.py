@@ -312,7 +312,7 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
         try:
             graph.infer_shapes(blocks, shapes, names)
         except TypeError as err:
-            if 'positional argument' not in str(err):
+            if 'argument' not in str(err):
                 raise
             # the network takes another number of inputs than the sample has
             raise ValueError('sample: expected one batch or shape per input of the network, '
