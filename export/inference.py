@@ -23,13 +23,14 @@ import numpy as np
 
 from mp_symbolic.core.compat import error_line
 from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
-from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR, stage_name
+from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR, other_output_index, stage_name
 
 from .errors import ExportError
 
-__all__ = ['LOSS_HEADS', 'inference_graph', 'stage_layout', 'input_names', 'sample_shape',
-           'sample_shapes', 'output_shape', 'output_shapes', 'parse_shape', 'parse_input_shapes',
-           'activation_bytes', 'with_input_dtypes', 'input_dtypes']
+__all__ = ['LOSS_HEADS', 'inference_graph', 'network_order', 'stage_layout',
+           'input_names', 'sample_shape', 'sample_shapes', 'output_shape',
+           'output_shapes', 'parse_shape', 'parse_input_shapes', 'activation_bytes',
+           'with_input_dtypes', 'input_dtypes']
 
 # MXNet's loss-head ops, each replaced by its inference form.
 LOSS_HEADS = tuple(INFERENCE_FORMS)
@@ -70,6 +71,29 @@ def _inference_output(output):
     return output
 
 
+def network_order(symbol):
+    """Where each of the network's outputs is among ``symbol``'s: output ``k``
+    of the network is ``symbol[network_order(symbol)[k]]``.
+
+    A module with its loss on output ``i`` (``pipe.module(loss, output=i)``)
+    lists the loss head first and the network's other outputs after it, each
+    through a ``BlockGrad`` named by its index (:func:`other_output_name`):
+    the head goes back to place ``i``. Other graphs keep their order.
+    """
+    count = len(symbol.list_outputs())
+    heads = [_nodes(symbol[i])[-1] for i in range(count)]
+    others = [other_output_index(h['name']) if h['op'] == 'BlockGrad' else None
+              for h in heads[1:]]
+    missing = sorted(set(range(count)) - set(o for o in others if o is not None))
+    if not others or None in others or heads[0]['op'] not in LOSS_HEADS or len(missing) != 1 \
+            or sorted(others + missing) != list(range(count)):
+        return list(range(count))
+    order = [0] * count
+    for position, index in enumerate(others, start=1):
+        order[index] = position
+    return order
+
+
 def inference_graph(symbol):
     """``symbol`` with every loss head replaced by its inference form
     (unchanged if it has none).
@@ -88,6 +112,7 @@ def inference_graph(symbol):
             both kinds.
     """
     outputs = [_inference_output(symbol[i]) for i in range(len(symbol.list_outputs()))]
+    outputs = [outputs[i] for i in network_order(symbol)]
     symbol = outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
     inputs = input_names(symbol)
     if not inputs or (DATA_NAME in inputs and len(inputs) > 1):

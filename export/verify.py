@@ -39,7 +39,7 @@ from mp_symbolic.core.scoped import captured_stderr
 
 from . import MEMORY_BUDGET, TOLERANCE
 from .errors import ExportError
-from .inference import input_names
+from .inference import input_names, network_order
 from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET
 from .runtimes import MXNetPredictor, OnnxPredictor
 
@@ -189,7 +189,8 @@ class OneDeviceReference:
         self.dtypes = {name: np.dtype((dtypes or {}).get(name, np.float32)) for name in names}
 
     def __call__(self, *arrays):
-        """One batch per input -> every output of the graph, as numpy arrays."""
+        """One batch per input -> every output of the graph, as numpy arrays, in
+        the network's order (:func:`~export.inference.network_order`)."""
         given = {name: X.shape for name, X in zip(self.input_names, arrays)}
         arg_shapes, _, _ = self.symbol.infer_shape_partial(**given)
         inputs = set(checkpoint_inputs(self.symbol)) | set(self.input_names)
@@ -200,7 +201,7 @@ class OneDeviceReference:
                                       type_dict=dict(self.dtypes), **shapes)
         exe.copy_params_from(self.arg_params, self.aux_params)
         exe.forward(is_train=False, **dict(zip(self.input_names, arrays)))
-        outputs = [out.asnumpy() for out in exe.outputs]
+        outputs = [exe.outputs[i].asnumpy() for i in network_order(self.symbol)]  # as exported
         del exe  # its memory is back before the runtimes bind
         return outputs
 

@@ -160,8 +160,9 @@ def task():
     ("train=Raising(X, y, batch_size=16)",
      'train: expected a DataIter that can be read, found Raising raising OSError: disk gone'),
     ("train=mx.io.NDArrayIter({'a': X, 'b': X}, y, batch_size=16)",
-     'train: expected a DataIter with 1 data array (the network takes 1 input), found 2 data '
-     'arrays'),
+     'train: expected examples the blocks can take, found examples of shape (4,), (4,): '
+     'expected one batch or shape per input of the network, found 2 '
+     "(Dense.hybrid_forward() got multiple values for argument 'weight')"),
 ], ids=['label-7', 'label-minus-1', 'two-columns', 'complex', 'empty-val', 'iter-raises',
         'two-data-arrays'])
 def test_data_the_network_cannot_take_is_one_line_before_training(tmp_path, capsys, data,

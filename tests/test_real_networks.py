@@ -120,7 +120,7 @@ def test_bert_twin_step_with_the_trainer_equals_gluon_trainer_on_one_device():
         {mx.cpu(i) for i in range(4)}
 
 
-def test_bert_trains_with_the_loss_on_one_output_and_keeps_the_others():
+def test_bert_trains_with_the_loss_on_one_output_and_keeps_the_others(tmp_path):
     net = _bert()
     xs = _bert_batch()
     pipe = Pipeline(net, 'cpu:0,cpu:1', sample=tuple(xs))
@@ -139,6 +139,21 @@ def test_bert_trains_with_the_loss_on_one_output_and_keeps_the_others():
     with pytest.raises(ValueError, match=r'output: expected the index of the output the loss '
                                          r'reads \(the network has 3 outputs\), found None'):
         pipe.module(loss='softmax')
+    # exported, the outputs are the network's again, in its order: the head's prediction
+    # (softmax of the scores) goes back to place 2
+    mp_symbolic.save_checkpoint(mod, str(tmp_path / 'bert'), epoch=1, name='bert')
+    np.savez(str(tmp_path / 'sample.npz'), **dict(zip(pipe.input_names, xs)))
+    assert export_main(['--checkpoint', str(tmp_path / 'bert'), '--out', str(tmp_path / 'out'),
+                        '--sample', str(tmp_path / 'sample.npz'), '--verify-batches', '4']) == 0
+    trained = _bert({n: v for n, v in after.items()})
+    expected = [o.asnumpy() for o in trained(*[mx.nd.array(x) for x in xs])]
+    expected[2] = mx.nd.softmax(mx.nd.array(expected[2])).asnumpy()
+    session = ort.InferenceSession(str(tmp_path / 'out' / 'current' / 'bert.onnx'),
+                                   providers=['CPUExecutionProvider'])
+    got = session.run(None, dict(zip(pipe.input_names, xs)))
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    for ours, theirs in zip(got, expected):
+        assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
 
 
 def test_bert_checkpoint_exports_with_its_sample_and_matches_in_onnxruntime(tmp_path):

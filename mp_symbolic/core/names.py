@@ -80,3 +80,19 @@ def input_names(count):
     if count == 1:
         return [DATA_NAME]
     return ['%s%d' % (DATA_NAME, i) for i in range(count)]
+
+
+OTHER_OUTPUT_PREFIX = 'output'         # the BlockGrad of an output the loss does not read
+
+
+def other_output_name(index):
+    """The name of the ``BlockGrad`` through which a training graph keeps the
+    network's output ``index`` that its loss does not read (``'output1'``)."""
+    return '%s%d' % (OTHER_OUTPUT_PREFIX, index)
+
+
+def other_output_index(name):
+    """``'output1'`` -> 1 (the inverse of :func:`other_output_name`); ``None``
+    for another name."""
+    rest = name[len(OTHER_OUTPUT_PREFIX):] if name.startswith(OTHER_OUTPUT_PREFIX) else ''
+    return int(rest) if rest.isdigit() else None

@@ -41,7 +41,7 @@ from mxnet import gluon
 from . import graph, tensor_parallel, twin
 from .compat import symbol_safe
 from .heads import make_head
-from .names import DATA_NAME, LABEL_NAME, stage_name
+from .names import DATA_NAME, LABEL_NAME, other_output_name, stage_name
 from .placement import place
 
 __all__ = []
@@ -255,7 +255,7 @@ class Pipeline(gluon.Block):
             else:
                 head = mx.sym.Group(
                     [make_head(loss, outputs[output], label)]
-                    + [mx.sym.BlockGrad(o, name='output%d' % k)
+                    + [mx.sym.BlockGrad(o, name=other_output_name(k))
                        for k, o in enumerate(outputs) if k != output])
         return graph.finish(head, self.placement)
 

@@ -36,8 +36,19 @@ from .names import LABEL_NAME
 
 __all__ = []
 
-# What a task's data becomes: numpy arrays, examples first, float32.
+# What a task's data becomes: numpy arrays, examples first, float32; ``X`` and
+# ``X_val`` are tuples of arrays (one per input) for a network of several inputs.
 Data = namedtuple('Data', 'X y X_val y_val')
+
+
+def as_inputs(X):
+    """``X`` as a tuple of arrays, one per input of the network."""
+    return tuple(X) if isinstance(X, tuple) else (X,)
+
+
+def num_examples(X):
+    """How many examples ``X`` (one array, or a tuple of them) holds."""
+    return len(as_inputs(X)[0])
 
 _NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$')
 
@@ -77,8 +88,12 @@ class Task:
             callable returning either; give blocks a ``prefix=`` for
             parameter names that do not depend on Gluon's name counters.
         train: ``(X, y)`` numpy arrays (examples first) or an
-            ``mx.io.DataIter`` with one data and one label (read once into
-            memory; the training loop shuffles it per epoch by the seed).
+            ``mx.io.DataIter`` with a label (read once into memory; the
+            training loop shuffles it per epoch by the seed). For a network
+            of several inputs, ``X`` is a tuple ``(X0, X1, ...)`` of arrays
+            with the same examples, one per positional input (the graph
+            calls them ``data0``, ``data1``, ...), or the DataIter has one
+            data array per input, in order.
         loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
             ``(prediction, label) -> Symbol`` (what ``pipe.module(loss=...)``
             takes).
@@ -90,7 +105,8 @@ class Task:
         batch_size, num_epochs, optimizer, lr, momentum: Defaults of the
             ``--batch-size``, ``--epochs``, ``--optimizer``, ``--lr`` and
             ``--momentum`` flags (``optimizer``: ``'sgd'`` or ``'adam'``).
-        input_shape: Shape of one example; ``None``: read off the data.
+        input_shape: Shape of one example (a tuple of shapes, one per
+            input, for several inputs); ``None``: read off the data.
         label_name: The label variable's name; ``None``: ``'softmax_label'``
             (``mx.io.NDArrayIter``'s default).
         description: One line saying what the task is.
@@ -148,13 +164,14 @@ class Task:
         if self.optimizer != 'sgd' and self.momentum:
             bad('momentum', "0 with optimizer %r (momentum is an SGD setting)" % self.optimizer)
         if self.input_shape is not None:
-            try:
-                shape = tuple(int(d) for d in self.input_shape)
-            except (TypeError, ValueError):
-                shape = ()
-            if not shape or min(shape) < 1:
-                bad('input_shape', 'the shape of one example, positive integers')
-            object.__setattr__(self, 'input_shape', shape)
+            several = isinstance(self.input_shape, (tuple, list)) and bool(self.input_shape) \
+                and all(isinstance(d, (tuple, list)) for d in self.input_shape)
+            shapes = [_positive_shape(d) for d in
+                      (self.input_shape if several else [self.input_shape])]
+            if not all(shapes):
+                bad('input_shape', 'the shape of one example, positive integers (a tuple of '
+                    'shapes for several inputs)')
+            object.__setattr__(self, 'input_shape', tuple(shapes) if several else shapes[0])
         if self.label_name is not None and not isinstance(self.label_name, str):
             bad('label_name', 'a string')
         if self.evaluate is not None and not callable(self.evaluate):
@@ -208,19 +225,36 @@ class Task:
                 X_val, y_val = X, y
             else:
                 X_val, y_val = _arrays(self.val, 'val')
-                if X_val.shape[1:] != X.shape[1:]:
+                if _shapes(X_val) != _shapes(X):
                     raise TaskError('val: expected examples of shape %s like train, found %s'
-                                    % (X.shape[1:], X_val.shape[1:]))
-            if self.input_shape is not None and X.shape[1:] != self.input_shape:
+                                    % (_shape_text(X), _shape_text(X_val)))
+            if self.input_shape is not None and \
+                    _shapes(X) != _shapes(self.input_shape, examples=False):
                 raise TaskError('train: expected examples of input_shape %s, found %s'
-                                % (self.input_shape, X.shape[1:]))
+                                % (_shape_text(self.input_shape, examples=False),
+                                   _shape_text(X)))
             self._cache['data'] = Data(X, y, X_val, y_val)
         return self._cache['data']
 
     @property
+    def sample_shapes(self):
+        """Shape of one example of each input, a tuple of shapes."""
+        if self.input_shape is not None:
+            return _shapes(self.input_shape, examples=False)
+        return _shapes(self.data().X)
+
+    @property
     def sample_shape(self):
-        """Shape of one example."""
-        return self.input_shape if self.input_shape is not None else self.data().X.shape[1:]
+        """Shape of one example (the first input's, for several inputs)."""
+        return self.sample_shapes[0]
+
+    def data_shapes(self, batch_size, names):
+        """``[(name, (batch_size,) + example shape)]``, one per input, named ``names``."""
+        shapes = self.sample_shapes
+        if len(names) != len(shapes):
+            raise TaskError('train: expected %d input array(s), one per input of the network '
+                            '(%s), found %d' % (len(names), ', '.join(names), len(shapes)))
+        return [(n, (batch_size,) + tuple(s)) for n, s in zip(names, shapes)]
 
     @property
     def label_shape(self):
@@ -294,10 +328,11 @@ def _make_metric(metric):
 
 
 def _arrays(data, name):
-    """``(X, y)`` float32 numpy arrays from a pair or a DataIter."""
+    """``(X, y)`` float32 numpy arrays from a pair or a DataIter (``X`` a tuple
+    of arrays, one per input, for several inputs)."""
     if isinstance(data, mx.io.DataIter):
         try:
-            xs, ys = _read_iter(data, name)
+            inputs, y = _read_iter(data, name)
         except TaskError:
             raise
         except Exception as err:  # pylint: disable=broad-except
@@ -305,17 +340,30 @@ def _arrays(data, name):
             raise TaskError('%s: expected a DataIter that can be read, found %s raising %s: %s'
                             % (name, type(data).__name__, type(err).__name__,
                                _one_line(err))) from None
-        if not xs:
-            raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
-        X, y = np.concatenate(xs), np.concatenate(ys)
     elif isinstance(data, (tuple, list)) and len(data) == 2:
-        X, y = (a.asnumpy() if isinstance(a, mx.nd.NDArray) else np.asarray(a) for a in data)
+        X, y = data
+        inputs = X if isinstance(X, tuple) else (X,)  # a tuple: one array per input
+        if not inputs:
+            raise TaskError('%s: expected (X, y) with X an array or a tuple of arrays (one per '
+                            'input), found an empty tuple' % name)
     else:
         raise TaskError('%s: expected (X, y) arrays or an mx.io.DataIter, found %s'
                         % (name, _describe(data)))
+    y = _numpy(y)
+    inputs = tuple(_checked(name, _numpy(x), y, 'X' if len(inputs) == 1 else 'X[%d]' % i)
+                   for i, x in enumerate(inputs))
+    return (inputs[0] if len(inputs) == 1 else inputs), y.astype(np.float32)
+
+
+def _numpy(array):
+    return array.asnumpy() if isinstance(array, mx.nd.NDArray) else np.asarray(array)
+
+
+def _checked(name, X, y, which):
+    """The input ``X`` (called ``which``) as float32, checked with its labels ``y``."""
     if X.ndim < 2 or y.ndim < 1 or len(X) != len(y):
-        raise TaskError('%s: expected X of shape (examples, ...) and y with one label per '
-                        'example, found X %s and y %s' % (name, X.shape, y.shape))
+        raise TaskError('%s: expected %s of shape (examples, ...) and y with one label per '
+                        'example, found %s %s and y %s' % (name, which, which, X.shape, y.shape))
     if not (np.issubdtype(X.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
         raise TaskError('%s: expected numeric arrays, found %s and %s' % (name, X.dtype, y.dtype))
     if np.iscomplexobj(X) or np.iscomplexobj(y):
@@ -323,40 +371,65 @@ def _arrays(data, name):
         raise TaskError('%s: expected real numbers, found arrays of %s and %s'
                         % (name, X.dtype, y.dtype))
     if not len(X):
-        raise TaskError('%s: expected at least one example, found none (X %s)' % (name, X.shape))
-    X, y = X.astype(np.float32), y.astype(np.float32)
+        raise TaskError('%s: expected at least one example, found none (%s %s)'
+                        % (name, which, X.shape))
+    X = X.astype(np.float32)
     if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
         raise TaskError('%s: expected finite values, found NaN or infinity' % name)
-    return X, y
+    return X
 
 
 def _read_iter(data, name):
-    """Every batch of the DataIter ``data``: ``([X parts], [y parts])``, padding cut.
+    """Every batch of the DataIter ``data``, padding cut: ``([X of each
+    input], y)``.
 
     Raises:
-        TaskError: a batch without a label, or with more data arrays than
-            the network's one input.
+        TaskError: no batch, a batch without a label, or batches with
+            different numbers of data arrays.
     """
     xs, ys = [], []
     data.reset()
     for batch in data:
         if not batch.label:
             raise TaskError('%s: expected a DataIter with labels, found one without' % name)
-        if len(batch.data) != 1:
-            # several inputs are not fed yet: training on the first alone would be wrong
-            raise TaskError('%s: expected a DataIter with 1 data array (the network takes 1 '
-                            'input), found %d data arrays' % (name, len(batch.data)))
+        if xs and len(batch.data) != len(xs[0]):
+            raise TaskError('%s: expected every batch to have %d data arrays like the first, '
+                            'found %d' % (name, len(xs[0]), len(batch.data)))
         keep = batch.data[0].shape[0] - (batch.pad or 0)
-        xs.append(batch.data[0].asnumpy()[:keep])
+        xs.append([d.asnumpy()[:keep] for d in batch.data])
         ys.append(batch.label[0].asnumpy()[:keep])
     data.reset()
-    return xs, ys
+    if not xs:
+        raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
+    return [np.concatenate(part) for part in zip(*xs)], np.concatenate(ys)
 
 
 def _one_line(err, limit=120):
     """An exception's message on one line, cut to ``limit`` characters."""
     text = ' '.join(str(err).split())
     return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
+def _positive_shape(shape):
+    """``shape`` as a tuple of positive ints, or ``None``."""
+    try:
+        shape = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        return None
+    return shape if shape and min(shape) >= 1 else None
+
+
+def _shapes(X, examples=True):
+    """Shapes of one example of each input of ``X`` (arrays, examples first;
+    with ``examples=False``, ``X`` is an ``input_shape``)."""
+    if not examples:
+        return tuple(X) if X and isinstance(X[0], tuple) else (tuple(X),)
+    return tuple(x.shape[1:] for x in as_inputs(X))
+
+
+def _shape_text(X, examples=True):
+    shapes = _shapes(X, examples)
+    return str(shapes[0]) if len(shapes) == 1 else ', '.join(str(s) for s in shapes)
 
 
 def _describe(value):

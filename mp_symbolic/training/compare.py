@@ -28,6 +28,7 @@ from .graphviz_plot import write_graph
 from .metrics import AGREE_ATOL, AGREE_RTOL
 from ..core.devices import format_device
 from ..tools.text import columns
+from ..core.task import as_inputs
 from .loop import build_pipeline, fit, initial_values, load, make_stepper
 
 __all__ = []
@@ -43,7 +44,7 @@ class CompareResult:
     files: dict
 
 
-def count_autograd_copies(stepper, X):
+def count_autograd_copies(stepper, X):  # X: one array, or a tuple of arrays (one per input)
     """Cross-device copies of one imperative training step.
 
     Records one forward pass and counts the ``_copyto`` nodes autograd kept
@@ -55,7 +56,8 @@ def count_autograd_copies(stepper, X):
         ``(forward, backward)``.
     """
     with autograd.record():
-        pred = stepper.pipe(mx.nd.array(X, ctx=stepper.plan.first_device))
+        pred = stepper.pipe(*[mx.nd.array(x, ctx=stepper.plan.first_device)
+                              for x in as_inputs(X)])
     nodes = json.loads(autograd.get_symbol(pred).tojson())['nodes']
     forward = sum(n['op'] == '_copyto' for n in nodes)
     return forward, forward
@@ -103,7 +105,7 @@ def _train_run(name, cfg, task, data, log):
     X, y = data.X, data.y
     stepper = make_stepper(cfg, pipe, task, initial_values(pipe, cfg.seed), task.label_shape)
     if cfg.variant == 'imperative':
-        copies = count_autograd_copies(stepper, X[:cfg.batch_size])
+        copies = count_autograd_copies(stepper, tuple(x[:cfg.batch_size] for x in as_inputs(X)))
         method = 'autograd-recorded _copyto nodes; each has one backward copy'
     else:
         copies = stepper.cross_device_copies()

@@ -175,10 +175,10 @@ class TrainConfig:
         if self.out is None and self.resume is None:
             values['out'] = task.default_out_dir(self.variant)
         cfg = replace(self, **values)
-        num_examples = len(task.data().X)
-        if cfg.batch_size > num_examples:
+        examples = len(task.data().y)  # one label per example, for any number of inputs
+        if cfg.batch_size > examples:
             raise ValueError('batch_size: expected at most the task\'s %d training examples, '
-                             'found %d' % (num_examples, cfg.batch_size))
+                             'found %d' % (examples, cfg.batch_size))
         return cfg
 
     @property

@@ -15,6 +15,7 @@ import numpy as np
 from .data import staged_batches
 from ..core.heads import gluon_loss, predict_form
 from .symbolic import create_optimizer
+from ..core.task import as_inputs, num_examples
 from ..core.trainer import Trainer
 
 __all__ = []
@@ -45,10 +46,10 @@ class ImperativeStepper:
 
     def step(self, X, y):
         with autograd.record():
-            out = self.pipe(X)  # each stage copies its input to its own device
+            out = self.pipe(*as_inputs(X))  # each stage copies its input to its own device
             loss = self._loss_fn(out, y)
         loss.backward()  # outside record(): computing gradients needs no recording
-        self.trainer.step(X.shape[0])
+        self.trainer.step(y.shape[0])
         return self.task.batch_loss(predict_form(self.task.loss, out.detach()), y)
 
     def _collect(self, names, what):
@@ -74,8 +75,9 @@ class ImperativeStepper:
 
     def predict(self, X, batch_size=1024):
         outputs = []
-        for start in range(0, len(X), batch_size):
-            out = self.pipe(mx.nd.array(X[start:start + batch_size], ctx=self.plan.first_device))
+        for start in range(0, num_examples(X), batch_size):
+            out = self.pipe(*[mx.nd.array(x[start:start + batch_size], ctx=self.plan.first_device)
+                              for x in as_inputs(X)])
             outputs.append(predict_form(self.task.loss, out).asnumpy())
         return np.concatenate(outputs)
 

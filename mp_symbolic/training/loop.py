@@ -25,7 +25,6 @@ from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
 from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
     split_states
-from ..core.names import DATA_NAME
 from ..core.pipeline import Pipeline
 from ..core.tensor_parallel import unsplit
 from ..core.devices import format_device, make_plan
@@ -33,7 +32,7 @@ from ..tools.store import Store
 from ..tools.launch import hold_kvstore
 from .symbolic import ExecutorStepper, ModuleStepper
 from .tasks import load_task
-from ..core.task import TaskError
+from ..core.task import TaskError, num_examples
 from ..tools.text import columns
 
 __all__ = []
@@ -68,7 +67,8 @@ def build_pipeline(cfg, task):
         plan, note = make_plan(3 if whole else min(3, len(blocks)), None,
                                replicas=cfg.replicas)
         devices = plan.all_devices
-    sample = (cfg.batch_size,) + tuple(task.sample_shape)
+    shapes = [(cfg.batch_size,) + tuple(s) for s in task.sample_shapes]
+    sample = shapes[0] if len(shapes) == 1 else tuple(shapes)  # one batch shape per input
     try:
         pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
                         replicas=cfg.replicas, mirror=cfg.mirror)
@@ -76,8 +76,9 @@ def build_pipeline(cfg, task):
         field, _, rest = str(err).partition(': ')
         if field != 'sample':
             raise
+        shown = ', '.join(str(tuple(s)) for s in task.sample_shapes)
         raise TaskError('train: expected examples the blocks can take, found examples of '
-                        'shape %s: %s' % (tuple(task.sample_shape), rest)) from None
+                        'shape %s: %s' % (shown, rest)) from None
     _check_labels(pipe, task, cfg.batch_size)
     return pipe, note
 
@@ -85,7 +86,7 @@ def build_pipeline(cfg, task):
 def _check_labels(pipe, task, batch_size):
     """Raises TaskError unless the task's labels fit the network's output."""
     symbol = pipe.training_symbol(task.loss, label_name=task.label, chunks=1)
-    shapes = {DATA_NAME: (batch_size,) + tuple(task.sample_shape)}
+    shapes = dict(task.data_shapes(batch_size, pipe.data_names()))
     if task.label in symbol.list_arguments():
         shapes[task.label] = (batch_size,) + tuple(task.label_shape)
     try:
@@ -207,7 +208,7 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
             the epoch it happened in.
     """
     step_losses, epoch_losses = [], []
-    steps = len(X) // cfg.batch_size
+    steps = num_examples(X) // cfg.batch_size
     outside = 0.0  # seconds in on_epoch (checkpoints), not training
     # disable=None: no bar when stderr is not a terminal
     bar = tqdm(total=(cfg.num_epochs - start_epoch) * steps, unit='batch', leave=False,
@@ -329,7 +330,7 @@ class _Checkpointer:
         with unsplit():  # a checkpoint holds the model, not its shards
             self.symbol = with_input_shape(
                 pipe.training_symbol(task.loss, label_name=task.label, chunks=1),
-                DATA_NAME, task.sample_shape)
+                dict(zip(pipe.data_names(), task.sample_shapes)), None)
         self.last = None
 
     def commit(self, epoch, result=None, complete=False):
@@ -393,7 +394,7 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
     symbol = pipe.training_symbol(task.loss, label_name=task.label)
     try:
         measured = compare_memory(
-            symbol, [(DATA_NAME, (local,) + tuple(task.sample_shape))],
+            symbol, task.data_shapes(local, pipe.data_names()),
             [(task.label, (local,) + tuple(label_shape))], pipe.plan.group2ctx,
             context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
             optimizer_params=cfg.optimizer_params(),

@@ -18,11 +18,11 @@ from collections import OrderedDict
 import mxnet as mx
 import numpy as np
 
-from .data import staged_batches
+from .data import padded_batches, staged_batches
 from ..core.module import fixed_param_names
 from ..core.updater import PerDeviceUpdater
 from ..core.optstate import drop_states, set_states_by_name, states_by_name
-from ..core.names import DATA_NAME
+from ..core.task import as_inputs
 from ..core.compat import split_bind
 
 __all__ = []
@@ -40,6 +40,7 @@ class _SymbolicStepper:
     def __init__(self, pipe, task, cfg):
         self.pipe, self.plan, self.task, self.cfg = pipe, pipe.plan, task, cfg
         self.label_name = task.label
+        self.data_names = pipe.data_names()  # ('data',), or data0, data1, ... for several
         self.shard = (0, 1)
 
     def batches(self, X, y, epoch):
@@ -61,7 +62,8 @@ class _SymbolicStepper:
 
     @property
     def param_names(self):
-        return [n for n in self._exec.arg_dict if n not in (DATA_NAME, self.label_name)]
+        return [n for n in self._exec.arg_dict
+                if n not in self.data_names and n != self.label_name]
 
     def params(self):
         return OrderedDict((n, self._exec.arg_dict[n].asnumpy()) for n in self.param_names)
@@ -99,15 +101,12 @@ class _SymbolicStepper:
 
     def _predict_with(self, exe, X):
         """Inference-mode outputs of ``exe`` over ``X``, in batches of its bound size."""
-        size = exe.arg_dict[DATA_NAME].shape[0]
         outputs = []
-        for start in range(0, len(X), size):
-            part = X[start:start + size]
-            batch = np.zeros((size,) + part.shape[1:], dtype=np.float32)
-            batch[:len(part)] = part
-            exe.arg_dict[DATA_NAME][:] = batch
+        for batch, count in padded_batches(X, exe.arg_dict[self.data_names[0]].shape[0]):
+            for name, part in zip(self.data_names, batch):
+                exe.arg_dict[name][:] = part
             exe.forward(is_train=False)
-            outputs.append(exe.outputs[0].asnumpy()[:len(part)])
+            outputs.append(exe.outputs[0].asnumpy()[:count])
         return np.concatenate(outputs)
 
 
@@ -139,7 +138,7 @@ class ModuleStepper(_SymbolicStepper):
         self.kvstore = kvstore
         local = cfg.batch_size // self.shard[1]
         self.module = pipe.module(loss=task.loss, label_name=self.label_name)
-        self.module.bind(data_shapes=[(DATA_NAME, (local,) + tuple(task.sample_shape))],
+        self.module.bind(data_shapes=task.data_shapes(local, self.data_names),
                          label_shapes=[(self.label_name, (local,) + tuple(label_shape))])
         arg_params, aux_params = init
         self.module.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
@@ -150,13 +149,18 @@ class ModuleStepper(_SymbolicStepper):
         self._execs = self.module._exec_group.execs
 
     def step(self, X, y):
-        self.module.forward(mx.io.DataBatch(data=[X], label=[y]), is_train=True)
+        self.module.forward(mx.io.DataBatch(data=list(as_inputs(X)), label=[y]), is_train=True)
         self.module.backward()
         self.module.update()
         return self._loss()
 
     def predict(self, X):
-        return self.module.predict(mx.io.NDArrayIter(X, batch_size=self.module._exec_group.batch_size)).asnumpy()  # pylint: disable=protected-access
+        outputs = []
+        for batch, count in padded_batches(X, self.module._exec_group.batch_size):  # pylint: disable=protected-access
+            self.module.forward(mx.io.DataBatch(data=[mx.nd.array(b) for b in batch]),
+                                is_train=False)
+            outputs.append(self.module.get_outputs()[0].asnumpy()[:count])
+        return np.concatenate(outputs)
 
     def arg_aux(self):
         """``(arg_params, aux_params)`` as NDArrays on ``cpu()``."""
@@ -184,13 +188,13 @@ class ExecutorStepper(_SymbolicStepper):
         symbol = pipe.training_symbol(task.loss, label_name=self.label_name)
         # constants and frozen layers (grad_req 'null') get no gradient and no update
         fixed = set(fixed_param_names(pipe, symbol))
-        grad_req = {n: 'null' if n in (DATA_NAME, self.label_name) or n in fixed else 'write'
-                    for n in symbol.list_arguments()}
+        grad_req = {n: 'null' if n in self.data_names or n == self.label_name or n in fixed
+                    else 'write' for n in symbol.list_arguments()}
         with split_bind(self.plan.group2ctx):
             exe = symbol.simple_bind(
                 ctx=self.plan.first_device, group2ctx=self.plan.group2ctx, grad_req=grad_req,
-                **{DATA_NAME: (cfg.batch_size,) + tuple(task.sample_shape),
-                   self.label_name: (cfg.batch_size,) + tuple(label_shape)})
+                **dict(task.data_shapes(cfg.batch_size, self.data_names),
+                       **{self.label_name: (cfg.batch_size,) + tuple(label_shape)}))
         arg_params, aux_params = init
         for name, value in arg_params.items():
             exe.arg_dict[name][:] = value
@@ -207,7 +211,8 @@ class ExecutorStepper(_SymbolicStepper):
     def update_step(self, X, y):
         """Forward, backward and one update on a staged batch; no loss is read."""
         exe = self._exec
-        X.copyto(exe.arg_dict[DATA_NAME])  # on-device copies of the staged batch
+        for name, part in zip(self.data_names, as_inputs(X)):
+            part.copyto(exe.arg_dict[name])  # on-device copies of the staged batch
         y.copyto(exe.arg_dict[self.label_name])
         exe.forward(is_train=True)
         exe.backward()

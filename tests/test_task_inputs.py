@@ -1,0 +1,139 @@
+"""A task of several inputs: ``train=((X0, X1), y)`` or a DataIter of two data
+arrays trains on every route (Module, executor, the twin; a whole network and
+a block list) to the same weights as one device, resumes as if never stopped,
+and its checkpoint exports; a task whose arrays do not fit the network's
+inputs is refused in one line."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import make_config
+from mp_symbolic.training.loop import train
+
+QUIET = dict(log=lambda line: None)
+
+TASK = '''
+import mxnet as mx
+from mxnet import gluon
+import numpy as np
+
+import mp_symbolic
+
+
+class Merge(gluon.HybridBlock):
+    """Reads a feature vector and a 4x4 map: the network's two inputs."""
+
+    def __init__(self, hidden=8, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.vector = gluon.nn.Dense(hidden, activation='tanh', prefix='vector_')
+            self.map = gluon.nn.Dense(hidden, activation='tanh', prefix='map_')
+
+    def hybrid_forward(self, F, vector, grid):
+        return F.concat(self.vector(vector), self.map(grid.reshape((0, -1))), dim=1)
+
+
+class Whole(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.merge = Merge(prefix='merge_')
+            self.mix = gluon.nn.Dense(8, activation='tanh', prefix='mix_')
+            self.out = gluon.nn.Dense(1, prefix='out_')
+
+    def hybrid_forward(self, F, vector, grid):
+        return self.out(self.mix(self.merge(vector, grid)))
+
+
+def task(form='whole', source='arrays', case='good'):
+    rng = np.random.default_rng(0)
+    vector = rng.normal(size=(96, 6)).astype(np.float32)
+    grid = rng.normal(size=(96, 4, 4)).astype(np.float32)
+    y = (vector[:, :1] - grid[:, :1, 0]).astype(np.float32)
+    train, val = ((vector, grid), y), ((vector[:32], grid[:32]), y[:32])
+    if source == 'iter':
+        train = mx.io.NDArrayIter({'data0': vector, 'data1': grid}, y, batch_size=32)
+    if case == 'one input':
+        train, val = (vector, y), None
+    elif case == 'three inputs':
+        train, val = ((vector, grid, grid), y), None
+    elif case == 'val inputs':
+        val = (vector[:32], y[:32])
+    elif case == 'lengths':
+        train = ((vector, grid[:50]), y)
+    if form == 'whole':
+        blocks = lambda: Whole(prefix='net_')
+    else:
+        blocks = lambda: [Merge(prefix='net_merge_'), gluon.nn.Dense(8, activation='tanh',
+                          prefix='net_mix_'), gluon.nn.Dense(1, prefix='net_out_')]
+    return mp_symbolic.Task(name='two-inputs', blocks=blocks, train=train, val=val, loss='l2',
+                            batch_size=16, num_epochs=3, lr=0.5)
+'''
+
+
+@pytest.fixture(scope='module')
+def task_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp('task') / 'two_inputs.py'
+    path.write_text(TASK)
+    return str(path)
+
+
+def _train(task_file, out, **fields):
+    fields.setdefault('devices', 'cpu:0,cpu:1')
+    cfg = make_config(task=task_file, progress=False, memory=False, out=str(out), **fields)
+    return train(cfg, **QUIET)
+
+
+@pytest.mark.parametrize('form', ['whole', 'blocks'])
+def test_a_task_of_two_inputs_trains_to_one_devices_weights_on_every_route(
+        task_file, tmp_path, form):
+    one = _train(task_file, tmp_path / 'one', devices='cpu:0', task_args={'form': form})
+    routes = [dict(), dict(api='executor'), dict(variant='imperative'), dict(chunks=2),
+              dict(task_args={'form': form, 'source': 'iter'})]
+    for i, route in enumerate(routes):
+        route.setdefault('task_args', {'form': form})
+        result = _train(task_file, tmp_path / str(i), **route)
+        assert sorted(result.params) == sorted(one.params), route
+        for name, value in one.params.items():
+            np.testing.assert_allclose(result.params[name], value, rtol=1e-5, atol=1e-6,
+                                       err_msg='%s %s' % (route, name))
+
+
+def test_a_task_of_two_inputs_resumes_as_if_never_stopped_and_exports(task_file, tmp_path):
+    whole = _train(task_file, tmp_path / 'whole', num_epochs=3)
+    _train(task_file, tmp_path / 'first', num_epochs=1, checkpoint_every=1)
+    resumed = _train(task_file, tmp_path / 'resumed', num_epochs=3,
+                     resume=str(tmp_path / 'first'))
+    for name, value in whole.params.items():
+        np.testing.assert_array_equal(resumed.params[name], value, err_msg=name)
+    # the checkpoint records both inputs' shapes: the exporter needs no --input-shape
+    run = subprocess.run([sys.executable, '-m', 'export', '--checkpoint', str(tmp_path / 'whole'),
+                          '--out', str(tmp_path / 'export'), '--verify-batches', '1,5'],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr
+    assert 'data0' in run.stdout and 'data1' in run.stdout, run.stdout
+    assert os.path.exists(tmp_path / 'export' / 'current' / 'two-inputs.onnx')
+
+
+@pytest.mark.parametrize('case, message', [
+    ('one input', "train: expected examples the blocks can take, found examples of shape (6,): "
+                  'expected one batch or shape per input of the network, found 1'),
+    ('three inputs', 'found examples of shape (6,), (4, 4), (4, 4): expected one batch or '
+                     'shape per input of the network, found 3'),
+    ('val inputs', 'val: expected examples of shape (6,), (4, 4) like train, found (6,)'),
+    ('lengths', 'train: expected X[1] of shape (examples, ...) and y with one label per '
+                'example, found X[1] (50, 4, 4) and y (96, 1)'),
+])
+def test_arrays_that_do_not_fit_the_inputs_are_refused_in_one_line(task_file, case, message):
+    run = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--task', task_file,
+                          '--task-arg', 'case=%s' % case, '--devices', 'cpu:0,cpu:1',
+                          '--no-memory', '--out', os.devnull + '-never'],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__))))
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr and 'Traceback' not in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
