@@ -308,3 +308,169 @@ def test_transformer_encoder_and_plain_gpt_auto_equal_one_device_after_one_step(
         _close(after_split[name].asnumpy(), value.asnumpy(), 1e-4)
     devices = {c for c, _ in _shard_devices(split).values()}
     assert devices == {mx.cpu(i) for i in range(4)}
+
+
+# -- a plan ------------------------------------------------------------------------
+
+class _Tagger(gluon.HybridBlock):
+    """Token tags: an embedding, a wide layer into a LayerNorm, a
+    column/row pair, a head; the automatic pass shards only the pair."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(30, 12, prefix='embed_')
+            self.wide = gluon.nn.Dense(16, flatten=False, prefix='wide_')
+            self.norm = gluon.nn.LayerNorm(in_channels=16, prefix='norm_')
+            self.fc = gluon.nn.Dense(8, flatten=False, activation='relu', prefix='fc_')
+            self.out = gluon.nn.Dense(12, flatten=False, prefix='out_')
+            self.head = gluon.nn.Dense(3, flatten=False, prefix='head_')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.head(self.out(self.fc(self.norm(self.wide(self.embed(x))))))
+
+
+def _tagger(values=None):
+    mx.random.seed(3)
+    net = _Tagger(prefix='tag_')
+    net.initialize(mx.init.Normal(0.2))
+    net(mx.nd.array(_tagger_batch()))
+    for name, value in (values or {}).items():
+        net.collect_params()[name].set_data(value)
+    return net
+
+
+def _tagger_batch():
+    return np.random.default_rng(5).integers(0, 30, (4, 6)).astype(np.float32)
+
+
+PLAN = {'tag_embed*': 'vocab', 'tag_wide': 'column', 'tag_fc_*': 'column', 'tag_out_weight': 'row',
+        'tag_head': 'replicate'}
+
+
+def test_plan_shards_a_layout_the_automatic_pass_leaves_whole_and_equals_one_device():
+    X = _tagger_batch()
+    auto = repr(Pipeline(_tagger(), 'cpu:0+cpu:1', sample=X, tensor_parallel='auto'))
+    assert 'tag_embed: whole' in auto and 'tag_wide: whole' in auto
+    start = _values(_tagger())
+    one = _module(Pipeline(_tagger(start), 'cpu:0', sample=X), [X], start, 'softmax', None,
+                  X.shape)
+    pipe = Pipeline(_tagger(start), TWO_BY_TWO, sample=X, tensor_parallel=PLAN)
+    text = repr(pipe)
+    for line in ('tag_embed: vocabulary-parallel', 'tag_wide: column-parallel (plan)',
+                 'tag_fc: column-parallel (plan)', 'tag_out: row-parallel (plan)',
+                 "tag_head: whole on the stage's first device (replicate)"):
+        assert line in text
+    split = _module(pipe, [X], start, 'softmax', None, X.shape)
+    label = np.random.default_rng(6).integers(0, 3, X.shape).astype(np.float32)
+    for ours, theirs in zip(_forward(split, [X], label), _forward(one, [X], label)):
+        _close(ours, theirs)
+    for name, value in one.get_params()[0].items():
+        _close(split.get_params()[0][name].asnumpy(), value.asnumpy(), 1e-4)
+    assert {n: s for n, (_, s) in _shard_devices(split).items() if 'embed' in n} == \
+        {'tag_embed_shard0_weight': (15, 12), 'tag_embed_shard1_weight': (15, 12)}
+
+
+@pytest.mark.parametrize('devices, plan, message', [
+    ('cpu:0+cpu:1+cpu:2', {'tag_wide': 'column'},
+     r"tensor_parallel\['tag_wide'\]: expected units that divide into 3 shards, found tag_wide "
+     r"of weight \(16, 12\) \(16 units\)"),
+    (TWO_BY_TWO, {'tag_out': 'row'},
+     r"tensor_parallel\['tag_out'\]: expected the input of row layer tag_out \(weight \(12, 8\), "
+     r"2 shards\) to be a column layer's or a sharded attention's output, found tag_fc_relu_fwd "
+     r"\(Activation\)"),
+    (TWO_BY_TWO, {'tag_embed': 'row'},
+     r"tensor_parallel\['tag_embed'\]: expected a Dense layer for row, found tag_embed "
+     r"\(Embedding\)"),
+    (TWO_BY_TWO, {'tag_*': 'columns'},
+     r"tensor_parallel\['tag_\*'\]: expected 'column', 'row', 'vocab' or 'replicate', found "
+     r"'columns'"),
+    (TWO_BY_TWO, {'*ffn*': 'column'},
+     r"tensor_parallel\['\*ffn\*'\]: expected a pattern that matches a layer's name or "
+     r"parameter, found no match \(layers: tag_embed, tag_wide, tag_fc, tag_out, tag_head\)"),
+    (TWO_BY_TWO, 'automatic',
+     r"tensor_parallel: expected 'auto' or a dict \{pattern: 'column' \| 'row' \| 'vocab' \| "
+     r"'replicate'\}, found 'automatic'"),
+])
+def test_plan_that_cannot_hold_is_refused_in_one_line_and_the_network_is_unchanged(
+        devices, plan, message):
+    net = _tagger()
+    before = [(k, type(b).__name__) for k, b in net._children.items()]  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match='^' + message + '$') as err:
+        Pipeline(net, devices, sample=_tagger_batch(), tensor_parallel=plan)
+    assert '\n' not in str(err.value)
+    assert [(k, type(b).__name__) for k, b in net._children.items()] == before  # pylint: disable=protected-access
+
+
+def test_plan_of_heads_that_do_not_divide_is_refused_naming_the_heads_and_widths():
+    with pytest.raises(ValueError, match=(
+            r"^tensor_parallel\['\*transformer0_dotproductselfattentioncell0'\]: expected a Dense "
+            r"layer or an attention block \(query, key and value, a head count\) for column, "
+            r"found encoder_transformer0_dotproductselfattentioncell0 "
+            r"\(DotProductSelfAttentionCell: not sharded: 4 heads \(query, key, value widths "
+            r"16/16/16\) do not divide into 3 shards\)$")):
+        Pipeline(_bert(), 'cpu:0+cpu:1+cpu:2', sample=tuple(_bert_batch()),
+                 tensor_parallel={'*transformer0_dotproductselfattentioncell0': 'column'})
+
+
+# -- checkpoints and export ---------------------------------------------------------
+
+def test_auto_checkpoint_resumes_on_one_device_and_on_four_shards(tmp_path):
+    xs = _bert_batch()
+    label = np.array([0, 1, 1, 0], dtype=np.float32)
+    start = _values(_bert())
+    split = _module(Pipeline(_bert(start), TWO_BY_TWO, sample=tuple(xs), tensor_parallel='auto'),
+                    xs, start, 'softmax', 2, (4,))
+    _forward(split, xs, label)
+    mp_symbolic.save_checkpoint(split, str(tmp_path), epoch=1, name='bert')
+    checkpoint = read_checkpoint(str(tmp_path))
+    symbol, saved, _ = checkpoint.load()
+    assert not any('shard' in name for name in symbol.list_arguments())
+    assert saved['encoder_transformer0_positionwiseffn0_ffn_1_weight'].shape == (32, 16)
+    expected, after = _forward(split, xs, label), split.get_params()[0]
+    for devices, tp in (('cpu:0', None), ('cpu:0+cpu:1+cpu:2+cpu:3', 'auto')):
+        pipe = Pipeline(_bert(), devices, sample=tuple(xs), tensor_parallel=tp)
+        resumed = _module(pipe, xs, _values(_bert()), 'softmax', 2, (4,))
+        resumed.restore(checkpoint)
+        for name, value in saved.items():
+            _close(resumed.get_params()[0][name].asnumpy(), value.asnumpy(), 1e-6)
+        for ours, theirs in zip(_forward(resumed, xs, label), expected):
+            _close(ours, theirs)
+        for name, value in after.items():
+            _close(resumed.get_params()[0][name].asnumpy(), value.asnumpy(), 1e-4)
+    assert 'attention by heads: 4 heads, 1 per shard' in repr(pipe)
+    assert {c for c, _ in _shard_devices(resumed).values()} == {mx.cpu(i) for i in range(4)}
+
+
+def test_auto_checkpoint_exports_to_one_unsplit_onnx_file_equal_to_one_device(tmp_path):
+    xs = _bert_batch()
+    net = _bert()
+    one_device = [o.asnumpy() for o in net(*[mx.nd.array(x) for x in xs])]
+    values = _values(net)
+    pipe = Pipeline(net, TWO_BY_TWO, sample=tuple(xs), tensor_parallel='auto')
+    mod = _module(pipe, xs, values)
+    mp_symbolic.save_checkpoint(mod, str(tmp_path / 'bert'), epoch=0, name='bert')
+    np.savez(str(tmp_path / 'sample.npz'), **dict(zip(pipe.input_names, xs)))
+    assert export_main(['--checkpoint', str(tmp_path / 'bert'), '--out', str(tmp_path / 'out'),
+                        '--sample', str(tmp_path / 'sample.npz'), '--verify-batches', '4']) == 0
+    onnx_files = sorted(p.name for p in (tmp_path / 'out' / 'current').iterdir()
+                        if p.suffix == '.onnx')
+    assert onnx_files == ['bert.onnx']
+    session = ort.InferenceSession(str(tmp_path / 'out' / 'current' / 'bert.onnx'),
+                                   providers=['CPUExecutionProvider'])
+    initializers = {i.name for i in __import__('onnx').load(
+        str(tmp_path / 'out' / 'current' / 'bert.onnx')).graph.initializer}
+    assert 'encoder_transformer0_positionwiseffn0_ffn_1_weight' in initializers
+    assert not any('shard' in name for name in initializers)
+    for ours, theirs in zip(session.run(None, dict(zip(pipe.input_names, xs))), one_device):
+        assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+
+
+def test_training_checkpoint_of_a_network_with_a_one_axis_input_reads_back(tmp_path):
+    # BERT's valid lengths (one number per sample) carry no recorded shape
+    xs = _bert_batch()
+    start = _values(_bert())
+    mod = _module(Pipeline(_bert(start), 'cpu:0', sample=tuple(xs)), xs, start, 'softmax', 2, (4,))
+    mp_symbolic.save_checkpoint(mod, str(tmp_path), epoch=0, name='bert')
+    _, saved, _ = read_checkpoint(str(tmp_path)).load()
+    _close(saved['bert_cls_weight'].asnumpy(), start['bert_cls_weight'].asnumpy())

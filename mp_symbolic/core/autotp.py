@@ -649,10 +649,11 @@ class _Pass:
         matched = {p: 0 for p in spec}
         kind_of = OrderedDict()
         for _, _, block in self.graph.tree:
-            names = [block.name] + list(block._reg_params and  # pylint: disable=protected-access
-                                        [p.name for p in block._reg_params.values()] or [])  # pylint: disable=protected-access
-            if isinstance(block, (gluon.nn.Dense, gluon.nn.Embedding)):
-                names += [block.weight.name]
+            # the layers a plan can name: dense layers, embeddings, attention blocks
+            if not isinstance(block, (gluon.nn.Dense, gluon.nn.Embedding)) and \
+                    self._attention(block) is None:
+                continue
+            names = [block.name] + [p.name for p in block._reg_params.values()]  # pylint: disable=protected-access
             for pattern, kind in spec.items():
                 if any(fnmatchcase(n, pattern) for n in names):
                     matched[pattern] += 1

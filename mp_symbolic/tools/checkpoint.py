@@ -184,6 +184,12 @@ def _inputs_at_batch_one(symbol, given=None):
             if name not in found and shape and shape[0] == 0 and all(
                     isinstance(d, int) and d > 0 for d in shape[1:]):
                 found[name] = (1,) + shape[1:]
+    if found:
+        # a module records every input of more than one axis: one it did not
+        # record is one number per sample (BERT's valid lengths)
+        for name in inputs - set(found):
+            if not name.endswith('label'):
+                found[name] = (1,)
     return found
 
 
