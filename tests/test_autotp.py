@@ -474,3 +474,56 @@ def test_training_checkpoint_of_a_network_with_a_one_axis_input_reads_back(tmp_p
     mp_symbolic.save_checkpoint(mod, str(tmp_path), epoch=0, name='bert')
     _, saved, _ = read_checkpoint(str(tmp_path)).load()
     _close(saved['bert_cls_weight'].asnumpy(), start['bert_cls_weight'].asnumpy())
+
+
+def test_layer_tied_to_another_stays_whole_automatically_and_is_refused_by_a_plan():
+    class Tied(gluon.HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.fc = gluon.nn.Dense(8, in_units=8, flatten=False, activation='relu',
+                                         prefix='fc_')
+                self.out = gluon.nn.Dense(8, in_units=8, flatten=False, prefix='out_',
+                                          params=self.fc.collect_params())
+
+        def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+            return self.out(self.fc(x))
+
+    X = np.ones((2, 3, 8), dtype=np.float32)
+    pipe = Pipeline(Tied(prefix='tied_'), 'cpu:0+cpu:1', sample=X, tensor_parallel='auto')
+    assert 'tied_fc: whole: tied_fc_weight is also held by tied_out' in repr(pipe)
+    with pytest.raises(ValueError, match=r"^tensor_parallel\['tied_out'\]: expected a layer whose "
+                                         r"parameters are its own to shard, found tied_out sharing "
+                                         r"tied_fc_weight with tied_fc$"):
+        Pipeline(Tied(prefix='tied_'), 'cpu:0+cpu:1', sample=X,
+                 tensor_parallel={'tied_out': 'row'})
+
+
+@pytest.mark.parametrize('chunks, replicas', [(2, 1), (1, 2)])
+def test_plain_gpt_auto_twin_with_chunks_or_replicas_equals_gluon_trainer_on_one_device(
+        chunks, replicas):
+    X = _gpt_batch()
+    y = mx.nd.array(np.random.default_rng(7).integers(0, 20, X.shape))
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def step(net, trainer, x, target):
+        with autograd.record():
+            out = net(x)
+            loss = loss_fn(out, target)
+        loss.backward()
+        trainer.step(len(X))
+        return out.asnumpy()
+
+    start = _values(_gpt())
+    reference = _gpt(start)
+    expected = step(reference, gluon.Trainer(reference.collect_params(), 'sgd',
+                                             {'learning_rate': 0.5}), mx.nd.array(X), y)
+    pipe = Pipeline(_gpt(start), TWO_BY_TWO, sample=X, tensor_parallel='auto', chunks=chunks,
+                    replicas=replicas)
+    pipe.initialize()
+    out = step(pipe, Trainer(pipe.collect_params(), 'sgd', {'learning_rate': 0.5}),
+               mx.nd.array(X, ctx=mx.cpu(0)), y.as_in_context(pipe.plan.last_device))
+    _close(out, expected)
+    arg, _ = pipe.get_params()
+    for name, value in _values(reference).items():
+        _close(arg[name].asnumpy(), value.asnumpy(), 1e-4)

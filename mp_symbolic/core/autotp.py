@@ -458,6 +458,19 @@ class _Pass:
         self.parent = {id(b): (p, k) for p, k, b in graph.tree}
         self.order = {id(b): i for i, (_, _, b) in enumerate(graph.tree)}
 
+    def _shared(self, block):
+        """``(parameter, other block)`` of a parameter of ``block`` that
+        another layer of the network also holds (tied weights), or ``None``."""
+        own = {id(p): p for p in block.collect_params().values()}
+        inside = _descendants(block)
+        for _, _, other in self.graph.tree:
+            if id(other) in inside:
+                continue
+            for param in other._reg_params.values():  # pylint: disable=protected-access
+                if id(param) in own:
+                    return param.name, other.name
+        return None
+
     # -- attention ------------------------------------------------------------
 
     def _attention(self, block):
@@ -542,7 +555,7 @@ class _Pass:
         self.taken[id(block)] = text
         if combine == 'concat':
             reader = self._reader_dense(block)
-            if reader is not None and id(reader) not in self.taken:
+            if reader is not None and id(reader) not in self.taken and not self._shared(reader):
                 self._row(reader, 'row-parallel, reads the attention\'s shards (no gather)')
             else:
                 self.taken[id(block)] += ' (its output gathered: no dense layer reads it)'
@@ -623,6 +636,8 @@ class _Pass:
             found = self._attention(block)
             if isinstance(found, str):
                 self.taken[id(block)] = found
+            elif found is not None and self._shared(block):
+                self.taken[id(block)] = 'not sharded: %s is also held by %s' % self._shared(block)
             elif found is not None:
                 self._shard_attention(block, found)
         for layer, i in sorted(self.graph.fc_of.items(), key=lambda e: e[1]):
@@ -632,6 +647,11 @@ class _Pass:
             if mlp is None:
                 continue
             members, b_layer = mlp
+            shared = self._shared(layer) or self._shared(b_layer)
+            if shared:
+                self.taken[id(layer)] = 'whole: first layer of an MLP, %s is also held by %s' \
+                    % shared
+                continue
             if layer.weight.shape[0] % self.shards:
                 self.taken[id(layer)] = ('whole: first layer of an MLP, %d units do not divide '
                                          'into %d shards' % (layer.weight.shape[0], self.shards))
@@ -657,9 +677,8 @@ class _Pass:
             for pattern, kind in spec.items():
                 if any(fnmatchcase(n, pattern) for n in names):
                     matched[pattern] += 1
-                    if id(block) not in kind_of:
+                    if id(block) not in kind_of:   # the first pattern decides
                         kind_of[id(block)] = (block, pattern, kind)
-                    break
         unused = [p for p, n in matched.items() if not n]
         if unused:
             raise ValueError('tensor_parallel[%r]: expected a pattern that matches a layer\'s '
@@ -667,9 +686,13 @@ class _Pass:
                              % (unused[0], excerpt(', '.join(
                                  b.name for _, _, b in self.graph.tree
                                  if isinstance(b, (gluon.nn.Dense, gluon.nn.Embedding))))))
-        columns = {}     # id -> True for dense layers and attention blocks sharded in parts
+        columns = {}     # id -> the dense layers and attention blocks sharded in parts
         for block, pattern, kind in kind_of.values():
             where = 'tensor_parallel[%r]' % pattern
+            shared = self._shared(block)
+            if kind != 'replicate' and shared:
+                raise ValueError('%s: expected a layer whose parameters are its own to shard, '
+                                 'found %s sharing %s with %s' % ((where, block.name) + shared))
             if kind == 'replicate':
                 self.taken[id(block)] = 'whole on the stage\'s first device (replicate)'
             elif kind == 'vocab':
@@ -729,13 +752,9 @@ class _Pass:
                 source, members = self._sharded_source(block, columns)
                 gathered = None
                 if isinstance(source, gluon.nn.Dense) and members:
-                    gathered = self._per_shard_between_planned(source, members)
+                    gathered = self._per_shard_between(source, members)
                 self._row(block, 'row-parallel (plan)' + (', ' + gathered if gathered else ''))
         self._finish('whole on the stage\'s first device: no pattern names it')
-
-    def _per_shard_between_planned(self, source, members):
-        # the source was swapped already: its graph node is the old layer's
-        return self._per_shard_between(source, members)
 
     def _sharded_source(self, block, columns):
         """``(column layer or attention block, element-wise ops between)`` that
@@ -767,6 +786,7 @@ class _Pass:
         for _, _, block in self.graph.tree:
             text = self.taken.get(id(block))
             if text is None and isinstance(block, (gluon.nn.Dense, gluon.nn.Embedding)):
-                text = whole
+                shared = self._shared(block)
+                text = 'whole: %s is also held by %s' % shared if shared else whole
             if text is not None and text != 'inside the attention':
                 self.report.entries.append((block.name, text))
