@@ -527,3 +527,23 @@ def test_plain_gpt_auto_twin_with_chunks_or_replicas_equals_gluon_trainer_on_one
     arg, _ = pipe.get_params()
     for name, value in _values(reference).items():
         _close(arg[name].asnumpy(), value.asnumpy(), 1e-4)
+
+
+def test_hybridized_network_is_sharded_and_unknown_shapes_without_a_sample_are_refused():
+    X = _tagger_batch()
+    start = _values(_tagger())
+    net = _tagger(start)
+    net.hybridize()
+    expected = net(mx.nd.array(X)).asnumpy()   # caches the graph of the unsplit layers
+    pipe = Pipeline(net, 'cpu:0+cpu:1', sample=X, tensor_parallel='auto')
+    pipe.initialize()
+    assert 'tag_fc: MLP in, column-parallel' in repr(pipe)
+    assert 'tag_fc_shard1_weight' in net.collect_params()
+    _close(pipe(mx.nd.array(X, ctx=mx.cpu(0))).asnumpy(), expected)
+    lazy = gluon.nn.HybridSequential(prefix='lazy_')
+    with lazy.name_scope():
+        lazy.add(gluon.nn.Dense(8, activation='relu'), gluon.nn.Dense(4))
+    with pytest.raises(ValueError, match=r'^sample: expected a batch or its shape to shard a '
+                                         r'network whose parameter shapes are not known yet '
+                                         r'\(lazy_dense0_weight, .*\), found none$'):
+        Pipeline(lazy, 'cpu:0+cpu:1', tensor_parallel='auto')

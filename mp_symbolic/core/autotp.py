@@ -349,9 +349,9 @@ class _Graph:
                     if self.data_input(c) != i:
                         return None
                     continue
-                if op not in ELEMENTWISE or c in members:
-                    if c in members:
-                        continue
+                if c in members:
+                    continue
+                if op not in ELEMENTWISE:
                     return None
                 members.add(c)
                 frontier.append(c)
@@ -439,6 +439,12 @@ def apply(blocks, spec, devices, names):
     if shards == 1:
         report.entries.append(('all layers', 'whole: every stage has one device'))
         return blocks, report
+    unknown = [p.name for b in blocks for p in b.collect_params().values()
+               if p.shape is None or not all(p.shape)]
+    if unknown:
+        raise ValueError('sample: expected a batch or its shape to shard a network whose '
+                         'parameter shapes are not known yet (%s), found none'
+                         % excerpt(', '.join(unknown)))
     graph = _Graph(blocks, names)
     pass_ = _Pass(graph, shards, report, blocks)
     if spec == 'auto':
@@ -612,7 +618,8 @@ class _Pass:
                     writer.name
         units = first.weight.shape[0]
         for writer in writers.values():
-            new = PerShard(lambda F, x, b=writer: b(x), units, self.shards)
+            new = PerShard(lambda F, x, b=writer: b(x), units, self.shards,
+                           flatten=first._flatten)  # pylint: disable=protected-access
             new.__dict__['_wrapped'] = writer
             self.swaps.append((writer, new))
             self.taken[id(writer)] = 'per shard (element-wise, between the two layers)'
@@ -783,6 +790,10 @@ class _Pass:
                 self.blocks = [new if b is old else b for b in self.blocks]
             else:
                 _swap(parent, key, old, new)
+        for _, _, block in self.graph.tree:
+            # a graph a hybridized block cached still holds the layers swapped out
+            if isinstance(block, gluon.HybridBlock):
+                block._clear_cached_op()  # pylint: disable=protected-access
         for _, _, block in self.graph.tree:
             text = self.taken.get(id(block))
             if text is None and isinstance(block, (gluon.nn.Dense, gluon.nn.Embedding)):
