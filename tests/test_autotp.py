@@ -8,11 +8,11 @@ leaves whole, and the plans that cannot hold refused in one line; a
 checkpoint that resumes on one device and on four shards and exports to one
 unsplit ONNX file. Small sizes, random values (nothing is downloaded).
 """
-import json
 
 import mxnet as mx
 from mxnet import autograd, gluon
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -458,7 +458,7 @@ def test_auto_checkpoint_exports_to_one_unsplit_onnx_file_equal_to_one_device(tm
     assert onnx_files == ['bert.onnx']
     session = ort.InferenceSession(str(tmp_path / 'out' / 'current' / 'bert.onnx'),
                                    providers=['CPUExecutionProvider'])
-    initializers = {i.name for i in __import__('onnx').load(
+    initializers = {i.name for i in onnx.load(
         str(tmp_path / 'out' / 'current' / 'bert.onnx')).graph.initializer}
     assert 'encoder_transformer0_positionwiseffn0_ffn_1_weight' in initializers
     assert not any('shard' in name for name in initializers)
