@@ -284,16 +284,16 @@ def test_bert_auto_twin_step_with_the_trainer_equals_gluon_trainer_on_one_device
 
 # -- TransformerEncoder and GPT ---------------------------------------------------
 
-@pytest.mark.parametrize('build, batch, attention', [
-    (_encoder, _encoder_batch, 'tx_enc_transformer%d_multiheadattentioncell0'),
-    (_gpt, _gpt_batch, 'gpt_blocks_block%d_attention')])
+@pytest.mark.parametrize('build, batch, attention, chunks', [
+    (_encoder, _encoder_batch, 'tx_enc_transformer%d_multiheadattentioncell0', 1),
+    (_gpt, _gpt_batch, 'gpt_blocks_block%d_attention', 2)])
 def test_transformer_encoder_and_plain_gpt_auto_equal_one_device_after_one_step(
-        build, batch, attention):
+        build, batch, attention, chunks):
     X = batch()
     start = _values(build())
     one = _module(Pipeline(build(start), 'cpu:0', sample=X), [X], start, 'softmax', None,
                   X.shape[:1] if build is _encoder else X.shape)
-    pipe = Pipeline(build(start), TWO_BY_TWO, sample=X, tensor_parallel='auto')
+    pipe = Pipeline(build(start), TWO_BY_TWO, sample=X, tensor_parallel='auto', chunks=chunks)
     text = repr(pipe)
     for layer in (0, 1):
         assert (attention % layer) + ': attention by heads: 4 heads, 2 per shard' in text
