@@ -184,13 +184,20 @@ def _inputs_at_batch_one(symbol, given=None):
             if name not in found and shape and shape[0] == 0 and all(
                     isinstance(d, int) and d > 0 for d in shape[1:]):
                 found[name] = (1,) + shape[1:]
-    if found:
-        # a module records every input of more than one axis: one it did not
-        # record is one number per sample (BERT's valid lengths)
-        for name in inputs - set(found):
-            if not name.endswith('label'):
-                found[name] = (1,)
     return found
+
+
+def _one_number_inputs(symbol, recorded, data):
+    """``recorded`` with each data input it lacks as one number per sample
+    (a module records the inputs of more than one axis only: BERT's valid
+    lengths are not), if the symbol then infers; else ``{}`` (one input's
+    shape alone misleads a concat just as well)."""
+    guess = dict(recorded, **{name: (1,) for name in data - set(recorded)})
+    try:
+        symbol.infer_shape_partial(**guess)
+    except mx.base.MXNetError:
+        return {}
+    return guess
 
 
 def check_params(symbol, arg_params, aux_params, where='params', input_shapes=None):
@@ -218,8 +225,9 @@ def check_params(symbol, arg_params, aux_params, where='params', input_shapes=No
         # a batch of 0, a concat or flatten after it gets wrong widths (and
         # attention ops fail), so inputs are inferred at batch 1.
         batch_one = _inputs_at_batch_one(symbol, input_shapes)
-        if set(batch_one) != {a for a in input_names(symbol) if not a.endswith('label')}:
-            batch_one = {}  # one input's shape alone misleads a concat just as well
+        data = {a for a in input_names(symbol) if not a.endswith('label')}
+        if batch_one and set(batch_one) != data:
+            batch_one = _one_number_inputs(symbol, batch_one, data)
         arg_shapes, _, _ = symbol.infer_shape_partial(**batch_one)
     except mx.base.MXNetError as err:
         raise CheckpointError('%s: cannot infer the shapes its symbol expects: %s'
