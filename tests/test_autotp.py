@@ -547,3 +547,22 @@ def test_hybridized_network_is_sharded_and_unknown_shapes_without_a_sample_are_r
                                          r'network whose parameter shapes are not known yet '
                                          r'\(lazy_dense0_weight, .*\), found none$'):
         Pipeline(lazy, 'cpu:0+cpu:1', tensor_parallel='auto')
+
+
+def test_auto_gpt_whose_attention_holds_its_output_projection_exports_equal_to_one_device(
+        tmp_path):
+    X = _gpt_batch()
+    net = _gpt()
+    one_device = net(mx.nd.array(X)).asnumpy()
+    values = _values(net)
+    pipe = Pipeline(net, TWO_BY_TWO, sample=X, tensor_parallel='auto')
+    assert 'gpt_blocks_block0_attention: attention by heads: 4 heads, 2 per shard, ' \
+           'query/key/value column-parallel, proj row-parallel, one sum' in repr(pipe)
+    mp_symbolic.save_checkpoint(_module(pipe, [X], values), str(tmp_path / 'gpt'), epoch=0,
+                                name='gpt')
+    assert export_main(['--checkpoint', str(tmp_path / 'gpt'), '--out', str(tmp_path / 'out'),
+                        '--verify-batches', '4']) == 0
+    session = ort.InferenceSession(str(tmp_path / 'out' / 'current' / 'gpt.onnx'),
+                                   providers=['CPUExecutionProvider'])
+    got = session.run(None, {session.get_inputs()[0].name: X})[0]
+    assert np.abs(got - one_device).max() <= 1e-4 * np.abs(one_device).max()

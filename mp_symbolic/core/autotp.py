@@ -564,7 +564,8 @@ class _Pass:
             if reader is not None and id(reader) not in self.taken and not self._shared(reader):
                 self._row(reader, 'row-parallel, reads the attention\'s shards (no gather)')
             else:
-                self.taken[id(block)] += ' (its output gathered: no dense layer reads it)'
+                self.taken[id(block)] += ' (its output gathered: no dense layer reads it ' \
+                                         'directly)'
 
     # -- dense layers -----------------------------------------------------------
 
