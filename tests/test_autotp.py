@@ -566,3 +566,22 @@ def test_auto_gpt_whose_attention_holds_its_output_projection_exports_equal_to_o
                                    providers=['CPUExecutionProvider'])
     got = session.run(None, {session.get_inputs()[0].name: X})[0]
     assert np.abs(got - one_device).max() <= 1e-4 * np.abs(one_device).max()
+
+
+@pytest.mark.parametrize('build, xs, plan', [
+    (_bert, lambda: tuple(_bert_batch()),
+     {'*dotproductselfattentioncell0': 'column', 'encoder_transformer?_proj': 'row'}),
+    (_gpt, _gpt_batch, {'*_attention': 'column', '*_attention_proj': 'row'})])
+def test_plan_shards_attention_by_heads_and_equals_one_device(build, xs, plan):
+    xs = xs()
+    net = build()
+    inputs = xs if isinstance(xs, tuple) else (xs,)
+    one_device = net(*[mx.nd.array(x) for x in inputs])
+    one_device = [o.asnumpy() for o in (one_device if isinstance(one_device, (list, tuple))
+                                        else [one_device])]
+    values = _values(net)
+    pipe = Pipeline(net, TWO_BY_TWO, sample=xs, tensor_parallel=plan)
+    assert repr(pipe).count('attention by heads (plan): 4 heads, 2 per shard') == 2
+    outputs = _forward(_module(pipe, list(inputs), values), list(inputs))
+    for ours, theirs in zip(outputs, one_device):
+        _close(ours, theirs)

@@ -737,8 +737,12 @@ class _Pass:
                     raise ValueError('%s: expected input units that divide into %d shards, found '
                                      '%s of weight %s (%d input units)'
                                      % (where, self.shards, block.name, block.weight.shape, size))
+        inside = set().union(*[_descendants(b) for b in columns.values()
+                               if not isinstance(b, gluon.nn.Dense)])
         for block, pattern, kind in kind_of.values():
             if kind != 'row':
+                continue
+            if id(block) in inside:   # an attention's own output projection: sharded with it
                 continue
             source = self._sharded_source(block, columns)
             if source is None:
@@ -756,7 +760,7 @@ class _Pass:
             else:
                 self._shard_attention(block, self._attention(block), 'by heads (plan)')
         for block, _, kind in kind_of.values():
-            if kind == 'row' and id(block) not in self.taken:
+            if kind == 'row' and id(block) not in self.taken and id(block) not in inside:
                 source, members = self._sharded_source(block, columns)
                 gathered = None
                 if isinstance(source, gluon.nn.Dense) and members:
