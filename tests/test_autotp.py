@@ -585,3 +585,15 @@ def test_plan_shards_attention_by_heads_and_equals_one_device(build, xs, plan):
     outputs = _forward(_module(pipe, list(inputs), values), list(inputs))
     for ours, theirs in zip(outputs, one_device):
         _close(ours, theirs)
+
+
+def test_stages_of_different_device_counts_are_refused_and_one_device_stages_shard_nothing():
+    X = _tagger_batch()
+    with pytest.raises(mp_symbolic.DeviceSpecError,
+                       match=r'^tensor_parallel: expected stages of one device count to shard '
+                             r'over, found stages of 2 and 3 devices$'):
+        Pipeline(_tagger(), 'cpu:0+cpu:1,cpu:2+cpu:3+cpu:4', sample=X, tensor_parallel='auto')
+    pipe = Pipeline(_tagger(), 'cpu:0,cpu:1', sample=X, tensor_parallel='auto')
+    assert pipe.sharding.lines() == ['tensor parallel (auto, 1 shard):',
+                                     '  all layers: whole: every stage has one device']
+    assert not pipe.sharded

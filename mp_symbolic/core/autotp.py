@@ -88,7 +88,8 @@ class Sharding:
 
     def lines(self):
         """The report: a heading, then one line per layer."""
-        head = 'tensor parallel (%s, %d shards):' % (self.mode, self.shards)
+        head = 'tensor parallel (%s, %d shard%s):' % (self.mode, self.shards,
+                                                      '' if self.shards == 1 else 's')
         return [head] + ['  %s: %s' % entry for entry in self.entries]
 
 
@@ -360,10 +361,8 @@ class _Graph:
             return None
         b = readers.pop()
         for i in members:
-            if any(s not in members and s != a and self.nodes[s]['op'] != 'null'
-                   for s, _, _ in self.nodes[i]['inputs']):
-                return None
-            if any(self.nodes[s]['op'] == 'null' for s, _, _ in self.nodes[i]['inputs']):
+            # nothing from outside the chain (a weight, another branch) joins it
+            if any(s not in members and s != a for s, _, _ in self.nodes[i]['inputs']):
                 return None
         return members, b
 
