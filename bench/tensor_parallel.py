@@ -4,7 +4,9 @@ A transformer's MLP block (Megatron-LM's pair: a
 :class:`~mp_symbolic.ColumnParallelDense` ``num_hiddens -> 4 num_hiddens``
 with ReLU, then a :class:`~mp_symbolic.RowParallelDense` back to
 ``num_hiddens``, L2 loss), trained by an ``mx.mod.Module`` on one stage of N
-devices (``cpu:0+cpu:1+...``), for N = 1, 2, 4, all in one process:
+devices (``cpu:0+cpu:1+...``), for N = 1, 2, 4, all in one process; beside
+it the same block written with two plain ``gluon.nn.Dense`` layers and
+sharded by ``Pipeline(..., tensor_parallel='auto')`` ("auto, N devices"):
 
 * memory per device after one step, from MXNet's own arrays and storage
   profiler in a fresh process (:func:`mp_symbolic.tools.memory.measure_memory`):
@@ -24,6 +26,7 @@ import json
 import os
 
 import mxnet as mx
+from mxnet import gluon
 import numpy as np
 
 from mp_symbolic import ColumnParallelDense, Pipeline, RowParallelDense
@@ -42,6 +45,19 @@ def _blocks(num_hiddens, shards):
     return [ColumnParallelDense(4 * num_hiddens, num_hiddens, shards, activation='relu',
                                 prefix='mlp_fc1_'),
             RowParallelDense(num_hiddens, 4 * num_hiddens, shards, prefix='mlp_fc2_')]
+
+
+def _plain_blocks(num_hiddens):
+    """The same block in Gluon's own layers, for ``tensor_parallel='auto'``."""
+    return [gluon.nn.Dense(4 * num_hiddens, in_units=num_hiddens, activation='relu',
+                           prefix='mlp_fc1_'),
+            gluon.nn.Dense(num_hiddens, in_units=4 * num_hiddens, prefix='mlp_fc2_')]
+
+
+def _pipeline(num_hiddens, shards, devices, auto=False):
+    if auto:
+        return Pipeline(_plain_blocks(num_hiddens), devices, tensor_parallel='auto')
+    return Pipeline(_blocks(num_hiddens, shards), devices)
 
 
 class _Steps:
@@ -66,28 +82,36 @@ class _Steps:
             self.mod.update()
 
 
-def plans_of(shard_counts):
-    """``{name: (shards, devices)}``: N shards on N devices, and on cpu(0) alone."""
+def plans_of(shard_counts, auto=False):
+    """``{name: (shards, devices)}``: N shards on N devices, and on cpu(0) alone
+    (with ``auto``, ``{name: (shards, devices, auto)}`` and the plain layers
+    sharded automatically on N devices too)."""
     plans = {'1 device': (1, 'cpu:0')}
     for n in shard_counts:
         if n > 1:
             plans['%d shards, %d devices' % (n, n)] = (n, '+'.join('cpu:%d' % i
                                                                   for i in range(n)))
             plans['%d shards, 1 device' % n] = (n, 'cpu:0')
+    if not auto:
+        return plans
+    plans = {name: plan + (False,) for name, plan in plans.items()}
+    for n in shard_counts:
+        if n > 1:
+            plans['auto, %d devices' % n] = (n, '+'.join('cpu:%d' % i for i in range(n)), True)
     return plans
 
 
 def run(shard_counts=(1, 2, 4), num_hiddens=512, batch_size=64, steps=20, repeats=5, warmup=5,
         out_dir=OUT_DIR, log=print):
     """Measures, logs the tables, writes ``tensor_parallel.json``; returns the report."""
-    plans = plans_of(shard_counts)
+    plans = plans_of(shard_counts, auto=True)
     layer_bytes = 4 * (2 * 4 * num_hiddens * num_hiddens + 5 * num_hiddens)
     log('MLP block %d -> %d -> %d (%s of parameters), batch %d, SGD'
         % (num_hiddens, 4 * num_hiddens, num_hiddens, format_bytes(layer_bytes), batch_size))
 
     memory = {}
-    for name, (shards, devices) in plans.items():
-        pipe = Pipeline(_blocks(num_hiddens, shards), devices)
+    for name, (shards, devices, auto) in plans.items():
+        pipe = _pipeline(num_hiddens, shards, devices, auto)
         symbol = pipe.training_symbol('l2')
         memory[name] = measure_memory(
             symbol, [('data', (batch_size, num_hiddens))],
@@ -95,9 +119,9 @@ def run(shard_counts=(1, 2, 4), num_hiddens=512, batch_size=64, steps=20, repeat
             context=str(pipe.plan.first_device))['devices']
     log_memory(memory, log)
 
-    variants = {name: _Steps(Pipeline(_blocks(num_hiddens, shards), devices), batch_size,
+    variants = {name: _Steps(_pipeline(num_hiddens, shards, devices, auto), batch_size,
                              num_hiddens)
-                for name, (shards, devices) in plans.items()}
+                for name, (shards, devices, auto) in plans.items()}
     rates = throughput(variants, batch_size, steps, repeats, warmup)
     return write_report(os.path.join(out_dir, 'tensor_parallel.json'), rates, steps, repeats,
                         dict(num_hiddens=num_hiddens, batch_size=batch_size,
@@ -155,7 +179,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog='python -m bench.tensor_parallel',
         description='Tensor-parallel MLP block: memory per device and step time at 1, 2 and '
-                    '4 shards, as ratios to one device.')
+                    '4 shards, as ratios to one device, hand-written and sharded automatically.')
     parser.add_argument('--num-hiddens', type=int, default=512)
     parser.add_argument('--batch-size', type=int, default=64)
     parser.add_argument('--quick', action='store_true',

@@ -328,7 +328,7 @@ class PipelineModule(mx.mod.Module):
         symbol, arg_params, aux_params = checkpoint.load()
         shapes = {p.name: p.shape for p in self.pipeline.collect_params().values()}
         ours = [a for a in self.export_symbol.list_arguments()
-                if a not in (self.data_name, self.label_name)]
+                if a not in self.data_names and a != self.label_name]
         rename = match_parameters(
             [a for a in symbol.list_arguments() if a in arg_params] +
             symbol.list_auxiliary_states(), ours + self.export_symbol.list_auxiliary_states(),

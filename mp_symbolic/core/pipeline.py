@@ -38,11 +38,11 @@ This module is the Gluon block and the entry point: the plan is one frozen
 import mxnet as mx
 from mxnet import gluon
 
-from . import graph, tensor_parallel, twin
+from . import autotp, graph, tensor_parallel, twin
 from .compat import symbol_safe
 from .heads import make_head
-from .names import DATA_NAME, LABEL_NAME, other_output_name, stage_name
-from .placement import place
+from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
+from .placement import place, sample_shapes
 
 __all__ = []
 
@@ -109,6 +109,15 @@ class Pipeline(gluon.Block):
             first that reads them. Other stages read such a parameter through
             an ``identity`` op in its stage (a copy, in the imperative twin);
             its gradient is the sum over its uses.
+        tensor_parallel: ``None``: only the tensor-parallel layers the network
+            is written with are sharded. ``'auto'``: its ``Dense`` layers and
+            attention blocks are swapped for tensor-parallel ones over the
+            devices of a stage, each MLP and self-attention Megatron-LM's way
+            (:mod:`~mp_symbolic.core.autotp`); ``{pattern: 'column' | 'row' |
+            'vocab' | 'replicate'}``: the layers whose block or parameter name
+            matches an ``fnmatch`` pattern (the first that matches decides).
+            Swapped layers keep their parameter names and values; the network
+            given is changed in place. ``print(pipe)`` says what was sharded.
 
     Attributes:
         blocks: The blocks, in order.
@@ -120,6 +129,8 @@ class Pipeline(gluon.Block):
         whole: Whether one whole network was cut (then ``cut`` is its
             :class:`~mp_symbolic.core.graphcut.Cut`).
         tied: ``{parameter name: (owning stage, stages that read it)}``.
+        sharding: What ``tensor_parallel`` did, layer by layer
+            (:class:`~mp_symbolic.core.autotp.Sharding`), or ``None``.
 
     Raises:
         TypeError: a block is not a ``HybridBlock``.
@@ -127,17 +138,27 @@ class Pipeline(gluon.Block):
             chunks or replicas that cannot work; a ``tied`` entry that is
             not a parameter and a stage; a whole network without ``sample``
             whose shapes are not known; a stage of several devices whose
-            count is not the shards of a tensor-parallel layer in it.
+            count is not the shards of a tensor-parallel layer in it; a
+            ``tensor_parallel`` plan that cannot hold (the layer, its shapes
+            and the shard count named).
     """
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
-                 mirror=False, tied=None):
+                 mirror=False, tied=None, tensor_parallel=None):
         super().__init__(prefix='pipeline_')
         # One HybridBlock (not a HybridSequential) is split by a graph cut.
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
-        self.blocks = tuple(_as_blocks(blocks))
+        blocks = _as_blocks(blocks)
+        self.sharding = None
+        if tensor_parallel is not None:
+            shapes = sample_shapes(sample)
+            names = tuple(input_names(1 if shapes is None else len(shapes)))
+            if shapes is not None:
+                graph.infer_shapes(blocks, shapes, names)
+            blocks, self.sharding = autotp.apply(blocks, tensor_parallel, devices, names)
+        self.blocks = tuple(blocks)
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
         self.placement = place(self.blocks, whole, devices, balance, sample, chunks, replicas,
@@ -405,7 +426,8 @@ class Pipeline(gluon.Block):
         return tensor_parallel.split_params(values, self.sharded)
 
     def __repr__(self):
-        return 'Pipeline(\n  %s\n)' % '\n  '.join(self.describe())
+        lines = self.describe() + (self.sharding.lines() if self.sharding else [])
+        return 'Pipeline(\n  %s\n)' % '\n  '.join(lines)
 
 
 def _is_initialized(param):

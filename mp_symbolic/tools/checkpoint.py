@@ -187,6 +187,19 @@ def _inputs_at_batch_one(symbol, given=None):
     return found
 
 
+def _one_number_inputs(symbol, recorded, data):
+    """``recorded`` with each data input it lacks as one number per sample
+    (a module records the inputs of more than one axis only: BERT's valid
+    lengths are not), if the symbol then infers; else ``{}`` (one input's
+    shape alone misleads a concat just as well)."""
+    guess = dict(recorded, **{name: (1,) for name in data - set(recorded)})
+    try:
+        symbol.infer_shape_partial(**guess)
+    except mx.base.MXNetError:
+        return {}
+    return guess
+
+
 def check_params(symbol, arg_params, aux_params, where='params', input_shapes=None):
     """Raises :class:`CheckpointError` unless the arrays fit ``symbol``
     (with inputs of ``input_shapes``, one sample each, where given)."""
@@ -212,8 +225,9 @@ def check_params(symbol, arg_params, aux_params, where='params', input_shapes=No
         # a batch of 0, a concat or flatten after it gets wrong widths (and
         # attention ops fail), so inputs are inferred at batch 1.
         batch_one = _inputs_at_batch_one(symbol, input_shapes)
-        if set(batch_one) != {a for a in input_names(symbol) if not a.endswith('label')}:
-            batch_one = {}  # one input's shape alone misleads a concat just as well
+        data = {a for a in input_names(symbol) if not a.endswith('label')}
+        if batch_one and set(batch_one) != data:
+            batch_one = _one_number_inputs(symbol, batch_one, data)
         arg_shapes, _, _ = symbol.infer_shape_partial(**batch_one)
     except mx.base.MXNetError as err:
         raise CheckpointError('%s: cannot infer the shapes its symbol expects: %s'
