@@ -39,3 +39,31 @@ def load_config(**fields):
     and the task's defaults filled in."""
     from mp_symbolic.training.loop import load  # pylint: disable=import-outside-toplevel
     return load(make_config(**fields))
+
+
+def small_bert(values=None, num_heads=2, scale=0.02):
+    """GluonNLP's BERT, two layers of 16 units (fixed names), its parameters
+    made by one forward pass of :func:`bert_batch`; ``values`` (name ->
+    NDArray) then replace them. Skips the test without GluonNLP."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    bert = pytest.importorskip('gluonnlp.model.bert')
+    mx.random.seed(0)
+    encoder = bert.BERTEncoder(num_layers=2, units=16, hidden_size=32, max_length=16,
+                               num_heads=num_heads, prefix='encoder_')
+    net = bert.BERTModel(encoder, vocab_size=50, token_type_vocab_size=2, units=16,
+                         embed_size=16, use_pooler=True, use_decoder=False, use_classifier=True,
+                         prefix='bert_')
+    net.initialize(mx.init.Normal(scale))
+    net(*[mx.nd.array(x) for x in bert_batch()])
+    for name, value in (values or {}).items():
+        net.collect_params()[name].set_data(value)
+    return net
+
+
+def bert_batch(batch_size=4, seq_len=8):
+    """BERT's three inputs: token ids, token types, valid lengths (float32)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 50, (batch_size, seq_len)).astype(np.float32),
+            rng.integers(0, 2, (batch_size, seq_len)).astype(np.float32),
+            rng.integers(1, seq_len + 1, (batch_size,)).astype(np.float32)]

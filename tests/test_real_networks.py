@@ -21,6 +21,7 @@ import mp_symbolic
 from mp_symbolic import Pipeline, Trainer
 
 from export.__main__ import main as export_main
+from conftest import bert_batch, small_bert
 
 FOUR_DEVICES = 'cpu:0,cpu:1,cpu:2,cpu:3'
 SWEEP = pytest.mark.skipif(not os.environ.get('MP_ZOO_SWEEP'),
@@ -28,28 +29,8 @@ SWEEP = pytest.mark.skipif(not os.environ.get('MP_ZOO_SWEEP'),
                                   'set MP_ZOO_SWEEP=1')
 
 
-def _bert(values=None):
-    """A two-layer BERT (fixed names), its parameters made by one forward pass;
-    ``values`` (name -> NDArray) then replace them."""
-    bert = pytest.importorskip('gluonnlp.model.bert')
-    mx.random.seed(0)
-    encoder = bert.BERTEncoder(num_layers=2, units=16, hidden_size=32, max_length=16,
-                               num_heads=2, prefix='encoder_')
-    net = bert.BERTModel(encoder, vocab_size=50, token_type_vocab_size=2, units=16,
-                         embed_size=16, use_pooler=True, use_decoder=False, use_classifier=True,
-                         prefix='bert_')
-    net.initialize(mx.init.Normal(0.02))
-    net(*[mx.nd.array(x) for x in _bert_batch()])
-    for name, value in (values or {}).items():
-        net.collect_params()[name].set_data(value)
-    return net
-
-
-def _bert_batch(batch_size=4, seq_len=8):
-    rng = np.random.default_rng(0)
-    return [rng.integers(0, 50, (batch_size, seq_len)).astype(np.float32),
-            rng.integers(0, 2, (batch_size, seq_len)).astype(np.float32),
-            rng.integers(1, seq_len + 1, (batch_size,)).astype(np.float32)]
+_bert = small_bert
+_bert_batch = bert_batch
 
 
 def _values(net):

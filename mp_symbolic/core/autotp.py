@@ -569,23 +569,20 @@ class _Pass:
     # -- dense layers -----------------------------------------------------------
 
     def _column(self, dense, why):
-        new = ColumnParallelDense(dense._units, dense.weight.shape[1], self.shards,  # pylint: disable=protected-access
-                                  activation=_act(dense), use_bias=dense.bias is not None,
-                                  flatten=dense._flatten, dtype=dense.weight.dtype,  # pylint: disable=protected-access
-                                  weight_initializer=dense.weight.init,
-                                  bias_initializer=dense.bias.init if dense.bias else 'zeros',
-                                  prefix=dense.prefix)
-        _carry_values([p for p in (dense.weight, dense.bias) if p is not None], new)
-        self.swaps.append((dense, new))
-        self.taken[id(dense)] = why
+        self._dense(ColumnParallelDense, dense, why)
 
     def _row(self, dense, why):
-        new = RowParallelDense(dense._units, dense.weight.shape[1], self.shards,  # pylint: disable=protected-access
-                               activation=_act(dense), use_bias=dense.bias is not None,
-                               flatten=dense._flatten, dtype=dense.weight.dtype,  # pylint: disable=protected-access
-                               weight_initializer=dense.weight.init,
-                               bias_initializer=dense.bias.init if dense.bias else 'zeros',
-                               prefix=dense.prefix)
+        self._dense(RowParallelDense, dense, why)
+
+    def _dense(self, layer, dense, why):
+        """Swaps ``dense`` for a ``layer`` (column or row) of its units, input
+        width, activation, initialisers, prefix and values."""
+        new = layer(dense._units, dense.weight.shape[1], self.shards,  # pylint: disable=protected-access
+                    activation=_act(dense), use_bias=dense.bias is not None,
+                    flatten=dense._flatten, dtype=dense.weight.dtype,  # pylint: disable=protected-access
+                    weight_initializer=dense.weight.init,
+                    bias_initializer=dense.bias.init if dense.bias else 'zeros',
+                    prefix=dense.prefix)
         _carry_values([p for p in (dense.weight, dense.bias) if p is not None], new)
         self.swaps.append((dense, new))
         self.taken[id(dense)] = why
