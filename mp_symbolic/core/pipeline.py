@@ -46,6 +46,8 @@ from .placement import place
 
 __all__ = []
 
+SCHEDULES = ('gpipe', '1f1b')
+
 
 def _as_blocks(blocks):
     if isinstance(blocks, gluon.nn.HybridSequential):
@@ -109,6 +111,13 @@ class Pipeline(gluon.Block):
             first that reads them. Other stages read such a parameter through
             an ``identity`` op in its stage (a copy, in the imperative twin);
             its gradient is the sum over its uses.
+        schedule: The order of the micro-batches in the Module's training
+            step: ``'gpipe'`` (one graph of every micro-batch, ordered by
+            MXNet's engine: fill and drain), or ``'1f1b'`` (each stage an
+            executor of its own, one forward and one backward in turn, so
+            stage ``s`` of ``K`` keeps at most ``K - s`` micro-batches'
+            activations: :mod:`~mp_symbolic.core.stages`). The imperative
+            twin runs fill and drain either way.
 
     Attributes:
         blocks: The blocks, in order.
@@ -116,7 +125,7 @@ class Pipeline(gluon.Block):
             runs where (the attributes below read it).
         plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
-        chunks, replicas: As given.
+        chunks, replicas, schedule: As given.
         whole: Whether one whole network was cut (then ``cut`` is its
             :class:`~mp_symbolic.core.graphcut.Cut`).
         tied: ``{parameter name: (owning stage, stages that read it)}``.
@@ -132,8 +141,12 @@ class Pipeline(gluon.Block):
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
-                 mirror=False, tied=None):
+                 mirror=False, tied=None, schedule='gpipe'):
         super().__init__(prefix='pipeline_')
+        if schedule not in SCHEDULES:
+            raise ValueError('schedule: expected one of %s, found %r'
+                             % (', '.join(repr(k) for k in SCHEDULES), schedule))
+        self.schedule = schedule
         # One HybridBlock (not a HybridSequential) is split by a graph cut.
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
@@ -278,9 +291,12 @@ class Pipeline(gluon.Block):
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
         """
-        from .module import PipelineModule  # pylint: disable=import-outside-toplevel
-        return PipelineModule(self, loss=loss, data_name=data_name, label_name=label_name,
-                              output=output, **kwargs)
+        # pylint: disable=import-outside-toplevel
+        from .module import PipelineModule
+        from .staged_module import StagedModule
+        kind = PipelineModule if self.schedule == 'gpipe' else StagedModule
+        return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
+                    **kwargs)
 
     def infer_shape(self, data_shape, data_name=DATA_NAME):
         """Fills in parameter shapes not known yet from one input shape.
