@@ -188,3 +188,17 @@ def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
     mod.forward(_batch(sample, 0, 10), is_train=True)
     with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='1f1b'"):
         mod.backward(out_grads=[mx.nd.ones((BATCH, TINY.block_size, TINY.vocab_size))])
+
+
+def test_1f1b_activation_memory_per_device_is_flat_in_the_number_of_microbatches():
+    from bench.schedules import measure, spec  # pylint: disable=import-outside-toplevel
+    small = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)
+    # the first step measured after the warm-up still counts some of MXNet's
+    # once-per-process allocations: it is not compared
+    _, few, many, gpipe = measure([spec('1f1b', 2, 2, 8, small), spec('1f1b', 2, 2, 8, small),
+                                   spec('1f1b', 2, 8, 8, small), spec('gpipe', 2, 8, 8, small)],
+                                  warmup=True)
+    assert sorted(few) == sorted(many) == sorted(gpipe) == ['cpu(0)', 'cpu(1)']
+    for device in few:
+        assert 0 < many[device] <= 1.25 * few[device], (device, few, many)
+        assert gpipe[device] >= 2 * many[device], (device, many, gpipe)
