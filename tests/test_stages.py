@@ -202,3 +202,43 @@ def test_1f1b_activation_memory_per_device_is_flat_in_the_number_of_microbatches
     for device in few:
         assert 0 < many[device] <= 1.25 * few[device], (device, few, many)
         assert gpipe[device] >= 2 * many[device], (device, many, gpipe)
+
+
+def test_the_training_loops_module_stepper_under_1f1b_gives_gpipes_losses_and_parameters(
+        small_data):
+    """``--schedule 1f1b`` through the command line's stepper: the losses it
+    reports (read from the stage runtime's outputs) and the parameters after
+    six steps are GPipe's, with replicas too."""
+    from conftest import load_config  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.loop import build_pipeline, make_stepper  # pylint: disable=import-outside-toplevel
+    X, y = small_data[0], small_data[1]
+    runs = {}
+    for schedule in ('gpipe', '1f1b'):
+        task, cfg = load_config(task='regression', devices='cpu:0,cpu:1,cpu:2,cpu:3',
+                                chunks=2, replicas=2, schedule=schedule, progress=False,
+                                num_examples=len(X), batch_size=40, momentum=0.9, lr=0.01)
+        pipe, _ = build_pipeline(cfg, task)
+        stepper = make_stepper(cfg, pipe, task, loop.initial_values(pipe, cfg.seed), y.shape[1:])
+        losses = [stepper.step(*batch).asscalar()
+                  for _, batch in zip(range(6), stepper.batches(X, y, 0))]
+        runs[schedule] = losses, stepper.params(), stepper.predict(X[:40])
+    (losses, params, predicted), (ref_losses, ref_params, ref_predicted) = \
+        runs['1f1b'], runs['gpipe']
+    assert ref_losses[-1] < ref_losses[0]
+    np.testing.assert_allclose(losses, ref_losses, rtol=TOL, atol=1e-6)
+    np.testing.assert_allclose(predicted, ref_predicted, rtol=TOL, atol=1e-6)
+    for name, value in ref_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize('fields, message', [
+    (dict(schedule='zb'), r"^schedule: expected gpipe or 1f1b, found 'zb'$"),
+    (dict(schedule='1f1b', api='executor'), r"^schedule: expected 'gpipe' with api 'executor'"),
+    (dict(schedule='1f1b', variant='imperative'),
+     r"^schedule: expected 'gpipe' \(the default\) with variant 'imperative'"),
+])
+def test_a_schedule_the_run_cannot_use_is_refused_in_one_line(fields, message):
+    from mp_symbolic.training.config import TrainConfig  # pylint: disable=import-outside-toplevel
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(task='regression', batch_size=8, num_epochs=1, optimizer='sgd', lr=0.1,
+                    momentum=0.0, **fields)

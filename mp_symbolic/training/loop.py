@@ -70,7 +70,7 @@ def build_pipeline(cfg, task):
     sample = (cfg.batch_size,) + tuple(task.sample_shape)
     try:
         pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
-                        replicas=cfg.replicas, mirror=cfg.mirror)
+                        replicas=cfg.replicas, mirror=cfg.mirror, schedule=cfg.schedule)
     except ValueError as err:
         field, _, rest = str(err).partition(': ')
         if field != 'sample':
@@ -285,6 +285,8 @@ def _title(cfg, task, pipe):
     extra = ''
     if cfg.chunks > 1:
         extra += ', %d micro-batches per batch' % cfg.chunks
+    if cfg.schedule != 'gpipe':
+        extra += ', schedule %s' % cfg.schedule
     if cfg.mirror:
         extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:

@@ -148,15 +148,24 @@ class ModuleStepper(_SymbolicStepper):
         self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg))
         # pylint: disable=protected-access
         self._execs = self.module._exec_group.execs
+        self._local = local
 
     def step(self, X, y):
         self.module.forward(mx.io.DataBatch(data=[X], label=[y]), is_train=True)
         self.module.backward()
         self.module.update()
-        return self._loss()
+        if self.pipe.schedule == 'gpipe':
+            return self._loss()
+        # the stage runtime's outputs, each replica's part of the batch (its
+        # one-graph executors hold the parameters only)
+        outputs = self.module.get_outputs(merge_multi_context=False)[0]
+        part = len(y) // len(outputs)
+        losses = [self.task.batch_loss(o, y[r * part:(r + 1) * part].as_in_context(o.context))
+                  .as_in_context(outputs[0].context) for r, o in enumerate(outputs)]
+        return losses[0] if len(losses) == 1 else mx.nd.add_n(*losses) / len(losses)
 
     def predict(self, X):
-        return self.module.predict(mx.io.NDArrayIter(X, batch_size=self.module._exec_group.batch_size)).asnumpy()  # pylint: disable=protected-access
+        return self.module.predict(mx.io.NDArrayIter(X, batch_size=self._local)).asnumpy()
 
     def arg_aux(self):
         """``(arg_params, aux_params)`` as NDArrays on ``cpu()``."""
