@@ -16,35 +16,32 @@ and parameter copy (:func:`mp_symbolic.tools.memory.device_memory`'s
 workspace; under ``'1f1b'`` also the stage executors' own input arrays.
 """
 import argparse
+import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
-__all__ = ['measure', 'spec', 'run', 'main']
+import mxnet as mx
+
+from mp_symbolic import Pipeline
+from mp_symbolic.tools.memory import device_memory
+from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
+                                     step_windows, storage_bytes)
+from mp_symbolic.training.tasks import gpt
+
+__all__ = ['measure', 'trace', 'spec', 'run', 'main']
 
 LM = dict(vocab_size=96, block_size=64, num_layers=4, num_heads=4, num_hiddens=64)
 
 
-def _step(spec, mx):
+def _step(spec):
     """One training step of ``spec``'s Pipeline; returns the bytes per device
     of the arrays :func:`~mp_symbolic.tools.memory.device_memory` knows
     (the Module's), of the batch and of its outputs, and the Module (whose memory is held
     as long as it lives)."""
-    from mp_symbolic import Pipeline  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.tools.memory import device_memory  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.training.tasks import gpt  # pylint: disable=import-outside-toplevel
-    cfg = gpt.GPTConfig(**spec['lm'])
-    shape = (spec['chunks'] * spec['micro_batch'], cfg.block_size)
-    pipe = Pipeline(gpt.build_blocks(cfg), ','.join('cpu:%d' % s for s in range(spec['stages'])),
-                    sample=shape, chunks=spec['chunks'], schedule=spec['schedule'])
-    mod = pipe.module(loss='softmax')
-    mod.bind([('data', shape)], [('softmax_label', shape)])
-    mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
-    mod.init_optimizer(kvstore=None, optimizer='sgd',
-                       optimizer_params={'learning_rate': 0.1, 'momentum': 0.9})
-    batch = mx.io.DataBatch([mx.nd.ones(shape)], [mx.nd.zeros(shape)])
+    mod, batch = _build(spec)
     mod.forward_backward(batch)
     mod.update()
     mx.nd.waitall()
@@ -55,27 +52,38 @@ def _step(spec, mx):
     return known, (mod, batch)
 
 
+def _build(spec):
+    """``spec``'s Module, bound, initialised, with SGD, and a batch for it."""
+    cfg = gpt.GPTConfig(**spec['lm'])
+    shape = (spec['chunks'] * spec['micro_batch'], cfg.block_size)
+    pipe = Pipeline(gpt.build_blocks(cfg), ','.join('cpu:%d' % s for s in range(spec['stages'])),
+                    sample=shape, chunks=spec['chunks'], schedule=spec['schedule'])
+    mod = pipe.module(loss='softmax')
+    mod.bind([('data', shape)], [('softmax_label', shape)])
+    mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
+    mod.init_optimizer(kvstore=None, optimizer='sgd',
+                       optimizer_params={'learning_rate': 0.1, 'momentum': 0.9})
+    return mod, mx.io.DataBatch([mx.nd.ones(shape)], [mx.nd.zeros(shape)])
+
+
 def _child(specs, warmup):
     """In a fresh process: one training step of each spec in turn under the
     storage profiler (with ``warmup``, after one step of the first that is
     not measured); each one's activations are what the devices gained during
     it less the arrays it knows (the process frees everything between)."""
-    import gc  # pylint: disable=import-outside-toplevel
-    import mxnet as mx  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.tools.trace import TraceError, load_trace, storage_bytes  # pylint: disable=import-outside-toplevel
     path = os.path.join(tempfile.mkdtemp(prefix='mp-schedules-'), 'memory.json')
     mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
                            profile_memory=True, aggregate_stats=False, filename=path)
     mx.profiler.set_state('run')
     domain = mx.profiler.Domain('schedules')
     if warmup:  # MXNet keeps some per-device resources once a step has made them
-        _step(specs[0], mx)
+        _step(specs[0])
     known = []
     for k, spec in enumerate(specs):
         gc.collect()
         mx.nd.waitall()
         mx.profiler.Marker(domain, 'start%d' % k).mark()
-        arrays, alive = _step(spec, mx)
+        arrays, alive = _step(spec)
         known.append(arrays)
         mx.profiler.Marker(domain, 'end%d' % k).mark()
         del alive
@@ -104,8 +112,88 @@ def _child(specs, warmup):
     return results
 
 
+def _trace_child(specs, steps=3):
+    """In a fresh process: ``steps`` profiled steps of each spec (after one
+    not profiled), each step's ``forward_backward`` between two markers;
+    per spec, the step of the median span: each device's busy time, whether
+    it started a backward before its last forward ended, and the bubble."""
+    built = []
+    for spec in specs:
+        mod, batch = _build(spec)
+        mod.forward_backward(batch)
+        mod.update()
+        built.append((mod, batch))
+    mx.nd.waitall()
+    path = os.path.join(tempfile.mkdtemp(prefix='mp-schedules-'), 'trace.json')
+    mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_api=False,
+                           profile_memory=False, aggregate_stats=False, filename=path)
+    domain = mx.profiler.Domain('schedules')
+    mx.profiler.set_state('run')
+    for k, (mod, batch) in enumerate(built):
+        marker = mx.profiler.Marker(domain, 'spec%d' % k)
+        for _ in range(steps):
+            mx.nd.waitall()
+            marker.mark('process')
+            mod.forward_backward(batch)
+            mx.nd.waitall()
+            marker.mark('process')
+            mod.update()
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    trace = load_trace(path)
+    os.remove(path)
+    os.rmdir(os.path.dirname(path))
+    ops = op_intervals(trace)
+    results = []
+    for k, spec in enumerate(specs):
+        devices = ['cpu/%d' % s for s in range(spec['stages'])]
+        windows = step_windows(trace, 'spec%d' % k)[::2]  # forward_backward, not update
+        steps_seen = []
+        for window in windows:
+            step = clip(ops, window)
+            stats = step_stats(step, devices)
+            early = {}
+            for d in devices:
+                names = [(iv, _phase(iv[2])) for iv in step.get(d, [])]
+                backward = [iv[0] for iv, phase in names if phase == 'B']
+                forward = [iv[1] for iv, phase in names if phase == 'F']
+                early[d] = bool(backward and forward and min(backward) < max(forward))
+            steps_seen.append(dict(stats, backward_before_last_forward=early))
+        steps_seen.sort(key=lambda st: st['span_us'])
+        results.append(steps_seen[(len(steps_seen) - 1) // 2])
+    return results
+
+
+# Backward-pass ops that are not named _backward_*: the sums of a weight's
+# gradients (per chunk in the one graph; grad_req='add' in the stages).
+_GRADIENT_SUMS = ('_grad_add', 'add_n', 'ElementWiseSum')
+
+
+def _phase(op):
+    """``'B'`` for a backward-pass op, ``'F'`` for a forward one, ``None`` for
+    a copy (between devices, or of the batch into a stage)."""
+    if op.startswith('_backward') or op in _GRADIENT_SUMS:
+        return 'B'
+    if op.startswith(('_copy', 'Copy', '_CrossDeviceCopy')):
+        return None
+    return 'F'
+
+
 def _row(device):
     return device.replace('(', '/').rstrip(')')  # 'cpu(1)' -> 'cpu/1', as the counters name it
+
+
+def trace(specs, timeout=900):
+    """``[stats]`` of one profiled step of each spec (see :func:`_trace_child`),
+    all in one child process, with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (each op
+    its own row in the trace, not a bulked segment).
+
+    Raises:
+        RuntimeError: the child failed (its last line of stderr).
+    """
+    return _run_child({'specs': specs, 'mode': 'trace'}, timeout,
+                      {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
 
 
 def measure(specs, warmup=False, timeout=600):
@@ -123,16 +211,20 @@ def measure(specs, warmup=False, timeout=600):
     Raises:
         RuntimeError: the child failed (its last line of stderr).
     """
+    return _run_child({'specs': specs, 'warmup': warmup, 'mode': 'memory'}, timeout)
+
+
+def _run_child(given, timeout, env=None):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0', **(env or {}))
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
     proc = subprocess.run([sys.executable, '-m', 'bench.schedules', '--child'],
-                          input=json.dumps({'specs': specs, 'warmup': warmup}), capture_output=True, text=True, env=env,
+                          input=json.dumps(given), capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=root)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or ['(no stderr)']
-        raise RuntimeError('memory measurement: expected exit status 0, found %d: %s'
-                           % (proc.returncode, lines[-1]))
+        raise RuntimeError('%s measurement: expected exit status 0, found %d: %s'
+                           % (given['mode'], proc.returncode, lines[-1]))
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -163,16 +255,38 @@ def main(argv=None):
     parser.add_argument('--chunks', default='2,4,8', help='micro-batch counts M (default 2,4,8)')
     parser.add_argument('--micro-batch', type=int, default=16,
                         help='sequences per micro-batch (default 16)')
+    parser.add_argument('--trace', action='store_true',
+                        help='the profiler trace instead: busy time, early backwards, bubble')
     args = parser.parse_args(argv)
+    stages = [int(k) for k in args.stages.split(',')]
+    chunks = [int(m) for m in args.chunks.split(',')]
     if args.child:
         given = json.loads(sys.stdin.read())
-        print(json.dumps(_child(given['specs'], given['warmup'])))
+        if given['mode'] == 'trace':
+            print(json.dumps(_trace_child(given['specs'])))
+        else:
+            print(json.dumps(_child(given['specs'], given['warmup'])))
+        return
+    if args.trace:
+        print('one profiled step (median span of 3) of the language model (width %d), '
+              'micro-batch %d: busy ms per device, a backward before the last forward on '
+              'every device, bubble beside the schedule\'s ideal (K-1)/(M+K-1)'
+              % (LM['num_hiddens'], args.micro_batch))
+        specs = [spec(schedule, k, m, args.micro_batch) for k in stages
+                 for schedule in ('gpipe', '1f1b') for m in chunks]
+        for one, stats in zip(specs, trace(specs)):
+            k, m = one['stages'], one['chunks']
+            print('%-6s K=%d M=%d  busy %s  early backward on all: %s  bubble %.2f  '
+                  'ideal %.2f  span %.1f ms'
+                  % (one['schedule'], k, m, ' '.join('%.1f' % (b / 1e3) for b in
+                                                      stats['busy_us'].values()),
+                     'yes' if all(stats['backward_before_last_forward'].values()) else 'no',
+                     stats['bubble'], (k - 1) / (m + k - 1), stats['span_us'] / 1e3))
         return
     print('activation memory per device after one step: the language model (width %d, %d '
           'layers, context %d), micro-batch %d' % (LM['num_hiddens'], LM['num_layers'],
                                                    LM['block_size'], args.micro_batch))
-    run([int(k) for k in args.stages.split(',')], [int(m) for m in args.chunks.split(',')],
-        args.micro_batch)
+    run(stages, chunks, args.micro_batch)
 
 
 if __name__ == '__main__':

@@ -210,7 +210,7 @@ def test_the_training_loops_module_stepper_under_1f1b_gives_gpipes_losses_and_pa
     reports (read from the stage runtime's outputs) and the parameters after
     six steps are GPipe's, with replicas too."""
     from conftest import load_config  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.training.loop import build_pipeline, make_stepper  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.loop import build_pipeline, make_stepper  # pylint: disable=C0415
     X, y = small_data[0], small_data[1]
     runs = {}
     for schedule in ('gpipe', '1f1b'):

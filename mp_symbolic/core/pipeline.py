@@ -133,7 +133,7 @@ class Pipeline(gluon.Block):
     Raises:
         TypeError: a block is not a ``HybridBlock``.
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks or replicas that cannot work; a ``tied`` entry that is
+            chunks or replicas that cannot work; an unknown ``schedule``; a ``tied`` entry that is
             not a parameter and a stage; a whole network without ``sample``
             whose shapes are not known; a stage of several devices whose
             count is not the shards of a tensor-parallel layer in it.

@@ -129,7 +129,6 @@ class StagedModule(PipelineModule):
             inputs = {n: a[r * part:(r + 1) * part] for n, a in zip(names, data + labels)}
             runtime.run(inputs, train=is_train and self.for_training)
         self._trained = is_train and self.for_training
-        self._params_dirty = self._params_dirty or self._trained
 
     def backward(self, out_grads=None):
         """Nothing left to do: :meth:`forward` ran the schedule's backwards.

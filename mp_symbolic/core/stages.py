@@ -279,20 +279,18 @@ class StageRuntime:
     def _backward(self, graph, slot, held, i):
         executor = slot.executor
         executor.backward(out_grads=slot.out_grads)
-        added = set()
         for name, t, entry in graph.receives:
             producer = self.slots[t][held[(t, i)]]
             target = producer.out_grads[dict(self.stages[t].sends)[entry]]
             grad = executor.grad_dict[name]
-            if (t, entry) in added or self._sent_before(graph.stage, t, entry):
+            if self._read_later(graph.stage, t, entry):
                 target += grad.as_in_context(target.context)
             else:
                 grad.copyto(target)
-            added.add((t, entry))
 
-    def _sent_before(self, stage, producer, entry):
-        """Whether a later stage than ``stage`` also reads ``entry`` (its
-        gradient then reached the producer first: backwards run last stage
-        first)."""
+    def _read_later(self, stage, producer, entry):
+        """Whether a stage after ``stage`` also reads ``entry``: its gradient
+        then reached the producer first (a micro-batch's backwards run from the
+        last stage down), and this one adds to it."""
         return any(t == producer and e == entry for g in self.stages[stage + 1:]
                    for _, t, e in g.receives)
