@@ -116,7 +116,8 @@ def _trace_child(specs, steps=3):
     """In a fresh process: ``steps`` profiled steps of each spec (after one
     not profiled), each step's ``forward_backward`` between two markers;
     per spec, the step of the median span: each device's busy time, whether
-    it started a backward before its last forward ended, and the bubble."""
+    it started a dense layer's backward before its last dense layer's forward
+    ended (:func:`_phase`), and the bubble."""
     built = []
     for spec in specs:
         mod, batch = _build(spec)
@@ -165,19 +166,14 @@ def _trace_child(specs, steps=3):
     return results
 
 
-# Backward-pass ops that are not named _backward_*: the sums of a weight's
-# gradients (per chunk in the one graph; grad_req='add' in the stages).
-_GRADIENT_SUMS = ('_grad_add', 'add_n', 'ElementWiseSum')
-
-
 def _phase(op):
-    """``'B'`` for a backward-pass op, ``'F'`` for a forward one, ``None`` for
-    a copy (between devices, or of the batch into a stage)."""
-    if op.startswith('_backward') or op in _GRADIENT_SUMS:
-        return 'B'
-    if op.startswith(('_copy', 'Copy', '_CrossDeviceCopy')):
-        return None
-    return 'F'
+    """``'F'`` for ``FullyConnected``, ``'B'`` for its backward, else ``None``.
+
+    Only these two: MXNet writes some gradients with forward ops (the
+    attention's ``batch_dot`` and ``transpose`` appear in both passes), so an
+    op's name does not tell its pass, but a dense layer's does.
+    """
+    return {'FullyConnected': 'F', '_backward_FullyConnected': 'B'}.get(op)
 
 
 def _row(device):

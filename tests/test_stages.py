@@ -242,3 +242,16 @@ def test_a_schedule_the_run_cannot_use_is_refused_in_one_line(fields, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(task='regression', batch_size=8, num_epochs=1, optimizer='sgd', lr=0.1,
                     momentum=0.0, **fields)
+
+
+def test_under_1f1b_every_device_runs_a_backward_before_its_last_forward():
+    """In MXNet's profiler trace, not only in the order Python issues them:
+    under GPipe's one graph no device starts a dense layer's backward before
+    its last forward; under 1F1B (K = 2, M = 4) every device does (a stage's
+    executors are reused, so a forward waits for the backward that frees its
+    executor)."""
+    from bench.schedules import spec, trace  # pylint: disable=import-outside-toplevel
+    small = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)
+    gpipe, one_f_one_b = trace([spec('gpipe', 2, 4, 8, small), spec('1f1b', 2, 4, 8, small)])
+    assert gpipe['backward_before_last_forward'] == {'cpu/0': False, 'cpu/1': False}
+    assert one_f_one_b['backward_before_last_forward'] == {'cpu/0': True, 'cpu/1': True}
