@@ -255,3 +255,12 @@ def test_under_1f1b_every_device_runs_a_backward_before_its_last_forward():
     gpipe, one_f_one_b = trace([spec('gpipe', 2, 4, 8, small), spec('1f1b', 2, 4, 8, small)])
     assert gpipe['backward_before_last_forward'] == {'cpu/0': False, 'cpu/1': False}
     assert one_f_one_b['backward_before_last_forward'] == {'cpu/0': True, 'cpu/1': True}
+
+
+def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
+    from conftest import make_config  # pylint: disable=import-outside-toplevel
+    lines = []
+    assert loop.plan_memory(make_config(task='regression', schedule='1f1b'), None, None, None,
+                            log=lines.append) is None
+    assert lines == ["memory per device: not measured (the table binds the one GPipe graph; "
+                     "under --schedule 1f1b, python -m bench.schedules measures each stage's)"]

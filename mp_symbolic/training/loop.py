@@ -389,6 +389,10 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
     """
     if cfg.variant != 'symbolic':
         return None
+    if cfg.schedule != 'gpipe':
+        log('memory per device: not measured (the table binds the one GPipe graph; under '
+            '--schedule %s, python -m bench.schedules measures each stage\'s)' % cfg.schedule)
+        return None
     from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
     local = cfg.batch_size // cfg.replicas
     symbol = pipe.training_symbol(task.loss, label_name=task.label)
