@@ -99,13 +99,21 @@ def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
             inputs, a tuple of shapes and one of names.
 
     Raises:
-        ValueError: MXNet cannot infer the shapes from ``data_shape``.
+        ValueError: MXNet cannot infer the shapes from ``data_shape``, or
+            the network takes another number of inputs.
     """
     names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
     shapes = (tuple(data_shape),) if isinstance(data_name, str) else tuple(map(tuple, data_shape))
     for block in blocks:
         reset_variables(block)
-    sym = chain(blocks, [mx.sym.var(n) for n in names])
+    try:
+        sym = chain(blocks, [mx.sym.var(n) for n in names])
+    except TypeError as err:
+        if 'argument' not in str(err):
+            raise
+        # the network takes another number of inputs than the sample has
+        raise ValueError('sample: expected one batch or shape per input of the network, '
+                         'found %d (%s)' % (len(shapes), err)) from None
     try:
         arg_shapes, _, aux_shapes = sym.infer_shape(**dict(zip(names, shapes)))
     except mx.base.MXNetError as err:

@@ -133,7 +133,7 @@ class PipelineModule(mx.mod.Module):
         self.pipeline = pipeline
         self.loss = loss
         self.data_name, self.label_name, self.output = data_name, label_name, output
-        symbol = pipeline.training_symbol(loss, data_name, label_name, output=output)
+        symbol = self._graph()
         if pipeline.chunks == 1 and not pipeline.sharded:
             self.export_symbol = symbol
         else:
@@ -158,6 +158,12 @@ class PipelineModule(mx.mod.Module):
         self._update_args = None
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = {'params': None, 'states': None}
+
+    def _graph(self):
+        """The graph this Module binds: the Pipeline's training graph, its
+        micro-batches in one graph."""
+        return self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
+                                             output=self.output)
 
     def bind(self, data_shapes, label_shapes=None, for_training=True,
              inputs_need_grad=False, force_rebind=False, shared_module=None, grad_req='write'):

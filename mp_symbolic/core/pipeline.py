@@ -46,6 +46,8 @@ from .placement import place, sample_shapes
 
 __all__ = []
 
+SCHEDULES = ('gpipe', '1f1b')
+
 
 def _as_blocks(blocks):
     if isinstance(blocks, gluon.nn.HybridSequential):
@@ -118,6 +120,13 @@ class Pipeline(gluon.Block):
             matches an ``fnmatch`` pattern (the first that matches decides).
             Swapped layers keep their parameter names and values; the network
             given is changed in place. ``print(pipe)`` says what was sharded.
+        schedule: The order of the micro-batches in the Module's training
+            step: ``'gpipe'`` (one graph of every micro-batch, ordered by
+            MXNet's engine: fill and drain), or ``'1f1b'`` (each stage an
+            executor of its own, one forward and one backward in turn, so
+            stage ``s`` of ``K`` keeps at most ``K - s`` micro-batches'
+            activations: :mod:`~mp_symbolic.core.stages`). The imperative
+            twin runs fill and drain either way.
 
     Attributes:
         blocks: The blocks, in order.
@@ -125,7 +134,7 @@ class Pipeline(gluon.Block):
             runs where (the attributes below read it).
         plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
-        chunks, replicas: As given.
+        chunks, replicas, schedule: As given.
         whole: Whether one whole network was cut (then ``cut`` is its
             :class:`~mp_symbolic.core.graphcut.Cut`).
         tied: ``{parameter name: (owning stage, stages that read it)}``.
@@ -135,8 +144,8 @@ class Pipeline(gluon.Block):
     Raises:
         TypeError: a block is not a ``HybridBlock``.
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks or replicas that cannot work; a ``tied`` entry that is
-            not a parameter and a stage; a whole network without ``sample``
+            chunks or replicas that cannot work; an unknown ``schedule``; a
+            ``tied`` entry that is not a parameter and a stage; a whole network without ``sample``
             whose shapes are not known; a stage of several devices whose
             count is not the shards of a tensor-parallel layer in it; a
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
@@ -145,8 +154,12 @@ class Pipeline(gluon.Block):
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
-                 mirror=False, tied=None, tensor_parallel=None):
+                 mirror=False, tied=None, tensor_parallel=None, schedule='gpipe'):
         super().__init__(prefix='pipeline_')
+        if schedule not in SCHEDULES:
+            raise ValueError('schedule: expected one of %s, found %r'
+                             % (', '.join(repr(k) for k in SCHEDULES), schedule))
+        self.schedule = schedule
         # One HybridBlock (not a HybridSequential) is split by a graph cut.
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
@@ -299,9 +312,12 @@ class Pipeline(gluon.Block):
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
         """
-        from .module import PipelineModule  # pylint: disable=import-outside-toplevel
-        return PipelineModule(self, loss=loss, data_name=data_name, label_name=label_name,
-                              output=output, **kwargs)
+        # pylint: disable=import-outside-toplevel
+        from .module import PipelineModule
+        from .staged_module import StagedModule
+        kind = PipelineModule if self.schedule == 'gpipe' else StagedModule
+        return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
+                    **kwargs)
 
     def infer_shape(self, data_shape, data_name=DATA_NAME):
         """Fills in parameter shapes not known yet from one input shape.

@@ -284,14 +284,7 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     shapes = sample_shapes(sample)
     names = tuple(input_names(1 if shapes is None else len(shapes)))
     if shapes is not None:
-        try:
-            graph.infer_shapes(blocks, shapes, names)
-        except TypeError as err:
-            if 'argument' not in str(err):
-                raise
-            # the network takes another number of inputs than the sample has
-            raise ValueError('sample: expected one batch or shape per input of the network, '
-                             'found %d (%s)' % (len(shapes), err)) from None
+        graph.infer_shapes(blocks, shapes, names)
     cut = None
     if whole:
         cut = _cut(blocks[0], num_stages, balance, shapes, names, tied)

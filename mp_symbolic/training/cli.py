@@ -17,7 +17,7 @@ import os
 import sys
 
 from ..tools.cliargs import OneLineArgumentParser
-from .config import APIS, KVSTORES, OPTIMIZERS, VARIANTS, TrainConfig
+from .config import APIS, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
 from ..tools.launch import add_launch_parser
 from . import sample
@@ -127,6 +127,10 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     train.add_argument('--chunks', type=int, default=1,
                        help='symbolic variant: micro-batches per batch, pipelined by MXNet\'s '
                             'engine (GPipe); must divide the batch size (default: 1)')
+    train.add_argument('--schedule', choices=SCHEDULES, default=_DEFAULTS.schedule,
+                       help='symbolic variant, Module API: the micro-batches\' order, gpipe '
+                            '(one graph, fill and drain) or 1f1b (one forward, one backward; '
+                            'activation memory flat in --chunks) (default: %(default)s)')
     train.add_argument('--mirror', action='store_true',
                        help='symbolic variant: recompute every stage\'s activations in the '
                             'backward pass instead of keeping them (MXNet\'s mirroring)')
@@ -246,7 +250,7 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'optimizer': '--optimizer', 'momentum': '--momentum', 'widths': '--widths',
             'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
             'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
-            'task': '--task', 'task_args': '--task-arg', 'chunks': '--chunks', 'replicas': '--replicas',
+            'task': '--task', 'task_args': '--task-arg', 'chunks': '--chunks', 'schedule': '--schedule', 'replicas': '--replicas',
             'kvstore': '--kvstore', 'balance': '--balance',
             'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror',
             'agree_steps': '--agree-steps'}

@@ -18,6 +18,7 @@ VARIANTS = ('symbolic', 'imperative')
 APIS = ('module', 'executor')
 OPTIMIZERS = ('sgd', 'adam')
 KVSTORES = ('local', 'device', 'dist_sync')
+SCHEDULES = ('gpipe', '1f1b')  # Pipeline(schedule=...)
 MAX_EPOCHS = 100000
 # Fields a task gives defaults for.
 TASK_DEFAULTS = ('batch_size', 'num_epochs', 'optimizer', 'lr', 'momentum')
@@ -64,6 +65,9 @@ class TrainConfig:
     profile: bool = False
     # Symbolic variant: micro-batches per batch (GPipe); must divide the batch size.
     chunks: int = 1
+    # Module API: the micro-batches' order, 'gpipe' (one graph, MXNet's engine) or
+    # '1f1b' (one executor per stage and micro-batch in flight; memory flat in chunks).
+    schedule: str = 'gpipe'
     # Data-parallel copies of the pipeline; --devices lists replicas x stages devices.
     replicas: int = 1
     # Sums gradients across replicas or processes: 'local', 'device', 'dist_sync'.
@@ -111,6 +115,8 @@ class TrainConfig:
             bad('momentum', MOMENTUM_EXPECTED)
         if not is_int(self.seed) or not 0 <= self.seed < 2 ** 32:
             bad('seed', 'an integer in [0, 2**32) (MXNet seeds with 32 bits)')
+        if self.schedule not in SCHEDULES:
+            bad('schedule', ' or '.join(SCHEDULES))
         if self.kvstore is not None and self.kvstore not in KVSTORES:
             bad('kvstore', ' or '.join(KVSTORES))
         if isinstance(self.balance, str) and self.balance != 'time':
@@ -129,13 +135,16 @@ class TrainConfig:
             bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
         if self.variant == 'imperative':
             for name, default in (('api', 'module'), ('chunks', 1), ('replicas', 1),
-                                  ('kvstore', None), ('mirror', False)):
+                                  ('kvstore', None), ('mirror', False), ('schedule', 'gpipe')):
                 if getattr(self, name) != default:
                     bad(name, '%r (the default) with variant \'imperative\' (it is a setting '
                               'of the symbolic variant)' % (default,))
         if self.api == 'executor' and (self.replicas > 1 or self.kvstore is not None):
             bad('api', "'module' with replicas or a kvstore (the executor API binds one "
                        'replica and sums no gradients)')
+        if self.api == 'executor' and self.schedule != 'gpipe':
+            bad('schedule', "'gpipe' with api 'executor' (the executor API binds the one "
+                            'graph; other schedules run through the Module)')
         if self.batch_size % (self.chunks * self.replicas):
             bad('batch_size', 'a multiple of chunks x replicas (%d x %d)'
                 % (self.chunks, self.replicas))

@@ -71,7 +71,7 @@ def build_pipeline(cfg, task):
     sample = shapes[0] if len(shapes) == 1 else tuple(shapes)  # one batch shape per input
     try:
         pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
-                        replicas=cfg.replicas, mirror=cfg.mirror)
+                        replicas=cfg.replicas, mirror=cfg.mirror, schedule=cfg.schedule)
     except ValueError as err:
         field, _, rest = str(err).partition(': ')
         if field != 'sample':
@@ -287,6 +287,8 @@ def _title(cfg, task, pipe):
     extra = ''
     if cfg.chunks > 1:
         extra += ', %d micro-batches per batch' % cfg.chunks
+    if cfg.schedule != 'gpipe':
+        extra += ', schedule %s' % cfg.schedule
     if cfg.mirror:
         extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:
@@ -388,6 +390,10 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
         ``None`` (said in a line) where it cannot be measured.
     """
     if cfg.variant != 'symbolic':
+        return None
+    if cfg.schedule != 'gpipe':
+        log('memory per device: not measured (the table binds the one GPipe graph; under '
+            '--schedule %s, python -m bench.schedules measures each stage\'s)' % cfg.schedule)
         return None
     from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
     local = cfg.batch_size // cfg.replicas

@@ -147,16 +147,25 @@ class ModuleStepper(_SymbolicStepper):
         self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg))
         # pylint: disable=protected-access
         self._execs = self.module._exec_group.execs
+        self._local = local
 
     def step(self, X, y):
         self.module.forward(mx.io.DataBatch(data=list(as_inputs(X)), label=[y]), is_train=True)
         self.module.backward()
         self.module.update()
-        return self._loss()
+        if self.pipe.schedule == 'gpipe':
+            return self._loss()
+        # the stage runtime's outputs, each replica's part of the batch (its
+        # one-graph executors hold the parameters only)
+        outputs = self.module.get_outputs(merge_multi_context=False)[0]
+        part = len(y) // len(outputs)
+        losses = [self.task.batch_loss(o, y[r * part:(r + 1) * part].as_in_context(o.context))
+                  .as_in_context(outputs[0].context) for r, o in enumerate(outputs)]
+        return losses[0] if len(losses) == 1 else mx.nd.add_n(*losses) / len(losses)
 
     def predict(self, X):
         outputs = []
-        for batch, count in padded_batches(X, self.module._exec_group.batch_size):  # pylint: disable=protected-access
+        for batch, count in padded_batches(X, self._local):  # the bound batch size
             self.module.forward(mx.io.DataBatch(data=[mx.nd.array(b) for b in batch]),
                                 is_train=False)
             outputs.append(self.module.get_outputs()[0].asnumpy()[:count])

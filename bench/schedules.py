@@ -1,0 +1,289 @@
+"""``python -m bench.schedules``: activation memory per device of the language
+model under each pipeline schedule, at a fixed micro-batch size.
+
+For each schedule (``Pipeline(..., schedule=...)``: ``'gpipe'``, the one graph
+of every micro-batch; ``'1f1b'``, the stage runtime) and each number of
+micro-batches M, the GPT of ``--task lm`` (``gpt.build_blocks``) split over K
+stages on ``cpu(0..K-1)`` trains one step (SGD, momentum 0.9) on a batch of
+M x ``--micro-batch`` sequences, with MXNet's storage
+profiler on (:func:`mp_symbolic.tools.trace.storage_bytes`), each in a
+fresh process (so each counts what MXNet allocates once per process, as
+:func:`mp_symbolic.tools.memory.measure_memory` does). Each device's
+activations are what it holds after the step less the arrays of the
+Module's parameters, gradients, optimizer state, auxiliary states, inputs
+and parameter copy (:func:`mp_symbolic.tools.memory.device_memory`'s
+``other``) and of the batch's outputs: the executors' activations and
+workspace; under ``'1f1b'`` also the stage executors' own input arrays.
+"""
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import mxnet as mx
+
+from mp_symbolic import Pipeline
+from mp_symbolic.tools.memory import device_memory
+from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
+                                     step_windows, storage_bytes)
+from mp_symbolic.training.tasks import gpt
+
+__all__ = ['measure', 'trace', 'spec', 'run', 'main']
+
+LM = dict(vocab_size=96, block_size=64, num_layers=4, num_heads=4, num_hiddens=64)
+
+
+def _step(spec):
+    """One training step of ``spec``'s Pipeline; returns the bytes per device
+    of the arrays :func:`~mp_symbolic.tools.memory.device_memory` knows
+    (the Module's), of the batch and of its outputs, and the Module (whose memory is held
+    as long as it lives)."""
+    mod, batch = _build(spec)
+    mod.forward_backward(batch)
+    mod.update()
+    mx.nd.waitall()
+    known = {d: sum(row.values()) for d, row in device_memory(mod).items()}
+    # the batch, and its outputs (every schedule holds them whole)
+    for arr in batch.data + batch.label + [a for o in mod.get_outputs(False) for a in o]:
+        known[str(arr.context)] = known.get(str(arr.context), 0) + arr.size * 4
+    return known, (mod, batch)
+
+
+def _build(spec):
+    """``spec``'s Module, bound, initialised, with SGD, and a batch for it."""
+    cfg = gpt.GPTConfig(**spec['lm'])
+    shape = (spec['chunks'] * spec['micro_batch'], cfg.block_size)
+    pipe = Pipeline(gpt.build_blocks(cfg), ','.join('cpu:%d' % s for s in range(spec['stages'])),
+                    sample=shape, chunks=spec['chunks'], schedule=spec['schedule'])
+    mod = pipe.module(loss='softmax')
+    mod.bind([('data', shape)], [('softmax_label', shape)])
+    mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
+    mod.init_optimizer(kvstore=None, optimizer='sgd',
+                       optimizer_params={'learning_rate': 0.1, 'momentum': 0.9})
+    return mod, mx.io.DataBatch([mx.nd.ones(shape)], [mx.nd.zeros(shape)])
+
+
+def _child(specs, warmup):
+    """In a fresh process: one training step of each spec in turn under the
+    storage profiler (with ``warmup``, after one step of the first that is
+    not measured); each one's activations are what the devices gained during
+    it less the arrays it knows (the process frees everything between)."""
+    path = os.path.join(tempfile.mkdtemp(prefix='mp-schedules-'), 'memory.json')
+    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
+                           profile_memory=True, aggregate_stats=False, filename=path)
+    mx.profiler.set_state('run')
+    domain = mx.profiler.Domain('schedules')
+    if warmup:  # MXNet keeps some per-device resources once a step has made them
+        _step(specs[0])
+    known = []
+    for k, spec in enumerate(specs):
+        gc.collect()
+        mx.nd.waitall()
+        mx.profiler.Marker(domain, 'start%d' % k).mark()
+        arrays, alive = _step(spec)
+        known.append(arrays)
+        mx.profiler.Marker(domain, 'end%d' % k).mark()
+        del alive
+    gc.collect()
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    trace = load_trace(path)
+    os.remove(path)
+    os.rmdir(os.path.dirname(path))
+    marks = {e['name']: e['ts'] for e in trace['traceEvents'] if e.get('ph') in ('n', 'i', 'I')}
+
+    def held(ts):
+        events = [e for e in trace['traceEvents'] if e.get('ph') != 'C' or e['ts'] <= ts]
+        try:
+            return storage_bytes(dict(trace, traceEvents=events))
+        except TraceError:  # nothing allocated yet
+            return {}
+
+    results = []
+    for k, spec in enumerate(specs):
+        before, after = held(marks['start%d' % k]), held(marks['end%d' % k])
+        devices = ['cpu(%d)' % s for s in range(spec['stages'])]
+        results.append({d: after.get(_row(d), 0) - before.get(_row(d), 0) - known[k].get(d, 0)
+                        for d in devices})
+    return results
+
+
+def _trace_child(specs, steps=3):
+    """In a fresh process: ``steps`` profiled steps of each spec (after one
+    not profiled), each step's ``forward_backward`` between two markers;
+    per spec, the step of the median span: each device's busy time, whether
+    it started a dense layer's backward before its last dense layer's forward
+    ended (:func:`_phase`), and the bubble."""
+    built = []
+    for spec in specs:
+        mod, batch = _build(spec)
+        mod.forward_backward(batch)
+        mod.update()
+        built.append((mod, batch))
+    mx.nd.waitall()
+    path = os.path.join(tempfile.mkdtemp(prefix='mp-schedules-'), 'trace.json')
+    mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_api=False,
+                           profile_memory=False, aggregate_stats=False, filename=path)
+    domain = mx.profiler.Domain('schedules')
+    mx.profiler.set_state('run')
+    for k, (mod, batch) in enumerate(built):
+        marker = mx.profiler.Marker(domain, 'spec%d' % k)
+        for _ in range(steps):
+            mx.nd.waitall()
+            marker.mark('process')
+            mod.forward_backward(batch)
+            mx.nd.waitall()
+            marker.mark('process')
+            mod.update()
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    trace = load_trace(path)
+    os.remove(path)
+    os.rmdir(os.path.dirname(path))
+    ops = op_intervals(trace)
+    results = []
+    for k, spec in enumerate(specs):
+        devices = ['cpu/%d' % s for s in range(spec['stages'])]
+        windows = step_windows(trace, 'spec%d' % k)[::2]  # forward_backward, not update
+        steps_seen = []
+        for window in windows:
+            step = clip(ops, window)
+            stats = step_stats(step, devices)
+            early = {}
+            for d in devices:
+                names = [(iv, _phase(iv[2])) for iv in step.get(d, [])]
+                backward = [iv[0] for iv, phase in names if phase == 'B']
+                forward = [iv[1] for iv, phase in names if phase == 'F']
+                early[d] = bool(backward and forward and min(backward) < max(forward))
+            steps_seen.append(dict(stats, backward_before_last_forward=early))
+        steps_seen.sort(key=lambda st: st['span_us'])
+        results.append(steps_seen[(len(steps_seen) - 1) // 2])
+    return results
+
+
+def _phase(op):
+    """``'F'`` for ``FullyConnected``, ``'B'`` for its backward, else ``None``.
+
+    Only these two: MXNet writes some gradients with forward ops (the
+    attention's ``batch_dot`` and ``transpose`` appear in both passes), so an
+    op's name does not tell its pass, but a dense layer's does.
+    """
+    return {'FullyConnected': 'F', '_backward_FullyConnected': 'B'}.get(op)
+
+
+def _row(device):
+    return device.replace('(', '/').rstrip(')')  # 'cpu(1)' -> 'cpu/1', as the counters name it
+
+
+def trace(specs, timeout=900):
+    """``[stats]`` of one profiled step of each spec (see :func:`_trace_child`),
+    all in one child process, with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (each op
+    its own row in the trace, not a bulked segment).
+
+    Raises:
+        RuntimeError: the child failed (its last line of stderr).
+    """
+    return _run_child({'specs': specs, 'mode': 'trace'}, timeout,
+                      {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
+
+
+def measure(specs, warmup=False, timeout=600):
+    """``[{device: activation bytes}]`` after one step of each spec (``schedule``,
+    ``stages``, ``chunks``, ``micro_batch``, ``lm``: ``GPTConfig`` fields),
+    all measured in one child process, one after the other.
+
+    Args:
+        warmup: Run one step of the first spec, not measured, before them.
+            MXNet keeps some per-device resources (its temporary workspace)
+            once a step has made them, and counts them to the first step that
+            needs them; after a warm-up, a later step counts only what it
+            needs beyond them.
+
+    Raises:
+        RuntimeError: the child failed (its last line of stderr).
+    """
+    return _run_child({'specs': specs, 'warmup': warmup, 'mode': 'memory'}, timeout)
+
+
+def _run_child(given, timeout, env=None):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0', **(env or {}))
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
+    proc = subprocess.run([sys.executable, '-m', 'bench.schedules', '--child'],
+                          input=json.dumps(given), capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=root)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or ['(no stderr)']
+        raise RuntimeError('%s measurement: expected exit status 0, found %d: %s'
+                           % (given['mode'], proc.returncode, lines[-1]))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def spec(schedule, stages, chunks, micro_batch, lm=None):
+    """One configuration for :func:`measure`."""
+    return {'schedule': schedule, 'stages': stages, 'chunks': chunks,
+            'micro_batch': micro_batch, 'lm': dict(lm or LM)}
+
+
+def run(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, schedules=('gpipe', '1f1b'),
+        log=print):
+    """The table: one row per schedule, K and M; activation MiB per device."""
+    specs = [spec(schedule, k, m, micro_batch) for k in stages for schedule in schedules
+             for m in chunks]
+    rows = []
+    for one in specs:
+        memory = measure([one])[0]  # a fresh process each: everything the step needs
+        rows.append(dict(one, memory=memory))
+        log('%-6s K=%d M=%d  %s' % (one['schedule'], one['stages'], one['chunks'], '  '.join(
+            '%s %.1f MiB' % (d, b / 2 ** 20) for d, b in memory.items())))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m bench.schedules', description=__doc__)
+    parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--stages', default='2,3', help='stage counts K (default 2,3)')
+    parser.add_argument('--chunks', default='2,4,8', help='micro-batch counts M (default 2,4,8)')
+    parser.add_argument('--micro-batch', type=int, default=16,
+                        help='sequences per micro-batch (default 16)')
+    parser.add_argument('--trace', action='store_true',
+                        help='the profiler trace instead: busy time, early backwards, bubble')
+    args = parser.parse_args(argv)
+    stages = [int(k) for k in args.stages.split(',')]
+    chunks = [int(m) for m in args.chunks.split(',')]
+    if args.child:
+        given = json.loads(sys.stdin.read())
+        if given['mode'] == 'trace':
+            print(json.dumps(_trace_child(given['specs'])))
+        else:
+            print(json.dumps(_child(given['specs'], given['warmup'])))
+        return
+    if args.trace:
+        print('one profiled step (median span of 3) of the language model (width %d), '
+              'micro-batch %d: busy ms per device, a backward before the last forward on '
+              'every device, bubble beside the schedule\'s ideal (K-1)/(M+K-1)'
+              % (LM['num_hiddens'], args.micro_batch))
+        specs = [spec(schedule, k, m, args.micro_batch) for k in stages
+                 for schedule in ('gpipe', '1f1b') for m in chunks]
+        for one, stats in zip(specs, trace(specs)):
+            k, m = one['stages'], one['chunks']
+            print('%-6s K=%d M=%d  busy %s  early backward on all: %s  bubble %.2f  '
+                  'ideal %.2f  span %.1f ms'
+                  % (one['schedule'], k, m, ' '.join('%.1f' % (b / 1e3) for b in
+                                                      stats['busy_us'].values()),
+                     'yes' if all(stats['backward_before_last_forward'].values()) else 'no',
+                     stats['bubble'], (k - 1) / (m + k - 1), stats['span_us'] / 1e3))
+        return
+    print('activation memory per device after one step: the language model (width %d, %d '
+          'layers, context %d), micro-batch %d' % (LM['num_hiddens'], LM['num_layers'],
+                                                   LM['block_size'], args.micro_batch))
+    run(stages, chunks, args.micro_batch)
+
+
+if __name__ == '__main__':
+    main()

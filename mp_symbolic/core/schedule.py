@@ -1,0 +1,304 @@
+"""Pipeline schedules as data: which device runs which stage's forward or
+backward pass on which micro-batch, in what order.
+
+After torch.distributed.pipelining (``ScheduleGPipe``, ``Schedule1F1B``,
+``ScheduleInterleaved1F1B``: a schedule is a list of actions per rank, and
+``_format_pipeline_order`` prints it) and Megatron-LM's 1F1B and interleaved
+1F1B. An :class:`Action` is ``(stage, microbatch, kind)`` with ``kind``
+``'F'`` (forward) or ``'B'`` (backward); a :class:`Schedule` holds one list
+of actions per device, in the order that device issues them. Every
+schedule made here is checked (:func:`check`): each ``(stage, micro-batch)``
+is run forward once and backward once, on its stage's device, and the
+devices can run their lists in order without waiting on each other for
+ever (a stage's forward after the previous stage's, its backward after its
+forward and after the next stage's backward).
+
+``print(one_f_one_b(3, 4))`` draws it on a clock of one unit per action
+(``2F1``: stage 2's forward of micro-batch 1; blank: the device waits)::
+
+    step  dev0  dev1  dev2
+    0     0F0
+    1     0F1   1F0
+    2     0F2   1F1   2F0
+    3                 2B0
+    4           1B0   2F1
+    5     0B0   1F2   2B1
+    ...
+
+Stage ``s`` of ``K`` under 1F1B holds at most ``K - s`` micro-batches
+between their forward and their backward (:func:`in_flight`), whatever the
+number of micro-batches; under GPipe every stage holds all ``M``.
+"""
+from collections import namedtuple
+from dataclasses import dataclass
+
+from .checks import positive_int
+
+__all__ = []
+
+KINDS = ('F', 'B')
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run: an action missing, repeated, on the wrong
+    device, or an order in which the devices wait on each other for ever."""
+
+
+class Action(namedtuple('Action', 'stage microbatch kind')):
+    """One step of a device: ``kind`` (``'F'`` or ``'B'``) of ``stage`` on
+    micro-batch ``microbatch``; printed ``<stage><kind><microbatch>``."""
+    __slots__ = ()
+
+    def __str__(self):
+        return '%d%s%d' % (self.stage, self.kind, self.microbatch)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One list of :class:`Action` s per device, in issue order.
+
+    Attributes:
+        name: ``'gpipe'``, ``'1f1b'`` or ``'interleaved'``.
+        devices: A tuple per device of its actions.
+        num_stages: Stages (``v x`` devices for ``v`` virtual stages per device).
+        microbatches: Micro-batches per batch.
+        device_of_stage: ``device_of_stage[s]``: the device index running stage ``s``.
+    """
+    name: str
+    devices: tuple
+    num_stages: int
+    microbatches: int
+    device_of_stage: tuple
+
+    def __iter__(self):
+        return iter(self.devices)
+
+    def __len__(self):
+        return len(self.devices)
+
+    def __getitem__(self, device):
+        return self.devices[device]
+
+    def __str__(self):
+        return format_schedule(self)
+
+
+def _make(name, lists, num_stages, microbatches, device_of_stage):
+    schedule = Schedule(name, tuple(tuple(actions) for actions in lists), num_stages,
+                        microbatches, tuple(device_of_stage))
+    check(schedule)
+    return schedule
+
+
+def gpipe(num_stages, microbatches):
+    """GPipe's fill-and-drain: every device runs all its forwards, then all
+    its backwards (micro-batch order in both, as torch's ``ScheduleGPipe``).
+
+    Raises:
+        ValueError: a count that is not a positive integer.
+    """
+    stages = positive_int('stages', num_stages)
+    m = positive_int('micro-batches', microbatches)
+    lists = [[Action(s, i, 'F') for i in range(m)] + [Action(s, i, 'B') for i in range(m)]
+             for s in range(stages)]
+    return _make('gpipe', lists, stages, m, range(stages))
+
+
+def one_f_one_b(num_stages, microbatches):
+    """1F1B (PipeDream-flush, Megatron-LM's non-interleaved schedule): stage
+    ``s`` of ``K`` runs ``min(K - 1 - s, M)`` forwards to fill the pipe, then
+    alternates one forward and one backward, then drains its backwards; it
+    holds at most ``K - s`` micro-batches in flight.
+
+    Raises:
+        ValueError: a count that is not a positive integer.
+    """
+    stages = positive_int('stages', num_stages)
+    m = positive_int('micro-batches', microbatches)
+    lists = []
+    for s in range(stages):
+        warmup = min(stages - 1 - s, m)
+        actions = [Action(s, i, 'F') for i in range(warmup)]
+        forward, backward = warmup, 0
+        while forward < m:
+            actions += [Action(s, forward, 'F'), Action(s, backward, 'B')]
+            forward, backward = forward + 1, backward + 1
+        actions += [Action(s, i, 'B') for i in range(backward, m)]
+        lists.append(actions)
+    return _make('1f1b', lists, stages, m, range(stages))
+
+
+def interleaved(num_devices, microbatches, virtual):
+    """Megatron-LM's interleaved 1F1B: ``virtual`` stages per device, device
+    ``d`` holding stages ``d, d + K, ..., d + (v - 1) K`` of ``v x K``. Its
+    ideal bubble is ``(K - 1) / (v M + K - 1)`` of a step, against
+    ``(K - 1) / (M + K - 1)`` for GPipe and 1F1B.
+
+    Micro-batches go through each device's stages in groups of ``K``
+    (Megatron's order): the ``k``-th forward of a device is of its stage
+    ``(k // K) mod v`` on micro-batch ``(k // (K v)) K + k mod K``, its
+    backwards the same with the stages in reverse.
+
+    Raises:
+        ValueError: a count that is not a positive integer, or ``M`` not a
+            multiple of ``K`` (Megatron's condition).
+    """
+    k = positive_int('devices', num_devices)
+    m = positive_int('micro-batches', microbatches)
+    v = positive_int('virtual stages', virtual)
+    if m % k:
+        raise ValueError('micro-batches: expected a multiple of the %d devices for the '
+                         'interleaved schedule, found %d' % (k, m))
+    total = m * v
+
+    def nth(d, n, backward):
+        chunk = (n // k) % v
+        if backward:
+            chunk = v - 1 - chunk
+        return chunk * k + d, (n // (k * v)) * k + n % k
+
+    lists = []
+    for d in range(k):
+        warmup = min((k - d - 1) * 2 + (v - 1) * k, total)
+        actions = [Action(*nth(d, n, False), 'F') for n in range(warmup)]
+        forward, backward = warmup, 0
+        while forward < total:
+            actions += [Action(*nth(d, forward, False), 'F'), Action(*nth(d, backward, True), 'B')]
+            forward, backward = forward + 1, backward + 1
+        actions += [Action(*nth(d, n, True), 'B') for n in range(backward, total)]
+        lists.append(actions)
+    return _make('interleaved', lists, k * v, m, [s % k for s in range(k * v)])
+
+
+MAKERS = {'gpipe': gpipe, '1f1b': one_f_one_b}
+
+
+def _needs(action, num_stages):
+    """The actions that must be done before ``action`` can start."""
+    s, i, kind = action
+    if kind == 'F':
+        return [Action(s - 1, i, 'F')] if s else []
+    return [Action(s, i, 'F')] + ([Action(s + 1, i, 'B')] if s + 1 < num_stages else [])
+
+
+def timeline(schedule, cost=None):
+    """The devices' clock: each action starts once its device is free and
+    the actions it needs have ended.
+
+    Args:
+        cost: ``{kind: time}``; ``None``: one unit for each action.
+
+    Returns:
+        ``[(start, end, action)]`` per device, in its order.
+
+    Raises:
+        ScheduleError: the devices wait on each other for ever (the message
+            names what each waits for).
+    """
+    cost = cost or {'F': 1, 'B': 1}
+    end = {}
+    position = [0] * len(schedule)
+    free = [0] * len(schedule)
+    rows = [[] for _ in schedule]
+    remaining = sum(len(actions) for actions in schedule)
+    while remaining:
+        progressed = False
+        for d, actions in enumerate(schedule):
+            while position[d] < len(actions):
+                action = actions[position[d]]
+                needs = _needs(action, schedule.num_stages)
+                if any(n not in end for n in needs):
+                    break
+                start = max([free[d]] + [end[n] for n in needs])
+                end[action] = free[d] = start + cost[action.kind]
+                rows[d].append((start, end[action], action))
+                position[d] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = ['device %d at %s' % (d, actions[position[d]])
+                     for d, actions in enumerate(schedule) if position[d] < len(actions)]
+            raise ScheduleError('schedule: expected an order the devices can run, found '
+                                'every device waiting (%s)' % ', '.join(stuck))
+    return rows
+
+
+def check(schedule):
+    """Checks that ``schedule`` can run (see the module docstring).
+
+    Raises:
+        ScheduleError: an action is missing, repeated, of an unknown kind or
+            stage, on another device than its stage's, or the devices wait on
+            each other for ever.
+    """
+    seen = set()
+    for d, actions in enumerate(schedule):
+        for action in actions:
+            s, i, kind = action
+            if kind not in KINDS or not 0 <= s < schedule.num_stages or \
+                    not 0 <= i < schedule.microbatches:
+                raise ScheduleError('schedule: expected actions (stage < %d, micro-batch < %d, '
+                                    'F or B), found %r on device %d'
+                                    % (schedule.num_stages, schedule.microbatches,
+                                       tuple(action), d))
+            if schedule.device_of_stage[s] != d:
+                raise ScheduleError('schedule: expected %s on device %d (its stage\'s), found '
+                                    'it on device %d' % (action, schedule.device_of_stage[s], d))
+            if action in seen:
+                raise ScheduleError('schedule: expected %s once, found it twice' % (action,))
+            seen.add(action)
+    expected = schedule.num_stages * schedule.microbatches * len(KINDS)
+    if len(seen) != expected:
+        missing = sorted(Action(s, i, k) for s in range(schedule.num_stages)
+                         for i in range(schedule.microbatches) for k in KINDS
+                         if Action(s, i, k) not in seen)
+        raise ScheduleError('schedule: expected every stage forward and backward on every '
+                            'micro-batch, found %s missing' % ', '.join(map(str, missing[:4])))
+    timeline(schedule)
+
+
+def in_flight(schedule):
+    """``{stage: most micro-batches between their forward and their backward
+    at once}``, in each device's order: the activations a stage keeps."""
+    most = {s: 0 for s in range(schedule.num_stages)}
+    for actions in schedule:
+        alive = {s: 0 for s in most}
+        for s, _, kind in actions:
+            alive[s] += 1 if kind == 'F' else -1
+            most[s] = max(most[s], alive[s])
+    return most
+
+
+def bubble(schedule, cost=None):
+    """The idle fraction of the devices' time from the first start to the
+    last end, on :func:`timeline`'s clock (the schedule's ideal bubble)."""
+    rows = timeline(schedule, cost)
+    span = max(row[-1][1] for row in rows if row)
+    busy = sum(e - s for row in rows for s, e, _ in row)
+    return 1 - busy / (span * len(rows))
+
+
+def issue_order(schedule):
+    """Every action once, in an order that respects each device's list and
+    every dependency: the order a single thread issues them to MXNet's
+    engine (the clock of :func:`timeline`, devices in turn at a tie)."""
+    rows = timeline(schedule)
+    return [a for _, _, a in sorted((start, d, a) for d, row in enumerate(rows)
+                                    for start, _, a in row)]
+
+
+def format_schedule(schedule):
+    """The schedule as a table: one row per unit of :func:`timeline`'s
+    clock, one column per device, ``<stage><F|B><micro-batch>`` or blank."""
+    rows = timeline(schedule)
+    span = max(row[-1][1] for row in rows if row)
+    grid = [[''] * len(rows) for _ in range(span)]
+    for d, row in enumerate(rows):
+        for start, _, action in row:
+            grid[start][d] = str(action)
+    header = ['step'] + ['dev%d' % d for d in range(len(rows))]
+    width = max(len(h) for h in header + [str(a) for row in grid for a in row]) + 2
+    lines = [''.join(h.ljust(width) for h in header).rstrip()]
+    for t, cells in enumerate(grid):
+        lines.append(''.join(c.ljust(width) for c in [str(t)] + cells).rstrip())
+    return '\n'.join(lines)

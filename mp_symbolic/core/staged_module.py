@@ -1,0 +1,181 @@
+"""``StagedModule``: the Module of a Pipeline whose micro-batches run on the
+stage runtime (:mod:`~mp_symbolic.core.stages`) in the order of a schedule
+(``Pipeline(..., schedule='1f1b')``).
+
+It is a :class:`~mp_symbolic.core.module.PipelineModule` (so ``fit``,
+``score``, ``predict``, ``save_checkpoint``, ``get_params``/``set_params``,
+optimizer state by name, kvstore and per-device updates are its own) whose
+one-graph executor holds the weights, gradients and auxiliary states but
+never runs: it is bound on one sample per replica, and the stage executors
+bind its arrays. ``forward`` runs the whole schedule, the micro-batches'
+forwards and backwards together (that is what 1F1B is); ``backward`` then
+has nothing left to do.
+"""
+from collections import OrderedDict
+
+import mxnet as mx
+
+from .compat import split_bind
+from .module import PipelineModule
+from .schedule import MAKERS
+from .stages import StageRuntime, cut
+
+__all__ = []
+
+
+class StagedModule(PipelineModule):
+    """A :class:`PipelineModule` run stage by stage in the Pipeline's schedule.
+
+    Raises:
+        ValueError: (at ``bind``) a batch that is not a multiple of
+            ``chunks x replicas``, ``inputs_need_grad``, or a ``grad_req``
+            other than ``'write'``.
+    """
+
+    def _graph(self):
+        """One micro-batch's training graph: the stages cut it, the runtime repeats it."""
+        return self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
+                                             chunks=1, output=self.output)
+
+    def bind(self, data_shapes, label_shapes=None, for_training=True,
+             inputs_need_grad=False, force_rebind=False, shared_module=None, grad_req='write'):
+        """Binds the stage executors for a batch of ``data_shapes``.
+
+        Raises:
+            ValueError: see the class.
+        """
+        if self.binded and not force_rebind:
+            self.logger.warning('Already bound, ignoring bind()')
+            return
+        if inputs_need_grad:
+            raise ValueError('inputs_need_grad: expected False under schedule=%r (the stages '
+                             'keep no input gradient), found True' % self.pipeline.schedule)
+        if grad_req != 'write':
+            raise ValueError('grad_req: expected \'write\' under schedule=%r, found %r'
+                             % (self.pipeline.schedule, grad_req))
+        data_shapes = [_pair(d) for d in data_shapes]
+        label_shapes = [_pair(d) for d in label_shapes or ()]
+        batch = data_shapes[0][1][0]
+        chunks, replicas = self.pipeline.chunks, self.pipeline.replicas
+        if batch % (chunks * replicas):
+            raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d),'
+                             ' found %d' % (chunks, replicas, chunks * replicas, batch))
+        self.sample_shape = data_shapes[0][1][1:]
+        self.input_shapes = {n: s[1:] for n, s in data_shapes}
+        self.batch_size = batch
+        one = [(n, (replicas,) + s[1:]) for n, s in data_shapes]
+        one_label = [(n, (replicas,) + s[1:]) for n, s in label_shapes] or None
+        self._full_shapes = (data_shapes, label_shapes)
+        with split_bind(self._devices()):
+            mx.mod.Module.bind(self, one, one_label, for_training, False, force_rebind,
+                               shared_module, grad_req)
+        self._update_args = None
+        micro = batch // (chunks * replicas)
+        shapes = {n: (micro,) + s[1:] for n, s in data_shapes + label_shapes}
+        plan = self.pipeline.plan
+        stages = cut(self._symbol, plan.num_stages, set(shapes))
+        schedule = MAKERS[self.pipeline.schedule](plan.num_stages, chunks)
+        self._runtimes = [
+            StageRuntime(stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict, exe.aux_dict,
+                         shapes, schedule, for_training)
+            for r, exe in enumerate(self._exec_group.execs)]
+        self._trained = False
+        self._apply_pending()
+
+    @property
+    def data_shapes(self):
+        return [mx.io.DataDesc(n, s) for n, s in self._full_shapes[0]] if self.binded else None
+
+    @property
+    def label_shapes(self):
+        return [mx.io.DataDesc(n, s) for n, s in self._full_shapes[1]] if self.binded else None
+
+    @property
+    def output_shapes(self):
+        assert self.binded
+        return [(n, (self.batch_size,) + tuple(s[1:]))
+                for n, s in self._exec_group.get_output_shapes()]
+
+    def init_optimizer(self, kvstore='local', optimizer='sgd',
+                       optimizer_params=(('learning_rate', 0.01),), force_init=False):
+        """:meth:`PipelineModule.init_optimizer`, gradients rescaled by the
+        whole batch (the one-graph executor the optimizer is made from holds
+        one sample per replica)."""
+        group = self._exec_group
+        bound, group.batch_size = group.batch_size, self.batch_size
+        try:
+            super().init_optimizer(kvstore, optimizer, optimizer_params, force_init)
+        finally:
+            group.batch_size = bound
+
+    def forward(self, data_batch, is_train=None):
+        """Runs the batch through the stages: with ``is_train``, every
+        micro-batch's forward and backward in the schedule's order (the
+        gradients of the whole batch, summed); otherwise the forwards.
+
+        Raises:
+            ValueError: a batch of another size than the bound one.
+        """
+        assert self.binded and self.params_initialized
+        is_train = self.for_training if is_train is None else is_train
+        data = list(data_batch.data)
+        if data[0].shape[0] != self.batch_size:
+            raise ValueError('batch size: expected %d (as bound) under schedule=%r, found %d'
+                             % (self.batch_size, self.pipeline.schedule, data[0].shape[0]))
+        labels = list(data_batch.label or ()) if self._label_names else []
+        names = list(self._data_names) + list(self._label_names[:len(labels)])
+        part = self.batch_size // len(self._runtimes)
+        for r, runtime in enumerate(self._runtimes):
+            inputs = {n: a[r * part:(r + 1) * part] for n, a in zip(names, data + labels)}
+            runtime.run(inputs, train=is_train and self.for_training)
+        self._trained = is_train and self.for_training
+
+    def backward(self, out_grads=None):
+        """Nothing left to do: :meth:`forward` ran the schedule's backwards.
+
+        Raises:
+            ValueError: ``out_grads`` given (the loss is the last stage's head).
+            RuntimeError: no training forward came first.
+        """
+        if out_grads is not None:
+            raise ValueError('out_grads: expected None under schedule=%r (the loss head is in '
+                             'the last stage), found them given' % self.pipeline.schedule)
+        if not self._trained:
+            raise RuntimeError('backward: expected forward(is_train=True) first under '
+                               'schedule=%r, found none' % self.pipeline.schedule)
+
+    def get_outputs(self, merge_multi_context=True):
+        """The outputs of the last batch, each over the whole batch (on the
+        first replica's device with ``merge_multi_context``)."""
+        parts = [runtime.outputs for runtime in self._runtimes]
+        per_output = [list(p) for p in zip(*parts)]
+        if not merge_multi_context:
+            return per_output
+        return [p[0] if len(p) == 1 else
+                mx.nd.concat(*[a.as_in_context(p[0].context) for a in p], dim=0)
+                for p in per_output]
+
+    def get_input_grads(self, merge_multi_context=True):
+        raise ValueError('inputs_need_grad: expected False under schedule=%r, found a request '
+                         'for input gradients' % self.pipeline.schedule)
+
+    def update_metric(self, eval_metric, labels, pre_sliced=False):
+        """``eval_metric`` on each replica's part of the outputs and labels
+        (as MXNet's executor group slices them); a loss on one of several
+        outputs is read from the head's output."""
+        names = self._exec_group.output_names
+        if self._head_first:
+            names = names[:1]
+        part = self.batch_size // len(self._runtimes)
+        for r, runtime in enumerate(self._runtimes):
+            sliced = labels[r] if pre_sliced else [l[r * part:(r + 1) * part] for l in labels]
+            eval_metric.update_dict(OrderedDict(zip(self._label_names, sliced)),
+                                    OrderedDict(zip(names, runtime.outputs)))
+
+    def reshape(self, data_shapes, label_shapes=None):
+        raise ValueError('batch size: expected the bound one under schedule=%r, found a '
+                         'reshape to %s' % (self.pipeline.schedule, data_shapes))
+
+
+def _pair(desc):
+    return (desc.name, tuple(desc.shape)) if hasattr(desc, 'name') else (desc[0], tuple(desc[1]))

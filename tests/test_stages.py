@@ -1,0 +1,266 @@
+"""Schedules on the stage runtime: ``Pipeline(..., schedule='1f1b')`` trains
+as the one GPipe graph does (stages x micro-batches, tied weights, a whole
+network's cut, tensor-parallel shards, replicas, BatchNorm), through MXNet's
+own fit, score, predict and save_checkpoint, and refuses in one line what it
+cannot run."""
+import mxnet as mx
+from mxnet import gluon
+import numpy as np
+import pytest
+
+import mp_symbolic
+from mp_symbolic import Pipeline
+from mp_symbolic.core.stages import cut
+from mp_symbolic.training import loop
+from mp_symbolic.training.tasks import digits, gpt, lm
+
+TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
+BATCH = 8
+TOL = 1e-5
+
+
+def _lm(whole=False, shards=1):
+    build = gpt.build_network if whole else gpt.build_blocks
+    return build(TINY, lm.sharded_layers(shards)), (BATCH, TINY.block_size)
+
+
+def _digits():
+    return digits.build_blocks(), (BATCH, 1, 8, 8)
+
+
+class _Skip(gluon.HybridBlock):
+    """Stage 0's output read by stages 1 and 2 (a skip over stage 1)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.fc0 = gluon.nn.Dense(8, in_units=4, activation='relu', prefix='fc0_')
+            self.fc1 = gluon.nn.Dense(8, in_units=8, activation='relu', prefix='fc1_')
+            self.fc2 = gluon.nn.Dense(10, in_units=8, prefix='fc2_')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        h = self.fc0(x)
+        return self.fc2(self.fc1(h) + h)
+
+
+def _skip():
+    return _Skip(prefix='skip_'), (BATCH, 1, 4), [2, 2, 2]  # ops per stage
+
+
+def _batch(sample, step, classes):
+    rng = np.random.default_rng(step)
+    if len(sample) == 2:  # token ids and their next-token labels
+        X = rng.integers(0, TINY.vocab_size, sample)
+        y = rng.integers(0, TINY.vocab_size, sample)
+    else:
+        X, y = rng.normal(size=sample), rng.integers(0, classes, sample[0])
+    return mx.io.DataBatch([mx.nd.array(X.astype(np.float32))],
+                           [mx.nd.array(y.astype(np.float32))])
+
+
+def _train(make, devices, chunks, schedule, replicas=1, steps=3):
+    """The last step's output and the parameters after ``steps`` SGD steps
+    (momentum 0.9) from the blocks' seeded initial values."""
+    net, sample, *balance = make()
+    pipe = Pipeline(net, devices, balance=(balance or [None])[0], sample=sample, chunks=chunks,
+                    replicas=replicas, schedule=schedule)
+    arg_params, aux_params = loop.initial_values(pipe, seed=0)
+    mod = pipe.module(loss='softmax')
+    batch = _batch(sample, 0, 10)
+    mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label',
+                                                            batch.label[0].shape)])
+    mod.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
+                    aux_params={k: mx.nd.array(v) for k, v in aux_params.items()},
+                    allow_missing=False)
+    mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='sgd',
+                       optimizer_params={'learning_rate': 0.5, 'momentum': 0.9})
+    for step in range(steps):
+        mod.forward_backward(_batch(sample, step, 10))
+        mod.update()
+    out = mod.get_outputs()[0].asnumpy()
+    arg_params, aux_params = mod.get_params()
+    return pipe, out, {k: v.asnumpy() for k, v in dict(arg_params, **aux_params).items()}
+
+
+# (network, devices, micro-batches, replicas): the language model over 2 and 3
+# stages (its token embedding tied to its output layer across stages), its
+# whole graph cut, tensor-parallel shards in a stage, replicas, BatchNorm, an
+# activation read by two later stages (their gradients summed).
+TABLE = [(_lm, 'cpu:0,cpu:1', m, 1) for m in (1, 2, 4)] + \
+    [(_lm, 'cpu:0,cpu:1,cpu:2', m, 1) for m in (1, 2, 4)] + [
+        (lambda: _lm(whole=True), 'cpu:0,cpu:1,cpu:2', 4, 1),
+        (lambda: _lm(shards=2), 'cpu:0+cpu:1,cpu:2', 2, 1),
+        (_lm, 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2),
+        (_digits, 'cpu:0,cpu:1,cpu:2', 4, 1),
+        (_skip, 'cpu:0,cpu:1,cpu:2', 2, 1),
+    ]
+
+
+@pytest.mark.parametrize('make, devices, chunks, replicas', TABLE)
+def test_1f1b_equals_the_gpipe_graph_after_three_steps(make, devices, chunks, replicas):
+    _, expected_out, expected = _train(make, devices, chunks, 'gpipe', replicas)
+    pipe, out, params = _train(make, devices, chunks, '1f1b', replicas)
+    assert type(pipe.module()).__name__ == 'StagedModule'
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
+    assert sorted(params) == sorted(expected)
+    for name, value in expected.items():
+        if name.endswith(('running_mean', 'running_var')):
+            # BatchNorm's statistics: each micro-batch's forward updates them
+            # in turn here; the one graph's chunk copies give other values
+            # (weights and outputs still agree)
+            continue
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
+def test_the_stage_graphs_pass_the_tied_embedding_from_its_owner_to_the_output_stage():
+    net, sample = _lm()
+    pipe = Pipeline(net, 'cpu:0,cpu:1,cpu:2', sample=sample)
+    symbol = pipe.training_symbol('softmax')
+    stages = cut(symbol, 3, {'data', 'softmax_label'})
+    assert stages[0].inputs == ('data',) and stages[2].inputs == ('softmax_label',)
+    assert [t for _, t, _ in stages[1].receives] == [0]
+    # the last stage reads the previous stage's activations and the tied weight's identity
+    assert sorted(t for _, t, _ in stages[2].receives) == [0, 1]
+    assert any(name.startswith('embed_token_weight_tied') for name, _, _ in stages[2].receives)
+    assert not stages[0].heads and stages[2].heads == ((0, 0),) and not stages[2].sends
+    params = set(symbol.list_arguments()) - {'data', 'softmax_label'}
+    owned = [set(g.symbol.list_arguments()) & params for g in stages]
+    assert set.union(*owned) == params and sum(map(len, owned)) == len(params)
+
+
+def test_fit_score_predict_and_save_checkpoint_work_under_1f1b(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 4)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.float32)
+    nn = gluon.nn
+    blocks = [nn.Dense(16, in_units=4, activation='relu'), nn.Dense(16, in_units=16,
+                                                                    activation='relu'),
+              nn.Dense(2, in_units=16)]
+    pipe = Pipeline(blocks, 'cpu:0,cpu:1,cpu:2', chunks=4, schedule='1f1b')
+    mod = pipe.module(loss='softmax')
+    mx.random.seed(0)
+    train = mx.io.NDArrayIter(X, y, batch_size=16)
+    mod.fit(train, num_epoch=8, optimizer='sgd', initializer=mx.init.Xavier(),
+            optimizer_params={'learning_rate': 0.2, 'momentum': 0.9})
+    accuracy = dict(mod.score(mx.io.NDArrayIter(X, y, batch_size=16), 'acc'))['accuracy']
+    assert accuracy > 0.9
+    probabilities = mod.predict(mx.io.NDArrayIter(X, batch_size=16)).asnumpy()
+    assert probabilities.shape == (64, 2)
+    assert np.mean(probabilities.argmax(axis=1) == y) == pytest.approx(accuracy)
+    # the same weights in the one-graph module predict the same
+    arg_params, aux_params = mod.get_params()
+    other = Pipeline(blocks, 'cpu:0,cpu:1,cpu:2', chunks=4).module(loss='softmax')
+    other.bind([('data', (16, 4))], [('softmax_label', (16,))], for_training=False)
+    other.init_params(arg_params=arg_params, aux_params=aux_params)
+    np.testing.assert_allclose(other.predict(mx.io.NDArrayIter(X, batch_size=16)).asnumpy(),
+                               probabilities, rtol=1e-5, atol=1e-6)
+    mp_symbolic.save_checkpoint(mod, str(tmp_path / 'run'), epoch=8)
+    _, saved, _ = mp_symbolic.read_checkpoint(str(tmp_path / 'run')).load()
+    assert sorted(saved) == sorted(arg_params)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(value.asnumpy(), arg_params[name].asnumpy())
+
+
+def test_an_unknown_schedule_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^schedule: expected one of 'gpipe', '1f1b', "
+                                         r"found 'zero-bubble'$"):
+        Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule='zero-bubble')
+
+
+def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
+    net, sample = _lm()
+    pipe = Pipeline(net, 'cpu:0,cpu:1', chunks=2, sample=sample, schedule='1f1b')
+    mod = pipe.module(loss='softmax')
+    with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
+                                         r'replicas \(2 x 1 = 2\), found 7$'):
+        mod.bind([('data', (7, TINY.block_size))], [('softmax_label', (7, TINY.block_size))])
+    with pytest.raises(ValueError, match=r"^inputs_need_grad: expected False under "
+                                         r"schedule='1f1b'"):
+        mod.bind([('data', sample)], [('softmax_label', sample)], inputs_need_grad=True)
+    mod.bind([('data', sample)], [('softmax_label', sample)])
+    mod.init_params(mx.init.Xavier())
+    with pytest.raises(RuntimeError, match=r'^backward: expected forward\(is_train=True\) '
+                                           r'first'):
+        mod.backward()
+    with pytest.raises(ValueError, match=r'^batch size: expected 8 \(as bound\) under '
+                                         r"schedule='1f1b', found 4$"):
+        mod.forward(_batch((4, TINY.block_size), 0, 10))
+    mod.forward(_batch(sample, 0, 10), is_train=True)
+    with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='1f1b'"):
+        mod.backward(out_grads=[mx.nd.ones((BATCH, TINY.block_size, TINY.vocab_size))])
+
+
+def test_1f1b_activation_memory_per_device_is_flat_in_the_number_of_microbatches():
+    from bench.schedules import measure, spec  # pylint: disable=import-outside-toplevel
+    small = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)
+    # the first step measured after the warm-up still counts some of MXNet's
+    # once-per-process allocations: it is not compared
+    _, few, many, gpipe = measure([spec('1f1b', 2, 2, 8, small), spec('1f1b', 2, 2, 8, small),
+                                   spec('1f1b', 2, 8, 8, small), spec('gpipe', 2, 8, 8, small)],
+                                  warmup=True)
+    assert sorted(few) == sorted(many) == sorted(gpipe) == ['cpu(0)', 'cpu(1)']
+    for device in few:
+        assert 0 < many[device] <= 1.25 * few[device], (device, few, many)
+        assert gpipe[device] >= 2 * many[device], (device, many, gpipe)
+
+
+def test_the_training_loops_module_stepper_under_1f1b_gives_gpipes_losses_and_parameters(
+        small_data):
+    """``--schedule 1f1b`` through the command line's stepper: the losses it
+    reports (read from the stage runtime's outputs) and the parameters after
+    six steps are GPipe's, with replicas too."""
+    from conftest import load_config  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.loop import build_pipeline, make_stepper  # pylint: disable=C0415
+    X, y = small_data[0], small_data[1]
+    runs = {}
+    for schedule in ('gpipe', '1f1b'):
+        task, cfg = load_config(task='regression', devices='cpu:0,cpu:1,cpu:2,cpu:3',
+                                chunks=2, replicas=2, schedule=schedule, progress=False,
+                                num_examples=len(X), batch_size=40, momentum=0.9, lr=0.01)
+        pipe, _ = build_pipeline(cfg, task)
+        stepper = make_stepper(cfg, pipe, task, loop.initial_values(pipe, cfg.seed), y.shape[1:])
+        losses = [stepper.step(*batch).asscalar()
+                  for _, batch in zip(range(6), stepper.batches(X, y, 0))]
+        runs[schedule] = losses, stepper.params(), stepper.predict(X[:40])
+    (losses, params, predicted), (ref_losses, ref_params, ref_predicted) = \
+        runs['1f1b'], runs['gpipe']
+    assert ref_losses[-1] < ref_losses[0]
+    np.testing.assert_allclose(losses, ref_losses, rtol=TOL, atol=1e-6)
+    np.testing.assert_allclose(predicted, ref_predicted, rtol=TOL, atol=1e-6)
+    for name, value in ref_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize('fields, message', [
+    (dict(schedule='zb'), r"^schedule: expected gpipe or 1f1b, found 'zb'$"),
+    (dict(schedule='1f1b', api='executor'), r"^schedule: expected 'gpipe' with api 'executor'"),
+    (dict(schedule='1f1b', variant='imperative'),
+     r"^schedule: expected 'gpipe' \(the default\) with variant 'imperative'"),
+])
+def test_a_schedule_the_run_cannot_use_is_refused_in_one_line(fields, message):
+    from mp_symbolic.training.config import TrainConfig  # pylint: disable=import-outside-toplevel
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(task='regression', batch_size=8, num_epochs=1, optimizer='sgd', lr=0.1,
+                    momentum=0.0, **fields)
+
+
+def test_under_1f1b_every_device_runs_a_backward_before_its_last_forward():
+    """In MXNet's profiler trace, not only in the order Python issues them:
+    under GPipe's one graph no device starts a dense layer's backward before
+    its last forward; under 1F1B (K = 2, M = 4) every device does (a stage's
+    executors are reused, so a forward waits for the backward that frees its
+    executor)."""
+    from bench.schedules import spec, trace  # pylint: disable=import-outside-toplevel
+    small = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)
+    gpipe, one_f_one_b = trace([spec('gpipe', 2, 4, 8, small), spec('1f1b', 2, 4, 8, small)])
+    assert gpipe['backward_before_last_forward'] == {'cpu/0': False, 'cpu/1': False}
+    assert one_f_one_b['backward_before_last_forward'] == {'cpu/0': True, 'cpu/1': True}
+
+
+def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
+    from conftest import make_config  # pylint: disable=import-outside-toplevel
+    lines = []
+    assert loop.plan_memory(make_config(task='regression', schedule='1f1b'), None, None, None,
+                            log=lines.append) is None
+    assert lines == ["memory per device: not measured (the table binds the one GPipe graph; "
+                     "under --schedule 1f1b, python -m bench.schedules measures each stage's)"]
