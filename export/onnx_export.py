@@ -232,8 +232,11 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
 
     Raises:
         ExportError: ``onnx`` is unsuitable, an op has no converter or its
-            converter refuses it (one line naming the op and its block), or
-            an input other than the graph's inputs would be left in the graph.
+            converter refuses it (one line naming the op and its block), an
+            input other than the graph's inputs would be left in the graph,
+            or ``dynamic_axes`` does not fit the inputs
+            (:func:`dynamic_inputs`) or the graph cannot take other sizes
+            of an axis.
     """
     check_onnx_version()
     inputs = input_names(symbol)

@@ -65,8 +65,9 @@ _ORT_DTYPES = {'tensor(float)': np.float32, 'tensor(double)': np.float64,
 
 def _check_batch(X, shape, dynamic_axes=(), dtype=np.float32, name=None):
     """``(samples, features)`` or ``(samples,) + shape`` -> ``(samples,) + shape``
-    of ``dtype``; the input axes in ``dynamic_axes`` (axis 1: the first after
-    the batch) may have any size."""
+    of ``dtype``; the axes of this input in ``dynamic_axes`` (axis 1: the
+    first after the batch; a tuple, or the keys of ``{axis: name}``) may have
+    any size."""
     X = np.asarray(X)
     width = features(shape)
     if dynamic_axes and X.ndim == len(shape) + 1 and all(

@@ -183,7 +183,8 @@ def _metadata(path):
     return {p.key: p.value for p in onnx.load(str(path)).metadata_props}
 
 
-def test_an_onnx_file_of_one_dynamic_input_without_per_input_metadata_still_runs(tmp_path):
+def test_one_dynamic_input_runs_at_other_lengths_also_from_a_file_without_per_input_metadata(
+        tmp_path):
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Embedding(10, 4), mx.gluon.nn.Dense(3, flatten=False))
     net.initialize(mx.init.Xavier())
@@ -201,5 +202,8 @@ def test_an_onnx_file_of_one_dynamic_input_without_per_input_metadata_still_runs
     assert predictor.sample_shapes == {'data': (6,)}
     assert predictor.dynamic_axes == {'data': {1: 'seq'}}
     short = X[:2, :3]
-    np.testing.assert_allclose(predictor.run(short)[0], net(mx.nd.array(short)).asnumpy(),
-                               rtol=1e-5, atol=1e-6)
+    expected = net(mx.nd.array(short)).asnumpy()
+    np.testing.assert_allclose(predictor.run(short)[0], expected, rtol=1e-5, atol=1e-6)
+    loaded = load_model(str(tmp_path / 'out'), devices='cpu:0')  # the pair records seq too
+    assert loaded.dynamic_axes == {'data': {1: 'seq'}}
+    np.testing.assert_allclose(loaded.predict(short), expected, rtol=1e-5, atol=1e-6)
