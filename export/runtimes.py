@@ -86,7 +86,7 @@ def _check_batch(X, shape, dynamic_axes=(), dtype=np.float32, name=None):
 
 def _dynamic_spec(dynamic_axes, names):
     """``{input name: {axis: name}}`` from the axes of the first input
-    (``(1,)``, as before inputs of their own) or ``{input name: axes}``
+    (``(1,)``, the form of a graph of one input) or ``{input name: axes}``
     (``{axis: name}``, or axes alone); an axis without a name (``None``)
     varies on its own."""
     if not isinstance(dynamic_axes, dict):
