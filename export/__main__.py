@@ -1,6 +1,6 @@
 """Command line: ``python -m export [--checkpoint DIR | --checkpoint PREFIX --epoch N] [--out DIR]``
 ``[--input-shape SHAPE | --input-shape NAME=SHAPE ... | --sample FILE.npz]``
-``[--verify-batches B1,B2] [--tolerance T]``.
+``[--verify-batches B1,B2] [--tolerance T] [--dynamic [INPUT:]AXIS=NAME ...]``.
 
 Exports a training checkpoint to an MXNet file pair and ONNX, verifies both
 against the checkpoint bound on one device, and commits them under
@@ -53,9 +53,11 @@ def build_parser():
     parser.add_argument('--tolerance', type=float, default=None, metavar='T',
                         help='largest allowed difference from the checkpoint, as a fraction of '
                              'each output\'s largest |value| (default: %g)' % TOLERANCE)
-    parser.add_argument('--dynamic', action='append', default=[], metavar='AXIS=NAME',
+    parser.add_argument('--dynamic', action='append', default=[], metavar='[INPUT:]AXIS=NAME',
                         help='an input axis besides the batch whose size may vary in the ONNX '
-                             'file, e.g. 1=seq for a language model\'s sequence length '
+                             'file, e.g. 1=seq for a language model\'s sequence length; of the '
+                             'first input, or of INPUT: data0:1=seq data1:1=seq for BERT\'s '
+                             'token ids and types, axes of one NAME varying together '
                              '(repeatable)')
     parser.add_argument('--out', default=DEFAULT_OUT_DIR, metavar='DIR',
                         help='output folder; files go to DIR/current/ (default: %(default)s)')
@@ -66,14 +68,26 @@ def build_parser():
 
 
 def _dynamic(items):
-    """``['1=seq']`` -> ``{1: 'seq'}``."""
+    """``['1=seq']`` -> ``{1: 'seq'}`` (the first input's axes), and
+    ``['data0:1=seq', 'data1:1=seq']`` -> ``{'data0': {1: 'seq'}, 'data1':
+    {1: 'seq'}}``; both kinds may be mixed in one dict."""
     axes = {}
     for item in items:
-        axis, sep, name = item.partition('=')
+        head, sep, name = item.partition('=')
+        input_name, colon, axis = head.rpartition(':')
+        if colon and (not sep or not input_name.isidentifier() or not axis.strip().isdigit()
+                      or not name.isidentifier()):
+            raise ValueError('--dynamic: expected INPUT:AXIS=NAME such as data0:1=seq, found %s'
+                             % excerpt(ascii(item)[1:-1]))
         if not sep or not axis.strip().isdigit() or not name.isidentifier():
             raise ValueError('--dynamic: expected AXIS=NAME such as 1=seq, found %s'
                              % excerpt(ascii(item)[1:-1]))
-        axes[int(axis)] = name
+        into = axes.setdefault(input_name, {}) if colon else axes
+        if into.get(int(axis), name) != name:
+            raise ValueError('--dynamic: expected one name for axis %d%s, found %s and %s'
+                             % (int(axis), ' of %s' % input_name if colon else '',
+                                into[int(axis)], name))
+        into[int(axis)] = name
     return axes or None
 
 

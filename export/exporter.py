@@ -37,10 +37,10 @@ from mp_symbolic.tools.store import Store, check_store_folder
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError, one_line
 from .inference import (activation_bytes, inference_graph, input_names, sample_shapes,
-                        stage_layout, with_input_dtypes)
+                        stage_layout, with_dynamic_axes, with_input_dtypes)
 from mp_symbolic.tools.files import sha256_file
 
-from .onnx_export import check_onnx_version, to_onnx
+from .onnx_export import check_onnx_version, dynamic_inputs, to_onnx
 from .runtimes import check_symbol_file
 from .verify import OneDeviceReference, failed_checks, format_report, verify_export
 
@@ -184,7 +184,11 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
             where the checkpoint does not record it.
         dynamic_axes: ``{input axis: name}`` besides the batch whose size
             may vary in the ONNX file (``{1: 'seq'}`` for a language model's
-            sequence length); parity is then checked at several sizes.
+            sequence length), of the first input, or ``{input name: {axis:
+            name}}`` (``{'data0': {1: 'seq'}, 'data1': {1: 'seq'}}`` for
+            BERT; axes of one name vary together, see
+            :func:`export.onnx_export.dynamic_inputs`); parity is then
+            checked at several sizes.
         sample: ``{input name: array}``, batch first (``--sample``): the
             shapes and dtypes of the inputs, and the data verification runs
             on (see :func:`read_sample`).
@@ -235,6 +239,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         inference = with_input_shape(inference, input_name, one)
     if dtypes:
         inference = with_input_dtypes(inference, dtypes)
+    dynamic_axes = dynamic_inputs(dynamic_axes, shapes)  # {input: {axis: name}}, checked
+    if dynamic_axes:  # recorded too, so that load_model takes other sizes of them
+        inference = with_dynamic_axes(inference, dynamic_axes)
     shape = next(iter(shapes.values())) if len(shapes) == 1 else shapes
     trained_on = ', '.join(info['devices']) if info['devices'] else 'devices not recorded'
     described = (str(shape) if len(shapes) == 1 else

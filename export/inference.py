@@ -30,10 +30,12 @@ from .errors import ExportError
 __all__ = ['LOSS_HEADS', 'inference_graph', 'network_order', 'stage_layout',
            'input_names', 'sample_shape', 'sample_shapes', 'output_shape',
            'output_shapes', 'parse_shape', 'parse_input_shapes', 'activation_bytes',
-           'with_input_dtypes', 'input_dtypes']
+           'with_input_dtypes', 'input_dtypes', 'with_dynamic_axes', 'dynamic_axes']
 
 # MXNet's loss-head ops, each replaced by its inference form.
 LOSS_HEADS = tuple(INFERENCE_FORMS)
+# The variable attribute recording an input's dynamic axes (python -m export --dynamic).
+_DYNAMIC_ATTR = '__dynamic_axes__'
 # Ops that only make sense in a training graph: a graph ending in one cannot be exported.
 _TRAINING_ONLY = ('MakeLoss', 'make_loss', 'BlockGrad', 'softmax_cross_entropy')
 
@@ -356,6 +358,35 @@ def with_input_dtypes(symbol, dtypes):
         if dtype is not None and dtype != np.float32:
             node.setdefault('attrs', {})['__dtype__'] = str(_DTYPE_NP_TO_MX[dtype.type])
     return mx.sym.load_json(json.dumps(graph))
+
+
+def with_dynamic_axes(symbol, spec):
+    """``symbol`` with each input's dynamic axes (``{input name: {axis:
+    name}}``) recorded on its variable (``__dynamic_axes__``, JSON), so that
+    the pair binds at other sizes of them again (:func:`dynamic_axes`)."""
+    graph = json.loads(symbol.tojson())
+    for node in graph['nodes']:
+        if node['op'] == 'null' and node['name'] in spec:
+            node.setdefault('attrs', {})[_DYNAMIC_ATTR] = json.dumps(
+                {str(axis): name for axis, name in spec[node['name']].items()}, sort_keys=True)
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def dynamic_axes(symbol):
+    """``{input name: {axis: name}}`` as :func:`with_dynamic_axes` recorded
+    it (empty for a pair exported without ``--dynamic``; a record that is
+    not ``{axis: name}`` is ignored)."""
+    attrs = symbol.attr_dict()
+    found = OrderedDict()
+    for name in input_names(symbol):
+        try:
+            record = json.loads(attrs.get(name, {}).get(_DYNAMIC_ATTR, '{}'))
+            axes = {int(axis): str(dim) for axis, dim in record.items()}
+        except (ValueError, TypeError, AttributeError):
+            continue
+        if axes:
+            found[name] = dict(sorted(axes.items()))
+    return found
 
 
 def input_dtypes(symbol):

@@ -128,7 +128,10 @@ class LoadedModel:
             first input where there are several.
         input_names: The inputs, in order: ``['data']``, or ``['data0',
             'data1', ...]``.
-        sample_shapes: ``{input name: one sample's shape}``.
+        sample_shapes: ``{input name: one sample's shape}``, as traced.
+        dynamic_axes: ``{input name: {axis: name}}``: the input axes
+            (``python -m export --dynamic``) :meth:`predict` takes at any
+            size, the same size on every axis of one name.
         path, params_path: The files loaded.
     """
 
@@ -140,6 +143,7 @@ class LoadedModel:
         self.sample_shape = tuple(predictor.sample_shape)
         self.input_names = list(predictor.input_names)
         self.sample_shapes = dict(predictor.sample_shapes)
+        self.dynamic_axes = {name: dict(axes) for name, axes in predictor.dynamic_axes.items()}
         self.path = predictor.path
         self.params_path = predictor.params_path
 
@@ -149,7 +153,8 @@ class LoadedModel:
         Args:
             *inputs: One numpy array or NDArray per input, in input order,
                 each ``(samples,) + its sample shape`` (or, for one input,
-                ``(samples, features)``).
+                ``(samples, features)``), of any size along its
+                :attr:`dynamic_axes`.
 
         Returns:
             float32 numpy array ``(samples, ...)``, the output of the last

@@ -21,8 +21,9 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
 * initializers are removed from the graph inputs;
 * the batch dimension is the named dynamic dimension :data:`BATCH_DIM`, and
   so is any other input axis given in ``dynamic_axes`` (a language model's
-  sequence length); the output axes that follow it (found by MXNet's shape
-  inference at two sizes) take its name;
+  sequence length), of any input; axes of one name (BERT's token ids and
+  token types along the sequence) change together, and the output axes that
+  follow them (found by MXNet's shape inference at two sizes) take the name;
 * ``metadata_props`` records where the model came from.
 """
 from collections import OrderedDict
@@ -44,7 +45,8 @@ from .errors import ExportError
 from .inference import input_names, output_shapes, stage_layout
 
 __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
-           'check_onnx_version', 'to_onnx', 'producer_version']
+           'check_onnx_version', 'to_onnx', 'producer_version', 'dynamic_inputs',
+           'dynamic_groups']
 
 ONNX_OPSET = 13
 assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the declared opset'
@@ -91,32 +93,104 @@ def _set_shape(value_info, dims):
             shape.dim.add().dim_value = dim
 
 
-def _dynamic_dims(symbol, arg_params, aux_params, shape, out_shapes, dynamic_axes):
-    """``(input dims, [dims of each output])`` per sample, each axis of
-    ``dynamic_axes`` (``{axis of the batched input: name}``) named, and the
-    output axes whose size follows it."""
-    in_dims, out_dims = list(shape), [list(s) for s in out_shapes]
-    for axis, name in sorted(dynamic_axes.items()):
+def dynamic_inputs(dynamic_axes, shapes):
+    """The dynamic axes of each input, checked against the traced shapes.
+
+    Args:
+        dynamic_axes: ``{axis: name}`` of the first input (axis 1 is the
+            first after the batch), ``{input name: {axis: name}}``, or both
+            in one dict (``{1: 'seq', 'data1': {1: 'seq'}}``); ``None``.
+        shapes: ``{input name: per-sample shape}`` as traced, in input order.
+
+    Returns:
+        ``OrderedDict`` ``{input name: {axis: name}}`` in input order, of
+        the inputs with a dynamic axis (empty for ``None``). Axes of one
+        name vary together.
+
+    Raises:
+        ExportError: an unknown input, an axis out of range, a name that
+            is not an identifier or is :data:`BATCH_DIM`, one axis given
+            two names, or axes of one name traced at different sizes.
+    """
+    inputs = list(shapes)
+    given = []  # (input, axis, name)
+    for key, value in (dynamic_axes or {}).items():
+        if isinstance(key, str):
+            if key not in shapes:
+                raise ExportError('--dynamic: expected an input name among %s, found %r'
+                                  % (', '.join(inputs), key))
+            if not isinstance(value, dict):
+                raise ExportError('--dynamic %s: expected {axis: name}, found %r' % (key, value))
+            given.extend((key, axis, name) for axis, name in value.items())
+        else:
+            given.append((inputs[0], key, value))
+    spec = OrderedDict()
+    for input_name, axis, name in given:
+        shape = shapes[input_name]
+        field = '--dynamic' if len(inputs) == 1 else '--dynamic %s' % input_name
+        if not shape:
+            raise ExportError('%s: expected an input with axes besides the batch, found one '
+                              'number per sample' % field)
         if not isinstance(axis, int) or isinstance(axis, bool) or not 1 <= axis <= len(shape):
-            raise ExportError('--dynamic: expected an input axis from 1 to %d (axis 0 is the '
-                              'batch), found %r' % (len(shape), axis))
-        if not isinstance(name, str) or not name.isidentifier() or name == BATCH_DIM or \
-                list(dynamic_axes.values()).count(name) > 1:
-            raise ExportError('--dynamic: expected a distinct name other than %r for axis %d, '
-                              'found %r' % (BATCH_DIM, axis, name))
-        other = list(shape)
-        other[axis - 1] = shape[axis - 1] - 1 if shape[axis - 1] > 1 else 2
+            raise ExportError('%s: expected an input axis from 1 to %d (axis 0 is the batch), '
+                              'found %r' % (field, len(shape), axis))
+        if not isinstance(name, str) or not name.isidentifier() or name == BATCH_DIM:
+            raise ExportError('%s: expected a distinct name other than %r for axis %d, '
+                              'found %r' % (field, BATCH_DIM, axis, name))
+        axes = spec.setdefault(input_name, {})
+        if axes.get(axis, name) != name:
+            raise ExportError('%s: expected one name for axis %d, found %r and %r'
+                              % (field, axis, axes[axis], name))
+        axes[axis] = name
+    spec = OrderedDict((n, dict(sorted(spec[n].items()))) for n in inputs if n in spec)
+    for name, axes in dynamic_groups(spec).items():
+        sizes = {shapes[i][a - 1] for i, a in axes}
+        if len(sizes) > 1:
+            raise ExportError('--dynamic: expected the axes named %s to be traced at one size, '
+                              'found %s' % (name, ', '.join(
+                                  '%s axis %d of %d' % (i, a, shapes[i][a - 1]) for i, a in axes)))
+    return spec
+
+
+def dynamic_groups(spec):
+    """``{name: [(input name, axis), ...]}`` of a :func:`dynamic_inputs` spec."""
+    groups = OrderedDict()
+    for input_name, axes in spec.items():
+        for axis, name in axes.items():
+            groups.setdefault(name, []).append((input_name, axis))
+    return groups
+
+
+def _dynamic_dims(symbol, arg_params, aux_params, shapes, out_shapes, spec):
+    """``({input name: dims}, [dims of each output])`` per sample, each axis
+    of ``spec`` (:func:`dynamic_inputs`) named, and the output axes whose
+    size follows that name's axes, all changed together."""
+    in_dims = OrderedDict((n, list(s)) for n, s in shapes.items())
+    out_dims = [list(s) for s in out_shapes]
+    for name, axes in dynamic_groups(spec).items():
+        size = shapes[axes[0][0]][axes[0][1] - 1]
+        other = OrderedDict((n, list(s)) for n, s in shapes.items())
+        for input_name, axis in axes:
+            other[input_name][axis - 1] = size - 1 if size > 1 else 2
         try:
             changed = output_shapes(symbol, arg_params, aux_params, other)
         except ExportError as err:
-            raise ExportError('--dynamic: expected input axis %d to take other sizes than %d, '
-                              'found it cannot: %s' % (axis, shape[axis - 1], err)) from None
-        in_dims[axis - 1] = name
+            if len(axes) > 1:
+                which = 'the axes named %s (%s)' % (name, ', '.join('%s axis %d' % a
+                                                                  for a in axes))
+            else:
+                which = 'input axis %d%s' % (axes[0][1], '' if len(shapes) == 1
+                                             else ' of %s' % axes[0][0])
+            raise ExportError('--dynamic: expected %s to take other sizes than %d, found %s '
+                              'cannot: %s' % (which, size, 'it' if len(axes) == 1 else 'they',
+                                              err)) from None
+        for input_name, axis in axes:
+            in_dims[input_name][axis - 1] = name
         for dims, before, after in zip(out_dims, out_shapes, changed):
             for i, (a, b) in enumerate(zip(before, after)):
                 if a != b:
                     dims[i] = name
-    return tuple(in_dims), [tuple(d) for d in out_dims]
+    return OrderedDict((n, tuple(d)) for n, d in in_dims.items()), [tuple(d) for d in out_dims]
 
 
 def _output_names(symbol):
@@ -148,8 +222,9 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         extra_metadata: More ``metadata_props`` entries (string values).
         dynamic_axes: ``{axis: name}`` of input axes besides the batch whose
             size may vary (axis 1 is the first after the batch), e.g.
-            ``{1: 'seq'}``; ``shape`` gives their size when the graph is
-            traced. One input only.
+            ``{1: 'seq'}``, of the first input; or ``{input name: {axis:
+            name}}`` (see :func:`dynamic_inputs`): axes of one name vary
+            together. ``shape`` gives their size when the graph is traced.
         dtypes: ``{input name: numpy dtype}``; float32 where not given.
 
     Returns:
@@ -157,8 +232,11 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
 
     Raises:
         ExportError: ``onnx`` is unsuitable, an op has no converter or its
-            converter refuses it (one line naming the op and its block), or
-            an input other than the graph's inputs would be left in the graph.
+            converter refuses it (one line naming the op and its block), an
+            input other than the graph's inputs would be left in the graph,
+            or ``dynamic_axes`` does not fit the inputs
+            (:func:`dynamic_inputs`) or the graph cannot take other sizes
+            of an axis.
     """
     check_onnx_version()
     inputs = input_names(symbol)
@@ -169,14 +247,12 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
     params = dict(arg_params)
     params.update(aux_params)
     arrays = {name: value.shape for name, value in params.items()}
-    if dynamic_axes and len(inputs) > 1:
-        raise ExportError('--dynamic: expected a graph of one input, found %d: %s'
-                          % (len(inputs), ', '.join(inputs)))
+    spec = dynamic_inputs(dynamic_axes, shapes)
     in_dims = {name: tuple(s) for name, s in shapes.items()}
     out_dims = list(out_shapes)
-    if dynamic_axes:
-        in_dims[inputs[0]], out_dims = _dynamic_dims(
-            symbol, arg_params, aux_params, shapes[inputs[0]], out_shapes, dynamic_axes)
+    if spec:
+        in_dims, out_dims = _dynamic_dims(symbol, arg_params, aux_params, shapes, out_shapes,
+                                          spec)
     converters.check_translations(symbol, arrays, shapes, ONNX_OPSET)
     # MXNet's converter takes the input shapes and types in list_inputs() order.
     order = [n for n in symbol.list_inputs() if n not in params]
@@ -232,6 +308,9 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         # the per-sample shape the graph was traced at (the sizes of dynamic axes)
         ('sample_shape', json.dumps(list(shapes[inputs[0]]))),
         ('sample_shapes', json.dumps({name: list(s) for name, s in shapes.items()})),
+        # {input: {axis: name}}: the axes of one name vary together
+        ('dynamic_axes', json.dumps({name: {str(a): d for a, d in axes.items()}
+                                     for name, axes in spec.items()})),
         ('stages', json.dumps({group: {'layers': info['layers'], 'variables': info['variables']}
                                for group, info in stages.items()})),
         ('source_symbol', os.path.basename(source_files['symbol'])),

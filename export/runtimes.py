@@ -34,6 +34,7 @@ from mp_symbolic.tools.store import check_committed_file
 
 from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
                      library_message)
+from .inference import dynamic_axes as recorded_dynamic_axes
 from .inference import (features, inference_graph, input_dtypes, input_names, sample_shapes,
                         stage_layout)
 
@@ -64,8 +65,9 @@ _ORT_DTYPES = {'tensor(float)': np.float32, 'tensor(double)': np.float64,
 
 def _check_batch(X, shape, dynamic_axes=(), dtype=np.float32, name=None):
     """``(samples, features)`` or ``(samples,) + shape`` -> ``(samples,) + shape``
-    of ``dtype``; the input axes in ``dynamic_axes`` (axis 1: the first after
-    the batch) may have any size."""
+    of ``dtype``; the axes of this input in ``dynamic_axes`` (axis 1: the
+    first after the batch; a tuple, or the keys of ``{axis: name}``) may have
+    any size."""
     X = np.asarray(X)
     width = features(shape)
     if dynamic_axes and X.ndim == len(shape) + 1 and all(
@@ -82,22 +84,51 @@ def _check_batch(X, shape, dynamic_axes=(), dtype=np.float32, name=None):
     return np.ascontiguousarray(X, dtype=dtype)
 
 
-def _check_inputs(arrays, names, shapes, dtypes, dynamic_axes=()):
+def _dynamic_spec(dynamic_axes, names):
+    """``{input name: {axis: name}}`` from the axes of the first input
+    (``(1,)``, the form of a graph of one input) or ``{input name: axes}``
+    (``{axis: name}``, or axes alone); an axis without a name (``None``)
+    varies on its own."""
+    if not isinstance(dynamic_axes, dict):
+        dynamic_axes = {names[0]: dynamic_axes} if dynamic_axes else {}
+    spec = {}
+    for name, axes in dynamic_axes.items():
+        axes = axes if isinstance(axes, dict) else {axis: None for axis in axes}
+        if axes:
+            spec[name] = dict(sorted(axes.items()))
+    return spec
+
+
+def _check_inputs(arrays, names, shapes, dtypes, dynamic_axes=None):
     """One batch per input -> the arrays as the graph takes them.
 
+    ``dynamic_axes`` is ``{input name: {axis: name}}``: those axes may have
+    any size, the same size for every axis of one name.
+
     Raises:
-        InputError: not one array per input, an array of another shape, or
-            batches of different sizes.
+        InputError: not one array per input, an array of another shape,
+            batches of different sizes, or axes of one name of different
+            sizes.
     """
     if len(arrays) != len(names):
         raise InputError('expected %d input arrays (%s), found %d'
                          % (len(names), ', '.join(names), len(arrays)))
-    checked = [_check_batch(X, shapes[name], dynamic_axes, dtypes[name],
+    dynamic_axes = dynamic_axes or {}
+    checked = [_check_batch(X, shapes[name], dynamic_axes.get(name, ()), dtypes[name],
                             name if len(names) > 1 else None)
                for X, name in zip(arrays, names)]
     if len({len(X) for X in checked}) > 1:
         raise InputError('expected the same number of samples in every input, found %s'
                          % ', '.join('%s %d' % (n, len(X)) for n, X in zip(names, checked)))
+    sizes = {}  # name -> [(input, axis, size)]
+    for X, name in zip(checked, names):
+        for axis, dim in dynamic_axes.get(name, {}).items():
+            if dim is not None:
+                sizes.setdefault(dim, []).append((name, axis, X.shape[axis]))
+    for dim, found in sizes.items():
+        if len({size for _, _, size in found}) > 1:
+            raise InputError('expected the axes named %s of one size, found %s' % (dim, ', '.join(
+                '%s axis %d of %d' % entry for entry in found)))
     return checked
 
 
@@ -219,12 +250,16 @@ class MXNetPredictor:
             contiguous groups each (one device: every group on it). ``None``:
             one device per group, GPUs if MXNet sees enough, else CPUs.
         shape: One sample's shape, where the symbol does not record it.
-        dynamic_axes: Input axes (1: the first after the batch) whose size
-            may differ from ``shape``; the graph is bound again for each
-            new input shape.
+        dynamic_axes: Axes (1: the first after the batch) of the first
+            input whose size may differ from ``shape``, or ``{input name:
+            {axis: name}}`` (axes of one name take one size); ``None``: as
+            the export recorded them (``python -m export --dynamic``). The
+            graph is bound again for each new input shape.
 
     Attributes:
         group2ctx: ``{'stage0': ctx, ...}`` as passed to ``simple_bind``.
+        dynamic_axes: ``{input name: {axis: name}}`` of the inputs with
+            axes of any size.
         note: A line saying which default devices were chosen, or ``None``.
         path, params_path: The files, if loaded with :meth:`from_files`.
 
@@ -235,9 +270,8 @@ class MXNetPredictor:
     """
 
     def __init__(self, symbol, arg_params, aux_params=None, devices=None, shape=None,
-                 dynamic_axes=(), dtypes=None):
+                 dynamic_axes=None, dtypes=None):
         self.symbol = inference_graph(symbol)
-        self.dynamic_axes = tuple(dynamic_axes)  # input axes that may take any size
         self.stages = stage_layout(self.symbol)
         _check_states_beside_their_ops(self.symbol, 'the graph')
         self.arg_params = {k: v for k, v in arg_params.items()
@@ -252,6 +286,9 @@ class MXNetPredictor:
         # to each device, so fewer devices than groups merge neighbouring stages.
         self.group2ctx = {group: plan.device_of_layer(i) for i, group in enumerate(self.stages)}
         self.input_names = input_names(self.symbol)
+        self.dynamic_axes = _dynamic_spec(recorded_dynamic_axes(self.symbol)
+                                          if dynamic_axes is None else dynamic_axes,
+                                          self.input_names)
         self.sample_shapes = sample_shapes(self.symbol, self.arg_params, shape)
         recorded = input_dtypes(self.symbol)  # float32 unless the export recorded another
         self.dtypes = {name: np.dtype((dtypes or {}).get(name, recorded[name]))
@@ -264,7 +301,7 @@ class MXNetPredictor:
         self._exec = None
 
     @classmethod
-    def from_files(cls, sym_path, params_path=None, devices=None, shape=None, dynamic_axes=(),
+    def from_files(cls, sym_path, params_path=None, devices=None, shape=None, dynamic_axes=None,
                    dtypes=None):
         """Loads a pair; ``params_path`` defaults to :func:`params_beside`.
 
@@ -368,9 +405,12 @@ class OnnxPredictor:
     that size; the number of samples must be a multiple of it.
 
     An input axis besides the batch may be dynamic too (``python -m export
-    --dynamic 1=seq``): ``sample_shape`` then gives the size the graph was
-    traced at (the ``sample_shape`` metadata), inputs may have any size along
-    it, and the output may have more than two dimensions.
+    --dynamic 1=seq``, ``--dynamic data0:1=seq --dynamic data1:1=seq``):
+    ``sample_shapes`` then gives the size each input was traced at (the
+    ``sample_shapes`` metadata; ``sample_shape``, of the first input, in
+    files written before it), inputs may have any size along it (the same
+    size on every axis of one name), and the output may have more than two
+    dimensions.
 
     Args:
         path: The ``.onnx`` file.
@@ -382,7 +422,8 @@ class OnnxPredictor:
 
     Attributes:
         batch_size: The fixed batch size, or ``None`` if any is accepted.
-        dynamic_axes: Input axes (1: the first after the batch) of any size.
+        dynamic_axes: ``{input name: {axis: name}}`` of the input axes
+            (1: the first after the batch) of any size, named as in the file.
         input_names, sample_shapes, dtypes: The inputs, in order, one
             sample's shape and the numpy dtype of each.
 
@@ -410,17 +451,18 @@ class OnnxPredictor:
                                  % (path, _ort_message(err))) from None
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         # axes after the batch that a name makes dynamic, sized as traced
-        traced = self.session.get_modelmeta().custom_metadata_map.get('sample_shape')
-        dims = list(inputs[0].shape[1:]) if len(inputs) == 1 else []
-        self.dynamic_axes = tuple(i + 1 for i, d in enumerate(dims) if not isinstance(d, int))
-        if self.dynamic_axes and traced:
-            try:
-                traced = [int(d) for d in json.loads(traced)]
-            except (ValueError, TypeError):
-                traced = []
-            if len(traced) == len(dims):
-                dims = [d if isinstance(d, int) else t for d, t in zip(dims, traced)]
-        shapes = [dims] if len(inputs) == 1 else [list(i.shape[1:]) for i in inputs]
+        traced = _traced_shapes(self.session.get_modelmeta().custom_metadata_map, inputs)
+        self.dynamic_axes = {}
+        shapes = []
+        for i in inputs:
+            dims = list(i.shape[1:]) if isinstance(i.shape, list) else []
+            axes = {a + 1: d for a, d in enumerate(dims) if isinstance(d, str)}
+            if axes:
+                self.dynamic_axes[i.name] = axes
+                sizes = traced.get(i.name)
+                if sizes is not None and len(sizes) == len(dims):
+                    dims = [t if isinstance(d, str) else d for d, t in zip(dims, sizes)]
+            shapes.append(dims)
         if not inputs or (table and len(inputs) != 1) or any(
                 len(i.shape) < 1 or not all(isinstance(d, int) for d in shape)
                 for i, shape in zip(inputs, shapes)) or (table and len(inputs[0].shape) < 2):
@@ -507,6 +549,25 @@ class OnnxPredictor:
                                         Y.dtype, Y.shape))
             checked.append(Y.astype(np.float32, copy=False))
         return checked
+
+
+def _traced_shapes(metadata, inputs):
+    """``{input name: [per-sample dims]}`` as traced: the ``sample_shapes``
+    metadata, or, in files written before it, ``sample_shape`` (of the
+    first input); what does not read as lists of integers is left out."""
+    try:
+        traced = json.loads(metadata['sample_shapes'])
+    except (KeyError, ValueError, TypeError):
+        try:
+            traced = {inputs[0].name: json.loads(metadata['sample_shape'])} if inputs else {}
+        except (KeyError, ValueError, TypeError):
+            traced = {}
+    found = {}
+    for name, dims in (traced.items() if isinstance(traced, dict) else ()):
+        if isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool)
+                                          for d in dims):
+            found[name] = dims
+    return found
 
 
 def _describe_args(args):

@@ -19,10 +19,14 @@ The batch sizes (:func:`verification_batches`): 1, 7 and the largest up to
 1000 whose activations fit :data:`MEMORY_BUDGET`, by the model's activation
 bytes per sample (:func:`export.inference.activation_bytes`); with a dynamic
 axis besides the batch, the same rule over :data:`DYNAMIC_BATCH_SIZES` at
-sizes 1, about half and all of that axis as traced. Inputs are the rows of a
-given sample (``--sample``), cycled to the batch size, or else normal noise,
+sizes 1, about half and all of that axis as traced (the axes of one name, on
+any input, together). Inputs are the rows of a given sample (``--sample``),
+cycled to the batch size and cut to the varied sizes, or else normal noise,
 or token ids below the vocabulary size where an ``Embedding`` reads the input
-(directly or through a ``transpose``, ``reshape`` or the like).
+(directly or through a ``transpose``, ``reshape`` or the like). With dynamic
+axes, an input of one number per sample that may be a length along one
+(BERT's ``valid_length``; see :func:`_length_inputs`) is kept from 0 to that
+axis's varied size.
 """
 from collections import OrderedDict
 import json
@@ -260,13 +264,16 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
     rng = np.random.default_rng(_SEED)
     parity = []
     vocab = {name: _token_range(reference.symbol, name) for name in reference.input_names}
-    for batch_size, sizes in _parity_shapes(shapes[reference.input_names[0]], dynamic,
-                                            batch_sizes):
+    lengths = _length_inputs(sample, shapes, dynamic)
+    for batch_size, sizes in _parity_shapes(shapes, dynamic, batch_sizes):
         arrays = []
         for name in reference.input_names:
-            shape = sizes if name == reference.input_names[0] else shapes[name]
-            arrays.append(_inputs(rng, batch_size, shape, reference.dtypes[name], vocab[name],
-                                  None if sample is None else sample[name]))
+            X = _inputs(rng, batch_size, sizes[name], reference.dtypes[name], vocab[name],
+                        None if sample is None else sample[name])
+            if name in lengths:  # a length along a dynamic axis stays within its size
+                along, axis = lengths[name]
+                X = np.clip(X, 0, sizes[along][axis - 1]).astype(X.dtype)
+            arrays.append(X)
         expected = reference(*arrays)
         for runtime in runtimes:
             outputs = runtime.run(*arrays)
@@ -276,6 +283,9 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
                                                    want, tolerance)
                 row = OrderedDict([('runtime', _describe(runtime)), ('batch_size', batch_size),
                                    ('shape', list(arrays[0].shape))])
+                if len(arrays) > 1 and dynamic:
+                    row['shapes'] = {n: list(X.shape) for n, X in zip(reference.input_names,
+                                                                      arrays)}
                 if len(expected) > 1:
                     row['output'] = output_names[index]
                 row.update([('max_abs_diff', diff), ('scale', scale), ('ok', ok)])
@@ -289,7 +299,11 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
                         ('batch_sizes', list(batch_sizes)),
                         ('activation_bytes_per_sample', bytes_per_sample),
                         ('memory_budget', MEMORY_BUDGET), ('checks', checks),
-                        ('dynamic_axes', list(dynamic)), ('parity', parity)])
+                        # the first input's dynamic axes, then every input's, by name
+                        ('dynamic_axes', list(dynamic.get(reference.input_names[0], ()))),
+                        ('dynamic_inputs', {n: {str(a): d for a, d in axes.items()}
+                                            for n, axes in dynamic.items()}),
+                        ('parity', parity)])
 
 
 def _inputs(rng, batch_size, shape, dtype, vocab, sample):
@@ -304,21 +318,51 @@ def _inputs(rng, batch_size, shape, dtype, vocab, sample):
     return rng.normal(0.0, 1.0, (batch_size,) + tuple(shape)).astype(dtype)
 
 
-def _parity_shapes(sample_shape, dynamic_axes, batch_sizes):
-    """``[(batch size, sample shape)]`` to compare at: each of
-    ``batch_sizes``, with dynamic axes at sizes 1, about half and all of each
-    dynamic axis as traced."""
+def _parity_shapes(shapes, dynamic_axes, batch_sizes):
+    """``[(batch size, {input name: sample shape})]`` to compare at: each of
+    ``batch_sizes``, with the dynamic axes (``{input name: {axis: name}}``)
+    at sizes 1, about half and all of each as traced; the axes of one name
+    change together (they are traced at one size)."""
     if not dynamic_axes:
-        return [(b, tuple(sample_shape)) for b in batch_sizes]
+        return [(b, dict(shapes)) for b in batch_sizes]
     sizes = [lambda d: 1, lambda d: d // 2 + 1, lambda d: d]
-    shapes = []
+    found = []
     for batch_size in batch_sizes:
         for size in sizes:
-            shape = tuple(size(d) if i + 1 in dynamic_axes else d
-                          for i, d in enumerate(sample_shape))
-            if (batch_size, shape) not in shapes:
-                shapes.append((batch_size, shape))
-    return shapes
+            varied = {name: tuple(size(d) if i + 1 in dynamic_axes.get(name, ()) else d
+                                  for i, d in enumerate(shape))
+                      for name, shape in shapes.items()}
+            if (batch_size, varied) not in found:
+                found.append((batch_size, varied))
+    return found
+
+
+def _length_inputs(sample, shapes, dynamic_axes):
+    """``{input name: (input name, axis)}`` of the inputs that may hold a
+    length along a dynamic axis, to be kept from 0 to its size (BERT's
+    ``valid_length``: MXNet 1.9.1 runs GluonNLP's BERT out of bounds,
+    corrupting memory, at a length above the sequence or below -1): inputs of one number per sample whose sample values are
+    whole numbers from 0 to that axis's traced size (the dynamic axis of
+    the largest traced size if several fit), or, without a sample, every
+    input of one number per sample, along the axis of the smallest traced
+    size (noise is noise at any bound)."""
+    if not dynamic_axes:
+        return {}
+    axes = sorted((shapes[n][a - 1], n, a) for n, spec in dynamic_axes.items() for a in spec)
+    found = {}
+    for name, shape in shapes.items():
+        if shape:
+            continue
+        if sample is None:
+            found[name] = axes[0][1:]
+            continue
+        X = np.asarray(sample[name])
+        if not X.size or np.any(X != np.round(X)) or X.min() < 0:
+            continue
+        fits = [(size, n, a) for size, n, a in axes if X.max() <= size]
+        if fits:
+            found[name] = max(fits)[1:]
+    return found
 
 
 # Ops that move or reshape their input's values without computing new ones:
@@ -356,7 +400,8 @@ def format_report(report):
                  'tolerance %g of each output\'s largest |value|):' % report['tolerance'])
     for row in report['parity']:
         size = 'input %-8s' % 'x'.join(str(d) for d in row['shape']) \
-            if report.get('dynamic_axes') else 'batch %4d' % row['batch_size']
+            if report.get('dynamic_axes') or report.get('dynamic_inputs') \
+            else 'batch %4d' % row['batch_size']
         if 'output' in row:
             size += ' %s' % row['output']
         lines.append('    [%s] %-52s %s: %.2e' % ('ok' if row['ok'] else 'FAIL',
