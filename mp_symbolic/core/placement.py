@@ -116,6 +116,12 @@ class Placement:
         return graphcut.tie_parameters(tensor_parallel.shard_groups(
             graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
 
+    @cached_property
+    def run_graph(self):
+        """The labelled graph a cut network's imperative twin runs, made once
+        for every forward pass (nothing it is made of changes once placed)."""
+        return self.labelled()
+
     def unsplit_labelled(self):
         """The network traced with its tensor-parallel layers unsplit (as
         checkpoints hold it), each node in the stage its split form has: each
