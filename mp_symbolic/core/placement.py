@@ -102,6 +102,11 @@ class Placement:
         traced when a graph is built, each time (the imperative twin of a
         block list needs no Symbol; a graph built after a layer learnt its
         input size, or was cast, carries its shape and dtype as they are now)."""
+        # This branch on the form stays: a cut network's stages are positions
+        # in the op order of the trace its cut was solved on, so that trace is
+        # the one; a block list's split points are its block boundaries, which
+        # every trace finds again (and a block list that only runs on NDArrays
+        # is never traced at all).
         if self.cut is not None:
             return self.cut
         return trace_blocks(self.blocks, self.input_names, self.plan.stage_of_layer, self.owner)
@@ -194,7 +199,9 @@ class Placement:
         count, then its ops and its parameters, and after each stage but the
         last the activation bytes per sample that cross to the next.
         """
-        # the stages in the units the split points were named in: blocks, or ops
+        # This branch on the form stays: the stages are printed in the units
+        # their split points were named in, blocks (a block list, which may
+        # never be traced) or ops (a cut network), and each keeps its lines.
         lines = self._describe_blocks() if self.cut is None else self._describe_cut()
         return lines + ['tied: %s lives on %s, read by %s' % (
             name, stage_name(owner), ', '.join(stage_name(r) for r in readers))
@@ -376,6 +383,9 @@ def _layout(placement):
     traced: a block list runs imperatively without one); a whole network's
     come from its labelled graph (shards moved to their layer's stage)."""
     plan = placement.plan
+    # This branch on the form stays: a block list's stages are its blocks
+    # (Pipeline.stages, describe and the twin run them), and its readers come
+    # from the blocks without a trace (its blocks need not run on Symbols).
     if placement.cut is None:
         stages = [[b for b, st in zip(placement.blocks, plan.stage_of_layer) if st == s]
                   for s in range(plan.num_stages)]
@@ -391,7 +401,7 @@ def _layout(placement):
         return ([cut.ops_of_stage(s) for s in range(plan.num_stages)],
                 {n: list(r) for n, r in cut.readers.items() if n not in placement.input_names})
     nodes = placement.labelled()['nodes']
-    groups = {shard_group(s, i): s for s in range(plan.num_stages) for i in range(plan.width(s))}
+    groups = placement.stage_of_group
     stages, readers = [[] for _ in range(plan.num_stages)], {}
     for node in nodes:
         if node['op'] == 'null':
@@ -467,7 +477,12 @@ def _shards(placement):
     plan = placement.plan
     widths = [plan.width(s) for s in range(plan.num_stages)]
     owner, shard_of = dict(placement.owner), {}
-    if placement.whole:
+    # This branch on the form stays: a cut network has no blocks per stage,
+    # so its shards are read from the labelled graph; a block list's come
+    # from its layers without a trace (its blocks need not run on Symbols),
+    # a tied shard staying with the owner tied= chose, and a refusal naming
+    # the layer.
+    if placement.cut is not None:
         try:
             graph = placement.labelled()
         except ValueError as err:
