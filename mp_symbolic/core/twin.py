@@ -14,10 +14,11 @@ Operations are issued in GPipe's order (clock ``k`` runs stage ``k - m`` of
 micro-batch ``m``) and return at once; MXNet's dependency engine runs stage
 ``s`` of one micro-batch while stage ``s + 1`` works on the previous one, as
 in the symbolic graph of :meth:`Pipeline.training_symbol`. Both forms take
-that one schedule, each micro-batch a run of its stages: a block list's stage runs its blocks (Gluon's own forward,
-so blocks that run only on NDArrays, and layers that learn their input size
-on the first pass, need no Symbol); a whole network's stage runs its ops of
-the labelled graph, each on its group's device
+that one schedule, each micro-batch one run of its stages: a block list's
+stage runs its blocks (Gluon's own forward, so blocks that run only on
+NDArrays, and layers that learn their input size on the first pass, need no
+Symbol); a whole network's stage runs its ops of the labelled graph (made
+once per placement), each on its group's device
 (:class:`~mp_symbolic.core.graphcut.GraphRun`).
 
 Reference: torchgpipe's ``microbatch.scatter``/``gather`` and its clock
