@@ -782,6 +782,26 @@ def test_a_whole_networks_twin_runs_its_stages_in_gpipe_clock_order(monkeypatch)
     np.testing.assert_allclose(out.asnumpy(), alone(X).asnumpy(), rtol=1e-6, atol=1e-7)
 
 
+def test_a_whole_networks_twin_labels_its_graph_once_per_placement(monkeypatch):
+    """The twin of a cut network labels its graph on the first forward pass
+    only; a second pass runs the same graph and gives the same output."""
+    pipe = Pipeline(_Chain(_chain_blocks()), 'cpu:0,cpu:1', balance=[2, 3], chunks=2)
+    pipe.initialize(mx.init.Uniform(0.5))
+    calls, labelled = [], graphcut.Cut.labelled
+
+    def counting(self, mirror=()):
+        calls.append(mirror)
+        return labelled(self, mirror)
+
+    monkeypatch.setattr(graphcut.Cut, 'labelled', counting)
+    X = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (4, 4)), ctx=mx.cpu(0))
+    first = pipe(X).asnumpy()
+    assert len(calls) == 1
+    second = pipe(X).asnumpy()
+    assert len(calls) == 1
+    np.testing.assert_array_equal(second, first)
+
+
 def test_a_block_lists_graph_carries_the_shapes_and_dtypes_its_layers_have_now():
     """A block list is traced each time a graph is built: a layer that learnt
     its input size, or was cast, after an earlier build shows it in the next."""

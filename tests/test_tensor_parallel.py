@@ -315,6 +315,59 @@ def test_output_tied_to_vocab_parallel_embedding_across_stages_matches_one_devic
     _params_close(split.get_params()[0], one.get_params()[0])
 
 
+class _Chain(gluon.HybridBlock):
+    """Blocks one after the other as one network (a Pipeline cuts it by its graph)."""
+
+    def __init__(self, blocks, **kwargs):
+        super().__init__(**kwargs)
+        self.layers = blocks
+        for i, block in enumerate(blocks):
+            self.register_child(block, 'layer%d' % i)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        for block in self.layers:
+            x = block(x)
+        return x
+
+
+def _groups_of_tied_output(symbol, weight='tok_shard'):
+    """``ctx_group`` of each op of the output layer: the products with the
+    embedding's weights named ``weight...`` (directly, or through their tied
+    identities)."""
+    nodes = json.loads(symbol.tojson())['nodes']
+    return sorted(n['attrs']['__ctx_group__'] for n in nodes if n['op'] == 'FullyConnected'
+                  and any(nodes[i]['name'].startswith(weight) for i, _, _ in n['inputs']))
+
+
+def test_whole_network_output_tied_to_vocab_parallel_embedding_runs_on_its_own_stage():
+    rng = np.random.RandomState(5)
+    X, y = mx.nd.array(rng.randint(0, 10, (4, 3))), mx.nd.array(rng.randint(0, 10, (4, 3)))
+
+    def module(pipe, **init):
+        mod = pipe.module(loss=lambda p, l: mx.sym.SoftmaxOutput(p, l, preserve_shape=True))
+        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
+        mod.init_params(mx.init.Uniform(0.5), **init)
+        mod.init_optimizer(kvstore=None, optimizer='adam',
+                           optimizer_params={'learning_rate': 0.1})
+        return mod
+
+    one = module(Pipeline(_Chain(_tied_lm(1), prefix='lm_'), 'cpu:0'))
+    pipe = Pipeline(_Chain(_tied_lm(2), prefix='lm_'), 'cpu:1+cpu:2,cpu:3+cpu:4', sample=X)
+    assert pipe.cut.stage_of_op[-1] == 1  # the cut leaves the output layer on the last stage
+    assert _groups_of_tied_output(pipe.symbol()) == ['stage1', 'stage1_shard1']
+    assert pipe.tied['tok_shard1_weight'] == (0, [0, 1])
+    split = module(pipe, arg_params=one.get_params()[0])
+    assert _groups_of_tied_output(split.export_symbol, 'tok_weight') == ['stage1']  # checkpoints'
+    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
+    assert _close(_step(split, X, y), _step(one, X, y))
+    _params_close(split.get_params()[0], one.get_params()[0])
+    twin = Pipeline(_Chain(_tied_lm(2), prefix='lm_'), 'cpu:1+cpu:2,cpu:3+cpu:4', sample=X)
+    twin.set_params(*one.get_params())
+    assert _close(twin(X.as_in_context(mx.cpu(1))).softmax().asnumpy(), one.predict(
+        mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy())
+
+
 class _Residual(gluon.HybridBlock):
     """Column -> Row with a skip connection, then a head: one whole network."""
 

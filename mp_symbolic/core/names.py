@@ -11,7 +11,8 @@ owns its communication vocabulary). Only the standard library is imported.
 * a parameter read on another stage than its own goes through one
   :data:`IDENTITY_OP` node named :func:`tied_name` ``(parameter)``;
 * a tensor-parallel shard's ops and weights carry :data:`SHARD_ATTR`, the mark
-  :func:`shard_mark` ``(index, shards, layer)``;
+  :func:`shard_mark` ``(index, shards, layer)`` (the layer of one call:
+  :func:`layer_call`);
 * while a block list is traced into one graph, each op carries its block's
   index in :data:`BLOCK_ATTR` (read, then removed: the split points);
 * the copies of an op for micro-batch ``m > 0`` are :func:`chunk_name`
@@ -24,7 +25,7 @@ __all__ = []
 
 GROUP_ATTR = '__ctx_group__'          # MXNet's node attribute behind mx.AttrScope(ctx_group=...)
 MIRROR_ATTR = '__force_mirroring__'   # MXNet's: recompute this op's output in backward
-SHARD_ATTR = '__tp_shard__'           # ours: on a shard's ops and weights, 'i/N/layer'
+SHARD_ATTR = '__tp_shard__'           # ours: on a shard's ops and weights, 'i/N/layer#call'
 BLOCK_ATTR = '__mp_block__'           # ours, while a block list is traced: the op's block index
 STAGE_PREFIX = 'stage'
 IDENTITY_OP = '_copy'                 # what mx.sym.identity makes; ONNX maps it to Identity
@@ -61,6 +62,13 @@ def is_tied(name):
 def shard_mark(index, shards, layer):
     """The :data:`SHARD_ATTR` value of shard ``index`` of ``shards`` of ``layer``."""
     return '%d/%d/%s' % (index, shards, layer)
+
+
+def layer_call(layer, call):
+    """The layer part of a shard mark: layer ``layer`` at the ``call``-th
+    tensor-parallel layer call of a trace (``'dense0#3'``); each call of one
+    layer (weights another layer reuses) is its own."""
+    return '%s#%d' % (layer, call)
 
 
 def parse_shard_mark(mark):

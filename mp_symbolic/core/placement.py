@@ -31,7 +31,7 @@ from .checks import excerpt, is_int, positive_int, tied_owners
 from .compat import reset_variables
 from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
 from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
-                    shard_group, shard_mark, stage_name)
+                    shard_group, stage_name)
 
 __all__ = []
 
@@ -102,6 +102,11 @@ class Placement:
         traced when a graph is built, each time (the imperative twin of a
         block list needs no Symbol; a graph built after a layer learnt its
         input size, or was cast, carries its shape and dtype as they are now)."""
+        # This branch on the form stays: a cut network's stages are positions
+        # in the op order of the trace its cut was solved on, so that trace is
+        # the one; a block list's split points are its block boundaries, which
+        # every trace finds again (and a block list that only runs on NDArrays
+        # is never traced at all).
         if self.cut is not None:
             return self.cut
         return trace_blocks(self.blocks, self.input_names, self.plan.stage_of_layer, self.owner)
@@ -116,31 +121,39 @@ class Placement:
         return graphcut.tie_parameters(tensor_parallel.shard_groups(
             graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
 
+    @cached_property
+    def run_graph(self):
+        """The labelled graph a cut network's imperative twin runs, made once
+        for every forward pass (nothing it is made of changes once placed)."""
+        return self.labelled()
+
     def unsplit_labelled(self):
         """The network traced with its tensor-parallel layers unsplit (as
-        checkpoints hold it), each node in the stage its split form has: by
-        name, and a layer's unsplit ops and weights in its shards' stage."""
-        if self.cut is None:  # a block list: each op in its block's stage, as when split
-            return trace_blocks(self.blocks, self.input_names, self.plan.stage_of_layer,
-                                self.owner, unsplit=True).labelled()
+        checkpoints hold it), each node in the stage its split form has: each
+        layer call's unsplit ops and weights in its shards' stage (by the
+        call's mark, :func:`~mp_symbolic.core.tensor_parallel.mark_shards`),
+        every other node in its own (by name, made unique in both traces
+        alike). The same for both forms: a block list is the blocks in a row."""
+        stage_of, stage_of_call = {}, {}
+        for node in self.labelled()['nodes']:
+            stage = self.stage_of_group[node['attrs'][GROUP_ATTR]]
+            mark = node['attrs'].get(SHARD_ATTR)
+            if mark is None:
+                stage_of[node['name']] = stage
+            elif node['op'] != 'null':  # a call's weights follow its first op (shard_groups)
+                stage_of_call.setdefault(parse_shard_mark(mark)[2], stage)
         reset_variables(self)
-        with tensor_parallel.unsplit():
+        with tensor_parallel.mark_shards(unsplit_layers=True):
             unsplit = json.loads(graph.chain(self.blocks, [mx.sym.var(n) for n in
                                                            self.input_names]).tojson())
         reset_variables(self)
-        split = self.labelled()['nodes']
-        stage_of = {n['name']: self.stage_of_group[n['attrs'][GROUP_ATTR]] for n in split}
-        layers = {}
-        for node in split:
-            mark = node.get('attrs', {}).get(SHARD_ATTR)
-            if mark is not None:
-                layers.setdefault(parse_shard_mark(mark)[2] + '_', stage_of[node['name']])
+        unsplit = graphcut.unique_names(unsplit)
         for node in unsplit['nodes']:
-            name = node['name']
-            where = stage_of.get(name)
-            if where is None:
-                where = next((s for layer, s in layers.items() if name.startswith(layer)), 0)
-            node.setdefault('attrs', {})[GROUP_ATTR] = stage_name(where)
+            attrs = node.setdefault('attrs', {})
+            mark = attrs.pop(SHARD_ATTR, None)
+            where = stage_of.get(node['name'], 0) if mark is None else \
+                stage_of_call[parse_shard_mark(mark)[2]]
+            attrs[GROUP_ATTR] = stage_name(where)
         return graphcut.tie_parameters(unsplit)
 
     @cached_property
@@ -186,7 +199,9 @@ class Placement:
         count, then its ops and its parameters, and after each stage but the
         last the activation bytes per sample that cross to the next.
         """
-        # the stages in the units the split points were named in: blocks, or ops
+        # This branch on the form stays: the stages are printed in the units
+        # their split points were named in, blocks (a block list, which may
+        # never be traced) or ops (a cut network), and each keeps its lines.
         lines = self._describe_blocks() if self.cut is None else self._describe_cut()
         return lines + ['tied: %s lives on %s, read by %s' % (
             name, stage_name(owner), ', '.join(stage_name(r) for r in readers))
@@ -309,7 +324,7 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     return replace(placed, stages=stages, readers=readers)
 
 
-def trace_blocks(blocks, names, stage_of_layer, owner, unsplit=False):
+def trace_blocks(blocks, names, stage_of_layer, owner):
     """A block list traced into one graph like a whole network, its split
     points the block boundaries: the
     :class:`~mp_symbolic.core.graphcut.Cut` whose every op sits in its
@@ -318,11 +333,9 @@ def trace_blocks(blocks, names, stage_of_layer, owner, unsplit=False):
     Each block is traced under an attribute naming its index
     (:data:`~mp_symbolic.core.names.BLOCK_ATTR`), read back per op and then
     removed; a block's tensor-parallel layers mark their shards as in a whole
-    network (:func:`~mp_symbolic.core.tensor_parallel.mark_shards`), each
-    mark naming its block too: a layer whose weights another block reuses
-    (an output layer tied to the embedding) has the same name there, and
-    each call stays in its own block's stage. With ``unsplit``, the layers'
-    unsplit form (:func:`~mp_symbolic.core.tensor_parallel.unsplit`).
+    network (:func:`~mp_symbolic.core.tensor_parallel.mark_shards`: each
+    layer call its own, so an output layer tied to the embedding stays in
+    its own block's stage).
 
     Raises:
         MXNetError, AttributeError, TypeError: a block's ``hybrid_forward``
@@ -332,7 +345,7 @@ def trace_blocks(blocks, names, stage_of_layer, owner, unsplit=False):
     """
     for block in blocks:
         reset_variables(block)
-    with tensor_parallel.unsplit() if unsplit else tensor_parallel.mark_shards():
+    with tensor_parallel.mark_shards():
         x = [mx.sym.var(n) for n in names]
         for i, block in enumerate(blocks):
             with mx.AttrScope(**{BLOCK_ATTR: str(i)}):
@@ -349,11 +362,7 @@ def trace_blocks(blocks, names, stage_of_layer, owner, unsplit=False):
         stage = stage if index is None else stage_of_layer[int(index)]
         stage_of_op.append(stage)
     for node in traced['nodes']:
-        attrs = node.get('attrs', {})
-        index = attrs.pop(BLOCK_ATTR, None)
-        if SHARD_ATTR in attrs and index is not None:
-            shard, shards, layer = parse_shard_mark(attrs[SHARD_ATTR])
-            attrs[SHARD_ATTR] = shard_mark(shard, shards, '%s@%s' % (layer, index))
+        node.get('attrs', {}).pop(BLOCK_ATTR, None)
     variables = {n['name'] for n in traced['nodes'] if n['op'] == 'null'} - set(names)
     return graphcut.Cut(graphcut.load(traced), len(set(stage_of_layer)), data_name=names,
                         owners={n: s for n, s in owner.items() if n in variables},
@@ -367,6 +376,9 @@ def _layout(placement):
     traced: a block list runs imperatively without one); a whole network's
     come from its labelled graph (shards moved to their layer's stage)."""
     plan = placement.plan
+    # This branch on the form stays: a block list's stages are its blocks
+    # (Pipeline.stages, describe and the twin run them), and its readers come
+    # from the blocks without a trace (its blocks need not run on Symbols).
     if placement.cut is None:
         stages = [[b for b, st in zip(placement.blocks, plan.stage_of_layer) if st == s]
                   for s in range(plan.num_stages)]
@@ -382,7 +394,7 @@ def _layout(placement):
         return ([cut.ops_of_stage(s) for s in range(plan.num_stages)],
                 {n: list(r) for n, r in cut.readers.items() if n not in placement.input_names})
     nodes = placement.labelled()['nodes']
-    groups = {shard_group(s, i): s for s in range(plan.num_stages) for i in range(plan.width(s))}
+    groups = placement.stage_of_group
     stages, readers = [[] for _ in range(plan.num_stages)], {}
     for node in nodes:
         if node['op'] == 'null':
@@ -392,6 +404,8 @@ def _layout(placement):
             stages[st].append(node['name'])
         for src, _, _ in node['inputs']:
             source = nodes[src]
+            if is_tied(source['name']):  # a weight another stage holds, read through its identity
+                source = nodes[source['inputs'][0][0]]
             if source['op'] == 'null' and source['name'] not in placement.input_names:
                 readers.setdefault(source['name'], [])
                 if st not in readers[source['name']]:
@@ -456,7 +470,12 @@ def _shards(placement):
     plan = placement.plan
     widths = [plan.width(s) for s in range(plan.num_stages)]
     owner, shard_of = dict(placement.owner), {}
-    if placement.whole:
+    # This branch on the form stays: a cut network has no blocks per stage,
+    # so its shards are read from the labelled graph; a block list's come
+    # from its layers without a trace (its blocks need not run on Symbols),
+    # a tied shard staying with the owner tied= chose, and a refusal naming
+    # the layer.
+    if placement.cut is not None:
         try:
             graph = placement.labelled()
         except ValueError as err:

@@ -54,46 +54,54 @@ import numpy as np
 
 from .balance import even_split
 from .checks import positive_int
-from .names import GROUP_ATTR, SHARD_ATTR, is_tied, parse_shard_mark, shard_group, shard_mark, \
-    stage_name
+from .names import (GROUP_ATTR, SHARD_ATTR, is_tied, layer_call, parse_shard_mark, shard_group,
+                    shard_mark, stage_name)
 
 __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'VocabParallelEmbedding']
 
 _GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
-_MARK = 'mark'
 _LOCAL = threading.local()
 
 
 @contextmanager
-def stage_scope(stage, width):
-    """Within: tensor-parallel layers build their shards for stage ``stage``
-    of ``width`` devices (the Pipeline enters this around each stage)."""
-    saved = getattr(_LOCAL, 'stage', None)
-    _LOCAL.stage = (stage, width)
-    try:
-        yield
-    finally:
-        _LOCAL.stage = saved
-
-
-@contextmanager
-def mark_shards():
+def mark_shards(unsplit_layers=False):
     """Within: tensor-parallel layers tag each shard's ops and weights with
-    ``__tp_shard__='i/N/<layer>'`` instead of a ``ctx_group``, for a whole
-    network whose stages a graph cut decides (:func:`shard_groups` then
-    places them)."""
-    saved = getattr(_LOCAL, 'stage', None)
-    _LOCAL.stage = _MARK
+    ``__tp_shard__='i/N/<layer call>'`` instead of a ``ctx_group``
+    (:func:`~mp_symbolic.core.names.layer_call`: the layer's name and its
+    call's number in the trace), for a network whose stages the trace's cut
+    decides (:func:`shard_groups` then places them). Each call is its own:
+    a layer that reads another's parameters (an output layer tied to the
+    embedding) has that layer's name, and stays in its own stage.
+
+    Args:
+        unsplit_layers: Build the layers unsplit (as :func:`unsplit`), each
+            layer's unsplit ops and weights marked ``'0/1/<layer call>'``,
+            the calls numbered as in the split trace. Else split, also
+            within :func:`unsplit` (the split trace a build reads).
+    """
+    saved = (getattr(_LOCAL, 'calls', None), getattr(_LOCAL, 'unsplit', False),
+             getattr(_LOCAL, 'variables', None))
+    _LOCAL.calls, _LOCAL.unsplit, _LOCAL.variables = 0, unsplit_layers, {}
     try:
         yield
     finally:
-        _LOCAL.stage = saved
+        _LOCAL.calls, _LOCAL.unsplit, _LOCAL.variables = saved
+
+
+def _next_call(name):
+    """The mark's layer of this call of layer ``name`` in a :func:`mark_shards`
+    trace, or ``None`` outside one."""
+    call = getattr(_LOCAL, 'calls', None)
+    if call is None:
+        return None
+    _LOCAL.calls = call + 1
+    return layer_call(name, call)
 
 
 def shard_groups(graph, widths):
     """A copy of a labelled graph (JSON, every node in a ``stage<s>`` group)
     with each node tagged by :func:`mark_shards` in its shard's group, for
-    stages of ``widths[s]`` devices. A layer's shards all go to the stage of
+    stages of ``widths[s]`` devices. A layer call's shards all go to the stage of
     its first op (a cut in topological order could otherwise put shard 0 and
     shard 1 of one layer on two stages). An ``identity`` through which other
     stages read a moved weight (``<weight>_tied``) moves with it.
@@ -254,28 +262,26 @@ class _ShardedBlock(gluon.HybridBlock):
 
     def _symbolic(self, x):
         F = mx.sym
+        call = _next_call(self.name)
         with self.name_scope():
             if is_unsplit():
-                variables = {}
-                for key, param in self._shard_params[0].items():
-                    name = self.params.prefix + key
-                    full = self.sharded.get(name)
-                    if name not in _LOCAL.variables:
-                        _LOCAL.variables[name] = mx.sym.var(
-                            name, shape=param.shape if full is None else full.shape,
-                            dtype=param.dtype)
-                    variables[key] = _LOCAL.variables[name]
-                return self._unsplit(F, x, **variables)
-            stage = getattr(_LOCAL, 'stage', None)
-            if stage is None or self.shards == 1:
+                with nullcontext() if call is None else \
+                        mx.AttrScope(**{SHARD_ATTR: shard_mark(0, 1, call)}):
+                    variables = {}
+                    for key, param in self._shard_params[0].items():
+                        name = self.params.prefix + key
+                        full = self.sharded.get(name)
+                        if name not in _LOCAL.variables:
+                            _LOCAL.variables[name] = mx.sym.var(
+                                name, shape=param.shape if full is None else full.shape,
+                                dtype=param.dtype)
+                        variables[key] = _LOCAL.variables[name]
+                    return self._unsplit(F, x, **variables)
+            if call is None or self.shards == 1:
                 scopes = [nullcontext] * self.shards
-            elif stage == _MARK:
-                scopes = [lambda i=i: mx.AttrScope(
-                    **{SHARD_ATTR: shard_mark(i, self.shards, self.name)})
-                          for i in range(self.shards)]
             else:
-                groups = [shard_group(stage[0], j) for j in self.device_indices(stage[1])]
-                scopes = [lambda g=g: mx.AttrScope(ctx_group=g) for g in groups]
+                scopes = [lambda i=i: mx.AttrScope(**{SHARD_ATTR: shard_mark(i, self.shards, call)})
+                          for i in range(self.shards)]
             with scopes[0]():
                 x = self._prepare(F, x)
             parts = []

@@ -14,10 +14,11 @@ Operations are issued in GPipe's order (clock ``k`` runs stage ``k - m`` of
 micro-batch ``m``) and return at once; MXNet's dependency engine runs stage
 ``s`` of one micro-batch while stage ``s + 1`` works on the previous one, as
 in the symbolic graph of :meth:`Pipeline.training_symbol`. Both forms take
-that one schedule: a block list's stage runs its blocks (Gluon's own forward,
-so blocks that run only on NDArrays, and layers that learn their input size
-on the first pass, need no Symbol); a whole network's stage runs its ops of
-the labelled graph, each on its group's device
+that one schedule, each micro-batch one run of its stages: a block list's
+stage runs its blocks (Gluon's own forward, so blocks that run only on
+NDArrays, and layers that learn their input size on the first pass, need no
+Symbol); a whole network's stage runs its ops of the labelled graph (made
+once per placement), each on its group's device
 (:class:`~mp_symbolic.core.graphcut.GraphRun`).
 
 Reference: torchgpipe's ``microbatch.scatter``/``gather`` and its clock
@@ -61,35 +62,68 @@ def forward(placement, *xs):
     size = _check_batch(placement, xs)
     plan = placement.plan
     num_stages, chunks = plan.num_stages, placement.chunks
-    # micro[r][m]: micro-batch m of replica r, as far as it has gone (a list:
-    # the values a stage passes on)
-    micro = [[[x if size == x.shape[0] else
-               mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
-                                end=(r * chunks + m + 1) * size) for x in xs]
-              for m in range(chunks)] for r in range(placement.replicas)]
-    ops = None
-    if placement.cut is not None:  # a cut graph runs op by op, each op on its stage's device
-        graph = placement.labelled()
-        ops = ops_of_stages(placement, graph)
-        micro = [[start_graph(placement, graph, [h.as_in_context(devices[0]) for h in hs], r)
-                  for hs in shares]
-                 for r, (devices, shares) in enumerate(zip(plan.replica_devices, micro))]
+    # runs[r][m]: micro-batch m of replica r, run one stage at a time
+    runs = [[_start(placement, [x if size == x.shape[0] else
+                                mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
+                                                 end=(r * chunks + m + 1) * size) for x in xs], r)
+             for m in range(chunks)] for r in range(placement.replicas)]
     for clock in range(chunks + num_stages - 1):
-        for r, devices in enumerate(plan.replica_devices):
+        for shares in runs:
             for m in range(max(0, clock - num_stages + 1), min(chunks, clock + 1)):
-                stage = clock - m
-                if ops is not None:
-                    micro[r][m].run(ops[stage])
-                    continue
-                hs = [h.as_in_context(devices[stage]) for h in micro[r][m]]  # recorded by autograd
-                micro[r][m] = run_stage(placement, stage, hs, devices)
-    if ops is not None:
-        micro = [[_as_list(run.outputs()) for run in runs] for runs in micro]
-    outputs = [[h.as_in_context(plan.last_device) for h in hs]
-               for shares in micro for hs in shares]
+                shares[m].run(clock - m)
+    outputs = [[h.as_in_context(plan.last_device) for h in run.outputs()]
+               for shares in runs for run in shares]
     joined = [parts[0] if len(parts) == 1 else mx.nd.concat(*parts, dim=0)
               for parts in zip(*outputs)]
     return joined[0] if len(joined) == 1 else tuple(joined)
+
+
+def _start(placement, xs, replica):
+    """A run of one micro-batch ``xs`` through replica ``replica``'s stages.
+
+    The one branch on the form of the network, and why it stays: a block
+    list's stage runs its Gluon blocks (blocks that run only on NDArrays,
+    and layers that learn their input size on the first pass, have no graph
+    to run); a cut network has no blocks per stage, and runs its stage's ops
+    of the labelled graph."""
+    if placement.cut is None:
+        return _BlockRun(placement, xs, replica)
+    return _OpRun(placement, xs, replica)
+
+
+class _BlockRun:
+    """A micro-batch through a block list's stages, each :meth:`run` one
+    stage's blocks on its device (autograd records the copies between)."""
+
+    def __init__(self, placement, xs, replica):
+        self.placement, self.values = placement, xs
+        self.devices = placement.plan.replica_devices[replica]
+
+    def run(self, stage):
+        hs = [h.as_in_context(self.devices[stage]) for h in self.values]
+        self.values = run_stage(self.placement, stage, hs, self.devices)
+
+    def outputs(self):
+        return self.values
+
+
+class _OpRun:
+    """A micro-batch through a cut network's stages, each :meth:`run` one
+    stage's ops of the labelled graph (made once per placement:
+    :attr:`~mp_symbolic.core.placement.Placement.run_graph`)."""
+
+    def __init__(self, placement, xs, replica):
+        graph = placement.run_graph
+        self.ops = ops_of_stages(placement, graph)
+        first = placement.plan.replica_devices[replica][0]
+        self.graph_run = start_graph(placement, graph, [h.as_in_context(first) for h in xs],
+                                     replica)
+
+    def run(self, stage):
+        self.graph_run.run(self.ops[stage])
+
+    def outputs(self):
+        return _as_list(self.graph_run.outputs())
 
 
 def run_stage(placement, stage, xs, devices):
