@@ -134,6 +134,14 @@ def test_backward_pass_runs_no_broadcast_reduction_and_no_layer_norm_backward():
     assert '_backward_LayerNorm' not in ops and 'LayerNorm' not in ops
 
 
+def test_model_flops_per_token_count_every_matrix_product_forward_and_backward():
+    from bench.lm import model_flops_per_token  # pylint: disable=import-outside-toplevel
+    cfg = gpt.GPTConfig(vocab_size=166, block_size=64, num_layers=2, num_heads=4,
+                        num_hiddens=64)  # --task lm's model
+    per_block = 4 * 2 * 64 * 64 + 2 * 2 * 64 * 256 + 2 * 2 * 64 * 64  # projections, MLP, attention
+    assert model_flops_per_token(cfg) == 3 * (2 * per_block + 2 * 64 * 166) == 751872
+
+
 def test_output_layer_reads_the_token_embedding_on_its_own_stage():
     pipe = mp_symbolic.Pipeline(gpt.build_blocks(TINY), 'cpu:0,cpu:1,cpu:2',
                                 sample=(BATCH, TINY.block_size))
