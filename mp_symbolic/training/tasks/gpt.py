@@ -104,7 +104,7 @@ class LayerNorm(gluon.HybridBlock):
     ``beta``, epsilon 1e-5), its reductions written as matrix products.
 
     MXNet 1.9.1's ``LayerNorm`` backward on CPU reduces through the generic
-    broadcast kernel: 28 % of the language model's step on one device, four
+    broadcast kernel: 28 % of the language model's step on one device, 20
     times its forward. Here the mean and the variance over the ``C`` features
     of each position are ``FullyConnected`` products with a constant ``1/C``
     row, spread back over the features by a product with a column of ones;
