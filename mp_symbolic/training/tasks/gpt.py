@@ -133,8 +133,8 @@ class LayerNorm(gluon.HybridBlock):
             F.FullyConnected(rows, mean_of, no_bias=True, num_hidden=1),    # (R, 1) means
             spread, no_bias=True, num_hidden=C)
         variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1)
-        scale = F.FullyConnected(1.0 / F.sqrt(variance + self.epsilon), spread, no_bias=True,
-                                 num_hidden=C)                              # (R, C)
+        scale = F.FullyConnected(F.reciprocal(F.sqrt(variance + self.epsilon)), spread,
+                                 no_bias=True, num_hidden=C)                # (R, C)
         each = F.BlockGrad(F.ones_like(variance))                           # (R, 1) constant
         out = centred * scale * F.FullyConnected(each, F.reshape(gamma, shape=(C, 1)),
                                                  no_bias=True, num_hidden=C) \
