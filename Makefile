@@ -38,7 +38,7 @@ help:
 	@echo "make bench-dist        a dist_sync job of 1 and 2 workers on loopback (launch overhead)"
 	@echo "make bench-pipeline    micro-batch pipelining: overlap and bubble from the trace, memory per device"
 	@echo "make bench-tp          tensor-parallel MLP block: memory per device and step time at 1, 2, 4 shards"
-	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time"
+	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time, tokens/s and MFU"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"

@@ -13,7 +13,10 @@ N = 1, 2, 4, all in one process:
   as ratios to one device;
 * samples/s (median of repeats, ``mx.nd.waitall()`` before each clock read)
   as a ratio to the unsplit model on one device, and the same N shards all on
-  ``cpu(0)`` (what splitting costs without any second device).
+  ``cpu(0)`` (what splitting costs without any second device);
+* tokens/s and the model FLOPs utilisation: the model's training FLOPs per
+  token (:func:`model_flops_per_token`) times tokens/s, over the FLOP/s of a
+  1024^3 float32 matrix product timed in the same rounds (:class:`Gemm`).
 
 Random token ids stand in for the corpus (the step's cost does not depend on
 which characters they are). On this machine the "devices" are ``cpu(i)``
@@ -21,6 +24,7 @@ stand-ins that share its cores: the memory figures are what a GPU would hold,
 the step-time ratios the cost of the split; see docs/lm.md.
 """
 import argparse
+import importlib.util
 import os
 
 import mxnet as mx
@@ -30,6 +34,8 @@ from mp_symbolic import Pipeline
 from mp_symbolic.tools.memory import format_bytes, measure_memory
 from mp_symbolic.training.tasks import gpt, lm
 
+from mp_symbolic.tools.text import columns
+
 from .measure import throughput
 from .tensor_parallel import log_memory, plans_of, write_report
 
@@ -38,6 +44,61 @@ __all__ = ['run', 'main']
 OUT_DIR = os.path.join('artifacts', 'bench')
 VOCAB_SIZE = 166   # the corpus' distinct characters (docs/lm.md)
 OPTIMIZER = ('adam', {'learning_rate': 1e-3})
+GEMM = 'matrix product'   # timed with the plans, reported apart
+
+
+def model_flops_per_token(cfg):
+    """Training FLOPs per token of the GPT of ``cfg``: its matrix products
+    (2 FLOPs a multiply-add) forward, times 3 (the backward pass takes two
+    products per forward one). Per block: query, key, value and output
+    projections ``4 x 2 C^2``, the MLP ``2 x 2 x 4 C^2``, the attention's two
+    products ``2 x 2 T C`` (every key of the context, as the masked scores are
+    computed); the tied output ``2 C V``. Embeddings, norms and softmax are
+    left out, as Megatron-LM's and PaLM's MFU leave them out."""
+    C, T = cfg.num_hiddens, cfg.block_size
+    forward = cfg.num_layers * (24 * C * C + 4 * T * C) + 2 * C * cfg.vocab_size
+    return 3 * forward
+
+
+class Gemm:
+    """``run(n)``: ``n`` products of ``size x size`` float32 matrices as a
+    ``FullyConnected`` (oneDNN's matrix product, the one the model's dense
+    layers run) on ``device``; timed beside the model's steps, round-robin
+    (:func:`bench.measure.throughput`), so that both see the same load."""
+
+    def __init__(self, size=1024, device=None):
+        rng = np.random.RandomState(1)
+        self.size = size
+        self.x, self.w = (mx.nd.array(rng.uniform(-1, 1, (size, size)), ctx=device or mx.cpu(0))
+                          for _ in range(2))
+
+    def run(self, num_steps):
+        for _ in range(num_steps):
+            mx.nd.FullyConnected(self.x, self.w, no_bias=True, num_hidden=self.size)
+
+    def flops(self, rate, batch_size):
+        """FLOP/s from ``throughput``'s samples/s (``batch_size`` per run step)."""
+        return rate / batch_size * 2.0 * self.size ** 3
+
+
+def utilisation(rates, cfg, gemm):
+    """``{plan: {'tokens_per_sec', 'mfu'}}`` from ``{plan: (samples/s, _)}``
+    and the matrix product's FLOP/s ``gemm``."""
+    flops = model_flops_per_token(cfg)
+    return {name: {'tokens_per_sec': rate * cfg.block_size,
+                   'mfu': rate * cfg.block_size * flops / gemm}
+            for name, (rate, _) in rates.items()}
+
+
+def _log_utilisation(util, flops, gemm, log):
+    log('model FLOPs utilisation (%d training FLOPs per token, against a 1024^3 float32 '
+        'matrix product at %.1f GFLOP/s, median of the same rounds):' % (flops, gemm / 1e9))
+    rows = [['plan', 'tokens/s', 'model GFLOP/s', 'MFU']]
+    for name, row in util.items():
+        rows.append([name, '%.0f' % row['tokens_per_sec'],
+                     '%.2f' % (row['tokens_per_sec'] * flops / 1e9), '%.2f' % row['mfu']])
+    for line in columns(rows):
+        log('  ' + line)
 
 
 def _pipe(cfg, shards, devices):
@@ -99,11 +160,51 @@ def run(shard_counts=(1, 2, 4), num_layers=2, num_heads=4, num_hiddens=256, bloc
 
     variants = {name: _Steps(_pipe(cfg, shards, devices), cfg, batch_size)
                 for name, (shards, devices) in plans.items()}
+    product = Gemm()
+    variants[GEMM] = product
     rates = throughput(variants, batch_size, steps, repeats, warmup)
-    return write_report(os.path.join(out_dir, 'lm.json'), rates, steps, repeats,
-                        dict(num_layers=num_layers, num_heads=num_heads, num_hiddens=num_hiddens,
-                             block_size=block_size, vocab_size=VOCAB_SIZE,
-                             batch_size=batch_size, model_bytes=model_bytes, memory=memory), log)
+    gemm = product.flops(rates.pop(GEMM)[0], batch_size)
+    util = utilisation(rates, cfg, gemm)
+    report = write_report(os.path.join(out_dir, 'lm.json'), rates, steps, repeats,
+                          dict(num_layers=num_layers, num_heads=num_heads,
+                               num_hiddens=num_hiddens, block_size=block_size,
+                               vocab_size=VOCAB_SIZE, batch_size=batch_size,
+                               model_bytes=model_bytes, memory=memory,
+                               flops_per_token=model_flops_per_token(cfg),
+                               gemm_flops_per_sec=gemm, utilisation=util), log)
+    _log_utilisation(util, model_flops_per_token(cfg), gemm, log)
+    return report
+
+
+def against(path, num_hiddens=64, batch_size=16, steps=10, repeats=15, warmup=5, log=print):
+    """The one-device training step of this GPT beside the GPT of another
+    ``gpt.py`` (``path``, e.g. an earlier commit's checkout), alternated in one
+    process (:func:`bench.measure.throughput`'s rounds) on the same batch;
+    logs and returns ``{'this', 'other', 'speedup'}`` (median samples/s, and
+    this one's over the other's).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError('--against: expected a gpt.py file, found %r' % path)
+    spec = importlib.util.spec_from_file_location('other_gpt', path)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    variants = {}
+    for name, module in (('this', gpt), ('other', other)):
+        cfg = module.GPTConfig(vocab_size=VOCAB_SIZE, block_size=64, num_layers=2, num_heads=4,
+                               num_hiddens=num_hiddens)
+        variants[name] = _Steps(Pipeline(module.build_blocks(cfg), 'cpu:0', sample=(1, 64)),
+                                cfg, batch_size)
+    rates = throughput(variants, batch_size, steps, repeats, warmup)
+    result = {name: rate for name, (rate, _) in rates.items()}
+    result['speedup'] = result['this'] / result['other']
+    log('one-device training step, width %d, batch %d (median of %d alternated repeats of %d '
+        'steps): this gpt.py %.1f samples/s, %s %.1f samples/s: %.2f times faster'
+        % (num_hiddens, batch_size, repeats, steps, result['this'], path, result['other'],
+           result['speedup']))
+    return result
 
 
 def main(argv=None):
@@ -111,15 +212,25 @@ def main(argv=None):
         prog='python -m bench.lm',
         description='The language model split over 1, 2 and 4 tensor-parallel shards: memory '
                     'per device and step time, as ratios to one device.')
-    parser.add_argument('--num-hiddens', type=int, default=256)
+    parser.add_argument('--num-hiddens', type=int,
+                        help='model width (default 256; 64 with --against)')
     parser.add_argument('--batch-size', type=int, default=16)
     parser.add_argument('--quick', action='store_true',
                         help='a small, fast run (num_hiddens 64, fewer steps)')
+    parser.add_argument('--against', metavar='GPT_PY',
+                        help="only the one-device step (the task's width 64 unless "
+                             "--num-hiddens), alternated with the GPT of another gpt.py")
     args = parser.parse_args(argv)
+    if args.num_hiddens is None:
+        args.num_hiddens = 64 if args.against else 256
     if args.num_hiddens < 4 or args.num_hiddens % 4 or args.batch_size < 1:
         parser.error('--num-hiddens, --batch-size: expected a positive multiple of 4 (the '
                      'heads) and a positive integer, found %d, %d'
                      % (args.num_hiddens, args.batch_size))
+    if args.against:
+        if not os.path.isfile(args.against):
+            parser.error('--against: expected a gpt.py file, found %r' % args.against)
+        return against(args.against, num_hiddens=args.num_hiddens, batch_size=args.batch_size)
     if args.quick:
         return run(num_hiddens=64, batch_size=8, steps=3, repeats=2, warmup=1)
     return run(num_hiddens=args.num_hiddens, batch_size=args.batch_size)

@@ -348,7 +348,7 @@ class MXNetPredictor:
             first = self.input_names[0]
             data_ctx = self.group2ctx[self.symbol.get_internals()[first].attr('ctx_group')]
             self._exec = None  # the old executor's memory goes before the new one's is taken
-            with split_bind(self.group2ctx):
+            with split_bind(self.group2ctx, self.symbol):
                 self._exec = self.symbol.simple_bind(
                     ctx=data_ctx, group2ctx=self.group2ctx, grad_req='null',
                     type_dict=dict(self.dtypes), **shapes)

@@ -5,6 +5,7 @@ device computes, a checkpoint resumes onto another plan, and its export runs
 in onnxruntime at any batch size and sequence length with the trained
 numbers."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,50 @@ def test_shorter_sequence_gives_the_prefix_of_the_longer_ones_output():
     X, _ = _batch()
     full, prefix = net(mx.nd.array(X)).asnumpy(), net(mx.nd.array(X[:, :5])).asnumpy()
     np.testing.assert_allclose(prefix, full[:, :5], rtol=1e-5, atol=1e-6)
+
+
+def test_layer_norm_equals_gluons_layer_norm_and_its_gradients_under_the_same_names():
+    rng = np.random.default_rng(3)
+    X = mx.nd.array(rng.normal(1.0, 2.0, (3, 5, 8)))
+    dy = mx.nd.array(rng.normal(size=(3, 5, 8)))
+    results = []
+    for norm in (mx.gluon.nn.LayerNorm(in_channels=8, prefix='ln_'), gpt.LayerNorm(8, prefix='ln_')):
+        norm.initialize()
+        norm.gamma.set_data(mx.nd.array(np.linspace(0.5, 1.5, 8)))
+        norm.beta.set_data(mx.nd.array(np.linspace(-1, 1, 8)))
+        x = X.copy()
+        x.attach_grad()
+        with mx.autograd.record():
+            out = norm(x)
+        out.backward(dy)
+        results.append({'out': out.asnumpy(), 'x': x.grad.asnumpy(),
+                        **{n: p.grad().asnumpy() for n, p in norm.collect_params().items()}})
+    want, got = results
+    assert sorted(got) == sorted(want) == ['ln_beta', 'ln_gamma', 'out', 'x']
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_backward_pass_runs_no_broadcast_reduction_and_no_layer_norm_backward():
+    """MXNet 1.9.1 on CPU reduces a broadcast's and LayerNorm's gradients in a
+    generic kernel that took 37 % of the model's step (docs/lm.md): the
+    causal mask, the position embeddings and the norms are written without."""
+    pipe = mp_symbolic.Pipeline(gpt.build_blocks(TINY), 'cpu:0', sample=(BATCH, TINY.block_size))
+    symbol = pipe.training_symbol('softmax')
+    exe = symbol.simple_bind(mx.cpu(0), data=(BATCH, TINY.block_size),
+                             softmax_label=(BATCH, TINY.block_size))
+    ops = set(re.findall(r'Op:(\w+)', exe.debug_str()))
+    assert {'_backward_FullyConnected', 'batch_dot'} <= ops  # the plan lists the backward ops
+    assert not {op for op in ops if op.startswith('_backward_broadcast')}
+    assert '_backward_LayerNorm' not in ops and 'LayerNorm' not in ops
+
+
+def test_model_flops_per_token_count_every_matrix_product_forward_and_backward():
+    from bench.lm import model_flops_per_token  # pylint: disable=import-outside-toplevel
+    cfg = gpt.GPTConfig(vocab_size=166, block_size=64, num_layers=2, num_heads=4,
+                        num_hiddens=64)  # --task lm's model
+    per_block = 4 * 2 * 64 * 64 + 2 * 2 * 64 * 256 + 2 * 2 * 64 * 64  # projections, MLP, attention
+    assert model_flops_per_token(cfg) == 3 * (2 * per_block + 2 * 64 * 166) == 751872
 
 
 def test_output_layer_reads_the_token_embedding_on_its_own_stage():

@@ -9,7 +9,7 @@ from mp_symbolic import Pipeline
 from mp_symbolic.core import compat
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.scoped import environ
-from mp_symbolic.training.tasks import digits, regression
+from mp_symbolic.training.tasks import digits, gpt, regression
 
 from conftest import THREE_DEVICES
 
@@ -244,7 +244,7 @@ def test_cross_device_copy_writes_through_a_stale_onednn_layout(balance, chunks)
     group2ctx = pipe.plan.group2ctx
     with pytest.raises(mx.base.MXNetError, match="doesn't match the requested MKLDNN memory"):
         _step_8x8(pipe, group2ctx, environ(**compat.SUBGRAPH_BACKEND))
-    got = _step_8x8(pipe, group2ctx, split_bind(group2ctx))
+    got = _step_8x8(pipe, group2ctx, split_bind(group2ctx, pipe.training_symbol('softmax')))
     want = _step_8x8(pipe, {g: mx.cpu(0) for g in group2ctx}, split_bind(None))
     assert set(got) == set(want)
     for name in want:
@@ -278,9 +278,80 @@ def test_cross_device_copy_through_a_stale_layout_of_the_same_size_gives_wrong_g
         wrong = _step_8x8(pipe, group2ctx, environ(NNVM_EXEC_MATCH_RANGE=match_range,
                                                       **compat.SUBGRAPH_BACKEND))
         assert max(np.abs(wrong[n] - want[n]).max() for n in want) > 1.0, match_range
-    got = _step_8x8(pipe, group2ctx, split_bind(group2ctx))
+    got = _step_8x8(pipe, group2ctx, split_bind(group2ctx, pipe.training_symbol('softmax')))
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+_LM_CFG = gpt.GPTConfig(vocab_size=29, block_size=16, num_layers=2, num_heads=2, num_hiddens=16)
+
+
+def _lm_steps(pipe, group2ctx, bind_scope, batch_size=8):
+    """Three forward/backward passes of the language model's training graph on
+    one fixed batch from fixed parameters; outputs and gradients as numpy."""
+    symbol = pipe.training_symbol('softmax')
+    T = _LM_CFG.block_size
+    with bind_scope:
+        exe = symbol.simple_bind(mx.cpu(0), group2ctx=group2ctx, data=(batch_size, T),
+                                 softmax_label=(batch_size, T),
+                                 grad_req={n: 'null' if n in ('data', 'softmax_label') else 'write'
+                                           for n in symbol.list_arguments()})
+    rng = np.random.default_rng(0)
+    for name in sorted(exe.arg_dict):
+        exe.arg_dict[name][:] = rng.normal(0, 0.3, exe.arg_dict[name].shape)
+    exe.arg_dict['data'][:] = rng.integers(0, _LM_CFG.vocab_size, (batch_size, T))
+    exe.arg_dict['softmax_label'][:] = rng.integers(0, _LM_CFG.vocab_size, (batch_size, T))
+    for _ in range(3):  # a stale layout would be left by one pass for the next
+        exe.forward(is_train=True)
+        exe.backward()
+    result = {n: g.asnumpy() for n, g in exe.grad_dict.items() if g is not None}
+    result['output'] = exe.outputs[0].asnumpy()
+    return result
+
+
+@pytest.mark.parametrize('whole, devices, chunks', [(False, 'cpu:0,cpu:1', 1),
+                                                    (False, 'cpu:0,cpu:1,cpu:2', 2),
+                                                    (True, 'cpu:0,cpu:1', 4),
+                                                    (True, 'cpu:0,cpu:1,cpu:2', 1)])
+def test_a_split_graph_without_convolutions_shares_storage_and_computes_what_one_device_does(
+        whole, devices, chunks):
+    """Why compat.split_bind keeps MXNet's storage sharing for graphs with no
+    op of compat.ONEDNN_LAYOUT_OPS: the language model (dense layers, norms,
+    softmax, batch_dot, elementwise ops) split over stages, bound with shared
+    storage, computes what one device does, pass after pass; the CNNs above
+    fail or go wrong under the same sharing. If MXNet ever leaves a blocked
+    layout behind these ops, this fails, and the op belongs in the set."""
+    if not compat.onednn_active():
+        pytest.skip('oneDNN is off in this process or this build')
+    blocks = gpt.build_blocks(_LM_CFG)
+    net = gpt.GPT(blocks) if whole else blocks
+    pipe = Pipeline(net, devices, chunks=chunks, sample=(1, _LM_CFG.block_size))
+    group2ctx = pipe.plan.group2ctx
+    symbol = pipe.training_symbol('softmax')
+    env = compat.split_bind_environ(group2ctx.values(), symbol)
+    assert env == compat.SUBGRAPH_BACKEND  # storage shared: no NNVM_EXEC_MATCH_RANGE
+    got = _lm_steps(pipe, group2ctx, split_bind(group2ctx, symbol))
+    want = _lm_steps(pipe, {g: mx.cpu(0) for g in group2ctx}, split_bind(None))
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_only_graphs_with_layout_ops_bind_split_without_storage_sharing():
+    """compat.split_bind_environ: the digits CNN's split gets storage of its
+    own, the language model's keeps MXNet's sharing; an unknown graph (no
+    symbol) is treated as one that needs it."""
+    if not compat.onednn_active():
+        pytest.skip('oneDNN is off in this process or this build')
+    devices = [mx.cpu(0), mx.cpu(1)]
+    cnn = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1').training_symbol('softmax')
+    lm_graph = Pipeline(gpt.build_blocks(_LM_CFG), 'cpu:0,cpu:1',
+                        sample=(1, 16)).training_symbol('softmax')
+    assert compat.split_bind_environ(devices, cnn) == {**compat.SUBGRAPH_BACKEND,
+                                                       **compat.UNSHARED_MEMORY}
+    assert compat.split_bind_environ(devices, None) == compat.split_bind_environ(devices, cnn)
+    assert compat.split_bind_environ(devices, lm_graph) == compat.SUBGRAPH_BACKEND
+    assert compat.split_bind_environ(devices[:1], cnn) == {}
 
 
 def test_fully_connected_gives_its_bias_a_zero_gradient_when_its_weight_has_none():

@@ -7,6 +7,7 @@ test says which workaround can go.
 """
 from contextlib import contextmanager
 import functools
+import json
 import os
 import sys
 
@@ -21,6 +22,12 @@ __all__ = []
 # MXNet's graph executor, at each bind of a graph split over several devices.
 SUBGRAPH_BACKEND = {'MXNET_SUBGRAPH_BACKEND': 'NONE'}
 UNSHARED_MEMORY = {'NNVM_EXEC_MATCH_RANGE': '0'}
+# The ops whose oneDNN kernels write an array in a blocked layout of their
+# own (or keep one they are given, after a convolution): a graph with none of
+# them leaves no stale layout for a cross-device copy to find, and keeps
+# MXNet's storage sharing (see split_bind_environ).
+ONEDNN_LAYOUT_OPS = frozenset({'Convolution', 'Deconvolution', 'Pooling', 'BatchNorm', 'LRN',
+                               'RNN'})
 
 # The op that ends a bulked segment of the executor's schedule on one device.
 SEGMENT_BOUNDARY_OP = '_copyto'
@@ -94,17 +101,25 @@ def segment_boundaries(heads, group, first_index, tag=''):
 
 
 @contextmanager
-def split_bind(group2ctx):
+def split_bind(group2ctx, symbol=None):
     """Around a bind of a graph split over several devices: the environment
     :func:`split_bind_environ` gives (MXNet's oneDNN subgraph backend off; on
-    CPU with oneDNN, no storage shared between intermediate arrays, so no
-    cross-device copy writes through another array's oneDNN layout).
+    CPU with oneDNN, for a graph with an op of :data:`ONEDNN_LAYOUT_OPS` or
+    when ``symbol`` is not given, no storage shared between intermediate
+    arrays, so no cross-device copy writes through another array's oneDNN
+    layout).
 
     A graph on one device is bound as it is. MXNet logs a line for
     ``MXNET_SUBGRAPH_BACKEND=NONE`` at every bind; that line is dropped,
     anything else it writes passes through.
+
+    Args:
+        group2ctx: ``{group: mx.Context}`` of the bind (or any mapping whose
+            values are its devices); ``None`` or empty for one device.
+        symbol: The ``mx.sym.Symbol`` being bound, read for its ops; ``None``
+            binds as if it had an op of :data:`ONEDNN_LAYOUT_OPS`.
     """
-    env = split_bind_environ(group2ctx.values() if group2ctx else ())
+    env = split_bind_environ(group2ctx.values() if group2ctx else (), symbol)
     if not env:
         yield
         return
@@ -127,7 +142,16 @@ def onednn_active():
     return mx.runtime.Features().is_enabled('MKLDNN')
 
 
-def split_bind_environ(devices):
+def leaves_onednn_layouts(symbol):
+    """Whether ``symbol`` (an ``mx.sym.Symbol``, or ``None`` for a graph not
+    known) has an op of :data:`ONEDNN_LAYOUT_OPS`: the graphs whose split
+    binds need storage of their own on CPU (``split_bind_environ``)."""
+    if symbol is None:
+        return True
+    return any(node['op'] in ONEDNN_LAYOUT_OPS for node in json.loads(symbol.tojson())['nodes'])
+
+
+def split_bind_environ(devices, symbol=None):
     """The environment a bind of a graph split over ``devices`` needs.
 
     Two MXNet behaviours, both on CPU with oneDNN, both failing at run time
@@ -159,10 +183,20 @@ def split_bind_environ(devices):
        the planner gives every entry its own storage (in-place pairs, which
        never involve a copy, still share), so no copy finds a stale layout.
        The price is memory: no reuse between intermediate arrays of a split
-       graph (see docs/batchnorm-chunks.md for the figures).
+       graph (see docs/batchnorm-chunks.md for the figures). Only a graph
+       with an op of :data:`ONEDNN_LAYOUT_OPS` pays it: the blocked layouts
+       come from oneDNN's convolutions and the ops that keep their layout
+       (BatchNorm, pooling, relu after them); dense layers, LayerNorm,
+       softmax, ``batch_dot`` and elementwise ops on plain arrays write plain
+       layouts, which a copy or the next op reads at the array's own dims.
+       ``tests/test_mxnet_traps.py`` pins both halves: the CNN graphs fail
+       or compute wrong gradients with shared storage, and the language
+       model's split graphs compute what one device does with it.
 
     Args:
         devices: The ``mx.Context`` s of the plan (``group2ctx.values()``).
+        symbol: The graph being bound (``None``: as if it had an op of
+            :data:`ONEDNN_LAYOUT_OPS`).
 
     Returns:
         ``{name: value}``; empty for a graph on one device.
@@ -171,7 +205,8 @@ def split_bind_environ(devices):
     if len(devices) < 2:
         return {}
     env = dict(SUBGRAPH_BACKEND)
-    if any(d.device_type == 'cpu' for d in devices) and onednn_active():
+    if any(d.device_type == 'cpu' for d in devices) and onednn_active() \
+            and leaves_onednn_layouts(symbol):
         env.update(UNSHARED_MEMORY)
     return env
 

@@ -184,7 +184,7 @@ class PipelineModule(mx.mod.Module):
         self.input_shapes = {d.name if hasattr(d, 'name') else d[0]:
                              tuple(d.shape if hasattr(d, 'shape') else d[1])[1:]
                              for d in data_shapes}
-        with split_bind(self._devices()):
+        with split_bind(self._devices(), self._symbol):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
         self._update_args = None  # a new executor group: update() lists its arrays anew
@@ -211,7 +211,7 @@ class PipelineModule(mx.mod.Module):
     def reshape(self, data_shapes, label_shapes=None):
         """``mx.mod.Module.reshape`` (called by ``forward`` on a batch of
         another shape), bound as :meth:`bind` binds."""
-        with split_bind(self._devices()):
+        with split_bind(self._devices(), self._symbol):
             super().reshape(data_shapes, label_shapes)
 
     def _devices(self):

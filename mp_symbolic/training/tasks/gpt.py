@@ -19,6 +19,14 @@ attention and GELU run on each shard's heads and units) replace Gluon's own
 without touching the model; the default factory builds Gluon's layers. The
 attention works on whole heads of ``head_dim`` features, so it gives the same
 result on all heads at once or on any whole number of them per shard.
+
+The training step is written for MXNet 1.9.1 on CPU, where reductions and
+broadcasts run through a generic kernel that is slow next to its matrix
+products (measured in docs/lm.md): the LayerNorm computes its means and its
+parameters' gradients as matrix products (:class:`LayerNorm`), the causal
+mask and the position embeddings are added without a broadcast in the
+backward pass, and the attention's scale multiplies the queries, not the
+scores. The parameters, their names and shapes are Gluon's.
 Imports MXNet only.
 """
 from dataclasses import dataclass
@@ -91,6 +99,49 @@ class GPTConfig:
                              % (self.num_heads, self.num_hiddens))
 
 
+class LayerNorm(gluon.HybridBlock):
+    """``gluon.nn.LayerNorm`` over the last axis (the same ``gamma`` and
+    ``beta``, epsilon 1e-5), its reductions written as matrix products.
+
+    MXNet 1.9.1's ``LayerNorm`` backward on CPU reduces through the generic
+    broadcast kernel: 28 % of the language model's step on one device, 20
+    times its forward. Here the mean and the variance over the ``C`` features
+    of each position are ``FullyConnected`` products with a constant ``1/C``
+    row, spread back over the features by a product with a column of ones;
+    ``gamma`` and ``beta`` are spread over the positions the same way, so
+    their gradients (sums over every position) are the weight gradients of
+    those products. The result equals ``LayerNorm`` to float32 rounding
+    (``tests/test_lm.py``) and exports to ONNX with MXNet's own converters.
+    """
+
+    def __init__(self, in_channels, epsilon=1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.in_channels, self.epsilon = in_channels, epsilon
+        with self.name_scope():
+            self.gamma = self.params.get('gamma', shape=(in_channels,), init='ones',
+                                         allow_deferred_init=True)
+            self.beta = self.params.get('beta', shape=(in_channels,), init='zeros',
+                                        allow_deferred_init=True)
+
+    def hybrid_forward(self, F, x, gamma, beta):  # pylint: disable=arguments-differ
+        C = self.in_channels
+        rows = F.reshape(x, shape=(-1, C))                                  # (R, C): R positions
+        ones = F.BlockGrad(F.ones_like(gamma))                              # (C,), on its device
+        mean_of = F.reshape(ones, shape=(1, C)) * (1.0 / C)                 # (1, C) constant
+        spread = F.reshape(ones, shape=(C, 1))                              # (C, 1) constant
+        centred = rows - F.FullyConnected(
+            F.FullyConnected(rows, mean_of, no_bias=True, num_hidden=1),    # (R, 1) means
+            spread, no_bias=True, num_hidden=C)
+        variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1)
+        scale = F.FullyConnected(F.reciprocal(F.sqrt(variance + self.epsilon)), spread,
+                                 no_bias=True, num_hidden=C)                # (R, C)
+        each = F.BlockGrad(F.ones_like(variance))                           # (R, 1) constant
+        out = centred * scale * F.FullyConnected(each, F.reshape(gamma, shape=(C, 1)),
+                                                 no_bias=True, num_hidden=C) \
+            + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)), no_bias=True, num_hidden=C)
+        return F.reshape_like(out, x)                                       # (..., C)
+
+
 class Embed(gluon.HybridBlock):
     """Token ids ``(N, T)`` (float) -> token + position embeddings ``(N, T, C)``."""
 
@@ -101,9 +152,12 @@ class Embed(gluon.HybridBlock):
             self.position = _embedding(cfg.block_size, cfg.num_hiddens, 'position_')
 
     def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
-        positions = F.contrib.arange_like(x, axis=1)                    # (T,)
-        return F.broadcast_add(self.token(x),                            # (N, T, C)
-                               F.expand_dims(self.position(positions), axis=0))  # (1, T, C)
+        # each position's id at every row of the batch (N, T): the position
+        # embedding's gradient is then the Embedding's sparse sum, where a
+        # broadcast (1, T, C) + (N, T, C) would reduce over the batch
+        positions = F.broadcast_like(F.reshape(F.contrib.arange_like(x, axis=1), shape=(1, -1)),
+                                     x)                                 # (N, T)
+        return self.token(x) + self.position(positions)                  # (N, T, C)
 
 
 class _Attend:
@@ -121,13 +175,17 @@ class _Attend:
         return F.transpose(F.reshape(x, shape=(0, 0, -1, self.head_dim)), axes=(0, 2, 1, 3))
 
     def __call__(self, F, q, k, v):
-        steps = F.contrib.arange_like(q, axis=1)                         # (T,)
-        q, k, v = (self._heads(F, part) for part in (q, k, v))
-        scores = F.batch_dot(q, k, transpose_b=True) * self.scale        # (N, h, T, T)
+        steps = F.contrib.arange_like(F.BlockGrad(q), axis=1)            # (T,)
+        # the scale on the queries (N, T, h D), a quarter of the scores' size at D = T / 4
+        q, k, v = (self._heads(F, part) for part in (q * self.scale, k, v))
+        scores = F.batch_dot(q, k, transpose_b=True)                     # (N, h, T, T)
         future = F.broadcast_greater(F.reshape(steps, shape=(1, -1)),    # (T, T): key after query
                                      F.reshape(steps, shape=(-1, 1)))
-        scores = F.broadcast_add(scores, future * -1e9)
-        attention = F.softmax(scores, axis=-1)
+        # the mask broadcast to the scores' shape outside the gradient, then
+        # added elementwise: the backward pass passes the scores' gradient
+        # through, where broadcast_add's backward runs MXNet's slow reduction
+        mask = F.BlockGrad(F.broadcast_add(F.zeros_like(scores), future * -1e9))
+        attention = F.softmax(scores + mask, axis=-1)
         out = F.batch_dot(attention, v)                                  # (N, h, T, D)
         return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))  # (N, T, h D)
 
@@ -165,9 +223,9 @@ class Block(gluon.HybridBlock):
         super().__init__(**kwargs)
         C = cfg.num_hiddens
         with self.name_scope():
-            self.ln1 = gluon.nn.LayerNorm(in_channels=C, prefix='ln1_')
+            self.ln1 = LayerNorm(C, prefix='ln1_')
             self.attention = CausalSelfAttention(cfg, layers, prefix='attention_')
-            self.ln2 = gluon.nn.LayerNorm(in_channels=C, prefix='ln2_')
+            self.ln2 = LayerNorm(C, prefix='ln2_')
             self.fc = layers.dense(4 * C, C, 'fc_', 'column')
             if layers.per_shard is None:
                 self.gelu = gluon.nn.GELU(prefix='gelu_')
@@ -188,7 +246,7 @@ class TiedOutput(gluon.HybridBlock):
         super().__init__(**kwargs)
         self.vocab_size = cfg.vocab_size
         with self.name_scope():
-            self.ln = gluon.nn.LayerNorm(in_channels=cfg.num_hiddens, prefix='ln_')
+            self.ln = LayerNorm(cfg.num_hiddens, prefix='ln_')
             if layers.output is not None:  # a layer made with the embedding's parameters
                 self.out = layers.output(embed.token, cfg.vocab_size, cfg.num_hiddens, 'out_')
         if layers.output is None:
