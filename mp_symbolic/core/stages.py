@@ -213,7 +213,7 @@ class StageRuntime:
                 if self.for_training and grad_dict.get(name) is not None:
                     grads[name], reqs[name] = grad_dict[name], 'add'
         aux = {name: aux_dict[name] for name in graph.symbol.list_auxiliary_states()}
-        with split_bind(groups):
+        with split_bind(groups, graph.symbol):  # storage shared unless a layout op needs it off
             executor = graph.symbol.bind(device, args, args_grad=grads or None,
                                          grad_req=reqs or 'null', aux_states=aux,
                                          group2ctx=group2ctx)
