@@ -2,7 +2,7 @@
 model under each pipeline schedule, at a fixed micro-batch size.
 
 For each schedule (``Pipeline(..., schedule=...)``: ``'gpipe'``, the one graph
-of every micro-batch; ``'1f1b'``, the stage runtime) and each number of
+of every micro-batch; ``'1f1b'`` and ``'interleaved'``, the stage runtime) and each number of
 micro-batches M, the GPT of ``--task lm`` (``gpt.build_blocks``) split over K
 stages on ``cpu(0..K-1)`` trains one step (SGD, momentum 0.9) on a batch of
 M x ``--micro-batch`` sequences, with MXNet's storage
@@ -57,7 +57,8 @@ def _build(spec):
     cfg = gpt.GPTConfig(**spec['lm'])
     shape = (spec['chunks'] * spec['micro_batch'], cfg.block_size)
     pipe = Pipeline(gpt.build_blocks(cfg), ','.join('cpu:%d' % s for s in range(spec['stages'])),
-                    sample=shape, chunks=spec['chunks'], schedule=spec['schedule'])
+                    sample=shape, chunks=spec['chunks'], schedule=spec['schedule'],
+                    virtual=spec.get('virtual'))
     mod = pipe.module(loss='softmax')
     mod.bind([('data', shape)], [('softmax_label', shape)])
     mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
@@ -117,7 +118,9 @@ def _trace_child(specs, steps=3):
     not profiled), each step's ``forward_backward`` between two markers;
     per spec, the step of the median span: each device's busy time, whether
     it started a dense layer's backward before its last dense layer's forward
-    ended (:func:`_phase`), and the bubble."""
+    ended (:func:`_phase`), on the first stage's device the micro-batches
+    it took in before its first dense backward (its ``Embedding`` ops then,
+    a fixed number per micro-batch), and the bubble."""
     built = []
     for spec in specs:
         mod, batch = _build(spec)
@@ -154,13 +157,19 @@ def _trace_child(specs, steps=3):
         for window in windows:
             step = clip(ops, window)
             stats = step_stats(step, devices)
-            early = {}
+            early, entered = {}, {}
             for d in devices:
                 names = [(iv, _phase(iv[2])) for iv in step.get(d, [])]
                 backward = [iv[0] for iv, phase in names if phase == 'B']
                 forward = [iv[1] for iv, phase in names if phase == 'F']
                 early[d] = bool(backward and forward and min(backward) < max(forward))
-            steps_seen.append(dict(stats, backward_before_last_forward=early))
+                first = min(backward, default=float('inf'))
+                embeddings = [iv[0] for iv in step.get(d, []) if iv[2] == 'Embedding']
+                if embeddings:  # the first stage's device: a fixed number per micro-batch
+                    entered[d] = sum(1 for t in embeddings if t < first) * spec['chunks'] \
+                        / len(embeddings)
+            steps_seen.append(dict(stats, backward_before_last_forward=early,
+                                   microbatches_before_first_backward=entered))
         steps_seen.sort(key=lambda st: st['span_us'])
         results.append(steps_seen[(len(steps_seen) - 1) // 2])
     return results
@@ -180,15 +189,16 @@ def _row(device):
     return device.replace('(', '/').rstrip(')')  # 'cpu(1)' -> 'cpu/1', as the counters name it
 
 
-def trace(specs, timeout=900):
-    """``[stats]`` of one profiled step of each spec (see :func:`_trace_child`),
+def trace(specs, timeout=900, steps=3):
+    """``[stats]`` of one profiled step of each spec (the median span of
+    ``steps``: see :func:`_trace_child`),
     all in one child process, with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (each op
     its own row in the trace, not a bulked segment).
 
     Raises:
         RuntimeError: the child failed (its last line of stderr).
     """
-    return _run_child({'specs': specs, 'mode': 'trace'}, timeout,
+    return _run_child({'specs': specs, 'mode': 'trace', 'steps': steps}, timeout,
                       {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
 
 
@@ -224,10 +234,14 @@ def _run_child(given, timeout, env=None):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def spec(schedule, stages, chunks, micro_batch, lm=None):
-    """One configuration for :func:`measure`."""
-    return {'schedule': schedule, 'stages': stages, 'chunks': chunks,
-            'micro_batch': micro_batch, 'lm': dict(lm or LM)}
+def spec(schedule, stages, chunks, micro_batch, lm=None, virtual=None):
+    """One configuration for :func:`measure`: ``stages`` devices ``cpu(0..)``
+    (each holding ``virtual`` stages under ``'interleaved'``)."""
+    one = {'schedule': schedule, 'stages': stages, 'chunks': chunks,
+           'micro_batch': micro_batch, 'lm': dict(lm or LM)}
+    if virtual is not None:
+        one['virtual'] = virtual
+    return one
 
 
 def run(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, schedules=('gpipe', '1f1b'),
@@ -259,7 +273,7 @@ def main(argv=None):
     if args.child:
         given = json.loads(sys.stdin.read())
         if given['mode'] == 'trace':
-            print(json.dumps(_trace_child(given['specs'])))
+            print(json.dumps(_trace_child(given['specs'], given.get('steps', 3))))
         else:
             print(json.dumps(_child(given['specs'], given['warmup'])))
         return
