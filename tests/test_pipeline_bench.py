@@ -10,6 +10,7 @@ import sys
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 from bench.chunked import bind, build_chunked_symbol, stage_devices
 from mp_symbolic import Pipeline
@@ -35,6 +36,16 @@ def test_quick_run_writes_report_and_timeline(tmp_path):
     assert split['cpu(0)']['other'] > 0 and split['cpu(1)']['other'] > 0
     assert [(c['stages'], c['chunks']) for c in report['ordered']] == [(2, 2)]
     assert 'CPU stand-in devices share' in proc.stdout
+    # the schedules side by side: M = 2 from --chunks and 2K; interleaved where K divides M
+    rows = {(r['schedule'], r['chunks']): r for r in report['schedules']}
+    assert sorted(rows) == [(s, m) for s in ('1f1b', 'gpipe', 'interleaved') for m in (2, 4)]
+    assert rows[('gpipe', 4)]['ideal'] == rows[('1f1b', 4)]['ideal'] == pytest.approx(1 / 5)
+    assert rows[('interleaved', 4)]['ideal'] == pytest.approx(1 / 9)
+    for r in rows.values():
+        assert 0 <= r['bubble'] < 1 and r['step_vs_gpipe'] > 0
+        assert sorted(r['memory']) == ['cpu(0)', 'cpu(1)'] and min(r['memory'].values()) > 0
+    assert rows[('gpipe', 2)]['step_vs_gpipe'] == 1
+    assert 'schedules on the language model' in proc.stdout
 
 
 def test_chunked_symbol_is_the_pipelines_graph_with_every_node_on_its_stage():
