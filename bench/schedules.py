@@ -294,16 +294,19 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
         rows.append(dict(one, ideal=bubble(made), memory=held,
                          step_vs_gpipe=stats['step_us'] / gpipe_step[(k, m)], **stats))
     log('schedules on the language model (width %d, %d layers, context %d), micro-batch %d, '
-        'K devices (interleaved: %d stages on each): bubble of the median traced step of %d '
-        'beside the schedule\'s ideal, step time over gpipe\'s (side by side, steps in turn), '
+        'K devices (interleaved: %d stages on each): bubble and busy time of the median traced '
+        'step of %d beside the schedule\'s ideal, step time over gpipe\'s (side by side, '
+        'steps in turn), '
         'activation MiB per device after a warm-up step'
         % (specs[0]['lm']['num_hiddens'], specs[0]['lm']['num_layers'],
            specs[0]['lm']['block_size'], micro_batch, virtual, steps))
-    lines = [['schedule', 'K', 'M', 'bubble', 'ideal', 'step/gpipe', 'activations MiB']]
+    lines = [['schedule', 'K', 'M', 'bubble', 'ideal', 'busy ms per device', 'step ms',
+              'step/gpipe', 'activations MiB']]
     for row in rows:
         lines.append([row['schedule'], str(row['stages']), str(row['chunks']),
                       '%.2f' % row['bubble'], '%.2f' % row['ideal'],
-                      '%.2f' % row['step_vs_gpipe'],
+                      ' '.join('%.0f' % (b / 1e3) for b in row['busy_us'].values()),
+                      '%.0f' % (row['step_us'] / 1e3), '%.2f' % row['step_vs_gpipe'],
                       ' '.join('%.1f' % (b / 2 ** 20) for b in row['memory'].values())])
     skipped = sorted({(k, m) for k in stages for m in chunks if m % k})
     for line in columns(lines):

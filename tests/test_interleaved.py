@@ -15,12 +15,15 @@ from test_stages import TOL, _lm, _train
 SMALL = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)
 
 
-@pytest.mark.parametrize('make, chunks', [(_lm, 2), (_lm, 4), (lambda: _lm(whole=True), 2)])
-def test_interleaved_equals_the_gpipe_graph_after_three_steps(make, chunks):
+@pytest.mark.parametrize('make, devices, chunks, replicas', [
+    (_lm, 'cpu:0,cpu:1', 2, 1), (_lm, 'cpu:0,cpu:1', 4, 1),
+    (lambda: _lm(whole=True), 'cpu:0,cpu:1', 2, 1), (_lm, 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2)])
+def test_interleaved_equals_the_gpipe_graph_after_three_steps(make, devices, chunks, replicas):
     """The language model (its token embedding tied to its output layer,
-    across stages 0 and 3), as a block list and as one whole network cut."""
-    _, expected_out, expected = _train(make, 'cpu:0,cpu:1', chunks, 'gpipe')
-    pipe, out, params = _train(make, 'cpu:0,cpu:1', chunks, 'interleaved')
+    across stages 0 and 3), as a block list, as one whole network cut, and
+    in two replicas."""
+    _, expected_out, expected = _train(make, devices, chunks, 'gpipe', replicas)
+    pipe, out, params = _train(make, devices, chunks, 'interleaved', replicas)
     assert pipe.plan.num_stages == 4 and pipe.tied
     np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
     assert sorted(params) == sorted(expected)
