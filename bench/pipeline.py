@@ -299,10 +299,13 @@ def _schedules(stages, chunks, quick, log):
     """gpipe, 1f1b and interleaved (2 stages per device) side by side on the
     language model (:func:`bench.schedules.compare`) at the stage counts and
     the micro-batch counts above 1, and at M = 2K so that interleaved runs
-    for each K (it needs M a multiple of K)."""
-    counts = sorted({m for m in chunks if m > 1} | {2 * k for k in stages})
+    for each K (it needs M a multiple of K); ``quick``: at the smallest count
+    above 1 only (2 if none), on a small model."""
+    above = [m for m in chunks if m > 1]
     if quick:
-        return compare(stages, counts, micro_batch=8, lm=QUICK_LM, steps=1, log=log)
+        return compare(stages, [min(above or [2])], micro_batch=8, lm=QUICK_LM, steps=1,
+                       log=log)
+    counts = sorted(set(above) | {2 * k for k in stages})
     return compare(stages, counts, log=log)
 
 
