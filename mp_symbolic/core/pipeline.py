@@ -327,9 +327,9 @@ class Pipeline(gluon.Block):
         return self.plan.num_stages // self.virtual
 
     def run_schedule(self):
-        """The :class:`~mp_symbolic.core.schedule.Schedule` the Module's
-        training step runs on one replica (``schedule='gpipe'``: the order of
-        the stage runtime's GPipe, which the one graph leaves to MXNet).
+        """The :class:`~mp_symbolic.core.schedule.Schedule` the stage runtime
+        runs on each replica (under ``'gpipe'``, fill and drain as data: the
+        one graph's Module leaves the order to MXNet's engine instead).
 
         Raises:
             ValueError: under ``'interleaved'``, ``chunks`` not a multiple of
