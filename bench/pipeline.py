@@ -15,7 +15,11 @@ its own engine worker. For K = 2, 3 and M = 1, 2, 4, 8, all in one process:
 * memory per device of the split plan and of one device
   (:mod:`mp_symbolic.tools.memory`), and the effect of MXNet's mirroring
   (re-materialisation: ``MXNET_BACKWARD_DO_MIRROR=1``, or
-  ``__force_mirroring__`` on a stage's ops) on memory and step time.
+  ``__force_mirroring__`` on a stage's ops) on memory and step time;
+* the schedules side by side on the language model (``Pipeline(...,
+  schedule='gpipe' | '1f1b' | 'interleaved')``, :func:`bench.schedules.compare`):
+  bubble from the trace beside the schedule's ideal, step time over GPipe's,
+  activation memory per device.
 
 Every executor is bound with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (read at each
 bind): MXNet otherwise runs consecutive ops as one bulked segment, which the
@@ -46,12 +50,15 @@ from mp_symbolic.core.scoped import environ
 
 from .chunked import LR, StepLoop, bind, build_chunked_symbol, stage_devices
 from .measure import machine_info, throughput
+from .schedules import compare
 from .timeline import plot_timeline
 
 __all__ = ['check_stages', 'run', 'main']
 
 OUT_DIR = os.path.join('artifacts', 'bench')
 ORDERED = '-ordered'  # variant name suffix: build_chunked_symbol(order_forward=True)
+# the schedules' table under --quick: a language model small enough for a smoke run
+QUICK_LM = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)
 
 
 def check_stages(stages):
@@ -74,8 +81,12 @@ def _name(k, m):
 
 
 def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profiled_steps,
-        out_dir=OUT_DIR, log=print):
+        out_dir=OUT_DIR, log=print, quick=False):
     """Measures everything, logs the tables, writes ``pipeline.json`` and the timeline.
+
+    Args:
+        quick: The schedules' table (:func:`_schedules`) on a small language
+            model, micro-batch 8.
 
     Returns:
         The JSON report as a dict.
@@ -132,6 +143,8 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
     report['memory'] = _memory(symbols, stages, chunks, batch_size, num_hiddens, log)
     report['mirror'] = _mirror(stages[0], chunks[-1], num_hiddens, batch_size, steps, repeats,
                                warmup, log)
+    log('')
+    report['schedules'] = _schedules(stages, chunks, quick, log)
     log('')
     log('note: the CPU stand-in devices share this machine\'s %d cores, so wall-clock speedups '
         'are bounded by free cores; the overlap in the trace is the figure that carries over '
@@ -282,6 +295,20 @@ def _mirror(k, m, num_hiddens, batch_size, steps, repeats, warmup, log):
     return out
 
 
+def _schedules(stages, chunks, quick, log):
+    """gpipe, 1f1b and interleaved (2 stages per device) side by side on the
+    language model (:func:`bench.schedules.compare`) at the stage counts and
+    the micro-batch counts above 1, and at M = 2K so that interleaved runs
+    for each K (it needs M a multiple of K); ``quick``: at the smallest count
+    above 1 only (2 if none), on a small model."""
+    above = [m for m in chunks if m > 1]
+    if quick:
+        return compare(stages, [min(above or [2])], micro_batch=8, lm=QUICK_LM, steps=1,
+                       log=log)
+    counts = sorted(set(above) | {2 * k for k in stages})
+    return compare(stages, counts, log=log)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog='python -m bench.pipeline',
@@ -337,7 +364,7 @@ def main(argv=None):
     start = time.perf_counter()
     try:
         run(stages, chunks, args.hidden, args.batch_size, args.steps, args.repeats,
-            warmup=1 if args.quick else 2, profiled_steps=5, out_dir=args.out)
+            warmup=1 if args.quick else 2, profiled_steps=5, out_dir=args.out, quick=args.quick)
     except TraceError as e:
         print('error: %s' % e, file=sys.stderr)
         return 1

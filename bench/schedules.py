@@ -2,7 +2,7 @@
 model under each pipeline schedule, at a fixed micro-batch size.
 
 For each schedule (``Pipeline(..., schedule=...)``: ``'gpipe'``, the one graph
-of every micro-batch; ``'1f1b'``, the stage runtime) and each number of
+of every micro-batch; ``'1f1b'`` and ``'interleaved'``, the stage runtime) and each number of
 micro-batches M, the GPT of ``--task lm`` (``gpt.build_blocks``) split over K
 stages on ``cpu(0..K-1)`` trains one step (SGD, momentum 0.9) on a batch of
 M x ``--micro-batch`` sequences, with MXNet's storage
@@ -26,12 +26,14 @@ import tempfile
 import mxnet as mx
 
 from mp_symbolic import Pipeline
+from mp_symbolic.core.schedule import MAKERS, bubble, interleaved
 from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
                                      step_windows, storage_bytes)
+from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import gpt
 
-__all__ = ['measure', 'trace', 'spec', 'run', 'main']
+__all__ = ['measure', 'trace', 'spec', 'run', 'compare', 'main']
 
 LM = dict(vocab_size=96, block_size=64, num_layers=4, num_heads=4, num_hiddens=64)
 
@@ -57,7 +59,8 @@ def _build(spec):
     cfg = gpt.GPTConfig(**spec['lm'])
     shape = (spec['chunks'] * spec['micro_batch'], cfg.block_size)
     pipe = Pipeline(gpt.build_blocks(cfg), ','.join('cpu:%d' % s for s in range(spec['stages'])),
-                    sample=shape, chunks=spec['chunks'], schedule=spec['schedule'])
+                    sample=shape, chunks=spec['chunks'], schedule=spec['schedule'],
+                    virtual=spec.get('virtual'), balance=spec.get('balance'))
     mod = pipe.module(loss='softmax')
     mod.bind([('data', shape)], [('softmax_label', shape)])
     mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
@@ -114,10 +117,13 @@ def _child(specs, warmup):
 
 def _trace_child(specs, steps=3):
     """In a fresh process: ``steps`` profiled steps of each spec (after one
-    not profiled), each step's ``forward_backward`` between two markers;
+    not profiled; the specs take turns, one step each), each step's
+    ``forward_backward`` between two markers (``step_us``: its wall time);
     per spec, the step of the median span: each device's busy time, whether
     it started a dense layer's backward before its last dense layer's forward
-    ended (:func:`_phase`), and the bubble."""
+    ended (:func:`_phase`), on the first stage's device the micro-batches
+    it took in before its first dense backward (its ``Embedding`` ops then,
+    a fixed number per micro-batch), and the bubble."""
     built = []
     for spec in specs:
         mod, batch = _build(spec)
@@ -130,9 +136,9 @@ def _trace_child(specs, steps=3):
                            profile_memory=False, aggregate_stats=False, filename=path)
     domain = mx.profiler.Domain('schedules')
     mx.profiler.set_state('run')
-    for k, (mod, batch) in enumerate(built):
-        marker = mx.profiler.Marker(domain, 'spec%d' % k)
-        for _ in range(steps):
+    markers = [mx.profiler.Marker(domain, 'spec%d' % k) for k in range(len(built))]
+    for _ in range(steps):  # the specs in turn, step by step: side by side in time
+        for marker, (mod, batch) in zip(markers, built):
             mx.nd.waitall()
             marker.mark('process')
             mod.forward_backward(batch)
@@ -154,13 +160,20 @@ def _trace_child(specs, steps=3):
         for window in windows:
             step = clip(ops, window)
             stats = step_stats(step, devices)
-            early = {}
+            early, entered = {}, {}
             for d in devices:
                 names = [(iv, _phase(iv[2])) for iv in step.get(d, [])]
                 backward = [iv[0] for iv, phase in names if phase == 'B']
                 forward = [iv[1] for iv, phase in names if phase == 'F']
                 early[d] = bool(backward and forward and min(backward) < max(forward))
-            steps_seen.append(dict(stats, backward_before_last_forward=early))
+                first = min(backward, default=float('inf'))
+                embeddings = [iv[0] for iv in step.get(d, []) if iv[2] == 'Embedding']
+                if embeddings:  # the first stage's device: a fixed number per micro-batch
+                    entered[d] = sum(1 for t in embeddings if t < first) * spec['chunks'] \
+                        / len(embeddings)
+            steps_seen.append(dict(stats, backward_before_last_forward=early,
+                                   microbatches_before_first_backward=entered,
+                                   step_us=window[1] - window[0]))
         steps_seen.sort(key=lambda st: st['span_us'])
         results.append(steps_seen[(len(steps_seen) - 1) // 2])
     return results
@@ -180,15 +193,16 @@ def _row(device):
     return device.replace('(', '/').rstrip(')')  # 'cpu(1)' -> 'cpu/1', as the counters name it
 
 
-def trace(specs, timeout=900):
-    """``[stats]`` of one profiled step of each spec (see :func:`_trace_child`),
+def trace(specs, timeout=900, steps=3):
+    """``[stats]`` of one profiled step of each spec (the median span of
+    ``steps``: see :func:`_trace_child`),
     all in one child process, with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (each op
     its own row in the trace, not a bulked segment).
 
     Raises:
         RuntimeError: the child failed (its last line of stderr).
     """
-    return _run_child({'specs': specs, 'mode': 'trace'}, timeout,
+    return _run_child({'specs': specs, 'mode': 'trace', 'steps': steps}, timeout,
                       {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
 
 
@@ -224,10 +238,14 @@ def _run_child(given, timeout, env=None):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def spec(schedule, stages, chunks, micro_batch, lm=None):
-    """One configuration for :func:`measure`."""
-    return {'schedule': schedule, 'stages': stages, 'chunks': chunks,
-            'micro_batch': micro_batch, 'lm': dict(lm or LM)}
+def spec(schedule, stages, chunks, micro_batch, lm=None, virtual=None):
+    """One configuration for :func:`measure`: ``stages`` devices ``cpu(0..)``
+    (each holding ``virtual`` stages under ``'interleaved'``)."""
+    one = {'schedule': schedule, 'stages': stages, 'chunks': chunks,
+           'micro_batch': micro_batch, 'lm': dict(lm or LM)}
+    if virtual is not None:
+        one['virtual'] = virtual
+    return one
 
 
 def run(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, schedules=('gpipe', '1f1b'),
@@ -244,6 +262,61 @@ def run(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, schedules=('gpipe', '1f
     return rows
 
 
+def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2, steps=3,
+            log=print):
+    """Every schedule side by side: for each K and M, ``'gpipe'``, ``'1f1b'``
+    and ``'interleaved'`` (``virtual`` stages per device; only where M is a
+    multiple of K) traced in one child process, steps taking turns
+    (:func:`trace`), and their activation memory per device after a warm-up
+    step in another (:func:`measure`).
+
+    Returns:
+        One dict per spec run: the spec, ``ideal`` (the schedule's bubble on
+        one unit per action, :func:`~mp_symbolic.core.schedule.bubble`), the
+        trace's stats, ``step_vs_gpipe`` (its median step over GPipe's at
+        the same K and M) and ``memory`` (``{device: bytes}``).
+    """
+    specs = []
+    for k in stages:
+        for m in chunks:
+            specs += [spec('gpipe', k, m, micro_batch, lm), spec('1f1b', k, m, micro_batch, lm)]
+            if m % k == 0:
+                specs.append(spec('interleaved', k, m, micro_batch, lm, virtual))
+    traced = trace(specs, steps=steps)
+    memory = measure(specs, warmup=True)
+    rows, gpipe_step = [], {}
+    for one, stats, held in zip(specs, traced, memory):
+        k, m = one['stages'], one['chunks']
+        made = interleaved(k, m, virtual) if one['schedule'] == 'interleaved' else \
+            MAKERS[one['schedule']](k, m)
+        if one['schedule'] == 'gpipe':
+            gpipe_step[(k, m)] = stats['step_us']
+        rows.append(dict(one, ideal=bubble(made), memory=held,
+                         step_vs_gpipe=stats['step_us'] / gpipe_step[(k, m)], **stats))
+    log('schedules on the language model (width %d, %d layers, context %d), micro-batch %d, '
+        'K devices (interleaved: %d stages on each): bubble and busy time of the median traced '
+        'step of %d beside the schedule\'s ideal, step time over gpipe\'s (side by side, '
+        'steps in turn), '
+        'activation MiB per device after a warm-up step'
+        % (specs[0]['lm']['num_hiddens'], specs[0]['lm']['num_layers'],
+           specs[0]['lm']['block_size'], micro_batch, virtual, steps))
+    lines = [['schedule', 'K', 'M', 'bubble', 'ideal', 'busy ms per device', 'step ms',
+              'step/gpipe', 'activations MiB']]
+    for row in rows:
+        lines.append([row['schedule'], str(row['stages']), str(row['chunks']),
+                      '%.2f' % row['bubble'], '%.2f' % row['ideal'],
+                      ' '.join('%.0f' % (b / 1e3) for b in row['busy_us'].values()),
+                      '%.0f' % (row['step_us'] / 1e3), '%.2f' % row['step_vs_gpipe'],
+                      ' '.join('%.1f' % (b / 2 ** 20) for b in row['memory'].values())])
+    skipped = sorted({(k, m) for k in stages for m in chunks if m % k})
+    for line in columns(lines):
+        log('  ' + line)
+    if skipped:
+        log('  interleaved needs M a multiple of K: not run at %s'
+            % ', '.join('K=%d M=%d' % km for km in skipped))
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.schedules', description=__doc__)
     parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
@@ -253,15 +326,21 @@ def main(argv=None):
                         help='sequences per micro-batch (default 16)')
     parser.add_argument('--trace', action='store_true',
                         help='the profiler trace instead: busy time, early backwards, bubble')
+    parser.add_argument('--compare', action='store_true',
+                        help='gpipe, 1f1b and interleaved side by side instead: bubble beside '
+                             'the ideal, step time over gpipe\'s, activation memory')
     args = parser.parse_args(argv)
     stages = [int(k) for k in args.stages.split(',')]
     chunks = [int(m) for m in args.chunks.split(',')]
     if args.child:
         given = json.loads(sys.stdin.read())
         if given['mode'] == 'trace':
-            print(json.dumps(_trace_child(given['specs'])))
+            print(json.dumps(_trace_child(given['specs'], given.get('steps', 3))))
         else:
             print(json.dumps(_child(given['specs'], given['warmup'])))
+        return
+    if args.compare:
+        compare(stages, chunks, args.micro_batch)
         return
     if args.trace:
         print('one profiled step (median span of 3) of the language model (width %d), '

@@ -10,6 +10,7 @@ import sys
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 from bench.chunked import bind, build_chunked_symbol, stage_devices
 from mp_symbolic import Pipeline
@@ -35,6 +36,17 @@ def test_quick_run_writes_report_and_timeline(tmp_path):
     assert split['cpu(0)']['other'] > 0 and split['cpu(1)']['other'] > 0
     assert [(c['stages'], c['chunks']) for c in report['ordered']] == [(2, 2)]
     assert 'CPU stand-in devices share' in proc.stdout
+    # the schedules side by side (--quick: the smallest M above 1 of --chunks)
+    rows = {r['schedule']: r for r in report['schedules']}
+    assert sorted(rows) == ['1f1b', 'gpipe', 'interleaved']
+    assert {r['chunks'] for r in rows.values()} == {2}
+    assert rows['gpipe']['ideal'] == rows['1f1b']['ideal'] == pytest.approx(1 / 3)
+    assert rows['interleaved']['ideal'] == pytest.approx(1 / 5)
+    for r in rows.values():
+        assert 0 <= r['bubble'] < 1 and r['step_vs_gpipe'] > 0
+        assert sorted(r['memory']) == ['cpu(0)', 'cpu(1)'] and min(r['memory'].values()) > 0
+    assert rows['gpipe']['step_vs_gpipe'] == 1
+    assert 'schedules on the language model' in proc.stdout
 
 
 def test_chunked_symbol_is_the_pipelines_graph_with_every_node_on_its_stage():

@@ -163,7 +163,7 @@ def test_fit_score_predict_and_save_checkpoint_work_under_1f1b(tmp_path):
 
 def test_an_unknown_schedule_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^schedule: expected one of 'gpipe', '1f1b', "
-                                         r"found 'zero-bubble'$"):
+                                         r"'interleaved', found 'zero-bubble'$"):
         Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule='zero-bubble')
 
 

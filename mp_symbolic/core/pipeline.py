@@ -39,14 +39,16 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import autotp, graph, tensor_parallel, twin
+from .checks import positive_int
 from .compat import symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
 from .placement import place, sample_shapes
+from .schedule import MAKERS, interleaved
 
 __all__ = []
 
-SCHEDULES = ('gpipe', '1f1b')
+SCHEDULES = ('gpipe', '1f1b', 'interleaved')
 
 
 def _as_blocks(blocks):
@@ -125,8 +127,21 @@ class Pipeline(gluon.Block):
             MXNet's engine: fill and drain), or ``'1f1b'`` (each stage an
             executor of its own, one forward and one backward in turn, so
             stage ``s`` of ``K`` keeps at most ``K - s`` micro-batches'
-            activations: :mod:`~mp_symbolic.core.stages`). The imperative
+            activations: :mod:`~mp_symbolic.core.stages`), or
+            ``'interleaved'`` (Megatron-LM's interleaved 1F1B on the same
+            runtime: ``virtual`` stages per device, so a step's idle
+            fraction falls from ``(K-1)/(M+K-1)`` to ``(K-1)/(vM+K-1)``;
+            ``chunks`` a multiple of the ``K`` devices). The imperative
             twin runs fill and drain either way.
+        virtual: Stages per device under ``schedule='interleaved'`` (default
+            2; 1 elsewhere): ``devices`` lists each device once and the
+            network is cut into ``virtual x K`` stages, stage ``s`` on device
+            ``s mod K`` (with 2 devices and ``virtual=2``: stages 0, 1, 2, 3
+            on devices 0, 1, 0, 1). An argument of its own rather than
+            ``schedule='interleaved:2'``: the schedule stays a name, and the
+            count is checked as the other counts are. Each virtual stage
+            binds its own executors, as many as the schedule keeps
+            micro-batches in flight on it.
 
     Attributes:
         blocks: The blocks, in order.
@@ -134,7 +149,8 @@ class Pipeline(gluon.Block):
             runs where (the attributes below read it).
         plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
-        chunks, replicas, schedule: As given.
+        chunks, replicas, schedule, virtual: As given (``virtual`` 1 but
+            under ``'interleaved'``).
         whole: Whether one whole network was cut (then ``cut`` is its
             :class:`~mp_symbolic.core.graphcut.Cut`).
         tied: ``{parameter name: (owning stage, stages that read it)}``.
@@ -144,7 +160,10 @@ class Pipeline(gluon.Block):
     Raises:
         TypeError: a block is not a ``HybridBlock``.
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks or replicas that cannot work; an unknown ``schedule``; a
+            chunks or replicas that cannot work; an unknown ``schedule``;
+            ``virtual`` not a positive integer, or given with another
+            schedule than ``'interleaved'``; under it, ``chunks`` not a
+            multiple of the devices; a
             ``tied`` entry that is not a parameter and a stage; a whole network without ``sample``
             whose shapes are not known; a stage of several devices whose
             count is not the shards of a tensor-parallel layer in it; a
@@ -154,12 +173,18 @@ class Pipeline(gluon.Block):
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
-                 mirror=False, tied=None, tensor_parallel=None, schedule='gpipe'):
+                 mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
+                 virtual=None):
         super().__init__(prefix='pipeline_')
         if schedule not in SCHEDULES:
             raise ValueError('schedule: expected one of %s, found %r'
                              % (', '.join(repr(k) for k in SCHEDULES), schedule))
+        if virtual is not None and schedule != 'interleaved':
+            raise ValueError("virtual: expected None with schedule=%r (virtual stages are the "
+                             "'interleaved' schedule's), found %r" % (schedule, virtual))
         self.schedule = schedule
+        self.virtual = positive_int('virtual', 2 if virtual is None else virtual) \
+            if schedule == 'interleaved' else 1
         # One HybridBlock (not a HybridSequential) is split by a graph cut.
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
@@ -175,7 +200,9 @@ class Pipeline(gluon.Block):
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
         self.placement = place(self.blocks, whole, devices, balance, sample, chunks, replicas,
-                               mirror, tied)
+                               mirror, tied, self.virtual)
+        if schedule == 'interleaved':
+            self.run_schedule()  # chunks a multiple of the devices, refused here, not at bind
 
     # -- the placement, as attributes ---------------------------------------
 
@@ -292,6 +319,25 @@ class Pipeline(gluon.Block):
                     + [mx.sym.BlockGrad(o, name=other_output_name(k))
                        for k, o in enumerate(outputs) if k != output])
         return graph.finish(head, self.placement)
+
+    @property
+    def devices_per_replica(self):
+        """``K``: the distinct devices of one replica's stages (the stages
+        over ``virtual``)."""
+        return self.plan.num_stages // self.virtual
+
+    def run_schedule(self):
+        """The :class:`~mp_symbolic.core.schedule.Schedule` the stage runtime
+        runs on each replica (under ``'gpipe'``, fill and drain as data: the
+        one graph's Module leaves the order to MXNet's engine instead).
+
+        Raises:
+            ValueError: under ``'interleaved'``, ``chunks`` not a multiple of
+                the devices.
+        """
+        if self.schedule == 'interleaved':
+            return interleaved(self.devices_per_replica, self.chunks, self.virtual)
+        return MAKERS[self.schedule](self.plan.num_stages, self.chunks)
 
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, output=None,
                **kwargs):

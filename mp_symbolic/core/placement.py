@@ -271,13 +271,17 @@ def sample_shapes(sample):
 
 
 def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
-          mirror=False, tied=None):
+          mirror=False, tied=None, virtual=1):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
 
     Args:
         blocks: The blocks (checked ``HybridBlock`` s); one, for ``whole``.
         whole: Whether the one block is cut through its traced graph.
+        virtual: Stages per device: each replica's devices (each listed
+            once, checked as always) then hold ``virtual x`` as many stages,
+            round-robin (stage ``s`` on device ``s mod K``: the interleaved
+            schedule's virtual stages).
         sample: A batch or its shape, or a tuple of them (one per input:
             :func:`sample_shapes`); parameter shapes are inferred from it
             first. ``None``: no sample, one input.
@@ -290,6 +294,8 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
         raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
                               'list of mx.Context, found None')
     replica_devices = split_replicas(resolve_devices(devices), replicas)
+    # the only plan with a device twice: checked once above, then repeated
+    replica_devices = tuple(tuple(devs) * virtual for devs in replica_devices)
     num_stages = len(replica_devices[0])
     positive_int('chunks', chunks)
     mirror = tuple(range(num_stages)) if mirror is True else tuple(mirror or ())

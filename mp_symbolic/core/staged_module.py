@@ -1,6 +1,7 @@
 """``StagedModule``: the Module of a Pipeline whose micro-batches run on the
 stage runtime (:mod:`~mp_symbolic.core.stages`) in the order of a schedule
-(``Pipeline(..., schedule='1f1b')``).
+(``Pipeline(..., schedule='1f1b')``, or ``'interleaved'``: several stages
+per device, each its own executors).
 
 It is a :class:`~mp_symbolic.core.module.PipelineModule` (so ``fit``,
 ``score``, ``predict``, ``save_checkpoint``, ``get_params``/``set_params``,
@@ -17,7 +18,6 @@ import mxnet as mx
 
 from .compat import split_bind
 from .module import PipelineModule
-from .schedule import MAKERS
 from .stages import StageRuntime, cut
 
 __all__ = []
@@ -74,7 +74,7 @@ class StagedModule(PipelineModule):
         shapes = {n: (micro,) + s[1:] for n, s in data_shapes + label_shapes}
         plan = self.pipeline.plan
         stages = cut(self._symbol, plan.num_stages, set(shapes))
-        schedule = MAKERS[self.pipeline.schedule](plan.num_stages, chunks)
+        schedule = self.pipeline.run_schedule()
         self._runtimes = [
             StageRuntime(stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict, exe.aux_dict,
                          shapes, schedule, for_training)
