@@ -123,8 +123,10 @@ bench-tp: $(STAMP)
 bench-lm: $(STAMP)
 	$(PY) -m bench.lm $(if $(QUICK),--quick)
 
+# one pytest worker per core; tests of one xdist_group (sharing a port range or a
+# timing) run on the same worker
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadgroup
 
 clean:
 	rm -rf artifacts .pytest_cache

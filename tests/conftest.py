@@ -39,3 +39,13 @@ def load_config(**fields):
     and the task's defaults filled in."""
     from mp_symbolic.training.loop import load  # pylint: disable=import-outside-toplevel
     return load(make_config(**fields))
+
+
+def cli_status(main, argv):
+    """The exit status of a command's ``main(argv)`` run in this process: what
+    it returns, or the status of the ``SystemExit`` argparse raises on a bad
+    flag (stderr is what the test's ``capsys`` captured)."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
