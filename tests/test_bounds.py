@@ -399,3 +399,23 @@ def test_a_stopped_command_of_a_workers_shell_ends_the_job(tmp_path):
         time.sleep(0.05)
     state = _state(sleeps[0])
     assert state in (None, 'Z'), state
+
+
+# -- the suite: tests share pytest workers ---------------------------------------------------
+
+@pytest.mark.xdist_group('signals-between-tests')
+def test_a_finished_command_run_in_process_ignores_sigint_and_sigterm(tmp_path):
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    assert cli.main(['train', '--out', str(tmp_path / 'run'), '--epochs', '1', '--num-examples',
+                     '100', '--devices', 'cpu:0', '--no-progress', '--no-memory']) == 0
+    # as the command wants while its process exits; the next test must not inherit it
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+
+
+@pytest.mark.xdist_group('signals-between-tests')
+def test_the_next_test_starts_commands_that_receive_sigint_and_sigterm():
+    code = ('import signal\nprint(signal.getsignal(signal.SIGINT) is signal.default_int_handler, '
+            'signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)')
+    result = subprocess.run([PYTHON, '-c', code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ['True', 'True'], result.stdout + result.stderr
