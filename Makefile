@@ -123,10 +123,10 @@ bench-tp: $(STAMP)
 bench-lm: $(STAMP)
 	$(PY) -m bench.lm $(if $(QUICK),--quick)
 
-# one pytest worker per core; tests of one xdist_group (sharing a port range or a
-# timing) run on the same worker
+# one pytest worker per core, each test file on one worker: a file's module fixtures
+# (a trained run, an export) are made once, not once per worker
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist loadgroup
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 clean:
 	rm -rf artifacts .pytest_cache
