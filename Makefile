@@ -123,8 +123,10 @@ bench-tp: $(STAMP)
 bench-lm: $(STAMP)
 	$(PY) -m bench.lm $(if $(QUICK),--quick)
 
+# one pytest worker per core, each test file on one worker: a file's module fixtures
+# (a trained run, an export) are made once, not once per worker
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 clean:
 	rm -rf artifacts .pytest_cache

@@ -1,12 +1,40 @@
 """Shared fixtures. Every test runs on ``cpu(i)`` stand-in devices, as MXNet's
 own model-parallel tests do, so no GPU is needed."""
 import os
+import signal
 
 import pytest
 
 os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
+# The signal dispositions every test starts with. A suite started as a script's
+# background job (`make test &`) inherits SIGINT ignored, and so would every
+# command a test starts (an ignored signal stays ignored across exec, and the
+# commands leave it so): the tests that interrupt a command need it delivered.
+SIGNAL_HANDLERS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+                   signal.SIGALRM: signal.SIG_DFL}
+
+
+def _reset_signals():
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    for signum, handler in SIGNAL_HANDLERS.items():
+        signal.signal(signum, handler)
+
+
+_reset_signals()  # before the commands' modules load: they note what was ignored at start
+
 THREE_DEVICES = 'cpu:0,cpu:1,cpu:2'
+
+
+@pytest.fixture(autouse=True)
+def signals_as_the_session_started():
+    """Resets SIGINT, SIGTERM and SIGALRM before each test. A command's
+    ``main()`` run in-process (here or in a module fixture) sets its own
+    handlers, and ignores both signals once it has finished; on the same
+    pytest worker, a later test's commands would inherit them ignored and
+    never see the signal the test sends (which test runs after which depends
+    on how ``-n`` shares the tests out)."""
+    _reset_signals()
 
 
 @pytest.fixture(scope='session')
@@ -67,3 +95,13 @@ def bert_batch(batch_size=4, seq_len=8):
     return [rng.integers(0, 50, (batch_size, seq_len)).astype(np.float32),
             rng.integers(0, 2, (batch_size, seq_len)).astype(np.float32),
             rng.integers(1, seq_len + 1, (batch_size,)).astype(np.float32)]
+
+
+def cli_status(main, argv):
+    """The exit status of a command's ``main(argv)`` run in this process: what
+    it returns, or the status of the ``SystemExit`` argparse raises on a bad
+    flag (stderr is what the test's ``capsys`` captured)."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code

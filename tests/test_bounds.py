@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from conftest import cli_status
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0')
 PYTHON = sys.executable
@@ -28,6 +30,21 @@ def one_line_error(result, status=2):
     assert 'Traceback' not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr
+    return lines[0]
+
+
+def one_line_error_in_process(argv, capsys):
+    """The single stderr line of ``python -m mp_symbolic argv`` run through
+    ``cli.main`` in this process, after checking its status is 2: the same
+    refusal as :func:`one_line_error`'s without a 2-3 s MXNet start; each
+    family of refusals keeps one case end to end."""
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    capsys.readouterr()
+    status = cli_status(cli.main, argv[2:] if argv[:2] == ['-m', 'mp_symbolic'] else argv)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: '), err
     return lines[0]
 
 
@@ -67,10 +84,11 @@ def test_a_stopped_server_ends_the_job_within_the_stopped_timeout(tmp_path):
 
 
 @pytest.mark.parametrize('value', ['0', '-1', 'inf', 'nan'])
-def test_a_stopped_timeout_that_is_not_positive_is_refused(value):
-    result = run(['-m', 'mp_symbolic', 'launch', '--workers', '1', '--servers', '1',
-                  '--stopped-timeout', value, '--', 'true'])
-    assert one_line_error(result) == (
+def test_a_stopped_timeout_that_is_not_positive_is_refused(value, capsys):
+    argv = ['-m', 'mp_symbolic', 'launch', '--workers', '1', '--servers', '1',
+            '--stopped-timeout', value, '--', 'true']
+    line = one_line_error(run(argv)) if value == '0' else one_line_error_in_process(argv, capsys)
+    assert line == (
         'error: --stopped-timeout: expected a positive number of seconds, found %s' % value)
 
 
@@ -109,11 +127,16 @@ def test_sample_on_a_file_that_is_not_onnx_is_one_line(form, garbage_onnx):
     (['--seed', str(2 ** 32)], '--seed: expected an integer in 0..4294967295, found 4294967296'),
     (['--temperature', 'inf'], '--temperature: expected a number >= 0, found inf'),
 ])
-def test_sample_options_out_of_range_are_refused_before_the_model_loads(flags, message, tmp_path):
+def test_sample_options_out_of_range_are_refused_before_the_model_loads(flags, message, tmp_path,
+                                                                        capsys):
     # The model is a FIFO: an option checked after the model loads would hang or name the file.
     fifo = str(tmp_path / 'model.onnx')
     os.mkfifo(fifo)
-    assert one_line_error(run(SAMPLE_FORMS[0] + ['--model', fifo] + flags)) == 'error: ' + message
+    argv = SAMPLE_FORMS[0] + ['--model', fifo] + flags
+    if flags[0] == '--length' and flags[1] == '-1':  # one case end to end
+        assert one_line_error(run(argv)) == 'error: ' + message
+    else:
+        assert one_line_error_in_process(argv, capsys) == 'error: ' + message
 
 
 @pytest.mark.parametrize('form, delay', [(SAMPLE_FORMS[0], 0.0), (SAMPLE_FORMS[1], 0.0),
@@ -399,3 +422,23 @@ def test_a_stopped_command_of_a_workers_shell_ends_the_job(tmp_path):
         time.sleep(0.05)
     state = _state(sleeps[0])
     assert state in (None, 'Z'), state
+
+
+# -- the suite: tests share pytest workers ---------------------------------------------------
+
+@pytest.mark.xdist_group('signals-between-tests')
+def test_a_finished_command_run_in_process_ignores_sigint_and_sigterm(tmp_path):
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    assert cli.main(['train', '--out', str(tmp_path / 'run'), '--epochs', '1', '--num-examples',
+                     '100', '--devices', 'cpu:0', '--no-progress', '--no-memory']) == 0
+    # as the command wants while its process exits; the next test must not inherit it
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+
+
+@pytest.mark.xdist_group('signals-between-tests')
+def test_the_next_test_starts_commands_that_receive_sigint_and_sigterm():
+    code = ('import signal\nprint(signal.getsignal(signal.SIGINT) is signal.default_int_handler, '
+            'signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)')
+    result = subprocess.run([PYTHON, '-c', code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.split() == ['True', 'True'], result.stdout + result.stderr
