@@ -105,3 +105,40 @@ def cli_status(main, argv):
         return main(argv)
     except SystemExit as stop:
         return stop.code
+
+
+def bert_trainer_steps(pipeline, make_bert=small_bert):
+    """One SGD step of a loss on BERT's classifier output: on one device with
+    ``gluon.Trainer``, and through ``pipeline(net)`` (a Pipeline of the same
+    values) with ``mp_symbolic.Trainer``.
+
+    Returns:
+        ``(pipe, its outputs, the one-device outputs, the one-device network,
+        the values both started from)``, outputs as numpy arrays.
+    """
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mxnet import autograd, gluon  # pylint: disable=import-outside-toplevel
+    from mp_symbolic import Trainer  # pylint: disable=import-outside-toplevel
+    xs = bert_batch()
+    label = mx.nd.array([0, 1, 1, 0])
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def step(net, trainer, inputs, target):
+        with autograd.record():
+            outputs = net(*inputs)
+            loss = loss_fn(outputs[2], target)
+        loss.backward()
+        trainer.step(len(xs[0]))
+        return [o.asnumpy() for o in outputs]
+
+    start = {name: p.data().copy() for name, p in make_bert().collect_params().items()}
+    reference = make_bert(start)
+    ref_out = step(reference, gluon.Trainer(reference.collect_params(), 'sgd',
+                                            {'learning_rate': 0.5}),
+                   [mx.nd.array(x) for x in xs], label)
+    pipe = pipeline(make_bert(start))
+    pipe.initialize()  # moves the values already there onto their stages' devices
+    out = step(pipe, Trainer(pipe.collect_params(), 'sgd', {'learning_rate': 0.5}),
+               [mx.nd.array(x, ctx=mx.cpu(0)) for x in xs],
+               label.as_in_context(pipe.plan.last_device))
+    return pipe, out, ref_out, reference, start

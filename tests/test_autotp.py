@@ -21,7 +21,7 @@ from mp_symbolic import Pipeline, Trainer
 from mp_symbolic.tools.checkpoint import read_checkpoint
 
 from export.__main__ import main as export_main
-from conftest import bert_batch, small_bert
+from conftest import bert_batch, bert_trainer_steps, small_bert
 
 TWO_BY_TWO = 'cpu:0+cpu:1,cpu:2+cpu:3'
 
@@ -237,27 +237,8 @@ def test_bert_auto_equals_one_device_in_outputs_and_after_one_module_step():
 
 def test_bert_auto_twin_step_with_the_trainer_equals_gluon_trainer_on_one_device():
     xs = _bert_batch()
-    label = mx.nd.array([0, 1, 1, 0])
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-
-    def step(net, trainer, inputs, target):
-        with autograd.record():
-            outputs = net(*inputs)
-            loss = loss_fn(outputs[2], target)
-        loss.backward()
-        trainer.step(len(xs[0]))
-        return [o.asnumpy() for o in outputs]
-
-    start = _values(_bert())
-    reference = _bert(start)
-    ref_out = step(reference, gluon.Trainer(reference.collect_params(), 'sgd',
-                                            {'learning_rate': 0.5}),
-                   [mx.nd.array(x) for x in xs], label)
-    pipe = Pipeline(_bert(start), TWO_BY_TWO, sample=tuple(xs), tensor_parallel='auto')
-    pipe.initialize()  # moves the values already there onto their devices
-    out = step(pipe, Trainer(pipe.collect_params(), 'sgd', {'learning_rate': 0.5}),
-               [mx.nd.array(x, ctx=mx.cpu(0)) for x in xs],
-               label.as_in_context(pipe.plan.last_device))
+    pipe, out, ref_out, reference, _ = bert_trainer_steps(
+        lambda net: Pipeline(net, TWO_BY_TWO, sample=tuple(xs), tensor_parallel='auto'), _bert)
     for ours, theirs in zip(out, ref_out):
         _close(ours, theirs)
     arg, _ = pipe.get_params()

@@ -12,16 +12,16 @@ checkpoint exports with parity. The large GluonCV networks run with
 import os
 
 import mxnet as mx
-from mxnet import autograd, gluon
+from mxnet import gluon
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 import mp_symbolic
-from mp_symbolic import Pipeline, Trainer
+from mp_symbolic import Pipeline
 
 from export.__main__ import main as export_main
-from conftest import bert_batch, small_bert
+from conftest import bert_batch, bert_trainer_steps, small_bert
 
 FOUR_DEVICES = 'cpu:0,cpu:1,cpu:2,cpu:3'
 SWEEP = pytest.mark.skipif(not os.environ.get('MP_ZOO_SWEEP'),
@@ -66,27 +66,8 @@ def test_bert_takes_its_three_inputs_split_over_four_devices_and_outputs_all_thr
 
 def test_bert_twin_step_with_the_trainer_equals_gluon_trainer_on_one_device():
     xs = _bert_batch()
-    label = mx.nd.array([0, 1, 1, 0])
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-
-    def step(net, trainer, inputs, target):
-        with autograd.record():
-            outputs = net(*inputs)
-            loss = loss_fn(outputs[2], target)
-        loss.backward()
-        trainer.step(len(xs[0]))
-        return [o.asnumpy() for o in outputs]
-
-    start = _values(_bert())
-    reference = _bert(start)
-    ref_out = step(reference, gluon.Trainer(reference.collect_params(), 'sgd',
-                                            {'learning_rate': 0.5}),
-                   [mx.nd.array(x) for x in xs], label)
-    net = _bert(start)
-    pipe = Pipeline(net, FOUR_DEVICES, sample=tuple(xs))
-    pipe.initialize()  # moves the values already there onto their stages' devices
-    out = step(pipe, Trainer(pipe.collect_params(), 'sgd', {'learning_rate': 0.5}),
-               [mx.nd.array(x, ctx=mx.cpu(0)) for x in xs], label.as_in_context(pipe.plan.last_device))
+    pipe, out, ref_out, reference, start = bert_trainer_steps(
+        lambda net: Pipeline(net, FOUR_DEVICES, sample=tuple(xs)))
     for ours, theirs in zip(out, ref_out):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     ref_values = _values(reference)
