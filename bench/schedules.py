@@ -69,6 +69,18 @@ def _build(spec):
     return mod, mx.io.DataBatch([mx.nd.ones(shape)], [mx.nd.zeros(shape)])
 
 
+def _stopped_trace(path):
+    """Stops the profiler, reads the trace it dumps to ``path`` (in a
+    temporary folder of its own) and removes both."""
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    mx.profiler.dump()
+    trace = load_trace(path)
+    os.remove(path)
+    os.rmdir(os.path.dirname(path))
+    return trace
+
+
 def _child(specs, warmup):
     """In a fresh process: one training step of each spec in turn under the
     storage profiler (with ``warmup``, after one step of the first that is
@@ -91,12 +103,7 @@ def _child(specs, warmup):
         mx.profiler.Marker(domain, 'end%d' % k).mark()
         del alive
     gc.collect()
-    mx.nd.waitall()
-    mx.profiler.set_state('stop')
-    mx.profiler.dump()
-    trace = load_trace(path)
-    os.remove(path)
-    os.rmdir(os.path.dirname(path))
+    trace = _stopped_trace(path)
     marks = {e['name']: e['ts'] for e in trace['traceEvents'] if e.get('ph') in ('n', 'i', 'I')}
 
     def held(ts):
@@ -145,12 +152,7 @@ def _trace_child(specs, steps=3):
             mx.nd.waitall()
             marker.mark('process')
             mod.update()
-    mx.nd.waitall()
-    mx.profiler.set_state('stop')
-    mx.profiler.dump()
-    trace = load_trace(path)
-    os.remove(path)
-    os.rmdir(os.path.dirname(path))
+    trace = _stopped_trace(path)
     ops = op_intervals(trace)
     results = []
     for k, spec in enumerate(specs):

@@ -142,3 +142,22 @@ def bert_trainer_steps(pipeline, make_bert=small_bert):
                [mx.nd.array(x, ctx=mx.cpu(0)) for x in xs],
                label.as_in_context(pipe.plan.last_device))
     return pipe, out, ref_out, reference, start
+
+
+def file_tree(folder, folders=False):
+    """Every path under ``folder`` with its bytes (links as their target;
+    with ``folders``, folders too, as ``'folder'``): what a command must leave
+    as it found."""
+    found = {}
+    for base, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(base, name)
+            rel = os.path.relpath(path, folder)
+            if os.path.islink(path):
+                found[rel] = 'link:' + os.readlink(path)
+            elif os.path.isfile(path):
+                with open(path, 'rb') as f:
+                    found[rel] = f.read()
+            elif folders:
+                found[rel] = 'folder'
+    return found

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from mp_symbolic.tools.store import FolderInUse, Store, StoreError, WrongFolder
+from conftest import file_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0')
@@ -27,19 +28,7 @@ def run(argv, timeout=120, **kwargs):
                           timeout=timeout, check=False, **kwargs)
 
 
-def snapshot_files(folder):
-    """Every path under ``folder`` with its bytes (links as their target)."""
-    found = {}
-    for base, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            path = os.path.join(base, name)
-            rel = os.path.relpath(path, folder)
-            if os.path.islink(path):
-                found[rel] = 'link:' + os.readlink(path)
-            elif os.path.isfile(path):
-                with open(path, 'rb') as f:
-                    found[rel] = f.read()
-    return found
+snapshot_files = file_tree
 
 
 @pytest.fixture(scope='module')

@@ -8,6 +8,7 @@ import pytest
 
 from mp_symbolic.tools.checkpoint import read_checkpoint
 from mp_symbolic.tools.store import WrongFolder, check_store_folder
+from conftest import file_tree
 
 TRAIN = ['--epochs', '2', '--num-examples', '200', '--devices', 'cpu:0,cpu:1', '--no-progress',
          '--no-memory']
@@ -26,20 +27,7 @@ def export_main(argv, capsys):
 
 
 def tree(folder):
-    """Every path under ``folder`` with its bytes (links as their target)."""
-    found = {}
-    for base, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            path = os.path.join(base, name)
-            rel = os.path.relpath(path, folder)
-            if os.path.islink(path):
-                found[rel] = 'link:' + os.readlink(path)
-            elif os.path.isfile(path):
-                with open(path, 'rb') as f:
-                    found[rel] = f.read()
-            else:
-                found[rel] = 'folder'
-    return found
+    return file_tree(folder, folders=True)
 
 
 def one_error_line(stderr):

@@ -568,6 +568,16 @@ class _Pass:
 
     # -- dense layers -----------------------------------------------------------
 
+    def _divides(self, where, block, axis, expected, unit):
+        """Raises ValueError unless ``block``'s weight axis ``axis`` divides
+        into the stage's shards (the message names the plan entry, the layer,
+        its weight's shape and the shard count)."""
+        size = block.weight.shape[axis]
+        if size % self.shards:
+            raise ValueError('%s: expected %s into %d shards, found %s of weight %s (%d %s)'
+                             % (where, expected, self.shards, block.name, block.weight.shape,
+                                size, unit))
+
     def _column(self, dense, why):
         self._dense(ColumnParallelDense, dense, why)
 
@@ -703,18 +713,10 @@ class _Pass:
                 if not isinstance(block, gluon.nn.Embedding):
                     raise ValueError('%s: expected an Embedding for vocab, found %s (%s)'
                                      % (where, block.name, type(block).__name__))
-                rows = block.weight.shape[0]
-                if rows % self.shards:
-                    raise ValueError('%s: expected a vocabulary that divides into %d shards, '
-                                     'found %s of weight %s (%d rows)'
-                                     % (where, self.shards, block.name, block.weight.shape, rows))
+                self._divides(where, block, 0, 'a vocabulary that divides', 'rows')
                 self._vocab(block)
             elif kind == 'column' and isinstance(block, gluon.nn.Dense):
-                units = block.weight.shape[0]
-                if units % self.shards:
-                    raise ValueError('%s: expected units that divide into %d shards, found %s of '
-                                     'weight %s (%d units)' % (where, self.shards, block.name,
-                                                               block.weight.shape, units))
+                self._divides(where, block, 0, 'units that divide', 'units')
                 columns[id(block)] = block
             elif kind == 'column':
                 found = self._attention(block)
@@ -728,11 +730,7 @@ class _Pass:
                 if not isinstance(block, gluon.nn.Dense):
                     raise ValueError('%s: expected a Dense layer for row, found %s (%s)'
                                      % (where, block.name, type(block).__name__))
-                size = block.weight.shape[1]
-                if size % self.shards:
-                    raise ValueError('%s: expected input units that divide into %d shards, found '
-                                     '%s of weight %s (%d input units)'
-                                     % (where, self.shards, block.name, block.weight.shape, size))
+                self._divides(where, block, 1, 'input units that divide', 'input units')
         inside = set().union(*[_descendants(b) for b in columns.values()
                                if not isinstance(b, gluon.nn.Dense)])
         for block, pattern, kind in kind_of.values():
