@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from mp_symbolic.tools.checkpoint import SUMMARY_NAME
 from mp_symbolic.tools.text import columns
@@ -99,6 +98,7 @@ def step_times(batch_size, one_device, rounds, num_steps=40):
     import mxnet as mx
     import numpy as np
     from mp_symbolic import Pipeline
+    from mp_symbolic.core import timing
     from mp_symbolic.core.compat import split_bind
     from mp_symbolic.training.tasks import digits
     exes = {}
@@ -116,13 +116,11 @@ def step_times(batch_size, one_device, rounds, num_steps=40):
             arr[:] = rng.uniform(-0.1, 0.1, arr.shape)
 
     def seconds(exe, steps):
-        mx.nd.waitall()
-        start = time.perf_counter()
-        for _ in range(steps):
-            exe.forward(is_train=True)
-            exe.backward()
-        mx.nd.waitall()
-        return (time.perf_counter() - start) / steps
+        def run():
+            for _ in range(steps):
+                exe.forward(is_train=True)
+                exe.backward()
+        return timing.seconds(run) / steps
 
     for exe in exes.values():
         seconds(exe, num_steps // 2)  # warm-up: oneDNN primitives, memory
@@ -177,6 +175,7 @@ def profile_step(chunks, devices, path, batch_size=64, boundaries=True):
     import mxnet as mx
     import numpy as np
     from mp_symbolic import Pipeline
+    from mp_symbolic.core import timing
     from mp_symbolic.core.compat import split_bind
     from mp_symbolic.training.tasks import digits
     pipe = Pipeline(digits.build_blocks(), devices, chunks=chunks)

@@ -19,6 +19,7 @@ import time
 
 import mxnet as mx
 
+from mp_symbolic.core import timing
 from mp_symbolic.core.pipeline import Pipeline
 from mp_symbolic.training.tasks.regression import build_blocks, make_dataset
 
@@ -70,13 +71,9 @@ def main(argv=None):
     print('first step at %.6f' % time.time(), flush=True)
     for i in range(1, args.warmup):
         step(i)
-    mx.nd.waitall()
-    start = time.perf_counter()
-    for i in range(args.steps):
-        step(i)
-    mx.nd.waitall()
+    seconds = timing.seconds(lambda: [step(i) for i in range(args.steps)])
     print('timed %d steps of %d samples in %.6f s'
-          % (args.steps, batch_size, time.perf_counter() - start), flush=True)
+          % (args.steps, batch_size, seconds), flush=True)
 
 
 if __name__ == '__main__':

@@ -14,23 +14,21 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import mxnet as mx
 import numpy as np
 import onnxruntime as ort
 
 from export.errors import one_line
+from mp_symbolic.core import timing
 from export.runtimes import MXNetPredictor, OnnxPredictor
 
 
 def _time_calls(predict, X, calls):
-    mx.nd.waitall()
-    start = time.perf_counter()
-    for _ in range(calls):
-        predict(X)
-    mx.nd.waitall()
-    return time.perf_counter() - start
+    def run():
+        for _ in range(calls):
+            predict(X)
+    return timing.seconds(run)
 
 
 def measure(predict, X, repeats, repeat_seconds):

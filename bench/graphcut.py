@@ -7,14 +7,14 @@ activation bytes per sample crossing each boundary, the same for the tightest
 cut (the smallest largest stage, bytes ignored), the largest stage of each,
 and how long the cut took.
 """
-import time
 
 import mxnet as mx
 from mxnet.gluon.model_zoo import vision
 import numpy as np
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core import graphcut
+from mp_symbolic.core import graphcut, timing
+from mp_symbolic.core.balance import solve
 
 CASES = (('resnet18_v1', 4), ('resnet18_v1', 2), ('mobilenetv2_1.0', 4), ('resnet152_v1', 4))
 SAMPLE = (1, 3, 32, 32)
@@ -24,9 +24,10 @@ def measure(name, num_devices):
     """One row: ``{name, devices, ops, sizes, bytes, largest, tight_sizes, tight_bytes,
     tight_largest, seconds}``."""
     net = vision.get_model(name, classes=10)
-    start = time.perf_counter()
-    pipe = Pipeline(net, [mx.cpu(i) for i in range(num_devices)], sample=SAMPLE)
-    seconds = time.perf_counter() - start
+    made = []
+    seconds = timing.seconds(lambda: made.append(
+        Pipeline(net, [mx.cpu(i) for i in range(num_devices)], sample=SAMPLE)))
+    pipe = made[0]
     cut = pipe.cut
     prefix = np.concatenate([[0.0], np.cumsum(cut.costs)])
 
@@ -34,7 +35,7 @@ def measure(name, num_devices):
         bounds = np.cumsum((0,) + tuple(sizes))
         return int(max(prefix[b] - prefix[a] for a, b in zip(bounds, bounds[1:])))
 
-    tight = graphcut.solve_cut(cut.costs, num_devices, slack=0.0)
+    tight = solve(cut.costs, num_devices, slack=0.0)
     stage_of = [s for s, n in enumerate(tight) for _ in range(n)]
     nbytes = {k: v for k, v in graphcut.entry_bytes(graphcut.load(cut.graph),
                                                     {'data': SAMPLE}).items()

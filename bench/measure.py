@@ -1,15 +1,16 @@
 """Clock readings for the benchmark, each after ``mx.nd.waitall()``.
 
 MXNet runs operators asynchronously: without ``waitall()`` a clock read
-measures how fast Python queued work, not how fast it ran.
+measures how fast Python queued work, not how fast it ran. Every reading is
+the library's one clock (:mod:`mp_symbolic.core.timing`).
 """
 import os
 import platform
 import statistics
-import time
 
 import mxnet as mx
 
+from mp_symbolic.core import timing
 from mp_symbolic.training.tasks.regression import full_mse
 
 __all__ = ['throughput', 'time_to_accuracy', 'machine_info']
@@ -30,14 +31,9 @@ def throughput(variants, batch_size, num_steps, repeats, warmup):
     """
     for variant in variants.values():
         variant.run(warmup)
-    rates = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, variant in variants.items():
-            mx.nd.waitall()
-            start = time.perf_counter()
-            variant.run(num_steps)
-            mx.nd.waitall()
-            rates[name].append(num_steps * batch_size / (time.perf_counter() - start))
+    times = timing.repeat({name: lambda v=variant: v.run(num_steps)
+                           for name, variant in variants.items()}, repeats, warmup=0)
+    rates = {name: [num_steps * batch_size / t for t in ts] for name, ts in times.items()}
     return {name: (statistics.median(r), r) for name, r in rates.items()}
 
 
@@ -53,11 +49,7 @@ def time_to_accuracy(variant, X, y, steps_per_epoch, target, max_epochs, max_sec
     """
     elapsed, mse = 0.0, float('nan')
     for epoch in range(1, max_epochs + 1):
-        mx.nd.waitall()
-        start = time.perf_counter()
-        variant.run(steps_per_epoch)
-        mx.nd.waitall()
-        elapsed += time.perf_counter() - start
+        elapsed += timing.seconds(lambda: variant.run(steps_per_epoch))
         mse = full_mse(variant.params(), X, y)
         if mse <= target:
             return elapsed, True, epoch, mse

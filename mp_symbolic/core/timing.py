@@ -1,0 +1,59 @@
+"""The one clock of the library and of its benchmarks.
+
+MXNet runs operators asynchronously: a clock read while work is still queued
+measures how fast Python queued it, not how fast it ran. Every reading here
+waits for all of MXNet's work (``mx.nd.waitall()``) before the clock starts,
+so that nothing queued earlier is counted, and again before it stops, so that
+everything the timed call queued is. ``balance_by_time`` (each block's or
+op's forward and backward pass) and the benchmarks in ``bench/`` (steps,
+epochs, predictions) all read it.
+"""
+import statistics
+import time
+
+import mxnet as mx
+
+__all__ = []
+
+
+def seconds(fn):
+    """Seconds ``fn()`` takes, until every operation it queued has run."""
+    mx.nd.waitall()
+    start = time.perf_counter()
+    fn()
+    mx.nd.waitall()
+    return time.perf_counter() - start
+
+
+def repeat(runs, repeats, warmup=1):
+    """Seconds of ``repeats`` timed calls of each run (:func:`seconds`),
+    after ``warmup`` untimed calls of each (binding, memory pools, oneDNN
+    primitives are made on the first ones).
+
+    Several runs are timed round-robin, one call of each in turn, so that a
+    change in the machine's load during the measurement touches every run
+    alike instead of the last ones.
+
+    Args:
+        runs: A callable, or ``{name: callable}``.
+        repeats: Timed calls of each.
+        warmup: Untimed calls of each first.
+
+    Returns:
+        ``[seconds of each call]`` for one callable; ``{name: [seconds]}``
+        for a dict.
+    """
+    named = runs if isinstance(runs, dict) else {None: runs}
+    for _ in range(warmup):
+        for fn in named.values():
+            fn()
+    times = {name: [] for name in named}
+    for _ in range(repeats):
+        for name, fn in named.items():
+            times[name].append(seconds(fn))
+    return times if isinstance(runs, dict) else times[None]
+
+
+def median_seconds(fn, repeats, warmup=1):
+    """The median of :func:`repeat` ``(fn, repeats, warmup)``."""
+    return statistics.median(repeat(fn, repeats, warmup))
