@@ -11,7 +11,9 @@ import pytest
 from mp_symbolic import Pipeline
 from mp_symbolic import balance_by_size, balance_by_time
 from mp_symbolic.core import balance as balancing
+from mp_symbolic.core import timing
 from mp_symbolic.core.balance import BalanceError, check_balance, solve, stage_of_block
+from mp_symbolic.training.tasks import gpt
 
 nn = gluon.nn
 
@@ -111,3 +113,26 @@ def test_time_balance_measures_without_touching_the_blocks_parameters():
     before = blocks[0].weight.data().asnumpy()
     Pipeline(blocks, 'cpu:0,cpu:1', balance='time', sample=np.zeros((16, 4)))
     np.testing.assert_array_equal(blocks[0].weight.data().asnumpy(), before)
+
+
+def test_time_balance_splits_a_language_model_whose_first_block_reads_token_ids():
+    """The GPT's first block feeds its input to an Embedding, whose backward
+    gives its ids no gradient: the block is timed without one."""
+    cfg = gpt.GPTConfig(vocab_size=29, block_size=16, num_layers=2, num_heads=2, num_hiddens=16)
+    blocks = gpt.build_blocks(cfg)
+    pipe = Pipeline(blocks, 'cpu:0,cpu:1', balance='time', sample=(4, cfg.block_size))
+    assert len(pipe.balance) == 2 and min(pipe.balance) >= 1
+    assert sum(pipe.balance) == len(blocks)
+
+
+def test_the_timer_warms_up_then_times_each_run_in_turn():
+    """timing.repeat: the warm-up calls first, untimed, then one timed call
+    of each run per round, so that load changes touch every run alike."""
+    calls = []
+    times = timing.repeat({'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')},
+                          repeats=3, warmup=2)
+    assert calls == ['a', 'b'] * 5
+    assert {name: len(ts) for name, ts in times.items()} == {'a': 3, 'b': 3}
+    assert all(t >= 0 for ts in times.values() for t in ts)
+    single = []
+    assert len(timing.repeat(lambda: single.append(1), repeats=4)) == 4 and len(single) == 5

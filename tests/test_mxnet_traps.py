@@ -1,12 +1,14 @@
 """MXNet 1.9.1's own behaviour that model parallelism has to work around.
 Each test documents a trap; if one starts failing, MXNet changed."""
+import json
+
 import mxnet as mx
 from mxnet import autograd, gluon
 import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core import compat
+from mp_symbolic.core import compat, graphcut
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.scoped import environ
 from mp_symbolic.training.tasks import digits, gpt, regression
@@ -54,6 +56,13 @@ def test_gluon_caches_parameter_variables_with_their_first_attributes():
     with mx.AttrScope(ctx_group='stage1'):
         fresh = dense(mx.sym.var('x'))
     assert _groups(fresh)['d_weight'] == 'stage1'
+    # compat.fresh_variables: fresh within, and forgotten afterwards, even after an error
+    with pytest.raises(ZeroDivisionError):
+        with compat.fresh_variables([dense]), mx.AttrScope(ctx_group='stage2'):
+            assert _groups(dense(mx.sym.var('x')))['d_weight'] == 'stage2'
+            raise ZeroDivisionError
+    with mx.AttrScope(ctx_group='stage3'):
+        assert _groups(dense(mx.sym.var('x')))['d_weight'] == 'stage3'
 
 
 def test_graph_wide_mirroring_cannot_bind_a_segment_boundary_copy():
@@ -374,3 +383,164 @@ def test_fully_connected_gives_its_bias_a_zero_gradient_when_its_weight_has_none
         grads[weight_req] = exe.grad_dict['b'].asnumpy()
     np.testing.assert_array_equal(grads['write'], [4, 4, 4])  # the batch's sum
     np.testing.assert_array_equal(grads['null'], [0, 0, 0])
+
+
+# -- gradients MXNet cannot compute or place (compat.embedding_ids, compat.tie_parameters,
+# -- compat.updates_by_device, compat.read_on) ---------------------------------------------------
+
+def _backward(symbol, grad_req, group2ctx=None, **shapes):
+    exe = symbol.simple_bind(mx.cpu(0), group2ctx=group2ctx, grad_req=grad_req, **shapes)
+    for array in exe.arg_arrays:
+        array[:] = 1
+    exe.forward(is_train=True)
+    exe.backward([mx.nd.ones(o.shape) for o in exe.outputs])
+    mx.nd.waitall()
+    return exe
+
+
+@pytest.mark.parametrize('through_an_op', [False, True])
+def test_embedding_backward_refuses_a_gradient_for_its_ids(through_an_op):
+    """Why balance='time' times a block whose input an Embedding reads
+    without the input's gradient (compat.embedding_ids), and why the
+    vocabulary-parallel embedding computes its shards' ids outside the
+    gradient (compat.ids_outside_gradient): asked for the ids' gradient,
+    directly or through the ops that compute them, the backward pass fails."""
+    x, w = mx.sym.var('x'), mx.sym.var('w')
+    out = mx.sym.Embedding(x - 1 if through_an_op else x, w, input_dim=5, output_dim=4)
+    assert compat.embedding_ids(out, ['x']) == {'x'}
+    with pytest.raises(mx.base.MXNetError, match="Embedding layer doesn't support calculate "
+                                                 'data gradient'):
+        _backward(out, {'x': 'write', 'w': 'write'}, x=(2, 3))
+    exe = _backward(out, {'x': 'null', 'w': 'write'}, x=(2, 3))
+    assert exe.grad_dict['w'].asnumpy().sum() == 2 * 3 * 4  # every looked-up row, once each
+    stopped = mx.sym.Embedding(compat.ids_outside_gradient(mx.sym, x - 1), w, input_dim=5,
+                               output_dim=4)
+    _backward(stopped, {'x': 'write', 'w': 'write'}, x=(2, 3))
+
+
+def _read_by_two_groups(through):
+    """``sum(fc_a(x) + fc_b(x))``: the variable ``x`` of group a read by ops
+    of groups a and b (``through``: how they read it)."""
+    with mx.AttrScope(ctx_group='a'):
+        x = mx.sym.var('x')
+        source = through(x)
+    outs = []
+    for group in ('a', 'b'):
+        with mx.AttrScope(ctx_group=group):
+            outs.append(mx.sym.FullyConnected(source, mx.sym.var('w' + group), num_hidden=2,
+                                              no_bias=True, name='fc' + group))
+    with mx.AttrScope(ctx_group='a'):
+        return mx.sym.MakeLoss(mx.sym.sum(outs[0] + outs[1]))
+
+
+def test_a_variable_read_by_two_groups_cannot_save_its_summed_gradient():
+    """Why a tied weight, and a tensor-parallel layer's input, is read by
+    the other groups through one identity in its own group
+    (compat.tie_parameters on the graph, compat.read_in_own_group while
+    tracing): MXNet sums the variable's gradients on one reader's device and
+    then refuses to save the sum to the variable's device. Through the
+    identity the bind succeeds and the gradient is the sum of both uses."""
+    group2ctx = {'a': mx.cpu(0), 'b': mx.cpu(1)}
+    req = {'x': 'write', 'wa': 'write', 'wb': 'write'}
+    plain = _read_by_two_groups(lambda x: x)
+    with pytest.raises(RuntimeError, match='Trying to save gradient to cpu'):
+        _backward(plain, req, group2ctx, x=(4, 3))
+    tied = graphcut.load(compat.tie_parameters(json.loads(plain.tojson())))
+    traced = _read_by_two_groups(lambda x: compat.read_in_own_group(mx.sym, x))
+    for symbol in (tied, traced):
+        exe = _backward(symbol, req, group2ctx, x=(4, 3))
+        # d/dx sum(x wa^T + x wb^T) with every weight 1: 2 + 2 per element
+        np.testing.assert_array_equal(exe.grad_dict['x'].asnumpy(), np.full((4, 3), 4.0))
+        assert exe.grad_dict['x'].context == mx.cpu(0)
+
+
+_FUSED_UPDATE_PROBE = """
+import json, sys
+import mxnet as mx
+from mp_symbolic.core.compat import updates_by_device
+from mp_symbolic.tools.trace import load_trace, op_intervals
+weights = [mx.nd.ones((3,), ctx=mx.cpu(i)) for i in (0, 1)]
+grads = [mx.nd.ones((3,), ctx=mx.cpu(i)) for i in (0, 1)]
+updater = mx.optimizer.get_updater(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
+updater([0, 1], grads, weights)  # the states are made, untraced
+mx.nd.waitall()
+mx.profiler.set_config(profile_imperative=True, filename=sys.argv[1])
+mx.profiler.set_state('run')
+updater([0, 1], grads, weights)  # together
+mx.nd.waitall()
+for part in updates_by_device([0, 1], grads, weights):  # split
+    updater(*part)
+mx.nd.waitall()
+mx.profiler.set_state('stop')
+mx.profiler.dump()
+ops = sorted((start, end, device, name)
+             for device, v in op_intervals(load_trace(sys.argv[1])).items()
+             for start, end, name in v)
+# the first op is the update of both together; the rest started after it ended
+seen = {'together': [ops[0][2:]],
+        'split': sorted(op[2:] for op in ops[1:] if op[0] >= ops[0][1])}
+seen['weights'] = [w.asnumpy().tolist() for w in weights]
+print(json.dumps(seen))
+"""
+
+
+def test_the_updater_fuses_the_updates_of_two_devices_into_one_op_on_one_device(tmp_path):
+    """Why each optimizer call gets one device's arrays
+    (compat.updates_by_device, in PerDeviceUpdater and Trainer): handed the
+    weights of cpu(0) and cpu(1) together, MXNet's Updater runs one
+    multi_sgd_mom_update on cpu(0) over both (the values come out right only
+    because the cpu(i) share one memory); split, one op on each device. In
+    a child process: the profiler is the process's."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, '-c', _FUSED_UPDATE_PROBE,
+                           str(tmp_path / 'trace.json')], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen['together'] == [['cpu/0', 'multi_sgd_mom_update']]
+    assert seen['split'] == [['cpu/0', 'multi_sgd_mom_update'], ['cpu/1', 'multi_sgd_mom_update']]
+    # on CPU the values are right either way: three momentum steps (lr 0.5,
+    # momentum 0.9, gradient 1) of 0.5, 0.95 and 1.355 from 1
+    np.testing.assert_allclose(seen['weights'], [[-1.805] * 3] * 2, rtol=1e-6)
+
+
+def test_a_gluon_parameter_refuses_to_be_read_on_a_device_it_does_not_live_on():
+    """Why the imperative twin reads a tied weight through compat.read_on:
+    Parameter.data(ctx) refuses every device but its own, and a block reads
+    its parameters on its input's device. Within read_on the parameter reads
+    a copy on the reading device, and afterwards it is as it was."""
+    param = gluon.Parameter('w', shape=(2,))
+    param.initialize(mx.init.One(), ctx=mx.cpu(0))
+    with pytest.raises(RuntimeError, match='was not initialized on context cpu.1.'):
+        param.data(mx.cpu(1))
+    with compat.read_on([(param, mx.cpu(0))], mx.cpu(1)):
+        assert param.data(mx.cpu(1)).context == mx.cpu(1)
+        np.testing.assert_array_equal(param.data(mx.cpu(1)).asnumpy(), [1, 1])
+    assert param.list_ctx() == [mx.cpu(0)]
+    with pytest.raises(RuntimeError, match='was not initialized on context cpu.1.'):
+        param.data(mx.cpu(1))
+
+
+def test_a_device_kvstore_keeps_every_keys_optimizer_state_on_one_device():
+    """Why Trainer leaves the update to each device when parameters live on
+    different devices (compat.kvstore_may_update): a 'device' kvstore that
+    runs the optimizer keeps the state of keys pushed from cpu(1) and from
+    cpu(2) both on one other device (cpu_pinned(0) on CPU), not beside them."""
+    kv = mx.kv.create('device')
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+    for key, device in ((0, mx.cpu(1)), (1, mx.cpu(2))):
+        kv.init(key, mx.nd.zeros((4,), ctx=device))
+        kv.push(key, [mx.nd.ones((4,), ctx=device)])
+        kv.pull(key, mx.nd.zeros((4,), ctx=device))
+    mx.nd.waitall()
+    states = kv._updater.states  # pylint: disable=protected-access
+    assert len({state.context for state in states.values()}) == 1
+    assert states[0].context not in (mx.cpu(1), mx.cpu(2))
+    params = [gluon.Parameter(name, shape=(4,)) for name in ('a', 'b')]
+    params[0].initialize(ctx=mx.cpu(1))
+    params[1].initialize(ctx=mx.cpu(2))
+    assert not compat.kvstore_may_update(params)
+    assert compat.kvstore_may_update(params[:1])

@@ -48,7 +48,7 @@ from mxnet import gluon
 from . import tensor_parallel
 from .balance import even_split
 from .checks import excerpt
-from .compat import reset_variables
+from .compat import fresh_variables, read_in_own_group
 from .devices import DeviceSpecError, resolve_devices
 from .tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
                               VocabParallelEmbedding, _gather, _ShardedBlock)
@@ -213,11 +213,8 @@ class HeadParallel(_ShardedBlock):
 
     def _prepare(self, F, x):
         if F is mx.sym and self.shards > 1:
-            # a variable read by several groups fails in backward unless read
-            # through an op of its own group
-            return tuple(F.identity(v, name='input%d' % j)
-                         if isinstance(v, mx.sym.Symbol) and v.get_children() is None else v
-                         for j, v in enumerate(x))
+            # every shard's group reads the inputs: a variable, through an op of its own
+            return tuple(read_in_own_group(F, v, 'input%d' % j) for j, v in enumerate(x))
         return x
 
     def _shard(self, F, i, x, **params):  # pylint: disable=arguments-differ
@@ -303,14 +300,11 @@ class _Graph:
     wrote each op (the block with the longest prefix of its name)."""
 
     def __init__(self, blocks, names):
-        for block in blocks:
-            reset_variables(block)
-        out = blocks[0](*[mx.sym.var(n) for n in names])
-        for block in blocks[1:]:
-            out = block(out)
-        symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
-        for block in blocks:
-            reset_variables(block)
+        with fresh_variables(blocks):
+            out = blocks[0](*[mx.sym.var(n) for n in names])
+            for block in blocks[1:]:
+                out = block(out)
+            symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
         graph = json.loads(symbol.tojson())
         self.nodes = graph['nodes']
         self.consumers = [[] for _ in self.nodes]

@@ -12,14 +12,12 @@ Every stage gets at least one block and every block a stage: the partition is
 solved exactly over contiguous splits (DeepSpeed's partitioner once emptied a
 stage, #4053, and dropped trailing blocks, #4312).
 """
-import statistics
-import time
-
 import mxnet as mx
 import numpy as np
 
 from .checks import is_int
-from .compat import reset_variables
+from .compat import embedding_ids, fresh_variables
+from .timing import median_seconds
 
 __all__ = []
 
@@ -176,8 +174,8 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
     """Median seconds of one forward + backward pass of each block alone.
 
     Each block is bound by itself on ``ctx`` with random parameters, fed the
-    shape the previous block outputs, and timed with ``mx.nd.waitall()``
-    around each pass. The blocks' own parameters are not touched.
+    shape the previous block outputs, and timed by
+    :func:`time_forward_backward`. The blocks' own parameters are not touched.
 
     Args:
         sample_shape: Shape of one input batch, batch dimension first.
@@ -186,32 +184,37 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
     rng = np.random.default_rng(seed)
     shape, times = tuple(sample_shape), []
     for block in blocks:
-        reset_variables(block)
-        out = block(mx.sym.var('x'))
-        reset_variables(block)
-        exe = out.simple_bind(ctx, grad_req='write', x=shape)
-        times.append(time_forward_backward(exe, ctx, rng, repeats))
-        shape = exe.outputs[0].shape
+        with fresh_variables(block):
+            out = block(mx.sym.var('x'))
+        times.append(time_forward_backward(out, {'x': shape}, ctx, rng, repeats))
+        shape = out.infer_shape(x=shape)[1][0]
     return times
 
 
-def time_forward_backward(exe, ctx, rng, repeats=5):
-    """Median seconds of one forward + backward pass of the bound executor
-    ``exe`` on ``ctx``, its arrays filled from ``rng``, with
-    ``mx.nd.waitall()`` around each pass (the first, which allocates, untimed)."""
+def time_forward_backward(symbol, input_shapes, ctx, rng, repeats=5):
+    """Median seconds of one forward + backward pass of ``symbol`` bound
+    alone on ``ctx``, its arrays filled from ``rng``
+    (:func:`mp_symbolic.core.timing.median_seconds`: the first pass, which
+    allocates, untimed). Every argument gets a gradient, but the inputs an
+    Embedding reads its ids from (:func:`mp_symbolic.core.compat.embedding_ids`).
+
+    Args:
+        symbol: The block's (op's) graph.
+        input_shapes: ``{input name: shape}``; the other arguments' shapes
+            are inferred.
+    """
+    no_gradient = embedding_ids(symbol, input_shapes)
+    exe = symbol.simple_bind(ctx, grad_req={a: 'null' if a in no_gradient else 'write'
+                                            for a in symbol.list_arguments()},
+                             **input_shapes)
     for array in exe.arg_arrays + exe.aux_arrays:
         array[:] = rng.normal(0.0, 0.1, array.shape)
     head_grads = [mx.nd.ones(o.shape, ctx=ctx) for o in exe.outputs]
-    samples = []
-    for i in range(repeats + 1):
-        mx.nd.waitall()
-        start = time.perf_counter()
+
+    def step():
         exe.forward(is_train=True)
         exe.backward(out_grads=head_grads)
-        mx.nd.waitall()
-        if i:
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return median_seconds(step, repeats, warmup=1)
 
 
 def balance_by_size(blocks, partitions):

@@ -3,7 +3,10 @@
 Each workaround says what MXNet does, why it matters for a graph split over
 devices, and what is done instead; ``tests/test_mxnet_traps.py`` pins each
 behaviour, so that when MXNet changes (or the user runs on GPUs) a failing
-test says which workaround can go.
+test says which workaround can go. One stays where it acts, untested: the
+``Trainer`` sets a ``dist_*`` kvstore up at construction rather than at the
+first step, because two-worker jobs otherwise ended with garbage weights in
+about one run of four (``mp_symbolic/core/trainer.py``), too rare to pin.
 """
 from contextlib import contextmanager
 import functools
@@ -13,7 +16,7 @@ import sys
 
 import mxnet as mx
 
-from .names import GROUP_ATTR
+from .names import GROUP_ATTR, IDENTITY_OP, tied_name
 from .scoped import captured_stderr, environ
 
 __all__ = []
@@ -218,10 +221,27 @@ def reset_variables(block):
     attributes in force then (``Parameter.var()`` caches it in ``_var``), and
     reuses it in every later trace: a second build of the graph (another
     plan, another stage, the unsplit form) would keep the first build's
-    ``ctx_group``. Every trace the library makes is wrapped in this reset.
+    ``ctx_group``. Every trace the library makes is wrapped in this reset
+    (:func:`fresh_variables`).
     """
     for param in block.collect_params().values():
         param._var = None  # pylint: disable=protected-access
+
+
+@contextmanager
+def fresh_variables(blocks):
+    """Within: ``blocks`` (a block or a list of them) trace with fresh
+    parameter variables, made in the scopes in force then; afterwards,
+    whatever happens, the variables are forgotten again
+    (:func:`reset_variables`), so that no later trace reuses them."""
+    blocks = list(blocks) if isinstance(blocks, (list, tuple)) else [blocks]
+    for block in blocks:
+        reset_variables(block)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            reset_variables(block)
 
 
 def gradient_only_kvstore():
@@ -357,3 +377,158 @@ def read_on(params, device):
     finally:
         for param, data, ctx_list, ctx_map in saved:
             param._data, param._ctx_list, param._ctx_map = data, ctx_list, ctx_map
+
+
+# -- gradients MXNet cannot compute or place: Embedding's ids, variables read by several groups,
+# -- fused updates over several devices
+
+# The ops whose backward refuses a gradient for their first input (the ids).
+EMBEDDING_OPS = frozenset({'Embedding', '_contrib_SparseEmbedding'})
+
+
+def embedding_ids(symbol, names):
+    """The inputs among ``names`` (variables of ``symbol``, an
+    ``mx.sym.Symbol``) that an Embedding op reads its ids from, directly or
+    through other ops: in a bind for training each needs ``grad_req='null'``.
+
+    **What MXNet does.** ``Embedding``'s backward computes no gradient for
+    its ids: when one is asked for (``grad_req='write'`` on a variable its ids
+    come from, through any ops), the backward pass fails at run time with
+    "Embedding layer doesn't support calculate data gradient". **Why it
+    matters.** ``balance='time'`` binds each block (each op) alone, its input
+    a fresh variable; a language model's first block reads token ids.
+    **What is done instead.** Those inputs are bound without a gradient, as
+    ``Module`` binds its data (:func:`mp_symbolic.core.balance.time_forward_backward`).
+    """
+    graph = json.loads(symbol.tojson())
+    nodes = graph['nodes']
+    upstream, todo = set(), [node['inputs'][0][0] for node in nodes
+                             if node['op'] in EMBEDDING_OPS and node['inputs']]
+    while todo:
+        i = todo.pop()
+        if i not in upstream:
+            upstream.add(i)
+            todo.extend(src for src, _, _ in nodes[i]['inputs'])
+    wanted = set(names)
+    return {nodes[i]['name'] for i in upstream
+            if nodes[i]['op'] == 'null' and nodes[i]['name'] in wanted}
+
+
+def ids_outside_gradient(F, x, name='indices'):
+    """``x`` (Symbol or NDArray) with no gradient flowing back through it,
+    for the ids that ops turn into an Embedding's input.
+
+    Ids computed by ops (``x - start``, a mask) make MXNet ask the
+    Embedding's backward for their gradient whenever ``x`` has one, which it
+    refuses (see :func:`embedding_ids`); ``BlockGrad`` (``detach`` on
+    NDArrays) stops the gradient before them. Ids have no gradient to give.
+    """
+    return F.BlockGrad(x, name=name) if F is mx.sym else x.detach()
+
+
+def read_in_own_group(F, x, name='input'):
+    """``x`` read through an ``identity`` op of the group in force when it is
+    a variable (a Symbol without children), so that ops of several groups can
+    read it: the Symbol-level form of :func:`tie_parameters`. Ops, NDArrays
+    and other values pass as they are."""
+    if F is mx.sym and isinstance(x, mx.sym.Symbol) and x.get_children() is None:
+        return F.identity(x, name=name)
+    return x
+
+
+def tie_parameters(graph, error=ValueError):
+    """A copy of ``graph`` (JSON) where every variable read by ops of a
+    ``ctx_group`` other than its own is read by those ops through one
+    ``identity`` op (``<variable>_tied``) in the variable's group. Variables
+    without a group are left as they are.
+
+    **What MXNet does.** A variable read by ops of two groups gets the sum of
+    its gradients (``sum_grad``) on one reader's device, and the bind then
+    fails to save it to the variable's ("Trying to save gradient to cpu(0)
+    while its source node sum_grad computes it on cpu(1)"). **Why it
+    matters.** A tied weight is read by the stages of its readers; a
+    tensor-parallel layer's input by every shard. **What is done instead.**
+    The readers read one identity op in the variable's group: the sum over
+    the uses is that op's gradient and lands on the owner's device
+    (:func:`read_in_own_group` does the same while a graph is traced).
+
+    Args:
+        graph: The graph's JSON (``json.loads(symbol.tojson())``); not changed.
+        error: The exception class to raise.
+
+    Raises:
+        error: an auxiliary state read by ops of two groups (written in
+            place, it cannot be read through a copy).
+    """
+    graph = json.loads(json.dumps(graph))
+    nodes = graph['nodes']
+    foreign = {}
+    for i, node in enumerate(nodes):
+        for k, (src, _, version) in enumerate(node['inputs']):
+            if nodes[src]['op'] != 'null':
+                continue
+            own = nodes[src].get('attrs', {}).get(GROUP_ATTR)
+            if own is not None and node.get('attrs', {}).get(GROUP_ATTR) != own:
+                if version:
+                    raise error('auxiliary state %s is read by ops of %s and %s; expected '
+                                'each auxiliary state in one stage'
+                                % (nodes[src]['name'], own, node['attrs'][GROUP_ATTR]))
+                foreign.setdefault(src, []).append((i, k))
+    if not foreign:
+        return graph
+    # Rebuild the node list with each identity right after its variable.
+    redirect = {(i, k) for uses in foreign.values() for i, k in uses}
+    new_nodes, new_index, identity_of = [], {}, {}
+    for i, node in enumerate(nodes):
+        node['inputs'] = [[identity_of[src], 0, 0] if (i, k) in redirect
+                          else [new_index[src], idx, v]
+                          for k, (src, idx, v) in enumerate(node['inputs'])]
+        new_index[i] = len(new_nodes)
+        new_nodes.append(node)
+        if i in foreign:
+            identity_of[i] = len(new_nodes)
+            new_nodes.append({'op': IDENTITY_OP, 'name': tied_name(node['name']),
+                              'attrs': {GROUP_ATTR: node['attrs'][GROUP_ATTR]},
+                              'inputs': [[new_index[i], 0, 0]]})
+    graph['nodes'] = new_nodes
+    graph['heads'] = [[new_index[src], idx, v] for src, idx, v in graph['heads']]
+    return graph
+
+
+def kvstore_may_update(params):
+    """Whether a kvstore may run the optimizer for ``params`` (Gluon
+    ``Parameter`` s): only when every one lives on the same devices (data
+    parallelism), else each copy is updated where it lives.
+
+    **What MXNet does.** A kvstore that runs the optimizer
+    (``update_on_kvstore``) keeps each key's merge buffer, and the optimizer
+    state beside it, where its reduction puts them: the ``'device'`` kvstore
+    on CPU puts every key's on ``cpu_pinned(0)``, whichever devices the key's
+    arrays are on (on GPUs, on the devices of the first key it reduces:
+    ``InitBuffersAndComm``, ``src/kvstore/comm.h``). **Why it matters.** A
+    pipeline's optimizer state would gather on one device instead of each
+    stage's. **What is done instead.** With parameters on different devices
+    the kvstore only sums gradients (``Trainer``'s default), as
+    :func:`gradient_only_kvstore` makes ``Module`` do.
+    """
+    params = list(params)
+    return all(p.list_ctx() == params[0].list_ctx() for p in params)
+
+
+def updates_by_device(indices, grads, weights):
+    """``[(indices, grads, weights)]``, one per device in order of first
+    appearance: the arrays of one call of an ``mx.optimizer.Updater``, split
+    so that each call updates one device's arrays.
+
+    **What MXNet does.** The Updater fuses up to
+    ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` (4) parameters into one
+    ``multi_*_update`` op, grouping them by dtype only. **Why it matters.**
+    Handed the parameters of several devices at once (``Module.update`` does
+    so), one op runs on one device over another device's weights. **What is
+    done instead.** One call per device (``PerDeviceUpdater``, ``Trainer``),
+    which keeps the fusion within a device.
+    """
+    by_device = {}
+    for i, g, w in zip(indices, grads, weights):
+        by_device.setdefault(w.context, []).append((i, g, w))
+    return [tuple(list(part) for part in zip(*items)) for items in by_device.values()]

@@ -21,7 +21,7 @@ import json
 import mxnet as mx
 
 from . import graphcut, tensor_parallel
-from .compat import error_line, reset_variables
+from .compat import error_line, fresh_variables, tie_parameters
 from .names import DATA_NAME, GROUP_ATTR, SHARD_ATTR, chunk_name, shard_group, stage_name
 
 __all__ = []
@@ -104,43 +104,41 @@ def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
     """
     names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
     shapes = (tuple(data_shape),) if isinstance(data_name, str) else tuple(map(tuple, data_shape))
-    for block in blocks:
-        reset_variables(block)
-    try:
-        sym = chain(blocks, [mx.sym.var(n) for n in names])
-    except TypeError as err:
-        if 'argument' not in str(err):
-            raise
-        # the network takes another number of inputs than the sample has
-        raise ValueError('sample: expected one batch or shape per input of the network, '
-                         'found %d (%s)' % (len(shapes), err)) from None
-    try:
-        arg_shapes, _, aux_shapes = sym.infer_shape(**dict(zip(names, shapes)))
-    except mx.base.MXNetError as err:
-        raise ValueError('sample: cannot infer the network\'s shapes from input shape%s %s: %s'
-                         % ('s' if len(shapes) > 1 else '',
-                            ', '.join(str(s) for s in shapes), error_line(err))) from None
+    with fresh_variables(blocks):
+        try:
+            sym = chain(blocks, [mx.sym.var(n) for n in names])
+        except TypeError as err:
+            if 'argument' not in str(err):
+                raise
+            # the network takes another number of inputs than the sample has
+            raise ValueError('sample: expected one batch or shape per input of the network, '
+                             'found %d (%s)' % (len(shapes), err)) from None
+        try:
+            arg_shapes, _, aux_shapes = sym.infer_shape(**dict(zip(names, shapes)))
+        except mx.base.MXNetError as err:
+            raise ValueError('sample: cannot infer the network\'s shapes from input shape%s %s: %s'
+                             % ('s' if len(shapes) > 1 else '',
+                                ', '.join(str(s) for s in shapes), error_line(err))) from None
     shapes = dict(zip(sym.list_arguments(), arg_shapes))
     shapes.update(zip(sym.list_auxiliary_states(), aux_shapes))
     for block in blocks:
         for param in block.collect_params().values():
             if param.name in shapes:
                 param.shape = shapes[param.name]
-        reset_variables(block)
     return shapes
 
 
 def finish(symbol, placement):
     """Checks every node carries a stage; gives chunk copies of ops unique
     names; reads every parameter used by several stages through an identity
-    in its owner's stage (:func:`mp_symbolic.core.graphcut.tie_parameters`)."""
+    in its owner's stage (:func:`mp_symbolic.core.compat.tie_parameters`)."""
     graph = json.loads(symbol.tojson())
     owner, shard_of = placement.owner, placement.shard_of
     for node in graph['nodes']:
         if node['op'] == 'null' and node['name'] in owner:
             node['attrs'][GROUP_ATTR] = shard_group(owner[node['name']],
                                                          shard_of.get(node['name'], 0))
-    tied = graphcut.tie_parameters(graph)
+    tied = tie_parameters(graph, graphcut.CutError)
     if tied != json.loads(symbol.tojson()):
         symbol, graph = graphcut.load(tied), tied
     groups = set(placement.plan.group2ctx)

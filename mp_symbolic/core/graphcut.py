@@ -16,7 +16,8 @@ layers:
 * :func:`label`: every op, parameter variable and auxiliary state given its
   stage's ``ctx_group``; a parameter read by ops of several stages lives in
   its owner's stage and the others read it through one ``identity`` op there
-  (MXNet 1.9.1 fails in backward on a variable read directly on two devices);
+  (MXNet 1.9.1 fails in backward on a variable read directly on two devices:
+  :func:`mp_symbolic.core.compat.tie_parameters`);
 * :func:`replicate_chunks`: the graph run on ``chunks`` micro-batches with
   shared parameters (split in the first stage, concat in the last);
 * :class:`Cut`: all of the above for one traced network, as ``Pipeline``
@@ -37,14 +38,13 @@ import numpy as np
 
 from .balance import BalanceError, check_balance, solve, time_forward_backward
 from .checks import tied_owners
-from .compat import error_line, segment_boundaries
-from .names import (CHUNK_JOIN, CHUNK_SPLIT, GROUP_ATTR, IDENTITY_OP, MIRROR_ATTR, chunk_name,
-                    stage_name, tied_name)
+from .compat import error_line, segment_boundaries, tie_parameters
+from .names import (CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR, MIRROR_ATTR, chunk_name,
+                    stage_name)
 
 __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
            'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'label',
-           'tie_parameters', 'replicate_chunks', 'unique_names', 'run_graph', 'load',
-           'GROUP_ATTR']
+           'replicate_chunks', 'unique_names', 'run_graph', 'load']
 
 
 
@@ -112,7 +112,8 @@ def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
 
     Each op is bound by itself on ``ctx`` with its inputs as fresh variables of
     the shapes inference gives for ``input_shapes``, filled with random values,
-    and timed with ``mx.nd.waitall()`` around each pass.
+    and timed by :func:`mp_symbolic.core.balance.time_forward_backward`
+    (an ``Embedding``'s ids without a gradient).
     """
     graph = json.loads(symbol.tojson())
     shapes = entry_shapes(symbol, input_shapes)
@@ -129,25 +130,8 @@ def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
         sym = load({'nodes': nodes, 'heads': [[len(nodes) - 1, 0, 0]], 'attrs': graph['attrs']})
         in_shapes = {'in%d' % k: shapes[(graph['nodes'][src]['name'], idx)]
                      for k, (src, idx, _) in enumerate(node['inputs'])}
-        times.append(_time_op(sym, in_shapes, ctx, rng, repeats))
+        times.append(time_forward_backward(sym, in_shapes, ctx, rng, repeats))
     return times
-
-
-def _time_op(sym, in_shapes, ctx, rng, repeats):
-    """Median seconds of ``sym``'s forward + backward; an op that cannot give
-    its first input a gradient (``Embedding``'s ids) is timed without it."""
-    args = sym.list_arguments()
-    try:
-        return _time_bound(sym, in_shapes, ctx, rng, repeats, {a: 'write' for a in args})
-    except mx.base.MXNetError:
-        return _time_bound(sym, in_shapes, ctx, rng, repeats,
-                           {a: 'null' if a == 'in0' else 'write' for a in args})
-
-
-def _time_bound(sym, in_shapes, ctx, rng, repeats, grad_req):
-    exe = sym.simple_bind(ctx, grad_req=grad_req,
-                          **{a: in_shapes[a] for a in sym.list_arguments()})
-    return time_forward_backward(exe, ctx, rng, repeats)
 
 
 def entry_shapes(symbol, input_shapes, with_dtype=False):
@@ -239,7 +223,8 @@ def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
     Ops get their stage; a variable gets the stage of its owner (``owners``,
     else the first op that reads it); inputs (``data_names``) get stage 0.
     Variables read by ops of several stages are then read through an
-    ``identity`` op in the owner's stage (:func:`tie_parameters`).
+    ``identity`` op in the owner's stage
+    (:func:`mp_symbolic.core.compat.tie_parameters`).
 
     Args:
         stage_of_op: Stage of each op in :func:`op_order`.
@@ -267,56 +252,7 @@ def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
     for i, node in enumerate(nodes):  # a variable no op reads
         if node['op'] == 'null' and GROUP_ATTR not in node.get('attrs', {}):
             _set_group(node, stage_name(0))
-    return tie_parameters(graph)
-
-
-def tie_parameters(graph):
-    """A copy of ``graph`` where every variable read by ops of a ``ctx_group``
-    other than its own is read by those ops through one ``identity`` op
-    (``<variable>_tied``) in the variable's group. Variables without a group
-    are left as they are.
-
-    MXNet 1.9.1 sums such a variable's gradients on one reader's device and
-    then fails to save them to the variable's ("Trying to save gradient to
-    cpu(1) while its source node sum_grad computes it on cpu(3)"); through the
-    identity, the sum over the uses lands on the owner's device.
-
-    Raises:
-        CutError: the variable is an auxiliary state (written in place).
-    """
-    graph = json.loads(json.dumps(graph))
-    nodes = graph['nodes']
-    foreign = {}
-    for i, node in enumerate(nodes):
-        for k, (src, idx, version) in enumerate(node['inputs']):
-            if nodes[src]['op'] != 'null':
-                continue
-            own = nodes[src].get('attrs', {}).get(GROUP_ATTR)
-            if own is not None and node.get('attrs', {}).get(GROUP_ATTR) != own:
-                if version:
-                    raise CutError('auxiliary state %s is read by ops of %s and %s; expected '
-                                   'each auxiliary state in one stage'
-                                   % (nodes[src]['name'], own, node['attrs'][GROUP_ATTR]))
-                foreign.setdefault(src, []).append((i, k))
-    if not foreign:
-        return graph
-    # Rebuild the node list with each identity right after its variable.
-    redirect = {(i, k) for uses in foreign.values() for i, k in uses}
-    new_nodes, new_index, identity_of = [], {}, {}
-    for i, node in enumerate(nodes):
-        node['inputs'] = [[identity_of[src], 0, 0] if (i, k) in redirect
-                          else [new_index[src], idx, v]
-                          for k, (src, idx, v) in enumerate(node['inputs'])]
-        new_index[i] = len(new_nodes)
-        new_nodes.append(node)
-        if i in foreign:
-            identity_of[i] = len(new_nodes)
-            new_nodes.append({'op': IDENTITY_OP, 'name': tied_name(node['name']),
-                              'attrs': {GROUP_ATTR: node['attrs'][GROUP_ATTR]},
-                              'inputs': [[new_index[i], 0, 0]]})
-    graph['nodes'] = new_nodes
-    graph['heads'] = [[new_index[src], idx, v] for src, idx, v in graph['heads']]
-    return graph
+    return tie_parameters(graph, CutError)
 
 
 def replicate_chunks(graph, data_name, chunks, last_stage):
@@ -456,7 +392,7 @@ class Cut:
     """
 
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
-                 owners=None, data_name='data', slack=0.1, ctx=None, stage_of_op=None):
+                 owners=None, data_name=DATA_NAME, slack=0.1, ctx=None, stage_of_op=None):
         self.graph = unique_names(json.loads(symbol.tojson()))
         nodes = self.graph['nodes']
         order = op_order(self.graph)

@@ -28,7 +28,7 @@ import numpy as np
 from . import balance as balancing
 from . import graph, graphcut, tensor_parallel
 from .checks import excerpt, is_int, positive_int, tied_owners
-from .compat import reset_variables
+from .compat import fresh_variables, tie_parameters
 from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
 from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
                     shard_group, stage_name)
@@ -118,8 +118,8 @@ class Placement:
         graph = self.traced.labelled(mirror)
         if not any(SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
             return graph
-        return graphcut.tie_parameters(tensor_parallel.shard_groups(
-            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]))
+        return tie_parameters(tensor_parallel.shard_groups(
+            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]), graphcut.CutError)
 
     @cached_property
     def run_graph(self):
@@ -142,11 +142,9 @@ class Placement:
                 stage_of[node['name']] = stage
             elif node['op'] != 'null':  # a call's weights follow its first op (shard_groups)
                 stage_of_call.setdefault(parse_shard_mark(mark)[2], stage)
-        reset_variables(self)
-        with tensor_parallel.mark_shards(unsplit_layers=True):
+        with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
             unsplit = json.loads(graph.chain(self.blocks, [mx.sym.var(n) for n in
                                                            self.input_names]).tojson())
-        reset_variables(self)
         unsplit = graphcut.unique_names(unsplit)
         for node in unsplit['nodes']:
             attrs = node.setdefault('attrs', {})
@@ -154,7 +152,7 @@ class Placement:
             where = stage_of.get(node['name'], 0) if mark is None else \
                 stage_of_call[parse_shard_mark(mark)[2]]
             attrs[GROUP_ATTR] = stage_name(where)
-        return graphcut.tie_parameters(unsplit)
+        return tie_parameters(unsplit, graphcut.CutError)
 
     @cached_property
     def stage_of_group(self):
@@ -349,17 +347,13 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
             :func:`~mp_symbolic.core.compat.symbol_safe` where the Pipeline
             builds a graph).
     """
-    for block in blocks:
-        reset_variables(block)
-    with tensor_parallel.mark_shards():
+    with fresh_variables(blocks), tensor_parallel.mark_shards():
         x = [mx.sym.var(n) for n in names]
         for i, block in enumerate(blocks):
             with mx.AttrScope(**{BLOCK_ATTR: str(i)}):
                 x = block(*x)
             x = list(x) if isinstance(x, (list, tuple)) else [x]
     symbol = x[0] if len(x) == 1 else mx.sym.Group(x)
-    for block in blocks:
-        reset_variables(block)
     traced = json.loads(symbol.tojson())
     stage_of_op, stage = [], 0
     for i in graphcut.op_order(traced):
@@ -445,11 +439,9 @@ def _balance(blocks, num_stages, balance, shapes, device):
 
 def _cut(net, num_stages, balance, shapes, names, tied):
     """The cut of one whole network into ``num_stages`` stages."""
-    reset_variables(net)
-    with tensor_parallel.mark_shards():
+    with fresh_variables(net), tensor_parallel.mark_shards():
         out = net(*[mx.sym.var(n) for n in names])
         symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
-    reset_variables(net)
     params = {name: param.shape for name, param in net.collect_params().items()}
     if shapes is None and any(
             shape is None or not all(shape) for shape in params.values()):

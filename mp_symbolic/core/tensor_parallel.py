@@ -54,6 +54,7 @@ import numpy as np
 
 from .balance import even_split
 from .checks import positive_int
+from .compat import ids_outside_gradient, read_in_own_group
 from .names import (GROUP_ATTR, SHARD_ATTR, is_tied, layer_call, parse_shard_mark, shard_group,
                     shard_mark, stage_name)
 
@@ -344,11 +345,8 @@ class ColumnParallelDense(_ShardedBlock):
         return y
 
     def _prepare(self, F, x):
-        if F is mx.sym and self.shards > 1 and x.get_children() is None:
-            # a variable read by several groups fails in backward unless read
-            # through an op of its own group
-            return F.identity(x, name='input')
-        return x
+        # every shard's group reads the input: a variable, through an op of its own
+        return read_in_own_group(F, x) if self.shards > 1 else x
 
     def _shard(self, F, i, x, weight, bias=None):
         return self._dense(F, x, weight, bias, self.sizes[i],
@@ -505,9 +503,8 @@ class RowParallelDense(_ShardedBlock):
                                 allow_deferred_init=True)
 
     def _prepare(self, F, x):
-        if F is mx.sym and self.shards > 1 and x.get_children() is None:
-            return F.identity(x, name='input')
-        return x
+        # every shard's group reads the input: a variable, through an op of its own
+        return read_in_own_group(F, x) if self.shards > 1 else x
 
     def _shard(self, F, i, x, weight, bias=None):
         if self.shards > 1:
@@ -577,9 +574,8 @@ class VocabParallelEmbedding(_ShardedBlock):
                             init=weight_initializer, dtype=dtype, allow_deferred_init=True)
 
     def _prepare(self, F, x):
-        if self.shards > 1:
-            return F.BlockGrad(x, name='indices') if F is mx.sym else x.detach()
-        return x
+        # each shard's ids are computed from x (an Embedding's ids have no gradient)
+        return ids_outside_gradient(F, x) if self.shards > 1 else x
 
     def _shard(self, F, i, x, weight):
         if self.shards == 1:

@@ -28,6 +28,7 @@ from mxnet import optimizer as opt
 from mxnet.kvstore import KVStore
 from mxnet.model import _create_kvstore, _create_sparse_kvstore
 
+from .compat import kvstore_may_update, updates_by_device
 from .optstate import OptimizerStateError, check_states, drop_states, load_states, \
     save_states, set_states_of, states_of
 
@@ -122,10 +123,6 @@ class Trainer(gluon.Trainer):
             self._updaters.append(opt.get_updater(self._optimizer))
         return self._updaters[self._contexts.index(ctx)]
 
-    def _same_devices(self):
-        """Whether every parameter lives on the same devices (data parallelism)."""
-        return all(p.list_ctx() == self._params[0].list_ctx() for p in self._params)
-
     # -- kvstore -------------------------------------------------------------
 
     def _init_kvstore(self):
@@ -133,11 +130,8 @@ class Trainer(gluon.Trainer):
         # parameter on self._contexts[0] and counts len(self._contexts) as the
         # copies of each; here a parameter's copies are its own devices. One
         # rule differs: with parameters on different devices, update_on_kvstore
-        # defaults to False. MXNet's 'device' kvstore puts every key's merge
-        # buffer (and, updating on the kvstore, its optimizer state) on the
-        # devices of the first key it reduces (src/kvstore/comm.h,
-        # InitBuffersAndComm), which would gather a pipeline's state on one
-        # stage's devices; updating each copy where it lives keeps it there.
+        # defaults to False, so that each copy's optimizer state stays beside
+        # it (compat.kvstore_may_update says where MXNet would put it).
         config = self._kvstore_params
         copies = max((len(p.list_ctx()) for p in self._params), default=1)
         shapes = {p.name: p for p in self._params}  # _create_kvstore reads .shape only
@@ -162,7 +156,7 @@ class Trainer(gluon.Trainer):
         else:
             kvstore, update_on_kvstore = _create_kvstore(config['kvstore'], copies, shapes)
             self._distributed = 'dist' in kvstore.type if kvstore else False
-            if not self._same_devices():
+            if not kvstore_may_update(self._params):
                 update_on_kvstore = False
             if self._distributed and 'async' in kvstore.type:
                 update_on_kvstore = True
@@ -205,12 +199,13 @@ class Trainer(gluon.Trainer):
         # position, which holds only when every parameter has one copy per
         # context in the same order; here each copy goes to its device's
         # updater, and all of one device's parameters to it in one call
-        # (MXNet's Updater fuses up to 4 of them per multi_*_update op).
+        # (MXNet's Updater fuses up to 4 of them per multi_*_update op, whatever
+        # their devices: compat.updates_by_device).
         loss_scaler = getattr(self, '_amp_loss_scaler', None)
         if loss_scaler is not None and loss_scaler.has_overflow(self._params):
             return  # skip on overflow, as Gluon does
         on_kvstore = bool(self._kvstore and self._update_on_kvstore)
-        by_device = {}
+        indices, grads, weights = [], [], []
         for i, param in enumerate(self._params):
             if param.grad_req == 'null':
                 continue
@@ -234,11 +229,12 @@ class Trainer(gluon.Trainer):
                 continue
             for data, grad in zip(param.list_data(), param.list_grad()):
                 if not ignore_stale_grad or data._fresh_grad:  # pylint: disable=protected-access
-                    by_device.setdefault(data.context, []).append((i, grad, data))
+                    indices.append(i)
+                    grads.append(grad)
+                    weights.append(data)
                     data._fresh_grad = False  # pylint: disable=protected-access
-        for ctx, items in by_device.items():
-            indices, grads, weights = zip(*items)
-            self._updater_on(ctx)(list(indices), list(grads), list(weights))
+        for part in updates_by_device(indices, grads, weights):
+            self._updater_on(part[2][0].context)(*part)
 
     # -- optimizer state by name ---------------------------------------------
 

@@ -3,7 +3,7 @@
 Reference: MXNet 1.9.1 ``python/mxnet/optimizer/updater.py`` (``Updater.__call__``
 and its ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` fusion).
 """
-from collections import OrderedDict
+from .compat import updates_by_device
 
 __all__ = []
 
@@ -15,7 +15,8 @@ class PerDeviceUpdater:
     parameters into one ``multi_*_update`` op, grouping them by dtype only:
     handed the parameters of several devices at once (as ``Module.update``
     does), one op would run on one device over another device's weights. This
-    splits each call by device and keeps the fusion within a device.
+    splits each call by device and keeps the fusion within a device
+    (:func:`mp_symbolic.core.compat.updates_by_device`).
     """
 
     def __init__(self, updater):
@@ -24,12 +25,8 @@ class PerDeviceUpdater:
     def __call__(self, index, grad, weight):
         if not isinstance(index, (list, tuple)):
             return self.updater(index, grad, weight)
-        by_device = OrderedDict()
-        for i, g, w in zip(index, grad, weight):
-            by_device.setdefault(w.context, []).append((i, g, w))
-        for items in by_device.values():
-            indices, grads, weights = zip(*items)
-            self.updater(list(indices), list(grads), list(weights))
+        for indices, grads, weights in updates_by_device(index, grad, weight):
+            self.updater(indices, grads, weights)
         return None
 
     def __getattr__(self, name):  # get_states, set_states, optimizer, states, ...
