@@ -13,6 +13,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from mp_symbolic.core.names import stage_name  # noqa: E402
 from mp_symbolic.tools.trace import clip, label_chunks, op_intervals, step_windows  # noqa: E402
 
 __all__ = ['plot_timeline', 'median_step']
@@ -48,7 +49,7 @@ def plot_timeline(trace, configs, path):
                                hatch='///' if phase == 'backward' else None,
                                alpha=0.55 if phase == 'backward' else 0.95)
         ax.set_yticks(range(k))
-        ax.set_yticklabels(['stage%d %s' % (s, d) for s, d in enumerate(devices)])
+        ax.set_yticklabels(['%s %s' % (stage_name(s), d) for s, d in enumerate(devices)])
         ax.invert_yaxis()
         ax.set_title('K=%d stages, M=%d micro-batches%s: one training step'
                      % (k, m, ', forward order forced' if suffix else ''), fontsize=10, loc='left')

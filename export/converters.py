@@ -43,7 +43,7 @@ import onnx
 import onnx.checker
 from onnx.helper import make_node
 
-from mp_symbolic.core.names import GROUP_ATTR
+from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR
 
 from .errors import ExportError
 
@@ -200,7 +200,7 @@ def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
     internals = symbol.get_internals()
     known = {name: shape for name, shape in arg_shapes.items()
              if name in internals.list_inputs()}
-    inputs = sample_shape if isinstance(sample_shape, dict) else {'data': sample_shape}
+    inputs = sample_shape if isinstance(sample_shape, dict) else {DATA_NAME: sample_shape}
     known.update({name: (1,) + tuple(shape) for name, shape in inputs.items()})
     _, out_shapes, _ = internals.infer_shape_partial(**known)
     shapes = dict(zip(internals.list_outputs(), out_shapes))

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 from mp_symbolic.core.module import with_input_shape
+from mp_symbolic.core.names import DATA_NAME
 from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_params, save_symbol
 from mp_symbolic.tools.store import Store, check_store_folder
 
@@ -230,7 +231,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         hints = {k: np.shape(v)[1:] for k, v in sample.items()}
     else:
         hints = (input_shape if isinstance(input_shape, dict) or input_shape is None
-                 else {'data': tuple(input_shape)})
+                 else {DATA_NAME: tuple(input_shape)})
     symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)

@@ -27,6 +27,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
 from mp_symbolic.core.compat import split_bind
+from mp_symbolic.core.names import GROUP_KEY
 from mp_symbolic.core.devices import DeviceSpecError, make_plan
 from mp_symbolic.core.names import GROUP_ATTR
 from mp_symbolic.tools.files import what_is
@@ -346,7 +347,7 @@ class MXNetPredictor:
         if self._exec is None or any(self._exec.arg_dict[name].shape != shape
                                      for name, shape in shapes.items()):
             first = self.input_names[0]
-            data_ctx = self.group2ctx[self.symbol.get_internals()[first].attr('ctx_group')]
+            data_ctx = self.group2ctx[self.symbol.get_internals()[first].attr(GROUP_KEY)]
             self._exec = None  # the old executor's memory goes before the new one's is taken
             with split_bind(self.group2ctx, self.symbol):
                 self._exec = self.symbol.simple_bind(

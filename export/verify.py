@@ -39,6 +39,7 @@ import mxnet as mx
 
 from mp_symbolic.tools.checkpoint import input_names as checkpoint_inputs
 from mp_symbolic.core.devices import format_device
+from mp_symbolic.core.names import GROUP_KEY
 from mp_symbolic.core.scoped import captured_stderr
 
 from . import MEMORY_BUDGET, TOLERANCE
@@ -156,7 +157,7 @@ def _placement_check(predictor):
     placement = predictor.placement()
     wrong = []
     for name, ctx in placement.items():
-        group = predictor.symbol.get_internals()[name].attr('ctx_group')
+        group = predictor.symbol.get_internals()[name].attr(GROUP_KEY)
         if ctx != predictor.group2ctx[group]:
             wrong.append('%s on %s, %s is on %s' % (name, ctx, group, predictor.group2ctx[group]))
     return _check('%s: arrays on their stage devices' % _describe(predictor), not wrong,

@@ -7,7 +7,8 @@ plots and the tests read them from here (as Megatron-LM's ``mappings.py``
 owns its communication vocabulary). Only the standard library is imported.
 
 * ``ctx_group`` of a stage and of a tensor-parallel shard: :func:`stage_name`,
-  :func:`shard_group`, stored in the node attribute :data:`GROUP_ATTR`;
+  :func:`shard_group`, stored in the node attribute :data:`GROUP_ATTR`
+  (:data:`GROUP_KEY` to ``Symbol.attr``);
 * a parameter read on another stage than its own goes through one
   :data:`IDENTITY_OP` node named :func:`tied_name` ``(parameter)``;
 * a tensor-parallel shard's ops and weights carry :data:`SHARD_ATTR`, the mark
@@ -24,6 +25,7 @@ owns its communication vocabulary). Only the standard library is imported.
 __all__ = []
 
 GROUP_ATTR = '__ctx_group__'          # MXNet's node attribute behind mx.AttrScope(ctx_group=...)
+GROUP_KEY = 'ctx_group'               # the same attribute as Symbol.attr and mx.AttrScope name it
 MIRROR_ATTR = '__force_mirroring__'   # MXNet's: recompute this op's output in backward
 SHARD_ATTR = '__tp_shard__'           # ours: on a shard's ops and weights, 'i/N/layer#call'
 BLOCK_ATTR = '__mp_block__'           # ours, while a block list is traced: the op's block index

@@ -19,6 +19,7 @@ import numpy as np
 
 
 from ..core.compat import error_line as first_line
+from ..core.names import DATA_NAME
 
 __all__ = []
 
@@ -159,7 +160,7 @@ def load_checkpoint(sym_path, params_path, input_shapes=None):
     return symbol, arg_params, aux_params
 
 
-def input_names(symbol, data_name='data'):
+def input_names(symbol, data_name=DATA_NAME):
     """The arguments of ``symbol`` that are inputs, not parameters: ``data``
     (or ``data0``, ``data1``, ... for several, as ``HybridBlock.export``
     names them) and the labels (MXNet names them ``<head>_label`` or ``label``)."""

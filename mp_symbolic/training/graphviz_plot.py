@@ -18,7 +18,7 @@ from graphviz import Digraph
 
 from ..tools.files import atomic_path, write_text
 from ..core.devices import format_device
-from ..core.names import GROUP_ATTR
+from ..core.names import GROUP_ATTR, stage_name
 
 __all__ = []
 
@@ -66,7 +66,7 @@ def device_graph(symbol, plan):
     with dot.subgraph(name='cluster_legend') as legend:
         legend.attr(label='device (dashed red edge: cross-device copy)')
         for s, ctx in enumerate(plan.devices):
-            legend.node('legend%d' % s, label='%s: stage%d' % (format_device(ctx), s),
+            legend.node('legend%d' % s, label='%s: %s' % (format_device(ctx), stage_name(s)),
                         shape='box', fillcolor=colour[ctx])
     return dot
 

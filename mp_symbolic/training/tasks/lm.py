@@ -19,6 +19,7 @@ import sysconfig
 import numpy as np
 
 import mp_symbolic
+from mp_symbolic.core.checks import positive_int
 
 from . import gpt
 
@@ -245,8 +246,7 @@ def prepare(block_size, train_chars, val_chars, ngram_order, stdlib=None):
     """
     for name, value in (('block_size', block_size), ('train_chars', train_chars),
                         ('val_chars', val_chars), ('ngram_order', ngram_order)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError('%s: expected a positive integer, found %r' % (name, value))
+        positive_int(name, value)
     text = load_corpus(stdlib)
     vocab = vocabulary(text)
     train_ids, val_ids = split(encode(text, vocab))
@@ -288,8 +288,7 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
     Raises:
         ValueError: a size that cannot work (names the argument).
     """
-    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
-        raise ValueError('shards: expected a positive integer, found %r' % (shards,))
+    positive_int('shards', shards)
     if isinstance(num_heads, int) and num_heads % shards:
         raise ValueError('shards: expected a divisor of num_heads (%d), found %d'
                          % (num_heads, shards))

@@ -8,6 +8,7 @@ from mxnet import gluon
 from mxnet.gluon.model_zoo import vision
 
 import mp_symbolic
+from mp_symbolic.core.checks import positive_int
 
 from . import digits
 
@@ -42,9 +43,7 @@ class DigitsZooNet(gluon.HybridBlock):
         super().__init__(**kwargs)
         if name not in zoo_names():
             raise ValueError('name: expected one of %s, found %r' % (', '.join(zoo_names()), name))
-        if not isinstance(scale, int) or isinstance(scale, bool) or scale < 1:
-            raise ValueError('scale: expected a positive integer, found %r' % (scale,))
-        self.scale = scale
+        self.scale = positive_int('scale', scale)
         with self.name_scope():
             self.net = vision.get_model(name, classes=classes)
 
