@@ -159,6 +159,16 @@ def test_resnet18_cut_is_the_same_every_time_and_balanced_by_parameters():
     assert sum(first.cut.boundary_bytes) * 2 <= sum(tight_bytes)
 
 
+
+def test_the_cut_benchmark_row_sets_the_cut_beside_the_tightest_balance():
+    """bench/graphcut.py's row (python -m bench.graphcut): the cut taken and
+    the tightest balance, both over every op, the tightest never larger."""
+    from bench.graphcut import measure  # pylint: disable=import-outside-toplevel
+    row = measure('resnet18_v1', 2)
+    assert sum(row['sizes']) == sum(row['tight_sizes']) == row['ops']
+    assert row['tight_largest'] <= row['largest']
+    assert sum(row['bytes']) <= sum(row['tight_bytes'])
+
 @pytest.mark.parametrize('make, sample, num_ops', [
     (lambda: SkipNet(prefix='skip_'), (8, 4), 5),
     (lambda: TiedLM(prefix='lm_'), (16, 4), 9),  # Embedding: no gradient for its ids
