@@ -10,13 +10,13 @@ from contextlib import contextmanager
 import hashlib
 from dataclasses import dataclass, field, replace
 import os
-import time
 
 import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
 from .config import RESUME_IDENTITY, resume_config
+from ..core import timing
 from ..core.compat import error_line
 from ..core.heads import HEADS, LOSSES
 from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
@@ -213,9 +213,9 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
     # disable=None: no bar when stderr is not a terminal
     bar = tqdm(total=(cfg.num_epochs - start_epoch) * steps, unit='batch', leave=False,
                disable=None if cfg.progress else True, desc='train')
-    mx.nd.waitall()
-    start = time.perf_counter()
-    try:
+
+    def epochs():
+        nonlocal outside, step_losses
         for epoch in range(start_epoch, cfg.num_epochs):
             losses, values = [], []
             for X_batch, y_batch in stepper.batches(X, y, epoch):
@@ -232,14 +232,12 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
                 log('epoch %d/%d  mean %s %.4e' % (epoch + 1, cfg.num_epochs, metric,
                                                   epoch_losses[-1]))
             if on_epoch is not None:
-                mx.nd.waitall()
-                paused = time.perf_counter()
-                on_epoch(epoch + 1, epoch_losses[-1])
-                outside += time.perf_counter() - paused
-        mx.nd.waitall()
+                outside += timing.seconds(lambda: on_epoch(epoch + 1, epoch_losses[-1]))
+
+    try:
+        wall = timing.seconds(epochs) - outside
     finally:
         bar.close()
-    wall = time.perf_counter() - start - outside
     samples = (cfg.num_epochs - start_epoch) * steps * cfg.batch_size
     return TrainResult(step_losses=step_losses, epoch_losses=epoch_losses,
                        params=stepper.params(), aux=stepper.aux(), wall_time=wall,
