@@ -402,13 +402,13 @@ def embedding_ids(symbol, names):
     """
     graph = json.loads(symbol.tojson())
     nodes = graph['nodes']
-    upstream, todo = set(), [node['inputs'][0][0] for node in nodes
-                             if node['op'] in EMBEDDING_OPS and node['inputs']]
-    while todo:
-        i = todo.pop()
+    upstream, pending = set(), [node['inputs'][0][0] for node in nodes
+                                if node['op'] in EMBEDDING_OPS and node['inputs']]
+    while pending:
+        i = pending.pop()
         if i not in upstream:
             upstream.add(i)
-            todo.extend(src for src, _, _ in nodes[i]['inputs'])
+            pending.extend(src for src, _, _ in nodes[i]['inputs'])
     wanted = set(names)
     return {nodes[i]['name'] for i in upstream
             if nodes[i]['op'] == 'null' and nodes[i]['name'] in wanted}
