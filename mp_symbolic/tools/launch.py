@@ -41,6 +41,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from ..core.checks import positive_int
+
 __all__ = []
 
 MODES = ('local', 'ssh', 'manual')
@@ -188,10 +190,8 @@ def plan_job(command, num_workers, num_servers, hosts, port, subcommands=()):
         ValueError: ``num_workers`` or ``num_servers`` is below 1, ``hosts``
             is empty or ``command`` is empty.
     """
-    if num_workers < 1:
-        raise ValueError('--workers: expected a positive integer, found %d' % num_workers)
-    if num_servers < 1:
-        raise ValueError('--servers: expected a positive integer, found %d' % num_servers)
+    positive_int('--workers', num_workers)
+    positive_int('--servers', num_servers)
     if not command:
         raise ValueError('expected a command after --, as in '
                          '"launch --workers 2 --servers 1 -- python worker.py", found none')
