@@ -203,7 +203,11 @@ def split_bind_environ(devices, symbol=None):
     ``NNVM_AUTO_SEARCH_MATCH_RANGE=1`` (read at every bind) it makes the plan
     for every factor 1, 2, 4, 8, 16 and keeps the smallest. On the language
     model (``--task lm``, two stages) the split's activations and workspace
-    went from 25.8 to 24.7 MiB (docs/pipelining.md). The search needs a
+    went from 25.8 to 24.7 MiB. One device gains as much from it (22.3 to
+    21.1 MiB; a graph on one device is bound as MXNet binds it): what a split
+    costs over one device, a workspace per device, the copies at the
+    boundary and each device's own working arrays, is itemised in
+    docs/pipelining.md. The search needs a
     factor of at least 1: with ``NNVM_EXEC_MATCH_RANGE=0`` (storage not
     shared, here or in the caller's environment) the planner makes no plan
     at all and the bind fails (``Cannot find attribute storage_id in the
