@@ -338,7 +338,8 @@ def test_a_split_graph_without_convolutions_shares_storage_and_computes_what_one
     group2ctx = pipe.plan.group2ctx
     symbol = pipe.training_symbol('softmax')
     env = compat.split_bind_environ(group2ctx.values(), symbol)
-    assert env == compat.SUBGRAPH_BACKEND  # storage shared: no NNVM_EXEC_MATCH_RANGE
+    # storage shared (no NNVM_EXEC_MATCH_RANGE), in the planner's plan of fewest bytes
+    assert env == {**compat.SUBGRAPH_BACKEND, **compat.SEARCHED_MEMORY}
     got = _lm_steps(pipe, group2ctx, split_bind(group2ctx, symbol))
     want = _lm_steps(pipe, {g: mx.cpu(0) for g in group2ctx}, split_bind(None))
     assert set(got) == set(want)
@@ -359,8 +360,31 @@ def test_only_graphs_with_layout_ops_bind_split_without_storage_sharing():
     assert compat.split_bind_environ(devices, cnn) == {**compat.SUBGRAPH_BACKEND,
                                                        **compat.UNSHARED_MEMORY}
     assert compat.split_bind_environ(devices, None) == compat.split_bind_environ(devices, cnn)
-    assert compat.split_bind_environ(devices, lm_graph) == compat.SUBGRAPH_BACKEND
+    assert compat.split_bind_environ(devices, lm_graph) == {**compat.SUBGRAPH_BACKEND,
+                                                            **compat.SEARCHED_MEMORY}
     assert compat.split_bind_environ(devices[:1], cnn) == {}
+
+
+def test_the_planner_search_over_match_ranges_makes_no_plan_without_storage_sharing():
+    """Why compat.UNSHARED_MEMORY turns MXNet's search over match ranges off,
+    and split_bind_environ leaves the search out where the caller's
+    environment shares no storage: with ``NNVM_EXEC_MATCH_RANGE=0`` and
+    ``NNVM_AUTO_SEARCH_MATCH_RANGE=1`` the planner tries no match range at
+    all and the bind fails. The digits CNN's split, bound by split_bind in a
+    caller's environment with the search on, binds."""
+    pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1')
+    group2ctx = pipe.plan.group2ctx
+    symbol = pipe.training_symbol('softmax')
+    shapes = dict(data=(4, 1, 8, 8), softmax_label=(4,))
+    with environ(NNVM_EXEC_MATCH_RANGE='0', NNVM_AUTO_SEARCH_MATCH_RANGE='1'):
+        with pytest.raises(RuntimeError, match='Cannot find attribute storage_id'):
+            symbol.simple_bind(mx.cpu(0), **shapes)
+    with environ(NNVM_AUTO_SEARCH_MATCH_RANGE='1'), split_bind(group2ctx, symbol):
+        symbol.simple_bind(mx.cpu(0), group2ctx=group2ctx, **shapes)
+    lm_graph = Pipeline(gpt.build_blocks(_LM_CFG), 'cpu:0,cpu:1',
+                        sample=(1, 16)).training_symbol('softmax')
+    with environ(NNVM_EXEC_MATCH_RANGE='0'):
+        assert compat.split_bind_environ(group2ctx.values(), lm_graph) == compat.SUBGRAPH_BACKEND
 
 
 def test_fully_connected_gives_its_bias_a_zero_gradient_when_its_weight_has_none():
