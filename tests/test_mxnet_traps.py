@@ -362,7 +362,8 @@ def test_only_graphs_with_layout_ops_bind_split_without_storage_sharing():
     assert compat.split_bind_environ(devices, None) == compat.split_bind_environ(devices, cnn)
     assert compat.split_bind_environ(devices, lm_graph) == {**compat.SUBGRAPH_BACKEND,
                                                             **compat.SEARCHED_MEMORY}
-    assert compat.split_bind_environ(devices[:1], cnn) == {}
+    # one device keeps the fusion and the sharing, planned for the fewest bytes
+    assert compat.split_bind_environ(devices[:1], cnn) == compat.SEARCHED_MEMORY
 
 
 def test_the_planner_search_over_match_ranges_makes_no_plan_without_storage_sharing():

@@ -116,7 +116,8 @@ def split_bind(group2ctx, symbol=None):
     arrays, so no cross-device copy writes through another array's oneDNN
     layout; for any other graph, the memory planner's plan of fewest bytes).
 
-    A graph on one device is bound as it is. MXNet logs a line for
+    A graph on one device keeps oneDNN's fusion and shared storage, with the
+    plan of fewest bytes too. MXNet logs a line for
     ``MXNET_SUBGRAPH_BACKEND=NONE`` at every bind; that line is dropped,
     anything else it writes passes through.
 
@@ -206,11 +207,11 @@ def split_bind_environ(devices, symbol=None):
     ``NNVM_AUTO_SEARCH_MATCH_RANGE=1`` (read at every bind) it makes the plan
     for every factor 1, 2, 4, 8, 16 and keeps the smallest. On the language
     model (``--task lm``, two stages) the split's activations and workspace
-    went from 25.8 to 24.7 MiB. One device gains as much from it (22.3 to
-    21.1 MiB; a graph on one device is bound as MXNet binds it): what a split
-    costs over one device, a workspace per device, the copies at the
-    boundary and each device's own working arrays, is itemised in
-    docs/pipelining.md. The search needs a
+    went from 25.8 to 24.7 MiB, one device's from 22.3 to 21.1 MiB, so a
+    graph on one device is bound with the search too. What a split costs
+    over one device, a workspace per device, the copies at the boundary and
+    each device's own working arrays, is itemised in docs/pipelining.md.
+    The search needs a
     factor of at least 1: with ``NNVM_EXEC_MATCH_RANGE=0`` (storage not
     shared, here or in the caller's environment) the planner makes no plan
     at all and the bind fails (``Cannot find attribute storage_id in the
@@ -222,17 +223,19 @@ def split_bind_environ(devices, symbol=None):
             :data:`ONEDNN_LAYOUT_OPS`).
 
     Returns:
-        ``{name: value}``; empty for a graph on one device.
+        ``{name: value}``; for a graph on one device, the search alone.
     """
     devices = set(devices or ())
+    searched = SEARCHED_MEMORY \
+        if os.environ.get('NNVM_EXEC_MATCH_RANGE', '16').strip().lstrip('0') else {}
     if len(devices) < 2:
-        return {}
+        return dict(searched)
     env = dict(SUBGRAPH_BACKEND)
     if any(d.device_type == 'cpu' for d in devices) and onednn_active() \
             and leaves_onednn_layouts(symbol):
         env.update(UNSHARED_MEMORY)
-    elif os.environ.get('NNVM_EXEC_MATCH_RANGE', '16').strip().lstrip('0'):
-        env.update(SEARCHED_MEMORY)
+    else:
+        env.update(searched)
     return env
 
 
