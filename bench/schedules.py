@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import mxnet as mx
 
@@ -122,7 +123,34 @@ def _child(specs, warmup):
     return results
 
 
-def _trace_child(specs, steps=3):
+def _stage_times(spec, built=None, steps=3):
+    """``{(stage, kind): us}``: the median time of each action of ``spec``'s
+    stages issued one by one, each waited for before the next (so one device
+    works at a time: no core shared, no copy overlapped), over ``steps``
+    steps after the traced ones. GPipe's one graph has no stage executors:
+    its stages are timed on the stage runtime of the same split (``'1f1b'``).
+    """
+    if built is None or spec['schedule'] == 'gpipe':
+        built = _build(dict(spec, schedule='1f1b'))
+    mod, batch = built
+    names = list(mod._data_names) + list(mod._label_names)  # pylint: disable=protected-access
+    inputs = dict(zip(names, list(batch.data) + list(batch.label)))
+    runtime = mod._runtimes[0]  # pylint: disable=protected-access
+    times = {}
+    for _ in range(steps):
+        mx.nd.waitall()
+        clock = [time.perf_counter()]
+
+        def each(action):
+            mx.nd.waitall()
+            now = time.perf_counter()
+            times.setdefault((action.stage, action.kind), []).append((now - clock[0]) * 1e6)
+            clock[0] = now
+        runtime.run(inputs, train=True, each=each)
+    return {key: sorted(t)[len(t) // 2] for key, t in times.items()}
+
+
+def _trace_child(specs, steps=3, timed=False):
     """In a fresh process: ``steps`` profiled steps of each spec (after one
     not profiled; the specs take turns, one step each), each step's
     ``forward_backward`` between two markers (``step_us``: its wall time);
@@ -130,7 +158,10 @@ def _trace_child(specs, steps=3):
     it started a dense layer's backward before its last dense layer's forward
     ended (:func:`_phase`), on the first stage's device the micro-batches
     it took in before its first dense backward (its ``Embedding`` ops then,
-    a fixed number per micro-batch), and the bubble."""
+    a fixed number per micro-batch), the bubble, and each device's idle time
+    before its first op and after its last (``lead_us``, ``tail_us``: the
+    rest of its idle time is between its ops). With ``timed``, also
+    :func:`_stage_times` (``stage_us``, ``'<stage><kind>'``: us)."""
     built = []
     for spec in specs:
         mod, batch = _build(spec)
@@ -173,12 +204,38 @@ def _trace_child(specs, steps=3):
                 if embeddings:  # the first stage's device: a fixed number per micro-batch
                     entered[d] = sum(1 for t in embeddings if t < first) * spec['chunks'] \
                         / len(embeddings)
+            ops_of = {d: step.get(d, []) for d in devices}
+            first = min(iv[0] for v in ops_of.values() for iv in v)
+            last = max(iv[1] for v in ops_of.values() for iv in v)
             steps_seen.append(dict(stats, backward_before_last_forward=early,
                                    microbatches_before_first_backward=entered,
-                                   step_us=window[1] - window[0]))
+                                   step_us=window[1] - window[0],
+                                   lead_us={d: v[0][0] - first if v else 0
+                                            for d, v in ops_of.items()},
+                                   tail_us={d: last - max(iv[1] for iv in v) if v else 0
+                                            for d, v in ops_of.items()}))
         steps_seen.sort(key=lambda st: st['span_us'])
         results.append(steps_seen[(len(steps_seen) - 1) // 2])
+    if timed:
+        for result, spec, one in zip(results, specs, built):
+            result['stage_us'] = {'%d%s' % key: us for key, us in _stage_times(spec, one).items()}
     return results
+
+
+def timed_ideal(spec, stage_us):
+    """The schedule's ideal bubble at the stage times ``stage_us``
+    (``{'<stage><kind>': us}``, :func:`_stage_times`): what a perfect
+    machine would leave idle with stages this uneven and copies free."""
+    made = _schedule_of(spec)
+    cost = {(int(key[:-1]), key[-1]): us for key, us in stage_us.items()}
+    return bubble(made, cost)
+
+
+def _schedule_of(spec):
+    k, m = spec['stages'], spec['chunks']
+    if spec['schedule'] == 'interleaved':
+        return interleaved(k, m, spec.get('virtual') or 2)
+    return MAKERS[spec['schedule']](k, m)
 
 
 def _phase(op):
@@ -195,17 +252,17 @@ def _row(device):
     return device.replace('(', '/').rstrip(')')  # 'cpu(1)' -> 'cpu/1', as the counters name it
 
 
-def trace(specs, timeout=900, steps=3):
+def trace(specs, timeout=900, steps=3, timed=False):
     """``[stats]`` of one profiled step of each spec (the median span of
-    ``steps``: see :func:`_trace_child`),
+    ``steps``; with ``timed``, each stage's action times: see :func:`_trace_child`),
     all in one child process, with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (each op
     its own row in the trace, not a bulked segment).
 
     Raises:
         RuntimeError: the child failed (its last line of stderr).
     """
-    return _run_child({'specs': specs, 'mode': 'trace', 'steps': steps}, timeout,
-                      {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
+    return _run_child({'specs': specs, 'mode': 'trace', 'steps': steps, 'timed': timed},
+                      timeout, {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
 
 
 def measure(specs, warmup=False, timeout=600):
@@ -319,6 +376,24 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
     return rows
 
 
+def _where_idle(one, stats):
+    """One line: the ideal at the stages' measured times, the busy time over
+    those times (above 1: the devices slowed each other), and each device's
+    idle ms before its first op, between its ops and after its last."""
+    serial = sum(us for us in stats['stage_us'].values()) * one['chunks']
+    idle = []
+    for d, busy in stats['busy_us'].items():
+        lead, tail = stats['lead_us'][d], stats['tail_us'][d]
+        idle.append('%.0f/%.0f/%.0f' % (lead / 1e3, (stats['span_us'] - busy - lead - tail) / 1e3,
+                                        tail / 1e3))
+    stage_ms = ' '.join('%s %.1f' % (key, us / 1e3) for key, us in sorted(
+        stats['stage_us'].items(), key=lambda kv: (int(kv[0][:-1]), kv[0][-1] == 'B')))
+    return ('ideal at the stage times %.2f  busy over the stage times %.2f  idle ms '
+            'before/between/after: %s  stage ms (alone): %s'
+            % (timed_ideal(one, stats['stage_us']), sum(stats['busy_us'].values()) / serial,
+               '  '.join(idle), stage_ms))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.schedules', description=__doc__)
     parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
@@ -337,7 +412,8 @@ def main(argv=None):
     if args.child:
         given = json.loads(sys.stdin.read())
         if given['mode'] == 'trace':
-            print(json.dumps(_trace_child(given['specs'], given.get('steps', 3))))
+            print(json.dumps(_trace_child(given['specs'], given.get('steps', 3),
+                                          given.get('timed', False))))
         else:
             print(json.dumps(_child(given['specs'], given['warmup'])))
         return
@@ -351,7 +427,7 @@ def main(argv=None):
               % (LM['num_hiddens'], args.micro_batch))
         specs = [spec(schedule, k, m, args.micro_batch) for k in stages
                  for schedule in ('gpipe', '1f1b') for m in chunks]
-        for one, stats in zip(specs, trace(specs)):
+        for one, stats in zip(specs, trace(specs, timed=True)):
             k, m = one['stages'], one['chunks']
             print('%-6s K=%d M=%d  busy %s  early backward on all: %s  bubble %.2f  '
                   'ideal %.2f  span %.1f ms'
@@ -359,6 +435,7 @@ def main(argv=None):
                                                       stats['busy_us'].values()),
                      'yes' if all(stats['backward_before_last_forward'].values()) else 'no',
                      stats['bubble'], (k - 1) / (m + k - 1), stats['span_us'] / 1e3))
+            print('  %s' % _where_idle(one, stats))
         return
     print('activation memory per device after one step: the language model (width %d, %d '
           'layers, context %d), micro-batch %d' % (LM['num_hiddens'], LM['num_layers'],

@@ -293,3 +293,25 @@ def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
                             log=lines.append) is None
     assert lines == ["memory per device: not measured (the table binds the one GPipe graph; "
                      "under --schedule 1f1b, python -m bench.schedules measures each stage's)"]
+
+
+def test_the_stage_runtime_reports_each_action_as_issued_and_waiting_in_it_changes_nothing():
+    """``StageRuntime.run(..., each=...)`` (how ``bench.schedules`` times the
+    stages one action at a time): called once per action, in the runtime's
+    issue order; a ``waitall`` in it leaves the gradients as they were."""
+    from mp_symbolic.core.schedule import issue_order  # pylint: disable=import-outside-toplevel
+    net, sample = _lm()
+    pipe = Pipeline(net, 'cpu:0,cpu:1,cpu:2', sample=sample, chunks=4, schedule='1f1b')
+    mod = pipe.module(loss='softmax')
+    batch = _batch(sample, 0, 10)
+    mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', sample)])
+    mod.init_params(initializer=mx.init.Xavier())
+    runtime = mod._runtimes[0]  # pylint: disable=protected-access
+    inputs = {'data': batch.data[0], 'softmax_label': batch.label[0]}
+    runtime.run(inputs, train=True)
+    free = [g.asnumpy() for g in runtime.grads]
+    seen = []
+    runtime.run(inputs, train=True, each=lambda action: (mx.nd.waitall(), seen.append(action)))
+    assert seen == issue_order(pipe.run_schedule()) and len(seen) == 2 * 3 * 4
+    for grad, value in zip(runtime.grads, free):
+        np.testing.assert_array_equal(grad.asnumpy(), value)
