@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import mxnet as mx
 
@@ -122,7 +123,35 @@ def _child(specs, warmup):
     return results
 
 
-def _trace_child(specs, steps=3):
+def _stage_times(spec, built=None, steps=3):
+    """``{(stage, kind): us}``: the shortest time of each action of ``spec``'s
+    stages issued one by one, each waited for before the next (so one device
+    works at a time: no core shared, no copy overlapped), over ``steps``
+    steps after the traced ones (the shortest: a loaded machine only adds to
+    it, waking the threads late). GPipe's one graph has no stage executors:
+    its stages are timed on the stage runtime of the same split (``'1f1b'``).
+    """
+    if built is None or spec['schedule'] == 'gpipe':
+        built = _build(dict(spec, schedule='1f1b'))
+    mod, batch = built
+    names = list(mod._data_names) + list(mod._label_names)  # pylint: disable=protected-access
+    inputs = dict(zip(names, list(batch.data) + list(batch.label)))
+    runtime = mod._runtimes[0]  # pylint: disable=protected-access
+    times = {}
+    for _ in range(steps):
+        mx.nd.waitall()
+        clock = [time.perf_counter()]
+
+        def each(action):
+            mx.nd.waitall()
+            now = time.perf_counter()
+            times.setdefault((action.stage, action.kind), []).append((now - clock[0]) * 1e6)
+            clock[0] = now
+        runtime.run(inputs, train=True, each=each)
+    return {key: min(t) for key, t in times.items()}
+
+
+def _trace_child(specs, steps=3, timed=False):
     """In a fresh process: ``steps`` profiled steps of each spec (after one
     not profiled; the specs take turns, one step each), each step's
     ``forward_backward`` between two markers (``step_us``: its wall time);
@@ -130,7 +159,10 @@ def _trace_child(specs, steps=3):
     it started a dense layer's backward before its last dense layer's forward
     ended (:func:`_phase`), on the first stage's device the micro-batches
     it took in before its first dense backward (its ``Embedding`` ops then,
-    a fixed number per micro-batch), and the bubble."""
+    a fixed number per micro-batch), the bubble, and each device's idle time
+    before its first op and after its last (``lead_us``, ``tail_us``: the
+    rest of its idle time is between its ops). With ``timed``, also
+    :func:`_stage_times` (``stage_us``, ``'<stage><kind>'``: us)."""
     built = []
     for spec in specs:
         mod, batch = _build(spec)
@@ -173,12 +205,50 @@ def _trace_child(specs, steps=3):
                 if embeddings:  # the first stage's device: a fixed number per micro-batch
                     entered[d] = sum(1 for t in embeddings if t < first) * spec['chunks'] \
                         / len(embeddings)
+            ops_of = {d: step.get(d, []) for d in devices}
+            first = min(iv[0] for v in ops_of.values() for iv in v)
+            last = max(iv[1] for v in ops_of.values() for iv in v)
             steps_seen.append(dict(stats, backward_before_last_forward=early,
                                    microbatches_before_first_backward=entered,
-                                   step_us=window[1] - window[0]))
+                                   step_us=window[1] - window[0],
+                                   lead_us={d: v[0][0] - first if v else 0
+                                            for d, v in ops_of.items()},
+                                   tail_us={d: last - max(iv[1] for iv in v) if v else 0
+                                            for d, v in ops_of.items()}))
         steps_seen.sort(key=lambda st: st['span_us'])
         results.append(steps_seen[(len(steps_seen) - 1) // 2])
+    if timed:
+        for result, spec, one in zip(results, specs, built):
+            result['stage_us'] = {'%d%s' % key: us for key, us in _stage_times(spec, one).items()}
     return results
+
+
+def alone_bubble(spec, stats):
+    """The idle fraction of the step's span in the units the ideal assumes:
+    ``1 - M x sum(stage_us) / (K x span)``, the work counted at its time
+    alone (:func:`_stage_times`), not at the trace's busy time (which grows
+    when devices share cores, and so shrinks the trace's bubble for the
+    schedule that overlaps them most). On a machine where the devices do not
+    slow each other it is the trace's bubble; beside :func:`timed_ideal` it
+    is what the run loses to copies, the host, and devices sharing cores."""
+    work = sum(stats['stage_us'].values()) * spec['chunks']
+    return 1 - work / (spec['stages'] * stats['span_us'])
+
+
+def timed_ideal(spec, stage_us):
+    """The schedule's ideal bubble at the stage times ``stage_us``
+    (``{'<stage><kind>': us}``, :func:`_stage_times`): what a perfect
+    machine would leave idle with stages this uneven and copies free."""
+    made = _schedule_of(spec)
+    cost = {(int(key[:-1]), key[-1]): us for key, us in stage_us.items()}
+    return bubble(made, cost)
+
+
+def _schedule_of(spec):
+    k, m = spec['stages'], spec['chunks']
+    if spec['schedule'] == 'interleaved':
+        return interleaved(k, m, spec.get('virtual') or 2)
+    return MAKERS[spec['schedule']](k, m)
 
 
 def _phase(op):
@@ -195,17 +265,23 @@ def _row(device):
     return device.replace('(', '/').rstrip(')')  # 'cpu(1)' -> 'cpu/1', as the counters name it
 
 
-def trace(specs, timeout=900, steps=3):
+def trace(specs, timeout=900, steps=3, timed=False, threads=None):
     """``[stats]`` of one profiled step of each spec (the median span of
-    ``steps``: see :func:`_trace_child`),
+    ``steps``; with ``timed``, each stage's action times: see :func:`_trace_child`),
     all in one child process, with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (each op
-    its own row in the trace, not a bulked segment).
+    its own row in the trace, not a bulked segment); ``threads``: each op's
+    threads in it (``OMP_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS``, read
+    when MXNet loads; ``None``: as the environment says, MXNet's default one
+    per core, for each device).
 
     Raises:
         RuntimeError: the child failed (its last line of stderr).
     """
-    return _run_child({'specs': specs, 'mode': 'trace', 'steps': steps}, timeout,
-                      {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'})
+    env = {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    return _run_child({'specs': specs, 'mode': 'trace', 'steps': steps, 'timed': timed},
+                      timeout, env)
 
 
 def measure(specs, warmup=False, timeout=600):
@@ -240,6 +316,15 @@ def _run_child(given, timeout, env=None):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def layered(lm, stages, layers_per_device):
+    """``lm`` (default :data:`LM`) with ``layers_per_device x stages`` layers
+    (``None``: as it is)."""
+    lm = dict(lm or LM)
+    if layers_per_device is not None:
+        lm['num_layers'] = layers_per_device * stages
+    return lm
+
+
 def spec(schedule, stages, chunks, micro_batch, lm=None, virtual=None):
     """One configuration for :func:`measure`: ``stages`` devices ``cpu(0..)``
     (each holding ``virtual`` stages under ``'interleaved'``)."""
@@ -265,12 +350,23 @@ def run(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, schedules=('gpipe', '1f
 
 
 def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2, steps=3,
-            log=print):
+            log=print, layers_per_device=None, threads=None, timed=False):
     """Every schedule side by side: for each K and M, ``'gpipe'``, ``'1f1b'``
     and ``'interleaved'`` (``virtual`` stages per device; only where M is a
     multiple of K) traced in one child process, steps taking turns
     (:func:`trace`), and their activation memory per device after a warm-up
     step in another (:func:`measure`).
+
+    Args:
+        layers_per_device: The language model gets this many layers per
+            device at each K (an even split: under ``'interleaved'`` with
+            ``virtual=2`` and 2 per device, one layer per stage); ``None``:
+            ``lm``'s.
+        threads: Each op's threads in the traced child (:func:`trace`).
+        timed: Also each stage's actions timed alone, the schedule's ideal
+            at those times and the step's bubble counted at them (in each
+            row as ``timed_ideal``, ``alone_bubble``: :func:`timed_ideal`,
+            :func:`alone_bubble`).
 
     Returns:
         One dict per spec run: the spec, ``ideal`` (the schedule's bubble on
@@ -280,11 +376,13 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
     """
     specs = []
     for k in stages:
+        at_k = layered(lm, k, layers_per_device)
         for m in chunks:
-            specs += [spec('gpipe', k, m, micro_batch, lm), spec('1f1b', k, m, micro_batch, lm)]
+            specs += [spec('gpipe', k, m, micro_batch, at_k),
+                      spec('1f1b', k, m, micro_batch, at_k)]
             if m % k == 0:
-                specs.append(spec('interleaved', k, m, micro_batch, lm, virtual))
-    traced = trace(specs, steps=steps)
+                specs.append(spec('interleaved', k, m, micro_batch, at_k, virtual))
+    traced = trace(specs, steps=steps, timed=timed, threads=threads)
     memory = measure(specs, warmup=True)
     rows, gpipe_step = [], {}
     for one, stats, held in zip(specs, traced, memory):
@@ -293,21 +391,30 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
             MAKERS[one['schedule']](k, m)
         if one['schedule'] == 'gpipe':
             gpipe_step[(k, m)] = stats['step_us']
-        rows.append(dict(one, ideal=bubble(made), memory=held,
-                         step_vs_gpipe=stats['step_us'] / gpipe_step[(k, m)], **stats))
-    log('schedules on the language model (width %d, %d layers, context %d), micro-batch %d, '
+        row = dict(one, ideal=bubble(made), memory=held,
+                   step_vs_gpipe=stats['step_us'] / gpipe_step[(k, m)], **stats)
+        if timed:
+            row['timed_ideal'] = timed_ideal(one, stats['stage_us'])
+            row['alone_bubble'] = alone_bubble(one, stats)
+        rows.append(row)
+    layers = '%d layers' % specs[0]['lm']['num_layers'] if layers_per_device is None else \
+        '%d layers per device' % layers_per_device
+    log('schedules on the language model (width %d, %s, context %d), micro-batch %d, '
         'K devices (interleaved: %d stages on each): bubble and busy time of the median traced '
-        'step of %d beside the schedule\'s ideal, step time over gpipe\'s (side by side, '
+        'step of %d beside the schedule\'s ideal%s, step time over gpipe\'s (side by side, '
         'steps in turn), '
         'activation MiB per device after a warm-up step'
-        % (specs[0]['lm']['num_hiddens'], specs[0]['lm']['num_layers'],
-           specs[0]['lm']['block_size'], micro_batch, virtual, steps))
-    lines = [['schedule', 'K', 'M', 'bubble', 'ideal', 'busy ms per device', 'step ms',
-              'step/gpipe', 'activations MiB']]
+        % (specs[0]['lm']['num_hiddens'], layers, specs[0]['lm']['block_size'], micro_batch,
+           virtual, steps, ' (and at the stages\' times, each action alone)' if timed else ''))
+    lines = [['schedule', 'K', 'M', 'bubble', 'ideal'] +
+             (['at stage times', 'bubble at stage times'] if timed else []) +
+             ['busy ms per device', 'step ms', 'step/gpipe', 'activations MiB']]
     for row in rows:
         lines.append([row['schedule'], str(row['stages']), str(row['chunks']),
-                      '%.2f' % row['bubble'], '%.2f' % row['ideal'],
-                      ' '.join('%.0f' % (b / 1e3) for b in row['busy_us'].values()),
+                      '%.2f' % row['bubble'], '%.2f' % row['ideal']] +
+                     (['%.2f' % row['timed_ideal'], '%.2f' % row['alone_bubble']]
+                      if timed else []) +
+                     [' '.join('%.0f' % (b / 1e3) for b in row['busy_us'].values()),
                       '%.0f' % (row['step_us'] / 1e3), '%.2f' % row['step_vs_gpipe'],
                       ' '.join('%.1f' % (b / 2 ** 20) for b in row['memory'].values())])
     skipped = sorted({(k, m) for k in stages for m in chunks if m % k})
@@ -317,6 +424,26 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
         log('  interleaved needs M a multiple of K: not run at %s'
             % ', '.join('K=%d M=%d' % km for km in skipped))
     return rows
+
+
+def _where_idle(one, stats):
+    """One line: the ideal at the stages' measured times, the busy time over
+    those times (above 1: the devices slowed each other), and each device's
+    idle ms before its first op, between its ops and after its last, and the
+    bubble counted at the stage times (:func:`alone_bubble`)."""
+    serial = sum(us for us in stats['stage_us'].values()) * one['chunks']
+    idle = []
+    for d, busy in stats['busy_us'].items():
+        lead, tail = stats['lead_us'][d], stats['tail_us'][d]
+        idle.append('%.0f/%.0f/%.0f' % (lead / 1e3, (stats['span_us'] - busy - lead - tail) / 1e3,
+                                        tail / 1e3))
+    stage_ms = ' '.join('%s %.1f' % (key, us / 1e3) for key, us in sorted(
+        stats['stage_us'].items(), key=lambda kv: (int(kv[0][:-1]), kv[0][-1] == 'B')))
+    return ('ideal at the stage times %.2f  bubble at the stage times %.2f  busy over the stage '
+            'times %.2f  idle ms before/between/after: %s  stage ms (alone): %s'
+            % (timed_ideal(one, stats['stage_us']), alone_bubble(one, stats),
+               sum(stats['busy_us'].values()) / serial,
+               '  '.join(idle), stage_ms))
 
 
 def main(argv=None):
@@ -331,34 +458,46 @@ def main(argv=None):
     parser.add_argument('--compare', action='store_true',
                         help='gpipe, 1f1b and interleaved side by side instead: bubble beside '
                              'the ideal, step time over gpipe\'s, activation memory')
+    parser.add_argument('--layers-per-device', type=int, default=None, metavar='N',
+                        help='--trace, --compare: the language model with N layers per device '
+                             'at each K (an even split; default: its 4 layers at every K)')
+    parser.add_argument('--threads', type=int, default=None, metavar='N',
+                        help='--trace, --compare: each op\'s threads in the traced process '
+                             '(OMP_NUM_THREADS, OPENBLAS_NUM_THREADS; default: as the '
+                             'environment says, one per core for each device)')
     args = parser.parse_args(argv)
     stages = [int(k) for k in args.stages.split(',')]
     chunks = [int(m) for m in args.chunks.split(',')]
     if args.child:
         given = json.loads(sys.stdin.read())
         if given['mode'] == 'trace':
-            print(json.dumps(_trace_child(given['specs'], given.get('steps', 3))))
+            print(json.dumps(_trace_child(given['specs'], given.get('steps', 3),
+                                          given.get('timed', False))))
         else:
             print(json.dumps(_child(given['specs'], given['warmup'])))
         return
     if args.compare:
-        compare(stages, chunks, args.micro_batch)
+        compare(stages, chunks, args.micro_batch, layers_per_device=args.layers_per_device,
+                threads=args.threads, timed=True)
         return
     if args.trace:
         print('one profiled step (median span of 3) of the language model (width %d), '
               'micro-batch %d: busy ms per device, a backward before the last forward on '
               'every device, bubble beside the schedule\'s ideal (K-1)/(M+K-1)'
               % (LM['num_hiddens'], args.micro_batch))
-        specs = [spec(schedule, k, m, args.micro_batch) for k in stages
-                 for schedule in ('gpipe', '1f1b') for m in chunks]
-        for one, stats in zip(specs, trace(specs)):
+        specs = [spec(schedule, k, m, args.micro_batch, layered(None, k, args.layers_per_device))
+                 for k in stages for schedule in ('gpipe', '1f1b') for m in chunks]
+        for one, stats in zip(specs, trace(specs, timed=True, threads=args.threads)):
             k, m = one['stages'], one['chunks']
             print('%-6s K=%d M=%d  busy %s  early backward on all: %s  bubble %.2f  '
-                  'ideal %.2f  span %.1f ms'
+                  'ideal %.2f  span %.1f ms%s'
                   % (one['schedule'], k, m, ' '.join('%.1f' % (b / 1e3) for b in
                                                       stats['busy_us'].values()),
                      'yes' if all(stats['backward_before_last_forward'].values()) else 'no',
-                     stats['bubble'], (k - 1) / (m + k - 1), stats['span_us'] / 1e3))
+                     stats['bubble'], (k - 1) / (m + k - 1), stats['span_us'] / 1e3,
+                     '' if args.layers_per_device is None else
+                     '  (%d layers)' % one['lm']['num_layers']))
+            print('  %s' % _where_idle(one, stats))
         return
     print('activation memory per device after one step: the language model (width %d, %d '
           'layers, context %d), micro-batch %d' % (LM['num_hiddens'], LM['num_layers'],

@@ -106,3 +106,24 @@ def test_op_times_of_the_digits_step_count_each_micro_batch():
         assert times[1][op][0] == calls and times[4][op][0] == 4 * calls, op
         assert times[1][op][1] > 0 and times[4][op][1] > 0
     assert 'add_n' not in times[1] and times[4]['add_n'][0] > 0  # chunk gradients summed
+
+
+def test_the_schedules_bench_counts_the_bubble_at_the_stages_times_alone():
+    """``bench.schedules``: the ideal at uneven stage times is the schedule's
+    clock at those times, and a step whose span is that clock's leaves the
+    bubble at the stage times equal to it (the work counted at its time
+    alone, not at the trace's busy time)."""
+    from bench.schedules import alone_bubble, spec, timed_ideal  # pylint: disable=C0415
+    from mp_symbolic.core import schedule  # pylint: disable=import-outside-toplevel
+    one = spec('1f1b', 2, 4, 8)
+    stage_us = {'0F': 10.0, '0B': 20.0, '1F': 20.0, '1B': 40.0}
+    cost = {(0, 'F'): 10.0, (0, 'B'): 20.0, (1, 'F'): 20.0, (1, 'B'): 40.0}
+    rows = schedule.timeline(schedule.one_f_one_b(2, 4), cost)
+    span = max(row[-1][1] for row in rows)
+    uneven = schedule.bubble(schedule.one_f_one_b(2, 4), cost)
+    assert timed_ideal(one, stage_us) == pytest.approx(uneven)
+    assert uneven > schedule.bubble(schedule.one_f_one_b(2, 4))  # the unit clock's 1/5
+    assert alone_bubble(one, {'stage_us': stage_us, 'span_us': span}) == \
+        pytest.approx(timed_ideal(one, stage_us))
+    assert alone_bubble(one, {'stage_us': stage_us, 'span_us': 2 * span}) > \
+        timed_ideal(one, stage_us)

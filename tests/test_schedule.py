@@ -40,6 +40,22 @@ def test_gpipe_and_1f1b_bubble_is_the_ideal_k_minus_1_over_m_plus_k_minus_1(stag
     assert sched.bubble(sched.one_f_one_b(stages, microbatches)) == pytest.approx(ideal)
 
 
+@pytest.mark.parametrize('stages, microbatches, times', [(2, 2, (1, 2)), (3, 8, (1, 2, 1)),
+                                                          (3, 4, (2, 1, 1)), (2, 8, (1, 3))])
+def test_bubble_at_uneven_stage_times_is_the_flow_shops_under_gpipe_and_no_more_under_1f1b(
+        stages, microbatches, times):
+    # GPipe's forwards (then backwards) are a flow shop: the last ends after
+    # sum(t) + (M - 1) max(t); 1F1B's clock is never longer
+    cost = {(s, kind): times[s] for s in range(stages) for kind in 'FB'}
+    span = 2 * sum(times) + (microbatches - 1) * 2 * max(times)
+    flow_shop = 1 - 2 * microbatches * sum(times) / (stages * span)
+    assert sched.bubble(sched.gpipe(stages, microbatches), cost) == pytest.approx(flow_shop)
+    assert sched.bubble(sched.one_f_one_b(stages, microbatches), cost) <= flow_shop + 1e-12
+    even = {(s, kind): 3 for s in range(stages) for kind in 'FB'}
+    assert sched.bubble(sched.one_f_one_b(stages, microbatches), even) == \
+        pytest.approx((stages - 1) / (microbatches + stages - 1))
+
+
 @pytest.mark.parametrize('devices, microbatches, virtual', [(2, 2, 2), (2, 4, 2), (2, 8, 2),
                                                              (3, 6, 2), (4, 8, 2), (2, 4, 3),
                                                              (3, 3, 1)])

@@ -204,26 +204,32 @@ def test_1f1b_activation_memory_per_device_is_flat_in_the_number_of_microbatches
         assert gpipe[device] >= 2 * many[device], (device, many, gpipe)
 
 
+@pytest.mark.parametrize('schedule, virtual', [('1f1b', None), ('interleaved', None),
+                                               ('interleaved', 2)])
 def test_the_training_loops_module_stepper_under_1f1b_gives_gpipes_losses_and_parameters(
-        small_data):
-    """``--schedule 1f1b`` through the command line's stepper: the losses it
-    reports (read from the stage runtime's outputs) and the parameters after
-    six steps are GPipe's, with replicas too."""
+        small_data, schedule, virtual):
+    """``--schedule 1f1b`` (and ``interleaved``, ``--virtual`` given or not)
+    through the command line's stepper: the losses it reports (read from the
+    stage runtime's outputs) and the parameters after six steps are GPipe's,
+    with replicas too."""
     from conftest import load_config  # pylint: disable=import-outside-toplevel
     from mp_symbolic.training.loop import build_pipeline, make_stepper  # pylint: disable=C0415
     X, y = small_data[0], small_data[1]
     runs = {}
-    for schedule in ('gpipe', '1f1b'):
+    for name, given in (('gpipe', None), (schedule, virtual)):
+        # four blocks: two stages on each of a replica's two devices under interleaved
         task, cfg = load_config(task='regression', devices='cpu:0,cpu:1,cpu:2,cpu:3',
-                                chunks=2, replicas=2, schedule=schedule, progress=False,
-                                num_examples=len(X), batch_size=40, momentum=0.9, lr=0.01)
+                                chunks=2, replicas=2, schedule=name, virtual=given,
+                                progress=False, num_examples=len(X), widths=(2, 4, 4, 4, 1),
+                                batch_size=40, momentum=0.9, lr=0.01)
         pipe, _ = build_pipeline(cfg, task)
+        assert pipe.plan.num_stages == (4 if name == 'interleaved' else 2)
         stepper = make_stepper(cfg, pipe, task, loop.initial_values(pipe, cfg.seed), y.shape[1:])
         losses = [stepper.step(*batch).asscalar()
                   for _, batch in zip(range(6), stepper.batches(X, y, 0))]
-        runs[schedule] = losses, stepper.params(), stepper.predict(X[:40])
+        runs[name] = losses, stepper.params(), stepper.predict(X[:40])
     (losses, params, predicted), (ref_losses, ref_params, ref_predicted) = \
-        runs['1f1b'], runs['gpipe']
+        runs[schedule], runs['gpipe']
     assert ref_losses[-1] < ref_losses[0]
     np.testing.assert_allclose(losses, ref_losses, rtol=TOL, atol=1e-6)
     np.testing.assert_allclose(predicted, ref_predicted, rtol=TOL, atol=1e-6)
@@ -232,7 +238,11 @@ def test_the_training_loops_module_stepper_under_1f1b_gives_gpipes_losses_and_pa
 
 
 @pytest.mark.parametrize('fields, message', [
-    (dict(schedule='zb'), r"^schedule: expected gpipe or 1f1b, found 'zb'$"),
+    (dict(schedule='zb'), r"^schedule: expected gpipe or 1f1b or interleaved, found 'zb'$"),
+    (dict(schedule='1f1b', virtual=2),
+     r"^virtual: expected schedule 'interleaved' with it \(virtual stages are its\), found 2 "
+     r"with schedule '1f1b'$"),
+    (dict(schedule='interleaved', virtual=0), r"^virtual: expected a positive integer, found 0$"),
     (dict(schedule='1f1b', api='executor'), r"^schedule: expected 'gpipe' with api 'executor'"),
     (dict(schedule='1f1b', variant='imperative'),
      r"^schedule: expected 'gpipe' \(the default\) with variant 'imperative'"),
@@ -242,6 +252,25 @@ def test_a_schedule_the_run_cannot_use_is_refused_in_one_line(fields, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig(task='regression', batch_size=8, num_epochs=1, optimizer='sgd', lr=0.1,
                     momentum=0.0, **fields)
+
+
+def test_virtual_stages_the_run_cannot_use_are_refused_on_the_command_line_in_one_line(capsys):
+    """``--virtual`` without ``--schedule interleaved``, end to end (exit
+    status 2, one line, no traceback); a count of 0 and ``--chunks`` not a
+    multiple of the devices through ``main`` in this process."""
+    from tests.test_bounds import TRAIN, one_line_error, one_line_error_in_process, run  # pylint: disable=C0415
+    blocks = ['--widths', '2,4,4,4,1', '--batch-size', '12']
+    assert one_line_error(run(['-m', 'mp_symbolic', 'train', '--schedule', '1f1b', '--virtual',
+                               '2'] + TRAIN + blocks)) == \
+        "error: --virtual: expected schedule 'interleaved' with it (virtual stages are its), " \
+        "found 2 with schedule '1f1b'"
+    assert one_line_error_in_process(['train', '--schedule', 'interleaved', '--virtual', '0']
+                                     + TRAIN + blocks, capsys) == \
+        'error: --virtual: expected a positive integer, found 0'
+    assert one_line_error_in_process(['train', '--schedule', 'interleaved', '--chunks', '3']
+                                     + TRAIN + blocks, capsys) == \
+        'error: --chunks: expected a multiple of the 2 devices for the interleaved schedule, ' \
+        'found 3'
 
 
 def test_under_1f1b_every_device_runs_a_backward_before_its_last_forward():
@@ -264,3 +293,25 @@ def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
                             log=lines.append) is None
     assert lines == ["memory per device: not measured (the table binds the one GPipe graph; "
                      "under --schedule 1f1b, python -m bench.schedules measures each stage's)"]
+
+
+def test_the_stage_runtime_reports_each_action_as_issued_and_waiting_in_it_changes_nothing():
+    """``StageRuntime.run(..., each=...)`` (how ``bench.schedules`` times the
+    stages one action at a time): called once per action, in the runtime's
+    issue order; a ``waitall`` in it leaves the gradients as they were."""
+    from mp_symbolic.core.schedule import issue_order  # pylint: disable=import-outside-toplevel
+    net, sample = _lm()
+    pipe = Pipeline(net, 'cpu:0,cpu:1,cpu:2', sample=sample, chunks=4, schedule='1f1b')
+    mod = pipe.module(loss='softmax')
+    batch = _batch(sample, 0, 10)
+    mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', sample)])
+    mod.init_params(initializer=mx.init.Xavier())
+    runtime = mod._runtimes[0]  # pylint: disable=protected-access
+    inputs = {'data': batch.data[0], 'softmax_label': batch.label[0]}
+    runtime.run(inputs, train=True)
+    free = [g.asnumpy() for g in runtime.grads]
+    seen = []
+    runtime.run(inputs, train=True, each=lambda action: (mx.nd.waitall(), seen.append(action)))
+    assert seen == issue_order(pipe.run_schedule()) and len(seen) == 2 * 3 * 4
+    for grad, value in zip(runtime.grads, free):
+        np.testing.assert_array_equal(grad.asnumpy(), value)

@@ -186,7 +186,9 @@ def timeline(schedule, cost=None):
     the actions it needs have ended.
 
     Args:
-        cost: ``{kind: time}``; ``None``: one unit for each action.
+        cost: ``{kind: time}``, or ``{(stage, kind): time}`` for stages of
+            unequal times (as measured: the ideal of an uneven split);
+            ``None``: one unit for each action.
 
     Returns:
         ``[(start, end, action)]`` per device, in its order.
@@ -194,6 +196,7 @@ def timeline(schedule, cost=None):
     Raises:
         ScheduleError: the devices wait on each other for ever (the message
             names what each waits for).
+        KeyError: ``cost`` lacks an action's stage and kind.
     """
     cost = cost or {'F': 1, 'B': 1}
     end = {}
@@ -210,7 +213,9 @@ def timeline(schedule, cost=None):
                 if any(n not in end for n in needs):
                     break
                 start = max([free[d]] + [end[n] for n in needs])
-                end[action] = free[d] = start + cost[action.kind]
+                took = cost[(action.stage, action.kind)] if (action.stage, action.kind) in cost \
+                    else cost[action.kind]
+                end[action] = free[d] = start + took
                 rows[d].append((start, end[action], action))
                 position[d] += 1
                 remaining -= 1
@@ -271,7 +276,13 @@ def in_flight(schedule):
 
 def bubble(schedule, cost=None):
     """The idle fraction of the devices' time from the first start to the
-    last end, on :func:`timeline`'s clock (the schedule's ideal bubble)."""
+    last end, on :func:`timeline`'s clock (the schedule's ideal bubble;
+    with ``cost`` per stage and kind, the ideal of stages of those times,
+    the copies between them free).
+
+    Raises:
+        KeyError: ``cost`` lacks an action's stage and kind.
+    """
     rows = timeline(schedule, cost)
     span = max(row[-1][1] for row in rows if row)
     busy = sum(e - s for row in rows for s, e, _ in row)

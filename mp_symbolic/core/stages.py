@@ -224,7 +224,7 @@ class StageRuntime:
                          for o in executor.outputs]
         return _Slot(executor, out_grads)
 
-    def run(self, inputs, train):
+    def run(self, inputs, train, each=None):
         """One batch of this replica through every stage.
 
         Args:
@@ -234,6 +234,10 @@ class StageRuntime:
             train: Run the schedule's forwards and backwards (gradients summed
                 into the gradient arrays, zeroed first); otherwise forwards
                 only, micro-batch by micro-batch.
+            each: Called with each :class:`~mp_symbolic.core.schedule.Action`
+                once it is issued (to MXNet's engine: nothing waits for it
+                unless ``each`` does, as a benchmark timing the actions one
+                by one does).
         """
         outputs = {}
         if train:
@@ -257,6 +261,8 @@ class StageRuntime:
                 slot = held.pop((s, i))
                 self._backward(graph, self.slots[s][slot], held, i)
                 free[s].append(slot)
+            if each is not None:
+                each(Action(s, i, kind))
         self.outputs = [outputs[k] for k in sorted(outputs)]
 
     def _forward(self, graph, slot, held, i, inputs, train, outputs):

@@ -129,8 +129,13 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
                             'engine (GPipe); must divide the batch size (default: 1)')
     train.add_argument('--schedule', choices=SCHEDULES, default=_DEFAULTS.schedule,
                        help='symbolic variant, Module API: the micro-batches\' order, gpipe '
-                            '(one graph, fill and drain) or 1f1b (one forward, one backward; '
-                            'activation memory flat in --chunks) (default: %(default)s)')
+                            '(one graph, fill and drain), 1f1b (one forward, one backward; '
+                            'activation memory flat in --chunks) or interleaved (1f1b over '
+                            '--virtual stages per device; --chunks a multiple of the devices) '
+                            '(default: %(default)s)')
+    train.add_argument('--virtual', type=int, default=None, metavar='V',
+                       help='--schedule interleaved: stages per device, the network cut into '
+                            'V x devices stages placed round-robin (default: 2)')
     train.add_argument('--mirror', action='store_true',
                        help='symbolic variant: recompute every stage\'s activations in the '
                             'backward pass instead of keeping them (MXNet\'s mirroring)')
@@ -250,10 +255,12 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'optimizer': '--optimizer', 'momentum': '--momentum', 'widths': '--widths',
             'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
             'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
-            'task': '--task', 'task_args': '--task-arg', 'chunks': '--chunks', 'schedule': '--schedule', 'replicas': '--replicas',
+            'task': '--task', 'task_args': '--task-arg', 'chunks': '--chunks', 'schedule': '--schedule', 'virtual': '--virtual',
+            'replicas': '--replicas',
             'kvstore': '--kvstore', 'balance': '--balance',
             'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror',
-            'agree_steps': '--agree-steps'}
+            'agree_steps': '--agree-steps',
+            'micro-batches': '--chunks'}  # the schedules' word for them (core/schedule.py)
 
 EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
 EXIT_FAILED = 1      # training diverged, or a file could not be written

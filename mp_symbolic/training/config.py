@@ -18,7 +18,7 @@ VARIANTS = ('symbolic', 'imperative')
 APIS = ('module', 'executor')
 OPTIMIZERS = ('sgd', 'adam')
 KVSTORES = ('local', 'device', 'dist_sync')
-SCHEDULES = ('gpipe', '1f1b')  # Pipeline(schedule=...)
+SCHEDULES = ('gpipe', '1f1b', 'interleaved')  # Pipeline(schedule=...)
 MAX_EPOCHS = 100000
 # Fields a task gives defaults for.
 TASK_DEFAULTS = ('batch_size', 'num_epochs', 'optimizer', 'lr', 'momentum')
@@ -65,9 +65,12 @@ class TrainConfig:
     profile: bool = False
     # Symbolic variant: micro-batches per batch (GPipe); must divide the batch size.
     chunks: int = 1
-    # Module API: the micro-batches' order, 'gpipe' (one graph, MXNet's engine) or
-    # '1f1b' (one executor per stage and micro-batch in flight; memory flat in chunks).
+    # Module API: the micro-batches' order, 'gpipe' (one graph, MXNet's engine),
+    # '1f1b' (one executor per stage and micro-batch in flight; memory flat in chunks)
+    # or 'interleaved' (1F1B over `virtual` stages per device; chunks a multiple of devices).
     schedule: str = 'gpipe'
+    # Under schedule 'interleaved': stages per device (Pipeline(virtual=...)); None: 2.
+    virtual: int = None
     # Data-parallel copies of the pipeline; --devices lists replicas x stages devices.
     replicas: int = 1
     # Sums gradients across replicas or processes: 'local', 'device', 'dist_sync'.
@@ -117,6 +120,11 @@ class TrainConfig:
             bad('seed', 'an integer in [0, 2**32) (MXNet seeds with 32 bits)')
         if self.schedule not in SCHEDULES:
             bad('schedule', ' or '.join(SCHEDULES))
+        if self.virtual is not None and self.schedule != 'interleaved':
+            raise ValueError("virtual: expected schedule 'interleaved' with it (virtual stages "
+                             "are its), found %r with schedule %r" % (self.virtual, self.schedule))
+        if self.virtual is not None and not is_positive_int(self.virtual):
+            bad('virtual', POSITIVE_EXPECTED)
         if self.kvstore is not None and self.kvstore not in KVSTORES:
             bad('kvstore', ' or '.join(KVSTORES))
         if isinstance(self.balance, str) and self.balance != 'time':

@@ -71,7 +71,8 @@ def build_pipeline(cfg, task):
     sample = shapes[0] if len(shapes) == 1 else tuple(shapes)  # one batch shape per input
     try:
         pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
-                        replicas=cfg.replicas, mirror=cfg.mirror, schedule=cfg.schedule)
+                        replicas=cfg.replicas, mirror=cfg.mirror, schedule=cfg.schedule,
+                        virtual=cfg.virtual)
     except ValueError as err:
         field, _, rest = str(err).partition(': ')
         if field != 'sample':
@@ -287,6 +288,8 @@ def _title(cfg, task, pipe):
         extra += ', %d micro-batches per batch' % cfg.chunks
     if cfg.schedule != 'gpipe':
         extra += ', schedule %s' % cfg.schedule
+        if cfg.schedule == 'interleaved':
+            extra += ' (%d stages per device)' % pipe.virtual
     if cfg.mirror:
         extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:
