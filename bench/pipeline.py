@@ -19,7 +19,8 @@ its own engine worker. For K = 2, 3 and M = 1, 2, 4, 8, all in one process:
 * the schedules side by side on the language model (``Pipeline(...,
   schedule='gpipe' | '1f1b' | 'interleaved')``, :func:`bench.schedules.compare`):
   bubble from the trace beside the schedule's ideal, step time over GPipe's,
-  activation memory per device.
+  activation memory per device, and the language model's tokens/s and model
+  FLOPs utilisation against a matrix product timed beside its steps.
 
 Every executor is bound with ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (read at each
 bind): MXNet otherwise runs consecutive ops as one bulked segment, which the

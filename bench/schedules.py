@@ -34,7 +34,10 @@ from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals,
 from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import gpt
 
-__all__ = ['measure', 'trace', 'spec', 'run', 'compare', 'main']
+from .lm import Gemm, model_flops_per_token
+from .measure import throughput
+
+__all__ = ['measure', 'trace', 'rate', 'spec', 'run', 'compare', 'main']
 
 LM = dict(vocab_size=96, block_size=64, num_layers=4, num_heads=4, num_hiddens=64)
 
@@ -121,6 +124,39 @@ def _child(specs, warmup):
         results.append({d: after.get(_row(d), 0) - before.get(_row(d), 0) - known[k].get(d, 0)
                         for d in devices})
     return results
+
+
+class _Steps:
+    """``run(n)``: ``n`` training steps (``forward_backward`` and ``update``)
+    of one spec's Module, for :func:`bench.measure.throughput`."""
+
+    def __init__(self, spec):
+        self.mod, self.batch = _build(spec)
+
+    def run(self, num_steps):
+        for _ in range(num_steps):
+            self.mod.forward_backward(self.batch)
+            self.mod.update()
+
+
+def _rate_child(specs, steps, repeats):
+    """In a fresh process, not profiled: the training steps of every spec
+    and a 1024^3 matrix product (:class:`bench.lm.Gemm`) timed round-robin
+    (:func:`bench.measure.throughput`, the median of ``repeats`` runs of
+    ``steps``); per spec its tokens/s and model FLOPs utilisation (its
+    training FLOPs per token, :func:`bench.lm.model_flops_per_token`, times
+    tokens/s, over the product's FLOP/s)."""
+    variants = {str(k): _Steps(spec) for k, spec in enumerate(specs)}
+    product = variants['gemm'] = Gemm()
+    rates = throughput(variants, 1, steps, repeats, warmup=1)
+    gemm = product.flops(rates.pop('gemm')[0], 1)
+    out = []
+    for k, spec in enumerate(specs):
+        tokens = rates[str(k)][0] * spec['chunks'] * spec['micro_batch'] * spec['lm']['block_size']
+        flops = model_flops_per_token(gpt.GPTConfig(**spec['lm']))
+        out.append({'tokens_per_sec': tokens, 'mfu': tokens * flops / gemm,
+                    'gemm_flops_per_sec': gemm})
+    return out
 
 
 def _stage_times(spec, built=None, steps=3):
@@ -284,6 +320,18 @@ def trace(specs, timeout=900, steps=3, timed=False, threads=None):
                       timeout, env)
 
 
+def rate(specs, steps=2, repeats=3, timeout=900):
+    """``[{'tokens_per_sec', 'mfu', 'gemm_flops_per_sec'}]`` of each spec's
+    training step, not profiled, all in one child process beside a matrix
+    product (:func:`_rate_child`).
+
+    Raises:
+        RuntimeError: the child failed (its last line of stderr).
+    """
+    return _run_child({'specs': specs, 'mode': 'rate', 'steps': steps, 'repeats': repeats},
+                      timeout)
+
+
 def measure(specs, warmup=False, timeout=600):
     """``[{device: activation bytes}]`` after one step of each spec (``schedule``,
     ``stages``, ``chunks``, ``micro_batch``, ``lm``: ``GPTConfig`` fields),
@@ -372,7 +420,8 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
         One dict per spec run: the spec, ``ideal`` (the schedule's bubble on
         one unit per action, :func:`~mp_symbolic.core.schedule.bubble`), the
         trace's stats, ``step_vs_gpipe`` (its median step over GPipe's at
-        the same K and M) and ``memory`` (``{device: bytes}``).
+        the same K and M), ``memory`` (``{device: bytes}``) and
+        :func:`rate`'s ``tokens_per_sec``, ``mfu`` and ``gemm_flops_per_sec``.
     """
     specs = []
     for k in stages:
@@ -384,15 +433,16 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
                 specs.append(spec('interleaved', k, m, micro_batch, at_k, virtual))
     traced = trace(specs, steps=steps, timed=timed, threads=threads)
     memory = measure(specs, warmup=True)
+    rates = rate(specs, repeats=steps)
     rows, gpipe_step = [], {}
-    for one, stats, held in zip(specs, traced, memory):
+    for one, stats, held, speed in zip(specs, traced, memory, rates):
         k, m = one['stages'], one['chunks']
         made = interleaved(k, m, virtual) if one['schedule'] == 'interleaved' else \
             MAKERS[one['schedule']](k, m)
         if one['schedule'] == 'gpipe':
             gpipe_step[(k, m)] = stats['step_us']
         row = dict(one, ideal=bubble(made), memory=held,
-                   step_vs_gpipe=stats['step_us'] / gpipe_step[(k, m)], **stats)
+                   step_vs_gpipe=stats['step_us'] / gpipe_step[(k, m)], **speed, **stats)
         if timed:
             row['timed_ideal'] = timed_ideal(one, stats['stage_us'])
             row['alone_bubble'] = alone_bubble(one, stats)
@@ -403,12 +453,16 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
         'K devices (interleaved: %d stages on each): bubble and busy time of the median traced '
         'step of %d beside the schedule\'s ideal%s, step time over gpipe\'s (side by side, '
         'steps in turn), '
-        'activation MiB per device after a warm-up step'
+        'activation MiB per device after a warm-up step; tokens/s of the steps not profiled '
+        'and the model FLOPs utilisation against a 1024^3 matrix product timed beside them '
+        '(%.1f GFLOP/s)'
         % (specs[0]['lm']['num_hiddens'], layers, specs[0]['lm']['block_size'], micro_batch,
-           virtual, steps, ' (and at the stages\' times, each action alone)' if timed else ''))
+           virtual, steps, ' (and at the stages\' times, each action alone)' if timed else '',
+           rates[0]['gemm_flops_per_sec'] / 1e9))
     lines = [['schedule', 'K', 'M', 'bubble', 'ideal'] +
              (['at stage times', 'bubble at stage times'] if timed else []) +
-             ['busy ms per device', 'step ms', 'step/gpipe', 'activations MiB']]
+             ['busy ms per device', 'step ms', 'step/gpipe', 'activations MiB', 'tokens/s',
+              'MFU']]
     for row in rows:
         lines.append([row['schedule'], str(row['stages']), str(row['chunks']),
                       '%.2f' % row['bubble'], '%.2f' % row['ideal']] +
@@ -416,7 +470,8 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
                       if timed else []) +
                      [' '.join('%.0f' % (b / 1e3) for b in row['busy_us'].values()),
                       '%.0f' % (row['step_us'] / 1e3), '%.2f' % row['step_vs_gpipe'],
-                      ' '.join('%.1f' % (b / 2 ** 20) for b in row['memory'].values())])
+                      ' '.join('%.1f' % (b / 2 ** 20) for b in row['memory'].values()),
+                      '%.0f' % row['tokens_per_sec'], '%.3f' % row['mfu']])
     skipped = sorted({(k, m) for k in stages for m in chunks if m % k})
     for line in columns(lines):
         log('  ' + line)
@@ -473,6 +528,8 @@ def main(argv=None):
         if given['mode'] == 'trace':
             print(json.dumps(_trace_child(given['specs'], given.get('steps', 3),
                                           given.get('timed', False))))
+        elif given['mode'] == 'rate':
+            print(json.dumps(_rate_child(given['specs'], given['steps'], given['repeats'])))
         else:
             print(json.dumps(_child(given['specs'], given['warmup'])))
         return

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from bench.chunked import bind, build_chunked_symbol, stage_devices
+from bench.lm import model_flops_per_token
 from mp_symbolic import Pipeline
 from bench.pipeline import main
+from mp_symbolic.training.tasks import gpt
 
 
 def test_quick_run_writes_report_and_timeline(tmp_path):
@@ -44,6 +46,10 @@ def test_quick_run_writes_report_and_timeline(tmp_path):
     assert rows['interleaved']['ideal'] == pytest.approx(1 / 5)
     for r in rows.values():
         assert 0 <= r['bubble'] < 1 and r['step_vs_gpipe'] > 0
+        # tokens/s of the steps not profiled, and the utilisation they make of a matrix product
+        assert r['tokens_per_sec'] > 0 and r['gemm_flops_per_sec'] > 0
+        assert r['mfu'] == pytest.approx(r['tokens_per_sec'] * model_flops_per_token(
+            gpt.GPTConfig(**r['lm'])) / r['gemm_flops_per_sec'])
         assert sorted(r['memory']) == ['cpu(0)', 'cpu(1)'] and min(r['memory'].values()) > 0
     assert rows['gpipe']['step_vs_gpipe'] == 1
     assert 'schedules on the language model' in proc.stdout
