@@ -100,11 +100,17 @@ def bert_batch(batch_size=4, seq_len=8):
 def cli_status(main, argv):
     """The exit status of a command's ``main(argv)`` run in this process: what
     it returns, or the status of the ``SystemExit`` argparse raises on a bad
-    flag (stderr is what the test's ``capsys`` captured)."""
+    flag (stderr is what the test's ``capsys`` captured). The signal
+    handlers are put back as they were: the command leaves SIGINT and SIGTERM
+    ignored, and so would every process the test starts after it."""
+    handlers = {signum: signal.getsignal(signum) for signum in SIGNAL_HANDLERS}
     try:
         return main(argv)
     except SystemExit as stop:
         return stop.code
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def bert_trainer_steps(pipeline, make_bert=small_bert):

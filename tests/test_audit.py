@@ -34,16 +34,9 @@ snapshot_files = file_tree
 def train_in_process(out):
     """``python -m mp_symbolic train --out OUT`` + ``TRAIN`` through the
     command's ``main`` in this process (the folder it writes is the same; no
-    2-3 s MXNet start). The signal handlers are put back after: the command
-    leaves SIGINT and SIGTERM ignored, and so would every process the test
-    starts next."""
+    2-3 s MXNet start)."""
     from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        assert cli_status(main, ['train', '--out', str(out)] + TRAIN) == 0
-    finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+    assert cli_status(main, ['train', '--out', str(out)] + TRAIN) == 0
 
 
 @pytest.fixture(scope='module')
