@@ -1,6 +1,7 @@
 """The public task interface: a task file the project never saw gets what the
 bundled tasks get (train, commit, resume onto another plan, export with
-parity, launch), and every task that cannot work is one line."""
+parity; under launch: test_constants.py's task file), and every task that
+cannot work is one line."""
 import ast
 import contextlib
 import io
@@ -162,16 +163,6 @@ def test_own_task_divergence_stops_the_run_keeping_the_last_checkpoint(own_task,
                          '--no-progress', '--no-memory')
     assert result.returncode == 1
     assert result.stderr.startswith('error: training diverged'), result.stderr
-
-
-def test_own_task_trains_under_launch_with_two_workers(own_task, tmp_path):
-    result = _run('mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--', 'train',
-                  '--task', str(own_task), '--devices', 'cpu:0,cpu:1', '--epochs', '2',
-                  '--out', str(tmp_path / 'dist'), '--no-progress', '--no-memory')
-    assert result.returncode == 0, result.stdout + result.stderr
-    digests = set(re.findall(r'\[worker \d\] parameters sha256: (\w+)', result.stdout))
-    assert len(digests) == 1, result.stdout
-    assert _summary(tmp_path / 'dist')['config']['kvstore'] == 'dist_sync'
 
 
 def _bad_task(tmp_path, body):
