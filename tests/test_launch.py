@@ -173,11 +173,9 @@ def test_clean_job_leaves_no_process(finished_job):
 # -- faults -----------------------------------------------------------------------------------
 
 def test_worker_killed_mid_run_stops_the_job(port):
-    result, seconds = launch('--workers', '2', '--servers', '1', '--', *WORKER, '--steps', '1000',
-                             '--fail-rank', '1', '--fail-after', '2', '--fail-how', 'kill',
-                             port=port)
-    assert result.returncode == 1
-    assert seconds < 60
+    result, _ = launch('--workers', '2', '--servers', '1', '--', *WORKER, '--steps', '1000',
+                       '--fail-rank', '1', '--fail-after', '2', '--fail-how', 'kill', port=port)
+    assert result.returncode == 1  # ended by the kill (a job past JOB_TIMEOUT fails in launch)
     name = worker_of_rank(result.stdout, 1)
     assert result.stderr.splitlines()[-1] == (
         'error: %s (pid %d) was killed by SIGKILL; stopped the other 3 processes of the job'
@@ -189,10 +187,8 @@ def test_worker_exiting_non_zero_stops_the_job_and_its_grandchildren(port):
     # Each worker leaves a grandchild (sleep) in its process group.
     command = 'sleep 600 & exec %s --steps 1000 --fail-rank 0 --fail-after 1 --fail-how exit3' % (
         shlex.join(WORKER))
-    result, seconds = launch('--workers', '2', '--servers', '1', '--', 'sh', '-c', command,
-                             port=port)
-    assert result.returncode == 1
-    assert seconds < 60
+    result, _ = launch('--workers', '2', '--servers', '1', '--', 'sh', '-c', command, port=port)
+    assert result.returncode == 1  # ended by the exit (a job past JOB_TIMEOUT fails in launch)
     name = worker_of_rank(result.stdout, 0)
     assert result.stderr.splitlines()[-1] == (
         'error: %s (pid %d) exited with status 3; stopped the other 3 processes of the job'
