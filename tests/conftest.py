@@ -1,7 +1,9 @@
 """Shared fixtures. Every test runs on ``cpu(i)`` stand-in devices, as MXNet's
 own model-parallel tests do, so no GPU is needed."""
+import contextlib
 import os
 import signal
+import socket
 
 import pytest
 
@@ -51,6 +53,25 @@ def signals_as_the_session_started():
     never see the signal the test sends (which test runs after which depends
     on how ``-n`` shares the tests out)."""
     _reset_signals()
+
+
+@contextlib.contextmanager
+def reserved_port():
+    """A port of the kernel's choosing, kept bound (not listening) until the
+    block ends: no other pick of a free port on the machine (another xdist
+    worker's job, the launcher's default) gets it meanwhile, while a job's
+    scheduler can still listen on it, as ZeroMQ binds with SO_REUSEADDR."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(('', 0))
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def port():
+    """A :func:`reserved_port` for the test's duration."""
+    with reserved_port() as number:
+        yield number
 
 
 @pytest.fixture(scope='session')

@@ -50,9 +50,8 @@ def one_line_error_in_process(argv, capsys):
 
 # -- a frozen process ends the job ------------------------------------------------------------
 
-def test_a_stopped_server_ends_the_job_within_the_stopped_timeout(tmp_path):
-    from tests.test_launch import assert_nothing_left, free_port, job_pids  # pylint: disable=import-outside-toplevel
-    port = free_port()
+def test_a_stopped_server_ends_the_job_within_the_stopped_timeout(tmp_path, port):
+    from tests.test_launch import assert_nothing_left, job_pids  # pylint: disable=import-outside-toplevel
     out_path, err_path = tmp_path / 'out', tmp_path / 'err'
     with open(out_path, 'w') as out, open(err_path, 'w') as err:
         proc = subprocess.Popen(
@@ -384,9 +383,8 @@ def _children_of(pid):
     return found
 
 
-def test_a_stopped_command_of_a_workers_shell_ends_the_job(tmp_path):
-    from tests.test_launch import assert_nothing_left, free_port, job_pids  # pylint: disable=import-outside-toplevel
-    port = free_port()
+def test_a_stopped_command_of_a_workers_shell_ends_the_job(tmp_path, port):
+    from tests.test_launch import assert_nothing_left, job_pids  # pylint: disable=import-outside-toplevel
     out_path, err_path = tmp_path / 'out', tmp_path / 'err'
     with open(out_path, 'w') as out, open(err_path, 'w') as err:
         # the shell waits for sleep (no exec: a command follows), as a script would

@@ -7,7 +7,6 @@ launcher reported is checked to be gone, and no process on the machine still
 carries the job's ``DMLC_PS_ROOT_PORT`` in its environment (that catches
 grandchildren too).
 """
-import contextlib
 import os
 import re
 import shlex
@@ -23,7 +22,7 @@ import pytest
 from mp_symbolic.training import cli
 from mp_symbolic.tools.launch import plan_job, read_hostfile, shell_line, worker_argv
 
-from conftest import cli_status
+from conftest import cli_status, reserved_port
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = [sys.executable, 'tests/dist_worker.py']
@@ -31,25 +30,6 @@ ENV = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0',
            PYTHONPATH=os.pathsep.join([str(ROOT)] + os.environ.get('PYTHONPATH', '').split(
                os.pathsep)).rstrip(os.pathsep))
 JOB_TIMEOUT = 90  # seconds: a hung launcher fails the test instead of hanging the suite
-
-
-@contextlib.contextmanager
-def reserved_port():
-    """A port of the kernel's choosing, kept bound (not listening) until the
-    block ends: no other pick of a free port on the machine (another xdist
-    worker's job, the launcher's default) gets it meanwhile, while the job's
-    scheduler can still listen on it, as ZeroMQ binds with SO_REUSEADDR."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(('', 0))
-        yield sock.getsockname()[1]
-
-
-@pytest.fixture
-def port():
-    """A :func:`reserved_port` for the test's duration."""
-    with reserved_port() as number:
-        yield number
 
 
 def launch(*args, port):
