@@ -103,9 +103,8 @@ def test_resume_with_the_optimizer_state_missing_is_refused(tmp_path, capsys):
 def test_a_second_training_into_a_folder_in_use_is_refused_at_once(tmp_path, capsys):
     out = tmp_path / 'run'
     with Store(str(out)).locked():  # another writer holds the folder
-        started = time.monotonic()
+        # it returns while this process holds the lock: a writer that waited would never return
         assert main(['train', '--no-progress', '--out', str(out)]) == 2
-        assert time.monotonic() - started < 30
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and 'is in use by another process (pid %d)' % os.getpid() in err
     with Store(str(out)).locked():
