@@ -124,9 +124,10 @@ bench-lm: $(STAMP)
 	$(PY) -m bench.lm $(if $(QUICK),--quick)
 
 # one pytest worker per core, each test file on one worker: a file's module fixtures
-# (a trained run, an export) are made once, not once per worker
+# (a trained run, an export) are made once, not once per worker; files in the order
+# tests/conftest.py gives them (the heaviest first)
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf artifacts .pytest_cache

@@ -1,7 +1,9 @@
 """Shared fixtures. Every test runs on ``cpu(i)`` stand-in devices, as MXNet's
 own model-parallel tests do, so no GPU is needed."""
+import contextlib
 import os
 import signal
+import socket
 
 import pytest
 
@@ -25,6 +27,22 @@ _reset_signals()  # before the commands' modules load: they note what was ignore
 
 THREE_DEVICES = 'cpu:0,cpu:1,cpu:2'
 
+# The files whose commands take the most CPU, heaviest first (per-test CPU of
+# the suite, its own and its child processes'): started first under `make test`
+# (--dist loadfile --no-loadscope-reorder keeps this order), so that no long
+# file starts last and ends the run alone on one worker.
+HEAVY_FIRST = ('test_readme.py', 'test_launch.py', 'test_tasks.py', 'test_pipeline_bench.py',
+               'test_audit.py')
+
+
+def pytest_collection_modifyitems(items):
+    """Moves :data:`HEAVY_FIRST`'s files to the front, in that order; the rest
+    keep their order."""
+    def rank(item):
+        name = os.path.basename(str(item.fspath))
+        return HEAVY_FIRST.index(name) if name in HEAVY_FIRST else len(HEAVY_FIRST)
+    items.sort(key=rank)
+
 
 @pytest.fixture(autouse=True)
 def signals_as_the_session_started():
@@ -35,6 +53,25 @@ def signals_as_the_session_started():
     never see the signal the test sends (which test runs after which depends
     on how ``-n`` shares the tests out)."""
     _reset_signals()
+
+
+@contextlib.contextmanager
+def reserved_port():
+    """A port of the kernel's choosing, kept bound (not listening) until the
+    block ends: no other pick of a free port on the machine (another xdist
+    worker's job, the launcher's default) gets it meanwhile, while a job's
+    scheduler can still listen on it, as ZeroMQ binds with SO_REUSEADDR."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(('', 0))
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def port():
+    """A :func:`reserved_port` for the test's duration."""
+    with reserved_port() as number:
+        yield number
 
 
 @pytest.fixture(scope='session')
@@ -100,11 +137,17 @@ def bert_batch(batch_size=4, seq_len=8):
 def cli_status(main, argv):
     """The exit status of a command's ``main(argv)`` run in this process: what
     it returns, or the status of the ``SystemExit`` argparse raises on a bad
-    flag (stderr is what the test's ``capsys`` captured)."""
+    flag (stderr is what the test's ``capsys`` captured). The signal
+    handlers are put back as they were: the command leaves SIGINT and SIGTERM
+    ignored, and so would every process the test starts after it."""
+    handlers = {signum: signal.getsignal(signum) for signum in SIGNAL_HANDLERS}
     try:
         return main(argv)
     except SystemExit as stop:
         return stop.code
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 def bert_trainer_steps(pipeline, make_bert=small_bert):

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from mp_symbolic.tools.store import FolderInUse, Store, StoreError, WrongFolder
-from conftest import file_tree
+from conftest import cli_status, file_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0')
@@ -31,12 +31,19 @@ def run(argv, timeout=120, **kwargs):
 snapshot_files = file_tree
 
 
+def train_in_process(out):
+    """``python -m mp_symbolic train --out OUT`` + ``TRAIN`` through the
+    command's ``main`` in this process (the folder it writes is the same; no
+    2-3 s MXNet start)."""
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    assert cli_status(main, ['train', '--out', str(out)] + TRAIN) == 0
+
+
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
     """A training folder of the regression, 2 epochs."""
     out = tmp_path_factory.mktemp('audit') / 'run'
-    result = run(['-m', 'mp_symbolic', 'train', '--out', str(out)] + TRAIN)
-    assert result.returncode == 0, result.stderr
+    train_in_process(out)
     return out
 
 
@@ -72,16 +79,18 @@ def test_export_refuses_a_training_folder_written_before_folders_had_kinds(train
     assert snapshot_files(old) == before
 
 
-def test_training_refuses_an_export_folder(tmp_path):
+def test_training_refuses_an_export_folder(tmp_path, capsys):
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
     export_dir = tmp_path / 'exported'
     with Store(str(export_dir)).locked() as store:  # told by its manifest, as exports were
         store.commit(lambda folder: open(os.path.join(folder, 'm.onnx'), 'w').close(),
                      {'kind': 'export'})
     before = snapshot_files(export_dir)
-    result = run(['-m', 'mp_symbolic', 'train', '--out', str(export_dir)] + TRAIN)
-    assert result.returncode == 2
-    assert result.stderr == ('error: --out: expected a training folder (or a new one), found '
-                             'an export folder at %s; choose another folder\n' % export_dir)
+    capsys.readouterr()
+    assert cli_status(main, ['train', '--out', str(export_dir)] + TRAIN) == 2
+    assert capsys.readouterr().err == (
+        'error: --out: expected a training folder (or a new one), found an export folder at '
+        '%s; choose another folder\n' % export_dir)
     assert snapshot_files(export_dir) == before
 
 
@@ -168,10 +177,10 @@ def test_params_that_cannot_be_written_raise_one_line():
 # -- 4. a worker that fails alone ends the job, without ps-lite's barrier -----------------
 
 def _launch(command, timeout=90):
-    """``launch --workers 2 --servers 1 -- COMMAND``: (status, stdout, stderr,
-    seconds). A job still running after ``timeout`` is stopped (SIGTERM to the
-    launcher, which stops its processes) and reported as status None."""
-    start = time.monotonic()
+    """``launch --workers 2 --servers 1 -- COMMAND``: (status, stdout, stderr).
+    A job still running after ``timeout`` (a worker held in ps-lite's barrier)
+    is stopped (SIGTERM to the launcher, which stops its processes) and
+    reported as status None."""
     launcher = subprocess.Popen(
         [PYTHON, '-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--']
         + command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -182,7 +191,7 @@ def _launch(command, timeout=90):
         launcher.terminate()
         stdout, stderr = launcher.communicate(timeout=30)
         status = None
-    return status, stdout, stderr, time.monotonic() - start
+    return status, stdout, stderr
 
 
 # A worker that reports its error and returns a status, as the command line
@@ -213,15 +222,17 @@ with abort_on_error():
 """
 
 
-def test_a_worker_of_another_rank_failing_alone_ends_the_job_in_seconds():
-    status, stdout, stderr, elapsed = _launch([PYTHON, '-c', FAILING_WORKER])
+def test_a_worker_of_another_rank_failing_alone_ends_the_job_by_its_own_exit():
+    """Not by a timeout: the failing worker exits (status 2) instead of waiting
+    in ps-lite's barrier, and the launcher then stops the rest (status None:
+    the test's timeout stopped a job that never ended)."""
+    status, stdout, stderr = _launch([PYTHON, '-c', FAILING_WORKER])
     assert status == 1, stdout[-2000:] + stderr[-2000:]
     assert 'error: rank 1 fails alone' in stderr
     assert 'exited with status 2; stopped the other 3 processes' in stderr.splitlines()[-1]
-    assert elapsed < 60
 
 
-def test_worker_0_failing_alone_ends_the_job_in_seconds(tmp_path):
+def test_worker_0_failing_alone_ends_the_job_by_its_own_exit(tmp_path):
     out = tmp_path / 'busy'
     out.mkdir()
     # Another process holds the folder: the worker that writes checkpoints fails, the
@@ -233,7 +244,7 @@ def test_worker_0_failing_alone_ends_the_job_in_seconds(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == '1\n'
-        status, stdout, stderr, elapsed = _launch(['train', '--out', str(out)] + TRAIN)
+        status, stdout, stderr = _launch(['train', '--out', str(out)] + TRAIN)
     finally:
         holder.kill()
         holder.wait()
@@ -241,8 +252,7 @@ def test_worker_0_failing_alone_ends_the_job_in_seconds(tmp_path):
     assert 'is in use by another process (pid' in stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith('error: worker ') and 'exited with status 2; stopped the other' \
-        in last, last
-    assert elapsed < 60  # the processes start in about 10 s on two busy cores
+        in last, last  # the failing worker's own exit ended the job, not a timeout
 
 
 # -- 5. tracebacks that are one line now ------------------------------------------------
@@ -278,8 +288,7 @@ def _signal_after(argv, signum, delay):
 ], ids=['train-at-once', 'train-0.8s', 'train-sigterm', 'export'])
 def test_signal_while_starting_is_one_line(tmp_path, argv, signum, delay):
     if argv[1] == 'export':
-        subprocess.run([PYTHON, '-m', 'mp_symbolic', 'train', '--out', str(tmp_path / 'run')]
-                       + TRAIN, cwd=ROOT, env=ENV, capture_output=True, check=True, timeout=300)
+        train_in_process(tmp_path / 'run')
     status, _, stderr = _signal_after([a.format(tmp=tmp_path) for a in argv], signum, delay)
     assert status == 128 + signum, stderr
     assert stderr.startswith('error: ') and stderr.count('\n') == 1, stderr

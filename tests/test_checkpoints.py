@@ -2,6 +2,7 @@
 one writer per folder, resume on the same or another device plan, and a
 training killed mid-run leaving a whole, exportable checkpoint.
 (mp_symbolic/store.py's own fault tests are in test_store.py.)"""
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,9 +103,8 @@ def test_resume_with_the_optimizer_state_missing_is_refused(tmp_path, capsys):
 def test_a_second_training_into_a_folder_in_use_is_refused_at_once(tmp_path, capsys):
     out = tmp_path / 'run'
     with Store(str(out)).locked():  # another writer holds the folder
-        started = time.monotonic()
+        # it returns while this process holds the lock: a writer that waited would never return
         assert main(['train', '--no-progress', '--out', str(out)]) == 2
-        assert time.monotonic() - started < 30
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and 'is in use by another process (pid %d)' % os.getpid() in err
     with Store(str(out)).locked():
@@ -120,27 +120,50 @@ def test_export_into_a_folder_in_use_is_refused(tmp_path, capsys):
     assert 'is in use by another process' in capsys.readouterr().err
 
 
+@contextlib.contextmanager
+def _running_until(argv, prefix):
+    """``argv`` in a process of its own, once it has printed a line starting
+    with ``prefix``; killed on the way out if still running (a signal that
+    never arrives, a failed assertion), so that no process outlives its test."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith(prefix):
+                break
+        else:
+            pytest.fail('%s ended before printing %r: %s' % (argv[0], prefix, proc.stderr.read()))
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
 def _training_until(out, epoch):
-    """A long training into ``out``, in a process of its own, once it has
+    """A long training into ``out`` (see :func:`_running_until`), once it has
     printed epoch ``epoch``'s line."""
-    proc = subprocess.Popen([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
-                             '--epochs', '400', '--num-examples', '2000', '--out', str(out),
-                             '--devices', THREE_DEVICES, '--no-memory'], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith('epoch %d/' % epoch):
-            break
-    return proc
+    return _running_until([sys.executable, '-m', 'mp_symbolic', 'train', '--no-progress',
+                           '--epochs', '400', '--num-examples', '2000', '--out', str(out),
+                           '--devices', THREE_DEVICES, '--no-memory'], 'epoch %d/' % epoch)
+
+
+def test_a_process_started_for_a_test_ends_with_the_test_when_the_signal_never_comes():
+    with pytest.raises(RuntimeError):
+        with _running_until(['sh', '-c', 'echo epoch 1/5; exec sleep 600'], 'epoch 1/') as proc:
+            raise RuntimeError('the test fails before it signals the process')
+    assert proc.poll() == -signal.SIGKILL
 
 
 def test_a_training_killed_mid_run_leaves_a_whole_checkpoint_that_exports(tmp_path):
     """SIGKILL while epochs are being committed: the folder holds one whole
     checkpoint (verified file by file), and it exports."""
     out = tmp_path / 'run'
-    proc = _training_until(out, 5)
-    time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    with _training_until(out, 5) as proc:
+        time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     checkpoint = read_checkpoint(str(out))
     assert checkpoint.epoch >= 4 and checkpoint.meta['complete'] is False
     assert export_main(['--checkpoint', str(out), '--out', str(tmp_path / 'export')]) == 0
@@ -148,9 +171,9 @@ def test_a_training_killed_mid_run_leaves_a_whole_checkpoint_that_exports(tmp_pa
 
 def test_ctrl_c_exits_130_with_one_line_and_keeps_the_last_checkpoint(tmp_path):
     out = tmp_path / 'run'
-    proc = _training_until(out, 3)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    with _training_until(out, 3) as proc:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert err.strip().splitlines() == [
         'error: interrupted; the last committed checkpoint in %s is kept' % out]

@@ -7,6 +7,7 @@ optimizer state, in the Module (list and whole forms, replicas, micro-batches,
 tensor-parallel shards), the bare executor, the imperative twin's Trainer,
 ``train --task`` with its checkpoints, and resume."""
 import os
+import re
 import subprocess
 import sys
 
@@ -322,16 +323,24 @@ def test_a_saved_state_of_a_fixed_parameter_is_dropped_when_restored(task_file, 
     assert not set(get()['params']) & set(fixed)
 
 
-def test_dist_sync_workers_keep_fixed_parameters_and_save_no_state_for_them(task_file, tmp_path):
+def test_dist_sync_workers_of_a_task_file_agree_and_keep_fixed_parameters_without_state(
+        task_file, tmp_path):
+    """A task file the project never saw, under ``launch``: both workers end
+    with one parameter digest, the run records its dist_sync kvstore, and
+    the fixed parameters are kept."""
     job = subprocess.run(
         [sys.executable, '-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--',
          'train', '--task', task_file, '--devices', 'cpu:0,cpu:1', '--epochs', '1',
          '--no-progress', '--no-memory', '--out', str(tmp_path / 'dist')],
         capture_output=True, text=True, timeout=240, check=False)
     assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    digests = re.findall(r'^\[worker (\d)\] parameters sha256: (\w+)$', job.stdout, re.M)
+    assert sorted(w for w, _ in digests) == ['0', '1'] and len({d for _, d in digests}) == 1, \
+        job.stdout
     pipe, init = _initial('mlp', 0, make_config().seed)
     fixed, trained = _fixed_and_trained(pipe)
     checkpoint = read_checkpoint(str(tmp_path / 'dist'))
+    assert checkpoint.summary['config']['kvstore'] == 'dist_sync'
     _, arg_params, _ = checkpoint.load()
     _assert_fixed_kept(init, _numpy(arg_params), fixed, trained)
     assert sorted(load_states(checkpoint.states_path)['params']) == trained

@@ -15,10 +15,13 @@ commands are benchmarks and multi-host jobs), run after those commands.
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 
 import pytest
+
+from conftest import cli_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BLOCK_RE = re.compile(r'^```(\w*)\n(.*?)^```', re.M | re.S)
@@ -110,13 +113,36 @@ def test_the_readme_has_commands_to_run():
     assert _docs_refusals()
 
 
-def test_every_readme_command_runs_as_written(workdir):
-    failures = []
+IN_PROCESS = 'python -m mp_symbolic '
+
+
+def _refused_in_process(text, workdir, capsys, monkeypatch):
+    """``(status, stderr)`` of a ``python -m mp_symbolic`` refusal run through
+    the command's ``main`` in this process, from ``workdir``: the same argv
+    and folder, without MXNet's 2-3 s start."""
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    monkeypatch.chdir(workdir)
+    capsys.readouterr()
+    status = cli_status(main, shlex.split(text[len(IN_PROCESS):]))
+    return status, capsys.readouterr().err
+
+
+def test_every_readme_command_runs_as_written(workdir, capsys, monkeypatch):
+    """Refusals: the first end to end, the rest of ``python -m mp_symbolic``'s
+    through its ``main`` in this process."""
+    failures, end_to_end = [], True
     for kind, text, expected in _readme_steps() + _docs_refusals():
         if kind == 'file':
             with open(os.path.join(workdir, text), 'w') as f:
                 f.write(expected)
             continue
+        if kind == 'refuse' and not end_to_end and text.startswith(IN_PROCESS):
+            status, stderr = _refused_in_process(text, workdir, capsys, monkeypatch)
+            if status != 2 or stderr.strip().splitlines() != [expected]:
+                failures.append('%s -> exit %s, stderr %r; expected exit 2 and %r'
+                                % (text, status, stderr[-300:], expected))
+            continue
+        end_to_end = end_to_end and kind != 'refuse'
         command = text + (' QUICK=1' if text.startswith(QUICK) else '')
         done = subprocess.run(['bash', '-c', command], cwd=workdir, env=_env(workdir),
                               capture_output=True, text=True, timeout=900, check=False,

@@ -102,7 +102,8 @@ def test_a_task_of_two_inputs_trains_to_one_devices_weights_on_every_route(
                                        err_msg='%s %s' % (route, name))
 
 
-def test_a_task_of_two_inputs_resumes_as_if_never_stopped_and_exports(task_file, tmp_path):
+def test_a_task_of_two_inputs_resumes_as_if_never_stopped_and_exports(task_file, tmp_path,
+                                                                       capsys):
     whole = _train(task_file, tmp_path / 'whole', num_epochs=3)
     _train(task_file, tmp_path / 'first', num_epochs=1, checkpoint_every=1)
     resumed = _train(task_file, tmp_path / 'resumed', num_epochs=3,
@@ -110,12 +111,12 @@ def test_a_task_of_two_inputs_resumes_as_if_never_stopped_and_exports(task_file,
     for name, value in whole.params.items():
         np.testing.assert_array_equal(resumed.params[name], value, err_msg=name)
     # the checkpoint records both inputs' shapes: the exporter needs no --input-shape
-    run = subprocess.run([sys.executable, '-m', 'export', '--checkpoint', str(tmp_path / 'whole'),
-                          '--out', str(tmp_path / 'export'), '--verify-batches', '1,5'],
-                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__))))
-    assert run.returncode == 0, run.stderr
-    assert 'data0' in run.stdout and 'data1' in run.stdout, run.stdout
+    from export.__main__ import main as export_main  # pylint: disable=import-outside-toplevel
+    capsys.readouterr()
+    assert export_main(['--checkpoint', str(tmp_path / 'whole'), '--out',
+                        str(tmp_path / 'export'), '--verify-batches', '1,5']) == 0
+    printed = capsys.readouterr().out
+    assert 'data0' in printed and 'data1' in printed, printed
     assert os.path.exists(tmp_path / 'export' / 'current' / 'two-inputs.onnx')
 
 

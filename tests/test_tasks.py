@@ -1,7 +1,10 @@
 """The public task interface: a task file the project never saw gets what the
 bundled tasks get (train, commit, resume onto another plan, export with
-parity, launch), and every task that cannot work is one line."""
+parity; under launch: test_constants.py's task file), and every task that
+cannot work is one line."""
 import ast
+import contextlib
+import io
 import json
 import os
 import re
@@ -47,6 +50,22 @@ def _run(*argv, cwd=ROOT, timeout=300):
                           text=True, timeout=timeout)
 
 
+def _in_process(module, *argv):
+    """:func:`_run`'s result, through ``python -m module``'s ``main(argv)`` in
+    this process: the same command without MXNet's 2-3 s start, for runs whose
+    outcome (files, output) is checked and not the process (its signals, its
+    exit through the interpreter), which :func:`_run` keeps for one case."""
+    # pylint: disable=import-outside-toplevel
+    from export.__main__ import main as export_main
+    from export.predict import main as predict_main
+    from mp_symbolic.training import cli
+    main = {'mp_symbolic': cli.main, 'export': export_main, 'export.predict': predict_main}[module]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli_status(main, list(argv))
+    return subprocess.CompletedProcess([module, *argv], status, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope='module')
 def own_task(tmp_path_factory):
     path = tmp_path_factory.mktemp('task') / 'cancer_task.py'
@@ -57,6 +76,8 @@ def own_task(tmp_path_factory):
 @pytest.fixture(scope='module')
 def trained(own_task, tmp_path_factory):
     out = tmp_path_factory.mktemp('runs') / 'cancer'
+    # in a process of its own, as the resume below: a task file's blocks without
+    # prefix= are named by a per-process counter, and a resume finds them by name
     result = _run('mp_symbolic', 'train', '--task', str(own_task), '--task-arg', 'hidden=12',
                   '--devices', 'cpu:0,cpu:1,cpu:2', '--out', str(out), '--no-progress',
                   '--no-memory')
@@ -95,7 +116,7 @@ def test_own_task_resumes_onto_a_plan_of_another_size(trained):
 def test_own_task_exports_to_onnx_that_scores_what_the_module_scored(trained, own_task,
                                                                       tmp_path):
     out, _ = trained
-    result = _run('export', '--checkpoint', str(out), '--out', str(tmp_path / 'export'))
+    result = _in_process('export', '--checkpoint', str(out), '--out', str(tmp_path / 'export'))
     assert result.returncode == 0, result.stderr
     import onnxruntime as ort  # pylint: disable=import-outside-toplevel
     sys.path.insert(0, str(own_task.parent))
@@ -112,11 +133,12 @@ def test_own_task_exports_to_onnx_that_scores_what_the_module_scored(trained, ow
     assert accuracy == pytest.approx(_summary(out)['validation_accuracy'], abs=1e-9)
 
     np.save(tmp_path / 'x.npy', X_val.astype(np.float32))
-    for model, devices in (('cancer.onnx', []), ('cancer-symbol.json', ['--devices',
-                                                                        'cpu:0,cpu:1'])):
-        predicted = _run('export.predict', '--model', str(tmp_path / 'export' / 'current' / model),
-                         '--input', str(tmp_path / 'x.npy'), '--output',
-                         str(tmp_path / 'y.npy'), *devices)
+    # the ONNX file end to end, the symbol/params pair in this process
+    for run, model, devices in ((_run, 'cancer.onnx', []),
+                                (_in_process, 'cancer-symbol.json', ['--devices', 'cpu:0,cpu:1'])):
+        predicted = run('export.predict', '--model', str(tmp_path / 'export' / 'current' / model),
+                        '--input', str(tmp_path / 'x.npy'), '--output', str(tmp_path / 'y.npy'),
+                        *devices)
         assert predicted.returncode == 0, predicted.stderr
         np.testing.assert_allclose(np.load(tmp_path / 'y.npy'), probs, rtol=1e-4, atol=1e-5)
 
@@ -128,28 +150,19 @@ def test_own_task_profiles_measures_memory_and_compares(own_task, tmp_path):
     assert result.returncode == 0, result.stderr
     assert 'memory per device, after one step' in result.stdout
     assert (tmp_path / 'p' / 'profile.json').stat().st_size > 1000
-    result = _run('mp_symbolic', 'compare', '--task', str(own_task), '--devices',
-                  'cpu:0,cpu:1', '--epochs', '1', '--out', str(tmp_path / 'c'), '--no-progress')
+    result = _in_process('mp_symbolic', 'compare', '--task', str(own_task), '--devices',
+                         'cpu:0,cpu:1', '--epochs', '1', '--out', str(tmp_path / 'c'),
+                         '--no-progress')
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r'imperative MP\s+accuracy 0\.\d+', result.stdout), result.stdout
 
 
 def test_own_task_divergence_stops_the_run_keeping_the_last_checkpoint(own_task, tmp_path):
-    result = _run('mp_symbolic', 'train', '--task', str(own_task), '--devices', 'cpu:0',
-                  '--lr', '1e5', '--epochs', '3', '--out', str(tmp_path / 'd'), '--no-progress',
-                  '--no-memory')
+    result = _in_process('mp_symbolic', 'train', '--task', str(own_task), '--devices', 'cpu:0',
+                         '--lr', '1e5', '--epochs', '3', '--out', str(tmp_path / 'd'),
+                         '--no-progress', '--no-memory')
     assert result.returncode == 1
     assert result.stderr.startswith('error: training diverged'), result.stderr
-
-
-def test_own_task_trains_under_launch_with_two_workers(own_task, tmp_path):
-    result = _run('mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--', 'train',
-                  '--task', str(own_task), '--devices', 'cpu:0,cpu:1', '--epochs', '2',
-                  '--out', str(tmp_path / 'dist'), '--no-progress', '--no-memory')
-    assert result.returncode == 0, result.stdout + result.stderr
-    digests = set(re.findall(r'\[worker \d\] parameters sha256: (\w+)', result.stdout))
-    assert len(digests) == 1, result.stdout
-    assert _summary(tmp_path / 'dist')['config']['kvstore'] == 'dist_sync'
 
 
 def _bad_task(tmp_path, body):
@@ -251,9 +264,9 @@ def test_bad_task_flags_are_one_line(tmp_path, capsys, monkeypatch, argv, messag
 
 
 def test_task_args_reach_the_task_function(tmp_path):
-    result = _run('mp_symbolic', 'train', '--task-arg', 'widths=2,3,1', '--task-arg',
-                  'num_examples=500', '--epochs', '1', '--devices', 'cpu:0,cpu:1', '--out',
-                  str(tmp_path / 'out'), '--no-progress', '--no-memory', '--lr', '0.01')
+    result = _in_process('mp_symbolic', 'train', '--task-arg', 'widths=2,3,1', '--task-arg',
+                         'num_examples=500', '--epochs', '1', '--devices', 'cpu:0,cpu:1', '--out',
+                         str(tmp_path / 'out'), '--no-progress', '--no-memory', '--lr', '0.01')
     assert 'layer1_weight' in result.stdout and 'layer2_weight' not in result.stdout
     assert _summary(tmp_path / 'out')['config']['task_args'] == {
         'widths': [2, 3, 1], 'num_examples': 500}
