@@ -26,6 +26,7 @@ from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
 from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR, other_output_index, stage_name
 
 from .errors import ExportError
+from .tables import features  # pylint: disable=unused-import  (its home is tables)
 
 __all__ = ['LOSS_HEADS', 'inference_graph', 'network_order', 'stage_layout',
            'input_names', 'sample_shape', 'sample_shapes', 'output_shape',
@@ -428,8 +429,3 @@ def activation_bytes(symbol, arg_params, aux_params, shapes, dtypes=None):
         size = np.dtype(dtype).itemsize if dtype is not None else 4
         total += int(np.prod(shape)) * size
     return total
-
-
-def features(shape):
-    """Numbers per sample: the product of its shape."""
-    return int(np.prod(shape))

@@ -74,7 +74,7 @@ def _check_output(path, sources=()):
     known format, in a writable folder, and none of ``sources`` (the input
     or the model, which writing would replace)."""
     # pylint: disable=import-outside-toplevel
-    from mp_symbolic.tools.checkpoint import check_writable_dir
+    from mp_symbolic.tools.files import check_writable_dir
     from .tables import output_format
     output_format(path)
     if os.path.isdir(path):
@@ -87,11 +87,15 @@ def _check_output(path, sources=()):
 
 
 def _predict(args):
-    # Imported after parsing so that --help and flag errors do not wait for MXNet.
+    # Imported after parsing so that --help and flag errors do not wait for onnxruntime.
     # pylint: disable=import-outside-toplevel
     from .errors import PredictionError
-    from .runtimes import load_predictor
+    from .runtimes import SYMBOL_SUFFIX, load_predictor
     from .tables import STDIN, check_predictions, format_csv, read_features, write_predictions
+    if args.model.endswith(SYMBOL_SUFFIX):
+        # The pair's runtime, imported while a signal still ends the process at
+        # once (exit_on_signals); an .onnx model needs no MXNet (export.runtimes).
+        import mxnet  # pylint: disable=unused-import
     interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported by main()
     try:
         if args.output is not None:

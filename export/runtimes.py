@@ -14,30 +14,29 @@ model and returns its first output, ``(samples, outputs)`` (the contract of
 that is not what its name says, or a model that fails while it runs, raises
 :class:`~export.errors.ModelFileError` naming the file; messages quote at
 most a short excerpt of what the file holds.
+
+Importing this module, and everything :class:`OnnxPredictor` does, needs
+numpy and onnxruntime only: MXNet and the modules built on it are imported
+by :class:`MXNetPredictor` when it is used, so that a host without MXNet
+predicts from the ``.onnx`` file, without MXNet's seconds of import.
 """
 import glob
 import json
 import os
 import re
 
-import mxnet as mx
 import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
-from mp_symbolic.core.compat import split_bind
-from mp_symbolic.core.names import GROUP_KEY
-from mp_symbolic.core.devices import DeviceSpecError, make_plan
-from mp_symbolic.core.names import GROUP_ATTR
+from mp_symbolic.core.checks import DeviceSpecError
+from mp_symbolic.core.names import GROUP_ATTR, GROUP_KEY
 from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
 from .errors import (InputError, ModelFileError, describe_start, describe_undecodable, excerpt,
                      library_message)
-from .inference import dynamic_axes as recorded_dynamic_axes
-from .inference import (features, inference_graph, input_dtypes, input_names, sample_shapes,
-                        stage_layout)
+from .tables import features
 
 __all__ = ['MXNetPredictor', 'OnnxPredictor', 'load_predictor', 'params_beside',
            'check_symbol_file', 'SYMBOL_SUFFIX', 'ONNX_SUFFIX']
@@ -272,6 +271,11 @@ class MXNetPredictor:
 
     def __init__(self, symbol, arg_params, aux_params=None, devices=None, shape=None,
                  dynamic_axes=None, dtypes=None):
+        # pylint: disable=import-outside-toplevel  (MXNet's path only; see the module docstring)
+        from mp_symbolic.core.devices import make_plan
+        from .inference import dynamic_axes as recorded_dynamic_axes
+        from .inference import (inference_graph, input_dtypes, input_names, sample_shapes,
+                                stage_layout)
         self.symbol = inference_graph(symbol)
         self.stages = stage_layout(self.symbol)
         _check_states_beside_their_ops(self.symbol, 'the graph')
@@ -325,6 +329,8 @@ class MXNetPredictor:
             except UnicodeEncodeError:  # a name that is not UTF-8: MXNet cannot open it
                 raise ModelFileError('expected a file name MXNet can open (UTF-8), found %s'
                                      % path) from None
+        # pylint: disable=import-outside-toplevel  (MXNet's path only; see the module docstring)
+        from mp_symbolic.tools.checkpoint import CheckpointError, load_checkpoint
         try:
             symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path)
         except CheckpointError as err:
@@ -338,6 +344,7 @@ class MXNetPredictor:
         """The executor for ``batch_size`` samples of ``sample_shape`` (by
         default the model's; ``{input name: shape}`` for several inputs; the
         last executor is reused)."""
+        from mp_symbolic.core.compat import split_bind  # pylint: disable=import-outside-toplevel
         shapes = dict(self.sample_shapes)
         if isinstance(sample_shape, dict):
             shapes.update(sample_shape)
@@ -373,6 +380,7 @@ class MXNetPredictor:
             InputError: not one array per input, or one of another shape.
             ModelFileError: MXNet fails to run the graph.
         """
+        import mxnet as mx  # pylint: disable=import-outside-toplevel
         arrays = _check_inputs(arrays, self.input_names, self.sample_shapes, self.dtypes,
                                self.dynamic_axes)
         shapes = {name: X.shape[1:] for name, X in zip(self.input_names, arrays)}

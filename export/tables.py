@@ -27,6 +27,11 @@ _NPY_MAGIC = b'\x93NUMPY'
 _MAX_NPY_HEADER = 1 << 20  # numpy's own headers are a few hundred bytes
 
 
+def features(shape):
+    """Numbers per sample: the product of its shape."""
+    return int(np.prod(shape))
+
+
 def _suffix(path):
     return os.path.splitext(path)[1].lower()
 

@@ -1,7 +1,8 @@
 """The export side in one line: python -m export and python -m export.predict
 interrupted while they load MXNet, models and inputs that MXNet or numpy
 would answer with a traceback, a file-size limit, an output that is the
-input. Each case is one line on stderr and a non-zero exit."""
+input. Each case is one line on stderr and a non-zero exit. Last, the ONNX
+prediction in a process where MXNet cannot be imported."""
 import os
 import signal
 import subprocess
@@ -29,7 +30,7 @@ def test_a_signal_while_mxnet_loads_is_one_line(tmp_path, module, signum):
     """The signal lands as soon as MXNet's library is mapped, in the seconds
     its import takes, before any of the command's own code ran."""
     argv = (['--checkpoint', str(tmp_path / 'none'), '--out', str(tmp_path / 'e')]
-            if module == 'export' else ['--model', str(tmp_path / 'm.onnx'), '--input', '-'])
+            if module == 'export' else ['--model', str(tmp_path / 'm-symbol.json'), '--input', '-'])
     proc = subprocess.Popen([sys.executable, '-m', module] + argv, cwd=ROOT, env=ENV,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -210,3 +211,52 @@ def test_a_model_that_is_no_regular_file_is_one_line_saying_what_it_is(tmp_path,
     if name.endswith('-symbol.json') and kind == 'FIFO':  # a folder is an export folder to it
         with pytest.raises(ModelFileError, match='found a %s' % kind):
             export.load_model(model)
+
+
+
+# -- without MXNet ----------------------------------------------------------------------
+
+# MXNet and the model zoos made unimportable (a None in sys.modules makes their
+# import raise ImportError), then the command on the ONNX file, then the same
+# file through export.runtimes from Python (its predictions to PYTHON_OUT);
+# prints which of the heavy libraries were imported.
+_WITHOUT_MXNET = """
+import os, sys
+for name in ('mxnet', 'gluoncv', 'gluonnlp'):
+    sys.modules[name] = None
+import numpy as np
+from export.predict import main
+status = main(sys.argv[1:])
+from export.runtimes import MXNetPredictor, OnnxPredictor, load_predictor
+flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+X = np.load(flags['--input'])
+np.save(os.environ['PYTHON_OUT'], load_predictor(flags['--model']).predict(X))
+heavy = ('mxnet', 'gluoncv', 'gluonnlp', 'cv2', 'sklearn', 'pandas', 'scipy')
+print(sorted(m for m, v in sys.modules.items() if v is not None and m.split('.')[0] in heavy))
+sys.exit(status)
+"""
+
+
+def test_an_onnx_prediction_needs_no_mxnet_and_matches_the_module(exported, tmp_path):
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    X = np.random.default_rng(5).normal(size=(7, 2)).astype(np.float32)
+    np.save(str(tmp_path / 'x.npy'), X)
+    command, python = str(tmp_path / 'y.npy'), str(tmp_path / 'y-python.npy')
+    proc = subprocess.run([sys.executable, '-c', _WITHOUT_MXNET, '--model',
+                           exported['paths']['onnx'], '--input', str(tmp_path / 'x.npy'),
+                           '--output', command], cwd=ROOT, env=dict(ENV, PYTHON_OUT=python),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == '', proc.stderr
+    assert proc.stdout == '[]\n'  # none of MXNet, the zoos, cv2, sklearn, pandas, scipy
+    # the trained Module, on the devices it trained on
+    symbol, arg_params, aux_params = mx.model.load_checkpoint(
+        os.path.join(exported['run'], 'current', 'regression'), 2)
+    mod = mx.mod.Module(symbol, data_names=['data'], label_names=['label'], context=mx.cpu(0),
+                        group2ctxs={'stage%d' % i: mx.cpu(i) for i in range(3)})
+    mod.bind(data_shapes=[('data', X.shape)], label_shapes=[('label', (len(X), 1))],
+             for_training=False)
+    mod.set_params(arg_params, aux_params)
+    expected = mod.predict(mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy()
+    for path in (command, python):
+        np.testing.assert_allclose(np.load(path), expected, rtol=0, atol=1e-5)

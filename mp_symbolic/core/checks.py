@@ -16,6 +16,12 @@ POSITIVE_EXPECTED = 'a positive integer'
 EXCERPT_LIMIT = 80  # characters of a value quoted in a message
 
 
+class DeviceSpecError(ValueError):
+    """A ``--devices`` value that cannot become a device plan (defined here,
+    without MXNet, so that the ONNX predictor can refuse ``--devices``;
+    :mod:`mp_symbolic.core.devices` raises it)."""
+
+
 def excerpt(text, limit=EXCERPT_LIMIT):
     """``text`` cut to ``limit`` characters (``...`` marks the cut): a value
     of thousands of entries (a device list, a sample) is not echoed whole."""

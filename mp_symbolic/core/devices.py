@@ -22,7 +22,7 @@ import re
 import mxnet as mx
 
 from .balance import even_split, stage_of_block
-from .checks import excerpt as _excerpt, positive_int
+from .checks import DeviceSpecError, excerpt as _excerpt, positive_int
 from .names import shard_group, stage_name  # pylint: disable=unused-import  (their home is names)
 
 __all__ = []
@@ -33,10 +33,6 @@ _DEVICE_RE = re.compile(r'^(cpu|gpu):([0-9]+)$')
 # cpu(N) ids only name stand-in devices; MXNet keeps per-device state for each,
 # so an absurd id is refused rather than allocated for.
 MAX_CPU_ID = 63
-
-
-class DeviceSpecError(ValueError):
-    """A ``--devices`` value that cannot become a device plan."""
 
 
 def format_device(ctx):

@@ -20,28 +20,13 @@ import numpy as np
 
 from ..core.compat import error_line as first_line
 from ..core.names import DATA_NAME
+from .files import check_writable_dir  # pylint: disable=unused-import  (its home is files)
 
 __all__ = []
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that is missing, corrupt, or does not fit its symbol."""
-
-
-def check_writable_dir(path, name):
-    """Raises ValueError unless ``path`` is, or can become, a writable folder.
-
-    Args:
-        name: What to call the path in the message (a field or flag name).
-    """
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        raise ValueError('%s: expected a folder, found a file at %s' % (name, probe))
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError('%s: expected a folder this user can write, found %s not writable'
-                         % (name, probe))
 
 
 def save_params(path, arg_params, aux_params=None):

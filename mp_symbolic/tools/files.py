@@ -17,6 +17,22 @@ __all__ = []
 _CHUNK = 1 << 20
 
 
+def check_writable_dir(path, name):
+    """Raises ValueError unless ``path`` is, or can become, a writable folder.
+
+    Args:
+        name: What to call the path in the message (a field or flag name).
+    """
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError('%s: expected a folder, found a file at %s' % (name, probe))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError('%s: expected a folder this user can write, found %s not writable'
+                         % (name, probe))
+
+
 def fsync_path(path):
     """fsyncs a file or a folder (a folder's fsync makes its entries durable)."""
     fd = os.open(path, os.O_RDONLY)
