@@ -256,6 +256,9 @@ def compare_memory(symbol, data_shapes, label_shapes, group2ctx, context='cpu(0)
 
     Returns:
         ``{'split': ..., 'one_device': ...}``, each as :func:`measure_memory` returns.
+
+    Raises:
+        ValueError, RuntimeError: as :func:`measure_memories` raises them.
     """
     common = dict(kwargs, symbol=symbol, data_shapes=data_shapes, label_shapes=label_shapes,
                   context=context)
