@@ -209,9 +209,10 @@ def profile_step(chunks, devices, path, batch_size=64, boundaries=True):
 
 
 def _profile_forked(devices, runs):
-    """:func:`profile_step` of each ``(chunks, path)`` in ``runs``, each in a
-    process forked from this one once MXNet is imported (before any array or
-    profiler exists): a fresh profiler each, one MXNet start for all.
+    """:func:`profile_step` of each ``(chunks, path)`` or ``(chunks, path,
+    boundaries)`` in ``runs``, each in a process forked from this one once
+    MXNet is imported (before any array or profiler exists): a fresh
+    profiler each, one MXNet start for all.
 
     Returns:
         0, or 1 once a run fails (its traceback on stderr).
@@ -219,14 +220,14 @@ def _profile_forked(devices, runs):
     import mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     from mp_symbolic import Pipeline  # noqa: F401  pylint: disable=C0415,W0611
     from mp_symbolic.training.tasks import digits  # noqa: F401  pylint: disable=C0415,W0611
-    for chunks, path in runs:
+    for chunks, path, *boundaries in runs:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # no Python shutdown, no MXNet teardown in the fork
             status = 1
             try:
-                status = profile_step(chunks, devices, path)
+                status = profile_step(chunks, devices, path, boundaries=all(boundaries))
             except BaseException:  # pylint: disable=broad-except
                 traceback.print_exc()
                 sys.stderr.flush()

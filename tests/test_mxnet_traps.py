@@ -177,10 +177,11 @@ def test_profiler_aborts_past_its_device_rows(tmp_path):
     assert past.returncode != 0 and 'survived' not in past.stdout
 
 
+# one child; each profiled step in a fork of it (MXNet's profiler: one trace per process)
 _SEGMENT_PROBE = """
 import sys
-from bench.bn_chunks import profile_step
-profile_step(4, 'cpu:0,cpu:1,cpu:2', sys.argv[2], boundaries=sys.argv[1] == 'with')
+from bench.bn_chunks import _profile_forked
+sys.exit(_profile_forked('cpu:0,cpu:1,cpu:2', [(4, sys.argv[1], True), (4, sys.argv[2], False)]))
 """
 
 
@@ -200,11 +201,11 @@ def test_a_bulked_segment_over_two_devices_runs_op_by_op(tmp_path):
     from mp_symbolic.tools.trace import load_trace, op_intervals  # pylint: disable=import-outside-toplevel
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     unbulked, engine_ops, grads = {}, {}, {}
-    for variant in ('with', 'without'):
-        path = str(tmp_path / ('%s.json' % variant))
-        proc = subprocess.run([sys.executable, '-c', _SEGMENT_PROBE, variant, path], cwd=root,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    paths = {variant: str(tmp_path / ('%s.json' % variant)) for variant in ('with', 'without')}
+    proc = subprocess.run([sys.executable, '-c', _SEGMENT_PROBE, paths['with'], paths['without']],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for variant, path in paths.items():
         first = op_intervals(load_trace(path))['cpu/0']
         unbulked[variant] = {name for _, _, name in first if not name.startswith('[')}
         engine_ops[variant] = len(first)
