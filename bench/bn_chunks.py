@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import traceback
 
 from mp_symbolic.tools.checkpoint import SUMMARY_NAME
 from mp_symbolic.tools.text import columns
@@ -207,10 +208,41 @@ def profile_step(chunks, devices, path, batch_size=64, boundaries=True):
     return 0
 
 
+def _profile_forked(devices, runs):
+    """:func:`profile_step` of each ``(chunks, path)`` or ``(chunks, path,
+    boundaries)`` in ``runs``, each in a process forked from this one once
+    MXNet is imported (before any array or profiler exists): a fresh
+    profiler each, one MXNet start for all.
+
+    Returns:
+        0, or 1 once a run fails (its traceback on stderr).
+    """
+    import mxnet  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from mp_symbolic import Pipeline  # noqa: F401  pylint: disable=C0415,W0611
+    from mp_symbolic.training.tasks import digits  # noqa: F401  pylint: disable=C0415,W0611
+    for chunks, path, *boundaries in runs:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # no Python shutdown, no MXNet teardown in the fork
+            status = 1
+            try:
+                status = profile_step(chunks, devices, path, boundaries=all(boundaries))
+            except BaseException:  # pylint: disable=broad-except
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(status)  # pylint: disable=protected-access
+        if os.waitpid(pid, 0)[1] != 0:
+            return 1
+    return 0
+
+
 def op_times(devices='cpu:0', rounds=3):
     """``{chunks: {op type: (calls, microseconds)}}`` for one training step of
     the digits graph on ``devices`` with bulking off, chunks 1 and 4; the
-    median over ``rounds`` child processes of each op type's time.
+    median over ``rounds`` of each op type's time, each step profiled in a
+    process of its own (forks of one child: :func:`_profile_forked`).
 
     Raises:
         RuntimeError: a child process failed.
@@ -219,22 +251,24 @@ def op_times(devices='cpu:0', rounds=3):
     env = dict(os.environ, MXNET_EXEC_BULK_EXEC_TRAIN='0')
     samples = {1: [], 4: []}
     with tempfile.TemporaryDirectory(prefix='bn-ops-') as tmp:
-        for r in range(rounds):
-            for chunks in ((1, 4) if r % 2 == 0 else (4, 1)):
-                path = os.path.join(tmp, '%d-%d.json' % (r, chunks))
-                cmd = [sys.executable, '-m', 'bench.bn_chunks', '--profile-step', str(chunks),
-                       devices, path]
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-                if proc.returncode != 0:
-                    lines = proc.stderr.strip().splitlines() or ['(no stderr)']
-                    raise RuntimeError('%s: expected exit status 0, found %d: %s'
-                                       % (' '.join(cmd[2:]), proc.returncode, lines[-1]))
-                per_op = {}
-                for intervals in op_intervals(load_trace(path)).values():
-                    for start, end, name in intervals:
-                        calls, micros = per_op.get(name, (0, 0.0))
-                        per_op[name] = (calls + 1, micros + end - start)
-                samples[chunks].append(per_op)
+        runs = [(chunks, os.path.join(tmp, '%d-%d.json' % (r, chunks)))
+                for r in range(rounds) for chunks in ((1, 4) if r % 2 == 0 else (4, 1))]
+        # one child, each step profiled in a fork of it (a fresh profiler each)
+        cmd = [sys.executable, '-m', 'bench.bn_chunks', '--profile-steps', devices] + \
+            ['%d:%s' % run for run in runs]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600 * len(runs),
+                              env=env)
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines() or ['(no stderr)']
+            raise RuntimeError('%s: expected exit status 0, found %d: %s'
+                               % (' '.join(cmd[2:4]), proc.returncode, lines[-1]))
+        for chunks, path in runs:
+            per_op = {}
+            for intervals in op_intervals(load_trace(path)).values():
+                for start, end, name in intervals:
+                    calls, micros = per_op.get(name, (0, 0.0))
+                    per_op[name] = (calls + 1, micros + end - start)
+            samples[chunks].append(per_op)
     result = {}
     for chunks, runs in samples.items():
         names = set().union(*runs)
@@ -346,11 +380,17 @@ def main(argv=None):
                         help='time each op type of one step on one device, chunks 1 and 4 '
                              '(MXNet\'s profiler, bulking off)')
     parser.add_argument('--profile-step', nargs=3, metavar=('CHUNKS', 'DEVICES', 'PATH'),
+                        help=argparse.SUPPRESS)  # one profiled step in this process
+    parser.add_argument('--profile-steps', nargs='+', metavar='DEVICES CHUNKS:PATH',
                         help=argparse.SUPPRESS)  # the child process of --ops
     args = parser.parse_args(argv)
     if args.profile_step:
         chunks, devices, path = args.profile_step
         return profile_step(int(chunks), devices, path)
+    if args.profile_steps:
+        devices, runs = args.profile_steps[0], args.profile_steps[1:]
+        return _profile_forked(devices, [(int(c), p) for c, p in
+                                         (run.split(':', 1) for run in runs)])
     if args.rounds < 1 or args.epochs < 1:
         parser.error('expected --rounds and --epochs of at least 1, found %d and %d'
                      % (args.rounds, args.epochs))

@@ -42,7 +42,7 @@ import time
 import mxnet as mx
 
 from mp_symbolic.tools.files import write_text
-from mp_symbolic.tools.memory import compare_memory, format_bytes, format_memory, measure_memory
+from mp_symbolic.tools.memory import format_bytes, format_memory, measure_memories, measure_memory
 from mp_symbolic.tools.text import columns
 from mp_symbolic.tools.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
                                step_stats, step_windows)
@@ -141,9 +141,13 @@ def run(stages, chunks, num_hiddens, batch_size, steps, repeats, warmup, profile
                     'gpipe_bubble': gpipe_bubble(k, m), **steps_stats[name]})
     _log_pipeline(report, chunks[0], log)
     _log_ordered(report, log)
-    report['memory'] = _memory(symbols, stages, chunks, batch_size, num_hiddens, log)
-    report['mirror'] = _mirror(stages[0], chunks[-1], num_hiddens, batch_size, steps, repeats,
-                               warmup, log)
+    setups = _mirror_setups(stages[0], chunks[-1], num_hiddens)
+    # the memory of _mirror's graphs that need no environment of their own is measured
+    # beside the table's, in its child (its run without mirroring is the table's graph)
+    report['memory'], measured = _memory(symbols, stages, chunks, batch_size, num_hiddens, log,
+                                         [symbol for symbol, env in setups.values() if not env])
+    report['mirror'] = _mirror(setups, stages[0], chunks[-1], num_hiddens, batch_size, steps,
+                               repeats, warmup, log, measured)
     log('')
     report['schedules'] = _schedules(stages, chunks, quick, log)
     log('')
@@ -239,44 +243,72 @@ def _spread(config):
     return '%.0f%%' % (100 * (max(runs) - min(runs)) / config['samples_per_s'])
 
 
-def _memory(symbols, stages, chunks, batch_size, num_hiddens, log):
-    """Memory per device, split plan vs one device, for each K at the largest M."""
+def _memory(symbols, stages, chunks, batch_size, num_hiddens, log, also=()):
+    """Memory per device, split plan vs one device, for each K at the first
+    and the largest M; ``also``: graphs of ``stages[0]`` stages measured on
+    their split plan in the same child.
+
+    Returns:
+        ``(table, {symbol JSON: split plan's result})``, the latter for every
+        split plan measured.
+    """
     out = {}
     log('')
     log('memory per device after one step (Module, SGD momentum 0.9; other = activations, '
         'per-chunk weight gradients before their sum, workspace: the storage profiler\'s '
         'total in a fresh process less the arrays)')
-    shapes = ([('data', (batch_size, num_hiddens))], [('softmax_label', (batch_size,))])
-    for k in stages:
-        for m in sorted({chunks[0], chunks[-1]}):
-            name = _name(k, m)
-            result = compare_memory(symbols[name], *shapes, stage_devices(k),
-                                    optimizer_params={'momentum': 0.9})
-            out[name] = result
-            for plan, title in (('split', '%s on %d devices' % (name, k)),
-                                ('one_device', '%s on cpu(0)' % name)):
-                for line in format_memory(result[plan]['devices'], title):
-                    log('  ' + line)
-    return out
+    shapes = dict(data_shapes=[('data', (batch_size, num_hiddens))],
+                  label_shapes=[('softmax_label', (batch_size,))],
+                  optimizer_params={'momentum': 0.9})
+    names = [(k, _name(k, m)) for k in stages for m in sorted({chunks[0], chunks[-1]})]
+    requests = [dict(shapes, symbol=symbols[name], group2ctx=group2ctx)
+                for k, name in names for group2ctx in (stage_devices(k), None)]
+    requests += [dict(shapes, symbol=symbol, group2ctx=stage_devices(stages[0]))
+                 for symbol in also]
+    results = measure_memories(requests)  # one child, a fresh fork for each
+    measured = {r['symbol'].tojson(): result for r, result in zip(requests, results)
+                if r['group2ctx'] is not None}
+    results = iter(results)
+    for k, name in names:
+        result = out[name] = {'split': next(results), 'one_device': next(results)}
+        for plan, title in (('split', '%s on %d devices' % (name, k)),
+                            ('one_device', '%s on cpu(0)' % name)):
+            for line in format_memory(result[plan]['devices'], title):
+                log('  ' + line)
+    return out, measured
 
 
-def _mirror(k, m, num_hiddens, batch_size, steps, repeats, warmup, log):
-    """Memory and samples/s with MXNet's mirroring, against none."""
-    setups = {'none': ((), {}), 'MXNET_BACKWARD_DO_MIRROR=1': ((), {'MXNET_BACKWARD_DO_MIRROR':
-                                                                     '1'}),
-              '__force_mirroring__ on all stages': (tuple(range(k)), {})}
+def _mirror_setups(k, m, num_hiddens):
+    """``{setup: (training symbol, environment variables)}`` of :func:`_mirror`."""
+    setups = {}
+    for label, mirror_stages, env in (
+            ('none', (), {}), ('MXNET_BACKWARD_DO_MIRROR=1', (), {'MXNET_BACKWARD_DO_MIRROR': '1'}),
+            ('__force_mirroring__ on all stages', tuple(range(k)), {})):
+        with environ(**env):  # built as it will be bound (compat.segment_boundaries)
+            setups[label] = build_chunked_symbol(k, m, num_hiddens, mirror_stages), env
+    return setups
+
+
+def _mirror(setups, k, m, num_hiddens, batch_size, steps, repeats, warmup, log, measured=None):
+    """Memory and samples/s with MXNet's mirroring, against none.
+
+    ``measured``: ``{symbol JSON: measure_memory's result}`` of split plans
+    already measured (by :func:`_memory`); a setup whose graph is there and
+    that sets no environment variable takes that result instead of starting
+    a fresh process for it (each costs MXNet's start, a few seconds).
+    """
     shapes = ([('data', (batch_size, num_hiddens))], [('softmax_label', (batch_size,))])
     variants, out = {}, {}
-    for label, (mirror_stages, env) in setups.items():
-        with environ(**env):  # built as it will be bound (compat.segment_boundaries)
-            symbol = build_chunked_symbol(k, m, num_hiddens, mirror_stages)
+    for label, (symbol, env) in setups.items():
         variants[label] = StepLoop(bind(symbol, batch_size, num_hiddens, stage_devices(k), env))
         # Nodes the backward pass recomputes, as the bound graph lists them.
         mirrored = {line.split('Name=')[1] for line in variants[label].exe.debug_str().splitlines()
                     if line.startswith('Op:') and line.endswith('_mirror')}
+        known = None if env else (measured or {}).get(symbol.tojson())
         out[label] = {'recomputed_ops': len(mirrored),
-                      'memory': measure_memory(symbol, *shapes, stage_devices(k),
-                                               optimizer_params={'momentum': 0.9}, env=env)}
+                      'memory': known or measure_memory(symbol, *shapes, stage_devices(k),
+                                                        optimizer_params={'momentum': 0.9},
+                                                        env=env)}
     rates = throughput(variants, batch_size, steps, repeats, warmup)
     log('')
     log('re-materialisation (%s): activations+workspace per device and samples/s'

@@ -1,8 +1,9 @@
 """Interleaved stages on the stage runtime: ``Pipeline(..., schedule='interleaved',
 virtual=v)`` cuts the network into ``v x K`` stages placed round-robin on
 the K devices, trains as the one GPipe graph does, and follows Megatron-LM's
-interleaved order in MXNet's profiler trace; a device listed twice is still
-refused."""
+interleaved order in MXNet's profiler trace (traced in one child beside 1F1B,
+which starts backwards before its last forward, and GPipe, which does not);
+a device listed twice is still refused."""
 import mxnet as mx
 import numpy as np
 import pytest
@@ -71,18 +72,37 @@ def _entered(schedule, device=0):
     return sum(1 for a in actions[:first] if a.stage == 0)
 
 
-def test_interleaved_has_the_smaller_ideal_bubble_and_its_order_shows_in_the_trace():
+@pytest.fixture(scope='module')
+def traced():
+    """``{schedule: stats}`` of one traced step (the median span of 3) of the
+    small language model under each schedule, K = 2, M = 4, in one child
+    (MXNet's profiler serves one trace per process)."""
+    from bench.schedules import spec, trace  # pylint: disable=import-outside-toplevel
+    specs = [spec('gpipe', 2, 4, 8, SMALL), spec('1f1b', 2, 4, 8, SMALL),
+             spec('interleaved', 2, 4, 8, SMALL, virtual=2)]
+    return {one['schedule']: stats for one, stats in zip(specs, trace(specs))}
+
+
+def test_under_1f1b_every_device_runs_a_backward_before_its_last_forward(traced):
+    """In MXNet's profiler trace, not only in the order Python issues them:
+    under GPipe's one graph no device starts a dense layer's backward before
+    its last forward; under 1F1B (K = 2, M = 4) every device does (a stage's
+    executors are reused, so a forward waits for the backward that frees its
+    executor)."""
+    assert traced['gpipe']['backward_before_last_forward'] == {'cpu/0': False, 'cpu/1': False}
+    assert traced['1f1b']['backward_before_last_forward'] == {'cpu/0': True, 'cpu/1': True}
+
+
+def test_interleaved_has_the_smaller_ideal_bubble_and_its_order_shows_in_the_trace(traced):
     """The ideal (one unit per action) is below 1F1B's at K = 2, 3; in MXNet's
     trace (K = 2, M = 4) every device starts a backward before its last
     forward, and the first device takes in as many micro-batches before its
     first backward as the schedule says: 3 under interleaved, 2 under 1F1B
     (a wall-clock bubble on this shared machine is
     reported by ``make bench-pipeline``, not asserted)."""
-    from bench.schedules import spec, trace  # pylint: disable=import-outside-toplevel
     for k, m in ((2, 4), (3, 6)):
         assert sched.bubble(sched.interleaved(k, m, 2)) < sched.bubble(sched.one_f_one_b(k, m))
-    one_f_one_b, interleaved = trace([spec('1f1b', 2, 4, 8, SMALL),
-                                      spec('interleaved', 2, 4, 8, SMALL, virtual=2)], steps=1)
+    one_f_one_b, interleaved = traced['1f1b'], traced['interleaved']
     assert interleaved['backward_before_last_forward'] == {'cpu/0': True, 'cpu/1': True}
     assert one_f_one_b['microbatches_before_first_backward'] == \
         {'cpu/0': _entered(sched.one_f_one_b(2, 4))} == {'cpu/0': 2}

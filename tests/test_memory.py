@@ -5,7 +5,7 @@ import mxnet as mx
 import pytest
 
 from mp_symbolic.tools.memory import (compare_memory, device_memory, format_bytes, format_memory,
-                                measure_memory)
+                                measure_memories, measure_memory)
 from mp_symbolic import Pipeline
 from mp_symbolic.training.tasks import gpt
 from mp_symbolic.training.tasks.regression import build_blocks
@@ -39,9 +39,22 @@ def _param_bytes_by_device(symbol):
 
 @pytest.fixture(scope='module')
 def measured():
+    """``(symbol, {'split', 'one_device', 'split_again'})``: the split plan
+    measured again after the one-device plan, in the same child."""
     symbol = _symbol()
-    return symbol, compare_memory(symbol, DATA, LABEL, GROUP2CTX,
-                                  optimizer_params={'momentum': 0.9})
+    common = dict(symbol=symbol, data_shapes=DATA, label_shapes=LABEL,
+                  optimizer_params={'momentum': 0.9})
+    split, one_device, again = measure_memories([dict(common, group2ctx=GROUP2CTX), common,
+                                                 dict(common, group2ctx=GROUP2CTX)])
+    return symbol, {'split': split, 'one_device': one_device, 'split_again': again}
+
+
+def test_each_measurement_of_one_child_starts_from_a_fresh_process(measured):
+    """A measurement after others in the same child counts what it would
+    alone: MXNet's workspace and the arrays of the ones before are not in
+    its process (each runs in a fork made before any of them)."""
+    assert measured[1]['split_again'] == measured[1]['split']
+    assert measured[1]['split']['devices']['cpu(0)']['other'] > 0
 
 
 def test_params_grads_and_momentum_bytes_equal_the_stage_arrays_on_each_device(measured):

@@ -162,25 +162,34 @@ def test_profiler_aborts_past_its_device_rows(tmp_path):
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
     from mp_symbolic.core.compat import profiler_cpu_limit  # pylint: disable=import-outside-toplevel
-    code = ('import mxnet as mx\n'
-            'mx.profiler.set_config(profile_all=True, filename=%r)\n'
-            'mx.profiler.set_state("run")\n'
-            'x = mx.nd.ones((2,), ctx=mx.cpu(%d)) * 2\n'
-            'mx.nd.waitall()\nmx.profiler.set_state("stop")\nprint("survived")\n')
-    below = subprocess.run([sys.executable, '-c', code % (str(tmp_path / 'a.json'),
-                                                          profiler_cpu_limit() - 1)],
-                           capture_output=True, text=True, timeout=120)
-    past = subprocess.run([sys.executable, '-c', code % (str(tmp_path / 'b.json'),
-                                                         profiler_cpu_limit())],
-                          capture_output=True, text=True, timeout=120)
-    assert below.returncode == 0 and 'survived' in below.stdout
-    assert past.returncode != 0 and 'survived' not in past.stdout
+    # one child, each device in a fork of it (a process of its own, one profiler each)
+    code = ('import os\nimport mxnet as mx\n'
+            'for name, index, path in (("below", %d, %r), ("past", %d, %r)):\n'
+            '    pid = os.fork()\n'
+            '    if pid == 0:\n'
+            '        mx.profiler.set_config(profile_all=True, filename=path)\n'
+            '        mx.profiler.set_state("run")\n'
+            '        x = mx.nd.ones((2,), ctx=mx.cpu(index)) * 2\n'
+            '        mx.nd.waitall()\n'
+            '        mx.profiler.set_state("stop")\n'
+            '        print(name, "survived", flush=True)\n'
+            '        os._exit(0)\n'
+            '    print(name, "exit status", os.waitpid(pid, 0)[1], flush=True)\n')
+    proc = subprocess.run([sys.executable, '-c', code % (
+        profiler_cpu_limit() - 1, str(tmp_path / 'a.json'), profiler_cpu_limit(),
+        str(tmp_path / 'b.json'))], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ['below survived', 'below exit status 0']
+    assert lines[2].startswith('past exit status ') and lines[2] != 'past exit status 0'
+    assert len(lines) == 3  # the process past the rows never printed
 
 
+# one child; each profiled step in a fork of it (MXNet's profiler: one trace per process)
 _SEGMENT_PROBE = """
 import sys
-from bench.bn_chunks import profile_step
-profile_step(4, 'cpu:0,cpu:1,cpu:2', sys.argv[2], boundaries=sys.argv[1] == 'with')
+from bench.bn_chunks import _profile_forked
+sys.exit(_profile_forked('cpu:0,cpu:1,cpu:2', [(4, sys.argv[1], True), (4, sys.argv[2], False)]))
 """
 
 
@@ -200,11 +209,11 @@ def test_a_bulked_segment_over_two_devices_runs_op_by_op(tmp_path):
     from mp_symbolic.tools.trace import load_trace, op_intervals  # pylint: disable=import-outside-toplevel
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     unbulked, engine_ops, grads = {}, {}, {}
-    for variant in ('with', 'without'):
-        path = str(tmp_path / ('%s.json' % variant))
-        proc = subprocess.run([sys.executable, '-c', _SEGMENT_PROBE, variant, path], cwd=root,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    paths = {variant: str(tmp_path / ('%s.json' % variant)) for variant in ('with', 'without')}
+    proc = subprocess.run([sys.executable, '-c', _SEGMENT_PROBE, paths['with'], paths['without']],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for variant, path in paths.items():
         first = op_intervals(load_trace(path))['cpu/0']
         unbulked[variant] = {name for _, _, name in first if not name.startswith('[')}
         engine_ops[variant] = len(first)

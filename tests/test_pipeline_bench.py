@@ -37,6 +37,10 @@ def test_quick_run_writes_report_and_timeline(tmp_path):
     split = report['memory']['K2-M2']['split']['devices']
     assert split['cpu(0)']['other'] > 0 and split['cpu(1)']['other'] > 0
     assert [(c['stages'], c['chunks']) for c in report['ordered']] == [(2, 2)]
+    # re-materialisation's row without mirroring is the split plan at the largest M
+    assert report['mirror']['none']['memory'] == report['memory']['K2-M2']['split']
+    assert report['mirror']['none']['recomputed_ops'] == 0
+    assert report['mirror']['MXNET_BACKWARD_DO_MIRROR=1']['recomputed_ops'] > 0
     assert 'CPU stand-in devices share' in proc.stdout
     # the schedules side by side (--quick: the smallest M above 1 of --chunks)
     rows = {r['schedule']: r for r in report['schedules']}

@@ -273,19 +273,6 @@ def test_virtual_stages_the_run_cannot_use_are_refused_on_the_command_line_in_on
         'found 3'
 
 
-def test_under_1f1b_every_device_runs_a_backward_before_its_last_forward():
-    """In MXNet's profiler trace, not only in the order Python issues them:
-    under GPipe's one graph no device starts a dense layer's backward before
-    its last forward; under 1F1B (K = 2, M = 4) every device does (a stage's
-    executors are reused, so a forward waits for the backward that frees its
-    executor)."""
-    from bench.schedules import spec, trace  # pylint: disable=import-outside-toplevel
-    small = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)
-    gpipe, one_f_one_b = trace([spec('gpipe', 2, 4, 8, small), spec('1f1b', 2, 4, 8, small)])
-    assert gpipe['backward_before_last_forward'] == {'cpu/0': False, 'cpu/1': False}
-    assert one_f_one_b['backward_before_last_forward'] == {'cpu/0': True, 'cpu/1': True}
-
-
 def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
     from conftest import make_config  # pylint: disable=import-outside-toplevel
     lines = []
