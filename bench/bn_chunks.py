@@ -176,7 +176,6 @@ def profile_step(chunks, devices, path, batch_size=64, boundaries=True):
     import mxnet as mx
     import numpy as np
     from mp_symbolic import Pipeline
-    from mp_symbolic.core import timing
     from mp_symbolic.core.compat import split_bind
     from mp_symbolic.training.tasks import digits
     pipe = Pipeline(digits.build_blocks(), devices, chunks=chunks)
