@@ -37,7 +37,7 @@ from mp_symbolic.training.tasks import gpt
 from .lm import Gemm, model_flops_per_token
 from .measure import throughput
 
-__all__ = ['measure', 'trace', 'rate', 'spec', 'run', 'compare', 'main']
+__all__ = ['measure', 'trace', 'spec', 'run', 'compare', 'main']
 
 LM = dict(vocab_size=96, block_size=64, num_layers=4, num_heads=4, num_hiddens=64)
 
@@ -320,18 +320,6 @@ def trace(specs, timeout=900, steps=3, timed=False, threads=None):
                       timeout, env)
 
 
-def rate(specs, steps=2, repeats=3, timeout=900):
-    """``[{'tokens_per_sec', 'mfu', 'gemm_flops_per_sec'}]`` of each spec's
-    training step, not profiled, all in one child process beside a matrix
-    product (:func:`_rate_child`).
-
-    Raises:
-        RuntimeError: the child failed (its last line of stderr).
-    """
-    return _run_child({'specs': specs, 'mode': 'rate', 'steps': steps, 'repeats': repeats},
-                      timeout)
-
-
 def measure(specs, warmup=False, timeout=600):
     """``[{device: activation bytes}]`` after one step of each spec (``schedule``,
     ``stages``, ``chunks``, ``micro_batch``, ``lm``: ``GPTConfig`` fields),
@@ -404,7 +392,7 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
     multiple of K) traced in one child process, steps taking turns
     (:func:`trace`), and their activation memory per device after a warm-up
     step in another (:func:`measure`), which then, its profiler stopped,
-    times their steps (:func:`rate`): one MXNet start fewer than a process each.
+    times their steps (:func:`_rate_child`): one MXNet start fewer than a process each.
 
     Args:
         layers_per_device: The language model gets this many layers per
@@ -422,7 +410,7 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
         one unit per action, :func:`~mp_symbolic.core.schedule.bubble`), the
         trace's stats, ``step_vs_gpipe`` (its median step over GPipe's at
         the same K and M), ``memory`` (``{device: bytes}``) and
-        :func:`rate`'s ``tokens_per_sec``, ``mfu`` and ``gemm_flops_per_sec``.
+        :func:`_rate_child`'s ``tokens_per_sec``, ``mfu`` and ``gemm_flops_per_sec``.
     """
     specs = []
     for k in stages:
@@ -531,8 +519,6 @@ def main(argv=None):
         if given['mode'] == 'trace':
             print(json.dumps(_trace_child(given['specs'], given.get('steps', 3),
                                           given.get('timed', False))))
-        elif given['mode'] == 'rate':
-            print(json.dumps(_rate_child(given['specs'], given['steps'], given['repeats'])))
         else:
             held = _child(given['specs'], given['warmup'])
             if 'rate' in given:  # then, the profiler stopped, the steps timed (compare)

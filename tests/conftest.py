@@ -27,6 +27,14 @@ _reset_signals()  # before the commands' modules load: they note what was ignore
 
 THREE_DEVICES = 'cpu:0,cpu:1,cpu:2'
 
+
+def chain(blocks, **kwargs):
+    """The blocks one after the other as one whole network (a Pipeline cuts
+    it by its graph; the blocks keep their own parameter names): the
+    language model's own chain, :class:`~mp_symbolic.training.tasks.gpt.GPT`."""
+    from mp_symbolic.training.tasks.gpt import GPT  # pylint: disable=import-outside-toplevel
+    return GPT(blocks, **kwargs)
+
 # The files whose commands take the most CPU, heaviest first (per-test CPU of
 # the suite, its own and its child processes'): started first under `make test`
 # (--dist loadfile --no-loadscope-reorder keeps this order), so that no long

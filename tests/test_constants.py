@@ -21,7 +21,7 @@ from mp_symbolic.core.optstate import load_states
 from mp_symbolic.core.tensor_parallel import ColumnParallelDense, RowParallelDense
 from mp_symbolic.training.loop import train
 
-from conftest import make_config
+from conftest import chain, make_config
 
 BATCH = 8
 QUIET = {'log': lambda line: None}
@@ -52,21 +52,6 @@ class Encoder(gluon.HybridBlock):
 
     def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
         return self.enc(x)[0]  # (batch, length, units)
-
-
-class Chain(gluon.HybridBlock):
-    """The blocks as one network, for the whole form."""
-
-    def __init__(self, blocks, **kwargs):
-        super().__init__(**kwargs)
-        for i, block in enumerate(blocks):
-            self.register_child(block, 'b%d' % i)
-        self.chain = list(blocks)
-
-    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
-        for block in self.chain:
-            x = block(x)
-        return x
 
 
 def _frozen(block):
@@ -154,7 +139,7 @@ def test_module_keeps_constants_and_frozen_layers_fixed_without_state(route, net
     options = dict(MODULE_ROUTES[route])
     blocks = make()
     if options.pop('whole', False):
-        blocks = Chain(blocks, prefix='net_')
+        blocks = chain(blocks, prefix='net_')
     pipe = Pipeline(blocks, options.pop('devices'), sample=(BATCH,) + sample_shape, **options)
     fixed, trained = _fixed_and_trained(pipe)
     before, mod = _module_route(pipe, sample_shape)
@@ -167,7 +152,7 @@ def test_module_keeps_constants_and_frozen_layers_fixed_without_state(route, net
 def test_tensor_parallel_shards_of_a_frozen_layer_stay_fixed_without_state(whole):
     make, sample_shape = NETWORKS['tensor_parallel']
     if whole:  # the first stage's two devices hold both tensor-parallel layers' shards
-        pipe = Pipeline(Chain(make(), prefix='net_'), 'cpu:0+cpu:1,cpu:2',
+        pipe = Pipeline(chain(make(), prefix='net_'), 'cpu:0+cpu:1,cpu:2',
                         sample=(BATCH,) + sample_shape)
     else:
         pipe = Pipeline(make(), 'cpu:0,cpu:1+cpu:2', balance=[1, 3],
@@ -222,12 +207,12 @@ TASK = '''
 import sys
 sys.path.insert(0, %r)  # this folder: the networks above
 import mp_symbolic
-from test_constants import NETWORKS, Chain, _data
+from test_constants import NETWORKS, _data, chain
 
 def task(network='mlp', whole=0):
     make, sample_shape = NETWORKS[network]
     X, y = _data(sample_shape, num=32)
-    blocks = Chain(make(), prefix='net_') if whole else make()
+    blocks = chain(make(), prefix='net_') if whole else make()
     return mp_symbolic.Task(name='fixed', blocks=blocks, loss='softmax', train=(X, y),
                             batch_size=8, num_epochs=2, optimizer='sgd', lr=0.05, momentum=0.9)
 '''
@@ -250,7 +235,7 @@ def _initial(network, whole, seed):
     """The initial values ``train`` draws for the task (seed 0)."""
     from mp_symbolic.training.loop import initial_values  # pylint: disable=import-outside-toplevel
     make, sample_shape = NETWORKS[network]
-    blocks = Chain(make(), prefix='net_') if whole else make()
+    blocks = chain(make(), prefix='net_') if whole else make()
     pipe = Pipeline(blocks, 'cpu:0,cpu:1', sample=(8,) + sample_shape)
     return pipe, initial_values(pipe, seed)[0]
 

@@ -36,6 +36,7 @@ from mp_symbolic.training.tasks.zoo import build_network, zoo_names
 from mp_symbolic.training.loop import train
 
 from export.__main__ import main as export_main
+from conftest import chain
 
 
 def _devices(k, first=1):
@@ -396,19 +397,6 @@ def _tied_blocks():
                      prefix='lm_out_')]
 
 
-class _Seq(gluon.HybridBlock):
-    def __init__(self, blocks, **kwargs):
-        super().__init__(**kwargs)
-        self.blocks = blocks
-        for i, b in enumerate(blocks):
-            self.register_child(b, 'b%d' % i)
-
-    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
-        for b in self.blocks:
-            x = b(x)
-        return x
-
-
 def _token_task(n=256, seed=0):
     """Sequences of ids; the label is the first id."""
     X = np.random.default_rng(seed).integers(0, VOCAB, size=(n, SEQ)).astype(np.float32)
@@ -420,7 +408,7 @@ def _tied_network(form):
         net = TiedLM(prefix='lm_')
         return net, net, 'lm_embedding0_weight'
     blocks = _tied_blocks()
-    return _Seq(blocks, prefix='seq_'), blocks, 'lm_embedding0_weight'
+    return chain(blocks, prefix='seq_'), blocks, 'lm_embedding0_weight'
 
 
 @pytest.mark.parametrize('form, tied', [('whole', None), ('list', None), ('whole', 2),
@@ -723,21 +711,6 @@ def test_the_plan_counts_a_tied_weight_once_on_the_stage_it_lives_on(tied):
     assert counts == want and sum(counts) == sum(size.values())
 
 
-class _Chain(gluon.HybridBlock):
-    """The blocks one after the other, as one whole network."""
-
-    def __init__(self, blocks, **kwargs):
-        super().__init__(**kwargs)
-        self.parts = blocks
-        for i, block in enumerate(blocks):
-            self.register_child(block, 'part%d' % i)
-
-    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
-        for block in self.parts:
-            x = block(x)
-        return x
-
-
 def _chain_blocks():
     return [nn.Dense(8, activation='relu', in_units=4, prefix='b0_'),
             nn.Dense(8, activation='tanh', in_units=8, prefix='b1_'),
@@ -752,7 +725,7 @@ def test_a_block_list_builds_the_graph_of_one_network_cut_at_its_block_boundarie
     [1, 2] are ops [2, 3]), chunks and mirroring included."""
     blocks = Pipeline(_chain_blocks(), 'cpu:0,cpu:1', balance=[1, 2], chunks=chunks,
                       mirror=mirror)
-    whole = Pipeline(_Chain(_chain_blocks()), 'cpu:0,cpu:1', balance=[2, 3], chunks=chunks,
+    whole = Pipeline(chain(_chain_blocks()), 'cpu:0,cpu:1', balance=[2, 3], chunks=chunks,
                      mirror=mirror)
     assert blocks.placement.traced.stage_of_op == whole.cut.stage_of_op == (0, 0, 1, 1, 1)
     assert blocks.placement.traced.op_names == whole.cut.op_names
@@ -766,7 +739,7 @@ def test_a_whole_networks_twin_runs_its_stages_in_gpipe_clock_order(monkeypatch)
     schedule: clock k runs stage k - m of micro-batch m (each stage its ops
     of the labelled graph), not one micro-batch through every stage after
     the other; the output is the one-device output."""
-    pipe = Pipeline(_Chain(_chain_blocks()), 'cpu:0,cpu:1,cpu:2', balance=[1, 2, 2], chunks=2)
+    pipe = Pipeline(chain(_chain_blocks()), 'cpu:0,cpu:1,cpu:2', balance=[1, 2, 2], chunks=2)
     pipe.initialize(mx.init.Uniform(0.5))
     placement = pipe.placement
     stages = twin.ops_of_stages(placement, placement.labelled())
@@ -784,7 +757,7 @@ def test_a_whole_networks_twin_runs_its_stages_in_gpipe_clock_order(monkeypatch)
     runs = list(dict.fromkeys(r for r, _ in calls))
     assert [(runs.index(r), s) for r, s in calls] == [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1),
                                                       (1, 2)]
-    alone = _Chain(_chain_blocks())
+    alone = chain(_chain_blocks())
     alone.initialize()
     for name, param in alone.collect_params().items():
         param.set_data(pipe.collect_params()[name].data(placement.device_of(name)).copyto(
@@ -795,7 +768,7 @@ def test_a_whole_networks_twin_runs_its_stages_in_gpipe_clock_order(monkeypatch)
 def test_a_whole_networks_twin_labels_its_graph_once_per_placement(monkeypatch):
     """The twin of a cut network labels its graph on the first forward pass
     only; a second pass runs the same graph and gives the same output."""
-    pipe = Pipeline(_Chain(_chain_blocks()), 'cpu:0,cpu:1', balance=[2, 3], chunks=2)
+    pipe = Pipeline(chain(_chain_blocks()), 'cpu:0,cpu:1', balance=[2, 3], chunks=2)
     pipe.initialize(mx.init.Uniform(0.5))
     calls, labelled = [], graphcut.Cut.labelled
 

@@ -17,6 +17,7 @@ from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import parse_devices
 from mp_symbolic.tools.checkpoint import read_checkpoint, save_checkpoint
 from mp_symbolic.tools.memory import device_memory
+from conftest import chain
 
 TOL = 1e-5
 VOCAB, DIM, UNITS = 12, 6, 12
@@ -112,13 +113,18 @@ def _batch(batch_size=8):
             mx.nd.array(rng.randint(0, 3, (batch_size,))))
 
 
-def _module(pipe, X, y, optimizer='sgd', **init):
-    mod = pipe.module(loss='softmax')
+def _module(pipe, X, y, optimizer='sgd', loss='softmax', **init):
+    mod = pipe.module(loss=loss)
     mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
     mod.init_params(mx.init.Uniform(0.5), **init)
     mod.init_optimizer(kvstore='local' if pipe.replicas > 1 else None, optimizer=optimizer,
                        optimizer_params={'learning_rate': 0.1})
     return mod
+
+
+def _per_position(pred, label):
+    """A softmax loss at every position of a sequence."""
+    return mx.sym.SoftmaxOutput(pred, label, preserve_shape=True)
 
 
 def _step(mod, X, y):
@@ -297,12 +303,7 @@ def test_output_tied_to_vocab_parallel_embedding_across_stages_matches_one_devic
     X, y = mx.nd.array(rng.randint(0, 10, (4, 3))), mx.nd.array(rng.randint(0, 10, (4, 3)))
 
     def module(pipe, **init):
-        mod = pipe.module(loss=lambda p, l: mx.sym.SoftmaxOutput(p, l, preserve_shape=True))
-        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
-        mod.init_params(mx.init.Uniform(0.5), **init)
-        mod.init_optimizer(kvstore=None, optimizer='adam',
-                           optimizer_params={'learning_rate': 0.1})
-        return mod
+        return _module(pipe, X, y, optimizer='adam', loss=_per_position, **init)
 
     one = module(Pipeline(_tied_lm(1), 'cpu:0'))
     assert sorted(one.get_params()[0]) == ['mid_bias', 'mid_weight', 'tok_weight']
@@ -313,21 +314,6 @@ def test_output_tied_to_vocab_parallel_embedding_across_stages_matches_one_devic
     assert split.export_symbol.list_arguments().count('tok_weight') == 1
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
-
-
-class _Chain(gluon.HybridBlock):
-    """Blocks one after the other as one network (a Pipeline cuts it by its graph)."""
-
-    def __init__(self, blocks, **kwargs):
-        super().__init__(**kwargs)
-        self.layers = blocks
-        for i, block in enumerate(blocks):
-            self.register_child(block, 'layer%d' % i)
-
-    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
-        for block in self.layers:
-            x = block(x)
-        return x
 
 
 def _groups_of_tied_output(symbol, weight='tok_shard'):
@@ -344,15 +330,10 @@ def test_whole_network_output_tied_to_vocab_parallel_embedding_runs_on_its_own_s
     X, y = mx.nd.array(rng.randint(0, 10, (4, 3))), mx.nd.array(rng.randint(0, 10, (4, 3)))
 
     def module(pipe, **init):
-        mod = pipe.module(loss=lambda p, l: mx.sym.SoftmaxOutput(p, l, preserve_shape=True))
-        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
-        mod.init_params(mx.init.Uniform(0.5), **init)
-        mod.init_optimizer(kvstore=None, optimizer='adam',
-                           optimizer_params={'learning_rate': 0.1})
-        return mod
+        return _module(pipe, X, y, optimizer='adam', loss=_per_position, **init)
 
-    one = module(Pipeline(_Chain(_tied_lm(1), prefix='lm_'), 'cpu:0'))
-    pipe = Pipeline(_Chain(_tied_lm(2), prefix='lm_'), 'cpu:1+cpu:2,cpu:3+cpu:4', sample=X)
+    one = module(Pipeline(chain(_tied_lm(1), prefix='lm_'), 'cpu:0'))
+    pipe = Pipeline(chain(_tied_lm(2), prefix='lm_'), 'cpu:1+cpu:2,cpu:3+cpu:4', sample=X)
     assert pipe.cut.stage_of_op[-1] == 1  # the cut leaves the output layer on the last stage
     assert _groups_of_tied_output(pipe.symbol()) == ['stage1', 'stage1_shard1']
     assert pipe.tied['tok_shard1_weight'] == (0, [0, 1])
@@ -362,7 +343,7 @@ def test_whole_network_output_tied_to_vocab_parallel_embedding_runs_on_its_own_s
     assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
-    twin = Pipeline(_Chain(_tied_lm(2), prefix='lm_'), 'cpu:1+cpu:2,cpu:3+cpu:4', sample=X)
+    twin = Pipeline(chain(_tied_lm(2), prefix='lm_'), 'cpu:1+cpu:2,cpu:3+cpu:4', sample=X)
     twin.set_params(*one.get_params())
     assert _close(twin(X.as_in_context(mx.cpu(1))).softmax().asnumpy(), one.predict(
         mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy())
