@@ -205,3 +205,14 @@ def test_yolo_three_outputs_split_match_one_device_and_export_is_refused_naming_
     assert export_main(['--checkpoint', str(tmp_path / 'yolo'), '--out', str(tmp_path / 'out')]) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and '_contrib_box_nms' in err
+
+
+def test_bert_balances_by_time_with_its_lengths_cast_to_integers():
+    """``balance='time'`` times each op of GluonNLP's BERT alone, at the
+    dtypes the graph gives its inputs: the attention's ``softmax`` takes the
+    ``valid_length`` cast to an integer, and refused the float32 it was once
+    bound with ("This operation only support integer types")."""
+    net = _bert()
+    pipe = Pipeline(net, 'cpu:0,cpu:1', sample=[mx.nd.array(a) for a in bert_batch()],
+                    balance='time')
+    assert len(pipe.balance) == 2 and min(pipe.balance) > 0

@@ -191,25 +191,31 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
     return times
 
 
-def time_forward_backward(symbol, input_shapes, ctx, rng, repeats=5):
+def time_forward_backward(symbol, input_shapes, ctx, rng, repeats=5, input_dtypes=None):
     """Median seconds of one forward + backward pass of ``symbol`` bound
     alone on ``ctx``, its arrays filled from ``rng``
     (:func:`mp_symbolic.core.timing.median_seconds`: the first pass, which
-    allocates, untimed). Every argument gets a gradient, but the inputs an
-    Embedding reads its ids from (:func:`mp_symbolic.core.compat.embedding_ids`).
+    allocates, untimed). Every floating-point argument gets a gradient, but
+    the inputs an Embedding reads its ids from
+    (:func:`mp_symbolic.core.compat.embedding_ids`); an integer input (a
+    ``softmax`` length cast from BERT's ``valid_length``) holds ones, a value
+    every length and index accepts.
 
     Args:
         symbol: The block's (op's) graph.
         input_shapes: ``{input name: shape}``; the other arguments' shapes
             are inferred.
+        input_dtypes: ``{input name: dtype}`` where not float32.
     """
     no_gradient = embedding_ids(symbol, input_shapes)
-    exe = symbol.simple_bind(ctx, grad_req={a: 'null' if a in no_gradient else 'write'
-                                            for a in symbol.list_arguments()},
-                             **input_shapes)
+    dtypes = dict(input_dtypes or {})
+    exe = symbol.simple_bind(ctx, grad_req={
+        a: 'null' if a in no_gradient or not np.issubdtype(dtypes.get(a, np.float32), np.floating)
+        else 'write' for a in symbol.list_arguments()}, type_dict=dtypes or None, **input_shapes)
     for array in exe.arg_arrays + exe.aux_arrays:
-        array[:] = rng.normal(0.0, 0.1, array.shape)
-    head_grads = [mx.nd.ones(o.shape, ctx=ctx) for o in exe.outputs]
+        array[:] = rng.normal(0.0, 0.1, array.shape) \
+            if np.issubdtype(array.dtype, np.floating) else 1
+    head_grads = [mx.nd.ones(o.shape, ctx=ctx, dtype=o.dtype) for o in exe.outputs]
 
     def step():
         exe.forward(is_train=True)

@@ -111,12 +111,13 @@ def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
     op in :func:`op_order`.
 
     Each op is bound by itself on ``ctx`` with its inputs as fresh variables of
-    the shapes inference gives for ``input_shapes``, filled with random values,
+    the shapes and dtypes inference gives for ``input_shapes``, filled with
+    random values,
     and timed by :func:`mp_symbolic.core.balance.time_forward_backward`
     (an ``Embedding``'s ids without a gradient).
     """
     graph = json.loads(symbol.tojson())
-    shapes = entry_shapes(symbol, input_shapes)
+    shapes, dtypes = entry_shapes(symbol, input_shapes), entry_dtypes(symbol, input_shapes)
     rng = np.random.default_rng(seed)
     times = []
     for i in op_order(graph):
@@ -130,8 +131,21 @@ def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
         sym = load({'nodes': nodes, 'heads': [[len(nodes) - 1, 0, 0]], 'attrs': graph['attrs']})
         in_shapes = {'in%d' % k: shapes[(graph['nodes'][src]['name'], idx)]
                      for k, (src, idx, _) in enumerate(node['inputs'])}
-        times.append(time_forward_backward(sym, in_shapes, ctx, rng, repeats))
+        in_dtypes = {'in%d' % k: dtypes[(graph['nodes'][src]['name'], idx)]
+                     for k, (src, idx, _) in enumerate(node['inputs'])}
+        times.append(time_forward_backward(sym, in_shapes, ctx, rng, repeats, in_dtypes))
     return times
+
+
+def _by_entry(internals, values):
+    """``{(node name, output index): value}`` over ``internals``' outputs."""
+    out, count = {}, {}
+    for k, value in enumerate(values):
+        name = internals[k].name
+        idx = count.get(name, 0)
+        count[name] = idx + 1
+        out[(name, idx)] = value
+    return out
 
 
 def entry_shapes(symbol, input_shapes, with_dtype=False):
@@ -140,18 +154,20 @@ def entry_shapes(symbol, input_shapes, with_dtype=False):
     float32); with ``with_dtype``, ``(shape, bytes per element)``."""
     internals = symbol.get_internals()
     _, out_shapes, _ = internals.infer_shape(**input_shapes)
-    if with_dtype:
-        _, out_types, _ = internals.infer_type(**{k: np.float32 for k in input_shapes})
-        flags = [np.dtype(t).itemsize for t in out_types]
-    out = {}
-    count = {}
-    for k in range(len(out_shapes)):
-        name = internals[k].name
-        idx = count.get(name, 0)
-        count[name] = idx + 1
-        out[(name, idx)] = (tuple(out_shapes[k]), flags[k]) if with_dtype \
-            else tuple(out_shapes[k])
-    return out
+    shapes = [tuple(s) for s in out_shapes]
+    if not with_dtype:
+        return _by_entry(internals, shapes)
+    sizes = [np.dtype(t).itemsize for t in entry_dtypes(symbol, input_shapes).values()]
+    return _by_entry(internals, list(zip(shapes, sizes)))
+
+
+def entry_dtypes(symbol, input_shapes):
+    """``{(node name, output index): numpy dtype}`` of every visible output of
+    every node, from type inference with the inputs of ``input_shapes``
+    float32 (a ``Cast`` makes an integer entry)."""
+    internals = symbol.get_internals()
+    _, out_types, _ = internals.infer_type(**{k: np.float32 for k in input_shapes})
+    return _by_entry(internals, [np.dtype(t) for t in out_types])
 
 
 def entry_bytes(symbol, input_shapes):
