@@ -58,12 +58,12 @@ def _batch(sample, step, classes):
                            [mx.nd.array(y.astype(np.float32))])
 
 
-def _train(make, devices, chunks, schedule, replicas=1, steps=3):
+def _train(make, devices, chunks, schedule, replicas=1, steps=3, virtual=None):
     """The last step's output and the parameters after ``steps`` SGD steps
     (momentum 0.9) from the blocks' seeded initial values."""
     net, sample, *balance = make()
     pipe = Pipeline(net, devices, balance=(balance or [None])[0], sample=sample, chunks=chunks,
-                    replicas=replicas, schedule=schedule)
+                    replicas=replicas, schedule=schedule, virtual=virtual)
     arg_params, aux_params = loop.initial_values(pipe, seed=0)
     mod = pipe.module(loss='softmax')
     batch = _batch(sample, 0, 10)
@@ -90,6 +90,11 @@ TABLE = [(_lm, 'cpu:0,cpu:1', m, 1) for m in (1, 2, 4)] + \
     [(_lm, 'cpu:0,cpu:1,cpu:2', m, 1) for m in (1, 2, 4)] + [
         (lambda: _lm(whole=True), 'cpu:0,cpu:1,cpu:2', 4, 1),
         (lambda: _lm(shards=2), 'cpu:0+cpu:1,cpu:2', 2, 1),
+        # shards in a stage that receives: its shards read the received activation
+        (lambda: _lm(shards=2), 'cpu:0+cpu:1,cpu:2+cpu:3', 1, 1),
+        (lambda: _lm(shards=2), 'cpu:0+cpu:1,cpu:2+cpu:3', 4, 1),
+        (lambda: _lm(whole=True, shards=2), 'cpu:0+cpu:1,cpu:2+cpu:3', 2, 1),
+        (lambda: _lm(shards=2), 'cpu:0+cpu:1,cpu:2+cpu:3,cpu:4+cpu:5,cpu:6+cpu:7', 2, 2),
         (_lm, 'cpu:0,cpu:1,cpu:2,cpu:3', 2, 2),
         (_digits, 'cpu:0,cpu:1,cpu:2', 4, 1),
         (_skip, 'cpu:0,cpu:1,cpu:2', 2, 1),
@@ -109,6 +114,16 @@ def test_1f1b_equals_the_gpipe_graph_after_three_steps(make, devices, chunks, re
             # in turn here; the one graph's chunk copies give other values
             # (weights and outputs still agree)
             continue
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
+def test_interleaved_with_shards_in_every_stage_equals_the_gpipe_graph():
+    _, expected_out, expected = _train(lambda: _lm(shards=2), 'cpu:0+cpu:1,cpu:2+cpu:3', 2,
+                                       'gpipe')
+    _, out, params = _train(lambda: _lm(shards=2), 'cpu:0+cpu:1,cpu:2+cpu:3', 2, 'interleaved',
+                            virtual=1)
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
+    for name, value in expected.items():
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
 
 

@@ -18,7 +18,7 @@ import mxnet as mx
 
 from .compat import split_bind
 from .module import PipelineModule
-from .stages import StageRuntime, cut
+from .stages import StageRuntime, cut, variable_specs
 
 __all__ = []
 
@@ -75,9 +75,10 @@ class StagedModule(PipelineModule):
         plan = self.pipeline.plan
         stages = cut(self._symbol, plan.num_stages, set(shapes))
         schedule = self.pipeline.run_schedule()
+        specs = variable_specs(self._symbol, shapes, {n: 'float32' for n in shapes})
         self._runtimes = [
             StageRuntime(stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict, exe.aux_dict,
-                         shapes, schedule, for_training)
+                         shapes, schedule, for_training, specs=specs)
             for r, exe in enumerate(self._exec_group.execs)]
         self._trained = False
         self._apply_pending()

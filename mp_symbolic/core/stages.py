@@ -23,9 +23,14 @@ micro-batch forward or backward:
   optimizer rescales by ``1 / batch``). Not ``simple_bind(shared_exec=...)``:
   that shares the executors' internal memory pool, and two micro-batches in
   flight then overwrite each other's activations (wrong gradients, no error);
-* activations and their gradients pass between stages as NDArray copies,
-  pushed to MXNet's engine like any op, so the devices still overlap;
-  within a stage, ``group2ctx`` puts tensor-parallel shards on their devices.
+* activations and their gradients pass between stages through a transport
+  (:mod:`~mp_symbolic.core.comm`, the one seam where a tensor leaves a
+  stage): in one process, NDArray copies pushed to MXNet's engine like any
+  op, so the devices still overlap; a runtime may bind only some of the
+  stages (``local``), the others' messages then crossing to the processes
+  that run them. Within a stage, ``group2ctx`` puts tensor-parallel shards
+  on their devices, and a received tensor that the shards read goes through
+  an identity in the stage's own group (as a tied weight does).
 """
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -33,7 +38,8 @@ import json
 
 import mxnet as mx
 
-from .compat import split_bind
+from .comm import Link, LocalTransport
+from .compat import split_bind, tie_parameters
 from .graphcut import CutError, load
 from .names import GROUP_ATTR, STAGE_PREFIX, stage_name
 from .schedule import Action, in_flight, issue_order
@@ -152,8 +158,10 @@ def _stage_graph(graph, s, stage_of, readers, input_names):
         sends.append(((src, idx), len(heads)))
         heads.append([index[src], idx, 0])
     receives = tuple((name, stage_of[src], (src, k)) for (src, k), (_, name) in received.items())
-    symbol = load({'nodes': out, 'heads': heads, 'attrs': graph.get('attrs', {})}) \
-        if heads else None
+    # a received tensor (a variable here) that ops of another group read, the
+    # shards of a tensor-parallel layer, is read through an identity in its own
+    symbol = load(tie_parameters({'nodes': out, 'heads': heads, 'attrs': graph.get('attrs', {})},
+                                 CutError)) if heads else None
     return StageGraph(s, symbol, tuple(own), tuple(sends), receives, tuple(inputs))
 
 
@@ -165,49 +173,95 @@ class _Slot:
         self.out_grads = out_grads  # one per output; None where the output is a loss head
 
 
+def links(stages):
+    """Every :class:`~mp_symbolic.core.comm.Link` of ``stages``, with the
+    name of the variable each lands in: ``[(link, variable)]``, in stage
+    order (the same on every process that cuts the same graph)."""
+    found = []
+    for graph in stages:
+        for name, t, entry in graph.receives:
+            found.append((Link(t, graph.stage, _send_index(stages[t], entry)), name))
+    return found
+
+
+def _send_index(graph, entry):
+    return [e for e, _ in graph.sends].index(entry)
+
+
+def variable_specs(symbol, input_shapes, input_types=None):
+    """``({variable: shape}, {variable: dtype})`` of every argument and
+    auxiliary state of ``symbol`` (one micro-batch's training graph) for
+    inputs of ``input_shapes``: what each stage's arrays are made from,
+    whichever stages this process binds."""
+    arg_shapes, _, aux_shapes = symbol.infer_shape(**input_shapes)
+    arg_types, _, aux_types = symbol.infer_type(**dict(input_types or {}))
+    names = symbol.list_arguments() + symbol.list_auxiliary_states()
+    return dict(zip(names, arg_shapes + aux_shapes)), dict(zip(names, arg_types + aux_types))
+
+
 class StageRuntime:
     """The stages of one replica bound as executors, running a schedule.
 
+    Every boundary tensor goes through ``transport``
+    (:mod:`~mp_symbolic.core.comm`): the runtime posts each receive with the
+    array the tensor lands in, and sends each tensor once its action is
+    issued.
+
     Args:
-        stages: The :class:`StageGraph` s, in order.
-        group2ctx: The replica's ``{ctx_group: device}``.
+        stages: The :class:`StageGraph` s, in order (all of them, also those
+            another process runs).
+        group2ctx: The replica's ``{ctx_group: device}`` (of the stages it binds).
         arg_dict, grad_dict, aux_dict: The replica's weight, gradient and
             auxiliary arrays by name (gradients ``None`` for fixed ones):
             every executor of a stage binds these same arrays.
         input_shapes: ``{data or label name: one micro-batch's shape}``.
         schedule: A :class:`~mp_symbolic.core.schedule.Schedule` over these stages.
         for_training: Whether the executors compute gradients.
+        specs: :func:`variable_specs` of the graph the stages were cut from.
+        local: The stages this runtime binds and runs (default: every stage).
+        transport: Carries the boundary tensors (default: a
+            :class:`~mp_symbolic.core.comm.LocalTransport`).
     """
 
     def __init__(self, stages, group2ctx, arg_dict, grad_dict, aux_dict, input_shapes,
-                 schedule, for_training):
+                 schedule, for_training, specs, local=None, transport=None):
         self.stages, self.schedule = stages, schedule
-        self.order = issue_order(schedule)
+        self.local = tuple(range(len(stages)) if local is None else local)
+        self.transport = LocalTransport() if transport is None else transport
+        self.order = [a for a in issue_order(schedule) if a.stage in self.local]
         self.for_training = for_training
         self.microbatches = schedule.microbatches
         self.input_shapes = dict(input_shapes)
         self.grads = [g for n, g in grad_dict.items() if g is not None and n in arg_dict]
+        self.links = links(stages)
+        self._receives = {s: [(link, name) for link, name in self.links if link.consumer == s]
+                          for s in self.local}
+        self._sends = {s: [link for link, _ in self.links if link.producer == s]
+                       for s in self.local}
+        shapes, types = specs
+        self._boundary = _boundary_specs(stages, shapes, types)
         flight = in_flight(schedule)
-        self.slots = []
-        for graph in stages:
-            groups = {g: d for g, d in group2ctx.items() if stage_of_group(g) == graph.stage}
-            self.slots.append([self._bind(graph, groups, group2ctx, arg_dict, grad_dict, aux_dict)
-                               for _ in range(max(1, flight[graph.stage]))])
+        self.slots = [[] for _ in stages]  # a stage another process runs has none here
+        for s in self.local:
+            graph = stages[s]
+            groups = {g: d for g, d in group2ctx.items() if stage_of_group(g) == s}
+            self.slots[s] = [self._bind(graph, groups, group2ctx, arg_dict, grad_dict, aux_dict,
+                                        types) for _ in range(max(1, flight[s]))]
         self.outputs = None
 
-    def _bind(self, graph, groups, group2ctx, arg_dict, grad_dict, aux_dict):
+    def _bind(self, graph, groups, group2ctx, arg_dict, grad_dict, aux_dict, types):
         device = groups[stage_name(graph.stage)]
-        received = {name: (t, entry) for name, t, entry in graph.receives}
+        received = {name: entry for name, _, entry in graph.receives}
         args, grads, reqs = {}, {}, {}
         for name in graph.symbol.list_arguments():
             if name in received:
-                t, entry = received[name]
-                sent = self.slots[t][0].executor.outputs[dict(self.stages[t].sends)[entry]]
-                args[name] = mx.nd.zeros(sent.shape, device, dtype=sent.dtype)
+                shape, dtype = self._boundary[received[name]]
+                args[name] = mx.nd.zeros(shape, device, dtype=dtype)
                 if self.for_training:
-                    grads[name], reqs[name] = mx.nd.zeros(sent.shape, device, sent.dtype), 'write'
+                    grads[name], reqs[name] = mx.nd.zeros(shape, device, dtype), 'write'
             elif name in self.input_shapes:
-                args[name] = mx.nd.zeros(self.input_shapes[name], device)
+                args[name] = mx.nd.zeros(self.input_shapes[name], device,
+                                         dtype=types.get(name, 'float32'))
             else:
                 args[name] = arg_dict[name]
                 if self.for_training and grad_dict.get(name) is not None:
@@ -225,12 +279,13 @@ class StageRuntime:
         return _Slot(executor, out_grads)
 
     def run(self, inputs, train, each=None):
-        """One batch of this replica through every stage.
+        """One batch of this replica through every stage this runtime runs.
 
         Args:
             inputs: ``{data or label name: NDArray}`` of ``microbatches x``
                 the micro-batch shape (a label may be missing: its arrays keep
-                what they hold).
+                what they hold; an input only another process's stages read
+                may be missing too).
             train: Run the schedule's forwards and backwards (gradients summed
                 into the gradient arrays, zeroed first); otherwise forwards
                 only, micro-batch by micro-batch.
@@ -245,35 +300,37 @@ class StageRuntime:
                 grad[:] = 0
             order = self.order
         else:
-            order = [Action(g.stage, i, 'F') for i in range(self.microbatches)
-                     for g in self.stages]
+            order = [Action(s, i, 'F') for i in range(self.microbatches) for s in self.local]
+        self.transport.begin()
         free = [list(range(len(slots))) for slots in self.slots]
-        held = {}
+        held = {}  # (stage, micro-batch) -> the index of its slot
+        last = self.local[-1]
         for s, i, kind in order:
             graph = self.stages[s]
             if kind == 'F':
-                slot = held[(s, i)] = free[s].pop(0)
-                self._forward(graph, self.slots[s][slot], held, i, inputs, train, outputs)
-                if not train and s == len(self.stages) - 1:
-                    for t in range(len(self.stages)):
+                held[(s, i)] = free[s].pop(0)
+                self._forward(graph, self.slots[s][held[(s, i)]], i, inputs, train, outputs)
+                if not train and s == last:  # the micro-batch is through this runtime's stages
+                    for t in self.local:
                         free[t].append(held.pop((t, i)))
             else:
                 slot = held.pop((s, i))
-                self._backward(graph, self.slots[s][slot], held, i)
+                self._backward(graph, self.slots[s][slot], i)
                 free[s].append(slot)
             if each is not None:
                 each(Action(s, i, kind))
+        self.transport.finish()
         self.outputs = [outputs[k] for k in sorted(outputs)]
 
-    def _forward(self, graph, slot, held, i, inputs, train, outputs):
+    def _forward(self, graph, slot, i, inputs, train, outputs):
         executor = slot.executor
+        pending = self.transport.recv_forward(i, [(link, executor.arg_dict[name])
+                                                  for link, name in self._receives[graph.stage]])
         for name in graph.inputs:
             if name in inputs:
                 rows = self.input_shapes[name][0]
                 inputs[name][i * rows:(i + 1) * rows].copyto(executor.arg_dict[name])
-        for name, t, entry in graph.receives:
-            producer = self.slots[t][held[(t, i)]].executor
-            producer.outputs[dict(self.stages[t].sends)[entry]].copyto(executor.arg_dict[name])
+        pending.wait()
         executor.forward(is_train=train)
         for k, output in graph.heads:
             value = executor.outputs[output]
@@ -281,22 +338,38 @@ class StageRuntime:
                 outputs[k] = mx.nd.empty((value.shape[0] * self.microbatches,) + value.shape[1:],
                                          value.context, dtype=value.dtype)
             value.copyto(outputs[k][i * value.shape[0]:(i + 1) * value.shape[0]])
+        sent = [(link, executor.outputs[graph.sends[link.tensor][1]])
+                for link in self._sends[graph.stage]]
+        self.transport.send_forward(i, sent)
+        if train and sent:
+            slot.pending = self.transport.recv_backward(
+                i, [(link, slot.out_grads[graph.sends[link.tensor][1]])
+                    for link, _ in sent])
 
-    def _backward(self, graph, slot, held, i):
+    def _backward(self, graph, slot, i):
         executor = slot.executor
+        if graph.sends:
+            slot.pending.wait()
         executor.backward(out_grads=slot.out_grads)
-        for name, t, entry in graph.receives:
-            producer = self.slots[t][held[(t, i)]]
-            target = producer.out_grads[dict(self.stages[t].sends)[entry]]
-            grad = executor.grad_dict[name]
-            if self._read_later(graph.stage, t, entry):
-                target += grad.as_in_context(target.context)
-            else:
-                grad.copyto(target)
+        self.transport.send_backward(i, [(link, executor.grad_dict[name])
+                                         for link, name in self._receives[graph.stage]])
 
-    def _read_later(self, stage, producer, entry):
-        """Whether a stage after ``stage`` also reads ``entry``: its gradient
-        then reached the producer first (a micro-batch's backwards run from the
-        last stage down), and this one adds to it."""
-        return any(t == producer and e == entry for g in self.stages[stage + 1:]
-                   for _, t, e in g.receives)
+
+def _boundary_specs(stages, shapes, types):
+    """``{entry: (shape, dtype)}`` of every tensor a stage sends, inferred
+    stage by stage from the variables' ``shapes`` and ``types``."""
+    specs = {}
+    for graph in stages:
+        if graph.symbol is None:
+            continue
+        received = {name: specs[entry] for name, _, entry in graph.receives}
+        names = graph.symbol.list_arguments()
+        known = {n: received[n][0] if n in received else shapes[n] for n in names
+                 if n in received or n in shapes}
+        _, out_shapes, _ = graph.symbol.infer_shape(**known)
+        known_types = {n: received[n][1] if n in received else types[n] for n in names
+                       if n in received or n in types}
+        _, out_types, _ = graph.symbol.infer_type(**known_types)
+        for entry, output in graph.sends:
+            specs[entry] = (tuple(out_shapes[output]), out_types[output])
+    return specs

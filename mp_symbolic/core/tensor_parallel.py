@@ -54,7 +54,8 @@ import numpy as np
 
 from .balance import even_split
 from .checks import positive_int
-from .compat import ids_outside_gradient, read_in_own_group
+from .comm import copy_to_shards, gather_from_shards, reduce_from_shards
+from .compat import ids_outside_gradient
 from .names import (GROUP_ATTR, SHARD_ATTR, is_tied, layer_call, parse_shard_mark, shard_group,
                     shard_mark, stage_name)
 
@@ -345,8 +346,7 @@ class ColumnParallelDense(_ShardedBlock):
         return y
 
     def _prepare(self, F, x):
-        # every shard's group reads the input: a variable, through an op of its own
-        return read_in_own_group(F, x) if self.shards > 1 else x
+        return copy_to_shards(F, x) if self.shards > 1 else x
 
     def _shard(self, F, i, x, weight, bias=None):
         return self._dense(F, x, weight, bias, self.sizes[i],
@@ -381,12 +381,7 @@ def _column_parts(x, shards, flatten):
 
 def _gather(F, parts, flatten):
     """Shard outputs joined along the last axis, marked for a following layer."""
-    if len(parts) == 1:
-        return parts[0]
-    if F is mx.sym:
-        return F.concat(*parts, dim=-1, name='gather',
-                        attr={_GATHER_ATTR: '%d:%d' % (len(parts), flatten)})
-    return F.concat(*parts, dim=-1)
+    return gather_from_shards(F, parts, {_GATHER_ATTR: '%d:%d' % (len(parts), flatten)})
 
 
 class PerShard(_ShardedBlock):
@@ -503,8 +498,7 @@ class RowParallelDense(_ShardedBlock):
                                 allow_deferred_init=True)
 
     def _prepare(self, F, x):
-        # every shard's group reads the input: a variable, through an op of its own
-        return read_in_own_group(F, x) if self.shards > 1 else x
+        return copy_to_shards(F, x) if self.shards > 1 else x
 
     def _shard(self, F, i, x, weight, bias=None):
         if self.shards > 1:
@@ -521,7 +515,7 @@ class RowParallelDense(_ShardedBlock):
                                 name='fwd' if self.shards == 1 else 'shard%d_fwd' % i)
 
     def _combine(self, F, parts, x):
-        y = parts[0] if self.shards == 1 else F.add_n(*parts, name='reduce')
+        y = reduce_from_shards(F, parts)
         if self._act is not None:
             y = F.Activation(y, act_type=self._act, name=self._act)
         return y
@@ -589,7 +583,7 @@ class VocabParallelEmbedding(_ShardedBlock):
         return F.broadcast_mul(rows, F.expand_dims(valid, axis=-1), name='shard%d_mask' % i)
 
     def _combine(self, F, parts, x):
-        return parts[0] if self.shards == 1 else F.add_n(*parts, name='reduce')
+        return reduce_from_shards(F, parts)
 
     def _unsplit(self, F, x, weight):
         return F.Embedding(x, weight, input_dim=self._input_dim, output_dim=self._output_dim,
