@@ -27,7 +27,7 @@ import time
 import mxnet as mx
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.schedule import MAKERS, bubble, interleaved
+from mp_symbolic.core.schedule import bubble, check_spec, make
 from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
                                      step_windows, storage_bytes)
@@ -281,10 +281,10 @@ def timed_ideal(spec, stage_us):
 
 
 def _schedule_of(spec):
-    k, m = spec['stages'], spec['chunks']
-    if spec['schedule'] == 'interleaved':
-        return interleaved(k, m, spec.get('virtual') or 2)
-    return MAKERS[spec['schedule']](k, m)
+    """The schedule of ``spec`` (``'stages'``: its devices, each holding its
+    ``'virtual'`` stages, or as many as the schedule takes by default)."""
+    v = check_spec(spec['schedule'], spec.get('virtual'))
+    return make(spec['schedule'], spec['stages'] * v, spec['chunks'], v)
 
 
 def _phase(op):
@@ -428,8 +428,7 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
     rows, gpipe_step = [], {}
     for one, stats, held, speed in zip(specs, traced, memory, rates):
         k, m = one['stages'], one['chunks']
-        made = interleaved(k, m, virtual) if one['schedule'] == 'interleaved' else \
-            MAKERS[one['schedule']](k, m)
+        made = _schedule_of(one)
         if one['schedule'] == 'gpipe':
             gpipe_step[(k, m)] = stats['step_us']
         row = dict(one, ideal=bubble(made), memory=held,

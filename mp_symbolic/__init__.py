@@ -22,41 +22,29 @@ bundled tasks). The names of ``__all__`` are imported on first use, so that
 ``python -m mp_symbolic --help`` answers without loading MXNet; the training
 application's ``TrainConfig`` is ``mp_symbolic.training.TrainConfig``.
 """
+import importlib
 import os
 
 # MXNet logs a line each time it binds a graph with its oneDNN subgraph
 # backend; it reads this once, so it is set before anything binds.
 os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
-__all__ = [
-    'BalanceError', 'CheckpointError', 'ColumnParallelDense', 'DevicePlan', 'DeviceSpecError',
-    'OptimizerStateError', 'PerDeviceUpdater', 'PerShard', 'Pipeline', 'PipelineModule',
-    'Report', 'RowParallelDense', 'Task', 'TaskError', 'Trainer', 'VocabParallelEmbedding',
-    'balance_by_size', 'balance_by_time', 'make_plan', 'parse_devices', 'read_checkpoint',
-    'save_checkpoint', 'stage_name',
-]
-
-
-def _public():
-    """The public names, each imported from its module by name."""
-    # pylint: disable=import-outside-toplevel
-    from .core.balance import BalanceError, balance_by_size, balance_by_time
-    from .core.devices import DevicePlan, DeviceSpecError, make_plan, parse_devices
-    from .core.module import PipelineModule
-    from .core.names import stage_name
-    from .core.optstate import OptimizerStateError
-    from .core.pipeline import Pipeline
-    from .core.task import Report, Task, TaskError
-    from .core.tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
-                                       VocabParallelEmbedding)
-    from .core.trainer import Trainer
-    from .core.updater import PerDeviceUpdater
-    from .tools.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-    return {value.__name__: value for value in (
-        BalanceError, balance_by_size, balance_by_time, DevicePlan, DeviceSpecError, make_plan,
-        parse_devices, PipelineModule, stage_name, OptimizerStateError, Pipeline, Report, Task,
-        TaskError, ColumnParallelDense, PerShard, RowParallelDense, VocabParallelEmbedding,
-        Trainer, PerDeviceUpdater, CheckpointError, read_checkpoint, save_checkpoint)}
+# Each public name and the module it lives in, imported on first use.
+_HOMES = {
+    'Action': 'core.schedule', 'BalanceError': 'core.balance',
+    'CheckpointError': 'tools.checkpoint', 'ColumnParallelDense': 'core.tensor_parallel',
+    'DevicePlan': 'core.devices', 'DeviceSpecError': 'core.devices',
+    'OptimizerStateError': 'core.optstate', 'PerDeviceUpdater': 'core.updater',
+    'PerShard': 'core.tensor_parallel', 'Pipeline': 'core.pipeline',
+    'PipelineModule': 'core.module', 'Report': 'core.task',
+    'RowParallelDense': 'core.tensor_parallel', 'ScheduleError': 'core.schedule',
+    'Task': 'core.task', 'TaskError': 'core.task', 'Trainer': 'core.trainer',
+    'VocabParallelEmbedding': 'core.tensor_parallel', 'balance_by_size': 'core.balance',
+    'balance_by_time': 'core.balance', 'make_plan': 'core.devices',
+    'parse_devices': 'core.devices', 'read_checkpoint': 'tools.checkpoint',
+    'save_checkpoint': 'tools.checkpoint', 'stage_name': 'core.names',
+}
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name):
@@ -66,11 +54,11 @@ def __getattr__(name):
         # here too, where earlier releases listed it
         from .training.config import TrainConfig  # pylint: disable=import-outside-toplevel
         return TrainConfig
-    if name not in __all__:
+    if name not in _HOMES:
         raise AttributeError('module %r has no attribute %r' % (__name__, name))
-    names = _public()
-    globals().update(names)
-    return names[name]
+    value = getattr(importlib.import_module('.' + _HOMES[name], __name__), name)
+    globals()[name] = value
+    return value
 
 
 def __dir__():

@@ -178,7 +178,9 @@ def test_fit_score_predict_and_save_checkpoint_work_under_1f1b(tmp_path):
 
 def test_an_unknown_schedule_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^schedule: expected one of 'gpipe', '1f1b', "
-                                         r"'interleaved', found 'zero-bubble'$"):
+                                         r"'interleaved' or a function \(num_stages, "
+                                         r"microbatches\) -> one list of actions per device, "
+                                         r"found 'zero-bubble'$"):
         Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule='zero-bubble')
 
 
@@ -317,3 +319,55 @@ def test_the_stage_runtime_reports_each_action_as_issued_and_waiting_in_it_chang
     assert seen == issue_order(pipe.run_schedule()) and len(seen) == 2 * 3 * 4
     for grad, value in zip(runtime.grads, free):
         np.testing.assert_array_equal(grad.asnumpy(), value)
+
+
+def _one_at_a_time(num_stages, microbatches):
+    """Each micro-batch forward and backward through every stage before the
+    next starts: one micro-batch in flight anywhere (a schedule of the
+    user's, as a function)."""
+    return [[mp_symbolic.Action(s, i, kind) for i in range(microbatches) for kind in 'FB']
+            for s in range(num_stages)]
+
+
+def test_a_schedule_given_as_a_function_trains_as_the_gpipe_graph_and_keeps_what_it_says():
+    _, expected_out, expected = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'gpipe')
+    pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, _one_at_a_time)
+    assert pipe.run_schedule().name == '_one_at_a_time'
+    mod = pipe.module(loss='softmax')
+    mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
+    assert [len(slots) for slots in mod._runtimes[0].slots] == [1, 1, 1]  # pylint: disable=W0212
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
+def _swapped(num_stages, microbatches):
+    lists = _one_at_a_time(num_stages, microbatches)
+    return [lists[1], lists[0]] + lists[2:]
+
+
+def _backward_first(num_stages, microbatches):
+    return [[mp_symbolic.Action(s, i, kind) for i in range(microbatches) for kind in 'BF']
+            for s in range(num_stages)]
+
+
+@pytest.mark.parametrize('schedule, message', [
+    (lambda k, m: _one_at_a_time(k, m)[:-1],
+     r'^schedule: expected <lambda> to return one list of actions per device \(2\), found 1 '
+     r'lists$'),
+    (lambda k, m: [a[1:] for a in _one_at_a_time(k, m)],
+     r'^schedule: expected every stage forward and backward on every micro-batch, found 0F0, '
+     r'1F0 missing$'),
+    (_swapped, r'^schedule: expected 1F0 on device 1 \(its stage\'s\), found it on device 0$'),
+    (_backward_first, r'^schedule: expected an order the devices can run, found every device '
+                      r'waiting \(device 0 at 0B0, device 1 at 1B0\)$'),
+    (lambda k, m: [[(0, 0, 'X')], []], r"^schedule: expected actions \(stage < 2, micro-batch < 1, F "
+                                   r"or B\), found \(0, 0, 'X'\) on device 0$"),
+    (lambda k, m: [[0]], r'^schedule: expected <lambda> to return one list of \(stage, '
+                         r'microbatch, kind\) actions per device, found \[\[0\]\]$'),
+    (lambda k, m: 1 / 0, r'^schedule: expected <lambda>\(2, 1\) to return one list of actions '
+                         r'per device, found it raising ZeroDivisionError: division by zero$'),
+])
+def test_a_schedule_function_that_cannot_run_is_refused_in_one_line(schedule, message):
+    with pytest.raises(mp_symbolic.ScheduleError, match=message):
+        Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule=schedule)

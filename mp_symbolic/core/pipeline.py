@@ -39,16 +39,13 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import autotp, graph, tensor_parallel, twin
-from .checks import positive_int
 from .compat import symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
 from .placement import place, sample_shapes
-from .schedule import MAKERS, interleaved
+from . import schedule as schedules
 
 __all__ = []
-
-SCHEDULES = ('gpipe', '1f1b', 'interleaved')
 
 
 def _as_blocks(blocks):
@@ -123,25 +120,28 @@ class Pipeline(gluon.Block):
             Swapped layers keep their parameter names and values; the network
             given is changed in place. ``print(pipe)`` says what was sharded.
         schedule: The order of the micro-batches in the Module's training
-            step: ``'gpipe'`` (one graph of every micro-batch, ordered by
-            MXNet's engine: fill and drain), or ``'1f1b'`` (each stage an
-            executor of its own, one forward and one backward in turn, so
-            stage ``s`` of ``K`` keeps at most ``K - s`` micro-batches'
-            activations: :mod:`~mp_symbolic.core.stages`), or
-            ``'interleaved'`` (Megatron-LM's interleaved 1F1B on the same
-            runtime: ``virtual`` stages per device, so a step's idle
-            fraction falls from ``(K-1)/(M+K-1)`` to ``(K-1)/(vM+K-1)``;
-            ``chunks`` a multiple of the ``K`` devices). The imperative
-            twin runs fill and drain either way.
-        virtual: Stages per device under ``schedule='interleaved'`` (default
-            2; 1 elsewhere): ``devices`` lists each device once and the
-            network is cut into ``virtual x K`` stages, stage ``s`` on device
-            ``s mod K`` (with 2 devices and ``virtual=2``: stages 0, 1, 2, 3
-            on devices 0, 1, 0, 1). An argument of its own rather than
-            ``schedule='interleaved:2'``: the schedule stays a name, and the
-            count is checked as the other counts are. Each virtual stage
-            binds its own executors, as many as the schedule keeps
-            micro-batches in flight on it.
+            step: ``'gpipe'`` (fill and drain: every forward, then every
+            backward), ``'1f1b'`` (each stage one forward and one backward
+            in turn, so stage ``s`` of ``K`` keeps at most ``K - s``
+            micro-batches' activations: :mod:`~mp_symbolic.core.stages`),
+            ``'interleaved'`` (Megatron-LM's interleaved 1F1B: ``virtual``
+            stages per device, so a step's idle fraction falls from
+            ``(K-1)/(M+K-1)`` to ``(K-1)/(vM+K-1)``; ``chunks`` a multiple
+            of the ``K`` devices), or a function ``(num_stages,
+            microbatches) -> one list of actions per device``
+            (:class:`~mp_symbolic.Action` ``(stage, microbatch, kind)``,
+            kind ``'F'`` or ``'B'``), checked here: each action once, on its
+            stage's device, in an order the devices can run. The imperative
+            twin runs the schedule's forwards in its order.
+        virtual: Stages per device (default 2 under ``'interleaved'``, 1
+            under a function; the other names run one): ``devices`` lists
+            each device once and the network is cut into ``virtual x K``
+            stages, stage ``s`` on device ``s mod K`` (with 2 devices and
+            ``virtual=2``: stages 0, 1, 2, 3 on devices 0, 1, 0, 1). An
+            argument of its own rather than ``schedule='interleaved:2'``: the
+            schedule stays a value, and the count is checked as the other
+            counts are. Each virtual stage binds its own executors, as many
+            as the schedule keeps micro-batches in flight on it.
 
     Attributes:
         blocks: The blocks, in order.
@@ -160,9 +160,10 @@ class Pipeline(gluon.Block):
     Raises:
         TypeError: a block is not a ``HybridBlock``.
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks or replicas that cannot work; an unknown ``schedule``;
-            ``virtual`` not a positive integer, or given with another
-            schedule than ``'interleaved'``; under it, ``chunks`` not a
+            chunks or replicas that cannot work; an unknown ``schedule``, or
+            a function's that cannot run (``ScheduleError``); ``virtual``
+            not a positive integer, or given with a named schedule of one
+            stage per device; under ``'interleaved'``, ``chunks`` not a
             multiple of the devices; a
             ``tied`` entry that is not a parameter and a stage; a whole network without ``sample``
             whose shapes are not known; a stage of several devices whose
@@ -176,15 +177,8 @@ class Pipeline(gluon.Block):
                  mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
                  virtual=None):
         super().__init__(prefix='pipeline_')
-        if schedule not in SCHEDULES:
-            raise ValueError('schedule: expected one of %s, found %r'
-                             % (', '.join(repr(k) for k in SCHEDULES), schedule))
-        if virtual is not None and schedule != 'interleaved':
-            raise ValueError("virtual: expected None with schedule=%r (virtual stages are the "
-                             "'interleaved' schedule's), found %r" % (schedule, virtual))
+        self.virtual = schedules.check_spec(schedule, virtual)
         self.schedule = schedule
-        self.virtual = positive_int('virtual', 2 if virtual is None else virtual) \
-            if schedule == 'interleaved' else 1
         # One HybridBlock (not a HybridSequential) is split by a graph cut.
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
@@ -201,8 +195,8 @@ class Pipeline(gluon.Block):
             self.register_child(block, 'block%d' % i)
         self.placement = place(self.blocks, whole, devices, balance, sample, chunks, replicas,
                                mirror, tied, self.virtual)
-        if schedule == 'interleaved':
-            self.run_schedule()  # chunks a multiple of the devices, refused here, not at bind
+        # a schedule that cannot run is refused here, not at bind
+        self._forwards = twin.forwards(self.run_schedule())
 
     # -- the placement, as attributes ---------------------------------------
 
@@ -332,12 +326,11 @@ class Pipeline(gluon.Block):
         one graph's Module leaves the order to MXNet's engine instead).
 
         Raises:
-            ValueError: under ``'interleaved'``, ``chunks`` not a multiple of
-                the devices.
+            ValueError: (``ScheduleError``) a schedule function whose
+                actions cannot run; under ``'interleaved'``, ``chunks`` not a
+                multiple of the devices.
         """
-        if self.schedule == 'interleaved':
-            return interleaved(self.devices_per_replica, self.chunks, self.virtual)
-        return MAKERS[self.schedule](self.plan.num_stages, self.chunks)
+        return schedules.make(self.schedule, self.plan.num_stages, self.chunks, self.virtual)
 
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, output=None,
                **kwargs):
@@ -396,7 +389,7 @@ class Pipeline(gluon.Block):
         if isinstance(x, mx.sym.Symbol):
             inputs = [graph.on_first_stage(s, placement) for s in (x,) + more]
             return graph.finish(graph.build(placement, inputs, 1), placement)
-        return twin.forward(placement, x, *more)
+        return twin.forward(placement, x, *more, order=self._forwards)
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):

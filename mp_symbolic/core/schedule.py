@@ -32,7 +32,7 @@ number of micro-batches; under GPipe every stage holds all ``M``.
 from collections import namedtuple
 from dataclasses import dataclass
 
-from .checks import positive_int
+from .checks import excerpt, is_int, positive_int
 
 __all__ = []
 
@@ -58,7 +58,8 @@ class Schedule:
     """One list of :class:`Action` s per device, in issue order.
 
     Attributes:
-        name: ``'gpipe'``, ``'1f1b'`` or ``'interleaved'``.
+        name: ``'gpipe'``, ``'1f1b'``, ``'interleaved'``, or the name of the
+            function that made it.
         devices: A tuple per device of its actions.
         num_stages: Stages (``v x`` devices for ``v`` virtual stages per device).
         microbatches: Micro-batches per batch.
@@ -170,7 +171,78 @@ def interleaved(num_devices, microbatches, virtual):
     return _make('interleaved', lists, k * v, m, [s % k for s in range(k * v)])
 
 
-MAKERS = {'gpipe': gpipe, '1f1b': one_f_one_b}
+def _interleaved(num_stages, microbatches, virtual):
+    return interleaved(num_stages // virtual, microbatches, virtual)
+
+
+# The named schedules, each ``(stages, micro-batches, virtual stages per
+# device) -> Schedule``; ``VIRTUAL`` gives the virtual stages a name takes
+# by default (only the interleaved schedule runs more than one per device).
+NAMED = {'gpipe': lambda k, m, v: gpipe(k, m), '1f1b': lambda k, m, v: one_f_one_b(k, m),
+         'interleaved': _interleaved}
+NAMES = tuple(NAMED)
+VIRTUAL = {'interleaved': 2}
+
+
+def check_spec(spec, virtual=None):
+    """The virtual stages per device of schedule ``spec`` (a name of
+    :data:`NAMES`, or a function ``(num_stages, microbatches) -> one list
+    of actions per device``), after checking both.
+
+    Raises:
+        ValueError: an unknown name, or ``virtual`` given to a named schedule
+            that runs one stage per device, or not a positive integer.
+    """
+    if callable(spec) and not isinstance(spec, str):
+        return 1 if virtual is None else positive_int('virtual', virtual)
+    if spec not in NAMED:
+        raise ValueError('schedule: expected one of %s or a function (num_stages, '
+                         'microbatches) -> one list of actions per device, found %s'
+                         % (', '.join(repr(k) for k in NAMES), excerpt(repr(spec))))
+    if virtual is not None and spec not in VIRTUAL:
+        raise ValueError('virtual: expected None with schedule=%r (virtual stages are the '
+                         '%s schedule\'s), found %r' % (spec, ' or '.join(
+                             repr(k) for k in VIRTUAL), virtual))
+    return positive_int('virtual', VIRTUAL.get(spec, 1) if virtual is None else virtual)
+
+
+def make(spec, num_stages, microbatches, virtual=1):
+    """The checked :class:`Schedule` of ``spec`` (see :func:`check_spec`)
+    over ``num_stages`` stages, ``virtual`` per device: stage ``s`` on device
+    ``s mod (num_stages / virtual)``.
+
+    A function's lists may hold :class:`Action` s or ``(stage, microbatch,
+    kind)`` tuples; it is called once per call here.
+
+    Raises:
+        ScheduleError: the function's schedule cannot run (see :func:`check`),
+            is not one list of actions per device, or the function raised.
+        ValueError: a count that is not a positive integer, or (interleaved)
+            micro-batches not a multiple of the devices.
+    """
+    if not callable(spec) or isinstance(spec, str):
+        return NAMED[spec](num_stages, microbatches, virtual)
+    devices = num_stages // virtual
+    name = getattr(spec, '__name__', type(spec).__name__)
+    try:
+        lists = spec(num_stages, microbatches)
+    except Exception as err:  # pylint: disable=broad-except
+        raise ScheduleError('schedule: expected %s(%d, %d) to return one list of actions per '
+                            'device, found it raising %s: %s' % (
+                                name, num_stages, microbatches, type(err).__name__,
+                                excerpt(str(err)))) from None
+    if isinstance(lists, Schedule):
+        lists = lists.devices
+    try:
+        lists = [[Action(*a) for a in actions] for actions in lists]
+    except TypeError:
+        raise ScheduleError('schedule: expected %s to return one list of (stage, microbatch, '
+                            'kind) actions per device, found %s'
+                            % (name, excerpt(repr(lists)))) from None
+    if len(lists) != devices:
+        raise ScheduleError('schedule: expected %s to return one list of actions per device '
+                            '(%d), found %d lists' % (name, devices, len(lists)))
+    return _make(name, lists, num_stages, microbatches, [s % devices for s in range(num_stages)])
 
 
 def _needs(action, num_stages):
@@ -240,8 +312,8 @@ def check(schedule):
     for d, actions in enumerate(schedule):
         for action in actions:
             s, i, kind = action
-            if kind not in KINDS or not 0 <= s < schedule.num_stages or \
-                    not 0 <= i < schedule.microbatches:
+            if kind not in KINDS or not is_int(s) or not is_int(i) or \
+                    not 0 <= s < schedule.num_stages or not 0 <= i < schedule.microbatches:
                 raise ScheduleError('schedule: expected actions (stage < %d, micro-batch < %d, '
                                     'F or B), found %r on device %d'
                                     % (schedule.num_stages, schedule.microbatches,
@@ -292,10 +364,11 @@ def bubble(schedule, cost=None):
 def issue_order(schedule):
     """Every action once, in an order that respects each device's list and
     every dependency: the order a single thread issues them to MXNet's
-    engine (the clock of :func:`timeline`, devices in turn at a tie)."""
+    engine (the clock of :func:`timeline`; at a tie, the older micro-batch
+    first, then the devices in turn)."""
     rows = timeline(schedule)
-    return [a for _, _, a in sorted((start, d, a) for d, row in enumerate(rows)
-                                    for start, _, a in row)]
+    return [a for _, _, _, a in sorted((start, a.microbatch, d, a) for d, row in enumerate(rows)
+                                       for start, _, a in row)]
 
 
 def format_schedule(schedule):

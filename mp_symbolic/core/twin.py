@@ -10,11 +10,13 @@ them, to each replica's own copies), and joins the outputs on the last stage
 of replica 0. :class:`~mp_symbolic.Trainer` then sums the gradients of a
 parameter's copies, so one step equals one replica on the whole batch.
 
-Operations are issued in GPipe's order (clock ``k`` runs stage ``k - m`` of
-micro-batch ``m``) and return at once; MXNet's dependency engine runs stage
-``s`` of one micro-batch while stage ``s + 1`` works on the previous one, as
-in the symbolic graph of :meth:`Pipeline.training_symbol`. Both forms take
-that one schedule, each micro-batch one run of its stages: a block list's
+Operations are issued in the order of the Pipeline's schedule
+(:mod:`~mp_symbolic.core.schedule`), its forward actions: under GPipe clock
+``k`` runs stage ``k - m`` of micro-batch ``m``. They return at once; MXNet's
+dependency engine runs stage ``s`` of one micro-batch while stage ``s + 1``
+works on the previous one, as the stage runtime does. The backward pass is
+autograd's, one ``loss.backward()``. Both forms take that one order, each
+micro-batch one run of its stages: a block list's
 stage runs its blocks (Gluon's own forward, so blocks that run only on
 NDArrays, and layers that learn their input size on the first pass, need no
 Symbol); a whole network's stage runs its ops of the labelled graph (made
@@ -29,6 +31,7 @@ import mxnet as mx
 from . import graphcut
 from .compat import read_on
 from .names import GROUP_ATTR
+from .schedule import gpipe, issue_order
 
 __all__ = []
 
@@ -50,9 +53,14 @@ def _check_batch(placement, xs):
     return xs[0].shape[0] // parts
 
 
-def forward(placement, *xs):
+def forward(placement, *xs, order=None):
     """The inputs ``xs`` through ``placement``'s stages on every replica; the
     whole batch's output on the last stage of replica 0 (a tuple for several).
+
+    Args:
+        order: The forward :class:`~mp_symbolic.core.schedule.Action` s in
+            the order to issue them (each ``(stage, micro-batch)`` once, a
+            stage after the one before it); ``None``: GPipe's.
 
     Raises:
         TypeError: an input is not an NDArray, or not one per input name.
@@ -67,15 +75,21 @@ def forward(placement, *xs):
                                 mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
                                                  end=(r * chunks + m + 1) * size) for x in xs], r)
              for m in range(chunks)] for r in range(placement.replicas)]
-    for clock in range(chunks + num_stages - 1):
+    if order is None:
+        order = forwards(gpipe(num_stages, chunks))
+    for stage, m, _ in order:
         for shares in runs:
-            for m in range(max(0, clock - num_stages + 1), min(chunks, clock + 1)):
-                shares[m].run(clock - m)
+            shares[m].run(stage)
     outputs = [[h.as_in_context(plan.last_device) for h in run.outputs()]
                for shares in runs for run in shares]
     joined = [parts[0] if len(parts) == 1 else mx.nd.concat(*parts, dim=0)
               for parts in zip(*outputs)]
     return joined[0] if len(joined) == 1 else tuple(joined)
+
+
+def forwards(schedule):
+    """The forward actions of ``schedule`` in the order one thread issues them."""
+    return [a for a in issue_order(schedule) if a.kind == 'F']
 
 
 def _start(placement, xs, replica):

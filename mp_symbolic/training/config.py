@@ -10,6 +10,7 @@ import math
 
 from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
     is_momentum, is_positive_int
+from ..core.schedule import NAMES, VIRTUAL
 from .tasks import DEFAULT_TASK
 
 __all__ = []
@@ -18,7 +19,7 @@ VARIANTS = ('symbolic', 'imperative')
 APIS = ('module', 'executor')
 OPTIMIZERS = ('sgd', 'adam')
 KVSTORES = ('local', 'device', 'dist_sync')
-SCHEDULES = ('gpipe', '1f1b', 'interleaved')  # Pipeline(schedule=...)
+SCHEDULES = NAMES  # Pipeline(schedule=...)'s names (a function is the library's)
 MAX_EPOCHS = 100000
 # Fields a task gives defaults for.
 TASK_DEFAULTS = ('batch_size', 'num_epochs', 'optimizer', 'lr', 'momentum')
@@ -120,7 +121,7 @@ class TrainConfig:
             bad('seed', 'an integer in [0, 2**32) (MXNet seeds with 32 bits)')
         if self.schedule not in SCHEDULES:
             bad('schedule', ' or '.join(SCHEDULES))
-        if self.virtual is not None and self.schedule != 'interleaved':
+        if self.virtual is not None and self.schedule not in VIRTUAL:
             raise ValueError("virtual: expected schedule 'interleaved' with it (virtual stages "
                              "are its), found %r with schedule %r" % (self.virtual, self.schedule))
         if self.virtual is not None and not is_positive_int(self.virtual):

@@ -26,6 +26,7 @@ from ..core.module import fixed_param_names, with_input_shape
 from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
     split_states
 from ..core.pipeline import Pipeline
+from ..core.schedule import VIRTUAL
 from ..core.tensor_parallel import unsplit
 from ..core.devices import format_device, make_plan
 from ..tools.store import Store
@@ -288,7 +289,7 @@ def _title(cfg, task, pipe):
         extra += ', %d micro-batches per batch' % cfg.chunks
     if cfg.schedule != 'gpipe':
         extra += ', schedule %s' % cfg.schedule
-        if cfg.schedule == 'interleaved':
+        if cfg.schedule in VIRTUAL:
             extra += ' (%d stages per device)' % pipe.virtual
     if cfg.mirror:
         extra += ', activations recomputed in backward (mirror)'
