@@ -10,6 +10,12 @@ MXNET ?= $(if $(wildcard .venv/.installed-cu112),cu112,cpu)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(MXNET)
+# torch, the node processes' transport (pyproject.toml's `nodes` extra pins the same
+# release): installed apart, in $(VENV)/torch-site, because GluonCV 0.10 refuses to
+# import wherever torch 2 is importable (dmlc/gluon-cv#1768); mp_symbolic/core/nodes.py
+# looks there.
+TORCH := torch==2.13.0
+TORCH_STAMP := $(VENV)/torch-site/.installed-$(TORCH)
 
 DEVICES ?=
 EPOCHS ?=
@@ -63,7 +69,11 @@ $(STAMP): pyproject.toml $(SOURCES)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-setup: $(STAMP)
+$(TORCH_STAMP): pyproject.toml | $(STAMP)
+	$(PY) -m pip install --quiet --upgrade --target $(VENV)/torch-site "$(TORCH)"
+	@touch $@
+
+setup: $(STAMP) $(TORCH_STAMP)
 
 train-symbolic: $(STAMP)
 	$(PY) -m mp_symbolic train --variant symbolic $(RUN_FLAGS)
@@ -126,7 +136,7 @@ bench-lm: $(STAMP)
 # one pytest worker per core, each test file on one worker: a file's module fixtures
 # (a trained run, an export) are made once, not once per worker; files in the order
 # tests/conftest.py gives them (the heaviest first)
-test: $(STAMP)
+test: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 clean:

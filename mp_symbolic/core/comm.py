@@ -106,11 +106,11 @@ class LocalTransport:
     """
 
     def __init__(self):
-        self._sent, self._posted, self._written = {}, {}, set()
+        self._sent, self._posted, self.written = {}, {}, set()
 
     def begin(self):
         """Forgets the last batch's messages (a batch stopped midway leaves some)."""
-        self._sent, self._posted, self._written = {}, {}, set()
+        self._sent, self._posted, self.written = {}, {}, set()
 
     def send_forward(self, microbatch, values):
         """``values``: ``[(link, NDArray)]``, the producer's outputs."""
@@ -135,7 +135,7 @@ class LocalTransport:
         """``values``: ``[(link, NDArray)]``, the consumer's input gradients."""
         for link, value in values:
             dest = self._posted.pop((link, microbatch))
-            accumulate(dest, value, self._written, (link.producer, link.tensor, microbatch))
+            accumulate(dest, value, self.written, (link.producer, link.tensor, microbatch))
 
     def finish(self):
         """Ends the batch: nothing is left in flight in this process."""

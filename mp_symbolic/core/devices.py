@@ -47,7 +47,7 @@ def format_stage(devices):
     return '+'.join(format_device(d) for d in devices)
 
 
-def parse_devices(spec, num_gpus=None):
+def parse_devices(spec, num_gpus=None, unique=True):
     """Parses ``'cpu:0,gpu:1'`` into ``[mx.cpu(0), mx.gpu(1)]``.
 
     ``'cpu:0+cpu:1,cpu:2'`` gives ``[(mx.cpu(0), mx.cpu(1)), mx.cpu(2)]``: a
@@ -74,7 +74,7 @@ def parse_devices(spec, num_gpus=None):
         parts = [e.strip() for e in group.split('+')]
         stage = tuple(_parse_device(e, spec) for e in parts)
         devices.append(stage[0] if len(stage) == 1 else stage)
-    return check_devices(devices, num_gpus)
+    return check_devices(devices, num_gpus, unique)
 
 
 def _parse_device(entry, spec):
@@ -102,7 +102,7 @@ def flat_devices(devices):
     return flat
 
 
-def check_devices(devices, num_gpus=None):
+def check_devices(devices, num_gpus=None, unique=True):
     """Checks a device list: contexts, each device once, every GPU present.
 
     An entry may be a tuple of contexts: one stage on several devices.
@@ -125,13 +125,13 @@ def check_devices(devices, num_gpus=None):
         if not isinstance(ctx, mx.Context):
             raise DeviceSpecError('expected devices as mx.Context (mx.cpu(0), mx.gpu(1)) or a '
                                   "string such as 'cpu:0,cpu:1', found %r" % (ctx,))
-        if ctx in seen:
+        if unique and ctx in seen:
             raise DeviceSpecError('expected each device once, found %s twice in %s'
                                   % (format_device(ctx),
                                      _excerpt(','.join(format_stage(d) for d in devices))))
         seen.add(ctx)
     gpus = [d for d in flat if d.device_type == 'gpu']
-    if gpus:
+    if gpus and unique:  # a list of several nodes' devices: each node checks its own
         if num_gpus is None:
             num_gpus = _visible_gpus()
         missing = [format_device(d) for d in gpus if d.device_id >= num_gpus]
@@ -201,11 +201,15 @@ class DevicePlan:
         stage_devices: ``stage_devices[r][s]``: the tuple of devices of stage
             ``s`` in replica ``r``; shard ``i`` of a tensor-parallel layer runs
             on ``stage_devices[r][s][i]``.
+        node_of_stage: The node process that runs each stage (all 0 in one
+            process); a device of one node is that node's (``gpu:0`` on
+            node 1 is node 1's GPU), so a device may be listed once per node.
     """
     devices: tuple
     stage_of_layer: tuple
     replica_devices: tuple = None
     stage_devices: tuple = None
+    node_of_stage: tuple = None
 
     def __post_init__(self):
         replicas = self.replica_devices
@@ -218,6 +222,8 @@ class DevicePlan:
         object.__setattr__(self, 'replica_devices',
                            tuple(tuple(s[0] for s in devices) for devices in self.stage_devices))
         object.__setattr__(self, 'devices', self.replica_devices[0])
+        if self.node_of_stage is None:
+            object.__setattr__(self, 'node_of_stage', (0,) * len(self.devices))
         widths = {tuple(len(s) for s in devices) for devices in self.stage_devices}
         if len(widths) > 1:
             raise DeviceSpecError('expected every replica to give each stage as many devices, '
@@ -227,6 +233,15 @@ class DevicePlan:
     @property
     def num_stages(self):
         return len(self.devices)
+
+    @property
+    def num_nodes(self):
+        """Node processes the stages are divided over (1: this process holds them all)."""
+        return max(self.node_of_stage) + 1
+
+    def stages_of_node(self, node):
+        """The stages node ``node`` runs, in order."""
+        return tuple(s for s, n in enumerate(self.node_of_stage) if n == node)
 
     @property
     def num_replicas(self):
@@ -282,10 +297,12 @@ class DevicePlan:
         return self.devices[-1]
 
 
-def resolve_devices(devices, num_gpus=None):
-    """A ``--devices`` string or a list of contexts -> a checked list of contexts."""
+def resolve_devices(devices, num_gpus=None, unique=True):
+    """A ``--devices`` string or a list of contexts -> a checked list of
+    contexts (``unique=False``: devices of several nodes, each node's
+    checked apart)."""
     if isinstance(devices, str):
-        return parse_devices(devices, num_gpus)
+        return parse_devices(devices, num_gpus, unique)
     if isinstance(devices, mx.Context):
         devices = [devices]
     try:
@@ -295,7 +312,7 @@ def resolve_devices(devices, num_gpus=None):
                               'mx.Context, found %r' % (devices,)) from None
     if not devices:
         raise DeviceSpecError('expected at least one device, found an empty list')
-    return check_devices(devices, num_gpus)
+    return check_devices(devices, num_gpus, unique)
 
 
 def split_replicas(devices, replicas):

@@ -146,11 +146,12 @@ class PipelineModule(mx.mod.Module):
         self._head_first = loss is not None and len(symbol.list_outputs()) > 1 and \
             output is not None
         plan = pipeline.plan
+        symbol, data_names, label_names = self._held(symbol, label_names)
         given = list(kwargs.pop('fixed_param_names', None) or ())
         fixed = given + [n for n in fixed_param_names(pipeline, symbol) if n not in given]
-        super().__init__(symbol, data_names=pipeline.data_names(data_name),
-                         label_names=label_names,
-                         context=[devices[0] for devices in plan.replica_devices],
+        first = pipeline.local_stages[0]
+        super().__init__(symbol, data_names=data_names, label_names=label_names,
+                         context=[devices[first] for devices in plan.replica_devices],
                          group2ctxs=plan.group2ctxs, fixed_param_names=fixed or None,
                          **kwargs)
         self.sample_shape = None
@@ -158,6 +159,11 @@ class PipelineModule(mx.mod.Module):
         self._update_args = None
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = {'params': None, 'states': None}
+
+    def _held(self, symbol, label_names):
+        """``(symbol, data names, label names)`` of the Module's own
+        executors: here the graph itself."""
+        return symbol, self.pipeline.data_names(self.data_name), label_names
 
     def _graph(self):
         """The graph this Module binds: the Pipeline's training graph, its
@@ -334,7 +340,7 @@ class PipelineModule(mx.mod.Module):
         symbol, arg_params, aux_params = checkpoint.load()
         shapes = {p.name: p.shape for p in self.pipeline.collect_params().values()}
         ours = [a for a in self.export_symbol.list_arguments()
-                if a not in self.data_names and a != self.label_name]
+                if a not in self.pipeline.data_names(self.data_name) and a != self.label_name]
         rename = match_parameters(
             [a for a in symbol.list_arguments() if a in arg_params] +
             symbol.list_auxiliary_states(), ours + self.export_symbol.list_auxiliary_states(),
@@ -369,14 +375,20 @@ class PipelineModule(mx.mod.Module):
         if arg_params is not None:
             arg_params = self.pipeline.split_params(arg_params)
         super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
-                            allow_extra)
+                            allow_extra or self._other_nodes)
 
     def set_params(self, arg_params, aux_params, allow_missing=False, force_init=True,
                    allow_extra=False):
         """``mx.mod.Module.set_params``; tensor-parallel parameters by their
         unsplit names and shapes (or their shard names)."""
         super().set_params(self.pipeline.split_params(arg_params), aux_params, allow_missing,
-                           force_init, allow_extra)
+                           force_init, allow_extra or self._other_nodes)
+
+    @property
+    def _other_nodes(self):
+        """Whether other node processes hold some of the parameters: values
+        of the whole network are then given, and this node takes its own."""
+        return self.pipeline.nodes is not None
 
     def get_params(self):
         """``mx.mod.Module.get_params``, each tensor-parallel parameter

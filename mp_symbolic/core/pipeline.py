@@ -43,6 +43,7 @@ from .compat import symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
 from .placement import place, sample_shapes
+from . import nodes as node_processes
 from . import schedule as schedules
 
 __all__ = []
@@ -175,10 +176,19 @@ class Pipeline(gluon.Block):
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
-                 virtual=None):
+                 virtual=None, nodes=None, node_timeout=None):
         super().__init__(prefix='pipeline_')
         self.virtual = schedules.check_spec(schedule, virtual)
         self.schedule = schedule
+        self.nodes = None
+        if nodes is not None and nodes != 1:
+            self.nodes = node_processes.from_environment(nodes, node_timeout)
+            if isinstance(balance, str):
+                raise node_processes.NodeError(
+                    "balance: expected blocks per stage or None with nodes (each node would "
+                    "time the network on its own and cut it its own way), found %r; time it "
+                    "in one process (Pipeline(..., balance='time').balance) and give that"
+                    % balance)
         # One HybridBlock (not a HybridSequential) is split by a graph cut.
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
@@ -194,9 +204,28 @@ class Pipeline(gluon.Block):
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
         self.placement = place(self.blocks, whole, devices, balance, sample, chunks, replicas,
-                               mirror, tied, self.virtual)
+                               mirror, tied, self.virtual, self.nodes)
         # a schedule that cannot run is refused here, not at bind
         self._forwards = twin.forwards(self.run_schedule())
+        if self.nodes is not None:  # every check above is done: now wait for the others
+            node_processes.join(self.nodes)
+            node_processes.agree(self.nodes, self._plan_facts())
+
+    def _plan_facts(self):
+        """What every node must have alike to run one pipeline."""
+        params = self.collect_params()
+        return {'devices per replica': self.devices_per_replica, 'replicas': self.replicas,
+                'balance': list(self.balance), 'chunks': self.chunks,
+                'schedule': self.run_schedule().name, 'virtual': self.virtual,
+                'inputs': list(self.input_names), 'stages': self.stage_names,
+                'parameters': [[n, list(p.shape or ())] for n, p in params.items()]}
+
+    @property
+    def local_stages(self):
+        """The stages this process runs: every stage, or this node's."""
+        if self.nodes is None:
+            return tuple(range(self.plan.num_stages))
+        return self.plan.stages_of_node(self.nodes.rank)
 
     # -- the placement, as attributes ---------------------------------------
 
@@ -354,7 +383,8 @@ class Pipeline(gluon.Block):
         # pylint: disable=import-outside-toplevel
         from .module import PipelineModule
         from .staged_module import StagedModule
-        kind = PipelineModule if self.schedule == 'gpipe' else StagedModule
+        kind = PipelineModule if self.schedule == 'gpipe' and self.nodes is None \
+            else StagedModule
         return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
                     **kwargs)
 
@@ -386,6 +416,10 @@ class Pipeline(gluon.Block):
                 or a node of the Symbol names a ``ctx_group`` the plan lacks.
         """
         placement = self.placement
+        if self.nodes is not None and not isinstance(x, mx.sym.Symbol):
+            raise node_processes.NodeError(
+                'nodes: expected the imperative twin in one process, found a Pipeline over %d '
+                'nodes (train it through pipe.module(...))' % self.nodes.count)
         if isinstance(x, mx.sym.Symbol):
             inputs = [graph.on_first_stage(s, placement) for s in (x,) + more]
             return graph.finish(graph.build(placement, inputs, 1), placement)

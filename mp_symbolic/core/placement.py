@@ -29,7 +29,7 @@ from . import balance as balancing
 from . import graph, graphcut, tensor_parallel
 from .checks import excerpt, is_int, positive_int, tied_owners
 from .compat import fresh_variables, tie_parameters
-from .devices import DeviceSpecError, DevicePlan, resolve_devices, split_replicas
+from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
 from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
                     shard_group, stage_name)
 
@@ -269,7 +269,7 @@ def sample_shapes(sample):
 
 
 def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
-          mirror=False, tied=None, virtual=1):
+          mirror=False, tied=None, virtual=1, nodes=None):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
 
@@ -283,6 +283,10 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
         sample: A batch or its shape, or a tuple of them (one per input:
             :func:`sample_shapes`); parameter shapes are inferred from it
             first. ``None``: no sample, one input.
+        nodes: ``None`` (one process), or this process's
+            :class:`~mp_symbolic.core.nodes.Nodes`: each replica's devices
+            divided over the nodes in order (each device once per node;
+            only this node's GPUs need be present).
 
     Raises:
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
@@ -291,9 +295,14 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     if devices is None:
         raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
                               'list of mx.Context, found None')
-    replica_devices = split_replicas(resolve_devices(devices), replicas)
+    if nodes is None:
+        replica_devices = split_replicas(resolve_devices(devices), replicas)
+        node_of_device = (0,) * len(replica_devices[0])
+    else:
+        replica_devices, node_of_device = _node_devices(devices, replicas, nodes)
     # the only plan with a device twice: checked once above, then repeated
     replica_devices = tuple(tuple(devs) * virtual for devs in replica_devices)
+    node_of_stage = tuple(node_of_device) * virtual
     num_stages = len(replica_devices[0])
     positive_int('chunks', chunks)
     mirror = tuple(range(num_stages)) if mirror is True else tuple(mirror or ())
@@ -307,13 +316,15 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     cut = None
     if whole:
         cut = _cut(blocks[0], num_stages, balance, shapes, names, tied)
-        plan = DevicePlan(replica_devices[0], cut.stage_of_op, replica_devices)
+        plan = DevicePlan(replica_devices[0], cut.stage_of_op, replica_devices,
+                          node_of_stage=node_of_stage)
         owner = {n: s for n, s in cut.owner.items() if n not in names}
         for name in parameters(blocks):
             owner.setdefault(name, 0)  # a parameter the forward pass does not use
     else:
         sizes = _balance(blocks, num_stages, balance, shapes, replica_devices[0][0])
-        plan = DevicePlan(replica_devices[0], balancing.stage_of_block(sizes), replica_devices)
+        plan = DevicePlan(replica_devices[0], balancing.stage_of_block(sizes), replica_devices,
+                          node_of_stage=node_of_stage)
         owner = {}
         for block, stage in zip(blocks, plan.stage_of_layer):
             for name in block.collect_params():
@@ -326,6 +337,24 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     placed = replace(first, owner=owner, shard_of=shard_of)
     stages, readers = _layout(placed)
     return replace(placed, stages=stages, readers=readers)
+
+
+def _node_devices(devices, replicas, nodes):
+    """``(replica devices, node of each device of a replica)`` for a plan
+    over ``nodes``: each replica's devices divided evenly, in order; a
+    device listed once per node, this node's GPUs present."""
+    # pylint: disable=import-outside-toplevel
+    from .nodes import node_of_devices
+    listed = resolve_devices(devices, unique=False)
+    replica_devices = split_replicas(listed, replicas)
+    node_of_device = node_of_devices(len(replica_devices[0]), nodes.count)
+    for node in range(nodes.count):
+        mine = [d for devs in replica_devices for d, n in zip(devs, node_of_device) if n == node]
+        try:
+            check_devices(mine, None if node == nodes.rank else float('inf'))
+        except DeviceSpecError as err:
+            raise DeviceSpecError('node %d: %s' % (node, err)) from None
+    return replica_devices, node_of_device
 
 
 def trace_blocks(blocks, names, stage_of_layer, owner):

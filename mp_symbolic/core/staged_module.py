@@ -18,7 +18,8 @@ import mxnet as mx
 
 from .compat import split_bind
 from .module import PipelineModule
-from .stages import StageRuntime, cut, variable_specs
+from .nodes import TorchTransport
+from .stages import StageRuntime, boundary_specs, cut, links, variable_specs
 
 __all__ = []
 
@@ -36,6 +37,25 @@ class StagedModule(PipelineModule):
         """One micro-batch's training graph: the stages cut it, the runtime repeats it."""
         return self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
                                              chunks=1, output=self.output)
+
+    def _held(self, symbol, label_names):
+        """The graph whose one-sample executors hold this process's weights,
+        gradients and auxiliary states: the whole graph in one process; over
+        nodes, this node's stage graphs alone (their inputs from other
+        stages as data), so a node holds only its stages' parameters."""
+        self._inputs = self.pipeline.data_names(self.data_name)
+        self._full = symbol
+        self._stages = cut(symbol, self.pipeline.plan.num_stages,
+                           set(self._inputs) | set(label_names))
+        if self.pipeline.nodes is None:
+            return symbol, self._inputs, label_names
+        local = [self._stages[s].symbol for s in self.pipeline.local_stages]
+        held = local[0] if len(local) == 1 else mx.sym.Group(local)
+        arguments = held.list_arguments()
+        received = [name for s in self.pipeline.local_stages
+                    for name, _, _ in self._stages[s].receives]
+        data = [n for n in self._inputs if n in arguments] + received
+        return held, data, tuple(n for n in label_names if n in arguments)
 
     def bind(self, data_shapes, label_shapes=None, for_training=True,
              inputs_need_grad=False, force_rebind=False, shared_module=None, grad_req='write'):
@@ -63,25 +83,53 @@ class StagedModule(PipelineModule):
         self.sample_shape = data_shapes[0][1][1:]
         self.input_shapes = {n: s[1:] for n, s in data_shapes}
         self.batch_size = batch
-        one = [(n, (replicas,) + s[1:]) for n, s in data_shapes]
-        one_label = [(n, (replicas,) + s[1:]) for n, s in label_shapes] or None
+        self._received_at = None
+        micro = batch // (chunks * replicas)
+        shapes = {n: (micro,) + s[1:] for n, s in data_shapes + label_shapes}
+        specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
+        boundary = boundary_specs(self._stages, specs)
+        one = [self._held_shape(n, data_shapes + label_shapes) for n in self._data_names]
+        one_label = [self._held_shape(n, label_shapes) for n in self._label_names] or None
         self._full_shapes = (data_shapes, label_shapes)
         with split_bind(self._devices()):
             mx.mod.Module.bind(self, one, one_label, for_training, False, force_rebind,
                                shared_module, grad_req)
         self._update_args = None
-        micro = batch // (chunks * replicas)
-        shapes = {n: (micro,) + s[1:] for n, s in data_shapes + label_shapes}
-        plan = self.pipeline.plan
-        stages = cut(self._symbol, plan.num_stages, set(shapes))
+        plan, nodes = self.pipeline.plan, self.pipeline.nodes
         schedule = self.pipeline.run_schedule()
-        specs = variable_specs(self._symbol, shapes, {n: 'float32' for n in shapes})
+        local = self.pipeline.local_stages
+        every = links(self._stages)
+
+        def transport(replica):
+            if nodes is None:
+                return None  # the runtime's own, in this process
+            return TorchTransport(nodes, plan.node_of_stage, every, chunks, replica)
+
         self._runtimes = [
-            StageRuntime(stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict, exe.aux_dict,
-                         shapes, schedule, for_training, specs=specs)
+            StageRuntime(self._stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict,
+                         exe.aux_dict, shapes, schedule, for_training, specs=specs, boundary=boundary, local=local,
+                         transport=transport(r))
             for r, exe in enumerate(self._exec_group.execs)]
         self._trained = False
         self._apply_pending()
+
+    def _held_shape(self, name, given):
+        """The shape the executors holding the arrays bind ``name`` at: one
+        sample per replica for an input or an activation another node sends
+        (MXNet's executor group splits them over the replicas), or the
+        whole for a tensor of no batch axis another node sends (a tied
+        weight, read through its owner's identity), not split."""
+        replicas = self.pipeline.replicas
+        given = dict(given)
+        if name in given:
+            return mx.io.DataDesc(name, (replicas,) + tuple(given[name][1:]))
+        if self._received_at is None:
+            self._received_at = {b: _received(self._stages, self._full, {
+                n: (b,) + tuple(s[1:]) for n, s in given.items()}) for b in (1, 2)}
+        one, two = self._received_at[1][name], self._received_at[2][name]
+        if two[0] == 2 * one[0]:
+            return mx.io.DataDesc(name, (replicas * one[0],) + tuple(one[1:]))
+        return mx.io.DataDesc(name, one, layout='')  # no batch axis: held whole
 
     @property
     def data_shapes(self):
@@ -124,7 +172,7 @@ class StagedModule(PipelineModule):
             raise ValueError('batch size: expected %d (as bound) under schedule=%r, found %d'
                              % (self.batch_size, self.pipeline.schedule, data[0].shape[0]))
         labels = list(data_batch.label or ()) if self._label_names else []
-        names = list(self._data_names) + list(self._label_names[:len(labels)])
+        names = list(self._inputs) + list(self._label_names[:len(labels)])
         part = self.batch_size // len(self._runtimes)
         for r, runtime in enumerate(self._runtimes):
             inputs = {n: a[r * part:(r + 1) * part] for n, a in zip(names, data + labels)}
@@ -176,6 +224,13 @@ class StagedModule(PipelineModule):
     def reshape(self, data_shapes, label_shapes=None):
         raise ValueError('batch size: expected the bound one under schedule=%r, found a '
                          'reshape to %s' % (self.pipeline.schedule, data_shapes))
+
+
+def _received(stages, symbol, shapes):
+    """``{variable: shape}`` of what each stage receives, at input ``shapes``."""
+    boundary = boundary_specs(stages, variable_specs(symbol, shapes,
+                                                     {n: 'float32' for n in shapes}))
+    return {name: boundary[entry][0] for graph in stages for name, _, entry in graph.receives}
 
 
 def _pair(desc):

@@ -218,13 +218,14 @@ class StageRuntime:
         schedule: A :class:`~mp_symbolic.core.schedule.Schedule` over these stages.
         for_training: Whether the executors compute gradients.
         specs: :func:`variable_specs` of the graph the stages were cut from.
+        boundary: Its :func:`boundary_specs`, where the caller made them already.
         local: The stages this runtime binds and runs (default: every stage).
         transport: Carries the boundary tensors (default: a
             :class:`~mp_symbolic.core.comm.LocalTransport`).
     """
 
     def __init__(self, stages, group2ctx, arg_dict, grad_dict, aux_dict, input_shapes,
-                 schedule, for_training, specs, local=None, transport=None):
+                 schedule, for_training, specs, boundary=None, local=None, transport=None):
         self.stages, self.schedule = stages, schedule
         self.local = tuple(range(len(stages)) if local is None else local)
         self.transport = LocalTransport() if transport is None else transport
@@ -238,8 +239,8 @@ class StageRuntime:
                           for s in self.local}
         self._sends = {s: [link for link, _ in self.links if link.producer == s]
                        for s in self.local}
-        shapes, types = specs
-        self._boundary = _boundary_specs(stages, shapes, types)
+        types = specs[1]
+        self._boundary = boundary_specs(stages, specs) if boundary is None else boundary
         flight = in_flight(schedule)
         self.slots = [[] for _ in stages]  # a stage another process runs has none here
         for s in self.local:
@@ -355,9 +356,11 @@ class StageRuntime:
                                          for link, name in self._receives[graph.stage]])
 
 
-def _boundary_specs(stages, shapes, types):
+def boundary_specs(stages, specs):
     """``{entry: (shape, dtype)}`` of every tensor a stage sends, inferred
-    stage by stage from the variables' ``shapes`` and ``types``."""
+    stage by stage from the variables' shapes and types (``specs``:
+    :func:`variable_specs`)."""
+    shapes, types = specs
     specs = {}
     for graph in stages:
         if graph.symbol is None:

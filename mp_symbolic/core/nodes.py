@@ -1,0 +1,413 @@
+"""Node processes: a pipeline's stages divided over several processes (on
+one host or many), and the transport that carries their boundary tensors.
+
+MXNet has no point-to-point transport between processes (its ps-lite
+kvstore only sums what workers push), so, as Megatron-LM
+(``p2p_communication.py``), DeepSpeed (``runtime/pipe/p2p.py``) and
+torch.distributed.pipelining do, the tensors go through
+torch.distributed's ``isend``/``irecv``: gloo between CPU devices, NCCL
+between GPUs. An NDArray becomes a torch tensor through DLPack (no copy to
+read it; one copy, into a buffer of torch's, so that MXNet may write the
+array again while the send is in flight) and back the same way.
+
+The stages are divided over the nodes in stage order, contiguous, the
+devices of a replica evenly (:func:`node_of_devices`); every node runs the
+same schedule filtered to its stages, in the one issue order every node
+computes alike, so a node's receive always waits for an action that comes
+earlier in that order and no node waits for ever on another that is alive
+(:mod:`~mp_symbolic.core.schedule`). Sends never block: a transfer
+overlaps the next action's compute.
+
+torch is imported here only, on the first use of a node process group:
+a Pipeline of one node never loads it. GluonCV 0.10 refuses to import
+wherever torch 2 is importable (its version check raises, dmlc/gluon-cv
+#1768), so torch may live apart: where ``import torch`` finds none, the
+folder ``torch-site`` of this Python's environment (``make setup`` installs
+torch there) is appended to ``sys.path`` first.
+
+Rendezvous: the variables torchrun sets, and ``python -m mp_symbolic
+launch --nodes N`` sets for its node processes (``MASTER_ADDR``,
+``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``).
+"""
+from dataclasses import dataclass
+import datetime
+import importlib
+import importlib.util
+import os
+import sys
+
+import mxnet as mx
+
+from .balance import even_split, stage_of_block
+from .checks import excerpt, positive_int
+from .comm import DONE, LocalTransport, accumulate
+
+__all__ = []
+
+RENDEZVOUS = ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE')
+TORCH_SITE = 'torch-site'  # torch installed apart from GluonCV's sight (see the module's text)
+NODE_TIMEOUT = 300.0  # default seconds a node waits on another before the job ends
+MAX_NODES = 1024
+
+
+def torch(part=None):
+    """torch, or its module ``torch.<part>``, imported on first use.
+
+    Raises:
+        NodeError: torch is not installed (``make setup`` installs it; or
+            ``pip install 'mxnet-model-parallel[nodes]'``).
+    """
+    name = 'torch' if part is None else 'torch.' + part
+    if name in sys.modules:
+        return sys.modules[name]
+    site = os.path.join(sys.prefix, TORCH_SITE)
+    if importlib.util.find_spec('torch') is None and os.path.isdir(site) \
+            and site not in sys.path:
+        sys.path.append(site)  # after the environment's own packages: they stay first
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise NodeError('nodes: expected torch (its torch.distributed carries the tensors '
+                        'between node processes), found none: %s; make setup installs it, or '
+                        "pip install 'torch==2.13.0'" % err) from None
+
+
+class NodeError(ValueError):
+    """A node plan that cannot run: the message is one line."""
+
+
+class NodeFailure(RuntimeError):
+    """Another node died, hung up or stopped answering: the message is one
+    line naming it and its stages."""
+
+
+def node_of_devices(devices_per_replica, nodes):
+    """The node of each device of a replica: ``nodes`` contiguous runs, as
+    even as the count allows (``node_of_devices(3, 2) == (0, 0, 1)``).
+
+    Raises:
+        NodeError: more nodes than devices (a node would hold no stage).
+    """
+    nodes = positive_int('nodes', nodes, NodeError)
+    if nodes > MAX_NODES:
+        raise NodeError('nodes: expected at most %d, found %d' % (MAX_NODES, nodes))
+    if nodes > devices_per_replica:
+        raise NodeError('nodes: expected at most as many nodes as devices per replica (%d), '
+                        'found %d (a node would hold no stage)' % (devices_per_replica, nodes))
+    return stage_of_block(even_split(devices_per_replica, nodes))
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """This process's place among the node processes of a job.
+
+    Attributes:
+        count: Node processes in the job.
+        rank: This one's (0 to ``count - 1``).
+        timeout: Seconds a node waits on another (a receive, a barrier)
+            before the job ends.
+        address: ``MASTER_ADDR:MASTER_PORT`` of the rendezvous.
+    """
+    count: int
+    rank: int
+    timeout: float
+    address: str
+
+
+def from_environment(count, timeout=None, environ=None):
+    """The :class:`Nodes` of this process for a job of ``count`` nodes,
+    from the rendezvous variables torchrun and ``launch --nodes`` set.
+
+    Raises:
+        NodeError: a variable is missing or malformed, the job's
+            ``WORLD_SIZE`` is not ``count``, or ``timeout`` is not a
+            positive number of seconds.
+    """
+    environ = os.environ if environ is None else environ
+    count = positive_int('nodes', count, NodeError)
+    timeout = NODE_TIMEOUT if timeout is None else timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+            not 0 < timeout < float('inf'):
+        raise NodeError('node_timeout: expected a positive number of seconds, found %s'
+                        % excerpt(repr(timeout)))
+    missing = [name for name in RENDEZVOUS if not environ.get(name)]
+    if missing:
+        raise NodeError('nodes: expected a rendezvous for %d node processes (%s, as torchrun '
+                        'and python -m mp_symbolic launch --nodes set them), found %s unset'
+                        % (count, ', '.join(RENDEZVOUS[:-1]) + ' and ' + RENDEZVOUS[-1],
+                           ', '.join(missing)))
+    values = {}
+    for name in ('RANK', 'WORLD_SIZE', 'MASTER_PORT'):
+        text = environ[name]
+        if not (text.isascii() and text.isdigit()):
+            raise NodeError('nodes: expected %s to be a number, found %s'
+                            % (name, excerpt(repr(text))))
+        values[name] = int(text)
+    if values['WORLD_SIZE'] != count:
+        raise NodeError('nodes: expected a job of %d node processes, found WORLD_SIZE=%d (each '
+                        'process is one node: torchrun --nnodes x --nproc-per-node)'
+                        % (count, values['WORLD_SIZE']))
+    if values['RANK'] >= count:
+        raise NodeError('nodes: expected RANK below WORLD_SIZE=%d, found %d'
+                        % (count, values['RANK']))
+    if not 0 < values['MASTER_PORT'] < 65536:
+        raise NodeError('nodes: expected MASTER_PORT in 1..65535, found %d'
+                        % values['MASTER_PORT'])
+    return Nodes(count, values['RANK'], float(timeout),
+                 '%s:%d' % (environ['MASTER_ADDR'], values['MASTER_PORT']))
+
+
+def join(nodes):
+    """Joins this process to the job's process group (once per process;
+    waits until every node has joined, at most the node timeout).
+
+    Raises:
+        NodeFailure: the other nodes did not join within the timeout, or
+            the rendezvous could not be reached.
+    """
+    dist = torch('distributed')
+    if dist.is_initialized():
+        if dist.get_world_size() != nodes.count or dist.get_rank() != nodes.rank:
+            raise NodeError('nodes: expected one job per process, found this process already '
+                            'node %d of %d' % (dist.get_rank(), dist.get_world_size()))
+        return
+    try:
+        dist.init_process_group('gloo', rank=nodes.rank, world_size=nodes.count,
+                                timeout=datetime.timedelta(seconds=nodes.timeout))
+    except (RuntimeError, ValueError, OSError) as err:
+        raise NodeFailure('nodes: node %d of %d could not join the others at %s within %g s '
+                          '(--node-timeout): %s' % (nodes.rank, nodes.count, nodes.address,
+                                                    nodes.timeout, _first_line(err))) from None
+
+
+def agree(nodes, facts):
+    """Checks that every node made the same plan: ``facts`` (a dict of
+    JSON-able values, the same keys on every node) gathered from all.
+
+    Raises:
+        NodeError: a node's value differs from node 0's (the message names
+            the field and both values).
+        NodeFailure: a node died or stopped answering meanwhile.
+    """
+    dist = torch('distributed')
+    gathered = [None] * nodes.count
+    try:
+        dist.all_gather_object(gathered, facts)
+    except RuntimeError as err:
+        raise NodeFailure('nodes: node %d could not exchange its plan with the others: %s'
+                          % (nodes.rank, _first_line(err))) from None
+    for rank, theirs in enumerate(gathered):
+        for key, value in facts.items():
+            if theirs.get(key) != gathered[0].get(key):
+                raise NodeError('nodes: expected every node to make the same plan, found node '
+                                '%d\'s %s %s where node 0\'s is %s (are the flags the same on '
+                                'every host?)' % (rank, key, excerpt(repr(theirs.get(key))),
+                                                  excerpt(repr(gathered[0].get(key)))))
+
+
+def barrier(nodes, what):
+    """Waits until every node gets here.
+
+    Raises:
+        NodeFailure: a node died, or did not come within the node timeout.
+    """
+    dist = torch('distributed')
+    try:
+        dist.barrier()
+    except RuntimeError as err:
+        raise NodeFailure('nodes: node %d waited for the others to %s: %s'
+                          % (nodes.rank, what, _first_line(err))) from None
+
+
+def broadcast(nodes, value, source, what):
+    """``value`` of node ``source`` on every node (a JSON-able object).
+
+    Raises:
+        NodeFailure: a node died or stopped answering meanwhile.
+    """
+    dist = torch('distributed')
+    box = [value]
+    try:
+        dist.broadcast_object_list(box, src=source)
+    except RuntimeError as err:
+        raise NodeFailure('nodes: node %d waited for node %d to %s: %s'
+                          % (nodes.rank, source, what, _first_line(err))) from None
+    return box[0]
+
+
+def _first_line(err):
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    text = lines[0] if lines else type(err).__name__
+    # gloo prefixes its messages with the source file: [.../gloo/transport/tcp/pair.cc:553]
+    if text.startswith('[') and '] ' in text:
+        text = text.split('] ', 1)[1]
+    return excerpt(text, 160)
+
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtype(dtype):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    if not _TORCH_DTYPES:
+        t = torch()
+        _TORCH_DTYPES.update({np.dtype(np.float32): t.float32, np.dtype(np.float64): t.float64,
+                              np.dtype(np.float16): t.float16, np.dtype(np.int32): t.int32,
+                              np.dtype(np.int64): t.int64, np.dtype(np.int8): t.int8,
+                              np.dtype(np.uint8): t.uint8})
+    return _TORCH_DTYPES[np.dtype(dtype)]
+
+
+def to_torch(value):
+    """An NDArray's values as a torch tensor of their own (on the array's
+    device: CPU, or the GPU for NCCL), once MXNet has written them."""
+    dlpack = torch('utils.dlpack')
+    return dlpack.from_dlpack(value.to_dlpack_for_read()).clone()
+
+
+def from_torch(tensor):
+    """A torch tensor as an NDArray sharing its memory."""
+    dlpack = torch('utils.dlpack')
+    return mx.nd.from_dlpack(dlpack.to_dlpack(tensor))
+
+
+def _empty_like(dest):
+    device = 'cpu' if dest.context.device_type in ('cpu', 'cpu_pinned', 'cpu_shared') else \
+        'cuda:%d' % dest.context.device_id
+    return torch().empty(dest.shape, dtype=_torch_dtype(dest.dtype), device=device)
+
+
+class _Received:
+    """Receives in flight from other nodes, landing in their arrays on :meth:`wait`."""
+
+    def __init__(self, transport, items, forward):
+        self.transport, self.items, self.forward = transport, items, forward
+
+    def wait(self):
+        """Waits for every message; each lands in (forward) or adds to
+        (backward: gradients of a tensor several stages read) its array.
+
+        Raises:
+            NodeFailure: the sending node died or stopped answering.
+        """
+        for work, buffer, dest, link, microbatch in self.items:
+            self.transport.wait(work, link.producer if self.forward else link.consumer)
+            value = from_torch(buffer)
+            if self.forward:
+                value.copyto(dest)
+            else:
+                accumulate(dest, value, self.transport.local.written,
+                           (link.producer, link.tensor, microbatch))
+
+
+class TorchTransport:
+    """The boundary tensors of one replica's stages when other node
+    processes run some of them: links within this node as
+    :class:`~mp_symbolic.core.comm.LocalTransport` carries them, links to
+    another node through torch.distributed's ``isend``/``irecv``, one tag
+    per link, direction and micro-batch.
+
+    Args:
+        nodes: This process's :class:`Nodes`.
+        node_of_stage: The node of each stage.
+        links: Every link of the stages, in the order every node has
+            (:func:`~mp_symbolic.core.stages.links`).
+        microbatches: Micro-batches per batch.
+        replica: The replica these stages belong to (its own tags).
+    """
+
+    def __init__(self, nodes, node_of_stage, links, microbatches, replica=0):
+        self.nodes, self.node_of_stage = nodes, tuple(node_of_stage)
+        self.microbatches = microbatches
+        self.local = LocalTransport()
+        self._index = {link: k for k, (link, _) in enumerate(links)}
+        self._base = replica * len(links)
+        self._sent = []
+
+    def _remote(self, stage):
+        return self.node_of_stage[stage] != self.nodes.rank
+
+    def _tag(self, link, backward, microbatch):
+        return ((self._base + self._index[link]) * 2 + backward) * self.microbatches + microbatch
+
+    def describe(self, node):
+        """``'node 1 (stages 2, 3)'``."""
+        stages = [s for s, n in enumerate(self.node_of_stage) if n == node]
+        return 'node %d (stage%s %s)' % (node, 's' if len(stages) > 1 else '',
+                                         ', '.join(map(str, stages)))
+
+    def wait(self, work, stage):
+        """Waits for ``work``, a transfer with ``stage``'s node.
+
+        Raises:
+            NodeFailure: that node died, hung up or did not answer within
+                the node timeout.
+        """
+        try:
+            work.wait()
+        except RuntimeError as err:
+            node = self.node_of_stage[stage]
+            text = _first_line(err)
+            why = 'did not answer within %g s (--node-timeout): it is stopped, wedged or ' \
+                  'unreachable' % self.nodes.timeout if 'Timed out' in text else \
+                'hung up (its process died or its host is unreachable)'
+            raise NodeFailure('nodes: %s %s; node %d ended (%s)'
+                              % (self.describe(node), why, self.nodes.rank, text)) from None
+
+    def begin(self):
+        self.local.begin()
+        self._sent = []
+
+    def _send(self, values, backward, microbatch):
+        dist = torch('distributed')
+        local = []
+        for link, value in values:
+            peer = link.producer if backward else link.consumer
+            if not self._remote(peer):
+                local.append((link, value))
+                continue
+            tensor = to_torch(value)
+            work = dist.isend(tensor, self.node_of_stage[peer],
+                              tag=self._tag(link, backward, microbatch))
+            self._sent.append((work, tensor, peer))
+        return local
+
+    def _receive(self, dests, backward, microbatch):
+        dist = torch('distributed')
+        local, items = [], []
+        for link, dest in dests:
+            peer = link.consumer if backward else link.producer
+            if not self._remote(peer):
+                local.append((link, dest))
+                continue
+            buffer = _empty_like(dest)
+            work = dist.irecv(buffer, self.node_of_stage[peer],
+                              tag=self._tag(link, backward, microbatch))
+            items.append((work, buffer, dest, link, microbatch))
+        return local, items
+
+    def send_forward(self, microbatch, values):
+        self.local.send_forward(microbatch, self._send(values, 0, microbatch))
+
+    def recv_forward(self, microbatch, dests):
+        local, items = self._receive(dests, 0, microbatch)
+        self.local.recv_forward(microbatch, local)
+        return _Received(self, items, forward=True) if items else DONE
+
+    def recv_backward(self, microbatch, dests):
+        local, items = self._receive(dests, 1, microbatch)
+        self.local.recv_backward(microbatch, local)
+        return _Received(self, items, forward=False) if items else DONE
+
+    def send_backward(self, microbatch, values):
+        self.local.send_backward(microbatch, self._send(values, 1, microbatch))
+
+    def finish(self):
+        """Waits for this batch's sends (their buffers go, their errors surface).
+
+        Raises:
+            NodeFailure: a receiving node died or stopped answering.
+        """
+        sent, self._sent = self._sent, []
+        for work, _, peer in sent:
+            self.wait(work, peer)

@@ -1,0 +1,90 @@
+"""One node process of the node tests: ``python tests/nodes_worker.py --out F ...``.
+
+Builds the language model of ``tests/test_stages.py`` (tiny, seeded), a
+``Pipeline(..., nodes=N)`` over it (``--nodes 1``: one process, the
+reference), trains ``--steps`` Adam steps through ``pipe.module()`` on fixed
+batches and writes what this process holds to ``F<rank>.npz``: its
+parameters (by their unsplit names), its optimizer states, and the last
+batch's outputs where it runs the loss head. :func:`train` is the same run
+in the caller's process.
+"""
+import argparse
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
+from mp_symbolic.training import loop  # pylint: disable=wrong-import-position
+from mp_symbolic.training.tasks import gpt, lm  # pylint: disable=wrong-import-position
+
+TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
+
+
+def batch(step, size):
+    rng = np.random.default_rng(step)
+    X = rng.integers(0, TINY.vocab_size, (size, TINY.block_size)).astype(np.float32)
+    y = rng.integers(0, TINY.vocab_size, (size, TINY.block_size)).astype(np.float32)
+    return mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)])
+
+
+def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shards=1,
+          whole=False, batch_size=8, virtual=None):
+    """``(arrays this process holds by name, last outputs or None)``."""
+    build = gpt.build_network if whole else gpt.build_blocks
+    net = build(TINY, lm.sharded_layers(shards))
+    pipe = Pipeline(net, devices, sample=(batch_size, TINY.block_size), chunks=chunks,
+                    replicas=replicas, schedule=schedule, nodes=nodes, virtual=virtual)
+    arg_params, aux_params = loop.initial_values(pipe, seed=0)
+    mod = pipe.module(loss='softmax')
+    shape = (batch_size, TINY.block_size)
+    mod.bind(data_shapes=[('data', shape)], label_shapes=[('softmax_label', shape)])
+    mod.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
+                    aux_params={k: mx.nd.array(v) for k, v in aux_params.items()})
+    mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='adam',
+                       optimizer_params={'learning_rate': 0.01})
+    for step in range(steps):
+        mod.forward_backward(batch(step, batch_size))
+        mod.update()
+    outputs = mod.get_outputs()
+    arg, aux = mod.get_params()
+    held = {'param:' + k: v.asnumpy() for k, v in dict(arg, **aux).items()}
+    states = mod.optimizer_states()
+    for name, entry in states['params'].items():
+        held['count:' + name] = np.array(entry['count'])
+        for k, index in enumerate(_arrays_of(entry['state'])):
+            held['state:%s:%d' % (name, k)] = np.asarray(states['arrays'][index])
+    return held, outputs[0].asnumpy() if outputs else None
+
+
+def _arrays_of(spec):
+    """The array indices of an encoded optimizer state, in order."""
+    if spec['t'] == 'nd':
+        return [spec['a']]
+    return [a for item in spec.get('items', ()) for a in _arrays_of(item)]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--out', required=True)
+    parser.add_argument('--devices', required=True)
+    parser.add_argument('--nodes', type=int, default=1)
+    parser.add_argument('--chunks', type=int, default=1)
+    parser.add_argument('--replicas', type=int, default=1)
+    parser.add_argument('--schedule', default='1f1b')
+    parser.add_argument('--virtual', type=int, default=None)
+    parser.add_argument('--steps', type=int, default=3)
+    parser.add_argument('--shards', type=int, default=1)
+    parser.add_argument('--whole', action='store_true')
+    args = parser.parse_args()
+    held, outputs = train(args.devices, args.nodes, args.chunks, args.replicas, args.schedule,
+                          args.steps, args.shards, args.whole, virtual=args.virtual)
+    if outputs is not None:
+        held['outputs'] = outputs
+    np.savez('%s%s.npz' % (args.out, os.environ.get('RANK', '0')), **held)
+
+
+if __name__ == '__main__':
+    main()
