@@ -455,7 +455,9 @@ def train(cfg, log=print, built=None, task=None):
         TrainingDiverged: the loss became NaN or infinite (the last
             committed checkpoint is kept).
         TrainingDidNotLearn: the trained network is no better than the
-            initial one (its final checkpoint is not committed).
+            initial one (its last epoch is committed all the same, its
+            summary ``complete: false`` and ``improved: false``, with the
+            score before and after).
     """
     if task is None:
         task, cfg = load(cfg)
@@ -497,15 +499,23 @@ def train(cfg, log=print, built=None, task=None):
             log(line)
         log('training: %.2f s wall, %.0f samples/s' % (result.wall_time,
                                                       result.samples_per_sec))
-        if not report.score < before.score:
+        improved = bool(report.score < before.score)
+        # a run that did not improve keeps its last epoch all the same, marked
+        # complete: false (a run to look at, not a result)
+        checkpoint = checkpointer.commit(cfg.num_epochs, dict(
+            metrics=dict(result.metrics, improved=improved, score_name=report.score_name,
+                         score_before=float(before.score), score_after=float(report.score),
+                         **({'memory_per_device': memory} if memory else {})),
+            wall_time_s=result.wall_time, samples_per_sec=result.samples_per_sec),
+            complete=improved)
+        if not improved:
             raise TrainingDidNotLearn(
                 'training did not improve the model (%s: %.4g before, %.4g after %d epochs); '
-                'final checkpoint not saved (a larger --lr or more --epochs?)'
-                % (report.score_name, before.score, report.score, cfg.num_epochs))
-        checkpoint = checkpointer.commit(cfg.num_epochs, dict(
-            metrics=dict(result.metrics, **({'memory_per_device': memory} if memory else {})),
-            wall_time_s=result.wall_time, samples_per_sec=result.samples_per_sec),
-            complete=True)
+                '%s (a larger --lr or more --epochs?)'
+                % (report.score_name, before.score, report.score, cfg.num_epochs,
+                   'its last epoch is kept in %s, marked incomplete'
+                   % os.path.join(cfg.out_dir, 'current') if checkpoint is not None
+                   else 'no checkpoint is written by this worker'))
     log('parameters sha256: %s' % params_digest(result.params))
     if checkpoint is None:
         return result
