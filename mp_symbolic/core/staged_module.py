@@ -17,7 +17,7 @@ from collections import OrderedDict
 import mxnet as mx
 
 from .compat import split_bind
-from .module import PipelineModule
+from .module import PipelineModule, shape_pair
 from .stages import StageRuntime, cut
 
 __all__ = []
@@ -53,8 +53,9 @@ class StagedModule(PipelineModule):
         if grad_req != 'write':
             raise ValueError('grad_req: expected \'write\' under schedule=%r, found %r'
                              % (self.pipeline.schedule, grad_req))
-        data_shapes = [_pair(d) for d in data_shapes]
-        label_shapes = [_pair(d) for d in label_shapes or ()]
+        data_shapes = [shape_pair(d) for d in data_shapes]
+        label_shapes = [shape_pair(d) for d in label_shapes or ()]
+        self._fit_head(data_shapes, label_shapes, force_rebind)
         batch = data_shapes[0][1][0]
         chunks, replicas = self.pipeline.chunks, self.pipeline.replicas
         if batch % (chunks * replicas):
@@ -176,6 +177,3 @@ class StagedModule(PipelineModule):
         raise ValueError('batch size: expected the bound one under schedule=%r, found a '
                          'reshape to %s' % (self.pipeline.schedule, data_shapes))
 
-
-def _pair(desc):
-    return (desc.name, tuple(desc.shape)) if hasattr(desc, 'name') else (desc[0], tuple(desc[1]))

@@ -31,7 +31,7 @@ import numpy as np
 
 from .checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_lr, is_momentum, \
     is_positive_int
-from .heads import HEADS, LOSSES
+from .heads import LOSSES, class_axis, head_of, read_head
 from .names import LABEL_NAME
 
 __all__ = []
@@ -96,12 +96,18 @@ class Task:
             data array per input, in order.
         loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
             ``(prediction, label) -> Symbol`` (what ``pipe.module(loss=...)``
-            takes).
+            takes). ``'softmax'`` takes its classes on the axis the labels
+            leave: the last for ``(N, C)`` or ``(N, T, V)`` outputs with
+            ``(N,)`` or ``(N, T)`` labels, axis 1 for ``(N, C, H, W)`` with
+            ``(N, H, W)`` (a per-pixel classifier).
         val: Held-out data like ``train``, or ``None``: the metric is then
             computed on ``train``.
         metric: An MXNet metric name (``'acc'``, ``'mse'``, ...) or an
             ``mx.metric.EvalMetric``; ``None``: ``'mse'`` for ``'l2'``,
-            ``'acc'`` for ``'softmax'``, accuracy at 0.5 for ``'logistic'``.
+            ``'acc'`` for ``'softmax'`` (on its class axis, as ``'acc'``
+            given by name), accuracy at 0.5 for ``'logistic'``; for a
+            callable loss, the default of the head it makes (``'mse'`` for
+            another, ``MakeLoss``).
         batch_size, num_epochs, optimizer, lr, momentum: Defaults of the
             ``--batch-size``, ``--epochs``, ``--optimizer``, ``--lr`` and
             ``--momentum`` flags (``optimizer``: ``'sgd'`` or ``'adam'``).
@@ -266,10 +272,51 @@ class Task:
         """The label variable's name."""
         return self.label_name or LABEL_NAME
 
+    # -- the loss head, fitted to the network's output ---------------------
+
+    def fit_head(self, output_shape, training_symbol):
+        """Fits the loss head to the network and remembers it: ``'softmax'``
+        on the class axis its labels leave in outputs of ``output_shape``
+        (:func:`~mp_symbolic.core.heads.class_axis`: axis 1 for ``(N, C, H,
+        W)`` outputs with ``(N, H, W)`` labels), a callable's head read off
+        its graph (:func:`~mp_symbolic.core.heads.read_head`), so that the
+        printed loss is the loss itself.
+
+        Args:
+            output_shape: The network's output shape, batch first
+                (``None``: not known; ``'softmax'`` keeps the last axis).
+            training_symbol: ``loss -> the training graph`` with that loss.
+
+        Returns:
+            The training graph of the fitted head.
+        """
+        loss = self.loss
+        head = head_of(loss)
+        if head is not None and head.classes and output_shape is not None:
+            axis = class_axis(output_shape, (output_shape[0],) + tuple(self.label_shape))
+            loss = head.on_axis(-1 if axis is None else axis)  # None: the graph refuses them
+        symbol = training_symbol(loss)
+        self._cache['head'] = (loss, head_of(loss) or read_head(symbol))
+        return symbol
+
+    @property
+    def graph_loss(self):
+        """The loss as the graph, the Module and the twin take it: the head's
+        record on its class axis once :meth:`fit_head` saw the network, else
+        ``loss`` as given."""
+        return self._cache['head'][0] if 'head' in self._cache else self.loss
+
+    @property
+    def head(self):
+        """The :class:`~mp_symbolic.core.heads.Head` whose loss is printed, or
+        ``None``: a callable head of no known op (``MakeLoss``: its output is
+        the loss itself)."""
+        return self._cache['head'][1] if 'head' in self._cache else head_of(self.loss)
+
     @property
     def loss_label(self):
         """What the per-epoch line calls the batch loss."""
-        return HEADS[self.loss].label if self.loss in LOSSES else 'loss'
+        return self.head.label if self.head is not None else 'loss'
 
     def default_out_dir(self, variant):
         if self.out_dir is not None:
@@ -278,9 +325,9 @@ class Task:
 
     def batch_loss(self, output, label):
         """The batch's mean loss from the head's output, on its device."""
-        if self.loss in LOSSES:
-            return HEADS[self.loss].batch_loss(output, label)
-        return mx.nd.mean(output)  # a callable head: MakeLoss outputs the loss itself
+        if self.head is not None:
+            return self.head.mean_loss(output, label)
+        return mx.nd.mean(output)  # MakeLoss outputs the loss itself
 
     def report(self, params, predict):
         """How the network with ``params`` does (see ``evaluate``).
@@ -298,9 +345,7 @@ class Task:
             return report
         out = predict(data.X_val)
         where = 'validation' if self.val is not None else 'training'
-        metric = self.metric if self.metric is not None else \
-            HEADS[self.loss].metric if self.loss in LOSSES else 'mse'
-        metric = _make_metric(metric)
+        metric = _make_metric(self.metric, self.head)
         metric.reset()
         metric.update([mx.nd.array(data.y_val)], [mx.nd.array(out)])
         name, value = metric.get()
@@ -313,9 +358,16 @@ class Task:
                       score_name='%s loss' % where)
 
 
-def _make_metric(metric):
+def _make_metric(metric, head):
+    """``metric`` (``None``: the head's default) as an ``mx.metric.EvalMetric``;
+    accuracy reads the head's class axis."""
+    if metric is None:
+        metric = head.metric if head is not None else 'mse'
     if isinstance(metric, mx.metric.EvalMetric):
         return metric
+    if metric in ('acc', 'accuracy') and head is not None and head.classes and \
+            head.axis is not None:
+        return mx.metric.Accuracy(axis=head.axis)  # (N, T, V): -1; (N, C, H, W): 1
     if metric == 'binary accuracy':
         return mx.metric.CustomMetric(
             lambda label, pred: float(np.mean((pred.reshape(label.shape) > 0.5) == label)),
