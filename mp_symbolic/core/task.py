@@ -30,7 +30,7 @@ import mxnet as mx
 import numpy as np
 
 from .checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_lr, is_momentum, \
-    is_positive_int
+    is_positive_int, raised
 from .heads import LOSSES, class_axis, head_of, read_head
 from .names import LABEL_NAME
 
@@ -39,6 +39,12 @@ __all__ = []
 # What a task's data becomes: numpy arrays, examples first, float32; ``X`` and
 # ``X_val`` are tuples of arrays (one per input) for a network of several inputs.
 Data = namedtuple('Data', 'X y X_val y_val')
+
+
+# What a task's data may hold by default (Task.max_data_bytes), train and val
+# each: its examples and labels as float32 (a DataIter that never ends is
+# refused there, not by the kernel).
+MAX_DATA_BYTES = 4 << 30
 
 
 def as_inputs(X):
@@ -124,6 +130,9 @@ class Task:
         out_dir: Default output folder, a format string over ``{name}`` and
             ``{variant}``; ``None``: ``artifacts/{name}`` for the symbolic
             variant, ``artifacts/{name}-{variant}`` for others.
+        max_data_bytes: The most ``train`` and ``val`` may each hold, examples
+            and labels as float32 (4 GiB): more is refused, and a DataIter
+            is read no further (one that never ends).
 
     Raises:
         TaskError: a field of the wrong kind or out of range (the message
@@ -145,6 +154,7 @@ class Task:
     description: str = ''
     evaluate: object = None
     out_dir: str = None
+    max_data_bytes: int = MAX_DATA_BYTES
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
@@ -157,7 +167,7 @@ class Task:
         if not (callable(self.loss) or self.loss in LOSSES):
             bad('loss', '%s or a callable (prediction, label) -> Symbol'
                 % ', '.join(repr(l) for l in LOSSES))
-        for name in ('batch_size', 'num_epochs'):
+        for name in ('batch_size', 'num_epochs', 'max_data_bytes'):
             value = getattr(self, name)
             if not is_positive_int(value):
                 bad(name, POSITIVE_EXPECTED)
@@ -195,11 +205,18 @@ class Task:
         """The network's blocks (calling ``blocks`` once if it is a function).
 
         Raises:
-            TaskError: ``blocks`` gives no HybridBlock.
+            TaskError: ``blocks`` gives no HybridBlock, or ``blocks()`` raised
+                (its error and where, in one line).
         """
         if 'blocks' not in self._cache:
-            blocks = self.blocks() if callable(self.blocks) and \
-                not isinstance(self.blocks, mx.gluon.Block) else self.blocks
+            blocks = self.blocks
+            if callable(blocks) and not isinstance(blocks, mx.gluon.Block):
+                try:
+                    blocks = blocks()
+                except Exception as err:  # pylint: disable=broad-except
+                    # the user's function: whatever it raises is a fault of the task
+                    raise TaskError('blocks: expected blocks() to return the network, found '
+                                    'it raised %s' % raised(err)) from None
             if isinstance(blocks, mx.gluon.Block):
                 if not isinstance(blocks, mx.gluon.HybridBlock):
                     raise TaskError('blocks: expected Gluon HybridBlocks, found %s'
@@ -226,11 +243,11 @@ class Task:
                 whose examples and labels do not pair up.
         """
         if 'data' not in self._cache:
-            X, y = _arrays(self.train, 'train')
+            X, y = _arrays(self.train, 'train', self.max_data_bytes)
             if self.val is None:
                 X_val, y_val = X, y
             else:
-                X_val, y_val = _arrays(self.val, 'val')
+                X_val, y_val = _arrays(self.val, 'val', self.max_data_bytes)
                 if _shapes(X_val) != _shapes(X):
                     raise TaskError('val: expected examples of shape %s like train, found %s'
                                     % (_shape_text(X), _shape_text(X_val)))
@@ -379,12 +396,12 @@ def _make_metric(metric, head):
                         'top_k_accuracy, ...), found %r: %s' % (metric, err)) from None
 
 
-def _arrays(data, name):
+def _arrays(data, name, limit):
     """``(X, y)`` float32 numpy arrays from a pair or a DataIter (``X`` a tuple
-    of arrays, one per input, for several inputs)."""
+    of arrays, one per input, for several inputs), of at most ``limit`` bytes."""
     if isinstance(data, mx.io.DataIter):
         try:
-            inputs, y = _read_iter(data, name)
+            inputs, y = _read_iter(data, name, limit)
         except TaskError:
             raise
         except Exception as err:  # pylint: disable=broad-except
@@ -394,7 +411,7 @@ def _arrays(data, name):
                                _one_line(err))) from None
     elif isinstance(data, (tuple, list)) and len(data) == 2:
         X, y = data
-        inputs = X if isinstance(X, tuple) else (X,)  # a tuple: one array per input
+        inputs = tuple(X) if _several(X, y) else (X,)  # one array per input
         if not inputs:
             raise TaskError('%s: expected (X, y) with X an array or a tuple of arrays (one per '
                             'input), found an empty tuple' % name)
@@ -402,9 +419,38 @@ def _arrays(data, name):
         raise TaskError('%s: expected (X, y) arrays or an mx.io.DataIter, found %s'
                         % (name, _describe(data)))
     y = _numpy(y)
-    inputs = tuple(_checked(name, _numpy(x), y, 'X' if len(inputs) == 1 else 'X[%d]' % i)
+    inputs = [_numpy(x) for x in inputs]
+    size = 4 * sum(a.size for a in inputs + [y])
+    if size > limit:
+        raise TaskError('%s: expected at most %s of examples and labels as float32 '
+                        '(max_data_bytes), found %s' % (name, _bytes(limit), _bytes(size)))
+    inputs = tuple(_checked(name, x, y, 'X' if len(inputs) == 1 else 'X[%d]' % i)
                    for i, x in enumerate(inputs))
-    return (inputs[0] if len(inputs) == 1 else inputs), y.astype(np.float32)
+    with np.errstate(over='ignore'):  # 1e39 becomes inf, refused below
+        y = y.astype(np.float32)
+    if not np.all(np.isfinite(y)):
+        raise TaskError('%s: expected finite labels as float32 (within +-3.4e38), found NaN or '
+                        'infinity' % name)
+    return (inputs[0] if len(inputs) == 1 else inputs), y
+
+
+def _several(X, y):
+    """Whether ``X`` is several inputs: a tuple, or a list of arrays that each
+    hold one example per label (a list of rows or of numbers is one array)."""
+    if isinstance(X, tuple):
+        return True
+    if not isinstance(X, list) or not X:
+        return False
+    try:
+        count = len(y)
+    except TypeError:
+        return False
+    return all(isinstance(x, (np.ndarray, mx.nd.NDArray)) and x.ndim >= 2 and len(x) == count
+               for x in X)
+
+
+def _bytes(count):
+    return '%.1f GiB' % (count / 2 ** 30) if count >= 2 ** 30 else '%d bytes' % count
 
 
 def _numpy(array):
@@ -425,21 +471,25 @@ def _checked(name, X, y, which):
     if not len(X):
         raise TaskError('%s: expected at least one example, found none (%s %s)'
                         % (name, which, X.shape))
-    X = X.astype(np.float32)
-    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
-        raise TaskError('%s: expected finite values, found NaN or infinity' % name)
+    with np.errstate(over='ignore'):  # 1e39 becomes inf, refused below
+        X = X.astype(np.float32)
+    if not np.all(np.isfinite(X)):
+        raise TaskError('%s: expected finite values as float32 (within +-3.4e38), found NaN or '
+                        'infinity in %s' % (name, which))
     return X
 
 
-def _read_iter(data, name):
+def _read_iter(data, name, limit):
     """Every batch of the DataIter ``data``, padding cut: ``([X of each
     input], y)``.
 
     Raises:
-        TaskError: no batch, a batch without a label, or batches with
-            different numbers of data arrays.
+        TaskError: no batch, a batch without a label, batches with
+            different numbers of data arrays, or more than ``limit`` bytes of
+            float32 examples and labels (an iterator that never ends).
     """
     xs, ys = [], []
+    size = 0
     data.reset()
     for batch in data:
         if not batch.label:
@@ -448,6 +498,12 @@ def _read_iter(data, name):
             raise TaskError('%s: expected every batch to have %d data arrays like the first, '
                             'found %d' % (name, len(xs[0]), len(batch.data)))
         keep = batch.data[0].shape[0] - (batch.pad or 0)
+        size += 4 * sum(int(np.prod(a.shape[1:])) * keep for a in
+                        list(batch.data) + [batch.label[0]])
+        if size > limit:
+            raise TaskError('%s: expected a DataIter of at most %s of examples and labels as '
+                            'float32 (max_data_bytes), found more after %d batches (one that '
+                            'never ends?)' % (name, _bytes(limit), len(xs) + 1))
         xs.append([d.asnumpy()[:keep] for d in batch.data])
         ys.append(batch.label[0].asnumpy()[:keep])
     data.reset()
