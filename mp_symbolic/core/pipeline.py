@@ -43,7 +43,7 @@ from .checks import positive_int
 from .compat import symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
-from .placement import place, sample_shapes
+from .placement import check_parameter_names, place, sample_shapes
 from .schedule import MAKERS, interleaved
 
 __all__ = []
@@ -189,6 +189,7 @@ class Pipeline(gluon.Block):
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
         blocks = _as_blocks(blocks)
+        check_parameter_names(blocks, whole)
         self.sharding = None
         if tensor_parallel is not None:
             shapes = sample_shapes(sample)
