@@ -157,6 +157,9 @@ y = (X[:, 0] > 0).astype(np.float32)
 class Raising(mx.io.NDArrayIter):
     def next(self):
         raise OSError('disk gone')
+class Endless(mx.io.NDArrayIter):
+    def next(self):  # the same batch, for ever
+        return mx.io.DataBatch([mx.nd.array(X[:16])], [mx.nd.array(y[:16])], pad=0)
 def task():
     return mp_symbolic.Task(name='x', blocks=[gluon.nn.Dense(2, in_units=4)], loss='softmax',
                             batch_size=16, num_epochs=1, %s)
@@ -182,8 +185,18 @@ def task():
      'train: expected examples the blocks can take, found examples of shape (4,), (4,): '
      'expected one batch or shape per input of the network, found 2 '
      "(Dense.hybrid_forward() got multiple values for argument 'weight')"),
+    ("train=(X, np.where(y > 0, 1e39, 0))",  # float64 1e39 is inf as float32
+     'train: expected finite labels as float32 (within +-3.4e38), found NaN or infinity'),
+    ("train=(X, y), val=(X * 1e39, y)",
+     'val: expected finite values as float32 (within +-3.4e38), found NaN or infinity in X'),
+    ("train=Endless(X, y, batch_size=16), max_data_bytes=4096",  # 320 bytes a batch
+     'train: expected a DataIter of at most 4096 bytes of examples and labels as float32 '
+     '(max_data_bytes), found more after 13 batches (one that never ends?)'),
+    ("train=(X, y), max_data_bytes=1024",
+     'train: expected at most 1024 bytes of examples and labels as float32 (max_data_bytes), '
+     'found 1280 bytes'),
 ], ids=['label-7', 'label-minus-1', 'two-columns', 'complex', 'empty-val', 'iter-raises',
-        'two-data-arrays'])
+        'two-data-arrays', 'label-1e39', 'value-1e39', 'endless-iter', 'too-many-bytes'])
 def test_data_the_network_cannot_take_is_one_line_before_training(tmp_path, capsys, data,
                                                                   message):
     from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel

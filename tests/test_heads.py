@@ -1,14 +1,18 @@
 """Each loss head is one record (mp_symbolic/core/heads.py): the training
-graph, the imperative twin, the task and the export all read it."""
+graph, the imperative twin, the task and the export all read it; 'softmax'
+takes its classes on the axis the labels leave (a per-pixel classifier's
+axis 1), on every route and from the command line; a callable head's printed
+loss is the loss itself."""
 import json
 
 import mxnet as mx
 import numpy as np
 import pytest
 
+from conftest import cli_status
 from export.inference import LOSS_HEADS, inference_graph
 from mp_symbolic import Pipeline, Task
-from mp_symbolic.core.heads import HEADS, LOSSES, gluon_loss, make_head, predict_form
+from mp_symbolic.core.heads import HEADS, LOSSES, class_axis, gluon_loss, make_head, predict_form
 
 
 @pytest.mark.parametrize('loss', LOSSES)
@@ -24,7 +28,7 @@ def test_every_site_reads_the_loss_heads_one_record(loss):
     assert task.loss_label == head.label
     raw = mx.nd.array([[0.5, -1.0, 2.0]])
     assert np.array_equal(predict_form(loss, raw).asnumpy(),
-                          (head.predict or (lambda o: o))(raw).asnumpy())
+                          head.predict_form(raw).asnumpy())
     label = mx.nd.array([2] if head.classes else [[1, 0, 1]])
     assert task.batch_loss(predict_form(loss, raw), label).asscalar() == \
         head.batch_loss(predict_form(loss, raw), label).asscalar()
@@ -44,3 +48,225 @@ def test_the_export_replaces_each_head_by_its_inference_form(loss):
     exe = graph.bind(mx.cpu(0), dict(arg_params, data=X), aux_states=aux_params)
     np.testing.assert_allclose(exe.forward()[0].asnumpy(), forms[HEADS[loss].inference].asnumpy(),
                                rtol=1e-6)
+
+
+# -- 'softmax' on the class axis its labels leave ----------------------------------------------
+
+@pytest.mark.parametrize('output, label, axis', [
+    ((8, 10), (8,), -1),
+    ((8, 12, 50), (8, 12), -1),          # a language model: (N, T, V) with (N, T)
+    ((8, 3, 16, 16), (8, 16, 16), 1),    # a per-pixel classifier: (N, C, H, W) with (N, H, W)
+    ((8, 3, 20), (8, 20), 1),            # per-position classes on axis 1
+    ((8, 4, 4, 4), (8, 4, 4), 1),        # both fit: 4 axes are MXNet's NCHW
+    ((8, 5, 5), (8, 5), -1),             # both fit: 3 axes are a sequence's
+    ((8, 3, 16, 16), (8, 3, 16, 16), None),
+    ((8, 3, 16, 16), None, 1),           # no labels (a prediction): by the outputs' axes
+])
+def test_softmax_takes_its_classes_on_the_axis_the_labels_leave(output, label, axis):
+    assert class_axis(output, label) == axis
+
+
+SEGMENT = dict(batch=4, classes=3, size=6)
+
+
+def _segmenter(prefix):
+    """A per-pixel classifier: (N, 2, H, W) -> (N, 3, H, W), in two blocks."""
+    return [mx.gluon.nn.Conv2D(4, 3, padding=1, in_channels=2, activation='tanh',
+                               prefix=prefix + 'c0_'),
+            mx.gluon.nn.Conv2D(SEGMENT['classes'], 1, in_channels=4, prefix=prefix + 'c1_')]
+
+
+def _pixels():
+    rng = np.random.default_rng(0)
+    n, size = SEGMENT['batch'], SEGMENT['size']
+    X = rng.normal(size=(n, 2, size, size)).astype(np.float32)
+    y = rng.integers(0, SEGMENT['classes'], (n, size, size)).astype(np.float32)
+    return X, y
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_a_per_pixel_softmax_takes_the_same_step_on_the_module_the_twin_and_one_device(
+        schedule):
+    """(N, C, H, W) outputs with (N, H, W) labels: the Module's head is
+    MXNet's multi_output softmax (its classes on axis 1), its step equals the
+    imperative twin's and one device's, and the export's inference form is
+    the softmax over axis 1 that the Module and the twin predict."""
+    X, y = _pixels()
+    one = _segmenter('one_')
+    for block in one:
+        block.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+    values = {n: p.data().asnumpy() for b in one for n, p in b.collect_params().items()}
+    net = mx.gluon.nn.HybridSequential()
+    for block in one:
+        net.add(block)
+    with mx.autograd.record():  # one device: Gluon's own per-pixel cross-entropy
+        loss = mx.gluon.loss.SoftmaxCrossEntropyLoss(axis=1)(net(mx.nd.array(X)),
+                                                            mx.nd.array(y))
+    loss.backward()
+    expected = {n: p.grad().asnumpy() / len(X) for b in one for n, p in
+                b.collect_params().items()}
+    raw = net(mx.nd.array(X))
+
+    def ours(name):
+        return name.replace('one_', 'pp_')
+
+    pipe = Pipeline(_segmenter('pp_'), 'cpu:0,cpu:1', chunks=2, schedule=schedule)
+    mod = pipe.module('softmax')
+    mod.bind(data_shapes=[('data', X.shape)], label_shapes=[('softmax_label', y.shape)])
+    mod.init_params(arg_params={ours(n): mx.nd.array(v) for n, v in values.items()})
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.0})
+    mod.forward_backward(mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)]))
+    grads = dict(zip(mod._exec_group.param_names,  # pylint: disable=protected-access
+                     mod._exec_group.grad_arrays))  # pylint: disable=protected-access
+    for name, value in expected.items():  # rescale_grad 1/batch, as Module applies it
+        np.testing.assert_allclose(grads[ours(name)][0].asnumpy() / len(X), value, rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
+    probs = mx.nd.softmax(raw, axis=1).asnumpy()
+    np.testing.assert_allclose(mod.get_outputs()[0].asnumpy(), probs, rtol=1e-5, atol=1e-6)
+
+    twin = Pipeline(_segmenter('tw_'), 'cpu:0,cpu:1')
+    twin.set_params({n.replace('one_', 'tw_'): v for n, v in values.items()})
+    fitted = HEADS['softmax'].on_axis(1)
+    with mx.autograd.record():
+        out = twin(mx.nd.array(X, ctx=mx.cpu(0)))
+        loss = gluon_loss(fitted)(out, mx.nd.array(y, ctx=out.context))
+    loss.backward()
+    for name, value in expected.items():
+        param = twin.collect_params()[name.replace('one_', 'tw_')]
+        np.testing.assert_allclose(param.grad(param.list_ctx()[0]).asnumpy() / len(X), value,
+                                   rtol=1e-4, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(predict_form(fitted, out).asnumpy(), probs, rtol=1e-5, atol=1e-6)
+
+    graph = inference_graph(mod.export_symbol)
+    arg_params, aux_params = mod.get_params()
+    exe = graph.bind(mx.cpu(0), dict(arg_params, data=mx.nd.array(X)), aux_states=aux_params)
+    np.testing.assert_allclose(exe.forward()[0].asnumpy(), probs, rtol=1e-5, atol=1e-6)
+
+
+SEGMENT_TASK = '''
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+import mp_symbolic
+
+
+def task(loss='softmax', metric=None, num_epochs=4):
+    """A per-pixel classifier of 8x8 two-channel maps into 3 classes."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 2, 8, 8)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.float32) + (X[:, 1] > 0.5)    # (N, H, W) classes 0..2
+    if loss == 'callable':   # the same head, written by its user
+        loss = lambda p, label: mx.sym.SoftmaxOutput(p, label, multi_output=True,
+                                                     name='softmax')
+    blocks = [gluon.nn.Conv2D(8, 3, padding=1, activation='relu', prefix='seg_c0_'),
+              gluon.nn.Conv2D(8, 3, padding=1, activation='relu', prefix='seg_c1_'),
+              gluon.nn.Conv2D(3, 1, prefix='seg_c2_')]      # (N, 3, 8, 8)
+    return mp_symbolic.Task(name='seg', blocks=blocks, loss=loss, train=(X, y), metric=metric,
+                            batch_size=16, num_epochs=num_epochs, optimizer='adam', lr=0.05)
+'''
+
+
+@pytest.fixture(name='segment_task')
+def _segment_task(tmp_path):
+    path = tmp_path / 'seg_task.py'
+    path.write_text(SEGMENT_TASK)
+    return str(path)
+
+
+def _train_cli(argv, capsys):
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    capsys.readouterr()
+    status = cli_status(cli.main, argv)
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_a_segmentation_task_trains_from_the_command_line_on_two_devices_and_exports(
+        segment_task, tmp_path, capsys):
+    out = str(tmp_path / 'out')
+    status, printed, err = _train_cli(['train', '--task', segment_task, '--devices',
+                                       'cpu:0,cpu:1', '--out', out, '--no-progress',
+                                       '--no-memory'], capsys)
+    assert status == 0, err
+    summary = json.loads((tmp_path / 'out' / 'current' / 'summary.json').read_text())
+    losses = summary['epoch_losses']
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert summary['complete'] is True and summary['improved'] is True
+    assert 'mean cross-entropy' in printed and 'training accuracy' in printed, printed
+    checkpoint = json.loads(next((tmp_path / 'out' / 'current').glob('*-symbol.json'))
+                            .read_text())
+    head = [n for n in checkpoint['nodes'] if n['op'] == 'SoftmaxOutput']
+    assert head and head[0]['attrs'].get('multi_output') == 'True', head
+    from export.__main__ import main as export_main  # pylint: disable=import-outside-toplevel
+    assert export_main(['--checkpoint', out, '--out', str(tmp_path / 'export'),
+                        '--verify-batches', '1,3']) == 0
+    folder = tmp_path / 'export' / 'current'
+    symbol = mx.sym.load(str(folder / 'seg-symbol.json'))
+    params = mx.nd.load(str(folder / 'seg-0000.params'))
+    X = np.random.default_rng(1).normal(size=(2, 2, 8, 8)).astype(np.float32)
+    exe = symbol.bind(mx.cpu(0), dict({k.split(':', 1)[1]: v for k, v in params.items()
+                                       if k.startswith('arg:')}, data=mx.nd.array(X)))
+    probs = exe.forward()[0].asnumpy()
+    assert probs.shape == (2, 3, 8, 8)
+    np.testing.assert_allclose(probs.sum(axis=1), 1, rtol=1e-5)  # the classes on axis 1
+
+
+def test_the_twin_trains_the_segmentation_task_as_the_module_does(segment_task, tmp_path,
+                                                                   capsys):
+    status, printed, err = _train_cli(['compare', '--task', segment_task, '--task-arg',
+                                       'num_epochs=2', '--devices', 'cpu:0,cpu:1', '--out',
+                                       str(tmp_path / 'compare'), '--no-progress'], capsys)
+    assert status == 0, err + printed
+    assert 'agree: yes' in printed, printed
+
+
+def test_a_callable_head_prints_its_loss_and_a_run_that_does_not_improve_keeps_its_last_epoch(
+        segment_task, tmp_path, capsys):
+    """A per-pixel SoftmaxOutput written as a callable prints its
+    cross-entropy (it printed the mean probability, 1/3), its default metric
+    reads the class axis, and at --lr 1e-30 the "did not improve" check reads
+    that loss: exit 1, the last epoch kept, marked."""
+    out = tmp_path / 'out'
+    status, printed, err = _train_cli(
+        ['train', '--task', segment_task, '--task-arg', 'loss=callable', '--task-arg',
+         'num_epochs=2', '--lr', '1e-30', '--checkpoint-every', '5', '--devices',
+         'cpu:0,cpu:1', '--out', str(out), '--no-progress', '--no-memory'], capsys)
+    assert status == 1, err
+    lines = [l for l in printed.splitlines() if l.startswith('epoch ')]
+    assert len(lines) == 2 and all('mean cross-entropy' in l for l in lines), printed
+    value = float(lines[-1].split()[-1])
+    assert 0.9 < value < 2.0, lines  # about log(3), not 1/3
+    assert 'training accuracy' in printed, printed
+    assert err.count('\n') == 1 and err.startswith(
+        'error: training did not improve the model (training loss: '), err
+    assert 'its last epoch is kept in %s, marked incomplete' % (out / 'current') in err, err
+    summary = json.loads((out / 'current' / 'summary.json').read_text())
+    assert (summary['epoch'], summary['complete'], summary['improved']) == (2, False, False)
+    assert summary['score_after'] >= summary['score_before'] > 0.9
+
+
+SEQUENCE_TASK = '''
+import numpy as np
+from mxnet import gluon
+import mp_symbolic
+
+
+def task():
+    """Each token of a sequence classified: (N, T) tokens -> (N, T, V) outputs."""
+    X = np.random.default_rng(0).integers(0, 10, size=(64, 6)).astype(np.float32)
+    blocks = [gluon.nn.Embedding(10, 8, prefix='seq_e_'),
+              gluon.nn.Dense(10, flatten=False, prefix='seq_d_')]
+    return mp_symbolic.Task(name='seq', blocks=blocks, loss='softmax', train=(X, X.copy()),
+                            batch_size=16, num_epochs=3, lr=0.5)
+'''
+
+
+def test_the_default_metric_of_per_position_classes_reads_the_last_axis(tmp_path, capsys):
+    path = tmp_path / 'seq_task.py'
+    path.write_text(SEQUENCE_TASK)
+    status, printed, err = _train_cli(['train', '--task', str(path), '--devices', 'cpu:0,cpu:1',
+                                       '--out', str(tmp_path / 'out'), '--no-progress',
+                                       '--no-memory'], capsys)
+    assert status == 0, err
+    summary = json.loads((tmp_path / 'out' / 'current' / 'summary.json').read_text())
+    assert summary['training_accuracy'] > 0.5, printed

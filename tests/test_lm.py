@@ -248,6 +248,26 @@ def test_shard_count_that_cannot_split_the_heads_raises(args, message):
         lm.task(**args)
 
 
+@pytest.mark.parametrize('arg, message', [
+    ('num_layers=100000', '--task-arg num_layers: expected a positive integer at most 128, '
+                          'found 100000'),
+    ('num_hiddens=1000000', '--task-arg num_hiddens: expected a positive integer at most 4096, '
+                            'found 1000000'),
+], ids=['num_layers', 'num_hiddens'])
+def test_a_model_too_large_is_refused_in_one_line_before_any_work(tmp_path, capsys, arg,
+                                                                   message):
+    """100,000 blocks took minutes to build before any line; a width of 10^6
+    ended in MXNet's 2^31-element check, a traceback, after the corpus."""
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    capsys.readouterr()
+    status = cli_status(cli.main, ['train', '--task', 'lm', '--task-arg', arg, '--out',
+                                   str(tmp_path / 'out'), '--no-progress', '--no-memory'])
+    assert status == 2
+    assert capsys.readouterr().err == 'error: %s\n' % message
+    assert not (tmp_path / 'out').exists()
+
+
 def _train(out, devices, num_epochs, resume=None, **task_args):
     args = dict(SHORT_RUN, **task_args)
     cfg = TrainConfig(task='lm', task_args=tuple(args.items()), devices=devices,

@@ -113,6 +113,36 @@ def test_bad_arguments_are_refused_with_what_was_expected(kwargs, error, message
         Pipeline(**kwargs)
 
 
+class _Twice(gluon.HybridBlock):
+    """Two children given one prefix= outside the parent's name_scope()."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.a = gluon.nn.Dense(16, in_units=4, prefix='fc_')
+        self.b = gluon.nn.Dense(4, in_units=16, prefix='fc_')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize('blocks, where', [
+    (lambda: [gluon.nn.Dense(16, prefix='fc_'), gluon.nn.Dense(4, prefix='fc_')],
+     'blocks[0] (Dense) and in blocks[1] (Dense)'),
+    (lambda: _Twice(prefix='net_'), '_Twice.a (Dense) and in _Twice.b (Dense)'),
+], ids=['block-list', 'whole-network'])
+def test_two_parameters_of_one_name_are_refused_naming_the_parameter_and_both_blocks(
+        blocks, where):
+    """Gluon merged them (a list: ``Expected shape (4, 16) is incompatible
+    with given shape (16, 0)`` at the first step) or asserted in its
+    collect_params (a whole network)."""
+    with pytest.raises(ValueError) as err:
+        Pipeline(blocks(), 'cpu:0,cpu:1', sample=(8, 4))
+    assert str(err.value).startswith(
+        'blocks: expected each parameter name once, found fc_weight in %s: two parameters of '
+        'one name' % where), str(err.value)
+    assert '\n' not in str(err.value)
+
+
 def test_a_parameter_shared_across_stages_lives_on_the_first_stage_that_reads_it():
     shared = nn.Dense(4, in_units=4, prefix='tied_')
     second = nn.Dense(4, in_units=4, params=shared.collect_params(), prefix='tied2_')

@@ -1,11 +1,14 @@
 """A block whose ``hybrid_forward`` fails on Symbols (it calls what only
-NDArrays take) is refused in one line naming the block, from Python and from
-the command line, instead of MXNet's traceback from its symbol creator."""
+NDArrays take) is refused in one line naming the block and the call, from
+Python and from the command line, instead of MXNet's traceback from its
+symbol creator (GluonCV's GroupNorm, GluonNLP's LSTM language model with
+dropout); the imperative twin of a block list still runs it."""
 import subprocess
 import sys
 
 import mxnet as mx
 from mxnet import gluon
+import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
@@ -30,6 +33,51 @@ def test_gluoncv_group_norm_is_refused_in_one_line_naming_the_block():
                                                        'MXNetError')) as err:
         Pipeline(net, 'cpu:0,cpu:1', sample=(1, 3, 32, 32))
     assert '\n' not in str(err.value) and 'keep_highest' in str(err.value)
+
+
+class Logits(gluon.HybridBlock):
+    """A language model's logits without its states (GluonNLP returns both)."""
+
+    def __init__(self, lm, **kwargs):
+        super().__init__(**kwargs)
+        self.lm = lm
+
+    def hybrid_forward(self, F, tokens):  # pylint: disable=arguments-differ
+        return self.lm(tokens)[0]
+
+
+def _standard_lstm_lm_200(dropout=0.2):
+    """GluonNLP's ``standard_lstm_lm_200`` (embedding and hidden 200, two
+    layers, tied weights) with random weights and a vocabulary of 50."""
+    from gluonnlp.model.language_model import StandardRNN, standard_lstm_lm_200_hparams  # pylint: disable=import-outside-toplevel
+    return StandardRNN(vocab_size=50, prefix='lm_',
+                       **dict(standard_lstm_lm_200_hparams, dropout=dropout))
+
+
+CALL = r'; at `encoded = nd.Dropout\(encoded, p=self._dropout, axes=\(0,\)\)` ' \
+       r'\(language_model.py, line \d+\)$'
+
+
+def test_gluonnlp_lstm_lm_with_dropout_is_refused_in_one_line_naming_the_block_and_the_call():
+    """``StandardRNN.hybrid_forward`` calls ``nd.Dropout`` on whatever it is
+    given: MXNet's ``AssertionError: Argument data must have NDArray type,
+    but got <Symbol ...>`` traceback, now one line."""
+    with pytest.raises(NotSymbolSafe, match=MESSAGE % ('lm', 'StandardRNN', 'AssertionError')
+                       + 'Argument data must have NDArray type, but got <Symbol .*>' + CALL) \
+            as err:
+        Pipeline(_standard_lstm_lm_200(), 'cpu:0,cpu:1', sample=(5, 4))  # (T, N) tokens
+    assert '\n' not in str(err.value)
+
+
+def test_the_twin_of_a_block_list_runs_the_lstm_lm_the_module_refuses():
+    pipe = Pipeline([Logits(_standard_lstm_lm_200(), prefix='logits_'),
+                     gluon.nn.Dense(8, flatten=False, in_units=50, prefix='out_')],
+                    'cpu:0,cpu:1')
+    pipe.initialize()
+    tokens = mx.nd.array(np.random.default_rng(0).integers(0, 50, size=(5, 4)), ctx=mx.cpu(0))
+    assert pipe(tokens).shape == (5, 4, 8)  # imperatively it runs
+    with pytest.raises(NotSymbolSafe, match=MESSAGE % ('lm', 'StandardRNN', 'AssertionError')):
+        pipe.module(loss='softmax')
 
 
 def test_a_block_of_a_list_is_refused_when_its_graph_is_built():

@@ -1,5 +1,5 @@
-"""A task of several inputs: ``train=((X0, X1), y)`` or a DataIter of two data
-arrays trains on every route (Module, executor, the twin; a whole network and
+"""A task of several inputs: ``train=((X0, X1), y)``, ``([X0, X1], y)`` or a
+DataIter of two data arrays trains on every route (Module, executor, the twin; a whole network and
 a block list) to the same weights as one device, resumes as if never stopped,
 and its checkpoint exports; a task whose arrays do not fit the network's
 inputs is refused in one line."""
@@ -56,6 +56,8 @@ def task(form='whole', source='arrays', case='good'):
     train, val = ((vector, grid), y), ((vector[:32], grid[:32]), y[:32])
     if source == 'iter':
         train = mx.io.NDArrayIter({'data0': vector, 'data1': grid}, y, batch_size=32)
+    elif source == 'list':  # a list of the inputs, as a tuple
+        train = ([vector, grid], y)
     if case == 'one input':
         train, val = (vector, y), None
     elif case == 'three inputs':
@@ -92,7 +94,8 @@ def test_a_task_of_two_inputs_trains_to_one_devices_weights_on_every_route(
         task_file, tmp_path, form):
     one = _train(task_file, tmp_path / 'one', devices='cpu:0', task_args={'form': form})
     routes = [dict(), dict(api='executor'), dict(variant='imperative'), dict(chunks=2),
-              dict(task_args={'form': form, 'source': 'iter'})]
+              dict(task_args={'form': form, 'source': 'iter'}),
+              dict(task_args={'form': form, 'source': 'list'})]
     for i, route in enumerate(routes):
         route.setdefault('task_args', {'form': form})
         result = _train(task_file, tmp_path / str(i), **route)
@@ -148,3 +151,16 @@ def test_arrays_that_do_not_fit_the_inputs_are_refused_in_one_line(task_file, ca
     assert status == 2, stderr
     assert message in stderr and 'Traceback' not in stderr, stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_a_list_of_arrays_is_several_inputs_and_a_list_of_rows_one_array():
+    from mxnet import gluon  # pylint: disable=import-outside-toplevel
+    from mp_symbolic import Task  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    X0, X1, y = rng.normal(size=(8, 3)), rng.normal(size=(8, 5)), rng.normal(size=(8, 1))
+    several = Task(name='t', blocks=[gluon.nn.Dense(1)], loss='l2', train=([X0, X1], y)).data()
+    assert [x.shape for x in several.X] == [(8, 3), (8, 5)]
+    assert all(x.dtype == np.float32 for x in several.X)
+    rows = Task(name='t', blocks=[gluon.nn.Dense(1)], loss='l2',
+                train=([[0.0, 1.0], [1.0, 0.0]] * 4, [[0.0]] * 8)).data()
+    assert rows.X.shape == (8, 2)

@@ -202,6 +202,11 @@ UNWORKABLE = [
      'train=None, batch_size=0)\n',
      'expected task() to return a Task, found it raised TaskError: batch_size: expected a '
      'positive integer, found 0'),
+    ('import numpy as np\nimport mp_symbolic\ndef build():\n    raise RuntimeError("no such '
+     'width")\ndef task():\n    return mp_symbolic.Task(name="x", blocks=build, loss="l2", '
+     'train=(np.zeros((8, 3)), np.zeros((8, 1))), batch_size=4)\n',
+     'blocks: expected blocks() to return the network, found it raised RuntimeError: no such '
+     'width (bad_task.py, line 4)'),
     (SHAPES_MISFIT, 'train: expected examples the blocks can take, found examples of shape '
                     '(3, 4, 4)'),
     (LABELS_MISFIT, "train: expected labels that fit the network's output and the loss 'l2', "

@@ -342,12 +342,18 @@ def test_divergence_in_a_later_epoch_keeps_the_last_committed_checkpoint(tmp_pat
     assert summary['epoch'] == 2 and summary['complete'] is False
 
 
-def test_a_run_that_does_not_learn_exits_1_and_commits_no_final_checkpoint(tmp_path, capsys):
-    assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '500',
-                 '--lr', '1e-30', '--devices', THREE_DEVICES, '--out', str(tmp_path), '--no-memory']) == 1
+def test_a_run_that_does_not_learn_exits_1_and_keeps_its_last_epoch_marked_incomplete(
+        tmp_path, capsys):
+    assert main(['train', '--no-progress', '--epochs', '2', '--num-examples', '500',
+                 '--lr', '1e-30', '--checkpoint-every', '5', '--devices', THREE_DEVICES,
+                 '--out', str(tmp_path), '--no-memory']) == 1
     err = capsys.readouterr().err
-    assert 'error: training did not improve the model' in err
-    assert not (tmp_path / 'current').exists()
+    assert err.count('\n') == 1 and err.startswith(
+        'error: training did not improve the model (MSE: '), err
+    assert 'its last epoch is kept in %s, marked incomplete' % (tmp_path / 'current') in err
+    summary = json.loads((tmp_path / 'current' / 'summary.json').read_text())
+    assert (summary['epoch'], summary['complete'], summary['improved']) == (2, False, False)
+    assert summary['score_name'] == 'MSE' and summary['score_after'] >= summary['score_before']
 
 
 def test_mirroring_recomputes_ops_and_changes_no_result(small_data):

@@ -5,6 +5,9 @@ Each check raises with the project's one grammar, ``field: expected X,
 found Y``, so that a value is refused in the same words wherever it enters
 (``Pipeline``, ``Task``, ``TrainConfig``, the layers, the command line).
 """
+import os
+import traceback
+
 __all__ = []
 
 # A learning rate: below 1e-30 a float32 update is lost in rounding; above 1e6
@@ -26,6 +29,18 @@ def excerpt(text, limit=EXCERPT_LIMIT):
     """``text`` cut to ``limit`` characters (``...`` marks the cut): a value
     of thousands of entries (a device list, a sample) is not echoed whole."""
     return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
+def raised(err):
+    """``'ValueError: message (my_task.py, line 12)'``: an error of the user's
+    code on one line, with its innermost frame outside this package."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not os.path.abspath(f.filename).startswith(package + os.sep)]
+    where = ' (%s, line %d)' % (os.path.basename(frames[-1].filename), frames[-1].lineno) \
+        if frames else ''
+    message = ' '.join(str(err).split())
+    return '%s%s%s' % (type(err).__name__, ': ' + message if message else '', where)
 
 
 def is_int(value):

@@ -11,11 +11,13 @@ about one run of four (``mp_symbolic/core/trainer.py``), too rare to pin.
 from contextlib import contextmanager
 import functools
 import json
+import linecache
 import os
 import sys
 
 import mxnet as mx
 
+from .checks import excerpt
 from .names import GROUP_ATTR, IDENTITY_OP, tied_name
 from .scoped import captured_stderr, environ
 
@@ -328,45 +330,55 @@ class NotSymbolSafe(ValueError):
 
 def _failing_block(traceback):
     """The innermost Gluon block whose ``hybrid_forward`` was running on
-    Symbols (``F`` is ``mx.sym``) where ``traceback`` ends, or ``None``."""
-    block = None
+    Symbols (``F`` is ``mx.sym``) where ``traceback`` ends, and the line of
+    its ``hybrid_forward`` running then (``(file, line number)``), or
+    ``(None, None)``."""
+    block = where = None
     while traceback is not None:
         frame = traceback.tb_frame
         if frame.f_code.co_name == 'hybrid_forward' and frame.f_locals.get('F') is mx.sym and \
                 isinstance(frame.f_locals.get('self'), mx.gluon.Block):
-            block = frame.f_locals['self']
+            block, where = frame.f_locals['self'], (frame.f_code.co_filename, traceback.tb_lineno)
         traceback = traceback.tb_next
-    return block
+    return block, where
 
 
 def symbol_safe(fn):
     """``fn``, with an error raised inside a block's ``hybrid_forward`` while
-    Gluon traces it as a Symbol made one line naming the block.
+    Gluon traces it as a Symbol made one line naming the block and the call.
 
     A ``hybrid_forward`` may call what only NDArrays take (GluonCV's GroupNorm
-    calls ``x.reshape(0, 0, g, -1)``; others read ``x.shape`` or call
-    ``asnumpy``): it runs imperatively, but MXNet's symbol creator fails deep
-    in its C++ argument parser (``Invalid Parameter format for keep_highest
-    expect boolean but value='-1'``) or Python raises an ``AttributeError``,
-    naming an operator's arguments and not the block. A split needs the
-    Symbol, so such a block cannot be split; the error says which one.
+    calls ``x.reshape(0, 0, g, -1)``; GluonNLP's ``StandardRNN`` with dropout
+    calls ``nd.Dropout`` on whatever it is given; others read ``x.shape`` or
+    call ``asnumpy``): it runs imperatively, but MXNet's symbol creator fails
+    deep in its C++ argument parser (``Invalid Parameter format for
+    keep_highest expect boolean but value='-1'``), an ``nd`` op asserts
+    (``Argument data must have NDArray type, but got <Symbol ...>``) or
+    Python raises an ``AttributeError``, naming an operator's arguments and
+    not the block. A split needs the Symbol, so such a block cannot be split
+    (the imperative twin of a list of blocks still runs it); the error says
+    which block and which line of its ``hybrid_forward``.
 
     Raises:
         NotSymbolSafe: (a ``ValueError``) such an error, with the block's
-            name and class and the error's informative line.
+            name and class, the error's informative line and the call.
     """
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (mx.base.MXNetError, AttributeError, TypeError) as err:
-            block = _failing_block(err.__traceback__)
+        except (mx.base.MXNetError, AttributeError, TypeError, AssertionError) as err:
+            block, where = _failing_block(err.__traceback__)
             if block is None:
                 raise
+            path, line = where
+            call = excerpt(linecache.getline(path, line).strip() or '?')
             raise NotSymbolSafe('blocks: expected every hybrid_forward to run on Symbols (the '
-                                'split traces the network), found %s (%s) failing: %s: %s'
+                                'split traces the network), found %s (%s) failing: %s: %s; at '
+                                '`%s` (%s, line %d)'
                                 % (block.name, type(block).__name__, type(err).__name__,
-                                   error_line(err))) from None
+                                   error_line(err), call,
+                                   os.path.basename(path), line)) from None
     return wrapper
 
 

@@ -10,15 +10,24 @@ back-propagate the loss gradient per sample, unaveraged (``Module`` scales by
 =========== ============================ ============================= ===========
 ``'l2'``    ``LinearRegressionOutput``   ``L2Loss`` (0.5 (p - y)^2)    identity
 ``'softmax'`` ``SoftmaxOutput``          ``SoftmaxCrossEntropyLoss``   softmax
-                                          (summed over positions)
+                                          (summed over positions;
+                                          averaged on axis 1)
 ``'logistic'`` ``LogisticRegressionOutput`` ``SigmoidBinaryCrossEntropyLoss`` sigmoid
 =========== ============================ ============================= ===========
 
+``'softmax'`` takes its classes on the axis the labels' shape leaves
+(:func:`class_axis`): the last for ``(N, C)`` outputs with ``(N,)`` labels
+and ``(N, T, V)`` with ``(N, T)`` (``SoftmaxOutput(preserve_shape=True)``),
+axis 1 for ``(N, C, H, W)`` with ``(N, H, W)`` (``multi_output=True``, a
+per-pixel classifier).
+
 Each head is one :class:`Head` record in :data:`HEADS` (its op, Gluon loss,
-inference form, label, default metric, batch loss), read by the graph, the
-imperative twin, the task and the export.
+inference form, label, default metric, batch loss, class axis), read by the
+graph, the imperative twin, the task and the export; :func:`read_head` reads
+the record back off a graph, a head of the user's own included.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+import json
 
 import mxnet as mx
 from mxnet import gluon
@@ -26,16 +35,30 @@ from mxnet import gluon
 __all__ = []
 
 
-def _mean_square(output, label):
+def _mean_square(output, label, **_):
     return mx.nd.mean(mx.nd.square(output - label.reshape(output.shape)))
 
 
-def _cross_entropy(output, label):
-    picked = mx.nd.pick(output, label, axis=-1)
-    return -mx.nd.mean(mx.nd.log(mx.nd.maximum(picked, 1e-12)))
+def _mean_absolute(output, label, **_):
+    return mx.nd.mean(mx.nd.abs(output - label.reshape(output.shape)))
 
 
-def _binary_cross_entropy(output, label):
+def _cross_entropy(output, label, axis=-1, ignore_label=None):
+    """Mean ``-log p`` of each position's label class; ``axis`` ``None``
+    (``SoftmaxOutput`` with neither ``preserve_shape`` nor ``multi_output``):
+    with one label per example, the classes are every axis but the batch,
+    flattened, as that op's forward takes them."""
+    if axis is None:
+        output = output.reshape((0, -1)) if label.ndim == 1 else output
+        axis = -1
+    picked = -mx.nd.log(mx.nd.maximum(mx.nd.pick(output, label, axis=axis), 1e-12))
+    if ignore_label is None:
+        return mx.nd.mean(picked)
+    kept = label != ignore_label
+    return mx.nd.sum(picked * kept) / mx.nd.maximum(mx.nd.sum(kept), 1)
+
+
+def _binary_cross_entropy(output, label, **_):
     p = mx.nd.clip(output, 1e-12, 1 - 1e-12)
     label = label.reshape(output.shape)
     return -mx.nd.mean(label * mx.nd.log(p) + (1 - label) * mx.nd.log(1 - p))
@@ -57,6 +80,17 @@ class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
         return F.sum(F.reshape(nll, shape=(0, -1)), axis=1)
 
 
+def softmax_twin(axis=-1):
+    """The Gluon twin of ``SoftmaxOutput`` on class axis ``axis``: -1
+    (``preserve_shape``) sums each position's loss
+    (:class:`PositionSummedSoftmaxCELoss`); 1 (``multi_output``) averages
+    them, as that op divides its gradient by the positions (``H x W``):
+    Gluon's own ``SoftmaxCrossEntropyLoss(axis=1)``."""
+    if axis == 1:
+        return gluon.loss.SoftmaxCrossEntropyLoss(axis=1)
+    return PositionSummedSoftmaxCELoss()
+
+
 @dataclass(frozen=True)
 class Head:
     """One loss head, everything the library says about it in one record.
@@ -71,11 +105,16 @@ class Head:
         label: What the per-epoch line calls the batch loss.
         metric: The default metric (an ``mx.metric`` name).
         gluon_loss: Makes the Gluon loss whose gradient equals the op's.
-        batch_loss: ``(head output, label) -> the batch's mean loss``.
-        predict: Raw outputs (the imperative twin's) -> the head's output
-            (``None``: the same).
-        classes: Whether labels are class indices of the last axis.
+        batch_loss: ``(head output, label, axis=, ignore_label=) -> the
+            batch's mean loss``.
+        predict: ``(raw outputs, axis) ->`` the head's output (``None``:
+            the same).
+        classes: Whether labels are class indices of the class axis.
         op_args: Arguments of the op beyond data, label and name.
+        axis: The class axis of a head of ``classes``: -1 (the last) or 1
+            (:meth:`on_axis`); ``None``: every axis but the batch, flattened.
+        ignore_label: A label value the loss skips (``SoftmaxOutput``'s
+            ``use_ignore``), or ``None``.
     """
     loss: str
     op: str
@@ -88,36 +127,101 @@ class Head:
     predict: object = None
     classes: bool = False
     op_args: dict = field(default_factory=dict)
+    axis: int = -1
+    ignore_label: float = None
+
+    def on_axis(self, axis):
+        """This head with its classes on ``axis`` (-1 or 1; the record itself
+        for a head without classes)."""
+        if not self.classes or axis == self.axis:
+            return self
+        return replace(self, axis=axis, op_args={'multi_output': True} if axis == 1
+                       else {'preserve_shape': True})
+
+    def mean_loss(self, output, label):
+        """The batch's mean loss from the head's output, on its device."""
+        return self.batch_loss(output, label, axis=self.axis, ignore_label=self.ignore_label)
+
+    def make_gluon_loss(self):
+        """The Gluon loss whose gradient equals the op's."""
+        return self.gluon_loss(axis=self.axis) if self.classes else self.gluon_loss()
+
+    def predict_form(self, output):
+        """Raw outputs (the imperative twin's) as the head's output."""
+        return output if self.predict is None else self.predict(output, self.axis)
+
+    def metric_object(self):
+        """The default metric as an ``mx.metric.EvalMetric`` (accuracy on
+        the class axis for a head of classes), or its name."""
+        return mx.metric.Accuracy(axis=self.axis) if self.classes and self.axis is not None \
+            else self.metric
 
 
 HEADS = {head.loss: head for head in (
     Head('l2', 'LinearRegressionOutput', 'regression', 'identity', 'batch MSE', 'mse',
          gluon.loss.L2Loss, _mean_square),
-    # over the last axis, as the Gluon twin, the batch loss and the inference
-    # form take it: (N, C) with labels (N,), and (N, T, C) with labels (N, T)
-    # (MXNet's default would take the softmax over axis 1 there)
+    # over the last axis by default, as the Gluon twin, the batch loss and the
+    # inference form take it: (N, C) with labels (N,), and (N, T, C) with
+    # labels (N, T) (MXNet's default would flatten every axis but the batch);
+    # on_axis(1) for (N, C, H, W) with labels (N, H, W)
     Head('softmax', 'SoftmaxOutput', 'softmax', 'softmax', 'cross-entropy', 'acc',
-         PositionSummedSoftmaxCELoss, _cross_entropy,
-         lambda output: mx.nd.softmax(output, axis=-1), classes=True,
+         softmax_twin, _cross_entropy,
+         lambda output, axis: mx.nd.softmax(output, axis=axis), classes=True,
          op_args={'preserve_shape': True}),
     Head('logistic', 'LogisticRegressionOutput', 'logistic', 'sigmoid',
          'binary cross-entropy', 'binary accuracy', gluon.loss.SigmoidBinaryCrossEntropyLoss,
-         _binary_cross_entropy, mx.nd.sigmoid),
+         _binary_cross_entropy, lambda output, axis: mx.nd.sigmoid(output)),
 )}
 LOSSES = tuple(HEADS)
+# MXNet's own head, not made here (no loss name), read back off a graph and exported.
+_MAE = Head('mae', 'MAERegressionOutput', 'mae', 'identity', 'batch MAE', 'mae',
+            gluon.loss.L1Loss, _mean_absolute)
 # Node name of each head; 'softmax' makes MXNet's default label name 'softmax_label'.
 HEAD_NAMES = {name: head.node for name, head in HEADS.items()}
-# Training head op -> what its forward pass computes at inference (MAERegressionOutput:
-# MXNet's, not made here, exported all the same).
-INFERENCE_FORMS = dict({head.op: head.inference for head in HEADS.values()},
-                       MAERegressionOutput='identity')
+# Training head op -> its record, and what its forward pass computes at inference.
+_BY_OP = {head.op: head for head in list(HEADS.values()) + [_MAE]}
+INFERENCE_FORMS = {op: head.inference for op, head in _BY_OP.items()}
+
+
+def head_of(loss):
+    """The :class:`Head` of ``loss`` (a name or a record), or ``None`` for a
+    callable head."""
+    if isinstance(loss, Head):
+        return loss
+    return HEADS.get(loss) if isinstance(loss, str) else None
+
+
+def class_axis(output_shape, label_shape=None):
+    """The class axis of a softmax head on outputs of ``output_shape``
+    (batch first) with labels of ``label_shape``: -1 where the labels are the
+    outputs' shape without its last axis (``(N, C)`` with ``(N,)``, ``(N, T,
+    V)`` with ``(N, T)``), 1 where they are the shape without axis 1 (``(N,
+    C, H, W)`` with ``(N, H, W)``, MXNet's ``multi_output``).
+
+    Where both fit, or no labels are given: 1 for outputs of 4 axes or more
+    (MXNet's ``NCHW`` layout), else -1.
+
+    Returns:
+        -1, 1, or ``None`` where the labels fit neither.
+    """
+    output_shape = tuple(output_shape)
+    by_rank = 1 if len(output_shape) >= 4 else -1
+    if label_shape is None:
+        return by_rank
+    label_shape = tuple(label_shape)
+    last = label_shape == output_shape[:-1]
+    second = len(output_shape) >= 3 and label_shape == output_shape[:1] + output_shape[2:]
+    if last and second:
+        return by_rank
+    return -1 if last else 1 if second else None
 
 
 def make_head(loss, prediction, label):
     """The training head on ``prediction``.
 
     Args:
-        loss: ``'l2'``, ``'softmax'``, ``'logistic'``, or a callable
+        loss: ``'l2'``, ``'softmax'``, ``'logistic'``, a :class:`Head`
+            record (``HEADS['softmax'].on_axis(1)``), or a callable
             ``loss(prediction, label) -> Symbol`` (a head of your own, e.g.
             built with ``mx.sym.MakeLoss``).
         prediction, label: Symbols.
@@ -131,24 +235,51 @@ def make_head(loss, prediction, label):
             raise ValueError('loss: expected the callable to return an mx.sym.Symbol, found %s'
                              % type(head).__name__)
         return head
-    if loss not in HEADS:
+    head = head_of(loss)
+    if head is None:
         raise ValueError('loss: expected %s or a callable (prediction, label) -> Symbol, '
                          'found %r' % (', '.join(repr(l) for l in LOSSES), loss))
-    head = HEADS[loss]
     return getattr(mx.sym, head.op)(data=prediction, label=label, name=head.node,
                                     **head.op_args)
+
+
+def read_head(symbol):
+    """The :class:`Head` that the first output of ``symbol`` (a training
+    graph) ends in, read off its op and attributes: a head made by
+    :func:`make_head` or by a callable loss of the user's
+    (``mx.sym.SoftmaxOutput(p, y, multi_output=True)``), with its class axis
+    and ignored label.
+
+    Returns:
+        The record, or ``None`` where the output is no known head (``MakeLoss``:
+        the output is the loss itself).
+    """
+    node = json.loads(symbol[0].tojson())['nodes'][-1]
+    head = _BY_OP.get(node['op'])
+    if head is None or not head.classes:
+        return head
+    attrs = node.get('attrs', {})
+
+    def flag(name):
+        return str(attrs.get(name, 'False')).lower() in ('true', '1')
+
+    axis = 1 if flag('multi_output') else -1 if flag('preserve_shape') else None
+    ignore = float(attrs.get('ignore_label', -1)) if flag('use_ignore') else None
+    return replace(head, axis=axis, ignore_label=ignore,
+                   op_args={k: v for k, v in attrs.items() if not k.startswith('__')})
 
 
 def gluon_loss(loss):
     """The Gluon loss whose gradient equals the training head's.
 
     Raises:
-        ValueError: ``loss`` is not one of :data:`LOSSES`.
+        ValueError: ``loss`` is not one of :data:`LOSSES` (or their records).
     """
-    if loss not in HEADS:
+    head = head_of(loss)
+    if head is None or head.loss not in HEADS:
         raise ValueError('loss: expected one of %s for the imperative twin, found %r'
                          % (', '.join(LOSSES), loss))
-    return HEADS[loss].gluon_loss()
+    return head.make_gluon_loss()
 
 
 def inference_form(head_op, head_attrs, prediction):
@@ -175,6 +306,7 @@ def inference_form(head_op, head_attrs, prediction):
 
 def predict_form(loss, output):
     """An NDArray of raw outputs (the imperative twin's) in the form the
-    training head returns: probabilities for ``'softmax'`` / ``'logistic'``."""
-    head = HEADS.get(loss) if isinstance(loss, str) else None
-    return output if head is None or head.predict is None else head.predict(output)
+    training head returns: probabilities for ``'softmax'`` (on its class
+    axis) / ``'logistic'``."""
+    head = head_of(loss)
+    return output if head is None else head.predict_form(output)

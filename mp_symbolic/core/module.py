@@ -32,6 +32,7 @@ import mxnet as mx
 
 from . import tensor_parallel
 from .compat import gradient_only_kvstore, split_bind
+from .heads import HEADS, class_axis, head_of
 from .names import DATA_NAME, LABEL_NAME
 from .optstate import drop_states, gather_states, load_states, set_states_by_name, split_states, \
     states_by_name
@@ -132,14 +133,11 @@ class PipelineModule(mx.mod.Module):
                                  'found it given' % key)
         self.pipeline = pipeline
         self.loss = loss
+        self._head_name = loss if isinstance(loss, str) else None  # fitted at bind
+        self._head_fitted = False
         self.data_name, self.label_name, self.output = data_name, label_name, output
         symbol = self._graph()
-        if pipeline.chunks == 1 and not pipeline.sharded:
-            self.export_symbol = symbol
-        else:
-            with tensor_parallel.unsplit():
-                self.export_symbol = pipeline.training_symbol(loss, data_name, label_name,
-                                                              chunks=1, output=output)
+        self.export_symbol = self._export_graph(symbol)
         arguments = symbol.list_arguments()
         label_names = (label_name,) if label_name in arguments else ()
         # a named loss on one of several outputs: the head first, the others after
@@ -171,14 +169,60 @@ class PipelineModule(mx.mod.Module):
         return self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
                                              output=self.output)
 
+    def _export_graph(self, symbol):
+        """The graph a checkpoint holds: ``symbol`` without micro-batches and
+        with tensor-parallel layers unsplit."""
+        pipeline = self.pipeline
+        if pipeline.chunks == 1 and not pipeline.sharded:
+            return symbol
+        with tensor_parallel.unsplit():
+            return pipeline.training_symbol(self.loss, self.data_name, self.label_name,
+                                            chunks=1, output=self.output)
+
+    def _fit_head(self, data_shapes, label_shapes, force_rebind):
+        """``loss='softmax'``: its classes on the axis the labels leave in the
+        outputs (:func:`~mp_symbolic.core.heads.class_axis`: axis 1 for ``(N,
+        C, H, W)`` outputs with ``(N, H, W)`` labels, MXNet's ``multi_output``),
+        the graph rebuilt where it has the other; its names stay."""
+        head = HEADS.get(self._head_name)
+        if head is None or not head.classes or self.binded and not force_rebind:
+            return
+        label = dict(shape_pair(d) for d in label_shapes or ()).get(self.label_name)
+        if label is None and self._head_fitted:
+            return  # a bind to predict keeps the axis its labels picked
+        try:
+            _, outputs, _ = self._whole_graph().infer_shape_partial(
+                **dict(shape_pair(d) for d in data_shapes))
+        except mx.base.MXNetError:
+            return  # bind says what does not fit
+        if not outputs or not outputs[0]:
+            return
+        axis = class_axis(outputs[0], label)
+        if axis is None:
+            return  # labels that fit no axis: bind refuses them
+        self._head_fitted = label is not None
+        if head.on_axis(axis) == head_of(self.loss):
+            return
+        self.loss = head.on_axis(axis)
+        symbol = self._graph()
+        self.export_symbol = self._export_graph(symbol)
+        self._symbol = self._held(symbol, (self.label_name,) if self.label_name in
+                                  symbol.list_arguments() else ())[0]
+
+    def _whole_graph(self):
+        """The training graph of every stage (whichever this process binds)."""
+        return self._symbol
+
     def bind(self, data_shapes, label_shapes=None, for_training=True,
              inputs_need_grad=False, force_rebind=False, shared_module=None, grad_req='write'):
         """``mx.mod.Module.bind``, after checking the batch splits into
-        ``replicas x chunks`` equal parts.
+        ``replicas x chunks`` equal parts; ``loss='softmax'`` takes its
+        classes on the axis the labels leave.
 
         Raises:
             ValueError: it does not.
         """
+        self._fit_head(data_shapes, label_shapes, force_rebind)
         first = data_shapes[0]
         shape = tuple(first.shape if hasattr(first, 'shape') else first[1])
         parts = self.pipeline.chunks * self.pipeline.replicas
@@ -415,3 +459,8 @@ class PipelineModule(mx.mod.Module):
         self.save_params('%s-%04d.params' % (prefix, epoch))
         if save_optimizer_states:
             self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
+
+
+def shape_pair(desc):
+    """``(name, shape)`` of an ``mx.io.DataDesc`` or a pair."""
+    return (desc.name, tuple(desc.shape)) if hasattr(desc, 'name') else (desc[0], tuple(desc[1]))

@@ -42,7 +42,7 @@ from . import autotp, graph, tensor_parallel, twin
 from .compat import symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
-from .placement import place, sample_shapes
+from .placement import check_parameter_names, place, sample_shapes
 from . import nodes as node_processes
 from . import schedule as schedules
 
@@ -193,6 +193,7 @@ class Pipeline(gluon.Block):
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
         blocks = _as_blocks(blocks)
+        check_parameter_names(blocks, whole)
         self.sharding = None
         if tensor_parallel is not None:
             shapes = sample_shapes(sample)

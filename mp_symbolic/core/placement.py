@@ -36,6 +36,36 @@ from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, pa
 __all__ = []
 
 
+def check_parameter_names(blocks, whole=False):
+    """Raises ValueError where two parameters of ``blocks`` share a name.
+
+    Gluon names a parameter by its block's prefix: children given the same
+    ``prefix=`` (or a ``prefix=`` outside their parent's ``name_scope()``)
+    make two parameters of one name, which Gluon's ``collect_params`` then
+    refuses with an ``AssertionError`` or, in a list, merges into one
+    (``Expected shape (4, 16) is incompatible with given shape (16, 0)``
+    at the first step). The message names the parameter and both blocks,
+    by their place (``blocks[1]``, ``Net.encoder.fc``) and class.
+    """
+    seen = {}
+
+    def walk(block, path):
+        for param in block.params.values():
+            first = seen.setdefault(param.name, (param, path, block))
+            if first[0] is not param:
+                raise ValueError(
+                    'blocks: expected each parameter name once, found %s in %s (%s) and in %s '
+                    '(%s): two parameters of one name (children given the same prefix=, or '
+                    'prefix= outside their parent\'s name_scope()?)'
+                    % (param.name, first[1], type(first[2]).__name__, path,
+                       type(block).__name__))
+        for key, child in block._children.items():  # pylint: disable=protected-access
+            walk(child, '%s.%s' % (path, key))
+
+    for i, block in enumerate(blocks):
+        walk(block, type(block).__name__ if whole else 'blocks[%d]' % i)
+
+
 def parameters(blocks):
     """``{name: Parameter}`` of every parameter of ``blocks``, each once, in block order."""
     params = OrderedDict()

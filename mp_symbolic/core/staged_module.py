@@ -17,7 +17,7 @@ from collections import OrderedDict
 import mxnet as mx
 
 from .compat import split_bind
-from .module import PipelineModule
+from .module import PipelineModule, shape_pair
 from .nodes import TorchTransport
 from .stages import StageRuntime, boundary_specs, cut, links, variable_specs
 
@@ -37,6 +37,9 @@ class StagedModule(PipelineModule):
         """One micro-batch's training graph: the stages cut it, the runtime repeats it."""
         return self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
                                              chunks=1, output=self.output)
+
+    def _whole_graph(self):
+        return self._full
 
     def _held(self, symbol, label_names):
         """The graph whose one-sample executors hold this process's weights,
@@ -73,8 +76,9 @@ class StagedModule(PipelineModule):
         if grad_req != 'write':
             raise ValueError('grad_req: expected \'write\' under schedule=%r, found %r'
                              % (self.pipeline.schedule, grad_req))
-        data_shapes = [_pair(d) for d in data_shapes]
-        label_shapes = [_pair(d) for d in label_shapes or ()]
+        data_shapes = [shape_pair(d) for d in data_shapes]
+        label_shapes = [shape_pair(d) for d in label_shapes or ()]
+        self._fit_head(data_shapes, label_shapes, force_rebind)
         batch = data_shapes[0][1][0]
         chunks, replicas = self.pipeline.chunks, self.pipeline.replicas
         if batch % (chunks * replicas):
@@ -231,7 +235,3 @@ def _received(stages, symbol, shapes):
     boundary = boundary_specs(stages, variable_specs(symbol, shapes,
                                                      {n: 'float32' for n in shapes}))
     return {name: boundary[entry][0] for graph in stages for name, _, entry in graph.receives}
-
-
-def _pair(desc):
-    return (desc.name, tuple(desc.shape)) if hasattr(desc, 'name') else (desc[0], tuple(desc[1]))

@@ -30,8 +30,8 @@ import mxnet as mx
 import numpy as np
 
 from .checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_lr, is_momentum, \
-    is_positive_int
-from .heads import HEADS, LOSSES
+    is_positive_int, raised
+from .heads import LOSSES, class_axis, head_of, read_head
 from .names import LABEL_NAME
 
 __all__ = []
@@ -39,6 +39,12 @@ __all__ = []
 # What a task's data becomes: numpy arrays, examples first, float32; ``X`` and
 # ``X_val`` are tuples of arrays (one per input) for a network of several inputs.
 Data = namedtuple('Data', 'X y X_val y_val')
+
+
+# What a task's data may hold by default (Task.max_data_bytes), train and val
+# each: its examples and labels as float32 (a DataIter that never ends is
+# refused there, not by the kernel).
+MAX_DATA_BYTES = 4 << 30
 
 
 def as_inputs(X):
@@ -96,12 +102,18 @@ class Task:
             data array per input, in order.
         loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
             ``(prediction, label) -> Symbol`` (what ``pipe.module(loss=...)``
-            takes).
+            takes). ``'softmax'`` takes its classes on the axis the labels
+            leave: the last for ``(N, C)`` or ``(N, T, V)`` outputs with
+            ``(N,)`` or ``(N, T)`` labels, axis 1 for ``(N, C, H, W)`` with
+            ``(N, H, W)`` (a per-pixel classifier).
         val: Held-out data like ``train``, or ``None``: the metric is then
             computed on ``train``.
         metric: An MXNet metric name (``'acc'``, ``'mse'``, ...) or an
             ``mx.metric.EvalMetric``; ``None``: ``'mse'`` for ``'l2'``,
-            ``'acc'`` for ``'softmax'``, accuracy at 0.5 for ``'logistic'``.
+            ``'acc'`` for ``'softmax'`` (on its class axis, as ``'acc'``
+            given by name), accuracy at 0.5 for ``'logistic'``; for a
+            callable loss, the default of the head it makes (``'mse'`` for
+            another, ``MakeLoss``).
         batch_size, num_epochs, optimizer, lr, momentum: Defaults of the
             ``--batch-size``, ``--epochs``, ``--optimizer``, ``--lr`` and
             ``--momentum`` flags (``optimizer``: ``'sgd'`` or ``'adam'``).
@@ -118,6 +130,9 @@ class Task:
         out_dir: Default output folder, a format string over ``{name}`` and
             ``{variant}``; ``None``: ``artifacts/{name}`` for the symbolic
             variant, ``artifacts/{name}-{variant}`` for others.
+        max_data_bytes: The most ``train`` and ``val`` may each hold, examples
+            and labels as float32 (4 GiB): more is refused, and a DataIter
+            is read no further (one that never ends).
 
     Raises:
         TaskError: a field of the wrong kind or out of range (the message
@@ -139,6 +154,7 @@ class Task:
     description: str = ''
     evaluate: object = None
     out_dir: str = None
+    max_data_bytes: int = MAX_DATA_BYTES
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
@@ -151,7 +167,7 @@ class Task:
         if not (callable(self.loss) or self.loss in LOSSES):
             bad('loss', '%s or a callable (prediction, label) -> Symbol'
                 % ', '.join(repr(l) for l in LOSSES))
-        for name in ('batch_size', 'num_epochs'):
+        for name in ('batch_size', 'num_epochs', 'max_data_bytes'):
             value = getattr(self, name)
             if not is_positive_int(value):
                 bad(name, POSITIVE_EXPECTED)
@@ -189,11 +205,18 @@ class Task:
         """The network's blocks (calling ``blocks`` once if it is a function).
 
         Raises:
-            TaskError: ``blocks`` gives no HybridBlock.
+            TaskError: ``blocks`` gives no HybridBlock, or ``blocks()`` raised
+                (its error and where, in one line).
         """
         if 'blocks' not in self._cache:
-            blocks = self.blocks() if callable(self.blocks) and \
-                not isinstance(self.blocks, mx.gluon.Block) else self.blocks
+            blocks = self.blocks
+            if callable(blocks) and not isinstance(blocks, mx.gluon.Block):
+                try:
+                    blocks = blocks()
+                except Exception as err:  # pylint: disable=broad-except
+                    # the user's function: whatever it raises is a fault of the task
+                    raise TaskError('blocks: expected blocks() to return the network, found '
+                                    'it raised %s' % raised(err)) from None
             if isinstance(blocks, mx.gluon.Block):
                 if not isinstance(blocks, mx.gluon.HybridBlock):
                     raise TaskError('blocks: expected Gluon HybridBlocks, found %s'
@@ -220,11 +243,11 @@ class Task:
                 whose examples and labels do not pair up.
         """
         if 'data' not in self._cache:
-            X, y = _arrays(self.train, 'train')
+            X, y = _arrays(self.train, 'train', self.max_data_bytes)
             if self.val is None:
                 X_val, y_val = X, y
             else:
-                X_val, y_val = _arrays(self.val, 'val')
+                X_val, y_val = _arrays(self.val, 'val', self.max_data_bytes)
                 if _shapes(X_val) != _shapes(X):
                     raise TaskError('val: expected examples of shape %s like train, found %s'
                                     % (_shape_text(X), _shape_text(X_val)))
@@ -266,10 +289,51 @@ class Task:
         """The label variable's name."""
         return self.label_name or LABEL_NAME
 
+    # -- the loss head, fitted to the network's output ---------------------
+
+    def fit_head(self, output_shape, training_symbol):
+        """Fits the loss head to the network and remembers it: ``'softmax'``
+        on the class axis its labels leave in outputs of ``output_shape``
+        (:func:`~mp_symbolic.core.heads.class_axis`: axis 1 for ``(N, C, H,
+        W)`` outputs with ``(N, H, W)`` labels), a callable's head read off
+        its graph (:func:`~mp_symbolic.core.heads.read_head`), so that the
+        printed loss is the loss itself.
+
+        Args:
+            output_shape: The network's output shape, batch first
+                (``None``: not known; ``'softmax'`` keeps the last axis).
+            training_symbol: ``loss -> the training graph`` with that loss.
+
+        Returns:
+            The training graph of the fitted head.
+        """
+        loss = self.loss
+        head = head_of(loss)
+        if head is not None and head.classes and output_shape is not None:
+            axis = class_axis(output_shape, (output_shape[0],) + tuple(self.label_shape))
+            loss = head.on_axis(-1 if axis is None else axis)  # None: the graph refuses them
+        symbol = training_symbol(loss)
+        self._cache['head'] = (loss, head_of(loss) or read_head(symbol))
+        return symbol
+
+    @property
+    def graph_loss(self):
+        """The loss as the graph, the Module and the twin take it: the head's
+        record on its class axis once :meth:`fit_head` saw the network, else
+        ``loss`` as given."""
+        return self._cache['head'][0] if 'head' in self._cache else self.loss
+
+    @property
+    def head(self):
+        """The :class:`~mp_symbolic.core.heads.Head` whose loss is printed, or
+        ``None``: a callable head of no known op (``MakeLoss``: its output is
+        the loss itself)."""
+        return self._cache['head'][1] if 'head' in self._cache else head_of(self.loss)
+
     @property
     def loss_label(self):
         """What the per-epoch line calls the batch loss."""
-        return HEADS[self.loss].label if self.loss in LOSSES else 'loss'
+        return self.head.label if self.head is not None else 'loss'
 
     def default_out_dir(self, variant):
         if self.out_dir is not None:
@@ -278,9 +342,9 @@ class Task:
 
     def batch_loss(self, output, label):
         """The batch's mean loss from the head's output, on its device."""
-        if self.loss in LOSSES:
-            return HEADS[self.loss].batch_loss(output, label)
-        return mx.nd.mean(output)  # a callable head: MakeLoss outputs the loss itself
+        if self.head is not None:
+            return self.head.mean_loss(output, label)
+        return mx.nd.mean(output)  # MakeLoss outputs the loss itself
 
     def report(self, params, predict):
         """How the network with ``params`` does (see ``evaluate``).
@@ -298,9 +362,7 @@ class Task:
             return report
         out = predict(data.X_val)
         where = 'validation' if self.val is not None else 'training'
-        metric = self.metric if self.metric is not None else \
-            HEADS[self.loss].metric if self.loss in LOSSES else 'mse'
-        metric = _make_metric(metric)
+        metric = _make_metric(self.metric, self.head)
         metric.reset()
         metric.update([mx.nd.array(data.y_val)], [mx.nd.array(out)])
         name, value = metric.get()
@@ -313,9 +375,16 @@ class Task:
                       score_name='%s loss' % where)
 
 
-def _make_metric(metric):
+def _make_metric(metric, head):
+    """``metric`` (``None``: the head's default) as an ``mx.metric.EvalMetric``;
+    accuracy reads the head's class axis."""
+    if metric is None:
+        metric = head.metric if head is not None else 'mse'
     if isinstance(metric, mx.metric.EvalMetric):
         return metric
+    if metric in ('acc', 'accuracy') and head is not None and head.classes and \
+            head.axis is not None:
+        return mx.metric.Accuracy(axis=head.axis)  # (N, T, V): -1; (N, C, H, W): 1
     if metric == 'binary accuracy':
         return mx.metric.CustomMetric(
             lambda label, pred: float(np.mean((pred.reshape(label.shape) > 0.5) == label)),
@@ -327,12 +396,12 @@ def _make_metric(metric):
                         'top_k_accuracy, ...), found %r: %s' % (metric, err)) from None
 
 
-def _arrays(data, name):
+def _arrays(data, name, limit):
     """``(X, y)`` float32 numpy arrays from a pair or a DataIter (``X`` a tuple
-    of arrays, one per input, for several inputs)."""
+    of arrays, one per input, for several inputs), of at most ``limit`` bytes."""
     if isinstance(data, mx.io.DataIter):
         try:
-            inputs, y = _read_iter(data, name)
+            inputs, y = _read_iter(data, name, limit)
         except TaskError:
             raise
         except Exception as err:  # pylint: disable=broad-except
@@ -342,7 +411,7 @@ def _arrays(data, name):
                                _one_line(err))) from None
     elif isinstance(data, (tuple, list)) and len(data) == 2:
         X, y = data
-        inputs = X if isinstance(X, tuple) else (X,)  # a tuple: one array per input
+        inputs = tuple(X) if _several(X, y) else (X,)  # one array per input
         if not inputs:
             raise TaskError('%s: expected (X, y) with X an array or a tuple of arrays (one per '
                             'input), found an empty tuple' % name)
@@ -350,9 +419,38 @@ def _arrays(data, name):
         raise TaskError('%s: expected (X, y) arrays or an mx.io.DataIter, found %s'
                         % (name, _describe(data)))
     y = _numpy(y)
-    inputs = tuple(_checked(name, _numpy(x), y, 'X' if len(inputs) == 1 else 'X[%d]' % i)
+    inputs = [_numpy(x) for x in inputs]
+    size = 4 * sum(a.size for a in inputs + [y])
+    if size > limit:
+        raise TaskError('%s: expected at most %s of examples and labels as float32 '
+                        '(max_data_bytes), found %s' % (name, _bytes(limit), _bytes(size)))
+    inputs = tuple(_checked(name, x, y, 'X' if len(inputs) == 1 else 'X[%d]' % i)
                    for i, x in enumerate(inputs))
-    return (inputs[0] if len(inputs) == 1 else inputs), y.astype(np.float32)
+    with np.errstate(over='ignore'):  # 1e39 becomes inf, refused below
+        y = y.astype(np.float32)
+    if not np.all(np.isfinite(y)):
+        raise TaskError('%s: expected finite labels as float32 (within +-3.4e38), found NaN or '
+                        'infinity' % name)
+    return (inputs[0] if len(inputs) == 1 else inputs), y
+
+
+def _several(X, y):
+    """Whether ``X`` is several inputs: a tuple, or a list of arrays that each
+    hold one example per label (a list of rows or of numbers is one array)."""
+    if isinstance(X, tuple):
+        return True
+    if not isinstance(X, list) or not X:
+        return False
+    try:
+        count = len(y)
+    except TypeError:
+        return False
+    return all(isinstance(x, (np.ndarray, mx.nd.NDArray)) and x.ndim >= 2 and len(x) == count
+               for x in X)
+
+
+def _bytes(count):
+    return '%.1f GiB' % (count / 2 ** 30) if count >= 2 ** 30 else '%d bytes' % count
 
 
 def _numpy(array):
@@ -373,21 +471,25 @@ def _checked(name, X, y, which):
     if not len(X):
         raise TaskError('%s: expected at least one example, found none (%s %s)'
                         % (name, which, X.shape))
-    X = X.astype(np.float32)
-    if not (np.all(np.isfinite(X)) and np.all(np.isfinite(y))):
-        raise TaskError('%s: expected finite values, found NaN or infinity' % name)
+    with np.errstate(over='ignore'):  # 1e39 becomes inf, refused below
+        X = X.astype(np.float32)
+    if not np.all(np.isfinite(X)):
+        raise TaskError('%s: expected finite values as float32 (within +-3.4e38), found NaN or '
+                        'infinity in %s' % (name, which))
     return X
 
 
-def _read_iter(data, name):
+def _read_iter(data, name, limit):
     """Every batch of the DataIter ``data``, padding cut: ``([X of each
     input], y)``.
 
     Raises:
-        TaskError: no batch, a batch without a label, or batches with
-            different numbers of data arrays.
+        TaskError: no batch, a batch without a label, batches with
+            different numbers of data arrays, or more than ``limit`` bytes of
+            float32 examples and labels (an iterator that never ends).
     """
     xs, ys = [], []
+    size = 0
     data.reset()
     for batch in data:
         if not batch.label:
@@ -396,6 +498,12 @@ def _read_iter(data, name):
             raise TaskError('%s: expected every batch to have %d data arrays like the first, '
                             'found %d' % (name, len(xs[0]), len(batch.data)))
         keep = batch.data[0].shape[0] - (batch.pad or 0)
+        size += 4 * sum(int(np.prod(a.shape[1:])) * keep for a in
+                        list(batch.data) + [batch.label[0]])
+        if size > limit:
+            raise TaskError('%s: expected a DataIter of at most %s of examples and labels as '
+                            'float32 (max_data_bytes), found more after %d batches (one that '
+                            'never ends?)' % (name, _bytes(limit), len(xs) + 1))
         xs.append([d.asnumpy()[:keep] for d in batch.data])
         ys.append(batch.label[0].asnumpy()[:keep])
     data.reset()

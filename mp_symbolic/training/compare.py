@@ -181,7 +181,7 @@ def compare(cfg, log=print, task=None):
 
     files = {'loss_plot': plot_losses(losses, os.path.join(out_dir, 'loss_curves.png'))}
     graph_files, graph_note = write_graph(
-        pipe.training_symbol(task.loss, label_name=task.label), pipe.plan,
+        pipe.training_symbol(task.graph_loss, label_name=task.label), pipe.plan,
         os.path.join(out_dir, 'graph'))
     files.update(graph_files)
     if graph_note:

@@ -38,7 +38,7 @@ class ImperativeStepper:
         self._arg_names = list(init[0])
         self._aux_names = list(init[1])
         self.trainer = Trainer(pipe.collect_params(), create_optimizer(cfg, rescale_grad=1.0))
-        self._loss_fn = gluon_loss(task.loss)
+        self._loss_fn = gluon_loss(task.graph_loss)
 
     def batches(self, X, y, epoch):
         return staged_batches(X, y, self.cfg.batch_size, epoch, self.cfg.seed,
@@ -50,7 +50,7 @@ class ImperativeStepper:
             loss = self._loss_fn(out, y)
         loss.backward()  # outside record(): computing gradients needs no recording
         self.trainer.step(y.shape[0])
-        return self.task.batch_loss(predict_form(self.task.loss, out.detach()), y)
+        return self.task.batch_loss(predict_form(self.task.graph_loss, out.detach()), y)
 
     def _collect(self, names, what):
         params = self.pipe.collect_params()
@@ -78,7 +78,7 @@ class ImperativeStepper:
         for start in range(0, num_examples(X), batch_size):
             out = self.pipe(*[mx.nd.array(x[start:start + batch_size], ctx=self.plan.first_device)
                               for x in as_inputs(X)])
-            outputs.append(predict_form(self.task.loss, out).asnumpy())
+            outputs.append(predict_form(self.task.graph_loss, out).asnumpy())
         return np.concatenate(outputs)
 
     def arg_aux(self):

@@ -18,7 +18,6 @@ from tqdm import tqdm
 from .config import RESUME_IDENTITY, resume_config
 from ..core import timing
 from ..core.compat import error_line
-from ..core.heads import HEADS, LOSSES
 from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
 from ..tools.files import write_text
 from .imperative import ImperativeStepper
@@ -86,9 +85,18 @@ def build_pipeline(cfg, task):
 
 
 def _check_labels(pipe, task, batch_size):
-    """Raises TaskError unless the task's labels fit the network's output."""
-    symbol = pipe.training_symbol(task.loss, label_name=task.label, chunks=1)
+    """Fits the task's loss head to the network's output
+    (:meth:`~mp_symbolic.core.task.Task.fit_head`: ``'softmax'`` on the class
+    axis its labels leave); raises TaskError unless the labels fit it."""
     shapes = dict(task.data_shapes(batch_size, pipe.data_names()))
+    output_shape = None
+    if task.head is not None and task.head.classes:  # the class axis reads the output's shape
+        try:
+            _, (output_shape, *_), _ = pipe.symbol().infer_shape(**shapes)
+        except mx.base.MXNetError:
+            pass  # a network that cannot take them: refused below
+    symbol = task.fit_head(output_shape, lambda loss: pipe.training_symbol(
+        loss, label_name=task.label, chunks=1))
     if task.label in symbol.list_arguments():
         shapes[task.label] = (batch_size,) + tuple(task.label_shape)
     try:
@@ -97,25 +105,32 @@ def _check_labels(pipe, task, batch_size):
         raise TaskError('train: expected labels that fit the network\'s output and the loss '
                         '%r, found labels of shape %s per example: %s'
                         % (task.loss, tuple(task.label_shape), error_line(err))) from None
-    if task.loss in LOSSES and HEADS[task.loss].classes:
-        _check_classes(task, out_shapes[0])
+    head = task.head
+    if head is not None and head.classes and head.axis is not None:
+        _check_classes(task, out_shapes[0], head.axis)
 
 
-def _check_classes(task, out_shape):
+def _check_classes(task, out_shape, axis):
     """Raises TaskError unless every label is a class index of the softmax
-    output ``out_shape`` (``(batch, ..., classes)``).
+    output ``out_shape`` (``(batch, ..., classes)`` for ``axis`` -1,
+    ``(batch, classes, ...)`` for 1).
 
     MXNet's SoftmaxOutput takes any label it can broadcast and casts it to an
     integer: a label outside the classes trains on without a word.
     """
-    classes = out_shape[-1]
-    expected = tuple(out_shape[1:-1])
-    if tuple(task.label_shape) != expected:
+    out_shape = tuple(out_shape)
+    classes = out_shape[axis]
+    expected = out_shape[1:-1] if axis == -1 else out_shape[2:]
+    if tuple(task.label_shape) != tuple(expected):
         raise TaskError('train: expected labels of shape %s per example (class indices) for '
-                        'the loss \'softmax\', found %s' % (expected, tuple(task.label_shape)))
+                        'the loss \'softmax\', found %s' % (tuple(expected),
+                                                           tuple(task.label_shape)))
     data = task.data()
+    ignore = task.head.ignore_label
     for name, y in (('train', data.y), ('val', data.y_val)):
         bad = (y < 0) | (y >= classes) | (y != np.floor(y))
+        if ignore is not None:  # SoftmaxOutput(use_ignore=True): that label is skipped
+            bad &= y != ignore
         if bad.any():
             raise TaskError('%s: expected class indices 0..%d (the network has %d outputs), '
                             'found %d labels that are not, the first %g'
@@ -333,7 +348,7 @@ class _Checkpointer:
         self.epoch_losses = list(epoch_losses)
         with unsplit():  # a checkpoint holds the model, not its shards
             self.symbol = with_input_shape(
-                pipe.training_symbol(task.loss, label_name=task.label, chunks=1),
+                pipe.training_symbol(task.graph_loss, label_name=task.label, chunks=1),
                 dict(zip(pipe.data_names(), task.sample_shapes)), None)
         self.last = None
 
@@ -399,7 +414,7 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
         return None
     from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
     local = cfg.batch_size // cfg.replicas
-    symbol = pipe.training_symbol(task.loss, label_name=task.label)
+    symbol = pipe.training_symbol(task.graph_loss, label_name=task.label)
     try:
         measured = compare_memory(
             symbol, task.data_shapes(local, pipe.data_names()),
@@ -456,7 +471,9 @@ def train(cfg, log=print, built=None, task=None):
         TrainingDiverged: the loss became NaN or infinite (the last
             committed checkpoint is kept).
         TrainingDidNotLearn: the trained network is no better than the
-            initial one (its final checkpoint is not committed).
+            initial one (its last epoch is committed all the same, its
+            summary ``complete: false`` and ``improved: false``, with the
+            score before and after).
     """
     if task is None:
         task, cfg = load(cfg)
@@ -498,15 +515,23 @@ def train(cfg, log=print, built=None, task=None):
             log(line)
         log('training: %.2f s wall, %.0f samples/s' % (result.wall_time,
                                                       result.samples_per_sec))
-        if not report.score < before.score:
+        improved = bool(report.score < before.score)
+        # a run that did not improve keeps its last epoch all the same, marked
+        # complete: false (a run to look at, not a result)
+        checkpoint = checkpointer.commit(cfg.num_epochs, dict(
+            metrics=dict(result.metrics, improved=improved, score_name=report.score_name,
+                         score_before=float(before.score), score_after=float(report.score),
+                         **({'memory_per_device': memory} if memory else {})),
+            wall_time_s=result.wall_time, samples_per_sec=result.samples_per_sec),
+            complete=improved)
+        if not improved:
             raise TrainingDidNotLearn(
                 'training did not improve the model (%s: %.4g before, %.4g after %d epochs); '
-                'final checkpoint not saved (a larger --lr or more --epochs?)'
-                % (report.score_name, before.score, report.score, cfg.num_epochs))
-        checkpoint = checkpointer.commit(cfg.num_epochs, dict(
-            metrics=dict(result.metrics, **({'memory_per_device': memory} if memory else {})),
-            wall_time_s=result.wall_time, samples_per_sec=result.samples_per_sec),
-            complete=True)
+                '%s (a larger --lr or more --epochs?)'
+                % (report.score_name, before.score, report.score, cfg.num_epochs,
+                   'its last epoch is kept in %s, marked incomplete'
+                   % os.path.join(cfg.out_dir, 'current') if checkpoint is not None
+                   else 'no checkpoint is written by this worker'))
     log('parameters sha256: %s' % params_digest(result.params))
     if checkpoint is None:
         return result

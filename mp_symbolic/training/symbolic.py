@@ -137,7 +137,7 @@ class ModuleStepper(_SymbolicStepper):
                                     cfg.batch_size))
         self.kvstore = kvstore
         local = cfg.batch_size // self.shard[1]
-        self.module = pipe.module(loss=task.loss, label_name=self.label_name)
+        self.module = pipe.module(loss=task.graph_loss, label_name=self.label_name)
         self.module.bind(data_shapes=task.data_shapes(local, self.data_names),
                          label_shapes=[(self.label_name, (local,) + tuple(label_shape))])
         arg_params, aux_params = init
@@ -194,7 +194,7 @@ class ExecutorStepper(_SymbolicStepper):
 
     def __init__(self, pipe, task, cfg, init, label_shape):
         super().__init__(pipe, task, cfg)
-        symbol = pipe.training_symbol(task.loss, label_name=self.label_name)
+        symbol = pipe.training_symbol(task.graph_loss, label_name=self.label_name)
         # constants and frozen layers (grad_req 'null') get no gradient and no update
         fixed = set(fixed_param_names(pipe, symbol))
         grad_req = {n: 'null' if n in self.data_names or n == self.label_name or n in fixed

@@ -11,7 +11,8 @@ import importlib.util
 import inspect
 import os
 import sys
-import traceback
+
+from ...core.checks import raised
 
 __all__ = []
 
@@ -50,7 +51,7 @@ def _load_module(spec):
         except Exception as err:  # pylint: disable=broad-except
             sys.modules.pop(name, None)
             raise TaskLoadError('expected a Python file that imports, found %s'
-                                % _raised(err)) from None
+                                % raised(err)) from None
         return module
     try:
         return importlib.import_module(spec)
@@ -58,20 +59,9 @@ def _load_module(spec):
         if err.name and spec.startswith(err.name):
             raise TaskLoadError('expected %s, a .py file or an importable module, found no '
                                 'such module' % ', '.join(BUNDLED)) from None
-        raise TaskLoadError('expected a module that imports, found %s' % _raised(err)) from None
+        raise TaskLoadError('expected a module that imports, found %s' % raised(err)) from None
     except Exception as err:  # pylint: disable=broad-except
-        raise TaskLoadError('expected a module that imports, found %s' % _raised(err)) from None
-
-
-def _raised(err):
-    """``'ValueError: message (my_task.py, line 12)'``: the error and the
-    innermost frame that is not this package's."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not f.filename.startswith(os.path.dirname(os.path.dirname(__file__)))]
-    where = ' (%s, line %d)' % (os.path.basename(frames[-1].filename), frames[-1].lineno) \
-        if frames else ''
-    message = ' '.join(str(err).split())
-    return '%s%s%s' % (type(err).__name__, ': ' + message if message else '', where)
+        raise TaskLoadError('expected a module that imports, found %s' % raised(err)) from None
 
 
 def load_task(spec, task_args=(), seed=0):
@@ -136,10 +126,10 @@ def _load_task(spec, task_args, seed):
         if sep and field in kwargs and not isinstance(err, TaskError):
             raise TaskLoadError(str(err).partition(': ')[2], arg=field) from None
         raise TaskLoadError('expected task() to return a Task, found it raised %s'
-                            % _raised(err)) from None
+                            % raised(err)) from None
     except Exception as err:  # pylint: disable=broad-except
         raise TaskLoadError('expected task() to return a Task, found it raised %s'
-                            % _raised(err)) from None
+                            % raised(err)) from None
     if not isinstance(task, Task):
         raise TaskLoadError('expected task() to return an mp_symbolic.Task, found %s'
                             % ('None' if task is None else type(task).__name__))

@@ -19,13 +19,18 @@ import sysconfig
 import numpy as np
 
 import mp_symbolic
-from mp_symbolic.core.checks import positive_int
+from mp_symbolic.core.checks import is_int, positive_int
 
 from . import gpt
 
 __all__ = []
 
 VAL_FRACTION = 0.1
+# The model's size, bounded: 4096 wide, one block holds 12 x 4096^2 = 2.0e8
+# parameters (0.75 GiB of float32); past the bounds MXNet refuses an array of
+# 2**31 elements (its int32 sizes) or a CPU run takes hours to build.
+MAX_LAYERS = 128
+MAX_HIDDENS = 4096
 _K_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 _EVAL_WINDOWS = 256    # windows per predict() call in evaluate
 
@@ -271,7 +276,9 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
 
     Args:
         num_layers, num_heads, num_hiddens, block_size: The model's size
-            (``block_size``: characters of context, the window length).
+            (``block_size``: characters of context, the window length);
+            ``num_layers`` at most :data:`MAX_LAYERS`, ``num_hiddens`` at
+            most :data:`MAX_HIDDENS`.
         train_chars: Training characters per epoch: ``train_chars //
             block_size`` windows spread evenly over the training part.
         val_chars: Validation characters: windows spread evenly over the
@@ -288,6 +295,11 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
     Raises:
         ValueError: a size that cannot work (names the argument).
     """
+    for name, value, most in (('num_layers', num_layers, MAX_LAYERS),
+                              ('num_hiddens', num_hiddens, MAX_HIDDENS)):
+        if is_int(value) and value > most:
+            raise ValueError('%s: expected a positive integer at most %d, found %d'
+                             % (name, most, value))
     positive_int('shards', shards)
     if isinstance(num_heads, int) and num_heads % shards:
         raise ValueError('shards: expected a divisor of num_heads (%d), found %d'
