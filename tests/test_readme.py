@@ -75,13 +75,16 @@ def _readme_steps():
 
 
 def _docs_refusals():
-    """The refusals the pages under docs/ show, page by page."""
+    """The refusals the pages under docs/ show, page by page, after the
+    files (``# NAME.py`` blocks) they show."""
     steps = []
     for path in sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md'))):
         if os.path.relpath(path, ROOT) in WALKTHROUGHS:
             continue
         for lang, body in _blocks(path):
-            if lang == 'text':
+            if lang == 'python' and re.match(r'# (\w+\.py)\b', body):
+                steps.append(('file', re.match(r'# (\w+\.py)\b', body).group(1), body))
+            elif lang == 'text':
                 steps += _refusals(body)
     return steps
 
