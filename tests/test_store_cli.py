@@ -94,6 +94,45 @@ def test_training_and_export_with_out_at_the_root_are_refused_and_write_nothing(
     assert sorted(os.listdir('/')) == before
 
 
+def test_training_into_a_run_whose_snapshot_was_moved_and_linked_back_keeps_the_moved_files(
+        parent, tmp_path, capsys):
+    """train --out OUT after OUT/snap-X was moved elsewhere and linked back:
+    the moved snapshot keeps every file (MANIFEST.json too), the link stays."""
+    import shutil  # pylint: disable=import-outside-toplevel
+    out = tmp_path / 'run'
+    shutil.copytree(str(parent / 'run'), str(out), symlinks=True)
+    name = os.readlink(str(out / 'current'))
+    moved = tmp_path / 'backup' / name
+    moved.parent.mkdir()
+    os.rename(str(out / name), str(moved))
+    os.symlink(str(moved), str(out / name))
+    before = tree(moved)
+    assert 'MANIFEST.json' in before
+    status, err = train_main(['--out', str(out)], capsys)
+    assert status == 0, err
+    assert tree(moved) == before
+    assert os.readlink(str(out / name)) == str(moved)
+    assert read_checkpoint(str(out)).epoch == 2
+
+
+def test_a_training_says_in_one_line_which_older_snapshot_a_reader_holds(parent, tmp_path,
+                                                                          capsys):
+    import shutil  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    out = tmp_path / 'run'
+    shutil.copytree(str(parent / 'run'), str(out), symlinks=True)
+    with read_checkpoint(str(out)) as held:  # a reader of the run, while it trains again
+        assert main(['train', '--out', str(out)] + TRAIN) == 0
+        lines = capsys.readouterr().out.splitlines()
+        note = '%s: 1 older snapshot kept beside the new one, held by readers (held by pid %d)' \
+            % (out, os.getpid())
+        assert sum(l.startswith(note) for l in lines) == 2  # at each of the two commits
+        assert os.path.isdir(held.folder)
+    assert main(['train', '--out', str(out)] + TRAIN) == 0  # released: the next commits remove it
+    assert not os.path.exists(held.folder)
+    assert 'older snapshot' not in capsys.readouterr().out
+
+
 # -- a live run ---------------------------------------------------------------------------
 
 def test_exports_of_a_folder_whose_writer_commits_every_few_milliseconds_all_succeed(tmp_path,

@@ -327,8 +327,9 @@ def _summary(cfg, task, pipe, result, complete):
 class _Checkpointer:
     """Commits the stepper's state to the run's store as one unit."""
 
-    def __init__(self, store, cfg, task, pipe, stepper, epoch_losses):
+    def __init__(self, store, cfg, task, pipe, stepper, epoch_losses, log):
         self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
+        self.log = log
         self.epoch_losses = list(epoch_losses)
         with unsplit():  # a checkpoint holds the model, not its shards
             self.symbol = with_input_shape(
@@ -346,6 +347,9 @@ class _Checkpointer:
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
         self.last = commit_checkpoint(self.store, self.task.name, epoch, self.symbol, arg, aux,
                                       states, summary, complete)
+        note = self.last.snapshot.held_note()
+        if note:  # older snapshots a reader holds stay beside it: say so
+            self.log(note)
         return self.last
 
     def on_epoch(self, epoch, loss):
@@ -486,7 +490,7 @@ def train(cfg, log=print, built=None, task=None):
             log('  ' + line)
         memory = plan_memory(cfg, pipe, task, task.label_shape, log) if cfg.memory else None
 
-        checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses)
+        checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses, log)
         with profiling(cfg, cfg.out_dir) as profile_files:
             result = fit(stepper, data.X, data.y, cfg, log, task.loss_label, start_epoch,
                          checkpointer.on_epoch)
