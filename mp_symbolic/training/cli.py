@@ -139,6 +139,9 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     train.add_argument('--mirror', action='store_true',
                        help='symbolic variant: recompute every stage\'s activations in the '
                             'backward pass instead of keeping them (MXNet\'s mirroring)')
+    train.add_argument('--no-mirror', dest='mirror', action='store_false',
+                       help='keep the activations (the default; with --resume, turns off the '
+                            'checkpoint\'s --mirror)')
     train.add_argument('--replicas', type=int, default=1,
                        help='data-parallel copies of the pipeline (default: 1)')
     train.add_argument('--kvstore', choices=KVSTORES, default=None,
@@ -151,9 +154,11 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
                        help='commit a checkpoint (weights and optimizer state) every N epochs '
                             'and at the end (default: %(default)s)')
     train.add_argument('--resume', default=None, metavar='DIR',
-                       help='continue the last committed checkpoint in DIR up to --epochs, on '
-                            'these --devices (the run\'s data, widths, optimizer and seed come '
-                            'from the checkpoint); output goes to DIR unless --out is given')
+                       help='continue the last committed checkpoint in DIR up to --epochs (the '
+                            'run\'s data, widths, optimizer and seed come from the checkpoint, '
+                            'and so does its plan: --devices, --balance, --schedule, --chunks, '
+                            '--virtual, --replicas, --mirror, --api, unless given); output goes '
+                            'to DIR unless --out is given')
     train.add_argument('--out', default=None, metavar='DIR',
                        help='output folder (default: artifacts/<variant> for the regression, '
                             'artifacts/<task>[-imperative] for other tasks)')

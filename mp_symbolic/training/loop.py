@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from .config import RESUME_IDENTITY, resume_config
+from .config import RESUME_IDENTITY, plan_changes, resume_config
 from ..core import timing
 from ..core.compat import error_line
 from ..core.heads import HEADS, LOSSES
@@ -360,7 +360,8 @@ class _Checkpointer:
 
 def _resume(cfg, stepper):
     """Loads the checkpoint of ``cfg.resume`` into ``stepper``; returns
-    ``(start epoch, epoch losses so far)``.
+    ``(start epoch, epoch losses so far, what cfg changes of its plan)``
+    (see :func:`~mp_symbolic.training.config.plan_changes`).
 
     Raises:
         CheckpointError, OptimizerStateError: the checkpoint cannot be used.
@@ -383,7 +384,9 @@ def _resume(cfg, stepper):
         except OptimizerStateError as err:
             raise OptimizerStateError('%s: %s' % (checkpoint.states_path, err)) from None
         stepper.set_optimizer_states(states)
-        return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
+        devices = checkpoint.summary.get('devices')
+        changes = plan_changes(saved, cfg, devices if isinstance(devices, list) else None)
+        return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', [])), changes
 
 
 def plan_memory(cfg, pipe, task, label_shape, log=print):
@@ -483,8 +486,10 @@ def train(cfg, log=print, built=None, task=None):
         before = task.report(init[0], stepper.predict)
         start_epoch, epoch_losses = 0, []
         if cfg.resume is not None:
-            start_epoch, epoch_losses = _resume(cfg, stepper)
+            start_epoch, epoch_losses, changes = _resume(cfg, stepper)
             log('resumed from %s after epoch %d' % (cfg.resume, start_epoch))
+            if changes:
+                log("resume: plan changed from the checkpoint's: %s" % '; '.join(changes))
         log('placement (as MXNet reports it):')
         for line in placement_table(stepper.placement()):
             log('  ' + line)
