@@ -19,7 +19,7 @@ import sys
 from ..tools.cliargs import OneLineArgumentParser
 from .config import APIS, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
-from ..tools.launch import add_launch_parser
+from ..tools.launch import add_launch_parser, check_dist_environment
 from . import sample
 from .tasks import BUNDLED
 
@@ -326,6 +326,7 @@ def main(argv=None):
     spec = None
     try:
         cfg = config_from_args(args, argv)
+        check_dist_environment(cfg.kvstore)  # dist_sync: only in a process launch started
         spec = cfg.task
         task, cfg = load(cfg)
         built = build_pipeline(cfg, task)  # the whole plan, before any work
