@@ -135,7 +135,17 @@ def test_train_refuses_a_config_that_is_not_the_checkpoints_run(tmp_path):
 
 def test_resume_without_a_committed_checkpoint_is_refused(tmp_path, capsys):
     assert main(['train', '--no-progress', '--resume', str(tmp_path)]) == 2
-    assert 'expected a training run in' in capsys.readouterr().err
+    assert 'expected a training run in %s (its current/ snapshot), found none; train one ' \
+        'first, e.g. python -m mp_symbolic train --out %s' % (tmp_path, tmp_path) \
+        in capsys.readouterr().err
+
+
+def test_resume_from_a_folder_of_other_files_suggests_no_training_into_it(capsys):
+    assert main(['train', '--no-progress', '--resume', '/']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: expected a training run in / (its current/ snapshot), found '
+                          'a folder of ') and err.endswith(' entries without it\n'), err
+    assert 'train --out' not in err
 
 
 def test_resume_with_the_optimizer_state_missing_is_refused(tmp_path, capsys):

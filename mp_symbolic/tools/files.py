@@ -6,15 +6,49 @@ is atomic within a file system) with the fsyncs that make it durable: the
 file before the rename, its folder after.
 """
 from contextlib import contextmanager
+import errno
 import hashlib
 import json
 import os
 import stat
 import tempfile
 
+from ..core.checks import excerpt
+
 __all__ = []
 
 _CHUNK = 1 << 20
+
+
+def shown_path(path):
+    """``path`` for a message: whole where the system could open a path so
+    long (names of at most 255 bytes, 4096 in all), else an excerpt of 80
+    characters (a 100 KB value is not echoed)."""
+    try:
+        raw = os.fsencode(path)
+    except (TypeError, UnicodeError):
+        return excerpt(ascii(path))
+    if len(raw) < 4096 and all(len(name) <= 255 for name in raw.split(b'/')):
+        return path
+    return excerpt(path)
+
+
+def check_path(path, name):
+    """Raises ValueError if the system refuses ``path`` as a name (a name of
+    more than 255 bytes, or a path of more than 4096: ``ENAMETOOLONG``), so
+    that such a path is refused before any work, quoted as an excerpt.
+
+    Args:
+        name: What to call the path in the message (a field or flag name).
+    """
+    try:
+        os.lstat(os.path.abspath(path))
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise ValueError('%s: expected a path this system can open (names of at most 255 '
+                             'bytes, 4096 in all), found %s (%d characters): %s'
+                             % (name, excerpt(ascii(path)[1:-1]), len(path), err.strerror)) \
+                from None
 
 
 def check_writable_dir(path, name):
@@ -23,11 +57,15 @@ def check_writable_dir(path, name):
     Args:
         name: What to call the path in the message (a field or flag name).
     """
+    check_path(path, name)
     probe = os.path.abspath(path)
-    while not os.path.exists(probe):
+    while not os.path.lexists(probe):
         probe = os.path.dirname(probe)
+    if os.path.islink(probe) and not os.path.exists(probe):
+        raise ValueError('%s: expected a folder, found a symlink to nothing at %s (-> %s)'
+                         % (name, probe, os.readlink(probe)))
     if not os.path.isdir(probe):
-        raise ValueError('%s: expected a folder, found a file at %s' % (name, probe))
+        raise ValueError('%s: expected a folder, found %s at %s' % (name, what_is(probe), probe))
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError('%s: expected a folder this user can write, found %s not writable'
                          % (name, probe))

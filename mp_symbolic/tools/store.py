@@ -403,6 +403,8 @@ def check_destination(path, kind=None, name='folder'):
         names = sorted(os.listdir(real))
     except OSError:
         return  # absent, a file, or unreadable: locked() says which
+    if LOCK in names and _kind(os.path.join(real, LOCK)) not in ('a file', 'nothing'):
+        raise StoreError(_bad_lock(os.path.join(path, LOCK)))  # not "a folder of unknown kind"
     if not names or names == [LOCK] or _is_store(real):
         return
     want = _ARTICLE[kind] if kind else 'a store folder'
@@ -411,6 +413,16 @@ def check_destination(path, kind=None, name='folder'):
     raise WrongFolder('%s: expected an empty folder or %s, found a folder of %d entries of '
                       'unknown kind at %s (%s); nothing was written there, choose another folder'
                       % (name, want, len(names), path, shown))
+
+
+def _bad_lock(path, links=None):
+    """The message for a ``.lock`` that is not a regular file of one link
+    (``links``: its count, for a regular file with more)."""
+    if links is None and os.path.islink(path):
+        return ('%s: expected the folder\'s lock file, found a symlink; refusing to follow it '
+                '(remove it if this is your folder)' % path)
+    return ('%s: expected the folder\'s lock file (a regular file with one link), found %s'
+            % (path, 'a file with %d links' % links if links is not None else _kind(path)))
 
 
 class Snapshot:
@@ -576,16 +588,14 @@ class Store:
                          | os.O_NONBLOCK, 0o644)
         except OSError as err:
             if os.path.islink(path):
-                raise StoreError('%s: expected the folder\'s lock file, found a symlink; refusing '
-                                 'to follow it (remove it if this is your folder)' % path) from None
+                raise StoreError(_bad_lock(path)) from None
             raise StoreError('%s: expected a lock file this user can open, found %s (%s)'
                              % (path, _kind(path), err.strerror or err)) from None
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             os.close(fd)
-            raise StoreError('%s: expected the folder\'s lock file (a regular file with one '
-                             'link), found %s' % (path, 'a file with %d links' % info.st_nlink
-                                                  if stat.S_ISREG(info.st_mode) else _kind(path)))
+            raise StoreError(_bad_lock(path, info.st_nlink if stat.S_ISREG(info.st_mode)
+                                       else None))
         return fd
 
     def _records(self):

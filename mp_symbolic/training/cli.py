@@ -16,7 +16,9 @@ import ast
 import os
 import sys
 
+from ..core.checks import excerpt
 from ..tools.cliargs import OneLineArgumentParser
+from ..tools.files import shown_path
 from .config import APIS, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
 from ..tools.launch import add_launch_parser, check_dist_environment
@@ -47,8 +49,8 @@ def _task_arg(text):
     (``4``, ``0.5``, ``2,4,1``, ``'x'``) or else the text itself."""
     key, sep, value = text.partition('=')
     if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError('expected KEY=VALUE with KEY a Python name, found %r'
-                                         % text)
+        raise argparse.ArgumentTypeError('expected KEY=VALUE with KEY a Python name, found %s'
+                                         % excerpt(repr(text)))
     try:
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -223,7 +225,7 @@ def _check_worker(argv):
         raise ValueError('worker command: %s' % _flag_message(err)) from None
     if (cfg.task.endswith('.py') or os.sep in cfg.task) and not os.path.isfile(cfg.task):
         raise ValueError('worker command: --task %s: expected a task file, found no file %s'
-                         % (cfg.task, cfg.task))
+                         % (shown_path(cfg.task), shown_path(cfg.task)))
 
 
 def config_from_args(args, argv=None, **overrides):
@@ -238,6 +240,10 @@ def config_from_args(args, argv=None, **overrides):
     values = {k: v for k, v in raw.items() if k in names}
     values['task_args'] = task_args
     values.update(overrides)
+    from ..tools.files import check_path  # pylint: disable=import-outside-toplevel
+    for name in ('out', 'resume'):  # a path the system refuses: before any work
+        if isinstance(values.get(name), str) and values[name].strip():
+            check_path(values[name], name)
     if values.get('resume') is None:
         return TrainConfig(**values)
     if not values['resume'].strip():
@@ -282,9 +288,9 @@ def _flag_message(err, task=None):
     if isinstance(err, TaskLoadError):
         if err.arg is not None:
             return '%s: %s' % (_FLAG_OF.get(err.arg, '--task-arg %s' % err.arg), err)
-        return '--task %s: %s' % (err.spec, err)
+        return '--task %s: %s' % (shown_path(err.spec), err)
     if isinstance(err, TaskError) and task is not None:
-        return '--task %s: %s' % (task, err)
+        return '--task %s: %s' % (shown_path(task), err)
     field, sep, rest = str(err).partition(': ')
     if sep and field in _FLAG_OF:
         return '%s: %s' % (_FLAG_OF[field], rest)
