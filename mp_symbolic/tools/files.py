@@ -20,35 +20,37 @@ __all__ = []
 _CHUNK = 1 << 20
 
 
+def _openable(path):
+    """Whether ``path`` is short enough for the system to look up: names of at
+    most 255 bytes, 4096 bytes in all (Linux's NAME_MAX and PATH_MAX), also
+    below a folder that does not exist yet."""
+    try:
+        raw = os.fsencode(os.path.abspath(path))
+    except (TypeError, UnicodeError, ValueError):
+        return True  # not a name this check can measure: the system says what it is
+    return len(raw) < 4096 and all(len(name) <= 255 for name in raw.split(b'/'))
+
+
 def shown_path(path):
     """``path`` for a message: whole where the system could open a path so
-    long (names of at most 255 bytes, 4096 in all), else an excerpt of 80
-    characters (a 100 KB value is not echoed)."""
-    try:
-        raw = os.fsencode(path)
-    except (TypeError, UnicodeError):
-        return excerpt(ascii(path))
-    if len(raw) < 4096 and all(len(name) <= 255 for name in raw.split(b'/')):
-        return path
-    return excerpt(path)
+    long (:func:`_openable`), else an excerpt of 80 characters (a 100 KB
+    value is not echoed)."""
+    return path if _openable(path) else excerpt(path)
 
 
 def check_path(path, name):
-    """Raises ValueError if the system refuses ``path`` as a name (a name of
-    more than 255 bytes, or a path of more than 4096: ``ENAMETOOLONG``), so
-    that such a path is refused before any work, quoted as an excerpt.
+    """Raises ValueError if the system would refuse ``path`` as too long (a
+    name of more than 255 bytes, or more than 4096 in all: ``ENAMETOOLONG``),
+    so that such a path is refused before any work, quoted as an excerpt.
 
     Args:
         name: What to call the path in the message (a field or flag name).
     """
-    try:
-        os.lstat(os.path.abspath(path))
-    except OSError as err:
-        if err.errno == errno.ENAMETOOLONG:
-            raise ValueError('%s: expected a path this system can open (names of at most 255 '
-                             'bytes, 4096 in all), found %s (%d characters): %s'
-                             % (name, excerpt(ascii(path)[1:-1]), len(path), err.strerror)) \
-                from None
+    if not _openable(path):
+        raise ValueError('%s: expected a path this system can open (names of at most 255 '
+                         'bytes, 4096 in all), found %s (%d characters): %s'
+                         % (name, excerpt(ascii(path)[1:-1]), len(path),
+                            os.strerror(errno.ENAMETOOLONG)))
 
 
 def check_writable_dir(path, name):
