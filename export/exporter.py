@@ -290,6 +290,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     with store.locked():
         snapshot = store.commit(write, {'kind': 'export', 'name': name, 'files': dict(names),
                                         'source_params_sha256': sha256_file(params_path)})
+    if snapshot.held_note():
+        log(snapshot.held_note())
     if info['checkpoint'] is not None:
         info['checkpoint'].close()
     paths = OrderedDict((key, snapshot.path(file)) for key, file in names.items())

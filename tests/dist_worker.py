@@ -9,9 +9,10 @@ the data, and prints its rank and the final parameters as one JSON line:
     step 1 ... step N
     params {"layer0_weight": [[...]], ...}
 
-``--fail-rank R --fail-after K --fail-how kill|exit3`` makes the worker of
-kvstore rank R kill itself with SIGKILL, or exit with status 3, after K steps:
-a job that loses a worker mid-run. (The kvstore rank is ps-lite's, assigned by
+``--fail-rank R --fail-after K --fail-how kill|exit3|hang`` makes the worker
+of kvstore rank R kill itself with SIGKILL, exit with status 3, or sleep for
+ever (alive, making no progress) after K steps: a job that loses a worker
+mid-run. (The kvstore rank is ps-lite's, assigned by
 the scheduler; it need not be the launcher's index in ``[worker i]``.)
 """
 import argparse
@@ -38,7 +39,7 @@ def main():
     parser.add_argument('--batch-size', type=int, default=50, help='per worker')
     parser.add_argument('--fail-rank', type=int, default=None)
     parser.add_argument('--fail-after', type=int, default=1)
-    parser.add_argument('--fail-how', choices=('kill', 'exit3'), default='kill')
+    parser.add_argument('--fail-how', choices=('kill', 'exit3', 'hang'), default='kill')
     args = parser.parse_args()
 
     kv = mx.kv.create('dist_sync')
@@ -60,6 +61,8 @@ def main():
         if kv.rank == args.fail_rank and step == args.fail_after:
             if args.fail_how == 'kill':
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.fail_how == 'hang':
+                signal.pause()  # until the launcher ends the job
             sys.exit(3)
         batch = slice(step * args.batch_size, (step + 1) * args.batch_size)
         mod.forward_backward(mx.io.DataBatch([mx.nd.array(X[batch])], [mx.nd.array(y[batch])]))

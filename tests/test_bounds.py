@@ -370,6 +370,20 @@ def test_a_device_list_of_thousands_is_quoted_as_an_excerpt(spec, start):
     assert len(message) < 300 and '...' in message, message
 
 
+@pytest.mark.parametrize('argv, start', [
+    (['--out', 'x' * 100000], '--out: expected a path this system can open (names of at most '
+                              '255 bytes, 4096 in all), found xxxx'),
+    (['--resume', 'x' * 100000], '--resume: expected a path this system can open'),
+    (['--task', 'x' * 100000], '--task xxxx'),
+    (['--task', '/x/' + 'x' * 100000 + '.py'], '--task /x/xxxx'),
+    (['--task-arg', 'x' * 100000], 'argument --task-arg: expected KEY=VALUE with KEY a Python '
+                                   "name, found 'xxxx"),
+], ids=['out', 'resume', 'task', 'task-file', 'task-arg'])
+def test_a_value_of_100_kb_is_quoted_as_an_excerpt(argv, start, capsys):
+    line = one_line_error_in_process(['train'] + argv + TRAIN, capsys)
+    assert start in line and '...' in line and len(line) < 400, line[:400]
+
+
 def _state(pid):
     try:
         with open('/proc/%d/stat' % pid) as f:

@@ -17,7 +17,7 @@ from mp_symbolic.training.cli import main
 from mp_symbolic.training.config import TrainConfig, resume_config
 from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
 from mp_symbolic.tools.store import FolderInUse, Store
-from mp_symbolic.training.loop import train
+from mp_symbolic.training.loop import params_digest, train
 
 from export.__main__ import main as export_main
 
@@ -45,6 +45,54 @@ def test_resume_on_the_same_plan_equals_an_uninterrupted_run_bitwise(tmp_path, o
         np.testing.assert_array_equal(resumed.params[name], value, err_msg=name)
     assert resumed.epoch_losses == whole.epoch_losses
     assert read_checkpoint(str(tmp_path / 'part')).epoch == 4
+
+
+def test_resume_without_the_plans_flags_takes_the_checkpoints_plan_and_equals_the_whole_run(
+        tmp_path, capsys):
+    """A run on 2 devices under 1f1b with 2 micro-batches, resumed with
+    --resume and --epochs alone: the checkpoint's plan, not the defaults
+    (GPipe, 1 chunk, 3 devices), bitwise equal to the uninterrupted run."""
+    plan = dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, optimizer='sgd',
+                momentum=0.9, lr=0.01)
+    whole = _run(tmp_path / 'whole', **plan)
+    _run(tmp_path / 'part', epochs=2, **plan)
+    capsys.readouterr()
+    assert main(['train', '--resume', str(tmp_path / 'part'), '--epochs', '4', '--no-progress',
+                 '--no-memory']) == 0
+    out = capsys.readouterr().out
+    assert 'parameters sha256: %s' % params_digest(whole.params) in out.splitlines()
+    assert 'plan changed' not in out
+    config = read_checkpoint(str(tmp_path / 'part')).summary['config']
+    assert {k: config[k] for k in ('devices', 'schedule', 'chunks')} == {
+        'devices': 'cpu:0,cpu:1', 'schedule': '1f1b', 'chunks': 2}
+
+
+def test_a_resume_that_changes_the_plan_says_what_changed_in_one_line(tmp_path, capsys):
+    _run(tmp_path / 'part', epochs=2, devices='cpu:0,cpu:1', balance=(2, 1), mirror=True)
+    capsys.readouterr()
+    assert main(['train', '--resume', str(tmp_path / 'part'), '--epochs', '3', '--no-progress',
+                 '--no-memory', '--devices', THREE_DEVICES, '--no-mirror']) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('resume:')]
+    assert lines == ["resume: plan changed from the checkpoint's: --devices cpu:0,cpu:1,cpu:2 "
+                     "(was cpu:0,cpu:1); --balance by parameter count (was 2,1); --mirror off "
+                     "(was on)"]
+    config = read_checkpoint(str(tmp_path / 'part')).summary['config']
+    assert (config['devices'], config['balance'], config['mirror']) == (THREE_DEVICES, None,
+                                                                        False)
+
+
+def test_a_resume_leaves_to_its_default_what_goes_with_a_changed_flag():
+    saved = make_config(num_epochs=2, batch_size=96, optimizer='sgd', lr=0.02, momentum=0.0,
+                        devices='cpu:0,cpu:1,cpu:2,cpu:3', schedule='interleaved', virtual=2,
+                        chunks=4, replicas=2, kvstore='device', balance=(2, 1)).to_dict()
+    same = resume_config(saved, {'num_epochs': 3})
+    assert (same.devices, same.schedule, same.virtual, same.chunks, same.replicas, same.kvstore,
+            same.balance) == ('cpu:0,cpu:1,cpu:2,cpu:3', 'interleaved', 2, 4, 2, 'device', (2, 1))
+    other = resume_config(saved, {'num_epochs': 3, 'schedule': '1f1b', 'replicas': 1,
+                                  'devices': 'cpu:0,cpu:1'})
+    assert (other.virtual, other.kvstore, other.balance, other.chunks) == (None, None, None, 4)
+    launched = resume_config(dict(saved, kvstore='dist_sync'), {'num_epochs': 3})
+    assert launched.kvstore == 'local'  # the launcher gives dist_sync; 2 replicas sum locally
 
 
 @pytest.mark.parametrize('optimizer', ['sgd', 'adam'])
@@ -87,7 +135,17 @@ def test_train_refuses_a_config_that_is_not_the_checkpoints_run(tmp_path):
 
 def test_resume_without_a_committed_checkpoint_is_refused(tmp_path, capsys):
     assert main(['train', '--no-progress', '--resume', str(tmp_path)]) == 2
-    assert 'expected a training run in' in capsys.readouterr().err
+    assert 'expected a training run in %s (its current/ snapshot), found none; train one ' \
+        'first, e.g. python -m mp_symbolic train --out %s' % (tmp_path, tmp_path) \
+        in capsys.readouterr().err
+
+
+def test_resume_from_a_folder_of_other_files_suggests_no_training_into_it(capsys):
+    assert main(['train', '--no-progress', '--resume', '/']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: expected a training run in / (its current/ snapshot), found '
+                          'a folder of ') and err.endswith(' entries without it\n'), err
+    assert 'train --out' not in err
 
 
 def test_resume_with_the_optimizer_state_missing_is_refused(tmp_path, capsys):

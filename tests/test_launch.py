@@ -7,6 +7,7 @@ launcher reported is checked to be gone, and no process on the machine still
 carries the job's ``DMLC_PS_ROOT_PORT`` in its environment (that catches
 grandchildren too).
 """
+import json
 import os
 import re
 import shlex
@@ -176,7 +177,8 @@ def test_worker_exiting_non_zero_stops_the_job_and_its_grandchildren(port):
     assert_nothing_left(result.stdout, port, num_processes=4)
 
 
-@pytest.mark.parametrize('signum, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize('signum, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143),
+                                            (signal.SIGHUP, 129)])
 def test_signal_to_launcher_stops_the_job(signum, status, tmp_path, port):
     out_path, err_path = tmp_path / 'out', tmp_path / 'err'
     with open(out_path, 'w') as out, open(err_path, 'w') as err:
@@ -200,6 +202,102 @@ def test_signal_to_launcher_stops_the_job(signum, status, tmp_path, port):
         'error: launch interrupted by %s; stopped the 3 running processes of the job'
         % signum.name)
     assert_nothing_left(out_path.read_text(), port, num_processes=3)
+
+
+# A process that adopts the orphans of the launcher it starts (a child subreaper), so
+# that it can tell how each child of a killed launcher ended: it starts the launcher,
+# waits for its pids line and its worker's first line, sends it the signal, and reaps
+# each pid the launcher printed. One still running after the guard is killed (with its
+# process group) and reported as such: no process outlives the test.
+ORPHANS = r'''
+import ctypes, json, os, signal, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+signum, guard, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+launcher = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+pids, ready = None, False
+for line in launcher.stdout:
+    if line.startswith('launch: pids: '):
+        pids = dict((n, int(p)) for n, p in (item.rsplit(' ', 1) for item in
+                                             line[len('launch: pids: '):].strip().split(', ')))
+    ready = ready or line.startswith('[worker 0] ready')
+    if pids and ready:
+        break
+os.kill(launcher.pid, signum)
+launcher.wait()
+ended, deadline = {}, time.monotonic() + guard
+while len(ended) < len(pids) and time.monotonic() < deadline:
+    for name, pid in pids.items():
+        if name in ended:
+            continue
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            info = None
+            if not os.path.exists('/proc/%d' % pid):
+                ended[name] = 'gone'
+        if info is not None:
+            ended[name] = ('exited %d' % info.si_status if info.si_code == os.CLD_EXITED
+                           else 'killed by %s' % signal.Signals(info.si_status).name)
+    time.sleep(0.05)
+for name, pid in pids.items():
+    if name not in ended:
+        ended[name] = 'still running'
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+print(json.dumps({'launcher': launcher.returncode, 'ended': ended}))
+'''
+
+
+def test_a_launcher_killed_by_sigkill_takes_every_process_of_its_job_along(port):
+    argv = [sys.executable, '-m', 'mp_symbolic', 'launch', '--port', str(port), '--workers',
+            '1', '--servers', '1', '--', 'sh', '-c', 'echo ready; exec sleep 600']
+    done = subprocess.run([sys.executable, '-c', ORPHANS, str(int(signal.SIGKILL)),
+                           str(JOB_TIMEOUT), *argv], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=2 * JOB_TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        'launcher': -signal.SIGKILL,
+        'ended': {name: 'killed by SIGKILL' for name in ('scheduler', 'server 0', 'worker 0')}}
+    assert processes_of_job(port) == []
+
+
+def test_a_worker_alive_but_silent_ends_the_job_naming_it(capsys, tmp_path, port):
+    """--progress-timeout: one worker prints a line and then nothing (alive,
+    asleep), the other keeps redrawing a progress bar without a newline, and
+    the silent scheduler and server are not watched: the job ends naming the
+    silent worker, and no process is left."""
+    claim = tmp_path / 'claimed'
+    script = ('if mkdir %s 2>/dev/null; then echo wedged; exec sleep 600; '
+              'else while :; do printf .; sleep 0.1; done; fi' % shlex.quote(str(claim)))
+    status = cli_status(cli.main, ['launch', '--port', str(port), '--workers', '2', '--servers',
+                                   '1', '--progress-timeout', '2', '--', 'sh', '-c', script])
+    out, err = capsys.readouterr()
+    assert status == 1
+    wedged = re.search(r'^\[(worker \d)\] wedged$', out, re.M).group(1)
+    assert re.fullmatch(r'error: %s \(pid %d\) has printed nothing for \d+\.\d s '
+                        r'\(--progress-timeout 2\); stopped the other 3 processes of the job'
+                        % (wedged, job_pids(out)[wedged]), err.splitlines()[-1]), err
+    assert re.search(r'^\[worker \d\] \.+$', out, re.M)  # the bar, relayed at its end
+    assert_nothing_left(out, port, num_processes=4)
+
+
+def test_workers_silent_together_are_each_named(capsys, port):
+    """Under dist_sync the workers waiting for a wedged one fall silent with it:
+    output cannot tell which is wedged, and the line names each."""
+    status = cli_status(cli.main, ['launch', '--port', str(port), '--workers', '2', '--servers',
+                                   '1', '--progress-timeout', '2', '--', 'sh', '-c',
+                                   'echo ready; exec sleep 600'])
+    out, err = capsys.readouterr()
+    pids = job_pids(out)
+    assert status == 1
+    assert re.fullmatch(r'error: worker (\d) \(pid (\d+)\), worker (\d) \(pid (\d+)\) have '
+                        r'printed nothing for \d+\.\d s \(--progress-timeout 2\), each wedged '
+                        r'or waiting for one that is; stopped the 4 running processes of the job',
+                        err.splitlines()[-1]), err
+    named = re.findall(r'(worker \d) \(pid (\d+)\)', err.splitlines()[-1])
+    assert sorted((n, int(p)) for n, p in named) == [('worker 0', pids['worker 0']),
+                                                     ('worker 1', pids['worker 1'])]
+    assert_nothing_left(out, port, num_processes=4)
 
 
 def test_servers_outliving_the_workers_are_stopped_after_the_timeout(port):
@@ -367,6 +465,10 @@ def _refused(capsys, monkeypatch, *args):
     (['--workers', '1', '--servers', '1', '--timeout', '0'], '--timeout: expected a positive'),
     (['--workers', '1', '--servers', '1', '--port', '70000'], '--port: expected a port number'),
     (['--workers', '1', '--servers', '1', '--mode', 'ssh'], '--mode ssh: expected --hostfile'),
+    (['--workers', '1', '--servers', '1', '--progress-timeout', '0'],
+     '--progress-timeout: expected a positive number of seconds, found 0'),
+    (['--workers', '1', '--servers', '1', '--progress-timeout', 'nan'],
+     '--progress-timeout: expected a positive number of seconds, found nan'),
 ])
 def test_bad_flag_is_refused_before_start(capsys, monkeypatch, flags, message):
     assert message in _refused(capsys, monkeypatch, *flags, '--', 'python', 'w.py')
@@ -415,6 +517,23 @@ def test_a_script_that_is_not_there_is_refused_before_start(capsys, monkeypatch,
                     str(tmp_path / 'missing.py'))
     assert line == "error: expected COMMAND's script %s to be a file, found none" % (
         tmp_path / 'missing.py')
+
+
+def test_train_with_dist_sync_outside_launch_is_one_line_naming_launch(capsys, monkeypatch,
+                                                                       tmp_path):
+    for name in ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
+                 'DMLC_NUM_WORKER'):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('DMLC_NUM_WORKER', '2')  # one of them set by hand: the rest are named
+    status = cli_status(cli.main, ['train', '--kvstore', 'dist_sync', '--out',
+                                   str(tmp_path / 'run'), '--no-progress', '--no-memory'])
+    err = capsys.readouterr().err
+    assert status == 2 and err.splitlines() == [
+        'error: --kvstore: expected dist_sync in a process python -m mp_symbolic launch started '
+        '(it sets the DMLC_* variables that say where the scheduler is), found DMLC_ROLE, '
+        'DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER unset; run python -m mp_symbolic '
+        'launch --workers W --servers S -- train ...']
+    assert not (tmp_path / 'run').exists()
 
 
 def test_refusal_from_the_command_line_exits_2_with_one_line():

@@ -138,11 +138,15 @@ def test_out_that_is_a_file_is_refused_before_training(tmp_path, capsys):
     assert target.read_text() == 'keep me'
 
 
-@pytest.mark.parametrize('out', ['/proc/mp-out', '/tmp/' + 'x' * 300])
-def test_an_out_the_system_refuses_is_an_error_before_training(out, capsys):
+@pytest.mark.parametrize('out, message', [
+    ('/proc/mp-out', '--out: expected a folder this user can create'),
+    ('/tmp/' + 'x' * 300, '--out: expected a path this system can open (names of at most 255 '
+                          'bytes, 4096 in all), found /tmp/xxx'),
+])
+def test_an_out_the_system_refuses_is_an_error_before_training(out, message, capsys):
     assert main(['train', '--no-progress', '--out', out]) == 2
     err = capsys.readouterr().err
-    assert err.count('\n') == 1 and '--out: expected a folder this user can create' in err
+    assert err.count('\n') == 1 and message in err
 
 
 def test_an_out_mxnet_cannot_open_is_refused_before_training(capsys):

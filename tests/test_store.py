@@ -411,6 +411,64 @@ def test_snap_and_staging_entries_of_someone_else_survive_commits(tmp_path):
     assert sorted(ours)[:2] == ['.lock', 'current'] and len(ours) == 3, ours
 
 
+def _tree_bytes(folder):
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), 'rb') as f:
+            out[name] = f.read()
+    return out
+
+
+def test_a_snapshot_moved_elsewhere_and_linked_back_is_never_deleted_through_the_link(tmp_path):
+    """A user moves OUT/snap-X away and links it back: the next commits
+    neither delete through the link (its MANIFEST.json included) nor remove
+    the link, and the store forgets it (the link is not the store's)."""
+    out = str(tmp_path / 'out')
+    moved = commit(out, A, 'A')
+    name = os.path.basename(moved.folder)
+    kept = str(tmp_path / 'elsewhere' / name)
+    os.mkdir(os.path.dirname(kept))
+    os.rename(moved.folder, kept)
+    os.symlink(kept, os.path.join(out, name))
+    before = _tree_bytes(kept)
+    assert MANIFEST in before
+    for files, label in ((B, 'B'), (C, 'C')):
+        commit(out, files, label)
+    assert _tree_bytes(kept) == before
+    assert os.readlink(os.path.join(out, name)) == kept
+    with open(os.path.join(out, '.lock'), 'rb') as f:
+        assert name[len('snap-'):].encode() not in f.read()  # forgotten: never looked at again
+    assert contents(Store(out).current()) == C
+
+
+def test_links_and_folders_at_recorded_names_are_left_alone(tmp_path):
+    """At every name a record gives (.staging-T, snap-T, .current-T), what
+    is not the kind of entry the store makes there is left: a link to the
+    user's folder (nothing at its target is deleted) or a folder where the
+    store makes a link."""
+    out = str(tmp_path / 'out')
+    commit(out, A, 'A')
+    mine = tmp_path / 'mine'
+    mine.mkdir()
+    (mine / MANIFEST).write_text('{}')
+    (mine / 'f.txt').write_text('mine')
+    token = '0123456789abcdef'
+    with Store(out).locked() as store:
+        store._record(token)  # pylint: disable=protected-access
+    for prefix in ('.staging-', 'snap-'):
+        os.symlink(str(mine), os.path.join(out, prefix + token))
+    os.mkdir(os.path.join(out, '.current-' + token))
+    _write(os.path.join(out, '.current-' + token, 'g.txt'), b'mine too')
+    commit(out, B, 'B')
+    with Store(out).locked():
+        pass
+    assert _tree_bytes(str(mine)) == {MANIFEST: b'{}', 'f.txt': b'mine'}
+    for prefix in ('.staging-', 'snap-'):
+        assert os.readlink(os.path.join(out, prefix + token)) == str(mine)
+    assert _tree_bytes(os.path.join(out, '.current-' + token)) == {'g.txt': b'mine too'}
+    assert contents(Store(out).current()) == B
+
+
 def test_a_store_written_before_records_is_accepted_and_its_old_snapshot_replaced(tmp_path):
     """A folder of the writer without records (.kind, .lock with only a pid,
     current -> snap-*) is taken as a store; its snapshot goes once replaced,
@@ -511,6 +569,42 @@ def test_a_reader_holds_its_snapshot_whole_while_a_writer_commits(tmp_path, monk
         assert snapshot.meta == {'name': 'A'} and contents(snapshot) == A
     commit(out, B, 'B')  # released: the next commit removes A and C
     assert not os.path.exists(snapshot.folder)
+    assert_only_one_snapshot(out)
+
+
+def test_a_reader_holding_every_snapshot_keeps_at_most_max_held_and_each_commit_says_so(
+        tmp_path):
+    """A reader that holds each snapshot it sees: every commit says in one
+    line which older ones stay; with MAX_HELD held, a commit is refused
+    before it writes anything (it deletes none of them), and once the reader
+    lets go the next commit removes them all."""
+    from mp_symbolic.tools.store import MAX_HELD  # pylint: disable=import-outside-toplevel
+    out = str(tmp_path / 'out')
+    commit(out, A, 'A')
+    holds, notes = [], []
+    for n in range(MAX_HELD):
+        holds.append(Store(out).current(hold=True))
+        snapshot = commit(out, {'n': str(n)}, str(n))
+        assert len(snapshot.held) == n + 1
+        notes.append(snapshot.held_note())
+    assert notes[0] == ('%s: 1 older snapshot kept beside the new one, held by readers (held by '
+                        'pid %d); a commit never deletes a snapshot a reader holds, and is '
+                        'refused while %d are held' % (out, os.getpid(), MAX_HELD))
+    assert notes[-1].startswith('%s: %d older snapshots kept' % (out, MAX_HELD))
+    holds.append(Store(out).current(hold=True))
+    before = sorted(os.listdir(out))
+    with pytest.raises(StoreError) as e:
+        commit(out, B, 'B')
+    assert str(e.value) == (
+        '%s: expected at most %d older snapshots held by readers, found %d (held by pid %d); a '
+        'commit never deletes a snapshot a reader holds, so nothing was committed and current '
+        'is kept' % (out, MAX_HELD, MAX_HELD, os.getpid()))
+    assert sorted(os.listdir(out)) == before  # nothing written, nothing deleted
+    assert len([n for n in before if n.startswith('snap-')]) == MAX_HELD + 1
+    for hold in holds:
+        assert contents(hold)  # every held snapshot is whole
+        hold.close()
+    assert commit(out, C, 'C').held == () and commit(out, C, 'C').held_note() is None
     assert_only_one_snapshot(out)
 
 

@@ -94,6 +94,87 @@ def test_training_and_export_with_out_at_the_root_are_refused_and_write_nothing(
     assert sorted(os.listdir('/')) == before
 
 
+def test_training_into_a_run_whose_snapshot_was_moved_and_linked_back_keeps_the_moved_files(
+        parent, tmp_path, capsys):
+    """train --out OUT after OUT/snap-X was moved elsewhere and linked back:
+    the moved snapshot keeps every file (MANIFEST.json too), the link stays."""
+    import shutil  # pylint: disable=import-outside-toplevel
+    out = tmp_path / 'run'
+    shutil.copytree(str(parent / 'run'), str(out), symlinks=True)
+    name = os.readlink(str(out / 'current'))
+    moved = tmp_path / 'backup' / name
+    moved.parent.mkdir()
+    os.rename(str(out / name), str(moved))
+    os.symlink(str(moved), str(out / name))
+    before = tree(moved)
+    assert 'MANIFEST.json' in before
+    status, err = train_main(['--out', str(out)], capsys)
+    assert status == 0, err
+    assert tree(moved) == before
+    assert os.readlink(str(out / name)) == str(moved)
+    assert read_checkpoint(str(out)).epoch == 2
+
+
+def test_a_training_says_in_one_line_which_older_snapshot_a_reader_holds(parent, tmp_path,
+                                                                          capsys):
+    import shutil  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    out = tmp_path / 'run'
+    shutil.copytree(str(parent / 'run'), str(out), symlinks=True)
+    with read_checkpoint(str(out)) as held:  # a reader of the run, while it trains again
+        assert main(['train', '--out', str(out)] + TRAIN) == 0
+        lines = capsys.readouterr().out.splitlines()
+        note = '%s: 1 older snapshot kept beside the new one, held by readers (held by pid %d)' \
+            % (out, os.getpid())
+        assert sum(l.startswith(note) for l in lines) == 2  # at each of the two commits
+        assert os.path.isdir(held.folder)
+    assert main(['train', '--out', str(out)] + TRAIN) == 0  # released: the next commits remove it
+    assert not os.path.exists(held.folder)
+    assert 'older snapshot' not in capsys.readouterr().out
+
+
+def test_a_dangling_link_as_out_is_called_a_link_before_any_work(parent, tmp_path, capsys):
+    dangling = tmp_path / 'out'
+    os.symlink(str(tmp_path / 'gone'), str(dangling))
+    for main in (train_main, export_main):
+        argv = ['--out', str(dangling)] + (['--checkpoint', str(parent / 'run')]
+                                           if main is export_main else [])
+        status, err = main(argv, capsys)
+        assert status == 2
+        assert one_error_line(err) == ('error: --out: expected a folder, found a symlink to '
+                                       'nothing at %s (-> %s)' % (dangling, tmp_path / 'gone'))
+    assert os.readlink(str(dangling)) == str(tmp_path / 'gone')
+    assert not (tmp_path / 'gone').exists()
+
+
+def test_a_fifo_as_the_lock_of_a_run_is_named_not_called_a_folder_of_unknown_kind(
+        parent, tmp_path, capsys):
+    import shutil  # pylint: disable=import-outside-toplevel
+    out = tmp_path / 'run'
+    shutil.copytree(str(parent / 'run'), str(out), symlinks=True)
+    os.remove(str(out / '.lock'))
+    os.mkfifo(str(out / '.lock'))
+    before = sorted(os.listdir(str(out)))
+    status, err = train_main(['--out', str(out)], capsys)
+    assert status == 2
+    assert one_error_line(err) == ("error: %s/.lock: expected the folder's lock file (a regular "
+                                   'file with one link), found a FIFO' % out)
+    assert sorted(os.listdir(str(out))) == before
+
+
+def test_an_export_out_the_system_cannot_open_is_refused_before_the_work(parent, tmp_path,
+                                                                         capsys):
+    out = os.path.join(str(tmp_path), *(['d' * 200] * 25))  # 5,000 characters
+    status, err = export_main(['--checkpoint', str(parent / 'run'), '--out', out], capsys)
+    assert status == 2
+    line = one_error_line(err)
+    assert line.startswith('error: --out: expected a path this system can open (names of at '
+                           'most 255 bytes, 4096 in all), found ') and '...' in line, line
+    assert len(line) < 300 and line.endswith('characters): File name too long'), line
+    assert capsys.readouterr().out == ''  # nothing exported, verified or written first
+    assert os.listdir(str(tmp_path)) == []
+
+
 # -- a live run ---------------------------------------------------------------------------
 
 def test_exports_of_a_folder_whose_writer_commits_every_few_milliseconds_all_succeed(tmp_path,

@@ -397,6 +397,14 @@ def read_checkpoint(folder):
     from .store import Store  # pylint: disable=import-outside-toplevel
     snapshot = Store(folder).current(hold=True)
     if snapshot is None:
+        try:  # what a store writes first, a run killed before its first commit left
+            entries = len(set(os.listdir(folder)) - {'.lock', '.kind'})
+        except OSError:
+            entries = 0  # nothing there (or not a folder): a run may be trained into it
+        if entries:  # a folder of other files: training into it would be refused too
+            raise CheckpointError('expected a training run in %s (its current/ snapshot), found '
+                                  'a folder of %d entr%s without it'
+                                  % (folder, entries, 'y' if entries == 1 else 'ies'))
         raise CheckpointError('expected a training run in %s (its current/ snapshot), found '
                               'none; train one first, e.g. python -m mp_symbolic train --out %s'
                               % (folder, folder))

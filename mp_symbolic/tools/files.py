@@ -6,15 +6,51 @@ is atomic within a file system) with the fsyncs that make it durable: the
 file before the rename, its folder after.
 """
 from contextlib import contextmanager
+import errno
 import hashlib
 import json
 import os
 import stat
 import tempfile
 
+from ..core.checks import excerpt
+
 __all__ = []
 
 _CHUNK = 1 << 20
+
+
+def _openable(path):
+    """Whether ``path`` is short enough for the system to look up: names of at
+    most 255 bytes, 4096 bytes in all (Linux's NAME_MAX and PATH_MAX), also
+    below a folder that does not exist yet."""
+    try:
+        raw = os.fsencode(os.path.abspath(path))
+    except (TypeError, UnicodeError, ValueError):
+        return True  # not a name this check can measure: the system says what it is
+    return len(raw) < 4096 and all(len(name) <= 255 for name in raw.split(b'/'))
+
+
+def shown_path(path):
+    """``path`` for a message: whole where the system could open a path so
+    long (:func:`_openable`), else an excerpt of 80 characters (a 100 KB
+    value is not echoed)."""
+    return path if _openable(path) else excerpt(path)
+
+
+def check_path(path, name):
+    """Raises ValueError if the system would refuse ``path`` as too long (a
+    name of more than 255 bytes, or more than 4096 in all: ``ENAMETOOLONG``),
+    so that such a path is refused before any work, quoted as an excerpt.
+
+    Args:
+        name: What to call the path in the message (a field or flag name).
+    """
+    if not _openable(path):
+        raise ValueError('%s: expected a path this system can open (names of at most 255 '
+                         'bytes, 4096 in all), found %s (%d characters): %s'
+                         % (name, excerpt(ascii(path)[1:-1]), len(path),
+                            os.strerror(errno.ENAMETOOLONG)))
 
 
 def check_writable_dir(path, name):
@@ -23,11 +59,15 @@ def check_writable_dir(path, name):
     Args:
         name: What to call the path in the message (a field or flag name).
     """
+    check_path(path, name)
     probe = os.path.abspath(path)
-    while not os.path.exists(probe):
+    while not os.path.lexists(probe):
         probe = os.path.dirname(probe)
+    if os.path.islink(probe) and not os.path.exists(probe):
+        raise ValueError('%s: expected a folder, found a symlink to nothing at %s (-> %s)'
+                         % (name, probe, os.readlink(probe)))
     if not os.path.isdir(probe):
-        raise ValueError('%s: expected a folder, found a file at %s' % (name, probe))
+        raise ValueError('%s: expected a folder, found %s at %s' % (name, what_is(probe), probe))
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ValueError('%s: expected a folder this user can write, found %s not writable'
                          % (name, probe))

@@ -15,7 +15,12 @@ then runs them on this machine (``--mode local``), runs them through ssh
 (``--mode ssh``), or prints the command of each for its host
 (``--mode manual``). While the job runs, it relays every child's output
 prefixed with its name, and if any process dies before the job ends it stops
-all the others, so that no process is left waiting on ps-lite's barrier.
+all the others, so that no process is left waiting on ps-lite's barrier. The
+children die with the launcher: SIGINT, SIGTERM and SIGHUP (a closed
+terminal) stop the job, and a launcher killed by SIGKILL, which can run no
+code, takes them along through the parent-death signal each child asks the
+kernel for before its command starts (``prctl(PR_SET_PDEATHSIG)``; a process
+such a child starts in turn is its own to end).
 
 A process that is stopped (SIGSTOP, Ctrl-Z in its own terminal, a debugger)
 does not die, and the rest of the job would wait for it forever: ps-lite's
@@ -28,6 +33,7 @@ started, and of every process in the child's process group, in
 """
 import argparse
 import contextlib
+import ctypes
 import ipaddress
 import os
 import shlex
@@ -83,6 +89,27 @@ class Node:
 
 # The package's own command line: ``python -m mp_symbolic``.
 PROGRAM = (sys.executable, '-m', __name__.split('.')[0])
+
+
+# What ps-lite reads to find its role and the scheduler; launch sets each for every process.
+DMLC_VARIABLES = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
+                  'DMLC_NUM_WORKER')
+
+
+def check_dist_environment(kvstore, environ=os.environ):
+    """Raises unless a ``dist_*`` ``kvstore`` has its job around it: the
+    ``DMLC_*`` variables a launched process gets (MXNet aborts with a
+    traceback on the first one missing).
+
+    Raises:
+        ValueError: ``'kvstore: expected ...'``, naming the missing variables.
+    """
+    missing = [name for name in DMLC_VARIABLES if not environ.get(name)]
+    if str(kvstore).startswith('dist') and missing:
+        raise ValueError('kvstore: expected %s in a process python -m mp_symbolic launch '
+                         'started (it sets the DMLC_* variables that say where the scheduler '
+                         'is), found %s unset; run python -m mp_symbolic launch --workers W '
+                         '--servers S -- train ...' % (kvstore, ', '.join(missing)))
 
 
 def worker_argv(command, subcommands=()):
@@ -285,6 +312,25 @@ def _stopped_in_groups(groups):
     return found
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent thread ends
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork
+except (OSError, AttributeError):
+    _PRCTL = None  # not Linux: a child outlives a killed launcher
+
+
+def _dies_with(parent):
+    """A ``preexec_fn``: the child gets SIGKILL when the launcher (pid
+    ``parent``) ends, even by SIGKILL; one whose launcher died before the
+    request took effect (it was adopted meanwhile) ends at once."""
+    def request():
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return request
+
+
 class _Child:
     """A running process of the job, its own process group leader.
 
@@ -296,13 +342,14 @@ class _Child:
     def __init__(self, node, argv, env, out, err, lock):
         self.node = node
         self._info = None
+        self.last_output = time.monotonic()  # when it last wrote to stdout or stderr
         self.stopped_since = None  # monotonic time it was first seen stopped, None if running
         self.stopped_pid = None    # the stopped process: this one, or another of its group
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_dies_with(os.getpid()))
         self.threads = [threading.Thread(target=_relay, daemon=True,
-                                         args=(pipe, sink, '[%s] ' % node.name, lock))
+                                         args=(pipe, sink, '[%s] ' % node.name, lock, self))
                         for pipe, sink in ((self.proc.stdout, out), (self.proc.stderr, err))]
         for thread in self.threads:
             thread.start()
@@ -346,16 +393,32 @@ class _Child:
             thread.join(timeout=1.0)
 
 
-def _relay(pipe, sink, prefix, lock):
-    """Copies ``pipe`` line by line to ``sink``, each line after ``prefix``."""
-    for raw in iter(pipe.readline, b''):
-        line = raw.decode('utf-8', 'replace').rstrip('\r\n')
+MAX_LINE_BYTES = 1 << 20  # a longer line is relayed in pieces of this size
+
+
+def _relay(pipe, sink, prefix, lock, child):
+    """Copies ``pipe`` line by line to ``sink``, each line after ``prefix``.
+    Any bytes read (a line, or a progress bar redrawn without one) set
+    ``child.last_output``: the child's sign of progress."""
+    def emit(lines):
         with lock:
-            try:
-                sink.write(prefix + line + '\n')
-                sink.flush()
-            except (BrokenPipeError, ValueError):
-                pass  # the launcher's own output is gone; keep draining the child
+            for raw in lines:
+                try:
+                    sink.write(prefix + raw.decode('utf-8', 'replace').rstrip('\r') + '\n')
+                    sink.flush()
+                except (BrokenPipeError, ValueError):
+                    pass  # the launcher's own output is gone; keep draining the child
+
+    pending = b''
+    for data in iter(lambda: pipe.read1(1 << 16), b''):
+        child.last_output = time.monotonic()
+        *lines, pending = (pending + data).split(b'\n')
+        while len(pending) > MAX_LINE_BYTES:
+            lines.append(pending[:MAX_LINE_BYTES])
+            pending = pending[MAX_LINE_BYTES:]
+        emit(lines)
+    if pending:
+        emit([pending])
     pipe.close()
 
 
@@ -376,7 +439,7 @@ def _stop(children):
 
 
 def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
-            out=None, err=None, stopped_timeout=STOPPED_TIMEOUT):
+            out=None, err=None, stopped_timeout=STOPPED_TIMEOUT, progress_timeout=None):
     """Runs the job's processes until they all end; stops them all on a fault.
 
     Args:
@@ -390,17 +453,26 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
             this process's). Each line is prefixed with ``[<node name>] ``.
         stopped_timeout: Seconds a child may stay stopped (state T or t in
             ``/proc``) before the job is ended; None: never.
+        progress_timeout: Seconds a worker may go without writing anything
+            to its stdout or stderr (counted from its start) before the job
+            is ended, naming the worker silent the longest; None: never. The
+            scheduler and servers print nothing as they work and are not
+            watched.
 
     Returns:
         The launcher's exit status: 0 if every process exited 0; 1 if one
-        died, exited non-zero, stayed stopped or outlived the timeout; 128 + the signal
-        number if this process got SIGINT or SIGTERM. One line says which.
+        died, exited non-zero, stayed stopped or silent, or outlived the timeout; 128 + the signal
+        number if this process got SIGINT, SIGTERM or SIGHUP (each stops the
+        job). One line says which. A launcher killed outright (SIGKILL) takes
+        its children with it: each gets SIGKILL when it ends (Linux's
+        parent-death signal).
     """
     out, err = out or sys.stdout, err or sys.stderr
     lock = threading.Lock()
     received = []
+    # A hang-up (the terminal or the ssh session closed) stops the job as SIGTERM does.
     previous = {s: signal.signal(s, lambda signum, _: received.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     start = time.monotonic()
     children = []
     env = dict(os.environ, **(extra_env or {}))
@@ -457,6 +529,11 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
                                       'stopped the other %s of the job' % _plural(
                                           others, 'process')
                                       if others else 'no other process of the job was running'))
+            silent = [c for c in running if c.node.role == 'worker'
+                      and progress_timeout is not None
+                      and now - c.last_output >= progress_timeout]
+            if silent:
+                return finish(EXIT_FAILED, _silent_message(running, now, progress_timeout))
             if not running:
                 return finish(0, 'launch: %s, %s: all exited 0 in %.1f s' % (
                     _plural(sum(n.role == 'worker' for n in nodes), 'worker'),
@@ -479,6 +556,28 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
         _stop(children)  # a no-op after finish(); guards against an exception in between
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _silent_message(running, now, progress_timeout):
+    """The line that ends a job whose worker printed nothing for
+    ``progress_timeout`` seconds. Under dist_sync the other workers wait for a
+    wedged one and fall silent with it, at the same step: output cannot tell
+    which is wedged, so every worker silent for half the time or more is
+    named, the longest first."""
+    silent = sorted((c for c in running if c.node.role == 'worker'
+                     and now - c.last_output >= progress_timeout / 2),
+                    key=lambda c: c.last_output)
+    names = ', '.join('%s (pid %d)' % (c.node.name, c.pid) for c in silent)
+    if len(silent) == 1:
+        others = len(running) - 1
+        return 'error: %s has printed nothing for %.1f s (--progress-timeout %g); %s' % (
+            names, now - silent[0].last_output, progress_timeout,
+            'stopped the other %s of the job' % _plural(others, 'process')
+            if others else 'no other process of the job was running')
+    return ('error: %s have printed nothing for %.1f s (--progress-timeout %g), each wedged or '
+            'waiting for one that is; stopped the %s of the job'
+            % (names, now - silent[0].last_output, progress_timeout,
+               _plural(len(running), 'running process')))
 
 
 _ABORTING = []  # non-empty inside abort_on_error()
@@ -568,7 +667,7 @@ def add_launch_parser(commands, subcommands=None):
                     'stopped and the launcher exits 1.' % (' or '.join(subcommands) or 'no name'),
         usage='python -m mp_symbolic launch --workers W --servers S [--port P] '
               '[--hostfile FILE] [--mode local|ssh|manual] [--timeout SECONDS] '
-              '[--stopped-timeout SECONDS] -- COMMAND...')
+              '[--stopped-timeout SECONDS] [--progress-timeout SECONDS] -- COMMAND...')
     parser.add_argument('--workers', type=int, required=True, metavar='W',
                         help='worker processes; each runs COMMAND')
     parser.add_argument('--servers', type=int, required=True, metavar='S',
@@ -590,6 +689,10 @@ def add_launch_parser(commands, subcommands=None):
                         help='seconds a process of the job may stay stopped (SIGSTOP, a '
                              'debugger) before the job is ended (in ssh mode: its ssh) '
                              '(default: %(default)g)')
+    parser.add_argument('--progress-timeout', type=float, default=None, metavar='SECONDS',
+                        help='seconds a worker may print nothing (no line, no progress-bar '
+                             'redraw, on stdout or stderr; counted from its start) before the '
+                             'job is ended, naming it: a worker alive but wedged (default: off)')
     parser.add_argument('job_command', nargs=argparse.REMAINDER, metavar='COMMAND',
                         help='the workers\' command, after --')
     parser.set_defaults(run=lambda args: run_launch(args, subcommands))
@@ -621,6 +724,9 @@ def _check(args, subcommands):
     if not 0 < args.stopped_timeout < float('inf'):
         raise ValueError('--stopped-timeout: expected a positive number of seconds, found %g'
                          % args.stopped_timeout)
+    if args.progress_timeout is not None and not 0 < args.progress_timeout < float('inf'):
+        raise ValueError('--progress-timeout: expected a positive number of seconds, found %g'
+                         % args.progress_timeout)
     if args.port is not None and not 0 < args.port < 65536:
         raise ValueError('--port: expected a port number in 1..65535, found %d' % args.port)
     command = args.job_command[1:] if args.job_command[:1] == ['--'] else args.job_command
@@ -666,7 +772,8 @@ def run_launch(args, subcommands=None):
         # -tt gives the remote command a terminal, so ending ssh hangs it up and ends it.
         return run_job(nodes, args.timeout, argv_of=lambda node: (
             'ssh', '-tt', '-o', 'BatchMode=yes', node.host,
-            shell_line(node, cwd, exec_=True)), stopped_timeout=args.stopped_timeout)
+            shell_line(node, cwd, exec_=True)), stopped_timeout=args.stopped_timeout,
+            progress_timeout=args.progress_timeout)
     # Unbuffered Python output, so lines are relayed as they are printed.
     return run_job(nodes, args.timeout, extra_env={'PYTHONUNBUFFERED': '1'},
-                   stopped_timeout=args.stopped_timeout)
+                   stopped_timeout=args.stopped_timeout, progress_timeout=args.progress_timeout)

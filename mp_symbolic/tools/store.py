@@ -74,6 +74,11 @@ LINK_PREFIX = '.current-'
 PID_BYTES = 20
 SLOT = 17
 MAX_RECORD_BYTES = SLOT << 16
+# Snapshots beside `current` that readers may hold: each is a whole checkpoint or export
+# on disk, so a reader holding every one it sees would fill the disk. A commit that
+# would leave more is refused (it deletes none of them); readers hold one at a time.
+MAX_HELD = 8
+MAX_LOCKS_BYTES = 4 << 20  # /proc/locks: a line per lock on the machine
 _TOKEN_RE = re.compile(rb'[0-9a-f]{16}\n')
 _BLANK = b'-' * (SLOT - 1) + b'\n'
 
@@ -103,13 +108,34 @@ def _write_new_file(path, data):
         os.close(fd)
 
 
-def _remove(path):
-    """Removes a file, symlink or folder tree; a missing path is fine."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
+def _remove_folder(path):
+    """Removes a folder tree the store made (a staging or snapshot folder); a
+    missing path, or one that is not a folder of its own (a symlink to one,
+    a file), is left alone: a link is never followed for a deletion."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+    except OSError:
+        return
+    shutil.rmtree(path, ignore_errors=True)  # refuses a link swapped in meanwhile
+
+
+def _remove_link(path):
+    """Removes a temporary symlink the store made (``.current-T``); anything
+    else at ``path`` is left alone."""
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
             os.unlink(path)
+    except OSError:
+        pass
+
+
+def _is_folder(path):
+    """Whether ``path`` is a folder itself, not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _kind(path):
@@ -179,32 +205,71 @@ def _read_records(folder):
 
 def _remove_snapshot(path):
     """Removes a snapshot folder unless a reader holds it (a shared ``flock``
-    on its manifest); returns whether it is gone.
+    on its manifest); returns whether a reader holds it (it stays).
 
     The manifest is unlinked first, under an exclusive ``flock``: a reader
     that opened it meanwhile finds it unlinked once it gets its shared lock,
-    and goes back to ``current``.
+    and goes back to ``current``. The folder is opened without following a
+    symlink and the manifest is unlinked through that descriptor: a
+    ``snap-T`` that is a link (a snapshot moved elsewhere and linked back) is
+    not the store's, and nothing at its target is touched.
     """
-    manifest = os.path.join(path, MANIFEST)
     try:
-        fd = os.open(manifest, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        fd = None  # no manifest (a save that never sealed): no reader can hold it
+        return False  # gone, a symlink or not a folder: not ours to remove
+    fd = None
     try:
+        try:
+            fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         dir_fd=folder)
+        except OSError:
+            pass  # no manifest (a save that never sealed): no reader can hold it
         if fd is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return False  # a reader holds it: a later commit removes it
+                return True  # a reader holds it: a later commit removes it
             except OSError:
                 pass  # no flock on this file system: remove as before
             with contextlib.suppress(OSError):
-                os.unlink(manifest)
-        shutil.rmtree(path, ignore_errors=True)
+                os.unlink(MANIFEST, dir_fd=folder)
+        _remove_folder(path)
     finally:
         if fd is not None:
             os.close(fd)
-    return not os.path.lexists(path)
+        os.close(folder)
+    return False
+
+
+def _held_by(folders):
+    """``' (held by pid 4242)'`` for the processes holding a shared ``flock``
+    on the manifests of ``folders``, as ``/proc/locks`` names them; ``''``
+    where it cannot tell."""
+    wanted = set()
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            info = os.lstat(os.path.join(folder, MANIFEST))
+            wanted.add((os.major(info.st_dev), os.minor(info.st_dev), info.st_ino))
+    try:
+        text = read_bounded('/proc/locks', MAX_LOCKS_BYTES, 'lock table').decode('ascii',
+                                                                                 'replace')
+    except (OSError, StoreError):
+        return ''
+    pids = set()
+    for line in text.splitlines():
+        words = line.replace('->', ' ').split()
+        try:  # "1: FLOCK  ADVISORY  READ  4242 fd:01:1234567 0 EOF"
+            major, minor, inode = words[5].split(':')
+            key = (int(major, 16), int(minor, 16), int(inode))
+        except (IndexError, ValueError):
+            continue
+        if words[1] == 'FLOCK' and key in wanted and words[4].isdigit():
+            pids.add(int(words[4]))
+    if not pids:
+        return ''
+    return ' (held by pid%s %s)' % ('s' if len(pids) > 1 else '',
+                                    ', '.join(str(p) for p in sorted(pids)))
 
 
 def _marker(folder):
@@ -338,6 +403,8 @@ def check_destination(path, kind=None, name='folder'):
         names = sorted(os.listdir(real))
     except OSError:
         return  # absent, a file, or unreadable: locked() says which
+    if LOCK in names and _kind(os.path.join(real, LOCK)) not in ('a file', 'nothing'):
+        raise StoreError(_bad_lock(os.path.join(path, LOCK)))  # not "a folder of unknown kind"
     if not names or names == [LOCK] or _is_store(real):
         return
     want = _ARTICLE[kind] if kind else 'a store folder'
@@ -348,6 +415,16 @@ def check_destination(path, kind=None, name='folder'):
                       % (name, want, len(names), path, shown))
 
 
+def _bad_lock(path, links=None):
+    """The message for a ``.lock`` that is not a regular file of one link
+    (``links``: its count, for a regular file with more)."""
+    if links is None and os.path.islink(path):
+        return ('%s: expected the folder\'s lock file, found a symlink; refusing to follow it '
+                '(remove it if this is your folder)' % path)
+    return ('%s: expected the folder\'s lock file (a regular file with one link), found %s'
+            % (path, 'a file with %d links' % links if links is not None else _kind(path)))
+
+
 class Snapshot:
     """A committed snapshot whose files were checked against its manifest.
 
@@ -356,6 +433,9 @@ class Snapshot:
         manifest: The parsed ``MANIFEST.json``.
         meta: ``manifest['meta']``, the dict given to :meth:`Store.commit`.
         files: File name -> ``{'sha256': hex, 'bytes': size}``, from the manifest.
+        held: For one :meth:`Store.commit` returned, the ``snap-*`` names of
+            older snapshots kept beside it because readers hold them
+            (:meth:`held_note` says so in one line); ``()`` otherwise.
 
     One returned by ``Store.current(hold=True)`` holds its folder against
     removal by a writer's cleanup (a shared ``flock`` on its manifest) until
@@ -368,6 +448,18 @@ class Snapshot:
         self.meta = manifest['meta']
         self.files = manifest['files']
         self._hold_fd = hold_fd
+        self.held = ()
+
+    def held_note(self):
+        """One line saying which older snapshots stay beside this one because
+        readers hold them, or None when none does."""
+        if not self.held:
+            return None
+        store = os.path.dirname(self.folder)
+        return ('%s: %d older snapshot%s kept beside the new one, held by readers%s; a commit '
+                'never deletes a snapshot a reader holds, and is refused while %d are held'
+                % (store, len(self.held), '' if len(self.held) == 1 else 's',
+                   _held_by(os.path.join(store, n) for n in self.held), MAX_HELD))
 
     def close(self):
         """Lets writers remove the snapshot folder (when it is no longer current)."""
@@ -420,6 +512,7 @@ class Store:
         self.folder = os.path.abspath(folder)
         self.kind = kind
         self._lock_fd = None
+        self._held = []  # snap-* names a reader held at the last clean-up
 
     def _at(self, name):
         return os.path.join(self.folder, name)
@@ -495,16 +588,14 @@ class Store:
                          | os.O_NONBLOCK, 0o644)
         except OSError as err:
             if os.path.islink(path):
-                raise StoreError('%s: expected the folder\'s lock file, found a symlink; refusing '
-                                 'to follow it (remove it if this is your folder)' % path) from None
+                raise StoreError(_bad_lock(path)) from None
             raise StoreError('%s: expected a lock file this user can open, found %s (%s)'
                              % (path, _kind(path), err.strerror or err)) from None
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             os.close(fd)
-            raise StoreError('%s: expected the folder\'s lock file (a regular file with one '
-                             'link), found %s' % (path, 'a file with %d links' % info.st_nlink
-                                                  if stat.S_ISREG(info.st_mode) else _kind(path)))
+            raise StoreError(_bad_lock(path, info.st_nlink if stat.S_ISREG(info.st_mode)
+                                       else None))
         return fd
 
     def _records(self):
@@ -531,7 +622,8 @@ class Store:
         """Removes the entries the records name that ``current`` does not
         (a held snapshot stays, for a later commit), and forgets the tokens
         of which nothing is left. ``current``'s own snapshot, written before
-        there were records, is recorded, so that the next commit removes it."""
+        there were records, is recorded, so that the next commit removes it.
+        Returns the names of the snapshots kept because a reader holds them."""
         try:
             target = os.readlink(self._at(CURRENT))
         except FileNotFoundError:
@@ -547,18 +639,35 @@ class Store:
                 target[len(SNAP_PREFIX):].encode('ascii', 'replace') + b'\n') \
                 and target[len(SNAP_PREFIX):] not in {t for _, t in records}:
             self._record(target[len(SNAP_PREFIX):])
+        held = []
         for slot, token in records:
-            for name in (STAGING_PREFIX + token, LINK_PREFIX + token, LINK_PREFIX + token + '-back'):
-                _remove(self._at(name))
+            _remove_folder(self._at(STAGING_PREFIX + token))
+            for name in (LINK_PREFIX + token, LINK_PREFIX + token + '-back'):
+                _remove_link(self._at(name))
             snap = SNAP_PREFIX + token
             if snap == target:
                 continue
-            if not damaged and os.path.lexists(self._at(snap)):
-                _remove_snapshot(self._at(snap))
-            if not any(os.path.lexists(self._at(prefix + token))
+            if not damaged and _remove_snapshot(self._at(snap)):
+                held.append(snap)
+            if not any(_is_folder(self._at(prefix + token))
                        for prefix in (SNAP_PREFIX, STAGING_PREFIX)):
-                # nothing of it is left: free the slot (a lost write only means another look)
+                # nothing of it is left (a link put in its place is not the store's):
+                # free the slot (a lost write only means another look)
                 os.pwrite(self._lock_fd, _BLANK, PID_BYTES + slot * SLOT)
+        self._held = held
+        return held
+
+    def _check_held(self):
+        """Raises before a commit writes anything when :data:`MAX_HELD`
+        snapshots beside ``current`` are held by readers (looked at again
+        first: a reader may have let go since the last commit)."""
+        if len(self._held) < MAX_HELD or len(self._clean_leftovers()) < MAX_HELD:
+            return
+        raise StoreError('%s: expected at most %d older snapshots held by readers, found %d%s; '
+                         'a commit never deletes a snapshot a reader holds, so nothing was '
+                         'committed and current is kept'
+                         % (self.folder, MAX_HELD, len(self._held),
+                            _held_by(self._at(n) for n in self._held)))
 
     def commit(self, write, meta=None):
         """Writes a new snapshot and makes it current, or leaves the old one.
@@ -600,6 +709,7 @@ class Store:
             json.dumps(meta)
         except (TypeError, ValueError) as e:
             raise StoreError('meta: expected a JSON-able dict, found %s' % e) from None
+        self._check_held()
         previous = self._read_link()
         token = uuid.uuid4().hex[:16]
         staging = self._at(STAGING_PREFIX + token)
@@ -619,17 +729,19 @@ class Store:
             os.replace(link_tmp, self._at(CURRENT))
             fsync_path(self.folder)
         except BaseException:
-            _remove(staging)
-            _remove(link_tmp)
+            _remove_folder(staging)
+            _remove_link(link_tmp)
             if self._points_to(snap_name) and not self._switch_back(previous, snap_name):
                 raise  # could not restore the old link: the new snapshot stays, whole
-            _remove(snap)
+            _remove_folder(snap)
             raise
         # Committed already: the previous snapshot, and any a reader held until now, go;
         # one a reader still holds stays, for a later commit.
         with contextlib.suppress(OSError):
             self._clean_leftovers()
-        return Snapshot(os.path.realpath(snap), manifest)
+        snapshot = Snapshot(os.path.realpath(snap), manifest)
+        snapshot.held = tuple(self._held)
+        return snapshot
 
     def _switch_back(self, previous, snap_name):
         """Points ``current`` at ``previous`` again (or removes it if there
@@ -644,7 +756,7 @@ class Store:
                 os.replace(link_tmp, self._at(CURRENT))
             fsync_path(self.folder)
         except OSError:
-            _remove(link_tmp)
+            _remove_link(link_tmp)
         return not self._points_to(snap_name)
 
     def _seal(self, staging, meta):

@@ -16,10 +16,12 @@ import ast
 import os
 import sys
 
+from ..core.checks import excerpt
 from ..tools.cliargs import OneLineArgumentParser
+from ..tools.files import shown_path
 from .config import APIS, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
-from ..tools.launch import add_launch_parser
+from ..tools.launch import add_launch_parser, check_dist_environment
 from . import sample
 from .tasks import BUNDLED
 
@@ -47,8 +49,8 @@ def _task_arg(text):
     (``4``, ``0.5``, ``2,4,1``, ``'x'``) or else the text itself."""
     key, sep, value = text.partition('=')
     if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError('expected KEY=VALUE with KEY a Python name, found %r'
-                                         % text)
+        raise argparse.ArgumentTypeError('expected KEY=VALUE with KEY a Python name, found %s'
+                                         % excerpt(repr(text)))
     try:
         return key, ast.literal_eval(value)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -139,6 +141,9 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     train.add_argument('--mirror', action='store_true',
                        help='symbolic variant: recompute every stage\'s activations in the '
                             'backward pass instead of keeping them (MXNet\'s mirroring)')
+    train.add_argument('--no-mirror', dest='mirror', action='store_false',
+                       help='keep the activations (the default; with --resume, turns off the '
+                            'checkpoint\'s --mirror)')
     train.add_argument('--replicas', type=int, default=1,
                        help='data-parallel copies of the pipeline (default: 1)')
     train.add_argument('--kvstore', choices=KVSTORES, default=None,
@@ -151,9 +156,11 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
                        help='commit a checkpoint (weights and optimizer state) every N epochs '
                             'and at the end (default: %(default)s)')
     train.add_argument('--resume', default=None, metavar='DIR',
-                       help='continue the last committed checkpoint in DIR up to --epochs, on '
-                            'these --devices (the run\'s data, widths, optimizer and seed come '
-                            'from the checkpoint); output goes to DIR unless --out is given')
+                       help='continue the last committed checkpoint in DIR up to --epochs (the '
+                            'run\'s data, widths, optimizer and seed come from the checkpoint, '
+                            'and so does its plan: --devices, --balance, --schedule, --chunks, '
+                            '--virtual, --replicas, --mirror, --api, unless given); output goes '
+                            'to DIR unless --out is given')
     train.add_argument('--out', default=None, metavar='DIR',
                        help='output folder (default: artifacts/<variant> for the regression, '
                             'artifacts/<task>[-imperative] for other tasks)')
@@ -218,7 +225,7 @@ def _check_worker(argv):
         raise ValueError('worker command: %s' % _flag_message(err)) from None
     if (cfg.task.endswith('.py') or os.sep in cfg.task) and not os.path.isfile(cfg.task):
         raise ValueError('worker command: --task %s: expected a task file, found no file %s'
-                         % (cfg.task, cfg.task))
+                         % (shown_path(cfg.task), shown_path(cfg.task)))
 
 
 def config_from_args(args, argv=None, **overrides):
@@ -233,6 +240,10 @@ def config_from_args(args, argv=None, **overrides):
     values = {k: v for k, v in raw.items() if k in names}
     values['task_args'] = task_args
     values.update(overrides)
+    from ..tools.files import check_path  # pylint: disable=import-outside-toplevel
+    for name in ('out', 'resume'):  # a path the system refuses: before any work
+        if isinstance(values.get(name), str) and values[name].strip():
+            check_path(values[name], name)
     if values.get('resume') is None:
         return TrainConfig(**values)
     if not values['resume'].strip():
@@ -277,9 +288,9 @@ def _flag_message(err, task=None):
     if isinstance(err, TaskLoadError):
         if err.arg is not None:
             return '%s: %s' % (_FLAG_OF.get(err.arg, '--task-arg %s' % err.arg), err)
-        return '--task %s: %s' % (err.spec, err)
+        return '--task %s: %s' % (shown_path(err.spec), err)
     if isinstance(err, TaskError) and task is not None:
-        return '--task %s: %s' % (task, err)
+        return '--task %s: %s' % (shown_path(task), err)
     field, sep, rest = str(err).partition(': ')
     if sep and field in _FLAG_OF:
         return '%s: %s' % (_FLAG_OF[field], rest)
@@ -321,6 +332,7 @@ def main(argv=None):
     spec = None
     try:
         cfg = config_from_args(args, argv)
+        check_dist_environment(cfg.kvstore)  # dist_sync: only in a process launch started
         spec = cfg.task
         task, cfg = load(cfg)
         built = build_pipeline(cfg, task)  # the whole plan, before any work

@@ -217,10 +217,13 @@ class TrainConfig:
         return values
 
 
-# What makes a run the same run: a resume must keep these. Devices, stages,
-# chunks, replicas, the API and the epoch count may change.
+# What makes a run the same run: a resume must keep these.
 RESUME_IDENTITY = ('task', 'task_args', 'variant', 'batch_size', 'optimizer', 'lr',
                    'momentum', 'seed')
+# The checkpoint's plan: a resume takes each of these from it unless its flag
+# (--devices, --balance, ...) is given, and says which ones changed.
+RESUME_PLAN = ('devices', 'balance', 'schedule', 'chunks', 'virtual', 'replicas', 'mirror',
+               'api', 'kvstore')
 
 
 def resume_config(saved, given):
@@ -231,8 +234,14 @@ def resume_config(saved, given):
         given: The fields set explicitly for this run (flags given).
 
     Returns:
-        A :class:`TrainConfig`: ``saved``'s identity (:data:`RESUME_IDENTITY`)
-        with ``given``'s other fields.
+        A :class:`TrainConfig`: ``saved``'s identity (:data:`RESUME_IDENTITY`),
+        ``saved``'s plan (:data:`RESUME_PLAN`) where ``given`` does not set
+        it, and ``given``'s other fields. Of the plan, blocks per stage
+        (``balance`` as numbers) go with the checkpoint's devices, ``virtual``
+        with schedule ``'interleaved'`` and a ``'local'`` or ``'device'``
+        kvstore with its replicas: each is left to its default when
+        ``given`` changes what it goes with. A ``dist_*`` kvstore is never
+        taken (the launcher gives it to its workers).
 
     Raises:
         ValueError: a given identity field differs from the checkpoint's, or
@@ -263,12 +272,57 @@ def resume_config(saved, given):
             raise ValueError('%s: expected the checkpoint\'s %r with resume (or leave it out), '
                              'found %r' % (name, value, given[name]))
         values[name] = value
+    values.update(_saved_plan(saved, given))
     for name, value in given.items():
         if name not in RESUME_IDENTITY:
             values[name] = value
     if 'balance' in values and isinstance(values['balance'], list):
         values['balance'] = tuple(values['balance'])
     return TrainConfig(**values)
+
+
+def _saved_plan(saved, given):
+    """The fields of :data:`RESUME_PLAN` a resume takes from ``saved``: those
+    ``given`` does not set, less the ones that go with a field it changes."""
+    plan = {name: saved[name] for name in RESUME_PLAN if name in saved and name not in given}
+    if 'devices' in given and not isinstance(plan.get('balance'), (str, type(None))):
+        del plan['balance']  # blocks per stage of the checkpoint's devices
+    if plan.get('schedule', given.get('schedule')) != 'interleaved':
+        plan.pop('virtual', None)
+    if 'replicas' in given or str(plan.get('kvstore')).startswith('dist'):
+        plan.pop('kvstore', None)
+    return plan
+
+
+def plan_changes(saved, cfg, saved_devices=None):
+    """What ``cfg`` (a resumed run) changes of the checkpoint's plan, as
+    ``['--devices cpu:0,cpu:1 (was cpu:0,cpu:1,cpu:2)', ...]``.
+
+    Args:
+        saved: The checkpoint's config.
+        saved_devices: The devices the checkpoint trained on (``summary.json``'s
+            ``devices``), shown where its config left them to the default.
+    """
+    def shown(name, value):
+        if name == 'devices' and value is None:
+            return ','.join(saved_devices) if saved_devices else 'the default'
+        if name == 'balance':
+            return ('by parameter count' if value is None else
+                    value if isinstance(value, str) else ','.join(str(v) for v in value))
+        if name == 'mirror':
+            return 'on' if value else 'off'
+        return 'none' if value is None else str(value)
+
+    changes = []
+    for name in RESUME_PLAN:
+        old, new = saved.get(name), getattr(cfg, name)
+        if isinstance(old, list):
+            old = tuple(old)
+        if name == 'devices' and old is None and new == shown(name, old):
+            continue  # the default's devices, now given by name
+        if old != new:
+            changes.append('--%s %s (was %s)' % (name, shown(name, new), shown(name, old)))
+    return changes
 
 
 def _freeze(value):

@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from .config import RESUME_IDENTITY, resume_config
+from .config import RESUME_IDENTITY, plan_changes, resume_config
 from ..core import timing
 from ..core.compat import error_line
 from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
@@ -343,8 +343,9 @@ def _summary(cfg, task, pipe, result, complete):
 class _Checkpointer:
     """Commits the stepper's state to the run's store as one unit."""
 
-    def __init__(self, store, cfg, task, pipe, stepper, epoch_losses):
+    def __init__(self, store, cfg, task, pipe, stepper, epoch_losses, log):
         self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
+        self.log = log
         self.epoch_losses = list(epoch_losses)
         with unsplit():  # a checkpoint holds the model, not its shards
             self.symbol = with_input_shape(
@@ -362,6 +363,9 @@ class _Checkpointer:
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
         self.last = commit_checkpoint(self.store, self.task.name, epoch, self.symbol, arg, aux,
                                       states, summary, complete)
+        note = self.last.snapshot.held_note()
+        if note:  # older snapshots a reader holds stay beside it: say so
+            self.log(note)
         return self.last
 
     def on_epoch(self, epoch, loss):
@@ -372,7 +376,8 @@ class _Checkpointer:
 
 def _resume(cfg, stepper):
     """Loads the checkpoint of ``cfg.resume`` into ``stepper``; returns
-    ``(start epoch, epoch losses so far)``.
+    ``(start epoch, epoch losses so far, what cfg changes of its plan)``
+    (see :func:`~mp_symbolic.training.config.plan_changes`).
 
     Raises:
         CheckpointError, OptimizerStateError: the checkpoint cannot be used.
@@ -395,7 +400,9 @@ def _resume(cfg, stepper):
         except OptimizerStateError as err:
             raise OptimizerStateError('%s: %s' % (checkpoint.states_path, err)) from None
         stepper.set_optimizer_states(states)
-        return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', []))
+        devices = checkpoint.summary.get('devices')
+        changes = plan_changes(saved, cfg, devices if isinstance(devices, list) else None)
+        return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', [])), changes
 
 
 def plan_memory(cfg, pipe, task, label_shape, log=print):
@@ -497,14 +504,16 @@ def train(cfg, log=print, built=None, task=None):
         before = task.report(init[0], stepper.predict)
         start_epoch, epoch_losses = 0, []
         if cfg.resume is not None:
-            start_epoch, epoch_losses = _resume(cfg, stepper)
+            start_epoch, epoch_losses, changes = _resume(cfg, stepper)
             log('resumed from %s after epoch %d' % (cfg.resume, start_epoch))
+            if changes:
+                log("resume: plan changed from the checkpoint's: %s" % '; '.join(changes))
         log('placement (as MXNet reports it):')
         for line in placement_table(stepper.placement()):
             log('  ' + line)
         memory = plan_memory(cfg, pipe, task, task.label_shape, log) if cfg.memory else None
 
-        checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses)
+        checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses, log)
         with profiling(cfg, cfg.out_dir) as profile_files:
             result = fit(stepper, data.X, data.y, cfg, log, task.loss_label, start_epoch,
                          checkpointer.on_epoch)

@@ -14,6 +14,8 @@ import sys
 
 from ...core.checks import raised
 
+from ...tools.files import shown_path
+
 __all__ = []
 
 BUNDLED = ('regression', 'digits', 'zoo', 'lm')
@@ -40,7 +42,7 @@ def _load_module(spec):
         return importlib.import_module('.' + spec, __name__)
     if spec.endswith('.py') or os.sep in spec:
         if not os.path.isfile(spec):
-            raise TaskLoadError('expected a task file, found no file %s' % spec)
+            raise TaskLoadError('expected a task file, found no file %s' % shown_path(spec))
         name = 'mp_symbolic_task_' + ''.join(c if c.isalnum() else '_' for c in
                                               os.path.splitext(os.path.basename(spec))[0])
         module_spec = importlib.util.spec_from_file_location(name, spec)
