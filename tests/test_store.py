@@ -174,6 +174,147 @@ def test_a_kill_after_any_file_system_call_of_a_save_leaves_the_old_or_the_new_s
     assert seen['A'] > 0 and seen['B'] > 0 and leftovers > 0, (seen, leftovers)
 
 
+# Two node processes, forked for k = 1, 2, ...: node 0 holds the store and
+# commits B across both (each writes its part, node 0 merges them); node R
+# SIGKILLs itself right after its k-th file-system call, until a k where the
+# commit ends first. The nodes talk through two pipes: a node whose peer is
+# killed reads the end of its pipe and fails, as a torch.distributed
+# operation fails when its peer dies.
+ACROSS_CHILD = r"""
+import json, os, shutil, signal, sys
+from mp_symbolic.tools.store import Store, commit_across
+base, A, B, R = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+
+class Pipes:
+    def __init__(self, rank, read, write):
+        self.rank, self.read, self.write = rank, os.fdopen(read), os.fdopen(write, 'w')
+    def _send(self, value):
+        self.write.write(json.dumps(value) + '\n')
+        self.write.flush()
+    def _receive(self):
+        line = self.read.readline()
+        if not line:
+            raise ConnectionError('node %d hung up' % (1 - self.rank))
+        return json.loads(line)
+    def broadcast(self, value, source):
+        if self.rank == source:
+            self._send(value)
+            return value
+        return self._receive()
+    def gather(self, value):
+        self._send(value)
+        other = self._receive()
+        return [value, other] if self.rank == 0 else [other, value]
+
+def part(files, rank):
+    def write(folder):
+        for name, text in files.items():
+            if name.endswith('.part%d' % rank):
+                fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.write(fd, text.encode())
+                os.close(fd)
+    return write
+
+def merge(folder):
+    text = ''
+    for rank in (0, 1):
+        path = os.path.join(folder, 'params.part%d' % rank)
+        with open(path) as f:
+            text += f.read()
+        os.remove(path)
+    fd = os.open(os.path.join(folder, 'params'), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, text.encode())
+    os.close(fd)
+
+COUNTED = [(os, n) for n in ('replace', 'rename', 'symlink', 'fsync', 'remove', 'unlink',
+                             'rmdir', 'mkdir', 'makedirs', 'write', 'close')]
+COUNTED.append((shutil, 'rmtree'))
+
+def arm(k):
+    count = [0]
+    def wrap(real):
+        def counted(*args, **kwargs):
+            try:
+                return real(*args, **kwargs)
+            finally:
+                count[0] += 1
+                if count[0] == k:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        return counted
+    for module, name in COUNTED:
+        setattr(module, name, wrap(getattr(module, name)))
+
+def node(rank, k, folder, read, write):
+    group = Pipes(rank, read, write)
+    if rank == R:
+        arm(k)
+    try:
+        if rank == 0:
+            with Store(folder).locked() as store:
+                commit_across(store, group, part(B, 0), merge, {'name': 'B'})
+        else:
+            commit_across(None, group, part(B, 1), merge)
+    except BaseException:
+        os._exit(1)
+    os._exit(0)
+
+killed = []
+for k in range(1, 1000):
+    folder = os.path.join(base, 'k%03d' % k)
+    with Store(folder).locked() as store:
+        store.commit(lambda f: open(os.path.join(f, 'params'), 'w').write(A['params']),
+                     {'name': 'A'})
+    down, up = os.pipe(), os.pipe()  # node 0 -> node 1, node 1 -> node 0
+    pids = []
+    for rank, (read, write) in enumerate([(up[0], down[1]), (down[0], up[1])]):
+        pid = os.fork()
+        if pid == 0:
+            for fd in down + up:
+                if fd not in (read, write):
+                    os.close(fd)
+            node(rank, k, folder, read, write)
+        pids.append(pid)
+    for fd in down + up:
+        os.close(fd)
+    ended = [os.waitpid(pid, 0)[1] for pid in pids]
+    if os.WIFSIGNALED(ended[R]) and os.WTERMSIG(ended[R]) == signal.SIGKILL:
+        killed.append(k)
+    elif all(os.WIFEXITED(e) and os.WEXITSTATUS(e) == 0 for e in ended):
+        shutil.rmtree(folder)
+        break
+    else:
+        sys.exit('k=%d: expected node %d killed or both done, found statuses %s' % (k, R, ended))
+print(json.dumps(killed))
+"""
+
+
+@pytest.mark.parametrize('killed_node', [0, 1])
+def test_a_node_killed_after_any_file_operation_of_a_commit_across_nodes_leaves_a_whole_snapshot(
+        tmp_path, killed_node):
+    A_ = {'params': 'A' * 300}
+    B_ = {'params.part0': 'B0' * 100, 'params.part1': 'B1' * 120}
+    proc = subprocess.run([sys.executable, '-c', ACROSS_CHILD, str(tmp_path), json.dumps(A_),
+                           json.dumps(B_), str(killed_node)],
+                          env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    killed = json.loads(proc.stdout)
+    # node 0 commits (~30 counted calls); node 1 writes its part (open, write, close)
+    assert len(killed) >= (20 if killed_node == 0 else 2), killed
+    assert killed == list(range(1, len(killed) + 1)), killed
+    seen = {'A': 0, 'B': 0}
+    for k in killed:
+        folder = str(tmp_path / ('k%03d' % k))
+        snapshot = Store(folder).current()
+        name = snapshot.meta['name']
+        expected = A_['params'] if name == 'A' else B_['params.part0'] + B_['params.part1']
+        assert contents(snapshot) == {'params': expected}, 'k=%d: a mix of A and B' % k
+        seen[name] += 1
+        commit(folder, C, 'C')  # the next writer cleans what the kill left
+        assert_only_one_snapshot(folder)
+    # a kill of node 1 always comes before the switch: the old snapshot stays
+    assert seen['A'] > 0 and (seen['B'] > 0 or killed_node == 1), seen
+
+
 @pytest.mark.parametrize('call', ['write', 'fsync'])
 def test_a_full_disk_at_any_write_keeps_the_previous_snapshot(tmp_path, monkeypatch, call):
     out = str(tmp_path / 'out')

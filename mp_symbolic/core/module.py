@@ -361,6 +361,9 @@ class PipelineModule(mx.mod.Module):
         """
         states = drop_states(split_states(states, self.pipeline.sharded),
                              self._fixed_param_names or ())
+        if self._other_nodes:  # the whole network's: this node takes its own
+            held = set(self._exec_group.param_names)
+            states = drop_states(states, [n for n in states['params'] if n not in held])
         for k, exe in enumerate(self._exec_group.execs):
             targets = {n: (i + k, exe.arg_dict[n].context)
                        for n, i in self._state_index().items()}

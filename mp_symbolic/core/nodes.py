@@ -235,6 +235,38 @@ def broadcast(nodes, value, source, what):
     return box[0]
 
 
+class Group:
+    """The node processes as :func:`~mp_symbolic.tools.store.commit_across`
+    takes them: ``rank``, ``broadcast`` and ``gather`` of JSON-able values.
+
+    Args:
+        nodes: This process's :class:`Nodes` (joined: :func:`join`).
+        what: What the nodes do together, for the failure's line.
+    """
+
+    def __init__(self, nodes, what='commit a checkpoint'):
+        self.nodes, self.what = nodes, what
+        self.rank, self.count = nodes.rank, nodes.count
+
+    def broadcast(self, value, source):
+        return broadcast(self.nodes, value, source, self.what)
+
+    def gather(self, value):
+        """Every node's ``value``, in rank order, on every node.
+
+        Raises:
+            NodeFailure: a node died or stopped answering.
+        """
+        dist = torch('distributed')
+        gathered = [None] * self.count
+        try:
+            dist.all_gather_object(gathered, value)
+        except RuntimeError as err:
+            raise NodeFailure('nodes: node %d waited for the others to %s: %s'
+                              % (self.rank, self.what, _first_line(err))) from None
+        return gathered
+
+
 def _first_line(err):
     lines = [line for line in str(err).splitlines() if line.strip()]
     text = lines[0] if lines else type(err).__name__

@@ -145,6 +145,41 @@ def drop_states(states, names):
     return dict(states, params={n: e for n, e in states['params'].items() if n not in names})
 
 
+def merge_states(parts):
+    """One :func:`states_by_name` output from several, each of other
+    parameters (the nodes' of one pipeline): their arrays in one list.
+
+    Raises:
+        OptimizerStateError: the parts are of other optimizers, or two name
+            the same parameter.
+    """
+    merged = {'format': FORMAT, 'optimizer': None, 'num_update': 0, 'params': {},
+              'arrays': []}
+    for part in parts:
+        if part['optimizer'] is not None:
+            if merged['optimizer'] not in (None, part['optimizer']):
+                raise OptimizerStateError('expected every part of one optimizer, found %s and %s'
+                                          % (merged['optimizer'], part['optimizer']))
+            merged['optimizer'] = part['optimizer']
+        merged['num_update'] = max(merged['num_update'], part['num_update'])
+        offset = len(merged['arrays'])
+        for name, entry in part['params'].items():
+            if name in merged['params']:
+                raise OptimizerStateError('expected each parameter in one part, found %s in two'
+                                          % name)
+            merged['params'][name] = dict(entry, state=_rebased(entry['state'], offset))
+        merged['arrays'] += list(part['arrays'])
+    return merged
+
+
+def _rebased(spec, offset):
+    if spec['t'] == 'nd':
+        return dict(spec, a=spec['a'] + offset)
+    if 'items' in spec:
+        return dict(spec, items=[_rebased(s, offset) for s in spec['items']])
+    return spec
+
+
 def save_states(path, states):
     """Writes :func:`states_by_name` output to ``path`` (an ``.npz`` file)."""
     meta = {k: v for k, v in states.items() if k != 'arrays'}

@@ -336,42 +336,43 @@ def _read_summary(path):
 
 
 def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states, summary,
-                      complete):
+                      complete, group=None):
     """Commits one checkpoint as a unit: symbol, params, optimizer state and
     summary land together in a new snapshot, or not at all.
 
     Args:
-        store: A :class:`~mp_symbolic.tools.store.Store` whose lock is held.
+        store: A :class:`~mp_symbolic.tools.store.Store` whose lock is held
+            (``None`` on a node other than node 0).
         name: File prefix (the task's name).
         states: Optimizer state by parameter name (:mod:`~mp_symbolic.core.optstate`).
         summary: JSON-able dict written as ``summary.json``.
         complete: Whether this is the run's final checkpoint.
+        group: The node processes of one pipeline
+            (:class:`~mp_symbolic.core.nodes.Group`), each holding its
+            stages' parameters and states (``arg_params``, ``aux_params``,
+            ``states``: this node's): every node writes its part into the
+            shared folder and node 0 merges them into the unsplit files
+            (:func:`~mp_symbolic.tools.store.commit_across`: all or nothing).
+            Node 0 holds the model's parameters and states while it merges.
 
     Returns:
-        The :class:`Checkpoint`.
+        The :class:`Checkpoint` (``None`` on a node other than node 0).
 
     Raises:
         OSError: A file could not be written or does not read back as
             written (every file is checked before the commit); the previous
             checkpoint stays current.
+        PartError: (with ``group``) a node could not write its part, or node
+            0 could not commit; every node raises it.
     """
     # pylint: disable=import-outside-toplevel
-    from ..core.optstate import OptimizerStateError, load_states, save_states
+    from ..core.optstate import load_states, merge_states
+    from .store import commit_across
     files = {'symbol': '%s-symbol.json' % name, 'params': '%s-%04d.params' % (name, epoch),
              'states': '%s-%04d.states' % (name, epoch)}
 
-    def write(folder):
-        # Each file is read back before the store writes the manifest over it.
+    def write_rest(folder):
         save_symbol(os.path.join(folder, files['symbol']), symbol)
-        save_params(os.path.join(folder, files['params']), arg_params, aux_params)
-        states_path = os.path.join(folder, files['states'])
-        save_states(states_path, states)
-        try:
-            if len(load_states(states_path)['arrays']) != len(states['arrays']):
-                raise OptimizerStateError('a different number of arrays')
-        except OptimizerStateError as err:
-            raise OSError('%s: expected the optimizer state just written to read back, found '
-                          '%s' % (states_path, err)) from None
         content = dict(summary, files=files, epoch=epoch, complete=complete)
         summary_path = os.path.join(folder, SUMMARY_NAME)
         with open(summary_path, 'w') as f:
@@ -380,7 +381,54 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
         _check_json_written(summary_path, content)
 
     meta = {'epoch': epoch, 'task': name, 'files': files, 'complete': complete}
-    return Checkpoint(store.commit(write, meta))
+    if group is None:
+        def write(folder):
+            # Each file is read back before the store writes the manifest over it.
+            save_params(os.path.join(folder, files['params']), arg_params, aux_params)
+            _save_states(os.path.join(folder, files['states']), states)
+            write_rest(folder)
+        return Checkpoint(store.commit(write, meta))
+
+    def part(folder, k=None):
+        return os.path.join(folder, '.node%d-' % (group.rank if k is None else k))
+
+    def write_part(folder):
+        save_params(part(folder) + files['params'], arg_params, aux_params)
+        _save_states(part(folder) + files['states'], states)
+
+    def merge(folder):
+        arrays, parts = {}, []
+        for k in range(group.count):
+            arrays.update(mx.nd.load(part(folder, k) + files['params']))
+            parts.append(load_states(part(folder, k) + files['states']))
+        save_params(os.path.join(folder, files['params']),
+                    {n[4:]: v for n, v in arrays.items() if n.startswith('arg:')},
+                    {n[4:]: v for n, v in arrays.items() if n.startswith('aux:')})
+        _save_states(os.path.join(folder, files['states']), merge_states(parts))
+        for k in range(group.count):
+            for key in ('params', 'states'):
+                os.remove(part(folder, k) + files[key])
+        write_rest(folder)
+
+    committed = commit_across(store, group, write_part, merge, meta)
+    return Checkpoint(committed) if group.rank == 0 else None
+
+
+def _save_states(path, states):
+    """``save_states``, read back: it must hold every array written.
+
+    Raises:
+        OSError: it does not (a full disk, a file size limit).
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..core.optstate import OptimizerStateError, load_states, save_states
+    save_states(path, states)
+    try:
+        if len(load_states(path)['arrays']) != len(states['arrays']):
+            raise OptimizerStateError('a different number of arrays')
+    except OptimizerStateError as err:
+        raise OSError('%s: expected the optimizer state just written to read back, found '
+                      '%s' % (path, err)) from None
 
 
 def read_checkpoint(folder):

@@ -935,6 +935,97 @@ class Store:
         return manifest
 
 
+class PartError(StoreError):
+    """A node could not write its part of a snapshot committed across nodes,
+    or the committing node could not commit it."""
+
+
+def commit_across(store, group, write_part, merge, meta=None):
+    """One snapshot written by several processes (the nodes of one job)
+    into a folder they share, committed only when every part is written:
+    all or nothing, as :meth:`Store.commit`.
+
+    Node 0 holds ``store`` locked and commits; the others write into its
+    staging folder. Steps: node 0 makes the staging folder and sends its
+    path; every node writes its part there (``write_part(staging)``); node
+    0 gathers whether each did, and only when all did, ``merge(staging)``
+    turns the parts into the snapshot's files (removing the parts) and the
+    store seals and switches ``current``; then node 0 tells every node how
+    the commit ended. A node killed at any step leaves ``current`` as it
+    was (or, once switched, the new snapshot whole): the staging folder is
+    removed by the store (on error) or by its next writer.
+
+    Args:
+        store: Node 0's :class:`Store`, inside :meth:`Store.locked`; ``None``
+            on the other nodes.
+        group: The nodes: ``rank``, ``broadcast(value, source)`` (node
+            ``source``'s JSON-able value on every node) and ``gather(value)``
+            (every node's value, in rank order, on every node); each raises
+            when a node died or stopped answering.
+        write_part: Called on every node with the staging folder: writes
+            that node's plain files, named apart from every other node's.
+        merge: Called on node 0 with the staging folder once every part is
+            there: leaves the snapshot's files, plain files only.
+        meta: As :meth:`Store.commit`'s.
+
+    Returns:
+        On node 0, the committed :class:`Snapshot`; on the others, the
+        path of its folder.
+
+    Raises:
+        PartError: a node's ``write_part`` failed (every node raises it,
+            naming the node and its error), or node 0's commit failed.
+        Exception: what ``group`` raises when a node died; what ``merge``
+            or the store raised (node 0).
+    """
+    if group.rank != 0:
+        staging = group.broadcast(None, 0)
+        if staging is not None:
+            group.gather(_attempt(write_part, staging))
+        status, detail = group.broadcast(None, 0)
+        if status != 'ok':
+            raise PartError(detail)
+        return detail
+    staged = []
+
+    def write(staging):
+        staged.append(staging)
+        group.broadcast(staging, 0)
+        failed = [(k, e) for k, e in enumerate(group.gather(_attempt(write_part, staging))) if e]
+        if failed:
+            raise PartError('node %d could not write its part of the checkpoint: %s'
+                            % failed[0])
+        merge(staging)
+
+    try:
+        snapshot = store.commit(write, meta)
+    except PartError as err:
+        group.broadcast(('error', str(err)), 0)
+        raise
+    except Exception as err:  # pylint: disable=broad-except
+        message = 'node 0 could not commit the checkpoint: %s: %s' % (
+            type(err).__name__, ' '.join(str(err).split())[:300])
+        try:
+            if not staged:
+                group.broadcast(None, 0)  # the others wait for a staging folder first
+            group.broadcast(('error', message), 0)
+        except Exception:  # pylint: disable=broad-except
+            pass  # a node is gone: the error it raises there says so
+        raise
+    group.broadcast(('ok', snapshot.folder), 0)
+    return snapshot
+
+
+def _attempt(write_part, staging):
+    """``None`` once ``write_part(staging)`` wrote this node's part, else
+    its error in one line."""
+    try:
+        write_part(staging)
+    except Exception as err:  # pylint: disable=broad-except
+        return '%s: %s' % (type(err).__name__, ' '.join(str(err).split())[:300])
+    return None
+
+
 def check_committed_file(path):
     """Checks a file read through a store's ``current`` link against its commit.
 

@@ -149,6 +149,15 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     train.add_argument('--kvstore', choices=KVSTORES, default=None,
                        help='sums gradients across replicas or processes (default: local with '
                             'several replicas, else none)')
+    train.add_argument('--nodes', type=int, default=1, metavar='N',
+                       help='node processes the stages are divided over, in order (each '
+                            'binds and holds only its stages); run one process per node with '
+                            'torchrun or python -m mp_symbolic launch --nodes N, which give '
+                            'each its rank (default: 1, every stage in this process)')
+    train.add_argument('--node-timeout', type=float, default=None, metavar='S',
+                       help='--nodes: seconds a node waits on another (a tensor, a '
+                            'checkpoint) before the job ends: a stopped or wedged node '
+                            '(default: 300)')
     train.add_argument('--no-memory', dest='memory', action='store_false',
                        help='skip the memory-per-device table (symbolic variant; measured in '
                             'two child processes before training)')
@@ -270,6 +279,7 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'replicas': '--replicas',
             'kvstore': '--kvstore', 'balance': '--balance',
             'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror',
+            'nodes': '--nodes', 'node_timeout': '--node-timeout',
             'agree_steps': '--agree-steps',
             'micro-batches': '--chunks'}  # the schedules' word for them (core/schedule.py)
 
@@ -328,6 +338,7 @@ def main(argv=None):
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir
     from ..tools.store import check_store_folder
+    from ..core.nodes import NodeFailure
     from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, load, train
     spec = None
     try:
@@ -344,6 +355,9 @@ def main(argv=None):
     except ValueError as err:
         print('error: %s' % _flag_message(err, spec), file=sys.stderr)
         return EXIT_USAGE
+    except NodeFailure as err:  # another node did not join
+        print('error: %s' % err, file=sys.stderr)
+        return EXIT_FAILED
     interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported below
     try:
         if args.command == 'compare':
@@ -357,7 +371,7 @@ def main(argv=None):
     except ValueError as err:  # a folder in use, a checkpoint that cannot be resumed
         print('error: %s' % _flag_message(err, spec), file=sys.stderr)
         return EXIT_USAGE
-    except (OSError, TrainingDiverged, TrainingDidNotLearn) as err:
+    except (OSError, TrainingDiverged, TrainingDidNotLearn, NodeFailure) as err:
         print('error: %s' % err, file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as err:

@@ -79,6 +79,12 @@ class TrainConfig:
     kvstore: str = None
     # Blocks per stage (a tuple), 'time', or None (balanced by parameter count).
     balance: object = None
+    # Node processes the stages are divided over (Pipeline(nodes=...)); each runs this
+    # command with its rank from torchrun or `launch --nodes`. 1: every stage here.
+    nodes: int = 1
+    # Seconds a node waits on another (a receive, a checkpoint) before the job ends;
+    # None: 300 (mp_symbolic.core.nodes.NODE_TIMEOUT).
+    node_timeout: float = None
     # Symbolic variant: every stage's ops recomputed in the backward pass (MXNet's mirroring).
     mirror: bool = False
     # Symbolic variant: measure memory per device (the plan beside one device) before
@@ -107,12 +113,24 @@ class TrainConfig:
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
             bad('optimizer', ' or '.join(OPTIMIZERS))
         for name in ('batch_size', 'num_epochs', 'chunks', 'replicas', 'checkpoint_every',
-                     'agree_steps'):
+                     'agree_steps', 'nodes'):
             value = getattr(self, name)
             if value is not None and not is_positive_int(value):
                 bad(name, POSITIVE_EXPECTED)
         if self.num_epochs is not None and self.num_epochs > MAX_EPOCHS:
             bad('num_epochs', 'at most %d' % MAX_EPOCHS)
+        if self.node_timeout is not None and not (
+                isinstance(self.node_timeout, (int, float)) and
+                not isinstance(self.node_timeout, bool) and 0 < self.node_timeout < math.inf):
+            bad('node_timeout', 'a positive number of seconds')
+        if self.nodes > 1 and self.variant != 'symbolic':
+            raise ValueError("nodes: expected variant 'symbolic' with them (the imperative twin "
+                             "runs in one process), found %d nodes with variant %r"
+                             % (self.nodes, self.variant))
+        if self.nodes > 1 and self.api != 'module':
+            raise ValueError("nodes: expected api 'module' with them (the executor API binds "
+                             "the one graph in one process), found %d nodes with api %r"
+                             % (self.nodes, self.api))
         if self.lr is not None and not is_lr(self.lr):
             bad('lr', LR_EXPECTED)
         if self.momentum is not None and not is_momentum(self.momentum):

@@ -24,6 +24,7 @@ from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
 from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
     split_states
+from ..core.nodes import Group, from_environment
 from ..core.pipeline import Pipeline
 from ..core.schedule import VIRTUAL
 from ..core.tensor_parallel import unsplit
@@ -72,7 +73,7 @@ def build_pipeline(cfg, task):
     try:
         pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
                         replicas=cfg.replicas, mirror=cfg.mirror, schedule=cfg.schedule,
-                        virtual=cfg.virtual)
+                        virtual=cfg.virtual, nodes=cfg.nodes, node_timeout=cfg.node_timeout)
     except ValueError as err:
         field, _, rest = str(err).partition(': ')
         if field != 'sample':
@@ -201,9 +202,14 @@ class TrainResult:
         raise AttributeError(name)
 
 
-def _read_block(losses, start, stop, epoch):
+def read_losses(losses):
+    """The values of batch losses (NDArrays)."""
+    return mx.nd.stack(*losses).asnumpy().ravel()
+
+
+def _read_block(stepper, losses, start, stop, epoch):
     """Values of ``losses[start:stop]``; raises at the first non-finite one."""
-    values = mx.nd.stack(*losses[start:stop]).asnumpy().ravel()
+    values = np.asarray(getattr(stepper, 'read_losses', read_losses)(losses[start:stop]))
     bad = np.flatnonzero(~np.isfinite(values))
     if len(bad):
         raise TrainingDiverged('training diverged: batch loss %s at epoch %d, step %d (lower '
@@ -239,9 +245,10 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
                 losses.append(stepper.step(X_batch, y_batch))
                 bar.update()
                 if len(losses) % CHECK_EVERY == 0 and len(losses) > CHECK_EVERY:
-                    values += _read_block(losses, len(values), len(losses) - CHECK_EVERY,
+                    values += _read_block(stepper, losses, len(values),
+                                          len(losses) - CHECK_EVERY,
                                           epoch)
-            values += _read_block(losses, len(values), len(losses), epoch)
+            values += _read_block(stepper, losses, len(values), len(losses), epoch)
             step_losses += values
             epoch_losses.append(float(np.mean(values)))
             bar.set_postfix(loss='%.3g' % epoch_losses[-1])
@@ -345,6 +352,8 @@ class _Checkpointer:
 
     def __init__(self, store, cfg, task, pipe, stepper, epoch_losses, log):
         self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
+        # over nodes, every node writes its stages' part (node 0 holds the store)
+        self.group = None if pipe.nodes is None else Group(pipe.nodes)
         self.log = log
         self.epoch_losses = list(epoch_losses)
         with unsplit():  # a checkpoint holds the model, not its shards
@@ -354,7 +363,7 @@ class _Checkpointer:
         self.last = None
 
     def commit(self, epoch, result=None, complete=False):
-        if self.store is None:  # a data-parallel worker other than worker 0
+        if self.store is None and self.group is None:  # a dist_sync worker but worker 0
             return None
         arg, aux = self.stepper.arg_aux()
         arg = self.pipe.gather_params(arg)  # tensor-parallel layers by their unsplit names
@@ -362,7 +371,9 @@ class _Checkpointer:
         summary = _summary(self.cfg, self.task, self.pipe,
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
         self.last = commit_checkpoint(self.store, self.task.name, epoch, self.symbol, arg, aux,
-                                      states, summary, complete)
+                                      states, summary, complete, group=self.group)
+        if self.last is None:  # a node but node 0: node 0 committed every node's part
+            return None
         note = self.last.snapshot.held_note()
         if note:  # older snapshots a reader holds stay beside it: say so
             self.log(note)
@@ -419,6 +430,10 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
         log('memory per device: not measured (the table binds the one GPipe graph; under '
             '--schedule %s, python -m bench.schedules measures each stage\'s)' % cfg.schedule)
         return None
+    if pipe.nodes is not None:
+        log('memory per device: not measured per node here (python -m bench.nodes measures '
+            'each node\'s beside one process)')
+        return None
     from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
     local = cfg.batch_size // cfg.replicas
     symbol = pipe.training_symbol(task.graph_loss, label_name=task.label)
@@ -440,6 +455,11 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
         for line in format_memory(result[key], title):
             log(line if line.startswith('  ') else '    ' + line)
     return result
+
+
+def node_rank(cfg):
+    """This process's node (0 without nodes)."""
+    return 0 if cfg.nodes == 1 else from_environment(cfg.nodes, cfg.node_timeout).rank
 
 
 def load(cfg):
@@ -487,7 +507,8 @@ def train(cfg, log=print, built=None, task=None):
     kvstore = mx.kv.create(cfg.kvstore) if (cfg.kvstore or '').startswith('dist') else None
     if kvstore is not None:
         hold_kvstore(kvstore)  # a failed worker must not wait in its destructor's barrier
-    writer = kvstore is None or kvstore.rank == 0  # one worker writes the checkpoints
+    # one worker (one node) holds the store and commits the checkpoints
+    writer = (kvstore is None or kvstore.rank == 0) and node_rank(cfg) == 0
     if kvstore is not None:
         log('worker %d of %d (kvstore %s); %s' % (
             kvstore.rank, kvstore.num_workers, cfg.kvstore,
@@ -539,8 +560,8 @@ def train(cfg, log=print, built=None, task=None):
                 '%s (a larger --lr or more --epochs?)'
                 % (report.score_name, before.score, report.score, cfg.num_epochs,
                    'its last epoch is kept in %s, marked incomplete'
-                   % os.path.join(cfg.out_dir, 'current') if checkpoint is not None
-                   else 'no checkpoint is written by this worker'))
+                   % os.path.join(cfg.out_dir, 'current') if checkpoint is not None or
+                   pipe.nodes is not None else 'no checkpoint is written by this worker'))
     log('parameters sha256: %s' % params_digest(result.params))
     if checkpoint is None:
         return result

@@ -24,6 +24,7 @@ from ..core.updater import PerDeviceUpdater
 from ..core.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.task import as_inputs
 from ..core.compat import split_bind
+from ..core.nodes import Group
 
 __all__ = []
 
@@ -62,8 +63,12 @@ class _SymbolicStepper:
 
     @property
     def param_names(self):
-        return [n for n in self._exec.arg_dict
-                if n not in self.data_names and n != self.label_name]
+        inputs = set(self._inputs())
+        return [n for n in self._exec.arg_dict if n not in inputs]
+
+    def _inputs(self):
+        """The executors' arguments that are not parameters."""
+        return list(self.data_names) + [self.label_name]
 
     def params(self):
         return OrderedDict((n, self._exec.arg_dict[n].asnumpy()) for n in self.param_names)
@@ -148,15 +153,22 @@ class ModuleStepper(_SymbolicStepper):
         # pylint: disable=protected-access
         self._execs = self.module._exec_group.execs
         self._local = local
+        nodes = pipe.nodes
+        self._group = None if nodes is None else Group(nodes, 'share the losses')
+        self._holds_head = nodes is None or nodes.rank == self.plan.node_of_stage[-1]
+
+    def _inputs(self):
+        # over nodes, also the tensors this node receives from another
+        return list(self.module.data_names) + list(self.module.label_names) + \
+            [self.label_name]
 
     def step(self, X, y):
         self.module.forward(mx.io.DataBatch(data=list(as_inputs(X)), label=[y]), is_train=True)
         self.module.backward()
         self.module.update()
-        if self.pipe.schedule == 'gpipe':
-            return self._loss()
-        # the stage runtime's outputs, each replica's part of the batch (its
-        # one-graph executors hold the parameters only)
+        if not self._holds_head:
+            return None  # the loss is the last node's (read_losses shares it)
+        # the head's output, each replica's part of the batch
         outputs = self.module.get_outputs(merge_multi_context=False)[0]
         part = len(y) // len(outputs)
         losses = [self.task.batch_loss(o, y[r * part:(r + 1) * part].as_in_context(o.context))
@@ -168,8 +180,37 @@ class ModuleStepper(_SymbolicStepper):
         for batch, count in padded_batches(X, self._local):  # the bound batch size
             self.module.forward(mx.io.DataBatch(data=[mx.nd.array(b) for b in batch]),
                                 is_train=False)
-            outputs.append(self.module.get_outputs()[0].asnumpy()[:count])
-        return np.concatenate(outputs)
+            if self._holds_head:
+                outputs.append(self.module.get_outputs()[0].asnumpy()[:count])
+        return self._shared(np.concatenate(outputs) if outputs else None)
+
+    # -- over nodes: what the node of the loss head holds, shared -----------
+
+    def _shared(self, value):
+        """``value`` of the node holding the loss head, on every node."""
+        if self._group is None:
+            return value
+        return self._group.broadcast(value, self.plan.node_of_stage[-1])
+
+    def read_losses(self, losses):
+        """The batch losses' values (over nodes, the last node's, on every node)."""
+        return self._shared(mx.nd.stack(*losses).asnumpy().ravel() if self._holds_head
+                            else None)
+
+    def _everyone(self, values):
+        """Every node's ``values`` (name -> array) in one dict, on every node."""
+        if self._group is None:
+            return values
+        merged = OrderedDict()
+        for part in self._group.gather(values):
+            merged.update(part)
+        return merged
+
+    def params(self):
+        return self._everyone(super().params())
+
+    def aux(self):
+        return self._everyone(super().aux())
 
     def arg_aux(self):
         """``(arg_params, aux_params)`` as NDArrays on ``cpu()``."""
