@@ -275,9 +275,12 @@ class DevicePlan:
         return [d for devices in self.stage_devices for stage in devices for d in stage]
 
     def stage_label(self, stage):
-        """The stage's device(s) in each replica: ``'cpu(1)'``, ``'cpu(1)+cpu(2), cpu(4)+cpu(5)'``."""
-        return ', '.join('+'.join(str(d) for d in devices[stage])
-                         for devices in self.stage_devices)
+        """The stage's device(s) in each replica: ``'cpu(1)'``, ``'cpu(1)+cpu(2), cpu(4)+cpu(5)'``;
+        over nodes, its node's first: ``'node 1 cpu(0)'``."""
+        devices = ', '.join('+'.join(str(d) for d in devices[stage])
+                            for devices in self.stage_devices)
+        return devices if self.num_nodes == 1 else 'node %d %s' % (self.node_of_stage[stage],
+                                                                   devices)
 
     @property
     def spec(self):

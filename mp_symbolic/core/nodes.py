@@ -273,7 +273,7 @@ def _first_line(err):
     # gloo prefixes its messages with the source file: [.../gloo/transport/tcp/pair.cc:553]
     if text.startswith('[') and '] ' in text:
         text = text.split('] ', 1)[1]
-    return excerpt(text, 160)
+    return excerpt(text.split('. ', 1)[0].rstrip('.'), 160)  # its first sentence
 
 
 _TORCH_DTYPES = {}

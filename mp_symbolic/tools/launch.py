@@ -131,6 +131,45 @@ def worker_argv(command, subcommands=()):
     return PROGRAM + tuple(command)
 
 
+def node_argv(command, num_nodes, subcommands=()):
+    """The command node processes run for the launch's ``COMMAND``:
+    :func:`worker_argv`'s, with ``--nodes N`` added to one of
+    ``subcommands`` (unless it already has ``--nodes``) instead of a kvstore."""
+    command = list(command)
+    if command[0] in subcommands and not any(
+            arg == '--nodes' or arg.startswith('--nodes=') for arg in command):
+        command += ['--nodes', str(num_nodes)]
+    if command[0] in subcommands:
+        return PROGRAM + tuple(command)
+    return worker_argv(command, subcommands)
+
+
+def plan_nodes(command, num_nodes, hosts, port, subcommands=()):
+    """The node processes of one job of pipeline stages over nodes: node
+    ``k`` on host ``k mod len(hosts)``, each with the rendezvous
+    torch.distributed reads (``MASTER_ADDR``: the first host, ``MASTER_PORT``,
+    ``RANK``, ``WORLD_SIZE``) and ``--nodes N`` added to a package command.
+
+    Raises:
+        ValueError: ``num_nodes`` is not a positive integer, ``hosts`` or
+            ``command`` is empty.
+    """
+    positive_int('--nodes', num_nodes)
+    if not command:
+        raise ValueError('expected a command after --, as in "launch --nodes 2 -- train '
+                         '--devices cpu:0,cpu:1", found none')
+    if not hosts:
+        raise ValueError('expected at least one host, found none')
+    argv = node_argv(command, num_nodes, subcommands)
+    nodes = []
+    for k in range(num_nodes):
+        host = hosts[k % len(hosts)][0]
+        env = (('MASTER_ADDR', hosts[0][1]), ('MASTER_PORT', str(port)), ('RANK', str(k)),
+               ('WORLD_SIZE', str(num_nodes)), ('LOCAL_RANK', str(k // len(hosts))))
+        nodes.append(Node('node', k, host, env, argv))
+    return nodes
+
+
 def read_hostfile(path):
     """The host names in ``path``: one a line, ``#`` starts a comment.
 
@@ -529,24 +568,26 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
                                       'stopped the other %s of the job' % _plural(
                                           others, 'process')
                                       if others else 'no other process of the job was running'))
-            silent = [c for c in running if c.node.role == 'worker'
+            silent = [c for c in running if c.node.role in ('worker', 'node')
                       and progress_timeout is not None
                       and now - c.last_output >= progress_timeout]
             if silent:
                 return finish(EXIT_FAILED, _silent_message(running, now, progress_timeout))
             if not running:
-                return finish(0, 'launch: %s, %s: all exited 0 in %.1f s' % (
-                    _plural(sum(n.role == 'worker' for n in nodes), 'worker'),
-                    _plural(sum(n.role == 'server' for n in nodes), 'server'),
+                return finish(0, 'launch: %s: all exited 0 in %.1f s' % (
+                    ', '.join(_plural(sum(n.role == role for n in nodes), role)
+                              for role in ('node', 'worker', 'server')
+                              if any(n.role == role for n in nodes)),
                     time.monotonic() - start))
             # Once every worker, or the scheduler, has exited 0, the job is over:
-            # the rest get `timeout` seconds to end by themselves.
-            if over_since is None:
+            # the rest get `timeout` seconds to end by themselves (node processes
+            # are peers: their job is over when all have ended).
+            if over_since is None and any(n.role == 'scheduler' for n in nodes):
                 roles = {c.node.role for c in running}
                 if 'worker' not in roles or 'scheduler' not in roles:
                     over_since = time.monotonic()
                     ended_first = 'every worker' if 'worker' not in roles else 'the scheduler'
-            elif time.monotonic() - over_since > timeout:
+            elif over_since is not None and time.monotonic() - over_since > timeout:
                 return finish(EXIT_FAILED, 'error: %s exited 0 but %s did not end within '
                               '%g s after; stopped %s' % (
                                   ended_first, ', '.join(c.node.name for c in running),
@@ -656,22 +697,31 @@ def add_launch_parser(commands, subcommands=None):
     """
     subcommands = dict(subcommands or {})
     parser = commands.add_parser(
-        'launch', help='run one distributed-kvstore job: a scheduler, servers and workers',
+        'launch', help='run one distributed-kvstore job (a scheduler, servers and workers) '
+                       'or one pipeline over node processes (--nodes)',
         description='Start one MXNet distributed-kvstore (ps-lite) job: a scheduler, '
-                    'S servers and W workers, each worker running COMMAND. A COMMAND that '
-                    'starts with %s runs "python -m mp_symbolic COMMAND --kvstore '
-                    'dist_sync", its options checked before any process starts; one that '
+                    'S servers and W workers, each worker running COMMAND; or, with --nodes '
+                    'N, N node processes of one pipeline, each running COMMAND. A COMMAND '
+                    'that starts with %s runs "python -m mp_symbolic COMMAND --kvstore '
+                    'dist_sync" (with --nodes: "--nodes N"), its options checked before '
+                    'any process starts; one that '
                     'starts with a FILE.py runs "python FILE.py ..." with the launcher\'s '
                     'Python; any other runs as given. Every output line is '
                     'prefixed with its process; if any process dies, the others are '
                     'stopped and the launcher exits 1.' % (' or '.join(subcommands) or 'no name'),
-        usage='python -m mp_symbolic launch --workers W --servers S [--port P] '
-              '[--hostfile FILE] [--mode local|ssh|manual] [--timeout SECONDS] '
+        usage='python -m mp_symbolic launch (--workers W --servers S | --nodes N) '
+              '[--port P] [--hostfile FILE] [--mode local|ssh|manual] [--timeout SECONDS] '
               '[--stopped-timeout SECONDS] [--progress-timeout SECONDS] -- COMMAND...')
-    parser.add_argument('--workers', type=int, required=True, metavar='W',
+    parser.add_argument('--workers', type=int, default=None, metavar='W',
                         help='worker processes; each runs COMMAND')
-    parser.add_argument('--servers', type=int, required=True, metavar='S',
+    parser.add_argument('--servers', type=int, default=None, metavar='S',
                         help='parameter-server processes')
+    parser.add_argument('--nodes', type=int, default=None, metavar='N',
+                        help='instead of a kvstore job: N node processes of one pipeline, '
+                             'its stages divided over them (each runs COMMAND, a package '
+                             'command given --nodes N), with the rendezvous torch.distributed '
+                             'reads (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE); node k on '
+                             'host k of the hostfile, round-robin')
     parser.add_argument('--port', type=int, default=None, metavar='P',
                         help='port the scheduler listens on (default: a free port here)')
     parser.add_argument('--hostfile', default=None, metavar='FILE',
@@ -729,12 +779,24 @@ def _check(args, subcommands):
                          % args.progress_timeout)
     if args.port is not None and not 0 < args.port < 65536:
         raise ValueError('--port: expected a port number in 1..65535, found %d' % args.port)
+    if args.nodes is not None and (args.workers is not None or args.servers is not None):
+        raise ValueError('--nodes: expected it alone or --workers and --servers (a kvstore '
+                         'job), found both')
+    if args.nodes is None and (args.workers is None or args.servers is None):
+        raise ValueError('expected --workers W and --servers S (a kvstore job) or --nodes N '
+                         '(a pipeline over node processes), found %s'
+                         % ('--workers alone' if args.workers is not None else
+                            '--servers alone' if args.servers is not None else 'none of them'))
     command = args.job_command[1:] if args.job_command[:1] == ['--'] else args.job_command
-    if command and command[0] in subcommands:
-        subcommands[command[0]](command)  # the worker's options, before any process starts
+    if command and command[0] in subcommands:  # the processes' options, before any starts
+        subcommands[command[0]](list(node_argv(command, args.nodes, subcommands)[
+            len(PROGRAM):]) if args.nodes is not None else command)
     hosts = _hosts(args)
     port = args.port if args.port is not None else free_port()
-    nodes = plan_job(command, args.workers, args.servers, hosts, port, subcommands)
+    if args.nodes is not None:
+        nodes = plan_nodes(command, args.nodes, hosts, port, subcommands)
+    else:
+        nodes = plan_job(command, args.workers, args.servers, hosts, port, subcommands)
     if args.mode == 'local':
         if args.port is not None:
             check_port_free(port)
@@ -764,9 +826,14 @@ def run_launch(args, subcommands=None):
     if args.mode == 'manual':
         print(manual_script(nodes, cwd))
         return 0
-    print('launch: scheduler at %s:%d, %s, %s (%s mode)' % (
-        dict(nodes[0].env)['DMLC_PS_ROOT_URI'], port, _plural(args.servers, 'server'),
-        _plural(args.workers, 'worker'), args.mode), flush=True)
+    if args.nodes is not None:
+        print('launch: %s, rendezvous at %s:%d (%s mode)' % (
+            _plural(args.nodes, 'node'), dict(nodes[0].env)['MASTER_ADDR'], port, args.mode),
+            flush=True)
+    else:
+        print('launch: scheduler at %s:%d, %s, %s (%s mode)' % (
+            dict(nodes[0].env)['DMLC_PS_ROOT_URI'], port, _plural(args.servers, 'server'),
+            _plural(args.workers, 'worker'), args.mode), flush=True)
     if args.mode == 'ssh':
         # Tested only with a stand-in ssh (none on the machine this was written on).
         # -tt gives the remote command a terminal, so ending ssh hangs it up and ends it.

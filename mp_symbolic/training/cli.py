@@ -237,6 +237,29 @@ def _check_worker(argv):
                          % (shown_path(cfg.task), shown_path(cfg.task)))
 
 
+def _restarted(args):
+    """``{'resume': OUT}`` for a run torchrun restarted after a failure
+    (``TORCHELASTIC_RESTART_COUNT`` above 0) whose ``--out`` holds a
+    committed checkpoint and that resumes nothing else: it continues where
+    the job left off. Else ``{}``."""
+    # pylint: disable=import-outside-toplevel
+    from ..tools.store import Store
+    restarts = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
+    out = getattr(args, 'out', None)
+    if not (restarts.isdigit() and int(restarts) > 0) or out is None or \
+            getattr(args, 'resume', None) is not None:
+        return {}
+    try:
+        committed = Store(out).has_snapshot()
+    except (OSError, ValueError):
+        return {}
+    if committed:
+        print('torchrun restart %s: resuming from the last checkpoint committed in %s'
+              % (restarts, out), flush=True)
+        return {'resume': out}
+    return {}
+
+
 def config_from_args(args, argv=None, **overrides):
     """The :class:`TrainConfig` for parsed ``args`` (fields it has).
 
@@ -342,7 +365,7 @@ def main(argv=None):
     from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, load, train
     spec = None
     try:
-        cfg = config_from_args(args, argv)
+        cfg = config_from_args(args, argv, **_restarted(args))
         check_dist_environment(cfg.kvstore)  # dist_sync: only in a process launch started
         spec = cfg.task
         task, cfg = load(cfg)

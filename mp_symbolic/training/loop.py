@@ -313,6 +313,8 @@ def _title(cfg, task, pipe):
         extra += ', schedule %s' % cfg.schedule
         if cfg.schedule in VIRTUAL:
             extra += ' (%d stages per device)' % pipe.virtual
+    if pipe.nodes is not None:
+        extra += ', over %d nodes (this is node %d)' % (pipe.nodes.count, pipe.nodes.rank)
     if cfg.mirror:
         extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:
