@@ -1,14 +1,16 @@
-"""One node process of the node tests: ``python tests/nodes_worker.py --out F ...``.
+"""One node process of the node tests: ``python tests/nodes_worker.py --out F --table T``.
 
 Builds the language model of ``tests/test_stages.py`` (tiny, seeded), a
 ``Pipeline(..., nodes=N)`` over it (``--nodes 1``: one process, the
-reference), trains ``--steps`` Adam steps through ``pipe.module()`` on fixed
-batches and writes what this process holds to ``F<rank>.npz``: its
+reference), trains three Adam steps through ``pipe.module()`` on fixed batches, for each
+configuration of the table, and writes what this process holds to
+``F<k>_<rank>.npz``: its
 parameters (by their unsplit names), its optimizer states, and the last
 batch's outputs where it runs the loss head. :func:`train` is the same run
 in the caller's process.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -67,23 +69,20 @@ def _arrays_of(spec):
 
 
 def main():
+    """Trains each configuration of ``--table`` (a JSON list of
+    :func:`train`'s keyword arguments) in turn, in this one node process
+    (one process group for all), writing ``OUT<k>_<rank>.npz`` for the
+    ``k``-th."""
     parser = argparse.ArgumentParser()
     parser.add_argument('--out', required=True)
-    parser.add_argument('--devices', required=True)
     parser.add_argument('--nodes', type=int, default=1)
-    parser.add_argument('--chunks', type=int, default=1)
-    parser.add_argument('--replicas', type=int, default=1)
-    parser.add_argument('--schedule', default='1f1b')
-    parser.add_argument('--virtual', type=int, default=None)
-    parser.add_argument('--steps', type=int, default=3)
-    parser.add_argument('--shards', type=int, default=1)
-    parser.add_argument('--whole', action='store_true')
+    parser.add_argument('--table', required=True)
     args = parser.parse_args()
-    held, outputs = train(args.devices, args.nodes, args.chunks, args.replicas, args.schedule,
-                          args.steps, args.shards, args.whole, virtual=args.virtual)
-    if outputs is not None:
-        held['outputs'] = outputs
-    np.savez('%s%s.npz' % (args.out, os.environ.get('RANK', '0')), **held)
+    for k, config in enumerate(json.loads(args.table)):
+        held, outputs = train(nodes=args.nodes, **config)
+        if outputs is not None:
+            held['outputs'] = outputs
+        np.savez('%s%d_%s.npz' % (args.out, k, os.environ.get('RANK', '0')), **held)
 
 
 if __name__ == '__main__':

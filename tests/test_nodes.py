@@ -3,9 +3,13 @@
 process computes, under every schedule, with micro-batches, replicas,
 tensor-parallel shards and a whole network's cut; a plan that cannot run
 is refused in one line before any node waits on another."""
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +19,7 @@ from mp_symbolic.core import nodes as node_processes
 from mp_symbolic.training.tasks import gpt, lm
 
 import nodes_worker
+from conftest import reserved_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, 'tests', 'nodes_worker.py')
@@ -26,13 +31,15 @@ def node_env(rank, count, port, **more):
                 MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(count), **more)
 
 
-def run_nodes(tmp_path, port, count, argv, timeout=300):
-    """Runs ``nodes_worker.py`` as ``count`` node processes; returns every
-    array they hold, by name (asserting no two nodes hold the same one),
-    and each node's names."""
-    out = str(tmp_path / 'node')
-    procs = [subprocess.Popen([sys.executable, WORKER, '--out', out, '--nodes', str(count)]
-                              + argv, env=node_env(rank, count, port), cwd=ROOT,
+def run_nodes(folder, port, count, table, timeout=300):
+    """Runs ``nodes_worker.py`` as ``count`` node processes over every
+    configuration of ``table`` (dicts of ``nodes_worker.train``'s keywords);
+    returns per configuration every array they hold, by name (asserting no
+    two nodes hold the same one), and each node's names."""
+    out = os.path.join(folder, 'node')
+    procs = [subprocess.Popen([sys.executable, WORKER, '--out', out, '--nodes', str(count),
+                               '--table', json.dumps(table)],
+                              env=node_env(rank, count, port), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in range(count)]
     try:
@@ -42,44 +49,51 @@ def run_nodes(tmp_path, port, count, argv, timeout=300):
             p.kill()
     for p, (_, err) in zip(procs, ended):
         assert p.returncode == 0, err[-3000:]
-    held, names = {}, []
-    for rank in range(count):
-        with np.load('%s%d.npz' % (out, rank)) as data:
-            mine = dict(data)
-        assert not set(mine) & set(held), sorted(set(mine) & set(held))
-        names.append(set(mine))
-        held.update(mine)
-    return held, names
+    results = []
+    for k in range(len(table)):
+        held, names = {}, []
+        for rank in range(count):
+            with np.load('%s%d_%d.npz' % (out, k, rank)) as data:
+                mine = dict(data)
+            assert not set(mine) & set(held), sorted(set(mine) & set(held))
+            names.append(set(mine))
+            held.update(mine)
+        results.append((held, names))
+    return results
 
 
 # (devices, schedule, micro-batches, replicas, shards, whole network, virtual)
 TABLE = [
-    ('cpu:0,cpu:1', '1f1b', 2, 1, 1, False, None),
-    ('cpu:0,cpu:1,cpu:2', 'gpipe', 4, 1, 1, False, None),
-    ('cpu:0,cpu:1,cpu:2,cpu:3', '1f1b', 2, 2, 1, False, None),
-    ('cpu:0+cpu:1,cpu:2+cpu:3', '1f1b', 2, 1, 2, False, None),
-    ('cpu:0,cpu:1,cpu:2', 'gpipe', 2, 1, 1, True, None),
-    ('cpu:0,cpu:1', 'interleaved', 4, 1, 1, False, 2),
+    dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2),
+    dict(devices='cpu:0,cpu:1,cpu:2', schedule='gpipe', chunks=4),
+    dict(devices='cpu:0,cpu:1,cpu:2,cpu:3', schedule='1f1b', chunks=2, replicas=2),
+    dict(devices='cpu:0+cpu:1,cpu:2+cpu:3', schedule='1f1b', chunks=2, shards=2),
+    dict(devices='cpu:0,cpu:1,cpu:2', schedule='gpipe', chunks=2, whole=True),
+    dict(devices='cpu:0,cpu:1', schedule='interleaved', chunks=4, virtual=2),
 ]
 
 
-@pytest.mark.parametrize('devices, schedule, chunks, replicas, shards, whole, virtual', TABLE)
-def test_two_nodes_compute_what_one_process_computes_after_three_adam_steps(
-        tmp_path, port, devices, schedule, chunks, replicas, shards, whole, virtual):
-    argv = ['--devices', devices, '--schedule', schedule, '--chunks', str(chunks),
-            '--replicas', str(replicas), '--shards', str(shards)] + \
-        (['--whole'] if whole else []) + (['--virtual', str(virtual)] if virtual else [])
-    held, names = run_nodes(tmp_path, port, 2, argv)
-    expected, outputs = nodes_worker.train(devices, 1, chunks, replicas, schedule, 3, shards,
-                                           whole, virtual=virtual)
+@pytest.fixture(scope='module')
+def two_nodes(tmp_path_factory):
+    """Every configuration of :data:`TABLE` trained by two node processes."""
+    with reserved_port() as port:
+        return run_nodes(str(tmp_path_factory.mktemp('nodes')), port, 2, TABLE)
+
+
+@pytest.mark.parametrize('k', range(len(TABLE)),
+                         ids=['-'.join('%s=%s' % i for i in c.items()) for c in TABLE])
+def test_two_nodes_compute_what_one_process_computes_after_three_adam_steps(two_nodes, k):
+    held, names = two_nodes[k]
+    expected, outputs = nodes_worker.train(**TABLE[k])
     expected['outputs'] = outputs
     # every parameter and optimizer state once, on the node of its stage
     assert sorted(held) == sorted(expected)
-    assert all(any(k.startswith('param:') for k in mine) for mine in names)
+    assert all(any(key.startswith('param:') for key in mine) for mine in names)
     for name, value in expected.items():
         # the cross-node copies change no bit; GPipe's one graph of every
-        # micro-batch sums the gradients in another order than the stages
-        tolerance = 0 if schedule != 'gpipe' else 1e-5
+        # micro-batch (the reference in one process) sums the gradients in
+        # another order than the stages
+        tolerance = 0 if TABLE[k]['schedule'] != 'gpipe' else 1e-5
         np.testing.assert_allclose(held[name], value, rtol=tolerance, atol=tolerance,
                                    err_msg=name)
 
@@ -180,3 +194,206 @@ def test_the_makefile_installs_the_torch_the_nodes_extra_pins():
     with open(os.path.join(ROOT, 'pyproject.toml')) as f:
         extra = re.search(r'^nodes = \["([^"]+)"\]$', f.read(), re.M).group(1)
     assert makefile == extra == 'torch==2.13.0'
+
+
+# -- the command line over nodes: launch, faults, torchrun ---------------------------------
+
+REGRESSION = ['train', '--devices', 'cpu:0,cpu:1', '--schedule', '1f1b', '--chunks', '2',
+              '--optimizer', 'adam', '--no-memory', '--no-progress', '--num-examples', '400']
+LAUNCH_TIMEOUT = 180
+
+
+def _digest(text):
+    found = [line.split()[-1] for line in text.splitlines() if 'parameters sha256:' in line]
+    assert found, text[-3000:]
+    return found
+
+
+def _launch(argv, port, **kwargs):
+    return subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch', '--port', str(port)]
+                          + argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT,
+                                                     MXNET_SUBGRAPH_VERBOSE='0'),
+                          capture_output=True, text=True, timeout=LAUNCH_TIMEOUT, **kwargs)
+
+
+def _train_here(argv, capsys):
+    """``python -m mp_symbolic`` ``argv`` run in this process: its stdout."""
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    capsys.readouterr()
+    status = cli_status(cli.main, argv)
+    out = capsys.readouterr()
+    assert status == 0, out.err[-3000:]
+    return out.out
+
+
+def test_launch_nodes_trains_as_one_process_and_its_checkpoint_resumes_in_one_and_exports(
+        tmp_path, port, capsys):
+    """Two node processes under ``launch --nodes 2``: every node reports the
+    one process's parameters; the checkpoint the nodes committed together is
+    the unsplit model, resumed in one process as an uninterrupted run and
+    exported."""
+    from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
+    result = _launch(['--nodes', '2', '--'] + REGRESSION + ['--epochs', '2', '--out',
+                                                             str(tmp_path / 'nodes')], port)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith('launch: 2 nodes: all exited 0 in')
+    assert '[node 1] regression: symbolic (module API) model-parallel training' in result.stdout
+    nodes = _digest(result.stdout)
+    one = _digest(_train_here(REGRESSION + ['--epochs', '2', '--out', str(tmp_path / 'one')],
+                              capsys))
+    assert len(nodes) == 2 and set(nodes) == set(one)
+    _, arg, aux = read_checkpoint(str(tmp_path / 'nodes')).load()
+    _, ref, _ = read_checkpoint(str(tmp_path / 'one')).load()
+    assert sorted(arg) == sorted(ref) and not aux
+    for name, value in ref.items():
+        np.testing.assert_array_equal(arg[name].asnumpy(), value.asnumpy(), err_msg=name)
+    # resumed in one process: the run of 3 epochs in one process
+    resumed = _digest(_train_here(['train', '--resume', str(tmp_path / 'nodes'), '--epochs', '3',
+                                   '--no-progress', '--no-memory'], capsys))
+    whole = _digest(_train_here(REGRESSION + ['--epochs', '3', '--out', str(tmp_path / 'three')],
+                                capsys))
+    assert resumed == whole
+    from export.__main__ import main as export_main  # pylint: disable=import-outside-toplevel
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    assert cli_status(export_main, ['--checkpoint', str(tmp_path / 'nodes'), '--out',
+                                    str(tmp_path / 'export')]) == 0
+
+
+def _gone(pids):
+    return all(not os.path.exists('/proc/%d' % pid) or
+               open('/proc/%d/stat' % pid).read().split(') ')[-1].startswith('Z')
+               for pid in pids)
+
+
+def _pids(text):
+    line = next(l for l in text.splitlines() if l.startswith('launch: pids: '))
+    return {name: int(pid) for name, pid in
+            (entry.rsplit(' ', 1) for entry in line[len('launch: pids: '):].split(', '))}
+
+
+def test_a_node_killed_ends_the_other_in_one_line_naming_it_and_keeps_the_checkpoint(
+        tmp_path, port):
+    from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
+    out = tmp_path / 'run'
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'mp_symbolic', 'launch', '--port', str(port), '--nodes', '2',
+         '--'] + REGRESSION + ['--epochs', '100000', '--out', str(out)],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0'),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while Store(str(out)).current() is None and proc.poll() is None:
+            time.sleep(0.2)  # until the nodes committed their first checkpoint together
+        first = proc.stdout.readline()
+        while not first.startswith('launch: pids: '):
+            first = proc.stdout.readline()
+        pids = _pids(first)
+        os.kill(pids['node 1'], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr[-3000:]
+    own = [l for l in stderr.splitlines() if not l.startswith('[')]
+    assert own == ['error: node 1 (pid %d) was killed by SIGKILL; stopped the other 1 process '
+                   'of the job' % pids['node 1']], stderr[-3000:]
+    node0 = [l for l in (stdout + stderr).splitlines() if l.startswith('[node 0] error: ')]
+    # the survivor names the node that died, if it noticed before the launcher stopped it
+    assert not node0 or node0[0].startswith('[node 0] error: nodes: node 1 (stage 1) hung up') \
+        or 'terminated (SIGTERM)' in node0[0], node0
+    assert _gone(pids.values())
+    assert Store(str(out)).current().meta['epoch'] >= 1  # the last commit, whole
+
+
+def test_a_stopped_node_ends_the_others_at_the_node_timeout_in_one_line(tmp_path, port):
+    """Without a launcher watching: node 1 stopped (SIGSTOP), node 0 ends at
+    ``--node-timeout`` naming it."""
+    procs = [subprocess.Popen([sys.executable, '-m', 'mp_symbolic'] + REGRESSION +
+                              ['--epochs', '100000', '--nodes', '2', '--node-timeout', '3',
+                               '--out', str(tmp_path / 'run')],
+                              env=node_env(rank, 2, port), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        for line in procs[1].stdout:
+            if line.startswith('epoch 1/'):
+                break
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        _, stderr = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 1
+    lines = stderr.strip().splitlines()
+    # node 0 was waiting on node 1 for a tensor (naming its stage) or for a commit
+    assert len(lines) == 1 and re.match(
+        r'error: nodes: node 1( \(stage 1\))?(, waited for by node 0 to [a-z ]+,)? did not '
+        r'answer within 3 s \(--node-timeout\): it is stopped, wedged or unreachable; node 0 '
+        r'ended', lines[0]), stderr[-3000:]
+
+
+def test_torchrun_restarts_a_killed_node_from_the_last_checkpoint_to_the_uninterrupted_result(
+        tmp_path, port, capsys):
+    out = tmp_path / 'run'
+    argv = [sys.executable, '-m', 'mp_symbolic.tools.torchrun', '--nnodes', '1',
+            '--nproc-per-node', '2', '--max-restarts', '1', '--rdzv-backend', 'c10d',
+            '--rdzv-endpoint', '127.0.0.1:%d' % port, '-m', 'mp_symbolic'] + REGRESSION + \
+        ['--epochs', '4', '--nodes', '2', '--out', str(out)]
+    env = dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0')
+    for name in node_processes.RENDEZVOUS:
+        env.pop(name, None)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
+        while (Store(str(out)).current() is None or
+               Store(str(out)).current().meta['epoch'] < 1) and proc.poll() is None:
+            time.sleep(0.1)
+        node1 = [pid for pid in map(int, filter(str.isdigit, os.listdir('/proc')))
+                 if _environ(pid).get('RANK') == '1' and str(out) in _cmdline(pid)]
+        assert len(node1) == 1
+        os.kill(node1[0], signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stdout[-3000:]
+    assert 'torchrun restart 1: resuming from the last checkpoint committed in %s' % out \
+        in stdout
+    restarted = _digest(stdout)
+    whole = _digest(_train_here(REGRESSION + ['--epochs', '4', '--out', str(tmp_path / 'one')],
+                                capsys))
+    assert set(restarted) == set(whole), stdout[-3000:]
+
+
+def _environ(pid):
+    try:
+        with open('/proc/%d/environ' % pid, 'rb') as f:
+            items = f.read().split(b'\0')
+    except OSError:
+        return {}
+    return dict(i.decode('utf-8', 'replace').split('=', 1) for i in items if b'=' in i)
+
+
+def _cmdline(pid):
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as f:
+            return f.read().decode('utf-8', 'replace')
+    except OSError:
+        return ''
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['train', '--nodes', '2'], 'error: --nodes: expected a rendezvous for 2 node processes'),
+    (['train', '--nodes', '2', '--variant', 'imperative'],
+     "error: --nodes: expected variant 'symbolic' with them"),
+    (['launch', '--nodes', '2', '--workers', '1', '--', 'train'],
+     'error: --nodes: expected it alone or --workers and --servers'),
+])
+def test_nodes_the_command_line_cannot_run_are_refused_in_one_line(monkeypatch, capsys, argv,
+                                                                   message):
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    for name in node_processes.RENDEZVOUS:
+        monkeypatch.delenv(name, raising=False)
+    assert cli_status(cli.main, argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), lines

@@ -171,9 +171,20 @@ def join(nodes):
             raise NodeError('nodes: expected one job per process, found this process already '
                             'node %d of %d' % (dist.get_rank(), dist.get_world_size()))
         return
+    timeout = datetime.timedelta(seconds=nodes.timeout)
+    host, port = nodes.address.rsplit(':', 1)
+    # torchrun hosts the store in its agent and keeps it across restarts; the
+    # keys of a killed attempt's process group stay in it, and a restarted
+    # node would connect to its dead peer's address (seen with torch 2.13):
+    # each attempt gets keys of its own. Without torchrun, node 0 hosts it.
+    agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+    attempt = '%s/%s' % (os.environ.get('TORCHELASTIC_RUN_ID', 'job'),
+                         os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))
     try:
-        dist.init_process_group('gloo', rank=nodes.rank, world_size=nodes.count,
-                                timeout=datetime.timedelta(seconds=nodes.timeout))
+        store = dist.TCPStore(host, int(port), nodes.count, is_master=not agent and
+                              nodes.rank == 0, timeout=timeout)
+        dist.init_process_group('gloo', store=dist.PrefixStore('mp_symbolic/' + attempt, store),
+                                rank=nodes.rank, world_size=nodes.count, timeout=timeout)
     except (RuntimeError, ValueError, OSError) as err:
         raise NodeFailure('nodes: node %d of %d could not join the others at %s within %g s '
                           '(--node-timeout): %s' % (nodes.rank, nodes.count, nodes.address,
@@ -194,8 +205,7 @@ def agree(nodes, facts):
     try:
         dist.all_gather_object(gathered, facts)
     except RuntimeError as err:
-        raise NodeFailure('nodes: node %d could not exchange its plan with the others: %s'
-                          % (nodes.rank, _first_line(err))) from None
+        raise _collective(nodes, 'compare their plans', err) from None
     for rank, theirs in enumerate(gathered):
         for key, value in facts.items():
             if theirs.get(key) != gathered[0].get(key):
@@ -215,8 +225,7 @@ def barrier(nodes, what):
     try:
         dist.barrier()
     except RuntimeError as err:
-        raise NodeFailure('nodes: node %d waited for the others to %s: %s'
-                          % (nodes.rank, what, _first_line(err))) from None
+        raise _collective(nodes, 'reach the same point (%s)' % what, err) from None
 
 
 def broadcast(nodes, value, source, what):
@@ -230,8 +239,7 @@ def broadcast(nodes, value, source, what):
     try:
         dist.broadcast_object_list(box, src=source)
     except RuntimeError as err:
-        raise NodeFailure('nodes: node %d waited for node %d to %s: %s'
-                          % (nodes.rank, source, what, _first_line(err))) from None
+        raise _collective(nodes, what, err, source) from None
     return box[0]
 
 
@@ -262,9 +270,29 @@ class Group:
         try:
             dist.all_gather_object(gathered, value)
         except RuntimeError as err:
-            raise NodeFailure('nodes: node %d waited for the others to %s: %s'
-                              % (self.rank, self.what, _first_line(err))) from None
+            raise _collective(self.nodes, self.what, err) from None
         return gathered
+
+
+def _why(nodes, text):
+    """Why a transfer with another node failed, from gloo's first line."""
+    if 'Timed out' in text:
+        return 'did not answer within %g s (--node-timeout): it is stopped, wedged or ' \
+            'unreachable' % nodes.timeout
+    return 'hung up (its process died or its host is unreachable)'
+
+
+def _collective(nodes, what, err, source=None):
+    """The :class:`NodeFailure` of a collective (a broadcast from ``source``,
+    a gather, a barrier) that failed on this node."""
+    others = [k for k in range(nodes.count) if k != nodes.rank]
+    if source is not None and source != nodes.rank:
+        others = [source]
+    text = _first_line(err)
+    return NodeFailure('nodes: node%s %s, waited for by node %d to %s, %s; node %d ended (%s)'
+                       % ('s' if len(others) > 1 else '', ', '.join(map(str, others)),
+                          nodes.rank, what, _why(nodes, text).replace('it is', 'one is')
+                          if len(others) > 1 else _why(nodes, text), nodes.rank, text))
 
 
 def _first_line(err):
@@ -380,9 +408,7 @@ class TorchTransport:
         except RuntimeError as err:
             node = self.node_of_stage[stage]
             text = _first_line(err)
-            why = 'did not answer within %g s (--node-timeout): it is stopped, wedged or ' \
-                  'unreachable' % self.nodes.timeout if 'Timed out' in text else \
-                'hung up (its process died or its host is unreachable)'
+            why = _why(self.nodes, text)
             raise NodeFailure('nodes: %s %s; node %d ended (%s)'
                               % (self.describe(node), why, self.nodes.rank, text)) from None
 
