@@ -27,7 +27,7 @@ SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
 .PHONY: help setup train-symbolic train-imperative train-digits train-lm export-lm sample-lm \
         export export-digits compare \
-        bench bench-export bench-dist bench-pipeline bench-tp bench-lm test clean distclean
+        bench bench-export bench-dist bench-pipeline bench-tp bench-lm bench-nodes test clean distclean
 
 help:
 	@echo "make train-symbolic    train the regression model-parallel (Pipeline + MXNet Module)"
@@ -45,6 +45,7 @@ help:
 	@echo "make bench-pipeline    micro-batch pipelining: overlap and bubble from the trace, memory per device"
 	@echo "make bench-tp          tensor-parallel MLP block: memory per device and step time at 1, 2, 4 shards"
 	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time, tokens/s and MFU"
+	@echo "make bench-nodes       the language model on 2 node processes against 2 devices of one process: step time, bytes sent, memory"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
@@ -132,6 +133,9 @@ bench-tp: $(STAMP)
 
 bench-lm: $(STAMP)
 	$(PY) -m bench.lm $(if $(QUICK),--quick)
+
+bench-nodes: $(STAMP) $(TORCH_STAMP)
+	$(PY) -m bench.nodes $(if $(QUICK),--quick)
 
 # one pytest worker per core, each test file on one worker: a file's module fixtures
 # (a trained run, an export) are made once, not once per worker; files in the order

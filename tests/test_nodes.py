@@ -397,3 +397,21 @@ def test_nodes_the_command_line_cannot_run_are_refused_in_one_line(monkeypatch, 
     assert cli_status(cli.main, argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), lines
+
+
+def test_the_nodes_benchmark_sends_each_boundary_tensor_once_per_microbatch(tmp_path):
+    """``python -m bench.nodes --quick``: the two nodes hold the whole
+    model's parameters between them, and each sends, per micro-batch, the
+    activation its neighbour reads (or its gradient) and the tied embedding
+    (or its gradient), as many bytes as the model says."""
+    out = tmp_path / 'nodes.json'
+    result = subprocess.run([sys.executable, '-m', 'bench.nodes', '--quick', '--out', str(out)],
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures['step_ratio'] > 0 and len(figures['ratios']) == 2
+    assert sum(figures['params_fraction']) == pytest.approx(1, abs=1e-9)
+    chunks, micro, width, vocab, context = 2, 16, 32, 166, 64
+    expected = chunks * 4 * (micro * context * width + vocab * width)
+    assert [s['sent_bytes'] / 2 for s in figures['node_stats']] == [expected, expected]

@@ -35,6 +35,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import time
 
 import mxnet as mx
 
@@ -157,9 +158,22 @@ def from_environment(count, timeout=None, environ=None):
                  '%s:%d' % (environ['MASTER_ADDR'], values['MASTER_PORT']))
 
 
-def join(nodes):
+_CONTROL = []  # the gloo group of the nodes' small messages, where tensors go by NCCL
+
+
+def _control():
+    return _CONTROL[0] if _CONTROL else None
+
+
+def join(nodes, gpus=False):
     """Joins this process to the job's process group (once per process;
     waits until every node has joined, at most the node timeout).
+
+    Args:
+        gpus: Whether this node's stages run on GPUs: the tensors then go by
+            NCCL (from GPU memory, through DLPack), the small messages (the
+            plan, the losses, a commit's steps) by a gloo group beside it.
+            Untested here: the machines this was written on have no GPU.
 
     Raises:
         NodeFailure: the other nodes did not join within the timeout, or
@@ -183,8 +197,11 @@ def join(nodes):
     try:
         store = dist.TCPStore(host, int(port), nodes.count, is_master=not agent and
                               nodes.rank == 0, timeout=timeout)
-        dist.init_process_group('gloo', store=dist.PrefixStore('mp_symbolic/' + attempt, store),
+        dist.init_process_group('nccl' if gpus else 'gloo',
+                                store=dist.PrefixStore('mp_symbolic/' + attempt, store),
                                 rank=nodes.rank, world_size=nodes.count, timeout=timeout)
+        if gpus:
+            _CONTROL.append(dist.new_group(backend='gloo', timeout=timeout))
     except (RuntimeError, ValueError, OSError) as err:
         raise NodeFailure('nodes: node %d of %d could not join the others at %s within %g s '
                           '(--node-timeout): %s' % (nodes.rank, nodes.count, nodes.address,
@@ -203,7 +220,7 @@ def agree(nodes, facts):
     dist = torch('distributed')
     gathered = [None] * nodes.count
     try:
-        dist.all_gather_object(gathered, facts)
+        dist.all_gather_object(gathered, facts, group=_control())
     except RuntimeError as err:
         raise _collective(nodes, 'compare their plans', err) from None
     for rank, theirs in enumerate(gathered):
@@ -223,7 +240,7 @@ def barrier(nodes, what):
     """
     dist = torch('distributed')
     try:
-        dist.barrier()
+        dist.barrier(group=_control())
     except RuntimeError as err:
         raise _collective(nodes, 'reach the same point (%s)' % what, err) from None
 
@@ -237,7 +254,7 @@ def broadcast(nodes, value, source, what):
     dist = torch('distributed')
     box = [value]
     try:
-        dist.broadcast_object_list(box, src=source)
+        dist.broadcast_object_list(box, src=source, group=_control())
     except RuntimeError as err:
         raise _collective(nodes, what, err, source) from None
     return box[0]
@@ -268,7 +285,7 @@ class Group:
         dist = torch('distributed')
         gathered = [None] * self.count
         try:
-            dist.all_gather_object(gathered, value)
+            dist.all_gather_object(gathered, value, group=_control())
         except RuntimeError as err:
             raise _collective(self.nodes, self.what, err) from None
         return gathered
@@ -350,6 +367,7 @@ class _Received:
         Raises:
             NodeFailure: the sending node died or stopped answering.
         """
+        start = time.perf_counter()
         for work, buffer, dest, link, microbatch in self.items:
             self.transport.wait(work, link.producer if self.forward else link.consumer)
             value = from_torch(buffer)
@@ -358,6 +376,7 @@ class _Received:
             else:
                 accumulate(dest, value, self.transport.local.written,
                            (link.producer, link.tensor, microbatch))
+        self.transport.stats['receive_wait_s'] += time.perf_counter() - start
 
 
 class TorchTransport:
@@ -380,6 +399,9 @@ class TorchTransport:
         self.nodes, self.node_of_stage = nodes, tuple(node_of_stage)
         self.microbatches = microbatches
         self.local = LocalTransport()
+        # what crossed to other nodes, and the time spent waiting for what came
+        # from them (benchmarks read it; the runtime does not)
+        self.stats = {'sent_bytes': 0, 'sent': 0, 'receive_wait_s': 0.0}
         self._index = {link: k for k, (link, _) in enumerate(links)}
         self._base = replica * len(links)
         self._sent = []
@@ -425,6 +447,8 @@ class TorchTransport:
                 local.append((link, value))
                 continue
             tensor = to_torch(value)
+            self.stats['sent_bytes'] += tensor.numel() * tensor.element_size()
+            self.stats['sent'] += 1
             work = dist.isend(tensor, self.node_of_stage[peer],
                               tag=self._tag(link, backward, microbatch))
             self._sent.append((work, tensor, peer))

@@ -143,6 +143,20 @@ class Pipeline(gluon.Block):
             schedule stays a value, and the count is checked as the other
             counts are. Each virtual stage binds its own executors, as many
             as the schedule keeps micro-batches in flight on it.
+        nodes: ``None`` or 1: every stage in this process. ``N``: the stages
+            divided over N node processes (on one host or several), each
+            replica's devices evenly and in order, each node binding only its
+            stages on its own devices (``gpu:0`` of node 1 is node 1's GPU; a
+            device may be listed once per node) and holding only their
+            parameters, gradients and optimizer state; the boundary tensors
+            cross by torch.distributed (:mod:`~mp_symbolic.core.nodes`). Every
+            node process builds the same Pipeline; its rank and the rendezvous
+            come from torchrun's variables (``MASTER_ADDR``, ``MASTER_PORT``,
+            ``RANK``, ``WORLD_SIZE``; ``python -m mp_symbolic launch --nodes N``
+            sets them too). The Module (``pipe.module()``) trains as on one
+            host; its outputs and metric are the last node's.
+        node_timeout: Seconds a node waits on another (a tensor, a commit)
+            before it ends (a stopped or wedged node); default 300.
 
     Attributes:
         blocks: The blocks, in order.
@@ -165,7 +179,10 @@ class Pipeline(gluon.Block):
             a function's that cannot run (``ScheduleError``); ``virtual``
             not a positive integer, or given with a named schedule of one
             stage per device; under ``'interleaved'``, ``chunks`` not a
-            multiple of the devices; a
+            multiple of the devices; (``NodeError``) nodes without a
+            rendezvous, more nodes than devices per replica, a device twice
+            on one node, ``balance='time'`` with nodes, or nodes whose plans
+            differ; a
             ``tied`` entry that is not a parameter and a stage; a whole network without ``sample``
             whose shapes are not known; a stage of several devices whose
             count is not the shards of a tensor-parallel layer in it; a
@@ -209,7 +226,9 @@ class Pipeline(gluon.Block):
         # a schedule that cannot run is refused here, not at bind
         self._forwards = twin.forwards(self.run_schedule())
         if self.nodes is not None:  # every check above is done: now wait for the others
-            node_processes.join(self.nodes)
+            node_processes.join(self.nodes, gpus=any(
+                d.device_type == 'gpu' for s in self.local_stages
+                for devices in self.plan.stage_devices for d in devices[s]))
             node_processes.agree(self.nodes, self._plan_facts())
 
     def _plan_facts(self):
