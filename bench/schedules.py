@@ -27,6 +27,7 @@ import time
 import mxnet as mx
 
 from mp_symbolic import Pipeline
+from mp_symbolic.core.staged_module import StagedModule
 from mp_symbolic.core.schedule import bubble, check_spec, make
 from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
@@ -65,7 +66,9 @@ def _build(spec):
     pipe = Pipeline(gpt.build_blocks(cfg), ','.join('cpu:%d' % s for s in range(spec['stages'])),
                     sample=shape, chunks=spec['chunks'], schedule=spec['schedule'],
                     virtual=spec.get('virtual'), balance=spec.get('balance'))
-    mod = pipe.module(loss='softmax')
+    # GPipe on the stage runtime, beside GPipe's one graph (what pipe.module() gives)
+    mod = StagedModule(pipe, loss='softmax') if spec.get('runtime') == 'stages' else \
+        pipe.module(loss='softmax')
     mod.bind([('data', shape)], [('softmax_label', shape)])
     mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
     mod.init_optimizer(kvstore=None, optimizer='sgd',
@@ -417,6 +420,7 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
         at_k = layered(lm, k, layers_per_device)
         for m in chunks:
             specs += [spec('gpipe', k, m, micro_batch, at_k),
+                      dict(spec('gpipe', k, m, micro_batch, at_k), runtime='stages'),
                       spec('1f1b', k, m, micro_batch, at_k)]
             if m % k == 0:
                 specs.append(spec('interleaved', k, m, micro_batch, at_k, virtual))
@@ -429,7 +433,7 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
     for one, stats, held, speed in zip(specs, traced, memory, rates):
         k, m = one['stages'], one['chunks']
         made = _schedule_of(one)
-        if one['schedule'] == 'gpipe':
+        if one['schedule'] == 'gpipe' and 'runtime' not in one:
             gpipe_step[(k, m)] = stats['step_us']
         row = dict(one, ideal=bubble(made), memory=held,
                    step_vs_gpipe=stats['step_us'] / gpipe_step[(k, m)], **speed, **stats)
@@ -454,7 +458,8 @@ def compare(stages=(2, 3), chunks=(2, 4, 8), micro_batch=16, lm=None, virtual=2,
              ['busy ms per device', 'step ms', 'step/gpipe', 'activations MiB', 'tokens/s',
               'MFU']]
     for row in rows:
-        lines.append([row['schedule'], str(row['stages']), str(row['chunks']),
+        lines.append([row['schedule'] + (' (stages)' if 'runtime' in row else ''),
+                      str(row['stages']), str(row['chunks']),
                       '%.2f' % row['bubble'], '%.2f' % row['ideal']] +
                      (['%.2f' % row['timed_ideal'], '%.2f' % row['alone_bubble']]
                       if timed else []) +

@@ -18,6 +18,7 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import mp_symbolic  # pylint: disable=wrong-import-position
 from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
 from mp_symbolic.training import loop  # pylint: disable=wrong-import-position
 from mp_symbolic.training.tasks import gpt, lm  # pylint: disable=wrong-import-position
@@ -33,8 +34,10 @@ def batch(step, size):
 
 
 def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shards=1,
-          whole=False, batch_size=8, virtual=None):
-    """``(arrays this process holds by name, last outputs or None)``."""
+          whole=False, batch_size=8, virtual=None, save=None):
+    """``(arrays this process holds by name, last outputs or None)``; with
+    ``save``, the module is saved there (``mp_symbolic.save_checkpoint``,
+    by every node) after its steps."""
     build = gpt.build_network if whole else gpt.build_blocks
     net = build(TINY, lm.sharded_layers(shards))
     pipe = Pipeline(net, devices, sample=(batch_size, TINY.block_size), chunks=chunks,
@@ -50,6 +53,8 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
     for step in range(steps):
         mod.forward_backward(batch(step, batch_size))
         mod.update()
+    if save is not None:
+        mp_symbolic.save_checkpoint(mod, save, epoch=steps, name='lm')
     outputs = mod.get_outputs()
     arg, aux = mod.get_params()
     held = {'param:' + k: v.asnumpy() for k, v in dict(arg, **aux).items()}

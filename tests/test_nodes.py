@@ -75,15 +75,18 @@ TABLE = [
 
 @pytest.fixture(scope='module')
 def two_nodes(tmp_path_factory):
-    """Every configuration of :data:`TABLE` trained by two node processes."""
+    """Every configuration of :data:`TABLE` trained by two node processes
+    (the first saved by both with ``mp_symbolic.save_checkpoint``)."""
+    folder = str(tmp_path_factory.mktemp('nodes'))
+    table = [dict(TABLE[0], save=os.path.join(folder, 'saved'))] + TABLE[1:]
     with reserved_port() as port:
-        return run_nodes(str(tmp_path_factory.mktemp('nodes')), port, 2, TABLE)
+        return run_nodes(folder, port, 2, table), os.path.join(folder, 'saved')
 
 
 @pytest.mark.parametrize('k', range(len(TABLE)),
                          ids=['-'.join('%s=%s' % i for i in c.items()) for c in TABLE])
 def test_two_nodes_compute_what_one_process_computes_after_three_adam_steps(two_nodes, k):
-    held, names = two_nodes[k]
+    held, names = two_nodes[0][k]
     expected, outputs = nodes_worker.train(**TABLE[k])
     expected['outputs'] = outputs
     # every parameter and optimizer state once, on the node of its stage
@@ -96,6 +99,22 @@ def test_two_nodes_compute_what_one_process_computes_after_three_adam_steps(two_
         tolerance = 0 if TABLE[k]['schedule'] != 'gpipe' else 1e-5
         np.testing.assert_allclose(held[name], value, rtol=tolerance, atol=tolerance,
                                    err_msg=name)
+
+
+def test_save_checkpoint_on_every_node_commits_the_whole_model_once(two_nodes):
+    from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.optstate import load_states  # pylint: disable=import-outside-toplevel
+    held, _ = two_nodes[0][0]
+    checkpoint = read_checkpoint(two_nodes[1])
+    _, arg, aux = checkpoint.load()
+    params = {k[len('param:'):]: v for k, v in held.items() if k.startswith('param:')}
+    assert sorted(dict(arg, **aux)) == sorted(params)
+    for name, value in dict(arg, **aux).items():
+        np.testing.assert_array_equal(value.asnumpy(), params[name], err_msg=name)
+    states = load_states(checkpoint.states_path)
+    assert sorted(states['params']) == sorted(k[len('count:'):] for k in held
+                                              if k.startswith('count:'))
+    assert sorted(checkpoint.summary['parameters']) == sorted(params)  # every node's named
 
 
 def _net():

@@ -10,6 +10,7 @@ optimizer state and ``summary.json`` together through
 (:func:`mp_symbolic.tools.files.atomic_path`).
 """
 import ast
+import contextlib
 import json
 import os
 
@@ -483,8 +484,12 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
         name: File prefix.
         summary: More JSON-able facts to record in ``summary.json``.
 
+    Over nodes (``Pipeline(..., nodes=N)``) every node calls it with the
+    same ``folder``, which they share; each writes its stages' part and node
+    0 commits the whole (see :func:`commit_checkpoint`).
+
     Returns:
-        The committed :class:`Checkpoint`.
+        The committed :class:`Checkpoint` (``None`` on a node but node 0).
 
     Raises:
         ValueError: the module is not bound and initialised, or ``epoch`` is
@@ -494,7 +499,7 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     # pylint: disable=import-outside-toplevel
     from ..core.devices import format_device
     from ..core.module import PipelineModule, with_input_shape
-    from .store import Store
+    from .store import Store, abandon_across
     if not isinstance(module, PipelineModule):
         raise ValueError('module: expected a PipelineModule (pipe.module(...)), found %s'
                          % type(module).__name__)
@@ -514,10 +519,25 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
                       'replicas': pipe.replicas, 'stages': pipe.stage_names},
              'parameters': list(arg_params) + list(aux_params)}
     facts.update(summary or {})
+    if pipe.nodes is not None:  # every node calls this: node 0 commits every node's part
+        from ..core.nodes import Group
+        group = Group(pipe.nodes)
+        facts['parameters'] = [n for names in group.gather(facts['parameters']) for n in names]
+        if group.rank != 0:
+            return commit_checkpoint(None, name, epoch, symbol, arg_params, aux_params, states,
+                                     facts, complete=True, group=group)
+    else:
+        group = None
     store = Store(folder, kind='training')
-    with store.locked():
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(store.locked())
+        except ValueError as err:  # the folder cannot be locked: the other nodes wait for it
+            if group is not None:
+                abandon_across(group, 'node 0 could not commit the checkpoint: %s' % err)
+            raise
         return commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states,
-                                 facts, complete=True)
+                                 facts, complete=True, group=group)
 
 
 # The optimizer state of a module saved before its optimizer existed.

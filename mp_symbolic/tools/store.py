@@ -1016,6 +1016,17 @@ def commit_across(store, group, write_part, merge, meta=None):
     return snapshot
 
 
+def abandon_across(group, message):
+    """On node 0, when a commit across nodes cannot start (its folder in use,
+    say): releases the other nodes waiting in :func:`commit_across`, which
+    raise :class:`PartError` with ``message``."""
+    try:
+        group.broadcast(None, 0)
+        group.broadcast(('error', message), 0)
+    except Exception:  # pylint: disable=broad-except
+        pass  # a node is gone: the error it raises there says so
+
+
 def _attempt(write_part, staging):
     """``None`` once ``write_part(staging)`` wrote this node's part, else
     its error in one line."""

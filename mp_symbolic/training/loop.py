@@ -428,13 +428,13 @@ def plan_memory(cfg, pipe, task, label_shape, log=print):
     """
     if cfg.variant != 'symbolic':
         return None
+    if pipe is not None and pipe.nodes is not None:
+        log('memory per device: not measured per node here (python -m bench.nodes measures '
+            'each node\'s beside one process)')
+        return None
     if cfg.schedule != 'gpipe':
         log('memory per device: not measured (the table binds the one GPipe graph; under '
             '--schedule %s, python -m bench.schedules measures each stage\'s)' % cfg.schedule)
-        return None
-    if pipe.nodes is not None:
-        log('memory per device: not measured per node here (python -m bench.nodes measures '
-            'each node\'s beside one process)')
         return None
     from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
     local = cfg.batch_size // cfg.replicas
