@@ -23,7 +23,8 @@ import numpy as np
 
 from mp_symbolic.core.compat import error_line
 from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
-from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR, other_output_index, stage_name
+from mp_symbolic.core.names import (DATA_NAME, GROUP_ATTR, other_output_index, parse_group,
+                                    stage_name)
 
 from .errors import ExportError
 from .tables import features  # pylint: disable=unused-import  (its home is tables)
@@ -40,7 +41,6 @@ _DYNAMIC_ATTR = '__dynamic_axes__'
 # Ops that only make sense in a training graph: a graph ending in one cannot be exported.
 _TRAINING_ONLY = ('MakeLoss', 'make_loss', 'BlockGrad', 'softmax_cross_entropy')
 
-_STAGE_RE = re.compile(r'^stage(\d+)$')
 # Several inputs are data0, data1, ... (HybridBlock.export's names).
 _NUMBERED_INPUT_RE = re.compile(r'^%s(\d+)$' % DATA_NAME)
 
@@ -169,8 +169,8 @@ def _layer_of(op_name, known):
 
 
 def _stage_key(name):
-    match = _STAGE_RE.match(name)
-    return (0, int(match.group(1))) if match else (1, name)
+    parsed = parse_group(name)  # an exported graph has no shards: stage<s> alone
+    return (0, parsed[0]) if parsed is not None and not parsed[1] else (1, name)
 
 
 def parse_shape(text, flag='--input-shape'):

@@ -578,3 +578,20 @@ def test_a_device_kvstore_keeps_every_keys_optimizer_state_on_one_device():
     params[1].initialize(ctx=mx.cpu(2))
     assert not compat.kvstore_may_update(params)
     assert compat.kvstore_may_update(params[:1])
+
+
+def test_a_gluon_parameter_says_it_has_no_values_only_by_raising_runtime_error():
+    """``compat.initialized`` reads ``list_ctx()``'s ``RuntimeError`` as "not
+    initialised"; a parameter whose initialisation waits for its shape
+    (deferred) lists the devices it will be made on."""
+    from mxnet import gluon  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.compat import initialized  # pylint: disable=import-outside-toplevel
+    param = gluon.Parameter('p', shape=(2, 3))
+    with pytest.raises(RuntimeError):
+        param.list_ctx()
+    assert not initialized(param)
+    deferred = gluon.nn.Dense(4)
+    deferred.initialize(ctx=mx.cpu(1))
+    assert deferred.weight.list_ctx() == [mx.cpu(1)] and initialized(deferred.weight)
+    param.initialize()
+    assert initialized(param) and param.list_ctx() == [mx.cpu(0)]

@@ -43,8 +43,9 @@ def test_quick_run_writes_report_and_timeline(tmp_path):
     assert report['mirror']['MXNET_BACKWARD_DO_MIRROR=1']['recomputed_ops'] > 0
     assert 'CPU stand-in devices share' in proc.stdout
     # the schedules side by side (--quick: the smallest M above 1 of --chunks)
-    rows = {r['schedule']: r for r in report['schedules']}
-    assert sorted(rows) == ['1f1b', 'gpipe', 'interleaved']
+    rows = {r['schedule'] + (' on stages' if r.get('runtime') else ''): r
+            for r in report['schedules']}
+    assert sorted(rows) == ['1f1b', 'gpipe', 'gpipe on stages', 'interleaved']
     assert {r['chunks'] for r in rows.values()} == {2}
     assert rows['gpipe']['ideal'] == rows['1f1b']['ideal'] == pytest.approx(1 / 3)
     assert rows['interleaved']['ideal'] == pytest.approx(1 / 5)

@@ -48,7 +48,7 @@ from mxnet import gluon
 from . import tensor_parallel
 from .balance import even_split
 from .checks import excerpt
-from .compat import fresh_variables, read_in_own_group
+from .compat import fresh_variables, initialized, read_in_own_group
 from .devices import DeviceSpecError, resolve_devices
 from .tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
                               VocabParallelEmbedding, _gather, _ShardedBlock)
@@ -271,21 +271,13 @@ def _swap(parent, key, old, new):
     parent._clear_cached_op()  # pylint: disable=protected-access
 
 
-def _initialised(param):
-    try:
-        param.list_ctx()
-        return True
-    except RuntimeError:
-        return False
-
-
 def _carry_values(old_params, new_block):
     """The old layer's values, split into the new layer's shards, on the old
     layer's devices (nothing, where the old layer was not initialised)."""
-    values = {p.name: p.data(p.list_ctx()[0]) for p in old_params if _initialised(p)}
+    values = {p.name: p.data(p.list_ctx()[0]) for p in old_params if initialized(p)}
     if not values:
         return
-    ctx = next(p.list_ctx() for p in old_params if _initialised(p))
+    ctx = next(p.list_ctx() for p in old_params if initialized(p))
     shards = tensor_parallel.split_params(values, new_block.sharded)
     for param in new_block.collect_params().values():
         if param.name in shards:

@@ -241,6 +241,21 @@ def split_bind_environ(devices, symbol=None):
     return env
 
 
+def initialized(param):
+    """Whether a Gluon ``Parameter`` has values (on some device).
+
+    **What MXNet does.** ``Parameter`` has no public test: ``list_ctx()``
+    raises ``RuntimeError`` until ``initialize`` was called (one whose
+    initialisation is deferred until its shape is known lists the devices it
+    will be made on). **What is done instead.** That ``RuntimeError`` is
+    read as "not initialised"."""
+    try:
+        param.list_ctx()
+        return True
+    except RuntimeError:
+        return False
+
+
 def reset_variables(block):
     """Forgets the Symbol variables Gluon cached for ``block``'s parameters.
 

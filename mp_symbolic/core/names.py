@@ -51,6 +51,18 @@ def shard_group(stage, index):
     return stage_name(stage) if index == 0 else '%s_shard%d' % (stage_name(stage), index)
 
 
+def parse_group(group):
+    """``'stage2'`` -> ``(2, 0)``, ``'stage2_shard1'`` -> ``(2, 1)`` (the
+    inverse of :func:`shard_group`); ``None`` for any other name."""
+    if not isinstance(group, str) or not group.startswith(STAGE_PREFIX):
+        return None
+    stage, _, shard = group[len(STAGE_PREFIX):].partition('_shard')
+    if not stage.isdigit() or stage != str(int(stage)) or \
+            (shard and (not shard.isdigit() or shard == '0' or shard != str(int(shard)))):
+        return None
+    return int(stage), int(shard or 0)
+
+
 def tied_name(variable):
     """The identity through which other stages read ``variable``."""
     return variable + TIED_SUFFIX

@@ -208,7 +208,7 @@ def join(nodes, gpus=False):
                                                     nodes.timeout, _first_line(err))) from None
 
 
-def agree(nodes, facts):
+def agree(nodes, facts, node_of_stage=None):
     """Checks that every node made the same plan: ``facts`` (a dict of
     JSON-able values, the same keys on every node) gathered from all.
 
@@ -222,7 +222,7 @@ def agree(nodes, facts):
     try:
         dist.all_gather_object(gathered, facts, group=_control())
     except RuntimeError as err:
-        raise _collective(nodes, 'compare their plans', err) from None
+        raise _collective(nodes, 'compare their plans', err, None, node_of_stage) from None
     for rank, theirs in enumerate(gathered):
         for key, value in facts.items():
             if theirs.get(key) != gathered[0].get(key):
@@ -232,7 +232,7 @@ def agree(nodes, facts):
                                                   excerpt(repr(gathered[0].get(key)))))
 
 
-def barrier(nodes, what):
+def barrier(nodes, what, node_of_stage=None):
     """Waits until every node gets here.
 
     Raises:
@@ -242,10 +242,10 @@ def barrier(nodes, what):
     try:
         dist.barrier(group=_control())
     except RuntimeError as err:
-        raise _collective(nodes, 'reach the same point (%s)' % what, err) from None
+        raise _collective(nodes, what, err, None, node_of_stage) from None
 
 
-def broadcast(nodes, value, source, what):
+def broadcast(nodes, value, source, what, node_of_stage=None):
     """``value`` of node ``source`` on every node (a JSON-able object).
 
     Raises:
@@ -256,7 +256,7 @@ def broadcast(nodes, value, source, what):
     try:
         dist.broadcast_object_list(box, src=source, group=_control())
     except RuntimeError as err:
-        raise _collective(nodes, what, err, source) from None
+        raise _collective(nodes, what, err, source, node_of_stage) from None
     return box[0]
 
 
@@ -269,12 +269,12 @@ class Group:
         what: What the nodes do together, for the failure's line.
     """
 
-    def __init__(self, nodes, what='commit a checkpoint'):
-        self.nodes, self.what = nodes, what
+    def __init__(self, nodes, what='commit a checkpoint', node_of_stage=None):
+        self.nodes, self.what, self.node_of_stage = nodes, what, node_of_stage
         self.rank, self.count = nodes.rank, nodes.count
 
     def broadcast(self, value, source):
-        return broadcast(self.nodes, value, source, self.what)
+        return broadcast(self.nodes, value, source, self.what, self.node_of_stage)
 
     def gather(self, value):
         """Every node's ``value``, in rank order, on every node.
@@ -287,7 +287,7 @@ class Group:
         try:
             dist.all_gather_object(gathered, value, group=_control())
         except RuntimeError as err:
-            raise _collective(self.nodes, self.what, err) from None
+            raise _collective(self.nodes, self.what, err, None, self.node_of_stage) from None
         return gathered
 
 
@@ -299,17 +299,29 @@ def _why(nodes, text):
     return 'hung up (its process died or its host is unreachable)'
 
 
-def _collective(nodes, what, err, source=None):
+def describe(node, node_of_stage=None):
+    """``'node 1 (stages 2, 3)'`` (``'node 1'`` without the plan)."""
+    if node_of_stage is None:
+        return 'node %d' % node
+    stages = [s for s, n in enumerate(node_of_stage) if n == node]
+    return 'node %d (stage%s %s)' % (node, 's' if len(stages) > 1 else '',
+                                     ', '.join(map(str, stages)))
+
+
+def _collective(nodes, what, err, source=None, node_of_stage=None):
     """The :class:`NodeFailure` of a collective (a broadcast from ``source``,
     a gather, a barrier) that failed on this node."""
     others = [k for k in range(nodes.count) if k != nodes.rank]
     if source is not None and source != nodes.rank:
         others = [source]
     text = _first_line(err)
-    return NodeFailure('nodes: node%s %s, waited for by node %d to %s, %s; node %d ended (%s)'
-                       % ('s' if len(others) > 1 else '', ', '.join(map(str, others)),
-                          nodes.rank, what, _why(nodes, text).replace('it is', 'one is')
-                          if len(others) > 1 else _why(nodes, text), nodes.rank, text))
+    if len(others) == 1:
+        who, why = describe(others[0], node_of_stage), _why(nodes, text)
+    else:
+        who = 'one of nodes %s' % ', '.join(map(str, others))
+        why = _why(nodes, text)
+    return NodeFailure('nodes: %s %s (waited for by node %d to %s); node %d ended (%s)'
+                       % (who, why, nodes.rank, what, nodes.rank, text))
 
 
 def _first_line(err):
@@ -412,11 +424,6 @@ class TorchTransport:
     def _tag(self, link, backward, microbatch):
         return ((self._base + self._index[link]) * 2 + backward) * self.microbatches + microbatch
 
-    def describe(self, node):
-        """``'node 1 (stages 2, 3)'``."""
-        stages = [s for s, n in enumerate(self.node_of_stage) if n == node]
-        return 'node %d (stage%s %s)' % (node, 's' if len(stages) > 1 else '',
-                                         ', '.join(map(str, stages)))
 
     def wait(self, work, stage):
         """Waits for ``work``, a transfer with ``stage``'s node.
@@ -432,7 +439,8 @@ class TorchTransport:
             text = _first_line(err)
             why = _why(self.nodes, text)
             raise NodeFailure('nodes: %s %s; node %d ended (%s)'
-                              % (self.describe(node), why, self.nodes.rank, text)) from None
+                              % (describe(node, self.node_of_stage), why, self.nodes.rank,
+                                 text)) from None
 
     def begin(self):
         self.local.begin()

@@ -39,7 +39,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import autotp, graph, tensor_parallel, twin
-from .compat import symbol_safe
+from .compat import initialized, symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
 from .placement import check_parameter_names, place, sample_shapes
@@ -229,7 +229,7 @@ class Pipeline(gluon.Block):
             node_processes.join(self.nodes, gpus=any(
                 d.device_type == 'gpu' for s in self.local_stages
                 for devices in self.plan.stage_devices for d in devices[s]))
-            node_processes.agree(self.nodes, self._plan_facts())
+            node_processes.agree(self.nodes, self._plan_facts(), self.plan.node_of_stage)
 
     def _plan_facts(self):
         """What every node must have alike to run one pipeline."""
@@ -461,7 +461,7 @@ class Pipeline(gluon.Block):
                              'device), found %r' % (ctx,))
         for _, param in self._params_of_stage():
             devices = self.placement.devices_of(param.name)
-            if not force_reinit and _is_initialized(param):
+            if not force_reinit and initialized(param):
                 if param.list_ctx() != devices:
                     param.reset_ctx(devices)
                 continue
@@ -499,7 +499,7 @@ class Pipeline(gluon.Block):
                 raise ValueError('%s: expected shape %s, found %s'
                                  % (param.name, known, value.shape))
             devices = self.placement.devices_of(param.name)
-            if not _is_initialized(param):
+            if not initialized(param):
                 param.shape = value.shape
                 param.initialize(None, ctx=devices, default_init=mx.init.Zero())
             elif param.list_ctx() != devices:
@@ -537,13 +537,3 @@ class Pipeline(gluon.Block):
     def __repr__(self):
         lines = self.describe() + (self.sharding.lines() if self.sharding else [])
         return 'Pipeline(\n  %s\n)' % '\n  '.join(lines)
-
-
-def _is_initialized(param):
-    try:
-        param.list_ctx()
-        return True
-    except RuntimeError:
-        return False
-
-

@@ -41,7 +41,7 @@ import mxnet as mx
 from .comm import Link, LocalTransport
 from .compat import split_bind, tie_parameters
 from .graphcut import CutError, load
-from .names import GROUP_ATTR, STAGE_PREFIX, stage_name
+from .names import GROUP_ATTR, parse_group, stage_name
 from .schedule import Action, in_flight, issue_order
 
 __all__ = []
@@ -49,7 +49,7 @@ __all__ = []
 
 def stage_of_group(group):
     """``'stage2'`` or ``'stage2_shard1'`` -> ``2``."""
-    return int(group[len(STAGE_PREFIX):].split('_', 1)[0])
+    return parse_group(group)[0]
 
 
 @dataclass(frozen=True)

@@ -521,7 +521,7 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     facts.update(summary or {})
     if pipe.nodes is not None:  # every node calls this: node 0 commits every node's part
         from ..core.nodes import Group
-        group = Group(pipe.nodes)
+        group = Group(pipe.nodes, node_of_stage=pipe.plan.node_of_stage)
         facts['parameters'] = [n for names in group.gather(facts['parameters']) for n in names]
         if group.rank != 0:
             return commit_checkpoint(None, name, epoch, symbol, arg_params, aux_params, states,

@@ -355,7 +355,8 @@ class _Checkpointer:
     def __init__(self, store, cfg, task, pipe, stepper, epoch_losses, log):
         self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
         # over nodes, every node writes its stages' part (node 0 holds the store)
-        self.group = None if pipe.nodes is None else Group(pipe.nodes)
+        self.group = None if pipe.nodes is None else \
+            Group(pipe.nodes, node_of_stage=pipe.plan.node_of_stage)
         self.log = log
         self.epoch_losses = list(epoch_losses)
         with unsplit():  # a checkpoint holds the model, not its shards

@@ -154,7 +154,8 @@ class ModuleStepper(_SymbolicStepper):
         self._execs = self.module._exec_group.execs
         self._local = local
         nodes = pipe.nodes
-        self._group = None if nodes is None else Group(nodes, 'share the losses')
+        self._group = None if nodes is None else Group(nodes, 'share the losses',
+                                                        self.plan.node_of_stage)
         self._holds_head = nodes is None or nodes.rank == self.plan.node_of_stage[-1]
 
     def _inputs(self):
