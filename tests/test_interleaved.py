@@ -108,3 +108,12 @@ def test_interleaved_has_the_smaller_ideal_bubble_and_its_order_shows_in_the_tra
         {'cpu/0': _entered(sched.one_f_one_b(2, 4))} == {'cpu/0': 2}
     assert interleaved['microbatches_before_first_backward'] == \
         {'cpu/0': _entered(sched.interleaved(2, 4, 2))} == {'cpu/0': 3}
+
+
+def test_too_few_blocks_for_the_virtual_stages_is_refused_counting_stages_not_devices():
+    from mxnet import gluon  # pylint: disable=import-outside-toplevel
+    blocks = [gluon.nn.Dense(4, in_units=4), gluon.nn.Dense(2, in_units=4)]
+    with pytest.raises(DeviceSpecError, match=r'^too many stages for the blocks \(devices per '
+                                              r'replica: 2, 2 stages on each: 4 stages, blocks: '
+                                              r'2\); expected at most one stage per block$'):
+        Pipeline(blocks, 'cpu:0,cpu:1', chunks=2, schedule='interleaved')

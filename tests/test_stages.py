@@ -199,9 +199,9 @@ def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
     with pytest.raises(RuntimeError, match=r'^backward: expected forward\(is_train=True\) '
                                            r'first'):
         mod.backward()
-    with pytest.raises(ValueError, match=r'^batch size: expected 8 \(as bound\) under '
-                                         r"schedule='1f1b', found 4$"):
-        mod.forward(_batch((4, TINY.block_size), 0, 10))
+    with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
+                                         r'replicas \(2 x 1\) \(2\), found 3$'):
+        mod.forward(_batch((3, TINY.block_size), 0, 10), is_train=True)
     mod.forward(_batch(sample, 0, 10), is_train=True)
     with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='1f1b'"):
         mod.backward(out_grads=[mx.nd.ones((BATCH, TINY.block_size, TINY.vocab_size))])
@@ -371,3 +371,36 @@ def _backward_first(num_stages, microbatches):
 def test_a_schedule_function_that_cannot_run_is_refused_in_one_line(schedule, message):
     with pytest.raises(mp_symbolic.ScheduleError, match=message):
         Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule=schedule)
+
+
+@pytest.mark.parametrize('schedule', ['1f1b', 'interleaved'])
+def test_fit_with_eval_data_score_and_predict_take_other_batch_sizes_under_the_stage_runtime(
+        schedule):
+    """``fit(eval_data=...)``, ``score`` and ``predict`` at batch sizes other
+    than the bound one give what the GPipe graph gives; a prediction at a
+    batch size the micro-batches do not divide (which the GPipe graph
+    refuses) gives the same values."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 4)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.float32)
+    nn = gluon.nn
+    results = {}
+    for name in ('gpipe', schedule):
+        mx.random.seed(0)
+        blocks = [nn.Dense(16, in_units=4, activation='relu', prefix='a_'),
+                  nn.Dense(16, in_units=16, activation='relu', prefix='b_'),
+                  nn.Dense(16, in_units=16, activation='relu', prefix='c_'),
+                  nn.Dense(2, in_units=16, prefix='d_')]  # 4 stages under interleaved
+        pipe = Pipeline(blocks, 'cpu:0,cpu:1', chunks=2, schedule=name)
+        mod = pipe.module(loss='softmax')
+        mod.fit(mx.io.NDArrayIter(X, y, batch_size=20), num_epoch=3,
+                eval_data=mx.io.NDArrayIter(X, y, batch_size=10), eval_metric='acc',
+                optimizer='sgd', initializer=mx.init.Xavier(rnd_type='gaussian'),
+                optimizer_params={'learning_rate': 0.2})
+        score = dict(mod.score(mx.io.NDArrayIter(X, y, batch_size=12), 'acc'))['accuracy']
+        results[name] = score, mod.predict(mx.io.NDArrayIter(X, batch_size=20)).asnumpy()
+    assert results[schedule][0] == results['gpipe'][0] and results['gpipe'][0] > 0.8
+    np.testing.assert_allclose(results[schedule][1], results['gpipe'][1], rtol=1e-5, atol=1e-6)
+    for size in (6, 5):  # 5: not of 2 micro-batches
+        np.testing.assert_allclose(mod.predict(mx.io.NDArrayIter(X, batch_size=size)).asnumpy(),
+                                   results['gpipe'][1], rtol=1e-5, atol=1e-6)

@@ -15,7 +15,7 @@ stage, #4053, and dropped trailing blocks, #4312).
 import mxnet as mx
 import numpy as np
 
-from .checks import is_int
+from .checks import DeviceSpecError, is_int
 from .compat import embedding_ids, fresh_variables
 from .timing import median_seconds
 
@@ -24,6 +24,38 @@ __all__ = []
 
 class BalanceError(ValueError):
     """A ``balance`` that cannot split the blocks over the devices."""
+
+
+class TooManyStages(DeviceSpecError, BalanceError):
+    """More stages than blocks (or ops) to fill them: a device plan that
+    cannot be made (``DeviceSpecError``) and a balance that cannot be
+    found (``BalanceError``) alike."""
+
+
+def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtual=1):
+    """The one rule for how many stages ``count`` blocks (layers, ops)
+    can fill: at least one each.
+
+    Args:
+        unit: What ``count`` counts (``'blocks'``, ``'layers'``, ``'ops'``).
+        per_replica: Whether ``num_stages`` is one replica's (said so).
+        virtual: Stages per device (the interleaved schedule's): the
+            message then counts the devices and their stages.
+
+    Raises:
+        TooManyStages: more stages than ``count``.
+    """
+    if num_stages <= count:
+        return
+    whole = {'ops': 'graph'}.get(unit, unit)
+    if virtual > 1:
+        raise TooManyStages('too many stages for the %s (devices per replica: %d, %d stages on '
+                            'each: %d stages, %s: %d); expected at most one stage per %s'
+                            % (whole, num_stages // virtual, virtual, num_stages, unit, count,
+                               unit[:-1]))
+    raise TooManyStages('too many devices for the %s (devices%s: %d, %s: %d); expected at most '
+                        'one device per %s' % (whole, ' per replica' if per_replica else '',
+                                               num_stages, unit, count, unit[:-1]))
 
 
 def check_balance(balance, num_items, num_stages, unit='blocks'):
@@ -85,10 +117,9 @@ def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
         BalanceError: more stages than blocks (ops), or fewer than one.
     """
     n = len(costs)
-    if not 1 <= num_stages <= n:
-        raise BalanceError('too many devices for the %s (devices: %d, %s: %d); expected at '
-                           'most one device per %s' % (_whole(unit), num_stages, unit, n,
-                                                       unit[:-1]))
+    if num_stages < 1:
+        raise BalanceError('expected at least one device, found %d' % num_stages)
+    check_stage_count(num_stages, n, unit)
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
     # bottleneck[k][i]: smallest largest stage over splits of items[:i] into k stages
     inf = np.inf
@@ -129,10 +160,6 @@ def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
         sizes.append(i - j)
         i = j
     return tuple(reversed(sizes))
-
-
-def _whole(unit):
-    return 'graph' if unit == 'ops' else unit
 
 
 def even_split(total, parts):

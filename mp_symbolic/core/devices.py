@@ -21,7 +21,7 @@ import re
 
 import mxnet as mx
 
-from .balance import even_split, stage_of_block
+from .balance import check_stage_count, even_split, stage_of_block
 from .checks import DeviceSpecError, excerpt as _excerpt, positive_int
 from .names import shard_group, stage_name  # pylint: disable=unused-import  (their home is names)
 
@@ -177,10 +177,7 @@ def partition(num_blocks, num_stages):
     """
     if num_stages < 1:
         raise DeviceSpecError('expected at least one device, found %d' % num_stages)
-    if num_stages > num_blocks:
-        raise DeviceSpecError('too many devices for the layers (devices: %d, layers: %d); '
-                              'expected at most one device per layer'
-                              % (num_stages, num_blocks))
+    check_stage_count(num_stages, num_blocks, 'layers')
     return stage_of_block(even_split(num_blocks, num_stages))
 
 

@@ -352,7 +352,7 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
         for name in parameters(blocks):
             owner.setdefault(name, 0)  # a parameter the forward pass does not use
     else:
-        sizes = _balance(blocks, num_stages, balance, shapes, replica_devices[0][0])
+        sizes = _balance(blocks, num_stages, balance, shapes, replica_devices[0][0], virtual)
         plan = DevicePlan(replica_devices[0], balancing.stage_of_block(sizes), replica_devices,
                           node_of_stage=node_of_stage)
         owner = {}
@@ -472,12 +472,9 @@ def _layout(placement):
     return stages, readers
 
 
-def _balance(blocks, num_stages, balance, shapes, device):
+def _balance(blocks, num_stages, balance, shapes, device, virtual=1):
     """Blocks per stage of a block list."""
-    if num_stages > len(blocks):
-        raise DeviceSpecError('too many devices for the blocks (devices per replica: %d, '
-                              'blocks: %d); expected at most one device per block'
-                              % (num_stages, len(blocks)))
+    balancing.check_stage_count(num_stages, len(blocks), 'blocks', True, virtual)
     if balance is None:
         return balancing.balance_by_size(blocks, num_stages)
     if isinstance(balance, str):
@@ -510,9 +507,9 @@ def _cut(net, num_stages, balance, shapes, names, tied):
         return graphcut.Cut(symbol, num_stages, balance,
                             None if shapes is None else dict(zip(names, shapes)), params, tied,
                             names)
+    except balancing.TooManyStages:
+        raise
     except balancing.BalanceError as err:  # CutError too
-        if 'too many devices' in str(err):
-            raise DeviceSpecError(str(err)) from None
         raise balancing.BalanceError(str(err)) from None
 
 

@@ -18,10 +18,13 @@ import mxnet as mx
 
 from .compat import split_bind
 from .module import PipelineModule, shape_pair
+from . import schedule as schedules
 from .nodes import TorchTransport
 from .stages import StageRuntime, boundary_specs, cut, links, variable_specs
 
 __all__ = []
+
+KEPT_BINDS = 4  # batch sizes whose stage executors stay bound at once
 
 
 class StagedModule(PipelineModule):
@@ -86,12 +89,8 @@ class StagedModule(PipelineModule):
                              ' found %d' % (chunks, replicas, chunks * replicas, batch))
         self.sample_shape = data_shapes[0][1][1:]
         self.input_shapes = {n: s[1:] for n, s in data_shapes}
-        self.batch_size = batch
+        self.batch_size = self._batch = batch
         self._received_at = None
-        micro = batch // (chunks * replicas)
-        shapes = {n: (micro,) + s[1:] for n, s in data_shapes + label_shapes}
-        specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
-        boundary = boundary_specs(self._stages, specs)
         one = [self._held_shape(n, data_shapes + label_shapes) for n in self._data_names]
         one_label = [self._held_shape(n, label_shapes) for n in self._label_names] or None
         self._full_shapes = (data_shapes, label_shapes)
@@ -99,9 +98,44 @@ class StagedModule(PipelineModule):
             mx.mod.Module.bind(self, one, one_label, for_training, False, force_rebind,
                                shared_module, grad_req)
         self._update_args = None
-        plan, nodes = self.pipeline.plan, self.pipeline.nodes
-        schedule = self.pipeline.run_schedule()
-        local = self.pipeline.local_stages
+        self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
+        self._runtimes = self._runtimes_for(batch, for_training)
+        self._trained = False
+        self._apply_pending()
+
+    def _runtimes_for(self, batch, train):
+        """The stage runtimes (one per replica) that run a batch of ``batch``
+        examples: the schedule's ``chunks`` micro-batches, or for inference
+        on a batch they do not divide, one micro-batch per replica (the
+        forwards need no schedule). Bound on first use, kept for the last
+        :data:`KEPT_BINDS` sizes (``fit`` with ``eval_data``, ``score`` and
+        ``predict`` of other batch sizes).
+
+        Raises:
+            ValueError: a batch the replicas (or, to train, ``chunks x
+                replicas``) do not divide.
+        """
+        key = (batch, bool(train))
+        if key in self._bound_at:
+            self._bound_at.move_to_end(key)
+            return self._bound_at[key]
+        pipe = self.pipeline
+        chunks, replicas = pipe.chunks, pipe.replicas
+        if batch % (chunks * replicas) and (train or batch % replicas):
+            raise ValueError('batch size: expected a multiple of %s (%d), found %d'
+                             % ('chunks x replicas (%d x %d)' % (chunks, replicas)
+                                if train else 'the replicas (%d)' % replicas,
+                                chunks * replicas if train else replicas, batch))
+        if batch % (chunks * replicas):
+            chunks = 1  # inference of a batch the micro-batches do not divide
+        data_shapes, label_shapes = self._full_shapes
+        micro = batch // (chunks * replicas)
+        shapes = {n: (micro,) + s[1:] for n, s in data_shapes + label_shapes}
+        specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
+        boundary = boundary_specs(self._stages, specs)
+        plan, nodes = pipe.plan, pipe.nodes
+        schedule = pipe.run_schedule() if chunks == pipe.chunks else \
+            schedules.gpipe(plan.num_stages, 1)
         every = links(self._stages)
 
         def transport(replica):
@@ -109,13 +143,20 @@ class StagedModule(PipelineModule):
                 return None  # the runtime's own, in this process
             return TorchTransport(nodes, plan.node_of_stage, every, chunks, replica)
 
-        self._runtimes = [
+        runtimes = [
             StageRuntime(self._stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict,
-                         exe.aux_dict, shapes, schedule, for_training, specs=specs, boundary=boundary, local=local,
+                         exe.aux_dict, shapes, schedule, train and self.for_training,
+                         specs=specs, boundary=boundary, local=pipe.local_stages,
                          transport=transport(r))
             for r, exe in enumerate(self._exec_group.execs)]
-        self._trained = False
-        self._apply_pending()
+        self._bound_at[key] = runtimes
+        while len(self._bound_at) > KEPT_BINDS:
+            oldest = next(iter(self._bound_at))
+            if oldest == (self.batch_size, self.for_training):  # the bound size stays
+                self._bound_at.move_to_end(oldest)
+                oldest = next(iter(self._bound_at))
+            del self._bound_at[oldest]
+        return runtimes
 
     def _held_shape(self, name, given):
         """The shape the executors holding the arrays bind ``name`` at: one
@@ -166,18 +207,24 @@ class StagedModule(PipelineModule):
         micro-batch's forward and backward in the schedule's order (the
         gradients of the whole batch, summed); otherwise the forwards.
 
+        A batch of another size than the bound one runs on runtimes bound
+        for it (:meth:`_runtimes_for`).
+
         Raises:
-            ValueError: a batch of another size than the bound one.
+            ValueError: a batch that cannot be split as :meth:`_runtimes_for` says.
         """
         assert self.binded and self.params_initialized
         is_train = self.for_training if is_train is None else is_train
         data = list(data_batch.data)
-        if data[0].shape[0] != self.batch_size:
-            raise ValueError('batch size: expected %d (as bound) under schedule=%r, found %d'
-                             % (self.batch_size, self.pipeline.schedule, data[0].shape[0]))
+        batch = data[0].shape[0]
+        train = is_train and self.for_training
+        # the bound runtimes run the bound size, forwards alone too
+        self._runtimes = self._runtimes_for(batch, train or batch == self.batch_size and
+                                            self.for_training)
+        self._batch = batch
         labels = list(data_batch.label or ()) if self._label_names else []
         names = list(self._inputs) + list(self._label_names[:len(labels)])
-        part = self.batch_size // len(self._runtimes)
+        part = batch // len(self._runtimes)
         for r, runtime in enumerate(self._runtimes):
             inputs = {n: a[r * part:(r + 1) * part] for n, a in zip(names, data + labels)}
             runtime.run(inputs, train=is_train and self.for_training)
@@ -219,15 +266,25 @@ class StagedModule(PipelineModule):
         names = self._exec_group.output_names
         if self._head_first:
             names = names[:1]
-        part = self.batch_size // len(self._runtimes)
+        part = self._batch // len(self._runtimes)
         for r, runtime in enumerate(self._runtimes):
             sliced = labels[r] if pre_sliced else [l[r * part:(r + 1) * part] for l in labels]
             eval_metric.update_dict(OrderedDict(zip(self._label_names, sliced)),
                                     OrderedDict(zip(names, runtime.outputs)))
 
     def reshape(self, data_shapes, label_shapes=None):
-        raise ValueError('batch size: expected the bound one under schedule=%r, found a '
-                         'reshape to %s' % (self.pipeline.schedule, data_shapes))
+        """Binds the runtimes for batches of ``data_shapes`` now (a batch of
+        another size is bound at its first :meth:`forward` anyway).
+
+        Raises:
+            ValueError: see :meth:`_runtimes_for`, or other per-sample shapes.
+        """
+        data_shapes = [shape_pair(d) for d in data_shapes]
+        if [s[1:] for _, s in data_shapes] != [s[1:] for _, s in self._full_shapes[0]]:
+            raise ValueError('data_shapes: expected the bound per-sample shapes %s, found %s'
+                             % ([s[1:] for _, s in self._full_shapes[0]],
+                                [s[1:] for _, s in data_shapes]))
+        self._runtimes_for(data_shapes[0][1][0], self.for_training)
 
 
 def _received(stages, symbol, shapes):
