@@ -436,3 +436,23 @@ def test_the_nodes_benchmark_sends_each_boundary_tensor_once_per_microbatch(tmp_
     chunks, micro, width, vocab, context = 2, 16, 32, 166, 64
     expected = chunks * 4 * (micro * context * width + vocab * width)
     assert [s['sent_bytes'] / 2 for s in figures['node_stats']] == [expected, expected]
+
+
+def test_launch_nodes_in_manual_mode_prints_each_nodes_command_for_its_host(tmp_path, capsys):
+    """``launch --nodes 2 --mode manual --hostfile``: one line per node for
+    its host, each with the rendezvous on the first host, its rank and the
+    command with ``--nodes 2``."""
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('127.0.0.1\nlocalhost\n')
+    assert cli_status(cli.main, ['launch', '--nodes', '2', '--mode', 'manual', '--port', '29555',
+                                 '--hostfile', str(hostfile), '--', 'train', '--devices',
+                                 'cpu:0,cpu:1']) == 0
+    lines = capsys.readouterr().out.splitlines()
+    commands = [l for l in lines if not l.startswith('#')]
+    assert [l for l in lines if l.startswith('# node')] == ['# node 0 on 127.0.0.1',
+                                                            '# node 1 on localhost']
+    for rank, line in enumerate(commands):
+        assert 'MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 RANK=%d WORLD_SIZE=2' % rank in line
+        assert line.endswith('-m mp_symbolic train --devices cpu:0,cpu:1 --nodes 2'), line
