@@ -103,6 +103,20 @@ def match_parameters(saved, ours, values, shapes):
     return dict(zip(saved, ours))
 
 
+class _Restored:
+    """What :meth:`PipelineModule.restore` read and the module has not taken
+    yet: the parameters (taken once bound with parameters) and the
+    optimizer state (taken once the optimizer exists), each taken once."""
+
+    def __init__(self, params=None, states=None):
+        self.params, self.states = params, states
+
+    def take(self, what):
+        value = getattr(self, what)
+        setattr(self, what, None)
+        return value
+
+
 class PipelineModule(mx.mod.Module):
     """MXNet's Module over a Pipeline's stages (use :meth:`Pipeline.module`).
 
@@ -156,7 +170,7 @@ class PipelineModule(mx.mod.Module):
         self.input_shapes = {}
         self._update_args = None
         # what restore() read, until bind/init_params and init_optimizer take it
-        self._pending = {'params': None, 'states': None}
+        self._pending = _Restored()
 
     def _held(self, symbol, label_names):
         """``(symbol, data names, label names)`` of the Module's own
@@ -291,7 +305,7 @@ class PipelineModule(mx.mod.Module):
         if self._updater is not None and not isinstance(self._updater, PerDeviceUpdater):
             self._updater = PerDeviceUpdater(self._updater)
         self._update_args = None
-        states, self._pending['states'] = self._pending['states'], None
+        states = self._pending.take('states')
         if states is not None:
             self.set_optimizer_states(states)
         if self._kvstore is not None and 'dist' in self._kvstore.type:
@@ -398,16 +412,14 @@ class PipelineModule(mx.mod.Module):
         states['params'] = {rename.get(k, k): v for k, v in states['params'].items()}
         if not states['params']:
             states = None  # saved before its optimizer existed
-        self._pending = {'params': (arg_params, aux_params), 'states': states}
+        self._pending = _Restored((arg_params, aux_params), states)
         self._apply_pending()
-        if self.optimizer_initialized and states is not None:
-            self.set_optimizer_states(states)
-            self._pending['states'] = None
+        if self.optimizer_initialized and self._pending.states is not None:
+            self.set_optimizer_states(self._pending.take('states'))
 
     def _apply_pending(self):
-        if self._pending['params'] is not None and self.binded and self.params_initialized:
-            arg_params, aux_params = self._pending['params']
-            self._pending['params'] = None
+        if self._pending.params is not None and self.binded and self.params_initialized:
+            arg_params, aux_params = self._pending.take('params')
             self.set_params(arg_params, aux_params, allow_missing=False, force_init=True)
 
     def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
@@ -415,9 +427,8 @@ class PipelineModule(mx.mod.Module):
         """``mx.mod.Module.init_params``; after :meth:`restore`, the
         checkpoint's values unless others are given. Tensor-parallel
         parameters may come by their unsplit names and shapes."""
-        if self._pending['params'] is not None and arg_params is None and aux_params is None:
-            arg_params, aux_params = self._pending['params']
-            self._pending['params'] = None
+        if self._pending.params is not None and arg_params is None and aux_params is None:
+            arg_params, aux_params = self._pending.take('params')
             allow_missing, force_init = False, True
         if arg_params is not None:
             arg_params = self.pipeline.split_params(arg_params)
