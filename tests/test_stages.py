@@ -200,7 +200,7 @@ def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
                                            r'first'):
         mod.backward()
     with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
-                                         r'replicas \(2 x 1\) \(2\), found 3$'):
+                                         r'replicas \(2 x 1 = 2\), found 3$'):
         mod.forward(_batch((3, TINY.block_size), 0, 10), is_train=True)
     mod.forward(_batch(sample, 0, 10), is_train=True)
     with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='1f1b'"):

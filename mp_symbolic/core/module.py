@@ -239,11 +239,8 @@ class PipelineModule(mx.mod.Module):
         self._fit_head(data_shapes, label_shapes, force_rebind)
         first = data_shapes[0]
         shape = tuple(first.shape if hasattr(first, 'shape') else first[1])
-        parts = self.pipeline.chunks * self.pipeline.replicas
-        if shape and shape[0] % parts:
-            raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d),'
-                             ' found %d' % (self.pipeline.chunks, self.pipeline.replicas, parts,
-                                            shape[0]))
+        if shape:
+            self.pipeline.placement.micro_batch(shape[0])
         self.sample_shape = shape[1:]
         self.input_shapes = {d.name if hasattr(d, 'name') else d[0]:
                              tuple(d.shape if hasattr(d, 'shape') else d[1])[1:]

@@ -113,6 +113,25 @@ class Placement:
     stages: list = None
     readers: dict = None
 
+    def micro_batch(self, batch, of_several=False, refuse=False):
+        """Examples per micro-batch of a batch of ``batch`` (``None``: a
+        scalar input): the one rule that a batch splits into ``chunks x
+        replicas`` equal parts.
+
+        Raises:
+            ValueError: it does not, or ``refuse`` (an input of another
+                size than the others; ``of_several``: the inputs must agree
+                in size, and the message says so).
+        """
+        parts = self.chunks * self.replicas
+        if refuse or not batch or batch % parts:
+            raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = '
+                             '%d)%s, found %s' % (self.chunks, self.replicas, parts,
+                                                  ', the same for every input' if of_several
+                                                  else '', 'a scalar' if batch is None
+                                                  else batch))
+        return batch // parts
+
     @property
     def sample_shape(self):
         """The first input's batch shape, or ``None``."""

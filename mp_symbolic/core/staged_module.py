@@ -83,10 +83,7 @@ class StagedModule(PipelineModule):
         label_shapes = [shape_pair(d) for d in label_shapes or ()]
         self._fit_head(data_shapes, label_shapes, force_rebind)
         batch = data_shapes[0][1][0]
-        chunks, replicas = self.pipeline.chunks, self.pipeline.replicas
-        if batch % (chunks * replicas):
-            raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d),'
-                             ' found %d' % (chunks, replicas, chunks * replicas, batch))
+        self.pipeline.placement.micro_batch(batch)
         self.sample_shape = data_shapes[0][1][1:]
         self.input_shapes = {n: s[1:] for n, s in data_shapes}
         self.batch_size = self._batch = batch
@@ -121,11 +118,11 @@ class StagedModule(PipelineModule):
             return self._bound_at[key]
         pipe = self.pipeline
         chunks, replicas = pipe.chunks, pipe.replicas
-        if batch % (chunks * replicas) and (train or batch % replicas):
-            raise ValueError('batch size: expected a multiple of %s (%d), found %d'
-                             % ('chunks x replicas (%d x %d)' % (chunks, replicas)
-                                if train else 'the replicas (%d)' % replicas,
-                                chunks * replicas if train else replicas, batch))
+        if train:
+            pipe.placement.micro_batch(batch)
+        elif batch % replicas:
+            raise ValueError('batch size: expected a multiple of the replicas (%d) to predict, '
+                             'found %d' % (replicas, batch))
         if batch % (chunks * replicas):
             chunks = 1  # inference of a batch the micro-batches do not divide
         data_shapes, label_shapes = self._full_shapes

@@ -40,17 +40,14 @@ def _check_batch(placement, xs):
     if len(xs) != len(placement.input_names):
         raise TypeError('inputs: expected %d (%s), found %d'
                         % (len(placement.input_names), ', '.join(placement.input_names), len(xs)))
-    parts = placement.replicas * placement.chunks
     for name, x in zip(placement.input_names, xs):
         if not isinstance(x, mx.nd.NDArray):
             raise TypeError('%s: expected an NDArray (or a Symbol), found %s'
                             % ('x' if len(xs) == 1 else name, type(x).__name__))
-        if not x.shape or x.shape[0] % parts or x.shape[0] != xs[0].shape[0]:
-            raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d)'
-                             '%s, found %s' % (placement.chunks, placement.replicas, parts,
-                                               ', the same for every input' if len(xs) > 1
-                                               else '', x.shape[0] if x.shape else 'a scalar'))
-    return xs[0].shape[0] // parts
+        batch = x.shape[0] if x.shape else None
+        placement.micro_batch(batch, of_several=len(xs) > 1,
+                              refuse=batch is not None and batch != xs[0].shape[0])
+    return placement.micro_batch(xs[0].shape[0])
 
 
 def forward(placement, *xs, order=None):
