@@ -45,7 +45,7 @@ import re
 import mxnet as mx
 from mxnet import gluon
 
-from . import tensor_parallel
+from . import nesting, tensor_parallel
 from .balance import even_split
 from .checks import excerpt
 from .compat import fresh_variables, initialized, read_in_own_group
@@ -293,10 +293,11 @@ class _Graph:
 
     def __init__(self, blocks, names):
         with fresh_variables(blocks):
-            out = blocks[0](*[mx.sym.var(n) for n in names])
+            out = blocks[0](*nesting.map_names(mx.sym.var, names))
             for block in blocks[1:]:
                 out = block(out)
-            symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+            symbol = mx.sym.Group(nesting.flatten(out)[0]) if isinstance(out, (list, tuple)) \
+                else out
         graph = json.loads(symbol.tojson())
         self.nodes = graph['nodes']
         self.consumers = [[] for _ in self.nodes]
@@ -407,7 +408,8 @@ def apply(blocks, spec, devices, names):
         blocks: The blocks (one whole network, or a block list in order).
         spec: ``'auto'`` or a plan (see the module docstring).
         devices: As :class:`~mp_symbolic.Pipeline` takes them.
-        names: The inputs' names.
+        names: The inputs' names (the positional inputs as nested names,
+            for nested inputs: :mod:`~mp_symbolic.core.nesting`).
 
     Returns:
         ``(blocks, Sharding)``: the blocks (a top-level layer may be swapped)

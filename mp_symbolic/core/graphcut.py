@@ -271,7 +271,7 @@ def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
     return tie_parameters(graph, CutError)
 
 
-def replicate_chunks(graph, data_name, chunks, last_stage):
+def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
     """``graph`` run on ``chunks`` micro-batches of its inputs: each input
     split along the batch axis in its own stage (``chunk``; ``chunk_<name>``
     for several inputs), every op copied per chunk (copies after the first
@@ -282,6 +282,8 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
 
     Args:
         data_name: The input variable, or the names of several.
+        axis: The batch axis of every input and output, where they are split
+            and joined.
 
     Raises:
         CutError: an input is not a variable of the graph.
@@ -306,7 +308,7 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
         split[i] = len(out)
         out.append({'op': 'split', 'name': CHUNK_SPLIT if len(names) == 1
                     else '%s_%s' % (CHUNK_SPLIT, name),
-                    'attrs': {'axis': '0', 'num_outputs': str(chunks),
+                    'attrs': {'axis': str(axis), 'num_outputs': str(chunks),
                               GROUP_ATTR: nodes[i]['attrs'][GROUP_ATTR]},
                     'inputs': [[index[(i, None)], 0, 0]]})
     heads = [[] for _ in graph['heads']]
@@ -342,7 +344,7 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
             out += copies
         out.append({'op': 'Concat', 'name': CHUNK_JOIN if len(heads) == 1
                     else '%s%d' % (CHUNK_JOIN, k),
-                    'attrs': {'dim': '0', 'num_args': str(chunks),
+                    'attrs': {'dim': str(axis), 'num_args': str(chunks),
                               GROUP_ATTR: stage_name(last_stage)},
                     'inputs': parts})
         joined.append([len(out) - 1, 0, 0])
@@ -388,6 +390,8 @@ class Cut:
             split points are fixed already (a block list's block boundaries,
             balanced by :mod:`~mp_symbolic.core.balance`); ``balance`` is
             then not read and parameter shapes need not be known.
+        batch_axis: The axis of the batch in the inputs (what "per sample"
+            divides by).
 
     Attributes:
         graph: The unlabelled graph (op names made unique).
@@ -408,7 +412,8 @@ class Cut:
     """
 
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
-                 owners=None, data_name=DATA_NAME, slack=0.1, ctx=None, stage_of_op=None):
+                 owners=None, data_name=DATA_NAME, slack=0.1, ctx=None, stage_of_op=None,
+                 batch_axis=0):
         self.graph = unique_names(json.loads(symbol.tojson()))
         nodes = self.graph['nodes']
         order = op_order(self.graph)
@@ -429,7 +434,8 @@ class Cut:
         batch = None
         if input_shape is not None:
             input_shape = {n: tuple(s) for n, s in input_shape.items()}
-            batch = max(int(input_shape[self.data_name][0]), 1)
+            first = input_shape[self.data_name]
+            batch = max(int(first[batch_axis]) if len(first) > batch_axis else 1, 1)
             nbytes = entry_bytes(load(self.graph), input_shape)
             self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
             cross = cut_bytes(self.graph, self.activation_bytes) / batch

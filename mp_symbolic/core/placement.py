@@ -26,8 +26,8 @@ import mxnet as mx
 import numpy as np
 
 from . import balance as balancing
-from . import graph, graphcut, tensor_parallel
-from .checks import excerpt, is_int, positive_int, tied_owners
+from . import graph, graphcut, nesting, tensor_parallel
+from .checks import is_int, positive_int, tied_owners
 from .compat import fresh_variables, tie_parameters
 from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
 from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
@@ -97,6 +97,13 @@ class Placement:
         stages: What each stage runs: its blocks (a block list) or its op
             names (a whole network).
         readers: ``{parameter name: [stages that read it]}``.
+        inputs: The positional inputs as nested names, as the network takes
+            them: ``('data0', ['data1', 'data2'])`` for ``(x, [h, c])``
+            (:mod:`~mp_symbolic.core.nesting`); ``None``: ``input_names``.
+        outputs: A whole network's output nesting (``(tuple, (LEAF, (list,
+            (LEAF, LEAF))))`` for ``(out, [h, c])``), or ``None``.
+        batch_axis: The axis of the batch in every input and output (1 for
+            GluonNLP's ``TNC``).
     """
     blocks: tuple
     whole: bool
@@ -112,6 +119,9 @@ class Placement:
     input_names: tuple
     stages: list = None
     readers: dict = None
+    inputs: tuple = None
+    outputs: object = None
+    batch_axis: int = 0
 
     def micro_batch(self, batch, of_several=False, refuse=False):
         """Examples per micro-batch of a batch of ``batch`` (``None``: a
@@ -131,6 +141,16 @@ class Placement:
                                                   else '', 'a scalar' if batch is None
                                                   else batch))
         return batch // parts
+
+    @property
+    def positional_inputs(self):
+        """The positional inputs as nested names (:attr:`inputs`, or one
+        name per input)."""
+        return tuple(self.input_names) if self.inputs is None else self.inputs
+
+    def input_variables(self):
+        """A Symbol variable per input, nested as the network takes them."""
+        return symbol_variables(self.positional_inputs)
 
     @property
     def sample_shape(self):
@@ -158,7 +178,8 @@ class Placement:
         # is never traced at all).
         if self.cut is not None:
             return self.cut
-        return trace_blocks(self.blocks, self.input_names, self.plan.stage_of_layer, self.owner)
+        return trace_blocks(self.blocks, self.positional_inputs, self.plan.stage_of_layer,
+                            self.owner)
 
     def labelled(self, mirror=()):
         """The traced graph labelled by stage, each tensor-parallel shard in its
@@ -192,8 +213,7 @@ class Placement:
             elif node['op'] != 'null':  # a call's weights follow its first op (shard_groups)
                 stage_of_call.setdefault(parse_shard_mark(mark)[2], stage)
         with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
-            unsplit = json.loads(graph.chain(self.blocks, [mx.sym.var(n) for n in
-                                                           self.input_names]).tojson())
+            unsplit = json.loads(graph.chain(self.blocks, self.input_variables()).tojson())
         unsplit = graphcut.unique_names(unsplit)
         for node in unsplit['nodes']:
             attrs = node.setdefault('attrs', {})
@@ -291,34 +311,47 @@ class Placement:
 def sample_shapes(sample):
     """``sample`` as one batch shape per input: a batch (numpy or NDArray)
     or its shape for one input; a tuple or list of batches or shapes, one per
-    positional input of the network, for several; ``None`` stays ``None``.
+    positional input of the network, for several; a positional input may be
+    a list or tuple of them itself (GluonNLP's ``begin_state``: ``sample=(x,
+    [h0, c0])``), its leaves then inputs in order; ``None`` stays ``None``.
 
     Raises:
         ValueError: anything else.
     """
+    shapes, _ = sample_inputs(sample)
+    return shapes
+
+
+def sample_inputs(sample):
+    """``(shapes, nesting)``: :func:`sample_shapes` and the nesting of the
+    positional inputs (:mod:`~mp_symbolic.core.nesting`, a tuple), or
+    ``(None, None)`` for no sample.
+
+    Raises:
+        ValueError: see :func:`sample_shapes`; the message shows the sample
+            by kind and shape, never its values.
+    """
     if sample is None:
-        return None
-    if hasattr(sample, 'shape'):
-        return (tuple(int(d) for d in sample.shape),)
+        return None, None
+    if hasattr(sample, 'shape') or nesting.is_shape(sample):
+        sample = (sample,)
     if isinstance(sample, (tuple, list)) and sample:
-        if all(is_int(d) for d in sample):
-            return (tuple(int(d) for d in sample),)
-        shapes = []
-        for item in sample:
-            if hasattr(item, 'shape'):
-                shapes.append(tuple(int(d) for d in item.shape))
-            elif isinstance(item, (tuple, list)) and item and all(is_int(d) for d in item):
-                shapes.append(tuple(int(d) for d in item))
-            else:
-                break
-        else:
-            return tuple(shapes)
+        leaves, nested = nesting.flatten(tuple(sample))
+        if leaves and all(hasattr(leaf, 'shape') or nesting.is_shape(leaf) for leaf in leaves):
+            return tuple(tuple(int(d) for d in leaf.shape) if hasattr(leaf, 'shape') else
+                         tuple(int(d) for d in leaf) for leaf in leaves), nested
     raise ValueError('sample: expected a batch or its shape, or a tuple of them (one per input '
-                     'of the network), found %s' % excerpt(repr(sample)))
+                     'of the network, a list of them for an input that is a list), found %s'
+                     % nesting.describe_value(sample))
+
+
+def symbol_variables(inputs):
+    """A Symbol variable per name of ``inputs`` (nested names), nested alike."""
+    return nesting.map_names(mx.sym.var, inputs)
 
 
 def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
-          mirror=False, tied=None, virtual=1, nodes=None):
+          mirror=False, tied=None, virtual=1, nodes=None, batch_axis=0):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
 
@@ -336,10 +369,12 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
             :class:`~mp_symbolic.core.nodes.Nodes`: each replica's devices
             divided over the nodes in order (each device once per node;
             only this node's GPUs need be present).
+        batch_axis: The axis of the batch in every input and output.
 
     Raises:
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks, replicas, mirror or tied values that cannot work.
+            chunks, replicas, mirror, tied or batch_axis values that cannot
+            work.
     """
     if devices is None:
         raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
@@ -354,17 +389,23 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     node_of_stage = tuple(node_of_device) * virtual
     num_stages = len(replica_devices[0])
     positive_int('chunks', chunks)
+    if not is_int(batch_axis) or batch_axis < 0:
+        raise ValueError('batch_axis: expected a non-negative integer (the axis of the batch in '
+                         'every input and output: 1 for GluonNLP\'s TNC), found %r'
+                         % (batch_axis,))
+    batch_axis = int(batch_axis)
     mirror = tuple(range(num_stages)) if mirror is True else tuple(mirror or ())
     if any(not isinstance(st, int) or not 0 <= st < num_stages for st in mirror):
         raise ValueError('mirror: expected True or stage indices below %d, found %r'
                          % (num_stages, mirror))
-    shapes = sample_shapes(sample)
+    shapes, nested = sample_inputs(sample)
     names = tuple(input_names(1 if shapes is None else len(shapes)))
+    inputs = names if nested is None else nesting.unflatten(nested, names)
     if shapes is not None:
-        graph.infer_shapes(blocks, shapes, names)
-    cut = None
+        graph.infer_shapes(blocks, shapes, inputs)
+    cut, outputs = None, None
     if whole:
-        cut = _cut(blocks[0], num_stages, balance, shapes, names, tied)
+        cut, outputs = _cut(blocks[0], num_stages, balance, shapes, inputs, tied, batch_axis)
         plan = DevicePlan(replica_devices[0], cut.stage_of_op, replica_devices,
                           node_of_stage=node_of_stage)
         owner = {n: s for n, s in cut.owner.items() if n not in names}
@@ -381,7 +422,8 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
         owner.update(tied_owners(tied, owner, num_stages, 'the blocks'))
     sharded = tensor_parallel.layout(blocks)
     first = Placement(tuple(blocks), whole, cut, plan, owner, {}, sharded, chunks, replicas,
-                      mirror, shapes, names)
+                      mirror, shapes, names, inputs=inputs, outputs=outputs,
+                      batch_axis=batch_axis)
     owner, shard_of = _shards(first)
     placed = replace(first, owner=owner, shard_of=shard_of)
     stages, readers = _layout(placed)
@@ -426,11 +468,13 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
             builds a graph).
     """
     with fresh_variables(blocks), tensor_parallel.mark_shards():
-        x = [mx.sym.var(n) for n in names]
+        x = symbol_variables(names)
         for i, block in enumerate(blocks):
             with mx.AttrScope(**{BLOCK_ATTR: str(i)}):
                 x = block(*x)
             x = list(x) if isinstance(x, (list, tuple)) else [x]
+    x, _ = nesting.flatten(x)
+    names = nesting.flat_names(names)
     symbol = x[0] if len(x) == 1 else mx.sym.Group(x)
     traced = json.loads(symbol.tojson())
     stage_of_op, stage = [], 0
@@ -512,24 +556,43 @@ def _balance(blocks, num_stages, balance, shapes, device, virtual=1):
     return balancing.check_balance(balance, len(blocks), num_stages)
 
 
-def _cut(net, num_stages, balance, shapes, names, tied):
-    """The cut of one whole network into ``num_stages`` stages."""
+def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
+    """``(cut, outputs)``: the cut of one whole network into ``num_stages``
+    stages, and the nesting of its output (``inputs``: the positional inputs
+    as nested names)."""
     with fresh_variables(net), tensor_parallel.mark_shards():
-        out = net(*[mx.sym.var(n) for n in names])
-        symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+        out = net(*symbol_variables(inputs))
+        leaves, outputs = nesting.flatten(out)
+        symbol = mx.sym.Group(leaves) if isinstance(out, (list, tuple)) else out
+    names = tuple(nesting.flat_names(inputs))
     params = {name: param.shape for name, param in net.collect_params().items()}
     if shapes is None and any(
             shape is None or not all(shape) for shape in params.values()):
         raise ValueError('sample: expected a batch or its shape to split a whole network '
                          'whose parameter shapes are not known yet, found none')
+    if shapes is not None:
+        _check_inputs_given(symbol, names, params)
     try:
         return graphcut.Cut(symbol, num_stages, balance,
                             None if shapes is None else dict(zip(names, shapes)), params, tied,
-                            names)
+                            names, batch_axis=batch_axis), outputs
     except balancing.TooManyStages:
         raise
     except balancing.BalanceError as err:  # CutError too
         raise balancing.BalanceError(str(err)) from None
+
+
+def _check_inputs_given(symbol, names, params):
+    """Raises ValueError where the traced network reads a variable that is
+    neither an input of the sample nor a parameter: an input the sample left
+    out, which MXNet made a free variable (an LSTM given ``[h]`` alone reads
+    its own ``..._state_cell``), and whose shape nothing gives."""
+    free = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
+            if n not in params and n not in names]
+    if free:
+        raise ValueError('sample: expected every input the network reads in it (%s), found %s '
+                         'read but not given (an input left out of the sample, or a list of '
+                         'states too short?)' % (', '.join(names), ', '.join(free)))
 
 
 def _shards(placement):
