@@ -30,8 +30,9 @@ from . import graph, graphcut, tensor_parallel
 from .checks import excerpt, is_int, positive_int, tied_owners
 from .compat import fresh_variables, tie_parameters
 from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
+from .ir import PlacedGraph
 from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
-                    shard_group, stage_name)
+                    stage_name)
 
 __all__ = []
 
@@ -176,6 +177,11 @@ class Placement:
         for every forward pass (nothing it is made of changes once placed)."""
         return self.labelled()
 
+    @cached_property
+    def run_ops(self):
+        """The op nodes of each stage of :attr:`run_graph`, by index."""
+        return PlacedGraph.from_json(self.run_graph).op_indices_by_stage(self.plan.num_stages)
+
     def unsplit_labelled(self):
         """The network traced with its tensor-parallel layers unsplit (as
         checkpoints hold it), each node in the stage its split form has: each
@@ -184,13 +190,11 @@ class Placement:
         every other node in its own (by name, made unique in both traces
         alike). The same for both forms: a block list is the blocks in a row."""
         stage_of, stage_of_call = {}, {}
-        for node in self.labelled()['nodes']:
-            stage = self.stage_of_group[node['attrs'][GROUP_ATTR]]
-            mark = node['attrs'].get(SHARD_ATTR)
-            if mark is None:
-                stage_of[node['name']] = stage
-            elif node['op'] != 'null':  # a call's weights follow its first op (shard_groups)
-                stage_of_call.setdefault(parse_shard_mark(mark)[2], stage)
+        for node in PlacedGraph.from_json(self.labelled()).nodes:
+            if node.layer is None:
+                stage_of[node.name] = node.stage
+            elif not node.is_variable:  # a call's weights follow its first op (shard_groups)
+                stage_of_call.setdefault(node.layer[2], node.stage)
         with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
             unsplit = json.loads(graph.chain(self.blocks, [mx.sym.var(n) for n in
                                                            self.input_names]).tojson())
@@ -202,12 +206,6 @@ class Placement:
                 stage_of_call[parse_shard_mark(mark)[2]]
             attrs[GROUP_ATTR] = stage_name(where)
         return tie_parameters(unsplit, graphcut.CutError)
-
-    @cached_property
-    def stage_of_group(self):
-        """``{ctx_group: stage}`` of every group of the plan (a shard's too)."""
-        return {shard_group(s, i): s for s in range(self.plan.num_stages)
-                for i in range(self.plan.width(s))}
 
     # -- what runs where ----------------------------------------------------
 
@@ -471,23 +469,19 @@ def _layout(placement):
     if not placement.shard_of:
         return ([cut.ops_of_stage(s) for s in range(plan.num_stages)],
                 {n: list(r) for n, r in cut.readers.items() if n not in placement.input_names})
-    nodes = placement.labelled()['nodes']
-    groups = placement.stage_of_group
+    placed = PlacedGraph.from_json(placement.labelled(), placement.input_names)
     stages, readers = [[] for _ in range(plan.num_stages)], {}
-    for node in nodes:
-        if node['op'] == 'null':
-            continue
-        st = groups[node['attrs'][GROUP_ATTR]]
-        if not is_tied(node['name']):
-            stages[st].append(node['name'])
-        for src, _, _ in node['inputs']:
-            source = nodes[src]
-            if is_tied(source['name']):  # a weight another stage holds, read through its identity
-                source = nodes[source['inputs'][0][0]]
-            if source['op'] == 'null' and source['name'] not in placement.input_names:
-                readers.setdefault(source['name'], [])
-                if st not in readers[source['name']]:
-                    readers[source['name']].append(st)
+    for node in placed.ops:
+        if not is_tied(node.name):
+            stages[node.stage].append(node.name)
+        for entry in node.inputs:
+            source = placed.source(entry)
+            if is_tied(source.name):  # a weight another stage holds, read through its identity
+                source = placed.source(source.inputs[0])
+            if source.is_variable and source.role != 'input':
+                readers.setdefault(source.name, [])
+                if node.stage not in readers[source.name]:
+                    readers[source.name].append(node.stage)
     return stages, readers
 
 
@@ -553,12 +547,10 @@ def _shards(placement):
             graph = placement.labelled()
         except ValueError as err:
             raise DeviceSpecError(str(err)) from None
-        groups = {shard_group(s, i): (s, i) for s, w in enumerate(widths) for i in range(w)}
-        for node in graph['nodes']:
-            attrs = node.get('attrs', {})
-            if node['op'] == 'null' and SHARD_ATTR in attrs and node['name'] in owner:
+        for node in PlacedGraph.from_json(graph).variables:
+            if node.layer is not None and node.name in owner:
                 # a shard's weight goes where shard_groups put its layer
-                owner[node['name']], shard_of[node['name']] = groups[attrs[GROUP_ATTR]]
+                owner[node.name], shard_of[node.name] = node.stage, node.shard
         return owner, shard_of
     for block, stage in zip(placement.blocks, plan.stage_of_layer):
         for layer in tensor_parallel.sharded_blocks(block):
