@@ -209,6 +209,18 @@ def test_bert_sharded_automatically_lists_its_attention_and_mlp_layers():
     assert pipe.sharding.shards == 2
 
 
+def test_the_sample_is_traced_for_shapes_once_per_pipeline(monkeypatch):
+    from mp_symbolic.core import graph
+    calls = []
+    infer = graph.infer_shapes
+    monkeypatch.setattr(graph, 'infer_shapes', lambda *a, **k: calls.append(1) or infer(*a, **k))
+    Pipeline(_bert(), TWO_BY_TWO, sample=tuple(_bert_batch()), tensor_parallel='auto')
+    assert len(calls) == 1
+    del calls[:]
+    Pipeline(_bert(), TWO_BY_TWO, sample=tuple(_bert_batch()))
+    assert len(calls) == 1
+
+
 def test_bert_auto_equals_one_device_in_outputs_and_after_one_module_step():
     xs = _bert_batch()
     label = np.array([0, 1, 1, 0], dtype=np.float32)

@@ -316,7 +316,7 @@ def sample_shapes(sample):
 
 
 def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
-          mirror=False, tied=None, virtual=1, nodes=None):
+          mirror=False, tied=None, virtual=1, nodes=None, sample_checked=False):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
 
@@ -334,6 +334,10 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
             :class:`~mp_symbolic.core.nodes.Nodes`: each replica's devices
             divided over the nodes in order (each device once per node;
             only this node's GPUs need be present).
+        sample_checked: ``sample`` has been traced through these blocks
+            already (the Pipeline does, before it swaps in tensor-parallel
+            layers): parameter shapes are inferred again only if one is
+            still unknown.
 
     Raises:
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
@@ -358,7 +362,8 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
                          % (num_stages, mirror))
     shapes = sample_shapes(sample)
     names = tuple(input_names(1 if shapes is None else len(shapes)))
-    if shapes is not None:
+    if shapes is not None and not (sample_checked and all(
+            param.shape and all(param.shape) for param in parameters(blocks).values())):
         graph.infer_shapes(blocks, shapes, names)
     cut = None
     if whole:
