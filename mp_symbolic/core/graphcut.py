@@ -36,7 +36,7 @@ import mxnet as mx
 from mxnet.ndarray._internal import _imperative_invoke
 import numpy as np
 
-from .balance import BalanceError, check_balance, solve, time_forward_backward
+from .balance import BalanceError, balance_kind, check_balance, solve, time_forward_backward
 from .checks import tied_owners
 from .compat import error_line, segment_boundaries, tie_parameters
 from .names import (CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR, MIRROR_ATTR, chunk_name,
@@ -433,17 +433,11 @@ class Cut:
             nbytes = entry_bytes(load(self.graph), input_shape)
             self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
             cross = cut_bytes(self.graph, self.activation_bytes) / batch
-        if stage_of_op is not None:
-            self.costs = None
-        elif balance is None:
+        kind = None if stage_of_op is not None else \
+            balance_kind(balance, input_shape is not None, 'ops', CutError)
+        if kind == 'size':
             self.costs = param_costs(self.graph, shapes, set(self.data_names))
-        elif isinstance(balance, str):
-            if balance != 'time':
-                raise CutError("balance: expected None, 'time' or a list of ops per stage, "
-                               'found %r' % balance)
-            if input_shape is None:
-                raise CutError("balance='time': expected sample= (a batch or its shape) to time "
-                               'the ops on, found none')
+        elif kind == 'time':
             self.costs = op_times(load(self.graph), input_shape, ctx or mx.cpu(0))
         else:
             self.costs = None

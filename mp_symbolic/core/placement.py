@@ -493,15 +493,10 @@ def _layout(placement):
 def _balance(blocks, num_stages, balance, shapes, device, virtual=1):
     """Blocks per stage of a block list."""
     balancing.check_stage_count(num_stages, len(blocks), 'blocks', True, virtual)
-    if balance is None:
+    kind = balancing.balance_kind(balance, shapes is not None)
+    if kind == 'size':
         return balancing.balance_by_size(blocks, num_stages)
-    if isinstance(balance, str):
-        if balance != 'time':
-            raise balancing.BalanceError("balance: expected None, 'time' or a list of "
-                                         'blocks per stage, found %r' % balance)
-        if shapes is None:
-            raise balancing.BalanceError("balance='time': expected sample= (a batch or "
-                                         'its shape) to time the blocks on, found none')
+    if kind == 'time':
         if len(shapes) > 1:
             raise balancing.BalanceError("balance='time': expected blocks of one input to time, "
                                          'found a sample of %d inputs (give balance= as blocks '
