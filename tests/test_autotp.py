@@ -185,7 +185,7 @@ def _forward(mod, xs, label=None):
 
 def _shard_devices(mod):
     """``{shard parameter: its device}`` in the bound executor."""
-    args = mod._exec_group.execs[0].arg_dict  # pylint: disable=protected-access
+    args = mod.executors[0].arg_dict
     return {n: (a.context, a.shape) for n, a in args.items() if '_shard' in n}
 
 

@@ -148,7 +148,7 @@ def test_module_on_sharded_stage_takes_one_device_parameters_by_name():
     _params_close(split.get_params()[0], arg)
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
-    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = split.executors[0]
     assert executor.arg_dict['mlpcol_shard1_weight'].context == mx.cpu(2)
     assert executor.arg_dict['mlpcol_shard0_weight'].shape == (4, 5)
 
@@ -309,7 +309,7 @@ def test_output_tied_to_vocab_parallel_embedding_across_stages_matches_one_devic
     assert sorted(one.get_params()[0]) == ['mid_bias', 'mid_weight', 'tok_weight']
     pipe = Pipeline(_tied_lm(2), 'cpu:1+cpu:2,cpu:3+cpu:4', balance=[2, 1])
     split = module(pipe, arg_params=one.get_params()[0])
-    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = split.executors[0]
     assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
     assert split.export_symbol.list_arguments().count('tok_weight') == 1
     assert _close(_step(split, X, y), _step(one, X, y))
@@ -339,7 +339,7 @@ def test_whole_network_output_tied_to_vocab_parallel_embedding_runs_on_its_own_s
     assert pipe.tied['tok_shard1_weight'] == (0, [0, 1])
     split = module(pipe, arg_params=one.get_params()[0])
     assert _groups_of_tied_output(split.export_symbol, 'tok_weight') == ['stage1']  # checkpoints'
-    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = split.executors[0]
     assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
@@ -368,7 +368,7 @@ def test_whole_network_cut_keeps_each_layer_shards_on_one_stage_and_matches_one_
     one = _module(Pipeline(_Residual(1, prefix='res_'), 'cpu:0'), X, y)
     pipe = Pipeline(_Residual(2, prefix='res_'), 'cpu:1+cpu:2,cpu:3')
     split = _module(pipe, X, y, arg_params=one.get_params()[0])
-    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = split.executors[0]
     assert [executor.arg_dict['res_col_shard%d_weight' % i].context for i in (0, 1)] == \
         [mx.cpu(1), mx.cpu(2)]
     assert _close(_step(split, X, y), _step(one, X, y))
