@@ -559,7 +559,7 @@ def _shards(placement):
             except ValueError as err:
                 raise DeviceSpecError('%s in %s: %s' % (layer.name, stage_name(stage), err)) \
                     from None
-            for index, params in zip(indices, layer._shard_params):  # pylint: disable=protected-access
+            for index, params in zip(indices, layer.shard_params):
                 for param in params.values():
                     # a tied parameter sits where its owning stage puts it
                     if owner[param.name] == stage or param.name not in shard_of:
