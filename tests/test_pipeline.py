@@ -170,7 +170,7 @@ def test_mxnet_fit_with_ndarrayiter_trains_a_pipeline_module(tmp_path):
     probabilities = mod.predict(train_iter).asnumpy()
     assert probabilities.shape == (512, 2)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1, rtol=1e-5)
-    executor = mod._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = mod.executors[0]
     assert executor.arg_dict['fc0_weight'].context == mx.cpu(0)
     assert executor.arg_dict['fc3_weight'].context == mx.cpu(1)
     mod.save_checkpoint(str(tmp_path / 'mlp'), 25)

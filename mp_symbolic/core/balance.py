@@ -58,6 +58,29 @@ def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtu
                                                num_stages, unit, count, unit[:-1]))
 
 
+def balance_kind(balance, has_sample, unit='blocks', error=BalanceError):
+    """What a ``balance=`` asks for, the one reading of it for block lists and
+    cut graphs: ``'size'`` (``None``: by parameter count), ``'time'``
+    (measured on the sample) or ``'given'`` (a list of ``unit`` per stage,
+    then checked by :func:`check_balance`).
+
+    Raises:
+        BalanceError: (``error``) another string, or ``'time'`` without a
+            sample.
+    """
+    if balance is None:
+        return 'size'
+    if isinstance(balance, str):
+        if balance != 'time':
+            raise error("balance: expected None, 'time' or a list of %s per stage, found %r"
+                        % (unit, balance))
+        if not has_sample:
+            raise error("balance='time': expected sample= (a batch or its shape) to time the "
+                        '%s on, found none' % unit)
+        return 'time'
+    return 'given'
+
+
 def check_balance(balance, num_items, num_stages, unit='blocks'):
     """Validates a user's list of blocks (or ops) per stage.
 

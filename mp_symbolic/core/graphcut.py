@@ -36,7 +36,7 @@ import mxnet as mx
 from mxnet.ndarray._internal import _imperative_invoke
 import numpy as np
 
-from .balance import BalanceError, check_balance, solve, time_forward_backward
+from .balance import BalanceError, balance_kind, check_balance, solve, time_forward_backward
 from .checks import tied_owners
 from .compat import error_line, segment_boundaries, tie_parameters
 from .names import (CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR, MIRROR_ATTR, chunk_name,
@@ -46,6 +46,13 @@ __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op
            'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'label',
            'replicate_chunks', 'unique_names', 'run_graph', 'load']
 
+
+
+# The one GPipe graph copies every op per micro-batch: building and binding it
+# took 2 to 5 ms per copy here (the regression's 5 ops at 10,000 chunks: 4.5
+# minutes on a loaded machine), so a graph past this many op copies is refused
+# rather than built (the language model's 357 ops: up to 22 chunks).
+MAX_CHUNKED_OPS = 8192
 
 
 class CutError(BalanceError):
@@ -292,6 +299,12 @@ def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
         return json.loads(json.dumps(graph))
     names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
     nodes = graph['nodes']
+    ops = sum(1 for n in nodes if n['op'] != 'null')
+    if ops * chunks > MAX_CHUNKED_OPS:
+        raise CutError("chunks: expected at most %d micro-batches of this graph's %d ops in one "
+                       'graph (ops x chunks at most %d), found %d; the stage runtime '
+                       "(schedule='1f1b') runs micro-batches one after another in graphs of "
+                       'one micro-batch' % (MAX_CHUNKED_OPS // ops, ops, MAX_CHUNKED_OPS, chunks))
     inputs = {}
     for name in names:
         found = [i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name]
@@ -439,17 +452,11 @@ class Cut:
             nbytes = entry_bytes(load(self.graph), input_shape)
             self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
             cross = cut_bytes(self.graph, self.activation_bytes) / batch
-        if stage_of_op is not None:
-            self.costs = None
-        elif balance is None:
+        kind = None if stage_of_op is not None else \
+            balance_kind(balance, input_shape is not None, 'ops', CutError)
+        if kind == 'size':
             self.costs = param_costs(self.graph, shapes, set(self.data_names))
-        elif isinstance(balance, str):
-            if balance != 'time':
-                raise CutError("balance: expected None, 'time' or a list of ops per stage, "
-                               'found %r' % balance)
-            if input_shape is None:
-                raise CutError("balance='time': expected sample= (a batch or its shape) to time "
-                               'the ops on, found none')
+        elif kind == 'time':
             self.costs = op_times(load(self.graph), input_shape, ctx or mx.cpu(0))
         else:
             self.costs = None

@@ -490,6 +490,15 @@ class PipelineModule(mx.mod.Module):
         """The :class:`PerDeviceUpdater` (``None`` before ``init_optimizer``)."""
         return self._updater
 
+    @property
+    def executors(self):
+        """The bound executors, one per replica (MXNet keeps them in the
+        Module's private executor group): each holds its replica's parameter,
+        gradient and auxiliary arrays (``arg_dict``, ``grad_dict``,
+        ``aux_dict``) on their stages' devices; on the stage runtime, the
+        arrays its stages' executors share. ``[]`` before ``bind``."""
+        return list(self._exec_group.execs) if self.binded else []
+
     def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
         """Writes ``prefix-symbol.json`` and ``prefix-%04d.params`` as
         ``mx.mod.Module.save_checkpoint`` does, with the graph without

@@ -239,7 +239,8 @@ class Pipeline(gluon.Block):
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
         self.placement = place(self.blocks, whole, devices, balance, sample, chunks, replicas,
-                               mirror, tied, self.virtual, self.nodes, batch_axis)
+                               mirror, tied, self.virtual, self.nodes, batch_axis,
+                               sample_checked=tensor_parallel is not None)
         # a schedule that cannot run is refused here, not at bind
         self._forwards = twin.forwards(self.run_schedule())
         if self.nodes is not None:  # every check above is done: now wait for the others

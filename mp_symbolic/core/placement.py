@@ -30,8 +30,9 @@ from . import graph, graphcut, nesting, tensor_parallel
 from .checks import is_int, positive_int, tied_owners
 from .compat import fresh_variables, tie_parameters
 from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
+from .ir import PlacedGraph
 from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
-                    shard_group, stage_name)
+                    stage_name)
 
 __all__ = []
 
@@ -197,6 +198,11 @@ class Placement:
         for every forward pass (nothing it is made of changes once placed)."""
         return self.labelled()
 
+    @cached_property
+    def run_ops(self):
+        """The op nodes of each stage of :attr:`run_graph`, by index."""
+        return PlacedGraph.from_json(self.run_graph).op_indices_by_stage(self.plan.num_stages)
+
     def unsplit_labelled(self):
         """The network traced with its tensor-parallel layers unsplit (as
         checkpoints hold it), each node in the stage its split form has: each
@@ -205,13 +211,11 @@ class Placement:
         every other node in its own (by name, made unique in both traces
         alike). The same for both forms: a block list is the blocks in a row."""
         stage_of, stage_of_call = {}, {}
-        for node in self.labelled()['nodes']:
-            stage = self.stage_of_group[node['attrs'][GROUP_ATTR]]
-            mark = node['attrs'].get(SHARD_ATTR)
-            if mark is None:
-                stage_of[node['name']] = stage
-            elif node['op'] != 'null':  # a call's weights follow its first op (shard_groups)
-                stage_of_call.setdefault(parse_shard_mark(mark)[2], stage)
+        for node in PlacedGraph.from_json(self.labelled()).nodes:
+            if node.layer is None:
+                stage_of[node.name] = node.stage
+            elif not node.is_variable:  # a call's weights follow its first op (shard_groups)
+                stage_of_call.setdefault(node.layer[2], node.stage)
         with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
             unsplit = json.loads(graph.chain(self.blocks, self.input_variables()).tojson())
         unsplit = graphcut.unique_names(unsplit)
@@ -222,12 +226,6 @@ class Placement:
                 stage_of_call[parse_shard_mark(mark)[2]]
             attrs[GROUP_ATTR] = stage_name(where)
         return tie_parameters(unsplit, graphcut.CutError)
-
-    @cached_property
-    def stage_of_group(self):
-        """``{ctx_group: stage}`` of every group of the plan (a shard's too)."""
-        return {shard_group(s, i): s for s in range(self.plan.num_stages)
-                for i in range(self.plan.width(s))}
 
     # -- what runs where ----------------------------------------------------
 
@@ -351,7 +349,7 @@ def symbol_variables(inputs):
 
 
 def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
-          mirror=False, tied=None, virtual=1, nodes=None, batch_axis=0):
+          mirror=False, tied=None, virtual=1, nodes=None, batch_axis=0, sample_checked=False):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
 
@@ -370,6 +368,10 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
             divided over the nodes in order (each device once per node;
             only this node's GPUs need be present).
         batch_axis: The axis of the batch in every input and output.
+        sample_checked: ``sample`` has been traced through these blocks
+            already (the Pipeline does, before it swaps in tensor-parallel
+            layers): parameter shapes are inferred again only if one is
+            still unknown.
 
     Raises:
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
@@ -401,7 +403,8 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     shapes, nested = sample_inputs(sample)
     names = tuple(input_names(1 if shapes is None else len(shapes)))
     inputs = names if nested is None else nesting.unflatten(nested, names)
-    if shapes is not None:
+    if shapes is not None and not (sample_checked and all(
+            param.shape and all(param.shape) for param in parameters(blocks).values())):
         graph.infer_shapes(blocks, shapes, inputs)
     cut, outputs = None, None
     if whole:
@@ -515,38 +518,29 @@ def _layout(placement):
     if not placement.shard_of:
         return ([cut.ops_of_stage(s) for s in range(plan.num_stages)],
                 {n: list(r) for n, r in cut.readers.items() if n not in placement.input_names})
-    nodes = placement.labelled()['nodes']
-    groups = placement.stage_of_group
+    placed = PlacedGraph.from_json(placement.labelled(), placement.input_names)
     stages, readers = [[] for _ in range(plan.num_stages)], {}
-    for node in nodes:
-        if node['op'] == 'null':
-            continue
-        st = groups[node['attrs'][GROUP_ATTR]]
-        if not is_tied(node['name']):
-            stages[st].append(node['name'])
-        for src, _, _ in node['inputs']:
-            source = nodes[src]
-            if is_tied(source['name']):  # a weight another stage holds, read through its identity
-                source = nodes[source['inputs'][0][0]]
-            if source['op'] == 'null' and source['name'] not in placement.input_names:
-                readers.setdefault(source['name'], [])
-                if st not in readers[source['name']]:
-                    readers[source['name']].append(st)
+    for node in placed.ops:
+        if not is_tied(node.name):
+            stages[node.stage].append(node.name)
+        for entry in node.inputs:
+            source = placed.source(entry)
+            if is_tied(source.name):  # a weight another stage holds, read through its identity
+                source = placed.source(source.inputs[0])
+            if source.is_variable and source.role != 'input':
+                readers.setdefault(source.name, [])
+                if node.stage not in readers[source.name]:
+                    readers[source.name].append(node.stage)
     return stages, readers
 
 
 def _balance(blocks, num_stages, balance, shapes, device, virtual=1):
     """Blocks per stage of a block list."""
     balancing.check_stage_count(num_stages, len(blocks), 'blocks', True, virtual)
-    if balance is None:
+    kind = balancing.balance_kind(balance, shapes is not None)
+    if kind == 'size':
         return balancing.balance_by_size(blocks, num_stages)
-    if isinstance(balance, str):
-        if balance != 'time':
-            raise balancing.BalanceError("balance: expected None, 'time' or a list of "
-                                         'blocks per stage, found %r' % balance)
-        if shapes is None:
-            raise balancing.BalanceError("balance='time': expected sample= (a batch or "
-                                         'its shape) to time the blocks on, found none')
+    if kind == 'time':
         if len(shapes) > 1:
             raise balancing.BalanceError("balance='time': expected blocks of one input to time, "
                                          'found a sample of %d inputs (give balance= as blocks '
@@ -616,12 +610,10 @@ def _shards(placement):
             graph = placement.labelled()
         except ValueError as err:
             raise DeviceSpecError(str(err)) from None
-        groups = {shard_group(s, i): (s, i) for s, w in enumerate(widths) for i in range(w)}
-        for node in graph['nodes']:
-            attrs = node.get('attrs', {})
-            if node['op'] == 'null' and SHARD_ATTR in attrs and node['name'] in owner:
+        for node in PlacedGraph.from_json(graph).variables:
+            if node.layer is not None and node.name in owner:
                 # a shard's weight goes where shard_groups put its layer
-                owner[node['name']], shard_of[node['name']] = groups[attrs[GROUP_ATTR]]
+                owner[node.name], shard_of[node.name] = node.stage, node.shard
         return owner, shard_of
     for block, stage in zip(placement.blocks, plan.stage_of_layer):
         for layer in tensor_parallel.sharded_blocks(block):
@@ -630,7 +622,7 @@ def _shards(placement):
             except ValueError as err:
                 raise DeviceSpecError('%s in %s: %s' % (layer.name, stage_name(stage), err)) \
                     from None
-            for index, params in zip(indices, layer._shard_params):  # pylint: disable=protected-access
+            for index, params in zip(indices, layer.shard_params):
                 for param in params.values():
                     # a tied parameter sits where its owning stage puts it
                     if owner[param.name] == stage or param.name not in shard_of:

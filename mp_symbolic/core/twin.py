@@ -30,7 +30,7 @@ import mxnet as mx
 
 from . import graphcut, nesting
 from .compat import read_on
-from .names import GROUP_ATTR
+from .ir import PlacedGraph
 from .schedule import gpipe, issue_order
 
 __all__ = []
@@ -146,7 +146,7 @@ class _OpRun:
     def __init__(self, placement, xs, replica):
         self.nesting = placement.outputs
         graph = placement.run_graph
-        self.ops = ops_of_stages(placement, graph)
+        self.ops = placement.run_ops
         first = placement.plan.replica_devices[replica][0]
         self.graph_run = start_graph(placement, graph, [h.as_in_context(first) for h in xs],
                                      replica)
@@ -186,11 +186,7 @@ def _as_list(out):
 def ops_of_stages(placement, graph):
     """The op nodes of each stage in the labelled ``graph`` (a shard's in
     its stage), in the graph's order."""
-    ops = [[] for _ in range(placement.plan.num_stages)]
-    for i, node in enumerate(graph['nodes']):
-        if node['op'] != 'null':
-            ops[placement.stage_of_group[node['attrs'][GROUP_ATTR]]].append(i)
-    return ops
+    return PlacedGraph.from_json(graph).op_indices_by_stage(placement.plan.num_stages)
 
 
 def start_graph(placement, graph, xs, replica):
