@@ -300,7 +300,29 @@ class PipelineModule(mx.mod.Module):
 
     def reshape(self, data_shapes, label_shapes=None):
         """``mx.mod.Module.reshape`` (called by ``forward`` on a batch of
-        another shape), bound as :meth:`bind` binds."""
+        another shape: ``score``, ``predict``, ``fit``'s ``eval_data``), bound
+        as :meth:`bind` binds. A batch without labels (``predict``) keeps
+        labels of the new batch size, unread: the graph's loss head has them.
+
+        Raises:
+            ValueError: the batch does not split into ``chunks x replicas``
+                equal parts (the one graph holds that many copies).
+        """
+        placement = self.pipeline.placement
+        data_shapes = layouts.batch_descs(data_shapes, placement.batch_axis, placement.chunks)
+        first = data_shapes[0]
+        batch = shape_pair(first)[1][layouts.batch_axis_of(first)]
+        placement.micro_batch(batch)
+        if not label_shapes and self._label_shapes:
+            label_shapes = []
+            for desc in self._label_shapes:
+                shape, axis = list(desc.shape), layouts.batch_axis_of(desc)
+                shape[axis] = batch
+                label_shapes.append(mx.io.DataDesc(desc.name, tuple(shape), desc.dtype,
+                                                   desc.layout))
+        elif label_shapes:
+            label_shapes = layouts.batch_descs(label_shapes, placement.batch_axis,
+                                               placement.chunks, labels=True)
         with split_bind(self._devices(), self._symbol):
             super().reshape(data_shapes, label_shapes)
 
