@@ -195,6 +195,32 @@ def test_split_mlp_step_matches_one_device(devices, shards, balance, chunks, rep
     _params_close(split.get_params()[0], one.get_params()[0])
 
 
+@pytest.mark.parametrize('devices,shards,balance,chunks,replicas', SPLITS)
+def test_split_mlp_twin_step_with_the_trainer_matches_one_device(devices, shards, balance,
+                                                                 chunks, replicas):
+    """The imperative twin: each replica's shards run on that replica's
+    devices with its own copies, so every copy gets its gradient and the
+    Trainer's step equals one device's."""
+    X, y = _batch()
+    pipes = [Pipeline(_mlp(1), 'cpu:0'),
+             Pipeline(_mlp(shards), devices, balance=balance, chunks=chunks, replicas=replicas)]
+    pipes[0].initialize(mx.init.Uniform(0.5))
+    pipes[1].initialize()
+    pipes[1].set_params(pipes[0].get_params()[0])
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    outputs = []
+    for pipe in pipes:
+        trainer = mp_symbolic.Trainer(pipe.collect_params(), 'sgd', {'learning_rate': 0.1})
+        with autograd.record():
+            out = pipe(X.as_in_context(pipe.plan.first_device))
+            value = loss(out, y.as_in_context(out.context))
+        value.backward()
+        trainer.step(X.shape[0])  # refuses a copy whose gradient backward did not write
+        outputs.append(out.asnumpy())
+    assert _close(outputs[1], outputs[0])
+    _params_close(pipes[1].get_params()[0], pipes[0].get_params()[0])
+
+
 def test_row_after_column_reads_its_shards_without_gather_or_slice():
     pipe = Pipeline(_mlp(2), 'cpu:1+cpu:2,cpu:3', balance=[1, 2])
     ops = [n['op'] for n in json.loads(pipe.symbol().tojson())['nodes']]

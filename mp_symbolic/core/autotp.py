@@ -201,7 +201,7 @@ class HeadParallel(ShardedBlock):
         inputs = (x,) + more
         if isinstance(x, mx.sym.Symbol):
             return self._symbolic(inputs)
-        devices = [next(iter(p.values())).list_ctx()[0] for p in self.shard_params]
+        devices = self.shard_devices(x)
         parts = []
         for i, device in enumerate(devices):
             params = {k: p.data(device) for k, p in self.shard_params[i].items()}

@@ -348,10 +348,20 @@ class ShardedBlock(gluon.HybridBlock):
             with scopes[0]():
                 return self.combine(F, parts, x)
 
+    def shard_devices(self, x):
+        """The device of each shard for the input ``x`` (an NDArray): those
+        of the replica whose shard 0 sits on ``x``'s device (parameters are
+        initialised on each replica's devices, in replica order), or of the
+        first replica; a shard without parameters runs on ``x``'s device."""
+        first = next(iter(self.shard_params[0].values()), None)
+        ctxs = first.list_ctx() if first is not None else []
+        replica = ctxs.index(x.context) if x.context in ctxs else 0
+        return [next(iter(p.values())).list_ctx()[replica] if p else x.context
+                for p in self.shard_params]
+
     def _imperative(self, x):
         F = mx.nd
-        devices = [next(iter(p.values())).list_ctx()[0] if p else x.context
-                   for p in self.shard_params]
+        devices = self.shard_devices(x)
         x = self.prepare(F, x)
         parts = []
         for i, device in enumerate(devices):
