@@ -31,7 +31,8 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from mp_symbolic.core.checks import DeviceSpecError
-from mp_symbolic.core.names import GROUP_ATTR, GROUP_KEY
+from mp_symbolic.core.ir import PlacedGraph
+from mp_symbolic.core.names import GROUP_KEY
 from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
@@ -231,18 +232,15 @@ def _check_states_beside_their_ops(symbol, where):
     variance) is in its op's ``ctx_group``: MXNet updates a state in place on
     its op's device and refuses a split bind otherwise ("mutable state cannot
     go across device", inside a multi-line RuntimeError)."""
-    aux = set(symbol.list_auxiliary_states())
-    nodes = json.loads(symbol.tojson())['nodes']
-    for node in nodes:
-        group = node.get('attrs', {}).get(GROUP_ATTR)
-        for edge in node['inputs']:
-            state = nodes[edge[0]]
-            if state['name'] in aux and state.get('attrs', {}).get(GROUP_ATTR) != group:
+    placed = PlacedGraph.from_symbol(symbol)
+    for node in placed.ops:
+        for entry in node.inputs:
+            state = placed.source(entry)
+            if state.role == 'state' and state.group != node.group:
                 raise ModelFileError(
                     '%s: expected the state %s of %s %s on its op\'s device group %s, found it '
-                    'in %s' % (where, excerpt(state['name'], 60), node['op'],
-                               excerpt(node['name'], 60), group,
-                               state.get('attrs', {}).get(GROUP_ATTR)))
+                    'in %s' % (where, excerpt(state.name, 60), node.op, excerpt(node.name, 60),
+                               node.group, state.group))
 
 
 class MXNetPredictor:
