@@ -22,11 +22,12 @@ DEFAULT_OUT_DIR = os.path.join('artifacts', 'export')
 # Largest allowed |runtime - checkpoint| over an output, as a fraction of that
 # output's scale (its largest |value| on the batch).
 TOLERANCE = 1e-4
-# Activation bytes one batch may take in one runtime. Four runtimes hold a
-# batch at a time (the checkpoint, onnxruntime, two MXNet plans), so about
-# 2 GiB for the activations at most, whatever the model. (Defined here, not
-# in verify.py, so that the command line's help needs no MXNet.)
-MEMORY_BUDGET = 512 << 20
+# Activation bytes one batch may take in one runtime. Verification runs one
+# runtime at a time (the checkpoint, onnxruntime, then each MXNet plan, each
+# let go before the next loads), so 2 GiB for the activations at most,
+# whatever the model. (Defined here, not in verify.py, so that the command
+# line's help needs no MXNet.)
+MEMORY_BUDGET = 2048 << 20
 # What a --sample .npz may hold, by its members' zip headers, read before any
 # member is: their declared decompressed bytes in all, and how many arrays (a
 # model reads a few inputs). A small file declaring gigabytes is refused unread.

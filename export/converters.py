@@ -23,13 +23,24 @@ requested opset wins). This module
   graph with a ``LayerNorm``, a ``mean`` or a ``max`` reduction failed with
   ``Unrecognized attribute: axes for operator ReduceMean`` although it is
   valid at opset 13. The same context turns a converter's refusal into one
-  line naming the op and the block it belongs to.
+  line naming the op and the block it belongs to;
+* registers, at :data:`OPSET`, the converter of the weights (``null``
+  nodes) that MXNet's converter runs inside :func:`conversion_context`: there
+  MXNet's ``convert_weights_to_numpy`` copied every parameter to numpy up
+  front and its ``null`` converter copied each again into a Python list of
+  floats (about 32 bytes a value) for ``make_tensor``: the export of
+  BERT-base (438 MB of weights) peaked at 3.35 GB there. Here each weight
+  becomes an initializer of its name, type and shape only, checked without
+  its values, and :func:`fill_weights` writes the values into the finished
+  model, one weight at a time. Outside the context MXNet's own converter
+  runs.
 
 References: MXNet 1.9.1 ``python/mxnet/onnx/mx2onnx/_export_onnx.py``
 (``MXNetGraph.register``, ``convert_layer``, ``create_onnx_graph_proto``) and
 ``_op_translations/_op_translations_opset12.py`` (``convert_convolution``,
 ``convert_pooling``); ONNX's ``InstanceNormalization`` for GroupNorm.
 """
+from collections.abc import Mapping
 import contextlib
 import copy
 import json
@@ -54,6 +65,10 @@ _ONE_D = 'NCW'
 # Lowest MXNet translations used: the opset-12 table is the fallback for 13.
 _LOWEST_OPSET = 12
 _lock = threading.Lock()
+# MXNet's converters that read an initializer's values (scalar_op_helper folds
+# the scalar into a weight read directly): its values are written before they run.
+_READS_WEIGHT_VALUES = ('_mul_scalar', '_minus_scalar', '_rminus_scalar', '_plus_scalar',
+                        '_div_scalar', '_rdiv_scalar', '_power_scalar')
 
 
 def _as_2d_layout_call(convert):
@@ -121,6 +136,63 @@ def convert_group_norm(node, **kwargs):
                   [name + '_normed'], epsilon=eps),
         make_node('Reshape', [name + '_normed', name + '_shape'], [name], name=name),
     ]
+
+
+class Weights(Mapping):
+    """The ``weights`` MXNet's converters read (name -> numpy array), each
+    copied from its NDArray when read and not kept, in place of the dict of
+    numpy copies MXNet's ``convert_weights_to_numpy`` makes up front.
+
+    Attributes:
+        params: Name -> NDArray, as given to the converter.
+        deferred: Names of the initializers the ``null`` converter made
+            without their values (:func:`fill_weights` writes them).
+    """
+
+    def __init__(self, params):
+        self.params = {k.replace('arg:', '').replace('aux:', ''): v for k, v in params.items()}
+        self.deferred = set()
+
+    def __getitem__(self, name):
+        return self.params[name].asnumpy()
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self):
+        return len(self.params)
+
+
+@MXNetGraph.register('null', OPSET)
+def convert_weights_and_inputs(node, **kwargs):
+    """MXNet's ``null`` converter; a weight read through :class:`Weights`
+    becomes an initializer of its name, type and shape, its values left for
+    :func:`fill_weights`."""
+    weights = kwargs.get('weights')
+    if kwargs.get('is_input') or not isinstance(weights, Weights):
+        return _mx12.convert_weights_and_inputs(node, **kwargs)
+    name = node['name']
+    value = weights.params[name]
+    dtype = np.dtype(value.dtype)
+    data_type = onnx.helper.np_dtype_to_tensor_dtype(dtype)
+    tensor = onnx.TensorProto(name=name, data_type=data_type, dims=value.shape)
+    kwargs['initializer'].append(tensor)
+    weights.deferred.add(name)
+    return [onnx.helper.make_tensor_value_info(name, data_type, value.shape)], (dtype,)
+
+
+def fill_weights(tensors, weights, names=None):
+    """Writes the values of the initializers among ``tensors`` (a graph's
+    ``initializer`` field, or a list) that :class:`Weights` left without
+    them, one weight at a time, as raw little-endian data; ``names``: only
+    those."""
+    for tensor in tensors:
+        if tensor.name in weights.deferred and (names is None or tensor.name in names):
+            value = weights[tensor.name]
+            tensor.raw_data = np.ascontiguousarray(
+                value, dtype=value.dtype.newbyteorder('<')).tobytes()
+            weights.deferred.discard(tensor.name)
+            del value
 
 
 def has_translation(op, opset=OPSET):
@@ -214,14 +286,32 @@ def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
                                               hidden))
 
 
-def _check_graph_at(opset, ir_version):
+def _check_graph_at(opset, ir_version, state=None):
+    """onnx's ``check_graph`` at ``opset`` and ``ir_version``; the
+    initializers ``state.weights`` left without values (graph inputs as
+    well, in MXNet's graph) are left out of it, their values being
+    checked in the finished model."""
     context = onnx.checker.C.CheckerContext()
     context.ir_version = ir_version
     context.opset_imports = {'': opset}
 
     def check_graph(graph, ctx=None):
+        weights = getattr(state, 'weights', None)
+        if weights is not None and weights.deferred:
+            light = onnx.GraphProto()
+            light.CopyFrom(graph)  # small: the weights hold no values yet
+            kept = [t for t in light.initializer if t.name not in weights.deferred]
+            del light.initializer[:]
+            light.initializer.extend(kept)
+            graph = light
         onnx.checker.C.check_graph(graph.SerializeToString(), ctx or context)
     return check_graph
+
+
+class _Conversion:
+    """What :func:`conversion_context` yields: ``weights``, the
+    :class:`Weights` of the conversion (``None`` until it starts)."""
+    weights = None
 
 
 @contextlib.contextmanager
@@ -231,14 +321,29 @@ def conversion_context(opset, ir_version):
     (``NotImplementedError``, ``AttributeError``, ``AssertionError``) as an
     :class:`ExportError` naming the op and its block.
 
-    The two library functions are replaced for the duration only, under a
+    Its weights are read through :class:`Weights` (the initializers of
+    parameters hold no values until :func:`fill_weights` writes them into
+    the finished graph: ``with conversion_context(...) as conversion``, then
+    ``fill_weights(model.graph.initializer, conversion.weights)``), except
+    where a converter reads them (MXNet's scalar ops on a weight).
+
+    The three library functions are replaced for the duration only, under a
     lock, and restored even when the conversion fails.
     """
     convert_layer = MXNetGraph.__dict__['convert_layer']
+    to_numpy = MXNetGraph.__dict__['convert_weights_to_numpy']
     check_graph = onnx.checker.check_graph
+    state = _Conversion()
+
+    def lazily(params):
+        state.weights = Weights(params)
+        return state.weights
 
     def converting(node, **kwargs):
         try:
+            if node['op'] in _READS_WEIGHT_VALUES and isinstance(kwargs.get('weights'), Weights):
+                _, inputs, _ = _mx12.get_inputs(node, kwargs)
+                fill_weights(kwargs['initializer'], kwargs['weights'], set(inputs))
             return convert_layer.__func__(node, **kwargs)
         except (NotImplementedError, AttributeError, AssertionError) as err:
             reason = ' '.join(str(err).split()) or type(err).__name__
@@ -247,9 +352,11 @@ def conversion_context(opset, ir_version):
 
     with _lock:
         MXNetGraph.convert_layer = staticmethod(converting)
-        onnx.checker.check_graph = _check_graph_at(opset, ir_version)
+        MXNetGraph.convert_weights_to_numpy = staticmethod(lazily)
+        onnx.checker.check_graph = _check_graph_at(opset, ir_version, state)
         try:
-            yield
+            yield state
         finally:
             MXNetGraph.convert_layer = convert_layer
+            MXNetGraph.convert_weights_to_numpy = to_numpy
             onnx.checker.check_graph = check_graph

@@ -29,7 +29,6 @@ import zipfile
 import zlib
 
 import numpy as np
-import onnx
 
 from mp_symbolic.core.checks import excerpt as cut
 from mp_symbolic.core.module import with_input_shape
@@ -43,7 +42,7 @@ from .errors import ExportError, VerificationError, excerpt, library_message
 from .inference import (activation_bytes, inference_graph, input_dtypes, input_names,
                         sample_shapes, stage_layout, with_dynamic_axes, with_input_dtypes)
 
-from .onnx_export import check_onnx_version, dynamic_inputs, to_onnx
+from .onnx_export import check_onnx_version, dynamic_inputs, save_onnx, to_onnx
 from .runtimes import check_symbol_file
 from .verify import (OneDeviceReference, check_batches, failed_checks, format_report,
                      verify_export)
@@ -443,17 +442,23 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
                     extra_metadata=extra, dynamic_axes=dynamic_axes, dtypes=dtypes)
     reference = OneDeviceReference(symbol, arg_params, aux_params, shapes, dtypes)
     per_sample = activation_bytes(inference, arg_params, aux_params, shapes, dtypes)
-    if verify_batches and per_sample > 0:  # before anything is written: held four times over
+    if verify_batches and per_sample > 0:  # before anything is written
         check_batches(verify_batches, per_sample)
     names = export_names(name)
     report = {}
 
     def write(folder):
+        # Each copy of the weights is let go once written, before verification loads its
+        # own: the ONNX model, then the checkpoint's arrays (the reference holds them until
+        # its outputs are computed).
+        nonlocal model, arg_params, aux_params
         paths = {key: os.path.join(folder, file) for key, file in names.items()}
         save_symbol(paths['symbol'], inference)  # read back: MXNet ignores write errors
-        save_params(paths['params'], arg_params, aux_params)
         with _naming(paths['onnx'], 'the ONNX model'):
-            onnx.save(model, paths['onnx'])
+            save_onnx(model, paths['onnx'])
+        model = None
+        save_params(paths['params'], arg_params, aux_params)
+        arg_params = aux_params = None
         report.update(verify_export(paths['onnx'], paths['symbol'], paths['params'], reference,
                                     batch_sizes=verify_batches, tolerance=tolerance,
                                     sample=sample, bytes_per_sample=per_sample))

@@ -25,6 +25,10 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
   token types along the sequence) change together, and the output axes that
   follow them (found by MXNet's shape inference at two sizes) take the name;
 * ``metadata_props`` records where the model came from.
+
+The weights' values are written into the finished model alone (see
+:mod:`export.converters`), and :func:`save_onnx` writes it one weight at a
+time, so no second copy of them is made on the way to the file.
 """
 from collections import OrderedDict
 import importlib.metadata
@@ -46,7 +50,7 @@ from .inference import input_names, output_shapes, stage_layout
 
 __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
            'check_onnx_version', 'to_onnx', 'producer_version', 'dynamic_inputs',
-           'dynamic_groups']
+           'dynamic_groups', 'save_onnx', 'without_weight_values']
 
 ONNX_OPSET = 13
 assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the declared opset'
@@ -257,7 +261,7 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
     # MXNet's converter takes the input shapes and types in list_inputs() order.
     order = [n for n in symbol.list_inputs() if n not in params]
     try:
-        with converters.conversion_context(ONNX_OPSET, ONNX_IR_VERSION):
+        with converters.conversion_context(ONNX_OPSET, ONNX_IR_VERSION) as conversion:
             graph = MXNetGraph().create_onnx_graph_proto(
                 symbol, params, in_shapes=[(1,) + shapes[n] for n in order],
                 in_types=[onnx.helper.np_dtype_to_tensor_dtype(dtypes[n]) for n in order],
@@ -326,4 +330,86 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
                                          'metadata_props says where it came from.'
                                          % (metadata['source_params'], mx.__version__))
     helper.set_model_props(model, metadata)
+    del graph  # make_model copied it; the weights' values go into the model's copy alone
+    if conversion.weights is not None:
+        converters.fill_weights(model.graph.initializer, conversion.weights)
     return model
+
+
+def _copy_fields(source, target, skip):
+    """``target`` with every field of ``source`` but ``skip`` copied in."""
+    for field, value in source.ListFields():
+        if field.name == skip:
+            continue
+        repeated = getattr(field, 'is_repeated', None)  # protobuf 7 has no .label
+        if repeated if repeated is not None else field.label == field.LABEL_REPEATED:
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+    return target
+
+
+def _varint(number):
+    out = bytearray()
+    while True:
+        byte, number = number & 0x7f, number >> 7
+        out.append(byte | (0x80 if number else 0))
+        if not number:
+            return bytes(out)
+
+
+# Protocol buffer keys (field number << 3 | 2, length-delimited) of
+# ModelProto.graph and GraphProto.initializer.
+_GRAPH_KEY = _varint(7 << 3 | 2)
+_INITIALIZER_KEY = _varint(5 << 3 | 2)
+
+
+def save_onnx(model, path):
+    """Writes ``model`` to ``path`` as ``onnx.save`` does, one initializer
+    at a time: ``onnx.save`` serializes the whole model into one buffer
+    and copies it into a bytes object (twice the weights more at the peak,
+    880 MB for BERT-base). The file holds the same message (``onnx.load`` reads it
+    equal to ``model``), the graph and its initializers written last.
+
+    Raises:
+        OSError: the file cannot be written (as ``onnx.save`` raises it).
+    """
+    graph = model.graph
+    head = _copy_fields(graph, onnx.GraphProto(), 'initializer').SerializeToString()
+    sizes = [tensor.ByteSize() for tensor in graph.initializer]
+    length = len(head) + sum(len(_INITIALIZER_KEY) + len(_varint(n)) + n for n in sizes)
+    with open(path, 'wb') as f:
+        f.write(_copy_fields(model, onnx.ModelProto(), 'graph').SerializeToString())
+        f.write(_GRAPH_KEY + _varint(length))
+        f.write(head)
+        for tensor, size in zip(graph.initializer, sizes):
+            f.write(_INITIALIZER_KEY + _varint(size))
+            f.write(tensor.SerializeToString())
+
+
+# Initializers of at most this many values keep them in without_weight_values:
+# shape inference reads the values of shape, axes and index inputs, all small.
+_KEPT_VALUES = 1 << 16
+
+
+def without_weight_values(model):
+    """A copy of ``model`` whose large initializers (more than 65,536
+    values, the weights) have their name, type and shape but no values:
+    what shape inference reads of them. It reads the values of small ones
+    (a ``Reshape``'s target shape, a ``Slice``'s bounds), which are kept.
+
+    ``onnx.shape_inference.infer_shapes`` serializes its model, parses it
+    in C++, serializes the result and parses that again: four copies of the
+    weights at once (1.5 GB more for BERT-base), none of which it reads.
+    """
+    light = _copy_fields(model, onnx.ModelProto(), 'graph')
+    _copy_fields(model.graph, light.graph, 'initializer')
+    for tensor in model.graph.initializer:
+        if int(np.prod(tensor.dims, dtype=np.int64)) <= _KEPT_VALUES:
+            light.graph.initializer.add().CopyFrom(tensor)
+        else:
+            light.graph.initializer.add(name=tensor.name, data_type=tensor.data_type,
+                                        dims=tensor.dims, doc_string=tensor.doc_string)
+    return light

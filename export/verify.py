@@ -29,6 +29,7 @@ axes, an input of one number per sample that may be a length along one
 axis's varied size.
 """
 from collections import OrderedDict
+import gc
 import json
 
 import numpy as np
@@ -47,7 +48,7 @@ from mp_symbolic.core.checks import excerpt
 
 from .errors import ExportError
 from .inference import input_names, network_order
-from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET
+from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET, without_weight_values
 from .runtimes import MXNetPredictor, OnnxPredictor
 
 __all__ = ['BATCH_SIZES', 'DYNAMIC_BATCH_SIZES', 'TOLERANCE', 'MEMORY_BUDGET',
@@ -71,7 +72,7 @@ def verification_batches(bytes_per_sample, candidates=BATCH_SIZES, budget=MEMORY
     fit ``budget``, and, if the largest does not, the largest batch that does.
 
     ``bytes_per_sample`` 162 MB (ResNet-50 v1d at 3x224x224) and the defaults
-    give ``[1, 3]``; 20 KB gives ``[1, 7, 1000]``. A batch of 1 is always
+    give ``[1, 7, 13]``, 500 MB ``[1, 4]``; 20 KB gives ``[1, 7, 1000]``. A batch of 1 is always
     verified, whatever the budget.
 
     Raises:
@@ -98,8 +99,8 @@ def largest_batch(bytes_per_sample, budget=MEMORY_BUDGET):
 
 def check_batches(batch_sizes, bytes_per_sample, budget=MEMORY_BUDGET):
     """Raises unless every one of ``batch_sizes`` (``--verify-batches``)
-    fits ``budget`` by :func:`largest_batch`: each is held in four runtimes
-    at once, and a batch of 10**10 would be an allocation of that many
+    fits ``budget`` by :func:`largest_batch`: each is held in every runtime
+    in turn, and a batch of 10**10 would be an allocation of that many
     samples, not a check.
 
     Raises:
@@ -224,32 +225,54 @@ class OneDeviceReference:
 
     def __call__(self, *arrays):
         """One batch per input -> every output of the graph, as numpy arrays, in
-        the network's order (:func:`~export.inference.network_order`)."""
+        the network's order (:func:`~export.inference.network_order`).
+
+        The executor reads the checkpoint's own arrays (bound, not copied)."""
+        assert self.arg_params is not None, 'the reference was released'
+        cpu = mx.cpu(0)
         given = {name: X.shape for name, X in zip(self.input_names, arrays)}
         arg_shapes, _, _ = self.symbol.infer_shape_partial(**given)
+        arg_types, _, _ = self.symbol.infer_type_partial(**dict(self.dtypes))
         inputs = set(checkpoint_inputs(self.symbol)) | set(self.input_names)
-        shapes = {name: shape for name, shape in zip(self.symbol.list_arguments(), arg_shapes)
-                  if name in inputs}
-        shapes.update(given)
-        exe = self.symbol.simple_bind(ctx=mx.cpu(0), grad_req='null',
-                                      type_dict=dict(self.dtypes), **shapes)
-        exe.copy_params_from(self.arg_params, self.aux_params)
-        exe.forward(is_train=False, **dict(zip(self.input_names, arrays)))
+        values = dict(zip(self.input_names, arrays))
+        args = {}
+        for name, shape, dtype in zip(self.symbol.list_arguments(), arg_shapes, arg_types):
+            if name in values:
+                args[name] = mx.nd.array(values[name], ctx=cpu, dtype=self.dtypes[name])
+            elif name in inputs:  # a label: zeros, which the forward pass does not read
+                args[name] = mx.nd.zeros(shape, ctx=cpu, dtype=dtype or np.float32)
+            else:
+                args[name] = self.arg_params[name].as_in_context(cpu)
+        aux = {name: self.aux_params[name].as_in_context(cpu)
+               for name in self.symbol.list_auxiliary_states()}
+        exe = self.symbol.bind(ctx=cpu, args=args, grad_req='null', aux_states=aux)
+        exe.forward(is_train=False)
         outputs = [exe.outputs[i].asnumpy() for i in network_order(self.symbol)]  # as exported
-        del exe  # its memory is back before the runtimes bind
+        del exe, args, aux  # its memory is back before the runtimes bind
         return outputs
+
+    def release(self):
+        """Lets go of the checkpoint's arrays (freed once nothing else holds
+        them); the reference cannot run after."""
+        self.arg_params = self.aux_params = None
 
 
 def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
                   tolerance=None, sample=None, bytes_per_sample=None):
     """Runs every check on freshly written export files.
 
+    The reference runs first, on every batch, and only its outputs are kept;
+    then one runtime at a time, each let go before the next loads (each
+    holds a copy of the weights): onnxruntime, then the MXNet pair on one
+    device per stage and on ``cpu(0)``.
+
     Args:
         onnx_path: The ``.onnx`` file.
         sym_path, params_path: The MXNet pair.
         reference: A callable ``(X0, X1, ...) -> [outputs]`` the runtimes
             must match (:class:`OneDeviceReference` of the training
-            checkpoint).
+            checkpoint). Its ``release()``, if it has one, is called once
+            its outputs are computed.
         batch_sizes: The batch sizes to compare at; ``None``:
             :func:`verification_batches` of ``bytes_per_sample``.
         tolerance: See :data:`TOLERANCE` (its value, if ``None``).
@@ -268,23 +291,11 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
             loaded at all.
     """
     tolerance = TOLERANCE if tolerance is None else tolerance
-    model = onnx.load(onnx_path)
     with captured_stderr() as ort_log:
         onnx_runtime = OnnxPredictor(onnx_path, table=False)
     declared = [list(o.shape) for o in onnx_runtime.session.get_outputs()]
-    checks = _onnx_checks(model, onnx_path, declared)
-    checks.append(_check('onnxruntime loads without warnings', not ort_log,
-                         ort_log[0] if ort_log else 'nothing logged at default severity'))
-    runtimes = [onnx_runtime]
     dynamic = onnx_runtime.dynamic_axes
     shapes = reference.shapes
-    # one device per stage (the model-parallel split), then every stage on cpu(0)
-    for spec in (None, 'cpu:0'):
-        mxnet_runtime = MXNetPredictor.from_files(sym_path, params_path, devices=spec,
-                                                  shape=dict(shapes), dynamic_axes=dynamic,
-                                                  dtypes=reference.dtypes)
-        checks.append(_placement_check(mxnet_runtime))
-        runtimes.append(mxnet_runtime)
     if batch_sizes is None:
         candidates = DYNAMIC_BATCH_SIZES if dynamic else BATCH_SIZES
         batch_sizes = (verification_batches(bytes_per_sample, candidates)
@@ -295,6 +306,7 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
     parity = []
     vocab = {name: _token_range(reference.symbol, name) for name in reference.input_names}
     lengths = _length_inputs(sample, shapes, dynamic)
+    batches = []
     for batch_size, sizes in _parity_shapes(shapes, dynamic, batch_sizes):
         arrays = []
         for name in reference.input_names:
@@ -304,8 +316,30 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
                 along, axis = lengths[name]
                 X = np.clip(X, 0, sizes[along][axis - 1]).astype(X.dtype)
             arrays.append(X)
-        expected = reference(*arrays)
-        for runtime in runtimes:
+        batches.append((batch_size, arrays))
+    expected_outputs = [reference(*arrays) for _, arrays in batches]
+    if callable(getattr(reference, 'release', None)):
+        reference.release()  # the checkpoint's arrays go before the MXNet pair loads its own
+    checks = []
+    runtimes = [onnx_runtime, None, 'cpu:0']  # the MXNet pair's devices, loaded in turn
+    del onnx_runtime
+    blocks = {}  # (batch, runtime) -> its rows, compared runtime after runtime
+    for number in range(len(runtimes)):
+        runtime, runtimes[number] = runtimes[number], None
+        if number:
+            if number == 1:  # the file's checks, on its graph without the weights' values
+                checks.extend(_onnx_checks(without_weight_values(onnx.load(onnx_path)),
+                                           onnx_path, declared))
+                checks.append(_check('onnxruntime loads without warnings', not ort_log,
+                                     ort_log[0] if ort_log
+                                     else 'nothing logged at default severity'))
+            # one device per stage (the model-parallel split), then every stage on cpu(0)
+            runtime = MXNetPredictor.from_files(sym_path, params_path, devices=runtime,
+                                                shape=dict(shapes), dynamic_axes=dynamic,
+                                                dtypes=reference.dtypes)
+            checks.append(_placement_check(runtime))
+        for batch, ((batch_size, arrays), expected) in enumerate(zip(batches, expected_outputs)):
+            first = len(parity)
             outputs = runtime.run(*arrays)
             for index, (got, want) in enumerate(zip(outputs, expected)):
                 ok, diff, scale = within_tolerance(got.reshape(want.shape)
@@ -321,7 +355,10 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
                 row.update([('max_abs_diff', diff), ('scale', scale), ('ok', ok)])
                 parity.append(row)
             del outputs
-        del expected
+            blocks[batch, number] = parity[first:]
+        del runtime
+        gc.collect()  # an executor's memory goes with its last reference
+    parity[:] = [row for key in sorted(blocks) for row in blocks[key]]  # batch after batch
     ok = all(c['ok'] for c in checks) and all(p['ok'] for p in parity)
     return OrderedDict([('ok', ok), ('tolerance', tolerance),
                         ('tolerance_rule', 'max |difference| <= tolerance x scale (the largest '

@@ -21,7 +21,7 @@ import pytest
 from conftest import cli_status, make_config
 
 import export
-from export import MAX_CSV_BYTES, MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES
+from export import MAX_CSV_BYTES, MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES, MEMORY_BUDGET
 from export.__main__ import main as export_main
 from export.errors import ModelFileError
 from export.predict import main as predict_main
@@ -305,7 +305,8 @@ def test_verify_batches_past_the_memory_budget_are_refused_naming_the_largest(
     assert line.startswith('error: --verify-batches: expected batch sizes of at most ')
     largest = int(line.split('at most ')[1].split()[0])
     assert 1000 < largest < 10 ** 10
-    assert line.endswith('fit the 512 MiB memory budget), found 10000000000')
+    assert line.endswith('fit the %d MiB memory budget), found 10000000000'
+                         % (MEMORY_BUDGET >> 20))
 
 
 # -- 6. endless stdin, large CSV, FIFOs --------------------------------------------------
