@@ -7,7 +7,8 @@
   Pipeline itself is the imperative Gluon twin.
 * :class:`ColumnParallelDense`, :class:`RowParallelDense` and
   :class:`VocabParallelEmbedding` split one layer's weight over the devices
-  of a stage (``'cpu:0+cpu:1,cpu:2'``): tensor parallelism, Megatron-LM's way.
+  of a stage (``'cpu:0+cpu:1,cpu:2'``): tensor parallelism, Megatron-LM's way;
+  :class:`ShardedBlock` is their base, for a parallel layer of one's own.
 * :class:`Trainer` is ``gluon.Trainer`` for parameters on any devices (stages,
   replicas or both).
 * :class:`Task` describes a workload for ``python -m mp_symbolic train --task FILE``.
@@ -40,6 +41,7 @@ _HOMES = {
     'PerShard': 'core.tensor_parallel', 'Pipeline': 'core.pipeline',
     'PipelineModule': 'core.module', 'Report': 'core.task',
     'RowParallelDense': 'core.tensor_parallel', 'ScheduleError': 'core.schedule',
+    'ShardedBlock': 'core.tensor_parallel',
     'Task': 'core.task', 'TaskError': 'core.task', 'Trainer': 'core.trainer',
     'VocabParallelEmbedding': 'core.tensor_parallel', 'balance_by_size': 'core.balance',
     'balance_by_time': 'core.balance', 'make_plan': 'core.devices',

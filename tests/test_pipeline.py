@@ -171,7 +171,7 @@ def test_mxnet_fit_with_ndarrayiter_trains_a_pipeline_module(tmp_path):
     probabilities = mod.predict(train_iter).asnumpy()
     assert probabilities.shape == (512, 2)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1, rtol=1e-5)
-    executor = mod._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = mod.executors[0]
     assert executor.arg_dict['fc0_weight'].context == mx.cpu(0)
     assert executor.arg_dict['fc3_weight'].context == mx.cpu(1)
     mod.save_checkpoint(str(tmp_path / 'mlp'), 25)
@@ -317,6 +317,36 @@ def test_module_rebinds_a_batch_of_another_shape_as_it_binds():
         mod.update()
         assert mod.get_outputs()[0].shape == (batch_size, 10)
         assert np.isfinite(mod.get_outputs()[0].asnumpy()).all()
+
+
+def test_module_bound_to_train_predicts_and_scores_batches_of_other_sizes():
+    """After a training bind at 8: predict (no labels) at 4 and score at 6
+    give what the same parameters give on one device; a batch the chunks do
+    not divide is one line, not MXNet's traceback."""
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 1, (12, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 12).astype(np.float32)
+    mods = []
+    for devices, chunks in (('cpu:0', 1), ('cpu:0,cpu:1', 2)):
+        mod = Pipeline(digits.build_blocks(), devices, sample=(8, 1, 8, 8),
+                       chunks=chunks).module(loss='softmax')
+        mod.bind([('data', (8, 1, 8, 8))], [('softmax_label', (8,))])
+        if mods:
+            mod.set_params(*mods[0].get_params())
+        else:
+            mod.init_params(mx.init.Xavier())
+        mods.append(mod)
+    one, split = mods
+    predicted = [m.predict(mx.io.NDArrayIter(X, batch_size=4)).asnumpy() for m in mods]
+    assert predicted[1].shape == (12, 10)
+    np.testing.assert_allclose(predicted[1], predicted[0], rtol=1e-5, atol=1e-6)
+    scores = [dict(m.score(mx.io.NDArrayIter(X, y, batch_size=6), 'ce')) for m in mods]
+    assert abs(scores[1]['cross-entropy'] - scores[0]['cross-entropy']) < 1e-5
+    with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
+                                         r'replicas \(2 x 1 = 2\), found 5$'):
+        split.predict(mx.io.NDArrayIter(X, batch_size=5, last_batch_handle='pad'))
+    assert one.predict(mx.io.NDArrayIter(X, batch_size=5, last_batch_handle='pad')).shape == \
+        (12, 10)
 
 
 def test_imperative_twin_places_and_moves_parameters():
