@@ -39,6 +39,15 @@ PERTURBATIONS = 2
 # 2 GiB for the activations at most, whatever the model. (Defined here, not
 # in verify.py, so that the command line's help needs no MXNet.)
 MEMORY_BUDGET = 512 << 20
+# What a --sample .npz may hold, by its members' zip headers, read before any
+# member is: their declared decompressed bytes in all, and how many arrays (a
+# model reads a few inputs). A small file declaring gigabytes is refused unread.
+MAX_SAMPLE_BYTES = 1 << 30
+MAX_SAMPLE_ARRAYS = 1000
+# CSV text python -m export.predict reads from a file or stdin: an endless
+# stream (`yes 1,2 | ...`) is refused once it passes this, not read until
+# memory runs out. Larger inputs go in a .npy file.
+MAX_CSV_BYTES = 64 << 20
 
 __all__ = ['load_model', 'LoadedModel', 'DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR']
 

@@ -16,8 +16,8 @@ import sys
 from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
 from mp_symbolic.tools.interrupts import exit_on_signals, ignore_signals
 
-from . import (DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR, MEMORY_BUDGET, SENSITIVITY_FACTOR,
-               SENSITIVITY_LIMIT, TOLERANCE)
+from . import (DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR, MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES,
+               MEMORY_BUDGET, SENSITIVITY_FACTOR, SENSITIVITY_LIMIT, TOLERANCE)
 from .errors import excerpt, one_line
 
 __all__ = ['main', 'build_parser']
@@ -45,12 +45,14 @@ def build_parser():
                              'NAME=D0,D1 once per input, e.g. data0=16 data1=16 (repeatable)')
     parser.add_argument('--sample', default=None, metavar='FILE.npz',
                         help='one array per input name (data, or data0, data1, ...), batch '
-                             'first: the input shapes and dtypes, and the data verification '
-                             'runs on')
+                             'first: the input shapes and dtypes (an array of another dtype '
+                             'than the checkpoint takes is cast where no value changes), and '
+                             'the data verification runs on; at most %d arrays and %d MiB '
+                             'decompressed' % (MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES >> 20))
     parser.add_argument('--verify-batches', default=None, metavar='B1,B2,...',
-                        help='batch sizes to verify at, e.g. 1,7 (default: 1, 7 and the '
-                             'largest up to 1000 whose activations fit %d MiB)'
-                             % (MEMORY_BUDGET >> 20))
+                        help='batch sizes to verify at, e.g. 1,7, each at most the largest '
+                             'whose activations fit %d MiB (default: 1, 7 and the largest up '
+                             'to 1000 that fits)' % (MEMORY_BUDGET >> 20))
     parser.add_argument('--tolerance', type=float, default=None, metavar='T',
                         help='largest allowed difference from the checkpoint, as a fraction of '
                              'each output\'s largest |value|, T alone (default: %g, or %g '
@@ -99,6 +101,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.checkpoint import check_writable_dir
+    from mp_symbolic.tools.files import check_path
     from .errors import VerificationError
     from .exporter import export_checkpoint, read_sample
     from .inference import parse_input_shapes
@@ -114,6 +117,10 @@ def main(argv=None):
         if not args.checkpoint.strip():
             raise ValueError('--checkpoint: expected a training folder or a checkpoint prefix, '
                              'found an empty string')
+        # every path before any work: one too long to open, an --out that cannot be a folder
+        check_path(args.checkpoint, '--checkpoint')
+        if args.sample is not None:
+            check_path(args.sample, '--sample')
         check_writable_dir(args.out, '--out')
         shape = parse_input_shapes(args.input_shape) if args.input_shape else None
         batches = parse_batches(args.verify_batches) if args.verify_batches else None

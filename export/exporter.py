@@ -26,27 +26,31 @@ import contextlib
 import json
 import os
 import zipfile
+import zlib
 
 import numpy as np
 import onnx
 
+from mp_symbolic.core.checks import excerpt as cut
 from mp_symbolic.core.module import with_input_shape
 from mp_symbolic.core.names import DATA_NAME
 from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_params, save_symbol
 from mp_symbolic.tools.store import Store, check_store_folder
+from mp_symbolic.tools.files import sha256_file, shown_path
 
-from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
-from .errors import ExportError, VerificationError, one_line
-from .inference import (activation_bytes, inference_graph, input_names, sample_shapes,
-                        stage_layout, with_dynamic_axes, with_input_dtypes)
-from mp_symbolic.tools.files import sha256_file
+from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR, MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES
+from .errors import ExportError, VerificationError, excerpt, library_message
+from .inference import (activation_bytes, inference_graph, input_dtypes, input_names,
+                        sample_shapes, stage_layout, with_dynamic_axes, with_input_dtypes)
 
 from .onnx_export import check_onnx_version, dynamic_inputs, to_onnx
 from .runtimes import check_symbol_file
-from .verify import OneDeviceReference, failed_checks, format_report, verify_export
+from .verify import (OneDeviceReference, check_batches, failed_checks, format_report,
+                     verify_export)
 
 __all__ = ['DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR', 'locate_checkpoint',
-           'export_checkpoint', 'export_names', 'read_sample', 'check_sample']
+           'export_checkpoint', 'export_names', 'read_sample', 'check_sample', 'cast_exactly',
+           'unfinished_note']
 
 
 def locate_checkpoint(checkpoint, epoch=None):
@@ -99,31 +103,78 @@ def locate_checkpoint(checkpoint, epoch=None):
 def read_sample(path):
     """``--sample FILE.npz`` -> ``{input name: array}``, in the file's order.
 
+    What the file may hold is checked from its zip headers before any member
+    is read: at most :data:`~export.MAX_SAMPLE_ARRAYS` members, all ``.npy``,
+    declaring at most :data:`~export.MAX_SAMPLE_BYTES` decompressed in all
+    (a zip bomb of a few KB declaring gigabytes is refused unread); then each
+    member's ``.npy`` header, against its declared size, before its array
+    is allocated (:func:`export.tables.read_npy`). A FIFO is refused
+    unopened.
+
     Raises:
-        ExportError: not a readable ``.npz`` of arrays.
+        ExportError: not a readable ``.npz`` of numeric arrays within those
+            bounds.
     """
+    # pylint: disable=import-outside-toplevel
+    from .errors import InputError
+    from .tables import open_regular, read_npy
     if not str(path).endswith('.npz'):
         raise ExportError('--sample: expected a .npz file (numpy.savez: one array per input '
-                          'name, batch first), found %s' % path)
+                          'name, batch first), found %s' % shown_path(path))
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return OrderedDict((key, npz[key]) for key in npz.files)
-    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        with open_regular(path, 'a .npz file') as f, zipfile.ZipFile(f) as npz:
+            members = npz.infolist()
+            names = [m.filename for m in members]
+            if len(members) > MAX_SAMPLE_ARRAYS:
+                raise ExportError('--sample: expected at most %d arrays (one per input) in %s, '
+                                  'found %d: %s' % (MAX_SAMPLE_ARRAYS, path, len(members),
+                                                    excerpt(', '.join(names))))
+            odd = [n for n in names if not n.endswith('.npy')]
+            if odd or len(set(names)) != len(names):
+                raise ExportError('--sample: expected one .npy member per input in %s (as '
+                                  'numpy.savez writes them), found %s'
+                                  % (path, 'members %s' % excerpt(', '.join(odd)) if odd else
+                                     'a name given twice'))
+            declared = sum(m.file_size for m in members)
+            if declared > MAX_SAMPLE_BYTES:
+                raise ExportError('--sample: expected arrays of at most %d MiB in all in %s, '
+                                  'found members declaring %d bytes decompressed'
+                                  % (MAX_SAMPLE_BYTES >> 20, path, declared))
+            arrays = OrderedDict()
+            for member in members:
+                where = '%s member %s' % (path, excerpt(member.filename))
+                with npz.open(member) as stream:
+                    arrays[member.filename[:-len('.npy')]] = read_npy(stream, where,
+                                                                      member.file_size)
+            return arrays
+    except InputError as err:
+        raise ExportError('--sample: %s' % err) from None
+    except (OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile,
+            zlib.error) as err:  # RuntimeError: an encrypted member; NotImplementedError: a method
         raise ExportError('--sample: expected a readable .npz file at %s, found %s'
-                          % (path, one_line(err))) from None
+                          % (path, library_message(err))) from None
 
 
-def check_sample(sample, symbol):
-    """``sample`` as ``{input name: array}`` in the graph's input order.
+def check_sample(sample, symbol, arg_params=None, log=None):
+    """``sample`` as ``{input name: array}`` in the graph's input order, each
+    array of a dtype the graph takes.
+
+    An array of a dtype the graph does not take (float64 or int64 where its
+    weights make it float32) is cast to the input's dtype (recorded on the
+    input, else float32) where no value changes beyond rounding to it: a
+    float to a float it stays finite in, whole numbers to an integer type
+    they fit in or to a float that holds them exactly; ``log`` is told.
 
     Raises:
         ExportError: its names are not the graph's inputs, an array has no
-            batch axis or no rows, or the batches differ in length.
+            batch axis or no rows, the batches differ in length, or an array
+            would change in the cast (a fraction for an integer input, a value
+            out of the input's range).
     """
     inputs = input_names(symbol)
     if sorted(sample) != sorted(inputs):
         raise ExportError('--sample: expected one array per input (%s), found %s'
-                          % (', '.join(inputs), ', '.join(sorted(sample)) or 'none'))
+                          % (', '.join(inputs), cut(', '.join(sorted(sample))) or 'none'))
     arrays = OrderedDict((name, np.asarray(sample[name])) for name in inputs)
     for name, X in arrays.items():
         if X.ndim < 1 or not len(X) or X.dtype.kind not in 'fiu' or \
@@ -133,20 +184,145 @@ def check_sample(sample, symbol):
     if len({len(X) for X in arrays.values()}) > 1:
         raise ExportError('--sample: expected the same batch size for every input, found %s'
                           % ', '.join('%s %d' % (k, len(v)) for k, v in arrays.items()))
+    wanted = _taken_dtypes(symbol, arg_params or {}, {k: v.dtype for k, v in arrays.items()})
+    for name, dtype in wanted.items():
+        was = arrays[name].dtype
+        arrays[name] = cast_exactly(arrays[name], dtype, '--sample: %s' % name)
+        if log is not None:
+            log('--sample: %s cast from %s to %s, the dtype of the checkpoint\'s input'
+                % (name, was, dtype))
     return arrays
 
 
-def _inputs(inference, arg_params, input_shape, sample):
+# Input dtypes the export's two runtimes both take (MXNet's and onnxruntime's).
+_SAMPLE_DTYPES = tuple(np.dtype(d) for d in (np.float32, np.float64, np.int32, np.int64))
+
+
+def _taken_dtypes(symbol, arg_params, given):
+    """``{input name: dtype}`` of the inputs whose ``given`` dtype is not the
+    one the graph takes: an input whose dtype the graph records
+    (``__dtype__``, as ``mx.sym.var(name, dtype=...)`` and an export with an
+    integer sample record it) takes that one; any other takes its given
+    dtype if it is one both runtimes take (:data:`_SAMPLE_DTYPES`) and
+    MXNet's type inference accepts it with the weights (token ids of int64
+    into an ``Embedding``), else float32.
+
+    Raises:
+        ExportError: the graph takes none of these.
+    """
+    from mxnet.base import MXNetError  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.compat import error_line  # pylint: disable=import-outside-toplevel
+    known = {k: v.dtype for k, v in arg_params.items() if k in symbol.list_arguments()}
+    attrs = symbol.attr_dict()
+    own = input_dtypes(symbol)  # recorded, else float32
+    recorded = {name for name in given if '__dtype__' in attrs.get(name, {})}
+
+    def fails(dtypes):
+        try:
+            symbol.infer_type_partial(**dict(known, **dtypes))
+            return None
+        except (MXNetError, KeyError, TypeError) as err:
+            return err
+
+    chosen = {name: own[name] if name in recorded or np.dtype(dtype) not in _SAMPLE_DTYPES
+              else np.dtype(dtype) for name, dtype in given.items()}
+    if fails(chosen) is not None:  # a given dtype the weights refuse (float64 into float32)
+        chosen = {name: own[name] for name in given}
+    err = fails(chosen)
+    if err is not None:
+        raise ExportError('--sample: expected arrays of dtypes the graph takes, found %s: %s'
+                          % (', '.join('%s %s' % kv for kv in given.items()), error_line(err)))
+    return {name: dtype for name, dtype in chosen.items() if dtype != given[name]}
+
+
+def cast_exactly(X, dtype, what):
+    """``X`` as ``dtype``, refused where a value would change beyond rounding
+    to a float: a float to a float it stays finite in; whole numbers to an
+    integer dtype whose range holds them, or to a float whose mantissa holds
+    them (to 2**24 for float32).
+
+    Raises:
+        ExportError: ``what``: a value that does not survive the cast (the
+            first one, and where it is).
+    """
+    X, dtype = np.asarray(X), np.dtype(dtype)
+
+    def refuse(expected, bad):
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ExportError('%s: expected %s for %s %s input, found %s at index %s (of %s)'
+                          % (what, expected, 'an' if dtype.kind == 'i' else 'a', dtype,
+                             X[index].item(), index, X.dtype))
+
+    if dtype.kind == 'f':
+        if X.dtype.kind == 'f':
+            with np.errstate(over='ignore'):
+                Y = X.astype(dtype)
+            if not np.all(np.isfinite(Y)):
+                refuse('values within its range (|x| <= %.4g)' % np.finfo(dtype).max,
+                       ~np.isfinite(Y))
+            return Y
+        exact = 2 ** (np.finfo(dtype).nmant + 1)  # every integer up to it is a float of dtype
+        wide = X.astype(np.float64)
+        if np.any(np.abs(wide) > exact):
+            refuse('whole numbers of at most %d in magnitude (held exactly)' % exact,
+                   np.abs(wide) > exact)
+        return X.astype(dtype)
+    info = np.iinfo(dtype)
+    if X.dtype.kind == 'f':
+        if np.any(X != np.round(X)):
+            refuse('whole numbers', X != np.round(X))
+        # float(info.max) + 1 is a power of two, exact as a float: 2**31, 2**63, 2**64
+        out = (X < info.min) | (X >= float(info.max) + 1)
+    elif np.can_cast(X.dtype, dtype):
+        out = None
+    else:  # compared as Python integers: int64 against uint64 bounds stays exact
+        low, high = int(X.min()), int(X.max())
+        out = (X == X.min()) if low < info.min else (X == X.max()) if high > info.max else None
+    if out is not None and np.any(out):
+        refuse('values in [%d, %d]' % (info.min, info.max), out)
+    return X.astype(dtype)
+
+
+def _inputs(inference, arg_params, input_shape, sample, log=None):
     """``(shapes, dtypes, sample)`` of the graph's inputs: from the sample,
     or from ``input_shape`` and what the graph records (dtypes ``None``)."""
     if sample is None:
         return sample_shapes(inference, arg_params, input_shape), None, None
     if input_shape is not None:
         raise ExportError('--input-shape: expected it or --sample, found both')
-    sample = check_sample(sample, inference)
+    sample = check_sample(sample, inference, arg_params, log)
     shapes = sample_shapes(inference, arg_params,
                            OrderedDict((k, v.shape[1:]) for k, v in sample.items()))
     return shapes, {k: v.dtype for k, v in sample.items()}, sample
+
+
+def unfinished_note(checkpoint):
+    """A line saying that a training folder's checkpoint is of a run that did
+    not finish, or ``None``.
+
+    The store records it (``MANIFEST.json`` and ``summary.json``):
+    ``complete`` is false for a checkpoint committed between epochs (``epoch``
+    of ``config.num_epochs``) and for the last epoch of a run that did not
+    improve on its initial parameters (``improved: false``, with
+    ``score_name``, ``score_before``, ``score_after``). Checkpoints that
+    record no ``complete`` (``save_checkpoint`` writes ``true``) have none.
+    """
+    if checkpoint is None or checkpoint.meta.get('complete', True) is not False:
+        return None
+    summary = checkpoint.summary
+    config = summary.get('config') if isinstance(summary.get('config'), dict) else {}
+    total = config.get('num_epochs')
+    of = (' of %d' % total) if type(total) is int else ''
+    if summary.get('improved') is False:
+        scores = [summary.get(k) for k in ('score_name', 'score_before', 'score_after')]
+        detail = ('epoch %d%s, marked not improved' % (checkpoint.epoch, of)) + (
+            ': %s %.4g before, %.4g after' % tuple(scores)
+            if isinstance(scores[0], str) and all(type(v) in (int, float) for v in scores[1:])
+            else '')
+    else:
+        detail = 'epoch %d%s' % (checkpoint.epoch, of)
+    return ('note: the checkpoint is of an unfinished run (%s); exporting it as it is'
+            % detail)
 
 
 @contextlib.contextmanager
@@ -180,7 +356,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         checkpoint, epoch: See :func:`locate_checkpoint`.
         out_dir: Folder for the export (a store: ``out_dir/current/``).
         name: File name prefix (default: the task's name, or the prefix's).
-        log: Called with each line of output (the report included).
+        log: Called with each line of output (the report included; a
+            note for a training folder whose run did not finish,
+            :func:`unfinished_note`).
         input_shape: Shape of one input sample, or ``{input name: shape}``,
             where the checkpoint does not record it.
         dynamic_axes: ``{input axis: name}`` besides the batch whose size
@@ -193,8 +371,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         sample: ``{input name: array}``, batch first (``--sample``): the
             shapes and dtypes of the inputs, and the data verification runs
             on (see :func:`read_sample`).
-        verify_batches: The batch sizes to verify at; ``None``: the rule of
-            :func:`export.verify.verification_batches`.
+        verify_batches: The batch sizes to verify at, each within the
+            memory budget (:func:`export.verify.check_batches`); ``None``:
+            the rule of :func:`export.verify.verification_batches`.
         tolerance: See :data:`export.verify.TOLERANCE` (its value, if ``None``).
 
     Returns:
@@ -205,8 +384,10 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         CheckpointError: a checkpoint file is missing or corrupt, or its
             params do not fit its symbol.
         ExportError: the graph cannot be exported (no ``ctx_group``, an op
-            ONNX cannot express, ``onnx>=1.18``), or ``out_dir`` is the
-            checkpoint's own folder.
+            ONNX cannot express, ``onnx>=1.18``), ``out_dir`` is the
+            checkpoint's own folder, a sample a cast would change
+            (:func:`check_sample`), or a verification batch past the
+            memory budget.
         WrongFolder: ``out_dir`` is empty, a training folder, a folder of
             other files (neither empty nor a store), or inside a training
             folder, an export folder or a snapshot.
@@ -235,7 +416,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)
-    shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample)
+    shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample, log)
     for input_name, one in shapes.items():  # recorded, so that load_model knows them too
         inference = with_input_shape(inference, input_name, one)
     if dtypes:
@@ -251,6 +432,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
                                                 's' if len(shapes) > 1 else '', described,
                                                 '; '.join('%s: %d ops' % (g, len(s['ops']))
                                                           for g, s in stages.items())))
+    note = unfinished_note(info['checkpoint'])
+    if note:
+        log(note)
     extra = {'trained_devices': ','.join(info['devices'] or [])}
     if info['summary'] is not None:  # what the run reported (a task's vocabulary, ...)
         extra['training_summary'] = json.dumps(info['summary'], sort_keys=True)
@@ -259,6 +443,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
                     extra_metadata=extra, dynamic_axes=dynamic_axes, dtypes=dtypes)
     reference = OneDeviceReference(symbol, arg_params, aux_params, shapes, dtypes)
     per_sample = activation_bytes(inference, arg_params, aux_params, shapes, dtypes)
+    if verify_batches and per_sample > 0:  # before anything is written: held four times over
+        check_batches(verify_batches, per_sample)
     names = export_names(name)
     report = {}
 

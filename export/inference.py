@@ -21,8 +21,10 @@ import mxnet as mx
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 import numpy as np
 
+from mp_symbolic.core.checks import excerpt
 from mp_symbolic.core.compat import error_line
 from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
+from mp_symbolic.core.ir import PlacedGraph
 from mp_symbolic.core.names import (DATA_NAME, GROUP_ATTR, other_output_index, parse_group,
                                     stage_name)
 
@@ -137,17 +139,16 @@ def stage_layout(symbol):
             ``stage0 .. stage<N-1>``.
     """
     groups = {}
-    for node in _nodes(symbol):
-        group = node.get('attrs', {}).get(GROUP_ATTR)
-        if group is None:
+    for node in PlacedGraph.from_symbol(symbol).nodes:
+        if node.group is None:
             raise ExportError("expected a ctx_group attribute on every op and variable, "
-                              "found none on %s %r" % (node['op'], node['name']))
-        entry = groups.setdefault(group, {'layers': [], 'ops': [], 'variables': []})
-        if node['op'] == 'null':
-            entry['variables'].append(node['name'])
+                              "found none on %s %r" % (node.op, node.name))
+        entry = groups.setdefault(node.group, {'layers': [], 'ops': [], 'variables': []})
+        if node.is_variable:
+            entry['variables'].append(node.name)
         else:
-            entry['ops'].append(node['name'])
-            layer = _layer_of(node['name'], entry['layers'])
+            entry['ops'].append(node.name)
+            layer = _layer_of(node.name, entry['layers'])
             if layer not in entry['layers']:
                 entry['layers'].append(layer)
     expected = [stage_name(s) for s in range(len(groups))]
@@ -185,7 +186,7 @@ def parse_shape(text, flag='--input-shape'):
         shape = ()
     if not shape or min(shape) < 1:
         raise ExportError('%s: expected the shape of one sample as positive '
-                          'integers such as 1,8,8, found %r' % (flag, text))
+                          'integers such as 1,8,8, found %s' % (flag, excerpt(repr(text))))
     return shape
 
 
@@ -383,7 +384,7 @@ def dynamic_axes(symbol):
         try:
             record = json.loads(attrs.get(name, {}).get(_DYNAMIC_ATTR, '{}'))
             axes = {int(axis): str(dim) for axis, dim in record.items()}
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):
             continue
         if axes:
             found[name] = dict(sorted(axes.items()))

@@ -7,9 +7,13 @@
 ``--model`` is the ``.onnx`` file (run by onnxruntime) or the ``-symbol.json``
 of the MXNet pair (params file found beside it), bound with ``group2ctx`` on
 ``--devices``: one device per stage keeps the model-parallel split, a single
-device takes every stage. ``--input`` is ``.npy`` or ``.csv`` (``-``: CSV on
-stdin). Predictions go to stdout as CSV, or to ``--output`` (``.csv`` or
-``.npy``; any other name is refused rather than guessed).
+device takes every stage. ``--input`` is ``.npy`` (``(samples, features)``,
+or ``(samples,) + one sample's shape``, such as ``(N, 3, 64, 64)`` images) or
+``.csv`` (``-``: CSV on stdin), one sample per row; CSV text holds at most
+:data:`~export.MAX_CSV_BYTES` (64 MiB). Predictions, of the model's own rank,
+go to stdout as CSV, or to ``--output`` (``.csv`` or ``.npy``; any other name
+is refused rather than guessed); CSV takes predictions of one or two
+dimensions, ``.npy`` any.
 
 Every failure is one line on stderr starting ``error:``, and nothing is
 written. Exit status: 2 for a bad flag, model or input; 1 if the predictions
@@ -21,8 +25,11 @@ import os
 import sys
 
 from mp_symbolic.tools.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
+from mp_symbolic.tools.files import check_path
 from mp_symbolic.tools.interrupts import (exit_on_signals, exit_status, ignore_signals,
                                     interrupt_on_signals)
+
+from . import MAX_CSV_BYTES
 
 __all__ = ['main', 'build_parser', 'FAILED', 'INTERRUPTED']
 
@@ -38,10 +45,13 @@ def build_parser():
     parser.add_argument('--model', required=True, metavar='PATH',
                         help='<name>.onnx, or <name>-symbol.json with <name>-NNNN.params beside it')
     parser.add_argument('--input', required=True, metavar='PATH',
-                        help='features, one sample per row: .npy, .csv, or - for CSV on stdin')
+                        help='features, one sample per row: .npy (samples, features) or '
+                             '(samples,) + the model\'s sample shape, .csv, or - for CSV on '
+                             'stdin (CSV: at most %d MiB)' % (MAX_CSV_BYTES >> 20))
     parser.add_argument('--output', default=None, metavar='PATH',
-                        help='write predictions to this file, CSV if it ends in .csv, a numpy '
-                             'array if .npy (default: CSV on stdout)')
+                        help='write predictions to this file, CSV if it ends in .csv (one or '
+                             'two dimensions), a numpy array of any shape if .npy (default: CSV '
+                             'on stdout)')
     parser.add_argument('--devices', default=None, metavar='LIST',
                         help="MXNet pair only: devices for the stages, e.g. 'cpu:0,cpu:1,cpu:2' "
                              "(one per stage) or 'cpu:0' (all stages on one device); default: "
@@ -91,18 +101,28 @@ def _predict(args):
     # pylint: disable=import-outside-toplevel
     from .errors import PredictionError
     from .runtimes import SYMBOL_SUFFIX, load_predictor
-    from .tables import STDIN, check_predictions, format_csv, read_features, write_predictions
+    from .tables import (STDIN, check_csv_rank, check_predictions, format_csv, output_format,
+                         read_features, write_predictions)
     if args.model.endswith(SYMBOL_SUFFIX):
         # The pair's runtime, imported while a signal still ends the process at
         # once (exit_on_signals); an .onnx model needs no MXNet (export.runtimes).
         import mxnet  # pylint: disable=unused-import
     interrupt_on_signals()  # from here Ctrl-C and SIGTERM raise, reported by main()
     try:
+        for flag in ('--model', '--input', '--output'):  # a path too long to open: an excerpt
+            if getattr(args, flag[2:]) not in (None, STDIN):
+                check_path(getattr(args, flag[2:]), flag)
         if args.output is not None:
             _check_output(args.output, [('--input', args.input), ('--model', args.model)])
+        csv_out = args.output is None or output_format(args.output) == 'csv'
+        where = 'CSV on stdout' if args.output is None else 'CSV in %s' % args.output
         predictor = load_predictor(args.model, args.devices)
-        X = read_features(args.input, predictor.input_width)
+        if csv_out and getattr(predictor, 'output_ndim', None):  # before reading the input
+            check_csv_rank(predictor.output_ndim, where)
+        X = read_features(args.input, predictor.input_width, predictor.sample_shape)
         Y = predictor.predict(X)
+        if csv_out:
+            check_csv_rank(Y.ndim, where)
         check_predictions(Y, X, '<stdin>' if args.input == STDIN else args.input)
     except PredictionError as err:
         print_error(err)

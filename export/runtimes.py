@@ -8,8 +8,9 @@
 
 Both run every input and every output of the graph (:meth:`run`: one array
 per input, in input order, batch first; a list of outputs of any shape), and
-``predict`` takes a float32 ``(samples, features)`` array of a one-input
-model and returns its first output, ``(samples, outputs)`` (the contract of
+``predict`` takes a float32 batch of a one-input model, ``(samples,
+features)`` or ``(samples,) + sample_shape`` (the model's own rank), and
+returns its first output, ``(samples, ...)`` of any rank (the contract of
 ``python -m export.predict``); :func:`load_predictor` picks one by file name. A file
 that is not what its name says, or a model that fails while it runs, raises
 :class:`~export.errors.ModelFileError` naming the file; messages quote at
@@ -30,7 +31,8 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from mp_symbolic.core.checks import DeviceSpecError
-from mp_symbolic.core.names import GROUP_ATTR, GROUP_KEY
+from mp_symbolic.core.ir import PlacedGraph
+from mp_symbolic.core.names import GROUP_KEY
 from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
@@ -53,6 +55,8 @@ _ORT_STATUS_RE = re.compile(r'^\[ONNXRuntimeError\] : \d+ : ')
 _MAX_SYMBOL_BYTES = 64 << 20  # a symbol file is a graph description, not weights
 # Ops on the longest path from an input: a bundled network has a few hundred;
 # MXNet's Python side walks a graph recursively, and 100,000 ends in a RecursionError.
+# (JSON nested 100,000 deep, `[[[...]]]`, is another RecursionError, in Python's
+# own JSON reader: check_symbol_file catches that one.)
 _MAX_GRAPH_DEPTH = 4000
 # MXNet's JSON reader quotes the file where it stopped: "around ^`...`".
 _MXNET_QUOTE_RE = re.compile(r',?\s*around \^`.*`', re.S)
@@ -166,8 +170,9 @@ def check_symbol_file(path):
     and a JSON error by quoting the file; this says what the file is instead.
 
     Raises:
-        ModelFileError: the file is unreadable, binary, not JSON, or JSON
-            without MXNet's ``nodes``, ``arg_nodes`` and ``heads`` lists.
+        ModelFileError: the file is unreadable, binary, not JSON (or JSON
+            nested too deeply to read), or JSON without MXNet's ``nodes``,
+            ``arg_nodes`` and ``heads`` lists.
     """
     what = '%s is not an MXNet symbol file' % path
     try:
@@ -188,6 +193,10 @@ def check_symbol_file(path):
         found = ('invalid JSON (%s)' % err if data.lstrip()[:1] in (b'{', b'[')
                  else describe_start(data[:64]))
         raise ModelFileError('%s: expected a symbol JSON, found %s' % (what, found)) from None
+    except RecursionError:  # [[[...]]] 100,000 deep: Python's reader recurses per level
+        raise ModelFileError('%s: expected a symbol JSON, found JSON nested too deeply to read '
+                             '(arrays or objects inside one another, thousands deep)'
+                             % what) from None
     keys = ('nodes', 'arg_nodes', 'heads')
     if not isinstance(graph, dict) or not all(isinstance(graph.get(k), list) for k in keys):
         if isinstance(graph, dict):
@@ -223,18 +232,15 @@ def _check_states_beside_their_ops(symbol, where):
     variance) is in its op's ``ctx_group``: MXNet updates a state in place on
     its op's device and refuses a split bind otherwise ("mutable state cannot
     go across device", inside a multi-line RuntimeError)."""
-    aux = set(symbol.list_auxiliary_states())
-    nodes = json.loads(symbol.tojson())['nodes']
-    for node in nodes:
-        group = node.get('attrs', {}).get(GROUP_ATTR)
-        for edge in node['inputs']:
-            state = nodes[edge[0]]
-            if state['name'] in aux and state.get('attrs', {}).get(GROUP_ATTR) != group:
+    placed = PlacedGraph.from_symbol(symbol)
+    for node in placed.ops:
+        for entry in node.inputs:
+            state = placed.source(entry)
+            if state.role == 'state' and state.group != node.group:
                 raise ModelFileError(
                     '%s: expected the state %s of %s %s on its op\'s device group %s, found it '
-                    'in %s' % (where, excerpt(state['name'], 60), node['op'],
-                               excerpt(node['name'], 60), group,
-                               state.get('attrs', {}).get(GROUP_ATTR)))
+                    'in %s' % (where, excerpt(state.name, 60), node.op, excerpt(node.name, 60),
+                               node.group, state.group))
 
 
 class MXNetPredictor:
@@ -258,6 +264,8 @@ class MXNetPredictor:
 
     Attributes:
         group2ctx: ``{'stage0': ctx, ...}`` as passed to ``simple_bind``.
+        output_ndim: Dimensions of the first output, the batch's included
+            (``None`` if shape inference cannot tell before a batch runs).
         dynamic_axes: ``{input name: {axis: name}}`` of the inputs with
             axes of any size.
         note: A line saying which default devices were chosen, or ``None``.
@@ -301,9 +309,22 @@ class MXNetPredictor:
         self.sample_shape = self.sample_shapes[self.input_names[0]]  # of the first input
         self.input_width = features(self.sample_shape)
         self.num_outputs = len(self.symbol.list_outputs())
+        self.output_ndim = self._output_ndim()
         self.path = None  # the symbol file, when loaded by from_files
         self.params_path = None  # and its params file
         self._exec = None
+
+    def _output_ndim(self):
+        """Dimensions of the first output, the batch's included, by MXNet's
+        shape inference at batch size 1; ``None`` if it cannot tell."""
+        import mxnet as mx  # pylint: disable=import-outside-toplevel
+        shapes = {name: (1,) + tuple(shape) for name, shape in self.sample_shapes.items()}
+        shapes.update({name: value.shape for name, value in self.arg_params.items()})
+        try:
+            _, out_shapes, _ = self.symbol.infer_shape_partial(**shapes)
+        except (mx.base.MXNetError, TypeError, ValueError):
+            return None
+        return len(out_shapes[0]) if out_shapes and out_shapes[0] else None
 
     @classmethod
     def from_files(cls, sym_path, params_path=None, devices=None, shape=None, dynamic_axes=None,
@@ -393,12 +414,14 @@ class MXNetPredictor:
                 self.path or 'the graph', len(arrays[0]), library_message(err))) from None
 
     def predict(self, X):
-        """``(samples, features)`` -> ``(samples, outputs)`` float32 numpy
-        array: the first output of a one-input model.
+        """``(samples, features)`` or ``(samples,) + sample_shape`` ->
+        ``(samples, ...)`` float32 numpy array: the first output of a
+        one-input model, of its own rank.
 
         Raises:
-            InputError: ``X`` is not ``(samples, input_width)``, or the
-                model reads several inputs (use :meth:`run`).
+            InputError: ``X`` is neither ``(samples, input_width)`` nor
+                ``(samples,) + sample_shape``, or the model reads several
+                inputs (use :meth:`run`).
             ModelFileError: MXNet fails to run the graph.
         """
         if len(self.input_names) != 1:
@@ -418,14 +441,13 @@ class OnnxPredictor:
     ``sample_shapes`` then gives the size each input was traced at (the
     ``sample_shapes`` metadata; ``sample_shape``, of the first input, in
     files written before it), inputs may have any size along it (the same
-    size on every axis of one name), and the output may have more than two
-    dimensions.
+    size on every axis of one name).
 
     Args:
         path: The ``.onnx`` file.
         table: Whether to hold the model to ``python -m export.predict``'s
-            contract (one float32 input; a 2-D first output unless an axis
-            besides the batch is dynamic). ``False``: any number of inputs
+            contract (one float32 input; a first output of shape
+            ``(batch, ...)``, of any rank). ``False``: any number of inputs
             of fixed per-sample dimensions (float32, float64, int32 or
             int64), any outputs.
 
@@ -435,12 +457,15 @@ class OnnxPredictor:
             (1: the first after the batch) of any size, named as in the file.
         input_names, sample_shapes, dtypes: The inputs, in order, one
             sample's shape and the numpy dtype of each.
+        output_ndim: Dimensions of the first output as the file declares
+            it, the batch's included.
 
     Raises:
         ModelFileError: the file is missing, not a model onnxruntime can
             load, or not inputs of shape (batch, ...) with fixed per-sample
             dimensions (or dynamic axes and their traced sizes), or (with
-            ``table``) not one float32 input and a 2-D first output.
+            ``table``) not one float32 input and a first output of shape
+            ``(batch, ...)``.
     """
 
     def __init__(self, path, table=True):
@@ -483,8 +508,8 @@ class OnnxPredictor:
                 i.type not in _ORT_DTYPES for i in inputs):
             raise ModelFileError('%s: expected a float32 input (tensor(float)), found %s'
                                  % (path, _describe_args(inputs)))
-        if table and len(outputs[0].shape) != 2 and not self.dynamic_axes:
-            raise ModelFileError('%s: expected its first output to be of shape (batch, outputs), '
+        if table and isinstance(outputs[0].shape, list) and len(outputs[0].shape) < 1:
+            raise ModelFileError('%s: expected its first output to be of shape (batch, ...), '
                                  'found %s' % (path, _describe_args(outputs[:1])))
         self.table = table
         self.input_names = [i.name for i in inputs]
@@ -494,6 +519,7 @@ class OnnxPredictor:
         self.sample_shape = tuple(shapes[0])
         self.input_width = features(self.sample_shape)
         self.output_width = outputs[0].shape[1] if len(outputs[0].shape) == 2 else None
+        self.output_ndim = len(outputs[0].shape) if isinstance(outputs[0].shape, list) else None
         self.num_outputs = len(outputs)
         batch = inputs[0].shape[0]
         self.batch_size = batch if isinstance(batch, int) and batch > 0 else None
@@ -524,15 +550,17 @@ class OnnxPredictor:
         return [np.concatenate(outs) for outs in zip(*parts)]
 
     def predict(self, X):
-        """``(samples, features)`` -> ``(samples, outputs)`` float32 numpy
-        array: the first output of a one-input model.
+        """``(samples, features)`` or ``(samples,) + sample_shape`` ->
+        ``(samples, ...)`` float32 numpy array: the first output of a
+        one-input model, of its own rank.
 
         Raises:
-            InputError: ``X`` is not ``(samples, input_width)``, or its
-                samples are not a multiple of a fixed batch size, or the
-                model reads several inputs (use :meth:`run`).
+            InputError: ``X`` is neither ``(samples, input_width)`` nor
+                ``(samples,) + sample_shape``, or its samples are not a
+                multiple of a fixed batch size, or the model reads several
+                inputs (use :meth:`run`).
             ModelFileError: onnxruntime fails to run the model, or its output
-                is not ``(samples, outputs)`` numbers.
+                is not ``(samples, ...)`` numbers.
         """
         if len(self.input_names) != 1:
             raise InputError('expected a model of one input, found %d: %s'
@@ -549,13 +577,10 @@ class OnnxPredictor:
         checked = []
         for i, Y in enumerate(outputs):
             Y = np.asarray(Y)
-            table = self.table and i == 0 and not self.dynamic_axes
-            if (table and Y.ndim != 2) or Y.ndim < 1 or len(Y) != count or \
-                    not np.issubdtype(Y.dtype, np.number):
-                raise ModelFileError('%s: expected (%d, %s) numbers from a batch of %d samples, '
+            if Y.ndim < 1 or len(Y) != count or not np.issubdtype(Y.dtype, np.number):
+                raise ModelFileError('%s: expected (%d, ...) numbers from a batch of %d samples, '
                                      'found %s of shape %s'
-                                     % (self.path, count, 'outputs' if table else '...', count,
-                                        Y.dtype, Y.shape))
+                                     % (self.path, count, count, Y.dtype, Y.shape))
             checked.append(Y.astype(np.float32, copy=False))
         return checked
 
@@ -566,10 +591,10 @@ def _traced_shapes(metadata, inputs):
     first input); what does not read as lists of integers is left out."""
     try:
         traced = json.loads(metadata['sample_shapes'])
-    except (KeyError, ValueError, TypeError):
+    except (KeyError, ValueError, TypeError, RecursionError):
         try:
             traced = {inputs[0].name: json.loads(metadata['sample_shape'])} if inputs else {}
-        except (KeyError, ValueError, TypeError):
+        except (KeyError, ValueError, TypeError, RecursionError):
             traced = {}
     found = {}
     for name, dims in (traced.items() if isinstance(traced, dict) else ()):

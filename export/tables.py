@@ -1,30 +1,53 @@
 """Prediction inputs and outputs: ``.npy`` arrays and CSV tables.
 
-Inputs are ``(samples, features)``: a 2-D ``.npy`` array, or CSV (UTF-8
-text, ``.csv``) with one sample per line and no header (blank lines and lines
-starting with ``#`` are skipped), from a file or, for ``-``, from stdin.
-Values must be finite as float32. Outputs are ``(samples, outputs)`` in the
-same two formats, and must be finite too (:func:`check_predictions`).
+Inputs are a batch of samples: a ``.npy`` array ``(samples, features)`` or
+``(samples,) + one sample's shape`` in the model's own rank (``(N, 3, H, W)``
+images for a convolutional network), or CSV (UTF-8 text, ``.csv``) with one
+sample per line, its features flattened, and no header (blank lines and
+lines starting with ``#`` are skipped), from a file or, for ``-``, from
+stdin. A CSV number is ASCII decimal or scientific notation (``-1.5``,
+``2e-3``; ``nan`` and ``inf`` are read, then refused as not finite), and CSV
+text holds at most :data:`~export.MAX_CSV_BYTES`. Values must be finite as
+float32. Outputs are ``(samples, ...)`` of any rank: ``.npy`` keeps the
+shape, CSV takes one or two dimensions (one sample per line), and they must
+be finite too (:func:`check_predictions`).
+
+A file is opened only if it is a regular file (:func:`open_regular`): a FIFO
+would wait for a writer. A ``.npy`` header is read and checked against the
+bytes there before anything is allocated (:func:`read_npy`).
 """
+from array import array
+import ast
 import csv
 import io
 import os
+import re
+import stat
 import sys
 
 import numpy as np
 
-from mp_symbolic.tools.files import atomic_path, write_text
+from mp_symbolic.tools.files import atomic_path, what_is, write_text
 
+from . import MAX_CSV_BYTES
 from .errors import (InputError, OutputError, PredictionError, describe_start,
                      describe_undecodable, excerpt, library_message)
 
 __all__ = ['STDIN', 'read_features', 'output_format', 'format_csv', 'write_predictions',
-           'check_predictions', 'SUFFIXES']
+           'check_predictions', 'check_csv_rank', 'open_regular', 'read_npy', 'SUFFIXES']
 
 STDIN = '-'
 SUFFIXES = ('.csv', '.npy')  # of inputs and outputs alike
 _NPY_MAGIC = b'\x93NUMPY'
 _MAX_NPY_HEADER = 1 << 20  # numpy's own headers are a few hundred bytes
+_NPY_KEYS = ('descr', 'fortran_order', 'shape')
+# A CSV number: ASCII digits in decimal or scientific notation, or nan/inf as
+# float() spells them. float() alone also reads '1_0' (as 10) and other
+# scripts' digits ('\u0661' as 1).
+_NUMBER_RE = re.compile(r'[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?|inf|infinity|nan)',
+                        re.ASCII | re.IGNORECASE)
+_ASCII_SPACE = ' \t\r\n\f\v'
+_NUMBER_HINT = 'ASCII decimal or scientific notation, such as -1.5e3'
 
 
 def features(shape):
@@ -36,20 +59,72 @@ def _suffix(path):
     return os.path.splitext(path)[1].lower()
 
 
-def _check_rows(X, width, where, line_of_row):
+def open_regular(path, expected):
+    """The regular file at ``path``, opened for reading as a binary file.
+
+    It is opened without waiting (``O_NONBLOCK``) and refused unless it is a
+    regular file, so a FIFO, which would block until some process writes to
+    it, a folder or a device is refused at once.
+
+    Args:
+        expected: What the file should be, for the message (``'an input
+            file'``).
+
+    Raises:
+        InputError: nothing there, not a regular file, or not readable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InputError('expected %s at %s, found none' % (expected, path)) from None
+    except OSError as err:
+        raise InputError('%s is not a readable file: %s' % (path, err.strerror or err)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError('expected %s at %s, found %s'
+                         % (expected, path, what_is(os.path.realpath(path))))
+    return os.fdopen(fd, 'rb')
+
+
+def _position(index, row_name=None):
+    """``row 3, column 2`` of a 0-based index (``row 3`` for a 1-D batch,
+    ``row 3, position (0, 1, 2)`` for more axes); ``row_name(0-based row)``
+    names the row otherwise (``line 7`` of a CSV file)."""
+    row = row_name(index[0]) if row_name is not None else 'row %d' % (index[0] + 1)
+    if len(index) == 1:
+        return row
+    if len(index) == 2:
+        return '%s, column %d' % (row, index[1] + 1)
+    return '%s, position %s' % (row, tuple(int(i) for i in index[1:]))
+
+
+def _check_rows(X, width, where, row_name=None):
     if len(X) == 0:
         raise InputError('expected at least one sample of %d features, found none in %s'
                          % (width, where))
     bad = np.argwhere(~np.isfinite(X))
     if len(bad):
-        row, col = bad[0]
-        raise InputError('expected finite numbers (as float32), found %s at %s, column %d of %s'
-                         % (X[row, col], line_of_row(row), col + 1, where))
+        index = tuple(bad[0])
+        raise InputError('expected finite numbers (as float32), found %s at %s of %s'
+                         % (X[index], _position(index, row_name), where))
     return X
 
 
+def _bad_field(fields, lineno, where):
+    """The first field of a line that is not a CSV number, as an InputError."""
+    for col, field in enumerate(fields, 1):
+        number = field.strip(_ASCII_SPACE)
+        if not _NUMBER_RE.fullmatch(number):
+            return InputError('expected numbers, found %s in line %d, column %d of %s (%s)'
+                              % (excerpt(field), lineno, col, where, _NUMBER_HINT))
+    return None
+
+
 def _read_csv(text, width, where):
-    rows, lines = [], []
+    values, lines = array('d'), array('q')  # 8 bytes a number, not a Python float each
+    # In ASCII text without '_', float() reads exactly the CSV numbers; else
+    # each field is matched first (float() reads '1_0' and other scripts' digits).
+    strict = not text.isascii() or '_' in text
     reader = csv.reader(io.StringIO(text))
     while True:
         try:
@@ -65,84 +140,143 @@ def _read_csv(text, width, where):
         if len(fields) != width:
             raise InputError('expected %d features per line, found %d in line %d of %s'
                              % (width, len(fields), lineno, where))
-        row = []
-        for col, field in enumerate(fields, 1):
+        bad = _bad_field(fields, lineno, where) if strict else None
+        if bad is None:
             try:
-                row.append(float(field))
+                values.extend(map(float, fields))
             except ValueError:
-                raise InputError('expected numbers, found %s in line %d, column %d of %s'
-                                 % (excerpt(field), lineno, col, where)) from None
-        rows.append(row)
+                bad = _bad_field(fields, lineno, where)
+        if bad is not None:
+            raise bad
         lines.append(lineno)
     with np.errstate(over='ignore'):  # too large for float32: inf, reported below
-        X = np.array(rows, dtype=np.float32).reshape(len(rows), width)
+        X = np.frombuffer(values, dtype=np.float64).astype(np.float32).reshape(len(lines), width)
     return _check_rows(X, width, where, lambda row: 'line %d' % lines[row])
 
 
-def _check_npy_header(f, path, width):
-    """Reads a ``.npy`` header from ``f`` and checks it against the file's size.
+def _read_exactly(f, count, where, what):
+    data = f.read(count)
+    if len(data) < count:
+        raise InputError('%s: expected %s of %d bytes, found %d' % (where, what, count, len(data)))
+    return data
 
-    Numpy allocates what the header claims before it reads a byte: a header
+
+def _parse_npy_header(text, where):
+    """``(shape, fortran_order, dtype)`` of a ``.npy`` header's text, read as
+    numpy writes it: a dict literal of ``descr``, ``fortran_order`` and
+    ``shape`` (numpy's own reader raises ``tokenize.TokenError``,
+    ``SyntaxError`` or a ``ValueError`` quoting the whole header instead)."""
+    try:
+        header = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        header = None
+    if not isinstance(header, dict) or sorted(header) != sorted(_NPY_KEYS):
+        raise InputError('%s: expected a .npy header (a dict of %s), found %s'
+                         % (where, ', '.join(_NPY_KEYS), excerpt(text)))
+    shape, fortran = header['shape'], header['fortran_order']
+    if not (isinstance(shape, tuple) and all(type(d) is int for d in shape)) \
+            or not isinstance(fortran, bool):
+        raise InputError('%s: expected a .npy header with a shape of integers, found %s'
+                         % (where, excerpt(text)))
+    try:
+        dtype = np.lib.format.descr_to_dtype(header['descr'])
+    except (ValueError, TypeError, KeyError, IndexError):
+        raise InputError('%s: expected a .npy header with a numpy dtype, found %s'
+                         % (where, excerpt(repr(header['descr'])))) from None
+    return shape, fortran, dtype
+
+
+def read_npy(f, where, size, check_shape=None):
+    """The array of a ``.npy`` stream, its header checked before anything is allocated.
+
+    numpy allocates what a header claims before it reads a byte: a header
     claiming 10**12 rows would be a MemoryError, or worse, a machine that
-    swaps. The shape must be 2-D with ``width`` columns and no negative size,
-    and the data it claims must be in the file.
+    swaps. Here the header is parsed first (a garbled or truncated one is
+    one line), the dtype must be numeric (an ``object`` array is a pickle),
+    ``check_shape`` may refuse the shape, and the bytes the header claims
+    must be among the ``size`` bytes of the stream.
+
+    Args:
+        f: A binary stream at the array's first byte (a file, or a member
+            of a ``.npz``).
+        where: The file (or ``FILE member NAME``), for messages.
+        size: The stream's bytes (a file's size, a zip member's
+            ``file_size``).
+        check_shape: Called with the header's shape; raises to refuse it.
+
+    Returns:
+        The array (numeric, of the header's dtype and shape).
+
+    Raises:
+        InputError: not a ``.npy`` array of format 1.0 or 2.0, a header
+            that does not parse, a dtype that is not numeric, a shape
+            ``check_shape`` refuses, or fewer bytes than claimed.
     """
-    head = f.read(64)  # the magic and the header's length; more, to describe a stranger
+    head = f.read(12)  # the magic, the version and the header's length
     if not head.startswith(_NPY_MAGIC):
         raise InputError('%s is not a .npy array: expected it to start with %r, found %s'
-                         % (path, _NPY_MAGIC, describe_start(head)))
+                         % (where, _NPY_MAGIC, describe_start(head + f.read(52))))
     version = tuple(head[6:8])
-    if version == (1, 0):
-        header_bytes = int.from_bytes(head[8:10], 'little')
-    elif version == (2, 0):
-        header_bytes = int.from_bytes(head[8:12], 'little')
-    else:  # 3.0 only differs for structured dtypes, which are not features
-        raise InputError('%s: expected a .npy array of format 1.0 or 2.0, found %d.%d'
-                         % (path, version[0], version[1]))
+    if version not in ((1, 0), (2, 0)):  # 3.0 only differs for structured dtypes
+        raise InputError('%s: expected a .npy array of format 1.0 or 2.0, found %s'
+                         % (where, '%d.%d' % version if len(version) == 2
+                            else 'a file of %d bytes' % len(head)))
+    start = 10 if version == (1, 0) else 12
+    if len(head) < start:
+        raise InputError('%s: expected a .npy header, found a file of %d bytes'
+                         % (where, len(head)))
+    header_bytes = int.from_bytes(head[8:start], 'little')
     if header_bytes > _MAX_NPY_HEADER:
         raise InputError('%s: expected a .npy header of at most %d bytes, found one of %d'
-                         % (path, _MAX_NPY_HEADER, header_bytes))
-    f.seek(0)
-    np.lib.format.read_magic(f)
-    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                   else np.lib.format.read_array_header_2_0)
-    shape, _, dtype = read_header(f)
+                         % (where, _MAX_NPY_HEADER, header_bytes))
+    text = head[start:] + f.read(start + header_bytes - len(head))
+    if len(text) < header_bytes:
+        raise InputError('%s: expected a .npy header of %d bytes, found %d'
+                         % (where, header_bytes, len(text)))
+    text = text.decode('latin1')
+    shape, fortran, dtype = _parse_npy_header(text, where)
     if dtype.kind not in 'iuf':  # object arrays are pickles: their size says nothing
         raise InputError('expected a numeric array in %s, found dtype %s in its header'
-                         % (path, dtype))
-    if len(shape) != 2 or shape[1] != width or shape[0] < 0:
-        raise InputError('expected an array of shape (samples, %d) in %s, found shape %s in '
-                         'its header' % (width, path, shape))
-    claimed = shape[0] * shape[1] * dtype.itemsize
-    present = os.fstat(f.fileno()).st_size - f.tell()
+                         % (where, dtype))
+    if check_shape is not None:
+        check_shape(shape)
+    if any(d < 0 for d in shape):
+        raise InputError('expected an array of a shape of sizes >= 0 in %s, found shape %s in '
+                         'its header' % (where, shape))
+    claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize  # Python ints: no overflow
+    present = size - start - header_bytes
     if claimed > present:
         raise InputError('%s: expected the %d bytes its header claims (shape %s, %s), found %d'
-                         % (path, claimed, shape, dtype, present))
+                         % (where, claimed, shape, dtype, max(present, 0)))
+    data = _read_exactly(f, claimed, where, 'the array its header claims')
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order='F' if fortran else 'C')
 
 
-def _read_npy(path, width):
-    try:
-        with open(path, 'rb') as f:
-            _check_npy_header(f, path, width)
-        X = np.load(path, allow_pickle=False)
-    except (OSError, EOFError) as err:
-        raise InputError('%s is not a readable .npy array: %s'
-                         % (path, library_message(err))) from None
-    except ValueError as err:
-        if isinstance(err, InputError):
-            raise
-        raise InputError('%s is not a readable .npy array: %s'
-                         % (path, library_message(err))) from None
-    if not isinstance(X, np.ndarray) or not (np.issubdtype(X.dtype, np.integer)
-                                             or np.issubdtype(X.dtype, np.floating)):
-        raise InputError('expected a numeric array in %s, found dtype %s'
-                         % (path, getattr(X, 'dtype', type(X).__name__)))
-    if X.ndim != 2 or X.shape[1] != width:
-        raise InputError('expected an array of shape (samples, %d) in %s, found shape %s'
-                         % (width, path, X.shape))
+def _read_npy(path, width, shape=None):
+    """A ``.npy`` batch: ``(samples, width)``, or ``(samples,) + shape``."""
+    shape = None if shape is None else tuple(shape)
+
+    def check_shape(found):
+        ok = (len(found) == 2 and found[1] == width) or (shape is not None
+                                                         and tuple(found[1:]) == shape)
+        if not ok or not found or found[0] < 0:
+            raise InputError('expected an array of shape (samples, %d)%s in %s, found shape %s '
+                             'in its header' % (width, _or_shape(shape), path, found))
+
+    with open_regular(path, 'an input file') as f:
+        try:
+            X = read_npy(f, path, os.fstat(f.fileno()).st_size, check_shape)
+        except OSError as err:
+            raise InputError('%s is not a readable .npy array: %s'
+                             % (path, library_message(err))) from None
     with np.errstate(over='ignore'):
         X = X.astype(np.float32)
-    return _check_rows(X, width, path, lambda row: 'row %d' % (row + 1))
+    return _check_rows(X, width, path)
+
+
+def _or_shape(shape):
+    """`` or (samples,) + (3, 8, 8)`` for a sample of more than one axis, else ''."""
+    return '' if shape is None or len(shape) <= 1 else ' or (samples,) + %s' % (shape,)
 
 
 def _decode(data, where):
@@ -153,46 +287,70 @@ def _decode(data, where):
                          % (where, describe_undecodable(data, err))) from None
 
 
+def _too_much_csv(where):
+    return InputError('expected CSV of at most %d MiB in %s, found more (a larger input goes in '
+                      'a .npy file)' % (MAX_CSV_BYTES >> 20, where))
+
+
 def _read_stdin():
     if sys.stdin is None:  # started with stdin closed (<&-)
         raise InputError('--input -: expected CSV on stdin, found stdin closed')
     try:
         if hasattr(sys.stdin, 'buffer'):
-            return _decode(sys.stdin.buffer.read(), '<stdin>')
-        return sys.stdin.read()
+            data = sys.stdin.buffer.read(MAX_CSV_BYTES + 1)
+        else:
+            data = sys.stdin.read(MAX_CSV_BYTES + 1).encode('utf-8', 'surrogateescape')
     except OSError as err:
         raise InputError('--input -: expected CSV on stdin, found stdin not readable: %s'
                          % (err.strerror or err)) from None
+    if len(data) > MAX_CSV_BYTES:  # an endless stream (yes 1,2 | ...) ends here
+        raise _too_much_csv('<stdin>')
+    return _decode(data, '<stdin>')
 
 
-def read_features(path, width):
-    """Reads ``(samples, width)`` float32 features.
+def read_features(path, width, shape=None):
+    """Reads a batch of float32 features.
 
     Args:
         path: A ``.npy`` file, a ``.csv`` file, or ``-`` for CSV on stdin.
         width: Features per sample the model expects.
+        shape: One sample's shape; a ``.npy`` may then be ``(samples,) +
+            shape`` too (``(N, 3, 64, 64)`` images), and CSV rows are
+            reshaped to it. ``None``: ``(samples, width)`` only.
+
+    Returns:
+        ``(samples, width)``, or ``(samples,) + shape`` if ``shape`` is given.
 
     Raises:
-        InputError: the file is missing or unreadable, of another kind, or
-            not a non-empty table of ``width`` finite numbers per sample (the
-            message says what was expected and what was found, and where;
-            it quotes at most a short excerpt of the file).
+        InputError: the file is missing, not a regular file (a FIFO) or
+            unreadable, of another kind, more CSV than
+            :data:`~export.MAX_CSV_BYTES`, or not a non-empty batch of
+            finite numbers of that shape (the message says what was
+            expected and what was found, and where; it quotes at most a
+            short excerpt of the file).
     """
     if path == STDIN:
-        return _read_csv(_read_stdin(), width, '<stdin>')
-    if _suffix(path) not in SUFFIXES:
+        X = _read_csv(_read_stdin(), width, '<stdin>')
+    elif _suffix(path) not in SUFFIXES:
         raise InputError('expected an input file ending in .npy or .csv (or - for CSV on '
                          'stdin), found %s' % path)
-    if not os.path.isfile(path):
-        raise InputError('expected an input file at %s, found none' % path)
-    if _suffix(path) == '.npy':
-        return _read_npy(path, width)
-    try:
-        with open(path, 'rb') as f:
-            data = f.read()
-    except OSError as err:
-        raise InputError('%s is not a readable file: %s' % (path, err.strerror or err)) from None
-    return _read_csv(_decode(data, path), width, path)
+    elif _suffix(path) == '.npy':
+        X = _read_npy(path, width, shape)
+    else:
+        with open_regular(path, 'an input file') as f:
+            if os.fstat(f.fileno()).st_size > MAX_CSV_BYTES:
+                raise _too_much_csv(path)
+            try:
+                data = f.read(MAX_CSV_BYTES + 1)
+            except OSError as err:
+                raise InputError('%s is not a readable file: %s'
+                                 % (path, err.strerror or err)) from None
+        if len(data) > MAX_CSV_BYTES:
+            raise _too_much_csv(path)
+        X = _read_csv(_decode(data, path), width, path)
+    if shape is not None and X.shape[1:] != tuple(shape):
+        X = X.reshape((len(X),) + tuple(shape))
+    return X
 
 
 def output_format(path):
@@ -208,16 +366,39 @@ def output_format(path):
                       % path)
 
 
+def check_csv_rank(ndim, where='CSV'):
+    """Raises unless predictions of ``ndim`` dimensions (the batch's
+    included) can be CSV: one sample per line, so one or two.
+
+    Raises:
+        OutputError: more dimensions; the message points to ``.npy``.
+    """
+    if ndim > 2:
+        raise OutputError('expected predictions of shape (samples,) or (samples, outputs) for '
+                          '%s (one sample per line), found %d dimensions: write them with '
+                          '--output FILE.npy, which keeps their shape' % (where, ndim))
+
+
 def format_csv(Y):
-    """``(samples, outputs)`` -> CSV text, one sample per line, float32 precision."""
-    return ''.join(','.join('%.9g' % v for v in row) + '\n' for row in np.asarray(Y))
+    """``(samples, outputs)`` or ``(samples,)`` -> CSV text, one sample per
+    line, float32 precision.
+
+    Raises:
+        OutputError: ``Y`` has more than two dimensions (:func:`check_csv_rank`).
+    """
+    Y = np.asarray(Y)
+    check_csv_rank(Y.ndim)
+    if Y.ndim < 2:
+        Y = Y.reshape(len(Y), 1)
+    return ''.join(','.join('%.9g' % v for v in row) + '\n' for row in Y)
 
 
 def write_predictions(path, Y):
-    """Writes predictions atomically, as ``.npy`` or CSV by ``path``'s extension.
+    """Writes predictions atomically, as ``.npy`` (any shape) or CSV (one or
+    two dimensions) by ``path``'s extension.
 
     Raises:
-        OutputError: see :func:`output_format`.
+        OutputError: see :func:`output_format` and :func:`check_csv_rank`.
     """
     if output_format(path) == 'npy':
         with atomic_path(path) as tmp:
@@ -231,8 +412,8 @@ def check_predictions(Y, X, where):
     """Raises unless every prediction is a finite number.
 
     Args:
-        Y: ``(samples, outputs)`` predictions.
-        X: The ``(samples, features)`` inputs they were computed from.
+        Y: ``(samples, ...)`` predictions.
+        X: The ``(samples, ...)`` inputs they were computed from.
         where: Where ``X`` came from, for the message.
 
     Raises:
@@ -244,8 +425,9 @@ def check_predictions(Y, X, where):
     bad = ~np.isfinite(np.asarray(Y, dtype=np.float64))
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
+        sample = np.asarray(X, dtype=np.float32)[row].ravel()[:32]  # enough for the excerpt
         raise PredictionError(
             'expected finite predictions, found %d of %d outputs not finite (NaN or inf); the '
             'first for input sample %d of %s: %s' % (
                 bad.sum(), bad.size, row + 1, where,
-                excerpt(','.join(str(v) for v in np.asarray(X, dtype=np.float32)[row]))))
+                excerpt(','.join(str(v) for v in sample))))

@@ -85,6 +85,7 @@ import onnxruntime as ort
 import mxnet as mx
 
 from mp_symbolic.tools.checkpoint import input_names as checkpoint_inputs
+from mp_symbolic.core.checks import excerpt
 from mp_symbolic.core.devices import format_device
 from mp_symbolic.core.names import GROUP_KEY
 from mp_symbolic.core.scoped import captured_stderr
@@ -97,9 +98,9 @@ from .runtimes import MXNetPredictor, OnnxPredictor
 
 __all__ = ['BATCH_SIZES', 'DYNAMIC_BATCH_SIZES', 'TOLERANCE', 'MEMORY_BUDGET',
            'SENSITIVITY_FACTOR', 'SENSITIVITY_LIMIT', 'PERTURBATIONS',
-           'REQUIRED_METADATA', 'verification_batches', 'parse_batches', 'within_tolerance',
-           'allowed_difference', 'perturbed_params', 'verify_export', 'format_report',
-           'failed_checks', 'OneDeviceReference']
+           'REQUIRED_METADATA', 'verification_batches', 'largest_batch', 'check_batches',
+           'parse_batches', 'within_tolerance', 'allowed_difference', 'perturbed_params',
+           'verify_export', 'format_report', 'failed_checks', 'OneDeviceReference']
 
 # The batch sizes verification runs at, where the activations fit MEMORY_BUDGET.
 BATCH_SIZES = (1, 7, 1000)
@@ -123,14 +124,40 @@ def verification_batches(bytes_per_sample, candidates=BATCH_SIZES, budget=MEMORY
     Raises:
         ExportError: ``bytes_per_sample`` is not a positive number.
     """
-    if not bytes_per_sample > 0:
-        raise ExportError('activation bytes per sample: expected a positive number, found %r'
-                          % (bytes_per_sample,))
-    fits = max(1, int(budget // bytes_per_sample))
+    fits = largest_batch(bytes_per_sample, budget)
     batches = sorted({b for b in candidates if b <= fits} | {1})
     if max(candidates) > fits and fits not in batches:
         batches.append(fits)
     return batches
+
+
+def largest_batch(bytes_per_sample, budget=MEMORY_BUDGET):
+    """The largest batch whose activations fit ``budget`` (at least 1).
+
+    Raises:
+        ExportError: ``bytes_per_sample`` is not a positive number.
+    """
+    if not bytes_per_sample > 0:
+        raise ExportError('activation bytes per sample: expected a positive number, found %r'
+                          % (bytes_per_sample,))
+    return max(1, int(budget // bytes_per_sample))
+
+
+def check_batches(batch_sizes, bytes_per_sample, budget=MEMORY_BUDGET):
+    """Raises unless every one of ``batch_sizes`` (``--verify-batches``)
+    fits ``budget`` by :func:`largest_batch`: each is held in four runtimes
+    at once, and a batch of 10**10 would be an allocation of that many
+    samples, not a check.
+
+    Raises:
+        ExportError: a batch size above the largest; the message says it.
+    """
+    fits = largest_batch(bytes_per_sample, budget)
+    if max(batch_sizes) > fits:
+        raise ExportError('--verify-batches: expected batch sizes of at most %d (the largest '
+                          'whose activations, %d bytes per sample, fit the %d MiB memory '
+                          'budget), found %d' % (fits, bytes_per_sample, budget >> 20,
+                                                 max(batch_sizes)))
 
 
 def parse_batches(text):
@@ -145,7 +172,7 @@ def parse_batches(text):
         batches = []
     if not batches or min(batches) < 1 or len(set(batches)) != len(batches):
         raise ExportError('--verify-batches: expected distinct positive batch sizes such as '
-                          '1,7, found %r' % (text,))
+                          '1,7, found %s' % excerpt(repr(text)))
     return batches
 
 

@@ -7,13 +7,16 @@
   Pipeline itself is the imperative Gluon twin.
 * :class:`ColumnParallelDense`, :class:`RowParallelDense` and
   :class:`VocabParallelEmbedding` split one layer's weight over the devices
-  of a stage (``'cpu:0+cpu:1,cpu:2'``): tensor parallelism, Megatron-LM's way.
+  of a stage (``'cpu:0+cpu:1,cpu:2'``): tensor parallelism, Megatron-LM's way;
+  :class:`ShardedBlock` is their base, for a parallel layer of one's own.
 * :class:`Trainer` is ``gluon.Trainer`` for parameters on any devices (stages,
   replicas or both).
 * :class:`Task` describes a workload for ``python -m mp_symbolic train --task FILE``.
 * :func:`save_checkpoint` / :func:`read_checkpoint` commit a Module's
   parameters, optimizer state and plan as one unit, and read them back for a
   Pipeline rebuilt in another process, on any plan.
+* :func:`memory_table` gives a Module's bytes per device: parameters,
+  gradients, optimizer state, auxiliary states, inputs, host copy.
 
 The layers, from the tree: :mod:`mp_symbolic.core` (the library; MXNet and
 the standard library only), :mod:`mp_symbolic.tools` (store, launcher,
@@ -38,10 +41,11 @@ _HOMES = {
     'PerShard': 'core.tensor_parallel', 'Pipeline': 'core.pipeline',
     'PipelineModule': 'core.module', 'Report': 'core.task',
     'RowParallelDense': 'core.tensor_parallel', 'ScheduleError': 'core.schedule',
+    'ShardedBlock': 'core.tensor_parallel',
     'Task': 'core.task', 'TaskError': 'core.task', 'Trainer': 'core.trainer',
     'VocabParallelEmbedding': 'core.tensor_parallel', 'balance_by_size': 'core.balance',
     'balance_by_time': 'core.balance', 'make_plan': 'core.devices',
-    'parse_devices': 'core.devices', 'read_checkpoint': 'tools.checkpoint',
+    'memory_table': 'tools.memory', 'parse_devices': 'core.devices', 'read_checkpoint': 'tools.checkpoint',
     'save_checkpoint': 'tools.checkpoint', 'stage_name': 'core.names',
 }
 __all__ = sorted(_HOMES)

@@ -185,7 +185,7 @@ def _forward(mod, xs, label=None):
 
 def _shard_devices(mod):
     """``{shard parameter: its device}`` in the bound executor."""
-    args = mod._exec_group.execs[0].arg_dict  # pylint: disable=protected-access
+    args = mod.executors[0].arg_dict
     return {n: (a.context, a.shape) for n, a in args.items() if '_shard' in n}
 
 
@@ -207,6 +207,18 @@ def test_bert_sharded_automatically_lists_its_attention_and_mlp_layers():
     assert 'bert_pooler: whole on the stage\'s first device: not in an attention or MLP ' \
            'pattern' in text
     assert pipe.sharding.shards == 2
+
+
+def test_the_sample_is_traced_for_shapes_once_per_pipeline(monkeypatch):
+    from mp_symbolic.core import graph
+    calls = []
+    infer = graph.infer_shapes
+    monkeypatch.setattr(graph, 'infer_shapes', lambda *a, **k: calls.append(1) or infer(*a, **k))
+    Pipeline(_bert(), TWO_BY_TWO, sample=tuple(_bert_batch()), tensor_parallel='auto')
+    assert len(calls) == 1
+    del calls[:]
+    Pipeline(_bert(), TWO_BY_TWO, sample=tuple(_bert_batch()))
+    assert len(calls) == 1
 
 
 def test_bert_auto_equals_one_device_in_outputs_and_after_one_module_step():

@@ -372,6 +372,28 @@ def test_a_device_list_of_thousands_is_quoted_as_an_excerpt(spec, start):
     assert len(message) < 300 and '...' in message, message
 
 
+def test_a_python_pipeline_over_thousands_of_contexts_is_refused_at_the_first_past_the_bound():
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mp_symbolic import DeviceSpecError, Pipeline  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.tasks import digits  # pylint: disable=import-outside-toplevel
+    with pytest.raises(DeviceSpecError, match=r'^expected cpu devices up to mx.cpu\(63\), '
+                                              r'found mx.cpu\(64\)$'):
+        Pipeline(digits.build_blocks(), [mx.cpu(i) for i in range(5000)])
+
+
+def test_gpipe_chunks_past_the_one_graphs_bound_are_refused_before_it_is_built(capsys, tmp_path):
+    from mp_symbolic.core.graphcut import MAX_CHUNKED_OPS  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    assert cli_status(main, ['train', '--chunks', '10000', '--batch-size', '10000', '--epochs',
+                             '1', '--out', str(tmp_path / 'out')]) == 2
+    assert not list((tmp_path / 'out').glob('snap-*'))  # nothing committed
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --chunks: expected at most %d micro-batches of this "
+                              "graph's 3 ops in one graph (ops x chunks at most %d), found "
+                              "10000; the stage runtime (schedule='1f1b')"
+                              % (MAX_CHUNKED_OPS // 3, MAX_CHUNKED_OPS)), err
+
+
 @pytest.mark.parametrize('argv, start', [
     (['--out', 'x' * 100000], '--out: expected a path this system can open (names of at most '
                               '255 bytes, 4096 in all), found xxxx'),

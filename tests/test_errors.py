@@ -108,6 +108,7 @@ def models(exported, tmp_path_factory):
     for name, edit in [('int-input', _int_input), ('batch-1', _fixed_batch(1)),
                        ('batch-3', _fixed_batch(3)),
                        ('1d-output', _reshaped_output([-1], ['batch'])),
+                       ('0d-output', _reshaped_output([], [])),
                        ('runtime-failure', _reshaped_output([3, 1], ['batch', 1])),
                        ('nan-onnx', _nan_bias)]:
         found[name] = _edit_onnx(onnx_path, str(d / (name + '.onnx')), edit)
@@ -156,7 +157,7 @@ def _features(n, seed=0):
 
 @pytest.mark.parametrize('model, message', [
     ('int-input', 'expected a float32 input (tensor(float)), found data_int'),
-    ('1d-output', "expected its first output to be of shape (batch, outputs), found last['batch']"),
+    ('0d-output', "expected its first output to be of shape (batch, ...), found last[]"),
     ('runtime-failure', 'failed in onnxruntime on a batch of 4 samples'),
     ('batch-3', 'expected a multiple of 3 samples, found 4'),
     ('flipped-header', 'is not a loadable ONNX model: INVALID_PROTOBUF'),
@@ -179,6 +180,18 @@ def test_unusable_model_file_is_one_line_naming_it(models, tmp_path, capfd, mode
     assert message in line and models[model] in line
     assert 'codec' not in line and SECRET[:30] not in line
     assert sorted(os.listdir(tmp_path)) == ['x.npy']
+
+
+def test_a_model_of_one_output_per_sample_predicts_one_csv_column(models, trained, tmp_path,
+                                                                  capfd):
+    X = _features(4, 2)
+    np.save(str(tmp_path / 'x.npy'), X)
+    code, out = _predict(capfd, ['--model', models['1d-output'], '--input',
+                                 str(tmp_path / 'x.npy')])
+    assert code == 0, out.err
+    found = np.array([float(line) for line in out.out.splitlines()])
+    np.testing.assert_allclose(found, forward_numpy(trained['params'], X)[:, 0], rtol=0,
+                               atol=1e-5)
 
 
 def test_fixed_batch_model_runs_in_batches_of_its_size(models, trained, tmp_path, capfd):

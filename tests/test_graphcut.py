@@ -226,7 +226,7 @@ def test_resnet18_whole_places_parameters_on_all_four_devices_and_predicts_as_on
     data = mx.io.NDArrayIter(X, np.zeros(len(X), dtype=np.float32), batch_size=8)
     mod.bind(data.provide_data, data.provide_label, for_training=False)
     mod.set_params(arg, aux)
-    exe = mod._exec_group.execs[0]  # pylint: disable=protected-access
+    exe = mod.executors[0]
     where = {name: exe.arg_dict[name].context for name in arg}
     where.update({name: exe.aux_dict[name].context for name in aux})
     assert set(where.values()) == set(_devices(4))

@@ -110,6 +110,16 @@ def test_interleaved_has_the_smaller_ideal_bubble_and_its_order_shows_in_the_tra
         {'cpu/0': _entered(sched.interleaved(2, 4, 2))} == {'cpu/0': 3}
 
 
+def test_a_virtual_count_too_large_for_the_blocks_is_blamed_on_virtual(capsys, tmp_path):
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    assert cli_status(main, ['train', '--schedule', 'interleaved', '--virtual', '1000000',
+                             '--epochs', '1', '--out', str(tmp_path / 'out')]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        'error: --virtual: too many stages for the blocks (devices per replica: 3, 1000000 '
+        'stages on each: 3000000 stages, blocks: 3); expected at most one stage per block')
+
+
 def test_too_few_blocks_for_the_virtual_stages_is_refused_counting_stages_not_devices():
     from mxnet import gluon  # pylint: disable=import-outside-toplevel
     blocks = [gluon.nn.Dense(4, in_units=4), gluon.nn.Dense(2, in_units=4)]

@@ -186,7 +186,7 @@ def test_sharded_layers_sit_on_their_stage_devices_in_halves(one_device):
     _, init, _, _ = one_device
     pipe = mp_symbolic.Pipeline(_network(False, 2), 'cpu:0+cpu:1,cpu:2+cpu:3',
                                 sample=(BATCH, TINY.block_size))
-    executor = _bound(pipe, init[0])._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = _bound(pipe, init[0]).executors[0]
     C = TINY.num_hiddens
     for name, device, shape in [('block0_attention_query_shard1_weight', 1, (C // 2, C)),
                                 ('block0_attention_proj_shard1_weight', 1, (C, C // 2)),

@@ -156,6 +156,28 @@ def test_module_updates_on_the_kvstore_unless_told_not_to():
     assert _module_update_on_kvstore({'MXNET_UPDATE_ON_KVSTORE': '0'}) is False
 
 
+def test_module_keeps_a_host_copy_of_every_parameter_on_cpu0_beside_its_devices():
+    """core/device_module.py: a Module bound on cpu(1) and cpu(2) alone
+    still holds every parameter a second time on cpu(0) (made at bind,
+    filled by init_params, handed out by get_params), the whole model on one
+    device beside a split's shares."""
+    data = mx.sym.var('data')
+    with mx.AttrScope(ctx_group='stage0'):
+        hidden = mx.sym.FullyConnected(data, num_hidden=8, name='fc0')
+    with mx.AttrScope(ctx_group='stage1'):
+        out = mx.sym.FullyConnected(hidden, num_hidden=2, name='fc1')
+    mod = mx.mod.Module(out, label_names=None, context=mx.cpu(1),
+                        group2ctxs={'stage0': mx.cpu(1), 'stage1': mx.cpu(2)})
+    mod.bind(data_shapes=[('data', (4, 3))])
+    mod.init_params()
+    kept = mod._arg_params  # pylint: disable=protected-access
+    assert sorted(kept) == ['fc0_bias', 'fc0_weight', 'fc1_bias', 'fc1_weight']
+    assert {str(a.context) for a in kept.values()} == {'cpu(0)'}
+    arrays = mod._exec_group.execs[0].arg_dict  # pylint: disable=protected-access
+    assert arrays['fc0_weight'].context == mx.cpu(1) and arrays['fc1_weight'].context == mx.cpu(2)
+    assert mod.get_params()[0]['fc1_weight'] is kept['fc1_weight']
+
+
 def test_profiler_aborts_past_its_device_rows(tmp_path):
     """compat.profiler_cpu_limit: an op on cpu(N), N >= cores + 2, recorded by
     the profiler, aborts the whole process."""

@@ -11,9 +11,10 @@ from mp_symbolic import Pipeline
 from mp_symbolic.core import compat
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import DeviceSpecError, stage_name
+from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.training.tasks import digits, regression
 
-from conftest import THREE_DEVICES
+from conftest import THREE_DEVICES, assert_host_params_are_the_devices, bn_mlp, fit_and_save
 
 nn = gluon.nn
 
@@ -170,7 +171,7 @@ def test_mxnet_fit_with_ndarrayiter_trains_a_pipeline_module(tmp_path):
     probabilities = mod.predict(train_iter).asnumpy()
     assert probabilities.shape == (512, 2)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1, rtol=1e-5)
-    executor = mod._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = mod.executors[0]
     assert executor.arg_dict['fc0_weight'].context == mx.cpu(0)
     assert executor.arg_dict['fc3_weight'].context == mx.cpu(1)
     mod.save_checkpoint(str(tmp_path / 'mlp'), 25)
@@ -178,6 +179,68 @@ def test_mxnet_fit_with_ndarrayiter_trains_a_pipeline_module(tmp_path):
     assert symbol.attr_dict()['data']['__shape__'] == '(0, 2)'
     assert symbol.attr_dict()['fc3_weight']['__ctx_group__'] == 'stage1'
     assert set(arg_params) == {p.name for p in pipe.collect_params().values()}
+
+
+@pytest.mark.parametrize('devices, replicas', [('cpu:0,cpu:1', 1),
+                                               ('cpu:0,cpu:1,cpu:2,cpu:3', 2)])
+def test_the_module_keeps_no_host_copy_unless_asked_and_checkpoints_the_same_bytes(
+        tmp_path, devices, replicas):
+    """MXNet's Module holds a host copy of every parameter on cpu(0); a
+    Pipeline's holds none unless made with ``host_copy=True``, and fit (its
+    epoch callback included), get_params and every checkpoint give the same
+    values and bytes either way (with replicas, fit's kvstore starts from a
+    copy made for it)."""
+    pipe = Pipeline(bn_mlp(), devices, replicas=replicas)
+    written = {}
+    for host_copy in (False, True):
+        mod, written[host_copy] = fit_and_save(pipe, tmp_path / str(host_copy),
+                                               host_copy=host_copy)
+        arg_params, aux_params = mod.get_params()
+        kept = sum(a.size * 4 for a in list(arg_params.values()) + list(aux_params.values()))
+        assert device_memory(mod)['cpu(0)']['module_copy'] == (kept if host_copy else 0)
+        assert (mod.host_params == (None, None)) != host_copy
+        assert_host_params_are_the_devices(mod)
+    assert sorted(written[False]) == sorted(written[True]) and len(written[False]) == 9
+    for name, data in written[False].items():
+        assert data == written[True][name], name
+
+
+def test_init_params_set_params_and_a_rebind_give_what_the_host_copy_gives():
+    """Given values, an initializer for the rest (BatchNorm's statistics by
+    their names), set_params, a rebind that fails and one at another batch
+    size: the same values with and without the host copy (the failed rebind
+    loses none), and none kept without."""
+    pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1')
+    rng = np.random.default_rng(0)
+    values = {n: mx.nd.array(rng.normal(size=s)) for n, s in
+              pipe.infer_shape((1, 1, 8, 8)).items() if 'weight' in n}
+    seen = {}
+    for host_copy in (False, True):
+        mod = pipe.module(host_copy=host_copy)
+        mod.bind(data_shapes=[('data', (8, 1, 8, 8))], label_shapes=[('softmax_label', (8,))])
+        assert (mod.host_params == (None, None)) != host_copy  # none made to initialise from
+        mx.random.seed(0)
+        mod.init_params(mx.init.Uniform(0.5), arg_params=values, allow_missing=True)
+        arg_params, aux_params = mod.get_params()
+        initial = {n: a.asnumpy() for n, a in dict(arg_params, **aux_params).items()}
+        mod.set_params({n: -a for n, a in arg_params.items()}, aux_params)
+        with pytest.raises(RuntimeError, match='simple_bind error'):  # 3 channels, not 1
+            mod.bind(data_shapes=[('data', (8, 3, 8, 8))],
+                     label_shapes=[('softmax_label', (8,))], force_rebind=True)
+        mod.bind(data_shapes=[('data', (4, 1, 8, 8))], label_shapes=[('softmax_label', (4,))],
+                 force_rebind=True)
+        assert (mod.host_params == (None, None)) != host_copy
+        assert_host_params_are_the_devices(mod)
+        seen[host_copy] = initial, {n: a.asnumpy() for n, a in mod.get_params()[0].items()}
+    (initial, rebound), (initial_kept, rebound_kept) = seen[False], seen[True]
+    assert sorted(initial) == sorted(initial_kept) and sorted(rebound) == sorted(rebound_kept)
+    for name, value in initial.items():
+        np.testing.assert_array_equal(value, initial_kept[name], name)
+        if name in values:
+            np.testing.assert_array_equal(value, values[name].asnumpy(), name)
+    for name, value in rebound.items():
+        np.testing.assert_array_equal(value, -initial[name], name)
+        np.testing.assert_array_equal(value, rebound_kept[name], name)
 
 
 def test_module_refuses_a_batch_the_chunks_do_not_divide():
@@ -254,6 +317,36 @@ def test_module_rebinds_a_batch_of_another_shape_as_it_binds():
         mod.update()
         assert mod.get_outputs()[0].shape == (batch_size, 10)
         assert np.isfinite(mod.get_outputs()[0].asnumpy()).all()
+
+
+def test_module_bound_to_train_predicts_and_scores_batches_of_other_sizes():
+    """After a training bind at 8: predict (no labels) at 4 and score at 6
+    give what the same parameters give on one device; a batch the chunks do
+    not divide is one line, not MXNet's traceback."""
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 1, (12, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 12).astype(np.float32)
+    mods = []
+    for devices, chunks in (('cpu:0', 1), ('cpu:0,cpu:1', 2)):
+        mod = Pipeline(digits.build_blocks(), devices, sample=(8, 1, 8, 8),
+                       chunks=chunks).module(loss='softmax')
+        mod.bind([('data', (8, 1, 8, 8))], [('softmax_label', (8,))])
+        if mods:
+            mod.set_params(*mods[0].get_params())
+        else:
+            mod.init_params(mx.init.Xavier())
+        mods.append(mod)
+    one, split = mods
+    predicted = [m.predict(mx.io.NDArrayIter(X, batch_size=4)).asnumpy() for m in mods]
+    assert predicted[1].shape == (12, 10)
+    np.testing.assert_allclose(predicted[1], predicted[0], rtol=1e-5, atol=1e-6)
+    scores = [dict(m.score(mx.io.NDArrayIter(X, y, batch_size=6), 'ce')) for m in mods]
+    assert abs(scores[1]['cross-entropy'] - scores[0]['cross-entropy']) < 1e-5
+    with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
+                                         r'replicas \(2 x 1 = 2\), found 5$'):
+        split.predict(mx.io.NDArrayIter(X, batch_size=5, last_batch_handle='pad'))
+    assert one.predict(mx.io.NDArrayIter(X, batch_size=5, last_batch_handle='pad')).shape == \
+        (12, 10)
 
 
 def test_imperative_twin_places_and_moves_parameters():

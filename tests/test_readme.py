@@ -9,8 +9,11 @@ a refusal: the command must fail with status 2 and print that line. A
 ``python`` block whose first line is ``# NAME.py`` is the file ``NAME.py``
 that a later command runs. Commands starting with ``python`` run in the
 project's environment, as the README says (``.venv/bin`` first on PATH).
-The other pages under docs/ contribute their refusals only (their long
-commands are benchmarks and multi-host jobs), run after those commands.
+The other pages under docs/ contribute their refusals (their long commands
+are benchmarks and multi-host jobs), run after those commands, and the
+examples they show with what they print: a ``text`` block whose first line
+is ``$ python NAME.py``, for a ``NAME.py`` the page shows, runs it, and the
+command must succeed and print the block's other lines.
 """
 import glob
 import os
@@ -74,18 +77,32 @@ def _readme_steps():
     return steps
 
 
+def _output(body, files):
+    """``[('output', command, printed lines)]`` of a text block showing what
+    ``python NAME.py`` prints, for a file ``NAME.py`` of ``files``."""
+    lines = body.splitlines()
+    shown = re.match(r'\$ (python (\w+\.py))$', lines[0]) if lines else None
+    if shown is None or shown.group(2) not in files or \
+            any(line.startswith(('$ ', 'error: ')) for line in lines[1:]):
+        return []
+    return [('output', shown.group(1), lines[1:])]
+
+
 def _docs_refusals():
     """The refusals the pages under docs/ show, page by page, after the
-    files (``# NAME.py`` blocks) they show."""
+    files (``# NAME.py`` blocks) they show; and the output of such a file
+    run (:func:`_output`)."""
     steps = []
     for path in sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md'))):
         if os.path.relpath(path, ROOT) in WALKTHROUGHS:
             continue
+        files = set()
         for lang, body in _blocks(path):
             if lang == 'python' and re.match(r'# (\w+\.py)\b', body):
+                files.add(re.match(r'# (\w+\.py)\b', body).group(1))
                 steps.append(('file', re.match(r'# (\w+\.py)\b', body).group(1), body))
             elif lang == 'text':
-                steps += _refusals(body)
+                steps += _refusals(body) + _output(body, files)
     return steps
 
 
@@ -98,7 +115,8 @@ def workdir(tmp_path_factory):
     shutil.copytree(ROOT, work, symlinks=True, ignore=shutil.ignore_patterns(
         '.venv', 'artifacts', '.git', 'build', '*.egg-info', '__pycache__', '.pytest_cache',
         'my_model.py', 'my_resume.py', 'my_task.py', 'wine_rows.npy', 'x.csv', 'y.npy',
-        'states.npz', 'hosts', 'load_export.py', 'bn_relu*', 'split.py', 'bert_split.py'))
+        'states.npz', 'hosts', 'load_export.py', 'bn_relu*', 'split.py', 'bert_split.py',
+        'lm_states.py'))
     os.symlink(os.path.join(ROOT, '.venv'), os.path.join(work, '.venv'))
     return work
 
@@ -114,6 +132,7 @@ def test_the_readme_has_commands_to_run():
     kinds = [kind for kind, _, _ in _readme_steps()]
     assert kinds.count('run') >= 10 and 'refuse' in kinds and kinds.count('file') >= 3
     assert _docs_refusals()
+    assert ('output', 'python lm_states.py') in [s[:2] for s in _docs_refusals()]
 
 
 IN_PROCESS = 'python -m mp_symbolic '
@@ -150,6 +169,11 @@ def test_every_readme_command_runs_as_written(workdir, capsys, monkeypatch):
         done = subprocess.run(['bash', '-c', command], cwd=workdir, env=_env(workdir),
                               capture_output=True, text=True, timeout=900, check=False,
                               stdin=subprocess.DEVNULL)
+        if kind == 'output' and (done.returncode != 0 or
+                                 done.stdout.strip().splitlines() != expected):
+            failures.append('%s -> exit %d, stdout %r; expected exit 0 and %r'
+                            % (text, done.returncode, (done.stdout + done.stderr)[-500:],
+                               expected))
         if kind == 'run' and done.returncode != 0:
             failures.append('%s -> exit %d: %s' % (text, done.returncode,
                                                    (done.stderr or done.stdout)[-500:]))

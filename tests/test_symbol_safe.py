@@ -80,6 +80,27 @@ def test_the_twin_of_a_block_list_runs_the_lstm_lm_the_module_refuses():
         pipe.module(loss='softmax')
 
 
+def _tokens_and_states():
+    rng = np.random.default_rng(0)
+    tokens = mx.nd.array(rng.integers(0, 50, size=(5, 4)), ctx=mx.cpu(0))  # (T, N)
+    return tokens, [mx.nd.array(rng.normal(size=(2, 4, 200))) for _ in range(2)]  # (L, N, C)
+
+
+def test_gluonnlp_lm_given_whole_with_its_states_is_refused_in_one_line_naming_the_call():
+    """``get_model('standard_lstm_lm_200')`` (dropout 0.2) with ``sample=(x,
+    [h, c])``: the states are taken, and the ``nd.Dropout`` is what refuses."""
+    import gluonnlp  # pylint: disable=import-outside-toplevel
+    vocab = gluonnlp.Vocab(gluonnlp.data.count_tokens([str(i) for i in range(46)]))
+    net, _ = gluonnlp.model.get_model('standard_lstm_lm_200', dataset_name=None, vocab=vocab,
+                                      pretrained=False, prefix='lm_')
+    tokens, states = _tokens_and_states()
+    with pytest.raises(NotSymbolSafe, match=MESSAGE % ('lm', 'StandardRNN', 'AssertionError')
+                       + 'Argument data must have NDArray type, but got <Symbol .*>' + CALL) \
+            as err:
+        Pipeline(net, 'cpu:0,cpu:1', sample=(tokens, states), batch_axis=1)
+    assert '\n' not in str(err.value)
+
+
 def test_a_block_of_a_list_is_refused_when_its_graph_is_built():
     pipe = Pipeline([gluon.nn.Dense(4, in_units=3), ReadsShape(prefix='odd_')], 'cpu:0,cpu:1')
     pipe.initialize()

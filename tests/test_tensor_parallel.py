@@ -148,7 +148,7 @@ def test_module_on_sharded_stage_takes_one_device_parameters_by_name():
     _params_close(split.get_params()[0], arg)
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
-    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = split.executors[0]
     assert executor.arg_dict['mlpcol_shard1_weight'].context == mx.cpu(2)
     assert executor.arg_dict['mlpcol_shard0_weight'].shape == (4, 5)
 
@@ -193,6 +193,32 @@ def test_split_mlp_step_matches_one_device(devices, shards, balance, chunks, rep
     split = _module(pipe, X, y, arg_params=arg, aux_params=aux)
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
+
+
+@pytest.mark.parametrize('devices,shards,balance,chunks,replicas', SPLITS)
+def test_split_mlp_twin_step_with_the_trainer_matches_one_device(devices, shards, balance,
+                                                                 chunks, replicas):
+    """The imperative twin: each replica's shards run on that replica's
+    devices with its own copies, so every copy gets its gradient and the
+    Trainer's step equals one device's."""
+    X, y = _batch()
+    pipes = [Pipeline(_mlp(1), 'cpu:0'),
+             Pipeline(_mlp(shards), devices, balance=balance, chunks=chunks, replicas=replicas)]
+    pipes[0].initialize(mx.init.Uniform(0.5))
+    pipes[1].initialize()
+    pipes[1].set_params(pipes[0].get_params()[0])
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    outputs = []
+    for pipe in pipes:
+        trainer = mp_symbolic.Trainer(pipe.collect_params(), 'sgd', {'learning_rate': 0.1})
+        with autograd.record():
+            out = pipe(X.as_in_context(pipe.plan.first_device))
+            value = loss(out, y.as_in_context(out.context))
+        value.backward()
+        trainer.step(X.shape[0])  # refuses a copy whose gradient backward did not write
+        outputs.append(out.asnumpy())
+    assert _close(outputs[1], outputs[0])
+    _params_close(pipes[1].get_params()[0], pipes[0].get_params()[0])
 
 
 def test_row_after_column_reads_its_shards_without_gather_or_slice():
@@ -309,7 +335,7 @@ def test_output_tied_to_vocab_parallel_embedding_across_stages_matches_one_devic
     assert sorted(one.get_params()[0]) == ['mid_bias', 'mid_weight', 'tok_weight']
     pipe = Pipeline(_tied_lm(2), 'cpu:1+cpu:2,cpu:3+cpu:4', balance=[2, 1])
     split = module(pipe, arg_params=one.get_params()[0])
-    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = split.executors[0]
     assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
     assert split.export_symbol.list_arguments().count('tok_weight') == 1
     assert _close(_step(split, X, y), _step(one, X, y))
@@ -339,7 +365,7 @@ def test_whole_network_output_tied_to_vocab_parallel_embedding_runs_on_its_own_s
     assert pipe.tied['tok_shard1_weight'] == (0, [0, 1])
     split = module(pipe, arg_params=one.get_params()[0])
     assert _groups_of_tied_output(split.export_symbol, 'tok_weight') == ['stage1']  # checkpoints'
-    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = split.executors[0]
     assert executor.arg_dict['tok_shard1_weight'].context == mx.cpu(2)  # its owner's device
     assert _close(_step(split, X, y), _step(one, X, y))
     _params_close(split.get_params()[0], one.get_params()[0])
@@ -368,7 +394,7 @@ def test_whole_network_cut_keeps_each_layer_shards_on_one_stage_and_matches_one_
     one = _module(Pipeline(_Residual(1, prefix='res_'), 'cpu:0'), X, y)
     pipe = Pipeline(_Residual(2, prefix='res_'), 'cpu:1+cpu:2,cpu:3')
     split = _module(pipe, X, y, arg_params=one.get_params()[0])
-    executor = split._exec_group.execs[0]  # pylint: disable=protected-access
+    executor = split.executors[0]
     assert [executor.arg_dict['res_col_shard%d_weight' % i].context for i in (0, 1)] == \
         [mx.cpu(1), mx.cpu(2)]
     assert _close(_step(split, X, y), _step(one, X, y))
@@ -445,3 +471,73 @@ def test_per_shard_function_of_several_column_outputs_reads_each_shard_and_match
     twin.set_params(*one.get_params())
     assert _close(twin(X.as_in_context(mx.cpu(1))).asnumpy(),
                   one.predict(mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy())
+
+
+def _doc_layer():
+    """The ``ShardedBlock`` example of docs/tensor-parallel.md, run as written."""
+    import os
+    import re
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',
+                        'tensor-parallel.md')
+    with open(path) as f:
+        blocks = re.findall(r'^```python\n(.*?)^```', f.read(), re.M | re.S)
+    code, = [b for b in blocks if 'class ColumnParallelBilinear' in b]
+    namespace = {}
+    exec(compile(code, path, 'exec'), namespace)  # pylint: disable=exec-used
+    return namespace
+
+
+def test_a_layer_written_on_sharded_block_equals_one_device_with_shards_on_their_devices():
+    doc = _doc_layer()
+    pipe, layer_class = doc['pipe'], doc['ColumnParallelBilinear']
+    rng = np.random.RandomState(3)
+    X = mx.nd.array(rng.uniform(-1, 1, (4, 8)))
+    y = mx.nd.array(rng.randint(0, 3, 4))
+    one_net = gluon.nn.HybridSequential(prefix=doc['net'].prefix)
+    with one_net.name_scope():  # the same names: the layer's one shard is the whole layer
+        one_net.add(gluon.nn.Dense(8, in_units=8), layer_class(5, 4, 1), gluon.nn.Dense(3))
+    one = _module(Pipeline(one_net, 'cpu:0', sample=X), X, y)
+    params = {n: v.copy() for n, v in one.get_params()[0].items()}
+    split = _module(pipe, X, y, arg_params=params)
+    # the unsplit layer is what the math says: y_k = x W_k z
+    W = params[[n for n in params if n.endswith('weight') and params[n].ndim == 3][0]].asnumpy()
+    assert W.shape == (5, 4, 4)
+    for mod in (one, split):
+        _step(mod, X, y)
+    outputs = [m.get_outputs()[0].asnumpy() for m in (one, split)]
+    assert _close(outputs[1], outputs[0])
+    one_grads = dict(zip(one._exec_group.param_names,  # pylint: disable=protected-access
+                         one._exec_group.grad_arrays))  # pylint: disable=protected-access
+    split_grads = pipe.gather_params({n: g for n, g in split.executors[0].grad_dict.items()
+                                      if n in pipe.collect_params()})
+    assert sorted(split_grads) == sorted(one_grads)
+    for name, grad in split_grads.items():
+        assert _close(grad.asnumpy(), one_grads[name][0].asnumpy()), name
+    # shard i's weight and gradient on the stage's device i, of its part's size
+    weight, = pipe.sharded.values()
+    assert [s.shape[0] for s in weight.shards] == [3, 2]
+    exe = split.executors[0]
+    assert [exe.arg_dict[s.name].context for s in weight.shards] == [mx.cpu(1), mx.cpu(2)]
+    assert [exe.grad_dict[s.name].context for s in weight.shards] == [mx.cpu(1), mx.cpu(2)]
+    # the checkpointed (unsplit) graph computes the same layer on one device
+    h = X.asnumpy() @ params[pipe.blocks[0].weight.name].asnumpy().T + \
+        params[pipe.blocks[0].bias.name].asnumpy()
+    x, z = h[:, :4], h[:, 4:]
+    bilinear = np.einsum('ni,kij,nj->nk', x, W, z)
+    internals = split.export_symbol.get_internals()
+    name, = [n for n in internals.list_outputs() if n.endswith('fwd_output') and 'dense' not in n]
+    exe = internals[name].simple_bind(mx.cpu(0), data=X.shape, grad_req='null')
+    for arg in exe.arg_dict:
+        exe.arg_dict[arg][:] = X if arg == 'data' else params[arg]
+    assert _close(exe.forward()[0].asnumpy(), bilinear)
+
+
+def test_sharded_block_refuses_sizes_that_do_not_split_the_axis():
+    class Bad(mp_symbolic.ShardedBlock):
+        def __init__(self):
+            super().__init__(2)
+            with self.name_scope():
+                self.add_param('weight', (5, 4), 0, [3, 3])
+    with pytest.raises(ValueError, match=r'^weight: expected sizes of the 2 shards summing to '
+                                         r'axis 0 of \(5, 4\) \(5\), found \[3, 3\]$'):
+        Bad()

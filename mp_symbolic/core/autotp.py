@@ -45,13 +45,13 @@ import re
 import mxnet as mx
 from mxnet import gluon
 
-from . import tensor_parallel
+from . import nesting, tensor_parallel
 from .balance import even_split
 from .checks import excerpt
 from .compat import fresh_variables, initialized, read_in_own_group
 from .devices import DeviceSpecError, resolve_devices
 from .tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
-                              VocabParallelEmbedding, _gather, _ShardedBlock)
+                              VocabParallelEmbedding, _gather, ShardedBlock)
 
 __all__ = []
 
@@ -106,7 +106,7 @@ def _act(dense):
     return None if act is None else act._act_type  # pylint: disable=protected-access
 
 
-class HeadParallel(_ShardedBlock):
+class HeadParallel(ShardedBlock):
     """An attention block of the user's, run once per shard on that shard's
     heads: its query, key and value weights split by heads (whole heads per
     shard), its head count and widths set to the shard's, its own
@@ -143,22 +143,22 @@ class HeadParallel(_ShardedBlock):
                     if p is not None]
             for param in [p for p in ((source.weight, source.bias) if dense else (source,))
                           if p is not None]:
-                self._add_param(self._key(param), param.shape, 0,
-                                even_split(param.shape[0], shards), init=param.init,
-                                dtype=param.dtype, allow_deferred_init=True)
+                self.add_param(self._key(param), param.shape, 0,
+                               even_split(param.shape[0], shards), init=param.init,
+                               dtype=param.dtype, allow_deferred_init=True)
             self._columns.append((attr, dense, weight.shape[0], keys,
                                   source._flatten if dense else False,  # pylint: disable=protected-access
                                   _act(source) if dense else None))
         self._row = None     # (attribute, weight key, bias key, units, flatten, activation)
         if row is not None:
             attr, dense = row
-            self._add_param(self._key(dense.weight), dense.weight.shape, 1,
-                            even_split(dense.weight.shape[1], shards), init=dense.weight.init,
-                            dtype=dense.weight.dtype, allow_deferred_init=True)
+            self.add_param(self._key(dense.weight), dense.weight.shape, 1,
+                           even_split(dense.weight.shape[1], shards), init=dense.weight.init,
+                           dtype=dense.weight.dtype, allow_deferred_init=True)
             if dense.bias is not None:
-                self._add_param(self._key(dense.bias), dense.bias.shape, None,
-                                init=dense.bias.init, dtype=dense.bias.dtype,
-                                allow_deferred_init=True)
+                self.add_param(self._key(dense.bias), dense.bias.shape, None,
+                               init=dense.bias.init, dtype=dense.bias.dtype,
+                               allow_deferred_init=True)
             self._row = (attr, self._key(dense.weight),
                          None if dense.bias is None else self._key(dense.bias),
                          dense.weight.shape[0], dense._flatten, _act(dense))  # pylint: disable=protected-access
@@ -190,7 +190,7 @@ class HeadParallel(_ShardedBlock):
                 kwargs[attr] = params[keys[0]]
         if self._row is not None:
             attr, weight, bias, units, flatten, act = self._row
-            # shard 0 holds the bias; the activation follows the sum (in _combine)
+            # shard 0 holds the bias; the activation follows the sum (in combine)
             view.__dict__[attr] = partial(_fc, F, weight=params[weight],
                                           bias=None if bias is None else params.get(bias),
                                           units=units, flatten=flatten,
@@ -201,31 +201,31 @@ class HeadParallel(_ShardedBlock):
         inputs = (x,) + more
         if isinstance(x, mx.sym.Symbol):
             return self._symbolic(inputs)
-        devices = [next(iter(p.values())).list_ctx()[0] for p in self._shard_params]
+        devices = self.shard_devices(x)
         parts = []
         for i, device in enumerate(devices):
-            params = {k: p.data(device) for k, p in self._shard_params[i].items()}
+            params = {k: p.data(device) for k, p in self.shard_params[i].items()}
             moved = [v.as_in_context(device) if isinstance(v, mx.nd.NDArray) else v
                      for v in inputs]
-            out = self._shard(mx.nd, i, moved, **params)
+            out = self.shard_forward(mx.nd, i, moved, **params)
             parts.append(_move(out, devices[0]))
-        return self._combine(mx.nd, parts, inputs)
+        return self.combine(mx.nd, parts, inputs)
 
-    def _prepare(self, F, x):
+    def prepare(self, F, x):
         if F is mx.sym and self.shards > 1:
             # every shard's group reads the inputs: a variable, through an op of its own
             return tuple(read_in_own_group(F, v, 'input%d' % j) for j, v in enumerate(x))
         return x
 
-    def _shard(self, F, i, x, **params):  # pylint: disable=arguments-differ
+    def shard_forward(self, F, i, x, **params):  # pylint: disable=arguments-differ
         view, kwargs = self._view(F, params, i if self.shards > 1 else None)
         return view.hybrid_forward(F, *x, **kwargs)
 
-    def _unsplit(self, F, x, **params):  # pylint: disable=arguments-differ
+    def unsplit_forward(self, F, x, **params):  # pylint: disable=arguments-differ
         view, kwargs = self._view(F, params, None)
         return view.hybrid_forward(F, *x, **kwargs)
 
-    def _combine(self, F, parts, x):
+    def combine(self, F, parts, x):
         if self.shards == 1:
             return parts[0]
         if self._combine_by == 'sum':
@@ -293,10 +293,11 @@ class _Graph:
 
     def __init__(self, blocks, names):
         with fresh_variables(blocks):
-            out = blocks[0](*[mx.sym.var(n) for n in names])
+            out = blocks[0](*nesting.map_names(mx.sym.var, names))
             for block in blocks[1:]:
                 out = block(out)
-            symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+            symbol = mx.sym.Group(nesting.flatten(out)[0]) if isinstance(out, (list, tuple)) \
+                else out
         graph = json.loads(symbol.tojson())
         self.nodes = graph['nodes']
         self.consumers = [[] for _ in self.nodes]
@@ -407,7 +408,8 @@ def apply(blocks, spec, devices, names):
         blocks: The blocks (one whole network, or a block list in order).
         spec: ``'auto'`` or a plan (see the module docstring).
         devices: As :class:`~mp_symbolic.Pipeline` takes them.
-        names: The inputs' names.
+        names: The inputs' names (the positional inputs as nested names,
+            for nested inputs: :mod:`~mp_symbolic.core.nesting`).
 
     Returns:
         ``(blocks, Sharding)``: the blocks (a top-level layer may be swapped)

@@ -29,7 +29,16 @@ class BalanceError(ValueError):
 class TooManyStages(DeviceSpecError, BalanceError):
     """More stages than blocks (or ops) to fill them: a device plan that
     cannot be made (``DeviceSpecError``) and a balance that cannot be
-    found (``BalanceError``) alike."""
+    found (``BalanceError``) alike.
+
+    Attributes:
+        virtual: The stages per device asked for (more than 1: the
+            interleaved schedule's ``virtual``, which the message counts).
+    """
+
+    def __init__(self, message, virtual=1):
+        super().__init__(message)
+        self.virtual = virtual
 
 
 def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtual=1):
@@ -52,10 +61,33 @@ def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtu
         raise TooManyStages('too many stages for the %s (devices per replica: %d, %d stages on '
                             'each: %d stages, %s: %d); expected at most one stage per %s'
                             % (whole, num_stages // virtual, virtual, num_stages, unit, count,
-                               unit[:-1]))
+                               unit[:-1]), virtual)
     raise TooManyStages('too many devices for the %s (devices%s: %d, %s: %d); expected at most '
                         'one device per %s' % (whole, ' per replica' if per_replica else '',
                                                num_stages, unit, count, unit[:-1]))
+
+
+def balance_kind(balance, has_sample, unit='blocks', error=BalanceError):
+    """What a ``balance=`` asks for, the one reading of it for block lists and
+    cut graphs: ``'size'`` (``None``: by parameter count), ``'time'``
+    (measured on the sample) or ``'given'`` (a list of ``unit`` per stage,
+    then checked by :func:`check_balance`).
+
+    Raises:
+        BalanceError: (``error``) another string, or ``'time'`` without a
+            sample.
+    """
+    if balance is None:
+        return 'size'
+    if isinstance(balance, str):
+        if balance != 'time':
+            raise error("balance: expected None, 'time' or a list of %s per stage, found %r"
+                        % (unit, balance))
+        if not has_sample:
+            raise error("balance='time': expected sample= (a batch or its shape) to time the "
+                        '%s on, found none' % unit)
+        return 'time'
+    return 'given'
 
 
 def check_balance(balance, num_items, num_stages, unit='blocks'):

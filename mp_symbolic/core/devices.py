@@ -125,6 +125,9 @@ def check_devices(devices, num_gpus=None, unique=True):
         if not isinstance(ctx, mx.Context):
             raise DeviceSpecError('expected devices as mx.Context (mx.cpu(0), mx.gpu(1)) or a '
                                   "string such as 'cpu:0,cpu:1', found %r" % (ctx,))
+        if ctx.device_type == 'cpu' and ctx.device_id > MAX_CPU_ID:
+            raise DeviceSpecError('expected cpu devices up to mx.cpu(%d), found mx.cpu(%d)'
+                                  % (MAX_CPU_ID, ctx.device_id))
         if unique and ctx in seen:
             raise DeviceSpecError('expected each device once, found %s twice in %s'
                                   % (format_device(ctx),

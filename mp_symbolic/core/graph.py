@@ -20,7 +20,7 @@ import json
 
 import mxnet as mx
 
-from . import graphcut, tensor_parallel
+from . import graphcut, nesting, tensor_parallel
 from .compat import error_line, fresh_variables, tie_parameters
 from .names import DATA_NAME, GROUP_ATTR, SHARD_ATTR, chunk_name, shard_group, stage_name
 
@@ -29,20 +29,23 @@ __all__ = []
 
 def chain(blocks, inputs):
     """The blocks one after the other on the Symbols ``inputs`` (the first
-    block takes them all; a block returning several outputs passes them all
-    to the next); several outputs at the end grouped."""
+    block takes them all, nested as given; a block returning several
+    outputs passes them all to the next); several outputs at the end
+    grouped, nested ones in order (:func:`~mp_symbolic.core.nesting.flatten`)."""
     x = list(inputs)
     for block in blocks:
         x = block(*x)
         x = list(x) if isinstance(x, (list, tuple)) else [x]
+    x, _ = nesting.flatten(x)
     return x[0] if len(x) == 1 else mx.sym.Group(x)
 
 
 def build(placement, data, chunks):
     """``data`` (a Symbol, or one per input) through every stage of
     ``placement``: its one labelled graph (a whole network's cut, or a block
-    list traced at its block boundaries), on ``chunks`` micro-batches joined
-    on the last stage; with tensor-parallel layers built unsplit
+    list traced at its block boundaries), on ``chunks`` micro-batches (split
+    on ``placement.batch_axis``) joined there on the last stage; with
+    tensor-parallel layers built unsplit
     (:func:`~mp_symbolic.core.tensor_parallel.unsplit`), their unsplit form."""
     data = list(data) if isinstance(data, (list, tuple)) else [data]
     if placement.shard_of and tensor_parallel.is_unsplit():
@@ -52,7 +55,8 @@ def build(placement, data, chunks):
     for node in labelled['nodes']:  # the shard marks have done their work: placed the shards
         node.get('attrs', {}).pop(SHARD_ATTR, None)
     names = placement.input_names
-    graph = graphcut.replicate_chunks(labelled, names, chunks, placement.plan.num_stages - 1)
+    graph = graphcut.replicate_chunks(labelled, names, chunks, placement.plan.num_stages - 1,
+                                      placement.batch_axis)
     if all(d.list_arguments() == [d.name] and len(d.get_internals()) == 1 for d in data):
         rename = {n: d.name for n, d in zip(names, data)}
         for node in graph['nodes']:  # each input variable takes the caller's name
@@ -96,17 +100,20 @@ def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
 
     Args:
         data_shape, data_name: The input's shape and name; for several
-            inputs, a tuple of shapes and one of names.
+            inputs, a tuple of shapes and one of names (the positional
+            inputs as nested names, for nested inputs: ``('data0', ['data1',
+            'data2'])``, the shapes then of the names in order).
 
     Raises:
         ValueError: MXNet cannot infer the shapes from ``data_shape``, or
             the network takes another number of inputs.
     """
-    names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
+    names = tuple(nesting.flat_names(data_name))
     shapes = (tuple(data_shape),) if isinstance(data_name, str) else tuple(map(tuple, data_shape))
+    inputs = (data_name,) if isinstance(data_name, str) else data_name
     with fresh_variables(blocks):
         try:
-            sym = chain(blocks, [mx.sym.var(n) for n in names])
+            sym = chain(blocks, nesting.map_names(mx.sym.var, inputs))
         except TypeError as err:
             if 'argument' not in str(err):
                 raise

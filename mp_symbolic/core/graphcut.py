@@ -36,7 +36,7 @@ import mxnet as mx
 from mxnet.ndarray._internal import _imperative_invoke
 import numpy as np
 
-from .balance import BalanceError, check_balance, solve, time_forward_backward
+from .balance import BalanceError, balance_kind, check_balance, solve, time_forward_backward
 from .checks import tied_owners
 from .compat import error_line, segment_boundaries, tie_parameters
 from .names import (CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR, MIRROR_ATTR, chunk_name,
@@ -46,6 +46,13 @@ __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op
            'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'label',
            'replicate_chunks', 'unique_names', 'run_graph', 'load']
 
+
+
+# The one GPipe graph copies every op per micro-batch: building and binding it
+# took 2 to 5 ms per copy here (the regression's 5 ops at 10,000 chunks: 4.5
+# minutes on a loaded machine), so a graph past this many op copies is refused
+# rather than built (the language model's 357 ops: up to 22 chunks).
+MAX_CHUNKED_OPS = 8192
 
 
 class CutError(BalanceError):
@@ -271,7 +278,7 @@ def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
     return tie_parameters(graph, CutError)
 
 
-def replicate_chunks(graph, data_name, chunks, last_stage):
+def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
     """``graph`` run on ``chunks`` micro-batches of its inputs: each input
     split along the batch axis in its own stage (``chunk``; ``chunk_<name>``
     for several inputs), every op copied per chunk (copies after the first
@@ -282,6 +289,8 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
 
     Args:
         data_name: The input variable, or the names of several.
+        axis: The batch axis of every input and output, where they are split
+            and joined.
 
     Raises:
         CutError: an input is not a variable of the graph.
@@ -290,6 +299,12 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
         return json.loads(json.dumps(graph))
     names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
     nodes = graph['nodes']
+    ops = sum(1 for n in nodes if n['op'] != 'null')
+    if ops * chunks > MAX_CHUNKED_OPS:
+        raise CutError("chunks: expected at most %d micro-batches of this graph's %d ops in one "
+                       'graph (ops x chunks at most %d), found %d; the stage runtime '
+                       "(schedule='1f1b') runs micro-batches one after another in graphs of "
+                       'one micro-batch' % (MAX_CHUNKED_OPS // ops, ops, MAX_CHUNKED_OPS, chunks))
     inputs = {}
     for name in names:
         found = [i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name]
@@ -306,7 +321,7 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
         split[i] = len(out)
         out.append({'op': 'split', 'name': CHUNK_SPLIT if len(names) == 1
                     else '%s_%s' % (CHUNK_SPLIT, name),
-                    'attrs': {'axis': '0', 'num_outputs': str(chunks),
+                    'attrs': {'axis': str(axis), 'num_outputs': str(chunks),
                               GROUP_ATTR: nodes[i]['attrs'][GROUP_ATTR]},
                     'inputs': [[index[(i, None)], 0, 0]]})
     heads = [[] for _ in graph['heads']]
@@ -342,7 +357,7 @@ def replicate_chunks(graph, data_name, chunks, last_stage):
             out += copies
         out.append({'op': 'Concat', 'name': CHUNK_JOIN if len(heads) == 1
                     else '%s%d' % (CHUNK_JOIN, k),
-                    'attrs': {'dim': '0', 'num_args': str(chunks),
+                    'attrs': {'dim': str(axis), 'num_args': str(chunks),
                               GROUP_ATTR: stage_name(last_stage)},
                     'inputs': parts})
         joined.append([len(out) - 1, 0, 0])
@@ -388,6 +403,8 @@ class Cut:
             split points are fixed already (a block list's block boundaries,
             balanced by :mod:`~mp_symbolic.core.balance`); ``balance`` is
             then not read and parameter shapes need not be known.
+        batch_axis: The axis of the batch in the inputs (what "per sample"
+            divides by).
 
     Attributes:
         graph: The unlabelled graph (op names made unique).
@@ -408,7 +425,8 @@ class Cut:
     """
 
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
-                 owners=None, data_name=DATA_NAME, slack=0.1, ctx=None, stage_of_op=None):
+                 owners=None, data_name=DATA_NAME, slack=0.1, ctx=None, stage_of_op=None,
+                 batch_axis=0):
         self.graph = unique_names(json.loads(symbol.tojson()))
         nodes = self.graph['nodes']
         order = op_order(self.graph)
@@ -429,21 +447,16 @@ class Cut:
         batch = None
         if input_shape is not None:
             input_shape = {n: tuple(s) for n, s in input_shape.items()}
-            batch = max(int(input_shape[self.data_name][0]), 1)
+            first = input_shape[self.data_name]
+            batch = max(int(first[batch_axis]) if len(first) > batch_axis else 1, 1)
             nbytes = entry_bytes(load(self.graph), input_shape)
             self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
             cross = cut_bytes(self.graph, self.activation_bytes) / batch
-        if stage_of_op is not None:
-            self.costs = None
-        elif balance is None:
+        kind = None if stage_of_op is not None else \
+            balance_kind(balance, input_shape is not None, 'ops', CutError)
+        if kind == 'size':
             self.costs = param_costs(self.graph, shapes, set(self.data_names))
-        elif isinstance(balance, str):
-            if balance != 'time':
-                raise CutError("balance: expected None, 'time' or a list of ops per stage, "
-                               'found %r' % balance)
-            if input_shape is None:
-                raise CutError("balance='time': expected sample= (a batch or its shape) to time "
-                               'the ops on, found none')
+        elif kind == 'time':
             self.costs = op_times(load(self.graph), input_shape, ctx or mx.cpu(0))
         else:
             self.costs = None

@@ -7,9 +7,13 @@ fixed parameters (``grad_req='null'``: constants made with
 ``params.get_constant`` and layers frozen with
 ``collect_params().setattr('grad_req', 'null')``) are the Module's
 ``fixed_param_names``, with any the caller names: they get no gradient, no
-update and no optimizer state. Three more differences are what model
+update and no optimizer state. Four more differences are what model
 parallelism needs:
 
+* the stages' devices hold the only copy of the parameters: MXNet's Module
+  keeps another of all of them on the host (``cpu(0)``), here made only for
+  ``get_params`` and checkpoints and not kept, unless ``host_copy=True``
+  (:class:`~mp_symbolic.core.device_module.DeviceModule`);
 * every optimizer update runs on the device of the parameter it updates
   (:class:`PerDeviceUpdater`);
 * the kvstore, where there is one, only sums gradients (across replicas or
@@ -30,7 +34,8 @@ import json
 
 import mxnet as mx
 
-from . import tensor_parallel
+from . import layouts, tensor_parallel
+from .device_module import DeviceModule
 from .compat import gradient_only_kvstore, split_bind
 from .heads import HEADS, class_axis, head_of
 from .names import DATA_NAME, LABEL_NAME
@@ -117,7 +122,7 @@ class _Restored:
         return value
 
 
-class PipelineModule(mx.mod.Module):
+class PipelineModule(DeviceModule):
     """MXNet's Module over a Pipeline's stages (use :meth:`Pipeline.module`).
 
     Args:
@@ -128,10 +133,16 @@ class PipelineModule(mx.mod.Module):
             several inputs takes ``data0``, ``data1``, ...).
         output: For a network of several outputs, the one the loss reads
             (:meth:`~mp_symbolic.Pipeline.training_symbol`).
+        host_copy: Keep MXNet's host copy of every parameter (on MXNet's
+            default context, ``cpu(0)``), as ``mx.mod.Module`` does. By
+            default the stages' devices hold the only copy, and
+            ``get_params`` returns a fresh host copy each time
+            (:class:`~mp_symbolic.core.device_module.DeviceModule`).
         **kwargs: Passed to ``mx.mod.Module``.
 
     Attributes:
         pipeline: The Pipeline.
+        host_copy: Whether the Module keeps the host copy.
         input_shapes: ``{input name: one sample's shape}`` once bound.
         export_symbol: The training graph without micro-batches and with
             tensor-parallel layers unsplit, which :meth:`save_checkpoint`
@@ -140,7 +151,7 @@ class PipelineModule(mx.mod.Module):
     """
 
     def __init__(self, pipeline, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME,
-                 output=None, **kwargs):
+                 output=None, host_copy=False, **kwargs):
         for key in ('context', 'group2ctxs', 'data_names', 'label_names'):
             if key in kwargs:
                 raise ValueError('%s: expected it from the Pipeline (its devices and names), '
@@ -165,9 +176,11 @@ class PipelineModule(mx.mod.Module):
         super().__init__(symbol, data_names=data_names, label_names=label_names,
                          context=[devices[first] for devices in plan.replica_devices],
                          group2ctxs=plan.group2ctxs, fixed_param_names=fixed or None,
-                         **kwargs)
+                         host_copy=host_copy, **kwargs)
         self.sample_shape = None
         self.input_shapes = {}
+        self._batch_axes = {}  # input name -> its batch axis, once bound
+        self._laid_out = False  # whether the outputs' nodes carry layouts
         self._update_args = None
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = _Restored()
@@ -231,30 +244,57 @@ class PipelineModule(mx.mod.Module):
              inputs_need_grad=False, force_rebind=False, shared_module=None, grad_req='write'):
         """``mx.mod.Module.bind``, after checking the batch splits into
         ``replicas x chunks`` equal parts; ``loss='softmax'`` takes its
-        classes on the axis the labels leave.
+        classes on the axis the labels leave. Each input's and label's batch
+        is on the axis of ``N`` in its ``DataDesc`` layout, or on the
+        Pipeline's ``batch_axis`` (:func:`~mp_symbolic.core.layouts.batch_descs`);
+        each output's, where its size follows the batch.
 
         Raises:
-            ValueError: it does not.
+            ValueError: it does not, or a layout that cannot be honoured.
         """
+        placement = self.pipeline.placement
+        if not self.binded or force_rebind:
+            data_shapes = layouts.batch_descs(data_shapes, placement.batch_axis, placement.chunks)
+            if label_shapes:
+                label_shapes = layouts.batch_descs(label_shapes, placement.batch_axis,
+                                                   placement.chunks, labels=True)
         self._fit_head(data_shapes, label_shapes, force_rebind)
+        axes = [layouts.batch_axis_of(d) for d in data_shapes]
         first = data_shapes[0]
         shape = tuple(first.shape if hasattr(first, 'shape') else first[1])
         if shape:
-            self.pipeline.placement.micro_batch(shape[0])
-        self.sample_shape = shape[1:]
-        self.input_shapes = {d.name if hasattr(d, 'name') else d[0]:
-                             tuple(d.shape if hasattr(d, 'shape') else d[1])[1:]
-                             for d in data_shapes}
+            placement.micro_batch(shape[axes[0]])
+        self.sample_shape = shape[:axes[0]] + shape[axes[0] + 1:]
+        self.input_shapes, self._batch_axes = {}, {}
+        for desc, axis in zip(data_shapes, axes):
+            name, shape = shape_pair(desc)
+            self.input_shapes[name] = shape[:axis] + shape[axis + 1:] if axis >= 0 else shape
+            self._batch_axes[name] = axis
+        if not self.binded or force_rebind:
+            self._lay_out_outputs(data_shapes + list(label_shapes or ()))
         with split_bind(self._devices(), self._symbol):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
         self._update_args = None  # a new executor group: update() lists its arrays anew
         self._apply_pending()
 
+    def _lay_out_outputs(self, descs):
+        """Each output of the graph joined over the replicas on its batch
+        axis: where an input's batch is not on axis 0, each output's node
+        carries its layout (:func:`~mp_symbolic.core.layouts.output_batch_axes`)."""
+        if not self._laid_out and all(layouts.batch_axis_of(d) == 0 for d in descs):
+            return
+        axes = layouts.output_batch_axes(self._symbol, descs)
+        self._symbol = layouts.with_output_layouts(self._symbol, axes)
+        self._laid_out = axes is not None
+
     def recorded_shapes(self):
         """``{input name: one sample's shape}`` that a checkpoint records (on
-        the graph's input variables), for the inputs of more than one axis."""
-        return {n: s for n, s in self.input_shapes.items() if s}
+        the graph's input variables), for the inputs of more than one axis
+        whose batch is on axis 0 (the recorded shape is ``(0,) + one
+        sample's``)."""
+        return {n: s for n, s in self.input_shapes.items()
+                if s and self._batch_axes.get(n, 0) == 0}
 
     def update_metric(self, eval_metric, labels, pre_sliced=False):
         """``mx.mod.Module.update_metric``; with a loss on one of several
@@ -271,7 +311,29 @@ class PipelineModule(mx.mod.Module):
 
     def reshape(self, data_shapes, label_shapes=None):
         """``mx.mod.Module.reshape`` (called by ``forward`` on a batch of
-        another shape), bound as :meth:`bind` binds."""
+        another shape: ``score``, ``predict``, ``fit``'s ``eval_data``), bound
+        as :meth:`bind` binds. A batch without labels (``predict``) keeps
+        labels of the new batch size, unread: the graph's loss head has them.
+
+        Raises:
+            ValueError: the batch does not split into ``chunks x replicas``
+                equal parts (the one graph holds that many copies).
+        """
+        placement = self.pipeline.placement
+        data_shapes = layouts.batch_descs(data_shapes, placement.batch_axis, placement.chunks)
+        first = data_shapes[0]
+        batch = shape_pair(first)[1][layouts.batch_axis_of(first)]
+        placement.micro_batch(batch)
+        if not label_shapes and self._label_shapes:
+            label_shapes = []
+            for desc in self._label_shapes:
+                shape, axis = list(desc.shape), layouts.batch_axis_of(desc)
+                shape[axis] = batch
+                label_shapes.append(mx.io.DataDesc(desc.name, tuple(shape), desc.dtype,
+                                                   desc.layout))
+        elif label_shapes:
+            label_shapes = layouts.batch_descs(label_shapes, placement.batch_axis,
+                                               placement.chunks, labels=True)
         with split_bind(self._devices(), self._symbol):
             super().reshape(data_shapes, label_shapes)
 
@@ -460,6 +522,15 @@ class PipelineModule(mx.mod.Module):
     def updater(self):
         """The :class:`PerDeviceUpdater` (``None`` before ``init_optimizer``)."""
         return self._updater
+
+    @property
+    def executors(self):
+        """The bound executors, one per replica (MXNet keeps them in the
+        Module's private executor group): each holds its replica's parameter,
+        gradient and auxiliary arrays (``arg_dict``, ``grad_dict``,
+        ``aux_dict``) on their stages' devices; on the stage runtime, the
+        arrays its stages' executors share. ``[]`` before ``bind``."""
+        return list(self._exec_group.execs) if self.binded else []
 
     def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
         """Writes ``prefix-symbol.json`` and ``prefix-%04d.params`` as

@@ -38,11 +38,11 @@ This module is the Gluon block and the entry point: the plan is one frozen
 import mxnet as mx
 from mxnet import gluon
 
-from . import autotp, graph, tensor_parallel, twin
+from . import autotp, graph, nesting, tensor_parallel, twin
 from .compat import initialized, symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
-from .placement import check_parameter_names, place, sample_shapes
+from .placement import check_parameter_names, place, sample_inputs
 from . import nodes as node_processes
 from . import schedule as schedules
 
@@ -96,7 +96,11 @@ class Pipeline(gluon.Block):
             size); for a whole network it also gives the bytes crossing each
             boundary. A tuple of batches (or of shapes), one per positional
             input, for a network of several inputs: they are then named
-            ``data0``, ``data1``, ... (``input_names``).
+            ``data0``, ``data1``, ... (``input_names``). A positional input
+            that is a list (GluonNLP's ``begin_state``): a list of batches
+            in its place, ``sample=(x, [h0, c0])``; its leaves are inputs in
+            order (``data0`` for ``x``, ``data1``, ``data2`` for the states)
+            and ``pipe(x, [h, c])`` takes them nested the same way.
         chunks: Micro-batches per batch (GPipe), in the symbolic graph and in
             the imperative twin; the batch size must be a multiple of
             ``chunks * replicas``.
@@ -157,6 +161,14 @@ class Pipeline(gluon.Block):
             host; its outputs and metric are the last node's.
         node_timeout: Seconds a node waits on another (a tensor, a commit)
             before it ends (a stopped or wedged node); default 300.
+        batch_axis: The axis of the batch in every input and output of the
+            network: 0 (batch first), or 1 for GluonNLP's ``TNC`` layout
+            (tokens ``(T, N)``, states ``(L, N, C)``, outputs ``(T, N, V)``).
+            The micro-batches and the replicas split every input on it and
+            join every output on it, in the twin and the Module (whose
+            inputs and labels then carry layouts with ``N`` there); the
+            stage runtime (a schedule other than ``'gpipe'``, or nodes)
+            takes 0 only.
 
     Attributes:
         blocks: The blocks, in order.
@@ -171,6 +183,9 @@ class Pipeline(gluon.Block):
         tied: ``{parameter name: (owning stage, stages that read it)}``.
         sharding: What ``tensor_parallel`` did, layer by layer
             (:class:`~mp_symbolic.core.autotp.Sharding`), or ``None``.
+        inputs: The positional inputs as nested names (``('data0',
+            ['data1', 'data2'])``); ``input_names`` are their leaves.
+        batch_axis: As given.
 
     Raises:
         TypeError: a block is not a ``HybridBlock``.
@@ -187,13 +202,14 @@ class Pipeline(gluon.Block):
             whose shapes are not known; a stage of several devices whose
             count is not the shards of a tensor-parallel layer in it; a
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
-            and the shard count named).
+            and the shard count named); ``batch_axis`` not a non-negative
+            integer.
     """
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
-                 virtual=None, nodes=None, node_timeout=None):
+                 virtual=None, nodes=None, node_timeout=None, batch_axis=0):
         super().__init__(prefix='pipeline_')
         self.virtual = schedules.check_spec(schedule, virtual)
         self.schedule = schedule
@@ -213,8 +229,9 @@ class Pipeline(gluon.Block):
         check_parameter_names(blocks, whole)
         self.sharding = None
         if tensor_parallel is not None:
-            shapes = sample_shapes(sample)
+            shapes, nested = sample_inputs(sample)
             names = tuple(input_names(1 if shapes is None else len(shapes)))
+            names = names if nested is None else nesting.unflatten(nested, names)
             if shapes is not None:
                 graph.infer_shapes(blocks, shapes, names)
             blocks, self.sharding = autotp.apply(blocks, tensor_parallel, devices, names)
@@ -222,7 +239,8 @@ class Pipeline(gluon.Block):
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
         self.placement = place(self.blocks, whole, devices, balance, sample, chunks, replicas,
-                               mirror, tied, self.virtual, self.nodes)
+                               mirror, tied, self.virtual, self.nodes, batch_axis,
+                               sample_checked=tensor_parallel is not None)
         # a schedule that cannot run is refused here, not at bind
         self._forwards = twin.forwards(self.run_schedule())
         if self.nodes is not None:  # every check above is done: now wait for the others
@@ -382,7 +400,7 @@ class Pipeline(gluon.Block):
         return schedules.make(self.schedule, self.plan.num_stages, self.chunks, self.virtual)
 
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, output=None,
-               **kwargs):
+               host_copy=False, **kwargs):
         """An ``mx.mod.Module`` bound to the stages' devices (see
         :class:`~mp_symbolic.core.module.PipelineModule`); ``fit``, ``score``,
         ``predict`` and ``save_checkpoint`` work as on any Module.
@@ -397,8 +415,15 @@ class Pipeline(gluon.Block):
                 a network of several inputs takes ``data0``, ``data1``, ...
             output: For a network of several outputs, the one the loss reads
                 (see :meth:`training_symbol`).
+            host_copy: Keep ``mx.mod.Module``'s host copy of every parameter
+                (on ``cpu(0)``). By default the stages' devices hold the only
+                copy; ``get_params`` and checkpoints gather a fresh one.
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
+
+        Raises:
+            ValueError: ``batch_axis`` other than 0 with the stage runtime
+                (a schedule other than ``'gpipe'``, or nodes).
         """
         # pylint: disable=import-outside-toplevel
         from .module import PipelineModule
@@ -406,7 +431,7 @@ class Pipeline(gluon.Block):
         kind = PipelineModule if self.schedule == 'gpipe' and self.nodes is None \
             else StagedModule
         return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
-                    **kwargs)
+                    host_copy=host_copy, **kwargs)
 
     def infer_shape(self, data_shape, data_name=DATA_NAME):
         """Fills in parameter shapes not known yet from one input shape.
@@ -424,14 +449,17 @@ class Pipeline(gluon.Block):
         with replicas, each replica a share of the batch, with chunks, as
         micro-batches (see :func:`mp_symbolic.core.twin.forward`). Returns the
         whole batch's output on the last stage of the first replica (a tuple,
-        for a network of several outputs). A network of several inputs takes
-        them all: ``pipe(x0, x1, ...)``, each batch first.
+        for a network of several outputs, nested as the network returns
+        them: GluonNLP's language model gives ``(out, [h, c])``). A network
+        of several inputs takes them all: ``pipe(x0, x1, ...)``, each batch
+        on ``batch_axis``, nested as ``sample`` was (``pipe(x, [h, c])``).
 
         On a Symbol, returns the tagged inference graph (one chunk); the
         Symbol's own nodes go to the first stage unless they name a stage.
 
         Raises:
-            TypeError: ``x`` is neither an NDArray nor a Symbol.
+            TypeError: ``x`` is neither an NDArray nor a Symbol, or the
+                inputs are not nested as the sample was.
             ValueError: the batch is not a multiple of ``chunks x replicas``,
                 or a node of the Symbol names a ``ctx_group`` the plan lacks.
         """
@@ -440,10 +468,40 @@ class Pipeline(gluon.Block):
             raise node_processes.NodeError(
                 'nodes: expected the imperative twin in one process, found a Pipeline over %d '
                 'nodes (train it through pipe.module(...))' % self.nodes.count)
+        leaves = self._input_leaves((x,) + more)
         if isinstance(x, mx.sym.Symbol):
-            inputs = [graph.on_first_stage(s, placement) for s in (x,) + more]
+            inputs = [graph.on_first_stage(s, placement) for s in leaves]
             return graph.finish(graph.build(placement, inputs, 1), placement)
-        return twin.forward(placement, x, *more, order=self._forwards)
+        return twin.forward(placement, *leaves, order=self._forwards)
+
+    @property
+    def inputs(self):
+        """The positional inputs as nested names, as the network takes them:
+        ``('data',)`` for one input, ``('data0', ['data1', 'data2'])`` for
+        GluonNLP's ``(inputs, begin_state)``."""
+        return self.placement.positional_inputs
+
+    @property
+    def batch_axis(self):
+        """The axis of the batch in every input and output (as given)."""
+        return self.placement.batch_axis
+
+    def _input_leaves(self, args):
+        """The leaves of the positional ``args``, in order, checked to be
+        nested as :attr:`inputs` (a flat network's count is the twin's to
+        check, in its own words).
+
+        Raises:
+            TypeError: they are nested otherwise.
+        """
+        leaves, given = nesting.flatten(tuple(args))
+        _, expected = nesting.flatten(self.inputs, lambda v: isinstance(v, str))
+        if nesting.alike(given, expected) or nesting.is_flat(expected) and nesting.is_flat(given):
+            return leaves
+        raise TypeError('inputs: expected %s, nested as %s, found %s'
+                        % (nesting.describe(expected, iter(self.input_names)),
+                           'one input without sample=' if self.placement.sample_shapes is None
+                           else 'sample= has them', nesting.describe_value(tuple(args))))
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):

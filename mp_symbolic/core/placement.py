@@ -26,12 +26,13 @@ import mxnet as mx
 import numpy as np
 
 from . import balance as balancing
-from . import graph, graphcut, tensor_parallel
-from .checks import excerpt, is_int, positive_int, tied_owners
+from . import graph, graphcut, nesting, tensor_parallel
+from .checks import is_int, positive_int, tied_owners
 from .compat import fresh_variables, tie_parameters
 from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
+from .ir import PlacedGraph
 from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
-                    shard_group, stage_name)
+                    stage_name)
 
 __all__ = []
 
@@ -97,6 +98,13 @@ class Placement:
         stages: What each stage runs: its blocks (a block list) or its op
             names (a whole network).
         readers: ``{parameter name: [stages that read it]}``.
+        inputs: The positional inputs as nested names, as the network takes
+            them: ``('data0', ['data1', 'data2'])`` for ``(x, [h, c])``
+            (:mod:`~mp_symbolic.core.nesting`); ``None``: ``input_names``.
+        outputs: A whole network's output nesting (``(tuple, (LEAF, (list,
+            (LEAF, LEAF))))`` for ``(out, [h, c])``), or ``None``.
+        batch_axis: The axis of the batch in every input and output (1 for
+            GluonNLP's ``TNC``).
     """
     blocks: tuple
     whole: bool
@@ -112,6 +120,9 @@ class Placement:
     input_names: tuple
     stages: list = None
     readers: dict = None
+    inputs: tuple = None
+    outputs: object = None
+    batch_axis: int = 0
 
     def micro_batch(self, batch, of_several=False, refuse=False):
         """Examples per micro-batch of a batch of ``batch`` (``None``: a
@@ -131,6 +142,16 @@ class Placement:
                                                   else '', 'a scalar' if batch is None
                                                   else batch))
         return batch // parts
+
+    @property
+    def positional_inputs(self):
+        """The positional inputs as nested names (:attr:`inputs`, or one
+        name per input)."""
+        return tuple(self.input_names) if self.inputs is None else self.inputs
+
+    def input_variables(self):
+        """A Symbol variable per input, nested as the network takes them."""
+        return symbol_variables(self.positional_inputs)
 
     @property
     def sample_shape(self):
@@ -158,7 +179,8 @@ class Placement:
         # is never traced at all).
         if self.cut is not None:
             return self.cut
-        return trace_blocks(self.blocks, self.input_names, self.plan.stage_of_layer, self.owner)
+        return trace_blocks(self.blocks, self.positional_inputs, self.plan.stage_of_layer,
+                            self.owner)
 
     def labelled(self, mirror=()):
         """The traced graph labelled by stage, each tensor-parallel shard in its
@@ -176,6 +198,11 @@ class Placement:
         for every forward pass (nothing it is made of changes once placed)."""
         return self.labelled()
 
+    @cached_property
+    def run_ops(self):
+        """The op nodes of each stage of :attr:`run_graph`, by index."""
+        return PlacedGraph.from_json(self.run_graph).op_indices_by_stage(self.plan.num_stages)
+
     def unsplit_labelled(self):
         """The network traced with its tensor-parallel layers unsplit (as
         checkpoints hold it), each node in the stage its split form has: each
@@ -184,16 +211,13 @@ class Placement:
         every other node in its own (by name, made unique in both traces
         alike). The same for both forms: a block list is the blocks in a row."""
         stage_of, stage_of_call = {}, {}
-        for node in self.labelled()['nodes']:
-            stage = self.stage_of_group[node['attrs'][GROUP_ATTR]]
-            mark = node['attrs'].get(SHARD_ATTR)
-            if mark is None:
-                stage_of[node['name']] = stage
-            elif node['op'] != 'null':  # a call's weights follow its first op (shard_groups)
-                stage_of_call.setdefault(parse_shard_mark(mark)[2], stage)
+        for node in PlacedGraph.from_json(self.labelled()).nodes:
+            if node.layer is None:
+                stage_of[node.name] = node.stage
+            elif not node.is_variable:  # a call's weights follow its first op (shard_groups)
+                stage_of_call.setdefault(node.layer[2], node.stage)
         with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
-            unsplit = json.loads(graph.chain(self.blocks, [mx.sym.var(n) for n in
-                                                           self.input_names]).tojson())
+            unsplit = json.loads(graph.chain(self.blocks, self.input_variables()).tojson())
         unsplit = graphcut.unique_names(unsplit)
         for node in unsplit['nodes']:
             attrs = node.setdefault('attrs', {})
@@ -202,12 +226,6 @@ class Placement:
                 stage_of_call[parse_shard_mark(mark)[2]]
             attrs[GROUP_ATTR] = stage_name(where)
         return tie_parameters(unsplit, graphcut.CutError)
-
-    @cached_property
-    def stage_of_group(self):
-        """``{ctx_group: stage}`` of every group of the plan (a shard's too)."""
-        return {shard_group(s, i): s for s in range(self.plan.num_stages)
-                for i in range(self.plan.width(s))}
 
     # -- what runs where ----------------------------------------------------
 
@@ -291,34 +309,47 @@ class Placement:
 def sample_shapes(sample):
     """``sample`` as one batch shape per input: a batch (numpy or NDArray)
     or its shape for one input; a tuple or list of batches or shapes, one per
-    positional input of the network, for several; ``None`` stays ``None``.
+    positional input of the network, for several; a positional input may be
+    a list or tuple of them itself (GluonNLP's ``begin_state``: ``sample=(x,
+    [h0, c0])``), its leaves then inputs in order; ``None`` stays ``None``.
 
     Raises:
         ValueError: anything else.
     """
+    shapes, _ = sample_inputs(sample)
+    return shapes
+
+
+def sample_inputs(sample):
+    """``(shapes, nesting)``: :func:`sample_shapes` and the nesting of the
+    positional inputs (:mod:`~mp_symbolic.core.nesting`, a tuple), or
+    ``(None, None)`` for no sample.
+
+    Raises:
+        ValueError: see :func:`sample_shapes`; the message shows the sample
+            by kind and shape, never its values.
+    """
     if sample is None:
-        return None
-    if hasattr(sample, 'shape'):
-        return (tuple(int(d) for d in sample.shape),)
+        return None, None
+    if hasattr(sample, 'shape') or nesting.is_shape(sample):
+        sample = (sample,)
     if isinstance(sample, (tuple, list)) and sample:
-        if all(is_int(d) for d in sample):
-            return (tuple(int(d) for d in sample),)
-        shapes = []
-        for item in sample:
-            if hasattr(item, 'shape'):
-                shapes.append(tuple(int(d) for d in item.shape))
-            elif isinstance(item, (tuple, list)) and item and all(is_int(d) for d in item):
-                shapes.append(tuple(int(d) for d in item))
-            else:
-                break
-        else:
-            return tuple(shapes)
+        leaves, nested = nesting.flatten(tuple(sample))
+        if leaves and all(hasattr(leaf, 'shape') or nesting.is_shape(leaf) for leaf in leaves):
+            return tuple(tuple(int(d) for d in leaf.shape) if hasattr(leaf, 'shape') else
+                         tuple(int(d) for d in leaf) for leaf in leaves), nested
     raise ValueError('sample: expected a batch or its shape, or a tuple of them (one per input '
-                     'of the network), found %s' % excerpt(repr(sample)))
+                     'of the network, a list of them for an input that is a list), found %s'
+                     % nesting.describe_value(sample))
+
+
+def symbol_variables(inputs):
+    """A Symbol variable per name of ``inputs`` (nested names), nested alike."""
+    return nesting.map_names(mx.sym.var, inputs)
 
 
 def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
-          mirror=False, tied=None, virtual=1, nodes=None):
+          mirror=False, tied=None, virtual=1, nodes=None, batch_axis=0, sample_checked=False):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
 
@@ -336,10 +367,16 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
             :class:`~mp_symbolic.core.nodes.Nodes`: each replica's devices
             divided over the nodes in order (each device once per node;
             only this node's GPUs need be present).
+        batch_axis: The axis of the batch in every input and output.
+        sample_checked: ``sample`` has been traced through these blocks
+            already (the Pipeline does, before it swaps in tensor-parallel
+            layers): parameter shapes are inferred again only if one is
+            still unknown.
 
     Raises:
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks, replicas, mirror or tied values that cannot work.
+            chunks, replicas, mirror, tied or batch_axis values that cannot
+            work.
     """
     if devices is None:
         raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
@@ -354,17 +391,24 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     node_of_stage = tuple(node_of_device) * virtual
     num_stages = len(replica_devices[0])
     positive_int('chunks', chunks)
+    if not is_int(batch_axis) or batch_axis < 0:
+        raise ValueError('batch_axis: expected a non-negative integer (the axis of the batch in '
+                         'every input and output: 1 for GluonNLP\'s TNC), found %r'
+                         % (batch_axis,))
+    batch_axis = int(batch_axis)
     mirror = tuple(range(num_stages)) if mirror is True else tuple(mirror or ())
     if any(not isinstance(st, int) or not 0 <= st < num_stages for st in mirror):
         raise ValueError('mirror: expected True or stage indices below %d, found %r'
                          % (num_stages, mirror))
-    shapes = sample_shapes(sample)
+    shapes, nested = sample_inputs(sample)
     names = tuple(input_names(1 if shapes is None else len(shapes)))
-    if shapes is not None:
-        graph.infer_shapes(blocks, shapes, names)
-    cut = None
+    inputs = names if nested is None else nesting.unflatten(nested, names)
+    if shapes is not None and not (sample_checked and all(
+            param.shape and all(param.shape) for param in parameters(blocks).values())):
+        graph.infer_shapes(blocks, shapes, inputs)
+    cut, outputs = None, None
     if whole:
-        cut = _cut(blocks[0], num_stages, balance, shapes, names, tied)
+        cut, outputs = _cut(blocks[0], num_stages, balance, shapes, inputs, tied, batch_axis)
         plan = DevicePlan(replica_devices[0], cut.stage_of_op, replica_devices,
                           node_of_stage=node_of_stage)
         owner = {n: s for n, s in cut.owner.items() if n not in names}
@@ -381,7 +425,8 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
         owner.update(tied_owners(tied, owner, num_stages, 'the blocks'))
     sharded = tensor_parallel.layout(blocks)
     first = Placement(tuple(blocks), whole, cut, plan, owner, {}, sharded, chunks, replicas,
-                      mirror, shapes, names)
+                      mirror, shapes, names, inputs=inputs, outputs=outputs,
+                      batch_axis=batch_axis)
     owner, shard_of = _shards(first)
     placed = replace(first, owner=owner, shard_of=shard_of)
     stages, readers = _layout(placed)
@@ -426,11 +471,13 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
             builds a graph).
     """
     with fresh_variables(blocks), tensor_parallel.mark_shards():
-        x = [mx.sym.var(n) for n in names]
+        x = symbol_variables(names)
         for i, block in enumerate(blocks):
             with mx.AttrScope(**{BLOCK_ATTR: str(i)}):
                 x = block(*x)
             x = list(x) if isinstance(x, (list, tuple)) else [x]
+    x, _ = nesting.flatten(x)
+    names = nesting.flat_names(names)
     symbol = x[0] if len(x) == 1 else mx.sym.Group(x)
     traced = json.loads(symbol.tojson())
     stage_of_op, stage = [], 0
@@ -471,38 +518,29 @@ def _layout(placement):
     if not placement.shard_of:
         return ([cut.ops_of_stage(s) for s in range(plan.num_stages)],
                 {n: list(r) for n, r in cut.readers.items() if n not in placement.input_names})
-    nodes = placement.labelled()['nodes']
-    groups = placement.stage_of_group
+    placed = PlacedGraph.from_json(placement.labelled(), placement.input_names)
     stages, readers = [[] for _ in range(plan.num_stages)], {}
-    for node in nodes:
-        if node['op'] == 'null':
-            continue
-        st = groups[node['attrs'][GROUP_ATTR]]
-        if not is_tied(node['name']):
-            stages[st].append(node['name'])
-        for src, _, _ in node['inputs']:
-            source = nodes[src]
-            if is_tied(source['name']):  # a weight another stage holds, read through its identity
-                source = nodes[source['inputs'][0][0]]
-            if source['op'] == 'null' and source['name'] not in placement.input_names:
-                readers.setdefault(source['name'], [])
-                if st not in readers[source['name']]:
-                    readers[source['name']].append(st)
+    for node in placed.ops:
+        if not is_tied(node.name):
+            stages[node.stage].append(node.name)
+        for entry in node.inputs:
+            source = placed.source(entry)
+            if is_tied(source.name):  # a weight another stage holds, read through its identity
+                source = placed.source(source.inputs[0])
+            if source.is_variable and source.role != 'input':
+                readers.setdefault(source.name, [])
+                if node.stage not in readers[source.name]:
+                    readers[source.name].append(node.stage)
     return stages, readers
 
 
 def _balance(blocks, num_stages, balance, shapes, device, virtual=1):
     """Blocks per stage of a block list."""
     balancing.check_stage_count(num_stages, len(blocks), 'blocks', True, virtual)
-    if balance is None:
+    kind = balancing.balance_kind(balance, shapes is not None)
+    if kind == 'size':
         return balancing.balance_by_size(blocks, num_stages)
-    if isinstance(balance, str):
-        if balance != 'time':
-            raise balancing.BalanceError("balance: expected None, 'time' or a list of "
-                                         'blocks per stage, found %r' % balance)
-        if shapes is None:
-            raise balancing.BalanceError("balance='time': expected sample= (a batch or "
-                                         'its shape) to time the blocks on, found none')
+    if kind == 'time':
         if len(shapes) > 1:
             raise balancing.BalanceError("balance='time': expected blocks of one input to time, "
                                          'found a sample of %d inputs (give balance= as blocks '
@@ -512,24 +550,43 @@ def _balance(blocks, num_stages, balance, shapes, device, virtual=1):
     return balancing.check_balance(balance, len(blocks), num_stages)
 
 
-def _cut(net, num_stages, balance, shapes, names, tied):
-    """The cut of one whole network into ``num_stages`` stages."""
+def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
+    """``(cut, outputs)``: the cut of one whole network into ``num_stages``
+    stages, and the nesting of its output (``inputs``: the positional inputs
+    as nested names)."""
     with fresh_variables(net), tensor_parallel.mark_shards():
-        out = net(*[mx.sym.var(n) for n in names])
-        symbol = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+        out = net(*symbol_variables(inputs))
+        leaves, outputs = nesting.flatten(out)
+        symbol = mx.sym.Group(leaves) if isinstance(out, (list, tuple)) else out
+    names = tuple(nesting.flat_names(inputs))
     params = {name: param.shape for name, param in net.collect_params().items()}
     if shapes is None and any(
             shape is None or not all(shape) for shape in params.values()):
         raise ValueError('sample: expected a batch or its shape to split a whole network '
                          'whose parameter shapes are not known yet, found none')
+    if shapes is not None:
+        _check_inputs_given(symbol, names, params)
     try:
         return graphcut.Cut(symbol, num_stages, balance,
                             None if shapes is None else dict(zip(names, shapes)), params, tied,
-                            names)
+                            names, batch_axis=batch_axis), outputs
     except balancing.TooManyStages:
         raise
     except balancing.BalanceError as err:  # CutError too
         raise balancing.BalanceError(str(err)) from None
+
+
+def _check_inputs_given(symbol, names, params):
+    """Raises ValueError where the traced network reads a variable that is
+    neither an input of the sample nor a parameter: an input the sample left
+    out, which MXNet made a free variable (an LSTM given ``[h]`` alone reads
+    its own ``..._state_cell``), and whose shape nothing gives."""
+    free = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
+            if n not in params and n not in names]
+    if free:
+        raise ValueError('sample: expected every input the network reads in it (%s), found %s '
+                         'read but not given (an input left out of the sample, or a list of '
+                         'states too short?)' % (', '.join(names), ', '.join(free)))
 
 
 def _shards(placement):
@@ -553,12 +610,10 @@ def _shards(placement):
             graph = placement.labelled()
         except ValueError as err:
             raise DeviceSpecError(str(err)) from None
-        groups = {shard_group(s, i): (s, i) for s, w in enumerate(widths) for i in range(w)}
-        for node in graph['nodes']:
-            attrs = node.get('attrs', {})
-            if node['op'] == 'null' and SHARD_ATTR in attrs and node['name'] in owner:
+        for node in PlacedGraph.from_json(graph).variables:
+            if node.layer is not None and node.name in owner:
                 # a shard's weight goes where shard_groups put its layer
-                owner[node['name']], shard_of[node['name']] = groups[attrs[GROUP_ATTR]]
+                owner[node.name], shard_of[node.name] = node.stage, node.shard
         return owner, shard_of
     for block, stage in zip(placement.blocks, plan.stage_of_layer):
         for layer in tensor_parallel.sharded_blocks(block):
@@ -567,7 +622,7 @@ def _shards(placement):
             except ValueError as err:
                 raise DeviceSpecError('%s in %s: %s' % (layer.name, stage_name(stage), err)) \
                     from None
-            for index, params in zip(indices, layer._shard_params):  # pylint: disable=protected-access
+            for index, params in zip(indices, layer.shard_params):
                 for param in params.values():
                     # a tied parameter sits where its owning stage puts it
                     if owner[param.name] == stage or param.name not in shard_of:

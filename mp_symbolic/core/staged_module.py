@@ -17,6 +17,8 @@ from collections import OrderedDict
 import mxnet as mx
 
 from .compat import split_bind
+from .device_module import DeviceModule
+from .layouts import batch_axis_of, batch_descs
 from .module import PipelineModule, shape_pair
 from . import schedule as schedules
 from .nodes import TorchTransport
@@ -31,10 +33,25 @@ class StagedModule(PipelineModule):
     """A :class:`PipelineModule` run stage by stage in the Pipeline's schedule.
 
     Raises:
-        ValueError: (at ``bind``) a batch that is not a multiple of
-            ``chunks x replicas``, ``inputs_need_grad``, or a ``grad_req``
-            other than ``'write'``.
+        ValueError: a Pipeline whose ``batch_axis`` is not 0 (the runtime
+            splits batches on axis 0); (at ``bind``) a batch that is not a
+            multiple of ``chunks x replicas``, an input whose layout puts
+            its batch on another axis, ``inputs_need_grad``, or a
+            ``grad_req`` other than ``'write'``.
     """
+
+    def __init__(self, pipeline, *args, **kwargs):
+        if pipeline.batch_axis:
+            raise ValueError('batch_axis: expected 0 for the stage runtime (%s: it splits '
+                             'batches on axis 0), found %d (the twin, and schedule=\'gpipe\' '
+                             'in one process, take it)'
+                             % (self._why(pipeline), pipeline.batch_axis))
+        super().__init__(pipeline, *args, **kwargs)
+
+    @staticmethod
+    def _why(pipeline):
+        return 'schedule=%r' % pipeline.schedule if pipeline.nodes is None else \
+            '%d nodes' % pipeline.nodes.count
 
     def _graph(self):
         """One micro-batch's training graph: the stages cut it, the runtime repeats it."""
@@ -79,6 +96,11 @@ class StagedModule(PipelineModule):
         if grad_req != 'write':
             raise ValueError('grad_req: expected \'write\' under schedule=%r, found %r'
                              % (self.pipeline.schedule, grad_req))
+        for desc in batch_descs(list(data_shapes) + list(label_shapes or ()), 0, 1):
+            if batch_axis_of(desc) != 0:
+                raise ValueError('%s: expected the batch on axis 0 for the stage runtime (%s), '
+                                 'found layout %r' % (desc.name, self._why(self.pipeline),
+                                                      desc.layout))
         data_shapes = [shape_pair(d) for d in data_shapes]
         label_shapes = [shape_pair(d) for d in label_shapes or ()]
         self._fit_head(data_shapes, label_shapes, force_rebind)
@@ -92,8 +114,8 @@ class StagedModule(PipelineModule):
         one_label = [self._held_shape(n, label_shapes) for n in self._label_names] or None
         self._full_shapes = (data_shapes, label_shapes)
         with split_bind(self._devices()):
-            mx.mod.Module.bind(self, one, one_label, for_training, False, force_rebind,
-                               shared_module, grad_req)
+            DeviceModule.bind(self, one, one_label, for_training, False, force_rebind,
+                              shared_module, grad_req)
         self._update_args = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
         self._runtimes = self._runtimes_for(batch, for_training)

@@ -41,15 +41,11 @@ import mxnet as mx
 from .comm import Link, LocalTransport
 from .compat import split_bind, tie_parameters
 from .graphcut import CutError, load
+from .ir import PlacedGraph
 from .names import GROUP_ATTR, parse_group, stage_name
 from .schedule import Action, in_flight, issue_order
 
 __all__ = []
-
-
-def stage_of_group(group):
-    """``'stage2'`` or ``'stage2_shard1'`` -> ``2``."""
-    return parse_group(group)[0]
 
 
 @dataclass(frozen=True)
@@ -88,32 +84,30 @@ def cut(symbol, num_stages, input_names):
             read by two stages (the Pipeline reads a tied weight through an
             identity op in its owner's stage, so neither happens on its graphs).
     """
-    graph = json.loads(symbol.tojson())
-    nodes = graph['nodes']
-    stage_of = {i: stage_of_group(n['attrs'][GROUP_ATTR])
-                for i, n in enumerate(nodes) if n['op'] != 'null'}
+    placed = PlacedGraph.from_symbol(symbol, input_names)
+    stage_of = {n.index: n.stage for n in placed.ops}
     readers, param_readers = {}, {}
-    for i, node in enumerate(nodes):
-        if node['op'] == 'null':
-            continue
-        for src, k, _ in node['inputs']:
-            if nodes[src]['op'] == 'null':
-                if nodes[src]['name'] not in input_names:
-                    param_readers.setdefault(nodes[src]['name'], set()).add(stage_of[i])
-            elif stage_of[src] > stage_of[i]:
+    for node in placed.ops:
+        for src, k in node.inputs:
+            source = placed.nodes[src]
+            if source.is_variable:
+                if source.role != 'input':
+                    param_readers.setdefault(source.name, set()).add(node.stage)
+            elif source.stage > node.stage:
                 raise CutError('schedule: expected every stage to read earlier stages only, '
                                'found %s (stage %d) reading %s (stage %d)'
-                               % (node['name'], stage_of[i], nodes[src]['name'], stage_of[src]))
-            elif stage_of[src] < stage_of[i]:
-                readers.setdefault((src, k), set()).add(stage_of[i])
+                               % (node.name, node.stage, source.name, source.stage))
+            elif source.stage < node.stage:
+                readers.setdefault((src, k), set()).add(node.stage)
     for name, stages in param_readers.items():
         if len(stages) > 1:
             raise CutError('schedule: expected each parameter read by one stage, found %s read '
                            'by stages %s' % (name, sorted(stages)))
-    for src, _, _ in graph['heads']:
+    for src, _ in placed.heads:
         if src not in stage_of:
             raise CutError('schedule: expected the graph\'s outputs computed by a stage, found '
-                           'variable %s' % nodes[src]['name'])
+                           'variable %s' % placed.nodes[src].name)
+    graph = placed.to_json()
     return [_stage_graph(graph, s, stage_of, readers, input_names) for s in range(num_stages)]
 
 
@@ -245,7 +239,7 @@ class StageRuntime:
         self.slots = [[] for _ in stages]  # a stage another process runs has none here
         for s in self.local:
             graph = stages[s]
-            groups = {g: d for g, d in group2ctx.items() if stage_of_group(g) == s}
+            groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}
             self.slots[s] = [self._bind(graph, groups, group2ctx, arg_dict, grad_dict, aux_dict,
                                         types) for _ in range(max(1, flight[s]))]
         self.outputs = None

@@ -53,7 +53,7 @@ from mxnet import gluon
 import numpy as np
 
 from .balance import even_split
-from .checks import positive_int
+from .checks import is_int, positive_int
 from .comm import copy_to_shards, gather_from_shards, reduce_from_shards
 from .compat import ids_outside_gradient
 from .names import (GROUP_ATTR, SHARD_ATTR, is_tied, layer_call, parse_shard_mark, shard_group,
@@ -192,15 +192,49 @@ class ShardedParam:
         return [p.name for p in self.shards]
 
 
-class _ShardedBlock(gluon.HybridBlock):
-    """What the layers share: shards, their groups and their devices."""
+class ShardedBlock(gluon.HybridBlock):
+    """The base of a tensor-parallel layer: one layer's parameters split into
+    ``shards`` parts, each part's computation on its own device of the stage.
+
+    The layers here (:class:`ColumnParallelDense`, :class:`RowParallelDense`,
+    :class:`VocabParallelEmbedding`, :class:`PerShard`) are subclasses; a
+    layer of one's own is one too. In ``__init__``, register each parameter
+    once by its unsplit shape with :meth:`add_param` (split along an axis
+    into given sizes, or whole on shard 0), then write four functions of
+    ``F`` (``mx.sym`` or ``mx.nd``: the same code builds the graph and runs
+    imperatively):
+
+    * :meth:`shard_forward` ``(F, i, x, **params)``: shard ``i``'s part, from
+      its parameters (by key) and the input; it runs on shard ``i``'s device;
+    * :meth:`combine` ``(F, parts, x)``: the layer's output from the parts,
+      on shard 0's device (a ``concat``, a sum);
+    * :meth:`unsplit_forward` ``(F, x, **params)``: the same layer unsplit,
+      from the whole parameters: what checkpoints hold and export writes, so
+      a model trained on any number of shards resumes on any other;
+    * optionally :meth:`prepare` ``(F, x)``: the input as every shard reads
+      it (default: ``x`` itself; MXNet copies it to each shard's device).
+
+    The Pipeline places each shard's ops and parameters in its own
+    ``ctx_group`` (shard ``i`` on the stage's device ``i``), sums the
+    gradients of a parameter's uses, gathers and splits values between the
+    shard names (``<prefix>shard<i>_<key>``) and the unsplit ones
+    (``<prefix><key>``) in ``get_params``, ``set_params`` and checkpoints.
+    docs/tensor-parallel.md shows a layer written this way.
+
+    Args:
+        shards: Parts the parameters are split into.
+        prefix, params: As any Gluon block.
+
+    Raises:
+        ValueError: ``shards`` is not a positive integer.
+    """
 
     def __init__(self, shards, prefix=None, params=None):
         super().__init__(prefix=prefix, params=params)
         positive_int('shards', shards)
         self.shards = shards
         self.sharded = OrderedDict()   # unsplit name -> ShardedParam
-        self._shard_params = [OrderedDict() for _ in range(shards)]  # per shard: key -> Parameter
+        self.shard_params = [OrderedDict() for _ in range(shards)]  # per shard: key -> Parameter
 
     def _dense_sizes(self, units, in_units, activation, use_bias, flatten, split):
         """Checks and keeps a dense layer's arguments; returns the shard sizes
@@ -220,12 +254,25 @@ class _ShardedBlock(gluon.HybridBlock):
         self._use_bias, self._act = use_bias, activation
         return even_split(size, self.shards)
 
-    def _add_param(self, key, shape, axis, sizes=None, **kwargs):
+    def add_param(self, key, shape, axis, sizes=None, **kwargs):
         """Registers parameter ``key`` of the unsplit ``shape``: split along
-        ``axis`` in ``sizes`` (one per shard), or whole on shard 0 (``axis=None``)."""
+        ``axis`` in ``sizes`` (one per shard, summing to ``shape[axis]``), or
+        whole on shard 0 (``axis=None``). ``kwargs`` go to
+        ``ParameterDict.get`` (``init``, ``dtype``, ``allow_deferred_init``).
+
+        Raises:
+            ValueError: ``sizes`` is not one positive size per shard summing
+                to ``shape[axis]``.
+        """
+        if axis is not None and (sizes is None or len(sizes) != self.shards or
+                                 any(not is_int(v) or v < 1 for v in sizes) or
+                                 sum(sizes) != shape[axis]):
+            raise ValueError('%s: expected sizes of the %d shards summing to axis %d of %s (%d), '
+                             'found %r' % (key, self.shards, axis, tuple(shape), shape[axis],
+                                           sizes))
         if axis is None:
             param = self.params.get(key, shape=shape, **kwargs)
-            self._shard_params[0][key] = param
+            self.shard_params[0][key] = param
             return
         parts = []
         for i in range(self.shards):
@@ -233,7 +280,7 @@ class _ShardedBlock(gluon.HybridBlock):
             part[axis] = sizes[i]
             name = key if self.shards == 1 else 'shard%d_%s' % (i, key)
             param = self.params.get(name, shape=tuple(part), **kwargs)
-            self._shard_params[i][key] = param
+            self.shard_params[i][key] = param
             parts.append(param)
         full = self.params.prefix + key
         self.sharded[full] = ShardedParam(full, tuple(shape), axis, parts)
@@ -244,18 +291,25 @@ class _ShardedBlock(gluon.HybridBlock):
 
     # -- the graph, the same code for Symbols and NDArrays --------------------
 
-    def _prepare(self, F, x):
+    def prepare(self, F, x):
         """``x`` as every shard reads it (in shard 0's group)."""
         return x
 
-    def _shard(self, F, i, x, **params):
-        raise NotImplementedError
+    def shard_forward(self, F, i, x, **params):
+        """Shard ``i``'s part of the output, from its ``params`` (by the keys
+        given to :meth:`add_param`; shard 0 also holds the whole ones)."""
+        raise NotImplementedError('%s: expected a shard_forward(F, i, x, **params) method'
+                                  % type(self).__name__)
 
-    def _combine(self, F, parts, x):
-        raise NotImplementedError
+    def combine(self, F, parts, x):
+        """The layer's output from the shards' ``parts`` (on shard 0's device)."""
+        raise NotImplementedError('%s: expected a combine(F, parts, x) method'
+                                  % type(self).__name__)
 
-    def _unsplit(self, F, x, **params):
-        raise NotImplementedError
+    def unsplit_forward(self, F, x, **params):
+        """The layer's output from its whole parameters, as one device computes it."""
+        raise NotImplementedError('%s: expected an unsplit_forward(F, x, **params) method'
+                                  % type(self).__name__)
 
     def forward(self, x):  # pylint: disable=arguments-differ
         if isinstance(x, mx.sym.Symbol):
@@ -270,7 +324,7 @@ class _ShardedBlock(gluon.HybridBlock):
                 with nullcontext() if call is None else \
                         mx.AttrScope(**{SHARD_ATTR: shard_mark(0, 1, call)}):
                     variables = {}
-                    for key, param in self._shard_params[0].items():
+                    for key, param in self.shard_params[0].items():
                         name = self.params.prefix + key
                         full = self.sharded.get(name)
                         if name not in _LOCAL.variables:
@@ -278,36 +332,46 @@ class _ShardedBlock(gluon.HybridBlock):
                                 name, shape=param.shape if full is None else full.shape,
                                 dtype=param.dtype)
                         variables[key] = _LOCAL.variables[name]
-                    return self._unsplit(F, x, **variables)
+                    return self.unsplit_forward(F, x, **variables)
             if call is None or self.shards == 1:
                 scopes = [nullcontext] * self.shards
             else:
                 scopes = [lambda i=i: mx.AttrScope(**{SHARD_ATTR: shard_mark(i, self.shards, call)})
                           for i in range(self.shards)]
             with scopes[0]():
-                x = self._prepare(F, x)
+                x = self.prepare(F, x)
             parts = []
             for i in range(self.shards):
                 with scopes[i]():
-                    params = {k: p.var() for k, p in self._shard_params[i].items()}
-                    parts.append(self._shard(F, i, x, **params))
+                    params = {k: p.var() for k, p in self.shard_params[i].items()}
+                    parts.append(self.shard_forward(F, i, x, **params))
             with scopes[0]():
-                return self._combine(F, parts, x)
+                return self.combine(F, parts, x)
+
+    def shard_devices(self, x):
+        """The device of each shard for the input ``x`` (an NDArray): those
+        of the replica whose shard 0 sits on ``x``'s device (parameters are
+        initialised on each replica's devices, in replica order), or of the
+        first replica; a shard without parameters runs on ``x``'s device."""
+        first = next(iter(self.shard_params[0].values()), None)
+        ctxs = first.list_ctx() if first is not None else []
+        replica = ctxs.index(x.context) if x.context in ctxs else 0
+        return [next(iter(p.values())).list_ctx()[replica] if p else x.context
+                for p in self.shard_params]
 
     def _imperative(self, x):
         F = mx.nd
-        devices = [next(iter(p.values())).list_ctx()[0] if p else x.context
-                   for p in self._shard_params]
-        x = self._prepare(F, x)
+        devices = self.shard_devices(x)
+        x = self.prepare(F, x)
         parts = []
         for i, device in enumerate(devices):
-            params = {k: p.data(device) for k, p in self._shard_params[i].items()}
-            parts.append(self._shard(F, i, x.as_in_context(device), **params)
+            params = {k: p.data(device) for k, p in self.shard_params[i].items()}
+            parts.append(self.shard_forward(F, i, x.as_in_context(device), **params)
                          .as_in_context(devices[0]))
-        return self._combine(F, parts, x)
+        return self.combine(F, parts, x)
 
 
-class ColumnParallelDense(_ShardedBlock):
+class ColumnParallelDense(ShardedBlock):
     """``gluon.nn.Dense`` whose weight is split by output units over ``shards``.
 
     Shard ``i`` holds rows ``units_i`` of the weight ``(units, in_units)`` and
@@ -332,11 +396,11 @@ class ColumnParallelDense(_ShardedBlock):
         super().__init__(shards, prefix=prefix, params=params)
         self.sizes = self._dense_sizes(units, in_units, activation, use_bias, flatten, 'units')
         with self.name_scope():
-            self._add_param('weight', (units, in_units), 0, self.sizes,
-                            init=weight_initializer, dtype=dtype, allow_deferred_init=True)
+            self.add_param('weight', (units, in_units), 0, self.sizes,
+                           init=weight_initializer, dtype=dtype, allow_deferred_init=True)
             if use_bias:
-                self._add_param('bias', (units,), 0, self.sizes, init=bias_initializer,
-                                dtype=dtype, allow_deferred_init=True)
+                self.add_param('bias', (units,), 0, self.sizes, init=bias_initializer,
+                               dtype=dtype, allow_deferred_init=True)
 
     def _dense(self, F, x, weight, bias, num_hidden, name):
         y = F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=num_hidden,
@@ -345,17 +409,17 @@ class ColumnParallelDense(_ShardedBlock):
             y = F.Activation(y, act_type=self._act, name=name + '_' + self._act)
         return y
 
-    def _prepare(self, F, x):
+    def prepare(self, F, x):
         return copy_to_shards(F, x) if self.shards > 1 else x
 
-    def _shard(self, F, i, x, weight, bias=None):
+    def shard_forward(self, F, i, x, weight, bias=None):
         return self._dense(F, x, weight, bias, self.sizes[i],
                            'fwd' if self.shards == 1 else 'shard%d_fwd' % i)
 
-    def _combine(self, F, parts, x):
+    def combine(self, F, parts, x):
         return _gather(F, parts, self._flatten)
 
-    def _unsplit(self, F, x, weight, bias=None):
+    def unsplit_forward(self, F, x, weight, bias=None):
         return self._dense(F, x, weight, bias, self._units, 'fwd')
 
     def __repr__(self):
@@ -384,7 +448,7 @@ def _gather(F, parts, flatten):
     return gather_from_shards(F, parts, {_GATHER_ATTR: '%d:%d' % (len(parts), flatten)})
 
 
-class PerShard(_ShardedBlock):
+class PerShard(ShardedBlock):
     """A parameter-free function of each shard's part of the input, on that
     shard's device.
 
@@ -434,7 +498,7 @@ class PerShard(_ShardedBlock):
         inputs = (x,) + more
         if isinstance(x, mx.sym.Symbol):
             return self._symbolic(inputs)
-        return self._combine(mx.nd, [self._shard(mx.nd, i, inputs)
+        return self.combine(mx.nd, [self.shard_forward(mx.nd, i, inputs)
                                      for i in range(self.shards)], inputs)
 
     def _part(self, F, i, x, j):
@@ -446,13 +510,13 @@ class PerShard(_ShardedBlock):
         return F.slice_axis(x, axis=-1, begin=self._starts[i], end=self._starts[i + 1],
                             name='shard%d_slice%d' % (i, j) if j else 'shard%d_slice' % i)
 
-    def _shard(self, F, i, x):
+    def shard_forward(self, F, i, x):
         return self._fn(F, *(self._part(F, i, v, j) for j, v in enumerate(x)))
 
-    def _combine(self, F, parts, x):
+    def combine(self, F, parts, x):
         return _gather(F, parts, self._flatten)
 
-    def _unsplit(self, F, x):
+    def unsplit_forward(self, F, x):
         return self._fn(F, *x)
 
     def __repr__(self):
@@ -460,7 +524,7 @@ class PerShard(_ShardedBlock):
                                       self.shards)
 
 
-class RowParallelDense(_ShardedBlock):
+class RowParallelDense(ShardedBlock):
     """``gluon.nn.Dense`` whose weight is split by input units over ``shards``.
 
     Shard ``i`` holds columns ``in_units_i`` of the weight ``(units,
@@ -491,16 +555,16 @@ class RowParallelDense(_ShardedBlock):
                                        'in_units')
         self._starts = np.cumsum([0] + self.sizes).tolist()
         with self.name_scope():
-            self._add_param('weight', (units, in_units), 1, self.sizes,
-                            init=weight_initializer, dtype=dtype, allow_deferred_init=True)
+            self.add_param('weight', (units, in_units), 1, self.sizes,
+                           init=weight_initializer, dtype=dtype, allow_deferred_init=True)
             if use_bias:
-                self._add_param('bias', (units,), None, init=bias_initializer, dtype=dtype,
-                                allow_deferred_init=True)
+                self.add_param('bias', (units,), None, init=bias_initializer, dtype=dtype,
+                               allow_deferred_init=True)
 
-    def _prepare(self, F, x):
+    def prepare(self, F, x):
         return copy_to_shards(F, x) if self.shards > 1 else x
 
-    def _shard(self, F, i, x, weight, bias=None):
+    def shard_forward(self, F, i, x, weight, bias=None):
         if self.shards > 1:
             parts = _column_parts(x, self.shards, self._flatten)
             if parts is not None:
@@ -514,13 +578,13 @@ class RowParallelDense(_ShardedBlock):
                                 flatten=self._flatten,
                                 name='fwd' if self.shards == 1 else 'shard%d_fwd' % i)
 
-    def _combine(self, F, parts, x):
+    def combine(self, F, parts, x):
         y = reduce_from_shards(F, parts)
         if self._act is not None:
             y = F.Activation(y, act_type=self._act, name=self._act)
         return y
 
-    def _unsplit(self, F, x, weight, bias=None):
+    def unsplit_forward(self, F, x, weight, bias=None):
         y = F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=self._units,
                              flatten=self._flatten, name='fwd')
         if self._act is not None:
@@ -533,7 +597,7 @@ class RowParallelDense(_ShardedBlock):
             ', ' + self._act if self._act else '')
 
 
-class VocabParallelEmbedding(_ShardedBlock):
+class VocabParallelEmbedding(ShardedBlock):
     """``gluon.nn.Embedding`` whose table is split by rows (vocabulary).
 
     Shard ``i`` holds rows ``[start_i, end_i)`` of the table ``(input_dim,
@@ -564,14 +628,14 @@ class VocabParallelEmbedding(_ShardedBlock):
         self.sizes = even_split(input_dim, shards)
         self._starts = np.cumsum([0] + self.sizes).tolist()
         with self.name_scope():
-            self._add_param('weight', (input_dim, output_dim), 0, self.sizes,
-                            init=weight_initializer, dtype=dtype, allow_deferred_init=True)
+            self.add_param('weight', (input_dim, output_dim), 0, self.sizes,
+                           init=weight_initializer, dtype=dtype, allow_deferred_init=True)
 
-    def _prepare(self, F, x):
+    def prepare(self, F, x):
         # each shard's ids are computed from x (an Embedding's ids have no gradient)
         return ids_outside_gradient(F, x) if self.shards > 1 else x
 
-    def _shard(self, F, i, x, weight):
+    def shard_forward(self, F, i, x, weight):
         if self.shards == 1:
             return F.Embedding(x, weight, input_dim=self._input_dim, output_dim=self._output_dim,
                                dtype=self._dtype, name='fwd')
@@ -582,10 +646,10 @@ class VocabParallelEmbedding(_ShardedBlock):
                            name='shard%d_fwd' % i)
         return F.broadcast_mul(rows, F.expand_dims(valid, axis=-1), name='shard%d_mask' % i)
 
-    def _combine(self, F, parts, x):
+    def combine(self, F, parts, x):
         return reduce_from_shards(F, parts)
 
-    def _unsplit(self, F, x, weight):
+    def unsplit_forward(self, F, x, weight):
         return F.Embedding(x, weight, input_dim=self._input_dim, output_dim=self._output_dim,
                            dtype=self._dtype, name='fwd')
 
@@ -599,7 +663,7 @@ class VocabParallelEmbedding(_ShardedBlock):
 def sharded_blocks(block):
     """Every tensor-parallel layer in ``block`` (itself or its children)."""
     found = []
-    block.apply(lambda b: found.append(b) if isinstance(b, _ShardedBlock) else None)
+    block.apply(lambda b: found.append(b) if isinstance(b, ShardedBlock) else None)
     return found
 
 

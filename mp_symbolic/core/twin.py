@@ -28,9 +28,9 @@ schedule; Gluon's ``split_and_load`` for the replicas.
 """
 import mxnet as mx
 
-from . import graphcut
+from . import graphcut, nesting
 from .compat import read_on
-from .names import GROUP_ATTR
+from .ir import PlacedGraph
 from .schedule import gpipe, issue_order
 
 __all__ = []
@@ -40,19 +40,27 @@ def _check_batch(placement, xs):
     if len(xs) != len(placement.input_names):
         raise TypeError('inputs: expected %d (%s), found %d'
                         % (len(placement.input_names), ', '.join(placement.input_names), len(xs)))
+    axis = placement.batch_axis
     for name, x in zip(placement.input_names, xs):
         if not isinstance(x, mx.nd.NDArray):
             raise TypeError('%s: expected an NDArray (or a Symbol), found %s'
                             % ('x' if len(xs) == 1 else name, type(x).__name__))
-        batch = x.shape[0] if x.shape else None
+        if axis and len(x.shape) <= axis:
+            raise ValueError('%s: expected an array with the batch on axis %d (batch_axis), '
+                             'found shape %s' % ('x' if len(xs) == 1 else name, axis, x.shape))
+        batch = x.shape[axis] if x.shape else None
         placement.micro_batch(batch, of_several=len(xs) > 1,
-                              refuse=batch is not None and batch != xs[0].shape[0])
-    return placement.micro_batch(xs[0].shape[0])
+                              refuse=batch is not None and batch != xs[0].shape[axis])
+    return placement.micro_batch(xs[0].shape[axis])
 
 
 def forward(placement, *xs, order=None):
-    """The inputs ``xs`` through ``placement``'s stages on every replica; the
-    whole batch's output on the last stage of replica 0 (a tuple for several).
+    """The inputs ``xs`` (the leaves, in order, of the inputs as the network
+    takes them: :mod:`~mp_symbolic.core.nesting`) through ``placement``'s
+    stages on every replica; the whole batch's output on the last stage of
+    replica 0 (a tuple for several, nested as the network returns them).
+
+    Each input is split, and each output joined, on ``placement.batch_axis``.
 
     Args:
         order: The forward :class:`~mp_symbolic.core.schedule.Action` s in
@@ -65,11 +73,11 @@ def forward(placement, *xs, order=None):
             equal parts.
     """
     size = _check_batch(placement, xs)
-    plan = placement.plan
+    plan, axis = placement.plan, placement.batch_axis
     num_stages, chunks = plan.num_stages, placement.chunks
     # runs[r][m]: micro-batch m of replica r, run one stage at a time
-    runs = [[_start(placement, [x if size == x.shape[0] else
-                                mx.nd.slice_axis(x, axis=0, begin=(r * chunks + m) * size,
+    runs = [[_start(placement, [x if size == x.shape[axis] else
+                                mx.nd.slice_axis(x, axis=axis, begin=(r * chunks + m) * size,
                                                  end=(r * chunks + m + 1) * size) for x in xs], r)
              for m in range(chunks)] for r in range(placement.replicas)]
     if order is None:
@@ -77,11 +85,19 @@ def forward(placement, *xs, order=None):
     for stage, m, _ in order:
         for shares in runs:
             shares[m].run(stage)
-    outputs = [[h.as_in_context(plan.last_device) for h in run.outputs()]
-               for shares in runs for run in shares]
-    joined = [parts[0] if len(parts) == 1 else mx.nd.concat(*parts, dim=0)
-              for parts in zip(*outputs)]
-    return joined[0] if len(joined) == 1 else tuple(joined)
+    return _join([run.outputs() for shares in runs for run in shares], plan.last_device, axis)
+
+
+def _join(outputs, device, axis):
+    """Each run's outputs (a list, nested as the network returns them)
+    joined on ``axis`` on ``device``: one output alone, several as a tuple
+    (nested ones kept as they are)."""
+    flat = [nesting.flatten(list(out)) for out in outputs]
+    parts = zip(*[[h.as_in_context(device) for h in leaves] for leaves, _ in flat])
+    joined = [p[0] if len(p) == 1 else mx.nd.concat(*p, dim=axis) for p in parts]
+    nested = flat[0][1]
+    value = nesting.unflatten(nested, joined)
+    return value[0] if len(value) == 1 and nested[1][0] is nesting.LEAF else tuple(value)
 
 
 def forwards(schedule):
@@ -90,7 +106,8 @@ def forwards(schedule):
 
 
 def _start(placement, xs, replica):
-    """A run of one micro-batch ``xs`` through replica ``replica``'s stages.
+    """A run of one micro-batch ``xs`` (the inputs' leaves) through replica
+    ``replica``'s stages.
 
     The one branch on the form of the network, and why it stays: a block
     list's stage runs its Gluon blocks (blocks that run only on NDArrays,
@@ -107,11 +124,14 @@ class _BlockRun:
     stage's blocks on its device (autograd records the copies between)."""
 
     def __init__(self, placement, xs, replica):
-        self.placement, self.values = placement, xs
+        self.placement = placement
+        self.values = list(nesting.unflatten(nesting.flatten(
+            placement.positional_inputs, lambda v: isinstance(v, str))[1], xs))
         self.devices = placement.plan.replica_devices[replica]
 
     def run(self, stage):
-        hs = [h.as_in_context(self.devices[stage]) for h in self.values]
+        device = self.devices[stage]
+        hs = nesting.map_leaves(lambda h: h.as_in_context(device), self.values)
         self.values = run_stage(self.placement, stage, hs, self.devices)
 
     def outputs(self):
@@ -124,8 +144,9 @@ class _OpRun:
     :attr:`~mp_symbolic.core.placement.Placement.run_graph`)."""
 
     def __init__(self, placement, xs, replica):
+        self.nesting = placement.outputs
         graph = placement.run_graph
-        self.ops = ops_of_stages(placement, graph)
+        self.ops = placement.run_ops
         first = placement.plan.replica_devices[replica][0]
         self.graph_run = start_graph(placement, graph, [h.as_in_context(first) for h in xs],
                                      replica)
@@ -134,7 +155,11 @@ class _OpRun:
         self.graph_run.run(self.ops[stage])
 
     def outputs(self):
-        return _as_list(self.graph_run.outputs())
+        leaves = _as_list(self.graph_run.outputs())
+        if self.nesting is None or nesting.count(self.nesting) != len(leaves) or \
+                nesting.is_flat(self.nesting):
+            return leaves
+        return list(nesting.unflatten(self.nesting, leaves))  # as the network returns them
 
 
 def run_stage(placement, stage, xs, devices):
@@ -161,11 +186,7 @@ def _as_list(out):
 def ops_of_stages(placement, graph):
     """The op nodes of each stage in the labelled ``graph`` (a shard's in
     its stage), in the graph's order."""
-    ops = [[] for _ in range(placement.plan.num_stages)]
-    for i, node in enumerate(graph['nodes']):
-        if node['op'] != 'null':
-            ops[placement.stage_of_group[node['attrs'][GROUP_ATTR]]].append(i)
-    return ops
+    return PlacedGraph.from_json(graph).op_indices_by_stage(placement.plan.num_stages)
 
 
 def start_graph(placement, graph, xs, replica):

@@ -328,7 +328,8 @@ def _flag_message(err, task=None):
     if sep and field in _FLAG_OF:
         return '%s: %s' % (_FLAG_OF[field], rest)
     if isinstance(err, DeviceSpecError):
-        return '--devices: %s' % err
+        # more stages than blocks: with stages per device, the number asked for is --virtual's
+        return '%s: %s' % ('--virtual' if getattr(err, 'virtual', 1) > 1 else '--devices', err)
     return str(err)
 
 

@@ -10,7 +10,6 @@ nodes when it binds the graph, and are drawn dashed. Follows
 The ``.dot`` source is always written; PNG and SVG are rendered by the
 graphviz ``dot`` program when it is installed.
 """
-import json
 import shutil
 import subprocess
 
@@ -18,7 +17,8 @@ from graphviz import Digraph
 
 from ..tools.files import atomic_path, write_text
 from ..core.devices import format_device
-from ..core.names import GROUP_ATTR, stage_name
+from ..core.ir import PlacedGraph
+from ..core.names import stage_name
 
 __all__ = []
 
@@ -47,19 +47,17 @@ def device_graph(symbol, plan):
               for s, ctx in enumerate(plan.devices)}
     dot = Digraph(name='training_graph', graph_attr={'rankdir': 'BT', 'fontname': 'Helvetica'},
                   node_attr={'style': 'filled', 'fontname': 'Helvetica'})
-    nodes = json.loads(symbol.tojson())['nodes']
     device = []
-    for i, node in enumerate(nodes):
-        group = node.get('attrs', {}).get(GROUP_ATTR)
-        if group is not None and group not in group2ctx:
+    for i, node in enumerate(PlacedGraph.from_symbol(symbol).nodes):
+        if node.group is not None and node.group not in group2ctx:
             raise ValueError('node %s: ctx_group %r has no device in the plan (groups: %s)'
-                             % (node['name'], group, ', '.join(sorted(group2ctx))))
-        ctx = group2ctx.get(group)
+                             % (node.name, node.group, ', '.join(sorted(group2ctx))))
+        ctx = group2ctx.get(node.group)
         device.append(ctx)
-        label = node['name'] if node['op'] == 'null' else r'%s\n%s' % (node['op'], node['name'])
-        dot.node('n%d' % i, label=label, shape='ellipse' if node['op'] == 'null' else 'box',
+        label = node.name if node.is_variable else r'%s\n%s' % (node.op, node.name)
+        dot.node('n%d' % i, label=label, shape='ellipse' if node.is_variable else 'box',
                  fillcolor=colour.get(ctx, UNPLACED_COLOUR))
-        for src, _, _ in node['inputs']:
+        for src, _ in node.inputs:
             crosses = device[src] != ctx
             dot.edge('n%d' % src, 'n%d' % i, style='dashed' if crosses else 'solid',
                      color='red' if crosses else 'black')

@@ -150,8 +150,7 @@ class ModuleStepper(_SymbolicStepper):
                                 aux_params={k: mx.nd.array(v) for k, v in aux_params.items()},
                                 allow_missing=False)
         self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg))
-        # pylint: disable=protected-access
-        self._execs = self.module._exec_group.execs
+        self._execs = self.module.executors
         self._local = local
         nodes = pipe.nodes
         self._group = None if nodes is None else Group(nodes, 'share the losses',
