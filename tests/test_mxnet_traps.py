@@ -617,3 +617,33 @@ def test_a_gluon_parameter_says_it_has_no_values_only_by_raising_runtime_error()
     assert deferred.weight.list_ctx() == [mx.cpu(1)] and initialized(deferred.weight)
     param.initialize()
     assert initialized(param) and param.list_ctx() == [mx.cpu(0)]
+
+
+def test_an_inference_bind_keeps_the_fully_connected_weights_of_its_first_forward():
+    """Why verification binds each perturbed reference afresh
+    (``export.verify.OneDeviceReference.sensitivity``): an executor bound for
+    inference (no gradients) runs MXNet's oneDNN subgraph, whose
+    FullyConnected keeps the weights it read on its first forward; new
+    values written into its arrays afterwards, in place or by
+    ``copy_params_from``, change nothing. A training bind reads them anew."""
+    if not compat.onednn_active():
+        pytest.skip('oneDNN is off in this process or this build')
+    x = mx.sym.var('data')
+    fc = mx.sym.FullyConnected(x, num_hidden=4, name='fc')
+    rng = np.random.RandomState(0)
+    values = {'data': rng.rand(3, 5), 'fc_weight': rng.rand(4, 5), 'fc_bias': rng.rand(4)}
+
+    def outputs(grad_req):
+        exe = fc.simple_bind(mx.cpu(0), data=(3, 5), grad_req=grad_req)
+        for name, value in values.items():
+            exe.arg_dict[name][:] = value
+        first = exe.forward(is_train=False)[0].asnumpy()
+        exe.arg_dict['fc_weight'][:] = 2 * values['fc_weight']
+        return first, exe.forward(is_train=False)[0].asnumpy()
+
+    with environ(MXNET_SUBGRAPH_VERBOSE='0'):
+        first, second = outputs('null')
+        np.testing.assert_array_equal(second, first)  # the new weights are not read
+        first, second = outputs('write')
+    expected = values['data'] @ (2 * values['fc_weight']).T + values['fc_bias']
+    np.testing.assert_allclose(second, expected, rtol=1e-5)
