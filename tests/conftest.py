@@ -281,3 +281,22 @@ def assert_host_params_are_the_devices(mod):
             np.testing.assert_array_equal(value.asnumpy(), exe.aux_dict[name].asnumpy(), name)
     again = mod.get_params()[0]
     assert all((again[n] is v) == mod.host_copy for n, v in arg_params.items())
+
+
+def assert_host_copy_changes_no_value_or_byte(pipe, folder):
+    """``pipe``'s Module with and without ``host_copy``: the host copy on
+    cpu(0) only with it, ``get_params`` equal to the devices either way, and
+    the same bytes in every checkpoint file (:func:`fit_and_save`)."""
+    from mp_symbolic.tools.memory import device_memory  # pylint: disable=import-outside-toplevel
+    written = {}
+    for host_copy in (False, True):
+        mod, written[host_copy] = fit_and_save(pipe, folder / str(host_copy),
+                                               host_copy=host_copy)
+        arg_params, aux_params = mod.get_params()
+        kept = sum(a.size * 4 for a in list(arg_params.values()) + list(aux_params.values()))
+        assert device_memory(mod)['cpu(0)']['module_copy'] == (kept if host_copy else 0)
+        assert (mod.host_params == (None, None)) != host_copy
+        assert_host_params_are_the_devices(mod)
+    assert sorted(written[False]) == sorted(written[True]) and len(written[False]) == 9
+    for name, data in written[False].items():
+        assert data == written[True][name], name

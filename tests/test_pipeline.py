@@ -11,10 +11,10 @@ from mp_symbolic import Pipeline
 from mp_symbolic.core import compat
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import DeviceSpecError, stage_name
-from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.training.tasks import digits, regression
 
-from conftest import THREE_DEVICES, assert_host_params_are_the_devices, bn_mlp, fit_and_save
+from conftest import (THREE_DEVICES, assert_host_copy_changes_no_value_or_byte,
+                      assert_host_params_are_the_devices, bn_mlp)
 
 nn = gluon.nn
 
@@ -191,18 +191,7 @@ def test_the_module_keeps_no_host_copy_unless_asked_and_checkpoints_the_same_byt
     values and bytes either way (with replicas, fit's kvstore starts from a
     copy made for it)."""
     pipe = Pipeline(bn_mlp(), devices, replicas=replicas)
-    written = {}
-    for host_copy in (False, True):
-        mod, written[host_copy] = fit_and_save(pipe, tmp_path / str(host_copy),
-                                               host_copy=host_copy)
-        arg_params, aux_params = mod.get_params()
-        kept = sum(a.size * 4 for a in list(arg_params.values()) + list(aux_params.values()))
-        assert device_memory(mod)['cpu(0)']['module_copy'] == (kept if host_copy else 0)
-        assert (mod.host_params == (None, None)) != host_copy
-        assert_host_params_are_the_devices(mod)
-    assert sorted(written[False]) == sorted(written[True]) and len(written[False]) == 9
-    for name, data in written[False].items():
-        assert data == written[True][name], name
+    assert_host_copy_changes_no_value_or_byte(pipe, tmp_path)
 
 
 def test_init_params_set_params_and_a_rebind_give_what_the_host_copy_gives():

@@ -11,11 +11,10 @@ import pytest
 import mp_symbolic
 from mp_symbolic import Pipeline
 from mp_symbolic.core.stages import cut
-from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.training import loop
 from mp_symbolic.training.tasks import digits, gpt, lm
 
-from conftest import assert_host_params_are_the_devices, bn_mlp, fit_and_save
+from conftest import assert_host_copy_changes_no_value_or_byte, bn_mlp
 
 TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
 BATCH = 8
@@ -186,18 +185,7 @@ def test_the_stage_runtime_keeps_no_host_copy_unless_asked_and_checkpoints_the_s
     parameters unless ``host_copy=True``, and the same values and bytes from
     fit's epoch callback, get_params and every checkpoint either way."""
     pipe = Pipeline(bn_mlp(), 'cpu:0,cpu:1', chunks=2, schedule=schedule, virtual=virtual)
-    written = {}
-    for host_copy in (False, True):
-        mod, written[host_copy] = fit_and_save(pipe, tmp_path / str(host_copy),
-                                               host_copy=host_copy)
-        arg_params, aux_params = mod.get_params()
-        kept = sum(a.size * 4 for a in list(arg_params.values()) + list(aux_params.values()))
-        assert device_memory(mod)['cpu(0)']['module_copy'] == (kept if host_copy else 0)
-        assert (mod.host_params == (None, None)) != host_copy
-        assert_host_params_are_the_devices(mod)
-    assert sorted(written[False]) == sorted(written[True]) and len(written[False]) == 9
-    for name, data in written[False].items():
-        assert data == written[True][name], name
+    assert_host_copy_changes_no_value_or_byte(pipe, tmp_path)
 
 
 def test_an_unknown_schedule_is_refused_in_one_line():
