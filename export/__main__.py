@@ -17,7 +17,7 @@ from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
 from mp_symbolic.tools.interrupts import exit_on_signals, ignore_signals
 
 from . import (DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR, MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES,
-               MEMORY_BUDGET, TOLERANCE)
+               MEMORY_BUDGET, SENSITIVITY_FACTOR, SENSITIVITY_LIMIT, TOLERANCE)
 from .errors import excerpt, one_line
 
 __all__ = ['main', 'build_parser']
@@ -55,7 +55,10 @@ def build_parser():
                              'to 1000 that fits)' % (MEMORY_BUDGET >> 20))
     parser.add_argument('--tolerance', type=float, default=None, metavar='T',
                         help='largest allowed difference from the checkpoint, as a fraction of '
-                             'each output\'s largest |value| (default: %g)' % TOLERANCE)
+                             'each output\'s largest |value|, T alone (default: %g, or %g '
+                             'times the checkpoint\'s own float32 sensitivity where larger, '
+                             'up to %g; see docs/export.md)'
+                             % (TOLERANCE, SENSITIVITY_FACTOR, SENSITIVITY_LIMIT * TOLERANCE))
     parser.add_argument('--dynamic', action='append', default=[], metavar='[INPUT:]AXIS=NAME',
                         help='an input axis besides the batch whose size may vary in the ONNX '
                              'file, e.g. 1=seq for a language model\'s sequence length; of the '

@@ -15,6 +15,8 @@
 * :func:`save_checkpoint` / :func:`read_checkpoint` commit a Module's
   parameters, optimizer state and plan as one unit, and read them back for a
   Pipeline rebuilt in another process, on any plan.
+* :func:`memory_table` gives a Module's bytes per device: parameters,
+  gradients, optimizer state, auxiliary states, inputs, host copy.
 
 The layers, from the tree: :mod:`mp_symbolic.core` (the library; MXNet and
 the standard library only), :mod:`mp_symbolic.tools` (store, launcher,
@@ -43,7 +45,7 @@ _HOMES = {
     'Task': 'core.task', 'TaskError': 'core.task', 'Trainer': 'core.trainer',
     'VocabParallelEmbedding': 'core.tensor_parallel', 'balance_by_size': 'core.balance',
     'balance_by_time': 'core.balance', 'make_plan': 'core.devices',
-    'parse_devices': 'core.devices', 'read_checkpoint': 'tools.checkpoint',
+    'memory_table': 'tools.memory', 'parse_devices': 'core.devices', 'read_checkpoint': 'tools.checkpoint',
     'save_checkpoint': 'tools.checkpoint', 'stage_name': 'core.names',
 }
 __all__ = sorted(_HOMES)

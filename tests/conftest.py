@@ -213,3 +213,90 @@ def file_tree(folder, folders=False):
             elif folders:
                 found[rel] = 'folder'
     return found
+
+
+def bn_mlp():
+    """Three dense layers, BatchNorm after the first two (auxiliary states,
+    read as they are: ``use_global_stats``), 6 inputs, 4 classes; fixed
+    names. (BatchNorm that updates its running statistics is no good for
+    comparing bytes: the first one's differed between two equal fits in one
+    process now and then, MXNet's own Module too, on a loaded machine.)"""
+    from mxnet.gluon import nn  # pylint: disable=import-outside-toplevel
+    return [nn.Dense(16, in_units=6, prefix='fc0_'),
+            nn.BatchNorm(in_channels=16, use_global_stats=True, prefix='bn0_'),
+            nn.Activation('relu', prefix='relu0_'), nn.Dense(16, in_units=16, prefix='fc1_'),
+            nn.BatchNorm(in_channels=16, use_global_stats=True, prefix='bn1_'),
+            nn.Dense(4, in_units=16, prefix='fc2_')]
+
+
+def fit_and_save(pipe, folder, num_epoch=2, **module_kwargs):
+    """``pipe.module(**module_kwargs)`` (of :func:`bn_mlp`) trained by MXNet's
+    own ``fit`` on 32 seeded examples from a seed (SGD with momentum, batches
+    of 16; the running statistics given, the rest initialised), each epoch
+    saved by MXNet's checkpoint callback (``epoch_end_callback``), then by
+    ``save_checkpoint`` and :func:`mp_symbolic.save_checkpoint`.
+
+    Returns:
+        ``(module, {file: bytes})``: the parameter, optimizer state and graph
+        files written (the store's as ``store/current/...``).
+    """
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import mp_symbolic  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(0, 1, (32, 6)).astype(np.float32), rng.integers(0, 4, 32).astype(np.float32)
+    os.makedirs(folder, exist_ok=True)
+    mod = pipe.module(**module_kwargs)
+    mx.random.seed(0)
+    stats = {'bn%d_running_%s' % (i, kind): mx.nd.array(rng.uniform(0.5, 1.5, 16))
+             for i in (0, 1) for kind in ('mean', 'var')}
+    mod.fit(mx.io.NDArrayIter(X, y, batch_size=16), num_epoch=num_epoch,
+            optimizer='sgd', optimizer_params={'learning_rate': 0.1, 'momentum': 0.9},
+            initializer=mx.init.Xavier(), aux_params=stats, allow_missing=True,
+            epoch_end_callback=mx.callback.do_checkpoint(os.path.join(folder, 'callback')))
+    mod.save_checkpoint(os.path.join(folder, 'module'), num_epoch, save_optimizer_states=True)
+    mp_symbolic.save_checkpoint(mod, os.path.join(folder, 'store'), num_epoch)
+    written = {}
+    for place in (folder, os.path.join(folder, 'store', 'current')):
+        for name in sorted(os.listdir(place)):
+            if name.endswith(('.params', '.states', '-symbol.json')):
+                with open(os.path.join(place, name), 'rb') as f:
+                    written[os.path.relpath(os.path.join(place, name), folder)] = f.read()
+    return mod, written
+
+
+def assert_host_params_are_the_devices(mod):
+    """``get_params`` gives host arrays equal to every replica's device
+    arrays, by name; without the host copy, fresh ones at each call."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    arg_params, aux_params = mod.get_params()
+    group = mod._exec_group  # pylint: disable=protected-access
+    assert set(arg_params) == set(group.param_names) and set(aux_params) == set(group.aux_names)
+    for exe in group.execs:
+        for name, value in arg_params.items():
+            assert value.context == mx.cpu(0)
+            np.testing.assert_array_equal(value.asnumpy(), exe.arg_dict[name].asnumpy(), name)
+        for name, value in aux_params.items():
+            np.testing.assert_array_equal(value.asnumpy(), exe.aux_dict[name].asnumpy(), name)
+    again = mod.get_params()[0]
+    assert all((again[n] is v) == mod.host_copy for n, v in arg_params.items())
+
+
+def assert_host_copy_changes_no_value_or_byte(pipe, folder):
+    """``pipe``'s Module with and without ``host_copy``: the host copy on
+    cpu(0) only with it, ``get_params`` equal to the devices either way, and
+    the same bytes in every checkpoint file (:func:`fit_and_save`)."""
+    from mp_symbolic.tools.memory import device_memory  # pylint: disable=import-outside-toplevel
+    written = {}
+    for host_copy in (False, True):
+        mod, written[host_copy] = fit_and_save(pipe, folder / str(host_copy),
+                                               host_copy=host_copy)
+        arg_params, aux_params = mod.get_params()
+        kept = sum(a.size * 4 for a in list(arg_params.values()) + list(aux_params.values()))
+        assert device_memory(mod)['cpu(0)']['module_copy'] == (kept if host_copy else 0)
+        assert (mod.host_params == (None, None)) != host_copy
+        assert_host_params_are_the_devices(mod)
+    assert sorted(written[False]) == sorted(written[True]) and len(written[False]) == 9
+    for name, data in written[False].items():
+        assert data == written[True][name], name

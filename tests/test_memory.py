@@ -2,10 +2,13 @@
 import os
 
 import mxnet as mx
+import numpy as np
 import pytest
 
-from mp_symbolic.tools.memory import (compare_memory, device_memory, format_bytes, format_memory,
-                                measure_memories, measure_memory)
+import mp_symbolic
+from mp_symbolic.tools.memory import (CATEGORIES, MemoryTable, compare_memory, device_memory,
+                                      format_bytes, format_memory, measure_memories,
+                                      measure_memory)
 from mp_symbolic import Pipeline
 from mp_symbolic.training.tasks import gpt
 from mp_symbolic.training.tasks.regression import build_blocks
@@ -39,14 +42,17 @@ def _param_bytes_by_device(symbol):
 
 @pytest.fixture(scope='module')
 def measured():
-    """``(symbol, {'split', 'one_device', 'split_again'})``: the split plan
-    measured again after the one-device plan, in the same child."""
+    """``(symbol, {'split', 'one_device', 'split_again', 'host_copy'})``: the
+    split plan measured again after the one-device plan, in the same child,
+    then with the Module's host copy of the parameters."""
     symbol = _symbol()
     common = dict(symbol=symbol, data_shapes=DATA, label_shapes=LABEL,
                   optimizer_params={'momentum': 0.9})
-    split, one_device, again = measure_memories([dict(common, group2ctx=GROUP2CTX), common,
-                                                 dict(common, group2ctx=GROUP2CTX)])
-    return symbol, {'split': split, 'one_device': one_device, 'split_again': again}
+    split, one_device, again, host_copy = measure_memories([
+        dict(common, group2ctx=GROUP2CTX), common, dict(common, group2ctx=GROUP2CTX),
+        dict(common, group2ctx=GROUP2CTX, host_copy=True)])
+    return symbol, {'split': split, 'one_device': one_device, 'split_again': again,
+                    'host_copy': host_copy}
 
 
 def test_each_measurement_of_one_child_starts_from_a_fresh_process(measured):
@@ -55,6 +61,19 @@ def test_each_measurement_of_one_child_starts_from_a_fresh_process(measured):
     its process (each runs in a fork made before any of them)."""
     assert measured[1]['split_again'] == measured[1]['split']
     assert measured[1]['split']['devices']['cpu(0)']['other'] > 0
+
+
+def test_the_measured_module_keeps_a_host_copy_of_the_parameters_only_when_asked(measured):
+    """As a Pipeline's Module: no ``module_copy`` by default; with
+    ``host_copy=True``, MXNet's copy of every parameter on cpu(0), which
+    then holds that much more in all."""
+    symbol, result = measured
+    params = sum(_param_bytes_by_device(symbol).values())
+    split, kept = result['split']['devices'], result['host_copy']['devices']
+    assert [row['module_copy'] for row in split.values()] == [0, 0]
+    assert kept['cpu(0)']['module_copy'] == params and kept['cpu(1)']['module_copy'] == 0
+    assert kept['cpu(0)']['total'] >= split['cpu(0)']['total'] + params
+    assert kept['cpu(1)']['total'] == split['cpu(1)']['total']
 
 
 def test_params_grads_and_momentum_bytes_equal_the_stage_arrays_on_each_device(measured):
@@ -165,3 +184,72 @@ def test_a_device_past_the_profiler_rows_is_refused_before_any_child_runs():
                                          % (os.cpu_count() + 2)):
         measure_memory(symbol, DATA, LABEL, {'stage0': 'cpu(0)',
                                              'stage1': 'cpu(%d)' % (os.cpu_count() + 2)})
+
+
+def _pipeline_module(host_copy=False):
+    """The split of :func:`_symbol` as a Pipeline's Module after one step
+    (SGD with momentum: one state per parameter), and its Pipeline."""
+    pipe = Pipeline(build_blocks(WIDTHS), 'cpu:0,cpu:1', balance=[1, 2])
+    mod = pipe.module(loss='l2', label_name='label', host_copy=host_copy)
+    mod.bind(data_shapes=DATA, label_shapes=LABEL)
+    mod.init_params()
+    mod.init_optimizer(kvstore=None, optimizer='sgd', optimizer_params={'momentum': 0.9})
+    mod.forward_backward(mx.io.DataBatch([mx.nd.ones(DATA[0][1])], [mx.nd.ones(LABEL[0][1])]))
+    mod.update()
+    return pipe, mod
+
+
+@pytest.mark.parametrize('host_copy', [False, True])
+def test_memory_table_rows_are_device_memorys_and_params_are_each_stages_bytes(host_copy):
+    pipe, mod = _pipeline_module(host_copy)
+    table = mp_symbolic.memory_table(mod)
+    expected = device_memory(mod)
+    assert isinstance(table, MemoryTable) and table.devices == ['cpu(0)', 'cpu(1)']
+    for row in table:
+        assert {c: getattr(row, c) for c in CATEGORIES} == expected[row.device]
+        assert row.total == sum(expected[row.device].values()) and row.other is None
+    assert table.total == sum(sum(r.values()) for r in expected.values())
+    # each stage's device holds its own parameters, gradients and momentum
+    for stage, device in enumerate(pipe.plan.all_devices):
+        owned = sum(4 * int(np.prod(p.shape)) for block, s in  # float32
+                    zip(pipe.blocks, pipe.plan.stage_of_layer) if s == stage
+                    for p in block.collect_params().values())
+        row = table[device]
+        assert row.params == row.grads == row.optimizer == owned > 0
+    params = sum(row.params for row in table)
+    assert table['cpu(0)'].module_copy == (params if host_copy else 0)
+    assert table['cpu(1)'].module_copy == 0
+
+
+def test_memory_table_prints_as_the_training_command_does_and_reads_as_a_dict():
+    _, mod = _pipeline_module()
+    table = mp_symbolic.memory_table(mod)
+    assert str(table).splitlines() == format_memory(table.as_dict())
+    header, first, _, everything = str(table).splitlines()
+    assert header.split() == ['device'] + list(CATEGORIES) + ['total']
+    assert first.split()[0] == 'cpu(0)' and everything.split()[0] == 'all'
+    assert everything.split()[-2:] == format_bytes(table.total).split()
+    assert table.as_dict()['cpu(1)']['total'] == table['cpu(1)'].total
+    with pytest.raises(KeyError, match=r'device: expected one of cpu\(0\), cpu\(1\), '
+                                       r'found cpu\(2\)'):
+        table[mx.cpu(2)]
+
+
+def test_memory_table_with_storage_totals_adds_other():
+    _, mod = _pipeline_module()
+    arrays = {d: sum(r.values()) for d, r in device_memory(mod).items()}
+    table = mp_symbolic.memory_table(mod, storage={'cpu/0': arrays['cpu(0)'] + 100,
+                                                  'cpu/1': arrays['cpu(1)']})
+    assert (table['cpu(0)'].other, table['cpu(0)'].total) == (100, arrays['cpu(0)'] + 100)
+    assert table['cpu(1)'].other == 0
+    assert 'other' in str(table).splitlines()[0].split()
+
+
+def test_memory_table_of_an_unbound_module_or_a_symbol_is_refused():
+    pipe = Pipeline(build_blocks(WIDTHS), 'cpu:0,cpu:1', balance=[1, 2])
+    with pytest.raises(ValueError, match='^module: expected a bound Module .after bind or fit., '
+                                         'found an unbound PipelineModule$'):
+        mp_symbolic.memory_table(pipe.module(loss='l2'))
+    with pytest.raises(ValueError, match='expected a bound mx.mod.Module or an '
+                                         'mx.executor.Executor, found Symbol'):
+        mp_symbolic.memory_table(_symbol())

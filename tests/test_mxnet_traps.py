@@ -156,6 +156,28 @@ def test_module_updates_on_the_kvstore_unless_told_not_to():
     assert _module_update_on_kvstore({'MXNET_UPDATE_ON_KVSTORE': '0'}) is False
 
 
+def test_module_keeps_a_host_copy_of_every_parameter_on_cpu0_beside_its_devices():
+    """core/device_module.py: a Module bound on cpu(1) and cpu(2) alone
+    still holds every parameter a second time on cpu(0) (made at bind,
+    filled by init_params, handed out by get_params), the whole model on one
+    device beside a split's shares."""
+    data = mx.sym.var('data')
+    with mx.AttrScope(ctx_group='stage0'):
+        hidden = mx.sym.FullyConnected(data, num_hidden=8, name='fc0')
+    with mx.AttrScope(ctx_group='stage1'):
+        out = mx.sym.FullyConnected(hidden, num_hidden=2, name='fc1')
+    mod = mx.mod.Module(out, label_names=None, context=mx.cpu(1),
+                        group2ctxs={'stage0': mx.cpu(1), 'stage1': mx.cpu(2)})
+    mod.bind(data_shapes=[('data', (4, 3))])
+    mod.init_params()
+    kept = mod._arg_params  # pylint: disable=protected-access
+    assert sorted(kept) == ['fc0_bias', 'fc0_weight', 'fc1_bias', 'fc1_weight']
+    assert {str(a.context) for a in kept.values()} == {'cpu(0)'}
+    arrays = mod._exec_group.execs[0].arg_dict  # pylint: disable=protected-access
+    assert arrays['fc0_weight'].context == mx.cpu(1) and arrays['fc1_weight'].context == mx.cpu(2)
+    assert mod.get_params()[0]['fc1_weight'] is kept['fc1_weight']
+
+
 def test_profiler_aborts_past_its_device_rows(tmp_path):
     """compat.profiler_cpu_limit: an op on cpu(N), N >= cores + 2, recorded by
     the profiler, aborts the whole process."""
@@ -595,3 +617,33 @@ def test_a_gluon_parameter_says_it_has_no_values_only_by_raising_runtime_error()
     assert deferred.weight.list_ctx() == [mx.cpu(1)] and initialized(deferred.weight)
     param.initialize()
     assert initialized(param) and param.list_ctx() == [mx.cpu(0)]
+
+
+def test_an_inference_bind_keeps_the_fully_connected_weights_of_its_first_forward():
+    """Why verification binds each perturbed reference afresh
+    (``export.verify.OneDeviceReference.sensitivity``): an executor bound for
+    inference (no gradients) runs MXNet's oneDNN subgraph, whose
+    FullyConnected keeps the weights it read on its first forward; new
+    values written into its arrays afterwards, in place or by
+    ``copy_params_from``, change nothing. A training bind reads them anew."""
+    if not compat.onednn_active():
+        pytest.skip('oneDNN is off in this process or this build')
+    x = mx.sym.var('data')
+    fc = mx.sym.FullyConnected(x, num_hidden=4, name='fc')
+    rng = np.random.RandomState(0)
+    values = {'data': rng.rand(3, 5), 'fc_weight': rng.rand(4, 5), 'fc_bias': rng.rand(4)}
+
+    def outputs(grad_req):
+        exe = fc.simple_bind(mx.cpu(0), data=(3, 5), grad_req=grad_req)
+        for name, value in values.items():
+            exe.arg_dict[name][:] = value
+        first = exe.forward(is_train=False)[0].asnumpy()
+        exe.arg_dict['fc_weight'][:] = 2 * values['fc_weight']
+        return first, exe.forward(is_train=False)[0].asnumpy()
+
+    with environ(MXNET_SUBGRAPH_VERBOSE='0'):
+        first, second = outputs('null')
+        np.testing.assert_array_equal(second, first)  # the new weights are not read
+        first, second = outputs('write')
+    expected = values['data'] @ (2 * values['fc_weight']).T + values['fc_bias']
+    np.testing.assert_allclose(second, expected, rtol=1e-5)

@@ -253,11 +253,19 @@ def test_launch_nodes_trains_as_one_process_and_its_checkpoint_resumes_in_one_an
     the unsplit model, resumed in one process as an uninterrupted run and
     exported."""
     from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
-    result = _launch(['--nodes', '2', '--'] + REGRESSION + ['--epochs', '2', '--out',
-                                                             str(tmp_path / 'nodes')], port)
+    with_memory = [a for a in REGRESSION if a != '--no-memory']
+    result = _launch(['--nodes', '2', '--'] + with_memory + ['--epochs', '2', '--out',
+                                                              str(tmp_path / 'nodes')], port)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-1].startswith('launch: 2 nodes: all exited 0 in')
     assert '[node 1] regression: symbolic (module API) model-parallel training' in result.stdout
+    # each node's table holds its own stages' parameters: together, the model's 15 floats
+    held = {}
+    for k in (0, 1):
+        assert "[node %d] memory per device of node %d's stages" % (k, k) in result.stdout
+        row = next(l for l in result.stdout.splitlines() if l.startswith('[node %d]     all ' % k))
+        held[k] = int(row.split()[3])  # '[node k]', 'all', params, 'B', ...
+    assert held[0] + held[1] == 15 * 4 and min(held.values()) > 0, held
     nodes = _digest(result.stdout)
     one = _digest(_train_here(REGRESSION + ['--epochs', '2', '--out', str(tmp_path / 'one')],
                               capsys))

@@ -13,7 +13,8 @@ from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.devices import DeviceSpecError, stage_name
 from mp_symbolic.training.tasks import digits, regression
 
-from conftest import THREE_DEVICES
+from conftest import (THREE_DEVICES, assert_host_copy_changes_no_value_or_byte,
+                      assert_host_params_are_the_devices, bn_mlp)
 
 nn = gluon.nn
 
@@ -178,6 +179,57 @@ def test_mxnet_fit_with_ndarrayiter_trains_a_pipeline_module(tmp_path):
     assert symbol.attr_dict()['data']['__shape__'] == '(0, 2)'
     assert symbol.attr_dict()['fc3_weight']['__ctx_group__'] == 'stage1'
     assert set(arg_params) == {p.name for p in pipe.collect_params().values()}
+
+
+@pytest.mark.parametrize('devices, replicas', [('cpu:0,cpu:1', 1),
+                                               ('cpu:0,cpu:1,cpu:2,cpu:3', 2)])
+def test_the_module_keeps_no_host_copy_unless_asked_and_checkpoints_the_same_bytes(
+        tmp_path, devices, replicas):
+    """MXNet's Module holds a host copy of every parameter on cpu(0); a
+    Pipeline's holds none unless made with ``host_copy=True``, and fit (its
+    epoch callback included), get_params and every checkpoint give the same
+    values and bytes either way (with replicas, fit's kvstore starts from a
+    copy made for it)."""
+    pipe = Pipeline(bn_mlp(), devices, replicas=replicas)
+    assert_host_copy_changes_no_value_or_byte(pipe, tmp_path)
+
+
+def test_init_params_set_params_and_a_rebind_give_what_the_host_copy_gives():
+    """Given values, an initializer for the rest (BatchNorm's statistics by
+    their names), set_params, a rebind that fails and one at another batch
+    size: the same values with and without the host copy (the failed rebind
+    loses none), and none kept without."""
+    pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1')
+    rng = np.random.default_rng(0)
+    values = {n: mx.nd.array(rng.normal(size=s)) for n, s in
+              pipe.infer_shape((1, 1, 8, 8)).items() if 'weight' in n}
+    seen = {}
+    for host_copy in (False, True):
+        mod = pipe.module(host_copy=host_copy)
+        mod.bind(data_shapes=[('data', (8, 1, 8, 8))], label_shapes=[('softmax_label', (8,))])
+        assert (mod.host_params == (None, None)) != host_copy  # none made to initialise from
+        mx.random.seed(0)
+        mod.init_params(mx.init.Uniform(0.5), arg_params=values, allow_missing=True)
+        arg_params, aux_params = mod.get_params()
+        initial = {n: a.asnumpy() for n, a in dict(arg_params, **aux_params).items()}
+        mod.set_params({n: -a for n, a in arg_params.items()}, aux_params)
+        with pytest.raises(RuntimeError, match='simple_bind error'):  # 3 channels, not 1
+            mod.bind(data_shapes=[('data', (8, 3, 8, 8))],
+                     label_shapes=[('softmax_label', (8,))], force_rebind=True)
+        mod.bind(data_shapes=[('data', (4, 1, 8, 8))], label_shapes=[('softmax_label', (4,))],
+                 force_rebind=True)
+        assert (mod.host_params == (None, None)) != host_copy
+        assert_host_params_are_the_devices(mod)
+        seen[host_copy] = initial, {n: a.asnumpy() for n, a in mod.get_params()[0].items()}
+    (initial, rebound), (initial_kept, rebound_kept) = seen[False], seen[True]
+    assert sorted(initial) == sorted(initial_kept) and sorted(rebound) == sorted(rebound_kept)
+    for name, value in initial.items():
+        np.testing.assert_array_equal(value, initial_kept[name], name)
+        if name in values:
+            np.testing.assert_array_equal(value, values[name].asnumpy(), name)
+    for name, value in rebound.items():
+        np.testing.assert_array_equal(value, -initial[name], name)
+        np.testing.assert_array_equal(value, rebound_kept[name], name)
 
 
 def test_module_refuses_a_batch_the_chunks_do_not_divide():

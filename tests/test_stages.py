@@ -14,6 +14,8 @@ from mp_symbolic.core.stages import cut
 from mp_symbolic.training import loop
 from mp_symbolic.training.tasks import digits, gpt, lm
 
+from conftest import assert_host_copy_changes_no_value_or_byte, bn_mlp
+
 TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
 BATCH = 8
 TOL = 1e-5
@@ -174,6 +176,16 @@ def test_fit_score_predict_and_save_checkpoint_work_under_1f1b(tmp_path):
     assert sorted(saved) == sorted(arg_params)
     for name, value in saved.items():
         np.testing.assert_array_equal(value.asnumpy(), arg_params[name].asnumpy())
+
+
+@pytest.mark.parametrize('schedule, virtual', [('1f1b', None), ('interleaved', 2)])
+def test_the_stage_runtime_keeps_no_host_copy_unless_asked_and_checkpoints_the_same_bytes(
+        tmp_path, schedule, virtual):
+    """As the one-graph Module (tests/test_pipeline.py): no host copy of the
+    parameters unless ``host_copy=True``, and the same values and bytes from
+    fit's epoch callback, get_params and every checkpoint either way."""
+    pipe = Pipeline(bn_mlp(), 'cpu:0,cpu:1', chunks=2, schedule=schedule, virtual=virtual)
+    assert_host_copy_changes_no_value_or_byte(pipe, tmp_path)
 
 
 def test_an_unknown_schedule_is_refused_in_one_line():

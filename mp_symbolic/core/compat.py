@@ -3,10 +3,13 @@
 Each workaround says what MXNet does, why it matters for a graph split over
 devices, and what is done instead; ``tests/test_mxnet_traps.py`` pins each
 behaviour, so that when MXNet changes (or the user runs on GPUs) a failing
-test says which workaround can go. One stays where it acts, untested: the
-``Trainer`` sets a ``dist_*`` kvstore up at construction rather than at the
-first step, because two-worker jobs otherwise ended with garbage weights in
-about one run of four (``mp_symbolic/core/trainer.py``), too rare to pin.
+test says which workaround can go. Two stay where they act. The Module's
+host copy of every parameter on ``cpu(0)`` is left out by a class of its
+own (``mp_symbolic/core/device_module.py``; its trap is pinned with the
+others). The ``Trainer``
+sets a ``dist_*`` kvstore up at construction rather than at the first step,
+because two-worker jobs otherwise ended with garbage weights in about one
+run of four (``mp_symbolic/core/trainer.py``), too rare to pin.
 """
 from contextlib import contextmanager
 import functools

@@ -145,16 +145,3 @@ class PlacedGraph:
     def source(self, entry):
         """The node an input entry ``(node, output)`` reads."""
         return self.nodes[entry[0]]
-
-    def readers(self, roles=('parameter', 'state')):
-        """``{variable name: [stages of the ops that read it]}`` for the
-        variables of ``roles``, each stage once, in the order first read."""
-        out = {}
-        for node in self.ops:
-            for entry in node.inputs:
-                source = self.source(entry)
-                if source.role in roles:
-                    stages = out.setdefault(source.name, [])
-                    if node.stage not in stages:
-                        stages.append(node.stage)
-        return out

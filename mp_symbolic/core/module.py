@@ -7,9 +7,13 @@ fixed parameters (``grad_req='null'``: constants made with
 ``params.get_constant`` and layers frozen with
 ``collect_params().setattr('grad_req', 'null')``) are the Module's
 ``fixed_param_names``, with any the caller names: they get no gradient, no
-update and no optimizer state. Three more differences are what model
+update and no optimizer state. Four more differences are what model
 parallelism needs:
 
+* the stages' devices hold the only copy of the parameters: MXNet's Module
+  keeps another of all of them on the host (``cpu(0)``), here made only for
+  ``get_params`` and checkpoints and not kept, unless ``host_copy=True``
+  (:class:`~mp_symbolic.core.device_module.DeviceModule`);
 * every optimizer update runs on the device of the parameter it updates
   (:class:`PerDeviceUpdater`);
 * the kvstore, where there is one, only sums gradients (across replicas or
@@ -31,6 +35,7 @@ import json
 import mxnet as mx
 
 from . import layouts, tensor_parallel
+from .device_module import DeviceModule
 from .compat import gradient_only_kvstore, split_bind
 from .heads import HEADS, class_axis, head_of
 from .names import DATA_NAME, LABEL_NAME
@@ -117,7 +122,7 @@ class _Restored:
         return value
 
 
-class PipelineModule(mx.mod.Module):
+class PipelineModule(DeviceModule):
     """MXNet's Module over a Pipeline's stages (use :meth:`Pipeline.module`).
 
     Args:
@@ -128,10 +133,16 @@ class PipelineModule(mx.mod.Module):
             several inputs takes ``data0``, ``data1``, ...).
         output: For a network of several outputs, the one the loss reads
             (:meth:`~mp_symbolic.Pipeline.training_symbol`).
+        host_copy: Keep MXNet's host copy of every parameter (on MXNet's
+            default context, ``cpu(0)``), as ``mx.mod.Module`` does. By
+            default the stages' devices hold the only copy, and
+            ``get_params`` returns a fresh host copy each time
+            (:class:`~mp_symbolic.core.device_module.DeviceModule`).
         **kwargs: Passed to ``mx.mod.Module``.
 
     Attributes:
         pipeline: The Pipeline.
+        host_copy: Whether the Module keeps the host copy.
         input_shapes: ``{input name: one sample's shape}`` once bound.
         export_symbol: The training graph without micro-batches and with
             tensor-parallel layers unsplit, which :meth:`save_checkpoint`
@@ -140,7 +151,7 @@ class PipelineModule(mx.mod.Module):
     """
 
     def __init__(self, pipeline, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME,
-                 output=None, **kwargs):
+                 output=None, host_copy=False, **kwargs):
         for key in ('context', 'group2ctxs', 'data_names', 'label_names'):
             if key in kwargs:
                 raise ValueError('%s: expected it from the Pipeline (its devices and names), '
@@ -165,7 +176,7 @@ class PipelineModule(mx.mod.Module):
         super().__init__(symbol, data_names=data_names, label_names=label_names,
                          context=[devices[first] for devices in plan.replica_devices],
                          group2ctxs=plan.group2ctxs, fixed_param_names=fixed or None,
-                         **kwargs)
+                         host_copy=host_copy, **kwargs)
         self.sample_shape = None
         self.input_shapes = {}
         self._batch_axes = {}  # input name -> its batch axis, once bound

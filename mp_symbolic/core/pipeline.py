@@ -400,7 +400,7 @@ class Pipeline(gluon.Block):
         return schedules.make(self.schedule, self.plan.num_stages, self.chunks, self.virtual)
 
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, output=None,
-               **kwargs):
+               host_copy=False, **kwargs):
         """An ``mx.mod.Module`` bound to the stages' devices (see
         :class:`~mp_symbolic.core.module.PipelineModule`); ``fit``, ``score``,
         ``predict`` and ``save_checkpoint`` work as on any Module.
@@ -415,6 +415,9 @@ class Pipeline(gluon.Block):
                 a network of several inputs takes ``data0``, ``data1``, ...
             output: For a network of several outputs, the one the loss reads
                 (see :meth:`training_symbol`).
+            host_copy: Keep ``mx.mod.Module``'s host copy of every parameter
+                (on ``cpu(0)``). By default the stages' devices hold the only
+                copy; ``get_params`` and checkpoints gather a fresh one.
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
 
@@ -428,7 +431,7 @@ class Pipeline(gluon.Block):
         kind = PipelineModule if self.schedule == 'gpipe' and self.nodes is None \
             else StagedModule
         return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
-                    **kwargs)
+                    host_copy=host_copy, **kwargs)
 
     def infer_shape(self, data_shape, data_name=DATA_NAME):
         """Fills in parameter shapes not known yet from one input shape.

@@ -17,6 +17,7 @@ from collections import OrderedDict
 import mxnet as mx
 
 from .compat import split_bind
+from .device_module import DeviceModule
 from .layouts import batch_axis_of, batch_descs
 from .module import PipelineModule, shape_pair
 from . import schedule as schedules
@@ -113,8 +114,8 @@ class StagedModule(PipelineModule):
         one_label = [self._held_shape(n, label_shapes) for n in self._label_names] or None
         self._full_shapes = (data_shapes, label_shapes)
         with split_bind(self._devices()):
-            mx.mod.Module.bind(self, one, one_label, for_training, False, force_rebind,
-                               shared_module, grad_req)
+            DeviceModule.bind(self, one, one_label, for_training, False, force_rebind,
+                              shared_module, grad_req)
         self._update_args = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
         self._runtimes = self._runtimes_for(batch, for_training)

@@ -7,9 +7,12 @@ Per device, in bytes:
 * ``optimizer``: the updater's states (``mod._updater.states``: an NDArray, a
   tuple/list of them, or None per parameter), by their ``.context``;
 * ``inputs``: the executor's data and label arrays;
-* ``module_copy``: the Module's own copy of every parameter
-  (``mod._arg_params`` / ``_aux_params``, made at bind on the default
-  context: host memory, on ``cpu(0)`` here; none for a bare executor);
+* ``module_copy``: the host copy of every parameter that MXNet's Module
+  keeps (``mod._arg_params`` / ``_aux_params``, made at bind on the default
+  context: host memory, on ``cpu(0)`` here). A Pipeline's Module keeps none
+  unless made with ``host_copy=True``
+  (:class:`~mp_symbolic.core.device_module.DeviceModule`); nor does a bare
+  executor;
 * ``other``: the executor's activations and workspace, which no array
   exposes: the device's total from MXNet's storage profiler minus the six
   above. The executor allocates it lazily, so it is measured after one full
@@ -25,7 +28,12 @@ fragments without the header and device rows), so
 :func:`measure_memories` measures several, each in a process forked from one
 child that has imported MXNet and allocated nothing (the same bytes).
 On GPUs the child also reports ``mx.context.gpu_memory_info``.
+
+:func:`memory_table` (``mp_symbolic.memory_table``) is the table of a Module
+in the caller's process, as a value: a :class:`MemoryTable` of one
+:class:`MemoryRow` per device, printed by ``str()``.
 """
+from dataclasses import dataclass, fields
 import json
 import os
 import subprocess
@@ -41,6 +49,7 @@ from ..core.compat import profiler_cpu_limit, unprofilable
 from .trace import load_trace, storage_bytes
 from ..core.updater import PerDeviceUpdater
 from ..core.compat import split_bind
+from ..core.device_module import DeviceModule
 
 __all__ = []
 
@@ -98,7 +107,8 @@ def device_memory(model, storage=None, input_names=None, updater=None):
             input_names += [n for n in model.arg_dict if n not in model.grad_dict]
     elif getattr(model, 'binded', False):
         execs = model._exec_group.execs
-        copies = (model._arg_params, model._aux_params)
+        copies = model.host_params if isinstance(model, DeviceModule) else \
+            (model._arg_params, model._aux_params)
         if input_names is None:
             input_names = list(model.data_names) + list(model.label_names)
         if updater is None:
@@ -158,7 +168,7 @@ def _device_key(name):
 
 def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='cpu(0)',
                    optimizer='sgd', optimizer_params=None, env=None, timeout=300,
-                   fixed_param_names=None):
+                   fixed_param_names=None, host_copy=False):
     """Binds ``symbol`` in a fresh process, runs one step, returns :func:`device_memory`.
 
     Args:
@@ -174,6 +184,9 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
         fixed_param_names: Parameters bound without a gradient and never
             updated, as ``mx.mod.Module`` takes them (a Pipeline's constants
             and frozen layers: they hold no gradient and no optimizer state).
+        host_copy: Bind a Module that keeps MXNet's host copy of every
+            parameter (``module_copy``), as ``mx.mod.Module`` does; by
+            default, as a Pipeline's Module, none.
 
     Returns:
         ``{'devices': {device: {category: bytes}}, 'gpu_memory_info':
@@ -189,7 +202,8 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
                                   label_shapes=label_shapes, group2ctx=group2ctx,
                                   context=context, optimizer=optimizer,
                                   optimizer_params=optimizer_params,
-                                  fixed_param_names=fixed_param_names)], env, timeout)[0]
+                                  fixed_param_names=fixed_param_names,
+                                  host_copy=host_copy)], env, timeout)[0]
 
 
 def measure_memories(requests, env=None, timeout=300):
@@ -204,7 +218,7 @@ def measure_memories(requests, env=None, timeout=300):
         requests: ``[dict]`` of :func:`measure_memory`'s arguments ``symbol``,
             ``data_shapes``, ``label_shapes`` and, optionally, ``group2ctx``,
             ``context``, ``optimizer``, ``optimizer_params``,
-            ``fixed_param_names``.
+            ``fixed_param_names``, ``host_copy``.
         env: Extra environment variables of the child, for every request.
         timeout: Seconds per request.
 
@@ -233,7 +247,8 @@ def measure_memories(requests, env=None, timeout=300):
                       'group2ctx': {g: str(c) for g, c in (group2ctx or {}).items()} or None,
                       'context': str(context), 'optimizer': request.get('optimizer', 'sgd'),
                       'optimizer_params': request.get('optimizer_params') or {},
-                      'fixed_param_names': list(request.get('fixed_param_names') or ())})
+                      'fixed_param_names': list(request.get('fixed_param_names') or ()),
+                      'host_copy': bool(request.get('host_copy', False))})
     # The child imports this very package, wherever the caller imported it from.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child_env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
@@ -286,6 +301,126 @@ def format_memory(devices, title=None):
     return ([title] if title else []) + columns(rows)
 
 
+@dataclass(frozen=True)
+class MemoryRow:
+    """One device's bytes by category: a row of :class:`MemoryTable`.
+
+    Attributes:
+        device: The device, as ``str(ctx)`` (``'cpu(0)'``).
+        params, grads, optimizer, aux, inputs, module_copy: Bytes of each
+            category (see the module).
+        total: Their sum, or with storage totals the device's whole.
+        other: Activations and workspace (the storage total less the
+            arrays), or ``None`` without storage totals.
+    """
+    device: str
+    params: int
+    grads: int
+    optimizer: int
+    aux: int
+    inputs: int
+    module_copy: int
+    total: int
+    other: int = None
+
+
+@dataclass(frozen=True)
+class MemoryTable:
+    """Memory per device of a Module: one :class:`MemoryRow` per device,
+    sorted by device; ``str()`` prints it as the training command does.
+
+    Attributes:
+        rows: The rows, a tuple.
+    """
+    rows: tuple
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, device):
+        """The row of ``device`` (``'cpu(0)'`` or ``mx.cpu(0)``).
+
+        Raises:
+            KeyError: no row for it.
+        """
+        for row in self.rows:
+            if row.device == str(device):
+                return row
+        raise KeyError('device: expected one of %s, found %s'
+                       % (', '.join(r.device for r in self.rows), device))
+
+    @property
+    def devices(self):
+        """The devices, in row order."""
+        return [row.device for row in self.rows]
+
+    @property
+    def total(self):
+        """Bytes on every device together."""
+        return sum(row.total for row in self.rows)
+
+    def as_dict(self):
+        """``{device: {category: bytes}}`` as :func:`device_memory` returns
+        it, with ``total`` in every row."""
+        names = [f.name for f in fields(MemoryRow) if f.name != 'device']
+        return {row.device: {n: getattr(row, n) for n in names if getattr(row, n) is not None}
+                for row in self.rows}
+
+    def lines(self, title=None):
+        """The table's lines (:func:`format_memory`), with ``title`` first if given."""
+        return format_memory(self.as_dict(), title)
+
+    def __str__(self):
+        return '\n'.join(self.lines())
+
+
+def memory_table(module, storage=None):
+    """Bytes per device and category of a bound Module, in this process.
+
+    The arrays' own sizes (:func:`device_memory`): parameters, gradients,
+    optimizer state, auxiliary states, inputs and the Module's host copy of
+    the parameters, each on the device its arrays live on; ``total`` is
+    their sum. Activations and workspace are not arrays a Module exposes:
+    give ``storage`` (the storage profiler's totals) to add them as
+    ``other``, or let :func:`measure_memory` measure a training graph in a
+    fresh process.
+
+    Example::
+
+        mod = pipe.module(loss='softmax')
+        mod.bind(...); mod.init_params(); mod.init_optimizer(...)
+        table = mp_symbolic.memory_table(mod)
+        print(table)                     # one row per device, and 'all'
+        table['cpu(0)'].module_copy      # 0: the devices hold the only copy
+
+    Args:
+        module: A bound ``mx.mod.Module`` (a :class:`~mp_symbolic.PipelineModule`
+            or any other) or an ``mx.executor.Executor``. Optimizer state is
+            made lazily: it shows after ``init_optimizer`` and one ``update``.
+        storage: ``{device: bytes}`` each device holds in all, as
+            :func:`device_memory` takes it.
+
+    Returns:
+        A :class:`MemoryTable`.
+
+    Raises:
+        ValueError: ``module`` is not a bound Module or an executor, or
+            ``storage`` holds less on a device than its arrays take.
+    """
+    if isinstance(module, mx.mod.BaseModule) and not module.binded:
+        raise ValueError('module: expected a bound Module (after bind or fit), found an '
+                         'unbound %s' % type(module).__name__)
+    rows = []
+    for device, row in device_memory(module, storage).items():
+        values = {c: row[c] for c in CATEGORIES}
+        rows.append(MemoryRow(device=device, total=row.get('total', sum(values.values())),
+                              other=row.get('other'), **values))
+    return MemoryTable(tuple(rows))
+
+
 def _run_child(spec):
     """In a fresh process: profile storage, bind, one step, report (``__main__``)."""
     trace_path = os.path.join(tempfile.mkdtemp(prefix='mp-memory-'), 'memory.json')
@@ -297,10 +432,12 @@ def _run_child(spec):
     data_shapes = [(n, tuple(s)) for n, s in spec['data_shapes']]
     label_shapes = [(n, tuple(s)) for n, s in spec['label_shapes']]
     group2ctx = {g: _context(c) for g, c in (spec['group2ctx'] or {}).items()}
-    mod = mx.mod.Module(symbol, data_names=[n for n, _ in data_shapes],
-                        label_names=[n for n, _ in label_shapes],
-                        context=_context(spec['context']), group2ctxs=group2ctx or None,
-                        fixed_param_names=spec.get('fixed_param_names') or None)
+    # the Module a Pipeline makes: no host copy of the parameters, unless asked
+    mod = DeviceModule(symbol, data_names=[n for n, _ in data_shapes],
+                       label_names=[n for n, _ in label_shapes],
+                       context=_context(spec['context']), group2ctxs=group2ctx or None,
+                       fixed_param_names=spec.get('fixed_param_names') or None,
+                       host_copy=spec.get('host_copy', False))
     with split_bind(group2ctx, symbol):  # bound as training binds it
         mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
     # Any callable initialiser will do: values do not change sizes.

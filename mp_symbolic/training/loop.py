@@ -419,20 +419,32 @@ def _resume(cfg, stepper):
         return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', [])), changes
 
 
-def plan_memory(cfg, pipe, task, label_shape, log=print):
+def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
     """Bytes per device of the split plan beside the same model on one device,
     measured after one step (:mod:`~mp_symbolic.tools.memory`); logged as two tables.
+    Over nodes, this node's arrays on its devices (``stepper``'s Module:
+    :func:`~mp_symbolic.tools.memory.memory_table`), in one table.
 
     Returns:
-        ``{'split': {device: {category: bytes}}, 'one_device': {...}}``, or
-        ``None`` (said in a line) where it cannot be measured.
+        ``{'split': {device: {category: bytes}}, 'one_device': {...}}`` (over
+        nodes ``{'node': ...}``), or ``None`` (said in a line) where it cannot
+        be measured.
     """
     if cfg.variant != 'symbolic':
         return None
     if pipe is not None and pipe.nodes is not None:
-        log('memory per device: not measured per node here (python -m bench.nodes measures '
-            'each node\'s beside one process)')
-        return None
+        from ..tools.memory import memory_table  # pylint: disable=import-outside-toplevel
+        module = getattr(stepper, 'module', None)
+        if module is None:
+            log('memory per device: not measured per node here (python -m bench.nodes '
+                'measures each node\'s beside one process)')
+            return None
+        table = memory_table(module)
+        log('memory per device of node %d\'s stages, its arrays (optimizer state once made; '
+            'activations: python -m bench.nodes):' % pipe.nodes.rank)
+        for line in table.lines():
+            log('    ' + line)
+        return {'node': table.as_dict()}
     if cfg.schedule != 'gpipe':
         log('memory per device: not measured (the table binds the one GPipe graph; under '
             '--schedule %s, python -m bench.schedules measures each stage\'s)' % cfg.schedule)
@@ -535,7 +547,8 @@ def train(cfg, log=print, built=None, task=None):
         log('placement (as MXNet reports it):')
         for line in placement_table(stepper.placement()):
             log('  ' + line)
-        memory = plan_memory(cfg, pipe, task, task.label_shape, log) if cfg.memory else None
+        memory = plan_memory(cfg, pipe, task, task.label_shape, log, stepper) if cfg.memory \
+            else None
 
         checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses, log)
         with profiling(cfg, cfg.out_dir) as profile_files:

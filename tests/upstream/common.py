@@ -1,6 +1,7 @@
-"""Stand-in for MXNet 1.9.1's ``tests/python/unittest/common.py``: the three
-names ``test_gluon_trainer.py`` imports, with the same behaviour (seeding
-and the exception check); none of the CUDA, model-zoo or spawn helpers."""
+"""Stand-in for MXNet 1.9.1's ``tests/python/unittest/common.py``: the names
+``test_gluon_trainer.py`` and ``test_module.py`` import, with the same
+behaviour (seeding, the exception check, waiting for the engine at the end
+of a file); none of the CUDA, model-zoo or spawn helpers."""
 import functools
 import os
 import random
@@ -8,7 +9,7 @@ import random
 import mxnet as mx
 import numpy as np
 
-__all__ = ['setup_module', 'with_seed', 'assertRaises']
+__all__ = ['setup_module', 'with_seed', 'assertRaises', 'teardown']
 
 
 def assertRaises(expected_exception, func, *args, **kwargs):  # pylint: disable=invalid-name
@@ -54,3 +55,8 @@ def with_seed(seed=None):
                 np.random.set_state(state)
         return seeded
     return decorate
+
+
+def teardown():
+    """Waits for every operation of the file to finish (MXNet's, run after each file)."""
+    mx.nd.waitall()
