@@ -241,6 +241,28 @@ def _one_ulp_off(value, rng):
     return changed
 
 
+def _moved(array, value, off):
+    """What :func:`_put_back` needs to turn ``array``, holding ``off``
+    (:func:`_one_ulp_off` of ``value``), back into ``value``: which elements
+    moved and which of them moved up, one bit each (the bit patterns, read
+    as integers, moved by one)."""
+    ints = np.dtype('i%d' % value.itemsize)
+    before, after = np.ascontiguousarray(value).view(ints), off.view(ints)
+    return array, np.packbits(before != after), np.packbits(after > before)
+
+
+def _put_back(array, moved, up):
+    """``array`` as it was before :func:`_moved` recorded it: each moved
+    element's bit pattern one step back."""
+    value = array.asnumpy()
+    ints = value.view(np.dtype('i%d' % value.itemsize)).reshape(-1)
+    count = ints.size
+    step = np.unpackbits(up, count=count).astype(ints.dtype) * 2 - 1
+    step *= np.unpackbits(moved, count=count).astype(ints.dtype)
+    ints -= step
+    array[:] = value
+
+
 def _check(name, ok, detail):
     return OrderedDict([('name', name), ('ok', bool(ok)), ('detail', detail)])
 
@@ -352,13 +374,13 @@ class OneDeviceReference:
         return [s if np.isfinite(s) else None for s in found]
 
     def _outputs(self, arrays, perturbation=None):
-        """The outputs on ``arrays``, with the parameters of
-        ``perturbed_params(params, perturbation + (0 or 1,))`` (args, aux)
-        if ``perturbation`` is ``(seed, run)``, written into the executor one
-        array at a time, into arrays of its own; unperturbed, the executor
-        binds the checkpoint's own arrays. Bound afresh each time: a bound
-        oneDNN FullyConnected keeps the weights of its first forward pass
-        when others are copied in."""
+        """The outputs on ``arrays``, the executor bound on the checkpoint's
+        own arrays (not copied). With ``perturbation`` ``(seed, run)``, those
+        arrays hold ``perturbed_params(params, perturbation + (0 or 1,))``
+        (args, aux) for the run, written in place one array at a time and put
+        back bit for bit after it (:func:`_put_back`): no second copy of the
+        parameters. Bound afresh each time: a bound oneDNN FullyConnected
+        keeps the weights of its first forward pass when others are copied in."""
         assert self.arg_params is not None, 'the reference was released'
         cpu = mx.cpu(0)
         given = {name: X.shape for name, X in zip(self.input_names, arrays)}
@@ -372,27 +394,31 @@ class OneDeviceReference:
                 args[name] = mx.nd.array(values[name], ctx=cpu, dtype=self.dtypes[name])
             elif name in inputs:  # a label: zeros, which the forward pass does not read
                 args[name] = mx.nd.zeros(shape, ctx=cpu, dtype=dtype or np.float32)
-            elif perturbation is None:
+            else:
                 args[name] = self.arg_params[name].as_in_context(cpu)
-            else:  # filled below, one ulp off
-                args[name] = mx.nd.empty(self.arg_params[name].shape, ctx=cpu,
-                                         dtype=self.arg_params[name].dtype)
-        if perturbation is None:
-            aux = {name: self.aux_params[name].as_in_context(cpu)
-                   for name in self.symbol.list_auxiliary_states()}
-        else:
-            aux = {name: mx.nd.empty(self.aux_params[name].shape, ctx=cpu,
-                                     dtype=self.aux_params[name].dtype)
-                   for name in self.symbol.list_auxiliary_states()}
-            for part, (params, into) in enumerate(((self.arg_params, args),
-                                                   (self.aux_params, aux))):
-                rng = np.random.default_rng(tuple(perturbation) + (part,))
-                for name in sorted(params):  # as perturbed_params, without a second copy
-                    into[name][:] = _one_ulp_off(params[name].asnumpy(), rng)
-        exe = self.symbol.bind(ctx=cpu, args=args, grad_req='null', aux_states=aux)
-        exe.forward(is_train=False)
-        outputs = [exe.outputs[i].asnumpy() for i in network_order(self.symbol)]  # as exported
-        del exe, args, aux  # its memory is back before the runtimes bind
+        aux = {name: self.aux_params[name].as_in_context(cpu)
+               for name in self.symbol.list_auxiliary_states()}
+        moved = []  # (array, which elements moved, which of them up), to put back
+        try:
+            if perturbation is not None:
+                for part, (params, into) in enumerate(((self.arg_params, args),
+                                                       (self.aux_params, aux))):
+                    rng = np.random.default_rng(tuple(perturbation) + (part,))
+                    for name in sorted(params):  # as perturbed_params, in place
+                        value = params[name].asnumpy()
+                        off = _one_ulp_off(value, rng)
+                        if off is not value:
+                            moved.append(_moved(into[name], value, off))
+                            into[name][:] = off
+                        del value, off
+            exe = self.symbol.bind(ctx=cpu, args=args, grad_req='null', aux_states=aux)
+            exe.forward(is_train=False)
+            outputs = [exe.outputs[i].asnumpy() for i in network_order(self.symbol)]
+            del exe  # its memory is back before the runtimes bind
+        finally:
+            for record in moved:
+                _put_back(*record)
+        del args, aux
         return outputs
 
     def release(self):

@@ -275,3 +275,28 @@ def test_perturbed_params_move_every_nonzero_finite_value_one_ulp():
     w, w_moved = params['w'].asnumpy(), moved['w'].asnumpy()
     assert 0.45 < np.mean(np.abs(w_moved) > np.abs(w)) < 0.55  # up or down at random
     assert not np.array_equal(w_moved, other['w'].asnumpy())
+
+
+def test_the_sensitivity_puts_the_checkpoints_arrays_back_bit_for_bit(saturated):
+    """The perturbed runs write into the checkpoint's own arrays (no second
+    copy of the parameters) and put every bit back, edge values included."""
+    from export.verify import _moved, _one_ulp_off, _put_back  # pylint: disable=import-outside-toplevel
+    tiny = np.finfo(np.float32).tiny
+    edges = np.array([0.0, -0.0, 1e-45, -1e-45, tiny, np.finfo(np.float32).max,
+                      -np.finfo(np.float32).max, np.inf, -np.inf, np.nan, 1.0, -2.5],
+                     dtype=np.float32)
+    for seed in range(8):
+        array = mx.nd.array(edges, dtype=np.float32)
+        off = _one_ulp_off(edges, np.random.default_rng(seed))
+        record = _moved(array, edges, off)
+        array[:] = off
+        _put_back(*record)
+        assert array.asnumpy().tobytes() == edges.tobytes(), seed
+    symbol, arg_params, aux_params = mx.model.load_checkpoint(saturated['prefix'], 0)
+    reference = OneDeviceReference(symbol, arg_params, aux_params, SHAPE)
+    before = {n: a.asnumpy().tobytes() for n, a in reference.arg_params.items()}
+    X = _noise(8, 5)
+    expected = reference(X)
+    assert reference.sensitivity([X], expected)[0] > 0
+    assert {n: a.asnumpy().tobytes() for n, a in reference.arg_params.items()} == before
+    np.testing.assert_array_equal(reference(X)[0], expected[0])
