@@ -141,7 +141,7 @@ bench-nodes: $(STAMP) $(TORCH_STAMP)
 # (a trained run, an export) are made once, not once per worker; files in the order
 # tests/conftest.py gives them (the heaviest first)
 test: $(STAMP) $(TORCH_STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 
 clean:
 	rm -rf artifacts .pytest_cache
