@@ -145,12 +145,17 @@ def test_scaled_weight_exports_with_parity(tmp_path):
     assert report['ok'] and report['batch_sizes'] == [1, 7, 1000]
 
 
-def test_onnx_file_written_one_initializer_at_a_time_reads_back_equal(tmp_path):
+def _scaled_weight_model(folder):
+    """:func:`_scaled_weight_graph` converted to ONNX, its files in ``folder``."""
     symbol, params = _scaled_weight_graph()
-    source = {'symbol': str(tmp_path / 's.json'), 'params': str(tmp_path / 'p.params')}
+    source = {'symbol': str(folder / 's.json'), 'params': str(folder / 'p.params')}
     symbol.save(source['symbol'])
     mx.nd.save(source['params'], params)
-    model = to_onnx(symbol, params, {}, source, (250,))
+    return to_onnx(symbol, params, {}, source, (250,))
+
+
+def test_onnx_file_written_one_initializer_at_a_time_reads_back_equal(tmp_path):
+    model = _scaled_weight_model(tmp_path)
     save_onnx(model, str(tmp_path / 'm.onnx'))
     assert onnx.load(str(tmp_path / 'm.onnx')) == model
     onnx.save(model, str(tmp_path / 'reference.onnx'))
@@ -159,11 +164,7 @@ def test_onnx_file_written_one_initializer_at_a_time_reads_back_equal(tmp_path):
 
 
 def test_shape_inference_without_the_weights_values_infers_the_same_shapes(tmp_path):
-    symbol, params = _scaled_weight_graph()
-    source = {'symbol': str(tmp_path / 's.json'), 'params': str(tmp_path / 'p.params')}
-    symbol.save(source['symbol'])
-    mx.nd.save(source['params'], params)
-    model = to_onnx(symbol, params, {}, source, (250,))
+    model = _scaled_weight_model(tmp_path)
     light = without_weight_values(model)
     assert light.ByteSize() < model.ByteSize() / 10
     kept = {t.name: bool(t.raw_data or t.float_data) for t in light.graph.initializer}
