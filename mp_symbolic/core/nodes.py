@@ -29,6 +29,7 @@ Rendezvous: the variables torchrun sets, and ``python -m mp_symbolic
 launch --nodes N`` sets for its node processes (``MASTER_ADDR``,
 ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``).
 """
+import atexit
 from dataclasses import dataclass
 import datetime
 import importlib
@@ -206,6 +207,20 @@ def join(nodes, gpus=False):
         raise NodeFailure('nodes: node %d of %d could not join the others at %s within %g s '
                           '(--node-timeout): %s' % (nodes.rank, nodes.count, nodes.address,
                                                     nodes.timeout, _first_line(err))) from None
+    atexit.register(leave)
+
+
+def leave():
+    """Destroys this process's process group, if it has one (at exit, while
+    the interpreter is whole). Left to the interpreter's end, gloo's threads
+    still hold their last works' tensors, and releasing those there aborted
+    a node now and then ("terminate called without an active exception",
+    SIGABRT after a finished run; pytorch/pytorch#179291). Local: it waits
+    on no other node."""
+    dist = torch('distributed')
+    if dist.is_initialized():
+        _CONTROL.clear()
+        dist.destroy_process_group()
 
 
 def agree(nodes, facts, node_of_stage=None):
