@@ -28,7 +28,7 @@ import mxnet as mx
 
 from mp_symbolic import Pipeline
 from mp_symbolic.core.staged_module import StagedModule
-from mp_symbolic.core.schedule import bubble, check_spec, make
+from mp_symbolic.core.schedule import bubble, check_spec, make, one_graph
 from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
                                      step_windows, storage_bytes)
@@ -170,7 +170,7 @@ def _stage_times(spec, built=None, steps=3):
     it, waking the threads late). GPipe's one graph has no stage executors:
     its stages are timed on the stage runtime of the same split (``'1f1b'``).
     """
-    if built is None or spec['schedule'] == 'gpipe':
+    if built is None or one_graph(spec['schedule']):
         built = _build(dict(spec, schedule='1f1b'))
     mod, batch = built
     names = list(mod._data_names) + list(mod._label_names)  # pylint: disable=protected-access

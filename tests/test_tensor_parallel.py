@@ -374,6 +374,25 @@ def test_whole_network_output_tied_to_vocab_parallel_embedding_runs_on_its_own_s
     assert _close(twin(X.as_in_context(mx.cpu(1))).softmax().asnumpy(), one.predict(
         mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy())
 
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_layers_of_one_shard_over_stages_with_micro_batches_checkpoint_their_graph(
+        schedule, tmp_path):
+    """A tensor-parallel layer of one shard is built unsplit-equal in both
+    traces, but only the checkpoint's trace marks it: its checkpoint graph
+    (micro-batches make one apart from the bound graph) keeps each layer on
+    its stage, the output tied to the embedding on the last."""
+    rng = np.random.RandomState(5)
+    X, y = mx.nd.array(rng.randint(0, 10, (4, 3))), mx.nd.array(rng.randint(0, 10, (4, 3)))
+    pipe = Pipeline(_tied_lm(1), 'cpu:1,cpu:2', balance=[2, 1], chunks=2, schedule=schedule)
+    mod = _module(pipe, X, y, loss=_per_position)
+    assert _groups_of_tied_output(mod.export_symbol, 'tok_weight') == ['stage1']
+    _step(mod, X, y)
+    save_checkpoint(mod, str(tmp_path), epoch=1)
+    symbol, saved, _ = read_checkpoint(str(tmp_path)).load()
+    assert saved['tok_weight'].shape == (10, 6)
+    assert _groups_of_tied_output(symbol, 'tok_weight') == ['stage1']
+
+
 
 class _Residual(gluon.HybridBlock):
     """Column -> Row with a skip connection, then a head: one whole network."""

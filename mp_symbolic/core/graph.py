@@ -20,7 +20,7 @@ import json
 
 import mxnet as mx
 
-from . import graphcut, nesting, tensor_parallel
+from . import graphcut, nesting
 from .compat import error_line, fresh_variables, tie_parameters
 from .names import DATA_NAME, GROUP_ATTR, SHARD_ATTR, chunk_name, shard_group, stage_name
 
@@ -40,15 +40,16 @@ def chain(blocks, inputs):
     return x[0] if len(x) == 1 else mx.sym.Group(x)
 
 
-def build(placement, data, chunks):
+def build(placement, data, chunks, unsplit=False):
     """``data`` (a Symbol, or one per input) through every stage of
     ``placement``: its one labelled graph (a whole network's cut, or a block
     list traced at its block boundaries), on ``chunks`` micro-batches (split
     on ``placement.batch_axis``) joined there on the last stage; with
-    tensor-parallel layers built unsplit
-    (:func:`~mp_symbolic.core.tensor_parallel.unsplit`), their unsplit form."""
+    ``unsplit``, tensor-parallel layers in their unsplit form
+    (:meth:`~mp_symbolic.core.placement.Placement.unsplit_labelled`: the
+    graph a checkpoint holds)."""
     data = list(data) if isinstance(data, (list, tuple)) else [data]
-    if placement.shard_of and tensor_parallel.is_unsplit():
+    if placement.shard_of and unsplit:
         labelled = placement.unsplit_labelled()
     else:
         labelled = placement.labelled(placement.mirror)

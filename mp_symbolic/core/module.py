@@ -34,7 +34,7 @@ import json
 
 import mxnet as mx
 
-from . import layouts, tensor_parallel
+from . import layouts
 from .device_module import DeviceModule
 from .compat import gradient_only_kvstore, split_bind
 from .heads import HEADS, class_axis, head_of
@@ -202,9 +202,8 @@ class PipelineModule(DeviceModule):
         pipeline = self.pipeline
         if pipeline.chunks == 1 and not pipeline.sharded:
             return symbol
-        with tensor_parallel.unsplit():
-            return pipeline.training_symbol(self.loss, self.data_name, self.label_name,
-                                            chunks=1, output=self.output)
+        return pipeline.training_symbol(self.loss, self.data_name, self.label_name,
+                                        chunks=1, output=self.output, unsplit=True)
 
     def _fit_head(self, data_shapes, label_shapes, force_rebind):
         """``loss='softmax'``: its classes on the axis the labels leave in the

@@ -338,7 +338,7 @@ class Pipeline(gluon.Block):
 
     @symbol_safe
     def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
-                        output=None):
+                        output=None, unsplit=False):
         """The graph with its loss head (see :func:`mp_symbolic.core.heads.make_head`).
 
         Args:
@@ -349,13 +349,16 @@ class Pipeline(gluon.Block):
                 reads; the graph's outputs are then the head, then the other
                 outputs in order (through ``BlockGrad``: no gradient flows
                 from them). A callable loss receives the list of outputs.
+            unsplit: Tensor-parallel layers unsplit (one op each, with the
+                unsplit layer's parameter names and shapes): the graph a
+                checkpoint holds, whatever the shards it was trained on.
 
         Raises:
             ValueError: ``output`` is missing or out of range for a network
                 of several outputs, or given for one of a single output.
         """
         chunks = self.chunks if chunks is None else chunks
-        prediction = graph.build(self.placement, self._inputs(data_name), chunks)
+        prediction = graph.build(self.placement, self._inputs(data_name), chunks, unsplit)
         count = len(prediction.list_outputs())
         if loss is None:
             return graph.finish(prediction, self.placement)
@@ -428,7 +431,7 @@ class Pipeline(gluon.Block):
         # pylint: disable=import-outside-toplevel
         from .module import PipelineModule
         from .staged_module import StagedModule
-        kind = PipelineModule if self.schedule == 'gpipe' and self.nodes is None \
+        kind = PipelineModule if schedules.one_graph(self.schedule, self.nodes) \
             else StagedModule
         return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
                     host_copy=host_copy, **kwargs)

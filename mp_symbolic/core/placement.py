@@ -219,11 +219,15 @@ class Placement:
         with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
             unsplit = json.loads(graph.chain(self.blocks, self.input_variables()).tojson())
         unsplit = graphcut.unique_names(unsplit)
+        for node in unsplit['nodes']:  # a layer of one shard is unmarked in the split trace:
+            mark = node.get('attrs', {}).get(SHARD_ATTR)  # its call where its first op is
+            if mark is not None and node['op'] != 'null' and node['name'] in stage_of:
+                stage_of_call.setdefault(parse_shard_mark(mark)[2], stage_of[node['name']])
         for node in unsplit['nodes']:
             attrs = node.setdefault('attrs', {})
             mark = attrs.pop(SHARD_ATTR, None)
             where = stage_of.get(node['name'], 0) if mark is None else \
-                stage_of_call[parse_shard_mark(mark)[2]]
+                stage_of_call.get(parse_shard_mark(mark)[2], stage_of.get(node['name'], 0))
             attrs[GROUP_ATTR] = stage_name(where)
         return tie_parameters(unsplit, graphcut.CutError)
 

@@ -182,6 +182,21 @@ NAMED = {'gpipe': lambda k, m, v: gpipe(k, m), '1f1b': lambda k, m, v: one_f_one
          'interleaved': _interleaved}
 NAMES = tuple(NAMED)
 VIRTUAL = {'interleaved': 2}
+DEFAULT = 'gpipe'
+# The named schedule a Pipeline on one host runs as one graph (every stage's
+# forward, then every backward, in one executor that MXNet's engine
+# overlaps): measured faster than the same actions on the stage runtime
+# (docs/pipelining.md, ``make bench-pipeline``). Every other schedule, a
+# schedule function, and stages on several nodes run on the stage runtime.
+ONE_GRAPH = ('gpipe',)
+
+
+def one_graph(spec, nodes=None):
+    """Whether schedule ``spec`` (see :func:`check_spec`) runs as MXNet's one
+    bound graph rather than on the stage runtime: a name of
+    :data:`ONE_GRAPH`, with no ``nodes`` (stages in other processes run on
+    the stage runtime, whatever the schedule)."""
+    return nodes is None and isinstance(spec, str) and spec in ONE_GRAPH
 
 
 def check_spec(spec, virtual=None):

@@ -62,7 +62,22 @@ from .names import (GROUP_ATTR, SHARD_ATTR, is_tied, layer_call, parse_shard_mar
 __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'VocabParallelEmbedding']
 
 _GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
-_LOCAL = threading.local()
+# The trace under way (:func:`mark_shards`), or none. A layer is called by
+# the user's network (``self.dense(x)`` in its ``hybrid_forward``), with no
+# argument of the trace's: the trace reaches it as ``mx.AttrScope`` and
+# ``mx.name.Prefix`` reach every op, through state of the thread, set only
+# while the Pipeline traces a network.
+_TRACE = threading.local()
+
+
+class _Trace:
+    """One trace of a network: the layer calls counted so far, whether the
+    layers build unsplit, and the unsplit variables made (one per name,
+    however many layers read it: tied weights)."""
+    __slots__ = ('calls', 'unsplit', 'variables')
+
+    def __init__(self, unsplit_layers):
+        self.calls, self.unsplit, self.variables = 0, unsplit_layers, {}
 
 
 @contextmanager
@@ -73,30 +88,33 @@ def mark_shards(unsplit_layers=False):
     call's number in the trace), for a network whose stages the trace's cut
     decides (:func:`shard_groups` then places them). Each call is its own:
     a layer that reads another's parameters (an output layer tied to the
-    embedding) has that layer's name, and stays in its own stage.
+    embedding) has that layer's name, and stays in its own stage. Outside
+    such a trace, a layer on Symbols builds its split graph unmarked.
 
     Args:
-        unsplit_layers: Build the layers unsplit (as :func:`unsplit`), each
-            layer's unsplit ops and weights marked ``'0/1/<layer call>'``,
-            the calls numbered as in the split trace. Else split, also
-            within :func:`unsplit` (the split trace a build reads).
+        unsplit_layers: Build the layers unsplit (one op, the unsplit
+            layer's parameter names and shapes, as checkpoints hold it),
+            each layer's ops and weights marked ``'0/1/<layer call>'``, the
+            calls numbered as in the split trace. Else split.
     """
-    saved = (getattr(_LOCAL, 'calls', None), getattr(_LOCAL, 'unsplit', False),
-             getattr(_LOCAL, 'variables', None))
-    _LOCAL.calls, _LOCAL.unsplit, _LOCAL.variables = 0, unsplit_layers, {}
+    saved = getattr(_TRACE, 'current', None)
+    _TRACE.current = _Trace(unsplit_layers)
     try:
         yield
     finally:
-        _LOCAL.calls, _LOCAL.unsplit, _LOCAL.variables = saved
+        _TRACE.current = saved
 
 
-def _next_call(name):
-    """The mark's layer of this call of layer ``name`` in a :func:`mark_shards`
-    trace, or ``None`` outside one."""
-    call = getattr(_LOCAL, 'calls', None)
-    if call is None:
+def _current_trace():
+    return getattr(_TRACE, 'current', None)
+
+
+def _next_call(trace, name):
+    """The mark's layer of this call of layer ``name`` in ``trace``, or
+    ``None`` outside one."""
+    if trace is None:
         return None
-    _LOCAL.calls = call + 1
+    call, trace.calls = trace.calls, trace.calls + 1
     return layer_call(name, call)
 
 
@@ -137,24 +155,6 @@ def shard_groups(graph, widths):
                 node['inputs'][0][0] in moved:
             node['attrs'][GROUP_ATTR] = moved[node['inputs'][0][0]]
     return graph
-
-
-@contextmanager
-def unsplit():
-    """Within: tensor-parallel layers build their unsplit graph (one op, the
-    unsplit layer's parameter names and shapes), as checkpoints save it."""
-    saved = getattr(_LOCAL, 'unsplit', False), getattr(_LOCAL, 'variables', None)
-    # one variable per unsplit name, however many layers read it (tied weights)
-    _LOCAL.unsplit, _LOCAL.variables = True, {}
-    try:
-        yield
-    finally:
-        _LOCAL.unsplit, _LOCAL.variables = saved
-
-
-def is_unsplit():
-    """Whether layers build their unsplit graph here (within :func:`unsplit`)."""
-    return getattr(_LOCAL, 'unsplit', False)
 
 
 def device_index(shard, shards, width):
@@ -318,20 +318,20 @@ class ShardedBlock(gluon.HybridBlock):
 
     def _symbolic(self, x):
         F = mx.sym
-        call = _next_call(self.name)
+        trace = _current_trace()
+        call = _next_call(trace, self.name)
         with self.name_scope():
-            if is_unsplit():
-                with nullcontext() if call is None else \
-                        mx.AttrScope(**{SHARD_ATTR: shard_mark(0, 1, call)}):
+            if trace is not None and trace.unsplit:
+                with mx.AttrScope(**{SHARD_ATTR: shard_mark(0, 1, call)}):
                     variables = {}
                     for key, param in self.shard_params[0].items():
                         name = self.params.prefix + key
                         full = self.sharded.get(name)
-                        if name not in _LOCAL.variables:
-                            _LOCAL.variables[name] = mx.sym.var(
+                        if name not in trace.variables:
+                            trace.variables[name] = mx.sym.var(
                                 name, shape=param.shape if full is None else full.shape,
                                 dtype=param.dtype)
-                        variables[key] = _LOCAL.variables[name]
+                        variables[key] = trace.variables[name]
                     return self.unsplit_forward(F, x, **variables)
             if call is None or self.shards == 1:
                 scopes = [nullcontext] * self.shards

@@ -10,7 +10,7 @@ import math
 
 from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
     is_momentum, is_positive_int
-from ..core.schedule import NAMES, VIRTUAL
+from ..core.schedule import DEFAULT, NAMES, ONE_GRAPH, VIRTUAL, one_graph
 from .tasks import DEFAULT_TASK
 
 __all__ = []
@@ -69,7 +69,7 @@ class TrainConfig:
     # Module API: the micro-batches' order, 'gpipe' (one graph, MXNet's engine),
     # '1f1b' (one executor per stage and micro-batch in flight; memory flat in chunks)
     # or 'interleaved' (1F1B over `virtual` stages per device; chunks a multiple of devices).
-    schedule: str = 'gpipe'
+    schedule: str = DEFAULT
     # Under schedule 'interleaved': stages per device (Pipeline(virtual=...)); None: 2.
     virtual: int = None
     # Data-parallel copies of the pipeline; --devices lists replicas x stages devices.
@@ -140,8 +140,9 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             bad('schedule', ' or '.join(SCHEDULES))
         if self.virtual is not None and self.schedule not in VIRTUAL:
-            raise ValueError("virtual: expected schedule 'interleaved' with it (virtual stages "
-                             "are its), found %r with schedule %r" % (self.virtual, self.schedule))
+            raise ValueError('virtual: expected schedule %s with it (virtual stages are its), '
+                             'found %r with schedule %r' % (' or '.join(repr(k) for k in VIRTUAL),
+                                                            self.virtual, self.schedule))
         if self.virtual is not None and not is_positive_int(self.virtual):
             bad('virtual', POSITIVE_EXPECTED)
         if self.kvstore is not None and self.kvstore not in KVSTORES:
@@ -162,16 +163,17 @@ class TrainConfig:
             bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
         if self.variant == 'imperative':
             for name, default in (('api', 'module'), ('chunks', 1), ('replicas', 1),
-                                  ('kvstore', None), ('mirror', False), ('schedule', 'gpipe')):
+                                  ('kvstore', None), ('mirror', False), ('schedule', DEFAULT)):
                 if getattr(self, name) != default:
                     bad(name, '%r (the default) with variant \'imperative\' (it is a setting '
                               'of the symbolic variant)' % (default,))
         if self.api == 'executor' and (self.replicas > 1 or self.kvstore is not None):
             bad('api', "'module' with replicas or a kvstore (the executor API binds one "
                        'replica and sums no gradients)')
-        if self.api == 'executor' and self.schedule != 'gpipe':
-            bad('schedule', "'gpipe' with api 'executor' (the executor API binds the one "
-                            'graph; other schedules run through the Module)')
+        if self.api == 'executor' and not one_graph(self.schedule):
+            bad('schedule', '%s with api \'executor\' (the executor API binds the one '
+                            'graph; other schedules run through the Module)'
+                % ' or '.join(repr(k) for k in ONE_GRAPH))
         if self.batch_size % (self.chunks * self.replicas):
             bad('batch_size', 'a multiple of chunks x replicas (%d x %d)'
                 % (self.chunks, self.replicas))
@@ -305,7 +307,7 @@ def _saved_plan(saved, given):
     plan = {name: saved[name] for name in RESUME_PLAN if name in saved and name not in given}
     if 'devices' in given and not isinstance(plan.get('balance'), (str, type(None))):
         del plan['balance']  # blocks per stage of the checkpoint's devices
-    if plan.get('schedule', given.get('schedule')) != 'interleaved':
+    if plan.get('schedule', given.get('schedule')) not in VIRTUAL:
         plan.pop('virtual', None)
     if 'replicas' in given or str(plan.get('kvstore')).startswith('dist'):
         plan.pop('kvstore', None)

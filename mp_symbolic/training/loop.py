@@ -26,8 +26,7 @@ from ..core.optstate import OptimizerStateError, check_states, gather_states, lo
     split_states
 from ..core.nodes import Group, from_environment
 from ..core.pipeline import Pipeline
-from ..core.schedule import VIRTUAL
-from ..core.tensor_parallel import unsplit
+from ..core.schedule import DEFAULT, VIRTUAL, one_graph
 from ..core.devices import format_device, make_plan
 from ..tools.store import Store
 from ..tools.launch import hold_kvstore
@@ -309,7 +308,7 @@ def _title(cfg, task, pipe):
     extra = ''
     if cfg.chunks > 1:
         extra += ', %d micro-batches per batch' % cfg.chunks
-    if cfg.schedule != 'gpipe':
+    if cfg.schedule != DEFAULT:
         extra += ', schedule %s' % cfg.schedule
         if cfg.schedule in VIRTUAL:
             extra += ' (%d stages per device)' % pipe.virtual
@@ -359,10 +358,10 @@ class _Checkpointer:
             Group(pipe.nodes, node_of_stage=pipe.plan.node_of_stage)
         self.log = log
         self.epoch_losses = list(epoch_losses)
-        with unsplit():  # a checkpoint holds the model, not its shards
-            self.symbol = with_input_shape(
-                pipe.training_symbol(task.graph_loss, label_name=task.label, chunks=1),
-                dict(zip(pipe.data_names(), task.sample_shapes)), None)
+        # a checkpoint holds the model, not its shards
+        self.symbol = with_input_shape(
+            pipe.training_symbol(task.graph_loss, label_name=task.label, chunks=1, unsplit=True),
+            dict(zip(pipe.data_names(), task.sample_shapes)), None)
         self.last = None
 
     def commit(self, epoch, result=None, complete=False):
@@ -445,7 +444,7 @@ def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
         for line in table.lines():
             log('    ' + line)
         return {'node': table.as_dict()}
-    if cfg.schedule != 'gpipe':
+    if not one_graph(cfg.schedule):
         log('memory per device: not measured (the table binds the one GPipe graph; under '
             '--schedule %s, python -m bench.schedules measures each stage\'s)' % cfg.schedule)
         return None
