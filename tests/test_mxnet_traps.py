@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core import compat, graphcut
+from mp_symbolic.core import compat, graphcut, passes
 from mp_symbolic.core.compat import split_bind
 from mp_symbolic.core.scoped import environ
 from mp_symbolic.training.tasks import digits, gpt, regression
@@ -492,7 +492,7 @@ def _read_by_two_groups(through):
 def test_a_variable_read_by_two_groups_cannot_save_its_summed_gradient():
     """Why a tied weight, and a tensor-parallel layer's input, is read by
     the other groups through one identity in its own group
-    (compat.tie_parameters on the graph, compat.read_in_own_group while
+    (passes.tie_parameters on the graph, compat.read_in_own_group while
     tracing): MXNet sums the variable's gradients on one reader's device and
     then refuses to save the sum to the variable's device. Through the
     identity the bind succeeds and the gradient is the sum of both uses."""
@@ -501,7 +501,7 @@ def test_a_variable_read_by_two_groups_cannot_save_its_summed_gradient():
     plain = _read_by_two_groups(lambda x: x)
     with pytest.raises(RuntimeError, match='Trying to save gradient to cpu'):
         _backward(plain, req, group2ctx, x=(4, 3))
-    tied = graphcut.load(compat.tie_parameters(json.loads(plain.tojson())))
+    tied = graphcut.load(passes.tie_parameters(json.loads(plain.tojson())))
     traced = _read_by_two_groups(lambda x: compat.read_in_own_group(mx.sym, x))
     for symbol in (tied, traced):
         exe = _backward(symbol, req, group2ctx, x=(4, 3))

@@ -10,7 +10,7 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
-from mp_symbolic.core.stages import cut
+from mp_symbolic.core.passes import cut
 from mp_symbolic.training import loop
 from mp_symbolic.training.tasks import digits, gpt, lm
 

@@ -26,6 +26,10 @@ class BalanceError(ValueError):
     """A ``balance`` that cannot split the blocks over the devices."""
 
 
+class CutError(BalanceError):
+    """A graph that cannot be cut as asked (too few ops, a bad balance, ...)."""
+
+
 class TooManyStages(DeviceSpecError, BalanceError):
     """More stages than blocks (or ops) to fill them: a device plan that
     cannot be made (``DeviceSpecError``) and a balance that cannot be

@@ -21,7 +21,7 @@ import sys
 import mxnet as mx
 
 from .checks import excerpt
-from .names import GROUP_ATTR, IDENTITY_OP, tied_name
+from .names import GROUP_ATTR
 from .scoped import captured_stderr, environ
 
 __all__ = []
@@ -484,70 +484,11 @@ def ids_outside_gradient(F, x, name='indices'):
 def read_in_own_group(F, x, name='input'):
     """``x`` read through an ``identity`` op of the group in force when it is
     a variable (a Symbol without children), so that ops of several groups can
-    read it: the Symbol-level form of :func:`tie_parameters`. Ops, NDArrays
+    read it: the Symbol-level form of :func:`~mp_symbolic.core.passes.tie_parameters`. Ops, NDArrays
     and other values pass as they are."""
     if F is mx.sym and isinstance(x, mx.sym.Symbol) and x.get_children() is None:
         return F.identity(x, name=name)
     return x
-
-
-def tie_parameters(graph, error=ValueError):
-    """A copy of ``graph`` (JSON) where every variable read by ops of a
-    ``ctx_group`` other than its own is read by those ops through one
-    ``identity`` op (``<variable>_tied``) in the variable's group. Variables
-    without a group are left as they are.
-
-    **What MXNet does.** A variable read by ops of two groups gets the sum of
-    its gradients (``sum_grad``) on one reader's device, and the bind then
-    fails to save it to the variable's ("Trying to save gradient to cpu(0)
-    while its source node sum_grad computes it on cpu(1)"). **Why it
-    matters.** A tied weight is read by the stages of its readers; a
-    tensor-parallel layer's input by every shard. **What is done instead.**
-    The readers read one identity op in the variable's group: the sum over
-    the uses is that op's gradient and lands on the owner's device
-    (:func:`read_in_own_group` does the same while a graph is traced).
-
-    Args:
-        graph: The graph's JSON (``json.loads(symbol.tojson())``); not changed.
-        error: The exception class to raise.
-
-    Raises:
-        error: an auxiliary state read by ops of two groups (written in
-            place, it cannot be read through a copy).
-    """
-    graph = json.loads(json.dumps(graph))
-    nodes = graph['nodes']
-    foreign = {}
-    for i, node in enumerate(nodes):
-        for k, (src, _, version) in enumerate(node['inputs']):
-            if nodes[src]['op'] != 'null':
-                continue
-            own = nodes[src].get('attrs', {}).get(GROUP_ATTR)
-            if own is not None and node.get('attrs', {}).get(GROUP_ATTR) != own:
-                if version:
-                    raise error('auxiliary state %s is read by ops of %s and %s; expected '
-                                'each auxiliary state in one stage'
-                                % (nodes[src]['name'], own, node['attrs'][GROUP_ATTR]))
-                foreign.setdefault(src, []).append((i, k))
-    if not foreign:
-        return graph
-    # Rebuild the node list with each identity right after its variable.
-    redirect = {(i, k) for uses in foreign.values() for i, k in uses}
-    new_nodes, new_index, identity_of = [], {}, {}
-    for i, node in enumerate(nodes):
-        node['inputs'] = [[identity_of[src], 0, 0] if (i, k) in redirect
-                          else [new_index[src], idx, v]
-                          for k, (src, idx, v) in enumerate(node['inputs'])]
-        new_index[i] = len(new_nodes)
-        new_nodes.append(node)
-        if i in foreign:
-            identity_of[i] = len(new_nodes)
-            new_nodes.append({'op': IDENTITY_OP, 'name': tied_name(node['name']),
-                              'attrs': {GROUP_ATTR: node['attrs'][GROUP_ATTR]},
-                              'inputs': [[new_index[i], 0, 0]]})
-    graph['nodes'] = new_nodes
-    graph['heads'] = [[new_index[src], idx, v] for src, idx, v in graph['heads']]
-    return graph
 
 
 def kvstore_may_update(params):

@@ -7,7 +7,7 @@ a block list and one whole network, are built from its one labelled graph
 (:meth:`~mp_symbolic.core.placement.Placement.labelled`; a block list is
 traced into it at its block boundaries by
 :func:`~mp_symbolic.core.placement.trace_blocks`), and
-:func:`~mp_symbolic.core.graphcut.replicate_chunks` makes the micro-batches.
+:func:`~mp_symbolic.core.passes.replicate_chunks` makes the micro-batches.
 
 Why the labels are written into the traced graph's JSON rather than by
 ``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward``: such a scope tags
@@ -20,9 +20,9 @@ import json
 
 import mxnet as mx
 
-from . import graphcut, nesting
-from .compat import error_line, fresh_variables, tie_parameters
-from .names import DATA_NAME, GROUP_ATTR, SHARD_ATTR, chunk_name, shard_group, stage_name
+from . import graphcut, nesting, passes
+from .compat import error_line, fresh_variables
+from .names import DATA_NAME, GROUP_ATTR, SHARD_ATTR, stage_name
 
 __all__ = []
 
@@ -56,7 +56,7 @@ def build(placement, data, chunks, unsplit=False):
     for node in labelled['nodes']:  # the shard marks have done their work: placed the shards
         node.get('attrs', {}).pop(SHARD_ATTR, None)
     names = placement.input_names
-    graph = graphcut.replicate_chunks(labelled, names, chunks, placement.plan.num_stages - 1,
+    graph = passes.replicate_chunks(labelled, names, chunks, placement.plan.num_stages - 1,
                                       placement.batch_axis)
     if all(d.list_arguments() == [d.name] and len(d.get_internals()) == 1 for d in data):
         rename = {n: d.name for n, d in zip(names, data)}
@@ -136,31 +136,3 @@ def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
     return shapes
 
 
-def finish(symbol, placement):
-    """Checks every node carries a stage; gives chunk copies of ops unique
-    names; reads every parameter used by several stages through an identity
-    in its owner's stage (:func:`mp_symbolic.core.compat.tie_parameters`)."""
-    graph = json.loads(symbol.tojson())
-    owner, shard_of = placement.owner, placement.shard_of
-    for node in graph['nodes']:
-        if node['op'] == 'null' and node['name'] in owner:
-            node['attrs'][GROUP_ATTR] = shard_group(owner[node['name']],
-                                                         shard_of.get(node['name'], 0))
-    tied = tie_parameters(graph, graphcut.CutError)
-    if tied != json.loads(symbol.tojson()):
-        symbol, graph = graphcut.load(tied), tied
-    groups = set(placement.plan.group2ctx)
-    seen = {}
-    for node in graph['nodes']:
-        group = node.get('attrs', {}).get(GROUP_ATTR)
-        if group not in groups:  # an internal invariant: every node is built in a scope
-            raise AssertionError('node %s has ctx_group %r, expected one of %s'
-                                 % (node['name'], group, sorted(groups)))
-        if node['op'] != 'null':
-            count = seen.get(node['name'], 0)
-            seen[node['name']] = count + 1
-            if count:
-                node['name'] = chunk_name(node['name'], count)
-    if not any(count > 1 for count in seen.values()):
-        return symbol
-    return graphcut.load(graph)

@@ -17,7 +17,7 @@ layers:
   stage's ``ctx_group``; a parameter read by ops of several stages lives in
   its owner's stage and the others read it through one ``identity`` op there
   (MXNet 1.9.1 fails in backward on a variable read directly on two devices:
-  :func:`mp_symbolic.core.compat.tie_parameters`);
+  :func:`mp_symbolic.core.passes.tie_parameters`);
 * :func:`replicate_chunks`: the graph run on ``chunks`` micro-batches with
   shared parameters (split in the first stage, concat in the last);
 * :class:`Cut`: all of the above for one traced network, as ``Pipeline``
@@ -36,62 +36,16 @@ import mxnet as mx
 from mxnet.ndarray._internal import _imperative_invoke
 import numpy as np
 
-from .balance import BalanceError, balance_kind, check_balance, solve, time_forward_backward
+from .balance import CutError, balance_kind, check_balance, solve, time_forward_backward
 from .checks import tied_owners
-from .compat import error_line, segment_boundaries, tie_parameters
-from .names import (CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR, MIRROR_ATTR, chunk_name,
-                    stage_name)
+from .compat import error_line
+from .ir import load, op_order, variable_readers
+from .names import DATA_NAME, GROUP_ATTR
+from .passes import MAX_CHUNKED_OPS, label, replicate_chunks, unique_names  # noqa: F401
 
 __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
            'entry_shapes', 'entry_bytes', 'cut_bytes', 'crossing_bytes', 'label',
            'replicate_chunks', 'unique_names', 'run_graph', 'load']
-
-
-
-# The one GPipe graph copies every op per micro-batch: building and binding it
-# took 2 to 5 ms per copy here (the regression's 5 ops at 10,000 chunks: 4.5
-# minutes on a loaded machine), so a graph past this many op copies is refused
-# rather than built (the language model's 357 ops: up to 22 chunks).
-MAX_CHUNKED_OPS = 8192
-
-
-class CutError(BalanceError):
-    """A graph that cannot be cut as asked (too few ops, a bad balance, ...)."""
-
-
-def load(graph):
-    """The Symbol of a JSON graph (``arg_nodes`` and ``node_row_ptr`` recomputed)."""
-    graph = dict(graph)
-    graph['arg_nodes'] = [i for i, n in enumerate(graph['nodes']) if n['op'] == 'null']
-    graph.pop('node_row_ptr', None)
-    return mx.sym.load_json(json.dumps(graph))
-
-
-def op_order(graph):
-    """Indices of the op (non-variable) nodes in a topological order.
-
-    MXNet writes nodes in a depth-first post-order, which is topological;
-    this checks it (an input listed after its reader is an internal error).
-    """
-    order = []
-    for i, node in enumerate(graph['nodes']):
-        if any(src >= i for src, _, _ in node['inputs']):
-            raise AssertionError('node %s reads a node listed after it' % node['name'])
-        if node['op'] != 'null':
-            order.append(i)
-    return order
-
-
-def variable_readers(graph):
-    """``{variable node index: [op node indices that read it, in order]}``."""
-    readers = {}
-    for i, node in enumerate(graph['nodes']):
-        for src, _, _ in node['inputs']:
-            if graph['nodes'][src]['op'] == 'null':
-                readers.setdefault(src, [])
-                if i not in readers[src]:
-                    readers[src].append(i)
-    return readers
 
 
 def param_costs(graph, shapes, data_names):
@@ -231,154 +185,6 @@ def crossing_bytes(graph, stage_of_op, nbytes):
     per_cut = cut_bytes(graph, nbytes)
     bounds = [p for p in range(len(stage_of_op) - 1) if stage_of_op[p] != stage_of_op[p + 1]]
     return [int(per_cut[p]) for p in bounds]
-
-
-def _set_group(node, group, mirror=False):
-    attrs = node.setdefault('attrs', {})
-    attrs[GROUP_ATTR] = group
-    if mirror:
-        attrs[MIRROR_ATTR] = 'True'
-
-
-def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
-    """A copy of ``graph`` with every node's ``ctx_group`` set.
-
-    Ops get their stage; a variable gets the stage of its owner (``owners``,
-    else the first op that reads it); inputs (``data_names``) get stage 0.
-    Variables read by ops of several stages are then read through an
-    ``identity`` op in the owner's stage
-    (:func:`mp_symbolic.core.compat.tie_parameters`).
-
-    Args:
-        stage_of_op: Stage of each op in :func:`op_order`.
-        owners: ``{variable name: stage}`` for variables whose stage the user
-            chose.
-        mirror: Stages whose ops carry ``__force_mirroring__``.
-
-    Raises:
-        CutError: an auxiliary state read by ops of two stages (it is written
-            in place, it cannot be copied).
-    """
-    graph = json.loads(json.dumps(graph))
-    nodes = graph['nodes']
-    order = op_order(graph)
-    stage = dict(zip(order, stage_of_op))
-    for i in order:
-        _set_group(nodes[i], stage_name(stage[i]), stage[i] in mirror)
-    owners = dict(owners or {})
-    for var, ops in variable_readers(graph).items():
-        name = nodes[var]['name']
-        if name in data_names:
-            _set_group(nodes[var], stage_name(0))
-            continue
-        _set_group(nodes[var], stage_name(owners.get(name, stage[ops[0]])))
-    for i, node in enumerate(nodes):  # a variable no op reads
-        if node['op'] == 'null' and GROUP_ATTR not in node.get('attrs', {}):
-            _set_group(node, stage_name(0))
-    return tie_parameters(graph, CutError)
-
-
-def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
-    """``graph`` run on ``chunks`` micro-batches of its inputs: each input
-    split along the batch axis in its own stage (``chunk``; ``chunk_<name>``
-    for several inputs), every op copied per chunk (copies after the first
-    named ``<op>_chunk<m>``), every variable shared, each output's chunks
-    joined in ``last_stage`` (``join``; ``join<k>`` for several outputs), each
-    but the last through a segment boundary when there are several stages
-    (:func:`mp_symbolic.core.compat.segment_boundaries`).
-
-    Args:
-        data_name: The input variable, or the names of several.
-        axis: The batch axis of every input and output, where they are split
-            and joined.
-
-    Raises:
-        CutError: an input is not a variable of the graph.
-    """
-    if chunks == 1:
-        return json.loads(json.dumps(graph))
-    names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
-    nodes = graph['nodes']
-    ops = sum(1 for n in nodes if n['op'] != 'null')
-    if ops * chunks > MAX_CHUNKED_OPS:
-        raise CutError("chunks: expected at most %d micro-batches of this graph's %d ops in one "
-                       'graph (ops x chunks at most %d), found %d; the stage runtime '
-                       "(schedule='1f1b') runs micro-batches one after another in graphs of "
-                       'one micro-batch' % (MAX_CHUNKED_OPS // ops, ops, MAX_CHUNKED_OPS, chunks))
-    inputs = {}
-    for name in names:
-        found = [i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name]
-        if len(found) != 1:
-            raise CutError('chunks: expected one input variable %r, found %d' % (name, len(found)))
-        inputs[found[0]] = name
-    out, index = [], {}
-    for i, node in enumerate(nodes):
-        if node['op'] == 'null':
-            index[(i, None)] = len(out)
-            out.append(json.loads(json.dumps(node)))
-    split = {}
-    for i, name in inputs.items():
-        split[i] = len(out)
-        out.append({'op': 'split', 'name': CHUNK_SPLIT if len(names) == 1
-                    else '%s_%s' % (CHUNK_SPLIT, name),
-                    'attrs': {'axis': str(axis), 'num_outputs': str(chunks),
-                              GROUP_ATTR: nodes[i]['attrs'][GROUP_ATTR]},
-                    'inputs': [[index[(i, None)], 0, 0]]})
-    heads = [[] for _ in graph['heads']]
-    for m in range(chunks):
-        for i, node in enumerate(nodes):
-            if node['op'] == 'null':
-                continue
-            copy = json.loads(json.dumps(node))
-            copy['name'] = chunk_name(node['name'], m)
-            entries = []
-            for src, idx, v in node['inputs']:
-                if src in split:
-                    entries.append([split[src], m, 0])
-                elif nodes[src]['op'] == 'null':
-                    entries.append([index[(src, None)], idx, v])
-                else:
-                    entries.append([index[(src, m)], idx, v])
-            copy['inputs'] = entries
-            index[(i, m)] = len(out)
-            out.append(copy)
-        for k, (src, idx, v) in enumerate(graph['heads']):
-            if src in split:
-                heads[k].append([split[src], m, 0])
-            elif nodes[src]['op'] == 'null':
-                heads[k].append([index[(src, None)], idx, v])
-            else:
-                heads[k].append([index[(src, m)], idx, v])
-    joined = []
-    for k, parts in enumerate(heads):
-        if last_stage > 0:
-            copies, parts = segment_boundaries(parts, stage_name(last_stage), len(out),
-                                               '' if len(heads) == 1 else '%d_' % k)
-            out += copies
-        out.append({'op': 'Concat', 'name': CHUNK_JOIN if len(heads) == 1
-                    else '%s%d' % (CHUNK_JOIN, k),
-                    'attrs': {'dim': str(axis), 'num_args': str(chunks),
-                              GROUP_ATTR: stage_name(last_stage)},
-                    'inputs': parts})
-        joined.append([len(out) - 1, 0, 0])
-    return {'nodes': out, 'heads': joined, 'attrs': graph['attrs']}
-
-
-def unique_names(graph):
-    """A copy of ``graph`` whose op names are unique (a block called twice in
-    one network makes two ops of one name): later ones get ``_<k>``."""
-    graph = json.loads(json.dumps(graph))
-    seen = {n['name'] for n in graph['nodes'] if n['op'] == 'null'}
-    for node in graph['nodes']:
-        if node['op'] == 'null':
-            continue
-        name, k = node['name'], 1
-        while name in seen:
-            name = '%s_%d' % (node['name'], k)
-            k += 1
-        node['name'] = name
-        seen.add(name)
-    return graph
 
 
 class Cut:

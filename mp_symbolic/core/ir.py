@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from .names import GROUP_ATTR, SHARD_ATTR, parse_group, parse_shard_mark
 
-__all__ = ['Node', 'PlacedGraph', 'ROLES']
+__all__ = ['Node', 'PlacedGraph', 'ROLES', 'load', 'op_order', 'variable_readers']
 
 # What a node is: an input (data or label) variable, a parameter, an
 # auxiliary state (BatchNorm's running mean and variance: updated in place by
@@ -145,3 +145,39 @@ class PlacedGraph:
     def source(self, entry):
         """The node an input entry ``(node, output)`` reads."""
         return self.nodes[entry[0]]
+
+
+def load(graph):
+    """The Symbol of a JSON graph (``arg_nodes`` and ``node_row_ptr`` recomputed)."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    graph = dict(graph)
+    graph['arg_nodes'] = [i for i, n in enumerate(graph['nodes']) if n['op'] == 'null']
+    graph.pop('node_row_ptr', None)
+    return mx.sym.load_json(json.dumps(graph))
+
+
+def op_order(graph):
+    """Indices of the op (non-variable) nodes in a topological order.
+
+    MXNet writes nodes in a depth-first post-order, which is topological;
+    this checks it (an input listed after its reader is an internal error).
+    """
+    order = []
+    for i, node in enumerate(graph['nodes']):
+        if any(src >= i for src, _, _ in node['inputs']):
+            raise AssertionError('node %s reads a node listed after it' % node['name'])
+        if node['op'] != 'null':
+            order.append(i)
+    return order
+
+
+def variable_readers(graph):
+    """``{variable node index: [op node indices that read it, in order]}``."""
+    readers = {}
+    for i, node in enumerate(graph['nodes']):
+        for src, _, _ in node['inputs']:
+            if graph['nodes'][src]['op'] == 'null':
+                readers.setdefault(src, [])
+                if i not in readers[src]:
+                    readers[src].append(i)
+    return readers

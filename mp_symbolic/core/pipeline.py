@@ -38,7 +38,7 @@ This module is the Gluon block and the entry point: the plan is one frozen
 import mxnet as mx
 from mxnet import gluon
 
-from . import autotp, graph, nesting, tensor_parallel, twin
+from . import autotp, graph, nesting, passes, tensor_parallel, twin
 from .compat import initialized, symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
@@ -333,7 +333,7 @@ class Pipeline(gluon.Block):
     @symbol_safe
     def symbol(self, data_name=DATA_NAME):
         """The inference graph: the inputs -> the network's output(s), every node tagged."""
-        return graph.finish(graph.build(self.placement, self._inputs(data_name), 1),
+        return passes.finish(graph.build(self.placement, self._inputs(data_name), 1),
                             self.placement)
 
     @symbol_safe
@@ -361,7 +361,7 @@ class Pipeline(gluon.Block):
         prediction = graph.build(self.placement, self._inputs(data_name), chunks, unsplit)
         count = len(prediction.list_outputs())
         if loss is None:
-            return graph.finish(prediction, self.placement)
+            return passes.finish(prediction, self.placement)
         outputs = [prediction[k] for k in range(count)] if count > 1 else [prediction]
         named = not callable(loss) or isinstance(loss, str)
         if named and count > 1 and (not isinstance(output, int) or isinstance(output, bool)
@@ -382,7 +382,7 @@ class Pipeline(gluon.Block):
                     [make_head(loss, outputs[output], label)]
                     + [mx.sym.BlockGrad(o, name=other_output_name(k))
                        for k, o in enumerate(outputs) if k != output])
-        return graph.finish(head, self.placement)
+        return passes.finish(head, self.placement)
 
     @property
     def devices_per_replica(self):
@@ -474,7 +474,7 @@ class Pipeline(gluon.Block):
         leaves = self._input_leaves((x,) + more)
         if isinstance(x, mx.sym.Symbol):
             inputs = [graph.on_first_stage(s, placement) for s in leaves]
-            return graph.finish(graph.build(placement, inputs, 1), placement)
+            return passes.finish(graph.build(placement, inputs, 1), placement)
         return twin.forward(placement, *leaves, order=self._forwards)
 
     @property

@@ -26,11 +26,12 @@ import mxnet as mx
 import numpy as np
 
 from . import balance as balancing
-from . import graph, graphcut, nesting, tensor_parallel
+from . import graph, graphcut, nesting, passes, tensor_parallel
 from .checks import is_int, positive_int, tied_owners
-from .compat import fresh_variables, tie_parameters
+from .compat import fresh_variables
 from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
-from .ir import PlacedGraph
+from .balance import CutError
+from .ir import PlacedGraph, load, op_order
 from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
                     stage_name)
 
@@ -189,8 +190,8 @@ class Placement:
         graph = self.traced.labelled(mirror)
         if not any(SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
             return graph
-        return tie_parameters(tensor_parallel.shard_groups(
-            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]), graphcut.CutError)
+        return passes.tie_parameters(passes.shard_groups(
+            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]), CutError)
 
     @cached_property
     def run_graph(self):
@@ -218,7 +219,7 @@ class Placement:
                 stage_of_call.setdefault(node.layer[2], node.stage)
         with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
             unsplit = json.loads(graph.chain(self.blocks, self.input_variables()).tojson())
-        unsplit = graphcut.unique_names(unsplit)
+        unsplit = passes.unique_names(unsplit)
         for node in unsplit['nodes']:  # a layer of one shard is unmarked in the split trace:
             mark = node.get('attrs', {}).get(SHARD_ATTR)  # its call where its first op is
             if mark is not None and node['op'] != 'null' and node['name'] in stage_of:
@@ -229,7 +230,7 @@ class Placement:
             where = stage_of.get(node['name'], 0) if mark is None else \
                 stage_of_call.get(parse_shard_mark(mark)[2], stage_of.get(node['name'], 0))
             attrs[GROUP_ATTR] = stage_name(where)
-        return tie_parameters(unsplit, graphcut.CutError)
+        return passes.tie_parameters(unsplit, CutError)
 
     # -- what runs where ----------------------------------------------------
 
@@ -485,7 +486,7 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
     symbol = x[0] if len(x) == 1 else mx.sym.Group(x)
     traced = json.loads(symbol.tojson())
     stage_of_op, stage = [], 0
-    for i in graphcut.op_order(traced):
+    for i in op_order(traced):
         index = traced['nodes'][i].get('attrs', {}).get(BLOCK_ATTR)
         # an op no block call made (none in Gluon's tracing): its predecessor's stage
         stage = stage if index is None else stage_of_layer[int(index)]
@@ -493,7 +494,7 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
     for node in traced['nodes']:
         node.get('attrs', {}).pop(BLOCK_ATTR, None)
     variables = {n['name'] for n in traced['nodes'] if n['op'] == 'null'} - set(names)
-    return graphcut.Cut(graphcut.load(traced), len(set(stage_of_layer)), data_name=names,
+    return graphcut.Cut(load(traced), len(set(stage_of_layer)), data_name=names,
                         owners={n: s for n, s in owner.items() if n in variables},
                         stage_of_op=stage_of_op)
 

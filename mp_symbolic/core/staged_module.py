@@ -22,7 +22,8 @@ from .layouts import batch_axis_of, batch_descs
 from .module import PipelineModule, shape_pair
 from . import schedule as schedules
 from .nodes import TorchTransport
-from .stages import StageRuntime, boundary_specs, cut, links, variable_specs
+from .passes import cut
+from .stages import StageRuntime, boundary_specs, links, variable_specs
 
 __all__ = []
 

@@ -1,7 +1,7 @@
 """The stage runtime: a Pipeline's training graph cut into one sub-graph per
 stage, each bound as executors of its own, run in the order a schedule gives.
 
-GPipe in one graph (:func:`~mp_symbolic.core.graphcut.replicate_chunks`)
+GPipe in one graph (:func:`~mp_symbolic.core.passes.replicate_chunks`)
 leaves the order to MXNet's engine, and the executor joins every
 micro-batch before the loss, so no device starts a backward before every
 forward is done and every micro-batch's activations stay alive. Here each
@@ -11,8 +11,8 @@ torch.distributed.pipelining's stage runtimes), so a schedule
 micro-batch forward or backward:
 
 * the labelled graph (one micro-batch, every node tagged with its stage) is
-  cut along its stages (:func:`cut`): an output one stage reads from
-  another becomes an input variable of the reader's sub-graph and an output
+  cut along its stages (:func:`~mp_symbolic.core.passes.cut`): an output
+  one stage reads from another becomes an input variable of the reader's sub-graph and an output
   of the producer's; its gradient comes back through
   ``backward(out_grads=...)``;
 * a stage keeps one executor per micro-batch it holds in flight
@@ -32,131 +32,14 @@ micro-batch forward or backward:
   on their devices, and a received tensor that the shards read goes through
   an identity in the stage's own group (as a tied weight does).
 """
-from collections import OrderedDict
-from dataclasses import dataclass
-import json
-
 import mxnet as mx
 
 from .comm import Link, LocalTransport
-from .compat import split_bind, tie_parameters
-from .graphcut import CutError, load
-from .ir import PlacedGraph
-from .names import GROUP_ATTR, parse_group, stage_name
+from .compat import split_bind
+from .names import parse_group, stage_name
 from .schedule import Action, in_flight, issue_order
 
 __all__ = []
-
-
-@dataclass(frozen=True)
-class StageGraph:
-    """One stage's part of the training graph.
-
-    Attributes:
-        stage: Its index.
-        symbol: The sub-graph; its outputs are ``heads`` then ``sends``.
-        heads: ``[(k, output)]``: the whole graph's output ``k`` is this
-            sub-graph's output ``output``.
-        sends: Outputs read by later stages: ``[(entry, output)]``, ``entry``
-            the ``(node, index)`` of the whole graph.
-        receives: ``[(variable, producer stage, entry)]``: inputs that are
-            another stage's outputs.
-        inputs: The data and label variables this stage reads.
-    """
-    stage: int
-    symbol: object
-    heads: tuple
-    sends: tuple
-    receives: tuple
-    inputs: tuple
-
-
-def cut(symbol, num_stages, input_names):
-    """``symbol`` (every node tagged with its stage's ``ctx_group``) as one
-    :class:`StageGraph` per stage.
-
-    Args:
-        input_names: The data and label variables: each stage that reads
-            one gets it as an input of its own.
-
-    Raises:
-        CutError: a stage reads an output of a later stage, or a parameter is
-            read by two stages (the Pipeline reads a tied weight through an
-            identity op in its owner's stage, so neither happens on its graphs).
-    """
-    placed = PlacedGraph.from_symbol(symbol, input_names)
-    stage_of = {n.index: n.stage for n in placed.ops}
-    readers, param_readers = {}, {}
-    for node in placed.ops:
-        for src, k in node.inputs:
-            source = placed.nodes[src]
-            if source.is_variable:
-                if source.role != 'input':
-                    param_readers.setdefault(source.name, set()).add(node.stage)
-            elif source.stage > node.stage:
-                raise CutError('schedule: expected every stage to read earlier stages only, '
-                               'found %s (stage %d) reading %s (stage %d)'
-                               % (node.name, node.stage, source.name, source.stage))
-            elif source.stage < node.stage:
-                readers.setdefault((src, k), set()).add(node.stage)
-    for name, stages in param_readers.items():
-        if len(stages) > 1:
-            raise CutError('schedule: expected each parameter read by one stage, found %s read '
-                           'by stages %s' % (name, sorted(stages)))
-    for src, _ in placed.heads:
-        if src not in stage_of:
-            raise CutError('schedule: expected the graph\'s outputs computed by a stage, found '
-                           'variable %s' % placed.nodes[src].name)
-    graph = placed.to_json()
-    return [_stage_graph(graph, s, stage_of, readers, input_names) for s in range(num_stages)]
-
-
-def _stage_graph(graph, s, stage_of, readers, input_names):
-    nodes = graph['nodes']
-    out, index, received = [], {}, OrderedDict()
-    inputs = []
-    for i, node in enumerate(nodes):
-        if stage_of.get(i) != s:
-            continue
-        entries = []
-        for src, k, v in node['inputs']:
-            if nodes[src]['op'] == 'null':
-                if src not in index:
-                    var = json.loads(json.dumps(nodes[src]))
-                    if var['name'] in input_names:  # the data or label, read here
-                        var.setdefault('attrs', {})[GROUP_ATTR] = stage_name(s)
-                        inputs.append(var['name'])
-                    index[src] = len(out)
-                    out.append(var)
-                entries.append([index[src], k, v])
-            elif stage_of[src] == s:
-                entries.append([index[src], k, v])
-            else:
-                if (src, k) not in received:
-                    name = '%s_output%d_to_stage%d' % (nodes[src]['name'], k, s)
-                    received[(src, k)] = (len(out), name)
-                    out.append({'op': 'null', 'name': name, 'inputs': [],
-                                'attrs': {GROUP_ATTR: stage_name(s)}})
-                entries.append([received[(src, k)][0], 0, 0])
-        copy = json.loads(json.dumps(node))
-        copy['inputs'] = entries
-        index[i] = len(out)
-        out.append(copy)
-    heads, own = [], []
-    for k, (src, idx, v) in enumerate(graph['heads']):
-        if stage_of[src] == s:
-            own.append((k, len(heads)))
-            heads.append([index[src], idx, v])
-    sends = []
-    for (src, idx) in sorted(e for e in readers if stage_of[e[0]] == s):
-        sends.append(((src, idx), len(heads)))
-        heads.append([index[src], idx, 0])
-    receives = tuple((name, stage_of[src], (src, k)) for (src, k), (_, name) in received.items())
-    # a received tensor (a variable here) that ops of another group read, the
-    # shards of a tensor-parallel layer, is read through an identity in its own
-    symbol = load(tie_parameters({'nodes': out, 'heads': heads, 'attrs': graph.get('attrs', {})},
-                                 CutError)) if heads else None
-    return StageGraph(s, symbol, tuple(own), tuple(sends), receives, tuple(inputs))
 
 
 class _Slot:
@@ -202,8 +85,8 @@ class StageRuntime:
     issued.
 
     Args:
-        stages: The :class:`StageGraph` s, in order (all of them, also those
-            another process runs).
+        stages: The :class:`~mp_symbolic.core.passes.StageGraph` s, in order
+            (all of them, also those another process runs).
         group2ctx: The replica's ``{ctx_group: device}`` (of the stages it binds).
         arg_dict, grad_dict, aux_dict: The replica's weight, gradient and
             auxiliary arrays by name (gradients ``None`` for fixed ones):

@@ -45,7 +45,6 @@ Gluon's default ``Uniform``; ``Xavier`` sees the shard's fan).
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-import json
 import threading
 
 import mxnet as mx
@@ -56,8 +55,7 @@ from .balance import even_split
 from .checks import is_int, positive_int
 from .comm import copy_to_shards, gather_from_shards, reduce_from_shards
 from .compat import ids_outside_gradient
-from .names import (GROUP_ATTR, SHARD_ATTR, is_tied, layer_call, parse_shard_mark, shard_group,
-                    shard_mark, stage_name)
+from .names import SHARD_ATTR, layer_call, shard_mark
 
 __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'VocabParallelEmbedding']
 
@@ -86,7 +84,7 @@ def mark_shards(unsplit_layers=False):
     ``__tp_shard__='i/N/<layer call>'`` instead of a ``ctx_group``
     (:func:`~mp_symbolic.core.names.layer_call`: the layer's name and its
     call's number in the trace), for a network whose stages the trace's cut
-    decides (:func:`shard_groups` then places them). Each call is its own:
+    decides (:func:`~mp_symbolic.core.passes.shard_groups` then places them). Each call is its own:
     a layer that reads another's parameters (an output layer tied to the
     embedding) has that layer's name, and stays in its own stage. Outside
     such a trace, a layer on Symbols builds its split graph unmarked.
@@ -116,45 +114,6 @@ def _next_call(trace, name):
         return None
     call, trace.calls = trace.calls, trace.calls + 1
     return layer_call(name, call)
-
-
-def shard_groups(graph, widths):
-    """A copy of a labelled graph (JSON, every node in a ``stage<s>`` group)
-    with each node tagged by :func:`mark_shards` in its shard's group, for
-    stages of ``widths[s]`` devices. A layer call's shards all go to the stage of
-    its first op (a cut in topological order could otherwise put shard 0 and
-    shard 1 of one layer on two stages). An ``identity`` through which other
-    stages read a moved weight (``<weight>_tied``) moves with it.
-
-    Raises:
-        ValueError: a stage of several devices, but not as many as the
-            shards of a layer with ops in it.
-    """
-    graph = json.loads(json.dumps(graph))
-    stage_of = {stage_name(s): s for s in range(len(widths))}
-    stage_of_layer = {}
-    for node in graph['nodes']:  # in topological order
-        mark = node.get('attrs', {}).get(SHARD_ATTR)
-        if mark is not None and node['op'] != 'null':
-            stage_of_layer.setdefault(parse_shard_mark(mark)[2],
-                                      stage_of[node['attrs'][GROUP_ATTR]])
-    moved = {}
-    for i, node in enumerate(graph['nodes']):
-        attrs = node.get('attrs', {})
-        if SHARD_ATTR not in attrs:
-            continue
-        shard, shards, layer = parse_shard_mark(attrs[SHARD_ATTR])
-        stage = stage_of_layer.get(layer, stage_of[attrs[GROUP_ATTR]])
-        try:
-            index = device_index(shard, shards, widths[stage])
-        except ValueError as err:
-            raise ValueError('%s in %s: %s' % (node['name'], stage_name(stage), err)) from None
-        attrs[GROUP_ATTR] = moved[i] = shard_group(stage, index)
-    for node in graph['nodes']:
-        if is_tied(node['name']) and len(node['inputs']) == 1 and \
-                node['inputs'][0][0] in moved:
-            node['attrs'][GROUP_ATTR] = moved[node['inputs'][0][0]]
-    return graph
 
 
 def device_index(shard, shards, width):
