@@ -197,8 +197,10 @@ def _trace_child(specs, steps=3, timed=False):
     per spec, the step of the median span: each device's busy time, whether
     it started a dense layer's backward before its last dense layer's forward
     ended (:func:`_phase`), on the first stage's device the micro-batches
-    it took in before its first dense backward (its ``Embedding`` ops then,
-    a fixed number per micro-batch), the bubble, and each device's idle time
+    it began before its first dense backward (its ``Embedding`` ops, a fixed
+    number per micro-batch, that started then, rounded up: MXNet's engine
+    may run the rest of a begun micro-batch's first ops after a backward
+    that does not depend on them, as it did on a loaded machine), the bubble, and each device's idle time
     before its first op and after its last (``lead_us``, ``tail_us``: the
     rest of its idle time is between its ops). With ``timed``, also
     :func:`_stage_times` (``stage_us``, ``'<stage><kind>'``: us)."""
@@ -242,8 +244,8 @@ def _trace_child(specs, steps=3, timed=False):
                 first = min(backward, default=float('inf'))
                 embeddings = [iv[0] for iv in step.get(d, []) if iv[2] == 'Embedding']
                 if embeddings:  # the first stage's device: a fixed number per micro-batch
-                    entered[d] = sum(1 for t in embeddings if t < first) * spec['chunks'] \
-                        / len(embeddings)
+                    begun = sum(1 for t in embeddings if t < first) * spec['chunks']
+                    entered[d] = -(-begun // len(embeddings))  # rounded up
             ops_of = {d: step.get(d, []) for d in devices}
             first = min(iv[0] for v in ops_of.values() for iv in v)
             last = max(iv[1] for v in ops_of.values() for iv in v)

@@ -96,9 +96,11 @@ def test_under_1f1b_every_device_runs_a_backward_before_its_last_forward(traced)
 def test_interleaved_has_the_smaller_ideal_bubble_and_its_order_shows_in_the_trace(traced):
     """The ideal (one unit per action) is below 1F1B's at K = 2, 3; in MXNet's
     trace (K = 2, M = 4) every device starts a backward before its last
-    forward, and the first device takes in as many micro-batches before its
+    forward, and the first device begins as many micro-batches before its
     first backward as the schedule says: 3 under interleaved, 2 under 1F1B
-    (a wall-clock bubble on this shared machine is
+    (begun: one of its ``Embedding`` ops started; on a loaded machine the
+    engine ran the third micro-batch's other one after the backward, which
+    does not wait for it; a wall-clock bubble on this shared machine is
     reported by ``make bench-pipeline``, not asserted)."""
     for k, m in ((2, 4), (3, 6)):
         assert sched.bubble(sched.interleaved(k, m, 2)) < sched.bubble(sched.one_f_one_b(k, m))

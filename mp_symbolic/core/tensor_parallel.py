@@ -57,7 +57,8 @@ from .comm import copy_to_shards, gather_from_shards, reduce_from_shards
 from .compat import ids_outside_gradient
 from .names import SHARD_ATTR, layer_call, shard_mark
 
-__all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'VocabParallelEmbedding']
+__all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'ShardedBlock',
+           'VocabParallelEmbedding']
 
 _GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
 # The trace under way (:func:`mark_shards`), or none. A layer is called by
