@@ -39,9 +39,8 @@ def chain(blocks, **kwargs):
 # the suite, its own and its child processes'): started first under `make test`
 # (--dist loadfile --no-loadscope-reorder keeps this order), so that no long
 # file starts last and ends the run alone on one worker.
-HEAVY_FIRST = ('test_readme.py', 'test_nodes.py', 'test_launch.py', 'test_tasks.py',
-               'test_pipeline_bench.py',
-               'test_audit.py')
+HEAVY_FIRST = ('test_nodes.py', 'test_walkthrough.py', 'test_readme.py', 'test_pipeline_bench.py',
+               'test_launch.py', 'test_tasks.py', 'test_audit.py')
 
 
 def pytest_collection_modifyitems(items):

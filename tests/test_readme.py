@@ -9,6 +9,8 @@ a refusal: the command must fail with status 2 and print that line. A
 ``python`` block whose first line is ``# NAME.py`` is the file ``NAME.py``
 that a later command runs. Commands starting with ``python`` run in the
 project's environment, as the README says (``.venv/bin`` first on PATH).
+The walkthroughs the README links run in ``tests/test_walkthrough.py``, in
+a copy of their own, beside this file's on another pytest worker.
 The other pages under docs/ contribute their refusals (their long commands
 are benchmarks and multi-host jobs), run after those commands, and the
 examples they show with what they print: a ``text`` block whose first line
@@ -58,15 +60,16 @@ def _refusals(body):
             if line.startswith('$ ') and after.startswith('error: ')]
 
 
-# Walkthroughs the README links, run after its own commands, in this order.
+# Walkthroughs the README links, each run in order in a copy of its own
+# (tests/test_walkthrough.py): each writes its own folders under artifacts/.
 WALKTHROUGHS = ('docs/your-own-model.md',)
 
 
-def _readme_steps():
-    """``[(kind, text, expected)]`` in README order, then the walkthroughs':
-    files to write, commands to run."""
+def _readme_steps(pages=('README.md',) + WALKTHROUGHS):
+    """``[(kind, text, expected)]`` of ``pages`` in order (README.md, then
+    the walkthroughs it links): files to write, commands to run."""
     steps = []
-    blocks = _blocks() + [b for page in WALKTHROUGHS for b in _blocks(os.path.join(ROOT, page))]
+    blocks = [b for page in pages for b in _blocks(os.path.join(ROOT, page))]
     for lang, body in blocks:
         if lang == 'python' and re.match(r'# (\w+\.py)\b', body):
             steps.append(('file', re.match(r'# (\w+\.py)\b', body).group(1), body))
@@ -149,11 +152,12 @@ def _refused_in_process(text, workdir, capsys, monkeypatch):
     return status, capsys.readouterr().err
 
 
-def test_every_readme_command_runs_as_written(workdir, capsys, monkeypatch):
-    """Refusals: the first end to end, the rest of ``python -m mp_symbolic``'s
-    through its ``main`` in this process."""
+def run_steps(steps, workdir, capsys, monkeypatch):
+    """The failures of ``steps`` run in order in ``workdir``. Refusals: the
+    first end to end, the rest of ``python -m mp_symbolic``'s through its
+    ``main`` in this process."""
     failures, end_to_end = [], True
-    for kind, text, expected in _readme_steps() + _docs_refusals():
+    for kind, text, expected in steps:
         if kind == 'file':
             with open(os.path.join(workdir, text), 'w') as f:
                 f.write(expected)
@@ -182,4 +186,13 @@ def test_every_readme_command_runs_as_written(workdir, capsys, monkeypatch):
             if done.returncode != 2 or lines != [expected]:
                 failures.append('%s -> exit %d, stderr %r; expected exit 2 and %r'
                                 % (text, done.returncode, done.stderr[-300:], expected))
+    return failures
+
+
+def test_every_readme_command_runs_as_written(workdir, capsys, monkeypatch):
+    """README.md's commands in order, then the refusals and examples of the
+    pages under docs/ (the walkthroughs it links run in a copy of their own,
+    ``tests/test_walkthrough.py``: they read nothing the README writes)."""
+    failures = run_steps(_readme_steps(('README.md',)) + _docs_refusals(), workdir, capsys,
+                         monkeypatch)
     assert not failures, '\n'.join(failures)
