@@ -10,7 +10,7 @@ import pytest
 
 from mp_symbolic import Pipeline
 from mp_symbolic.core.ir import ROLES, PlacedGraph
-from mp_symbolic.core.names import GROUP_ATTR, shard_group
+from mp_symbolic.core.names import GROUP_ATTR, SHARD_ATTR, shard_group
 from mp_symbolic.training.tasks import digits, gpt, lm
 
 from export.inference import stage_layout
@@ -32,13 +32,15 @@ def _pipelines():
                          else '')
 def test_every_node_has_the_stage_and_shard_its_placement_gave(name, pipe):
     placement = pipe.placement
-    placed = PlacedGraph.from_json(placement.labelled(), placement.input_names)
+    placed = placement.labelled()
+    raw = placed.to_json()['nodes']
     assert {n.role for n in placed.nodes} <= set(ROLES)
     assert placed.num_stages == pipe.plan.num_stages
     params = set(placement.owner)
     seen = set()
     for node in placed.nodes:
-        assert node.group == node.attrs.get(GROUP_ATTR)
+        assert node.group == raw[node.index]['attrs'][GROUP_ATTR]  # MXNet's ctx_group
+        assert GROUP_ATTR not in node.attrs and SHARD_ATTR not in raw[node.index]['attrs']
         assert node.group == shard_group(node.stage, node.shard), node.name
         if node.role == 'input':
             assert node.name in placement.input_names
@@ -76,10 +78,12 @@ def test_the_json_form_is_the_graph_itself_and_a_copy():
     pipe = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1', sample=(4, 1, 8, 8))
     symbol = pipe.symbol()
     placed = PlacedGraph.from_symbol(symbol)
-    graph = placed.to_json()
-    assert graph == json.loads(symbol.tojson())
-    graph['nodes'][0]['name'] = 'changed'
-    assert placed.to_json() == json.loads(symbol.tojson())  # the view is not changed
+    graph, theirs = placed.to_json(), json.loads(symbol.tojson())
+    assert (graph['nodes'], graph['heads'], graph['attrs']) == \
+        (theirs['nodes'], theirs['heads'], theirs['attrs'])
+    assert placed.to_symbol().tojson() == symbol.tojson()
+    graph['nodes'][0]['name'] = 'changed'  # a new dict each time: the graph is not changed
+    assert placed.to_json() == placed.but().to_json() != graph
     assert placed.to_symbol().tojson() == symbol.tojson()
     with pytest.raises(TypeError):
         placed.nodes[0].attrs['x'] = '1'  # read-only

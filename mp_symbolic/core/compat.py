@@ -21,7 +21,7 @@ import sys
 import mxnet as mx
 
 from .checks import excerpt
-from .names import GROUP_ATTR
+from .ir import make_node
 from .scoped import captured_stderr, environ
 
 __all__ = []
@@ -88,7 +88,7 @@ def segment_boundaries(heads, group, first_index, tag=''):
     copies are left out, and the chunks run unbulked.
 
     Args:
-        heads: The graph entries (JSON ``[node, output, version]``) of the
+        heads: The graph entries (``(node, output, version)``) of the
             micro-batch outputs, in the join's order.
         group: The ``ctx_group`` of the join (the last stage's).
         first_index: The index the first appended node will have.
@@ -96,8 +96,9 @@ def segment_boundaries(heads, group, first_index, tag=''):
             network with several).
 
     Returns:
-        ``(nodes, heads)``: the copy nodes to append to the graph (JSON,
-        named ``chunk_boundary<m>``), and the entries for the join to read.
+        ``(nodes, heads)``: the copy nodes to append to the graph
+        (:class:`~mp_symbolic.core.ir.Node` s named ``chunk_boundary<m>``),
+        and the entries for the join to read.
     """
     if os.environ.get(DO_MIRROR, '0') not in ('', '0'):
         return [], list(heads)
@@ -106,9 +107,10 @@ def segment_boundaries(heads, group, first_index, tag=''):
         if m == len(heads) - 1:
             out.append(head)
             continue
-        nodes.append({'op': SEGMENT_BOUNDARY_OP, 'name': '%s%s%d' % (SEGMENT_BOUNDARY_PREFIX, tag, m),
-                      'attrs': {GROUP_ATTR: group}, 'inputs': [head]})
-        out.append([first_index + len(nodes) - 1, 0, 0])
+        nodes.append(make_node(first_index + len(nodes),
+                               '%s%s%d' % (SEGMENT_BOUNDARY_PREFIX, tag, m),
+                               SEGMENT_BOUNDARY_OP, [head], group))
+        out.append((first_index + len(nodes) - 1, 0, 0))
     return nodes, out
 
 

@@ -9,20 +9,19 @@ traced into it at its block boundaries by
 :func:`~mp_symbolic.core.placement.trace_blocks`), and
 :func:`~mp_symbolic.core.passes.replicate_chunks` makes the micro-batches.
 
-Why the labels are written into the traced graph's JSON rather than by
+Why the labels are written into the traced graph rather than by
 ``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward``: such a scope tags
 the ops but not the parameter variables (Gluon creates those before
 ``hybrid_forward`` runs), and the split graph then fails to bind for
 training. Gluon caches each parameter's variable, so the cache is cleared
 before every trace.
 """
-import json
-
 import mxnet as mx
 
-from . import graphcut, nesting, passes
+from . import nesting, passes
 from .compat import error_line, fresh_variables
-from .names import DATA_NAME, GROUP_ATTR, SHARD_ATTR, stage_name
+from .ir import PlacedGraph
+from .names import DATA_NAME, stage_name
 
 __all__ = []
 
@@ -53,18 +52,14 @@ def build(placement, data, chunks, unsplit=False):
         labelled = placement.unsplit_labelled()
     else:
         labelled = placement.labelled(placement.mirror)
-    for node in labelled['nodes']:  # the shard marks have done their work: placed the shards
-        node.get('attrs', {}).pop(SHARD_ATTR, None)
     names = placement.input_names
     graph = passes.replicate_chunks(labelled, names, chunks, placement.plan.num_stages - 1,
-                                      placement.batch_axis)
+                                    placement.batch_axis)
     if all(d.list_arguments() == [d.name] and len(d.get_internals()) == 1 for d in data):
-        rename = {n: d.name for n, d in zip(names, data)}
-        for node in graph['nodes']:  # each input variable takes the caller's name
-            if node['op'] == 'null' and node['name'] in rename:
-                node['name'] = rename[node['name']]
-        return graphcut.load(graph)
-    return graphcut.load(graph)(**dict(zip(names, data)))
+        rename = {n: d.name for n, d in zip(names, data)}  # each input variable takes the caller's
+        return graph.but([n.but(name=rename[n.name]) if n.is_variable and n.name in rename
+                          else n for n in graph.nodes]).to_symbol()
+    return graph.to_symbol()(**dict(zip(names, data)))
 
 
 def data_variable(data_name):
@@ -81,18 +76,14 @@ def on_first_stage(symbol, placement):
     Raises:
         ValueError: a node names a ``ctx_group`` the plan does not have.
     """
-    graph_json = json.loads(symbol.tojson())
+    placed = PlacedGraph.from_symbol(symbol)
     groups = set(placement.plan.group2ctx)
-    for node in graph_json['nodes']:
-        attrs = node.setdefault('attrs', {})
-        group = attrs.get(GROUP_ATTR)
-        if group is None:
-            attrs[GROUP_ATTR] = stage_name(0)
-        elif group not in groups:
+    for node in placed.nodes:
+        if node.group is not None and node.group not in groups:
             raise ValueError('x: expected the input symbol\'s nodes in no ctx_group or in one '
                              'of the Pipeline\'s (%s), found %r in %r'
-                             % (', '.join(sorted(groups)), node['name'], group))
-    return graphcut.load(graph_json)
+                             % (', '.join(sorted(groups)), node.name, node.group))
+    return placed.but([n.but(group=n.group or stage_name(0)) for n in placed.nodes]).to_symbol()
 
 
 def infer_shapes(blocks, data_shape, data_name=DATA_NAME):

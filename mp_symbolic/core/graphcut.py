@@ -39,8 +39,8 @@ import numpy as np
 from .balance import CutError, balance_kind, check_balance, solve, time_forward_backward
 from .checks import tied_owners
 from .compat import error_line
-from .ir import load, op_order, variable_readers
-from .names import DATA_NAME, GROUP_ATTR
+from .ir import PlacedGraph, load, op_order, variable_readers
+from .names import DATA_NAME
 from .passes import MAX_CHUNKED_OPS, label, replicate_chunks, unique_names  # noqa: F401
 
 __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op_times',
@@ -213,7 +213,9 @@ class Cut:
             divides by).
 
     Attributes:
-        graph: The unlabelled graph (op names made unique).
+        placed: The unlabelled graph (op names made unique), the
+            :class:`~mp_symbolic.core.ir.PlacedGraph` the passes place.
+        graph: The same as MXNet's JSON, which the cost model reads.
         op_names: Op names in :func:`op_order`.
         stage_of_op: Stage of each op.
         owner: ``{variable name: stage}`` of every variable.
@@ -233,12 +235,13 @@ class Cut:
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
                  owners=None, data_name=DATA_NAME, slack=0.1, ctx=None, stage_of_op=None,
                  batch_axis=0):
-        self.graph = unique_names(json.loads(symbol.tojson()))
-        nodes = self.graph['nodes']
-        order = op_order(self.graph)
-        self.op_names = [nodes[i]['name'] for i in order]
         self.data_names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
         self.data_name = self.data_names[0]
+        self.placed = unique_names(PlacedGraph.from_symbol(symbol, self.data_names))
+        self.graph = self.placed.to_json()
+        nodes = self.graph['nodes']
+        order = self.placed.op_order()
+        self.op_names = [nodes[i]['name'] for i in order]
         params = {n['name'] for n in nodes if n['op'] == 'null'} - set(self.data_names)
         if input_shape is not None and not isinstance(input_shape, dict):
             input_shape = {self.data_name: input_shape}
@@ -293,8 +296,9 @@ class Cut:
         return tuple(self.stage_of_op.count(s) for s in range(max(self.stage_of_op) + 1))
 
     def labelled(self, mirror=()):
-        """The graph, every node with its ``ctx_group`` (:func:`label`)."""
-        return label(self.graph, self.stage_of_op, set(self.data_names), self.owner, mirror)
+        """The graph, every node in its stage's group (:func:`label`), a
+        :class:`~mp_symbolic.core.ir.PlacedGraph`."""
+        return label(self.placed, self.stage_of_op, set(self.data_names), self.owner, mirror)
 
     def ops_of_stage(self, stage):
         return [n for n, s in zip(self.op_names, self.stage_of_op) if s == stage]
@@ -317,6 +321,7 @@ def run_graph(graph, inputs, device_of_group):
     the shape that inference gives on the real inputs.
 
     Args:
+        graph: A :class:`~mp_symbolic.core.ir.PlacedGraph`, or its JSON.
         inputs: ``{variable name: NDArray}`` for every variable of the graph.
         device_of_group: ``{'stage0': ctx, ...}``.
 
@@ -328,13 +333,13 @@ def run_graph(graph, inputs, device_of_group):
             inputs (the message names the op and its node).
     """
     run = GraphRun(graph, inputs, device_of_group)
-    run.run(range(len(graph['nodes'])))
+    run.run([n.index for n in run.graph.ops])
     return run.outputs()
 
 
 class GraphRun:
     """A labelled graph run op by op (:func:`run_graph`), a part at a time:
-    the imperative twin runs a cut network's stages in GPipe's clock order,
+    the imperative twin runs a cut network's stages in its schedule's order,
     each :meth:`run` one stage of one micro-batch.
 
     Args:
@@ -345,12 +350,13 @@ class GraphRun:
     """
 
     def __init__(self, graph, inputs, device_of_group):
+        if not isinstance(graph, PlacedGraph):
+            graph = PlacedGraph.from_json(graph)
         self.graph, self.device_of_group = graph, device_of_group
         self.inferred = _source_shapes(graph, inputs)
         self.values = {}
-        for i, node in enumerate(graph['nodes']):
-            if node['op'] == 'null':
-                self.values[(i, 0)] = inputs[node['name']]
+        for node in graph.variables:
+            self.values[(node.index, 0)] = inputs[node.name]
 
     def run(self, indices):
         """Runs the op nodes ``indices``, and first every op they read that
@@ -360,44 +366,42 @@ class GraphRun:
         Raises:
             CutError: as :func:`run_graph`.
         """
-        nodes = self.graph['nodes']
+        nodes = self.graph.nodes
         todo, stack = set(), [i for i in indices if (i, 0) not in self.values]
         while stack:
             i = stack.pop()
             if i in todo or (i, 0) in self.values:
                 continue
             todo.add(i)
-            stack.extend(src for src, _, _ in nodes[i]['inputs'])
+            stack.extend(e.node for e in nodes[i].inputs)
         for i in sorted(todo):
-            self._invoke(i)
+            self._invoke(nodes[i])
 
-    def _invoke(self, i):
-        node = self.graph['nodes'][i]
-        attrs = node.get('attrs', {})
-        device = self.device_of_group[attrs[GROUP_ATTR]]
-        args = [self.values[(src, idx)].as_in_context(device) for src, idx, _ in node['inputs']]
-        kwargs = {k: v for k, v in attrs.items() if not k.startswith('__')}
-        if node['name'] in self.inferred:
-            kwargs['shape'] = str(self.inferred[node['name']])
-        if not args and 'ctx' not in kwargs and 'ctx' in _op_arguments(node['op']):
+    def _invoke(self, node):
+        device = self.device_of_group[node.group]
+        args = [self.values[(src, idx)].as_in_context(device) for src, idx, _ in node.inputs]
+        kwargs = {k: v for k, v in node.attrs.items() if not k.startswith('__')}
+        if node.name in self.inferred:
+            kwargs['shape'] = str(self.inferred[node.name])
+        if not args and 'ctx' not in kwargs and 'ctx' in _op_arguments(node.op):
             kwargs['ctx'] = str(device)  # a source op (_zeros, _arange, ...) makes its array here
         for k, value in enumerate(_invoke(node, args, kwargs)):
-            self.values[(i, k)] = value
+            self.values[(node.index, k)] = value
 
     def outputs(self):
         """The graph's outputs: one NDArray, or a list for several (every op
         they need run first)."""
-        heads = self.graph['heads']
-        self.run([src for src, _, _ in heads])
-        outputs = [self.values[(src, idx)] for src, idx, _ in heads]
+        heads = self.graph.heads
+        self.run([h.node for h in heads])
+        outputs = [self.values[(h.node, h.output)] for h in heads]
         return outputs[0] if len(outputs) == 1 else outputs
 
 
 def _has_unknown_shape(node):
     """Whether ``node`` is a source op (no array input) whose ``shape``
     attribute has a 0 dimension, which only shape inference can fill."""
-    shape = node.get('attrs', {}).get('shape')
-    if node['op'] == 'null' or node['inputs'] or not shape:
+    shape = node.attrs.get('shape')
+    if node.is_variable or node.inputs or not shape:
         return False
     try:
         dims = ast.literal_eval(shape)
@@ -409,10 +413,10 @@ def _has_unknown_shape(node):
 def _source_shapes(graph, inputs):
     """``{node name: shape}`` of the source ops whose ``shape`` has unknown
     (0) dimensions, from shape inference on the real inputs' shapes."""
-    names = [n['name'] for n in graph['nodes'] if _has_unknown_shape(n)]
+    names = [n.name for n in graph.nodes if _has_unknown_shape(n)]
     if not names:
         return {}
-    symbol = load(graph)
+    symbol = graph.to_symbol()
     known = set(symbol.list_arguments())
     try:
         shapes = entry_shapes(symbol, {k: v.shape for k, v in inputs.items() if k in known})
@@ -463,11 +467,11 @@ def _op_arguments(op):
 def _invoke(node, args, kwargs):
     """``node``'s op on ``args`` with the graph's string attributes, as
     ``mx.nd`` runs it (autograd records it); its visible outputs as a list."""
-    handle = _op_handle(node['op'])
+    handle = _op_handle(node.op)
     try:
         return _imperative_invoke(handle.value, args, list(kwargs), list(kwargs.values()),
                                   None, False, True)
     except mx.base.MXNetError as err:
         raise CutError('%s (%s): expected an operator MXNet runs imperatively on these inputs, '
-                       'found: %s' % (node['name'], node['op'],
+                       'found: %s' % (node.name, node.op,
                                       error_line(err))) from None

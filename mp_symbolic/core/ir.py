@@ -1,30 +1,44 @@
 """The placed graph, typed: every node of a Symbol with its op, inputs, stage,
-shard and role, read from the graph in one place.
+shard and role, the form the placement's passes
+(:mod:`~mp_symbolic.core.passes`) take and return.
 
 MXNet keeps a graph as JSON (``symbol.tojson()``): nodes with an ``op``
 (``'null'`` for a variable), ``inputs`` as ``[node, output, version]`` and
 string ``attrs``, where a stage lives as the ``ctx_group`` name
 (:func:`~mp_symbolic.core.names.stage_name`,
-:func:`~mp_symbolic.core.names.shard_group`). :class:`PlacedGraph` reads that
-once into :class:`Node` values, so the stage runtime's cut, the twin, the
-placement, the export, the checkpoint reader and the plots ask a node its
-stage (``node.stage``) instead of each parsing ``'stage2_shard1'`` on its
-own. The JSON form stays at the edges: MXNet binds it, the exporter writes
-it, the plots draw it (:meth:`PlacedGraph.to_json`,
+:func:`~mp_symbolic.core.names.shard_group`). :meth:`PlacedGraph.from_json`
+reads that once into :class:`Node` values: the group a typed field (the
+stage and shard read from it), a tensor-parallel shard's mark, which the
+trace can attach to an op only as an attribute, read into :attr:`Node.layer`
+and no longer an attribute. The passes, the stage runtime's cut, the twin,
+the placement, the export, the checkpoint reader and the plots ask a node
+its stage (``node.stage``) instead of each parsing ``'stage2_shard1'`` on its
+own. The JSON form is made at the edges only: MXNet binds it, the exporter
+writes it, the plots draw it (:meth:`PlacedGraph.to_json`,
 :meth:`PlacedGraph.to_symbol`).
 """
-from dataclasses import dataclass
+from collections import namedtuple
+from dataclasses import dataclass, field, replace
 import json
 from types import MappingProxyType
 
 from .names import GROUP_ATTR, SHARD_ATTR, parse_group, parse_shard_mark
 
-__all__ = ['Node', 'PlacedGraph', 'ROLES', 'load', 'op_order', 'variable_readers']
+__all__ = ['Entry', 'Node', 'PlacedGraph', 'ROLES', 'load', 'op_order', 'variable_readers']
 
 # What a node is: an input (data or label) variable, a parameter, an
 # auxiliary state (BatchNorm's running mean and variance: updated in place by
 # its op), or an op.
 ROLES = ('input', 'parameter', 'state', 'op')
+_NODE_FIELDS = ('op', 'name', 'inputs', 'attrs')  # what a Node reads of MXNet's JSON node
+_EMPTY = MappingProxyType({})
+
+
+class Entry(namedtuple('Entry', 'node output version')):
+    """What a node reads: output ``output`` of node ``node`` (an index);
+    ``version`` is MXNet's, 1 where an op writes the variable in place (an
+    auxiliary state), else 0."""
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -35,46 +49,73 @@ class Node:
         index: Its position in the graph (what other nodes' ``inputs`` name).
         name: MXNet's name of the op or variable.
         op: The op's name; ``'null'`` for a variable.
-        inputs: ``((node, output), ...)``: the entries it reads.
+        inputs: ``(Entry, ...)``: the entries it reads.
         group: Its ``ctx_group`` name, or ``None``.
-        stage: The pipeline stage that group belongs to, or ``None`` (no
-            group, or one that names no stage).
-        shard: The tensor-parallel shard of that stage (0 for the stage's
-            own group), or ``None`` with ``stage``.
         role: One of :data:`ROLES`.
         layer: For a tensor-parallel shard's op or weight, ``(index,
-            shards, layer call)`` from its mark while the graph is being
-            placed; ``None`` otherwise.
-        attrs: Every attribute, read-only.
+            shards, layer call)`` (:func:`~mp_symbolic.core.tensor_parallel.mark_shards`);
+            ``None`` otherwise.
+        attrs: Its other MXNet attributes (neither the group nor the shard
+            mark), read-only.
+        extra: Any other field of MXNet's JSON node (``control_deps``,
+            ``subgraphs``), kept as read.
     """
     index: int
     name: str
     op: str
     inputs: tuple
     group: object
-    stage: object
-    shard: object
     role: str
-    layer: object
-    attrs: object
+    layer: object = None
+    attrs: object = field(default_factory=lambda: _EMPTY)
+    extra: object = field(default_factory=lambda: _EMPTY)
+
+    @property
+    def stage(self):
+        """The pipeline stage its group belongs to, or ``None`` (no group,
+        or one that names no stage)."""
+        parsed = parse_group(self.group)
+        return None if parsed is None else parsed[0]
+
+    @property
+    def shard(self):
+        """The tensor-parallel shard of its stage (0 for the stage's own
+        group), or ``None`` with :attr:`stage`."""
+        parsed = parse_group(self.group)
+        return None if parsed is None else parsed[1]
 
     @property
     def is_variable(self):
         """Whether it is a variable (an input, a parameter or a state)."""
         return self.op == 'null'
 
+    def but(self, **changes):
+        """A copy with ``changes`` (field values; ``attrs`` a dict)."""
+        if 'attrs' in changes:
+            changes['attrs'] = MappingProxyType(dict(changes['attrs']))
+        if 'inputs' in changes:
+            changes['inputs'] = tuple(Entry(*e) for e in changes['inputs'])
+        return replace(self, **changes)
+
+
+def make_node(index, name, op, inputs=(), group=None, role='op', attrs=None, layer=None):
+    """A new :class:`Node` (``inputs`` as ``(node, output, version)``)."""
+    return Node(index, name, op, tuple(Entry(*e) for e in inputs), group, role, layer,
+                MappingProxyType(dict(attrs or {})))
+
 
 @dataclass(frozen=True)
 class PlacedGraph:
-    """A graph's nodes (:class:`Node`, in the graph's topological order) and
-    outputs (``((node, output), ...)``)."""
+    """A graph's nodes (:class:`Node`, in the graph's topological order, each
+    at its own ``index``), outputs (``(Entry, ...)``) and MXNet's graph
+    attributes (its version)."""
     nodes: tuple
     heads: tuple
-    _json: object
+    attrs: object = field(default_factory=lambda: _EMPTY)
 
     @classmethod
     def from_json(cls, graph, inputs=(), states=()):
-        """The typed view of ``graph`` (``json.loads(symbol.tojson())``, not
+        """The typed form of ``graph`` (``json.loads(symbol.tojson())``, not
         changed).
 
         Args:
@@ -85,38 +126,56 @@ class PlacedGraph:
         inputs, states = set(inputs), set(states)
         nodes = []
         for i, raw in enumerate(graph['nodes']):
-            attrs = raw.get('attrs', {})
-            group = attrs.get(GROUP_ATTR)
-            parsed = parse_group(group)
-            mark = attrs.get(SHARD_ATTR)
+            attrs = dict(raw.get('attrs', {}))
+            group = attrs.pop(GROUP_ATTR, None)
+            mark = attrs.pop(SHARD_ATTR, None)
             if raw['op'] != 'null':
                 role = 'op'
             else:
                 role = ('input' if raw['name'] in inputs else
                         'state' if raw['name'] in states else 'parameter')
-            nodes.append(Node(i, raw['name'], raw['op'],
-                              tuple((e[0], e[1]) for e in raw.get('inputs', ())), group,
-                              None if parsed is None else parsed[0],
-                              None if parsed is None else parsed[1], role,
-                              None if mark is None else parse_shard_mark(mark),
-                              MappingProxyType(dict(attrs))))
-        return cls(tuple(nodes), tuple((h[0], h[1]) for h in graph['heads']), graph)
+            node = make_node(i, raw['name'], raw['op'], raw.get('inputs', ()), group, role, attrs,
+                             None if mark is None else parse_shard_mark(mark))
+            extra = {k: v for k, v in raw.items() if k not in _NODE_FIELDS}
+            nodes.append(replace(node, extra=MappingProxyType(extra)) if extra else node)
+        return cls(tuple(nodes), tuple(Entry(*h) for h in graph['heads']),
+                   MappingProxyType(json.loads(json.dumps(graph.get('attrs', {})))))
 
     @classmethod
     def from_symbol(cls, symbol, inputs=()):
-        """The typed view of ``symbol``'s graph; its auxiliary states are
+        """The typed form of ``symbol``'s graph; its auxiliary states are
         ``'state'`` nodes, the variables named in ``inputs`` ``'input'`` nodes."""
         return cls.from_json(json.loads(symbol.tojson()), inputs,
                              symbol.list_auxiliary_states())
 
+    def but(self, nodes=None, heads=None):
+        """A copy with other ``nodes`` (each at its index) or ``heads``."""
+        nodes = self.nodes if nodes is None else tuple(nodes)
+        if any(n.index != i for i, n in enumerate(nodes)):  # an internal invariant
+            raise AssertionError('node %s listed at another index than its own'
+                                 % next(n.name for i, n in enumerate(nodes) if n.index != i))
+        return PlacedGraph(nodes, self.heads if heads is None else
+                           tuple(Entry(*h) for h in heads), self.attrs)
+
     def to_json(self):
-        """A copy of the graph's JSON (MXNet's form: to bind, export or draw)."""
-        return json.loads(json.dumps(self._json))
+        """The graph as MXNet's JSON (a new dict: to bind, export or draw);
+        the group as ``ctx_group``, no shard mark."""
+        nodes = []
+        for node in self.nodes:
+            attrs = dict(node.attrs)
+            if node.group is not None:
+                attrs[GROUP_ATTR] = node.group
+            raw = {'op': node.op, 'name': node.name, 'inputs': [list(e) for e in node.inputs]}
+            if attrs:
+                raw['attrs'] = attrs
+            raw.update(json.loads(json.dumps(dict(node.extra))))
+            nodes.append(raw)
+        return {'nodes': nodes, 'heads': [list(h) for h in self.heads],
+                'attrs': json.loads(json.dumps(dict(self.attrs)))}
 
     def to_symbol(self):
         """The graph as a Symbol."""
-        import mxnet as mx  # pylint: disable=import-outside-toplevel
-        return mx.sym.load_json(json.dumps(self._json))
+        return load(self.to_json())
 
     @property
     def ops(self):
@@ -143,8 +202,26 @@ class PlacedGraph:
         return [[n.index for n in self.ops_of_stage(s)] for s in range(num_stages)]
 
     def source(self, entry):
-        """The node an input entry ``(node, output)`` reads."""
+        """The node an input entry ``(node, output, ...)`` reads."""
         return self.nodes[entry[0]]
+
+    def op_order(self):
+        """Indices of the op nodes in a topological order (:func:`op_order`)."""
+        for node in self.nodes:
+            if any(e.node >= node.index for e in node.inputs):
+                raise AssertionError('node %s reads a node listed after it' % node.name)
+        return [n.index for n in self.ops]
+
+    def variable_readers(self):
+        """``{variable node index: [op node indices that read it, in order]}``."""
+        readers = {}
+        for node in self.nodes:
+            for e in node.inputs:
+                if self.nodes[e.node].is_variable:
+                    readers.setdefault(e.node, [])
+                    if node.index not in readers[e.node]:
+                        readers[e.node].append(node.index)
+        return readers
 
 
 def load(graph):
@@ -157,27 +234,16 @@ def load(graph):
 
 
 def op_order(graph):
-    """Indices of the op (non-variable) nodes in a topological order.
+    """Indices of the op (non-variable) nodes of a JSON graph in a
+    topological order.
 
     MXNet writes nodes in a depth-first post-order, which is topological;
     this checks it (an input listed after its reader is an internal error).
     """
-    order = []
-    for i, node in enumerate(graph['nodes']):
-        if any(src >= i for src, _, _ in node['inputs']):
-            raise AssertionError('node %s reads a node listed after it' % node['name'])
-        if node['op'] != 'null':
-            order.append(i)
-    return order
+    return PlacedGraph.from_json(graph).op_order()
 
 
 def variable_readers(graph):
-    """``{variable node index: [op node indices that read it, in order]}``."""
-    readers = {}
-    for i, node in enumerate(graph['nodes']):
-        for src, _, _ in node['inputs']:
-            if graph['nodes'][src]['op'] == 'null':
-                readers.setdefault(src, [])
-                if i not in readers[src]:
-                    readers[src].append(i)
-    return readers
+    """``{variable node index: [op node indices that read it, in order]}`` of
+    a JSON graph."""
+    return PlacedGraph.from_json(graph).variable_readers()

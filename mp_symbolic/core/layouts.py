@@ -12,9 +12,9 @@ inputs get layouts with ``N`` there (:func:`batch_descs`) and its outputs
 the axis where their size follows the batch (:func:`output_batch_axes`,
 written by :func:`with_output_layouts`).
 """
-import json
-
 import mxnet as mx
+
+from .ir import PlacedGraph
 
 __all__ = []
 
@@ -119,15 +119,16 @@ def with_output_layouts(symbol, axes):
     """``symbol`` with each output's node carrying a ``__layout__`` with ``N``
     at its batch axis (``axes``, one per output; ``None``: none written, as
     MXNet's own graphs have)."""
-    graph = json.loads(symbol.tojson())
-    nodes = graph['nodes']
-    for src, _, _ in graph['heads']:
-        nodes[src].get('attrs', {}).pop(LAYOUT_ATTR, None)
-    if axes is not None:
-        written = set()
-        for (src, _, _), axis in zip(graph['heads'], axes):
-            if src in written:  # several outputs of one node: the first one's
-                continue
-            written.add(src)
-            nodes[src].setdefault('attrs', {})[LAYOUT_ATTR] = layout_of(axis, axis + 1)
-    return mx.sym.load_json(json.dumps(graph))
+    graph = PlacedGraph.from_symbol(symbol)
+    layouts = {h.node: None for h in graph.heads}
+    written = set()
+    for head, axis in zip(graph.heads, axes if axes is not None else ()):
+        if head.node not in written:  # several outputs of one node: the first one's
+            written.add(head.node)
+            layouts[head.node] = layout_of(axis, axis + 1)
+    nodes = list(graph.nodes)
+    for i, layout in layouts.items():
+        attrs = {k: v for k, v in nodes[i].attrs.items() if k != LAYOUT_ATTR}
+        nodes[i] = nodes[i].but(attrs=attrs if layout is None else
+                                dict(attrs, **{LAYOUT_ATTR: layout}))
+    return graph.but(nodes).to_symbol()

@@ -30,7 +30,6 @@ References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
 ``tests/python/unittest/test_module.py::test_module_ctx_group``.
 """
 from collections import OrderedDict
-import json
 
 import mxnet as mx
 
@@ -38,6 +37,7 @@ from . import layouts
 from .device_module import DeviceModule
 from .compat import gradient_only_kvstore, split_bind
 from .heads import HEADS, class_axis, head_of
+from .ir import PlacedGraph
 from .names import DATA_NAME, LABEL_NAME
 from .optstate import drop_states, gather_states, load_states, set_states_by_name, split_states, \
     states_by_name
@@ -55,11 +55,10 @@ def with_input_shape(symbol, data_name, sample_shape):
     batch size; an exporter reads the per-sample shape back from the file.
     """
     shapes = data_name if isinstance(data_name, dict) else {data_name: sample_shape}
-    graph = json.loads(symbol.tojson())
-    for node in graph['nodes']:
-        if node['op'] == 'null' and node['name'] in shapes:
-            node.setdefault('attrs', {})['__shape__'] = str((0,) + tuple(shapes[node['name']]))
-    return mx.sym.load_json(json.dumps(graph))
+    graph = PlacedGraph.from_symbol(symbol)
+    return graph.but([
+        n.but(attrs=dict(n.attrs, __shape__=str((0,) + tuple(shapes[n.name]))))
+        if n.is_variable and n.name in shapes else n for n in graph.nodes]).to_symbol()
 
 
 def fixed_param_names(pipeline, symbol):

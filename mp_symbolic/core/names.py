@@ -11,9 +11,11 @@ owns its communication vocabulary). Only the standard library is imported.
   (:data:`GROUP_KEY` to ``Symbol.attr``);
 * a parameter read on another stage than its own goes through one
   :data:`IDENTITY_OP` node named :func:`tied_name` ``(parameter)``;
-* a tensor-parallel shard's ops and weights carry :data:`SHARD_ATTR`, the mark
-  :func:`shard_mark` ``(index, shards, layer)`` (the layer of one call:
-  :func:`layer_call`);
+* while a network is traced, a tensor-parallel shard's ops and weights carry
+  :data:`SHARD_ATTR`, the mark :func:`shard_mark` ``(index, shards, layer)``
+  (the layer of one call: :func:`layer_call`), which the typed graph reads
+  into its nodes (:attr:`~mp_symbolic.core.ir.Node.layer`) and does not
+  write back;
 * while a block list is traced into one graph, each op carries its block's
   index in :data:`BLOCK_ATTR` (read, then removed: the split points);
 * the copies of an op for micro-batch ``m > 0`` are :func:`chunk_name`

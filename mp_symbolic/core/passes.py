@@ -1,13 +1,13 @@
-"""The placed graph's passes: functions from a graph to a new graph, each a
-copy (the graph given is left as it is), in the order a Pipeline runs them.
+"""The placed graph's passes: functions from a graph to a new graph (the
+graph given is left as it is), in the order a Pipeline runs them.
 
-A graph here is MXNet's JSON form of a Symbol (``json.loads(symbol.tojson())``;
-:class:`~mp_symbolic.core.ir.PlacedGraph` reads it typed). From a trace
-(:class:`~mp_symbolic.core.graphcut.Cut` for a whole network,
+A graph here is a :class:`~mp_symbolic.core.ir.PlacedGraph`: typed nodes, each
+with its group (stage and shard) and, for a tensor-parallel shard, its layer.
+From a trace (:class:`~mp_symbolic.core.graphcut.Cut` for a whole network,
 :func:`~mp_symbolic.core.placement.trace_blocks` for a block list):
 
-1. **assign stages**, :func:`assign_stages`: every op its stage's
-   ``ctx_group``, every parameter its owner's;
+1. **assign stages**, :func:`assign_stages`: every op its stage's group,
+   every parameter its owner's;
 2. **mirror**, :func:`mirror_stages`: the ops of chosen stages recompute their
    outputs in backward (MXNet's ``__force_mirroring__``);
 3. **tie**, :func:`tie_parameters`: a variable read in another group than its
@@ -24,19 +24,19 @@ A graph here is MXNet's JSON form of a Symbol (``json.loads(symbol.tojson())``;
    runtime binds.
 
 :func:`unique_names` gives the ops of a trace names of their own (a block
-called twice). MXNet reads the JSON at the edges only: to bind, to export,
-to draw (:func:`~mp_symbolic.core.ir.load`).
+called twice). A pass that moves nodes between groups ties again: "no
+variable read outside its group" holds after each pass, as MXNet's bind
+needs. MXNet's JSON is made at the edges only, to bind, to export, to draw
+(:meth:`~mp_symbolic.core.ir.PlacedGraph.to_symbol`).
 """
 from collections import OrderedDict
 from dataclasses import dataclass
-import json
 
 from .balance import CutError
 from .compat import segment_boundaries
-from .ir import PlacedGraph, load, op_order, variable_readers
-from .names import (CHUNK_JOIN, CHUNK_SPLIT, GROUP_ATTR, IDENTITY_OP, MIRROR_ATTR, SHARD_ATTR,
-                    chunk_name, is_tied, parse_group, parse_shard_mark, shard_group, stage_name,
-                    tied_name)
+from .ir import PlacedGraph, make_node
+from .names import (CHUNK_JOIN, CHUNK_SPLIT, IDENTITY_OP, MIRROR_ATTR, chunk_name, is_tied,
+                    shard_group, stage_name, tied_name)
 from .tensor_parallel import device_index
 
 __all__ = ['StageGraph', 'assign_stages', 'mirror_stages', 'tie_parameters', 'label',
@@ -49,55 +49,39 @@ __all__ = ['StageGraph', 'assign_stages', 'mirror_stages', 'tie_parameters', 'la
 MAX_CHUNKED_OPS = 8192
 
 
-def _set_group(node, group):
-    node.setdefault('attrs', {})[GROUP_ATTR] = group
-
-
 def assign_stages(graph, stage_of_op, data_names=(), owners=None):
-    """A copy of ``graph`` with every node's ``ctx_group`` set: each op its
-    stage's; a variable its owner's (``owners``, else the stage of the first
-    op that reads it); the inputs (``data_names``) and a variable no op
-    reads stage 0's.
+    """``graph`` with every node's group set: each op its stage's; a
+    variable its owner's (``owners``, else the stage of the first op that
+    reads it); the inputs (``data_names``) and a variable no op reads
+    without a group stage 0's.
 
     Args:
-        stage_of_op: Stage of each op in :func:`~mp_symbolic.core.ir.op_order`.
+        stage_of_op: Stage of each op in :meth:`~mp_symbolic.core.ir.PlacedGraph.op_order`.
         owners: ``{variable name: stage}`` for variables whose stage the user
             chose.
     """
-    graph = json.loads(json.dumps(graph))
-    nodes = graph['nodes']
-    order = op_order(graph)
+    order = graph.op_order()
     stage = dict(zip(order, stage_of_op))
-    for i in order:
-        _set_group(nodes[i], stage_name(stage[i]))
+    groups = {i: stage_name(stage[i]) for i in order}
     owners = dict(owners or {})
-    for var, ops in variable_readers(graph).items():
-        name = nodes[var]['name']
-        if name in data_names:
-            _set_group(nodes[var], stage_name(0))
-            continue
-        _set_group(nodes[var], stage_name(owners.get(name, stage[ops[0]])))
-    for node in nodes:  # a variable no op reads
-        if node['op'] == 'null' and GROUP_ATTR not in node.get('attrs', {}):
-            _set_group(node, stage_name(0))
-    return graph
+    for var, ops in graph.variable_readers().items():
+        name = graph.nodes[var].name
+        groups[var] = stage_name(0 if name in data_names else owners.get(name, stage[ops[0]]))
+    return graph.but([n.but(group=groups.get(n.index, n.group or stage_name(0)))
+                      for n in graph.nodes])
 
 
 def mirror_stages(graph, stages):
-    """A copy of ``graph`` whose ops of ``stages`` carry MXNet's
-    ``__force_mirroring__``: the backward pass recomputes their outputs
-    instead of keeping them (compute traded for activation memory)."""
-    graph = json.loads(json.dumps(graph))
+    """``graph`` whose ops of ``stages`` carry MXNet's ``__force_mirroring__``:
+    the backward pass recomputes their outputs instead of keeping them
+    (compute traded for activation memory)."""
     stages = set(stages)
-    for node in graph['nodes']:
-        group = parse_group(node.get('attrs', {}).get(GROUP_ATTR))
-        if node['op'] != 'null' and group is not None and group[0] in stages:
-            node['attrs'][MIRROR_ATTR] = 'True'
-    return graph
+    return graph.but([n.but(attrs=dict(n.attrs, **{MIRROR_ATTR: 'True'}))
+                      if not n.is_variable and n.stage in stages else n for n in graph.nodes])
 
 
 def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
-    """A copy of ``graph`` placed by stage: :func:`assign_stages`, then
+    """``graph`` placed by stage: :func:`assign_stages`, then
     :func:`mirror_stages` for the stages ``mirror`` names, then
     :func:`tie_parameters` (a variable read by ops of several stages read
     through one ``identity`` op in its own).
@@ -113,10 +97,10 @@ def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
 
 
 def tie_parameters(graph, error=ValueError):
-    """A copy of ``graph`` (JSON) where every variable read by ops of a
-    ``ctx_group`` other than its own is read by those ops through one
-    ``identity`` op (``<variable>_tied``) in the variable's group. Variables
-    without a group are left as they are.
+    """``graph`` where every variable read by ops of a group other than its
+    own is read by those ops through one ``identity`` op
+    (``<variable>_tied``) in the variable's group, listed right after it.
+    Variables without a group are left as they are.
 
     **What MXNet does.** A variable read by ops of two groups gets the sum of
     its gradients (``sum_grad``) on one reader's device, and the bind then
@@ -130,51 +114,43 @@ def tie_parameters(graph, error=ValueError):
     a graph is traced).
 
     Args:
-        graph: The graph's JSON (``json.loads(symbol.tojson())``); not changed.
         error: The exception class to raise.
 
     Raises:
         error: an auxiliary state read by ops of two groups (written in
             place, it cannot be read through a copy).
     """
-    graph = json.loads(json.dumps(graph))
-    nodes = graph['nodes']
+    nodes = graph.nodes
     foreign = {}
-    for i, node in enumerate(nodes):
-        for k, (src, _, version) in enumerate(node['inputs']):
-            if nodes[src]['op'] != 'null':
-                continue
-            own = nodes[src].get('attrs', {}).get(GROUP_ATTR)
-            if own is not None and node.get('attrs', {}).get(GROUP_ATTR) != own:
-                if version:
+    for node in nodes:
+        for k, entry in enumerate(node.inputs):
+            own = nodes[entry.node]
+            if own.is_variable and own.group is not None and node.group != own.group:
+                if entry.version:
                     raise error('auxiliary state %s is read by ops of %s and %s; expected '
                                 'each auxiliary state in one stage'
-                                % (nodes[src]['name'], own, node['attrs'][GROUP_ATTR]))
-                foreign.setdefault(src, []).append((i, k))
+                                % (own.name, own.group, node.group))
+                foreign.setdefault(entry.node, []).append((node.index, k))
     if not foreign:
         return graph
-    # Rebuild the node list with each identity right after its variable.
-    redirect = {(i, k) for uses in foreign.values() for i, k in uses}
-    new_nodes, new_index, identity_of = [], {}, {}
-    for i, node in enumerate(nodes):
-        node['inputs'] = [[identity_of[src], 0, 0] if (i, k) in redirect
-                          else [new_index[src], idx, v]
-                          for k, (src, idx, v) in enumerate(node['inputs'])]
-        new_index[i] = len(new_nodes)
-        new_nodes.append(node)
-        if i in foreign:
-            identity_of[i] = len(new_nodes)
-            new_nodes.append({'op': IDENTITY_OP, 'name': tied_name(node['name']),
-                              'attrs': {GROUP_ATTR: node['attrs'][GROUP_ATTR]},
-                              'inputs': [[new_index[i], 0, 0]]})
-    graph['nodes'] = new_nodes
-    graph['heads'] = [[new_index[src], idx, v] for src, idx, v in graph['heads']]
-    return graph
+    redirect = {use for uses in foreign.values() for use in uses}
+    out, new_index, identity_of = [], {}, {}
+    for node in nodes:
+        inputs = [(identity_of[e.node], 0, 0) if (node.index, k) in redirect
+                  else (new_index[e.node], e.output, e.version)
+                  for k, e in enumerate(node.inputs)]
+        new_index[node.index] = len(out)
+        out.append(node.but(index=len(out), inputs=inputs))
+        if node.index in foreign:
+            identity_of[node.index] = len(out)
+            out.append(make_node(len(out), tied_name(node.name), IDENTITY_OP,
+                                 [(new_index[node.index], 0, 0)], node.group))
+    return graph.but(out, [(new_index[h.node], h.output, h.version) for h in graph.heads])
 
 
 def shard_groups(graph, widths):
-    """A copy of a labelled graph (JSON, every node in a ``stage<s>`` group)
-    with each node tagged by :func:`~mp_symbolic.core.tensor_parallel.mark_shards`
+    """A labelled graph (every node in a stage's group) with each
+    tensor-parallel shard's node (:attr:`~mp_symbolic.core.ir.Node.layer`)
     in its shard's group, for stages of ``widths[s]`` devices. A layer call's
     shards all go to the stage of its first op (a cut in topological order
     could otherwise put shard 0 and shard 1 of one layer on two stages). An
@@ -185,31 +161,26 @@ def shard_groups(graph, widths):
         ValueError: a stage of several devices, but not as many as the
             shards of a layer with ops in it.
     """
-    graph = json.loads(json.dumps(graph))
-    stage_of = {stage_name(s): s for s in range(len(widths))}
     stage_of_layer = {}
-    for node in graph['nodes']:  # in topological order
-        mark = node.get('attrs', {}).get(SHARD_ATTR)
-        if mark is not None and node['op'] != 'null':
-            stage_of_layer.setdefault(parse_shard_mark(mark)[2],
-                                      stage_of[node['attrs'][GROUP_ATTR]])
-    moved = {}
-    for i, node in enumerate(graph['nodes']):
-        attrs = node.get('attrs', {})
-        if SHARD_ATTR not in attrs:
+    for node in graph.ops:  # in topological order
+        if node.layer is not None:
+            stage_of_layer.setdefault(node.layer[2], node.stage)
+    out, moved = list(graph.nodes), {}
+    for node in graph.nodes:
+        if node.layer is None:
             continue
-        shard, shards, layer = parse_shard_mark(attrs[SHARD_ATTR])
-        stage = stage_of_layer.get(layer, stage_of[attrs[GROUP_ATTR]])
+        shard, shards, layer = node.layer
+        stage = stage_of_layer.get(layer, node.stage)
         try:
             index = device_index(shard, shards, widths[stage])
         except ValueError as err:
-            raise ValueError('%s in %s: %s' % (node['name'], stage_name(stage), err)) from None
-        attrs[GROUP_ATTR] = moved[i] = shard_group(stage, index)
-    for node in graph['nodes']:
-        if is_tied(node['name']) and len(node['inputs']) == 1 and \
-                node['inputs'][0][0] in moved:
-            node['attrs'][GROUP_ATTR] = moved[node['inputs'][0][0]]
-    return graph
+            raise ValueError('%s in %s: %s' % (node.name, stage_name(stage), err)) from None
+        moved[node.index] = shard_group(stage, index)
+        out[node.index] = node.but(group=moved[node.index])
+    for node in graph.nodes:
+        if is_tied(node.name) and len(node.inputs) == 1 and node.inputs[0].node in moved:
+            out[node.index] = out[node.index].but(group=moved[node.inputs[0].node])
+    return graph.but(out)
 
 
 def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
@@ -230,10 +201,10 @@ def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
         CutError: an input is not a variable of the graph.
     """
     if chunks == 1:
-        return json.loads(json.dumps(graph))
+        return graph
     names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
-    nodes = graph['nodes']
-    ops = sum(1 for n in nodes if n['op'] != 'null')
+    nodes = graph.nodes
+    ops = len(graph.ops)
     if ops * chunks > MAX_CHUNKED_OPS:
         raise CutError("chunks: expected at most %d micro-batches of this graph's %d ops in one "
                        'graph (ops x chunks at most %d), found %d; the stage runtime '
@@ -241,61 +212,49 @@ def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
                        'one micro-batch' % (MAX_CHUNKED_OPS // ops, ops, MAX_CHUNKED_OPS, chunks))
     inputs = {}
     for name in names:
-        found = [i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name]
+        found = [n.index for n in graph.variables if n.name == name]
         if len(found) != 1:
             raise CutError('chunks: expected one input variable %r, found %d' % (name, len(found)))
         inputs[found[0]] = name
     out, index = [], {}
-    for i, node in enumerate(nodes):
-        if node['op'] == 'null':
-            index[(i, None)] = len(out)
-            out.append(json.loads(json.dumps(node)))
+    for node in graph.variables:
+        index[(node.index, None)] = len(out)
+        out.append(node.but(index=len(out)))
     split = {}
     for i, name in inputs.items():
         split[i] = len(out)
-        out.append({'op': 'split', 'name': CHUNK_SPLIT if len(names) == 1
-                    else '%s_%s' % (CHUNK_SPLIT, name),
-                    'attrs': {'axis': str(axis), 'num_outputs': str(chunks),
-                              GROUP_ATTR: nodes[i]['attrs'][GROUP_ATTR]},
-                    'inputs': [[index[(i, None)], 0, 0]]})
-    heads = [[] for _ in graph['heads']]
+        out.append(make_node(len(out), CHUNK_SPLIT if len(names) == 1
+                             else '%s_%s' % (CHUNK_SPLIT, name), 'split',
+                             [(index[(i, None)], 0, 0)], nodes[i].group,
+                             attrs={'axis': str(axis), 'num_outputs': str(chunks)}))
+
+    def entry(e, m):
+        if e.node in split:
+            return (split[e.node], m, 0)
+        if nodes[e.node].is_variable:
+            return (index[(e.node, None)], e.output, e.version)
+        return (index[(e.node, m)], e.output, e.version)
+
+    heads = [[] for _ in graph.heads]
     for m in range(chunks):
-        for i, node in enumerate(nodes):
-            if node['op'] == 'null':
-                continue
-            copy = json.loads(json.dumps(node))
-            copy['name'] = chunk_name(node['name'], m)
-            entries = []
-            for src, idx, v in node['inputs']:
-                if src in split:
-                    entries.append([split[src], m, 0])
-                elif nodes[src]['op'] == 'null':
-                    entries.append([index[(src, None)], idx, v])
-                else:
-                    entries.append([index[(src, m)], idx, v])
-            copy['inputs'] = entries
-            index[(i, m)] = len(out)
-            out.append(copy)
-        for k, (src, idx, v) in enumerate(graph['heads']):
-            if src in split:
-                heads[k].append([split[src], m, 0])
-            elif nodes[src]['op'] == 'null':
-                heads[k].append([index[(src, None)], idx, v])
-            else:
-                heads[k].append([index[(src, m)], idx, v])
+        for node in graph.ops:
+            index[(node.index, m)] = len(out)
+            out.append(node.but(index=len(out), name=chunk_name(node.name, m),
+                                inputs=[entry(e, m) for e in node.inputs]))
+        for k, head in enumerate(graph.heads):
+            heads[k].append(entry(head, m))
     joined = []
     for k, parts in enumerate(heads):
         if last_stage > 0:
             copies, parts = segment_boundaries(parts, stage_name(last_stage), len(out),
                                                '' if len(heads) == 1 else '%d_' % k)
             out += copies
-        out.append({'op': 'Concat', 'name': CHUNK_JOIN if len(heads) == 1
-                    else '%s%d' % (CHUNK_JOIN, k),
-                    'attrs': {'dim': str(axis), 'num_args': str(chunks),
-                              GROUP_ATTR: stage_name(last_stage)},
-                    'inputs': parts})
-        joined.append([len(out) - 1, 0, 0])
-    return {'nodes': out, 'heads': joined, 'attrs': graph['attrs']}
+        out.append(make_node(len(out), CHUNK_JOIN if len(heads) == 1
+                             else '%s%d' % (CHUNK_JOIN, k), 'Concat', parts,
+                             stage_name(last_stage),
+                             attrs={'dim': str(axis), 'num_args': str(chunks)}))
+        joined.append((len(out) - 1, 0, 0))
+    return graph.but(out, joined)
 
 
 def finish(symbol, placement):
@@ -304,31 +263,27 @@ def finish(symbol, placement):
     ``placement.shard_of``) and read through :func:`tie_parameters` where
     others read it; copies of an op (micro-batches) named apart
     (:func:`~mp_symbolic.core.names.chunk_name`); every node checked to
-    carry a group of ``placement``'s plan. A Symbol again."""
-    graph = json.loads(symbol.tojson())
+    carry a group of ``placement``'s plan. A Symbol again (``symbol``
+    itself where nothing changed)."""
+    given = PlacedGraph.from_symbol(symbol)
     owner, shard_of = placement.owner, placement.shard_of
-    for node in graph['nodes']:
-        if node['op'] == 'null' and node['name'] in owner:
-            node['attrs'][GROUP_ATTR] = shard_group(owner[node['name']],
-                                                    shard_of.get(node['name'], 0))
-    tied = tie_parameters(graph, CutError)
-    if tied != json.loads(symbol.tojson()):
-        symbol, graph = load(tied), tied
+    graph = tie_parameters(given.but([
+        n.but(group=shard_group(owner[n.name], shard_of.get(n.name, 0)))
+        if n.is_variable and n.name in owner else n for n in given.nodes]), CutError)
     groups = set(placement.plan.group2ctx)
-    seen = {}
-    for node in graph['nodes']:
-        group = node.get('attrs', {}).get(GROUP_ATTR)
-        if group not in groups:  # an internal invariant: every node is built in a scope
+    seen, out = {}, []
+    for node in graph.nodes:
+        if node.group not in groups:  # an internal invariant: every node is built in a scope
             raise AssertionError('node %s has ctx_group %r, expected one of %s'
-                                 % (node['name'], group, sorted(groups)))
-        if node['op'] != 'null':
-            count = seen.get(node['name'], 0)
-            seen[node['name']] = count + 1
+                                 % (node.name, node.group, sorted(groups)))
+        if not node.is_variable:
+            count = seen.get(node.name, 0)
+            seen[node.name] = count + 1
             if count:
-                node['name'] = chunk_name(node['name'], count)
-    if not any(count > 1 for count in seen.values()):
-        return symbol
-    return load(graph)
+                node = node.but(name=chunk_name(node.name, count))
+        out.append(node)
+    graph = graph.but(out)
+    return symbol if graph == given else graph.to_symbol()
 
 
 @dataclass(frozen=True)
@@ -371,7 +326,7 @@ def cut(symbol, num_stages, input_names):
     stage_of = {n.index: n.stage for n in placed.ops}
     readers, param_readers = {}, {}
     for node in placed.ops:
-        for src, k in node.inputs:
+        for src, k, _ in node.inputs:
             source = placed.nodes[src]
             if source.is_variable:
                 if source.role != 'input':
@@ -386,74 +341,69 @@ def cut(symbol, num_stages, input_names):
         if len(stages) > 1:
             raise CutError('schedule: expected each parameter read by one stage, found %s read '
                            'by stages %s' % (name, sorted(stages)))
-    for src, _ in placed.heads:
-        if src not in stage_of:
+    for head in placed.heads:
+        if head.node not in stage_of:
             raise CutError('schedule: expected the graph\'s outputs computed by a stage, found '
-                           'variable %s' % placed.nodes[src].name)
-    graph = placed.to_json()
-    return [_stage_graph(graph, s, stage_of, readers, input_names) for s in range(num_stages)]
+                           'variable %s' % placed.nodes[head.node].name)
+    return [_stage_graph(placed, s, stage_of, readers) for s in range(num_stages)]
 
 
-def _stage_graph(graph, s, stage_of, readers, input_names):
-    nodes = graph['nodes']
+def _stage_graph(graph, s, stage_of, readers):
     out, index, received = [], {}, OrderedDict()
     inputs = []
-    for i, node in enumerate(nodes):
-        if stage_of.get(i) != s:
+    for node in graph.ops:
+        if stage_of[node.index] != s:
             continue
         entries = []
-        for src, k, v in node['inputs']:
-            if nodes[src]['op'] == 'null':
+        for src, k, v in node.inputs:
+            source = graph.nodes[src]
+            if source.is_variable:
                 if src not in index:
-                    var = json.loads(json.dumps(nodes[src]))
-                    if var['name'] in input_names:  # the data or label, read here
-                        var.setdefault('attrs', {})[GROUP_ATTR] = stage_name(s)
-                        inputs.append(var['name'])
+                    if source.role == 'input':  # the data or label, read here
+                        source = source.but(group=stage_name(s))
+                        inputs.append(source.name)
                     index[src] = len(out)
-                    out.append(var)
-                entries.append([index[src], k, v])
+                    out.append(source.but(index=len(out)))
+                entries.append((index[src], k, v))
             elif stage_of[src] == s:
-                entries.append([index[src], k, v])
+                entries.append((index[src], k, v))
             else:
                 if (src, k) not in received:
-                    name = '%s_output%d_to_stage%d' % (nodes[src]['name'], k, s)
+                    name = '%s_output%d_to_stage%d' % (source.name, k, s)
                     received[(src, k)] = (len(out), name)
-                    out.append({'op': 'null', 'name': name, 'inputs': [],
-                                'attrs': {GROUP_ATTR: stage_name(s)}})
-                entries.append([received[(src, k)][0], 0, 0])
-        copy = json.loads(json.dumps(node))
-        copy['inputs'] = entries
-        index[i] = len(out)
-        out.append(copy)
+                    out.append(make_node(len(out), name, 'null', (), stage_name(s), 'input'))
+                entries.append((received[(src, k)][0], 0, 0))
+        index[node.index] = len(out)
+        out.append(node.but(index=len(out), inputs=entries))
     heads, own = [], []
-    for k, (src, idx, v) in enumerate(graph['heads']):
+    for k, (src, idx, v) in enumerate(graph.heads):
         if stage_of[src] == s:
             own.append((k, len(heads)))
-            heads.append([index[src], idx, v])
+            heads.append((index[src], idx, v))
     sends = []
     for (src, idx) in sorted(e for e in readers if stage_of[e[0]] == s):
         sends.append(((src, idx), len(heads)))
-        heads.append([index[src], idx, 0])
+        heads.append((index[src], idx, 0))
     receives = tuple((name, stage_of[src], (src, k)) for (src, k), (_, name) in received.items())
     # a received tensor (a variable here) that ops of another group read, the
     # shards of a tensor-parallel layer, is read through an identity in its own
-    symbol = load(tie_parameters({'nodes': out, 'heads': heads, 'attrs': graph.get('attrs', {})},
-                                 CutError)) if heads else None
+    symbol = tie_parameters(PlacedGraph(tuple(out), (), graph.attrs).but(heads=heads),
+                            CutError).to_symbol() if heads else None
     return StageGraph(s, symbol, tuple(own), tuple(sends), receives, tuple(inputs))
 
 
 def unique_names(graph):
-    """A copy of ``graph`` whose op names are unique (a block called twice in
-    one network makes two ops of one name): later ones get ``_<k>``."""
-    graph = json.loads(json.dumps(graph))
-    seen = {n['name'] for n in graph['nodes'] if n['op'] == 'null'}
-    for node in graph['nodes']:
-        if node['op'] == 'null':
-            continue
-        name, k = node['name'], 1
-        while name in seen:
-            name = '%s_%d' % (node['name'], k)
-            k += 1
-        node['name'] = name
-        seen.add(name)
-    return graph
+    """``graph`` whose op names are unique (a block called twice in one
+    network makes two ops of one name): later ones get ``_<k>``."""
+    seen = {n.name for n in graph.variables}
+    out = []
+    for node in graph.nodes:
+        if not node.is_variable:
+            name, k = node.name, 1
+            while name in seen:
+                name = '%s_%d' % (node.name, k)
+                k += 1
+            seen.add(name)
+            node = node.but(name=name)
+        out.append(node)
+    return graph.but(out)

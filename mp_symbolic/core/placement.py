@@ -32,8 +32,7 @@ from .compat import fresh_variables
 from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
 from .balance import CutError
 from .ir import PlacedGraph, load, op_order
-from .names import (BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, input_names, is_tied, parse_shard_mark,
-                    stage_name)
+from .names import BLOCK_ATTR, input_names, is_tied, stage_name
 
 __all__ = []
 
@@ -188,7 +187,7 @@ class Placement:
         group (weights that moved away from a reader then read through an
         identity)."""
         graph = self.traced.labelled(mirror)
-        if not any(SHARD_ATTR in n.get('attrs', {}) for n in graph['nodes']):
+        if all(n.layer is None for n in graph.nodes):
             return graph
         return passes.tie_parameters(passes.shard_groups(
             graph, [self.plan.width(s) for s in range(self.plan.num_stages)]), CutError)
@@ -202,7 +201,7 @@ class Placement:
     @cached_property
     def run_ops(self):
         """The op nodes of each stage of :attr:`run_graph`, by index."""
-        return PlacedGraph.from_json(self.run_graph).op_indices_by_stage(self.plan.num_stages)
+        return self.run_graph.op_indices_by_stage(self.plan.num_stages)
 
     def unsplit_labelled(self):
         """The network traced with its tensor-parallel layers unsplit (as
@@ -212,25 +211,21 @@ class Placement:
         every other node in its own (by name, made unique in both traces
         alike). The same for both forms: a block list is the blocks in a row."""
         stage_of, stage_of_call = {}, {}
-        for node in PlacedGraph.from_json(self.labelled()).nodes:
+        for node in self.labelled().nodes:
             if node.layer is None:
                 stage_of[node.name] = node.stage
             elif not node.is_variable:  # a call's weights follow its first op (shard_groups)
                 stage_of_call.setdefault(node.layer[2], node.stage)
         with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
-            unsplit = json.loads(graph.chain(self.blocks, self.input_variables()).tojson())
-        unsplit = passes.unique_names(unsplit)
-        for node in unsplit['nodes']:  # a layer of one shard is unmarked in the split trace:
-            mark = node.get('attrs', {}).get(SHARD_ATTR)  # its call where its first op is
-            if mark is not None and node['op'] != 'null' and node['name'] in stage_of:
-                stage_of_call.setdefault(parse_shard_mark(mark)[2], stage_of[node['name']])
-        for node in unsplit['nodes']:
-            attrs = node.setdefault('attrs', {})
-            mark = attrs.pop(SHARD_ATTR, None)
-            where = stage_of.get(node['name'], 0) if mark is None else \
-                stage_of_call.get(parse_shard_mark(mark)[2], stage_of.get(node['name'], 0))
-            attrs[GROUP_ATTR] = stage_name(where)
-        return passes.tie_parameters(unsplit, CutError)
+            unsplit = passes.unique_names(PlacedGraph.from_symbol(
+                graph.chain(self.blocks, self.input_variables()), self.input_names))
+        for node in unsplit.ops:  # a layer of one shard is unmarked in the split trace:
+            if node.layer is not None and node.name in stage_of:  # its call where its first op is
+                stage_of_call.setdefault(node.layer[2], stage_of[node.name])
+        return passes.tie_parameters(unsplit.but([
+            n.but(group=stage_name(stage_of.get(n.name, 0) if n.layer is None else
+                                   stage_of_call.get(n.layer[2], stage_of.get(n.name, 0))))
+            for n in unsplit.nodes]), CutError)
 
     # -- what runs where ----------------------------------------------------
 
@@ -523,7 +518,7 @@ def _layout(placement):
     if not placement.shard_of:
         return ([cut.ops_of_stage(s) for s in range(plan.num_stages)],
                 {n: list(r) for n, r in cut.readers.items() if n not in placement.input_names})
-    placed = PlacedGraph.from_json(placement.labelled(), placement.input_names)
+    placed = placement.labelled()
     stages, readers = [[] for _ in range(plan.num_stages)], {}
     for node in placed.ops:
         if not is_tied(node.name):
@@ -615,7 +610,7 @@ def _shards(placement):
             graph = placement.labelled()
         except ValueError as err:
             raise DeviceSpecError(str(err)) from None
-        for node in PlacedGraph.from_json(graph).variables:
+        for node in graph.variables:
             if node.layer is not None and node.name in owner:
                 # a shard's weight goes where shard_groups put its layer
                 owner[node.name], shard_of[node.name] = node.stage, node.shard

@@ -30,7 +30,6 @@ import mxnet as mx
 
 from . import graphcut, nesting
 from .compat import read_on
-from .ir import PlacedGraph
 from .schedule import gpipe, issue_order
 
 __all__ = []
@@ -184,9 +183,10 @@ def _as_list(out):
 
 
 def ops_of_stages(placement, graph):
-    """The op nodes of each stage in the labelled ``graph`` (a shard's in
-    its stage), in the graph's order."""
-    return PlacedGraph.from_json(graph).op_indices_by_stage(placement.plan.num_stages)
+    """The op nodes of each stage in the labelled ``graph`` (a
+    :class:`~mp_symbolic.core.ir.PlacedGraph`; a shard's in its stage), in
+    the graph's order."""
+    return graph.op_indices_by_stage(placement.plan.num_stages)
 
 
 def start_graph(placement, graph, xs, replica):

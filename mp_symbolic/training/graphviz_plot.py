@@ -57,7 +57,7 @@ def device_graph(symbol, plan):
         label = node.name if node.is_variable else r'%s\n%s' % (node.op, node.name)
         dot.node('n%d' % i, label=label, shape='ellipse' if node.is_variable else 'box',
                  fillcolor=colour.get(ctx, UNPLACED_COLOUR))
-        for src, _ in node.inputs:
+        for src, _, _ in node.inputs:
             crosses = device[src] != ctx
             dot.edge('n%d' % src, 'n%d' % i, style='dashed' if crosses else 'solid',
                      color='red' if crosses else 'black')
