@@ -193,7 +193,8 @@ class Cut:
 
     Args:
         symbol: The traced network (``net(mx.sym.var(data_name))``; several
-            outputs grouped, ``mx.sym.Group``).
+            outputs grouped, ``mx.sym.Group``), or its
+            :class:`~mp_symbolic.core.ir.PlacedGraph`.
         num_stages: Stages to make.
         balance: ``None`` (parameter count), ``'time'`` (measured on
             ``input_shape``) or a list of ops per stage.
@@ -237,7 +238,9 @@ class Cut:
                  batch_axis=0):
         self.data_names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
         self.data_name = self.data_names[0]
-        self.placed = unique_names(PlacedGraph.from_symbol(symbol, self.data_names))
+        if not isinstance(symbol, PlacedGraph):
+            symbol = PlacedGraph.from_symbol(symbol, self.data_names)
+        self.placed = unique_names(symbol)
         self.graph = self.placed.to_json()
         nodes = self.graph['nodes']
         order = self.placed.op_order()

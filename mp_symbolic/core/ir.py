@@ -8,9 +8,10 @@ string ``attrs``, where a stage lives as the ``ctx_group`` name
 (:func:`~mp_symbolic.core.names.stage_name`,
 :func:`~mp_symbolic.core.names.shard_group`). :meth:`PlacedGraph.from_json`
 reads that once into :class:`Node` values: the group a typed field (the
-stage and shard read from it), a tensor-parallel shard's mark, which the
-trace can attach to an op only as an attribute, read into :attr:`Node.layer`
-and no longer an attribute. The passes, the stage runtime's cut, the twin,
+stage and shard read from it), and what a trace can attach to an op only as
+an attribute (MXNet keeps nothing else per node) read into fields and not
+written back: a tensor-parallel shard's mark (:attr:`Node.layer`), the
+block of a block list that made the op (:attr:`Node.block`). The passes, the stage runtime's cut, the twin,
 the placement, the export, the checkpoint reader and the plots ask a node
 its stage (``node.stage``) instead of each parsing ``'stage2_shard1'`` on its
 own. The JSON form is made at the edges only: MXNet binds it, the exporter
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import json
 from types import MappingProxyType
 
-from .names import GROUP_ATTR, SHARD_ATTR, parse_group, parse_shard_mark
+from .names import BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, parse_group, parse_shard_mark
 
 __all__ = ['Entry', 'Node', 'PlacedGraph', 'ROLES', 'load', 'op_order', 'variable_readers']
 
@@ -55,8 +56,11 @@ class Node:
         layer: For a tensor-parallel shard's op or weight, ``(index,
             shards, layer call)`` (:func:`~mp_symbolic.core.tensor_parallel.mark_shards`);
             ``None`` otherwise.
-        attrs: Its other MXNet attributes (neither the group nor the shard
-            mark), read-only.
+        block: For an op of a traced block list, the index of the block
+            that made it (:func:`~mp_symbolic.core.placement.trace_blocks`);
+            ``None`` otherwise.
+        attrs: Its other MXNet attributes (neither the group nor those
+            marks), read-only.
         extra: Any other field of MXNet's JSON node (``control_deps``,
             ``subgraphs``), kept as read.
     """
@@ -67,6 +71,7 @@ class Node:
     group: object
     role: str
     layer: object = None
+    block: object = None
     attrs: object = field(default_factory=lambda: _EMPTY)
     extra: object = field(default_factory=lambda: _EMPTY)
 
@@ -100,8 +105,8 @@ class Node:
 
 def make_node(index, name, op, inputs=(), group=None, role='op', attrs=None, layer=None):
     """A new :class:`Node` (``inputs`` as ``(node, output, version)``)."""
-    return Node(index, name, op, tuple(Entry(*e) for e in inputs), group, role, layer,
-                MappingProxyType(dict(attrs or {})))
+    return Node(index, name, op, tuple(Entry(*e) for e in inputs), group, role, layer=layer,
+                attrs=MappingProxyType(dict(attrs or {})))
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ class PlacedGraph:
             attrs = dict(raw.get('attrs', {}))
             group = attrs.pop(GROUP_ATTR, None)
             mark = attrs.pop(SHARD_ATTR, None)
+            block = attrs.pop(BLOCK_ATTR, None)
             if raw['op'] != 'null':
                 role = 'op'
             else:
@@ -137,7 +143,10 @@ class PlacedGraph:
             node = make_node(i, raw['name'], raw['op'], raw.get('inputs', ()), group, role, attrs,
                              None if mark is None else parse_shard_mark(mark))
             extra = {k: v for k, v in raw.items() if k not in _NODE_FIELDS}
-            nodes.append(replace(node, extra=MappingProxyType(extra)) if extra else node)
+            if extra or block is not None:
+                node = replace(node, extra=MappingProxyType(extra),
+                               block=None if block is None else int(block))
+            nodes.append(node)
         return cls(tuple(nodes), tuple(Entry(*h) for h in graph['heads']),
                    MappingProxyType(json.loads(json.dumps(graph.get('attrs', {})))))
 
@@ -159,7 +168,7 @@ class PlacedGraph:
 
     def to_json(self):
         """The graph as MXNet's JSON (a new dict: to bind, export or draw);
-        the group as ``ctx_group``, no shard mark."""
+        the group as ``ctx_group``, no mark of the trace."""
         nodes = []
         for node in self.nodes:
             attrs = dict(node.attrs)

@@ -17,7 +17,8 @@ owns its communication vocabulary). Only the standard library is imported.
   into its nodes (:attr:`~mp_symbolic.core.ir.Node.layer`) and does not
   write back;
 * while a block list is traced into one graph, each op carries its block's
-  index in :data:`BLOCK_ATTR` (read, then removed: the split points);
+  index in :data:`BLOCK_ATTR` (the split points; read into the typed graph's
+  nodes, :attr:`~mp_symbolic.core.ir.Node.block`, and not written back);
 * the copies of an op for micro-batch ``m > 0`` are :func:`chunk_name`
   ``(op, m)``; the input is split by :data:`CHUNK_SPLIT` and the outputs
   joined by :data:`CHUNK_JOIN`;

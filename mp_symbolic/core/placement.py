@@ -20,7 +20,6 @@ the stage of its layer.
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
-import json
 
 import mxnet as mx
 import numpy as np
@@ -31,7 +30,7 @@ from .checks import is_int, positive_int, tied_owners
 from .compat import fresh_variables
 from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
 from .balance import CutError
-from .ir import PlacedGraph, load, op_order
+from .ir import PlacedGraph
 from .names import BLOCK_ATTR, input_names, is_tied, stage_name
 
 __all__ = []
@@ -458,8 +457,9 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
     block's stage (``stage_of_layer``), every parameter in its ``owner``.
 
     Each block is traced under an attribute naming its index
-    (:data:`~mp_symbolic.core.names.BLOCK_ATTR`), read back per op and then
-    removed; a block's tensor-parallel layers mark their shards as in a whole
+    (:data:`~mp_symbolic.core.names.BLOCK_ATTR`), which the typed graph reads
+    into each op (:attr:`~mp_symbolic.core.ir.Node.block`) and does not
+    write back; a block's tensor-parallel layers mark their shards as in a whole
     network (:func:`~mp_symbolic.core.tensor_parallel.mark_shards`: each
     layer call its own, so an output layer tied to the embedding stays in
     its own block's stage).
@@ -478,18 +478,14 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
             x = list(x) if isinstance(x, (list, tuple)) else [x]
     x, _ = nesting.flatten(x)
     names = nesting.flat_names(names)
-    symbol = x[0] if len(x) == 1 else mx.sym.Group(x)
-    traced = json.loads(symbol.tojson())
+    traced = PlacedGraph.from_symbol(x[0] if len(x) == 1 else mx.sym.Group(x), names)
     stage_of_op, stage = [], 0
-    for i in op_order(traced):
-        index = traced['nodes'][i].get('attrs', {}).get(BLOCK_ATTR)
+    for node in traced.ops:
         # an op no block call made (none in Gluon's tracing): its predecessor's stage
-        stage = stage if index is None else stage_of_layer[int(index)]
+        stage = stage if node.block is None else stage_of_layer[node.block]
         stage_of_op.append(stage)
-    for node in traced['nodes']:
-        node.get('attrs', {}).pop(BLOCK_ATTR, None)
-    variables = {n['name'] for n in traced['nodes'] if n['op'] == 'null'} - set(names)
-    return graphcut.Cut(load(traced), len(set(stage_of_layer)), data_name=names,
+    variables = {n.name for n in traced.variables} - set(names)
+    return graphcut.Cut(traced, len(set(stage_of_layer)), data_name=names,
                         owners={n: s for n, s in owner.items() if n in variables},
                         stage_of_op=stage_of_op)
 
