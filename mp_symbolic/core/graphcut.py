@@ -242,10 +242,9 @@ class Cut:
             symbol = PlacedGraph.from_symbol(symbol, self.data_names)
         self.placed = unique_names(symbol)
         self.graph = self.placed.to_json()
-        nodes = self.graph['nodes']
         order = self.placed.op_order()
-        self.op_names = [nodes[i]['name'] for i in order]
-        params = {n['name'] for n in nodes if n['op'] == 'null'} - set(self.data_names)
+        self.op_names = [self.placed.nodes[i].name for i in order]
+        params = {n.name for n in self.placed.variables} - set(self.data_names)
         if input_shape is not None and not isinstance(input_shape, dict):
             input_shape = {self.data_name: input_shape}
         shapes = dict(param_shapes or {})
@@ -282,8 +281,8 @@ class Cut:
             self.stage_of_op = tuple(s for s, count in enumerate(sizes) for _ in range(count))
         stage = dict(zip(order, self.stage_of_op))
         self.readers, self.owner = {}, {}
-        for var, ops in variable_readers(self.graph).items():
-            name = nodes[var]['name']
+        for var, ops in self.placed.variable_readers().items():
+            name = self.placed.nodes[var].name
             self.readers[name] = sorted({stage[i] for i in ops})
             self.owner[name] = 0 if name in self.data_names else stage[ops[0]]
         self.owner.update(tied_owners(owners, params, num_stages, 'the network', CutError))

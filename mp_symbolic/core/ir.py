@@ -10,13 +10,13 @@ string ``attrs``, where a stage lives as the ``ctx_group`` name
 reads that once into :class:`Node` values: the group a typed field (the
 stage and shard read from it), and what a trace can attach to an op only as
 an attribute (MXNet keeps nothing else per node) read into fields and not
-written back: a tensor-parallel shard's mark (:attr:`Node.layer`), the
-block of a block list that made the op (:attr:`Node.block`). The passes, the stage runtime's cut, the twin,
-the placement, the export, the checkpoint reader and the plots ask a node
-its stage (``node.stage``) instead of each parsing ``'stage2_shard1'`` on its
-own. The JSON form is made at the edges only: MXNet binds it, the exporter
-writes it, the plots draw it (:meth:`PlacedGraph.to_json`,
-:meth:`PlacedGraph.to_symbol`).
+written back: a tensor-parallel shard's mark (:attr:`Node.layer`), the block
+of a block list that made the op (:attr:`Node.block`). The passes, the stage
+runtime's cut, the twin, the placement, the export, the checkpoint reader and
+the plots ask a node its stage (``node.stage``) instead of each parsing
+``'stage2_shard1'`` on its own. The JSON form is made at the edges only:
+MXNet binds it, the exporter writes it, the plots draw it
+(:meth:`PlacedGraph.to_json`, :meth:`PlacedGraph.to_symbol`).
 """
 from collections import namedtuple
 from dataclasses import dataclass, field, replace
@@ -25,7 +25,8 @@ from types import MappingProxyType
 
 from .names import BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, parse_group, parse_shard_mark
 
-__all__ = ['Entry', 'Node', 'PlacedGraph', 'ROLES', 'load', 'op_order', 'variable_readers']
+__all__ = ['Entry', 'Node', 'PlacedGraph', 'ROLES', 'load', 'make_node', 'op_order',
+           'variable_readers']
 
 # What a node is: an input (data or label) variable, a parameter, an
 # auxiliary state (BatchNorm's running mean and variance: updated in place by
@@ -140,13 +141,11 @@ class PlacedGraph:
             else:
                 role = ('input' if raw['name'] in inputs else
                         'state' if raw['name'] in states else 'parameter')
-            node = make_node(i, raw['name'], raw['op'], raw.get('inputs', ()), group, role, attrs,
-                             None if mark is None else parse_shard_mark(mark))
-            extra = {k: v for k, v in raw.items() if k not in _NODE_FIELDS}
-            if extra or block is not None:
-                node = replace(node, extra=MappingProxyType(extra),
-                               block=None if block is None else int(block))
-            nodes.append(node)
+            nodes.append(Node(
+                i, raw['name'], raw['op'], tuple(Entry(*e) for e in raw.get('inputs', ())),
+                group, role, layer=None if mark is None else parse_shard_mark(mark),
+                block=None if block is None else int(block), attrs=MappingProxyType(attrs),
+                extra=MappingProxyType({k: v for k, v in raw.items() if k not in _NODE_FIELDS})))
         return cls(tuple(nodes), tuple(Entry(*h) for h in graph['heads']),
                    MappingProxyType(json.loads(json.dumps(graph.get('attrs', {})))))
 
