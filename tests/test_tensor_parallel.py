@@ -13,7 +13,7 @@ import pytest
 import mp_symbolic
 from mp_symbolic import (ColumnParallelDense, DeviceSpecError, Pipeline, RowParallelDense,
                          VocabParallelEmbedding)
-from mp_symbolic.core.compat import split_bind
+from mp_symbolic.core.compat import fresh_variables, split_bind
 from mp_symbolic.core.devices import parse_devices
 from mp_symbolic.tools.checkpoint import read_checkpoint, save_checkpoint
 from mp_symbolic.tools.memory import device_memory
@@ -560,3 +560,25 @@ def test_sharded_block_refuses_sizes_that_do_not_split_the_axis():
     with pytest.raises(ValueError, match=r'^weight: expected sizes of the 2 shards summing to '
                                          r'axis 0 of \(5, 4\) \(5\), found \[3, 3\]$'):
         Bad()
+
+
+def test_a_trace_marks_the_layers_of_the_network_it_traces_and_no_other():
+    """The trace is held by the traced network's layers for its length: a
+    layer of another network called meanwhile builds its split graph
+    unmarked, as outside any trace, and after it nothing is marked."""
+    from mp_symbolic.core import tensor_parallel  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.names import SHARD_ATTR  # pylint: disable=import-outside-toplevel
+
+    def marks(symbol):
+        return sorted({n.get('attrs', {}).get(SHARD_ATTR) for n in
+                       json.loads(symbol.tojson())['nodes']} - {None})
+
+    traced = ColumnParallelDense(UNITS, DIM, 2, prefix='traced_')
+    other = ColumnParallelDense(UNITS, DIM, 2, prefix='other_')
+    x = mx.sym.var('data')
+    with fresh_variables([traced, other]), tensor_parallel.mark_shards(traced):
+        inside, beside = traced(x), other(x)
+    with fresh_variables(traced):
+        after = traced(x)
+    assert marks(inside) == ['0/2/traced#0', '1/2/traced#0']  # shard/shards/layer#call
+    assert marks(beside) == [] and marks(after) == []

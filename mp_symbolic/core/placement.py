@@ -215,7 +215,7 @@ class Placement:
                 stage_of[node.name] = node.stage
             elif not node.is_variable:  # a call's weights follow its first op (shard_groups)
                 stage_of_call.setdefault(node.layer[2], node.stage)
-        with fresh_variables(self), tensor_parallel.mark_shards(unsplit_layers=True):
+        with fresh_variables(self), tensor_parallel.mark_shards(self.blocks, unsplit_layers=True):
             unsplit = passes.unique_names(PlacedGraph.from_symbol(
                 graph.chain(self.blocks, self.input_variables()), self.input_names))
         for node in unsplit.ops:  # a layer of one shard is unmarked in the split trace:
@@ -470,7 +470,7 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
             :func:`~mp_symbolic.core.compat.symbol_safe` where the Pipeline
             builds a graph).
     """
-    with fresh_variables(blocks), tensor_parallel.mark_shards():
+    with fresh_variables(blocks), tensor_parallel.mark_shards(blocks):
         x = symbol_variables(names)
         for i, block in enumerate(blocks):
             with mx.AttrScope(**{BLOCK_ATTR: str(i)}):
@@ -550,7 +550,7 @@ def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
     """``(cut, outputs)``: the cut of one whole network into ``num_stages``
     stages, and the nesting of its output (``inputs``: the positional inputs
     as nested names)."""
-    with fresh_variables(net), tensor_parallel.mark_shards():
+    with fresh_variables(net), tensor_parallel.mark_shards(net):
         out = net(*symbol_variables(inputs))
         leaves, outputs = nesting.flatten(out)
         symbol = mx.sym.Group(leaves) if isinstance(out, (list, tuple)) else out

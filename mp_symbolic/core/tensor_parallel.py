@@ -45,7 +45,6 @@ Gluon's default ``Uniform``; ``Xavier`` sees the shard's fan).
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-import threading
 
 import mxnet as mx
 from mxnet import gluon
@@ -61,12 +60,6 @@ __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'ShardedBlock'
            'VocabParallelEmbedding']
 
 _GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
-# The trace under way (:func:`mark_shards`), or none. A layer is called by
-# the user's network (``self.dense(x)`` in its ``hybrid_forward``), with no
-# argument of the trace's: the trace reaches it as ``mx.AttrScope`` and
-# ``mx.name.Prefix`` reach every op, through state of the thread, set only
-# while the Pipeline traces a network.
-_TRACE = threading.local()
 
 
 class _Trace:
@@ -80,8 +73,9 @@ class _Trace:
 
 
 @contextmanager
-def mark_shards(unsplit_layers=False):
-    """Within: tensor-parallel layers tag each shard's ops and weights with
+def mark_shards(blocks, unsplit_layers=False):
+    """Within: the tensor-parallel layers of ``blocks`` (a block or a list of
+    them: the network being traced) tag each shard's ops and weights with
     ``__tp_shard__='i/N/<layer call>'`` instead of a ``ctx_group``
     (:func:`~mp_symbolic.core.names.layer_call`: the layer's name and its
     call's number in the trace), for a network whose stages the trace's cut
@@ -90,22 +84,27 @@ def mark_shards(unsplit_layers=False):
     embedding) has that layer's name, and stays in its own stage. Outside
     such a trace, a layer on Symbols builds its split graph unmarked.
 
+    The trace is held by the layers themselves for its length (the user's
+    network calls them, ``self.dense(x)``, with no argument of the trace's),
+    so one trace reaches the layers of the network traced and no other.
+
     Args:
         unsplit_layers: Build the layers unsplit (one op, the unsplit
             layer's parameter names and shapes, as checkpoints hold it),
             each layer's ops and weights marked ``'0/1/<layer call>'``, the
             calls numbered as in the split trace. Else split.
     """
-    saved = getattr(_TRACE, 'current', None)
-    _TRACE.current = _Trace(unsplit_layers)
+    trace = _Trace(unsplit_layers)
+    layers = [layer for block in (blocks if isinstance(blocks, (list, tuple)) else [blocks])
+              for layer in sharded_blocks(block)]
+    saved = [layer._trace for layer in layers]
+    for layer in layers:
+        layer._trace = trace
     try:
         yield
     finally:
-        _TRACE.current = saved
-
-
-def _current_trace():
-    return getattr(_TRACE, 'current', None)
+        for layer, before in zip(layers, saved):
+            layer._trace = before
 
 
 def _next_call(trace, name):
@@ -271,6 +270,8 @@ class ShardedBlock(gluon.HybridBlock):
         raise NotImplementedError('%s: expected an unsplit_forward(F, x, **params) method'
                                   % type(self).__name__)
 
+    _trace = None  # the trace under way (mark_shards), while one is
+
     def forward(self, x):  # pylint: disable=arguments-differ
         if isinstance(x, mx.sym.Symbol):
             return self._symbolic(x)
@@ -278,7 +279,7 @@ class ShardedBlock(gluon.HybridBlock):
 
     def _symbolic(self, x):
         F = mx.sym
-        trace = _current_trace()
+        trace = self._trace
         call = _next_call(trace, self.name)
         with self.name_scope():
             if trace is not None and trace.unsplit:
