@@ -18,7 +18,7 @@ tensor-parallel shard's device within its stage
 the stage of its layer.
 """
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import mxnet as mx
@@ -183,13 +183,8 @@ class Placement:
 
     def labelled(self, mirror=()):
         """The traced graph labelled by stage, each tensor-parallel shard in its
-        group (weights that moved away from a reader then read through an
-        identity)."""
-        graph = self.traced.labelled(mirror)
-        if all(n.layer is None for n in graph.nodes):
-            return graph
-        return passes.tie_parameters(passes.shard_groups(
-            graph, [self.plan.width(s) for s in range(self.plan.num_stages)]), CutError)
+        group (:func:`labelled`)."""
+        return labelled(self.traced, self.plan, mirror)
 
     @cached_property
     def run_graph(self):
@@ -422,14 +417,35 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
             for name in block.collect_params():
                 owner.setdefault(name, stage)
         owner.update(tied_owners(tied, owner, num_stages, 'the blocks'))
-    sharded = tensor_parallel.layout(blocks)
-    first = Placement(tuple(blocks), whole, cut, plan, owner, {}, sharded, chunks, replicas,
-                      mirror, shapes, names, inputs=inputs, outputs=outputs,
-                      batch_axis=batch_axis)
-    owner, shard_of = _shards(first)
-    placed = replace(first, owner=owner, shard_of=shard_of)
-    stages, readers = _layout(placed)
-    return replace(placed, stages=stages, readers=readers)
+    # a whole network's shards and readers come from its labelled graph, made once here
+    placed = None
+    if cut is not None:
+        try:
+            placed = labelled(cut, plan)
+        except ValueError as err:  # a stage of another device count than a layer's shards
+            raise DeviceSpecError(str(err)) from None
+    owner, shard_of = _shards(blocks, placed, plan, owner)
+    stages, readers = _layout(blocks, cut, placed, plan, shard_of, names)
+    return Placement(tuple(blocks), whole, cut, plan, owner, shard_of,
+                     tensor_parallel.layout(blocks), chunks, replicas, mirror, shapes, names,
+                     stages, readers, inputs=inputs, outputs=outputs, batch_axis=batch_axis)
+
+
+def labelled(traced, plan, mirror=()):
+    """``traced`` (a :class:`~mp_symbolic.core.graphcut.Cut`) labelled by
+    stage, each tensor-parallel shard in its group on ``plan``'s stage
+    devices (weights that moved away from a reader then read through an
+    identity): the placed graph every build starts from.
+
+    Raises:
+        ValueError: a stage of several devices, but not as many as the
+            shards of a layer with ops in it.
+    """
+    graph = traced.labelled(mirror)
+    if all(n.layer is None for n in graph.nodes):
+        return graph
+    return passes.tie_parameters(passes.shard_groups(
+        graph, [plan.width(s) for s in range(plan.num_stages)]), CutError)
 
 
 def _node_devices(devices, replicas, nodes):
@@ -490,39 +506,36 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
                         stage_of_op=stage_of_op)
 
 
-def _layout(placement):
+def _layout(blocks, cut, graph, plan, shard_of, input_names):
     """``(stages, readers)``: what each stage runs and ``{parameter name:
     [stages that read it]}``. A block list's stages are its blocks, and a
     parameter's readers the stages of the blocks that hold it (no Symbol is
     traced: a block list runs imperatively without one); a whole network's
-    come from its labelled graph (shards moved to their layer's stage)."""
-    plan = placement.plan
+    come from its labelled ``graph`` (shards moved to their layer's stage)."""
     # This branch on the form stays: a block list's stages are its blocks
     # (Pipeline.stages, describe and the twin run them), and its readers come
     # from the blocks without a trace (its blocks need not run on Symbols).
-    if placement.cut is None:
-        stages = [[b for b, st in zip(placement.blocks, plan.stage_of_layer) if st == s]
+    if cut is None:
+        stages = [[b for b, st in zip(blocks, plan.stage_of_layer) if st == s]
                   for s in range(plan.num_stages)]
         readers = {}
-        for block, stage in zip(placement.blocks, plan.stage_of_layer):
+        for block, stage in zip(blocks, plan.stage_of_layer):
             for name in block.collect_params():
                 readers.setdefault(name, [])
                 if stage not in readers[name]:
                     readers[name].append(stage)
         return stages, readers
-    cut = placement.cut
-    if not placement.shard_of:
+    if not shard_of:
         return ([cut.ops_of_stage(s) for s in range(plan.num_stages)],
-                {n: list(r) for n, r in cut.readers.items() if n not in placement.input_names})
-    placed = placement.labelled()
+                {n: list(r) for n, r in cut.readers.items() if n not in input_names})
     stages, readers = [[] for _ in range(plan.num_stages)], {}
-    for node in placed.ops:
+    for node in graph.ops:
         if not is_tied(node.name):
             stages[node.stage].append(node.name)
         for entry in node.inputs:
-            source = placed.source(entry)
+            source = graph.source(entry)
             if is_tied(source.name):  # a weight another stage holds, read through its identity
-                source = placed.source(source.inputs[0])
+                source = graph.source(source.inputs[0])
             if source.is_variable and source.role != 'input':
                 readers.setdefault(source.name, [])
                 if node.stage not in readers[source.name]:
@@ -585,33 +598,30 @@ def _check_inputs_given(symbol, names, params):
                          'states too short?)' % (', '.join(names), ', '.join(free)))
 
 
-def _shards(placement):
+def _shards(blocks, graph, plan, owner):
     """``(owner, shard_of)``: each tensor-parallel shard's device index in
-    its stage, and its weight's owner moved to its layer's stage.
+    its stage, and its weight's owner (``owner``: each parameter's stage)
+    moved to its layer's stage; ``graph``: a whole network's labelled graph,
+    ``None`` for a block list.
 
     Raises:
         DeviceSpecError: a stage of several devices whose count is not the
             shards of a tensor-parallel layer in it.
     """
-    plan = placement.plan
     widths = [plan.width(s) for s in range(plan.num_stages)]
-    owner, shard_of = dict(placement.owner), {}
+    owner, shard_of = dict(owner), {}
     # This branch on the form stays: a cut network has no blocks per stage,
     # so its shards are read from the labelled graph; a block list's come
     # from its layers without a trace (its blocks need not run on Symbols),
     # a tied shard staying with the owner tied= chose, and a refusal naming
     # the layer.
-    if placement.cut is not None:
-        try:
-            graph = placement.labelled()
-        except ValueError as err:
-            raise DeviceSpecError(str(err)) from None
+    if graph is not None:
         for node in graph.variables:
             if node.layer is not None and node.name in owner:
                 # a shard's weight goes where shard_groups put its layer
                 owner[node.name], shard_of[node.name] = node.stage, node.shard
         return owner, shard_of
-    for block, stage in zip(placement.blocks, plan.stage_of_layer):
+    for block, stage in zip(blocks, plan.stage_of_layer):
         for layer in tensor_parallel.sharded_blocks(block):
             try:
                 indices = layer.device_indices(widths[stage])
