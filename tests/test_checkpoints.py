@@ -14,7 +14,7 @@ import pytest
 
 from mp_symbolic.tools.checkpoint import read_checkpoint
 from mp_symbolic.training.cli import main
-from mp_symbolic.training.config import TrainConfig, resume_config
+from mp_symbolic.training.config import resume_config
 from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
 from mp_symbolic.tools.store import FolderInUse, Store
 from mp_symbolic.training.loop import params_digest, train

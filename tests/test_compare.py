@@ -17,7 +17,6 @@ from bench.seed_loop import SeedLoop
 from mp_symbolic.training.cli import main
 from mp_symbolic.training import compare as compare_module
 from mp_symbolic.training.compare import REFERENCE, compare, count_autograd_copies
-from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.graphviz_plot import DEVICE_COLOURS
 from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
 from mp_symbolic.training.loop import build_pipeline, initial_values, make_stepper

@@ -9,7 +9,6 @@ import mxnet as mx
 import numpy as np
 
 from mp_symbolic.tools.checkpoint import read_checkpoint
-from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
 from mp_symbolic.training.loop import train
 

@@ -20,7 +20,6 @@ import pytest
 
 from mp_symbolic.training.cli import add_train_flags
 from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
-from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.tasks.regression import forward_numpy
 from mp_symbolic.training.loop import train
 

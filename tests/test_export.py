@@ -11,7 +11,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.tasks.regression import forward_numpy
 from mp_symbolic.training.loop import train
 

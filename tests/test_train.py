@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from mp_symbolic.training.cli import main
-from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.data import staged_batches
 from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
 from mp_symbolic.training.tasks import digits, regression

@@ -23,7 +23,6 @@ from .config import APIS, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
 from ..tools.launch import add_launch_parser, check_dist_environment
 from . import sample
-from .tasks import BUNDLED
 
 __all__ = []
 
