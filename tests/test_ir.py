@@ -10,7 +10,7 @@ import pytest
 
 from mp_symbolic import Pipeline
 from mp_symbolic.core.ir import ROLES, PlacedGraph
-from mp_symbolic.core.names import GROUP_ATTR, SHARD_ATTR, shard_group
+from mp_symbolic.core.names import BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, shard_group
 from mp_symbolic.training.tasks import digits, gpt, lm
 
 from export.inference import stage_layout
@@ -107,3 +107,26 @@ def test_export_reads_the_stages_the_pipeline_placed():
     assert list(layout) == ['stage%d' % s for s in range(pipe.plan.num_stages)]
     for s, entry in enumerate(layout.values()):
         assert entry['ops'] == [n.name for n in placed.ops_of_stage(s)]
+
+
+@pytest.mark.parametrize('name,pipe', list(_pipelines()), ids=lambda v: v if isinstance(v, str)
+                         else '')
+def test_the_traces_marks_are_read_into_nodes_and_reach_no_graph_mxnet_sees(name, pipe):
+    """A trace's marks (a block list's block, a shard's layer call) are the
+    typed nodes' fields: every op of a block list knows its block, every
+    shard its layer, and neither mark is in a graph bound, exported or
+    checkpointed."""
+    traced = pipe.placement.traced.placed
+    if 'blocks' in name:
+        stage_of_block = pipe.plan.stage_of_layer
+        assert all(op.block is not None for op in traced.ops)
+        assert [stage_of_block[op.block] for op in traced.ops] == \
+            list(pipe.placement.traced.stage_of_op)
+    else:
+        assert all(n.block is None for n in traced.nodes)
+    if 'shards' in name:
+        assert any(n.layer is not None for n in pipe.placement.labelled().ops)
+    for symbol in (pipe.training_symbol('softmax'), pipe.training_symbol('softmax', chunks=2),
+                   pipe.training_symbol('softmax', unsplit=True), pipe.symbol()):
+        text = symbol.tojson()
+        assert SHARD_ATTR not in text and BLOCK_ATTR not in text
