@@ -1,8 +1,10 @@
 """The graph cut: any traced network split into contiguous pipeline stages.
 
-Pure functions over a symbol's JSON graph (``json.loads(symbol.tojson())``),
-after the way PyTorch's pipelining splits a traced graph rather than a list of
-layers:
+The cost model is pure functions over a traced symbol's JSON graph
+(``json.loads(symbol.tojson())``), after the way PyTorch's pipelining splits a
+traced graph rather than a list of layers; the placing is the passes'
+(:mod:`~mp_symbolic.core.passes`, on the typed
+:class:`~mp_symbolic.core.ir.PlacedGraph`):
 
 * :func:`op_order`: the op nodes in a topological order (the order MXNet
   writes them, checked);
@@ -13,13 +15,12 @@ layers:
 * one contiguous range of ops per stage, the largest stage as small as it can
   be, and among cuts near that the one with the fewest bytes crossing
   (:func:`mp_symbolic.core.balance.solve`, the solver of block lists too);
-* :func:`label`: every op, parameter variable and auxiliary state given its
-  stage's ``ctx_group``; a parameter read by ops of several stages lives in
-  its owner's stage and the others read it through one ``identity`` op there
-  (MXNet 1.9.1 fails in backward on a variable read directly on two devices:
+* :func:`~mp_symbolic.core.passes.label` (a pass): every op, parameter
+  variable and auxiliary state given its stage's ``ctx_group``; a parameter
+  read by ops of several stages lives in its owner's stage and the others
+  read it through one ``identity`` op there (MXNet 1.9.1 fails in backward on
+  a variable read directly on two devices:
   :func:`mp_symbolic.core.passes.tie_parameters`);
-* :func:`replicate_chunks`: the graph run on ``chunks`` micro-batches with
-  shared parameters (split in the first stage, concat in the last);
 * :class:`Cut`: all of the above for one traced network, as ``Pipeline``
   uses it; :func:`run_graph`: a labelled graph run op by op on NDArrays (the
   imperative twin of a cut network).
