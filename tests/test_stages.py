@@ -353,6 +353,22 @@ def test_a_schedule_given_as_a_function_trains_as_the_gpipe_graph_and_keeps_what
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
 
 
+def test_gpipe_given_as_its_function_runs_on_the_stage_runtime_and_trains_as_its_one_graph():
+    """What docs/pipelining.md says: ``schedule=schedule.gpipe`` (the
+    function, not the name) runs GPipe on the stage runtime in one process,
+    every micro-batch in flight on every stage, and trains as the one graph."""
+    from mp_symbolic.core import schedule  # pylint: disable=import-outside-toplevel
+    _, expected_out, expected = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'gpipe')
+    pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, schedule.gpipe)
+    mod = pipe.module(loss='softmax')
+    assert type(mod).__name__ == 'StagedModule'
+    mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
+    assert [len(slots) for slots in mod._runtimes[0].slots] == [4, 4, 4]  # pylint: disable=W0212
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
 def _swapped(num_stages, microbatches):
     lists = _one_at_a_time(num_stages, microbatches)
     return [lists[1], lists[0]] + lists[2:]
