@@ -1,10 +1,10 @@
 """The graph cut: any traced network split into contiguous pipeline stages.
 
-The cost model is pure functions over a traced symbol's JSON graph
-(``json.loads(symbol.tojson())``), after the way PyTorch's pipelining splits a
+The cost model is pure functions over a traced graph (a
+:class:`~mp_symbolic.core.ir.PlacedGraph`, or its JSON
+``json.loads(symbol.tojson())``), after the way PyTorch's pipelining splits a
 traced graph rather than a list of layers; the placing is the passes'
-(:mod:`~mp_symbolic.core.passes`, on the typed
-:class:`~mp_symbolic.core.ir.PlacedGraph`):
+(:mod:`~mp_symbolic.core.passes`):
 
 * :func:`op_order`: the op nodes in a topological order (the order MXNet
   writes them, checked);
@@ -40,7 +40,7 @@ import numpy as np
 from .balance import CutError, balance_kind, check_balance, solve, time_forward_backward
 from .checks import tied_owners
 from .compat import error_line
-from .ir import PlacedGraph, load, op_order, variable_readers
+from .ir import PlacedGraph, as_placed, load, op_order, variable_readers
 from .names import DATA_NAME
 from .passes import MAX_CHUNKED_OPS, label, replicate_chunks, unique_names  # noqa: F401
 
@@ -57,11 +57,12 @@ def param_costs(graph, shapes, data_names):
         shapes: ``{variable name: shape}`` (from shape inference).
         data_names: Variables that are inputs, not parameters.
     """
-    order = op_order(graph)
+    graph = as_placed(graph)
+    order = graph.op_order()
     position = {n: k for k, n in enumerate(order)}
     costs = [0.0] * len(order)
-    for var, ops in variable_readers(graph).items():
-        name = graph['nodes'][var]['name']
+    for var, ops in graph.variable_readers().items():
+        name = graph.nodes[var].name
         if name in data_names:
             continue
         costs[position[ops[0]]] += float(np.prod(shapes[name]))
@@ -141,18 +142,18 @@ def entry_bytes(symbol, input_shapes):
 def _crossings(graph, nbytes):
     """``(first, last, bytes)`` per distinct entry read by an op: positions (in
     :func:`op_order`) of its producer (-1: a variable) and of its last reader."""
-    order = op_order(graph)
+    order = graph.op_order()
     position = {n: k for k, n in enumerate(order)}
-    nodes = graph['nodes']
+    nodes = graph.nodes
     spans = {}
     for i in order:
-        for src, idx, _ in nodes[i]['inputs']:
-            if nodes[src]['op'] == 'null' and (nodes[src]['name'], idx) not in nbytes:
+        for src, idx, _ in nodes[i].inputs:
+            if nodes[src].is_variable and (nodes[src].name, idx) not in nbytes:
                 continue
             key = (src, idx)
             first = position.get(src, -1)
             spans[key] = (first, max(spans.get(key, (first, -1))[1], position[i]))
-    return [(first, last, nbytes.get((nodes[src]['name'], idx), 0))
+    return [(first, last, nbytes.get((nodes[src].name, idx), 0))
             for (src, idx), (first, last) in sorted(spans.items())]
 
 
@@ -165,7 +166,8 @@ def cut_bytes(graph, nbytes):
             count: activations and inputs (:func:`entry_bytes` without the
             parameters).
     """
-    n = len(op_order(graph))
+    graph = as_placed(graph)
+    n = len(graph.op_order())
     delta = np.zeros(n + 1, dtype=np.float64)
     for first, last, size in _crossings(graph, nbytes):
         # crosses every cut after p for first <= p < last
@@ -217,7 +219,7 @@ class Cut:
     Attributes:
         placed: The unlabelled graph (op names made unique), the
             :class:`~mp_symbolic.core.ir.PlacedGraph` the passes place.
-        graph: The same as MXNet's JSON, which the cost model reads.
+        graph: The same as MXNet's JSON.
         op_names: Op names in :func:`op_order`.
         stage_of_op: Stage of each op.
         owner: ``{variable name: stage}`` of every variable.
@@ -242,7 +244,6 @@ class Cut:
         if not isinstance(symbol, PlacedGraph):
             symbol = PlacedGraph.from_symbol(symbol, self.data_names)
         self.placed = unique_names(symbol)
-        self.graph = self.placed.to_json()
         order = self.placed.op_order()
         self.op_names = [self.placed.nodes[i].name for i in order]
         params = {n.name for n in self.placed.variables} - set(self.data_names)
@@ -261,15 +262,16 @@ class Cut:
             input_shape = {n: tuple(s) for n, s in input_shape.items()}
             first = input_shape[self.data_name]
             batch = max(int(first[batch_axis]) if len(first) > batch_axis else 1, 1)
-            nbytes = entry_bytes(load(self.graph), input_shape)
+            traced = self.placed.to_symbol()
+            nbytes = entry_bytes(traced, input_shape)
             self.activation_bytes = {k: v for k, v in nbytes.items() if k[0] not in params}
-            cross = cut_bytes(self.graph, self.activation_bytes) / batch
+            cross = cut_bytes(self.placed, self.activation_bytes) / batch
         kind = None if stage_of_op is not None else \
             balance_kind(balance, input_shape is not None, 'ops', CutError)
         if kind == 'size':
-            self.costs = param_costs(self.graph, shapes, set(self.data_names))
-        elif kind == 'time':
-            self.costs = op_times(load(self.graph), input_shape, ctx or mx.cpu(0))
+            self.costs = param_costs(self.placed, shapes, set(self.data_names))
+        elif kind == 'time':  # only with input_shape
+            self.costs = op_times(traced, input_shape, ctx or mx.cpu(0))
         else:
             self.costs = None
         if stage_of_op is not None:
@@ -289,9 +291,14 @@ class Cut:
         self.owner.update(tied_owners(owners, params, num_stages, 'the network', CutError))
         if input_shape is not None:
             self.boundary_bytes = [b // batch for b in
-                                   crossing_bytes(self.graph, self.stage_of_op,
+                                   crossing_bytes(self.placed, self.stage_of_op,
                                                   self.activation_bytes)]
         self.labelled([])  # an auxiliary state read by two stages fails here
+
+    @property
+    def graph(self):
+        """:attr:`placed` as MXNet's JSON."""
+        return self.placed.to_json()
 
     @property
     def sizes(self):

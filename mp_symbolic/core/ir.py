@@ -25,8 +25,8 @@ from types import MappingProxyType
 
 from .names import BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, parse_group, parse_shard_mark
 
-__all__ = ['Entry', 'Node', 'PlacedGraph', 'ROLES', 'load', 'make_node', 'op_order',
-           'variable_readers']
+__all__ = ['Entry', 'Node', 'PlacedGraph', 'ROLES', 'as_placed', 'load', 'make_node',
+           'op_order', 'variable_readers']
 
 # What a node is: an input (data or label) variable, a parameter, an
 # auxiliary state (BatchNorm's running mean and variance: updated in place by
@@ -241,17 +241,23 @@ def load(graph):
     return mx.sym.load_json(json.dumps(graph))
 
 
+def as_placed(graph):
+    """``graph`` typed: a :class:`PlacedGraph` as it is, MXNet's JSON read
+    once (:meth:`PlacedGraph.from_json`)."""
+    return graph if isinstance(graph, PlacedGraph) else PlacedGraph.from_json(graph)
+
+
 def op_order(graph):
-    """Indices of the op (non-variable) nodes of a JSON graph in a
-    topological order.
+    """Indices of the op (non-variable) nodes of ``graph`` (a
+    :class:`PlacedGraph` or its JSON) in a topological order.
 
     MXNet writes nodes in a depth-first post-order, which is topological;
     this checks it (an input listed after its reader is an internal error).
     """
-    return PlacedGraph.from_json(graph).op_order()
+    return as_placed(graph).op_order()
 
 
 def variable_readers(graph):
     """``{variable node index: [op node indices that read it, in order]}`` of
-    a JSON graph."""
-    return PlacedGraph.from_json(graph).variable_readers()
+    ``graph`` (a :class:`PlacedGraph` or its JSON)."""
+    return as_placed(graph).variable_readers()
