@@ -21,7 +21,8 @@ working directory). ``MP_SYMBOLIC_UPSTREAM_STOCK=1`` runs the same files
 against MXNet's own ``gluon.Trainer`` and ``Module``, to compare.
 
 Every test of the files passes on CPU with stock MXNet 1.9.1, and every one
-runs here; none is skipped.
+runs here; none is skipped. Where the two are absent, ``test_fetched.py``
+reports each as a skipped test with the command above.
 """
 import os
 import sys
