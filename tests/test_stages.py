@@ -149,7 +149,7 @@ def _bert_steps(schedule, steps=3):
     """The outputs of the last step and the parameters after ``steps`` SGD
     steps of a loss on GluonNLP's BERT's classifier, over two devices in two
     micro-batches, from :func:`small_bert`'s values (a new batch each step,
-    its valid lengths below the sequence's)."""
+    its valid lengths from 1 to the sequence's)."""
     start = {n: p.data() for n, p in small_bert().collect_params().items()}
     pipe = Pipeline(small_bert(start), 'cpu:0,cpu:1', sample=tuple(bert_batch()), chunks=2,
                     schedule=schedule)
