@@ -442,7 +442,8 @@ def test_fully_connected_gives_its_bias_a_zero_gradient_when_its_weight_has_none
     np.testing.assert_array_equal(grads['null'], [0, 0, 0])
 
 
-# -- gradients MXNet cannot compute or place (compat.embedding_ids, compat.tie_parameters,
+# -- gradients MXNet cannot compute or place (compat.embedding_ids, compat.lengths_outside_gradient,
+# -- compat.tie_parameters,
 # -- compat.updates_by_device, compat.read_on) ---------------------------------------------------
 
 def _backward(symbol, grad_req, group2ctx=None, **shapes):
@@ -473,6 +474,53 @@ def test_embedding_backward_refuses_a_gradient_for_its_ids(through_an_op):
     stopped = mx.sym.Embedding(compat.ids_outside_gradient(mx.sym, x - 1), w, input_dim=5,
                                output_dim=4)
     _backward(stopped, {'x': 'write', 'w': 'write'}, x=(2, 3))
+
+
+def _softmax_by_length_gradients(symbol, length_req):
+    """The gradient of ``x`` (and the lengths after the pass) of ``symbol``
+    (reading variables ``x``, ``lengths`` and ``w``), its lengths' gradient
+    asked for as ``length_req``."""
+    rng = np.random.default_rng(0)
+    x, w = mx.nd.array(rng.normal(size=(2, 5))), mx.nd.array(rng.normal(size=(2, 5)))
+    lengths = mx.nd.array([2, 4], dtype='int32')
+    grads = {'x': mx.nd.zeros(x.shape), 'lengths': mx.nd.zeros(lengths.shape, dtype='int32')}
+    exe = symbol.bind(mx.cpu(0), {'x': x, 'lengths': lengths, 'w': w}, args_grad=grads,
+                      grad_req={'x': 'write', 'lengths': length_req, 'w': 'null'})
+    exe.forward(is_train=True)
+    exe.backward()
+    return exe.grad_dict['x'].asnumpy(), exe.arg_dict['lengths'].asnumpy()
+
+
+def test_softmax_by_length_zeroes_the_lengths_it_reads_when_their_gradient_is_asked_for():
+    """Why the stage runtime binds each stage with its lengths outside the
+    gradient (compat.lengths_outside_gradient): softmax with ``use_length``,
+    asked for the gradient of a length an op computed, writes that gradient
+    (zeros) where the length is and reads the lengths back as 0, so the
+    scores get no gradient at all. A length read from a variable keeps its
+    storage; asked for no gradient, the backward is right."""
+    x, lengths, w = mx.sym.var('x'), mx.sym.var('lengths'), mx.sym.var('w')
+
+    def scores(computed):
+        length = mx.sym.reshape(lengths, shape=(-1,)) if computed else lengths
+        return mx.sym.make_loss(mx.sym.sum(
+            mx.sym.softmax(x, length, axis=-1, use_length=True) * w))
+
+    expected, _ = _softmax_by_length_gradients(scores(True), 'null')
+    assert np.abs(expected).sum() > 0
+    # the scores past each row's length (2 and 4) get no gradient
+    assert expected[0, 2:].tolist() == [0, 0, 0] and expected[1, 4] == 0
+    for req in ('write', 'add'):
+        zeroed, kept = _softmax_by_length_gradients(scores(True), req)
+        np.testing.assert_array_equal(zeroed, np.zeros_like(expected))
+        np.testing.assert_array_equal(kept, [2, 4])  # the variable: its own storage
+        from_variable, _ = _softmax_by_length_gradients(scores(False), req)
+        np.testing.assert_allclose(from_variable, expected, rtol=1e-6)
+        stopped = compat.lengths_outside_gradient(scores(True))
+        assert stopped.list_arguments() == scores(True).list_arguments()
+        fixed, _ = _softmax_by_length_gradients(stopped, req)
+        np.testing.assert_allclose(fixed, expected, rtol=1e-6)
+    plain = mx.sym.softmax(x, axis=-1)
+    assert compat.lengths_outside_gradient(plain) is plain  # nothing to stop
 
 
 def _read_by_two_groups(through):

@@ -14,7 +14,7 @@ from mp_symbolic.core.passes import cut
 from mp_symbolic.training import loop
 from mp_symbolic.training.tasks import digits, gpt, lm
 
-from conftest import assert_host_copy_changes_no_value_or_byte, bn_mlp
+from conftest import assert_host_copy_changes_no_value_or_byte, bert_batch, bn_mlp, small_bert
 
 TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
 BATCH = 8
@@ -143,6 +143,47 @@ def test_the_stage_graphs_pass_the_tied_embedding_from_its_owner_to_the_output_s
     params = set(symbol.list_arguments()) - {'data', 'softmax_label'}
     owned = [set(g.symbol.list_arguments()) & params for g in stages]
     assert set.union(*owned) == params and sum(map(len, owned)) == len(params)
+
+
+def _bert_steps(schedule, steps=3):
+    """The outputs of the last step and the parameters after ``steps`` SGD
+    steps of a loss on GluonNLP's BERT's classifier, over two devices in two
+    micro-batches, from :func:`small_bert`'s values (a new batch each step,
+    its valid lengths from 1 to the sequence's)."""
+    start = {n: p.data() for n, p in small_bert().collect_params().items()}
+    pipe = Pipeline(small_bert(start), 'cpu:0,cpu:1', sample=tuple(bert_batch()), chunks=2,
+                    schedule=schedule)
+    mod = pipe.module(loss='softmax', output=2)
+    xs = bert_batch()
+    mod.bind(data_shapes=[(n, x.shape) for n, x in zip(pipe.input_names, xs)],
+             label_shapes=[('softmax_label', (len(xs[0]),))])
+    mod.init_params(arg_params=start, aux_params={}, allow_missing=False)
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.5})
+    rng = np.random.default_rng(1)
+    for _ in range(steps):
+        tokens, types = rng.integers(0, 50, xs[0].shape), rng.integers(0, 2, xs[1].shape)
+        lengths = rng.integers(1, xs[0].shape[1] + 1, len(xs[0]))
+        label = rng.integers(0, 2, len(xs[0]))
+        mod.forward_backward(mx.io.DataBatch(
+            [mx.nd.array(a.astype(np.float32)) for a in (tokens, types, lengths)],
+            [mx.nd.array(label.astype(np.float32))]))
+        mod.update()
+    arg_params, _ = mod.get_params()
+    return ([o.asnumpy() for o in mod.get_outputs()],
+            {n: v.asnumpy() for n, v in arg_params.items()})
+
+
+def test_bert_under_1f1b_equals_the_gpipe_graph_after_three_steps():
+    """GluonNLP's BERT: the second stage's attention reads the lengths the
+    first stage computes (softmax with ``use_length``), a received tensor
+    whose gradient the stage runtime asks for (compat.lengths_outside_gradient)."""
+    expected_out, expected = _bert_steps('gpipe')
+    out, params = _bert_steps('1f1b')
+    for ours, theirs in zip(out, expected_out):
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+    assert sorted(params) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=1e-6, err_msg=name)
 
 
 def test_fit_score_predict_and_save_checkpoint_work_under_1f1b(tmp_path):

@@ -21,7 +21,7 @@ import sys
 import mxnet as mx
 
 from .checks import excerpt
-from .ir import make_node
+from .ir import PlacedGraph, make_node
 from .scoped import captured_stderr, environ
 
 __all__ = []
@@ -469,6 +469,53 @@ def embedding_ids(symbol, names):
     wanted = set(names)
     return {nodes[i]['name'] for i in upstream
             if nodes[i]['op'] == 'null' and nodes[i]['name'] in wanted}
+
+
+# The ops whose second input, when given, is a length per row (softmax(data, length,
+# use_length=True): GluonNLP's attention masks its scores so).
+LENGTH_OPS = frozenset({'softmax'})
+
+
+def lengths_outside_gradient(symbol):
+    """``symbol`` (an ``mx.sym.Symbol``) with the length each op of
+    :data:`LENGTH_OPS` reads passed through ``BlockGrad``, so that no bind
+    asks that op for the length's gradient; ``symbol`` itself when no op
+    reads one. The outputs, arguments and values are the same.
+
+    **What MXNet does.** ``softmax``'s backward with ``use_length=True``
+    computes a gradient for the length too (zeros: a length has none) when
+    one is asked for, and may write it in place of the length itself
+    (``SoftmaxGradOpInplaceOption`` pairs input 2, the length, with output
+    1, its gradient, ``src/operator/nn/softmax-inl.h``).
+    ``SoftmaxGradCompute`` zeroes that output first, then reads the lengths
+    from the same storage: every row's length is 0 and the gradient of the
+    scores is zero. The memory planner shares that storage where the length
+    is an op's output, not a variable (seen at the backward that runs last
+    of the length's readers: the first attention layer after the lengths
+    are made). **Why it matters.** The stage runtime asks for the gradient
+    of every tensor a stage receives, and GluonNLP's BERT sends its lengths
+    (cast to int32 by the first stage) to the attention layers of the next:
+    the first of them got no gradient through its queries and keys, nor did
+    the layers before it through that attention, and the weights drifted
+    from the GPipe graph's. In one graph the lengths come from the data,
+    whose gradient no one asks for. **What is done instead.** The length
+    goes through ``BlockGrad``: the backward is asked for no gradient of it
+    (the received tensor's gradient is zero, as it was).
+    """
+    placed = PlacedGraph.from_symbol(symbol)
+    nodes, moved = [], {}
+    for node in placed.nodes:
+        inputs = [(moved[e.node], e.output, e.version) for e in node.inputs]
+        if node.op in LENGTH_OPS and len(inputs) > 1:
+            nodes.append(make_node(len(nodes), '%s_length' % node.name, 'BlockGrad',
+                                   [inputs[1]], node.group))
+            inputs[1] = (len(nodes) - 1, 0, 0)
+        moved[node.index] = len(nodes)
+        nodes.append(node.but(index=len(nodes), inputs=inputs))
+    if len(nodes) == len(placed.nodes):
+        return symbol
+    return placed.but(nodes, [(moved[h.node], h.output, h.version)
+                              for h in placed.heads]).to_symbol()
 
 
 def ids_outside_gradient(F, x, name='indices'):

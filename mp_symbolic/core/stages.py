@@ -35,7 +35,7 @@ micro-batch forward or backward:
 import mxnet as mx
 
 from .comm import Link, LocalTransport
-from .compat import split_bind
+from .compat import lengths_outside_gradient, split_bind
 from .names import parse_group, stage_name
 from .schedule import Action, in_flight, issue_order
 
@@ -123,15 +123,19 @@ class StageRuntime:
         for s in self.local:
             graph = stages[s]
             groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}
-            self.slots[s] = [self._bind(graph, groups, group2ctx, arg_dict, grad_dict, aux_dict,
-                                        types) for _ in range(max(1, flight[s]))]
+            # no gradient asked for a length MXNet may overwrite (compat.lengths_outside_gradient)
+            symbol = lengths_outside_gradient(graph.symbol) if for_training else graph.symbol
+            self.slots[s] = [self._bind(graph, symbol, groups, group2ctx, arg_dict, grad_dict,
+                                        aux_dict, types) for _ in range(max(1, flight[s]))]
         self.outputs = None
 
-    def _bind(self, graph, groups, group2ctx, arg_dict, grad_dict, aux_dict, types):
+    def _bind(self, graph, symbol, groups, group2ctx, arg_dict, grad_dict, aux_dict, types):
+        """One executor of ``graph`` (bound as ``symbol``, its graph or one
+        computing the same) on the stage's arrays."""
         device = groups[stage_name(graph.stage)]
         received = {name: entry for name, _, entry in graph.receives}
         args, grads, reqs = {}, {}, {}
-        for name in graph.symbol.list_arguments():
+        for name in symbol.list_arguments():
             if name in received:
                 shape, dtype = self._boundary[received[name]]
                 args[name] = mx.nd.zeros(shape, device, dtype=dtype)
@@ -144,11 +148,10 @@ class StageRuntime:
                 args[name] = arg_dict[name]
                 if self.for_training and grad_dict.get(name) is not None:
                     grads[name], reqs[name] = grad_dict[name], 'add'
-        aux = {name: aux_dict[name] for name in graph.symbol.list_auxiliary_states()}
-        with split_bind(groups, graph.symbol):  # storage shared unless a layout op needs it off
-            executor = graph.symbol.bind(device, args, args_grad=grads or None,
-                                         grad_req=reqs or 'null', aux_states=aux,
-                                         group2ctx=group2ctx)
+        aux = {name: aux_dict[name] for name in symbol.list_auxiliary_states()}
+        with split_bind(groups, symbol):  # storage shared unless a layout op needs it off
+            executor = symbol.bind(device, args, args_grad=grads or None,
+                                   grad_req=reqs or 'null', aux_states=aux, group2ctx=group2ctx)
         out_grads = None
         if graph.sends and self.for_training:
             # a loss head ignores its gradient; an output read later gets its readers' sum
