@@ -220,6 +220,17 @@ def test_inputs_nested_otherwise_are_refused_in_one_line_without_their_values():
                                      'not given')
 
 
+@pytest.mark.parametrize('shapes, where', [
+    (((T, 0), [(LAYERS, 0, HIDDEN), (LAYERS, 0, HIDDEN)]), '(5, 0) for data0'),
+    (((T, N), [(LAYERS, 0, HIDDEN), (LAYERS, N, HIDDEN)]), '(2, 0, 200) for data1'),
+])
+def test_a_recurrent_sample_of_batch_zero_is_refused_in_one_line(shapes, where):
+    with pytest.raises(ValueError) as err:
+        Pipeline(language_model(), TWO, sample=shapes, batch_axis=1)
+    assert _one_line(err) == ('sample: expected sizes of at least 1 in every axis (a batch of '
+                              'at least one row), found shape ' + where)
+
+
 def test_a_batch_axis_or_layout_that_cannot_hold_is_refused_in_one_line():
     x, _, states = batch()
     with pytest.raises(ValueError, match=r'^batch_axis: expected a non-negative integer .*'

@@ -199,7 +199,9 @@ class Pipeline(gluon.Block):
             on one node, ``balance='time'`` with nodes, or nodes whose plans
             differ; a
             ``tied`` entry that is not a parameter and a stage; a whole network without ``sample``
-            whose shapes are not known; a stage of several devices whose
+            whose shapes are not known; a ``sample`` with a size below 1,
+            more elements in an input than MXNet takes in one tensor, or
+            lists nested deeper than 32 or holding themselves; a stage of several devices whose
             count is not the shards of a tensor-parallel layer in it; a
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
             and the shard count named); ``batch_axis`` not a non-negative
@@ -496,7 +498,10 @@ class Pipeline(gluon.Block):
 
         Raises:
             TypeError: they are nested otherwise.
+            ValueError: they nest deeper than
+                :data:`~mp_symbolic.core.nesting.MAX_DEPTH`, or a list holds itself.
         """
+        nesting.check(tuple(args), 'inputs')
         leaves, given = nesting.flatten(tuple(args))
         _, expected = nesting.flatten(self.inputs, lambda v: isinstance(v, str))
         if nesting.alike(given, expected) or nesting.is_flat(expected) and nesting.is_flat(given):
