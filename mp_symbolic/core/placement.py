@@ -123,24 +123,49 @@ class Placement:
     outputs: object = None
     batch_axis: int = 0
 
-    def micro_batch(self, batch, of_several=False, refuse=False):
+    def micro_batch(self, batch):
         """Examples per micro-batch of a batch of ``batch`` (``None``: a
         scalar input): the one rule that a batch splits into ``chunks x
         replicas`` equal parts.
 
         Raises:
-            ValueError: it does not, or ``refuse`` (an input of another
-                size than the others; ``of_several``: the inputs must agree
-                in size, and the message says so).
+            ValueError: it does not.
         """
         parts = self.chunks * self.replicas
-        if refuse or not batch or batch % parts:
+        if not batch or batch % parts:
             raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = '
-                             '%d)%s, found %s' % (self.chunks, self.replicas, parts,
-                                                  ', the same for every input' if of_several
-                                                  else '', 'a scalar' if batch is None
-                                                  else batch))
+                             '%d), found %s' % (self.chunks, self.replicas, parts,
+                                                'a scalar' if batch is None else batch))
         return batch // parts
+
+    def micro_batch_of(self, sizes):
+        """Examples per micro-batch of inputs of ``sizes`` along the batch
+        axis (``{input name: size}``, in order; ``None``: a scalar): each
+        input is split into ``chunks x replicas`` equal parts, so their
+        sizes must be one multiple of that count. With one part (one chunk,
+        one replica) nothing is split: each input goes whole, whatever its
+        size, and the first input's gives the micro-batch.
+
+        Raises:
+            ValueError: the sizes differ or are not that multiple (the
+                message names each input's size, and ``batch_axis`` where
+                they differ), or the first input is a scalar.
+        """
+        names, values = list(sizes), list(sizes.values())
+        parts = self.chunks * self.replicas
+        if len(values) == 1 or parts == 1:
+            return self.micro_batch(values[0])
+        if len(set(values)) == 1 and values[0] and not values[0] % parts:
+            return values[0] // parts
+        hint = ''
+        if len(set(values)) > 1:
+            hint = ' (give Pipeline(..., batch_axis=) the axis of the batch where it is not ' \
+                   'axis %d: 1 for GluonNLP\'s TNC inputs)' % self.batch_axis
+        raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d), '
+                         'the same for every input along axis %d (batch_axis), found %s%s'
+                         % (self.chunks, self.replicas, parts, self.batch_axis, ', '.join(
+                             '%s %s' % (n, 'a scalar' if v is None else v)
+                             for n, v in zip(names, values)), hint))
 
     @property
     def positional_inputs(self):
