@@ -202,6 +202,23 @@ def test_inputs_that_hold_themselves_or_nest_thousands_deep_are_refused_in_one_l
             pipe(mx.nd.ones((4, 2)), inputs)
 
 
+@pytest.mark.parametrize('build', [_mlp, lambda: _Whole(prefix='whole_')],
+                         ids=['block-list', 'whole-network'])
+def test_the_twin_before_initialize_is_refused_in_one_line_naming_initialize(build):
+    pipe = Pipeline(build(), 'cpu:0,cpu:1', sample=(4, 2))
+    with pytest.raises(RuntimeError) as err:
+        pipe(mx.nd.ones((4, 2)))
+    message = str(err.value)
+    assert '\n' not in message
+    count = len(pipe.collect_params().keys())
+    assert message.startswith('parameters: expected them initialized before the twin runs (call '
+                              'pipe.initialize(), or pipe.set_params(arg_params, aux_params) '
+                              'with saved values), found %d of %d not initialized (%s, '
+                              % (count, count, list(pipe.blocks[0].collect_params().keys())[0]))
+    pipe.initialize()
+    assert pipe(mx.nd.ones((4, 2))).shape[0] == 4
+
+
 class _Twice(gluon.HybridBlock):
     """Two children given one prefix= outside the parent's name_scope()."""
 

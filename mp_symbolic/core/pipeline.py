@@ -39,6 +39,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import autotp, graph, nesting, passes, tensor_parallel, twin
+from .checks import excerpt
 from .compat import initialized, symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
@@ -467,6 +468,8 @@ class Pipeline(gluon.Block):
                 inputs are not nested as the sample was.
             ValueError: the batch is not a multiple of ``chunks x replicas``,
                 or a node of the Symbol names a ``ctx_group`` the plan lacks.
+            RuntimeError: on NDArrays, a parameter not initialised yet
+                (neither :meth:`initialize` nor :meth:`set_params` called).
         """
         placement = self.placement
         if self.nodes is not None and not isinstance(x, mx.sym.Symbol):
@@ -477,7 +480,24 @@ class Pipeline(gluon.Block):
         if isinstance(x, mx.sym.Symbol):
             inputs = [graph.on_first_stage(s, placement) for s in leaves]
             return passes.finish(graph.build(placement, inputs, 1), placement)
+        self._check_initialized()
         return twin.forward(placement, *leaves, order=self._forwards)
+
+    def _check_initialized(self):
+        """Raises RuntimeError in one line while a parameter has no values
+        (nor a deferred initialisation) on any device, where Gluon would
+        raise its own of several lines from inside the first stage."""
+        if getattr(self, '_ready', False):
+            return
+        params = list(self.collect_params().values())
+        missing = [param.name for param in params if not initialized(param)]
+        if missing:
+            raise RuntimeError('parameters: expected them initialized before the twin runs '
+                               '(call pipe.initialize(), or pipe.set_params(arg_params, '
+                               'aux_params) with saved values), found %d of %d not initialized '
+                               '(%s)' % (len(missing), len(params),
+                                         excerpt(', '.join(missing))))
+        self._ready = True
 
     @property
     def inputs(self):
