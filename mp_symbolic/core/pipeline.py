@@ -137,7 +137,10 @@ class Pipeline(gluon.Block):
             microbatches) -> one list of actions per device``
             (:class:`~mp_symbolic.Action` ``(stage, microbatch, kind)``,
             kind ``'F'`` or ``'B'``), checked here: each action once, on its
-            stage's device, in an order the devices can run. The imperative
+            stage's device, in an order the devices can run; the function
+            runs in a thread of its own and must return, and its lists be
+            read, within ``schedule.TIME_LIMIT`` seconds (10), at most ``2
+            x stages x micro-batches`` actions a device. The imperative
             twin runs the schedule's forwards in its order.
         virtual: Stages per device (default 2 under ``'interleaved'``, 1
             under a function; the other names run one): ``devices`` lists
