@@ -25,8 +25,6 @@ from collections import OrderedDict
 import contextlib
 import json
 import os
-import zipfile
-import zlib
 
 import numpy as np
 
@@ -37,8 +35,8 @@ from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_
 from mp_symbolic.tools.store import Store, check_store_folder
 from mp_symbolic.tools.files import sha256_file, shown_path
 
-from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR, MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES
-from .errors import ExportError, VerificationError, excerpt, library_message
+from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
+from .errors import ExportError, VerificationError
 from .inference import (activation_bytes, inference_graph, input_dtypes, input_names,
                         sample_shapes, stage_layout, with_dynamic_axes, with_input_dtypes)
 
@@ -100,15 +98,8 @@ def locate_checkpoint(checkpoint, epoch=None):
 
 
 def read_sample(path):
-    """``--sample FILE.npz`` -> ``{input name: array}``, in the file's order.
-
-    What the file may hold is checked from its zip headers before any member
-    is read: at most :data:`~export.MAX_SAMPLE_ARRAYS` members, all ``.npy``,
-    declaring at most :data:`~export.MAX_SAMPLE_BYTES` decompressed in all
-    (a zip bomb of a few KB declaring gigabytes is refused unread); then each
-    member's ``.npy`` header, against its declared size, before its array
-    is allocated (:func:`export.tables.read_npy`). A FIFO is refused
-    unopened.
+    """``--sample FILE.npz`` -> ``{input name: array}``, in the file's order
+    (read by :func:`export.tables.read_npz`, within its bounds).
 
     Raises:
         ExportError: not a readable ``.npz`` of numeric arrays within those
@@ -116,42 +107,14 @@ def read_sample(path):
     """
     # pylint: disable=import-outside-toplevel
     from .errors import InputError
-    from .tables import open_regular, read_npy
+    from .tables import read_npz
     if not str(path).endswith('.npz'):
         raise ExportError('--sample: expected a .npz file (numpy.savez: one array per input '
                           'name, batch first), found %s' % shown_path(path))
     try:
-        with open_regular(path, 'a .npz file') as f, zipfile.ZipFile(f) as npz:
-            members = npz.infolist()
-            names = [m.filename for m in members]
-            if len(members) > MAX_SAMPLE_ARRAYS:
-                raise ExportError('--sample: expected at most %d arrays (one per input) in %s, '
-                                  'found %d: %s' % (MAX_SAMPLE_ARRAYS, path, len(members),
-                                                    excerpt(', '.join(names))))
-            odd = [n for n in names if not n.endswith('.npy')]
-            if odd or len(set(names)) != len(names):
-                raise ExportError('--sample: expected one .npy member per input in %s (as '
-                                  'numpy.savez writes them), found %s'
-                                  % (path, 'members %s' % excerpt(', '.join(odd)) if odd else
-                                     'a name given twice'))
-            declared = sum(m.file_size for m in members)
-            if declared > MAX_SAMPLE_BYTES:
-                raise ExportError('--sample: expected arrays of at most %d MiB in all in %s, '
-                                  'found members declaring %d bytes decompressed'
-                                  % (MAX_SAMPLE_BYTES >> 20, path, declared))
-            arrays = OrderedDict()
-            for member in members:
-                where = '%s member %s' % (path, excerpt(member.filename))
-                with npz.open(member) as stream:
-                    arrays[member.filename[:-len('.npy')]] = read_npy(stream, where,
-                                                                      member.file_size)
-            return arrays
+        return read_npz(path)
     except InputError as err:
         raise ExportError('--sample: %s' % err) from None
-    except (OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile,
-            zlib.error) as err:  # RuntimeError: an encrypted member; NotImplementedError: a method
-        raise ExportError('--sample: expected a readable .npz file at %s, found %s'
-                          % (path, library_message(err))) from None
 
 
 def check_sample(sample, symbol, arg_params=None, log=None):

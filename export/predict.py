@@ -10,7 +10,10 @@ of the MXNet pair (params file found beside it), bound with ``group2ctx`` on
 device takes every stage. ``--input`` is ``.npy`` (``(samples, features)``,
 or ``(samples,) + one sample's shape``, such as ``(N, 3, 64, 64)`` images) or
 ``.csv`` (``-``: CSV on stdin), one sample per row; CSV text holds at most
-:data:`~export.MAX_CSV_BYTES` (64 MiB). Predictions, of the model's own rank,
+:data:`~export.MAX_CSV_BYTES` (64 MiB). A model of several inputs (BERT's
+``data0``, ``data1``, ``data2``) takes a ``.npz`` (``numpy.savez``) of one
+batch per input, named as the inputs (a model of one input takes one too,
+named ``data``); its first output is predicted. Predictions, of the model's own rank,
 go to stdout as CSV, or to ``--output`` (``.csv`` or ``.npy``; any other name
 is refused rather than guessed); CSV takes predictions of one or two
 dimensions, ``.npy`` any.
@@ -47,7 +50,9 @@ def build_parser():
     parser.add_argument('--input', required=True, metavar='PATH',
                         help='features, one sample per row: .npy (samples, features) or '
                              '(samples,) + the model\'s sample shape, .csv, or - for CSV on '
-                             'stdin (CSV: at most %d MiB)' % (MAX_CSV_BYTES >> 20))
+                             'stdin (CSV: at most %d MiB); for a model of several inputs, a '
+                             '.npz of one batch per input, named as the inputs (data0, '
+                             'data1, ...)' % (MAX_CSV_BYTES >> 20))
     parser.add_argument('--output', default=None, metavar='PATH',
                         help='write predictions to this file, CSV if it ends in .csv (one or '
                              'two dimensions), a numpy array of any shape if .npy (default: CSV '
@@ -100,9 +105,10 @@ def _predict(args):
     # Imported after parsing so that --help and flag errors do not wait for onnxruntime.
     # pylint: disable=import-outside-toplevel
     from .errors import PredictionError
-    from .runtimes import SYMBOL_SUFFIX, load_predictor
+    from .runtimes import SYMBOL_SUFFIX, OnnxPredictor, load_predictor
+    from .errors import InputError
     from .tables import (STDIN, check_csv_rank, check_predictions, format_csv, output_format,
-                         read_features, write_predictions)
+                         read_features, read_inputs, write_predictions)
     if args.model.endswith(SYMBOL_SUFFIX):
         # The pair's runtime, imported while a signal still ends the process at
         # once (exit_on_signals); an .onnx model needs no MXNet (export.runtimes).
@@ -116,14 +122,27 @@ def _predict(args):
             _check_output(args.output, [('--input', args.input), ('--model', args.model)])
         csv_out = args.output is None or output_format(args.output) == 'csv'
         where = 'CSV on stdout' if args.output is None else 'CSV in %s' % args.output
-        predictor = load_predictor(args.model, args.devices)
+        by_name = args.input.lower().endswith('.npz')  # one batch per input, by name
+        predictor = load_predictor(args.model, args.devices, table=False)
+        names = list(predictor.input_names)
+        source = '<stdin>' if args.input == STDIN else args.input
+        if not by_name and len(names) > 1:
+            raise InputError('expected a .npz of one batch per input (%s) for a model of %d '
+                             'inputs, found %s' % (', '.join(names), len(names), source))
+        if not by_name and isinstance(predictor, OnnxPredictor):
+            predictor.check_table()
         if csv_out and getattr(predictor, 'output_ndim', None):  # before reading the input
             check_csv_rank(predictor.output_ndim, where)
-        X = read_features(args.input, predictor.input_width, predictor.sample_shape)
-        Y = predictor.predict(X)
+        if by_name:
+            arrays = read_inputs(args.input, names)
+            Y = predictor.run(*arrays)[0]
+            X, source = arrays[0], '%s member %s' % (args.input, names[0])
+        else:
+            X = read_features(args.input, predictor.input_width, predictor.sample_shape)
+            Y = predictor.predict(X)
         if csv_out:
             check_csv_rank(Y.ndim, where)
-        check_predictions(Y, X, '<stdin>' if args.input == STDIN else args.input)
+        check_predictions(Y, X, source)
     except PredictionError as err:
         print_error(err)
         return FAILED

@@ -505,21 +505,17 @@ class OnnxPredictor:
                 if sizes is not None and len(sizes) == len(dims):
                     dims = [t if isinstance(d, str) else d for d, t in zip(dims, sizes)]
             shapes.append(dims)
-        if not inputs or (table and len(inputs) != 1) or any(
-                len(i.shape) < 1 or not all(isinstance(d, int) for d in shape)
-                for i, shape in zip(inputs, shapes)) or (table and len(inputs[0].shape) < 2):
-            raise ModelFileError('%s: expected %s of shape (batch, ...) with fixed '
+        if not inputs or any(len(i.shape) < 1 or not all(isinstance(d, int) for d in shape)
+                             for i, shape in zip(inputs, shapes)):
+            raise ModelFileError('%s: expected inputs of shape (batch, ...) with fixed '
                                  'per-sample dimensions, found %s'
-                                 % (path, 'one input' if table else 'inputs',
-                                    _describe_args(inputs) or 'none'))
-        if (table and inputs[0].type != 'tensor(float)') or any(
-                i.type not in _ORT_DTYPES for i in inputs):
+                                 % (path, _describe_args(inputs) or 'none'))
+        if any(i.type not in _ORT_DTYPES for i in inputs):
             raise ModelFileError('%s: expected a float32 input (tensor(float)), found %s'
                                  % (path, _describe_args(inputs)))
-        if table and isinstance(outputs[0].shape, list) and len(outputs[0].shape) < 1:
-            raise ModelFileError('%s: expected its first output to be of shape (batch, ...), '
-                                 'found %s' % (path, _describe_args(outputs[:1])))
-        self.table = table
+        self.table = False
+        if table:
+            self.check_table()
         self.input_names = [i.name for i in inputs]
         self.sample_shapes = {i.name: tuple(shape) for i, shape in zip(inputs, shapes)}
         self.dtypes = {i.name: np.dtype(_ORT_DTYPES[i.type]) for i in inputs}
@@ -534,6 +530,28 @@ class OnnxPredictor:
         # A failing run is reported by the exception; onnxruntime would also log it.
         self._quiet = ort.RunOptions()
         self._quiet.log_severity_level = 4  # fatal only
+
+    def check_table(self):
+        """Holds the model to ``python -m export.predict``'s contract for a
+        table (``.npy`` or CSV): one float32 input of shape ``(batch,
+        ...)`` with at least one axis after the batch, and a first output
+        of shape ``(batch, ...)``; :attr:`table` is then true.
+
+        Raises:
+            ModelFileError: it is not.
+        """
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        if len(inputs) != 1 or len(inputs[0].shape) < 2:
+            raise ModelFileError('%s: expected one input of shape (batch, ...) with fixed '
+                                 'per-sample dimensions, found %s'
+                                 % (self.path, _describe_args(inputs) or 'none'))
+        if inputs[0].type != 'tensor(float)':
+            raise ModelFileError('%s: expected a float32 input (tensor(float)), found %s'
+                                 % (self.path, _describe_args(inputs)))
+        if isinstance(outputs[0].shape, list) and len(outputs[0].shape) < 1:
+            raise ModelFileError('%s: expected its first output to be of shape (batch, ...), '
+                                 'found %s' % (self.path, _describe_args(outputs[:1])))
+        self.table = True
 
     def run(self, *arrays):
         """One batch per input (in input order) -> every output, a list of
@@ -622,13 +640,16 @@ def _ort_message(err):
     return library_message(_ORT_STATUS_RE.sub('', str(err)))
 
 
-def load_predictor(path, devices=None):
+def load_predictor(path, devices=None, table=True):
     """The predictor for an exported file, chosen by its name.
 
     Args:
         path: ``<name>.onnx``, or ``<name>-symbol.json`` with its params file
             beside it.
         devices: MXNet pair only; see :class:`MXNetPredictor`.
+        table: ONNX only: hold the model to the contract of a table's
+            predictions (:meth:`OnnxPredictor.check_table`); ``False``: a
+            model of any inputs, run by name (:meth:`OnnxPredictor.run`).
 
     Raises:
         ModelFileError: the name is neither kind, or the file is missing or
@@ -641,7 +662,7 @@ def load_predictor(path, devices=None):
         if devices is not None:
             raise DeviceSpecError('expected --devices only with an MXNet pair (%s), '
                                   'found an ONNX model %s' % (SYMBOL_SUFFIX, path))
-        return OnnxPredictor(path)
+        return OnnxPredictor(path, table)
     if path.endswith(SYMBOL_SUFFIX):
         return MXNetPredictor.from_files(path, devices=devices)
     raise ModelFileError('expected a model file ending in %s or %s, found %s'

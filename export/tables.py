@@ -24,16 +24,18 @@ import os
 import re
 import stat
 import sys
+import zipfile
+import zlib
 
 import numpy as np
 
 from mp_symbolic.tools.files import atomic_path, what_is, write_text
 
-from . import MAX_CSV_BYTES
+from . import MAX_CSV_BYTES, MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES
 from .errors import (InputError, OutputError, PredictionError, describe_start,
                      describe_undecodable, excerpt, library_message)
 
-__all__ = ['STDIN', 'read_features', 'output_format', 'format_csv', 'write_predictions',
+__all__ = ['STDIN', 'read_features', 'read_npz', 'read_inputs', 'output_format', 'format_csv', 'write_predictions',
            'check_predictions', 'check_csv_rank', 'open_regular', 'read_npy', 'SUFFIXES']
 
 STDIN = '-'
@@ -274,6 +276,86 @@ def _read_npy(path, width, shape=None):
     return _check_rows(X, width, path)
 
 
+def read_npz(path):
+    """A ``.npz`` file (``numpy.savez``) -> ``{array name: array}``, in the
+    file's order.
+
+    What the file may hold is checked from its zip headers before any member
+    is read: at most :data:`~export.MAX_SAMPLE_ARRAYS` members, all ``.npy``,
+    declaring at most :data:`~export.MAX_SAMPLE_BYTES` decompressed in all
+    (a zip bomb of a few KB declaring gigabytes is refused unread); then each
+    member's ``.npy`` header, against its declared size, before its array
+    is allocated (:func:`read_npy`). A FIFO is refused unopened; nothing is
+    unpickled.
+
+    Raises:
+        InputError: not a readable ``.npz`` of numeric arrays within those
+            bounds.
+    """
+    try:
+        with open_regular(path, 'a .npz file') as f, zipfile.ZipFile(f) as npz:
+            members = npz.infolist()
+            names = [m.filename for m in members]
+            if len(members) > MAX_SAMPLE_ARRAYS:
+                raise InputError('expected at most %d arrays (one per input) in %s, found %d: '
+                                 '%s' % (MAX_SAMPLE_ARRAYS, path, len(members),
+                                         excerpt(', '.join(names))))
+            odd = [n for n in names if not n.endswith('.npy')]
+            if odd or len(set(names)) != len(names):
+                raise InputError('expected one .npy member per input in %s (as numpy.savez '
+                                 'writes them), found %s'
+                                 % (path, 'members %s' % excerpt(', '.join(odd)) if odd else
+                                    'a name given twice'))
+            declared = sum(m.file_size for m in members)
+            if declared > MAX_SAMPLE_BYTES:
+                raise InputError('expected arrays of at most %d MiB in all in %s, found '
+                                 'members declaring %d bytes decompressed'
+                                 % (MAX_SAMPLE_BYTES >> 20, path, declared))
+            arrays = {}
+            for member in members:
+                where = '%s member %s' % (path, excerpt(member.filename))
+                with npz.open(member) as stream:
+                    arrays[member.filename[:-len('.npy')]] = read_npy(stream, where,
+                                                                      member.file_size)
+            return arrays
+    except (OSError, EOFError, RuntimeError, NotImplementedError, zipfile.BadZipFile,
+            zlib.error) as err:  # RuntimeError: an encrypted member; NotImplementedError: a method
+        raise InputError('expected a readable .npz file at %s, found %s'
+                         % (path, library_message(err))) from None
+
+
+def read_inputs(path, names):
+    """A ``.npz`` of one batch per input of a model, named as its inputs
+    (``data0``, ``data1``, ...) -> the arrays in ``names``' order.
+
+    Raises:
+        InputError: see :func:`read_npz`; an input without its array, an
+            array named as no input, an empty batch or one of numbers that
+            are not finite (as float32).
+    """
+    arrays = read_npz(path)
+    missing = [n for n in names if n not in arrays]
+    extra = [n for n in arrays if n not in names]
+    if missing or extra:
+        raise InputError('expected one array per input of the model in %s, named %s, found %s '
+                         '(%s)' % (path, ', '.join(names),
+                                   'arrays %s' % excerpt(', '.join(arrays)) if arrays else 'none',
+                                   '; '.join(part for part in (
+                                       missing and '%s missing' % ', '.join(missing),
+                                       extra and '%s not an input' % excerpt(', '.join(extra)))
+                                       if part)))
+    checked = []
+    for name in names:
+        X = arrays[name]
+        where = '%s member %s' % (path, name)
+        if X.ndim < 1:
+            raise InputError('expected a batch, (samples, ...), in %s, found a scalar' % where)
+        with np.errstate(over='ignore'):
+            _check_rows(X.astype(np.float32), features(X.shape[1:]), where)
+        checked.append(X)
+    return checked
+
+
 def _or_shape(shape):
     """`` or (samples,) + (3, 8, 8)`` for a sample of more than one axis, else ''."""
     return '' if shape is None or len(shape) <= 1 else ' or (samples,) + %s' % (shape,)
@@ -333,7 +415,7 @@ def read_features(path, width, shape=None):
         X = _read_csv(_read_stdin(), width, '<stdin>')
     elif _suffix(path) not in SUFFIXES:
         raise InputError('expected an input file ending in .npy or .csv (or - for CSV on '
-                         'stdin), found %s' % path)
+                         'stdin, or .npz of one batch per input by name), found %s' % path)
     elif _suffix(path) == '.npy':
         X = _read_npy(path, width, shape)
     else:

@@ -17,6 +17,7 @@ from mp_symbolic import Pipeline
 
 from export import load_model
 from export.__main__ import main as export_main
+from export.predict import main as predict_main
 from export.errors import InputError
 from export.runtimes import OnnxPredictor
 from export.verify import OneDeviceReference, verify_export
@@ -86,6 +87,59 @@ def test_bert_onnx_and_load_model_match_one_device_at_other_sequence_lengths(ber
         assert [g.shape for g in got] == [(3, seq_len, 16), (3, 16), (3, 2)]
         for ours, theirs in zip(got, one_device):
             assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+
+
+@pytest.mark.parametrize('model', ['bert.onnx', 'bert-symbol.json'])
+def test_predict_command_takes_berts_three_inputs_by_name_from_one_npz(bert_export, tmp_path,
+                                                                       capsys, model):
+    """``python -m export.predict --input x.npz``: one batch per input,
+    named as the inputs (in any order in the file); the first output,
+    written as .npy, is the one device's."""
+    net, _, folder = bert_export
+    xs = _bert_batch(batch_size=3, seq_len=5)
+    np.savez(str(tmp_path / 'x.npz'), data2=xs[2], data0=xs[0], data1=xs[1])
+    capsys.readouterr()
+    assert predict_main(['--model', str(folder / model), '--input', str(tmp_path / 'x.npz'),
+                         '--output', str(tmp_path / 'y.npy')]) == 0
+    assert 'error' not in capsys.readouterr().err
+    first = net(*[mx.nd.array(x) for x in xs])[0].asnumpy()
+    predicted = np.load(str(tmp_path / 'y.npy'))
+    assert predicted.shape == (3, 5, 16)
+    assert np.abs(predicted - first).max() <= 1e-4 * np.abs(first).max()
+
+
+@pytest.mark.parametrize('arrays, message', [
+    (('data0', 'data1'), "found arrays 'data0, data1' (data2 missing)"),
+    (('data0', 'data1', 'data2', 'mask'),
+     "found arrays 'data0, data1, data2, mask' ('mask' not an input)"),
+    (('data0', 'x', 'data2'), "found arrays 'data0, x, data2' (data1 missing; 'x' not an input)"),
+])
+def test_predict_command_refuses_missing_or_extra_input_names_in_one_line(bert_export, tmp_path,
+                                                                          capsys, arrays,
+                                                                          message):
+    _, _, folder = bert_export
+    xs = _bert_batch(batch_size=2, seq_len=5) + [np.zeros((2, 1), np.float32)]
+    path = str(tmp_path / 'x.npz')
+    np.savez(path, **dict(zip(arrays, xs)))
+    capsys.readouterr()
+    assert predict_main(['--model', str(folder / 'bert.onnx'), '--input', path,
+                         '--output', str(tmp_path / 'y.npy')]) == 2
+    err = capsys.readouterr().err
+    assert err == ('error: expected one array per input of the model in %s, named data0, data1, '
+                   'data2, %s\n' % (path, message))
+    assert not (tmp_path / 'y.npy').exists()
+
+
+def test_predict_command_refuses_one_table_for_a_model_of_several_inputs(bert_export, tmp_path,
+                                                                         capsys):
+    _, _, folder = bert_export
+    np.save(str(tmp_path / 'x.npy'), _bert_batch(batch_size=2, seq_len=5)[0])
+    capsys.readouterr()
+    assert predict_main(['--model', str(folder / 'bert.onnx'), '--input',
+                         str(tmp_path / 'x.npy')]) == 2
+    assert capsys.readouterr().err == (
+        'error: expected a .npz of one batch per input (data0, data1, data2) for a model of 3 '
+        'inputs, found %s\n' % (tmp_path / 'x.npy'))
 
 
 def test_axes_of_one_name_at_different_sizes_are_refused_by_both_runtimes(bert_export):

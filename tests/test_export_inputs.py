@@ -274,6 +274,33 @@ def test_a_sample_of_other_names_is_named_in_an_excerpt(regression, tmp_path, ca
     assert len(line) < 300
 
 
+@pytest.mark.parametrize('model', ['onnx', 'symbol'])
+def test_predict_takes_a_one_input_model_from_a_npz_named_as_its_input(regression, tmp_path,
+                                                                       capsys, model):
+    X = np.array([[1.0, 2.0], [0.5, -1.0], [3.0, 0.0]], np.float32)
+    np.save(str(tmp_path / 'x.npy'), X)
+    np.savez(str(tmp_path / 'x.npz'), data=X)
+    outs = []
+    for name in ('x.npy', 'x.npz'):
+        status, out, _ = _predict(['--model', regression['paths'][model], '--input',
+                                   str(tmp_path / name)], capsys)
+        assert status == 0
+        outs.append(out)
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) == 3
+
+
+def test_predict_refuses_a_npz_declaring_gigabytes_from_its_zip_headers(regression, tmp_path,
+                                                                        capsys):
+    path = str(tmp_path / 'bomb.npz')
+    np.savez_compressed(path, data=np.zeros((4, 2), np.float32))
+    _declaring(path, 0xFFFFFFF0)
+    line = _refused(['--model', regression['paths']['onnx'], '--input', path,
+                     '--output', str(tmp_path / 'y.npy')], capsys, str(tmp_path / 'y.npy'),
+                    command=_predict)
+    assert line == ('error: expected arrays of at most 1024 MiB in all in %s, found members '
+                    'declaring 4294967280 bytes decompressed' % path)
+
+
 # -- 4. JSON nested 100,000 deep as the symbol -------------------------------------------
 
 def test_a_symbol_of_json_nested_100000_deep_is_one_line_everywhere(regression, tmp_path,

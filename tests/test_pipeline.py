@@ -114,6 +114,111 @@ def test_bad_arguments_are_refused_with_what_was_expected(kwargs, error, message
         Pipeline(**kwargs)
 
 
+class _Whole(gluon.HybridBlock):
+    """Two dense layers of unknown input size, given as one network."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.a = nn.Dense(8)
+            self.b = nn.Dense(2)
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.b(self.a(x))
+
+
+def _deferred():
+    return [nn.Dense(8), nn.Dense(2)]
+
+
+def _refusal(build, sample):
+    with pytest.raises(ValueError) as err:
+        Pipeline(build(), 'cpu:0,cpu:1', sample=sample)
+    assert '\n' not in str(err.value) and type(err.value) is ValueError
+    return str(err.value)
+
+
+@pytest.mark.parametrize('build', [_deferred, _Whole], ids=['block-list', 'whole-network'])
+@pytest.mark.parametrize('sample', [(0, 2), (-1, 2), np.zeros((0, 2)), (4, 0)])
+def test_a_sample_without_rows_or_with_a_size_below_one_is_refused_in_one_line(build, sample):
+    shape = tuple(getattr(sample, 'shape', sample))
+    assert _refusal(build, sample) == ('sample: expected sizes of at least 1 in every axis (a '
+                                       'batch of at least one row), found shape %s' % (shape,))
+
+
+@pytest.mark.parametrize('build', [_deferred, _Whole], ids=['block-list', 'whole-network'])
+@pytest.mark.parametrize('shape', [(10 ** 6, 10 ** 6), (10 ** 12, 1), (2 ** 31, 1)])
+def test_a_sample_of_more_elements_than_mxnet_takes_is_refused_in_one_line(build, shape):
+    assert _refusal(build, shape) == (
+        'sample: expected at most 2147483647 elements per input (the most MXNet takes in one '
+        'tensor in this build), found shape %s, %d elements' % (shape, np.prod(shape,
+                                                                                  dtype=object)))
+
+
+@pytest.mark.parametrize('shape, message', [
+    ((0, 2), 'some stay unknown (a size of 0 is unknown to MXNet)'),
+    ((2 ** 31, 2), '[_infer_shape_impl] Size of tensor you are trying to allocate is larger '
+                   'than 2^31 elements. Please build with flag USE_INT64_TENSOR_SIZE=1'),
+])
+def test_infer_shape_from_a_shape_mxnet_cannot_take_is_refused_in_one_line(shape, message):
+    pipe = Pipeline(_mlp(), 'cpu:0,cpu:1')
+    with pytest.raises(ValueError) as err:
+        pipe.infer_shape(shape)
+    assert str(err.value) == ("sample: cannot infer the network's shapes from input shape "
+                              "%s: %s" % (shape, message))
+
+
+def _holding_itself():
+    sample = [(4, 2)]
+    sample.append(sample)
+    return sample
+
+
+def _nested(depth):
+    sample = (4, 2)
+    for _ in range(depth):
+        sample = [sample]
+    return sample
+
+
+@pytest.mark.parametrize('sample, message', [
+    (_holding_itself(), 'sample: expected batches in lists and tuples, found a list that holds '
+                        'itself'),
+    (_nested(3000), 'sample: expected lists and tuples nested at most 32 deep, found them '
+                    'deeper'),
+], ids=['holding-itself', 'nested-3000-deep'])
+def test_a_sample_that_holds_itself_or_nests_thousands_deep_is_refused_in_one_line(sample,
+                                                                                   message):
+    assert _refusal(_deferred, sample) == message
+    assert _refusal(_Whole, sample) == message
+
+
+def test_inputs_that_hold_themselves_or_nest_thousands_deep_are_refused_in_one_line():
+    pipe = Pipeline(_mlp(), 'cpu:0,cpu:1')
+    pipe.initialize()
+    for inputs, message in [(_holding_itself(), 'a list that holds itself'),
+                            (_nested(3000), 'nested at most 32 deep, found them deeper')]:
+        with pytest.raises(ValueError, match=r'^inputs: expected .*' + message + '$'):
+            pipe(mx.nd.ones((4, 2)), inputs)
+
+
+@pytest.mark.parametrize('build', [_mlp, lambda: _Whole(prefix='whole_')],
+                         ids=['block-list', 'whole-network'])
+def test_the_twin_before_initialize_is_refused_in_one_line_naming_initialize(build):
+    pipe = Pipeline(build(), 'cpu:0,cpu:1', sample=(4, 2))
+    with pytest.raises(RuntimeError) as err:
+        pipe(mx.nd.ones((4, 2)))
+    message = str(err.value)
+    assert '\n' not in message
+    count = len(pipe.collect_params().keys())
+    assert message.startswith('parameters: expected them initialized before the twin runs (call '
+                              'pipe.initialize(), or pipe.set_params(arg_params, aux_params) '
+                              'with saved values), found %d of %d not initialized (%s, '
+                              % (count, count, list(pipe.blocks[0].collect_params().keys())[0]))
+    pipe.initialize()
+    assert pipe(mx.nd.ones((4, 2))).shape[0] == 4
+
+
 class _Twice(gluon.HybridBlock):
     """Two children given one prefix= outside the parent's name_scope()."""
 

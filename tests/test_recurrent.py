@@ -125,6 +125,36 @@ def test_twin_returns_out_and_states_nested_and_steps_as_one_device(one_device, 
             assert_exact(param.data(ctx).asnumpy(), one_device['stepped'][name])
 
 
+def test_twin_of_one_chunk_and_one_replica_takes_tnc_inputs_without_batch_axis(one_device):
+    """At one chunk and one replica nothing is split, so the sizes on axis 0
+    (tokens 5, layers 2) need not agree: every input goes whole, and the
+    outputs are one device's."""
+    net = fresh_model(one_device['initial'])
+    x, _, states = batch()
+    pipe = Pipeline(net, TWO, sample=(x, states))
+    pipe.initialize()
+    out, (h, c) = pipe(x, states)
+    for ours, name in ((out, 'out'), (h, 'h'), (c, 'c')):
+        assert_exact(ours.asnumpy(), one_device[name])
+
+
+@pytest.mark.parametrize('chunks, replicas', [(2, 1), (1, 2)])
+def test_tnc_inputs_split_on_axis_0_are_refused_naming_each_size_and_batch_axis(chunks,
+                                                                                 replicas):
+    x, _, states = batch()
+    devices = ','.join('cpu:%d' % i for i in range(2 * replicas))
+    pipe = Pipeline(language_model(), devices, sample=(x, states), chunks=chunks,
+                    replicas=replicas)
+    pipe.initialize()
+    with pytest.raises(ValueError) as err:
+        pipe(x, states)
+    assert _one_line(err) == (
+        'batch size: expected a multiple of chunks x replicas (%d x %d = 2), the same for '
+        'every input along axis 0 (batch_axis), found data0 5, data1 2, data2 2 (give '
+        "Pipeline(..., batch_axis=) the axis of the batch where it is not axis 0: 1 for "
+        "GluonNLP's TNC inputs)" % (chunks, replicas))
+
+
 def _bound(pipe, values, descs, label):
     mod = pipe.module(loss='softmax', output=0)
     mod.bind(descs, [label])
@@ -218,6 +248,17 @@ def test_inputs_nested_otherwise_are_refused_in_one_line_without_their_values():
     assert _one_line(err).startswith('sample: expected every input the network reads in it '
                                      '(data0, data1), found lm_lstm0_rnn0_state_cell read but '
                                      'not given')
+
+
+@pytest.mark.parametrize('shapes, where', [
+    (((T, 0), [(LAYERS, 0, HIDDEN), (LAYERS, 0, HIDDEN)]), '(5, 0) for data0'),
+    (((T, N), [(LAYERS, 0, HIDDEN), (LAYERS, N, HIDDEN)]), '(2, 0, 200) for data1'),
+])
+def test_a_recurrent_sample_of_batch_zero_is_refused_in_one_line(shapes, where):
+    with pytest.raises(ValueError) as err:
+        Pipeline(language_model(), TWO, sample=shapes, batch_axis=1)
+    assert _one_line(err) == ('sample: expected sizes of at least 1 in every axis (a batch of '
+                              'at least one row), found shape ' + where)
 
 
 def test_a_batch_axis_or_layout_that_cannot_hold_is_refused_in_one_line():

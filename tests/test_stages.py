@@ -3,6 +3,10 @@ as the one GPipe graph does (stages x micro-batches, tied weights, a whole
 network's cut, tensor-parallel shards, replicas, BatchNorm), through MXNet's
 own fit, score, predict and save_checkpoint, and refuses in one line what it
 cannot run."""
+import itertools
+import threading
+import time
+
 import mxnet as mx
 from mxnet import gluon
 import numpy as np
@@ -440,6 +444,110 @@ def _backward_first(num_stages, microbatches):
 def test_a_schedule_function_that_cannot_run_is_refused_in_one_line(schedule, message):
     with pytest.raises(mp_symbolic.ScheduleError, match=message):
         Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule=schedule)
+
+
+def _raising_after_one(error):
+    """A schedule whose outer generator raises ``error`` after one list."""
+    def raising(num_stages, microbatches):
+        yield _one_at_a_time(num_stages, microbatches)[0]
+        raise error
+    return raising
+
+
+def _inner_raising(num_stages, microbatches):
+    """A schedule whose second device's list is a generator that raises."""
+    def second():
+        yield mp_symbolic.Action(1, 0, 'F')
+        raise KeyError('stage')
+    return [_one_at_a_time(num_stages, microbatches)[0], second()]
+
+
+@pytest.mark.parametrize('schedule, message', [
+    (_raising_after_one(RuntimeError('no more')), r'RuntimeError: no more'),
+    (_raising_after_one(KeyError('x')), r"KeyError: 'x'"),
+    (_raising_after_one(ZeroDivisionError('division by zero')),
+     r'ZeroDivisionError: division by zero'),
+    (_inner_raising, r"KeyError: 'stage'"),
+])
+def test_a_schedule_whose_lists_raise_while_read_is_refused_in_one_line(schedule, message):
+    with pytest.raises(mp_symbolic.ScheduleError,
+                       match=r'^schedule: expected the lists \w+\(2, 1\) returns to be read, '
+                             r'found reading them raising ' + message + '$'):
+        Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule=schedule)
+
+
+def test_a_schedule_function_raising_a_message_of_several_lines_is_refused_in_one_line():
+    def several_lines(num_stages, microbatches):
+        raise ValueError('no schedule:\n  stages %d\n  micro-batches %d'
+                         % (num_stages, microbatches))
+    with pytest.raises(mp_symbolic.ScheduleError) as err:
+        Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule=several_lines)
+    assert str(err.value) == ('schedule: expected several_lines(2, 1) to return one list of '
+                              'actions per device, found it raising ValueError: no schedule: '
+                              'stages 2 micro-batches 1')
+
+
+def _endless_lists(num_stages, microbatches):
+    return itertools.repeat([])
+
+
+def _endless_actions(num_stages, microbatches):
+    return [itertools.cycle(_one_at_a_time(num_stages, microbatches)[0]), []]
+
+
+def _endless_action(num_stages, microbatches):
+    return [[itertools.count()], []]
+
+
+@pytest.mark.parametrize('schedule, message', [
+    (_endless_lists, r'^schedule: expected _endless_lists to return one list of actions per '
+                     r'device \(2\), found more than 2 lists$'),
+    (_endless_actions, r'^schedule: expected at most 2 x stages x micro-batches = 2 x 2 x 2 = 8 '
+                       r'actions on a device from _endless_actions\(2, 2\) \(a longer list '
+                       r'repeats one\), found more on device 0$'),
+    (_endless_action, r'^schedule: expected _endless_action to return one list of \(stage, '
+                      r'microbatch, kind\) actions per device, found \[\[count\(4\)\], \[\]\]$'),
+])
+def test_an_endless_schedule_is_refused_at_its_bound(schedule, message):
+    with pytest.raises(mp_symbolic.ScheduleError, match=message):
+        Pipeline(_lm()[0], 'cpu:0,cpu:1', chunks=2, schedule=schedule)
+
+
+@pytest.mark.parametrize('in_thread', [False, True])
+def test_a_schedule_function_that_does_not_return_in_time_is_refused_from_any_thread(
+        monkeypatch, in_thread):
+    """A function that waits (here on an event, released at the end) is
+    refused after ``schedule.TIME_LIMIT`` seconds, whether the Pipeline is
+    built in the main thread or in another (where no signal reaches)."""
+    from mp_symbolic.core import schedule  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(schedule, 'TIME_LIMIT', 0.5)
+    release = threading.Event()
+
+    def waiting(num_stages, microbatches):
+        release.wait(60)
+        return _one_at_a_time(num_stages, microbatches)
+
+    raised = []
+
+    def build():
+        try:
+            Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule=waiting)
+        except mp_symbolic.ScheduleError as err:
+            raised.append(str(err))
+
+    start = time.monotonic()
+    try:
+        if in_thread:
+            thread = threading.Thread(target=build)
+            thread.start()
+            thread.join(30)
+        else:
+            build()
+    finally:
+        release.set()
+    assert raised == ['schedule: expected waiting(2, 1) to return its lists of actions within '
+                      '0.5 s (schedule.TIME_LIMIT), found it still running then']
+    assert time.monotonic() - start < 30
 
 
 @pytest.mark.parametrize('schedule', ['1f1b', 'interleaved'])

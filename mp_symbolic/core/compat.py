@@ -146,6 +146,18 @@ def split_bind(group2ctx, symbol=None):
             print(line, file=sys.stderr)
 
 
+def max_tensor_size():
+    """The most elements MXNet takes in one tensor in this build.
+
+    **What MXNet does.** Built without ``USE_INT64_TENSOR_SIZE`` (the wheels
+    on PyPI), its shape inference raises a bare ``Exception`` (``Size of
+    tensor you are trying to allocate is larger than 2^31 elements``) for a
+    tensor of more than ``2^31 - 1``. **What is done instead.** The build is
+    asked, so that a size is refused before MXNet sees it."""
+    return (1 << 63) - 1 if mx.runtime.Features().is_enabled('INT64_TENSOR_SIZE') \
+        else (1 << 31) - 1
+
+
 def onednn_active():
     """Whether MXNet runs CPU operators through oneDNN (MKLDNN) in this process.
 

@@ -112,12 +112,17 @@ def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
             # the network takes another number of inputs than the sample has
             raise ValueError('sample: expected one batch or shape per input of the network, '
                              'found %d (%s)' % (len(shapes), err)) from None
+        given = 'input shape%s %s' % ('s' if len(shapes) > 1 else '',
+                                      ', '.join(str(s) for s in shapes))
         try:
             arg_shapes, _, aux_shapes = sym.infer_shape(**dict(zip(names, shapes)))
-        except mx.base.MXNetError as err:
-            raise ValueError('sample: cannot infer the network\'s shapes from input shape%s %s: %s'
-                             % ('s' if len(shapes) > 1 else '',
-                                ', '.join(str(s) for s in shapes), error_line(err))) from None
+        except Exception as err:  # pylint: disable=broad-except
+            # MXNetError, or a bare Exception for a tensor over MXNet's size limit
+            raise ValueError('sample: cannot infer the network\'s shapes from %s: %s'
+                             % (given, error_line(err))) from None
+        if arg_shapes is None:  # MXNet's answer where a size is 0 (unknown to it)
+            raise ValueError('sample: cannot infer the network\'s shapes from %s: some stay '
+                             'unknown (a size of 0 is unknown to MXNet)' % given)
     shapes = dict(zip(sym.list_arguments(), arg_shapes))
     shapes.update(zip(sym.list_auxiliary_states(), aux_shapes))
     for block in blocks:

@@ -18,6 +18,10 @@ from .checks import excerpt, is_int
 __all__ = []
 
 LEAF = None
+# Lists and tuples nested deeper than this are refused (:func:`check`): a
+# network's inputs nest two or three deep (AWDRNN's ``[[h, c], ...]``), and
+# Python's own recursion would give out before a few thousand.
+MAX_DEPTH = 32
 
 
 def is_shape(value):
@@ -30,6 +34,34 @@ def _is_leaf(value):
     anything else is a container."""
     return hasattr(value, 'shape') or hasattr(value, 'list_outputs') or is_shape(value) or \
         not isinstance(value, (tuple, list))
+
+
+def check(value, field, is_leaf=_is_leaf):
+    """Raises ValueError unless ``value``'s lists and tuples nest at most
+    :data:`MAX_DEPTH` deep and none holds itself (walked without recursion,
+    so that :func:`flatten` and :func:`describe_value` may recurse after).
+
+    Args:
+        field: What ``value`` is, for the message (``'sample'``).
+    """
+    if is_leaf(value):
+        return
+    path, on_path, items = [value], {id(value)}, [iter(value)]
+    while items:
+        item = next(items[-1], _END)
+        if item is _END:
+            items.pop()
+            on_path.discard(id(path.pop()))
+        elif not is_leaf(item):
+            if id(item) in on_path:
+                raise ValueError('%s: expected batches in lists and tuples, found a %s that '
+                                 'holds itself' % (field, type(item).__name__))
+            if len(path) == MAX_DEPTH:
+                raise ValueError('%s: expected lists and tuples nested at most %d deep, found '
+                                 'them deeper' % (field, MAX_DEPTH))
+            path.append(item)
+            on_path.add(id(item))
+            items.append(iter(item))
 
 
 def flatten(value, is_leaf=_is_leaf):

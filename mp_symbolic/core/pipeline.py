@@ -39,6 +39,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import autotp, graph, nesting, passes, tensor_parallel, twin
+from .checks import excerpt
 from .compat import initialized, symbol_safe
 from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
@@ -136,7 +137,10 @@ class Pipeline(gluon.Block):
             microbatches) -> one list of actions per device``
             (:class:`~mp_symbolic.Action` ``(stage, microbatch, kind)``,
             kind ``'F'`` or ``'B'``), checked here: each action once, on its
-            stage's device, in an order the devices can run. The imperative
+            stage's device, in an order the devices can run; the function
+            runs in a thread of its own and must return, and its lists be
+            read, within ``schedule.TIME_LIMIT`` seconds (10), at most ``2
+            x stages x micro-batches`` actions a device. The imperative
             twin runs the schedule's forwards in its order.
         virtual: Stages per device (default 2 under ``'interleaved'``, 1
             under a function; the other names run one): ``devices`` lists
@@ -199,7 +203,9 @@ class Pipeline(gluon.Block):
             on one node, ``balance='time'`` with nodes, or nodes whose plans
             differ; a
             ``tied`` entry that is not a parameter and a stage; a whole network without ``sample``
-            whose shapes are not known; a stage of several devices whose
+            whose shapes are not known; a ``sample`` with a size below 1,
+            more elements in an input than MXNet takes in one tensor, or
+            lists nested deeper than 32 or holding themselves; a stage of several devices whose
             count is not the shards of a tensor-parallel layer in it; a
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
             and the shard count named); ``batch_axis`` not a non-negative
@@ -465,6 +471,8 @@ class Pipeline(gluon.Block):
                 inputs are not nested as the sample was.
             ValueError: the batch is not a multiple of ``chunks x replicas``,
                 or a node of the Symbol names a ``ctx_group`` the plan lacks.
+            RuntimeError: on NDArrays, a parameter not initialised yet
+                (neither :meth:`initialize` nor :meth:`set_params` called).
         """
         placement = self.placement
         if self.nodes is not None and not isinstance(x, mx.sym.Symbol):
@@ -475,7 +483,24 @@ class Pipeline(gluon.Block):
         if isinstance(x, mx.sym.Symbol):
             inputs = [graph.on_first_stage(s, placement) for s in leaves]
             return passes.finish(graph.build(placement, inputs, 1), placement)
+        self._check_initialized()
         return twin.forward(placement, *leaves, order=self._forwards)
+
+    def _check_initialized(self):
+        """Raises RuntimeError in one line while a parameter has no values
+        (nor a deferred initialisation) on any device, where Gluon would
+        raise its own of several lines from inside the first stage."""
+        if getattr(self, '_ready', False):
+            return
+        params = list(self.collect_params().values())
+        missing = [param.name for param in params if not initialized(param)]
+        if missing:
+            raise RuntimeError('parameters: expected them initialized before the twin runs '
+                               '(call pipe.initialize(), or pipe.set_params(arg_params, '
+                               'aux_params) with saved values), found %d of %d not initialized '
+                               '(%s)' % (len(missing), len(params),
+                                         excerpt(', '.join(missing))))
+        self._ready = True
 
     @property
     def inputs(self):
@@ -496,7 +521,10 @@ class Pipeline(gluon.Block):
 
         Raises:
             TypeError: they are nested otherwise.
+            ValueError: they nest deeper than
+                :data:`~mp_symbolic.core.nesting.MAX_DEPTH`, or a list holds itself.
         """
+        nesting.check(tuple(args), 'inputs')
         leaves, given = nesting.flatten(tuple(args))
         _, expected = nesting.flatten(self.inputs, lambda v: isinstance(v, str))
         if nesting.alike(given, expected) or nesting.is_flat(expected) and nesting.is_flat(given):

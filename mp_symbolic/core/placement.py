@@ -26,8 +26,8 @@ import numpy as np
 
 from . import balance as balancing
 from . import graph, graphcut, nesting, passes, tensor_parallel
-from .checks import is_int, positive_int, tied_owners
-from .compat import fresh_variables
+from .checks import excerpt, is_int, positive_int, tied_owners
+from .compat import fresh_variables, max_tensor_size
 from .devices import DeviceSpecError, DevicePlan, check_devices, resolve_devices, split_replicas
 from .balance import CutError
 from .ir import PlacedGraph
@@ -123,24 +123,49 @@ class Placement:
     outputs: object = None
     batch_axis: int = 0
 
-    def micro_batch(self, batch, of_several=False, refuse=False):
+    def micro_batch(self, batch):
         """Examples per micro-batch of a batch of ``batch`` (``None``: a
         scalar input): the one rule that a batch splits into ``chunks x
         replicas`` equal parts.
 
         Raises:
-            ValueError: it does not, or ``refuse`` (an input of another
-                size than the others; ``of_several``: the inputs must agree
-                in size, and the message says so).
+            ValueError: it does not.
         """
         parts = self.chunks * self.replicas
-        if refuse or not batch or batch % parts:
+        if not batch or batch % parts:
             raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = '
-                             '%d)%s, found %s' % (self.chunks, self.replicas, parts,
-                                                  ', the same for every input' if of_several
-                                                  else '', 'a scalar' if batch is None
-                                                  else batch))
+                             '%d), found %s' % (self.chunks, self.replicas, parts,
+                                                'a scalar' if batch is None else batch))
         return batch // parts
+
+    def micro_batch_of(self, sizes):
+        """Examples per micro-batch of inputs of ``sizes`` along the batch
+        axis (``{input name: size}``, in order; ``None``: a scalar): each
+        input is split into ``chunks x replicas`` equal parts, so their
+        sizes must be one multiple of that count. With one part (one chunk,
+        one replica) nothing is split: each input goes whole, whatever its
+        size, and the first input's gives the micro-batch.
+
+        Raises:
+            ValueError: the sizes differ or are not that multiple (the
+                message names each input's size, and ``batch_axis`` where
+                they differ), or the first input is a scalar.
+        """
+        names, values = list(sizes), list(sizes.values())
+        parts = self.chunks * self.replicas
+        if len(values) == 1 or parts == 1:
+            return self.micro_batch(values[0])
+        if len(set(values)) == 1 and values[0] and not values[0] % parts:
+            return values[0] // parts
+        hint = ''
+        if len(set(values)) > 1:
+            hint = ' (give Pipeline(..., batch_axis=) the axis of the batch where it is not ' \
+                   'axis %d: 1 for GluonNLP\'s TNC inputs)' % self.batch_axis
+        raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = %d), '
+                         'the same for every input along axis %d (batch_axis), found %s%s'
+                         % (self.chunks, self.replicas, parts, self.batch_axis, ', '.join(
+                             '%s %s' % (n, 'a scalar' if v is None else v)
+                             for n, v in zip(names, values)), hint))
 
     @property
     def positional_inputs(self):
@@ -320,21 +345,46 @@ def sample_inputs(sample):
     ``(None, None)`` for no sample.
 
     Raises:
-        ValueError: see :func:`sample_shapes`; the message shows the sample
-            by kind and shape, never its values.
+        ValueError: see :func:`sample_shapes`; a size below 1 (MXNet reads
+            0 as unknown), more elements in one input than
+            :func:`~mp_symbolic.core.compat.max_tensor_size`, or lists
+            nested deeper than :data:`~mp_symbolic.core.nesting.MAX_DEPTH`
+            or holding themselves. The message shows the sample by kind and
+            shape, never its values.
     """
     if sample is None:
         return None, None
     if hasattr(sample, 'shape') or nesting.is_shape(sample):
         sample = (sample,)
+    nesting.check(sample, 'sample')
     if isinstance(sample, (tuple, list)) and sample:
         leaves, nested = nesting.flatten(tuple(sample))
         if leaves and all(hasattr(leaf, 'shape') or nesting.is_shape(leaf) for leaf in leaves):
-            return tuple(tuple(int(d) for d in leaf.shape) if hasattr(leaf, 'shape') else
-                         tuple(int(d) for d in leaf) for leaf in leaves), nested
+            shapes = tuple(tuple(int(d) for d in leaf.shape) if hasattr(leaf, 'shape') else
+                           tuple(int(d) for d in leaf) for leaf in leaves)
+            _check_sizes(shapes)
+            return shapes, nested
     raise ValueError('sample: expected a batch or its shape, or a tuple of them (one per input '
                      'of the network, a list of them for an input that is a list), found %s'
                      % nesting.describe_value(sample))
+
+
+def _check_sizes(shapes):
+    """Raises ValueError where a sample's shape has a size below 1 (MXNet
+    reads 0 as unknown) or more elements than MXNet takes in one tensor."""
+    names = input_names(len(shapes))
+    limit = max_tensor_size()
+    for name, shape in zip(names, shapes):
+        where = '' if len(shapes) == 1 else ' for %s' % name
+        if any(d < 1 for d in shape):
+            raise ValueError('sample: expected sizes of at least 1 in every axis (a batch of '
+                             'at least one row), found shape %s%s'
+                             % (excerpt(str(shape)), where))
+        if int(np.prod(shape, dtype=object)) > limit:
+            raise ValueError('sample: expected at most %d elements per input (the most MXNet '
+                             'takes in one tensor in this build), found shape %s%s, %d elements'
+                             % (limit, excerpt(str(shape)), where,
+                                int(np.prod(shape, dtype=object))))
 
 
 def symbol_variables(inputs):

@@ -31,12 +31,18 @@ number of micro-batches; under GPipe every stage holds all ``M``.
 """
 from collections import namedtuple
 from dataclasses import dataclass
+import reprlib
+import threading
 
 from .checks import excerpt, is_int, positive_int
 
 __all__ = []
 
 KINDS = ('F', 'B')
+# Seconds a schedule function may take to return its lists and have them
+# read (:func:`make`): one that sleeps, or returns an endless iterable, is
+# refused once they have passed. Set ``schedule.TIME_LIMIT`` to allow more.
+TIME_LIMIT = 10.0
 
 
 class ScheduleError(ValueError):
@@ -227,37 +233,147 @@ def make(spec, num_stages, microbatches, virtual=1):
     ``s mod (num_stages / virtual)``.
 
     A function's lists may hold :class:`Action` s or ``(stage, microbatch,
-    kind)`` tuples; it is called once per call here.
+    kind)`` tuples, and may be any iterables (generators too); it is called
+    once per call here, in a thread of its own, and it and the reading of
+    what it returns must end within :data:`TIME_LIMIT` seconds. At most
+    ``2 x num_stages x microbatches`` actions are read per device (the
+    count of the whole schedule: a device's list any longer repeats one).
 
     Raises:
         ScheduleError: the function's schedule cannot run (see :func:`check`),
-            is not one list of actions per device, or the function raised.
+            is not one list of actions per device, holds more actions than
+            that on a device, or the function or the reading of its lists
+            raised or took longer than :data:`TIME_LIMIT`.
         ValueError: a count that is not a positive integer, or (interleaved)
             micro-batches not a multiple of the devices.
     """
     if not callable(spec) or isinstance(spec, str):
         return NAMED[spec](num_stages, microbatches, virtual)
     devices = num_stages // virtual
-    name = getattr(spec, '__name__', type(spec).__name__)
+    name = getattr(spec, '__name__', None)
+    name = name if isinstance(name, str) else type(spec).__name__
+    lists = _within_time_limit(lambda: _read(spec, name, num_stages, microbatches, devices),
+                               '%s(%d, %d)' % (name, num_stages, microbatches))
+    return _make(name, lists, num_stages, microbatches, [s % devices for s in range(num_stages)])
+
+
+def _within_time_limit(read, call):
+    """``read()`` run in a thread of its own (so that the limit holds
+    whichever thread builds the Pipeline; a signal's alarm reaches the main
+    thread only), waited on for :data:`TIME_LIMIT` seconds.
+
+    Raises:
+        ScheduleError: it is still running then (the thread is left to end
+            on its own: Python cannot stop it).
+        BaseException: what ``read`` raised.
+    """
+    done = {}
+
+    def run():
+        try:
+            done['value'] = read()
+        except BaseException as err:  # pylint: disable=broad-except
+            done['error'] = err
+
+    thread = threading.Thread(target=run, name='schedule %s' % call, daemon=True)
+    thread.start()
+    thread.join(TIME_LIMIT)
+    if thread.is_alive():
+        raise ScheduleError('schedule: expected %s to return its lists of actions within %g s '
+                            '(schedule.TIME_LIMIT), found it still running then'
+                            % (call, TIME_LIMIT))
+    if 'error' in done:
+        error = done.pop('error')
+        raise error.with_traceback(None) if isinstance(error, ScheduleError) else error
+    return done['value']
+
+
+def _described(err):
+    """``'KeyError: message'`` on one line, cut to an excerpt."""
+    try:
+        message = ' '.join(str(err).split())
+    except Exception:  # pylint: disable=broad-except
+        message = ''
+    return excerpt('%s%s' % (type(err).__name__, ': ' + message if message else ''))
+
+
+_END = object()
+
+
+def _read(spec, name, num_stages, microbatches, devices):
+    """``spec(num_stages, microbatches)`` read into one list of
+    :class:`Action` s per device, every iterable of it read under a bound.
+
+    Raises:
+        ScheduleError: ``spec`` or the reading of its lists raised, they are
+            not one list of ``(stage, microbatch, kind)`` per device, or a
+            device holds more than ``2 x num_stages x microbatches`` actions.
+    """
+    call = '%s(%d, %d)' % (name, num_stages, microbatches)
     try:
         lists = spec(num_stages, microbatches)
     except Exception as err:  # pylint: disable=broad-except
-        raise ScheduleError('schedule: expected %s(%d, %d) to return one list of actions per '
-                            'device, found it raising %s: %s' % (
-                                name, num_stages, microbatches, type(err).__name__,
-                                excerpt(str(err)))) from None
+        raise ScheduleError('schedule: expected %s to return one list of actions per '
+                            'device, found it raising %s' % (call, _described(err))) from None
     if isinstance(lists, Schedule):
         lists = lists.devices
-    try:
-        lists = [[Action(*a) for a in actions] for actions in lists]
-    except TypeError:
-        raise ScheduleError('schedule: expected %s to return one list of (stage, microbatch, '
-                            'kind) actions per device, found %s'
-                            % (name, excerpt(repr(lists)))) from None
-    if len(lists) != devices:
+
+    def not_lists():
+        return ScheduleError('schedule: expected %s to return one list of (stage, microbatch, '
+                             'kind) actions per device, found %s'
+                             % (name, excerpt(_repr.repr(lists))))
+
+    def items(value):
+        try:
+            iterator = iter(value)
+        except TypeError:
+            raise not_lists() from None
+        except Exception as err:  # pylint: disable=broad-except
+            raise read_error(err) from None
+        while True:
+            try:
+                item = next(iterator, _END)
+            except Exception as err:  # pylint: disable=broad-except
+                raise read_error(err) from None
+            if item is _END:
+                return
+            yield item
+
+    def read_error(err):
+        return ScheduleError('schedule: expected the lists %s returns to be read, found '
+                             'reading them raising %s' % (call, _described(err)))
+
+    limit = 2 * num_stages * microbatches
+    read = []
+    for actions in items(lists):
+        if len(read) == devices:
+            raise ScheduleError('schedule: expected %s to return one list of actions per '
+                                'device (%d), found %s lists' % (
+                                    name, devices, len(lists) if isinstance(lists, (list, tuple))
+                                    else 'more than %d' % devices))
+        read.append([])
+        for action in items(actions):
+            if len(read[-1]) == limit:
+                raise ScheduleError(
+                    'schedule: expected at most 2 x stages x micro-batches = 2 x %d x %d = %d '
+                    'actions on a device from %s (a longer list repeats one), found more on '
+                    'device %d' % (num_stages, microbatches, limit, call, len(read) - 1))
+            fields = []
+            for field in items(action):
+                fields.append(field)
+                if len(fields) > 3:
+                    break
+            if len(fields) != 3:
+                raise not_lists()
+            read[-1].append(Action(*fields))
+    if len(read) != devices:
         raise ScheduleError('schedule: expected %s to return one list of actions per device '
-                            '(%d), found %d lists' % (name, devices, len(lists)))
-    return _make(name, lists, num_stages, microbatches, [s % devices for s in range(num_stages)])
+                            '(%d), found %d lists' % (name, devices, len(read)))
+    return read
+
+
+_repr = reprlib.Repr()  # a value echoed in a message: bounded, whatever its size or depth
+_repr.maxlevel, _repr.maxlist, _repr.maxtuple, _repr.maxother = 4, 8, 8, 40
 
 
 def _needs(action, num_stages):

@@ -40,6 +40,7 @@ def _check_batch(placement, xs):
         raise TypeError('inputs: expected %d (%s), found %d'
                         % (len(placement.input_names), ', '.join(placement.input_names), len(xs)))
     axis = placement.batch_axis
+    sizes = {}
     for name, x in zip(placement.input_names, xs):
         if not isinstance(x, mx.nd.NDArray):
             raise TypeError('%s: expected an NDArray (or a Symbol), found %s'
@@ -47,10 +48,8 @@ def _check_batch(placement, xs):
         if axis and len(x.shape) <= axis:
             raise ValueError('%s: expected an array with the batch on axis %d (batch_axis), '
                              'found shape %s' % ('x' if len(xs) == 1 else name, axis, x.shape))
-        batch = x.shape[axis] if x.shape else None
-        placement.micro_batch(batch, of_several=len(xs) > 1,
-                              refuse=batch is not None and batch != xs[0].shape[axis])
-    return placement.micro_batch(xs[0].shape[axis])
+        sizes[name] = x.shape[axis] if x.shape else None
+    return placement.micro_batch_of(sizes)
 
 
 def forward(placement, *xs, order=None):
@@ -75,7 +74,8 @@ def forward(placement, *xs, order=None):
     plan, axis = placement.plan, placement.batch_axis
     num_stages, chunks = plan.num_stages, placement.chunks
     # runs[r][m]: micro-batch m of replica r, run one stage at a time
-    runs = [[_start(placement, [x if size == x.shape[axis] else
+    whole = chunks * placement.replicas == 1  # one part: every input goes whole
+    runs = [[_start(placement, [x if whole or size == x.shape[axis] else
                                 mx.nd.slice_axis(x, axis=axis, begin=(r * chunks + m) * size,
                                                  end=(r * chunks + m + 1) * size) for x in xs], r)
              for m in range(chunks)] for r in range(placement.replicas)]
