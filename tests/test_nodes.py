@@ -428,6 +428,47 @@ def test_nodes_the_command_line_cannot_run_are_refused_in_one_line(monkeypatch, 
     assert len(lines) == 1 and lines[0].startswith(message), lines
 
 
+@pytest.mark.parametrize('argv, message', [
+    (['--nodes', '100000', '--', 'train', '--devices', 'cpu:0,cpu:1'],
+     'error: --nodes: expected at most 1024 node processes, found 100000'),
+    (['--nodes', '2000', '--', 'python', 'w.py'],
+     'error: --nodes: expected at most 1024 node processes, found 2000'),
+    (['--nodes', '3', '--', 'train', '--devices', 'cpu:0,cpu:1'],
+     'error: worker command: --nodes: expected at most as many nodes as devices per replica '
+     '(2), found 3 (a node would hold no stage)'),
+    (['--nodes', '3', '--', 'train', '--devices', 'cpu:0,cpu:1,cpu:2,cpu:3', '--replicas', '2'],
+     'error: worker command: --nodes: expected at most as many nodes as devices per replica '
+     '(2), found 3 (a node would hold no stage)'),
+    (['--nodes', '4', '--', 'train'],
+     'error: worker command: --nodes: expected at most as many nodes as devices per replica (at '
+     'most 3 where the devices are not given), found 4 (a node would hold no stage)'),
+], ids=['limit', 'limit-script', 'devices', 'devices-of-a-replica', 'default-devices'])
+def test_launch_refuses_nodes_each_node_would_refuse_within_a_second_starting_none(argv,
+                                                                                  message):
+    """The launcher's first line (stdout) comes before the first process:
+    none, and the refusal within a second, is no process started."""
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch'] + argv, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+                            text=True, timeout=60)
+    assert time.monotonic() - start < 1.0
+    assert (result.returncode, result.stdout, result.stderr) == (2, '', message + '\n')
+
+
+def test_the_node_count_is_checked_without_mxnet_as_the_nodes_check_it():
+    """What the launcher and TrainConfig refuse, without MXNet, is what
+    ``node_of_devices`` refuses inside each node, in its words."""
+    from mp_symbolic.core import checks  # pylint: disable=import-outside-toplevel
+    assert checks.MAX_NODES == node_processes.MAX_NODES
+    for devices, nodes in ((2, 3), (4, checks.MAX_NODES + 1), (2, 0)):
+        with pytest.raises(ValueError) as theirs:
+            node_processes.node_of_devices(devices, nodes)
+        with pytest.raises(ValueError) as ours:
+            checks.node_count(nodes, devices)
+        assert str(ours.value) == str(theirs.value)
+    assert checks.node_count(2, 2) == 2 and checks.node_count(3, None, 3) == 3
+
+
 def test_the_nodes_benchmark_sends_each_boundary_tensor_once_per_microbatch(tmp_path):
     """``python -m bench.nodes --quick``: the two nodes hold the whole
     model's parameters between them, and each sends, per micro-batch, the

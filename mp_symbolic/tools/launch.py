@@ -48,7 +48,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from ..core.checks import positive_int
+from ..core.checks import MAX_NODES, positive_int
 
 __all__ = []
 
@@ -810,6 +810,9 @@ def _check(args, subcommands):
                          '(a pipeline over node processes), found %s'
                          % ('--workers alone' if args.workers is not None else
                             '--servers alone' if args.servers is not None else 'none of them'))
+    if args.nodes is not None and args.nodes > MAX_NODES:  # each would refuse it, started
+        raise ValueError('--nodes: expected at most %d node processes, found %d'
+                         % (MAX_NODES, args.nodes))
     command = args.job_command[1:] if args.job_command[:1] == ['--'] else args.job_command
     if command and command[0] in subcommands:  # the processes' options, before any starts
         subcommands[command[0]](list(node_argv(command, args.nodes, subcommands)[

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 import math
 
 from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
-    is_momentum, is_positive_int
+    is_momentum, is_positive_int, node_count
 from ..core.schedule import DEFAULT, NAMES, ONE_GRAPH, VIRTUAL, one_graph
 from .tasks import DEFAULT_TASK
 
@@ -21,6 +21,9 @@ OPTIMIZERS = ('sgd', 'adam')
 KVSTORES = ('local', 'device', 'dist_sync')
 SCHEDULES = NAMES  # Pipeline(schedule=...)'s names (a function is the library's)
 MAX_EPOCHS = 100000
+# Stages (devices per replica) of the plan made where no devices are given: at
+# most this many, fewer for a task of fewer blocks.
+DEFAULT_STAGES = 3
 # Fields a task gives defaults for.
 TASK_DEFAULTS = ('batch_size', 'num_epochs', 'optimizer', 'lr', 'momentum')
 
@@ -117,6 +120,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not is_positive_int(value):
                 bad(name, POSITIVE_EXPECTED)
+        if self.nodes > 1:  # what the node processes would each refuse, before they start
+            node_count(self.nodes, self.devices_per_replica, DEFAULT_STAGES)
         if self.num_epochs is not None and self.num_epochs > MAX_EPOCHS:
             bad('num_epochs', 'at most %d' % MAX_EPOCHS)
         if self.node_timeout is not None and not (
@@ -179,6 +184,19 @@ class TrainConfig:
                 % (self.chunks, self.replicas))
         if self.replicas > 1 and self.kvstore is None:
             object.__setattr__(self, 'kvstore', 'local')
+
+    @property
+    def devices_per_replica(self):
+        """The devices of one replica as ``devices`` lists them (its stages'
+        entries over ``replicas``), without MXNet or the task; None where
+        ``devices`` is not given or cannot be counted (the device plan
+        refuses it)."""
+        if not isinstance(self.devices, str):
+            return None
+        entries = [e.strip() for e in self.devices.split(',')]
+        if not all(entries) or len(entries) % self.replicas:
+            return None
+        return len(entries) // self.replicas
 
     def check_profiler_devices(self, devices):
         """Raises ValueError if MXNet's profiler cannot record on ``devices``.

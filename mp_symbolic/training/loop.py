@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from .config import RESUME_IDENTITY, plan_changes, resume_config
+from .config import DEFAULT_STAGES, RESUME_IDENTITY, plan_changes, resume_config
 from ..core import timing
 from ..core.compat import error_line
 from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
@@ -64,8 +64,8 @@ def build_pipeline(cfg, task):
     devices = cfg.devices
     note = None
     if devices is None:
-        plan, note = make_plan(3 if whole else min(3, len(blocks)), None,
-                               replicas=cfg.replicas)
+        stages = DEFAULT_STAGES if whole else min(DEFAULT_STAGES, len(blocks))
+        plan, note = make_plan(stages, None, replicas=cfg.replicas)
         devices = plan.all_devices
     shapes = [(cfg.batch_size,) + tuple(s) for s in task.sample_shapes]
     sample = shapes[0] if len(shapes) == 1 else tuple(shapes)  # one batch shape per input
