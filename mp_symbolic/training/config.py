@@ -6,6 +6,7 @@ Fields left ``None`` take the task's default (the :class:`~mp_symbolic.Task`'s
 only: the command line builds one before loading MXNet.
 """
 from dataclasses import dataclass, fields, replace
+import json
 import math
 
 from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
@@ -254,6 +255,37 @@ class TrainConfig:
         values['task_args'] = dict(self.task_args)
         return values
 
+    def node_facts(self):
+        """What every node process of one job must be given alike
+        (:data:`NODE_FIELDS` ``'compared'``), by flag, as JSON values, for
+        :func:`mp_symbolic.core.nodes.agree` to compare before any tensor
+        crosses."""
+        values = self.to_dict()
+        return {flag: json.loads(json.dumps(values[name]))
+                for name, flag in NODE_FIELDS['compared'].items()}
+
+
+# Every field, as the node processes of one job hold it.
+NODE_FIELDS = {
+    # What each node computes, and when the nodes talk (a batch's tensors, an
+    # epoch's end, a commit): compared at the start by TrainConfig.node_facts,
+    # by the flag that sets it.
+    'compared': {'task': '--task', 'task_args': '--task-arg', 'seed': '--seed',
+                 'batch_size': '--batch-size', 'num_epochs': '--epochs',
+                 'checkpoint_every': '--checkpoint-every', 'optimizer': '--optimizer',
+                 'lr': '--lr', 'momentum': '--momentum', 'kvstore': '--kvstore',
+                 'mirror': '--mirror'},
+    # Compared as the Pipeline's plan, what they make of them (Pipeline(nodes=...)).
+    'plan': ('balance', 'chunks', 'schedule', 'virtual', 'replicas'),
+    # The same on every node by construction: nodes is the job's WORLD_SIZE,
+    # variant and api are refused unless 'symbolic' and 'module' with nodes,
+    # agree_steps is compare's.
+    'fixed': ('nodes', 'variant', 'api', 'agree_steps'),
+    # Each node's own: its share of the devices (their count per replica is the
+    # plan's), paths on its host (the epoch a resume starts from is compared),
+    # what it prints or measures, how long it waits on the others.
+    'own': ('devices', 'out', 'resume', 'progress', 'profile', 'memory', 'node_timeout'),
+}
 
 # What makes a run the same run: a resume must keep these.
 RESUME_IDENTITY = ('task', 'task_args', 'variant', 'batch_size', 'optimizer', 'lr',
