@@ -415,10 +415,15 @@ def test_csv_field_over_the_csv_limit_is_one_line(tmp_path):
         read_features(str(path), 2)
 
 
-def test_hostfile_that_never_ends_is_refused():
+def test_hostfile_that_never_ends_is_refused(tmp_path):
     from mp_symbolic.tools.launch import read_hostfile  # pylint: disable=import-outside-toplevel
-    with pytest.raises(ValueError, match='--hostfile: expected a list of hosts of at most'):
+    with pytest.raises(ValueError, match='^--hostfile: expected a regular file of host names, '
+                                         'found /dev/zero, which is a character device$'):
         read_hostfile('/dev/zero')
+    big = tmp_path / 'hosts'
+    big.write_bytes(b'# ' + b'x' * (1 << 20) + b'\n')
+    with pytest.raises(ValueError, match='--hostfile: expected a list of hosts of at most'):
+        read_hostfile(str(big))
 
 
 # -- 6. the smaller ones ------------------------------------------------------------------

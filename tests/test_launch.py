@@ -493,6 +493,30 @@ def test_unknown_host_is_refused_before_start(capsys, monkeypatch, tmp_path):
     assert "unknown host 'no-such-host.invalid'" in line
 
 
+@pytest.mark.parametrize('mode', ['manual', 'local'])
+def test_a_hostfile_that_is_a_fifo_is_refused_in_one_line_without_waiting_for_a_writer(
+        tmp_path, mode):
+    """A FIFO nobody writes to: open() would wait for a writer for ever."""
+    fifo = tmp_path / 'hosts'
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch', '--nodes', '2',
+                             '--mode', mode, '--hostfile', str(fifo), '--', 'train',
+                             '--devices', 'cpu:0,cpu:1'],
+                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=20)
+    assert time.monotonic() - start < 10
+    assert (result.returncode, result.stdout) == (2, '')
+    assert result.stderr == ('error: --hostfile: expected a regular file of host names, found '
+                             '%s, which is a FIFO\n' % fifo)
+
+
+def test_a_hostfile_that_is_a_directory_is_refused_naming_it(capsys, monkeypatch, tmp_path):
+    line = _refused(capsys, monkeypatch, '--mode', 'manual', '--hostfile', str(tmp_path),
+                    '--nodes', '2', '--', 'python', 'w.py')
+    assert line == ('error: --hostfile: expected a regular file of host names, found %s, which '
+                    'is a directory' % tmp_path)
+
+
 def test_local_mode_refuses_a_remote_host(capsys, monkeypatch, tmp_path):
     hostfile = tmp_path / 'hosts'
     hostfile.write_text('10.1.2.3\n')

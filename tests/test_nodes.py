@@ -428,6 +428,135 @@ def test_nodes_the_command_line_cannot_run_are_refused_in_one_line(monkeypatch, 
     assert len(lines) == 1 and lines[0].startswith(message), lines
 
 
+@pytest.mark.parametrize('argv, message', [
+    (['--nodes', '100000', '--', 'train', '--devices', 'cpu:0,cpu:1'],
+     'error: --nodes: expected at most 1024 node processes, found 100000'),
+    (['--nodes', '2000', '--', 'python', 'w.py'],
+     'error: --nodes: expected at most 1024 node processes, found 2000'),
+    (['--nodes', '3', '--', 'train', '--devices', 'cpu:0,cpu:1'],
+     'error: worker command: --nodes: expected at most as many nodes as devices per replica '
+     '(2), found 3 (a node would hold no stage)'),
+    (['--nodes', '3', '--', 'train', '--devices', 'cpu:0,cpu:1,cpu:2,cpu:3', '--replicas', '2'],
+     'error: worker command: --nodes: expected at most as many nodes as devices per replica '
+     '(2), found 3 (a node would hold no stage)'),
+    (['--nodes', '4', '--', 'train'],
+     'error: worker command: --nodes: expected at most as many nodes as devices per replica (at '
+     'most 3 where the devices are not given), found 4 (a node would hold no stage)'),
+], ids=['limit', 'limit-script', 'devices', 'devices-of-a-replica', 'default-devices'])
+def test_launch_refuses_nodes_each_node_would_refuse_within_a_second_starting_none(argv,
+                                                                                  message):
+    """The launcher's first line (stdout) comes before the first process:
+    none, and the refusal within a second, is no process started."""
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch'] + argv, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+                            text=True, timeout=60)
+    assert time.monotonic() - start < 1.0
+    assert (result.returncode, result.stdout, result.stderr) == (2, '', message + '\n')
+
+
+def test_the_node_count_is_checked_without_mxnet_as_the_nodes_check_it():
+    """What the launcher and TrainConfig refuse, without MXNet, is what
+    ``node_of_devices`` refuses inside each node, in its words."""
+    from mp_symbolic.core import checks  # pylint: disable=import-outside-toplevel
+    assert checks.MAX_NODES == node_processes.MAX_NODES
+    for devices, nodes in ((2, 3), (4, checks.MAX_NODES + 1), (2, 0)):
+        with pytest.raises(ValueError) as theirs:
+            node_processes.node_of_devices(devices, nodes)
+        with pytest.raises(ValueError) as ours:
+            checks.node_count(nodes, devices)
+        assert str(ours.value) == str(theirs.value)
+    assert checks.node_count(2, 2) == 2 and checks.node_count(3, None, 3) == 3
+
+
+def _base_config():
+    from mp_symbolic.training.config import TrainConfig  # pylint: disable=import-outside-toplevel
+    return TrainConfig(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, batch_size=100,
+                       num_epochs=2, optimizer='sgd', lr=0.02, momentum=0.0, nodes=2,
+                       task_args=(('num_examples', 400),), out='run', progress=False)
+
+
+def test_every_config_field_is_compared_across_nodes_or_named_as_alike_or_a_nodes_own():
+    """A field added to TrainConfig is placed by a decision, not left out."""
+    from dataclasses import fields  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.config import NODE_FIELDS, TrainConfig  # pylint: disable=C0415
+    groups = [set(NODE_FIELDS[k]) for k in ('compared', 'plan', 'fixed', 'own')]
+    assert sum(map(len, groups)) == len(fields(TrainConfig))
+    assert set().union(*groups) == {f.name for f in fields(TrainConfig)}
+
+
+@pytest.mark.parametrize('name, value, flag', [
+    ('seed', 1, '--seed'), ('batch_size', 50, '--batch-size'), ('num_epochs', 3, '--epochs'),
+    ('checkpoint_every', 2, '--checkpoint-every'), ('optimizer', 'adam', '--optimizer'),
+    ('lr', 0.05, '--lr'), ('momentum', 0.5, '--momentum'), ('task', 'lm', '--task'),
+    ('task_args', (('num_examples', 500),), '--task-arg'), ('kvstore', 'device', '--kvstore'),
+    ('mirror', True, '--mirror'),
+])
+def test_the_run_facts_the_nodes_compare_tell_each_compared_flag_apart(name, value, flag):
+    from dataclasses import replace  # pylint: disable=import-outside-toplevel
+    facts = _base_config().node_facts()
+    theirs = replace(_base_config(), **{name: value}).node_facts()
+    assert [key for key in facts if facts[key] != theirs[key]] == [flag]
+    assert json.loads(json.dumps(theirs)) == theirs  # as the nodes exchange them
+
+
+def test_the_run_facts_leave_out_what_is_each_nodes_own():
+    from dataclasses import replace  # pylint: disable=import-outside-toplevel
+    own = dict(devices='cpu:2,cpu:3', out='elsewhere', resume='there', progress=True,
+               profile=True, memory=True, node_timeout=5)
+    assert replace(_base_config(), **own).node_facts() == _base_config().node_facts()
+
+
+def _nodes_given(tmp_path, port, flags, timeout=LAUNCH_TIMEOUT):
+    """Two node processes of ``train`` over the regression, node ``k`` given
+    :data:`REGRESSION`, ``--nodes 2`` and ``flags[k]``; returns ``[(status,
+    stderr lines, seconds from the start to its exit)]``."""
+    start = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, '-m', 'mp_symbolic'] + REGRESSION +
+                              ['--nodes', '2', '--out', str(tmp_path / 'run')] + more,
+                              env=node_env(rank, 2, port), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for rank, more in enumerate(flags)]
+    ended = []
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=timeout)
+            ended.append((proc.returncode, err.splitlines(), time.monotonic() - start))
+    finally:
+        for proc in procs:
+            proc.kill()
+    return ended
+
+
+RUN_DIFFERS = ("error: --nodes: expected every node to make the same plan, found node 1's %s "
+               "where node 0's is %s (are the flags the same on every host?)")
+
+
+@pytest.mark.parametrize('flags, shown', [
+    # several flags differ: the first compared is named
+    ([[], ['--seed', '1', '--epochs', '3', '--lr', '0.05', '--optimizer', 'sgd',
+           '--checkpoint-every', '2']], ('--seed 1', '0')),
+    # gloo aborted node 1 (SIGABRT) at the first tensor of another size
+    ([['--batch-size', '100'], ['--batch-size', '50']], ('--batch-size 50', '100')),
+], ids=['seed-and-more', 'batch-size'])
+def test_nodes_given_other_run_flags_both_exit_2_in_one_line_naming_the_flag(
+        tmp_path, port, flags, shown):
+    ended = _nodes_given(tmp_path, port, flags)
+    for status, lines, _ in ended:
+        assert (status, lines) == (2, [RUN_DIFFERS % shown]), lines[-20:]
+    assert not (tmp_path / 'run' / 'current').exists()
+
+
+def test_nodes_resuming_from_other_epochs_both_exit_2_in_one_line(tmp_path, port, capsys):
+    """``--resume`` is each node's path: the epoch it resumes from is compared."""
+    first = str(tmp_path / 'first')
+    _train_here(REGRESSION + ['--epochs', '1', '--out', first], capsys)
+    ended = _nodes_given(tmp_path, port, [['--resume', first, '--epochs', '2'],
+                                          ['--epochs', '2']])
+    for status, lines, _ in ended:
+        assert (status, lines) == (2, [RUN_DIFFERS % ('--resume epoch 0', '1')]), lines[-20:]
+
+
 def test_the_nodes_benchmark_sends_each_boundary_tensor_once_per_microbatch(tmp_path):
     """``python -m bench.nodes --quick``: the two nodes hold the whole
     model's parameters between them, and each sends, per micro-batch, the

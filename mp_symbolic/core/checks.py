@@ -17,6 +17,9 @@ LR_EXPECTED = 'a number in [1e-30, 1e6]'
 MOMENTUM_EXPECTED = 'a number in [0, 1)'
 POSITIVE_EXPECTED = 'a positive integer'
 EXCERPT_LIMIT = 80  # characters of a value quoted in a message
+# Node processes one job may have: mp_symbolic.core.nodes.MAX_NODES, here without
+# MXNet, so that the launcher and TrainConfig refuse more before any process starts.
+MAX_NODES = 1024
 
 
 class DeviceSpecError(ValueError):
@@ -63,6 +66,33 @@ def positive_int(field, value, error=ValueError):
     if not is_positive_int(value):
         raise error('%s: expected %s, found %r' % (field, POSITIVE_EXPECTED, value))
     return int(value)
+
+
+def node_count(nodes, devices_per_replica=None, most_devices=None, error=ValueError):
+    """``nodes`` checked as :func:`mp_symbolic.core.nodes.node_of_devices`
+    checks it, in its words, as far as the devices are known.
+
+    Args:
+        devices_per_replica: The devices of one replica, where known.
+        most_devices: Where they are not, the most there can be (``None``:
+            no bound known).
+
+    Raises:
+        error: ``nodes`` is not a positive integer, is above
+            :data:`MAX_NODES`, or above the devices of a replica (a node
+            would hold no stage).
+    """
+    nodes = positive_int('nodes', nodes, error)
+    if nodes > MAX_NODES:
+        raise error('nodes: expected at most %d, found %d' % (MAX_NODES, nodes))
+    if devices_per_replica is not None and nodes > devices_per_replica:
+        raise error('nodes: expected at most as many nodes as devices per replica (%d), '
+                    'found %d (a node would hold no stage)' % (devices_per_replica, nodes))
+    if devices_per_replica is None and most_devices is not None and nodes > most_devices:
+        raise error('nodes: expected at most as many nodes as devices per replica (at most %d '
+                    'where the devices are not given), found %d (a node would hold no stage)'
+                    % (most_devices, nodes))
+    return nodes
 
 
 def is_lr(value):

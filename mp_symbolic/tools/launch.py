@@ -40,6 +40,7 @@ import shlex
 import shutil
 import signal
 import socket
+from stat import S_ISBLK, S_ISCHR, S_ISDIR, S_ISFIFO, S_ISREG, S_ISSOCK
 import subprocess
 import sys
 import threading
@@ -47,7 +48,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from ..core.checks import positive_int
+from ..core.checks import MAX_NODES, positive_int
 
 __all__ = []
 
@@ -174,12 +175,24 @@ def read_hostfile(path):
     """The host names in ``path``: one a line, ``#`` starts a comment.
 
     Raises:
-        ValueError: The file cannot be read, is over 1 MiB or not UTF-8,
-            names no host, or a line has more than one word.
+        ValueError: The file cannot be read, is not a regular file (a FIFO,
+            a device, a directory), is over 1 MiB or not UTF-8, names no
+            host, or a line has more than one word.
     """
     try:
-        with open(path, 'rb') as f:
-            data = f.read(MAX_HOSTFILE_BYTES + 1)  # /dev/zero or a FIFO never ends
+        # O_NONBLOCK: a FIFO with no writer opens at once (a blocking open waits
+        # for one), and is refused below, as /dev/zero is, before any read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            kind = _file_kind(os.fstat(fd).st_mode)
+            if kind is None:
+                with open(fd, 'rb', closefd=False) as f:
+                    data = f.read(MAX_HOSTFILE_BYTES + 1)
+        finally:
+            os.close(fd)
+        if kind is not None:
+            raise ValueError('--hostfile: expected a regular file of host names, found %s, '
+                             'which is %s' % (path, kind))
         lines = data.decode('utf-8').splitlines()
     except OSError as err:
         raise ValueError('--hostfile: cannot read %s (%s)' % (path, err.strerror)) from None
@@ -199,6 +212,16 @@ def read_hostfile(path):
     if not hosts:
         raise ValueError('--hostfile: expected at least one host name, found none in %s' % path)
     return hosts
+
+
+def _file_kind(mode):
+    """What a file of ``mode`` (``st_mode``) is, or None for a regular file."""
+    for test, kind in ((S_ISDIR, 'a directory'), (S_ISFIFO, 'a FIFO'),
+                       (S_ISCHR, 'a character device'), (S_ISBLK, 'a block device'),
+                       (S_ISSOCK, 'a socket')):
+        if test(mode):
+            return kind
+    return None if S_ISREG(mode) else 'not a regular file'
 
 
 def resolve_host(host):
@@ -787,6 +810,9 @@ def _check(args, subcommands):
                          '(a pipeline over node processes), found %s'
                          % ('--workers alone' if args.workers is not None else
                             '--servers alone' if args.servers is not None else 'none of them'))
+    if args.nodes is not None and args.nodes > MAX_NODES:  # each would refuse it, started
+        raise ValueError('--nodes: expected at most %d node processes, found %d'
+                         % (MAX_NODES, args.nodes))
     command = args.job_command[1:] if args.job_command[:1] == ['--'] else args.job_command
     if command and command[0] in subcommands:  # the processes' options, before any starts
         subcommands[command[0]](list(node_argv(command, args.nodes, subcommands)[

@@ -314,15 +314,16 @@ def _flag_message(err, task=None):
     """``'num_epochs: expected ...'`` -> ``'--epochs: expected ...'``; a device
     plan that cannot be made names ``--devices``."""
     # pylint: disable=import-outside-toplevel
-    from ..core.devices import DeviceSpecError
-    from ..core.task import TaskError
+    from ..core.checks import DeviceSpecError  # these without MXNet: the launcher's checks
     from .tasks import TaskLoadError
     if isinstance(err, TaskLoadError):
         if err.arg is not None:
             return '%s: %s' % (_FLAG_OF.get(err.arg, '--task-arg %s' % err.arg), err)
         return '--task %s: %s' % (shown_path(err.spec), err)
-    if isinstance(err, TaskError) and task is not None:
-        return '--task %s: %s' % (shown_path(task), err)
+    if task is not None:
+        from ..core.task import TaskError
+        if isinstance(err, TaskError):
+            return '--task %s: %s' % (shown_path(task), err)
     field, sep, rest = str(err).partition(': ')
     if sep and field in _FLAG_OF:
         return '%s: %s' % (_FLAG_OF[field], rest)

@@ -6,10 +6,11 @@ Fields left ``None`` take the task's default (the :class:`~mp_symbolic.Task`'s
 only: the command line builds one before loading MXNet.
 """
 from dataclasses import dataclass, fields, replace
+import json
 import math
 
 from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
-    is_momentum, is_positive_int
+    is_momentum, is_positive_int, node_count
 from ..core.schedule import DEFAULT, NAMES, ONE_GRAPH, VIRTUAL, one_graph
 from .tasks import DEFAULT_TASK
 
@@ -21,6 +22,9 @@ OPTIMIZERS = ('sgd', 'adam')
 KVSTORES = ('local', 'device', 'dist_sync')
 SCHEDULES = NAMES  # Pipeline(schedule=...)'s names (a function is the library's)
 MAX_EPOCHS = 100000
+# Stages (devices per replica) of the plan made where no devices are given: at
+# most this many, fewer for a task of fewer blocks.
+DEFAULT_STAGES = 3
 # Fields a task gives defaults for.
 TASK_DEFAULTS = ('batch_size', 'num_epochs', 'optimizer', 'lr', 'momentum')
 
@@ -117,6 +121,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not is_positive_int(value):
                 bad(name, POSITIVE_EXPECTED)
+        if self.nodes > 1:  # what the node processes would each refuse, before they start
+            node_count(self.nodes, self.devices_per_replica, DEFAULT_STAGES)
         if self.num_epochs is not None and self.num_epochs > MAX_EPOCHS:
             bad('num_epochs', 'at most %d' % MAX_EPOCHS)
         if self.node_timeout is not None and not (
@@ -180,6 +186,19 @@ class TrainConfig:
         if self.replicas > 1 and self.kvstore is None:
             object.__setattr__(self, 'kvstore', 'local')
 
+    @property
+    def devices_per_replica(self):
+        """The devices of one replica as ``devices`` lists them (its stages'
+        entries over ``replicas``), without MXNet or the task; None where
+        ``devices`` is not given or cannot be counted (the device plan
+        refuses it)."""
+        if not isinstance(self.devices, str):
+            return None
+        entries = [e.strip() for e in self.devices.split(',')]
+        if not all(entries) or len(entries) % self.replicas:
+            return None
+        return len(entries) // self.replicas
+
     def check_profiler_devices(self, devices):
         """Raises ValueError if MXNet's profiler cannot record on ``devices``.
 
@@ -236,6 +255,37 @@ class TrainConfig:
         values['task_args'] = dict(self.task_args)
         return values
 
+    def node_facts(self):
+        """What every node process of one job must be given alike
+        (:data:`NODE_FIELDS` ``'compared'``), by flag, as JSON values, for
+        :func:`mp_symbolic.core.nodes.agree` to compare before any tensor
+        crosses."""
+        values = self.to_dict()
+        return {flag: json.loads(json.dumps(values[name]))
+                for name, flag in NODE_FIELDS['compared'].items()}
+
+
+# Every field, as the node processes of one job hold it.
+NODE_FIELDS = {
+    # What each node computes, and when the nodes talk (a batch's tensors, an
+    # epoch's end, a commit): compared at the start by TrainConfig.node_facts,
+    # by the flag that sets it.
+    'compared': {'task': '--task', 'task_args': '--task-arg', 'seed': '--seed',
+                 'batch_size': '--batch-size', 'num_epochs': '--epochs',
+                 'checkpoint_every': '--checkpoint-every', 'optimizer': '--optimizer',
+                 'lr': '--lr', 'momentum': '--momentum', 'kvstore': '--kvstore',
+                 'mirror': '--mirror'},
+    # Compared as the Pipeline's plan, what they make of them (Pipeline(nodes=...)).
+    'plan': ('balance', 'chunks', 'schedule', 'virtual', 'replicas'),
+    # The same on every node by construction: nodes is the job's WORLD_SIZE,
+    # variant and api are refused unless 'symbolic' and 'module' with nodes,
+    # agree_steps is compare's.
+    'fixed': ('nodes', 'variant', 'api', 'agree_steps'),
+    # Each node's own: its share of the devices (their count per replica is the
+    # plan's), paths on its host (the epoch a resume starts from is compared),
+    # what it prints or measures, how long it waits on the others.
+    'own': ('devices', 'out', 'resume', 'progress', 'profile', 'memory', 'node_timeout'),
+}
 
 # What makes a run the same run: a resume must keep these.
 RESUME_IDENTITY = ('task', 'task_args', 'variant', 'batch_size', 'optimizer', 'lr',

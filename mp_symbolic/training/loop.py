@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
-from .config import RESUME_IDENTITY, plan_changes, resume_config
+from .config import DEFAULT_STAGES, RESUME_IDENTITY, plan_changes, resume_config
 from ..core import timing
 from ..core.compat import error_line
 from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
@@ -24,7 +24,7 @@ from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
 from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
     split_states
-from ..core.nodes import Group, from_environment
+from ..core.nodes import Group, agree, from_environment
 from ..core.pipeline import Pipeline
 from ..core.schedule import DEFAULT, VIRTUAL, one_graph
 from ..core.devices import format_device, make_plan
@@ -52,10 +52,17 @@ class TrainingDidNotLearn(RuntimeError):
 
 
 def build_pipeline(cfg, task):
-    """The task's blocks on ``cfg``'s device plan.
+    """The task's blocks on ``cfg``'s device plan; over nodes, once every
+    node has made the same plan and been given the same run
+    (:meth:`~mp_symbolic.training.config.TrainConfig.node_facts`).
 
     Returns:
         ``(pipe, note)``: note says which default devices were chosen, or ``None``.
+
+    Raises:
+        NodeError: over nodes, a node's plan or run differs from node 0's
+            (the line names the flag and both values).
+        NodeFailure: over nodes, another node did not join or answer.
     """
     blocks = task.make_blocks()
     # a whole network (one HybridBlock) is cut by shapes it infers from a batch
@@ -64,8 +71,8 @@ def build_pipeline(cfg, task):
     devices = cfg.devices
     note = None
     if devices is None:
-        plan, note = make_plan(3 if whole else min(3, len(blocks)), None,
-                               replicas=cfg.replicas)
+        stages = DEFAULT_STAGES if whole else min(DEFAULT_STAGES, len(blocks))
+        plan, note = make_plan(stages, None, replicas=cfg.replicas)
         devices = plan.all_devices
     shapes = [(cfg.batch_size,) + tuple(s) for s in task.sample_shapes]
     sample = shapes[0] if len(shapes) == 1 else tuple(shapes)  # one batch shape per input
@@ -80,6 +87,8 @@ def build_pipeline(cfg, task):
         shown = ', '.join(str(tuple(s)) for s in task.sample_shapes)
         raise TaskError('train: expected examples the blocks can take, found examples of '
                         'shape %s: %s' % (shown, rest)) from None
+    if pipe.nodes is not None:  # the nodes agree on the plan; now on the run, before any step
+        agree(pipe.nodes, cfg.node_facts(), pipe.plan.node_of_stage)
     _check_labels(pipe, task, cfg.batch_size)
     return pipe, note
 
@@ -509,6 +518,8 @@ def train(cfg, log=print, built=None, task=None):
             (neither empty nor a store), or lies inside a training or export
             folder.
         CheckpointError: ``cfg.resume`` holds no usable checkpoint.
+        NodeError: over nodes, a node's plan or run differs from node 0's
+            (see :func:`build_pipeline`), or it resumes from another epoch.
         TrainingDiverged: the loss became NaN or infinite (the last
             committed checkpoint is kept).
         TrainingDidNotLearn: the trained network is no better than the
@@ -543,6 +554,8 @@ def train(cfg, log=print, built=None, task=None):
             log('resumed from %s after epoch %d' % (cfg.resume, start_epoch))
             if changes:
                 log("resume: plan changed from the checkpoint's: %s" % '; '.join(changes))
+        if pipe.nodes is not None:  # each node read its own --resume (or none)
+            agree(pipe.nodes, {'--resume epoch': start_epoch}, pipe.plan.node_of_stage)
         log('placement (as MXNet reports it):')
         for line in placement_table(stepper.placement()):
             log('  ' + line)
