@@ -9,9 +9,12 @@ from mxnet import gluon
 import numpy as np
 import pytest
 
+import mp_symbolic
 from mp_symbolic import Pipeline
 from mp_symbolic.core import compat, passes
 from mp_symbolic.core.ir import PlacedGraph
+
+from export.__main__ import main as export_main
 
 TWO_DEVICES = 'cpu:0,cpu:1'
 ONEDNN = pytest.mark.skipif(not compat.onednn_active(),
@@ -24,12 +27,12 @@ def _upsampler():
     mx.random.seed(0)
     net = gluon.nn.HybridSequential(prefix='up_')
     with net.name_scope():
-        net.add(gluon.nn.Conv2D(8, 3, padding=1, in_channels=3),
-                gluon.nn.BatchNorm(in_channels=8), gluon.nn.Activation('relu'),
-                gluon.nn.Conv2DTranspose(8, 4, strides=2, padding=1, in_channels=8,
+        net.add(gluon.nn.Conv2D(16, 3, padding=1, in_channels=3),
+                gluon.nn.BatchNorm(in_channels=16), gluon.nn.Activation('relu'),
+                gluon.nn.Conv2DTranspose(16, 4, strides=2, padding=1, in_channels=16,
                                          use_bias=False),
-                gluon.nn.BatchNorm(in_channels=8), gluon.nn.Activation('relu'),
-                gluon.nn.Conv2D(2, 1, in_channels=8))
+                gluon.nn.BatchNorm(in_channels=16), gluon.nn.Activation('relu'),
+                gluon.nn.Conv2D(2, 1, in_channels=16))
     net.initialize(mx.init.Xavier())
     return net
 
@@ -120,6 +123,25 @@ def test_a_split_graph_training_a_deconvolution_whose_weight_micro_batches_share
     _, steps = _one_step(net, values, TWO_DEVICES, x, label, chunks=2,
                          fixed_param_names=['up_conv1_weight'])
     assert not np.any(steps['up_conv1_weight']) and np.any(steps['up_conv0_weight'])
+
+
+def test_a_transposed_convolution_network_split_over_two_devices_exports_and_verifies(tmp_path):
+    """Export's verification binds the checkpoint's own arrays for
+    inference, where oneDNN's Deconvolution reorders its weight array into
+    a layout of its own, and then writes each parameter one ulp off and
+    back in place (compat.write_into): it used to fail there, with
+    MXNet's ``!IsMKLDNNData()`` check."""
+    net = _upsampler()
+    values = _values(net)
+    x, label = _batch()
+    mod = _module(net, TWO_DEVICES, x, label.shape, for_training=False)
+    aux = set(net.collect_params('.*running_.*').keys())
+    mod.init_params(arg_params={n: v for n, v in values.items() if n not in aux},
+                    aux_params={n: v for n, v in values.items() if n in aux})
+    mp_symbolic.save_checkpoint(mod, str(tmp_path / 'up'), epoch=0, name='up')
+    np.savez(str(tmp_path / 'sample.npz'), data=x)
+    assert export_main(['--checkpoint', str(tmp_path / 'up'), '--out', str(tmp_path / 'out'),
+                        '--sample', str(tmp_path / 'sample.npz'), '--verify-batches', '1,4']) == 0
 
 
 def test_unallocated_weight_gradients_are_the_deconvolutions_whose_weight_other_ops_read():

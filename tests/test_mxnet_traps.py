@@ -714,3 +714,26 @@ def test_deconvolution_backward_writes_an_unallocated_weight_gradient_through_a_
     assert died == {'unshared', 'shared-large-weight'}
     assert proc.stderr.count('Segmentation fault: 11') == len(died)
     assert ran == {'unshared-own-weights', 'unshared-onednn-off', 'shared'}
+
+
+def test_an_inference_deconvolution_keeps_its_weight_array_in_a_onednn_layout():
+    """compat.write_into: bound for inference, oneDNN's Deconvolution
+    reorders its weight array itself into a blocked layout after its first
+    forward pass; writing into the array with ``[:]`` then fails, a copy
+    writes the value (read back, and computed with by a new bind)."""
+    if not compat.onednn_active():
+        pytest.skip('oneDNN is off in this process or this build')
+    up = mx.sym.Deconvolution(mx.sym.var('data'), weight=mx.sym.var('w'), kernel=(4, 4),
+                              stride=(2, 2), pad=(1, 1), num_filter=16, no_bias=True)
+    value = np.random.default_rng(0).normal(size=(16, 16, 4, 4)).astype(np.float32)
+    args = {'data': mx.nd.ones((1, 16, 8, 8)), 'w': mx.nd.array(value)}
+    exe = up.bind(mx.cpu(0), args=args, grad_req='null')
+    exe.forward(is_train=False)
+    first = exe.outputs[0].asnumpy()
+    with pytest.raises(mx.base.MXNetError, match=r"IsMKLDNNData\(\): We can't generate TBlob"):
+        args['w'][:] = value * 2
+    compat.write_into(args['w'], value * 2)
+    np.testing.assert_array_equal(args['w'].asnumpy(), value * 2)
+    exe = up.bind(mx.cpu(0), args=args, grad_req='null')
+    exe.forward(is_train=False)
+    np.testing.assert_allclose(exe.outputs[0].asnumpy(), first * 2, rtol=1e-5, atol=1e-5)

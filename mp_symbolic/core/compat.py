@@ -350,6 +350,25 @@ def split_bind_environ(devices, symbol=None):
     return env
 
 
+def write_into(array, value):
+    """Writes ``value`` (a NumPy array of ``array``'s shape) into the NDArray
+    ``array`` in place, whatever layout oneDNN keeps it in.
+
+    **What MXNet does.** Bound for inference (``is_train=False``), oneDNN's
+    ``Deconvolution`` reorders its weight array itself into oneDNN's blocked
+    layout after its first forward pass, so that later passes need no
+    reorder (``MKLDNNDeconvFwd::ControlWeightsFormat``,
+    ``src/operator/nn/mkldnn/mkldnn_deconvolution.cc``); a convolution does
+    the same unless MXNet's oneDNN subgraph backend fused it (it is, on one
+    device). ``array[:] = value`` then fails (``Check failed:
+    !IsMKLDNNData(): We can't generate TBlob for MKLDNN data``,
+    ``NDArray::SetTBlob``, ``src/ndarray/ndarray.cc``). **What is done
+    instead.** A copy (``CopyFromTo``), which reorders the value into the
+    array's layout; reading it back (``asnumpy``) gives ``value``.
+    """
+    mx.nd.array(value, ctx=array.context, dtype=array.dtype).copyto(array)
+
+
 def initialized(param):
     """Whether a Gluon ``Parameter`` has values (on some device).
 
