@@ -377,7 +377,7 @@ class MXNetPredictor:
             first = self.input_names[0]
             data_ctx = self.group2ctx[self.symbol.get_internals()[first].attr(GROUP_KEY)]
             self._exec = None  # the old executor's memory goes before the new one's is taken
-            with split_bind(self.group2ctx, self.symbol):
+            with split_bind(self.group2ctx, self.symbol, training=False):
                 self._exec = self.symbol.simple_bind(
                     ctx=data_ctx, group2ctx=self.group2ctx, grad_req='null',
                     type_dict=dict(self.dtypes), **shapes)

@@ -87,6 +87,7 @@ import mxnet as mx
 
 from mp_symbolic.tools.checkpoint import input_names as checkpoint_inputs
 from mp_symbolic.core.checks import excerpt
+from mp_symbolic.core.compat import write_into
 from mp_symbolic.core.devices import format_device
 from mp_symbolic.core.names import GROUP_KEY
 from mp_symbolic.core.scoped import captured_stderr
@@ -260,7 +261,7 @@ def _put_back(array, moved, up):
     step = np.unpackbits(up, count=count).astype(ints.dtype) * 2 - 1
     step *= np.unpackbits(moved, count=count).astype(ints.dtype)
     ints -= step
-    array[:] = value
+    write_into(array, value)
 
 
 def _check(name, ok, detail):
@@ -409,7 +410,7 @@ class OneDeviceReference:
                         off = _one_ulp_off(value, rng)
                         if off is not value:
                             moved.append(_moved(into[name], value, off))
-                            into[name][:] = off
+                            write_into(into[name], off)
                         del value, off
             exe = self.symbol.bind(ctx=cpu, args=args, grad_req='null', aux_states=aux)
             exe.forward(is_train=False)

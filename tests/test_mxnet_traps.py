@@ -696,3 +696,92 @@ def test_an_inference_bind_keeps_the_fully_connected_weights_of_its_first_forwar
         first, second = outputs('write')
     expected = values['data'] @ (2 * values['fc_weight']).T + values['fc_bias']
     np.testing.assert_allclose(second, expected, rtol=1e-5)
+
+
+# one child; each bind in a fork of it, before any op (MXNet reads
+# MXNET_MKLDNN_ENABLED once, at the first); argv: one JSON list of variants
+_DECONVOLUTION_PROBE = """
+import json, os, sys
+variants = json.loads(sys.argv[1])
+import mxnet as mx
+import numpy as np
+for name, env, c_in, c_out, side, shared in variants:
+    pid = os.fork()
+    if pid == 0:
+        os.environ.update(env)
+        x = mx.sym.split(mx.sym.var('data'), num_outputs=2, axis=0)
+        w = mx.sym.var('w')
+        outs = [mx.sym.Deconvolution(x[m], weight=w if shared else mx.sym.var('w%d' % m),
+                                     kernel=(4, 4), stride=(2, 2), pad=(1, 1),
+                                     num_filter=c_out, no_bias=True) for m in range(2)]
+        loss = mx.sym.MakeLoss(mx.sym.sum(mx.sym.square(mx.sym.concat(*outs, dim=0))))
+        exe = loss.simple_bind(mx.cpu(0), data=(2, c_in, side, side))
+        for array in exe.arg_dict.values():
+            array[:] = 0.1
+        exe.forward(is_train=True)
+        exe.backward()
+        print(name, 'gradient', float(exe.grad_dict['w' if shared else 'w0'].asnumpy().sum()),
+              flush=True)
+        os._exit(0)
+    print(name, 'exit status', os.waitpid(pid, 0)[1], flush=True)
+"""
+
+
+def test_deconvolution_backward_writes_an_unallocated_weight_gradient_through_a_null_pointer():
+    """compat.unallocated_weight_gradients: two Deconvolutions reading one
+    weight (the copies of one op per micro-batch) each write a gradient of
+    it into an intermediate array; oneDNN's backward writes that gradient
+    through a null pointer when nothing wrote the array's storage before,
+    and the process dies of a segmentation fault, no error given. Without
+    storage sharing (the split bind's NNVM_EXEC_MATCH_RANGE=0) that is
+    every such gradient; with MXNet's sharing, one device, it is a
+    gradient larger than any array freed before it. Each op with a weight
+    of its own, or oneDNN off, runs."""
+    import json  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    if not compat.onednn_active():
+        pytest.skip('oneDNN is off in this process or this build')
+    unshared = dict(compat.UNSHARED_MEMORY)
+    variants = [('unshared', unshared, 8, 8, 8, True),
+                ('unshared-own-weights', unshared, 8, 8, 8, False),
+                ('unshared-onednn-off', dict(unshared, MXNET_MKLDNN_ENABLED='0'), 8, 8, 8, True),
+                ('shared', {}, 8, 8, 8, True),
+                ('shared-large-weight', {}, 64, 64, 2, True)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, '-c', _DECONVOLUTION_PROBE, json.dumps(variants)],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    status = {line.split()[0]: int(line.split()[-1]) for line in proc.stdout.splitlines()
+              if ' exit status ' in line}
+    ran = {line.split()[0] for line in proc.stdout.splitlines() if ' gradient ' in line}
+    assert set(status) == {v[0] for v in variants}
+    # MXNet's own handler of SIGSEGV says so and exits with status 255
+    died = {name for name, code in status.items() if code}
+    assert died == {'unshared', 'shared-large-weight'}
+    assert proc.stderr.count('Segmentation fault: 11') == len(died)
+    assert ran == {'unshared-own-weights', 'unshared-onednn-off', 'shared'}
+
+
+def test_an_inference_deconvolution_keeps_its_weight_array_in_a_onednn_layout():
+    """compat.write_into: bound for inference, oneDNN's Deconvolution
+    reorders its weight array itself into a blocked layout after its first
+    forward pass; writing into the array with ``[:]`` then fails, a copy
+    writes the value (read back, and computed with by a new bind)."""
+    if not compat.onednn_active():
+        pytest.skip('oneDNN is off in this process or this build')
+    up = mx.sym.Deconvolution(mx.sym.var('data'), weight=mx.sym.var('w'), kernel=(4, 4),
+                              stride=(2, 2), pad=(1, 1), num_filter=16, no_bias=True)
+    value = np.random.default_rng(0).normal(size=(16, 16, 4, 4)).astype(np.float32)
+    args = {'data': mx.nd.ones((1, 16, 8, 8)), 'w': mx.nd.array(value)}
+    exe = up.bind(mx.cpu(0), args=args, grad_req='null')
+    exe.forward(is_train=False)
+    first = exe.outputs[0].asnumpy()
+    with pytest.raises(mx.base.MXNetError, match=r"IsMKLDNNData\(\): We can't generate TBlob"):
+        args['w'][:] = value * 2
+    compat.write_into(args['w'], value * 2)
+    np.testing.assert_array_equal(args['w'].asnumpy(), value * 2)
+    exe = up.bind(mx.cpu(0), args=args, grad_req='null')
+    exe.forward(is_train=False)
+    np.testing.assert_allclose(exe.outputs[0].asnumpy(), first * 2, rtol=1e-5, atol=1e-5)

@@ -41,6 +41,11 @@ SEARCHED_MEMORY = {'NNVM_AUTO_SEARCH_MATCH_RANGE': '1'}
 ONEDNN_LAYOUT_OPS = frozenset({'Convolution', 'Deconvolution', 'Pooling', 'BatchNorm', 'LRN',
                                'RNN'})
 
+# The op whose oneDNN backward writes its weight's gradient through the
+# gradient array's storage before MXNet has allocated it (see
+# unallocated_weight_gradients).
+UNALLOCATED_GRADIENT_OP = 'Deconvolution'
+
 # The op that ends a bulked segment of the executor's schedule on one device.
 SEGMENT_BOUNDARY_OP = '_copyto'
 SEGMENT_BOUNDARY_PREFIX = 'chunk_boundary'
@@ -115,13 +120,16 @@ def segment_boundaries(heads, group, first_index, tag=''):
 
 
 @contextmanager
-def split_bind(group2ctx, symbol=None):
+def split_bind(group2ctx, symbol=None, training=True, fixed=()):
     """Around a bind of a graph split over several devices: the environment
     :func:`split_bind_environ` gives (MXNet's oneDNN subgraph backend off; on
     CPU with oneDNN, for a graph with an op of :data:`ONEDNN_LAYOUT_OPS` or
     when ``symbol`` is not given, no storage shared between intermediate
     arrays, so no cross-device copy writes through another array's oneDNN
     layout; for any other graph, the memory planner's plan of fewest bytes).
+    A training bind without shared storage is first checked for the weight
+    gradients MXNet would write through a null pointer
+    (:func:`unallocated_weight_gradients`), and refused if it has any.
 
     A graph on one device keeps oneDNN's fusion and shared storage, with the
     plan of fewest bytes too. MXNet logs a line for
@@ -133,8 +141,19 @@ def split_bind(group2ctx, symbol=None):
             values are its devices); ``None`` or empty for one device.
         symbol: The ``mx.sym.Symbol`` being bound, read for its ops; ``None``
             binds as if it had an op of :data:`ONEDNN_LAYOUT_OPS`.
+        training: Whether the bind computes gradients (``False`` for an
+            inference bind, ``grad_req='null'``).
+        fixed: Names of the arguments that get no gradient.
+
+    Raises:
+        ValueError: a training bind of ``symbol`` without shared storage
+            where a :data:`UNALLOCATED_GRADIENT_OP`'s weight is read by other
+            ops too (one line naming the op, the weight and the cause).
     """
     env = split_bind_environ(group2ctx.values() if group2ctx else (), symbol)
+    if training and symbol is not None and \
+            env.get('NNVM_EXEC_MATCH_RANGE') == UNSHARED_MEMORY['NNVM_EXEC_MATCH_RANGE']:
+        refuse_unallocated_weight_gradients(symbol, fixed)
     if not env:
         yield
         return
@@ -176,6 +195,91 @@ def leaves_onednn_layouts(symbol):
     if symbol is None:
         return True
     return any(node['op'] in ONEDNN_LAYOUT_OPS for node in json.loads(symbol.tojson())['nodes'])
+
+
+def unallocated_weight_gradients(symbol, fixed=()):
+    """The ops of ``symbol`` whose weight gradient MXNet 1.9.1, with oneDNN,
+    writes through a null pointer when every intermediate array has storage
+    of its own.
+
+    **What MXNet does.** The graph executor gives every intermediate array a
+    slice of a pool array made with ``delay_alloc``
+    (``GraphExecutor::InitDataEntryMemory``,
+    ``src/executor/graph_executor.cc``); its storage is allocated when an op
+    first writes it. oneDNN's ``_backward_Deconvolution``
+    (``MKLDNNDeconvBwd::Execute``,
+    ``src/operator/nn/mkldnn/mkldnn_deconvolution.cc``) first swaps the
+    logical order of the weight gradient's input and output channels
+    (``IOSwapWeightsTensors``, ``mkldnn_deconvolution-inl.h``), and that swap
+    (``NDArray::UpdateMKLDNNMemDesc``, ``src/ndarray/ndarray.cc``) wraps the
+    array's data pointer without allocating it. If nothing wrote the
+    gradient's storage before, the pointer is null; the gradient is then
+    created with that layout (``CreateMKLDNNData`` returns the null-handle
+    memory it finds), and oneDNN's kernel writes the gradient to address 0:
+    a segmentation fault, no error. A weight read by this op alone has its
+    gradient in the caller's gradient array, which is allocated; a weight
+    read by several ops (the copies of the op per micro-batch, or a tied
+    weight) has one gradient per reader, intermediate arrays summed into it.
+
+    **Why it matters.** Without storage sharing (``NNVM_EXEC_MATCH_RANGE=0``,
+    :func:`split_bind_environ`), every such gradient has storage no op wrote
+    before, and the first backward pass kills the process: GluonCV's
+    CenterNet (three ``Conv2DTranspose``) split over two devices with
+    ``chunks=2``. With sharing, it depends on the memory plan (on one
+    device, two such ops sharing a weight larger than the activations die
+    too: ``tests/test_mxnet_traps.py``).
+
+    Args:
+        symbol: An ``mx.sym.Symbol``.
+        fixed: Names of the arguments that get no gradient.
+
+    Returns:
+        ``[(op name, weight name, readers)]`` of the
+        :data:`UNALLOCATED_GRADIENT_OP` nodes whose weight is read by other
+        ops too (``readers`` the number of ops reading it; for a weight
+        computed by an op, ``weight name`` names that op and ``readers`` is
+        0), in the graph's order.
+    """
+    nodes = json.loads(symbol.tojson())['nodes']
+    readers = {}
+    for node in nodes:
+        for source in {entry[0] for entry in node['inputs']}:
+            readers[source] = readers.get(source, 0) + 1
+    found = []
+    for node in nodes:
+        if node['op'] != UNALLOCATED_GRADIENT_OP or len(node['inputs']) < 2:
+            continue
+        weight = nodes[node['inputs'][1][0]]
+        if weight['op'] == 'null':
+            if weight['name'] in fixed or readers[node['inputs'][1][0]] == 1:
+                continue
+            found.append((node['name'], weight['name'], readers[node['inputs'][1][0]]))
+        else:
+            found.append((node['name'], weight['name'], 0))
+    return found
+
+
+def refuse_unallocated_weight_gradients(symbol, fixed=()):
+    """Refuses, in one line, a graph with a weight gradient of
+    :func:`unallocated_weight_gradients`, for a training bind without
+    storage sharing.
+
+    Raises:
+        ValueError: naming the first such op, its weight, how many ops read
+            it, and how many such ops the graph has.
+    """
+    found = unallocated_weight_gradients(symbol, fixed)
+    if not found:
+        return
+    name, weight, count = found[0]
+    read = 'computed by an op' if count == 0 else 'read by %d ops' % count
+    raise ValueError(
+        '%s (%s): expected its weight read by it alone to train a graph split over CPU devices '
+        'with oneDNN, found %s %s (%d such ops in the graph): MXNet 1.9.1\'s oneDNN %s '
+        'backward writes such a weight\'s gradient, an intermediate array whose storage is not '
+        'allocated yet, through a null pointer, and the process dies; train with chunks=1, '
+        "schedule='1f1b', or MXNET_MKLDNN_ENABLED=0"
+        % (name, UNALLOCATED_GRADIENT_OP, weight, read, len(found), UNALLOCATED_GRADIENT_OP))
 
 
 def split_bind_environ(devices, symbol=None):
@@ -256,6 +360,25 @@ def split_bind_environ(devices, symbol=None):
     else:
         env.update(searched)
     return env
+
+
+def write_into(array, value):
+    """Writes ``value`` (a NumPy array of ``array``'s shape) into the NDArray
+    ``array`` in place, whatever layout oneDNN keeps it in.
+
+    **What MXNet does.** Bound for inference (``is_train=False``), oneDNN's
+    ``Deconvolution`` reorders its weight array itself into oneDNN's blocked
+    layout after its first forward pass, so that later passes need no
+    reorder (``MKLDNNDeconvFwd::ControlWeightsFormat``,
+    ``src/operator/nn/mkldnn/mkldnn_deconvolution.cc``); a convolution does
+    the same unless MXNet's oneDNN subgraph backend fused it (it is, on one
+    device). ``array[:] = value`` then fails (``Check failed:
+    !IsMKLDNNData(): We can't generate TBlob for MKLDNN data``,
+    ``NDArray::SetTBlob``, ``src/ndarray/ndarray.cc``). **What is done
+    instead.** A copy (``CopyFromTo``), which reorders the value into the
+    array's layout; reading it back (``asnumpy``) gives ``value``.
+    """
+    mx.nd.array(value, ctx=array.context, dtype=array.dtype).copyto(array)
 
 
 def initialized(param):

@@ -270,7 +270,8 @@ class PipelineModule(DeviceModule):
             self._batch_axes[name] = axis
         if not self.binded or force_rebind:
             self._lay_out_outputs(data_shapes + list(label_shapes or ()))
-        with split_bind(self._devices(), self._symbol):
+        with split_bind(self._devices(), self._symbol, for_training and grad_req != 'null',
+                        self._fixed_param_names or ()):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
         self._update_args = None  # a new executor group: update() lists its arrays anew
@@ -332,7 +333,8 @@ class PipelineModule(DeviceModule):
         elif label_shapes:
             label_shapes = layouts.batch_descs(label_shapes, placement.batch_axis,
                                                placement.chunks, labels=True)
-        with split_bind(self._devices(), self._symbol):
+        with split_bind(self._devices(), self._symbol, self.for_training,
+                        self._fixed_param_names or ()):
             super().reshape(data_shapes, label_shapes)
 
     def _devices(self):

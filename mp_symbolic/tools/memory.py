@@ -438,7 +438,8 @@ def _run_child(spec):
                        context=_context(spec['context']), group2ctxs=group2ctx or None,
                        fixed_param_names=spec.get('fixed_param_names') or None,
                        host_copy=spec.get('host_copy', False))
-    with split_bind(group2ctx, symbol):  # bound as training binds it
+    with split_bind(group2ctx, symbol,  # bound as training binds it
+                    fixed=spec.get('fixed_param_names') or ()):
         mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
     # Any callable initialiser will do: values do not change sizes.
     mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))

@@ -240,7 +240,7 @@ class ExecutorStepper(_SymbolicStepper):
         fixed = set(fixed_param_names(pipe, symbol))
         grad_req = {n: 'null' if n in self.data_names or n == self.label_name or n in fixed
                     else 'write' for n in symbol.list_arguments()}
-        with split_bind(self.plan.group2ctx, symbol):
+        with split_bind(self.plan.group2ctx, symbol, fixed=fixed):
             exe = symbol.simple_bind(
                 ctx=self.plan.first_device, group2ctx=self.plan.group2ctx, grad_req=grad_req,
                 **dict(task.data_shapes(cfg.batch_size, self.data_names),
