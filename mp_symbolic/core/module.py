@@ -7,7 +7,7 @@ fixed parameters (``grad_req='null'``: constants made with
 ``params.get_constant`` and layers frozen with
 ``collect_params().setattr('grad_req', 'null')``) are the Module's
 ``fixed_param_names``, with any the caller names: they get no gradient, no
-update and no optimizer state. Four more differences are what model
+update and no optimizer state. Five more differences are what model
 parallelism needs:
 
 * the stages' devices hold the only copy of the parameters: MXNet's Module
@@ -24,7 +24,11 @@ parallelism needs:
   and shapes (``get_params``, ``set_params``, ``init_params(arg_params=...)``,
   checkpoints, optimizer state): the module splits them into its shards on
   the way in and gathers them on the way out, so values move between plans
-  of any number of shards.
+  of any number of shards;
+* ``init_params`` draws each value from MXNet's random state at the call
+  and the parameter's (unsplit) name only, a tensor-parallel one whole and
+  then sliced (:mod:`~mp_symbolic.core.initial`): every plan, node count
+  and shard count starts from the same values.
 
 References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
 ``tests/python/unittest/test_module.py::test_module_ctx_group``.
