@@ -20,6 +20,7 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic.core.compat import split_bind
+from mp_symbolic.core.device_module import DeviceModule
 
 from export.__main__ import main as export_main
 from export.exporter import export_checkpoint
@@ -63,7 +64,9 @@ def saturated(tmp_path_factory):
     mod = mp_symbolic.Pipeline(net, DEVICES, sample=(1,) + SHAPE).module(loss='softmax')
     mod.bind(data_shapes=[('data', (2,) + SHAPE)], label_shapes=[('softmax_label', (2,))],
              for_training=False)
-    mod.init_params(mx.init.Xavier())
+    # the network whose softmax these tests read: Xavier drawn as MXNet's own
+    # Module draws it (one stream, in its sorted order), not by name
+    DeviceModule.init_params(mod, mx.init.Xavier())
     arg_params, aux_params = mod.get_params()
     weight, _ = _classifier(mod.symbol)
     k = LOGITS / np.abs(_logits(mod.symbol, arg_params, aux_params, _noise(64, 0))).max()

@@ -7,7 +7,7 @@ fixed parameters (``grad_req='null'``: constants made with
 ``params.get_constant`` and layers frozen with
 ``collect_params().setattr('grad_req', 'null')``) are the Module's
 ``fixed_param_names``, with any the caller names: they get no gradient, no
-update and no optimizer state. Four more differences are what model
+update and no optimizer state. Five more differences are what model
 parallelism needs:
 
 * the stages' devices hold the only copy of the parameters: MXNet's Module
@@ -24,7 +24,11 @@ parallelism needs:
   and shapes (``get_params``, ``set_params``, ``init_params(arg_params=...)``,
   checkpoints, optimizer state): the module splits them into its shards on
   the way in and gathers them on the way out, so values move between plans
-  of any number of shards.
+  of any number of shards;
+* ``init_params`` draws each value from MXNet's random state at the call
+  and the parameter's (unsplit) name only, a tensor-parallel one whole and
+  then sliced (:mod:`~mp_symbolic.core.initial`): every plan, node count
+  and shard count starts from the same values.
 
 References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
 ``tests/python/unittest/test_module.py::test_module_ctx_group``.
@@ -37,6 +41,7 @@ from . import layouts
 from .device_module import DeviceModule
 from .compat import gradient_only_kvstore, split_bind
 from .heads import HEADS, class_axis, head_of
+from .initial import Drawn
 from .ir import PlacedGraph
 from .names import DATA_NAME, LABEL_NAME
 from .optstate import drop_states, gather_states, load_states, set_states_by_name, split_states, \
@@ -485,14 +490,23 @@ class PipelineModule(DeviceModule):
                     allow_missing=False, force_init=False, allow_extra=False):
         """``mx.mod.Module.init_params``; after :meth:`restore`, the
         checkpoint's values unless others are given. Tensor-parallel
-        parameters may come by their unsplit names and shapes."""
+        parameters may come by their unsplit names and shapes.
+
+        Each value ``initializer`` draws is a function of MXNet's random
+        state at the call and the parameter's (unsplit) name only, the same
+        on any plan and any node (:mod:`~mp_symbolic.core.initial`)."""
         if self._pending.params is not None and arg_params is None and aux_params is None:
             arg_params, aux_params = self._pending.take('params')
             allow_missing, force_init = False, True
         if arg_params is not None:
             arg_params = self.pipeline.split_params(arg_params)
-        super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
-                            allow_extra or self._other_nodes)
+        drawn = None if initializer is None else Drawn(initializer, self.pipeline.sharded)
+        try:
+            super().init_params(drawn, arg_params, aux_params, allow_missing, force_init,
+                                allow_extra or self._other_nodes)
+        finally:
+            if drawn is not None:
+                drawn.close()
 
     def set_params(self, arg_params, aux_params, allow_missing=False, force_init=True,
                    allow_extra=False):

@@ -38,7 +38,7 @@ This module is the Gluon block and the entry point: the plan is one frozen
 import mxnet as mx
 from mxnet import gluon
 
-from . import autotp, graph, nesting, passes, tensor_parallel, twin
+from . import autotp, graph, initial, nesting, passes, tensor_parallel, twin
 from .checks import excerpt
 from .compat import initialized, symbol_safe
 from .heads import make_head
@@ -541,6 +541,9 @@ class Pipeline(gluon.Block):
 
         Parameters already initialised elsewhere keep their values and move.
         Layers without their input size finish on the first forward pass.
+        Each value drawn is a function of MXNet's random state at the call
+        and the parameter's (unsplit) name only, as ``init_params`` draws it
+        (:mod:`~mp_symbolic.core.initial`).
 
         Raises:
             ValueError: ``ctx`` is given (the plan decides placement).
@@ -548,13 +551,18 @@ class Pipeline(gluon.Block):
         if ctx is not None:
             raise ValueError('ctx: expected None (a Pipeline places each stage on its own '
                              'device), found %r' % (ctx,))
-        for _, param in self._params_of_stage():
-            devices = self.placement.devices_of(param.name)
-            if not force_reinit and initialized(param):
-                if param.list_ctx() != devices:
-                    param.reset_ctx(devices)
-                continue
-            param.initialize(None, ctx=devices, default_init=init, force_reinit=force_reinit)
+        drawn = initial.Drawn(mx.init.create(init), self.sharded)
+        try:
+            for _, param in self._params_of_stage():
+                devices = self.placement.devices_of(param.name)
+                if not force_reinit and initialized(param):
+                    if param.list_ctx() != devices:
+                        param.reset_ctx(devices)
+                    continue
+                param.initialize(None, ctx=devices, default_init=drawn,
+                                 force_reinit=force_reinit)
+        finally:
+            drawn.close()
         if verbose:
             for line in self.describe():
                 print(line)

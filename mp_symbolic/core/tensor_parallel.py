@@ -38,9 +38,11 @@ dispatching on ``weight``/``bias``); with ``shards=1`` the names are
 ``Dense``'s and ``Embedding``'s own. :func:`gather_params` and
 :func:`split_params` turn values between the shard names and the unsplit
 layer's names and shapes, which is what users see in ``get_params()``,
-``set_params()`` and checkpoints. An initializer runs on each shard's shape
-(the same distribution as the unsplit layer for elementwise ones such as
-Gluon's default ``Uniform``; ``Xavier`` sees the shard's fan).
+``set_params()`` and checkpoints. A Pipeline's ``initialize`` and its
+Module's ``init_params`` draw a sharded parameter whole, in the unsplit
+layer's name and shape, and slice it (:mod:`~mp_symbolic.core.initial`);
+outside a Pipeline, Gluon's ``initialize`` runs the initializer on each
+shard's shape (``Xavier`` then sees the shard's fan).
 """
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
