@@ -260,7 +260,16 @@ def _put_back(array, moved, up):
     step = np.unpackbits(up, count=count).astype(ints.dtype) * 2 - 1
     step *= np.unpackbits(moved, count=count).astype(ints.dtype)
     ints -= step
-    array[:] = value
+    write_into(array, value)
+
+
+def write_into(array, value):
+    """``array[:] = value`` for a numpy ``value`` of ``array``'s shape, also
+    where a oneDNN operator left ``array`` in its own blocked layout (a
+    weight a forward pass reordered in place): MXNet copies host memory
+    into the default layout only, and fails there ("We can't generate
+    TBlob for MKLDNN data"); its copy between arrays reorders."""
+    mx.nd.array(value, ctx=array.context, dtype=array.dtype).copyto(array)
 
 
 def _check(name, ok, detail):
@@ -409,7 +418,7 @@ class OneDeviceReference:
                         off = _one_ulp_off(value, rng)
                         if off is not value:
                             moved.append(_moved(into[name], value, off))
-                            into[name][:] = off
+                            write_into(into[name], off)
                         del value, off
             exe = self.symbol.bind(ctx=cpu, args=args, grad_req='null', aux_states=aux)
             exe.forward(is_train=False)
