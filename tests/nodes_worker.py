@@ -1,12 +1,13 @@
 """One node process of the node tests: ``python tests/nodes_worker.py --out F --table T``.
 
-Builds the language model of ``tests/test_stages.py`` (tiny, seeded), a
+Builds the language model of ``tests/test_stages.py`` (tiny, seeded), or a
+GluonCV network of random weights on small images (``network``), a
 ``Pipeline(..., nodes=N)`` over it (``--nodes 1``: one process, the
 reference), trains three Adam steps through ``pipe.module()`` on fixed batches, for each
 configuration of the table, and writes what this process holds to
 ``F<k>_<rank>.npz``: its
-parameters (by their unsplit names), its optimizer states, and the last
-batch's outputs where it runs the loss head. :func:`train` is the same run
+parameters and auxiliary states (by their unsplit names), its optimizer
+states, and the last batch's outputs where it runs the loss head. :func:`train` is the same run
 in the caller's process.
 """
 import argparse
@@ -18,6 +19,7 @@ import mxnet as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gluoncv import model_zoo  # pylint: disable=wrong-import-position
 import mp_symbolic  # pylint: disable=wrong-import-position
 from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
 from mp_symbolic.training import loop  # pylint: disable=wrong-import-position
@@ -33,29 +35,59 @@ def batch(step, size):
     return mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)])
 
 
+IMAGE = (3, 32, 32)  # the GluonCV networks' input
+CLASSES = 10
+
+
+def image_batch(step, size):
+    rng = np.random.default_rng(step)
+    X = rng.normal(size=(size,) + IMAGE).astype(np.float32)
+    y = rng.integers(0, CLASSES, size).astype(np.float32)
+    return mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)])
+
+
 def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shards=1,
-          whole=False, batch_size=8, virtual=None, save=None):
+          whole=False, batch_size=8, virtual=None, save=None, network=None, evaluate=False):
     """``(arrays this process holds by name, last outputs or None)``; with
     ``save``, the module is saved there (``mp_symbolic.save_checkpoint``,
-    by every node) after its steps."""
-    build = gpt.build_network if whole else gpt.build_blocks
-    net = build(TINY, lm.sharded_layers(shards))
-    pipe = Pipeline(net, devices, sample=(batch_size, TINY.block_size), chunks=chunks,
+    by every node) after its steps. ``network``: a GluonCV model zoo name
+    (random weights, :data:`IMAGE` in, :data:`CLASSES` out), cut whole,
+    in place of the language model. With ``evaluate`` (a ``network``),
+    ``predict`` and ``score`` (accuracy, cross-entropy) of two batches after
+    the steps are held too, as ``every:predict`` and ``every:score``: every
+    node reads them."""
+    if network is not None:
+        net = model_zoo.get_model(network, pretrained=False, classes=CLASSES)
+        sample, label, make_batch = (batch_size,) + IMAGE, (batch_size,), image_batch
+    else:
+        build = gpt.build_network if whole else gpt.build_blocks
+        net = build(TINY, lm.sharded_layers(shards))
+        sample = label = (batch_size, TINY.block_size)
+        make_batch = batch
+    pipe = Pipeline(net, devices, sample=sample, chunks=chunks,
                     replicas=replicas, schedule=schedule, nodes=nodes, virtual=virtual)
     arg_params, aux_params = loop.initial_values(pipe, seed=0)
     mod = pipe.module(loss='softmax')
-    shape = (batch_size, TINY.block_size)
-    mod.bind(data_shapes=[('data', shape)], label_shapes=[('softmax_label', shape)])
+    mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', label)])
     mod.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
                     aux_params={k: mx.nd.array(v) for k, v in aux_params.items()})
     mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='adam',
                        optimizer_params={'learning_rate': 0.01})
     for step in range(steps):
-        mod.forward_backward(batch(step, batch_size))
+        mod.forward_backward(make_batch(step, batch_size))
         mod.update()
     if save is not None:
         mp_symbolic.save_checkpoint(mod, save, epoch=steps, name='lm')
     outputs = mod.get_outputs()
+    evaluated = {}
+    if evaluate:
+        batches = [image_batch(steps + k, batch_size) for k in range(2)]
+        data = mx.io.NDArrayIter(mx.nd.concat(*[b.data[0] for b in batches], dim=0),
+                                 mx.nd.concat(*[b.label[0] for b in batches], dim=0),
+                                 batch_size=batch_size)
+        evaluated['every:predict'] = mod.predict(data).asnumpy()
+        evaluated['every:score'] = np.array([value for _, value in
+                                             mod.score(data, ['acc', 'ce'])])
     arg, aux = mod.get_params()
     held = {'param:' + k: v.asnumpy() for k, v in dict(arg, **aux).items()}
     states = mod.optimizer_states()
@@ -63,6 +95,7 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
         held['count:' + name] = np.array(entry['count'])
         for k, index in enumerate(_arrays_of(entry['state'])):
             held['state:%s:%d' % (name, k)] = np.asarray(states['arrays'][index])
+    held.update(evaluated)
     return held, outputs[0].asnumpy() if outputs else None
 
 

@@ -586,3 +586,34 @@ def test_a_gluoncv_resnet18_body_exports_and_predicts_nd_maps(tmp_path):
                                atol=1e-5 * float(np.abs(mxnet_out).max()))
     with open(paths['symbol']) as f:
         assert len({n['attrs']['__ctx_group__'] for n in json.load(f)['nodes']}) == 2
+
+
+
+def test_a_network_whose_weights_onednn_reorders_in_place_exports_with_its_values(tmp_path):
+    """GluonCV's SimplePose (ResNet-18 v1b, random weights) on two devices:
+    MXNet's oneDNN backend reorders weights it binds (a convolution's, a
+    deconvolution's) into its own layout in place at a forward pass, where
+    MXNet copies no host memory into them. The export verifies (its
+    float32 sensitivity writes the checkpoint's arrays one ulp off and
+    back) and writes the checkpoint's values."""
+    mx = pytest.importorskip('mxnet')
+    model_zoo = pytest.importorskip('gluoncv.model_zoo')
+    import mp_symbolic  # pylint: disable=import-outside-toplevel
+    from export.exporter import export_checkpoint  # pylint: disable=import-outside-toplevel
+    mx.random.seed(0)
+    net = model_zoo.get_model('simple_pose_resnet18_v1b', pretrained=False, pretrained_base=False)
+    net.initialize(mx.init.Xavier())
+    mod = mp_symbolic.Pipeline(net, 'cpu:0,cpu:1', sample=(1, 3, 32, 32)).module(loss='l2')
+    mod.bind(data_shapes=[('data', (2, 3, 32, 32))],
+             label_shapes=[('softmax_label', (2, 17, 8, 8))], for_training=False)
+    mod.init_params(mx.init.Xavier())
+    mp_symbolic.save_checkpoint(mod, str(tmp_path / 'pose'), epoch=0)
+    prefix = str(tmp_path / 'pose' / 'current' / 'model')
+    paths, report = export_checkpoint(prefix, str(tmp_path / 'export'), epoch=0,
+                                      verify_batches=[1, 3], log=lambda line: None)
+    assert report['ok']
+    saved = mx.nd.load('%s-0000.params' % prefix)
+    exported = mx.nd.load(paths['params'])
+    assert sorted(saved) == sorted(exported)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(exported[name].asnumpy(), value.asnumpy(), err_msg=name)

@@ -35,7 +35,8 @@ def run_nodes(folder, port, count, table, timeout=300):
     """Runs ``nodes_worker.py`` as ``count`` node processes over every
     configuration of ``table`` (dicts of ``nodes_worker.train``'s keywords);
     returns per configuration every array they hold, by name (asserting no
-    two nodes hold the same one), and each node's names."""
+    two nodes hold the same one, but the last batch's outputs and what
+    ``every:`` names, which every node holds alike), and each node's names."""
     out = os.path.join(folder, 'node')
     procs = [subprocess.Popen([sys.executable, WORKER, '--out', out, '--nodes', str(count),
                                '--table', json.dumps(table)],
@@ -52,12 +53,22 @@ def run_nodes(folder, port, count, table, timeout=300):
     results = []
     for k in range(len(table)):
         held, names = {}, []
+        alike = []  # {name: array} of each node, of the arrays every node holds
         for rank in range(count):
             with np.load('%s%d_%d.npz' % (out, k, rank)) as data:
                 mine = dict(data)
+            alike.append({n: mine.pop(n) for n in list(mine)
+                          if n == 'outputs' or n.startswith('every:')})
             assert not set(mine) & set(held), sorted(set(mine) & set(held))
             names.append(set(mine))
             held.update(mine)
+        assert 'outputs' in alike[0] and all(sorted(a) == sorted(alike[0]) for a in alike), \
+            [sorted(a) for a in alike]
+        for rank, theirs in enumerate(alike[1:], 1):
+            for name, value in theirs.items():
+                np.testing.assert_array_equal(value, alike[0][name],
+                                              err_msg='%s of node %d' % (name, rank))
+        held.update(alike[0])
         results.append((held, names))
     return results
 
@@ -115,6 +126,64 @@ def test_save_checkpoint_on_every_node_commits_the_whole_model_once(two_nodes):
     assert sorted(states['params']) == sorted(k[len('count:'):] for k in held
                                               if k.startswith('count:'))
     assert sorted(checkpoint.summary['parameters']) == sorted(params)  # every node's named
+
+
+# GluonCV networks of random weights on 32x32 images, cut whole: their
+# convolutions hand oneDNN's own layouts to the transport, their BatchNorms
+# update running statistics in the backward pass
+ZOO = [dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, network='resnet18_v1b',
+            evaluate=True),
+       dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, network='vgg11_bn')]
+
+
+@pytest.fixture(scope='module')
+def zoo_nodes(tmp_path_factory):
+    """Every configuration of :data:`ZOO` trained by two node processes."""
+    with reserved_port() as port:
+        return run_nodes(str(tmp_path_factory.mktemp('zoo')), port, 2, ZOO)
+
+
+@pytest.mark.parametrize('k', range(len(ZOO)), ids=[c['network'] for c in ZOO])
+def test_gluoncv_networks_over_two_nodes_hold_one_process_values_running_statistics_included(
+        zoo_nodes, k):
+    """Three Adam steps under 1F1B, a network cut whole: the parameters,
+    running statistics, optimizer states and outputs equal one process's
+    bit for bit; every node reads the outputs, and ResNet's ``predict``
+    and ``score`` after (:func:`run_nodes` asserts them alike on every
+    node)."""
+    held, names = zoo_nodes[k]
+    expected, outputs = nodes_worker.train(**ZOO[k])
+    expected['outputs'] = outputs
+    assert sorted(held) == sorted(expected)
+    assert all(any(key.startswith('param:') for key in mine) for mine in names)
+    assert any('running_mean' in key for key in names[0])
+    for name, value in expected.items():
+        np.testing.assert_array_equal(held[name], value, err_msg=name)
+
+
+def test_get_params_reads_the_running_statistics_the_last_backward_updated():
+    """MXNet's BatchNorm updates its running statistics in its backward
+    pass, as an input it reads: ``get_params`` right after a step holds the
+    values the arrays hold once every queued operation is done."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    config = dict(ZOO[0], devices='cpu:0')
+    pipe = Pipeline(nodes_worker.model_zoo.get_model(config['network'], pretrained=False,
+                                                     classes=nodes_worker.CLASSES),
+                    config['devices'], sample=(8,) + nodes_worker.IMAGE, chunks=2,
+                    schedule='1f1b')
+    mod = pipe.module(loss='softmax')
+    mod.bind(data_shapes=[('data', (8,) + nodes_worker.IMAGE)],
+             label_shapes=[('softmax_label', (8,))])
+    mod.init_params(mx.init.Xavier())
+    mod.init_optimizer(optimizer='adam')
+    mod.forward_backward(nodes_worker.image_batch(0, 8))
+    mod.update()
+    _, aux = mod.get_params()
+    mx.nd.waitall()
+    devices = mod.executors[0].aux_dict
+    assert sorted(aux) == sorted(devices) and aux
+    for name, value in aux.items():
+        np.testing.assert_array_equal(value.asnumpy(), devices[name].asnumpy(), err_msg=name)
 
 
 def _net():

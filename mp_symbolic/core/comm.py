@@ -137,5 +137,10 @@ class LocalTransport:
             dest = self._posted.pop((link, microbatch))
             accumulate(dest, value, self.written, (link.producer, link.tensor, microbatch))
 
+    def send_outputs(self, stage, values):
+        """``values``: ``[(k, NDArray)]``, the network's outputs ``stage``
+        computed, the batch's micro-batches joined: every stage is in this
+        process, where they are read already."""
+
     def finish(self):
         """Ends the batch: nothing is left in flight in this process."""

@@ -111,6 +111,7 @@ class DeviceModule(mx.mod.Module):
         kept, dirty = self._kept, self._params_dirty
         self._kept = [arg, aux]
         try:
+            aux_written(group)
             super()._sync_params_from_devices()  # MXNet's own, on the fresh copy
         finally:
             self._kept, self._params_dirty = kept, dirty
@@ -120,6 +121,7 @@ class DeviceModule(mx.mod.Module):
         if self._kept[0] is None:  # no copy to bring up to date: each read makes its own
             self._params_dirty = False
             return
+        aux_written(self._exec_group)
         super()._sync_params_from_devices()
 
     def _reset_bind(self):
@@ -219,3 +221,19 @@ class DeviceModule(mx.mod.Module):
             super().init_optimizer(kvstore, optimizer, optimizer_params, force_init)
         finally:
             self._kept = [None, None]
+
+
+def aux_written(group):
+    """Waits until every operation queued on the auxiliary states of
+    ``group`` (an executor group) is done, the ones that read them too.
+
+    MXNet 1.9.1's BatchNorm updates its running mean and variance in its
+    backward pass (``_backward_BatchNorm``, oneDNN's and MXNet's own), which
+    takes them as inputs it reads: the engine orders no later read after
+    that write, so a copy made once the backward is queued (``get_params``,
+    a checkpoint) read the statistics before or after their update by
+    chance. Waiting to write an array (``MXNDArrayWaitToWrite``, which
+    Python's NDArray does not offer) waits for its readers."""
+    for block in group.aux_arrays:
+        for array in block:
+            mx.base.check_call(mx.base._LIB.MXNDArrayWaitToWrite(array.handle))  # pylint: disable=protected-access

@@ -6,9 +6,11 @@ kvstore only sums what workers push), so, as Megatron-LM
 (``p2p_communication.py``), DeepSpeed (``runtime/pipe/p2p.py``) and
 torch.distributed.pipelining do, the tensors go through
 torch.distributed's ``isend``/``irecv``: gloo between CPU devices, NCCL
-between GPUs. An NDArray becomes a torch tensor through DLPack (no copy to
-read it; one copy, into a buffer of torch's, so that MXNet may write the
-array again while the send is in flight) and back the same way.
+between GPUs. An NDArray becomes a torch tensor by one copy of MXNet's
+into a buffer of torch's seen through DLPack (so that MXNet may write the
+array again while the send is in flight, and an array in oneDNN's layout
+arrives in the default one), and a received tensor is read back through
+DLPack.
 
 The stages are divided over the nodes in stage order, contiguous, the
 devices of a replica evenly (:func:`node_of_devices`); every node runs the
@@ -42,7 +44,7 @@ import mxnet as mx
 
 from .balance import even_split, stage_of_block
 from .checks import excerpt, positive_int
-from .comm import DONE, LocalTransport, accumulate
+from .comm import DONE, Link, LocalTransport, accumulate
 
 __all__ = []
 
@@ -50,6 +52,9 @@ RENDEZVOUS = ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE')
 TORCH_SITE = 'torch-site'  # torch installed apart from GluonCV's sight (see the module's text)
 NODE_TIMEOUT = 300.0  # default seconds a node waits on another before the job ends
 MAX_NODES = 1024
+# the tags of the network's outputs a node sends the others, past every link's
+OUTPUT_TAG = 1 << 30
+MAX_OUTPUTS = 1 << 12  # outputs per replica the tags leave room for
 
 
 def torch(part=None):
@@ -364,9 +369,19 @@ def _torch_dtype(dtype):
 
 def to_torch(value):
     """An NDArray's values as a torch tensor of their own (on the array's
-    device: CPU, or the GPU for NCCL), once MXNet has written them."""
-    dlpack = torch('utils.dlpack')
-    return dlpack.from_dlpack(value.to_dlpack_for_read()).clone()
+    device: CPU, or the GPU for NCCL), in the default (row-major) layout,
+    once MXNet has written them.
+
+    An array a oneDNN operator wrote (a convolution's output on CPU) may
+    hold its values in oneDNN's own blocked layout, of which MXNet makes
+    no DLPack view (``to_dlpack_for_read`` fails: "We can't generate TBlob
+    for MKLDNN data"). MXNet's own copy (``copyto``, as ``asnumpy`` does)
+    reorders them to the default layout: the values are copied by MXNet
+    into a buffer of torch's, the one copy the send needs anyway."""
+    tensor = _empty_like(value)
+    if tensor.numel():
+        value.copyto(from_torch(tensor)).wait_to_read()
+    return tensor
 
 
 def from_torch(tensor):
@@ -428,9 +443,11 @@ class TorchTransport:
         self.local = LocalTransport()
         # what crossed to other nodes, and the time spent waiting for what came
         # from them (benchmarks read it; the runtime does not)
-        self.stats = {'sent_bytes': 0, 'sent': 0, 'receive_wait_s': 0.0}
+        self.stats = {'sent_bytes': 0, 'sent': 0, 'receive_wait_s': 0.0, 'outputs_bytes': 0,
+                      'outputs_sent': 0}
         self._index = {link: k for k, (link, _) in enumerate(links)}
         self._base = replica * len(links)
+        self._outputs_base = OUTPUT_TAG + replica * MAX_OUTPUTS
         self._sent = []
 
     def _remote(self, stage):
@@ -506,6 +523,40 @@ class TorchTransport:
 
     def send_backward(self, microbatch, values):
         self.local.send_backward(microbatch, self._send(values, 1, microbatch))
+
+    def _output_tag(self, k):
+        if k >= MAX_OUTPUTS:
+            raise NodeError('nodes: expected at most %d outputs of the network, found %d'
+                            % (MAX_OUTPUTS, k + 1))
+        return self._outputs_base + k
+
+    def send_outputs(self, stage, values):
+        """Sends the network's outputs ``values`` (``[(k, NDArray)]``: output
+        ``k``, the batch's micro-batches joined) that ``stage``, run here,
+        computed, to every other node, which posted their receives
+        (:meth:`recv_outputs`) at the batch's start."""
+        dist = torch('distributed')
+        for k, value in values:
+            tensor = to_torch(value)
+            for node in range(self.nodes.count):
+                if node == self.nodes.rank:
+                    continue
+                work = dist.isend(tensor, node, tag=self._output_tag(k))
+                self.stats['outputs_bytes'] += tensor.numel() * tensor.element_size()
+                self.stats['outputs_sent'] += 1
+                self._sent.append((work, tensor, self.node_of_stage.index(node)))
+
+    def recv_outputs(self, stage, dests):
+        """Posts the receives of the network's outputs ``dests`` (``[(k,
+        NDArray)]``) that ``stage``, run on another node, computes; returns
+        the pending receive (wait it before reading them)."""
+        dist = torch('distributed')
+        items = []
+        for k, dest in dests:
+            buffer = _empty_like(dest)
+            work = dist.irecv(buffer, self.node_of_stage[stage], tag=self._output_tag(k))
+            items.append((work, buffer, dest, Link(stage, None, k), None))
+        return _Received(self, items, forward=True)
 
     def finish(self):
         """Waits for this batch's sends (their buffers go, their errors surface).

@@ -68,6 +68,7 @@ class StagedModule(PipelineModule):
         nodes, this node's stage graphs alone (their inputs from other
         stages as data), so a node holds only its stages' parameters."""
         self._inputs = self.pipeline.data_names(self.data_name)
+        self._all_labels = tuple(label_names)  # what a metric reads, held here or not
         self._full = symbol
         self._stages = cut(symbol, self.pipeline.plan.num_stages,
                            set(self._inputs) | set(label_names))
@@ -245,6 +246,14 @@ class StagedModule(PipelineModule):
         labels = list(data_batch.label or ()) if self._label_names else []
         names = list(self._inputs) + list(self._label_names[:len(labels)])
         part = batch // len(self._runtimes)
+        if not train:
+            # oneDNN's inference convolution reorders its weight into its own
+            # layout in place; queued behind an update of that weight, it
+            # left NaN in the weights now and then (a score or predict right
+            # after fit's last step): the updates are done first
+            for arrays in self._exec_group.param_arrays:
+                for array in arrays:
+                    array.wait_to_read()
         for r, runtime in enumerate(self._runtimes):
             inputs = {n: a[r * part:(r + 1) * part] for n, a in zip(names, data + labels)}
             runtime.run(inputs, train=is_train and self.for_training)
@@ -266,7 +275,10 @@ class StagedModule(PipelineModule):
 
     def get_outputs(self, merge_multi_context=True):
         """The outputs of the last batch, each over the whole batch (on the
-        first replica's device with ``merge_multi_context``)."""
+        first replica's device with ``merge_multi_context``). Over nodes,
+        on every node: the node of the stage that computes an output sends
+        it to the others within the batch's schedule, once every
+        micro-batch's is computed."""
         parts = [runtime.outputs for runtime in self._runtimes]
         per_output = [list(p) for p in zip(*parts)]
         if not merge_multi_context:
@@ -282,14 +294,16 @@ class StagedModule(PipelineModule):
     def update_metric(self, eval_metric, labels, pre_sliced=False):
         """``eval_metric`` on each replica's part of the outputs and labels
         (as MXNet's executor group slices them); a loss on one of several
-        outputs is read from the head's output."""
-        names = self._exec_group.output_names
+        outputs is read from the head's output. Over nodes, every node
+        holds the outputs (the node of the last stage sends them) and reads
+        the labels given, also a node whose stages read none."""
+        names = self._full.list_outputs()  # the network's (a node's executors hold its stages')
         if self._head_first:
             names = names[:1]
         part = self._batch // len(self._runtimes)
         for r, runtime in enumerate(self._runtimes):
             sliced = labels[r] if pre_sliced else [l[r * part:(r + 1) * part] for l in labels]
-            eval_metric.update_dict(OrderedDict(zip(self._label_names, sliced)),
+            eval_metric.update_dict(OrderedDict(zip(self._all_labels, sliced)),
                                     OrderedDict(zip(names, runtime.outputs)))
 
     def reshape(self, data_shapes, label_shapes=None):

@@ -82,7 +82,11 @@ class StageRuntime:
     Every boundary tensor goes through ``transport``
     (:mod:`~mp_symbolic.core.comm`): the runtime posts each receive with the
     array the tensor lands in, and sends each tensor once its action is
-    issued.
+    issued. After :meth:`run`, ``outputs`` holds the network's outputs of
+    the batch, in order, those of stages another process runs too: that
+    process sends them (``transport.send_outputs``) once its stage's last
+    forward is issued, and this one posts their receives
+    (``transport.recv_outputs``) at the batch's start.
 
     Args:
         stages: The :class:`~mp_symbolic.core.passes.StageGraph` s, in order
@@ -127,6 +131,16 @@ class StageRuntime:
             symbol = lengths_outside_gradient(graph.symbol) if for_training else graph.symbol
             self.slots[s] = [self._bind(graph, symbol, groups, group2ctx, arg_dict, grad_dict,
                                         aux_dict, types) for _ in range(max(1, flight[s]))]
+        # the network's outputs stages of other processes compute: their
+        # process sends them, the batch's micro-batches joined, once computed
+        device = group2ctx[stage_name(self.local[-1])]
+        self._remote_heads = {}
+        for graph in stages:
+            if graph.stage not in self.local and graph.heads:
+                self._remote_heads[graph.stage] = [
+                    (k, (shape[0] * self.microbatches,) + shape[1:], dtype, device)
+                    for k, (shape, dtype) in sorted(head_specs(graph, specs,
+                                                               self._boundary).items())]
         self.outputs = None
 
     def _bind(self, graph, symbol, groups, group2ctx, arg_dict, grad_dict, aux_dict, types):
@@ -183,14 +197,24 @@ class StageRuntime:
         else:
             order = [Action(s, i, 'F') for i in range(self.microbatches) for s in self.local]
         self.transport.begin()
+        received = []
+        for stage, heads in self._remote_heads.items():
+            for k, shape, dtype, device in heads:
+                outputs[k] = mx.nd.empty(shape, device, dtype=dtype)
+            received.append(self.transport.recv_outputs(stage, [(k, outputs[k])
+                                                                for k, _, _, _ in heads]))
         free = [list(range(len(slots))) for slots in self.slots]
         held = {}  # (stage, micro-batch) -> the index of its slot
+        forwarded = [0] * len(self.stages)
         last = self.local[-1]
         for s, i, kind in order:
             graph = self.stages[s]
             if kind == 'F':
                 held[(s, i)] = free[s].pop(0)
                 self._forward(graph, self.slots[s][held[(s, i)]], i, inputs, train, outputs)
+                forwarded[s] += 1
+                if graph.heads and forwarded[s] == self.microbatches:  # every micro-batch's
+                    self.transport.send_outputs(s, [(k, outputs[k]) for k, _ in graph.heads])
                 if not train and s == last:  # the micro-batch is through this runtime's stages
                     for t in self.local:
                         free[t].append(held.pop((t, i)))
@@ -200,6 +224,8 @@ class StageRuntime:
                 free[s].append(slot)
             if each is not None:
                 each(Action(s, i, kind))
+        for pending in received:
+            pending.wait()
         self.transport.finish()
         self.outputs = [outputs[k] for k in sorted(outputs)]
 
@@ -240,19 +266,33 @@ def boundary_specs(stages, specs):
     """``{entry: (shape, dtype)}`` of every tensor a stage sends, inferred
     stage by stage from the variables' shapes and types (``specs``:
     :func:`variable_specs`)."""
-    shapes, types = specs
-    specs = {}
+    found = {}
     for graph in stages:
         if graph.symbol is None:
             continue
-        received = {name: specs[entry] for name, _, entry in graph.receives}
-        names = graph.symbol.list_arguments()
-        known = {n: received[n][0] if n in received else shapes[n] for n in names
-                 if n in received or n in shapes}
-        _, out_shapes, _ = graph.symbol.infer_shape(**known)
-        known_types = {n: received[n][1] if n in received else types[n] for n in names
-                       if n in received or n in types}
-        _, out_types, _ = graph.symbol.infer_type(**known_types)
+        outputs = _output_specs(graph, specs, found)
         for entry, output in graph.sends:
-            specs[entry] = (tuple(out_shapes[output]), out_types[output])
-    return specs
+            found[entry] = outputs[output]
+    return found
+
+
+def head_specs(graph, specs, boundary):
+    """``{k: (shape, dtype)}`` of the network's outputs stage ``graph``
+    computes, one micro-batch's (``specs``: :func:`variable_specs`;
+    ``boundary``: :func:`boundary_specs`)."""
+    outputs = _output_specs(graph, specs, boundary)
+    return {k: outputs[output] for k, output in graph.heads}
+
+
+def _output_specs(graph, specs, boundary):
+    """``[(shape, dtype)]`` of each output of stage ``graph``."""
+    shapes, types = specs
+    received = {name: boundary[entry] for name, _, entry in graph.receives}
+    names = graph.symbol.list_arguments()
+    known = {n: received[n][0] if n in received else shapes[n] for n in names
+             if n in received or n in shapes}
+    _, out_shapes, _ = graph.symbol.infer_shape(**known)
+    known_types = {n: received[n][1] if n in received else types[n] for n in names
+                   if n in received or n in types}
+    _, out_types, _ = graph.symbol.infer_type(**known_types)
+    return [(tuple(shape), dtype) for shape, dtype in zip(out_shapes, out_types)]
