@@ -147,8 +147,8 @@ def test_a_node_waiting_at_the_rendezvous_ends_on_a_signal_within_seconds(tmp_pa
     proc = _node(0, port, tmp_path / 'run', '--node-timeout', '3000000')
     try:
         deadline = time.monotonic() + 120
-        while ('127.0.0.1', port) not in listening(proc.pid):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        while port not in [number for _, number in listening(proc.pid)]:
+            assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(0.5)  # waiting in torch's rendezvous
         start = time.monotonic()
@@ -195,7 +195,7 @@ def test_nodes_whose_torchrun_agent_is_killed_end_within_seconds_in_one_line(tmp
             time.sleep(0.2)  # until the nodes committed their first checkpoint together
         nodes = [pid for pid in map(int, filter(str.isdigit, os.listdir('/proc')))
                  if _environ(pid).get('RANK') in ('0', '1') and str(out) in _cmdline(pid)]
-        assert len(nodes) == 2 and proc.poll() is None, proc.communicate()
+        assert len(nodes) == 2 and proc.poll() is None, nodes
         os.kill(proc.pid, signal.SIGKILL)
         start = time.monotonic()
         while not _gone(nodes) and time.monotonic() - start < 30:

@@ -61,7 +61,7 @@ import mxnet as mx
 from .balance import even_split, stage_of_block
 from .checks import excerpt, positive_int
 from .comm import DONE, LocalTransport, accumulate
-from .scoped import captured_stderr, environ as scoped_environ
+from .scoped import discarded_stderr, environ as scoped_environ
 
 __all__ = []
 
@@ -229,7 +229,7 @@ def join(nodes, gpus=False):
     outcome = []
     worker = threading.Thread(target=_join_or_fail, args=(nodes, gpus, agent, outcome),
                               name='mp_symbolic rendezvous', daemon=True)
-    with _signals_recorded() as received, captured_stderr():
+    with _signals_recorded() as received, discarded_stderr():
         worker.start()
         while worker.is_alive() and not received:
             worker.join(0.1)  # signal handlers run between the slices
