@@ -17,6 +17,7 @@ from mp_symbolic.core import nodes as node_processes
 from test_nodes import REGRESSION, ROOT, _cmdline, _environ, _gone, _pids, node_env
 
 FAKE_PEER = os.path.join(ROOT, 'tests', 'fake_peer.py')
+SECRET = 'MP_SYMBOLIC_NODE_SECRET'  # the job's secret, as torchrun users set it
 
 
 def _node(rank, port, out, *flags, **env):
@@ -75,7 +76,7 @@ def test_a_peer_sending_a_pickle_runs_no_code_and_node_0_ends_in_one_line(tmp_pa
     refuses it in one line and nothing runs. With a job's secret the
     same process, not knowing it, is refused at the rendezvous."""
     planted = tmp_path / 'planted'
-    extra = {} if secret is None else {node_processes.NODE_SECRET: secret}
+    extra = {} if secret is None else {SECRET: secret}
     node0 = _node(0, port, tmp_path / 'run', '--node-timeout', '60', **extra)
     peer = subprocess.Popen([sys.executable, FAKE_PEER,
                              'pickle' if secret is None else 'wrong-secret', str(planted)],
@@ -98,7 +99,7 @@ def test_a_peer_sending_a_pickle_runs_no_code_and_node_0_ends_in_one_line(tmp_pa
 
 def test_nodes_with_different_secrets_are_refused_in_one_line_each(tmp_path, port):
     procs = [_node(k, port, tmp_path / 'run', '--node-timeout', '60',
-                   **{node_processes.NODE_SECRET: 'secret %d' % k}) for k in range(2)]
+                   **{SECRET: 'secret %d' % k}) for k in range(2)]
     ended = _ended(procs)
     for rank, (proc, _, stderr) in enumerate(ended):
         assert proc.returncode == 1, stderr[-3000:]
@@ -127,7 +128,7 @@ def test_every_listening_socket_of_a_local_node_job_is_on_the_loopback(tmp_path,
                 break
         assert pids is not None and proc.poll() is None, proc.communicate()
         sockets = {name: listening(pid) for name, pid in pids.items()}
-        secrets = {_environ(pid).get(node_processes.NODE_SECRET) for pid in pids.values()}
+        secrets = {_environ(pid).get(SECRET) for pid in pids.values()}
     finally:
         proc.terminate()
         proc.communicate(timeout=60)
@@ -136,7 +137,7 @@ def test_every_listening_socket_of_a_local_node_job_is_on_the_loopback(tmp_path,
     assert {address for found in sockets.values() for address, _ in found} == {'127.0.0.1'}, \
         sockets
     assert len(secrets) == 1 and len(secrets.pop() or '') == 64
-    assert node_processes.NODE_SECRET not in os.environ
+    assert SECRET not in os.environ
 
 
 @pytest.mark.parametrize('signum, status', [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
@@ -250,3 +251,36 @@ def test_a_control_message_over_the_limit_is_refused_in_one_line(monkeypatch):
         node_processes.encode('0123456789')
     with pytest.raises(node_processes.NodeError, match='expected a JSON-able message'):
         node_processes.encode({'x': object()})
+
+
+class _Told:
+    """Node 1 of a :class:`~mp_symbolic.core.nodes.Group` to which node 0
+    broadcasts ``replies``, in turn."""
+    rank, count = 1, 2
+
+    def __init__(self, *replies):
+        self.replies = list(replies)
+
+    def broadcast(self, _value, _source):
+        return self.replies.pop(0)
+
+    def gather(self, value):
+        return [None, value]
+
+
+@pytest.mark.parametrize('replies, message', [
+    (([1, 2],), 'node 0 sent list where a staging folder was expected'),
+    ((None, {'ok': 'folder'}), 'node 0 sent dict where how the commit ended was expected'),
+    ((None, ['ok']), 'node 0 sent list where how the commit ended was expected'),
+    ((None, ['ok', 3]), 'node 0 sent list where how the commit ended was expected'),
+])
+def test_a_commit_across_nodes_refuses_what_node_0_sends_of_another_type(replies, message):
+    from mp_symbolic.tools.store import PartError, commit_across  # pylint: disable=import-outside-toplevel
+    with pytest.raises(PartError, match='^%s$' % message):
+        commit_across(None, _Told(*replies), lambda folder: None, None)
+
+
+def test_a_commit_across_nodes_takes_node_0s_outcome_as_a_list():
+    from mp_symbolic.tools.store import commit_across  # pylint: disable=import-outside-toplevel
+    assert commit_across(None, _Told(None, ['ok', '/shared/run/1']), lambda folder: None,
+                         None) == '/shared/run/1'
