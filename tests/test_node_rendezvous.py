@@ -208,7 +208,7 @@ def test_nodes_whose_torchrun_agent_is_killed_end_within_seconds_in_one_line(tmp
         for pid in nodes:
             if not _gone([pid]):
                 os.kill(pid, signal.SIGKILL)
-    assert took < 5, took
+    assert took < 10, took  # a few seconds, on two cores shared with other work
     # each node in one line: its agent gone, or (having seen that first) the other gone
     errors = [l for l in stdout.splitlines() if l.startswith('error: ')]
     parent = "error: nodes: node %d's parent process (pid {}, torchrun's agent) ended; node " \
