@@ -29,15 +29,33 @@ torch there) is appended to ``sys.path`` first.
 
 Rendezvous: the variables torchrun sets, and ``python -m mp_symbolic
 launch --nodes N`` sets for its node processes (``MASTER_ADDR``,
-``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``).
+``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``). Node 0's store listens on
+``MASTER_ADDR`` only, and gloo on the interface that reaches it. With a
+job's secret in ``MP_SYMBOLIC_NODE_SECRET``, every node proves at the
+rendezvous that it knows it (an HMAC-SHA256 of its rank and a nonce node 0
+posts in the store; the secret itself never leaves the host), and node 0
+refuses one that cannot before any other message is exchanged.
+
+The nodes' control messages (the plans compared, the losses shared, a
+commit's steps) are JSON text, each node's parsed by the others
+(``json.loads``, at most :data:`MAX_MESSAGE_BYTES`): nothing a peer sends
+is unpickled. numpy arrays in them travel as their dtype, shape and bytes.
 """
 import atexit
+import base64
 from dataclasses import dataclass
 import datetime
+import hashlib
+import hmac
 import importlib
 import importlib.util
+import json
 import os
+import secrets
+import signal
+import socket
 import sys
+import threading
 import time
 
 import mxnet as mx
@@ -45,6 +63,7 @@ import mxnet as mx
 from .balance import even_split, stage_of_block
 from .checks import excerpt, positive_int
 from .comm import DONE, Link, LocalTransport, accumulate
+from .scoped import discarded_stderr, environ as scoped_environ
 
 __all__ = []
 
@@ -55,6 +74,10 @@ MAX_NODES = 1024
 # the tags of the network's outputs a node sends the others, past every link's
 OUTPUT_TAG = 1 << 30
 MAX_OUTPUTS = 1 << 12  # outputs per replica the tags leave room for
+NODE_SECRET = 'MP_SYMBOLIC_NODE_SECRET'  # the job's shared secret, where set
+MAX_MESSAGE_BYTES = 1 << 30  # a control message's largest size (a model's parameters fit)
+# the process that started this one (torchrun's agent, launch), before any work
+_PARENT = os.getppid()
 
 
 def torch(part=None):
@@ -175,6 +198,15 @@ def join(nodes, gpus=False):
     """Joins this process to the job's process group (once per process;
     waits until every node has joined, at most the node timeout).
 
+    Node 0 (unless torchrun's agent hosts the store) listens on
+    ``MASTER_ADDR`` only; gloo listens on the interface that reaches it
+    (``GLOO_SOCKET_IFNAME``, unless set). With ``MP_SYMBOLIC_NODE_SECRET``
+    set, each node proves it knows the secret before the group forms.
+    Nothing torch logs meanwhile reaches stderr. SIGINT or SIGTERM while
+    waiting prints one line and ends the process (130, 143). Under
+    torchrun, a watchdog then ends this node, in one line, once its
+    agent is gone.
+
     Args:
         gpus: Whether this node's stages run on GPUs: the tensors then go by
             NCCL (from GPU memory, through DLPack), the small messages (the
@@ -182,8 +214,9 @@ def join(nodes, gpus=False):
             Untested here: the machines this was written on have no GPU.
 
     Raises:
-        NodeFailure: the other nodes did not join within the timeout, or
-            the rendezvous could not be reached.
+        NodeFailure: the other nodes did not join within the timeout, the
+            rendezvous could not be reached, a node could not prove it
+            knows the job's secret, or this node's parent ended already.
     """
     dist = torch('distributed')
     if dist.is_initialized():
@@ -191,28 +224,209 @@ def join(nodes, gpus=False):
             raise NodeError('nodes: expected one job per process, found this process already '
                             'node %d of %d' % (dist.get_rank(), dist.get_world_size()))
         return
-    timeout = datetime.timedelta(seconds=nodes.timeout)
-    host, port = nodes.address.rsplit(':', 1)
     # torchrun hosts the store in its agent and keeps it across restarts; the
     # keys of a killed attempt's process group stay in it, and a restarted
     # node would connect to its dead peer's address (seen with torch 2.13):
     # each attempt gets keys of its own. Without torchrun, node 0 hosts it.
     agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
+    if 'TORCHELASTIC_RUN_ID' in os.environ:
+        _watch_parent(nodes)
+    outcome = []
+    worker = threading.Thread(target=_join_or_fail, args=(nodes, gpus, agent, outcome),
+                              name='mp_symbolic rendezvous', daemon=True)
+    with _signals_recorded() as received, discarded_stderr():
+        worker.start()
+        while worker.is_alive() and not received:
+            worker.join(0.1)  # signal handlers run between the slices
+    if received:
+        _exit_line('nodes: node %d of %d stopped waiting for the others at %s (%s); nothing '
+                   'was written' % (nodes.rank, nodes.count, nodes.address,
+                                    signal.Signals(received[0]).name), 128 + received[0])
+    if outcome and isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    atexit.register(leave)
+
+
+def _join_or_fail(nodes, gpus, agent, outcome):
+    """:func:`join`'s wait, in its own thread: ``outcome`` gets True, or
+    the :class:`NodeFailure` that ends the node."""
+    try:
+        _rendezvous(nodes, gpus, agent)
+        outcome.append(True)
+    except NodeFailure as err:
+        outcome.append(err)
+    except (RuntimeError, ValueError, OSError) as err:
+        outcome.append(NodeFailure(
+            'nodes: node %d of %d could not join the others at %s within %g s '
+            '(--node-timeout): %s' % (nodes.rank, nodes.count, nodes.address, nodes.timeout,
+                                      _first_line(err))))
+
+
+def _rendezvous(nodes, gpus, agent):
+    dist = torch('distributed')
+    timeout = datetime.timedelta(seconds=nodes.timeout)
+    host, port = nodes.address.rsplit(':', 1)
     attempt = '%s/%s' % (os.environ.get('TORCHELASTIC_RUN_ID', 'job'),
                          os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))
-    try:
-        store = dist.TCPStore(host, int(port), nodes.count, is_master=not agent and
-                              nodes.rank == 0, timeout=timeout)
-        dist.init_process_group('nccl' if gpus else 'gloo',
-                                store=dist.PrefixStore('mp_symbolic/' + attempt, store),
-                                rank=nodes.rank, world_size=nodes.count, timeout=timeout)
+    if not agent and nodes.rank == 0:
+        # TCPStore's own socket would listen on every interface
+        store = dist.TCPStore(host, int(port), nodes.count, is_master=True, timeout=timeout,
+                              master_listen_fd=_listening_socket(host, int(port)),
+                              use_libuv=False)
+    else:
+        store = dist.TCPStore(host, int(port), nodes.count, is_master=False, timeout=timeout)
+    store = dist.PrefixStore('mp_symbolic/' + attempt, store)
+    _prove(store, nodes, os.environ.get(NODE_SECRET, ''))
+    interface = {} if os.environ.get('GLOO_SOCKET_IFNAME') else \
+        {'GLOO_SOCKET_IFNAME': _interface_to(host)}
+    with scoped_environ(**{k: v for k, v in interface.items() if v}):
+        dist.init_process_group('nccl' if gpus else 'gloo', store=store, rank=nodes.rank,
+                                world_size=nodes.count, timeout=timeout)
         if gpus:
             _CONTROL.append(dist.new_group(backend='gloo', timeout=timeout))
-    except (RuntimeError, ValueError, OSError) as err:
-        raise NodeFailure('nodes: node %d of %d could not join the others at %s within %g s '
-                          '(--node-timeout): %s' % (nodes.rank, nodes.count, nodes.address,
-                                                    nodes.timeout, _first_line(err))) from None
-    atexit.register(leave)
+
+
+def _listening_socket(host, port):
+    """A socket listening on ``host:port`` only, its descriptor handed over
+    (it lives as long as the store that takes it)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+SIOCGIFADDR = 0x8915  # netdevice(7): an interface's IPv4 address
+
+
+def _interface_to(host):
+    """The name of this host's network interface that reaches ``host``
+    (IPv4), or None where it cannot be told."""
+    import fcntl  # pylint: disable=import-outside-toplevel
+    import struct  # pylint: disable=import-outside-toplevel
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))  # sends nothing: picks the route
+            local = probe.getsockname()[0]
+            for _, name in socket.if_nameindex():
+                try:
+                    found = fcntl.ioctl(probe.fileno(), SIOCGIFADDR,
+                                        struct.pack('256s', name.encode()[:15]))
+                except OSError:
+                    continue  # no IPv4 address
+                if socket.inet_ntoa(found[20:24]) == local:
+                    return name
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _proof(secret, rank, count, nonce):
+    return hmac.new(secret.encode('utf-8'), ('mp_symbolic node %d of %d: %s'
+                                             % (rank, count, nonce)).encode('utf-8'),
+                    hashlib.sha256).hexdigest()
+
+
+def _prove(store, nodes, secret):
+    """Node 0 posts a nonce and checks every other node's proof that it
+    knows the job's ``secret`` (none where node 0 has none); the others
+    post theirs and wait for node 0's verdict.
+
+    Raises:
+        NodeFailure: a node's proof is wrong or missing (node 0), or node 0
+            refused this node or checks no secret while this one has one.
+    """
+    if nodes.rank == 0:
+        nonce = secrets.token_hex(16) if secret else ''
+        store.set('auth/nonce', nonce)
+        if not secret:
+            return
+        for rank in range(1, nodes.count):
+            store.wait(['auth/%d' % rank])
+            proof = store.get('auth/%d' % rank).decode('ascii', 'replace')
+            if not hmac.compare_digest(proof, _proof(secret, rank, nodes.count, nonce)):
+                store.set('auth/verdict', 'refused node %d' % rank)
+                raise NodeFailure('nodes: node %d did not prove it knows the job\'s secret (%s, '
+                                  'the same on every node): refused; node 0 ended'
+                                  % (rank, NODE_SECRET))
+        store.set('auth/verdict', 'ok')
+        return
+    nonce = store.get('auth/nonce').decode('ascii', 'replace')
+    if nonce and not secret:
+        store.set('auth/%d' % nodes.rank, '')
+        raise NodeFailure('nodes: node 0 expects every node to know the job\'s secret, found '
+                          '%s unset on node %d; node %d ended' % (NODE_SECRET, nodes.rank,
+                                                                  nodes.rank))
+    if secret and not nonce:
+        raise NodeFailure('nodes: node %d has the job\'s secret (%s) but node 0 checks none: '
+                          'set it on every node, or on none; node %d ended'
+                          % (nodes.rank, NODE_SECRET, nodes.rank))
+    if not secret:
+        return
+    store.set('auth/%d' % nodes.rank, _proof(secret, nodes.rank, nodes.count, nonce))
+    verdict = store.get('auth/verdict').decode('ascii', 'replace')
+    if verdict != 'ok':
+        raise NodeFailure('nodes: node 0 %s (its secret, %s, differs from node %d\'s); node %d '
+                          'ended' % (excerpt(verdict), NODE_SECRET, nodes.rank, nodes.rank))
+
+
+class _signals_recorded:  # pylint: disable=invalid-name
+    """Inside the block, SIGINT and SIGTERM (where not ignored, in the main
+    thread) only append their number to the list it yields."""
+
+    def __init__(self):
+        self.received, self.saved = [], {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(signum) != signal.SIG_IGN:
+                    self.saved[signum] = signal.signal(
+                        signum, lambda number, _: self.received.append(number))
+        return self.received
+
+    def __exit__(self, *_):
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+
+
+def _exit_line(text, status):
+    """Prints ``error: text`` and ends the process at once (a thread of
+    torch's may still hold the rendezvous)."""
+    try:
+        sys.stdout.flush()
+        os.write(2, ('error: %s\n' % text).encode('utf-8', 'backslashreplace'))
+    except (OSError, ValueError):
+        pass  # stderr is gone: the status still tells
+    os._exit(status)  # pylint: disable=protected-access
+
+
+PARENT_POLL = 0.5  # seconds between two looks at the parent process
+
+
+def _watch_parent(nodes):
+    """Ends this process in one line once the process that started it
+    (torchrun's agent) is gone, checked every :data:`PARENT_POLL` seconds.
+
+    Raises:
+        NodeFailure: it is gone already.
+    """
+    def gone():
+        return 'nodes: node %d\'s parent process (pid %d, torchrun\'s agent) ended; node %d ' \
+            'ended' % (nodes.rank, _PARENT, nodes.rank)
+    if os.getppid() != _PARENT:
+        raise NodeFailure(gone())
+
+    def watch():
+        while os.getppid() == _PARENT:
+            time.sleep(PARENT_POLL)
+        _exit_line(gone(), 1)
+    threading.Thread(target=watch, name='mp_symbolic parent watch', daemon=True).start()
 
 
 def leave():
@@ -235,16 +449,16 @@ def agree(nodes, facts, node_of_stage=None):
     Raises:
         NodeError: a node's value differs from node 0's (the message names
             the field and both values).
-        NodeFailure: a node died or stopped answering meanwhile.
+        NodeFailure: a node died or stopped answering meanwhile, or sent
+            something else than a dict.
     """
-    dist = torch('distributed')
-    gathered = [None] * nodes.count
-    try:
-        dist.all_gather_object(gathered, facts, group=_control())
-    except RuntimeError as err:
-        raise _collective(nodes, 'compare their plans', err, None, node_of_stage) from None
+    gathered = _gather(nodes, facts, 'compare their plans', node_of_stage)
     for rank, theirs in enumerate(gathered):
-        for key, value in facts.items():
+        if not isinstance(theirs, dict):
+            raise _malformed(nodes, rank, 'compare their plans',
+                             'expected a dict of its plan, found %s' % type(theirs).__name__)
+    for rank, theirs in enumerate(gathered):
+        for key in facts:
             if theirs.get(key) != gathered[0].get(key):
                 raise NodeError('nodes: expected every node to make the same plan, found node '
                                 '%d\'s %s %s where node 0\'s is %s (are the flags the same on '
@@ -266,18 +480,60 @@ def barrier(nodes, what, node_of_stage=None):
 
 
 def broadcast(nodes, value, source, what, node_of_stage=None):
-    """``value`` of node ``source`` on every node (a JSON-able object).
+    """``value`` of node ``source`` on every node (a JSON-able object, as
+    :func:`encode` takes it; it comes back as :func:`decode` gives it:
+    tuples as lists). The others' ``value`` is not read.
 
     Raises:
-        NodeFailure: a node died or stopped answering meanwhile.
+        NodeError: ``value`` (on ``source``) is not JSON-able or too long.
+        NodeFailure: a node died or stopped answering meanwhile, or
+            ``source`` sent a message that is not one.
     """
+    t = torch()
     dist = torch('distributed')
-    box = [value]
+    data = encode(value) if nodes.rank == source else b''
     try:
-        dist.broadcast_object_list(box, src=source, group=_control())
+        length = t.tensor([len(data)], dtype=t.long)
+        dist.broadcast(length, src=source, group=_control())
+        size = _checked_length(nodes, source, int(length[0]), what)
+        buffer = t.frombuffer(bytearray(data), dtype=t.uint8) if data else \
+            t.empty(size, dtype=t.uint8)
+        if size:
+            dist.broadcast(buffer, src=source, group=_control())
+    except NodeFailure:
+        raise
     except RuntimeError as err:
         raise _collective(nodes, what, err, source, node_of_stage) from None
-    return box[0]
+    if nodes.rank == source:
+        return decode(data, source)  # as the others read it
+    return _parsed(nodes, source, buffer.numpy().tobytes(), what)
+
+
+def _gather(nodes, value, what, node_of_stage=None):
+    """Every node's ``value`` (JSON-able), in rank order, on every node."""
+    t = torch()
+    dist = torch('distributed')
+    data = encode(value)
+    try:
+        lengths = t.zeros(nodes.count, dtype=t.long)
+        dist.all_gather([lengths[k].unsqueeze(0) for k in range(nodes.count)],
+                        t.tensor([len(data)], dtype=t.long), group=_control())
+        sizes = [_checked_length(nodes, k, int(n), what) for k, n in enumerate(lengths)]
+        longest = max(sizes)
+        mine = t.zeros(longest, dtype=t.uint8)
+        if data:
+            mine[:len(data)] = t.frombuffer(bytearray(data), dtype=t.uint8)
+        received = t.empty(longest * nodes.count, dtype=t.uint8)
+        if longest:
+            dist.all_gather([received[k * longest:(k + 1) * longest]
+                             for k in range(nodes.count)], mine, group=_control())
+    except NodeFailure:
+        raise
+    except RuntimeError as err:
+        raise _collective(nodes, what, err, None, node_of_stage) from None
+    raw = received.numpy()
+    return [_parsed(nodes, k, raw[k * longest:k * longest + size].tobytes(), what)
+            for k, size in enumerate(sizes)]
 
 
 class Group:
@@ -297,18 +553,104 @@ class Group:
         return broadcast(self.nodes, value, source, self.what, self.node_of_stage)
 
     def gather(self, value):
-        """Every node's ``value``, in rank order, on every node.
+        """Every node's ``value``, in rank order, on every node (each as
+        :func:`decode` gives it).
 
         Raises:
-            NodeFailure: a node died or stopped answering.
+            NodeError: ``value`` is not JSON-able or too long.
+            NodeFailure: a node died or stopped answering, or sent a
+                message that is not one.
         """
-        dist = torch('distributed')
-        gathered = [None] * self.count
-        try:
-            dist.all_gather_object(gathered, value, group=_control())
-        except RuntimeError as err:
-            raise _collective(self.nodes, self.what, err, None, self.node_of_stage) from None
-        return gathered
+        return _gather(self.nodes, value, self.what, self.node_of_stage)
+
+
+# numpy dtypes a message may carry, by numpy's name of them
+_DTYPES = ('bool', 'int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32', 'int64', 'uint64',
+           'float16', 'float32', 'float64')
+ARRAY_KEY = '__ndarray__'
+
+
+def _jsonable(value):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    if isinstance(value, np.ndarray) and value.dtype.name in _DTYPES:
+        data = np.ascontiguousarray(value).astype(value.dtype.newbyteorder('<'), copy=False)
+        return {ARRAY_KEY: [value.dtype.name, list(value.shape),
+                            base64.b64encode(data.tobytes()).decode('ascii')]}
+    if isinstance(value, np.generic) and value.dtype.name in _DTYPES:
+        return value.item()
+    raise TypeError('%s is not JSON-able' % type(value).__name__)
+
+
+def encode(value):
+    """``value`` as a control message: UTF-8 JSON text (numpy arrays of
+    :data:`_DTYPES` as ``{"__ndarray__": [dtype, shape, base64]}``, numpy
+    scalars as numbers).
+
+    Raises:
+        NodeError: ``value`` holds something else, or its text is over
+            :data:`MAX_MESSAGE_BYTES`.
+    """
+    try:
+        data = json.dumps(value, default=_jsonable, separators=(',', ':')).encode('utf-8')
+    except (TypeError, ValueError, RecursionError) as err:
+        raise NodeError('nodes: expected a JSON-able message for the other nodes, found %s'
+                        % excerpt(str(err))) from None
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise NodeError('nodes: expected a message for the other nodes of at most %d bytes, '
+                        'found %d' % (MAX_MESSAGE_BYTES, len(data)))
+    return data
+
+
+def _array(obj):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    if set(obj) != {ARRAY_KEY}:
+        return obj
+    dtype, shape, text = obj[ARRAY_KEY]
+    if dtype not in _DTYPES or not isinstance(shape, list) or not isinstance(text, str) or \
+            not all(type(n) is int and n >= 0 for n in shape):  # pylint: disable=unidiomatic-typecheck
+        raise ValueError('an array of dtype %s and shape %s' % (excerpt(repr(dtype)),
+                                                                excerpt(repr(shape))))
+    data = base64.b64decode(text.encode('ascii'), validate=True)
+    kind = np.dtype(dtype).newbyteorder('<')
+    if len(data) != kind.itemsize * int(np.prod(shape, dtype=object)):
+        raise ValueError('an array of shape %s holding %d bytes' % (shape, len(data)))
+    return np.frombuffer(data, dtype=kind).astype(np.dtype(dtype)).reshape(shape)
+
+
+def decode(data, rank=None):
+    """A control message's value (JSON arrays as lists; an
+    ``{"__ndarray__": ...}`` object as its numpy array).
+
+    Raises:
+        ValueError: ``data`` is not UTF-8 JSON text, or an array in it is
+            malformed.
+    """
+    try:
+        return json.loads(data.decode('utf-8'), object_hook=_array)
+    except (ValueError, TypeError, RecursionError) as err:  # binascii.Error is a ValueError
+        raise ValueError('expected JSON text%s, found %s: %s' % (
+            '' if rank is None else ' from node %d' % rank, excerpt(repr(data[:40])),
+            excerpt(str(err) or type(err).__name__))) from None
+
+
+def _checked_length(nodes, rank, length, what):
+    if not 0 <= length <= MAX_MESSAGE_BYTES:
+        raise _malformed(nodes, rank, what, 'expected a message of at most %d bytes, found %d'
+                         % (MAX_MESSAGE_BYTES, length))
+    return length
+
+
+def _parsed(nodes, rank, data, what):
+    try:
+        return decode(data)
+    except ValueError as err:
+        raise _malformed(nodes, rank, what, str(err)) from None
+
+
+def _malformed(nodes, rank, what, why):
+    """The :class:`NodeFailure` of a message node ``rank`` sent that is not one."""
+    return NodeFailure('nodes: node %d sent a message that is not one of this job\'s (to %s: '
+                       '%s): refused; node %d ended' % (rank, what, why, nodes.rank))
 
 
 def _why(nodes, text):

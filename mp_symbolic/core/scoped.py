@@ -50,3 +50,20 @@ def captured_stderr():
             sink.seek(0)
             lines.extend(line for line in sink.read().decode('utf-8', 'replace').splitlines()
                          if line.strip())
+
+
+@contextmanager
+def discarded_stderr():
+    """Drops what is written to file descriptor 2 inside the block (to
+    ``os.devnull``: nothing accumulates, however long the block lasts)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    sink = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(sink, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(sink)

@@ -36,6 +36,7 @@ import contextlib
 import ctypes
 import ipaddress
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -52,6 +53,8 @@ from ..core.checks import MAX_NODES, positive_int
 
 __all__ = []
 
+# The secret a job's node processes prove they share (core/nodes.py; not imported: MXNet).
+NODE_SECRET = 'MP_SYMBOLIC_NODE_SECRET'
 MODES = ('local', 'ssh', 'manual')
 # First words of COMMAND that are ``python -m mp_symbolic`` subcommands.
 # What a server and the scheduler run: importing MXNet with DMLC_ROLE set runs them.
@@ -868,5 +871,8 @@ def run_launch(args, subcommands=None):
             shell_line(node, cwd, exec_=True)), stopped_timeout=args.stopped_timeout,
             progress_timeout=args.progress_timeout)
     # Unbuffered Python output, so lines are relayed as they are printed.
-    return run_job(nodes, args.timeout, extra_env={'PYTHONUNBUFFERED': '1'},
+    extra_env = {'PYTHONUNBUFFERED': '1'}
+    if args.nodes is not None:  # only this job's nodes know it (core/nodes.py checks it)
+        extra_env[NODE_SECRET] = os.environ.get(NODE_SECRET) or secrets.token_hex(32)
+    return run_job(nodes, args.timeout, extra_env=extra_env,
                    stopped_timeout=args.stopped_timeout, progress_timeout=args.progress_timeout)

@@ -980,9 +980,17 @@ def commit_across(store, group, write_part, merge, meta=None):
     """
     if group.rank != 0:
         staging = group.broadcast(None, 0)
+        if staging is not None and not isinstance(staging, str):
+            raise PartError('node 0 sent %s where a staging folder was expected'
+                            % type(staging).__name__)
         if staging is not None:
             group.gather(_attempt(write_part, staging))
-        status, detail = group.broadcast(None, 0)
+        outcome = group.broadcast(None, 0)
+        if not (isinstance(outcome, (list, tuple)) and len(outcome) == 2 and
+                outcome[0] in ('ok', 'error') and isinstance(outcome[1], str)):
+            raise PartError('node 0 sent %s where how the commit ended was expected'
+                            % type(outcome).__name__)
+        status, detail = outcome
         if status != 'ok':
             raise PartError(detail)
         return detail
@@ -991,7 +999,8 @@ def commit_across(store, group, write_part, merge, meta=None):
     def write(staging):
         staged.append(staging)
         group.broadcast(staging, 0)
-        failed = [(k, e) for k, e in enumerate(group.gather(_attempt(write_part, staging))) if e]
+        failed = [(k, e if isinstance(e, str) else 'sent %s' % type(e).__name__)
+                  for k, e in enumerate(group.gather(_attempt(write_part, staging))) if e]
         if failed:
             raise PartError('node %d could not write its part of the checkpoint: %s'
                             % failed[0])
