@@ -39,7 +39,7 @@ from .compat import gradient_only_kvstore, split_bind
 from .heads import HEADS, class_axis, head_of
 from .ir import PlacedGraph
 from .names import DATA_NAME, LABEL_NAME
-from .optstate import drop_states, gather_states, load_states, set_states_by_name, split_states, \
+from .optstate import drop_states, gather_states, set_states_by_name, split_states, \
     states_by_name
 from .updater import PerDeviceUpdater
 
@@ -105,6 +105,13 @@ def match_parameters(saved, ours, values, shapes):
                              'graph, names differ), found %s of shape %s'
                              % (new, tuple(shape), old, tuple(values[old].shape)))
     return dict(zip(saved, ours))
+
+
+class _Shape:  # pylint: disable=too-few-public-methods
+    """An array's shape without its values."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
 
 
 class _Restored:
@@ -455,17 +462,25 @@ class PipelineModule(DeviceModule):
         Raises:
             ValueError: the checkpoint's parameters do not fit this network.
         """
-        symbol, arg_params, aux_params = checkpoint.load()
+        symbol, _, _ = checkpoint.load(names=())  # checked; no array read yet
+        stored = {key[4:]: shape for key, (shape, _, _) in checkpoint.index().items()}
+        saved_args = {key[4:] for key in checkpoint.index() if key.startswith('arg:')}
         shapes = {p.name: p.shape for p in self.pipeline.collect_params().values()}
         ours = [a for a in self.export_symbol.list_arguments()
                 if a not in self.pipeline.data_names(self.data_name) and a != self.label_name]
         rename = match_parameters(
-            [a for a in symbol.list_arguments() if a in arg_params] +
+            [a for a in symbol.list_arguments() if a in saved_args] +
             symbol.list_auxiliary_states(), ours + self.export_symbol.list_auxiliary_states(),
-            dict(arg_params, **aux_params), shapes)
+            {k: _Shape(v) for k, v in stored.items()}, shapes)
+        names = None
+        if self._other_nodes:  # this node reads its own stages' arrays only
+            unsplit = {n: p.name for p in self.pipeline.sharded.values() for n in p.names}
+            held = {unsplit.get(n, n) for n in list(self._param_names) + list(self._aux_names)}
+            names = [k for k, v in rename.items() if v in held]
+        _, arg_params, aux_params = checkpoint.load(names)
         arg_params = {rename[k]: v for k, v in arg_params.items()}
         aux_params = {rename[k]: v for k, v in aux_params.items()}
-        states = load_states(checkpoint.states_path)
+        states = checkpoint.load_states(names)
         states['params'] = {rename.get(k, k): v for k, v in states['params'].items()}
         if not states['params']:
             states = None  # saved before its optimizer existed

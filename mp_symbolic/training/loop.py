@@ -22,8 +22,7 @@ from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
 from ..tools.files import write_text
 from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
-from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
-    split_states
+from ..core.optstate import OptimizerStateError, check_states, gather_states, split_states
 from ..core.nodes import Group, from_environment
 from ..core.pipeline import Pipeline
 from ..core.schedule import DEFAULT, VIRTUAL, one_graph
@@ -403,19 +402,29 @@ def _resume(cfg, stepper):
             raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in '
                              '%s to resume, found %d'
                              % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
-        _, arg, aux = checkpoint.load()
+        # over nodes, each reads only the arrays of its own stages
+        names = _held_names(stepper) if stepper.pipe.nodes is not None else None
+        _, arg, aux = checkpoint.load(names)
         arg = stepper.pipe.split_params(arg)  # onto this plan's shards
         stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
                            {k: v.asnumpy() for k, v in aux.items()})
-        states = split_states(load_states(checkpoint.states_path), stepper.pipe.sharded)
+        states = split_states(checkpoint.load_states(names), stepper.pipe.sharded)
         try:  # the states of another model (a file swapped, its manifest fixed): one line
             check_states(states, {k: v.shape for k, v in arg.items()})
         except OptimizerStateError as err:
-            raise OptimizerStateError('%s: %s' % (checkpoint.states_path, err)) from None
+            raise OptimizerStateError('%s: %s' % (checkpoint.states_path or checkpoint.folder,
+                                                  err)) from None
         stepper.set_optimizer_states(states)
         devices = checkpoint.summary.get('devices')
         changes = plan_changes(saved, cfg, devices if isinstance(devices, list) else None)
         return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', [])), changes
+
+
+def _held_names(stepper):
+    """The names, as a checkpoint stores them (tensor-parallel layers
+    unsplit), of the parameters and auxiliary states ``stepper`` holds."""
+    unsplit = {shard: p.name for p in stepper.pipe.sharded.values() for shard in p.names}
+    return {unsplit.get(n, n) for n in stepper.held_names()}
 
 
 def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
@@ -583,12 +592,14 @@ def train(cfg, log=print, built=None, task=None):
     result.files = {'symbol': checkpoint.symbol_path, 'params': checkpoint.params_path,
                     'states': checkpoint.states_path,
                     'summary': os.path.join(checkpoint.folder, SUMMARY_NAME)}
+    if checkpoint.part_paths:  # committed by node processes: one part per node
+        result.files['parts'] = list(checkpoint.part_paths)
     result.files.update(profile_files)
     if profile_files:
         log('profile: %s (open in chrome://tracing or ui.perfetto.dev), %s'
             % (profile_files['profile'], profile_files['profile_stats']))
-    log('checkpoint: %s (epoch %d; %s)' % (os.path.join(cfg.out_dir, 'current'),
-                                           cfg.num_epochs, ', '.join(
-                                               os.path.basename(result.files[k])
-                                               for k in ('symbol', 'params', 'states'))))
+    log('checkpoint: %s (epoch %d; %s)' % (
+        os.path.join(cfg.out_dir, 'current'), cfg.num_epochs,
+        ', '.join(os.path.basename(p) for p in [checkpoint.symbol_path] + (
+            checkpoint.part_paths or [checkpoint.params_path, checkpoint.states_path]))))
     return result

@@ -66,6 +66,11 @@ class _SymbolicStepper:
         inputs = set(self._inputs())
         return [n for n in self._exec.arg_dict if n not in inputs]
 
+    def held_names(self):
+        """The names of the parameters and auxiliary states this process
+        holds (over nodes, its stages')."""
+        return list(self.param_names) + list(self._exec.aux_dict)
+
     def _inputs(self):
         """The executors' arguments that are not parameters."""
         return list(self.data_names) + [self.label_name]
