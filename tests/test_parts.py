@@ -130,3 +130,43 @@ def test_a_part_that_does_not_fit_the_symbol_is_one_line_naming_it(tmp_path):
     with pytest.raises(ValueError, match=r'm-0005-node0\.npz does not match its symbol: w0 has '
                                          r'shape \(5, 3\), the symbol expects \(4, 3\)'):
         forged.load()
+
+
+@pytest.mark.parametrize('devices, shards, replicas', [
+    ('cpu:0+cpu:1,cpu:2+cpu:3', 2, 1), ('cpu:0,cpu:1,cpu:2,cpu:3', 1, 2)],
+    ids=['tensor-parallel', 'replicas'])
+def test_lazy_params_and_states_are_get_params_and_optimizer_states_array_by_array(
+        devices, shards, replicas):
+    """What a node's part is written from, one array at a time: the values
+    ``get_params`` and ``optimizer_states`` give, bit for bit, each made only
+    when called (a tensor-parallel layer's shards joined, replicas averaged)."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic import Pipeline
+    from mp_symbolic.core.optstate import Deferred, gather_states
+    from mp_symbolic.training.tasks import gpt, lm
+    import nodes_worker
+    shape = (8, nodes_worker.TINY.block_size)
+    pipe = Pipeline(gpt.build_blocks(nodes_worker.TINY, lm.sharded_layers(shards)), devices,
+                    sample=shape, chunks=2, replicas=replicas, schedule='1f1b')
+    mod = pipe.module(loss='softmax')
+    mod.bind([('data', shape)], [('softmax_label', shape)])
+    mx.random.seed(0)
+    mod.init_params(mx.init.Xavier())
+    mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='adam')
+    for step in range(2):
+        mod.forward_backward(nodes_worker.batch(step, 8))
+        mod.update()
+    arg, aux = mod.get_params()
+    lazy_arg, lazy_aux = mod.lazy_params()
+    assert list(lazy_arg) == list(arg) and list(lazy_aux) == list(aux)
+    if shards > 1:
+        assert any(p.name in lazy_arg for p in pipe.sharded.values())  # by unsplit names
+    for name, make in list(lazy_arg.items()) + list(lazy_aux.items()):
+        np.testing.assert_array_equal(make(), dict(arg, **aux)[name].asnumpy(), err_msg=name)
+    states = mod.optimizer_states()
+    lazy = gather_states(mod.optimizer_states(lazy=True), pipe.sharded)
+    assert lazy['params'] == states['params']
+    assert all(isinstance(a, Deferred) for a in lazy['arrays'])
+    assert len(lazy['arrays']) == len(states['arrays'])
+    for made, value in zip(lazy['arrays'], states['arrays']):
+        np.testing.assert_array_equal(made(), value)

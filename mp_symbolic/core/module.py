@@ -32,6 +32,7 @@ References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
 from collections import OrderedDict
 
 import mxnet as mx
+import numpy as np
 
 from . import layouts
 from .device_module import DeviceModule
@@ -412,9 +413,14 @@ class PipelineModule(DeviceModule):
         return OrderedDict((n, i * replicas)
                            for i, n in enumerate(self._exec_group.param_names))
 
-    def optimizer_states(self):
+    def optimizer_states(self, lazy=False):
         """The optimizer state by parameter name, device-free (replica 0's;
         the replicas' are equal), as :mod:`~mp_symbolic.core.optstate` saves it.
+
+        Args:
+            lazy: Each of ``'arrays'`` a function of no arguments making
+                that one array on the host when called (for a writer that
+                holds one at a time), not the array.
 
         Raises:
             RuntimeError: the optimizer is not initialised.
@@ -423,7 +429,8 @@ class PipelineModule(DeviceModule):
             raise RuntimeError('optimizer_states: expected init_optimizer() (or fit) first, '
                                'found no optimizer')
         states = states_by_name(self._updater, self._optimizer,
-                                OrderedDict((i, n) for n, i in self._state_index().items()))
+                                OrderedDict((i, n) for n, i in self._state_index().items()),
+                                lazy=lazy)
         return gather_states(states, self.pipeline.sharded)
 
     def set_optimizer_states(self, states):
@@ -525,6 +532,37 @@ class PipelineModule(DeviceModule):
         gathered: the unsplit layer's names and shapes, whatever the shards."""
         arg_params, aux_params = super().get_params()
         return self.pipeline.gather_params(arg_params), aux_params
+
+    def lazy_params(self):
+        """:meth:`get_params`'s names and values, each value a function of
+        no arguments that makes that one array on the host (numpy) when
+        called, from the devices (the replicas averaged as MXNet averages
+        them; a tensor-parallel layer's shards joined): a caller writing
+        them one at a time holds one array at a time.
+
+        Returns:
+            ``(arg_params, aux_params)``: ``{name: function}`` each.
+        """
+        assert self.binded and self.params_initialized
+        group = self._exec_group
+
+        def host(block):
+            return lambda: (sum(w.copyto(mx.cpu()) for w in block) / len(block)).asnumpy()
+
+        def joined(param, made):
+            return lambda: np.concatenate([made[n]() for n in param.names], axis=param.axis)
+
+        made = OrderedDict((n, host(b)) for n, b in zip(self._param_names, group.param_arrays))
+        arg_params, shard_of = OrderedDict(), {n: p for p in self.pipeline.sharded.values()
+                                               for n in p.names}
+        for name, make in made.items():
+            param = shard_of.get(name)
+            if param is None:
+                arg_params[name] = make
+            elif param.name not in arg_params and all(n in made for n in param.names):
+                arg_params[param.name] = joined(param, made)
+        aux_params = OrderedDict((n, host(b)) for n, b in zip(self._aux_names, group.aux_arrays))
+        return arg_params, aux_params
 
     @property
     def kvstore(self):

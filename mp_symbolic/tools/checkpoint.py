@@ -5,7 +5,9 @@ A checkpoint pair is ``<prefix>-symbol.json`` plus
 ``<prefix>-<epoch:04d>.params``, the files ``mx.model.save_checkpoint`` writes
 and ``mx.model.load_checkpoint`` reads. A training run commits the pair, its
 optimizer state and ``summary.json`` together through
-:class:`~mp_symbolic.tools.store.Store` (:func:`commit_checkpoint`); single files
+:class:`~mp_symbolic.tools.store.Store` (:func:`commit_checkpoint`); a run over
+node processes commits the symbol and one part per node instead
+(:func:`save_part`), which :func:`write_pair` turns into the pair; single files
 (reports, pictures) are written to a temporary file and renamed into place
 (:func:`mp_symbolic.tools.files.atomic_path`).
 """
@@ -557,10 +559,12 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
         group: The node processes of one pipeline
             (:class:`~mp_symbolic.core.nodes.Group`), each holding its
             stages' parameters and states (``arg_params``, ``aux_params``,
-            ``states``: this node's): every node writes its part into the
-            shared folder and node 0 merges them into the unsplit files
-            (:func:`~mp_symbolic.tools.store.commit_across`: all or nothing).
-            Node 0 holds the model's parameters and states while it merges.
+            ``states``: this node's; values may be functions making each
+            array when called, see :func:`save_part`): every node writes its
+            part (:func:`part_name`) into the shared folder, node 0 the
+            symbol and the summary, and the parts are committed as they are,
+            never merged (:func:`~mp_symbolic.tools.store.commit_across`:
+            all or nothing). No node reads or holds another's arrays.
 
     Returns:
         The :class:`Checkpoint` (``None`` on a node other than node 0).
@@ -808,8 +812,10 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     (``folder/current`` names the last whole checkpoint).
 
     ``mx.model.load_checkpoint(folder + '/current/' + name, epoch)`` reads
-    it back as MXNet's own pair; :func:`read_checkpoint` and
-    ``PipelineModule.restore`` continue it on any plan, in another process.
+    it back as MXNet's own pair (over nodes, the checkpoint is one part per
+    node: ``python -m mp_symbolic pair`` writes the pair, :func:`write_pair`);
+    :func:`read_checkpoint` and ``PipelineModule.restore`` continue it on any
+    plan, in another process.
 
     Args:
         module: A bound, initialised :class:`~mp_symbolic.PipelineModule`
@@ -820,8 +826,9 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
         summary: More JSON-able facts to record in ``summary.json``.
 
     Over nodes (``Pipeline(..., nodes=N)``) every node calls it with the
-    same ``folder``, which they share; each writes its stages' part and node
-    0 commits the whole (see :func:`commit_checkpoint`).
+    same ``folder``, which they share; each writes its stages' part, one
+    array at a time from its devices, and node 0 commits the parts together
+    (see :func:`commit_checkpoint`).
 
     Returns:
         The committed :class:`Checkpoint` (``None`` on a node but node 0).
@@ -846,8 +853,13 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
         raise ValueError('epoch: expected a non-negative integer, found %r' % (epoch,))
     pipe = module.pipeline
     symbol = with_input_shape(module.export_symbol, module.recorded_shapes(), None)
-    arg_params, aux_params = module.get_params()
-    states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
+    if pipe.nodes is not None:  # each array made from its device when its part is written
+        arg_params, aux_params = module.lazy_params()
+        states = module.optimizer_states(lazy=True) if module.optimizer_initialized \
+            else EMPTY_STATES
+    else:
+        arg_params, aux_params = module.get_params()
+        states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
     devices = [format_device(d) for d in pipe.plan.all_devices]
     facts = {'devices': devices,  # what the exporter records as the training devices
              'plan': {'devices': devices, 'balance': list(pipe.balance), 'chunks': pipe.chunks,

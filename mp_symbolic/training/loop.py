@@ -366,9 +366,13 @@ class _Checkpointer:
     def commit(self, epoch, result=None, complete=False):
         if self.store is None and self.group is None:  # a dist_sync worker but worker 0
             return None
-        arg, aux = self.stepper.arg_aux()
-        arg = self.pipe.gather_params(arg)  # tensor-parallel layers by their unsplit names
-        states = gather_states(self.stepper.optimizer_states(), self.pipe.sharded)
+        if self.group is not None:  # each array made from its device when its part is written
+            arg, aux = self.stepper.lazy_params()  # tensor-parallel layers unsplit
+            states = gather_states(self.stepper.optimizer_states(lazy=True), self.pipe.sharded)
+        else:
+            arg, aux = self.stepper.arg_aux()
+            arg = self.pipe.gather_params(arg)  # tensor-parallel layers by their unsplit names
+            states = gather_states(self.stepper.optimizer_states(), self.pipe.sharded)
         summary = _summary(self.cfg, self.task, self.pipe,
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
         self.last = commit_checkpoint(self.store, self.task.name, epoch, self.symbol, arg, aux,
