@@ -766,7 +766,11 @@ class Store:
         """fsyncs and hashes the written files (but those ``hashed`` names,
         whose size is checked), then writes the manifest."""
         files = {}
-        for name in sorted(os.listdir(staging)):
+        # a file another node wrote is looked up by its name too: a shared file
+        # system may list the folder as it was a moment ago
+        for name in sorted(set(os.listdir(staging)) | set(hashed)):
+            if not _is_plain_name(name):
+                raise StoreError('%s: expected plain file names, found %r' % (staging, name))
             path = os.path.join(staging, name)
             if name == MANIFEST:
                 raise StoreError('%s: expected write() to leave %s to the store, found it written'
