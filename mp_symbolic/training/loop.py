@@ -410,8 +410,10 @@ def _resume(cfg, stepper):
         names = _held_names(stepper) if stepper.pipe.nodes is not None else None
         _, arg, aux = checkpoint.load(names)
         arg = stepper.pipe.split_params(arg)  # onto this plan's shards
-        stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
-                           {k: v.asnumpy() for k, v in aux.items()})
+        for values in (arg, aux):  # each array on the host once: its NDArray let go
+            for name in list(values):
+                values[name] = values[name].asnumpy()
+        stepper.set_params(arg, aux)
         states = split_states(checkpoint.load_states(names), stepper.pipe.sharded)
         try:  # the states of another model (a file swapped, its manifest fixed): one line
             check_states(states, {k: v.shape for k, v in arg.items()})
