@@ -59,7 +59,9 @@ def locate_checkpoint(checkpoint, epoch=None):
         epoch: The epoch of a prefix checkpoint.
 
     Returns:
-        ``(info, symbol path, params path)``: ``info`` holds ``name``,
+        ``(info, symbol path, params path)`` (the paths of the parts of a
+        checkpoint committed by node processes, joined by commas, for the
+        params path): ``info`` holds ``name``,
         ``devices`` (as trained), ``folder``, ``summary`` (the training
         folder's ``summary.json``, or ``None``) and ``checkpoint`` (the
         training folder's :class:`~mp_symbolic.tools.checkpoint.Checkpoint`,
@@ -87,7 +89,7 @@ def locate_checkpoint(checkpoint, epoch=None):
         return ({'name': name if isinstance(name, str) else 'model', 'devices': devices,
                  'folder': os.path.realpath(checkpoint), 'summary': run.summary,
                  'checkpoint': run},
-                run.symbol_path, run.params_path)
+                run.symbol_path, run.params_path or ','.join(run.part_paths))
     if not isinstance(epoch, int) or epoch < 0 or epoch > 9999:
         raise ExportError('--epoch: expected an integer in [0, 9999], found %r' % (epoch,))
     sym_path, params_path = '%s-symbol.json' % checkpoint, '%s-%04d.params' % (checkpoint, epoch)
@@ -95,6 +97,15 @@ def locate_checkpoint(checkpoint, epoch=None):
              'folder': os.path.realpath(os.path.dirname(checkpoint) or '.'), 'summary': None,
              'checkpoint': None},
             sym_path, params_path)
+
+
+def _params_sha256(run, params_path):
+    """The sha256 of the params file, or of each part of a checkpoint
+    committed by node processes (as its commit recorded them), joined by
+    commas."""
+    if run is None or not run.part_paths:
+        return sha256_file(params_path)
+    return ','.join(run.snapshot.files[os.path.basename(p)]['sha256'] for p in run.part_paths)
 
 
 def read_sample(path):
@@ -375,7 +386,11 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     else:
         hints = (input_shape if isinstance(input_shape, dict) or input_shape is None
                  else {DATA_NAME: tuple(input_shape)})
-    symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
+    if info['checkpoint'] is not None:  # a pair or one part per node, one array at a time
+        symbol, arg_params, aux_params = info['checkpoint'].load(input_shapes=hints)
+    else:
+        symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
+    params_sha256 = _params_sha256(info['checkpoint'], params_path)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)
     shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample, log)
@@ -401,7 +416,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     if info['summary'] is not None:  # what the run reported (a task's vocabulary, ...)
         extra['training_summary'] = json.dumps(info['summary'], sort_keys=True)
     model = to_onnx(inference, arg_params, aux_params,
-                    {'symbol': sym_path, 'params': params_path}, shapes,
+                    {'symbol': sym_path, 'params': info['checkpoint'].files
+                     if info['checkpoint'] is not None else params_path}, shapes,
                     extra_metadata=extra, dynamic_axes=dynamic_axes, dtypes=dtypes)
     reference = OneDeviceReference(symbol, arg_params, aux_params, shapes, dtypes)
     per_sample = activation_bytes(inference, arg_params, aux_params, shapes, dtypes)
@@ -426,7 +442,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
                                     batch_sizes=verify_batches, tolerance=tolerance,
                                     sample=sample, bytes_per_sample=per_sample))
         report['source'] = OrderedDict([('symbol', sym_path), ('params', params_path),
-                                        ('params_sha256', sha256_file(params_path)),
+                                        ('params_sha256', params_sha256),
                                         ('trained_devices', info['devices']),
                                         ('input_shape', list(shape) if len(shapes) == 1
                                          else {k: list(v) for k, v in shapes.items()})])
@@ -443,7 +459,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     store = Store(out_dir, kind='export')
     with store.locked():
         snapshot = store.commit(write, {'kind': 'export', 'name': name, 'files': dict(names),
-                                        'source_params_sha256': sha256_file(params_path)})
+                                        'source_params_sha256': params_sha256})
     if snapshot.held_note():
         log(snapshot.held_note())
     if info['checkpoint'] is not None:

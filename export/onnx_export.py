@@ -219,7 +219,7 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         symbol: The inference symbol, ``ctx_group`` on every node.
         arg_params: Parameter name -> NDArray; every argument but ``data``.
         aux_params: Auxiliary state name -> NDArray.
-        source_files: ``{'symbol': path, 'params': path}`` of the training
+        source_files: ``{'symbol': path, 'params': path or [paths]}`` of the training
             checkpoint; their names and sha256 go into the metadata.
         shape: Shape of one input sample (batch dimension left out), or
             ``{input name: shape}`` (``data0``, ``data1``, ...).
@@ -296,6 +296,8 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         _set_shape(value, (BATCH_DIM,) + tuple(dims))
 
     stages = stage_layout(symbol)
+    params = source_files['params']  # one file, or the parts of a checkpoint of nodes
+    params = [params] if isinstance(params, str) else list(params)
     metadata = OrderedDict([
         ('producer', PRODUCER_NAME),
         ('producer_version', producer_version()),
@@ -319,8 +321,8 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
                                for group, info in stages.items()})),
         ('source_symbol', os.path.basename(source_files['symbol'])),
         ('source_symbol_sha256', sha256_file(source_files['symbol'])),
-        ('source_params', os.path.basename(source_files['params'])),
-        ('source_params_sha256', sha256_file(source_files['params'])),
+        ('source_params', ','.join(os.path.basename(p) for p in params)),
+        ('source_params_sha256', ','.join(sha256_file(p) for p in params)),
     ])
     metadata.update(extra_metadata or {})
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', ONNX_OPSET)],

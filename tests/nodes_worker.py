@@ -78,6 +78,9 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
         mod.update()
     if save is not None:
         mp_symbolic.save_checkpoint(mod, save, epoch=steps, name='lm')
+        if nodes > 1:  # restored on each node: the arrays it reads, by name
+            _restore_recording(mod, save, '%s-read-node%s.json'
+                               % (save, os.environ.get('RANK', '0')))
     outputs = mod.get_outputs()
     evaluated = {}
     if evaluate:
@@ -97,6 +100,26 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
             held['state:%s:%d' % (name, k)] = np.asarray(states['arrays'][index])
     held.update(evaluated)
     return held, outputs[0].asnumpy() if outputs else None
+
+
+def _restore_recording(mod, folder, out):
+    """``mod.restore`` of the checkpoint in ``folder``, writing to ``out``
+    (JSON) the names of the arrays read from its files."""
+    from mp_symbolic.tools import parts  # pylint: disable=import-outside-toplevel
+    read, real = [], parts.NpzReader.read
+
+    def recorded(self, name):
+        read.append(name)
+        return real(self, name)
+
+    parts.NpzReader.read = recorded
+    try:
+        with mp_symbolic.read_checkpoint(folder) as checkpoint:
+            mod.restore(checkpoint)
+    finally:
+        parts.NpzReader.read = real
+    with open(out, 'w') as f:
+        json.dump(read, f)
 
 
 def _arrays_of(spec):

@@ -112,20 +112,37 @@ def test_two_nodes_compute_what_one_process_computes_after_three_adam_steps(two_
                                    err_msg=name)
 
 
-def test_save_checkpoint_on_every_node_commits_the_whole_model_once(two_nodes):
+def test_save_checkpoint_on_every_node_commits_one_part_per_node_each_reads_back_its_own(
+        two_nodes):
+    """Each node's part holds its stages' arrays and states, no node reads
+    another's; read back whole (one array at a time) they are the model."""
     from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.optstate import load_states  # pylint: disable=import-outside-toplevel
-    held, _ = two_nodes[0][0]
+    from mp_symbolic.tools.parts import npz_index  # pylint: disable=import-outside-toplevel
+    held, names = two_nodes[0][0]
     checkpoint = read_checkpoint(two_nodes[1])
     _, arg, aux = checkpoint.load()
     params = {k[len('param:'):]: v for k, v in held.items() if k.startswith('param:')}
     assert sorted(dict(arg, **aux)) == sorted(params)
     for name, value in dict(arg, **aux).items():
         np.testing.assert_array_equal(value.asnumpy(), params[name], err_msg=name)
-    states = load_states(checkpoint.states_path)
+    states = checkpoint.load_states()
     assert sorted(states['params']) == sorted(k[len('count:'):] for k in held
                                               if k.startswith('count:'))
     assert sorted(checkpoint.summary['parameters']) == sorted(params)  # every node's named
+    assert [os.path.basename(p) for p in checkpoint.part_paths] == ['lm-0003-node0.npz',
+                                                                    'lm-0003-node1.npz']
+    for rank, path in enumerate(checkpoint.part_paths):
+        own = {k[len('param:'):] for k in names[rank] if k.startswith('param:')}
+        stored = {k[4:] for k in npz_index(path) if k.startswith(('arg:', 'aux:'))}
+        assert stored == own, rank  # the node's own arrays, whole
+        with open('%s-read-node%d.json' % (two_nodes[1], rank)) as f:
+            read = json.load(f)  # PipelineModule.restore on that node
+        arrays = [k[4:] for k in read if k.startswith(('arg:', 'aux:'))]
+        assert sorted(arrays) == sorted(own), rank  # each of its own once, no other
+        # of the other node's part, its optimizer state's fields (JSON) alone
+        assert len([k for k in read if k.startswith('state:')]) == \
+            sum(len(e['state'].get('items', [e['state']])) for n, e in states['params'].items()
+                if n in own), rank
 
 
 # GluonCV networks of random weights on 32x32 images, cut whole: their
@@ -339,7 +356,10 @@ def test_launch_nodes_trains_as_one_process_and_its_checkpoint_resumes_in_one_an
     one = _digest(_train_here(REGRESSION + ['--epochs', '2', '--out', str(tmp_path / 'one')],
                               capsys))
     assert len(nodes) == 2 and set(nodes) == set(one)
-    _, arg, aux = read_checkpoint(str(tmp_path / 'nodes')).load()
+    nodes_checkpoint = read_checkpoint(str(tmp_path / 'nodes'))
+    assert [os.path.basename(p) for p in nodes_checkpoint.part_paths] == [
+        'regression-0002-node0.npz', 'regression-0002-node1.npz']  # one part per node
+    _, arg, aux = nodes_checkpoint.load()
     _, ref, _ = read_checkpoint(str(tmp_path / 'one')).load()
     assert sorted(arg) == sorted(ref) and not aux
     for name, value in ref.items():
@@ -354,6 +374,78 @@ def test_launch_nodes_trains_as_one_process_and_its_checkpoint_resumes_in_one_an
     from conftest import cli_status  # pylint: disable=import-outside-toplevel
     assert cli_status(export_main, ['--checkpoint', str(tmp_path / 'nodes'), '--out',
                                     str(tmp_path / 'export')]) == 0
+
+
+def test_pair_writes_a_checkpoint_of_parts_as_mxnets_own_pair_that_resumes_as_the_parts(
+        tmp_path, port, capsys):
+    """``python -m mp_symbolic pair``: the parts of a 2-node checkpoint as
+    one ``.params`` file ``mx.model.load_checkpoint`` reads, with the same
+    arrays, and a ``.states`` file: resumed, it ends where the parts resumed
+    end."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    result = _launch(['--nodes', '2', '--'] + REGRESSION + ['--epochs', '2', '--out',
+                                                             str(tmp_path / 'nodes')], port)
+    assert result.returncode == 0, result.stderr[-3000:]
+    capsys.readouterr()
+    assert cli_status(cli.main, ['pair', '--checkpoint', str(tmp_path / 'nodes'), '--out',
+                                 str(tmp_path / 'pair')]) == 0
+    prefix = str(tmp_path / 'pair' / 'current' / 'regression')
+    assert capsys.readouterr().out.splitlines() == [
+        "%s: regression-symbol.json, regression-0002.params and regression-0002.states from 2 "
+        "parts (mx.model.load_checkpoint(%r, 2))" % (tmp_path / 'pair' / 'current', prefix)]
+    _, arg, aux = mx.model.load_checkpoint(prefix, 2)
+    _, parts, _ = read_checkpoint(str(tmp_path / 'nodes')).load()
+    assert sorted(arg) == sorted(parts) and not aux
+    for name, value in parts.items():
+        np.testing.assert_array_equal(arg[name].asnumpy(), value.asnumpy(), err_msg=name)
+    resumed = [_digest(_train_here(['train', '--resume', str(tmp_path / k), '--epochs', '3',
+                                    '--out', str(tmp_path / (k + '3')), '--no-progress',
+                                    '--no-memory'], capsys)) for k in ('pair', 'nodes')]
+    assert resumed[0] == resumed[1]
+    # a pair already: one line, exit 2, nothing written
+    assert cli_status(cli.main, ['pair', '--checkpoint', str(tmp_path / 'pair'), '--out',
+                                 str(tmp_path / 'again')]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: expected a checkpoint of one part per node, found MXNet's pair already in %s "
+        "(mx.model.load_checkpoint reads it as it is)"
+        % read_checkpoint(str(tmp_path / 'pair')).folder)
+    assert not os.path.exists(tmp_path / 'again' / 'current')
+
+
+def test_a_checkpoint_resumes_on_two_nodes_from_parts_onto_other_stages_and_from_a_pair(
+        tmp_path, port, capsys):
+    """Each node reads its own stages' arrays: from the parts of 2 nodes
+    onto 3 stages over 2 nodes, and from one process's pair (the layout a
+    one-process run writes) onto 2 nodes, each ending where one process
+    ends."""
+    result = _launch(['--nodes', '2', '--'] + REGRESSION + ['--epochs', '1', '--out',
+                                                             str(tmp_path / 'nodes')], port)
+    assert result.returncode == 0, result.stderr[-3000:]
+    three = ['--devices', 'cpu:0,cpu:1,cpu:2']
+    result = _launch(['--nodes', '2', '--', 'train', '--resume', str(tmp_path / 'nodes'),
+                      '--epochs', '2', '--out', str(tmp_path / 'moved'), '--no-progress',
+                      '--no-memory'] + three, port)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[node 0] resume: plan changed from the checkpoint's: --devices cpu:0,cpu:1,cpu:2 " \
+        "(was cpu:0,cpu:1)" in result.stdout
+    moved = _digest(result.stdout)
+    _train_here(REGRESSION + ['--epochs', '1', '--out', str(tmp_path / 'one')], capsys)
+    alone = _digest(_train_here(['train', '--resume', str(tmp_path / 'one'), '--epochs', '2',
+                                 '--out', str(tmp_path / 'one2'), '--no-progress',
+                                 '--no-memory'] + three, capsys))
+    assert set(moved) == set(alone)
+    # today's layout, one process's pair, resumed on two nodes
+    assert os.path.isfile(tmp_path / 'one' / 'current' / 'regression-0001.params')
+    result = _launch(['--nodes', '2', '--', 'train', '--resume', str(tmp_path / 'one'),
+                      '--epochs', '3', '--out', str(tmp_path / 'from-pair'), '--no-progress',
+                      '--no-memory'], port)
+    assert result.returncode == 0, result.stderr[-3000:]
+    whole = _digest(_train_here(REGRESSION + ['--epochs', '3', '--out', str(tmp_path / 'w')],
+                                capsys))
+    assert set(_digest(result.stdout)) == set(whole)
 
 
 def _gone(pids):
@@ -662,3 +754,177 @@ def test_launch_nodes_in_manual_mode_prints_each_nodes_command_for_its_host(tmp_
     for rank, line in enumerate(commands):
         assert 'MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 RANK=%d WORLD_SIZE=2' % rank in line
         assert line.endswith('-m mp_symbolic train --devices cpu:0,cpu:1 --nodes 2'), line
+
+
+# -- the commit of a checkpoint over nodes, killed at each of its file operations -----------
+
+# Two node processes, forked for k = 1, 2, ...: both commit checkpoint A (epoch 1)
+# together, then checkpoint B (epoch 2), node R SIGKILLing itself at its k-th file
+# operation of B's commit (each open, and after each write, fsync, close, rename,
+# symlink or removal), until a k where the commit ends first. The commit is
+# commit_checkpoint's over nodes: each node writes its part, node 0 the symbol and
+# the summary. The nodes talk through two pipes: a node whose peer is killed reads
+# the end of its pipe and fails, as a torch.distributed operation fails when its peer
+# dies.
+COMMIT_CHILD = r"""
+import json, os, shutil, signal, sys
+import mxnet as mx
+import numpy as np
+from mp_symbolic.core.optstate import FORMAT
+from mp_symbolic.tools.checkpoint import commit_checkpoint
+from mp_symbolic.tools.store import Store
+base, R = sys.argv[1], int(sys.argv[2])
+
+class Pipes:
+    def __init__(self, rank, read, write):
+        self.rank, self.count = rank, 2
+        self.read, self.write = os.fdopen(read), os.fdopen(write, 'w')
+    def _send(self, value):
+        self.write.write(json.dumps(value) + '\n')
+        self.write.flush()
+    def _receive(self):
+        line = self.read.readline()
+        if not line:
+            raise ConnectionError('node %d hung up' % (1 - self.rank))
+        return json.loads(line)
+    def broadcast(self, value, source):
+        if self.rank == source:
+            self._send(value)
+            return value
+        return self._receive()
+    def gather(self, value):
+        self._send(value)
+        other = self._receive()
+        return [value, other] if self.rank == 0 else [other, value]
+
+data = mx.sym.Variable('data', shape=(0, 3))
+hidden = mx.sym.FullyConnected(data, mx.sym.Variable('w0'), num_hidden=4, no_bias=True,
+                               name='fc0')
+SYMBOL = mx.sym.FullyConnected(hidden, mx.sym.Variable('w1'), num_hidden=2, no_bias=True,
+                               name='fc1')
+SHAPES = {'w0': (4, 3), 'w1': (2, 4)}
+
+def values(epoch, rank):
+    name = 'w%d' % rank
+    weight = np.full(SHAPES[name], epoch * 10 + rank, dtype=np.float32)
+    states = {'format': FORMAT, 'optimizer': 'adam', 'num_update': epoch,
+              'params': {name: {'count': epoch, 'state': {'t': 'tuple', 'items': [
+                  {'t': 'nd', 'a': 0}, {'t': 'nd', 'a': 1}]}}},
+              'arrays': [weight / 2, weight / 4]}
+    return {name: weight}, states
+
+def arm(k):
+    count = [0]
+    def kill():
+        count[0] += 1
+        if count[0] == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+    def wrap(real):
+        def counted(*args, **kwargs):
+            try:
+                return real(*args, **kwargs)
+            finally:
+                kill()
+        return counted
+    for module, name in [(os, n) for n in ('replace', 'rename', 'symlink', 'fsync', 'remove',
+                                           'unlink', 'rmdir', 'mkdir', 'write', 'close')] + \
+            [(shutil, 'rmtree')]:
+        setattr(module, name, wrap(getattr(module, name)))
+    sys.addaudithook(lambda event, args: kill() if event == 'open' else None)
+
+def node(rank, epoch, k, folder, read, write):
+    group = Pipes(rank, read, write)
+    arg, states = values(epoch, rank)
+    if k is not None and rank == R:
+        arm(k)
+    try:
+        if rank == 0:
+            with Store(folder, kind='training').locked() as store:
+                commit_checkpoint(store, 'm', epoch, SYMBOL, arg, {}, states, {'e': epoch},
+                                  True, group=group)
+        else:
+            commit_checkpoint(None, 'm', epoch, SYMBOL, arg, {}, states, {'e': epoch}, True,
+                              group=group)
+    except BaseException:
+        os._exit(1)
+    os._exit(0)
+
+def both(epoch, k, folder):
+    down, up = os.pipe(), os.pipe()  # node 0 -> node 1, node 1 -> node 0
+    pids = []
+    for rank, (read, write) in enumerate([(up[0], down[1]), (down[0], up[1])]):
+        pid = os.fork()
+        if pid == 0:
+            for fd in down + up:
+                if fd not in (read, write):
+                    os.close(fd)
+            node(rank, epoch, k, folder, read, write)
+        pids.append(pid)
+    for fd in down + up:
+        os.close(fd)
+    return [os.waitpid(pid, 0)[1] for pid in pids]
+
+killed = []
+for k in range(1, 1000):
+    folder = os.path.join(base, 'k%03d' % k)
+    if any(both(1, None, folder)):
+        sys.exit('k=%d: expected checkpoint A committed' % k)
+    ended = both(2, k, folder)
+    if os.WIFSIGNALED(ended[R]) and os.WTERMSIG(ended[R]) == signal.SIGKILL:
+        killed.append(k)
+    elif not any(ended):
+        shutil.rmtree(folder)
+        break
+    else:
+        sys.exit('k=%d: expected node %d killed or both done, found statuses %s' % (k, R, ended))
+print(json.dumps(killed))
+"""
+
+
+@pytest.mark.parametrize('killed_node', [0, 1])
+def test_a_node_killed_at_any_file_operation_of_a_checkpoint_commit_leaves_one_whole_and_resumable(
+        tmp_path, killed_node):
+    """The commit of :func:`~mp_symbolic.tools.checkpoint.commit_checkpoint`
+    over two nodes (a part each, no merge), either node killed at each of
+    its file operations: the folder holds the previous checkpoint or the new
+    one, whole, read back array by array with its optimizer state, and the
+    next writer commits over it."""
+    from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.tools.checkpoint import commit_checkpoint  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
+    proc = subprocess.run([sys.executable, '-c', COMMIT_CHILD, str(tmp_path), str(killed_node)],
+                          env=dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0'),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    killed = json.loads(proc.stdout)
+    # node 0: its part, the symbol, the summary, the seal, the switch, the cleaning;
+    # node 1: its part (open, writes, fsync, hash)
+    assert len(killed) >= (30 if killed_node == 0 else 4), killed
+    assert killed == list(range(1, len(killed) + 1)), killed
+    seen = {1: 0, 2: 0}
+    for k in killed:
+        folder = str(tmp_path / ('k%03d' % k))
+        with read_checkpoint(folder) as checkpoint:
+            epoch = checkpoint.epoch
+            assert len(checkpoint.part_paths) == 2 and checkpoint.summary['e'] == epoch
+            symbol, arg, aux = checkpoint.load()
+            states = checkpoint.load_states()
+        assert sorted(arg) == ['w0', 'w1'] and not aux, 'k=%d' % k
+        for rank in (0, 1):  # every array of one commit: never a mix of A and B
+            value = epoch * 10 + rank
+            np.testing.assert_array_equal(arg['w%d' % rank].asnumpy(), value)
+            entry = states['params']['w%d' % rank]
+            assert entry['count'] == epoch
+            first, second = (states['arrays'][s['a']] for s in entry['state']['items'])
+            np.testing.assert_array_equal(first, value / 2)
+            np.testing.assert_array_equal(second, value / 4)
+        assert states['num_update'] == epoch
+        seen[epoch] += 1
+        with Store(folder, kind='training').locked() as store:  # the next writer goes on
+            commit_checkpoint(store, 'm', 3, symbol, {n: v * 0 for n, v in arg.items()}, {},
+                              states, {'e': 3}, True)
+        names = sorted(os.listdir(folder))
+        assert names[:3] == ['.kind', '.lock', 'current'] and len(names) == 4, names
+        assert read_checkpoint(folder).load()[1]['w1'].asnumpy().sum() == 0
+    # a kill of node 1 always comes before the switch: the old checkpoint stays
+    assert seen[1] > 0 and (seen[2] > 0 or killed_node == 1), seen

@@ -175,7 +175,8 @@ def test_a_kill_after_any_file_system_call_of_a_save_leaves_the_old_or_the_new_s
 
 
 # Two node processes, forked for k = 1, 2, ...: node 0 holds the store and
-# commits B across both (each writes its part, node 0 merges them); node R
+# commits B across both (each writes, fsyncs and hashes its part, node 0
+# writes its own file beside them and seals, reading no other part); node R
 # SIGKILLs itself right after its k-th file-system call, until a k where the
 # commit ends first. The nodes talk through two pipes: a node whose peer is
 # killed reads the end of its pipe and fails, as a torch.distributed
@@ -208,22 +209,17 @@ class Pipes:
 
 def part(files, rank):
     def write(folder):
-        for name, text in files.items():
-            if name.endswith('.part%d' % rank):
-                fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                os.write(fd, text.encode())
-                os.close(fd)
+        names = [name for name in files if name.endswith('.part%d' % rank)]
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, files[name].encode())
+            os.close(fd)
+        return names
     return write
 
-def merge(folder):
-    text = ''
-    for rank in (0, 1):
-        path = os.path.join(folder, 'params.part%d' % rank)
-        with open(path) as f:
-            text += f.read()
-        os.remove(path)
-    fd = os.open(os.path.join(folder, 'params'), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    os.write(fd, text.encode())
+def finish(folder):  # node 0's own file beside the parts
+    fd = os.open(os.path.join(folder, 'rest'), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.write(fd, B['rest'].encode())
     os.close(fd)
 
 COUNTED = [(os, n) for n in ('replace', 'rename', 'symlink', 'fsync', 'remove', 'unlink',
@@ -251,9 +247,9 @@ def node(rank, k, folder, read, write):
     try:
         if rank == 0:
             with Store(folder).locked() as store:
-                commit_across(store, group, part(B, 0), merge, {'name': 'B'})
+                commit_across(store, group, part(B, 0), finish, {'name': 'B'})
         else:
-            commit_across(None, group, part(B, 1), merge)
+            commit_across(None, group, part(B, 1), finish)
     except BaseException:
         os._exit(1)
     os._exit(0)
@@ -292,13 +288,14 @@ print(json.dumps(killed))
 def test_a_node_killed_after_any_file_operation_of_a_commit_across_nodes_leaves_a_whole_snapshot(
         tmp_path, killed_node):
     A_ = {'params': 'A' * 300}
-    B_ = {'params.part0': 'B0' * 100, 'params.part1': 'B1' * 120}
+    B_ = {'params.part0': 'B0' * 100, 'params.part1': 'B1' * 120, 'rest': 'B'}
     proc = subprocess.run([sys.executable, '-c', ACROSS_CHILD, str(tmp_path), json.dumps(A_),
                            json.dumps(B_), str(killed_node)],
                           env=child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     killed = json.loads(proc.stdout)
-    # node 0 commits (~30 counted calls); node 1 writes its part (open, write, close)
+    # node 0 commits (~30 counted calls); node 1 writes its part (open, write, close) and
+    # fsyncs it
     assert len(killed) >= (20 if killed_node == 0 else 2), killed
     assert killed == list(range(1, len(killed) + 1)), killed
     seen = {'A': 0, 'B': 0}
@@ -306,8 +303,8 @@ def test_a_node_killed_after_any_file_operation_of_a_commit_across_nodes_leaves_
         folder = str(tmp_path / ('k%03d' % k))
         snapshot = Store(folder).current()
         name = snapshot.meta['name']
-        expected = A_['params'] if name == 'A' else B_['params.part0'] + B_['params.part1']
-        assert contents(snapshot) == {'params': expected}, 'k=%d: a mix of A and B' % k
+        assert contents(snapshot) == ({'params': A_['params']} if name == 'A' else B_), \
+            'k=%d: a mix of A and B' % k
         seen[name] += 1
         commit(folder, C, 'C')  # the next writer cleans what the kill left
         assert_only_one_snapshot(folder)

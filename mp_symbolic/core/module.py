@@ -36,6 +36,7 @@ References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
 from collections import OrderedDict
 
 import mxnet as mx
+import numpy as np
 
 from . import layouts
 from .device_module import DeviceModule
@@ -44,7 +45,7 @@ from .heads import HEADS, class_axis, head_of
 from .initial import Drawn
 from .ir import PlacedGraph
 from .names import DATA_NAME, LABEL_NAME
-from .optstate import drop_states, gather_states, load_states, set_states_by_name, split_states, \
+from .optstate import drop_states, gather_states, set_states_by_name, split_states, \
     states_by_name
 from .updater import PerDeviceUpdater
 
@@ -110,6 +111,13 @@ def match_parameters(saved, ours, values, shapes):
                              'graph, names differ), found %s of shape %s'
                              % (new, tuple(shape), old, tuple(values[old].shape)))
     return dict(zip(saved, ours))
+
+
+class _Shape:  # pylint: disable=too-few-public-methods
+    """An array's shape without its values."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
 
 
 class _Restored:
@@ -412,9 +420,14 @@ class PipelineModule(DeviceModule):
         return OrderedDict((n, i * replicas)
                            for i, n in enumerate(self._exec_group.param_names))
 
-    def optimizer_states(self):
+    def optimizer_states(self, lazy=False):
         """The optimizer state by parameter name, device-free (replica 0's;
         the replicas' are equal), as :mod:`~mp_symbolic.core.optstate` saves it.
+
+        Args:
+            lazy: Each of ``'arrays'`` a function of no arguments making
+                that one array on the host when called (for a writer that
+                holds one at a time), not the array.
 
         Raises:
             RuntimeError: the optimizer is not initialised.
@@ -423,7 +436,8 @@ class PipelineModule(DeviceModule):
             raise RuntimeError('optimizer_states: expected init_optimizer() (or fit) first, '
                                'found no optimizer')
         states = states_by_name(self._updater, self._optimizer,
-                                OrderedDict((i, n) for n, i in self._state_index().items()))
+                                OrderedDict((i, n) for n, i in self._state_index().items()),
+                                lazy=lazy)
         return gather_states(states, self.pipeline.sharded)
 
     def set_optimizer_states(self, states):
@@ -462,17 +476,25 @@ class PipelineModule(DeviceModule):
         Raises:
             ValueError: the checkpoint's parameters do not fit this network.
         """
-        symbol, arg_params, aux_params = checkpoint.load()
+        symbol, _, _ = checkpoint.load(names=())  # checked; no array read yet
+        stored = {key[4:]: shape for key, (shape, _, _) in checkpoint.index().items()}
+        saved_args = {key[4:] for key in checkpoint.index() if key.startswith('arg:')}
         shapes = {p.name: p.shape for p in self.pipeline.collect_params().values()}
         ours = [a for a in self.export_symbol.list_arguments()
                 if a not in self.pipeline.data_names(self.data_name) and a != self.label_name]
         rename = match_parameters(
-            [a for a in symbol.list_arguments() if a in arg_params] +
+            [a for a in symbol.list_arguments() if a in saved_args] +
             symbol.list_auxiliary_states(), ours + self.export_symbol.list_auxiliary_states(),
-            dict(arg_params, **aux_params), shapes)
+            {k: _Shape(v) for k, v in stored.items()}, shapes)
+        names = None
+        if self._other_nodes:  # this node reads its own stages' arrays only
+            unsplit = {n: p.name for p in self.pipeline.sharded.values() for n in p.names}
+            held = {unsplit.get(n, n) for n in list(self._param_names) + list(self._aux_names)}
+            names = [k for k, v in rename.items() if v in held]
+        _, arg_params, aux_params = checkpoint.load(names)
         arg_params = {rename[k]: v for k, v in arg_params.items()}
         aux_params = {rename[k]: v for k, v in aux_params.items()}
-        states = load_states(checkpoint.states_path)
+        states = checkpoint.load_states(names)
         states['params'] = {rename.get(k, k): v for k, v in states['params'].items()}
         if not states['params']:
             states = None  # saved before its optimizer existed
@@ -526,6 +548,37 @@ class PipelineModule(DeviceModule):
         gathered: the unsplit layer's names and shapes, whatever the shards."""
         arg_params, aux_params = super().get_params()
         return self.pipeline.gather_params(arg_params), aux_params
+
+    def lazy_params(self):
+        """:meth:`get_params`'s names and values, each value a function of
+        no arguments that makes that one array on the host (numpy) when
+        called, from the devices (the replicas averaged as MXNet averages
+        them; a tensor-parallel layer's shards joined): a caller writing
+        them one at a time holds one array at a time.
+
+        Returns:
+            ``(arg_params, aux_params)``: ``{name: function}`` each.
+        """
+        assert self.binded and self.params_initialized
+        group = self._exec_group
+
+        def host(block):
+            return lambda: (sum(w.copyto(mx.cpu()) for w in block) / len(block)).asnumpy()
+
+        def joined(param, made):
+            return lambda: np.concatenate([made[n]() for n in param.names], axis=param.axis)
+
+        made = OrderedDict((n, host(b)) for n, b in zip(self._param_names, group.param_arrays))
+        arg_params, shard_of = OrderedDict(), {n: p for p in self.pipeline.sharded.values()
+                                               for n in p.names}
+        for name, make in made.items():
+            param = shard_of.get(name)
+            if param is None:
+                arg_params[name] = make
+            elif param.name not in arg_params and all(n in made for n in param.names):
+                arg_params[param.name] = joined(param, made)
+        aux_params = OrderedDict((n, host(b)) for n, b in zip(self._aux_names, group.aux_arrays))
+        return arg_params, aux_params
 
     @property
     def kvstore(self):

@@ -26,14 +26,26 @@ class OptimizerStateError(ValueError):
     """An optimizer-state file that is unreadable or does not fit the model."""
 
 
-def _encode(state, arrays):
+class Deferred:  # pylint: disable=too-few-public-methods
+    """An optimizer-state array not copied to the host yet: called, it
+    returns the array (numpy); ``ndim`` is known before."""
+
+    def __init__(self, make, ndim):
+        self.make, self.ndim = make, ndim
+
+    def __call__(self):
+        return self.make()
+
+
+def _encode(state, arrays, lazy=False):
     if state is None:
         return {'t': 'none'}
     if isinstance(state, mx.nd.NDArray):
-        arrays.append(state.asnumpy())
+        arrays.append(Deferred(state.asnumpy, state.ndim) if lazy else state.asnumpy())
         return {'t': 'nd', 'a': len(arrays) - 1}
     if isinstance(state, (tuple, list)):
-        return {'t': type(state).__name__, 'items': [_encode(s, arrays) for s in state]}
+        return {'t': type(state).__name__,
+                'items': [_encode(s, arrays, lazy) for s in state]}
     raise OptimizerStateError('expected optimizer states made of NDArrays, tuples and None, '
                               'found %s' % type(state).__name__)
 
@@ -56,35 +68,39 @@ def _count_of(optimizer, index):
     return None
 
 
-def states_by_name(updater, optimizer, names):
+def states_by_name(updater, optimizer, names, lazy=False):
     """The state of each parameter, by name.
 
     Args:
         updater: The ``mx.optimizer.Updater`` (or a wrapper of one).
         optimizer: Its optimizer.
         names: ``{index: parameter name}`` of the parameters to take.
+        lazy: Each of ``'arrays'`` a :class:`Deferred`, copied to the host
+            only when called (a writer then holds one at a time).
 
     Returns:
         ``{'format', 'optimizer', 'num_update', 'params': {name: {'count',
         'state'}}, 'arrays': [numpy arrays]}``; a parameter never updated has
         no entry.
     """
-    return states_of(optimizer, [(name, index, updater) for index, name in names.items()])
+    return states_of(optimizer, [(name, index, updater) for index, name in names.items()],
+                     lazy)
 
 
-def states_of(optimizer, sources):
+def states_of(optimizer, sources, lazy=False):
     """:func:`states_by_name` with an updater per parameter.
 
     Args:
         optimizer: The optimizer of every updater.
         sources: ``[(name, index, updater)]``: where each parameter's state is.
+        lazy: As :func:`states_by_name`'s.
     """
     arrays, params = [], {}
     for name, index, updater in sources:
         if index not in updater.states:
             continue
         params[name] = {'count': _count_of(optimizer, index),
-                        'state': _encode(updater.states[index], arrays)}
+                        'state': _encode(updater.states[index], arrays, lazy)}
     return {'format': FORMAT, 'optimizer': type(optimizer).__name__.lower(),
             'num_update': optimizer.num_update, 'params': params, 'arrays': arrays}
 
@@ -294,7 +310,12 @@ def _merge(specs, arrays, out, axis, ndim):
         return {'t': 'none'}
     if kind == 'nd':
         parts = [arrays[s['a']] for s in specs]
-        out.append(np.concatenate(parts, axis=axis) if parts[0].ndim == ndim else parts[0])
+        if parts[0].ndim != ndim:
+            out.append(parts[0])
+        elif isinstance(parts[0], Deferred):  # joined when called
+            out.append(Deferred(lambda: np.concatenate([p() for p in parts], axis=axis), ndim))
+        else:
+            out.append(np.concatenate(parts, axis=axis))
         return {'t': 'nd', 'a': len(out) - 1}
     return {'t': kind, 'items': [_merge([s['items'][j] for s in specs], arrays, out, axis, ndim)
                                  for j in range(len(specs[0]['items']))]}
@@ -323,7 +344,8 @@ def _cut(spec, arrays, out, axis, sizes, ndim):
 
 def gather_states(states, sharded):
     """:func:`states_by_name` output with the states of each tensor-parallel
-    parameter's shards joined under its unsplit name.
+    parameter's shards joined under its unsplit name (:class:`Deferred`
+    arrays joined when called).
 
     Args:
         sharded: ``{unsplit name: ShardedParam}``

@@ -5,7 +5,9 @@ A checkpoint pair is ``<prefix>-symbol.json`` plus
 ``<prefix>-<epoch:04d>.params``, the files ``mx.model.save_checkpoint`` writes
 and ``mx.model.load_checkpoint`` reads. A training run commits the pair, its
 optimizer state and ``summary.json`` together through
-:class:`~mp_symbolic.tools.store.Store` (:func:`commit_checkpoint`); single files
+:class:`~mp_symbolic.tools.store.Store` (:func:`commit_checkpoint`); a run over
+node processes commits the symbol and one part per node instead
+(:func:`save_part`), which :func:`write_pair` turns into the pair; single files
 (reports, pictures) are written to a temporary file and renamed into place
 (:func:`mp_symbolic.tools.files.atomic_path`).
 """
@@ -13,6 +15,7 @@ import ast
 import contextlib
 import json
 import os
+import zipfile
 
 import mxnet as mx
 import numpy as np
@@ -240,16 +243,36 @@ def check_params(symbol, arg_params, aux_params, where='params', input_shapes=No
 # -- training checkpoints committed as one unit ------------------------------
 
 SUMMARY_NAME = 'summary.json'
+PARTS = 'parts'  # the manifest's "layout" of a checkpoint of one part per node
+STATES_MEMBER = 'states'  # a part's optimizer state (JSON), its arrays 'state:<i>'
+
+
+class _Stored:
+    """A stored array's shape and dtype, without its values (what
+    :func:`check_params` reads of an array)."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
 
 
 class Checkpoint:
     """A verified, committed training checkpoint (see :func:`read_checkpoint`).
 
+    Two layouts: MXNet's pair (``<name>-symbol.json``,
+    ``<name>-NNNN.params``, ``<name>-NNNN.states``), what one process
+    commits; or, committed by node processes, the symbol and one part per
+    node (``<name>-NNNN-node<k>.npz``: that node's parameters, auxiliary
+    states and optimizer state), never merged. Either is read one array at a
+    time, taking only the arrays asked for (:meth:`load`,
+    :meth:`load_states` with ``names``).
+
     Attributes:
         folder: The snapshot folder (``OUT/snap-...``, what ``OUT/current`` names).
         meta: What the run recorded: ``epoch``, ``task``, ``files``, ``complete``, ...
         summary: ``summary.json`` of the snapshot.
-        symbol_path, params_path, states_path: Verified file paths.
+        symbol_path: Verified file path.
+        params_path, states_path: Verified file paths of a pair (``None`` for parts).
+        part_paths: Verified file paths of the parts (``[]`` for a pair).
         epoch: Epochs trained.
 
     One from :func:`read_checkpoint` holds its snapshot against removal by the
@@ -263,23 +286,153 @@ class Checkpoint:
         self.folder = snapshot.folder
         self.meta = snapshot.meta
         files = self.meta.get('files') if isinstance(self.meta, dict) else None
-        if not (isinstance(files, dict)
-                and all(isinstance(files.get(k), str) for k in ('symbol', 'params', 'states'))):
+        parts = files.get('parts') if isinstance(files, dict) else None
+        if isinstance(parts, list) and parts and all(isinstance(p, str) for p in parts) \
+                and isinstance(files.get('symbol'), str):
+            self.params_path = self.states_path = None
+            self.part_paths = [snapshot.path(p) for p in parts]
+        elif isinstance(files, dict) and all(isinstance(files.get(k), str)
+                                             for k in ('symbol', 'params', 'states')):
+            self.params_path = snapshot.path(files['params'])
+            self.states_path = snapshot.path(files['states'])
+            self.part_paths = []
+        else:
             raise CheckpointError('%s: expected a training checkpoint naming its symbol, params '
-                                  'and states files, found %r' % (self.folder, files))
+                                  'and states files (or its parts), found %r'
+                                  % (self.folder, files))
         self.symbol_path = snapshot.path(files['symbol'])
-        self.params_path = snapshot.path(files['params'])
-        self.states_path = snapshot.path(files['states'])
         self.summary = _read_summary(snapshot.path(SUMMARY_NAME))
         self.epoch = self.meta.get('epoch')
         if type(self.epoch) is not int or not 0 <= self.epoch <= 10 ** 9:
             raise CheckpointError('%s: expected "epoch" to be a count of epochs, found %s'
                                   % (os.path.join(self.folder, 'MANIFEST.json'),
                                      _excerpt(self.epoch)))
+        self._index = None
 
-    def load(self):
-        """``(symbol, arg_params, aux_params)``, checked to fit together."""
-        return load_checkpoint(self.symbol_path, self.params_path)
+    @property
+    def files(self):
+        """The files holding the arrays: the params file, or the parts."""
+        return self.part_paths or [self.params_path]
+
+    def index(self):
+        """``{'arg:<name>' | 'aux:<name>': (shape, dtype, file)}`` of every
+        stored array, read from the files' headers only.
+
+        Raises:
+            CheckpointError: a file is not what it should be, or two files
+                hold one array.
+        """
+        if self._index is not None:
+            return self._index
+        # pylint: disable=import-outside-toplevel
+        from .parts import PartError, mxnet_params_index, npz_index
+        index = {}
+        try:
+            for path in self.files:
+                found = npz_index(path) if self.part_paths else mxnet_params_index(path)
+                for key, (shape, dtype) in found.items():
+                    if not key.startswith(('arg:', 'aux:')):
+                        if self.part_paths and (key == STATES_MEMBER
+                                                or key.startswith('state:')):
+                            continue
+                        raise CheckpointError("%s: expected array names 'arg:<name>' or "
+                                              "'aux:<name>', found %r" % (path, key))
+                    if key in index:
+                        raise CheckpointError('%s: expected each array in one part, found %s '
+                                              'in %s too' % (path, key, index[key][2]))
+                    index[key] = (shape, dtype, path)
+        except PartError as err:
+            raise CheckpointError(str(err)) from None
+        self._index = index
+        return index
+
+    def load(self, names=None, input_shapes=None):
+        """``(symbol, arg_params, aux_params)``, checked to fit together
+        (the shapes of every stored array against the symbol), holding only
+        the arrays of ``names``.
+
+        Args:
+            names: Parameter and auxiliary-state names to read (others are
+                not read); ``None``: all.
+            input_shapes: As :func:`load_checkpoint`'s.
+
+        Raises:
+            CheckpointError: a file is missing or corrupt, the arrays do not
+                fit the symbol, or ``names`` names an array not stored.
+        """
+        if self.params_path is not None and names is None:
+            return load_checkpoint(self.symbol_path, self.params_path, input_shapes)
+        if not os.path.isfile(self.symbol_path):
+            raise CheckpointError('expected a checkpoint file at %s, found none'
+                                  % self.symbol_path)
+        try:
+            symbol = mx.sym.load(self.symbol_path)
+        except (mx.base.MXNetError, ValueError, UnicodeDecodeError) as err:
+            raise CheckpointError('%s is not an MXNet symbol file: %s'
+                                  % (self.symbol_path, first_line(err))) from None
+        index = self.index()
+        stored = {k: _Stored(shape, dtype) for k, (shape, dtype, _) in index.items()}
+        check_params(symbol, {k[4:]: v for k, v in stored.items() if k.startswith('arg:')},
+                     {k[4:]: v for k, v in stored.items() if k.startswith('aux:')},
+                     where=', '.join(self.files), input_shapes=input_shapes)
+        wanted = None if names is None else set(names)
+        arg_params, aux_params = {}, {}
+        for key, value in self.arrays(k for k in index
+                                      if wanted is None or k[4:] in wanted):
+            (arg_params if key.startswith('arg:') else aux_params)[key[4:]] = \
+                mx.nd.array(value, dtype=value.dtype)
+        missing = sorted((wanted or set()) - set(arg_params) - set(aux_params))
+        if missing:
+            raise CheckpointError('%s: expected arrays for %s, found none'
+                                  % (self.folder, ', '.join(missing[:5])))
+        return symbol, arg_params, aux_params
+
+    def arrays(self, keys):
+        """``(key, numpy array)`` for each of ``keys`` (``'arg:<name>'`` or
+        ``'aux:<name>'``), read one at a time, file by file.
+
+        Raises:
+            CheckpointError: a key not stored, or a file that cannot be read.
+        """
+        # pylint: disable=import-outside-toplevel
+        from .parts import MxnetParams, NpzReader, PartError
+        index = self.index()
+        keys = list(keys)
+        unknown = [k for k in keys if k not in index]
+        if unknown:
+            raise CheckpointError('%s: expected arrays for %s, found none'
+                                  % (self.folder, ', '.join(unknown[:5])))
+        try:
+            for path in self.files:
+                mine = [k for k in keys if index[k][2] == path]
+                if not mine:
+                    continue
+                if self.part_paths:
+                    with NpzReader(path) as part:
+                        for key in mine:
+                            yield key, part.read(key)
+                else:
+                    params = MxnetParams(path)
+                    for key in mine:
+                        yield key, params.read(key)
+        except PartError as err:
+            raise CheckpointError(str(err)) from None
+
+    def load_states(self, names=None):
+        """The optimizer state (:mod:`~mp_symbolic.core.optstate`'s form) of
+        the parameters ``names`` (``None``: all), reading only their arrays.
+
+        Raises:
+            OptimizerStateError: a file is unreadable or holds states that
+                :func:`~mp_symbolic.core.optstate.check_states` refuses.
+        """
+        # pylint: disable=import-outside-toplevel
+        from ..core.optstate import load_states
+        if self.states_path is None:
+            return _part_states(self.part_paths, names)
+        if names is None:
+            return load_states(self.states_path)
+        return _part_states([self.states_path], names, 'meta', 'a%d')
 
     def close(self):
         """Releases the snapshot: the folder's writer may remove it once it is not current."""
@@ -290,6 +443,61 @@ class Checkpoint:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _part_states(paths, names=None, meta_member=STATES_MEMBER, array_member='state:%d'):
+    """The optimizer state held by the parts at ``paths``, of the parameters
+    ``names`` (``None``: all): each part's JSON read whole, only the arrays
+    of those parameters (a ``.states`` file of a pair is read so with its
+    ``meta`` and ``a<i>`` members).
+
+    Raises:
+        OptimizerStateError: a part's state is unreadable or refused by
+            :func:`~mp_symbolic.core.optstate.check_states`.
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..core.optstate import FORMAT, OptimizerStateError, check_states, merge_states, \
+        _spec_arrays
+    from .parts import NpzReader, PartError, npz_index
+    wanted = None if names is None else set(names)
+    found = []
+    for path in paths:
+        try:
+            prefix = array_member[:-len('%d')]
+            count = sum(1 for k in npz_index(path)
+                        if k.startswith(prefix) and k[len(prefix):].isdigit())
+            with NpzReader(path) as part:
+                meta = json.loads(str(part.read(meta_member)))
+                if not isinstance(meta, dict) or meta.get('format') != FORMAT \
+                        or not isinstance(meta.get('params'), dict):
+                    raise OptimizerStateError('expected optimizer states of format %s' % FORMAT)
+                params, arrays, taken = {}, [], {}
+                for name, entry in meta['params'].items():
+                    if wanted is not None and name not in wanted:
+                        continue
+                    if not isinstance(entry, dict) or 'state' not in entry:
+                        raise OptimizerStateError('%s: expected {count, state}, found %s'
+                                                  % (name, _excerpt(entry)))
+                    for i in _spec_arrays(entry['state'], count, name, 0):
+                        if i not in taken:
+                            taken[i] = len(arrays)
+                            arrays.append(part.read(array_member % i))
+                    params[name] = dict(entry, state=_renumbered(entry['state'], taken))
+            states = dict(meta, params=params, arrays=arrays)
+            check_states(states)
+        except (PartError, OptimizerStateError, ValueError, RecursionError) as err:
+            raise OptimizerStateError('%s: %s' % (path, ' '.join(str(err).split())[:300])) \
+                from None
+        found.append(states)
+    return merge_states(found)
+
+
+def _renumbered(spec, taken):
+    if spec['t'] == 'nd':
+        return dict(spec, a=taken[spec['a']])
+    if 'items' in spec:
+        return dict(spec, items=[_renumbered(s, taken) for s in spec['items']])
+    return spec
 
 
 MAX_SUMMARY_BYTES = 64 << 20  # a summary holds a few numbers per epoch
@@ -351,10 +559,12 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
         group: The node processes of one pipeline
             (:class:`~mp_symbolic.core.nodes.Group`), each holding its
             stages' parameters and states (``arg_params``, ``aux_params``,
-            ``states``: this node's): every node writes its part into the
-            shared folder and node 0 merges them into the unsplit files
-            (:func:`~mp_symbolic.tools.store.commit_across`: all or nothing).
-            Node 0 holds the model's parameters and states while it merges.
+            ``states``: this node's; values may be functions making each
+            array when called, see :func:`save_part`): every node writes its
+            part (:func:`part_name`) into the shared folder, node 0 the
+            symbol and the summary, and the parts are committed as they are,
+            never merged (:func:`~mp_symbolic.tools.store.commit_across`:
+            all or nothing). No node reads or holds another's arrays.
 
     Returns:
         The :class:`Checkpoint` (``None`` on a node other than node 0).
@@ -366,9 +576,7 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
         PartError: (with ``group``) a node could not write its part, or node
             0 could not commit; every node raises it.
     """
-    # pylint: disable=import-outside-toplevel
-    from ..core.optstate import load_states, merge_states
-    from .store import commit_across
+    from .store import commit_across  # pylint: disable=import-outside-toplevel
     files = {'symbol': '%s-symbol.json' % name, 'params': '%s-%04d.params' % (name, epoch),
              'states': '%s-%04d.states' % (name, epoch)}
 
@@ -381,8 +589,9 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
             f.write('\n')
         _check_json_written(summary_path, content)
 
-    meta = {'epoch': epoch, 'task': name, 'files': files, 'complete': complete}
     if group is None:
+        meta = {'epoch': epoch, 'task': name, 'files': files, 'complete': complete}
+
         def write(folder):
             # Each file is read back before the store writes the manifest over it.
             save_params(os.path.join(folder, files['params']), arg_params, aux_params)
@@ -390,29 +599,70 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
             write_rest(folder)
         return Checkpoint(store.commit(write, meta))
 
-    def part(folder, k=None):
-        return os.path.join(folder, '.node%d-' % (group.rank if k is None else k))
+    # over nodes: one part per node, never merged (no process holds the model)
+    files = {'symbol': files['symbol'],
+             'parts': [part_name(name, epoch, k) for k in range(group.count)]}
+    meta = {'epoch': epoch, 'task': name, 'files': files, 'complete': complete,
+            'layout': PARTS}
 
     def write_part(folder):
-        save_params(part(folder) + files['params'], arg_params, aux_params)
-        _save_states(part(folder) + files['states'], states)
+        part = files['parts'][group.rank]
+        save_part(os.path.join(folder, part), arg_params, aux_params, states)
+        return [part]
 
-    def merge(folder):
-        arrays, parts = {}, []
-        for k in range(group.count):
-            arrays.update(mx.nd.load(part(folder, k) + files['params']))
-            parts.append(load_states(part(folder, k) + files['states']))
-        save_params(os.path.join(folder, files['params']),
-                    {n[4:]: v for n, v in arrays.items() if n.startswith('arg:')},
-                    {n[4:]: v for n, v in arrays.items() if n.startswith('aux:')})
-        _save_states(os.path.join(folder, files['states']), merge_states(parts))
-        for k in range(group.count):
-            for key in ('params', 'states'):
-                os.remove(part(folder, k) + files[key])
-        write_rest(folder)
-
-    committed = commit_across(store, group, write_part, merge, meta)
+    committed = commit_across(store, group, write_part, write_rest, meta)
     return Checkpoint(committed) if group.rank == 0 else None
+
+
+def part_name(name, epoch, node):
+    """The file of node ``node``'s part: ``<name>-<epoch:04d>-node<k>.npz``."""
+    return '%s-%04d-node%d.npz' % (name, epoch, node)
+
+
+def _host(value):
+    """A value as a numpy array (an NDArray copied to the host)."""
+    return value.asnumpy() if isinstance(value, mx.nd.NDArray) else np.asarray(value)
+
+
+def save_part(path, arg_params, aux_params, states):
+    """Writes one node's part of a checkpoint: an ``.npz`` file holding its
+    parameters (``arg:<name>``), auxiliary states (``aux:<name>``) and
+    optimizer state (``states``: JSON of :mod:`~mp_symbolic.core.optstate`'s
+    fields; its arrays ``state:<i>``), one array at a time, read back.
+
+    Args:
+        arg_params, aux_params: ``{name: array}``: NDArrays, numpy arrays,
+            or functions of no arguments returning one (each called when
+            its array is written, and let go once written).
+        states: :func:`~mp_symbolic.core.optstate.states_by_name` output.
+
+    Raises:
+        OSError: the file could not be written or does not read back as
+            written (a full disk, a file size limit); one line.
+    """
+    from .parts import PartError, npz_index, write_npz  # pylint: disable=import-outside-toplevel
+    meta = {k: v for k, v in states.items() if k != 'arrays'}
+
+    def lazy(value):
+        return lambda: _host(value() if callable(value) else value)
+
+    members = [('arg:%s' % k, lazy(v)) for k, v in arg_params.items()]
+    members += [('aux:%s' % k, lazy(v)) for k, v in (aux_params or {}).items()]
+    members.append((STATES_MEMBER, np.array(json.dumps(meta, sort_keys=True))))
+    members += [('state:%d' % i, lazy(a)) for i, a in enumerate(states['arrays'])]
+    try:
+        written = write_npz(path, members)
+    except (OSError, zipfile.LargeZipFile) as err:
+        raise OSError('%s: cannot write the checkpoint part (%s; a full disk or a file size '
+                      'limit?)' % (path, ' '.join(str(err).split())[:200])) from None
+    try:
+        found = npz_index(path)
+    except PartError as err:
+        raise OSError('%s: expected the part just written to read back, found %s'
+                      % (path, err)) from None
+    if found != written:
+        raise OSError('%s: expected %d arrays to read back as written, found %d that differ'
+                      % (path, len(written), len(found)))
 
 
 def _save_states(path, states):
@@ -464,6 +714,95 @@ def read_checkpoint(folder):
         raise
 
 
+def write_pair(checkpoint, out, log=print):
+    """Commits a checkpoint of parts (committed by node processes) to the
+    training folder ``out`` as MXNet's own pair, which
+    ``mx.model.load_checkpoint(out + '/current/<name>', epoch)`` reads: the
+    symbol, one ``.params`` file of every part's arrays and one ``.states``
+    file of every part's optimizer state, with the summary. Each array is
+    read from its part and written in its turn, one at a time (the params
+    in MXNet's own format, byte for byte what ``mx.nd.save`` writes).
+
+    Args:
+        checkpoint: A :class:`Checkpoint` of parts.
+        out: A new (or empty) folder, or a training folder; one writer at
+            a time.
+
+    Returns:
+        The committed :class:`Checkpoint` in ``out``.
+
+    Raises:
+        CheckpointError: ``checkpoint`` is MXNet's pair already, or its
+            parts do not fit its symbol.
+        OSError: a file could not be written; ``out`` keeps what it held.
+        StoreError: ``out`` is in use or holds something else.
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..core.optstate import FORMAT, merge_states, _spec_arrays
+    from .parts import NpzReader, mxnet_params_index, npz_index, write_mxnet_params, write_npz
+    from .store import Store
+    if not checkpoint.part_paths:
+        raise CheckpointError('expected a checkpoint of one part per node, found MXNet\'s pair '
+                              'already in %s (mx.model.load_checkpoint reads it as it is)'
+                              % checkpoint.folder)
+    checkpoint.load(names=())  # the parts fit the symbol: checked before anything is written
+    name, epoch = checkpoint.meta.get('task'), checkpoint.epoch
+    name = name if isinstance(name, str) and name and '/' not in name else 'model'
+    files = {'symbol': '%s-symbol.json' % name, 'params': '%s-%04d.params' % (name, epoch),
+             'states': '%s-%04d.states' % (name, epoch)}
+    index = checkpoint.index()
+    readers = {path: NpzReader(path) for path in checkpoint.part_paths}
+    parts = []
+    for path, reader in readers.items():
+        meta = json.loads(str(reader.read(STATES_MEMBER)))
+        count = sum(1 for k in npz_index(path) if k.startswith('state:'))
+        if meta.get('format') != FORMAT or not isinstance(meta.get('params'), dict):
+            raise CheckpointError('%s: expected optimizer states of format %s' % (path, FORMAT))
+        for param, entry in meta['params'].items():
+            _spec_arrays(entry.get('state') if isinstance(entry, dict) else None, count,
+                         param, 0)
+        parts.append(dict(meta, arrays=[
+            (lambda r=reader, i=i: r.read('state:%d' % i)) for i in range(count)]))
+    states = merge_states(parts)
+
+    def write(folder):
+        with open(checkpoint.symbol_path, 'rb') as f:
+            symbol = mx.sym.load_json(f.read().decode('utf-8'))
+        save_symbol(os.path.join(folder, files['symbol']), symbol)
+        path = os.path.join(folder, files['params'])
+        written = write_mxnet_params(path, [
+            (key, lambda k=key: readers[index[k][2]].read(k)) for key in index])
+        if mxnet_params_index(path) != written:
+            raise OSError('%s: expected the %d arrays just written to read back, found others'
+                          % (path, len(written)))
+        path = os.path.join(folder, files['states'])
+        meta = {k: v for k, v in states.items() if k != 'arrays'}
+        write_npz(path, [('meta', np.array(json.dumps(meta)))] +
+                  [('a%d' % i, a) for i, a in enumerate(states['arrays'])])
+        if len(npz_index(path)) != len(states['arrays']) + 1:
+            raise OSError('%s: expected the optimizer state just written to read back' % path)
+        summary = dict(checkpoint.summary, files=files)
+        summary_path = os.path.join(folder, SUMMARY_NAME)
+        with open(summary_path, 'w') as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+            f.write('\n')
+        _check_json_written(summary_path, summary)
+
+    meta = {k: v for k, v in checkpoint.meta.items() if k != 'layout'}
+    meta['files'] = files
+    store = Store(out, kind='training')
+    try:
+        with store.locked():
+            committed = Checkpoint(store.commit(write, meta))
+    finally:
+        for reader in readers.values():
+            reader.close()
+    log('%s: %s, %s and %s from %d parts (mx.model.load_checkpoint(%r, %d))'
+        % (os.path.join(out, 'current'), files['symbol'], files['params'], files['states'],
+           len(checkpoint.part_paths), os.path.join(out, 'current', name), epoch))
+    return committed
+
+
 # -- a Pipeline's Module, saved and restored from Python ---------------------
 
 def save_checkpoint(module, folder, epoch, name='model', summary=None):
@@ -473,8 +812,10 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     (``folder/current`` names the last whole checkpoint).
 
     ``mx.model.load_checkpoint(folder + '/current/' + name, epoch)`` reads
-    it back as MXNet's own pair; :func:`read_checkpoint` and
-    ``PipelineModule.restore`` continue it on any plan, in another process.
+    it back as MXNet's own pair (over nodes, the checkpoint is one part per
+    node: ``python -m mp_symbolic pair`` writes the pair, :func:`write_pair`);
+    :func:`read_checkpoint` and ``PipelineModule.restore`` continue it on any
+    plan, in another process.
 
     Args:
         module: A bound, initialised :class:`~mp_symbolic.PipelineModule`
@@ -485,8 +826,9 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
         summary: More JSON-able facts to record in ``summary.json``.
 
     Over nodes (``Pipeline(..., nodes=N)``) every node calls it with the
-    same ``folder``, which they share; each writes its stages' part and node
-    0 commits the whole (see :func:`commit_checkpoint`).
+    same ``folder``, which they share; each writes its stages' part, one
+    array at a time from its devices, and node 0 commits the parts together
+    (see :func:`commit_checkpoint`).
 
     Returns:
         The committed :class:`Checkpoint` (``None`` on a node but node 0).
@@ -511,8 +853,13 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
         raise ValueError('epoch: expected a non-negative integer, found %r' % (epoch,))
     pipe = module.pipeline
     symbol = with_input_shape(module.export_symbol, module.recorded_shapes(), None)
-    arg_params, aux_params = module.get_params()
-    states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
+    if pipe.nodes is not None:  # each array made from its device when its part is written
+        arg_params, aux_params = module.lazy_params()
+        states = module.optimizer_states(lazy=True) if module.optimizer_initialized \
+            else EMPTY_STATES
+    else:
+        arg_params, aux_params = module.get_params()
+        states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
     devices = [format_device(d) for d in pipe.plan.all_devices]
     facts = {'devices': devices,  # what the exporter records as the training devices
              'plan': {'devices': devices, 'balance': list(pipe.balance), 'chunks': pipe.chunks,

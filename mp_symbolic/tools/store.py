@@ -296,7 +296,7 @@ def folder_kind(folder):
 
     The ``.kind`` file says it; a folder written before there were kinds is
     told by its current manifest (an export records ``"kind": "export"``, a
-    training checkpoint names its optimizer states).
+    training checkpoint names its optimizer states or its parts).
     """
     marker = _marker(folder)
     if marker:
@@ -318,7 +318,7 @@ def folder_kind(folder):
     if isinstance(meta, dict) and meta.get('kind') in KINDS:
         return meta['kind']
     if isinstance(meta, dict) and isinstance(meta.get('files'), dict) \
-            and 'states' in meta['files']:
+            and ('states' in meta['files'] or 'parts' in meta['files']):
         return 'training'
     return 'store'
 
@@ -683,7 +683,10 @@ class Store:
         Args:
             write: Called with the staging folder's path; writes the
                 snapshot's files there, as plain files (no subfolders,
-                symlinks or a file named ``MANIFEST.json``).
+                symlinks or a file named ``MANIFEST.json``). It may return
+                ``{file name: {'sha256': hex, 'bytes': size}}`` for files
+                their writer (another node) already fsynced and hashed:
+                those are checked for their size only, not read again.
             meta: A JSON-able dict stored in the manifest (e.g. epoch, config).
 
         Returns:
@@ -719,8 +722,8 @@ class Store:
         self._record(token)  # before anything it names exists: a kill leaves nothing unrecorded
         try:
             os.mkdir(staging)
-            write(staging)
-            manifest = self._seal(staging, meta)
+            hashed = write(staging)
+            manifest = self._seal(staging, meta, hashed if isinstance(hashed, dict) else {})
             if self.kind is not None and _marker(self.folder) != self.kind:
                 atomic_write_bytes(self._at(KIND), self.kind.encode() + b'\n')
             os.rename(staging, snap)
@@ -759,10 +762,15 @@ class Store:
             _remove_link(link_tmp)
         return not self._points_to(snap_name)
 
-    def _seal(self, staging, meta):
-        """fsyncs and hashes the written files, then writes the manifest."""
+    def _seal(self, staging, meta, hashed):
+        """fsyncs and hashes the written files (but those ``hashed`` names,
+        whose size is checked), then writes the manifest."""
         files = {}
-        for name in sorted(os.listdir(staging)):
+        # a file another node wrote is looked up by its name too: a shared file
+        # system may list the folder as it was a moment ago
+        for name in sorted(set(os.listdir(staging)) | set(hashed)):
+            if not _is_plain_name(name):
+                raise StoreError('%s: expected plain file names, found %r' % (staging, name))
             path = os.path.join(staging, name)
             if name == MANIFEST:
                 raise StoreError('%s: expected write() to leave %s to the store, found it written'
@@ -770,6 +778,13 @@ class Store:
             if os.path.islink(path) or not os.path.isfile(path):
                 raise StoreError('%s: expected write() to leave plain files only, found %s'
                                  % (path, _kind(path)))
+            if name in hashed:
+                entry = hashed[name]
+                if os.path.getsize(path) != entry.get('bytes'):
+                    raise StoreError('%s: expected the %s bytes its writer wrote, found %d'
+                                     % (path, entry.get('bytes'), os.path.getsize(path)))
+                files[name] = {'sha256': entry['sha256'], 'bytes': entry['bytes']}
+                continue
             sha256, size = _hash_and_fsync(path)
             files[name] = {'sha256': sha256, 'bytes': size}
         manifest = {'format': FORMAT, 'files': files, 'meta': meta,
@@ -940,20 +955,22 @@ class PartError(StoreError):
     or the committing node could not commit it."""
 
 
-def commit_across(store, group, write_part, merge, meta=None):
+def commit_across(store, group, write_part, finish, meta=None):
     """One snapshot written by several processes (the nodes of one job)
     into a folder they share, committed only when every part is written:
     all or nothing, as :meth:`Store.commit`.
 
     Node 0 holds ``store`` locked and commits; the others write into its
     staging folder. Steps: node 0 makes the staging folder and sends its
-    path; every node writes its part there (``write_part(staging)``); node
-    0 gathers whether each did, and only when all did, ``merge(staging)``
-    turns the parts into the snapshot's files (removing the parts) and the
-    store seals and switches ``current``; then node 0 tells every node how
-    the commit ended. A node killed at any step leaves ``current`` as it
-    was (or, once switched, the new snapshot whole): the staging folder is
-    removed by the store (on error) or by its next writer.
+    path; every node writes its part there (``write_part(staging)``),
+    fsyncs and hashes it; node 0 gathers whether each did, with the sha256
+    and size of each node's files, and only when all did, ``finish(staging)``
+    writes node 0's own remaining files and the store seals (the other
+    nodes' files are not read again) and switches ``current``; then node 0
+    tells every node how the commit ended. No node reads another's part. A
+    node killed at any step leaves ``current`` as it was (or, once switched,
+    the new snapshot whole): the staging folder is removed by the store (on
+    error) or by its next writer.
 
     Args:
         store: Node 0's :class:`Store`, inside :meth:`Store.locked`; ``None``
@@ -963,9 +980,10 @@ def commit_across(store, group, write_part, merge, meta=None):
             (every node's value, in rank order, on every node); each raises
             when a node died or stopped answering.
         write_part: Called on every node with the staging folder: writes
-            that node's plain files, named apart from every other node's.
-        merge: Called on node 0 with the staging folder once every part is
-            there: leaves the snapshot's files, plain files only.
+            that node's plain files, named apart from every other node's,
+            and returns their names.
+        finish: Called on node 0 with the staging folder once every part is
+            there: writes the snapshot's other files, plain files only.
         meta: As :meth:`Store.commit`'s.
 
     Returns:
@@ -975,7 +993,7 @@ def commit_across(store, group, write_part, merge, meta=None):
     Raises:
         PartError: a node's ``write_part`` failed (every node raises it,
             naming the node and its error), or node 0's commit failed.
-        Exception: what ``group`` raises when a node died; what ``merge``
+        Exception: what ``group`` raises when a node died; what ``finish``
             or the store raised (node 0).
     """
     if group.rank != 0:
@@ -999,17 +1017,20 @@ def commit_across(store, group, write_part, merge, meta=None):
     def write(staging):
         staged.append(staging)
         group.broadcast(staging, 0)
-        failed = [(k, e if isinstance(e, str) else 'sent %s' % type(e).__name__)
-                  for k, e in enumerate(group.gather(_attempt(write_part, staging))) if e]
+        outcomes = group.gather(_attempt(write_part, staging))
+        failed = [(k, o.get('error') if isinstance(o, dict) else 'sent %s' % type(o).__name__)
+                  for k, o in enumerate(outcomes)
+                  if not isinstance(o, dict) or o.get('error')]
         if failed:
             raise PartError('node %d could not write its part of the checkpoint: %s'
                             % failed[0])
-        merge(staging)
+        finish(staging)
+        return {name: entry for o in outcomes for name, entry in o['files'].items()}
 
     try:
         snapshot = store.commit(write, meta)
     except PartError as err:
-        group.broadcast(('error', str(err)), 0)
+        group.broadcast(['error', str(err)], 0)
         raise
     except Exception as err:  # pylint: disable=broad-except
         message = 'node 0 could not commit the checkpoint: %s: %s' % (
@@ -1017,11 +1038,11 @@ def commit_across(store, group, write_part, merge, meta=None):
         try:
             if not staged:
                 group.broadcast(None, 0)  # the others wait for a staging folder first
-            group.broadcast(('error', message), 0)
+            group.broadcast(['error', message], 0)
         except Exception:  # pylint: disable=broad-except
             pass  # a node is gone: the error it raises there says so
         raise
-    group.broadcast(('ok', snapshot.folder), 0)
+    group.broadcast(['ok', snapshot.folder], 0)
     return snapshot
 
 
@@ -1031,19 +1052,24 @@ def abandon_across(group, message):
     raise :class:`PartError` with ``message``."""
     try:
         group.broadcast(None, 0)
-        group.broadcast(('error', message), 0)
+        group.broadcast(['error', message], 0)
     except Exception:  # pylint: disable=broad-except
         pass  # a node is gone: the error it raises there says so
 
 
 def _attempt(write_part, staging):
-    """``None`` once ``write_part(staging)`` wrote this node's part, else
-    its error in one line."""
+    """``{'error': None, 'files': {name: {'sha256', 'bytes'}}}`` once
+    ``write_part(staging)`` wrote this node's files (fsynced and hashed
+    here), else ``{'error': its error in one line}``."""
     try:
-        write_part(staging)
+        names = write_part(staging) or ()
+        hashed = {}
+        for name in names:
+            sha256, size = _hash_and_fsync(os.path.join(staging, name))
+            hashed[name] = {'sha256': sha256, 'bytes': size}
     except Exception as err:  # pylint: disable=broad-except
-        return '%s: %s' % (type(err).__name__, ' '.join(str(err).split())[:300])
-    return None
+        return {'error': '%s: %s' % (type(err).__name__, ' '.join(str(err).split())[:300])}
+    return {'error': None, 'files': hashed}
 
 
 def check_committed_file(path):

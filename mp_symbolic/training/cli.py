@@ -1,8 +1,9 @@
-"""Command line: ``python -m mp_symbolic train|compare|launch|sample ...``.
+"""Command line: ``python -m mp_symbolic train|compare|launch|sample|pair ...``.
 
 Parses flags into a :class:`~mp_symbolic.training.config.TrainConfig` and calls
 :func:`~mp_symbolic.training.loop.train` or :func:`~mp_symbolic.training.compare.compare`
-(``launch`` lives in :mod:`~mp_symbolic.tools.launch`, ``sample`` in
+(``launch`` lives in :mod:`~mp_symbolic.tools.launch`, ``pair`` in
+:func:`~mp_symbolic.tools.checkpoint.write_pair`, ``sample`` in
 :mod:`~mp_symbolic.training.sample`). User errors (a bad flag
 value, a device plan that cannot be made, an output folder that cannot be
 written or is in use, a checkpoint that cannot be resumed) print one line to
@@ -190,6 +191,17 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
                               'chaotic network whose runs drift apart later (default: every '
                               "step's loss and every final parameter)")
     add_launch_parser(commands, {'train': _check_worker, 'compare': _check_worker})
+    pair = commands.add_parser(
+        'pair', help="write a checkpoint of node processes as MXNet's own pair",
+        description="Write the committed checkpoint of a training folder trained over node "
+                    "processes (one part per node) as MXNet's own pair, which "
+                    "mx.model.load_checkpoint reads, into a new training folder (symbol, "
+                    "params, optimizer states, summary), reading and writing one array at a "
+                    "time.")
+    pair.add_argument('--checkpoint', required=True, metavar='DIR',
+                      help='a training folder (its committed checkpoint, DIR/current)')
+    pair.add_argument('--out', required=True, metavar='DIR',
+                      help='the training folder to write (new, empty, or one of a pair)')
     sample.add_sample_flags(commands.add_parser(
         'sample', help='continue a prompt with a trained character-level model',
         description=sample.DESCRIPTION))
@@ -343,6 +355,30 @@ def _make_folder(path):
                          % (path, err.strerror or err)) from None
 
 
+def _pair(args):
+    """``python -m mp_symbolic pair``: exit status 0, 2 (refused) or 1
+    (a file could not be written)."""
+    # pylint: disable=import-outside-toplevel
+    from ..tools.checkpoint import read_checkpoint, write_pair
+    from ..tools.files import check_path
+    from ..tools.store import check_store_folder
+    try:
+        for name in ('checkpoint', 'out'):
+            check_path(getattr(args, name), '--' + name)
+        check_store_folder(args.out, 'training', '--out')
+        if os.path.realpath(args.out) == os.path.realpath(args.checkpoint):
+            raise ValueError('--out: expected a folder other than --checkpoint, found the same')
+        with read_checkpoint(args.checkpoint) as checkpoint:
+            write_pair(checkpoint, args.out)
+    except ValueError as err:
+        print('error: %s' % ' '.join(str(err).split()), file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as err:
+        print('error: %s' % ' '.join(str(err).split()), file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
 def _printable_streams():
     # A path the terminal's encoding cannot show is printed escaped, not a crash
     # after the work is done.
@@ -358,6 +394,8 @@ def main(argv=None):
         return args.run(args)
     if args.command == 'sample':
         return sample.run(args)
+    if args.command == 'pair':
+        return _pair(args)
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir

@@ -376,9 +376,13 @@ class _Checkpointer:
     def commit(self, epoch, result=None, complete=False):
         if self.store is None and self.group is None:  # a dist_sync worker but worker 0
             return None
-        arg, aux = self.stepper.arg_aux()
-        arg = self.pipe.gather_params(arg)  # tensor-parallel layers by their unsplit names
-        states = gather_states(self.stepper.optimizer_states(), self.pipe.sharded)
+        if self.group is not None:  # each array made from its device when its part is written
+            arg, aux = self.stepper.lazy_params()  # tensor-parallel layers unsplit
+            states = gather_states(self.stepper.optimizer_states(lazy=True), self.pipe.sharded)
+        else:
+            arg, aux = self.stepper.arg_aux()
+            arg = self.pipe.gather_params(arg)  # tensor-parallel layers by their unsplit names
+            states = gather_states(self.stepper.optimizer_states(), self.pipe.sharded)
         summary = _summary(self.cfg, self.task, self.pipe,
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
         self.last = commit_checkpoint(self.store, self.task.name, epoch, self.symbol, arg, aux,
@@ -412,19 +416,31 @@ def _resume(cfg, stepper):
             raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in '
                              '%s to resume, found %d'
                              % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
-        _, arg, aux = checkpoint.load()
+        # over nodes, each reads only the arrays of its own stages
+        names = _held_names(stepper) if stepper.pipe.nodes is not None else None
+        _, arg, aux = checkpoint.load(names)
         arg = stepper.pipe.split_params(arg)  # onto this plan's shards
-        stepper.set_params({k: v.asnumpy() for k, v in arg.items()},
-                           {k: v.asnumpy() for k, v in aux.items()})
-        states = split_states(load_states(checkpoint.states_path), stepper.pipe.sharded)
+        for values in (arg, aux):  # each array on the host once: its NDArray let go
+            for name in list(values):
+                values[name] = values[name].asnumpy()
+        stepper.set_params(arg, aux)
+        states = split_states(checkpoint.load_states(names), stepper.pipe.sharded)
         try:  # the states of another model (a file swapped, its manifest fixed): one line
             check_states(states, {k: v.shape for k, v in arg.items()})
         except OptimizerStateError as err:
-            raise OptimizerStateError('%s: %s' % (checkpoint.states_path, err)) from None
+            raise OptimizerStateError('%s: %s' % (checkpoint.states_path or checkpoint.folder,
+                                                  err)) from None
         stepper.set_optimizer_states(states)
         devices = checkpoint.summary.get('devices')
         changes = plan_changes(saved, cfg, devices if isinstance(devices, list) else None)
         return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', [])), changes
+
+
+def _held_names(stepper):
+    """The names, as a checkpoint stores them (tensor-parallel layers
+    unsplit), of the parameters and auxiliary states ``stepper`` holds."""
+    unsplit = {shard: p.name for p in stepper.pipe.sharded.values() for shard in p.names}
+    return {unsplit.get(n, n) for n in stepper.held_names()}
 
 
 def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
@@ -596,12 +612,14 @@ def train(cfg, log=print, built=None, task=None):
     result.files = {'symbol': checkpoint.symbol_path, 'params': checkpoint.params_path,
                     'states': checkpoint.states_path,
                     'summary': os.path.join(checkpoint.folder, SUMMARY_NAME)}
+    if checkpoint.part_paths:  # committed by node processes: one part per node
+        result.files['parts'] = list(checkpoint.part_paths)
     result.files.update(profile_files)
     if profile_files:
         log('profile: %s (open in chrome://tracing or ui.perfetto.dev), %s'
             % (profile_files['profile'], profile_files['profile_stats']))
-    log('checkpoint: %s (epoch %d; %s)' % (os.path.join(cfg.out_dir, 'current'),
-                                           cfg.num_epochs, ', '.join(
-                                               os.path.basename(result.files[k])
-                                               for k in ('symbol', 'params', 'states'))))
+    log('checkpoint: %s (epoch %d; %s)' % (
+        os.path.join(cfg.out_dir, 'current'), cfg.num_epochs,
+        ', '.join(os.path.basename(p) for p in [checkpoint.symbol_path] + (
+            checkpoint.part_paths or [checkpoint.params_path, checkpoint.states_path]))))
     return result

@@ -66,6 +66,11 @@ class _SymbolicStepper:
         inputs = set(self._inputs())
         return [n for n in self._exec.arg_dict if n not in inputs]
 
+    def held_names(self):
+        """The names of the parameters and auxiliary states this process
+        holds (over nodes, its stages')."""
+        return list(self.param_names) + list(self._exec.aux_dict)
+
     def _inputs(self):
         """The executors' arguments that are not parameters."""
         return list(self.data_names) + [self.label_name]
@@ -222,8 +227,13 @@ class ModuleStepper(_SymbolicStepper):
                                {k: mx.nd.array(v) for k, v in aux_params.items()},
                                allow_missing=False, force_init=True)
 
-    def optimizer_states(self):
-        return self.module.optimizer_states()
+    def optimizer_states(self, lazy=False):
+        return self.module.optimizer_states(lazy=lazy)
+
+    def lazy_params(self):
+        """:meth:`arg_aux`'s names, each value a function making that one
+        array on the host (:meth:`~mp_symbolic.core.module.PipelineModule.lazy_params`)."""
+        return self.module.lazy_params()
 
     def set_optimizer_states(self, states):
         self.module.set_optimizer_states(states)

@@ -1,0 +1,261 @@
+"""Files of named arrays written and read one array at a time, unpickled.
+
+A checkpoint committed by node processes is one *part* per node: a numpy
+``.npz`` file (a zip of ``.npy`` members, stored uncompressed) holding that
+node's arrays by name. :func:`write_npz` writes it member by member, each
+array made only when its turn comes and let go once written; ``np.load(path,
+allow_pickle=False)`` reads it back one member at a time, and
+:func:`npz_index` reads every member's name, shape and dtype from the
+``.npy`` headers alone.
+
+MXNet's own ``.params`` file (what ``mx.nd.save`` writes and
+``mx.model.load_checkpoint`` reads) takes every array at once through
+``mx.nd.save``; :func:`write_mxnet_params` writes the same bytes one array
+at a time (the list header, each array, then the names), and
+:func:`mxnet_params_index` reads names, shapes and dtypes back by seeking
+over the data.
+
+Only numpy and the standard library: export and tools read parts without
+MXNet.
+"""
+import os
+import struct
+import zipfile
+
+import numpy as np
+
+__all__ = []
+
+SUFFIX = '.npy'
+_LIST_MAGIC = 0x112          # kMXAPINDArrayListMagic: an NDArray list file
+_ARRAY_MAGIC = 0xF993FAC9    # NDARRAY_V2_MAGIC: one dense NDArray, its storage type next
+_CPU = 1                     # Context::kCPU
+# MXNet's type flags (mshadow's TypeFlag)
+_FLAGS = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2,
+          np.dtype(np.uint8): 3, np.dtype(np.int32): 4, np.dtype(np.int8): 5,
+          np.dtype(np.int64): 6, np.dtype(np.bool_): 7}
+_DTYPES = {flag: dtype for dtype, flag in _FLAGS.items()}
+MAX_NDIM = 32
+MAX_NAME_BYTES = 1 << 16
+
+
+class PartError(ValueError):
+    """A part file that is unreadable or not what its writer wrote; one line."""
+
+
+def write_npz(path, members):
+    """Writes an ``.npz`` file of ``members`` one array at a time, and
+    fsyncs it.
+
+    Args:
+        path: The file to create (it must not exist).
+        members: ``(name, value)`` pairs in order; ``value`` is an array or
+            a function of no arguments returning one, called when its turn
+            comes (so only one member's array need be held at a time).
+
+    Returns:
+        ``{name: (shape, dtype)}`` of what was written, in order.
+
+    Raises:
+        OSError: the file cannot be written (a full disk, a file size limit).
+    """
+    written = {}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    with open(fd, 'wb') as f:
+        with zipfile.ZipFile(f, 'w', zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for name, value in members:
+                array = np.asarray(value() if callable(value) else value)
+                with zf.open(name + SUFFIX, 'w', force_zip64=True) as member:
+                    np.lib.format.write_array(member, array, allow_pickle=False)
+                written[name] = (tuple(array.shape), array.dtype)
+                del array
+        f.flush()
+        os.fsync(f.fileno())
+    return written
+
+
+def npz_index(path):
+    """``{name: (shape, dtype)}`` of an ``.npz`` file's members, read from
+    their ``.npy`` headers only.
+
+    Raises:
+        PartError: the file is not a zip of ``.npy`` members (the message
+            names it).
+    """
+    found = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(SUFFIX):
+                    raise PartError('%s: expected .npy members, found %r'
+                                    % (path, info.filename[:80]))
+                with zf.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    shape, _, dtype = np.lib.format._read_array_header(  # pylint: disable=protected-access
+                        member, version, max_header_size=10000)
+                if dtype.hasobject:
+                    raise PartError('%s: expected arrays of numbers, found %s of objects'
+                                    % (path, info.filename))
+                found[info.filename[:-len(SUFFIX)]] = (tuple(shape), dtype)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        if isinstance(err, PartError):
+            raise
+        raise PartError('%s: expected a checkpoint part (.npz), found %s: %s'
+                        % (path, type(err).__name__, ' '.join(str(err).split())[:200])) from None
+    return found
+
+
+class NpzReader:
+    """One ``.npz`` file open for reading, one member at a time, unpickled.
+
+    Raises:
+        PartError: (from :meth:`read`) the member is missing or unreadable.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self._data = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, zipfile.BadZipFile) as err:
+            raise PartError('%s: expected a checkpoint part (.npz), found %s'
+                            % (path, ' '.join(str(err).split())[:200])) from None
+
+    def read(self, name):
+        """The member ``name`` as a numpy array."""
+        try:
+            return self._data[name]
+        except (KeyError, OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise PartError('%s: expected the array %r readable, found %s: %s'
+                            % (self.path, name, type(err).__name__,
+                               ' '.join(str(err).split())[:200])) from None
+
+    def close(self):
+        self._data.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def write_mxnet_params(path, items):
+    """Writes the bytes ``mx.nd.save(path, dict(items))`` writes, one array
+    at a time, and fsyncs the file.
+
+    Args:
+        path: The file to create (it must not exist).
+        items: A sequence of ``(name, value)``: ``value`` an array of one of
+            MXNet's dense types or a function of no arguments returning one.
+
+    Returns:
+        ``{name: (shape, dtype)}`` of what was written.
+
+    Raises:
+        OSError: the file cannot be written.
+        ValueError: an array of a type MXNet does not save.
+    """
+    items = list(items)
+    written = {}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    with open(fd, 'wb') as f:
+        f.write(struct.pack('<QQQ', _LIST_MAGIC, 0, len(items)))
+        for name, value in items:
+            array = np.asarray(value() if callable(value) else value)
+            if array.dtype not in _FLAGS:
+                raise ValueError('%s: expected arrays of a type MXNet saves, found %s of %s'
+                                 % (path, name, array.dtype))
+            f.write(struct.pack('<IiI', _ARRAY_MAGIC, 0, array.ndim))
+            f.write(struct.pack('<%dq' % array.ndim, *array.shape))
+            f.write(struct.pack('<iii', _CPU, 0, _FLAGS[array.dtype]))
+            f.write(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder('<')).data)
+            written[name] = (tuple(array.shape), array.dtype)
+            del array
+        f.write(struct.pack('<Q', len(items)))
+        for name, _ in items:
+            data = name.encode('utf-8')
+            f.write(struct.pack('<Q', len(data)) + data)
+        f.flush()
+        os.fsync(f.fileno())
+    return written
+
+
+def mxnet_params_index(path):
+    """``{name: (shape, dtype)}`` of an MXNet ``.params`` file of dense
+    arrays, read from its headers (the data is skipped, not read).
+
+    Raises:
+        PartError: the file is not one (truncated, another kind, unnamed
+            arrays); the message names it.
+    """
+    return {name: (shape, dtype) for name, (shape, dtype, _) in _mxnet_layout(path).items()}
+
+
+class MxnetParams:
+    """An MXNet ``.params`` file of dense arrays, read one array at a time.
+
+    Raises:
+        PartError: (on opening) the file is not one; (from :meth:`read`) no
+            array of that name.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self._layout = _mxnet_layout(path)
+
+    def read(self, name):
+        """The array ``name`` as a numpy array, read from its offset."""
+        if name not in self._layout:
+            raise PartError('%s: expected an array named %r, found none' % (self.path, name))
+        shape, dtype, offset = self._layout[name]
+        count = int(np.prod(shape, dtype=np.int64))
+        with open(self.path, 'rb') as f:
+            f.seek(offset)
+            array = np.fromfile(f, dtype=dtype.newbyteorder('<'), count=count)
+        if array.size != count:
+            raise PartError('%s: expected %d values of %s, found %d'
+                            % (self.path, count, name, array.size))
+        return array.astype(dtype, copy=False).reshape(shape)
+
+
+def _mxnet_layout(path):
+    """``{name: (shape, dtype, offset of its data)}`` of an MXNet ``.params`` file."""
+    def take(f, fmt):
+        size = struct.calcsize(fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise PartError('%s: expected an MXNet params file, found it truncated' % path)
+        return struct.unpack(fmt, data)
+
+    size = os.path.getsize(path)
+    with open(path, 'rb') as f:
+        magic, _, count = take(f, '<QQQ')
+        if magic != _LIST_MAGIC:
+            raise PartError('%s: expected an MXNet params file, found another kind' % path)
+        arrays = []
+        for _ in range(min(count, size)):
+            magic, stype, ndim = take(f, '<IiI')
+            if magic != _ARRAY_MAGIC or stype != 0 or ndim > MAX_NDIM:
+                raise PartError('%s: expected dense arrays (MXNet\'s format 2), found another '
+                                'kind' % path)
+            shape = take(f, '<%dq' % ndim)
+            _, _, flag = take(f, '<iii')
+            if flag not in _DTYPES or any(d < 0 for d in shape):
+                raise PartError('%s: expected arrays of MXNet\'s types, found type %d'
+                                % (path, flag))
+            arrays.append((tuple(shape), _DTYPES[flag], f.tell()))
+            f.seek(int(np.prod(shape, dtype=np.int64)) * _DTYPES[flag].itemsize, os.SEEK_CUR)
+            if f.tell() > size:
+                raise PartError('%s: expected an MXNet params file, found it truncated' % path)
+        (names,) = take(f, '<Q')
+        if names != count:
+            raise PartError('%s: expected a name for each of its %d arrays, found %d'
+                            % (path, count, names))
+        found = {}
+        for entry in arrays:
+            (length,) = take(f, '<Q')
+            if length > MAX_NAME_BYTES:
+                raise PartError('%s: expected array names, found one of %d bytes'
+                                % (path, length))
+            found[f.read(length).decode('utf-8', 'replace')] = entry
+    return found
