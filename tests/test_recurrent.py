@@ -448,3 +448,46 @@ def test_tnc_networks_under_the_stage_runtime_train_as_the_gpipe_graph(make, lea
     assert sorted(params) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(params[name], value, rtol=0, atol=EXACT, err_msg=name)
+
+
+def test_tnc_states_cross_two_nodes_under_1f1b_as_in_one_process(tmp_path):
+    """``AWDRNN``'s ``(T, N)`` tokens, ``(1, N, C)`` states and ``(T, N, E)``
+    activations cross between two node processes split on axis 1: after
+    three SGD steps every parameter, once on the node of its stage, and
+    the last node's outputs equal one process's bit for bit."""
+    import os  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import recurrent_nodes_worker  # pylint: disable=import-outside-toplevel
+    from conftest import reserved_port  # pylint: disable=import-outside-toplevel
+    from test_nodes import WORKER, node_env  # pylint: disable=import-outside-toplevel
+    worker = os.path.join(os.path.dirname(WORKER), 'recurrent_nodes_worker.py')
+    out = str(tmp_path / 'node')
+    with reserved_port() as port:
+        procs = [subprocess.Popen([sys.executable, worker, '--out', out, '--nodes', '2'],
+                                  env=node_env(rank, 2, port), cwd=os.path.dirname(
+                                      os.path.dirname(WORKER)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(2)]
+        try:
+            ended = [p.communicate(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+    for p, (_, err) in zip(procs, ended):
+        assert p.returncode == 0, err[-3000:]
+    held = {}
+    for rank in range(2):
+        with np.load('%s_%d.npz' % (out, rank)) as data:
+            mine = {k: v for k, v in data.items() if k.startswith('param:')}
+            outputs = [data[k] for k in sorted(data) if k.startswith('output:')]
+        assert mine and not set(mine) & set(held)
+        held.update(mine)
+    expected, expected_outputs = recurrent_nodes_worker.train()
+    assert sorted(held) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(held[name], value, err_msg=name)
+    assert outputs and outputs[0].shape[:2] == (recurrent_nodes_worker.T, recurrent_nodes_worker.N)
+    for ours, theirs in zip(outputs, expected_outputs):
+        np.testing.assert_array_equal(ours, theirs)
