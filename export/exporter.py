@@ -37,7 +37,8 @@ from mp_symbolic.tools.files import sha256_file, shown_path
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError
-from .inference import (activation_bytes, inference_graph, input_dtypes, input_names,
+from .inference import (activation_bytes, batch_axes, batch_first, inference_graph,
+                        input_dtypes, input_layouts, input_names,
                         sample_shapes, stage_layout, with_dynamic_axes, with_input_dtypes)
 
 from .onnx_export import check_onnx_version, dynamic_inputs, save_onnx, to_onnx
@@ -127,6 +128,10 @@ def check_sample(sample, symbol, arg_params=None, log=None):
     float to a float it stays finite in, whole numbers to an integer type
     they fit in or to a float that holds them exactly; ``log`` is told.
 
+    Each array is laid out as the layout the graph records on its input
+    says (``'TN'``: the batch on axis 1; :func:`export.inference.batch_axes`),
+    batch first without one; it is returned batch first.
+
     Raises:
         ExportError: its names are not the graph's inputs, an array has no
             batch axis or no rows, the batches differ in length, or an array
@@ -137,7 +142,14 @@ def check_sample(sample, symbol, arg_params=None, log=None):
     if sorted(sample) != sorted(inputs):
         raise ExportError('--sample: expected one array per input (%s), found %s'
                           % (', '.join(inputs), cut(', '.join(sorted(sample))) or 'none'))
-    arrays = OrderedDict((name, np.asarray(sample[name])) for name in inputs)
+    axes, layouts = batch_axes(symbol), input_layouts(symbol)
+    for name in inputs:
+        if axes[name] and np.ndim(sample[name]) <= axes[name]:
+            raise ExportError('--sample: expected %s laid out %s (the batch on axis %d), found '
+                              'shape %s' % (name, layouts[name], axes[name],
+                                            np.shape(sample[name])))
+    arrays = OrderedDict((name, batch_first(np.asarray(sample[name]), axes[name]))
+                         for name in inputs)
     for name, X in arrays.items():
         if X.ndim < 1 or not len(X) or X.dtype.kind not in 'fiu' or \
                 not np.all(np.isfinite(X)):
@@ -145,7 +157,9 @@ def check_sample(sample, symbol, arg_params=None, log=None):
                               'found %s of shape %s' % (name, X.dtype, X.shape))
     if len({len(X) for X in arrays.values()}) > 1:
         raise ExportError('--sample: expected the same batch size for every input, found %s'
-                          % ', '.join('%s %d' % (k, len(v)) for k, v in arrays.items()))
+                          % ', '.join('%s %d%s' % (k, len(v), ' (N of %s)' % layouts[k]
+                                                   if k in layouts else '')
+                                      for k, v in arrays.items()))
     wanted = _taken_dtypes(symbol, arg_params or {}, {k: v.dtype for k, v in arrays.items()})
     for name, dtype in wanted.items():
         was = arrays[name].dtype
@@ -256,6 +270,16 @@ def _inputs(inference, arg_params, input_shape, sample, log=None):
     shapes = sample_shapes(inference, arg_params,
                            OrderedDict((k, v.shape[1:]) for k, v in sample.items()))
     return shapes, {k: v.dtype for k, v in sample.items()}, sample
+
+
+def _laid_out(sym_path):
+    """The inputs of the symbol file whose batch is not first (their recorded
+    layouts); none where the file does not load (the loading says why)."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    try:
+        return input_layouts(mx.sym.load(sym_path))
+    except (mx.base.MXNetError, ValueError, UnicodeDecodeError, OSError):
+        return {}
 
 
 def unfinished_note(checkpoint):
@@ -370,8 +394,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     name = name or info['name']
     if os.path.isfile(sym_path):
         check_symbol_file(sym_path)  # says what a file that is no symbol is, quoting nothing
-    if sample is not None:
-        hints = {k: np.shape(v)[1:] for k, v in sample.items()}
+    if sample is not None:  # an input laid out with its batch elsewhere gives no hint
+        hints = {k: np.shape(v)[1:] for k, v in sample.items() if k not in _laid_out(sym_path)}
     else:
         hints = (input_shape if isinstance(input_shape, dict) or input_shape is None
                  else {DATA_NAME: tuple(input_shape)})
@@ -380,7 +404,7 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     stages = stage_layout(inference)
     shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample, log)
     for input_name, one in shapes.items():  # recorded, so that load_model knows them too
-        inference = with_input_shape(inference, input_name, one)
+        inference = with_input_shape(inference, input_name, one, input_layouts(inference))
     if dtypes:
         inference = with_input_dtypes(inference, dtypes)
     dynamic_axes = dynamic_inputs(dynamic_axes, shapes)  # {input: {axis: name}}, checked

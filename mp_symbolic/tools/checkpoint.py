@@ -510,7 +510,8 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
         raise ValueError('epoch: expected a non-negative integer, found %r' % (epoch,))
     pipe = module.pipeline
-    symbol = with_input_shape(module.export_symbol, module.recorded_shapes(), None)
+    symbol = with_input_shape(module.export_symbol, module.recorded_shapes(), None,
+                              module.recorded_layouts())
     arg_params, aux_params = module.get_params()
     states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
     devices = [format_device(d) for d in pipe.plan.all_devices]
