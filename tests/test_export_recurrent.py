@@ -123,3 +123,21 @@ def test_a_sample_of_other_batch_sizes_names_each_along_its_layouts_n(lm_checkpo
     assert err.splitlines() == [err]
     assert err.endswith('--sample: expected the same batch size for every input, found data0 '
                         '%d (N of TN), data1 %d (N of TNC), data2 %d (N of TNC)' % (T, N, N))
+
+
+def test_load_model_takes_and_returns_the_arrays_batch_first(lm_export):
+    """``export.load_model(...).predict`` holds every model to batch first:
+    the TNC model's tokens go in ``(N, T)``, its states ``(N, L, C)``, and
+    its outputs come back so, the network's moved."""
+    from export import load_model  # pylint: disable=import-outside-toplevel
+    net, folder, _ = lm_export
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, VOCAB, size=(3, 3)).astype(np.float32)
+    states = [(0.1 * rng.normal(size=(LAYERS, 3, 200))).astype(np.float32) for _ in range(2)]
+    out, (h, c) = net(mx.nd.array(x), [mx.nd.array(s) for s in states])
+    expected = [np.moveaxis(a.asnumpy(), 1, 0) for a in (mx.nd.softmax(out), h, c)]
+    loaded = load_model(str(folder.parent), devices='cpu:0,cpu:1')
+    got = loaded.predict(x.T, *[np.moveaxis(s, 1, 0) for s in states])
+    assert [g.shape for g in got] == [(3, 3, VOCAB), (3, LAYERS, 200), (3, LAYERS, 200)]
+    for ours, theirs in zip(got, expected):
+        assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
