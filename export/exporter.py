@@ -394,11 +394,14 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     name = name or info['name']
     if os.path.isfile(sym_path):
         check_symbol_file(sym_path)  # says what a file that is no symbol is, quoting nothing
-    if sample is not None:  # an input laid out with its batch elsewhere gives no hint
-        hints = {k: np.shape(v)[1:] for k, v in sample.items() if k not in _laid_out(sym_path)}
+    if sample is not None:
+        hints = {k: np.shape(v)[1:] for k, v in sample.items()}
     else:
         hints = (input_shape if isinstance(input_shape, dict) or input_shape is None
                  else {DATA_NAME: tuple(input_shape)})
+    if hints:  # an input laid out with its batch elsewhere gives no hint (read batch first)
+        laid_out = _laid_out(sym_path)
+        hints = {k: v for k, v in hints.items() if k not in laid_out}
     symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
     inference = inference_graph(symbol)
     stages = stage_layout(inference)

@@ -141,3 +141,18 @@ def test_load_model_takes_and_returns_the_arrays_batch_first(lm_export):
     assert [g.shape for g in got] == [(3, 3, VOCAB), (3, LAYERS, 200), (3, LAYERS, 200)]
     for ours, theirs in zip(got, expected):
         assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+
+
+def test_input_shapes_given_by_name_without_their_batch_axis_export_and_verify(lm_checkpoint):
+    """What the refusal asks for: ``--input-shape NAME=SHAPE``, each input's
+    shape without its layout's ``N`` (tokens ``T``, states ``L,C``)."""
+    _, folder, args, _ = lm_checkpoint
+    assert export_main(args + ['--input-shape', 'data0=%d' % T, '--input-shape', 'data1=2,200',
+                               '--input-shape', 'data2=2,200', '--out', str(folder / 'shaped'),
+                               '--verify-batches', '1,3']) == 0
+    report = json.loads((folder / 'shaped' / 'current' / 'lm-verification.json').read_text())
+    assert report['ok'] and report['source']['input_shape'] == {
+        'data0': [T], 'data1': [LAYERS, 200], 'data2': [LAYERS, 200]}
+    model = onnx.load(str(folder / 'shaped' / 'current' / 'lm.onnx'))
+    assert [_dims(v) for v in model.graph.input] == [[T, 'batch'], [LAYERS, 'batch', 200],
+                                                     [LAYERS, 'batch', 200]]
