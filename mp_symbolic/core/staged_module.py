@@ -276,8 +276,10 @@ class StagedModule(PipelineModule):
         per_output = [list(p) for p in zip(*parts)]
         if not merge_multi_context:
             return per_output
+        keys = self._runtimes[0].output_keys
         return [p[0] if len(p) == 1 else
-                mx.nd.concat(*[a.as_in_context(p[0].context) for a in p], dim=self._out_axis(i))
+                mx.nd.concat(*[a.as_in_context(p[0].context) for a in p],
+                             dim=self._out_axis(keys[i]))
                 for i, p in enumerate(per_output)]
 
     def get_input_grads(self, merge_multi_context=True):

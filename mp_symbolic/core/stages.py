@@ -136,6 +136,7 @@ class StageRuntime:
             self.slots[s] = [self._bind(graph, symbol, groups, group2ctx, arg_dict, grad_dict,
                                         aux_dict, types) for _ in range(max(1, flight[s]))]
         self.outputs = None
+        self.output_keys = []
 
     def _bind(self, graph, symbol, groups, group2ctx, arg_dict, grad_dict, aux_dict, types):
         """One executor of ``graph`` (bound as ``symbol``, its graph or one
@@ -209,7 +210,8 @@ class StageRuntime:
             if each is not None:
                 each(Action(s, i, kind))
         self.transport.finish()
-        self.outputs = [outputs[k] for k in sorted(outputs)]
+        self.output_keys = sorted(outputs)  # the graph's outputs these are, by index
+        self.outputs = [outputs[k] for k in self.output_keys]
 
     def _forward(self, graph, slot, i, inputs, train, outputs):
         executor = slot.executor
