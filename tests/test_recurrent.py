@@ -12,6 +12,10 @@ layout may come from ``mx.io.DataDesc`` instead. A block list hands the
 states on; ``AWDRNN``'s ``[[h, c], ...]`` per layer nests two deep. Inputs
 nested otherwise, and layouts that cannot hold, are refused in one line
 that echoes no value.
+
+On the stage runtime (1F1B, interleaved, a schedule function; over two
+node processes too) each input, label and output is split and joined on
+its own batch axis: three SGD steps give GPipe's one graph.
 """
 import mxnet as mx
 from mxnet import autograd, gluon
@@ -362,6 +366,13 @@ def test_awd_lstm_states_nested_two_deep_split_over_three_devices():
         assert_exact(ours.asnumpy(), theirs)
 
 
+def _flat(nested):
+    """The arrays of ``nested`` lists and tuples, in order (the graph's inputs)."""
+    if isinstance(nested, (list, tuple)):
+        return [a for part in nested for a in _flat(part)]
+    return [nested]
+
+
 def _schedule_steps(make, leaves, schedule, chunks=2, replicas=1, virtual=None, steps=3):
     """The outputs of the last step and the parameters after ``steps`` SGD
     steps of the softmax loss on ``make()``'s output 0, its states out too,
@@ -373,17 +384,13 @@ def _schedule_steps(make, leaves, schedule, chunks=2, replicas=1, virtual=None, 
                     replicas=replicas, schedule=schedule, virtual=virtual)
     mod = pipe.module(loss='softmax', output=0)
     sample, label = leaves(0)
-    flat = [x for part in sample for x in (part if isinstance(part, list) else [part])
-            for x in (x if isinstance(x, list) else [x])]
-    mod.bind(list(zip(pipe.input_names, [a.shape for a in flat])),
+    mod.bind(list(zip(pipe.input_names, [a.shape for a in _flat(sample)])),
              [('softmax_label', label.shape)])
     mod.init_params(arg_params=values, aux_params={})
     mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': LR})
     for step in range(steps):
         sample, label = leaves(step)
-        flat = [x for part in sample for x in (part if isinstance(part, list) else [part])
-                for x in (x if isinstance(x, list) else [x])]
-        mod.forward_backward(mx.io.DataBatch(flat, [label]))
+        mod.forward_backward(mx.io.DataBatch(_flat(sample), [label]))
         mod.update()
     outputs = [o.asnumpy() for o in mod.get_outputs()]
     return mod, outputs, {n: v.asnumpy() for n, v in mod.get_params()[0].items()}
