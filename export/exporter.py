@@ -38,7 +38,7 @@ from mp_symbolic.tools.files import sha256_file, shown_path
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError
 from .inference import (activation_bytes, batch_axes, batch_first, inference_graph,
-                        input_dtypes, input_layouts, input_names,
+                        input_dtypes, input_layouts, input_names, output_shapes,
                         sample_shapes, stage_layout, with_dynamic_axes, with_input_dtypes)
 
 from .onnx_export import check_onnx_version, dynamic_inputs, save_onnx, to_onnx
@@ -48,7 +48,7 @@ from .verify import (OneDeviceReference, check_batches, failed_checks, format_re
 
 __all__ = ['DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR', 'locate_checkpoint',
            'export_checkpoint', 'export_names', 'read_sample', 'check_sample', 'cast_exactly',
-           'unfinished_note']
+           'unfinished_note', 'sequence_axes', 'SEQUENCE_DIM']
 
 
 def locate_checkpoint(checkpoint, epoch=None):
@@ -272,6 +272,34 @@ def _inputs(inference, arg_params, input_shape, sample, log=None):
     return shapes, {k: v.dtype for k, v in sample.items()}, sample
 
 
+SEQUENCE_DIM = 'seq'  # the name of a recurrent network's sequence axis in the ONNX model
+
+
+def sequence_axes(symbol, arg_params, aux_params, shapes):
+    """``{input name: {axis: 'seq'}}`` (axes counted batch first, as
+    ``dynamic_axes`` counts them) of the ``T`` of each layout the graph
+    records on an input (``'TN'``: the tokens' sequence), where the graph
+    takes another size of it with the other inputs as they are (not a
+    state's ``'TNC'`` whose first axis is its layers): of the first such
+    input's size, since axes of one name vary together."""
+    found, size = OrderedDict(), None
+    for name, layout in input_layouts(symbol).items():
+        per_sample = layout.replace('N', '')
+        index = per_sample.find('T')
+        if index < 0 or index >= len(shapes[name]) or \
+                size is not None and shapes[name][index] != size:
+            continue
+        other = OrderedDict(shapes)
+        other[name] = tuple(shapes[name][:index]) + (shapes[name][index] + 1,) + \
+            tuple(shapes[name][index + 1:])
+        try:
+            output_shapes(symbol, arg_params, aux_params, other)
+        except ExportError:
+            continue
+        found[name], size = {index + 1: SEQUENCE_DIM}, shapes[name][index]
+    return found
+
+
 def _laid_out(sym_path):
     """The inputs of the symbol file whose batch is not first (their recorded
     layouts); none where the file does not load (the loading says why)."""
@@ -353,7 +381,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
             name}}`` (``{'data0': {1: 'seq'}, 'data1': {1: 'seq'}}`` for
             BERT; axes of one name vary together, see
             :func:`export.onnx_export.dynamic_inputs`); parity is then
-            checked at several sizes.
+            checked at several sizes. Without them, the ``T`` axes of the
+            layouts the graph records (:func:`sequence_axes`).
         sample: ``{input name: array}``, batch first (``--sample``): the
             shapes and dtypes of the inputs, and the data verification runs
             on (see :func:`read_sample`).
@@ -410,6 +439,12 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         inference = with_input_shape(inference, input_name, one, input_layouts(inference))
     if dtypes:
         inference = with_input_dtypes(inference, dtypes)
+    if not dynamic_axes:  # a recurrent network's sequence, where its layouts say where
+        dynamic_axes = sequence_axes(inference, arg_params, aux_params, shapes)
+        for input_name, axes in dynamic_axes.items():
+            log('dynamic: %s axis %d (T of its layout %s) as %s'
+                % (input_name, next(iter(axes)), input_layouts(inference)[input_name],
+                   SEQUENCE_DIM))
     dynamic_axes = dynamic_inputs(dynamic_axes, shapes)  # {input: {axis: name}}, checked
     if dynamic_axes:  # recorded too, so that load_model takes other sizes of them
         inference = with_dynamic_axes(inference, dynamic_axes)

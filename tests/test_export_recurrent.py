@@ -56,8 +56,7 @@ def lm_checkpoint(tmp_path_factory):
 def lm_export(lm_checkpoint):
     net, folder, args, arrays = lm_checkpoint
     assert export_main(args + ['--sample', str(folder / 'sample.npz'), '--out',
-                               str(folder / 'out'), '--verify-batches', '1,4',
-                               '--dynamic', 'data0:1=seq']) == 0
+                               str(folder / 'out'), '--verify-batches', '1,4']) == 0
     return net, folder / 'out' / 'current', arrays
 
 
@@ -70,6 +69,8 @@ def test_the_checkpoint_records_each_inputs_layout(lm_checkpoint):
 
 
 def test_a_tnc_sample_exports_with_batch_and_sequence_dynamic_and_verifies(lm_export):
+    """No ``--dynamic``: the tokens' ``T`` (of ``'TN'``) is the sequence;
+    the states' first axis (their layers) stays fixed."""
     _, folder, _ = lm_export
     model = onnx.load(str(folder / 'lm.onnx'))
     assert [_dims(v) for v in model.graph.input] == [['seq', 'batch'], [LAYERS, 'batch', 200],
@@ -154,5 +155,5 @@ def test_input_shapes_given_by_name_without_their_batch_axis_export_and_verify(l
     assert report['ok'] and report['source']['input_shape'] == {
         'data0': [T], 'data1': [LAYERS, 200], 'data2': [LAYERS, 200]}
     model = onnx.load(str(folder / 'shaped' / 'current' / 'lm.onnx'))
-    assert [_dims(v) for v in model.graph.input] == [[T, 'batch'], [LAYERS, 'batch', 200],
+    assert [_dims(v) for v in model.graph.input] == [['seq', 'batch'], [LAYERS, 'batch', 200],
                                                      [LAYERS, 'batch', 200]]
