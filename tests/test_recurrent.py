@@ -498,3 +498,26 @@ def test_tnc_states_cross_two_nodes_under_1f1b_as_in_one_process(tmp_path):
     assert outputs and outputs[0].shape[:2] == (recurrent_nodes_worker.T, recurrent_nodes_worker.N)
     for ours, theirs in zip(outputs, expected_outputs):
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_the_stage_runtime_reads_the_metric_and_output_shapes_as_the_one_graph():
+    """Two replicas of two micro-batches: each replica's labels sliced on
+    their axis 1 for the metric, and the outputs' shapes the whole batch's."""
+    found = []
+    for schedule in ('gpipe', '1f1b'):
+        net, values = _lm_values()
+        (x, states), y = _lm_batch(0)
+        pipe = Pipeline(net, 'cpu:0,cpu:1,cpu:2,cpu:3', sample=(x, states), batch_axis=1,
+                        chunks=2, replicas=2, schedule=schedule)
+        mod = pipe.module(loss='softmax', output=0)
+        mod.bind(list(zip(pipe.input_names, [a.shape for a in [x] + states])),
+                 [('softmax_label', y.shape)])
+        mod.init_params(arg_params=values, aux_params={})
+        mod.forward(mx.io.DataBatch([x] + states, [y]), is_train=False)
+        metric = mx.metric.Accuracy(axis=2)
+        mod.update_metric(metric, [y])
+        found.append((type(mod).__name__, metric.num_inst, metric.sum_metric,
+                      [s for _, s in mod.output_shapes]))
+    assert found[1][0] == 'StagedModule' and found[1][1:] == found[0][1:]
+    assert found[0][1] == T * N and found[0][3] == [(T, N, VOCAB), (LAYERS, N, HIDDEN),
+                                                    (LAYERS, N, HIDDEN)]
