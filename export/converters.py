@@ -57,6 +57,7 @@ from onnx.helper import make_node
 from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR
 
 from .errors import ExportError
+from .inference import batch_axes
 
 __all__ = []
 
@@ -273,7 +274,9 @@ def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
     known = {name: shape for name, shape in arg_shapes.items()
              if name in internals.list_inputs()}
     inputs = sample_shape if isinstance(sample_shape, dict) else {DATA_NAME: sample_shape}
-    known.update({name: (1,) + tuple(shape) for name, shape in inputs.items()})
+    axes = batch_axes(symbol)  # a batch of one on each input's batch axis
+    known.update({name: tuple(shape)[:axes.get(name, 0)] + (1,) + tuple(shape)[axes.get(name, 0):]
+                  for name, shape in inputs.items()})
     _, out_shapes, _ = internals.infer_shape_partial(**known)
     shapes = dict(zip(internals.list_outputs(), out_shapes))
     for node in rnns:

@@ -37,7 +37,8 @@ from mp_symbolic.tools.files import sha256_file, shown_path
 
 from . import DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR
 from .errors import ExportError, VerificationError
-from .inference import (activation_bytes, inference_graph, input_dtypes, input_names,
+from .inference import (activation_bytes, batch_axes, batch_first, inference_graph,
+                        input_dtypes, input_layouts, input_names, output_shapes,
                         sample_shapes, stage_layout, with_dynamic_axes, with_input_dtypes)
 
 from .onnx_export import check_onnx_version, dynamic_inputs, save_onnx, to_onnx
@@ -47,7 +48,7 @@ from .verify import (OneDeviceReference, check_batches, failed_checks, format_re
 
 __all__ = ['DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR', 'locate_checkpoint',
            'export_checkpoint', 'export_names', 'read_sample', 'check_sample', 'cast_exactly',
-           'unfinished_note']
+           'unfinished_note', 'sequence_axes', 'SEQUENCE_DIM']
 
 
 def locate_checkpoint(checkpoint, epoch=None):
@@ -138,6 +139,10 @@ def check_sample(sample, symbol, arg_params=None, log=None):
     float to a float it stays finite in, whole numbers to an integer type
     they fit in or to a float that holds them exactly; ``log`` is told.
 
+    Each array is laid out as the layout the graph records on its input
+    says (``'TN'``: the batch on axis 1; :func:`export.inference.batch_axes`),
+    batch first without one; it is returned batch first.
+
     Raises:
         ExportError: its names are not the graph's inputs, an array has no
             batch axis or no rows, the batches differ in length, or an array
@@ -148,7 +153,14 @@ def check_sample(sample, symbol, arg_params=None, log=None):
     if sorted(sample) != sorted(inputs):
         raise ExportError('--sample: expected one array per input (%s), found %s'
                           % (', '.join(inputs), cut(', '.join(sorted(sample))) or 'none'))
-    arrays = OrderedDict((name, np.asarray(sample[name])) for name in inputs)
+    axes, layouts = batch_axes(symbol), input_layouts(symbol)
+    for name in inputs:
+        if axes[name] and np.ndim(sample[name]) <= axes[name]:
+            raise ExportError('--sample: expected %s laid out %s (the batch on axis %d), found '
+                              'shape %s' % (name, layouts[name], axes[name],
+                                            np.shape(sample[name])))
+    arrays = OrderedDict((name, batch_first(np.asarray(sample[name]), axes[name]))
+                         for name in inputs)
     for name, X in arrays.items():
         if X.ndim < 1 or not len(X) or X.dtype.kind not in 'fiu' or \
                 not np.all(np.isfinite(X)):
@@ -156,7 +168,9 @@ def check_sample(sample, symbol, arg_params=None, log=None):
                               'found %s of shape %s' % (name, X.dtype, X.shape))
     if len({len(X) for X in arrays.values()}) > 1:
         raise ExportError('--sample: expected the same batch size for every input, found %s'
-                          % ', '.join('%s %d' % (k, len(v)) for k, v in arrays.items()))
+                          % ', '.join('%s %d%s' % (k, len(v), ' (N of %s)' % layouts[k]
+                                                   if k in layouts else '')
+                                      for k, v in arrays.items()))
     wanted = _taken_dtypes(symbol, arg_params or {}, {k: v.dtype for k, v in arrays.items()})
     for name, dtype in wanted.items():
         was = arrays[name].dtype
@@ -269,6 +283,44 @@ def _inputs(inference, arg_params, input_shape, sample, log=None):
     return shapes, {k: v.dtype for k, v in sample.items()}, sample
 
 
+SEQUENCE_DIM = 'seq'  # the name of a recurrent network's sequence axis in the ONNX model
+
+
+def sequence_axes(symbol, arg_params, aux_params, shapes):
+    """``{input name: {axis: 'seq'}}`` (axes counted batch first, as
+    ``dynamic_axes`` counts them) of the ``T`` of each layout the graph
+    records on an input (``'TN'``: the tokens' sequence), where the graph
+    takes another size of it with the other inputs as they are (not a
+    state's ``'TNC'`` whose first axis is its layers): of the first such
+    input's size, since axes of one name vary together."""
+    found, size = OrderedDict(), None
+    for name, layout in input_layouts(symbol).items():
+        per_sample = layout.replace('N', '')
+        index = per_sample.find('T')
+        if index < 0 or index >= len(shapes[name]) or \
+                size is not None and shapes[name][index] != size:
+            continue
+        other = OrderedDict(shapes)
+        other[name] = tuple(shapes[name][:index]) + (shapes[name][index] + 1,) + \
+            tuple(shapes[name][index + 1:])
+        try:
+            output_shapes(symbol, arg_params, aux_params, other)
+        except ExportError:
+            continue
+        found[name], size = {index + 1: SEQUENCE_DIM}, shapes[name][index]
+    return found
+
+
+def _laid_out(sym_path):
+    """The inputs of the symbol file whose batch is not first (their recorded
+    layouts); none where the file does not load (the loading says why)."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    try:
+        return input_layouts(mx.sym.load(sym_path))
+    except (mx.base.MXNetError, ValueError, UnicodeDecodeError, OSError):
+        return {}
+
+
 def unfinished_note(checkpoint):
     """A line saying that a training folder's checkpoint is of a run that did
     not finish, or ``None``.
@@ -340,7 +392,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
             name}}`` (``{'data0': {1: 'seq'}, 'data1': {1: 'seq'}}`` for
             BERT; axes of one name vary together, see
             :func:`export.onnx_export.dynamic_inputs`); parity is then
-            checked at several sizes.
+            checked at several sizes. Without them, the ``T`` axes of the
+            layouts the graph records (:func:`sequence_axes`).
         sample: ``{input name: array}``, batch first (``--sample``): the
             shapes and dtypes of the inputs, and the data verification runs
             on (see :func:`read_sample`).
@@ -386,6 +439,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     else:
         hints = (input_shape if isinstance(input_shape, dict) or input_shape is None
                  else {DATA_NAME: tuple(input_shape)})
+    if hints:  # an input laid out with its batch elsewhere gives no hint (read batch first)
+        laid_out = _laid_out(sym_path)
+        hints = {k: v for k, v in hints.items() if k not in laid_out}
     if info['checkpoint'] is not None:  # a pair or one part per node, one array at a time
         symbol, arg_params, aux_params = info['checkpoint'].load(input_shapes=hints)
     else:
@@ -395,9 +451,15 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     stages = stage_layout(inference)
     shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample, log)
     for input_name, one in shapes.items():  # recorded, so that load_model knows them too
-        inference = with_input_shape(inference, input_name, one)
+        inference = with_input_shape(inference, input_name, one, input_layouts(inference))
     if dtypes:
         inference = with_input_dtypes(inference, dtypes)
+    if not dynamic_axes:  # a recurrent network's sequence, where its layouts say where
+        dynamic_axes = sequence_axes(inference, arg_params, aux_params, shapes)
+        for input_name, axes in dynamic_axes.items():
+            log('dynamic: %s axis %d (T of its layout %s) as %s'
+                % (input_name, next(iter(axes)), input_layouts(inference)[input_name],
+                   SEQUENCE_DIM))
     dynamic_axes = dynamic_inputs(dynamic_axes, shapes)  # {input: {axis: name}}, checked
     if dynamic_axes:  # recorded too, so that load_model takes other sizes of them
         inference = with_dynamic_axes(inference, dynamic_axes)

@@ -34,7 +34,8 @@ from .tables import features  # pylint: disable=unused-import  (its home is tabl
 __all__ = ['LOSS_HEADS', 'inference_graph', 'network_order', 'stage_layout',
            'input_names', 'sample_shape', 'sample_shapes', 'output_shape',
            'output_shapes', 'parse_shape', 'parse_input_shapes', 'activation_bytes',
-           'with_input_dtypes', 'input_dtypes', 'with_dynamic_axes', 'dynamic_axes']
+           'with_input_dtypes', 'input_dtypes', 'with_dynamic_axes', 'dynamic_axes',
+           'input_layouts', 'batch_axes', 'output_batch_axes', 'batch_first', 'as_laid_out']
 
 # MXNet's loss-head ops, each replaced by its inference form.
 LOSS_HEADS = tuple(INFERENCE_FORMS)
@@ -219,19 +220,66 @@ def parse_input_shapes(items):
     return plain[0] if plain else named
 
 
+# The variable attribute recording an input's layout where its batch is not on axis 0
+# (MXNet's own attribute name for a layout: 'TN', 'TNC', N at the batch).
+_LAYOUT_ATTR = '__layout__'
+
+
+def input_layouts(symbol):
+    """``{input name: layout}`` of the inputs whose layout the graph records
+    (``__layout__``: a Pipeline module records it for an input whose batch
+    is not on axis 0, such as ``'TN'`` for ``(T, N)`` tokens)."""
+    nodes = _nodes(symbol)
+    inputs = set(input_names(symbol))
+    found = {}
+    for node in nodes:
+        layout = node.get('attrs', {}).get(_LAYOUT_ATTR)
+        if node['op'] == 'null' and node['name'] in inputs and isinstance(layout, str) \
+                and layout.count('N') == 1:
+            found[node['name']] = layout
+    return found
+
+
+def batch_axes(symbol):
+    """``{input name: its batch axis}``: the ``N`` of its recorded layout
+    (:func:`input_layouts`), else 0."""
+    layouts = input_layouts(symbol)
+    return OrderedDict((name, layouts[name].find('N') if name in layouts else 0)
+                       for name in input_names(symbol))
+
+
+def batch_first(X, axis):
+    """``X`` (numpy) with its batch ``axis`` moved to the front."""
+    return np.moveaxis(X, axis, 0) if axis else X
+
+
+def as_laid_out(X, axis):
+    """``X`` (numpy, batch first) with its batch moved to ``axis``, as the model lays it out."""
+    return np.ascontiguousarray(np.moveaxis(X, 0, axis)) if axis else X
+
+
+def _with_batch(shape, axis, size):
+    shape = tuple(shape)
+    return shape[:axis] + (size,) + shape[axis:]
+
+
 def _recorded_shape(node):
     """The per-sample shape a Pipeline module records on an input
-    (``__shape__`` ``(0, 1, 8, 8)``), or ``None``."""
-    recorded = node.get('attrs', {}).get('__shape__')
+    (``__shape__`` ``(0, 1, 8, 8)``; the 0 at the ``N`` of its recorded
+    layout, ``(5, 0)`` for ``'TN'``), or ``None``."""
+    attrs = node.get('attrs', {})
+    recorded = attrs.get('__shape__')
     if not recorded:
         return None
     try:
         shape = tuple(ast.literal_eval(recorded))
     except (ValueError, SyntaxError, TypeError):
         return None
-    if not shape or shape[0] != 0:
+    layout = attrs.get(_LAYOUT_ATTR)
+    axis = layout.find('N') if isinstance(layout, str) and layout.count('N') == 1 else 0
+    if len(shape) <= axis or shape[axis] != 0:
         return None
-    shape = shape[1:]
+    shape = shape[:axis] + shape[axis + 1:]
     if all(isinstance(d, int) and d > 0 for d in shape):
         return shape  # () for an input of one number per sample, such as a length
     return None
@@ -268,17 +316,33 @@ def sample_shapes(symbol, arg_params, given=None):
                           % (', '.join(inputs), ', '.join(unknown)))
     nodes = _nodes(symbol)
     ids = {n['name']: i for i, n in enumerate(nodes) if n['op'] == 'null'}
+    layouts = input_layouts(symbol)
     shapes = OrderedDict()
+    missing = []
     for name in inputs:
         shape = given[name] if name in given else _recorded_shape(nodes[ids[name]])
         if shape is None and len(inputs) == 1:
             shape = _dense_width(nodes, ids[name], arg_params)
         if shape is None:
-            raise ExportError('expected the per-sample input shape recorded on %r (a Pipeline '
-                              'module checkpoint records it), found none: give it with '
-                              '--input-shape, e.g. --input-shape %s1,8,8 (or --sample FILE.npz)'
-                              % (name, '' if len(inputs) == 1 else name + '='))
+            missing.append(name)
+            continue
         shapes[name] = tuple(int(d) for d in shape)
+    if missing and any(name in layouts for name in missing):
+        raise ExportError('expected the per-sample shapes of %s recorded, found none: give '
+                          'each with --input-shape NAME=SHAPE, its shape without the batch '
+                          'axis N of its layout (e.g. --input-shape %s=%s), or --sample '
+                          'FILE.npz holding each input as its layout lays it out'
+                          % (', '.join('%s (layout %s)' % (n, layouts[n]) if n in layouts
+                                       else '%s (batch first)' % n for n in missing),
+                             missing[0], ','.join(
+                                 '8' for _ in range(max(len(layouts.get(missing[0], 'NC'))
+                                                        - 1, 1)))))
+    if missing:
+        name = missing[0]
+        raise ExportError('expected the per-sample input shape recorded on %r (a Pipeline '
+                          'module checkpoint records it), found none: give it with '
+                          '--input-shape, e.g. --input-shape %s1,8,8 (or --sample FILE.npz)'
+                          % (name, '' if len(inputs) == 1 else name + '='))
     return shapes
 
 
@@ -313,14 +377,44 @@ def _known_shapes(symbol, arg_params, aux_params):
     return shapes
 
 
-def _batched(shapes, batch_size=1):
+def _batched(shapes, batch_size=1, axes=None):
+    """``{input name: shape}`` of a batch of ``batch_size``, each on its batch
+    axis (``axes``: ``{input name: axis}``, 0 where not given)."""
     if not isinstance(shapes, dict):  # one input's shape
         shapes = {DATA_NAME: shapes}
-    return {name: (batch_size,) + tuple(shape) for name, shape in shapes.items()}
+    axes = axes or {}
+    return {name: _with_batch(shape, axes.get(name, 0), batch_size)
+            for name, shape in shapes.items()}
+
+
+def output_batch_axes(symbol, arg_params, aux_params, shapes):
+    """The batch axis of each output: the axis whose size doubles from a
+    batch of 1 to one of 2 (inputs on their :func:`batch_axes`), 0 for an
+    output whose size does not follow the batch.
+
+    Raises:
+        ExportError: the arrays and ``shapes`` do not fit the graph.
+    """
+    axes = batch_axes(symbol)
+    known = _known_shapes(symbol, arg_params, aux_params)
+    found = []
+    for batch_size in (1, 2):
+        try:
+            _, out_shapes, _ = symbol.infer_shape(**_batched(shapes, batch_size, axes), **known)
+        except mx.base.MXNetError as err:
+            raise ExportError('the arrays do not fit together with inputs of shape %s: %s'
+                              % (_describe_shapes(shapes), error_line(err))) from None
+        found.append(out_shapes)
+    result = []
+    for one, two in zip(*found):
+        grown = [i for i, (a, b) in enumerate(zip(one, two)) if b == 2 * a and a]
+        result.append(grown[0] if grown else 0)
+    return result
 
 
 def output_shapes(symbol, arg_params, aux_params, shapes):
-    """Shape of one sample of each output, from MXNet's shape inference.
+    """Shape of one sample of each output, from MXNet's shape inference:
+    each output's batch axis (:func:`output_batch_axes`) left out.
 
     Args:
         shapes: ``{input name: per-sample shape}`` (or one shape, for ``data``).
@@ -329,12 +423,15 @@ def output_shapes(symbol, arg_params, aux_params, shapes):
         ExportError: the arrays and ``shapes`` do not fit the graph.
     """
     try:
-        _, out_shapes, _ = symbol.infer_shape(**_batched(shapes),
+        _, out_shapes, _ = symbol.infer_shape(**_batched(shapes, 1, batch_axes(symbol)),
                                               **_known_shapes(symbol, arg_params, aux_params))
     except mx.base.MXNetError as err:
         raise ExportError('the arrays do not fit together with inputs of shape %s: %s'
                           % (_describe_shapes(shapes), error_line(err))) from None
-    return [tuple(int(d) for d in out[1:]) for out in out_shapes]
+    out_axes = output_batch_axes(symbol, arg_params, aux_params, shapes) \
+        if any(batch_axes(symbol).values()) else [0] * len(out_shapes)
+    return [tuple(int(d) for i, d in enumerate(out) if i != axis)
+            for out, axis in zip(out_shapes, out_axes)]
 
 
 def output_shape(symbol, arg_params, aux_params, shape):
@@ -423,8 +520,8 @@ def activation_bytes(symbol, arg_params, aux_params, shapes, dtypes=None):
     totals = []
     for batch_size in (1, 2):
         try:
-            _, out_shapes, _ = internals.infer_shape_partial(**_batched(shapes, batch_size),
-                                                             **known)
+            _, out_shapes, _ = internals.infer_shape_partial(
+                **_batched(shapes, batch_size, batch_axes(symbol)), **known)
             _, out_types, _ = internals.infer_type_partial(**{
                 name: np.dtype((dtypes or {}).get(name, np.float32))
                 for name in _batched(shapes)})

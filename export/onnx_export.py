@@ -19,8 +19,10 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
   refuses are named with their block (:mod:`export.converters`, which also
   adds 1-D convolution and pooling, and GroupNorm);
 * initializers are removed from the graph inputs;
-* the batch dimension is the named dynamic dimension :data:`BATCH_DIM`, and
-  so is any other input axis given in ``dynamic_axes`` (a language model's
+* the batch dimension is the named dynamic dimension :data:`BATCH_DIM`, on
+  each input's batch axis (the ``N`` of the layout the graph records on it,
+  ``(seq, batch)`` for a ``'TN'`` input; else axis 0) and each output's
+  (where its size follows the batch), and so is any other input axis given in ``dynamic_axes`` (a language model's
   sequence length), of any input; axes of one name (BERT's token ids and
   token types along the sequence) change together, and the output axes that
   follow them (found by MXNet's shape inference at two sizes) take the name;
@@ -46,7 +48,7 @@ from mp_symbolic.tools.files import sha256_file
 
 from . import converters
 from .errors import ExportError
-from .inference import input_names, output_shapes, stage_layout
+from .inference import batch_axes, input_names, output_batch_axes, output_shapes, stage_layout
 
 __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
            'check_onnx_version', 'to_onnx', 'producer_version', 'dynamic_inputs',
@@ -199,10 +201,16 @@ def _dynamic_dims(symbol, arg_params, aux_params, shapes, out_shapes, spec):
 
 def _output_names(symbol):
     """The ONNX names MXNet's converter gives the symbol's outputs
-    (``softmax0_output`` -> ``softmax0``; ``split0_output1`` -> ``split01``)."""
+    (``softmax0_output`` -> ``softmax0``; ``split0_output1`` -> ``split01``;
+    an RNN's ``rnn0_state_output`` -> ``rnn01``, ``rnn0_statecell_output`` ->
+    ``rnn02``)."""
     names = []
     for name in symbol.list_outputs():
-        if name.endswith('_output'):
+        if name.endswith('_state_output'):
+            names.append(name[:-len('_state_output')] + '1')
+        elif name.endswith('_statecell_output'):
+            names.append(name[:-len('_statecell_output')] + '2')
+        elif name.endswith('_output'):
             names.append(name[:-len('_output')])
         elif re.search(r'_output[0-9]$', name):
             names.append(name[:-len('_output0')] + name[-1])
@@ -258,15 +266,23 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
         in_dims, out_dims = _dynamic_dims(symbol, arg_params, aux_params, shapes, out_shapes,
                                           spec)
     converters.check_translations(symbol, arrays, shapes, ONNX_OPSET)
+    # each input's and output's batch where the graph lays it out (axis 0 unless recorded)
+    axes = batch_axes(symbol)
+    out_axes = output_batch_axes(symbol, arg_params, aux_params, shapes) \
+        if any(axes.values()) else [0] * len(out_dims)
+
+    def batched(dims, axis, batch):
+        return tuple(dims[:axis]) + (batch,) + tuple(dims[axis:])
+
     # MXNet's converter takes the input shapes and types in list_inputs() order.
     order = [n for n in symbol.list_inputs() if n not in params]
     try:
         with converters.conversion_context(ONNX_OPSET, ONNX_IR_VERSION) as conversion:
             graph = MXNetGraph().create_onnx_graph_proto(
-                symbol, params, in_shapes=[(1,) + shapes[n] for n in order],
+                symbol, params, in_shapes=[batched(shapes[n], axes[n], 1) for n in order],
                 in_types=[onnx.helper.np_dtype_to_tensor_dtype(dtypes[n]) for n in order],
                 opset_version=ONNX_OPSET, dynamic=True,
-                dynamic_input_shapes=[(BATCH_DIM,) + in_dims[n] for n in order])
+                dynamic_input_shapes=[batched(in_dims[n], axes[n], BATCH_DIM) for n in order])
     except onnx.checker.ValidationError as err:
         raise ExportError('MXNet converted this graph to ONNX that is not valid at opset %d: %s'
                           % (ONNX_OPSET, ' '.join(str(err).split()))) from None
@@ -292,8 +308,8 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
     ordered = [named[name] for name in outputs]
     del graph.output[:]
     graph.output.extend(ordered)
-    for value, dims in zip(graph.output, out_dims):
-        _set_shape(value, (BATCH_DIM,) + tuple(dims))
+    for value, dims, axis in zip(graph.output, out_dims, out_axes):
+        _set_shape(value, batched(dims, axis, BATCH_DIM))
 
     stages = stage_layout(symbol)
     params = source_files['params']  # one file, or the parts of a checkpoint of nodes

@@ -282,9 +282,11 @@ class MXNetPredictor:
         # pylint: disable=import-outside-toplevel  (MXNet's path only; see the module docstring)
         from mp_symbolic.core.devices import make_plan
         from .inference import dynamic_axes as recorded_dynamic_axes
-        from .inference import (inference_graph, input_dtypes, input_names, sample_shapes,
-                                stage_layout)
+        from .inference import (batch_axes, inference_graph, input_dtypes, input_names,
+                                sample_shapes, stage_layout)
         self.symbol = inference_graph(symbol)
+        self.batch_axes = batch_axes(self.symbol)  # where the graph lays out each batch
+        self._output_axes = None
         self.stages = stage_layout(self.symbol)
         _check_states_beside_their_ops(self.symbol, 'the graph')
         self.arg_params = {k: v for k, v in arg_params.items()
@@ -318,7 +320,8 @@ class MXNetPredictor:
         """Dimensions of the first output, the batch's included, by MXNet's
         shape inference at batch size 1; ``None`` if it cannot tell."""
         import mxnet as mx  # pylint: disable=import-outside-toplevel
-        shapes = {name: (1,) + tuple(shape) for name, shape in self.sample_shapes.items()}
+        shapes = {name: _batched(shape, self.batch_axes[name], 1)
+                  for name, shape in self.sample_shapes.items()}
         shapes.update({name: value.shape for name, value in self.arg_params.items()})
         try:
             _, out_shapes, _ = self.symbol.infer_shape_partial(**shapes)
@@ -371,7 +374,8 @@ class MXNetPredictor:
             shapes.update(sample_shape)
         elif sample_shape is not None:
             shapes[self.input_names[0]] = tuple(sample_shape)
-        shapes = {name: (batch_size,) + tuple(shape) for name, shape in shapes.items()}
+        shapes = {name: _batched(shape, self.batch_axes[name], batch_size)
+                  for name, shape in shapes.items()}
         if self._exec is None or any(self._exec.arg_dict[name].shape != shape
                                      for name, shape in shapes.items()):
             first = self.input_names[0]
@@ -386,6 +390,16 @@ class MXNetPredictor:
             for name, value in self.aux_params.items():
                 value.copyto(self._exec.aux_dict[name])
         return self._exec
+
+    def _outputs_batch_axes(self):
+        """Each output's batch axis (0 unless an input's batch is elsewhere)."""
+        if self._output_axes is None:
+            self._output_axes = [0] * self.num_outputs
+            if any(self.batch_axes.values()):
+                from .inference import output_batch_axes  # pylint: disable=import-outside-toplevel
+                self._output_axes = output_batch_axes(self.symbol, self.arg_params,
+                                                      self.aux_params, self.sample_shapes)
+        return self._output_axes
 
     def placement(self):
         """``{argument name: context}`` of the current executor, as MXNet reports it."""
@@ -405,10 +419,13 @@ class MXNetPredictor:
         arrays = _check_inputs(arrays, self.input_names, self.sample_shapes, self.dtypes,
                                self.dynamic_axes)
         shapes = {name: X.shape[1:] for name, X in zip(self.input_names, arrays)}
+        laid_out = [_laid_out(X, self.batch_axes[name]) for name, X in zip(self.input_names,
+                                                                           arrays)]
         try:
             executor = self.bind(len(arrays[0]), shapes)
-            executor.forward(is_train=False, **dict(zip(self.input_names, arrays)))
-            return [out.asnumpy() for out in executor.outputs]
+            executor.forward(is_train=False, **dict(zip(self.input_names, laid_out)))
+            return [_batch_first(out.asnumpy(), axis)
+                    for out, axis in zip(executor.outputs, self._outputs_batch_axes())]
         except (mx.base.MXNetError, RuntimeError) as err:  # simple_bind wraps its errors
             raise ModelFileError('%s failed in MXNet on a batch of %d samples: %s' % (
                 self.path or 'the graph', len(arrays[0]), library_message(err))) from None
@@ -496,8 +513,12 @@ class OnnxPredictor:
         traced = _traced_shapes(self.session.get_modelmeta().custom_metadata_map, inputs)
         self.dynamic_axes = {}
         shapes = []
-        for i in inputs:
-            dims = list(i.shape[1:]) if isinstance(i.shape, list) else []
+        # each input's and output's batch: the axis named BATCH_DIM (the first without one)
+        self._axes = [_named_axis(i.shape) for i in inputs]
+        self._output_axes = [_named_axis(o.shape) for o in outputs]
+        for i, axis in zip(inputs, self._axes):
+            dims = (list(i.shape[:axis]) + list(i.shape[axis + 1:])
+                    if isinstance(i.shape, list) else [])
             axes = {a + 1: d for a, d in enumerate(dims) if isinstance(d, str)}
             if axes:
                 self.dynamic_axes[i.name] = axes
@@ -525,7 +546,7 @@ class OnnxPredictor:
         self.output_width = outputs[0].shape[1] if len(outputs[0].shape) == 2 else None
         self.output_ndim = len(outputs[0].shape) if isinstance(outputs[0].shape, list) else None
         self.num_outputs = len(outputs)
-        batch = inputs[0].shape[0]
+        batch = inputs[0].shape[self._axes[0]] if len(inputs[0].shape) > self._axes[0] else None
         self.batch_size = batch if isinstance(batch, int) and batch > 0 else None
         # A failing run is reported by the exception; onnxruntime would also log it.
         self._quiet = ort.RunOptions()
@@ -596,19 +617,45 @@ class OnnxPredictor:
     def _run(self, arrays):
         count = len(arrays[0])
         try:
-            outputs = self.session.run(None, dict(zip(self.input_names, arrays)), self._quiet)
+            outputs = self.session.run(None, dict(zip(self.input_names, [
+                _laid_out(X, axis) for X, axis in zip(arrays, self._axes)])), self._quiet)
         except _ORT_ERRORS as err:
             raise ModelFileError('%s failed in onnxruntime on a batch of %d samples: %s'
                                  % (self.path, count, _ort_message(err))) from None
         checked = []
         for i, Y in enumerate(outputs):
             Y = np.asarray(Y)
+            if Y.ndim > self._output_axes[i]:
+                Y = _batch_first(Y, self._output_axes[i])
             if Y.ndim < 1 or len(Y) != count or not np.issubdtype(Y.dtype, np.number):
                 raise ModelFileError('%s: expected (%d, ...) numbers from a batch of %d samples, '
                                      'found %s of shape %s'
                                      % (self.path, count, count, Y.dtype, Y.shape))
             checked.append(Y.astype(np.float32, copy=False))
         return checked
+
+
+BATCH_DIM = 'batch'  # the ONNX dimension name of the batch (export.onnx_export's)
+
+
+def _named_axis(shape):
+    """The axis of an ONNX input or output named :data:`BATCH_DIM` (0 without one)."""
+    return shape.index(BATCH_DIM) if isinstance(shape, list) and BATCH_DIM in shape else 0
+
+
+def _batched(shape, axis, size):
+    """One sample's ``shape`` with ``size`` samples at the batch ``axis``."""
+    return tuple(shape[:axis]) + (size,) + tuple(shape[axis:])
+
+
+def _laid_out(X, axis):
+    """A batch-first array with its batch moved to ``axis``, as the model lays it out."""
+    return np.ascontiguousarray(np.moveaxis(X, 0, axis)) if axis else X
+
+
+def _batch_first(X, axis):
+    """A model's array with its batch ``axis`` moved to the front."""
+    return np.moveaxis(X, axis, 0) if axis else X
 
 
 def _traced_shapes(metadata, inputs):

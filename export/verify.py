@@ -94,7 +94,8 @@ from mp_symbolic.core.scoped import captured_stderr
 
 from . import MEMORY_BUDGET, PERTURBATIONS, SENSITIVITY_FACTOR, SENSITIVITY_LIMIT, TOLERANCE
 from .errors import ExportError
-from .inference import input_names, network_order
+from .inference import (as_laid_out, batch_axes, batch_first, input_names, network_order,
+                        output_batch_axes)
 from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET, without_weight_values
 from .runtimes import MXNetPredictor, OnnxPredictor
 
@@ -280,7 +281,8 @@ def _onnx_checks(model, onnx_path, declared):
         found = [[d.dim_param or d.dim_value for d in output.type.tensor_type.shape.dim]
                  for output in inferred.graph.output]
         ok = len(found) == len(declared) and all(
-            dims == [BATCH_DIM] + list(out[1:]) for dims, out in zip(found, declared))
+            dims == (list(out) if BATCH_DIM in out else [BATCH_DIM] + list(out[1:]))
+            for dims, out in zip(found, declared))
         checks.append(_check('shape inference (strict)', ok, '; '.join(
             '%s: %s' % (output.name, dims) for output, dims in zip(inferred.graph.output, found))))
     except onnx.shape_inference.InferenceError as err:
@@ -329,6 +331,10 @@ class OneDeviceReference:
         symbol, arg_params, aux_params: The training checkpoint.
         shapes: ``{input name: per-sample shape}`` (or one shape for ``data``).
         dtypes: ``{input name: numpy dtype}``; float32 where not given.
+
+    Its inputs and outputs are batch first; an input whose batch the graph
+    lays out elsewhere (a recorded layout: :func:`~export.inference.batch_axes`)
+    is moved there, and each output's batch back to the front.
     """
 
     def __init__(self, symbol, arg_params, aux_params, shapes, dtypes=None):
@@ -340,6 +346,9 @@ class OneDeviceReference:
         self.shapes = OrderedDict((name, tuple(shapes[name])) for name in names)
         self.shape = self.shapes[names[0]]  # of the first input
         self.dtypes = {name: np.dtype((dtypes or {}).get(name, np.float32)) for name in names}
+        self.axes = batch_axes(symbol)
+        self.output_axes = (output_batch_axes(symbol, arg_params, aux_params, self.shapes)
+                            if any(self.axes.values()) else None)
 
     def __call__(self, *arrays):
         """One batch per input -> every output of the graph, as numpy arrays, in
@@ -384,6 +393,8 @@ class OneDeviceReference:
         keeps the weights of its first forward pass when others are copied in."""
         assert self.arg_params is not None, 'the reference was released'
         cpu = mx.cpu(0)
+        arrays = [as_laid_out(np.asarray(X), self.axes[name])
+                  for name, X in zip(self.input_names, arrays)]
         given = {name: X.shape for name, X in zip(self.input_names, arrays)}
         arg_shapes, _, _ = self.symbol.infer_shape_partial(**given)
         arg_types, _, _ = self.symbol.infer_type_partial(**dict(self.dtypes))
@@ -414,7 +425,9 @@ class OneDeviceReference:
                         del value, off
             exe = self.symbol.bind(ctx=cpu, args=args, grad_req='null', aux_states=aux)
             exe.forward(is_train=False)
-            outputs = [exe.outputs[i].asnumpy() for i in network_order(self.symbol)]
+            outputs = [batch_first(exe.outputs[i].asnumpy(),
+                                   self.output_axes[i] if self.output_axes else 0)
+                       for i in network_order(self.symbol)]
             del exe  # its memory is back before the runtimes bind
         finally:
             for record in moved:

@@ -12,6 +12,10 @@ layout may come from ``mx.io.DataDesc`` instead. A block list hands the
 states on; ``AWDRNN``'s ``[[h, c], ...]`` per layer nests two deep. Inputs
 nested otherwise, and layouts that cannot hold, are refused in one line
 that echoes no value.
+
+On the stage runtime (1F1B, interleaved, a schedule function; over two
+node processes too) each input, label and output is split and joined on
+its own batch axis: three SGD steps give GPipe's one graph.
 """
 import mxnet as mx
 from mxnet import autograd, gluon
@@ -287,10 +291,12 @@ def test_a_batch_axis_or_layout_that_cannot_hold_is_refused_in_one_line():
                                      "micro-batches split there; Pipeline(..., batch_axis=1)")
     staged = Pipeline(language_model(), TWO, sample=(x, states), batch_axis=1, chunks=2,
                       schedule='1f1b')
-    with pytest.raises(ValueError) as err:
-        staged.module(loss='softmax', output=0)
-    assert _one_line(err).startswith("batch_axis: expected 0 for the stage runtime "
-                                     "(schedule='1f1b': it splits batches on axis 0), found 1")
+    with pytest.raises(ValueError) as err:  # the stage runtime takes layouts as the graph does
+        staged.module(loss='softmax', output=0).bind(
+            [mx.io.DataDesc(n, s, layout='NT' if len(s) == 2 else 'TNC') for n, s in PAIRS],
+            [('softmax_label', (T, N))])
+    assert _one_line(err) == "data0: expected a layout with N at axis 1 (the Pipeline's " \
+                             "batch_axis), found 'NT' (N at axis 0)"
 
 
 class Decoder(gluon.HybridBlock):
@@ -358,3 +364,160 @@ def test_awd_lstm_states_nested_two_deep_split_over_three_devices():
     mod.forward(mx.io.DataBatch(leaves), is_train=False)
     for ours, theirs in zip(mod.get_outputs(), expected):
         assert_exact(ours.asnumpy(), theirs)
+
+
+def _flat(nested):
+    """The arrays of ``nested`` lists and tuples, in order (the graph's inputs)."""
+    if isinstance(nested, (list, tuple)):
+        return [a for part in nested for a in _flat(part)]
+    return [nested]
+
+
+def _schedule_steps(make, leaves, schedule, chunks=2, replicas=1, virtual=None, steps=3):
+    """The outputs of the last step and the parameters after ``steps`` SGD
+    steps of the softmax loss on ``make()``'s output 0, its states out too,
+    under ``schedule`` (a new batch each step): GPipe's one graph, or the
+    stage runtime."""
+    net, values = make()
+    devices = ','.join('cpu:%d' % i for i in range(2 * replicas))
+    pipe = Pipeline(net, devices, sample=leaves(0)[0], batch_axis=1, chunks=chunks,
+                    replicas=replicas, schedule=schedule, virtual=virtual)
+    mod = pipe.module(loss='softmax', output=0)
+    sample, label = leaves(0)
+    mod.bind(list(zip(pipe.input_names, [a.shape for a in _flat(sample)])),
+             [('softmax_label', label.shape)])
+    mod.init_params(arg_params=values, aux_params={})
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': LR})
+    for step in range(steps):
+        sample, label = leaves(step)
+        mod.forward_backward(mx.io.DataBatch(_flat(sample), [label]))
+        mod.update()
+    outputs = [o.asnumpy() for o in mod.get_outputs()]
+    return mod, outputs, {n: v.asnumpy() for n, v in mod.get_params()[0].items()}
+
+
+def _lm_values():
+    mx.random.seed(0)
+    net = language_model()
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+    return net, {n: p.data().copy() for n, p in net.collect_params().items()}
+
+
+def _lm_batch(step):
+    x, y, states = batch(step)
+    return (x, states), y
+
+
+def _awd_values():
+    import gluonnlp  # pylint: disable=import-outside-toplevel
+    net = gluonnlp.model.AWDRNN('lstm', vocab_size=VOCAB, embed_size=16, hidden_size=24,
+                                num_layers=3, tie_weights=True, dropout=0, weight_drop=0,
+                                drop_h=0, drop_i=0, drop_e=0, prefix='awd_')
+    mx.random.seed(0)
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+    return net, {n: p.data().copy() for n, p in net.collect_params().items()}
+
+
+def _awd_batch(step):
+    x, y, _ = batch(step)
+    rng = np.random.default_rng(100 + step)
+    states = [[mx.nd.array(0.1 * rng.normal(size=(1, N, size))) for _ in range(2)]
+              for size in (24, 24, 16)]
+    return (x, states), y
+
+
+def _user_gpipe(num_stages, microbatches):
+    from mp_symbolic.core import schedule  # pylint: disable=import-outside-toplevel
+    return schedule.gpipe(num_stages, microbatches)
+
+
+@pytest.mark.parametrize('make, leaves, schedule, replicas, virtual', [
+    (_lm_values, _lm_batch, '1f1b', 1, None),
+    (_lm_values, _lm_batch, '1f1b', 2, None),
+    (_lm_values, _lm_batch, 'interleaved', 1, 2),
+    (_lm_values, _lm_batch, _user_gpipe, 1, None),
+    (_awd_values, _awd_batch, '1f1b', 1, None),
+])
+def test_tnc_networks_under_the_stage_runtime_train_as_the_gpipe_graph(make, leaves, schedule,
+                                                                      replicas, virtual):
+    """Tokens ``(T, N)``, states ``(L, N, C)``, outputs ``(T, N, V)``: each
+    split into micro-batches and replicas on axis 1 and joined there; three
+    SGD steps give GPipe's one graph's outputs and parameters."""
+    _, expected_out, expected = _schedule_steps(make, leaves, 'gpipe', replicas=replicas)
+    mod, out, params = _schedule_steps(make, leaves, schedule, replicas=replicas,
+                                       virtual=virtual)
+    assert type(mod).__name__ == 'StagedModule'
+    assert [o.shape for o in out] == [o.shape for o in expected_out]
+    assert out[0].shape[:2] == (T, N) and out[1].shape[1] == N
+    assert [s for _, s in mod.output_shapes] == [o.shape for o in out]
+    for ours, theirs in zip(out, expected_out):
+        assert_exact(ours, theirs)
+    assert sorted(params) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=0, atol=EXACT, err_msg=name)
+
+
+def test_tnc_states_cross_two_nodes_under_1f1b_as_in_one_process(tmp_path):
+    """``AWDRNN``'s ``(T, N)`` tokens, ``(1, N, C)`` states and ``(T, N, E)``
+    activations cross between two node processes split on axis 1: after
+    three SGD steps every parameter, once on the node of its stage, and
+    the last node's outputs equal one process's bit for bit."""
+    import os  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import recurrent_nodes_worker  # pylint: disable=import-outside-toplevel
+    from conftest import reserved_port  # pylint: disable=import-outside-toplevel
+    from test_nodes import WORKER, node_env  # pylint: disable=import-outside-toplevel
+    worker = os.path.join(os.path.dirname(WORKER), 'recurrent_nodes_worker.py')
+    out = str(tmp_path / 'node')
+    with reserved_port() as port:
+        procs = [subprocess.Popen([sys.executable, worker, '--out', out, '--nodes', '2'],
+                                  env=node_env(rank, 2, port), cwd=os.path.dirname(
+                                      os.path.dirname(WORKER)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(2)]
+        try:
+            ended = [p.communicate(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+    for p, (_, err) in zip(procs, ended):
+        assert p.returncode == 0, err[-3000:]
+    held = {}
+    for rank in range(2):
+        with np.load('%s_%d.npz' % (out, rank)) as data:
+            mine = {k: v for k, v in data.items() if k.startswith('param:')}
+            outputs = [data[k] for k in sorted(data) if k.startswith('output:')]
+        assert mine and not set(mine) & set(held)
+        held.update(mine)
+    expected, expected_outputs = recurrent_nodes_worker.train()
+    assert sorted(held) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(held[name], value, err_msg=name)
+    assert outputs and outputs[0].shape[:2] == (recurrent_nodes_worker.T, recurrent_nodes_worker.N)
+    for ours, theirs in zip(outputs, expected_outputs):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_the_stage_runtime_reads_the_metric_and_output_shapes_as_the_one_graph():
+    """Two replicas of two micro-batches: each replica's labels sliced on
+    their axis 1 for the metric, and the outputs' shapes the whole batch's."""
+    found = []
+    for schedule in ('gpipe', '1f1b'):
+        net, values = _lm_values()
+        (x, states), y = _lm_batch(0)
+        pipe = Pipeline(net, 'cpu:0,cpu:1,cpu:2,cpu:3', sample=(x, states), batch_axis=1,
+                        chunks=2, replicas=2, schedule=schedule)
+        mod = pipe.module(loss='softmax', output=0)
+        mod.bind(list(zip(pipe.input_names, [a.shape for a in [x] + states])),
+                 [('softmax_label', y.shape)])
+        mod.init_params(arg_params=values, aux_params={})
+        mod.forward(mx.io.DataBatch([x] + states, [y]), is_train=False)
+        metric = mx.metric.Accuracy(axis=2)
+        mod.update_metric(metric, [y])
+        found.append((type(mod).__name__, metric.num_inst, metric.sum_metric,
+                      [s for _, s in mod.output_shapes]))
+    assert found[1][0] == 'StagedModule' and found[1][1:] == found[0][1:]
+    assert found[0][1] == T * N and found[0][3] == [(T, N, VOCAB), (LAYERS, N, HIDDEN),
+                                                    (LAYERS, N, HIDDEN)]

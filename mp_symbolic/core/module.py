@@ -52,19 +52,33 @@ from .updater import PerDeviceUpdater
 __all__ = []
 
 
-def with_input_shape(symbol, data_name, sample_shape):
+def with_input_shape(symbol, data_name, sample_shape, input_layouts=None):
     """``symbol`` with ``(0,) + sample_shape`` recorded on its data variable
     (``data_name`` and ``sample_shape`` may be ``{name: sample shape}`` and
-    ``None`` for several inputs).
+    ``None`` for several inputs); an input of ``input_layouts`` (``{name:
+    layout}``, its batch at the layout's ``N``: ``'TN'``, ``'TNC'``) has the
+    layout recorded (``__layout__``), and its shape with the 0 there.
 
     MXNet reads a 0 dimension as unknown, so the graph still binds at any
-    batch size; an exporter reads the per-sample shape back from the file.
+    batch size; an exporter reads the per-sample shape and where the batch
+    is back from the file.
     """
     shapes = data_name if isinstance(data_name, dict) else {data_name: sample_shape}
+    input_layouts = dict(input_layouts or {})
+
+    def recorded(name, attrs):
+        if name in input_layouts:
+            attrs = dict(attrs, **{layouts.LAYOUT_ATTR: input_layouts[name]})
+        if name in shapes:
+            shape, axis = tuple(shapes[name]), max(input_layouts.get(name, 'N').find('N'), 0)
+            attrs = dict(attrs, __shape__=str(shape[:axis] + (0,) + shape[axis:]))
+        return attrs
+
     graph = PlacedGraph.from_symbol(symbol)
     return graph.but([
-        n.but(attrs=dict(n.attrs, __shape__=str((0,) + tuple(shapes[n.name]))))
-        if n.is_variable and n.name in shapes else n for n in graph.nodes]).to_symbol()
+        n.but(attrs=recorded(n.name, n.attrs))
+        if n.is_variable and (n.name in shapes or n.name in input_layouts) else n
+        for n in graph.nodes]).to_symbol()
 
 
 def fixed_param_names(pipeline, symbol):
@@ -307,6 +321,14 @@ class PipelineModule(DeviceModule):
         sample's``)."""
         return {n: s for n, s in self.input_shapes.items()
                 if s and self._batch_axes.get(n, 0) == 0}
+
+    def recorded_layouts(self):
+        """``{input name: layout}`` that a checkpoint records (``__layout__``)
+        for the inputs whose batch is not on axis 0 (``'TN'`` for ``(T,
+        N)`` tokens, ``'TNC'`` for ``(L, N, C)`` states): an exporter reads
+        each input's batch there."""
+        return {n: layouts.layout_of(a, len(self.input_shapes[n]) + 1)
+                for n, a in self._batch_axes.items() if a > 0}
 
     def update_metric(self, eval_metric, labels, pre_sliced=False):
         """``mx.mod.Module.update_metric``; with a loss on one of several
@@ -603,7 +625,8 @@ class PipelineModule(DeviceModule):
         """Writes ``prefix-symbol.json`` and ``prefix-%04d.params`` as
         ``mx.mod.Module.save_checkpoint`` does, with the graph without
         micro-batches and the per-sample input shape recorded on ``data``."""
-        symbol = with_input_shape(self.export_symbol, self.recorded_shapes(), None)
+        symbol = with_input_shape(self.export_symbol, self.recorded_shapes(), None,
+                                  self.recorded_layouts())
         symbol.save('%s-symbol.json' % prefix, remove_amp_cast=remove_amp_cast)
         self.save_params('%s-%04d.params' % (prefix, epoch))
         if save_optimizer_states:

@@ -170,9 +170,8 @@ class Pipeline(gluon.Block):
             (tokens ``(T, N)``, states ``(L, N, C)``, outputs ``(T, N, V)``).
             The micro-batches and the replicas split every input on it and
             join every output on it, in the twin and the Module (whose
-            inputs and labels then carry layouts with ``N`` there); the
-            stage runtime (a schedule other than ``'gpipe'``, or nodes)
-            takes 0 only.
+            inputs and labels then carry layouts with ``N`` there), on
+            every schedule and over nodes.
 
     Attributes:
         blocks: The blocks, in order.
@@ -429,10 +428,6 @@ class Pipeline(gluon.Block):
                 copy; ``get_params`` and checkpoints gather a fresh one.
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
-
-        Raises:
-            ValueError: ``batch_axis`` other than 0 with the stage runtime
-                (a schedule other than ``'gpipe'``, or nodes).
         """
         # pylint: disable=import-outside-toplevel
         from .module import PipelineModule

@@ -18,7 +18,7 @@ import mxnet as mx
 
 from .compat import split_bind
 from .device_module import DeviceModule
-from .layouts import batch_axis_of, batch_descs
+from .layouts import batch_axis_of, batch_descs, layout_of, output_batch_axes
 from .module import PipelineModule, shape_pair
 from . import schedule as schedules
 from .nodes import TorchTransport
@@ -33,26 +33,18 @@ KEPT_BINDS = 4  # batch sizes whose stage executors stay bound at once
 class StagedModule(PipelineModule):
     """A :class:`PipelineModule` run stage by stage in the Pipeline's schedule.
 
+    Each input and label is split into micro-batches and replicas on its own
+    batch axis (the ``N`` of its ``DataDesc`` layout, or the Pipeline's
+    ``batch_axis``: :func:`~mp_symbolic.core.layouts.batch_descs`), and each
+    output joined on the axis where its size follows the batch (axis 0 for
+    one that does not), as the one graph does.
+
     Raises:
-        ValueError: a Pipeline whose ``batch_axis`` is not 0 (the runtime
-            splits batches on axis 0); (at ``bind``) a batch that is not a
-            multiple of ``chunks x replicas``, an input whose layout puts
-            its batch on another axis, ``inputs_need_grad``, or a
-            ``grad_req`` other than ``'write'``.
+        ValueError: (at ``bind``) a batch that is not a multiple of ``chunks
+            x replicas``, a layout that cannot hold (as ``batch_descs``
+            says), ``inputs_need_grad``, or a ``grad_req`` other than
+            ``'write'``.
     """
-
-    def __init__(self, pipeline, *args, **kwargs):
-        if pipeline.batch_axis:
-            raise ValueError('batch_axis: expected 0 for the stage runtime (%s: it splits '
-                             'batches on axis 0), found %d (the twin, and schedule=\'gpipe\' '
-                             'in one process, take it)'
-                             % (self._why(pipeline), pipeline.batch_axis))
-        super().__init__(pipeline, *args, **kwargs)
-
-    @staticmethod
-    def _why(pipeline):
-        return 'schedule=%r' % pipeline.schedule if pipeline.nodes is None else \
-            '%d nodes' % pipeline.nodes.count
 
     def _graph(self):
         """One micro-batch's training graph: the stages cut it, the runtime repeats it."""
@@ -98,19 +90,22 @@ class StagedModule(PipelineModule):
         if grad_req != 'write':
             raise ValueError('grad_req: expected \'write\' under schedule=%r, found %r'
                              % (self.pipeline.schedule, grad_req))
-        for desc in batch_descs(list(data_shapes) + list(label_shapes or ()), 0, 1):
-            if batch_axis_of(desc) != 0:
-                raise ValueError('%s: expected the batch on axis 0 for the stage runtime (%s), '
-                                 'found layout %r' % (desc.name, self._why(self.pipeline),
-                                                      desc.layout))
+        axis = self.pipeline.batch_axis
+        descs = batch_descs(data_shapes, axis, 1) + \
+            batch_descs(label_shapes or (), axis, 1, labels=True)
+        self._axes = {d.name: batch_axis_of(d) for d in descs}  # each one's batch axis
         data_shapes = [shape_pair(d) for d in data_shapes]
         label_shapes = [shape_pair(d) for d in label_shapes or ()]
         self._fit_head(data_shapes, label_shapes, force_rebind)
-        batch = data_shapes[0][1][0]
+        first = data_shapes[0][0]
+        batch = data_shapes[0][1][self._axes[first]]
         self.pipeline.placement.micro_batch(batch)
-        self.sample_shape = data_shapes[0][1][1:]
-        self.input_shapes = {n: s[1:] for n, s in data_shapes}
+        self.input_shapes = {n: _without(s, self._axes[n]) for n, s in data_shapes}
+        self.sample_shape = self.input_shapes[first]
+        self._batch_axes = {n: self._axes[n] for n, _ in data_shapes}
         self.batch_size = self._batch = batch
+        self._out_axes = [max(a, 0) for a in output_batch_axes(self._full, [
+            d for d in descs if d.name in self._full.list_arguments()]) or ()]
         self._received_at = None
         one = [self._held_shape(n, data_shapes + label_shapes) for n in self._data_names]
         one_label = [self._held_shape(n, label_shapes) for n in self._label_names] or None
@@ -151,7 +146,7 @@ class StagedModule(PipelineModule):
             chunks = 1  # inference of a batch the micro-batches do not divide
         data_shapes, label_shapes = self._full_shapes
         micro = batch // (chunks * replicas)
-        shapes = {n: (micro,) + s[1:] for n, s in data_shapes + label_shapes}
+        shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
         specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
         boundary = boundary_specs(self._stages, specs)
         plan, nodes = pipe.plan, pipe.nodes
@@ -168,7 +163,7 @@ class StagedModule(PipelineModule):
             StageRuntime(self._stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict,
                          exe.aux_dict, shapes, schedule, train and self.for_training,
                          specs=specs, boundary=boundary, local=pipe.local_stages,
-                         transport=transport(r))
+                         transport=transport(r), axes=self._axes, output_axes=self._out_axes)
             for r, exe in enumerate(self._exec_group.execs)]
         self._bound_at[key] = runtimes
         while len(self._bound_at) > KEPT_BINDS:
@@ -188,28 +183,38 @@ class StagedModule(PipelineModule):
         replicas = self.pipeline.replicas
         given = dict(given)
         if name in given:
-            return mx.io.DataDesc(name, (replicas,) + tuple(given[name][1:]))
+            return _desc(name, _resized(given[name], self._axes[name], replicas),
+                         self._axes[name])
         if self._received_at is None:
             self._received_at = {b: _received(self._stages, self._full, {
-                n: (b,) + tuple(s[1:]) for n, s in given.items()}) for b in (1, 2)}
+                n: _resized(s, self._axes[n], b) for n, s in given.items()}) for b in (1, 2)}
         one, two = self._received_at[1][name], self._received_at[2][name]
-        if two[0] == 2 * one[0]:
-            return mx.io.DataDesc(name, (replicas * one[0],) + tuple(one[1:]))
+        grown = [i for i, (a, b) in enumerate(zip(one, two)) if b == 2 * a and a]
+        if grown:
+            return _desc(name, _resized(one, grown[0], replicas * one[grown[0]]), grown[0])
         return mx.io.DataDesc(name, one, layout='')  # no batch axis: held whole
 
     @property
     def data_shapes(self):
-        return [mx.io.DataDesc(n, s) for n, s in self._full_shapes[0]] if self.binded else None
+        return [_desc(n, s, self._axes[n]) for n, s in self._full_shapes[0]] \
+            if self.binded else None
 
     @property
     def label_shapes(self):
-        return [mx.io.DataDesc(n, s) for n, s in self._full_shapes[1]] if self.binded else None
+        return [_desc(n, s, self._axes[n]) for n, s in self._full_shapes[1]] \
+            if self.binded else None
 
     @property
     def output_shapes(self):
         assert self.binded
-        return [(n, (self.batch_size,) + tuple(s[1:]))
-                for n, s in self._exec_group.get_output_shapes()]
+        group = self._exec_group
+        return [(n, _resized(o.shape, self._out_axis(i), self.batch_size))
+                for i, (n, o) in enumerate(zip(group.symbol.list_outputs(),
+                                               group.execs[0].outputs))]
+
+    def _out_axis(self, i):
+        """The batch axis of output ``i`` (0 for one whose size does not follow the batch)."""
+        return self._out_axes[i] if i < len(self._out_axes) else 0
 
     def init_optimizer(self, kvstore='local', optimizer='sgd',
                        optimizer_params=(('learning_rate', 0.01),), force_init=False):
@@ -237,7 +242,7 @@ class StagedModule(PipelineModule):
         assert self.binded and self.params_initialized
         is_train = self.for_training if is_train is None else is_train
         data = list(data_batch.data)
-        batch = data[0].shape[0]
+        batch = data[0].shape[self._axes[self._inputs[0]]]
         train = is_train and self.for_training
         # the bound runtimes run the bound size, forwards alone too
         self._runtimes = self._runtimes_for(batch, train or batch == self.batch_size and
@@ -255,7 +260,7 @@ class StagedModule(PipelineModule):
                 for array in arrays:
                     array.wait_to_read()
         for r, runtime in enumerate(self._runtimes):
-            inputs = {n: a[r * part:(r + 1) * part] for n, a in zip(names, data + labels)}
+            inputs = {n: _part(a, self._axes[n], r, part) for n, a in zip(names, data + labels)}
             runtime.run(inputs, train=is_train and self.for_training)
         self._trained = is_train and self.for_training
 
@@ -283,9 +288,11 @@ class StagedModule(PipelineModule):
         per_output = [list(p) for p in zip(*parts)]
         if not merge_multi_context:
             return per_output
+        keys = self._runtimes[0].output_keys
         return [p[0] if len(p) == 1 else
-                mx.nd.concat(*[a.as_in_context(p[0].context) for a in p], dim=0)
-                for p in per_output]
+                mx.nd.concat(*[a.as_in_context(p[0].context) for a in p],
+                             dim=self._out_axis(keys[i]))
+                for i, p in enumerate(per_output)]
 
     def get_input_grads(self, merge_multi_context=True):
         raise ValueError('inputs_need_grad: expected False under schedule=%r, found a request '
@@ -302,7 +309,8 @@ class StagedModule(PipelineModule):
             names = names[:1]
         part = self._batch // len(self._runtimes)
         for r, runtime in enumerate(self._runtimes):
-            sliced = labels[r] if pre_sliced else [l[r * part:(r + 1) * part] for l in labels]
+            sliced = labels[r] if pre_sliced else [
+                _part(l, self._axes.get(n, 0), r, part) for n, l in zip(self._all_labels, labels)]
             eval_metric.update_dict(OrderedDict(zip(self._all_labels, sliced)),
                                     OrderedDict(zip(names, runtime.outputs)))
 
@@ -314,11 +322,38 @@ class StagedModule(PipelineModule):
             ValueError: see :meth:`_runtimes_for`, or other per-sample shapes.
         """
         data_shapes = [shape_pair(d) for d in data_shapes]
-        if [s[1:] for _, s in data_shapes] != [s[1:] for _, s in self._full_shapes[0]]:
+        bound = [_without(s, self._axes[n]) for n, s in self._full_shapes[0]]
+        given = [_without(s, self._axes.get(n, 0)) for n, s in data_shapes]
+        if given != bound:
             raise ValueError('data_shapes: expected the bound per-sample shapes %s, found %s'
-                             % ([s[1:] for _, s in self._full_shapes[0]],
-                                [s[1:] for _, s in data_shapes]))
-        self._runtimes_for(data_shapes[0][1][0], self.for_training)
+                             % (bound, given))
+        name, shape = data_shapes[0]
+        self._runtimes_for(shape[self._axes.get(name, 0)], self.for_training)
+
+
+def _without(shape, axis):
+    """``shape`` without its batch ``axis``: one sample's."""
+    return tuple(shape[:axis]) + tuple(shape[axis + 1:])
+
+
+def _resized(shape, axis, size):
+    """``shape`` with ``size`` on its batch ``axis``."""
+    return tuple(shape[:axis]) + (size,) + tuple(shape[axis + 1:])
+
+
+def _desc(name, shape, axis):
+    """A ``DataDesc`` of ``shape`` whose layout puts ``N`` at ``axis`` (MXNet's
+    default layout for axis 0)."""
+    if not axis:
+        return mx.io.DataDesc(name, shape)
+    return mx.io.DataDesc(name, shape, layout=layout_of(axis, len(shape)))
+
+
+def _part(array, axis, index, size):
+    """Part ``index`` of ``array``'s batch, ``size`` long on ``axis`` (a view on axis 0)."""
+    if not axis:
+        return array[index * size:(index + 1) * size]
+    return mx.nd.slice_axis(array, axis=axis, begin=index * size, end=(index + 1) * size)
 
 
 def _received(stages, symbol, shapes):

@@ -103,10 +103,16 @@ class StageRuntime:
         local: The stages this runtime binds and runs (default: every stage).
         transport: Carries the boundary tensors (default: a
             :class:`~mp_symbolic.core.comm.LocalTransport`).
+        axes: ``{data or label name: its batch axis}``, where the
+            micro-batches split it (default: axis 0).
+        output_axes: The batch axis of each output of the graph the stages
+            were cut from, by index, where the micro-batches' outputs join
+            (default: axis 0).
     """
 
     def __init__(self, stages, group2ctx, arg_dict, grad_dict, aux_dict, input_shapes,
-                 schedule, for_training, specs, boundary=None, local=None, transport=None):
+                 schedule, for_training, specs, boundary=None, local=None, transport=None,
+                 axes=None, output_axes=None):
         self.stages, self.schedule = stages, schedule
         self.local = tuple(range(len(stages)) if local is None else local)
         self.transport = LocalTransport() if transport is None else transport
@@ -114,6 +120,8 @@ class StageRuntime:
         self.for_training = for_training
         self.microbatches = schedule.microbatches
         self.input_shapes = dict(input_shapes)
+        self.axes = dict(axes or {})
+        self.output_axes = list(output_axes or ())
         self.grads = [g for n, g in grad_dict.items() if g is not None and n in arg_dict]
         self.links = links(stages)
         self._receives = {s: [(link, name) for link, name in self.links if link.consumer == s]
@@ -138,10 +146,17 @@ class StageRuntime:
         for graph in stages:
             if graph.stage not in self.local and graph.heads:
                 self._remote_heads[graph.stage] = [
-                    (k, (shape[0] * self.microbatches,) + shape[1:], dtype, device)
+                    (k, self._joined_shape(k, shape), dtype, device)
                     for k, (shape, dtype) in sorted(head_specs(graph, specs,
                                                                self._boundary).items())]
         self.outputs = None
+        self.output_keys = []
+
+    def _joined_shape(self, k, shape):
+        """The shape of graph output ``k`` of a micro-batch's ``shape``, the
+        batch's micro-batches joined on its batch axis."""
+        axis = self.output_axes[k] if k < len(self.output_axes) else 0
+        return tuple(n * self.microbatches if a == axis else n for a, n in enumerate(shape))
 
     def _bind(self, graph, symbol, groups, group2ctx, arg_dict, grad_dict, aux_dict, types):
         """One executor of ``graph`` (bound as ``symbol``, its graph or one
@@ -227,7 +242,8 @@ class StageRuntime:
         for pending in received:
             pending.wait()
         self.transport.finish()
-        self.outputs = [outputs[k] for k in sorted(outputs)]
+        self.output_keys = sorted(outputs)  # the graph's outputs these are, by index
+        self.outputs = [outputs[k] for k in self.output_keys]
 
     def _forward(self, graph, slot, i, inputs, train, outputs):
         executor = slot.executor
@@ -235,16 +251,28 @@ class StageRuntime:
                                                   for link, name in self._receives[graph.stage]])
         for name in graph.inputs:
             if name in inputs:
-                rows = self.input_shapes[name][0]
-                inputs[name][i * rows:(i + 1) * rows].copyto(executor.arg_dict[name])
+                axis = self.axes.get(name, 0)
+                rows = self.input_shapes[name][axis]
+                if axis:
+                    part = mx.nd.slice_axis(inputs[name], axis=axis, begin=i * rows,
+                                            end=(i + 1) * rows)
+                else:
+                    part = inputs[name][i * rows:(i + 1) * rows]
+                part.copyto(executor.arg_dict[name])
         pending.wait()
         executor.forward(is_train=train)
         for k, output in graph.heads:
             value = executor.outputs[output]
+            axis = self.output_axes[k] if k < len(self.output_axes) else 0
+            rows = value.shape[axis]
             if k not in outputs:
-                outputs[k] = mx.nd.empty((value.shape[0] * self.microbatches,) + value.shape[1:],
-                                         value.context, dtype=value.dtype)
-            value.copyto(outputs[k][i * value.shape[0]:(i + 1) * value.shape[0]])
+                shape = list(value.shape)
+                shape[axis] *= self.microbatches
+                outputs[k] = mx.nd.empty(tuple(shape), value.context, dtype=value.dtype)
+            if axis:
+                outputs[k][(slice(None),) * axis + (slice(i * rows, (i + 1) * rows),)] = value
+            else:
+                value.copyto(outputs[k][i * rows:(i + 1) * rows])
         sent = [(link, executor.outputs[graph.sends[link.tensor][1]])
                 for link in self._sends[graph.stage]]
         self.transport.send_forward(i, sent)

@@ -852,7 +852,8 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
         raise ValueError('epoch: expected a non-negative integer, found %r' % (epoch,))
     pipe = module.pipeline
-    symbol = with_input_shape(module.export_symbol, module.recorded_shapes(), None)
+    symbol = with_input_shape(module.export_symbol, module.recorded_shapes(), None,
+                              module.recorded_layouts())
     if pipe.nodes is not None:  # each array made from its device when its part is written
         arg_params, aux_params = module.lazy_params()
         states = module.optimizer_states(lazy=True) if module.optimizer_initialized \
