@@ -17,7 +17,7 @@ import os
 import sys
 
 from ..core.checks import excerpt
-from ..tools.cliargs import OneLineArgumentParser
+from ..tools.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
 from ..tools.files import shown_path
 from .config import APIS, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
@@ -193,6 +193,15 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     sample.add_sample_flags(commands.add_parser(
         'sample', help='continue a prompt with a trained character-level model',
         description=sample.DESCRIPTION))
+    blas = commands.add_parser(
+        'blas', help="the OpenBLAS kernel chosen for this CPU, and its check's verdict",
+        description="Print the CPU's features, the OpenBLAS kernel (OPENBLAS_CORETYPE) the "
+                    "commands set for it before MXNet loads, the verdict of its check (MXNet's "
+                    "dot and batch_dot against float64 products, run once and cached), and "
+                    "OpenBLAS's own choice. MP_SYMBOLIC_BLAS=default, or OPENBLAS_CORETYPE or "
+                    "OPENBLAS_L2_SIZE already set, leaves the kernel to OpenBLAS.")
+    blas.add_argument('--recheck', action='store_true',
+                      help='run the check again rather than read its cached verdict')
     if not defaults:
         for subparser in commands.choices.values():
             for action in subparser._actions:  # pylint: disable=protected-access
@@ -357,6 +366,13 @@ def main(argv=None):
         return args.run(args)
     if args.command == 'sample':
         return sample.run(args)
+    if args.command == 'blas':
+        from ..tools.blas import report  # pylint: disable=import-outside-toplevel
+        try:
+            return report(recheck=args.recheck)
+        except ValueError as err:
+            print_error(err)
+            return USAGE_ERROR
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir
