@@ -1,10 +1,10 @@
-"""Command line: ``python -m mp_symbolic train|compare|launch|sample ...``.
+"""Command line: ``python -m mp_symbolic train|compare|launch|sample|blas ...``.
 
 Parses flags into a :class:`~mp_symbolic.training.config.TrainConfig` and calls
 :func:`~mp_symbolic.training.loop.train` or :func:`~mp_symbolic.training.compare.compare`
 (``launch`` lives in :mod:`~mp_symbolic.tools.launch`, ``sample`` in
-:mod:`~mp_symbolic.training.sample`). User errors (a bad flag
-value, a device plan that cannot be made, an output folder that cannot be
+:mod:`~mp_symbolic.training.sample`, ``blas`` in :mod:`~mp_symbolic.tools.blas`).
+User errors (a bad flag value, a device plan that cannot be made, an output folder that cannot be
 written or is in use, a checkpoint that cannot be resumed) print one line to
 stderr naming the flag and exit with status 2 before any work; training that
 diverges or does not learn, or a file that cannot be written, exits 1;
