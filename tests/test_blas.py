@@ -88,7 +88,8 @@ def test_the_chosen_kernel_computes_dot_and_batch_dot_within_the_float32_bound()
 def test_a_check_held_to_no_rounding_at_all_fails_and_names_the_products():
     verdict = blas.check(CHOSEN, tolerance=0)
     assert not verdict['ok'] and not verdict['timed_out']
-    assert 'out of the float32 bound: dot ' in verdict['reason'] and 'batch_dot' in verdict['reason']
+    assert 'out of the float32 bound: dot ' in verdict['reason']
+    assert 'batch_dot' in verdict['reason']
 
 
 @needs_a_kernel
@@ -264,3 +265,21 @@ def test_blas_command_prints_the_choice_its_verdict_and_openblass_own(tmp_path):
                                % CHOSEN)
     assert lines[-1] == "OpenBLAS's own choice: %s" % _core(None)
     assert os.path.exists(blas.cache_path({'XDG_CACHE_HOME': str(tmp_path / 'cache')}))
+
+
+@needs_mxnet_openblas
+@pytest.mark.parametrize('text', ['not json', '[1, 2]', '{"%s": {"ok": true}}'])
+def test_a_cache_that_cannot_be_read_is_checked_again_and_rewritten(tmp_path, text):
+    environ = {'XDG_CACHE_HOME': str(tmp_path / 'cache')}
+    skylake = _cpuinfo(tmp_path, AVX512)
+    blas.recommended(environ, verify=_Verifier(), cpuinfo=skylake)
+    path = blas.cache_path(environ)
+    with open(path) as f:
+        key = next(iter(json.load(f)))
+    with open(path, 'w') as f:
+        f.write(text.replace('%s', key))
+    verify = _Verifier()
+    assert blas.recommended(environ, verify=verify, cpuinfo=skylake).coretype == 'SkylakeX'
+    assert verify.calls == ['SkylakeX']
+    with open(path) as f:
+        assert json.load(f)[key]['reason'] == 'stand-in verdict'

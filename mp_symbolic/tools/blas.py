@@ -364,7 +364,7 @@ def recommended(environ=None, recheck=False, verify=None, cpuinfo='/proc/cpuinfo
     key = _key(coretype, model, flags, mxnet)
     with _locked(path):
         verdict = None if recheck else _read(path).get(key)
-        if not isinstance(verdict, dict) or 'ok' not in verdict:
+        if not isinstance(verdict, dict) or not {'ok', 'reason'} <= set(verdict):
             verdict = dict(verify(coretype), checked=True)
             if not verdict.get('timed_out'):
                 entries = _read(path)
