@@ -13,7 +13,8 @@ to be in the environment before ``import mxnet``:
   (AVX), on x86_64 Linux only; else none.
 * :func:`check` runs that kernel in a child process: ``mx.nd.dot`` and
   ``mx.nd.batch_dot`` on float32 matrices of several shapes (odd ones, and
-  transposed operands) against numpy's float64 products, each element within
+  transposed operands) against float64 products (``numpy.einsum``, which
+  calls no BLAS), each element within
   the float32 bound ``(K + 2) * 2**-24 * (|A| @ |B|)``; a crash, an error or
   an element out of bound fails it.
 * :func:`recommended` is the choice with its check's verdict, cached per CPU
@@ -105,8 +106,10 @@ for op, shape, transposed in cases:
     c = f(mx.nd.array(a), mx.nd.array(b), transpose_b=transposed).asnumpy().astype(np.float64)
     b64 = b.astype(np.float64)
     b64 = np.swapaxes(b64, -1, -2) if transposed else b64
-    exact = np.matmul(a.astype(np.float64), b64)
-    bound = tolerance * (k + 2) * u * np.matmul(np.abs(a.astype(np.float64)), np.abs(b64))
+    # einsum without optimize: no BLAS, so no OpenBLAS of numpy's in the reference
+    exact = np.einsum('...ik,...kj->...ij', a.astype(np.float64), b64)
+    bound = tolerance * (k + 2) * u * np.einsum('...ik,...kj->...ij',
+                                                np.abs(a.astype(np.float64)), np.abs(b64))
     error = np.abs(c - exact)
     if c.shape != exact.shape or not np.all(error <= bound):
         failed.append('%s %s%s' % (op, 'x'.join(map(str, shape)), ' (B transposed)' * transposed))
