@@ -278,3 +278,16 @@ def test_a_cache_that_cannot_be_read_is_checked_again_and_rewritten(tmp_path, te
     assert verify.calls == ['SkylakeX']
     with open(path) as f:
         assert json.load(f)[key]['reason'] == 'stand-in verdict'
+
+
+@needs_a_kernel
+def test_the_benchmark_times_both_kernels_in_processes_of_their_own(tmp_path):
+    result = subprocess.run([sys.executable, '-m', 'bench.blas', '--rounds', '1', '--tasks', '',
+                             '--seconds', '0.01'], cwd=ROOT, env=_env(tmp_path),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert 'OpenBLAS runs %s under OPENBLAS_CORETYPE=%s, %s on its own' % (
+        _core(CHOSEN), CHOSEN, _core(None)) in lines
+    rows = [line for line in lines if line.startswith(('dot ', 'batch_dot '))]
+    assert len(rows) == 8 and all(float(row.split()[-1]) > 0 for row in rows)
