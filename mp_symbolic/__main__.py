@@ -5,6 +5,10 @@ import sys
 from .tools.interrupts import exit_on_signals, ignore_signals
 
 exit_on_signals()  # before MXNet loads: Ctrl-C or SIGTERM while starting is one line
+if sys.argv[1:2] != ['blas']:  # which reports the choice, and so makes none
+    # OpenBLAS reads its kernel when MXNet loads: this process's and those it starts
+    from .tools.blas import at_start
+    at_start()
 # pylint: disable=wrong-import-position
 from .training.cli import main  # noqa: E402
 

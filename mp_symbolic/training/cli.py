@@ -1,10 +1,10 @@
-"""Command line: ``python -m mp_symbolic train|compare|launch|sample|pair ...``.
+"""Command line: ``python -m mp_symbolic train|compare|launch|sample|pair|blas ...``.
 
 Parses flags into a :class:`~mp_symbolic.training.config.TrainConfig` and calls
 :func:`~mp_symbolic.training.loop.train` or :func:`~mp_symbolic.training.compare.compare`
 (``launch`` lives in :mod:`~mp_symbolic.tools.launch`, ``pair`` in
 :func:`~mp_symbolic.tools.checkpoint.write_pair`, ``sample`` in
-:mod:`~mp_symbolic.training.sample`). User errors (a bad flag
+:mod:`~mp_symbolic.training.sample`, ``blas`` in :mod:`~mp_symbolic.tools.blas`). User errors (a bad flag
 value, a device plan that cannot be made, an output folder that cannot be
 written or is in use, a checkpoint that cannot be resumed) print one line to
 stderr naming the flag and exit with status 2 before any work; training that
@@ -18,7 +18,7 @@ import os
 import sys
 
 from ..core.checks import excerpt
-from ..tools.cliargs import OneLineArgumentParser
+from ..tools.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
 from ..tools.files import shown_path
 from .config import APIS, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
@@ -205,6 +205,15 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     sample.add_sample_flags(commands.add_parser(
         'sample', help='continue a prompt with a trained character-level model',
         description=sample.DESCRIPTION))
+    blas = commands.add_parser(
+        'blas', help="the OpenBLAS kernel chosen for this CPU, and its check's verdict",
+        description="Print the CPU's features, the OpenBLAS kernel (OPENBLAS_CORETYPE) the "
+                    "commands set for it before MXNet loads, the verdict of its check (MXNet's "
+                    "dot and batch_dot against float64 products, run once and cached), and "
+                    "OpenBLAS's own choice. MP_SYMBOLIC_BLAS=default, or OPENBLAS_CORETYPE or "
+                    "OPENBLAS_L2_SIZE already set, leaves the kernel to OpenBLAS.")
+    blas.add_argument('--recheck', action='store_true',
+                      help='run the check again rather than read its cached verdict')
     if not defaults:
         for subparser in commands.choices.values():
             for action in subparser._actions:  # pylint: disable=protected-access
@@ -396,6 +405,13 @@ def main(argv=None):
         return sample.run(args)
     if args.command == 'pair':
         return _pair(args)
+    if args.command == 'blas':
+        from ..tools.blas import report  # pylint: disable=import-outside-toplevel
+        try:
+            return report(recheck=args.recheck)
+        except ValueError as err:
+            print_error(err)
+            return USAGE_ERROR
     # Imported after parsing so that --help and flag errors do not wait for MXNet.
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir

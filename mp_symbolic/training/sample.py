@@ -23,6 +23,8 @@ from ..tools.interrupts import exit_on_signals, ignore_signals
 
 if __name__ == '__main__':
     exit_on_signals()  # before numpy, onnx and MXNet load: Ctrl-C while starting is one line
+    from ..tools.blas import at_start
+    at_start()  # OpenBLAS at the CPU's kernel, chosen before MXNet loads
 # pylint: disable=wrong-import-position
 import json  # noqa: E402
 
