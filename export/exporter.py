@@ -42,6 +42,7 @@ from .inference import (activation_bytes, inference_graph, input_dtypes, input_n
 
 from .onnx_export import check_onnx_version, dynamic_inputs, save_onnx, to_onnx
 from .runtimes import check_symbol_file
+from .suppression import METADATA_KEY as SUPPRESSION_KEY, split_suppression, suppression_note
 from .verify import (OneDeviceReference, check_batches, failed_checks, format_report,
                      verify_export)
 
@@ -376,7 +377,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         hints = (input_shape if isinstance(input_shape, dict) or input_shape is None
                  else {DATA_NAME: tuple(input_shape)})
     symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
-    inference = inference_graph(symbol)
+    inference, suppression = split_suppression(inference_graph(symbol))
+    if suppression is not None:  # the export, and what it is checked against, end before it
+        symbol = inference
     stages = stage_layout(inference)
     shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample, log)
     for input_name, one in shapes.items():  # recorded, so that load_model knows them too
@@ -398,6 +401,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     if note:
         log(note)
     extra = {'trained_devices': ','.join(info['devices'] or [])}
+    if suppression is not None:
+        extra[SUPPRESSION_KEY] = json.dumps(suppression, sort_keys=True)
+        log(suppression_note(suppression, export_names(name)['onnx']))
     if info['summary'] is not None:  # what the run reported (a task's vocabulary, ...)
         extra['training_summary'] = json.dumps(info['summary'], sort_keys=True)
     model = to_onnx(inference, arg_params, aux_params,
@@ -431,6 +437,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
                                         ('input_shape', list(shape) if len(shapes) == 1
                                          else {k: list(v) for k, v in shapes.items()})])
         report['files'] = dict(names)
+        if suppression is not None:
+            report['suppression'] = suppression
         for line in format_report(report):
             log(line)
         if not report['ok']:
