@@ -42,7 +42,8 @@ from .inference import (activation_bytes, inference_graph, input_dtypes, input_n
 
 from .onnx_export import check_onnx_version, dynamic_inputs, save_onnx, to_onnx
 from .runtimes import check_symbol_file
-from .suppression import METADATA_KEY as SUPPRESSION_KEY, split_suppression, suppression_note
+from .suppression import (METADATA_KEY as SUPPRESSION_KEY, check_suppression, split_suppression,
+                          suppression_note)
 from .verify import (OneDeviceReference, check_batches, failed_checks, format_report,
                      verify_export)
 
@@ -439,6 +440,8 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         report['files'] = dict(names)
         if suppression is not None:
             report['suppression'] = suppression
+            report['checks'].append(check_suppression(paths['onnx'], suppression, shapes, dtypes))
+            report['ok'] = report['ok'] and report['checks'][-1]['ok']
         for line in format_report(report):
             log(line)
         if not report['ok']:

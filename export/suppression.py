@@ -334,3 +334,105 @@ def split_suppression(symbol):
     spec = {'format': FORMAT, 'inputs': [s.list_outputs()[0] for s in body],
             'nodes': spec_nodes, 'outputs': outputs}
     return (body[0] if len(body) == 1 else mx.sym.Group(body)), spec
+
+
+def _mxnet_tail(spec, outputs):
+    """The spec's ops run by MXNet's own operators (the reference of
+    :func:`suppress`)."""
+    import mxnet as mx
+    values = {}
+
+    def value(ref):
+        return mx.nd.array(outputs[ref[1]], dtype=outputs[ref[1]].dtype) \
+            if ref[0] == 'input' else values[ref[1]]
+
+    for i, node in enumerate(spec['nodes']):
+        x = value(node['input'])
+        if node['op'] in SUPPRESSION_OPS:
+            values[i] = mx.nd.contrib.box_nms(x, **node['attrs'])
+        elif node['op'] == 'slice_axis':
+            values[i] = mx.nd.slice_axis(x, **node['attrs'])
+        else:
+            values[i] = x
+    return [value(ref).asnumpy() for ref in spec['outputs']]
+
+
+def overlapping(spec, outputs, seed=0):
+    """``outputs`` with each suppression's boxes moved to overlap: per
+    batch, the best-scoring ``topk`` boxes but the best one onto the best
+    box (made a box of positive extent), jittered by 1% of the boxes'
+    extent, scored from 0.99 to 0.5 of the best's way above
+    ``valid_thresh``, their classes alternately another than the best's
+    and the best's, so that boxes overlap within and across classes."""
+    rng = np.random.default_rng(seed)
+    moved = [np.array(o, copy=True) for o in outputs]
+    for node in spec['nodes']:
+        if node['op'] not in SUPPRESSION_OPS or node['input'][0] != 'input':
+            continue
+        p = box_nms_params(node['attrs'])
+        data = moved[node['input'][1]]
+        rows = data.reshape((-1,) + data.shape[-2:])
+        coords = slice(p['coord_start'], p['coord_start'] + 4)
+        scale = max(float(np.abs(rows[..., coords]).max()), 1.0)
+        k = rows.shape[1] if p['topk'] < 0 else min(rows.shape[1], p['topk'])
+        for batch in rows:
+            best = np.argsort(-batch[:, p['score_index']], kind='stable')[:k]
+            box = batch[best[0], coords].astype(np.float64)
+            if p['in_format'] == 'corner':
+                low, high = np.minimum(box[:2], box[2:]), np.maximum(box[:2], box[2:])
+                box = np.concatenate([low, np.maximum(high, low + 0.1 * scale)])
+            else:
+                box[2:] = np.maximum(np.abs(box[2:]), 0.1 * scale)
+            near = best[1:]
+            batch[best[0], coords] = box
+            batch[near, coords] = box + rng.normal(0, 0.01 * scale, size=(len(near), 4))
+            top = batch[best[0], p['score_index']]
+            if top > p['valid_thresh']:  # each above the threshold, below the best
+                low = max(p['valid_thresh'], 0.0)
+                batch[near, p['score_index']] = low + (top - low) * np.linspace(
+                    0.99, 0.5, len(near))
+            if p['id_index'] >= 0:
+                own = np.trunc(batch[best[0], p['id_index']])  # as MXNet reads a class
+                batch[near, p['id_index']] = np.where(np.arange(len(near)) % 2 == 0,
+                                                      own + 1 if own >= 0 else 0, own)
+    return moved
+
+
+def check_suppression(onnx_path, spec, shapes, dtypes=None, batch_size=2, seed=0):
+    """Whether :func:`suppress` equals MXNet's own ops on what onnxruntime
+    outputs, as it is and moved to overlap (:func:`overlapping`).
+
+    Args:
+        onnx_path: The exported ONNX file.
+        spec: Its suppression (:func:`split_suppression`).
+        shapes: ``{input name: per-sample shape}``; ``dtypes`` their
+            numpy dtypes (float32 where not given).
+
+    Returns:
+        A verification check: ``{'name', 'ok', 'detail'}``.
+    """
+    from collections import OrderedDict
+    import onnxruntime as ort
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for name, shape in shapes.items():
+        dtype = np.dtype((dtypes or {}).get(name, np.float32))
+        size = (batch_size,) + tuple(shape)
+        feed[name] = (rng.normal(size=size).astype(dtype) if dtype.kind == 'f'
+                      else np.zeros(size, dtype))
+    session = ort.InferenceSession(onnx_path, providers=['CPUExecutionProvider'])
+    outputs = session.run(None, feed)
+    del session
+    differ = []
+    for what, given in (('as it is', outputs), ('moved to overlap', overlapping(spec, outputs))):
+        ours, theirs = suppress(given, spec), _mxnet_tail(spec, given)
+        if not all(a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+                   for a, b in zip(ours, theirs)):
+            differ.append(what)
+    kept = int(sum((o[..., 0] >= 0).sum() for o in suppress(outputs, spec)[:1]))
+    detail = ('export.suppress %s MXNet\'s %s on onnxruntime\'s outputs at batch %d, as they '
+              'are and moved to overlap within and across classes%s'
+              % ('differs from' if differ else 'equals', ', '.join(
+                  sorted(set(n['op'] for n in spec['nodes']))), batch_size,
+                 ' (%s)' % ', '.join(differ) if differ else ' (%d rows kept)' % kept))
+    return OrderedDict([('name', 'suppression'), ('ok', not differ), ('detail', detail)])

@@ -201,6 +201,10 @@ def test_detector_exports_from_a_two_device_checkpoint_and_verifies(detector):
         assert report['suppression'] == spec
         assert [o.shape[-1] for o in outputs] == [6] and len(spec['outputs']) == 3
         assert [n['op'] for n in spec['nodes']][0] == '_contrib_box_nms'
+        (check,) = [c for c in report['checks'] if c['name'] == 'suppression']
+        assert check['ok'] and 'moved to overlap within and across classes' in check['detail']
+        assert any(line.strip().startswith('[ok] suppression: export.suppress equals') for line in
+                   detector['lines'])
         assert any(line.startswith('note: _contrib_box_nms left out') for line in
                    detector['lines'])
 
