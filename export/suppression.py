@@ -20,7 +20,8 @@ that cut its rows and columns, ``BlockGrad``/``identity``).
 :func:`split_suppression` makes the cut; the ``spec`` it returns is what the
 export records in the ONNX file's ``metadata_props`` (key
 :data:`METADATA_KEY`), so that ``suppress(session.run(None, feed),
-'model.onnx')`` gives the network's own outputs.
+'model.onnx')`` gives the network's own outputs; :func:`check_suppression`
+is the export's check of :func:`suppress` against MXNet's own ops.
 
 Reference: MXNet 1.9.1 ``src/operator/contrib/bounding_box-inl.h``
 (``BoxNMSForward``, ``FilterScores``, ``nms_assign``, ``corner_to_center``,
@@ -30,8 +31,6 @@ Reference: MXNet 1.9.1 ``src/operator/contrib/bounding_box-inl.h``
 import json
 
 import numpy as np
-
-from .errors import ExportError
 
 __all__ = ['suppress', 'split_suppression', 'box_nms', 'METADATA_KEY']
 

@@ -8,8 +8,6 @@ Random weights at 128x128, each network's heads scaled to a trained
 network's range (scores that do not all saturate to one value). One export
 per detector for the module.
 """
-import json
-
 import mxnet as mx
 import numpy as np
 import onnx
