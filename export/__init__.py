@@ -50,7 +50,7 @@ MAX_SAMPLE_ARRAYS = 1000
 # memory runs out. Larger inputs go in a .npy file.
 MAX_CSV_BYTES = 64 << 20
 
-__all__ = ['load_model', 'LoadedModel', 'DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR']
+__all__ = ['load_model', 'LoadedModel', 'suppress', 'DEFAULT_CHECKPOINT_DIR', 'DEFAULT_OUT_DIR']
 
 
 def __getattr__(name):
@@ -59,6 +59,8 @@ def __getattr__(name):
     # MXNet takes seconds to import.
     if name in ('load_model', 'LoadedModel'):
         return getattr(importlib.import_module('.loader', __name__), name)
+    if name == 'suppress':
+        return getattr(importlib.import_module('.suppression', __name__), name)
     raise AttributeError('module %r has no attribute %r' % (__name__, name))
 
 

@@ -43,6 +43,8 @@ from .inference import (activation_bytes, batch_axes, batch_first, inference_gra
 
 from .onnx_export import check_onnx_version, dynamic_inputs, save_onnx, to_onnx
 from .runtimes import check_symbol_file
+from .suppression import (METADATA_KEY as SUPPRESSION_KEY, check_suppression, split_suppression,
+                          suppression_note)
 from .verify import (OneDeviceReference, check_batches, failed_checks, format_report,
                      verify_export)
 
@@ -447,7 +449,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     else:
         symbol, arg_params, aux_params = load_checkpoint(sym_path, params_path, hints)
     params_sha256 = _params_sha256(info['checkpoint'], params_path)
-    inference = inference_graph(symbol)
+    inference, suppression = split_suppression(inference_graph(symbol))
+    if suppression is not None:  # the export, and what it is checked against, end before it
+        symbol = inference
     stages = stage_layout(inference)
     shapes, dtypes, sample = _inputs(inference, arg_params, input_shape, sample, log)
     for input_name, one in shapes.items():  # recorded, so that load_model knows them too
@@ -475,6 +479,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
     if note:
         log(note)
     extra = {'trained_devices': ','.join(info['devices'] or [])}
+    if suppression is not None:
+        extra[SUPPRESSION_KEY] = json.dumps(suppression, sort_keys=True)
+        log(suppression_note(suppression, export_names(name)['onnx']))
     if info['summary'] is not None:  # what the run reported (a task's vocabulary, ...)
         extra['training_summary'] = json.dumps(info['summary'], sort_keys=True)
     model = to_onnx(inference, arg_params, aux_params,
@@ -509,6 +516,10 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
                                         ('input_shape', list(shape) if len(shapes) == 1
                                          else {k: list(v) for k, v in shapes.items()})])
         report['files'] = dict(names)
+        if suppression is not None:
+            report['suppression'] = suppression
+            report['checks'].append(check_suppression(paths['onnx'], suppression, shapes, dtypes))
+            report['ok'] = report['ok'] and report['checks'][-1]['ok']
         for line in format_report(report):
             log(line)
         if not report['ok']:
