@@ -27,7 +27,8 @@ SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
 .PHONY: help setup train-symbolic train-imperative train-digits train-lm export-lm sample-lm \
         export export-digits compare \
-        bench bench-export bench-dist bench-pipeline bench-tp bench-lm bench-nodes test clean distclean
+        bench bench-export bench-dist bench-pipeline bench-tp bench-lm bench-nodes bench-blas \
+        bench-commit test clean distclean
 
 help:
 	@echo "make train-symbolic    train the regression model-parallel (Pipeline + MXNet Module)"
@@ -46,6 +47,8 @@ help:
 	@echo "make bench-tp          tensor-parallel MLP block: memory per device and step time at 1, 2, 4 shards"
 	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time, tokens/s and MFU"
 	@echo "make bench-nodes       the language model on 2 node processes against 2 devices of one process: step time, bytes sent, memory"
+	@echo "make bench-blas        OpenBLAS at the CPU's own kernel against its own choice: dot, batch_dot, every task"
+	@echo "make bench-commit      a checkpoint commit over 2 node processes: time, bytes each node writes, memory"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
@@ -136,6 +139,12 @@ bench-lm: $(STAMP)
 
 bench-nodes: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m bench.nodes $(if $(QUICK),--quick)
+
+bench-blas: $(STAMP)
+	$(PY) -m bench.blas $(if $(QUICK),--quick)
+
+bench-commit: $(STAMP) $(TORCH_STAMP)
+	$(PY) -m bench.commit
 
 # one pytest worker per core, each test file on one worker: a file's module fixtures
 # (a trained run, an export) are made once, not once per worker; files in the order
