@@ -40,6 +40,19 @@ from mxnet.initializer import InitDesc
 __all__ = []
 
 
+def _settle_aux_states(aux_names):
+    """Waits for every operation pushed to MXNet's engine when there are
+    auxiliary states to read.
+
+    MXNet 1.9.1's ``_backward_BatchNorm`` updates the running statistics in
+    place but declares them inputs, not outputs, so the engine orders no
+    read of them after it: a copy pushed right after a training step could
+    read them before some micro-batch's update. Nothing but waiting for
+    everything orders that read."""
+    if aux_names:
+        mx.nd.waitall()
+
+
 class DeviceModule(mx.mod.Module):
     """``mx.mod.Module`` without the host copy of its parameters (see the module).
 
@@ -111,6 +124,7 @@ class DeviceModule(mx.mod.Module):
         kept, dirty = self._kept, self._params_dirty
         self._kept = [arg, aux]
         try:
+            _settle_aux_states(self._aux_names)
             super()._sync_params_from_devices()  # MXNet's own, on the fresh copy
         finally:
             self._kept, self._params_dirty = kept, dirty
@@ -120,6 +134,7 @@ class DeviceModule(mx.mod.Module):
         if self._kept[0] is None:  # no copy to bring up to date: each read makes its own
             self._params_dirty = False
             return
+        _settle_aux_states(self._aux_names)
         super()._sync_params_from_devices()
 
     def _reset_bind(self):
