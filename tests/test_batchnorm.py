@@ -29,11 +29,11 @@ def _batch(sample, step, classes):
                            [mx.nd.array(rng.integers(0, classes, sample[0]).astype(np.float32))])
 
 
-def _module(make, devices, chunks, schedule, sample=None):
+def _module(make, devices, chunks, schedule, sample=None, replicas=1):
     net, full, classes = make()
     sample = sample or full
     pipe = Pipeline(net, devices, sample=sample, chunks=chunks, schedule=schedule,
-                    virtual=1 if schedule == 'interleaved' else None)
+                    virtual=1 if schedule == 'interleaved' else None, replicas=replicas)
     arg_params, aux_params = loop.initial_values(pipe, seed=0)
     mod = pipe.module(loss='softmax')
     mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', (sample[0],))])
@@ -43,11 +43,11 @@ def _module(make, devices, chunks, schedule, sample=None):
     return mod, full, classes
 
 
-def _train(make, devices, chunks, schedule, steps=3):
-    """Every parameter and running statistic after ``steps`` SGD steps
-    (momentum 0.9), and the last step's outputs."""
-    mod, sample, classes = _module(make, devices, chunks, schedule)
-    mod.init_optimizer(optimizer='sgd',
+def _train(make, devices, chunks, schedule, replicas=1, steps=3):
+    """The last step's outputs, then every parameter and every running
+    statistic after ``steps`` SGD steps (momentum 0.9)."""
+    mod, sample, classes = _module(make, devices, chunks, schedule, replicas=replicas)
+    mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='sgd',
                        optimizer_params={'learning_rate': 0.01, 'momentum': 0.9})
     for step in range(steps):
         mod.forward_backward(_batch(sample, step, classes))
@@ -64,12 +64,15 @@ def _assert_bitwise(ours, theirs):
             '%s differs by %g' % (name, np.abs(ours[name] - value).max())
 
 
-@pytest.mark.parametrize('make', [_digits, _mobilenet], ids=['digits', 'mobilenetv2_0.25'])
-def test_running_statistics_are_the_same_bit_for_bit_under_gpipe_1f1b_and_interleaved(make):
-    out, params, stats = _train(make, 'cpu:0,cpu:1', 2, 'gpipe')
+@pytest.mark.parametrize('make, devices, replicas', [
+    (_digits, 'cpu:0,cpu:1', 1), (_mobilenet, 'cpu:0,cpu:1', 1),
+    (_digits, 'cpu:0,cpu:1,cpu:2,cpu:3', 2)], ids=['digits', 'mobilenetv2_0.25', 'replicas'])
+def test_running_statistics_are_the_same_bit_for_bit_under_gpipe_1f1b_and_interleaved(
+        make, devices, replicas):
+    out, params, stats = _train(make, devices, 2, 'gpipe', replicas)
     assert any(not np.array_equal(v, 0) and not np.array_equal(v, 1) for v in stats.values())
     for schedule in ('1f1b', 'interleaved'):
-        ours = _train(make, 'cpu:0,cpu:1', 2, schedule)
+        ours = _train(make, devices, 2, schedule, replicas)
         assert np.array_equal(ours[0], out), schedule
         _assert_bitwise(ours[1], params)
         _assert_bitwise(ours[2], stats)
