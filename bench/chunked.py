@@ -44,10 +44,12 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
         mirror_stages: Stages whose ops get ``__force_mirroring__='True'``:
             the backward pass recomputes their outputs instead of keeping them.
         layers_per_stage: ``Dense`` + ``relu`` layers per stage.
-        order_forward: Make chunk m's first op wait for chunk m - 1's stage-0
-            output (through ``0 * BlockGrad(sum(.))``, no gradient): the
-            engine then queues the copy of chunk m - 1 to stage 1 before
-            chunk m's work on stage 0, instead of after several chunks'.
+        order_forward: Make each chunk's first op wait for the stage-0
+            output of the chunk the graph runs before it (through
+            ``0 * BlockGrad(sum(.))``, no gradient; the one graph runs its
+            chunks last first): the engine then queues that chunk's copy to
+            stage 1 before the next chunk's work on stage 0, instead of
+            after several chunks'.
 
     Raises:
         ValueError: fewer than one stage or chunk.
@@ -66,8 +68,9 @@ def build_chunked_symbol(num_stages, num_chunks, num_hiddens, mirror_stages=(),
 
 
 def _ordered(symbol, num_chunks):
-    """``symbol`` with chunk m's input (m > 0) waiting for chunk m - 1's
-    stage-0 output: ``chunk[m] + 0 * BlockGrad(sum(out0[m - 1]))``."""
+    """``symbol`` with each chunk's input but the first the graph runs
+    waiting for the stage-0 output of the chunk it runs before:
+    ``chunk[m] + 0 * BlockGrad(sum(out0[p]))``."""
     graph = json.loads(symbol.tojson())
     nodes = graph['nodes']
     split = next(i for i, n in enumerate(nodes) if n['name'] == CHUNK_SPLIT)
@@ -78,19 +81,21 @@ def _ordered(symbol, num_chunks):
         for src, idx, _ in node['inputs']:
             if src == split:
                 chunk_of[i] = idx
-            elif src in chunk_of and node['name'] != CHUNK_JOIN:
+            elif src in chunk_of and not node['name'].startswith(CHUNK_JOIN):
                 chunk_of.setdefault(i, chunk_of[src])
     last0 = {}
     for i, m in chunk_of.items():
         if nodes[i].get('attrs', {}).get(GROUP_ATTR) == stage0:
             last0[m] = max(last0.get(m, -1), i)
+    runs = sorted(range(num_chunks), key=lambda m: min(i for i, c in chunk_of.items() if c == m))
+    before = dict(zip(runs[1:], runs))
     out, index, waited = [], {}, {}
     for i, node in enumerate(nodes):
-        waits = [idx for src, idx, _ in node['inputs'] if src == split and idx > 0]
+        waits = [idx for src, idx, _ in node['inputs'] if src == split and idx in before]
         for m in waits:
             if m in waited:
                 continue
-            prev = [index[last0[m - 1]], 0, 0]
+            prev = [index[last0[before[m]]], 0, 0]
             attrs = {GROUP_ATTR: stage0}
             for op, name, inputs, extra in (
                     ('sum', 'after%d_sum' % m, [prev], {'keepdims': 'True'}),
@@ -105,7 +110,7 @@ def _ordered(symbol, num_chunks):
                             'inputs': inputs})
             waited[m] = len(out) - 1
         node = dict(node)
-        node['inputs'] = [[waited[idx], 0, 0] if src == split and idx > 0 and idx in waited
+        node['inputs'] = [[waited[idx], 0, 0] if src == split and idx in waited
                           else [index[src], idx, v] for src, idx, v in node['inputs']]
         index[i] = len(out)
         out.append(node)

@@ -22,6 +22,7 @@ import mxnet as mx
 
 from .checks import excerpt
 from .ir import PlacedGraph, make_node
+from .names import CHUNK_INFIX
 from .scoped import captured_stderr, environ
 
 __all__ = []
@@ -265,13 +266,14 @@ def refuse_unallocated_weight_gradients(symbol, fixed=()):
     storage sharing.
 
     Raises:
-        ValueError: naming the first such op, its weight, how many ops read
-            it, and how many such ops the graph has.
+        ValueError: naming the first such op (the network's own op, before
+            its micro-batches' copies), its weight, how many ops read it,
+            and how many such ops the graph has.
     """
     found = unallocated_weight_gradients(symbol, fixed)
     if not found:
         return
-    name, weight, count = found[0]
+    name, weight, count = next((f for f in found if CHUNK_INFIX not in f[0]), found[0])
     read = 'computed by an op' if count == 0 else 'read by %d ops' % count
     raise ValueError(
         '%s (%s): expected its weight read by it alone to train a graph split over CPU devices '

@@ -189,8 +189,18 @@ def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
     for several inputs), every op copied per chunk (copies after the first
     named ``<op>_chunk<m>``), every variable shared, each output's chunks
     joined in ``last_stage`` (``join``; ``join<k>`` for several outputs), each
-    but the last through a segment boundary when there are several stages
+    but the first through a segment boundary when there are several stages
     (:func:`mp_symbolic.core.compat.segment_boundaries`).
+
+    The join concatenates the chunks last first (``join_reversed``), splits
+    that (``join_parts``) and concatenates the parts back in the batch's
+    order: MXNet's gradient pass visits the ops in the reverse of the order
+    it reaches them from the loss, so the backward pass of the chunk the
+    join reads first runs last. A BatchNorm updates its running statistics
+    in its backward pass, in place, with its own micro-batch's statistics
+    (``moving * momentum + stat * (1 - momentum)``, in MXNet 1.9.1's CPU and
+    oneDNN kernels alike); read last first, the chunks' copies update them
+    in micro-batch order, as the stage runtime's schedules do.
 
     Args:
         data_name: The input variable, or the names of several.
@@ -245,13 +255,19 @@ def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
             heads[k].append(entry(head, m))
     joined = []
     for k, parts in enumerate(heads):
+        parts = parts[::-1]  # the last chunk first: its backward runs last
         if last_stage > 0:
             copies, parts = segment_boundaries(parts, stage_name(last_stage), len(out),
                                                '' if len(heads) == 1 else '%d_' % k)
             out += copies
-        out.append(make_node(len(out), CHUNK_JOIN if len(heads) == 1
-                             else '%s%d' % (CHUNK_JOIN, k), 'Concat', parts,
-                             stage_name(last_stage),
+        name = CHUNK_JOIN if len(heads) == 1 else '%s%d' % (CHUNK_JOIN, k)
+        group = stage_name(last_stage)
+        out.append(make_node(len(out), name + '_reversed', 'Concat', parts, group,
+                             attrs={'dim': str(axis), 'num_args': str(chunks)}))
+        out.append(make_node(len(out), name + '_parts', 'split', [(len(out) - 1, 0, 0)],
+                             group, attrs={'axis': str(axis), 'num_outputs': str(chunks)}))
+        out.append(make_node(len(out), name, 'Concat',
+                             [(len(out) - 1, m, 0) for m in reversed(range(chunks))], group,
                              attrs={'dim': str(axis), 'num_args': str(chunks)}))
         joined.append((len(out) - 1, 0, 0))
     return graph.but(out, joined)
