@@ -448,6 +448,38 @@ def test_a_checkpoint_resumes_on_two_nodes_from_parts_onto_other_stages_and_from
     assert set(_digest(result.stdout)) == set(whole)
 
 
+REPORT_WORKER = os.path.join(ROOT, 'tests', 'report_nodes_worker.py')
+REPORT_LINES = ('full-data MSE:', 'learned map:', 'parameters sha256:')
+
+
+def test_the_report_and_digest_over_two_nodes_read_one_parameter_at_a_time_as_one_process(
+        tmp_path, port, capsys):
+    """Over two nodes no gather carries a parameter: the end-of-run report
+    (regression's learned map reads every layer's weights) and the
+    ``parameters sha256`` read each from the node that holds it, one array
+    at a time, and every node prints what one process prints."""
+    argv = REGRESSION + ['--epochs', '2', '--nodes', '2', '--out', str(tmp_path / 'nodes')]
+    procs = [subprocess.Popen([sys.executable, REPORT_WORKER] + argv,
+                              env=node_env(rank, 2, port), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        ended = [p.communicate(timeout=LAUNCH_TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, ended):
+        assert p.returncode == 0, err[-3000:]
+    one = _train_here(REGRESSION + ['--epochs', '2', '--out', str(tmp_path / 'one')], capsys)
+    expected = [l for l in one.splitlines() if l.startswith(REPORT_LINES)]
+    assert len(expected) == len(REPORT_LINES), one[-3000:]
+    largest = 2 * 2 * 4  # bytes of regression's largest parameter, a 2x2 float32 weight
+    for out, _ in ended:
+        assert [l for l in out.splitlines() if l.startswith(REPORT_LINES)] == expected, out
+        carried = json.loads(out.splitlines()[-1][len('carried: '):])
+        assert max(carried['gathered']) == 0, carried  # names, shapes, a commit's steps
+        assert carried['read'] and max(carried['read']) <= largest, carried
+
+
 def _gone(pids):
     return all(not os.path.exists('/proc/%d' % pid) or
                open('/proc/%d/stat' % pid).read().split(') ')[-1].startswith('Z')

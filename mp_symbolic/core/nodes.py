@@ -509,6 +509,38 @@ def broadcast(nodes, value, source, what, node_of_stage=None):
     return _parsed(nodes, source, buffer.numpy().tobytes(), what)
 
 
+def broadcast_array(nodes, value, source, shape, dtype, what, node_of_stage=None):
+    """The numpy array ``value`` of node ``source`` on every node, sent as
+    its raw bytes (one torch.distributed broadcast, no message text); every
+    node gives its ``shape`` and ``dtype``, the others' ``value`` is not read.
+
+    Returns:
+        The array (on ``source``, ``value`` itself where it is contiguous
+        and of ``dtype``).
+
+    Raises:
+        NodeError: ``value`` (on ``source``) is not of ``shape``.
+        NodeFailure: a node died or stopped answering meanwhile.
+    """
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    t = torch()
+    dist = torch('distributed')
+    if nodes.rank == source:
+        array = np.require(value, dtype=dtype, requirements='C')
+        if array.shape != tuple(shape):
+            raise NodeError('nodes: expected an array of shape %s to send, found %s'
+                            % (tuple(shape), array.shape))
+    else:
+        array = np.empty(tuple(shape), dtype=dtype)
+    if array.size:
+        try:
+            dist.broadcast(t.from_numpy(array.reshape(-1).view(np.uint8)), src=source,
+                           group=_control())
+        except RuntimeError as err:
+            raise _collective(nodes, what, err, source, node_of_stage) from None
+    return array
+
+
 def _gather(nodes, value, what, node_of_stage=None):
     """Every node's ``value`` (JSON-able), in rank order, on every node."""
     t = torch()
@@ -538,7 +570,8 @@ def _gather(nodes, value, what, node_of_stage=None):
 
 class Group:
     """The node processes as :func:`~mp_symbolic.tools.store.commit_across`
-    takes them: ``rank``, ``broadcast`` and ``gather`` of JSON-able values.
+    takes them: ``rank``, ``broadcast`` and ``gather`` of JSON-able values,
+    and ``broadcast_array`` of one numpy array's bytes.
 
     Args:
         nodes: This process's :class:`Nodes` (joined: :func:`join`).
@@ -551,6 +584,11 @@ class Group:
 
     def broadcast(self, value, source):
         return broadcast(self.nodes, value, source, self.what, self.node_of_stage)
+
+    def broadcast_array(self, value, source, shape, dtype):
+        """See :func:`broadcast_array`."""
+        return broadcast_array(self.nodes, value, source, shape, dtype, self.what,
+                               self.node_of_stage)
 
     def gather(self, value):
         """Every node's ``value``, in rank order, on every node (each as

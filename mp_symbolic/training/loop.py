@@ -195,7 +195,8 @@ class TrainResult:
     """What :func:`fit` and :func:`train` measured."""
     step_losses: list           # the task's batch loss of every step, in order
     epoch_losses: list          # mean batch loss of each epoch
-    params: dict                # name -> numpy array, after training
+    params: dict                # name -> numpy array, after training (over nodes a
+                                # NodeArrays: each read from its node when asked)
     wall_time: float            # seconds, training loop only (no checkpoints), after waitall()
     samples_per_sec: float
     aux: dict = field(default_factory=dict)
@@ -333,11 +334,16 @@ def _title(cfg, task, pipe):
 
 
 def params_digest(params):
-    """sha256 of every parameter's float32 bytes, by name: equal digests, equal weights."""
+    """sha256 of every parameter's float32 bytes, by name: equal digests, equal weights.
+
+    ``params`` is a mapping (over nodes, the stepper's
+    :class:`~mp_symbolic.training.symbolic.NodeArrays`): each value is read
+    once, in the order of the sorted names, and let go before the next.
+    """
     digest = hashlib.sha256()
     for name in sorted(params):
         digest.update(name.encode())
-        digest.update(np.ascontiguousarray(params[name], dtype=np.float32).tobytes())
+        digest.update(np.ascontiguousarray(params[name], dtype=np.float32))  # its buffer, no copy
     return digest.hexdigest()
 
 

@@ -14,6 +14,7 @@ References: MXNet 1.9.1 ``tests/python/unittest/test_model_parallel.py``
 (Module + ``group2ctxs``).
 """
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import mxnet as mx
 import numpy as np
@@ -120,6 +121,54 @@ class _SymbolicStepper:
         return np.concatenate(outputs)
 
 
+class NodeArrays(Mapping):
+    """Every node's arrays by name, one mapping on every node that holds
+    none of another node's: a value is read when asked for, from the node
+    that holds it, as one array (:meth:`~mp_symbolic.core.nodes.Group.broadcast_array`),
+    and not kept. A node so holds its own arrays and at most the one it reads.
+
+    Reading a value is a step every node takes together: every node reads
+    the same names in the same order (the report and the parameters'
+    digest do: every node runs them alike), while the nodes are joined.
+    The names, their shapes and dtypes are gathered once, when made;
+    ``len``, ``in`` and iteration (the nodes' names in rank order) ask no node.
+
+    Args:
+        group: The nodes' :class:`~mp_symbolic.core.nodes.Group`.
+        arrays: This node's arrays, name -> NDArray; a name several nodes
+            hold (replicas alike) is read from the first.
+
+    Raises:
+        NodeFailure: (on reading) a node died or stopped answering.
+    """
+
+    def __init__(self, group, arrays):
+        self._group, self._arrays = group, arrays
+        self._where = OrderedDict()
+        mine = [[n, np.dtype(a.dtype).name, list(a.shape)] for n, a in arrays.items()]
+        for rank, part in enumerate(group.gather(mine)):
+            for name, dtype, shape in part:
+                self._where.setdefault(name, (rank, dtype, tuple(shape)))
+
+    def __getitem__(self, name):
+        rank, dtype, shape = self._where[name]
+        value = self._arrays[name].asnumpy() if rank == self._group.rank else None
+        return self._group.broadcast_array(value, rank, shape, dtype)
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self):
+        return len(self._where)
+
+    def __contains__(self, name):
+        return name in self._where
+
+    def node_of(self, name):
+        """The node ``name`` is read from."""
+        return self._where[name][0]
+
+
 class ModuleStepper(_SymbolicStepper):
     """The Pipeline trained through its ``PipelineModule`` (``mx.mod.Module``).
 
@@ -202,20 +251,21 @@ class ModuleStepper(_SymbolicStepper):
         return self._shared(mx.nd.stack(*losses).asnumpy().ravel() if self._holds_head
                             else None)
 
-    def _everyone(self, values):
-        """Every node's ``values`` (name -> array) in one dict, on every node."""
+    def _everyone(self, arrays):
+        """Every node's ``arrays`` (name -> NDArray): over nodes, a
+        :class:`NodeArrays` (each value read from its node when asked for)."""
         if self._group is None:
-            return values
-        merged = OrderedDict()
-        for part in self._group.gather(values):
-            merged.update(part)
-        return merged
+            return OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
+        return NodeArrays(Group(self.pipe.nodes, 'read the parameters', self.plan.node_of_stage),
+                          arrays)
 
     def params(self):
-        return self._everyone(super().params())
+        """Every parameter by name (numpy); over nodes a :class:`NodeArrays`."""
+        return self._everyone(OrderedDict((n, self._exec.arg_dict[n]) for n in self.param_names))
 
     def aux(self):
-        return self._everyone(super().aux())
+        """Every auxiliary state by name (numpy); over nodes a :class:`NodeArrays`."""
+        return self._everyone(self._exec.aux_dict)
 
     def arg_aux(self):
         """``(arg_params, aux_params)`` as NDArrays on ``cpu()``."""
