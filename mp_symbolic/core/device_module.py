@@ -14,7 +14,8 @@ the devices, with MXNet's own code where it has some:
 
 * ``init_params`` initialises each parameter in a host array of its own, in
   MXNet's order (so a seed gives the same values), copies it to every device
-  and lets it go; given values are copied straight to the devices;
+  and lets it go; given values (NDArrays, or numpy arrays) are copied
+  straight to the devices;
 * ``get_params`` (and what reads it: ``save_params``, ``save_checkpoint``,
   ``fit``'s epoch callbacks) returns a fresh host copy gathered from the
   devices as MXNet gathers its own (the replicas averaged), not kept (MXNet's
@@ -36,6 +37,7 @@ import warnings
 
 import mxnet as mx
 from mxnet.initializer import InitDesc
+import numpy as np
 
 __all__ = []
 
@@ -155,8 +157,8 @@ class DeviceModule(mx.mod.Module):
                     allow_missing=False, force_init=False, allow_extra=False):
         """``mx.mod.Module.init_params``, each value written to the devices'
         arrays: an initialised one through a host array of its own, made,
-        filled in MXNet's order and dropped; a given one copied straight.
-        Without ``initializer`` a parameter missing from ``arg_params`` keeps
+        filled in MXNet's order and dropped; a given one (an NDArray, or a
+        numpy array unless ``host_copy``) copied straight. Without ``initializer`` a parameter missing from ``arg_params`` keeps
         the value its devices hold (zeros, the first time)."""
         if self.host_copy:
             super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
@@ -186,7 +188,9 @@ class DeviceModule(mx.mod.Module):
                     if initializer is not None:
                         initializer(InitDesc(name, attrs.get(name, None)), value)
                 for array in block:
-                    if value is not array:
+                    if isinstance(value, np.ndarray):
+                        array[:] = value  # written in place: no NDArray of it is made
+                    elif value is not array:
                         value.copyto(array)
         self.params_initialized = True
         self._params_dirty = False
