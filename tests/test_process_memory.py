@@ -81,3 +81,26 @@ def test_device_module_takes_numpy_values_as_it_takes_ndarrays():
     for name in values:
         assert mods[0][name].dtype == np.float32
         assert np.array_equal(mods[0][name].asnumpy(), mods[1][name].asnumpy())
+
+
+def test_get_params_of_one_replica_equals_mxnets_own_gathering_bit_for_bit():
+    rng = np.random.default_rng(1)
+    X, y = rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=(8, 2))
+    blocks = [mx.gluon.nn.Dense(3, in_units=4, prefix='a_'),
+              mx.gluon.nn.BatchNorm(in_channels=3, prefix='bn_'),
+              mx.gluon.nn.Dense(2, in_units=3, prefix='b_')]
+    mod = Pipeline(blocks, 'cpu:0,cpu:1').module(loss='l2')
+    mx.random.seed(0)
+    mod.fit(mx.io.NDArrayIter(X, y, batch_size=4), num_epoch=2, optimizer='sgd',
+            optimizer_params={'learning_rate': 0.1, 'momentum': 0.9},
+            initializer=mx.init.Xavier())
+    arg, aux = mod.get_params()
+    group = mod._exec_group  # MXNet's own: the replicas averaged on cpu(), cast, copied in
+    own = ({n: mx.nd.zeros(a[0].shape) for n, a in zip(mod._param_names, group.param_arrays)},
+           {n: mx.nd.zeros(a[0].shape) for n, a in zip(mod._aux_names, group.aux_arrays)})
+    group.get_params(*own)
+    for got, expected in zip((arg, aux), own):
+        assert list(got) == list(expected) and got
+        for name in got:
+            assert got[name].context == mx.cpu() and got[name].dtype == expected[name].dtype
+            assert np.array_equal(got[name].asnumpy(), expected[name].asnumpy()), name

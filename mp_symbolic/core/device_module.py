@@ -110,6 +110,14 @@ class DeviceModule(mx.mod.Module):
                for name, a in zip(self._param_names, group.param_arrays)}
         aux = {name: mx.nd.zeros(a[0].shape, dtype=a[0].dtype)
                for name, a in zip(self._aux_names, group.aux_arrays)}
+        if len(self._context) == 1 and all(a[0].stype == 'default'
+                                           for a in group.param_arrays):
+            # one replica: its values copied straight, the bits MXNet's average
+            # of one gives (sum([copy]) / 1), without its temporaries per array
+            for target, arrays in ((arg, group.param_arrays), (aux, group.aux_arrays)):
+                for value, block in zip(target.values(), arrays):
+                    block[0].copyto(value)
+            return arg, aux
         kept, dirty = self._kept, self._params_dirty
         self._kept = [arg, aux]
         try:
