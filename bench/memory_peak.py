@@ -19,8 +19,11 @@ baseline is the ``VmHWM`` of a process that imported MXNet and ran one
 tiny operator. The table gives, per configuration, the array bytes, the
 baseline, the peak, and the peak over arrays plus baseline.
 
-``--trace`` also prints each printed line of a ``cli`` run with the
-process's ``VmRSS`` and ``VmHWM`` at that moment: where the memory goes.
+``--trace`` also prints where the memory goes: for a ``cli`` run, the
+resident memory before and after each step of the run (:data:`PHASES`) and
+the peak within it (``VmHWM`` reset before each through
+``/proc/self/clear_refs``); for a ``python`` run, ``VmRSS`` and ``VmHWM``
+after each batch, ``fit`` and ``save_checkpoint``.
 """
 import argparse
 import json
@@ -29,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 
-__all__ = ['main', 'task', 'status']
+__all__ = ['main', 'param_bytes', 'reset_peak', 'status', 'task']
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = 'memory_peak'
