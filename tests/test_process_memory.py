@@ -104,3 +104,27 @@ def test_get_params_of_one_replica_equals_mxnets_own_gathering_bit_for_bit():
         for name in got:
             assert got[name].context == mx.cpu() and got[name].dtype == expected[name].dtype
             assert np.array_equal(got[name].asnumpy(), expected[name].asnumpy()), name
+
+
+def test_init_params_holds_one_host_array_at_a_time_and_draws_mxnets_values():
+    # pylint: disable=import-outside-toplevel
+    from bench.memory_peak import _blocks, reset_peak, status
+    width, layers = 2048, 6
+    pipe = Pipeline(_blocks(width, layers), 'cpu:0', sample=(4, width))
+    mods = []
+    for host_copy in (False, True):
+        mod = pipe.module(loss='l2', host_copy=host_copy)
+        mod.bind([('data', (4, width))], [('softmax_label', (4, 1))])
+        mx.nd.waitall()
+        before = status('VmRSS')
+        reset_peak()
+        mx.random.seed(0)
+        mod.init_params(initializer=mx.init.Xavier())
+        mx.nd.waitall()
+        if not host_copy:
+            # each host array is 16.8 MB, all of them 100 MB
+            assert status() - before <= 3 * 4 * width * width, \
+                'init_params peaked %.1f MB above the bound arrays' % ((status() - before) / 1e6)
+        mods.append(mod.get_params()[0])
+    for name, value in mods[0].items():
+        assert np.array_equal(value.asnumpy(), mods[1][name].asnumpy()), name

@@ -165,9 +165,11 @@ class DeviceModule(mx.mod.Module):
                     allow_missing=False, force_init=False, allow_extra=False):
         """``mx.mod.Module.init_params``, each value written to the devices'
         arrays: an initialised one through a host array of its own, made,
-        filled in MXNet's order and dropped; a given one (an NDArray, or a
-        numpy array unless ``host_copy``) copied straight. Without ``initializer`` a parameter missing from ``arg_params`` keeps
-        the value its devices hold (zeros, the first time)."""
+        filled in MXNet's order and dropped before the next is made; a given
+        one (an NDArray, or a numpy array unless ``host_copy``) copied
+        straight. Without ``initializer`` a parameter missing from
+        ``arg_params`` keeps the value its devices hold (zeros, the first
+        time)."""
         if self.host_copy:
             super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
                                 allow_extra)
@@ -200,6 +202,10 @@ class DeviceModule(mx.mod.Module):
                         array[:] = value  # written in place: no NDArray of it is made
                     elif value is not array:
                         value.copyto(array)
+                if given is None or name not in given:
+                    # the host array is let go before the next is made: one at a time
+                    for array in block:
+                        array.wait_to_read()
         self.params_initialized = True
         self._params_dirty = False
 
