@@ -14,7 +14,8 @@ the devices, with MXNet's own code where it has some:
 
 * ``init_params`` initialises each parameter in a host array of its own, in
   MXNet's order (so a seed gives the same values), copies it to every device
-  and lets it go; given values are copied straight to the devices;
+  and lets it go; given values (NDArrays, or numpy arrays) are copied
+  straight to the devices;
 * ``get_params`` (and what reads it: ``save_params``, ``save_checkpoint``,
   ``fit``'s epoch callbacks) returns a fresh host copy gathered from the
   devices as MXNet gathers its own (the replicas averaged), not kept (MXNet's
@@ -36,6 +37,7 @@ import warnings
 
 import mxnet as mx
 from mxnet.initializer import InitDesc
+import numpy as np
 
 __all__ = []
 
@@ -108,6 +110,14 @@ class DeviceModule(mx.mod.Module):
                for name, a in zip(self._param_names, group.param_arrays)}
         aux = {name: mx.nd.zeros(a[0].shape, dtype=a[0].dtype)
                for name, a in zip(self._aux_names, group.aux_arrays)}
+        if len(self._context) == 1 and all(a[0].stype == 'default'
+                                           for a in group.param_arrays):
+            # one replica: its values copied straight, the bits MXNet's average
+            # of one gives (sum([copy]) / 1), without its temporaries per array
+            for target, arrays in ((arg, group.param_arrays), (aux, group.aux_arrays)):
+                for value, block in zip(target.values(), arrays):
+                    block[0].copyto(value)
+            return arg, aux
         kept, dirty = self._kept, self._params_dirty
         self._kept = [arg, aux]
         try:
@@ -157,9 +167,11 @@ class DeviceModule(mx.mod.Module):
                     allow_missing=False, force_init=False, allow_extra=False):
         """``mx.mod.Module.init_params``, each value written to the devices'
         arrays: an initialised one through a host array of its own, made,
-        filled in MXNet's order and dropped; a given one copied straight.
-        Without ``initializer`` a parameter missing from ``arg_params`` keeps
-        the value its devices hold (zeros, the first time)."""
+        filled in MXNet's order and dropped before the next is made; a given
+        one (an NDArray, or a numpy array unless ``host_copy``) copied
+        straight. Without ``initializer`` a parameter missing from
+        ``arg_params`` keeps the value its devices hold (zeros, the first
+        time)."""
         if self.host_copy:
             super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
                                 allow_extra)
@@ -188,8 +200,14 @@ class DeviceModule(mx.mod.Module):
                     if initializer is not None:
                         initializer(InitDesc(name, attrs.get(name, None)), value)
                 for array in block:
-                    if value is not array:
+                    if isinstance(value, np.ndarray):
+                        array[:] = value  # written in place: no NDArray of it is made
+                    elif value is not array:
                         value.copyto(array)
+                if given is None or name not in given:
+                    # the host array is let go before the next is made: one at a time
+                    for array in block:
+                        array.wait_to_read()
         self.params_initialized = True
         self._params_dirty = False
 

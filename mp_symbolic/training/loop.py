@@ -181,6 +181,15 @@ def initial_values(pipe, seed):
     return arg, aux
 
 
+def _release_block_values(pipe):
+    """Lets go of the values and gradients :func:`initial_values` left in the
+    blocks' Gluon parameters (on ``cpu(0)``), once a symbolic stepper holds
+    the values on its devices: the blocks are its graph, not its storage.
+    Each parameter keeps its shape, dtype, initialiser and ``grad_req``."""
+    for param in pipe.collect_params().values():
+        param._data = param._grad = None  # pylint: disable=protected-access
+
+
 def make_stepper(cfg, pipe, task, init, label_shape, kvstore=None):
     """The stepper for ``cfg.variant`` / ``cfg.api``."""
     if cfg.variant == 'imperative':
@@ -568,8 +577,11 @@ def train(cfg, log=print, built=None, task=None):
                 ['  ' + l for l in pipe.describe()]:
             log(line)
         init = initial_values(pipe, cfg.seed)
+        if cfg.variant == 'symbolic':
+            _release_block_values(pipe)
         stepper = make_stepper(cfg, pipe, task, init, task.label_shape, kvstore)
         before = task.report(init[0], stepper.predict)
+        del init  # the stepper holds the values now
         start_epoch, epoch_losses = 0, []
         if cfg.resume is not None:
             start_epoch, epoch_losses, changes = _resume(cfg, stepper)
@@ -596,6 +608,7 @@ def train(cfg, log=print, built=None, task=None):
         log('training: %.2f s wall, %.0f samples/s' % (result.wall_time,
                                                       result.samples_per_sec))
         improved = bool(report.score < before.score)
+        result.params = None  # read again after the commit, which holds the model meanwhile
         # a run that did not improve keeps its last epoch all the same, marked
         # complete: false (a run to look at, not a result)
         checkpoint = checkpointer.commit(cfg.num_epochs, dict(
@@ -612,6 +625,7 @@ def train(cfg, log=print, built=None, task=None):
                    'its last epoch is kept in %s, marked incomplete'
                    % os.path.join(cfg.out_dir, 'current') if checkpoint is not None or
                    pipe.nodes is not None else 'no checkpoint is written by this worker'))
+    result.params = stepper.params()
     log('parameters sha256: %s' % params_digest(result.params))
     if checkpoint is None:
         return result

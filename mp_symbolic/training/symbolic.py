@@ -36,6 +36,13 @@ def create_optimizer(cfg, rescale_grad=None):
     return mx.optimizer.create(cfg.optimizer, rescale_grad=rescale, **cfg.optimizer_params())
 
 
+def _float32(values):
+    """``values`` (name -> numpy array) with each array of another dtype as
+    float32, as ``mx.nd.array`` would make it; float32 arrays as they are."""
+    return OrderedDict((k, v if isinstance(v, np.ndarray) and v.dtype == np.float32
+                        else np.asarray(v, dtype=np.float32)) for k, v in values.items())
+
+
 class _SymbolicStepper:
     """What both symbolic steppers share; ``self._execs`` are the bound executors."""
 
@@ -200,8 +207,9 @@ class ModuleStepper(_SymbolicStepper):
         self.module.bind(data_shapes=task.data_shapes(local, self.data_names),
                          label_shapes=[(self.label_name, (local,) + tuple(label_shape))])
         arg_params, aux_params = init
-        self.module.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
-                                aux_params={k: mx.nd.array(v) for k, v in aux_params.items()},
+        # numpy values are written into the devices' arrays one by one: no
+        # NDArray copy of the whole model is made on the way
+        self.module.init_params(arg_params=_float32(arg_params), aux_params=_float32(aux_params),
                                 allow_missing=False)
         self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg))
         self._execs = self.module.executors
@@ -268,13 +276,25 @@ class ModuleStepper(_SymbolicStepper):
         return self._everyone(self._exec.aux_dict)
 
     def arg_aux(self):
-        """``(arg_params, aux_params)`` as NDArrays on ``cpu()``."""
-        return self.module.get_params()
+        """``(arg_params, aux_params)`` as NDArrays on ``cpu()``, to be read
+        before the next step: with one replica, an array the Module holds on
+        ``cpu()`` is handed out itself, not copied (the values ``get_params``
+        would copy, bit for bit)."""
+        module = self.module
+        if len(module._context) > 1 or module.host_copy or \
+                any(a[0].stype != 'default' for a in module._exec_group.param_arrays):
+            return module.get_params()  # the replicas averaged, as MXNet averages them
+        group, host = module._exec_group, mx.cpu()
+
+        def held(arrays):
+            return arrays[0] if arrays[0].context == host else arrays[0].copyto(host)
+        arg = OrderedDict((n, held(a)) for n, a in zip(module._param_names, group.param_arrays))
+        aux = OrderedDict((n, held(a)) for n, a in zip(module._aux_names, group.aux_arrays))
+        return self.pipe.gather_params(arg), aux
 
     def set_params(self, arg_params, aux_params):
         """Sets every replica's parameters (numpy values), each on its device."""
-        self.module.set_params({k: mx.nd.array(v) for k, v in arg_params.items()},
-                               {k: mx.nd.array(v) for k, v in aux_params.items()},
+        self.module.set_params(_float32(arg_params), _float32(aux_params),
                                allow_missing=False, force_init=True)
 
     def optimizer_states(self, lazy=False):

@@ -1,0 +1,130 @@
+"""One process's resident memory against the bytes of its arrays
+(``python -m bench.memory_peak``), and the copies of the model it does not make."""
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+
+from bench.memory_peak import param_bytes
+from mp_symbolic import Pipeline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0')
+
+
+def _peak(*args):
+    out = subprocess.run([sys.executable, '-m', 'bench.memory_peak'] + list(args), cwd=ROOT,
+                         env=ENV, stdout=subprocess.PIPE, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])['hwm']
+
+
+def test_training_run_peak_stays_within_seven_times_its_parameters_above_mxnet():
+    # 13 Dense layers of 2048 (201 MB of parameters), SGD with momentum, a
+    # checkpoint at the end: parameters, gradients and momentum are 3x the
+    # parameters; the commit's own copies (states, read-back) add 2x more
+    width = 2048
+    baseline = _peak('--child', 'baseline')
+    peak = _peak('--child', 'cli', '--width', str(width), '--devices', 'cpu:0', '--no-memory')
+    params = param_bytes(width, 13)
+    assert peak - baseline <= 7 * params, \
+        'peak %.3f GB, baseline %.3f GB, parameters %.3f GB' % (peak / 1e9, baseline / 1e9,
+                                                                params / 1e9)
+
+
+def _stepper_module(devices):
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.config import TrainConfig
+    from mp_symbolic.training.loop import build_pipeline, initial_values, load, make_stepper
+    task, cfg = load(TrainConfig(devices=devices, batch_size=8, memory=False))
+    pipe, _ = build_pipeline(cfg, task)
+    init = initial_values(pipe, cfg.seed)
+    return make_stepper(cfg, pipe, task, init, task.label_shape), init
+
+
+def test_checkpoint_values_are_get_params_bit_for_bit_without_a_copy_on_the_host():
+    for devices in ('cpu:0', 'cpu:0,cpu:1'):
+        stepper, init = _stepper_module(devices)
+        arg, aux = stepper.arg_aux()
+        expected, expected_aux = stepper.module.get_params()
+        assert list(arg) == list(expected) and list(aux) == list(expected_aux)
+        for name, value in arg.items():
+            assert value.context == mx.cpu() and value.dtype == expected[name].dtype
+            assert np.array_equal(value.asnumpy(), expected[name].asnumpy())
+            assert np.array_equal(value.asnumpy(), init[0][name])
+        held = {id(a[0]) for a in stepper.module._exec_group.param_arrays}
+        shared = [n for n, v in arg.items() if id(v) in held]
+        on_host = [n for n, a in zip(stepper.module._param_names,
+                                     stepper.module._exec_group.param_arrays)
+                   if a[0].context == mx.cpu()]
+        assert shared == on_host and shared  # cpu(0)'s arrays themselves, the rest copied
+
+
+def test_device_module_takes_numpy_values_as_it_takes_ndarrays():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(3, in_units=4), mx.gluon.nn.Dense(2, in_units=3))
+    pipe = Pipeline(list(net), 'cpu:0,cpu:1')
+    rng = np.random.default_rng(0)
+    values = {}
+    mods = []
+    for kind in ('numpy', 'ndarray'):
+        mod = pipe.module(loss='l2')
+        mod.bind([('data', (2, 4))], [('softmax_label', (2, 2))])
+        if not values:
+            values = {n: rng.normal(size=a[0].shape) for n, a in
+                      zip(mod._param_names, mod._exec_group.param_arrays)}
+        given = values if kind == 'numpy' else {k: mx.nd.array(v) for k, v in values.items()}
+        mod.init_params(arg_params=given)
+        mods.append(mod.get_params()[0])
+    for name in values:
+        assert mods[0][name].dtype == np.float32
+        assert np.array_equal(mods[0][name].asnumpy(), mods[1][name].asnumpy())
+
+
+def test_get_params_of_one_replica_equals_mxnets_own_gathering_bit_for_bit():
+    rng = np.random.default_rng(1)
+    X, y = rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=(8, 2))
+    blocks = [mx.gluon.nn.Dense(3, in_units=4, prefix='a_'),
+              mx.gluon.nn.BatchNorm(in_channels=3, prefix='bn_'),
+              mx.gluon.nn.Dense(2, in_units=3, prefix='b_')]
+    mod = Pipeline(blocks, 'cpu:0,cpu:1').module(loss='l2')
+    mx.random.seed(0)
+    mod.fit(mx.io.NDArrayIter(X, y, batch_size=4), num_epoch=2, optimizer='sgd',
+            optimizer_params={'learning_rate': 0.1, 'momentum': 0.9},
+            initializer=mx.init.Xavier())
+    arg, aux = mod.get_params()
+    group = mod._exec_group  # MXNet's own: the replicas averaged on cpu(), cast, copied in
+    own = ({n: mx.nd.zeros(a[0].shape) for n, a in zip(mod._param_names, group.param_arrays)},
+           {n: mx.nd.zeros(a[0].shape) for n, a in zip(mod._aux_names, group.aux_arrays)})
+    group.get_params(*own)
+    for got, expected in zip((arg, aux), own):
+        assert list(got) == list(expected) and got
+        for name in got:
+            assert got[name].context == mx.cpu() and got[name].dtype == expected[name].dtype
+            assert np.array_equal(got[name].asnumpy(), expected[name].asnumpy()), name
+
+
+def test_init_params_holds_one_host_array_at_a_time_and_draws_mxnets_values():
+    # pylint: disable=import-outside-toplevel
+    from bench.memory_peak import _blocks, reset_peak, status
+    width, layers = 2048, 6
+    pipe = Pipeline(_blocks(width, layers), 'cpu:0', sample=(4, width))
+    mods = []
+    for host_copy in (False, True):
+        mod = pipe.module(loss='l2', host_copy=host_copy)
+        mod.bind([('data', (4, width))], [('softmax_label', (4, 1))])
+        mx.nd.waitall()
+        before = status('VmRSS')
+        reset_peak()
+        mx.random.seed(0)
+        mod.init_params(initializer=mx.init.Xavier())
+        mx.nd.waitall()
+        if not host_copy:
+            # each host array is 16.8 MB, all of them 100 MB
+            assert status() - before <= 3 * 4 * width * width, \
+                'init_params peaked %.1f MB above the bound arrays' % ((status() - before) / 1e6)
+        mods.append(mod.get_params()[0])
+    for name, value in mods[0].items():
+        assert np.array_equal(value.asnumpy(), mods[1][name].asnumpy()), name
