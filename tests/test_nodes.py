@@ -161,6 +161,56 @@ def test_gluoncv_networks_over_two_nodes_hold_one_process_values_running_statist
         np.testing.assert_array_equal(held[name], value, err_msg=name)
 
 
+# (devices, schedule, micro-batches, replicas, whole network, virtual), each
+# with the boundary tensors each node sends per micro-batch beside the tie
+TIED = [
+    (dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2), 1),
+    (dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=4), 1),
+    (dict(devices='cpu:0,cpu:1', schedule='stage-gpipe', chunks=4), 1),
+    (dict(devices='cpu:0,cpu:1,cpu:2,cpu:3', schedule='1f1b', chunks=4, replicas=2), 1),
+    # the whole GPT in 4 stages on 2 devices: the tie crosses stages 0 and 3
+    (dict(devices='cpu:0,cpu:1', schedule='interleaved', chunks=4, virtual=2, whole=True), 3),
+]
+SAMPLE_BYTES = nodes_worker.TINY.block_size * nodes_worker.TINY.num_hiddens * 4  # a sequence's
+# activation; the token embedding the output layer reads:
+TIED_BYTES = nodes_worker.TINY.vocab_size * nodes_worker.TINY.num_hiddens * 4
+
+
+@pytest.fixture(scope='module')
+def tied_nodes(tmp_path_factory):
+    """Every configuration of :data:`TIED` trained by two node processes,
+    with what each node sent."""
+    with reserved_port() as port:
+        return run_nodes(str(tmp_path_factory.mktemp('tied')), port, 2,
+                         [dict(config, stats=True) for config, _ in TIED])
+
+
+@pytest.mark.parametrize('k', range(len(TIED)),
+                         ids=['-'.join('%s=%s' % i for i in c.items()) for c, _ in TIED])
+def test_a_tied_weight_crosses_nodes_once_per_step_each_way_and_ends_as_in_one_process(
+        tied_nodes, k):
+    """The language model's token embedding (first stage) tied to its output
+    layer (last stage, on the other node): per step each node sends the
+    activations (or their gradients) of every micro-batch and the tie once
+    per replica (the weight one way, its gradients' sum the other), however
+    many micro-batches; after three Adam steps every array equals one
+    process's bit for bit."""
+    config, crossings = TIED[k]
+    held, _ = tied_nodes[k]
+    steps, replicas = 3, config.get('replicas', 1)
+    for rank in range(2):
+        sent = held.pop('stats:%d:sent' % rank) // steps
+        sent_bytes = held.pop('stats:%d:sent_bytes' % rank) // steps
+        assert sent == replicas * (config['chunks'] * crossings + 1), (rank, sent)
+        assert sent_bytes == crossings * 8 * SAMPLE_BYTES + replicas * TIED_BYTES, \
+            (rank, sent_bytes)
+    expected, outputs = nodes_worker.train(**config)
+    expected['outputs'] = outputs
+    assert sorted(held) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(held[name], value, err_msg=name)
+
+
 def test_get_params_reads_the_running_statistics_the_last_backward_updated():
     """MXNet's BatchNorm updates its running statistics in its backward
     pass, as an input it reads: ``get_params`` right after a step holds the
