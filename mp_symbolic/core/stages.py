@@ -112,7 +112,8 @@ class StageRuntime:
     Every boundary tensor goes through ``transport``
     (:mod:`~mp_symbolic.core.comm`): the runtime posts each receive with the
     array the tensor lands in, and sends each tensor once its action is
-    issued. After :meth:`run`, ``outputs`` holds the network's outputs of
+    issued (a tied parameter's once per batch: :func:`tied_sends`). After
+    :meth:`run`, ``outputs`` holds the network's outputs of
     the batch, in order, those of stages another process runs too: that
     process sends them (``transport.send_outputs``) once its stage's last
     forward is issued, and this one posts their receives
