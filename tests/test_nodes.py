@@ -676,11 +676,13 @@ def test_nodes_resuming_from_other_epochs_both_exit_2_in_one_line(tmp_path, port
         assert (status, lines) == (2, [RUN_DIFFERS % ('--resume epoch 0', '1')]), lines[-20:]
 
 
-def test_the_nodes_benchmark_sends_each_boundary_tensor_once_per_microbatch(tmp_path):
+def test_the_nodes_benchmark_sends_each_activation_per_microbatch_and_the_tie_once_per_step(
+        tmp_path):
     """``python -m bench.nodes --quick``: the two nodes hold the whole
     model's parameters between them, and each sends, per micro-batch, the
-    activation its neighbour reads (or its gradient) and the tied embedding
-    (or its gradient), as many bytes as the model says."""
+    activation its neighbour reads (or its gradient), and per step the tied
+    embedding (or its gradients' sum) once, as many bytes and messages as the
+    model says."""
     out = tmp_path / 'nodes.json'
     result = subprocess.run([sys.executable, '-m', 'bench.nodes', '--quick', '--out', str(out)],
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
@@ -690,8 +692,9 @@ def test_the_nodes_benchmark_sends_each_boundary_tensor_once_per_microbatch(tmp_
     assert figures['step_ratio'] > 0 and len(figures['ratios']) == 2
     assert sum(figures['params_fraction']) == pytest.approx(1, abs=1e-9)
     chunks, micro, width, vocab, context = 2, 16, 32, 166, 64
-    expected = chunks * 4 * (micro * context * width + vocab * width)
+    expected = chunks * 4 * micro * context * width + 4 * vocab * width
     assert [s['sent_bytes'] / 2 for s in figures['node_stats']] == [expected, expected]
+    assert [s['sent'] / 2 for s in figures['node_stats']] == [chunks + 1, chunks + 1]
 
 
 def test_launch_nodes_in_manual_mode_prints_each_nodes_command_for_its_host(tmp_path, capsys):
