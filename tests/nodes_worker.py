@@ -47,7 +47,8 @@ def image_batch(step, size):
 
 
 def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shards=1,
-          whole=False, batch_size=8, virtual=None, save=None, network=None, evaluate=False):
+          whole=False, batch_size=8, virtual=None, save=None, network=None, evaluate=False,
+          stats=False):
     """``(arrays this process holds by name, last outputs or None)``; with
     ``save``, the module is saved there (``mp_symbolic.save_checkpoint``,
     by every node) after its steps. ``network``: a GluonCV model zoo name
@@ -55,7 +56,11 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
     in place of the language model. With ``evaluate`` (a ``network``),
     ``predict`` and ``score`` (accuracy, cross-entropy) of two batches after
     the steps are held too, as ``every:predict`` and ``every:score``: every
-    node reads them."""
+    node reads them. ``schedule='stage-gpipe'`` is GPipe's schedule run by
+    the stage runtime (``mp_symbolic.core.schedule.gpipe``), not the one
+    graph. With ``stats`` (over nodes), what the steps sent to other nodes
+    is held as ``stats:<rank>:sent`` and ``stats:<rank>:sent_bytes``
+    (summed over the replicas' transports)."""
     if network is not None:
         net = model_zoo.get_model(network, pretrained=False, classes=CLASSES)
         sample, label, make_batch = (batch_size,) + IMAGE, (batch_size,), image_batch
@@ -64,6 +69,8 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
         net = build(TINY, lm.sharded_layers(shards))
         sample = label = (batch_size, TINY.block_size)
         make_batch = batch
+    if schedule == 'stage-gpipe':
+        schedule = mp_symbolic.core.schedule.gpipe
     pipe = Pipeline(net, devices, sample=sample, chunks=chunks,
                     replicas=replicas, schedule=schedule, nodes=nodes, virtual=virtual)
     arg_params, aux_params = loop.initial_values(pipe, seed=0)
@@ -76,6 +83,13 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
     for step in range(steps):
         mod.forward_backward(make_batch(step, batch_size))
         mod.update()
+    held_stats = {}
+    if stats and nodes > 1:  # every transfer of the run is one of these steps'
+        rank = os.environ.get('RANK', '0')
+        transports = [r.transport for r in mod._runtimes]  # pylint: disable=protected-access
+        for key in ('sent', 'sent_bytes'):
+            held_stats['stats:%s:%s' % (rank, key)] = np.array(
+                sum(t.stats[key] for t in transports))
     if save is not None:
         mp_symbolic.save_checkpoint(mod, save, epoch=steps, name='lm')
         if nodes > 1:  # restored on each node: the arrays it reads, by name
@@ -99,6 +113,7 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
         for k, index in enumerate(_arrays_of(entry['state'])):
             held['state:%s:%d' % (name, k)] = np.asarray(states['arrays'][index])
     held.update(evaluated)
+    held.update(held_stats)
     return held, outputs[0].asnumpy() if outputs else None
 
 

@@ -178,6 +178,56 @@ def test_gluoncv_networks_over_two_nodes_hold_one_process_values_running_statist
         np.testing.assert_array_equal(held[name], value, err_msg=name)
 
 
+# (devices, schedule, micro-batches, replicas, whole network, virtual), each
+# with the boundary tensors each node sends per micro-batch beside the tie
+TIED = [
+    (dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2), 1),
+    (dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=4), 1),
+    (dict(devices='cpu:0,cpu:1', schedule='stage-gpipe', chunks=4), 1),
+    (dict(devices='cpu:0,cpu:1,cpu:2,cpu:3', schedule='1f1b', chunks=4, replicas=2), 1),
+    # the whole GPT in 4 stages on 2 devices: the tie crosses stages 0 and 3
+    (dict(devices='cpu:0,cpu:1', schedule='interleaved', chunks=4, virtual=2, whole=True), 3),
+]
+SAMPLE_BYTES = nodes_worker.TINY.block_size * nodes_worker.TINY.num_hiddens * 4  # a sequence's
+# activation; the token embedding the output layer reads:
+TIED_BYTES = nodes_worker.TINY.vocab_size * nodes_worker.TINY.num_hiddens * 4
+
+
+@pytest.fixture(scope='module')
+def tied_nodes(tmp_path_factory):
+    """Every configuration of :data:`TIED` trained by two node processes,
+    with what each node sent."""
+    with reserved_port() as port:
+        return run_nodes(str(tmp_path_factory.mktemp('tied')), port, 2,
+                         [dict(config, stats=True) for config, _ in TIED])
+
+
+@pytest.mark.parametrize('k', range(len(TIED)),
+                         ids=['-'.join('%s=%s' % i for i in c.items()) for c, _ in TIED])
+def test_a_tied_weight_crosses_nodes_once_per_step_each_way_and_ends_as_in_one_process(
+        tied_nodes, k):
+    """The language model's token embedding (first stage) tied to its output
+    layer (last stage, on the other node): per step each node sends the
+    activations (or their gradients) of every micro-batch and the tie once
+    per replica (the weight one way, its gradients' sum the other), however
+    many micro-batches; after three Adam steps every array equals one
+    process's bit for bit."""
+    config, crossings = TIED[k]
+    held, _ = tied_nodes[k]
+    steps, replicas = 3, config.get('replicas', 1)
+    for rank in range(2):
+        sent = held.pop('stats:%d:sent' % rank) // steps
+        sent_bytes = held.pop('stats:%d:sent_bytes' % rank) // steps
+        assert sent == replicas * (config['chunks'] * crossings + 1), (rank, sent)
+        assert sent_bytes == crossings * 8 * SAMPLE_BYTES + replicas * TIED_BYTES, \
+            (rank, sent_bytes)
+    expected, outputs = nodes_worker.train(**config)
+    expected['outputs'] = outputs
+    assert sorted(held) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(held[name], value, err_msg=name)
+
+
 def test_get_params_reads_the_running_statistics_the_last_backward_updated():
     """MXNet's BatchNorm updates its running statistics in its backward
     pass, as an input it reads: ``get_params`` right after a step holds the
@@ -750,11 +800,13 @@ def test_nodes_resuming_from_other_epochs_both_exit_2_in_one_line(tmp_path, port
         assert (status, lines) == (2, [RUN_DIFFERS % ('--resume epoch 0', '1')]), lines[-20:]
 
 
-def test_the_nodes_benchmark_sends_each_boundary_tensor_once_per_microbatch(tmp_path):
+def test_the_nodes_benchmark_sends_each_activation_per_microbatch_and_the_tie_once_per_step(
+        tmp_path):
     """``python -m bench.nodes --quick``: the two nodes hold the whole
     model's parameters between them, and each sends, per micro-batch, the
-    activation its neighbour reads (or its gradient) and the tied embedding
-    (or its gradient), as many bytes as the model says."""
+    activation its neighbour reads (or its gradient), and per step the tied
+    embedding (or its gradients' sum) once, as many bytes and messages as the
+    model says."""
     out = tmp_path / 'nodes.json'
     result = subprocess.run([sys.executable, '-m', 'bench.nodes', '--quick', '--out', str(out)],
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
@@ -764,8 +816,9 @@ def test_the_nodes_benchmark_sends_each_boundary_tensor_once_per_microbatch(tmp_
     assert figures['step_ratio'] > 0 and len(figures['ratios']) == 2
     assert sum(figures['params_fraction']) == pytest.approx(1, abs=1e-9)
     chunks, micro, width, vocab, context = 2, 16, 32, 166, 64
-    expected = chunks * 4 * (micro * context * width + vocab * width)
+    expected = chunks * 4 * micro * context * width + 4 * vocab * width
     assert [s['sent_bytes'] / 2 for s in figures['node_stats']] == [expected, expected]
+    assert [s['sent'] / 2 for s in figures['node_stats']] == [chunks + 1, chunks + 1]
 
 
 def test_launch_nodes_in_manual_mode_prints_each_nodes_command_for_its_host(tmp_path, capsys):

@@ -15,6 +15,9 @@ activation, producer to consumer) or backward (its gradient, consumer to
 producer). A tensor that several later stages read has one link per reader;
 their gradients are summed where they land (the first written, the others
 added), in the order the runtime issues the backwards.
+A tied parameter's link (:func:`~mp_symbolic.core.stages.tied_sends`)
+carries one message each way per batch, as micro-batch 0's: the parameter,
+and the sum of its gradients over the reader's micro-batches.
 
 The transport here is :class:`LocalTransport`: both stages in this process,
 each message one copy between the two stages' arrays, pushed to MXNet's

@@ -30,13 +30,22 @@ micro-batch forward or backward:
   stages (``local``), the others' messages then crossing to the processes
   that run them. Within a stage, ``group2ctx`` puts tensor-parallel shards
   on their devices, and a received tensor that the shards read goes through
-  an identity in the stage's own group (as a tied weight does).
+  an identity in the stage's own group (as a tied weight does);
+* a parameter another stage reads (a tied weight, read through the identity
+  :func:`~mp_symbolic.core.passes.tie_parameters` puts in its owner's
+  stage) crosses once per batch, not once per micro-batch
+  (:func:`tied_sends`): the owner sends the parameter as the batch begins,
+  the reader receives it before its first forward into one array all its
+  executors read, sums its gradient over its micro-batches there
+  (``grad_req='add'``) and sends the sum after its last backward; the owner
+  adds it to the parameter's gradient at the batch's end, after its own
+  micro-batches' (its identity's output gradient stays zero).
 """
 import mxnet as mx
 
-from .comm import Link, LocalTransport
+from .comm import DONE, Link, LocalTransport
 from .compat import lengths_outside_gradient, split_bind
-from .names import parse_group, stage_name
+from .names import TIED_SUFFIX, is_tied, parse_group, stage_name
 from .schedule import Action, in_flight, issue_order
 
 __all__ = []
@@ -48,6 +57,7 @@ class _Slot:
     def __init__(self, executor, out_grads):
         self.executor = executor
         self.out_grads = out_grads  # one per output; None where the output is a loss head
+        self.pending = DONE  # the receive of the output gradients its backward waits for
 
 
 def links(stages):
@@ -63,6 +73,26 @@ def links(stages):
 
 def _send_index(graph, entry):
     return [e for e, _ in graph.sends].index(entry)
+
+
+def tied_sends(stages):
+    """``{(stage, tensor): parameter}``: the sends of ``stages`` that are a
+    parameter of the stage read by a later stage through its identity
+    (``<parameter>_tied``, :func:`~mp_symbolic.core.passes.tie_parameters`),
+    ``tensor`` the send's index. Its value is the parameter's, the same for
+    every micro-batch of a batch."""
+    found = {}
+    for graph in stages:
+        for tensor, (_, output) in enumerate(graph.sends):
+            out = graph.symbol[output]
+            read = out.get_children()
+            if not is_tied(out.name) or read is None or len(read.list_outputs()) != 1:
+                continue
+            name = read.list_outputs()[0]
+            if name == out.name[:-len(TIED_SUFFIX)] and read.get_children() is None \
+                    and name not in graph.inputs:
+                found[(graph.stage, tensor)] = name
+    return found
 
 
 def variable_specs(symbol, input_shapes, input_types=None):
@@ -82,7 +112,8 @@ class StageRuntime:
     Every boundary tensor goes through ``transport``
     (:mod:`~mp_symbolic.core.comm`): the runtime posts each receive with the
     array the tensor lands in, and sends each tensor once its action is
-    issued. After :meth:`run`, ``outputs`` holds the network's outputs of
+    issued (a tied parameter's once per batch: :func:`tied_sends`). After
+    :meth:`run`, ``outputs`` holds the network's outputs of
     the batch, in order, those of stages another process runs too: that
     process sends them (``transport.send_outputs``) once its stage's last
     forward is issued, and this one posts their receives
@@ -124,10 +155,31 @@ class StageRuntime:
         self.output_axes = list(output_axes or ())
         self.grads = [g for n, g in grad_dict.items() if g is not None and n in arg_dict]
         self.links = links(stages)
-        self._receives = {s: [(link, name) for link, name in self.links if link.consumer == s]
+        tied = tied_sends(stages)
+        self._tied = {link: tied[(link.producer, link.tensor)] for link, _ in self.links
+                      if (link.producer, link.tensor) in tied}
+        self._receives = {s: [(link, name) for link, name in self.links
+                              if link.consumer == s and link not in self._tied]
                           for s in self.local}
-        self._sends = {s: [link for link, _ in self.links if link.producer == s]
+        self._sends = {s: [link for link, _ in self.links
+                           if link.producer == s and link not in self._tied]
                        for s in self.local}
+        # once per batch: the tied parameters this runtime's stages send, and
+        # the ones they read, each into one array all a stage's executors bind
+        self._tied_sends = [(link, param) for link, param in self._tied.items()
+                            if link.producer in self.local]
+        self._tied_receives = {s: [(link, name) for link, name in self.links
+                                   if link.consumer == s and link in self._tied]
+                               for s in self.local}
+        self._arg_dict, self._grad_dict = arg_dict, grad_dict
+        self._held, self._held_grads = {}, {}
+        self._tied_sums = {}  # (producer, tensor) -> the readers' gradient sum lands here
+        if for_training:
+            for link, param in self._tied_sends:
+                if (link.producer, link.tensor) not in self._tied_sums:
+                    value = arg_dict[param]
+                    self._tied_sums[(link.producer, link.tensor)] = (param, mx.nd.zeros(
+                        value.shape, value.context, dtype=value.dtype))
         types = specs[1]
         self._boundary = boundary_specs(stages, specs) if boundary is None else boundary
         flight = in_flight(schedule)
@@ -165,11 +217,20 @@ class StageRuntime:
         received = {name: entry for name, _, entry in graph.receives}
         args, grads, reqs = {}, {}, {}
         for name in symbol.list_arguments():
-            if name in received:
+            if name in received and name in self._held:  # a tied parameter: one array
+                args[name] = self._held[name]
+                if self.for_training:
+                    grads[name], reqs[name] = self._held_grads[name], 'add'
+            elif name in received:
                 shape, dtype = self._boundary[received[name]]
                 args[name] = mx.nd.zeros(shape, device, dtype=dtype)
                 if self.for_training:
                     grads[name], reqs[name] = mx.nd.zeros(shape, device, dtype), 'write'
+                if any(n == name for _, n in self._tied_receives[graph.stage]):
+                    self._held[name] = args[name]
+                    if self.for_training:
+                        self._held_grads[name] = grads[name]
+                        reqs[name] = 'add'  # its micro-batches' gradients sum here
             elif name in self.input_shapes:
                 args[name] = mx.nd.zeros(self.input_shapes[name], device,
                                          dtype=types.get(name, 'float32'))
@@ -206,7 +267,7 @@ class StageRuntime:
         """
         outputs = {}
         if train:
-            for grad in self.grads:
+            for grad in self.grads + list(self._held_grads.values()):
                 grad[:] = 0
             order = self.order
         else:
@@ -218,14 +279,27 @@ class StageRuntime:
                 outputs[k] = mx.nd.empty(shape, device, dtype=dtype)
             received.append(self.transport.recv_outputs(stage, [(k, outputs[k])
                                                                 for k, _, _, _ in heads]))
+        # a tied parameter is sent as the batch begins, its readers' gradient
+        # sum received at the batch's end (micro-batch 0's tags: it has no other)
+        self.transport.send_forward(0, [(link, self._arg_dict[param])
+                                        for link, param in self._tied_sends])
+        tied = DONE
+        if train and self._tied_sums:
+            tied = self.transport.recv_backward(
+                0, [(link, self._tied_sums[(link.producer, link.tensor)][1])
+                    for link, _ in self._tied_sends])
         free = [list(range(len(slots))) for slots in self.slots]
         held = {}  # (stage, micro-batch) -> the index of its slot
         forwarded = [0] * len(self.stages)
+        backwarded = [0] * len(self.stages)
         last = self.local[-1]
         for s, i, kind in order:
             graph = self.stages[s]
             if kind == 'F':
                 held[(s, i)] = free[s].pop(0)
+                if not forwarded[s]:  # the tied parameters it reads, once per batch
+                    self.transport.recv_forward(0, [(link, self._held[name]) for link, name
+                                                    in self._tied_receives[s]]).wait()
                 self._forward(graph, self.slots[s][held[(s, i)]], i, inputs, train, outputs)
                 forwarded[s] += 1
                 if graph.heads and forwarded[s] == self.microbatches:  # every micro-batch's
@@ -237,10 +311,19 @@ class StageRuntime:
                 slot = held.pop((s, i))
                 self._backward(graph, self.slots[s][slot], i)
                 free[s].append(slot)
+                backwarded[s] += 1
+                if backwarded[s] == self.microbatches:  # its tied gradients, summed
+                    self.transport.send_backward(0, [(link, self._held_grads[name]) for link, name
+                                                     in self._tied_receives[s]])
             if each is not None:
                 each(Action(s, i, kind))
         for pending in received:
             pending.wait()
+        if train and self._tied_sums:
+            tied.wait()
+            for param, value in self._tied_sums.values():
+                if self._grad_dict.get(param) is not None:
+                    self._grad_dict[param] += value  # after its own micro-batches'
         self.transport.finish()
         self.output_keys = sorted(outputs)  # the graph's outputs these are, by index
         self.outputs = [outputs[k] for k in self.output_keys]
@@ -276,6 +359,7 @@ class StageRuntime:
         sent = [(link, executor.outputs[graph.sends[link.tensor][1]])
                 for link in self._sends[graph.stage]]
         self.transport.send_forward(i, sent)
+        slot.pending = DONE
         if train and sent:
             slot.pending = self.transport.recv_backward(
                 i, [(link, slot.out_grads[graph.sends[link.tensor][1]])
@@ -283,8 +367,7 @@ class StageRuntime:
 
     def _backward(self, graph, slot, i):
         executor = slot.executor
-        if graph.sends:
-            slot.pending.wait()
+        slot.pending.wait()
         executor.backward(out_grads=slot.out_grads)
         self.transport.send_backward(i, [(link, executor.grad_dict[name])
                                          for link, name in self._receives[graph.stage]])
