@@ -47,7 +47,8 @@ def image_batch(step, size):
 
 
 def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shards=1,
-          whole=False, batch_size=8, virtual=None, save=None, network=None, evaluate=False):
+          whole=False, batch_size=8, virtual=None, save=None, network=None, evaluate=False,
+          batchnorm='micro-batch'):
     """``(arrays this process holds by name, last outputs or None)``; with
     ``save``, the module is saved there (``mp_symbolic.save_checkpoint``,
     by every node) after its steps. ``network``: a GluonCV model zoo name
@@ -55,7 +56,7 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
     in place of the language model. With ``evaluate`` (a ``network``),
     ``predict`` and ``score`` (accuracy, cross-entropy) of two batches after
     the steps are held too, as ``every:predict`` and ``every:score``: every
-    node reads them."""
+    node reads them. ``batchnorm``: the Pipeline's."""
     if network is not None:
         net = model_zoo.get_model(network, pretrained=False, classes=CLASSES)
         sample, label, make_batch = (batch_size,) + IMAGE, (batch_size,), image_batch
@@ -65,7 +66,8 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
         sample = label = (batch_size, TINY.block_size)
         make_batch = batch
     pipe = Pipeline(net, devices, sample=sample, chunks=chunks,
-                    replicas=replicas, schedule=schedule, nodes=nodes, virtual=virtual)
+                    replicas=replicas, schedule=schedule, nodes=nodes, virtual=virtual,
+                    batchnorm=batchnorm)
     arg_params, aux_params = loop.initial_values(pipe, seed=0)
     mod = pipe.module(loss='softmax')
     mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', label)])
