@@ -311,8 +311,8 @@ def test_batchnorm_deferred_from_the_command_line_is_one_rule_for_gpipe_and_1f1b
     """``--batchnorm deferred`` trains an epoch of the digits CNN in two
     micro-batches: the checkpoints' running statistics under ``--schedule
     gpipe`` and ``1f1b`` are the same bit for bit, and not the default
-    rule's; the run says so in its title line. An unknown rule is refused
-    in one line before anything runs."""
+    rule's; the run says so in its title line, and so does its resume. An
+    unknown rule is refused in one line before anything runs."""
     stats = {}
     for schedule, batchnorm in (('gpipe', 'deferred'), ('1f1b', 'deferred'),
                                 ('gpipe', 'micro-batch')):
@@ -323,6 +323,13 @@ def test_batchnorm_deferred_from_the_command_line_is_one_rule_for_gpipe_and_1f1b
         assert ('BatchNorm statistics deferred' in run.stdout) == (batchnorm == 'deferred')
         stats[schedule, batchnorm] = _saved_statistics(out)
     _assert_bitwise(stats['1f1b', 'deferred'], stats['gpipe', 'deferred'])
+    resumed = subprocess.run(  # a resume keeps the rule unless --batchnorm is given
+        [sys.executable, '-m', 'mp_symbolic', 'train', '--resume',
+         str(tmp_path / 'gpipe-deferred'), '--epochs', '2', '--no-progress', '--no-memory'],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert 'BatchNorm statistics deferred' in resumed.stdout
     default = stats['gpipe', 'micro-batch']
     assert any(not np.array_equal(v, default[k]) for k, v in stats['gpipe', 'deferred'].items())
     run = _cli('--chunks', '2', '--batchnorm', 'sync', '--out', str(tmp_path / 'bad'))
