@@ -336,3 +336,15 @@ def test_batchnorm_deferred_from_the_command_line_is_one_rule_for_gpipe_and_1f1b
     assert run.returncode == 2
     assert len(run.stderr.strip().splitlines()) == 1 and 'sync' in run.stderr, run.stderr
     assert not (tmp_path / 'bad').exists()
+
+
+def test_nodes_given_other_batchnorm_rules_both_exit_2_in_one_line(tmp_path, port):
+    """The BatchNorm rule is part of the plan every node compares before
+    any tensor crosses."""
+    from test_nodes import _nodes_given  # pylint: disable=import-outside-toplevel
+    ended = _nodes_given(tmp_path, port, [['--chunks', '2'],
+                                          ['--chunks', '2', '--batchnorm', 'deferred']])
+    for status, lines, _ in ended:
+        assert status == 2 and len(lines) == 1, lines[-20:]
+        assert "node 1's batchnorm 'deferred' where node 0's is 'micro-batch'" in lines[0]
+    assert not (tmp_path / 'run' / 'current').exists()
