@@ -37,6 +37,8 @@ import warnings
 
 import mxnet as mx
 from mxnet.initializer import InitDesc
+
+from .compat import write_into
 import numpy as np
 
 __all__ = []
@@ -112,6 +114,7 @@ class DeviceModule(mx.mod.Module):
                for name, a in zip(self._aux_names, group.aux_arrays)}
         if len(self._context) == 1 and all(a[0].stype == 'default'
                                            for a in group.param_arrays):
+            aux_written(group)
             # one replica: its values copied straight, the bits MXNet's average
             # of one gives (sum([copy]) / 1), without its temporaries per array
             for target, arrays in ((arg, group.param_arrays), (aux, group.aux_arrays)):
@@ -201,7 +204,7 @@ class DeviceModule(mx.mod.Module):
                         initializer(InitDesc(name, attrs.get(name, None)), value)
                 for array in block:
                     if isinstance(value, np.ndarray):
-                        array[:] = value  # written in place: no NDArray of it is made
+                        write_into(array, value)  # also where oneDNN keeps its own layout
                     elif value is not array:
                         value.copyto(array)
                 if given is None or name not in given:
@@ -251,7 +254,13 @@ def aux_written(group):
     that write, so a copy made once the backward is queued (``get_params``,
     a checkpoint) read the statistics before or after their update by
     chance. Waiting to write an array (``MXNDArrayWaitToWrite``, which
-    Python's NDArray does not offer) waits for its readers."""
+    Python's NDArray does not offer) waits for its readers; as the write
+    itself is undeclared, every queued operation is waited for too
+    (``mx.nd.waitall``) where there are statistics."""
+    waited = False
     for block in group.aux_arrays:
         for array in block:
             mx.base.check_call(mx.base._LIB.MXNDArrayWaitToWrite(array.handle))  # pylint: disable=protected-access
+            waited = True
+    if waited:
+        mx.nd.waitall()
