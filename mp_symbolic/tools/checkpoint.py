@@ -48,6 +48,8 @@ def save_params(path, arg_params, aux_params=None):
     Raises:
         OSError: The file could not be written (a full disk, a file size
             limit) or does not read back as written; one line.
+        ValueError: an array of a type MXNet's format does not hold; one
+            line.
     """
     # pylint: disable=import-outside-toplevel
     from .parts import MxnetParams, PartError, mxnet_params_index, write_mxnet_params
@@ -60,7 +62,7 @@ def save_params(path, arg_params, aux_params=None):
     digests = {}
     try:
         written = write_mxnet_params(path, items, replace=True, digests=digests)
-    except (OSError, ValueError) as err:
+    except OSError as err:
         raise OSError('%s: cannot write the parameters (%s; a full disk or a file size limit?)'
                       % (path, ' '.join(str(err).split())[:200])) from None
     try:
