@@ -248,3 +248,91 @@ def test_a_path_the_terminal_cannot_show_is_printed_escaped(tmp_path):
                           check=False)
     assert done.returncode == 0, done.stderr
     assert b'r\\xe9sultat' in done.stdout and read_checkpoint(str(out)).epoch == 1
+
+
+# -- a commit's files are read back one array at a time ----------------------------
+
+# Writes a commit's file of four arrays of 64 MB (held by the caller) and
+# prints how far the process's resident peak rose above what it held before.
+READ_BACK_PEAK = r'''
+import sys
+import mxnet as mx
+import numpy as np
+from mp_symbolic.core.optstate import FORMAT
+from mp_symbolic.tools.checkpoint import _save_states, save_params
+
+def status(field):
+    with open('/proc/self/status') as lines:
+        return next(int(l.split()[1]) * 1024 for l in lines if l.startswith(field + ':'))
+
+which, path = sys.argv[1], sys.argv[2]
+arrays = [np.full(1 << 24, i + 1, dtype=np.float32) for i in range(4)]
+if which == 'params':
+    arrays = {'w%d' % i: mx.nd.array(a, dtype=a.dtype) for i, a in enumerate(arrays)}
+    mx.nd.waitall()
+    write = lambda: save_params(path, arrays)
+else:
+    states = {'format': FORMAT, 'optimizer': 'sgd', 'num_update': 1, 'arrays': arrays,
+              'params': {'w%d' % i: {'count': 1, 'state': {'t': 'nd', 'a': i}}
+                         for i in range(4)}}
+    write = lambda: _save_states(path, states)
+with open('/proc/self/clear_refs', 'w') as out:
+    out.write('5')  # VmHWM := VmRSS
+before = status('VmRSS')
+write()
+print(status('VmHWM') - before)
+'''
+
+
+@pytest.mark.parametrize('which', ['params', 'states'])
+def test_a_commits_file_is_written_and_read_back_holding_one_array_at_a_time(tmp_path, which):
+    """Writing a 256 MB params (or optimizer-state) file of arrays the caller
+    holds, and reading it back to check it, raises the process's peak by
+    less than half the file: one array at a time, never the whole file (as
+    ``mx.nd.load`` of it, or an ``.npz`` made in a buffer and read back)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = str(tmp_path / ('m-0001.' + which))
+    done = subprocess.run([sys.executable, '-c', READ_BACK_PEAK, which, path], cwd=root,
+                          env=dict(os.environ, PYTHONPATH=root), capture_output=True,
+                          text=True, timeout=300, check=True)
+    size = os.path.getsize(path)
+    assert size > 4 << 26
+    assert int(done.stdout.split()[-1]) < size // 2, (done.stdout, size)
+
+
+def _flipping(created):
+    """``parts._created`` whose file changes one byte of each large write."""
+    class Flipping(created):  # pylint: disable=too-few-public-methods
+        def __enter__(self):
+            f = super().__enter__()
+            write = f.write
+
+            def flipped(data):
+                data = bytes(data)
+                if len(data) >= 1024:
+                    data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+                return write(data)
+            f.write = flipped
+            return f
+    return Flipping
+
+
+@pytest.mark.parametrize('which', ['params', 'states'])
+def test_a_file_whose_bytes_differ_from_those_written_is_refused_in_one_line(
+        tmp_path, monkeypatch, which):
+    """Names, shapes and types read back as written, but one bit of the data
+    differs: the read-back (sha256 of each array) refuses it."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.optstate import FORMAT  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.tools import checkpoint, parts  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(parts, '_created', _flipping(parts._created))  # pylint: disable=protected-access
+    path = str(tmp_path / ('m-0001.' + which))
+    with pytest.raises(OSError, match='expected .* read back') as err:
+        if which == 'params':
+            checkpoint.save_params(path, {'w': mx.nd.ones((64, 64))})
+        else:
+            checkpoint._save_states(path, {  # pylint: disable=protected-access
+                'format': FORMAT, 'optimizer': 'sgd', 'num_update': 1,
+                'params': {'w': {'count': 1, 'state': {'t': 'nd', 'a': 0}}},
+                'arrays': [np.ones((64, 64), dtype=np.float32)]})
+    assert path in str(err.value) and '\n' not in str(err.value)

@@ -10,7 +10,6 @@ Restoring puts every array on the device of the parameter it belongs to, so
 an uninterrupted run and a resumed one compute the same updates (Adam's bias
 correction included).
 """
-import io
 import json
 import zipfile
 
@@ -196,14 +195,27 @@ def _rebased(spec, offset):
     return spec
 
 
-def save_states(path, states):
-    """Writes :func:`states_by_name` output to ``path`` (an ``.npz`` file)."""
+def save_states(path, states, digests=None):
+    """Writes :func:`states_by_name` output to ``path`` (an ``.npz`` file, as
+    ``np.savez`` writes it: ``meta``, then ``a0``, ``a1``, ...), straight to
+    the file, one array at a time (an array may be a function of no
+    arguments returning it, called when its turn comes).
+
+    Args:
+        digests: A dict, or ``None``: filled with each member's sha256, see
+            :func:`~mp_symbolic.tools.parts.write_npz`.
+
+    Returns:
+        ``{member: (shape, dtype)}`` of what was written.
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    from ..tools.parts import write_npz  # pylint: disable=import-outside-toplevel
     meta = {k: v for k, v in states.items() if k != 'arrays'}
-    arrays = {'a%d' % i: a for i, a in enumerate(states['arrays'])}
-    buffer = io.BytesIO()
-    np.savez(buffer, meta=np.array(json.dumps(meta)), **arrays)
-    with open(path, 'wb') as f:
-        f.write(buffer.getvalue())
+    members = [('meta', np.array(json.dumps(meta)))]
+    members += [('a%d' % i, a) for i, a in enumerate(states['arrays'])]
+    return write_npz(path, members, replace=True, digests=digests)
 
 
 def load_states(path):

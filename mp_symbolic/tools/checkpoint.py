@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import zipfile
+from collections import OrderedDict
 
 import mxnet as mx
 import numpy as np
@@ -34,31 +35,48 @@ class CheckpointError(ValueError):
 
 
 def save_params(path, arg_params, aux_params=None):
-    """``mx.nd.save`` with MXNet's ``arg:``/``aux:`` names, arrays on ``cpu()``,
-    read back: the file must load and hold every array at its shape and type.
+    """Writes the bytes ``mx.nd.save`` writes for the arrays with MXNet's
+    ``arg:``/``aux:`` names on ``cpu()``, one array at a time, and reads
+    them back one array at a time: the file must hold every array at its
+    name, shape and type, with the bytes written (sha256).
+
+    Args:
+        arg_params, aux_params: ``{name: array}``: NDArrays on any device,
+            numpy arrays, or functions of no arguments returning one (each
+            called when its array is written, and let go once written).
 
     Raises:
         OSError: The file could not be written (a full disk, a file size
             limit) or does not read back as written; one line.
+        ValueError: an array of a type MXNet's format does not hold; one
+            line.
     """
-    arrays = {'arg:%s' % k: v.as_in_context(mx.cpu()) for k, v in arg_params.items()}
-    arrays.update({'aux:%s' % k: v.as_in_context(mx.cpu())
-                   for k, v in (aux_params or {}).items()})
+    # pylint: disable=import-outside-toplevel
+    from .parts import MxnetParams, PartError, mxnet_params_index, write_mxnet_params
+
+    def lazy(value):
+        return lambda: _host(value() if callable(value) else value)
+
+    items = [('arg:%s' % k, lazy(v)) for k, v in arg_params.items()]
+    items += [('aux:%s' % k, lazy(v)) for k, v in (aux_params or {}).items()]
+    digests = {}
     try:
-        mx.nd.save(path, arrays)
-    except mx.base.MXNetError as err:  # 'FileStream.Write incomplete' under a full disk
+        written = write_mxnet_params(path, items, replace=True, digests=digests)
+    except OSError as err:
         raise OSError('%s: cannot write the parameters (%s; a full disk or a file size limit?)'
-                      % (path, first_line(err))) from None
+                      % (path, ' '.join(str(err).split())[:200])) from None
     try:
-        saved = mx.nd.load(path)
-    except mx.base.MXNetError as err:
+        found = mxnet_params_index(path)
+        if found == written:
+            saved = MxnetParams(path)
+            found = {k: v for k, v in found.items() if saved.digest(k) == digests[k]}
+    except (OSError, PartError) as err:
         raise OSError('%s: expected the parameters just written to read back, found %s'
-                      % (path, first_line(err))) from None
-    found = {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in saved.items()} \
-        if isinstance(saved, dict) else {}
-    if found != {k: (tuple(v.shape), np.dtype(v.dtype)) for k, v in arrays.items()}:
+                      % (path, ' '.join(str(err).split())[:200])) from None
+    differ = [k for k in set(written) | set(found) if found.get(k) != written.get(k)]
+    if differ:
         raise OSError('%s: expected %d arrays to read back as written, found %d that differ'
-                      % (path, len(arrays), len(found)))
+                      % (path, len(written), len(differ)))
 
 
 def save_symbol(path, symbol):
@@ -666,20 +684,31 @@ def save_part(path, arg_params, aux_params, states):
 
 
 def _save_states(path, states):
-    """``save_states``, read back: it must hold every array written.
+    """``save_states``, read back one member at a time: it must hold every
+    array written, at its name, shape and type, with the bytes written
+    (sha256).
 
     Raises:
-        OSError: it does not (a full disk, a file size limit).
+        OSError: it could not be written or does not read back as written
+            (a full disk, a file size limit); one line.
     """
     # pylint: disable=import-outside-toplevel
-    from ..core.optstate import OptimizerStateError, load_states, save_states
-    save_states(path, states)
+    from ..core.optstate import save_states
+    from .parts import PartError, npz_digests, npz_index
+    digests = {}
     try:
-        if len(load_states(path)['arrays']) != len(states['arrays']):
-            raise OptimizerStateError('a different number of arrays')
-    except OptimizerStateError as err:
+        written = save_states(path, states, digests=digests)
+    except (OSError, zipfile.LargeZipFile) as err:
+        raise OSError('%s: cannot write the optimizer state (%s; a full disk or a file size '
+                      'limit?)' % (path, ' '.join(str(err).split())[:200])) from None
+    try:
+        same = npz_index(path) == written and npz_digests(path) == digests
+    except PartError as err:
         raise OSError('%s: expected the optimizer state just written to read back, found '
                       '%s' % (path, err)) from None
+    if not same:
+        raise OSError('%s: expected the optimizer state just written to read back, found '
+                      'other arrays or bytes' % path)
 
 
 def read_checkpoint(folder):
@@ -858,6 +887,10 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
         arg_params, aux_params = module.lazy_params()
         states = module.optimizer_states(lazy=True) if module.optimizer_initialized \
             else EMPTY_STATES
+    elif _one_copy(module):  # each array read from its device when its turn comes
+        arg_params, aux_params = _device_params(module)
+        states = module.optimizer_states(lazy=True) if module.optimizer_initialized \
+            else EMPTY_STATES
     else:
         arg_params, aux_params = module.get_params()
         states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
@@ -886,6 +919,31 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
             raise
         return commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states,
                                  facts, complete=True, group=group)
+
+
+def _one_copy(module):
+    """Whether ``module``'s devices hold each parameter once, as ``get_params``
+    returns it: one replica, dense, unsplit, no host copy kept."""
+    # pylint: disable=protected-access
+    return len(module._context) == 1 and not module.host_copy and \
+        module._kept[0] is None and not module.pipeline.sharded and \
+        all(a[0].stype == 'default' for a in module._exec_group.param_arrays)
+
+
+def _device_params(module):
+    """``get_params``' names, each value a function of no arguments that
+    copies that one array from its device to the host (numpy), the bits
+    ``get_params`` copies (for a module where :func:`_one_copy` holds)."""
+    # pylint: disable=protected-access
+    from ..core.device_module import aux_written  # pylint: disable=import-outside-toplevel
+    group = module._exec_group
+    aux_written(group)  # the running statistics' last update done before they are read
+
+    def host(block):
+        return block[0].asnumpy
+
+    return (OrderedDict((n, host(b)) for n, b in zip(module._param_names, group.param_arrays)),
+            OrderedDict((n, host(b)) for n, b in zip(module._aux_names, group.aux_arrays)))
 
 
 # The optimizer state of a module saved before its optimizer existed.

@@ -18,6 +18,7 @@ over the data.
 Only numpy and the standard library: export and tools read parts without
 MXNet.
 """
+import hashlib
 import os
 import struct
 import zipfile
@@ -37,21 +38,25 @@ _FLAGS = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16)
 _DTYPES = {flag: dtype for dtype, flag in _FLAGS.items()}
 MAX_NDIM = 32
 MAX_NAME_BYTES = 1 << 16
+CHUNK = 1 << 24              # bytes read at a time by the digests
 
 
 class PartError(ValueError):
     """A part file that is unreadable or not what its writer wrote; one line."""
 
 
-def write_npz(path, members):
+def write_npz(path, members, replace=False, digests=None):
     """Writes an ``.npz`` file of ``members`` one array at a time, and
-    fsyncs it.
+    fsyncs it: the bytes ``np.savez`` writes for them, in order.
 
     Args:
-        path: The file to create (it must not exist).
+        path: The file to create (it must not exist, unless ``replace``).
         members: ``(name, value)`` pairs in order; ``value`` is an array or
             a function of no arguments returning one, called when its turn
             comes (so only one member's array need be held at a time).
+        replace: Truncate ``path`` if it exists.
+        digests: A dict, or ``None``: filled with each member's sha256
+            (hex) of its ``.npy`` bytes, as :func:`npz_digests` reads them.
 
     Returns:
         ``{name: (shape, dtype)}`` of what was written, in order.
@@ -60,18 +65,78 @@ def write_npz(path, members):
         OSError: the file cannot be written (a full disk, a file size limit).
     """
     written = {}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    with open(fd, 'wb') as f:
+    with _created(path, replace) as f:
         with zipfile.ZipFile(f, 'w', zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name, value in members:
                 array = np.asarray(value() if callable(value) else value)
                 with zf.open(name + SUFFIX, 'w', force_zip64=True) as member:
-                    np.lib.format.write_array(member, array, allow_pickle=False)
+                    out = member if digests is None else _Hashing(member)
+                    np.lib.format.write_array(out, array, allow_pickle=False)
+                if digests is not None:
+                    digests[name] = out.hexdigest()
                 written[name] = (tuple(array.shape), array.dtype)
                 del array
-        f.flush()
-        os.fsync(f.fileno())
     return written
+
+
+class _Hashing:
+    """A file object's ``write``, hashing what passes (sha256)."""
+
+    def __init__(self, out):
+        self._out, self._hash = out, hashlib.sha256()
+
+    def write(self, data):
+        self._hash.update(data)
+        return self._out.write(data)
+
+    def hexdigest(self):
+        return self._hash.hexdigest()
+
+
+class _created:  # pylint: disable=invalid-name,too-few-public-methods
+    """``with _created(path, replace) as f``: ``path`` opened for binary
+    writing (created, or truncated if ``replace``), flushed and fsynced
+    when the block ends without an error."""
+
+    def __init__(self, path, replace):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if replace else os.O_EXCL)
+        self._file = open(os.open(path, flags, 0o644), 'wb')
+
+    def __enter__(self):
+        return self._file
+
+    def __exit__(self, kind, *exc):
+        with self._file as f:
+            if kind is None:
+                f.flush()
+                os.fsync(f.fileno())
+
+
+def npz_digests(path):
+    """``{name: sha256 (hex)}`` of an ``.npz`` file's members' ``.npy``
+    bytes, read :data:`CHUNK` bytes at a time.
+
+    Raises:
+        PartError: the file is not a zip of ``.npy`` members.
+    """
+    found = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(SUFFIX):
+                    raise PartError('%s: expected .npy members, found %r'
+                                    % (path, info.filename[:80]))
+                digest = hashlib.sha256()
+                with zf.open(info) as member:
+                    for chunk in iter(lambda m=member: m.read(CHUNK), b''):
+                        digest.update(chunk)
+                found[info.filename[:-len(SUFFIX)]] = digest.hexdigest()
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        if isinstance(err, PartError):
+            raise
+        raise PartError('%s: expected a checkpoint part (.npz), found %s: %s'
+                        % (path, type(err).__name__, ' '.join(str(err).split())[:200])) from None
+    return found
 
 
 def npz_index(path):
@@ -139,14 +204,17 @@ class NpzReader:
         self.close()
 
 
-def write_mxnet_params(path, items):
+def write_mxnet_params(path, items, replace=False, digests=None):
     """Writes the bytes ``mx.nd.save(path, dict(items))`` writes, one array
     at a time, and fsyncs the file.
 
     Args:
-        path: The file to create (it must not exist).
+        path: The file to create (it must not exist, unless ``replace``).
         items: A sequence of ``(name, value)``: ``value`` an array of one of
             MXNet's dense types or a function of no arguments returning one.
+        replace: Truncate ``path`` if it exists.
+        digests: A dict, or ``None``: filled with each array's sha256 (hex)
+            of its data bytes, as :meth:`MxnetParams.digest` reads them.
 
     Returns:
         ``{name: (shape, dtype)}`` of what was written.
@@ -157,8 +225,7 @@ def write_mxnet_params(path, items):
     """
     items = list(items)
     written = {}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    with open(fd, 'wb') as f:
+    with _created(path, replace) as f:
         f.write(struct.pack('<QQQ', _LIST_MAGIC, 0, len(items)))
         for name, value in items:
             array = np.asarray(value() if callable(value) else value)
@@ -168,15 +235,16 @@ def write_mxnet_params(path, items):
             f.write(struct.pack('<IiI', _ARRAY_MAGIC, 0, array.ndim))
             f.write(struct.pack('<%dq' % array.ndim, *array.shape))
             f.write(struct.pack('<iii', _CPU, 0, _FLAGS[array.dtype]))
-            f.write(np.ascontiguousarray(array, dtype=array.dtype.newbyteorder('<')).data)
+            data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder('<')).data
+            f.write(data)
+            if digests is not None:
+                digests[name] = hashlib.sha256(data).hexdigest()
             written[name] = (tuple(array.shape), array.dtype)
-            del array
+            del array, data  # the view holds the array
         f.write(struct.pack('<Q', len(items)))
         for name, _ in items:
             data = name.encode('utf-8')
             f.write(struct.pack('<Q', len(data)) + data)
-        f.flush()
-        os.fsync(f.fileno())
     return written
 
 
@@ -216,6 +284,29 @@ class MxnetParams:
             raise PartError('%s: expected %d values of %s, found %d'
                             % (self.path, count, name, array.size))
         return array.astype(dtype, copy=False).reshape(shape)
+
+    def digest(self, name):
+        """The sha256 (hex) of the array ``name``'s data bytes, read
+        :data:`CHUNK` bytes at a time."""
+        if name not in self._layout:
+            raise PartError('%s: expected an array named %r, found none' % (self.path, name))
+        shape, dtype, offset = self._layout[name]
+        left = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        digest = hashlib.sha256()
+        with open(self.path, 'rb') as f:
+            f.seek(offset)
+            while left:
+                chunk = f.read(min(left, CHUNK))
+                if not chunk:
+                    raise PartError('%s: expected the data of %s, found it truncated'
+                                    % (self.path, name))
+                digest.update(chunk)
+                left -= len(chunk)
+        return digest.hexdigest()
+
+    def names(self):
+        """The arrays' names, in the file's order."""
+        return list(self._layout)
 
 
 def _mxnet_layout(path):
