@@ -30,7 +30,10 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
 
 The weights' values are written into the finished model alone (see
 :mod:`export.converters`), and :func:`save_onnx` writes it one weight at a
-time, so no second copy of them is made on the way to the file.
+time, so no second copy of them is made on the way to the file. A model too
+large for one protobuf message (:data:`PROTOBUF_LIMIT`, 2 GiB) is written in
+ONNX's external-data format: the weights' values in ``<name>.onnx.data``
+beside ``<name>.onnx``.
 """
 from collections import OrderedDict
 import importlib.metadata
@@ -52,7 +55,9 @@ from .inference import batch_axes, input_names, output_batch_axes, output_shapes
 
 __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
            'check_onnx_version', 'to_onnx', 'producer_version', 'dynamic_inputs',
-           'dynamic_groups', 'save_onnx', 'without_weight_values']
+           'dynamic_groups', 'save_onnx', 'without_weight_values', 'onnx_file_bytes',
+           'external_data_name', 'PROTOBUF_LIMIT', 'EXTERNAL_DATA_SUFFIX',
+           'EXTERNAL_DATA_ALIGNMENT']
 
 ONNX_OPSET = 13
 assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the declared opset'
@@ -61,6 +66,13 @@ assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the dec
 ONNX_IR_VERSION = 7
 BATCH_DIM = 'batch'
 PRODUCER_NAME = 'mxnet-model-parallel'
+# The most bytes one protobuf message, so one .onnx file, may take (2 GiB - 1):
+# a larger model is written with its weights' values in a file beside it.
+PROTOBUF_LIMIT = (1 << 31) - 1
+EXTERNAL_DATA_SUFFIX = '.data'
+# Each weight's offset in that file is a multiple of this (the allocation
+# granularity on every platform: onnxruntime may map an aligned weight).
+EXTERNAL_DATA_ALIGNMENT = 1 << 16
 _ONNX_BREAKS_AT = (1, 18)
 
 
@@ -384,27 +396,112 @@ _GRAPH_KEY = _varint(7 << 3 | 2)
 _INITIALIZER_KEY = _varint(5 << 3 | 2)
 
 
-def save_onnx(model, path):
+def external_data_name(onnx_name):
+    """The name of the weights' file beside ``<name>.onnx`` when they are
+    kept outside it: ``<name>.onnx.data``."""
+    return onnx_name + EXTERNAL_DATA_SUFFIX
+
+
+def _tensor_bytes(tensor):
+    return int(np.prod(tensor.dims, dtype=np.int64)) * np.dtype(
+        onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+
+
+def _goes_outside(tensor):
+    """Whether an initializer's values go to the data file: the weights,
+    more than :data:`_KEPT_VALUES` values held as raw data; the small ones
+    that shape inference reads (shapes, axes, bounds) stay in the model."""
+    return tensor.HasField('raw_data') and \
+        int(np.prod(tensor.dims, dtype=np.int64)) > _KEPT_VALUES
+
+
+def _outside(tensor, location, offset):
+    """``tensor`` without its values, pointing at ``length`` bytes at
+    ``offset`` of ``location`` (ONNX's external-data fields)."""
+    light = _copy_fields(tensor, onnx.TensorProto(), 'raw_data')
+    light.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (('location', location), ('offset', str(offset)),
+                       ('length', str(_tensor_bytes(tensor)))):
+        entry = light.external_data.add()
+        entry.key, entry.value = key, value
+    return light
+
+
+def onnx_file_bytes(model):
+    """The size of ``model`` written as one file (what :func:`save_onnx`
+    writes without external data), computed without serializing it whole."""
+    head = _copy_fields(model.graph, onnx.GraphProto(), 'initializer').ByteSize()
+    sizes = [tensor.ByteSize() for tensor in model.graph.initializer]
+    length = head + sum(len(_INITIALIZER_KEY) + len(_varint(n)) + n for n in sizes)
+    return (_copy_fields(model, onnx.ModelProto(), 'graph').ByteSize()
+            + len(_GRAPH_KEY) + len(_varint(length)) + length)
+
+
+def save_onnx(model, path, external_data_threshold=PROTOBUF_LIMIT):
     """Writes ``model`` to ``path`` as ``onnx.save`` does, one initializer
     at a time: ``onnx.save`` serializes the whole model into one buffer
     and copies it into a bytes object (twice the weights more at the peak,
     880 MB for BERT-base). The file holds the same message (``onnx.load`` reads it
     equal to ``model``), the graph and its initializers written last.
 
+    A model that would take more than ``external_data_threshold`` bytes as
+    one file (by default :data:`PROTOBUF_LIMIT`, the most one protobuf
+    message may take: no runtime parses a larger one) is written in ONNX's
+    external-data format instead: the values of every initializer of more
+    than 65,536 values go, one after another, each at an offset aligned to
+    :data:`EXTERNAL_DATA_ALIGNMENT`, into one file beside it,
+    ``<name>.onnx.data`` (:func:`external_data_name`), and the model
+    records each one's ``location`` (that file's name), ``offset`` and
+    ``length``; ``onnx.load(path)`` then reads back ``model`` with those
+    values (and ``data_location`` ``DEFAULT``), onnxruntime reads the data
+    file beside the model. ``model`` itself is not changed.
+
+    Returns:
+        The path of the data file written, or ``None``.
+
     Raises:
-        OSError: the file cannot be written (as ``onnx.save`` raises it).
+        OSError: a file cannot be written (as ``onnx.save`` raises it).
+        ExportError: written with its weights outside, the model still
+            exceeds :data:`PROTOBUF_LIMIT` (its small initializers and
+            graph alone); the data file is left for the caller's staging
+            folder to remove.
     """
     graph = model.graph
+    data_path = None
+    tensors = list(graph.initializer)
+    if onnx_file_bytes(model) > external_data_threshold:
+        data_path = external_data_name(str(path))
+        location = os.path.basename(data_path)
+        offset = 0
+        with open(data_path, 'wb') as data:
+            for index, tensor in enumerate(tensors):
+                if not _goes_outside(tensor):
+                    continue
+                offset = -(-offset // EXTERNAL_DATA_ALIGNMENT) * EXTERNAL_DATA_ALIGNMENT
+                data.seek(offset)
+                values = tensor.raw_data
+                data.write(values)
+                tensors[index] = _outside(tensor, location, offset)
+                offset += len(values)
+                del values
+            data.truncate(offset)
     head = _copy_fields(graph, onnx.GraphProto(), 'initializer').SerializeToString()
-    sizes = [tensor.ByteSize() for tensor in graph.initializer]
+    sizes = [tensor.ByteSize() for tensor in tensors]
     length = len(head) + sum(len(_INITIALIZER_KEY) + len(_varint(n)) + n for n in sizes)
+    top = _copy_fields(model, onnx.ModelProto(), 'graph').SerializeToString()
+    if data_path is not None and len(top) + len(_GRAPH_KEY) + len(_varint(length)) + length \
+            > PROTOBUF_LIMIT:
+        raise ExportError('%s: expected the model without its weights\' values within %d bytes '
+                         '(protobuf\'s limit), found %d bytes'
+                         % (path, PROTOBUF_LIMIT, len(top) + length))
     with open(path, 'wb') as f:
-        f.write(_copy_fields(model, onnx.ModelProto(), 'graph').SerializeToString())
+        f.write(top)
         f.write(_GRAPH_KEY + _varint(length))
         f.write(head)
-        for tensor, size in zip(graph.initializer, sizes):
+        for tensor, size in zip(tensors, sizes):
             f.write(_INITIALIZER_KEY + _varint(size))
             f.write(tensor.SerializeToString())
+    return data_path
 
 
 # Initializers of at most this many values keep them in without_weight_values:
