@@ -492,10 +492,12 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         log(suppression_note(suppression, export_names(name)['onnx']))
     if info['summary'] is not None:  # what the run reported (a task's vocabulary, ...)
         extra['training_summary'] = json.dumps(info['summary'], sort_keys=True)
-    model = to_onnx(inference, arg_params, aux_params,
-                    {'symbol': sym_path, 'params': info['checkpoint'].files
-                     if info['checkpoint'] is not None else params_path}, shapes,
-                    extra_metadata=extra, dynamic_axes=dynamic_axes, dtypes=dtypes)
+    # the weights' values are read from the checkpoint's arrays as the file is written
+    model, weights = to_onnx(inference, arg_params, aux_params,
+                             {'symbol': sym_path, 'params': info['checkpoint'].files
+                              if info['checkpoint'] is not None else params_path}, shapes,
+                             extra_metadata=extra, dynamic_axes=dynamic_axes, dtypes=dtypes,
+                             fill=False)
     reference = OneDeviceReference(symbol, arg_params, aux_params, shapes, dtypes)
     per_sample = activation_bytes(inference, arg_params, aux_params, shapes, dtypes)
     if verify_batches and per_sample > 0:  # before anything is written
@@ -507,12 +509,12 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         # Each copy of the weights is let go once written, before verification loads its
         # own: the ONNX model, then the checkpoint's arrays (the reference holds them until
         # its outputs are computed).
-        nonlocal model, arg_params, aux_params
+        nonlocal model, weights, arg_params, aux_params
         paths = {key: os.path.join(folder, file) for key, file in names.items()}
         save_symbol(paths['symbol'], inference)  # read back: MXNet ignores write errors
         with _naming(paths['onnx'], 'the ONNX model'):
-            data_path = save_onnx(model, paths['onnx'], external_data_threshold)
-        model = None
+            data_path = save_onnx(model, paths['onnx'], external_data_threshold, weights)
+        model = weights = None
         if data_path is not None:
             names['onnx_data'] = os.path.basename(data_path)
             log('%s: the weights\' values in %s beside it (ONNX external data: the model '

@@ -232,7 +232,7 @@ def _output_names(symbol):
 
 
 def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=None,
-            dynamic_axes=None, dtypes=None):
+            dynamic_axes=None, dtypes=None, fill=True):
     """Converts an inference symbol and its arrays to an ONNX ``ModelProto``.
 
     Args:
@@ -250,9 +250,14 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
             name}}`` (see :func:`dynamic_inputs`): axes of one name vary
             together. ``shape`` gives their size when the graph is traced.
         dtypes: ``{input name: numpy dtype}``; float32 where not given.
+        fill: Whether the weights' values go into the model. ``False``:
+            the initializers of the parameters are left without them, and
+            ``(model, weights)`` is returned, ``weights`` reading each one
+            from ``arg_params`` and ``aux_params`` when :func:`save_onnx`
+            writes it (no second copy of the weights is made).
 
     Returns:
-        The model; nothing is written.
+        The model (``(model, weights)`` without ``fill``); nothing is written.
 
     Raises:
         ExportError: ``onnx`` is unsuitable, an op has no converter or its
@@ -361,6 +366,8 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
                                          % (metadata['source_params'], mx.__version__))
     helper.set_model_props(model, metadata)
     del graph  # make_model copied it; the weights' values go into the model's copy alone
+    if not fill:
+        return model, conversion.weights
     if conversion.weights is not None:
         converters.fill_weights(model.graph.initializer, conversion.weights)
     return model
@@ -391,9 +398,10 @@ def _varint(number):
 
 
 # Protocol buffer keys (field number << 3 | 2, length-delimited) of
-# ModelProto.graph and GraphProto.initializer.
+# ModelProto.graph, GraphProto.initializer and TensorProto.raw_data.
 _GRAPH_KEY = _varint(7 << 3 | 2)
 _INITIALIZER_KEY = _varint(5 << 3 | 2)
+_RAW_DATA_KEY = _varint(9 << 3 | 2)  # TensorProto.raw_data
 
 
 def external_data_name(onnx_name):
@@ -407,12 +415,40 @@ def _tensor_bytes(tensor):
         onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
-def _goes_outside(tensor):
+def _goes_outside(tensor, deferred=()):
     """Whether an initializer's values go to the data file: the weights,
-    more than :data:`_KEPT_VALUES` values held as raw data; the small ones
-    that shape inference reads (shapes, axes, bounds) stay in the model."""
-    return tensor.HasField('raw_data') and \
+    more than :data:`_KEPT_VALUES` values held as raw data (or still to be
+    written: ``deferred``); the small ones that shape inference reads
+    (shapes, axes, bounds) stay in the model."""
+    return (tensor.HasField('raw_data') or tensor.name in deferred) and \
         int(np.prod(tensor.dims, dtype=np.int64)) > _KEPT_VALUES
+
+
+def _raw_values(tensor, weights):
+    """The little-endian bytes of an initializer's values: its own, or
+    read from ``weights`` for one left without them."""
+    if weights is not None and tensor.name in weights.deferred:
+        value = weights[tensor.name]
+        return np.ascontiguousarray(value, dtype=value.dtype.newbyteorder('<')).data
+    return tensor.raw_data
+
+
+def _filled(tensor, weights):
+    """``tensor`` with its values, where ``weights`` holds them back."""
+    if weights is None or tensor.name not in weights.deferred:
+        return tensor
+    full = onnx.TensorProto()
+    full.CopyFrom(tensor)
+    full.raw_data = bytes(_raw_values(tensor, weights))
+    return full
+
+
+def _filled_size(tensor, weights):
+    """``_filled(tensor, weights).ByteSize()``, without reading the values."""
+    if weights is None or tensor.name not in weights.deferred:
+        return tensor.ByteSize()
+    size = _tensor_bytes(tensor)
+    return tensor.ByteSize() + len(_RAW_DATA_KEY) + len(_varint(size)) + size
 
 
 def _outside(tensor, location, offset):
@@ -427,17 +463,18 @@ def _outside(tensor, location, offset):
     return light
 
 
-def onnx_file_bytes(model):
+def onnx_file_bytes(model, weights=None):
     """The size of ``model`` written as one file (what :func:`save_onnx`
-    writes without external data), computed without serializing it whole."""
+    writes without external data), computed without serializing it whole;
+    ``weights``: as :func:`save_onnx` takes them."""
     head = _copy_fields(model.graph, onnx.GraphProto(), 'initializer').ByteSize()
-    sizes = [tensor.ByteSize() for tensor in model.graph.initializer]
+    sizes = [_filled_size(tensor, weights) for tensor in model.graph.initializer]
     length = head + sum(len(_INITIALIZER_KEY) + len(_varint(n)) + n for n in sizes)
     return (_copy_fields(model, onnx.ModelProto(), 'graph').ByteSize()
             + len(_GRAPH_KEY) + len(_varint(length)) + length)
 
 
-def save_onnx(model, path, external_data_threshold=PROTOBUF_LIMIT):
+def save_onnx(model, path, external_data_threshold=PROTOBUF_LIMIT, weights=None):
     """Writes ``model`` to ``path`` as ``onnx.save`` does, one initializer
     at a time: ``onnx.save`` serializes the whole model into one buffer
     and copies it into a bytes object (twice the weights more at the peak,
@@ -456,6 +493,9 @@ def save_onnx(model, path, external_data_threshold=PROTOBUF_LIMIT):
     values (and ``data_location`` ``DEFAULT``), onnxruntime reads the data
     file beside the model. ``model`` itself is not changed.
 
+    ``weights`` (from :func:`to_onnx` without ``fill``) gives the values of
+    the initializers left without them, each read when its turn comes.
+
     Returns:
         The path of the data file written, or ``None``.
 
@@ -469,24 +509,29 @@ def save_onnx(model, path, external_data_threshold=PROTOBUF_LIMIT):
     graph = model.graph
     data_path = None
     tensors = list(graph.initializer)
-    if onnx_file_bytes(model) > external_data_threshold:
+    deferred = weights.deferred if weights is not None else ()
+    outside = set()  # the indices of the tensors whose values went to the data file
+    if onnx_file_bytes(model, weights) > external_data_threshold:
         data_path = external_data_name(str(path))
         location = os.path.basename(data_path)
         offset = 0
         with open(data_path, 'wb') as data:
             for index, tensor in enumerate(tensors):
-                if not _goes_outside(tensor):
+                if not _goes_outside(tensor, deferred):
                     continue
                 offset = -(-offset // EXTERNAL_DATA_ALIGNMENT) * EXTERNAL_DATA_ALIGNMENT
                 data.seek(offset)
-                values = tensor.raw_data
+                values = _raw_values(tensor, weights)
                 data.write(values)
                 tensors[index] = _outside(tensor, location, offset)
-                offset += len(values)
+                outside.add(index)
+                offset += values.nbytes if isinstance(values, memoryview) else len(values)
                 del values
             data.truncate(offset)
     head = _copy_fields(graph, onnx.GraphProto(), 'initializer').SerializeToString()
-    sizes = [tensor.ByteSize() for tensor in tensors]
+    # the values still to write of each tensor: none for those now pointing at the data file
+    sources = [None if index in outside else weights for index in range(len(tensors))]
+    sizes = [_filled_size(tensor, source) for tensor, source in zip(tensors, sources)]
     length = len(head) + sum(len(_INITIALIZER_KEY) + len(_varint(n)) + n for n in sizes)
     top = _copy_fields(model, onnx.ModelProto(), 'graph').SerializeToString()
     if data_path is not None and len(top) + len(_GRAPH_KEY) + len(_varint(length)) + length \
@@ -498,9 +543,9 @@ def save_onnx(model, path, external_data_threshold=PROTOBUF_LIMIT):
         f.write(top)
         f.write(_GRAPH_KEY + _varint(length))
         f.write(head)
-        for tensor, size in zip(tensors, sizes):
+        for tensor, size, source in zip(tensors, sizes, sources):
             f.write(_INITIALIZER_KEY + _varint(size))
-            f.write(tensor.SerializeToString())
+            f.write(_filled(tensor, source).SerializeToString())
     return data_path
 
 

@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 
 import export
+from export import converters
 from export.exporter import export_checkpoint
 from export.onnx_export import (EXTERNAL_DATA_ALIGNMENT, PROTOBUF_LIMIT, onnx_file_bytes,
                                 save_onnx)
@@ -181,3 +182,34 @@ def test_save_onnx_switches_to_external_data_past_the_threshold(tmp_path):
     got = ort.InferenceSession(two, providers=['CPUExecutionProvider']).run(None, {'x': X})[0]
     np.testing.assert_array_equal(got, (X @ weight).reshape(1, -1))
     assert PROTOBUF_LIMIT == 2 ** 31 - 1
+
+
+@pytest.mark.parametrize('threshold', [PROTOBUF_LIMIT, 0], ids=['one file', 'external data'])
+def test_save_onnx_reads_held_back_weights_into_the_same_files(tmp_path, threshold):
+    """The export writes the weights' values from the checkpoint's arrays as
+    the file is written (to_onnx(fill=False)): the files are those of the
+    model with its values in."""
+    weight = np.random.default_rng(0).standard_normal((300, 300)).astype(np.float32)
+    bias = np.arange(300, dtype=np.float32)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node('Gemm', ['x', 'w', 'b'], ['y'], transB=1)], 'g',
+        [onnx.helper.make_tensor_value_info('x', onnx.TensorProto.FLOAT, [2, 300])],
+        [onnx.helper.make_tensor_value_info('y', onnx.TensorProto.FLOAT, [2, 300])],
+        [onnx.numpy_helper.from_array(weight, 'w'), onnx.numpy_helper.from_array(bias, 'b')])
+    full = onnx.helper.make_model(graph)
+    held = onnx.ModelProto()
+    held.CopyFrom(full)
+    held.graph.initializer[0].ClearField('raw_data')
+    weights = converters.Weights({'arg:w': mx.nd.array(weight)})
+    weights.deferred.add('w')
+    assert onnx_file_bytes(held, weights) == onnx_file_bytes(full) == full.ByteSize()
+    a, b = str(tmp_path / 'a.onnx'), str(tmp_path / 'b.onnx')
+    save_onnx(full, a, threshold)
+    save_onnx(held, b, threshold, weights)
+    with open(a, 'rb') as fa, open(b, 'rb') as fb:
+        assert fa.read() == fb.read().replace(b'b.onnx.data', b'a.onnx.data')
+    if not threshold:
+        with open(a + '.data', 'rb') as fa, open(b + '.data', 'rb') as fb:
+            assert fa.read() == fb.read() == weight.tobytes()
+    assert onnx.numpy_helper.to_array(onnx.load(b).graph.initializer[0]).tobytes() == \
+        weight.tobytes()
