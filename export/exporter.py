@@ -41,7 +41,8 @@ from .inference import (activation_bytes, batch_axes, batch_first, inference_gra
                         input_dtypes, input_layouts, input_names, output_shapes,
                         sample_shapes, stage_layout, with_dynamic_axes, with_input_dtypes)
 
-from .onnx_export import check_onnx_version, dynamic_inputs, save_onnx, to_onnx
+from .onnx_export import (PROTOBUF_LIMIT, check_onnx_version, dynamic_inputs,
+                          external_data_name, save_onnx, to_onnx)
 from .runtimes import check_symbol_file
 from .suppression import (METADATA_KEY as SUPPRESSION_KEY, check_suppression, split_suppression,
                           suppression_note)
@@ -376,7 +377,8 @@ def export_names(name):
 
 def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR, name=None,
                       log=print, epoch=None, input_shape=None, dynamic_axes=None,
-                      sample=None, verify_batches=None, tolerance=None):
+                      sample=None, verify_batches=None, tolerance=None,
+                      external_data_threshold=PROTOBUF_LIMIT):
     """Exports, verifies and commits the checkpoint.
 
     Args:
@@ -403,9 +405,15 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
             memory budget (:func:`export.verify.check_batches`); ``None``:
             the rule of :func:`export.verify.verification_batches`.
         tolerance: See :data:`export.verify.TOLERANCE` (its value, if ``None``).
+        external_data_threshold: The ONNX model is written with its weights'
+            values in ``<name>.onnx.data`` beside ``<name>.onnx`` (ONNX's
+            external-data format) when as one file it would take more than
+            this many bytes; by default protobuf's limit, 2 GiB - 1
+            (:func:`export.onnx_export.save_onnx`).
 
     Returns:
-        ``(paths, report)``: the committed files (see :func:`export_names`)
+        ``(paths, report)``: the committed files (see :func:`export_names`;
+        and ``'onnx_data'``, the data file, where the weights went there)
         and the verification report.
 
     Raises:
@@ -484,10 +492,12 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         log(suppression_note(suppression, export_names(name)['onnx']))
     if info['summary'] is not None:  # what the run reported (a task's vocabulary, ...)
         extra['training_summary'] = json.dumps(info['summary'], sort_keys=True)
-    model = to_onnx(inference, arg_params, aux_params,
-                    {'symbol': sym_path, 'params': info['checkpoint'].files
-                     if info['checkpoint'] is not None else params_path}, shapes,
-                    extra_metadata=extra, dynamic_axes=dynamic_axes, dtypes=dtypes)
+    # the weights' values are read from the checkpoint's arrays as the file is written
+    model, weights = to_onnx(inference, arg_params, aux_params,
+                             {'symbol': sym_path, 'params': info['checkpoint'].files
+                              if info['checkpoint'] is not None else params_path}, shapes,
+                             extra_metadata=extra, dynamic_axes=dynamic_axes, dtypes=dtypes,
+                             fill=False)
     reference = OneDeviceReference(symbol, arg_params, aux_params, shapes, dtypes)
     per_sample = activation_bytes(inference, arg_params, aux_params, shapes, dtypes)
     if verify_batches and per_sample > 0:  # before anything is written
@@ -499,12 +509,17 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
         # Each copy of the weights is let go once written, before verification loads its
         # own: the ONNX model, then the checkpoint's arrays (the reference holds them until
         # its outputs are computed).
-        nonlocal model, arg_params, aux_params
+        nonlocal model, weights, arg_params, aux_params
         paths = {key: os.path.join(folder, file) for key, file in names.items()}
         save_symbol(paths['symbol'], inference)  # read back: MXNet ignores write errors
         with _naming(paths['onnx'], 'the ONNX model'):
-            save_onnx(model, paths['onnx'])
-        model = None
+            data_path = save_onnx(model, paths['onnx'], external_data_threshold, weights)
+        model = weights = None
+        if data_path is not None:
+            names['onnx_data'] = os.path.basename(data_path)
+            log('%s: the weights\' values in %s beside it (ONNX external data: the model '
+                'would take more than %d bytes as one file)'
+                % (names['onnx'], names['onnx_data'], external_data_threshold))
         save_params(paths['params'], arg_params, aux_params)
         arg_params = aux_params = None
         report.update(verify_export(paths['onnx'], paths['symbol'], paths['params'], reference,
@@ -531,8 +546,9 @@ def export_checkpoint(checkpoint=DEFAULT_CHECKPOINT_DIR, out_dir=DEFAULT_OUT_DIR
 
     store = Store(out_dir, kind='export')
     with store.locked():
-        snapshot = store.commit(write, {'kind': 'export', 'name': name, 'files': dict(names),
-                                        'source_params_sha256': params_sha256})
+        meta = {'kind': 'export', 'name': name, 'files': names,
+                'source_params_sha256': params_sha256}
+        snapshot = store.commit(write, meta)  # meta['files'] names the data file, if written
     if snapshot.held_note():
         log(snapshot.held_note())
     if info['checkpoint'] is not None:

@@ -30,7 +30,10 @@ installed ``onnx`` supports, and breaks with ``onnx>=1.18``. So here:
 
 The weights' values are written into the finished model alone (see
 :mod:`export.converters`), and :func:`save_onnx` writes it one weight at a
-time, so no second copy of them is made on the way to the file.
+time, so no second copy of them is made on the way to the file. A model too
+large for one protobuf message (:data:`PROTOBUF_LIMIT`, 2 GiB) is written in
+ONNX's external-data format: the weights' values in ``<name>.onnx.data``
+beside ``<name>.onnx``.
 """
 from collections import OrderedDict
 import importlib.metadata
@@ -52,7 +55,9 @@ from .inference import batch_axes, input_names, output_batch_axes, output_shapes
 
 __all__ = ['ONNX_OPSET', 'ONNX_IR_VERSION', 'BATCH_DIM', 'PRODUCER_NAME',
            'check_onnx_version', 'to_onnx', 'producer_version', 'dynamic_inputs',
-           'dynamic_groups', 'save_onnx', 'without_weight_values']
+           'dynamic_groups', 'save_onnx', 'without_weight_values', 'onnx_file_bytes',
+           'external_data_name', 'PROTOBUF_LIMIT', 'EXTERNAL_DATA_SUFFIX',
+           'EXTERNAL_DATA_ALIGNMENT']
 
 ONNX_OPSET = 13
 assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the declared opset'
@@ -61,6 +66,13 @@ assert converters.OPSET == ONNX_OPSET, 'the converters are registered at the dec
 ONNX_IR_VERSION = 7
 BATCH_DIM = 'batch'
 PRODUCER_NAME = 'mxnet-model-parallel'
+# The most bytes one protobuf message, so one .onnx file, may take (2 GiB - 1):
+# a larger model is written with its weights' values in a file beside it.
+PROTOBUF_LIMIT = (1 << 31) - 1
+EXTERNAL_DATA_SUFFIX = '.data'
+# Each weight's offset in that file is a multiple of this (the allocation
+# granularity on every platform: onnxruntime may map an aligned weight).
+EXTERNAL_DATA_ALIGNMENT = 1 << 16
 _ONNX_BREAKS_AT = (1, 18)
 
 
@@ -220,7 +232,7 @@ def _output_names(symbol):
 
 
 def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=None,
-            dynamic_axes=None, dtypes=None):
+            dynamic_axes=None, dtypes=None, fill=True):
     """Converts an inference symbol and its arrays to an ONNX ``ModelProto``.
 
     Args:
@@ -238,9 +250,14 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
             name}}`` (see :func:`dynamic_inputs`): axes of one name vary
             together. ``shape`` gives their size when the graph is traced.
         dtypes: ``{input name: numpy dtype}``; float32 where not given.
+        fill: Whether the weights' values go into the model. ``False``:
+            the initializers of the parameters are left without them, and
+            ``(model, weights)`` is returned, ``weights`` reading each one
+            from ``arg_params`` and ``aux_params`` when :func:`save_onnx`
+            writes it (no second copy of the weights is made).
 
     Returns:
-        The model; nothing is written.
+        The model (``(model, weights)`` without ``fill``); nothing is written.
 
     Raises:
         ExportError: ``onnx`` is unsuitable, an op has no converter or its
@@ -349,6 +366,8 @@ def to_onnx(symbol, arg_params, aux_params, source_files, shape, extra_metadata=
                                          % (metadata['source_params'], mx.__version__))
     helper.set_model_props(model, metadata)
     del graph  # make_model copied it; the weights' values go into the model's copy alone
+    if not fill:
+        return model, conversion.weights
     if conversion.weights is not None:
         converters.fill_weights(model.graph.initializer, conversion.weights)
     return model
@@ -379,32 +398,155 @@ def _varint(number):
 
 
 # Protocol buffer keys (field number << 3 | 2, length-delimited) of
-# ModelProto.graph and GraphProto.initializer.
+# ModelProto.graph, GraphProto.initializer and TensorProto.raw_data.
 _GRAPH_KEY = _varint(7 << 3 | 2)
 _INITIALIZER_KEY = _varint(5 << 3 | 2)
+_RAW_DATA_KEY = _varint(9 << 3 | 2)  # TensorProto.raw_data
 
 
-def save_onnx(model, path):
+def external_data_name(onnx_name):
+    """The name of the weights' file beside ``<name>.onnx`` when they are
+    kept outside it: ``<name>.onnx.data``."""
+    return onnx_name + EXTERNAL_DATA_SUFFIX
+
+
+def _tensor_bytes(tensor):
+    return int(np.prod(tensor.dims, dtype=np.int64)) * np.dtype(
+        onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+
+
+def _goes_outside(tensor, deferred=()):
+    """Whether an initializer's values go to the data file: the weights,
+    more than :data:`_KEPT_VALUES` values held as raw data (or still to be
+    written: ``deferred``); the small ones that shape inference reads
+    (shapes, axes, bounds) stay in the model."""
+    return (tensor.HasField('raw_data') or tensor.name in deferred) and \
+        int(np.prod(tensor.dims, dtype=np.int64)) > _KEPT_VALUES
+
+
+def _raw_values(tensor, weights):
+    """The little-endian bytes of an initializer's values: its own, or
+    read from ``weights`` for one left without them."""
+    if weights is not None and tensor.name in weights.deferred:
+        value = weights[tensor.name]
+        return np.ascontiguousarray(value, dtype=value.dtype.newbyteorder('<')).data
+    return tensor.raw_data
+
+
+def _filled(tensor, weights):
+    """``tensor`` with its values, where ``weights`` holds them back."""
+    if weights is None or tensor.name not in weights.deferred:
+        return tensor
+    full = onnx.TensorProto()
+    full.CopyFrom(tensor)
+    full.raw_data = bytes(_raw_values(tensor, weights))
+    return full
+
+
+def _filled_size(tensor, weights):
+    """``_filled(tensor, weights).ByteSize()``, without reading the values."""
+    if weights is None or tensor.name not in weights.deferred:
+        return tensor.ByteSize()
+    size = _tensor_bytes(tensor)
+    return tensor.ByteSize() + len(_RAW_DATA_KEY) + len(_varint(size)) + size
+
+
+def _outside(tensor, location, offset):
+    """``tensor`` without its values, pointing at ``length`` bytes at
+    ``offset`` of ``location`` (ONNX's external-data fields)."""
+    light = _copy_fields(tensor, onnx.TensorProto(), 'raw_data')
+    light.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (('location', location), ('offset', str(offset)),
+                       ('length', str(_tensor_bytes(tensor)))):
+        entry = light.external_data.add()
+        entry.key, entry.value = key, value
+    return light
+
+
+def onnx_file_bytes(model, weights=None):
+    """The size of ``model`` written as one file (what :func:`save_onnx`
+    writes without external data), computed without serializing it whole;
+    ``weights``: as :func:`save_onnx` takes them."""
+    head = _copy_fields(model.graph, onnx.GraphProto(), 'initializer').ByteSize()
+    sizes = [_filled_size(tensor, weights) for tensor in model.graph.initializer]
+    length = head + sum(len(_INITIALIZER_KEY) + len(_varint(n)) + n for n in sizes)
+    return (_copy_fields(model, onnx.ModelProto(), 'graph').ByteSize()
+            + len(_GRAPH_KEY) + len(_varint(length)) + length)
+
+
+def save_onnx(model, path, external_data_threshold=PROTOBUF_LIMIT, weights=None):
     """Writes ``model`` to ``path`` as ``onnx.save`` does, one initializer
     at a time: ``onnx.save`` serializes the whole model into one buffer
     and copies it into a bytes object (twice the weights more at the peak,
     880 MB for BERT-base). The file holds the same message (``onnx.load`` reads it
     equal to ``model``), the graph and its initializers written last.
 
+    A model that would take more than ``external_data_threshold`` bytes as
+    one file (by default :data:`PROTOBUF_LIMIT`, the most one protobuf
+    message may take: no runtime parses a larger one) is written in ONNX's
+    external-data format instead: the values of every initializer of more
+    than 65,536 values go, one after another, each at an offset aligned to
+    :data:`EXTERNAL_DATA_ALIGNMENT`, into one file beside it,
+    ``<name>.onnx.data`` (:func:`external_data_name`), and the model
+    records each one's ``location`` (that file's name), ``offset`` and
+    ``length``; ``onnx.load(path)`` then reads back ``model`` with those
+    values (and ``data_location`` ``DEFAULT``), onnxruntime reads the data
+    file beside the model. ``model`` itself is not changed.
+
+    ``weights`` (from :func:`to_onnx` without ``fill``) gives the values of
+    the initializers left without them, each read when its turn comes.
+
+    Returns:
+        The path of the data file written, or ``None``.
+
     Raises:
-        OSError: the file cannot be written (as ``onnx.save`` raises it).
+        OSError: a file cannot be written (as ``onnx.save`` raises it).
+        ExportError: written with its weights outside, the model still
+            exceeds :data:`PROTOBUF_LIMIT` (its small initializers and
+            graph alone); the data file is left for the caller's staging
+            folder to remove.
     """
     graph = model.graph
+    data_path = None
+    tensors = list(graph.initializer)
+    deferred = weights.deferred if weights is not None else ()
+    outside = set()  # the indices of the tensors whose values went to the data file
+    if onnx_file_bytes(model, weights) > external_data_threshold:
+        data_path = external_data_name(str(path))
+        location = os.path.basename(data_path)
+        offset = 0
+        with open(data_path, 'wb') as data:
+            for index, tensor in enumerate(tensors):
+                if not _goes_outside(tensor, deferred):
+                    continue
+                offset = -(-offset // EXTERNAL_DATA_ALIGNMENT) * EXTERNAL_DATA_ALIGNMENT
+                data.seek(offset)
+                values = _raw_values(tensor, weights)
+                data.write(values)
+                tensors[index] = _outside(tensor, location, offset)
+                outside.add(index)
+                offset += values.nbytes if isinstance(values, memoryview) else len(values)
+                del values
+            data.truncate(offset)
     head = _copy_fields(graph, onnx.GraphProto(), 'initializer').SerializeToString()
-    sizes = [tensor.ByteSize() for tensor in graph.initializer]
+    # the values still to write of each tensor: none for those now pointing at the data file
+    sources = [None if index in outside else weights for index in range(len(tensors))]
+    sizes = [_filled_size(tensor, source) for tensor, source in zip(tensors, sources)]
     length = len(head) + sum(len(_INITIALIZER_KEY) + len(_varint(n)) + n for n in sizes)
+    top = _copy_fields(model, onnx.ModelProto(), 'graph').SerializeToString()
+    if data_path is not None and len(top) + len(_GRAPH_KEY) + len(_varint(length)) + length \
+            > PROTOBUF_LIMIT:
+        raise ExportError('%s: expected the model without its weights\' values within %d bytes '
+                         '(protobuf\'s limit), found %d bytes'
+                         % (path, PROTOBUF_LIMIT, len(top) + length))
     with open(path, 'wb') as f:
-        f.write(_copy_fields(model, onnx.ModelProto(), 'graph').SerializeToString())
+        f.write(top)
         f.write(_GRAPH_KEY + _varint(length))
         f.write(head)
-        for tensor, size in zip(graph.initializer, sizes):
+        for tensor, size, source in zip(tensors, sizes, sources):
             f.write(_INITIALIZER_KEY + _varint(size))
-            f.write(tensor.SerializeToString())
+            f.write(_filled(tensor, source).SerializeToString())
+    return data_path
 
 
 # Initializers of at most this many values keep them in without_weight_values:

@@ -2,8 +2,11 @@
 
 The report (a JSON-ready dict) holds
 
-* ``checks``: ONNX checker (``full_check=True``), strict shape inference,
-  the declared opset, weights kept out of the graph inputs, metadata present,
+* ``checks``: ONNX checker (``full_check=True``, on the file's path, so a
+  model with external data is checked with its data file), strict shape
+  inference (on the graph without the weights' values), the declared opset,
+  weights kept out of the graph inputs, the weights in external data (where
+  they are: each in the one data file, within it, none overlapping), metadata present,
   onnxruntime loading without a word on stderr, and MXNet placing every
   argument of the re-bound pair on its stage's device;
 * ``parity``: for each runtime, batch size and output, the largest absolute
@@ -78,6 +81,7 @@ axis's varied size.
 from collections import OrderedDict
 import gc
 import json
+import os
 
 import numpy as np
 import onnx
@@ -96,7 +100,8 @@ from . import MEMORY_BUDGET, PERTURBATIONS, SENSITIVITY_FACTOR, SENSITIVITY_LIMI
 from .errors import ExportError
 from .inference import (as_laid_out, batch_axes, batch_first, input_names, network_order,
                         output_batch_axes)
-from .onnx_export import BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET, without_weight_values
+from .onnx_export import (BATCH_DIM, ONNX_IR_VERSION, ONNX_OPSET, external_data_name,
+                          without_weight_values)
 from .runtimes import MXNetPredictor, OnnxPredictor
 
 __all__ = ['BATCH_SIZES', 'DYNAMIC_BATCH_SIZES', 'TOLERANCE', 'MEMORY_BUDGET',
@@ -303,6 +308,33 @@ def _onnx_checks(model, onnx_path, declared):
     return checks
 
 
+def _external_data_check(tensors, onnx_path):
+    """The check of the initializers whose values are kept beside the model
+    (ONNX's external data): each in the one data file the export writes
+    (:func:`export.onnx_export.external_data_name`), its ``length`` the
+    bytes of its shape and type, within the file, none overlapping."""
+    expected = os.path.basename(external_data_name(onnx_path))
+    data_path = os.path.join(os.path.dirname(onnx_path), expected)
+    size = os.path.getsize(data_path) if os.path.isfile(data_path) else None
+    wrong, spans = [], []
+    for tensor in tensors:
+        fields = {entry.key: entry.value for entry in tensor.external_data}
+        values = int(np.prod(tensor.dims, dtype=np.int64)) * np.dtype(
+            onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        offset, length = int(fields.get('offset', 0)), int(fields.get('length', -1))
+        if fields.get('location') != expected or length != values or size is None \
+                or offset + length > size:
+            wrong.append('%s: %s at %d, %d bytes' % (tensor.name, fields.get('location'),
+                                                     offset, length))
+        spans.append((offset, offset + length, tensor.name))
+    spans.sort()
+    wrong += ['%s overlaps %s' % (b[2], a[2]) for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    if size is None:
+        wrong.insert(0, '%s missing' % expected)
+    return _check('weights in external data', not wrong, '; '.join(wrong[:3]) or
+                  '%d initializers, %d bytes in %s' % (len(tensors), size, expected))
+
+
 def _placement_check(predictor):
     placement = predictor.placement()
     wrong = []
@@ -445,10 +477,11 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
                   tolerance=None, sample=None, bytes_per_sample=None):
     """Runs every check on freshly written export files.
 
-    The reference runs first, on every batch, and only its outputs are kept;
-    then one runtime at a time, each let go before the next loads (each
-    holds a copy of the weights): onnxruntime, then the MXNet pair on one
-    device per stage and on ``cpu(0)``.
+    onnxruntime opens the file first (what it logs, and the outputs it
+    declares) and is let go; the reference runs on every batch, and only its
+    outputs are kept; then one runtime at a time, each let go before the
+    next loads (each holds a copy of the weights): onnxruntime again, then
+    the MXNet pair on one device per stage and on ``cpu(0)``.
 
     Args:
         onnx_path: The ``.onnx`` file.
@@ -490,6 +523,10 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
         batch_sizes = (verification_batches(bytes_per_sample, candidates)
                        if bytes_per_sample else list(candidates))
     output_names = [o.name for o in onnx_runtime.session.get_outputs()]
+    # Its session holds a copy of the weights: let go while the reference runs on the
+    # checkpoint's own, and loaded again once those are released.
+    del onnx_runtime
+    gc.collect()
 
     rng = np.random.default_rng(_SEED)
     parity = []
@@ -512,17 +549,25 @@ def verify_export(onnx_path, sym_path, params_path, reference, batch_sizes=None,
                      else [None] * len(expected)
                      for (_, arrays), expected in zip(batches, expected_outputs)]
     if callable(getattr(reference, 'release', None)):
-        reference.release()  # the checkpoint's arrays go before the MXNet pair loads its own
+        reference.release()  # the checkpoint's arrays go before onnxruntime loads its own
     checks = []
-    runtimes = [onnx_runtime, None, 'cpu:0']  # the MXNet pair's devices, loaded in turn
-    del onnx_runtime
+    runtimes = ['onnx', None, 'cpu:0']  # onnxruntime, then the MXNet pair's devices, in turn
     blocks = {}  # (batch, runtime) -> its rows, compared runtime after runtime
     for number in range(len(runtimes)):
         runtime, runtimes[number] = runtimes[number], None
-        if number:
+        if not number:
+            runtime = OnnxPredictor(onnx_path, table=False)
+        else:
             if number == 1:  # the file's checks, on its graph without the weights' values
-                checks.extend(_onnx_checks(without_weight_values(onnx.load(onnx_path)),
-                                           onnx_path, declared))
+                # (a model with external data is read without it: the weights stay on disk)
+                model = onnx.load(onnx_path, load_external_data=False)
+                outside = [init for init in model.graph.initializer
+                           if init.data_location == onnx.TensorProto.EXTERNAL]
+                model = without_weight_values(model)
+                checks.extend(_onnx_checks(model, onnx_path, declared))
+                if outside:
+                    checks.append(_external_data_check(outside, onnx_path))
+                del model, outside
                 checks.append(_check('onnxruntime loads without warnings', not ort_log,
                                      ort_log[0] if ort_log
                                      else 'nothing logged at default severity'))

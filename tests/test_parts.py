@@ -11,7 +11,7 @@ import pytest
 from mp_symbolic import read_checkpoint
 from mp_symbolic.core.optstate import FORMAT
 from mp_symbolic.tools import parts
-from mp_symbolic.tools.checkpoint import Checkpoint, commit_checkpoint
+from mp_symbolic.tools.checkpoint import Checkpoint, commit_checkpoint, load_checkpoint
 from mp_symbolic.tools.store import Store
 
 ARRAYS = {'arg:w': np.arange(6, dtype=np.float32).reshape(2, 3),
@@ -116,6 +116,26 @@ def test_a_checkpoint_of_either_layout_reads_only_the_arrays_asked_for(tmp_path,
         checkpoint.load(['nope'])
     _, arg, _ = checkpoint.load()  # all of them, checked against the symbol
     assert sorted(arg) == ['w0', 'w1']
+
+
+def test_a_pair_read_whole_is_read_one_array_at_a_time(tmp_path, monkeypatch):
+    """load_checkpoint (export's prefix pairs, Checkpoint.load of a pair) never
+    holds the file's arrays twice: each is read from its offset, not through
+    mx.nd.load, and equals what mx.nd.load reads."""
+    checkpoint = _checkpoint(str(tmp_path / 'run'), None)
+    whole = mx.nd.load(checkpoint.params_path)
+    read = []
+    real = parts.MxnetParams.read
+    monkeypatch.setattr(parts.MxnetParams, 'read',
+                        lambda self, name: read.append(name) or real(self, name))
+    monkeypatch.setattr(mx.nd, 'load', lambda *a, **k: pytest.fail('mx.nd.load called'))
+    for _, arg, aux in (load_checkpoint(checkpoint.symbol_path, checkpoint.params_path),
+                        checkpoint.load()):
+        assert sorted(arg) == ['w0', 'w1'] and not aux
+        for name, value in arg.items():
+            assert value.dtype == whole['arg:' + name].dtype
+            np.testing.assert_array_equal(value.asnumpy(), whole['arg:' + name].asnumpy())
+    assert sorted(read) == ['arg:w0', 'arg:w0', 'arg:w1', 'arg:w1']
 
 
 def test_a_part_that_does_not_fit_the_symbol_is_one_line_naming_it(tmp_path):

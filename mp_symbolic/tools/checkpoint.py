@@ -118,8 +118,39 @@ def _check_json_written(path, obj):
                       % (path, 'other values' if found is not None else 'no valid JSON'))
 
 
+def _read_params(params_path):
+    """The arrays of an MXNet ``.params`` file: ``{name: NDArray}`` (or a
+    list, for a file of unnamed arrays), each read on its own from its
+    offset (:class:`~mp_symbolic.tools.parts.MxnetParams`), so that no more
+    than one array is held twice at a time; a file of another kind than
+    named dense arrays (sparse, unnamed, not one at all) is read by
+    ``mx.nd.load``, whose message says what it is.
+
+    Raises:
+        CheckpointError: not an MXNet params file (one line).
+    """
+    from .parts import MxnetParams, PartError  # pylint: disable=import-outside-toplevel
+    try:
+        params = MxnetParams(params_path)
+        saved = {}
+        for name in params.names():
+            value = params.read(name)
+            saved[name] = mx.nd.array(value, dtype=value.dtype)
+            del value
+        return saved
+    except (PartError, OSError, UnicodeDecodeError):
+        pass
+    try:
+        return mx.nd.load(params_path)
+    except (mx.base.MXNetError, ValueError) as err:
+        raise CheckpointError('%s is not an MXNet params file: %s'
+                              % (params_path, first_line(err))) from None
+
+
 def load_checkpoint(sym_path, params_path, input_shapes=None):
     """Loads a symbol and its parameters and checks that they fit.
+
+    The params file is read one array at a time (:func:`_read_params`).
 
     Every non-input argument of the symbol must have an array, of the shape
     the symbol records (its variables' ``__shape__`` attributes) and that
@@ -145,11 +176,7 @@ def load_checkpoint(sym_path, params_path, input_shapes=None):
     except (mx.base.MXNetError, ValueError, UnicodeDecodeError) as err:
         raise CheckpointError('%s is not an MXNet symbol file: %s'
                               % (sym_path, first_line(err))) from None
-    try:
-        saved = mx.nd.load(params_path)
-    except (mx.base.MXNetError, ValueError) as err:
-        raise CheckpointError('%s is not an MXNet params file: %s'
-                              % (params_path, first_line(err))) from None
+    saved = _read_params(params_path)
     if not isinstance(saved, dict):
         raise CheckpointError('%s holds unnamed arrays; expected arg:/aux: names'
                               % params_path)

@@ -271,6 +271,10 @@ class MxnetParams:
         self.path = path
         self._layout = _mxnet_layout(path)
 
+    def names(self):
+        """The names of its arrays, in the file's order."""
+        return list(self._layout)
+
     def read(self, name):
         """The array ``name`` as a numpy array, read from its offset."""
         if name not in self._layout:
