@@ -689,12 +689,14 @@ def test_nodes_the_command_line_cannot_run_are_refused_in_one_line(monkeypatch, 
 def test_launch_refuses_nodes_each_node_would_refuse_within_a_second_starting_none(argv,
                                                                                   message):
     """The launcher's first line (stdout) comes before the first process:
-    none, and the refusal within a second, is no process started."""
+    none, and the refusal within seconds, is no process started (0.15 s
+    here on an idle machine; starting the processes took 5.5 s for 3 nodes
+    and never ended for 100000; the bound leaves room for a loaded one)."""
     start = time.monotonic()
     result = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch'] + argv, cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
                             text=True, timeout=60)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 3.0
     assert (result.returncode, result.stdout, result.stderr) == (2, '', message + '\n')
 
 
