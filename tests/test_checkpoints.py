@@ -324,7 +324,8 @@ def test_a_file_whose_bytes_differ_from_those_written_is_refused_in_one_line(
     differs: the read-back (sha256 of each array) refuses it."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     from mp_symbolic.core.optstate import FORMAT  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.tools import checkpoint, parts  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core import parts
+    from mp_symbolic.tools import checkpoint  # pylint: disable=import-outside-toplevel
     monkeypatch.setattr(parts, '_created', _flipping(parts._created))  # pylint: disable=protected-access
     path = str(tmp_path / ('m-0001.' + which))
     with pytest.raises(OSError, match='expected .* read back') as err:

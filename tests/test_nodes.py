@@ -117,7 +117,7 @@ def test_save_checkpoint_on_every_node_commits_one_part_per_node_each_reads_back
     """Each node's part holds its stages' arrays and states, no node reads
     another's; read back whole (one array at a time) they are the model."""
     from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.tools.parts import npz_index  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.parts import npz_index  # pylint: disable=import-outside-toplevel
     held, names = two_nodes[0][0]
     checkpoint = read_checkpoint(two_nodes[1])
     _, arg, aux = checkpoint.load()

@@ -10,7 +10,7 @@ import pytest
 
 from mp_symbolic import read_checkpoint
 from mp_symbolic.core.optstate import FORMAT
-from mp_symbolic.tools import parts
+from mp_symbolic.core import parts
 from mp_symbolic.tools.checkpoint import Checkpoint, commit_checkpoint, load_checkpoint
 from mp_symbolic.tools.store import Store
 

@@ -203,7 +203,7 @@ def save_states(path, states, digests=None):
 
     Args:
         digests: A dict, or ``None``: filled with each member's sha256, see
-            :func:`~mp_symbolic.tools.parts.write_npz`.
+            :func:`~mp_symbolic.core.parts.write_npz`.
 
     Returns:
         ``{member: (shape, dtype)}`` of what was written.
@@ -211,7 +211,7 @@ def save_states(path, states, digests=None):
     Raises:
         OSError: the file could not be written.
     """
-    from ..tools.parts import write_npz  # pylint: disable=import-outside-toplevel
+    from .parts import write_npz  # pylint: disable=import-outside-toplevel
     meta = {k: v for k, v in states.items() if k != 'arrays'}
     members = [('meta', np.array(json.dumps(meta)))]
     members += [('a%d' % i, a) for i, a in enumerate(states['arrays'])]

@@ -52,7 +52,7 @@ def save_params(path, arg_params, aux_params=None):
             line.
     """
     # pylint: disable=import-outside-toplevel
-    from .parts import MxnetParams, PartError, mxnet_params_index, write_mxnet_params
+    from ..core.parts import MxnetParams, PartError, mxnet_params_index, write_mxnet_params
 
     def lazy(value):
         return lambda: _host(value() if callable(value) else value)
@@ -121,7 +121,7 @@ def _check_json_written(path, obj):
 def _read_params(params_path):
     """The arrays of an MXNet ``.params`` file: ``{name: NDArray}`` (or a
     list, for a file of unnamed arrays), each read on its own from its
-    offset (:class:`~mp_symbolic.tools.parts.MxnetParams`), so that no more
+    offset (:class:`~mp_symbolic.core.parts.MxnetParams`), so that no more
     than one array is held twice at a time; a file of another kind than
     named dense arrays (sparse, unnamed, not one at all) is read by
     ``mx.nd.load``, whose message says what it is.
@@ -129,7 +129,7 @@ def _read_params(params_path):
     Raises:
         CheckpointError: not an MXNet params file (one line).
     """
-    from .parts import MxnetParams, PartError  # pylint: disable=import-outside-toplevel
+    from ..core.parts import MxnetParams, PartError  # pylint: disable=import-outside-toplevel
     try:
         params = MxnetParams(params_path)
         saved = {}
@@ -370,7 +370,7 @@ class Checkpoint:
         if self._index is not None:
             return self._index
         # pylint: disable=import-outside-toplevel
-        from .parts import PartError, mxnet_params_index, npz_index
+        from ..core.parts import PartError, mxnet_params_index, npz_index
         index = {}
         try:
             for path in self.files:
@@ -440,7 +440,7 @@ class Checkpoint:
             CheckpointError: a key not stored, or a file that cannot be read.
         """
         # pylint: disable=import-outside-toplevel
-        from .parts import MxnetParams, NpzReader, PartError
+        from ..core.parts import MxnetParams, NpzReader, PartError
         index = self.index()
         keys = list(keys)
         unknown = [k for k in keys if k not in index]
@@ -503,7 +503,7 @@ def _part_states(paths, names=None, meta_member=STATES_MEMBER, array_member='sta
     # pylint: disable=import-outside-toplevel
     from ..core.optstate import FORMAT, OptimizerStateError, check_states, merge_states, \
         _spec_arrays
-    from .parts import NpzReader, PartError, npz_index
+    from ..core.parts import NpzReader, PartError, npz_index
     wanted = None if names is None else set(names)
     found = []
     for path in paths:
@@ -685,7 +685,7 @@ def save_part(path, arg_params, aux_params, states):
         OSError: the file could not be written or does not read back as
             written (a full disk, a file size limit); one line.
     """
-    from .parts import PartError, npz_index, write_npz  # pylint: disable=import-outside-toplevel
+    from ..core.parts import PartError, npz_index, write_npz  # pylint: disable=import-outside-toplevel
     meta = {k: v for k, v in states.items() if k != 'arrays'}
 
     def lazy(value):
@@ -721,7 +721,7 @@ def _save_states(path, states):
     """
     # pylint: disable=import-outside-toplevel
     from ..core.optstate import save_states
-    from .parts import PartError, npz_digests, npz_index
+    from ..core.parts import PartError, npz_digests, npz_index
     digests = {}
     try:
         written = save_states(path, states, digests=digests)
@@ -795,7 +795,7 @@ def write_pair(checkpoint, out, log=print):
     """
     # pylint: disable=import-outside-toplevel
     from ..core.optstate import FORMAT, merge_states, _spec_arrays
-    from .parts import NpzReader, mxnet_params_index, npz_index, write_mxnet_params, write_npz
+    from ..core.parts import NpzReader, mxnet_params_index, npz_index, write_mxnet_params, write_npz
     from .store import Store
     if not checkpoint.part_paths:
         raise CheckpointError('expected a checkpoint of one part per node, found MXNet\'s pair '
