@@ -35,7 +35,7 @@ def build_network(size=64):
 def images(count, size, seed=0):
     """``count`` random images and their labels: ``(images, (count, size, size) classes)``,
     every pixel class 1 (of 21) but those whose first channel is above 2, class 2
-    (a task three SGD steps improve, held out as trained)."""
+    (a task three SGD steps improve)."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(count, 3, size, size)).astype(np.float32)
     return X, np.where(X[:, 0] > 2.0, 2.0, 1.0).astype(np.float32)
