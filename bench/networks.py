@@ -21,7 +21,8 @@ Each network, batch 4 split over ``cpu:0,cpu:1`` with chunks 2:
 
 FCN is trained through the command line (``python -m mp_symbolic train
 --task bench.fcn_task``) under both schedules, and its training folder is
-exported. Each network runs in a child process of its own with a time limit
+exported. YOLOv3's prediction layers' weights are drawn with deviation
+``MP_YOLO_SCALE`` (default 1e6, which spreads its scores). Each network runs in a child process of its own with a time limit
 (``--timeout``): a crash or a timeout is a row. ``--quick``: one small
 network's sizes (and a shorter time limit), for a test.
 """
