@@ -48,7 +48,7 @@ def image_batch(step, size):
 
 def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shards=1,
           whole=False, batch_size=8, virtual=None, save=None, network=None, evaluate=False,
-          stats=False):
+          stats=False, batchnorm='micro-batch'):
     """``(arrays this process holds by name, last outputs or None)``; with
     ``save``, the module is saved there (``mp_symbolic.save_checkpoint``,
     by every node) after its steps. ``network``: a GluonCV model zoo name
@@ -60,7 +60,7 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
     the stage runtime (``mp_symbolic.core.schedule.gpipe``), not the one
     graph. With ``stats`` (over nodes), what the steps sent to other nodes
     is held as ``stats:<rank>:sent`` and ``stats:<rank>:sent_bytes``
-    (summed over the replicas' transports)."""
+    (summed over the replicas' transports). ``batchnorm``: the Pipeline's."""
     if network is not None:
         net = model_zoo.get_model(network, pretrained=False, classes=CLASSES)
         sample, label, make_batch = (batch_size,) + IMAGE, (batch_size,), image_batch
@@ -72,7 +72,8 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
     if schedule == 'stage-gpipe':
         schedule = mp_symbolic.core.schedule.gpipe
     pipe = Pipeline(net, devices, sample=sample, chunks=chunks,
-                    replicas=replicas, schedule=schedule, nodes=nodes, virtual=virtual)
+                    replicas=replicas, schedule=schedule, nodes=nodes, virtual=virtual,
+                    batchnorm=batchnorm)
     arg_params, aux_params = loop.initial_values(pipe, seed=0)
     mod = pipe.module(loss='softmax')
     mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', label)])

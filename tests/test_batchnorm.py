@@ -1,9 +1,15 @@
 """BatchNorm's running statistics under every schedule: each micro-batch
 updates them in turn, in micro-batch order, under GPipe's one graph as
-under 1F1B and the interleaved schedule, bit for bit."""
+under 1F1B and the interleaved schedule, bit for bit; with
+``batchnorm='deferred'``, once per batch with the whole batch's."""
+import os
+import subprocess
+import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
+from mxnet import gluon
 
 from mp_symbolic import Pipeline
 from mp_symbolic.training import loop
@@ -29,11 +35,12 @@ def _batch(sample, step, classes):
                            [mx.nd.array(rng.integers(0, classes, sample[0]).astype(np.float32))])
 
 
-def _module(make, devices, chunks, schedule, sample=None, replicas=1):
+def _module(make, devices, chunks, schedule, sample=None, replicas=1, batchnorm='micro-batch'):
     net, full, classes = make()
     sample = sample or full
     pipe = Pipeline(net, devices, sample=sample, chunks=chunks, schedule=schedule,
-                    virtual=1 if schedule == 'interleaved' else None, replicas=replicas)
+                    virtual=1 if schedule == 'interleaved' else None, replicas=replicas,
+                    batchnorm=batchnorm)
     arg_params, aux_params = loop.initial_values(pipe, seed=0)
     mod = pipe.module(loss='softmax')
     mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', (sample[0],))])
@@ -43,10 +50,11 @@ def _module(make, devices, chunks, schedule, sample=None, replicas=1):
     return mod, full, classes
 
 
-def _train(make, devices, chunks, schedule, replicas=1, steps=3):
+def _train(make, devices, chunks, schedule, replicas=1, steps=3, batchnorm='micro-batch'):
     """The last step's outputs, then every parameter and every running
     statistic after ``steps`` SGD steps (momentum 0.9)."""
-    mod, sample, classes = _module(make, devices, chunks, schedule, replicas=replicas)
+    mod, sample, classes = _module(make, devices, chunks, schedule, replicas=replicas,
+                                   batchnorm=batchnorm)
     mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='sgd',
                        optimizer_params={'learning_rate': 0.01, 'momentum': 0.9})
     for step in range(steps):
@@ -103,3 +111,240 @@ def test_the_running_statistics_are_each_micro_batch_in_turn_as_on_one_device(ma
     assert sorted(stats) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(stats[name], value, rtol=tol, atol=tol, err_msg=name)
+
+
+# -- batchnorm='deferred' ------------------------------------------------------
+
+
+def _whole_batch_statistics(make, arg_params, aux_params, batch, chunks):
+    """Each BatchNorm's running statistics after one update with the whole
+    batch's mean and biased variance of what it reads, computed on one
+    device: the network run by Gluon on ``cpu(0)`` with the given values,
+    micro-batch by micro-batch in training mode (each BatchNorm normalises
+    a micro-batch by its own statistics, as a pipeline's forward does), the
+    inputs of its BatchNorms kept and joined, their statistics taken in
+    float64."""
+    net, _, _ = make()
+    seq = gluon.nn.HybridSequential(prefix='')
+    for block in net if isinstance(net, list) else [net]:
+        seq.add(block)
+    seq.collect_params().load_dict(dict(arg_params, **aux_params), ctx=mx.cpu(0))
+    read = {}
+
+    def keep(block):
+        if isinstance(block, gluon.nn.BatchNorm):
+            block.register_forward_pre_hook(
+                lambda b, inputs: read.setdefault(b, []).append(inputs[0].asnumpy()))
+        for child in block._children.values():  # pylint: disable=protected-access
+            keep(child)
+
+    keep(seq)
+    data = batch.data[0]
+    rows = data.shape[0] // chunks
+    with mx.autograd.train_mode():
+        for m in range(chunks):
+            seq(data[m * rows:(m + 1) * rows])
+    expected = {}
+    for block, parts in read.items():
+        values = np.concatenate(parts).astype(np.float64)
+        axes = tuple(a for a in range(values.ndim) if a != 1)
+        momentum = block._kwargs['momentum']  # pylint: disable=protected-access
+        for param, stat in ((block.running_mean, values.mean(axis=axes)),
+                            (block.running_var, values.var(axis=axes))):
+            expected[param.name] = aux_params[param.name].asnumpy() * momentum + \
+                stat * (1 - momentum)
+    return expected
+
+
+def _assert_within(ours, theirs, tol):
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_allclose(ours[name], value, rtol=0, atol=tol, err_msg=name)
+
+
+@pytest.mark.parametrize('make, chunks, steps', [
+    (_digits, 2, 3), (_digits, 4, 3), (_mobilenet, 2, 1), (_mobilenet, 4, 1)],
+    ids=['digits-2', 'digits-4', 'mobilenetv2_0.25-2', 'mobilenetv2_0.25-4'])
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_deferred_statistics_are_the_whole_batchs_of_what_each_batchnorm_reads(
+        make, chunks, steps, schedule):
+    """With ``batchnorm='deferred'``, each step updates every running
+    statistic once with the whole batch's mean and biased variance, within
+    1e-6 of one device's over the whole batch (SGD with momentum 0.9 moves
+    the weights between steps; MobileNetV2's random weights make its
+    statistics grow past 1e3 after one step, so it is checked at the first)."""
+    mod, sample, classes = _module(make, 'cpu:0,cpu:1', chunks, schedule, batchnorm='deferred')
+    mod.init_optimizer(optimizer='sgd',
+                       optimizer_params={'learning_rate': 0.01, 'momentum': 0.9})
+    for step in range(steps):
+        batch = _batch(sample, step, classes)
+        arg_params, aux_params = mod.get_params()
+        expected = _whole_batch_statistics(make, arg_params, aux_params, batch, chunks)
+        mod.forward_backward(batch)
+        mod.update()
+        ours = {k: v.asnumpy() for k, v in mod.get_params()[1].items()}
+        _assert_within(ours, expected, 1e-6)
+    assert len(mod.get_outputs()) == 1 and mod.get_outputs()[0].shape == (sample[0], classes)
+    assert mod.output_shapes == [('softmax_output', (sample[0], classes))]
+
+
+@pytest.mark.parametrize('chunks', [2, 4])
+def test_deferred_statistics_of_a_batchnorm_reading_the_data_equal_one_devices_whole_batch(
+        chunks):
+    """The digits CNN's first BatchNorm (``bn0``, after the first
+    convolution: no other BatchNorm before it) after one step equals a
+    Module on one device given the whole batch, within 1e-6, under GPipe
+    and 1F1B alike; the default rule does not (each micro-batch's update
+    in turn)."""
+    batch = _batch((BATCH, 1, 8, 8), 0, 10)
+    one, _, _ = _module(_digits, 'cpu:0', 1, 'gpipe')
+    one.forward_backward(batch)
+    expected = {k: v.asnumpy() for k, v in one.get_params()[1].items() if k.startswith('bn0_')}
+    for schedule in ('gpipe', '1f1b'):
+        for batchnorm in ('deferred', 'micro-batch'):
+            mod, _, _ = _module(_digits, 'cpu:0,cpu:1', chunks, schedule, batchnorm=batchnorm)
+            mod.forward_backward(batch)
+            ours = {k: v.asnumpy() for k, v in mod.get_params()[1].items()
+                    if k.startswith('bn0_')}
+            if batchnorm == 'deferred':
+                _assert_within(ours, expected, 1e-6)
+            else:
+                assert max(np.abs(ours[k] - v).max() for k, v in expected.items()) > 1e-3
+
+
+@pytest.mark.parametrize('make, devices, replicas', [
+    (_digits, 'cpu:0,cpu:1', 1), (_mobilenet, 'cpu:0,cpu:1', 1),
+    (_digits, 'cpu:0,cpu:1,cpu:2,cpu:3', 2)], ids=['digits', 'mobilenetv2_0.25', 'replicas'])
+def test_deferred_statistics_are_the_same_bit_for_bit_under_gpipe_1f1b_and_interleaved(
+        make, devices, replicas):
+    """The deferred update is one rule for every schedule: outputs,
+    parameters and running statistics after three steps equal GPipe's one
+    graph's bit for bit, each replica updating its own from its own
+    micro-batches; they are not the default rule's."""
+    out, params, stats = _train(make, devices, 2, 'gpipe', replicas, batchnorm='deferred')
+    default = _train(make, devices, 2, 'gpipe', replicas)[2]
+    assert any(not np.array_equal(stats[k], default[k]) for k in stats)
+    for schedule in ('1f1b', 'interleaved'):
+        ours = _train(make, devices, 2, schedule, replicas, batchnorm='deferred')
+        assert np.array_equal(ours[0], out), schedule
+        _assert_bitwise(ours[1], params)
+        _assert_bitwise(ours[2], stats)
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_deferred_with_one_chunk_is_the_default_rule(schedule):
+    """With one micro-batch there is nothing to defer: the statistics are
+    MXNet's own update, bit for bit."""
+    ours = _train(_digits, 'cpu:0,cpu:1', 1, schedule, batchnorm='deferred')
+    theirs = _train(_digits, 'cpu:0,cpu:1', 1, schedule)
+    _assert_bitwise(ours[1], theirs[1])
+    _assert_bitwise(ours[2], theirs[2])
+
+
+def test_an_unknown_batchnorm_rule_is_refused_in_one_line():
+    net, sample, _ = _digits()
+    with pytest.raises(ValueError) as err:
+        Pipeline(net, 'cpu:0,cpu:1', sample=sample, chunks=2, batchnorm='sync')
+    assert str(err.value) == "batchnorm: expected one of 'micro-batch', 'deferred', found 'sync'"
+
+
+def test_the_twin_refuses_to_train_with_deferred_statistics_and_chunks():
+    """The imperative twin updates the statistics per micro-batch: under
+    autograd in training it refuses ``'deferred'`` in one line; to predict
+    it runs."""
+    net, sample, _ = _digits()
+    pipe = Pipeline(net, 'cpu:0,cpu:1', sample=sample, chunks=2, batchnorm='deferred')
+    pipe.initialize()
+    x = mx.nd.ones(sample)
+    assert pipe(x).shape == (BATCH, 10)
+    with mx.autograd.record(), pytest.raises(ValueError) as err:
+        pipe(x)
+    assert str(err.value).startswith("batchnorm: expected 'micro-batch' for the imperative twin")
+    assert '\n' not in str(err.value)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_deferred_statistics_over_two_nodes_are_one_process_bit_for_bit(tmp_path):
+    """MobileNetV2 over two node processes under 1F1B in two micro-batches,
+    ``batchnorm='deferred'``: each node updates the running statistics of
+    its own stages once per batch, nothing about them crosses, and every
+    array (statistics included) equals one process's bit for bit after
+    three Adam steps; the statistics are not the default rule's."""
+    import nodes_worker  # pylint: disable=import-outside-toplevel
+    from conftest import reserved_port  # pylint: disable=import-outside-toplevel
+    from test_nodes import run_nodes  # pylint: disable=import-outside-toplevel
+    config = dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, network='mobilenetv2_0.25',
+                  batchnorm='deferred')
+    with reserved_port() as port:
+        (held, names), = run_nodes(str(tmp_path), port, 2, [config])
+    expected, outputs = nodes_worker.train(**config)
+    expected['outputs'] = outputs
+    assert sorted(held) == sorted(expected)
+    assert all(any('running_mean' in key for key in mine) for mine in names)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(held[name], value, err_msg=name)
+    default, _ = nodes_worker.train(**dict(config, batchnorm='micro-batch'))
+    running = [sorted(k for k in arrays if 'running' in k) for arrays in (held, default)]
+    assert len(running[0]) == len(running[1]) > 0  # the same arrays, named by another model
+    assert any(not np.array_equal(held[a], default[b]) for a, b in zip(*running))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--task', 'digits',
+                           '--devices', 'cpu:0,cpu:1', '--epochs', '1', '--no-progress',
+                           '--no-memory'] + list(args),
+                          capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+def _saved_statistics(folder):
+    found = [os.path.join(d, f) for d, _, files in os.walk(folder) for f in files
+             if f.endswith('-0001.params')]
+    assert len(found) == 1, found
+    return {k[4:]: v.asnumpy() for k, v in mx.nd.load(found[0]).items()
+            if k.startswith('aux:')}
+
+
+def test_batchnorm_deferred_from_the_command_line_is_one_rule_for_gpipe_and_1f1b(tmp_path):
+    """``--batchnorm deferred`` trains an epoch of the digits CNN in two
+    micro-batches: the checkpoints' running statistics under ``--schedule
+    gpipe`` and ``1f1b`` are the same bit for bit, and not the default
+    rule's; the run says so in its title line, and so does its resume. An
+    unknown rule is refused in one line before anything runs."""
+    stats = {}
+    for schedule, batchnorm in (('gpipe', 'deferred'), ('1f1b', 'deferred'),
+                                ('gpipe', 'micro-batch')):
+        out = tmp_path / ('%s-%s' % (schedule, batchnorm))
+        run = _cli('--chunks', '2', '--schedule', schedule, '--batchnorm', batchnorm,
+                   '--out', str(out))
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert ('BatchNorm statistics deferred' in run.stdout) == (batchnorm == 'deferred')
+        stats[schedule, batchnorm] = _saved_statistics(out)
+    _assert_bitwise(stats['1f1b', 'deferred'], stats['gpipe', 'deferred'])
+    resumed = subprocess.run(  # a resume keeps the rule unless --batchnorm is given
+        [sys.executable, '-m', 'mp_symbolic', 'train', '--resume',
+         str(tmp_path / 'gpipe-deferred'), '--epochs', '2', '--no-progress', '--no-memory'],
+        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert 'BatchNorm statistics deferred' in resumed.stdout
+    default = stats['gpipe', 'micro-batch']
+    assert any(not np.array_equal(v, default[k]) for k, v in stats['gpipe', 'deferred'].items())
+    run = _cli('--chunks', '2', '--batchnorm', 'sync', '--out', str(tmp_path / 'bad'))
+    assert run.returncode == 2
+    assert len(run.stderr.strip().splitlines()) == 1 and 'sync' in run.stderr, run.stderr
+    assert not (tmp_path / 'bad').exists()
+
+
+def test_nodes_given_other_batchnorm_rules_both_exit_2_in_one_line(tmp_path, port):
+    """The BatchNorm rule is part of the plan every node compares before
+    any tensor crosses."""
+    from test_nodes import _nodes_given  # pylint: disable=import-outside-toplevel
+    ended = _nodes_given(tmp_path, port, [['--chunks', '2'],
+                                          ['--chunks', '2', '--batchnorm', 'deferred']])
+    for status, lines, _ in ended:
+        assert status == 2 and len(lines) == 1, lines[-20:]
+        assert "node 1's batchnorm 'deferred' where node 0's is 'micro-batch'" in lines[0]
+    assert not (tmp_path / 'run' / 'current').exists()

@@ -38,6 +38,7 @@ from collections import OrderedDict
 import mxnet as mx
 import numpy as np
 
+from . import batchnorm as batchnorms
 from . import layouts
 from .device_module import DeviceModule
 from .compat import gradient_only_kvstore, split_bind
@@ -176,6 +177,9 @@ class PipelineModule(DeviceModule):
             the model).
     """
 
+    _statistics = ()  # batchnorm='deferred': the statistics the one graph outputs
+    _own_outputs = None  # then the count of the network's own outputs, before them
+
     def __init__(self, pipeline, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME,
                  output=None, host_copy=False, **kwargs):
         for key in ('context', 'group2ctxs', 'data_names', 'label_names'):
@@ -218,9 +222,19 @@ class PipelineModule(DeviceModule):
 
     def _graph(self):
         """The graph this Module binds: the Pipeline's training graph, its
-        micro-batches in one graph."""
-        return self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
-                                             output=self.output)
+        micro-batches in one graph; with ``batchnorm='deferred'`` and
+        several chunks, its BatchNorm ops at momentum 1 and their
+        micro-batches' statistics as outputs after the network's
+        (:func:`~mp_symbolic.core.batchnorm.deferred_graph`), which the
+        Module does not return."""
+        symbol = self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
+                                               output=self.output)
+        self._statistics, self._own_outputs = [], None
+        if self.pipeline.batchnorm == 'deferred' and self.pipeline.chunks > 1:
+            count = len(symbol.list_outputs())
+            symbol, self._statistics = batchnorms.deferred_graph(symbol)
+            self._own_outputs = count if self._statistics else None
+        return symbol
 
     def _export_graph(self, symbol):
         """The graph a checkpoint holds: ``symbol`` without micro-batches and
@@ -338,10 +352,37 @@ class PipelineModule(DeviceModule):
         names = group.output_names
         if self._head_first:
             group.output_names = names[:1]  # the executor group zips names with outputs
+        elif self._own_outputs:
+            group.output_names = names[:self._own_outputs]
         try:
             super().update_metric(eval_metric, labels, pre_sliced)
         finally:
             group.output_names = names
+
+    def backward(self, out_grads=None):
+        """``mx.mod.Module.backward``; with ``batchnorm='deferred'``, then
+        one update of each BatchNorm's running statistics per replica, with
+        the whole batch's (:func:`~mp_symbolic.core.batchnorm.update`)."""
+        super().backward(out_grads)
+        if self._statistics:
+            for executor in self._exec_group.execs:
+                batchnorms.update(self._statistics, executor.aux_dict, executor.outputs)
+
+    def get_outputs(self, merge_multi_context=True):
+        """``mx.mod.Module.get_outputs``: the network's (or its loss head's)
+        outputs, not the statistics ``batchnorm='deferred'`` reads."""
+        outputs = super().get_outputs(merge_multi_context)
+        return outputs[:self._own_outputs] if self._own_outputs else outputs
+
+    @property
+    def output_names(self):
+        names = super().output_names
+        return names[:self._own_outputs] if self._own_outputs else names
+
+    @property
+    def output_shapes(self):
+        shapes = super().output_shapes
+        return shapes[:self._own_outputs] if self._own_outputs else shapes
 
     def reshape(self, data_shapes, label_shapes=None):
         """``mx.mod.Module.reshape`` (called by ``forward`` on a batch of

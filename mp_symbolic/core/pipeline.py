@@ -45,6 +45,7 @@ from .heads import make_head
 from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
 from .placement import check_parameter_names, place, sample_inputs
 from . import nodes as node_processes
+from . import batchnorm as batchnorms
 from . import schedule as schedules
 
 __all__ = []
@@ -172,6 +173,16 @@ class Pipeline(gluon.Block):
             join every output on it, in the twin and the Module (whose
             inputs and labels then carry layouts with ``N`` there), on
             every schedule and over nodes.
+        batchnorm: How the Module's training step updates BatchNorm's
+            running statistics with micro-batches: ``'micro-batch'`` (each
+            micro-batch in turn, in micro-batch order, under every schedule),
+            or ``'deferred'`` (torchgpipe's ``deferred_batch_norm``: once per
+            batch, with the whole batch's mean and variance, as one device
+            running the whole batch; each replica its own, each node its
+            stages'; :mod:`~mp_symbolic.core.batchnorm`). With one chunk both
+            are MXNet's own update. :meth:`training_symbol` is the graph
+            of the default rule; the imperative twin refuses to train with
+            ``'deferred'`` and several chunks.
 
     Attributes:
         blocks: The blocks, in order.
@@ -179,8 +190,8 @@ class Pipeline(gluon.Block):
             runs where (the attributes below read it).
         plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
-        chunks, replicas, schedule, virtual: As given (``virtual`` 1 but
-            under ``'interleaved'``).
+        chunks, replicas, schedule, virtual, batchnorm: As given (``virtual``
+            1 but under ``'interleaved'``).
         whole: Whether one whole network was cut (then ``cut`` is its
             :class:`~mp_symbolic.core.graphcut.Cut`).
         tied: ``{parameter name: (owning stage, stages that read it)}``.
@@ -208,14 +219,17 @@ class Pipeline(gluon.Block):
             count is not the shards of a tensor-parallel layer in it; a
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
             and the shard count named); ``batch_axis`` not a non-negative
-            integer.
+            integer; ``batchnorm`` not one of
+            :data:`~mp_symbolic.core.batchnorm.MODES`.
     """
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
-                 virtual=None, nodes=None, node_timeout=None, batch_axis=0):
+                 virtual=None, nodes=None, node_timeout=None, batch_axis=0,
+                 batchnorm=batchnorms.DEFAULT):
         super().__init__(prefix='pipeline_')
+        self.batchnorm = batchnorms.check_mode(batchnorm)
         self.virtual = schedules.check_spec(schedule, virtual)
         self.schedule = schedule
         self.nodes = None
@@ -260,6 +274,7 @@ class Pipeline(gluon.Block):
         return {'devices per replica': self.devices_per_replica, 'replicas': self.replicas,
                 'balance': list(self.balance), 'chunks': self.chunks,
                 'schedule': self.run_schedule().name, 'virtual': self.virtual,
+                'batchnorm': self.batchnorm,
                 'inputs': list(self.input_names), 'stages': self.stage_names,
                 'parameters': [[n, list(p.shape or ())] for n, p in params.items()]}
 
@@ -465,7 +480,8 @@ class Pipeline(gluon.Block):
             TypeError: ``x`` is neither an NDArray nor a Symbol, or the
                 inputs are not nested as the sample was.
             ValueError: the batch is not a multiple of ``chunks x replicas``,
-                or a node of the Symbol names a ``ctx_group`` the plan lacks.
+                or a node of the Symbol names a ``ctx_group`` the plan lacks;
+                in training, ``batchnorm='deferred'`` with ``chunks > 1``.
             RuntimeError: on NDArrays, a parameter not initialised yet
                 (neither :meth:`initialize` nor :meth:`set_params` called).
         """
@@ -479,6 +495,12 @@ class Pipeline(gluon.Block):
             inputs = [graph.on_first_stage(s, placement) for s in leaves]
             return passes.finish(graph.build(placement, inputs, 1), placement)
         self._check_initialized()
+        if self.batchnorm != batchnorms.DEFAULT and placement.chunks > 1 and \
+                mx.autograd.is_training():
+            raise ValueError("batchnorm: expected %r for the imperative twin in training with "
+                             "chunks > 1 (it updates the statistics per micro-batch), found %r; "
+                             "train it through pipe.module(...)" % (batchnorms.DEFAULT,
+                                                                     self.batchnorm))
         return twin.forward(placement, *leaves, order=self._forwards)
 
     def _check_initialized(self):

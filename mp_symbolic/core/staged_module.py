@@ -163,7 +163,8 @@ class StagedModule(PipelineModule):
             StageRuntime(self._stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict,
                          exe.aux_dict, shapes, schedule, train and self.for_training,
                          specs=specs, boundary=boundary, local=pipe.local_stages,
-                         transport=transport(r), axes=self._axes, output_axes=self._out_axes)
+                         transport=transport(r), axes=self._axes, output_axes=self._out_axes,
+                         batchnorm=pipe.batchnorm)
             for r, exe in enumerate(self._exec_group.execs)]
         self._bound_at[key] = runtimes
         while len(self._bound_at) > KEPT_BINDS:

@@ -43,6 +43,7 @@ micro-batch forward or backward:
 """
 import mxnet as mx
 
+from .batchnorm import deferred_graph, update
 from .comm import DONE, Link, LocalTransport
 from .compat import lengths_outside_gradient, split_bind
 from .names import TIED_SUFFIX, is_tied, parse_group, stage_name
@@ -139,11 +140,15 @@ class StageRuntime:
         output_axes: The batch axis of each output of the graph the stages
             were cut from, by index, where the micro-batches' outputs join
             (default: axis 0).
+        batchnorm: ``'deferred'``: a training run updates each BatchNorm's
+            running statistics once, with the whole batch's
+            (:mod:`~mp_symbolic.core.batchnorm`); otherwise each
+            micro-batch's backward does.
     """
 
     def __init__(self, stages, group2ctx, arg_dict, grad_dict, aux_dict, input_shapes,
                  schedule, for_training, specs, boundary=None, local=None, transport=None,
-                 axes=None, output_axes=None):
+                 axes=None, output_axes=None, batchnorm=None):
         self.stages, self.schedule = stages, schedule
         self.local = tuple(range(len(stages)) if local is None else local)
         self.transport = LocalTransport() if transport is None else transport
@@ -183,12 +188,16 @@ class StageRuntime:
         types = specs[1]
         self._boundary = boundary_specs(stages, specs) if boundary is None else boundary
         flight = in_flight(schedule)
+        self._statistics = {}  # stage -> the BatchNorm statistics its graph outputs
+        self._batch_statistics = {}  # stage -> {output: [its value per micro-batch]}
         self.slots = [[] for _ in stages]  # a stage another process runs has none here
         for s in self.local:
             graph = stages[s]
             groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}
             # no gradient asked for a length MXNet may overwrite (compat.lengths_outside_gradient)
             symbol = lengths_outside_gradient(graph.symbol) if for_training else graph.symbol
+            if batchnorm == 'deferred' and for_training and self.microbatches > 1:
+                symbol, self._statistics[s] = deferred_graph(symbol)
             self.slots[s] = [self._bind(graph, symbol, groups, group2ctx, arg_dict, grad_dict,
                                         aux_dict, types) for _ in range(max(1, flight[s]))]
         # the network's outputs stages of other processes compute: their
@@ -324,6 +333,10 @@ class StageRuntime:
             for param, value in self._tied_sums.values():
                 if self._grad_dict.get(param) is not None:
                     self._grad_dict[param] += value  # after its own micro-batches'
+        if train:
+            for s, statistics in self._statistics.items():
+                update(statistics, self.slots[s][0].executor.aux_dict,
+                       self._batch_statistics.pop(s))
         self.transport.finish()
         self.output_keys = sorted(outputs)  # the graph's outputs these are, by index
         self.outputs = [outputs[k] for k in self.output_keys]
@@ -344,6 +357,11 @@ class StageRuntime:
                 part.copyto(executor.arg_dict[name])
         pending.wait()
         executor.forward(is_train=train)
+        if train and graph.stage in self._statistics:
+            kept = self._batch_statistics.setdefault(graph.stage, {})
+            for pair in self._statistics[graph.stage]:
+                for output in sum(pair.outputs, ()):
+                    kept.setdefault(output, []).append(executor.outputs[output].copy())
         for k, output in graph.heads:
             value = executor.outputs[output]
             axis = self.output_axes[k] if k < len(self.output_axes) else 0

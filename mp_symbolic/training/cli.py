@@ -20,7 +20,8 @@ import sys
 from ..core.checks import excerpt
 from ..tools.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
 from ..tools.files import shown_path
-from .config import APIS, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, TrainConfig
+from .config import APIS, BATCHNORM_MODES, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, \
+    TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
 from ..tools.launch import add_launch_parser, check_dist_environment
 from . import sample
@@ -135,6 +136,10 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
                             'activation memory flat in --chunks) or interleaved (1f1b over '
                             '--virtual stages per device; --chunks a multiple of the devices) '
                             '(default: %(default)s)')
+    train.add_argument('--batchnorm', choices=BATCHNORM_MODES, default=_DEFAULTS.batchnorm,
+                       help='symbolic variant, Module API: BatchNorm\'s running statistics with '
+                            '--chunks, updated by each micro-batch in turn (micro-batch) or once '
+                            'per batch with the whole batch\'s (deferred) (default: %(default)s)')
     train.add_argument('--virtual', type=int, default=None, metavar='V',
                        help='--schedule interleaved: stages per device, the network cut into '
                             'V x devices stages placed round-robin (default: 2)')
@@ -319,6 +324,7 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'num_examples': '--num-examples', 'seed': '--seed', 'variant': '--variant',
             'api': '--api', 'out': '--out', 'devices': '--devices', 'profile': '--profile',
             'task': '--task', 'task_args': '--task-arg', 'chunks': '--chunks', 'schedule': '--schedule', 'virtual': '--virtual',
+            'batchnorm': '--batchnorm',
             'replicas': '--replicas',
             'kvstore': '--kvstore', 'balance': '--balance',
             'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror',

@@ -11,6 +11,7 @@ import math
 
 from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
     is_momentum, is_positive_int, node_count
+from ..core.batchnorm import DEFAULT as BATCHNORM_DEFAULT, MODES as BATCHNORM_MODES
 from ..core.schedule import DEFAULT, NAMES, ONE_GRAPH, VIRTUAL, one_graph
 from .tasks import DEFAULT_TASK
 
@@ -76,6 +77,9 @@ class TrainConfig:
     schedule: str = DEFAULT
     # Under schedule 'interleaved': stages per device (Pipeline(virtual=...)); None: 2.
     virtual: int = None
+    # BatchNorm's running statistics with chunks: 'micro-batch' (each in turn) or
+    # 'deferred' (once per batch, the whole batch's: Pipeline(batchnorm=...)).
+    batchnorm: str = BATCHNORM_DEFAULT
     # Data-parallel copies of the pipeline; --devices lists replicas x stages devices.
     replicas: int = 1
     # Sums gradients across replicas or processes: 'local', 'device', 'dist_sync'.
@@ -151,6 +155,8 @@ class TrainConfig:
                                                             self.virtual, self.schedule))
         if self.virtual is not None and not is_positive_int(self.virtual):
             bad('virtual', POSITIVE_EXPECTED)
+        if self.batchnorm not in BATCHNORM_MODES:
+            bad('batchnorm', ' or '.join(BATCHNORM_MODES))
         if self.kvstore is not None and self.kvstore not in KVSTORES:
             bad('kvstore', ' or '.join(KVSTORES))
         if isinstance(self.balance, str) and self.balance != 'time':
@@ -169,7 +175,8 @@ class TrainConfig:
             bad('momentum', '0 with optimizer %r (momentum is an SGD setting)' % self.optimizer)
         if self.variant == 'imperative':
             for name, default in (('api', 'module'), ('chunks', 1), ('replicas', 1),
-                                  ('kvstore', None), ('mirror', False), ('schedule', DEFAULT)):
+                                  ('kvstore', None), ('mirror', False), ('schedule', DEFAULT),
+                                  ('batchnorm', BATCHNORM_DEFAULT)):
                 if getattr(self, name) != default:
                     bad(name, '%r (the default) with variant \'imperative\' (it is a setting '
                               'of the symbolic variant)' % (default,))
@@ -180,6 +187,9 @@ class TrainConfig:
             bad('schedule', '%s with api \'executor\' (the executor API binds the one '
                             'graph; other schedules run through the Module)'
                 % ' or '.join(repr(k) for k in ONE_GRAPH))
+        if self.api == 'executor' and self.batchnorm != BATCHNORM_DEFAULT and self.chunks > 1:
+            bad('batchnorm', "%r with api 'executor' and chunks above 1 (the deferred update "
+                             'is the Module\'s)' % BATCHNORM_DEFAULT)
         if self.batch_size % (self.chunks * self.replicas):
             bad('batch_size', 'a multiple of chunks x replicas (%d x %d)'
                 % (self.chunks, self.replicas))
@@ -276,7 +286,7 @@ NODE_FIELDS = {
                  'lr': '--lr', 'momentum': '--momentum', 'kvstore': '--kvstore',
                  'mirror': '--mirror'},
     # Compared as the Pipeline's plan, what they make of them (Pipeline(nodes=...)).
-    'plan': ('balance', 'chunks', 'schedule', 'virtual', 'replicas'),
+    'plan': ('balance', 'chunks', 'schedule', 'virtual', 'replicas', 'batchnorm'),
     # The same on every node by construction: nodes is the job's WORLD_SIZE,
     # variant and api are refused unless 'symbolic' and 'module' with nodes,
     # agree_steps is compare's.
@@ -293,7 +303,7 @@ RESUME_IDENTITY = ('task', 'task_args', 'variant', 'batch_size', 'optimizer', 'l
 # The checkpoint's plan: a resume takes each of these from it unless its flag
 # (--devices, --balance, ...) is given, and says which ones changed.
 RESUME_PLAN = ('devices', 'balance', 'schedule', 'chunks', 'virtual', 'replicas', 'mirror',
-               'api', 'kvstore')
+               'api', 'kvstore', 'batchnorm')
 
 
 def resume_config(saved, given):

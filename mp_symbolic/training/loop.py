@@ -79,7 +79,8 @@ def build_pipeline(cfg, task):
     try:
         pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
                         replicas=cfg.replicas, mirror=cfg.mirror, schedule=cfg.schedule,
-                        virtual=cfg.virtual, nodes=cfg.nodes, node_timeout=cfg.node_timeout)
+                        virtual=cfg.virtual, nodes=cfg.nodes, node_timeout=cfg.node_timeout,
+                        batchnorm=cfg.batchnorm)
     except ValueError as err:
         field, _, rest = str(err).partition(': ')
         if field != 'sample':
@@ -331,6 +332,8 @@ def _title(cfg, task, pipe):
         extra += ', schedule %s' % cfg.schedule
         if cfg.schedule in VIRTUAL:
             extra += ' (%d stages per device)' % pipe.virtual
+    if pipe.batchnorm != 'micro-batch' and cfg.chunks > 1:
+        extra += ', BatchNorm statistics %s' % pipe.batchnorm
     if pipe.nodes is not None:
         extra += ', over %d nodes (this is node %d)' % (pipe.nodes.count, pipe.nodes.rank)
     if cfg.mirror:
