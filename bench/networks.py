@@ -10,8 +10,9 @@ Each network, batch 4 split over ``cpu:0,cpu:1`` with chunks 2:
   stage runtime) and under ``'gpipe'`` (the one graph), the largest
   ``|difference|`` of the parameters and of the running statistics;
 - **deferred**: ``Pipeline(..., batchnorm='deferred')``'s running
-  statistics after one step against one device's on the whole batch ("not
-  run" where the installed Pipeline has no ``batchnorm`` argument);
+  statistics after one step against one device's on the whole batch, over
+  every BatchNorm and over the first ("not run" where the installed
+  Pipeline has no ``batchnorm`` argument);
 - **export**: ``python -m export`` on the GPipe run's parameters, saved by
   :func:`mp_symbolic.save_checkpoint` (``verification: PASSED`` or
   ``FAILED``, or its ``error:`` line);
@@ -300,8 +301,10 @@ def _schedules(spec, values):
 
 def _deferred(spec, values):
     """Largest |difference| of the running statistics after one step under
-    ``batchnorm='deferred'`` from one device's on the whole batch; ``None``
-    where the Pipeline has no such option."""
+    ``batchnorm='deferred'`` from one device's on the whole batch: over
+    every BatchNorm, and over the first (whose input does not depend on how
+    earlier BatchNorms normalised the micro-batches); ``None`` where the
+    Pipeline has no such option."""
     from mp_symbolic import Pipeline  # pylint: disable=import-outside-toplevel
     if 'batchnorm' not in inspect.signature(Pipeline.__init__).parameters:
         return None
@@ -326,7 +329,9 @@ def _deferred(spec, values):
         mod.forward_backward(mx.io.DataBatch([mx.nd.array(a) for a in leaves],
                                              [mx.nd.array(label)]))
         stats.append({k: v.asnumpy() for k, v in mod.get_params()[1].items()})
-    return _diff_dicts(stats[0], stats[1])
+        first = mod.symbol.list_auxiliary_states()[:2]
+    return _diff_dicts(stats[0], stats[1]), _diff_dicts(*[{k: d[k] for k in first}
+                                                          for d in stats])
 
 
 def _export(folder, out, sample_file=None):
@@ -475,7 +480,9 @@ def child_row(name, quick=False):
                 expected_trained = [o.asnumpy() for o in alone.get_outputs()]
         try:
             deferred = _deferred(spec, values)
-            row['deferred = whole batch'] = 'not run' if deferred is None else '%.1e' % deferred
+            row['deferred = whole batch'] = 'not run' if deferred is None else \
+                'none (no BatchNorm)' if not stats_of(values, net) else \
+                'all %.1e, first %.1e' % deferred
         except Exception as err:  # pylint: disable=broad-except
             row['deferred = whole batch'] = 'error: %s' % _first_line(err)
         sample_file = None
