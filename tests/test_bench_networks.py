@@ -33,6 +33,9 @@ def test_a_quick_row_of_mobilenetv2_has_every_column_measured():
     assert float(row['1F1B = GPipe params']) < 1e-4
     assert float(row['predict']) < 1e-4
     assert row['export'] == 'PASSED'
+    deferred = row['deferred = whole batch'].split(', ')
+    assert [d.split(' ')[0] for d in deferred] == ['all', 'first']
+    assert all(float(d.split(' ')[1]) >= 0 for d in deferred)
 
 
 def test_a_crash_in_the_child_is_a_row_not_the_end_of_the_table():
