@@ -112,6 +112,33 @@ class _created:  # pylint: disable=invalid-name,too-few-public-methods
                 os.fsync(f.fileno())
 
 
+def _npy_members(path):
+    """``(name, member)`` of each ``.npy`` member of the ``.npz`` file
+    ``path``, each open for reading while it is handled.
+
+    Raises:
+        PartError: the file is not a zip of ``.npy`` members (the message
+            names it), or reading a member failed.
+    """
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(SUFFIX):
+                    raise PartError('%s: expected .npy members, found %r'
+                                    % (path, info.filename[:80]))
+                with zf.open(info) as member:
+                    yield info.filename[:-len(SUFFIX)], member
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        if isinstance(err, PartError):
+            raise
+        raise _not_a_part(path, err) from None
+
+
+def _not_a_part(path, err):
+    return PartError('%s: expected a checkpoint part (.npz), found %s: %s'
+                     % (path, type(err).__name__, ' '.join(str(err).split())[:200]))
+
+
 def npz_digests(path):
     """``{name: sha256 (hex)}`` of an ``.npz`` file's members' ``.npy``
     bytes, read :data:`CHUNK` bytes at a time.
@@ -120,22 +147,14 @@ def npz_digests(path):
         PartError: the file is not a zip of ``.npy`` members.
     """
     found = {}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if not info.filename.endswith(SUFFIX):
-                    raise PartError('%s: expected .npy members, found %r'
-                                    % (path, info.filename[:80]))
-                digest = hashlib.sha256()
-                with zf.open(info) as member:
-                    for chunk in iter(lambda m=member: m.read(CHUNK), b''):
-                        digest.update(chunk)
-                found[info.filename[:-len(SUFFIX)]] = digest.hexdigest()
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        if isinstance(err, PartError):
-            raise
-        raise PartError('%s: expected a checkpoint part (.npz), found %s: %s'
-                        % (path, type(err).__name__, ' '.join(str(err).split())[:200])) from None
+    for name, member in _npy_members(path):
+        digest = hashlib.sha256()
+        try:
+            for chunk in iter(lambda m=member: m.read(CHUNK), b''):
+                digest.update(chunk)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise _not_a_part(path, err) from None
+        found[name] = digest.hexdigest()
     return found
 
 
@@ -148,25 +167,17 @@ def npz_index(path):
             names it).
     """
     found = {}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if not info.filename.endswith(SUFFIX):
-                    raise PartError('%s: expected .npy members, found %r'
-                                    % (path, info.filename[:80]))
-                with zf.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    shape, _, dtype = np.lib.format._read_array_header(  # pylint: disable=protected-access
-                        member, version, max_header_size=10000)
-                if dtype.hasobject:
-                    raise PartError('%s: expected arrays of numbers, found %s of objects'
-                                    % (path, info.filename))
-                found[info.filename[:-len(SUFFIX)]] = (tuple(shape), dtype)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        if isinstance(err, PartError):
-            raise
-        raise PartError('%s: expected a checkpoint part (.npz), found %s: %s'
-                        % (path, type(err).__name__, ' '.join(str(err).split())[:200])) from None
+    for name, member in _npy_members(path):
+        try:
+            version = np.lib.format.read_magic(member)
+            shape, _, dtype = np.lib.format._read_array_header(  # pylint: disable=protected-access
+                member, version, max_header_size=10000)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+            raise _not_a_part(path, err) from None
+        if dtype.hasobject:
+            raise PartError('%s: expected arrays of numbers, found %s%s of objects'
+                            % (path, name, SUFFIX))
+        found[name] = (tuple(shape), dtype)
     return found
 
 
@@ -307,10 +318,6 @@ class MxnetParams:
                 digest.update(chunk)
                 left -= len(chunk)
         return digest.hexdigest()
-
-    def names(self):
-        """The arrays' names, in the file's order."""
-        return list(self._layout)
 
 
 def _mxnet_layout(path):
