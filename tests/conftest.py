@@ -1,13 +1,18 @@
 """Shared fixtures. Every test runs on ``cpu(i)`` stand-in devices, as MXNet's
 own model-parallel tests do, so no GPU is needed."""
 import contextlib
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 
 os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The signal dispositions every test starts with. A suite started as a script's
 # background job (`make test &`) inherits SIGINT ignored, and so would every
@@ -299,3 +304,28 @@ def assert_host_copy_changes_no_value_or_byte(pipe, folder):
     assert sorted(written[False]) == sorted(written[True]) and len(written[False]) == 9
     for name, data in written[False].items():
         assert data == written[True][name], name
+
+
+def node_env(rank, count, port, **more):
+    """The rendezvous of node ``rank`` of ``count`` on 127.0.0.1."""
+    return dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0', MASTER_ADDR='127.0.0.1',
+                MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(count), **more)
+
+
+def run_node_workers(worker, out, count, port, table=None, timeout=300):
+    """Runs the script ``worker`` as ``count`` node processes (``--out out
+    --nodes count``, and ``--table JSON`` of ``table``'s configurations where
+    given), asserting each exits 0; every process is gone when it returns."""
+    more = [] if table is None else ['--table', json.dumps(table)]
+    procs = [subprocess.Popen([sys.executable, worker, '--out', out, '--nodes', str(count)]
+                              + more,
+                              env=node_env(rank, count, port), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(count)]
+    try:
+        ended = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (_, err) in zip(procs, ended):
+        assert p.returncode == 0, err[-3000:]

@@ -3,20 +3,16 @@
 ``fit(initializer=...)`` and the twin's ``initialize`` give every plan the
 same values, bit for bit: one device, stages, micro-batches, schedules,
 replicas, tensor-parallel shards, node processes."""
-import json
 import os
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-from mp_symbolic import Pipeline
 from mp_symbolic.core.initial import Drawn
 
 import init_worker
-from conftest import reserved_port
+from conftest import reserved_port, run_node_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, 'tests', 'init_worker.py')
@@ -81,29 +77,12 @@ def test_init_params_leaves_the_random_state_alike_on_every_plan_and_numpys_as_i
     np.testing.assert_array_equal(after('cpu:0,cpu:1,cpu:2'), after('cpu:0'))
 
 
-def _env(rank, count, port):
-    """The rendezvous of node ``rank`` of ``count`` on 127.0.0.1."""
-    return dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0', MASTER_ADDR='127.0.0.1',
-                MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(count))
-
-
 def _run(folder, port, count, table, timeout=300):
     """``init_worker.py`` as ``count`` node processes over ``table``: per
     configuration, every array they hold by name (no two nodes holding the
     same one)."""
     out = os.path.join(folder, 'init')
-    procs = [subprocess.Popen([sys.executable, WORKER, '--out', out, '--nodes', str(count),
-                               '--table', json.dumps(table)],
-                              env=_env(rank, count, port), cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(count)]
-    try:
-        ended = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (_, err) in zip(procs, ended):
-        assert p.returncode == 0, err[-3000:]
+    run_node_workers(WORKER, out, count, port, table, timeout)
     results = []
     for k in range(len(table)):
         held = {}

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from mp_symbolic.core import nodes as node_processes
-from test_nodes import REGRESSION, ROOT, _cmdline, _environ, _gone, _pids, node_env
+from conftest import node_env
+from test_nodes import REGRESSION, ROOT, _cmdline, _environ, _gone, _pids
 
 FAKE_PEER = os.path.join(ROOT, 'tests', 'fake_peer.py')
 SECRET = 'MP_SYMBOLIC_NODE_SECRET'  # the job's secret, as torchrun users set it

@@ -19,16 +19,10 @@ from mp_symbolic.core import nodes as node_processes
 from mp_symbolic.training.tasks import gpt, lm
 
 import nodes_worker
-from conftest import reserved_port
+from conftest import node_env, reserved_port, run_node_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, 'tests', 'nodes_worker.py')
-
-
-def node_env(rank, count, port, **more):
-    """The rendezvous of node ``rank`` of ``count`` on 127.0.0.1."""
-    return dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0', MASTER_ADDR='127.0.0.1',
-                MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(count), **more)
 
 
 def run_nodes(folder, port, count, table, timeout=300):
@@ -38,18 +32,7 @@ def run_nodes(folder, port, count, table, timeout=300):
     two nodes hold the same one, but the last batch's outputs and what
     ``every:`` names, which every node holds alike), and each node's names."""
     out = os.path.join(folder, 'node')
-    procs = [subprocess.Popen([sys.executable, WORKER, '--out', out, '--nodes', str(count),
-                               '--table', json.dumps(table)],
-                              env=node_env(rank, count, port), cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(count)]
-    try:
-        ended = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (_, err) in zip(procs, ended):
-        assert p.returncode == 0, err[-3000:]
+    run_node_workers(WORKER, out, count, port, table, timeout)
     results = []
     for k in range(len(table)):
         held, names = {}, []

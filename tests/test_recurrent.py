@@ -463,27 +463,15 @@ def test_tnc_states_cross_two_nodes_under_1f1b_as_in_one_process(tmp_path):
     three SGD steps every parameter, once on the node of its stage, and
     the last node's outputs equal one process's bit for bit."""
     import os  # pylint: disable=import-outside-toplevel
-    import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import recurrent_nodes_worker  # pylint: disable=import-outside-toplevel
-    from conftest import reserved_port  # pylint: disable=import-outside-toplevel
-    from test_nodes import WORKER, node_env  # pylint: disable=import-outside-toplevel
+    from conftest import reserved_port, run_node_workers  # pylint: disable=import-outside-toplevel
+    from test_nodes import WORKER  # pylint: disable=import-outside-toplevel
     worker = os.path.join(os.path.dirname(WORKER), 'recurrent_nodes_worker.py')
     out = str(tmp_path / 'node')
     with reserved_port() as port:
-        procs = [subprocess.Popen([sys.executable, worker, '--out', out, '--nodes', '2'],
-                                  env=node_env(rank, 2, port), cwd=os.path.dirname(
-                                      os.path.dirname(WORKER)),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(2)]
-        try:
-            ended = [p.communicate(timeout=120) for p in procs]
-        finally:
-            for p in procs:
-                p.kill()
-    for p, (_, err) in zip(procs, ended):
-        assert p.returncode == 0, err[-3000:]
+        run_node_workers(worker, out, 2, port, timeout=120)
     held = {}
     for rank in range(2):
         with np.load('%s_%d.npz' % (out, rank)) as data:
