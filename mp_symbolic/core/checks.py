@@ -17,8 +17,8 @@ LR_EXPECTED = 'a number in [1e-30, 1e6]'
 MOMENTUM_EXPECTED = 'a number in [0, 1)'
 POSITIVE_EXPECTED = 'a positive integer'
 EXCERPT_LIMIT = 80  # characters of a value quoted in a message
-# Node processes one job may have: mp_symbolic.core.nodes.MAX_NODES, here without
-# MXNet, so that the launcher and TrainConfig refuse more before any process starts.
+# Node processes one job may have (here, without MXNet, so that the launcher and
+# TrainConfig refuse more before any process starts, as mp_symbolic.core.nodes does)
 MAX_NODES = 1024
 
 

@@ -61,7 +61,7 @@ import time
 import mxnet as mx
 
 from .balance import even_split, stage_of_block
-from .checks import excerpt, positive_int
+from .checks import MAX_NODES, excerpt, node_count, positive_int  # noqa: F401 (nodes.MAX_NODES)
 from .comm import DONE, Link, LocalTransport, accumulate
 from .scoped import discarded_stderr, environ as scoped_environ
 
@@ -70,7 +70,6 @@ __all__ = []
 RENDEZVOUS = ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE')
 TORCH_SITE = 'torch-site'  # torch installed apart from GluonCV's sight (see the module's text)
 NODE_TIMEOUT = 300.0  # default seconds a node waits on another before the job ends
-MAX_NODES = 1024
 # the tags of the network's outputs a node sends the others, past every link's
 OUTPUT_TAG = 1 << 30
 MAX_OUTPUTS = 1 << 12  # outputs per replica the tags leave room for
@@ -118,12 +117,7 @@ def node_of_devices(devices_per_replica, nodes):
     Raises:
         NodeError: more nodes than devices (a node would hold no stage).
     """
-    nodes = positive_int('nodes', nodes, NodeError)
-    if nodes > MAX_NODES:
-        raise NodeError('nodes: expected at most %d, found %d' % (MAX_NODES, nodes))
-    if nodes > devices_per_replica:
-        raise NodeError('nodes: expected at most as many nodes as devices per replica (%d), '
-                        'found %d (a node would hold no stage)' % (devices_per_replica, nodes))
+    nodes = node_count(nodes, devices_per_replica, error=NodeError)
     return stage_of_block(even_split(devices_per_replica, nodes))
 
 
