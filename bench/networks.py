@@ -11,8 +11,7 @@ Each network, batch 4 split over ``cpu:0,cpu:1`` with chunks 2:
   ``|difference|`` of the parameters and of the running statistics;
 - **deferred**: ``Pipeline(..., batchnorm='deferred')``'s running
   statistics after one step against one device's on the whole batch, over
-  every BatchNorm and over the first ("not run" where the installed
-  Pipeline has no ``batchnorm`` argument);
+  every BatchNorm and over the first;
 - **export**: ``python -m export`` on the GPipe run's parameters, saved by
   :func:`mp_symbolic.save_checkpoint` (``verification: PASSED`` or
   ``FAILED``, or its ``error:`` line);
@@ -28,7 +27,6 @@ exported. YOLOv3's prediction layers' weights are drawn with deviation
 network's sizes (and a shorter time limit), for a test.
 """
 import argparse
-import inspect
 import json
 import os
 import subprocess
@@ -248,26 +246,32 @@ def _inference(spec, pipe, values):
     return mod
 
 
-def _train(spec, values, schedule, chunks):
-    """Parameters and running statistics after :data:`STEPS` SGD steps."""
+def _training_module(spec, values, pipe):
+    """``(module, batch)``: ``pipe``'s Module of the spec's loss, bound and
+    holding ``values``, and its batch (L2 towards random targets the shape
+    of the output where the spec gives no label)."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     leaves = _flat(spec['sample'])
-    pipe = _pipeline(spec, schedule, chunks)
     output = spec['output']
     if output is not None and output < 0:
         output += len(spec['expected'])
     mod = pipe.module(loss=spec['loss'], output=output)
     label = spec['label']
-    if label is None:   # L2 towards random targets the shape of the output
+    if label is None:
         target = spec['expected'][output or 0]
         label = np.random.default_rng(2).normal(size=target.shape).astype(np.float32)
     mod.bind(list(zip(pipe.input_names, [a.shape for a in leaves])),
              [('softmax_label', label.shape)])
     arg, aux = _split_values(mod, values)
     mod.init_params(arg_params=arg, aux_params=aux)
+    return mod, mx.io.DataBatch([mx.nd.array(a) for a in leaves], [mx.nd.array(label)])
+
+
+def _train(spec, values, schedule, chunks):
+    """Parameters and running statistics after :data:`STEPS` SGD steps."""
+    mod, batch = _training_module(spec, values, _pipeline(spec, schedule, chunks))
     mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': spec.get('lr', LR),
                                                          'momentum': 0.9})
-    batch = mx.io.DataBatch([mx.nd.array(a) for a in leaves], [mx.nd.array(label)])
     for _ in range(STEPS):
         mod.forward_backward(batch)
         mod.update()
@@ -303,31 +307,13 @@ def _deferred(spec, values):
     """Largest |difference| of the running statistics after one step under
     ``batchnorm='deferred'`` from one device's on the whole batch: over
     every BatchNorm, and over the first (whose input does not depend on how
-    earlier BatchNorms normalised the micro-batches); ``None`` where the
-    Pipeline has no such option."""
-    from mp_symbolic import Pipeline  # pylint: disable=import-outside-toplevel
-    if 'batchnorm' not in inspect.signature(Pipeline.__init__).parameters:
-        return None
-    import mxnet as mx  # pylint: disable=import-outside-toplevel
-    leaves = _flat(spec['sample'])
+    earlier BatchNorms normalised the micro-batches)."""
     stats = []
     for devices, chunks, kwargs in ((DEVICES, CHUNKS, {'batchnorm': 'deferred'}),
                                     ('cpu:0', 1, {})):
         pipe = _pipeline(spec, 'gpipe', chunks, devices, **kwargs)
-        output = spec['output']
-        if output is not None and output < 0:
-            output += len(spec['expected'])
-        mod = pipe.module(loss=spec['loss'], output=output)
-        label = spec['label']
-        if label is None:
-            target = spec['expected'][output or 0]
-            label = np.random.default_rng(2).normal(size=target.shape).astype(np.float32)
-        mod.bind(list(zip(pipe.input_names, [a.shape for a in leaves])),
-                 [('softmax_label', label.shape)])
-        arg, aux = _split_values(mod, values)
-        mod.init_params(arg_params=arg, aux_params=aux)
-        mod.forward_backward(mx.io.DataBatch([mx.nd.array(a) for a in leaves],
-                                             [mx.nd.array(label)]))
+        mod, batch = _training_module(spec, values, pipe)
+        mod.forward_backward(batch)
         stats.append({k: v.asnumpy() for k, v in mod.get_params()[1].items()})
         first = mod.symbol.list_auxiliary_states()[:2]
     return _diff_dicts(stats[0], stats[1]), _diff_dicts(*[{k: d[k] for k in first}
@@ -480,9 +466,8 @@ def child_row(name, quick=False):
                 expected_trained = [o.asnumpy() for o in alone.get_outputs()]
         try:
             deferred = _deferred(spec, values)
-            row['deferred = whole batch'] = 'not run' if deferred is None else \
-                'none (no BatchNorm)' if not stats_of(values, net) else \
-                'all %.1e, first %.1e' % deferred
+            row['deferred = whole batch'] = 'none (no BatchNorm)' \
+                if not stats_of(values, net) else 'all %.1e, first %.1e' % deferred
         except Exception as err:  # pylint: disable=broad-except
             row['deferred = whole batch'] = 'error: %s' % _first_line(err)
         sample_file = None
