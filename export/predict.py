@@ -30,7 +30,7 @@ import sys
 from mp_symbolic.tools.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
 from mp_symbolic.tools.files import check_path
 from mp_symbolic.tools.interrupts import (exit_on_signals, exit_status, ignore_signals,
-                                    interrupt_on_signals)
+                                    interrupt_on_signals, until_reader_gone)
 
 from . import MAX_CSV_BYTES
 
@@ -174,6 +174,6 @@ def main(argv=None):
 
 if __name__ == '__main__':
     exit_on_signals()  # until the predictor's libraries are loaded, a signal is one line
-    STATUS = main()
+    STATUS = until_reader_gone(main)
     ignore_signals()  # done and written: a signal while MXNet shuts down would end it silently
     sys.exit(STATUS)

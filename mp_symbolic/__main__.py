@@ -2,7 +2,7 @@
 import os
 import sys
 
-from .tools.interrupts import exit_on_signals, ignore_signals
+from .tools.interrupts import exit_on_signals, ignore_signals, until_reader_gone
 
 exit_on_signals()  # before MXNet loads: Ctrl-C or SIGTERM while starting is one line
 if sys.argv[1:2] != ['blas']:  # which reports the choice, and so makes none
@@ -14,7 +14,7 @@ from .training.cli import main  # noqa: E402
 
 
 def _run():
-    status = main()
+    status = until_reader_gone(main)
     # Done and written: a signal while MXNet shuts down would end the process silently.
     # (A worker may still wait in ps-lite's exit barrier: the launcher's SIGTERM must end it.)
     if os.environ.get('DMLC_ROLE') != 'worker':

@@ -586,3 +586,24 @@ def test_abort_on_error_exits_at_once_with_the_status():
     clean = subprocess.run([sys.executable, '-c', code % 'pass'], cwd=ROOT, env=ENV,
                            capture_output=True, text=True, timeout=60)
     assert (clean.returncode, clean.stdout) == (0, 'working\nshutdown ran\n')
+
+
+@pytest.mark.parametrize('command', [['launch', '--nodes', '2', '--mode', 'manual'],
+                                     ['launch', '--workers', '2', '--servers', '1',
+                                      '--mode', 'manual']])
+def test_a_reader_gone_before_the_manual_script_is_printed_ends_it_without_a_traceback(
+        command, tmp_path):
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('localhost\nlocalhost\n')
+    read, write = os.pipe()
+    os.close(read)  # `| head` that has already left
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    try:
+        done = subprocess.run([sys.executable, '-m', 'mp_symbolic'] + command
+                              + ['--hostfile', str(hostfile), '--', 'train'],
+                              stdout=write, stderr=subprocess.PIPE, text=True, env=env,
+                              timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert done.returncode == 128 + signal.SIGPIPE
+    assert done.stderr == ''

@@ -23,7 +23,7 @@ import sys
 import threading
 
 __all__ = ['exit_on_signals', 'interrupt_on_signals', 'ignore_signals', 'exit_status',
-           'Terminated']
+           'Terminated', 'until_reader_gone', 'READER_GONE']
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Signals ignored when the process started (a background job of a script ignores
@@ -123,3 +123,19 @@ def exit_status(interrupt):
     :class:`Terminated`, 130 otherwise."""
     return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
 
+
+
+READER_GONE = 128 + signal.SIGPIPE  # the status of a shell tool ended by its reader
+
+
+def until_reader_gone(run):
+    """``run()``'s status; when the reader of standard output has gone (``| head``),
+    :data:`READER_GONE` with no traceback, and no second error while Python
+    flushes the closed stream at exit."""
+    try:
+        status = run()
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return READER_GONE
