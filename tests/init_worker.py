@@ -17,6 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
 from mp_symbolic.training.tasks import gpt, lm, regression  # pylint: disable=wrong-import-position
+from mp_symbolic.tools.interrupts import end_process  # pylint: disable=wrong-import-position
 
 TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
 BATCH = 8
@@ -79,3 +80,4 @@ def main():
 
 if __name__ == '__main__':
     main()
+    end_process(0)  # without seconds of Python's final collection

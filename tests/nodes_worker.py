@@ -24,6 +24,7 @@ import mp_symbolic  # pylint: disable=wrong-import-position
 from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
 from mp_symbolic.training import loop  # pylint: disable=wrong-import-position
 from mp_symbolic.training.tasks import gpt, lm  # pylint: disable=wrong-import-position
+from mp_symbolic.tools.interrupts import end_process  # pylint: disable=wrong-import-position
 
 TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
 
@@ -164,3 +165,4 @@ def main():
 
 if __name__ == '__main__':
     main()
+    end_process(0)  # without seconds of Python's final collection

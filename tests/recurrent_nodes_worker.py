@@ -17,6 +17,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
+from mp_symbolic.tools.interrupts import end_process  # pylint: disable=wrong-import-position
 
 VOCAB, T, N, EMBED, HIDDEN, LAYERS = 30, 6, 4, 8, 12, 2
 
@@ -75,3 +76,4 @@ def main():
 
 if __name__ == '__main__':
     main()
+    end_process(0)  # without seconds of Python's final collection

@@ -17,6 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mp_symbolic.core import nodes  # pylint: disable=wrong-import-position
 from mp_symbolic.training import cli  # pylint: disable=wrong-import-position
+from mp_symbolic.tools.interrupts import end_process  # pylint: disable=wrong-import-position
 
 
 def array_bytes(value):
@@ -53,4 +54,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    sys.exit(main(sys.argv[1:]))
+    end_process(main(sys.argv[1:]))  # without seconds of Python's final collection
