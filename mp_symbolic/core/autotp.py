@@ -46,12 +46,13 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import nesting, tensor_parallel
+from .comm import gather_from_shards, reduce_from_shards
 from .balance import even_split
 from .checks import excerpt
 from .compat import fresh_variables, initialized, read_in_own_group
 from .devices import DeviceSpecError, resolve_devices
 from .tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
-                              VocabParallelEmbedding, _gather, ShardedBlock)
+                              VocabParallelEmbedding, ShardedBlock)
 
 __all__ = []
 
@@ -197,57 +198,37 @@ class HeadParallel(ShardedBlock):
                                           act=act if part is None else None, name=tag + attr)
         return view, kwargs
 
-    def forward(self, x, *more):  # pylint: disable=arguments-differ
-        inputs = (x,) + more
-        if isinstance(x, mx.sym.Symbol):
-            return self._symbolic(inputs)
-        devices = self.shard_devices(x)
-        parts = []
-        for i, device in enumerate(devices):
-            params = {k: p.data(device) for k, p in self.shard_params[i].items()}
-            moved = [v.as_in_context(device) if isinstance(v, mx.nd.NDArray) else v
-                     for v in inputs]
-            out = self.shard_forward(mx.nd, i, moved, **params)
-            parts.append(_move(out, devices[0]))
-        return self.combine(mx.nd, parts, inputs)
-
-    def prepare(self, F, x):
+    def prepare(self, F, *x):  # pylint: disable=arguments-differ
         if F is mx.sym and self.shards > 1:
             # every shard's group reads the inputs: a variable, through an op of its own
-            return tuple(read_in_own_group(F, v, 'input%d' % j) for j, v in enumerate(x))
-        return x
+            x = tuple(read_in_own_group(F, v, 'input%d' % j) for j, v in enumerate(x))
+        return x if len(x) > 1 else x[0]
 
-    def shard_forward(self, F, i, x, **params):  # pylint: disable=arguments-differ
+    def shard_forward(self, F, i, *x, **params):  # pylint: disable=arguments-differ
         view, kwargs = self._view(F, params, i if self.shards > 1 else None)
         return view.hybrid_forward(F, *x, **kwargs)
 
-    def unsplit_forward(self, F, x, **params):  # pylint: disable=arguments-differ
+    def unsplit_forward(self, F, *x, **params):  # pylint: disable=arguments-differ
         view, kwargs = self._view(F, params, None)
         return view.hybrid_forward(F, *x, **kwargs)
 
-    def combine(self, F, parts, x):
+    def combine(self, F, parts, *x):
         if self.shards == 1:
             return parts[0]
         if self._combine_by == 'sum':
-            y = F.add_n(*parts, name='reduce') if F is mx.sym else F.add_n(*parts)
+            y = reduce_from_shards(F, parts)
             act = self._row[5]
             return y if act is None else F.Activation(y, act_type=act)
         if not isinstance(parts[0], (list, tuple)):
-            return _gather(F, parts, False)
-        outs = [_gather(F, [p[0] for p in parts], False)]
+            return gather_from_shards(F, parts, False)
+        outs = [gather_from_shards(F, [p[0] for p in parts], False)]
         for j in range(1, len(parts[0])):
-            outs.append(F.concat(*[p[j] for p in parts], dim=1))
+            outs.append(gather_from_shards(F, [p[j] for p in parts], axis=1))
         return type(parts[0])(outs) if isinstance(parts[0], tuple) else outs
 
     def __repr__(self):
         return '%s(%s, %d heads, %d shards)' % (type(self).__name__, type(self._user).__name__,
                                                 self.heads, self.shards)
-
-
-def _move(out, device):
-    if isinstance(out, (list, tuple)):
-        return type(out)(_move(o, device) for o in out)
-    return out.as_in_context(device) if isinstance(out, mx.nd.NDArray) else out
 
 
 # -- the block tree -------------------------------------------------------------
