@@ -241,14 +241,17 @@ def _walk(block, parent=None, key=None):
 
 
 def _swap(parent, key, old, new):
-    """``parent``'s child ``key`` replaced by ``new`` (Gluon's setattr refuses
-    another type): the registered child and every attribute that held it."""
+    """``parent``'s child ``key`` replaced by ``new``: the registered child,
+    and every attribute that held it set through Gluon's own ``setattr``
+    (which registers the child; the old attribute deleted first, as Gluon
+    refuses to change an attribute's type)."""
     parent._children[key] = new  # pylint: disable=protected-access
-    for attr, value in list(parent.__dict__.items()):
+    for attr, value in list(vars(parent).items()):
         if value is old:
-            parent.__dict__[attr] = new
+            delattr(parent, attr)
+            setattr(parent, attr, new)
         elif isinstance(value, (list, tuple)) and any(v is old for v in value):
-            parent.__dict__[attr] = type(value)(new if v is old else v for v in value)
+            setattr(parent, attr, type(value)(new if v is old else v for v in value))
     parent._clear_cached_op()  # pylint: disable=protected-access
 
 
@@ -596,7 +599,6 @@ class _Pass:
         for writer in writers.values():
             new = PerShard(lambda F, x, b=writer: b(x), units, self.shards,
                            flatten=first._flatten)  # pylint: disable=protected-access
-            new.__dict__['_wrapped'] = writer
             self.swaps.append((writer, new))
             self.taken[id(writer)] = 'per shard (element-wise, between the two layers)'
         return None
