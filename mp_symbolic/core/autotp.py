@@ -56,7 +56,42 @@ from .tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
 
 __all__ = []
 
-KINDS = ('column', 'row', 'vocab', 'replicate')
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a plan's kind takes the layers its pattern names.
+
+    Attributes:
+        layers: The layer types it takes (``ATTENTION``: an attention block,
+            :meth:`_Pass._attention`); empty: any layer.
+        expected: What the refusal of another layer says it expects.
+        axis: The weight axis that must divide into the shards, or ``None``.
+        divides, unit: The refusal's words for that axis.
+        take: The :class:`_Pass` method that takes a layer in the plan's
+            first round (``(pass, block, columns)``), or ``None``.
+    """
+    layers: tuple
+    expected: str = ''
+    axis: int = None
+    divides: str = ''
+    unit: str = ''
+    take: str = None
+
+
+ATTENTION = 'attention'
+# the plan's kinds: what each takes, and what it does with it
+PLAN_KINDS = OrderedDict([
+    ('column', Kind((gluon.nn.Dense, ATTENTION), 'a Dense layer or an attention block (query, '
+                    'key and value, a head count) for column', 0, 'units that divide', 'units',
+                    '_take_column')),
+    ('row', Kind((gluon.nn.Dense,), 'a Dense layer for row', 1, 'input units that divide',
+                 'input units')),
+    ('vocab', Kind((gluon.nn.Embedding,), 'an Embedding for vocab', 0,
+                   'a vocabulary that divides', 'rows', '_take_vocab')),
+    ('replicate', Kind((), take='_take_replicate')),
+])
+KINDS = tuple(PLAN_KINDS)
 
 # ops that act on each element alone (or on two arrays of one shape): run on a
 # shard's units they give that shard's part of the result
@@ -674,34 +709,14 @@ class _Pass:
         columns = {}     # id -> the dense layers and attention blocks sharded in parts
         for block, pattern, kind in kind_of.values():
             where = 'tensor_parallel[%r]' % pattern
+            rule = PLAN_KINDS[kind]
             shared = self._shared(block)
-            if kind != 'replicate' and shared:
+            if rule.layers and shared:
                 raise ValueError('%s: expected a layer whose parameters are its own to shard, '
                                  'found %s sharing %s with %s' % ((where, block.name) + shared))
-            if kind == 'replicate':
-                self.taken[id(block)] = 'whole on the stage\'s first device (replicate)'
-            elif kind == 'vocab':
-                if not isinstance(block, gluon.nn.Embedding):
-                    raise ValueError('%s: expected an Embedding for vocab, found %s (%s)'
-                                     % (where, block.name, type(block).__name__))
-                self._divides(where, block, 0, 'a vocabulary that divides', 'rows')
-                self._vocab(block)
-            elif kind == 'column' and isinstance(block, gluon.nn.Dense):
-                self._divides(where, block, 0, 'units that divide', 'units')
-                columns[id(block)] = block
-            elif kind == 'column':
-                found = self._attention(block)
-                if not isinstance(found, tuple):
-                    raise ValueError('%s: expected a Dense layer or an attention block (query, key '
-                                     'and value, a head count) for column, found %s (%s%s)'
-                                     % (where, block.name, type(block).__name__,
-                                        ': ' + found if found else ''))
-                columns[id(block)] = block
-            elif kind == 'row':
-                if not isinstance(block, gluon.nn.Dense):
-                    raise ValueError('%s: expected a Dense layer for row, found %s (%s)'
-                                     % (where, block.name, type(block).__name__))
-                self._divides(where, block, 1, 'input units that divide', 'input units')
+            self._check_kind(where, rule, block)
+            if rule.take is not None:
+                getattr(self, rule.take)(block, columns)
         inside = set().union(*[_descendants(b) for b in columns.values()
                                if not isinstance(b, gluon.nn.Dense)])
         for block, pattern, kind in kind_of.values():
@@ -732,6 +747,31 @@ class _Pass:
                     gathered = self._per_shard_between(source, members)
                 self._row(block, 'row-parallel (plan)' + (', ' + gathered if gathered else ''))
         self._finish('whole on the stage\'s first device: no pattern names it')
+
+    def _check_kind(self, where, rule, block):
+        """Raises ValueError unless ``rule`` (a :class:`Kind`) takes ``block``:
+        one of its layer types, its weight's axis dividing into the shards
+        (an attention block: one :meth:`_attention` finds)."""
+        if not rule.layers:
+            return
+        if not isinstance(block, tuple(t for t in rule.layers if t != ATTENTION)):
+            found = self._attention(block) if ATTENTION in rule.layers else None
+            if not isinstance(found, tuple):
+                raise ValueError('%s: expected %s, found %s (%s%s)'
+                                 % (where, rule.expected, block.name, type(block).__name__,
+                                    ': ' + found if found else ''))
+            return
+        if rule.axis is not None:
+            self._divides(where, block, rule.axis, rule.divides, rule.unit)
+
+    def _take_column(self, block, columns):
+        columns[id(block)] = block
+
+    def _take_vocab(self, block, columns):  # pylint: disable=unused-argument
+        self._vocab(block)
+
+    def _take_replicate(self, block, columns):  # pylint: disable=unused-argument
+        self.taken[id(block)] = 'whole on the stage\'s first device (replicate)'
 
     def _sharded_source(self, block, columns):
         """``(column layer or attention block, element-wise ops between)`` that
