@@ -2,15 +2,24 @@
 written against :class:`~mp_symbolic.core.comm.Transport` and registered
 from outside the library carries a Pipeline's boundary tensors end to end,
 by name, with nothing else changed; the choice of a transport refuses in
-one line what cannot run."""
+one line what cannot run.
+
+Run as a script (``python tests/test_transport.py --out F --nodes N``), it
+is one node process of the test over nodes: it registers its own transport
+between nodes and trains with it, writing ``F<rank>.npz``."""
+import argparse
+import os
+import sys
+
 import mxnet as mx
 from mxnet import gluon
 import numpy as np
 import pytest
 
-from mp_symbolic import Pipeline
-from mp_symbolic.core import comm, nodes
-from mp_symbolic.training import loop
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
+from mp_symbolic.core import comm, nodes  # pylint: disable=wrong-import-position
+from mp_symbolic.training import loop  # pylint: disable=wrong-import-position
 
 BATCH, SAMPLE = 8, (8, 6)
 
@@ -69,6 +78,24 @@ class HostTransport(comm.Transport):
 OPENED = []
 
 
+class CountedTransport(nodes.TorchTransport):
+    """gloo's transport registered under a name of its own, counting the
+    tensors each node sends (a transport between nodes made outside the
+    library)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.counted = 0
+
+    def send_forward(self, microbatch, values):
+        self.counted += len(values)
+        super().send_forward(microbatch, values)
+
+    def send_backward(self, microbatch, values):
+        self.counted += len(values)
+        super().send_backward(microbatch, values)
+
+
 @pytest.fixture
 def host_transport(monkeypatch):
     """``'host'`` registered for one test."""
@@ -87,10 +114,11 @@ def _net():
     return net
 
 
-def _train(transport, schedule='1f1b', steps=3):
-    """The last step's outputs and the parameters after ``steps`` SGD steps."""
-    pipe = Pipeline(_net(), 'cpu:0,cpu:1,cpu:2', chunks=2, schedule=schedule,
-                    transport=transport)
+def _train(transport, schedule='1f1b', steps=3, devices='cpu:0,cpu:1,cpu:2', nodes=None):
+    """The Pipeline, the last step's outputs (``None`` on a node without the
+    loss head) and the parameters after ``steps`` SGD steps."""
+    pipe = Pipeline(_net(), devices, chunks=2, schedule=schedule, transport=transport,
+                    nodes=nodes)
     arg_params, aux_params = loop.initial_values(pipe, seed=0)
     mod = pipe.module(loss='softmax')
     mod.bind(data_shapes=[('data', SAMPLE)], label_shapes=[('softmax_label', (BATCH,))])
@@ -105,14 +133,15 @@ def _train(transport, schedule='1f1b', steps=3):
         mod.forward_backward(batch)
         mod.update()
     arg, aux = mod.get_params()
-    return pipe, mod.get_outputs()[0].asnumpy(), {k: v.asnumpy() for k, v in
-                                                  dict(arg, **aux).items()}
+    outputs = mod.get_outputs()
+    return pipe, outputs[0].asnumpy() if outputs else None, \
+        {k: v.asnumpy() for k, v in dict(arg, **aux).items()}, mod
 
 
 def test_a_transport_registered_outside_the_library_carries_every_boundary_tensor(
         host_transport):
-    _, expected_out, expected = _train(None)
-    pipe, out, params = _train(host_transport)
+    _, expected_out, expected, _ = _train(None)
+    pipe, out, params, _ = _train(host_transport)
     assert pipe.transport == 'host' and len(OPENED) == 1
     transport = OPENED[0]
     assert transport.route.nodes is None and transport.route.microbatches == 2
@@ -159,3 +188,38 @@ def test_only_a_transport_subclass_is_registered(host_transport):
     with pytest.raises(ValueError, match="transport 'host': expected a new name, found it "
                                          "taken by HostTransport"):
         comm.register_transport('host', comm.LocalTransport)
+
+
+def test_a_transport_between_nodes_registered_outside_the_library_trains_as_one_process(
+        tmp_path, port):
+    from conftest import run_node_workers  # pylint: disable=import-outside-toplevel
+    out = str(tmp_path / 'node')
+    run_node_workers(os.path.abspath(__file__), out, 2, port)
+    _, expected_out, expected, _ = _train(None, devices='cpu:0,cpu:1')
+    held = [np.load('%s%d.npz' % (out, rank)) for rank in (0, 1)]
+    for rank, arrays in enumerate(held):
+        assert arrays['transport'] == 'counted' and int(arrays['counted']) > 0, rank
+        names = [n[len('param:'):] for n in arrays.files if n.startswith('param:')]
+        assert names, rank
+        for name in names:
+            np.testing.assert_array_equal(arrays['param:' + name], expected[name], err_msg=name)
+    np.testing.assert_array_equal(held[1]['output'], expected_out)
+
+
+def _node_main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--out', required=True)
+    parser.add_argument('--nodes', type=int, required=True)
+    args = parser.parse_args(argv)
+    comm.register_transport('counted', CountedTransport)
+    pipe, out, params, mod = _train('counted', devices='cpu:0,cpu:1', nodes=args.nodes)
+    held = {'param:' + k: v for k, v in params.items()}
+    if out is not None:
+        held['output'] = out
+    held['counted'] = np.array(sum(r.transport.counted for r in mod._runtimes))  # pylint: disable=protected-access
+    held['transport'] = np.array(pipe.transport)
+    np.savez('%s%d.npz' % (args.out, pipe.nodes.rank), **held)
+
+
+if __name__ == '__main__':
+    _node_main()
