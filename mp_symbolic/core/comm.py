@@ -47,10 +47,9 @@ Tensor-parallel shards meet inside a stage's graph, after Megatron-LM's
 (every shard reads one input), :func:`gather_from_shards` (their outputs
 joined; :func:`parts_behind` finds them again for a layer that reads each
 shard's part) and :func:`reduce_from_shards` (their partial outputs
-summed). Each is an op of
-the graph in shard 0's group; MXNet's executor, bound with ``group2ctx``,
-inserts the copies between the shards' devices, and its backward pass is
-the conjugate (a split, a broadcast).
+summed). Each is an op of the graph in shard 0's group; MXNet's executor,
+bound with ``group2ctx``, inserts the copies between the shards' devices,
+and its backward pass is the conjugate (a split, a broadcast).
 """
 import abc
 from collections import namedtuple
