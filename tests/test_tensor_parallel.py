@@ -582,3 +582,62 @@ def test_a_trace_marks_the_layers_of_the_network_it_traces_and_no_other():
         after = traced(x)
     assert marks(inside) == ['0/2/traced#0', '1/2/traced#0']  # shard/shards/layer#call
     assert marks(beside) == [] and marks(after) == []
+
+
+class _GatedColumns(mp_symbolic.ShardedBlock):
+    """``(x A^T) * (z B^T)`` of two inputs, the units of ``A`` and ``B`` split
+    over the shards: a layer of several inputs, joined through comm."""
+
+    def __init__(self, units, shards, **kwargs):
+        super().__init__(shards, **kwargs)
+        self.units, self.sizes = units, [units // shards + (i < units % shards)
+                                         for i in range(shards)]
+        with self.name_scope():
+            self.add_param('a_weight', (units, 6), 0, self.sizes, init=mx.init.Xavier())
+            self.add_param('b_weight', (units, 4), 0, self.sizes, init=mx.init.Xavier())
+
+    @staticmethod
+    def _gated(F, x, z, a_weight, b_weight, units, name):
+        return F.FullyConnected(x, a_weight, no_bias=True, num_hidden=units, name=name + 'a') * \
+            F.FullyConnected(z, b_weight, no_bias=True, num_hidden=units, name=name + 'b')
+
+    def shard_forward(self, F, i, x, z, a_weight, b_weight):  # pylint: disable=arguments-differ
+        return self._gated(F, x, z, a_weight, b_weight, self.sizes[i], 'shard%d_' % i)
+
+    def combine(self, F, parts, x, z):  # pylint: disable=arguments-differ
+        from mp_symbolic.core.comm import gather_from_shards
+        return gather_from_shards(F, parts)
+
+    def unsplit_forward(self, F, x, z, a_weight, b_weight):  # pylint: disable=arguments-differ
+        return self._gated(F, x, z, a_weight, b_weight, self.units, '')
+
+
+class _TwoInputNet(gluon.HybridBlock):
+    def __init__(self, shards, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.left = gluon.nn.Dense(6, in_units=8, prefix='left_')
+            self.right = gluon.nn.Dense(4, in_units=8, prefix='right_')
+            self.gated = _GatedColumns(5, shards, prefix='gated_')
+            self.out = gluon.nn.Dense(3, in_units=5, prefix='out_')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.out(self.gated(self.left(x), self.right(x)))
+
+
+def test_a_sharded_block_of_two_inputs_equals_its_unsplit_layer_in_graph_and_twin():
+    rng = np.random.RandomState(5)
+    X = mx.nd.array(rng.uniform(-1, 1, (4, 8)))
+    y = mx.nd.array(rng.randint(0, 3, 4))
+    one = _module(Pipeline(_TwoInputNet(1, prefix='net_'), 'cpu:0', sample=X), X, y)
+    params = {n: v.copy() for n, v in one.get_params()[0].items()}
+    pipe = Pipeline(_TwoInputNet(2, prefix='net_'), 'cpu:1+cpu:2', sample=X)
+    split = _module(pipe, X, y, arg_params=params)
+    assert _close(_step(split, X, y), _step(one, X, y))
+    _params_close(split.get_params()[0], one.get_params()[0])
+    weight = pipe.sharded['net_gated_a_weight']
+    assert [s.shape[0] for s in weight.shards] == [3, 2]
+    twin = Pipeline(_TwoInputNet(2, prefix='net_'), 'cpu:1+cpu:2', sample=X)
+    twin.set_params(*one.get_params())
+    assert _close(mx.nd.softmax(twin(X.as_in_context(mx.cpu(1)))).asnumpy(),
+                  one.predict(mx.io.NDArrayIter(X, batch_size=len(X))).asnumpy())

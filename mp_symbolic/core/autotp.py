@@ -46,16 +46,52 @@ import mxnet as mx
 from mxnet import gluon
 
 from . import nesting, tensor_parallel
+from .comm import gather_from_shards, reduce_from_shards
 from .balance import even_split
 from .checks import excerpt
 from .compat import fresh_variables, initialized, read_in_own_group
 from .devices import DeviceSpecError, resolve_devices
 from .tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
-                              VocabParallelEmbedding, _gather, ShardedBlock)
+                              VocabParallelEmbedding, ShardedBlock)
 
 __all__ = []
 
-KINDS = ('column', 'row', 'vocab', 'replicate')
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a plan's kind takes the layers its pattern names.
+
+    Attributes:
+        layers: The layer types it takes (``ATTENTION``: an attention block,
+            :meth:`_Pass._attention`); empty: any layer.
+        expected: What the refusal of another layer says it expects.
+        axis: The weight axis that must divide into the shards, or ``None``.
+        divides, unit: The refusal's words for that axis.
+        take: The :class:`_Pass` method that takes a layer in the plan's
+            first round (``(pass, block, columns)``), or ``None``.
+    """
+    layers: tuple
+    expected: str = ''
+    axis: int = None
+    divides: str = ''
+    unit: str = ''
+    take: str = None
+
+
+ATTENTION = 'attention'
+# the plan's kinds: what each takes, and what it does with it
+PLAN_KINDS = OrderedDict([
+    ('column', Kind((gluon.nn.Dense, ATTENTION), 'a Dense layer or an attention block (query, '
+                    'key and value, a head count) for column', 0, 'units that divide', 'units',
+                    '_take_column')),
+    ('row', Kind((gluon.nn.Dense,), 'a Dense layer for row', 1, 'input units that divide',
+                 'input units')),
+    ('vocab', Kind((gluon.nn.Embedding,), 'an Embedding for vocab', 0,
+                   'a vocabulary that divides', 'rows', '_take_vocab')),
+    ('replicate', Kind((), take='_take_replicate')),
+])
+KINDS = tuple(PLAN_KINDS)
 
 # ops that act on each element alone (or on two arrays of one shape): run on a
 # shard's units they give that shard's part of the result
@@ -197,57 +233,37 @@ class HeadParallel(ShardedBlock):
                                           act=act if part is None else None, name=tag + attr)
         return view, kwargs
 
-    def forward(self, x, *more):  # pylint: disable=arguments-differ
-        inputs = (x,) + more
-        if isinstance(x, mx.sym.Symbol):
-            return self._symbolic(inputs)
-        devices = self.shard_devices(x)
-        parts = []
-        for i, device in enumerate(devices):
-            params = {k: p.data(device) for k, p in self.shard_params[i].items()}
-            moved = [v.as_in_context(device) if isinstance(v, mx.nd.NDArray) else v
-                     for v in inputs]
-            out = self.shard_forward(mx.nd, i, moved, **params)
-            parts.append(_move(out, devices[0]))
-        return self.combine(mx.nd, parts, inputs)
-
-    def prepare(self, F, x):
+    def prepare(self, F, *x):  # pylint: disable=arguments-differ
         if F is mx.sym and self.shards > 1:
             # every shard's group reads the inputs: a variable, through an op of its own
-            return tuple(read_in_own_group(F, v, 'input%d' % j) for j, v in enumerate(x))
-        return x
+            x = tuple(read_in_own_group(F, v, 'input%d' % j) for j, v in enumerate(x))
+        return x if len(x) > 1 else x[0]
 
-    def shard_forward(self, F, i, x, **params):  # pylint: disable=arguments-differ
+    def shard_forward(self, F, i, *x, **params):  # pylint: disable=arguments-differ
         view, kwargs = self._view(F, params, i if self.shards > 1 else None)
         return view.hybrid_forward(F, *x, **kwargs)
 
-    def unsplit_forward(self, F, x, **params):  # pylint: disable=arguments-differ
+    def unsplit_forward(self, F, *x, **params):  # pylint: disable=arguments-differ
         view, kwargs = self._view(F, params, None)
         return view.hybrid_forward(F, *x, **kwargs)
 
-    def combine(self, F, parts, x):
+    def combine(self, F, parts, *x):
         if self.shards == 1:
             return parts[0]
         if self._combine_by == 'sum':
-            y = F.add_n(*parts, name='reduce') if F is mx.sym else F.add_n(*parts)
+            y = reduce_from_shards(F, parts)
             act = self._row[5]
             return y if act is None else F.Activation(y, act_type=act)
         if not isinstance(parts[0], (list, tuple)):
-            return _gather(F, parts, False)
-        outs = [_gather(F, [p[0] for p in parts], False)]
+            return gather_from_shards(F, parts, False)
+        outs = [gather_from_shards(F, [p[0] for p in parts], False)]
         for j in range(1, len(parts[0])):
-            outs.append(F.concat(*[p[j] for p in parts], dim=1))
+            outs.append(gather_from_shards(F, [p[j] for p in parts], axis=1))
         return type(parts[0])(outs) if isinstance(parts[0], tuple) else outs
 
     def __repr__(self):
         return '%s(%s, %d heads, %d shards)' % (type(self).__name__, type(self._user).__name__,
                                                 self.heads, self.shards)
-
-
-def _move(out, device):
-    if isinstance(out, (list, tuple)):
-        return type(out)(_move(o, device) for o in out)
-    return out.as_in_context(device) if isinstance(out, mx.nd.NDArray) else out
 
 
 # -- the block tree -------------------------------------------------------------
@@ -260,14 +276,17 @@ def _walk(block, parent=None, key=None):
 
 
 def _swap(parent, key, old, new):
-    """``parent``'s child ``key`` replaced by ``new`` (Gluon's setattr refuses
-    another type): the registered child and every attribute that held it."""
+    """``parent``'s child ``key`` replaced by ``new``: the registered child,
+    and every attribute that held it set through Gluon's own ``setattr``
+    (which registers the child; the old attribute deleted first, as Gluon
+    refuses to change an attribute's type)."""
     parent._children[key] = new  # pylint: disable=protected-access
-    for attr, value in list(parent.__dict__.items()):
+    for attr, value in list(vars(parent).items()):
         if value is old:
-            parent.__dict__[attr] = new
+            delattr(parent, attr)
+            setattr(parent, attr, new)
         elif isinstance(value, (list, tuple)) and any(v is old for v in value):
-            parent.__dict__[attr] = type(value)(new if v is old else v for v in value)
+            setattr(parent, attr, type(value)(new if v is old else v for v in value))
     parent._clear_cached_op()  # pylint: disable=protected-access
 
 
@@ -615,7 +634,6 @@ class _Pass:
         for writer in writers.values():
             new = PerShard(lambda F, x, b=writer: b(x), units, self.shards,
                            flatten=first._flatten)  # pylint: disable=protected-access
-            new.__dict__['_wrapped'] = writer
             self.swaps.append((writer, new))
             self.taken[id(writer)] = 'per shard (element-wise, between the two layers)'
         return None
@@ -691,34 +709,14 @@ class _Pass:
         columns = {}     # id -> the dense layers and attention blocks sharded in parts
         for block, pattern, kind in kind_of.values():
             where = 'tensor_parallel[%r]' % pattern
+            rule = PLAN_KINDS[kind]
             shared = self._shared(block)
-            if kind != 'replicate' and shared:
+            if rule.layers and shared:
                 raise ValueError('%s: expected a layer whose parameters are its own to shard, '
                                  'found %s sharing %s with %s' % ((where, block.name) + shared))
-            if kind == 'replicate':
-                self.taken[id(block)] = 'whole on the stage\'s first device (replicate)'
-            elif kind == 'vocab':
-                if not isinstance(block, gluon.nn.Embedding):
-                    raise ValueError('%s: expected an Embedding for vocab, found %s (%s)'
-                                     % (where, block.name, type(block).__name__))
-                self._divides(where, block, 0, 'a vocabulary that divides', 'rows')
-                self._vocab(block)
-            elif kind == 'column' and isinstance(block, gluon.nn.Dense):
-                self._divides(where, block, 0, 'units that divide', 'units')
-                columns[id(block)] = block
-            elif kind == 'column':
-                found = self._attention(block)
-                if not isinstance(found, tuple):
-                    raise ValueError('%s: expected a Dense layer or an attention block (query, key '
-                                     'and value, a head count) for column, found %s (%s%s)'
-                                     % (where, block.name, type(block).__name__,
-                                        ': ' + found if found else ''))
-                columns[id(block)] = block
-            elif kind == 'row':
-                if not isinstance(block, gluon.nn.Dense):
-                    raise ValueError('%s: expected a Dense layer for row, found %s (%s)'
-                                     % (where, block.name, type(block).__name__))
-                self._divides(where, block, 1, 'input units that divide', 'input units')
+            self._check_kind(where, rule, block)
+            if rule.take is not None:
+                getattr(self, rule.take)(block, columns)
         inside = set().union(*[_descendants(b) for b in columns.values()
                                if not isinstance(b, gluon.nn.Dense)])
         for block, pattern, kind in kind_of.values():
@@ -749,6 +747,31 @@ class _Pass:
                     gathered = self._per_shard_between(source, members)
                 self._row(block, 'row-parallel (plan)' + (', ' + gathered if gathered else ''))
         self._finish('whole on the stage\'s first device: no pattern names it')
+
+    def _check_kind(self, where, rule, block):
+        """Raises ValueError unless ``rule`` (a :class:`Kind`) takes ``block``:
+        one of its layer types, its weight's axis dividing into the shards
+        (an attention block: one :meth:`_attention` finds)."""
+        if not rule.layers:
+            return
+        if not isinstance(block, tuple(t for t in rule.layers if t != ATTENTION)):
+            found = self._attention(block) if ATTENTION in rule.layers else None
+            if not isinstance(found, tuple):
+                raise ValueError('%s: expected %s, found %s (%s%s)'
+                                 % (where, rule.expected, block.name, type(block).__name__,
+                                    ': ' + found if found else ''))
+            return
+        if rule.axis is not None:
+            self._divides(where, block, rule.axis, rule.divides, rule.unit)
+
+    def _take_column(self, block, columns):
+        columns[id(block)] = block
+
+    def _take_vocab(self, block, columns):  # pylint: disable=unused-argument
+        self._vocab(block)
+
+    def _take_replicate(self, block, columns):  # pylint: disable=unused-argument
+        self.taken[id(block)] = 'whole on the stage\'s first device (replicate)'
 
     def _sharded_source(self, block, columns):
         """``(column layer or attention block, element-wise ops between)`` that

@@ -62,7 +62,8 @@ import mxnet as mx
 
 from .balance import even_split, stage_of_block
 from .checks import MAX_NODES, excerpt, node_count, positive_int  # noqa: F401 (nodes.MAX_NODES)
-from .comm import DONE, Link, LocalTransport, accumulate
+from .comm import (DONE, GLOO, ControlPlane, Link, LocalTransport, Pending, Transport,
+                   accumulate, register_transport)
 from .scoped import discarded_stderr, environ as scoped_environ
 
 __all__ = []
@@ -562,38 +563,36 @@ def _gather(nodes, value, what, node_of_stage=None):
             for k, size in enumerate(sizes)]
 
 
-class Group:
-    """The node processes as :func:`~mp_symbolic.tools.store.commit_across`
-    takes them: ``rank``, ``broadcast`` and ``gather`` of JSON-able values,
-    and ``broadcast_array`` of one numpy array's bytes.
+class Group(ControlPlane):
+    """The :class:`~mp_symbolic.core.comm.ControlPlane` of the node
+    processes, over torch.distributed's gloo group of control messages
+    (made by :func:`~mp_symbolic.core.comm.control`).
 
     Args:
         nodes: This process's :class:`Nodes` (joined: :func:`join`).
         what: What the nodes do together, for the failure's line.
+        node_of_stage: The node of each stage, for the failure's line.
     """
 
     def __init__(self, nodes, what='commit a checkpoint', node_of_stage=None):
         self.nodes, self.what, self.node_of_stage = nodes, what, node_of_stage
         self.rank, self.count = nodes.rank, nodes.count
 
+    def barrier(self):
+        barrier(self.nodes, self.what, self.node_of_stage)
+
     def broadcast(self, value, source):
         return broadcast(self.nodes, value, source, self.what, self.node_of_stage)
 
     def broadcast_array(self, value, source, shape, dtype):
-        """See :func:`broadcast_array`."""
         return broadcast_array(self.nodes, value, source, shape, dtype, self.what,
                                self.node_of_stage)
 
     def gather(self, value):
-        """Every node's ``value``, in rank order, on every node (each as
-        :func:`decode` gives it).
-
-        Raises:
-            NodeError: ``value`` is not JSON-able or too long.
-            NodeFailure: a node died or stopped answering, or sent a
-                message that is not one.
-        """
         return _gather(self.nodes, value, self.what, self.node_of_stage)
+
+    def agree(self, facts):
+        agree(self.nodes, facts, self.node_of_stage)
 
 
 # numpy dtypes a message may carry, by numpy's name of them
@@ -770,7 +769,7 @@ def _empty_like(dest):
     return torch().empty(dest.shape, dtype=_torch_dtype(dest.dtype), device=device)
 
 
-class _Received:
+class _Received(Pending):
     """Receives in flight from other nodes, landing in their arrays on :meth:`wait`."""
 
     def __init__(self, transport, items, forward):
@@ -795,9 +794,10 @@ class _Received:
         self.transport.stats['receive_wait_s'] += time.perf_counter() - start
 
 
-class TorchTransport:
-    """The boundary tensors of one replica's stages when other node
-    processes run some of them: links within this node as
+class TorchTransport(Transport):
+    """The transport ``'gloo'`` (:class:`~mp_symbolic.core.comm.Transport`):
+    the boundary tensors of one replica's stages when other node processes
+    run some of them: links within this node as
     :class:`~mp_symbolic.core.comm.LocalTransport` carries them, links to
     another node through torch.distributed's ``isend``/``irecv``, one tag
     per link, direction and micro-batch.
@@ -811,6 +811,8 @@ class TorchTransport:
         replica: The replica these stages belong to (its own tags).
     """
 
+    between_nodes = True
+
     def __init__(self, nodes, node_of_stage, links, microbatches, replica=0):
         self.nodes, self.node_of_stage = nodes, tuple(node_of_stage)
         self.microbatches = microbatches
@@ -823,6 +825,11 @@ class TorchTransport:
         self._base = replica * len(links)
         self._outputs_base = OUTPUT_TAG + replica * MAX_OUTPUTS
         self._sent = []
+
+    @classmethod
+    def for_route(cls, route):
+        return cls(route.nodes, route.node_of_stage, route.links, route.microbatches,
+                   route.replica)
 
     def _remote(self, stage):
         return self.node_of_stage[stage] != self.nodes.rank
@@ -905,10 +912,8 @@ class TorchTransport:
         return self._outputs_base + k
 
     def send_outputs(self, stage, values):
-        """Sends the network's outputs ``values`` (``[(k, NDArray)]``: output
-        ``k``, the batch's micro-batches joined) that ``stage``, run here,
-        computed, to every other node, which posted their receives
-        (:meth:`recv_outputs`) at the batch's start."""
+        """Sends the network's outputs ``values`` to every other node, which
+        posted their receives (:meth:`recv_outputs`) at the batch's start."""
         dist = torch('distributed')
         for k, value in values:
             tensor = to_torch(value)
@@ -921,9 +926,6 @@ class TorchTransport:
                 self._sent.append((work, tensor, self.node_of_stage.index(node)))
 
     def recv_outputs(self, stage, dests):
-        """Posts the receives of the network's outputs ``dests`` (``[(k,
-        NDArray)]``) that ``stage``, run on another node, computes; returns
-        the pending receive (wait it before reading them)."""
         dist = torch('distributed')
         items = []
         for k, dest in dests:
@@ -941,3 +943,6 @@ class TorchTransport:
         sent, self._sent = self._sent, []
         for work, _, peer in sent:
             self.wait(work, peer)
+
+
+register_transport(GLOO, TorchTransport)

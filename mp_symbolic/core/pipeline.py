@@ -38,7 +38,7 @@ This module is the Gluon block and the entry point: the plan is one frozen
 import mxnet as mx
 from mxnet import gluon
 
-from . import autotp, graph, initial, nesting, passes, tensor_parallel, twin
+from . import autotp, comm, graph, initial, nesting, passes, tensor_parallel, twin
 from .checks import excerpt
 from .compat import initialized, symbol_safe
 from .heads import make_head
@@ -183,6 +183,11 @@ class Pipeline(gluon.Block):
             are MXNet's own update. :meth:`training_symbol` is the graph
             of the default rule; the imperative twin refuses to train with
             ``'deferred'`` and several chunks.
+        transport: The name of the transport that carries the boundary
+            tensors on the stage runtime (:mod:`~mp_symbolic.core.comm`):
+            ``None`` for ``'local'`` in one process and ``'gloo'`` over
+            nodes, or a name given to
+            :func:`~mp_symbolic.core.comm.register_transport`.
 
     Attributes:
         blocks: The blocks, in order.
@@ -192,6 +197,7 @@ class Pipeline(gluon.Block):
         balance: Blocks per stage (ops per stage for a whole network).
         chunks, replicas, schedule, virtual, batchnorm: As given (``virtual``
             1 but under ``'interleaved'``).
+        transport: The transport's name (``'local'``, ``'gloo'`` or as given).
         whole: Whether one whole network was cut (then ``cut`` is its
             :class:`~mp_symbolic.core.graphcut.Cut`).
         tied: ``{parameter name: (owning stage, stages that read it)}``.
@@ -220,14 +226,17 @@ class Pipeline(gluon.Block):
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
             and the shard count named); ``batch_axis`` not a non-negative
             integer; ``batchnorm`` not one of
-            :data:`~mp_symbolic.core.batchnorm.MODES`.
+            :data:`~mp_symbolic.core.batchnorm.MODES`; ``transport`` not
+            a registered name, one within a process with nodes, or other
+            than ``'local'`` on MXNet's one graph (``schedule='gpipe'`` in
+            one process).
     """
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
                  virtual=None, nodes=None, node_timeout=None, batch_axis=0,
-                 batchnorm=batchnorms.DEFAULT):
+                 batchnorm=batchnorms.DEFAULT, transport=None):
         super().__init__(prefix='pipeline_')
         self.batchnorm = batchnorms.check_mode(batchnorm)
         self.virtual = schedules.check_spec(schedule, virtual)
@@ -241,6 +250,11 @@ class Pipeline(gluon.Block):
                     "time the network on its own and cut it its own way), found %r; time it "
                     "in one process (Pipeline(..., balance='time').balance) and give that"
                     % balance)
+        self.transport = comm.check_transport(transport, self.nodes)
+        if self.transport != comm.LOCAL and schedules.one_graph(schedule, self.nodes):
+            raise ValueError('transport: expected %r under schedule=%r in one process (MXNet\'s '
+                             'one graph copies between the devices itself), found %r'
+                             % (comm.LOCAL, schedule, self.transport))
         # One HybridBlock (not a HybridSequential) is split by a graph cut.
         whole = isinstance(blocks, gluon.HybridBlock) and \
             not isinstance(blocks, gluon.nn.HybridSequential)
@@ -266,7 +280,8 @@ class Pipeline(gluon.Block):
             node_processes.join(self.nodes, gpus=any(
                 d.device_type == 'gpu' for s in self.local_stages
                 for devices in self.plan.stage_devices for d in devices[s]))
-            node_processes.agree(self.nodes, self._plan_facts(), self.plan.node_of_stage)
+            comm.control(self.nodes, 'compare their plans',
+                         self.plan.node_of_stage).agree(self._plan_facts())
 
     def _plan_facts(self):
         """What every node must have alike to run one pipeline."""
@@ -274,7 +289,7 @@ class Pipeline(gluon.Block):
         return {'devices per replica': self.devices_per_replica, 'replicas': self.replicas,
                 'balance': list(self.balance), 'chunks': self.chunks,
                 'schedule': self.run_schedule().name, 'virtual': self.virtual,
-                'batchnorm': self.batchnorm,
+                'batchnorm': self.batchnorm, 'transport': self.transport,
                 'inputs': list(self.input_names), 'stages': self.stage_names,
                 'parameters': [[n, list(p.shape or ())] for n, p in params.items()]}
 

@@ -16,12 +16,12 @@ from collections import OrderedDict
 
 import mxnet as mx
 
+from .comm import Route, open_transport
 from .compat import split_bind
 from .device_module import DeviceModule
 from .layouts import batch_axis_of, batch_descs, layout_of, output_batch_axes
 from .module import PipelineModule, shape_pair
 from . import schedule as schedules
-from .nodes import TorchTransport
 from .passes import cut
 from .stages import StageRuntime, boundary_specs, links, variable_specs
 
@@ -155,9 +155,8 @@ class StagedModule(PipelineModule):
         every = links(self._stages)
 
         def transport(replica):
-            if nodes is None:
-                return None  # the runtime's own, in this process
-            return TorchTransport(nodes, plan.node_of_stage, every, chunks, replica)
+            return open_transport(pipe.transport, Route(
+                nodes, tuple(plan.node_of_stage), tuple(every), chunks, replica))
 
         runtimes = [
             StageRuntime(self._stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict,

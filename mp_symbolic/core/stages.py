@@ -44,7 +44,7 @@ micro-batch forward or backward:
 import mxnet as mx
 
 from .batchnorm import deferred_graph, update
-from .comm import DONE, Link, LocalTransport
+from .comm import DONE, LOCAL, Link, open_transport
 from .compat import lengths_outside_gradient, split_bind
 from .names import TIED_SUFFIX, is_tied, parse_group, stage_name
 from .schedule import Action, in_flight, issue_order
@@ -133,8 +133,8 @@ class StageRuntime:
         specs: :func:`variable_specs` of the graph the stages were cut from.
         boundary: Its :func:`boundary_specs`, where the caller made them already.
         local: The stages this runtime binds and runs (default: every stage).
-        transport: Carries the boundary tensors (default: a
-            :class:`~mp_symbolic.core.comm.LocalTransport`).
+        transport: The :class:`~mp_symbolic.core.comm.Transport` that
+            carries the boundary tensors (default: ``'local'``'s).
         axes: ``{data or label name: its batch axis}``, where the
             micro-batches split it (default: axis 0).
         output_axes: The batch axis of each output of the graph the stages
@@ -151,7 +151,7 @@ class StageRuntime:
                  axes=None, output_axes=None, batchnorm=None):
         self.stages, self.schedule = stages, schedule
         self.local = tuple(range(len(stages)) if local is None else local)
-        self.transport = LocalTransport() if transport is None else transport
+        self.transport = open_transport(LOCAL, None) if transport is None else transport
         self.order = [a for a in issue_order(schedule) if a.stage in self.local]
         self.for_training = for_training
         self.microbatches = schedule.microbatches

@@ -54,14 +54,12 @@ import numpy as np
 
 from .balance import even_split
 from .checks import is_int, positive_int
-from .comm import copy_to_shards, gather_from_shards, reduce_from_shards
+from .comm import copy_to_shards, gather_from_shards, parts_behind, reduce_from_shards
 from .compat import ids_outside_gradient
 from .names import SHARD_ATTR, layer_call, shard_mark
 
 __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'ShardedBlock',
            'VocabParallelEmbedding']
-
-_GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
 
 
 class _Trace:
@@ -168,12 +166,17 @@ class ShardedBlock(gluon.HybridBlock):
     * :meth:`shard_forward` ``(F, i, x, **params)``: shard ``i``'s part, from
       its parameters (by key) and the input; it runs on shard ``i``'s device;
     * :meth:`combine` ``(F, parts, x)``: the layer's output from the parts,
-      on shard 0's device (a ``concat``, a sum);
+      on shard 0's device (:mod:`~mp_symbolic.core.comm`'s
+      ``gather_from_shards``, ``reduce_from_shards``);
     * :meth:`unsplit_forward` ``(F, x, **params)``: the same layer unsplit,
       from the whole parameters: what checkpoints hold and export writes, so
       a model trained on any number of shards resumes on any other;
     * optionally :meth:`prepare` ``(F, x)``: the input as every shard reads
       it (default: ``x`` itself; MXNet copies it to each shard's device).
+
+    A layer of several inputs (``layer(x, y)``) takes them in that order in
+    each of the four, after ``F`` (and ``i``, ``parts``): ``x, y``; its
+    :meth:`prepare` returns them as a tuple.
 
     The Pipeline places each shard's ops and parameters in its own
     ``ctx_group`` (shard ``i`` on the stage's device ``i``), sums the
@@ -252,9 +255,10 @@ class ShardedBlock(gluon.HybridBlock):
 
     # -- the graph, the same code for Symbols and NDArrays --------------------
 
-    def prepare(self, F, x):
-        """``x`` as every shard reads it (in shard 0's group)."""
-        return x
+    def prepare(self, F, x, *more):
+        """The inputs as every shard reads them (in shard 0's group): one
+        input, or a tuple of several."""
+        return (x,) + more if more else x
 
     def shard_forward(self, F, i, x, **params):
         """Shard ``i``'s part of the output, from its ``params`` (by the keys
@@ -274,12 +278,20 @@ class ShardedBlock(gluon.HybridBlock):
 
     _trace = None  # the trace under way (mark_shards), while one is
 
-    def forward(self, x):  # pylint: disable=arguments-differ
+    def forward(self, x, *more):  # pylint: disable=arguments-differ
+        """The layer's output for the inputs ``x, *more``: Symbols (its graph,
+        each shard's ops in the shard's group) or NDArrays (each shard on
+        its device, the parts combined on shard 0's)."""
+        inputs = (x,) + more
         if isinstance(x, mx.sym.Symbol):
-            return self._symbolic(x)
-        return self._imperative(x)
+            return self._symbolic(inputs)
+        return self._imperative(inputs)
 
-    def _symbolic(self, x):
+    def _prepared(self, F, inputs):
+        x = self.prepare(F, *inputs)
+        return tuple(x) if len(inputs) > 1 else (x,)
+
+    def _symbolic(self, inputs):
         F = mx.sym
         trace = self._trace
         call = _next_call(trace, self.name)
@@ -295,21 +307,21 @@ class ShardedBlock(gluon.HybridBlock):
                                 name, shape=param.shape if full is None else full.shape,
                                 dtype=param.dtype)
                         variables[key] = trace.variables[name]
-                    return self.unsplit_forward(F, x, **variables)
+                    return self.unsplit_forward(F, *inputs, **variables)
             if call is None or self.shards == 1:
                 scopes = [nullcontext] * self.shards
             else:
                 scopes = [lambda i=i: mx.AttrScope(**{SHARD_ATTR: shard_mark(i, self.shards, call)})
                           for i in range(self.shards)]
             with scopes[0]():
-                x = self.prepare(F, x)
+                xs = self._prepared(F, inputs)
             parts = []
             for i in range(self.shards):
                 with scopes[i]():
                     params = {k: p.var() for k, p in self.shard_params[i].items()}
-                    parts.append(self.shard_forward(F, i, x, **params))
+                    parts.append(self.shard_forward(F, i, *xs, **params))
             with scopes[0]():
-                return self.combine(F, parts, x)
+                return self.combine(F, parts, *xs)
 
     def shard_devices(self, x):
         """The device of each shard for the input ``x`` (an NDArray): those
@@ -322,16 +334,23 @@ class ShardedBlock(gluon.HybridBlock):
         return [next(iter(p.values())).list_ctx()[replica] if p else x.context
                 for p in self.shard_params]
 
-    def _imperative(self, x):
+    def _imperative(self, inputs):
         F = mx.nd
-        devices = self.shard_devices(x)
-        x = self.prepare(F, x)
+        devices = self.shard_devices(inputs[0])
+        xs = self._prepared(F, inputs)
         parts = []
         for i, device in enumerate(devices):
             params = {k: p.data(device) for k, p in self.shard_params[i].items()}
-            parts.append(self.shard_forward(F, i, x.as_in_context(device), **params)
-                         .as_in_context(devices[0]))
-        return self.combine(F, parts, x)
+            moved = [v.as_in_context(device) if isinstance(v, mx.nd.NDArray) else v for v in xs]
+            parts.append(_moved(self.shard_forward(F, i, *moved, **params), devices[0]))
+        return self.combine(F, parts, *xs)
+
+
+def _moved(out, device):
+    """``out`` (an NDArray, or a list or tuple of them) on ``device``."""
+    if isinstance(out, (list, tuple)):
+        return type(out)(_moved(o, device) for o in out)
+    return out.as_in_context(device) if isinstance(out, mx.nd.NDArray) else out
 
 
 class ColumnParallelDense(ShardedBlock):
@@ -380,7 +399,7 @@ class ColumnParallelDense(ShardedBlock):
                            'fwd' if self.shards == 1 else 'shard%d_fwd' % i)
 
     def combine(self, F, parts, x):
-        return _gather(F, parts, self._flatten)
+        return gather_from_shards(F, parts, self._flatten)
 
     def unsplit_forward(self, F, x, weight, bias=None):
         return self._dense(F, x, weight, bias, self._units, 'fwd')
@@ -389,26 +408,6 @@ class ColumnParallelDense(ShardedBlock):
         return '%s(%d -> %d, %d shards%s)' % (
             type(self).__name__, self._in_units, self._units, self.shards,
             ', ' + self._act if self._act else '')
-
-
-def _column_parts(x, shards, flatten):
-    """The shard outputs behind a column layer's (or :class:`PerShard`'s)
-    gather that a layer of ``shards`` shards can read directly, or ``None``."""
-    if not isinstance(x, mx.sym.Symbol) or shards == 1:
-        return None
-    mark = x.attr(_GATHER_ATTR)
-    if mark is None:
-        return None
-    count, flat = (int(v) for v in mark.split(':'))
-    children = x.get_children()
-    if count != shards or (flatten and not flat) or len(children) != shards:
-        return None
-    return [children[i] for i in range(shards)]
-
-
-def _gather(F, parts, flatten):
-    """Shard outputs joined along the last axis, marked for a following layer."""
-    return gather_from_shards(F, parts, {_GATHER_ATTR: '%d:%d' % (len(parts), flatten)})
 
 
 class PerShard(ShardedBlock):
@@ -457,15 +456,8 @@ class PerShard(ShardedBlock):
         self.sizes = even_split(units, shards)
         self._starts = np.cumsum([0] + self.sizes).tolist()
 
-    def forward(self, x, *more):  # pylint: disable=arguments-differ
-        inputs = (x,) + more
-        if isinstance(x, mx.sym.Symbol):
-            return self._symbolic(inputs)
-        return self.combine(mx.nd, [self.shard_forward(mx.nd, i, inputs)
-                                     for i in range(self.shards)], inputs)
-
     def _part(self, F, i, x, j):
-        parts = _column_parts(x, self.shards, False)
+        parts = parts_behind(x, self.shards, False)
         if parts is not None:
             return parts[i]
         if self.shards == 1:
@@ -473,13 +465,13 @@ class PerShard(ShardedBlock):
         return F.slice_axis(x, axis=-1, begin=self._starts[i], end=self._starts[i + 1],
                             name='shard%d_slice%d' % (i, j) if j else 'shard%d_slice' % i)
 
-    def shard_forward(self, F, i, x):
+    def shard_forward(self, F, i, *x):  # pylint: disable=arguments-differ
         return self._fn(F, *(self._part(F, i, v, j) for j, v in enumerate(x)))
 
-    def combine(self, F, parts, x):
-        return _gather(F, parts, self._flatten)
+    def combine(self, F, parts, *x):
+        return gather_from_shards(F, parts, self._flatten)
 
-    def unsplit_forward(self, F, x):
+    def unsplit_forward(self, F, *x):  # pylint: disable=arguments-differ
         return self._fn(F, *x)
 
     def __repr__(self):
@@ -529,7 +521,7 @@ class RowParallelDense(ShardedBlock):
 
     def shard_forward(self, F, i, x, weight, bias=None):
         if self.shards > 1:
-            parts = _column_parts(x, self.shards, self._flatten)
+            parts = parts_behind(x, self.shards, self._flatten)
             if parts is not None:
                 x = parts[i]
             else:

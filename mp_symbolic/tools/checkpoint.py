@@ -602,7 +602,7 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
         summary: JSON-able dict written as ``summary.json``.
         complete: Whether this is the run's final checkpoint.
         group: The node processes of one pipeline
-            (:class:`~mp_symbolic.core.nodes.Group`), each holding its
+            (:class:`~mp_symbolic.core.comm.ControlPlane`), each holding its
             stages' parameters and states (``arg_params``, ``aux_params``,
             ``states``: this node's; values may be functions making each
             array when called, see :func:`save_part`): every node writes its
@@ -928,8 +928,8 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
              'parameters': list(arg_params) + list(aux_params)}
     facts.update(summary or {})
     if pipe.nodes is not None:  # every node calls this: node 0 commits every node's part
-        from ..core.nodes import Group
-        group = Group(pipe.nodes, node_of_stage=pipe.plan.node_of_stage)
+        from ..core.comm import control  # pylint: disable=import-outside-toplevel
+        group = control(pipe.nodes, node_of_stage=pipe.plan.node_of_stage)
         facts['parameters'] = [n for names in group.gather(facts['parameters']) for n in names]
         if group.rank != 0:
             return commit_checkpoint(None, name, epoch, symbol, arg_params, aux_params, states,

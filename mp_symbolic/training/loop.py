@@ -24,7 +24,8 @@ from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
 from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
     split_states
-from ..core.nodes import Group, agree, from_environment
+from ..core.comm import control
+from ..core.nodes import from_environment
 from ..core.pipeline import Pipeline
 from ..core.schedule import DEFAULT, VIRTUAL, one_graph
 from ..core.devices import format_device, make_plan
@@ -89,7 +90,8 @@ def build_pipeline(cfg, task):
         raise TaskError('train: expected examples the blocks can take, found examples of '
                         'shape %s: %s' % (shown, rest)) from None
     if pipe.nodes is not None:  # the nodes agree on the plan; now on the run, before any step
-        agree(pipe.nodes, cfg.node_facts(), pipe.plan.node_of_stage)
+        control(pipe.nodes, 'compare their plans', pipe.plan.node_of_stage).agree(
+            cfg.node_facts())
     _check_labels(pipe, task, cfg.batch_size)
     return pipe, note
 
@@ -382,7 +384,7 @@ class _Checkpointer:
         self.store, self.cfg, self.task, self.pipe, self.stepper = store, cfg, task, pipe, stepper
         # over nodes, every node writes its stages' part (node 0 holds the store)
         self.group = None if pipe.nodes is None else \
-            Group(pipe.nodes, node_of_stage=pipe.plan.node_of_stage)
+            control(pipe.nodes, node_of_stage=pipe.plan.node_of_stage)
         self.log = log
         self.epoch_losses = list(epoch_losses)
         # a checkpoint holds the model, not its shards
@@ -592,7 +594,8 @@ def train(cfg, log=print, built=None, task=None):
             if changes:
                 log("resume: plan changed from the checkpoint's: %s" % '; '.join(changes))
         if pipe.nodes is not None:  # each node read its own --resume (or none)
-            agree(pipe.nodes, {'--resume epoch': start_epoch}, pipe.plan.node_of_stage)
+            control(pipe.nodes, 'compare their plans', pipe.plan.node_of_stage).agree(
+                {'--resume epoch': start_epoch})
         log('placement (as MXNet reports it):')
         for line in placement_table(stepper.placement()):
             log('  ' + line)

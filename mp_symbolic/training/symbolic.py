@@ -25,7 +25,7 @@ from ..core.updater import PerDeviceUpdater
 from ..core.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.task import as_inputs
 from ..core.compat import split_bind
-from ..core.nodes import Group
+from ..core.comm import control
 
 __all__ = []
 
@@ -131,7 +131,7 @@ class _SymbolicStepper:
 class NodeArrays(Mapping):
     """Every node's arrays by name, one mapping on every node that holds
     none of another node's: a value is read when asked for, from the node
-    that holds it, as one array (:meth:`~mp_symbolic.core.nodes.Group.broadcast_array`),
+    that holds it, as one array (:meth:`~mp_symbolic.core.comm.ControlPlane.broadcast_array`),
     and not kept. A node so holds its own arrays and at most the one it reads.
 
     Reading a value is a step every node takes together: every node reads
@@ -141,7 +141,7 @@ class NodeArrays(Mapping):
     ``len``, ``in`` and iteration (the nodes' names in rank order) ask no node.
 
     Args:
-        group: The nodes' :class:`~mp_symbolic.core.nodes.Group`.
+        group: The nodes' :class:`~mp_symbolic.core.comm.ControlPlane`.
         arrays: This node's arrays, name -> NDArray; a name several nodes
             hold (replicas alike) is read from the first.
 
@@ -215,8 +215,8 @@ class ModuleStepper(_SymbolicStepper):
         self._execs = self.module.executors
         self._local = local
         nodes = pipe.nodes
-        self._group = None if nodes is None else Group(nodes, 'share the losses',
-                                                        self.plan.node_of_stage)
+        self._group = None if nodes is None else control(nodes, 'share the losses',
+                                                          self.plan.node_of_stage)
         self._holds_head = nodes is None or nodes.rank == self.plan.node_of_stage[-1]
 
     def _inputs(self):
@@ -264,7 +264,7 @@ class ModuleStepper(_SymbolicStepper):
         :class:`NodeArrays` (each value read from its node when asked for)."""
         if self._group is None:
             return OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
-        return NodeArrays(Group(self.pipe.nodes, 'read the parameters', self.plan.node_of_stage),
+        return NodeArrays(control(self.pipe.nodes, 'read the parameters', self.plan.node_of_stage),
                           arrays)
 
     def params(self):
