@@ -194,32 +194,43 @@ def _unbulked():
             os.environ['MXNET_EXEC_BULK_EXEC_TRAIN'] = before
 
 
-def top_ops(steps, num_steps=10, warmup=3):
-    """MXNet's profiler over ``num_steps`` training steps of ``steps`` (a
-    :class:`_Steps`, bound unbulked for a time per op): ``[(op, ms a step,
-    share of the op time, calls a step)]``, largest first. Each op's time
-    includes MXNet's dispatch of it, which bulked segments share."""
-    steps.run(warmup)
+def top_ops(variants, num_steps=10, rounds=3, warmup=3):
+    """MXNet's profiler over ``rounds`` x ``num_steps`` training steps of each
+    of ``variants`` (``{name: _Steps}``, bound unbulked for a time per op),
+    the variants taking turns in each round so that the machine's load
+    touches all alike: ``{name: [(op, ms a step, share of the op time, calls
+    a step)]}``, largest first. Each op's time includes MXNet's dispatch of
+    it, which bulked segments share."""
+    for steps in variants.values():
+        steps.run(warmup)
     mx.nd.waitall()
+    totals = {name: {} for name in variants}
     with tempfile.TemporaryDirectory() as folder:
         mx.profiler.set_config(profile_symbolic=True, profile_imperative=True,
                                aggregate_stats=True,
                                filename=os.path.join(folder, 'profile.json'))
-        mx.profiler.set_state('run')
-        steps.run(num_steps)
-        mx.nd.waitall()
-        mx.profiler.set_state('stop')
-        ops = json.loads(mx.profiler.dumps(reset=True, format='json'))['Time']['operator']
-    total = sum(row['Total'] for row in ops.values())
-    return sorted(((name, row['Total'] / num_steps, row['Total'] / total,
-                    row['Count'] / num_steps) for name, row in ops.items()),
-                  key=lambda row: -row[1])
+        for _ in range(rounds):
+            for name, steps in variants.items():
+                mx.profiler.set_state('run')
+                steps.run(num_steps)
+                mx.nd.waitall()
+                mx.profiler.set_state('stop')
+                ops = json.loads(mx.profiler.dumps(reset=True, format='json'))
+                for op, row in ops['Time']['operator'].items():
+                    ms, count = totals[name].get(op, (0.0, 0))
+                    totals[name][op] = (ms + row['Total'], count + row['Count'])
+    result = {}
+    for name, ops in totals.items():
+        total, steps = sum(ms for ms, _ in ops.values()), rounds * num_steps
+        result[name] = sorted(((op, ms / steps, ms / total, count / steps)
+                               for op, (ms, count) in ops.items()), key=lambda row: -row[1])
+    return result
 
 
 def _log_top_ops(tops, count, log):
     names = list(tops)
     log("MXNet's profiler, one op per engine operation (MXNET_EXEC_BULK_EXEC_TRAIN=0), "
-        'the top %d ops of each graph:' % count)
+        'alternated rounds, the top %d ops of each graph:' % count)
     rows = [['']]
     for name in names:
         rows[0] += [name + ' op', 'ms/step', 'share', 'calls']
@@ -280,7 +291,7 @@ def against(path, num_hiddens=64, batch_size=16, steps=10, repeats=15, warmup=5,
     if profile > 0:
         with _unbulked():
             unbulked = {name: steps_of(module) for name, module in modules}
-        result['top_ops'] = {name: top_ops(variant, steps) for name, variant in unbulked.items()}
+        result['top_ops'] = top_ops(unbulked, steps)
         _log_top_ops(result['top_ops'], profile, log)
     return result
 
