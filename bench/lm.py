@@ -18,6 +18,11 @@ N = 1, 2, 4, all in one process:
   token (:func:`model_flops_per_token`) times tokens/s, over the FLOP/s of a
   1024^3 float32 matrix product timed in the same rounds (:class:`Gemm`).
 
+``--against GPT_PY`` instead times the one-device step of this GPT beside
+another ``gpt.py``'s in alternated rounds (:func:`against`), and with
+``--profile N`` prints MXNet's profiler's top N ops of both
+(:func:`top_ops`).
+
 Random token ids stand in for the corpus (the step's cost does not depend on
 which characters they are). On this machine the "devices" are ``cpu(i)``
 stand-ins that share its cores: the memory figures are what a GPU would hold,
@@ -28,7 +33,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import tempfile
 
 import mxnet as mx
 import numpy as np
@@ -205,24 +209,23 @@ def top_ops(variants, num_steps=10, rounds=3, warmup=3):
         steps.run(warmup)
     mx.nd.waitall()
     totals = {name: {} for name in variants}
-    with tempfile.TemporaryDirectory() as folder:
-        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True,
-                               aggregate_stats=True,
-                               filename=os.path.join(folder, 'profile.json'))
-        for _ in range(rounds):
-            for name, steps in variants.items():
-                mx.profiler.set_state('run')
-                steps.run(num_steps)
-                mx.nd.waitall()
-                mx.profiler.set_state('stop')
-                ops = json.loads(mx.profiler.dumps(reset=True, format='json'))
-                for op, row in ops['Time']['operator'].items():
-                    ms, count = totals[name].get(op, (0.0, 0))
-                    totals[name][op] = (ms + row['Total'], count + row['Count'])
+    # the aggregate table only: MXNet dumps a trace when the process ends, sent nowhere
+    mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, aggregate_stats=True,
+                           filename=os.devnull)
+    for _ in range(rounds):
+        for name, steps in variants.items():
+            mx.profiler.set_state('run')
+            steps.run(num_steps)
+            mx.nd.waitall()
+            mx.profiler.set_state('stop')
+            ops = json.loads(mx.profiler.dumps(reset=True, format='json'))
+            for op, row in ops['Time']['operator'].items():
+                ms, count = totals[name].get(op, (0.0, 0))
+                totals[name][op] = (ms + row['Total'], count + row['Count'])
     result = {}
     for name, ops in totals.items():
-        total, steps = sum(ms for ms, _ in ops.values()), rounds * num_steps
-        result[name] = sorted(((op, ms / steps, ms / total, count / steps)
+        total, timed = sum(ms for ms, _ in ops.values()), rounds * num_steps
+        result[name] = sorted(((op, ms / timed, ms / total, count / timed)
                                for op, (ms, count) in ops.items()), key=lambda row: -row[1])
     return result
 
