@@ -18,13 +18,20 @@ N = 1, 2, 4, all in one process:
   token (:func:`model_flops_per_token`) times tokens/s, over the FLOP/s of a
   1024^3 float32 matrix product timed in the same rounds (:class:`Gemm`).
 
+``--against GPT_PY`` instead times the one-device step of this GPT beside
+another ``gpt.py``'s in alternated rounds (:func:`against`), and with
+``--profile N`` prints MXNet's profiler's top N ops of both
+(:func:`top_ops`).
+
 Random token ids stand in for the corpus (the step's cost does not depend on
 which characters they are). On this machine the "devices" are ``cpu(i)``
 stand-ins that share its cores: the memory figures are what a GPU would hold,
 the step-time ratios the cost of the split; see docs/lm.md.
 """
 import argparse
+import contextlib
 import importlib.util
+import json
 import os
 
 import mxnet as mx
@@ -176,27 +183,107 @@ def run(shard_counts=(1, 2, 4), num_layers=2, num_heads=4, num_hiddens=256, bloc
     return report
 
 
-def against(path, num_hiddens=64, batch_size=16, steps=10, repeats=15, warmup=5, log=print):
+@contextlib.contextmanager
+def _unbulked():
+    """MXNet binds one engine operation per op (``MXNET_EXEC_BULK_EXEC_TRAIN=0``)
+    inside, so that its profiler times each op by name, not segments of them."""
+    before = os.environ.get('MXNET_EXEC_BULK_EXEC_TRAIN')
+    os.environ['MXNET_EXEC_BULK_EXEC_TRAIN'] = '0'
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ['MXNET_EXEC_BULK_EXEC_TRAIN']
+        else:
+            os.environ['MXNET_EXEC_BULK_EXEC_TRAIN'] = before
+
+
+def top_ops(variants, num_steps=10, rounds=3, warmup=3):
+    """MXNet's profiler over ``rounds`` x ``num_steps`` training steps of each
+    of ``variants`` (``{name: _Steps}``, bound unbulked for a time per op),
+    the variants taking turns in each round so that the machine's load
+    touches all alike: ``{name: [(op, ms a step, share of the op time, calls
+    a step)]}``, largest first. Each op's time includes MXNet's dispatch of
+    it, which bulked segments share."""
+    for steps in variants.values():
+        steps.run(warmup)
+    mx.nd.waitall()
+    totals = {name: {} for name in variants}
+    # the aggregate table only: MXNet dumps a trace when the process ends, sent nowhere
+    mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, aggregate_stats=True,
+                           filename=os.devnull)
+    for _ in range(rounds):
+        for name, steps in variants.items():
+            mx.profiler.set_state('run')
+            steps.run(num_steps)
+            mx.nd.waitall()
+            mx.profiler.set_state('stop')
+            ops = json.loads(mx.profiler.dumps(reset=True, format='json'))
+            for op, row in ops['Time']['operator'].items():
+                ms, count = totals[name].get(op, (0.0, 0))
+                totals[name][op] = (ms + row['Total'], count + row['Count'])
+    result = {}
+    for name, ops in totals.items():
+        total, timed = sum(ms for ms, _ in ops.values()), rounds * num_steps
+        result[name] = sorted(((op, ms / timed, ms / total, count / timed)
+                               for op, (ms, count) in ops.items()), key=lambda row: -row[1])
+    return result
+
+
+def _log_top_ops(tops, count, log):
+    names = list(tops)
+    log("MXNet's profiler, one op per engine operation (MXNET_EXEC_BULK_EXEC_TRAIN=0), "
+        'alternated rounds, the top %d ops of each graph:' % count)
+    rows = [['']]
+    for name in names:
+        rows[0] += [name + ' op', 'ms/step', 'share', 'calls']
+    for i in range(count):
+        rows.append([str(i + 1)])
+        for name in names:
+            if i < len(tops[name]):
+                op, ms, share, calls = tops[name][i]
+                rows[-1] += [op, '%.2f' % ms, '%.1f%%' % (100 * share), '%g' % calls]
+            else:
+                rows[-1] += ['', '', '', '']
+    rows.append(['all'])
+    for name in names:
+        rows[-1] += ['', '%.2f' % sum(row[1] for row in tops[name]), '100%',
+                     '%g' % sum(row[3] for row in tops[name])]
+    for line in columns(rows):
+        log('  ' + line)
+
+
+def _gpt_module(path):
+    spec = importlib.util.spec_from_file_location('other_gpt', path)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    return other
+
+
+def against(path, num_hiddens=64, batch_size=16, steps=10, repeats=15, warmup=5, profile=0,
+            log=print):
     """The one-device training step of this GPT beside the GPT of another
     ``gpt.py`` (``path``, e.g. an earlier commit's checkout), alternated in one
     process (:func:`bench.measure.throughput`'s rounds) on the same batch;
     logs and returns ``{'this', 'other', 'speedup'}`` (median samples/s, and
-    this one's over the other's).
+    this one's over the other's), with ``'top_ops'``: ``{'this', 'other'}``
+    of :func:`top_ops` where ``profile`` (the number of ops to log) is
+    positive.
 
     Raises:
         FileNotFoundError: ``path`` is not a file.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError('--against: expected a gpt.py file, found %r' % path)
-    spec = importlib.util.spec_from_file_location('other_gpt', path)
-    other = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(other)
-    variants = {}
-    for name, module in (('this', gpt), ('other', other)):
+    modules = (('this', gpt), ('other', _gpt_module(path)))
+
+    def steps_of(module):
         cfg = module.GPTConfig(vocab_size=VOCAB_SIZE, block_size=64, num_layers=2, num_heads=4,
                                num_hiddens=num_hiddens)
-        variants[name] = _Steps(Pipeline(module.build_blocks(cfg), 'cpu:0', sample=(1, 64)),
-                                cfg, batch_size)
+        return _Steps(Pipeline(module.build_blocks(cfg), 'cpu:0', sample=(1, 64)),
+                      cfg, batch_size)
+
+    variants = {name: steps_of(module) for name, module in modules}
     rates = throughput(variants, batch_size, steps, repeats, warmup)
     result = {name: rate for name, (rate, _) in rates.items()}
     result['speedup'] = result['this'] / result['other']
@@ -204,6 +291,11 @@ def against(path, num_hiddens=64, batch_size=16, steps=10, repeats=15, warmup=5,
         'steps): this gpt.py %.1f samples/s, %s %.1f samples/s: %.2f times faster'
         % (num_hiddens, batch_size, repeats, steps, result['this'], path, result['other'],
            result['speedup']))
+    if profile > 0:
+        with _unbulked():
+            unbulked = {name: steps_of(module) for name, module in modules}
+        result['top_ops'] = top_ops(unbulked, steps)
+        _log_top_ops(result['top_ops'], profile, log)
     return result
 
 
@@ -220,9 +312,14 @@ def main(argv=None):
     parser.add_argument('--against', metavar='GPT_PY',
                         help="only the one-device step (the task's width 64 unless "
                              "--num-hiddens), alternated with the GPT of another gpt.py")
+    parser.add_argument('--profile', type=int, default=0, metavar='N',
+                        help="with --against: MXNet's profiler's top N ops of both graphs")
     args = parser.parse_args(argv)
     if args.num_hiddens is None:
         args.num_hiddens = 64 if args.against else 256
+    if args.profile < 0 or (args.profile and not args.against):
+        parser.error('--profile: expected a number of ops at least 1, with --against, found %d%s'
+                     % (args.profile, '' if args.against else ' without --against'))
     if args.num_hiddens < 4 or args.num_hiddens % 4 or args.batch_size < 1:
         parser.error('--num-hiddens, --batch-size: expected a positive multiple of 4 (the '
                      'heads) and a positive integer, found %d, %d'
@@ -230,7 +327,8 @@ def main(argv=None):
     if args.against:
         if not os.path.isfile(args.against):
             parser.error('--against: expected a gpt.py file, found %r' % args.against)
-        return against(args.against, num_hiddens=args.num_hiddens, batch_size=args.batch_size)
+        return against(args.against, num_hiddens=args.num_hiddens, batch_size=args.batch_size,
+                       profile=args.profile)
     if args.quick:
         return run(num_hiddens=64, batch_size=8, steps=3, repeats=2, warmup=1)
     return run(num_hiddens=args.num_hiddens, batch_size=args.batch_size)

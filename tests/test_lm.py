@@ -134,12 +134,66 @@ def test_backward_pass_runs_no_broadcast_reduction_and_no_layer_norm_backward():
     assert '_backward_LayerNorm' not in ops and 'LayerNorm' not in ops
 
 
+def _ops_of(symbol, **shapes):
+    """The op of every node MXNet's plan of ``symbol`` runs, forward and backward."""
+    exe = symbol.simple_bind(mx.cpu(0), **shapes)
+    return re.findall(r'Op:(\w+)', exe.debug_str())
+
+
+def test_layer_norm_scales_by_gamma_and_each_positions_deviation_in_one_product():
+    """Five products a norm, forward: the mean, its spread, the variance, the
+    deviation times ``gamma``, ``beta``'s spread; no (R, C) array of ``gamma``."""
+    norm = gpt.LayerNorm(8, prefix='ln_')
+    x = mx.sym.var('data')
+    ops = _ops_of(norm(x), data=(3, 5, 8), ln_gamma=(8,), ln_beta=(8,))
+    assert ops.count('FullyConnected') == 5
+    assert ops.count('_backward_FullyConnected') == 5
+    assert ops.count('elemwise_mul') == 1  # the centred rows times the scale
+
+
+def test_attention_mask_is_one_product_outside_the_gradient():
+    """The causal mask reaches the scores' (N, h, T, T) in one ``dot`` of a
+    column of ones with the (T, T) mask, which the backward pass never runs."""
+    q, k, v = (mx.sym.var(n) for n in 'qkv')
+    shapes = {n: (BATCH, TINY.block_size, TINY.num_hiddens) for n in 'qkv'}
+    attention = gpt._Attend(TINY.num_hiddens // TINY.num_heads)  # pylint: disable=protected-access
+    ops = _ops_of(mx.sym.make_loss(mx.sym.sum(attention(mx.sym, q, k, v))), **shapes)
+    assert ops.count('dot') == 2  # the ones column (N x h) and the mask over its rows
+    assert not {'zeros_like', 'broadcast_add', '_backward_dot'} & set(ops)
+
+
 def test_model_flops_per_token_count_every_matrix_product_forward_and_backward():
     from bench.lm import model_flops_per_token  # pylint: disable=import-outside-toplevel
     cfg = gpt.GPTConfig(vocab_size=166, block_size=64, num_layers=2, num_heads=4,
                         num_hiddens=64)  # --task lm's model
     per_block = 4 * 2 * 64 * 64 + 2 * 2 * 64 * 256 + 2 * 2 * 64 * 64  # projections, MLP, attention
     assert model_flops_per_token(cfg) == 3 * (2 * per_block + 2 * 64 * 166) == 751872
+
+
+def test_bench_profile_counts_each_ops_calls_a_training_step():
+    """``python -m bench.lm --against F --profile N``: 12 dense layers, the
+    tied output and five products in each of the five norms a step."""
+    from bench.lm import against  # pylint: disable=import-outside-toplevel
+    lines = []
+    result = against(gpt.__file__, num_hiddens=8, steps=2, repeats=1, warmup=1, profile=3,
+                     log=lines.append)
+    for name in ('this', 'other'):
+        calls = {op: per_step for op, _, _, per_step in result['top_ops'][name]}
+        assert calls['FullyConnected'] == calls['_backward_FullyConnected'] == 12 + 1 + 5 * 5
+        assert calls['batch_dot'] == 2 * 2 * 3  # two products a block, and two gradients each
+        assert abs(sum(share for _, _, share, _ in result['top_ops'][name]) - 1) < 1e-6
+    assert "MXNet's profiler" in lines[1] and len(lines) == 3 + 3 + 1
+
+
+def test_every_norm_and_attention_candidate_computes_the_same_function():
+    from bench.lm_ops import run  # pylint: disable=import-outside-toplevel
+    report = run(widths=(8,), repeats=1, warmup=1, log=lambda line: None)
+    assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart'}
+    assert set(report['attention'][8]) == {'gpt._Attend', 'zeros_like mask', 'interleaved',
+                                           'softmax temperature'}
+    for part in report.values():
+        for name, row in part[8].items():
+            assert row['error'] < 1e-5 and row['ms'] > 0, name
 
 
 def test_output_layer_reads_the_token_embedding_on_its_own_stage():

@@ -108,10 +108,12 @@ class LayerNorm(gluon.HybridBlock):
     times its forward. Here the mean and the variance over the ``C`` features
     of each position are ``FullyConnected`` products with a constant ``1/C``
     row, spread back over the features by a product with a column of ones;
-    ``gamma`` and ``beta`` are spread over the positions the same way, so
+    each position's reciprocal deviation is spread by a product with
+    ``gamma``, and ``beta`` by a product of a column of ones with it, so
     their gradients (sums over every position) are the weight gradients of
-    those products. The result equals ``LayerNorm`` to float32 rounding
-    (``tests/test_lm.py``) and exports to ONNX with MXNet's own converters.
+    those products: five products a norm. The result equals ``LayerNorm`` to
+    float32 rounding (``tests/test_lm.py``) and exports to ONNX with MXNet's
+    own converters.
     """
 
     def __init__(self, in_channels, epsilon=1e-5, **kwargs):
@@ -133,12 +135,13 @@ class LayerNorm(gluon.HybridBlock):
             F.FullyConnected(rows, mean_of, no_bias=True, num_hidden=1),    # (R, 1) means
             spread, no_bias=True, num_hidden=C)
         variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1)
-        scale = F.FullyConnected(F.reciprocal(F.sqrt(variance + self.epsilon)), spread,
-                                 no_bias=True, num_hidden=C)                # (R, C)
+        # each position's 1 / deviation times gamma, (R, 1) x (1, C) in one product:
+        # gamma's gradient is its weight gradient, and no (R, C) spread of gamma is kept
+        scale = F.FullyConnected(F.reciprocal(F.sqrt(variance + self.epsilon)),
+                                 F.reshape(gamma, shape=(C, 1)), no_bias=True, num_hidden=C)
         each = F.BlockGrad(F.ones_like(variance))                           # (R, 1) constant
-        out = centred * scale * F.FullyConnected(each, F.reshape(gamma, shape=(C, 1)),
-                                                 no_bias=True, num_hidden=C) \
-            + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)), no_bias=True, num_hidden=C)
+        out = centred * scale + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)),
+                                                 no_bias=True, num_hidden=C)
         return F.reshape_like(out, x)                                       # (..., C)
 
 
@@ -181,10 +184,17 @@ class _Attend:
         scores = F.batch_dot(q, k, transpose_b=True)                     # (N, h, T, T)
         future = F.broadcast_greater(F.reshape(steps, shape=(1, -1)),    # (T, T): key after query
                                      F.reshape(steps, shape=(-1, 1)))
-        # the mask broadcast to the scores' shape outside the gradient, then
-        # added elementwise: the backward pass passes the scores' gradient
-        # through, where broadcast_add's backward runs MXNet's slow reduction
-        mask = F.BlockGrad(F.broadcast_add(F.zeros_like(scores), future * -1e9))
+        # the mask spread over the scores' N h rows outside the gradient, by one
+        # product of a column of ones with the (T T) mask (one pass, where a
+        # zeros_like and a broadcast_add take two), then added elementwise: the
+        # backward pass passes the scores' gradient through, where
+        # broadcast_add's backward runs MXNet's slow reduction
+        fixed = F.BlockGrad(scores)
+        batch, heads = (F.ones_like(F.contrib.arange_like(fixed, axis=axis)) for axis in (0, 1))
+        rows = F.reshape(F.dot(F.reshape(batch, shape=(-1, 1)), F.reshape(heads, shape=(1, -1))),
+                         shape=(-1, 1))                                      # (N h, 1) ones
+        mask = F.BlockGrad(F.reshape_like(
+            F.dot(rows, F.reshape(future * -1e9, shape=(1, -1))), scores))  # (N, h, T, T)
         attention = F.softmax(scores + mask, axis=-1)
         out = F.batch_dot(attention, v)                                  # (N, h, T, D)
         return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))  # (N, T, h D)

@@ -1,0 +1,202 @@
+"""``python -m bench.lm_ops``: the language model's norm and attention on each
+candidate MXNet 1.9.1 op, forward and backward, alternated in one process.
+
+Every candidate computes the same function on the same float32 inputs (batch
+16, context 64, width C, 4 heads) and is bound as its own executor; each
+timed run is ``STEPS`` forward and backward passes, the candidates taking
+turns (:func:`bench.measure.throughput`'s rounds), so that the machine's
+load touches all alike. Printed: milliseconds a forward and backward pass
+(median of the rounds) and the largest difference of the output and of every
+input's gradient from the reference, relative to the reference's largest
+magnitude.
+
+* LayerNorm over C, against MXNet's ``LayerNorm`` op: ``gpt.LayerNorm``
+  (the model's: means, variance and the spreads as ``FullyConnected``
+  products, ``gamma`` spread with each position's deviation in one product),
+  ``gamma apart`` (the same with ``gamma`` spread by a product of its own and
+  multiplied in apart), and the ``LayerNorm`` op itself (its backward runs
+  MXNet's generic reduction on CPU).
+* Causal attention of queries, keys and values ``(N, T, C)``, against the
+  model's ``gpt._Attend`` (the mask spread over the scores by one ``dot``):
+  ``zeros_like mask`` (the mask made by ``zeros_like`` and
+  ``broadcast_add``), ``interleaved`` (MXNet's fused
+  ``_contrib_interleaved_matmul_selfatt_qk`` / ``_valatt``, the queries, keys
+  and values stacked head by head into one ``(T, N, 3C)`` array and the
+  result transposed back) and ``softmax temperature`` (the scale as
+  ``softmax``'s ``temperature`` instead of a product with the queries).
+
+Run with ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE`` for one thread, as
+docs/lm.md's figures are.
+"""
+import argparse
+
+import mxnet as mx
+import numpy as np
+
+from mp_symbolic.tools.text import columns
+from mp_symbolic.training.tasks import gpt
+
+from .measure import throughput
+
+__all__ = ['run', 'main']
+
+BATCH, CONTEXT, HEADS = 16, 64, 4
+STEPS = 10
+EPSILON = 1e-5
+
+
+def _gamma_apart(F, x, gamma, beta, C):
+    """``gpt.LayerNorm`` with ``gamma`` spread by a product of its own."""
+    rows = F.reshape(x, shape=(-1, C))
+    ones = F.BlockGrad(F.ones_like(gamma))
+    mean_of = F.reshape(ones, shape=(1, C)) * (1.0 / C)
+    spread = F.reshape(ones, shape=(C, 1))
+    centred = rows - F.FullyConnected(F.FullyConnected(rows, mean_of, no_bias=True, num_hidden=1),
+                                      spread, no_bias=True, num_hidden=C)
+    variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1)
+    scale = F.FullyConnected(F.reciprocal(F.sqrt(variance + EPSILON)), spread,
+                             no_bias=True, num_hidden=C)
+    each = F.BlockGrad(F.ones_like(variance))
+    out = centred * scale * F.FullyConnected(each, F.reshape(gamma, shape=(C, 1)),
+                                             no_bias=True, num_hidden=C) \
+        + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)), no_bias=True, num_hidden=C)
+    return F.reshape_like(out, x)
+
+
+NORMS = {
+    'LayerNorm op': lambda F, x, g, b, C: F.LayerNorm(x, g, b, axis=-1, eps=EPSILON),
+    'gpt.LayerNorm': lambda F, x, g, b, C: gpt.LayerNorm(C, prefix='ln_').hybrid_forward(
+        F, x, g, b),
+    'gamma apart': _gamma_apart,
+}
+
+
+def _heads(F, x, head_dim):
+    return F.transpose(F.reshape(x, shape=(0, 0, -1, head_dim)), axes=(0, 2, 1, 3))
+
+
+def _future(F, q):
+    steps = F.contrib.arange_like(F.BlockGrad(q), axis=1)
+    return F.broadcast_greater(F.reshape(steps, shape=(1, -1)), F.reshape(steps, shape=(-1, 1)))
+
+
+def _zeros_like_mask(F, q, k, v, head_dim):
+    future = _future(F, q)
+    q, k, v = (_heads(F, part, head_dim) for part in (q * head_dim ** -0.5, k, v))
+    scores = F.batch_dot(q, k, transpose_b=True)
+    mask = F.BlockGrad(F.broadcast_add(F.zeros_like(scores), future * -1e9))
+    out = F.batch_dot(F.softmax(scores + mask, axis=-1), v)
+    return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))
+
+
+def _temperature(F, q, k, v, head_dim):
+    future = _future(F, q)
+    q, k, v = (_heads(F, part, head_dim) for part in (q, k, v))
+    scores = F.batch_dot(q, k, transpose_b=True)
+    mask = F.BlockGrad(F.broadcast_add(F.zeros_like(scores), future * -1e9))
+    out = F.batch_dot(F.softmax(scores + mask, axis=-1, temperature=head_dim ** 0.5), v)
+    return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))
+
+
+def _interleaved(F, q, k, v, head_dim):
+    future = _future(F, q)
+    parts = [F.reshape(p, shape=(0, 0, -1, head_dim)) for p in (q, k, v)]       # (N, T, h, D)
+    qkv = F.reshape(F.transpose(F.stack(*parts, axis=3), axes=(1, 0, 2, 3, 4)),
+                    shape=(0, 0, -1))                                           # (T, N, h 3 D)
+    scores = F.contrib.interleaved_matmul_selfatt_qk(qkv, heads=HEADS)          # (N h, T, T)
+    mask = F.BlockGrad(F.broadcast_add(F.zeros_like(scores), future * -1e9))
+    out = F.contrib.interleaved_matmul_selfatt_valatt(qkv, F.softmax(scores + mask, axis=-1),
+                                                      heads=HEADS)              # (T, N, C)
+    return F.transpose(out, axes=(1, 0, 2))
+
+
+ATTENTIONS = {
+    'gpt._Attend': lambda F, q, k, v, D: gpt._Attend(D)(F, q, k, v),  # pylint: disable=protected-access
+    'zeros_like mask': _zeros_like_mask,
+    'interleaved': _interleaved,
+    'softmax temperature': _temperature,
+}
+
+
+class _Pass:
+    """One candidate bound on ``cpu(0)``: ``run(n)`` runs n forward and
+    backward passes with the same output gradient."""
+
+    def __init__(self, symbol, values, head_grad):
+        self.exe = symbol.simple_bind(mx.cpu(0), **{n: v.shape for n, v in values.items()})
+        for name, value in values.items():
+            self.exe.arg_dict[name][:] = value
+        self.head_grad = mx.nd.array(head_grad)
+        self.names = sorted(values)
+
+    def run(self, num_steps):
+        for _ in range(num_steps):
+            self.exe.forward(is_train=True)
+            self.exe.backward(self.head_grad)
+
+    def results(self):
+        self.run(1)
+        return [self.exe.outputs[0].asnumpy()] + [self.exe.grad_dict[n].asnumpy()
+                                                  for n in self.names]
+
+
+def _compare(candidates, reference, values, head_grad, repeats, warmup):
+    passes = {name: _Pass(symbol, values, head_grad) for name, symbol in candidates.items()}
+    want = passes[reference].results()
+    error = {name: max(float(np.abs(g - w).max() / np.abs(w).max())
+                       for g, w in zip(p.results(), want))
+             for name, p in passes.items()}
+    rates = throughput(passes, 1, STEPS, repeats, warmup)
+    return {name: {'ms': 1e3 / rates[name][0], 'error': error[name]} for name in candidates}
+
+
+def run(widths=(64, 256), repeats=9, warmup=3, log=print):
+    """Measures and logs every candidate at every width; returns
+    ``{'norm' | 'attention': {width: {candidate: {'ms', 'error'}}}}``."""
+    rng = np.random.RandomState(0)
+    report = {'norm': {}, 'attention': {}}
+    for C in widths:
+        shape = (BATCH, CONTEXT, C)
+        x, g, b, q, k, v = (mx.sym.var(n) for n in ('x', 'g', 'b', 'q', 'k', 'v'))
+        values = {'x': rng.normal(1.0, 2.0, shape), 'g': rng.normal(1.0, 0.2, (C,)),
+                  'b': rng.normal(0.0, 0.2, (C,))}
+        report['norm'][C] = _compare({name: norm(mx.sym, x, g, b, C)
+                                      for name, norm in NORMS.items()},
+                                     'LayerNorm op', values, rng.normal(size=shape),
+                                     repeats, warmup)
+        values = {n: rng.normal(size=shape) for n in 'qkv'}
+        report['attention'][C] = _compare({name: attention(mx.sym, q, k, v, C // HEADS)
+                                           for name, attention in ATTENTIONS.items()},
+                                          'gpt._Attend', values, rng.normal(size=shape),
+                                          repeats, warmup)
+    for part, reference in (('norm', 'LayerNorm op'), ('attention', 'gpt._Attend')):
+        log('%s, forward and backward on (%d, %d, C), ms a pass (median of %d alternated '
+            'rounds of %d passes), largest difference from %s:'
+            % (part, BATCH, CONTEXT, repeats, STEPS, reference))
+        rows = [['candidate'] + ['C=%d ms' % C for C in widths]
+                + ['C=%d difference' % C for C in widths]]
+        for name in report[part][widths[0]]:
+            rows.append([name] + ['%.2f' % report[part][C][name]['ms'] for C in widths]
+                        + ['%.1e' % report[part][C][name]['error'] for C in widths])
+        for line in columns(rows):
+            log('  ' + line)
+    return report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog='python -m bench.lm_ops',
+        description="The language model's LayerNorm and attention on each candidate op, "
+                    'forward and backward, alternated in one process.')
+    parser.add_argument('--num-hiddens', type=int, nargs='+', default=[64, 256],
+                        help='widths, multiples of 4 (default: 64 256)')
+    parser.add_argument('--repeats', type=int, default=9)
+    args = parser.parse_args(argv)
+    if any(C < HEADS or C % HEADS for C in args.num_hiddens) or args.repeats < 1:
+        parser.error('--num-hiddens, --repeats: expected multiples of %d and a positive count, '
+                     'found %s, %d' % (HEADS, ' '.join(map(str, args.num_hiddens)), args.repeats))
+    return run(tuple(args.num_hiddens), repeats=args.repeats)
+
+
+if __name__ == '__main__':
+    main()
