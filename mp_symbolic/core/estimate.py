@@ -26,23 +26,25 @@ What a training step holds on a device, row by row:
   Module's arrays (external). Each chunk is allocated once, its largest
   entry's bytes, on the device of its first entry
   (``GraphExecutor::InitDataEntryMemory``), beside one head gradient per
-  graph output. On top of the plan, per device, the arrays MXNet's oneDNN
-  ops keep outside it (:func:`onednn_extra`).
+  graph output a backward node reads. Beside the plan, the temporary space
+  its ops ask for (:data:`WORKSPACE`, :data:`ONEDNN`), laid where MXNet's
+  resource manager keeps it (:func:`temp_space`: ``cpu(0)`` for every
+  ``cpu(i)``).
 
 Under ``'gpipe'`` the one graph of every micro-batch is planned; under the
 stage runtime (``'1f1b'``, ``'interleaved'``) each stage's graph of one
 micro-batch, once per executor it keeps (``K - s`` under 1F1B), with the
 arrays each executor owns (received activations and their gradients,
-inputs, output gradients) and the batch's joined outputs; mirrored stages
-are planned as MXNet recomputes them. Replicas are each a plan of their
-own on their devices; tensor-parallel shards are nodes of the graph on
-their devices.
+inputs, output gradients) and the batch's joined outputs. Mirrored stages
+are planned as MXNet recomputes them (their graph carries the mark).
+Replicas are each a plan of their own on their devices, and the local
+kvstore that sums their gradients holds its buffers in pinned host memory
+(:data:`PINNED`); tensor-parallel shards are nodes of the graph on their
+devices.
 
-Nothing is allocated but the head gradients of a graph's outputs (MXNet
-makes them at bind) and, under the stage runtime, nothing at all of the
-stages' executors: their arrays are counted from shapes.
+Nothing of the model is allocated: only the head gradients MXNet makes at
+bind for the graph outputs a backward node reads.
 """
-from collections import OrderedDict
 import re
 
 import mxnet as mx
@@ -664,15 +666,33 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
         symbol = pipe.training_symbol(loss, label_name=label_name, chunks=1, output=output)
         table = _staged(pipe, symbol, data_shapes, label_shapes, states,
                         set(fixed_param_names(pipe, symbol)))
+    if pipe.replicas > 1:
+        _kvstore(table, symbol, data_shapes, pipe, set(fixed_param_names(pipe, symbol)))
     for row in table.values():
         row['total'] = sum(row[c] for c in CATEGORIES)
     return dict(sorted(table.items(), key=lambda kv: _device_key(kv[0])))
 
 
+# where MXNet's local kvstore keeps its buffers on a CPU-only machine
+PINNED = 'cpu_pinned(0)'
+
+
+def _kvstore(table, symbol, data_shapes, pipe, fixed):
+    """The buffers of the ``'local'`` kvstore that sums the replicas'
+    gradients (``CommCPU::Reduce``, src/kvstore/comm.h): per trained
+    parameter, the merged sum and one copy per replica past the first, in
+    pinned host memory (:data:`PINNED`)."""
+    inputs = {n for n, _ in data_shapes} | _labels(symbol)
+    shapes, types = _specs(symbol, _replica_shapes(pipe, data_shapes, 1))
+    trained = [n for n in symbol.list_arguments() if n not in inputs and n not in fixed]
+    size = sum(_nbytes(shapes[n], np.dtype(types[n]).itemsize) for n in trained)
+    _row(table, PINNED)['other'] += pipe.replicas * size
+
+
 def _device_key(name):
     kind, _, index = name.partition('(')
     index = index.rstrip(')')
-    return kind, int(index) if index.isdigit() else -1
+    return kind != 'cpu', kind, int(index) if index.isdigit() else -1
 
 
 def _replica_shapes(pipe, shapes, size):
