@@ -152,7 +152,7 @@ def _measure_here(cell):
                            profile_memory=True, aggregate_stats=False, filename=path)
     mx.profiler.set_state('run')
     pipe, loss, output, data_shapes, label_shapes = build(cell)
-    mod = pipe.module(loss=loss, output=output)
+    mod = pipe.module(loss=loss, output=output, label_name=label_shapes[0][0])
     mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)
     mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
     optimizer, params = _optimizer(cell)

@@ -21,9 +21,9 @@ from conftest import cli_status
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # cheap cells: the GPT under GPipe (one graph) and 1F1B (the stage runtime),
-# the CNN with BatchNorm and oneDNN's layouts
-CELLS = [bench._cell('lm'), bench._cell('lm', schedule='1f1b', chunks=4),  # pylint: disable=protected-access
-         bench._cell('digits', chunks=4)]  # pylint: disable=protected-access
+# the CNN with BatchNorm and oneDNN's layouts, GluonNLP's BERT
+CELLS = [bench._cell(model, **plan) for model, plan in (  # pylint: disable=protected-access
+    ('lm', {}), ('lm', {'schedule': '1f1b', 'chunks': 4}), ('digits', {}), ('bert', {}))]
 
 
 @pytest.fixture(scope='module')

@@ -52,6 +52,7 @@ from mxnet.ndarray.ndarray import NDArray, _new_alloc_handle
 import numpy as np
 
 from .compat import split_bind_environ
+from .names import GROUP_ATTR
 from .scoped import captured_stderr, environ
 
 __all__ = []
@@ -224,7 +225,7 @@ def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None
     attrs = symbol.attr_dict()
 
     def device(name):
-        return group2ctx.get(attrs.get(name, {}).get('__ctx_group__'), context)
+        return group2ctx.get(attrs.get(name, {}).get(GROUP_ATTR), context)
 
     names = symbol.list_arguments()
     if grad_names is None:
@@ -294,7 +295,7 @@ def _place(nodes, attrs, group2ctx, context, arrays):
     device = [None] * len(nodes)
     last_named = {}
     for k, node in enumerate(nodes):
-        group = node['attrs'].get('__ctx_group__')
+        group = node['attrs'].get(GROUP_ATTR)
         forward = [last_named.get(n) for n in node['attrs'].get(_CONTROL, ())]
         last_named[node['name']] = k
         if node['op'] is None:
@@ -583,7 +584,7 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
     attrs = symbol.attr_dict()
 
     def device(name):
-        return group2ctx.get(attrs.get(name, {}).get('__ctx_group__'), context)
+        return group2ctx.get(attrs.get(name, {}).get(GROUP_ATTR), context)
 
     for name in symbol.list_arguments():
         size = _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)

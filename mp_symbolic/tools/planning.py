@@ -41,7 +41,8 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
         loss, output: The loss head, as :meth:`~mp_symbolic.Pipeline.module`
             takes them.
         data_shapes: ``[(name, shape)]`` of the whole batch (default: from ``sample``).
-        label_shapes: ``[(name, shape)]`` (default: as the loss head infers it).
+        label_shapes: ``[(name, shape)]``, the label's name the loss head's
+            (default: ``softmax_label``, its shape as the loss head infers it).
         optimizer, optimizer_params: As ``init_optimizer`` takes them.
         **plan: ``Pipeline`` arguments (``chunks``, ``replicas``, ``schedule``,
             ``virtual``, ``mirror``, ``balance``, ``tensor_parallel``,
@@ -69,6 +70,7 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
     if data_shapes is None:
         data_shapes = _shapes_of(pipe, sample)
     table = estimate(pipe, data_shapes, label_shapes, loss=loss, output=output,
+                     label_name=label_shapes[0][0] if label_shapes else None,
                      optimizer=optimizer, optimizer_params=optimizer_params)
     rows = []
     for device, row in table.items():
