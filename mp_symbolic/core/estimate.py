@@ -684,7 +684,8 @@ def _kvstore(table, symbol, data_shapes, pipe, fixed):
     parameter, the merged sum and one copy per replica past the first, in
     pinned host memory (:data:`PINNED`)."""
     inputs = {n for n, _ in data_shapes} | _labels(symbol)
-    shapes, types = _specs(symbol, _replica_shapes(pipe, data_shapes, 1))
+    batch = data_shapes[0][1][pipe.batch_axis]
+    shapes, types = _specs(symbol, _replica_shapes(pipe, data_shapes, batch // pipe.replicas))
     trained = [n for n in symbol.list_arguments() if n not in inputs and n not in fixed]
     size = sum(_nbytes(shapes[n], np.dtype(types[n]).itemsize) for n in trained)
     _row(table, PINNED)['other'] += pipe.replicas * size
