@@ -264,8 +264,9 @@ def errors(measured, estimated):
 
 
 def run(cells, log=print):
-    """Estimate then measure every cell; logs the table of errors; returns
-    one dict per cell (``cell``, ``measured``, ``estimated``)."""
+    """Estimate then measure every cell; logs the table of errors
+    (:func:`report`); returns one dict per cell (``cell``, ``measured``,
+    ``estimated``)."""
     estimated = []
     for cell in cells:
         try:
@@ -273,20 +274,36 @@ def run(cells, log=print):
         except Exception as err:  # pylint: disable=broad-except
             estimated.append({'error': str(err).strip().splitlines()[0]})
     measured = measure(cells)
-    rows = []
+    rows = [{'cell': cell, 'measured': got, 'estimated': est}
+            for cell, est, got in zip(cells, estimated, measured)]
+    report(rows, log)
+    return rows
+
+
+def report(rows, log=print):
+    """Logs the table of errors of ``rows`` (:func:`run`'s), then the summary:
+    the device totals within 5 %, the arrays' rows equal to the byte, and
+    per model the cells within 5 % on every device."""
     lines = [['cell', 'device', 'measured', 'estimate', 'error', 'other: error of total']]
-    every = []
-    for cell, est, got in zip(cells, estimated, measured):
-        rows.append({'cell': cell, 'measured': got, 'estimated': est})
+    every, exact, arrays, models = [], 0, 0, {}
+    for row in rows:
+        cell, est, got = row['cell'], row['estimated'], row['measured']
         if 'error' in est or 'error' in got:
             lines.append([label(cell), '-', '-', '-', 'failed: %s' % (est.get('error') or
                                                                      got.get('error')), ''])
             continue
         devices, worst = errors(got, est)
+        profiled = as_profiled(est)
         for device, (total, guess, err) in devices.items():
             every.append(err)
             lines.append([label(cell), device, _mib(total), _mib(guess), '%+.1f%%' % (100 * err),
                           '%.1f%%' % (100 * worst['other'])])
+            for category in ('params', 'grads', 'optimizer', 'aux', 'inputs', 'module_copy'):
+                arrays += 1
+                exact += profiled[device][category] == got[device][category]
+        errs = [err for _, _, err in devices.values()]
+        models.setdefault(cell['model'], []).append((all(abs(e) <= 0.05 for e in errs),
+                                                     min(errs), max(errs)))
     from mp_symbolic.tools.text import columns  # pylint: disable=import-outside-toplevel
     log('memory per device: the estimate (nothing allocated) against one measured training '
         'step (MiB; error = estimate / measured - 1)')
@@ -295,10 +312,18 @@ def run(cells, log=print):
     if every:
         log('%d cells, %d device totals: error from %+.1f%% to %+.1f%%, mean |error| %.2f%%; '
             '%d within +-5%%, %d more than 5%% under'
-            % (len(cells), len(every), 100 * min(every), 100 * max(every),
+            % (len(rows), len(every), 100 * min(every), 100 * max(every),
                100 * sum(abs(e) for e in every) / len(every),
                sum(1 for e in every if abs(e) <= 0.05), sum(1 for e in every if e < -0.05)))
-    return rows
+        log('arrays\' rows (params, grads, optimizer, aux, inputs, module_copy) equal to the '
+            'byte: %d of %d' % (exact, arrays))
+        summary = [['model', 'cells', 'within +-5% on every device', 'device errors']]
+        for model, cells in models.items():
+            summary.append([model, str(len(cells)), str(sum(ok for ok, _, _ in cells)),
+                            '%+.1f%% .. %+.1f%%' % (100 * min(lo for _, lo, _ in cells),
+                                                     100 * max(hi for _, _, hi in cells))])
+        for line in columns(summary):
+            log('  ' + line)
 
 
 def _mib(n):
@@ -312,11 +337,17 @@ def main(argv=None):
                         help='the cells of these models only')
     parser.add_argument('--json', default=None, metavar='FILE',
                         help='also write every cell\'s tables to FILE')
+    parser.add_argument('--report', default=None, metavar='FILE',
+                        help='print the table of errors of a run --json wrote, measuring nothing')
     args = parser.parse_args(argv)
     if args.child:
         cells = json.loads(sys.stdin.read())
         import mxnet  # pylint: disable=import-outside-toplevel,unused-import
         print(json.dumps([_forked(cell) for cell in cells]))
+        return 0
+    if args.report:
+        with open(args.report) as given:
+            report(json.load(given))
         return 0
     cells = CELLS
     if args.only:
