@@ -285,7 +285,7 @@ def report(rows, log=print):
     the device totals within 5 %, the arrays' rows equal to the byte, and
     per model the cells within 5 % on every device."""
     lines = [['cell', 'device', 'measured', 'estimate', 'error', 'other: error of total']]
-    every, exact, arrays, models = [], 0, 0, {}
+    every, every_device, exact, arrays, models = [], [], 0, 0, {}
     for row in rows:
         cell, est, got = row['cell'], row['estimated'], row['measured']
         if 'error' in est or 'error' in got:
@@ -296,6 +296,7 @@ def report(rows, log=print):
         profiled = as_profiled(est)
         for device, (total, guess, err) in devices.items():
             every.append(err)
+            every_device.append((device, err))
             lines.append([label(cell), device, _mib(total), _mib(guess), '%+.1f%%' % (100 * err),
                           '%.1f%%' % (100 * worst['other'])])
             for category in ('params', 'grads', 'optimizer', 'aux', 'inputs', 'module_copy'):
@@ -317,6 +318,17 @@ def report(rows, log=print):
                sum(1 for e in every if abs(e) <= 0.05), sum(1 for e in every if e < -0.05)))
         log('arrays\' rows (params, grads, optimizer, aux, inputs, module_copy) equal to the '
             'byte: %d of %d' % (exact, arrays))
+        first = [e for d, e in every_device if d == 'cpu(0)']
+        rest = [e for d, e in every_device if d != 'cpu(0)']
+        if first:
+            log('cpu(0), where MXNet keeps every cpu(i)\'s temporary space: %d of %d totals '
+                'within +-5%%, from %+.1f%% to %+.1f%%'
+                % (sum(1 for e in first if abs(e) <= 0.05), len(first), 100 * min(first),
+                   100 * max(first)))
+        if rest:
+            log('the other devices: %d of %d totals within +-0.5%%, %d within +-5%%'
+                % (sum(1 for e in rest if abs(e) <= 0.005), len(rest),
+                   sum(1 for e in rest if abs(e) <= 0.05)))
         summary = [['model', 'cells', 'within +-5% on every device', 'device errors']]
         for model, cells in models.items():
             summary.append([model, str(len(cells)), str(sum(ok for ok, _, _ in cells)),
