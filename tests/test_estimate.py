@@ -9,7 +9,7 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
-from mp_symbolic.core.estimate import plan_storage, planned_graph
+from mp_symbolic.core.estimate import planned_graph, planner_total
 from mp_symbolic.tools.memory import CATEGORIES
 from mp_symbolic.training.cli import main
 from mp_symbolic.training.tasks import load_task
@@ -57,7 +57,7 @@ def test_replayed_memory_plan_totals_what_mxnets_own_planner_reports():
     graph = planned_graph(symbol, {'data': (16, 64), 'softmax_label': (16, 64)},
                           pipe.plan.group2ctx)
     assert graph.total_mib >= 10  # a plan large enough for whole MiB to tell
-    assert sum(plan_storage(graph).values()) >> 20 == graph.total_mib
+    assert planner_total(graph) >> 20 == graph.total_mib
 
 
 def test_estimate_allocates_nothing_on_the_devices():

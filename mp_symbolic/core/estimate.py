@@ -332,7 +332,8 @@ def _nbytes(shape, itemsize=4):
 
 def _allocate(graph, match_range):
     """One pass of ``MXAllocMemory``: ``(storage id per entry, [(device,
-    bytes)] per storage id)``."""
+    bytes)] per storage id, the plan's total)``; a chunk never written has
+    0 bytes, the total counts it as MXNet's planner does."""
     nodes, shapes = graph.nodes, graph.shapes
     ref = {}
     for node in nodes:
@@ -348,6 +349,7 @@ def _allocate(graph, match_range):
     chunks = []  # [device, max_bytes, released_by]
     free = []  # [(bytes, order, id)]: a multimap by size
     counts = {}
+    untouched = set()
     order = [0]
 
     def request(device, size):
@@ -409,7 +411,37 @@ def _allocate(graph, match_range):
             sid = storage.get(e, -1)
             if sid >= 0 and counts.get(sid) == 0:
                 release(sid)
-    return storage, chunks
+                untouched.add(e)
+    # a chunk only entries nothing reads hold is never written (their op's
+    # request is kNullOp), so its delayed storage is never allocated
+    written = {sid for e, sid in storage.items() if sid >= 0 and e not in untouched}
+    return (storage, [chunk if sid in written else [chunk[0], 0]
+                      for sid, chunk in enumerate(chunks)], sum(size for _, size in chunks))
+
+
+def planner_total(graph):
+    """The bytes MXNet's planner reports for ``graph`` (``storage_allocated_bytes``:
+    every chunk of the plan it keeps, written or not)."""
+    return _best_plan(graph)[0]
+
+
+def _best_plan(graph):
+    """``(total, storage, chunks)`` of the plan MXPlanMemory keeps."""
+    top = int(graph.env.get('NNVM_EXEC_MATCH_RANGE') or 16)
+    low = 1 if str(graph.env.get('NNVM_AUTO_SEARCH_MATCH_RANGE', '0')).strip() not in \
+        ('', '0') and top else top
+    best = None
+    match = low
+    while True:
+        storage, chunks, total = _allocate(graph, match)
+        if best is None or total < best[0]:
+            best = (total, storage, chunks)
+        if top == 0:
+            break
+        match *= 2
+        if match > top:
+            break
+    return best
 
 
 def plan_storage(graph):
@@ -422,24 +454,10 @@ def plan_storage(graph):
 
     Returns:
         ``{device: bytes}``: the executor's pool, each chunk rounded up to
-        whole float32 words as MXNet allocates it.
+        whole float32 words as MXNet allocates it; a chunk no op writes
+        (only outputs nothing reads) is never allocated, and counts 0.
     """
-    top = int(graph.env.get('NNVM_EXEC_MATCH_RANGE') or 16)
-    low = 1 if str(graph.env.get('NNVM_AUTO_SEARCH_MATCH_RANGE', '0')).strip() not in \
-        ('', '0') and top else top
-    best = None
-    match = low
-    while True:
-        storage, chunks = _allocate(graph, match)
-        total = sum(size for _, size in chunks)
-        if best is None or total < best[0]:
-            best = (total, storage, chunks)
-        if top == 0:
-            break
-        match *= 2
-        if match > top:
-            break
-    _, storage, chunks = best
+    _, _, chunks = _best_plan(graph)
     # each chunk on the device of its first entry (they agree: the planner matches by device)
     pool = {}
     for device, size in chunks:
@@ -503,6 +521,19 @@ def _plain_dense(node, shapes):
     return data is not None and len(data) <= 2
 
 
+def _weight_reorders(node, shapes):
+    """A convolution's weight reordered into oneDNN's blocked layout, and in
+    its backward pass the weight's gradient out of it: each its bytes and
+    the alignment."""
+    if node['op'] in ('Convolution', 'Deconvolution'):
+        return _nbytes(shapes.get(node['inputs'][1])) + ONEDNN_ALIGN
+    if node['op'] in ('_backward_Convolution', '_backward_Deconvolution') and \
+            len(node['inputs']) > 2 and len(node['outputs']) > 1:
+        return _nbytes(shapes.get(node['inputs'][2])) + _nbytes(shapes.get(node['outputs'][1])) \
+            + 2 * ONEDNN_ALIGN
+    return 0
+
+
 def workspace(graph):
     """``{device: (bytes, bytes)}`` of the temporary space ``graph``'s
     executor asks for: one resource per device its ops run on
@@ -519,9 +550,9 @@ def workspace(graph):
         if rule is not None:
             space = max(space, rule(node, graph.shapes))
         if node['op'] in ONEDNN and not _plain_dense(node, graph.shapes):
-            reorder = max([reorder] + [_nbytes(graph.shapes.get(e)) + ONEDNN_ALIGN
-                                       for e in node['inputs'] + node['outputs']
-                                       if e in graph.shapes])
+            reorder = max([reorder, _weight_reorders(node, graph.shapes)] +
+                          [_nbytes(graph.shapes.get(e)) + ONEDNN_ALIGN
+                           for e in node['inputs'] + node['outputs'] if e in graph.shapes])
         if rule is not None or reorder:
             largest[node['device']] = (space, reorder)
     return largest
