@@ -126,13 +126,15 @@ class PlannedGraph:
         env: ``{NNVM_EXEC_MATCH_RANGE, NNVM_AUTO_SEARCH_MATCH_RANGE}`` in
             force at the bind.
         total_mib: MXNet's own total of its plan, in whole MiB (what
-            ``debug_str`` prints): :func:`plan_storage` must agree.
+            ``debug_str`` prints): :func:`planner_total` must agree.
+        added: The gradient entries MXNet adds to their arrays (``grad_req='add'``).
     """
 
     def __init__(self, nodes, shapes, external, outputs, env, total_mib=None):
         self.nodes, self.shapes = nodes, shapes
         self.external, self.outputs, self.env = external, outputs, env
         self.total_mib = total_mib
+        self.added = set()
 
 
 def _lazy(shape, ctx, dtype):
@@ -189,7 +191,7 @@ def _parse_debug(text):
 
 
 def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None,
-                  grad_names=None, env=None):
+                  grad_names=None, env=None, added=()):
     """``symbol``'s training graph as MXNet's executor would plan it, without
     allocating its arrays.
 
@@ -204,6 +206,8 @@ def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None
         env: Environment variables in force at the bind (``MXNET_BACKWARD_DO_MIRROR``,
             ``NNVM_EXEC_MATCH_RANGE``, ...); default: what a split bind uses
             (:func:`~mp_symbolic.core.compat.split_bind_environ`).
+        added: The arguments whose gradient is added to its array
+            (``grad_req='add'``: the stage runtime's weights).
 
     Returns:
         A :class:`PlannedGraph`.
@@ -275,8 +279,11 @@ def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None
     num_forward = len(symbol.list_outputs())
     match = {'NNVM_EXEC_MATCH_RANGE': env.get('NNVM_EXEC_MATCH_RANGE', '16'),
              'NNVM_AUTO_SEARCH_MATCH_RANGE': env.get('NNVM_AUTO_SEARCH_MATCH_RANGE', '0')}
-    return PlannedGraph(nodes, entry_shapes, set(located[num_forward:]), located[:num_forward],
-                        match, total_mib)
+    graph = PlannedGraph(nodes, entry_shapes, set(located[num_forward:]), located[:num_forward],
+                         match, total_mib)
+    order = [n for n in names if n in grads]  # the gradients' outputs follow the forward's
+    graph.added = {e for n, e in zip(order, located[num_forward:]) if n in set(added)}
+    return graph
 
 
 def _place(nodes, attrs, group2ctx, context, arrays):
@@ -521,16 +528,17 @@ def _plain_dense(node, shapes):
     return data is not None and len(data) <= 2
 
 
-def _weight_reorders(node, shapes):
+def _weight_reorders(node, shapes, added=()):
     """A convolution's weight reordered into oneDNN's blocked layout, and in
-    its backward pass the weight's gradient out of it: each its bytes and
-    the alignment."""
+    its backward pass the weight's gradient out of it, and once more where
+    the gradient is added to its array (``added``): each its bytes and the
+    alignment."""
     if node['op'] in ('Convolution', 'Deconvolution'):
         return _nbytes(shapes.get(node['inputs'][1])) + ONEDNN_ALIGN
     if node['op'] in ('_backward_Convolution', '_backward_Deconvolution') and \
             len(node['inputs']) > 2 and len(node['outputs']) > 1:
-        return _nbytes(shapes.get(node['inputs'][2])) + _nbytes(shapes.get(node['outputs'][1])) \
-            + 2 * ONEDNN_ALIGN
+        weight = _nbytes(shapes.get(node['inputs'][2])) + ONEDNN_ALIGN
+        return (3 if node['outputs'][1] in added else 2) * weight
     return 0
 
 
@@ -550,7 +558,7 @@ def workspace(graph):
         if rule is not None:
             space = max(space, rule(node, graph.shapes))
         if node['op'] in ONEDNN and not _plain_dense(node, graph.shapes):
-            reorder = max([reorder, _weight_reorders(node, graph.shapes)] +
+            reorder = max([reorder, _weight_reorders(node, graph.shapes, graph.added)] +
                           [_nbytes(graph.shapes.get(e)) + ONEDNN_ALIGN
                            for e in node['inputs'] + node['outputs'] if e in graph.shapes])
         if rule is not None or reorder:
@@ -818,7 +826,8 @@ def _staged(pipe, symbol, data_shapes, label_shapes, states, fixed):
                     owned += _nbytes(specs[0][name], np.dtype(specs[1][name]).itemsize)
             grads = [n for n in stage_symbol.list_arguments() if n in trained or n in received]
             planned = planned_graph(stage_symbol, bound, group2ctx, device, grad_names=grads,
-                                    env=split_bind_environ(groups.values(), stage_symbol))
+                                    env=split_bind_environ(groups.values(), stage_symbol),
+                                    added=[n for n in grads if n not in received])
             if graph.sends:  # a gradient array per output
                 owned += sum(_nbytes(planned.shapes[e]) for e in planned.outputs)
             copies = max(1, flight[s])
