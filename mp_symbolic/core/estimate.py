@@ -107,6 +107,11 @@ _register('_identity_with_attr_like_rhs reshape_like', _UNARY, (True,), ignore=(
 _register('zeros_like ones_like _contrib_arange_like', (), ignore=(0,))
 _register('_backward_Pooling', ((1, 0),))  # oneDNN pooling with a workspace output
 
+# Ops that leave an output nothing reads unwritten (MXNet asks kNullOp of it):
+# oneDNN's convolution backward and its first layer's data gradient. Other
+# ops' outputs are allocated when the op runs, read or not.
+UNWRITTEN = frozenset(('_backward_Convolution', '_backward_Deconvolution'))
+
 _CONTROL = ' control deps'  # a key no attribute has: the node's control dependencies, by name
 _LOG_NODE = re.compile(r'node (\d+) (\S+)\s*$')
 _LOG_ENTRY = re.compile(r'(input|output) (\d+): \[([^\]]*)\]')
@@ -268,14 +273,16 @@ def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None
     by_name = {}
     for node in nodes:
         by_name.setdefault(node['name'], []).append(node)
+    # outputs by name, in order: where several nodes share a name (MXNet names
+    # every gradient sum 'sum_grad'), the first not taken that nothing reads
+    # (the depth-first order visits each output's own nodes in output order)
     consumed = {e for node in nodes for e in node['inputs']}
     located = []
     for name, index in outputs:
-        candidates = by_name.get(name, [])
-        free = [n for n in candidates if len(n['outputs']) > index
-                and n['outputs'][index] not in consumed]
-        chosen = (free or candidates)[-1]
-        located.append(chosen['outputs'][index])
+        candidates = [n['outputs'][index] for n in by_name.get(name, [])
+                      if len(n['outputs']) > index]
+        free = [e for e in candidates if e not in consumed and e not in located]
+        located.append((free or candidates)[0])
     num_forward = len(symbol.list_outputs())
     match = {'NNVM_EXEC_MATCH_RANGE': env.get('NNVM_EXEC_MATCH_RANGE', '16'),
              'NNVM_AUTO_SEARCH_MATCH_RANGE': env.get('NNVM_AUTO_SEARCH_MATCH_RANGE', '0')}
@@ -418,9 +425,10 @@ def _allocate(graph, match_range):
             sid = storage.get(e, -1)
             if sid >= 0 and counts.get(sid) == 0:
                 release(sid)
-                untouched.add(e)
-    # a chunk only entries nothing reads hold is never written (their op's
-    # request is kNullOp), so its delayed storage is never allocated
+                if node['op'] in UNWRITTEN:
+                    untouched.add(e)
+    # a chunk only such entries hold is never written, so its delayed
+    # storage is never allocated
     written = {sid for e, sid in storage.items() if sid >= 0 and e not in untouched}
     return (storage, [chunk if sid in written else [chunk[0], 0]
                       for sid, chunk in enumerate(chunks)], sum(size for _, size in chunks))
