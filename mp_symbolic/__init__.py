@@ -16,7 +16,9 @@
   parameters, optimizer state and plan as one unit, and read them back for a
   Pipeline rebuilt in another process, on any plan.
 * :func:`memory_table` gives a Module's bytes per device: parameters,
-  gradients, optimizer state, auxiliary states, inputs, host copy.
+  gradients, optimizer state, auxiliary states, inputs, host copy;
+  :func:`estimate_memory` gives the same table for a plan before anything
+  is allocated.
 
 The layers, from the tree: :mod:`mp_symbolic.core` (the library; MXNet and
 the standard library only), :mod:`mp_symbolic.tools` (store, launcher,
@@ -44,7 +46,8 @@ _HOMES = {
     'ShardedBlock': 'core.tensor_parallel',
     'Task': 'core.task', 'TaskError': 'core.task', 'Trainer': 'core.trainer',
     'VocabParallelEmbedding': 'core.tensor_parallel', 'balance_by_size': 'core.balance',
-    'balance_by_time': 'core.balance', 'make_plan': 'core.devices',
+    'balance_by_time': 'core.balance', 'estimate_memory': 'tools.planning',
+    'make_plan': 'core.devices',
     'memory_table': 'tools.memory', 'parse_devices': 'core.devices', 'read_checkpoint': 'tools.checkpoint',
     'save_checkpoint': 'tools.checkpoint', 'stage_name': 'core.names',
 }

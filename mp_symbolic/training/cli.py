@@ -24,7 +24,7 @@ from .config import APIS, BATCHNORM_MODES, KVSTORES, OPTIMIZERS, SCHEDULES, VARI
     TrainConfig
 from ..tools.interrupts import Terminated, exit_status, ignore_signals, interrupt_on_signals
 from ..tools.launch import add_launch_parser, check_dist_environment
-from . import sample
+from . import plan as planning, sample
 
 __all__ = []
 
@@ -210,6 +210,10 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     sample.add_sample_flags(commands.add_parser(
         'sample', help='continue a prompt with a trained character-level model',
         description=sample.DESCRIPTION))
+    plan = commands.add_parser(
+        'plan', help='the memory per device of a training run, estimated before allocation',
+        description=planning.DESCRIPTION, usage='%(prog)s [train\'s flags]')
+    plan.add_argument('rest', nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     blas = commands.add_parser(
         'blas', help="the OpenBLAS kernel chosen for this CPU, and its check's verdict",
         description="Print the CPU's features, the OpenBLAS kernel (OPENBLAS_CORETYPE) the "
@@ -404,13 +408,19 @@ def _printable_streams():
 
 def main(argv=None):
     _printable_streams()
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ['plan'] and not {'-h', '--help'} & set(given[1:2]):
+        given = ['plan', '--'] + given[1:]  # every flag after it is train's
+    args = build_parser().parse_args(given)
     if args.command == 'launch':
         return args.run(args)
     if args.command == 'sample':
         return sample.run(args)
     if args.command == 'pair':
         return _pair(args)
+    if args.command == 'plan':  # train's flags, read by train's parser
+        return planning.run(args.rest, build_parser().parse_args, config_from_args,
+                            lambda line: print('error: %s' % line, file=sys.stderr), EXIT_USAGE)
     if args.command == 'blas':
         from ..tools.blas import report  # pylint: disable=import-outside-toplevel
         try:
