@@ -461,6 +461,28 @@ def test_virtual_stages_the_run_cannot_use_are_refused_on_the_command_line_in_on
         'found 3'
 
 
+def test_the_runs_memory_table_under_1f1b_is_its_stages_arrays_per_device(small_data):
+    """``--memory`` under ``--schedule 1f1b`` in one process: the table of
+    the stages' arrays on their devices (``memory_table`` of the Module),
+    parameters on both devices."""
+    from conftest import load_config  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.tools.memory import memory_table  # pylint: disable=import-outside-toplevel
+    X, y = small_data[0], small_data[1]
+    task, cfg = load_config(task='regression', devices='cpu:0,cpu:1', chunks=2, schedule='1f1b',
+                            progress=False, num_examples=len(X), widths=(2, 4, 4, 4, 1),
+                            batch_size=40, memory=True)
+    pipe, _ = loop.build_pipeline(cfg, task)
+    stepper = loop.make_stepper(cfg, pipe, task, loop.initial_values(pipe, cfg.seed), y.shape[1:])
+    stepper.step(*next(iter(stepper.batches(X, y, 0))))
+    lines = []
+    measured = loop.plan_memory(cfg, pipe, task, y.shape[1:], log=lines.append, stepper=stepper)
+    assert lines[0] == ('memory per device of the stages, their arrays (optimizer state once '
+                        'made; activations: python -m bench.schedules):')
+    assert measured == {'stages': memory_table(stepper.module).as_dict()}
+    assert sorted(measured['stages']) == ['cpu(0)', 'cpu(1)']
+    assert all(row['params'] > 0 for row in measured['stages'].values())
+
+
 def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
     from conftest import make_config  # pylint: disable=import-outside-toplevel
     lines = []
