@@ -348,3 +348,30 @@ def test_nodes_given_other_batchnorm_rules_both_exit_2_in_one_line(tmp_path, por
         assert status == 2 and len(lines) == 1, lines[-20:]
         assert "node 1's batchnorm 'deferred' where node 0's is 'micro-batch'" in lines[0]
     assert not (tmp_path / 'run' / 'current').exists()
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_the_executor_api_updates_deferred_statistics_as_the_module_does(digits_data, schedule):
+    """``--api executor --batchnorm deferred`` with chunks: the runtime the
+    executor API drives updates the running statistics once per batch with
+    the whole batch's, as the Module does: the same losses, parameters and
+    statistics after four steps."""
+    from conftest import load_config  # pylint: disable=import-outside-toplevel
+    X, y = digits_data[0], digits_data[1]
+    runs = {}
+    for api in ('module', 'executor'):
+        task, cfg = load_config(task='digits', devices='cpu:0,cpu:1', api=api, chunks=2,
+                                schedule=schedule, batchnorm='deferred', progress=False,
+                                batch_size=32)
+        pipe, _ = loop.build_pipeline(cfg, task)
+        stepper = loop.make_stepper(cfg, pipe, task, loop.initial_values(pipe, cfg.seed),
+                                    y.shape[1:])
+        losses = [stepper.step(*batch).asscalar()
+                  for _, batch in zip(range(4), stepper.batches(X, y, 0))]
+        runs[api] = losses, dict(stepper.params()), dict(stepper.aux())
+    (losses, params, aux), (ref_losses, ref_params, ref_aux) = runs['executor'], runs['module']
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, atol=1e-7)
+    assert sorted(aux) == sorted(ref_aux) and aux
+    for name, value in list(ref_params.items()) + list(ref_aux.items()):
+        np.testing.assert_allclose({**params, **aux}[name], value, rtol=1e-6, atol=1e-7,
+                                   err_msg=name)

@@ -243,9 +243,6 @@ def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
                                          r'replicas \(2 x 1 = 2\), found 7$'):
         mod.bind([('data', (7, TINY.block_size))], [('softmax_label', (7, TINY.block_size))])
-    with pytest.raises(ValueError, match=r"^inputs_need_grad: expected False under "
-                                         r"schedule='1f1b'"):
-        mod.bind([('data', sample)], [('softmax_label', sample)], inputs_need_grad=True)
     mod.bind([('data', sample)], [('softmax_label', sample)])
     mod.init_params(mx.init.Xavier())
     with pytest.raises(RuntimeError, match=r'^backward: expected forward\(is_train=True\) '
@@ -257,6 +254,99 @@ def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
     mod.forward(_batch(sample, 0, 10), is_train=True)
     with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='1f1b'"):
         mod.backward(out_grads=[mx.nd.ones((BATCH, TINY.block_size, TINY.vocab_size))])
+
+
+def _module_on(schedule, make, devices, chunks, replicas=1, **bind):
+    """The Module of ``make``'s network under ``schedule``, bound with
+    ``bind``'s arguments, at the blocks' seeded initial values, with SGD."""
+    net, sample, *balance = make()
+    pipe = Pipeline(net, devices, balance=(balance or [None])[0], sample=sample, chunks=chunks,
+                    replicas=replicas, schedule=schedule)
+    arg_params, aux_params = loop.initial_values(pipe, seed=0)
+    mod = pipe.module(loss='softmax')
+    label = _batch(sample, 0, 10).label[0].shape
+    mod.bind([('data', sample)], [('softmax_label', label)], **bind)
+    mod.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
+                    aux_params={k: mx.nd.array(v) for k, v in aux_params.items()})
+    mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='sgd',
+                       optimizer_params={'learning_rate': 0.1})
+    return mod, sample
+
+
+def _grads(mod):
+    group = mod._exec_group  # pylint: disable=protected-access
+    return {n: [g.asnumpy() for g in arrays] for n, arrays in
+            zip(group.param_names, group.grad_arrays) if arrays[0] is not None}
+
+
+@pytest.mark.parametrize('make, devices, chunks, replicas', [
+    (_digits, 'cpu:0,cpu:1,cpu:2', 4, 1), (_digits, 'cpu:0,cpu:1', 2, 2),
+    (_skip, 'cpu:0,cpu:1,cpu:2', 2, 1)])
+def test_input_gradients_under_1f1b_are_the_gpipe_graphs(make, devices, chunks, replicas):
+    found = {}
+    for schedule in ('gpipe', '1f1b'):
+        mod, sample = _module_on(schedule, make, devices, chunks, replicas,
+                                 inputs_need_grad=True)
+        mod.forward_backward(_batch(sample, 1, 10))
+        merged = mod.get_input_grads()
+        parts = mod.get_input_grads(merge_multi_context=False)
+        assert [a.shape for a in merged] == [sample]
+        assert [len(p) for p in parts] == [replicas]
+        found[schedule] = merged[0].asnumpy()
+    assert np.abs(found['gpipe']).max() > 0
+    np.testing.assert_allclose(found['1f1b'], found['gpipe'], rtol=TOL, atol=1e-7)
+
+
+def test_the_input_gradients_of_an_input_batched_on_axis_1_join_on_axis_1_under_1f1b():
+    found = {}
+    for schedule in ('gpipe', '1f1b'):
+        net = gluon.nn.Dense(4, flatten=False, in_units=3, prefix='tnc_')
+        pipe = Pipeline(net, 'cpu:0', sample=(5, 8, 3), chunks=2, schedule=schedule,
+                        batch_axis=1)
+        mod = pipe.module('softmax')
+        mod.bind([('data', (5, 8, 3))], [('softmax_label', (5, 8))], inputs_need_grad=True)
+        mx.random.seed(0)
+        mod.init_params(mx.init.Xavier())
+        rng = np.random.default_rng(0)
+        mod.forward_backward(mx.io.DataBatch(
+            [mx.nd.array(rng.normal(size=(5, 8, 3)))], [mx.nd.array(rng.integers(0, 4, (5, 8)))]))
+        found[schedule] = mod.get_input_grads()[0].asnumpy()
+    assert found['1f1b'].shape == (5, 8, 3)
+    np.testing.assert_allclose(found['1f1b'], found['gpipe'], rtol=TOL, atol=1e-7)
+
+
+def test_grad_req_add_sums_the_batches_gradients_under_1f1b_as_in_the_gpipe_graph():
+    found = {}
+    for schedule in ('gpipe', '1f1b'):
+        mod, sample = _module_on(schedule, _digits, 'cpu:0,cpu:1,cpu:2', 2, grad_req='add')
+        mod.forward_backward(_batch(sample, 1, 10))
+        once = _grads(mod)
+        mod.forward_backward(_batch(sample, 2, 10))
+        found[schedule] = once, _grads(mod)
+    for name, value in found['gpipe'][1].items():
+        assert not np.allclose(value, found['gpipe'][0][name])  # the second batch added
+        np.testing.assert_allclose(found['1f1b'][1][name][0], value[0], rtol=TOL, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_grad_req_null_leaves_no_gradient_and_no_update_under_1f1b():
+    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1,cpu:2', 2, grad_req='null')
+    before = {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
+    mod.forward_backward(_batch(sample, 1, 10))
+    mod.update()
+    assert _grads(mod) == {}
+    after = mod.get_params()[0]
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name].asnumpy(), value)
+    assert mod.get_outputs()[0].shape == (BATCH, 10)
+
+
+def test_input_gradients_asked_for_without_inputs_need_grad_are_refused_in_one_line():
+    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1,cpu:2', 2)
+    mod.forward_backward(_batch(sample, 1, 10))
+    with pytest.raises(ValueError, match=r'^get_input_grads: expected bind\(\.\.\., '
+                                         r'inputs_need_grad=True\), found it bound without$'):
+        mod.get_input_grads()
 
 
 def test_1f1b_activation_memory_per_device_is_flat_in_the_number_of_microbatches():
@@ -306,13 +396,42 @@ def test_the_training_loops_module_stepper_under_1f1b_gives_gpipes_losses_and_pa
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize('schedule, virtual', [('1f1b', None), ('interleaved', None)])
+def test_the_executor_api_runs_every_schedule_and_gives_gpipes_losses_and_parameters(
+        small_data, schedule, virtual):
+    """``--api executor`` drives the runtime its schedule runs on (GPipe's
+    one graph, or the stage runtime): the losses, parameters and
+    predictions after six steps are GPipe's."""
+    from conftest import load_config  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.loop import build_pipeline, make_stepper  # pylint: disable=C0415
+    X, y = small_data[0], small_data[1]
+    runs = {}
+    for name, given in (('gpipe', None), (schedule, virtual)):
+        task, cfg = load_config(task='regression', devices='cpu:0,cpu:1', api='executor',
+                                chunks=2, schedule=name, virtual=given, progress=False,
+                                num_examples=len(X), widths=(2, 4, 4, 4, 1), batch_size=40,
+                                momentum=0.9, lr=0.01)
+        pipe, _ = build_pipeline(cfg, task)
+        stepper = make_stepper(cfg, pipe, task, loop.initial_values(pipe, cfg.seed), y.shape[1:])
+        losses = [stepper.step(*batch).asscalar()
+                  for _, batch in zip(range(6), stepper.batches(X, y, 0))]
+        runs[name] = losses, stepper.params(), stepper.predict(X[:40]), stepper.grads()
+    (losses, params, predicted, grads), (ref_losses, ref_params, ref_predicted, ref_grads) = \
+        runs[schedule], runs['gpipe']
+    assert ref_losses[-1] < ref_losses[0]
+    np.testing.assert_allclose(losses, ref_losses, rtol=TOL, atol=1e-6)
+    np.testing.assert_allclose(predicted, ref_predicted, rtol=TOL, atol=1e-6)
+    assert sorted(params) == sorted(ref_params) and sorted(grads) == sorted(ref_grads)
+    for name, value in ref_params.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize('fields, message', [
     (dict(schedule='zb'), r"^schedule: expected gpipe or 1f1b or interleaved, found 'zb'$"),
     (dict(schedule='1f1b', virtual=2),
      r"^virtual: expected schedule 'interleaved' with it \(virtual stages are its\), found 2 "
      r"with schedule '1f1b'$"),
     (dict(schedule='interleaved', virtual=0), r"^virtual: expected a positive integer, found 0$"),
-    (dict(schedule='1f1b', api='executor'), r"^schedule: expected 'gpipe' with api 'executor'"),
     (dict(schedule='1f1b', variant='imperative'),
      r"^schedule: expected 'gpipe' \(the default\) with variant 'imperative'"),
 ])
@@ -340,6 +459,28 @@ def test_virtual_stages_the_run_cannot_use_are_refused_on_the_command_line_in_on
                                      + TRAIN + blocks, capsys) == \
         'error: --chunks: expected a multiple of the 2 devices for the interleaved schedule, ' \
         'found 3'
+
+
+def test_the_runs_memory_table_under_1f1b_is_its_stages_arrays_per_device(small_data):
+    """``--memory`` under ``--schedule 1f1b`` in one process: the table of
+    the stages' arrays on their devices (``memory_table`` of the Module),
+    parameters on both devices."""
+    from conftest import load_config  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.tools.memory import memory_table  # pylint: disable=import-outside-toplevel
+    X, y = small_data[0], small_data[1]
+    task, cfg = load_config(task='regression', devices='cpu:0,cpu:1', chunks=2, schedule='1f1b',
+                            progress=False, num_examples=len(X), widths=(2, 4, 4, 4, 1),
+                            batch_size=40, memory=True)
+    pipe, _ = loop.build_pipeline(cfg, task)
+    stepper = loop.make_stepper(cfg, pipe, task, loop.initial_values(pipe, cfg.seed), y.shape[1:])
+    stepper.step(*next(iter(stepper.batches(X, y, 0))))
+    lines = []
+    measured = loop.plan_memory(cfg, pipe, task, y.shape[1:], log=lines.append, stepper=stepper)
+    assert lines[0] == ('memory per device of the stages, their arrays (optimizer state once '
+                        'made; activations: python -m bench.schedules):')
+    assert measured == {'stages': memory_table(stepper.module).as_dict()}
+    assert sorted(measured['stages']) == ['cpu(0)', 'cpu(1)']
+    assert all(row['params'] > 0 for row in measured['stages'].values())
 
 
 def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
@@ -576,3 +717,37 @@ def test_fit_with_eval_data_score_and_predict_take_other_batch_sizes_under_the_s
     for size in (6, 5):  # 5: not of 2 micro-batches
         np.testing.assert_allclose(mod.predict(mx.io.NDArrayIter(X, batch_size=size)).asnumpy(),
                                    results['gpipe'][1], rtol=1e-5, atol=1e-6)
+
+
+def test_runtime_bind_gives_the_fused_graph_or_the_stage_runtime_behind_one_interface():
+    """``runtime.bind`` under ``gpipe`` (the fused one graph) and ``1f1b``
+    (the stage runtime): both are a ``Runtime``, bind the same parameters on
+    the same devices, and give the same outputs and gradients for a batch."""
+    from mp_symbolic.core import runtime  # pylint: disable=import-outside-toplevel
+    found = {}
+    for schedule in ('gpipe', '1f1b'):
+        net, sample = _digits()
+        pipe = Pipeline(net, 'cpu:0,cpu:1,cpu:2', sample=sample, chunks=4, schedule=schedule)
+        arg_params, aux_params = loop.initial_values(pipe, seed=0)
+        bound = runtime.bind(pipe, 'softmax', 'softmax_label',
+                             {'data': sample, 'softmax_label': (BATCH,)})
+        assert isinstance(bound, runtime.Runtime)
+        assert type(bound).__name__ == ('FusedRuntime' if schedule == 'gpipe' else 'StageRuntime')
+        arg_dict, grad_dict, aux_dict = bound.parameters
+        for name, value in arg_params.items():
+            arg_dict[name][:] = value
+        for name, value in aux_params.items():
+            aux_dict[name][:] = value
+        batch = _batch(sample, 1, 10)
+        bound.run({'data': batch.data[0], 'softmax_label': batch.label[0]}, train=True)
+        found[schedule] = (bound.outputs[0].asnumpy(),
+                           {n: (g.context, g.asnumpy()) for n, g in grad_dict.items()
+                            if g is not None},
+                           {n: a.context for n, a in arg_dict.items() if n in arg_params})
+    (out, grads, devices), (ref_out, ref_grads, ref_devices) = found['1f1b'], found['gpipe']
+    assert devices == ref_devices
+    np.testing.assert_allclose(out, ref_out, rtol=TOL, atol=1e-7)
+    assert sorted(grads) == sorted(ref_grads)
+    for name, (device, value) in ref_grads.items():
+        assert grads[name][0] == device
+        np.testing.assert_allclose(grads[name][1], value, rtol=TOL, atol=1e-6, err_msg=name)

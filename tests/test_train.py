@@ -168,7 +168,7 @@ def _optimizer_states(stepper, variant, api):
                 for updater in stepper.trainer._updaters for i, state in updater.states.items()]
     updater = stepper.module._updater if api == 'module' else stepper._updater
     weights = stepper.module._exec_group.param_arrays if api == 'module' else [
-        stepper._exec.arg_dict[n] for n in stepper.param_names]
+        stepper.runtime.parameters[0][n] for n in stepper.param_names]
     contexts = [w[0].context if isinstance(w, list) else w.context for w in weights]
     return [(contexts[i], _state_devices(state)) for i, state in updater.states.items()]
 
@@ -364,7 +364,8 @@ def test_mirroring_recomputes_ops_and_changes_no_result(small_data):
         stepper, _, _ = _stepper(small_data, 'symbolic', 'executor', THREE_DEVICES,
                                  widths=(2, 8, 8, 1), mirror=mirror)
         recomputed[mirror] = sum(line.startswith('Op:') and line.endswith('_mirror')
-                                 for line in stepper._exec.debug_str().splitlines())  # pylint: disable=protected-access
+                                 for exe in stepper.runtime.executors
+                                 for line in exe.debug_str().splitlines())
         runs['mirror=%s' % mirror] = _run_steps(stepper, small_data, num_steps=5)
     assert recomputed[False] == 0 and recomputed[True] > 0
     _assert_runs_agree(runs, 'mirror=False')

@@ -39,11 +39,16 @@ class StagedModule(PipelineModule):
     output joined on the axis where its size follows the batch (axis 0 for
     one that does not), as the one graph does.
 
+    ``grad_req`` (``'write'``, ``'add'``, ``'null'`` or by name) and
+    ``inputs_need_grad`` are Module's: the stage runtime adds the batch's
+    gradients to what a parameter's array holds where its request is
+    ``'add'``, and joins each input's gradient over the micro-batches and
+    replicas (:meth:`get_input_grads`).
+
     Raises:
         ValueError: (at ``bind``) a batch that is not a multiple of ``chunks
             x replicas``, a layout that cannot hold (as ``batch_descs``
-            says), ``inputs_need_grad``, or a ``grad_req`` other than
-            ``'write'``.
+            says), or ``inputs_need_grad`` over node processes.
     """
 
     def _graph(self):
@@ -84,12 +89,9 @@ class StagedModule(PipelineModule):
         if self.binded and not force_rebind:
             self.logger.warning('Already bound, ignoring bind()')
             return
-        if inputs_need_grad:
-            raise ValueError('inputs_need_grad: expected False under schedule=%r (the stages '
-                             'keep no input gradient), found True' % self.pipeline.schedule)
-        if grad_req != 'write':
-            raise ValueError('grad_req: expected \'write\' under schedule=%r, found %r'
-                             % (self.pipeline.schedule, grad_req))
+        if inputs_need_grad and self.pipeline.nodes is not None:
+            raise ValueError('inputs_need_grad: expected False over node processes (an input\'s '
+                             'gradient stays on the node of the stage reading it), found True')
         axis = self.pipeline.batch_axis
         descs = batch_descs(data_shapes, axis, 1) + \
             batch_descs(label_shapes or (), axis, 1, labels=True)
@@ -113,6 +115,7 @@ class StagedModule(PipelineModule):
         with split_bind(self._devices()):
             DeviceModule.bind(self, one, one_label, for_training, False, force_rebind,
                               shared_module, grad_req)
+        self.inputs_need_grad = inputs_need_grad and for_training
         self._update_args = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
         self._runtimes = self._runtimes_for(batch, for_training)
@@ -153,6 +156,9 @@ class StagedModule(PipelineModule):
         schedule = pipe.run_schedule() if chunks == pipe.chunks else \
             schedules.gpipe(plan.num_stages, 1)
         every = links(self._stages)
+        requests = self._exec_group.grad_req
+        accumulate = {n for n, r in requests.items() if r == 'add'}
+        input_grads = self._inputs if self.inputs_need_grad else ()
 
         def transport(replica):
             return open_transport(pipe.transport, Route(
@@ -163,7 +169,8 @@ class StagedModule(PipelineModule):
                          exe.aux_dict, shapes, schedule, train and self.for_training,
                          specs=specs, boundary=boundary, local=pipe.local_stages,
                          transport=transport(r), axes=self._axes, output_axes=self._out_axes,
-                         batchnorm=pipe.batchnorm)
+                         batchnorm=pipe.batchnorm, accumulate=accumulate,
+                         input_grads=input_grads)
             for r, exe in enumerate(self._exec_group.execs)]
         self._bound_at[key] = runtimes
         while len(self._bound_at) > KEPT_BINDS:
@@ -295,8 +302,28 @@ class StagedModule(PipelineModule):
                 for i, p in enumerate(per_output)]
 
     def get_input_grads(self, merge_multi_context=True):
-        raise ValueError('inputs_need_grad: expected False under schedule=%r, found a request '
-                         'for input gradients' % self.pipeline.schedule)
+        """The gradient of each input over the last training batch, in the
+        order of the data names (joined over the replicas on its batch axis,
+        on the first replica's device, with ``merge_multi_context``).
+
+        Raises:
+            ValueError: bound without ``inputs_need_grad``, or no training
+                batch run since.
+        """
+        if not self.inputs_need_grad:
+            raise ValueError('get_input_grads: expected bind(..., inputs_need_grad=True), '
+                             'found it bound without')
+        if not self._trained:
+            raise ValueError('get_input_grads: expected forward(is_train=True) first, '
+                             'found none')
+        per_input = [[runtime.input_grads[n] for runtime in self._runtimes]
+                     for n in self._inputs]
+        if not merge_multi_context:
+            return per_input
+        return [p[0] if len(p) == 1 else
+                mx.nd.concat(*[a.as_in_context(p[0].context) for a in p],
+                             dim=self._axes.get(n, 0))
+                for n, p in zip(self._inputs, per_input)]
 
     def update_metric(self, eval_metric, labels, pre_sliced=False):
         """``eval_metric`` on each replica's part of the outputs and labels

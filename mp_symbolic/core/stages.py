@@ -108,7 +108,8 @@ def variable_specs(symbol, input_shapes, input_types=None):
 
 
 class StageRuntime:
-    """The stages of one replica bound as executors, running a schedule.
+    """The stages of one replica bound as executors, running a schedule (a
+    :class:`~mp_symbolic.core.runtime.Runtime`).
 
     Every boundary tensor goes through ``transport``
     (:mod:`~mp_symbolic.core.comm`): the runtime posts each receive with the
@@ -144,11 +145,22 @@ class StageRuntime:
             running statistics once, with the whole batch's
             (:mod:`~mp_symbolic.core.batchnorm`); otherwise each
             micro-batch's backward does.
+        accumulate: The parameters whose gradients a training run adds to
+            what their arrays hold (``grad_req='add'``); the others' are
+            zeroed first (``'write'``).
+        input_grads: The inputs whose gradient a training run returns in
+            ``input_grads`` (``inputs_need_grad``).
+
+    Attributes:
+        outputs: After :meth:`run`, the network's outputs of the batch, in order.
+        input_grads: After a training :meth:`run`, ``{input: its gradient}``
+            over the batch, for each of ``input_grads`` a stage of this
+            runtime reads.
     """
 
     def __init__(self, stages, group2ctx, arg_dict, grad_dict, aux_dict, input_shapes,
                  schedule, for_training, specs, boundary=None, local=None, transport=None,
-                 axes=None, output_axes=None, batchnorm=None):
+                 axes=None, output_axes=None, batchnorm=None, accumulate=(), input_grads=()):
         self.stages, self.schedule = stages, schedule
         self.local = tuple(range(len(stages)) if local is None else local)
         self.transport = open_transport(LOCAL, None) if transport is None else transport
@@ -158,7 +170,16 @@ class StageRuntime:
         self.input_shapes = dict(input_shapes)
         self.axes = dict(axes or {})
         self.output_axes = list(output_axes or ())
-        self.grads = [g for n, g in grad_dict.items() if g is not None and n in arg_dict]
+        self.grads = [g for n, g in grad_dict.items()
+                      if g is not None and n in arg_dict and n not in accumulate]
+        # each input whose gradient is asked for: the device of the first stage reading it
+        self._input_grads = {}
+        for name in input_grads if for_training else ():
+            readers = [s for s in self.local if name in stages[s].inputs]
+            if readers:
+                self._input_grads[name] = (group2ctx[stage_name(readers[0])],
+                                           specs[1].get(name, 'float32'))
+        self.input_grads = {}
         self.links = links(stages)
         tied = tied_sends(stages)
         self._tied = {link: tied[(link.producer, link.tensor)] for link, _ in self.links
@@ -176,7 +197,7 @@ class StageRuntime:
         self._tied_receives = {s: [(link, name) for link, name in self.links
                                    if link.consumer == s and link in self._tied]
                                for s in self.local}
-        self._arg_dict, self._grad_dict = arg_dict, grad_dict
+        self._arg_dict, self._grad_dict, self._aux_dict = arg_dict, grad_dict, aux_dict
         self._held, self._held_grads = {}, {}
         self._tied_sums = {}  # (producer, tensor) -> the readers' gradient sum lands here
         if for_training:
@@ -213,10 +234,24 @@ class StageRuntime:
         self.outputs = None
         self.output_keys = []
 
+    @property
+    def parameters(self):
+        """``(arg_dict, grad_dict, aux_dict)`` its executors bind
+        (:class:`~mp_symbolic.core.runtime.Runtime`)."""
+        return self._arg_dict, self._grad_dict, self._aux_dict
+
+    @property
+    def executors(self):
+        """One executor of each stage it binds (the first of its micro-batches in flight)."""
+        return [self.slots[s][0].executor for s in self.local]
+
     def _joined_shape(self, k, shape):
         """The shape of graph output ``k`` of a micro-batch's ``shape``, the
         batch's micro-batches joined on its batch axis."""
-        axis = self.output_axes[k] if k < len(self.output_axes) else 0
+        return self._joined(shape, self.output_axes[k] if k < len(self.output_axes) else 0)
+
+    def _joined(self, shape, axis):
+        """A micro-batch's ``shape`` with the batch's micro-batches joined on ``axis``."""
         return tuple(n * self.microbatches if a == axis else n for a, n in enumerate(shape))
 
     def _bind(self, graph, symbol, groups, group2ctx, arg_dict, grad_dict, aux_dict, types):
@@ -243,6 +278,8 @@ class StageRuntime:
             elif name in self.input_shapes:
                 args[name] = mx.nd.zeros(self.input_shapes[name], device,
                                          dtype=types.get(name, 'float32'))
+                if name in self._input_grads:
+                    grads[name], reqs[name] = mx.nd.zeros_like(args[name]), 'write'
             else:
                 args[name] = arg_dict[name]
                 if self.for_training and grad_dict.get(name) is not None:
@@ -267,8 +304,8 @@ class StageRuntime:
                 what they hold; an input only another process's stages read
                 may be missing too).
             train: Run the schedule's forwards and backwards (gradients summed
-                into the gradient arrays, zeroed first); otherwise forwards
-                only, micro-batch by micro-batch.
+                into the gradient arrays, zeroed first unless ``accumulate``
+                names them); otherwise forwards only, micro-batch by micro-batch.
             each: Called with each :class:`~mp_symbolic.core.schedule.Action`
                 once it is issued (to MXNet's engine: nothing waits for it
                 unless ``each`` does, as a benchmark timing the actions one
@@ -278,6 +315,10 @@ class StageRuntime:
         if train:
             for grad in self.grads + list(self._held_grads.values()):
                 grad[:] = 0
+            self.input_grads = {
+                name: mx.nd.zeros(self._joined(self.input_shapes[name], self.axes.get(name, 0)),
+                                  device, dtype=dtype)
+                for name, (device, dtype) in self._input_grads.items()}
             order = self.order
         else:
             order = [Action(s, i, 'F') for i in range(self.microbatches) for s in self.local]
@@ -389,6 +430,14 @@ class StageRuntime:
         executor.backward(out_grads=slot.out_grads)
         self.transport.send_backward(i, [(link, executor.grad_dict[name])
                                          for link, name in self._receives[graph.stage]])
+        for name in graph.inputs:
+            if name in self._input_grads:  # micro-batch i's rows, summed over the stages reading it
+                axis = self.axes.get(name, 0)
+                rows = self.input_shapes[name][axis]
+                where = (slice(None),) * axis + (slice(i * rows, (i + 1) * rows),)
+                whole = self.input_grads[name]
+                whole[where] = whole[where] + executor.grad_dict[name].as_in_context(
+                    whole.context)
 
 
 def boundary_specs(stages, specs):

@@ -12,7 +12,7 @@ import math
 from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
     is_momentum, is_positive_int, node_count
 from ..core.batchnorm import DEFAULT as BATCHNORM_DEFAULT, MODES as BATCHNORM_MODES
-from ..core.schedule import DEFAULT, NAMES, ONE_GRAPH, VIRTUAL, one_graph
+from ..core.schedule import DEFAULT, NAMES, VIRTUAL
 from .tasks import DEFAULT_TASK
 
 __all__ = []
@@ -183,13 +183,6 @@ class TrainConfig:
         if self.api == 'executor' and (self.replicas > 1 or self.kvstore is not None):
             bad('api', "'module' with replicas or a kvstore (the executor API binds one "
                        'replica and sums no gradients)')
-        if self.api == 'executor' and not one_graph(self.schedule):
-            bad('schedule', '%s with api \'executor\' (the executor API binds the one '
-                            'graph; other schedules run through the Module)'
-                % ' or '.join(repr(k) for k in ONE_GRAPH))
-        if self.api == 'executor' and self.batchnorm != BATCHNORM_DEFAULT and self.chunks > 1:
-            bad('batchnorm', "%r with api 'executor' and chunks above 1 (the deferred update "
-                             'is the Module\'s)' % BATCHNORM_DEFAULT)
         if self.batch_size % (self.chunks * self.replicas):
             bad('batch_size', 'a multiple of chunks x replicas (%d x %d)'
                 % (self.chunks, self.replicas))

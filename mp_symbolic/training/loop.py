@@ -466,33 +466,41 @@ def _held_names(stepper):
 def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
     """Bytes per device of the split plan beside the same model on one device,
     measured after one step (:mod:`~mp_symbolic.tools.memory`); logged as two tables.
-    Over nodes, this node's arrays on its devices (``stepper``'s Module:
-    :func:`~mp_symbolic.tools.memory.memory_table`), in one table.
+    On the stage runtime (a schedule other than GPipe's one graph, or over
+    nodes), the arrays of this process's stages on their devices
+    (``stepper``'s Module: :func:`~mp_symbolic.tools.memory.memory_table`),
+    in one table.
 
     Returns:
-        ``{'split': {device: {category: bytes}}, 'one_device': {...}}`` (over
-        nodes ``{'node': ...}``), or ``None`` (said in a line) where it cannot
-        be measured.
+        ``{'split': {device: {category: bytes}}, 'one_device': {...}}`` (on
+        the stage runtime ``{'stages': ...}``, over nodes ``{'node': ...}``),
+        or ``None`` (said in a line) where it cannot be measured.
     """
     if cfg.variant != 'symbolic':
         return None
-    if pipe is not None and pipe.nodes is not None:
+    nodes = None if pipe is None else pipe.nodes
+    if not one_graph(cfg.schedule, nodes):
         from ..tools.memory import memory_table  # pylint: disable=import-outside-toplevel
         module = getattr(stepper, 'module', None)
-        if module is None:
+        if module is None and nodes is not None:
             log('memory per device: not measured per node here (python -m bench.nodes '
                 'measures each node\'s beside one process)')
             return None
+        if module is None:
+            log('memory per device: not measured (the table binds the one GPipe graph; under '
+                '--schedule %s, python -m bench.schedules measures each stage\'s)'
+                % cfg.schedule)
+            return None
         table = memory_table(module)
-        log('memory per device of node %d\'s stages, its arrays (optimizer state once made; '
-            'activations: python -m bench.nodes):' % pipe.nodes.rank)
+        if nodes is not None:
+            log('memory per device of node %d\'s stages, its arrays (optimizer state once made; '
+                'activations: python -m bench.nodes):' % nodes.rank)
+        else:
+            log('memory per device of the stages, their arrays (optimizer state once made; '
+                'activations: python -m bench.schedules):')
         for line in table.lines():
             log('    ' + line)
-        return {'node': table.as_dict()}
-    if not one_graph(cfg.schedule):
-        log('memory per device: not measured (the table binds the one GPipe graph; under '
-            '--schedule %s, python -m bench.schedules measures each stage\'s)' % cfg.schedule)
-        return None
+        return {'node' if nodes is not None else 'stages': table.as_dict()}
     from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
     local = cfg.batch_size // cfg.replicas
     symbol = pipe.training_symbol(task.graph_loss, label_name=task.label)

@@ -6,8 +6,10 @@ loss as an NDArray, left unread so steps are not synchronised):
 
 * :class:`ModuleStepper`: MXNet's ``Module`` (a :class:`~mp_symbolic.core.module.PipelineModule`,
   ``group2ctxs``, replicas and kvstores included);
-* :class:`ExecutorStepper`: ``Symbol.simple_bind(group2ctx=...)`` and an
-  optimizer updater in a plain loop, the bare executor.
+* :class:`ExecutorStepper`: the runtime of the Pipeline's schedule
+  (:func:`~mp_symbolic.core.runtime.bind`: GPipe's one graph bound with
+  ``Symbol.simple_bind(group2ctx=...)``, or the stage runtime) and an
+  optimizer updater in a plain loop.
 
 References: MXNet 1.9.1 ``tests/python/unittest/test_model_parallel.py``
 (executor + ``group2ctx``), ``test_module.py::test_module_ctx_group``
@@ -20,12 +22,11 @@ import mxnet as mx
 import numpy as np
 
 from .data import padded_batches, staged_batches
-from ..core.module import fixed_param_names
 from ..core.updater import PerDeviceUpdater
 from ..core.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.task import as_inputs
-from ..core.compat import split_bind
 from ..core.comm import control
+from ..core import runtime
 
 __all__ = []
 
@@ -44,7 +45,8 @@ def _float32(values):
 
 
 class _SymbolicStepper:
-    """What both symbolic steppers share; ``self._execs`` are the bound executors."""
+    """What both symbolic steppers share: the bound arrays of each replica
+    (:meth:`_replicas`) and the executors that run them (:meth:`_executors`)."""
 
     def __init__(self, pipe, task, cfg):
         self.pipe, self.plan, self.task, self.cfg = pipe, pipe.plan, task, cfg
@@ -56,6 +58,14 @@ class _SymbolicStepper:
         return staged_batches(X, y, self.cfg.batch_size, epoch, self.cfg.seed,
                               self.plan.first_device, self.plan.last_device, self.shard)
 
+    def _replicas(self):
+        """``[(arg_dict, grad_dict, aux_dict)]``: each replica's bound arrays by name."""
+        return [(e.arg_dict, e.grad_dict, e.aux_dict) for e in self._execs]
+
+    def _executors(self):
+        """The bound executors whose graph :meth:`cross_device_copies` reads."""
+        return self._execs[:1]
+
     def _loss(self):
         # the head's output and the label already sit on each replica's last device
         losses = [self.task.batch_loss(e.outputs[0], e.arg_dict[self.label_name])
@@ -66,43 +76,45 @@ class _SymbolicStepper:
         return mx.nd.add_n(*[l.as_in_context(first) for l in losses]) / len(losses)
 
     @property
-    def _exec(self):
-        return self._execs[0]
+    def _arrays(self):
+        return self._replicas()[0]
 
     @property
     def param_names(self):
         inputs = set(self._inputs())
-        return [n for n in self._exec.arg_dict if n not in inputs]
+        return [n for n in self._arrays[0] if n not in inputs]
 
     def held_names(self):
         """The names of the parameters and auxiliary states this process
         holds (over nodes, its stages')."""
-        return list(self.param_names) + list(self._exec.aux_dict)
+        return list(self.param_names) + list(self._arrays[2])
 
     def _inputs(self):
         """The executors' arguments that are not parameters."""
         return list(self.data_names) + [self.label_name]
 
     def params(self):
-        return OrderedDict((n, self._exec.arg_dict[n].asnumpy()) for n in self.param_names)
+        return OrderedDict((n, self._arrays[0][n].asnumpy()) for n in self.param_names)
 
     def aux(self):
-        return OrderedDict((n, a.asnumpy()) for n, a in self._exec.aux_dict.items())
+        return OrderedDict((n, a.asnumpy()) for n, a in self._arrays[2].items())
 
     def grads(self):
-        return OrderedDict((n, self._exec.grad_dict[n].asnumpy()) for n in self.param_names
-                           if self._exec.grad_dict.get(n) is not None)
+        grad_dict = self._arrays[1]
+        return OrderedDict((n, grad_dict[n].asnumpy()) for n in self.param_names
+                           if grad_dict.get(n) is not None)
 
     def placement(self):
         """``[(name, array device, gradient device or None)]`` as MXNet reports them,
         auxiliary states (BatchNorm statistics) included."""
         rows = []
-        for r, exe in enumerate(self._execs):
-            tag = '' if len(self._execs) == 1 else ' [replica %d]' % r
-            rows += [(n + tag, a.context, exe.grad_dict[n].context
-                      if exe.grad_dict.get(n) is not None else None)
-                     for n, a in exe.arg_dict.items()]
-            rows += [(n + tag, a.context, None) for n, a in exe.aux_dict.items()]
+        replicas = self._replicas()
+        for r, (arg_dict, grad_dict, aux_dict) in enumerate(replicas):
+            tag = '' if len(replicas) == 1 else ' [replica %d]' % r
+            rows += [(n + tag, a.context, grad_dict[n].context
+                      if grad_dict.get(n) is not None else None)
+                     for n, a in arg_dict.items()]
+            rows += [(n + tag, a.context, None) for n, a in aux_dict.items()]
         return rows
 
     def cross_device_copies(self):
@@ -112,20 +124,11 @@ class _SymbolicStepper:
         Read from ``debug_str()``: the placed graph, one ``Op:<op>, Name=<node>``
         line per node.
         """
-        names = [line.split('Name=', 1)[1] for line in self._exec.debug_str().splitlines()
+        names = [line.split('Name=', 1)[1] for exe in self._executors()
+                 for line in exe.debug_str().splitlines()
                  if line.startswith('Op:_CrossDeviceCopy,')]
         backward = sum('_backward' in n for n in names)
         return len(names) - backward, backward
-
-    def _predict_with(self, exe, X):
-        """Inference-mode outputs of ``exe`` over ``X``, in batches of its bound size."""
-        outputs = []
-        for batch, count in padded_batches(X, exe.arg_dict[self.data_names[0]].shape[0]):
-            for name, part in zip(self.data_names, batch):
-                exe.arg_dict[name][:] = part
-            exe.forward(is_train=False)
-            outputs.append(exe.outputs[0].asnumpy()[:count])
-        return np.concatenate(outputs)
 
 
 class NodeArrays(Mapping):
@@ -269,11 +272,11 @@ class ModuleStepper(_SymbolicStepper):
 
     def params(self):
         """Every parameter by name (numpy); over nodes a :class:`NodeArrays`."""
-        return self._everyone(OrderedDict((n, self._exec.arg_dict[n]) for n in self.param_names))
+        return self._everyone(OrderedDict((n, self._arrays[0][n]) for n in self.param_names))
 
     def aux(self):
         """Every auxiliary state by name (numpy); over nodes a :class:`NodeArrays`."""
-        return self._everyone(self._exec.aux_dict)
+        return self._everyone(self._arrays[2])
 
     def arg_aux(self):
         """``(arg_params, aux_params)`` as NDArrays on ``cpu()``, to be read
@@ -310,42 +313,48 @@ class ModuleStepper(_SymbolicStepper):
 
 
 class ExecutorStepper(_SymbolicStepper):
-    """The Pipeline's graph bound with ``Symbol.simple_bind(..., group2ctx=...)``,
-    updated by an optimizer updater in a plain loop (one replica)."""
+    """The Pipeline's graph bound as the runtime its schedule runs on
+    (:func:`~mp_symbolic.core.runtime.bind`: GPipe's one graph, or the
+    stage runtime), updated by an optimizer updater in a plain loop (one
+    replica)."""
 
     def __init__(self, pipe, task, cfg, init, label_shape):
         super().__init__(pipe, task, cfg)
-        symbol = pipe.training_symbol(task.graph_loss, label_name=self.label_name)
-        # constants and frozen layers (grad_req 'null') get no gradient and no update
-        fixed = set(fixed_param_names(pipe, symbol))
-        grad_req = {n: 'null' if n in self.data_names or n == self.label_name or n in fixed
-                    else 'write' for n in symbol.list_arguments()}
-        with split_bind(self.plan.group2ctx, symbol, fixed=fixed):
-            exe = symbol.simple_bind(
-                ctx=self.plan.first_device, group2ctx=self.plan.group2ctx, grad_req=grad_req,
-                **dict(task.data_shapes(cfg.batch_size, self.data_names),
-                       **{self.label_name: (cfg.batch_size,) + tuple(label_shape)}))
+        shapes = dict(task.data_shapes(cfg.batch_size, self.data_names),
+                      **{self.label_name: (cfg.batch_size,) + tuple(label_shape)})
+        self.runtime = runtime.bind(pipe, task.graph_loss, self.label_name, shapes)
+        arg_dict, grad_dict, aux_dict = self.runtime.parameters
         arg_params, aux_params = init
         for name, value in arg_params.items():
-            exe.arg_dict[name][:] = value
+            arg_dict[name][:] = value
         for name, value in aux_params.items():
-            exe.aux_dict[name][:] = value
-        self._execs = [exe]
+            aux_dict[name][:] = value
+        self._batch = cfg.batch_size
         self._optimizer = create_optimizer(cfg)
         self._updater = PerDeviceUpdater(mx.optimizer.get_updater(self._optimizer))
-        self._names, self._fixed = self.param_names, fixed
-        trained = [i for i, n in enumerate(self._names) if n not in fixed]
-        self._update_args = (trained, [exe.grad_dict[self._names[i]] for i in trained],
-                             [exe.arg_dict[self._names[i]] for i in trained])
+        self._names = self.param_names
+        # constants and frozen layers (grad_req 'null') get no gradient and no update
+        self._fixed = {n for n in self._names if grad_dict.get(n) is None}
+        trained = [i for i, n in enumerate(self._names) if n not in self._fixed]
+        self._update_args = (trained, [grad_dict[self._names[i]] for i in trained],
+                             [arg_dict[self._names[i]] for i in trained])
+        self._label = None
+
+    def _replicas(self):
+        return [self.runtime.parameters]
+
+    def _executors(self):
+        return self.runtime.executors
+
+    def _loss(self):
+        out = self.runtime.outputs[0]
+        return self.task.batch_loss(out, self._label.as_in_context(out.context))
 
     def update_step(self, X, y):
         """Forward, backward and one update on a staged batch; no loss is read."""
-        exe = self._exec
-        for name, part in zip(self.data_names, as_inputs(X)):
-            part.copyto(exe.arg_dict[name])  # on-device copies of the staged batch
-        y.copyto(exe.arg_dict[self.label_name])
-        exe.forward(is_train=True)
-        exe.backward()
+        inputs = dict(zip(self.data_names, as_inputs(X)))
+        inputs[self.label_name] = self._label = y
+        self.runtime.run(inputs, train=True)
         # weight, gradient and optimizer state of each parameter share its device
         self._updater(*self._update_args)
 
@@ -354,23 +363,31 @@ class ExecutorStepper(_SymbolicStepper):
         return self._loss()
 
     def predict(self, X):
-        return self._predict_with(self._exec, X)
+        """Inference-mode outputs over ``X``, in batches of the bound size."""
+        outputs = []
+        for batch, count in padded_batches(X, self._batch):
+            self.runtime.run({n: mx.nd.array(part) for n, part in zip(self.data_names, batch)},
+                             train=False)
+            outputs.append(self.runtime.outputs[0].asnumpy()[:count])
+        return np.concatenate(outputs)
 
     def set_params(self, arg_params, aux_params):
+        arg_dict, _, aux_dict = self.runtime.parameters
         for name, value in arg_params.items():
-            self._exec.arg_dict[name][:] = value
+            arg_dict[name][:] = value
         for name, value in aux_params.items():
-            self._exec.aux_dict[name][:] = value
+            aux_dict[name][:] = value
 
     def arg_aux(self):
-        exe = self._exec
-        return ({n: exe.arg_dict[n].copyto(mx.cpu()) for n in self._names},
-                {n: a.copyto(mx.cpu()) for n, a in exe.aux_dict.items()})
+        arg_dict, _, aux_dict = self.runtime.parameters
+        return ({n: arg_dict[n].copyto(mx.cpu()) for n in self._names},
+                {n: a.copyto(mx.cpu()) for n, a in aux_dict.items()})
 
     def optimizer_states(self):
         return states_by_name(self._updater, self._optimizer, OrderedDict(enumerate(self._names)))
 
     def set_optimizer_states(self, states):
-        targets = {n: (i, self._exec.arg_dict[n].context) for i, n in enumerate(self._names)}
+        arg_dict = self.runtime.parameters[0]
+        targets = {n: (i, arg_dict[n].context) for i, n in enumerate(self._names)}
         set_states_by_name(self._updater, self._optimizer, drop_states(states, self._fixed),
                            targets)
