@@ -4,8 +4,8 @@ processes against one process of the same plan, one row each.
 
 Each network is cut into stages over the devices of its plan (2 nodes: each
 holds half of them), trained under ``'1f1b'`` with micro-batches (``chunks``)
-by Adam for :data:`STEPS` steps on batches of :data:`~bench.networks.BATCH`,
-from random initial values, two ways:
+by Adam for :data:`STEPS` steps on batches of :data:`~bench.networks.BATCH`
+(each the network's sample and label), from random initial values, two ways:
 
 - **python**: every process runs ``mx.random.seed(0)``, then
   ``Pipeline(..., nodes=2)``'s ``pipe.module(...).fit(data,
@@ -18,19 +18,24 @@ from random initial values, two ways:
   mp_symbolic train`` with the same flags; the checkpoints (one part per node
   against one process's) are read with :func:`mp_symbolic.read_checkpoint`,
   and the outputs are those of each checkpoint's parameters on the sample,
-  forward on one device.
+  forward on one device. ``train`` ends in exit status 1 where the training
+  loss did not fall (BatchNorm's running statistics after three steps can
+  give a higher loss than the initial ones); it keeps that last epoch's
+  checkpoint, compared as any other, and the cell says ``(both: did not
+  improve)`` where both layouts so ended.
 
 Each cell is the largest ``|difference|`` from one process, over every
 parameter, every auxiliary state (BatchNorm's running statistics) and every
 output, as ``params / aux / outputs``; a network whose nodes fail is a row
 naming the failure (its last line). The networks are built by
-:mod:`bench.networks` (its builders and sizes; YOLOv3's prediction weights
-of deviation ``MP_YOLO_SCALE``, 1 here), plus ResNet-152 v1d, VGG-16 with
-BatchNorm, SimplePose and a small BERT sharded by ``tensor_parallel='auto'``.
+:mod:`bench.networks` (its builders and sizes), plus ResNet-152 v1d, VGG-16
+with BatchNorm, SimplePose and a small BERT sharded by
+``tensor_parallel='auto'``; the values the builders give are not used: the
+Python route draws every parameter by Xavier from the seed and its name,
+the command line by the blocks' own initialisers after ``--seed``.
 ``--quick``: the small sizes of :mod:`bench.networks` (for a test).
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -39,8 +44,7 @@ import time
 
 import numpy as np
 
-os.environ.setdefault('MP_YOLO_SCALE', '1')
-from bench import networks  # pylint: disable=wrong-import-position
+from bench import networks
 
 __all__ = ['PLANS', 'spec_of', 'fitted', 'merge', 'differences', 'run_python', 'run_cli',
            'main']
@@ -52,6 +56,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWO = 'cpu:0,cpu:1'
 FOUR = 'cpu:0,cpu:1,cpu:2,cpu:3'
 BERT_SHAPE = (networks.BATCH, 8)
+# train's refusal of a run whose loss did not fall; it keeps the last epoch's checkpoint
+DID_NOT_IMPROVE = 'training did not improve the model'
 
 
 def _pose(quick):
@@ -186,9 +192,11 @@ def _last_line(text):
     return lines[-1].strip()[:200] if lines else '(no output)'
 
 
-def _wait(procs, timeout, what):
+def _wait(procs, timeout, what, kept=None):
     """Waits for ``procs``; raises RuntimeError naming the first that
-    failed (its last line) or the timeout. Every process is gone after."""
+    failed (its last line) or the timeout. Every process is gone after.
+    With ``kept``, a process that exits 1 with that text in its output is
+    no failure. Returns whether any so exited."""
     try:
         ended = [p.communicate(timeout=timeout) for p in procs]
     except subprocess.TimeoutExpired:
@@ -197,10 +205,14 @@ def _wait(procs, timeout, what):
         for p in procs:
             p.kill()
             p.wait()
-    for k, (p, (_, err)) in enumerate(zip(procs, ended)):
-        if p.returncode:
+    found = False
+    for k, (p, (out, err)) in enumerate(zip(procs, ended)):
+        if p.returncode == 1 and kept is not None and kept in (out or '') + (err or ''):
+            found = True
+        elif p.returncode:
             who = what if len(procs) == 1 else '%s, node %d' % (what, k)
             raise RuntimeError('%s: exit %d: %s' % (who, p.returncode, _last_line(err)))
+    return found
 
 
 def differences(ours, theirs):
@@ -280,34 +292,47 @@ def _checkpoint_values(folder):
 
 
 def run_cli(name, timeout=600):
-    """The command-line route: the differences of ``launch --nodes 2 --
-    train`` from ``train`` in one process."""
+    """The command-line route: ``(differences of launch --nodes 2 -- train
+    from train in one process, whether both ended in train's "did not
+    improve" refusal)``. That refusal keeps the last epoch's checkpoint
+    (marked incomplete), which is compared as any other; one layout
+    refusing and not the other is a RuntimeError."""
     with tempfile.TemporaryDirectory(prefix='node-networks-cli-') as tmp:
-        runs = {}
+        runs, refused = {}, {}
         for layout, prefix in (('one', []), ('nodes', ['launch', '--nodes', '2', '--'])):
             out = os.path.join(tmp, layout)
             cmd = [sys.executable, '-m', 'mp_symbolic'] + prefix + cli_flags(name, out)
             proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
-            _wait([proc], timeout, 'one process' if layout == 'one' else '2 nodes')
+            refused[layout] = _wait([proc], timeout,
+                                    'one process' if layout == 'one' else '2 nodes',
+                                    kept=DID_NOT_IMPROVE)
             runs[layout] = _checkpoint_values(out)
+        if refused['one'] != refused['nodes']:
+            raise RuntimeError('expected both layouts to end alike, found %s'
+                               % ' and '.join('%s %s' % (l, 'did not improve' if r else 'exit 0')
+                                              for l, r in sorted(refused.items())))
     # the outputs of each checkpoint's values on the sample, on one device
     from bench import node_task  # pylint: disable=import-outside-toplevel
     layouts = sorted(runs)
     for layout, outputs in zip(layouts, node_task.outputs_of(
             name, [{k.split(':', 1)[1]: v for k, v in runs[l].items()} for l in layouts])):
         runs[layout].update({'output:%d' % k: o for k, o in enumerate(outputs)})
-    return differences(runs['nodes'], runs['one'])
+    return differences(runs['nodes'], runs['one']), refused['one']
 
 
 def _cell(route, name, quick, timeout):
     start = time.time()
+    refused = False
     try:
-        found = run_python(name, quick, timeout) if route == 'python' \
-            else run_cli(name, timeout)
+        if route == 'python':
+            found = run_python(name, quick, timeout)
+        else:
+            found, refused = run_cli(name, timeout)
     except (RuntimeError, ValueError) as err:
         return 'failed: %s' % str(err).splitlines()[0], time.time() - start
-    return '%.1e / %.1e / %.1e' % (found['params'], found['aux'], found['outputs']), \
+    return '%.1e / %.1e / %.1e%s' % (found['params'], found['aux'], found['outputs'],
+                                     ' (both: did not improve)' if refused else ''), \
         time.time() - start
 
 

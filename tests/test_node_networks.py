@@ -8,12 +8,11 @@ YOLOv3, the LSTM language model) and its command-line route are run by the
 benchmark only (docs/nodes.md)."""
 import os
 
+import numpy as np
 import pytest
 
 from bench import node_networks
 from conftest import reserved_port, run_node_workers
-
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, 'tests', 'node_networks_worker.py')
