@@ -15,8 +15,6 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# GluonCV before the nodes import torch: GluonCV 0.10 refuses to import where torch 2 was
-import gluoncv  # pylint: disable=wrong-import-position,unused-import
 from bench import node_networks  # pylint: disable=wrong-import-position
 
 
