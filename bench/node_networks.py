@@ -357,9 +357,13 @@ def main(argv=None):
     names = list(PLANS) if args.only is None else [n for n in args.only.split(',') if n]
     unknown = [n for n in names if n not in PLANS]
     routes = [r for r in args.route.split(',') if r]
-    if unknown or not routes or any(r not in ('python', 'cli') for r in routes):
-        print('error: expected --only among %s and --route among python, cli, found %s'
-              % (', '.join(PLANS), ', '.join(unknown) or args.route), file=sys.stderr)
+    if unknown:
+        print('error: --only: expected names among %s, found %s'
+              % (', '.join(PLANS), ', '.join(unknown)), file=sys.stderr)
+        return 2
+    if not routes or any(r not in ('python', 'cli') for r in routes):
+        print('error: --route: expected python, cli or both, found %r' % args.route,
+              file=sys.stderr)
         return 2
     print('2 nodes against one process: 1F1B, Adam (lr %g), %d steps of batch %d, '
           'mx.random.seed(%d); largest |difference| params / aux / outputs'
