@@ -249,7 +249,7 @@ def merge(parts):
 
 def run_python(name, quick=False, timeout=600):
     """The Python route: the differences of 2 node processes from one."""
-    port = networks_free_port()
+    from mp_symbolic.tools.launch import free_port  # pylint: disable=import-outside-toplevel
     with tempfile.TemporaryDirectory(prefix='node-networks-') as tmp:
         cmd = [sys.executable, '-m', 'bench.node_networks', '--fit', name] \
             + (['--quick'] if quick else [])
@@ -257,6 +257,7 @@ def run_python(name, quick=False, timeout=600):
                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
         _wait([one], timeout, 'one process')
+        port = free_port()  # picked as the nodes start
         nodes = [subprocess.Popen(cmd + ['--held', os.path.join(tmp, 'node%d.npz' % k),
                                          '--nodes', '2'], cwd=ROOT,
                                   env=_env(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
@@ -267,11 +268,6 @@ def run_python(name, quick=False, timeout=600):
         reference = dict(np.load(os.path.join(tmp, 'one.npz')))
         merged = merge([dict(np.load(os.path.join(tmp, 'node%d.npz' % k))) for k in range(2)])
     return differences(merged, reference)
-
-
-def networks_free_port():
-    from mp_symbolic.tools.launch import free_port  # pylint: disable=import-outside-toplevel
-    return free_port()
 
 
 def cli_flags(name, out):
