@@ -325,6 +325,20 @@ print('torch' in sys.modules)
     assert result.stdout.strip() == 'False', result.stderr[-2000:]
 
 
+def test_a_gluoncv_network_builds_after_the_nodes_imported_torch():
+    # a node's Pipeline imports torch; GluonCV refuses to import after torch 2
+    code = '''
+from mp_symbolic.core import nodes
+nodes.torch('distributed')
+from gluoncv import model_zoo
+net = model_zoo.get_model('resnet18_v1b', pretrained=False, classes=10)
+print(type(net).__name__)
+'''
+    result = subprocess.run([sys.executable, '-c', code], env=dict(os.environ, PYTHONPATH=ROOT),
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == 'ResNetV1b', result.stderr[-2000:]
+
+
 def test_the_makefile_installs_the_torch_the_nodes_extra_pins():
     import re  # pylint: disable=import-outside-toplevel
     with open(os.path.join(ROOT, 'Makefile')) as f:

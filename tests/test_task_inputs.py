@@ -164,3 +164,46 @@ def test_a_list_of_arrays_is_several_inputs_and_a_list_of_rows_one_array():
     rows = Task(name='t', blocks=[gluon.nn.Dense(1)], loss='l2',
                 train=([[0.0, 1.0], [1.0, 0.0]] * 4, [[0.0]] * 8)).data()
     assert rows.X.shape == (8, 2)
+
+
+LENGTHS_TASK = '''
+import numpy as np
+from mxnet import gluon
+
+import mp_symbolic
+
+
+class Scaled(gluon.HybridBlock):
+    """A feature vector's layer, scaled by one number per example (as BERT reads
+    its valid lengths: one per sequence)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.dense = gluon.nn.Dense(4, activation='tanh', prefix='dense_')
+            self.out = gluon.nn.Dense(1, prefix='out_')
+
+    def hybrid_forward(self, F, vector, scale):
+        return self.out(F.broadcast_mul(self.dense(vector), scale.reshape((-1, 1))))
+
+
+def task():
+    rng = np.random.default_rng(0)
+    vector = rng.normal(size=(64, 6)).astype(np.float32)
+    scale = rng.integers(1, 5, 64).astype(np.float32)
+    y = (vector[:, :1] * scale[:, None] / 4).astype(np.float32)
+    return mp_symbolic.Task(name='scaled', blocks=lambda: Scaled(prefix='net_'),
+                            train=((vector, scale), y), loss='l2', batch_size=16,
+                            num_epochs=2, lr=0.1)
+'''
+
+
+def test_an_input_of_one_number_per_example_among_several_trains_as_on_one_device(tmp_path):
+    path = tmp_path / 'scaled.py'
+    path.write_text(LENGTHS_TASK)
+    one = _train(str(path), tmp_path / 'one', devices='cpu:0')
+    split = _train(str(path), tmp_path / 'split', chunks=2)
+    assert sorted(split.params) == sorted(one.params)
+    for name, value in one.params.items():
+        assert np.isfinite(value).all(), name
+        np.testing.assert_allclose(split.params[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

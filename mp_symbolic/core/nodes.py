@@ -90,6 +90,7 @@ def torch(part=None):
     name = 'torch' if part is None else 'torch.' + part
     if name in sys.modules:
         return sys.modules[name]
+    _gluoncv_first()
     site = os.path.join(sys.prefix, TORCH_SITE)
     if importlib.util.find_spec('torch') is None and os.path.isdir(site) \
             and site not in sys.path:
@@ -100,6 +101,21 @@ def torch(part=None):
         raise NodeError('nodes: expected torch (its torch.distributed carries the tensors '
                         'between node processes), found none: %s; make setup installs it, or '
                         "pip install 'torch==2.13.0'" % err) from None
+
+
+def _gluoncv_first():
+    """Imports GluonCV, where it is installed and not imported yet, before
+    torch is: GluonCV refuses to import once torch 2 is importable
+    (dmlc/gluon-cv#1768, a RuntimeError), so a GluonCV network built after
+    a node's Pipeline would fail. A GluonCV that does not import here is
+    left for its user to meet."""
+    if 'torch' in sys.modules or 'gluoncv' in sys.modules or \
+            importlib.util.find_spec('gluoncv') is None:
+        return
+    try:
+        importlib.import_module('gluoncv')
+    except Exception:  # pylint: disable=broad-except
+        pass
 
 
 class NodeError(ValueError):

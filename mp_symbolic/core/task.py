@@ -98,8 +98,9 @@ class Task:
             training loop shuffles it per epoch by the seed). For a network
             of several inputs, ``X`` is a tuple ``(X0, X1, ...)`` of arrays
             with the same examples, one per positional input (the graph
-            calls them ``data0``, ``data1``, ...), or the DataIter has one
-            data array per input, in order.
+            calls them ``data0``, ``data1``, ...; one of several may hold
+            one number per example, ``(examples,)``), or the DataIter has
+            one data array per input, in order.
         loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
             ``(prediction, label) -> Symbol`` (what ``pipe.module(loss=...)``
             takes). ``'softmax'`` takes its classes on the axis the labels
@@ -459,7 +460,8 @@ def _numpy(array):
 
 def _checked(name, X, y, which):
     """The input ``X`` (called ``which``) as float32, checked with its labels ``y``."""
-    if X.ndim < 2 or y.ndim < 1 or len(X) != len(y):
+    # one of several inputs may hold one number per example (BERT's valid lengths)
+    if X.ndim < (2 if which == 'X' else 1) or y.ndim < 1 or len(X) != len(y):
         raise TaskError('%s: expected %s of shape (examples, ...) and y with one label per '
                         'example, found %s %s and y %s' % (name, which, which, X.shape, y.shape))
     if not (np.issubdtype(X.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
