@@ -378,11 +378,17 @@ def _serve_torch_node(args):
 def serve(args):
     """One process of the benchmark (``args.serve``, one of :data:`ROLES`),
     answering commands on stdin with one JSON line each on stdout: ``info``
-    (versions and thread settings), ``init PATH`` / ``init`` (the project's
-    initial values written to PATH, then each side's first step and its
-    loss), ``time [MODEL] S`` (seconds of S steps), ``gemm N`` (FLOP/s of N
-    1024^3 products), ``profile [MODEL] S TOP`` (the TOP slowest operators
-    over S steps); anything else ends it."""
+    (versions and thread settings), ``init PATH`` (the project: its initial
+    values and first output written to PATH; PyTorch: read from PATH, with
+    ``BALANCE`` after it for a stage), then the first step and its loss,
+    ``time [MODEL] S`` (seconds of S steps), ``gemm N`` (FLOP/s of N 1024^3
+    products), ``profile [MODEL] S TOP`` (the TOP slowest operators over S
+    steps); anything else ends it.
+
+    Raises:
+        ValueError: torch is missing (``NodeError``), or the initial values
+            do not fit the model.
+    """
     if args.serve in ('project', 'project-node', 'project-profile'):
         _serve_project(args, args.serve)
     elif args.serve == 'torch':
@@ -634,7 +640,11 @@ def main(argv=None):
     if args.serve:
         args.widths = [args.width]
         args.chunks = args.chunks[0]
-        serve(args)
+        try:
+            serve(args)
+        except ValueError as err:   # torch missing (NodeError), initial values that do not fit
+            print('error: %s' % err, file=sys.stderr)
+            return 1
         return 0
     if args.quick:
         args.widths, args.chunks, args.rounds, args.steps, args.gemm = [32], [2], 2, 1, 1

@@ -80,3 +80,19 @@ def test_micro_batch_counts_that_do_not_divide_the_batch_are_refused_in_one_line
     assert result.stderr.strip().splitlines()[-1] == (
         'python -m bench.peer: error: --chunks: expected divisors of --batch (16), found 3')
     assert 'Traceback' not in result.stderr
+
+
+def test_initial_values_without_the_models_parameters_end_a_pytorch_process_in_one_line(
+        tmp_path):
+    path = str(tmp_path / 'other.npz')
+    np.savez(path, other_weight=np.zeros((3, 4), np.float32))
+    proc = subprocess.Popen([sys.executable, '-m', 'bench.peer', peer.SERVE, 'torch', '--width',
+                             '32', '--layers', '1', '--batch', '4'], cwd=ROOT, env=ENV,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    stdout, stderr = proc.communicate('init %s\n' % path, timeout=300)
+    assert proc.returncode == 1
+    assert stdout == ''
+    assert stderr.strip().splitlines()[-1] == (
+        'error: initial values: expected embed_token_weight, found none')
+    assert 'Traceback' not in stderr
