@@ -43,7 +43,8 @@ the faster of MXNet's two.
 ``--profile``: the top operators of one step of each side at each width,
 from MXNet's profiler (aggregate statistics, in a process of its own with
 MXNet's bulking of ops off, so each op has its own row) and from
-``torch.profiler`` (self CPU time), as ms per step and % of the step.
+``torch.profiler`` (self CPU time): ms and calls a step, and the share of all
+operators' time.
 """
 import argparse
 import json
