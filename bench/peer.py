@@ -19,10 +19,12 @@ the project's initial values (``mx.init.Normal(0.02)`` after
   tied embedding, its gradient summed over both processes before the update.
 
 Before any timing, the first step's loss of every PyTorch model must equal
-the project's on the same batch (relative 1e-5), and the one-process
-models' probabilities the project's to 1e-7 each (float32 rounding; the
-loss alone misses a change of the attention's weights, whose scores start
-near zero): the proof that both time the same function. Every process runs one thread
+the project's on the same batch (relative 1e-5), the one-process models'
+probabilities the project's to 1e-7 each (float32 rounding; the loss alone
+misses a change of the attention's weights, whose scores start near zero),
+and the second step's loss, after one Adam update, the project's (relative
+1e-5; it tells a tied embedding whose gradient lacks one of its uses): the
+proof that both time the same function and the same update. Every process runs one thread
 (``OMP_NUM_THREADS=1``, ``OMP_WAIT_POLICY=PASSIVE``, ``MKL_NUM_THREADS=1``,
 ``torch.set_num_threads(1)``; MXNet's one engine worker) and starts once;
 each round times ``--steps`` steps of every row, the project's and
@@ -211,8 +213,12 @@ def _serve_project(args, role):
             probs = mod.get_outputs()[0].asnumpy()
             mod.update()
             np.savez(command[1], **values, **{FIRST_SOFTMAX: probs})
-            picked = np.take_along_axis(probs, label[..., None].astype(np.int64), -1)
-            answer = {'loss': float(-np.log(picked.astype(np.float64)).mean())}
+            mod.forward_backward(batch)
+            after = mod.get_outputs()[0].asnumpy()
+            mod.update()
+            answer = {key: float(-np.log(np.take_along_axis(
+                p, label[..., None].astype(np.int64), -1).astype(np.float64)).mean())
+                      for key, p in (('loss', probs), ('second_loss', after))}
         elif command[0] == 'time':
             answer = {'seconds': timing.seconds(lambda: step(int(command[1])))}
         elif command[0] == 'gemm':
@@ -297,9 +303,9 @@ def _serve_torch(args):
                 with torch.no_grad():
                     probs = torch.softmax(models[name][0](data), dim=-1).numpy()
                 losses = []
-                step(name, 1, losses)
-                answer[name] = {'loss': losses[0], 'softmax_diff': float(
-                    np.abs(probs - values[FIRST_SOFTMAX]).max())}
+                step(name, 2, losses)
+                answer[name] = {'loss': losses[0], 'second_loss': losses[1],
+                                 'softmax_diff': float(np.abs(probs - values[FIRST_SOFTMAX]).max())}
         elif command[0] == 'time':
             start = time.perf_counter()
             step(command[1], int(command[2]))
@@ -364,8 +370,9 @@ def _serve_torch_node(args):
         elif command[0] == 'init':
             build(dict(np.load(command[1])), [int(b) for b in command[2].split(',')])
             losses = []
-            step(1, losses)
-            answer = {'loss': losses[0] if losses else None}
+            step(2, losses)
+            answer = {'loss': losses[0] if losses else None,
+                      'second_loss': losses[1] if losses else None}
         elif command[0] == 'time':
             start = time.perf_counter()
             step(int(command[1]))
@@ -381,7 +388,8 @@ def serve(args):
     answering commands on stdin with one JSON line each on stdout: ``info``
     (versions and thread settings), ``init PATH`` (the project: its initial
     values and first output written to PATH; PyTorch: read from PATH, with
-    ``BALANCE`` after it for a stage), then the first step and its loss,
+    ``BALANCE`` after it for a stage), then the first two steps and their
+    losses,
     ``time [MODEL] S`` (seconds of S steps), ``gemm N`` (FLOP/s of N 1024^3
     products), ``profile [MODEL] S TOP`` (the TOP slowest operators over S
     steps); anything else ends it.
@@ -449,10 +457,12 @@ def _width(args, width, folder, log):
             procs += pairs[chunks][0] + pairs[chunks][1]
         info = {'project': _ask([project], 'info')[0], 'pytorch': _ask([peer], 'info')[0]}
         balance = info['project'].pop('balance')
-        loss = _ask([project], 'init ' + values)[0]['loss']
+        ours = _ask([project], 'init ' + values)[0]
+        loss, after_update = ours['loss'], ours['second_loss']
         first = _ask([peer], 'init ' + values)[0]
         names = {'explicit': 'PyTorch, explicit attention', 'sdpa': 'PyTorch, SDPA'}
         losses = {names[k]: v['loss'] for k, v in first.items()}
+        seconds = {names[k]: v['second_loss'] for k, v in first.items()}
         softmax = {names[k]: v['softmax_diff'] for k, v in first.items()}
         rows = {'one process, explicit attention': (_Side([project], 'time %d'),
                                                     _Side([peer], 'time explicit %d')),
@@ -462,6 +472,7 @@ def _width(args, width, folder, log):
             _ask(ours, 'time 1')   # the first step: bound, connected
             first = _ask(theirs, 'init %s %s' % (values, ','.join(map(str, balance))))
             losses['PyTorch pipelining, %d micro-batches' % chunks] = first[1]['loss']
+            seconds['PyTorch pipelining, %d micro-batches' % chunks] = first[1]['second_loss']
             rows['2 processes 1F1B, %d micro-batches' % chunks] = (
                 _Side(ours, 'time %d'), _Side(theirs, 'time %d'))
         for name, value in losses.items():
@@ -469,6 +480,11 @@ def _width(args, width, folder, log):
                 raise RuntimeError('%s: expected the first step\'s loss %.6f of the project\'s '
                                    'GPT on the same batch, found %.6f: not the same model'
                                    % (name, loss, value))
+        for name, value in seconds.items():
+            if not same_loss(after_update, value):
+                raise RuntimeError('%s: expected the second step\'s loss %.6f of the project\'s '
+                                   'GPT after one Adam update, found %.6f: not the same model '
+                                   'or not the same update' % (name, after_update, value))
         for name, value in softmax.items():
             if not value <= SOFTMAX_ATOL:
                 raise RuntimeError('%s: expected the first step\'s probabilities of the '
@@ -477,6 +493,8 @@ def _width(args, width, folder, log):
         log('width %d: first step\'s loss %.6f, the project; %s (equal to %g relative)'
             % (width, loss, ', '.join('%.6f %s' % (v, k) for k, v in losses.items()),
                LOSS_RTOL))
+        log('width %d: second step\'s loss, after one Adam update: %.6f, the project; %s'
+            % (width, after_update, ', '.join('%.6f %s' % (v, k) for k, v in seconds.items())))
         log('width %d: first step\'s probabilities, largest difference from the project\'s: '
             '%s (at most %g)' % (width, ', '.join('%.1e %s' % (v, k) for k, v in softmax.items()),
                                  SOFTMAX_ATOL))
@@ -489,8 +507,8 @@ def _width(args, width, folder, log):
         for r in range(args.rounds):
             for name, (ours, theirs) in rows.items():
                 pair = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-                first, second = (half.seconds(args.steps) / args.steps for half in pair)
-                times[name].append((first, second) if r % 2 == 0 else (second, first))
+                earlier, later = (half.seconds(args.steps) / args.steps for half in pair)
+                times[name].append((earlier, later) if r % 2 == 0 else (later, earlier))
             peak = _ask([project], 'gemm %d' % args.gemm)[0]
             peak.update(_ask([peer], 'gemm %d' % args.gemm)[0])
             gemm.append(peak)
@@ -499,6 +517,7 @@ def _width(args, width, folder, log):
         if args.profile:
             profile = _profile(args, width, peer)
         return {'info': info, 'loss': loss, 'losses': losses, 'softmax_diff': softmax,
+                'second_loss': after_update, 'second_losses': seconds,
                 'balance': balance,
                 'times': times, 'gemm': gemm, 'load': load, 'profile': profile}
     finally:
@@ -667,7 +686,8 @@ def main(argv=None):
         return 1
     os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
     with open(args.out, 'w') as f:
-        json.dump({str(k): {key: v[key] for key in ('loss', 'losses', 'softmax_diff', 'balance',
+        json.dump({str(k): {key: v[key] for key in ('loss', 'losses', 'softmax_diff', 'second_loss',
+                                                    'second_losses', 'balance',
                                                     'times', 'gemm',
                                                     'load', 'profile', 'medians', 'gemm_peaks',
                                                     'flops_per_token', 'utilisation',

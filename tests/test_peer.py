@@ -36,6 +36,10 @@ def test_quick_run_prints_every_row_after_each_pytorch_copy_matches_the_first_lo
     for value in figures['losses'].values():
         assert peer.same_loss(figures['loss'], value)
     assert all(d <= peer.SOFTMAX_ATOL for d in figures['softmax_diff'].values())
+    assert "second step's loss, after one Adam update" in text
+    assert len(figures['second_losses']) == 3
+    for value in figures['second_losses'].values():
+        assert peer.same_loss(figures['second_loss'], value)
     for name in ROWS:
         assert len(figures['times'][name]) == 2
         assert all(s > 0 for pair in figures['times'][name] for s in pair)
