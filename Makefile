@@ -27,7 +27,7 @@ SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
 .PHONY: help setup train-symbolic train-imperative train-digits train-lm export-lm sample-lm \
         export export-digits compare \
-        bench bench-export bench-dist bench-pipeline bench-tp bench-lm bench-nodes bench-blas \
+        bench bench-export bench-dist bench-pipeline bench-tp bench-lm bench-nodes bench-blas bench-peer \
         bench-commit test clean distclean
 
 help:
@@ -48,6 +48,7 @@ help:
 	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time, tokens/s and MFU"
 	@echo "make bench-nodes       the language model on 2 node processes against 2 devices of one process: step time, bytes sent, memory"
 	@echo "make bench-blas        OpenBLAS at the CPU's own kernel against its own choice: dot, batch_dot, every task"
+	@echo "make bench-peer        the language model's step against PyTorch's on the same GPT: one process, and 2 processes 1F1B against torch.distributed.pipelining"
 	@echo "make bench-commit      a checkpoint commit over 2 node processes: time, bytes each node writes, memory"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
@@ -142,6 +143,9 @@ bench-nodes: $(STAMP) $(TORCH_STAMP)
 
 bench-blas: $(STAMP)
 	$(PY) -m bench.blas $(if $(QUICK),--quick)
+
+bench-peer: $(STAMP) $(TORCH_STAMP)
+	$(PY) -m bench.peer $(if $(QUICK),--quick)
 
 bench-commit: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m bench.commit
