@@ -111,3 +111,39 @@ def test_estimate_memory_refuses_an_optimizer_it_does_not_know():
     with pytest.raises(ValueError, match=r"^optimizer: expected one of .*found 'novel'$"):
         mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2),
                                     optimizer='novel')
+
+
+def test_the_estimate_after_a_bind_in_the_same_process_equals_one_made_first_and_later_binds_log_nothing():
+    # MXNet reads its planner-log switch once per process, at the first bind
+    code = (
+        "import mxnet as mx, sys\n"
+        "import mp_symbolic\n"
+        "from mp_symbolic.training.tasks import load_task\n"
+        "def estimate():\n"
+        "    task, _ = load_task('digits')\n"
+        "    return mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1',"
+        " sample=(8, 1, 8, 8)).total\n"
+        "def bind():\n"
+        "    x = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=4, name='fc')\n"
+        "    x.simple_bind(mx.cpu(), data=(2, 3)).forward()\n"
+        "    mx.nd.waitall(); sys.stderr.flush()\n"
+        "first = estimate() if sys.argv[1] == 'first' else None\n"
+        "print('BIND', file=sys.stderr); sys.stderr.flush()\n"
+        "bind()\n"
+        "print('AFTER', file=sys.stderr); sys.stderr.flush()\n"
+        "later = estimate()\n"
+        "print('BIND2', file=sys.stderr); sys.stderr.flush()\n"
+        "bind()\n"
+        "print(first, later)\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    runs = {}
+    for order in ('first', 'after'):
+        done = subprocess.run([sys.executable, '-c', code, order], capture_output=True,
+                              text=True, env=env, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[order] = done
+        tail = done.stderr.split('BIND2', 1)[1]
+        assert 'memory plan' not in tail.lower() and 'storage' not in tail.lower(), tail[:500]
+        assert done.stderr.split('BIND', 1)[1].split('AFTER', 1)[0].strip() == ''
+    first, later = runs['first'].stdout.split()[-2:]
+    assert first == later == runs['after'].stdout.split()[-1]

@@ -45,7 +45,11 @@ devices.
 Nothing of the model is allocated: only the head gradients MXNet makes at
 bind for the graph outputs a backward node reads.
 """
+import json
+import os
 import re
+import subprocess
+import sys
 
 import mxnet as mx
 from mxnet.ndarray.ndarray import NDArray, _new_alloc_handle
@@ -53,7 +57,6 @@ import numpy as np
 
 from .compat import split_bind_environ
 from .names import GROUP_ATTR
-from .scoped import captured_stderr, environ
 
 __all__ = []
 
@@ -145,6 +148,66 @@ class PlannedGraph:
 def _lazy(shape, ctx, dtype):
     """An NDArray of ``shape`` whose storage is never allocated unless written."""
     return NDArray(_new_alloc_handle(tuple(shape), ctx, True, np.dtype(dtype)))
+
+
+def _array_spec(array):
+    return [list(array.shape), [array.context.device_type, array.context.device_id],
+            np.dtype(array.dtype).name]
+
+
+def _logged_bind(symbol, context, args, grads, aux, group2ctx, env):
+    """The planner's log and ``debug_str()`` of ``symbol`` bound on ``args``,
+    ``grads`` and ``aux`` (never allocated), in a child process.
+
+    MXNet reads ``MXNET_MEM_PLAN_VERBOSE_LOGGING`` once per process, at its
+    first bind (``static`` in ``GraphExecutor::Init``): in this process the
+    log would be missing after any earlier bind, and every later bind of
+    the user's would print it. The child binds once, with the log on.
+
+    Raises:
+        RuntimeError: the child failed (its last line).
+    """
+    def ctx(c):
+        return [c.device_type, c.device_id]
+    request = {'symbol': symbol.tojson(), 'context': ctx(context),
+               'args': {n: _array_spec(a) for n, a in args.items()},
+               'grads': {n: _array_spec(a) for n, a in grads.items()},
+               'aux': {n: _array_spec(a) for n, a in aux.items()},
+               'group2ctx': {g: ctx(c) for g, c in group2ctx.items()}}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child_env = dict(os.environ, MXNET_MEM_PLAN_VERBOSE_LOGGING='1', **env)
+    child_env['PYTHONPATH'] = os.pathsep.join(
+        [root] + [p for p in [os.environ.get('PYTHONPATH')] if p])
+    done = subprocess.run([sys.executable, '-c', 'from mp_symbolic.core.estimate import '
+                           '_bind_in_child; _bind_in_child()'],
+                          input=json.dumps(request), capture_output=True, text=True,
+                          env=child_env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError('planned graph: the child that binds the graph failed: %s'
+                           % (done.stderr.strip().splitlines() or ['exit %d' % done.returncode])[-1])
+    return [line for line in done.stderr.splitlines() if line.strip()], done.stdout
+
+
+def _bind_in_child():
+    """:func:`_logged_bind`'s child: the request on stdin, ``debug_str()`` on
+    stdout, the planner's log on stderr."""
+    request = json.load(sys.stdin)
+
+    def ctx(spec):
+        return mx.Context(*spec)
+
+    def arrays(specs):
+        return {n: _lazy(shape, ctx(c), dtype) for n, (shape, c, dtype) in specs.items()}
+    symbol = mx.sym.load_json(request['symbol'])
+    args, grads, aux = (arrays(request[k]) for k in ('args', 'grads', 'aux'))
+    group2ctx = {g: ctx(c) for g, c in request['group2ctx'].items()}
+    executor = symbol.bind(ctx(request['context']), args, args_grad=grads or None,
+                           grad_req={n: 'write' if n in grads else 'null' for n in args},
+                           aux_states=aux, group2ctx=group2ctx or None)
+    sys.stdout.write(executor.debug_str())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access  # nothing to finalise: skip the collection
 
 
 def _parse_log(lines):
@@ -247,14 +310,7 @@ def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None
            zip(symbol.list_auxiliary_states(), aux_shapes, aux_types)}
     if env is None:
         env = split_bind_environ(group2ctx.values(), symbol)
-    env = dict(env)
-    with environ(MXNET_MEM_PLAN_VERBOSE_LOGGING='1', **env):
-        with captured_stderr() as lines:
-            executor = symbol.bind(context, args, args_grad=grads or None,
-                                   grad_req={n: 'write' if n in grads else 'null' for n in args},
-                                   aux_states=aux, group2ctx=group2ctx or None)
-            text = executor.debug_str()
-            del executor
+    lines, text = _logged_bind(symbol, context, args, grads, aux, group2ctx, dict(env))
     logged, entry_shapes = _parse_log(lines)
     outputs, printed, total_mib = _parse_debug(text)
     if len(logged) != len(printed) or any(a[0] != b[0] for a, b in zip(logged, printed)):
