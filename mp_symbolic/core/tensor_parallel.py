@@ -56,13 +56,10 @@ from .balance import even_split
 from .checks import is_int, positive_int
 from .comm import copy_to_shards, gather_from_shards, reduce_from_shards
 from .compat import ids_outside_gradient
-from .names import SHARD_ATTR, layer_call, shard_mark
+from .names import GATHER_ATTR, SHARD_ATTR, layer_call, shard_mark
 
 __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'ShardedBlock',
            'VocabParallelEmbedding']
-
-_GATHER_ATTR = '__tp_gather__'   # on a column layer's concat: '<shards>:<flatten>'
-
 
 class _Trace:
     """One trace of a network: the layer calls counted so far, whether the
@@ -396,7 +393,7 @@ def _column_parts(x, shards, flatten):
     gather that a layer of ``shards`` shards can read directly, or ``None``."""
     if not isinstance(x, mx.sym.Symbol) or shards == 1:
         return None
-    mark = x.attr(_GATHER_ATTR)
+    mark = x.attr(GATHER_ATTR)
     if mark is None:
         return None
     count, flat = (int(v) for v in mark.split(':'))
@@ -408,7 +405,7 @@ def _column_parts(x, shards, flatten):
 
 def _gather(F, parts, flatten):
     """Shard outputs joined along the last axis, marked for a following layer."""
-    return gather_from_shards(F, parts, {_GATHER_ATTR: '%d:%d' % (len(parts), flatten)})
+    return gather_from_shards(F, parts, {GATHER_ATTR: '%d:%d' % (len(parts), flatten)})
 
 
 class PerShard(ShardedBlock):
