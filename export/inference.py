@@ -35,7 +35,7 @@ from .tables import features  # pylint: disable=unused-import  (its home is tabl
 __all__ = ['LOSS_HEADS', 'inference_graph', 'network_order', 'stage_layout',
            'input_names', 'sample_shape', 'sample_shapes', 'output_shape',
            'output_shapes', 'parse_shape', 'parse_input_shapes', 'activation_bytes',
-           'with_input_dtypes', 'input_dtypes', 'with_dynamic_axes', 'dynamic_axes',
+           'with_input_dtypes', 'input_dtypes', 'with_dynamic_axes', 'dynamic_axes', 'bindable',
            'input_layouts', 'batch_axes', 'output_batch_axes', 'batch_first', 'as_laid_out']
 
 # MXNet's loss-head ops, each replaced by its inference form.
@@ -458,6 +458,17 @@ def with_dynamic_axes(symbol, spec):
         {str(axis): name for axis, name in spec[node.name].items()}, sort_keys=True)}))
                       if node.is_variable and node.name in spec else node
                       for node in graph.nodes]).to_symbol()
+
+
+def bindable(symbol):
+    """``symbol`` without the attributes the export records for itself
+    (:data:`~mp_symbolic.core.names.DYNAMIC_ATTR`), which MXNet reads none
+    of: the graph to bind; ``symbol`` itself where it has none."""
+    graph = PlacedGraph.from_symbol(symbol)
+    if not any(DYNAMIC_ATTR in n.attrs for n in graph.nodes):
+        return symbol
+    return graph.but([n.but(attrs={k: v for k, v in n.attrs.items() if k != DYNAMIC_ATTR})
+                      for n in graph.nodes]).to_symbol()
 
 
 def dynamic_axes(symbol):
