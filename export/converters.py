@@ -43,7 +43,6 @@ References: MXNet 1.9.1 ``python/mxnet/onnx/mx2onnx/_export_onnx.py``
 from collections.abc import Mapping
 import contextlib
 import copy
-import json
 import re
 import threading
 
@@ -54,6 +53,7 @@ import onnx
 import onnx.checker
 from onnx.helper import make_node
 
+from mp_symbolic.core.ir import Node, PlacedGraph
 from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR
 
 from .errors import ExportError
@@ -218,20 +218,24 @@ def block_of(node_name, op=None):
 
 
 def refusal(op, node, reason):
-    """The one-line error for an op that cannot be exported."""
-    group = node.get('attrs', {}).get(GROUP_ATTR)
+    """The one-line error for an op that cannot be exported (``node``: a
+    typed node, :class:`~mp_symbolic.core.ir.Node`, or the JSON node MXNet's
+    converter hands a translation)."""
+    if isinstance(node, Node):
+        group, name = node.group, node.name
+    else:
+        group, name = node.get('attrs', {}).get(GROUP_ATTR), node['name']
     return ExportError('cannot export op %s of block %s%s: %s'
-                       % (op, block_of(node['name'], op), ' (%s)' % group if group else '',
-                          reason))
+                       % (op, block_of(name, op), ' (%s)' % group if group else '', reason))
 
 
-def _input_shape(shapes, nodes, entry):
-    """Shape of the tensor a node input ``[node id, output index, ...]`` reads."""
-    source = nodes[entry[0]]
-    if source['op'] == 'null':
-        return shapes.get(source['name'])
-    return shapes.get('%s_output' % source['name'],
-                      shapes.get('%s_output%d' % (source['name'], entry[1])))
+def _input_shape(shapes, graph, entry):
+    """Shape of the tensor a node input ``(node, output, ...)`` of ``graph`` reads."""
+    source = graph.source(entry)
+    if source.is_variable:
+        return shapes.get(source.name)
+    return shapes.get('%s_output' % source.name,
+                      shapes.get('%s_output%d' % (source.name, entry[1])))
 
 
 def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
@@ -251,23 +255,23 @@ def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
     Raises:
         ExportError: one line naming the op, its block and its stage.
     """
-    nodes = json.loads(symbol.tojson())['nodes']
-    for node in nodes:
-        if node['op'] != 'null' and not has_translation(node['op'], opset):
-            raise refusal(node['op'], node, "MXNet's ONNX converter has no translation for it")
-    for node in nodes:
-        attrs = node.get('attrs', {})
-        if node['op'] == '_contrib_box_nms' and int(attrs.get('id_index', '-1')) != -1 and \
+    graph = PlacedGraph.from_symbol(symbol)
+    for node in graph.ops:
+        if not has_translation(node.op, opset):
+            raise refusal(node.op, node, "MXNet's ONNX converter has no translation for it")
+    for node in graph.ops:
+        attrs = node.attrs
+        if node.op == '_contrib_box_nms' and int(attrs.get('id_index', '-1')) != -1 and \
                 attrs.get('force_suppress', 'False') in ('False', 'false', '0'):
             # ONNX's NonMaxSuppression has no classes: MXNet's converter
             # suppresses across them and only logs a warning (YOLOv3: other
             # boxes and ids in onnxruntime than in MXNet).
-            raise refusal(node['op'], node, "MXNet's ONNX converter suppresses boxes across "
+            raise refusal(node.op, node, "MXNet's ONNX converter suppresses boxes across "
                           'classes (ONNX NonMaxSuppression has none), found force_suppress=%s, '
                           'id_index=%s' % (attrs.get('force_suppress', 'False'),
                                            attrs.get('id_index', '-1')))
-    rnns = [node for node in nodes if node['op'] == 'RNN'
-            and int(node.get('attrs', {}).get('num_layers', '1')) > 1]
+    rnns = [node for node in graph.ops if node.op == 'RNN'
+            and int(node.attrs.get('num_layers', '1')) > 1]
     if not rnns:
         return
     internals = symbol.get_internals()
@@ -280,12 +284,12 @@ def check_translations(symbol, arg_shapes, sample_shape, opset=OPSET):
     _, out_shapes, _ = internals.infer_shape_partial(**known)
     shapes = dict(zip(internals.list_outputs(), out_shapes))
     for node in rnns:
-        data_shape = _input_shape(shapes, nodes, node['inputs'][0])  # (T, N, C)
-        hidden = int(node['attrs']['state_size'])
+        data_shape = _input_shape(shapes, graph, node.inputs[0])  # (T, N, C)
+        hidden = int(node.attrs['state_size'])
         if data_shape and data_shape[-1] != hidden:
             raise refusal('RNN', node, "MXNet's ONNX converter handles num_layers=%s only with "
                           'an input size equal to the hidden size, found input size %d, '
-                          'hidden size %d' % (node['attrs']['num_layers'], data_shape[-1],
+                          'hidden size %d' % (node.attrs['num_layers'], data_shape[-1],
                                               hidden))
 
 

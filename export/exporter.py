@@ -30,7 +30,7 @@ import numpy as np
 
 from mp_symbolic.core.checks import excerpt as cut
 from mp_symbolic.core.module import with_input_shape
-from mp_symbolic.core.names import DATA_NAME
+from mp_symbolic.core.names import DATA_NAME, DTYPE_ATTR
 from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_params, save_symbol
 from mp_symbolic.tools.store import Store, check_store_folder
 from mp_symbolic.tools.files import sha256_file, shown_path
@@ -205,7 +205,7 @@ def _taken_dtypes(symbol, arg_params, given):
     known = {k: v.dtype for k, v in arg_params.items() if k in symbol.list_arguments()}
     attrs = symbol.attr_dict()
     own = input_dtypes(symbol)  # recorded, else float32
-    recorded = {name for name in given if '__dtype__' in attrs.get(name, {})}
+    recorded = {name for name in given if DTYPE_ATTR in attrs.get(name, {})}
 
     def fails(dtypes):
         try:

@@ -25,7 +25,8 @@ from mp_symbolic.core.checks import excerpt
 from mp_symbolic.core.compat import error_line
 from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
 from mp_symbolic.core.ir import PlacedGraph
-from mp_symbolic.core.names import (DATA_NAME, GROUP_ATTR, other_output_index, parse_group,
+from mp_symbolic.core.names import (DATA_NAME, DTYPE_ATTR, DYNAMIC_ATTR,
+                                    LAYOUT_ATTR, SHAPE_ATTR, other_output_index, parse_group,
                                     stage_name)
 
 from .errors import ExportError
@@ -34,22 +35,16 @@ from .tables import features  # pylint: disable=unused-import  (its home is tabl
 __all__ = ['LOSS_HEADS', 'inference_graph', 'network_order', 'stage_layout',
            'input_names', 'sample_shape', 'sample_shapes', 'output_shape',
            'output_shapes', 'parse_shape', 'parse_input_shapes', 'activation_bytes',
-           'with_input_dtypes', 'input_dtypes', 'with_dynamic_axes', 'dynamic_axes',
+           'with_input_dtypes', 'input_dtypes', 'with_dynamic_axes', 'dynamic_axes', 'bindable',
            'input_layouts', 'batch_axes', 'output_batch_axes', 'batch_first', 'as_laid_out']
 
 # MXNet's loss-head ops, each replaced by its inference form.
 LOSS_HEADS = tuple(INFERENCE_FORMS)
-# The variable attribute recording an input's dynamic axes (python -m export --dynamic).
-_DYNAMIC_ATTR = '__dynamic_axes__'
 # Ops that only make sense in a training graph: a graph ending in one cannot be exported.
 _TRAINING_ONLY = ('MakeLoss', 'make_loss', 'BlockGrad', 'softmax_cross_entropy')
 
 # Several inputs are data0, data1, ... (HybridBlock.export's names).
 _NUMBERED_INPUT_RE = re.compile(r'^%s(\d+)$' % DATA_NAME)
-
-
-def _nodes(symbol):
-    return json.loads(symbol.tojson())['nodes']
 
 
 def input_names(symbol):
@@ -63,17 +58,16 @@ def input_names(symbol):
 
 def _inference_output(output):
     """One output of the training graph as the prediction it stands for."""
-    head = _nodes(output)[-1]
-    if head['op'] in LOSS_HEADS:
-        attrs = head.get('attrs', {})
-        with mx.AttrScope(ctx_group=attrs.get(GROUP_ATTR)):
-            return inference_form(head['op'], attrs, output.get_children()[0])
-    if head['op'] == 'BlockGrad':  # an output a loss on another one left without gradient
+    head = PlacedGraph.from_symbol(output).output_node(0)
+    if head.op in LOSS_HEADS:
+        with mx.AttrScope(ctx_group=head.group):
+            return inference_form(head.op, head.attrs, output.get_children()[0])
+    if head.op == 'BlockGrad':  # an output a loss on another one left without gradient
         return output.get_children()[0]
-    if head['op'] in _TRAINING_ONLY:
+    if head.op in _TRAINING_ONLY:
         raise ExportError('expected a graph ending in a known loss head (%s) or in its '
                           'prediction, found %s %r: export the prediction symbol instead'
-                          % (', '.join(LOSS_HEADS), head['op'], head['name']))
+                          % (', '.join(LOSS_HEADS), head.op, head.name))
     return output
 
 
@@ -86,12 +80,12 @@ def network_order(symbol):
     through a ``BlockGrad`` named by its index (:func:`other_output_name`):
     the head goes back to place ``i``. Other graphs keep their order.
     """
-    count = len(symbol.list_outputs())
-    heads = [_nodes(symbol[i])[-1] for i in range(count)]
-    others = [other_output_index(h['name']) if h['op'] == 'BlockGrad' else None
-              for h in heads[1:]]
+    graph = PlacedGraph.from_symbol(symbol)
+    count = len(graph.heads)
+    heads = [graph.output_node(i) for i in range(count)]
+    others = [other_output_index(h.name) if h.op == 'BlockGrad' else None for h in heads[1:]]
     missing = sorted(set(range(count)) - set(o for o in others if o is not None))
-    if not others or None in others or heads[0]['op'] not in LOSS_HEADS or len(missing) != 1 \
+    if not others or None in others or heads[0].op not in LOSS_HEADS or len(missing) != 1 \
             or sorted(others + missing) != list(range(count)):
         return list(range(count))
     order = [0] * count
@@ -220,23 +214,16 @@ def parse_input_shapes(items):
     return plain[0] if plain else named
 
 
-# The variable attribute recording an input's layout where its batch is not on axis 0
-# (MXNet's own attribute name for a layout: 'TN', 'TNC', N at the batch).
-_LAYOUT_ATTR = '__layout__'
-
-
 def input_layouts(symbol):
     """``{input name: layout}`` of the inputs whose layout the graph records
     (``__layout__``: a Pipeline module records it for an input whose batch
     is not on axis 0, such as ``'TN'`` for ``(T, N)`` tokens)."""
-    nodes = _nodes(symbol)
     inputs = set(input_names(symbol))
     found = {}
-    for node in nodes:
-        layout = node.get('attrs', {}).get(_LAYOUT_ATTR)
-        if node['op'] == 'null' and node['name'] in inputs and isinstance(layout, str) \
-                and layout.count('N') == 1:
-            found[node['name']] = layout
+    for node in PlacedGraph.from_symbol(symbol).variables:
+        layout = node.attrs.get(LAYOUT_ATTR)
+        if node.name in inputs and isinstance(layout, str) and layout.count('N') == 1:
+            found[node.name] = layout
     return found
 
 
@@ -267,15 +254,15 @@ def _recorded_shape(node):
     """The per-sample shape a Pipeline module records on an input
     (``__shape__`` ``(0, 1, 8, 8)``; the 0 at the ``N`` of its recorded
     layout, ``(5, 0)`` for ``'TN'``), or ``None``."""
-    attrs = node.get('attrs', {})
-    recorded = attrs.get('__shape__')
+    attrs = node.attrs
+    recorded = attrs.get(SHAPE_ATTR)
     if not recorded:
         return None
     try:
         shape = tuple(ast.literal_eval(recorded))
     except (ValueError, SyntaxError, TypeError):
         return None
-    layout = attrs.get(_LAYOUT_ATTR)
+    layout = attrs.get(LAYOUT_ATTR)
     axis = layout.find('N') if isinstance(layout, str) and layout.count('N') == 1 else 0
     if len(shape) <= axis or shape[axis] != 0:
         return None
@@ -314,15 +301,15 @@ def sample_shapes(symbol, arg_params, given=None):
     if unknown:
         raise ExportError('--input-shape: expected the names of the inputs (%s), found %s'
                           % (', '.join(inputs), ', '.join(unknown)))
-    nodes = _nodes(symbol)
-    ids = {n['name']: i for i, n in enumerate(nodes) if n['op'] == 'null'}
+    graph = PlacedGraph.from_symbol(symbol)
+    ids = {n.name: n.index for n in graph.variables}
     layouts = input_layouts(symbol)
     shapes = OrderedDict()
     missing = []
     for name in inputs:
-        shape = given[name] if name in given else _recorded_shape(nodes[ids[name]])
+        shape = given[name] if name in given else _recorded_shape(graph.nodes[ids[name]])
         if shape is None and len(inputs) == 1:
-            shape = _dense_width(nodes, ids[name], arg_params)
+            shape = _dense_width(graph, ids[name], arg_params)
         if shape is None:
             missing.append(name)
             continue
@@ -346,11 +333,11 @@ def sample_shapes(symbol, arg_params, given=None):
     return shapes
 
 
-def _dense_width(nodes, data_id, arg_params):
-    for node in nodes:
-        inputs = [entry[0] for entry in node['inputs']]
-        if node['op'] == 'FullyConnected' and inputs and inputs[0] == data_id:
-            weight = nodes[inputs[1]]['name']
+def _dense_width(graph, data_id, arg_params):
+    for node in graph.ops:
+        inputs = [entry.node for entry in node.inputs]
+        if node.op == 'FullyConnected' and inputs and inputs[0] == data_id:
+            weight = graph.nodes[inputs[1]].name
             if weight in arg_params and len(arg_params[weight].shape) == 2:
                 return (int(arg_params[weight].shape[1]),)
     return None
@@ -451,24 +438,37 @@ def with_input_dtypes(symbol, dtypes):
     """``symbol`` with each input's dtype of ``dtypes`` other than float32
     recorded as MXNet records ``mx.sym.var(name, dtype=...)`` (``__dtype__``),
     so that the pair binds with it again."""
-    graph = json.loads(symbol.tojson())
-    for node in graph['nodes']:
-        dtype = np.dtype(dtypes.get(node['name'], np.float32)) if node['op'] == 'null' else None
+    graph = PlacedGraph.from_symbol(symbol)
+    nodes = []
+    for node in graph.nodes:
+        dtype = np.dtype(dtypes.get(node.name, np.float32)) if node.is_variable else None
         if dtype is not None and dtype != np.float32:
-            node.setdefault('attrs', {})['__dtype__'] = str(_DTYPE_NP_TO_MX[dtype.type])
-    return mx.sym.load_json(json.dumps(graph))
+            node = node.but(attrs=dict(node.attrs, **{
+                DTYPE_ATTR: str(_DTYPE_NP_TO_MX[dtype.type])}))
+        nodes.append(node)
+    return graph.but(nodes).to_symbol()
 
 
 def with_dynamic_axes(symbol, spec):
     """``symbol`` with each input's dynamic axes (``{input name: {axis:
     name}}``) recorded on its variable (``__dynamic_axes__``, JSON), so that
     the pair binds at other sizes of them again (:func:`dynamic_axes`)."""
-    graph = json.loads(symbol.tojson())
-    for node in graph['nodes']:
-        if node['op'] == 'null' and node['name'] in spec:
-            node.setdefault('attrs', {})[_DYNAMIC_ATTR] = json.dumps(
-                {str(axis): name for axis, name in spec[node['name']].items()}, sort_keys=True)
-    return mx.sym.load_json(json.dumps(graph))
+    graph = PlacedGraph.from_symbol(symbol)
+    return graph.but([node.but(attrs=dict(node.attrs, **{DYNAMIC_ATTR: json.dumps(
+        {str(axis): name for axis, name in spec[node.name].items()}, sort_keys=True)}))
+                      if node.is_variable and node.name in spec else node
+                      for node in graph.nodes]).to_symbol()
+
+
+def bindable(symbol):
+    """``symbol`` without the attributes the export records for itself
+    (:data:`~mp_symbolic.core.names.DYNAMIC_ATTR`), which MXNet reads none
+    of: the graph to bind; ``symbol`` itself where it has none."""
+    graph = PlacedGraph.from_symbol(symbol)
+    if not any(DYNAMIC_ATTR in n.attrs for n in graph.nodes):
+        return symbol
+    return graph.but([n.but(attrs={k: v for k, v in n.attrs.items() if k != DYNAMIC_ATTR})
+                      for n in graph.nodes]).to_symbol()
 
 
 def dynamic_axes(symbol):
@@ -479,7 +479,7 @@ def dynamic_axes(symbol):
     found = OrderedDict()
     for name in input_names(symbol):
         try:
-            record = json.loads(attrs.get(name, {}).get(_DYNAMIC_ATTR, '{}'))
+            record = json.loads(attrs.get(name, {}).get(DYNAMIC_ATTR, '{}'))
             axes = {int(axis): str(dim) for axis, dim in record.items()}
         except (ValueError, TypeError, AttributeError, RecursionError):
             continue
@@ -493,7 +493,7 @@ def input_dtypes(symbol):
     attrs = symbol.attr_dict()
     found = {}
     for name in input_names(symbol):
-        code = attrs.get(name, {}).get('__dtype__')
+        code = attrs.get(name, {}).get(DTYPE_ATTR)
         found[name] = np.dtype(_DTYPE_MX_TO_NP.get(int(code), np.float32)
                                if code and code.lstrip('-').isdigit() else np.float32)
     return found

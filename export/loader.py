@@ -26,6 +26,7 @@ from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
 from .errors import InputError, ModelFileError
+from .inference import bindable
 from .runtimes import SYMBOL_SUFFIX, MXNetPredictor, params_beside
 
 __all__ = ['load_model', 'LoadedModel']
@@ -201,8 +202,8 @@ class LoadedModel:
             its parameters loaded.
         """
         ctx = ctx or self.group2ctx[next(iter(self.group2ctx))]
-        block = gluon.SymbolBlock(self.symbol, [mx.sym.var(name, dtype='float32')
-                                                for name in self.input_names])
+        block = gluon.SymbolBlock(bindable(self.symbol), [mx.sym.var(name, dtype='float32')
+                                                          for name in self.input_names])
         arrays = dict(self.arg_params)
         arrays.update(self.aux_params)
         block.collect_params().load_dict(arrays, ctx=ctx)

@@ -315,6 +315,7 @@ class MXNetPredictor:
         self.path = None  # the symbol file, when loaded by from_files
         self.params_path = None  # and its params file
         self._exec = None
+        self._bound_symbol = None  # the graph bind binds, made once
 
     def _output_ndim(self):
         """Dimensions of the first output, the batch's included, by MXNet's
@@ -368,7 +369,9 @@ class MXNetPredictor:
         """The executor for ``batch_size`` samples of ``sample_shape`` (by
         default the model's; ``{input name: shape}`` for several inputs; the
         last executor is reused)."""
-        from mp_symbolic.core.compat import split_bind  # pylint: disable=import-outside-toplevel
+        # pylint: disable=import-outside-toplevel
+        from mp_symbolic.core.compat import split_bind
+        from .inference import bindable
         shapes = dict(self.sample_shapes)
         if isinstance(sample_shape, dict):
             shapes.update(sample_shape)
@@ -381,8 +384,10 @@ class MXNetPredictor:
             first = self.input_names[0]
             data_ctx = self.group2ctx[self.symbol.get_internals()[first].attr(GROUP_KEY)]
             self._exec = None  # the old executor's memory goes before the new one's is taken
-            with split_bind(self.group2ctx, self.symbol, training=False):
-                self._exec = self.symbol.simple_bind(
+            if self._bound_symbol is None:
+                self._bound_symbol = bindable(self.symbol)  # MXNet's attributes only
+            with split_bind(self.group2ctx, self._bound_symbol, training=False):
+                self._exec = self._bound_symbol.simple_bind(
                     ctx=data_ctx, group2ctx=self.group2ctx, grad_req='null',
                     type_dict=dict(self.dtypes), **shapes)
             for name, value in self.arg_params.items():

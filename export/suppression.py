@@ -270,25 +270,26 @@ def split_suppression(symbol):
             run, or an output that reads one only in part.
     """
     import mxnet as mx
+    from mp_symbolic.core.ir import PlacedGraph
     from .converters import refusal
 
-    graph = json.loads(symbol.tojson())
-    nodes = graph['nodes']
-    if not any(n['op'] in SUPPRESSION_OPS for n in nodes):
+    graph = PlacedGraph.from_symbol(symbol)
+    nodes = graph.nodes
+    if not any(n.op in SUPPRESSION_OPS for n in nodes):
         return symbol, None
     tail = set()
-    for i, node in enumerate(nodes):  # nodes are in topological order
-        if node['op'] in SUPPRESSION_OPS or any(e[0] in tail for e in node['inputs']):
-            tail.add(i)
+    for node in nodes:  # nodes are in topological order
+        if node.op in SUPPRESSION_OPS or any(e.node in tail for e in node.inputs):
+            tail.add(node.index)
     for i in sorted(tail):
         node = nodes[i]
-        if node['op'] not in TAIL_OPS:
-            raise refusal(node['op'], node, 'expected only %s after a box suppression (the '
+        if node.op not in TAIL_OPS:
+            raise refusal(node.op, node, 'expected only %s after a box suppression (the '
                           'export ends the graph before it), found %s'
-                          % (', '.join(TAIL_OPS[len(SUPPRESSION_OPS):]), node['op']))
-        if len(node['inputs']) != 1:
-            raise refusal(node['op'], node, 'expected one input after a box suppression, '
-                          'found %d' % len(node['inputs']))
+                          % (', '.join(TAIL_OPS[len(SUPPRESSION_OPS):]), node.op))
+        if len(node.inputs) != 1:
+            raise refusal(node.op, node, 'expected one input after a box suppression, '
+                          'found %d' % len(node.inputs))
     internals = symbol.get_internals()
     names = internals.list_outputs()
     inputs, body = [], []   # body entries the tail or an output reads, in graph order
@@ -302,17 +303,17 @@ def split_suppression(symbol):
     spec_nodes, position = [], {}
     for i in sorted(tail):
         node = nodes[i]
-        entry = node['inputs'][0]
+        entry = node.inputs[0]
         ref = ['node', position[entry[0]]] if entry[0] in tail else body_ref(entry)
         position[i] = len(spec_nodes)
-        spec_nodes.append({'op': node['op'], 'name': node['name'], 'input': ref,
-                           'attrs': {k: v for k, v in node.get('attrs', {}).items()
+        spec_nodes.append({'op': node.op, 'name': node.name, 'input': ref,
+                           'attrs': {k: v for k, v in node.attrs.items()
                                      if not k.startswith('__')}})
     outputs = []
-    for head in graph['heads']:
+    for head in graph.heads:
         if head[0] in tail:
             if head[1] != 0:
-                raise refusal(nodes[head[0]]['op'], nodes[head[0]],
+                raise refusal(nodes[head[0]].op, nodes[head[0]],
                               'expected only the first output of a box suppression as an output')
             outputs.append(['node', position[head[0]]])
         else:
@@ -325,10 +326,10 @@ def split_suppression(symbol):
     inputs = [inputs[k] for k in order]
     for node_id, index in inputs:
         node = nodes[node_id]
-        candidates = [n for n in ('%s_output%d' % (node['name'], index),)
-                      + (('%s_output' % node['name'],) if index == 0 else ()) if n in names]
-        if node['op'] == 'null' or not candidates:
-            raise refusal(node['op'], node, 'expected a box suppression to read an op\'s output')
+        candidates = [n for n in ('%s_output%d' % (node.name, index),)
+                      + (('%s_output' % node.name,) if index == 0 else ()) if n in names]
+        if node.is_variable or not candidates:
+            raise refusal(node.op, node, 'expected a box suppression to read an op\'s output')
         body.append(internals[candidates[0]])
     spec = {'format': FORMAT, 'inputs': [s.list_outputs()[0] for s in body],
             'nodes': spec_nodes, 'outputs': outputs}

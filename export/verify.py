@@ -80,7 +80,6 @@ axis's varied size.
 """
 from collections import OrderedDict
 import gc
-import json
 import os
 
 import numpy as np
@@ -93,6 +92,7 @@ from mp_symbolic.tools.checkpoint import input_names as checkpoint_inputs
 from mp_symbolic.core.checks import excerpt
 from mp_symbolic.core.compat import write_into
 from mp_symbolic.core.devices import format_device
+from mp_symbolic.core.ir import PlacedGraph
 from mp_symbolic.core.names import GROUP_KEY
 from mp_symbolic.core.scoped import captured_stderr
 
@@ -697,17 +697,17 @@ def _token_range(symbol, name):
     """The smallest ``input_dim`` of the Embeddings that read input ``name``
     (directly or through ops that only move its values, such as a
     ``transpose`` to ``(T, N)``), or ``None``: then the input is not token ids."""
-    nodes = json.loads(symbol.tojson())['nodes']
-    reached = {i for i, n in enumerate(nodes) if n['op'] == 'null' and n['name'] == name}
+    graph = PlacedGraph.from_symbol(symbol)
+    reached = {n.index for n in graph.variables if n.name == name}
     dims = []
-    for i, node in enumerate(nodes):  # in graph order: every input before its readers
-        first = node['inputs'][0][0] if node['inputs'] else None
+    for node in graph.ops:  # in graph order: every input before its readers
+        first = node.inputs[0].node if node.inputs else None
         if first not in reached:
             continue
-        if node['op'] == 'Embedding':
-            dims.append(int(node['attrs']['input_dim']))
-        elif node['op'] in _VALUE_KEEPING:
-            reached.add(i)
+        if node.op == 'Embedding':
+            dims.append(int(node.attrs['input_dim']))
+        elif node.op in _VALUE_KEEPING:
+            reached.add(node.index)
     return min(dims) if dims else None
 
 

@@ -16,6 +16,7 @@ import mp_symbolic
 from mp_symbolic import Pipeline
 
 from export import load_model
+from mp_symbolic.core.names import DYNAMIC_ATTR
 from export.__main__ import main as export_main
 from export.predict import main as predict_main
 from export.errors import InputError
@@ -87,6 +88,10 @@ def test_bert_onnx_and_load_model_match_one_device_at_other_sequence_lengths(ber
         assert [g.shape for g in got] == [(3, seq_len, 16), (3, 16), (3, 2)]
         for ours, theirs in zip(got, one_device):
             assert np.abs(ours - theirs).max() <= 1e-4 * np.abs(theirs).max()
+    # the pair records its dynamic axes; the graph MXNet binds carries none of the export's own
+    assert DYNAMIC_ATTR in loaded.symbol.tojson()
+    bound = loaded._predictor._exec._symbol  # pylint: disable=protected-access
+    assert DYNAMIC_ATTR not in bound.tojson()
 
 
 @pytest.mark.parametrize('model', ['bert.onnx', 'bert-symbol.json'])

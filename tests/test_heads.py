@@ -12,7 +12,44 @@ import pytest
 from conftest import cli_status
 from export.inference import LOSS_HEADS, inference_graph
 from mp_symbolic import Pipeline, Task
-from mp_symbolic.core.heads import HEADS, LOSSES, class_axis, gluon_loss, make_head, predict_form
+from mp_symbolic.core.heads import (HEADS, LOSSES, class_axis, gluon_loss, make_head,
+                                    predict_form, with_head)
+from mp_symbolic.core.ir import PlacedGraph
+from mp_symbolic.core.names import other_output_name
+
+
+def _own_loss(prediction, label):
+    parts = prediction if isinstance(prediction, list) else [prediction]
+    return mx.sym.MakeLoss(mx.sym.sum(mx.sym.square(mx.sym.elemwise_sub(
+        parts[-1], label, name='own_diff'), name='own_square'), name='own_sum'), name='own_loss')
+
+
+@pytest.mark.parametrize('loss', list(LOSSES) + [HEADS['softmax'].on_axis(1), _own_loss],
+                         ids=lambda l: l if isinstance(l, str) else getattr(l, '__name__', 'axis1'))
+@pytest.mark.parametrize('outputs', [1, 3])
+def test_the_loss_head_pass_gives_the_graph_of_mxnets_composition_node_for_node(loss, outputs):
+    """heads.with_head on the typed graph: the nodes, their order, names and
+    attributes MXNet's composition of the head's Symbol onto the
+    prediction's gives (as the training graph was built from Symbols)."""
+    x = mx.sym.var('data')
+    hidden = mx.sym.relu(mx.sym.FullyConnected(x, num_hidden=4, name='fc'), name='act')
+    leaves = [mx.sym.FullyConnected(hidden, num_hidden=4, name='out%d' % k)
+              for k in range(outputs)]
+    prediction = leaves[0] if outputs == 1 else mx.sym.Group(leaves)
+    named = not callable(loss)
+    output = 1 if named and outputs > 1 else None
+    got = with_head(PlacedGraph.from_symbol(prediction, ['data']), loss, 'softmax_label',
+                    output, 'stage1')
+    with mx.AttrScope(ctx_group='stage1'):
+        label = mx.sym.var('softmax_label')
+        if not named or outputs == 1:
+            expected = make_head(loss, leaves if outputs > 1 else prediction, label)
+        else:
+            expected = mx.sym.Group([make_head(loss, leaves[1], label)] + [
+                mx.sym.BlockGrad(o, name=other_output_name(k))
+                for k, o in enumerate(leaves) if k != 1])
+    assert got.to_json() == PlacedGraph.from_symbol(expected, ['data', 'softmax_label']).to_json()
+    assert got == PlacedGraph.from_symbol(expected, ['data', 'softmax_label'])
 
 
 @pytest.mark.parametrize('loss', LOSSES)

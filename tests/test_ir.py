@@ -2,17 +2,22 @@
 node's stage, shard and role are what the placement decided, for block lists
 and whole networks, with tensor-parallel shards, tied weights and BatchNorm
 states; the stage runtime's cut, the twin and the export read them from it."""
+import io
 import json
+import os
+import tokenize
 
 import mxnet as mx
 from mxnet import gluon
 import pytest
 
 from mp_symbolic import Pipeline
+from mp_symbolic.core import names
 from mp_symbolic.core.ir import ROLES, PlacedGraph
-from mp_symbolic.core.names import BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, shard_group
+from mp_symbolic.core.names import GROUP_ATTR, SHARD_ATTR, shard_group
 from mp_symbolic.training.tasks import digits, gpt, lm
 
+from bench.graph_json import build_counts
 from export.inference import stage_layout
 
 TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
@@ -129,4 +134,89 @@ def test_the_traces_marks_are_read_into_nodes_and_reach_no_graph_mxnet_sees(name
     for symbol in (pipe.training_symbol('softmax'), pipe.training_symbol('softmax', chunks=2),
                    pipe.training_symbol('softmax', unsplit=True), pipe.symbol()):
         text = symbol.tojson()
-        assert SHARD_ATTR not in text and BLOCK_ATTR not in text
+        assert not [mark for mark in names.TRACE_ATTRS if mark in text]
+
+
+def _attributes(symbol):
+    """Every double-underscore attribute key on ``symbol``'s nodes."""
+    return {key for node in json.loads(symbol.tojson())['nodes']
+            for key in node.get('attrs', {}) if key.startswith('__')}
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_a_bound_graph_carries_no_attribute_mxnet_does_not_read(schedule):
+    """The graphs a Module binds (its one graph; under 1F1B each stage's
+    too) carry of the library's attributes only those MXNet reads
+    (names.MXNET_ATTRS), beside Gluon's on its variables: no mark of the
+    trace (a column layer's join, a shard, a block)."""
+    net, sample = gpt.build_network(TINY, lm.sharded_layers(2)), (4, TINY.block_size)
+    pipe = Pipeline(net, 'cpu:0+cpu:1,cpu:2+cpu:3', sample=sample, chunks=2, schedule=schedule)
+    mod = pipe.module('softmax')
+    mod.bind([('data', sample)], [('softmax_label', sample)])
+    bound = [mod.symbol] + [g.symbol for g in getattr(mod, '_stages', ()) if g.symbol is not None]
+    allowed = set(names.MXNET_ATTRS) | set(names.GLUON_ATTRS)
+    for symbol in bound + [mod.export_symbol]:
+        assert _attributes(symbol) <= allowed, _attributes(symbol) - allowed
+    assert names.MIRROR_ATTR in _attributes(Pipeline(
+        net, 'cpu:0+cpu:1,cpu:2+cpu:3', sample=sample, mirror=True).module('softmax').symbol)
+
+
+def _string_literals(path):
+    with open(path, encoding='utf-8') as f:
+        for token in tokenize.generate_tokens(io.StringIO(f.read()).readline):
+            if token.type == tokenize.STRING:
+                yield token.string.strip('\'"'), token.start[0]
+
+
+def test_every_attribute_the_library_writes_is_declared_in_names():
+    """No double-underscore attribute is spelled outside core/names.py: the
+    library and the export name each one through it (names.ATTRS, and
+    Gluon's names.GLUON_ATTRS). Python's own names and the node messages'
+    array key are no graph attribute."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    not_attributes = {'__main__', '__name__', '__ndarray__'}
+    found = []
+    for package in ('mp_symbolic', 'export'):
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for name in files:
+                path = os.path.join(folder, name)
+                if not name.endswith('.py') or path.endswith(os.path.join('core', 'names.py')):
+                    continue
+                found += ['%s:%d %s' % (os.path.relpath(path, root), line, text)
+                          for text, line in _string_literals(path)
+                          if text.startswith('__') and text.endswith('__') and len(text) > 4
+                          and text not in not_attributes]
+    assert not found
+    assert set(names.TRACE_ATTRS) <= set(names.ATTRS) and \
+        not set(names.TRACE_ATTRS) & set(names.MXNET_ATTRS)
+
+
+@pytest.mark.parametrize('whole', [False, True], ids=['block list', 'whole network'])
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_a_module_build_reads_the_json_once_and_writes_each_graph_it_binds_once(schedule, whole):
+    """Building a Module reads MXNet's JSON into the typed graph at most once
+    (where a block list's trace ends; a whole network's was read when it was
+    placed), and writes one JSON per graph it binds: the one graph, and
+    under 1F1B each of the 3 stages' too; binding reads and writes none."""
+    built, bound = build_counts(schedule, whole)
+    assert built['from_json'] == (0 if whole else 1)
+    assert built['to_json'] == (1 if schedule == 'gpipe' else 1 + 3)
+    assert bound['from_json'] == bound['to_json'] == bound['Symbol.tojson'] == 0
+
+
+def test_a_block_lists_trace_is_made_once_and_again_only_after_a_parameter_changes():
+    """Placement.traced: one trace of a block list, read once, until a
+    parameter's attributes change (here its lr_mult, which Gluon writes on
+    its variable); the graph then carries the new value."""
+    blocks = [gluon.nn.Dense(4, in_units=4), gluon.nn.Dense(2, in_units=4)]
+    for block in blocks:
+        block.initialize()
+    placement = Pipeline(blocks, 'cpu:0,cpu:1').placement
+    first = placement.traced
+    assert placement.traced is first and placement.labelled() == placement.labelled()
+    weight = blocks[1].weight
+    weight.lr_mult = 2.0
+    again = placement.traced
+    assert again is not first and placement.traced is again
+    node = next(n for n in again.placed.variables if n.name == weight.name)
+    assert float(node.attrs['__lr_mult__']) == 2.0

@@ -132,7 +132,7 @@ def test_the_stage_graphs_pass_the_tied_embedding_from_its_owner_to_the_output_s
     net, sample = _lm()
     pipe = Pipeline(net, 'cpu:0,cpu:1,cpu:2', sample=sample)
     symbol = pipe.training_symbol('softmax')
-    stages = cut(symbol, 3, {'data', 'softmax_label'})
+    stages = cut(pipe.training_graph('softmax'), 3)
     assert stages[0].inputs == ('data',) and stages[2].inputs == ('softmax_label',)
     assert [t for _, t, _ in stages[1].receives] == [0]
     # the last stage reads the previous stage's activations and the tied weight's identity

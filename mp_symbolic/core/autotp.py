@@ -39,7 +39,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from functools import partial
-import json
 import re
 
 import mxnet as mx
@@ -51,6 +50,7 @@ from .balance import even_split
 from .checks import excerpt
 from .compat import fresh_variables, initialized, read_in_own_group
 from .devices import DeviceSpecError, resolve_devices
+from .ir import PlacedGraph
 from .tensor_parallel import (ColumnParallelDense, PerShard, RowParallelDense,
                               VocabParallelEmbedding, ShardedBlock)
 
@@ -317,30 +317,30 @@ class _Graph:
                 out = block(out)
             symbol = mx.sym.Group(nesting.flatten(out)[0]) if isinstance(out, (list, tuple)) \
                 else out
-        graph = json.loads(symbol.tojson())
-        self.nodes = graph['nodes']
+        graph = PlacedGraph.from_symbol(symbol)
+        self.nodes = graph.nodes
         self.consumers = [[] for _ in self.nodes]
-        for i, node in enumerate(self.nodes):
-            for src, _, _ in node['inputs']:
-                self.consumers[src].append(i)
-        for src, _, _ in graph['heads']:
+        for node in self.nodes:
+            for src, _, _ in node.inputs:
+                self.consumers[src].append(node.index)
+        for src, _, _ in graph.heads:
             self.consumers[src].append(-1)
         self.tree = [(p, k, b) for top in blocks for p, k, b in _walk(top)]
         by_prefix = sorted(((b.prefix, b) for _, _, b in self.tree), key=lambda e: -len(e[0]))
-        self.writer = [None if n['op'] == 'null' else
-                       next((b for p, b in by_prefix if n['name'].startswith(p)), None)
+        self.writer = [None if n.is_variable else
+                       next((b for p, b in by_prefix if n.name.startswith(p)), None)
                        for n in self.nodes]
         weights = {b.weight.name: b for _, _, b in self.tree
                    if isinstance(b, (gluon.nn.Dense, gluon.nn.Embedding))}
         self.fc_of = {}    # Dense -> its FullyConnected node (its first use)
-        for i, node in enumerate(self.nodes):
-            if node['op'] in ('FullyConnected', 'Embedding') and len(node['inputs']) > 1:
-                layer = weights.get(self.nodes[node['inputs'][1][0]]['name'])
+        for node in graph.ops:
+            if node.op in ('FullyConnected', 'Embedding') and len(node.inputs) > 1:
+                layer = weights.get(graph.source(node.inputs[1]).name)
                 if layer is not None:
-                    self.fc_of.setdefault(layer, i)
+                    self.fc_of.setdefault(layer, node.index)
 
     def data_input(self, i):
-        return self.nodes[i]['inputs'][0][0]
+        return self.nodes[i].inputs[0].node
 
     def between(self, a):
         """``(S, b)``: the element-wise ops ``S`` from node ``a`` to the next
@@ -351,7 +351,7 @@ class _Graph:
             for c in self.consumers[i]:
                 if c == -1:
                     return None
-                op = self.nodes[c]['op']
+                op = self.nodes[c].op
                 if op == 'FullyConnected':
                     if self.data_input(c) != i:
                         return None
@@ -368,7 +368,7 @@ class _Graph:
         b = readers.pop()
         for i in members:
             # nothing from outside the chain (a weight, another branch) joins it
-            if any(s not in members and s != a for s, _, _ in self.nodes[i]['inputs']):
+            if any(s not in members and s != a for s, _, _ in self.nodes[i].inputs):
                 return None
         return members, b
 
@@ -732,8 +732,8 @@ class _Pass:
                                  '%s, %d shards) to be a column layer\'s or a sharded attention\'s '
                                  'output, found %s' % (
                                      pattern, block.name, block.weight.shape, self.shards,
-                                     op if isinstance(op, str) else '%s (%s)' % (op['name'],
-                                                                                 op['op'])))
+                                     op if isinstance(op, str) else '%s (%s)' % (op.name,
+                                                                                 op.op)))
         for block in columns.values():
             if isinstance(block, gluon.nn.Dense):
                 self._column(block, 'column-parallel (plan)')

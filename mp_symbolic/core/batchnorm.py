@@ -44,21 +44,22 @@ def _true(value):
     return str(value).lower() in ('true', '1')
 
 
-def deferred_graph(symbol):
-    """``(graph, statistics)``: ``symbol`` with every BatchNorm that updates
+def deferred_graph(placed):
+    """``(graph, statistics)``: ``placed`` (a
+    :class:`~mp_symbolic.core.ir.PlacedGraph`) with every BatchNorm that updates
     running statistics (not ``use_global_stats``) at momentum 1 and with
     its mean and inverse standard deviation as two more outputs (through
     ``BlockGrad``, on the op's own group), after the graph's own outputs.
 
     Returns:
-        The Symbol, and one :class:`Statistics` per pair of running
+        The graph (``placed`` itself where no BatchNorm updates
+        statistics), and one :class:`Statistics` per pair of running
         statistics, in graph order, its ``outputs`` ``[(mean output,
         inverse std output)]`` (indices into the new graph's outputs), one
         pair per op that updates them (per micro-batch copy in the one
         graph). The graph's own outputs keep their indices.
     """
-    from .ir import PlacedGraph, make_node  # pylint: disable=import-outside-toplevel
-    placed = PlacedGraph.from_symbol(symbol)
+    from .ir import make_node  # pylint: disable=import-outside-toplevel
     nodes = list(placed.nodes)
     heads = list(placed.heads)
     found = OrderedDict()
@@ -80,10 +81,10 @@ def deferred_graph(symbol):
             pair.append(len(heads) + len(extra) - 1)
         entry.outputs.append(tuple(pair))
     if not found:
-        return symbol, []
+        return placed, []
     nodes += extra
     heads += [(n.index, 0, 0) for n in extra]
-    return placed.but(nodes, heads).to_symbol(), list(found.values())
+    return placed.but(nodes, heads), list(found.values())
 
 
 def update(statistics, aux, outputs):

@@ -60,6 +60,7 @@ import mxnet as mx
 
 from .checks import excerpt
 from .compat import read_in_own_group
+from .names import GATHER_ATTR
 
 __all__ = []
 
@@ -71,9 +72,6 @@ def copy_to_shards(F, x):
     the group in force (a variable read by several groups cannot be bound
     for training, :func:`~mp_symbolic.core.compat.read_in_own_group`)."""
     return read_in_own_group(F, x)
-
-
-GATHER_ATTR = '__tp_gather__'   # on a join of shards' last axes: '<shards>:<flatten>'
 
 
 def gather_from_shards(F, parts, flatten=None, axis=-1):

@@ -13,7 +13,6 @@ run of four (``mp_symbolic/core/trainer.py``), too rare to pin.
 """
 from contextlib import contextmanager
 import functools
-import json
 import linecache
 import os
 import sys
@@ -21,7 +20,7 @@ import sys
 import mxnet as mx
 
 from .checks import excerpt
-from .ir import PlacedGraph, make_node
+from .ir import as_placed, make_node
 from .names import CHUNK_INFIX
 from .scoped import captured_stderr, environ
 
@@ -140,7 +139,8 @@ def split_bind(group2ctx, symbol=None, training=True, fixed=()):
     Args:
         group2ctx: ``{group: mx.Context}`` of the bind (or any mapping whose
             values are its devices); ``None`` or empty for one device.
-        symbol: The ``mx.sym.Symbol`` being bound, read for its ops; ``None``
+        symbol: The graph being bound (an ``mx.sym.Symbol`` or its
+            :class:`~mp_symbolic.core.ir.PlacedGraph`), read for its ops; ``None``
             binds as if it had an op of :data:`ONEDNN_LAYOUT_OPS`.
         training: Whether the bind computes gradients (``False`` for an
             inference bind, ``grad_req='null'``).
@@ -190,12 +190,13 @@ def onednn_active():
 
 
 def leaves_onednn_layouts(symbol):
-    """Whether ``symbol`` (an ``mx.sym.Symbol``, or ``None`` for a graph not
+    """Whether ``symbol`` (an ``mx.sym.Symbol`` or a
+    :class:`~mp_symbolic.core.ir.PlacedGraph`, or ``None`` for a graph not
     known) has an op of :data:`ONEDNN_LAYOUT_OPS`: the graphs whose split
     binds need storage of their own on CPU (``split_bind_environ``)."""
     if symbol is None:
         return True
-    return any(node['op'] in ONEDNN_LAYOUT_OPS for node in json.loads(symbol.tojson())['nodes'])
+    return any(node.op in ONEDNN_LAYOUT_OPS for node in as_placed(symbol).ops)
 
 
 def unallocated_weight_gradients(symbol, fixed=()):
@@ -231,7 +232,7 @@ def unallocated_weight_gradients(symbol, fixed=()):
     too: ``tests/test_mxnet_traps.py``).
 
     Args:
-        symbol: An ``mx.sym.Symbol``.
+        symbol: An ``mx.sym.Symbol`` or a :class:`~mp_symbolic.core.ir.PlacedGraph`.
         fixed: Names of the arguments that get no gradient.
 
     Returns:
@@ -241,22 +242,19 @@ def unallocated_weight_gradients(symbol, fixed=()):
         computed by an op, ``weight name`` names that op and ``readers`` is
         0), in the graph's order.
     """
-    nodes = json.loads(symbol.tojson())['nodes']
-    readers = {}
-    for node in nodes:
-        for source in {entry[0] for entry in node['inputs']}:
-            readers[source] = readers.get(source, 0) + 1
+    graph = as_placed(symbol)
+    readers = graph.reader_counts()
     found = []
-    for node in nodes:
-        if node['op'] != UNALLOCATED_GRADIENT_OP or len(node['inputs']) < 2:
+    for node in graph.ops:
+        if node.op != UNALLOCATED_GRADIENT_OP or len(node.inputs) < 2:
             continue
-        weight = nodes[node['inputs'][1][0]]
-        if weight['op'] == 'null':
-            if weight['name'] in fixed or readers[node['inputs'][1][0]] == 1:
+        weight = graph.source(node.inputs[1])
+        if weight.is_variable:
+            if weight.name in fixed or readers[weight.index] == 1:
                 continue
-            found.append((node['name'], weight['name'], readers[node['inputs'][1][0]]))
+            found.append((node.name, weight.name, readers[weight.index]))
         else:
-            found.append((node['name'], weight['name'], 0))
+            found.append((node.name, weight.name, 0))
     return found
 
 
@@ -582,8 +580,9 @@ EMBEDDING_OPS = frozenset({'Embedding', '_contrib_SparseEmbedding'})
 
 def embedding_ids(symbol, names):
     """The inputs among ``names`` (variables of ``symbol``, an
-    ``mx.sym.Symbol``) that an Embedding op reads its ids from, directly or
-    through other ops: in a bind for training each needs ``grad_req='null'``.
+    ``mx.sym.Symbol`` or a :class:`~mp_symbolic.core.ir.PlacedGraph`) that
+    an Embedding op reads its ids from, directly or through other ops: in a
+    bind for training each needs ``grad_req='null'``.
 
     **What MXNet does.** ``Embedding``'s backward computes no gradient for
     its ids: when one is asked for (``grad_req='write'`` on a variable its ids
@@ -594,18 +593,10 @@ def embedding_ids(symbol, names):
     **What is done instead.** Those inputs are bound without a gradient, as
     ``Module`` binds its data (:func:`mp_symbolic.core.balance.time_forward_backward`).
     """
-    graph = json.loads(symbol.tojson())
-    nodes = graph['nodes']
-    upstream, pending = set(), [node['inputs'][0][0] for node in nodes
-                                if node['op'] in EMBEDDING_OPS and node['inputs']]
-    while pending:
-        i = pending.pop()
-        if i not in upstream:
-            upstream.add(i)
-            pending.extend(src for src, _, _ in nodes[i]['inputs'])
+    graph = as_placed(symbol)
+    ids = graph.upstream(n.inputs[0] for n in graph.ops if n.op in EMBEDDING_OPS and n.inputs)
     wanted = set(names)
-    return {nodes[i]['name'] for i in upstream
-            if nodes[i]['op'] == 'null' and nodes[i]['name'] in wanted}
+    return {n.name for n in ids if n.is_variable and n.name in wanted}
 
 
 # The ops whose second input, when given, is a length per row (softmax(data, length,
@@ -613,11 +604,11 @@ def embedding_ids(symbol, names):
 LENGTH_OPS = frozenset({'softmax'})
 
 
-def lengths_outside_gradient(symbol):
-    """``symbol`` (an ``mx.sym.Symbol``) with the length each op of
-    :data:`LENGTH_OPS` reads passed through ``BlockGrad``, so that no bind
-    asks that op for the length's gradient; ``symbol`` itself when no op
-    reads one. The outputs, arguments and values are the same.
+def lengths_outside_gradient(placed):
+    """``placed`` (a :class:`~mp_symbolic.core.ir.PlacedGraph`) with the
+    length each op of :data:`LENGTH_OPS` reads passed through ``BlockGrad``,
+    so that no bind asks that op for the length's gradient; ``placed``
+    itself when no op reads one. The outputs, arguments and values are the same.
 
     **What MXNet does.** ``softmax``'s backward with ``use_length=True``
     computes a gradient for the length too (zeros: a length has none) when
@@ -639,7 +630,6 @@ def lengths_outside_gradient(symbol):
     goes through ``BlockGrad``: the backward is asked for no gradient of it
     (the received tensor's gradient is zero, as it was).
     """
-    placed = PlacedGraph.from_symbol(symbol)
     nodes, moved = [], {}
     for node in placed.nodes:
         inputs = [(moved[e.node], e.output, e.version) for e in node.inputs]
@@ -650,9 +640,8 @@ def lengths_outside_gradient(symbol):
         moved[node.index] = len(nodes)
         nodes.append(node.but(index=len(nodes), inputs=inputs))
     if len(nodes) == len(placed.nodes):
-        return symbol
-    return placed.but(nodes, [(moved[h.node], h.output, h.version)
-                              for h in placed.heads]).to_symbol()
+        return placed
+    return placed.but(nodes, [(moved[h.node], h.output, h.version) for h in placed.heads])
 
 
 def ids_outside_gradient(F, x, name='indices'):

@@ -39,15 +39,14 @@ def chain(blocks, inputs):
     return x[0] if len(x) == 1 else mx.sym.Group(x)
 
 
-def build(placement, data, chunks, unsplit=False):
-    """``data`` (a Symbol, or one per input) through every stage of
-    ``placement``: its one labelled graph (a whole network's cut, or a block
-    list traced at its block boundaries), on ``chunks`` micro-batches (split
-    on ``placement.batch_axis``) joined there on the last stage; with
-    ``unsplit``, tensor-parallel layers in their unsplit form
-    (:meth:`~mp_symbolic.core.placement.Placement.unsplit_labelled`: the
-    graph a checkpoint holds)."""
-    data = list(data) if isinstance(data, (list, tuple)) else [data]
+def build(placement, data_names, chunks, unsplit=False):
+    """The network of ``placement`` on inputs named ``data_names`` (one per
+    input, in order), every stage of it: its one labelled graph (a whole
+    network's cut, or a block list traced at its block boundaries), on
+    ``chunks`` micro-batches (split on ``placement.batch_axis``) joined there
+    on the last stage; with ``unsplit``, tensor-parallel layers in their
+    unsplit form (:meth:`~mp_symbolic.core.placement.Placement.unsplit_labelled`:
+    the graph a checkpoint holds). A :class:`~mp_symbolic.core.ir.PlacedGraph`."""
     if placement.shard_of and unsplit:
         labelled = placement.unsplit_labelled()
     else:
@@ -55,35 +54,37 @@ def build(placement, data, chunks, unsplit=False):
     names = placement.input_names
     graph = passes.replicate_chunks(labelled, names, chunks, placement.plan.num_stages - 1,
                                     placement.batch_axis)
-    if all(d.list_arguments() == [d.name] and len(d.get_internals()) == 1 for d in data):
-        rename = {n: d.name for n, d in zip(names, data)}  # each input variable takes the caller's
-        return graph.but([n.but(name=rename[n.name]) if n.is_variable and n.name in rename
-                          else n for n in graph.nodes]).to_symbol()
-    return graph.to_symbol()(**dict(zip(names, data)))
+    rename = dict(zip(names, data_names))  # each input variable takes the caller's name
+    if all(k == v for k, v in rename.items()):
+        return graph
+    return graph.but([n.but(name=rename[n.name]) if n.is_variable and n.name in rename
+                      else n for n in graph.nodes])
 
 
-def data_variable(data_name):
-    """The input variable, in the first stage."""
-    with mx.AttrScope(ctx_group=stage_name(0)):
-        return mx.sym.var(data_name)
-
-
-def on_first_stage(symbol, placement):
-    """``symbol`` (a caller's input to the Pipeline: a variable, or ops on
-    variables) with every node that names no ``ctx_group`` in the first
-    stage's, where the input lives.
+def on_inputs(graph, data, placement):
+    """``graph`` (:func:`build`'s, its inputs named ``placement.input_names``)
+    read from ``data``, a caller's Symbols (one per input): variables rename
+    its inputs; ops on variables are composed in front of it, each node of
+    theirs that names no ``ctx_group`` in the first stage's, where the
+    input lives. A :class:`~mp_symbolic.core.ir.PlacedGraph`.
 
     Raises:
         ValueError: a node names a ``ctx_group`` the plan does not have.
     """
-    placed = PlacedGraph.from_symbol(symbol)
+    inner = PlacedGraph.from_symbol(data[0] if len(data) == 1 else mx.sym.Group(data))
     groups = set(placement.plan.group2ctx)
-    for node in placed.nodes:
+    for node in inner.nodes:
         if node.group is not None and node.group not in groups:
             raise ValueError('x: expected the input symbol\'s nodes in no ctx_group or in one '
                              'of the Pipeline\'s (%s), found %r in %r'
                              % (', '.join(sorted(groups)), node.name, node.group))
-    return placed.but([n.but(group=n.group or stage_name(0)) for n in placed.nodes]).to_symbol()
+    names = placement.input_names
+    if all(d.list_arguments() == [d.name] and len(d.get_internals()) == 1 for d in data):
+        rename = {n: d.name for n, d in zip(names, data)}  # each input variable takes the caller's
+        return graph.but([n.but(name=rename[n.name]) if n.is_variable and n.name in rename
+                          else n for n in graph.nodes])
+    inner = inner.but([n.but(group=n.group or stage_name(0)) for n in inner.nodes])
+    return graph.compose(inner, {n: k for k, n in enumerate(names)})
 
 
 def infer_shapes(blocks, data_shape, data_name=DATA_NAME):

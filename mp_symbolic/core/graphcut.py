@@ -31,7 +31,6 @@ including skip connections over several stages.
 """
 import ast
 import ctypes
-import json
 
 import mxnet as mx
 from mxnet.ndarray._internal import _imperative_invoke
@@ -40,7 +39,7 @@ import numpy as np
 from .balance import CutError, balance_kind, check_balance, solve, time_forward_backward
 from .checks import tied_owners
 from .compat import error_line
-from .ir import PlacedGraph, as_placed, load, op_order, variable_readers
+from .ir import PlacedGraph, as_placed, load, make_node, op_order, variable_readers
 from .names import DATA_NAME
 from .passes import MAX_CHUNKED_OPS, label, replicate_chunks, unique_names  # noqa: F401
 
@@ -79,23 +78,21 @@ def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
     and timed by :func:`mp_symbolic.core.balance.time_forward_backward`
     (an ``Embedding``'s ids without a gradient).
     """
-    graph = json.loads(symbol.tojson())
+    graph = as_placed(symbol)
     shapes, dtypes = entry_shapes(symbol, input_shapes), entry_dtypes(symbol, input_shapes)
     rng = np.random.default_rng(seed)
     times = []
-    for i in op_order(graph):
-        node = graph['nodes'][i]
-        nodes, inputs = [], []
-        for k, (src, idx, _) in enumerate(node['inputs']):
-            nodes.append({'op': 'null', 'name': 'in%d' % k, 'inputs': []})
-            inputs.append([k, 0, 0])
-        attrs = {a: v for a, v in node.get('attrs', {}).items() if not a.startswith('__')}
-        nodes.append({'op': node['op'], 'name': 'op', 'attrs': attrs, 'inputs': inputs})
-        sym = load({'nodes': nodes, 'heads': [[len(nodes) - 1, 0, 0]], 'attrs': graph['attrs']})
-        in_shapes = {'in%d' % k: shapes[(graph['nodes'][src]['name'], idx)]
-                     for k, (src, idx, _) in enumerate(node['inputs'])}
-        in_dtypes = {'in%d' % k: dtypes[(graph['nodes'][src]['name'], idx)]
-                     for k, (src, idx, _) in enumerate(node['inputs'])}
+    for i in graph.op_order():
+        node = graph.nodes[i]
+        count = len(node.inputs)
+        nodes = [make_node(k, 'in%d' % k, 'null') for k in range(count)]
+        nodes.append(make_node(count, 'op', node.op, [(k, 0, 0) for k in range(count)], attrs={
+            a: v for a, v in node.attrs.items() if not a.startswith('__')}))
+        sym = PlacedGraph(tuple(nodes), (), graph.attrs).but(heads=[(count, 0, 0)]).to_symbol()
+        in_shapes = {'in%d' % k: shapes[(graph.source(e).name, e.output)]
+                     for k, e in enumerate(node.inputs)}
+        in_dtypes = {'in%d' % k: dtypes[(graph.source(e).name, e.output)]
+                     for k, e in enumerate(node.inputs)}
         times.append(time_forward_backward(sym, in_shapes, ctx, rng, repeats, in_dtypes))
     return times
 

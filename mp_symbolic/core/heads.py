@@ -27,10 +27,12 @@ graph, the imperative twin, the task and the export; :func:`read_head` reads
 the record back off a graph, a head of the user's own included.
 """
 from dataclasses import dataclass, field, replace
-import json
 
 import mxnet as mx
 from mxnet import gluon
+
+from .ir import PlacedGraph, as_placed, make_node
+from .names import GROUP_KEY, other_output_name, prediction_name
 
 __all__ = []
 
@@ -243,10 +245,66 @@ def make_head(loss, prediction, label):
                                     **head.op_args)
 
 
+def with_head(prediction, loss, label_name, output=None, group=None):
+    """The pass that adds the training head: ``prediction`` (a
+    :class:`~mp_symbolic.core.ir.PlacedGraph` whose outputs are the
+    network's) with ``loss``'s head (:func:`make_head`) on its outputs and a
+    label variable ``label_name``, the head's nodes in ``group`` (a
+    ``ctx_group``). For a network of several outputs and a named loss, the
+    outputs are the head on output ``output``, then the others in order,
+    each through a ``BlockGrad`` (:func:`~mp_symbolic.core.names.other_output_name`);
+    a callable loss receives the list of outputs.
+
+    The head is a graph on a variable per output
+    (:func:`~mp_symbolic.core.names.prediction_name`; a callable's traced
+    on them and read once) composed onto ``prediction``: the graph MXNet's
+    composition of the two Symbols gives, node for node.
+
+    Raises:
+        ValueError: ``output`` is missing or out of range for a network of
+            several outputs, or given for one of a single output; ``loss``
+            is none of :func:`make_head`'s.
+    """
+    count = len(prediction.heads)
+    named = not callable(loss) or isinstance(loss, str)
+    if named and count > 1 and (not isinstance(output, int) or isinstance(output, bool)
+                                or not 0 <= output < count):
+        raise ValueError('output: expected the index of the output the loss reads (the '
+                         'network has %d outputs), found %r' % (count, output))
+    if (count == 1 or not named) and output not in (None, 0):
+        raise ValueError('output: expected None for a network of one output or a callable '
+                         'loss (it receives every output), found %r' % (output,))
+    record = None if not named else head_of(loss)
+    if named and record is None:
+        raise ValueError('loss: expected %s or a callable (prediction, label) -> Symbol, '
+                         'found %r' % (', '.join(repr(l) for l in LOSSES), loss))
+    if record is not None:  # the head's nodes made here: no Symbol to read
+        heads = [(count + 1, 0, 0)]
+        nodes = [make_node(k, prediction_name(k), 'null', group=group) for k in range(count)]
+        nodes.append(make_node(count, label_name, 'null', group=group, role='input'))
+        nodes.append(make_node(count + 1, record.node, record.op,
+                               [(output or 0, 0, 0), (count, 0, 0)], group,
+                               attrs={k: str(v) for k, v in record.op_args.items()}))
+        for k in range(count):
+            if k != (output or 0):
+                heads.append((len(nodes), 0, 0))
+                nodes.append(make_node(len(nodes), other_output_name(k), 'BlockGrad',
+                                       [(k, 0, 0)], group))
+        graph = PlacedGraph(tuple(nodes), (), prediction.attrs).but(heads=heads)
+    else:  # a callable's head: traced on a variable per output, read once
+        with mx.AttrScope(**({GROUP_KEY: group} if group is not None else {})):
+            outputs = [mx.sym.var(prediction_name(k)) for k in range(count)]
+            graph = PlacedGraph.from_symbol(make_head(
+                loss, outputs if count > 1 else outputs[0], mx.sym.var(label_name)),
+                                            (label_name,))
+    return graph.compose(prediction, {prediction_name(k): k for k in range(count)})
+
+
 def read_head(symbol):
     """The :class:`Head` that the first output of ``symbol`` (a training
-    graph) ends in, read off its op and attributes: a head made by
-    :func:`make_head` or by a callable loss of the user's
+    graph: a Symbol or a :class:`~mp_symbolic.core.ir.PlacedGraph`) ends in,
+    read off its op and attributes: a head made by :func:`make_head` or by a
+    callable loss of the user's
     (``mx.sym.SoftmaxOutput(p, y, multi_output=True)``), with its class axis
     and ignored label.
 
@@ -254,11 +312,11 @@ def read_head(symbol):
         The record, or ``None`` where the output is no known head (``MakeLoss``:
         the output is the loss itself).
     """
-    node = json.loads(symbol[0].tojson())['nodes'][-1]
-    head = _BY_OP.get(node['op'])
+    node = as_placed(symbol).output_node(0)
+    head = _BY_OP.get(node.op)
     if head is None or not head.classes:
         return head
-    attrs = node.get('attrs', {})
+    attrs = node.attrs
 
     def flag(name):
         return str(attrs.get(name, 'False')).lower() in ('true', '1')

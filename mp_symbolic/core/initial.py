@@ -26,6 +26,7 @@ import mxnet as mx
 from mxnet.initializer import InitDesc
 import numpy as np
 
+from .names import INIT_ATTR
 from .tensor_parallel import split_params
 
 __all__ = []
@@ -61,14 +62,14 @@ class Drawn(mx.init.Initializer):
 
     def __call__(self, desc, arr):
         attrs = dict(getattr(desc, 'attrs', None) or {})
-        if attrs.get('__init__') is self:  # Gluon's: the default initializer's own
-            attrs['__init__'] = self.initializer
+        if attrs.get(INIT_ATTR) is self:  # Gluon's: the default initializer's own
+            attrs[INIT_ATTR] = self.initializer
         value = self.value(str(desc), arr, attrs)
         if value is not arr:
             value.copyto(arr)
 
     def _init_weight(self, name, arr):  # an initializer that names us as '__init__'
-        self(InitDesc(str(name), {'__init__': self.initializer}), arr)
+        self(InitDesc(str(name), {INIT_ATTR: self.initializer}), arr)
 
     def value(self, name, arr, attrs):
         """The initial value of parameter ``name`` (a host array: ``arr``

@@ -16,14 +16,19 @@ runtime's cut, the twin, the placement, the export, the checkpoint reader and
 the plots ask a node its stage (``node.stage``) instead of each parsing
 ``'stage2_shard1'`` on its own. The JSON form is made at the edges only:
 MXNet binds it, the exporter writes it, the plots draw it
-(:meth:`PlacedGraph.to_json`, :meth:`PlacedGraph.to_symbol`).
+(:meth:`PlacedGraph.to_json`, :meth:`PlacedGraph.to_symbol`). A graph put
+on another's outputs (a loss head on the network, a network on a caller's
+input ops) is :meth:`PlacedGraph.compose`, in the order MXNet itself writes
+(:meth:`PlacedGraph.in_mxnet_order`); every walk of a graph in the library
+and the export reads a :class:`PlacedGraph` (:func:`as_placed`).
 """
 from collections import namedtuple
 from dataclasses import dataclass, field, replace
 import json
 from types import MappingProxyType
 
-from .names import BLOCK_ATTR, GROUP_ATTR, SHARD_ATTR, parse_group, parse_shard_mark
+from .names import BLOCK_ATTR, GATHER_ATTR, GROUP_ATTR, SHARD_ATTR, parse_group, \
+    parse_shard_mark
 
 __all__ = ['Entry', 'Node', 'PlacedGraph', 'ROLES', 'as_placed', 'load', 'make_node',
            'op_order', 'variable_readers']
@@ -136,6 +141,7 @@ class PlacedGraph:
             group = attrs.pop(GROUP_ATTR, None)
             mark = attrs.pop(SHARD_ATTR, None)
             block = attrs.pop(BLOCK_ATTR, None)
+            attrs.pop(GATHER_ATTR, None)  # the trace's own, read on its Symbols only
             if raw['op'] != 'null':
                 role = 'op'
             else:
@@ -164,6 +170,66 @@ class PlacedGraph:
                                  % next(n.name for i, n in enumerate(nodes) if n.index != i))
         return PlacedGraph(nodes, self.heads if heads is None else
                            tuple(Entry(*h) for h in heads), self.attrs)
+
+    def in_mxnet_order(self):
+        """The graph with its nodes in the order MXNet writes them (a
+        depth-first post-order from the outputs, each node's inputs in
+        order, then its control dependencies): what ``to_symbol()`` then
+        ``from_symbol`` would give, without the round trip. A node no output
+        reads is left out."""
+        order, seen = [], set()
+        for head in self.heads:
+            stack = [(head.node, 0)]
+            while stack:
+                index, k = stack.pop()
+                if k == 0 and index in seen:
+                    continue
+                node = self.nodes[index]
+                deps = [e.node for e in node.inputs] + list(node.extra.get('control_deps', ()))
+                if k < len(deps):
+                    stack.append((index, k + 1))
+                    if deps[k] not in seen:
+                        stack.append((deps[k], 0))
+                elif index not in seen:
+                    seen.add(index)
+                    order.append(index)
+        if order == list(range(len(self.nodes))):
+            return self
+        new = {old: i for i, old in enumerate(order)}
+        nodes = []
+        for old in order:
+            node = self.nodes[old]
+            extra = node.extra
+            if 'control_deps' in extra:
+                extra = dict(extra, control_deps=[new[d] for d in extra['control_deps']])
+            nodes.append(replace(node.but(index=new[old], inputs=[
+                (new[e.node], e.output, e.version) for e in node.inputs]),
+                                 extra=MappingProxyType(dict(extra))))
+        return self.but(nodes, [(new[h.node], h.output, h.version) for h in self.heads])
+
+    def compose(self, inner, inputs):
+        """This graph with its variables named in ``inputs`` replaced by
+        outputs of ``inner``, as MXNet's ``symbol(**kwargs)`` composes them,
+        its nodes in MXNet's order (:meth:`in_mxnet_order`).
+
+        Args:
+            inner: A :class:`PlacedGraph`.
+            inputs: ``{variable name: index of an output of inner}``.
+        """
+        out, moved, replaced = list(inner.nodes), {}, {}
+
+        def entry(e):
+            return replaced[e.node] if e.node in replaced else \
+                (moved[e.node], e.output, e.version)
+
+        for node in self.nodes:
+            if node.is_variable and node.name in inputs:
+                replaced[node.index] = tuple(inner.heads[inputs[node.name]])
+                continue
+            moved[node.index] = len(out)
+            out.append(node.but(index=len(out), inputs=[entry(e) for e in node.inputs]))
+        return PlacedGraph(tuple(out), tuple(Entry(*entry(h)) for h in self.heads),
+                           self.attrs).in_mxnet_order()
 
     def to_json(self):
         """The graph as MXNet's JSON (a new dict: to bind, export or draw);
@@ -213,6 +279,30 @@ class PlacedGraph:
         """The node an input entry ``(node, output, ...)`` reads."""
         return self.nodes[entry[0]]
 
+    def reader_counts(self):
+        """``{node index: how many nodes read it}`` (a node reading it
+        through several inputs counted once)."""
+        counts = {}
+        for node in self.nodes:
+            for source in {e.node for e in node.inputs}:
+                counts[source] = counts.get(source, 0) + 1
+        return counts
+
+    def upstream(self, entries):
+        """The nodes the entries ``entries`` read, directly or through other
+        nodes (theirs included), in index order."""
+        seen, pending = set(), [e[0] for e in entries]
+        while pending:
+            i = pending.pop()
+            if i not in seen:
+                seen.add(i)
+                pending.extend(e.node for e in self.nodes[i].inputs)
+        return [self.nodes[i] for i in sorted(seen)]
+
+    def output_node(self, k=0):
+        """The node that computes the graph's output ``k``."""
+        return self.nodes[self.heads[k].node]
+
     def op_order(self):
         """Indices of the op nodes in a topological order (:func:`op_order`)."""
         for node in self.nodes:
@@ -242,9 +332,13 @@ def load(graph):
 
 
 def as_placed(graph):
-    """``graph`` typed: a :class:`PlacedGraph` as it is, MXNet's JSON read
-    once (:meth:`PlacedGraph.from_json`)."""
-    return graph if isinstance(graph, PlacedGraph) else PlacedGraph.from_json(graph)
+    """``graph`` typed: a :class:`PlacedGraph` as it is, a Symbol or MXNet's
+    JSON read once (:meth:`PlacedGraph.from_symbol`, :meth:`PlacedGraph.from_json`)."""
+    if isinstance(graph, PlacedGraph):
+        return graph
+    if hasattr(graph, 'tojson'):
+        return PlacedGraph.from_symbol(graph)
+    return PlacedGraph.from_json(graph)
 
 
 def op_order(graph):

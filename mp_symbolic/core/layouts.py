@@ -14,7 +14,7 @@ written by :func:`with_output_layouts`).
 """
 import mxnet as mx
 
-from .ir import PlacedGraph
+from .names import LAYOUT_ATTR
 
 __all__ = []
 
@@ -112,14 +112,11 @@ def output_batch_axes(symbol, descs):
     return axes
 
 
-LAYOUT_ATTR = '__layout__'  # MXNet's node attribute the executor group joins an output on
-
-
-def with_output_layouts(symbol, axes):
-    """``symbol`` with each output's node carrying a ``__layout__`` with ``N``
-    at its batch axis (``axes``, one per output; ``None``: none written, as
-    MXNet's own graphs have)."""
-    graph = PlacedGraph.from_symbol(symbol)
+def with_output_layouts(graph, axes):
+    """``graph`` (a :class:`~mp_symbolic.core.ir.PlacedGraph`) with each
+    output's node carrying a ``__layout__`` with ``N`` at its batch axis
+    (``axes``, one per output; ``None``: none written, as MXNet's own graphs
+    have)."""
     layouts = {h.node: None for h in graph.heads}
     written = set()
     for head, axis in zip(graph.heads, axes if axes is not None else ()):
@@ -131,4 +128,4 @@ def with_output_layouts(symbol, axes):
         attrs = {k: v for k, v in nodes[i].attrs.items() if k != LAYOUT_ATTR}
         nodes[i] = nodes[i].but(attrs=attrs if layout is None else
                                 dict(attrs, **{LAYOUT_ATTR: layout}))
-    return graph.but(nodes).to_symbol()
+    return graph.but(nodes)

@@ -45,7 +45,7 @@ from .compat import gradient_only_kvstore, split_bind
 from .heads import HEADS, class_axis, head_of
 from .initial import Drawn
 from .ir import PlacedGraph
-from .names import DATA_NAME, LABEL_NAME
+from .names import DATA_NAME, LABEL_NAME, LAYOUT_ATTR, SHAPE_ATTR
 from .optstate import drop_states, gather_states, set_states_by_name, split_states, \
     states_by_name
 from .updater import PerDeviceUpdater
@@ -54,7 +54,8 @@ __all__ = []
 
 
 def with_input_shape(symbol, data_name, sample_shape, input_layouts=None):
-    """``symbol`` with ``(0,) + sample_shape`` recorded on its data variable
+    """``symbol`` (a Symbol, or a :class:`~mp_symbolic.core.ir.PlacedGraph`)
+    as a Symbol with ``(0,) + sample_shape`` recorded on its data variable
     (``data_name`` and ``sample_shape`` may be ``{name: sample shape}`` and
     ``None`` for several inputs); an input of ``input_layouts`` (``{name:
     layout}``, its batch at the layout's ``N``: ``'TN'``, ``'TNC'``) has the
@@ -69,13 +70,13 @@ def with_input_shape(symbol, data_name, sample_shape, input_layouts=None):
 
     def recorded(name, attrs):
         if name in input_layouts:
-            attrs = dict(attrs, **{layouts.LAYOUT_ATTR: input_layouts[name]})
+            attrs = dict(attrs, **{LAYOUT_ATTR: input_layouts[name]})
         if name in shapes:
             shape, axis = tuple(shapes[name]), max(input_layouts.get(name, 'N').find('N'), 0)
-            attrs = dict(attrs, __shape__=str(shape[:axis] + (0,) + shape[axis:]))
+            attrs = dict(attrs, **{SHAPE_ATTR: str(shape[:axis] + (0,) + shape[axis:])})
         return attrs
 
-    graph = PlacedGraph.from_symbol(symbol)
+    graph = symbol if isinstance(symbol, PlacedGraph) else PlacedGraph.from_symbol(symbol)
     return graph.but([
         n.but(attrs=recorded(n.name, n.attrs))
         if n.is_variable and (n.name in shapes or n.name in input_layouts) else n
@@ -174,7 +175,7 @@ class PipelineModule(DeviceModule):
         export_symbol: The training graph without micro-batches and with
             tensor-parallel layers unsplit, which :meth:`save_checkpoint`
             writes (chunks and shards are a training schedule, not part of
-            the model).
+            the model); :attr:`export_graph` typed.
     """
 
     _statistics = ()  # batchnorm='deferred': the statistics the one graph outputs
@@ -191,15 +192,16 @@ class PipelineModule(DeviceModule):
         self._head_name = loss if isinstance(loss, str) else None  # fitted at bind
         self._head_fitted = False
         self.data_name, self.label_name, self.output = data_name, label_name, output
-        symbol = self._graph()
-        self.export_symbol = self._export_graph(symbol)
+        placed = self._graph()
+        symbol = placed.to_symbol()
+        self._set_export(placed, symbol)
         arguments = symbol.list_arguments()
         label_names = (label_name,) if label_name in arguments else ()
         # a named loss on one of several outputs: the head first, the others after
         self._head_first = loss is not None and len(symbol.list_outputs()) > 1 and \
             output is not None
         plan = pipeline.plan
-        symbol, data_names, label_names = self._held(symbol, label_names)
+        symbol, data_names, label_names = self._held(placed, symbol, label_names)
         given = list(kwargs.pop('fixed_param_names', None) or ())
         fixed = given + [n for n in fixed_param_names(pipeline, symbol) if n not in given]
         first = pipeline.local_stages[0]
@@ -207,6 +209,7 @@ class PipelineModule(DeviceModule):
                          context=[devices[first] for devices in plan.replica_devices],
                          group2ctxs=plan.group2ctxs, fixed_param_names=fixed or None,
                          host_copy=host_copy, **kwargs)
+        self._placed = placed  # the graph of self._symbol, typed (read by binds)
         self.sample_shape = None
         self.input_shapes = {}
         self._batch_axes = {}  # input name -> its batch axis, once bound
@@ -215,9 +218,9 @@ class PipelineModule(DeviceModule):
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = _Restored()
 
-    def _held(self, symbol, label_names):
+    def _held(self, placed, symbol, label_names):  # pylint: disable=unused-argument
         """``(symbol, data names, label names)`` of the Module's own
-        executors: here the graph itself."""
+        executors: here the graph itself (``symbol``, ``placed`` written)."""
         return symbol, self.pipeline.data_names(self.data_name), label_names
 
     def _graph(self):
@@ -226,24 +229,42 @@ class PipelineModule(DeviceModule):
         several chunks, its BatchNorm ops at momentum 1 and their
         micro-batches' statistics as outputs after the network's
         (:func:`~mp_symbolic.core.batchnorm.deferred_graph`), which the
-        Module does not return."""
-        symbol = self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
-                                               output=self.output)
+        Module does not return. A :class:`~mp_symbolic.core.ir.PlacedGraph`."""
+        placed = self.pipeline.training_graph(self.loss, self.data_name, self.label_name,
+                                              output=self.output)
         self._statistics, self._own_outputs = [], None
         if self.pipeline.batchnorm == 'deferred' and self.pipeline.chunks > 1:
-            count = len(symbol.list_outputs())
-            symbol, self._statistics = batchnorms.deferred_graph(symbol)
+            count = len(placed.heads)
+            placed, self._statistics = batchnorms.deferred_graph(placed)
             self._own_outputs = count if self._statistics else None
-        return symbol
+        return placed
 
-    def _export_graph(self, symbol):
-        """The graph a checkpoint holds: ``symbol`` without micro-batches and
-        with tensor-parallel layers unsplit."""
+    def _set_export(self, placed, symbol):
+        """Keeps the graph a checkpoint holds: ``placed`` (``symbol``
+        written) without micro-batches and with tensor-parallel layers
+        unsplit, built now and written on first use (:attr:`export_symbol`)."""
         pipeline = self.pipeline
         if pipeline.chunks == 1 and not pipeline.sharded:
-            return symbol
-        return pipeline.training_symbol(self.loss, self.data_name, self.label_name,
-                                        chunks=1, output=self.output, unsplit=True)
+            self._export, self._export_symbol = placed, symbol
+        else:
+            self._export = pipeline.training_graph(self.loss, self.data_name, self.label_name,
+                                                   chunks=1, output=self.output, unsplit=True)
+            self._export_symbol = None
+
+    @property
+    def export_graph(self):
+        """:attr:`export_symbol`'s graph, typed (a
+        :class:`~mp_symbolic.core.ir.PlacedGraph`)."""
+        return self._export
+
+    @property
+    def export_symbol(self):
+        """The training graph without micro-batches and with tensor-parallel
+        layers unsplit, which :meth:`save_checkpoint` writes (chunks and
+        shards are a training schedule, not part of the model)."""
+        if self._export_symbol is None:
+            self._export_symbol = self._export.to_symbol()
+        return self._export_symbol
 
     def _fit_head(self, data_shapes, label_shapes, force_rebind):
         """``loss='softmax'``: its classes on the axis the labels leave in the
@@ -270,10 +291,12 @@ class PipelineModule(DeviceModule):
         if head.on_axis(axis) == head_of(self.loss):
             return
         self.loss = head.on_axis(axis)
-        symbol = self._graph()
-        self.export_symbol = self._export_graph(symbol)
-        self._symbol = self._held(symbol, (self.label_name,) if self.label_name in
+        placed = self._graph()
+        symbol = placed.to_symbol()
+        self._set_export(placed, symbol)
+        self._symbol = self._held(placed, symbol, (self.label_name,) if self.label_name in
                                   symbol.list_arguments() else ())[0]
+        self._placed = placed
 
     def _whole_graph(self):
         """The training graph of every stage (whichever this process binds)."""
@@ -311,7 +334,7 @@ class PipelineModule(DeviceModule):
             self._batch_axes[name] = axis
         if not self.binded or force_rebind:
             self._lay_out_outputs(data_shapes + list(label_shapes or ()))
-        with split_bind(self._devices(), self._symbol, for_training and grad_req != 'null',
+        with split_bind(self._devices(), self._placed, for_training and grad_req != 'null',
                         self._fixed_param_names or ()):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
@@ -325,7 +348,8 @@ class PipelineModule(DeviceModule):
         if not self._laid_out and all(layouts.batch_axis_of(d) == 0 for d in descs):
             return
         axes = layouts.output_batch_axes(self._symbol, descs)
-        self._symbol = layouts.with_output_layouts(self._symbol, axes)
+        self._placed = layouts.with_output_layouts(self._placed, axes)
+        self._symbol = self._placed.to_symbol()
         self._laid_out = axes is not None
 
     def recorded_shapes(self):
@@ -409,7 +433,7 @@ class PipelineModule(DeviceModule):
         elif label_shapes:
             label_shapes = layouts.batch_descs(label_shapes, placement.batch_axis,
                                                placement.chunks, labels=True)
-        with split_bind(self._devices(), self._symbol, self.for_training,
+        with split_bind(self._devices(), self._placed, self.for_training,
                         self._fixed_param_names or ()):
             super().reshape(data_shapes, label_shapes)
 
@@ -666,7 +690,7 @@ class PipelineModule(DeviceModule):
         """Writes ``prefix-symbol.json`` and ``prefix-%04d.params`` as
         ``mx.mod.Module.save_checkpoint`` does, with the graph without
         micro-batches and the per-sample input shape recorded on ``data``."""
-        symbol = with_input_shape(self.export_symbol, self.recorded_shapes(), None,
+        symbol = with_input_shape(self.export_graph, self.recorded_shapes(), None,
                                   self.recorded_layouts())
         symbol.save('%s-symbol.json' % prefix, remove_amp_cast=remove_amp_cast)
         self.save_params('%s-%04d.params' % (prefix, epoch))

@@ -19,6 +19,12 @@ owns its communication vocabulary). Only the standard library is imported.
 * while a block list is traced into one graph, each op carries its block's
   index in :data:`BLOCK_ATTR` (the split points; read into the typed graph's
   nodes, :attr:`~mp_symbolic.core.ir.Node.block`, and not written back);
+* while a network is traced, a column-parallel layer's join carries
+  :data:`GATHER_ATTR` (the shards behind it, for the next layer to read
+  directly); dropped by the typed graph. :data:`TRACE_ATTRS` are these
+  marks, :data:`MXNET_ATTRS` the attributes MXNet reads that the library
+  writes (the only ones a bound graph carries), :data:`ATTRS` every
+  attribute the library writes;
 * the copies of an op for micro-batch ``m > 0`` are :func:`chunk_name`
   ``(op, m)``; the input is split by :data:`CHUNK_SPLIT` and the outputs
   joined by :data:`CHUNK_JOIN`;
@@ -30,8 +36,14 @@ __all__ = []
 GROUP_ATTR = '__ctx_group__'          # MXNet's node attribute behind mx.AttrScope(ctx_group=...)
 GROUP_KEY = 'ctx_group'               # the same attribute as Symbol.attr and mx.AttrScope name it
 MIRROR_ATTR = '__force_mirroring__'   # MXNet's: recompute this op's output in backward
+SHAPE_ATTR = '__shape__'              # MXNet's: a variable's shape (0: not known)
+DTYPE_ATTR = '__dtype__'              # MXNet's: a variable's dtype, as MXNet's type code
+LAYOUT_ATTR = '__layout__'            # MXNet's: an output's axes; the executor group joins it at N
+INIT_ATTR = '__init__'                # Gluon's: a variable's initializer, as JSON
 SHARD_ATTR = '__tp_shard__'           # ours: on a shard's ops and weights, 'i/N/layer#call'
 BLOCK_ATTR = '__mp_block__'           # ours, while a block list is traced: the op's block index
+GATHER_ATTR = '__tp_gather__'         # ours, while traced: a column layer's join, '<shards>:<flat>'
+DYNAMIC_ATTR = '__dynamic_axes__'     # ours, in an exported pair: an input's axes of any size
 STAGE_PREFIX = 'stage'
 IDENTITY_OP = '_copy'                 # what mx.sym.identity makes; ONNX maps it to Identity
 TIED_SUFFIX = '_tied'
@@ -40,6 +52,19 @@ CHUNK_JOIN = 'join'                   # the concat of the micro-batches' outputs
 CHUNK_INFIX = '_chunk'
 DATA_NAME = 'data'                    # mx.io.NDArrayIter's and HybridBlock.export's input name
 LABEL_NAME = 'softmax_label'          # mx.io.NDArrayIter's default label name
+
+# The marks of a trace: read into the typed graph's nodes or dropped there
+# (ir.PlacedGraph.from_json), never written back, so no graph MXNet binds,
+# no checkpoint and no export carries them.
+TRACE_ATTRS = (SHARD_ATTR, BLOCK_ATTR, GATHER_ATTR)
+# What the library writes into a graph that MXNet reads: all a bound graph
+# carries of the library's (Gluon's variables carry their own, GLUON_ATTRS).
+MXNET_ATTRS = (GROUP_ATTR, MIRROR_ATTR, SHAPE_ATTR, DTYPE_ATTR, LAYOUT_ATTR)
+# What Gluon writes on a parameter's variable (Parameter.var) and MXNet reads.
+GLUON_ATTRS = (SHAPE_ATTR, DTYPE_ATTR, INIT_ATTR, '__lr_mult__', '__wd_mult__',
+               '__storage_type__')
+# Every attribute the library writes into a graph or a file's graph.
+ATTRS = MXNET_ATTRS + TRACE_ATTRS + (DYNAMIC_ATTR,)
 
 
 def stage_name(stage):
@@ -105,6 +130,16 @@ def input_names(count):
     if count == 1:
         return [DATA_NAME]
     return ['%s%d' % (DATA_NAME, i) for i in range(count)]
+
+
+PREDICTION_PREFIX = 'mp_prediction'    # a network output, while its loss head is built
+
+
+def prediction_name(index):
+    """The variable that stands for the network's output ``index`` while its
+    loss head is built (:func:`~mp_symbolic.core.heads.with_head`), then
+    replaced by that output."""
+    return '%s%d' % (PREDICTION_PREFIX, index)
 
 
 OTHER_OUTPUT_PREFIX = 'output'         # the BlockGrad of an output the loss does not read

@@ -273,19 +273,16 @@ def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
     return graph.but(out, joined)
 
 
-def finish(symbol, placement):
-    """``symbol`` (a Symbol) with every parameter in its owner's group (its
-    shard's, for a tensor-parallel one: ``placement.owner``,
-    ``placement.shard_of``) and read through :func:`tie_parameters` where
-    others read it; copies of an op (micro-batches) named apart
-    (:func:`~mp_symbolic.core.names.chunk_name`); every node checked to
-    carry a group of ``placement``'s plan. A Symbol again (``symbol``
-    itself where nothing changed)."""
-    given = PlacedGraph.from_symbol(symbol)
+def finish(graph, placement):
+    """``graph`` with every parameter in its owner's group (its shard's, for
+    a tensor-parallel one: ``placement.owner``, ``placement.shard_of``) and
+    read through :func:`tie_parameters` where others read it; copies of an
+    op (micro-batches) named apart (:func:`~mp_symbolic.core.names.chunk_name`);
+    every node checked to carry a group of ``placement``'s plan."""
     owner, shard_of = placement.owner, placement.shard_of
-    graph = tie_parameters(given.but([
+    graph = tie_parameters(graph.but([
         n.but(group=shard_group(owner[n.name], shard_of.get(n.name, 0)))
-        if n.is_variable and n.name in owner else n for n in given.nodes]), CutError)
+        if n.is_variable and n.name in owner else n for n in graph.nodes]), CutError)
     groups = set(placement.plan.group2ctx)
     seen, out = {}, []
     for node in graph.nodes:
@@ -298,8 +295,7 @@ def finish(symbol, placement):
             if count:
                 node = node.but(name=chunk_name(node.name, count))
         out.append(node)
-    graph = graph.but(out)
-    return symbol if graph == given else graph.to_symbol()
+    return graph.but(out)
 
 
 @dataclass(frozen=True)
@@ -308,7 +304,10 @@ class StageGraph:
 
     Attributes:
         stage: Its index.
-        symbol: The sub-graph; its outputs are ``heads`` then ``sends``.
+        graph: The sub-graph (a :class:`~mp_symbolic.core.ir.PlacedGraph`,
+            ``None`` for a stage with no output); its outputs are ``heads``
+            then ``sends``.
+        symbol: The sub-graph as a Symbol, to bind.
         heads: ``[(k, output)]``: the whole graph's output ``k`` is this
             sub-graph's output ``output``.
         sends: Outputs read by later stages: ``[(entry, output)]``, ``entry``
@@ -318,6 +317,7 @@ class StageGraph:
         inputs: The data and label variables this stage reads.
     """
     stage: int
+    graph: object
     symbol: object
     heads: tuple
     sends: tuple
@@ -325,20 +325,17 @@ class StageGraph:
     inputs: tuple
 
 
-def cut(symbol, num_stages, input_names):
-    """``symbol`` (every node tagged with its stage's ``ctx_group``) as one
-    :class:`StageGraph` per stage.
-
-    Args:
-        input_names: The data and label variables: each stage that reads
-            one gets it as an input of its own.
+def cut(graph, num_stages):
+    """``graph`` (every node in its stage's group, its data and label
+    variables ``'input'`` nodes) as one :class:`StageGraph` per stage; each
+    stage that reads an input gets it as an input of its own.
 
     Raises:
         CutError: a stage reads an output of a later stage, or a parameter is
             read by two stages (the Pipeline reads a tied weight through an
             identity op in its owner's stage, so neither happens on its graphs).
     """
-    placed = PlacedGraph.from_symbol(symbol, input_names)
+    placed = graph
     stage_of = {n.index: n.stage for n in placed.ops}
     readers, param_readers = {}, {}
     for node in placed.ops:
@@ -403,9 +400,10 @@ def _stage_graph(graph, s, stage_of, readers):
     receives = tuple((name, stage_of[src], (src, k)) for (src, k), (_, name) in received.items())
     # a received tensor (a variable here) that ops of another group read, the
     # shards of a tensor-parallel layer, is read through an identity in its own
-    symbol = tie_parameters(PlacedGraph(tuple(out), (), graph.attrs).but(heads=heads),
-                            CutError).to_symbol() if heads else None
-    return StageGraph(s, symbol, tuple(own), tuple(sends), receives, tuple(inputs))
+    placed = tie_parameters(PlacedGraph(tuple(out), (), graph.attrs).but(heads=heads),
+                            CutError) if heads else None
+    return StageGraph(s, placed, None if placed is None else placed.to_symbol(), tuple(own),
+                      tuple(sends), receives, tuple(inputs))
 
 
 def unique_names(graph):

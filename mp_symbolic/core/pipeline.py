@@ -41,8 +41,8 @@ from mxnet import gluon
 from . import autotp, comm, graph, initial, nesting, passes, tensor_parallel, twin
 from .checks import excerpt
 from .compat import initialized, symbol_safe
-from .heads import make_head
-from .names import DATA_NAME, LABEL_NAME, input_names, other_output_name, stage_name
+from .heads import with_head
+from .names import DATA_NAME, LABEL_NAME, input_names, stage_name
 from .placement import check_parameter_names, place, sample_inputs
 from . import nodes as node_processes
 from . import batchnorm as batchnorms
@@ -362,14 +362,10 @@ class Pipeline(gluon.Block):
         :attr:`input_names` for several."""
         return (data_name,) if len(self.input_names) == 1 else self.input_names
 
-    def _inputs(self, data_name):
-        return [graph.data_variable(n) for n in self.data_names(data_name)]
-
     @symbol_safe
     def symbol(self, data_name=DATA_NAME):
         """The inference graph: the inputs -> the network's output(s), every node tagged."""
-        return passes.finish(graph.build(self.placement, self._inputs(data_name), 1),
-                            self.placement)
+        return self.training_graph(None, data_name, chunks=1).to_symbol()
 
     @symbol_safe
     def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
@@ -392,32 +388,27 @@ class Pipeline(gluon.Block):
             ValueError: ``output`` is missing or out of range for a network
                 of several outputs, or given for one of a single output.
         """
+        return self.training_graph(loss, data_name, label_name, chunks, output,
+                                   unsplit).to_symbol()
+
+    @symbol_safe
+    def training_graph(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
+                       output=None, unsplit=False):
+        """:meth:`training_symbol`'s graph, typed (a
+        :class:`~mp_symbolic.core.ir.PlacedGraph`): the network's graph
+        (:func:`~mp_symbolic.core.graph.build`), the loss head
+        (:func:`~mp_symbolic.core.heads.with_head`) and
+        :func:`~mp_symbolic.core.passes.finish`, passes on one typed graph.
+
+        Raises:
+            ValueError: as :meth:`training_symbol`.
+        """
         chunks = self.chunks if chunks is None else chunks
-        prediction = graph.build(self.placement, self._inputs(data_name), chunks, unsplit)
-        count = len(prediction.list_outputs())
-        if loss is None:
-            return passes.finish(prediction, self.placement)
-        outputs = [prediction[k] for k in range(count)] if count > 1 else [prediction]
-        named = not callable(loss) or isinstance(loss, str)
-        if named and count > 1 and (not isinstance(output, int) or isinstance(output, bool)
-                                    or not 0 <= output < count):
-            raise ValueError('output: expected the index of the output the loss reads (the '
-                             'network has %d outputs), found %r' % (count, output))
-        if (count == 1 or not named) and output not in (None, 0):
-            raise ValueError('output: expected None for a network of one output or a callable '
-                             'loss (it receives every output), found %r' % (output,))
-        with mx.AttrScope(ctx_group=stage_name(self.plan.num_stages - 1)):
-            label = mx.sym.var(label_name)
-            if not named and count > 1:
-                head = make_head(loss, outputs, label)
-            elif count == 1:
-                head = make_head(loss, prediction, label)
-            else:
-                head = mx.sym.Group(
-                    [make_head(loss, outputs[output], label)]
-                    + [mx.sym.BlockGrad(o, name=other_output_name(k))
-                       for k, o in enumerate(outputs) if k != output])
-        return passes.finish(head, self.placement)
+        placed = graph.build(self.placement, self.data_names(data_name), chunks, unsplit)
+        if loss is not None:
+            placed = with_head(placed, loss, label_name, output,
+                               stage_name(self.plan.num_stages - 1))
+        return passes.finish(placed, self.placement)
 
     @property
     def devices_per_replica(self):
@@ -507,8 +498,9 @@ class Pipeline(gluon.Block):
                 'nodes (train it through pipe.module(...))' % self.nodes.count)
         leaves = self._input_leaves((x,) + more)
         if isinstance(x, mx.sym.Symbol):
-            inputs = [graph.on_first_stage(s, placement) for s in leaves]
-            return passes.finish(graph.build(placement, inputs, 1), placement)
+            placed = graph.on_inputs(graph.build(placement, placement.input_names, 1), leaves,
+                                     placement)
+            return passes.finish(placed, placement).to_symbol()
         self._check_initialized()
         if self.batchnorm != batchnorms.DEFAULT and placement.chunks > 1 and \
                 mx.autograd.is_training():

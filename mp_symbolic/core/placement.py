@@ -193,18 +193,27 @@ class Placement:
         """The :class:`~mp_symbolic.core.graphcut.Cut` every graph is
         labelled from: a whole network's, or the block list traced into one
         graph whose split points are its block boundaries. A block list is
-        traced when a graph is built, each time (the imperative twin of a
-        block list needs no Symbol; a graph built after a layer learnt its
-        input size, or was cast, carries its shape and dtype as they are now)."""
+        traced on first use (one that only runs on NDArrays is never traced)
+        and again only once a parameter's shape, dtype or attributes changed
+        (a layer that learnt its input size, a cast): the graph carries them
+        as they are now."""
         # This branch on the form stays: a cut network's stages are positions
         # in the op order of the trace its cut was solved on, so that trace is
         # the one; a block list's split points are its block boundaries, which
-        # every trace finds again (and a block list that only runs on NDArrays
-        # is never traced at all).
+        # every trace finds again.
         if self.cut is not None:
             return self.cut
-        return trace_blocks(self.blocks, self.positional_inputs, self.plan.stage_of_layer,
-                            self.owner)
+        key = tuple((p.name, p.shape, p.dtype, p.lr_mult, p.wd_mult, p.grad_req, id(p.init),
+                     getattr(p, '_stype', None)) for p in self.collect_params().values())
+        if self._trace[0] != key:
+            self._trace[:] = [key, trace_blocks(self.blocks, self.positional_inputs,
+                                                self.plan.stage_of_layer, self.owner)]
+        return self._trace[1]
+
+    @cached_property
+    def _trace(self):
+        """``[parameters' state, the block list's trace]`` of the last trace."""
+        return [None, None]
 
     def labelled(self, mirror=()):
         """The traced graph labelled by stage, each tensor-parallel shard in its

@@ -53,13 +53,13 @@ class StagedModule(PipelineModule):
 
     def _graph(self):
         """One micro-batch's training graph: the stages cut it, the runtime repeats it."""
-        return self.pipeline.training_symbol(self.loss, self.data_name, self.label_name,
-                                             chunks=1, output=self.output)
+        return self.pipeline.training_graph(self.loss, self.data_name, self.label_name,
+                                            chunks=1, output=self.output)
 
     def _whole_graph(self):
         return self._full
 
-    def _held(self, symbol, label_names):
+    def _held(self, placed, symbol, label_names):
         """The graph whose one-sample executors hold this process's weights,
         gradients and auxiliary states: the whole graph in one process; over
         nodes, this node's stage graphs alone (their inputs from other
@@ -67,8 +67,7 @@ class StagedModule(PipelineModule):
         self._inputs = self.pipeline.data_names(self.data_name)
         self._all_labels = tuple(label_names)  # what a metric reads, held here or not
         self._full = symbol
-        self._stages = cut(symbol, self.pipeline.plan.num_stages,
-                           set(self._inputs) | set(label_names))
+        self._stages = cut(placed, self.pipeline.plan.num_stages)
         if self.pipeline.nodes is None:
             return symbol, self._inputs, label_names
         local = [self._stages[s].symbol for s in self.pipeline.local_stages]

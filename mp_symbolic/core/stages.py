@@ -216,9 +216,10 @@ class StageRuntime:
             graph = stages[s]
             groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}
             # no gradient asked for a length MXNet may overwrite (compat.lengths_outside_gradient)
-            symbol = lengths_outside_gradient(graph.symbol) if for_training else graph.symbol
+            placed = lengths_outside_gradient(graph.graph) if for_training else graph.graph
             if batchnorm == 'deferred' and for_training and self.microbatches > 1:
-                symbol, self._statistics[s] = deferred_graph(symbol)
+                placed, self._statistics[s] = deferred_graph(placed)
+            symbol = graph.symbol if placed is graph.graph else placed.to_symbol()
             self.slots[s] = [self._bind(graph, symbol, groups, group2ctx, arg_dict, grad_dict,
                                         aux_dict, types) for _ in range(max(1, flight[s]))]
         # the network's outputs stages of other processes compute: their

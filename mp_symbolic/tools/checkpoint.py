@@ -24,7 +24,7 @@ import numpy as np
 
 
 from ..core.compat import error_line as first_line
-from ..core.names import DATA_NAME
+from ..core.names import DATA_NAME, SHAPE_ATTR
 from .files import check_writable_dir  # pylint: disable=unused-import  (its home is files)
 
 __all__ = []
@@ -210,7 +210,7 @@ def _inputs_at_batch_one(symbol, given=None):
     found = {name: (1,) + tuple(shape) for name, shape in (given or {}).items()
              if name in inputs}
     for name, attrs in symbol.attr_dict().items():
-        recorded = attrs.get('__shape__')
+        recorded = attrs.get(SHAPE_ATTR)
         if name in inputs and recorded:
             try:
                 shape = tuple(ast.literal_eval(recorded))
@@ -908,7 +908,7 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
         raise ValueError('epoch: expected a non-negative integer, found %r' % (epoch,))
     pipe = module.pipeline
-    symbol = with_input_shape(module.export_symbol, module.recorded_shapes(), None,
+    symbol = with_input_shape(module.export_graph, module.recorded_shapes(), None,
                               module.recorded_layouts())
     if pipe.nodes is not None:  # each array made from its device when its part is written
         arg_params, aux_params = module.lazy_params()

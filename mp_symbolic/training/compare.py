@@ -16,7 +16,6 @@ References: MXNet 1.9.1 ``tests/python/unittest/test_model_parallel.py``
 (``AssignContext`` inserts ``_CrossDeviceCopy`` nodes at group boundaries).
 """
 from dataclasses import dataclass, replace
-import json
 import os
 
 import mxnet as mx
@@ -28,6 +27,7 @@ from .graphviz_plot import write_graph
 from .metrics import AGREE_ATOL, AGREE_RTOL
 from ..core.devices import format_device
 from ..tools.text import columns
+from ..core.ir import PlacedGraph
 from ..core.task import as_inputs
 from .loop import build_pipeline, fit, initial_values, load, make_stepper
 
@@ -58,8 +58,7 @@ def count_autograd_copies(stepper, X):  # X: one array, or a tuple of arrays (on
     with autograd.record():
         pred = stepper.pipe(*[mx.nd.array(x, ctx=stepper.plan.first_device)
                               for x in as_inputs(X)])
-    nodes = json.loads(autograd.get_symbol(pred).tojson())['nodes']
-    forward = sum(n['op'] == '_copyto' for n in nodes)
+    forward = sum(n.op == '_copyto' for n in PlacedGraph.from_symbol(autograd.get_symbol(pred)).ops)
     return forward, forward
 
 

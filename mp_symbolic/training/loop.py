@@ -389,7 +389,7 @@ class _Checkpointer:
         self.epoch_losses = list(epoch_losses)
         # a checkpoint holds the model, not its shards
         self.symbol = with_input_shape(
-            pipe.training_symbol(task.graph_loss, label_name=task.label, chunks=1, unsplit=True),
+            pipe.training_graph(task.graph_loss, label_name=task.label, chunks=1, unsplit=True),
             dict(zip(pipe.data_names(), task.sample_shapes)), None)
         self.last = None
 

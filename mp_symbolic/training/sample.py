@@ -31,6 +31,7 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ..tools.cliargs import OneLineArgumentParser, print_error  # noqa: E402
+from ..core.names import DATA_NAME, SHAPE_ATTR  # noqa: E402
 
 __all__ = []
 
@@ -143,7 +144,7 @@ def _read_model_file(path):
 
 
 def _recorded_shape(symbol):
-    shape = symbol.get_internals()['data'].attr('__shape__')
+    shape = symbol.get_internals()[DATA_NAME].attr(SHAPE_ATTR)
     if not shape:
         raise ValueError('--checkpoint: expected a checkpoint recording its input shape, '
                          'found none')
