@@ -767,8 +767,9 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
         table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
                            set(fixed_param_names(pipe, symbol)))
     else:
-        symbol = pipe.training_symbol(loss, label_name=label_name, chunks=1, output=output)
-        table = _staged(pipe, symbol, data_shapes, label_shapes, states,
+        placed = pipe.training_graph(loss, label_name=label_name, chunks=1, output=output)
+        symbol = placed.to_symbol()
+        table = _staged(pipe, placed, symbol, data_shapes, label_shapes, states,
                         set(fixed_param_names(pipe, symbol)))
     if pipe.replicas > 1:
         _kvstore(table, symbol, data_shapes, pipe, set(fixed_param_names(pipe, symbol)))
@@ -840,7 +841,7 @@ def _labels(symbol):
     return found
 
 
-def _staged(pipe, symbol, data_shapes, label_shapes, states, fixed):
+def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
     """The stage runtime: one-sample executors holding the weights, then each
     stage's executors of one micro-batch, as many as it keeps in flight."""
     # pylint: disable=import-outside-toplevel
@@ -854,7 +855,7 @@ def _staged(pipe, symbol, data_shapes, label_shapes, states, fixed):
     labels = _labels(symbol) | {n for n, _ in label_shapes}
     input_names = [n for n, _ in data_shapes]
     given = dict(data_shapes + label_shapes)
-    stages = cut(symbol, plan.num_stages, set(input_names) | labels)
+    stages = cut(placed, plan.num_stages)
     micro = batch // (pipe.chunks * pipe.replicas)
     micro_shapes = _replica_shapes(pipe, list(given.items()), micro)
     specs = _specs(symbol, micro_shapes)
@@ -877,7 +878,7 @@ def _staged(pipe, symbol, data_shapes, label_shapes, states, fixed):
             s = graph.stage
             groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}
             device = groups[stage_name(s)]
-            stage_symbol = lengths_outside_gradient(graph.symbol)
+            stage_symbol = lengths_outside_gradient(graph.graph).to_symbol()
             received = {name: boundary[entry] for name, _, entry in graph.receives}
             bound, owned = {}, 0
             for name in stage_symbol.list_arguments():

@@ -150,12 +150,14 @@ def bind(pipe, loss, label_name, shapes):
     inputs = set(shapes)
     plan = pipe.plan
     if schedules.one_graph(pipe.schedule, pipe.nodes):
-        symbol = pipe.training_symbol(loss, label_name=label_name)
+        placed = pipe.training_graph(loss, label_name=label_name)
+        symbol = placed.to_symbol()
         fixed = set(fixed_param_names(pipe, symbol))
         statistics, own = (), None
         if pipe.batchnorm == 'deferred' and pipe.chunks > 1:
             count = len(symbol.list_outputs())
-            symbol, statistics = deferred_graph(symbol)
+            placed, statistics = deferred_graph(placed)
+            symbol = placed.to_symbol()
             own = count if statistics else None
         grad_req = {n: 'null' if n in inputs or n in fixed else 'write'
                     for n in symbol.list_arguments()}
@@ -166,10 +168,11 @@ def bind(pipe, loss, label_name, shapes):
     first = next(iter(shapes.values()))[0]
     pipe.placement.micro_batch(first)
     micro = {n: (s[0] // pipe.chunks,) + tuple(s[1:]) for n, s in shapes.items()}
-    symbol = pipe.training_symbol(loss, label_name=label_name, chunks=1)
+    placed = pipe.training_graph(loss, label_name=label_name, chunks=1)
+    symbol = placed.to_symbol()
     fixed = set(fixed_param_names(pipe, symbol))
     specs = variable_specs(symbol, micro, {n: 'float32' for n in micro})
-    stages = cut(symbol, plan.num_stages, inputs)
+    stages = cut(placed, plan.num_stages)
     arg_dict, grad_dict, aux_dict = parameter_arrays(symbol, specs[0], specs[1], plan.group2ctx,
                                                      inputs, fixed)
     return StageRuntime(stages, plan.group2ctx, arg_dict, grad_dict, aux_dict, micro,
