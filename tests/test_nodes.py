@@ -6,6 +6,7 @@ is refused in one line before any node waits on another."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,13 +69,23 @@ TABLE = [
 
 
 @pytest.fixture(scope='module')
-def two_nodes(tmp_path_factory):
-    """Every configuration of :data:`TABLE` trained by two node processes
-    (the first saved by both with ``mp_symbolic.save_checkpoint``)."""
+def node_job(tmp_path_factory):
+    """Every configuration of :data:`TABLE`, :data:`ZOO` and :data:`TIED`
+    (with what each node sent), in that order, trained by one job of two
+    node processes (the first saved by both with
+    ``mp_symbolic.save_checkpoint``): one start of two nodes for all three
+    tables. Returns :func:`run_nodes`'s results and the saved folder."""
     folder = str(tmp_path_factory.mktemp('nodes'))
-    table = [dict(TABLE[0], save=os.path.join(folder, 'saved'))] + TABLE[1:]
+    table = [dict(TABLE[0], save=os.path.join(folder, 'saved'))] + TABLE[1:] + ZOO + \
+        [dict(config, stats=True) for config, _ in TIED]
     with reserved_port() as port:
-        return run_nodes(folder, port, 2, table), os.path.join(folder, 'saved')
+        return run_nodes(folder, port, 2, table, timeout=900), os.path.join(folder, 'saved')
+
+
+@pytest.fixture(scope='module')
+def two_nodes(node_job):
+    """:data:`TABLE`'s results of :func:`node_job`, and the saved folder."""
+    return node_job[0][:len(TABLE)], node_job[1]
 
 
 @pytest.mark.parametrize('k', range(len(TABLE)),
@@ -137,10 +148,9 @@ ZOO = [dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, network='resnet18_
 
 
 @pytest.fixture(scope='module')
-def zoo_nodes(tmp_path_factory):
-    """Every configuration of :data:`ZOO` trained by two node processes."""
-    with reserved_port() as port:
-        return run_nodes(str(tmp_path_factory.mktemp('zoo')), port, 2, ZOO)
+def zoo_nodes(node_job):
+    """:data:`ZOO`'s results of :func:`node_job`."""
+    return node_job[0][len(TABLE):len(TABLE) + len(ZOO)]
 
 
 @pytest.mark.parametrize('k', range(len(ZOO)), ids=[c['network'] for c in ZOO])
@@ -177,12 +187,9 @@ TIED_BYTES = nodes_worker.TINY.vocab_size * nodes_worker.TINY.num_hiddens * 4
 
 
 @pytest.fixture(scope='module')
-def tied_nodes(tmp_path_factory):
-    """Every configuration of :data:`TIED` trained by two node processes,
-    with what each node sent."""
-    with reserved_port() as port:
-        return run_nodes(str(tmp_path_factory.mktemp('tied')), port, 2,
-                         [dict(config, stats=True) for config, _ in TIED])
+def tied_nodes(node_job):
+    """:data:`TIED`'s results of :func:`node_job`, with what each node sent."""
+    return node_job[0][len(TABLE) + len(ZOO):]
 
 
 @pytest.mark.parametrize('k', range(len(TIED)),
@@ -379,17 +386,29 @@ def _train_here(argv, capsys):
     return out.out
 
 
+@pytest.fixture(scope='module')
+def launched(tmp_path_factory):
+    """``(result, folder)`` of two node processes under ``launch --nodes 2``
+    training the regression 2 epochs (with its memory table) into
+    ``folder``, which the tests below copy before writing beside it."""
+    folder = tmp_path_factory.mktemp('launched') / 'nodes'
+    with_memory = [a for a in REGRESSION if a != '--no-memory']
+    with reserved_port() as port:
+        result = _launch(['--nodes', '2', '--'] + with_memory + ['--epochs', '2', '--out',
+                                                                  str(folder)], port)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, folder
+
+
 def test_launch_nodes_trains_as_one_process_and_its_checkpoint_resumes_in_one_and_exports(
-        tmp_path, port, capsys):
+        launched, tmp_path, capsys):
     """Two node processes under ``launch --nodes 2``: every node reports the
     one process's parameters; the checkpoint the nodes committed together is
     the unsplit model, resumed in one process as an uninterrupted run and
     exported."""
     from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
-    with_memory = [a for a in REGRESSION if a != '--no-memory']
-    result = _launch(['--nodes', '2', '--'] + with_memory + ['--epochs', '2', '--out',
-                                                              str(tmp_path / 'nodes')], port)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = launched[0]
+    shutil.copytree(launched[1], tmp_path / 'nodes', symlinks=True)
     assert result.stdout.splitlines()[-1].startswith('launch: 2 nodes: all exited 0 in')
     assert '[node 1] regression: symbolic (module API) model-parallel training' in result.stdout
     # each node's table holds its own stages' parameters: together, the model's 15 floats
@@ -424,7 +443,7 @@ def test_launch_nodes_trains_as_one_process_and_its_checkpoint_resumes_in_one_an
 
 
 def test_pair_writes_a_checkpoint_of_parts_as_mxnets_own_pair_that_resumes_as_the_parts(
-        tmp_path, port, capsys):
+        launched, tmp_path, capsys):
     """``python -m mp_symbolic pair``: the parts of a 2-node checkpoint as
     one ``.params`` file ``mx.model.load_checkpoint`` reads, with the same
     arrays, and a ``.states`` file: resumed, it ends where the parts resumed
@@ -433,9 +452,7 @@ def test_pair_writes_a_checkpoint_of_parts_as_mxnets_own_pair_that_resumes_as_th
     from conftest import cli_status  # pylint: disable=import-outside-toplevel
     from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
     from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
-    result = _launch(['--nodes', '2', '--'] + REGRESSION + ['--epochs', '2', '--out',
-                                                             str(tmp_path / 'nodes')], port)
-    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.copytree(launched[1], tmp_path / 'nodes', symlinks=True)
     capsys.readouterr()
     assert cli_status(cli.main, ['pair', '--checkpoint', str(tmp_path / 'nodes'), '--out',
                                  str(tmp_path / 'pair')]) == 0
@@ -463,29 +480,27 @@ def test_pair_writes_a_checkpoint_of_parts_as_mxnets_own_pair_that_resumes_as_th
 
 
 def test_a_checkpoint_resumes_on_two_nodes_from_parts_onto_other_stages_and_from_a_pair(
-        tmp_path, port, capsys):
+        launched, tmp_path, port, capsys):
     """Each node reads its own stages' arrays: from the parts of 2 nodes
     onto 3 stages over 2 nodes, and from one process's pair (the layout a
     one-process run writes) onto 2 nodes, each ending where one process
     ends."""
-    result = _launch(['--nodes', '2', '--'] + REGRESSION + ['--epochs', '1', '--out',
-                                                             str(tmp_path / 'nodes')], port)
-    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.copytree(launched[1], tmp_path / 'nodes', symlinks=True)  # 2 epochs
     three = ['--devices', 'cpu:0,cpu:1,cpu:2']
     result = _launch(['--nodes', '2', '--', 'train', '--resume', str(tmp_path / 'nodes'),
-                      '--epochs', '2', '--out', str(tmp_path / 'moved'), '--no-progress',
+                      '--epochs', '3', '--out', str(tmp_path / 'moved'), '--no-progress',
                       '--no-memory'] + three, port)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[node 0] resume: plan changed from the checkpoint's: --devices cpu:0,cpu:1,cpu:2 " \
         "(was cpu:0,cpu:1)" in result.stdout
     moved = _digest(result.stdout)
-    _train_here(REGRESSION + ['--epochs', '1', '--out', str(tmp_path / 'one')], capsys)
-    alone = _digest(_train_here(['train', '--resume', str(tmp_path / 'one'), '--epochs', '2',
+    _train_here(REGRESSION + ['--epochs', '2', '--out', str(tmp_path / 'one')], capsys)
+    alone = _digest(_train_here(['train', '--resume', str(tmp_path / 'one'), '--epochs', '3',
                                  '--out', str(tmp_path / 'one2'), '--no-progress',
                                  '--no-memory'] + three, capsys))
     assert set(moved) == set(alone)
     # today's layout, one process's pair, resumed on two nodes
-    assert os.path.isfile(tmp_path / 'one' / 'current' / 'regression-0001.params')
+    assert os.path.isfile(tmp_path / 'one' / 'current' / 'regression-0002.params')
     result = _launch(['--nodes', '2', '--', 'train', '--resume', str(tmp_path / 'one'),
                       '--epochs', '3', '--out', str(tmp_path / 'from-pair'), '--no-progress',
                       '--no-memory'], port)
