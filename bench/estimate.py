@@ -182,9 +182,10 @@ def _blocks_free(storage, pipe):
     the Module binds arrays of its own), which are not the training step's."""
     out = dict(storage)
     seen = set()
+    # pylint: disable=protected-access
     for block in pipe.blocks:
         for param in block.collect_params().values():
-            arrays = list(param._data or ()) + list(param._grad or ())  # pylint: disable=protected-access
+            arrays = list(param._data or ()) + list(param._grad or ())
             for arr in arrays:
                 if id(arr) not in seen:
                     seen.add(id(arr))
