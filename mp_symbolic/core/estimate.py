@@ -108,9 +108,10 @@ _register('zeros_like ones_like _contrib_arange_like', (), ignore=(0,))
 _register('_backward_Pooling', ((1, 0),))  # oneDNN pooling with a workspace output
 
 # Ops that leave an output nothing reads unwritten (MXNet asks kNullOp of it):
-# oneDNN's convolution backward and its first layer's data gradient. Other
-# ops' outputs are allocated when the op runs, read or not.
-UNWRITTEN = frozenset(('_backward_Convolution', '_backward_Deconvolution'))
+# oneDNN's convolution and dense backward passes, a first layer's data
+# gradient. Other ops' outputs are allocated when the op runs, read or not.
+UNWRITTEN = frozenset(('_backward_Convolution', '_backward_Deconvolution',
+                       '_backward_FullyConnected'))
 
 _CONTROL = ' control deps'  # a key no attribute has: the node's control dependencies, by name
 _LOG_NODE = re.compile(r'node (\d+) (\S+)\s*$')
@@ -536,13 +537,14 @@ def _plain_dense(node, shapes):
     return data is not None and len(data) <= 2
 
 
-def _dense_reorders(node, shapes):
-    """A dense layer on more than two axes: oneDNN views its data and output
-    as matrices (``MKLDNNFCFlattenData``), so its forward pass reorders
-    nothing; its backward pass writes the data's gradient, which it does not
-    view so, into oneDNN's temporary memory (``CreateMKLDNNMem``) and copies
-    it out: its bytes and the alignment."""
-    if node['op'] != '_backward_FullyConnected' or not node['outputs']:
+def _dense_reorders(node, shapes, read):
+    """A dense layer: oneDNN views its data and output as matrices
+    (``MKLDNNFCFlattenData``), so its forward pass reorders nothing; its
+    backward pass writes the data's gradient, where one is wanted (``read``:
+    the entries something reads), into oneDNN's temporary memory
+    (``CreateMKLDNNMem``) and copies it out: its bytes and the alignment."""
+    if node['op'] != '_backward_FullyConnected' or not node['outputs'] or \
+            node['outputs'][0] not in read:
         return 0
     grad = shapes.get(node['outputs'][0])
     return _nbytes(grad) + ONEDNN_ALIGN if grad is not None else 0
@@ -573,14 +575,14 @@ def workspace(graph):
     for twice over (``mem_size * 2``, from the largest it has seen on that
     device's thread)."""
     largest = {}
+    read = {e for node in graph.nodes for e in node['inputs']} | set(graph.outputs)
     for node in graph.nodes:
         rule = WORKSPACE.get(node['op'])
         space, reorder = largest.get(node['device'], (0, 0))
         if rule is not None:
             space = max(space, rule(node, graph.shapes))
         if node['op'] in ('FullyConnected', '_backward_FullyConnected'):
-            if not _plain_dense(node, graph.shapes):
-                reorder = max(reorder, _dense_reorders(node, graph.shapes))
+            reorder = max(reorder, _dense_reorders(node, graph.shapes, read))
         elif node['op'] in ONEDNN:
             reorder = max([reorder, _weight_reorders(node, graph.shapes, graph.added)] +
                           [_nbytes(graph.shapes.get(e)) + ONEDNN_ALIGN
