@@ -26,10 +26,11 @@ What a training step holds on a device, row by row:
   Module's arrays (external). Each chunk is allocated once, its largest
   entry's bytes, on the device of its first entry
   (``GraphExecutor::InitDataEntryMemory``), beside one head gradient per
-  graph output a backward node reads. Beside the plan, the temporary space
-  its ops ask for (:data:`WORKSPACE`, :data:`ONEDNN`), laid where MXNet's
-  resource manager keeps it (:func:`temp_space`: ``cpu(0)`` for every
-  ``cpu(i)``).
+  graph output a backward node reads, and the storage stateful ops keep
+  for themselves (:data:`OP_STORAGE`: the fused RNN op's buffer). Beside
+  the plan, the temporary space its ops ask for (:data:`WORKSPACE`,
+  :data:`ONEDNN`), laid where MXNet's resource manager keeps it
+  (:func:`temp_space`: ``cpu(0)`` for every ``cpu(i)``).
 
 Under ``'gpipe'`` the one graph of every micro-batch is planned; under the
 stage runtime (``'1f1b'``, ``'interleaved'``) each stage's graph of one
