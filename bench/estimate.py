@@ -179,18 +179,30 @@ def _measure_here(cell):
 def _blocks_free(storage, pipe):
     """``storage`` less the arrays of ``pipe``'s Gluon blocks themselves (the
     parameters and gradients their ``initialize`` made, before the Pipeline:
-    the Module binds arrays of its own), which are not the training step's."""
+    the Module binds arrays of its own), which are not the training step's:
+    every parameter a block of their trees holds, those of the layers a
+    tensor-parallel swap took out of it among them."""
     out = dict(storage)
     seen = set()
     # pylint: disable=protected-access
-    for block in pipe.blocks:
-        for param in block.collect_params().values():
-            arrays = list(param._data or ()) + list(param._grad or ())
-            for arr in arrays:
-                if id(arr) not in seen:
-                    seen.add(id(arr))
-                    out[str(arr.context)] = out.get(str(arr.context), 0) - \
-                        arr.size * np.dtype(arr.dtype).itemsize
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    params, stack, visited = [], list(pipe.blocks), set()
+    while stack:
+        block = stack.pop()
+        if id(block) in visited:
+            continue
+        visited.add(id(block))
+        params += list(block.collect_params().values()) + list(block._reg_params.values())
+        # a swapped-out layer stays an attribute of its parent
+        stack += list(block._children.values()) + [
+            v for v in vars(block).values() if isinstance(v, mx.gluon.Block)]
+    for param in params:
+        arrays = list(param._data or ()) + list(param._grad or ())
+        for arr in arrays:
+            if id(arr) not in seen:
+                seen.add(id(arr))
+                out[str(arr.context)] = out.get(str(arr.context), 0) - \
+                    arr.size * np.dtype(arr.dtype).itemsize
     return out
 
 
