@@ -7,7 +7,9 @@ shards or mirroring. Its measured table is one training step (SGD with
 momentum 0.9) of ``pipe.module(loss)`` bound, initialised and stepped in a
 process of its own with MXNet's storage profiler on
 (:func:`mp_symbolic.tools.memory.device_memory` with the storage totals: the
-table ``train --memory`` prints); its estimate is made in this process
+table ``train --memory`` prints), less the parameters and gradients the
+source Gluon block made for itself at ``initialize`` (the Module binds its
+own); its estimate is made in this process
 before anything of the cell is allocated. Per device it prints the measured
 and estimated totals and the error, and the largest error of a row
 (``other``: activations and workspace; the arrays' rows are exact or not).
@@ -142,7 +144,8 @@ def estimate(cell):
 def _measure_here(cell):
     """One step of ``cell``'s Module under the storage profiler, in this
     (fresh) process: :func:`~mp_symbolic.tools.memory.device_memory` with
-    the storage totals, less the batch's arrays."""
+    the storage totals, less the batch's arrays and the Gluon blocks' own
+    (:func:`_blocks_free`)."""
     # pylint: disable=import-outside-toplevel
     import mxnet as mx
     from mp_symbolic.tools.memory import device_memory, _batch_free
@@ -170,7 +173,37 @@ def _measure_here(cell):
     storage = storage_bytes(load_trace(path))
     os.remove(path)
     os.rmdir(os.path.dirname(path))
-    return device_memory(mod, _batch_free(storage, batch))
+    return device_memory(mod, _blocks_free(_batch_free(storage, batch), pipe))
+
+
+def _blocks_free(storage, pipe):
+    """``storage`` less the arrays of ``pipe``'s Gluon blocks themselves (the
+    parameters and gradients their ``initialize`` made, before the Pipeline:
+    the Module binds arrays of its own), which are not the training step's:
+    every parameter a block of their trees holds, those of the layers a
+    tensor-parallel swap took out of it among them."""
+    out = dict(storage)
+    seen = set()
+    # pylint: disable=protected-access
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    params, stack, visited = [], list(pipe.blocks), set()
+    while stack:
+        block = stack.pop()
+        if id(block) in visited:
+            continue
+        visited.add(id(block))
+        params += list(block.collect_params().values()) + list(block._reg_params.values())
+        # a swapped-out layer stays an attribute of its parent
+        stack += list(block._children.values()) + [
+            v for v in vars(block).values() if isinstance(v, mx.gluon.Block)]
+    for param in params:
+        arrays = list(param._data or ()) + list(param._grad or ())
+        for arr in arrays:
+            if id(arr) not in seen:
+                seen.add(id(arr))
+                out[str(arr.context)] = out.get(str(arr.context), 0) - \
+                    arr.size * np.dtype(arr.dtype).itemsize
+    return out
 
 
 def _forked(cell):

@@ -20,9 +20,12 @@ from conftest import cli_status
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # cheap cells: the GPT under GPipe (one graph) and 1F1B (the stage runtime),
-# the CNN with BatchNorm and oneDNN's layouts, GluonNLP's BERT
+# the CNN with BatchNorm and oneDNN's layouts, GluonNLP's BERT (its dense
+# layers on three axes, in micro-batches), its AWD LSTM (the fused RNN op) and
+# the regression's dense layers on matrices
 CELLS = [bench._cell(model, **plan) for model, plan in (  # pylint: disable=protected-access
-    ('lm', {}), ('lm', {'schedule': '1f1b', 'chunks': 4}), ('digits', {}), ('bert', {}))]
+    ('lm', {}), ('lm', {'schedule': '1f1b', 'chunks': 4}), ('digits', {}), ('bert', {}),
+    ('bert', {'chunks': 4}), ('awd_lstm', {}), ('regression', {}))]
 
 
 @pytest.fixture(scope='module')

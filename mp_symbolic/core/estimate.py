@@ -26,10 +26,11 @@ What a training step holds on a device, row by row:
   Module's arrays (external). Each chunk is allocated once, its largest
   entry's bytes, on the device of its first entry
   (``GraphExecutor::InitDataEntryMemory``), beside one head gradient per
-  graph output a backward node reads. Beside the plan, the temporary space
-  its ops ask for (:data:`WORKSPACE`, :data:`ONEDNN`), laid where MXNet's
-  resource manager keeps it (:func:`temp_space`: ``cpu(0)`` for every
-  ``cpu(i)``).
+  graph output a backward node reads, and the storage stateful ops keep
+  for themselves (:data:`OP_STORAGE`: the fused RNN op's buffer). Beside
+  the plan, the temporary space its ops ask for (:data:`WORKSPACE`,
+  :data:`ONEDNN`), laid where MXNet's resource manager keeps it
+  (:func:`temp_space`: ``cpu(0)`` for every ``cpu(i)``).
 
 Under ``'gpipe'`` the one graph of every micro-batch is planned; under the
 stage runtime (``'1f1b'``, ``'interleaved'``) each stage's graph of one
@@ -111,9 +112,10 @@ _register('zeros_like ones_like _contrib_arange_like', (), ignore=(0,))
 _register('_backward_Pooling', ((1, 0),))  # oneDNN pooling with a workspace output
 
 # Ops that leave an output nothing reads unwritten (MXNet asks kNullOp of it):
-# oneDNN's convolution backward and its first layer's data gradient. Other
-# ops' outputs are allocated when the op runs, read or not.
-UNWRITTEN = frozenset(('_backward_Convolution', '_backward_Deconvolution'))
+# oneDNN's convolution and dense backward passes, a first layer's data
+# gradient. Other ops' outputs are allocated when the op runs, read or not.
+UNWRITTEN = frozenset(('_backward_Convolution', '_backward_Deconvolution',
+                       '_backward_FullyConnected'))
 
 _CONTROL = ' control deps'  # a key no attribute has: the node's control dependencies, by name
 _LOG_NODE = re.compile(r'node (\d+) (\S+)\s*$')
@@ -592,6 +594,19 @@ def _plain_dense(node, shapes):
     return data is not None and len(data) <= 2
 
 
+def _dense_reorders(node, shapes, read):
+    """A dense layer: oneDNN views its data and output as matrices
+    (``MKLDNNFCFlattenData``), so its forward pass reorders nothing; its
+    backward pass writes the data's gradient, where one is wanted (``read``:
+    the entries something reads), into oneDNN's temporary memory
+    (``CreateMKLDNNMem``) and copies it out: its bytes and the alignment."""
+    if node['op'] != '_backward_FullyConnected' or not node['outputs'] or \
+            node['outputs'][0] not in read:
+        return 0
+    grad = shapes.get(node['outputs'][0])
+    return _nbytes(grad) + ONEDNN_ALIGN if grad is not None else 0
+
+
 def _weight_reorders(node, shapes, added=()):
     """A convolution's weight reordered into oneDNN's blocked layout, and in
     its backward pass the weight's gradient out of it, and once more where
@@ -612,16 +627,20 @@ def workspace(graph):
     (AttachOpResources caches one per context), holding the largest
     ``get_space`` of that device's ops (:data:`WORKSPACE`) and, apart, the
     largest oneDNN reorder among its :data:`ONEDNN` ops (the largest array
-    an op reads or writes, and the alignment), which oneDNN's TmpMemMgr asks
+    an op reads or writes, and the alignment; a dense layer's:
+    :func:`_dense_reorders`), which oneDNN's TmpMemMgr asks
     for twice over (``mem_size * 2``, from the largest it has seen on that
     device's thread)."""
     largest = {}
+    read = {e for node in graph.nodes for e in node['inputs']} | set(graph.outputs)
     for node in graph.nodes:
         rule = WORKSPACE.get(node['op'])
         space, reorder = largest.get(node['device'], (0, 0))
         if rule is not None:
             space = max(space, rule(node, graph.shapes))
-        if node['op'] in ONEDNN and not _plain_dense(node, graph.shapes):
+        if node['op'] in ('FullyConnected', '_backward_FullyConnected'):
+            reorder = max(reorder, _dense_reorders(node, graph.shapes, read))
+        elif node['op'] in ONEDNN:
             reorder = max([reorder, _weight_reorders(node, graph.shapes, graph.added)] +
                           [_nbytes(graph.shapes.get(e)) + ONEDNN_ALIGN
                            for e in node['inputs'] + node['outputs'] if e in graph.shapes])
@@ -658,13 +677,75 @@ def temp_space(requests, copies=None):
     return held
 
 
+_RNN_GATES = {'lstm': 4, 'gru': 3, 'rnn_relu': 1, 'rnn_tanh': 1}
+# oneDNN's packed RNN weights: their rows (gates x state size) in blocks of this many
+RNN_PACKED_ROWS = 128
+
+
+def _rnn_buffer(node, shapes):
+    """The fused RNN op's own buffer (``MKLDNNRnnMemMgr``,
+    src/operator/nn/mkldnn/mkldnn_rnn.cc), an array its state allocates on
+    its device at its first forward pass: per fused group of layers its
+    weights, recurrent weights and biases in oneDNN's order, once more its
+    weights and recurrent weights in the packed layout of the inference
+    primitive (``GetSize``: the gates' rows, gates x state size, padded to
+    :data:`RNN_PACKED_ROWS`) and one element, the intermediate outputs
+    between groups, and 320 elements of alignment per group. oneDNN runs
+    the op in float32 without a projection, unless
+    ``MXNET_USE_MKLDNN_RNN=0``; otherwise the op holds none (0)."""
+    import os  # pylint: disable=import-outside-toplevel
+    attrs = node['attrs']
+    data = shapes.get(node['inputs'][0])
+    if attrs.get('projection_size', 'None') != 'None' or data is None or len(data) != 3 or \
+            os.environ.get('MXNET_USE_MKLDNN_RNN', '1') == '0':
+        return 0
+    gates = _RNN_GATES[attrs.get('mode', 'lstm')]
+    biases = gates + 1 if attrs.get('mode') == 'gru' else gates
+    size, layers = int(attrs['state_size']), int(attrs.get('num_layers', '1'))
+    steps, batch, width = data
+    if attrs.get('bidirectional', 'False') in ('True', 'true', '1'):
+        groups = [(1, 2, width)] + [(1, 2, 2 * size)] * (layers - 1)
+    elif width == size:
+        groups = [(layers, 1, width)]
+    else:
+        groups = [(1, 1, width)] + ([(layers - 1, 1, size)] if layers > 1 else [])
+    elements = 0
+    for depth, directions, inputs in groups:
+        rows = -(-gates * size // RNN_PACKED_ROWS) * RNN_PACKED_ROWS
+        elements += depth * directions * ((inputs + size) * (gates * size + rows) +
+                                          biases * size) + 1 + ONEDNN_ALIGN * 5
+    elements += steps * batch * size * groups[-1][1] * (len(groups) - 1)
+    return 4 * elements
+
+
+# op -> the bytes of storage of its own its state allocates on its device,
+# outside the plan and the temporary space, from its inputs' shapes and its
+# attributes (one per node of the graph)
+OP_STORAGE = {'RNN': _rnn_buffer}
+
+
+def op_storage(graph):
+    """``{device: bytes}`` the stateful ops of ``graph`` allocate for
+    themselves on their devices (:data:`OP_STORAGE`)."""
+    held = {}
+    for node in graph.nodes:
+        rule = OP_STORAGE.get(node['op'])
+        if rule is not None:
+            size = rule(node, graph.shapes)
+            if size:
+                held[node['device']] = held.get(node['device'], 0) + size
+    return held
+
+
 def activations(graph):
     """``{device: bytes}`` the executor of ``graph`` holds beyond the arrays
-    it was given: its planned pool and its head gradients (its temporary
-    space: :func:`workspace`)."""
+    it was given: its planned pool, its head gradients and the storage its
+    stateful ops keep (:func:`op_storage`; its temporary space:
+    :func:`workspace`)."""
     total = dict(plan_storage(graph))
-    for device, size in head_gradients(graph).items():
-        total[device] = total.get(device, 0) + size
+    for part in (head_gradients(graph), op_storage(graph)):
+        for device, size in part.items():
+            total[device] = total.get(device, 0) + size
     return total
 
 
