@@ -74,6 +74,10 @@ class _SymbolicStepper:
         inputs = set(self._inputs())
         return [n for n in self._exec.arg_dict if n not in inputs]
 
+    def param_shapes(self):
+        """``{name: shape}`` of the parameters this process holds."""
+        return {n: self._exec.arg_dict[n].shape for n in self.param_names}
+
     def held_names(self):
         """The names of the parameters and auxiliary states this process
         holds (over nodes, its stages')."""
@@ -126,6 +130,32 @@ class _SymbolicStepper:
             exe.forward(is_train=False)
             outputs.append(exe.outputs[0].asnumpy()[:count])
         return np.concatenate(outputs)
+
+
+class HostArrays(Mapping):
+    """One process's arrays by name (numpy), each copied to the host when
+    asked for and not kept: a reader that takes one at a time holds one
+    host copy at a time, not the model's. A value is the array's as it is
+    when read.
+
+    Args:
+        arrays: name -> NDArray.
+    """
+
+    def __init__(self, arrays):
+        self._arrays = arrays
+
+    def __getitem__(self, name):
+        return self._arrays[name].asnumpy()
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self):
+        return len(self._arrays)
+
+    def __contains__(self, name):
+        return name in self._arrays
 
 
 class NodeArrays(Mapping):
@@ -259,21 +289,25 @@ class ModuleStepper(_SymbolicStepper):
         return self._shared(mx.nd.stack(*losses).asnumpy().ravel() if self._holds_head
                             else None)
 
-    def _everyone(self, arrays):
-        """Every node's ``arrays`` (name -> NDArray): over nodes, a
-        :class:`NodeArrays` (each value read from its node when asked for)."""
+    def _everyone(self, arrays, lazy):
+        """Every node's ``arrays`` (name -> NDArray) as numpy: copied now, or
+        with ``lazy`` each read when asked for (a :class:`HostArrays`); over
+        nodes always a :class:`NodeArrays` (read from its node when asked for)."""
         if self._group is None:
-            return OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
+            return HostArrays(OrderedDict(arrays)) if lazy else \
+                OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
         return NodeArrays(Group(self.pipe.nodes, 'read the parameters', self.plan.node_of_stage),
                           arrays)
 
-    def params(self):
-        """Every parameter by name (numpy); over nodes a :class:`NodeArrays`."""
-        return self._everyone(OrderedDict((n, self._exec.arg_dict[n]) for n in self.param_names))
+    def params(self, lazy=False):
+        """Every parameter by name (numpy); with ``lazy`` a :class:`HostArrays`
+        (each read when asked for, as it is then); over nodes a :class:`NodeArrays`."""
+        return self._everyone(OrderedDict((n, self._exec.arg_dict[n]) for n in self.param_names),
+                              lazy)
 
-    def aux(self):
-        """Every auxiliary state by name (numpy); over nodes a :class:`NodeArrays`."""
-        return self._everyone(self._exec.aux_dict)
+    def aux(self, lazy=False):
+        """Every auxiliary state by name (numpy), as :meth:`params`."""
+        return self._everyone(self._exec.aux_dict, lazy)
 
     def arg_aux(self):
         """``(arg_params, aux_params)`` as NDArrays on ``cpu()``, to be read
@@ -292,10 +326,14 @@ class ModuleStepper(_SymbolicStepper):
         aux = OrderedDict((n, held(a)) for n, a in zip(module._aux_names, group.aux_arrays))
         return self.pipe.gather_params(arg), aux
 
-    def set_params(self, arg_params, aux_params):
-        """Sets every replica's parameters (numpy values), each on its device."""
-        self.module.set_params(_float32(arg_params), _float32(aux_params),
-                               allow_missing=False, force_init=True)
+    def set_params(self, arg_params, aux_params, allow_missing=False):
+        """Sets every replica's parameters (numpy values), each on its device;
+        with ``allow_missing``, those given only (the others keep theirs)."""
+        # Module.set_params' own path (init_params without an initializer),
+        # which writes numpy values where the given ones only are allowed
+        self.module.init_params(initializer=None, arg_params=_float32(arg_params),
+                                aux_params=_float32(aux_params), allow_missing=allow_missing,
+                                force_init=True)
 
     def optimizer_states(self, lazy=False):
         return self.module.optimizer_states(lazy=lazy)
@@ -356,7 +394,9 @@ class ExecutorStepper(_SymbolicStepper):
     def predict(self, X):
         return self._predict_with(self._exec, X)
 
-    def set_params(self, arg_params, aux_params):
+    def set_params(self, arg_params, aux_params, allow_missing=False):  # pylint: disable=unused-argument
+        """Sets the parameters given; the others keep their values (with
+        ``allow_missing`` or without)."""
         for name, value in arg_params.items():
             self._exec.arg_dict[name][:] = value
         for name, value in aux_params.items():
