@@ -182,6 +182,7 @@ def initial_values(pipe, seed):
             if keep is None or name in keep:
                 values[name] = param.data().asnumpy()
             param._data = param._grad = None  # pylint: disable=protected-access
+            mx.nd.waitall()  # freed by MXNet's engine before the next is drawn
         elif whole.name not in values:
             full = mx.gluon.Parameter(whole.name, shape=whole.shape, dtype=param.dtype,
                                       init=param.init)
@@ -194,7 +195,8 @@ def initial_values(pipe, seed):
     for name in params:
         if values.get(name) is not None:
             (aux if name in aux_names else arg)[name] = values[name]
-    release_host_memory()  # the draws' own arrays, let go
+    mx.nd.waitall()
+    release_host_memory()  # the pages the draws' own arrays left in the heap
     return arg, aux
 
 
@@ -461,7 +463,7 @@ class _Checkpointer:
 
 # A resume reads and places at most this many bytes of parameters (and their
 # optimizer state) at a time, or one parameter where one is larger.
-RESUME_BYTES = 64 << 20
+RESUME_BYTES = 16 << 20
 
 
 def _resume(cfg, stepper):
