@@ -46,7 +46,8 @@ help:
 	@echo "make bench-pipeline    micro-batch pipelining: overlap and bubble from the trace, memory per device"
 	@echo "make bench-tp          tensor-parallel MLP block: memory per device and step time at 1, 2, 4 shards"
 	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time, tokens/s and MFU"
-	@echo "make bench-nodes       the language model on 2 node processes against 2 devices of one process: step time, bytes sent, memory"
+	@echo "make bench-nodes       the language model on 2 node processes against 2 devices of one process: step time, bytes sent, memory;"
+	@echo "                       then each node's peak resident memory beside one process's (an MLP of 805 MB: train, commit, report, resume)"
 	@echo "make bench-blas        OpenBLAS at the CPU's own kernel against its own choice: dot, batch_dot, every task"
 	@echo "make bench-peer        the language model's step against PyTorch's on the same GPT: one process, and 2 processes 1F1B against torch.distributed.pipelining"
 	@echo "make bench-commit      a checkpoint commit over 2 node processes: time, bytes each node writes, memory"
@@ -140,6 +141,7 @@ bench-lm: $(STAMP)
 
 bench-nodes: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m bench.nodes $(if $(QUICK),--quick)
+	$(PY) -m bench.nodes --memory $(if $(QUICK),--quick)
 
 bench-blas: $(STAMP)
 	$(PY) -m bench.blas $(if $(QUICK),--quick)

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 
-__all__ = ['main', 'param_bytes', 'reset_peak', 'status', 'task']
+__all__ = ['main', 'param_bytes', 'reset_peak', 'status', 'task', 'traced', 'wchar']
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = 'memory_peak'
@@ -97,20 +97,35 @@ PHASES = (('mp_symbolic.training.loop', None, 'initial_values'),
           ('mp_symbolic.training.symbolic', 'ModuleStepper', 'predict'),
           ('mp_symbolic.training.symbolic', 'ModuleStepper', 'arg_aux'),
           ('mp_symbolic.training.symbolic', 'ModuleStepper', 'optimizer_states'),
+          ('mp_symbolic.training.loop', None, 'module_arrays'),
           ('mp_symbolic.training.loop', None, 'commit_checkpoint'),
           ('mp_symbolic.tools.checkpoint', None, 'save_params'),
           ('mp_symbolic.tools.checkpoint', None, '_save_states'))
 
 
-def _traced(calls):
-    """Wraps each of ``calls`` (see PHASES) to print its name, the resident
-    memory before and after it and its own peak; returns the run's peak."""
+def wchar():
+    """Bytes this process has passed to ``write(2)`` (``/proc/self/io``)."""
+    with open('/proc/self/io') as lines:
+        return int(next(l for l in lines if l.startswith('wchar:')).split()[1])
+
+
+def traced(calls, record=None):
+    """Wraps each of ``calls`` (``(module, class or None, attribute)``, see
+    PHASES) to measure the resident memory before and after it and its own
+    peak (``VmHWM`` reset as it starts); without ``record`` it prints them,
+    else it appends ``{'phase', 'rss_before', 'peak', 'rss_after', 'seconds',
+    'written'}`` (``written``: :func:`wchar`'s bytes) to ``record``.
+
+    Returns:
+        A function of no arguments: the run's peak so far.
+    """
     import importlib  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
     peak = [status()]
 
     def wrap(name, function):
         def call(*args, **kwargs):
-            before = status('VmRSS')
+            before, written, start = status('VmRSS'), wchar(), time.perf_counter()
             peak[0] = max(peak[0], status())
             reset_peak()
             try:
@@ -118,8 +133,15 @@ def _traced(calls):
             finally:
                 during = status()
                 peak[0] = max(peak[0], during)
-                sys.stdout.write('[%s: rss before %.2f GB, peak within %.2f GB, after %.2f GB]\n'
-                                 % (name, before / 1e9, during / 1e9, status('VmRSS') / 1e9))
+                if record is None:
+                    sys.stdout.write('[%s: rss before %.2f GB, peak within %.2f GB, after '
+                                     '%.2f GB]\n' % (name, before / 1e9, during / 1e9,
+                                                      status('VmRSS') / 1e9))
+                else:
+                    record.append({'phase': name, 'rss_before': before, 'peak': during,
+                                   'rss_after': status('VmRSS'),
+                                   'seconds': time.perf_counter() - start,
+                                   'written': wchar() - written})
         return call
     for module, owner, attribute in calls:
         target = importlib.import_module(module)
@@ -140,7 +162,7 @@ def _cli(args, out):
     argv = ['train', '--task', 'bench.memory_peak', '--task-arg', 'width=%d' % args.width,
             '--task-arg', 'layers=%d' % args.layers, '--devices', args.devices,
             '--out', out] + (['--no-memory'] if args.no_memory else [])
-    peak = _traced(PHASES) if args.trace else status
+    peak = traced(PHASES) if args.trace else status
     code = cli.main(argv)
     if code:
         raise SystemExit(code)

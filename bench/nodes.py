@@ -25,16 +25,32 @@ buffers), and the parameter bytes of each node as a fraction of the whole.
 
 Both layouts run on the same two cores: the figure is what the process
 boundary costs, not what a second host would add (its network).
+
+``--memory`` measures each node's peak resident memory beside one
+process's instead, for a model whose parameters and optimizer state are
+large: the MLP of ``python -m bench.memory_peak`` (``--mlp-layers`` Dense
+layers of ``--mlp-width``, SGD with momentum; at the defaults 13 of 4096,
+805 MB of parameters and 805 MB of momentum), trained for one epoch on
+``cpu:0,cpu:1`` by the command line (``train --task bench.memory_peak``,
+its checkpoint committed at the end), then resumed for a second epoch from
+that checkpoint: once in one process, once over 2 node processes (one stage
+each). Each process runs in a child of its own, which reports its
+``VmHWM`` (``/proc/self/status``) as it ends and, for each step of the run
+(:data:`MEMORY_PHASES`), the peak within it (``VmHWM`` reset as it starts
+through ``/proc/self/clear_refs``), its wall time and the bytes it passed to
+``write(2)`` (``wchar`` of ``/proc/self/io``). The runs follow one another,
+never two at once.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 
-__all__ = ['main', 'serve']
+__all__ = ['main', 'measure', 'memory', 'serve']
 
 LM = dict(vocab_size=166, block_size=64, num_heads=4)
 SERVE = '--serve'
@@ -201,6 +217,158 @@ def run(args, log=print):
                                 for t in memory_nodes]}
 
 
+# the steps of a command-line run whose peak --memory reports: (name, (module, class, attribute))
+MEMORY_PHASES = (
+    ('draw', ('mp_symbolic.training.loop', None, 'initial_values')),
+    ('bind', ('mp_symbolic.training.loop', None, 'make_stepper')),
+    ('resume', ('mp_symbolic.training.loop', None, '_resume')),
+    ('training', ('mp_symbolic.training.loop', None, 'fit')),
+    ('report', ('mp_symbolic.core.task', 'Task', 'report')),
+    ('commit', ('mp_symbolic.training.loop', '_Checkpointer', 'commit')),
+    ('digest', ('mp_symbolic.training.loop', None, 'params_digest')))
+
+
+def _memory_child(args):
+    """One run of the command line (``args.memory_child``: its arguments
+    as JSON), traced; prints ``{'hwm', 'phases'}`` as its last line."""
+    # pylint: disable=import-outside-toplevel
+    from bench.memory_peak import status, traced
+    from mp_symbolic.training import cli
+    record = []
+    peak = traced([call for _, call in MEMORY_PHASES], record)
+    code = cli.main(json.loads(args.memory_child))
+    if code:
+        raise SystemExit(code)
+    names = {call[2]: name for name, call in MEMORY_PHASES}
+    for row in record:
+        row['phase'] = names[row['phase']]
+    print(json.dumps({'hwm': max(peak(), status()), 'phases': record}), flush=True)
+
+
+def _memory_run(argv, nodes=None):
+    """Runs ``train`` with ``argv`` in one child process, or in ``nodes``
+    node processes; returns each process's answer."""
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
+    child = [sys.executable, '-m', 'bench.nodes', '--memory-child']
+    if nodes is None:
+        procs = [subprocess.Popen(child + [json.dumps(argv)], stdout=subprocess.PIPE, text=True,
+                                  env=env)]
+    else:
+        port = str(_free_port())
+        procs = [subprocess.Popen(
+            child + [json.dumps(argv + ['--nodes', str(nodes)])], stdout=subprocess.PIPE,
+            text=True, env=dict(env, MASTER_ADDR='127.0.0.1', MASTER_PORT=port, RANK=str(k),
+                                WORLD_SIZE=str(nodes))) for k in range(nodes)]
+    outs = [p.communicate()[0] for p in procs]
+    found = []
+    for k, (proc, out) in enumerate(zip(procs, outs)):
+        lines = out.strip().splitlines()
+        if proc.returncode or not lines:
+            raise RuntimeError('train %s%s: exit %d\n%s' % (
+                ' '.join(argv), '' if nodes is None else ' (node %d)' % k, proc.returncode,
+                '\n'.join(lines[-20:])))
+        found.append(json.loads(lines[-1]))
+    return found
+
+
+def _phase_peaks(answer):
+    """``{phase: (peak within it, seconds, bytes written)}``, the largest of
+    its calls' peaks and the sum of their times and bytes."""
+    peaks = {}
+    for row in answer['phases']:
+        peak, seconds, written = peaks.get(row['phase'], (0, 0.0, 0))
+        peaks[row['phase']] = (max(peak, row['peak']), seconds + row['seconds'],
+                               written + row['written'])
+    return peaks
+
+
+def _start_rss(answer):
+    """The resident memory of a run as it starts drawing the initial values."""
+    return next(row['rss_before'] for row in answer['phases'] if row['phase'] == 'draw')
+
+
+def measure(width, layers, folder):
+    """Runs the MLP of ``layers`` Dense layers of ``width`` (``train --task
+    bench.memory_peak`` on ``cpu:0,cpu:1``) for one epoch and resumes it for
+    a second, in one process, then over 2 node processes; the checkpoints go
+    under ``folder`` (each let go once resumed).
+
+    Returns:
+        ``{'one process' | '2 nodes': {'train': [answer], 'resume': [answer],
+        'files': {name: bytes}}}``: one answer per process (``{'hwm',
+        'phases'}``, see :func:`_memory_child`), the files of the first run's
+        checkpoint.
+    """
+    runs = {}
+    for layout, nodes in (('one process', None), ('2 nodes', 2)):
+        out = os.path.join(folder, layout.replace(' ', '-'))
+        base = ['train', '--task', 'bench.memory_peak', '--task-arg', 'width=%d' % width,
+                '--task-arg', 'layers=%d' % layers, '--devices', 'cpu:0,cpu:1', '--no-memory',
+                '--no-progress']
+        trained = _memory_run(base + ['--out', out], nodes)
+        snap = os.path.realpath(os.path.join(out, 'current'))
+        files = {name: os.path.getsize(os.path.join(snap, name))
+                 for name in sorted(os.listdir(snap))}
+        resumed = _memory_run(base + ['--resume', out, '--epochs', '2',
+                                      '--out', out + '-resumed'], nodes)
+        runs[layout] = {'train': trained, 'resume': resumed, 'files': files}
+        for done in (out, out + '-resumed'):  # room for the next layout's
+            shutil.rmtree(done)
+    return runs
+
+
+def memory(args, log=print):
+    """Each node's peak resident memory beside one process's (``--memory``);
+    returns the figures as a dict."""
+    # pylint: disable=import-outside-toplevel
+    from bench.memory_peak import param_bytes
+    from mp_symbolic.tools.text import columns
+    params = param_bytes(args.mlp_width, args.mlp_layers)
+    with tempfile.TemporaryDirectory(prefix='mp-bench-nodes-') as folder:
+        runs = measure(args.mlp_width, args.mlp_layers, folder)
+    gb = 1e9
+    log('peak resident memory (VmHWM) of each process: an MLP of %d Dense layers of %d on '
+        'cpu:0,cpu:1, parameters %.3f GB, SGD with momentum %.3f GB (with the gradients %.3f '
+        'GB of arrays); `train --task bench.memory_peak` for one epoch, then --resume for a '
+        'second:' % (args.mlp_layers, args.mlp_width, params / gb, 2 * params / gb,
+                     3 * params / gb))
+    one = runs['one process']
+    processes = [('one process', one['train'][0], one['resume'][0])] + [
+        ('node %d' % k, t, r) for k, (t, r) in enumerate(zip(runs['2 nodes']['train'],
+                                                             runs['2 nodes']['resume']))]
+    whole = max(one['train'][0]['hwm'], one['resume'][0]['hwm'])
+    rows = [('phase',) + tuple(name for name, _, _ in processes)]
+    for run, key in (('train', 1), ('resume', 2)):
+        peaks = [_phase_peaks(p[key]) for p in processes]
+        for phase, _ in MEMORY_PHASES:
+            if phase in peaks[0]:
+                rows.append(('%s: %s' % (run, phase),) + tuple(
+                    '%.2f GB' % (p[phase][0] / gb) if phase in p else '-' for p in peaks))
+    start = [_start_rss(t) for _, t, _ in processes]  # MXNet, torch, the plan: no array yet
+    rows.append(('resident as the draw starts',) + tuple('%.2f GB' % (r / gb) for r in start))
+    rows.append(('VmHWM (train, resume)',) + tuple(
+        '%.2f GB' % (max(t['hwm'], r['hwm']) / gb) for _, t, r in processes))
+    rows.append(('VmHWM / one process\'s',) + tuple(
+        '%.2f' % (max(t['hwm'], r['hwm']) / whole) for _, t, r in processes))
+    rows.append(('above the start / one process\'s',) + tuple(
+        '%.2f' % ((max(t['hwm'], r['hwm']) - s0) / (whole - start[0]))
+        for (_, t, r), s0 in zip(processes, start)))
+    for line in columns(rows):
+        log('  ' + line)
+    commits = [_phase_peaks(t)['commit'] for _, t, _ in processes]
+    log('the checkpoint commit at the end of training: %s' % '; '.join(
+        '%s %.2f s, %.3f GB written' % (name, c[1], c[2] / gb)
+        for (name, _, _), c in zip(processes, commits)))
+    for layout in runs:
+        log('  %s committed: %s' % (layout, ', '.join(
+            '%s %.3f GB' % (k, v / gb) if v >= 1e6 else '%s %d B' % (k, v)
+            for k, v in runs[layout]['files'].items())))
+    return {'params_bytes': params, 'one_process_hwm': whole, 'start_rss': start,
+            'processes': {name: {'train': t, 'resume': r} for name, t, r in processes},
+            'node_fraction': [max(t['hwm'], r['hwm']) / whole for _, t, r in processes[1:]],
+            'files': {k: v['files'] for k, v in runs.items()}}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.nodes', description=__doc__.split(
         '\n\n')[0])
@@ -214,15 +382,31 @@ def main(argv=None):
     parser.add_argument('--repeats', type=int, default=5, help='rounds (default: 5)')
     parser.add_argument('--quick', action='store_true',
                         help='a smoke run: 2 rounds of 2 steps of a smaller model')
-    parser.add_argument('--out', default=os.path.join('artifacts', 'bench', 'nodes.json'),
-                        help='where the figures go as JSON (default: %(default)s)')
+    parser.add_argument('--out', default=None,
+                        help='where the figures go as JSON (default: artifacts/bench/nodes.json, '
+                             'with --memory nodes-memory.json)')
+    parser.add_argument('--memory', action='store_true',
+                        help="each node's peak resident memory beside one process's, for the "
+                             "MLP of python -m bench.memory_peak (train, commit, report, resume)")
+    parser.add_argument('--mlp-width', type=int, default=4096,
+                        help='--memory: width of the MLP (default: 4096)')
+    parser.add_argument('--mlp-layers', type=int, default=13,
+                        help='--memory: Dense layers of the MLP (default: 13: 805 MB)')
+    parser.add_argument('--memory-child', default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         serve(args)
         return 0
+    if args.memory_child:
+        _memory_child(args)
+        return 0
     if args.quick:
         args.steps, args.repeats, args.layers, args.width, args.chunks = 2, 2, 2, 32, 2
-    result = run(args)
+        args.mlp_width, args.mlp_layers = 512, 4
+    if args.out is None:
+        args.out = os.path.join('artifacts', 'bench',
+                                'nodes-memory.json' if args.memory else 'nodes.json')
+    result = memory(args) if args.memory else run(args)
     os.makedirs(os.path.dirname(args.out) or '.', exist_ok=True)
     with open(args.out, 'w') as f:
         json.dump(result, f, indent=2, sort_keys=True)

@@ -7,6 +7,7 @@ import sys
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 from bench.memory_peak import param_bytes
 from mp_symbolic import Pipeline
@@ -128,3 +129,60 @@ def test_init_params_holds_one_host_array_at_a_time_and_draws_mxnets_values():
         mods.append(mod.get_params()[0])
     for name, value in mods[0].items():
         assert np.array_equal(value.asnumpy(), mods[1][name].asnumpy()), name
+
+
+# -- peak memory through a run and its resume: one process, each node --------
+
+MLP_WIDTH, MLP_LAYERS = 2048, 13  # 201 MB of float32 parameters
+
+
+@pytest.fixture(scope='module')
+def measured(tmp_path_factory):
+    """The MLP trained for one epoch and resumed for a second by the command
+    line, in one process and over 2 nodes (``python -m bench.nodes --memory``'s runs)."""
+    from bench.nodes import measure  # pylint: disable=import-outside-toplevel
+    return measure(MLP_WIDTH, MLP_LAYERS, str(tmp_path_factory.mktemp('memory')))
+
+
+def _phases(answer, phase):
+    return [row for row in answer['phases'] if row['phase'] == phase]
+
+
+def test_one_process_peaks_within_one_and_a_half_times_its_arrays_above_mxnets_baseline(
+        measured):
+    arrays = 3 * param_bytes(MLP_WIDTH, MLP_LAYERS)  # parameters, gradients, momentum
+    baseline = _peak('--child', 'baseline')
+    for run in ('train', 'resume'):  # through the draw, training, report, commit, resume
+        peak = measured['one process'][run][0]['hwm']
+        assert peak <= 1.5 * arrays + baseline, \
+            '%s: peak %.3f GB, arrays %.3f GB, baseline %.3f GB' % (run, peak / 1e9, arrays / 1e9,
+                                                                    baseline / 1e9)
+
+
+def test_the_command_lines_commit_holds_one_array_at_a_time_beside_the_model(measured):
+    largest = 4 * MLP_WIDTH * MLP_WIDTH
+    for layout in ('one process', '2 nodes'):
+        for answer in measured[layout]['train'] + measured[layout]['resume']:
+            (commit,) = _phases(answer, 'commit')
+            assert commit['peak'] - commit['rss_before'] <= 3 * largest, \
+                '%s: the commit peaked %.1f MB above the %.1f MB resident before it' % (
+                    layout, (commit['peak'] - commit['rss_before']) / 1e6,
+                    commit['rss_before'] / 1e6)
+
+
+def test_each_node_peaks_within_one_and_a_half_times_its_share_of_the_arrays(measured):
+    from bench.memory_peak import _blocks  # pylint: disable=import-outside-toplevel
+    pipe = Pipeline(_blocks(MLP_WIDTH, MLP_LAYERS), 'cpu:0,cpu:1', sample=(64, MLP_WIDTH))
+    owner = pipe.placement.owner
+    for rank in (0, 1):
+        share = sum(4 * int(np.prod(p.shape)) for n, p in pipe.collect_params().items()
+                    if owner[n] == rank)
+        assert share < 0.6 * param_bytes(MLP_WIDTH, MLP_LAYERS)
+        for run in ('train', 'resume'):  # draw, training, report, commit, digest, resume
+            answer = measured['2 nodes'][run][rank]
+            start = _phases(answer, 'draw')[0]['rss_before']  # MXNet, torch, the plan
+            assert answer['hwm'] - start <= 1.5 * 3 * share, \
+                'node %d, %s: peak %.3f GB, %.3f GB above its start; its arrays %.3f GB; %s' % (
+                    rank, run, answer['hwm'] / 1e9, (answer['hwm'] - start) / 1e9,
+                    3 * share / 1e9, ', '.join('%s %.3f' % (r['phase'], r['peak'] / 1e9)
+                                               for r in answer['phases']))

@@ -375,10 +375,20 @@ def write_into(array, value):
     device). ``array[:] = value`` then fails (``Check failed:
     !IsMKLDNNData(): We can't generate TBlob for MKLDNN data``,
     ``NDArray::SetTBlob``, ``src/ndarray/ndarray.cc``). **What is done
-    instead.** A copy (``CopyFromTo``), which reorders the value into the
-    array's layout; reading it back (``asnumpy``) gives ``value``.
+    instead.** An array in the default layout takes ``value`` straight into
+    its memory (``array[:] = value``); one in oneDNN's layout, refused so,
+    takes a copy (``CopyFromTo``), which reorders the value into the array's
+    layout; reading it back (``asnumpy``) gives ``value``. The call returns
+    once the copy is done, its temporary array let go: writing a model array
+    by array holds at most one temporary at a time.
     """
+    try:
+        array[:] = value
+        return
+    except mx.base.MXNetError:  # oneDNN's own layout: SetTBlob's check refused it
+        pass
     mx.nd.array(value, ctx=array.context, dtype=array.dtype).copyto(array)
+    array.wait_to_read()
 
 
 def initialized(param):

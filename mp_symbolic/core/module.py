@@ -40,7 +40,7 @@ import numpy as np
 
 from . import batchnorm as batchnorms
 from . import layouts
-from .device_module import DeviceModule
+from .device_module import DeviceModule, aux_written
 from .compat import gradient_only_kvstore, split_bind
 from .heads import HEADS, class_axis, head_of
 from .initial import Drawn
@@ -648,8 +648,11 @@ class PipelineModule(DeviceModule):
         """
         assert self.binded and self.params_initialized
         group = self._exec_group
+        aux_written(group)  # the running statistics' last update done before they are read
 
         def host(block):
+            if len(block) == 1 and block[0].stype == 'default':
+                return block[0].asnumpy  # get_params' bits, without its temporaries
             return lambda: (sum(w.copyto(mx.cpu()) for w in block) / len(block)).asnumpy()
 
         def joined(param, made):

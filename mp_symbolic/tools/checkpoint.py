@@ -910,17 +910,7 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
     pipe = module.pipeline
     symbol = with_input_shape(module.export_graph, module.recorded_shapes(), None,
                               module.recorded_layouts())
-    if pipe.nodes is not None:  # each array made from its device when its part is written
-        arg_params, aux_params = module.lazy_params()
-        states = module.optimizer_states(lazy=True) if module.optimizer_initialized \
-            else EMPTY_STATES
-    elif _one_copy(module):  # each array read from its device when its turn comes
-        arg_params, aux_params = _device_params(module)
-        states = module.optimizer_states(lazy=True) if module.optimizer_initialized \
-            else EMPTY_STATES
-    else:
-        arg_params, aux_params = module.get_params()
-        states = module.optimizer_states() if module.optimizer_initialized else EMPTY_STATES
+    arg_params, aux_params, states = module_arrays(module)
     devices = [format_device(d) for d in pipe.plan.all_devices]
     facts = {'devices': devices,  # what the exporter records as the training devices
              'plan': {'devices': devices, 'balance': list(pipe.balance), 'chunks': pipe.chunks,
@@ -946,6 +936,28 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
             raise
         return commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states,
                                  facts, complete=True, group=group)
+
+
+def module_arrays(module):
+    """What a checkpoint of ``module`` (a bound, initialised
+    :class:`~mp_symbolic.PipelineModule`) holds, made as late as it can be:
+    ``(arg_params, aux_params, states)`` as :func:`commit_checkpoint` takes
+    them. Over nodes, and in one process where the devices hold each
+    parameter once (one replica, unsplit, no host copy), each parameter and
+    each optimizer state is a function making that one array on the host
+    when its turn to be written comes; otherwise the parameters are
+    ``get_params``' (the replicas averaged, shards joined) and the states
+    are made one at a time all the same. The optimizer state is
+    :data:`EMPTY_STATES` before ``init_optimizer``."""
+    if module.pipeline.nodes is not None:  # each array made from its device when written
+        arg_params, aux_params = module.lazy_params()
+    elif _one_copy(module):  # each array read from its device when its turn comes
+        arg_params, aux_params = _device_params(module)
+    else:
+        arg_params, aux_params = module.get_params()
+    states = module.optimizer_states(lazy=True) if module.optimizer_initialized \
+        else EMPTY_STATES
+    return arg_params, aux_params, states
 
 
 def _one_copy(module):

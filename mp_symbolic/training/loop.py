@@ -7,6 +7,7 @@ its own (:mod:`~mp_symbolic.training.symbolic`, :mod:`~mp_symbolic.training.impe
 from collections import OrderedDict
 import contextlib
 from contextlib import contextmanager
+import ctypes
 import hashlib
 from dataclasses import dataclass, field, replace
 import os
@@ -18,7 +19,8 @@ from tqdm import tqdm
 from .config import DEFAULT_STAGES, RESUME_IDENTITY, plan_changes, resume_config
 from ..core import timing
 from ..core.compat import error_line
-from ..tools.checkpoint import SUMMARY_NAME, commit_checkpoint, read_checkpoint
+from ..tools.checkpoint import SUMMARY_NAME, CheckpointError, commit_checkpoint, \
+    module_arrays, read_checkpoint
 from ..tools.files import write_text
 from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
@@ -152,45 +154,77 @@ def _check_classes(task, out_shape, axis):
 def initial_values(pipe, seed):
     """Initial parameters from the blocks' own initialisers, as numpy arrays.
 
-    Drawn once on ``cpu(0)`` after ``mx.random.seed(seed)``, so that every
-    variant and device plan starts from the same values for the same seed. A
-    tensor-parallel parameter is drawn whole, in the unsplit layer's shape and
-    turn, and then split, so any shard count starts from the values of the
-    unsplit network.
+    Drawn on ``cpu(0)`` after ``mx.random.seed(seed)``, every parameter in
+    the blocks' order, so that every variant, device plan and node starts
+    from the same values for the same seed. A tensor-parallel parameter is
+    drawn whole, in the unsplit layer's shape and turn, and then split, so
+    any shard count starts from the values of the unsplit network.
+
+    One parameter is drawn at a time: its value (and its gradient) in the
+    block's Gluon parameter is read into numpy, or dropped, and let go
+    before the next is drawn; every Gluon parameter is left without a value
+    (its shape, dtype, initialiser and ``grad_req`` kept). Over nodes, only
+    the parameters this node's stages hold or read are kept (:func:`held_names`):
+    a node holds its share of the model, never the whole.
 
     Returns:
         ``(arg_params, aux_params)``: name -> numpy array.
     """
     mx.random.seed(seed)
     params = pipe.collect_params()
+    keep = held_names(pipe)
     whole_of = {p.name: whole for whole in pipe.sharded.values() for p in whole.shards}
-    drawn = OrderedDict()
+    aux_names = set(pipe.symbol().list_auxiliary_states())
+    arg, aux = OrderedDict(), OrderedDict()
+    values = OrderedDict()
     for name, param in params.items():
         whole = whole_of.get(name)
         if whole is None:
             param.initialize(ctx=mx.cpu(0), force_reinit=True)
-        elif whole.name not in drawn:
+            if keep is None or name in keep:
+                values[name] = param.data().asnumpy()
+            param._data = param._grad = None  # pylint: disable=protected-access
+            mx.nd.waitall()  # freed by MXNet's engine before the next is drawn
+        elif whole.name not in values:
             full = mx.gluon.Parameter(whole.name, shape=whole.shape, dtype=param.dtype,
                                       init=param.init)
             full.initialize(ctx=mx.cpu(0))
-            drawn[whole.name] = full.data()
-    for name, value in pipe.split_params(drawn).items():
-        params[name].initialize(init=mx.init.Zero(), ctx=mx.cpu(0), force_reinit=True)
-        params[name].set_data(value)
-    aux_names = set(pipe.symbol().list_auxiliary_states())
-    arg, aux = OrderedDict(), OrderedDict()
-    for name, param in params.items():
-        (aux if name in aux_names else arg)[name] = param.data().asnumpy()
+            values[whole.name] = None  # drawn: its shards are taken below
+            for shard, value in pipe.split_params({whole.name: full.data()}).items():
+                if keep is None or shard in keep:
+                    values[shard] = value.asnumpy()
+            del full
+    for name in params:
+        if values.get(name) is not None:
+            (aux if name in aux_names else arg)[name] = values[name]
+    mx.nd.waitall()
+    release_host_memory()  # the pages the draws' own arrays left in the heap
     return arg, aux
 
 
-def _release_block_values(pipe):
-    """Lets go of the values and gradients :func:`initial_values` left in the
-    blocks' Gluon parameters (on ``cpu(0)``), once a symbolic stepper holds
-    the values on its devices: the blocks are its graph, not its storage.
-    Each parameter keeps its shape, dtype, initialiser and ``grad_req``."""
-    for param in pipe.collect_params().values():
-        param._data = param._grad = None  # pylint: disable=protected-access
+def release_host_memory():
+    """Hands the free pages of the C heap back to the system (glibc's
+    ``malloc_trim``): host arrays let go (numpy copies of the model, each
+    under glibc's mmap threshold of up to 32 MiB) leave their pages in the
+    heap's middle, where the arrays MXNet makes next need not reuse them, so
+    the process would hold both. Nothing where the C library has no
+    ``malloc_trim``."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
+def held_names(pipe):
+    """The parameters and auxiliary states this process needs: ``None``
+    (every one) in one process; over nodes, those its stages own or read."""
+    if pipe.nodes is None:
+        return None
+    local = set(pipe.local_stages)
+    owner, tied = pipe.placement.owner, pipe.tied
+    return {name for name in pipe.collect_params()
+            if owner[name] in local or local & set(tied.get(name, (None, ()))[1])}
 
 
 def make_stepper(cfg, pipe, task, init, label_shape, kvstore=None):
@@ -207,7 +241,8 @@ class TrainResult:
     """What :func:`fit` and :func:`train` measured."""
     step_losses: list           # the task's batch loss of every step, in order
     epoch_losses: list          # mean batch loss of each epoch
-    params: dict                # name -> numpy array, after training (over nodes a
+    params: dict                # name -> numpy array, after training (the Module's a
+                                # HostArrays, each copied when asked; over nodes a
                                 # NodeArrays: each read from its node when asked)
     wall_time: float            # seconds, training loop only (no checkpoints), after waitall()
     samples_per_sec: float
@@ -284,10 +319,18 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
     finally:
         bar.close()
     samples = (cfg.num_epochs - start_epoch) * steps * cfg.batch_size
+    lazy = _lazy(stepper)
     return TrainResult(step_losses=step_losses, epoch_losses=epoch_losses,
-                       params=stepper.params(), aux=stepper.aux(), wall_time=wall,
+                       params=stepper.params(**lazy), aux=stepper.aux(**lazy), wall_time=wall,
                        samples_per_sec=samples / wall if wall > 0 else float('nan'),
                        placement=stepper.placement())
+
+
+def _lazy(stepper):
+    """The arguments under which ``stepper.params`` and ``stepper.aux``
+    read each array when asked for, not copy the model at once (the
+    Module's stepper: :class:`~mp_symbolic.training.symbolic.HostArrays`)."""
+    return {'lazy': True} if isinstance(stepper, ModuleStepper) else {}
 
 
 def placement_table(placement):
@@ -396,9 +439,9 @@ class _Checkpointer:
     def commit(self, epoch, result=None, complete=False):
         if self.store is None and self.group is None:  # a dist_sync worker but worker 0
             return None
-        if self.group is not None:  # each array made from its device when its part is written
-            arg, aux = self.stepper.lazy_params()  # tensor-parallel layers unsplit
-            states = gather_states(self.stepper.optimizer_states(lazy=True), self.pipe.sharded)
+        module = getattr(self.stepper, 'module', None)
+        if module is not None:  # each array made when written (tensor-parallel layers unsplit)
+            arg, aux, states = module_arrays(module)
         else:
             arg, aux = self.stepper.arg_aux()
             arg = self.pipe.gather_params(arg)  # tensor-parallel layers by their unsplit names
@@ -420,10 +463,20 @@ class _Checkpointer:
             self.commit(epoch)
 
 
+# A resume reads and places at most this many bytes of parameters (and their
+# optimizer state) at a time, or one parameter where one is larger.
+RESUME_BYTES = 16 << 20
+
+
 def _resume(cfg, stepper):
     """Loads the checkpoint of ``cfg.resume`` into ``stepper``; returns
     ``(start epoch, epoch losses so far, what cfg changes of its plan)``
     (see :func:`~mp_symbolic.training.config.plan_changes`).
+
+    A symbolic stepper takes the arrays it holds (over nodes, its stages')
+    a few at a time (:func:`_read_groups`): each group's parameters and
+    their optimizer state are read, placed on the devices and let go before
+    the next group is read, so a resume holds at most one group on the host.
 
     Raises:
         CheckpointError, OptimizerStateError: the checkpoint cannot be used.
@@ -436,24 +489,61 @@ def _resume(cfg, stepper):
             raise ValueError('num_epochs: expected more than the %d epochs of the checkpoint in '
                              '%s to resume, found %d'
                              % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
-        # over nodes, each reads only the arrays of its own stages
-        names = _held_names(stepper) if stepper.pipe.nodes is not None else None
-        _, arg, aux = checkpoint.load(names)
-        arg = stepper.pipe.split_params(arg)  # onto this plan's shards
-        for values in (arg, aux):  # each array on the host once: its NDArray let go
-            for name in list(values):
-                values[name] = values[name].asnumpy()
-        stepper.set_params(arg, aux)
-        states = split_states(checkpoint.load_states(names), stepper.pipe.sharded)
-        try:  # the states of another model (a file swapped, its manifest fixed): one line
-            check_states(states, {k: v.shape for k, v in arg.items()})
-        except OptimizerStateError as err:
-            raise OptimizerStateError('%s: %s' % (checkpoint.states_path or checkpoint.folder,
-                                                  err)) from None
-        stepper.set_optimizer_states(states)
+        checkpoint.load(names=())  # the symbol and every stored shape checked, no array read
+        sharded = stepper.pipe.sharded
+        symbolic = hasattr(stepper, 'held_names')  # the imperative twin takes every array at once
+        names = _held_names(stepper) if symbolic else None
+        shapes = None
+        for group in _read_groups(checkpoint, names, RESUME_BYTES if symbolic else None):
+            arg, aux = OrderedDict(), OrderedDict()
+            for key, value in checkpoint.arrays(group):
+                (arg if key.startswith('arg:') else aux)[key[4:]] = value
+            arg = stepper.pipe.split_params(arg)  # onto this plan's shards
+            if symbolic:
+                stepper.set_params(arg, aux, allow_missing=True)  # the others kept
+            else:
+                stepper.set_params(arg, aux)
+            shapes = stepper.param_shapes() if symbolic else {k: v.shape for k, v in arg.items()}
+            states = split_states(checkpoint.load_states(
+                [k[4:] for k in group if k.startswith('arg:')]), sharded)
+            try:  # the states of another model (a file swapped, its manifest fixed): one line
+                check_states(states, shapes)
+            except OptimizerStateError as err:
+                raise OptimizerStateError('%s: %s' % (checkpoint.states_path or checkpoint.folder,
+                                                      err)) from None
+            stepper.set_optimizer_states(states)
+            del arg, aux, states  # let go before the next group is read
+            release_host_memory()
         devices = checkpoint.summary.get('devices')
         changes = plan_changes(saved, cfg, devices if isinstance(devices, list) else None)
         return checkpoint.epoch, list(checkpoint.summary.get('epoch_losses', [])), changes
+
+
+def _read_groups(checkpoint, names, limit):
+    """The checkpoint's array keys (``'arg:<name>'``, ``'aux:<name>'``) of
+    ``names`` (``None``: every one), in the checkpoint's order, in groups of
+    at most ``limit`` bytes (one array alone where it is larger; ``None``:
+    one group).
+
+    Raises:
+        CheckpointError: ``names`` names an array the checkpoint does not hold.
+    """
+    index = checkpoint.index()
+    keys = [k for k in index if names is None or k[4:] in names]
+    missing = sorted(set(names or ()) - {k[4:] for k in keys})
+    if missing:
+        raise CheckpointError('%s: expected arrays for %s, found none'
+                              % (checkpoint.folder, ', '.join(missing[:5])))
+    groups, size = [[]], 0
+    for key in keys:
+        shape, dtype, _ = index[key]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if limit is not None and groups[-1] and size + nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(key)
+        size += nbytes
+    return [g for g in groups if g] or [[]]
 
 
 def _held_names(stepper):
@@ -589,12 +679,13 @@ def train(cfg, log=print, built=None, task=None):
         for line in ([note] if note else []) + [_title(cfg, task, pipe)] + \
                 ['  ' + l for l in pipe.describe()]:
             log(line)
-        init = initial_values(pipe, cfg.seed)
-        if cfg.variant == 'symbolic':
-            _release_block_values(pipe)
+        init = initial_values(pipe, cfg.seed)  # over nodes, this node's share
         stepper = make_stepper(cfg, pipe, task, init, task.label_shape, kvstore)
-        before = task.report(init[0], stepper.predict)
+        # over nodes, each parameter read from its node when the report asks for it
+        before = task.report(init[0] if pipe.nodes is None else stepper.params(),
+                             stepper.predict)
         del init  # the stepper holds the values now
+        release_host_memory()
         start_epoch, epoch_losses = 0, []
         if cfg.resume is not None:
             start_epoch, epoch_losses, changes = _resume(cfg, stepper)
@@ -639,7 +730,7 @@ def train(cfg, log=print, built=None, task=None):
                    'its last epoch is kept in %s, marked incomplete'
                    % os.path.join(cfg.out_dir, 'current') if checkpoint is not None or
                    pipe.nodes is not None else 'no checkpoint is written by this worker'))
-    result.params = stepper.params()
+    result.params = stepper.params(**_lazy(stepper))
     log('parameters sha256: %s' % params_digest(result.params))
     if checkpoint is None:
         return result

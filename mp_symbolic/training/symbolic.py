@@ -84,6 +84,10 @@ class _SymbolicStepper:
         inputs = set(self._inputs())
         return [n for n in self._arrays[0] if n not in inputs]
 
+    def param_shapes(self):
+        """``{name: shape}`` of the parameters this process holds."""
+        return {n: self._arrays[0][n].shape for n in self.param_names}
+
     def held_names(self):
         """The names of the parameters and auxiliary states this process
         holds (over nodes, its stages')."""
@@ -129,6 +133,32 @@ class _SymbolicStepper:
                  if line.startswith('Op:_CrossDeviceCopy,')]
         backward = sum('_backward' in n for n in names)
         return len(names) - backward, backward
+
+
+class HostArrays(Mapping):
+    """One process's arrays by name (numpy), each copied to the host when
+    asked for and not kept: a reader that takes one at a time holds one
+    host copy at a time, not the model's. A value is the array's as it is
+    when read.
+
+    Args:
+        arrays: name -> NDArray.
+    """
+
+    def __init__(self, arrays):
+        self._arrays = arrays
+
+    def __getitem__(self, name):
+        return self._arrays[name].asnumpy()
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self):
+        return len(self._arrays)
+
+    def __contains__(self, name):
+        return name in self._arrays
 
 
 class NodeArrays(Mapping):
@@ -262,21 +292,25 @@ class ModuleStepper(_SymbolicStepper):
         return self._shared(mx.nd.stack(*losses).asnumpy().ravel() if self._holds_head
                             else None)
 
-    def _everyone(self, arrays):
-        """Every node's ``arrays`` (name -> NDArray): over nodes, a
-        :class:`NodeArrays` (each value read from its node when asked for)."""
+    def _everyone(self, arrays, lazy):
+        """Every node's ``arrays`` (name -> NDArray) as numpy: copied now, or
+        with ``lazy`` each read when asked for (a :class:`HostArrays`); over
+        nodes always a :class:`NodeArrays` (read from its node when asked for)."""
         if self._group is None:
-            return OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
+            return HostArrays(OrderedDict(arrays)) if lazy else \
+                OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
         return NodeArrays(control(self.pipe.nodes, 'read the parameters', self.plan.node_of_stage),
                           arrays)
 
-    def params(self):
-        """Every parameter by name (numpy); over nodes a :class:`NodeArrays`."""
-        return self._everyone(OrderedDict((n, self._arrays[0][n]) for n in self.param_names))
+    def params(self, lazy=False):
+        """Every parameter by name (numpy); with ``lazy`` a :class:`HostArrays`
+        (each read when asked for, as it is then); over nodes a :class:`NodeArrays`."""
+        return self._everyone(OrderedDict((n, self._arrays[0][n]) for n in self.param_names),
+                              lazy)
 
-    def aux(self):
-        """Every auxiliary state by name (numpy); over nodes a :class:`NodeArrays`."""
-        return self._everyone(self._arrays[2])
+    def aux(self, lazy=False):
+        """Every auxiliary state by name (numpy), as :meth:`params`."""
+        return self._everyone(self._arrays[2], lazy)
 
     def arg_aux(self):
         """``(arg_params, aux_params)`` as NDArrays on ``cpu()``, to be read
@@ -295,10 +329,14 @@ class ModuleStepper(_SymbolicStepper):
         aux = OrderedDict((n, held(a)) for n, a in zip(module._aux_names, group.aux_arrays))
         return self.pipe.gather_params(arg), aux
 
-    def set_params(self, arg_params, aux_params):
-        """Sets every replica's parameters (numpy values), each on its device."""
-        self.module.set_params(_float32(arg_params), _float32(aux_params),
-                               allow_missing=False, force_init=True)
+    def set_params(self, arg_params, aux_params, allow_missing=False):
+        """Sets every replica's parameters (numpy values), each on its device;
+        with ``allow_missing``, those given only (the others keep theirs)."""
+        # Module.set_params' own path (init_params without an initializer),
+        # which writes numpy values where the given ones only are allowed
+        self.module.init_params(initializer=None, arg_params=_float32(arg_params),
+                                aux_params=_float32(aux_params), allow_missing=allow_missing,
+                                force_init=True)
 
     def optimizer_states(self, lazy=False):
         return self.module.optimizer_states(lazy=lazy)
@@ -371,7 +409,9 @@ class ExecutorStepper(_SymbolicStepper):
             outputs.append(self.runtime.outputs[0].asnumpy()[:count])
         return np.concatenate(outputs)
 
-    def set_params(self, arg_params, aux_params):
+    def set_params(self, arg_params, aux_params, allow_missing=False):  # pylint: disable=unused-argument
+        """Sets the parameters given; the others keep their values (with
+        ``allow_missing`` or without)."""
         arg_dict, _, aux_dict = self.runtime.parameters
         for name, value in arg_params.items():
             arg_dict[name][:] = value
