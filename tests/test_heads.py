@@ -180,6 +180,85 @@ def test_a_per_pixel_softmax_takes_the_same_step_on_the_module_the_twin_and_one_
     np.testing.assert_allclose(exe.forward()[0].asnumpy(), probs, rtol=1e-5, atol=1e-6)
 
 
+def _tnc_blocks(prefix):
+    """(T, N, 3) -> (T, N, 4), the batch on axis 1, in two blocks."""
+    return [mx.gluon.nn.Dense(6, flatten=False, in_units=3, activation='tanh',
+                              prefix=prefix + 'a_'),
+            mx.gluon.nn.Dense(4, flatten=False, in_units=6, prefix=prefix + 'b_')]
+
+
+def _mae(prediction, label):
+    return mx.sym.MAERegressionOutput(prediction, label, name='mae')
+
+
+def _tnc_step(loss, devices, chunks, replicas, schedule, values, X, Y):
+    """Input gradients, parameter gradients (summed over replicas) and
+    parameters after one SGD step of ``loss`` on ``(X, Y)``, batch axis 1."""
+    pipe = Pipeline(_tnc_blocks('tnc_'), devices, chunks=chunks, replicas=replicas,
+                    schedule=schedule, batch_axis=1)
+    mod = pipe.module(loss, label_name='label')
+    mod.bind([('data', X.shape)], [('label', Y.shape)], inputs_need_grad=True)
+    mod.init_params(arg_params={n: mx.nd.array(v) for n, v in values.items()})
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.5})
+    mod.forward_backward(mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(Y)]))
+    grads = {n: sum(g.asnumpy() for g in parts) for n, parts in
+             zip(mod._exec_group.param_names,  # pylint: disable=protected-access
+                 mod._exec_group.grad_arrays)}  # pylint: disable=protected-access
+    inputs = mod.get_input_grads()[0].asnumpy()
+    mod.update()
+    params = {n: v.asnumpy() for n, v in mod.get_params()[0].items()}
+    return inputs, grads, params
+
+
+@pytest.mark.parametrize('loss', ['l2', 'logistic', _mae])
+@pytest.mark.parametrize('devices, chunks, replicas, schedule', [
+    ('cpu:0,cpu:1', 2, 1, 'gpipe'), ('cpu:0,cpu:1', 2, 1, '1f1b'),
+    ('cpu:0,cpu:1,cpu:2,cpu:3', 1, 2, 'gpipe'), ('cpu:0,cpu:1,cpu:2,cpu:3', 2, 2, '1f1b')])
+def test_a_regression_head_on_batch_axis_1_takes_one_devices_step_on_every_route(
+        loss, devices, chunks, replicas, schedule):
+    """MXNet's regression heads divide their gradient by the label's size
+    over axis 0, which with the batch on axis 1 counts the batch: split into
+    micro-batches or replicas, the inputs' and parameters' gradients and the
+    step still equal one device's on the unsplit batch."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(5, 8, 3)).astype(np.float32)
+    Y = rng.normal(size=(5, 8, 4)) if loss == 'l2' else rng.integers(0, 2, (5, 8, 4))
+    Y = Y.astype(np.float32)
+    blocks = _tnc_blocks('tnc_')
+    for block in blocks:
+        block.initialize(mx.init.Xavier(), ctx=mx.cpu(0))
+    values = {n: p.data().asnumpy() for b in blocks for n, p in b.collect_params().items()}
+    one = _tnc_step(loss, 'cpu:0', 1, 1, 'gpipe', values, X, Y)
+    found = _tnc_step(loss, devices, chunks, replicas, schedule, values, X, Y)
+    assert np.abs(one[0]).max() > 0
+    np.testing.assert_allclose(found[0], one[0], rtol=1e-4, atol=1e-7)
+    for name in values:
+        np.testing.assert_allclose(found[1][name], one[1][name], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+        assert not np.allclose(one[2][name], values[name])  # the step moved it
+        np.testing.assert_allclose(found[2][name], one[2][name], rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
+def _grad_scales(symbol):
+    return [node['attrs'].get('grad_scale') for node in json.loads(symbol.tojson())['nodes']
+            if node['op'] == 'LinearRegressionOutput']
+
+
+def test_only_a_replicas_bound_head_on_batch_axis_1_carries_its_share_and_the_checkpoint_none():
+    """The graph a replica binds divides the head's gradient by the replicas
+    (with the batch on axis 1); the checkpoint's graph keeps the head one
+    device trains, and with the batch on axis 0 the bound head is MXNet's."""
+    scales = {}
+    for axis in (0, 1):
+        pipe = Pipeline(_tnc_blocks('ck%d_' % axis), 'cpu:0,cpu:1,cpu:2,cpu:3', replicas=2,
+                        batch_axis=axis)
+        mod = pipe.module('l2')
+        scales[axis] = _grad_scales(mod.symbol), _grad_scales(mod.export_symbol)
+    assert scales[1] == (['0.5'], [None])
+    assert scales[0] == ([None], [None])
+
+
 SEGMENT_TASK = '''
 import mxnet as mx
 import numpy as np

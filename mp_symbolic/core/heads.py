@@ -21,6 +21,16 @@ and ``(N, T, V)`` with ``(N, T)`` (``SoftmaxOutput(preserve_shape=True)``),
 axis 1 for ``(N, C, H, W)`` with ``(N, H, W)`` (``multi_output=True``, a
 per-pixel classifier).
 
+MXNet's regression heads (``'l2'``, ``'logistic'``, ``MAERegressionOutput``)
+divide each gradient by the label's size over its axis 0 (the outputs per
+sample where the batch is on axis 0). With the batch on another axis
+(``Pipeline(..., batch_axis=1)``) that divisor counts the batch too, and a
+head that sees a share of it (a micro-batch, a replica's) divides by less
+than one device's unsplit batch does, its gradients as many times larger:
+:func:`with_head`'s ``shares`` divides their ``grad_scale`` by as many
+(:data:`BATCH_SCALED_OPS`).
+``SoftmaxOutput`` divides by nothing (its default ``normalization``).
+
 Each head is one :class:`Head` record in :data:`HEADS` (its op, Gluon loss,
 inference form, label, default metric, batch loss, class axis), read by the
 graph, the imperative twin, the task and the export; :func:`read_head` reads
@@ -183,6 +193,8 @@ HEAD_NAMES = {name: head.node for name, head in HEADS.items()}
 # Training head op -> its record, and what its forward pass computes at inference.
 _BY_OP = {head.op: head for head in list(HEADS.values()) + [_MAE]}
 INFERENCE_FORMS = {op: head.inference for op, head in _BY_OP.items()}
+# Heads whose gradient MXNet divides by the label's size over its axis 0.
+BATCH_SCALED_OPS = ('LinearRegressionOutput', 'LogisticRegressionOutput', 'MAERegressionOutput')
 
 
 def head_of(loss):
@@ -245,7 +257,18 @@ def make_head(loss, prediction, label):
                                     **head.op_args)
 
 
-def with_head(prediction, loss, label_name, output=None, group=None):
+def scaled_heads(graph, shares):
+    """``graph`` with the ``grad_scale`` of each of its
+    :data:`BATCH_SCALED_OPS` nodes divided by ``shares`` (the graph itself
+    where ``shares`` is 1)."""
+    if shares == 1:
+        return graph
+    return graph.but([n.but(attrs=dict(n.attrs, grad_scale=repr(
+        float(n.attrs.get('grad_scale', 1)) / shares))) if n.op in BATCH_SCALED_OPS else n
+                      for n in graph.nodes])
+
+
+def with_head(prediction, loss, label_name, output=None, group=None, shares=1):
     """The pass that adds the training head: ``prediction`` (a
     :class:`~mp_symbolic.core.ir.PlacedGraph` whose outputs are the
     network's) with ``loss``'s head (:func:`make_head`) on its outputs and a
@@ -254,6 +277,12 @@ def with_head(prediction, loss, label_name, output=None, group=None):
     outputs are the head on output ``output``, then the others in order,
     each through a ``BlockGrad`` (:func:`~mp_symbolic.core.names.other_output_name`);
     a callable loss receives the list of outputs.
+
+    ``shares``: the batch one device takes unsplit over the batch this head
+    sees, with the batch on an axis other than 0 (1 otherwise): the
+    ``grad_scale`` of a regression head (:data:`BATCH_SCALED_OPS`, a
+    callable's included) is divided by it, so that its gradients are one
+    device's; 1 leaves the head as MXNet makes it.
 
     The head is a graph on a variable per output
     (:func:`~mp_symbolic.core.names.prediction_name`; a callable's traced
@@ -297,6 +326,7 @@ def with_head(prediction, loss, label_name, output=None, group=None):
             graph = PlacedGraph.from_symbol(make_head(
                 loss, outputs if count > 1 else outputs[0], mx.sym.var(label_name)),
                                             (label_name,))
+    graph = scaled_heads(graph, shares)
     return graph.compose(prediction, {prediction_name(k): k for k in range(count)})
 
 

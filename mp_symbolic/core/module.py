@@ -231,7 +231,8 @@ class PipelineModule(DeviceModule):
         (:func:`~mp_symbolic.core.batchnorm.deferred_graph`), which the
         Module does not return. A :class:`~mp_symbolic.core.ir.PlacedGraph`."""
         placed = self.pipeline.training_graph(self.loss, self.data_name, self.label_name,
-                                              output=self.output)
+                                              output=self.output,
+                                              shares=self.pipeline.replicas)
         self._statistics, self._own_outputs = [], None
         if self.pipeline.batchnorm == 'deferred' and self.pipeline.chunks > 1:
             count = len(placed.heads)
@@ -242,9 +243,11 @@ class PipelineModule(DeviceModule):
     def _set_export(self, placed, symbol):
         """Keeps the graph a checkpoint holds: ``placed`` (``symbol``
         written) without micro-batches and with tensor-parallel layers
-        unsplit, built now and written on first use (:attr:`export_symbol`)."""
+        unsplit, its head as one device trains it, built now and written on
+        first use (:attr:`export_symbol`)."""
         pipeline = self.pipeline
-        if pipeline.chunks == 1 and not pipeline.sharded:
+        as_one = pipeline.batch_axis == 0 or pipeline.replicas == 1
+        if pipeline.chunks == 1 and not pipeline.sharded and as_one:
             self._export, self._export_symbol = placed, symbol
         else:
             self._export = pipeline.training_graph(self.loss, self.data_name, self.label_name,

@@ -393,12 +393,20 @@ class Pipeline(gluon.Block):
 
     @symbol_safe
     def training_graph(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
-                       output=None, unsplit=False):
+                       output=None, unsplit=False, shares=1):
         """:meth:`training_symbol`'s graph, typed (a
         :class:`~mp_symbolic.core.ir.PlacedGraph`): the network's graph
         (:func:`~mp_symbolic.core.graph.build`), the loss head
         (:func:`~mp_symbolic.core.heads.with_head`) and
         :func:`~mp_symbolic.core.passes.finish`, passes on one typed graph.
+
+        Args:
+            shares: The parts of a step's batch the graph is bound to (a
+                replica's share, times ``chunks`` where each micro-batch is
+                bound alone): with ``batch_axis`` other than 0, a regression
+                head's ``grad_scale`` is divided by it, so that its
+                gradients are those of one device's unsplit batch; 1 (the
+                default): the head as one device trains it.
 
         Raises:
             ValueError: as :meth:`training_symbol`.
@@ -407,7 +415,8 @@ class Pipeline(gluon.Block):
         placed = graph.build(self.placement, self.data_names(data_name), chunks, unsplit)
         if loss is not None:
             placed = with_head(placed, loss, label_name, output,
-                               stage_name(self.plan.num_stages - 1))
+                               stage_name(self.plan.num_stages - 1),
+                               shares=shares if self.batch_axis else 1)
         return passes.finish(placed, self.placement)
 
     @property

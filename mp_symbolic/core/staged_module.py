@@ -53,8 +53,10 @@ class StagedModule(PipelineModule):
 
     def _graph(self):
         """One micro-batch's training graph: the stages cut it, the runtime repeats it."""
-        return self.pipeline.training_graph(self.loss, self.data_name, self.label_name,
-                                            chunks=1, output=self.output)
+        pipeline = self.pipeline
+        return pipeline.training_graph(self.loss, self.data_name, self.label_name, chunks=1,
+                                       output=self.output,
+                                       shares=pipeline.chunks * pipeline.replicas)
 
     def _whole_graph(self):
         return self._full
