@@ -37,7 +37,7 @@ import traceback
 
 import numpy as np
 
-__all__ = ['NETWORKS', 'run_row', 'child_row', 'main']
+__all__ = ['NETWORKS', 'random_detector', 'run_row', 'child_row', 'main']
 
 DEVICES = 'cpu:0,cpu:1'
 BATCH = 4
@@ -78,39 +78,59 @@ def _classifier(name, size, **kwargs):
     return make
 
 
+DETECTORS = ('yolo3_mobilenet1.0_voc', 'ssd_512_resnet18_v1_voc', 'center_net_resnet18_v1b_voc')
+
+
+def random_detector(name, size=128, yolo_scale=1e6):
+    """The GluonCV detector ``name`` (``'yolo3_mobilenet1.0_voc'``,
+    ``'ssd_512_resnet18_v1_voc'`` or ``'center_net_resnet18_v1b_voc'``) of
+    random weights (``mx.random.seed(0)``), run once on ``size`` x ``size``
+    zeros, its heads scaled so that its scores spread rather than all
+    saturate to one value: YOLOv3's prediction weights drawn with deviation
+    ``yolo_scale``, SSD's BatchNorm as initialised and its predictors'
+    weights times 0.01, CenterNet's heatmap logits near GluonCV's bias of
+    -2.19. Raises ValueError for any other ``name``."""
+    # pylint: disable=import-outside-toplevel
+    import mxnet as mx
+    if name == 'yolo3_mobilenet1.0_voc':
+        net = _gluoncv(name, pretrained_base=False)
+        net(mx.nd.zeros((1, 3, size, size)))
+        # the prediction layers start at zero, and the features Xavier's weights give
+        # them are near 1e-7: weights that spread the logits over about (-2, 2)
+        for output in net.yolo_outputs:
+            weight = output.prediction.weight
+            _set(weight, mx.nd.random.normal(0, yolo_scale, weight.shape))
+    elif name == 'ssd_512_resnet18_v1_voc':
+        mx.random.seed(0)
+        from gluoncv import model_zoo
+        net = model_zoo.get_model(name, pretrained=False, pretrained_base=False)
+        net.initialize()
+        net(mx.nd.zeros((1, 3, size, size)))
+        for param_name, param in net.collect_params().items():  # BatchNorm as initialised
+            if param_name.endswith(('_gamma', '_running_var', '_moving_var')):
+                _set(param, mx.nd.ones(param.shape))
+            elif param_name.endswith(('_beta', '_running_mean', '_moving_mean')):
+                _set(param, mx.nd.zeros(param.shape))
+        for predictor in list(net.class_predictors) + list(net.box_predictors):
+            for param in predictor.collect_params().values():
+                _set(param, param.data() * 0.01)
+    elif name == 'center_net_resnet18_v1b_voc':
+        net = _gluoncv(name, pretrained_base=False)
+        net(mx.nd.zeros((1, 3, size, size)))
+        last = net.heads[0][-1]  # the heatmap's logits near GluonCV's bias of -2.19
+        _set(last.weight, last.weight.data() * 0.01)
+        _set(last.bias, mx.nd.full(last.bias.shape, -2.19))
+    else:
+        raise ValueError('expected a detector of %s, found %r' % (', '.join(DETECTORS), name))
+    return net
+
+
 def _detector(kind):
-    """As tests/test_export_detectors.py: heads scaled so that scores spread
-    (YOLOv3's prediction weights drawn with deviation :data:`YOLO_SCALE`)."""
+    """:func:`random_detector` at 128x128, YOLOv3's prediction weights drawn
+    with deviation :data:`YOLO_SCALE`."""
     def make(quick):  # pylint: disable=unused-argument
-        # pylint: disable=import-outside-toplevel
-        import mxnet as mx
         size = 128
-        if kind == 'yolo3_mobilenet1.0_voc':
-            net = _gluoncv(kind, pretrained_base=False)
-            net(mx.nd.zeros((1, 3, size, size)))
-            for output in net.yolo_outputs:
-                weight = output.prediction.weight
-                _set(weight, mx.nd.random.normal(0, YOLO_SCALE, weight.shape))
-        elif kind == 'ssd_512_resnet18_v1_voc':
-            mx.random.seed(0)
-            from gluoncv import model_zoo
-            net = model_zoo.get_model(kind, pretrained=False, pretrained_base=False)
-            net.initialize()
-            net(mx.nd.zeros((1, 3, size, size)))
-            for name, param in net.collect_params().items():
-                if name.endswith(('_gamma', '_running_var', '_moving_var')):
-                    _set(param, mx.nd.ones(param.shape))
-                elif name.endswith(('_beta', '_running_mean', '_moving_mean')):
-                    _set(param, mx.nd.zeros(param.shape))
-            for predictor in list(net.class_predictors) + list(net.box_predictors):
-                for param in predictor.collect_params().values():
-                    _set(param, param.data() * 0.01)
-        else:
-            net = _gluoncv(kind, pretrained_base=False)
-            net(mx.nd.zeros((1, 3, size, size)))
-            last = net.heads[0][-1]
-            _set(last.weight, last.weight.data() * 0.01)
-            _set(last.bias, mx.nd.full(last.bias.shape, -2.19))
+        net = random_detector(kind, size, YOLO_SCALE)
         # the loss: L2 on the scores (output 1), towards random targets
         return {'net': net, 'sample': _images(size), 'loss': 'l2', 'output': 1,
                 'label': None, 'input': '%dx%d' % (size, size), 'lr': 1e-3}

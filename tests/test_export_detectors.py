@@ -22,51 +22,22 @@ from export.exporter import export_checkpoint
 from export.suppression import box_nms, box_nms_params, read_spec, suppress
 from export.verify import within_tolerance
 
-model_zoo = pytest.importorskip('gluoncv.model_zoo')
+from bench.networks import random_detector
+
+pytest.importorskip('gluoncv.model_zoo')
 
 SIZE = 128
 TOLERANCE = 1e-4
 
 
-def _set(param, value):
-    param.set_data(value.astype(param.dtype))
+# the test's kinds: bench.networks.random_detector's networks
+NAMES = {'yolo3': 'yolo3_mobilenet1.0_voc', 'ssd': 'ssd_512_resnet18_v1_voc',
+         'centernet': 'center_net_resnet18_v1b_voc'}
 
 
 def _network(kind):
     """A GluonCV detector of random weights whose scores are spread."""
-    mx.random.seed(0)
-    if kind == 'yolo3':
-        net = model_zoo.get_model('yolo3_mobilenet1.0_voc', pretrained=False,
-                                  pretrained_base=False)
-        net.initialize(mx.init.Xavier(), force_reinit=True)
-        net(mx.nd.zeros((1, 3, SIZE, SIZE)))
-        # the prediction layers start at zero, and the features Xavier's weights give
-        # them are near 1e-7: weights that spread the logits over about (-2, 2)
-        for output in net.yolo_outputs:
-            weight = output.prediction.weight
-            _set(weight, mx.nd.random.normal(0, 1e6, weight.shape))
-    elif kind == 'ssd':
-        net = model_zoo.get_model('ssd_512_resnet18_v1_voc', pretrained=False,
-                                  pretrained_base=False)
-        net.initialize()
-        net(mx.nd.zeros((1, 3, SIZE, SIZE)))
-        for name, param in net.collect_params().items():   # BatchNorm as initialised
-            if name.endswith(('_gamma', '_running_var', '_moving_var')):
-                _set(param, mx.nd.ones(param.shape))
-            elif name.endswith(('_beta', '_running_mean', '_moving_mean')):
-                _set(param, mx.nd.zeros(param.shape))
-        for predictor in list(net.class_predictors) + list(net.box_predictors):
-            for param in predictor.collect_params().values():
-                _set(param, param.data() * 0.01)
-    else:
-        net = model_zoo.get_model('center_net_resnet18_v1b_voc', pretrained=False,
-                                  pretrained_base=False)
-        net.initialize(mx.init.Xavier(), force_reinit=True)
-        net(mx.nd.zeros((1, 3, SIZE, SIZE)))
-        last = net.heads[0][-1]   # the heatmap's logits near GluonCV's bias of -2.19
-        _set(last.weight, last.weight.data() * 0.01)
-        _set(last.bias, mx.nd.full(last.bias.shape, -2.19))
-    return net
+    return random_detector(NAMES[kind], SIZE, yolo_scale=1e6)
 
 
 def _inputs(n, seed=0):

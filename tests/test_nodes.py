@@ -21,6 +21,7 @@ from mp_symbolic.training.tasks import gpt, lm
 
 import nodes_worker
 from conftest import node_env, reserved_port, run_node_workers
+from tests.killpoints import killed_points
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, 'tests', 'nodes_worker.py')
@@ -862,39 +863,16 @@ def test_launch_nodes_in_manual_mode_prints_each_nodes_command_for_its_host(tmp_
 # operation of B's commit (each open, and after each write, fsync, close, rename,
 # symlink or removal), until a k where the commit ends first. The commit is
 # commit_checkpoint's over nodes: each node writes its part, node 0 the symbol and
-# the summary. The nodes talk through two pipes: a node whose peer is killed reads
-# the end of its pipe and fails, as a torch.distributed operation fails when its peer
-# dies.
+# the summary. The nodes talk through tests.killpoints.Pipes.
 COMMIT_CHILD = r"""
-import json, os, shutil, signal, sys
+import sys
 import mxnet as mx
 import numpy as np
 from mp_symbolic.core.optstate import FORMAT
 from mp_symbolic.tools.checkpoint import commit_checkpoint
 from mp_symbolic.tools.store import Store
+from tests.killpoints import arm, kill_each, two
 base, R = sys.argv[1], int(sys.argv[2])
-
-class Pipes:
-    def __init__(self, rank, read, write):
-        self.rank, self.count = rank, 2
-        self.read, self.write = os.fdopen(read), os.fdopen(write, 'w')
-    def _send(self, value):
-        self.write.write(json.dumps(value) + '\n')
-        self.write.flush()
-    def _receive(self):
-        line = self.read.readline()
-        if not line:
-            raise ConnectionError('node %d hung up' % (1 - self.rank))
-        return json.loads(line)
-    def broadcast(self, value, source):
-        if self.rank == source:
-            self._send(value)
-            return value
-        return self._receive()
-    def gather(self, value):
-        self._send(value)
-        other = self._receive()
-        return [value, other] if self.rank == 0 else [other, value]
 
 data = mx.sym.Variable('data', shape=(0, 3))
 hidden = mx.sym.FullyConnected(data, mx.sym.Variable('w0'), num_hidden=4, no_bias=True,
@@ -912,31 +890,11 @@ def values(epoch, rank):
               'arrays': [weight / 2, weight / 4]}
     return {name: weight}, states
 
-def arm(k):
-    count = [0]
-    def kill():
-        count[0] += 1
-        if count[0] == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-    def wrap(real):
-        def counted(*args, **kwargs):
-            try:
-                return real(*args, **kwargs)
-            finally:
-                kill()
-        return counted
-    for module, name in [(os, n) for n in ('replace', 'rename', 'symlink', 'fsync', 'remove',
-                                           'unlink', 'rmdir', 'mkdir', 'write', 'close')] + \
-            [(shutil, 'rmtree')]:
-        setattr(module, name, wrap(getattr(module, name)))
-    sys.addaudithook(lambda event, args: kill() if event == 'open' else None)
-
-def node(rank, epoch, k, folder, read, write):
-    group = Pipes(rank, read, write)
-    arg, states = values(epoch, rank)
-    if k is not None and rank == R:
-        arm(k)
-    try:
+def both(epoch, k, folder):
+    def node(rank, group):
+        arg, states = values(epoch, rank)
+        if k is not None and rank == R:
+            arm(k, opens=True)
         if rank == 0:
             with Store(folder, kind='training').locked() as store:
                 commit_checkpoint(store, 'm', epoch, SYMBOL, arg, {}, states, {'e': epoch},
@@ -944,39 +902,14 @@ def node(rank, epoch, k, folder, read, write):
         else:
             commit_checkpoint(None, 'm', epoch, SYMBOL, arg, {}, states, {'e': epoch}, True,
                               group=group)
-    except BaseException:
-        os._exit(1)
-    os._exit(0)
+    return two(node)
 
-def both(epoch, k, folder):
-    down, up = os.pipe(), os.pipe()  # node 0 -> node 1, node 1 -> node 0
-    pids = []
-    for rank, (read, write) in enumerate([(up[0], down[1]), (down[0], up[1])]):
-        pid = os.fork()
-        if pid == 0:
-            for fd in down + up:
-                if fd not in (read, write):
-                    os.close(fd)
-            node(rank, epoch, k, folder, read, write)
-        pids.append(pid)
-    for fd in down + up:
-        os.close(fd)
-    return [os.waitpid(pid, 0)[1] for pid in pids]
-
-killed = []
-for k in range(1, 1000):
-    folder = os.path.join(base, 'k%03d' % k)
+def attempt(k, folder):
     if any(both(1, None, folder)):
         sys.exit('k=%d: expected checkpoint A committed' % k)
-    ended = both(2, k, folder)
-    if os.WIFSIGNALED(ended[R]) and os.WTERMSIG(ended[R]) == signal.SIGKILL:
-        killed.append(k)
-    elif not any(ended):
-        shutil.rmtree(folder)
-        break
-    else:
-        sys.exit('k=%d: expected node %d killed or both done, found statuses %s' % (k, R, ended))
-print(json.dumps(killed))
+    return both(2, k, folder)
+
+kill_each(base, attempt, victim=R)
 """
 
 
@@ -991,15 +924,10 @@ def test_a_node_killed_at_any_file_operation_of_a_checkpoint_commit_leaves_one_w
     from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.checkpoint import commit_checkpoint  # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
-    proc = subprocess.run([sys.executable, '-c', COMMIT_CHILD, str(tmp_path), str(killed_node)],
-                          env=dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0'),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    killed = json.loads(proc.stdout)
+    killed = killed_points(COMMIT_CHILD, [tmp_path, killed_node], timeout=600)
     # node 0: its part, the symbol, the summary, the seal, the switch, the cleaning;
     # node 1: its part (open, writes, fsync, hash)
     assert len(killed) >= (30 if killed_node == 0 else 4), killed
-    assert killed == list(range(1, len(killed) + 1)), killed
     seen = {1: 0, 2: 0}
     for k in killed:
         folder = str(tmp_path / ('k%03d' % k))

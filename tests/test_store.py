@@ -18,6 +18,8 @@ import pytest
 from mp_symbolic.tools.files import atomic_write_bytes
 from mp_symbolic.tools.store import MANIFEST, FolderInUse, Store, StoreError
 
+from tests.killpoints import killed_points
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 A = {'params': 'A-params ' * 50, 'symbol.json': '{"A": 1}', 'summary.json': '{"epoch": 1}'}
 B = {'params': 'B-params ' * 60, 'symbol.json': '{"B": 2}', 'summary.json': '{"epoch": 2}',
@@ -91,9 +93,10 @@ def test_commit_then_current_returns_verified_files_and_replaces_the_old_snapsho
 # A child that, for k = 1, 2, ..., commits A into a fresh folder, then forks a
 # process that starts committing B and SIGKILLs itself right after its k-th
 # file-system call, until a k where the save ends first.
-KILL_CHILD = r'''
-import json, os, shutil, signal, sys
+KILL_CHILD = r"""
+import json, os, sys
 from mp_symbolic.tools.store import Store
+from tests.killpoints import arm, kill_each, one
 base, A, B = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 
 def writer(files):  # as in the test module: os.open/os.write/os.close, all counted
@@ -104,60 +107,25 @@ def writer(files):  # as in the test module: os.open/os.write/os.close, all coun
             os.close(fd)
     return write
 
-COUNTED = [(os, n) for n in ('replace', 'rename', 'symlink', 'fsync', 'remove', 'unlink',
-                             'rmdir', 'mkdir', 'makedirs', 'write', 'close')]
-COUNTED.append((shutil, 'rmtree'))
-
-def arm(k):
-    count = [0]
-    def wrap(real):
-        def counted(*args, **kwargs):
-            try:
-                return real(*args, **kwargs)
-            finally:
-                count[0] += 1
-                if count[0] == k:
-                    os.kill(os.getpid(), signal.SIGKILL)
-        return counted
-    for module, name in COUNTED:
-        setattr(module, name, wrap(getattr(module, name)))
-
-killed = []
-for k in range(1, 1000):
-    folder = os.path.join(base, 'k%03d' % k)
+def attempt(k, folder):
     with Store(folder).locked() as store:
         store.commit(writer(A), {'name': 'A'})
-    pid = os.fork()
-    if pid == 0:
-        arm(k)
-        try:
-            with Store(folder).locked() as store:
-                store.commit(writer(B), {'name': 'B'})
-        except BaseException:
-            os._exit(1)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
-        killed.append(k)
-    elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
-        shutil.rmtree(folder)
-        break
-    else:
-        sys.exit('k=%d: expected a SIGKILL or a finished save, found status %d' % (k, status))
-print(json.dumps(killed))
-'''
+    def save():
+        arm(k, makedirs=True)
+        with Store(folder).locked() as store:
+            store.commit(writer(B), {'name': 'B'})
+    return one(save)
+
+kill_each(base, attempt)
+"""
 
 
 def test_a_kill_after_any_file_system_call_of_a_save_leaves_the_old_or_the_new_snapshot(
         tmp_path):
     base = str(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, '-c', KILL_CHILD, base, json.dumps(A), json.dumps(B)],
-        env=child_env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    killed = json.loads(proc.stdout)
+    killed = killed_points(KILL_CHILD, [base, json.dumps(A), json.dumps(B)], timeout=120)
     # A save is ~30 counted calls (mkdir, writes, fsyncs, renames, the old snapshot's removal).
-    assert len(killed) >= 20 and killed == list(range(1, len(killed) + 1)), killed
+    assert len(killed) >= 20, killed
     seen = {'A': 0, 'B': 0}
     leftovers = 0
     for k in killed:
@@ -178,34 +146,12 @@ def test_a_kill_after_any_file_system_call_of_a_save_leaves_the_old_or_the_new_s
 # commits B across both (each writes, fsyncs and hashes its part, node 0
 # writes its own file beside them and seals, reading no other part); node R
 # SIGKILLs itself right after its k-th file-system call, until a k where the
-# commit ends first. The nodes talk through two pipes: a node whose peer is
-# killed reads the end of its pipe and fails, as a torch.distributed
-# operation fails when its peer dies.
+# commit ends first. The nodes talk through tests.killpoints.Pipes.
 ACROSS_CHILD = r"""
-import json, os, shutil, signal, sys
+import json, os, sys
 from mp_symbolic.tools.store import Store, commit_across
+from tests.killpoints import arm, kill_each, two
 base, A, B, R = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
-
-class Pipes:
-    def __init__(self, rank, read, write):
-        self.rank, self.read, self.write = rank, os.fdopen(read), os.fdopen(write, 'w')
-    def _send(self, value):
-        self.write.write(json.dumps(value) + '\n')
-        self.write.flush()
-    def _receive(self):
-        line = self.read.readline()
-        if not line:
-            raise ConnectionError('node %d hung up' % (1 - self.rank))
-        return json.loads(line)
-    def broadcast(self, value, source):
-        if self.rank == source:
-            self._send(value)
-            return value
-        return self._receive()
-    def gather(self, value):
-        self._send(value)
-        other = self._receive()
-        return [value, other] if self.rank == 0 else [other, value]
 
 def part(files, rank):
     def write(folder):
@@ -222,65 +168,21 @@ def finish(folder):  # node 0's own file beside the parts
     os.write(fd, B['rest'].encode())
     os.close(fd)
 
-COUNTED = [(os, n) for n in ('replace', 'rename', 'symlink', 'fsync', 'remove', 'unlink',
-                             'rmdir', 'mkdir', 'makedirs', 'write', 'close')]
-COUNTED.append((shutil, 'rmtree'))
-
-def arm(k):
-    count = [0]
-    def wrap(real):
-        def counted(*args, **kwargs):
-            try:
-                return real(*args, **kwargs)
-            finally:
-                count[0] += 1
-                if count[0] == k:
-                    os.kill(os.getpid(), signal.SIGKILL)
-        return counted
-    for module, name in COUNTED:
-        setattr(module, name, wrap(getattr(module, name)))
-
-def node(rank, k, folder, read, write):
-    group = Pipes(rank, read, write)
-    if rank == R:
-        arm(k)
-    try:
+def attempt(k, folder):
+    with Store(folder).locked() as store:
+        store.commit(lambda f: open(os.path.join(f, 'params'), 'w').write(A['params']),
+                     {'name': 'A'})
+    def node(rank, group):
+        if rank == R:
+            arm(k, makedirs=True)
         if rank == 0:
             with Store(folder).locked() as store:
                 commit_across(store, group, part(B, 0), finish, {'name': 'B'})
         else:
             commit_across(None, group, part(B, 1), finish)
-    except BaseException:
-        os._exit(1)
-    os._exit(0)
+    return two(node)
 
-killed = []
-for k in range(1, 1000):
-    folder = os.path.join(base, 'k%03d' % k)
-    with Store(folder).locked() as store:
-        store.commit(lambda f: open(os.path.join(f, 'params'), 'w').write(A['params']),
-                     {'name': 'A'})
-    down, up = os.pipe(), os.pipe()  # node 0 -> node 1, node 1 -> node 0
-    pids = []
-    for rank, (read, write) in enumerate([(up[0], down[1]), (down[0], up[1])]):
-        pid = os.fork()
-        if pid == 0:
-            for fd in down + up:
-                if fd not in (read, write):
-                    os.close(fd)
-            node(rank, k, folder, read, write)
-        pids.append(pid)
-    for fd in down + up:
-        os.close(fd)
-    ended = [os.waitpid(pid, 0)[1] for pid in pids]
-    if os.WIFSIGNALED(ended[R]) and os.WTERMSIG(ended[R]) == signal.SIGKILL:
-        killed.append(k)
-    elif all(os.WIFEXITED(e) and os.WEXITSTATUS(e) == 0 for e in ended):
-        shutil.rmtree(folder)
-        break
-    else:
-        sys.exit('k=%d: expected node %d killed or both done, found statuses %s' % (k, R, ended))
-print(json.dumps(killed))
+kill_each(base, attempt, victim=R)
 """
 
 
@@ -289,15 +191,11 @@ def test_a_node_killed_after_any_file_operation_of_a_commit_across_nodes_leaves_
         tmp_path, killed_node):
     A_ = {'params': 'A' * 300}
     B_ = {'params.part0': 'B0' * 100, 'params.part1': 'B1' * 120, 'rest': 'B'}
-    proc = subprocess.run([sys.executable, '-c', ACROSS_CHILD, str(tmp_path), json.dumps(A_),
-                           json.dumps(B_), str(killed_node)],
-                          env=child_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    killed = json.loads(proc.stdout)
+    killed = killed_points(ACROSS_CHILD, [tmp_path, json.dumps(A_), json.dumps(B_), killed_node],
+                           timeout=300)
     # node 0 commits (~30 counted calls); node 1 writes its part (open, write, close) and
     # fsyncs it
     assert len(killed) >= (20 if killed_node == 0 else 2), killed
-    assert killed == list(range(1, len(killed) + 1)), killed
     seen = {'A': 0, 'B': 0}
     for k in killed:
         folder = str(tmp_path / ('k%03d' % k))
