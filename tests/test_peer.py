@@ -62,14 +62,13 @@ def test_the_first_output_tells_a_pytorch_copy_with_one_weight_changed_apart(tmp
     arrays = dict(np.load(values))
     arrays['block0_attention_query_weight'] = arrays['block0_attention_query_weight'] * 1.5
     np.savez(changed, **arrays)
-    first = {}
-    for name, path in (('same', values), ('changed', changed)):
-        torch = _server('torch')
-        try:
-            first[name] = _ask([torch], 'init ' + path)[0]
-        finally:
-            torch.stdin.close()
-            torch.wait(timeout=60)
+    torch = _server('torch')
+    try:   # each ``init`` builds both PyTorch models afresh from the file it names
+        first = {name: _ask([torch], 'init ' + path)[0]
+                 for name, path in (('same', values), ('changed', changed))}
+    finally:
+        torch.stdin.close()
+        torch.wait(timeout=60)
     for attention in ('explicit', 'sdpa'):
         same, other = first['same'][attention], first['changed'][attention]
         assert peer.same_loss(loss, same['loss'])
