@@ -84,11 +84,29 @@ class ImperativeStepper:
     def arg_aux(self):
         return self.pipe.get_params()
 
-    def set_params(self, arg_params, aux_params):
-        self.pipe.set_params(arg_params, aux_params)
+    def lazy_params(self):
+        """:meth:`arg_aux`'s names, each value a function of no arguments
+        making that one array on the host (numpy, the same bits) when called."""
+        return self.pipe.get_params(lazy=True)
 
-    def optimizer_states(self):
-        return self.trainer.states()
+    def set_params(self, arg_params, aux_params, allow_missing=False):
+        """Sets the parameters (numpy values or NDArrays), each on its
+        device; with ``allow_missing``, those given only (the others keep theirs)."""
+        self.pipe.set_params(arg_params, aux_params, allow_missing=allow_missing)
+
+    def held_names(self):
+        """The names of the parameters and auxiliary states this process
+        holds: every one (a tensor-parallel layer's by its shards')."""
+        return list(self.pipe.collect_params())
+
+    def param_shapes(self):
+        """``{name: shape}`` of the parameters and auxiliary states this process holds."""
+        return {n: p.shape for n, p in self.pipe.collect_params().items()}
+
+    def optimizer_states(self, lazy=False):
+        """The Trainer's optimizer state by parameter name (with ``lazy``
+        each of its arrays a function making it on the host when called)."""
+        return self.trainer.states(lazy=lazy)
 
     def set_optimizer_states(self, states):
         self.trainer.set_states(states)

@@ -26,6 +26,7 @@ from ..core.updater import PerDeviceUpdater
 from ..core.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.task import as_inputs
 from ..core.comm import control
+from ..core.tensor_parallel import gather_made
 from ..core import runtime
 
 __all__ = []
@@ -423,8 +424,23 @@ class ExecutorStepper(_SymbolicStepper):
         return ({n: arg_dict[n].copyto(mx.cpu()) for n in self._names},
                 {n: a.copyto(mx.cpu()) for n, a in aux_dict.items()})
 
-    def optimizer_states(self):
-        return states_by_name(self._updater, self._optimizer, OrderedDict(enumerate(self._names)))
+    def lazy_params(self):
+        """:meth:`arg_aux`'s names (a tensor-parallel layer's shards joined
+        under its unsplit name), each value a function of no arguments
+        making that one array on the host (numpy, the same bits) when
+        called: a writer taking them one at a time holds one at a time."""
+        arg_dict, _, aux_dict = self.runtime.parameters
+        if aux_dict:  # the running statistics' last update done before they are read
+            mx.nd.waitall()
+        made = OrderedDict((n, arg_dict[n].asnumpy) for n in self._names)
+        return (gather_made(made, self.pipe.sharded),
+                OrderedDict((n, a.asnumpy) for n, a in aux_dict.items()))
+
+    def optimizer_states(self, lazy=False):
+        """The optimizer state by parameter name (:func:`~mp_symbolic.core.optstate.states_by_name`;
+        with ``lazy`` each of its arrays a function making it on the host when called)."""
+        return states_by_name(self._updater, self._optimizer, OrderedDict(enumerate(self._names)),
+                              lazy=lazy)
 
     def set_optimizer_states(self, states):
         arg_dict = self.runtime.parameters[0]
