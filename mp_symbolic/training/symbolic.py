@@ -26,6 +26,7 @@ from ..core.updater import PerDeviceUpdater
 from ..core.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.task import as_inputs
 from ..core.comm import control
+from ..core.compat import write_into
 from ..core.tensor_parallel import gather_made
 from ..core import runtime
 
@@ -411,13 +412,14 @@ class ExecutorStepper(_SymbolicStepper):
         return np.concatenate(outputs)
 
     def set_params(self, arg_params, aux_params, allow_missing=False):  # pylint: disable=unused-argument
-        """Sets the parameters given; the others keep their values (with
-        ``allow_missing`` or without)."""
+        """Sets the parameters given (numpy values), also into an array
+        oneDNN keeps in its own layout after a step; the others keep their
+        values (with ``allow_missing`` or without)."""
         arg_dict, _, aux_dict = self.runtime.parameters
         for name, value in arg_params.items():
-            arg_dict[name][:] = value
+            write_into(arg_dict[name], value)
         for name, value in aux_params.items():
-            aux_dict[name][:] = value
+            write_into(aux_dict[name], value)
 
     def arg_aux(self):
         arg_dict, _, aux_dict = self.runtime.parameters
