@@ -193,15 +193,15 @@ def test_each_node_peaks_within_one_and_a_half_times_its_share_of_the_arrays(mea
                 ids=['executor', 'imperative'])
 def committed_and_resumed(request, tmp_path_factory):
     """The MLP stepped once by the executor API's or the imperative
-    stepper, committed, and resumed into the same stepper: each one's
-    ``(peak, resident before)``."""
+    stepper, committed, resumed into the same stepper, and its parameters'
+    digest taken as ``train`` takes it: each one's ``(peak, resident before)``."""
     # pylint: disable=import-outside-toplevel
     from dataclasses import replace
     from bench.memory_peak import reset_peak, status
     from mp_symbolic.tools.store import Store
     from mp_symbolic.training.config import TrainConfig
-    from mp_symbolic.training.loop import _Checkpointer, _resume, build_pipeline, \
-        initial_values, load, make_stepper
+    from mp_symbolic.training.loop import _Checkpointer, _lazy, _resume, build_pipeline, \
+        initial_values, load, make_stepper, params_digest
     variant, api = request.param
     out = str(tmp_path_factory.mktemp(variant + api))
     task, cfg = load(TrainConfig(task='bench.memory_peak', variant=variant, api=api,
@@ -230,11 +230,13 @@ def committed_and_resumed(request, tmp_path_factory):
         checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, [], print)
         measure('commit', lambda: checkpointer.commit(1))
     measure('resume', lambda: _resume(replace(cfg, resume=out), stepper))
+    # the run's parameters as train() returns them, and their digest
+    measure('digest', lambda: params_digest(stepper.params(**_lazy(stepper))))
     return measured
 
 
-@pytest.mark.parametrize('what', ['commit', 'resume'])
-def test_executor_and_imperative_commit_and_resume_hold_one_array_at_a_time_beside_the_model(
+@pytest.mark.parametrize('what', ['commit', 'resume', 'digest'])
+def test_executor_and_imperative_commit_resume_and_digest_hold_one_array_at_a_time(
         committed_and_resumed, what):
     peak, before = committed_and_resumed[what]
     largest = 4 * MLP_WIDTH * MLP_WIDTH  # 16.8 MB; the parameters 201 MB, their momentum as much

@@ -14,7 +14,7 @@ import numpy as np
 
 from .data import staged_batches
 from ..core.heads import gluon_loss, predict_form
-from .symbolic import create_optimizer
+from .symbolic import HostArrays, create_optimizer
 from ..core.task import as_inputs, num_examples
 from ..core.trainer import Trainer
 
@@ -52,15 +52,21 @@ class ImperativeStepper:
         self.trainer.step(y.shape[0])
         return self.task.batch_loss(predict_form(self.task.graph_loss, out.detach()), y)
 
-    def _collect(self, names, what):
+    def _collect(self, names, what, lazy=False):
         params = self.pipe.collect_params()
-        return OrderedDict((n, getattr(params[n], what)().asnumpy()) for n in names)
+        arrays = OrderedDict((n, getattr(params[n], what)()) for n in names)
+        return HostArrays(arrays) if lazy else \
+            OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
 
-    def params(self):
-        return self._collect(self._arg_names, 'data')
+    def params(self, lazy=False):
+        """Every parameter by name (numpy); with ``lazy`` a
+        :class:`~mp_symbolic.training.symbolic.HostArrays` (each read when
+        asked for, as it is then)."""
+        return self._collect(self._arg_names, 'data', lazy)
 
-    def aux(self):
-        return self._collect(self._aux_names, 'data')
+    def aux(self, lazy=False):
+        """Every auxiliary state by name (numpy), as :meth:`params`."""
+        return self._collect(self._aux_names, 'data', lazy)
 
     def grads(self):
         params = self.pipe.collect_params()

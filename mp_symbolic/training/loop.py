@@ -241,9 +241,9 @@ class TrainResult:
     """What :func:`fit` and :func:`train` measured."""
     step_losses: list           # the task's batch loss of every step, in order
     epoch_losses: list          # mean batch loss of each epoch
-    params: dict                # name -> numpy array, after training (the Module's a
-                                # HostArrays, each copied when asked; over nodes a
-                                # NodeArrays: each read from its node when asked)
+    params: dict                # name -> numpy array, after training (a HostArrays,
+                                # each copied when asked; over nodes a NodeArrays:
+                                # each read from its node when asked)
     wall_time: float            # seconds, training loop only (no checkpoints), after waitall()
     samples_per_sec: float
     aux: dict = field(default_factory=dict)
@@ -328,9 +328,11 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
 
 def _lazy(stepper):
     """The arguments under which ``stepper.params`` and ``stepper.aux``
-    read each array when asked for, not copy the model at once (the
-    Module's stepper: :class:`~mp_symbolic.training.symbolic.HostArrays`)."""
-    return {'lazy': True} if isinstance(stepper, ModuleStepper) else {}
+    read each array when asked for, not copy the model at once
+    (:class:`~mp_symbolic.training.symbolic.HostArrays`; over nodes
+    :class:`~mp_symbolic.training.symbolic.NodeArrays`)."""
+    del stepper  # every stepper's
+    return {'lazy': True}
 
 
 def placement_table(placement):

@@ -99,11 +99,18 @@ class _SymbolicStepper:
         """The executors' arguments that are not parameters."""
         return list(self.data_names) + [self.label_name]
 
-    def params(self):
-        return OrderedDict((n, self._arrays[0][n].asnumpy()) for n in self.param_names)
+    def params(self, lazy=False):
+        """Every parameter by name (numpy); with ``lazy`` a :class:`HostArrays`
+        (each read when asked for, as it is then)."""
+        arrays = OrderedDict((n, self._arrays[0][n]) for n in self.param_names)
+        return HostArrays(arrays) if lazy else \
+            OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
 
-    def aux(self):
-        return OrderedDict((n, a.asnumpy()) for n, a in self._arrays[2].items())
+    def aux(self, lazy=False):
+        """Every auxiliary state by name (numpy), as :meth:`params`."""
+        arrays = OrderedDict(self._arrays[2])
+        return HostArrays(arrays) if lazy else \
+            OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
 
     def grads(self):
         grad_dict = self._arrays[1]
