@@ -337,3 +337,21 @@ def test_a_file_whose_bytes_differ_from_those_written_is_refused_in_one_line(
                 'params': {'w': {'count': 1, 'state': {'t': 'nd', 'a': 0}}},
                 'arrays': [np.ones((64, 64), dtype=np.float32)]})
     assert path in str(err.value) and '\n' not in str(err.value)
+
+
+@pytest.mark.parametrize('variant, api', [('symbolic', 'executor'), ('imperative', 'module')])
+def test_executor_and_imperative_resume_of_a_cnn_equals_an_uninterrupted_run_bitwise(
+        tmp_path, variant, api):
+    # the digits CNN's convolution weights sit in oneDNN's layout after a step
+    plan = dict(task='digits', devices='cpu:0,cpu:1', variant=variant, api=api,
+                optimizer='sgd', momentum=0.9, lr=0.05)
+    whole = train(make_config(num_epochs=2, progress=False, memory=False,
+                              out=str(tmp_path / 'whole'), **plan), **QUIET)
+    train(make_config(num_epochs=1, progress=False, memory=False, out=str(tmp_path / 'part'),
+                      **plan), **QUIET)
+    resumed = train(make_config(num_epochs=2, progress=False, memory=False,
+                                resume=str(tmp_path / 'part'), **plan), **QUIET)
+    assert list(resumed.params) == list(whole.params)
+    for name, value in whole.params.items():
+        np.testing.assert_array_equal(resumed.params[name], value, err_msg=name)
+    assert resumed.epoch_losses == whole.epoch_losses

@@ -190,3 +190,60 @@ def test_each_node_peaks_within_one_and_a_half_times_its_share_of_the_arrays(mea
                     rank, run, answer['hwm'] / 1e9, (answer['hwm'] - start) / 1e9,
                     3 * share / 1e9, ', '.join('%s %.3f' % (r['phase'], r['peak'] / 1e9)
                                                for r in answer['phases']))
+
+
+
+@pytest.fixture(scope='module', params=[('symbolic', 'executor'), ('imperative', 'module')],
+                ids=['executor', 'imperative'])
+def committed_and_resumed(request, tmp_path_factory):
+    """The MLP stepped once by the executor API's or the imperative
+    stepper, committed, resumed into the same stepper, and its parameters'
+    digest taken as ``train`` takes it: each one's ``(peak, resident before)``."""
+    # pylint: disable=import-outside-toplevel
+    from dataclasses import replace
+    from bench.memory_peak import reset_peak, status
+    from mp_symbolic.tools.store import Store
+    from mp_symbolic.training.config import TrainConfig
+    from mp_symbolic.training.loop import _Checkpointer, _lazy, _resume, build_pipeline, \
+        initial_values, load, make_stepper, params_digest
+    variant, api = request.param
+    out = str(tmp_path_factory.mktemp(variant + api))
+    task, cfg = load(TrainConfig(task='bench.memory_peak', variant=variant, api=api,
+                                 task_args=(('width', MLP_WIDTH), ('layers', MLP_LAYERS),
+                                            ('examples', 64)),
+                                 devices='cpu:0,cpu:1', num_epochs=2, memory=False, out=out))
+    pipe, _ = build_pipeline(cfg, task)
+    init = initial_values(pipe, cfg.seed)
+    stepper = make_stepper(cfg, pipe, task, init, task.label_shape)
+    del init
+    data = task.data()
+    X, y = next(iter(stepper.batches(data.X, data.y, 0)))
+    stepper.step(X, y)  # the momentum exists: the states are as large as the parameters
+    measured = {}
+
+    def measure(what, call):
+        mx.nd.waitall()
+        before = status('VmRSS')
+        reset_peak()
+        call()
+        mx.nd.waitall()
+        measured[what] = (status(), before)
+
+    store = Store(out, kind='training')
+    with store.locked():
+        checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, [], print)
+        measure('commit', lambda: checkpointer.commit(1))
+    measure('resume', lambda: _resume(replace(cfg, resume=out), stepper))
+    # the run's parameters as train() returns them, and their digest
+    measure('digest', lambda: params_digest(stepper.params(**_lazy(stepper))))
+    return measured
+
+
+@pytest.mark.parametrize('what', ['commit', 'resume', 'digest'])
+def test_executor_and_imperative_commit_resume_and_digest_hold_one_array_at_a_time(
+        committed_and_resumed, what):
+    peak, before = committed_and_resumed[what]
+    largest = 4 * MLP_WIDTH * MLP_WIDTH  # 16.8 MB; the parameters 201 MB, their momentum as much
+    assert peak - before <= 3 * largest, \
+        'the %s peaked %.1f MB above the %.1f MB resident before it' % (
+            what, (peak - before) / 1e6, before / 1e6)

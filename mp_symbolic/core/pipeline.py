@@ -600,7 +600,7 @@ class Pipeline(gluon.Block):
             for line in self.describe():
                 print(line)
 
-    def set_params(self, arg_params, aux_params=None):
+    def set_params(self, arg_params, aux_params=None, allow_missing=False):
         """Places the given values: each parameter on its stage's device (on
         each replica's).
 
@@ -609,14 +609,19 @@ class Pipeline(gluon.Block):
                 ``mx.model.load_checkpoint`` returns them); a tensor-parallel
                 layer's parameters by their unsplit names and shapes (or by
                 their shard names).
+            allow_missing: Set those given only; the other parameters keep
+                their values (they must be initialised).
 
         Raises:
-            ValueError: a parameter has no value, or a value of another shape.
+            ValueError: a parameter has no value (without ``allow_missing``),
+                or a value of another shape.
         """
         values = dict(arg_params)
         values.update(aux_params or {})
         values = tensor_parallel.split_params(values, self.sharded)
         for _, param in self._params_of_stage():
+            if param.name not in values and allow_missing:
+                continue
             if param.name not in values:
                 raise ValueError('expected a value for every parameter, found none for %s'
                                  % param.name)
@@ -636,18 +641,29 @@ class Pipeline(gluon.Block):
                 param.reset_ctx(devices)
             param.set_data(value.astype(param.dtype))
 
-    def get_params(self):
+    def get_params(self, lazy=False):
         """``(arg_params, aux_params)`` of the initialised parameters, on ``cpu()``.
 
         Auxiliary states are those the symbol lists as such (BatchNorm's
         running statistics). A tensor-parallel layer's parameters are
         gathered: their unsplit names and shapes, whatever the shards.
+
+        Args:
+            lazy: Each value a function of no arguments making that one
+                array on the host (numpy, the same bits) when called, not
+                the array: a caller taking them one at a time holds one
+                array at a time.
         """
         aux_names = set(self.symbol().list_auxiliary_states())
         arg_params, aux_params = {}, {}
         for param in self.collect_params().values():
-            value = param.data(param.list_ctx()[0]).copyto(mx.cpu())
+            data = param.data(param.list_ctx()[0])
+            value = data.asnumpy if lazy else data.copyto(mx.cpu())
             (aux_params if param.name in aux_names else arg_params)[param.name] = value
+        if lazy:
+            if aux_params:  # the running statistics' last update done before they are read
+                mx.nd.waitall()
+            return tensor_parallel.gather_made(arg_params, self.sharded), aux_params
         return tensor_parallel.gather_params(arg_params, self.sharded), aux_params
 
     def gather_params(self, values):

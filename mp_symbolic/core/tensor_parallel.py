@@ -655,6 +655,26 @@ def gather_params(values, sharded):
     return out
 
 
+def gather_made(made, sharded):
+    """:func:`gather_params` over functions: ``made`` (name -> function of
+    no arguments returning a numpy array) with each split parameter's
+    shards replaced by one function that joins them when called, in the
+    order :func:`gather_params` gives; the others pass unchanged."""
+    out = OrderedDict()
+    shard_names = {n: s for s in sharded.values() for n in s.names}
+
+    def joined(param):
+        return lambda: np.concatenate([made[n]() for n in param.names], axis=param.axis)
+
+    for name, make in made.items():
+        param = shard_names.get(name)
+        if param is None:
+            out[name] = make
+        elif param.name not in out and all(n in made for n in param.names):
+            out[param.name] = joined(param)
+    return out
+
+
 def split_params(values, sharded):
     """``values`` with each unsplit parameter replaced by its shards (slices
     along its axis); names that are already shards, or not split, pass

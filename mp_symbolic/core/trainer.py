@@ -244,9 +244,14 @@ class Trainer(gluon.Trainer):
         if self._params_to_init:
             self._init_params()
 
-    def states(self):
+    def states(self, lazy=False):
         """The optimizer state by parameter name, as numpy, without devices
         (see :mod:`~mp_symbolic.core.optstate`); a parameter's copies share one.
+
+        Args:
+            lazy: Each of ``'arrays'`` a function of no arguments making
+                that one array on the host when called (for a writer that
+                holds one at a time), not the array.
 
         Raises:
             ValueError: the optimizer runs on a dist kvstore's servers.
@@ -258,7 +263,7 @@ class Trainer(gluon.Trainer):
         else:
             sources = [(p.name, i, self._updater_on(p.list_ctx()[0]))
                        for i, p in enumerate(self._params)]
-        return states_of(self._optimizer, sources)
+        return states_of(self._optimizer, sources, lazy=lazy)
 
     def set_states(self, states):
         """Restores :meth:`states` output: each copy of a parameter gets the

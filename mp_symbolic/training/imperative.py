@@ -14,7 +14,7 @@ import numpy as np
 
 from .data import staged_batches
 from ..core.heads import gluon_loss, predict_form
-from .symbolic import create_optimizer
+from .symbolic import HostArrays, create_optimizer
 from ..core.task import as_inputs, num_examples
 from ..core.trainer import Trainer
 
@@ -52,15 +52,21 @@ class ImperativeStepper:
         self.trainer.step(y.shape[0])
         return self.task.batch_loss(predict_form(self.task.graph_loss, out.detach()), y)
 
-    def _collect(self, names, what):
+    def _collect(self, names, what, lazy=False):
         params = self.pipe.collect_params()
-        return OrderedDict((n, getattr(params[n], what)().asnumpy()) for n in names)
+        arrays = OrderedDict((n, getattr(params[n], what)()) for n in names)
+        return HostArrays(arrays) if lazy else \
+            OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
 
-    def params(self):
-        return self._collect(self._arg_names, 'data')
+    def params(self, lazy=False):
+        """Every parameter by name (numpy); with ``lazy`` a
+        :class:`~mp_symbolic.training.symbolic.HostArrays` (each read when
+        asked for, as it is then)."""
+        return self._collect(self._arg_names, 'data', lazy)
 
-    def aux(self):
-        return self._collect(self._aux_names, 'data')
+    def aux(self, lazy=False):
+        """Every auxiliary state by name (numpy), as :meth:`params`."""
+        return self._collect(self._aux_names, 'data', lazy)
 
     def grads(self):
         params = self.pipe.collect_params()
@@ -84,11 +90,29 @@ class ImperativeStepper:
     def arg_aux(self):
         return self.pipe.get_params()
 
-    def set_params(self, arg_params, aux_params):
-        self.pipe.set_params(arg_params, aux_params)
+    def lazy_params(self):
+        """:meth:`arg_aux`'s names, each value a function of no arguments
+        making that one array on the host (numpy, the same bits) when called."""
+        return self.pipe.get_params(lazy=True)
 
-    def optimizer_states(self):
-        return self.trainer.states()
+    def set_params(self, arg_params, aux_params, allow_missing=False):
+        """Sets the parameters (numpy values or NDArrays), each on its
+        device; with ``allow_missing``, those given only (the others keep theirs)."""
+        self.pipe.set_params(arg_params, aux_params, allow_missing=allow_missing)
+
+    def held_names(self):
+        """The names of the parameters and auxiliary states this process
+        holds: every one (a tensor-parallel layer's by its shards')."""
+        return list(self.pipe.collect_params())
+
+    def param_shapes(self):
+        """``{name: shape}`` of the parameters and auxiliary states this process holds."""
+        return {n: p.shape for n, p in self.pipe.collect_params().items()}
+
+    def optimizer_states(self, lazy=False):
+        """The Trainer's optimizer state by parameter name (with ``lazy``
+        each of its arrays a function making it on the host when called)."""
+        return self.trainer.states(lazy=lazy)
 
     def set_optimizer_states(self, states):
         self.trainer.set_states(states)

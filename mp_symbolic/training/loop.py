@@ -241,9 +241,9 @@ class TrainResult:
     """What :func:`fit` and :func:`train` measured."""
     step_losses: list           # the task's batch loss of every step, in order
     epoch_losses: list          # mean batch loss of each epoch
-    params: dict                # name -> numpy array, after training (the Module's a
-                                # HostArrays, each copied when asked; over nodes a
-                                # NodeArrays: each read from its node when asked)
+    params: dict                # name -> numpy array, after training (a HostArrays,
+                                # each copied when asked; over nodes a NodeArrays:
+                                # each read from its node when asked)
     wall_time: float            # seconds, training loop only (no checkpoints), after waitall()
     samples_per_sec: float
     aux: dict = field(default_factory=dict)
@@ -328,9 +328,11 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
 
 def _lazy(stepper):
     """The arguments under which ``stepper.params`` and ``stepper.aux``
-    read each array when asked for, not copy the model at once (the
-    Module's stepper: :class:`~mp_symbolic.training.symbolic.HostArrays`)."""
-    return {'lazy': True} if isinstance(stepper, ModuleStepper) else {}
+    read each array when asked for, not copy the model at once
+    (:class:`~mp_symbolic.training.symbolic.HostArrays`; over nodes
+    :class:`~mp_symbolic.training.symbolic.NodeArrays`)."""
+    del stepper  # every stepper's
+    return {'lazy': True}
 
 
 def placement_table(placement):
@@ -442,10 +444,9 @@ class _Checkpointer:
         module = getattr(self.stepper, 'module', None)
         if module is not None:  # each array made when written (tensor-parallel layers unsplit)
             arg, aux, states = module_arrays(module)
-        else:
-            arg, aux = self.stepper.arg_aux()
-            arg = self.pipe.gather_params(arg)  # tensor-parallel layers by their unsplit names
-            states = gather_states(self.stepper.optimizer_states(), self.pipe.sharded)
+        else:  # each array made when written, tensor-parallel layers by their unsplit names
+            arg, aux = self.stepper.lazy_params()
+            states = gather_states(self.stepper.optimizer_states(lazy=True), self.pipe.sharded)
         summary = _summary(self.cfg, self.task, self.pipe,
                            dict(result or {}, epoch_losses=self.epoch_losses), complete)
         self.last = commit_checkpoint(self.store, self.task.name, epoch, self.symbol, arg, aux,
@@ -473,10 +474,10 @@ def _resume(cfg, stepper):
     ``(start epoch, epoch losses so far, what cfg changes of its plan)``
     (see :func:`~mp_symbolic.training.config.plan_changes`).
 
-    A symbolic stepper takes the arrays it holds (over nodes, its stages')
-    a few at a time (:func:`_read_groups`): each group's parameters and
-    their optimizer state are read, placed on the devices and let go before
-    the next group is read, so a resume holds at most one group on the host.
+    The stepper takes the arrays it holds (over nodes, its stages') a few
+    at a time (:func:`_read_groups`): each group's parameters and their
+    optimizer state are read, placed on the devices and let go before the
+    next group is read, so a resume holds at most one group on the host.
 
     Raises:
         CheckpointError, OptimizerStateError: the checkpoint cannot be used.
@@ -491,19 +492,13 @@ def _resume(cfg, stepper):
                              % (checkpoint.epoch, cfg.resume, cfg.num_epochs))
         checkpoint.load(names=())  # the symbol and every stored shape checked, no array read
         sharded = stepper.pipe.sharded
-        symbolic = hasattr(stepper, 'held_names')  # the imperative twin takes every array at once
-        names = _held_names(stepper) if symbolic else None
-        shapes = None
-        for group in _read_groups(checkpoint, names, RESUME_BYTES if symbolic else None):
+        shapes = stepper.param_shapes()
+        for group in _read_groups(checkpoint, _held_names(stepper), RESUME_BYTES):
             arg, aux = OrderedDict(), OrderedDict()
             for key, value in checkpoint.arrays(group):
                 (arg if key.startswith('arg:') else aux)[key[4:]] = value
             arg = stepper.pipe.split_params(arg)  # onto this plan's shards
-            if symbolic:
-                stepper.set_params(arg, aux, allow_missing=True)  # the others kept
-            else:
-                stepper.set_params(arg, aux)
-            shapes = stepper.param_shapes() if symbolic else {k: v.shape for k, v in arg.items()}
+            stepper.set_params(arg, aux, allow_missing=True)  # the others kept
             states = split_states(checkpoint.load_states(
                 [k[4:] for k in group if k.startswith('arg:')]), sharded)
             try:  # the states of another model (a file swapped, its manifest fixed): one line

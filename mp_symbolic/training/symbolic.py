@@ -26,6 +26,8 @@ from ..core.updater import PerDeviceUpdater
 from ..core.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.task import as_inputs
 from ..core.comm import control
+from ..core.compat import write_into
+from ..core.tensor_parallel import gather_made
 from ..core import runtime
 
 __all__ = []
@@ -97,11 +99,18 @@ class _SymbolicStepper:
         """The executors' arguments that are not parameters."""
         return list(self.data_names) + [self.label_name]
 
-    def params(self):
-        return OrderedDict((n, self._arrays[0][n].asnumpy()) for n in self.param_names)
+    def params(self, lazy=False):
+        """Every parameter by name (numpy); with ``lazy`` a :class:`HostArrays`
+        (each read when asked for, as it is then)."""
+        arrays = OrderedDict((n, self._arrays[0][n]) for n in self.param_names)
+        return HostArrays(arrays) if lazy else \
+            OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
 
-    def aux(self):
-        return OrderedDict((n, a.asnumpy()) for n, a in self._arrays[2].items())
+    def aux(self, lazy=False):
+        """Every auxiliary state by name (numpy), as :meth:`params`."""
+        arrays = OrderedDict(self._arrays[2])
+        return HostArrays(arrays) if lazy else \
+            OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
 
     def grads(self):
         grad_dict = self._arrays[1]
@@ -410,21 +419,37 @@ class ExecutorStepper(_SymbolicStepper):
         return np.concatenate(outputs)
 
     def set_params(self, arg_params, aux_params, allow_missing=False):  # pylint: disable=unused-argument
-        """Sets the parameters given; the others keep their values (with
-        ``allow_missing`` or without)."""
+        """Sets the parameters given (numpy values), also into an array
+        oneDNN keeps in its own layout after a step; the others keep their
+        values (with ``allow_missing`` or without)."""
         arg_dict, _, aux_dict = self.runtime.parameters
         for name, value in arg_params.items():
-            arg_dict[name][:] = value
+            write_into(arg_dict[name], value)
         for name, value in aux_params.items():
-            aux_dict[name][:] = value
+            write_into(aux_dict[name], value)
 
     def arg_aux(self):
         arg_dict, _, aux_dict = self.runtime.parameters
         return ({n: arg_dict[n].copyto(mx.cpu()) for n in self._names},
                 {n: a.copyto(mx.cpu()) for n, a in aux_dict.items()})
 
-    def optimizer_states(self):
-        return states_by_name(self._updater, self._optimizer, OrderedDict(enumerate(self._names)))
+    def lazy_params(self):
+        """:meth:`arg_aux`'s names (a tensor-parallel layer's shards joined
+        under its unsplit name), each value a function of no arguments
+        making that one array on the host (numpy, the same bits) when
+        called: a writer taking them one at a time holds one at a time."""
+        arg_dict, _, aux_dict = self.runtime.parameters
+        if aux_dict:  # the running statistics' last update done before they are read
+            mx.nd.waitall()
+        made = OrderedDict((n, arg_dict[n].asnumpy) for n in self._names)
+        return (gather_made(made, self.pipe.sharded),
+                OrderedDict((n, a.asnumpy) for n, a in aux_dict.items()))
+
+    def optimizer_states(self, lazy=False):
+        """The optimizer state by parameter name (:func:`~mp_symbolic.core.optstate.states_by_name`;
+        with ``lazy`` each of its arrays a function making it on the host when called)."""
+        return states_by_name(self._updater, self._optimizer, OrderedDict(enumerate(self._names)),
+                              lazy=lazy)
 
     def set_optimizer_states(self, states):
         arg_dict = self.runtime.parameters[0]
