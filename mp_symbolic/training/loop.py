@@ -24,8 +24,7 @@ from ..tools.checkpoint import SUMMARY_NAME, CheckpointError, commit_checkpoint,
 from ..tools.files import write_text
 from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
-from ..core.optstate import OptimizerStateError, check_states, gather_states, load_states, \
-    split_states
+from ..core.optstate import OptimizerStateError, check_states, gather_states, split_states
 from ..core.comm import control
 from ..core.nodes import from_environment
 from ..core.pipeline import Pipeline
