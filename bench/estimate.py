@@ -148,8 +148,7 @@ def _measure_here(cell):
     (:func:`_blocks_free`)."""
     # pylint: disable=import-outside-toplevel
     import mxnet as mx
-    from mp_symbolic.tools.memory import device_memory, _batch_free
-    from mp_symbolic.tools.trace import load_trace, storage_bytes
+    from mp_symbolic.tools.memory import device_memory, profiled_step
     path = os.path.join(tempfile.mkdtemp(prefix='mp-estimate-'), 'memory.json')
     mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
                            profile_memory=True, aggregate_stats=False, filename=path)
@@ -163,17 +162,8 @@ def _measure_here(cell):
     mod.init_optimizer(kvstore='local' if cell.get('replicas', 1) > 1 else None,
                        optimizer=optimizer,
                        optimizer_params=dict(params, learning_rate=0.01))
-    batch = mx.io.DataBatch([mx.nd.ones(s) for _, s in data_shapes],
-                            [mx.nd.zeros(s) for _, s in label_shapes])
-    mod.forward_backward(batch)
-    mod.update()
-    mx.nd.waitall()
-    mx.profiler.set_state('stop')
-    mx.profiler.dump()
-    storage = storage_bytes(load_trace(path))
-    os.remove(path)
-    os.rmdir(os.path.dirname(path))
-    return device_memory(mod, _blocks_free(_batch_free(storage, batch), pipe))
+    storage = profiled_step(mod, data_shapes, label_shapes, path)
+    return device_memory(mod, _blocks_free(storage, pipe))
 
 
 def _blocks_free(storage, pipe):

@@ -446,22 +446,31 @@ def _run_child(spec):
     mod.init_optimizer(kvstore=None, optimizer=spec['optimizer'],
                        optimizer_params=spec['optimizer_params'])
     mod._updater = PerDeviceUpdater(mod._updater)  # one fused update per device
+    result = {'devices': device_memory(mod, profiled_step(mod, data_shapes, label_shapes,
+                                                          trace_path))}
+    gpu_ids = sorted({int(d[4:-1]) for d in result['devices'] if d.startswith('gpu(')})
+    if gpu_ids:
+        result['gpu_memory_info'] = {'gpu(%d)' % i: list(mx.context.gpu_memory_info(i))
+                                     for i in gpu_ids}
+    return result
+
+
+def profiled_step(module, data_shapes, label_shapes, trace_path):
+    """One training step of the bound ``module`` (ones in, zeros as labels)
+    under the storage profiler started on ``trace_path``: the storage per
+    device it counted, less the batch's own arrays. The profiler is stopped
+    and its trace file and folder removed."""
     batch = mx.io.DataBatch([mx.nd.ones(s) for _, s in data_shapes],
                             [mx.nd.zeros(s) for _, s in label_shapes])
-    mod.forward_backward(batch)
-    mod.update()
+    module.forward_backward(batch)
+    module.update()
     mx.nd.waitall()
     mx.profiler.set_state('stop')
     mx.profiler.dump()
     storage = storage_bytes(load_trace(trace_path))
     os.remove(trace_path)
     os.rmdir(os.path.dirname(trace_path))
-    result = {'devices': device_memory(mod, _batch_free(storage, batch))}
-    gpu_ids = sorted({int(d[4:-1]) for d in result['devices'] if d.startswith('gpu(')})
-    if gpu_ids:
-        result['gpu_memory_info'] = {'gpu(%d)' % i: list(mx.context.gpu_memory_info(i))
-                                     for i in gpu_ids}
-    return result
+    return _batch_free(storage, batch)
 
 
 def _batch_free(storage, batch):
