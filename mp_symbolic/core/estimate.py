@@ -152,6 +152,9 @@ def _lazy(shape, ctx, dtype):
     return NDArray(_new_alloc_handle(tuple(shape), ctx, True, np.dtype(dtype)))
 
 
+BIND_TIMEOUT = 600  # seconds for the child's bind of one graph (it allocates nothing)
+
+
 def _array_spec(array):
     return [list(array.shape), [array.context.device_type, array.context.device_id],
             np.dtype(array.dtype).name]
@@ -180,10 +183,14 @@ def _logged_bind(symbol, context, args, grads, aux, group2ctx, env):
     child_env = dict(os.environ, MXNET_MEM_PLAN_VERBOSE_LOGGING='1', **env)
     child_env['PYTHONPATH'] = os.pathsep.join(
         [root] + [p for p in [os.environ.get('PYTHONPATH')] if p])
-    done = subprocess.run([sys.executable, '-c', 'from mp_symbolic.core.estimate import '
-                           '_bind_in_child; _bind_in_child()'],
-                          input=json.dumps(request), capture_output=True, text=True,
-                          env=child_env, check=False)
+    try:
+        done = subprocess.run([sys.executable, '-c', 'from mp_symbolic.core.estimate import '
+                               '_bind_in_child; _bind_in_child()'],
+                              input=json.dumps(request), capture_output=True, text=True,
+                              env=child_env, check=False, timeout=BIND_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError('planned graph: expected the child that binds the graph to end '
+                           'within %d s, found it still running: stopped' % BIND_TIMEOUT) from None
     if done.returncode != 0:
         raise RuntimeError('planned graph: the child that binds the graph failed: %s'
                            % (done.stderr.strip().splitlines() or ['exit %d' % done.returncode])[-1])
