@@ -244,6 +244,8 @@ def test_executor_and_imperative_commit_resume_and_digest_hold_one_array_at_a_ti
         committed_and_resumed, what):
     peak, before = committed_and_resumed[what]
     largest = 4 * MLP_WIDTH * MLP_WIDTH  # 16.8 MB; the parameters 201 MB, their momentum as much
-    assert peak - before <= 3 * largest, \
+    # a resume's group: a parameter and its momentum read on the host, each on its
+    # way into its device array (the whole model: 239-286 MB, before one at a time)
+    assert peak - before <= 4 * largest, \
         'the %s peaked %.1f MB above the %.1f MB resident before it' % (
             what, (peak - before) / 1e6, before / 1e6)
