@@ -194,13 +194,14 @@ def profile_step(chunks, devices, path, batch_size=64, boundaries=True):
     exe.arg_dict['softmax_label'][:] = rng.integers(0, 10, batch_size)
     for step in range(3):  # the last step is recorded
         if step == 2:
-            mx.profiler.set_config(profile_symbolic=True, filename=path)
+            mx.profiler.set_config(profile_symbolic=True, filename=path, continuous_dump=False)
             mx.profiler.set_state('run')
         exe.forward(is_train=True)
         exe.backward()
         mx.nd.waitall()
     mx.profiler.set_state('stop')
-    mx.profiler.dump()
+    from mp_symbolic.tools.trace import dump as dump_trace  # pylint: disable=import-outside-toplevel
+    dump_trace(path)
     np.save(path + '.npy', np.concatenate([exe.grad_dict[n].asnumpy().ravel()
                                            for n in sorted(exe.grad_dict)
                                            if exe.grad_dict[n] is not None]))

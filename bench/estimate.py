@@ -151,7 +151,8 @@ def _measure_here(cell):
     from mp_symbolic.tools.memory import device_memory, profiled_step
     path = os.path.join(tempfile.mkdtemp(prefix='mp-estimate-'), 'memory.json')
     mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
-                           profile_memory=True, aggregate_stats=False, filename=path)
+                           profile_memory=True, aggregate_stats=False, filename=path,
+                           continuous_dump=False)
     mx.profiler.set_state('run')
     pipe, loss, output, data_shapes, label_shapes = build(cell)
     mod = pipe.module(loss=loss, output=output, label_name=label_shapes[0][0])

@@ -211,7 +211,7 @@ def top_ops(variants, num_steps=10, rounds=3, warmup=3):
     totals = {name: {} for name in variants}
     # the aggregate table only: MXNet dumps a trace when the process ends, sent nowhere
     mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, aggregate_stats=True,
-                           filename=os.devnull)
+                           filename=os.devnull, continuous_dump=False)
     for _ in range(rounds):
         for name, steps in variants.items():
             mx.profiler.set_state('run')

@@ -86,11 +86,12 @@ def serve(args):
     import mxnet as mx
     from mp_symbolic.core import timing
     from mp_symbolic.tools.memory import device_memory
-    from mp_symbolic.tools.trace import load_trace, storage_bytes
+    from mp_symbolic.tools.trace import dump as dump_trace, load_trace, storage_bytes
     nodes = 2 if args.serve == 'node' else None
     trace = os.path.join(tempfile.mkdtemp(prefix='mp-bench-nodes-'), 'memory.json')
     mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
-                           profile_memory=True, aggregate_stats=False, filename=trace)
+                           profile_memory=True, aggregate_stats=False, filename=trace,
+                           continuous_dump=False)
     mx.profiler.set_state('run')
     mod, batch = _build(args, nodes)
     transports = [r.transport for r in mod._runtimes]  # pylint: disable=protected-access
@@ -106,7 +107,7 @@ def serve(args):
             step(1)
             mx.nd.waitall()
             mx.profiler.set_state('stop')
-            mx.profiler.dump()
+            dump_trace(trace)
             table = device_memory(mod, storage_bytes(load_trace(trace)))
             answer = {'memory': table}
         elif command[0] == 'time':

@@ -165,7 +165,7 @@ def _top_mxnet(step, steps, top):
     mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_memory=False,
                            profile_api=False, aggregate_stats=True,
                            filename=os.path.join(tempfile.mkdtemp(prefix='mp-bench-peer-'),
-                                                 'profile.json'))
+                                                 'profile.json'), continuous_dump=False)
     mx.profiler.set_state('run')
     step(steps)
     mx.nd.waitall()

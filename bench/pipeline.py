@@ -44,6 +44,7 @@ import mxnet as mx
 from mp_symbolic.tools.files import write_text
 from mp_symbolic.tools.memory import format_bytes, format_memory, measure_memories, measure_memory
 from mp_symbolic.tools.text import columns
+from mp_symbolic.tools.trace import dump as dump_trace
 from mp_symbolic.tools.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
                                step_stats, step_windows)
 from mp_symbolic.core.compat import profiler_cpu_limit, unprofilable
@@ -174,7 +175,8 @@ def _profile(variants, profiled_steps, path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     mx.nd.waitall()
     mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_api=False,
-                           profile_memory=False, aggregate_stats=False, filename=path)
+                           profile_memory=False, aggregate_stats=False, filename=path,
+                           continuous_dump=False)
     domain = mx.profiler.Domain('bench')
     mx.profiler.set_state('run')
     for name, variant in variants.items():
@@ -186,7 +188,7 @@ def _profile(variants, profiled_steps, path):
         mx.nd.waitall()
         marker.mark('process')
     mx.profiler.set_state('stop')
-    mx.profiler.dump()
+    dump_trace(path)
     trace = load_trace(path)
     ops = op_intervals(trace)
     out = {}

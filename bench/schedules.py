@@ -30,6 +30,7 @@ from mp_symbolic import Pipeline
 from mp_symbolic.core.staged_module import StagedModule
 from mp_symbolic.core.schedule import bubble, check_spec, make, one_graph
 from mp_symbolic.tools.memory import device_memory
+from mp_symbolic.tools.trace import dump as dump_trace
 from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
                                      step_windows, storage_bytes)
 from mp_symbolic.tools.text import columns
@@ -81,7 +82,7 @@ def _stopped_trace(path):
     temporary folder of its own) and removes both."""
     mx.nd.waitall()
     mx.profiler.set_state('stop')
-    mx.profiler.dump()
+    dump_trace(path)
     trace = load_trace(path)
     os.remove(path)
     os.rmdir(os.path.dirname(path))
@@ -95,7 +96,8 @@ def _child(specs, warmup):
     it less the arrays it knows (the process frees everything between)."""
     path = os.path.join(tempfile.mkdtemp(prefix='mp-schedules-'), 'memory.json')
     mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
-                           profile_memory=True, aggregate_stats=False, filename=path)
+                           profile_memory=True, aggregate_stats=False, filename=path,
+                           continuous_dump=False)
     mx.profiler.set_state('run')
     domain = mx.profiler.Domain('schedules')
     if warmup:  # MXNet keeps some per-device resources once a step has made them
@@ -213,7 +215,8 @@ def _trace_child(specs, steps=3, timed=False):
     mx.nd.waitall()
     path = os.path.join(tempfile.mkdtemp(prefix='mp-schedules-'), 'trace.json')
     mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_api=False,
-                           profile_memory=False, aggregate_stats=False, filename=path)
+                           profile_memory=False, aggregate_stats=False, filename=path,
+                           continuous_dump=False)
     domain = mx.profiler.Domain('schedules')
     mx.profiler.set_state('run')
     markers = [mx.profiler.Marker(domain, 'spec%d' % k) for k in range(len(built))]

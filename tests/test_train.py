@@ -19,7 +19,7 @@ from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
 from mp_symbolic.training.tasks import digits, regression
 from mp_symbolic.training.loop import CHECK_EVERY, build_pipeline, initial_values, make_stepper, train
 
-from conftest import THREE_DEVICES, load_config, make_config
+from conftest import ROOT, THREE_DEVICES, load_config, make_config
 
 VARIANTS = [('symbolic', 'module'), ('symbolic', 'executor'), ('imperative', 'module')]
 
@@ -299,6 +299,30 @@ def test_cli_train_profiles_and_commits(tmp_path, capsys):
             if e.get('ph') == 'M' and e.get('name') == 'process_name'}
     assert {'cpu/0', 'cpu/1'} <= rows, rows
     assert 'FullyConnected' in (tmp_path / 'profile-stats.txt').read_text()
+
+
+def test_a_second_profile_in_one_process_is_a_complete_trace_with_its_device_rows(tmp_path):
+    """MXNet writes the trace's header and device rows on a process's first
+    dump only: the second --profile of one process still writes a trace that
+    loads and names its devices."""
+    code = (
+        "import json, sys\n"
+        "from mp_symbolic.training.cli import main\n"
+        "for out in sys.argv[1:]:\n"
+        "    assert main(['train', '--no-progress', '--epochs', '1', '--num-examples', '200',\n"
+        "                 '--devices', %r, '--out', out, '--profile', '--no-memory']) == 0\n"
+        % THREE_DEVICES)
+    outs = [str(tmp_path / 'first'), str(tmp_path / 'second')]
+    run = subprocess.run([sys.executable, '-c', code] + outs, capture_output=True, text=True,
+                         timeout=300, check=False, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for out in outs:
+        trace = json.loads((tmp_path / out / 'profile.json').read_text())
+        rows = {e['args']['name'] for e in trace['traceEvents']
+                if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+        assert {'cpu/0', 'cpu/1'} <= rows, (out, rows)
+        assert any(e.get('cat') == 'operator' and e.get('pid') == 1
+                   for e in trace['traceEvents']), out
 
 
 def test_divergence_stops_within_its_epoch_and_writes_no_profile(tmp_path):

@@ -46,7 +46,7 @@ import numpy as np
 
 from .text import columns
 from ..core.compat import profiler_cpu_limit, unprofilable
-from .trace import load_trace, storage_bytes
+from .trace import dump, load_trace, storage_bytes
 from ..core.updater import PerDeviceUpdater
 from ..core.compat import split_bind
 from ..core.device_module import DeviceModule
@@ -426,7 +426,8 @@ def _run_child(spec):
     trace_path = os.path.join(tempfile.mkdtemp(prefix='mp-memory-'), 'memory.json')
     # Before the first allocation, so the counters see every array.
     mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
-                           profile_memory=True, aggregate_stats=False, filename=trace_path)
+                           profile_memory=True, aggregate_stats=False, filename=trace_path,
+                           continuous_dump=False)
     mx.profiler.set_state('run')
     symbol = mx.sym.load_json(spec['symbol'])
     data_shapes = [(n, tuple(s)) for n, s in spec['data_shapes']]
@@ -466,7 +467,7 @@ def profiled_step(module, data_shapes, label_shapes, trace_path):
     module.update()
     mx.nd.waitall()
     mx.profiler.set_state('stop')
-    mx.profiler.dump()
+    dump(trace_path)
     storage = storage_bytes(load_trace(trace_path))
     os.remove(trace_path)
     os.rmdir(os.path.dirname(trace_path))

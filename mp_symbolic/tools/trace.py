@@ -23,9 +23,15 @@ memory, which holds for this project's CPU stand-in runs (no
 present the two rows keep their names, since there ``cpu(cores)`` would collide
 with ``gpu/0``.
 
-This file reads JSON only; it imports no MXNet and no training code.
+**A later dump in the same process.** MXNet writes the ``{"traceEvents": [``
+header and the device rows on a process's first ``dump()`` only; a later one
+writes a headless fragment. :func:`dump` writes a complete trace either way.
+
+This file reads JSON; only :func:`dump` imports MXNet, and nothing imports
+training code.
 """
 import json
+import os
 import re
 
 __all__ = []
@@ -59,6 +65,35 @@ def load_trace(path):
                          % (path, type(trace).__name__))
     return trace
 
+
+def dump(path):
+    """``mx.profiler.dump()`` to ``path`` (the file ``set_config`` named), made a
+    complete trace when MXNet leaves out the device rows (a process's later
+    dump): MXNet's own header and rows are put before the events."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    mx.profiler.dump()
+    with open(path) as f:
+        text = f.read()
+    if '"process_name"' in text[:4096] and '"cpu/0"' in text[:4096]:
+        return
+    gpus = 32 if mx.runtime.Features().is_enabled('CUDA') else 0
+    with open(path, 'w') as f:
+        f.write(completed(text, len(os.sched_getaffinity(0)), gpus))
+
+
+def completed(text, cores, gpus=0):
+    """The complete trace of MXNet's dump ``text`` without device rows (with or
+    without its header): the header and the rows MXNet writes on a process's
+    first dump (``cores`` CPU rows, ``gpus`` GPU rows, then ``'cpu pinned/'``
+    and ``'cpu shared/'``) put before the events."""
+    body = text.lstrip()
+    if body.startswith('{'):
+        body = body[body.index('[') + 1:].lstrip('\n')
+    names = (['cpu/%d' % i for i in range(cores)] + ['gpu/%d' % i for i in range(gpus)]
+             + [PINNED_ROW, SHARED_ROW])
+    rows = ',\n'.join(json.dumps({'ph': 'M', 'args': {'name': n}, 'pid': pid,
+                                   'name': 'process_name'}) for pid, n in enumerate(names))
+    return '{\n    "traceEvents": [\n' + rows + body
 
 def device_rows(trace):
     """``{pid: device}`` of the trace's device rows, e.g. ``{0: 'cpu/0', 1: 'cpu/1'}``.

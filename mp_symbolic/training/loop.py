@@ -22,6 +22,7 @@ from ..core.compat import error_line
 from ..tools.checkpoint import SUMMARY_NAME, CheckpointError, commit_checkpoint, \
     module_arrays, read_checkpoint
 from ..tools.files import write_text
+from ..tools import trace
 from .imperative import ImperativeStepper
 from ..core.module import fixed_param_names, with_input_shape
 from ..core.optstate import OptimizerStateError, check_states, gather_states, split_states
@@ -353,7 +354,7 @@ def profiling(cfg, out_dir):
     # Ops, executors and C API calls; memory counters say nothing about placement.
     mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_api=True,
                            profile_memory=False, aggregate_stats=True,
-                           filename=files['profile'])
+                           filename=files['profile'], continuous_dump=False)
     mx.profiler.set_state('run')
     try:
         yield files
@@ -361,11 +362,11 @@ def profiling(cfg, out_dir):
         mx.nd.waitall()
         mx.profiler.set_state('stop')
         # MXNet dumps what it recorded when the process ends: send it nowhere.
-        mx.profiler.set_config(filename=os.devnull)
+        mx.profiler.set_config(filename=os.devnull, continuous_dump=False)
         raise
     mx.nd.waitall()
     mx.profiler.set_state('stop')
-    mx.profiler.dump()
+    trace.dump(files['profile'])
     write_text(files['profile_stats'], mx.profiler.dumps(reset=True))
 
 
