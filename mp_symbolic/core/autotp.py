@@ -207,30 +207,33 @@ class HeadParallel(ShardedBlock):
 
     def _view(self, F, params, part):
         """The user's block as shard ``part`` of ``self.shards`` sees it
-        (``part=None``: whole), its dense children functions of ``params``."""
+        (``part=None``: whole), its dense children functions of ``params``:
+        a shallow copy whose own attributes are set past Gluon's ``__setattr__``
+        (which refuses a child's change of type); the user's block is unchanged."""
         view = copy.copy(self._user)
+        shadow = partial(object.__setattr__, view)
         scale = 1 if part is None else self.shards
         for attr, value in self._attrs.items():
             # the head count and the query/key/value widths, as the shard has them
             if (attr in HEAD_ATTRS and value == self.heads) or \
                     (attr in UNIT_ATTRS and value in (c[2] for c in self._columns)):
-                view.__dict__[attr] = value // scale
+                shadow(attr, value // scale)
         kwargs = {}
         tag = '' if part is None else 'shard%d_' % part
         for attr, dense, units, keys, flatten, act in self._columns:
             if dense:
-                view.__dict__[attr] = partial(
+                shadow(attr, partial(
                     _fc, F, weight=params[keys[0]], bias=params[keys[1]] if len(keys) > 1 else None,
-                    units=units // scale, flatten=flatten, act=act, name=tag + attr)
+                    units=units // scale, flatten=flatten, act=act, name=tag + attr))
             else:
                 kwargs[attr] = params[keys[0]]
         if self._row is not None:
             attr, weight, bias, units, flatten, act = self._row
             # shard 0 holds the bias; the activation follows the sum (in combine)
-            view.__dict__[attr] = partial(_fc, F, weight=params[weight],
-                                          bias=None if bias is None else params.get(bias),
-                                          units=units, flatten=flatten,
-                                          act=act if part is None else None, name=tag + attr)
+            shadow(attr, partial(_fc, F, weight=params[weight],
+                                 bias=None if bias is None else params.get(bias),
+                                 units=units, flatten=flatten,
+                                 act=act if part is None else None, name=tag + attr))
         return view, kwargs
 
     def prepare(self, F, *x):  # pylint: disable=arguments-differ
