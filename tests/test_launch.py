@@ -607,3 +607,17 @@ def test_a_reader_gone_before_the_manual_script_is_printed_ends_it_without_a_tra
         os.close(write)
     assert done.returncode == 128 + signal.SIGPIPE
     assert done.stderr == ''
+
+
+def test_a_node_killed_just_after_its_peer_failed_is_the_one_named(port):
+    """A survivor may exit moments after its killed peer and be seen first:
+    the launcher names the process that a signal killed, not the exit it
+    caused."""
+    script = ('if [ "$RANK" = 0 ]; then sleep 0.5; exit 3; '
+              'else sleep 0.6; kill -9 $$; fi')
+    result, _ = launch('--nodes', '2', '--', 'sh', '-c', script, port=port)
+    assert result.returncode == 1, result.stderr
+    pids = job_pids(result.stdout)
+    assert result.stderr.splitlines()[-1] == (
+        'error: node 1 (pid %d) was killed by SIGKILL; no other process of the job was running'
+        % pids['node 1']), result.stderr

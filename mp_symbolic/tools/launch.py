@@ -569,14 +569,14 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
                 return finish(128 + received[0], 'error: launch interrupted by %s; stopped the '
                               '%s of the job' % (name, _plural(running, 'running process')))
             ended = [(c, c.ended()) for c in children]
-            for child, info in ended:
-                if info is not None and not (info.si_code == os.CLD_EXITED and
-                                             info.si_status == 0):
-                    others = sum(i is None for _, i in ended)
-                    return finish(EXIT_FAILED, 'error: %s (pid %d) %s; %s' % (
-                        child.node.name, child.pid, _how_ended(info),
-                        'stopped the other %s of the job' % _plural(others, 'process')
-                        if others else 'no other process of the job was running'))
+            if any(_failed(info) for _, info in ended):
+                ended = _first_cause(children, ended)
+                child, info = next((c, i) for c, i in ended if _failed(i))
+                others = sum(i is None for _, i in ended)
+                return finish(EXIT_FAILED, 'error: %s (pid %d) %s; %s' % (
+                    child.node.name, child.pid, _how_ended(info),
+                    'stopped the other %s of the job' % _plural(others, 'process')
+                    if others else 'no other process of the job was running'))
             running = [c for c, info in ended if info is None]
             now = time.monotonic()
             if stopped_timeout is not None and now - scanned >= GROUP_SCAN:
@@ -623,6 +623,30 @@ def run_job(nodes, timeout, argv_of=lambda node: node.argv, extra_env=None,
         _stop(children)  # a no-op after finish(); guards against an exception in between
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+CAUSE_GRACE = 0.5  # seconds a failed exit waits for a peer's death by a signal to show
+
+
+def _failed(info):
+    return info is not None and not (info.si_code == os.CLD_EXITED and info.si_status == 0)
+
+
+def _killed(info):
+    return info is not None and info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+
+
+def _first_cause(children, ended):
+    """``ended`` with the failed children first, one killed by a signal before
+    one that exited non-zero: a survivor may exit within moments of its killed
+    peer, and be seen first. A failed exit waits up to ``CAUSE_GRACE`` for such
+    a death among the processes still running."""
+    deadline = time.monotonic() + CAUSE_GRACE
+    while not any(_killed(i) for _, i in ended) and any(i is None for _, i in ended) \
+            and time.monotonic() < deadline:
+        time.sleep(POLL / 4)
+        ended = [(c, c.ended()) for c in children]
+    return sorted(ended, key=lambda ci: (not _failed(ci[1]), not _killed(ci[1])))
 
 
 def _silent_message(running, now, progress_timeout):
