@@ -2,7 +2,7 @@
 import os
 import sys
 
-from .tools.interrupts import exit_on_signals, ignore_signals, until_reader_gone
+from .tools.interrupts import end_process, exit_on_signals, ignore_signals, until_reader_gone
 
 exit_on_signals()  # before MXNet loads: Ctrl-C or SIGTERM while starting is one line
 if sys.argv[1:2] != ['blas']:  # which reports the choice, and so makes none
@@ -28,4 +28,4 @@ if os.environ.get('DMLC_ROLE') == 'worker':
     from .tools.launch import abort_on_error
     with abort_on_error():
         sys.exit(_run())
-sys.exit(_run())
+end_process(_run())
