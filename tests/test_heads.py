@@ -386,3 +386,67 @@ def test_the_default_metric_of_per_position_classes_reads_the_last_axis(tmp_path
     assert status == 0, err
     summary = json.loads((tmp_path / 'out' / 'current' / 'summary.json').read_text())
     assert summary['training_accuracy'] > 0.5, printed
+
+
+def _normalized_heads():
+    """Callable heads whose gradient MXNet normalises: by the batch, or by
+    the valid entries of the batch their op sees."""
+    def counted(p, label):
+        return mx.sym.sum(mx.sym.square(p), axis=1) * (label >= 0)
+    return {
+        'softmax batch': lambda p, label: mx.sym.SoftmaxOutput(
+            p, label, normalization='batch', name='softmax'),
+        'softmax valid': lambda p, label: mx.sym.SoftmaxOutput(
+            p, label, normalization='valid', use_ignore=True, ignore_label=-1, name='softmax'),
+        'makeloss batch': lambda p, label: mx.sym.MakeLoss(counted(p, label),
+                                                           normalization='batch', name='mk'),
+        'makeloss valid': lambda p, label: mx.sym.MakeLoss(counted(p, label),
+                                                           normalization='valid', name='mk')}
+
+
+def _normalized_step(head, devices, chunks, replicas, schedule, values, X, Y):
+    """Parameters after one SGD step (``rescale_grad`` 1) of ``head``."""
+    blocks = [mx.gluon.nn.Dense(6, in_units=3, activation='tanh', prefix='norm_a_'),
+              mx.gluon.nn.Dense(4, in_units=6, prefix='norm_b_')]
+    pipe = Pipeline(blocks, devices, chunks=chunks, replicas=replicas, schedule=schedule)
+    mod = pipe.module(_normalized_heads()[head], label_name='label')
+    mod.bind([('data', X.shape)], [('label', Y.shape)])
+    mod.init_params(arg_params={n: mx.nd.array(v) for n, v in values.items()})
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.5,
+                                                          'rescale_grad': 1.0})
+    mod.forward_backward(mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(Y)]))
+    mod.update()
+    return {n: v.asnumpy() for n, v in mod.get_params()[0].items()}
+
+
+@pytest.mark.parametrize('head', ['softmax batch', 'softmax valid', 'makeloss batch',
+                                  'makeloss valid'])
+def test_a_normalised_head_takes_one_devices_step_or_is_refused_where_it_cannot(head):
+    """A head normalised by the batch it sees takes one device's step split
+    into micro-batches or replicas (its gradient scaled by the parts); one
+    normalised by the valid entries of its part takes it where it sees the
+    whole batch (GPipe's one graph) and is refused in one line where no
+    constant can (1F1B's micro-batches, replicas)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(8, 3)).astype(np.float32)
+    Y = rng.integers(0, 4, 8).astype(np.float32)
+    Y[:3] = -1  # ignored by the softmax, zero in MakeLoss: three of the first part's four
+    values = {'norm_a_weight': rng.normal(size=(6, 3)), 'norm_a_bias': np.zeros(6),
+              'norm_b_weight': rng.normal(size=(4, 6)), 'norm_b_bias': np.zeros(4)}
+    values = {n: v.astype(np.float32) for n, v in values.items()}
+    one = _normalized_step(head, 'cpu:0', 1, 1, 'gpipe', values, X, Y)
+    assert max(np.abs(one[n] - values[n]).max() for n in values) > 1e-3  # the step moved
+    for devices, chunks, replicas, schedule in [('cpu:0,cpu:1', 2, 1, 'gpipe'),
+                                                ('cpu:0,cpu:1', 2, 1, '1f1b'),
+                                                ('cpu:0,cpu:1,cpu:2,cpu:3', 1, 2, 'gpipe')]:
+        split = chunks * replicas if schedule == '1f1b' or replicas > 1 else 1
+        if head.endswith('valid') and split > 1:
+            with pytest.raises(ValueError, match=r"^loss: .* has normalization='valid', which "
+                                                 r"divides each part's gradient .* split into "
+                                                 r"2 parts"):
+                _normalized_step(head, devices, chunks, replicas, schedule, values, X, Y)
+            continue
+        found = _normalized_step(head, devices, chunks, replicas, schedule, values, X, Y)
+        for name in values:
+            np.testing.assert_allclose(found[name], one[name], rtol=1e-5, atol=1e-6,
+                                       err_msg='%s %s' % (name, (schedule, chunks, replicas)))

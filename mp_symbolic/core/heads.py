@@ -29,7 +29,10 @@ head that sees a share of it (a micro-batch, a replica's) divides by less
 than one device's unsplit batch does, its gradients as many times larger:
 :func:`with_head`'s ``shares`` divides their ``grad_scale`` by as many
 (:data:`BATCH_SCALED_OPS`).
-``SoftmaxOutput`` divides by nothing (its default ``normalization``).
+``SoftmaxOutput`` divides by nothing (its default ``normalization``); with
+``normalization='batch'`` it divides by the batch on axis 0 and is scaled the
+same way. A head normalised by the valid entries of what it sees
+(``'valid'``) is refused where it sees a part of the batch.
 
 Each head is one :class:`Head` record in :data:`HEADS` (its op, Gluon loss,
 inference form, label, default metric, batch loss, class axis), read by the
@@ -257,18 +260,48 @@ def make_head(loss, prediction, label):
                                     **head.op_args)
 
 
-def scaled_heads(graph, shares):
-    """``graph`` with the ``grad_scale`` of each of its
-    :data:`BATCH_SCALED_OPS` nodes divided by ``shares`` (the graph itself
-    where ``shares`` is 1)."""
+SOFTMAX_OPS = ('SoftmaxOutput', 'Softmax')  # 'Softmax': MXNet's older name of the same op
+PART_COUNTED_OPS = SOFTMAX_OPS + ('MakeLoss',)  # normalization='valid' counts the part's labels
+
+
+def _divides_by_batch(node, batch_axis):
+    """Whether ``node``'s gradient divisor holds the batch it sees: a
+    regression head's with the batch off axis 0, ``SoftmaxOutput``'s with
+    ``normalization='batch'`` (``label.shape[0]``) with the batch on axis 0."""
+    if node.op in BATCH_SCALED_OPS:
+        return batch_axis != 0
+    return node.op in SOFTMAX_OPS and node.attrs.get('normalization') == 'batch' \
+        and batch_axis == 0
+
+
+def scaled_heads(graph, shares, batch_axis=1):
+    """``graph`` with the ``grad_scale`` of each head whose gradient divisor
+    holds the batch it sees divided by ``shares`` (the graph itself where
+    ``shares`` is 1): a head that sees 1/``shares`` of one device's batch
+    then gives one device's gradients.
+
+    Raises:
+        ValueError: a head divides by the valid labels of its part
+            (``normalization='valid'``) and ``shares`` is above 1: no
+            constant makes that one device's gradient.
+    """
     if shares == 1:
         return graph
+    for n in graph.nodes:
+        if n.op in PART_COUNTED_OPS and n.attrs.get('normalization') == 'valid':
+            raise ValueError(
+                "loss: %s %r has normalization='valid', which divides each part's gradient "
+                "by the count of valid entries in that part; split into %d parts "
+                "(micro-batches bound alone x replicas) the step is not one device's: "
+                "expected normalization='null' or 'batch', or the batch in one part "
+                "(schedule='gpipe' with replicas=1, or chunks=1 and replicas=1)"
+                % (n.op, n.name, shares))
     return graph.but([n.but(attrs=dict(n.attrs, grad_scale=repr(
-        float(n.attrs.get('grad_scale', 1)) / shares))) if n.op in BATCH_SCALED_OPS else n
-                      for n in graph.nodes])
+        float(n.attrs.get('grad_scale', 1)) / shares))) if _divides_by_batch(n, batch_axis)
+                      else n for n in graph.nodes])
 
 
-def with_head(prediction, loss, label_name, output=None, group=None, shares=1):
+def with_head(prediction, loss, label_name, output=None, group=None, shares=1, batch_axis=1):
     """The pass that adds the training head: ``prediction`` (a
     :class:`~mp_symbolic.core.ir.PlacedGraph` whose outputs are the
     network's) with ``loss``'s head (:func:`make_head`) on its outputs and a
@@ -279,10 +312,11 @@ def with_head(prediction, loss, label_name, output=None, group=None, shares=1):
     a callable loss receives the list of outputs.
 
     ``shares``: the batch one device takes unsplit over the batch this head
-    sees, with the batch on an axis other than 0 (1 otherwise): the
-    ``grad_scale`` of a regression head (:data:`BATCH_SCALED_OPS`, a
-    callable's included) is divided by it, so that its gradients are one
-    device's; 1 leaves the head as MXNet makes it.
+    sees, on axis ``batch_axis``: the ``grad_scale`` of a head whose
+    gradient divisor holds that batch (:func:`scaled_heads`; a regression
+    head with the batch off axis 0, ``SoftmaxOutput(normalization='batch')``
+    with it on axis 0, a callable's included) is divided by it, so that its
+    gradients are one device's; 1 leaves the head as MXNet makes it.
 
     The head is a graph on a variable per output
     (:func:`~mp_symbolic.core.names.prediction_name`; a callable's traced
@@ -292,7 +326,7 @@ def with_head(prediction, loss, label_name, output=None, group=None, shares=1):
     Raises:
         ValueError: ``output`` is missing or out of range for a network of
             several outputs, or given for one of a single output; ``loss``
-            is none of :func:`make_head`'s.
+            is none of :func:`make_head`'s; a head :func:`scaled_heads` refuses.
     """
     count = len(prediction.heads)
     named = not callable(loss) or isinstance(loss, str)
@@ -326,7 +360,7 @@ def with_head(prediction, loss, label_name, output=None, group=None, shares=1):
             graph = PlacedGraph.from_symbol(make_head(
                 loss, outputs if count > 1 else outputs[0], mx.sym.var(label_name)),
                                             (label_name,))
-    graph = scaled_heads(graph, shares)
+    graph = scaled_heads(graph, shares, batch_axis)
     return graph.compose(prediction, {prediction_name(k): k for k in range(count)})
 
 

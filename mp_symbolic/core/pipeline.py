@@ -403,8 +403,9 @@ class Pipeline(gluon.Block):
         Args:
             shares: The parts of a step's batch the graph is bound to (a
                 replica's share, times ``chunks`` where each micro-batch is
-                bound alone): with ``batch_axis`` other than 0, a regression
-                head's ``grad_scale`` is divided by it, so that its
+                bound alone): the ``grad_scale`` of a head whose gradient
+                divisor holds the batch is divided by it
+                (:func:`~mp_symbolic.core.heads.scaled_heads`), so that its
                 gradients are those of one device's unsplit batch; 1 (the
                 default): the head as one device trains it.
 
@@ -416,7 +417,7 @@ class Pipeline(gluon.Block):
         if loss is not None:
             placed = with_head(placed, loss, label_name, output,
                                stage_name(self.plan.num_stages - 1),
-                               shares=shares if self.batch_axis else 1)
+                               shares=shares, batch_axis=self.batch_axis)
         return passes.finish(placed, self.placement)
 
     @property
