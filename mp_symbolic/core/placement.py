@@ -1,21 +1,14 @@
 """Where every part of a network runs: :func:`place` makes one frozen
-:class:`Placement` from the network, the devices and the options, and the
+:class:`Placement` from the network, the devices and the options, which the
 graph builder (:mod:`~mp_symbolic.core.graph`), the imperative twin
-(:mod:`~mp_symbolic.core.twin`) and :class:`~mp_symbolic.Pipeline` read it.
+(:mod:`~mp_symbolic.core.twin`) and :class:`~mp_symbolic.Pipeline` read.
 
-After torchgpipe's ``split_module()``, which returns plain values (partitions,
-balance, devices) that the rest takes as arguments: planning is one function
-whose steps each take the previous one's result, in an order the code makes
-plain, and no step rewrites another's result.
-
-The steps: the devices and their replicas (:mod:`~mp_symbolic.core.devices`);
-the parameter shapes from a sample; the stages (blocks per stage by
-:mod:`~mp_symbolic.core.balance`, or ops per stage by the cut of one whole
-network, :mod:`~mp_symbolic.core.graphcut`); each parameter's owning stage
-(the first that reads it, unless ``tied`` says otherwise); and each
-tensor-parallel shard's device within its stage
-(:mod:`~mp_symbolic.core.tensor_parallel`), which moves a shard's weight to
-the stage of its layer.
+Planning is one function of steps, each taking the previous one's result
+(after torchgpipe's ``split_module()``): the devices and replicas
+(:mod:`~mp_symbolic.core.devices`), the parameter shapes from a sample, the
+stages (:mod:`~mp_symbolic.core.balance` for a block list,
+:mod:`~mp_symbolic.core.graphcut` for a whole network), each parameter's
+owning stage, and each tensor-parallel shard's device within its stage.
 """
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -37,15 +30,13 @@ __all__ = []
 
 
 def check_parameter_names(blocks, whole=False):
-    """Raises ValueError where two parameters of ``blocks`` share a name.
+    """Raises ValueError where two parameters of ``blocks`` share a name,
+    naming the parameter and both blocks by their place (``blocks[1]``,
+    ``Net.encoder.fc``) and class.
 
-    Gluon names a parameter by its block's prefix: children given the same
-    ``prefix=`` (or a ``prefix=`` outside their parent's ``name_scope()``)
-    make two parameters of one name, which Gluon's ``collect_params`` then
-    refuses with an ``AssertionError`` or, in a list, merges into one
-    (``Expected shape (4, 16) is incompatible with given shape (16, 0)``
-    at the first step). The message names the parameter and both blocks,
-    by their place (``blocks[1]``, ``Net.encoder.fc``) and class.
+    Gluon names a parameter by its block's prefix, and ``collect_params``
+    refuses two of one name with an ``AssertionError`` or, in a list, merges
+    them into one.
     """
     seen = {}
 
@@ -190,13 +181,11 @@ class Placement:
 
     @property
     def traced(self):
-        """The :class:`~mp_symbolic.core.graphcut.Cut` every graph is
-        labelled from: a whole network's, or the block list traced into one
-        graph whose split points are its block boundaries. A block list is
-        traced on first use (one that only runs on NDArrays is never traced)
-        and again only once a parameter's shape, dtype or attributes changed
-        (a layer that learnt its input size, a cast): the graph carries them
-        as they are now."""
+        """The :class:`~mp_symbolic.core.graphcut.Cut` every graph is labelled
+        from: a whole network's, or the block list traced into one graph whose
+        split points are its block boundaries. A block list is traced on first
+        use, and again once a parameter's shape, dtype or attributes changed.
+        """
         # This branch on the form stays: a cut network's stages are positions
         # in the op order of the trace its cut was solved on, so that trace is
         # the one; a block list's split points are its block boundaries, which
@@ -527,17 +516,14 @@ def _node_devices(devices, replicas, nodes):
 
 def trace_blocks(blocks, names, stage_of_layer, owner):
     """A block list traced into one graph like a whole network, its split
-    points the block boundaries: the
-    :class:`~mp_symbolic.core.graphcut.Cut` whose every op sits in its
-    block's stage (``stage_of_layer``), every parameter in its ``owner``.
+    points the block boundaries: the :class:`~mp_symbolic.core.graphcut.Cut`
+    whose every op sits in its block's stage (``stage_of_layer``), every
+    parameter in its ``owner``.
 
-    Each block is traced under an attribute naming its index
-    (:data:`~mp_symbolic.core.names.BLOCK_ATTR`), which the typed graph reads
-    into each op (:attr:`~mp_symbolic.core.ir.Node.block`) and does not
-    write back; a block's tensor-parallel layers mark their shards as in a whole
-    network (:func:`~mp_symbolic.core.tensor_parallel.mark_shards`: each
-    layer call its own, so an output layer tied to the embedding stays in
-    its own block's stage).
+    Each block is traced under :data:`~mp_symbolic.core.names.BLOCK_ATTR`
+    naming its index (read into :attr:`~mp_symbolic.core.ir.Node.block`, never
+    written back); tensor-parallel layers mark their shards as in a whole
+    network (:func:`~mp_symbolic.core.tensor_parallel.mark_shards`).
 
     Raises:
         MXNetError, AttributeError, TypeError: a block's ``hybrid_forward``
@@ -647,8 +633,9 @@ def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
 def _check_inputs_given(symbol, names, params):
     """Raises ValueError where the traced network reads a variable that is
     neither an input of the sample nor a parameter: an input the sample left
-    out, which MXNet made a free variable (an LSTM given ``[h]`` alone reads
-    its own ``..._state_cell``), and whose shape nothing gives."""
+    out (an LSTM given ``[h]`` alone reads its own ``..._state_cell``), whose
+    shape nothing gives.
+    """
     free = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
             if n not in params and n not in names]
     if free:

@@ -1,48 +1,15 @@
 """Tensor-parallel layers: one layer's weight split over the devices of a stage.
 
 Megatron-LM's ``core/tensor_parallel/layers.py`` on MXNet's graph executor:
-
-* :class:`ColumnParallelDense` splits ``Dense``'s weight ``(units, in_units)``
-  by output rows; shard ``i`` computes ``units_i`` outputs from the whole
-  input and a ``concat`` gathers them (Megatron's ``gather_output``).
-* :class:`RowParallelDense` splits the weight by input columns; shard ``i``
-  reads its slice of the input, and an ``add_n`` sums the partial outputs
-  (Megatron's all-reduce); the bias is added once, by shard 0. Directly after
-  a :class:`ColumnParallelDense` of as many shards, shard ``i`` reads shard
-  ``i``'s output of that layer and the gather is skipped (Megatron's
-  ``input_is_parallel``): the pair costs one reduction and no gather.
-* :class:`PerShard` applies a parameter-free function to each shard's part
-  of a column layer's output, on that shard's device (the local attention of
-  Megatron's ``ParallelAttention`` between its column-parallel QKV and its
-  row-parallel output projection); a following row layer reads its parts.
-* :class:`VocabParallelEmbedding` splits ``Embedding``'s table by rows
-  (vocabulary); shard ``i`` looks up the indices in its range, zeroes the
-  others, and an ``add_n`` sums the shards.
-
-Where Megatron calls collectives (``mappings.py``), MXNet's executor inserts
-the copies: each shard's ops and weight carry a ``ctx_group`` of their own
-(:func:`~mp_symbolic.core.devices.shard_group`), the gather or reduction runs
-in shard 0's group, and ``group2ctx`` places each group on a device. The
-backward pass is the executor's (the gradient of a concat is a split, of a
-sum a broadcast), so no conjugate operators are written here.
-
-Inside a :class:`~mp_symbolic.Pipeline` stage of N devices, shard ``i`` runs
-on the stage's device ``i``; a stage of one device runs every shard on that
-device. Outside a Pipeline (plain Gluon), the blocks run where their
-parameters are. On NDArrays the same split runs imperatively: each shard's
-input is copied to its weight's device (autograd records the copies).
-
-Parameters: shard ``i`` of a parameter ``<prefix>weight`` is the Gluon
-parameter ``<prefix>shard<i>_weight`` (the suffix keeps MXNet's initializers
-dispatching on ``weight``/``bias``); with ``shards=1`` the names are
-``Dense``'s and ``Embedding``'s own. :func:`gather_params` and
-:func:`split_params` turn values between the shard names and the unsplit
-layer's names and shapes, which is what users see in ``get_params()``,
-``set_params()`` and checkpoints. A Pipeline's ``initialize`` and its
-Module's ``init_params`` draw a sharded parameter whole, in the unsplit
-layer's name and shape, and slice it (:mod:`~mp_symbolic.core.initial`);
-outside a Pipeline, Gluon's ``initialize`` runs the initializer on each
-shard's shape (``Xavier`` then sees the shard's fan).
+:class:`ColumnParallelDense`, :class:`RowParallelDense`, :class:`PerShard`
+and :class:`VocabParallelEmbedding`, on the base :class:`ShardedBlock`.
+Each shard's ops and weight carry a group of their own, the shards meet
+through :mod:`~mp_symbolic.core.comm`, and MXNet's executor inserts the
+copies and computes the backward pass. Shard ``i`` of ``<prefix>weight`` is
+the parameter ``<prefix>shard<i>_weight`` (``Dense``'s own names with
+``shards=1``); :func:`gather_params` and :func:`split_params` convert to and
+from the unsplit layer's names and shapes, which users and checkpoints see.
+docs/tensor-parallel.md describes the layers and their placement.
 """
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
@@ -74,19 +41,15 @@ class _Trace:
 
 @contextmanager
 def mark_shards(blocks, unsplit_layers=False):
-    """Within: the tensor-parallel layers of ``blocks`` (a block or a list of
-    them: the network being traced) tag each shard's ops and weights with
-    ``__tp_shard__='i/N/<layer call>'`` instead of a ``ctx_group``
-    (:func:`~mp_symbolic.core.names.layer_call`: the layer's name and its
-    call's number in the trace), for a network whose stages the trace's cut
-    decides (:func:`~mp_symbolic.core.passes.shard_groups` then places them). Each call is its own:
-    a layer that reads another's parameters (an output layer tied to the
-    embedding) has that layer's name, and stays in its own stage. Outside
-    such a trace, a layer on Symbols builds its split graph unmarked.
+    """Context in which the tensor-parallel layers of ``blocks`` (a block or a
+    list of them) tag each shard's ops and weights with
+    ``__tp_shard__='i/N/<layer call>'`` instead of a ``ctx_group``, for
+    :func:`~mp_symbolic.core.passes.shard_groups` to place.
 
-    The trace is held by the layers themselves for its length (the user's
-    network calls them, ``self.dense(x)``, with no argument of the trace's),
-    so one trace reaches the layers of the network traced and no other.
+    Each call of a layer is marked apart (:func:`~mp_symbolic.core.names.layer_call`),
+    so a layer tied to another's parameters stays in its own stage. The trace
+    reaches the layers of ``blocks`` and no others; outside it, a layer on
+    Symbols builds its split graph unmarked.
 
     Args:
         unsplit_layers: Build the layers unsplit (one op, the unsplit
@@ -155,34 +118,20 @@ class ShardedBlock(gluon.HybridBlock):
     """The base of a tensor-parallel layer: one layer's parameters split into
     ``shards`` parts, each part's computation on its own device of the stage.
 
-    The layers here (:class:`ColumnParallelDense`, :class:`RowParallelDense`,
-    :class:`VocabParallelEmbedding`, :class:`PerShard`) are subclasses; a
-    layer of one's own is one too. In ``__init__``, register each parameter
-    once by its unsplit shape with :meth:`add_param` (split along an axis
-    into given sizes, or whole on shard 0), then write four functions of
-    ``F`` (``mx.sym`` or ``mx.nd``: the same code builds the graph and runs
-    imperatively):
+    A subclass registers each parameter once by its unsplit shape with
+    :meth:`add_param` in ``__init__``, and writes, as functions of ``F``
+    (``mx.sym`` or ``mx.nd``):
 
-    * :meth:`shard_forward` ``(F, i, x, **params)``: shard ``i``'s part, from
-      its parameters (by key) and the input; it runs on shard ``i``'s device;
-    * :meth:`combine` ``(F, parts, x)``: the layer's output from the parts,
-      on shard 0's device (:mod:`~mp_symbolic.core.comm`'s
-      ``gather_from_shards``, ``reduce_from_shards``);
-    * :meth:`unsplit_forward` ``(F, x, **params)``: the same layer unsplit,
-      from the whole parameters: what checkpoints hold and export writes, so
-      a model trained on any number of shards resumes on any other;
-    * optionally :meth:`prepare` ``(F, x)``: the input as every shard reads
-      it (default: ``x`` itself; MXNet copies it to each shard's device).
+    * :meth:`shard_forward` ``(F, i, x, **params)``: shard ``i``'s part, on
+      shard ``i``'s device;
+    * :meth:`combine` ``(F, parts, x)``: the output from the parts, on shard
+      0's device, through :mod:`~mp_symbolic.core.comm`;
+    * :meth:`unsplit_forward` ``(F, x, **params)``: the same layer from the
+      whole parameters (what checkpoints hold and export writes);
+    * optionally :meth:`prepare` ``(F, x)``: the input as every shard reads it.
 
-    A layer of several inputs (``layer(x, y)``) takes them in that order in
-    each of the four, after ``F`` (and ``i``, ``parts``): ``x, y``; its
-    :meth:`prepare` returns them as a tuple.
-
-    The Pipeline places each shard's ops and parameters in its own
-    ``ctx_group`` (shard ``i`` on the stage's device ``i``), sums the
-    gradients of a parameter's uses, gathers and splits values between the
-    shard names (``<prefix>shard<i>_<key>``) and the unsplit ones
-    (``<prefix><key>``) in ``get_params``, ``set_params`` and checkpoints.
+    A layer of several inputs takes them in order in each of the four, after
+    ``F`` (and ``i``, ``parts``); its :meth:`prepare` returns a tuple.
     docs/tensor-parallel.md shows a layer written this way.
 
     Args:
@@ -356,9 +305,8 @@ def _moved(out, device):
 class ColumnParallelDense(ShardedBlock):
     """``gluon.nn.Dense`` whose weight is split by output units over ``shards``.
 
-    Shard ``i`` holds rows ``units_i`` of the weight ``(units, in_units)`` and
-    of the bias, computes those outputs (and the activation) from the whole
-    input, and a concat on shard 0's device gathers them.
+    Shard ``i`` computes its rows of the output (and the activation) from the
+    whole input; a concat on shard 0's device gathers them.
 
     Args:
         units: Output size (``Dense``'s ``units``).
@@ -411,26 +359,16 @@ class ColumnParallelDense(ShardedBlock):
 
 
 class PerShard(ShardedBlock):
-    """A parameter-free function of each shard's part of the input, on that
+    """A parameter-free function of each shard's part of the inputs, on that
     shard's device.
 
-    Between a :class:`ColumnParallelDense` and a :class:`RowParallelDense` of
-    as many shards, shard ``i`` applies ``fn`` to shard ``i``'s output of the
-    column layer, and the row layer reads shard ``i``'s result: no gather, no
-    slicing, nothing crosses devices (Megatron's attention core, run on the
-    heads each device holds). Otherwise the input's last axis is cut into
-    ``shards`` contiguous parts (sizes as the column layer's) and the results
-    are concatenated on shard 0's device. On NDArrays every shard runs on the
-    input's device.
-
-    ``fn`` must act on each part alone, e.g. on whole attention heads, for
-    the result not to depend on the shard count: lay out the column layer's
-    outputs so that each shard holds whole heads (``[q k v]`` of head 0, then
-    of head 1, ...), as Megatron-LM does.
-
-    Several inputs (``block(q, k, v)``) are cut alike, and ``fn`` takes
-    each shard's part of every one (``fn(F, q_i, k_i, v_i)``): the local
-    attention after three column layers of as many shards.
+    Directly after a :class:`ColumnParallelDense` of as many shards, shard ``i``
+    applies ``fn`` to that layer's shard ``i`` output, and a following
+    :class:`RowParallelDense` reads the result: nothing crosses devices.
+    Otherwise each input's last axis is cut into ``shards`` contiguous parts
+    and the results are concatenated on shard 0's device. ``fn`` must act on
+    each part alone (e.g. on whole attention heads) for the result not to
+    depend on the shard count.
 
     Args:
         fn: ``fn(F, x, ...) -> y`` on a part of each input (``F`` is
@@ -482,13 +420,10 @@ class PerShard(ShardedBlock):
 class RowParallelDense(ShardedBlock):
     """``gluon.nn.Dense`` whose weight is split by input units over ``shards``.
 
-    Shard ``i`` holds columns ``in_units_i`` of the weight ``(units,
-    in_units)`` and multiplies them with its slice of the input; an ``add_n``
-    on shard 0's device sums the partial outputs, shard 0 adds the bias, and
-    the activation follows the sum. Directly after a
-    :class:`ColumnParallelDense` of as many shards (its ``units`` equal to
-    this layer's ``in_units``), shard ``i`` takes that layer's shard ``i``
-    output and no slicing or gather happens.
+    Shard ``i`` multiplies its columns of the weight with its slice of the
+    input (or, directly after a :class:`ColumnParallelDense` of as many shards,
+    with that layer's shard ``i`` output); the partial outputs are summed on
+    shard 0's device, which adds the bias once, and the activation follows.
 
     Args:
         units: Output size.
@@ -555,10 +490,9 @@ class RowParallelDense(ShardedBlock):
 class VocabParallelEmbedding(ShardedBlock):
     """``gluon.nn.Embedding`` whose table is split by rows (vocabulary).
 
-    Shard ``i`` holds rows ``[start_i, end_i)`` of the table ``(input_dim,
-    output_dim)``; it looks up the indices in its range (others read row 0
-    and are zeroed), and an ``add_n`` on shard 0's device sums the shards,
-    which is Megatron-LM's masked lookup and all-reduce.
+    Shard ``i`` looks up the indices in its rows and zeroes the others; the
+    shards are summed on shard 0's device (Megatron-LM's masked lookup and
+    all-reduce).
 
     Args:
         input_dim: Vocabulary size.
