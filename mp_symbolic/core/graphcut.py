@@ -1,33 +1,17 @@
 """The graph cut: any traced network split into contiguous pipeline stages.
 
-The cost model is pure functions over a traced graph (a
-:class:`~mp_symbolic.core.ir.PlacedGraph`, or its JSON
-``json.loads(symbol.tojson())``), after the way PyTorch's pipelining splits a
-traced graph rather than a list of layers; the placing is the passes'
-(:mod:`~mp_symbolic.core.passes`):
-
-* :func:`op_order`: the op nodes in a topological order (the order MXNet
-  writes them, checked);
-* :func:`param_costs`, :func:`op_times`: what each op costs (the parameters
-  it is the first to read; its measured forward + backward time);
-* :func:`entry_bytes`, :func:`crossing_bytes`: the activation bytes a cut
-  makes cross each boundary (from shape inference on a sample);
-* one contiguous range of ops per stage, the largest stage as small as it can
-  be, and among cuts near that the one with the fewest bytes crossing
-  (:func:`mp_symbolic.core.balance.solve`, the solver of block lists too);
-* :func:`~mp_symbolic.core.passes.label` (a pass): every op, parameter
-  variable and auxiliary state given its stage's ``ctx_group``; a parameter
-  read by ops of several stages lives in its owner's stage and the others
-  read it through one ``identity`` op there (MXNet 1.9.1 fails in backward on
-  a variable read directly on two devices:
-  :func:`mp_symbolic.core.passes.tie_parameters`);
-* :class:`Cut`: all of the above for one traced network, as ``Pipeline``
-  uses it; :func:`run_graph`: a labelled graph run op by op on NDArrays (the
-  imperative twin of a cut network).
-
-MXNet's graph executor does the rest: bound with ``group2ctx`` it puts each
-node on its group's device and copies every entry that crosses devices,
-including skip connections over several stages.
+Pure functions over a traced graph (a
+:class:`~mp_symbolic.core.ir.PlacedGraph`, or its JSON), after PyTorch's
+pipelining of a traced graph rather than a list of layers: the op order
+(:func:`op_order`), what each op costs (:func:`param_costs`,
+:func:`op_times`), the activation bytes a cut makes cross each boundary
+(:func:`entry_bytes`, :func:`crossing_bytes`), and :class:`Cut`, which
+solves for contiguous stages with :func:`mp_symbolic.core.balance.solve`.
+The passes (:mod:`~mp_symbolic.core.passes`) label the stages;
+:func:`run_graph` runs a labelled graph op by op on NDArrays (the
+imperative twin of a cut network). Bound with ``group2ctx``, MXNet's graph
+executor puts each node on its group's device and copies every entry that
+crosses devices.
 """
 import ast
 import ctypes
@@ -70,13 +54,9 @@ def param_costs(graph, shapes, data_names):
 
 def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
     """Median seconds of one forward + backward pass of each op alone, one per
-    op in :func:`op_order`.
-
-    Each op is bound by itself on ``ctx`` with its inputs as fresh variables of
-    the shapes and dtypes inference gives for ``input_shapes``, filled with
-    random values,
-    and timed by :func:`mp_symbolic.core.balance.time_forward_backward`
-    (an ``Embedding``'s ids without a gradient).
+    op in :func:`op_order`: each op bound by itself on ``ctx``, its inputs
+    fresh random variables of the inferred shapes and dtypes, timed by
+    :func:`mp_symbolic.core.balance.time_forward_backward`.
     """
     graph = as_placed(symbol)
     shapes, dtypes = entry_shapes(symbol, input_shapes), entry_dtypes(symbol, input_shapes)
@@ -318,14 +298,12 @@ def _known(shape):
 def run_graph(graph, inputs, device_of_group):
     """Runs a labelled graph op by op on NDArrays (the imperative twin of a cut
     network): each op on its group's device, each input moved there first
-    (``as_in_context``, which autograd records, so gradients flow back).
+    (``as_in_context``, which autograd records).
 
-    Every op is invoked as ``mx.nd`` invokes it (``_contrib_*``, ``_np_*``,
-    internal ops alike), its attributes passed as the graph's strings, which
-    MXNet parses as it does for a Symbol. An op with no array input whose
-    ``shape`` has a 0 (a ``begin_state``-style ``_zeros(shape=(L, 0, H))``,
-    left for the Symbol's shape inference to fill from its consumers) gets
-    the shape that inference gives on the real inputs.
+    Every op is invoked as ``mx.nd`` invokes it, its attributes passed as the
+    graph's strings. A source op whose ``shape`` has a 0 (left for MXNet's
+    shape inference to fill, as a ``begin_state``'s ``_zeros``) gets the shape
+    that inference gives on the real inputs.
 
     Args:
         graph: A :class:`~mp_symbolic.core.ir.PlacedGraph`, or its JSON.
@@ -346,8 +324,7 @@ def run_graph(graph, inputs, device_of_group):
 
 class GraphRun:
     """A labelled graph run op by op (:func:`run_graph`), a part at a time:
-    the imperative twin runs a cut network's stages in its schedule's order,
-    each :meth:`run` one stage of one micro-batch.
+    each :meth:`run` is one stage of one micro-batch, in the schedule's order.
 
     Args:
         graph, inputs, device_of_group: As for :func:`run_graph`.

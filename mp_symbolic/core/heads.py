@@ -1,43 +1,18 @@
 """Loss heads: their training form (MXNet's ``*Output`` ops), their Gluon
 twin, and the inference form an export replaces them with.
 
-MXNet's ``*Output`` ops pass a prediction through in the forward pass and
-back-propagate the loss gradient per sample, unaveraged (``Module`` scales by
-``1 / batch_size`` through the optimizer's ``rescale_grad``):
-
-=========== ============================ ============================= ===========
-``loss``    training head                Gluon twin (per sample)       inference
-=========== ============================ ============================= ===========
-``'l2'``    ``LinearRegressionOutput``   ``L2Loss`` (0.5 (p - y)^2)    identity
-``'softmax'`` ``SoftmaxOutput``          ``SoftmaxCrossEntropyLoss``   softmax
-                                          (summed over positions;
-                                          averaged on axis 1)
-``'logistic'`` ``LogisticRegressionOutput`` ``SigmoidBinaryCrossEntropyLoss`` sigmoid
-=========== ============================ ============================= ===========
-
-``'softmax'`` takes its classes on the axis the labels' shape leaves
-(:func:`class_axis`): the last for ``(N, C)`` outputs with ``(N,)`` labels
-and ``(N, T, V)`` with ``(N, T)`` (``SoftmaxOutput(preserve_shape=True)``),
-axis 1 for ``(N, C, H, W)`` with ``(N, H, W)`` (``multi_output=True``, a
-per-pixel classifier).
-
-MXNet's regression heads (``'l2'``, ``'logistic'``, ``MAERegressionOutput``)
-divide each gradient by the label's size over its axis 0 (the outputs per
-sample where the batch is on axis 0). With the batch on another axis
-(``Pipeline(..., batch_axis=1)``) that divisor counts the batch too, and a
-head that sees a share of it (a micro-batch, a replica's) divides by less
-than one device's unsplit batch does, its gradients as many times larger:
-:func:`with_head`'s ``shares`` divides their ``grad_scale`` by as many
-(:data:`BATCH_SCALED_OPS`).
-``SoftmaxOutput`` divides by nothing (its default ``normalization``); with
-``normalization='batch'`` it divides by the batch on axis 0 and is scaled the
-same way. A head normalised by the valid entries of what it sees
-(``'valid'``) is refused where it sees a part of the batch.
-
 Each head is one :class:`Head` record in :data:`HEADS` (its op, Gluon loss,
 inference form, label, default metric, batch loss, class axis), read by the
 graph, the imperative twin, the task and the export; :func:`read_head` reads
 the record back off a graph, a head of the user's own included.
+docs/how-it-works.md lists the heads and their class axes.
+
+MXNet's ``*Output`` ops back-propagate the loss gradient per sample,
+unaveraged. Its regression heads (and ``SoftmaxOutput`` with
+``normalization='batch'``) divide it by a size that holds the batch where
+the batch is off axis 0 (on axis 0 for ``SoftmaxOutput``), so a head that
+sees a share of the batch is scaled back (:func:`scaled_heads`); one
+normalised by its part's valid entries is refused.
 """
 from dataclasses import dataclass, field, replace
 
@@ -80,12 +55,11 @@ def _binary_cross_entropy(output, label, **_):
 
 
 class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
-    """Softmax cross-entropy over the last axis, summed over every other
-    axis but the batch: ``(N, C)`` -> ``(N,)`` as Gluon's
-    ``SoftmaxCrossEntropyLoss``, and ``(N, T, C)`` -> ``(N,)`` summed over
-    the T positions, where Gluon's averages them. ``SoftmaxOutput`` (with
-    ``preserve_shape``) back-propagates each position's gradient unaveraged,
-    so this is its twin: a sequence model's gradients agree."""
+    """Softmax cross-entropy over the last axis, summed over every other axis
+    but the batch (``(N, T, C)`` -> ``(N,)``): the twin of ``SoftmaxOutput``
+    with ``preserve_shape``, which back-propagates each position's gradient
+    unaveraged (Gluon's ``SoftmaxCrossEntropyLoss`` averages them).
+    """
 
     def __init__(self, **kwargs):
         super().__init__(weight=None, batch_axis=0, **kwargs)
@@ -303,25 +277,21 @@ def scaled_heads(graph, shares, batch_axis=1):
 
 def with_head(prediction, loss, label_name, output=None, group=None, shares=1, batch_axis=1):
     """The pass that adds the training head: ``prediction`` (a
-    :class:`~mp_symbolic.core.ir.PlacedGraph` whose outputs are the
-    network's) with ``loss``'s head (:func:`make_head`) on its outputs and a
-    label variable ``label_name``, the head's nodes in ``group`` (a
-    ``ctx_group``). For a network of several outputs and a named loss, the
-    outputs are the head on output ``output``, then the others in order,
-    each through a ``BlockGrad`` (:func:`~mp_symbolic.core.names.other_output_name`);
-    a callable loss receives the list of outputs.
+    :class:`~mp_symbolic.core.ir.PlacedGraph` whose outputs are the network's)
+    with ``loss``'s head (:func:`make_head`) on its outputs and a label
+    variable ``label_name``, the head's nodes in ``group`` (a ``ctx_group``).
 
-    ``shares``: the batch one device takes unsplit over the batch this head
-    sees, on axis ``batch_axis``: the ``grad_scale`` of a head whose
-    gradient divisor holds that batch (:func:`scaled_heads`; a regression
-    head with the batch off axis 0, ``SoftmaxOutput(normalization='batch')``
-    with it on axis 0, a callable's included) is divided by it, so that its
-    gradients are one device's; 1 leaves the head as MXNet makes it.
-
-    The head is a graph on a variable per output
-    (:func:`~mp_symbolic.core.names.prediction_name`; a callable's traced
-    on them and read once) composed onto ``prediction``: the graph MXNet's
+    For a network of several outputs and a named loss, the outputs are the
+    head on output ``output``, then the others in order, each through a
+    ``BlockGrad`` (:func:`~mp_symbolic.core.names.other_output_name`); a
+    callable loss receives the list of outputs. The graph is the one MXNet's
     composition of the two Symbols gives, node for node.
+
+    Args:
+        shares: The batch one device takes unsplit over the batch this head
+            sees, on axis ``batch_axis``; a head whose gradient divisor holds
+            that batch has its ``grad_scale`` divided by it
+            (:func:`scaled_heads`). 1 leaves the head as MXNet makes it.
 
     Raises:
         ValueError: ``output`` is missing or out of range for a network of
@@ -365,12 +335,10 @@ def with_head(prediction, loss, label_name, output=None, group=None, shares=1, b
 
 
 def read_head(symbol):
-    """The :class:`Head` that the first output of ``symbol`` (a training
-    graph: a Symbol or a :class:`~mp_symbolic.core.ir.PlacedGraph`) ends in,
-    read off its op and attributes: a head made by :func:`make_head` or by a
-    callable loss of the user's
-    (``mx.sym.SoftmaxOutput(p, y, multi_output=True)``), with its class axis
-    and ignored label.
+    """The :class:`Head` that the first output of ``symbol`` (a training graph:
+    a Symbol or a :class:`~mp_symbolic.core.ir.PlacedGraph`) ends in, read off
+    its op and attributes, a callable loss's head of the user's included, with
+    its class axis and ignored label.
 
     Returns:
         The record, or ``None`` where the output is no known head (``MakeLoss``:

@@ -1,33 +1,13 @@
-"""The placed graph's passes: functions from a graph to a new graph (the
-graph given is left as it is), in the order a Pipeline runs them.
+"""The placed graph's passes: functions from a
+:class:`~mp_symbolic.core.ir.PlacedGraph` to a new one (the graph given is
+left as it is), in the order a Pipeline runs them: :func:`assign_stages`,
+:func:`mirror_stages`, :func:`tie_parameters` (the three are
+:func:`label`), :func:`shard_groups`, :func:`replicate_chunks` (the
+one-graph GPipe), :func:`finish`, and :func:`cut` into one
+:class:`StageGraph` per stage, what the stage runtime binds.
 
-A graph here is a :class:`~mp_symbolic.core.ir.PlacedGraph`: typed nodes, each
-with its group (stage and shard) and, for a tensor-parallel shard, its layer.
-From a trace (:class:`~mp_symbolic.core.graphcut.Cut` for a whole network,
-:func:`~mp_symbolic.core.placement.trace_blocks` for a block list):
-
-1. **assign stages**, :func:`assign_stages`: every op its stage's group,
-   every parameter its owner's;
-2. **mirror**, :func:`mirror_stages`: the ops of chosen stages recompute their
-   outputs in backward (MXNet's ``__force_mirroring__``);
-3. **tie**, :func:`tie_parameters`: a variable read in another group than its
-   own is read through one identity in its own (the MXNet 1.9.1 bind
-   failure it avoids is pinned in ``tests/test_mxnet_traps.py``;
-   :func:`label` is these three);
-4. **place shards**, :func:`shard_groups`: each tensor-parallel shard in its
-   stage device's group, then tied again;
-5. **chunk**, :func:`replicate_chunks`: the graph on ``M`` micro-batches, one
-   graph (the one-graph GPipe);
-6. **finish**, :func:`finish`: parameters in their owners' groups, tied,
-   copies of an op named apart, every node checked to carry a group;
-7. **split**, :func:`cut`: one :class:`StageGraph` per stage, what the stage
-   runtime binds.
-
-:func:`unique_names` gives the ops of a trace names of their own (a block
-called twice). A pass that moves nodes between groups ties again: "no
-variable read outside its group" holds after each pass, as MXNet's bind
-needs. MXNet's JSON is made at the edges only, to bind, to export, to draw
-(:meth:`~mp_symbolic.core.ir.PlacedGraph.to_symbol`).
+Invariant: after each pass no variable is read outside its group, as
+MXNet's bind needs; a pass that moves nodes between groups ties again.
 """
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -102,16 +82,10 @@ def tie_parameters(graph, error=ValueError):
     (``<variable>_tied``) in the variable's group, listed right after it.
     Variables without a group are left as they are.
 
-    **What MXNet does.** A variable read by ops of two groups gets the sum of
-    its gradients (``sum_grad``) on one reader's device, and the bind then
-    fails to save it to the variable's ("Trying to save gradient to cpu(0)
-    while its source node sum_grad computes it on cpu(1)"). **Why it
-    matters.** A tied weight is read by the stages of its readers; a
-    tensor-parallel layer's input by every shard. **What is done instead.**
-    The readers read one identity op in the variable's group: the sum over
-    the uses is that op's gradient and lands on the owner's device
-    (:func:`~mp_symbolic.core.compat.read_in_own_group` does the same while
-    a graph is traced).
+    MXNet 1.9.1 sums a variable's gradients from two groups on one reader's
+    device and then fails to save the sum to the variable's ("Trying to save
+    gradient to cpu(0) while its source node sum_grad computes it on
+    cpu(1)"); through the identity the sum lands on the owner's device.
 
     Args:
         error: The exception class to raise.
@@ -152,10 +126,8 @@ def shard_groups(graph, widths):
     """A labelled graph (every node in a stage's group) with each
     tensor-parallel shard's node (:attr:`~mp_symbolic.core.ir.Node.layer`)
     in its shard's group, for stages of ``widths[s]`` devices. A layer call's
-    shards all go to the stage of its first op (a cut in topological order
-    could otherwise put shard 0 and shard 1 of one layer on two stages). An
-    ``identity`` through which other stages read a moved weight
-    (``<weight>_tied``) moves with it.
+    shards all go to the stage of its first op; an ``identity`` through which
+    other stages read a moved weight (``<weight>_tied``) moves with it.
 
     Raises:
         ValueError: a stage of several devices, but not as many as the
@@ -192,15 +164,10 @@ def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
     but the first through a segment boundary when there are several stages
     (:func:`mp_symbolic.core.compat.segment_boundaries`).
 
-    The join concatenates the chunks last first (``join_reversed``), splits
-    that (``join_parts``) and concatenates the parts back in the batch's
-    order: MXNet's gradient pass visits the ops in the reverse of the order
-    it reaches them from the loss, so the backward pass of the chunk the
-    join reads first runs last. A BatchNorm updates its running statistics
-    in its backward pass, in place, with its own micro-batch's statistics
-    (``moving * momentum + stat * (1 - momentum)``, in MXNet 1.9.1's CPU and
-    oneDNN kernels alike); read last first, the chunks' copies update them
-    in micro-batch order, as the stage runtime's schedules do.
+    The join reads the chunks last first (``join_reversed``, ``join_parts``):
+    MXNet's backward pass visits the ops in the reverse order, so the chunks'
+    BatchNorm copies update the running statistics in micro-batch order, as
+    the stage runtime's schedules do (docs/batchnorm-chunks.md).
 
     Args:
         data_name: The input variable, or the names of several.
