@@ -1,38 +1,21 @@
 """Tensor parallelism for a network written with Gluon's own layers: its
 ``Dense`` and ``Embedding`` children swapped for the parallel layers of
-:mod:`~mp_symbolic.core.tensor_parallel`, found automatically or named by a plan.
+:mod:`~mp_symbolic.core.tensor_parallel`, found automatically or named by a plan
+(after DeepSpeed's AutoTP and PyTorch's ``parallelize_module``).
 
-After DeepSpeed's AutoTP (a model's linear layers sharded without changes to
-its code) and PyTorch's ``parallelize_module(model, mesh, {'attn.q':
-ColwiseParallel(), ...})`` (a plan keyed by module names), on MXNet: the
-detection reads the network's traced graph (which op feeds which), the swap
-changes its block tree (:meth:`Pipeline` then traces the swapped network as
-it traces any other).
-
-* ``'auto'`` finds each MLP (a ``FullyConnected``, element-wise ops, a
-  ``FullyConnected``) and each self-attention (query, key and value
-  projections, separate ``Dense`` layers or one block's own weights, as
-  GluonNLP's ``DotProductSelfAttentionCell`` with
-  ``_contrib_interleaved_matmul_selfatt_qk`` / ``_valatt``; then the output
-  projection) and shards them Megatron-LM's way: the first layer
-  column-parallel, the attention by heads (the block's own code run once per
-  shard on that shard's heads, :class:`HeadParallel`), the element-wise
-  blocks between per shard (:class:`~mp_symbolic.PerShard`), the output
-  layer row-parallel reading each shard's part: no gather inside the block,
-  one sum at its end.
+* ``'auto'`` reads the traced graph for each MLP and each self-attention
+  and shards them Megatron-LM's way: the first layer column-parallel, the
+  attention by heads (:class:`HeadParallel`), the element-wise blocks
+  between per shard (:class:`~mp_symbolic.PerShard`), the output layer
+  row-parallel: one sum at the block's end.
 * A plan ``{pattern: 'column' | 'row' | 'vocab' | 'replicate'}`` names the
-  layers itself; a pattern is an ``fnmatch`` pattern (``*``, ``?``,
-  ``[...]``) over a layer's block name (``bert_encoder_transformer0_ffn_1``)
-  or its parameters' names, the first pattern that matches a layer decides.
-  ``'column'`` on an attention block shards it by heads.
+  layers: an ``fnmatch`` pattern over a layer's block name or its
+  parameters' names, the first that matches deciding. ``'column'`` on an
+  attention block shards it by heads.
 
-A swapped layer keeps the unsplit layer's parameter names (its shards are
-``<prefix>shard<i>_weight``; checkpoints and ``get_params()`` show
-``<prefix>weight``) and, if it was initialised, its values. The network
-given is changed in place: Gluon has no copy of a block, and a copy would
-leave the user's object with values the training never touched. Build the
-network again (the same prefixes) for a one-device copy and load
-``pipe.get_params()`` into it.
+A swapped layer keeps the unsplit layer's parameter names and, if
+initialised, its values. The network given is changed in place (Gluon has
+no copy of a block). docs/tensor-parallel.md shows both forms.
 """
 import copy
 from collections import OrderedDict
@@ -144,16 +127,15 @@ def _act(dense):
 
 class HeadParallel(ShardedBlock):
     """An attention block of the user's, run once per shard on that shard's
-    heads: its query, key and value weights split by heads (whole heads per
-    shard), its head count and widths set to the shard's, its own
-    ``hybrid_forward`` then run unchanged.
+    heads: its query, key and value weights split by whole heads, its head
+    count and widths set to the shard's, its own ``hybrid_forward`` run
+    unchanged.
 
-    ``combine='concat'``: the block's first output (the heads' contexts,
-    last axis by heads) stays in parts for the row-parallel layer after it;
-    any other output (attention weights) is joined along axis 1, the heads
-    axis. ``combine='sum'``: the block holds its output projection too,
-    which is row-parallel; the shards' outputs are summed (the bias added
-    once, by shard 0).
+    ``combine='concat'``: the first output (the heads' contexts) stays in
+    parts for the row-parallel layer after it; any other output is joined
+    along axis 1, the heads axis. ``combine='sum'``: the block holds its
+    row-parallel output projection; the shards' outputs are summed (the bias
+    added once, by shard 0).
 
     Args:
         block: The user's block (it keeps its code; its parameters move here).

@@ -1,16 +1,10 @@
-"""How many blocks each pipeline stage gets.
+"""How many blocks each pipeline stage gets, as in torchgpipe (``balance``)
+and DeepSpeed (``partition_method``): a list of ints given by the user, by
+parameter count (the default), or by each block's measured forward +
+backward time.
 
-Three ways, as in torchgpipe (``balance``) and DeepSpeed (``partition_method``):
-
-* a list of ints: blocks per stage, given by the user;
-* by parameter count (the default): contiguous stages whose largest
-  parameter count is as small as it can be;
-* by time: each block's forward + backward time on a sample batch, measured
-  here, and the slowest stage made as fast as it can be.
-
-Every stage gets at least one block and every block a stage: the partition is
-solved exactly over contiguous splits (DeepSpeed's partitioner once emptied a
-stage, #4053, and dropped trailing blocks, #4312).
+Invariant: every stage gets at least one block and every block a stage;
+the partition is solved exactly over contiguous splits (:func:`solve`).
 """
 import mxnet as mx
 import numpy as np
@@ -134,9 +128,7 @@ def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
     First the largest stage cost ``B`` as small as it can be; then, among the
     splits whose every stage costs at most ``B * (1 + slack)``, the fewest
     bytes crossing (summed over the boundaries); then the smaller sum of
-    squared stage costs (the more even split); then the earlier cut.
-    Deterministic. The one solver of the library: block lists (``slack=0``,
-    nothing crossing) and cut graphs alike.
+    squared stage costs; then the earlier cut. Deterministic.
 
     Args:
         costs: Non-negative cost of each block (op), in order.
@@ -255,14 +247,12 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
 
 
 def time_forward_backward(symbol, input_shapes, ctx, rng, repeats=5, input_dtypes=None):
-    """Median seconds of one forward + backward pass of ``symbol`` bound
-    alone on ``ctx``, its arrays filled from ``rng``
-    (:func:`mp_symbolic.core.timing.median_seconds`: the first pass, which
-    allocates, untimed). Every floating-point argument gets a gradient, but
-    the inputs an Embedding reads its ids from
-    (:func:`mp_symbolic.core.compat.embedding_ids`); an integer input (a
-    ``softmax`` length cast from BERT's ``valid_length``) holds ones, a value
-    every length and index accepts.
+    """Median seconds of one forward + backward pass of ``symbol`` bound alone
+    on ``ctx``, its arrays filled from ``rng``, the first pass untimed
+    (:func:`mp_symbolic.core.timing.median_seconds`). Every floating-point
+    argument gets a gradient but the Embedding ids
+    (:func:`mp_symbolic.core.compat.embedding_ids`); an integer input holds
+    ones, which every length and index accepts.
 
     Args:
         symbol: The block's (op's) graph.
@@ -287,9 +277,8 @@ def time_forward_backward(symbol, input_shapes, ctx, rng, repeats=5, input_dtype
 
 
 def balance_by_size(blocks, partitions):
-    """Blocks per stage for ``partitions`` stages, the largest stage's
-    parameter count as small as it can be (torchgpipe's ``balance_by_size``
-    counts memory the same way: parameters dominate a stage's share).
+    """Blocks per stage for ``partitions`` stages, the largest stage's parameter
+    count as small as it can be (torchgpipe's ``balance_by_size``).
 
     Raises:
         BalanceError: a parameter shape is not known yet, or more stages

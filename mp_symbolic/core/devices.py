@@ -1,20 +1,13 @@
 """The one place that decides which device runs which pipeline stage.
 
-A *device plan* maps a network's blocks to contiguous pipeline stages and each
-stage to one device; with replicas, R copies of that plan each get their own
-devices. It is built and validated here, and every variant (Module, executor,
-imperative, export) takes its ``group2ctx`` from it, so the group names in the
-symbol attributes, the bind call and the tests are the same.
-
-Device strings follow ``--devices``: ``cpu:0,cpu:1,cpu:2``, ``gpu:0,gpu:1``,
-or a mix. A stage may hold several devices for tensor-parallel layers
-(:mod:`~mp_symbolic.core.tensor_parallel`): ``cpu:0+cpu:1,cpu:2`` is a
-two-stage plan whose first stage has two devices (in Python, a tuple of
-contexts in the list). Shard ``i`` of stage ``s`` runs in ``ctx_group``
-:func:`shard_group` ``(s, i)``: ``'stage0'`` for shard 0, as without shards,
-then ``'stage0_shard1'``, ... ``cpu(0)``, ``cpu(1)``, ... are distinct devices to MXNet (its own
-model-parallel tests use them that way), which is how everything here runs
-without a GPU.
+A *device plan* maps a network's blocks to contiguous pipeline stages and
+each stage to one device (or several, for tensor-parallel layers:
+``cpu:0+cpu:1,cpu:2``); with replicas, R copies of that plan each get their
+own devices. Every variant (Module, executor, imperative, export) takes its
+``group2ctx`` from it, so group names agree everywhere. Shard ``i`` of stage
+``s`` runs in ``ctx_group`` :func:`shard_group` ``(s, i)``. ``cpu(0)``,
+``cpu(1)``, ... are distinct devices to MXNet, which is how everything here
+runs without a GPU.
 """
 from dataclasses import dataclass
 import re

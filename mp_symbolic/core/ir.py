@@ -2,25 +2,15 @@
 shard and role, the form the placement's passes
 (:mod:`~mp_symbolic.core.passes`) take and return.
 
-MXNet keeps a graph as JSON (``symbol.tojson()``): nodes with an ``op``
-(``'null'`` for a variable), ``inputs`` as ``[node, output, version]`` and
-string ``attrs``, where a stage lives as the ``ctx_group`` name
-(:func:`~mp_symbolic.core.names.stage_name`,
-:func:`~mp_symbolic.core.names.shard_group`). :meth:`PlacedGraph.from_json`
-reads that once into :class:`Node` values: the group a typed field (the
-stage and shard read from it), and what a trace can attach to an op only as
-an attribute (MXNet keeps nothing else per node) read into fields and not
-written back: a tensor-parallel shard's mark (:attr:`Node.layer`), the block
-of a block list that made the op (:attr:`Node.block`). The passes, the stage
-runtime's cut, the twin, the placement, the export, the checkpoint reader and
-the plots ask a node its stage (``node.stage``) instead of each parsing
-``'stage2_shard1'`` on its own. The JSON form is made at the edges only:
-MXNet binds it, the exporter writes it, the plots draw it
-(:meth:`PlacedGraph.to_json`, :meth:`PlacedGraph.to_symbol`). A graph put
-on another's outputs (a loss head on the network, a network on a caller's
-input ops) is :meth:`PlacedGraph.compose`, in the order MXNet itself writes
-(:meth:`PlacedGraph.in_mxnet_order`); every walk of a graph in the library
-and the export reads a :class:`PlacedGraph` (:func:`as_placed`).
+:meth:`PlacedGraph.from_json` reads MXNet's JSON (``symbol.tojson()``) once
+into :class:`Node` values: the ``ctx_group`` as typed fields (stage and
+shard), and the marks a trace can attach only as attributes
+(:attr:`Node.layer`, :attr:`Node.block`) read into fields and never written
+back. :meth:`PlacedGraph.to_json` and :meth:`PlacedGraph.to_symbol` make the
+JSON form at the edges only (bind, export, plots);
+:meth:`PlacedGraph.compose` puts a graph on another's outputs in MXNet's
+own order. Invariant: every walk of a graph in the library and the export
+reads a :class:`PlacedGraph` (:func:`as_placed`).
 """
 from collections import namedtuple
 from dataclasses import dataclass, field, replace

@@ -1,30 +1,22 @@
 """The placed graph's vocabulary: every name and attribute the library writes
-into a Symbol, and reads back, in one place.
-
-The graph that :class:`~mp_symbolic.Pipeline` builds, the checkpoints it
-writes and the exported files all carry these names; the export side, the
-plots and the tests read them from here (as Megatron-LM's ``mappings.py``
-owns its communication vocabulary). Only the standard library is imported.
+into a Symbol, and reads back, in one place (only the standard library is
+imported).
 
 * ``ctx_group`` of a stage and of a tensor-parallel shard: :func:`stage_name`,
-  :func:`shard_group`, stored in the node attribute :data:`GROUP_ATTR`
+  :func:`shard_group`, in the node attribute :data:`GROUP_ATTR`
   (:data:`GROUP_KEY` to ``Symbol.attr``);
 * a parameter read on another stage than its own goes through one
   :data:`IDENTITY_OP` node named :func:`tied_name` ``(parameter)``;
-* while a network is traced, a tensor-parallel shard's ops and weights carry
-  :data:`SHARD_ATTR`, the mark :func:`shard_mark` ``(index, shards, layer)``
-  (the layer of one call: :func:`layer_call`), which the typed graph reads
-  into its nodes (:attr:`~mp_symbolic.core.ir.Node.layer`) and does not
-  write back;
-* while a block list is traced into one graph, each op carries its block's
-  index in :data:`BLOCK_ATTR` (the split points; read into the typed graph's
-  nodes, :attr:`~mp_symbolic.core.ir.Node.block`, and not written back);
-* while a network is traced, a column-parallel layer's join carries
-  :data:`GATHER_ATTR` (the shards behind it, for the next layer to read
-  directly); dropped by the typed graph. :data:`TRACE_ATTRS` are these
-  marks, :data:`MXNET_ATTRS` the attributes MXNet reads that the library
-  writes (the only ones a bound graph carries), :data:`ATTRS` every
-  attribute the library writes;
+* trace marks (:data:`TRACE_ATTRS`), which the typed graph reads into
+  its nodes or drops and never writes back: :data:`SHARD_ATTR`
+  (:func:`shard_mark` ``(index, shards, layer)``, the layer of one call
+  :func:`layer_call`; :attr:`~mp_symbolic.core.ir.Node.layer`),
+  :data:`BLOCK_ATTR` (a block list's block index;
+  :attr:`~mp_symbolic.core.ir.Node.block`) and :data:`GATHER_ATTR` (the
+  shards behind a column-parallel layer's join; dropped);
+* :data:`MXNET_ATTRS`: the attributes MXNet reads that the library writes,
+  the only ones a bound graph carries; :data:`ATTRS`: every attribute the
+  library writes;
 * the copies of an op for micro-batch ``m > 0`` are :func:`chunk_name`
   ``(op, m)``; the input is split by :data:`CHUNK_SPLIT` and the outputs
   joined by :data:`CHUNK_JOIN`;

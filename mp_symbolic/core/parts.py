@@ -1,19 +1,12 @@
 """Files of named arrays written and read one array at a time, unpickled.
 
-A checkpoint committed by node processes is one *part* per node: a numpy
-``.npz`` file (a zip of ``.npy`` members, stored uncompressed) holding that
-node's arrays by name. :func:`write_npz` writes it member by member, each
-array made only when its turn comes and let go once written; ``np.load(path,
-allow_pickle=False)`` reads it back one member at a time, and
-:func:`npz_index` reads every member's name, shape and dtype from the
-``.npy`` headers alone.
-
-MXNet's own ``.params`` file (what ``mx.nd.save`` writes and
-``mx.model.load_checkpoint`` reads) takes every array at once through
-``mx.nd.save``; :func:`write_mxnet_params` writes the same bytes one array
-at a time (the list header, each array, then the names), and
-:func:`mxnet_params_index` reads names, shapes and dtypes back by seeking
-over the data.
+A checkpoint committed by node processes is one *part* per node: an
+uncompressed numpy ``.npz`` file of that node's arrays by name.
+:func:`write_npz` writes it member by member, each array made only when its
+turn comes; :func:`npz_index` reads names, shapes and dtypes from the
+``.npy`` headers alone. :func:`write_mxnet_params` writes the bytes
+``mx.nd.save`` writes (MXNet's ``.params``), one array at a time, and
+:func:`mxnet_params_index` reads its index by seeking over the data.
 
 Only numpy and the standard library: export and tools read parts without
 MXNet.

@@ -1,30 +1,18 @@
 """The imperative twin's forward pass: a Pipeline run by Gluon and autograd,
-with replicas (data parallelism) and micro-batches (GPipe).
+with replicas (data parallelism) and micro-batches (GPipe), after
+torchgpipe's ``microbatch.scatter``/``gather`` and Gluon's
+``split_and_load``.
 
 Each parameter has one copy per replica, on that replica's device of its
-stage (``plan.replica_devices[r][stage]``). ``forward`` splits the batch into
-``replicas`` equal shares and each share into ``chunks`` micro-batches, runs
-every micro-batch through the stages of its replica, moving activations from
-device to device (autograd records those copies, so gradients flow back across
-them, to each replica's own copies), and joins the outputs on the last stage
-of replica 0. :class:`~mp_symbolic.Trainer` then sums the gradients of a
-parameter's copies, so one step equals one replica on the whole batch.
-
-Operations are issued in the order of the Pipeline's schedule
-(:mod:`~mp_symbolic.core.schedule`), its forward actions: under GPipe clock
-``k`` runs stage ``k - m`` of micro-batch ``m``. They return at once; MXNet's
-dependency engine runs stage ``s`` of one micro-batch while stage ``s + 1``
-works on the previous one, as the stage runtime does. The backward pass is
-autograd's, one ``loss.backward()``. Both forms take that one order, each
-micro-batch one run of its stages: a block list's
-stage runs its blocks (Gluon's own forward, so blocks that run only on
-NDArrays, and layers that learn their input size on the first pass, need no
-Symbol); a whole network's stage runs its ops of the labelled graph (made
-once per placement), each on its group's device
+stage. :func:`forward` splits the batch into ``replicas`` shares of
+``chunks`` micro-batches, runs each through its replica's stages in the
+order of the Pipeline's schedule (:mod:`~mp_symbolic.core.schedule`),
+moving activations between devices (autograd records the copies), and joins
+the outputs on the last stage of replica 0. The backward pass is autograd's;
+:class:`~mp_symbolic.Trainer` sums a parameter's copies, so one step equals
+one replica on the whole batch. A block list's stage runs its Gluon blocks;
+a whole network's runs its ops of the labelled graph
 (:class:`~mp_symbolic.core.graphcut.GraphRun`).
-
-Reference: torchgpipe's ``microbatch.scatter``/``gather`` and its clock
-schedule; Gluon's ``split_and_load`` for the replicas.
 """
 import mxnet as mx
 
@@ -106,13 +94,10 @@ def forwards(schedule):
 
 def _start(placement, xs, replica):
     """A run of one micro-batch ``xs`` (the inputs' leaves) through replica
-    ``replica``'s stages.
-
-    The one branch on the form of the network, and why it stays: a block
-    list's stage runs its Gluon blocks (blocks that run only on NDArrays,
-    and layers that learn their input size on the first pass, have no graph
-    to run); a cut network has no blocks per stage, and runs its stage's ops
-    of the labelled graph."""
+    ``replica``'s stages: a block list's stage runs its Gluon blocks (which
+    may run only on NDArrays, or learn their input size on the first pass); a
+    cut network's runs its stage's ops of the labelled graph.
+    """
     if placement.cut is None:
         return _BlockRun(placement, xs, replica)
     return _OpRun(placement, xs, replica)
