@@ -4,17 +4,12 @@ the checks that every node carries a stage.
 
 Functions of a :class:`~mp_symbolic.core.placement.Placement`: both forms,
 a block list and one whole network, are built from its one labelled graph
-(:meth:`~mp_symbolic.core.placement.Placement.labelled`; a block list is
-traced into it at its block boundaries by
-:func:`~mp_symbolic.core.placement.trace_blocks`), and
+(:meth:`~mp_symbolic.core.placement.Placement.labelled`), and
 :func:`~mp_symbolic.core.passes.replicate_chunks` makes the micro-batches.
-
-Why the labels are written into the traced graph rather than by
-``mx.AttrScope(ctx_group=...)`` inside ``hybrid_forward``: such a scope tags
-the ops but not the parameter variables (Gluon creates those before
-``hybrid_forward`` runs), and the split graph then fails to bind for
-training. Gluon caches each parameter's variable, so the cache is cleared
-before every trace.
+The labels are written into the traced graph, not by an ``mx.AttrScope``
+inside ``hybrid_forward``: Gluon creates the parameter variables before
+``hybrid_forward`` runs, so such a scope leaves them untagged and the split
+graph fails to bind for training.
 """
 import mxnet as mx
 

@@ -1,24 +1,17 @@
-"""Initial values that depend on the seed and each parameter's name only.
+"""Initial values that depend on the seed and each parameter's name only
+(``PipelineModule.init_params``, ``fit(initializer=...)``,
+``Pipeline.initialize``).
 
-The rule, for ``PipelineModule.init_params`` (and so ``fit(initializer=...)``)
-and ``Pipeline.initialize``: the first parameter an init call draws takes one
-base value from MXNet's random generator on the CPU; after
-``mx.random.seed(s)`` it is the same in every process that seeded alike.
-Each parameter is then drawn on the CPU, whole, by the initializer, after
-MXNet's CPU generator (and numpy's global one, which some initializers
-read) is seeded from the base value and the parameter's name; a
-tensor-parallel parameter is drawn under its unsplit layer's name and
-shape and then sliced into its shards, as Megatron-LM draws a sharded
-weight's master copy whole (``_initialize_affine_weight_cpu``). The value
-is copied to each device that holds the parameter (each replica's).
-
-So a parameter's initial value is the same whatever the plan: its device,
-the stage count, micro-batches, schedule, replicas, shards, node processes,
-and whichever other parameters the process holds or draws first. After the
-call, MXNet's CPU generator is seeded from the base value again (what the
-process draws next is the same on every node too); numpy's is left as it
-was. A call that draws nothing (every value given) takes nothing from the
-generator.
+The first parameter an init call draws takes one base value from MXNet's
+CPU generator; each parameter is then drawn whole on the CPU, with MXNet's
+CPU generator (and numpy's global one) seeded from the base value and its
+name, a tensor-parallel one under its unsplit name and shape and then
+sliced (as Megatron-LM's ``_initialize_affine_weight_cpu``), and copied to
+each device that holds it. Invariant: a parameter's initial value is the
+same whatever the plan, the process or the other parameters drawn. After
+the call MXNet's CPU generator is seeded from the base value again; numpy's
+is left as it was. A call that draws nothing takes nothing from the
+generator. docs/how-it-works.md states the rule.
 """
 import hashlib
 

@@ -1,16 +1,13 @@
 """Where the batch is in each input and output of the Module: MXNet's data
 layouts (``mx.io.DataDesc(layout='TN')``), or the Pipeline's ``batch_axis``.
 
-MXNet's Module splits each input over its devices on the axis of ``N`` in
-its ``DataDesc`` layout, and joins each output on the axis of ``N`` in the
-``__layout__`` attribute of the output's node
-(``mxnet/module/executor_group.py``: ``decide_slices``,
-``_merge_multi_context``); with neither, on axis 0. A network laid out
-``TNC`` (GluonNLP's language models: tokens ``(T, N)``, states ``(L, N,
-C)``, outputs ``(T, N, V)``) has its batch on axis 1, so the Module's
-inputs get layouts with ``N`` there (:func:`batch_descs`) and its outputs
-the axis where their size follows the batch (:func:`output_batch_axes`,
-written by :func:`with_output_layouts`).
+MXNet's Module splits each input on the axis of ``N`` in its ``DataDesc``
+layout and joins each output on the axis of ``N`` in its node's
+``__layout__`` attribute, on axis 0 with neither
+(``mxnet/module/executor_group.py``). A network laid out ``TNC`` has its
+batch on axis 1, so its inputs get layouts with ``N`` there
+(:func:`batch_descs`) and its outputs a ``__layout__`` at the axis whose
+size follows the batch (:func:`with_output_layouts`).
 """
 import mxnet as mx
 

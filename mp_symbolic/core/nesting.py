@@ -1,17 +1,12 @@
 """Nested inputs and outputs: a network's arguments and results as Gluon
-takes and returns them, flattened into the graph's leaves in order, and back.
+takes and returns them (GluonNLP's ``(inputs, begin_state)`` -> ``(out,
+[h, c])``), flattened into the graph's leaves in order, and back, depth
+first as Gluon's own ``_flatten`` / ``_regroup``.
 
-GluonNLP's language models take ``(inputs, begin_state)`` and return ``(out,
-[h, c])``: a list inside the positional arguments and inside the result. A
-Symbol graph has flat inputs and outputs, so the Pipeline names the leaves in
-order (``data0``, ``data1``, ... as ``HybridBlock.export`` names them) and
-keeps the nesting beside them: :func:`flatten` gives ``(leaves, nesting)``,
-:func:`unflatten` puts leaves back in a nesting. After Gluon's own
-``mxnet.gluon.block._flatten`` / ``_regroup`` (its CachedOp flattens nested
-arguments the same way, depth first) and PyTorch's pytree.
-
-A nesting is :data:`LEAF`, or ``(list, children)`` / ``(tuple, children)``.
-:func:`describe` writes one without values (``(x, [x, x])``), for messages.
+:func:`flatten` gives ``(leaves, nesting)``, :func:`unflatten` puts leaves
+back in a nesting. A nesting is :data:`LEAF`, or ``(list, children)`` /
+``(tuple, children)``; :func:`describe` writes one without values
+(``(x, [x, x])``), for messages.
 """
 from .checks import excerpt, is_int
 

@@ -1,13 +1,10 @@
 """The one clock of the library and of its benchmarks.
 
-MXNet runs operators asynchronously: a clock read while work is still queued
-measures how fast Python queued it, not how fast it ran. Every reading here
-waits for all of MXNet's work (``mx.nd.waitall()``) before the clock starts,
-so that nothing queued earlier is counted, and again before it stops, so that
-everything the timed call queued is. ``balance_by_time`` (each block's or
-op's forward and backward pass), the training loop (its wall time, without
-the checkpoints) and the benchmarks in ``bench/`` (steps, epochs,
-predictions) all read it.
+MXNet runs operators asynchronously, so every reading here waits for all
+of MXNet's work (``mx.nd.waitall()``) before the clock starts and again
+before it stops: nothing queued earlier is counted, and everything the
+timed call queued is. ``balance_by_time``, the training loop and
+``bench/`` all read it.
 """
 import statistics
 import time
