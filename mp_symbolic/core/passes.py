@@ -22,10 +22,9 @@ from .tensor_parallel import device_index
 __all__ = ['StageGraph', 'assign_stages', 'mirror_stages', 'tie_parameters', 'label',
            'shard_groups', 'replicate_chunks', 'finish', 'cut', 'unique_names']
 
-# The one GPipe graph copies every op per micro-batch: building and binding it
-# took 2 to 5 ms per copy here (the regression's 5 ops at 10,000 chunks: 4.5
-# minutes on a loaded machine), so a graph past this many op copies is refused
-# rather than built (the language model's 357 ops: up to 22 chunks).
+# The one GPipe graph copies every op per micro-batch: a graph past this many
+# op copies (ops x chunks) is refused rather than built (its build and bind
+# cost per copy: docs/pipelining.md).
 MAX_CHUNKED_OPS = 8192
 
 

@@ -186,7 +186,7 @@ class Placement:
         split points are its block boundaries. A block list is traced on first
         use, and again once a parameter's shape, dtype or attributes changed.
         """
-        # This branch on the form stays: a cut network's stages are positions
+        # A branch on the form: a cut network's stages are positions
         # in the op order of the trace its cut was solved on, so that trace is
         # the one; a block list's split points are its block boundaries, which
         # every trace finds again.
@@ -281,7 +281,7 @@ class Placement:
         count, then its ops and its parameters, and after each stage but the
         last the activation bytes per sample that cross to the next.
         """
-        # This branch on the form stays: the stages are printed in the units
+        # A branch on the form: the stages are printed in the units
         # their split points were named in, blocks (a block list, which may
         # never be traced) or ops (a cut network), and each keeps its lines.
         lines = self._describe_blocks() if self.cut is None else self._describe_cut()
@@ -557,7 +557,7 @@ def _layout(blocks, cut, graph, plan, shard_of, input_names):
     parameter's readers the stages of the blocks that hold it (no Symbol is
     traced: a block list runs imperatively without one); a whole network's
     come from its labelled ``graph`` (shards moved to their layer's stage)."""
-    # This branch on the form stays: a block list's stages are its blocks
+    # A branch on the form: a block list's stages are its blocks
     # (Pipeline.stages, describe and the twin run them), and its readers come
     # from the blocks without a trace (its blocks need not run on Symbols).
     if cut is None:
@@ -656,7 +656,7 @@ def _shards(blocks, graph, plan, owner):
     """
     widths = [plan.width(s) for s in range(plan.num_stages)]
     owner, shard_of = dict(owner), {}
-    # This branch on the form stays: a cut network has no blocks per stage,
+    # A branch on the form: a cut network has no blocks per stage,
     # so its shards are read from the labelled graph; a block list's come
     # from its layers without a trace (its blocks need not run on Symbols),
     # a tied shard staying with the owner tied= chose, and a refusal naming
