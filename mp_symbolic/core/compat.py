@@ -232,9 +232,9 @@ def split_bind_environ(devices, symbol=None):
       writes through the stale oneDNN layout a shared storage chunk keeps,
       which fails or computes wrong gradients (docs/batchnorm-chunks.md).
     - Otherwise, and for a graph on one device, :data:`SEARCHED_MEMORY` (the
-      planner's plan of fewest bytes, docs/pipelining.md), unless
-      ``NNVM_EXEC_MATCH_RANGE=0`` is in force, under which the search makes no
-      plan and the bind fails.
+      planner's plan of fewest bytes, docs/pipelining.md); left off where the
+      caller's environment has ``NNVM_EXEC_MATCH_RANGE=0``, under which MXNet's
+      search makes no plan and the bind fails.
 
     Args:
         devices: The ``mx.Context`` s of the plan (``group2ctx.values()``).
