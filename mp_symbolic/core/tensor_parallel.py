@@ -127,7 +127,8 @@ class ShardedBlock(gluon.HybridBlock):
     * :meth:`combine` ``(F, parts, x)``: the output from the parts, on shard
       0's device, through :mod:`~mp_symbolic.core.comm`;
     * :meth:`unsplit_forward` ``(F, x, **params)``: the same layer from the
-      whole parameters (what checkpoints hold and export writes);
+      whole parameters (what checkpoints hold and export writes, so a model
+      trained on any number of shards resumes on any other);
     * optionally :meth:`prepare` ``(F, x)``: the input as every shard reads it.
 
     A layer of several inputs takes them in order in each of the four, after
@@ -368,7 +369,8 @@ class PerShard(ShardedBlock):
     Otherwise each input's last axis is cut into ``shards`` contiguous parts
     and the results are concatenated on shard 0's device. ``fn`` must act on
     each part alone (e.g. on whole attention heads) for the result not to
-    depend on the shard count.
+    depend on the shard count. On NDArrays every shard runs on the input's
+    device.
 
     Args:
         fn: ``fn(F, x, ...) -> y`` on a part of each input (``F`` is
