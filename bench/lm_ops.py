@@ -315,7 +315,11 @@ def main(argv=None):
     parser.add_argument('--num-hiddens', type=int, nargs='+', default=[64, 256],
                         help='widths, multiples of 4 (default: 64 256)')
     parser.add_argument('--repeats', type=int, default=9)
+    parser.add_argument('--quick', action='store_true',
+                        help='a smoke run: width 32, 2 rounds (its figures mean little)')
     args = parser.parse_args(argv)
+    if args.quick:
+        args.num_hiddens, args.repeats = [32], 2
     if any(C < HEADS or C % HEADS for C in args.num_hiddens) or args.repeats < 1:
         parser.error('--num-hiddens, --repeats: expected multiples of %d and a positive count, '
                      'found %s, %d' % (HEADS, ' '.join(map(str, args.num_hiddens)), args.repeats))
