@@ -82,3 +82,39 @@ def test_adam_step_leaves_other_optimizers_and_schedules_to_the_updater():
     assert not any(adam_step(u, indices, grads, weights) for u in (sgd, scheduled, fresh))
     for a, b in zip(before, weights):
         np.testing.assert_array_equal(a, b.asnumpy())
+
+
+def _trainer_steps(steps=3):
+    # pylint: disable=import-outside-toplevel
+    from mxnet import autograd, gluon
+    from mp_symbolic import Pipeline, Trainer
+    from mp_symbolic.training.tasks import regression
+    pipe = Pipeline(regression.build_blocks(), 'cpu:0,cpu:1,cpu:2')
+    mx.random.seed(0)
+    pipe.initialize()
+    trainer = Trainer(pipe.collect_params(), 'adam', {'learning_rate': 0.01})
+    for step in range(steps):
+        X, y = (mx.nd.array(a) for a in regression.make_dataset(32, step))
+        with autograd.record():
+            loss = gluon.loss.L2Loss()(pipe(X), y.as_in_context(pipe.plan.last_device))
+        loss.backward()
+        trainer.step(32)
+    return {n: p.data().asnumpy() for n, p in pipe.collect_params().items()}
+
+
+def test_trainers_adam_step_equals_its_updaters_bit_for_bit(monkeypatch):
+    """mp_symbolic.Trainer on three devices: each device's Adam update in one
+    pass leaves the parameters MXNet's Updater leaves, and calls no
+    Adam.update."""
+    from mp_symbolic.core import trainer  # pylint: disable=import-outside-toplevel
+    calls = []
+    update = mx.optimizer.Adam.update
+    monkeypatch.setattr(mx.optimizer.Adam, 'update',
+                        lambda *a: calls.append(1) or update(*a))
+    ours = _trainer_steps()
+    assert len(calls) == len(ours)   # the first step only, which makes the states
+    monkeypatch.setattr(trainer, 'adam_step', lambda *a: False)
+    theirs = _trainer_steps()
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(ours[name], value, err_msg=name)
