@@ -45,7 +45,8 @@ help:
 	@echo "make bench-dist        a dist_sync job of 1 and 2 workers on loopback (launch overhead)"
 	@echo "make bench-pipeline    micro-batch pipelining: overlap and bubble from the trace, memory per device"
 	@echo "make bench-tp          tensor-parallel MLP block: memory per device and step time at 1, 2, 4 shards"
-	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time, tokens/s and MFU"
+	@echo "make bench-lm          the language model on 1, 2, 4 tensor-parallel shards: memory per device, step time, tokens/s and MFU;"
+	@echo "                       then its norm, attention and Adam update on each candidate op, one thread"
 	@echo "make bench-nodes       the language model on 2 node processes against 2 devices of one process: step time, bytes sent, memory;"
 	@echo "                       then each node's peak resident memory beside one process's (an MLP of 805 MB: train, commit, report, resume)"
 	@echo "make bench-blas        OpenBLAS at the CPU's own kernel against its own choice: dot, batch_dot, every task"
@@ -138,6 +139,7 @@ bench-tp: $(STAMP)
 
 bench-lm: $(STAMP)
 	$(PY) -m bench.lm $(if $(QUICK),--quick)
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(PY) -m bench.lm_ops $(if $(QUICK),--quick)
 
 bench-nodes: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m bench.nodes $(if $(QUICK),--quick)

@@ -14,8 +14,10 @@ magnitude.
   (the model's: means, variance and the spreads as ``FullyConnected``
   products, ``gamma`` spread with each position's deviation in one product),
   ``gamma apart`` (the same with ``gamma`` spread by a product of its own and
-  multiplied in apart), and the ``LayerNorm`` op itself (its backward runs
-  MXNet's generic reduction on CPU).
+  multiplied in apart), ``rsqrt`` (the model's with each position's
+  reciprocal deviation by one ``rsqrt`` where ``reciprocal`` and ``sqrt`` take
+  two), and the ``LayerNorm`` op itself (its backward runs MXNet's generic
+  reduction on CPU).
 * Causal attention of queries, keys and values ``(N, T, C)``, against the
   model's ``gpt._Attend`` (the mask spread over the scores by one ``dot``):
   ``zeros_like mask`` (the mask made by ``zeros_like`` and
@@ -24,6 +26,14 @@ magnitude.
   and values stacked head by head into one ``(T, N, 3C)`` array and the
   result transposed back) and ``softmax temperature`` (the scale as
   ``softmax``'s ``temperature`` instead of a product with the queries).
+* Adam over the model's parameters at width C (``--task lm``'s 36, its
+  learning rate and batch), against MXNet's ``Updater`` (one ``Adam.update``
+  and ``adam_update`` a parameter): ``updater.adam_step`` (the same op, its
+  arguments made in one pass: the project's), and MXNet's multi-tensor
+  ``_multi_adamw_update`` at weight decay 0 with Adam's bias-corrected
+  learning rate, in one call or one call a size of array. Printed: ms an
+  update and the largest difference of the weights and first moments after
+  one update more than the first.
 
 Run with ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE`` for one thread, as
 docs/lm.md's figures are.
@@ -63,11 +73,30 @@ def _gamma_apart(F, x, gamma, beta, C):
     return F.reshape_like(out, x)
 
 
+def _rsqrt(F, x, gamma, beta, C):
+    """``gpt.LayerNorm`` with each position's reciprocal deviation by one
+    ``rsqrt`` where ``reciprocal`` and ``sqrt`` take two."""
+    rows = F.reshape(x, shape=(-1, C))
+    ones = F.BlockGrad(F.ones_like(gamma))
+    mean_of = F.reshape(ones, shape=(1, C)) * (1.0 / C)
+    spread = F.reshape(ones, shape=(C, 1))
+    centred = rows - F.FullyConnected(F.FullyConnected(rows, mean_of, no_bias=True, num_hidden=1),
+                                      spread, no_bias=True, num_hidden=C)
+    variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1)
+    scale = F.FullyConnected(F.rsqrt(variance + EPSILON), F.reshape(gamma, shape=(C, 1)),
+                             no_bias=True, num_hidden=C)
+    each = F.BlockGrad(F.ones_like(variance))
+    out = centred * scale + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)),
+                                             no_bias=True, num_hidden=C)
+    return F.reshape_like(out, x)
+
+
 NORMS = {
     'LayerNorm op': lambda F, x, g, b, C: F.LayerNorm(x, g, b, axis=-1, eps=EPSILON),
     'gpt.LayerNorm': lambda F, x, g, b, C: gpt.LayerNorm(C, prefix='ln_').hybrid_forward(
         F, x, g, b),
     'gamma apart': _gamma_apart,
+    'rsqrt': _rsqrt,
 }
 
 
@@ -150,12 +179,100 @@ def _compare(candidates, reference, values, head_grad, repeats, warmup):
     return {name: {'ms': 1e3 / rates[name][0], 'error': error[name]} for name in candidates}
 
 
+ADAM = dict(learning_rate=3e-3, rescale_grad=1.0 / BATCH)   # the task's Adam, batch 16
+
+
+def _shapes(C):
+    """The shapes of the language model's parameters at width ``C`` (``--task lm``)."""
+    cfg = gpt.GPTConfig(vocab_size=166, block_size=CONTEXT, num_layers=2, num_heads=HEADS,
+                        num_hiddens=C)
+    net = gpt.build_network(cfg)
+    net.initialize(mx.init.Zero())
+    net(mx.nd.zeros((1, CONTEXT)))
+    return [p.shape for p in net.collect_params().values()]
+
+
+def _multi_adamw(sizes):
+    """``_multi_adamw_update`` (weight decay 0, ``eta`` 1, Adam's bias-corrected
+    learning rate) on the parameters in groups: ``sizes`` True groups the
+    parameters of one size together (the op's CPU kernel runs each group's
+    largest size over every array in it), else one call over all."""
+    def update(updater, indices, grads, weights):
+        opt = updater.optimizer
+        opt._update_count(indices)  # pylint: disable=protected-access
+        t = opt._index_update_count[indices[0]]  # pylint: disable=protected-access
+        lr = opt.lr * np.sqrt(1. - opt.beta2 ** t) / (1. - opt.beta1 ** t)
+        groups = {}
+        for k, w in enumerate(weights):
+            groups.setdefault(w.size if sizes else 0, []).append(k)
+        for group in groups.values():
+            mx.nd.contrib.multi_adamw_update(
+                [weights[k] for k in group], [grads[k] for k in group],
+                [updater.states[indices[k]][0] for k in group],
+                [updater.states[indices[k]][1] for k in group],
+                rescale_grad=opt.rescale_grad, lrs=[lr] * len(group), wds=[0.] * len(group),
+                etas=[1.] * len(group), out=[weights[k] for k in group], beta1=opt.beta1,
+                beta2=opt.beta2, epsilon=opt.epsilon)
+    return update
+
+
+UPDATES = {
+    'Updater, one adam_update a parameter': None,
+    'updater.adam_step': 'adam_step',
+    'multi_adamw, one call': _multi_adamw(False),
+    'multi_adamw, one call a size': _multi_adamw(True),
+}
+
+
+class _Update:
+    """Adam over the model's parameters at width ``C`` on ``cpu(0)``:
+    ``run(n)`` takes n updates with the same gradients."""
+
+    def __init__(self, how, shapes, rng_seed):
+        # pylint: disable=import-outside-toplevel
+        from mp_symbolic.core.updater import PerDeviceUpdater
+        rng = np.random.RandomState(rng_seed)
+        self.weights = [mx.nd.array(rng.normal(0, 0.02, s)) for s in shapes]
+        self.grads = [mx.nd.array(rng.normal(0, 1.0, s)) for s in shapes]
+        self.indices = list(range(len(shapes)))
+        self.updater = mx.optimizer.get_updater(mx.optimizer.Adam(**ADAM))
+        self.updater(self.indices, self.grads, self.weights)   # the states, one update
+        if how is None:
+            self.update = self.updater
+        elif how == 'adam_step':
+            self.update = PerDeviceUpdater(self.updater)
+        else:
+            self.update = lambda i, g, w: how(self.updater, i, g, w)
+
+    def run(self, num_steps):
+        for _ in range(num_steps):
+            self.update(self.indices, self.grads, self.weights)
+
+    def results(self):
+        self.run(1)
+        return [w.asnumpy() for w in self.weights] + [m.asnumpy() for m, _ in (
+            self.updater.states[i] for i in self.indices)]
+
+
+def _updates(C, repeats, warmup):
+    shapes = _shapes(C)
+    updates = {name: _Update(how, shapes, 0) for name, how in UPDATES.items()}
+    results = {name: u.results() for name, u in updates.items()}   # each one update more
+    want = results['Updater, one adam_update a parameter']
+    error = {name: max(float(np.abs(g - w).max() / np.abs(w).max())
+                       for g, w in zip(found, want))
+             for name, found in results.items()}
+    rates = throughput(updates, 1, STEPS, repeats, warmup)
+    return {name: {'ms': 1e3 / rates[name][0], 'error': error[name]} for name in updates}
+
+
 def run(widths=(64, 256), repeats=9, warmup=3, log=print):
     """Measures and logs every candidate at every width; returns
-    ``{'norm' | 'attention': {width: {candidate: {'ms', 'error'}}}}``."""
+    ``{'norm' | 'attention' | 'Adam': {width: {candidate: {'ms', 'error'}}}}``."""
     rng = np.random.RandomState(0)
-    report = {'norm': {}, 'attention': {}}
+    report = {'norm': {}, 'attention': {}, 'Adam': {}}
     for C in widths:
+        report['Adam'][C] = _updates(C, repeats, warmup)
         shape = (BATCH, CONTEXT, C)
         x, g, b, q, k, v = (mx.sym.var(n) for n in ('x', 'g', 'b', 'q', 'k', 'v'))
         values = {'x': rng.normal(1.0, 2.0, shape), 'g': rng.normal(1.0, 0.2, (C,)),
@@ -169,10 +286,17 @@ def run(widths=(64, 256), repeats=9, warmup=3, log=print):
                                            for name, attention in ATTENTIONS.items()},
                                           'gpt._Attend', values, rng.normal(size=shape),
                                           repeats, warmup)
-    for part, reference in (('norm', 'LayerNorm op'), ('attention', 'gpt._Attend')):
-        log('%s, forward and backward on (%d, %d, C), ms a pass (median of %d alternated '
-            'rounds of %d passes), largest difference from %s:'
-            % (part, BATCH, CONTEXT, repeats, STEPS, reference))
+    for part, reference in (('norm', 'LayerNorm op'), ('attention', 'gpt._Attend'),
+                            ('Adam', 'Updater, one adam_update a parameter')):
+        if part == 'Adam':
+            log('Adam, the update of the model\'s %d parameters at width C after one, ms an '
+                'update (median of %d alternated rounds of %d updates), largest difference of '
+                'the weights and means after one more from %s:'
+                % (len(_shapes(widths[0])), repeats, STEPS, reference))
+        else:
+            log('%s, forward and backward on (%d, %d, C), ms a pass (median of %d alternated '
+                'rounds of %d passes), largest difference from %s:'
+                % (part, BATCH, CONTEXT, repeats, STEPS, reference))
         rows = [['candidate'] + ['C=%d ms' % C for C in widths]
                 + ['C=%d difference' % C for C in widths]]
         for name in report[part][widths[0]]:
@@ -191,7 +315,11 @@ def main(argv=None):
     parser.add_argument('--num-hiddens', type=int, nargs='+', default=[64, 256],
                         help='widths, multiples of 4 (default: 64 256)')
     parser.add_argument('--repeats', type=int, default=9)
+    parser.add_argument('--quick', action='store_true',
+                        help='a smoke run: width 32, 2 rounds (its figures mean little)')
     args = parser.parse_args(argv)
+    if args.quick:
+        args.num_hiddens, args.repeats = [32], 2
     if any(C < HEADS or C % HEADS for C in args.num_hiddens) or args.repeats < 1:
         parser.error('--num-hiddens, --repeats: expected multiples of %d and a positive count, '
                      'found %s, %d' % (HEADS, ' '.join(map(str, args.num_hiddens)), args.repeats))

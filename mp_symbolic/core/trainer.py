@@ -29,6 +29,7 @@ from mxnet.kvstore import KVStore
 from mxnet.model import _create_kvstore, _create_sparse_kvstore
 
 from .compat import kvstore_may_update, updates_by_device
+from .updater import adam_step
 from .optstate import OptimizerStateError, check_states, drop_states, load_states, \
     save_states, set_states_of, states_of
 
@@ -234,7 +235,9 @@ class Trainer(gluon.Trainer):
                     weights.append(data)
                     data._fresh_grad = False  # pylint: disable=protected-access
         for part in updates_by_device(indices, grads, weights):
-            self._updater_on(part[2][0].context)(*part)
+            updater = self._updater_on(part[2][0].context)
+            if not adam_step(updater, *part):   # Adam in one pass, the updater's result
+                updater(*part)
 
     # -- optimizer state by name ---------------------------------------------
 

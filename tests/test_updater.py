@@ -1,0 +1,120 @@
+"""The per-device updater's one-pass Adam step (core/updater.py:adam_step)
+against MXNet's own Updater: the same weights, moments and counts, bit for bit."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mp_symbolic.core.compat import updates_by_device
+from mp_symbolic.core.updater import PerDeviceUpdater, adam_step
+
+SHAPES = [(166, 64), (64,), (192, 64), (64, 256), (1,)]
+
+
+def _arrays(seed, devices):
+    rng = np.random.default_rng(seed)
+    return [mx.nd.array(rng.normal(size=s).astype(np.float32), ctx=devices[k % len(devices)])
+            for k, s in enumerate(SHAPES)]
+
+
+def _run(updater, steps, devices):
+    weights = _arrays(0, devices)
+    for step in range(steps):
+        updater(list(range(len(SHAPES))), _arrays(1 + step, devices), weights)
+    mx.nd.waitall()
+    return weights
+
+
+def _optimizer(**kwargs):
+    opt = mx.optimizer.Adam(learning_rate=3e-3, rescale_grad=1 / 16., **kwargs)
+    opt.set_lr_mult({1: 0.5})
+    opt.set_wd_mult({3: 0.0})
+    return opt
+
+
+@pytest.mark.parametrize('kwargs', [{}, {'wd': 1e-2, 'clip_gradient': 0.5}],
+                         ids=['plain', 'weight decay and clipping'])
+def test_adam_step_equals_mxnets_adam_bit_for_bit(kwargs):
+    """Three steps over parameters on two devices (per-parameter learning
+    rate and weight-decay multipliers among them): every weight, both
+    moments and each device's counts as MXNet's Updater leaves them."""
+    devices = [mx.cpu(0), mx.cpu(1)]
+    theirs = mx.optimizer.get_updater(_optimizer(**kwargs))
+    ours = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer(**kwargs)))
+    expected = _run(lambda i, g, w: [theirs(*part) for part in updates_by_device(i, g, w)],
+                    3, devices)
+    found = _run(ours, 3, devices)
+    for a, b in zip(expected, found):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    assert sorted(theirs.states) == sorted(ours.states)
+    for index, (mean, var) in theirs.states.items():
+        np.testing.assert_array_equal(mean.asnumpy(), ours.states[index][0].asnumpy())
+        np.testing.assert_array_equal(var.asnumpy(), ours.states[index][1].asnumpy())
+    # pylint: disable=protected-access
+    assert theirs.optimizer._all_index_update_counts == ours.optimizer._all_index_update_counts
+    assert theirs.optimizer.num_update == ours.optimizer.num_update == 3
+
+
+def test_adam_step_updates_without_adams_per_parameter_update(monkeypatch):
+    """Once the states exist, a list call runs in one pass: Adam.update is
+    never called."""
+    updater = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer()))
+    weights = _arrays(0, [mx.cpu(0)])
+    indices = list(range(len(SHAPES)))
+    updater(indices, _arrays(1, [mx.cpu(0)]), weights)   # the states are made
+    calls = []
+    monkeypatch.setattr(mx.optimizer.Adam, 'update', lambda *a: calls.append(a))
+    updater(indices, _arrays(2, [mx.cpu(0)]), weights)
+    assert calls == []
+
+
+def test_adam_step_leaves_other_optimizers_and_schedules_to_the_updater():
+    """SGD, a learning-rate schedule, a parameter without state: nothing is
+    done and False is returned, so the updater runs the call."""
+    weights, grads = _arrays(0, [mx.cpu(0)]), _arrays(1, [mx.cpu(0)])
+    indices = list(range(len(SHAPES)))
+    sgd = mx.optimizer.get_updater(mx.optimizer.SGD(learning_rate=0.1))
+    scheduled = mx.optimizer.get_updater(mx.optimizer.Adam(
+        lr_scheduler=mx.lr_scheduler.FactorScheduler(step=1, factor=0.5)))
+    fresh = mx.optimizer.get_updater(_optimizer())
+    for updater in (sgd, scheduled):
+        updater(indices, grads, weights)   # states made
+    before = [w.asnumpy() for w in weights]
+    assert not any(adam_step(u, indices, grads, weights) for u in (sgd, scheduled, fresh))
+    for a, b in zip(before, weights):
+        np.testing.assert_array_equal(a, b.asnumpy())
+
+
+def _trainer_steps(steps=3):
+    # pylint: disable=import-outside-toplevel
+    from mxnet import autograd, gluon
+    from mp_symbolic import Pipeline, Trainer
+    from mp_symbolic.training.tasks import regression
+    pipe = Pipeline(regression.build_blocks(), 'cpu:0,cpu:1,cpu:2')
+    mx.random.seed(0)
+    pipe.initialize()
+    trainer = Trainer(pipe.collect_params(), 'adam', {'learning_rate': 0.01})
+    for step in range(steps):
+        X, y = (mx.nd.array(a) for a in regression.make_dataset(32, step))
+        with autograd.record():
+            loss = gluon.loss.L2Loss()(pipe(X), y.as_in_context(pipe.plan.last_device))
+        loss.backward()
+        trainer.step(32)
+    return {n: p.data().asnumpy() for n, p in pipe.collect_params().items()}
+
+
+def test_trainers_adam_step_equals_its_updaters_bit_for_bit(monkeypatch):
+    """mp_symbolic.Trainer on three devices: each device's Adam update in one
+    pass leaves the parameters MXNet's Updater leaves, and calls no
+    Adam.update."""
+    from mp_symbolic.core import trainer  # pylint: disable=import-outside-toplevel
+    calls = []
+    update = mx.optimizer.Adam.update
+    monkeypatch.setattr(mx.optimizer.Adam, 'update',
+                        lambda *a: calls.append(1) or update(*a))
+    ours = _trainer_steps()
+    assert len(calls) == len(ours)   # the first step only, which makes the states
+    monkeypatch.setattr(trainer, 'adam_step', lambda *a: False)
+    theirs = _trainer_steps()
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(ours[name], value, err_msg=name)
