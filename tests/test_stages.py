@@ -483,6 +483,41 @@ def test_the_runs_memory_table_under_1f1b_is_its_stages_arrays_per_device(small_
     assert all(row['params'] > 0 for row in measured['stages'].values())
 
 
+def test_the_stage_modules_bind_makes_no_executor_but_its_stages_and_they_hold_its_arrays(
+        monkeypatch):
+    """``StagedModule.bind`` binds the stage executors alone (no executor
+    of the whole graph, run or not): every parameter, gradient and
+    auxiliary array the Module reads (``get_params``, the optimizer) is the
+    one a stage executor binds."""
+    made = []
+    simple_bind = mx.sym.Symbol.simple_bind
+    monkeypatch.setattr(mx.sym.Symbol, 'simple_bind',
+                        lambda self, *a, **k: made.append(1) or simple_bind(self, *a, **k))
+    mod, _ = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 2)
+    assert not made
+    group = mod._exec_group  # pylint: disable=protected-access
+    for r, runtime in enumerate(mod._runtimes):  # pylint: disable=protected-access
+        bound = {id(a) for exe in runtime.executors
+                 for a in list(exe.arg_dict.values()) + list(exe.aux_dict.values()) +
+                 [g for g in exe.grad_dict.values() if g is not None]}
+        held = [arrays[r] for arrays in group.param_arrays + group.grad_arrays +
+                group.aux_arrays if arrays[r] is not None]
+        assert held and all(id(a) in bound for a in held)
+
+
+def test_the_stage_modules_memory_table_counts_the_inputs_its_stage_executors_bind():
+    """Under 1F1B at K = 2, M = 2 stage 0 holds two micro-batches in flight
+    (two executors, each with its input array), stage 1 one with the labels:
+    the table's ``inputs`` are those arrays, on their stages' devices."""
+    from mp_symbolic.tools.memory import memory_table  # pylint: disable=import-outside-toplevel
+    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 1)
+    table = memory_table(mod).as_dict()
+    micro = BATCH // 2
+    data = micro * int(np.prod(sample[1:])) * 4
+    assert table['cpu(0)']['inputs'] == 2 * data
+    assert table['cpu(1)']['inputs'] == micro * 4
+
+
 def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
     from conftest import make_config  # pylint: disable=import-outside-toplevel
     lines = []
