@@ -754,6 +754,36 @@ def test_fit_with_eval_data_score_and_predict_take_other_batch_sizes_under_the_s
                                    results['gpipe'][1], rtol=1e-5, atol=1e-6)
 
 
+def test_runtime_bind_splits_a_batch_on_axis_1_into_micro_batches_on_the_stage_runtime():
+    """``runtime.bind`` of a Pipeline of ``batch_axis=1`` (``(T, N, C)``
+    inputs, ``(T, N)`` labels): the stage runtime's micro-batches split
+    and join on axis 1, and its outputs and gradients are the fused graph's."""
+    from mp_symbolic.core import runtime  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(5, 8, 3)), rng.integers(0, 4, (5, 8))
+    found = {}
+    for schedule in ('gpipe', '1f1b'):
+        blocks = [gluon.nn.Dense(6, flatten=False, in_units=3, prefix='tnc0_'),
+                  gluon.nn.Dense(4, flatten=False, in_units=6, prefix='tnc1_')]
+        pipe = Pipeline(blocks, 'cpu:0,cpu:1', sample=(5, 8, 3), chunks=2, schedule=schedule,
+                        batch_axis=1)
+        bound = runtime.bind(pipe, 'softmax', 'softmax_label',
+                             {'data': (5, 8, 3), 'softmax_label': (5, 8)})
+        arg_dict, grad_dict, _ = bound.parameters
+        for name in sorted(n for n, g in grad_dict.items() if g is not None):
+            arg_dict[name][:] = np.random.default_rng(len(name)).normal(
+                size=arg_dict[name].shape)
+        bound.run({'data': mx.nd.array(X), 'softmax_label': mx.nd.array(y)}, train=True)
+        found[schedule] = (bound.outputs[0].asnumpy(),
+                           {n: g.asnumpy() for n, g in grad_dict.items() if g is not None})
+    (out, grads), (ref_out, ref_grads) = found['1f1b'], found['gpipe']
+    assert out.shape == (5, 8, 4)
+    np.testing.assert_allclose(out, ref_out, rtol=TOL, atol=1e-7)
+    assert sorted(grads) == sorted(ref_grads)
+    for name, value in ref_grads.items():
+        np.testing.assert_allclose(grads[name], value, rtol=TOL, atol=1e-6, err_msg=name)
+
+
 def test_runtime_bind_gives_the_fused_graph_or_the_stage_runtime_behind_one_interface():
     """``runtime.bind`` under ``gpipe`` (the fused one graph) and ``1f1b``
     (the stage runtime): both are a ``Runtime``, bind the same parameters on

@@ -19,6 +19,7 @@ import mxnet as mx
 
 from .batchnorm import deferred_graph, update
 from .compat import split_bind
+from .layouts import batch_axis_of, batch_descs, output_batch_axes
 from .names import GROUP_ATTR
 from . import schedule as schedules
 
@@ -281,14 +282,16 @@ def bind(pipe, loss, label_name, shapes):
     Args:
         pipe: The :class:`~mp_symbolic.Pipeline`.
         loss, label_name: As :meth:`~mp_symbolic.Pipeline.training_symbol` takes them.
-        shapes: ``{input or label name: the batch's shape}`` (batch on axis 0).
+        shapes: ``{input or label name: the batch's shape}``, the batch on
+            the Pipeline's ``batch_axis`` (a label's too).
 
     Returns:
         The runtime; parameters of Gluon's ``grad_req='null'`` have no
         gradient array.
 
     Raises:
-        ValueError: a batch the micro-batches do not divide.
+        ValueError: a batch the micro-batches do not divide, or an array
+            without the Pipeline's batch axis.
     """
     # pylint: disable=import-outside-toplevel
     from .module import fixed_param_names
@@ -312,9 +315,14 @@ def bind(pipe, loss, label_name, shapes):
             exe = symbol.simple_bind(ctx=plan.first_device, group2ctx=plan.group2ctx,
                                      grad_req=grad_req, **shapes)
         return FusedRuntime(exe, statistics=statistics, own_outputs=own)
-    first = next(iter(shapes.values()))[0]
-    pipe.placement.micro_batch(first)
-    micro = {n: (s[0] // pipe.chunks,) + tuple(s[1:]) for n, s in shapes.items()}
+    data = [(n, tuple(s)) for n, s in shapes.items() if n != label_name]
+    descs = batch_descs(data, pipe.batch_axis, 1) + batch_descs(
+        [(n, tuple(s)) for n, s in shapes.items() if n == label_name], pipe.batch_axis, 1,
+        labels=True)
+    axes = {d.name: batch_axis_of(d) for d in descs}  # where each splits into micro-batches
+    pipe.placement.micro_batch(data[0][1][axes[data[0][0]]])
+    micro = {n: tuple(size // pipe.chunks if i == axes[n] else size
+                      for i, size in enumerate(s)) for n, s in shapes.items()}
     placed = pipe.training_graph(loss, label_name=label_name, chunks=1)
     symbol = placed.to_symbol()
     fixed = set(fixed_param_names(pipe, symbol))
@@ -322,5 +330,8 @@ def bind(pipe, loss, label_name, shapes):
     stages = cut(placed, plan.num_stages)
     arg_dict, grad_dict, aux_dict = parameter_arrays(symbol, specs[0], specs[1], plan.group2ctx,
                                                      inputs, fixed)
+    output_axes = [max(a, 0) for a in output_batch_axes(symbol, [
+        d for d in descs if d.name in symbol.list_arguments()]) or ()]
     return StageRuntime(stages, plan.group2ctx, arg_dict, grad_dict, aux_dict, micro,
-                        pipe.run_schedule(), True, specs=specs, batchnorm=pipe.batchnorm)
+                        pipe.run_schedule(), True, specs=specs, axes=axes,
+                        output_axes=output_axes, batchnorm=pipe.batchnorm)
