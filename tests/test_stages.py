@@ -505,6 +505,16 @@ def test_the_stage_modules_bind_makes_no_executor_but_its_stages_and_they_hold_i
         assert held and all(id(a) in bound for a in held)
 
 
+def test_a_monitor_installed_on_the_stage_module_sees_its_stage_executors_run():
+    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 1)
+    monitor = mx.monitor.Monitor(1, pattern='.*')
+    mod.install_monitor(monitor)
+    monitor.tic()
+    mod.forward_backward(_batch(sample, 1, 10))
+    seen = {name for _, name, _ in monitor.toc()}
+    assert any(name.endswith('_output') for name in seen)
+
+
 def test_the_stage_modules_memory_table_counts_the_inputs_its_stage_executors_bind():
     """Under 1F1B at K = 2, M = 2 stage 0 holds two micro-batches in flight
     (two executors, each with its input array), stage 1 one with the labels:

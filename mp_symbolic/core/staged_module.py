@@ -246,6 +246,17 @@ class StagedModule(PipelineModule):
         return [(n, _resized(s, self._out_axis(i), self.batch_size))
                 for i, (n, s) in enumerate(zip(self._full.list_outputs(), shapes))]
 
+    def install_monitor(self, mon):
+        """Installs ``mon`` (an ``mx.monitor.Monitor``) on every executor of
+        the runtimes bound so far (each stage's, one per micro-batch in
+        flight): the Module's own arrays run in no executor of their own."""
+        assert self.binded
+        for runtimes in self._bound_at.values():
+            for runtime in runtimes:
+                for slots in runtime.slots:
+                    for slot in slots:
+                        mon.install(slot.executor)
+
     @property
     def runtimes(self):
         """The :class:`~mp_symbolic.core.runtime.Runtime` of each replica
