@@ -15,6 +15,7 @@ import pytest
 import mp_symbolic
 from mp_symbolic import Pipeline
 from mp_symbolic.core.passes import cut
+from mp_symbolic.core.staged_module import StagedModule
 from mp_symbolic.training import loop
 from mp_symbolic.training.tasks import digits, gpt, lm
 
@@ -503,6 +504,28 @@ def test_the_stage_modules_bind_makes_no_executor_but_its_stages_and_they_hold_i
         held = [arrays[r] for arrays in group.param_arrays + group.grad_arrays +
                 group.aux_arrays if arrays[r] is not None]
         assert held and all(id(a) in bound for a in held)
+
+
+def test_a_stage_module_bound_with_a_shared_module_holds_its_arrays_and_refuses_another_kind():
+    """``bind(shared_module=...)`` (MXNet's buckets): the parameters,
+    gradients and auxiliary states are the shared StagedModule's arrays;
+    a Module of another kind is refused in one line."""
+    first, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 1)
+    mod = StagedModule(first.pipeline, loss='softmax')
+    mod.bind([('data', sample)], [('softmax_label', (BATCH,))], shared_module=first)
+    for mine, theirs in (
+            (mod._exec_group.param_arrays, first._exec_group.param_arrays),  # pylint: disable=protected-access
+            (mod._exec_group.grad_arrays, first._exec_group.grad_arrays),  # pylint: disable=protected-access
+            (mod._exec_group.aux_arrays, first._exec_group.aux_arrays)):  # pylint: disable=protected-access
+        assert mine
+        for a, b in zip(mine, theirs):
+            b[0][:] = 7
+            assert (a[0].asnumpy() == 7).all()
+    other, _ = _module_on('gpipe', _digits, 'cpu:0,cpu:1', 2, 1)
+    with pytest.raises(ValueError, match='^shared_module: expected a bound and initialised '
+                                         'StagedModule, found PipelineModule$'):
+        StagedModule(first.pipeline, loss='softmax').bind(
+            [('data', sample)], [('softmax_label', (BATCH,))], shared_module=other)
 
 
 def test_a_monitor_installed_on_the_stage_module_sees_its_stage_executors_run():

@@ -48,7 +48,8 @@ class StagedModule(PipelineModule):
     Raises:
         ValueError: (at ``bind``) a batch that is not a multiple of ``chunks
             x replicas``, a layout that cannot hold (as ``batch_descs``
-            says), or ``inputs_need_grad`` over node processes.
+            says), ``inputs_need_grad`` over node processes, or a
+            ``shared_module`` that is not a bound, initialised StagedModule.
     """
 
     def _graph(self):
