@@ -13,6 +13,11 @@ imported), so that one command prints the same counts for any commit
   outside ``ir.py`` that index MXNet's graph JSON by its keys
   (``['nodes']``, ``['heads']``, ``['arg_nodes']``, ``['node_row_ptr']``) or
   read a Symbol's ``tojson()``: :data:`RAW_WALK`, a heuristic grep.
+* **runtime choices**: the calls of ``one_graph`` (whether a schedule runs
+  as GPipe's one graph or on the stage runtime) in ``mp_symbolic/``,
+  ``export/`` and ``bench/``, outside the module that defines it: each is
+  a site that branches on which runtime a step runs on. Listed as
+  ``file:function``.
 * **files touched to add** a transport, a schedule, a parallel layer and a
   loss head (the extension points docs/layout.md lists): one (the new
   member's file or record) plus every file of ``mp_symbolic/`` and
@@ -146,6 +151,27 @@ def raw_walks(root):
     return out
 
 
+def runtime_choices(root, scopes=SCOPES + ('bench',)):
+    """``['file:function']`` of every call of ``one_graph`` (a name or an
+    attribute) outside the file that defines it, in ``scopes``, sorted."""
+    found = []
+    for scope in scopes:
+        for path in python_files(root, scope):
+            source = Source(root, path)
+            if any(isinstance(n, ast.FunctionDef) and n.name == 'one_graph'
+                   for n in source.tree.body):
+                continue
+            spans = source.functions()
+            for node in ast.walk(source.tree):
+                func = getattr(node, 'func', None)
+                if isinstance(node, ast.Call) and 'one_graph' in (
+                        getattr(func, 'id', None), getattr(func, 'attr', None)):
+                    inside = [(first, name) for name, first, last in spans
+                              if first <= node.lineno <= last]
+                    found.append('%s:%s' % (path, max(inside)[1] if inside else '<module>'))
+    return sorted(found)
+
+
 def _defining(sources, predicate):
     """``{name: path}`` of core's classes for which ``predicate(name, bases)``."""
     return {name: s.path for s in sources for name, bases in s.classes()
@@ -229,6 +255,9 @@ def report(root):
                                                                         len(walks))]
     lines += ['  ' + l for l in columns([('lines', 'file')] + sorted(
         ((n, p) for p, n in walks.items()), key=lambda r: (-r[0], r[1])))] if walks else []
+    choices = runtime_choices(root)
+    lines += ['', 'runtime choices (calls of one_graph outside its module): %d'
+              % len(choices)] + ['  ' + c for c in choices]
     lines += ['', 'files touched to add one (the new one, and the files naming a member):']
     for point, (count, naming, members) in touched(root, sources,
                                                    extension_points(sources)).items():

@@ -121,6 +121,18 @@ def test_bound_graph_has_one_copy_per_boundary_each_way(devices, expected, api):
     assert stepper.cross_device_copies() == expected
 
 
+@pytest.mark.parametrize('api', ['module', 'executor'])
+def test_the_stage_runtime_counts_one_copy_per_boundary_each_way_as_the_one_graph(api):
+    """Under ``1f1b`` the boundary tensors cross between devices through the
+    transport, not as ``_CrossDeviceCopy`` nodes: counted there, both APIs
+    give the one graph's count (two boundaries over three devices)."""
+    task, cfg = load_config(devices=THREE_DEVICES, api=api, num_examples=200, progress=False,
+                            schedule='1f1b', chunks=2)
+    pipe, _ = build_pipeline(cfg, task)
+    stepper = make_stepper(cfg, pipe, task, initial_values(pipe, 0), (1,))
+    assert stepper.cross_device_copies() == (2, 2)
+
+
 @pytest.mark.parametrize('devices', [THREE_DEVICES, 'cpu:0,cpu:1', 'cpu:0'])
 def test_imperative_twin_records_a_copy_where_the_bound_graph_has_one(small_data, devices):
     """autograd records one ``_copyto`` per stage boundary, as many as the

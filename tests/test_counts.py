@@ -41,6 +41,20 @@ from .core.comm import LocalTransport
 def pick(name):
     """'zigzag' in a docstring is not a use."""
     return LocalTransport() if name == 'gpipe' else None
+
+
+class Maker:
+    def make(self, schedule):
+        return schedules.one_graph(schedule) or one_graph(schedule, None)
+'''
+
+SCHEDULE = '''\
+def one_graph(spec):
+    return spec is None
+
+
+def pick(spec):
+    return one_graph(spec)
 '''
 
 
@@ -49,6 +63,7 @@ def _tree(tmp_path):
     core.mkdir(parents=True)
     (core / 'comm.py').write_text(CORE)
     (core / 'ir.py').write_text("def read(g):\n    return g['nodes']\n")
+    (tmp_path / 'mp_symbolic' / 'sched.py').write_text(SCHEDULE)
     (tmp_path / 'mp_symbolic' / 'user.py').write_text(USER)
     return str(tmp_path)
 
@@ -70,6 +85,12 @@ def test_counts_split_code_from_docstrings_and_name_the_files_naming_a_member(tm
     touched = counts.touched(root, sources, counts.extension_points(sources))
     assert touched['transport'] == (2, ['mp_symbolic/user.py'], ['LocalTransport'])
     assert touched['schedule'] == (2, ['mp_symbolic/user.py'], ['gpipe', 'zigzag'])
+
+
+def test_counts_list_each_call_choosing_the_runtime_by_one_graph_outside_its_module(
+        tmp_path):
+    root = _tree(tmp_path)
+    assert counts.runtime_choices(root) == ['mp_symbolic/user.py:Maker.make'] * 2
 
 
 def test_counts_refuses_a_folder_without_core_in_one_line(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 import mp_symbolic
 from mp_symbolic import Pipeline
 from mp_symbolic.core.passes import cut
+from mp_symbolic.core.staged_module import StagedModule
 from mp_symbolic.training import loop
 from mp_symbolic.training.tasks import digits, gpt, lm
 
@@ -483,6 +484,73 @@ def test_the_runs_memory_table_under_1f1b_is_its_stages_arrays_per_device(small_
     assert all(row['params'] > 0 for row in measured['stages'].values())
 
 
+def test_the_stage_modules_bind_makes_no_executor_but_its_stages_and_they_hold_its_arrays(
+        monkeypatch):
+    """``StagedModule.bind`` binds the stage executors alone (no executor
+    of the whole graph, run or not): every parameter, gradient and
+    auxiliary array the Module reads (``get_params``, the optimizer) is the
+    one a stage executor binds."""
+    made = []
+    simple_bind = mx.sym.Symbol.simple_bind
+    monkeypatch.setattr(mx.sym.Symbol, 'simple_bind',
+                        lambda self, *a, **k: made.append(1) or simple_bind(self, *a, **k))
+    mod, _ = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 2)
+    assert not made
+    group = mod._exec_group  # pylint: disable=protected-access
+    for r, runtime in enumerate(mod._runtimes):  # pylint: disable=protected-access
+        bound = {id(a) for exe in runtime.executors
+                 for a in list(exe.arg_dict.values()) + list(exe.aux_dict.values()) +
+                 [g for g in exe.grad_dict.values() if g is not None]}
+        held = [arrays[r] for arrays in group.param_arrays + group.grad_arrays +
+                group.aux_arrays if arrays[r] is not None]
+        assert held and all(id(a) in bound for a in held)
+
+
+def test_a_stage_module_bound_with_a_shared_module_holds_its_arrays_and_refuses_another_kind():
+    """``bind(shared_module=...)`` (MXNet's buckets): the parameters,
+    gradients and auxiliary states are the shared StagedModule's arrays;
+    a Module of another kind is refused in one line."""
+    first, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 1)
+    mod = StagedModule(first.pipeline, loss='softmax')
+    mod.bind([('data', sample)], [('softmax_label', (BATCH,))], shared_module=first)
+    for mine, theirs in (
+            (mod._exec_group.param_arrays, first._exec_group.param_arrays),  # pylint: disable=protected-access
+            (mod._exec_group.grad_arrays, first._exec_group.grad_arrays),  # pylint: disable=protected-access
+            (mod._exec_group.aux_arrays, first._exec_group.aux_arrays)):  # pylint: disable=protected-access
+        assert mine
+        for a, b in zip(mine, theirs):
+            b[0][:] = 7
+            assert (a[0].asnumpy() == 7).all()
+    other, _ = _module_on('gpipe', _digits, 'cpu:0,cpu:1', 2, 1)
+    with pytest.raises(ValueError, match='^shared_module: expected a bound and initialised '
+                                         'StagedModule, found PipelineModule$'):
+        StagedModule(first.pipeline, loss='softmax').bind(
+            [('data', sample)], [('softmax_label', (BATCH,))], shared_module=other)
+
+
+def test_a_monitor_installed_on_the_stage_module_sees_its_stage_executors_run():
+    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 1)
+    monitor = mx.monitor.Monitor(1, pattern='.*')
+    mod.install_monitor(monitor)
+    monitor.tic()
+    mod.forward_backward(_batch(sample, 1, 10))
+    seen = {name for _, name, _ in monitor.toc()}
+    assert any(name.endswith('_output') for name in seen)
+
+
+def test_the_stage_modules_memory_table_counts_the_inputs_its_stage_executors_bind():
+    """Under 1F1B at K = 2, M = 2 stage 0 holds two micro-batches in flight
+    (two executors, each with its input array), stage 1 one with the labels:
+    the table's ``inputs`` are those arrays, on their stages' devices."""
+    from mp_symbolic.tools.memory import memory_table  # pylint: disable=import-outside-toplevel
+    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 1)
+    table = memory_table(mod).as_dict()
+    micro = BATCH // 2
+    data = micro * int(np.prod(sample[1:])) * 4
+    assert table['cpu(0)']['inputs'] == 2 * data
+    assert table['cpu(1)']['inputs'] == micro * 4
+
+
 def test_the_runs_memory_table_is_not_the_one_graphs_under_1f1b():
     from conftest import make_config  # pylint: disable=import-outside-toplevel
     lines = []
@@ -717,6 +785,36 @@ def test_fit_with_eval_data_score_and_predict_take_other_batch_sizes_under_the_s
     for size in (6, 5):  # 5: not of 2 micro-batches
         np.testing.assert_allclose(mod.predict(mx.io.NDArrayIter(X, batch_size=size)).asnumpy(),
                                    results['gpipe'][1], rtol=1e-5, atol=1e-6)
+
+
+def test_runtime_bind_splits_a_batch_on_axis_1_into_micro_batches_on_the_stage_runtime():
+    """``runtime.bind`` of a Pipeline of ``batch_axis=1`` (``(T, N, C)``
+    inputs, ``(T, N)`` labels): the stage runtime's micro-batches split
+    and join on axis 1, and its outputs and gradients are the fused graph's."""
+    from mp_symbolic.core import runtime  # pylint: disable=import-outside-toplevel
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(5, 8, 3)), rng.integers(0, 4, (5, 8))
+    found = {}
+    for schedule in ('gpipe', '1f1b'):
+        blocks = [gluon.nn.Dense(6, flatten=False, in_units=3, prefix='tnc0_'),
+                  gluon.nn.Dense(4, flatten=False, in_units=6, prefix='tnc1_')]
+        pipe = Pipeline(blocks, 'cpu:0,cpu:1', sample=(5, 8, 3), chunks=2, schedule=schedule,
+                        batch_axis=1)
+        bound = runtime.bind(pipe, 'softmax', 'softmax_label',
+                             {'data': (5, 8, 3), 'softmax_label': (5, 8)})
+        arg_dict, grad_dict, _ = bound.parameters
+        for name in sorted(n for n, g in grad_dict.items() if g is not None):
+            arg_dict[name][:] = np.random.default_rng(len(name)).normal(
+                size=arg_dict[name].shape)
+        bound.run({'data': mx.nd.array(X), 'softmax_label': mx.nd.array(y)}, train=True)
+        found[schedule] = (bound.outputs[0].asnumpy(),
+                           {n: g.asnumpy() for n, g in grad_dict.items() if g is not None})
+    (out, grads), (ref_out, ref_grads) = found['1f1b'], found['gpipe']
+    assert out.shape == (5, 8, 4)
+    np.testing.assert_allclose(out, ref_out, rtol=TOL, atol=1e-7)
+    assert sorted(grads) == sorted(ref_grads)
+    for name, value in ref_grads.items():
+        np.testing.assert_allclose(grads[name], value, rtol=TOL, atol=1e-6, err_msg=name)
 
 
 def test_runtime_bind_gives_the_fused_graph_or_the_stage_runtime_behind_one_interface():

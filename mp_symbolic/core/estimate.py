@@ -769,9 +769,11 @@ def _row(table, device):
     return table.setdefault(str(device), dict.fromkeys(CATEGORIES, 0))
 
 
-def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, trained, states):
-    """Params, grads, optimizer states, aux and inputs of one executor bound
-    on ``symbol`` at ``shapes`` (every argument's), each on its group's device."""
+def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, trained, states,
+                with_inputs=True):
+    """Params, grads, optimizer states, aux and (``with_inputs``) inputs of
+    one executor bound on ``symbol`` at ``shapes`` (every argument's), each
+    on its group's device."""
     attrs = symbol.attr_dict()
 
     def device(name):
@@ -781,7 +783,7 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
         size = _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
         row = _row(table, device(name))
         if name in inputs:
-            row['inputs'] += size
+            row['inputs'] += size if with_inputs else 0
         else:
             row['params'] += size
             if name in trained:
@@ -930,8 +932,9 @@ def _labels(symbol):
 
 
 def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
-    """The stage runtime: one-sample executors holding the weights, then each
-    stage's executors of one micro-batch, as many as it keeps in flight."""
+    """The stage runtime: the weights, gradients and auxiliary states its
+    stage executors share, then each stage's executors of one micro-batch
+    (inputs their own), as many as it keeps in flight."""
     # pylint: disable=import-outside-toplevel
     from .compat import lengths_outside_gradient
     from .names import parse_group, stage_name
@@ -950,25 +953,20 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
     boundary = boundary_specs(stages, specs)
     inputs = set(input_names) | labels
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
-    one_shapes, one_types = _specs(symbol, _replica_shapes(pipe, list(given.items()), 1))
     flight = in_flight(pipe.run_schedule())
     table, requests = {}, []
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
-        # the executor holding the arrays: one sample, never run (its pool never allocated)
-        _add_arrays(table, symbol, one_shapes, one_types, group2ctx, context, inputs, trained,
-                    states)
-        held = planned_graph(symbol, {n: one_shapes[n] for n in inputs}, group2ctx, context,
-                             grad_names=trained)
-        for device, size in head_gradients(held).items():
-            _row(table, device)['other'] += size
+        # the arrays the stage executors share (their inputs are each executor's own)
+        _add_arrays(table, symbol, specs[0], specs[1], group2ctx, context, inputs, trained,
+                    states, with_inputs=False)
         for graph in stages:
             s = graph.stage
             groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}
             device = groups[stage_name(s)]
             stage_symbol = lengths_outside_gradient(graph.graph).to_symbol()
             received = {name: boundary[entry] for name, _, entry in graph.receives}
-            bound, owned = {}, 0
+            bound, owned, read = {}, 0, 0
             for name in stage_symbol.list_arguments():
                 if name in received:
                     shape, dtype = received[name]
@@ -976,7 +974,7 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
                     owned += 2 * _nbytes(shape, np.dtype(dtype).itemsize)  # it and its gradient
                 elif name in inputs:
                     bound[name] = specs[0][name]
-                    owned += _nbytes(specs[0][name], np.dtype(specs[1][name]).itemsize)
+                    read += _nbytes(specs[0][name], np.dtype(specs[1][name]).itemsize)
             grads = [n for n in stage_symbol.list_arguments() if n in trained or n in received]
             planned = planned_graph(stage_symbol, bound, group2ctx, device, grad_names=grads,
                                     env=split_bind_environ(groups.values(), stage_symbol),
@@ -987,6 +985,7 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
             for where, size in activations(planned).items():
                 _row(table, where)['other'] += copies * size
             _row(table, device)['other'] += copies * owned
+            _row(table, device)['inputs'] += copies * read
             requests += [workspace(planned)] * copies
         # the batch's outputs, joined from its micro-batches on the last stage's device
         last = group2ctx[stage_name(plan.num_stages - 1)]

@@ -48,6 +48,7 @@ from .ir import PlacedGraph
 from .names import DATA_NAME, LABEL_NAME, LAYOUT_ATTR, SHAPE_ATTR
 from .optstate import drop_states, gather_states, set_states_by_name, split_states, \
     states_by_name
+from .runtime import FusedRuntime
 from .updater import PerDeviceUpdater
 
 __all__ = []
@@ -691,6 +692,14 @@ class PipelineModule(DeviceModule):
         ``aux_dict``) on their stages' devices; on the stage runtime, the
         arrays its stages' executors share. ``[]`` before ``bind``."""
         return list(self._exec_group.execs) if self.binded else []
+
+    @property
+    def runtimes(self):
+        """The :class:`~mp_symbolic.core.runtime.Runtime` of each replica:
+        here its one graph's executor as a
+        :class:`~mp_symbolic.core.runtime.FusedRuntime`. ``[]`` before ``bind``."""
+        return [FusedRuntime(e, statistics=self._statistics, own_outputs=self._own_outputs)
+                for e in self.executors]
 
     def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
         """Writes ``prefix-symbol.json`` and ``prefix-%04d.params`` as

@@ -5,10 +5,11 @@ per device, each its own executors).
 
 It is a :class:`~mp_symbolic.core.module.PipelineModule` (so ``fit``,
 ``score``, ``predict``, ``save_checkpoint``, ``get_params``/``set_params``,
-optimizer state by name, kvstore and per-device updates are its own) whose
-one-graph executor holds the weights, gradients and auxiliary states but
-never runs: it is bound on one sample per replica, and the stage executors
-bind its arrays. ``forward`` runs the whole schedule, the micro-batches'
+optimizer state by name, kvstore and per-device updates are its own) that
+binds no executor of its own: the weights, gradients and auxiliary states
+its stage executors bind are held where Module keeps its executor group
+(an :class:`~mp_symbolic.core.runtime.ArrayGroup`), and Module's own code
+reads them there. ``forward`` runs the whole schedule, the micro-batches'
 forwards and backwards together (that is what 1F1B is); ``backward`` then
 has nothing left to do.
 """
@@ -17,10 +18,9 @@ from collections import OrderedDict
 import mxnet as mx
 
 from .comm import Route, open_transport
-from .compat import split_bind
-from .device_module import DeviceModule
 from .layouts import batch_axis_of, batch_descs, layout_of, output_batch_axes
 from .module import PipelineModule, shape_pair
+from .runtime import ArrayGroup, grad_requests
 from . import schedule as schedules
 from .passes import cut
 from .stages import StageRuntime, boundary_specs, links, variable_specs
@@ -48,7 +48,8 @@ class StagedModule(PipelineModule):
     Raises:
         ValueError: (at ``bind``) a batch that is not a multiple of ``chunks
             x replicas``, a layout that cannot hold (as ``batch_descs``
-            says), or ``inputs_need_grad`` over node processes.
+            says), ``inputs_need_grad`` over node processes, or a
+            ``shared_module`` that is not a bound, initialised StagedModule.
     """
 
     def _graph(self):
@@ -62,9 +63,9 @@ class StagedModule(PipelineModule):
         return self._full
 
     def _held(self, placed, symbol, label_names):
-        """The graph whose one-sample executors hold this process's weights,
-        gradients and auxiliary states: the whole graph in one process; over
-        nodes, this node's stage graphs alone (their inputs from other
+        """The graph of this process's weights, gradients and auxiliary
+        states (the Module's parameters): the whole graph in one process;
+        over nodes, this node's stage graphs alone (their inputs from other
         stages as data), so a node holds only its stages' parameters."""
         self._inputs = self.pipeline.data_names(self.data_name)
         self._all_labels = tuple(label_names)  # what a metric reads, held here or not
@@ -109,19 +110,64 @@ class StagedModule(PipelineModule):
         self.batch_size = self._batch = batch
         self._out_axes = [max(a, 0) for a in output_batch_axes(self._full, [
             d for d in descs if d.name in self._full.list_arguments()]) or ()]
-        self._received_at = None
-        one = [self._held_shape(n, data_shapes + label_shapes) for n in self._data_names]
-        one_label = [self._held_shape(n, label_shapes) for n in self._label_names] or None
         self._full_shapes = (data_shapes, label_shapes)
-        with split_bind(self._devices()):
-            DeviceModule.bind(self, one, one_label, for_training, False, force_rebind,
-                              shared_module, grad_req)
-        self.inputs_need_grad = inputs_need_grad and for_training
+        self._own_arrays(for_training, inputs_need_grad, force_rebind, shared_module, grad_req)
         self._update_args = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
         self._runtimes = self._runtimes_for(batch, for_training)
         self._trained = False
         self._apply_pending()
+
+    def _own_arrays(self, for_training, inputs_need_grad, force_rebind, shared_module,
+                    grad_req):
+        """What ``mx.mod.Module.bind`` does after its checks, with the
+        arrays the runtimes bind (an :class:`~mp_symbolic.core.runtime.ArrayGroup`)
+        where it binds an executor group: values carried over on a rebind,
+        a host copy made only with ``host_copy``."""
+        if force_rebind:
+            self._reset_bind()
+        self.for_training = for_training
+        self.inputs_need_grad = inputs_need_grad and for_training
+        self._grad_req = grad_req
+        data_shapes, label_shapes = self._full_shapes
+        self._data_shapes = [_desc(n, s, self._axes[n]) for n, s in data_shapes]
+        self._label_shapes = [_desc(n, s, self._axes[n]) for n, s in label_shapes]
+        pipe = self.pipeline
+        micro = self.batch_size // (pipe.chunks * pipe.replicas)
+        shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
+        specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
+        inputs = list(self._data_names) + list(self._label_names)
+        requests = grad_requests(self._symbol.list_arguments(), self._param_names, inputs,
+                                 grad_req, self._fixed_param_names or (), for_training,
+                                 self.inputs_need_grad)
+        shared = None
+        if shared_module is not None:
+            if not (isinstance(shared_module, StagedModule) and shared_module.binded and
+                    shared_module.params_initialized):
+                raise ValueError('shared_module: expected a bound and initialised StagedModule, '
+                                 'found %s' % type(shared_module).__name__)
+            shared = shared_module._exec_group
+        self._exec_group = ArrayGroup(self._symbol, self.pipeline.plan.group2ctxs,
+                                      self._param_names, specs, requests, self.batch_size,
+                                      for_training, self.inputs_need_grad, shared)
+        if shared_module is not None:
+            self.params_initialized = True
+            self._arg_params, self._aux_params = shared_module._arg_params, \
+                shared_module._aux_params
+        elif self.params_initialized:  # a rebind: the values carried over
+            self._exec_group.set_params(self._arg_params, self._aux_params,
+                                        allow_extra=self._other_nodes)
+        elif self.host_copy:
+            group = self._exec_group
+            self._arg_params = {n: mx.nd.zeros(a[0].shape, dtype=a[0].dtype)
+                                for n, a in zip(self._param_names, group.param_arrays)}
+            self._aux_params = {n: mx.nd.zeros(a[0].shape, dtype=a[0].dtype)
+                                for n, a in zip(self._aux_names, group.aux_arrays)}
+        if not self.host_copy:
+            self._kept = [None, None]
+        if shared_module is not None and shared_module.optimizer_initialized:
+            self.borrow_optimizer(shared_module)
+        self.binded = True
 
     def _runtimes_for(self, batch, train):
         """The stage runtimes (one per replica) that run a batch of ``batch``
@@ -182,26 +228,6 @@ class StagedModule(PipelineModule):
             del self._bound_at[oldest]
         return runtimes
 
-    def _held_shape(self, name, given):
-        """The shape the executors holding the arrays bind ``name`` at: one
-        sample per replica for an input or an activation another node sends
-        (MXNet's executor group splits them over the replicas), or the
-        whole for a tensor of no batch axis another node sends (a tied
-        weight, read through its owner's identity), not split."""
-        replicas = self.pipeline.replicas
-        given = dict(given)
-        if name in given:
-            return _desc(name, _resized(given[name], self._axes[name], replicas),
-                         self._axes[name])
-        if self._received_at is None:
-            self._received_at = {b: _received(self._stages, self._full, {
-                n: _resized(s, self._axes[n], b) for n, s in given.items()}) for b in (1, 2)}
-        one, two = self._received_at[1][name], self._received_at[2][name]
-        grown = [i for i, (a, b) in enumerate(zip(one, two)) if b == 2 * a and a]
-        if grown:
-            return _desc(name, _resized(one, grown[0], replicas * one[grown[0]]), grown[0])
-        return mx.io.DataDesc(name, one, layout='')  # no batch axis: held whole
-
     @property
     def data_shapes(self):
         return [_desc(n, s, self._axes[n]) for n, s in self._full_shapes[0]] \
@@ -215,26 +241,45 @@ class StagedModule(PipelineModule):
     @property
     def output_shapes(self):
         assert self.binded
-        group = self._exec_group
-        return [(n, _resized(o.shape, self._out_axis(i), self.batch_size))
-                for i, (n, o) in enumerate(zip(group.symbol.list_outputs(),
-                                               group.execs[0].outputs))]
+        data_shapes, label_shapes = self._full_shapes
+        _, shapes, _ = self._full.infer_shape(**{
+            n: _resized(s, self._axes[n], 1) for n, s in data_shapes + label_shapes})
+        return [(n, _resized(s, self._out_axis(i), self.batch_size))
+                for i, (n, s) in enumerate(zip(self._full.list_outputs(), shapes))]
+
+    def install_monitor(self, mon):
+        """Installs ``mon`` (an ``mx.monitor.Monitor``) on every executor of
+        the runtimes bound so far (each stage's, one per micro-batch in
+        flight): the Module's own arrays run in no executor of their own."""
+        assert self.binded
+        for runtimes in self._bound_at.values():
+            for runtime in runtimes:
+                for slots in runtime.slots:
+                    for slot in slots:
+                        mon.install(slot.executor)
+
+    @property
+    def runtimes(self):
+        """The :class:`~mp_symbolic.core.runtime.Runtime` of each replica
+        that ran the last batch (the bound batch size's before any)."""
+        return list(self._runtimes) if self.binded else []
+
+    def input_arrays(self):
+        """The arrays the runtimes of the last batch size read a batch's
+        inputs and labels into: each stage executor's own (one per
+        micro-batch it holds in flight), on its stage's device."""
+        names, found = set(self._inputs) | set(self._all_labels), {}
+        for runtime in self._runtimes:
+            for slots in runtime.slots:
+                for slot in slots:
+                    for name, array in slot.executor.arg_dict.items():
+                        if name in names:
+                            found.setdefault(id(array), array)
+        return list(found.values())
 
     def _out_axis(self, i):
         """The batch axis of output ``i`` (0 for one whose size does not follow the batch)."""
         return self._out_axes[i] if i < len(self._out_axes) else 0
-
-    def init_optimizer(self, kvstore='local', optimizer='sgd',
-                       optimizer_params=(('learning_rate', 0.01),), force_init=False):
-        """:meth:`PipelineModule.init_optimizer`, gradients rescaled by the
-        whole batch (the one-graph executor the optimizer is made from holds
-        one sample per replica)."""
-        group = self._exec_group
-        bound, group.batch_size = group.batch_size, self.batch_size
-        try:
-            super().init_optimizer(kvstore, optimizer, optimizer_params, force_init)
-        finally:
-            group.batch_size = bound
 
     def forward(self, data_batch, is_train=None):
         """Runs the batch through the stages: with ``is_train``, every
@@ -382,10 +427,3 @@ def _part(array, axis, index, size):
     if not axis:
         return array[index * size:(index + 1) * size]
     return mx.nd.slice_axis(array, axis=axis, begin=index * size, end=(index + 1) * size)
-
-
-def _received(stages, symbol, shapes):
-    """``{variable: shape}`` of what each stage receives, at input ``shapes``."""
-    boundary = boundary_specs(stages, variable_specs(symbol, shapes,
-                                                     {n: 'float32' for n in shapes}))
-    return {name: boundary[entry][0] for graph in stages for name, _, entry in graph.receives}

@@ -198,6 +198,8 @@ class StageRuntime:
                                    if link.consumer == s and link in self._tied]
                                for s in self.local}
         self._arg_dict, self._grad_dict, self._aux_dict = arg_dict, grad_dict, aux_dict
+        self._devices = {s: group2ctx[stage_name(s)] for s in range(len(stages))
+                         if stage_name(s) in group2ctx}
         self._held, self._held_grads = {}, {}
         self._tied_sums = {}  # (producer, tensor) -> the readers' gradient sum lands here
         if for_training:
@@ -245,6 +247,23 @@ class StageRuntime:
     def executors(self):
         """One executor of each stage it binds (the first of its micro-batches in flight)."""
         return [self.slots[s][0].executor for s in self.local]
+
+    def device_copies(self):
+        """``(forward, backward)`` tensors copied between devices in one
+        step of a micro-batch (a :class:`~mp_symbolic.core.runtime.Runtime`'s):
+        the ``_CrossDeviceCopy`` nodes of its stage executors' graphs, and
+        each boundary tensor its transport carries from one device (or
+        process) to another, its gradient back in training."""
+        # pylint: disable=import-outside-toplevel
+        from .runtime import graph_copies
+        forward, backward = graph_copies(self.executors)
+        for link, _ in self.links:
+            ends = [self._devices.get(s) for s in (link.producer, link.consumer)]
+            if (link.producer in self.local or link.consumer in self.local) and \
+                    (None in ends or ends[0] != ends[1]):
+                forward += 1
+                backward += bool(self.for_training)
+        return forward, backward
 
     def _joined_shape(self, k, shape):
         """The shape of graph output ``k`` of a micro-batch's ``shape``, the

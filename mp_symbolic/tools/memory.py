@@ -83,7 +83,9 @@ def device_memory(model, storage=None, input_names=None, updater=None):
     Args:
         model: A Module after ``bind`` and ``init_params`` (and ``init_optimizer``
             plus one ``update`` for the optimizer states, which are made
-            lazily), or an ``mx.executor.Executor``.
+            lazily), or an ``mx.executor.Executor``. A Module on the stage
+            runtime holds its parameters' arrays and no executor of its own:
+            its inputs are the arrays of its ``input_arrays()``.
         storage: ``{device: bytes}`` the device holds in all
             (:func:`mp_symbolic.tools.trace.storage_bytes`, devices as ``'cpu/0'``
             or ``'cpu(0)'``); adds ``other`` and ``total`` to each row.
@@ -125,6 +127,8 @@ def device_memory(model, storage=None, input_names=None, updater=None):
             _add(table, arr, 'grads')
         for arr in ex.aux_dict.values():
             _add(table, arr, 'aux')
+    for arr in getattr(model, 'input_arrays', lambda: ())():  # a stage runtime's
+        _add(table, arr, 'inputs')
     for state in (getattr(updater, 'states', None) or {}).values():
         for arr in _states(state):
             _add(table, arr, 'optimizer')

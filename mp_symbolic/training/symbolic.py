@@ -48,7 +48,7 @@ def _float32(values):
 
 class _SymbolicStepper:
     """What both symbolic steppers share: the bound arrays of each replica
-    (:meth:`_replicas`) and the executors that run them (:meth:`_executors`)."""
+    (:meth:`_replicas`) and the runtime that runs them (:meth:`_runtime`)."""
 
     def __init__(self, pipe, task, cfg):
         self.pipe, self.plan, self.task, self.cfg = pipe, pipe.plan, task, cfg
@@ -62,20 +62,11 @@ class _SymbolicStepper:
 
     def _replicas(self):
         """``[(arg_dict, grad_dict, aux_dict)]``: each replica's bound arrays by name."""
-        return [(e.arg_dict, e.grad_dict, e.aux_dict) for e in self._execs]
+        raise NotImplementedError
 
-    def _executors(self):
-        """The bound executors whose graph :meth:`cross_device_copies` reads."""
-        return self._execs[:1]
-
-    def _loss(self):
-        # the head's output and the label already sit on each replica's last device
-        losses = [self.task.batch_loss(e.outputs[0], e.arg_dict[self.label_name])
-                  for e in self._execs]
-        if len(losses) == 1:
-            return losses[0]
-        first = losses[0].context
-        return mx.nd.add_n(*[l.as_in_context(first) for l in losses]) / len(losses)
+    def _runtime(self):
+        """The first replica's :class:`~mp_symbolic.core.runtime.Runtime`."""
+        raise NotImplementedError
 
     @property
     def _arrays(self):
@@ -131,17 +122,12 @@ class _SymbolicStepper:
         return rows
 
     def cross_device_copies(self):
-        """``_CrossDeviceCopy`` nodes MXNet inserted when it bound the graph
-        with ``group2ctx``, as ``(forward, backward)`` copies per step.
-
-        Read from ``debug_str()``: the placed graph, one ``Op:<op>, Name=<node>``
-        line per node.
-        """
-        names = [line.split('Name=', 1)[1] for exe in self._executors()
-                 for line in exe.debug_str().splitlines()
-                 if line.startswith('Op:_CrossDeviceCopy,')]
-        backward = sum('_backward' in n for n in names)
-        return len(names) - backward, backward
+        """``(forward, backward)`` copies between devices per step: the
+        ``_CrossDeviceCopy`` nodes MXNet inserted when it bound the graph
+        with ``group2ctx`` (read from ``debug_str()``), and on the stage
+        runtime the boundary tensors its transport carries
+        (:meth:`~mp_symbolic.core.runtime.Runtime.device_copies`)."""
+        return self._runtime().device_copies()
 
 
 class HostArrays(Mapping):
@@ -254,7 +240,6 @@ class ModuleStepper(_SymbolicStepper):
         self.module.init_params(arg_params=_float32(arg_params), aux_params=_float32(aux_params),
                                 allow_missing=False)
         self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg))
-        self._execs = self.module.executors
         self._local = local
         nodes = pipe.nodes
         self._group = None if nodes is None else control(nodes, 'share the losses',
@@ -265,6 +250,22 @@ class ModuleStepper(_SymbolicStepper):
         # over nodes, also the tensors this node receives from another
         return list(self.module.data_names) + list(self.module.label_names) + \
             [self.label_name]
+
+    def _replicas(self):
+        """Each replica's bound arrays by name, in the graph's argument
+        order, its inputs as its runtime's executors bind them."""
+        found = []
+        for arrays, bound in zip(self.module.executors, self.module.runtimes):
+            inputs = {n: a for exe in bound.executors for n, a in exe.arg_dict.items()}
+            arg_dict = OrderedDict(
+                (n, arrays.arg_dict[n] if n in arrays.arg_dict else inputs[n])
+                for n in self.module.symbol.list_arguments()
+                if n in arrays.arg_dict or n in inputs)
+            found.append((arg_dict, arrays.grad_dict, arrays.aux_dict))
+        return found
+
+    def _runtime(self):
+        return self.module.runtimes[0]
 
     def step(self, X, y):
         self.module.forward(mx.io.DataBatch(data=list(as_inputs(X)), label=[y]), is_train=True)
@@ -390,8 +391,8 @@ class ExecutorStepper(_SymbolicStepper):
     def _replicas(self):
         return [self.runtime.parameters]
 
-    def _executors(self):
-        return self.runtime.executors
+    def _runtime(self):
+        return self.runtime
 
     def _loss(self):
         out = self.runtime.outputs[0]
