@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 import mxnet as mx
 
+from . import buckets as bucketing
 from .comm import Route, open_transport
 from .compat import split_bind
 from .device_module import DeviceModule
@@ -119,11 +120,12 @@ class StagedModule(PipelineModule):
         self.inputs_need_grad = inputs_need_grad and for_training
         self._update_args = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
+        self._buckets.clear()
         self._runtimes = self._runtimes_for(batch, for_training)
         self._trained = False
         self._apply_pending()
 
-    def _runtimes_for(self, batch, train):
+    def _runtimes_for(self, batch, train, shapes=None):
         """The stage runtimes (one per replica) that run a batch of ``batch``
         examples: the schedule's ``chunks`` micro-batches, or for inference
         on a batch they do not divide, one micro-batch per replica (the
@@ -131,12 +133,18 @@ class StagedModule(PipelineModule):
         :data:`KEPT_BINDS` sizes (``fit`` with ``eval_data``, ``score`` and
         ``predict`` of other batch sizes).
 
+        Args:
+            shapes: ``(data shapes, label shapes)`` (``[(name, shape)]``) of
+                a bucket's batch: its runtimes, bound at those shapes, are
+                the caller's to keep (:meth:`_bucket_runtimes`); ``None``:
+                the bound shapes, at ``batch``.
+
         Raises:
             ValueError: a batch the replicas (or, to train, ``chunks x
                 replicas``) do not divide.
         """
         key = (batch, bool(train))
-        if key in self._bound_at:
+        if shapes is None and key in self._bound_at:
             self._bound_at.move_to_end(key)
             return self._bound_at[key]
         pipe = self.pipeline
@@ -148,7 +156,7 @@ class StagedModule(PipelineModule):
                              'found %d' % (replicas, batch))
         if batch % (chunks * replicas):
             chunks = 1  # inference of a batch the micro-batches do not divide
-        data_shapes, label_shapes = self._full_shapes
+        data_shapes, label_shapes = self._full_shapes if shapes is None else shapes
         micro = batch // (chunks * replicas)
         shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
         specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
@@ -173,6 +181,8 @@ class StagedModule(PipelineModule):
                          batchnorm=pipe.batchnorm, accumulate=accumulate,
                          input_grads=input_grads)
             for r, exe in enumerate(self._exec_group.execs)]
+        if shapes is not None:
+            return runtimes
         self._bound_at[key] = runtimes
         while len(self._bound_at) > KEPT_BINDS:
             oldest = next(iter(self._bound_at))
@@ -181,6 +191,29 @@ class StagedModule(PipelineModule):
                 oldest = next(iter(self._bound_at))
             del self._bound_at[oldest]
         return runtimes
+
+    def _bucket_runtimes(self, key, data_batch, batch, train):
+        """The stage runtimes of bucket ``key``: bound at the batch's shapes
+        on the key's first batch (for training, and for forwards alone, each
+        on first use), on the Module's parameter, gradient and auxiliary
+        arrays, with receive buffers of their own; the bound shapes' where
+        the batch has them.
+
+        Raises:
+            ValueError: ``key`` not among ``buckets``; a batch that cannot
+                be split as :meth:`_runtimes_for` says.
+        """
+        form = self._buckets.get(key, dict)
+        if train not in form:
+            data, labels = bucketing.batch_shapes(data_batch, self._inputs, self._all_labels)
+            if self._all_labels:
+                labels = bucketing.with_labels(self._full, data, labels, self._all_labels)
+            shapes = (data, labels)
+            if [s for _, s in data] == [s for _, s in self._full_shapes[0]]:
+                form[train] = None  # the bound shapes: the runtimes kept by batch size
+            else:
+                form[train] = self._runtimes_for(batch, train, shapes)
+        return form[train] if form[train] is not None else self._runtimes_for(batch, train)
 
     def _held_shape(self, name, given):
         """The shape the executors holding the arrays bind ``name`` at: one
@@ -242,10 +275,12 @@ class StagedModule(PipelineModule):
         gradients of the whole batch, summed); otherwise the forwards.
 
         A batch of another size than the bound one runs on runtimes bound
-        for it (:meth:`_runtimes_for`).
+        for it (:meth:`_runtimes_for`); a batch with a ``bucket_key``, on
+        that key's (:meth:`_bucket_runtimes`).
 
         Raises:
-            ValueError: a batch that cannot be split as :meth:`_runtimes_for` says.
+            ValueError: a batch that cannot be split as :meth:`_runtimes_for`
+                says, or a ``bucket_key`` not among ``buckets``.
         """
         assert self.binded and self.params_initialized
         is_train = self.for_training if is_train is None else is_train
@@ -253,8 +288,12 @@ class StagedModule(PipelineModule):
         batch = data[0].shape[self._axes[self._inputs[0]]]
         train = is_train and self.for_training
         # the bound runtimes run the bound size, forwards alone too
-        self._runtimes = self._runtimes_for(batch, train or batch == self.batch_size and
-                                            self.for_training)
+        train_form = train or batch == self.batch_size and self.for_training
+        key = bucketing.bucket_key(data_batch)
+        if key is None:
+            self._runtimes = self._runtimes_for(batch, train_form)
+        else:
+            self._runtimes = self._bucket_runtimes(key, data_batch, batch, train_form)
         self._batch = batch
         labels = list(data_batch.label or ()) if self._label_names else []
         names = list(self._inputs) + list(self._label_names[:len(labels)])

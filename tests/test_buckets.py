@@ -1,0 +1,116 @@
+"""Variable-length batches: a ``DataBatch`` with ``bucket_key`` and
+``provide_data`` / ``provide_label``, as MXNet's ``BucketingModule`` reads
+it, on every route of a Pipeline's Module.
+
+``fit`` over batches of GluonNLP's ``FixedBucketSampler`` (an LSTM language
+model, batches padded to their bucket's length) ends with the parameters
+of one device's ``BucketingModule`` within 1e-6, under 1F1B with 2
+micro-batches, with 2 replicas, interleaved, and on GPipe's one graph
+(``python -m bench.buckets`` runs 200 batches; these run fewer). Each
+bucket's executors are bound once, on its first batch, and read and write
+the default bucket's parameters and gradients; ``buckets=`` declares the
+keys and refuses another in one line.
+"""
+import mxnet as mx
+import numpy as np
+import pytest
+
+from bench import buckets as bench
+
+EQUAL = 1e-6  # the issue's bound: one device's BucketingModule, within 1e-6
+
+
+def _batch(key, rng, labels=True):
+    data = mx.nd.array(rng.integers(0, bench.VOCAB, (bench.BATCH, key)))
+    label = mx.nd.array(rng.integers(0, bench.VOCAB, (bench.BATCH, key)))
+    return mx.io.DataBatch([data], [label] if labels else None, bucket_key=key,
+                           provide_data=[mx.io.DataDesc('data', data.shape)],
+                           provide_label=[mx.io.DataDesc('softmax_label', label.shape)]
+                           if labels else None)
+
+
+def _bound(schedule, **kwargs):
+    devices = 'cpu:0,cpu:1'
+    mod = bench.pipeline_module(dict(devices=devices, schedule=schedule, chunks=2), **kwargs)
+    shape = (bench.BATCH, bench.LENGTHS[1])
+    mod.bind([('data', shape)], [('softmax_label', shape)])
+    mod.init_params(mx.init.Xavier())
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': bench.LEARNING_RATE})
+    return mod
+
+
+@pytest.mark.parametrize('names', [('1f1b chunks 2', '1f1b chunks 2 replicas 2'),
+                                   ('gpipe chunks 2', 'interleaved chunks 2')])
+def test_fit_over_fixed_bucket_sampler_batches_ends_as_one_device_bucketing_module(names):
+    rows, data = bench.compare(names, batches=40)
+    keys = set(data.keys)
+    assert len(keys) == bench.NUM_BUCKETS  # every bucket met
+    for name, worst, change, bound, _ in rows:
+        assert change > 0.1, name  # it trained
+        assert worst <= EQUAL, (name, worst)
+        assert bound == len(keys), name  # one form per key
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_each_bucket_binds_once_on_its_first_batch_and_writes_the_default_parameters(schedule):
+    mod = _bound(schedule)
+    rng = np.random.default_rng(0)
+    forms = {}
+    for key in (11, 25, 11, 40, 25):
+        mod.forward_backward(_batch(key, rng))
+        mod.update()
+        assert mod.get_outputs()[0].shape == (bench.BATCH, key, bench.VOCAB)
+        form = mod._buckets.bound[key]  # pylint: disable=protected-access
+        assert forms.setdefault(key, form) is form  # bound on its first batch only
+    assert list(mod._buckets.bound) == [11, 25, 40]  # pylint: disable=protected-access
+    # the bound shapes (40) run on the default bucket's executors
+    default = mod._buckets.bound[40]  # pylint: disable=protected-access
+    if schedule == 'gpipe':
+        assert default is mod._default_group  # pylint: disable=protected-access
+    else:  # the runtimes kept by batch size
+        assert default == {True: None}
+    # one set of parameters: a value written into the Module's reaches every bucket
+    arg, aux = mod.get_params()
+    weight = [n for n in arg if n.startswith('dense') and n.endswith('_weight')][0]
+    bias = arg[weight[:-len('weight')] + 'bias'].asnumpy()
+    arg[weight] = mx.nd.zeros_like(arg[weight])
+    mod.set_params(arg, aux)
+    expected = np.exp(bias - bias.max()) / np.exp(bias - bias.max()).sum()
+    for key in (11, 25):
+        mod.forward(_batch(key, rng), is_train=False)
+        assert np.allclose(mod.get_outputs()[0].asnumpy(), expected, atol=1e-6), key
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_a_bucket_not_declared_is_refused_in_one_line_and_binds_nothing(schedule):
+    mod = _bound(schedule, buckets=[11, 40])
+    rng = np.random.default_rng(0)
+    mod.forward_backward(_batch(11, rng))
+    with pytest.raises(ValueError) as raised:
+        mod.forward_backward(_batch(25, rng))
+    assert str(raised.value) == ('bucket_key: expected one of the declared buckets (11, 40), '
+                                 'found 25')
+    assert list(mod._buckets.bound) == [11]  # pylint: disable=protected-access
+
+
+def test_buckets_that_are_not_keys_are_refused_in_one_line():
+    with pytest.raises(ValueError, match=r'^buckets: expected at least one bucket key'):
+        bench.pipeline_module(dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2),
+                              buckets=[])
+    with pytest.raises(ValueError, match=r'^buckets: expected an iterable of bucket keys'):
+        bench.pipeline_module(dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2),
+                              buckets=[[11]])
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_a_bucket_batch_without_labels_predicts_as_with_them(schedule):
+    mod = _bound(schedule)
+    rng = np.random.default_rng(1)
+    for key in (18, 32):
+        batch = _batch(key, rng)
+        mod.forward(batch, is_train=False)
+        with_labels = mod.get_outputs()[0].asnumpy()
+        mod.forward(mx.io.DataBatch(batch.data, None, bucket_key=key,
+                                    provide_data=batch.provide_data), is_train=False)
+        assert mod.get_outputs()[0].shape == (bench.BATCH, key, bench.VOCAB)
+        assert np.array_equal(mod.get_outputs()[0].asnumpy(), with_labels)
