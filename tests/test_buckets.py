@@ -114,3 +114,16 @@ def test_a_bucket_batch_without_labels_predicts_as_with_them(schedule):
                                     provide_data=batch.provide_data), is_train=False)
         assert mod.get_outputs()[0].shape == (bench.BATCH, key, bench.VOCAB)
         assert np.array_equal(mod.get_outputs()[0].asnumpy(), with_labels)
+
+
+@pytest.mark.parametrize('key', [None, 40])
+def test_batches_of_the_bound_shapes_run_on_the_stage_runtimes_bound_at_bind(key):
+    mod = _bound('1f1b')
+    bound = mod._runtimes  # pylint: disable=protected-access
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        batch = _batch(40, rng)
+        batch.bucket_key = key
+        mod.forward_backward(batch)
+        mod.update()
+        assert mod._runtimes is bound  # pylint: disable=protected-access

@@ -125,7 +125,7 @@ class StagedModule(PipelineModule):
         self._trained = False
         self._apply_pending()
 
-    def _runtimes_for(self, batch, train, shapes=None):
+    def _runtimes_for(self, batch, train, bucket=None):
         """The stage runtimes (one per replica) that run a batch of ``batch``
         examples: the schedule's ``chunks`` micro-batches, or for inference
         on a batch they do not divide, one micro-batch per replica (the
@@ -134,7 +134,7 @@ class StagedModule(PipelineModule):
         ``predict`` of other batch sizes).
 
         Args:
-            shapes: ``(data shapes, label shapes)`` (``[(name, shape)]``) of
+            bucket: ``(data shapes, label shapes)`` (``[(name, shape)]``) of
                 a bucket's batch: its runtimes, bound at those shapes, are
                 the caller's to keep (:meth:`_bucket_runtimes`); ``None``:
                 the bound shapes, at ``batch``.
@@ -144,7 +144,7 @@ class StagedModule(PipelineModule):
                 replicas``) do not divide.
         """
         key = (batch, bool(train))
-        if shapes is None and key in self._bound_at:
+        if bucket is None and key in self._bound_at:
             self._bound_at.move_to_end(key)
             return self._bound_at[key]
         pipe = self.pipeline
@@ -156,7 +156,7 @@ class StagedModule(PipelineModule):
                              'found %d' % (replicas, batch))
         if batch % (chunks * replicas):
             chunks = 1  # inference of a batch the micro-batches do not divide
-        data_shapes, label_shapes = self._full_shapes if shapes is None else shapes
+        data_shapes, label_shapes = self._full_shapes if bucket is None else bucket
         micro = batch // (chunks * replicas)
         shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
         specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
@@ -181,7 +181,7 @@ class StagedModule(PipelineModule):
                          batchnorm=pipe.batchnorm, accumulate=accumulate,
                          input_grads=input_grads)
             for r, exe in enumerate(self._exec_group.execs)]
-        if shapes is not None:
+        if bucket is not None:
             return runtimes
         self._bound_at[key] = runtimes
         while len(self._bound_at) > KEPT_BINDS:
@@ -208,11 +208,10 @@ class StagedModule(PipelineModule):
             data, labels = bucketing.batch_shapes(data_batch, self._inputs, self._all_labels)
             if self._all_labels:
                 labels = bucketing.with_labels(self._full, data, labels, self._all_labels)
-            shapes = (data, labels)
             if [s for _, s in data] == [s for _, s in self._full_shapes[0]]:
                 form[train] = None  # the bound shapes: the runtimes kept by batch size
             else:
-                form[train] = self._runtimes_for(batch, train, shapes)
+                form[train] = self._runtimes_for(batch, train, (data, labels))
         return form[train] if form[train] is not None else self._runtimes_for(batch, train)
 
     def _held_shape(self, name, given):
