@@ -23,13 +23,19 @@ seconds (the configuration's run; the reference's first run is in the
 first row's).
 """
 import argparse
+import json
+import os
+import socket
+import subprocess
 import sys
+import threading
 import time
 
 import mxnet as mx
 import numpy as np
 
 from mp_symbolic import Pipeline
+from mp_symbolic.core.timing import repeat
 from mp_symbolic.tools.text import columns
 
 VOCAB, EMBED, HIDDEN = 32, 16, 16
@@ -37,6 +43,7 @@ BATCH = 8  # sentences per batch
 LENGTHS = (4, 40)  # the shortest and longest sentence, in tokens
 NUM_BUCKETS = 5
 LEARNING_RATE = 0.1
+SPEED_WIDTH = 256  # the embedding and LSTM width of the tokens-per-second runs
 
 # name -> Pipeline arguments
 CONFIGS = {
@@ -49,14 +56,16 @@ CONFIGS = {
 }
 
 
-def blocks(layers=3):
+def blocks(layers=3, width=None):
     """The LSTM language model as blocks: embedding, LSTM (batch first),
     dense over the vocabulary at each step (``layers`` 4: two LSTMs, for
-    four stages)."""
-    net = [mx.gluon.nn.Embedding(VOCAB, EMBED), mx.gluon.rnn.LSTM(HIDDEN, layout='NTC')]
+    four stages); ``width``: the embedding and LSTM width (default
+    :data:`EMBED`, :data:`HIDDEN`)."""
+    embed, hidden = (EMBED, HIDDEN) if width is None else (width, width)
+    net = [mx.gluon.nn.Embedding(VOCAB, embed), mx.gluon.rnn.LSTM(hidden, layout='NTC')]
     if layers == 4:
-        net.append(mx.gluon.rnn.LSTM(HIDDEN, layout='NTC', input_size=HIDDEN))
-    return net + [mx.gluon.nn.Dense(VOCAB, flatten=False, in_units=HIDDEN)]
+        net.append(mx.gluon.rnn.LSTM(hidden, layout='NTC', input_size=hidden))
+    return net + [mx.gluon.nn.Dense(VOCAB, flatten=False, in_units=hidden)]
 
 
 class BucketIter(mx.io.DataIter):
@@ -161,9 +170,10 @@ def fit(mod, data, initial):
     return [arg_params[n].asnumpy() for n, _ in initial]
 
 
-def pipeline_module(config, layers=3, **kwargs):
-    """The Pipeline's Module of ``config`` (:data:`CONFIGS`) over the LSTM model."""
-    pipe = Pipeline(blocks(layers), sample=(BATCH, LENGTHS[1]), **config)
+def pipeline_module(config, layers=3, width=None, **kwargs):
+    """The Pipeline's Module of ``config`` (:data:`CONFIGS`) over the LSTM
+    model (:func:`blocks`)."""
+    pipe = Pipeline(blocks(layers, width), sample=(BATCH, LENGTHS[1]), **config)
     return pipe.module(loss='softmax', **kwargs)
 
 
@@ -199,12 +209,181 @@ def compare(names, batches, seed=0):
     return rows, data
 
 
+def node_run(nodes, batches, seeds=(0,), **config):
+    """One node process's run of :func:`compare`'s ``fit`` over
+    ``Pipeline(..., nodes=nodes)``: ``{p<i>: array}``, the parameters this
+    node holds after it, by their place in the graph's argument order
+    (:func:`initial_values`), and ``bound``, the buckets it bound. ``seeds``: the sampler's seed of each node
+    (the last one's for the nodes past them)."""
+    mod = pipeline_module(dict(config, nodes=nodes))
+    initial = initial_values(mod.export_symbol)
+    rank = int(os.environ.get('RANK', '0'))
+    data = BucketIter(sentences(max(4 * batches, 64)), batches, seeds[min(rank, len(seeds) - 1)])
+    mod.fit(data, num_epoch=1, optimizer='sgd',
+            optimizer_params={'learning_rate': LEARNING_RATE},
+            arg_params={n: mx.nd.array(v) for n, v in initial}, aux_params={},
+            eval_metric=mx.metric.CustomMetric(cross_entropy, 'cross-entropy'))
+    arg_params, _ = mod.get_params()
+    held = {'p%d' % i: arg_params[n].asnumpy() for i, (n, _) in enumerate(initial)
+            if n in arg_params}
+    held['bound'] = np.array(len(mod._buckets.bound))  # pylint: disable=protected-access
+    return held
+
+
+def worker_main(argv=None):
+    """A node process: ``--out F --nodes N --table JSON`` (a list of
+    :func:`node_run`'s keyword arguments); writes ``F<k>_<rank>.npz`` for
+    the ``k``-th. A refusal of the nodes (``NodeError``, ``NodeFailure``)
+    ends it as the command line ends it: one line on stderr, exit status 2
+    (1 for a failure)."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.nodes import NodeError, NodeFailure
+    from mp_symbolic.tools.interrupts import end_process
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--out', required=True)
+    parser.add_argument('--nodes', type=int, default=1)
+    parser.add_argument('--table', required=True)
+    args = parser.parse_args(argv)
+    for k, config in enumerate(json.loads(args.table)):
+        try:
+            held = node_run(args.nodes, **config)
+        except (NodeError, NodeFailure) as err:
+            sys.stderr.write('error: %s\n' % err)
+            sys.stderr.flush()
+            end_process(2 if isinstance(err, NodeError) else 1)
+        np.savez('%s%d_%s.npz' % (args.out, k, os.environ.get('RANK', '0')), **held)
+    end_process(0)  # without seconds of Python's final collection
+
+
+def run_nodes(config, out, count=2, timeout=900):
+    """``count`` node processes of :func:`worker_main` over ``[config]`` on
+    127.0.0.1; returns ``[(exit status, seconds from the start to its exit,
+    (seconds, its error line) or None)]`` per node."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        port = sock.getsockname()[1]
+    start = time.perf_counter()
+    procs = [subprocess.Popen(
+        [sys.executable, '-m', 'bench.buckets', '--worker', '--out', out, '--nodes', str(count),
+         '--table', json.dumps([config])], cwd=root, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=root, MXNET_SUBGRAPH_VERBOSE='0',
+                 MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                 WORLD_SIZE=str(count))) for rank in range(count)]
+    lines = [None] * count
+
+    def read(rank):
+        for line in procs[rank].stderr:
+            if line.startswith('error: ') and lines[rank] is None:
+                lines[rank] = (time.perf_counter() - start, line.strip())
+    readers = [threading.Thread(target=read, args=(r,)) for r in range(count)]
+    for reader in readers:
+        reader.start()
+    ended = []
+    try:
+        for proc in procs:
+            proc.wait(timeout=timeout)
+            ended.append(time.perf_counter() - start)
+    finally:
+        for proc in procs:
+            proc.kill()
+        for reader in readers:
+            reader.join()
+    return [(p.returncode, e, l) for p, e, l in zip(procs, ended, lines)]
+
+
+def nodes_rows(batches, folder):
+    """Two node processes under 1F1B with 2 micro-batches against one
+    device's ``BucketingModule`` (the largest ``|difference|``, the largest
+    change, the buckets each node bound, the seconds of the job), and a job whose node 1 draws its
+    batches with another seed: each node's line, exit status and seconds,
+    and whether a process is left."""
+    config = dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2)
+    out = os.path.join(folder, 'node')
+    start = time.perf_counter()
+    statuses = run_nodes(dict(config, batches=batches), out)
+    seconds = time.perf_counter() - start
+    if any(s for s, _, _ in statuses):
+        sys.exit('error: the nodes ended with %s' % ', '.join(
+            '%d (%s)' % (s, l[1] if l else 'no line') for s, _, l in statuses))
+    held, bound = {}, []
+    for rank in range(2):
+        with np.load('%s0_%d.npz' % (out, rank)) as data:
+            held.update({n: v for n, v in data.items() if n != 'bound'})
+            bound.append(int(data['bound']))
+    mod = pipeline_module(config)
+    initial = initial_values(mod.export_symbol)
+    ref = reference(mod.export_symbol, BucketIter(sentences(max(4 * batches, 64)), batches),
+                    initial)
+    worst = max(float(np.abs(held['p%d' % i] - r).max()) for i, r in enumerate(ref))
+    change = max(float(np.abs(held['p%d' % i] - v).max()) for i, (_, v) in enumerate(initial))
+    mismatch = run_nodes(dict(config, batches=batches, seeds=[0, 1]), out + '-mismatch')
+    return (worst, change, bound, seconds), mismatch
+
+
+def padded_batches(data):
+    """``data``'s batches, each padded to the longest key (the default
+    bucket), without a ``bucket_key``: what training without buckets runs."""
+    longest = data.default_bucket_key
+    batches = []
+    data.reset()
+    for batch in list(data):
+        rows, key = batch.data[0].shape
+        data_padded = mx.nd.zeros((rows, longest))
+        label_padded = mx.nd.zeros((rows, longest))
+        data_padded[:, :key] = batch.data[0]
+        label_padded[:, :key] = batch.label[0]
+        batches.append(mx.io.DataBatch([data_padded], [label_padded]))
+    data.reset()
+    return batches
+
+
+def speed(batches, repeats=3, name='1f1b chunks 2', width=SPEED_WIDTH):
+    """Tokens per second of ``name``'s configuration over ``batches``
+    batches: each batch at its bucket's length, and every batch padded to
+    the longest, side by side (the model at ``width``, each a Module of
+    its own from the same values, a pass over the batches of each in turn, after one untimed
+    pass of each: :func:`mp_symbolic.core.timing.repeat`).
+
+    Returns:
+        ``({'buckets' | 'padded': [seconds of each pass]}, tokens of the
+        sentences (padding left out), tokens each run computes)``.
+    """
+    data = BucketIter(sentences(max(4 * batches, 64)), batches)
+    runs, computed = {}, {}
+    for kind, batch_list in (('buckets', list(data)), ('padded', padded_batches(data))):
+        mod = pipeline_module(CONFIGS[name], width=width)
+        shape = (BATCH, data.default_bucket_key)
+        mod.bind([('data', shape)], [('softmax_label', shape)])
+        mod.init_params(arg_params={n: mx.nd.array(v)
+                                    for n, v in initial_values(mod.export_symbol)})
+        mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': LEARNING_RATE})
+
+        def run(mod=mod, batch_list=batch_list):
+            for batch in batch_list:
+                mod.forward_backward(batch)
+                mod.update()
+        runs[kind] = run
+        computed[kind] = sum(b.data[0].size for b in batch_list)
+    return repeat(runs, repeats), data.real_tokens, computed
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ['--worker']:
+        worker_main(argv[1:])
+        return
     parser = argparse.ArgumentParser(prog='python -m bench.buckets', description=__doc__.split(
         '\n\n', maxsplit=1)[0])
     parser.add_argument('--batches', type=int, default=200)
     parser.add_argument('--only', default=','.join(CONFIGS),
                         help='configurations, comma-separated (%s)' % ', '.join(CONFIGS))
+    parser.add_argument('--nodes', action='store_true',
+                        help='also 1F1B over 2 node processes, and 2 nodes of other batches')
+    parser.add_argument('--speed', action='store_true',
+                        help='tokens per second against every batch padded to the longest '
+                             '(1f1b chunks 2), side by side')
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.only.split(',') if n.strip()]
     unknown = [n for n in names if n not in CONFIGS]
@@ -218,11 +397,43 @@ def main(argv=None):
                                LEARNING_RATE))
     print('bucket keys seen: %s' % ', '.join('%d x%d' % (k, data.keys.count(k))
                                              for k in sorted(set(data.keys))))
-    for line in columns([('configuration', 'max |difference|', 'largest change', 'buckets bound',
-                          'seconds')] +
-                        [(n, '%.1e' % d, '%.2f' % c, str(b), '%.1f' % s)
-                         for n, d, c, b, s in rows]):
+    table = [('configuration', 'max |difference|', 'largest change', 'buckets bound',
+              'seconds')] + [(n, '%.1e' % d, '%.2f' % c, str(b), '%.1f' % s)
+                             for n, d, c, b, s in rows]
+    mismatch = None
+    if args.nodes:
+        import tempfile  # pylint: disable=import-outside-toplevel
+        with tempfile.TemporaryDirectory() as folder:
+            (worst, change, bound, seconds), mismatch = nodes_rows(args.batches, folder)
+        table.append(('1f1b chunks 2 over 2 nodes', '%.1e' % worst, '%.2f' % change,
+                      ' and '.join(map(str, bound)), '%.1f' % seconds))
+    for line in columns(table):
         print(line)
+    if args.speed:
+        import statistics  # pylint: disable=import-outside-toplevel
+        times, real, computed = speed(args.batches)
+        print('tokens per second, 1f1b chunks 2, width %d, %d batches (%d tokens of sentences), '
+              'a pass of each in turn, median of %d:' % (SPEED_WIDTH, args.batches, real,
+                                                         len(times['buckets'])))
+        rate = {}
+        for kind in ('buckets', 'padded'):
+            median = statistics.median(times[kind])
+            rate[kind] = real / median
+            print('  %-8s %6.2f s (passes %s)  %8.0f tokens/s of sentences  %8.0f tokens/s '
+                  'computed (%d, padding included)'
+                  % (kind, median, ', '.join('%.2f' % t for t in times[kind]), rate[kind],
+                     computed[kind] / median, computed[kind]))
+        print('  buckets / padded: %.2fx the tokens per second' % (rate['buckets'] /
+                                                                   rate['padded']))
+    if mismatch:
+        print('2 nodes, node 1 drawing its batches with another seed:')
+        for rank, (status, ended, line) in enumerate(mismatch):
+            print('  node %d: exit status %d at %.2f s; %s' % (
+                rank, status, ended, 'at %.2f s: %s' % line if line else 'no error line'))
+        first = min((l[0] for _, _, l in mismatch if l), default=None)
+        if first is not None:
+            print('  from the first node\'s line to the last exit: %.2f s'
+                  % (max(e for _, e, _ in mismatch) - first))
 
 
 if __name__ == '__main__':

@@ -10,12 +10,23 @@ micro-batches, with 2 replicas, interleaved, and on GPipe's one graph
 bucket's executors are bound once, on its first batch, and read and write
 the default bucket's parameters and gradients; ``buckets=`` declares the
 keys and refuses another in one line.
+
+Over two node processes (``tests/buckets_worker.py``), the same run ends
+as one device's too; nodes whose batches carry other bucket keys end at
+the first step where they differ, each in one line naming the step and
+both keys.
 """
+import json
+import os
+import subprocess
+import sys
+
 import mxnet as mx
 import numpy as np
 import pytest
 
 from bench import buckets as bench
+from conftest import ROOT, node_env, reserved_port, run_node_workers
 
 EQUAL = 1e-6  # the issue's bound: one device's BucketingModule, within 1e-6
 
@@ -116,6 +127,67 @@ def test_a_bucket_batch_without_labels_predicts_as_with_them(schedule):
         assert np.array_equal(mod.get_outputs()[0].asnumpy(), with_labels)
 
 
+WORKER = os.path.join(ROOT, 'tests', 'buckets_worker.py')
+
+
+def _reference(batches, config):
+    """One device's ``BucketingModule`` over the run's batches: its
+    parameters in the graph's argument order."""
+    mod = bench.pipeline_module(config)
+    initial = bench.initial_values(mod.export_symbol)
+    data = bench.BucketIter(bench.sentences(max(4 * batches, 64)), batches, 0)
+    return bench.reference(mod.export_symbol, data, initial), initial
+
+
+def test_two_nodes_fit_bucketed_batches_as_one_device_bucketing_module(tmp_path):
+    config = dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2)
+    batches = 20
+    out = str(tmp_path / 'node')
+    with reserved_port() as port:
+        run_node_workers(WORKER, out, 2, port, [dict(config, batches=batches)], timeout=300)
+    held = {}
+    for rank in range(2):
+        with np.load('%s0_%d.npz' % (out, rank)) as data:
+            mine = {n: v for n, v in data.items() if n != 'bound'}
+            assert int(data['bound']) == bench.NUM_BUCKETS  # each node bound every key once
+        assert not set(mine) & set(held)  # each node holds its own stages'
+        held.update(mine)
+    ref, initial = _reference(batches, config)
+    assert sorted(held) == sorted('p%d' % i for i in range(len(initial)))
+    worst = max(float(np.abs(held['p%d' % i] - r).max()) for i, r in enumerate(ref))
+    change = max(float(np.abs(held['p%d' % i] - v).max()) for i, (_, v) in enumerate(initial))
+    assert change > 0.1 and worst <= EQUAL, (worst, change)
+
+
+def test_nodes_reading_other_bucket_keys_end_at_that_step_in_one_line_naming_both(tmp_path):
+    batches = 12
+    keys = [bench.BucketIter(bench.sentences(64), batches, seed).keys for seed in (0, 1)]
+    step = next(i for i, (a, b) in enumerate(zip(*keys)) if a != b)
+    table = [dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, batches=batches,
+                  seeds=[0, 1])]
+    with reserved_port() as port:
+        procs = [subprocess.Popen([sys.executable, WORKER, '--out', str(tmp_path / 'node'),
+                                   '--nodes', '2', '--table', json.dumps(table)],
+                                  env=node_env(rank, 2, port), cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(2)]
+        try:
+            ended = [p.communicate(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+    for rank, (p, (_, err)) in enumerate(zip(procs, ended)):
+        other = 1 - rank
+        assert p.returncode == 2, err[-3000:]
+        assert err.strip().splitlines() == [
+            'error: nodes: expected every node to run the same bucket keys, found node %d\'s '
+            'bucket_key %d where node %d\'s is %d at step %d (does every node read the same '
+            'batches?)' % (other, keys[other][step], rank, keys[rank][step], step)], err[-3000:]
+        assert not os.path.exists('/proc/%d' % p.pid) or \
+            open('/proc/%d/stat' % p.pid).read().split(') ')[-1].startswith('Z')
+    assert not list(tmp_path.glob('node*.npz'))  # neither node went on to write its result
+
+
 @pytest.mark.parametrize('key', [None, 40])
 def test_batches_of_the_bound_shapes_run_on_the_stage_runtimes_bound_at_bind(key):
     mod = _bound('1f1b')
@@ -127,3 +199,19 @@ def test_batches_of_the_bound_shapes_run_on_the_stage_runtimes_bound_at_bind(key
         mod.forward_backward(batch)
         mod.update()
         assert mod._runtimes is bound  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('key', [None, 25, (4, 7), np.int64(11)])
+def test_a_bucket_key_crosses_nodes_as_integers_and_reads_back_as_given(key):
+    from mp_symbolic.core import nodes  # pylint: disable=import-outside-toplevel
+    message = nodes._key_message(3, key)  # pylint: disable=protected-access
+    assert len(message) == nodes.KEY_SLOTS and message[0] == 3
+    assert nodes._key_of(message) == key  # pylint: disable=protected-access
+
+
+def test_a_bucket_key_of_another_kind_is_refused_over_nodes_in_one_line():
+    from mp_symbolic.core import nodes  # pylint: disable=import-outside-toplevel
+    with pytest.raises(nodes.NodeError) as raised:
+        nodes._key_message(0, 'long')  # pylint: disable=protected-access
+    assert str(raised.value) == ("bucket_key: expected an integer, a tuple of at most 13 "
+                                 "integers or None over node processes, found 'long'")

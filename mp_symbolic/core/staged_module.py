@@ -17,6 +17,7 @@ from collections import OrderedDict
 import mxnet as mx
 
 from . import buckets as bucketing
+from . import nodes as node_processes
 from .comm import Route, open_transport
 from .compat import split_bind
 from .device_module import DeviceModule
@@ -121,6 +122,7 @@ class StagedModule(PipelineModule):
         self._update_args = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
         self._buckets.clear()
+        self._steps = 0  # batches run since bind (over nodes, the step every node agrees on)
         self._runtimes = self._runtimes_for(batch, for_training)
         self._trained = False
         self._apply_pending()
@@ -277,9 +279,17 @@ class StagedModule(PipelineModule):
         for it (:meth:`_runtimes_for`); a batch with a ``bucket_key``, on
         that key's (:meth:`_bucket_runtimes`).
 
+        Over node processes, every node first checks that the others run
+        the same step with the same ``bucket_key`` (``None`` included),
+        before any tensor of the batch crosses
+        (:func:`~mp_symbolic.core.nodes.agree_key`).
+
         Raises:
             ValueError: a batch that cannot be split as :meth:`_runtimes_for`
-                says, or a ``bucket_key`` not among ``buckets``.
+                says, or a ``bucket_key`` not among ``buckets``; (``NodeError``)
+                over nodes, another node's key or step differs.
+            RuntimeError: (``NodeFailure``) over nodes, a node died or did
+                not answer.
         """
         assert self.binded and self.params_initialized
         is_train = self.for_training if is_train is None else is_train
@@ -289,6 +299,10 @@ class StagedModule(PipelineModule):
         # the bound runtimes run the bound size, forwards alone too
         train_form = train or batch == self.batch_size and self.for_training
         key = bucketing.bucket_key(data_batch)
+        if self.pipeline.nodes is not None:  # every node's batch of this step has this key
+            node_processes.agree_key(self.pipeline.nodes, self._steps, key,
+                                     self.pipeline.plan.node_of_stage)
+        self._steps += 1
         if key is None:
             self._runtimes = self._runtimes_for(batch, train_form)
         else:
