@@ -215,3 +215,37 @@ def test_a_bucket_key_of_another_kind_is_refused_over_nodes_in_one_line():
         nodes._key_message(0, 'long')  # pylint: disable=protected-access
     assert str(raised.value) == ("bucket_key: expected an integer, a tuple of at most 13 "
                                  "integers or None over node processes, found 'long'")
+
+
+def test_a_checkpoint_of_buckets_exports_with_the_sequence_dynamic(tmp_path):
+    """Buckets bound at several lengths of the tokens' axis: the checkpoint
+    records it as ``T`` of the layout ``'NT'``, and ``python -m export``
+    makes it the ONNX model's dynamic ``seq``, which runs another length
+    as the Module does."""
+    import onnx  # pylint: disable=import-outside-toplevel
+    import mp_symbolic  # pylint: disable=import-outside-toplevel
+    from export.__main__ import main as export_main  # pylint: disable=import-outside-toplevel
+    from export.runtimes import OnnxPredictor  # pylint: disable=import-outside-toplevel
+    mod = _bound('1f1b')
+    rng = np.random.default_rng(2)
+    for key in (11, 25):
+        mod.forward_backward(_batch(key, rng))
+        mod.update()
+    mp_symbolic.save_checkpoint(mod, str(tmp_path / 'lm'), epoch=1, name='lm')
+    symbol = mx.sym.load(str(tmp_path / 'lm' / 'current' / 'lm-symbol.json'))
+    assert symbol.attr_dict()['data'].get('__layout__') == 'NT'
+    sample = _batch(18, rng).data[0].asnumpy()
+    np.savez(str(tmp_path / 'sample.npz'), data=sample)
+    assert export_main(['--checkpoint', str(tmp_path / 'lm' / 'current' / 'lm'), '--epoch', '1',
+                        '--sample', str(tmp_path / 'sample.npz'),
+                        '--out', str(tmp_path / 'out')]) == 0
+    model = onnx.load(str(tmp_path / 'out' / 'current' / 'lm.onnx'))
+    dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ['batch', 'seq']
+    batch = _batch(7, rng, labels=False)
+    mod.forward(batch, is_train=False)
+    expected = mod.get_outputs()[0].asnumpy()
+    session = OnnxPredictor(str(tmp_path / 'out' / 'current' / 'lm.onnx'), table=False).session
+    got = session.run(None, {'data': batch.data[0].asnumpy()})[0]
+    assert got.shape == expected.shape == (bench.BATCH, 7, bench.VOCAB)
+    assert np.abs(got - expected).max() <= 1e-5

@@ -356,6 +356,7 @@ class PipelineModule(DeviceModule):
         self._update_args = None  # a new executor group: update() lists its arrays anew
         self._default_group = self._exec_group  # the default bucket's
         self._buckets.clear()
+        self._varying = {}  # input name -> the axes its buckets' shapes vary on
         self._apply_pending()
 
     def forward(self, data_batch, is_train=None):
@@ -393,6 +394,7 @@ class PipelineModule(DeviceModule):
                                      labels=True) if labels else None
         if [tuple(d.shape) for d in data] == [tuple(d.shape) for d in default.data_shapes]:
             return default
+        self._note_bucket([(d.name, tuple(d.shape)) for d in data])
         first = data[0]
         placement.micro_batch(first.shape[layouts.batch_axis_of(first)])
         with split_bind(self._devices(), self._placed, self.for_training,
@@ -422,9 +424,32 @@ class PipelineModule(DeviceModule):
         """``{input name: layout}`` that a checkpoint records (``__layout__``)
         for the inputs whose batch is not on axis 0 (``'TN'`` for ``(T,
         N)`` tokens, ``'TNC'`` for ``(L, N, C)`` states): an exporter reads
-        each input's batch there."""
-        return {n: layouts.layout_of(a, len(self.input_shapes[n]) + 1)
-                for n, a in self._batch_axes.items() if a > 0}
+        each input's batch there; and for an input of batch axis 0 whose
+        buckets bound it at several sizes of one other axis, a layout with
+        ``T`` there (``'NT'`` for ``(N, T)`` tokens), which an exporter
+        reads as the sequence, dynamic."""
+        found = {n: layouts.layout_of(a, len(self.input_shapes[n]) + 1)
+                 for n, a in self._batch_axes.items() if a > 0}
+        for name, axes in getattr(self, '_varying', {}).items():
+            if name not in found and len(axes) == 1 and self._batch_axes.get(name) == 0:
+                ndim, axis = len(self.input_shapes[name]) + 1, next(iter(axes))
+                rest = iter('CHWD')
+                found[name] = ''.join('N' if i == 0 else 'T' if i == axis else next(rest, 'C')
+                                      for i in range(ndim))
+        return found
+
+    def _note_bucket(self, data_shapes):
+        """Notes the axes (other than the batch's) where a bucket's input
+        shapes (``[(name, shape)]``) differ from the bound ones."""
+        varying = self.__dict__.setdefault('_varying', {})
+        for name, shape in data_shapes:
+            axis, bound = self._batch_axes.get(name), self.input_shapes.get(name)
+            if axis is None or axis < 0 or bound is None:
+                continue
+            sample = tuple(shape[:axis]) + tuple(shape[axis + 1:])
+            if len(sample) == len(bound):
+                varying.setdefault(name, set()).update(
+                    i + (i >= axis) for i, (a, b) in enumerate(zip(sample, bound)) if a != b)
 
     def update_metric(self, eval_metric, labels, pre_sliced=False):
         """``mx.mod.Module.update_metric``; with a loss on one of several

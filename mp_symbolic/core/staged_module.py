@@ -122,6 +122,7 @@ class StagedModule(PipelineModule):
         self._update_args = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
         self._buckets.clear()
+        self._varying = {}  # input name -> the axes its buckets' shapes vary on
         self._steps = 0  # batches run since bind (over nodes, the step every node agrees on)
         self._runtimes = self._runtimes_for(batch, for_training)
         self._trained = False
@@ -213,6 +214,7 @@ class StagedModule(PipelineModule):
             if [s for _, s in data] == [s for _, s in self._full_shapes[0]]:
                 form[train] = None  # the bound shapes: the runtimes kept by batch size
             else:
+                self._note_bucket(data)
                 form[train] = self._runtimes_for(batch, train, (data, labels))
         return form[train] if form[train] is not None else self._runtimes_for(batch, train)
 
