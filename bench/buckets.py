@@ -21,6 +21,14 @@ parameter from the reference's, the largest change of a parameter from
 its initial value (that the run trained), the buckets bound and the
 seconds (the configuration's run; the reference's first run is in the
 first row's).
+
+``--nodes``: the same run over 2 node processes under 1F1B, and a job
+whose node 1 draws its batches with another seed (each node's line, exit
+status and time). ``--memory``: the storage per device with 1 to 5
+buckets bound, on the Pipeline's Module and on one device's
+``BucketingModule``, each in a fresh process. ``--speed``: tokens per
+second against every batch padded to the longest, side by side, and one
+step's seconds per key.
 """
 import argparse
 import json
@@ -44,6 +52,7 @@ LENGTHS = (4, 40)  # the shortest and longest sentence, in tokens
 NUM_BUCKETS = 5
 LEARNING_RATE = 0.1
 SPEED_WIDTH = 256  # the embedding and LSTM width of the tokens-per-second runs
+SPEED_RATE = 0.01  # their learning rate (SGD)
 
 # name -> Pipeline arguments
 CONFIGS = {
@@ -343,7 +352,7 @@ def speed(batches, repeats=3, name='1f1b chunks 2', width=SPEED_WIDTH):
     """Tokens per second of ``name``'s configuration over ``batches``
     batches: each batch at its bucket's length, and every batch padded to
     the longest, side by side (the model at ``width``, each a Module of
-    its own from the same values, a pass over the batches of each in turn, after one untimed
+    its own, every pass from the same values, SGD at :data:`SPEED_RATE`, a pass over the batches of each in turn, after one untimed
     pass of each: :func:`mp_symbolic.core.timing.repeat`).
 
     Returns:
@@ -356,11 +365,12 @@ def speed(batches, repeats=3, name='1f1b chunks 2', width=SPEED_WIDTH):
         mod = pipeline_module(CONFIGS[name], width=width)
         shape = (BATCH, data.default_bucket_key)
         mod.bind([('data', shape)], [('softmax_label', shape)])
-        mod.init_params(arg_params={n: mx.nd.array(v)
-                                    for n, v in initial_values(mod.export_symbol)})
-        mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': LEARNING_RATE})
+        initial = {n: mx.nd.array(v) for n, v in initial_values(mod.export_symbol)}
+        mod.init_params(arg_params=initial)
+        mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': SPEED_RATE})
 
-        def run(mod=mod, batch_list=batch_list):
+        def run(mod=mod, batch_list=batch_list, initial=initial):
+            mod.set_params(initial, {})  # every pass from the same values
             for batch in batch_list:
                 mod.forward_backward(batch)
                 mod.update()
@@ -369,10 +379,105 @@ def speed(batches, repeats=3, name='1f1b chunks 2', width=SPEED_WIDTH):
     return repeat(runs, repeats), data.real_tokens, computed
 
 
+def step_seconds(width=SPEED_WIDTH, steps=5, repeats=3):
+    """Seconds of one training step of each key's first batch, on the
+    Pipeline's Module of ``1f1b chunks 2`` and on one device's
+    ``BucketingModule`` (the model at ``width``; ``steps`` steps of each
+    key in turn, median of ``repeats``): ``{route: {key: seconds}}``."""
+    import statistics  # pylint: disable=import-outside-toplevel
+    data = BucketIter(sentences(64), 40)
+    first = {}
+    for batch in data:
+        first.setdefault(int(batch.bucket_key), batch)
+    split = pipeline_module(CONFIGS['1f1b chunks 2'], width=width)
+    symbol, initial = split.export_symbol, initial_values(split.export_symbol)
+    one = mx.mod.BucketingModule(lambda key: (symbol, ('data',), ('softmax_label',)),
+                                 default_bucket_key=data.default_bucket_key, context=mx.cpu(0))
+    result = {}
+    for route, mod in (('2 stages, 1f1b chunks 2', split), ('one device', one)):
+        shape = (BATCH, data.default_bucket_key)
+        mod.bind([('data', shape)], [('softmax_label', shape)])
+        mod.init_params(arg_params={n: mx.nd.array(v) for n, v in initial})
+        mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.01})
+
+        def run(batch, mod=mod):
+            def steps_of():
+                for _ in range(steps):
+                    mod.forward_backward(batch)
+                    mod.update()
+            return steps_of
+        times = repeat({k: run(first[k]) for k in sorted(first)}, repeats)
+        result[route] = {k: statistics.median(t) / steps for k, t in times.items()}
+    return result
+
+
+def memory_child(count, route='split', width=SPEED_WIDTH):
+    """In a fresh process (``--memory-child COUNT [ROUTE]``): the storage
+    MXNet's profiler counts per device (``{device: bytes}``, printed as
+    JSON) once the Module of ``1f1b chunks 2`` (``route`` ``'split'``; the
+    model at ``width``), or one device's ``BucketingModule`` (``'one'``),
+    bound at the longest key, ran one training batch of each of the
+    ``count`` longest keys, longest first (``count`` 1: one form, bound at
+    the longest length, as padding every batch to it binds). Every child
+    makes the same batches, the five keys' first, before its Module."""
+    # pylint: disable=import-outside-toplevel
+    import tempfile
+    from mp_symbolic.tools.trace import dump, load_trace, storage_bytes
+    folder = tempfile.mkdtemp()
+    trace_path = os.path.join(folder, 'trace.json')
+    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
+                           profile_memory=True, aggregate_stats=False, filename=trace_path,
+                           continuous_dump=False)
+    mx.profiler.set_state('run')
+    data = BucketIter(sentences(64), 40)
+    first = {}
+    for batch in data:
+        first.setdefault(batch.bucket_key, batch)
+    chosen = [first[k] for k in sorted(first, reverse=True)[:count]]
+    mod = pipeline_module(CONFIGS['1f1b chunks 2'], width=width)
+    symbol = mod.export_symbol
+    if route == 'one':
+        mod = mx.mod.BucketingModule(lambda key: (symbol, ('data',), ('softmax_label',)),
+                                     default_bucket_key=data.default_bucket_key,
+                                     context=mx.cpu(0))
+    shape = (BATCH, data.default_bucket_key)
+    mod.bind([('data', shape)], [('softmax_label', shape)])
+    mod.init_params(arg_params={n: mx.nd.array(v) for n, v in initial_values(symbol)})
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': LEARNING_RATE})
+    for batch in chosen:
+        mod.forward_backward(batch)
+        mod.update()
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    dump(trace_path)
+    storage = storage_bytes(load_trace(trace_path))
+    os.remove(trace_path)
+    os.rmdir(folder)
+    print(json.dumps({'keys': [int(b.bucket_key) for b in chosen], 'storage': storage}))
+
+
+def memory_rows(route='split', counts=(1, 2, 3, 4, 5)):
+    """:func:`memory_child` of ``route`` at each count, each in a process
+    of its own: ``[(keys run, {device: bytes})]``."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = []
+    for count in counts:
+        out = subprocess.run([sys.executable, '-m', 'bench.buckets', '--memory-child',
+                              str(count), route], cwd=root, capture_output=True, text=True, check=True,
+                             env=dict(os.environ, PYTHONPATH=root, MXNET_SUBGRAPH_VERBOSE='0'),
+                             timeout=600)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append((result['keys'], result['storage']))
+    return rows
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ['--worker']:
         worker_main(argv[1:])
+        return
+    if argv[:1] == ['--memory-child']:
+        memory_child(int(argv[1]), *argv[2:3])
         return
     parser = argparse.ArgumentParser(prog='python -m bench.buckets', description=__doc__.split(
         '\n\n', maxsplit=1)[0])
@@ -381,6 +486,9 @@ def main(argv=None):
                         help='configurations, comma-separated (%s)' % ', '.join(CONFIGS))
     parser.add_argument('--nodes', action='store_true',
                         help='also 1F1B over 2 node processes, and 2 nodes of other batches')
+    parser.add_argument('--memory', action='store_true',
+                        help='storage per device with 1 to 5 buckets bound (1f1b chunks 2), '
+                             'the first one bound at the longest length')
     parser.add_argument('--speed', action='store_true',
                         help='tokens per second against every batch padded to the longest '
                              '(1f1b chunks 2), side by side')
@@ -409,12 +517,31 @@ def main(argv=None):
                       ' and '.join(map(str, bound)), '%.1f' % seconds))
     for line in columns(table):
         print(line)
+    if args.memory:
+        from mp_symbolic.tools.memory import format_bytes  # pylint: disable=import-outside-toplevel
+        print('storage per device (MXNet\'s profiler), width %d, batches of %d, after one '
+              'training batch of each key run, the first bound at the longest:'
+              % (SPEED_WIDTH, BATCH))
+        for route, title in (('split', '2 stages, 1f1b chunks 2 (cpu/0, cpu/1)'),
+                             ('one', 'one device\'s BucketingModule (cpu/0)')):
+            mem = memory_rows(route)
+            devices = sorted({d for _, storage in mem for d in storage})
+            base = sum(mem[0][1].values())
+            print('  ' + title)
+            for line in columns([('buckets bound (keys)',) + tuple(devices) +
+                                 ('all', 'beside one bound at the longest')] +
+                                [('%d (%s)' % (len(keys), ', '.join(map(str, keys))),) +
+                                 tuple(format_bytes(storage.get(d, 0)) for d in devices) +
+                                 (format_bytes(sum(storage.values())),
+                                  '%.2fx' % (sum(storage.values()) / base))
+                                 for keys, storage in mem]):
+                print('    ' + line)
     if args.speed:
         import statistics  # pylint: disable=import-outside-toplevel
         times, real, computed = speed(args.batches)
-        print('tokens per second, 1f1b chunks 2, width %d, %d batches (%d tokens of sentences), '
-              'a pass of each in turn, median of %d:' % (SPEED_WIDTH, args.batches, real,
-                                                         len(times['buckets'])))
+        print('tokens per second, 1f1b chunks 2, width %d, SGD lr %g, %d batches (%d tokens of '
+              'sentences), a pass of each in turn from the same values, median of %d:'
+              % (SPEED_WIDTH, SPEED_RATE, args.batches, real, len(times['buckets'])))
         rate = {}
         for kind in ('buckets', 'padded'):
             median = statistics.median(times[kind])
@@ -425,6 +552,13 @@ def main(argv=None):
                      computed[kind] / median, computed[kind]))
         print('  buckets / padded: %.2fx the tokens per second' % (rate['buckets'] /
                                                                    rate['padded']))
+        per_key = step_seconds()
+        keys = sorted(next(iter(per_key.values())))
+        print('seconds of one training step per bucket key (the key\'s first batch, median):')
+        for line in columns([('route',) + tuple(map(str, keys))] +
+                            [(route,) + tuple('%.3f' % t[k] for k in keys)
+                             for route, t in per_key.items()]):
+            print('  ' + line)
     if mismatch:
         print('2 nodes, node 1 drawing its batches with another seed:')
         for rank, (status, ended, line) in enumerate(mismatch):
