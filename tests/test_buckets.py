@@ -249,3 +249,18 @@ def test_a_checkpoint_of_buckets_exports_with_the_sequence_dynamic(tmp_path):
     got = session.run(None, {'data': batch.data[0].asnumpy()})[0]
     assert got.shape == expected.shape == (bench.BATCH, 7, bench.VOCAB)
     assert np.abs(got - expected).max() <= 1e-5
+
+
+def test_shorter_buckets_reuse_the_memory_of_the_bound_longest_on_the_stage_runtime():
+    """Storage MXNet's profiler counts (each in a fresh process): two more
+    buckets, shorter than the one bound at the longest length, take less
+    than that one did, their executors sharing its memory pools slot by
+    slot."""
+    def storage(count):
+        out = subprocess.run([sys.executable, '-m', 'bench.buckets', '--memory-child',
+                              str(count)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, PYTHONPATH=ROOT, MXNET_SUBGRAPH_VERBOSE='0'))
+        assert out.returncode == 0, out.stderr[-3000:]
+        return sum(json.loads(out.stdout.strip().splitlines()[-1])['storage'].values())
+    one, three = storage(1), storage(3)
+    assert three - one < one, (one, three)

@@ -176,13 +176,16 @@ class StagedModule(PipelineModule):
             return open_transport(pipe.transport, Route(
                 nodes, tuple(plan.node_of_stage), tuple(every), chunks, replica))
 
+        # a bucket's executors share the memory pools of the bound shapes' (never run together)
+        shared = self._bound_at.get((self.batch_size, bool(train))) if bucket is not None \
+            and chunks == pipe.chunks else None
         runtimes = [
             StageRuntime(self._stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict,
                          exe.aux_dict, shapes, schedule, train and self.for_training,
                          specs=specs, boundary=boundary, local=pipe.local_stages,
                          transport=transport(r), axes=self._axes, output_axes=self._out_axes,
                          batchnorm=pipe.batchnorm, accumulate=accumulate,
-                         input_grads=input_grads)
+                         input_grads=input_grads, shared=shared[r] if shared else None)
             for r, exe in enumerate(self._exec_group.execs)]
         if bucket is not None:
             return runtimes
