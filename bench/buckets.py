@@ -214,7 +214,8 @@ def compare(names, batches, seed=0):
         seconds = time.perf_counter() - start
         worst = max(float(np.abs(p - r).max()) for p, r in zip(params, refs[layers]))
         change = max(float(np.abs(p - v).max()) for p, (_, v) in zip(params, initial))
-        rows.append((name, worst, change, len(mod._buckets.bound), seconds))  # pylint: disable=protected-access
+        bound = len(mod._buckets.bound)  # pylint: disable=protected-access
+        rows.append((name, worst, change, bound, seconds))
     return rows, data
 
 
@@ -222,7 +223,8 @@ def node_run(nodes, batches, seeds=(0,), **config):
     """One node process's run of :func:`compare`'s ``fit`` over
     ``Pipeline(..., nodes=nodes)``: ``{p<i>: array}``, the parameters this
     node holds after it, by their place in the graph's argument order
-    (:func:`initial_values`), and ``bound``, the buckets it bound. ``seeds``: the sampler's seed of each node
+    (:func:`initial_values`), and ``bound``, the buckets it bound.
+    ``seeds``: the sampler's seed of each node
     (the last one's for the nodes past them)."""
     mod = pipeline_module(dict(config, nodes=nodes))
     initial = initial_values(mod.export_symbol)
@@ -352,7 +354,8 @@ def speed(batches, repeats=3, name='1f1b chunks 2', width=SPEED_WIDTH):
     """Tokens per second of ``name``'s configuration over ``batches``
     batches: each batch at its bucket's length, and every batch padded to
     the longest, side by side (the model at ``width``, each a Module of
-    its own, every pass from the same values, SGD at :data:`SPEED_RATE`, a pass over the batches of each in turn, after one untimed
+    its own, every pass from the same values, SGD at :data:`SPEED_RATE`,
+    a pass over the batches of each in turn, after one untimed
     pass of each: :func:`mp_symbolic.core.timing.repeat`).
 
     Returns:
@@ -463,7 +466,8 @@ def memory_rows(route='split', counts=(1, 2, 3, 4, 5)):
     rows = []
     for count in counts:
         out = subprocess.run([sys.executable, '-m', 'bench.buckets', '--memory-child',
-                              str(count), route], cwd=root, capture_output=True, text=True, check=True,
+                              str(count), route], cwd=root, capture_output=True, text=True,
+                             check=True,
                              env=dict(os.environ, PYTHONPATH=root, MXNET_SUBGRAPH_VERBOSE='0'),
                              timeout=600)
         result = json.loads(out.stdout.strip().splitlines()[-1])
