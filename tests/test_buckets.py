@@ -264,3 +264,25 @@ def test_shorter_buckets_reuse_the_memory_of_the_bound_longest_on_the_stage_runt
         return sum(json.loads(out.stdout.strip().splitlines()[-1])['storage'].values())
     one, three = storage(1), storage(3)
     assert three - one < one, (one, three)
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_the_twin_follows_each_length_as_gluon_does_and_gives_the_modules_outputs(schedule):
+    """The imperative twin takes each batch at its own length (Gluon's
+    blocks rebind per shape); on the same values it gives what the Module
+    gives each bucket."""
+    from mp_symbolic import Pipeline  # pylint: disable=import-outside-toplevel
+    pipe = Pipeline(bench.blocks(), 'cpu:0,cpu:1', sample=(bench.BATCH, bench.LENGTHS[1]),
+                    chunks=2, schedule=schedule)
+    pipe.initialize(mx.init.Xavier())
+    mod = pipe.module(loss='softmax')
+    shape = (bench.BATCH, bench.LENGTHS[1])
+    mod.bind([('data', shape)], [('softmax_label', shape)], for_training=False)
+    mod.init_params(arg_params=pipe.get_params()[0], aux_params={})
+    rng = np.random.default_rng(3)
+    for key in (11, 25, 11):
+        batch = _batch(key, rng)
+        twin = mx.nd.softmax(pipe(batch.data[0])).asnumpy()
+        mod.forward(batch, is_train=False)
+        assert twin.shape == (bench.BATCH, key, bench.VOCAB)
+        assert np.abs(mod.get_outputs()[0].asnumpy() - twin).max() <= 1e-6, key
