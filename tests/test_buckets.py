@@ -79,7 +79,7 @@ def test_each_bucket_binds_once_on_its_first_batch_and_writes_the_default_parame
     if schedule == 'gpipe':
         assert default is mod._default_group  # pylint: disable=protected-access
     else:  # the runtimes kept by batch size
-        assert default == {True: None}
+        assert list(default.values()) == [None]
     # one set of parameters: a value written into the Module's reaches every bucket
     arg, aux = mod.get_params()
     weight = [n for n in arg if n.startswith('dense') and n.endswith('_weight')][0]
@@ -286,3 +286,22 @@ def test_the_twin_follows_each_length_as_gluon_does_and_gives_the_modules_output
         mod.forward(batch, is_train=False)
         assert twin.shape == (bench.BATCH, key, bench.VOCAB)
         assert np.abs(mod.get_outputs()[0].asnumpy() - twin).max() <= 1e-6, key
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_a_buckets_batch_of_fewer_sentences_runs_at_its_own_size(schedule):
+    """A bucket's last batch may hold fewer sentences (a multiple of the
+    micro-batches): it runs at its size, as one device runs it."""
+    mod = _bound(schedule)
+    rng = np.random.default_rng(4)
+    full = _batch(25, rng)
+    half = mx.io.DataBatch([full.data[0][:4]], [full.label[0][:4]], bucket_key=25,
+                           provide_data=[mx.io.DataDesc('data', (4, 25))],
+                           provide_label=[mx.io.DataDesc('softmax_label', (4, 25))])
+    mod.forward(full, is_train=False)
+    whole = mod.get_outputs()[0].asnumpy()
+    mod.forward(half, is_train=False)
+    assert mod.get_outputs()[0].shape == (4, 25, bench.VOCAB)
+    assert np.abs(mod.get_outputs()[0].asnumpy() - whole[:4]).max() <= 1e-6
+    mod.forward_backward(half)
+    mod.update()

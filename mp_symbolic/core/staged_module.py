@@ -200,26 +200,28 @@ class StagedModule(PipelineModule):
 
     def _bucket_runtimes(self, key, data_batch, batch, train):
         """The stage runtimes of bucket ``key``: bound at the batch's shapes
-        on the key's first batch (for training, and for forwards alone, each
-        on first use), on the Module's parameter, gradient and auxiliary
-        arrays, with receive buffers of their own; the bound shapes' where
-        the batch has them.
+        on the key's first batch of those shapes (for training, and for
+        forwards alone, each on first use; a key's batch of another size,
+        such as a bucket's last, binds its own), on the Module's parameter,
+        gradient and auxiliary arrays, with receive buffers of their own;
+        the bound shapes' where the batch has them.
 
         Raises:
             ValueError: ``key`` not among ``buckets``; a batch that cannot
                 be split as :meth:`_runtimes_for` says.
         """
-        form = self._buckets.get(key, dict)
-        if train not in form:
-            data, labels = bucketing.batch_shapes(data_batch, self._inputs, self._all_labels)
+        form = self._buckets.get(key, dict)  # (training, data shapes) -> runtimes
+        data, labels = bucketing.batch_shapes(data_batch, self._inputs, self._all_labels)
+        shapes = (bool(train), tuple(s for _, s in data))
+        if shapes not in form:
             if self._all_labels:
                 labels = bucketing.with_labels(self._full, data, labels, self._all_labels)
             if [s for _, s in data] == [s for _, s in self._full_shapes[0]]:
-                form[train] = None  # the bound shapes: the runtimes kept by batch size
+                form[shapes] = None  # the bound shapes: the runtimes kept by batch size
             else:
                 self._note_bucket(data)
-                form[train] = self._runtimes_for(batch, train, (data, labels))
-        return form[train] if form[train] is not None else self._runtimes_for(batch, train)
+                form[shapes] = self._runtimes_for(batch, train, (data, labels))
+        return form[shapes] if form[shapes] is not None else self._runtimes_for(batch, train)
 
     def _held_shape(self, name, given):
         """The shape the executors holding the arrays bind ``name`` at: one
