@@ -39,6 +39,7 @@ import mxnet as mx
 import numpy as np
 
 from . import batchnorm as batchnorms
+from . import buckets as bucketing
 from . import layouts
 from .device_module import DeviceModule, aux_written
 from .compat import gradient_only_kvstore, split_bind
@@ -167,7 +168,17 @@ class PipelineModule(DeviceModule):
             default the stages' devices hold the only copy, and
             ``get_params`` returns a fresh host copy each time
             (:class:`~mp_symbolic.core.device_module.DeviceModule`).
+        buckets: ``None``: a batch with a ``bucket_key`` runs on executors
+            bound at its shapes on the key's first batch, sharing the
+            parameters, gradients, auxiliary states and optimizer with the
+            default bucket (:mod:`~mp_symbolic.core.buckets`); or the keys
+            the Module takes, declared ahead (another key is refused).
         **kwargs: Passed to ``mx.mod.Module``.
+
+    Raises:
+        ValueError: ``buckets`` that are not keys (as
+            :class:`~mp_symbolic.core.buckets.Buckets` says); at ``forward``,
+            a ``bucket_key`` not declared.
 
     Attributes:
         pipeline: The Pipeline.
@@ -183,7 +194,8 @@ class PipelineModule(DeviceModule):
     _own_outputs = None  # then the count of the network's own outputs, before them
 
     def __init__(self, pipeline, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME,
-                 output=None, host_copy=False, **kwargs):
+                 output=None, host_copy=False, buckets=None, **kwargs):
+        self._buckets = bucketing.Buckets(buckets)
         for key in ('context', 'group2ctxs', 'data_names', 'label_names'):
             if key in kwargs:
                 raise ValueError('%s: expected it from the Pipeline (its devices and names), '
@@ -343,7 +355,52 @@ class PipelineModule(DeviceModule):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
         self._update_args = None  # a new executor group: update() lists its arrays anew
+        self._default_group = self._exec_group  # the default bucket's
+        self._buckets.clear()
+        self._varying = {}  # input name -> the axes its buckets' shapes vary on
         self._apply_pending()
+
+    def forward(self, data_batch, is_train=None):
+        """``mx.mod.Module.forward``; a batch with a ``bucket_key`` runs on
+        that key's executor group, bound at the batch's shapes on its first
+        batch with the default bucket's as its shared group (its
+        parameters, gradients and auxiliary states; :mod:`~mp_symbolic.core.buckets`),
+        a batch without on the default bucket's.
+
+        Raises:
+            ValueError: a ``bucket_key`` not among ``buckets``, or a batch
+                that does not split into ``chunks x replicas`` equal parts.
+        """
+        assert self.binded and self.params_initialized
+        key = bucketing.bucket_key(data_batch)
+        group = self._default_group if key is None else \
+            self._buckets.get(key, lambda: self._bucket_group(data_batch))
+        if group is not self._exec_group:
+            self._exec_group = group
+            self._data_shapes, self._label_shapes = group.data_shapes, group.label_shapes
+            self._update_args = None
+        super().forward(data_batch, is_train)
+
+    def _bucket_group(self, data_batch):
+        """The executor group of a bucket's first batch: the default
+        bucket's where the shapes are its, otherwise one bound at the
+        batch's shapes sharing the default's arrays
+        (:func:`~mp_symbolic.core.buckets.shared_group`)."""
+        placement, default = self.pipeline.placement, self._default_group
+        data, labels = bucketing.batch_shapes(data_batch, self._data_names, self._label_names)
+        if self._label_names and self.for_training:
+            labels = bucketing.with_labels(self._symbol, data, labels, self._label_names)
+        data = layouts.batch_descs(data, placement.batch_axis, placement.chunks)
+        labels = layouts.batch_descs(labels, placement.batch_axis, placement.chunks,
+                                     labels=True) if labels else None
+        if [tuple(d.shape) for d in data] == [tuple(d.shape) for d in default.data_shapes]:
+            return default
+        self._note_bucket([(d.name, tuple(d.shape)) for d in data])
+        first = data[0]
+        placement.micro_batch(first.shape[layouts.batch_axis_of(first)])
+        with split_bind(self._devices(), self._placed, self.for_training,
+                        self._fixed_param_names or ()):
+            return bucketing.shared_group(self, data, labels, default)[0]
 
     def _lay_out_outputs(self, descs):
         """Each output of the graph joined over the replicas on its batch
@@ -368,9 +425,32 @@ class PipelineModule(DeviceModule):
         """``{input name: layout}`` that a checkpoint records (``__layout__``)
         for the inputs whose batch is not on axis 0 (``'TN'`` for ``(T,
         N)`` tokens, ``'TNC'`` for ``(L, N, C)`` states): an exporter reads
-        each input's batch there."""
-        return {n: layouts.layout_of(a, len(self.input_shapes[n]) + 1)
-                for n, a in self._batch_axes.items() if a > 0}
+        each input's batch there; and for an input of batch axis 0 whose
+        buckets bound it at several sizes of one other axis, a layout with
+        ``T`` there (``'NT'`` for ``(N, T)`` tokens), which an exporter
+        reads as the sequence, dynamic."""
+        found = {n: layouts.layout_of(a, len(self.input_shapes[n]) + 1)
+                 for n, a in self._batch_axes.items() if a > 0}
+        for name, axes in getattr(self, '_varying', {}).items():
+            if name not in found and len(axes) == 1 and self._batch_axes.get(name) == 0:
+                ndim, axis = len(self.input_shapes[name]) + 1, next(iter(axes))
+                rest = iter('CHWD')
+                found[name] = ''.join('N' if i == 0 else 'T' if i == axis else next(rest, 'C')
+                                      for i in range(ndim))
+        return found
+
+    def _note_bucket(self, data_shapes):
+        """Notes the axes (other than the batch's) where a bucket's input
+        shapes (``[(name, shape)]``) differ from the bound ones."""
+        varying = self.__dict__.setdefault('_varying', {})
+        for name, shape in data_shapes:
+            axis, bound = self._batch_axes.get(name), self.input_shapes.get(name)
+            if axis is None or axis < 0 or bound is None:
+                continue
+            sample = tuple(shape[:axis]) + tuple(shape[axis + 1:])
+            if len(sample) == len(bound):
+                varying.setdefault(name, set()).update(
+                    i + (i >= axis) for i, (a, b) in enumerate(zip(sample, bound)) if a != b)
 
     def update_metric(self, eval_metric, labels, pre_sliced=False):
         """``mx.mod.Module.update_metric``; with a loss on one of several

@@ -74,6 +74,9 @@ NODE_TIMEOUT = 300.0  # default seconds a node waits on another before the job e
 # the tags of the network's outputs a node sends the others, past every link's
 OUTPUT_TAG = 1 << 30
 MAX_OUTPUTS = 1 << 12  # outputs per replica the tags leave room for
+# the tag of each batch's bucket key a node sends every other (agree_key), past the outputs'
+KEY_TAG = 3 << 29
+KEY_SLOTS = 16  # int64 values of a key's message: step, kind, length, the key's integers
 NODE_SECRET = 'MP_SYMBOLIC_NODE_SECRET'  # the job's shared secret, where set
 MAX_MESSAGE_BYTES = 1 << 30  # a control message's largest size (a model's parameters fit)
 # the process that started this one (torchrun's agent, launch), before any work
@@ -475,6 +478,77 @@ def agree(nodes, facts, node_of_stage=None):
                                 '%d\'s %s %s where node 0\'s is %s (are the flags the same on '
                                 'every host?)' % (rank, key, excerpt(repr(theirs.get(key))),
                                                   excerpt(repr(gathered[0].get(key)))))
+
+
+def _key_message(step, key):
+    """The int64 values that tell batch ``step``'s bucket ``key``:
+    ``[step, kind, length, integers...]`` (kind 0: ``None``; 1: an
+    integer; 2: a tuple of integers), :data:`KEY_SLOTS` long.
+
+    Raises:
+        NodeError: a key of another kind, or a tuple too long.
+    """
+    import numbers  # pylint: disable=import-outside-toplevel
+    if key is None:
+        kind, values = 0, ()
+    elif isinstance(key, numbers.Integral) and not isinstance(key, bool):
+        kind, values = 1, (int(key),)
+    elif isinstance(key, (tuple, list)) and len(key) <= KEY_SLOTS - 3 and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in key):
+        kind, values = 2, tuple(int(v) for v in key)
+    else:
+        raise NodeError('bucket_key: expected an integer, a tuple of at most %d integers or None '
+                        'over node processes, found %s' % (KEY_SLOTS - 3, excerpt(repr(key))))
+    message = [step, kind, len(values)] + list(values)
+    return message + [0] * (KEY_SLOTS - len(message))
+
+
+def _key_of(message):
+    """The bucket key a :func:`_key_message` tells (``None``, an integer, a tuple)."""
+    kind, length = int(message[1]), int(message[2])
+    values = tuple(int(v) for v in message[3:3 + max(0, min(length, KEY_SLOTS - 3))])
+    return None if kind == 0 else values[0] if kind == 1 and values else values
+
+
+def agree_key(nodes, step, key, node_of_stage=None):
+    """Checks that every node runs batch ``step`` with the same bucket
+    ``key`` before any of its tensors cross: one message of
+    :data:`KEY_SLOTS` int64 (the step and the key, no text) to each other
+    node and one from each, point to point (``isend``/``irecv``, tag
+    :data:`KEY_TAG`), every send posted before any receive is waited for,
+    so no node waits on another that waits on it.
+
+    Raises:
+        NodeError: another node's step or key differs (the message names
+            the step and both keys); a key that is not an integer, a tuple
+            of integers or ``None``.
+        NodeFailure: a node died or did not answer within the node timeout.
+    """
+    t = torch()
+    dist = torch('distributed')
+    mine = t.tensor(_key_message(step, key), dtype=t.int64)
+    others = [k for k in range(nodes.count) if k != nodes.rank]
+    works = [(k, dist.isend(mine, k, tag=KEY_TAG)) for k in others]
+    received = []
+    for k in others:
+        buffer = t.zeros(KEY_SLOTS, dtype=t.int64)
+        received.append((k, buffer, dist.irecv(buffer, k, tag=KEY_TAG)))
+    for k, buffer, work in received + [(k, None, w) for k, w in works]:
+        try:
+            work.wait()
+        except RuntimeError as err:
+            raise _collective(nodes, 'agree on the bucket key of a batch', err, k,
+                              node_of_stage) from None
+    for k, buffer, _ in received:
+        theirs = buffer.tolist()
+        if theirs[:3 + int(theirs[2])] != mine.tolist()[:3 + int(mine[2])]:
+            where = 'at step %d' % step if theirs[0] == step else \
+                'at step %d (node %d\'s step %d)' % (step, k, theirs[0])
+            raise NodeError('nodes: expected every node to run the same bucket keys, found node '
+                            '%d\'s bucket_key %s where node %d\'s is %s %s (does every node '
+                            'read the same batches?)'
+                            % (k, excerpt(repr(_key_of(theirs))), nodes.rank,
+                               excerpt(repr(key)), where))
 
 
 def barrier(nodes, what, node_of_stage=None):

@@ -457,6 +457,13 @@ class Pipeline(gluon.Block):
             host_copy: Keep ``mx.mod.Module``'s host copy of every parameter
                 (on ``cpu(0)``). By default the stages' devices hold the only
                 copy; ``get_params`` and checkpoints gather a fresh one.
+            buckets: The bucket keys the Module takes, declared ahead (a
+                batch of another ``bucket_key`` is refused), or ``None``
+                (any): a batch with a ``bucket_key`` and ``provide_data``,
+                as ``mx.mod.BucketingModule`` reads it, runs on executors
+                bound at its shapes on the key's first batch, sharing the
+                default bucket's parameters, gradients and optimizer
+                (:mod:`~mp_symbolic.core.buckets`).
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
         """

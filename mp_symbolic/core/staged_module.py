@@ -17,6 +17,8 @@ from collections import OrderedDict
 
 import mxnet as mx
 
+from . import buckets as bucketing
+from . import nodes as node_processes
 from .comm import Route, open_transport
 from .layouts import batch_axis_of, batch_descs, layout_of, output_batch_axes
 from .module import PipelineModule, shape_pair
@@ -114,6 +116,9 @@ class StagedModule(PipelineModule):
         self._own_arrays(for_training, inputs_need_grad, force_rebind, shared_module, grad_req)
         self._update_args = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
+        self._buckets.clear()
+        self._varying = {}  # input name -> the axes its buckets' shapes vary on
+        self._steps = 0  # batches run since bind (over nodes, the step every node agrees on)
         self._runtimes = self._runtimes_for(batch, for_training)
         self._trained = False
         self._apply_pending()
@@ -169,7 +174,7 @@ class StagedModule(PipelineModule):
             self.borrow_optimizer(shared_module)
         self.binded = True
 
-    def _runtimes_for(self, batch, train):
+    def _runtimes_for(self, batch, train, bucket=None):
         """The stage runtimes (one per replica) that run a batch of ``batch``
         examples: the schedule's ``chunks`` micro-batches, or for inference
         on a batch they do not divide, one micro-batch per replica (the
@@ -177,12 +182,18 @@ class StagedModule(PipelineModule):
         :data:`KEPT_BINDS` sizes (``fit`` with ``eval_data``, ``score`` and
         ``predict`` of other batch sizes).
 
+        Args:
+            bucket: ``(data shapes, label shapes)`` (``[(name, shape)]``) of
+                a bucket's batch: its runtimes, bound at those shapes, are
+                the caller's to keep (:meth:`_bucket_runtimes`); ``None``:
+                the bound shapes, at ``batch``.
+
         Raises:
             ValueError: a batch the replicas (or, to train, ``chunks x
                 replicas``) do not divide.
         """
         key = (batch, bool(train))
-        if key in self._bound_at:
+        if bucket is None and key in self._bound_at:
             self._bound_at.move_to_end(key)
             return self._bound_at[key]
         pipe = self.pipeline
@@ -194,7 +205,7 @@ class StagedModule(PipelineModule):
                              'found %d' % (replicas, batch))
         if batch % (chunks * replicas):
             chunks = 1  # inference of a batch the micro-batches do not divide
-        data_shapes, label_shapes = self._full_shapes
+        data_shapes, label_shapes = self._full_shapes if bucket is None else bucket
         micro = batch // (chunks * replicas)
         shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
         specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
@@ -211,14 +222,19 @@ class StagedModule(PipelineModule):
             return open_transport(pipe.transport, Route(
                 nodes, tuple(plan.node_of_stage), tuple(every), chunks, replica))
 
+        # a bucket's executors share the memory pools of the bound shapes' (never run together)
+        shared = self._bound_at.get((self.batch_size, bool(train))) if bucket is not None \
+            and chunks == pipe.chunks else None
         runtimes = [
             StageRuntime(self._stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict,
                          exe.aux_dict, shapes, schedule, train and self.for_training,
                          specs=specs, boundary=boundary, local=pipe.local_stages,
                          transport=transport(r), axes=self._axes, output_axes=self._out_axes,
                          batchnorm=pipe.batchnorm, accumulate=accumulate,
-                         input_grads=input_grads)
+                         input_grads=input_grads, shared=shared[r] if shared else None)
             for r, exe in enumerate(self._exec_group.execs)]
+        if bucket is not None:
+            return runtimes
         self._bound_at[key] = runtimes
         while len(self._bound_at) > KEPT_BINDS:
             oldest = next(iter(self._bound_at))
@@ -227,6 +243,31 @@ class StagedModule(PipelineModule):
                 oldest = next(iter(self._bound_at))
             del self._bound_at[oldest]
         return runtimes
+
+    def _bucket_runtimes(self, key, data_batch, batch, train):
+        """The stage runtimes of bucket ``key``: bound at the batch's shapes
+        on the key's first batch of those shapes (for training, and for
+        forwards alone, each on first use; a key's batch of another size,
+        such as a bucket's last, binds its own), on the Module's parameter,
+        gradient and auxiliary arrays, with receive buffers of their own;
+        the bound shapes' where the batch has them.
+
+        Raises:
+            ValueError: ``key`` not among ``buckets``; a batch that cannot
+                be split as :meth:`_runtimes_for` says.
+        """
+        form = self._buckets.get(key, dict)  # (training, data shapes) -> runtimes
+        data, labels = bucketing.batch_shapes(data_batch, self._inputs, self._all_labels)
+        shapes = (bool(train), tuple(s for _, s in data))
+        if shapes not in form:
+            if self._all_labels:
+                labels = bucketing.with_labels(self._full, data, labels, self._all_labels)
+            if [s for _, s in data] == [s for _, s in self._full_shapes[0]]:
+                form[shapes] = None  # the bound shapes: the runtimes kept by batch size
+            else:
+                self._note_bucket(data)
+                form[shapes] = self._runtimes_for(batch, train, (data, labels))
+        return form[shapes] if form[shapes] is not None else self._runtimes_for(batch, train)
 
     @property
     def data_shapes(self):
@@ -287,10 +328,20 @@ class StagedModule(PipelineModule):
         gradients of the whole batch, summed); otherwise the forwards.
 
         A batch of another size than the bound one runs on runtimes bound
-        for it (:meth:`_runtimes_for`).
+        for it (:meth:`_runtimes_for`); a batch with a ``bucket_key``, on
+        that key's (:meth:`_bucket_runtimes`).
+
+        Over node processes, every node first checks that the others run
+        the same step with the same ``bucket_key`` (``None`` included),
+        before any tensor of the batch crosses
+        (:func:`~mp_symbolic.core.nodes.agree_key`).
 
         Raises:
-            ValueError: a batch that cannot be split as :meth:`_runtimes_for` says.
+            ValueError: a batch that cannot be split as :meth:`_runtimes_for`
+                says, or a ``bucket_key`` not among ``buckets``; (``NodeError``)
+                over nodes, another node's key or step differs.
+            RuntimeError: (``NodeFailure``) over nodes, a node died or did
+                not answer.
         """
         assert self.binded and self.params_initialized
         is_train = self.for_training if is_train is None else is_train
@@ -298,8 +349,16 @@ class StagedModule(PipelineModule):
         batch = data[0].shape[self._axes[self._inputs[0]]]
         train = is_train and self.for_training
         # the bound runtimes run the bound size, forwards alone too
-        self._runtimes = self._runtimes_for(batch, train or batch == self.batch_size and
-                                            self.for_training)
+        train_form = train or batch == self.batch_size and self.for_training
+        key = bucketing.bucket_key(data_batch)
+        if self.pipeline.nodes is not None:  # every node's batch of this step has this key
+            node_processes.agree_key(self.pipeline.nodes, self._steps, key,
+                                     self.pipeline.plan.node_of_stage)
+        self._steps += 1
+        if key is None:
+            self._runtimes = self._runtimes_for(batch, train_form)
+        else:
+            self._runtimes = self._bucket_runtimes(key, data_batch, batch, train_form)
         self._batch = batch
         labels = list(data_batch.label or ()) if self._label_names else []
         names = list(self._inputs) + list(self._label_names[:len(labels)])

@@ -45,7 +45,7 @@ import mxnet as mx
 
 from .batchnorm import deferred_graph, update
 from .comm import DONE, LOCAL, Link, open_transport
-from .compat import lengths_outside_gradient, split_bind
+from .compat import leaves_onednn_layouts, lengths_outside_gradient, onednn_active, split_bind
 from .names import TIED_SUFFIX, is_tied, parse_group, stage_name
 from .schedule import Action, in_flight, issue_order
 
@@ -150,6 +150,15 @@ class StageRuntime:
             zeroed first (``'write'``).
         input_grads: The inputs whose gradient a training run returns in
             ``input_grads`` (``inputs_need_grad``).
+        shared: Another runtime of these stages (another bucket's shapes),
+            never run in the same batch as this one: each executor shares
+            the memory pool of the one of its stage and slot there
+            (``bind(shared_exec=...)``, as ``BucketingModule``'s buckets
+            share the default's), but a stage over several devices whose
+            ops leave oneDNN layouts, where a cross-device copy within could
+            write through one (its binds keep storage of their own:
+            :func:`~mp_symbolic.core.compat.split_bind`); two slots of one
+            runtime never share.
 
     Attributes:
         outputs: After :meth:`run`, the network's outputs of the batch, in order.
@@ -160,7 +169,8 @@ class StageRuntime:
 
     def __init__(self, stages, group2ctx, arg_dict, grad_dict, aux_dict, input_shapes,
                  schedule, for_training, specs, boundary=None, local=None, transport=None,
-                 axes=None, output_axes=None, batchnorm=None, accumulate=(), input_grads=()):
+                 axes=None, output_axes=None, batchnorm=None, accumulate=(), input_grads=(),
+                 shared=None):
         self.stages, self.schedule = stages, schedule
         self.local = tuple(range(len(stages)) if local is None else local)
         self.transport = open_transport(LOCAL, None) if transport is None else transport
@@ -223,7 +233,8 @@ class StageRuntime:
                 placed, self._statistics[s] = deferred_graph(placed)
             symbol = graph.symbol if placed is graph.graph else placed.to_symbol()
             self.slots[s] = [self._bind(graph, symbol, groups, group2ctx, arg_dict, grad_dict,
-                                        aux_dict, types) for _ in range(max(1, flight[s]))]
+                                        aux_dict, types, _slot_executor(shared, s, k))
+                             for k in range(max(1, flight[s]))]
         # the network's outputs stages of other processes compute: their
         # process sends them, the batch's micro-batches joined, once computed
         device = group2ctx[stage_name(self.local[-1])]
@@ -274,9 +285,11 @@ class StageRuntime:
         """A micro-batch's ``shape`` with the batch's micro-batches joined on ``axis``."""
         return tuple(n * self.microbatches if a == axis else n for a, n in enumerate(shape))
 
-    def _bind(self, graph, symbol, groups, group2ctx, arg_dict, grad_dict, aux_dict, types):
+    def _bind(self, graph, symbol, groups, group2ctx, arg_dict, grad_dict, aux_dict, types,
+              shared_exec=None):
         """One executor of ``graph`` (bound as ``symbol``, its graph or one
-        computing the same) on the stage's arrays."""
+        computing the same) on the stage's arrays, sharing ``shared_exec``'s
+        memory pool where given."""
         device = groups[stage_name(graph.stage)]
         received = {name: entry for name, _, entry in graph.receives}
         args, grads, reqs = {}, {}, {}
@@ -305,9 +318,13 @@ class StageRuntime:
                 if self.for_training and grad_dict.get(name) is not None:
                     grads[name], reqs[name] = grad_dict[name], 'add'
         aux = {name: aux_dict[name] for name in symbol.list_auxiliary_states()}
+        if shared_exec is not None and len(set(groups.values())) > 1 and onednn_active() and \
+                leaves_onednn_layouts(symbol):
+            shared_exec = None  # a cross-device copy within: storage of its own (split_bind)
         with split_bind(groups, symbol):  # storage shared unless a layout op needs it off
             executor = symbol.bind(device, args, args_grad=grads or None,
-                                   grad_req=reqs or 'null', aux_states=aux, group2ctx=group2ctx)
+                                   grad_req=reqs or 'null', aux_states=aux, group2ctx=group2ctx,
+                                   shared_exec=shared_exec)
         out_grads = None
         if graph.sends and self.for_training:
             # a loss head ignores its gradient; an output read later gets its readers' sum
@@ -458,6 +475,14 @@ class StageRuntime:
                 whole = self.input_grads[name]
                 whole[where] = whole[where] + executor.grad_dict[name].as_in_context(
                     whole.context)
+
+
+def _slot_executor(runtime, stage, slot):
+    """The executor of ``stage``'s slot ``slot`` in ``runtime`` (``None``
+    where it has none)."""
+    if runtime is None or stage >= len(runtime.slots) or slot >= len(runtime.slots[stage]):
+        return None
+    return runtime.slots[stage][slot].executor
 
 
 def boundary_specs(stages, specs):
