@@ -343,6 +343,26 @@ def test_divergence_stops_within_its_epoch_and_writes_no_profile(tmp_path):
     assert not (tmp_path / 'current').exists()
 
 
+def test_a_failed_profiled_run_removes_no_file_but_its_own(tmp_path):
+    """MXNet's profiler unlinks the file set_config names: a failed run
+    drops its trace without naming any file of the system's (it named
+    os.devnull, which a run as root removed)."""
+    keep = tmp_path / 'devnull'
+    keep.write_text('kept')
+    code = ("import os, sys\n"
+            "os.devnull = %r\n"
+            "from mp_symbolic.training.cli import main\n"
+            "sys.exit(main(['train', '--no-progress', '--epochs', '2', '--num-examples', "
+            "'2000', '--lr', '100', '--devices', %r, '--out', %r, '--profile', "
+            "'--no-memory']))\n" % (str(keep), THREE_DEVICES, str(tmp_path / 'out')))
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         timeout=300, check=False, cwd=ROOT)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert 'training diverged' in run.stderr
+    assert keep.read_text() == 'kept'
+    assert not (tmp_path / 'out' / 'profile.json').exists()
+
+
 def test_divergence_in_a_later_epoch_keeps_the_last_committed_checkpoint(tmp_path, capsys,
                                                                          monkeypatch):
     """A NaN appearing in epoch 3 stops epoch 3; epoch 2's checkpoint stays current."""

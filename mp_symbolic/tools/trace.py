@@ -27,12 +27,14 @@ with ``gpu/0``.
 header and the device rows on a process's first ``dump()`` only; a later one
 writes a headless fragment. :func:`dump` writes a complete trace either way.
 
-This file reads JSON; only :func:`dump` imports MXNet, and nothing imports
+This file reads JSON; only :func:`dump` and :func:`discard` import MXNet, and nothing imports
 training code.
 """
 import json
 import os
 import re
+import shutil
+import tempfile
 
 __all__ = []
 
@@ -79,6 +81,21 @@ def dump(path):
     gpus = 32 if mx.runtime.Features().is_enabled('CUDA') else 0
     with open(path, 'w') as f:
         f.write(completed(text, len(os.sched_getaffinity(0)), gpus))
+
+
+def discard():
+    """What MXNet's profiler recorded, dropped: dumped once into a private
+    temporary folder, which is then removed, so that nothing is written when
+    the process ends. ``set_config`` unlinks the file it names (as root,
+    ``os.devnull`` too): it is given only a file of its own."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    folder = tempfile.mkdtemp(prefix='mp-profile-')
+    try:
+        mx.profiler.set_config(filename=os.path.join(folder, 'discarded.json'),
+                               continuous_dump=False)
+        mx.profiler.dump()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def completed(text, cores, gpus=0):

@@ -361,8 +361,7 @@ def profiling(cfg, out_dir):
     except BaseException:
         mx.nd.waitall()
         mx.profiler.set_state('stop')
-        # MXNet dumps what it recorded when the process ends: send it nowhere.
-        mx.profiler.set_config(filename=os.devnull, continuous_dump=False)
+        trace.discard()  # else MXNet dumps what it recorded when the process ends
         raise
     mx.nd.waitall()
     mx.profiler.set_state('stop')
