@@ -8,9 +8,11 @@ under a budget per device, the planner ranks its candidates
 optimizer). Then every candidate it scored is trained: its Module bound,
 initialised and stepped (``forward_backward`` and ``update``), the plans
 in alternating rounds (one plan's steps, then the next's, round after
-round) so that a change in the host's load touches them alike; a plan's
-step time is its median step over the rounds, its spread the largest
-relative gap between its rounds' medians. It prints each plan's predicted
+round) so that a change in the host's load touches them alike; a round's
+time is its fastest step (the least touched by other work on the host, as
+the planner's stage times are), a plan's step time the median of its
+rounds', its spread the gap between its slowest and fastest round over
+that median. It prints each plan's predicted
 and measured step time, then:
 
 * whether the pick (the first that fits) is within 5% of the best measured
@@ -29,9 +31,9 @@ import time
 
 __all__ = ['TASKS', 'main']
 
-# task -> the budget per device: below what the fastest plans need, so that
-# the budget decides
-TASKS = {'regression': '4KiB', 'digits': '2MiB', 'lm': '12MiB'}
+# task -> (the budget per device: below what the fastest plans need, so that
+# the budget decides; rounds; steps a round)
+TASKS = {'regression': ('4KiB', 5, 20), 'digits': ('2MiB', 5, 20), 'lm': ('12MiB', 3, 10)}
 DEVICES = 'cpu:0,cpu:1'
 
 
@@ -83,7 +85,7 @@ def _module(task, candidate):
 
 
 def measure(task, candidates, rounds, steps):
-    """``[[median step seconds of each round]]`` per candidate, in rounds."""
+    """``[[fastest step's seconds of each round]]`` per candidate, in rounds."""
     from mp_symbolic.core.timing import seconds  # pylint: disable=import-outside-toplevel
     built = [_module(task, c) for c in candidates]
     times = [[] for _ in candidates]
@@ -96,8 +98,7 @@ def measure(task, candidates, rounds, steps):
             seconds(lambda: step(mod, batch))
     for _ in range(rounds):
         for i, (mod, batch) in enumerate(built):
-            times[i].append(statistics.median(seconds(lambda: step(mod, batch))
-                                              for _ in range(steps)))
+            times[i].append(min(seconds(lambda: step(mod, batch)) for _ in range(steps)))
     return times
 
 
@@ -120,10 +121,11 @@ def run(tasks, rounds, steps, log=print):
     from bench import estimate as memory  # pylint: disable=import-outside-toplevel
     from mp_symbolic.core.sizes import format_size, parse_size
     out = []
-    for name, budget in tasks.items():
+    for name, (budget, task_rounds, task_steps) in tasks.items():
         task, ranking, took = plan(name, budget)
         scored = ranking.ranked
-        rounds_of = measure(task, [s.candidate for s in scored], rounds, steps)
+        rounds_of = measure(task, [s.candidate for s in scored], rounds or task_rounds,
+                            steps or task_steps)
         rows = []
         for s, times in zip(scored, rounds_of):
             middle = statistics.median(times)
@@ -211,8 +213,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.plan', description=__doc__)
     parser.add_argument('--quick', action='store_true',
                         help='one task (regression), 2 rounds of 3 steps: a smoke run')
-    parser.add_argument('--rounds', type=int, default=3, help='rounds of every plan (3)')
-    parser.add_argument('--steps', type=int, default=10, help='steps per plan a round (10)')
+    parser.add_argument('--rounds', type=int, default=None,
+                        help='rounds of every plan (default: 5, 3 for lm)')
+    parser.add_argument('--steps', type=int, default=None,
+                        help='steps per plan a round (default: 20, 10 for lm)')
     parser.add_argument('--only', default=None, metavar='TASK,...', help='these tasks only')
     parser.add_argument('--json', default=None, metavar='FILE',
                         help='also write every plan\'s figures to FILE')

@@ -200,7 +200,7 @@ def test_simulation_shares_the_cores_the_devices_share():
 
 def test_batched_binds_estimate_what_one_child_per_graph_estimates():
     cells = [bench._cell('regression', schedule='1f1b', chunks=2),  # pylint: disable=W0212
-             bench._cell('digits', mirror=True)]  # pylint: disable=protected-access
+             bench._cell('regression', mirror=True)]  # pylint: disable=protected-access
     alone = [bench.estimate(cell) for cell in cells]
     with batched_binds():
         together = [bench.estimate(cell) for cell in cells]

@@ -14,9 +14,9 @@ recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
   a candidate with either is scored only where the same plan without it
   does not fit;
 * **step time**: each stage's forward and backward pass of one
-  micro-batch, measured once on its device (every stage graph the
-  candidates cut, bound alone; a graph seen before is not measured
-  again), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
+  micro-batch, measured on its device (every stage graph the candidates
+  cut, bound alone; a graph seen before is not measured again; once more
+  after every candidate is scored, the faster time kept), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
   simulated over those times for every replica at once (:func:`simulate`),
   then the optimizer's update and, with replicas, the sum of their
   gradients, at the measured cost of an element.
@@ -346,6 +346,7 @@ class _Search:
         self.timings = Timings(self, one)
         self.zero = planner.shard_optimizer and takes_shard_optimizer()
         self.failed = []
+        self.keys = {}  # id(Scored) -> (its stages' keys into Timings.stage, stages)
 
     def pipeline(self, candidate):
         from .pipeline import Pipeline  # pylint: disable=import-outside-toplevel
@@ -400,6 +401,10 @@ class _Search:
                 found = self.score(other, budget)
                 if found is not None:
                     scored.append(found)
+        self.timings.retime()
+        self.timings.fit_steps()
+        for found in scored:
+            found.seconds = self.timings.predict(found.candidate, *self.keys[id(found)])
         if not scored:
             raise PlanError('plan: expected at least one candidate plan of %d device(s), '
                             'found none the batch of %d divides' % (len(self.pool), self.batch))
@@ -414,7 +419,9 @@ class _Search:
         planner = self.planner
         try:
             pipe = self.pipeline(candidate)
-            seconds = self.timings.step(candidate, pipe)
+            keys = self.timings.stage_keys(
+                pipe, self.batch // (candidate.chunks * candidate.replicas))
+            seconds = self.timings.predict(candidate, keys, pipe.plan.num_stages)
             table = estimate(pipe, self.data_shapes, self.label_shapes, loss=planner.loss,
                              output=planner.output, label_name=planner.label_name,
                              optimizer=planner.optimizer,
@@ -424,8 +431,10 @@ class _Search:
             self.failed.append((candidate, lines[-1] if lines else type(err).__name__))
             return None
         memory = {d: row['total'] for d, row in table.items()}
-        return Scored(candidate, memory, seconds,
-                      budget is None or max(memory.values()) <= budget)
+        scored = Scored(candidate, memory, seconds,
+                        budget is None or max(memory.values()) <= budget)
+        self.keys[id(scored)] = (keys, pipe.plan.num_stages)
+        return scored
 
 
 class Timings:
@@ -447,6 +456,7 @@ class Timings:
     def __init__(self, search, one):
         self.search = search
         self.stage = {}
+        self._binds = {}
         self._balances = {}
         self._block_times = {}
         self.params = sum(int(np.prod(p.shape)) for p in one.collect_params().values()
@@ -549,6 +559,11 @@ class Timings:
         """``[(forward, backward)]`` seconds of each stage of ``pipe`` on one
         micro-batch of ``micro`` examples, each stage graph bound alone on
         its device (first replica's), measured the first time it is seen."""
+        return [self.stage[key] if key else (0.0, 0.0) for key in self.stage_keys(pipe, micro)]
+
+    def stage_keys(self, pipe, micro):
+        """:meth:`stage_times`' keys into :attr:`stage` (``None`` for a
+        stage with no graph), each graph measured if it was not yet."""
         # pylint: disable=import-outside-toplevel
         from .passes import cut
         from .stages import boundary_specs, variable_specs
@@ -564,10 +579,10 @@ class Timings:
         boundary = boundary_specs(stages, specs)
         group2ctx = pipe.plan.group2ctxs[0]
         from .names import parse_group, stage_name  # pylint: disable=import-outside-toplevel
-        times = []
+        keys = []
         for graph in stages:
             if graph.graph is None:
-                times.append((0.0, 0.0))
+                keys.append(None)
                 continue
             stage_symbol = _stage_symbol(graph.graph)
             received = {name: boundary[entry] for name, _, entry in graph.receives}
@@ -581,17 +596,32 @@ class Timings:
             key = (stage_symbol.tojson(), tuple(sorted(bound.items())), str(device))
             if key not in self.stage:
                 groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == graph.stage}
-                run = _StageRun(stage_symbol, bound, types, device,
-                                {n for n in bound if n not in received}, groups)
-                self.stage[key] = run.times(self.search.planner.repeats)
-            times.append(self.stage[key])
-        return times
+                spec = (stage_symbol, bound, types, device,
+                        {n for n in bound if n not in received}, groups)
+                self.stage[key] = _StageRun(*spec).times(self.search.planner.repeats)
+                self._binds[key] = spec
+            keys.append(key)
+        return keys
+
+    def retime(self):
+        """Every stage graph measured once more, bound anew, each keeping
+        the faster of its two times: a burst of other work on the host
+        that slowed one measurement seldom slows both."""
+        for key, spec in self._binds.items():
+            again = _StageRun(*spec).times(self.search.planner.repeats)
+            self.stage[key] = tuple(min(a, b) for a, b in zip(self.stage[key], again))
 
     def step(self, candidate, pipe):
         """The predicted seconds of one training step of ``candidate``."""
         micro = self.search.batch // (candidate.chunks * candidate.replicas)
-        times = self.stage_times(pipe, micro)
-        made = schedules.make(candidate.schedule, pipe.plan.num_stages, candidate.chunks,
+        return self.predict(candidate, self.stage_keys(pipe, micro), pipe.plan.num_stages)
+
+    def predict(self, candidate, keys, num_stages, overhead=True):
+        """The predicted seconds of one step of ``candidate`` whose stages'
+        times are :attr:`stage` ``[keys]`` (without :meth:`overhead`, the
+        simulated work alone)."""
+        times = [self.stage[key] if key else (0.0, 0.0) for key in keys]
+        made = schedules.make(candidate.schedule, num_stages, candidate.chunks,
                               candidate.virtual)
         kinds = {}
         for s, (forward, backward) in enumerate(times):
@@ -602,7 +632,7 @@ class Timings:
         if candidate.shard_optimizer:
             update = update / r + self.params * self.add
         reduce = 2 * r * self.params * self.add if r > 1 else 0.0
-        return span + update + reduce + self.overhead(candidate, made)
+        return span + update + reduce + (self.overhead(candidate, made) if overhead else 0.0)
 
     def overhead(self, candidate, made):
         """The seconds a step takes beyond its simulated work: per step
@@ -617,9 +647,12 @@ class Timings:
 
     def calibrate(self):
         """:attr:`steps`: what a training step of the Module costs beyond
-        the simulated work, from real steps of a few plans on the devices
-        (one device's one graph; two replicas; 1F1B over two stages at two
-        micro-batch counts: a cost per step and one per action)."""
+        the simulated work, from real steps of a few plans on the devices:
+        one device's one graph (a cost per step), two replicas (one per
+        replica past the first), 1F1B over two stages of four micro-batches
+        (the stage runtime's step as the graph's, the rest per action),
+        the probes' steps taken in turn, the fastest of each counting
+        (:meth:`fit_steps`; again once :meth:`retime` has run)."""
         search = self.search
         self.steps = None
         pool = search.pool
@@ -629,33 +662,45 @@ class Timings:
                 any(r > 1 for r in planner.replicas or (2,)):
             probes['replica'] = Candidate(_spec(pool[:2]), 1, 2, 1, 'gpipe')
         blocks = search.count if search.count is not None else 2
-        fours = [m for m in (2, 4) if search.batch % m == 0]
-        if len(pool) > 1 and blocks >= 2 and len(fours) == 2 and \
+        if len(pool) > 1 and blocks >= 2 and search.batch % 4 == 0 and \
                 any(not schedules.one_graph(name) for name in planner.schedules):
-            probes['staged2'] = Candidate(_spec(pool[:2]), 2, 1, 2, '1f1b')
-            probes['staged4'] = Candidate(_spec(pool[:2]), 2, 1, 4, '1f1b')
-        gaps, counts = {}, {}
+            probes['staged'] = Candidate(_spec(pool[:2]), 2, 1, 4, '1f1b')
+        steppers, self._probes = {}, {}
         for name, candidate in probes.items():
             pipe = search.pipeline(candidate)
             made = schedules.make(candidate.schedule, pipe.plan.num_stages, candidate.chunks,
                                   candidate.virtual)
-            gaps[name] = _module_step(search, pipe, candidate) - self.step(candidate, pipe)
-            counts[name] = candidate.replicas * sum(len(a) for a in made)
+            keys = self.stage_keys(pipe, search.batch // (candidate.chunks * candidate.replicas))
+            steppers[name] = _module_stepper(search, pipe, candidate)
+            self._probes[name] = [candidate, keys, pipe.plan.num_stages,
+                                  candidate.replicas * sum(len(a) for a in made), None]
+        # the probes' steps in turn, so that a burst of other work slows them alike
+        from .timing import repeat  # pylint: disable=import-outside-toplevel
+        for name, times in repeat(steppers, 3 * max(3, search.planner.repeats),
+                                  warmup=2).items():
+            self._probes[name][-1] = min(times)
+        self.fit_steps()
+
+    def fit_steps(self):
+        """:attr:`steps` from the probes' measured steps and their
+        simulated work on the stage times as they are now."""
+        gaps, counts = {}, {}
+        for name, (candidate, keys, num_stages, actions, measured) in self._probes.items():
+            gaps[name] = measured - self.predict(candidate, keys, num_stages, overhead=False)
+            counts[name] = actions
         steps = {'graph': max(0.0, gaps['graph']), 'replica': 0.0, 'staged': 0.0,
                  'action': 0.0}
         if 'replica' in gaps:
             steps['replica'] = max(0.0, gaps['replica'] - steps['graph'])
-        if 'staged2' in gaps:
-            action = (gaps['staged4'] - gaps['staged2']) / (counts['staged4'] - counts['staged2'])
-            steps['action'] = max(0.0, action)
-            steps['staged'] = max(0.0, gaps['staged2'] - steps['action'] * counts['staged2'])
+        if 'staged' in gaps:  # a step's own cost as the one graph's, the rest per action
+            steps['staged'] = steps['graph']
+            steps['action'] = max(0.0, gaps['staged'] - steps['graph']) / counts['staged']
         self.steps = steps
 
 
-def _module_step(search, pipe, candidate, steps=5):
-    """The fastest of ``steps`` training steps (``forward_backward`` and
-    ``update``) of ``pipe``'s Module on a batch of zeros, after two."""
-    from .timing import repeat  # pylint: disable=import-outside-toplevel
+def _module_stepper(search, pipe, candidate):
+    """A training step (``forward_backward`` and ``update``) of ``pipe``'s
+    Module on a batch of zeros, as a function."""
     planner = search.planner
     label = _label(planner)
     labels = search.label_shapes
@@ -675,7 +720,7 @@ def _module_step(search, pipe, candidate, steps=5):
     def step():
         mod.forward_backward(batch)
         mod.update()
-    return min(repeat(step, steps, warmup=2))
+    return step
 
 
 def _label(planner):
