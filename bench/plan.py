@@ -33,7 +33,7 @@ __all__ = ['TASKS', 'main']
 
 # task -> (the budget per device: below what the fastest plans need, so that
 # the budget decides; rounds; steps a round)
-TASKS = {'regression': ('4KiB', 5, 20), 'digits': ('2MiB', 5, 20), 'lm': ('12MiB', 3, 10)}
+TASKS = {'regression': ('4KiB', 5, 20), 'digits': ('2MiB', 5, 20), 'lm': ('12MiB', 5, 10)}
 DEVICES = 'cpu:0,cpu:1'
 
 
@@ -214,7 +214,7 @@ def main(argv=None):
     parser.add_argument('--quick', action='store_true',
                         help='one task (regression), 2 rounds of 3 steps: a smoke run')
     parser.add_argument('--rounds', type=int, default=None,
-                        help='rounds of every plan (default: 5, 3 for lm)')
+                        help='rounds of every plan (default: 5)')
     parser.add_argument('--steps', type=int, default=None,
                         help='steps per plan a round (default: 20, 10 for lm)')
     parser.add_argument('--only', default=None, metavar='TASK,...', help='these tasks only')

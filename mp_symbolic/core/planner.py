@@ -16,7 +16,9 @@ recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
 * **step time**: each stage's forward and backward pass of one
   micro-batch, measured on its device (every stage graph the candidates
   cut, bound alone; a graph seen before is not measured again; once more
-  after every candidate is scored, the faster time kept), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
+  after every candidate is scored, the faster time kept, and no longer
+  than the same graph takes on more examples, nor more than in proportion
+  to what it takes on fewer), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
   simulated over those times for every replica at once (:func:`simulate`),
   then the optimizer's update and, with replicas, the sum of their
   gradients, at the measured cost of an element.
@@ -457,6 +459,7 @@ class Timings:
         self.search = search
         self.stage = {}
         self._binds = {}
+        self._micro = {}
         self._balances = {}
         self._block_times = {}
         self.params = sum(int(np.prod(p.shape)) for p in one.collect_params().values()
@@ -600,6 +603,7 @@ class Timings:
                         {n for n in bound if n not in received}, groups)
                 self.stage[key] = _StageRun(*spec).times(self.search.planner.repeats)
                 self._binds[key] = spec
+                self._micro[key] = micro
             keys.append(key)
         return keys
 
@@ -610,6 +614,24 @@ class Timings:
         for key, spec in self._binds.items():
             again = _StageRun(*spec).times(self.search.planner.repeats)
             self.stage[key] = tuple(min(a, b) for a, b in zip(self.stage[key], again))
+        self._bound_by_size()
+
+    def _bound_by_size(self):
+        """Each graph's times bounded by the same graph's at other
+        micro-batch sizes: a pass on fewer examples takes no longer than
+        one on more, and ``k`` times the examples take at most ``k`` times
+        as long. Other work on the host only ever adds time, so each time
+        keeps the least of what it and these bounds allow."""
+        graphs = {}
+        for key, micro in self._micro.items():
+            graphs.setdefault((key[0], key[2]), []).append((micro, key))
+        for sizes in graphs.values():
+            sizes.sort()
+            for i, (micro, key) in enumerate(sizes):
+                bounds = [self.stage[key]]
+                bounds += [self.stage[k] for _, k in sizes[i + 1:]]  # more examples
+                bounds += [tuple(t * micro / m for t in self.stage[k]) for m, k in sizes[:i]]
+                self.stage[key] = tuple(min(b[j] for b in bounds) for j in range(2))
 
     def step(self, candidate, pipe):
         """The predicted seconds of one training step of ``candidate``."""
