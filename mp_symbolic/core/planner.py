@@ -897,6 +897,8 @@ def plan_arguments(plan, memory_per_device, blocks, devices, sample, batch_axis,
         raise PlanError("plan: expected 'auto' or a Planner, found %s" % excerpt(repr(plan)))
     for name, default in CHOSEN.items():
         value = given.get(name, default)
+        if name == 'nodes' and value == 1:
+            continue  # one node: this process
         if value is not default and value != default:
             raise PlanError("%s: expected the planner to choose it under plan='auto' (leave it "
                             "at %r), found %s" % (name, default, excerpt(repr(value))))
