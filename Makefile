@@ -27,7 +27,7 @@ SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 
 .PHONY: help setup train-symbolic train-imperative train-digits train-lm export-lm sample-lm \
         export export-digits compare \
-        bench bench-export bench-dist bench-pipeline bench-tp bench-lm bench-nodes bench-blas bench-peer \
+        bench bench-export bench-dist bench-pipeline bench-tp bench-lm bench-nodes bench-blas bench-peer bench-plan \
         bench-commit test clean distclean
 
 help:
@@ -52,6 +52,7 @@ help:
 	@echo "make bench-blas        OpenBLAS at the CPU's own kernel against its own choice: dot, batch_dot, every task"
 	@echo "make bench-peer        the language model's step against PyTorch's on the same GPT: one process, and 2 processes 1F1B against torch.distributed.pipelining"
 	@echo "make bench-commit      a checkpoint commit over 2 node processes: time, bytes each node writes, memory"
+	@echo "make bench-plan        the planner's pick (plan='auto') against every plan it scored, trained: gap, Kendall's tau, peak memory"
 	@echo "make test              run the test suite"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
@@ -153,6 +154,9 @@ bench-peer: $(STAMP) $(TORCH_STAMP)
 
 bench-commit: $(STAMP) $(TORCH_STAMP)
 	$(PY) -m bench.commit
+
+bench-plan: $(STAMP)
+	$(PY) -m bench.plan $(if $(QUICK),--quick)
 
 # one pytest worker per core, each test file on one worker: a file's module fixtures
 # (a trained run, an export) are made once, not once per worker; files in the order

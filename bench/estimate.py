@@ -72,7 +72,8 @@ def build(cell):
     from mp_symbolic import Pipeline
     plan = dict(chunks=cell['chunks'], schedule=cell['schedule'],
                 replicas=cell.get('replicas', 1), mirror=cell.get('mirror', False),
-                tensor_parallel=cell.get('tensor_parallel'))
+                tensor_parallel=cell.get('tensor_parallel'), balance=cell.get('balance'),
+                virtual=cell.get('virtual'))
     model = cell['model']
     mx.random.seed(0)
     if model in ('regression', 'digits', 'lm'):

@@ -179,6 +179,8 @@ def _logged_bind(symbol, context, args, grads, aux, group2ctx, env):
                'grads': {n: _array_spec(a) for n, a in grads.items()},
                'aux': {n: _array_spec(a) for n, a in aux.items()},
                'group2ctx': {g: ctx(c) for g, c in group2ctx.items()}}
+    if _SERVER:
+        return _SERVER[-1].bind(request, env)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     child_env = dict(os.environ, MXNET_MEM_PLAN_VERBOSE_LOGGING='1', **env)
     child_env['PYTHONPATH'] = os.pathsep.join(
@@ -200,8 +202,121 @@ def _logged_bind(symbol, context, args, grads, aux, group2ctx, env):
 def _bind_in_child():
     """:func:`_logged_bind`'s child: the request on stdin, ``debug_str()`` on
     stdout, the planner's log on stderr."""
-    request = json.load(sys.stdin)
+    executor = _bound(json.load(sys.stdin))
+    sys.stdout.write(executor.debug_str())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access  # nothing to finalise: skip the collection
 
+
+_SERVER = []  # the child of the innermost :func:`batched_binds`, while it is open
+
+
+class batched_binds:  # pylint: disable=invalid-name
+    """A context in which every :func:`planned_graph` of this thread binds
+    in one child process, kept for the context, rather than one child per
+    graph: the estimates of many plans without MXNet's start for each
+    graph (the planner's candidates). The child binds each graph as the
+    child of one bind does (the planner's log on, each graph's environment
+    set for its bind, then unset), its log written to a file per graph.
+
+    Raises:
+        RuntimeError: (at a bind) the child failed or died (its last line).
+    """
+
+    def __init__(self):
+        self._child = None
+        self._folder = None
+
+    def __enter__(self):
+        import tempfile  # pylint: disable=import-outside-toplevel
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        child_env = dict(os.environ, MXNET_MEM_PLAN_VERBOSE_LOGGING='1')
+        child_env['PYTHONPATH'] = os.pathsep.join(
+            [root] + [p for p in [os.environ.get('PYTHONPATH')] if p])
+        self._folder = tempfile.mkdtemp(prefix='mp-estimate-')
+        self._child = subprocess.Popen(
+            [sys.executable, '-c', 'from mp_symbolic.core.estimate import _serve_binds; '
+             '_serve_binds()'], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=open(os.path.join(self._folder, 'stderr'), 'w'), text=True, env=child_env)
+        _SERVER.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        import shutil  # pylint: disable=import-outside-toplevel
+        _SERVER.remove(self)
+        try:
+            self._child.stdin.close()
+            self._child.wait(timeout=BIND_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired):
+            self._child.kill()
+            self._child.wait()
+        self._child.stdout.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+        return False
+
+    def bind(self, request, env):
+        """``(log lines, debug_str)`` of ``request`` bound in the child
+        under ``env`` (:func:`_logged_bind`'s)."""
+        log = os.path.join(self._folder, 'log')
+        text = os.path.join(self._folder, 'debug')
+        line = json.dumps(dict(request, env=dict(env), log=log, debug=text))
+        try:
+            self._child.stdin.write(line + '\n')
+            self._child.stdin.flush()
+            answer = self._child.stdout.readline().strip()
+        except OSError:
+            answer = ''
+        if answer != 'ok':
+            with open(os.path.join(self._folder, 'stderr')) as err:
+                lines = err.read().strip().splitlines()
+            raise RuntimeError('planned graph: the child that binds the graphs failed: %s'
+                               % (answer[len('error: '):] if answer.startswith('error: ')
+                                  else (lines or ['it ended'])[-1]))
+        with open(log) as lines, open(text) as debug:
+            return [line for line in lines.read().splitlines() if line.strip()], debug.read()
+
+
+def _serve_binds():
+    """:class:`batched_binds`' child: one request a line on stdin, its
+    planner's log into the request's ``log`` file (the process's stderr
+    pointed there for the bind), its ``debug_str()`` into ``debug``, then
+    ``ok`` (or ``error: <line>``) on stdout."""
+    import gc  # pylint: disable=import-outside-toplevel
+    saved = os.dup(2)
+    for line in sys.stdin:
+        request = json.loads(line)
+        env = request.pop('env')
+        before = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            with open(request['log'], 'w') as log:
+                sys.stderr.flush()
+                os.dup2(log.fileno(), 2)
+                try:
+                    executor = _bound(request)
+                    sys.stderr.flush()
+                finally:
+                    os.dup2(saved, 2)
+            with open(request['debug'], 'w') as debug:
+                debug.write(executor.debug_str())
+            del executor
+            gc.collect()
+            answer = 'ok'
+        except Exception as err:  # pylint: disable=broad-except
+            answer = 'error: %s' % (str(err).strip().splitlines() or [type(err).__name__])[0]
+        for key, value in before.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
+        sys.stdout.write(answer + '\n')
+        sys.stdout.flush()
+    os._exit(0)  # pylint: disable=protected-access
+
+
+def _bound(request):
+    """The executor of a request of :func:`_logged_bind`, its arrays never allocated."""
     def ctx(spec):
         return mx.Context(*spec)
 
@@ -210,13 +325,9 @@ def _bind_in_child():
     symbol = mx.sym.load_json(request['symbol'])
     args, grads, aux = (arrays(request[k]) for k in ('args', 'grads', 'aux'))
     group2ctx = {g: ctx(c) for g, c in request['group2ctx'].items()}
-    executor = symbol.bind(ctx(request['context']), args, args_grad=grads or None,
-                           grad_req={n: 'write' if n in grads else 'null' for n in args},
-                           aux_states=aux, group2ctx=group2ctx or None)
-    sys.stdout.write(executor.debug_str())
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # pylint: disable=protected-access  # nothing to finalise: skip the collection
+    return symbol.bind(ctx(request['context']), args, args_grad=grads or None,
+                       grad_req={n: 'write' if n in grads else 'null' for n in args},
+                       aux_states=aux, group2ctx=group2ctx or None)
 
 
 def _parse_log(lines):

@@ -188,6 +188,19 @@ class Pipeline(gluon.Block):
             ``None`` for ``'local'`` in one process and ``'gloo'`` over
             nodes, or a name given to
             :func:`~mp_symbolic.core.comm.register_transport`.
+        plan: ``None``: the plan is the arguments given. ``'auto'``: the
+            planner chooses ``balance``, ``chunks``, ``replicas``,
+            ``mirror``, ``schedule`` and ``virtual`` (and which of
+            ``devices`` to use, in order) from the memory estimate and a
+            simulation of the schedule over stage times measured on
+            ``devices`` (:mod:`~mp_symbolic.core.planner`), for a softmax
+            head and SGD with momentum; a
+            :class:`~mp_symbolic.core.planner.Planner` plans for its loss,
+            optimizer and space. Those arguments must then be left at their
+            defaults, and ``sample`` given.
+        memory_per_device: With ``plan``: the bytes each device may hold
+            (an int, or ``'2GiB'``, ``'512MB'``, ``'1.5G'``); ``None``: no
+            budget (the fastest plan).
 
     Attributes:
         blocks: The blocks, in order.
@@ -198,6 +211,8 @@ class Pipeline(gluon.Block):
         chunks, replicas, schedule, virtual, batchnorm: As given (``virtual``
             1 but under ``'interleaved'``).
         transport: The transport's name (``'local'``, ``'gloo'`` or as given).
+        planned: With ``plan``: the :class:`~mp_symbolic.core.planner.Ranking`
+            of the candidates (``planned.best``: the plan built), else ``None``.
         whole: Whether one whole network was cut (then ``cut`` is its
             :class:`~mp_symbolic.core.graphcut.Cut`).
         tied: ``{parameter name: (owning stage, stages that read it)}``.
@@ -229,15 +244,33 @@ class Pipeline(gluon.Block):
             :data:`~mp_symbolic.core.batchnorm.MODES`; ``transport`` not
             a registered name, one within a process with nodes, or other
             than ``'local'`` on MXNet's one graph (``schedule='gpipe'`` in
-            one process).
+            one process); (``PlanError``) with ``plan``, a budget no
+            candidate fits (its one line names the smallest memory one
+            needs), a size that cannot be read, or a plan argument given
+            too; ``memory_per_device`` without ``plan``.
     """
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
                  virtual=None, nodes=None, node_timeout=None, batch_axis=0,
-                 batchnorm=batchnorms.DEFAULT, transport=None):
+                 batchnorm=batchnorms.DEFAULT, transport=None, plan=None,
+                 memory_per_device=None):
         super().__init__(prefix='pipeline_')
+        self.planned = None
+        if plan is not None:
+            from .planner import plan_arguments  # pylint: disable=import-outside-toplevel
+            self.planned, chosen = plan_arguments(
+                plan, memory_per_device, blocks, devices, sample, batch_axis,
+                dict(balance=balance, chunks=chunks, replicas=replicas, mirror=mirror,
+                     schedule=schedule, virtual=virtual, nodes=nodes,
+                     tensor_parallel=tensor_parallel))
+            devices, balance, chunks, replicas = (chosen['devices'], chosen['balance'],
+                                                  chosen['chunks'], chosen['replicas'])
+            mirror, schedule, virtual = chosen['mirror'], chosen['schedule'], chosen['virtual']
+        elif memory_per_device is not None:
+            raise ValueError("memory_per_device: expected it with plan='auto' (the budget the "
+                             "planner holds each device to), found it without a plan")
         self.batchnorm = batchnorms.check_mode(batchnorm)
         self.virtual = schedules.check_spec(schedule, virtual)
         self.schedule = schedule

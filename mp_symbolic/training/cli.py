@@ -45,6 +45,14 @@ def _balance(text):
     return 'time' if text == 'time' else _int_list('2,1')(text)
 
 
+def _size(text):
+    from ..core.sizes import parse_size  # pylint: disable=import-outside-toplevel
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).partition(': ')[2]) from None
+
+
 def _task_arg(text):
     """``'KEY=VALUE'`` -> ``(key, value)``; the value is a Python literal
     (``4``, ``0.5``, ``2,4,1``, ``'x'``) or else the text itself."""
@@ -151,6 +159,14 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
                             'checkpoint\'s --mirror)')
     train.add_argument('--replicas', type=int, default=1,
                        help='data-parallel copies of the pipeline (default: 1)')
+    train.add_argument('--plan', choices=('auto',), default=None,
+                       help='symbolic variant, Module API: auto chooses the stages and their '
+                            'balance, --replicas, --chunks, --schedule, --virtual and --mirror '
+                            'over --devices from the memory estimate and the schedule '
+                            'simulated over stage times measured on them (docs/planning.md)')
+    train.add_argument('--memory-per-device', type=_size, default=None, metavar='SIZE',
+                       help='--plan auto: the memory each device may hold, 2GiB, 512MB, 1.5G '
+                            '(default: no limit, the fastest plan)')
     train.add_argument('--kvstore', choices=KVSTORES, default=None,
                        help='sums gradients across replicas or processes (default: local with '
                             'several replicas, else none)')
@@ -333,7 +349,7 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'kvstore': '--kvstore', 'balance': '--balance',
             'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror',
             'nodes': '--nodes', 'node_timeout': '--node-timeout',
-            'agree_steps': '--agree-steps',
+            'agree_steps': '--agree-steps', 'memory_per_device': '--memory-per-device',
             'micro-batches': '--chunks'}  # the schedules' word for them (core/schedule.py)
 
 EXIT_USAGE = 2       # a flag value or device plan that cannot work; nothing was done
@@ -440,6 +456,9 @@ def main(argv=None):
         check_dist_environment(cfg.kvstore)  # dist_sync: only in a process launch started
         spec = cfg.task
         task, cfg = load(cfg)
+        if getattr(args, 'plan', None) or getattr(args, 'memory_per_device', None):
+            cfg, ranking = planning.auto(cfg, task, args, given)
+            print('plan auto: %s: %s' % (ranking.best.candidate, ranking.why()), flush=True)
         built = build_pipeline(cfg, task)  # the whole plan, before any work
         cfg.check_profiler_devices(built[0].plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')

@@ -10,9 +10,14 @@ the rows and units of the table ``train`` measures after one step
 ``other``: activations and workspace, ``total``), then the total of every
 device and the largest. Nothing is bound, run or written.
 """
+from dataclasses import replace
 import sys
 
 __all__ = []
+
+# The flags --plan auto chooses: given too, they are refused.
+CHOSEN_FLAGS = {'chunks': '--chunks', 'schedule': '--schedule', 'virtual': '--virtual',
+                'replicas': '--replicas', 'mirror': '--mirror', 'balance': '--balance'}
 
 DESCRIPTION = ('Print the memory per device of a training run, estimated from shapes and '
                'MXNet\'s own memory planning before anything is allocated: the rows of the '
@@ -48,9 +53,12 @@ def run(rest, parse, config_from_args, error, usage_error):
     from .loop import build_pipeline, load
     from ..tools.memory import format_bytes, format_memory
     from ..tools.planning import estimate_memory
+    ranking = None
     try:
         cfg = config_from_args(args, ['train'] + rest)
         task, cfg = load(cfg)
+        if args.plan is not None or args.memory_per_device is not None:
+            cfg, ranking = auto(cfg, task, args, ['train'] + rest)
         pipe, _ = build_pipeline(cfg, task)
         data_shapes = task.data_shapes(cfg.batch_size, pipe.data_names())
         label_shapes = [(task.label, (cfg.batch_size,) + tuple(task.label_shape))]
@@ -58,8 +66,16 @@ def run(rest, parse, config_from_args, error, usage_error):
                                 loss=task.graph_loss, optimizer=cfg.optimizer,
                                 optimizer_params=cfg.optimizer_params())
     except ValueError as err:
-        error(str(err).strip().splitlines()[0])
+        error(_flag_line(err))
         return usage_error
+    if ranking is not None:
+        print('plans of %s on %s, ranked (memory: the estimate\'s largest device; step: the '
+              'schedule simulated over stage times measured on the devices):'
+              % (task.name, ', '.join(sorted({c for s in ranking.ranked
+                                              for c in s.candidate.devices.split(',')},
+                                             key=lambda d: (len(d), d)))))
+        for line in ranking.lines():
+            print(line)
     plan = ' '.join(['%s: %d stage(s) on %s' % (task.name, pipe.plan.num_stages,
                                                  pipe.plan.spec),
                      '--schedule %s --chunks %d' % (cfg.schedule, cfg.chunks)] +
@@ -77,3 +93,62 @@ def run(rest, parse, config_from_args, error, usage_error):
              format_bytes(largest.total)))
     sys.stdout.flush()
     return 0
+
+
+def auto(cfg, task, args, argv):
+    """``(cfg, ranking)``: ``cfg`` with the plan ``--plan auto`` chooses for
+    ``task`` over its devices (``--devices``, or the default stand-ins), and
+    the :class:`~mp_symbolic.core.planner.Ranking` it chose from.
+
+    Args:
+        args: The parsed flags (``plan``, ``memory_per_device``).
+        argv: The command line (``['train', ...]``), to tell the flags given.
+
+    Raises:
+        ValueError: ``--memory-per-device`` without ``--plan auto``, a flag
+            the planner chooses given too, another variant or API than the
+            Module's, nodes or a resume, or a budget no plan fits
+            (:class:`~mp_symbolic.core.planner.PlanError`), each one line.
+    """
+    # pylint: disable=import-outside-toplevel
+    from .cli import build_parser
+    if args.plan is None:
+        raise ValueError('memory_per_device: expected it with --plan auto, found it alone')
+    given = vars(build_parser(defaults=False).parse_args(argv))
+    for name, flag in CHOSEN_FLAGS.items():
+        if name in given:
+            raise ValueError('%s: expected the planner to choose it under --plan auto, found '
+                             'it given' % flag)
+    if cfg.variant != 'symbolic' or cfg.api != 'module':
+        raise ValueError('plan: expected the symbolic variant and the module API under --plan '
+                         'auto, found --variant %s --api %s' % (cfg.variant, cfg.api))
+    if cfg.nodes != 1 or cfg.resume is not None:
+        raise ValueError('plan: expected a plan of this process under --plan auto (no --nodes, '
+                         'no --resume), found %s'
+                         % ('--nodes %d' % cfg.nodes if cfg.nodes != 1 else '--resume'))
+    from ..core.devices import make_plan
+    from ..core.planner import Planner
+    from .config import DEFAULT_STAGES
+    devices = cfg.devices
+    if devices is None:
+        devices = make_plan(DEFAULT_STAGES, None)[0].all_devices
+    batch = cfg.batch_size
+    shapes = [(batch,) + tuple(s) for s in task.sample_shapes]
+    sample = shapes[0] if len(shapes) == 1 else tuple(shapes)
+    params = {k: v for k, v in cfg.optimizer_params().items() if k != 'learning_rate'}
+    planner = Planner(loss=task.graph_loss, label_name=task.label,
+                      label_shapes=[(task.label, (batch,) + tuple(task.label_shape))],
+                      optimizer=cfg.optimizer, optimizer_params=params)
+    ranking = planner.choose(task.make_blocks(), devices, sample, args.memory_per_device)
+    chosen = ranking.best.candidate
+    cfg = replace(cfg, devices=chosen.devices, balance=chosen.balance, chunks=chosen.chunks,
+                  schedule=chosen.schedule, replicas=chosen.replicas, mirror=chosen.mirror,
+                  virtual=chosen.virtual if chosen.schedule == 'interleaved' else None)
+    return cfg, ranking
+
+
+def _flag_line(err):
+    """The refusal's one line, its field named as the flag sets it."""
+    line = str(err).strip().splitlines()[0]
+    field, sep, rest = line.partition(': ')
+    return '--memory-per-device: %s' % rest if sep and field == 'memory_per_device' else line

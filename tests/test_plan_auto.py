@@ -1,0 +1,208 @@
+"""The plan chosen for you: Pipeline(..., plan='auto', memory_per_device=...),
+train --plan auto --memory-per-device SIZE, and plan's ranked candidates."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import mp_symbolic
+from mp_symbolic import Pipeline
+from mp_symbolic.core import schedule as schedules
+from mp_symbolic.core.estimate import batched_binds
+from mp_symbolic.core.planner import Planner, PlanError, simulate
+from mp_symbolic.core.sizes import parse_size
+from mp_symbolic.training.cli import main
+from mp_symbolic.training.tasks import load_task
+
+from bench import estimate as bench
+
+from conftest import cli_status
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEVICES = 'cpu:0,cpu:1'
+BUDGET = '4KiB'  # the regression's plans need 2.5 to 7 KiB on a device
+
+
+def _regression():
+    task, _ = load_task('regression')
+    planner = Planner(loss=task.graph_loss, label_name=task.label,
+                      label_shapes=[(task.label, (task.batch_size,) + tuple(task.label_shape))],
+                      chunks=(1, 2), schedules=('gpipe',), balances=('size',), repeats=3)
+    return task, planner, (task.batch_size,) + tuple(task.sample_shapes[0])
+
+
+@pytest.fixture(scope='module')
+def ranked_output():
+    """``plan --plan auto`` on the regression: its exit status and stdout."""
+    import io
+    from contextlib import redirect_stdout
+    out = io.StringIO()
+    with redirect_stdout(out):
+        status = cli_status(main, ['plan', '--task', 'regression', '--devices', DEVICES,
+                                   '--plan', 'auto', '--memory-per-device', BUDGET])
+    return status, out.getvalue()
+
+
+_ROW = re.compile(r'^  (\d+)\s+(--devices .*?)\s{2,}([\d.]+ (?:B|KiB|MiB|GiB))\s+'
+                  r'([\d.]+) ms\s+(yes|no)$')
+
+
+def _size(text):
+    number, unit = text.split()
+    return float(number) * {'B': 1, 'KiB': 1 << 10, 'MiB': 1 << 20, 'GiB': 1 << 30}[unit]
+
+
+def test_plan_auto_prints_candidates_ranked_by_predicted_time_within_budget_and_why(
+        ranked_output):
+    status, out = ranked_output
+    assert status == 0, out
+    rows = [_ROW.match(line).groups() for line in out.splitlines() if _ROW.match(line)]
+    assert len(rows) >= 8
+    assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1))
+    fits = [r[4] == 'yes' for r in rows]
+    assert fits[0] and fits == sorted(fits, reverse=True)  # those that fit come first
+    budget = parse_size(BUDGET)
+    for _, _, memory, _, fit in rows:
+        assert (_size(memory) <= budget) == (fit == 'yes') or abs(_size(memory) - budget) < 52
+    times = [float(r[3]) for r in rows if r[4] == 'yes']
+    assert times == sorted(times)
+    chosen = [line for line in out.splitlines() if line.startswith('chosen: ')]
+    assert len(chosen) == 1 and chosen[0].startswith('chosen: %s: the least predicted step '
+                                                     'time' % rows[0][1])
+    # the memory table that follows is the chosen plan's
+    assert re.search(r'^regression: \d stage\(s\) on ', out, re.M)
+
+
+def test_plan_auto_refuses_a_budget_no_plan_fits_in_one_line_with_the_smallest_need():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'plan', '--task', 'regression',
+                           '--devices', 'cpu:0', '--plan', 'auto', '--memory-per-device', '1KiB'],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'Traceback' not in done.stderr
+    assert lines[0].startswith('error: --memory-per-device: expected a budget a plan fits, '
+                               'found 1.0 KiB (1024 bytes) below the smallest memory any of ')
+    assert re.search(r'needs on a device: [\d.]+ KiB \(\d+ bytes, --devices cpu:0 ', lines[0])
+
+
+def test_planner_smallest_need_is_the_least_budget_it_accepts():
+    task, planner, sample = _regression()
+    with pytest.raises(PlanError) as refused:
+        planner.choose(task.make_blocks(), DEVICES, sample, 1024)
+    smallest = int(re.search(r'needs on a device: [^(]*\((\d+) bytes', str(refused.value))[1])
+    assert smallest > 1024
+    ranking = planner.choose(task.make_blocks(), DEVICES, sample, smallest)
+    assert ranking.best.largest <= smallest
+    with pytest.raises(PlanError):
+        planner.choose(task.make_blocks(), DEVICES, sample, smallest - 1)
+
+
+@pytest.mark.parametrize('text, size', [('2GiB', 2 << 30), ('512MB', 512 * 10 ** 6),
+                                        ('1.5G', 3 << 29), ('100', 100), ('64 kib', 64 << 10),
+                                        ('3KB', 3000), (2048, 2048)])
+def test_parse_size_reads_binary_and_decimal_units(text, size):
+    assert parse_size(text) == size
+
+
+def test_memory_per_device_that_is_not_a_size_is_refused_in_one_line(capsys):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--plan', 'auto',
+                           '--memory-per-device', '2 gigs'], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == 2 and 'Traceback' not in done.stderr
+    assert done.stderr.strip() == (
+        "error: python -m mp_symbolic train: argument --memory-per-device: expected a size "
+        "such as 2GiB, 512MB, 1.5G or a number of bytes, found '2 gigs' (see --help)")
+    for text, expected in (('0', 'a finite size of at least one byte'),
+                           ('-1G', 'a size such as 2GiB'), ('1e400', 'a finite size'),
+                           ('2 GiBs', 'a size such as 2GiB'), ('', 'a size such as 2GiB')):
+        assert cli_status(main, ['train', '--plan', 'auto', '--memory-per-device=' + text]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and 'argument --memory-per-device: expected %s' % expected \
+            in err[0], err
+    for bad in ('abc', None, True, float('nan'), 0):
+        with pytest.raises(ValueError, match='^memory_per_device: expected a'):
+            parse_size(bad)
+
+
+def test_plan_auto_refuses_a_flag_it_chooses_and_a_budget_without_it(capsys):
+    for argv, line in (
+            (['--plan', 'auto', '--chunks', '2'],
+             'error: --chunks: expected the planner to choose it under --plan auto, found it '
+             'given'),
+            (['--memory-per-device', '2GiB'],
+             'error: --memory-per-device: expected it with --plan auto, found it alone')):
+        assert cli_status(main, ['plan', '--task', 'regression'] + argv) == 2
+        assert capsys.readouterr().err.strip() == line
+    with pytest.raises(ValueError, match="^chunks: expected the planner to choose it"):
+        Pipeline(load_task('regression')[0].make_blocks(), DEVICES, sample=(100, 2), chunks=2,
+                 plan='auto')
+    with pytest.raises(ValueError, match="^memory_per_device: expected it with plan='auto'"):
+        Pipeline(load_task('regression')[0].make_blocks(), DEVICES, sample=(100, 2),
+                 memory_per_device='1GiB')
+
+
+def test_plan_auto_builds_a_pipeline_whose_estimated_memory_per_device_is_within_budget():
+    task, planner, sample = _regression()
+    budget = parse_size(BUDGET)
+    pipe = Pipeline(task.make_blocks(), DEVICES, sample=sample, plan=planner,
+                    memory_per_device=BUDGET)
+    chosen = pipe.planned.best.candidate
+    assert (pipe.plan.spec, pipe.chunks, pipe.replicas, pipe.schedule) == \
+        (chosen.devices, chosen.chunks, chosen.replicas, chosen.schedule)
+    assert any(not s.fits for s in pipe.planned.ranked)  # the budget decided
+    table = mp_symbolic.estimate_memory(
+        pipe, data_shapes=task.data_shapes(task.batch_size, pipe.data_names()),
+        label_shapes=[(task.label, (task.batch_size,) + tuple(task.label_shape))],
+        loss=task.graph_loss, optimizer='sgd', optimizer_params={'momentum': 0.9})
+    assert max(row.total for row in table) <= budget
+    assert max(row.total for row in table) == pipe.planned.best.largest
+
+
+def test_train_plan_auto_trains_the_chosen_plan(tmp_path, capsys):
+    out = str(tmp_path / 'run')
+    status = cli_status(main, ['train', '--task', 'regression', '--devices', DEVICES,
+                               '--plan', 'auto', '--memory-per-device', BUDGET, '--epochs', '2',
+                               '--no-memory', '--no-progress', '--out', out])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err
+    chosen = re.search(r'^plan auto: (--devices \S+)(.*?): the least predicted', printed.out,
+                       re.M)
+    assert chosen, printed.out
+    flags = chosen[2]
+    chunks = int(re.search(r'--chunks (\d+)', flags)[1])
+    losses = [float(x) for x in re.findall(r'mean batch MSE (\S+)', printed.out)]
+    assert len(losses) == 2 and losses[-1] < losses[0]
+    summary = mp_symbolic.read_checkpoint(out).summary['config']
+    assert summary['chunks'] == chunks and summary['devices'] == chosen[1].split()[1]
+
+
+def test_simulation_shares_the_cores_the_devices_share():
+    two = schedules.gpipe(2, 1)
+    cost = {(0, 'F'): 1.0, (0, 'B'): 1.0, (1, 'F'): 1.0, (1, 'B'): 1.0}
+    assert simulate(two, cost) == pytest.approx(4.0)  # a chain: nothing runs at once
+    # two replicas at once: as fast as one where the devices share nothing,
+    # twice as long where two busy devices do one device's work
+    assert simulate(two, cost, replicas=2, capacity={2: 2.0, 4: 4.0}) == pytest.approx(4.0)
+    assert simulate(two, cost, replicas=2, capacity={2: 1.0}) == pytest.approx(8.0)
+    # GPipe's fill and drain on devices sharing nothing: the schedule's own clock
+    four = schedules.gpipe(2, 4)
+    rows = schedules.timeline(four)
+    assert simulate(four, cost, capacity={1: 1.0, 2: 2.0}) == \
+        pytest.approx(max(row[-1][1] for row in rows))
+    # the same on devices that share one core's work: every action once, in turn
+    assert simulate(four, cost, capacity={1: 1.0, 2: 1.0}) == pytest.approx(16.0)
+
+
+def test_batched_binds_estimate_what_one_child_per_graph_estimates():
+    cells = [bench._cell('regression', schedule='1f1b', chunks=2),  # pylint: disable=W0212
+             bench._cell('regression', mirror=True)]  # pylint: disable=protected-access
+    alone = [bench.estimate(cell) for cell in cells]
+    with batched_binds():
+        together = [bench.estimate(cell) for cell in cells]
+    assert together == alone
+    assert json.dumps(together)  # plain values
