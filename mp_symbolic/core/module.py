@@ -49,6 +49,7 @@ from .names import DATA_NAME, LABEL_NAME, LAYOUT_ATTR, SHAPE_ATTR
 from .optstate import drop_states, gather_states, set_states_by_name, split_states, \
     states_by_name
 from .updater import PerDeviceUpdater
+from .zero import owners
 
 __all__ = []
 
@@ -215,6 +216,7 @@ class PipelineModule(DeviceModule):
         self._batch_axes = {}  # input name -> its batch axis, once bound
         self._laid_out = False  # whether the outputs' nodes carry layouts
         self._update_args = None
+        self._owners = None
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = _Restored()
 
@@ -342,6 +344,7 @@ class PipelineModule(DeviceModule):
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
         self._update_args = None  # a new executor group: update() lists its arrays anew
+        self._owners = None
         self._apply_pending()
 
     def _lay_out_outputs(self, descs):
@@ -467,6 +470,7 @@ class PipelineModule(DeviceModule):
         if self._updater is not None and not isinstance(self._updater, PerDeviceUpdater):
             self._updater = PerDeviceUpdater(self._updater)
         self._update_args = None
+        self._owners = None
         states = self._pending.take('states')
         if states is not None:
             self.set_optimizer_states(states)
@@ -480,7 +484,12 @@ class PipelineModule(DeviceModule):
     def update(self):
         """``mx.mod.Module.update``; without a kvstore, one call of the
         per-device updater with argument lists made once (MXNet's loop
-        rebuilds them in Python every step)."""
+        rebuilds them in Python every step); with the optimizer state
+        sharded (:meth:`optimizer_owners`), each parameter updated by its
+        owner alone, then copied to the other replicas."""
+        if self.optimizer_owners() is not None:
+            self._update_sharded()
+            return
         if self._kvstore is not None or self._update_on_kvstore:
             super().update()
             return
@@ -500,19 +509,97 @@ class PipelineModule(DeviceModule):
             self._update_args = (indices, grads, weights)
         self._updater(*self._update_args)
 
+    def optimizer_owners(self):
+        """Where each trained parameter's optimizer state lives under
+        ``Pipeline(..., shard_optimizer=True)`` (:mod:`~mp_symbolic.core.zero`).
+
+        Returns:
+            ``None`` when the state is not sharded (``shard_optimizer``
+            off, or one replica in all); else ``{parameter name: (worker,
+            replica)}``: the ``dist_sync`` worker's rank (0 without one)
+            and the replica of that worker whose copy owns it.
+        """
+        if not (self.pipeline.shard_optimizer and self.binded and self.optimizer_initialized):
+            return None
+        workers, rank = 1, 0
+        if self._kvstore is not None and 'dist' in self._kvstore.type:
+            workers, rank = self._kvstore.num_workers, self._kvstore.rank
+        local = len(self._context)
+        if workers * local == 1:
+            return None
+        if self._owners is None or self._owners[0] != (workers, rank):
+            group = self._exec_group
+            params = [(n, str(a[0].context), a[0].size * np.dtype(a[0].dtype).itemsize)
+                      for n, a, g in zip(group.param_names, group.param_arrays,
+                                         group.grad_arrays) if g[0] is not None]
+            self._owners = ((workers, rank), OrderedDict(
+                (n, divmod(o, local)) for n, o in owners(params, workers * local).items()))
+        return self._owners[1]
+
+    def _update_sharded(self):
+        """One update with the optimizer state sharded: the summed gradient
+        pulled into the owner's copy only, each owner's updates in one
+        per-device updater call per replica (as MXNet orders them), then
+        each updated value copied to the other replicas (over ``dist_sync``
+        workers, pushed by its owner and summed with the other workers'
+        zeros: a non-owner's first gradient array, no longer read, is
+        zeroed for it; every worker pushes every key in the same order)."""
+        assert self.binded and self.params_initialized and self.optimizer_initialized
+        self._params_dirty = True
+        group, local, kvstore = self._exec_group, len(self._context), self._kvstore
+        found = self.optimizer_owners()
+        rank = kvstore.rank if kvstore is not None and 'dist' in kvstore.type else 0
+        updates, moves = [[] for _ in range(local)], []
+        for i, (name, arrays, grads) in enumerate(zip(group.param_names, group.param_arrays,
+                                                      group.grad_arrays)):
+            if grads[0] is None:  # a fixed parameter
+                continue
+            worker, k = found[name]
+            if kvstore is not None:
+                kvstore.push(name, grads, priority=-i)
+                if worker == rank:
+                    kvstore.pull(name, out=grads[k], priority=-i)
+            if worker == rank:
+                updates[k].append((i * local + k, grads[k], arrays[k]))
+            moves.append((i, name, worker, k, arrays, grads))
+        for replica in updates:
+            if replica:
+                indices, grads, weights = zip(*replica)
+                self._updater(list(indices), list(grads), list(weights))
+        for i, name, worker, k, arrays, grads in moves:
+            if kvstore is not None and 'dist' in kvstore.type:
+                if worker == rank:
+                    kvstore.push(name, arrays[k], priority=-i)
+                else:
+                    grads[0][:] = 0
+                    kvstore.push(name, grads[0], priority=-i)
+                kvstore.pull(name, out=list(arrays), priority=-i)
+            else:
+                for j, array in enumerate(arrays):
+                    if j != k:
+                        arrays[k].copyto(array)
+
     # -- optimizer state by parameter name, and restoring a checkpoint --------
 
     def _state_index(self):
-        """``{parameter name: MXNet's updater index of replica 0's copy}``:
-        Module's updater indexes parameter ``i`` of replica ``k`` as
-        ``i * replicas + k``."""
-        replicas = len(self._context)
-        return OrderedDict((n, i * replicas)
-                           for i, n in enumerate(self._exec_group.param_names))
+        """``{parameter name: MXNet's updater index of the copy whose state
+        is read}``: Module's updater indexes parameter ``i`` of replica
+        ``k`` as ``i * replicas + k``; replica 0's copy, or with the state
+        sharded the owner's (a parameter another worker owns is left out)."""
+        replicas, found = len(self._context), self.optimizer_owners()
+        if found is None:
+            return OrderedDict((n, i * replicas)
+                               for i, n in enumerate(self._exec_group.param_names))
+        rank = self._kvstore.rank if 'dist' in self._kvstore.type else 0
+        return OrderedDict((n, i * replicas + found[n][1])
+                           for i, n in enumerate(self._exec_group.param_names)
+                           if n in found and found[n][0] == rank)
 
     def optimizer_states(self, lazy=False):
         """The optimizer state by parameter name, device-free (replica 0's;
-        the replicas' are equal), as :mod:`~mp_symbolic.core.optstate` saves it.
+        the replicas' are equal; with the state sharded, each owner's: over
+        ``dist_sync`` workers, this worker's share), as
+        :mod:`~mp_symbolic.core.optstate` saves it.
 
         Args:
             lazy: Each of ``'arrays'`` a function of no arguments making
@@ -532,7 +619,9 @@ class PipelineModule(DeviceModule):
 
     def set_optimizer_states(self, states):
         """Puts :meth:`optimizer_states` output back, each state on its
-        parameter's device, for every replica.
+        parameter's device, for every replica (with the state sharded, for
+        its owner alone: the whole state, from any number of replicas,
+        taken by name).
 
         A state of a fixed parameter (saved by a run that trained it) is
         dropped: the parameter is never updated, so it would never be read.
@@ -546,6 +635,14 @@ class PipelineModule(DeviceModule):
         if self._other_nodes:  # the whole network's: this node takes its own
             held = set(self._exec_group.param_names)
             states = drop_states(states, [n for n in states['params'] if n not in held])
+        if self.optimizer_owners() is not None:
+            index = self._state_index()
+            states = drop_states(states, [n for n in states['params'] if n not in index])
+            replicas = len(self._context)
+            targets = {n: (i, self._exec_group.execs[i % replicas].arg_dict[n].context)
+                       for n, i in index.items()}
+            set_states_by_name(self._updater, self._optimizer, states, targets)
+            return
         for k, exe in enumerate(self._exec_group.execs):
             targets = {n: (i + k, exe.arg_dict[n].context)
                        for n, i in self._state_index().items()}

@@ -38,7 +38,7 @@ This module is the Gluon block and the entry point: the plan is one frozen
 import mxnet as mx
 from mxnet import gluon
 
-from . import autotp, comm, graph, initial, nesting, passes, tensor_parallel, twin
+from . import autotp, comm, graph, initial, nesting, passes, tensor_parallel, twin, zero
 from .checks import excerpt
 from .compat import initialized, symbol_safe
 from .heads import with_head
@@ -188,6 +188,15 @@ class Pipeline(gluon.Block):
             ``None`` for ``'local'`` in one process and ``'gloo'`` over
             nodes, or a name given to
             :func:`~mp_symbolic.core.comm.register_transport`.
+        shard_optimizer: ZeRO stage 1 (:mod:`~mp_symbolic.core.zero`): each
+            of a stage's replicas (times the ``dist_sync`` workers) holds
+            and updates the optimizer state of its share of the stage's
+            parameters (whole parameters, balanced by bytes), and the
+            updated values go to the other replicas; the values are the
+            unsharded run's, bit for bit. With one replica there is nothing
+            to share: the run is the unsharded one. The Module's training
+            step does it (``pipe.module()``); checkpoints hold the whole
+            state by name, as without.
 
     Attributes:
         blocks: The blocks, in order.
@@ -195,8 +204,8 @@ class Pipeline(gluon.Block):
             runs where (the attributes below read it).
         plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
-        chunks, replicas, schedule, virtual, batchnorm: As given (``virtual``
-            1 but under ``'interleaved'``).
+        chunks, replicas, schedule, virtual, batchnorm, shard_optimizer: As
+            given (``virtual`` 1 but under ``'interleaved'``).
         transport: The transport's name (``'local'``, ``'gloo'`` or as given).
         whole: Whether one whole network was cut (then ``cut`` is its
             :class:`~mp_symbolic.core.graphcut.Cut`).
@@ -226,7 +235,8 @@ class Pipeline(gluon.Block):
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
             and the shard count named); ``batch_axis`` not a non-negative
             integer; ``batchnorm`` not one of
-            :data:`~mp_symbolic.core.batchnorm.MODES`; ``transport`` not
+            :data:`~mp_symbolic.core.batchnorm.MODES`; ``shard_optimizer``
+            not a bool; ``transport`` not
             a registered name, one within a process with nodes, or other
             than ``'local'`` on MXNet's one graph (``schedule='gpipe'`` in
             one process).
@@ -236,9 +246,10 @@ class Pipeline(gluon.Block):
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
                  virtual=None, nodes=None, node_timeout=None, batch_axis=0,
-                 batchnorm=batchnorms.DEFAULT, transport=None):
+                 batchnorm=batchnorms.DEFAULT, transport=None, shard_optimizer=False):
         super().__init__(prefix='pipeline_')
         self.batchnorm = batchnorms.check_mode(batchnorm)
+        self.shard_optimizer = zero.check(shard_optimizer)
         self.virtual = schedules.check_spec(schedule, virtual)
         self.schedule = schedule
         self.nodes = None
@@ -290,6 +301,7 @@ class Pipeline(gluon.Block):
                 'balance': list(self.balance), 'chunks': self.chunks,
                 'schedule': self.run_schedule().name, 'virtual': self.virtual,
                 'batchnorm': self.batchnorm, 'transport': self.transport,
+                'shard_optimizer': self.shard_optimizer,
                 'inputs': list(self.input_names), 'stages': self.stage_names,
                 'parameters': [[n, list(p.shape or ())] for n, p in params.items()]}
 

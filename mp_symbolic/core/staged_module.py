@@ -118,6 +118,7 @@ class StagedModule(PipelineModule):
                               shared_module, grad_req)
         self.inputs_need_grad = inputs_need_grad and for_training
         self._update_args = None
+        self._owners = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
         self._runtimes = self._runtimes_for(batch, for_training)
         self._trained = False
