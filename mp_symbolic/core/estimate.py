@@ -9,7 +9,8 @@ What a training step holds on a device, row by row:
   the Module binds them;
 * ``optimizer``: the states the optimizer makes per trained parameter
   (:data:`STATES`: SGD with momentum one, Adam two, ...), each the
-  parameter's size, on its device;
+  parameter's size, on its device; under ``shard_optimizer`` only those of
+  the replica's share (:func:`mp_symbolic.core.zero.owners`);
 * ``other``: the executors' activations, as MXNet plans them. Each graph
   is handed to MXNet's graph executor with arrays that are never allocated
   (``delay_alloc``), so MXNet itself takes the gradient (with its
@@ -769,9 +770,12 @@ def _row(table, device):
     return table.setdefault(str(device), dict.fromkeys(CATEGORIES, 0))
 
 
-def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, trained, states):
+def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, trained, states,
+                held=None):
     """Params, grads, optimizer states, aux and inputs of one executor bound
-    on ``symbol`` at ``shapes`` (every argument's), each on its group's device."""
+    on ``symbol`` at ``shapes`` (every argument's), each on its group's
+    device; optimizer states only of the parameters in ``held`` where it is
+    given (the replica's share under ``shard_optimizer``)."""
     attrs = symbol.attr_dict()
 
     def device(name):
@@ -786,10 +790,28 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
             row['params'] += size
             if name in trained:
                 row['grads'] += size
-                row['optimizer'] += states * size
+                if held is None or name in held:
+                    row['optimizer'] += states * size
     for name in symbol.list_auxiliary_states():
         _row(table, device(name))['aux'] += \
             _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
+
+
+def _shares(pipe, symbol, shapes, types, inputs, trained):
+    """``[set of parameter names]`` per replica: the optimizer state each
+    replica holds under ``Pipeline(..., shard_optimizer=True)``, as the
+    Module deals it (:func:`mp_symbolic.core.zero.owners`: by the device of
+    replica 0's copy and bytes); ``None`` per replica without sharding."""
+    from .zero import owners  # pylint: disable=import-outside-toplevel
+    if not pipe.shard_optimizer or pipe.replicas == 1:
+        return [None] * pipe.replicas
+    attrs = symbol.attr_dict()
+    group2ctx, context = pipe.plan.group2ctxs[0], pipe.plan.stage_devices[0][0][0]
+    params = [(n, str(group2ctx.get(attrs.get(n, {}).get(GROUP_ATTR), context)),
+               _nbytes(shapes[n], np.dtype(types.get(n, 'float32')).itemsize))
+              for n in symbol.list_arguments() if n not in inputs and n in trained]
+    owned = owners(params, pipe.replicas)
+    return [{n for n, k in owned.items() if k == r} for r in range(pipe.replicas)]
 
 
 def _specs(symbol, shapes):
@@ -814,7 +836,8 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
 
     Args:
         pipe: A :class:`~mp_symbolic.Pipeline` (its devices, chunks, replicas,
-            schedule, mirror and shards are the plan).
+            schedule, mirror, shards and ``shard_optimizer`` are the plan:
+            sharded, each replica's optimizer row holds its share).
         data_shapes: ``[(name, shape)]`` of the whole batch, as ``Module.bind`` takes them.
         label_shapes: ``[(name, shape)]``; default: as the loss head infers it.
         loss, output: As :meth:`~mp_symbolic.Pipeline.module` takes them.
@@ -903,9 +926,11 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
     inputs = set(shapes) | _labels(symbol)
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
     table, requests = {}, []
+    shares = _shares(pipe, symbol, specs, types, inputs, trained)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
-        _add_arrays(table, symbol, specs, types, group2ctx, context, inputs, trained, states)
+        _add_arrays(table, symbol, specs, types, group2ctx, context, inputs, trained, states,
+                    shares[r])
         bound = {n: specs[n] for n in inputs}
         graph = planned_graph(symbol, bound, group2ctx, context, grad_names=trained)
         for device, size in activations(graph).items():
@@ -953,11 +978,12 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
     one_shapes, one_types = _specs(symbol, _replica_shapes(pipe, list(given.items()), 1))
     flight = in_flight(pipe.run_schedule())
     table, requests = {}, []
+    shares = _shares(pipe, symbol, one_shapes, one_types, inputs, trained)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
         # the executor holding the arrays: one sample, never run (its pool never allocated)
         _add_arrays(table, symbol, one_shapes, one_types, group2ctx, context, inputs, trained,
-                    states)
+                    states, shares[r])
         held = planned_graph(symbol, {n: one_shapes[n] for n in inputs}, group2ctx, context,
                              grad_names=trained)
         for device, size in head_gradients(held).items():

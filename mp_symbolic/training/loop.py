@@ -83,7 +83,7 @@ def build_pipeline(cfg, task):
         pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
                         replicas=cfg.replicas, mirror=cfg.mirror, schedule=cfg.schedule,
                         virtual=cfg.virtual, nodes=cfg.nodes, node_timeout=cfg.node_timeout,
-                        batchnorm=cfg.batchnorm)
+                        batchnorm=cfg.batchnorm, shard_optimizer=cfg.shard_optimizer)
     except ValueError as err:
         field, _, rest = str(err).partition(': ')
         if field != 'sample':
@@ -387,6 +387,8 @@ def _title(cfg, task, pipe):
         extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:
         extra += ', %d replicas (kvstore %s)' % (cfg.replicas, cfg.kvstore)
+    if cfg.shard_optimizer:
+        extra += ', optimizer state sharded across replicas'
     parts = '%d ops' % len(pipe.cut.op_names) if pipe.whole else '%d blocks' % len(pipe.blocks)
     return '%s: %s model-parallel training, %s in %d stage(s)%s:' % (
         task.name, name, parts, pipe.plan.num_stages, extra)

@@ -2,7 +2,8 @@
 of a training run, estimated before anything is allocated.
 
 It takes ``train``'s flags (``--task``, ``--devices``, ``--chunks``,
-``--schedule``, ``--virtual``, ``--replicas``, ``--mirror``, ``--balance``,
+``--schedule``, ``--virtual``, ``--replicas``, ``--mirror``,
+``--shard-optimizer``, ``--balance``,
 ``--batch-size``, ``--optimizer``, ...), builds the run's Pipeline as
 ``train`` does, and prints :func:`mp_symbolic.estimate_memory`'s table in
 the rows and units of the table ``train`` measures after one step
@@ -65,6 +66,7 @@ def run(rest, parse, config_from_args, error, usage_error):
                      '--schedule %s --chunks %d' % (cfg.schedule, cfg.chunks)] +
                     (['--replicas %d' % cfg.replicas] if cfg.replicas > 1 else []) +
                     (['--mirror'] if cfg.mirror else []) +
+                    (['--shard-optimizer'] if cfg.shard_optimizer else []) +
                     ['--batch-size %d --optimizer %s' % (cfg.batch_size, cfg.optimizer)])
     print(plan)
     print('memory per device, estimated before allocation (other: activations and workspace, '
