@@ -46,8 +46,8 @@ from .heads import HEADS, class_axis, head_of
 from .initial import Drawn
 from .ir import PlacedGraph
 from .names import DATA_NAME, LABEL_NAME, LAYOUT_ATTR, SHAPE_ATTR
-from .optstate import drop_states, gather_states, set_states_by_name, split_states, \
-    states_by_name
+from .optstate import FORMAT as STATES_FORMAT, drop_states, encode_state, gather_states, \
+    set_states_by_name, split_states, states_by_name
 from .updater import PerDeviceUpdater
 from .zero import owners
 
@@ -217,6 +217,7 @@ class PipelineModule(DeviceModule):
         self._laid_out = False  # whether the outputs' nodes carry layouts
         self._update_args = None
         self._owners = None
+        self._zero_keys = False  # whether the kvstore has the keys of gathered states
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = _Restored()
 
@@ -612,10 +613,76 @@ class PipelineModule(DeviceModule):
         if not self.optimizer_initialized:
             raise RuntimeError('optimizer_states: expected init_optimizer() (or fit) first, '
                                'found no optimizer')
+        if self.states_over_workers():
+            return gather_states(self._gathered_states(), self.pipeline.sharded)
         states = states_by_name(self._updater, self._optimizer,
                                 OrderedDict((i, n) for n, i in self._state_index().items()),
                                 lazy=lazy)
         return gather_states(states, self.pipeline.sharded)
+
+    def states_over_workers(self):
+        """Whether the optimizer state is sharded over ``dist_sync`` workers
+        (each holds its share only): :meth:`optimizer_states` is then
+        gathered from every worker, and every worker must call it at the
+        same point."""
+        found = self.optimizer_owners()
+        return found is not None and 'dist' in self._kvstore.type and \
+            self._kvstore.num_workers > 1
+
+    def _gathered_states(self):
+        """Every parameter's optimizer state, from the workers that own
+        them: each state array (and the update count) pushed by its owner
+        and as zeros by the others, the sum (the owner's) pulled by every
+        worker into arrays of its own. Every worker calls it at the same
+        point (a checkpoint's commit); the kvstore's keys are made on the
+        first call, together."""
+        group, local, kvstore = self._exec_group, len(self._context), self._kvstore
+        found, rank = self.optimizer_owners(), kvstore.rank
+        made, sums = [], OrderedDict()
+        for i, (name, arrays) in enumerate(zip(group.param_names, group.param_arrays)):
+            if name not in found:
+                continue
+            worker, k = found[name]
+            index = i * local + k
+            mine = worker == rank
+            made_yet = mine and index in self._updater.states
+            # the owner's state, or the optimizer's fresh one (its shapes) as zeros
+            state = self._updater.states[index] if made_yet else \
+                self._optimizer.create_state_multi_precision(index, arrays[k])
+            # the update count, -1 for a state never made (summed with the others' zeros)
+            count = mx.nd.array([self._count(index) if made_yet else -1 if mine else 0],
+                                dtype='float64')
+            pairs = []
+            out = _map_state(state, lambda a, pairs=pairs: pairs.append(a) or
+                             mx.nd.zeros(a.shape, a.context, a.dtype))
+            outs = []
+            _map_state(out, lambda a, outs=outs: outs.append(a) or a)
+            for j, (sent, into) in enumerate(zip(pairs + [count],
+                                                 outs + [mx.nd.zeros(1, dtype='float64')])):
+                made.append(('%s%s:%d' % (ZERO_KEY, name, j), sent if mine else
+                             mx.nd.zeros(sent.shape, sent.context, sent.dtype), into))
+            sums[name] = (out, made[-1][2])
+        if not self._zero_keys:  # collective: every worker makes them, worker 0's values
+            kvstore.init([key for key, _, _ in made], [into for _, _, into in made])
+            self._zero_keys = True
+        for n, (key, sent, into) in enumerate(made):
+            kvstore.push(key, sent, priority=-n)
+            kvstore.pull(key, out=into, priority=-n)
+        arrays, params = [], OrderedDict()
+        for name, (state, count) in sums.items():
+            count = int(count.asscalar())
+            if count >= 0:  # a parameter never updated has no entry
+                params[name] = {'count': count, 'state': encode_state(state, arrays)}
+        return {'format': STATES_FORMAT, 'optimizer': type(self._optimizer).__name__.lower(),
+                'num_update': self._optimizer.num_update, 'params': params, 'arrays': arrays}
+
+    def _count(self, index):
+        """The optimizer's update count of ``index`` (0 if never updated)."""
+        # pylint: disable=protected-access
+        for counts in self._optimizer._all_index_update_counts.values():
+            if index in counts:
+                return counts[index]
+        return 0
 
     def set_optimizer_states(self, states):
         """Puts :meth:`optimizer_states` output back, each state on its
@@ -799,6 +866,20 @@ class PipelineModule(DeviceModule):
         self.save_params('%s-%04d.params' % (prefix, epoch))
         if save_optimizer_states:
             self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
+
+
+# the kvstore keys of the optimizer state gathered from dist_sync workers
+ZERO_KEY = 'optimizer_state:'
+
+
+def _map_state(state, make):
+    """``state`` (an NDArray, a tuple or list of them, nested, or None) with
+    each NDArray replaced by ``make(array)``, in order."""
+    if state is None:
+        return None
+    if isinstance(state, mx.nd.NDArray):
+        return make(state)
+    return type(state)(_map_state(s, make) for s in state)
 
 
 def shape_pair(desc):

@@ -441,9 +441,12 @@ class _Checkpointer:
         self.last = None
 
     def commit(self, epoch, result=None, complete=False):
-        if self.store is None and self.group is None:  # a dist_sync worker but worker 0
-            return None
         module = getattr(self.stepper, 'module', None)
+        if self.store is None and self.group is None:  # a dist_sync worker but worker 0
+            if module is not None and module.optimizer_initialized and \
+                    module.states_over_workers():
+                module.optimizer_states()  # gathered by every worker together
+            return None
         if module is not None:  # each array made when written (tensor-parallel layers unsplit)
             arg, aux, states = module_arrays(module)
         else:  # each array made when written, tensor-parallel layers by their unsplit names
@@ -548,6 +551,28 @@ def _held_names(stepper):
     unsplit), of the parameters and auxiliary states ``stepper`` holds."""
     unsplit = {shard: p.name for p in stepper.pipe.sharded.values() for shard in p.names}
     return {unsplit.get(n, n) for n in stepper.held_names()}
+
+
+def _share_line(module):
+    """What a Module with its optimizer state sharded holds of it, in one line."""
+    found = module.optimizer_owners()
+    kvstore = module.kvstore
+    rank = kvstore.rank if 'dist' in kvstore.type else 0
+    workers = kvstore.num_workers if 'dist' in kvstore.type else 1
+    held = sum(a.size * np.dtype(a.dtype).itemsize
+               for state in module.updater.states.values() for a in _arrays_of(state))
+    mine = sum(1 for worker, _ in found.values() if worker == rank)
+    return ('optimizer state sharded over %d replica(s) x %d worker(s): this process holds '
+            '%d bytes, the state of %d of the %d trained parameters'
+            % (len(module.executors), workers, held, mine, len(found)))
+
+
+def _arrays_of(state):
+    if state is None:
+        return []
+    if isinstance(state, mx.nd.NDArray):
+        return [state]
+    return [a for s in state for a in _arrays_of(s)]
 
 
 def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
@@ -709,6 +734,9 @@ def train(cfg, log=print, built=None, task=None):
             log(line)
         log('training: %.2f s wall, %.0f samples/s' % (result.wall_time,
                                                       result.samples_per_sec))
+        module = getattr(stepper, 'module', None)
+        if module is not None and module.optimizer_owners() is not None:
+            log(_share_line(module))
         improved = bool(report.score < before.score)
         result.params = None  # read again after the commit, which holds the model meanwhile
         # a run that did not improve keeps its last epoch all the same, marked
