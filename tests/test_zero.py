@@ -6,6 +6,7 @@ of the stage's parameters; the values equal the unsharded run's bit for
 bit, each replica's optimizer bytes are its share (measured and estimated
 alike), and a checkpoint holds the whole state by name, so a run resumes at
 any number of replicas."""
+import re
 import subprocess
 import sys
 
@@ -181,3 +182,59 @@ def test_a_sharded_run_checkpoints_the_whole_state_and_resumes_at_one_and_four_r
         assert resumed.epoch == 2
         assert _files(tmp_path / ('r%d' % replicas)) == \
             _files(tmp_path / ('plain-r%d' % replicas))
+
+
+LAUNCHED = ['train', '--task', 'digits', '--optimizer', 'adam', '--no-progress', '--no-memory',
+            '--batch-size', '32', '--epochs', '2']
+
+
+def _launch(out, how, *flags):
+    job = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch'] + how + ['--'] +
+                         LAUNCHED + ['--out', str(out)] + list(flags), capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    digests = set(re.findall(r'parameters sha256: ([0-9a-f]{64})$', job.stdout, re.M))
+    shares = re.findall(r'\] optimizer state sharded over (\d) replica\(s\) x (\d) worker\(s\): '
+                        r'this process holds the state of (\d+) of its (\d+) trained', job.stdout)
+    return digests, shares
+
+
+def _parts(folder):
+    checkpoint = read_checkpoint(str(folder))
+    paths = checkpoint.part_paths or [checkpoint.params_path, checkpoint.states_path]
+    return [open(path, 'rb').read() for path in paths]
+
+
+def _resumes_at_one_and_four_replicas(tmp_path, folder):
+    for replicas in (1, 4):
+        out = tmp_path / ('resumed-r%d' % replicas)
+        _train(out, '--resume', str(folder), '--devices', _devices(replicas), '--replicas',
+               str(replicas), '--epochs', '3', '--shard-optimizer')
+        resumed = read_checkpoint(str(out))
+        assert resumed.epoch == 3
+        assert len(resumed.load_states()['params']) == 12  # the whole state, every parameter
+
+
+def test_two_dist_sync_workers_share_the_state_and_checkpoint_the_unsharded_run(tmp_path):
+    how = ['--workers', '2', '--servers', '1']
+    digests, shares = _launch(tmp_path / 'sharded', how, '--devices', 'cpu:0,cpu:1',
+                              '--shard-optimizer')
+    plain, _ = _launch(tmp_path / 'plain', how, '--devices', 'cpu:0,cpu:1')
+    assert len(digests) == 1 and digests == plain  # both workers, bit for bit the unsharded
+    assert sorted(s[:2] for s in shares) == [('1', '2'), ('1', '2')]
+    held = sorted(int(s[2]) for s in shares)
+    assert sum(held) == 12 and held[0] > 0  # each worker its share, every parameter once
+    assert _parts(tmp_path / 'sharded') == _parts(tmp_path / 'plain')
+    _resumes_at_one_and_four_replicas(tmp_path, tmp_path / 'sharded')
+
+
+def test_two_nodes_shard_each_stage_over_its_replicas_as_one_process(tmp_path):
+    devices = ['--devices', _devices(2), '--replicas', '2']
+    digests, shares = _launch(tmp_path / 'sharded', ['--nodes', '2'], *devices,
+                              '--shard-optimizer')
+    plain, _ = _launch(tmp_path / 'plain', ['--nodes', '2'], *devices)
+    assert len(digests) == 1 and digests == plain
+    assert len(shares) == 2 and all(s[:2] == ('2', '1') for s in shares)
+    assert sum(int(s[3]) for s in shares) == 12  # each node its stages' parameters
+    assert _parts(tmp_path / 'sharded') == _parts(tmp_path / 'plain')
+    _resumes_at_one_and_four_replicas(tmp_path, tmp_path / 'sharded')

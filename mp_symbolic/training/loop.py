@@ -559,12 +559,16 @@ def _share_line(module):
     kvstore = module.kvstore
     rank = kvstore.rank if 'dist' in kvstore.type else 0
     workers = kvstore.num_workers if 'dist' in kvstore.type else 1
-    held = sum(a.size * np.dtype(a.dtype).itemsize
-               for state in module.updater.states.values() for a in _arrays_of(state))
+    held = OrderedDict()
+    for state in module.updater.states.values():
+        for array in _arrays_of(state):
+            device = str(array.context)
+            held[device] = held.get(device, 0) + array.size * np.dtype(array.dtype).itemsize
     mine = sum(1 for worker, _ in found.values() if worker == rank)
-    return ('optimizer state sharded over %d replica(s) x %d worker(s): this process holds '
-            '%d bytes, the state of %d of the %d trained parameters'
-            % (len(module.executors), workers, held, mine, len(found)))
+    return ('optimizer state sharded over %d replica(s) x %d worker(s): this process holds the '
+            'state of %d of its %d trained parameters, %d bytes (%s)'
+            % (len(module.executors), workers, mine, len(found), sum(held.values()),
+               ', '.join('%s %d' % kv for kv in sorted(held.items()))))
 
 
 def _arrays_of(state):
