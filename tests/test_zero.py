@@ -174,8 +174,9 @@ def test_a_sharded_run_checkpoints_the_whole_state_and_resumes_at_one_and_four_r
     assert _files(tmp_path / 'sharded') == _files(tmp_path / 'plain')
     for replicas, shard in ((1, ['--no-shard-optimizer']), (4, ['--shard-optimizer'])):
         again = ['--devices', _devices(replicas), '--replicas', str(replicas), '--epochs', '2']
-        _train(tmp_path / ('r%d' % replicas), '--resume', str(tmp_path / 'sharded'),
-               *again, *shard)
+        said = _train(tmp_path / ('r%d' % replicas), '--resume', str(tmp_path / 'sharded'),
+                      *again, *shard)
+        assert ('--shard-optimizer off (was on)' in said) == (replicas == 1), said
         _train(tmp_path / ('plain-r%d' % replicas), '--resume', str(tmp_path / 'plain'),
                *again, '--no-shard-optimizer')
         resumed = read_checkpoint(str(tmp_path / ('r%d' % replicas)))

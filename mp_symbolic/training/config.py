@@ -306,6 +306,10 @@ RESUME_IDENTITY = ('task', 'task_args', 'variant', 'batch_size', 'optimizer', 'l
 RESUME_PLAN = ('devices', 'balance', 'schedule', 'chunks', 'virtual', 'replicas', 'mirror',
                'api', 'kvstore', 'batchnorm', 'shard_optimizer')
 
+# Fields of the plan a checkpoint written before they existed does not
+# record, and what such a run had.
+ADDED_PLAN = {'shard_optimizer': False}
+
 
 def resume_config(saved, given):
     """The config of a resumed run.
@@ -396,13 +400,14 @@ def plan_changes(saved, cfg, saved_devices=None):
 
     changes = []
     for name in RESUME_PLAN:
-        old, new = saved.get(name), getattr(cfg, name)
+        old, new = saved.get(name, ADDED_PLAN.get(name)), getattr(cfg, name)
         if isinstance(old, list):
             old = tuple(old)
         if name == 'devices' and old is None and new == shown(name, old):
             continue  # the default's devices, now given by name
         if old != new:
-            changes.append('--%s %s (was %s)' % (name, shown(name, new), shown(name, old)))
+            changes.append('--%s %s (was %s)' % (name.replace('_', '-'), shown(name, new),
+                                                 shown(name, old)))
     return changes
 
 
