@@ -185,6 +185,24 @@ def test_a_sharded_run_checkpoints_the_whole_state_and_resumes_at_one_and_four_r
             _files(tmp_path / ('plain-r%d' % replicas))
 
 
+def test_train_measures_replica_zeros_share_of_the_optimizer_state(tmp_path):
+    """The table train measures after one step (replica 0's devices) holds
+    the optimizer state of replica 0's share, the bytes that replica holds
+    in the run."""
+    said = subprocess.run(
+        [sys.executable, '-m', 'mp_symbolic', 'train', '--widths', '2,64,64,64,64,1',
+         '--optimizer', 'adam', '--epochs', '1', '--no-progress', '--devices', _devices(2),
+         '--replicas', '2', '--shard-optimizer', '--out', str(tmp_path / 'run')],
+        capture_output=True, text=True, timeout=600, check=True).stdout
+    assert 'this plan, replica 0 (its share of the sharded optimizer state)' in said
+    held = dict((d, int(b)) for d, b in re.findall(r'(cpu\(\d\)) (\d+)', said.split(
+        'optimizer state sharded over')[1].splitlines()[0]))
+    measured = read_checkpoint(str(tmp_path / 'run')).summary['memory_per_device']['split']
+    assert {d: row['optimizer'] for d, row in measured.items()} == \
+        {d: held[d] for d in ('cpu(0)', 'cpu(1)')}
+    assert held['cpu(0)'] + held['cpu(2)'] == 8 * (2 * 64 + 64 + 64 * 64 + 64)  # stage 0 whole
+
+
 LAUNCHED = ['train', '--task', 'digits', '--optimizer', 'adam', '--no-progress', '--no-memory',
             '--batch-size', '32', '--epochs', '2']
 

@@ -797,7 +797,7 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
             _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
 
 
-def _shares(pipe, symbol, shapes, types, inputs, trained):
+def replica_shares(pipe, symbol, shapes, types, inputs, trained):
     """``[set of parameter names]`` per replica: the optimizer state each
     replica holds under ``Pipeline(..., shard_optimizer=True)``, as the
     Module deals it (:func:`mp_symbolic.core.zero.owners`: by the device of
@@ -812,6 +812,15 @@ def _shares(pipe, symbol, shapes, types, inputs, trained):
               for n in symbol.list_arguments() if n not in inputs and n in trained]
     owned = owners(params, pipe.replicas)
     return [{n for n, k in owned.items() if k == r} for r in range(pipe.replicas)]
+
+
+def optimizer_shares(pipe, symbol, shapes, fixed=()):
+    """:func:`replica_shares` of ``symbol`` bound at ``shapes`` (``[(input
+    name, shape)]``, labels may be left out), ``fixed`` parameters untrained."""
+    inputs = {n for n, _ in shapes} | _labels(symbol)
+    found, types = _specs(symbol, dict(shapes))
+    trained = {n for n in symbol.list_arguments() if n not in inputs and n not in set(fixed)}
+    return replica_shares(pipe, symbol, found, types, inputs, trained)
 
 
 def _specs(symbol, shapes):
@@ -926,7 +935,7 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
     inputs = set(shapes) | _labels(symbol)
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
     table, requests = {}, []
-    shares = _shares(pipe, symbol, specs, types, inputs, trained)
+    shares = replica_shares(pipe, symbol, specs, types, inputs, trained)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
         _add_arrays(table, symbol, specs, types, group2ctx, context, inputs, trained, states,
@@ -978,7 +987,7 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
     one_shapes, one_types = _specs(symbol, _replica_shapes(pipe, list(given.items()), 1))
     flight = in_flight(pipe.run_schedule())
     table, requests = {}, []
-    shares = _shares(pipe, symbol, one_shapes, one_types, inputs, trained)
+    shares = replica_shares(pipe, symbol, one_shapes, one_types, inputs, trained)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
         # the executor holding the arrays: one sample, never run (its pool never allocated)

@@ -617,24 +617,34 @@ def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
         for line in table.lines():
             log('    ' + line)
         return {'node' if nodes is not None else 'stages': table.as_dict()}
-    from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from ..core.estimate import optimizer_shares
+    from ..tools.memory import format_memory, measure_memories
     local = cfg.batch_size // cfg.replicas
     symbol = pipe.training_symbol(task.graph_loss, label_name=task.label)
+    data_shapes = task.data_shapes(local, pipe.data_names())
+    fixed = fixed_param_names(pipe, symbol)
     try:
-        measured = compare_memory(
-            symbol, task.data_shapes(local, pipe.data_names()),
-            [(task.label, (local,) + tuple(label_shape))], pipe.plan.group2ctx,
-            context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
-            optimizer_params=cfg.optimizer_params(),
-            fixed_param_names=fixed_param_names(pipe, symbol))
+        # the split plan is replica 0's: with the state sharded, its share
+        held = optimizer_shares(pipe, symbol, data_shapes, fixed)[0]
+        common = dict(symbol=symbol, data_shapes=data_shapes,
+                      label_shapes=[(task.label, (local,) + tuple(label_shape))],
+                      context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
+                      optimizer_params=cfg.optimizer_params(), fixed_param_names=fixed)
+        split, one_device = measure_memories([
+            dict(common, group2ctx=pipe.plan.group2ctx, held=held),
+            dict(common, group2ctx=None)])
+        measured = {'split': split, 'one_device': one_device}
     except (ValueError, RuntimeError) as err:
         log('memory per device: not measured (%s)' % err)
         return None
     result = {k: v['devices'] for k, v in measured.items()}
     log('memory per device, after one step (other: activations and workspace, from MXNet\'s '
         'storage profiler):')
-    for title, key in (('  this plan', 'split'), ('  the same model on %s alone'
-                                                  % pipe.plan.first_device, 'one_device')):
+    this = '  this plan' if held is None else \
+        '  this plan, replica 0 (its share of the sharded optimizer state)'
+    for title, key in ((this, 'split'), ('  the same model on %s alone'
+                                         % pipe.plan.first_device, 'one_device')):
         for line in format_memory(result[key], title):
             log(line if line.startswith('  ') else '    ' + line)
     return result
