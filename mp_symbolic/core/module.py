@@ -472,6 +472,7 @@ class PipelineModule(DeviceModule):
             self._updater = PerDeviceUpdater(self._updater)
         self._update_args = None
         self._owners = None
+        self._zero_keys = False  # a new kvstore: the gathered states' keys made anew
         states = self._pending.take('states')
         if states is not None:
             self.set_optimizer_states(states)
