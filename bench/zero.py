@@ -26,9 +26,22 @@ For each R of ``--replicas``:
 The devices ``cpu(i)`` share the host's cores: the step times are what the
 sharded update costs in compute and copies on them, not what it saves on a
 device whose memory bounds the model.
+
+``--launch ROUNDS`` adds the command line over processes: ``train`` of the
+regression task with :data:`WIDTHS` (Adam, ``--epochs`` 2), once sharded
+and once not in each round (the order alternated between rounds), under
+``python -m mp_symbolic launch --workers 2 --servers 1`` (``dist_sync``,
+``cpu:0,cpu:1`` each) and under ``launch --nodes 2`` (``--replicas 2`` on
+``cpu:0`` .. ``cpu:3``): the median of the wall time each run's
+``training:`` line prints (the epochs, without start-up and checkpoints),
+their ratio, and whether every run of a layout printed the same
+``parameters sha256``.
 """
+import re
+import subprocess
 import statistics
 import sys
+import tempfile
 
 import mxnet as mx
 import numpy as np
@@ -43,6 +56,41 @@ from mp_symbolic.tools.text import columns
 __all__ = ['main']
 
 ADAM_BYTES = 8  # fp32 Adam: mean and variance, 4 bytes each, per parameter
+WIDTHS = '2,256,256,256,256,256,256,1'
+LAYOUTS = (('2 dist_sync workers', ['--workers', '2', '--servers', '1'],
+            ['--devices', 'cpu:0,cpu:1']),
+           ('2 nodes, 2 replicas', ['--nodes', '2'],
+            ['--devices', 'cpu:0,cpu:1,cpu:2,cpu:3', '--replicas', '2']))
+
+
+def _launched(how, flags, out):
+    """``(seconds of training, {parameters digests})`` of one launched run."""
+    job = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch'] + how + [
+        '--', 'train', '--widths', WIDTHS, '--optimizer', 'adam', '--epochs', '2',
+        '--no-progress', '--no-memory', '--out', out] + flags, capture_output=True, text=True,
+        timeout=1200, check=False)
+    if job.returncode != 0:
+        raise RuntimeError('launch: expected exit status 0, found %d: %s'
+                           % (job.returncode, (job.stderr or job.stdout).strip()[-300:]))
+    walls = [float(w) for w in re.findall(r'training: ([0-9.]+) s wall', job.stdout)]
+    return max(walls), set(re.findall(r'parameters sha256: ([0-9a-f]{64})', job.stdout))
+
+
+def launch_rows(rounds, folder):
+    """Median training seconds of each layout, unsharded and sharded, in alternated rounds."""
+    rows = []
+    for name, how, flags in LAYOUTS:
+        times, digests = {False: [], True: []}, set()
+        for r in range(rounds):
+            for shard in ((False, True) if r % 2 == 0 else (True, False)):
+                seconds, found = _launched(how, flags + (['--shard-optimizer'] if shard else []),
+                                           '%s/%s-%d-%d' % (folder, how[0][2:], r, shard))
+                times[shard].append(seconds)
+                digests |= found
+        plain, sharded = (statistics.median(times[s]) for s in (False, True))
+        rows.append([name, '%.2f' % plain, '%.2f' % sharded, '%.3f' % (sharded / plain),
+                     'yes' if len(digests) == 1 else 'no (%d)' % len(digests)])
+    return rows
 
 
 def _blocks(layers, width):
@@ -151,6 +199,8 @@ def parse(argv):
     parser.add_argument('--replicas', default='2,4', help='replica counts (default: 2,4)')
     parser.add_argument('--steps', type=int, default=100)
     parser.add_argument('--rounds', type=int, default=30)
+    parser.add_argument('--launch', type=int, default=0, metavar='ROUNDS',
+                        help='rounds of the launched runs (default: 0, none)')
     args = parser.parse_args(argv)
     args.replicas = [int(r) for r in args.replicas.split(',')]
     return args
@@ -190,6 +240,14 @@ def main(argv=None):
     print('step time, median of %d alternated rounds (ms):' % args.rounds)
     for line in columns([['R', 'unsharded', 'sharded', 'sharded/unsharded']] + times):
         print('  ' + line)
+    if args.launch:
+        with tempfile.TemporaryDirectory(prefix='bench-zero-') as folder:
+            rows = launch_rows(args.launch, folder)
+        print('train --widths %s over processes, training seconds, median of %d alternated '
+              'rounds:' % (WIDTHS, args.launch))
+        for line in columns([['layout', 'unsharded', 'sharded', 'sharded/unsharded',
+                              'one parameters digest']] + rows):
+            print('  ' + line)
     return 0
 
 
