@@ -17,6 +17,7 @@ from mxnet import gluon
 
 import mp_symbolic
 from mp_symbolic import Pipeline
+from mp_symbolic.core.optstate import OptimizerStateError
 from mp_symbolic.core.zero import owners
 from mp_symbolic.tools.checkpoint import read_checkpoint
 from mp_symbolic.tools.memory import memory_table
@@ -109,6 +110,15 @@ def test_each_replica_holds_its_share_of_the_optimizer_bytes_as_estimated():
     estimated = {r.device: r.optimizer
                  for r in mp_symbolic.estimate_memory(sharded_pipe, **shapes)}
     assert {d: b for d, b in estimated.items() if b} == after
+
+
+def test_a_sharded_module_refuses_the_optimizer_state_of_another_model():
+    _, mod = _module(2, True)
+    _steps(mod, 1)
+    states = mod.optimizer_states()
+    states['params']['other_weight'] = states['params']['zd0_weight']
+    with pytest.raises(OptimizerStateError, match='found state for other_weight$'):
+        mod.set_optimizer_states(states)
 
 
 def test_owners_balance_each_stage_by_bytes():

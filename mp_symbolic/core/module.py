@@ -704,8 +704,10 @@ class PipelineModule(DeviceModule):
             held = set(self._exec_group.param_names)
             states = drop_states(states, [n for n in states['params'] if n not in held])
         if self.optimizer_owners() is not None:
-            index = self._state_index()
-            states = drop_states(states, [n for n in states['params'] if n not in index])
+            index, ours = self._state_index(), set(self._exec_group.param_names)
+            # another replica's or worker's share is dropped; another model's is refused
+            states = drop_states(states, [n for n in states['params']
+                                          if n in ours and n not in index])
             replicas = len(self._context)
             targets = {n: (i, self._exec_group.execs[i % replicas].arg_dict[n].context)
                        for n, i in index.items()}
