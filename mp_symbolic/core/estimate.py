@@ -9,7 +9,8 @@ What a training step holds on a device, row by row:
   the Module binds them;
 * ``optimizer``: the states the optimizer makes per trained parameter
   (:data:`STATES`: SGD with momentum one, Adam two, ...), each the
-  parameter's size, on its device;
+  parameter's size, on its device; under ``shard_optimizer`` only those of
+  the replica's share (:func:`mp_symbolic.core.zero.owners`);
 * ``other``: the executors' activations, as MXNet plans them. Each graph
   is handed to MXNet's graph executor with arrays that are never allocated
   (``delay_alloc``), so MXNet itself takes the gradient (with its
@@ -881,10 +882,12 @@ def _row(table, device):
 
 
 def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, trained, states,
-                with_inputs=True):
+                with_inputs=True, held=None):
     """Params, grads, optimizer states, aux and (``with_inputs``) inputs of
     one executor bound on ``symbol`` at ``shapes`` (every argument's), each
-    on its group's device."""
+    on its group's device; optimizer states only of the parameters in
+    ``held`` where it is given (the replica's share under
+    ``shard_optimizer``)."""
     attrs = symbol.attr_dict()
 
     def device(name):
@@ -899,10 +902,37 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
             row['params'] += size
             if name in trained:
                 row['grads'] += size
-                row['optimizer'] += states * size
+                if held is None or name in held:
+                    row['optimizer'] += states * size
     for name in symbol.list_auxiliary_states():
         _row(table, device(name))['aux'] += \
             _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
+
+
+def replica_shares(pipe, symbol, shapes, types, inputs, trained):
+    """``[set of parameter names]`` per replica: the optimizer state each
+    replica holds under ``Pipeline(..., shard_optimizer=True)``, as the
+    Module deals it (:func:`mp_symbolic.core.zero.owners`: by the device of
+    replica 0's copy and bytes); ``None`` per replica without sharding."""
+    from .zero import owners  # pylint: disable=import-outside-toplevel
+    if not pipe.shard_optimizer or pipe.replicas == 1:
+        return [None] * pipe.replicas
+    attrs = symbol.attr_dict()
+    group2ctx, context = pipe.plan.group2ctxs[0], pipe.plan.stage_devices[0][0][0]
+    params = [(n, str(group2ctx.get(attrs.get(n, {}).get(GROUP_ATTR), context)),
+               _nbytes(shapes[n], np.dtype(types.get(n, 'float32')).itemsize))
+              for n in symbol.list_arguments() if n not in inputs and n in trained]
+    owned = owners(params, pipe.replicas)
+    return [{n for n, k in owned.items() if k == r} for r in range(pipe.replicas)]
+
+
+def optimizer_shares(pipe, symbol, shapes, fixed=()):
+    """:func:`replica_shares` of ``symbol`` bound at ``shapes`` (``[(input
+    name, shape)]``, labels may be left out), ``fixed`` parameters untrained."""
+    inputs = {n for n, _ in shapes} | _labels(symbol)
+    found, types = _specs(symbol, dict(shapes))
+    trained = {n for n in symbol.list_arguments() if n not in inputs and n not in set(fixed)}
+    return replica_shares(pipe, symbol, found, types, inputs, trained)
 
 
 def _specs(symbol, shapes):
@@ -927,7 +957,8 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
 
     Args:
         pipe: A :class:`~mp_symbolic.Pipeline` (its devices, chunks, replicas,
-            schedule, mirror and shards are the plan).
+            schedule, mirror, shards and ``shard_optimizer`` are the plan:
+            sharded, each replica's optimizer row holds its share).
         data_shapes: ``[(name, shape)]`` of the whole batch, as ``Module.bind`` takes them.
         label_shapes: ``[(name, shape)]``; default: as the loss head infers it.
         loss, output: As :meth:`~mp_symbolic.Pipeline.module` takes them.
@@ -1016,9 +1047,11 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
     inputs = set(shapes) | _labels(symbol)
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
     table, requests = {}, []
+    shares = replica_shares(pipe, symbol, specs, types, inputs, trained)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
-        _add_arrays(table, symbol, specs, types, group2ctx, context, inputs, trained, states)
+        _add_arrays(table, symbol, specs, types, group2ctx, context, inputs, trained, states,
+                    held=shares[r])
         bound = {n: specs[n] for n in inputs}
         graph = planned_graph(symbol, bound, group2ctx, context, grad_names=trained)
         for device, size in activations(graph).items():
@@ -1066,11 +1099,12 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
     flight = in_flight(pipe.run_schedule())
     table, requests = {}, []
+    shares = replica_shares(pipe, symbol, specs[0], specs[1], inputs, trained)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
         # the arrays the stage executors share (their inputs are each executor's own)
         _add_arrays(table, symbol, specs[0], specs[1], group2ctx, context, inputs, trained,
-                    states, with_inputs=False)
+                    states, with_inputs=False, held=shares[r])
         for graph in stages:
             s = graph.stage
             groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}

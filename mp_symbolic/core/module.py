@@ -47,10 +47,11 @@ from .heads import HEADS, class_axis, head_of
 from .initial import Drawn
 from .ir import PlacedGraph
 from .names import DATA_NAME, LABEL_NAME, LAYOUT_ATTR, SHAPE_ATTR
-from .optstate import drop_states, gather_states, set_states_by_name, split_states, \
-    states_by_name
+from .optstate import FORMAT as STATES_FORMAT, drop_states, encode_state, gather_states, \
+    set_states_by_name, split_states, states_by_name
 from .runtime import FusedRuntime
 from .updater import PerDeviceUpdater
+from .zero import owners
 
 __all__ = []
 
@@ -228,6 +229,8 @@ class PipelineModule(DeviceModule):
         self._batch_axes = {}  # input name -> its batch axis, once bound
         self._laid_out = False  # whether the outputs' nodes carry layouts
         self._update_args = None
+        self._owners = None
+        self._zero_keys = False  # whether the kvstore has the keys of gathered states
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = _Restored()
 
@@ -358,6 +361,7 @@ class PipelineModule(DeviceModule):
         self._default_group = self._exec_group  # the default bucket's
         self._buckets.clear()
         self._varying = {}  # input name -> the axes its buckets' shapes vary on
+        self._owners = None
         self._apply_pending()
 
     def forward(self, data_batch, is_train=None):
@@ -548,6 +552,8 @@ class PipelineModule(DeviceModule):
         if self._updater is not None and not isinstance(self._updater, PerDeviceUpdater):
             self._updater = PerDeviceUpdater(self._updater)
         self._update_args = None
+        self._owners = None
+        self._zero_keys = False  # a new kvstore: the gathered states' keys made anew
         states = self._pending.take('states')
         if states is not None:
             self.set_optimizer_states(states)
@@ -561,7 +567,12 @@ class PipelineModule(DeviceModule):
     def update(self):
         """``mx.mod.Module.update``; without a kvstore, one call of the
         per-device updater with argument lists made once (MXNet's loop
-        rebuilds them in Python every step)."""
+        rebuilds them in Python every step); with the optimizer state
+        sharded (:meth:`optimizer_owners`), each parameter updated by its
+        owner alone, then copied to the other replicas."""
+        if self.optimizer_owners() is not None:
+            self._update_sharded()
+            return
         if self._kvstore is not None or self._update_on_kvstore:
             super().update()
             return
@@ -581,19 +592,97 @@ class PipelineModule(DeviceModule):
             self._update_args = (indices, grads, weights)
         self._updater(*self._update_args)
 
+    def optimizer_owners(self):
+        """Where each trained parameter's optimizer state lives under
+        ``Pipeline(..., shard_optimizer=True)`` (:mod:`~mp_symbolic.core.zero`).
+
+        Returns:
+            ``None`` when the state is not sharded (``shard_optimizer``
+            off, or one replica in all); else ``{parameter name: (worker,
+            replica)}``: the ``dist_sync`` worker's rank (0 without one)
+            and the replica of that worker whose copy owns it.
+        """
+        if not (self.pipeline.shard_optimizer and self.binded and self.optimizer_initialized):
+            return None
+        workers, rank = 1, 0
+        if self._kvstore is not None and 'dist' in self._kvstore.type:
+            workers, rank = self._kvstore.num_workers, self._kvstore.rank
+        local = len(self._context)
+        if workers * local == 1:
+            return None
+        if self._owners is None or self._owners[0] != (workers, rank):
+            group = self._exec_group
+            params = [(n, str(a[0].context), a[0].size * np.dtype(a[0].dtype).itemsize)
+                      for n, a, g in zip(group.param_names, group.param_arrays,
+                                         group.grad_arrays) if g[0] is not None]
+            self._owners = ((workers, rank), OrderedDict(
+                (n, divmod(o, local)) for n, o in owners(params, workers * local).items()))
+        return self._owners[1]
+
+    def _update_sharded(self):
+        """One update with the optimizer state sharded: the summed gradient
+        pulled into the owner's copy only, each owner's updates in one
+        per-device updater call per replica (as MXNet orders them), then
+        each updated value copied to the other replicas (over ``dist_sync``
+        workers, pushed by its owner and summed with the other workers'
+        zeros: a non-owner's first gradient array, no longer read, is
+        zeroed for it; every worker pushes every key in the same order)."""
+        assert self.binded and self.params_initialized and self.optimizer_initialized
+        self._params_dirty = True
+        group, local, kvstore = self._exec_group, len(self._context), self._kvstore
+        found = self.optimizer_owners()
+        rank = kvstore.rank if kvstore is not None and 'dist' in kvstore.type else 0
+        updates, moves = [[] for _ in range(local)], []
+        for i, (name, arrays, grads) in enumerate(zip(group.param_names, group.param_arrays,
+                                                      group.grad_arrays)):
+            if grads[0] is None:  # a fixed parameter
+                continue
+            worker, k = found[name]
+            if kvstore is not None:
+                kvstore.push(name, grads, priority=-i)
+                if worker == rank:
+                    kvstore.pull(name, out=grads[k], priority=-i)
+            if worker == rank:
+                updates[k].append((i * local + k, grads[k], arrays[k]))
+            moves.append((i, name, worker, k, arrays, grads))
+        for replica in updates:
+            if replica:
+                indices, grads, weights = zip(*replica)
+                self._updater(list(indices), list(grads), list(weights))
+        for i, name, worker, k, arrays, grads in moves:
+            if kvstore is not None and 'dist' in kvstore.type:
+                if worker == rank:
+                    kvstore.push(name, arrays[k], priority=-i)
+                else:
+                    grads[0][:] = 0
+                    kvstore.push(name, grads[0], priority=-i)
+                kvstore.pull(name, out=list(arrays), priority=-i)
+            else:
+                for j, array in enumerate(arrays):
+                    if j != k:
+                        arrays[k].copyto(array)
+
     # -- optimizer state by parameter name, and restoring a checkpoint --------
 
     def _state_index(self):
-        """``{parameter name: MXNet's updater index of replica 0's copy}``:
-        Module's updater indexes parameter ``i`` of replica ``k`` as
-        ``i * replicas + k``."""
-        replicas = len(self._context)
-        return OrderedDict((n, i * replicas)
-                           for i, n in enumerate(self._exec_group.param_names))
+        """``{parameter name: MXNet's updater index of the copy whose state
+        is read}``: Module's updater indexes parameter ``i`` of replica
+        ``k`` as ``i * replicas + k``; replica 0's copy, or with the state
+        sharded the owner's (a parameter another worker owns is left out)."""
+        replicas, found = len(self._context), self.optimizer_owners()
+        if found is None:
+            return OrderedDict((n, i * replicas)
+                               for i, n in enumerate(self._exec_group.param_names))
+        rank = self._kvstore.rank if 'dist' in self._kvstore.type else 0
+        return OrderedDict((n, i * replicas + found[n][1])
+                           for i, n in enumerate(self._exec_group.param_names)
+                           if n in found and found[n][0] == rank)
 
     def optimizer_states(self, lazy=False):
         """The optimizer state by parameter name, device-free (replica 0's;
-        the replicas' are equal), as :mod:`~mp_symbolic.core.optstate` saves it.
+        the replicas' are equal; with the state sharded, each owner's: over
+        ``dist_sync`` workers, this worker's share), as
+        :mod:`~mp_symbolic.core.optstate` saves it.
 
         Args:
             lazy: Each of ``'arrays'`` a function of no arguments making
@@ -606,14 +695,82 @@ class PipelineModule(DeviceModule):
         if not self.optimizer_initialized:
             raise RuntimeError('optimizer_states: expected init_optimizer() (or fit) first, '
                                'found no optimizer')
+        if self.states_over_workers():
+            return gather_states(self._gathered_states(), self.pipeline.sharded)
         states = states_by_name(self._updater, self._optimizer,
                                 OrderedDict((i, n) for n, i in self._state_index().items()),
                                 lazy=lazy)
         return gather_states(states, self.pipeline.sharded)
 
+    def states_over_workers(self):
+        """Whether the optimizer state is sharded over ``dist_sync`` workers
+        (each holds its share only): :meth:`optimizer_states` is then
+        gathered from every worker, and every worker must call it at the
+        same point."""
+        found = self.optimizer_owners()
+        return found is not None and 'dist' in self._kvstore.type and \
+            self._kvstore.num_workers > 1
+
+    def _gathered_states(self):
+        """Every parameter's optimizer state, from the workers that own
+        them: each state array (and the update count) pushed by its owner
+        and as zeros by the others, the sum (the owner's) pulled by every
+        worker into arrays of its own. Every worker calls it at the same
+        point (a checkpoint's commit); the kvstore's keys are made on the
+        first call, together."""
+        group, local, kvstore = self._exec_group, len(self._context), self._kvstore
+        found, rank = self.optimizer_owners(), kvstore.rank
+        made, sums = [], OrderedDict()
+        for i, (name, arrays) in enumerate(zip(group.param_names, group.param_arrays)):
+            if name not in found:
+                continue
+            worker, k = found[name]
+            index = i * local + k
+            mine = worker == rank
+            made_yet = mine and index in self._updater.states
+            # the owner's state, or the optimizer's fresh one (its shapes) as zeros
+            state = self._updater.states[index] if made_yet else \
+                self._optimizer.create_state_multi_precision(index, arrays[k])
+            # the update count, -1 for a state never made (summed with the others' zeros)
+            count = mx.nd.array([self._count(index) if made_yet else -1 if mine else 0],
+                                dtype='float64')
+            pairs = []
+            out = _map_state(state, lambda a, pairs=pairs: pairs.append(a) or
+                             mx.nd.zeros(a.shape, a.context, a.dtype))
+            outs = []
+            _map_state(out, lambda a, outs=outs: outs.append(a) or a)
+            for j, (sent, into) in enumerate(zip(pairs + [count],
+                                                 outs + [mx.nd.zeros(1, dtype='float64')])):
+                made.append(('%s%s:%d' % (ZERO_KEY, name, j), sent if mine else
+                             mx.nd.zeros(sent.shape, sent.context, sent.dtype), into))
+            sums[name] = (out, made[-1][2])
+        if not self._zero_keys:  # collective: every worker makes them, worker 0's values
+            kvstore.init([key for key, _, _ in made], [into for _, _, into in made])
+            self._zero_keys = True
+        for n, (key, sent, into) in enumerate(made):
+            kvstore.push(key, sent, priority=-n)
+            kvstore.pull(key, out=into, priority=-n)
+        arrays, params = [], OrderedDict()
+        for name, (state, count) in sums.items():
+            count = int(count.asscalar())
+            if count >= 0:  # a parameter never updated has no entry
+                params[name] = {'count': count, 'state': encode_state(state, arrays)}
+        return {'format': STATES_FORMAT, 'optimizer': type(self._optimizer).__name__.lower(),
+                'num_update': self._optimizer.num_update, 'params': params, 'arrays': arrays}
+
+    def _count(self, index):
+        """The optimizer's update count of ``index`` (0 if never updated)."""
+        # pylint: disable=protected-access
+        for counts in self._optimizer._all_index_update_counts.values():
+            if index in counts:
+                return counts[index]
+        return 0
+
     def set_optimizer_states(self, states):
         """Puts :meth:`optimizer_states` output back, each state on its
-        parameter's device, for every replica.
+        parameter's device, for every replica (with the state sharded, for
+        its owner alone: the whole state, from any number of replicas,
+        taken by name).
 
         A state of a fixed parameter (saved by a run that trained it) is
         dropped: the parameter is never updated, so it would never be read.
@@ -627,6 +784,16 @@ class PipelineModule(DeviceModule):
         if self._other_nodes:  # the whole network's: this node takes its own
             held = set(self._exec_group.param_names)
             states = drop_states(states, [n for n in states['params'] if n not in held])
+        if self.optimizer_owners() is not None:
+            index, ours = self._state_index(), set(self._exec_group.param_names)
+            # another replica's or worker's share is dropped; another model's is refused
+            states = drop_states(states, [n for n in states['params']
+                                          if n in ours and n not in index])
+            replicas = len(self._context)
+            targets = {n: (i, self._exec_group.execs[i % replicas].arg_dict[n].context)
+                       for n, i in index.items()}
+            set_states_by_name(self._updater, self._optimizer, states, targets)
+            return
         for k, exe in enumerate(self._exec_group.execs):
             targets = {n: (i + k, exe.arg_dict[n].context)
                        for n, i in self._state_index().items()}
@@ -791,6 +958,20 @@ class PipelineModule(DeviceModule):
         self.save_params('%s-%04d.params' % (prefix, epoch))
         if save_optimizer_states:
             self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
+
+
+# the kvstore keys of the optimizer state gathered from dist_sync workers
+ZERO_KEY = 'optimizer_state:'
+
+
+def _map_state(state, make):
+    """``state`` (an NDArray, a tuple or list of them, nested, or None) with
+    each NDArray replaced by ``make(array)``, in order."""
+    if state is None:
+        return None
+    if isinstance(state, mx.nd.NDArray):
+        return make(state)
+    return type(state)(_map_state(s, make) for s in state)
 
 
 def shape_pair(desc):

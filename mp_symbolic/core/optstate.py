@@ -36,7 +36,9 @@ class Deferred:  # pylint: disable=too-few-public-methods
         return self.make()
 
 
-def _encode(state, arrays, lazy=False):
+def encode_state(state, arrays, lazy=False):
+    """One parameter's optimizer state as its spec (``{'t': ...}``), its
+    arrays appended to ``arrays`` (numpy, or :class:`Deferred` if ``lazy``)."""
     if state is None:
         return {'t': 'none'}
     if isinstance(state, mx.nd.NDArray):
@@ -44,7 +46,7 @@ def _encode(state, arrays, lazy=False):
         return {'t': 'nd', 'a': len(arrays) - 1}
     if isinstance(state, (tuple, list)):
         return {'t': type(state).__name__,
-                'items': [_encode(s, arrays, lazy) for s in state]}
+                'items': [encode_state(s, arrays, lazy) for s in state]}
     raise OptimizerStateError('expected optimizer states made of NDArrays, tuples and None, '
                               'found %s' % type(state).__name__)
 
@@ -99,7 +101,7 @@ def states_of(optimizer, sources, lazy=False):
         if index not in updater.states:
             continue
         params[name] = {'count': _count_of(optimizer, index),
-                        'state': _encode(updater.states[index], arrays, lazy)}
+                        'state': encode_state(updater.states[index], arrays, lazy)}
     return {'format': FORMAT, 'optimizer': type(optimizer).__name__.lower(),
             'num_update': optimizer.num_update, 'params': params, 'arrays': arrays}
 
@@ -297,7 +299,7 @@ def _count(value):
 
 def _spec_arrays(spec, num_arrays, name, depth):
     """The array indices a state spec refers to; raises OptimizerStateError
-    unless it is one :func:`_encode` writes."""
+    unless it is one :func:`encode_state` writes."""
     kind = spec.get('t') if isinstance(spec, dict) else None
     if kind == 'none':
         return []

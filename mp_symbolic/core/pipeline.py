@@ -38,7 +38,7 @@ This module is the Gluon block and the entry point: the plan is one frozen
 import mxnet as mx
 from mxnet import gluon
 
-from . import autotp, comm, graph, initial, nesting, passes, tensor_parallel, twin
+from . import autotp, comm, graph, initial, nesting, passes, tensor_parallel, twin, zero
 from .checks import excerpt
 from .compat import initialized, symbol_safe
 from .heads import with_head
@@ -188,10 +188,20 @@ class Pipeline(gluon.Block):
             ``None`` for ``'local'`` in one process and ``'gloo'`` over
             nodes, or a name given to
             :func:`~mp_symbolic.core.comm.register_transport`.
+        shard_optimizer: ZeRO stage 1 (:mod:`~mp_symbolic.core.zero`): each
+            of a stage's replicas (times the ``dist_sync`` workers) holds
+            and updates the optimizer state of its share of the stage's
+            parameters (whole parameters, balanced by bytes), and the
+            updated values go to the other replicas; the values are the
+            unsharded run's, bit for bit. With one replica there is nothing
+            to share: the run is the unsharded one. The Module's training
+            step does it (``pipe.module()``); checkpoints hold the whole
+            state by name, as without.
         plan: ``None``: the plan is the arguments given. ``'auto'``: the
             planner chooses ``balance``, ``chunks``, ``replicas``,
             ``mirror``, ``schedule`` and ``virtual`` (and which of
-            ``devices`` to use, in order) from the memory estimate and a
+            ``devices`` to use, in order; ``shard_optimizer`` where it is
+            needed to fit) from the memory estimate and a
             simulation of the schedule over stage times measured on
             ``devices`` (:mod:`~mp_symbolic.core.planner`), for a softmax
             head and SGD with momentum; a
@@ -208,8 +218,8 @@ class Pipeline(gluon.Block):
             runs where (the attributes below read it).
         plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
-        chunks, replicas, schedule, virtual, batchnorm: As given (``virtual``
-            1 but under ``'interleaved'``).
+        chunks, replicas, schedule, virtual, batchnorm, shard_optimizer: As
+            given (``virtual`` 1 but under ``'interleaved'``).
         transport: The transport's name (``'local'``, ``'gloo'`` or as given).
         planned: With ``plan``: the :class:`~mp_symbolic.core.planner.Ranking`
             of the candidates (``planned.best``: the plan built), else ``None``.
@@ -241,7 +251,8 @@ class Pipeline(gluon.Block):
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
             and the shard count named); ``batch_axis`` not a non-negative
             integer; ``batchnorm`` not one of
-            :data:`~mp_symbolic.core.batchnorm.MODES`; ``transport`` not
+            :data:`~mp_symbolic.core.batchnorm.MODES`; ``shard_optimizer``
+            not a bool; ``transport`` not
             a registered name, one within a process with nodes, or other
             than ``'local'`` on MXNet's one graph (``schedule='gpipe'`` in
             one process); (``PlanError``) with ``plan``, a budget no
@@ -254,8 +265,8 @@ class Pipeline(gluon.Block):
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
                  mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
                  virtual=None, nodes=None, node_timeout=None, batch_axis=0,
-                 batchnorm=batchnorms.DEFAULT, transport=None, plan=None,
-                 memory_per_device=None):
+                 batchnorm=batchnorms.DEFAULT, transport=None, shard_optimizer=False,
+                 plan=None, memory_per_device=None):
         super().__init__(prefix='pipeline_')
         self.planned = None
         if plan is not None:
@@ -264,14 +275,16 @@ class Pipeline(gluon.Block):
                 plan, memory_per_device, blocks, devices, sample, batch_axis,
                 dict(balance=balance, chunks=chunks, replicas=replicas, mirror=mirror,
                      schedule=schedule, virtual=virtual, nodes=nodes,
-                     tensor_parallel=tensor_parallel))
+                     tensor_parallel=tensor_parallel, shard_optimizer=shard_optimizer))
             devices, balance, chunks, replicas = (chosen['devices'], chosen['balance'],
                                                   chosen['chunks'], chosen['replicas'])
             mirror, schedule, virtual = chosen['mirror'], chosen['schedule'], chosen['virtual']
+            shard_optimizer = chosen.get('shard_optimizer', False)
         elif memory_per_device is not None:
             raise ValueError("memory_per_device: expected it with plan='auto' (the budget the "
                              "planner holds each device to), found it without a plan")
         self.batchnorm = batchnorms.check_mode(batchnorm)
+        self.shard_optimizer = zero.check(shard_optimizer)
         self.virtual = schedules.check_spec(schedule, virtual)
         self.schedule = schedule
         self.nodes = None
@@ -323,6 +336,7 @@ class Pipeline(gluon.Block):
                 'balance': list(self.balance), 'chunks': self.chunks,
                 'schedule': self.run_schedule().name, 'virtual': self.virtual,
                 'batchnorm': self.batchnorm, 'transport': self.transport,
+                'shard_optimizer': self.shard_optimizer,
                 'inputs': list(self.input_names), 'stages': self.stage_names,
                 'parameters': [[n, list(p.shape or ())] for n, p in params.items()]}
 

@@ -876,7 +876,7 @@ def simulate(schedule, cost, replicas=1, capacity=None):
 
 # Pipeline's arguments the planner chooses, and their defaults.
 CHOSEN = {'balance': None, 'chunks': 1, 'replicas': 1, 'mirror': False, 'schedule': 'gpipe',
-          'virtual': None, 'nodes': None, 'tensor_parallel': None}
+          'virtual': None, 'nodes': None, 'tensor_parallel': None, 'shard_optimizer': False}
 
 
 def plan_arguments(plan, memory_per_device, blocks, devices, sample, batch_axis, given):

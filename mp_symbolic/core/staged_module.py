@@ -115,6 +115,7 @@ class StagedModule(PipelineModule):
         self._full_shapes = (data_shapes, label_shapes)
         self._own_arrays(for_training, inputs_need_grad, force_rebind, shared_module, grad_req)
         self._update_args = None
+        self._owners = None
         self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
         self._buckets.clear()
         self._varying = {}  # input name -> the axes its buckets' shapes vary on

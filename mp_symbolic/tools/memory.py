@@ -172,7 +172,7 @@ def _device_key(name):
 
 def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='cpu(0)',
                    optimizer='sgd', optimizer_params=None, env=None, timeout=300,
-                   fixed_param_names=None, host_copy=False):
+                   fixed_param_names=None, host_copy=False, held=None):
     """Binds ``symbol`` in a fresh process, runs one step, returns :func:`device_memory`.
 
     Args:
@@ -191,6 +191,10 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
         host_copy: Bind a Module that keeps MXNet's host copy of every
             parameter (``module_copy``), as ``mx.mod.Module`` does; by
             default, as a Pipeline's Module, none.
+        held: The parameters whose optimizer state the step makes (a
+            replica's share under ``shard_optimizer``:
+            :func:`mp_symbolic.core.estimate.optimizer_shares`); ``None``:
+            every trained one.
 
     Returns:
         ``{'devices': {device: {category: bytes}}, 'gpu_memory_info':
@@ -207,7 +211,7 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
                                   context=context, optimizer=optimizer,
                                   optimizer_params=optimizer_params,
                                   fixed_param_names=fixed_param_names,
-                                  host_copy=host_copy)], env, timeout)[0]
+                                  host_copy=host_copy, held=held)], env, timeout)[0]
 
 
 def measure_memories(requests, env=None, timeout=300):
@@ -222,7 +226,7 @@ def measure_memories(requests, env=None, timeout=300):
         requests: ``[dict]`` of :func:`measure_memory`'s arguments ``symbol``,
             ``data_shapes``, ``label_shapes`` and, optionally, ``group2ctx``,
             ``context``, ``optimizer``, ``optimizer_params``,
-            ``fixed_param_names``, ``host_copy``.
+            ``fixed_param_names``, ``host_copy``, ``held``.
         env: Extra environment variables of the child, for every request.
         timeout: Seconds per request.
 
@@ -252,7 +256,9 @@ def measure_memories(requests, env=None, timeout=300):
                       'context': str(context), 'optimizer': request.get('optimizer', 'sgd'),
                       'optimizer_params': request.get('optimizer_params') or {},
                       'fixed_param_names': list(request.get('fixed_param_names') or ()),
-                      'host_copy': bool(request.get('host_copy', False))})
+                      'host_copy': bool(request.get('host_copy', False)),
+                      'held': None if request.get('held') is None else
+                              sorted(request['held'])})
     # The child imports this very package, wherever the caller imported it from.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     child_env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
@@ -451,6 +457,9 @@ def _run_child(spec):
     mod.init_optimizer(kvstore=None, optimizer=spec['optimizer'],
                        optimizer_params=spec['optimizer_params'])
     mod._updater = PerDeviceUpdater(mod._updater)  # one fused update per device
+    if spec.get('held') is not None:  # a replica's share: the others' states never made
+        mod._updater = _HeldUpdater(mod._updater, [
+            n in set(spec['held']) for n in mod._exec_group.param_names])
     result = {'devices': device_memory(mod, profiled_step(mod, data_shapes, label_shapes,
                                                           trace_path))}
     gpu_ids = sorted({int(d[4:-1]) for d in result['devices'] if d.startswith('gpu(')})
@@ -458,6 +467,22 @@ def _run_child(spec):
         result['gpu_memory_info'] = {'gpu(%d)' % i: list(mx.context.gpu_memory_info(i))
                                      for i in gpu_ids}
     return result
+
+
+class _HeldUpdater:  # pylint: disable=too-few-public-methods
+    """An updater that updates (and makes the state of) the parameters
+    ``held[index]`` marks only (one device: MXNet's index is the parameter's)."""
+
+    def __init__(self, updater, held):
+        self.updater, self.held = updater, held
+
+    def __call__(self, index, grad, weight):
+        kept = [(i, g, w) for i, g, w in zip(index, grad, weight) if self.held[i]]
+        if kept:
+            self.updater(*[list(c) for c in zip(*kept)])
+
+    def __getattr__(self, name):
+        return getattr(self.updater, name)
 
 
 def profiled_step(module, data_shapes, label_shapes, trace_path):

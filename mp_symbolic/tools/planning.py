@@ -46,7 +46,8 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
         optimizer, optimizer_params: As ``init_optimizer`` takes them.
         **plan: ``Pipeline`` arguments (``chunks``, ``replicas``, ``schedule``,
             ``virtual``, ``mirror``, ``balance``, ``tensor_parallel``,
-            ``batch_axis``) for a network.
+            ``batch_axis``, ``shard_optimizer``: each replica's optimizer
+            row then holds its share) for a network.
 
     Returns:
         A :class:`~mp_symbolic.tools.memory.MemoryTable` whose ``other`` is

@@ -157,6 +157,13 @@ def build_parser(defaults=True, prog='python -m mp_symbolic'):
     train.add_argument('--no-mirror', dest='mirror', action='store_false',
                        help='keep the activations (the default; with --resume, turns off the '
                             'checkpoint\'s --mirror)')
+    train.add_argument('--shard-optimizer', action='store_true',
+                       help='Module API: each replica (and dist_sync worker) holds and updates '
+                            'the optimizer state of its share of each stage\'s parameters, then '
+                            'sends the updated values to the others (ZeRO stage 1)')
+    train.add_argument('--no-shard-optimizer', dest='shard_optimizer', action='store_false',
+                       help='every replica holds the whole optimizer state (the default; with '
+                            '--resume, turns off the checkpoint\'s --shard-optimizer)')
     train.add_argument('--replicas', type=int, default=1,
                        help='data-parallel copies of the pipeline (default: 1)')
     train.add_argument('--plan', choices=('auto',), default=None,
@@ -348,6 +355,7 @@ _FLAG_OF = {'num_epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr'
             'replicas': '--replicas',
             'kvstore': '--kvstore', 'balance': '--balance',
             'checkpoint_every': '--checkpoint-every', 'resume': '--resume', 'mirror': '--mirror',
+            'shard_optimizer': '--shard-optimizer',
             'nodes': '--nodes', 'node_timeout': '--node-timeout',
             'agree_steps': '--agree-steps', 'memory_per_device': '--memory-per-device',
             'micro-batches': '--chunks'}  # the schedules' word for them (core/schedule.py)

@@ -95,6 +95,9 @@ class TrainConfig:
     node_timeout: float = None
     # Symbolic variant: every stage's ops recomputed in the backward pass (MXNet's mirroring).
     mirror: bool = False
+    # Module API: each replica (times the dist_sync workers) holds and updates the optimizer
+    # state of its share of each stage's parameters (ZeRO stage 1: Pipeline(shard_optimizer=...)).
+    shard_optimizer: bool = False
     # Symbolic variant: measure memory per device (the plan beside one device) before
     # training, in child processes (about two seconds each); the command line turns it on.
     memory: bool = False
@@ -176,10 +179,14 @@ class TrainConfig:
         if self.variant == 'imperative':
             for name, default in (('api', 'module'), ('chunks', 1), ('replicas', 1),
                                   ('kvstore', None), ('mirror', False), ('schedule', DEFAULT),
+                                  ('shard_optimizer', False),
                                   ('batchnorm', BATCHNORM_DEFAULT)):
                 if getattr(self, name) != default:
                     bad(name, '%r (the default) with variant \'imperative\' (it is a setting '
                               'of the symbolic variant)' % (default,))
+        if self.api == 'executor' and self.shard_optimizer:
+            bad('api', "'module' with shard_optimizer (the executor API binds one replica "
+                       'and updates every parameter itself)')
         if self.api == 'executor' and (self.replicas > 1 or self.kvstore is not None):
             bad('api', "'module' with replicas or a kvstore (the executor API binds one "
                        'replica and sums no gradients)')
@@ -279,7 +286,8 @@ NODE_FIELDS = {
                  'lr': '--lr', 'momentum': '--momentum', 'kvstore': '--kvstore',
                  'mirror': '--mirror'},
     # Compared as the Pipeline's plan, what they make of them (Pipeline(nodes=...)).
-    'plan': ('balance', 'chunks', 'schedule', 'virtual', 'replicas', 'batchnorm'),
+    'plan': ('balance', 'chunks', 'schedule', 'virtual', 'replicas', 'batchnorm',
+             'shard_optimizer'),
     # The same on every node by construction: nodes is the job's WORLD_SIZE,
     # variant and api are refused unless 'symbolic' and 'module' with nodes,
     # agree_steps is compare's.
@@ -296,7 +304,11 @@ RESUME_IDENTITY = ('task', 'task_args', 'variant', 'batch_size', 'optimizer', 'l
 # The checkpoint's plan: a resume takes each of these from it unless its flag
 # (--devices, --balance, ...) is given, and says which ones changed.
 RESUME_PLAN = ('devices', 'balance', 'schedule', 'chunks', 'virtual', 'replicas', 'mirror',
-               'api', 'kvstore', 'batchnorm')
+               'api', 'kvstore', 'batchnorm', 'shard_optimizer')
+
+# Fields of the plan a checkpoint written before they existed does not
+# record, and what such a run had.
+ADDED_PLAN = {'shard_optimizer': False}
 
 
 def resume_config(saved, given):
@@ -382,19 +394,20 @@ def plan_changes(saved, cfg, saved_devices=None):
         if name == 'balance':
             return ('by parameter count' if value is None else
                     value if isinstance(value, str) else ','.join(str(v) for v in value))
-        if name == 'mirror':
+        if name in ('mirror', 'shard_optimizer'):
             return 'on' if value else 'off'
         return 'none' if value is None else str(value)
 
     changes = []
     for name in RESUME_PLAN:
-        old, new = saved.get(name), getattr(cfg, name)
+        old, new = saved.get(name, ADDED_PLAN.get(name)), getattr(cfg, name)
         if isinstance(old, list):
             old = tuple(old)
         if name == 'devices' and old is None and new == shown(name, old):
             continue  # the default's devices, now given by name
         if old != new:
-            changes.append('--%s %s (was %s)' % (name, shown(name, new), shown(name, old)))
+            changes.append('--%s %s (was %s)' % (name.replace('_', '-'), shown(name, new),
+                                                 shown(name, old)))
     return changes
 
 

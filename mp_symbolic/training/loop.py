@@ -83,7 +83,7 @@ def build_pipeline(cfg, task):
         pipe = Pipeline(blocks, devices, balance=cfg.balance, sample=sample, chunks=cfg.chunks,
                         replicas=cfg.replicas, mirror=cfg.mirror, schedule=cfg.schedule,
                         virtual=cfg.virtual, nodes=cfg.nodes, node_timeout=cfg.node_timeout,
-                        batchnorm=cfg.batchnorm)
+                        batchnorm=cfg.batchnorm, shard_optimizer=cfg.shard_optimizer)
     except ValueError as err:
         field, _, rest = str(err).partition(': ')
         if field != 'sample':
@@ -386,6 +386,8 @@ def _title(cfg, task, pipe):
         extra += ', activations recomputed in backward (mirror)'
     if cfg.replicas > 1:
         extra += ', %d replicas (kvstore %s)' % (cfg.replicas, cfg.kvstore)
+    if cfg.shard_optimizer:
+        extra += ', optimizer state sharded across replicas'
     parts = '%d ops' % len(pipe.cut.op_names) if pipe.whole else '%d blocks' % len(pipe.blocks)
     return '%s: %s model-parallel training, %s in %d stage(s)%s:' % (
         task.name, name, parts, pipe.plan.num_stages, extra)
@@ -438,9 +440,12 @@ class _Checkpointer:
         self.last = None
 
     def commit(self, epoch, result=None, complete=False):
-        if self.store is None and self.group is None:  # a dist_sync worker but worker 0
-            return None
         module = getattr(self.stepper, 'module', None)
+        if self.store is None and self.group is None:  # a dist_sync worker but worker 0
+            if module is not None and module.optimizer_initialized and \
+                    module.states_over_workers():
+                module.optimizer_states()  # gathered by every worker together
+            return None
         if module is not None:  # each array made when written (tensor-parallel layers unsplit)
             arg, aux, states = module_arrays(module)
         else:  # each array made when written, tensor-parallel layers by their unsplit names
@@ -547,6 +552,32 @@ def _held_names(stepper):
     return {unsplit.get(n, n) for n in stepper.held_names()}
 
 
+def _share_line(module):
+    """What a Module with its optimizer state sharded holds of it, in one line."""
+    found = module.optimizer_owners()
+    kvstore = module.kvstore
+    rank = kvstore.rank if 'dist' in kvstore.type else 0
+    workers = kvstore.num_workers if 'dist' in kvstore.type else 1
+    held = OrderedDict()
+    for state in module.updater.states.values():
+        for array in _arrays_of(state):
+            device = str(array.context)
+            held[device] = held.get(device, 0) + array.size * np.dtype(array.dtype).itemsize
+    mine = sum(1 for worker, _ in found.values() if worker == rank)
+    return ('optimizer state sharded over %d replica(s) x %d worker(s): this process holds the '
+            'state of %d of its %d trained parameters, %d bytes (%s)'
+            % (len(module.executors), workers, mine, len(found), sum(held.values()),
+               ', '.join('%s %d' % kv for kv in sorted(held.items()))))
+
+
+def _arrays_of(state):
+    if state is None:
+        return []
+    if isinstance(state, mx.nd.NDArray):
+        return [state]
+    return [a for s in state for a in _arrays_of(s)]
+
+
 def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
     """Bytes per device of the split plan beside the same model on one device,
     measured after one step (:mod:`~mp_symbolic.tools.memory`); logged as two tables.
@@ -585,24 +616,34 @@ def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
         for line in table.lines():
             log('    ' + line)
         return {'node' if nodes is not None else 'stages': table.as_dict()}
-    from ..tools.memory import compare_memory, format_memory  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from ..core.estimate import optimizer_shares
+    from ..tools.memory import format_memory, measure_memories
     local = cfg.batch_size // cfg.replicas
     symbol = pipe.training_symbol(task.graph_loss, label_name=task.label)
+    data_shapes = task.data_shapes(local, pipe.data_names())
+    fixed = fixed_param_names(pipe, symbol)
     try:
-        measured = compare_memory(
-            symbol, task.data_shapes(local, pipe.data_names()),
-            [(task.label, (local,) + tuple(label_shape))], pipe.plan.group2ctx,
-            context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
-            optimizer_params=cfg.optimizer_params(),
-            fixed_param_names=fixed_param_names(pipe, symbol))
+        # the split plan is replica 0's: with the state sharded, its share
+        held = optimizer_shares(pipe, symbol, data_shapes, fixed)[0]
+        common = dict(symbol=symbol, data_shapes=data_shapes,
+                      label_shapes=[(task.label, (local,) + tuple(label_shape))],
+                      context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
+                      optimizer_params=cfg.optimizer_params(), fixed_param_names=fixed)
+        split, one_device = measure_memories([
+            dict(common, group2ctx=pipe.plan.group2ctx, held=held),
+            dict(common, group2ctx=None)])
+        measured = {'split': split, 'one_device': one_device}
     except (ValueError, RuntimeError) as err:
         log('memory per device: not measured (%s)' % err)
         return None
     result = {k: v['devices'] for k, v in measured.items()}
     log('memory per device, after one step (other: activations and workspace, from MXNet\'s '
         'storage profiler):')
-    for title, key in (('  this plan', 'split'), ('  the same model on %s alone'
-                                                  % pipe.plan.first_device, 'one_device')):
+    this = '  this plan' if held is None else \
+        '  this plan, replica 0 (its share of the sharded optimizer state)'
+    for title, key in ((this, 'split'), ('  the same model on %s alone'
+                                         % pipe.plan.first_device, 'one_device')):
         for line in format_memory(result[key], title):
             log(line if line.startswith('  ') else '    ' + line)
     return result
@@ -706,6 +747,9 @@ def train(cfg, log=print, built=None, task=None):
             log(line)
         log('training: %.2f s wall, %.0f samples/s' % (result.wall_time,
                                                       result.samples_per_sec))
+        module = getattr(stepper, 'module', None)
+        if module is not None and module.optimizer_owners() is not None:
+            log(_share_line(module))
         improved = bool(report.score < before.score)
         result.params = None  # read again after the commit, which holds the model meanwhile
         # a run that did not improve keeps its last epoch all the same, marked

@@ -2,7 +2,8 @@
 of a training run, estimated before anything is allocated.
 
 It takes ``train``'s flags (``--task``, ``--devices``, ``--chunks``,
-``--schedule``, ``--virtual``, ``--replicas``, ``--mirror``, ``--balance``,
+``--schedule``, ``--virtual``, ``--replicas``, ``--mirror``,
+``--shard-optimizer``, ``--balance``,
 ``--batch-size``, ``--optimizer``, ...), builds the run's Pipeline as
 ``train`` does, and prints :func:`mp_symbolic.estimate_memory`'s table in
 the rows and units of the table ``train`` measures after one step
@@ -17,7 +18,8 @@ __all__ = []
 
 # The flags --plan auto chooses: given too, they are refused.
 CHOSEN_FLAGS = {'chunks': '--chunks', 'schedule': '--schedule', 'virtual': '--virtual',
-                'replicas': '--replicas', 'mirror': '--mirror', 'balance': '--balance'}
+                'replicas': '--replicas', 'mirror': '--mirror', 'balance': '--balance',
+                'shard_optimizer': '--shard-optimizer'}
 
 DESCRIPTION = ('Print the memory per device of a training run, estimated from shapes and '
                'MXNet\'s own memory planning before anything is allocated: the rows of the '
@@ -81,6 +83,7 @@ def run(rest, parse, config_from_args, error, usage_error):
                      '--schedule %s --chunks %d' % (cfg.schedule, cfg.chunks)] +
                     (['--replicas %d' % cfg.replicas] if cfg.replicas > 1 else []) +
                     (['--mirror'] if cfg.mirror else []) +
+                    (['--shard-optimizer'] if cfg.shard_optimizer else []) +
                     ['--batch-size %d --optimizer %s' % (cfg.batch_size, cfg.optimizer)])
     print(plan)
     print('memory per device, estimated before allocation (other: activations and workspace, '
@@ -143,7 +146,8 @@ def auto(cfg, task, args, argv):
     chosen = ranking.best.candidate
     cfg = replace(cfg, devices=chosen.devices, balance=chosen.balance, chunks=chosen.chunks,
                   schedule=chosen.schedule, replicas=chosen.replicas, mirror=chosen.mirror,
-                  virtual=chosen.virtual if chosen.schedule == 'interleaved' else None)
+                  virtual=chosen.virtual if chosen.schedule == 'interleaved' else None,
+                  shard_optimizer=bool(chosen.shard_optimizer))
     return cfg, ranking
 
 
