@@ -199,6 +199,15 @@ class Task:
             bad('description', 'a string')
         if self.metric is not None and not isinstance(self.metric, (str, mx.metric.EvalMetric)):
             bad('metric', 'an MXNet metric name or an mx.metric.EvalMetric')
+        if self.bucketed:
+            if self.val is not None and not is_bucketed(self.val):
+                bad('val', 'a bucketed DataIter like train (one with default_bucket_key) or None')
+            if self.evaluate is not None:
+                bad('evaluate', 'None with a bucketed DataIter (the metric is read batch by batch; '
+                    'evaluate takes arrays)')
+            if self.input_shape is not None:
+                bad('input_shape', "None with a bucketed DataIter (its provide_data gives the "
+                    "default bucket's shapes)")
 
     # -- what the training loop reads --------------------------------------
 
@@ -235,14 +244,29 @@ class Task:
             self._cache['blocks'] = blocks
         return self._cache['blocks']
 
+    @property
+    def bucketed(self):
+        """Whether ``train`` is a bucketed DataIter (:func:`is_bucketed`):
+        its batches are trained as it yields them, never read into arrays."""
+        return is_bucketed(self.train)
+
+    def batch_iters(self):
+        """``(train, val)``: the bucketed DataIters (``val`` is ``train``
+        when there is no ``val``)."""
+        return self.train, (self.train if self.val is None else self.val)
+
     def data(self):
         """The data as numpy arrays: a :data:`Data` (``X_val``/``y_val`` are
         the training arrays when there is no ``val``).
 
         Raises:
             TaskError: data that is not ``(X, y)`` arrays or a DataIter, or
-                whose examples and labels do not pair up.
+                whose examples and labels do not pair up; or a bucketed
+                DataIter (its batches differ in shape).
         """
+        if self.bucketed:
+            raise TaskError('train: expected arrays or a DataIter of one shape here, found a '
+                            'bucketed DataIter (its batches are read one at a time)')
         if 'data' not in self._cache:
             X, y = _arrays(self.train, 'train', self.max_data_bytes)
             if self.val is None:
@@ -265,6 +289,8 @@ class Task:
         """Shape of one example of each input, a tuple of shapes."""
         if self.input_shape is not None:
             return _shapes(self.input_shape, examples=False)
+        if self.bucketed:  # the default bucket's
+            return tuple(tuple(d[1][1:]) for d in _descs(self.train.provide_data))
         return _shapes(self.data().X)
 
     @property
@@ -282,7 +308,9 @@ class Task:
 
     @property
     def label_shape(self):
-        """Shape of one example's label."""
+        """Shape of one example's label (a bucketed DataIter's: its default bucket's)."""
+        if self.bucketed:
+            return tuple(_descs(self.train.provide_label)[0][1][1:])
         return self.data().y.shape[1:]
 
     @property
@@ -352,8 +380,11 @@ class Task:
 
         Args:
             params: Name -> numpy array.
-            predict: ``predict(X)`` -> numpy outputs in inference form.
+            predict: ``predict(X)`` -> numpy outputs in inference form; for
+                a bucketed DataIter, ``predict(batch)`` of one DataBatch.
         """
+        if self.bucketed:
+            return self._batch_report(predict)
         data = self.data()
         if self.evaluate is not None:
             report = self.evaluate(params, predict, data)
@@ -374,6 +405,51 @@ class Task:
                                '%s_loss' % where: loss},
                       lines=lines, score=loss, short='%s %.4g' % (name, value),
                       score_name='%s loss' % where)
+
+
+    def _batch_report(self, predict):
+        """The metric and the mean batch loss over the bucketed ``val``
+        DataIter (``train`` without one), batch by batch, padding cut."""
+        where = 'validation' if self.val is not None else 'training'
+        metric = _make_metric(self.metric, self.head)
+        metric.reset()
+        total, count = 0.0, 0
+        data = self.batch_iters()[1]
+        data.reset()
+        for batch in data:
+            keep = batch.data[0].shape[0] - (batch.pad or 0)
+            out = mx.nd.array(predict(batch)[:keep])
+            label = mx.nd.array(_numpy(batch.label[0])[:keep])
+            metric.update([label], [out])
+            total += float(self.batch_loss(out, label).asscalar()) * keep
+            count += keep
+        data.reset()
+        if not count:
+            raise TaskError('%s: expected a DataIter with at least one batch, found none'
+                            % ('val' if self.val is not None else 'train'))
+        name, value = metric.get()
+        loss = total / count
+        lines = ['%s %s: %.4f (%d examples)' % (where, name, value, count),
+                 '%s %s: %.4e' % (where, self.loss_label.replace('batch ', ''), loss)]
+        return Report(metrics={'%s_%s' % (where, name.replace(' ', '_')): float(value),
+                               '%s_loss' % where: loss},
+                      lines=lines, score=loss, short='%s %.4g' % (name, value),
+                      score_name='%s loss' % where)
+
+
+def is_bucketed(data):
+    """Whether ``data`` is a bucketed ``mx.io.DataIter``: one with a
+    ``default_bucket_key``, as ``mx.mod.BucketingModule.fit`` reads it
+    (``mx.rnn.BucketSentenceIter``'s), whose batches carry ``bucket_key``
+    and ``provide_data``."""
+    return isinstance(data, mx.io.DataIter) and \
+        getattr(data, 'default_bucket_key', None) is not None
+
+
+def _descs(provided):
+    """``[(name, shape)]`` of a ``provide_data`` / ``provide_label`` list."""
+    return [(d.name, tuple(d.shape)) if hasattr(d, 'name') else (d[0], tuple(d[1]))
+            for d in provided]
 
 
 def _make_metric(metric, head):

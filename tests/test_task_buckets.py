@@ -1,0 +1,153 @@
+"""A task file whose data is a bucketed DataIter (batches of several
+lengths, each with its ``bucket_key`` and ``provide_data``) trains through
+the command line on every schedule, with replicas and resumes, to the
+parameters one device reaches."""
+import glob
+import os
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from test_tasks import _in_process
+
+BUCKET_TASK = '''"""A tiny language model trained on batches of three lengths, bucketed."""
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+import mp_symbolic
+
+
+class LengthBatches(mx.io.DataIter):
+    """Batches of token ids, each batch of one length, as a bucketing
+    iterator gives them: ``bucket_key`` the length, ``provide_data`` its
+    shapes; an epoch's order depends only on ``(seed, epoch)``."""
+
+    def __init__(self, seed, batches=24, batch_size=8, lengths=(4, 6, 8), vocab=10):
+        super().__init__(batch_size)
+        rng = np.random.default_rng(seed)
+        self.seed, self.epoch, self.cursor = seed, 0, 0
+        self.default_bucket_key = max(lengths)
+        self.batches = []
+        for _ in range(batches):
+            x = rng.integers(0, vocab, (batch_size, int(rng.choice(lengths))))
+            self.batches.append((x.astype(np.float32), ((x + 1) % vocab).astype(np.float32)))
+        self.order = list(range(batches))
+
+    @property
+    def provide_data(self):
+        return [mx.io.DataDesc('data', (self.batch_size, self.default_bucket_key))]
+
+    @property
+    def provide_label(self):
+        return [mx.io.DataDesc('softmax_label', (self.batch_size, self.default_bucket_key))]
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def reset(self):
+        self.order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.batches))
+        self.cursor = 0
+
+    def next(self):
+        if self.cursor == len(self.order):
+            raise StopIteration
+        x, y = self.batches[self.order[self.cursor]]
+        self.cursor += 1
+        return mx.io.DataBatch(
+            data=[mx.nd.array(x)], label=[mx.nd.array(y)], bucket_key=x.shape[1],
+            provide_data=[mx.io.DataDesc('data', x.shape)],
+            provide_label=[mx.io.DataDesc('softmax_label', y.shape)])
+
+
+def task(seed=0, vocab=10):
+    init = mx.init.Xavier()
+    blocks = [gluon.nn.Embedding(vocab, 16, weight_initializer=mx.init.Normal(1.0),
+                                 prefix='embed_'),
+              gluon.nn.Dense(32, flatten=False, activation='tanh', weight_initializer=init,
+                             prefix='hidden_'),
+              gluon.nn.Dense(32, flatten=False, activation='tanh', weight_initializer=init,
+                             prefix='hidden2_'),
+              gluon.nn.Dense(vocab, flatten=False, weight_initializer=init, prefix='out_')]
+    return mp_symbolic.Task(
+        name='buckets', blocks=blocks, loss='softmax', train=LengthBatches(seed, vocab=vocab),
+        val=LengthBatches(seed + 1, batches=4, vocab=vocab), batch_size=8, num_epochs=3, lr=0.1)
+'''
+
+
+@pytest.fixture(scope='module')
+def bucket_task(tmp_path_factory):
+    path = tmp_path_factory.mktemp('task') / 'bucket_task.py'
+    path.write_text(BUCKET_TASK)
+    return path
+
+
+def _train(task, out, *argv):
+    result = _in_process('mp_symbolic', 'train', '--task', str(task), '--out', str(out),
+                         '--no-progress', '--no-memory', *argv)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def _params(out):
+    """The committed checkpoint's parameters, name -> numpy."""
+    path, = glob.glob(os.path.join(str(out), 'current', '*.params'))
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+@pytest.fixture(scope='module')
+def one_device(bucket_task, tmp_path_factory):
+    out = tmp_path_factory.mktemp('runs') / 'one'
+    result = _train(bucket_task, out, '--devices', 'cpu:0')
+    return _params(out), result
+
+
+def _assert_equal_params(found, expected):
+    assert sorted(found) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(found[name], value, rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize('argv', [
+    ('--devices', 'cpu:0,cpu:1', '--schedule', '1f1b', '--chunks', '2'),
+    ('--devices', 'cpu:0,cpu:1', '--schedule', 'interleaved', '--chunks', '2'),
+    ('--devices', 'cpu:0,cpu:1', '--chunks', '2'),
+    ('--devices', 'cpu:0,cpu:1,cpu:2,cpu:3', '--schedule', '1f1b', '--chunks', '2',
+     '--replicas', '2'),
+], ids=['1f1b', 'interleaved', 'gpipe', '1f1b-replicas'])
+def test_bucketed_task_ends_with_the_parameters_of_one_device(bucket_task, one_device, tmp_path,
+                                                              argv):
+    expected, single = one_device
+    result = _train(bucket_task, tmp_path / 'run', *argv)
+    _assert_equal_params(_params(tmp_path / 'run'), expected)
+    # the report reads the validation batches at their lengths, as on one device
+    line = [l for l in result.stdout.splitlines() if l.startswith('validation accuracy')]
+    assert line and line[0] in single.stdout
+
+
+def test_bucketed_task_resumed_ends_where_an_uninterrupted_run_ends(bucket_task, one_device,
+                                                                    tmp_path):
+    out = tmp_path / 'run'
+    plan = ('--devices', 'cpu:0,cpu:1', '--schedule', '1f1b', '--chunks', '2')
+    _train(bucket_task, out, *plan, '--epochs', '2')
+    result = _train(bucket_task, tmp_path / 'more', *plan, '--resume', str(out), '--epochs', '3',
+                    '--out', str(tmp_path / 'more'))
+    assert 'resumed from %s after epoch 2' % out in result.stdout
+    _assert_equal_params(_params(tmp_path / 'more'), one_device[0])
+
+
+@pytest.mark.parametrize('argv, line', [
+    (('--batch-size', '4'), "error: --batch-size: expected the bucketed DataIter's batch size 8 "
+     "(its batches are made by the task), found 4"),
+    (('--variant', 'imperative'), "error: --variant: expected 'symbolic' with a bucketed DataIter "
+     "(the Module binds each bucket), found 'imperative'"),
+    (('--api', 'executor'), "error: --api: expected 'module' with a bucketed DataIter (the Module "
+     "binds each bucket), found 'executor'"),
+])
+def test_bucketed_task_refuses_what_cannot_apply_in_one_line(bucket_task, tmp_path, argv, line):
+    result = _in_process('mp_symbolic', 'train', '--task', str(bucket_task), '--out',
+                         str(tmp_path / 'run'), '--no-progress', *argv)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [line], result.stderr
+    assert not (tmp_path / 'run').exists()
