@@ -1,17 +1,19 @@
 """A task file whose data is a bucketed DataIter (batches of several
 lengths, each with its ``bucket_key`` and ``provide_data``) trains through
-the command line on every schedule, with replicas and resumes, to the
-parameters one device reaches."""
-import glob
-import os
+the command line on every schedule, with replicas, resumed and over two
+nodes, to the parameters one device reaches; nodes that read other batches
+end in one line."""
+import re
 
-import mxnet as mx
 import numpy as np
 import pytest
 
+from mp_symbolic import read_checkpoint
 from test_tasks import _in_process
 
 BUCKET_TASK = '''"""A tiny language model trained on batches of three lengths, bucketed."""
+import os
+
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
@@ -61,7 +63,9 @@ class LengthBatches(mx.io.DataIter):
             provide_label=[mx.io.DataDesc('softmax_label', y.shape)])
 
 
-def task(seed=0, vocab=10):
+def task(seed=0, vocab=10, seed_by_node=False):
+    if seed_by_node:  # each node its own batches: what a task must not do
+        seed += int(os.environ.get('RANK', '0'))
     init = mx.init.Xavier()
     blocks = [gluon.nn.Embedding(vocab, 16, weight_initializer=mx.init.Normal(1.0),
                                  prefix='embed_'),
@@ -91,9 +95,10 @@ def _train(task, out, *argv):
 
 
 def _params(out):
-    """The committed checkpoint's parameters, name -> numpy."""
-    path, = glob.glob(os.path.join(str(out), 'current', '*.params'))
-    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+    """The committed checkpoint's parameters (of one process or of each
+    node's part), name -> numpy."""
+    _, arg, _ = read_checkpoint(str(out)).load()
+    return {k: v.asnumpy() for k, v in arg.items()}
 
 
 @pytest.fixture(scope='module')
@@ -151,3 +156,35 @@ def test_bucketed_task_refuses_what_cannot_apply_in_one_line(bucket_task, tmp_pa
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [line], result.stderr
     assert not (tmp_path / 'run').exists()
+
+
+# -- over nodes: every node reads the same batches -----------------------------------------
+
+NODE_PLAN = ['--devices', 'cpu:0,cpu:1', '--schedule', '1f1b', '--chunks', '2']
+
+
+def _launch_task(task, out, port, *argv):
+    from test_nodes import _launch  # pylint: disable=import-outside-toplevel
+    return _launch(['--nodes', '2', '--', 'train', '--task', str(task), '--out', str(out),
+                    '--no-progress', '--no-memory'] + NODE_PLAN + list(argv), port)
+
+
+def test_bucketed_task_over_two_nodes_ends_with_the_parameters_of_one_device(
+        bucket_task, one_device, tmp_path, port):
+    result = _launch_task(bucket_task, tmp_path / 'nodes', port)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1].startswith('launch: 2 nodes: all exited 0 in')
+    _assert_equal_params(_params(tmp_path / 'nodes'), one_device[0])  # one part per node
+
+
+def test_nodes_reading_other_batches_end_in_one_line_naming_the_step_and_both_keys(
+        bucket_task, tmp_path, port):
+    result = _launch_task(bucket_task, tmp_path / 'nodes', port, '--task-arg',
+                          'seed_by_node=True')
+    assert result.returncode != 0
+    errors = [l for l in result.stdout.splitlines() + result.stderr.splitlines()
+              if 'error: ' in l and 'bucket' in l]
+    assert errors and all(
+        re.search(r"found node \d's bucket_key \d where node \d's is \d at step \d+ \(does every "
+                  r"node read the same batches\?\)$", l) for l in errors), result.stdout
+    assert 'Traceback' not in result.stdout + result.stderr
