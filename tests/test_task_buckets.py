@@ -143,19 +143,23 @@ def test_bucketed_task_resumed_ends_where_an_uninterrupted_run_ends(bucket_task,
 
 
 @pytest.mark.parametrize('argv, line', [
-    (('--batch-size', '4'), "error: --batch-size: expected the bucketed DataIter's batch size 8 "
-     "(its batches are made by the task), found 4"),
-    (('--variant', 'imperative'), "error: --variant: expected 'symbolic' with a bucketed DataIter "
-     "(the Module binds each bucket), found 'imperative'"),
-    (('--api', 'executor'), "error: --api: expected 'module' with a bucketed DataIter (the Module "
-     "binds each bucket), found 'executor'"),
-])
+    (('train', '--batch-size', '4'), "error: --batch-size: expected the bucketed DataIter's "
+     "batch size 8 (its batches are made by the task), found 4"),
+    (('train', '--variant', 'imperative'), "error: --variant: expected 'symbolic' with a "
+     "bucketed DataIter (the Module binds each bucket), found 'imperative'"),
+    (('train', '--api', 'executor'), "error: --api: expected 'module' with a bucketed DataIter "
+     "(the Module binds each bucket), found 'executor'"),
+    (('compare',), "error: --task {task}: train: expected arrays or a DataIter of one shape to "
+     "compare (the imperative twin and the executor API take arrays), found a bucketed "
+     "DataIter"),
+], ids=['batch-size', 'imperative', 'executor', 'compare'])
 def test_bucketed_task_refuses_what_cannot_apply_in_one_line(bucket_task, tmp_path, argv, line):
-    result = _in_process('mp_symbolic', 'train', '--task', str(bucket_task), '--out',
-                         str(tmp_path / 'run'), '--no-progress', *argv)
+    result = _in_process('mp_symbolic', argv[0], '--task', str(bucket_task), '--out',
+                         str(tmp_path / 'run'), '--no-progress', *argv[1:])
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [line], result.stderr
-    assert not (tmp_path / 'run').exists()
+    assert result.stderr.strip().splitlines() == [line.format(task=bucket_task)], result.stderr
+    # nothing written (compare makes its folder first, to refuse one it cannot make)
+    assert not (tmp_path / 'run').exists() or not any((tmp_path / 'run').iterdir())
 
 
 # -- over nodes: every node reads the same batches -----------------------------------------
