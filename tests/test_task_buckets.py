@@ -192,3 +192,26 @@ def test_nodes_reading_other_batches_end_in_one_line_naming_the_step_and_both_ke
         re.search(r"found node \d's bucket_key \d where node \d's is \d at step \d+ \(does every "
                   r"node read the same batches\?\)$", l) for l in errors), result.stdout
     assert 'Traceback' not in result.stdout + result.stderr
+
+
+def _iterators():
+    """The bucket task file's ``LengthBatches`` class, and mp_symbolic."""
+    namespace = {}
+    exec(compile(BUCKET_TASK, 'bucket_task.py', 'exec'), namespace)  # pylint: disable=exec-used
+    return namespace['LengthBatches'], namespace['mp_symbolic']
+
+
+@pytest.mark.parametrize('fields, line', [
+    (dict(val=(np.zeros((8, 4)), np.zeros((8, 4)))),
+     'val: expected a bucketed DataIter like train (one with default_bucket_key) or None'),
+    (dict(evaluate=lambda params, predict, data: None),
+     'evaluate: expected None with a bucketed DataIter (the metric is read batch by batch; '
+     'evaluate takes arrays)'),
+    (dict(input_shape=(8,)), "input_shape: expected None with a bucketed DataIter (its "
+     "provide_data gives the default bucket's shapes)"),
+], ids=['val', 'evaluate', 'input_shape'])
+def test_a_bucketed_task_refuses_fields_that_need_arrays_naming_them(fields, line):
+    batches, mp_symbolic = _iterators()
+    with pytest.raises(mp_symbolic.TaskError) as raised:
+        mp_symbolic.Task(name='b', blocks=[], train=batches(0), **fields)
+    assert str(raised.value).startswith(line + ', found ')
