@@ -26,8 +26,10 @@ class LengthBatches(mx.io.DataIter):
     iterator gives them: ``bucket_key`` the length, ``provide_data`` its
     shapes; an epoch's order depends only on ``(seed, epoch)``."""
 
-    def __init__(self, seed, batches=24, batch_size=8, lengths=(4, 6, 8), vocab=10):
+    def __init__(self, seed, batches=24, batch_size=8, lengths=(4, 6, 8), vocab=10,
+                 endless=False):
         super().__init__(batch_size)
+        self.endless = endless
         rng = np.random.default_rng(seed)
         self.seed, self.epoch, self.cursor = seed, 0, 0
         self.default_bucket_key = max(lengths)
@@ -53,9 +55,9 @@ class LengthBatches(mx.io.DataIter):
         self.cursor = 0
 
     def next(self):
-        if self.cursor == len(self.order):
+        if self.cursor == len(self.order) and not self.endless:
             raise StopIteration
-        x, y = self.batches[self.order[self.cursor]]
+        x, y = self.batches[self.order[self.cursor % len(self.order)]]
         self.cursor += 1
         return mx.io.DataBatch(
             data=[mx.nd.array(x)], label=[mx.nd.array(y)], bucket_key=x.shape[1],
@@ -63,7 +65,7 @@ class LengthBatches(mx.io.DataIter):
             provide_label=[mx.io.DataDesc('softmax_label', y.shape)])
 
 
-def task(seed=0, vocab=10, seed_by_node=False):
+def task(seed=0, vocab=10, seed_by_node=False, batches=24, endless=False):
     if seed_by_node:  # each node its own batches: what a task must not do
         seed += int(os.environ.get('RANK', '0'))
     init = mx.init.Xavier()
@@ -75,8 +77,10 @@ def task(seed=0, vocab=10, seed_by_node=False):
                              prefix='hidden2_'),
               gluon.nn.Dense(vocab, flatten=False, weight_initializer=init, prefix='out_')]
     return mp_symbolic.Task(
-        name='buckets', blocks=blocks, loss='softmax', train=LengthBatches(seed, vocab=vocab),
-        val=LengthBatches(seed + 1, batches=4, vocab=vocab), batch_size=8, num_epochs=3, lr=0.1)
+        name='buckets', blocks=blocks, loss='softmax',
+        train=LengthBatches(seed, batches, vocab=vocab, endless=endless),
+        val=LengthBatches(seed + 1, batches=4, vocab=vocab), batch_size=8, num_epochs=3, lr=0.1,
+        max_data_bytes=1 << 20)
 '''
 
 
@@ -152,7 +156,12 @@ def test_bucketed_task_resumed_ends_where_an_uninterrupted_run_ends(bucket_task,
     (('compare',), "error: --task {task}: train: expected arrays or a DataIter of one shape to "
      "compare (the imperative twin and the executor API take arrays), found a bucketed "
      "DataIter"),
-], ids=['batch-size', 'imperative', 'executor', 'compare'])
+    (('train', '--task-arg', 'batches=0'), "error: --task {task}: train: expected a DataIter "
+     "with at least one batch, found none"),
+    (('train', '--task-arg', 'endless=True'), "error: --task {task}: train: expected a DataIter "
+     "of at most 1048576 bytes of examples and labels as float32 (max_data_bytes), found more "
+     "after 2587 batches (one that never ends?)"),
+], ids=['batch-size', 'imperative', 'executor', 'compare', 'empty', 'endless'])
 def test_bucketed_task_refuses_what_cannot_apply_in_one_line(bucket_task, tmp_path, argv, line):
     result = _in_process('mp_symbolic', argv[0], '--task', str(bucket_task), '--out',
                          str(tmp_path / 'run'), '--no-progress', *argv[1:])

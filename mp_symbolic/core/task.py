@@ -100,15 +100,21 @@ class Task:
             with the same examples, one per positional input (the graph
             calls them ``data0``, ``data1``, ...; one of several may hold
             one number per example, ``(examples,)``), or the DataIter has
-            one data array per input, in order.
+            one data array per input, in order. Or a bucketed DataIter
+            (:func:`is_bucketed`: one with ``default_bucket_key``, batches
+            with ``bucket_key`` and ``provide_data``): never read into
+            arrays, each epoch trained as it makes its batches (its
+            ``set_epoch(epoch)`` called first where it has one, then
+            ``reset()``), its batch size the run's.
         loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
             ``(prediction, label) -> Symbol`` (what ``pipe.module(loss=...)``
             takes). ``'softmax'`` takes its classes on the axis the labels
             leave: the last for ``(N, C)`` or ``(N, T, V)`` outputs with
             ``(N,)`` or ``(N, T)`` labels, axis 1 for ``(N, C, H, W)`` with
             ``(N, H, W)`` (a per-pixel classifier).
-        val: Held-out data like ``train``, or ``None``: the metric is then
-            computed on ``train``.
+        val: Held-out data like ``train`` (a bucketed DataIter where
+            ``train`` is one), or ``None``: the metric is then computed on
+            ``train``.
         metric: An MXNet metric name (``'acc'``, ``'mse'``, ...) or an
             ``mx.metric.EvalMetric``; ``None``: ``'mse'`` for ``'l2'``,
             ``'acc'`` for ``'softmax'`` (on its class axis, as ``'acc'``
@@ -137,7 +143,9 @@ class Task:
 
     Raises:
         TaskError: a field of the wrong kind or out of range (the message
-            names the field, what was expected and what was found).
+            names the field, what was expected and what was found); with a
+            bucketed ``train``, a ``val`` that is not one, an ``evaluate``
+            or an ``input_shape``.
     """
     name: str
     blocks: object
@@ -254,6 +262,36 @@ class Task:
         """``(train, val)``: the bucketed DataIters (``val`` is ``train``
         when there is no ``val``)."""
         return self.train, (self.train if self.val is None else self.val)
+
+    def batch_labels(self):
+        """``[('train', labels), ('val', labels)]`` of a bucketed DataIter:
+        each read once, batch by batch, its labels flattened (padding cut)
+        and kept, its examples let go (``val``'s are ``train``'s when there
+        is no ``val``).
+
+        Raises:
+            TaskError: a DataIter that raises (its error in one line), that
+                has no batch, a batch without a label, or more than
+                ``max_data_bytes`` of examples and labels as float32 in one
+                epoch (one that never ends).
+        """
+        if 'labels' not in self._cache:
+            found = []
+            for name, data in zip(('train', 'val'), self.batch_iters()):
+                if name == 'val' and self.val is None:
+                    found.append((name, found[0][1]))
+                    continue
+                try:
+                    found.append((name, _iter_labels(data, name, self.max_data_bytes)))
+                except TaskError:
+                    raise
+                except Exception as err:  # pylint: disable=broad-except
+                    # the user's iterator: whatever it raises is a fault of the task
+                    raise TaskError('%s: expected a DataIter that can be read, found %s raising '
+                                    '%s: %s' % (name, type(data).__name__, type(err).__name__,
+                                                _one_line(err))) from None
+            self._cache['labels'] = found
+        return self._cache['labels']
 
     def data(self):
         """The data as numpy arrays: a :data:`Data` (``X_val``/``y_val`` are
@@ -588,6 +626,28 @@ def _read_iter(data, name, limit):
     if not xs:
         raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
     return [np.concatenate(part) for part in zip(*xs)], np.concatenate(ys)
+
+
+def _iter_labels(data, name, limit):
+    """The labels of every batch of the bucketed DataIter ``data``,
+    flattened, padding cut, one epoch after ``reset()``."""
+    labels, size = [], 0
+    data.reset()
+    for batch in data:
+        if not batch.label:
+            raise TaskError('%s: expected a DataIter with labels, found one without' % name)
+        keep = batch.data[0].shape[0] - (batch.pad or 0)
+        size += 4 * sum(int(np.prod(a.shape[1:])) * keep for a in
+                        list(batch.data) + [batch.label[0]])
+        if size > limit:
+            raise TaskError('%s: expected a DataIter of at most %s of examples and labels as '
+                            'float32 (max_data_bytes), found more after %d batches (one that '
+                            'never ends?)' % (name, _bytes(limit), len(labels) + 1))
+        labels.append(_numpy(batch.label[0])[:keep].ravel())
+    data.reset()
+    if not labels:
+        raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
+    return np.concatenate(labels)
 
 
 def _one_line(err, limit=120):

@@ -101,7 +101,10 @@ def build_pipeline(cfg, task):
 def _check_labels(pipe, task, batch_size):
     """Fits the task's loss head to the network's output
     (:meth:`~mp_symbolic.core.task.Task.fit_head`: ``'softmax'`` on the class
-    axis its labels leave); raises TaskError unless the labels fit it."""
+    axis its labels leave); raises TaskError unless the labels fit it (a
+    bucketed DataIter read once for that, one that never ends refused)."""
+    if task.bucketed:
+        task.batch_labels()
     shapes = dict(task.data_shapes(batch_size, pipe.data_names()))
     output_shape = None
     if task.head is not None and task.head.classes:  # the class axis reads the output's shape
@@ -152,18 +155,11 @@ def _check_classes(task, out_shape, axis):
 
 def _all_labels(task):
     """``[(name, labels)]`` of ``train`` and ``val``: numpy arrays (a
-    bucketed DataIter's labels read batch by batch, flattened, padding cut)."""
-    if not task.bucketed:
-        data = task.data()
-        return [('train', data.y), ('val', data.y_val)]
-    found = []
-    for name, data in zip(('train', 'val'), task.batch_iters()):
-        data.reset()
-        labels = [b.label[0].asnumpy()[:b.data[0].shape[0] - (b.pad or 0)].ravel()
-                  for b in data]
-        data.reset()
-        found.append((name, np.concatenate(labels) if labels else np.zeros(0)))
-    return found
+    bucketed DataIter's flattened, :meth:`~mp_symbolic.core.task.Task.batch_labels`)."""
+    if task.bucketed:
+        return task.batch_labels()
+    data = task.data()
+    return [('train', data.y), ('val', data.y_val)]
 
 
 def bucketed_batches(data, epoch):
