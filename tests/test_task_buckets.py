@@ -224,3 +224,16 @@ def test_a_bucketed_task_refuses_fields_that_need_arrays_naming_them(fields, lin
     with pytest.raises(mp_symbolic.TaskError) as raised:
         mp_symbolic.Task(name='b', blocks=[], train=batches(0), **fields)
     assert str(raised.value).startswith(line + ', found ')
+
+
+def test_a_bucketed_task_refuses_a_dist_kvstore_naming_it(bucket_task):
+    """Each ``dist_sync`` worker trains its shard of every batch of arrays; a
+    bucketed DataIter's batches are the task's, not split between workers."""
+    from mp_symbolic.training.config import TrainConfig  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.tasks import load_task  # pylint: disable=import-outside-toplevel
+    task, _ = load_task(str(bucket_task), {}, 0)
+    with pytest.raises(ValueError) as raised:
+        TrainConfig(kvstore='dist_sync').with_task(task)
+    assert str(raised.value) == ("kvstore: expected local or device with a bucketed DataIter "
+                                 "(its batches are not split between workers), found "
+                                 "'dist_sync'")
