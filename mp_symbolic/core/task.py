@@ -100,15 +100,21 @@ class Task:
             with the same examples, one per positional input (the graph
             calls them ``data0``, ``data1``, ...; one of several may hold
             one number per example, ``(examples,)``), or the DataIter has
-            one data array per input, in order.
+            one data array per input, in order. Or a bucketed DataIter
+            (:func:`is_bucketed`: one with ``default_bucket_key``, batches
+            with ``bucket_key`` and ``provide_data``): never read into
+            arrays, each epoch trained as it makes its batches (its
+            ``set_epoch(epoch)`` called first where it has one, then
+            ``reset()``), its batch size the run's.
         loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
             ``(prediction, label) -> Symbol`` (what ``pipe.module(loss=...)``
             takes). ``'softmax'`` takes its classes on the axis the labels
             leave: the last for ``(N, C)`` or ``(N, T, V)`` outputs with
             ``(N,)`` or ``(N, T)`` labels, axis 1 for ``(N, C, H, W)`` with
             ``(N, H, W)`` (a per-pixel classifier).
-        val: Held-out data like ``train``, or ``None``: the metric is then
-            computed on ``train``.
+        val: Held-out data like ``train`` (a bucketed DataIter where
+            ``train`` is one), or ``None``: the metric is then computed on
+            ``train``.
         metric: An MXNet metric name (``'acc'``, ``'mse'``, ...) or an
             ``mx.metric.EvalMetric``; ``None``: ``'mse'`` for ``'l2'``,
             ``'acc'`` for ``'softmax'`` (on its class axis, as ``'acc'``
@@ -137,7 +143,9 @@ class Task:
 
     Raises:
         TaskError: a field of the wrong kind or out of range (the message
-            names the field, what was expected and what was found).
+            names the field, what was expected and what was found); with a
+            bucketed ``train``, a ``val`` that is not one, an ``evaluate``
+            or an ``input_shape``.
     """
     name: str
     blocks: object
@@ -199,6 +207,15 @@ class Task:
             bad('description', 'a string')
         if self.metric is not None and not isinstance(self.metric, (str, mx.metric.EvalMetric)):
             bad('metric', 'an MXNet metric name or an mx.metric.EvalMetric')
+        if self.bucketed:
+            if self.val is not None and not is_bucketed(self.val):
+                bad('val', 'a bucketed DataIter like train (one with default_bucket_key) or None')
+            if self.evaluate is not None:
+                bad('evaluate', 'None with a bucketed DataIter (the metric is read batch by batch; '
+                    'evaluate takes arrays)')
+            if self.input_shape is not None:
+                bad('input_shape', "None with a bucketed DataIter (its provide_data gives the "
+                    "default bucket's shapes)")
 
     # -- what the training loop reads --------------------------------------
 
@@ -235,14 +252,59 @@ class Task:
             self._cache['blocks'] = blocks
         return self._cache['blocks']
 
+    @property
+    def bucketed(self):
+        """Whether ``train`` is a bucketed DataIter (:func:`is_bucketed`):
+        its batches are trained as it yields them, never read into arrays."""
+        return is_bucketed(self.train)
+
+    def batch_iters(self):
+        """``(train, val)``: the bucketed DataIters (``val`` is ``train``
+        when there is no ``val``)."""
+        return self.train, (self.train if self.val is None else self.val)
+
+    def batch_labels(self):
+        """``[('train', labels), ('val', labels)]`` of a bucketed DataIter:
+        each read once, batch by batch, its labels flattened (padding cut)
+        and kept, its examples let go (``val``'s are ``train``'s when there
+        is no ``val``).
+
+        Raises:
+            TaskError: a DataIter that raises (its error in one line), that
+                has no batch, a batch without a label, or more than
+                ``max_data_bytes`` of examples and labels as float32 in one
+                epoch (one that never ends).
+        """
+        if 'labels' not in self._cache:
+            found = []
+            for name, data in zip(('train', 'val'), self.batch_iters()):
+                if name == 'val' and self.val is None:
+                    found.append((name, found[0][1]))
+                    continue
+                try:
+                    found.append((name, _iter_labels(data, name, self.max_data_bytes)))
+                except TaskError:
+                    raise
+                except Exception as err:  # pylint: disable=broad-except
+                    # the user's iterator: whatever it raises is a fault of the task
+                    raise TaskError('%s: expected a DataIter that can be read, found %s raising '
+                                    '%s: %s' % (name, type(data).__name__, type(err).__name__,
+                                                _one_line(err))) from None
+            self._cache['labels'] = found
+        return self._cache['labels']
+
     def data(self):
         """The data as numpy arrays: a :data:`Data` (``X_val``/``y_val`` are
         the training arrays when there is no ``val``).
 
         Raises:
             TaskError: data that is not ``(X, y)`` arrays or a DataIter, or
-                whose examples and labels do not pair up.
+                whose examples and labels do not pair up; or a bucketed
+                DataIter (its batches differ in shape).
         """
+        if self.bucketed:
+            raise TaskError('train: expected arrays or a DataIter of one shape here, found a '
+                            'bucketed DataIter (its batches are read one at a time)')
         if 'data' not in self._cache:
             X, y = _arrays(self.train, 'train', self.max_data_bytes)
             if self.val is None:
@@ -265,6 +327,8 @@ class Task:
         """Shape of one example of each input, a tuple of shapes."""
         if self.input_shape is not None:
             return _shapes(self.input_shape, examples=False)
+        if self.bucketed:  # the default bucket's
+            return tuple(tuple(d[1][1:]) for d in _descs(self.train.provide_data))
         return _shapes(self.data().X)
 
     @property
@@ -282,7 +346,9 @@ class Task:
 
     @property
     def label_shape(self):
-        """Shape of one example's label."""
+        """Shape of one example's label (a bucketed DataIter's: its default bucket's)."""
+        if self.bucketed:
+            return tuple(_descs(self.train.provide_label)[0][1][1:])
         return self.data().y.shape[1:]
 
     @property
@@ -352,8 +418,11 @@ class Task:
 
         Args:
             params: Name -> numpy array.
-            predict: ``predict(X)`` -> numpy outputs in inference form.
+            predict: ``predict(X)`` -> numpy outputs in inference form; for
+                a bucketed DataIter, ``predict(batch)`` of one DataBatch.
         """
+        if self.bucketed:
+            return self._batch_report(predict)
         data = self.data()
         if self.evaluate is not None:
             report = self.evaluate(params, predict, data)
@@ -374,6 +443,51 @@ class Task:
                                '%s_loss' % where: loss},
                       lines=lines, score=loss, short='%s %.4g' % (name, value),
                       score_name='%s loss' % where)
+
+
+    def _batch_report(self, predict):
+        """The metric and the mean batch loss over the bucketed ``val``
+        DataIter (``train`` without one), batch by batch, padding cut."""
+        where = 'validation' if self.val is not None else 'training'
+        metric = _make_metric(self.metric, self.head)
+        metric.reset()
+        total, count = 0.0, 0
+        data = self.batch_iters()[1]
+        data.reset()
+        for batch in data:
+            keep = batch.data[0].shape[0] - (batch.pad or 0)
+            out = mx.nd.array(predict(batch)[:keep])
+            label = mx.nd.array(_numpy(batch.label[0])[:keep])
+            metric.update([label], [out])
+            total += float(self.batch_loss(out, label).asscalar()) * keep
+            count += keep
+        data.reset()
+        if not count:
+            raise TaskError('%s: expected a DataIter with at least one batch, found none'
+                            % ('val' if self.val is not None else 'train'))
+        name, value = metric.get()
+        loss = total / count
+        lines = ['%s %s: %.4f (%d examples)' % (where, name, value, count),
+                 '%s %s: %.4e' % (where, self.loss_label.replace('batch ', ''), loss)]
+        return Report(metrics={'%s_%s' % (where, name.replace(' ', '_')): float(value),
+                               '%s_loss' % where: loss},
+                      lines=lines, score=loss, short='%s %.4g' % (name, value),
+                      score_name='%s loss' % where)
+
+
+def is_bucketed(data):
+    """Whether ``data`` is a bucketed ``mx.io.DataIter``: one with a
+    ``default_bucket_key``, as ``mx.mod.BucketingModule.fit`` reads it
+    (``mx.rnn.BucketSentenceIter``'s), whose batches carry ``bucket_key``
+    and ``provide_data``."""
+    return isinstance(data, mx.io.DataIter) and \
+        getattr(data, 'default_bucket_key', None) is not None
+
+
+def _descs(provided):
+    """``[(name, shape)]`` of a ``provide_data`` / ``provide_label`` list."""
+    return [(d.name, tuple(d.shape)) if hasattr(d, 'name') else (d[0], tuple(d[1]))
+            for d in provided]
 
 
 def _make_metric(metric, head):
@@ -512,6 +626,28 @@ def _read_iter(data, name, limit):
     if not xs:
         raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
     return [np.concatenate(part) for part in zip(*xs)], np.concatenate(ys)
+
+
+def _iter_labels(data, name, limit):
+    """The labels of every batch of the bucketed DataIter ``data``,
+    flattened, padding cut, one epoch after ``reset()``."""
+    labels, size = [], 0
+    data.reset()
+    for batch in data:
+        if not batch.label:
+            raise TaskError('%s: expected a DataIter with labels, found one without' % name)
+        keep = batch.data[0].shape[0] - (batch.pad or 0)
+        size += 4 * sum(int(np.prod(a.shape[1:])) * keep for a in
+                        list(batch.data) + [batch.label[0]])
+        if size > limit:
+            raise TaskError('%s: expected a DataIter of at most %s of examples and labels as '
+                            'float32 (max_data_bytes), found more after %d batches (one that '
+                            'never ends?)' % (name, _bytes(limit), len(labels) + 1))
+        labels.append(_numpy(batch.label[0])[:keep].ravel())
+    data.reset()
+    if not labels:
+        raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
+    return np.concatenate(labels)
 
 
 def _one_line(err, limit=120):

@@ -28,7 +28,7 @@ from .metrics import AGREE_ATOL, AGREE_RTOL
 from ..core.devices import format_device
 from ..tools.text import columns
 from ..core.ir import PlacedGraph
-from ..core.task import as_inputs
+from ..core.task import TaskError, as_inputs
 from .loop import build_pipeline, fit, initial_values, load, make_stepper
 
 __all__ = []
@@ -142,11 +142,16 @@ def compare(cfg, log=print, task=None):
 
     Raises:
         DeviceSpecError: ``cfg.devices`` cannot make a device plan.
+        TaskError: the task's data is a bucketed DataIter.
         OSError: an output file cannot be written.
     """
     out_dir = cfg.out if cfg.out is not None else os.path.join('artifacts', 'compare')
     if task is None:
         task, cfg = load(cfg)
+    if task.bucketed:
+        raise TaskError('train: expected arrays or a DataIter of one shape to compare (the '
+                        'imperative twin and the executor API take arrays), found a bucketed '
+                        'DataIter')
     pipe, note = build_pipeline(cfg, task)
     if note:
         log(note)

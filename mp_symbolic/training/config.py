@@ -242,11 +242,35 @@ class TrainConfig:
         if self.out is None and self.resume is None:
             values['out'] = task.default_out_dir(self.variant)
         cfg = replace(self, **values)
+        if task.bucketed:
+            cfg.check_bucketed(task)
+            return cfg
         examples = len(task.data().y)  # one label per example, for any number of inputs
         if cfg.batch_size > examples:
             raise ValueError('batch_size: expected at most the task\'s %d training examples, '
                              'found %d' % (examples, cfg.batch_size))
         return cfg
+
+    def check_bucketed(self, task):
+        """Raises ValueError naming the flag where this run cannot train the
+        task's bucketed DataIter: its batches are the task's, trained as
+        they come through the Module of the symbolic variant, one process's
+        or each node's.
+        """
+        desc = task.train.provide_data[0]
+        size = (desc.shape if hasattr(desc, 'shape') else desc[1])[0]
+        if self.variant != 'symbolic':
+            raise ValueError("variant: expected 'symbolic' with a bucketed DataIter (the "
+                             "Module binds each bucket), found %r" % self.variant)
+        if self.api != 'module':
+            raise ValueError("api: expected 'module' with a bucketed DataIter (the Module "
+                             "binds each bucket), found %r" % self.api)
+        if (self.kvstore or '').startswith('dist'):
+            raise ValueError('kvstore: expected local or device with a bucketed DataIter (its '
+                             'batches are not split between workers), found %r' % self.kvstore)
+        if self.batch_size != size:
+            raise ValueError('batch_size: expected the bucketed DataIter\'s batch size %d (its '
+                             'batches are made by the task), found %d' % (size, self.batch_size))
 
     @property
     def out_dir(self):

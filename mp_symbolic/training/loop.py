@@ -101,7 +101,10 @@ def build_pipeline(cfg, task):
 def _check_labels(pipe, task, batch_size):
     """Fits the task's loss head to the network's output
     (:meth:`~mp_symbolic.core.task.Task.fit_head`: ``'softmax'`` on the class
-    axis its labels leave); raises TaskError unless the labels fit it."""
+    axis its labels leave); raises TaskError unless the labels fit it (a
+    bucketed DataIter read once for that, one that never ends refused)."""
+    if task.bucketed:
+        task.batch_labels()
     shapes = dict(task.data_shapes(batch_size, pipe.data_names()))
     output_shape = None
     if task.head is not None and task.head.classes:  # the class axis reads the output's shape
@@ -139,9 +142,8 @@ def _check_classes(task, out_shape, axis):
         raise TaskError('train: expected labels of shape %s per example (class indices) for '
                         'the loss \'softmax\', found %s' % (tuple(expected),
                                                            tuple(task.label_shape)))
-    data = task.data()
     ignore = task.head.ignore_label
-    for name, y in (('train', data.y), ('val', data.y_val)):
+    for name, y in _all_labels(task):
         bad = (y < 0) | (y >= classes) | (y != np.floor(y))
         if ignore is not None:  # SoftmaxOutput(use_ignore=True): that label is skipped
             bad &= y != ignore
@@ -149,6 +151,27 @@ def _check_classes(task, out_shape, axis):
             raise TaskError('%s: expected class indices 0..%d (the network has %d outputs), '
                             'found %d labels that are not, the first %g'
                             % (name, classes - 1, classes, int(bad.sum()), y[bad][0]))
+
+
+def _all_labels(task):
+    """``[(name, labels)]`` of ``train`` and ``val``: numpy arrays (a
+    bucketed DataIter's flattened, :meth:`~mp_symbolic.core.task.Task.batch_labels`)."""
+    if task.bucketed:
+        return task.batch_labels()
+    data = task.data()
+    return [('train', data.y), ('val', data.y_val)]
+
+
+def bucketed_batches(data, epoch):
+    """Yields one epoch of the bucketed DataIter ``data``'s batches, as it
+    makes them: ``data.set_epoch(epoch)`` first where it has that method
+    (so that an epoch's order depends on the epoch alone, as a resumed run
+    needs), then ``data.reset()``."""
+    if callable(getattr(data, 'set_epoch', None)):
+        data.set_epoch(epoch)
+    data.reset()
+    for batch in data:
+        yield batch, None
 
 
 def initial_values(pipe, seed):
@@ -277,6 +300,9 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
     """Runs epochs ``start_epoch .. cfg.num_epochs - 1`` of ``stepper`` on ``(X, y)``.
 
     Args:
+        X, y: The training arrays; or ``X`` a bucketed DataIter and ``y``
+            ``None``: each epoch its batches as it makes them
+            (:func:`bucketed_batches`).
         log: Called with each line of per-epoch output.
         metric: What the batch loss is, for those lines.
         on_epoch: Called as ``on_epoch(epoch, epoch_loss)`` after each epoch
@@ -287,18 +313,23 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
             the epoch it happened in.
     """
     step_losses, epoch_losses = [], []
-    steps = num_examples(X) // cfg.batch_size
+    bucketed = y is None  # X a bucketed DataIter: its batches as it makes them
+    steps = None if bucketed else num_examples(X) // cfg.batch_size
+    examples = 0  # trained on, padding included
     outside = 0.0  # seconds in on_epoch (checkpoints), not training
     # disable=None: no bar when stderr is not a terminal
-    bar = tqdm(total=(cfg.num_epochs - start_epoch) * steps, unit='batch', leave=False,
+    bar = tqdm(total=None if bucketed else (cfg.num_epochs - start_epoch) * steps,
+               unit='batch', leave=False,
                disable=None if cfg.progress else True, desc='train')
 
     def epochs():
-        nonlocal outside, step_losses
+        nonlocal outside, step_losses, examples
         for epoch in range(start_epoch, cfg.num_epochs):
             losses, values = [], []
-            for X_batch, y_batch in stepper.batches(X, y, epoch):
+            batches = bucketed_batches(X, epoch) if bucketed else stepper.batches(X, y, epoch)
+            for X_batch, y_batch in batches:
                 losses.append(stepper.step(X_batch, y_batch))
+                examples += X_batch.data[0].shape[0] if bucketed else cfg.batch_size
                 bar.update()
                 if len(losses) % CHECK_EVERY == 0 and len(losses) > CHECK_EVERY:
                     values += _read_block(stepper, losses, len(values),
@@ -318,7 +349,7 @@ def fit(stepper, X, y, cfg, log=print, metric='batch loss', start_epoch=0, on_ep
         wall = timing.seconds(epochs) - outside
     finally:
         bar.close()
-    samples = (cfg.num_epochs - start_epoch) * steps * cfg.batch_size
+    samples = examples
     lazy = _lazy(stepper)
     return TrainResult(step_losses=step_losses, epoch_losses=epoch_losses,
                        params=stepper.params(**lazy), aux=stepper.aux(**lazy), wall_time=wall,
@@ -709,7 +740,8 @@ def train(cfg, log=print, built=None, task=None):
             'this worker writes the checkpoints' if writer else 'worker 0 writes the checkpoints'))
     store = Store(cfg.out_dir, kind='training') if writer else None
     with store.locked() if writer else contextlib.nullcontext():
-        data = task.data()
+        # a bucketed DataIter's batches are read as they are trained
+        X, y = (task.train, None) if task.bucketed else task.data()[:2]
         pipe, note = built if built is not None else build_pipeline(cfg, task)
         for line in ([note] if note else []) + [_title(cfg, task, pipe)] + \
                 ['  ' + l for l in pipe.describe()]:
@@ -717,8 +749,8 @@ def train(cfg, log=print, built=None, task=None):
         init = initial_values(pipe, cfg.seed)  # over nodes, this node's share
         stepper = make_stepper(cfg, pipe, task, init, task.label_shape, kvstore)
         # over nodes, each parameter read from its node when the report asks for it
-        before = task.report(init[0] if pipe.nodes is None else stepper.params(),
-                             stepper.predict)
+        predict = stepper.predict_batch if task.bucketed else stepper.predict
+        before = task.report(init[0] if pipe.nodes is None else stepper.params(), predict)
         del init  # the stepper holds the values now
         release_host_memory()
         start_epoch, epoch_losses = 0, []
@@ -738,10 +770,10 @@ def train(cfg, log=print, built=None, task=None):
 
         checkpointer = _Checkpointer(store, cfg, task, pipe, stepper, epoch_losses, log)
         with profiling(cfg, cfg.out_dir) as profile_files:
-            result = fit(stepper, data.X, data.y, cfg, log, task.loss_label, start_epoch,
+            result = fit(stepper, X, y, cfg, log, task.loss_label, start_epoch,
                          checkpointer.on_epoch)
         result.epoch_losses = checkpointer.epoch_losses
-        report = task.report(result.params, stepper.predict)
+        report = task.report(result.params, predict)
         result.metrics = report.metrics
         for line in report.lines:
             log(line)

@@ -268,7 +268,14 @@ class ModuleStepper(_SymbolicStepper):
         return self.module.runtimes[0]
 
     def step(self, X, y):
-        self.module.forward(mx.io.DataBatch(data=list(as_inputs(X)), label=[y]), is_train=True)
+        """One step on the batch ``(X, y)``, or with ``y`` ``None`` on the
+        DataBatch ``X`` as it is (a bucketed DataIter's: its ``bucket_key``
+        and ``provide_data`` choose the bound form)."""
+        if y is None:
+            batch, y = X, X.label[0]
+        else:
+            batch = mx.io.DataBatch(data=list(as_inputs(X)), label=[y])
+        self.module.forward(batch, is_train=True)
         self.module.backward()
         self.module.update()
         if not self._holds_head:
@@ -288,6 +295,13 @@ class ModuleStepper(_SymbolicStepper):
             if self._holds_head:
                 outputs.append(self.module.get_outputs()[0].asnumpy()[:count])
         return self._shared(np.concatenate(outputs) if outputs else None)
+
+    def predict_batch(self, batch):
+        """The network's outputs (numpy) for the DataBatch ``batch``, at its
+        bucket's shapes (over nodes, on every node)."""
+        self.module.forward(batch, is_train=False)
+        return self._shared(self.module.get_outputs()[0].asnumpy() if self._holds_head
+                            else None)
 
     # -- over nodes: what the node of the loss head holds, shared -----------
 
