@@ -13,4 +13,6 @@ if sys.argv[:1] == ['-m']:
     # MXNet loads, as for ``python -m mp_symbolic``; a test importing a benchmark
     # changes nothing.
     from mp_symbolic.tools.blas import at_start
+    from mp_symbolic.tools.startup import mxnet_without_sklearn
     CHOICE = at_start()
+    mxnet_without_sklearn()  # MXNet loads as where scikit-learn is absent

@@ -16,6 +16,7 @@ import sys
 from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
 from mp_symbolic.tools.blas import at_start
 from mp_symbolic.tools.interrupts import exit_on_signals, ignore_signals, until_reader_gone
+from mp_symbolic.tools.startup import mxnet_without_sklearn
 
 from . import (DEFAULT_CHECKPOINT_DIR, DEFAULT_OUT_DIR, MAX_SAMPLE_ARRAYS, MAX_SAMPLE_BYTES,
                MEMORY_BUDGET, SENSITIVITY_FACTOR, SENSITIVITY_LIMIT, TOLERANCE)
@@ -147,6 +148,7 @@ def main(argv=None):
 if __name__ == '__main__':
     exit_on_signals()  # until main() loads MXNet and onnx, a signal is one line
     at_start()  # OpenBLAS at the CPU's kernel, chosen before MXNet loads
+    mxnet_without_sklearn()  # MXNet loads as where scikit-learn is absent
     STATUS = until_reader_gone(main)
     ignore_signals()  # done and written: a signal while MXNet shuts down would end it silently
     sys.exit(STATUS)

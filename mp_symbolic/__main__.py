@@ -3,8 +3,10 @@ import os
 import sys
 
 from .tools.interrupts import end_process, exit_on_signals, ignore_signals, until_reader_gone
+from .tools.startup import mxnet_without_sklearn
 
 exit_on_signals()  # before MXNet loads: Ctrl-C or SIGTERM while starting is one line
+mxnet_without_sklearn()  # MXNet loads as where scikit-learn is absent (tools/startup.py)
 if sys.argv[1:2] != ['blas']:  # which reports the choice, and so makes none
     # OpenBLAS reads its kernel when MXNet loads: this process's and those it starts
     from .tools.blas import at_start

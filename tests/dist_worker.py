@@ -21,9 +21,12 @@ import os
 import signal
 import sys
 
-import mxnet as mx
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mp_symbolic.tools.startup import mxnet_without_sklearn  # noqa: E402
+mxnet_without_sklearn()  # as the commands load MXNet (a test importing this: no change)
+# pylint: disable=wrong-import-position
+import mxnet as mx  # noqa: E402
+
 from mp_symbolic.core.pipeline import Pipeline
 from mp_symbolic.training.tasks.regression import build_blocks, make_dataset
 

@@ -11,10 +11,13 @@ import json
 import os
 import sys
 
-import mxnet as mx
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mp_symbolic.tools.startup import mxnet_without_sklearn  # noqa: E402
+mxnet_without_sklearn()  # as the commands load MXNet (a test importing this: no change)
+# pylint: disable=wrong-import-position
+import mxnet as mx  # noqa: E402
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
 from mp_symbolic.training.tasks import gpt, lm, regression  # pylint: disable=wrong-import-position
 from mp_symbolic.tools.interrupts import end_process  # pylint: disable=wrong-import-position

@@ -1,6 +1,9 @@
 """MXNet 1.9.1's own behaviour that model parallelism has to work around.
 Each test documents a trap; if one starts failing, MXNet changed."""
 import json
+import os
+import subprocess
+import sys
 
 import mxnet as mx
 from mxnet import autograd, gluon
@@ -14,7 +17,7 @@ from mp_symbolic.core.ir import PlacedGraph
 from mp_symbolic.core.scoped import environ
 from mp_symbolic.training.tasks import digits, gpt, regression
 
-from conftest import THREE_DEVICES
+from conftest import ROOT, THREE_DEVICES
 
 
 def _groups(symbol):
@@ -787,3 +790,34 @@ def test_an_inference_deconvolution_keeps_its_weight_array_in_a_onednn_layout():
     exe = up.bind(mx.cpu(0), args=args, grad_req='null')
     exe.forward(is_train=False)
     np.testing.assert_allclose(exe.outputs[0].asnumpy(), first * 2, rtol=1e-5, atol=1e-5)
+
+
+def test_mxnet_loads_scikit_learn_as_it_loads_itself():
+    """Why the commands turn that import away (tools/startup.py): this
+    process loaded MXNet with nothing turned away, and scikit-learn came
+    with it, for the legacy FeedForward's base class alone."""
+    assert 'sklearn' in sys.modules
+    assert mx.model.BASE_ESTIMATOR.__module__ == 'sklearn.base'
+
+
+_COMMAND_THEN_SKLEARN = """
+import runpy, sys
+sys.argv = ['mp_symbolic'] + sys.argv[1:]
+try:
+    runpy.run_module('mp_symbolic', run_name='__main__', alter_sys=True)
+except SystemExit as stop:
+    status = stop.code
+import mxnet
+loaded = 'sklearn' in sys.modules
+from sklearn.datasets import load_digits
+print(status, loaded, mxnet.model.BASE_ESTIMATOR.__name__, load_digits().data.shape[0])
+"""
+
+
+def test_a_command_loads_mxnet_without_scikit_learn_and_a_task_still_imports_it():
+    done = subprocess.run([sys.executable, '-c', _COMMAND_THEN_SKLEARN, 'plan', '--task',
+                           'regression', '--devices', 'cpu:0,cpu:1'], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-4:] == ['0', 'False', 'object', '1797'], done.stdout[-2000:]

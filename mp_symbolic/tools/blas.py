@@ -78,6 +78,7 @@ if len(sys.argv) > 2:  # as apply() loads it: MXNet's OpenBLAS alone sees the ke
     ctypes.CDLL(sys.argv[3], mode=os.RTLD_LOCAL)
     del os.environ['OPENBLAS_CORETYPE']
 import numpy as np
+sys.modules.setdefault('sklearn', None)  # MXNet loads as the commands load it (tools/startup.py)
 import mxnet as mx
 
 def name(function):

@@ -41,8 +41,12 @@ import sys
 import tempfile
 import traceback
 
-import mxnet as mx
-import numpy as np
+if __name__ == '__main__':  # the child: MXNet loads as the commands load it
+    from .startup import mxnet_without_sklearn
+    mxnet_without_sklearn()
+# pylint: disable=wrong-import-position
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
 
 from .text import columns
 from ..core.compat import profiler_cpu_limit, unprofilable

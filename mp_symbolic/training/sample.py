@@ -25,6 +25,8 @@ if __name__ == '__main__':
     exit_on_signals()  # before numpy, onnx and MXNet load: Ctrl-C while starting is one line
     from ..tools.blas import at_start
     at_start()  # OpenBLAS at the CPU's kernel, chosen before MXNet loads
+    from ..tools.startup import mxnet_without_sklearn
+    mxnet_without_sklearn()  # MXNet loads as where scikit-learn is absent
 # pylint: disable=wrong-import-position
 import json  # noqa: E402
 
