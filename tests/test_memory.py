@@ -253,3 +253,27 @@ def test_memory_table_of_an_unbound_module_or_a_symbol_is_refused():
     with pytest.raises(ValueError, match='expected a bound mx.mod.Module or an '
                                          'mx.executor.Executor, found Symbol'):
         mp_symbolic.memory_table(_symbol())
+
+
+def test_the_measuring_child_imports_this_very_package_from_any_folder(monkeypatch, tmp_path):
+    """The child that measures is given this package's folder on its path,
+    so that run from any folder it imports this package, not another copy
+    (an installed one) that the folder or the environment would find."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.tools import memory  # pylint: disable=import-outside-toplevel
+    seen, real_run = {}, subprocess.run
+
+    def run(argv, **kwargs):
+        seen['env'] = kwargs['env']
+        raise RuntimeError('stop before the child')
+
+    monkeypatch.setattr(memory.subprocess, 'run', run)
+    monkeypatch.delenv('PYTHONPATH', raising=False)
+    with pytest.raises(RuntimeError, match='stop before the child'):
+        memory.measure_memories([dict(symbol=mx.sym.var('x'), data_shapes=[('x', (1,))],
+                                      label_shapes=[])])
+    found = real_run([sys.executable, '-c', 'import mp_symbolic; print(mp_symbolic.__file__)'],
+                     env=seen['env'], cwd=tmp_path, capture_output=True, text=True,
+                     check=True).stdout.strip()
+    assert os.path.realpath(found) == os.path.realpath(mp_symbolic.__file__)

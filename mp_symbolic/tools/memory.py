@@ -264,7 +264,7 @@ def measure_memories(requests, env=None, timeout=300):
                       'held': None if request.get('held') is None else
                               sorted(request['held'])})
     # The child imports this very package, wherever the caller imported it from.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     child_env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
     child_env.update(env or {})
     child_env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, child_env.get('PYTHONPATH')]))
