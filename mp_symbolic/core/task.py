@@ -595,59 +595,56 @@ def _checked(name, X, y, which):
     return X
 
 
-def _read_iter(data, name, limit):
-    """Every batch of the DataIter ``data``, padding cut: ``([X of each
-    input], y)``.
+def _batches(data, name, limit):
+    """``(batch, examples kept)`` of every batch of the DataIter ``data``
+    (its padding cut), one epoch from ``reset()``; ``data`` is reset after.
 
     Raises:
-        TaskError: no batch, a batch without a label, batches with
-            different numbers of data arrays, or more than ``limit`` bytes of
-            float32 examples and labels (an iterator that never ends).
+        TaskError: no batch, a batch without a label, or more than ``limit``
+            bytes of float32 examples and labels (an iterator that never ends).
     """
-    xs, ys = [], []
-    size = 0
+    count, size = 0, 0
     data.reset()
     for batch in data:
         if not batch.label:
             raise TaskError('%s: expected a DataIter with labels, found one without' % name)
-        if xs and len(batch.data) != len(xs[0]):
-            raise TaskError('%s: expected every batch to have %d data arrays like the first, '
-                            'found %d' % (name, len(xs[0]), len(batch.data)))
         keep = batch.data[0].shape[0] - (batch.pad or 0)
         size += 4 * sum(int(np.prod(a.shape[1:])) * keep for a in
                         list(batch.data) + [batch.label[0]])
         if size > limit:
             raise TaskError('%s: expected a DataIter of at most %s of examples and labels as '
                             'float32 (max_data_bytes), found more after %d batches (one that '
-                            'never ends?)' % (name, _bytes(limit), len(xs) + 1))
+                            'never ends?)' % (name, _bytes(limit), count + 1))
+        count += 1
+        yield batch, keep
+    data.reset()
+    if not count:
+        raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
+
+
+def _read_iter(data, name, limit):
+    """Every batch of the DataIter ``data``, padding cut: ``([X of each
+    input], y)``.
+
+    Raises:
+        TaskError: as :func:`_batches`, or batches with different numbers of
+            data arrays.
+    """
+    xs, ys = [], []
+    for batch, keep in _batches(data, name, limit):
+        if xs and len(batch.data) != len(xs[0]):
+            raise TaskError('%s: expected every batch to have %d data arrays like the first, '
+                            'found %d' % (name, len(xs[0]), len(batch.data)))
         xs.append([d.asnumpy()[:keep] for d in batch.data])
         ys.append(batch.label[0].asnumpy()[:keep])
-    data.reset()
-    if not xs:
-        raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
     return [np.concatenate(part) for part in zip(*xs)], np.concatenate(ys)
 
 
 def _iter_labels(data, name, limit):
     """The labels of every batch of the bucketed DataIter ``data``,
     flattened, padding cut, one epoch after ``reset()``."""
-    labels, size = [], 0
-    data.reset()
-    for batch in data:
-        if not batch.label:
-            raise TaskError('%s: expected a DataIter with labels, found one without' % name)
-        keep = batch.data[0].shape[0] - (batch.pad or 0)
-        size += 4 * sum(int(np.prod(a.shape[1:])) * keep for a in
-                        list(batch.data) + [batch.label[0]])
-        if size > limit:
-            raise TaskError('%s: expected a DataIter of at most %s of examples and labels as '
-                            'float32 (max_data_bytes), found more after %d batches (one that '
-                            'never ends?)' % (name, _bytes(limit), len(labels) + 1))
-        labels.append(_numpy(batch.label[0])[:keep].ravel())
-    data.reset()
-    if not labels:
-        raise TaskError('%s: expected a DataIter with at least one batch, found none' % name)
-    return np.concatenate(labels)
+    return np.concatenate([_numpy(batch.label[0])[:keep].ravel()
+                           for batch, keep in _batches(data, name, limit)])
 
 
 def _one_line(err, limit=120):

@@ -467,6 +467,9 @@ def main(argv=None):
         if getattr(args, 'plan', None) or getattr(args, 'memory_per_device', None):
             cfg, ranking = planning.auto(cfg, task, args, given)
             print('plan auto: %s: %s' % (ranking.best.candidate, ranking.why()), flush=True)
+        if args.command == 'compare':
+            from .compare import check_comparable
+            check_comparable(task)
         built = build_pipeline(cfg, task)  # the whole plan, before any work
         cfg.check_profiler_devices(built[0].plan.all_devices)
         check_writable_dir(cfg.out_dir, 'out')

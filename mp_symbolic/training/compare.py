@@ -127,6 +127,17 @@ def _train_run(name, cfg, task, data, log):
     return row, result.step_losses, result.params
 
 
+def check_comparable(task):
+    """Raises:
+        TaskError: ``task``'s data is a bucketed DataIter, which the
+            imperative twin and the executor API cannot take.
+    """
+    if task.bucketed:
+        raise TaskError('train: expected arrays or a DataIter of one shape to compare (the '
+                        'imperative twin and the executor API take arrays), found a bucketed '
+                        'DataIter')
+
+
 def compare(cfg, log=print, task=None):
     """Trains the three runs, prints the table, writes JSON, plot and graph.
 
@@ -148,10 +159,7 @@ def compare(cfg, log=print, task=None):
     out_dir = cfg.out if cfg.out is not None else os.path.join('artifacts', 'compare')
     if task is None:
         task, cfg = load(cfg)
-    if task.bucketed:
-        raise TaskError('train: expected arrays or a DataIter of one shape to compare (the '
-                        'imperative twin and the executor API take arrays), found a bucketed '
-                        'DataIter')
+    check_comparable(task)
     pipe, note = build_pipeline(cfg, task)
     if note:
         log(note)
