@@ -223,3 +223,22 @@ def _node_main(argv=None):
 
 if __name__ == '__main__':
     _node_main()
+
+
+def test_the_control_plane_of_one_process_answers_as_a_job_of_one_node():
+    """``comm.control(None)``: rank 0 of 1, every call answered at once with
+    this process's own values, a wrong array shape refused as over nodes."""
+    from mp_symbolic.core import comm  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.nodes import NodeError  # pylint: disable=import-outside-toplevel
+    plane = comm.control(None)
+    assert isinstance(plane, comm.ControlPlane)
+    assert (plane.rank, plane.count) == (0, 1)
+    plane.barrier()
+    plane.agree({'--seed': 0})
+    assert plane.broadcast({'a': [1, 2]}, 0) == {'a': [1, 2]}
+    assert plane.gather('mine') == ['mine']
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(plane.broadcast_array(array, 0, (2, 3), np.float32), array)
+    with pytest.raises(NodeError, match=r'expected an array of shape \(3, 2\) to send, found '
+                                        r'\(2, 3\)'):
+        plane.broadcast_array(array, 0, (3, 2), np.float32)

@@ -445,11 +445,41 @@ class ControlPlane(abc.ABC):
         """
 
 
+class OneProcess(ControlPlane):
+    """The control plane of a job of one process: each call returns at once,
+    with this process's own values."""
+    rank, count = 0, 1
+
+    def barrier(self) -> None:
+        return None
+
+    def broadcast(self, value: Any, source: int) -> Any:
+        return value
+
+    def broadcast_array(self, value: Any, source: int, shape: Sequence[int],
+                        dtype: Any) -> Any:
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        array = np.require(value, dtype=dtype, requirements='C')
+        if array.shape != tuple(shape):
+            from .nodes import NodeError  # pylint: disable=import-outside-toplevel
+            raise NodeError('nodes: expected an array of shape %s to send, found %s'
+                            % (tuple(shape), array.shape))
+        return array
+
+    def gather(self, value: Any) -> List[Any]:
+        return [value]
+
+    def agree(self, facts: Dict[str, Any]) -> None:
+        return None
+
+
 def control(nodes: Any, what: str = 'commit a checkpoint',
             node_of_stage: Optional[Sequence[int]] = None) -> ControlPlane:
     """The control plane of ``nodes`` (this process's joined
     :class:`~mp_symbolic.core.nodes.Nodes`): the node processes over gloo,
     to do ``what`` together (``node_of_stage`` names each node's stages in
-    a failure's line)."""
+    a failure's line); :class:`OneProcess` where ``nodes`` is ``None``."""
+    if nodes is None:
+        return OneProcess()
     from .nodes import Group  # pylint: disable=import-outside-toplevel
     return Group(nodes, what, node_of_stage)

@@ -91,9 +91,8 @@ def build_pipeline(cfg, task):
         shown = ', '.join(str(tuple(s)) for s in task.sample_shapes)
         raise TaskError('train: expected examples the blocks can take, found examples of '
                         'shape %s: %s' % (shown, rest)) from None
-    if pipe.nodes is not None:  # the nodes agree on the plan; now on the run, before any step
-        control(pipe.nodes, 'compare their plans', pipe.plan.node_of_stage).agree(
-            cfg.node_facts())
+    # the nodes agree on the plan; now on the run, before any step
+    control(pipe.nodes, 'compare their plans', pipe.plan.node_of_stage).agree(cfg.node_facts())
     _check_labels(pipe, task, cfg.batch_size)
     return pipe, note
 
@@ -759,9 +758,9 @@ def train(cfg, log=print, built=None, task=None):
             log('resumed from %s after epoch %d' % (cfg.resume, start_epoch))
             if changes:
                 log("resume: plan changed from the checkpoint's: %s" % '; '.join(changes))
-        if pipe.nodes is not None:  # each node read its own --resume (or none)
-            control(pipe.nodes, 'compare their plans', pipe.plan.node_of_stage).agree(
-                {'--resume epoch': start_epoch})
+        # each node read its own --resume (or none)
+        control(pipe.nodes, 'compare their plans', pipe.plan.node_of_stage).agree(
+            {'--resume epoch': start_epoch})
         log('placement (as MXNet reports it):')
         for line in placement_table(stepper.placement()):
             log('  ' + line)

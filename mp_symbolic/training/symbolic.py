@@ -242,8 +242,7 @@ class ModuleStepper(_SymbolicStepper):
         self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg))
         self._local = local
         nodes = pipe.nodes
-        self._group = None if nodes is None else control(nodes, 'share the losses',
-                                                          self.plan.node_of_stage)
+        self._group = control(nodes, 'share the losses', self.plan.node_of_stage)
         self._holds_head = nodes is None or nodes.rank == self.plan.node_of_stage[-1]
 
     def _inputs(self):
@@ -307,8 +306,6 @@ class ModuleStepper(_SymbolicStepper):
 
     def _shared(self, value):
         """``value`` of the node holding the loss head, on every node."""
-        if self._group is None:
-            return value
         return self._group.broadcast(value, self.plan.node_of_stage[-1])
 
     def read_losses(self, losses):
@@ -320,7 +317,7 @@ class ModuleStepper(_SymbolicStepper):
         """Every node's ``arrays`` (name -> NDArray) as numpy: copied now, or
         with ``lazy`` each read when asked for (a :class:`HostArrays`); over
         nodes always a :class:`NodeArrays` (read from its node when asked for)."""
-        if self._group is None:
+        if self.pipe.nodes is None:
             return HostArrays(OrderedDict(arrays)) if lazy else \
                 OrderedDict((n, a.asnumpy()) for n, a in arrays.items())
         return NodeArrays(control(self.pipe.nodes, 'read the parameters', self.plan.node_of_stage),
