@@ -802,6 +802,8 @@ def test_mxnet_loads_scikit_learn_as_it_loads_itself():
 
 _COMMAND_THEN_SKLEARN = """
 import runpy, sys
+import mp_symbolic.tools.interrupts as interrupts  # the standard library's modules only
+interrupts.end_process = sys.exit  # the command ends, and this process goes on
 sys.argv = ['mp_symbolic'] + sys.argv[1:]
 try:
     runpy.run_module('mp_symbolic', run_name='__main__', alter_sys=True)
