@@ -305,3 +305,25 @@ def test_a_buckets_batch_of_fewer_sentences_runs_at_its_own_size(schedule):
     assert np.abs(mod.get_outputs()[0].asnumpy() - whole[:4]).max() <= 1e-6
     mod.forward_backward(half)
     mod.update()
+
+
+def test_a_peer_gone_before_the_bucket_key_is_sent_ends_in_one_line_naming_it(monkeypatch):
+    """gloo refuses to post a send to a peer whose connection closed (the
+    peer killed, its torchrun agent gone): that is a node failure in one
+    line naming the node, as a failed wait is, not a traceback."""
+    from mp_symbolic.core import nodes  # pylint: disable=import-outside-toplevel
+    dist = nodes.torch('distributed')
+
+    def closed(*args, **kwargs):
+        raise RuntimeError('[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection '
+                           'closed by peer [127.0.0.1]:57019. This is typically caused by a '
+                           'remote worker crashing.')
+
+    monkeypatch.setattr(dist, 'isend', closed)
+    me = nodes.Nodes(count=2, rank=0, timeout=5.0, address='127.0.0.1:1')
+    with pytest.raises(nodes.NodeFailure) as failure:
+        nodes.agree_key(me, 3, 11, node_of_stage=(0, 1))
+    line = str(failure.value)
+    assert len(line.splitlines()) == 1
+    assert line.startswith('nodes: node 1 (stage 1) '), line
+    assert 'agree on the bucket key of a batch' in line, line

@@ -528,17 +528,18 @@ def agree_key(nodes, step, key, node_of_stage=None):
     dist = torch('distributed')
     mine = t.tensor(_key_message(step, key), dtype=t.int64)
     others = [k for k in range(nodes.count) if k != nodes.rank]
-    works = [(k, dist.isend(mine, k, tag=KEY_TAG)) for k in others]
-    received = []
-    for k in others:
-        buffer = t.zeros(KEY_SLOTS, dtype=t.int64)
-        received.append((k, buffer, dist.irecv(buffer, k, tag=KEY_TAG)))
-    for k, buffer, work in received + [(k, None, w) for k, w in works]:
-        try:
+    works, received, k = [], [], None
+    try:  # gloo refuses to post to a peer whose connection closed, as it fails a wait
+        for k in others:
+            works.append((k, dist.isend(mine, k, tag=KEY_TAG)))
+        for k in others:
+            buffer = t.zeros(KEY_SLOTS, dtype=t.int64)
+            received.append((k, buffer, dist.irecv(buffer, k, tag=KEY_TAG)))
+        for k, _, work in received + [(k, None, w) for k, w in works]:
             work.wait()
-        except RuntimeError as err:
-            raise _collective(nodes, 'agree on the bucket key of a batch', err, k,
-                              node_of_stage) from None
+    except RuntimeError as err:
+        raise _collective(nodes, 'agree on the bucket key of a batch', err, k,
+                          node_of_stage) from None
     for k, buffer, _ in received:
         theirs = buffer.tolist()
         if theirs[:3 + int(theirs[2])] != mine.tolist()[:3 + int(mine[2])]:
