@@ -936,8 +936,19 @@ class TorchTransport(Transport):
             NodeFailure: that node died, hung up or did not answer within
                 the node timeout.
         """
+        self._post(work.wait, stage)
+
+    def _post(self, call, stage):
+        """``call()`` (a transfer with ``stage``'s node posted, or waited
+        for): gloo refuses to post to a peer whose connection closed, as it
+        fails a wait.
+
+        Raises:
+            NodeFailure: that node died, hung up or did not answer within
+                the node timeout.
+        """
         try:
-            work.wait()
+            return call()
         except RuntimeError as err:
             node = self.node_of_stage[stage]
             text = _first_line(err)
@@ -961,8 +972,9 @@ class TorchTransport(Transport):
             tensor = to_torch(value)
             self.stats['sent_bytes'] += tensor.numel() * tensor.element_size()
             self.stats['sent'] += 1
-            work = dist.isend(tensor, self.node_of_stage[peer],
-                              tag=self._tag(link, backward, microbatch))
+            work = self._post(lambda: dist.isend(tensor, self.node_of_stage[peer],
+                                                 tag=self._tag(link, backward, microbatch)),
+                              peer)
             self._sent.append((work, tensor, peer))
         return local
 
@@ -975,8 +987,9 @@ class TorchTransport(Transport):
                 local.append((link, dest))
                 continue
             buffer = _empty_like(dest)
-            work = dist.irecv(buffer, self.node_of_stage[peer],
-                              tag=self._tag(link, backward, microbatch))
+            work = self._post(lambda: dist.irecv(buffer, self.node_of_stage[peer],
+                                                 tag=self._tag(link, backward, microbatch)),
+                              peer)
             items.append((work, buffer, dest, link, microbatch))
         return local, items
 
@@ -1011,7 +1024,8 @@ class TorchTransport(Transport):
             for node in range(self.nodes.count):
                 if node == self.nodes.rank:
                     continue
-                work = dist.isend(tensor, node, tag=self._output_tag(k))
+                work = self._post(lambda: dist.isend(tensor, node, tag=self._output_tag(k)),
+                                  self.node_of_stage.index(node))
                 self.stats['outputs_bytes'] += tensor.numel() * tensor.element_size()
                 self.stats['outputs_sent'] += 1
                 self._sent.append((work, tensor, self.node_of_stage.index(node)))
@@ -1021,7 +1035,8 @@ class TorchTransport(Transport):
         items = []
         for k, dest in dests:
             buffer = _empty_like(dest)
-            work = dist.irecv(buffer, self.node_of_stage[stage], tag=self._output_tag(k))
+            work = self._post(lambda: dist.irecv(buffer, self.node_of_stage[stage],
+                                                 tag=self._output_tag(k)), stage)
             items.append((work, buffer, dest, Link(stage, None, k), None))
         return _Received(self, items, forward=True)
 
