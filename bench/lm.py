@@ -33,6 +33,8 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 
 import mxnet as mx
 import numpy as np
@@ -42,6 +44,7 @@ from mp_symbolic.tools.memory import format_bytes, measure_memory
 from mp_symbolic.training.tasks import gpt, lm
 
 from mp_symbolic.tools.text import columns
+from mp_symbolic.tools.trace import discard
 
 from .measure import throughput
 from .tensor_parallel import log_memory, plans_of, write_report
@@ -209,9 +212,11 @@ def top_ops(variants, num_steps=10, rounds=3, warmup=3):
         steps.run(warmup)
     mx.nd.waitall()
     totals = {name: {} for name in variants}
-    # the aggregate table only: MXNet dumps a trace when the process ends, sent nowhere
+    # the aggregate table only; the trace goes to a folder of its own (set_config
+    # unlinks the file it names) and is dropped at the end
+    folder = tempfile.mkdtemp(prefix='mp-bench-lm-')
     mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, aggregate_stats=True,
-                           filename=os.devnull, continuous_dump=False)
+                           filename=os.path.join(folder, 'trace.json'), continuous_dump=False)
     for _ in range(rounds):
         for name, steps in variants.items():
             mx.profiler.set_state('run')
@@ -222,6 +227,8 @@ def top_ops(variants, num_steps=10, rounds=3, warmup=3):
             for op, row in ops['Time']['operator'].items():
                 ms, count = totals[name].get(op, (0.0, 0))
                 totals[name][op] = (ms + row['Total'], count + row['Count'])
+    discard()
+    shutil.rmtree(folder, ignore_errors=True)
     result = {}
     for name, ops in totals.items():
         total, timed = sum(ms for ms, _ in ops.values()), rounds * num_steps
