@@ -44,7 +44,6 @@ from mp_symbolic.tools.memory import format_bytes, measure_memory
 from mp_symbolic.training.tasks import gpt, lm
 
 from mp_symbolic.tools.text import columns
-from mp_symbolic.tools.trace import discard
 
 from .measure import throughput
 from .tensor_parallel import log_memory, plans_of, write_report
@@ -212,8 +211,8 @@ def top_ops(variants, num_steps=10, rounds=3, warmup=3):
         steps.run(warmup)
     mx.nd.waitall()
     totals = {name: {} for name in variants}
-    # the aggregate table only; the trace goes to a folder of its own (set_config
-    # unlinks the file it names) and is dropped at the end
+    # the aggregate table only; the trace file is in a folder of its own (set_config
+    # unlinks the file it names), removed at the end
     folder = tempfile.mkdtemp(prefix='mp-bench-lm-')
     mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, aggregate_stats=True,
                            filename=os.path.join(folder, 'trace.json'), continuous_dump=False)
@@ -227,8 +226,7 @@ def top_ops(variants, num_steps=10, rounds=3, warmup=3):
             for op, row in ops['Time']['operator'].items():
                 ms, count = totals[name].get(op, (0.0, 0))
                 totals[name][op] = (ms + row['Total'], count + row['Count'])
-    discard()
-    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)  # and what MXNet writes at the end goes nowhere
     result = {}
     for name, ops in totals.items():
         total, timed = sum(ms for ms, _ in ops.values()), rounds * num_steps
