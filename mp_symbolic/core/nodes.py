@@ -409,9 +409,21 @@ class _signals_recorded:  # pylint: disable=invalid-name
             signal.signal(signum, handler)
 
 
+_LINE = threading.Lock()  # held by whoever prints the process's last error line
+
+
+def claim_line():
+    """Whether this caller prints the process's error line: False once
+    another (the parent watch) is printing its own and ending the process."""
+    return _LINE.acquire(blocking=False)
+
+
 def _exit_line(text, status):
     """Prints ``error: text`` and ends the process at once (a thread of
-    torch's may still hold the rendezvous)."""
+    torch's may still hold the rendezvous), unless another error line of
+    this process is being printed (:func:`claim_line`)."""
+    if not claim_line():
+        return
     try:
         sys.stdout.flush()
         os.write(2, ('error: %s\n' % text).encode('utf-8', 'backslashreplace'))

@@ -456,7 +456,7 @@ def main(argv=None):
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir
     from ..tools.store import check_store_folder
-    from ..core.nodes import NodeFailure
+    from ..core.nodes import NodeFailure, claim_line as node_line
     from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, load, train
     spec = None
     try:
@@ -496,6 +496,8 @@ def main(argv=None):
         print('error: %s' % _flag_message(err, spec), file=sys.stderr)
         return EXIT_USAGE
     except (OSError, TrainingDiverged, TrainingDidNotLearn, NodeFailure) as err:
+        if isinstance(err, NodeFailure) and not node_line():
+            return EXIT_FAILED  # the parent watch prints the node's line and ends it
         print('error: %s' % err, file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt as err:
