@@ -424,14 +424,8 @@ def memory_child(count, route='split', width=SPEED_WIDTH):
     the longest length, as padding every batch to it binds). Every child
     makes the same batches, the five keys' first, before its Module."""
     # pylint: disable=import-outside-toplevel
-    import tempfile
-    from mp_symbolic.tools.trace import dump, load_trace, storage_bytes
-    folder = tempfile.mkdtemp()
-    trace_path = os.path.join(folder, 'trace.json')
-    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
-                           profile_memory=True, aggregate_stats=False, filename=trace_path,
-                           continuous_dump=False)
-    mx.profiler.set_state('run')
+    from mp_symbolic.tools.memory import counted_storage, start_storage_profile
+    trace_path = start_storage_profile('mp-bench-buckets-')
     data = BucketIter(sentences(64), 40)
     first = {}
     for batch in data:
@@ -450,12 +444,7 @@ def memory_child(count, route='split', width=SPEED_WIDTH):
     for batch in chosen:
         mod.forward_backward(batch)
         mod.update()
-    mx.nd.waitall()
-    mx.profiler.set_state('stop')
-    dump(trace_path)
-    storage = storage_bytes(load_trace(trace_path))
-    os.remove(trace_path)
-    os.rmdir(folder)
+    storage = counted_storage(trace_path)
     print(json.dumps({'keys': [int(b.bucket_key) for b in chosen], 'storage': storage}))
 
 

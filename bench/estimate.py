@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import traceback
 
 import numpy as np
@@ -148,13 +147,8 @@ def _measure_here(cell):
     the storage totals, less the batch's arrays and the Gluon blocks' own
     (:func:`_blocks_free`)."""
     # pylint: disable=import-outside-toplevel
-    import mxnet as mx
-    from mp_symbolic.tools.memory import device_memory, profiled_step
-    path = os.path.join(tempfile.mkdtemp(prefix='mp-estimate-'), 'memory.json')
-    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
-                           profile_memory=True, aggregate_stats=False, filename=path,
-                           continuous_dump=False)
-    mx.profiler.set_state('run')
+    from mp_symbolic.tools.memory import device_memory, profiled_step, start_storage_profile
+    path = start_storage_profile('mp-estimate-')
     pipe, loss, output, data_shapes, label_shapes = build(cell)
     mod = pipe.module(loss=loss, output=output, label_name=label_shapes[0][0])
     mod.bind(data_shapes=data_shapes, label_shapes=label_shapes)

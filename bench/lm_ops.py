@@ -55,15 +55,23 @@ STEPS = 10
 EPSILON = 1e-5
 
 
-def _gamma_apart(F, x, gamma, beta, C):
-    """``gpt.LayerNorm`` with ``gamma`` spread by a product of its own."""
+def _centred(F, x, gamma, C):
+    """``(centred rows, each row's variance, the column that spreads a row's
+    value over its C entries)`` as ``gpt.LayerNorm`` computes them: means
+    and spreads as products with constant weights."""
     rows = F.reshape(x, shape=(-1, C))
     ones = F.BlockGrad(F.ones_like(gamma))
     mean_of = F.reshape(ones, shape=(1, C)) * (1.0 / C)
     spread = F.reshape(ones, shape=(C, 1))
     centred = rows - F.FullyConnected(F.FullyConnected(rows, mean_of, no_bias=True, num_hidden=1),
                                       spread, no_bias=True, num_hidden=C)
-    variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1)
+    return centred, F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1), \
+        spread
+
+
+def _gamma_apart(F, x, gamma, beta, C):
+    """``gpt.LayerNorm`` with ``gamma`` spread by a product of its own."""
+    centred, variance, spread = _centred(F, x, gamma, C)
     scale = F.FullyConnected(F.reciprocal(F.sqrt(variance + EPSILON)), spread,
                              no_bias=True, num_hidden=C)
     each = F.BlockGrad(F.ones_like(variance))
@@ -76,13 +84,7 @@ def _gamma_apart(F, x, gamma, beta, C):
 def _rsqrt(F, x, gamma, beta, C):
     """``gpt.LayerNorm`` with each position's reciprocal deviation by one
     ``rsqrt`` where ``reciprocal`` and ``sqrt`` take two."""
-    rows = F.reshape(x, shape=(-1, C))
-    ones = F.BlockGrad(F.ones_like(gamma))
-    mean_of = F.reshape(ones, shape=(1, C)) * (1.0 / C)
-    spread = F.reshape(ones, shape=(C, 1))
-    centred = rows - F.FullyConnected(F.FullyConnected(rows, mean_of, no_bias=True, num_hidden=1),
-                                      spread, no_bias=True, num_hidden=C)
-    variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1)
+    centred, variance, _ = _centred(F, x, gamma, C)
     scale = F.FullyConnected(F.rsqrt(variance + EPSILON), F.reshape(gamma, shape=(C, 1)),
                              no_bias=True, num_hidden=C)
     each = F.BlockGrad(F.ones_like(variance))

@@ -83,16 +83,10 @@ def serve(args):
     the table), ``time S`` (S steps' seconds and the transport's counts),
     ``quit``."""
     # pylint: disable=import-outside-toplevel
-    import mxnet as mx
     from mp_symbolic.core import timing
-    from mp_symbolic.tools.memory import device_memory
-    from mp_symbolic.tools.trace import dump as dump_trace, load_trace, storage_bytes
+    from mp_symbolic.tools.memory import counted_storage, device_memory, start_storage_profile
     nodes = 2 if args.serve == 'node' else None
-    trace = os.path.join(tempfile.mkdtemp(prefix='mp-bench-nodes-'), 'memory.json')
-    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
-                           profile_memory=True, aggregate_stats=False, filename=trace,
-                           continuous_dump=False)
-    mx.profiler.set_state('run')
+    trace = start_storage_profile('mp-bench-nodes-')
     mod, batch = _build(args, nodes)
     transports = [r.transport for r in mod._runtimes]  # pylint: disable=protected-access
 
@@ -105,10 +99,7 @@ def serve(args):
         command = line.split()
         if command[0] == 'memory':
             step(1)
-            mx.nd.waitall()
-            mx.profiler.set_state('stop')
-            dump_trace(trace)
-            table = device_memory(mod, storage_bytes(load_trace(trace)))
+            table = device_memory(mod, counted_storage(trace))
             answer = {'memory': table}
         elif command[0] == 'time':
             before = [dict(getattr(t, 'stats', {})) for t in transports]

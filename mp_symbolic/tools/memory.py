@@ -437,12 +437,7 @@ def memory_table(module, storage=None):
 
 def _run_child(spec):
     """In a fresh process: profile storage, bind, one step, report (``__main__``)."""
-    trace_path = os.path.join(tempfile.mkdtemp(prefix='mp-memory-'), 'memory.json')
-    # Before the first allocation, so the counters see every array.
-    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
-                           profile_memory=True, aggregate_stats=False, filename=trace_path,
-                           continuous_dump=False)
-    mx.profiler.set_state('run')
+    trace_path = start_storage_profile()  # before the first allocation: every array counted
     symbol = mx.sym.load_json(spec['symbol'])
     data_shapes = [(n, tuple(s)) for n, s in spec['data_shapes']]
     label_shapes = [(n, tuple(s)) for n, s in spec['label_shapes']]
@@ -489,6 +484,31 @@ class _HeldUpdater:  # pylint: disable=too-few-public-methods
         return getattr(self.updater, name)
 
 
+def start_storage_profile(prefix='mp-memory-'):
+    """MXNet's storage profiler started on a trace file of a new temporary
+    folder of its own (``set_config`` unlinks the file it names), before
+    the first allocation to count: that file's path."""
+    path = os.path.join(tempfile.mkdtemp(prefix=prefix), 'memory.json')
+    mx.profiler.set_config(profile_symbolic=False, profile_imperative=False, profile_api=False,
+                           profile_memory=True, aggregate_stats=False, filename=path,
+                           continuous_dump=False)
+    mx.profiler.set_state('run')
+    return path
+
+
+def counted_storage(path):
+    """The storage per device the profiler that :func:`start_storage_profile`
+    started on ``path`` counted, once every op has run; the profiler is
+    stopped and the trace file and its folder removed."""
+    mx.nd.waitall()
+    mx.profiler.set_state('stop')
+    dump(path)
+    storage = storage_bytes(load_trace(path))
+    os.remove(path)
+    os.rmdir(os.path.dirname(path))
+    return storage
+
+
 def profiled_step(module, data_shapes, label_shapes, trace_path):
     """One training step of the bound ``module`` (ones in, zeros as labels)
     under the storage profiler started on ``trace_path``: the storage per
@@ -498,13 +518,7 @@ def profiled_step(module, data_shapes, label_shapes, trace_path):
                             [mx.nd.zeros(s) for _, s in label_shapes])
     module.forward_backward(batch)
     module.update()
-    mx.nd.waitall()
-    mx.profiler.set_state('stop')
-    dump(trace_path)
-    storage = storage_bytes(load_trace(trace_path))
-    os.remove(trace_path)
-    os.rmdir(os.path.dirname(trace_path))
-    return _batch_free(storage, batch)
+    return _batch_free(counted_storage(trace_path), batch)
 
 
 def _batch_free(storage, batch):
