@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(MXNET)
 # torch, the node processes' transport (pyproject.toml's `nodes` extra pins the same
 # release): installed apart, in $(VENV)/torch-site, because GluonCV 0.10 refuses to
-# import wherever torch 2 is importable (dmlc/gluon-cv#1768); mp_symbolic/core/nodes.py
+# import wherever torch 2 is importable (dmlc/gluon-cv#1768); mp_symbolic/core/transport/nodes.py
 # looks there.
 TORCH := torch==2.13.0
 TORCH_STAMP := $(VENV)/torch-site/.installed-$(TORCH)

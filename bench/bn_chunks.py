@@ -21,7 +21,7 @@ engine operation), in a child process per variant; the time per step of each
 op type with chunks 1 and 4.
 ``--sweep`` binds the digits graph at every balance over 2 and 3 devices with
 1, 2 and 4 chunks, with MXNet's memory planner as it is and with
-:mod:`mp_symbolic.core.compat`'s workaround, and counts the cuts that fail or
+:mod:`mp_symbolic.core.base.compat`'s workaround, and counts the cuts that fail or
 whose gradients differ from the same graph on one device.
 """
 import argparse
@@ -99,8 +99,8 @@ def step_times(batch_size, one_device, rounds, num_steps=40):
     import mxnet as mx
     import numpy as np
     from mp_symbolic import Pipeline
-    from mp_symbolic.core import timing
-    from mp_symbolic.core.compat import split_bind
+    from mp_symbolic.core.base import timing
+    from mp_symbolic.core.base.compat import split_bind
     from mp_symbolic.training.tasks import digits
     exes = {}
     for chunks in (1, 4):
@@ -149,11 +149,11 @@ def _steps_only(rounds):
 
 def without_segment_boundaries(symbol):
     """``symbol`` with every micro-batch boundary copy
-    (:func:`mp_symbolic.core.compat.segment_boundaries`) bypassed, and how
+    (:func:`mp_symbolic.core.base.compat.segment_boundaries`) bypassed, and how
     many there were."""
     # pylint: disable=import-outside-toplevel
     import mxnet as mx
-    from mp_symbolic.core.compat import SEGMENT_BOUNDARY_OP
+    from mp_symbolic.core.base.compat import SEGMENT_BOUNDARY_OP
     graph = json.loads(symbol.tojson())
     alias = {i: n['inputs'][0] for i, n in enumerate(graph['nodes'])
              if n['op'] == SEGMENT_BOUNDARY_OP}
@@ -176,7 +176,7 @@ def profile_step(chunks, devices, path, batch_size=64, boundaries=True):
     import mxnet as mx
     import numpy as np
     from mp_symbolic import Pipeline
-    from mp_symbolic.core.compat import split_bind
+    from mp_symbolic.core.base.compat import split_bind
     from mp_symbolic.training.tasks import digits
     pipe = Pipeline(digits.build_blocks(), devices, chunks=chunks)
     group2ctx = pipe.plan.group2ctx
@@ -330,9 +330,9 @@ def sweep(log=print):
     import mxnet as mx
     import numpy as np
     from mp_symbolic import Pipeline
-    from mp_symbolic.core import compat
-    from mp_symbolic.core.compat import split_bind
-    from mp_symbolic.core.scoped import environ
+    from mp_symbolic.core.base import compat
+    from mp_symbolic.core.base.compat import split_bind
+    from mp_symbolic.core.base.scoped import environ
     from mp_symbolic.training.tasks import digits
     num_blocks = len(digits.build_blocks())
     rows = []
@@ -399,7 +399,7 @@ def main(argv=None):
     if args.ops:
         return _ops(args.rounds)
     if args.sweep:
-        from mp_symbolic.core.compat import onednn_active  # pylint: disable=import-outside-toplevel
+        from mp_symbolic.core.base.compat import onednn_active  # pylint: disable=import-outside-toplevel
         rows = sweep(log=lambda line: None)
         print('digits, every balance, two steps of batch 64, oneDNN %s:'
               % ('on' if onednn_active() else 'off'))

@@ -14,7 +14,7 @@ vocabulary at every step. Every configuration starts from the same
 values, drawn once, and trains with SGD over the same batches in the
 same order; the reference is ``mx.mod.BucketingModule`` on ``cpu(0)``
 whose ``sym_gen`` gives the Module's graph without micro-batches
-(:attr:`~mp_symbolic.core.module.PipelineModule.export_symbol`).
+(:attr:`~mp_symbolic.core.engine.module.PipelineModule.export_symbol`).
 
 Printed: one row per configuration, the largest ``|difference|`` of any
 parameter from the reference's, the largest change of a parameter from
@@ -43,7 +43,7 @@ import mxnet as mx
 import numpy as np
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.timing import repeat
+from mp_symbolic.core.base.timing import repeat
 from mp_symbolic.tools.text import columns
 
 VOCAB, EMBED, HIDDEN = 32, 16, 16
@@ -248,7 +248,7 @@ def worker_main(argv=None):
     ends it as the command line ends it: one line on stderr, exit status 2
     (1 for a failure)."""
     # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.nodes import NodeError, NodeFailure
+    from mp_symbolic.core.transport.nodes import NodeError, NodeFailure
     from mp_symbolic.tools.interrupts import end_process
     parser = argparse.ArgumentParser()
     parser.add_argument('--out', required=True)
@@ -356,7 +356,7 @@ def speed(batches, repeats=3, name='1f1b chunks 2', width=SPEED_WIDTH):
     the longest, side by side (the model at ``width``, each a Module of
     its own, every pass from the same values, SGD at :data:`SPEED_RATE`,
     a pass over the batches of each in turn, after one untimed
-    pass of each: :func:`mp_symbolic.core.timing.repeat`).
+    pass of each: :func:`mp_symbolic.core.base.timing.repeat`).
 
     Returns:
         ``({'buckets' | 'padded': [seconds of each pass]}, tokens of the

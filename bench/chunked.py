@@ -13,10 +13,10 @@ from mxnet.gluon import nn
 import numpy as np
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.compat import split_bind
-from mp_symbolic.core.graphcut import load
-from mp_symbolic.core.names import CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR, LABEL_NAME, stage_name
-from mp_symbolic.core.scoped import environ
+from mp_symbolic.core.base.compat import split_bind
+from mp_symbolic.core.graph.graphcut import load
+from mp_symbolic.core.graph.names import CHUNK_JOIN, CHUNK_SPLIT, DATA_NAME, GROUP_ATTR, LABEL_NAME, stage_name
+from mp_symbolic.core.base.scoped import environ
 
 __all__ = ['LR', 'stage_devices', 'build_chunked_symbol', 'bind', 'StepLoop']
 
@@ -132,7 +132,7 @@ def bind(symbol, batch_size, num_hiddens, group2ctx=None, env=None, seed=0):
     around ``simple_bind``, where MXNet reads them (and
     ``MXNET_BACKWARD_DO_MIRROR``): without bulking each op is its own entry
     in the profiler trace, so the chunk of each op can be inferred. A split
-    graph is bound as the library binds one (:func:`mp_symbolic.core.compat.split_bind`).
+    graph is bound as the library binds one (:func:`mp_symbolic.core.base.compat.split_bind`).
     Parameters are drawn from ``seed``: every variant starts alike.
     """
     # No gradient for the inputs, as Module binds them (inputs_need_grad=False).

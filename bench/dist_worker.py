@@ -19,7 +19,7 @@ import time
 
 import mxnet as mx
 
-from mp_symbolic.core import timing
+from mp_symbolic.core.base import timing
 from mp_symbolic.core.pipeline import Pipeline
 from mp_symbolic.training.tasks.regression import build_blocks, make_dataset
 

@@ -253,8 +253,8 @@ def as_profiled(estimated):
     profiler counts it in on a CPU-only machine (``cpu(<cores>)``: the
     measured table's device names come from the profiler's rows)."""
     # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.estimate import PINNED
-    from mp_symbolic.core.compat import profiler_cpu_limit
+    from mp_symbolic.core.planning.estimate import PINNED
+    from mp_symbolic.core.base.compat import profiler_cpu_limit
     if PINNED not in estimated:
         return estimated
     out = {d: dict(row) for d, row in estimated.items() if d != PINNED}

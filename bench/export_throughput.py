@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from export.errors import one_line
-from mp_symbolic.core import timing
+from mp_symbolic.core.base import timing
 from export.runtimes import MXNetPredictor, OnnxPredictor
 
 

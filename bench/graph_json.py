@@ -14,7 +14,7 @@ from mxnet.gluon import nn
 import numpy as np
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core import ir
+from mp_symbolic.core.graph import ir
 
 __all__ = ['counting', 'build_counts']
 

@@ -13,8 +13,9 @@ from mxnet.gluon.model_zoo import vision
 import numpy as np
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core import graphcut, timing
-from mp_symbolic.core.balance import solve
+from mp_symbolic.core.graph import graphcut
+from mp_symbolic.core.base import timing
+from mp_symbolic.core.placement.balance import solve
 
 CASES = (('resnet18_v1', 4), ('resnet18_v1', 2), ('mobilenetv2_1.0', 4), ('resnet152_v1', 4))
 SAMPLE = (1, 3, 32, 32)

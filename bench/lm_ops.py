@@ -232,7 +232,7 @@ class _Update:
 
     def __init__(self, how, shapes, rng_seed):
         # pylint: disable=import-outside-toplevel
-        from mp_symbolic.core.updater import PerDeviceUpdater
+        from mp_symbolic.core.optim.updater import PerDeviceUpdater
         rng = np.random.RandomState(rng_seed)
         self.weights = [mx.nd.array(rng.normal(0, 0.02, s)) for s in shapes]
         self.grads = [mx.nd.array(rng.normal(0, 1.0, s)) for s in shapes]

@@ -2,7 +2,7 @@
 
 MXNet runs operators asynchronously: without ``waitall()`` a clock read
 measures how fast Python queued work, not how fast it ran. Every reading is
-the library's one clock (:mod:`mp_symbolic.core.timing`).
+the library's one clock (:mod:`mp_symbolic.core.base.timing`).
 """
 import os
 import platform
@@ -10,7 +10,7 @@ import statistics
 
 import mxnet as mx
 
-from mp_symbolic.core import timing
+from mp_symbolic.core.base import timing
 from mp_symbolic.training.tasks.regression import full_mse
 
 __all__ = ['throughput', 'time_to_accuracy', 'machine_info']

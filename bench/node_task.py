@@ -12,7 +12,7 @@ here:
   on axis 1): wrapped to take its tokens and states batch first (the
   command line's data are examples first) and to return its decoder's
   output, ``(N, T, V)``;
-- BERT: sharded by :func:`mp_symbolic.core.autotp.apply` (``'auto'``) over
+- BERT: sharded by :func:`mp_symbolic.core.parallel.autotp.apply` (``'auto'``) over
   ``shards`` devices, as ``Pipeline(..., tensor_parallel='auto')`` shards it
   (the command line takes tensor-parallel layers in the network, given by
   ``cpu:0+cpu:1`` devices).
@@ -76,7 +76,7 @@ def task(network='resnet18_v1b', shards=2):
         if spec['output'] is not None:
             loss = _head(loss, spec['output'])
     if network == 'bert':
-        from mp_symbolic.core import autotp  # pylint: disable=import-outside-toplevel
+        from mp_symbolic.core.parallel import autotp  # pylint: disable=import-outside-toplevel
         net = autotp.apply([net], 'auto', '+'.join('cpu:%d' % k for k in range(shards)),
                            ('data0', 'data1', 'data2'))[0][0]
     steps = node_networks.STEPS

@@ -83,7 +83,7 @@ def serve(args):
     the table), ``time S`` (S steps' seconds and the transport's counts),
     ``quit``."""
     # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core import timing
+    from mp_symbolic.core.base import timing
     from mp_symbolic.tools.memory import counted_storage, device_memory, start_storage_profile
     nodes = 2 if args.serve == 'node' else None
     trace = start_storage_profile('mp-bench-nodes-')

@@ -187,7 +187,7 @@ def _serve_project(args, role):
     # pylint: disable=import-outside-toplevel
     import mxnet as mx
     import numpy as np
-    from mp_symbolic.core import timing
+    from mp_symbolic.core.base import timing
     nodes = 2 if role == 'project-node' else None
     mod, batch, label = _project(args, nodes, args.chunks if nodes else 1)
 
@@ -233,7 +233,7 @@ def _serve_project(args, role):
 # --- PyTorch's processes --------------------------------------------------------------------
 
 def _torch():
-    from mp_symbolic.core.nodes import torch  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.transport.nodes import torch  # pylint: disable=import-outside-toplevel
     module = torch()
     module.set_num_threads(1)
     try:
@@ -274,7 +274,7 @@ def _serve_torch(args):
     import numpy as np
     torch = _torch()
     from torch.nn import functional as F
-    from mp_symbolic.core.scoped import discarded_stderr
+    from mp_symbolic.core.base.scoped import discarded_stderr
     data, label = (torch.from_numpy(a) for a in _batch(args, args.batch))
     models = {}
     V = LM['vocab_size']

@@ -47,8 +47,8 @@ from mp_symbolic.tools.text import columns
 from mp_symbolic.tools.trace import dump as dump_trace
 from mp_symbolic.tools.trace import (TraceError, clip, gpipe_bubble, load_trace, op_intervals,
                                step_stats, step_windows)
-from mp_symbolic.core.compat import profiler_cpu_limit, unprofilable
-from mp_symbolic.core.scoped import environ
+from mp_symbolic.core.base.compat import profiler_cpu_limit, unprofilable
+from mp_symbolic.core.base.scoped import environ
 
 from .chunked import LR, StepLoop, bind, build_chunked_symbol, stage_devices
 from .measure import machine_info, throughput

@@ -4,7 +4,7 @@ it scored, measured.
 
 For each bundled task (``regression``, ``digits``, ``lm``) on ``cpu:0,cpu:1``
 under a budget per device, the planner ranks its candidates
-(:class:`mp_symbolic.core.planner.Planner`, the task's loss and
+(:class:`mp_symbolic.core.planning.planner.Planner`, the task's loss and
 optimizer). Then every candidate it scored is trained: its Module bound,
 initialised and stepped (``forward_backward`` and ``update``), the plans
 in alternating rounds (one plan's steps, then the next's, round after
@@ -38,7 +38,7 @@ DEVICES = 'cpu:0,cpu:1'
 
 
 def _planner(task):
-    from mp_symbolic.core.planner import Planner  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planning.planner import Planner  # pylint: disable=import-outside-toplevel
     from bench.estimate import MOMENTUM  # pylint: disable=import-outside-toplevel
     batch = task.batch_size
     return Planner(loss=task.graph_loss, label_name=task.label,
@@ -86,7 +86,7 @@ def _module(task, candidate):
 
 def measure(task, candidates, rounds, steps):
     """``[[fastest step's seconds of each round]]`` per candidate, in rounds."""
-    from mp_symbolic.core.timing import seconds  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base.timing import seconds  # pylint: disable=import-outside-toplevel
     built = [_module(task, c) for c in candidates]
     times = [[] for _ in candidates]
 
@@ -119,7 +119,7 @@ def kendall(x, y):
 def run(tasks, rounds, steps, log=print):
     """Plans, measures and reports each task; returns the rows."""
     from bench import estimate as memory  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.sizes import format_size, parse_size
+    from mp_symbolic.core.planning.sizes import format_size, parse_size
     out = []
     for name, (budget, task_rounds, task_steps) in tasks.items():
         task, ranking, took = plan(name, budget)
@@ -146,7 +146,7 @@ def run(tasks, rounds, steps, log=print):
 def report(tasks, log=print, format_size=None):
     """Each task's table and its figures."""
     if format_size is None:
-        from mp_symbolic.core.sizes import format_size  # pylint: disable=import-outside-toplevel
+        from mp_symbolic.core.planning.sizes import format_size  # pylint: disable=import-outside-toplevel
     for entry in tasks:
         rows, budget = entry['rows'], entry['budget']
         log('%s on %s, budget %s per device: %d plans scored in %.0f s (capacity of the devices '

@@ -5,7 +5,7 @@ For each configuration (the language model at 2 and 3 stages, the digits
 CNN at 3 stages), each round builds both Modules in turn (``Pipeline``,
 ``module``, ``bind``, ``init_params``, ``init_optimizer``: the build time)
 and then times their training steps (``forward_backward`` and ``update``)
-round-robin, one step of each in turn (:func:`mp_symbolic.core.timing.repeat`),
+round-robin, one step of each in turn (:func:`mp_symbolic.core.base.timing.repeat`),
 so a change in the machine's load touches both alike. The one graph is
 ``pipe.module()`` under ``schedule='gpipe'``; the stage runtime is the same
 Pipeline's ``StagedModule`` (the schedule's actions, fill and drain).
@@ -21,8 +21,8 @@ import mxnet as mx
 import numpy as np
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.staged_module import StagedModule
-from mp_symbolic.core.timing import repeat
+from mp_symbolic.core.engine.staged_module import StagedModule
+from mp_symbolic.core.base.timing import repeat
 from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import digits, gpt
 

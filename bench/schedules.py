@@ -27,7 +27,7 @@ import time
 import mxnet as mx
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.staged_module import StagedModule
+from mp_symbolic.core.engine.staged_module import StagedModule
 from mp_symbolic.core.schedule import bubble, check_spec, make, one_graph
 from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.tools.trace import dump as dump_trace

@@ -13,7 +13,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from mp_symbolic.core.names import stage_name  # noqa: E402
+from mp_symbolic.core.graph.names import stage_name  # noqa: E402
 from mp_symbolic.tools.trace import clip, label_chunks, op_intervals, step_windows  # noqa: E402
 
 __all__ = ['plot_timeline', 'median_step']

@@ -18,7 +18,7 @@ For each R of ``--replicas``:
   steps of both runs from the same initial values and batches: how many
   arrays are equal bit for bit, and the largest difference;
 * **step time**: ``--rounds`` rounds, each timing one step of the unsharded
-  run and one of the sharded run (:func:`mp_symbolic.core.timing.repeat`:
+  run and one of the sharded run (:func:`mp_symbolic.core.base.timing.repeat`:
   round-robin, each reading after ``mx.nd.waitall()``), the order of the
   two alternated between rounds; the medians and their ratio (sharded over
   unsharded: below 1 is faster).
@@ -48,7 +48,7 @@ import numpy as np
 from mxnet import gluon
 
 from mp_symbolic import Pipeline, estimate_memory
-from mp_symbolic.core import timing
+from mp_symbolic.core.base import timing
 from mp_symbolic.tools.cliargs import OneLineArgumentParser
 from mp_symbolic.tools.memory import format_bytes, memory_table
 from mp_symbolic.tools.text import columns

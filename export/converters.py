@@ -53,8 +53,8 @@ import onnx
 import onnx.checker
 from onnx.helper import make_node
 
-from mp_symbolic.core.ir import Node, PlacedGraph
-from mp_symbolic.core.names import DATA_NAME, GROUP_ATTR
+from mp_symbolic.core.graph.ir import Node, PlacedGraph
+from mp_symbolic.core.graph.names import DATA_NAME, GROUP_ATTR
 
 from .errors import ExportError
 from .inference import batch_axes
@@ -219,7 +219,7 @@ def block_of(node_name, op=None):
 
 def refusal(op, node, reason):
     """The one-line error for an op that cannot be exported (``node``: a
-    typed node, :class:`~mp_symbolic.core.ir.Node`, or the JSON node MXNet's
+    typed node, :class:`~mp_symbolic.core.graph.ir.Node`, or the JSON node MXNet's
     converter hands a translation)."""
     if isinstance(node, Node):
         group, name = node.group, node.name

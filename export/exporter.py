@@ -28,9 +28,9 @@ import os
 
 import numpy as np
 
-from mp_symbolic.core.checks import excerpt as cut
-from mp_symbolic.core.module import with_input_shape
-from mp_symbolic.core.names import DATA_NAME, DTYPE_ATTR
+from mp_symbolic.core.base.checks import excerpt as cut
+from mp_symbolic.core.engine.module import with_input_shape
+from mp_symbolic.core.graph.names import DATA_NAME, DTYPE_ATTR
 from mp_symbolic.tools.checkpoint import load_checkpoint, read_checkpoint, save_params, save_symbol
 from mp_symbolic.tools.store import Store, check_store_folder
 from mp_symbolic.tools.files import sha256_file, shown_path
@@ -201,7 +201,7 @@ def _taken_dtypes(symbol, arg_params, given):
         ExportError: the graph takes none of these.
     """
     from mxnet.base import MXNetError  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.compat import error_line  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base.compat import error_line  # pylint: disable=import-outside-toplevel
     known = {k: v.dtype for k, v in arg_params.items() if k in symbol.list_arguments()}
     attrs = symbol.attr_dict()
     own = input_dtypes(symbol)  # recorded, else float32

@@ -21,11 +21,11 @@ import mxnet as mx
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 import numpy as np
 
-from mp_symbolic.core.checks import excerpt
-from mp_symbolic.core.compat import error_line
-from mp_symbolic.core.heads import INFERENCE_FORMS, inference_form
-from mp_symbolic.core.ir import PlacedGraph
-from mp_symbolic.core.names import (DATA_NAME, DTYPE_ATTR, DYNAMIC_ATTR,
+from mp_symbolic.core.base.checks import excerpt
+from mp_symbolic.core.base.compat import error_line
+from mp_symbolic.core.graph.heads import INFERENCE_FORMS, inference_form
+from mp_symbolic.core.graph.ir import PlacedGraph
+from mp_symbolic.core.graph.names import (DATA_NAME, DTYPE_ATTR, DYNAMIC_ATTR,
                                     LAYOUT_ATTR, SHAPE_ATTR, other_output_index, parse_group,
                                     stage_name)
 
@@ -462,7 +462,7 @@ def with_dynamic_axes(symbol, spec):
 
 def bindable(symbol):
     """``symbol`` without the attributes the export records for itself
-    (:data:`~mp_symbolic.core.names.DYNAMIC_ATTR`), which MXNet reads none
+    (:data:`~mp_symbolic.core.graph.names.DYNAMIC_ATTR`), which MXNet reads none
     of: the graph to bind; ``symbol`` itself where it has none."""
     graph = PlacedGraph.from_symbol(symbol)
     if not any(DYNAMIC_ATTR in n.attrs for n in graph.nodes):

@@ -12,7 +12,7 @@ Binding a split graph by hand (``sym.simple_bind(group2ctx=...)``) trips over
 MXNet 1.9.1's oneDNN subgraph backend, which fuses convolution, BatchNorm and
 activation across the stage boundary ("The size of NDArray doesn't match the
 requested MKLDNN memory desc" on the digits CNN); the predictor binds inside
-:func:`mp_symbolic.core.devices.split_bind`, which turns that backend off for
+:func:`mp_symbolic.core.placement.devices.split_bind`, which turns that backend off for
 split binds only.
 """
 import glob

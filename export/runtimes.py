@@ -3,7 +3,7 @@
 * :class:`MXNetPredictor` binds the ``-symbol.json`` / ``.params`` pair with
   ``simple_bind(group2ctx=...)``: MXNet places every op and every argument
   array by the ``ctx_group`` attribute kept in the file, on devices chosen at
-  load time through :func:`mp_symbolic.core.devices.make_plan`.
+  load time through :func:`mp_symbolic.core.placement.devices.make_plan`.
 * :class:`OnnxPredictor` runs the ``.onnx`` file in onnxruntime.
 
 Both run every input and every output of the graph (:meth:`run`: one array
@@ -30,9 +30,9 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from mp_symbolic.core.checks import DeviceSpecError
-from mp_symbolic.core.ir import PlacedGraph
-from mp_symbolic.core.names import GROUP_KEY
+from mp_symbolic.core.base.checks import DeviceSpecError
+from mp_symbolic.core.graph.ir import PlacedGraph
+from mp_symbolic.core.graph.names import GROUP_KEY
 from mp_symbolic.tools.files import what_is
 from mp_symbolic.tools.store import check_committed_file
 
@@ -280,7 +280,7 @@ class MXNetPredictor:
     def __init__(self, symbol, arg_params, aux_params=None, devices=None, shape=None,
                  dynamic_axes=None, dtypes=None):
         # pylint: disable=import-outside-toplevel  (MXNet's path only; see the module docstring)
-        from mp_symbolic.core.devices import make_plan
+        from mp_symbolic.core.placement.devices import make_plan
         from .inference import dynamic_axes as recorded_dynamic_axes
         from .inference import (batch_axes, inference_graph, input_dtypes, input_names,
                                 sample_shapes, stage_layout)
@@ -370,7 +370,7 @@ class MXNetPredictor:
         default the model's; ``{input name: shape}`` for several inputs; the
         last executor is reused)."""
         # pylint: disable=import-outside-toplevel
-        from mp_symbolic.core.compat import split_bind
+        from mp_symbolic.core.base.compat import split_bind
         from .inference import bindable
         shapes = dict(self.sample_shapes)
         if isinstance(sample_shape, dict):

@@ -270,7 +270,7 @@ def split_suppression(symbol):
             run, or an output that reads one only in part.
     """
     import mxnet as mx
-    from mp_symbolic.core.ir import PlacedGraph
+    from mp_symbolic.core.graph.ir import PlacedGraph
     from .converters import refusal
 
     graph = PlacedGraph.from_symbol(symbol)

@@ -89,12 +89,12 @@ import onnxruntime as ort
 import mxnet as mx
 
 from mp_symbolic.tools.checkpoint import input_names as checkpoint_inputs
-from mp_symbolic.core.checks import excerpt
-from mp_symbolic.core.compat import write_into
-from mp_symbolic.core.devices import format_device
-from mp_symbolic.core.ir import PlacedGraph
-from mp_symbolic.core.names import GROUP_KEY
-from mp_symbolic.core.scoped import captured_stderr
+from mp_symbolic.core.base.checks import excerpt
+from mp_symbolic.core.base.compat import write_into
+from mp_symbolic.core.placement.devices import format_device
+from mp_symbolic.core.graph.ir import PlacedGraph
+from mp_symbolic.core.graph.names import GROUP_KEY
+from mp_symbolic.core.base.scoped import captured_stderr
 
 from . import MEMORY_BUDGET, PERTURBATIONS, SENSITIVITY_FACTOR, SENSITIVITY_LIMIT, TOLERANCE
 from .errors import ExportError

@@ -36,20 +36,20 @@ os.environ.setdefault('MXNET_SUBGRAPH_VERBOSE', '0')
 
 # Each public name and the module it lives in, imported on first use.
 _HOMES = {
-    'Action': 'core.schedule', 'BalanceError': 'core.balance',
-    'CheckpointError': 'tools.checkpoint', 'ColumnParallelDense': 'core.tensor_parallel',
-    'DevicePlan': 'core.devices', 'DeviceSpecError': 'core.devices',
-    'OptimizerStateError': 'core.optstate', 'PerDeviceUpdater': 'core.updater',
-    'PerShard': 'core.tensor_parallel', 'Pipeline': 'core.pipeline',
-    'PipelineModule': 'core.module', 'Report': 'core.task',
-    'RowParallelDense': 'core.tensor_parallel', 'ScheduleError': 'core.schedule',
-    'ShardedBlock': 'core.tensor_parallel',
-    'Task': 'core.task', 'TaskError': 'core.task', 'Trainer': 'core.trainer',
-    'VocabParallelEmbedding': 'core.tensor_parallel', 'balance_by_size': 'core.balance',
-    'balance_by_time': 'core.balance', 'estimate_memory': 'tools.planning',
-    'make_plan': 'core.devices',
-    'memory_table': 'tools.memory', 'parse_devices': 'core.devices', 'read_checkpoint': 'tools.checkpoint',
-    'save_checkpoint': 'tools.checkpoint', 'stage_name': 'core.names',
+    'Action': 'core.schedule', 'BalanceError': 'core.placement.balance',
+    'CheckpointError': 'tools.checkpoint', 'ColumnParallelDense': 'core.parallel.tensor_parallel',
+    'DevicePlan': 'core.placement.devices', 'DeviceSpecError': 'core.placement.devices',
+    'OptimizerStateError': 'core.optim.optstate', 'PerDeviceUpdater': 'core.optim.updater',
+    'PerShard': 'core.parallel.tensor_parallel', 'Pipeline': 'core.pipeline',
+    'PipelineModule': 'core.engine.module', 'Report': 'core.task',
+    'RowParallelDense': 'core.parallel.tensor_parallel', 'ScheduleError': 'core.schedule',
+    'ShardedBlock': 'core.parallel.tensor_parallel',
+    'Task': 'core.task', 'TaskError': 'core.task', 'Trainer': 'core.optim.trainer',
+    'VocabParallelEmbedding': 'core.parallel.tensor_parallel', 'balance_by_size': 'core.placement.balance',
+    'balance_by_time': 'core.placement.balance', 'estimate_memory': 'tools.planning',
+    'make_plan': 'core.placement.devices',
+    'memory_table': 'tools.memory', 'parse_devices': 'core.placement.devices', 'read_checkpoint': 'tools.checkpoint',
+    'save_checkpoint': 'tools.checkpoint', 'stage_name': 'core.graph.names',
 }
 __all__ = sorted(_HOMES)
 

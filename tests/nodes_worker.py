@@ -125,7 +125,7 @@ def train(devices, nodes=1, chunks=1, replicas=1, schedule='1f1b', steps=3, shar
 def _restore_recording(mod, folder, out):
     """``mod.restore`` of the checkpoint in ``folder``, writing to ``out``
     (JSON) the names of the arrays read from its files."""
-    from mp_symbolic.core import parts  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base import parts  # pylint: disable=import-outside-toplevel
     read, real = [], parts.NpzReader.read
 
     def recorded(self, name):

@@ -3,7 +3,7 @@
 
 Runs ``python -m mp_symbolic train TRAIN-ARGUMENTS`` in this process (the
 rendezvous from the environment, as ``launch`` sets it), recording what the
-nodes' :class:`~mp_symbolic.core.nodes.Group` carries: the numpy arrays'
+nodes' :class:`~mp_symbolic.core.transport.nodes.Group` carries: the numpy arrays'
 bytes every ``gather`` returned to this node, and each array
 ``broadcast_array`` returned. Its last line, after the run's own:
 ``carried: {"gathered": [...], "read": [...]}`` (JSON, bytes).
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mp_symbolic.core import nodes  # pylint: disable=wrong-import-position
+from mp_symbolic.core.transport import nodes  # pylint: disable=wrong-import-position
 from mp_symbolic.training import cli  # pylint: disable=wrong-import-position
 from mp_symbolic.tools.interrupts import end_process  # pylint: disable=wrong-import-position
 

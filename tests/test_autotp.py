@@ -210,7 +210,7 @@ def test_bert_sharded_automatically_lists_its_attention_and_mlp_layers():
 
 
 def test_the_sample_is_traced_for_shapes_once_per_pipeline(monkeypatch):
-    from mp_symbolic.core import graph
+    from mp_symbolic.core.graph import build as graph
     calls = []
     infer = graph.infer_shapes
     monkeypatch.setattr(graph, 'infer_shapes', lambda *a, **k: calls.append(1) or infer(*a, **k))

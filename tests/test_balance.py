@@ -10,9 +10,9 @@ import pytest
 
 from mp_symbolic import Pipeline
 from mp_symbolic import balance_by_size, balance_by_time
-from mp_symbolic.core import balance as balancing
-from mp_symbolic.core import timing
-from mp_symbolic.core.balance import BalanceError, check_balance, solve, stage_of_block
+from mp_symbolic.core.placement import balance as balancing
+from mp_symbolic.core.base import timing
+from mp_symbolic.core.placement.balance import BalanceError, check_balance, solve, stage_of_block
 from mp_symbolic.training.tasks import gpt
 
 nn = gluon.nn

@@ -321,7 +321,7 @@ def test_forged_or_truncated_states_are_refused_by_trainer_load_states(tmp_path,
 def test_resume_with_the_states_of_another_model_is_one_line(tmp_path, capsys):
     import shutil  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.optstate import load_states, save_states  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.optim.optstate import load_states, save_states  # pylint: disable=import-outside-toplevel
     from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
     from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
     run_dir = tmp_path / 'run'
@@ -364,7 +364,7 @@ def test_resume_with_the_states_of_another_model_is_one_line(tmp_path, capsys):
                              "digits), found 'xxx"),
 ], ids=['cpu-64', 'twice', 'gpus', 'long-entry'])
 def test_a_device_list_of_thousands_is_quoted_as_an_excerpt(spec, start):
-    from mp_symbolic.core.devices import DeviceSpecError, parse_devices  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.placement.devices import DeviceSpecError, parse_devices  # pylint: disable=import-outside-toplevel
     with pytest.raises(DeviceSpecError) as raised:
         parse_devices(spec, num_gpus=0)
     message = str(raised.value)
@@ -382,7 +382,7 @@ def test_a_python_pipeline_over_thousands_of_contexts_is_refused_at_the_first_pa
 
 
 def test_gpipe_chunks_past_the_one_graphs_bound_are_refused_before_it_is_built(capsys, tmp_path):
-    from mp_symbolic.core.graphcut import MAX_CHUNKED_OPS  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.graph.graphcut import MAX_CHUNKED_OPS  # pylint: disable=import-outside-toplevel
     from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
     assert cli_status(main, ['train', '--chunks', '10000', '--batch-size', '10000', '--epochs',
                              '1', '--out', str(tmp_path / 'out')]) == 2

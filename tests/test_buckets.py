@@ -203,14 +203,14 @@ def test_batches_of_the_bound_shapes_run_on_the_stage_runtimes_bound_at_bind(key
 
 @pytest.mark.parametrize('key', [None, 25, (4, 7), np.int64(11)])
 def test_a_bucket_key_crosses_nodes_as_integers_and_reads_back_as_given(key):
-    from mp_symbolic.core import nodes  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.transport import nodes  # pylint: disable=import-outside-toplevel
     message = nodes._key_message(3, key)  # pylint: disable=protected-access
     assert len(message) == nodes.KEY_SLOTS and message[0] == 3
     assert nodes._key_of(message) == key  # pylint: disable=protected-access
 
 
 def test_a_bucket_key_of_another_kind_is_refused_over_nodes_in_one_line():
-    from mp_symbolic.core import nodes  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.transport import nodes  # pylint: disable=import-outside-toplevel
     with pytest.raises(nodes.NodeError) as raised:
         nodes._key_message(0, 'long')  # pylint: disable=protected-access
     assert str(raised.value) == ("bucket_key: expected an integer, a tuple of at most 13 "
@@ -311,7 +311,7 @@ def test_a_peer_gone_before_the_bucket_key_is_sent_ends_in_one_line_naming_it(mo
     """gloo refuses to post a send to a peer whose connection closed (the
     peer killed, its torchrun agent gone): that is a node failure in one
     line naming the node, as a failed wait is, not a traceback."""
-    from mp_symbolic.core import nodes  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.transport import nodes  # pylint: disable=import-outside-toplevel
     dist = nodes.torch('distributed')
 
     def closed(*args, **kwargs):

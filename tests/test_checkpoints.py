@@ -258,7 +258,7 @@ READ_BACK_PEAK = r'''
 import sys
 import mxnet as mx
 import numpy as np
-from mp_symbolic.core.optstate import FORMAT
+from mp_symbolic.core.optim.optstate import FORMAT
 from mp_symbolic.tools.checkpoint import _save_states, save_params
 
 def status(field):
@@ -323,8 +323,8 @@ def test_a_file_whose_bytes_differ_from_those_written_is_refused_in_one_line(
     """Names, shapes and types read back as written, but one bit of the data
     differs: the read-back (sha256 of each array) refuses it."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.optstate import FORMAT  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core import parts
+    from mp_symbolic.core.optim.optstate import FORMAT  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base import parts
     from mp_symbolic.tools import checkpoint  # pylint: disable=import-outside-toplevel
     monkeypatch.setattr(parts, '_created', _flipping(parts._created))  # pylint: disable=protected-access
     path = str(tmp_path / ('m-0001.' + which))

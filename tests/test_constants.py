@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline, Trainer, read_checkpoint
-from mp_symbolic.core.optstate import load_states
-from mp_symbolic.core.tensor_parallel import ColumnParallelDense, RowParallelDense
+from mp_symbolic.core.optim.optstate import load_states
+from mp_symbolic.core.parallel.tensor_parallel import ColumnParallelDense, RowParallelDense
 from mp_symbolic.training.loop import train
 
 from conftest import chain, make_config

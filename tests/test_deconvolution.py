@@ -11,8 +11,9 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
-from mp_symbolic.core import compat, passes
-from mp_symbolic.core.ir import PlacedGraph
+from mp_symbolic.core.base import compat
+from mp_symbolic.core.graph import passes
+from mp_symbolic.core.graph.ir import PlacedGraph
 
 from export.__main__ import main as export_main
 

@@ -8,7 +8,7 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
-from mp_symbolic.core.estimate import planned_graph, planner_total
+from mp_symbolic.core.planning.estimate import planned_graph, planner_total
 from mp_symbolic.tools.memory import CATEGORIES
 from mp_symbolic.training.cli import main
 from mp_symbolic.training.tasks import load_task

@@ -16,7 +16,7 @@ import mp_symbolic
 from mp_symbolic import Pipeline
 
 from export import load_model
-from mp_symbolic.core.names import DYNAMIC_ATTR
+from mp_symbolic.core.graph.names import DYNAMIC_ATTR
 from export.__main__ import main as export_main
 from export.predict import main as predict_main
 from export.errors import InputError

@@ -24,7 +24,7 @@ from export.exporter import export_checkpoint
 from export.onnx_export import (EXTERNAL_DATA_ALIGNMENT, PROTOBUF_LIMIT, onnx_file_bytes,
                                 save_onnx)
 from export.predict import main as predict_main
-from mp_symbolic.core.parts import write_mxnet_params
+from mp_symbolic.core.base.parts import write_mxnet_params
 
 UNITS, LAYERS = 300, 3  # 90,000 values a weight: each goes outside
 

@@ -18,7 +18,7 @@ from onnx.helper import make_node
 import onnxruntime as ort
 import pytest
 
-from mp_symbolic.core.compat import split_bind
+from mp_symbolic.core.base.compat import split_bind
 
 import export
 from export import verify

@@ -19,8 +19,8 @@ from onnx import numpy_helper
 import pytest
 
 import mp_symbolic
-from mp_symbolic.core.compat import split_bind
-from mp_symbolic.core.device_module import DeviceModule
+from mp_symbolic.core.base.compat import split_bind
+from mp_symbolic.core.engine.device_module import DeviceModule
 
 from export.__main__ import main as export_main
 from export.exporter import export_checkpoint

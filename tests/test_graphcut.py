@@ -21,16 +21,17 @@ import onnxruntime
 import pytest
 
 from mp_symbolic import BalanceError, Pipeline
-from mp_symbolic.core import graphcut, twin
-from mp_symbolic.core.balance import solve
+from mp_symbolic.core.graph import graphcut
+from mp_symbolic.core.engine import twin
+from mp_symbolic.core.placement.balance import solve
 from mp_symbolic.training.config import TrainConfig, resume_config
 from mp_symbolic.tools.checkpoint import read_checkpoint
-from mp_symbolic.core.heads import gluon_loss
+from mp_symbolic.core.graph.heads import gluon_loss
 from mp_symbolic.tools.memory import device_memory
-from mp_symbolic.core.compat import onednn_active
-from mp_symbolic.core import compat
-from mp_symbolic.core.compat import split_bind
-from mp_symbolic.core.scoped import environ
+from mp_symbolic.core.base.compat import onednn_active
+from mp_symbolic.core.base import compat
+from mp_symbolic.core.base.compat import split_bind
+from mp_symbolic.core.base.scoped import environ
 from mp_symbolic.training.tasks import digits
 from mp_symbolic.training.tasks.zoo import build_network, zoo_names
 from mp_symbolic.training.loop import train

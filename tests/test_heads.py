@@ -1,4 +1,4 @@
-"""Each loss head is one record (mp_symbolic/core/heads.py): the training
+"""Each loss head is one record (mp_symbolic/core/graph/heads.py): the training
 graph, the imperative twin, the task and the export all read it; 'softmax'
 takes its classes on the axis the labels leave (a per-pixel classifier's
 axis 1), on every route and from the command line; a callable head's printed
@@ -12,10 +12,10 @@ import pytest
 from conftest import cli_status
 from export.inference import LOSS_HEADS, inference_graph
 from mp_symbolic import Pipeline, Task
-from mp_symbolic.core.heads import (HEADS, LOSSES, class_axis, gluon_loss, make_head,
+from mp_symbolic.core.graph.heads import (HEADS, LOSSES, class_axis, gluon_loss, make_head,
                                     predict_form, with_head)
-from mp_symbolic.core.ir import PlacedGraph
-from mp_symbolic.core.names import other_output_name
+from mp_symbolic.core.graph.ir import PlacedGraph
+from mp_symbolic.core.graph.names import other_output_name
 
 
 def _own_loss(prediction, label):

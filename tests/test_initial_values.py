@@ -1,5 +1,5 @@
 """Initial values are a function of the seed and each parameter's name only
-(:mod:`mp_symbolic.core.initial`): ``init_params(initializer=...)``,
+(:mod:`mp_symbolic.core.optim.initial`): ``init_params(initializer=...)``,
 ``fit(initializer=...)`` and the twin's ``initialize`` give every plan the
 same values, bit for bit: one device, stages, micro-batches, schedules,
 replicas, tensor-parallel shards, node processes."""
@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mp_symbolic.core.initial import Drawn
+from mp_symbolic.core.optim.initial import Drawn
 
 import init_worker
 from conftest import reserved_port, run_node_workers

@@ -10,7 +10,7 @@ import pytest
 
 from mp_symbolic import Pipeline
 from mp_symbolic.core import schedule as sched
-from mp_symbolic.core.devices import DeviceSpecError
+from mp_symbolic.core.placement.devices import DeviceSpecError
 from test_stages import TOL, _lm, _train
 
 SMALL = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)

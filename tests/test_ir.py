@@ -1,4 +1,4 @@
-"""The typed placed graph (:class:`mp_symbolic.core.ir.PlacedGraph`): each
+"""The typed placed graph (:class:`mp_symbolic.core.graph.ir.PlacedGraph`): each
 node's stage, shard and role are what the placement decided, for block lists
 and whole networks, with tensor-parallel shards, tied weights and BatchNorm
 states; the stage runtime's cut, the twin and the export read them from it."""
@@ -12,9 +12,9 @@ from mxnet import gluon
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core import names
-from mp_symbolic.core.ir import ROLES, PlacedGraph
-from mp_symbolic.core.names import GROUP_ATTR, SHARD_ATTR, shard_group
+from mp_symbolic.core.graph import names
+from mp_symbolic.core.graph.ir import ROLES, PlacedGraph
+from mp_symbolic.core.graph.names import GROUP_ATTR, SHARD_ATTR, shard_group
 from mp_symbolic.training.tasks import digits, gpt, lm
 
 from bench.graph_json import build_counts
@@ -169,7 +169,7 @@ def _string_literals(path):
 
 
 def test_every_attribute_the_library_writes_is_declared_in_names():
-    """No double-underscore attribute is spelled outside core/names.py: the
+    """No double-underscore attribute is spelled outside core/graph/names.py: the
     library and the export name each one through it (names.ATTRS, and
     Gluon's names.GLUON_ATTRS). Python's own names and the node messages'
     array key are no graph attribute."""
@@ -180,7 +180,7 @@ def test_every_attribute_the_library_writes_is_declared_in_names():
         for folder, _, files in os.walk(os.path.join(root, package)):
             for name in files:
                 path = os.path.join(folder, name)
-                if not name.endswith('.py') or path.endswith(os.path.join('core', 'names.py')):
+                if not name.endswith('.py') or path.endswith(os.path.join('core', 'graph', 'names.py')):
                     continue
                 found += ['%s:%d %s' % (os.path.relpath(path, root), line, text)
                           for text, line in _string_literals(path)

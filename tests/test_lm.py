@@ -440,7 +440,7 @@ def test_bad_dynamic_axis_is_one_line(exported, tmp_path, capsys, flag, message)
 
 @pytest.mark.parametrize('shape', [(4, 5), (2, 3, 5)])
 def test_softmax_head_is_softmax_cross_entropy_over_the_last_axis(shape):
-    from mp_symbolic.core.heads import make_head
+    from mp_symbolic.core.graph.heads import make_head
     head = make_head('softmax', mx.sym.var('data'), mx.sym.var('softmax_label'))
     rng = np.random.default_rng(0)
     X = rng.normal(size=shape).astype(np.float32)
@@ -461,7 +461,7 @@ def test_softmax_head_is_softmax_cross_entropy_over_the_last_axis(shape):
                                              ('cpu:0+cpu:1,cpu:2+cpu:3', 2)])
 def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device, devices, shards):
     from mxnet import autograd
-    from mp_symbolic.core.heads import gluon_loss
+    from mp_symbolic.core.graph.heads import gluon_loss
     _, init, _, expected = one_device
     pipe = mp_symbolic.Pipeline(_network(False, shards), devices,
                                 sample=(BATCH, TINY.block_size))

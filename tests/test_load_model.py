@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from mp_symbolic.training.config import TrainConfig
-from mp_symbolic.core.devices import DeviceSpecError
+from mp_symbolic.core.placement.devices import DeviceSpecError
 from mp_symbolic.tools.store import StoreError
 from mp_symbolic.training.loop import train
 

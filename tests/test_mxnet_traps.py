@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core import compat, passes
-from mp_symbolic.core.compat import split_bind
-from mp_symbolic.core.ir import PlacedGraph
-from mp_symbolic.core.scoped import environ
+from mp_symbolic.core.base import compat
+from mp_symbolic.core.graph import passes
+from mp_symbolic.core.base.compat import split_bind
+from mp_symbolic.core.graph.ir import PlacedGraph
+from mp_symbolic.core.base.scoped import environ
 from mp_symbolic.training.tasks import digits, gpt, regression
 
 from conftest import ROOT, THREE_DEVICES
@@ -129,13 +130,13 @@ def test_backward_inside_or_outside_record_gives_the_same_gradients():
         assert np.abs(grads[0][name]).max() > 0
 
 
-# -- the behaviours mp_symbolic.core.compat works around ---------------------------------------
+# -- the behaviours mp_symbolic.core.base.compat works around ---------------------------------------
 # (oneDNN's subgraph fusion across ctx_group is pinned in test_load_model.py:
 # test_split_bind_without_the_onednn_workaround_fails_on_the_digits_cnn)
 
 def _module_update_on_kvstore(env):
     import os  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.scoped import environ  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base.scoped import environ  # pylint: disable=import-outside-toplevel
     data = mx.sym.var('data')
     net = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(data, num_hidden=1, name='fc'),
                                         name='out')
@@ -161,7 +162,7 @@ def test_module_updates_on_the_kvstore_unless_told_not_to():
 
 
 def test_module_keeps_a_host_copy_of_every_parameter_on_cpu0_beside_its_devices():
-    """core/device_module.py: a Module bound on cpu(1) and cpu(2) alone
+    """core/engine/device_module.py: a Module bound on cpu(1) and cpu(2) alone
     still holds every parameter a second time on cpu(0) (made at bind,
     filled by init_params, handed out by get_params), the whole model on one
     device beside a split's shares."""
@@ -187,7 +188,7 @@ def test_profiler_aborts_past_its_device_rows(tmp_path):
     the profiler, aborts the whole process."""
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.compat import profiler_cpu_limit  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base.compat import profiler_cpu_limit  # pylint: disable=import-outside-toplevel
     # one child, each device in a fork of it (a process of its own, one profiler each)
     code = ('import os\nimport mxnet as mx\n'
             'for name, index, path in (("below", %d, %r), ("past", %d, %r)):\n'
@@ -276,7 +277,7 @@ def _step_8x8(pipe, group2ctx, bind_scope, batch_size=64):
 
 @pytest.mark.parametrize('balance, chunks', [((6, 5), 2), ((7, 4), 1)])
 def test_cross_device_copy_writes_through_a_stale_onednn_layout(balance, chunks):
-    """Why split binds get ``NNVM_EXEC_MATCH_RANGE=0`` (mp_symbolic.core.compat):
+    """Why split binds get ``NNVM_EXEC_MATCH_RANGE=0`` (mp_symbolic.core.base.compat):
     the executor's cross-device copy of a gradient lands in storage another
     array left in a oneDNN layout of other dims, and the next oneDNN op fails
     (BatchNorm's backward with bn1 ending stage 0, relu's with relu1 ending
@@ -567,7 +568,7 @@ def test_a_variable_read_by_two_groups_cannot_save_its_summed_gradient():
 _FUSED_UPDATE_PROBE = """
 import json, sys
 import mxnet as mx
-from mp_symbolic.core.compat import updates_by_device
+from mp_symbolic.core.base.compat import updates_by_device
 from mp_symbolic.tools.trace import load_trace, op_intervals
 weights = [mx.nd.ones((3,), ctx=mx.cpu(i)) for i in (0, 1)]
 grads = [mx.nd.ones((3,), ctx=mx.cpu(i)) for i in (0, 1)]
@@ -661,7 +662,7 @@ def test_a_gluon_parameter_says_it_has_no_values_only_by_raising_runtime_error()
     initialised"; a parameter whose initialisation waits for its shape
     (deferred) lists the devices it will be made on."""
     from mxnet import gluon  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.compat import initialized  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base.compat import initialized  # pylint: disable=import-outside-toplevel
     param = gluon.Parameter('p', shape=(2, 3))
     with pytest.raises(RuntimeError):
         param.list_ctx()

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from mp_symbolic.core import nodes as node_processes
+from mp_symbolic.core.transport import nodes as node_processes
 from conftest import node_env
 from test_nodes import REGRESSION, ROOT, _cmdline, _environ, _gone, _pids
 
@@ -255,7 +255,7 @@ def test_a_control_message_over_the_limit_is_refused_in_one_line(monkeypatch):
 
 
 class _Told:
-    """Node 1 of a :class:`~mp_symbolic.core.nodes.Group` to which node 0
+    """Node 1 of a :class:`~mp_symbolic.core.transport.nodes.Group` to which node 0
     broadcasts ``replies``, in turn."""
     rank, count = 1, 2
 

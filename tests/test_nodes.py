@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core import nodes as node_processes
+from mp_symbolic.core.transport import nodes as node_processes
 from mp_symbolic.training.tasks import gpt, lm
 
 import nodes_worker
@@ -112,7 +112,7 @@ def test_save_checkpoint_on_every_node_commits_one_part_per_node_each_reads_back
     """Each node's part holds its stages' arrays and states, no node reads
     another's; read back whole (one array at a time) they are the model."""
     from mp_symbolic import read_checkpoint  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.parts import npz_index  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base.parts import npz_index  # pylint: disable=import-outside-toplevel
     held, names = two_nodes[0][0]
     checkpoint = read_checkpoint(two_nodes[1])
     _, arg, aux = checkpoint.load()
@@ -295,7 +295,7 @@ def test_a_node_plan_that_cannot_run_is_refused_in_one_line_before_any_node_wait
 def test_a_device_of_one_node_may_be_listed_again_for_another():
     """``gpu:0`` on node 1 is node 1's GPU: the plan's devices repeat per
     node, each replica's divided evenly in order."""
-    from mp_symbolic.core.placement import place  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.placement.place import place  # pylint: disable=import-outside-toplevel
     assert node_processes.node_of_devices(3, 2) == (0, 0, 1)
     nodes = node_processes.Nodes(2, 1, 60.0, '127.0.0.1:9')
     placed = place(tuple(_net()), False, 'cpu:0,cpu:1,cpu:0,cpu:1', sample=SAMPLE, replicas=1,
@@ -718,7 +718,7 @@ def test_launch_refuses_nodes_each_node_would_refuse_within_a_second_starting_no
 def test_the_node_count_is_checked_without_mxnet_as_the_nodes_check_it():
     """What the launcher and TrainConfig refuse, without MXNet, is what
     ``node_of_devices`` refuses inside each node, in its words."""
-    from mp_symbolic.core import checks  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.base import checks  # pylint: disable=import-outside-toplevel
     assert checks.MAX_NODES == node_processes.MAX_NODES
     for devices, nodes in ((2, 3), (4, checks.MAX_NODES + 1), (2, 0)):
         with pytest.raises(ValueError) as theirs:
@@ -870,7 +870,7 @@ COMMIT_CHILD = r"""
 import sys
 import mxnet as mx
 import numpy as np
-from mp_symbolic.core.optstate import FORMAT
+from mp_symbolic.core.optim.optstate import FORMAT
 from mp_symbolic.tools.checkpoint import commit_checkpoint
 from mp_symbolic.tools.store import Store
 from tests.killpoints import arm, kill_each, two

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from mp_symbolic import read_checkpoint
-from mp_symbolic.core.optstate import FORMAT
-from mp_symbolic.core import parts
+from mp_symbolic.core.optim.optstate import FORMAT
+from mp_symbolic.core.base import parts
 from mp_symbolic.tools.checkpoint import Checkpoint, commit_checkpoint, load_checkpoint
 from mp_symbolic.tools.store import Store
 
@@ -162,7 +162,7 @@ def test_lazy_params_and_states_are_get_params_and_optimizer_states_array_by_arr
     when called (a tensor-parallel layer's shards joined, replicas averaged)."""
     # pylint: disable=import-outside-toplevel
     from mp_symbolic import Pipeline
-    from mp_symbolic.core.optstate import Deferred, gather_states
+    from mp_symbolic.core.optim.optstate import Deferred, gather_states
     from mp_symbolic.training.tasks import gpt, lm
     import nodes_worker
     shape = (8, nodes_worker.TINY.block_size)

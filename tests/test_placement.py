@@ -6,7 +6,7 @@ import mxnet as mx
 import pytest
 
 from mp_symbolic.training.cli import build_parser, main
-from mp_symbolic.core.devices import DeviceSpecError, make_plan, parse_devices, partition
+from mp_symbolic.core.placement.devices import DeviceSpecError, make_plan, parse_devices, partition
 
 
 def test_parse_devices_mixed():

@@ -11,9 +11,9 @@ import pytest
 import mp_symbolic
 from mp_symbolic import Pipeline
 from mp_symbolic.core import schedule as schedules
-from mp_symbolic.core.estimate import batched_binds
-from mp_symbolic.core.planner import Planner, PlanError, simulate
-from mp_symbolic.core.sizes import parse_size
+from mp_symbolic.core.planning.estimate import batched_binds
+from mp_symbolic.core.planning.planner import Planner, PlanError, simulate
+from mp_symbolic.core.planning.sizes import parse_size
 from mp_symbolic.training.cli import main
 from mp_symbolic.training.tasks import load_task
 

@@ -14,8 +14,8 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
-from mp_symbolic.core.passes import cut
-from mp_symbolic.core.staged_module import StagedModule
+from mp_symbolic.core.graph.passes import cut
+from mp_symbolic.core.engine.staged_module import StagedModule
 from mp_symbolic.training import loop
 from mp_symbolic.training.tasks import digits, gpt, lm
 
@@ -791,7 +791,7 @@ def test_runtime_bind_splits_a_batch_on_axis_1_into_micro_batches_on_the_stage_r
     """``runtime.bind`` of a Pipeline of ``batch_axis=1`` (``(T, N, C)``
     inputs, ``(T, N)`` labels): the stage runtime's micro-batches split
     and join on axis 1, and its outputs and gradients are the fused graph's."""
-    from mp_symbolic.core import runtime  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.engine import runtime  # pylint: disable=import-outside-toplevel
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(5, 8, 3)), rng.integers(0, 4, (5, 8))
     found = {}
@@ -821,7 +821,7 @@ def test_runtime_bind_gives_the_fused_graph_or_the_stage_runtime_behind_one_inte
     """``runtime.bind`` under ``gpipe`` (the fused one graph) and ``1f1b``
     (the stage runtime): both are a ``Runtime``, bind the same parameters on
     the same devices, and give the same outputs and gradients for a batch."""
-    from mp_symbolic.core import runtime  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.engine import runtime  # pylint: disable=import-outside-toplevel
     found = {}
     for schedule in ('gpipe', '1f1b'):
         net, sample = _digits()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.compat import NotSymbolSafe
+from mp_symbolic.core.base.compat import NotSymbolSafe
 
 
 class ReadsShape(gluon.HybridBlock):

@@ -353,7 +353,7 @@ def test_a_task_and_a_flag_refuse_the_same_values_in_the_same_words(field, value
 def test_the_graph_vocabulary_has_one_home():
     """The names the library writes into a graph (the ctx_group attribute, the
     tied identity's suffix, the shard mark, chunk copies, input and label
-    names) are spelled in core/names.py alone; the rest imports them."""
+    names) are spelled in core/graph/names.py alone; the rest imports them."""
     words = ("'__ctx_group__'", "'__tp_shard__'", "'__force_mirroring__'", "'_tied'",
              "'_chunk", "split('/', 2)", "'softmax_label'")
     for path in _sources('mp_symbolic') + _sources('export'):

@@ -13,8 +13,8 @@ import pytest
 import mp_symbolic
 from mp_symbolic import (ColumnParallelDense, DeviceSpecError, Pipeline, RowParallelDense,
                          VocabParallelEmbedding)
-from mp_symbolic.core.compat import fresh_variables, split_bind
-from mp_symbolic.core.devices import parse_devices
+from mp_symbolic.core.base.compat import fresh_variables, split_bind
+from mp_symbolic.core.placement.devices import parse_devices
 from mp_symbolic.tools.checkpoint import read_checkpoint, save_checkpoint
 from mp_symbolic.tools.memory import device_memory
 from conftest import chain
@@ -566,8 +566,8 @@ def test_a_trace_marks_the_layers_of_the_network_it_traces_and_no_other():
     """The trace is held by the traced network's layers for its length: a
     layer of another network called meanwhile builds its split graph
     unmarked, as outside any trace, and after it nothing is marked."""
-    from mp_symbolic.core import tensor_parallel  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.names import SHARD_ATTR  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.parallel import tensor_parallel  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.graph.names import SHARD_ATTR  # pylint: disable=import-outside-toplevel
 
     def marks(symbol):
         return sorted({n.get('attrs', {}).get(SHARD_ATTR) for n in
@@ -605,7 +605,7 @@ class _GatedColumns(mp_symbolic.ShardedBlock):
         return self._gated(F, x, z, a_weight, b_weight, self.sizes[i], 'shard%d_' % i)
 
     def combine(self, F, parts, x, z):  # pylint: disable=arguments-differ
-        from mp_symbolic.core.comm import gather_from_shards
+        from mp_symbolic.core.transport.comm import gather_from_shards
         return gather_from_shards(F, parts)
 
     def unsplit_forward(self, F, x, z, a_weight, b_weight):  # pylint: disable=arguments-differ

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline, Trainer
-from mp_symbolic.core.optstate import OptimizerStateError
+from mp_symbolic.core.optim.optstate import OptimizerStateError
 from mp_symbolic.training.tasks import regression
 
 from conftest import THREE_DEVICES

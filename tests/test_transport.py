@@ -1,5 +1,5 @@
-"""The declared interfaces of :mod:`mp_symbolic.core.comm`: a transport
-written against :class:`~mp_symbolic.core.comm.Transport` and registered
+"""The declared interfaces of :mod:`mp_symbolic.core.transport.comm`: a transport
+written against :class:`~mp_symbolic.core.transport.comm.Transport` and registered
 from outside the library carries a Pipeline's boundary tensors end to end,
 by name, with nothing else changed; the choice of a transport refuses in
 one line what cannot run.
@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mp_symbolic import Pipeline  # pylint: disable=wrong-import-position
-from mp_symbolic.core import comm, nodes  # pylint: disable=wrong-import-position
+from mp_symbolic.core.transport import comm, nodes  # pylint: disable=wrong-import-position
 from mp_symbolic.training import loop  # pylint: disable=wrong-import-position
 
 BATCH, SAMPLE = 8, (8, 6)
@@ -228,8 +228,8 @@ if __name__ == '__main__':
 def test_the_control_plane_of_one_process_answers_as_a_job_of_one_node():
     """``comm.control(None)``: rank 0 of 1, every call answered at once with
     this process's own values, a wrong array shape refused as over nodes."""
-    from mp_symbolic.core import comm  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.nodes import NodeError  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.transport import comm  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.transport.nodes import NodeError  # pylint: disable=import-outside-toplevel
     plane = comm.control(None)
     assert isinstance(plane, comm.ControlPlane)
     assert (plane.rank, plane.count) == (0, 1)

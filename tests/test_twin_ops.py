@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mp_symbolic import Pipeline, Trainer
-from mp_symbolic.core.graphcut import CutError, run_graph
+from mp_symbolic.core.graph.graphcut import CutError, run_graph
 from mp_symbolic.training.metrics import AGREE_ATOL, AGREE_RTOL
 
 LR = 0.1

@@ -1,11 +1,11 @@
-"""The per-device updater's one-pass Adam step (core/updater.py:adam_step)
+"""The per-device updater's one-pass Adam step (core/optim/updater.py:adam_step)
 against MXNet's own Updater: the same weights, moments and counts, bit for bit."""
 import mxnet as mx
 import numpy as np
 import pytest
 
-from mp_symbolic.core.compat import updates_by_device
-from mp_symbolic.core.updater import PerDeviceUpdater, adam_step
+from mp_symbolic.core.base.compat import updates_by_device
+from mp_symbolic.core.optim.updater import PerDeviceUpdater, adam_step
 
 SHAPES = [(166, 64), (64,), (192, 64), (64, 256), (1,)]
 
@@ -106,7 +106,7 @@ def test_trainers_adam_step_equals_its_updaters_bit_for_bit(monkeypatch):
     """mp_symbolic.Trainer on three devices: each device's Adam update in one
     pass leaves the parameters MXNet's Updater leaves, and calls no
     Adam.update."""
-    from mp_symbolic.core import trainer  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.optim import trainer  # pylint: disable=import-outside-toplevel
     calls = []
     update = mx.optimizer.Adam.update
     monkeypatch.setattr(mx.optimizer.Adam, 'update',

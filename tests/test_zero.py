@@ -17,8 +17,8 @@ from mxnet import gluon
 
 import mp_symbolic
 from mp_symbolic import Pipeline
-from mp_symbolic.core.optstate import OptimizerStateError
-from mp_symbolic.core.zero import owners
+from mp_symbolic.core.optim.optstate import OptimizerStateError
+from mp_symbolic.core.optim.zero import owners
 from mp_symbolic.tools.checkpoint import read_checkpoint
 from mp_symbolic.tools.memory import memory_table
 from mp_symbolic.training.cli import main

@@ -12,12 +12,12 @@ stage ``s+1`` works on chunk ``m-1``, with no scheduler of ours.
 
 One ``HybridBlock`` of any shape (residuals, branches) is split whole: its
 traced graph is cut into one contiguous range of ops per stage and relabelled
-(:mod:`~mp_symbolic.core.graphcut`). A parameter read by several stages (tied
+(:mod:`~mp_symbolic.core.graph.graphcut`). A parameter read by several stages (tied
 weights) lives on one stage and the others read it through an ``identity``
 op there.
 
 A stage may hold several devices (``'cpu:0+cpu:1,cpu:2'``): its
-tensor-parallel layers (:mod:`~mp_symbolic.core.tensor_parallel`) then put
+tensor-parallel layers (:mod:`~mp_symbolic.core.parallel.tensor_parallel`) then put
 shard ``i`` on the stage's device ``i``, in ``ctx_group``
 ``stage<s>_shard<i>``; everything else in the stage runs on its first device.
 Where users see parameters (``get_params``, ``set_params``, checkpoints) a
@@ -26,26 +26,30 @@ split layer has its unsplit names and shapes.
 The same object is the imperative twin: a Gluon ``Block`` whose parameters
 live on their stage's device and whose forward pass moves activations between
 devices (autograd records those copies, so gradients flow back across them);
-with replicas and chunks too (:mod:`~mp_symbolic.core.twin`), trained by
+with replicas and chunks too (:mod:`~mp_symbolic.core.engine.twin`), trained by
 :class:`~mp_symbolic.Trainer`.
 
 This module is the Gluon block and the entry point: the plan is one frozen
-:class:`~mp_symbolic.core.placement.Placement` made by
-:func:`~mp_symbolic.core.placement.place`; the graphs are built from it in
-:mod:`~mp_symbolic.core.graph` and the imperative forward pass runs on it in
-:mod:`~mp_symbolic.core.twin`.
+:class:`~mp_symbolic.core.placement.place.Placement` made by
+:func:`~mp_symbolic.core.placement.place.place`; the graphs are built from it in
+:mod:`~mp_symbolic.core.graph.build` and the imperative forward pass runs on it in
+:mod:`~mp_symbolic.core.engine.twin`.
 """
 import mxnet as mx
 from mxnet import gluon
 
-from . import autotp, comm, graph, initial, nesting, passes, tensor_parallel, twin, zero
-from .checks import excerpt
-from .compat import initialized, symbol_safe
-from .heads import with_head
-from .names import DATA_NAME, LABEL_NAME, input_names, stage_name
-from .placement import check_parameter_names, place, sample_inputs
-from . import nodes as node_processes
-from . import batchnorm as batchnorms
+from .parallel import autotp, tensor_parallel
+from .transport import comm
+from .graph import build as graph, nesting, passes
+from .optim import initial, zero
+from .engine import twin
+from .base.checks import excerpt
+from .base.compat import initialized, symbol_safe
+from .graph.heads import with_head
+from .graph.names import DATA_NAME, LABEL_NAME, input_names, stage_name
+from .placement.place import check_parameter_names, place, sample_inputs
+from .transport import nodes as node_processes
+from .graph import batchnorm as batchnorms
 from . import schedule as schedules
 
 __all__ = []
@@ -81,7 +85,7 @@ class Pipeline(gluon.Block):
             output. Or ONE ``HybridBlock`` of any shape (residuals, branches,
             concatenations: ``vision.resnet18_v1(classes=10)``): its traced
             graph is cut into one contiguous range of ops per stage
-            (:mod:`~mp_symbolic.core.graphcut`).
+            (:mod:`~mp_symbolic.core.graph.graphcut`).
         devices: ``'cpu:0,cpu:1,cpu:2'`` (the ``--devices`` form) or a list of
             ``mx.Context``; one device per stage, times ``replicas``. A stage
             of several devices, for tensor-parallel layers: ``'cpu:0+cpu:1,cpu:2'``
@@ -121,7 +125,7 @@ class Pipeline(gluon.Block):
             is written with are sharded. ``'auto'``: its ``Dense`` layers and
             attention blocks are swapped for tensor-parallel ones over the
             devices of a stage, each MLP and self-attention Megatron-LM's way
-            (:mod:`~mp_symbolic.core.autotp`); ``{pattern: 'column' | 'row' |
+            (:mod:`~mp_symbolic.core.parallel.autotp`); ``{pattern: 'column' | 'row' |
             'vocab' | 'replicate'}``: the layers whose block or parameter name
             matches an ``fnmatch`` pattern (the first that matches decides).
             Swapped layers keep their parameter names and values; the network
@@ -130,7 +134,7 @@ class Pipeline(gluon.Block):
             step: ``'gpipe'`` (fill and drain: every forward, then every
             backward), ``'1f1b'`` (each stage one forward and one backward
             in turn, so stage ``s`` of ``K`` keeps at most ``K - s``
-            micro-batches' activations: :mod:`~mp_symbolic.core.stages`),
+            micro-batches' activations: :mod:`~mp_symbolic.core.engine.stages`),
             ``'interleaved'`` (Megatron-LM's interleaved 1F1B: ``virtual``
             stages per device, so a step's idle fraction falls from
             ``(K-1)/(M+K-1)`` to ``(K-1)/(vM+K-1)``; ``chunks`` a multiple
@@ -158,7 +162,7 @@ class Pipeline(gluon.Block):
             stages on its own devices (``gpu:0`` of node 1 is node 1's GPU; a
             device may be listed once per node) and holding only their
             parameters, gradients and optimizer state; the boundary tensors
-            cross by torch.distributed (:mod:`~mp_symbolic.core.nodes`). Every
+            cross by torch.distributed (:mod:`~mp_symbolic.core.transport.nodes`). Every
             node process builds the same Pipeline; its rank and the rendezvous
             come from torchrun's variables (``MASTER_ADDR``, ``MASTER_PORT``,
             ``RANK``, ``WORLD_SIZE``; ``python -m mp_symbolic launch --nodes N``
@@ -179,16 +183,16 @@ class Pipeline(gluon.Block):
             or ``'deferred'`` (torchgpipe's ``deferred_batch_norm``: once per
             batch, with the whole batch's mean and variance, as one device
             running the whole batch; each replica its own, each node its
-            stages'; :mod:`~mp_symbolic.core.batchnorm`). With one chunk both
+            stages'; :mod:`~mp_symbolic.core.graph.batchnorm`). With one chunk both
             are MXNet's own update. :meth:`training_symbol` is the graph
             of the default rule; the imperative twin refuses to train with
             ``'deferred'`` and several chunks.
         transport: The name of the transport that carries the boundary
-            tensors on the stage runtime (:mod:`~mp_symbolic.core.comm`):
+            tensors on the stage runtime (:mod:`~mp_symbolic.core.transport.comm`):
             ``None`` for ``'local'`` in one process and ``'gloo'`` over
             nodes, or a name given to
-            :func:`~mp_symbolic.core.comm.register_transport`.
-        shard_optimizer: ZeRO stage 1 (:mod:`~mp_symbolic.core.zero`): each
+            :func:`~mp_symbolic.core.transport.comm.register_transport`.
+        shard_optimizer: ZeRO stage 1 (:mod:`~mp_symbolic.core.optim.zero`): each
             of a stage's replicas (times the ``dist_sync`` workers) holds
             and updates the optimizer state of its share of the stage's
             parameters (whole parameters, balanced by bytes), and the
@@ -203,9 +207,9 @@ class Pipeline(gluon.Block):
             ``devices`` to use, in order; ``shard_optimizer`` where it is
             needed to fit) from the memory estimate and a
             simulation of the schedule over stage times measured on
-            ``devices`` (:mod:`~mp_symbolic.core.planner`), for a softmax
+            ``devices`` (:mod:`~mp_symbolic.core.planning.planner`), for a softmax
             head and SGD with momentum; a
-            :class:`~mp_symbolic.core.planner.Planner` plans for its loss,
+            :class:`~mp_symbolic.core.planning.planner.Planner` plans for its loss,
             optimizer and space. Those arguments must then be left at their
             defaults, and ``sample`` given.
         memory_per_device: With ``plan``: the bytes each device may hold
@@ -214,20 +218,20 @@ class Pipeline(gluon.Block):
 
     Attributes:
         blocks: The blocks, in order.
-        placement: The :class:`~mp_symbolic.core.placement.Placement`: what
+        placement: The :class:`~mp_symbolic.core.placement.place.Placement`: what
             runs where (the attributes below read it).
-        plan: The :class:`~mp_symbolic.core.devices.DevicePlan`.
+        plan: The :class:`~mp_symbolic.core.placement.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
         chunks, replicas, schedule, virtual, batchnorm, shard_optimizer: As
             given (``virtual`` 1 but under ``'interleaved'``).
         transport: The transport's name (``'local'``, ``'gloo'`` or as given).
-        planned: With ``plan``: the :class:`~mp_symbolic.core.planner.Ranking`
+        planned: With ``plan``: the :class:`~mp_symbolic.core.planning.planner.Ranking`
             of the candidates (``planned.best``: the plan built), else ``None``.
         whole: Whether one whole network was cut (then ``cut`` is its
-            :class:`~mp_symbolic.core.graphcut.Cut`).
+            :class:`~mp_symbolic.core.graph.graphcut.Cut`).
         tied: ``{parameter name: (owning stage, stages that read it)}``.
         sharding: What ``tensor_parallel`` did, layer by layer
-            (:class:`~mp_symbolic.core.autotp.Sharding`), or ``None``.
+            (:class:`~mp_symbolic.core.parallel.autotp.Sharding`), or ``None``.
         inputs: The positional inputs as nested names (``('data0',
             ['data1', 'data2'])``); ``input_names`` are their leaves.
         batch_axis: As given.
@@ -251,7 +255,7 @@ class Pipeline(gluon.Block):
             ``tensor_parallel`` plan that cannot hold (the layer, its shapes
             and the shard count named); ``batch_axis`` not a non-negative
             integer; ``batchnorm`` not one of
-            :data:`~mp_symbolic.core.batchnorm.MODES`; ``shard_optimizer``
+            :data:`~mp_symbolic.core.graph.batchnorm.MODES`; ``shard_optimizer``
             not a bool; ``transport`` not
             a registered name, one within a process with nodes, or other
             than ``'local'`` on MXNet's one graph (``schedule='gpipe'`` in
@@ -270,7 +274,7 @@ class Pipeline(gluon.Block):
         super().__init__(prefix='pipeline_')
         self.planned = None
         if plan is not None:
-            from .planner import plan_arguments  # pylint: disable=import-outside-toplevel
+            from .planning.planner import plan_arguments  # pylint: disable=import-outside-toplevel
             self.planned, chosen = plan_arguments(
                 plan, memory_per_device, blocks, devices, sample, batch_axis,
                 dict(balance=balance, chunks=chunks, replicas=replicas, mirror=mirror,
@@ -417,7 +421,7 @@ class Pipeline(gluon.Block):
     @symbol_safe
     def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
                         output=None, unsplit=False):
-        """The graph with its loss head (see :func:`mp_symbolic.core.heads.make_head`).
+        """The graph with its loss head (see :func:`mp_symbolic.core.graph.heads.make_head`).
 
         Args:
             loss: A loss head; ``None``: no head, the network's outputs (an
@@ -442,17 +446,17 @@ class Pipeline(gluon.Block):
     def training_graph(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
                        output=None, unsplit=False, shares=1):
         """:meth:`training_symbol`'s graph, typed (a
-        :class:`~mp_symbolic.core.ir.PlacedGraph`): the network's graph
-        (:func:`~mp_symbolic.core.graph.build`), the loss head
-        (:func:`~mp_symbolic.core.heads.with_head`) and
-        :func:`~mp_symbolic.core.passes.finish`, passes on one typed graph.
+        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`): the network's graph
+        (:func:`~mp_symbolic.core.graph.build.build`), the loss head
+        (:func:`~mp_symbolic.core.graph.heads.with_head`) and
+        :func:`~mp_symbolic.core.graph.passes.finish`, passes on one typed graph.
 
         Args:
             shares: The parts of a step's batch the graph is bound to (a
                 replica's share, times ``chunks`` where each micro-batch is
                 bound alone): the ``grad_scale`` of a head whose gradient
                 divisor holds the batch is divided by it
-                (:func:`~mp_symbolic.core.heads.scaled_heads`), so that its
+                (:func:`~mp_symbolic.core.graph.heads.scaled_heads`), so that its
                 gradients are those of one device's unsplit batch; 1 (the
                 default): the head as one device trains it.
 
@@ -488,7 +492,7 @@ class Pipeline(gluon.Block):
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, output=None,
                host_copy=False, **kwargs):
         """An ``mx.mod.Module`` bound to the stages' devices (see
-        :class:`~mp_symbolic.core.module.PipelineModule`); ``fit``, ``score``,
+        :class:`~mp_symbolic.core.engine.module.PipelineModule`); ``fit``, ``score``,
         ``predict`` and ``save_checkpoint`` work as on any Module.
 
         Args:
@@ -510,13 +514,13 @@ class Pipeline(gluon.Block):
                 as ``mx.mod.BucketingModule`` reads it, runs on executors
                 bound at its shapes on the key's first batch, sharing the
                 default bucket's parameters, gradients and optimizer
-                (:mod:`~mp_symbolic.core.buckets`).
+                (:mod:`~mp_symbolic.core.engine.buckets`).
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
         """
         # pylint: disable=import-outside-toplevel
-        from .module import PipelineModule
-        from .staged_module import StagedModule
+        from .engine.module import PipelineModule
+        from .engine.staged_module import StagedModule
         kind = PipelineModule if schedules.one_graph(self.schedule, self.nodes) \
             else StagedModule
         return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
@@ -536,7 +540,7 @@ class Pipeline(gluon.Block):
     def forward(self, x, *more):  # pylint: disable=arguments-differ
         """Runs the blocks stage by stage, moving ``x`` to each stage's device;
         with replicas, each replica a share of the batch, with chunks, as
-        micro-batches (see :func:`mp_symbolic.core.twin.forward`). Returns the
+        micro-batches (see :func:`mp_symbolic.core.engine.twin.forward`). Returns the
         whole batch's output on the last stage of the first replica (a tuple,
         for a network of several outputs, nested as the network returns
         them: GluonNLP's language model gives ``(out, [h, c])``). A network
@@ -610,7 +614,7 @@ class Pipeline(gluon.Block):
         Raises:
             TypeError: they are nested otherwise.
             ValueError: they nest deeper than
-                :data:`~mp_symbolic.core.nesting.MAX_DEPTH`, or a list holds itself.
+                :data:`~mp_symbolic.core.graph.nesting.MAX_DEPTH`, or a list holds itself.
         """
         nesting.check(tuple(args), 'inputs')
         leaves, given = nesting.flatten(tuple(args))
@@ -631,7 +635,7 @@ class Pipeline(gluon.Block):
         Layers without their input size finish on the first forward pass.
         Each value drawn is a function of MXNet's random state at the call
         and the parameter's (unsplit) name only, as ``init_params`` draws it
-        (:mod:`~mp_symbolic.core.initial`).
+        (:mod:`~mp_symbolic.core.optim.initial`).
 
         Raises:
             ValueError: ``ctx`` is given (the plan decides placement).

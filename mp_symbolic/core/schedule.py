@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import reprlib
 import threading
 
-from .checks import excerpt, is_int, positive_int
+from .base.checks import excerpt, is_int, positive_int
 
 __all__ = []
 

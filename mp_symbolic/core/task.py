@@ -29,10 +29,10 @@ import re
 import mxnet as mx
 import numpy as np
 
-from .checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_lr, is_momentum, \
+from .base.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_lr, is_momentum, \
     is_positive_int, raised
-from .heads import LOSSES, class_axis, head_of, read_head
-from .names import LABEL_NAME
+from .graph.heads import LOSSES, class_axis, head_of, read_head
+from .graph.names import LABEL_NAME
 
 __all__ = []
 
@@ -361,9 +361,9 @@ class Task:
     def fit_head(self, output_shape, training_symbol):
         """Fits the loss head to the network and remembers it: ``'softmax'``
         on the class axis its labels leave in outputs of ``output_shape``
-        (:func:`~mp_symbolic.core.heads.class_axis`: axis 1 for ``(N, C, H,
+        (:func:`~mp_symbolic.core.graph.heads.class_axis`: axis 1 for ``(N, C, H,
         W)`` outputs with ``(N, H, W)`` labels), a callable's head read off
-        its graph (:func:`~mp_symbolic.core.heads.read_head`), so that the
+        its graph (:func:`~mp_symbolic.core.graph.heads.read_head`), so that the
         printed loss is the loss itself.
 
         Args:
@@ -392,7 +392,7 @@ class Task:
 
     @property
     def head(self):
-        """The :class:`~mp_symbolic.core.heads.Head` whose loss is printed, or
+        """The :class:`~mp_symbolic.core.graph.heads.Head` whose loss is printed, or
         ``None``: a callable head of no known op (``MakeLoss``: its output is
         the loss itself)."""
         return self._cache['head'][1] if 'head' in self._cache else head_of(self.loss)

@@ -23,8 +23,8 @@ import numpy as np
 
 
 
-from ..core.compat import error_line as first_line
-from ..core.names import DATA_NAME, SHAPE_ATTR
+from ..core.base.compat import error_line as first_line
+from ..core.graph.names import DATA_NAME, SHAPE_ATTR
 from .files import check_writable_dir  # pylint: disable=unused-import  (its home is files)
 
 __all__ = []
@@ -52,7 +52,7 @@ def save_params(path, arg_params, aux_params=None):
             line.
     """
     # pylint: disable=import-outside-toplevel
-    from ..core.parts import MxnetParams, PartError, mxnet_params_index, write_mxnet_params
+    from ..core.base.parts import MxnetParams, PartError, mxnet_params_index, write_mxnet_params
 
     def lazy(value):
         return lambda: _host(value() if callable(value) else value)
@@ -121,7 +121,7 @@ def _check_json_written(path, obj):
 def _read_params(params_path):
     """The arrays of an MXNet ``.params`` file: ``{name: NDArray}`` (or a
     list, for a file of unnamed arrays), each read on its own from its
-    offset (:class:`~mp_symbolic.core.parts.MxnetParams`), so that no more
+    offset (:class:`~mp_symbolic.core.base.parts.MxnetParams`), so that no more
     than one array is held twice at a time; a file of another kind than
     named dense arrays (sparse, unnamed, not one at all) is read by
     ``mx.nd.load``, whose message says what it is.
@@ -129,7 +129,7 @@ def _read_params(params_path):
     Raises:
         CheckpointError: not an MXNet params file (one line).
     """
-    from ..core.parts import MxnetParams, PartError  # pylint: disable=import-outside-toplevel
+    from ..core.base.parts import MxnetParams, PartError  # pylint: disable=import-outside-toplevel
     try:
         params = MxnetParams(params_path)
         saved = {}
@@ -370,7 +370,7 @@ class Checkpoint:
         if self._index is not None:
             return self._index
         # pylint: disable=import-outside-toplevel
-        from ..core.parts import PartError, mxnet_params_index, npz_index
+        from ..core.base.parts import PartError, mxnet_params_index, npz_index
         index = {}
         try:
             for path in self.files:
@@ -440,7 +440,7 @@ class Checkpoint:
             CheckpointError: a key not stored, or a file that cannot be read.
         """
         # pylint: disable=import-outside-toplevel
-        from ..core.parts import MxnetParams, NpzReader, PartError
+        from ..core.base.parts import MxnetParams, NpzReader, PartError
         index = self.index()
         keys = list(keys)
         unknown = [k for k in keys if k not in index]
@@ -464,15 +464,15 @@ class Checkpoint:
             raise CheckpointError(str(err)) from None
 
     def load_states(self, names=None):
-        """The optimizer state (:mod:`~mp_symbolic.core.optstate`'s form) of
+        """The optimizer state (:mod:`~mp_symbolic.core.optim.optstate`'s form) of
         the parameters ``names`` (``None``: all), reading only their arrays.
 
         Raises:
             OptimizerStateError: a file is unreadable or holds states that
-                :func:`~mp_symbolic.core.optstate.check_states` refuses.
+                :func:`~mp_symbolic.core.optim.optstate.check_states` refuses.
         """
         # pylint: disable=import-outside-toplevel
-        from ..core.optstate import load_states
+        from ..core.optim.optstate import load_states
         if self.states_path is None:
             return _part_states(self.part_paths, names)
         if names is None:
@@ -498,12 +498,12 @@ def _part_states(paths, names=None, meta_member=STATES_MEMBER, array_member='sta
 
     Raises:
         OptimizerStateError: a part's state is unreadable or refused by
-            :func:`~mp_symbolic.core.optstate.check_states`.
+            :func:`~mp_symbolic.core.optim.optstate.check_states`.
     """
     # pylint: disable=import-outside-toplevel
-    from ..core.optstate import FORMAT, OptimizerStateError, check_states, merge_states, \
+    from ..core.optim.optstate import FORMAT, OptimizerStateError, check_states, merge_states, \
         _spec_arrays
-    from ..core.parts import NpzReader, PartError, npz_index
+    from ..core.base.parts import NpzReader, PartError, npz_index
     wanted = None if names is None else set(names)
     found = []
     for path in paths:
@@ -598,11 +598,11 @@ def commit_checkpoint(store, name, epoch, symbol, arg_params, aux_params, states
         store: A :class:`~mp_symbolic.tools.store.Store` whose lock is held
             (``None`` on a node other than node 0).
         name: File prefix (the task's name).
-        states: Optimizer state by parameter name (:mod:`~mp_symbolic.core.optstate`).
+        states: Optimizer state by parameter name (:mod:`~mp_symbolic.core.optim.optstate`).
         summary: JSON-able dict written as ``summary.json``.
         complete: Whether this is the run's final checkpoint.
         group: The node processes of one pipeline
-            (:class:`~mp_symbolic.core.comm.ControlPlane`), each holding its
+            (:class:`~mp_symbolic.core.transport.comm.ControlPlane`), each holding its
             stages' parameters and states (``arg_params``, ``aux_params``,
             ``states``: this node's; values may be functions making each
             array when called, see :func:`save_part`): every node writes its
@@ -672,20 +672,20 @@ def _host(value):
 def save_part(path, arg_params, aux_params, states):
     """Writes one node's part of a checkpoint: an ``.npz`` file holding its
     parameters (``arg:<name>``), auxiliary states (``aux:<name>``) and
-    optimizer state (``states``: JSON of :mod:`~mp_symbolic.core.optstate`'s
+    optimizer state (``states``: JSON of :mod:`~mp_symbolic.core.optim.optstate`'s
     fields; its arrays ``state:<i>``), one array at a time, read back.
 
     Args:
         arg_params, aux_params: ``{name: array}``: NDArrays, numpy arrays,
             or functions of no arguments returning one (each called when
             its array is written, and let go once written).
-        states: :func:`~mp_symbolic.core.optstate.states_by_name` output.
+        states: :func:`~mp_symbolic.core.optim.optstate.states_by_name` output.
 
     Raises:
         OSError: the file could not be written or does not read back as
             written (a full disk, a file size limit); one line.
     """
-    from ..core.parts import PartError, npz_index, write_npz  # pylint: disable=import-outside-toplevel
+    from ..core.base.parts import PartError, npz_index, write_npz  # pylint: disable=import-outside-toplevel
     meta = {k: v for k, v in states.items() if k != 'arrays'}
 
     def lazy(value):
@@ -720,8 +720,8 @@ def _save_states(path, states):
             (a full disk, a file size limit); one line.
     """
     # pylint: disable=import-outside-toplevel
-    from ..core.optstate import save_states
-    from ..core.parts import PartError, npz_digests, npz_index
+    from ..core.optim.optstate import save_states
+    from ..core.base.parts import PartError, npz_digests, npz_index
     digests = {}
     try:
         written = save_states(path, states, digests=digests)
@@ -794,8 +794,8 @@ def write_pair(checkpoint, out, log=print):
         StoreError: ``out`` is in use or holds something else.
     """
     # pylint: disable=import-outside-toplevel
-    from ..core.optstate import FORMAT, merge_states, _spec_arrays
-    from ..core.parts import NpzReader, mxnet_params_index, npz_index, write_mxnet_params, write_npz
+    from ..core.optim.optstate import FORMAT, merge_states, _spec_arrays
+    from ..core.base.parts import NpzReader, mxnet_params_index, npz_index, write_mxnet_params, write_npz
     from .store import Store
     if not checkpoint.part_paths:
         raise CheckpointError('expected a checkpoint of one part per node, found MXNet\'s pair '
@@ -895,8 +895,8 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
             another process writes to ``folder``.
     """
     # pylint: disable=import-outside-toplevel
-    from ..core.devices import format_device
-    from ..core.module import PipelineModule, with_input_shape
+    from ..core.placement.devices import format_device
+    from ..core.engine.module import PipelineModule, with_input_shape
     from .store import Store, abandon_across
     if not isinstance(module, PipelineModule):
         raise ValueError('module: expected a PipelineModule (pipe.module(...)), found %s'
@@ -918,7 +918,7 @@ def save_checkpoint(module, folder, epoch, name='model', summary=None):
              'parameters': list(arg_params) + list(aux_params)}
     facts.update(summary or {})
     if pipe.nodes is not None:  # every node calls this: node 0 commits every node's part
-        from ..core.comm import control  # pylint: disable=import-outside-toplevel
+        from ..core.transport.comm import control  # pylint: disable=import-outside-toplevel
         group = control(pipe.nodes, node_of_stage=pipe.plan.node_of_stage)
         facts['parameters'] = [n for names in group.gather(facts['parameters']) for n in names]
         if group.rank != 0:
@@ -974,7 +974,7 @@ def _device_params(module):
     copies that one array from its device to the host (numpy), the bits
     ``get_params`` copies (for a module where :func:`_one_copy` holds)."""
     # pylint: disable=protected-access
-    from ..core.device_module import aux_written  # pylint: disable=import-outside-toplevel
+    from ..core.engine.device_module import aux_written  # pylint: disable=import-outside-toplevel
     group = module._exec_group
     aux_written(group)  # the running statistics' last update done before they are read
 

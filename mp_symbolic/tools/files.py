@@ -13,7 +13,7 @@ import os
 import stat
 import tempfile
 
-from ..core.checks import excerpt
+from ..core.base.checks import excerpt
 
 __all__ = []
 

@@ -49,11 +49,11 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from ..core.checks import MAX_NODES, positive_int
+from ..core.base.checks import MAX_NODES, positive_int
 
 __all__ = []
 
-# The secret a job's node processes prove they share (core/nodes.py; not imported: MXNet).
+# The secret a job's node processes prove they share (core/transport/nodes.py; not imported: MXNet).
 NODE_SECRET = 'MP_SYMBOLIC_NODE_SECRET'
 MODES = ('local', 'ssh', 'manual')
 # First words of COMMAND that are ``python -m mp_symbolic`` subcommands.
@@ -896,7 +896,7 @@ def run_launch(args, subcommands=None):
             progress_timeout=args.progress_timeout)
     # Unbuffered Python output, so lines are relayed as they are printed.
     extra_env = {'PYTHONUNBUFFERED': '1'}
-    if args.nodes is not None:  # only this job's nodes know it (core/nodes.py checks it)
+    if args.nodes is not None:  # only this job's nodes know it (core/transport/nodes.py checks it)
         extra_env[NODE_SECRET] = os.environ.get(NODE_SECRET) or secrets.token_hex(32)
     return run_job(nodes, args.timeout, extra_env=extra_env,
                    stopped_timeout=args.stopped_timeout, progress_timeout=args.progress_timeout)

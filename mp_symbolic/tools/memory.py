@@ -11,7 +11,7 @@ Per device, in bytes:
   keeps (``mod._arg_params`` / ``_aux_params``, made at bind on the default
   context: host memory, on ``cpu(0)`` here). A Pipeline's Module keeps none
   unless made with ``host_copy=True``
-  (:class:`~mp_symbolic.core.device_module.DeviceModule`); nor does a bare
+  (:class:`~mp_symbolic.core.engine.device_module.DeviceModule`); nor does a bare
   executor;
 * ``other``: the executor's activations and workspace, which no array
   exposes: the device's total from MXNet's storage profiler minus the six
@@ -49,11 +49,11 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .text import columns
-from ..core.compat import profiler_cpu_limit, unprofilable
+from ..core.base.compat import profiler_cpu_limit, unprofilable
 from .trace import dump, load_trace, storage_bytes
-from ..core.updater import PerDeviceUpdater
-from ..core.compat import split_bind
-from ..core.device_module import DeviceModule
+from ..core.optim.updater import PerDeviceUpdater
+from ..core.base.compat import split_bind
+from ..core.engine.device_module import DeviceModule
 
 __all__ = []
 
@@ -197,7 +197,7 @@ def measure_memory(symbol, data_shapes, label_shapes, group2ctx=None, context='c
             default, as a Pipeline's Module, none.
         held: The parameters whose optimizer state the step makes (a
             replica's share under ``shard_optimizer``:
-            :func:`mp_symbolic.core.estimate.optimizer_shares`); ``None``:
+            :func:`mp_symbolic.core.planning.estimate.optimizer_shares`); ``None``:
             every trained one.
 
     Returns:

@@ -2,14 +2,14 @@
 :func:`estimate_memory` (``mp_symbolic.estimate_memory``) and the table
 ``python -m mp_symbolic plan`` prints.
 
-The estimate is :func:`mp_symbolic.core.estimate.estimate`'s (shapes and
+The estimate is :func:`mp_symbolic.core.planning.estimate.estimate`'s (shapes and
 MXNet 1.9.1's own memory planning); this module gives it as the
 :class:`~mp_symbolic.tools.memory.MemoryTable` a measured Module gives
 (:func:`~mp_symbolic.tools.memory.memory_table`), rows and units alike.
 """
 import mxnet as mx
 
-from ..core.estimate import estimate
+from ..core.planning.estimate import estimate
 from .memory import CATEGORIES, MemoryRow, MemoryTable
 
 __all__ = []

@@ -1,6 +1,6 @@
 """``python -m mp_symbolic.tools.torchrun ...``: PyTorch's ``torchrun``, for an
 environment where torch lives apart from GluonCV (``.venv/torch-site``, see
-:mod:`mp_symbolic.core.nodes`), where the ``torchrun`` of torch's own
+:mod:`mp_symbolic.core.transport.nodes`), where the ``torchrun`` of torch's own
 install cannot import torch. The arguments are torchrun's, unchanged::
 
     python -m mp_symbolic.tools.torchrun --nnodes 1 --nproc-per-node 2 \\
@@ -10,7 +10,7 @@ Where torch is installed as usual, ``torchrun`` itself does the same.
 """
 import sys
 
-from ..core.nodes import NodeError, torch
+from ..core.transport.nodes import NodeError, torch
 
 __all__ = []
 

@@ -17,7 +17,7 @@ import ast
 import os
 import sys
 
-from ..core.checks import excerpt
+from ..core.base.checks import excerpt
 from ..tools.cliargs import USAGE_ERROR, OneLineArgumentParser, print_error
 from ..tools.files import shown_path
 from .config import APIS, BATCHNORM_MODES, KVSTORES, OPTIMIZERS, SCHEDULES, VARIANTS, \
@@ -46,7 +46,7 @@ def _balance(text):
 
 
 def _size(text):
-    from ..core.sizes import parse_size  # pylint: disable=import-outside-toplevel
+    from ..core.planning.sizes import parse_size  # pylint: disable=import-outside-toplevel
     try:
         return parse_size(text)
     except ValueError as err:
@@ -369,7 +369,7 @@ def _flag_message(err, task=None):
     """``'num_epochs: expected ...'`` -> ``'--epochs: expected ...'``; a device
     plan that cannot be made names ``--devices``."""
     # pylint: disable=import-outside-toplevel
-    from ..core.checks import DeviceSpecError  # these without MXNet: the launcher's checks
+    from ..core.base.checks import DeviceSpecError  # these without MXNet: the launcher's checks
     from .tasks import TaskLoadError
     if isinstance(err, TaskLoadError):
         if err.arg is not None:
@@ -456,7 +456,7 @@ def main(argv=None):
     # pylint: disable=import-outside-toplevel
     from ..tools.checkpoint import check_writable_dir
     from ..tools.store import check_store_folder
-    from ..core.nodes import NodeFailure, claim_line as node_line
+    from ..core.transport.nodes import NodeFailure, claim_line as node_line
     from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, load, train
     spec = None
     try:

@@ -25,9 +25,9 @@ import numpy as np
 from ..tools.files import atomic_path, write_json
 from .graphviz_plot import write_graph
 from .metrics import AGREE_ATOL, AGREE_RTOL
-from ..core.devices import format_device
+from ..core.placement.devices import format_device
 from ..tools.text import columns
-from ..core.ir import PlacedGraph
+from ..core.graph.ir import PlacedGraph
 from ..core.task import TaskError, as_inputs
 from .loop import build_pipeline, fit, initial_values, load, make_stepper
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, fields, replace
 import json
 import math
 
-from ..core.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
+from ..core.base.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
     is_momentum, is_positive_int, node_count
-from ..core.batchnorm import DEFAULT as BATCHNORM_DEFAULT, MODES as BATCHNORM_MODES
+from ..core.graph.batchnorm import DEFAULT as BATCHNORM_DEFAULT, MODES as BATCHNORM_MODES
 from ..core.schedule import DEFAULT, NAMES, VIRTUAL
 from .tasks import DEFAULT_TASK
 
@@ -91,7 +91,7 @@ class TrainConfig:
     # command with its rank from torchrun or `launch --nodes`. 1: every stage here.
     nodes: int = 1
     # Seconds a node waits on another (a receive, a checkpoint) before the job ends;
-    # None: 300 (mp_symbolic.core.nodes.NODE_TIMEOUT).
+    # None: 300 (mp_symbolic.core.transport.nodes.NODE_TIMEOUT).
     node_timeout: float = None
     # Symbolic variant: every stage's ops recomputed in the backward pass (MXNet's mirroring).
     mirror: bool = False
@@ -217,7 +217,7 @@ class TrainConfig:
         them.
         """
         # pylint: disable=import-outside-toplevel
-        from ..core.compat import profiler_cpu_limit, unprofilable
+        from ..core.base.compat import profiler_cpu_limit, unprofilable
         limit = profiler_cpu_limit()
         over = unprofilable(devices)
         if self.profile and over:
@@ -292,7 +292,7 @@ class TrainConfig:
     def node_facts(self):
         """What every node process of one job must be given alike
         (:data:`NODE_FIELDS` ``'compared'``), by flag, as JSON values, for
-        :func:`mp_symbolic.core.nodes.agree` to compare before any tensor
+        :func:`mp_symbolic.core.transport.nodes.agree` to compare before any tensor
         crosses."""
         values = self.to_dict()
         return {flag: json.loads(json.dumps(values[name]))

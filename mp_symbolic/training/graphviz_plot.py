@@ -16,9 +16,9 @@ import subprocess
 from graphviz import Digraph
 
 from ..tools.files import atomic_path, write_text
-from ..core.devices import format_device
-from ..core.ir import PlacedGraph
-from ..core.names import stage_name
+from ..core.placement.devices import format_device
+from ..core.graph.ir import PlacedGraph
+from ..core.graph.names import stage_name
 
 __all__ = []
 
@@ -32,7 +32,7 @@ def device_graph(symbol, plan):
 
     Args:
         symbol: A Symbol whose nodes carry ``__ctx_group__`` attributes.
-        plan: The :class:`~mp_symbolic.core.devices.DevicePlan` whose
+        plan: The :class:`~mp_symbolic.core.placement.devices.DevicePlan` whose
             ``group2ctx`` maps those groups to devices.
 
     Returns:

@@ -13,10 +13,10 @@ from mxnet import autograd
 import numpy as np
 
 from .data import staged_batches
-from ..core.heads import gluon_loss, predict_form
+from ..core.graph.heads import gluon_loss, predict_form
 from .symbolic import HostArrays, create_optimizer
 from ..core.task import as_inputs, num_examples
-from ..core.trainer import Trainer
+from ..core.optim.trainer import Trainer
 
 __all__ = []
 

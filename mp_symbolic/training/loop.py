@@ -17,20 +17,20 @@ import numpy as np
 from tqdm import tqdm
 
 from .config import DEFAULT_STAGES, RESUME_IDENTITY, plan_changes, resume_config
-from ..core import timing
-from ..core.compat import error_line
+from ..core.base import timing
+from ..core.base.compat import error_line
 from ..tools.checkpoint import SUMMARY_NAME, CheckpointError, commit_checkpoint, \
     module_arrays, read_checkpoint
 from ..tools.files import write_text
 from ..tools import trace
 from .imperative import ImperativeStepper
-from ..core.module import fixed_param_names, with_input_shape
-from ..core.optstate import OptimizerStateError, check_states, gather_states, split_states
-from ..core.comm import control
-from ..core.nodes import from_environment
+from ..core.engine.module import fixed_param_names, with_input_shape
+from ..core.optim.optstate import OptimizerStateError, check_states, gather_states, split_states
+from ..core.transport.comm import control
+from ..core.transport.nodes import from_environment
 from ..core.pipeline import Pipeline
 from ..core.schedule import DEFAULT, VIRTUAL, one_graph
-from ..core.devices import format_device, make_plan
+from ..core.placement.devices import format_device, make_plan
 from ..tools.store import Store
 from ..tools.launch import hold_kvstore
 from .symbolic import ExecutorStepper, ModuleStepper
@@ -647,7 +647,7 @@ def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
             log('    ' + line)
         return {'node' if nodes is not None else 'stages': table.as_dict()}
     # pylint: disable=import-outside-toplevel
-    from ..core.estimate import optimizer_shares
+    from ..core.planning.estimate import optimizer_shares
     from ..tools.memory import format_memory, measure_memories
     local = cfg.batch_size // cfg.replicas
     symbol = pipe.training_symbol(task.graph_loss, label_name=task.label)

@@ -101,7 +101,7 @@ def run(rest, parse, config_from_args, error, usage_error):
 def auto(cfg, task, args, argv):
     """``(cfg, ranking)``: ``cfg`` with the plan ``--plan auto`` chooses for
     ``task`` over its devices (``--devices``, or the default stand-ins), and
-    the :class:`~mp_symbolic.core.planner.Ranking` it chose from.
+    the :class:`~mp_symbolic.core.planning.planner.Ranking` it chose from.
 
     Args:
         args: The parsed flags (``plan``, ``memory_per_device``).
@@ -111,7 +111,7 @@ def auto(cfg, task, args, argv):
         ValueError: ``--memory-per-device`` without ``--plan auto``, a flag
             the planner chooses given too, another variant or API than the
             Module's, nodes or a resume, or a budget no plan fits
-            (:class:`~mp_symbolic.core.planner.PlanError`), each one line.
+            (:class:`~mp_symbolic.core.planning.planner.PlanError`), each one line.
     """
     # pylint: disable=import-outside-toplevel
     from .cli import build_parser
@@ -129,8 +129,8 @@ def auto(cfg, task, args, argv):
         raise ValueError('plan: expected a plan of this process under --plan auto (no --nodes, '
                          'no --resume), found %s'
                          % ('--nodes %d' % cfg.nodes if cfg.nodes != 1 else '--resume'))
-    from ..core.devices import make_plan
-    from ..core.planner import Planner
+    from ..core.placement.devices import make_plan
+    from ..core.planning.planner import Planner
     from .config import DEFAULT_STAGES
     devices = cfg.devices
     if devices is None:

@@ -33,7 +33,7 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ..tools.cliargs import OneLineArgumentParser, print_error  # noqa: E402
-from ..core.names import DATA_NAME, SHAPE_ATTR  # noqa: E402
+from ..core.graph.names import DATA_NAME, SHAPE_ATTR  # noqa: E402
 
 __all__ = []
 

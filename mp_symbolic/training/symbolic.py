@@ -4,10 +4,10 @@ Two ways to drive the same graph, behind one small "stepper" interface
 (``step(X, y)`` runs forward, backward and one update and returns the batch
 loss as an NDArray, left unread so steps are not synchronised):
 
-* :class:`ModuleStepper`: MXNet's ``Module`` (a :class:`~mp_symbolic.core.module.PipelineModule`,
+* :class:`ModuleStepper`: MXNet's ``Module`` (a :class:`~mp_symbolic.core.engine.module.PipelineModule`,
   ``group2ctxs``, replicas and kvstores included);
 * :class:`ExecutorStepper`: the runtime of the Pipeline's schedule
-  (:func:`~mp_symbolic.core.runtime.bind`: GPipe's one graph bound with
+  (:func:`~mp_symbolic.core.engine.runtime.bind`: GPipe's one graph bound with
   ``Symbol.simple_bind(group2ctx=...)``, or the stage runtime) and an
   optimizer updater in a plain loop.
 
@@ -22,13 +22,13 @@ import mxnet as mx
 import numpy as np
 
 from .data import padded_batches, staged_batches
-from ..core.updater import PerDeviceUpdater
-from ..core.optstate import drop_states, set_states_by_name, states_by_name
+from ..core.optim.updater import PerDeviceUpdater
+from ..core.optim.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.task import as_inputs
-from ..core.comm import control
-from ..core.compat import write_into
-from ..core.tensor_parallel import gather_made
-from ..core import runtime
+from ..core.transport.comm import control
+from ..core.base.compat import write_into
+from ..core.parallel.tensor_parallel import gather_made
+from ..core.engine import runtime
 
 __all__ = []
 
@@ -65,7 +65,7 @@ class _SymbolicStepper:
         raise NotImplementedError
 
     def _runtime(self):
-        """The first replica's :class:`~mp_symbolic.core.runtime.Runtime`."""
+        """The first replica's :class:`~mp_symbolic.core.engine.runtime.Runtime`."""
         raise NotImplementedError
 
     @property
@@ -126,7 +126,7 @@ class _SymbolicStepper:
         ``_CrossDeviceCopy`` nodes MXNet inserted when it bound the graph
         with ``group2ctx`` (read from ``debug_str()``), and on the stage
         runtime the boundary tensors its transport carries
-        (:meth:`~mp_symbolic.core.runtime.Runtime.device_copies`)."""
+        (:meth:`~mp_symbolic.core.engine.runtime.Runtime.device_copies`)."""
         return self._runtime().device_copies()
 
 
@@ -159,7 +159,7 @@ class HostArrays(Mapping):
 class NodeArrays(Mapping):
     """Every node's arrays by name, one mapping on every node that holds
     none of another node's: a value is read when asked for, from the node
-    that holds it, as one array (:meth:`~mp_symbolic.core.comm.ControlPlane.broadcast_array`),
+    that holds it, as one array (:meth:`~mp_symbolic.core.transport.comm.ControlPlane.broadcast_array`),
     and not kept. A node so holds its own arrays and at most the one it reads.
 
     Reading a value is a step every node takes together: every node reads
@@ -169,7 +169,7 @@ class NodeArrays(Mapping):
     ``len``, ``in`` and iteration (the nodes' names in rank order) ask no node.
 
     Args:
-        group: The nodes' :class:`~mp_symbolic.core.comm.ControlPlane`.
+        group: The nodes' :class:`~mp_symbolic.core.transport.comm.ControlPlane`.
         arrays: This node's arrays, name -> NDArray; a name several nodes
             hold (replicas alike) is read from the first.
 
@@ -364,7 +364,7 @@ class ModuleStepper(_SymbolicStepper):
 
     def lazy_params(self):
         """:meth:`arg_aux`'s names, each value a function making that one
-        array on the host (:meth:`~mp_symbolic.core.module.PipelineModule.lazy_params`)."""
+        array on the host (:meth:`~mp_symbolic.core.engine.module.PipelineModule.lazy_params`)."""
         return self.module.lazy_params()
 
     def set_optimizer_states(self, states):
@@ -373,7 +373,7 @@ class ModuleStepper(_SymbolicStepper):
 
 class ExecutorStepper(_SymbolicStepper):
     """The Pipeline's graph bound as the runtime its schedule runs on
-    (:func:`~mp_symbolic.core.runtime.bind`: GPipe's one graph, or the
+    (:func:`~mp_symbolic.core.engine.runtime.bind`: GPipe's one graph, or the
     stage runtime), updated by an optimizer updater in a plain loop (one
     replica)."""
 
@@ -458,7 +458,7 @@ class ExecutorStepper(_SymbolicStepper):
                 OrderedDict((n, a.asnumpy) for n, a in aux_dict.items()))
 
     def optimizer_states(self, lazy=False):
-        """The optimizer state by parameter name (:func:`~mp_symbolic.core.optstate.states_by_name`;
+        """The optimizer state by parameter name (:func:`~mp_symbolic.core.optim.optstate.states_by_name`;
         with ``lazy`` each of its arrays a function making it on the host when called)."""
         return states_by_name(self._updater, self._optimizer, OrderedDict(enumerate(self._names)),
                               lazy=lazy)

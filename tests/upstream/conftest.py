@@ -3,7 +3,7 @@ classes: ``test_gluon_trainer.py`` with ``gluon.Trainer`` replaced by
 :class:`mp_symbolic.Trainer`; and ``test_module.py`` (with the
 ``test_bucketing.py`` it imports, from ``tests/python/train``), where they
 are placed here, with ``mx.mod.Module`` replaced by
-:class:`~mp_symbolic.core.device_module.DeviceModule`, the Module that
+:class:`~mp_symbolic.core.engine.device_module.DeviceModule`, the Module that
 ``PipelineModule`` and the stage runtime's Module are (no host copy of the
 parameters: ``get_params`` and MXNet's own reads of ``_arg_params`` get a
 fresh one from the devices), BucketingModule's buckets included. Those two
@@ -33,8 +33,8 @@ import pytest
 sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # common, nose, test_bucketing
 
 # pylint: disable=wrong-import-position
-from mp_symbolic.core.device_module import DeviceModule  # noqa: E402
-from mp_symbolic.core.trainer import Trainer  # noqa: E402
+from mp_symbolic.core.engine.device_module import DeviceModule  # noqa: E402
+from mp_symbolic.core.optim.trainer import Trainer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

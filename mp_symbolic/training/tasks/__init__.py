@@ -12,7 +12,7 @@ import inspect
 import os
 import sys
 
-from ...core.checks import raised
+from ...core.base.checks import raised
 
 from ...tools.files import shown_path
 

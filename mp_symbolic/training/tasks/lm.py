@@ -19,7 +19,7 @@ import sysconfig
 import numpy as np
 
 import mp_symbolic
-from mp_symbolic.core.checks import is_int, positive_int
+from mp_symbolic.core.base.checks import is_int, positive_int
 
 from . import gpt
 

@@ -8,7 +8,7 @@ from mxnet import gluon
 from mxnet.gluon.model_zoo import vision
 
 import mp_symbolic
-from mp_symbolic.core.checks import positive_int
+from mp_symbolic.core.base.checks import positive_int
 
 from . import digits
 

@@ -1,0 +1,266 @@
+"""``DeviceModule``: ``mx.mod.Module`` whose parameters live on their devices
+only, with a host copy made when one is asked for.
+
+MXNet's Module keeps a second copy of every parameter and auxiliary state
+on the host (``_arg_params`` / ``_aux_params``, on ``cpu(0)``): bind fills
+it with zeros, ``init_params`` initialises it and copies it to the devices,
+``get_params`` brings it up to date and hands it out. For a model split
+over devices that copy is the whole model on one device: a split BERT-base
+(GluonNLP's ``bert_12_768_12``, four devices) holds 331 MiB of it on
+``cpu(0)`` beside that device's own share of the weights.
+
+Here the devices hold the only copy. What the host copy did is done from
+the devices, with MXNet's own code where it has some:
+
+* ``init_params`` initialises each parameter in a host array of its own, in
+  MXNet's order (so a seed gives the same values), copies it to every device
+  and lets it go; given values (NDArrays, or numpy arrays) are copied
+  straight to the devices;
+* ``get_params`` (and what reads it: ``save_params``, ``save_checkpoint``,
+  ``fit``'s epoch callbacks) returns a fresh host copy gathered from the
+  devices as MXNet gathers its own (the replicas averaged), not kept (MXNet's
+  ``fit`` holds the one of its epoch callbacks until the next epoch ends);
+* ``init_optimizer`` with a kvstore hands MXNet a fresh copy to start the
+  kvstore from; a rebind (``force_rebind``) carries the values over
+  through one; both are dropped after.
+
+``DeviceModule(..., host_copy=True)`` keeps MXNet's behaviour, the copy
+included. MXNet 1.9.1's own ``tests/python/unittest/test_module.py``
+passes against this class (``tests/upstream/conftest.py`` says how to run
+it).
+
+References: MXNet 1.9.1 ``python/mxnet/module/module.py`` (``bind``,
+``init_params``, ``get_params``, ``_sync_params_from_devices``,
+``init_optimizer``).
+"""
+import warnings
+
+import mxnet as mx
+from mxnet.initializer import InitDesc
+
+from ..base.compat import write_into
+import numpy as np
+
+__all__ = []
+
+
+class DeviceModule(mx.mod.Module):
+    """``mx.mod.Module`` without the host copy of its parameters (see the module).
+
+    Args:
+        symbol, data_names, label_names, ...: As ``mx.mod.Module`` takes them.
+        host_copy: Keep MXNet's host copy of every parameter (on MXNet's
+            default context, ``cpu(0)``): ``get_params`` then
+            returns the same arrays each time, brought up to date.
+
+    Attributes:
+        host_copy: Whether the Module keeps the host copy.
+    """
+
+    def __init__(self, *args, host_copy=False, **kwargs):
+        self.host_copy = bool(host_copy)
+        self._kept = [None, None]  # the host copy, (arg, aux); MXNet's __init__ sets it to None
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def load(prefix, epoch, load_optimizer_states=False, **kwargs):
+        """``mx.mod.Module.load``: a DeviceModule (``host_copy`` among
+        ``kwargs``) holding the checkpoint's values until it is bound."""
+        symbol, arg_params, aux_params = mx.model.load_checkpoint(prefix, epoch)
+        mod = DeviceModule(symbol=symbol, **kwargs)
+        mod._arg_params, mod._aux_params = arg_params, aux_params
+        mod.params_initialized = True
+        if load_optimizer_states:
+            mod._preload_opt_states = '%s-%04d.states' % (prefix, epoch)
+        return mod
+
+    # MXNet's own code reads and writes the host copy under these two names.
+    @property
+    def _arg_params(self):
+        return self._host_values(0)
+
+    @_arg_params.setter
+    def _arg_params(self, value):
+        self._kept[0] = value
+
+    @property
+    def _aux_params(self):
+        return self._host_values(1)
+
+    @_aux_params.setter
+    def _aux_params(self, value):
+        self._kept[1] = value
+
+    @property
+    def host_params(self):
+        """``(arg_params, aux_params)`` the Module keeps on the host:
+        ``(None, None)`` unless ``host_copy`` (or :meth:`load` read them and
+        the Module is not bound yet)."""
+        return tuple(self._kept)
+
+    def _host_values(self, which):
+        if self._kept[which] is not None or self.host_copy or \
+                not (self.binded and self.params_initialized):
+            return self._kept[which]
+        return self._from_devices()[which]  # read by code that expects the copy: a fresh one
+
+    def _from_devices(self):
+        """A fresh host copy ``(arg_params, aux_params)``, made as MXNet's bind
+        makes its own and filled as ``_sync_params_from_devices`` fills it."""
+        group = self._exec_group
+        arg = {name: mx.nd.zeros(a[0].shape, dtype=a[0].dtype, stype=a[0].stype)
+               for name, a in zip(self._param_names, group.param_arrays)}
+        aux = {name: mx.nd.zeros(a[0].shape, dtype=a[0].dtype)
+               for name, a in zip(self._aux_names, group.aux_arrays)}
+        if len(self._context) == 1 and all(a[0].stype == 'default'
+                                           for a in group.param_arrays):
+            aux_written(group)
+            # one replica: its values copied straight, the bits MXNet's average
+            # of one gives (sum([copy]) / 1), without its temporaries per array
+            for target, arrays in ((arg, group.param_arrays), (aux, group.aux_arrays)):
+                for value, block in zip(target.values(), arrays):
+                    block[0].copyto(value)
+            return arg, aux
+        kept, dirty = self._kept, self._params_dirty
+        self._kept = [arg, aux]
+        try:
+            aux_written(group)
+            super()._sync_params_from_devices()  # MXNet's own, on the fresh copy
+        finally:
+            self._kept, self._params_dirty = kept, dirty
+        return arg, aux
+
+    def _sync_params_from_devices(self):
+        if self._kept[0] is None:  # no copy to bring up to date: each read makes its own
+            self._params_dirty = False
+            return
+        aux_written(self._exec_group)
+        super()._sync_params_from_devices()
+
+    def _reset_bind(self):
+        # a rebind: MXNet's bind copies the host copy into the new executors
+        if not self.host_copy and self._kept[0] is None and self.binded and \
+                self.params_initialized:
+            self._kept = list(self._from_devices())
+        super()._reset_bind()
+
+    def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
+             force_rebind=False, shared_module=None, grad_req='write'):
+        """``mx.mod.Module.bind``; then, unless ``host_copy``, no host copy
+        is kept (before ``init_params``, none is made: MXNet would make one
+        of zeros for ``init_params`` to fill)."""
+        if self.host_copy:
+            super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
+                         force_rebind, shared_module, grad_req)
+            return
+        empty = not self.params_initialized and shared_module is None and \
+            (force_rebind or not self.binded)
+        if empty:  # as if initialised with nothing: MXNet then copies nothing in
+            self._kept, self.params_initialized = [{}, {}], True
+        try:
+            super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
+                         force_rebind, shared_module, grad_req)
+        finally:
+            if empty:
+                self._kept, self.params_initialized = [None, None], False
+        # (a failed rebind keeps the copy it carried: the values have nowhere else)
+        self._kept = [None, None]
+
+    def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
+                    allow_missing=False, force_init=False, allow_extra=False):
+        """``mx.mod.Module.init_params``, each value written to the devices'
+        arrays: an initialised one through a host array of its own, made,
+        filled in MXNet's order and dropped before the next is made; a given
+        one (an NDArray, or a numpy array unless ``host_copy``) copied
+        straight. Without ``initializer`` a parameter missing from
+        ``arg_params`` keeps the value its devices hold (zeros, the first
+        time)."""
+        if self.host_copy:
+            super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
+                                allow_extra)
+            return
+        if self.params_initialized and not force_init:
+            warnings.warn('Parameters already initialized and force_init=False. '
+                          'init_params call ignored.', stacklevel=2)
+            return
+        assert self.binded, 'call bind before initializing the parameters'
+        group, attrs = self._exec_group, self._symbol.attr_dict()
+        first = not self.params_initialized
+        for names, blocks, given, sparse in ((self._param_names, group.param_arrays,
+                                              arg_params, True),
+                                             (self._aux_names, group.aux_arrays, aux_params,
+                                              False)):
+            for name, block in sorted(zip(names, blocks), key=lambda item: item[0]):
+                if given is not None and name in given:
+                    value = given[name]
+                elif given is not None and not allow_missing:
+                    raise RuntimeError('%s is not presented' % name)
+                elif initializer is None and not first:
+                    continue
+                else:
+                    stype = {'stype': block[0].stype} if sparse else {}
+                    value = mx.nd.zeros(block[0].shape, dtype=block[0].dtype, **stype)
+                    if initializer is not None:
+                        initializer(InitDesc(name, attrs.get(name, None)), value)
+                for array in block:
+                    if isinstance(value, np.ndarray):
+                        write_into(array, value)  # also where oneDNN keeps its own layout
+                    elif value is not array:
+                        value.copyto(array)
+                if given is None or name not in given:
+                    # the host array is let go before the next is made: one at a time
+                    for array in block:
+                        array.wait_to_read()
+        self.params_initialized = True
+        self._params_dirty = False
+
+    def get_params(self):
+        """``mx.mod.Module.get_params``: unless ``host_copy``, a fresh host
+        copy of the devices' values (the replicas averaged, as MXNet
+        averages them), not kept."""
+        if self.host_copy or self._kept[0] is not None:
+            return super().get_params()
+        assert self.params_initialized
+        return self._from_devices()
+
+    def init_optimizer(self, kvstore='local', optimizer='sgd',
+                       optimizer_params=(('learning_rate', 0.01),), force_init=False):
+        """``mx.mod.Module.init_optimizer``; a kvstore starts from a fresh
+        host copy, dropped after."""
+        if self.host_copy or self._kept[0] is not None or \
+                not (self.binded and self.params_initialized) or \
+                self.optimizer_initialized and not force_init:
+            super().init_optimizer(kvstore, optimizer, optimizer_params, force_init)
+            return
+        # MXNet makes a kvstore (and reads the copy) unless told none, or
+        # given a name of a local one with one replica (model._create_kvstore)
+        local = kvstore is None or isinstance(kvstore, str) and len(self._context) == 1 and \
+            'dist' not in kvstore
+        self._params_dirty = False
+        self._kept = [{}, {}] if local else list(self._from_devices())
+        try:
+            super().init_optimizer(kvstore, optimizer, optimizer_params, force_init)
+        finally:
+            self._kept = [None, None]
+
+
+def aux_written(group):
+    """Waits until every operation queued on the auxiliary states of
+    ``group`` (an executor group) is done, the ones that read them too.
+
+    MXNet 1.9.1's BatchNorm updates its running mean and variance in its
+    backward pass (``_backward_BatchNorm``, oneDNN's and MXNet's own), which
+    takes them as inputs it reads: the engine orders no later read after
+    that write, so a copy made once the backward is queued (``get_params``,
+    a checkpoint) read the statistics before or after their update by
+    chance. Waiting to write an array (``MXNDArrayWaitToWrite``, which
+    Python's NDArray does not offer) waits for its readers; as the write
+    itself is undeclared, every queued operation is waited for too
+    (``mx.nd.waitall``) where there are statistics."""
+    waited = False
+    for block in group.aux_arrays:
+        for array in block:
+            mx.base.check_call(mx.base._LIB.MXNDArrayWaitToWrite(array.handle))  # pylint: disable=protected-access
+            waited = True
+    if waited:
+        mx.nd.waitall()

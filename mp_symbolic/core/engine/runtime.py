@@ -1,0 +1,337 @@
+"""The runtime interface: a Pipeline's training graph bound on its devices,
+running one batch at a time. Every symbolic step runs on one.
+
+Two implement it:
+
+* :class:`~mp_symbolic.core.engine.stages.StageRuntime`: the stage graphs, each
+  bound as executors of its own, run in a schedule's order (every schedule,
+  and over node processes);
+* :class:`FusedRuntime`: GPipe's fused mode, every micro-batch in one bound
+  graph whose order MXNet's engine decides (``schedule='gpipe'`` in one
+  process).
+
+:func:`bind` makes the one the Pipeline's schedule runs on; the step code
+(the executor API's stepper) drives either alike.
+"""
+from typing import Dict, List, Optional, Protocol, Tuple, runtime_checkable
+
+import mxnet as mx
+
+from ..graph.batchnorm import deferred_graph, update
+from ..base.compat import split_bind
+from ..graph.layouts import batch_axis_of, batch_descs, output_batch_axes
+from ..graph.names import GROUP_ATTR
+from .. import schedule as schedules
+
+__all__ = []
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """A graph bound on its devices (bound when made), one batch at a time.
+
+    Attributes:
+        outputs: After :meth:`run`, the graph's outputs of the batch, in order.
+        input_grads: After a training :meth:`run`, ``{input: its gradient
+            over the batch}`` for the inputs whose gradient was asked for.
+        parameters: ``(arg_dict, grad_dict, aux_dict)``: the weights,
+            their gradients (``None`` for a fixed one) and the auxiliary
+            states the runtime binds, by name, each on its device (the
+            fused graph's hold its inputs too, their gradients ``None``).
+        executors: The MXNet executors it runs (one per stage it binds, or
+            the one fused graph's).
+    """
+
+    outputs: Optional[List[mx.nd.NDArray]]
+    input_grads: Dict[str, mx.nd.NDArray]
+
+    @property
+    def parameters(self) -> Tuple[dict, dict, dict]:
+        ...
+
+    @property
+    def executors(self) -> List[mx.executor.Executor]:
+        ...
+
+    def device_copies(self) -> Tuple[int, int]:
+        """``(forward, backward)`` tensors copied between devices in one
+        step of a micro-batch: in its executors' graphs, and by its transport."""
+
+    def run(self, inputs, train, each=None) -> None:
+        """One batch: ``inputs`` (``{input or label name: array}``) through
+        the graph, with ``train`` its backward too (the batch's gradients in
+        the gradient arrays); ``each`` is called with each action as it is
+        issued, where the runtime issues them one by one."""
+
+
+class FusedRuntime:
+    """GPipe's fused mode: one executor of the graph with every micro-batch
+    (:func:`~mp_symbolic.core.graph.passes.replicate_chunks`), its forwards and
+    backwards ordered by MXNet's engine.
+
+    Args:
+        executor: The bound executor.
+        input_grads: The inputs whose gradient :meth:`run` returns (bound
+            with a gradient).
+        statistics: With ``batchnorm='deferred'``, the statistics the graph
+            outputs after its own (:func:`~mp_symbolic.core.graph.batchnorm.deferred_graph`):
+            a training run then updates the running statistics once, with
+            the whole batch's; ``outputs`` leaves them out.
+        own_outputs: The count of the graph's own outputs, before the statistics.
+    """
+
+    def __init__(self, executor, input_grads=(), statistics=(), own_outputs=None):
+        self.executor = executor
+        self._input_grads = tuple(input_grads)
+        self._statistics, self._own = statistics, own_outputs
+        self.outputs = None
+        self.input_grads = {}
+
+    @property
+    def parameters(self):
+        exe = self.executor
+        return exe.arg_dict, exe.grad_dict, exe.aux_dict
+
+    @property
+    def executors(self):
+        return [self.executor]
+
+    def device_copies(self):
+        """``(forward, backward)`` copies between devices in one step of a
+        micro-batch: the ``_CrossDeviceCopy`` nodes MXNet put in the bound
+        graph (:func:`graph_copies`)."""
+        return graph_copies(self.executors)
+
+    def run(self, inputs, train, each=None):
+        """See :class:`Runtime`; ``inputs`` may be NDArrays on any device or
+        numpy arrays, written into the executor's arrays. The whole schedule
+        is one issue: ``each`` is not called."""
+        exe = self.executor
+        for name, value in inputs.items():
+            exe.arg_dict[name][:] = value
+        exe.forward(is_train=train)
+        if train:
+            exe.backward()
+            if self._statistics:
+                update(self._statistics, exe.aux_dict, exe.outputs)
+            self.input_grads = {n: exe.grad_dict[n] for n in self._input_grads}
+        self.outputs = exe.outputs[:self._own] if self._own else exe.outputs
+
+
+def graph_copies(executors):
+    """``(forward, backward)``: the ``_CrossDeviceCopy`` nodes MXNet
+    inserted in ``executors``' graphs where it bound them with
+    ``group2ctx``, read from ``debug_str()`` (one ``Op:<op>, Name=<node>``
+    line per node; a backward copy's name holds ``_backward``)."""
+    names = [line.split('Name=', 1)[1] for exe in executors
+             for line in exe.debug_str().splitlines()
+             if line.startswith('Op:_CrossDeviceCopy,')]
+    backward = sum('_backward' in n for n in names)
+    return len(names) - backward, backward
+
+
+def parameter_arrays(symbol, shapes, types, group2ctx, inputs, fixed=()):
+    """``(arg_dict, grad_dict, aux_dict)`` of new zero arrays for every
+    argument of ``symbol`` but ``inputs``, and every auxiliary state, each on
+    the device of its ``ctx_group`` (``shapes`` and ``types``: by name, as
+    :func:`~mp_symbolic.core.engine.stages.variable_specs` gives them); ``fixed``
+    arguments get no gradient array (``None``)."""
+    attrs = symbol.attr_dict()
+
+    def zeros(name):
+        device = group2ctx[attrs[name][GROUP_ATTR]]
+        return mx.nd.zeros(shapes[name], device, dtype=types[name])
+    params = [n for n in symbol.list_arguments() if n not in inputs]
+    arg_dict = {n: zeros(n) for n in params}
+    grad_dict = {n: None if n in fixed else mx.nd.zeros_like(a) for n, a in arg_dict.items()}
+    aux_dict = {n: zeros(n) for n in symbol.list_auxiliary_states()}
+    return arg_dict, grad_dict, aux_dict
+
+
+class ReplicaArrays:  # pylint: disable=too-few-public-methods
+    """One replica's arrays by name, as an executor holds them: ``arg_dict``
+    (the weights), ``grad_dict`` (their gradients, ``None`` where none is
+    asked for) and ``aux_dict`` (the auxiliary states)."""
+
+    def __init__(self, arg_dict, grad_dict, aux_dict):
+        self.arg_dict, self.grad_dict, self.aux_dict = arg_dict, grad_dict, aux_dict
+
+
+class ArrayGroup:
+    """The weights, gradients and auxiliary states a Module's runtimes bind,
+    one set per replica, held where MXNet's Module holds its executor group
+    (``_exec_group``) and read through the same attributes and methods
+    (``param_arrays``, ``grad_arrays``, ``aux_arrays``, ``param_names``,
+    ``aux_names``, ``grad_req``, ``batch_size``, ``execs``, ``get_params``,
+    ``set_params``): it binds no executor of its own.
+
+    Args:
+        symbol: The graph of the parameters, each variable tagged with its
+            ``ctx_group``.
+        group2ctxs: One ``{ctx_group: device}`` per replica.
+        param_names: The arguments of ``symbol`` that are parameters, in its order.
+        specs: ``({name: shape}, {name: dtype})`` of every parameter and
+            auxiliary state (:func:`~mp_symbolic.core.engine.stages.variable_specs`).
+        grad_req: ``{parameter: 'write', 'add' or 'null'}`` (as
+            :func:`grad_requests` gives it); a ``'null'`` one, or any one
+            without ``for_training``, has no gradient array.
+        batch_size: The examples of a batch, over every replica (the
+            optimizer rescales gradients by its inverse).
+        for_training, inputs_need_grad: As the Module was bound.
+        shared: An :class:`ArrayGroup` whose arrays of the same names this
+            one holds (not new ones), or ``None``.
+
+    Attributes:
+        execs: One :class:`ReplicaArrays` per replica.
+    """
+
+    def __init__(self, symbol, group2ctxs, param_names, specs, grad_req, batch_size,
+                 for_training, inputs_need_grad=False, shared=None):
+        self.param_names = list(param_names)
+        self.aux_names = symbol.list_auxiliary_states()
+        self.grad_req = dict(grad_req)
+        self.batch_size = batch_size
+        self.for_training, self.inputs_need_grad = for_training, inputs_need_grad
+        fixed = [n for n in self.param_names
+                 if not for_training or self.grad_req.get(n, 'null') == 'null']
+        inputs = [n for n in symbol.list_arguments() if n not in self.param_names]
+        self.execs = []
+        for k, group2ctx in enumerate(group2ctxs):
+            arrays = parameter_arrays(symbol, specs[0], specs[1], group2ctx, inputs, fixed)
+            if shared is not None:
+                for made, kept in zip(arrays, (shared.execs[k].arg_dict, shared.execs[k].grad_dict,
+                                               shared.execs[k].aux_dict)):
+                    made.update({n: kept[n] for n in made if n in kept and (
+                        kept[n] is None) == (made[n] is None)})
+            self.execs.append(ReplicaArrays(*arrays))
+        self.param_arrays = [[e.arg_dict[n] for e in self.execs] for n in self.param_names]
+        self.grad_arrays = [[e.grad_dict[n] for e in self.execs] for n in self.param_names] \
+            if for_training else None
+        self.aux_arrays = [[e.aux_dict[n] for e in self.execs] for n in self.aux_names]
+
+    def get_params(self, arg_params, aux_params):
+        """Writes each value into ``arg_params`` and ``aux_params`` (host
+        arrays by name), the replicas averaged, as MXNet's executor group does."""
+        for names, blocks, target in ((self.param_names, self.param_arrays, arg_params),
+                                      (self.aux_names, self.aux_arrays, aux_params)):
+            for name, block in zip(names, blocks):
+                value = sum(w.copyto(mx.cpu()) for w in block) / len(block)
+                value.astype(target[name].dtype).copyto(target[name])
+
+    def set_params(self, arg_params, aux_params, allow_extra=False):
+        """Copies ``arg_params`` and ``aux_params`` (NDArrays by name) into
+        every replica's arrays.
+
+        Raises:
+            ValueError: a name this group does not hold, unless ``allow_extra``.
+        """
+        for values, kind in ((arg_params, 'arg_dict'), (aux_params or {}, 'aux_dict')):
+            for name, value in values.items():
+                if name not in getattr(self.execs[0], kind):
+                    if not allow_extra:
+                        raise ValueError('set_params: expected names of the %s, found %r'
+                                         % ('parameters' if kind == 'arg_dict' else
+                                            'auxiliary states', name))
+                    continue
+                for arrays in self.execs:
+                    target = getattr(arrays, kind)[name]
+                    value.astype(target.dtype).copyto(target)
+
+
+def grad_requests(arg_names, param_names, data_names, grad_req, fixed=(), for_training=True,
+                  inputs_need_grad=False):
+    """``{argument: 'write', 'add' or 'null'}`` from Module's ``grad_req``
+    (one for all, a list in argument order, or some by name over
+    ``'write'``), as MXNet's executor group reads it: ``'null'`` for
+    ``fixed`` parameters, for inputs unless ``inputs_need_grad``, and for
+    every argument without ``for_training``.
+
+    Raises:
+        ValueError: ``grad_req`` of another type, or a list of another length.
+    """
+    if not for_training:
+        grad_req = 'null'
+    if isinstance(grad_req, (list, tuple)):
+        if len(grad_req) != len(arg_names):
+            raise ValueError('grad_req: expected one per argument (%d), found %d'
+                             % (len(arg_names), len(grad_req)))
+        return dict(zip(arg_names, grad_req))
+    if not isinstance(grad_req, (str, dict)):
+        raise ValueError('grad_req: expected a str, list, tuple or dict, found %s'
+                         % type(grad_req).__name__)
+    one = grad_req if isinstance(grad_req, str) else 'write'
+    out = {}
+    for name in arg_names:
+        if name in param_names:
+            out[name] = 'null' if name in fixed else one
+        elif name in data_names:
+            out[name] = one if inputs_need_grad else 'null'
+        else:
+            out[name] = 'null'
+    if isinstance(grad_req, dict):
+        out.update(grad_req)
+    return out
+
+
+def bind(pipe, loss, label_name, shapes):
+    """The runtime the Pipeline's schedule runs a batch of ``shapes`` on,
+    for training (one replica): :class:`FusedRuntime` where
+    :func:`~mp_symbolic.core.schedule.one_graph` says so, otherwise a
+    :class:`~mp_symbolic.core.engine.stages.StageRuntime` of every stage.
+
+    Args:
+        pipe: The :class:`~mp_symbolic.Pipeline`.
+        loss, label_name: As :meth:`~mp_symbolic.Pipeline.training_symbol` takes them.
+        shapes: ``{input or label name: the batch's shape}``, the batch on
+            the Pipeline's ``batch_axis`` (a label's too).
+
+    Returns:
+        The runtime; parameters of Gluon's ``grad_req='null'`` have no
+        gradient array.
+
+    Raises:
+        ValueError: a batch the micro-batches do not divide, or an array
+            without the Pipeline's batch axis.
+    """
+    # pylint: disable=import-outside-toplevel
+    from .module import fixed_param_names
+    from ..graph.passes import cut
+    from .stages import StageRuntime, variable_specs
+    inputs = set(shapes)
+    plan = pipe.plan
+    if schedules.one_graph(pipe.schedule, pipe.nodes):
+        placed = pipe.training_graph(loss, label_name=label_name)
+        symbol = placed.to_symbol()
+        fixed = set(fixed_param_names(pipe, symbol))
+        statistics, own = (), None
+        if pipe.batchnorm == 'deferred' and pipe.chunks > 1:
+            count = len(symbol.list_outputs())
+            placed, statistics = deferred_graph(placed)
+            symbol = placed.to_symbol()
+            own = count if statistics else None
+        grad_req = {n: 'null' if n in inputs or n in fixed else 'write'
+                    for n in symbol.list_arguments()}
+        with split_bind(plan.group2ctx, symbol, fixed=fixed):
+            exe = symbol.simple_bind(ctx=plan.first_device, group2ctx=plan.group2ctx,
+                                     grad_req=grad_req, **shapes)
+        return FusedRuntime(exe, statistics=statistics, own_outputs=own)
+    data = [(n, tuple(s)) for n, s in shapes.items() if n != label_name]
+    descs = batch_descs(data, pipe.batch_axis, 1) + batch_descs(
+        [(n, tuple(s)) for n, s in shapes.items() if n == label_name], pipe.batch_axis, 1,
+        labels=True)
+    axes = {d.name: batch_axis_of(d) for d in descs}  # where each splits into micro-batches
+    pipe.placement.micro_batch(data[0][1][axes[data[0][0]]])
+    micro = {n: tuple(size // pipe.chunks if i == axes[n] else size
+                      for i, size in enumerate(s)) for n, s in shapes.items()}
+    placed = pipe.training_graph(loss, label_name=label_name, chunks=1)
+    symbol = placed.to_symbol()
+    fixed = set(fixed_param_names(pipe, symbol))
+    specs = variable_specs(symbol, micro, {n: 'float32' for n in micro})
+    stages = cut(placed, plan.num_stages)
+    arg_dict, grad_dict, aux_dict = parameter_arrays(symbol, specs[0], specs[1], plan.group2ctx,
+                                                     inputs, fixed)
+    output_axes = [max(a, 0) for a in output_batch_axes(symbol, [
+        d for d in descs if d.name in symbol.list_arguments()]) or ()]
+    return StageRuntime(stages, plan.group2ctx, arg_dict, grad_dict, aux_dict, micro,
+                        pipe.run_schedule(), True, specs=specs, axes=axes,
+                        output_axes=output_axes, batchnorm=pipe.batchnorm)

@@ -1,0 +1,402 @@
+"""Loss heads: their training form (MXNet's ``*Output`` ops), their Gluon
+twin, and the inference form an export replaces them with.
+
+Each head is one :class:`Head` record in :data:`HEADS` (its op, Gluon loss,
+inference form, label, default metric, batch loss, class axis), read by the
+graph, the imperative twin, the task and the export; :func:`read_head` reads
+the record back off a graph, a head of the user's own included.
+docs/how-it-works.md lists the heads and their class axes.
+
+MXNet's ``*Output`` ops back-propagate the loss gradient per sample,
+unaveraged. Its regression heads (and ``SoftmaxOutput`` with
+``normalization='batch'``) divide it by a size that holds the batch where
+the batch is off axis 0 (on axis 0 for ``SoftmaxOutput``), so a head that
+sees a share of the batch is scaled back (:func:`scaled_heads`); one
+normalised by its part's valid entries is refused.
+"""
+from dataclasses import dataclass, field, replace
+
+import mxnet as mx
+from mxnet import gluon
+
+from .ir import PlacedGraph, as_placed, make_node
+from .names import GROUP_KEY, other_output_name, prediction_name
+
+__all__ = []
+
+
+def _mean_square(output, label, **_):
+    return mx.nd.mean(mx.nd.square(output - label.reshape(output.shape)))
+
+
+def _mean_absolute(output, label, **_):
+    return mx.nd.mean(mx.nd.abs(output - label.reshape(output.shape)))
+
+
+def _cross_entropy(output, label, axis=-1, ignore_label=None):
+    """Mean ``-log p`` of each position's label class; ``axis`` ``None``
+    (``SoftmaxOutput`` with neither ``preserve_shape`` nor ``multi_output``):
+    with one label per example, the classes are every axis but the batch,
+    flattened, as that op's forward takes them."""
+    if axis is None:
+        output = output.reshape((0, -1)) if label.ndim == 1 else output
+        axis = -1
+    picked = -mx.nd.log(mx.nd.maximum(mx.nd.pick(output, label, axis=axis), 1e-12))
+    if ignore_label is None:
+        return mx.nd.mean(picked)
+    kept = label != ignore_label
+    return mx.nd.sum(picked * kept) / mx.nd.maximum(mx.nd.sum(kept), 1)
+
+
+def _binary_cross_entropy(output, label, **_):
+    p = mx.nd.clip(output, 1e-12, 1 - 1e-12)
+    label = label.reshape(output.shape)
+    return -mx.nd.mean(label * mx.nd.log(p) + (1 - label) * mx.nd.log(1 - p))
+
+
+class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
+    """Softmax cross-entropy over the last axis, summed over every other axis
+    but the batch (``(N, T, C)`` -> ``(N,)``): the twin of ``SoftmaxOutput``
+    with ``preserve_shape``, which back-propagates each position's gradient
+    unaveraged (Gluon's ``SoftmaxCrossEntropyLoss`` averages them).
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(weight=None, batch_axis=0, **kwargs)
+
+    def hybrid_forward(self, F, pred, label):  # pylint: disable=arguments-differ
+        nll = -F.pick(F.log_softmax(pred, axis=-1), label, axis=-1)  # (N, ...)
+        return F.sum(F.reshape(nll, shape=(0, -1)), axis=1)
+
+
+def softmax_twin(axis=-1):
+    """The Gluon twin of ``SoftmaxOutput`` on class axis ``axis``: -1
+    (``preserve_shape``) sums each position's loss
+    (:class:`PositionSummedSoftmaxCELoss`); 1 (``multi_output``) averages
+    them, as that op divides its gradient by the positions (``H x W``):
+    Gluon's own ``SoftmaxCrossEntropyLoss(axis=1)``."""
+    if axis == 1:
+        return gluon.loss.SoftmaxCrossEntropyLoss(axis=1)
+    return PositionSummedSoftmaxCELoss()
+
+
+@dataclass(frozen=True)
+class Head:
+    """One loss head, everything the library says about it in one record.
+
+    Attributes:
+        loss: The name users give (``loss='softmax'``).
+        op: MXNet's training op (``SoftmaxOutput``).
+        node: The head node's name (``'softmax'`` makes MXNet's default label
+            name ``softmax_label``).
+        inference: What the op's forward pass computes, the form an export
+            replaces it with: ``'identity'``, ``'softmax'`` or ``'sigmoid'``.
+        label: What the per-epoch line calls the batch loss.
+        metric: The default metric (an ``mx.metric`` name).
+        gluon_loss: Makes the Gluon loss whose gradient equals the op's.
+        batch_loss: ``(head output, label, axis=, ignore_label=) -> the
+            batch's mean loss``.
+        predict: ``(raw outputs, axis) ->`` the head's output (``None``:
+            the same).
+        classes: Whether labels are class indices of the class axis.
+        op_args: Arguments of the op beyond data, label and name.
+        axis: The class axis of a head of ``classes``: -1 (the last) or 1
+            (:meth:`on_axis`); ``None``: every axis but the batch, flattened.
+        ignore_label: A label value the loss skips (``SoftmaxOutput``'s
+            ``use_ignore``), or ``None``.
+    """
+    loss: str
+    op: str
+    node: str
+    inference: str
+    label: str
+    metric: str
+    gluon_loss: object
+    batch_loss: object
+    predict: object = None
+    classes: bool = False
+    op_args: dict = field(default_factory=dict)
+    axis: int = -1
+    ignore_label: float = None
+
+    def on_axis(self, axis):
+        """This head with its classes on ``axis`` (-1 or 1; the record itself
+        for a head without classes)."""
+        if not self.classes or axis == self.axis:
+            return self
+        return replace(self, axis=axis, op_args={'multi_output': True} if axis == 1
+                       else {'preserve_shape': True})
+
+    def mean_loss(self, output, label):
+        """The batch's mean loss from the head's output, on its device."""
+        return self.batch_loss(output, label, axis=self.axis, ignore_label=self.ignore_label)
+
+    def make_gluon_loss(self):
+        """The Gluon loss whose gradient equals the op's."""
+        return self.gluon_loss(axis=self.axis) if self.classes else self.gluon_loss()
+
+    def predict_form(self, output):
+        """Raw outputs (the imperative twin's) as the head's output."""
+        return output if self.predict is None else self.predict(output, self.axis)
+
+    def metric_object(self):
+        """The default metric as an ``mx.metric.EvalMetric`` (accuracy on
+        the class axis for a head of classes), or its name."""
+        return mx.metric.Accuracy(axis=self.axis) if self.classes and self.axis is not None \
+            else self.metric
+
+
+HEADS = {head.loss: head for head in (
+    Head('l2', 'LinearRegressionOutput', 'regression', 'identity', 'batch MSE', 'mse',
+         gluon.loss.L2Loss, _mean_square),
+    # over the last axis by default, as the Gluon twin, the batch loss and the
+    # inference form take it: (N, C) with labels (N,), and (N, T, C) with
+    # labels (N, T) (MXNet's default would flatten every axis but the batch);
+    # on_axis(1) for (N, C, H, W) with labels (N, H, W)
+    Head('softmax', 'SoftmaxOutput', 'softmax', 'softmax', 'cross-entropy', 'acc',
+         softmax_twin, _cross_entropy,
+         lambda output, axis: mx.nd.softmax(output, axis=axis), classes=True,
+         op_args={'preserve_shape': True}),
+    Head('logistic', 'LogisticRegressionOutput', 'logistic', 'sigmoid',
+         'binary cross-entropy', 'binary accuracy', gluon.loss.SigmoidBinaryCrossEntropyLoss,
+         _binary_cross_entropy, lambda output, axis: mx.nd.sigmoid(output)),
+)}
+LOSSES = tuple(HEADS)
+# MXNet's own head, not made here (no loss name), read back off a graph and exported.
+_MAE = Head('mae', 'MAERegressionOutput', 'mae', 'identity', 'batch MAE', 'mae',
+            gluon.loss.L1Loss, _mean_absolute)
+# Node name of each head; 'softmax' makes MXNet's default label name 'softmax_label'.
+HEAD_NAMES = {name: head.node for name, head in HEADS.items()}
+# Training head op -> its record, and what its forward pass computes at inference.
+_BY_OP = {head.op: head for head in list(HEADS.values()) + [_MAE]}
+INFERENCE_FORMS = {op: head.inference for op, head in _BY_OP.items()}
+# Heads whose gradient MXNet divides by the label's size over its axis 0.
+BATCH_SCALED_OPS = ('LinearRegressionOutput', 'LogisticRegressionOutput', 'MAERegressionOutput')
+
+
+def head_of(loss):
+    """The :class:`Head` of ``loss`` (a name or a record), or ``None`` for a
+    callable head."""
+    if isinstance(loss, Head):
+        return loss
+    return HEADS.get(loss) if isinstance(loss, str) else None
+
+
+def class_axis(output_shape, label_shape=None):
+    """The class axis of a softmax head on outputs of ``output_shape``
+    (batch first) with labels of ``label_shape``: -1 where the labels are the
+    outputs' shape without its last axis (``(N, C)`` with ``(N,)``, ``(N, T,
+    V)`` with ``(N, T)``), 1 where they are the shape without axis 1 (``(N,
+    C, H, W)`` with ``(N, H, W)``, MXNet's ``multi_output``).
+
+    Where both fit, or no labels are given: 1 for outputs of 4 axes or more
+    (MXNet's ``NCHW`` layout), else -1.
+
+    Returns:
+        -1, 1, or ``None`` where the labels fit neither.
+    """
+    output_shape = tuple(output_shape)
+    by_rank = 1 if len(output_shape) >= 4 else -1
+    if label_shape is None:
+        return by_rank
+    label_shape = tuple(label_shape)
+    last = label_shape == output_shape[:-1]
+    second = len(output_shape) >= 3 and label_shape == output_shape[:1] + output_shape[2:]
+    if last and second:
+        return by_rank
+    return -1 if last else 1 if second else None
+
+
+def make_head(loss, prediction, label):
+    """The training head on ``prediction``.
+
+    Args:
+        loss: ``'l2'``, ``'softmax'``, ``'logistic'``, a :class:`Head`
+            record (``HEADS['softmax'].on_axis(1)``), or a callable
+            ``loss(prediction, label) -> Symbol`` (a head of your own, e.g.
+            built with ``mx.sym.MakeLoss``).
+        prediction, label: Symbols.
+
+    Raises:
+        ValueError: ``loss`` is none of these, or the callable returns no Symbol.
+    """
+    if callable(loss) and not isinstance(loss, str):
+        head = loss(prediction, label)
+        if not isinstance(head, mx.sym.Symbol):
+            raise ValueError('loss: expected the callable to return an mx.sym.Symbol, found %s'
+                             % type(head).__name__)
+        return head
+    head = head_of(loss)
+    if head is None:
+        raise ValueError('loss: expected %s or a callable (prediction, label) -> Symbol, '
+                         'found %r' % (', '.join(repr(l) for l in LOSSES), loss))
+    return getattr(mx.sym, head.op)(data=prediction, label=label, name=head.node,
+                                    **head.op_args)
+
+
+SOFTMAX_OPS = ('SoftmaxOutput', 'Softmax')  # 'Softmax': MXNet's older name of the same op
+PART_COUNTED_OPS = SOFTMAX_OPS + ('MakeLoss',)  # normalization='valid' counts the part's labels
+
+
+def _divides_by_batch(node, batch_axis):
+    """Whether ``node``'s gradient divisor holds the batch it sees: a
+    regression head's with the batch off axis 0, ``SoftmaxOutput``'s with
+    ``normalization='batch'`` (``label.shape[0]``) with the batch on axis 0."""
+    if node.op in BATCH_SCALED_OPS:
+        return batch_axis != 0
+    return node.op in SOFTMAX_OPS and node.attrs.get('normalization') == 'batch' \
+        and batch_axis == 0
+
+
+def scaled_heads(graph, shares, batch_axis=1):
+    """``graph`` with the ``grad_scale`` of each head whose gradient divisor
+    holds the batch it sees divided by ``shares`` (the graph itself where
+    ``shares`` is 1): a head that sees 1/``shares`` of one device's batch
+    then gives one device's gradients.
+
+    Raises:
+        ValueError: a head divides by the valid labels of its part
+            (``normalization='valid'``) and ``shares`` is above 1: no
+            constant makes that one device's gradient.
+    """
+    if shares == 1:
+        return graph
+    for n in graph.nodes:
+        if n.op in PART_COUNTED_OPS and n.attrs.get('normalization') == 'valid':
+            raise ValueError(
+                "loss: %s %r has normalization='valid', which divides each part's gradient "
+                "by the count of valid entries in that part; split into %d parts "
+                "(micro-batches bound alone x replicas) the step is not one device's: "
+                "expected normalization='null' or 'batch', or the batch in one part "
+                "(schedule='gpipe' with replicas=1, or chunks=1 and replicas=1)"
+                % (n.op, n.name, shares))
+    return graph.but([n.but(attrs=dict(n.attrs, grad_scale=repr(
+        float(n.attrs.get('grad_scale', 1)) / shares))) if _divides_by_batch(n, batch_axis)
+                      else n for n in graph.nodes])
+
+
+def with_head(prediction, loss, label_name, output=None, group=None, shares=1, batch_axis=1):
+    """The pass that adds the training head: ``prediction`` (a
+    :class:`~mp_symbolic.core.graph.ir.PlacedGraph` whose outputs are the network's)
+    with ``loss``'s head (:func:`make_head`) on its outputs and a label
+    variable ``label_name``, the head's nodes in ``group`` (a ``ctx_group``).
+
+    For a network of several outputs and a named loss, the outputs are the
+    head on output ``output``, then the others in order, each through a
+    ``BlockGrad`` (:func:`~mp_symbolic.core.graph.names.other_output_name`); a
+    callable loss receives the list of outputs. The graph is the one MXNet's
+    composition of the two Symbols gives, node for node.
+
+    Args:
+        shares: The batch one device takes unsplit over the batch this head
+            sees, on axis ``batch_axis``; a head whose gradient divisor holds
+            that batch has its ``grad_scale`` divided by it
+            (:func:`scaled_heads`). 1 leaves the head as MXNet makes it.
+
+    Raises:
+        ValueError: ``output`` is missing or out of range for a network of
+            several outputs, or given for one of a single output; ``loss``
+            is none of :func:`make_head`'s; a head :func:`scaled_heads` refuses.
+    """
+    count = len(prediction.heads)
+    named = not callable(loss) or isinstance(loss, str)
+    if named and count > 1 and (not isinstance(output, int) or isinstance(output, bool)
+                                or not 0 <= output < count):
+        raise ValueError('output: expected the index of the output the loss reads (the '
+                         'network has %d outputs), found %r' % (count, output))
+    if (count == 1 or not named) and output not in (None, 0):
+        raise ValueError('output: expected None for a network of one output or a callable '
+                         'loss (it receives every output), found %r' % (output,))
+    record = None if not named else head_of(loss)
+    if named and record is None:
+        raise ValueError('loss: expected %s or a callable (prediction, label) -> Symbol, '
+                         'found %r' % (', '.join(repr(l) for l in LOSSES), loss))
+    if record is not None:  # the head's nodes made here: no Symbol to read
+        heads = [(count + 1, 0, 0)]
+        nodes = [make_node(k, prediction_name(k), 'null', group=group) for k in range(count)]
+        nodes.append(make_node(count, label_name, 'null', group=group, role='input'))
+        nodes.append(make_node(count + 1, record.node, record.op,
+                               [(output or 0, 0, 0), (count, 0, 0)], group,
+                               attrs={k: str(v) for k, v in record.op_args.items()}))
+        for k in range(count):
+            if k != (output or 0):
+                heads.append((len(nodes), 0, 0))
+                nodes.append(make_node(len(nodes), other_output_name(k), 'BlockGrad',
+                                       [(k, 0, 0)], group))
+        graph = PlacedGraph(tuple(nodes), (), prediction.attrs).but(heads=heads)
+    else:  # a callable's head: traced on a variable per output, read once
+        with mx.AttrScope(**({GROUP_KEY: group} if group is not None else {})):
+            outputs = [mx.sym.var(prediction_name(k)) for k in range(count)]
+            graph = PlacedGraph.from_symbol(make_head(
+                loss, outputs if count > 1 else outputs[0], mx.sym.var(label_name)),
+                                            (label_name,))
+    graph = scaled_heads(graph, shares, batch_axis)
+    return graph.compose(prediction, {prediction_name(k): k for k in range(count)})
+
+
+def read_head(symbol):
+    """The :class:`Head` that the first output of ``symbol`` (a training graph:
+    a Symbol or a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`) ends in, read off
+    its op and attributes, a callable loss's head of the user's included, with
+    its class axis and ignored label.
+
+    Returns:
+        The record, or ``None`` where the output is no known head (``MakeLoss``:
+        the output is the loss itself).
+    """
+    node = as_placed(symbol).output_node(0)
+    head = _BY_OP.get(node.op)
+    if head is None or not head.classes:
+        return head
+    attrs = node.attrs
+
+    def flag(name):
+        return str(attrs.get(name, 'False')).lower() in ('true', '1')
+
+    axis = 1 if flag('multi_output') else -1 if flag('preserve_shape') else None
+    ignore = float(attrs.get('ignore_label', -1)) if flag('use_ignore') else None
+    return replace(head, axis=axis, ignore_label=ignore,
+                   op_args={k: v for k, v in attrs.items() if not k.startswith('__')})
+
+
+def gluon_loss(loss):
+    """The Gluon loss whose gradient equals the training head's.
+
+    Raises:
+        ValueError: ``loss`` is not one of :data:`LOSSES` (or their records).
+    """
+    head = head_of(loss)
+    if head is None or head.loss not in HEADS:
+        raise ValueError('loss: expected one of %s for the imperative twin, found %r'
+                         % (', '.join(LOSSES), loss))
+    return head.make_gluon_loss()
+
+
+def inference_form(head_op, head_attrs, prediction):
+    """``prediction`` through the inference form of a training head.
+
+    Args:
+        head_op: The head's op name (``'SoftmaxOutput'``, ...).
+        head_attrs: The head node's attributes (``multi_output``, ...).
+        prediction: The head's data input.
+
+    Returns:
+        A Symbol, or ``None`` if ``head_op`` is not a known head.
+    """
+    form = INFERENCE_FORMS.get(head_op)
+    if form == 'identity':
+        return prediction
+    if form == 'sigmoid':
+        return mx.sym.sigmoid(prediction, name='sigmoid_out')
+    if form == 'softmax':
+        multi = str(head_attrs.get('multi_output', 'False')).lower() in ('true', '1')
+        return mx.sym.softmax(prediction, axis=1 if multi else -1, name='softmax_out')
+    return None
+
+
+def predict_form(loss, output):
+    """An NDArray of raw outputs (the imperative twin's) in the form the
+    training head returns: probabilities for ``'softmax'`` (on its class
+    axis) / ``'logistic'``."""
+    head = head_of(loss)
+    return output if head is None else head.predict_form(output)

@@ -1,0 +1,1 @@
+"""Parameters and optimizer state: initial values, the updates, ZeRO-1, the Trainer, state by name."""

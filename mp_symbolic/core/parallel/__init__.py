@@ -1,0 +1,1 @@
+"""The tensor-parallel layers and their automatic placement in a network."""

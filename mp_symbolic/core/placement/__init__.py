@@ -1,0 +1,1 @@
+"""The graph placed on devices: which stage and shard each node is, blocks per stage, devices per stage."""

@@ -1,0 +1,1 @@
+"""Plan before you run: the memory estimate and the planner."""

@@ -1,0 +1,1143 @@
+"""Memory per device before anything is allocated: the table of
+:func:`mp_symbolic.tools.memory.memory_table`, estimated from shapes and
+MXNet 1.9.1's own memory planning.
+
+What a training step holds on a device, row by row:
+
+* ``params``, ``grads``, ``aux``, ``inputs``: each argument's and auxiliary
+  state's shape (``infer_shape``) on the device of its ``ctx_group``, as
+  the Module binds them;
+* ``optimizer``: the states the optimizer makes per trained parameter
+  (:data:`STATES`: SGD with momentum one, Adam two, ...), each the
+  parameter's size, on its device; under ``shard_optimizer`` only those of
+  the replica's share (:func:`mp_symbolic.core.optim.zero.owners`);
+* ``other``: the executors' activations, as MXNet plans them. Each graph
+  is handed to MXNet's graph executor with arrays that are never allocated
+  (``delay_alloc``), so MXNet itself takes the gradient (with its
+  aggregation, mirroring and zero elimination), places every node and
+  inserts the cross-device copies, infers shapes, and logs the planned
+  graph (``MXNET_MEM_PLAN_VERBOSE_LOGGING``): every node, its op, its input
+  and output entries and their shapes. The plan itself (which entries share
+  a storage chunk) is not exposed, so :func:`plan_storage` replays
+  ``MXPlanMemory`` (``src/nnvm/plan_memory.cc``) on that graph: reference
+  counts, in-place pairs (:data:`INPLACE`, each op's ``FInplaceOption``,
+  ``FInplaceIdentity`` and ``FIgnoreInputs`` as MXNet registers them), the
+  free list matched within ``NNVM_EXEC_MATCH_RANGE`` by device, the search
+  over match ranges where it is on, and the gradients written into the
+  Module's arrays (external). Each chunk is allocated once, its largest
+  entry's bytes, on the device of its first entry
+  (``GraphExecutor::InitDataEntryMemory``), beside one head gradient per
+  graph output a backward node reads, and the storage stateful ops keep
+  for themselves (:data:`OP_STORAGE`: the fused RNN op's buffer). Beside
+  the plan, the temporary space its ops ask for (:data:`WORKSPACE`,
+  :data:`ONEDNN`), laid where MXNet's resource manager keeps it
+  (:func:`temp_space`: ``cpu(0)`` for every ``cpu(i)``).
+
+Under ``'gpipe'`` the one graph of every micro-batch is planned; under the
+stage runtime (``'1f1b'``, ``'interleaved'``) each stage's graph of one
+micro-batch, once per executor it keeps (``K - s`` under 1F1B), with the
+arrays each executor owns (received activations and their gradients,
+inputs, output gradients) and the batch's joined outputs. Mirrored stages
+are planned as MXNet recomputes them (their graph carries the mark).
+Replicas are each a plan of their own on their devices, and the local
+kvstore that sums their gradients holds its buffers in pinned host memory
+(:data:`PINNED`); tensor-parallel shards are nodes of the graph on their
+devices.
+
+Nothing of the model is allocated: only the head gradients MXNet makes at
+bind for the graph outputs a backward node reads.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import mxnet as mx
+from mxnet.ndarray.ndarray import NDArray, _new_alloc_handle
+import numpy as np
+
+from ..base.compat import split_bind_environ
+from ..graph.names import GROUP_ATTR
+
+__all__ = []
+
+# Optimizer states per trained parameter, each of the parameter's size
+# (MXNet 1.9.1's create_state): SGD keeps one with momentum, none without.
+STATES = {'sgd': lambda p: 1 if p.get('momentum', 0) else 0, 'nag': lambda p: 1,
+          'adam': lambda p: 2, 'adamw': lambda p: 2, 'lamb': lambda p: 2,
+          'rmsprop': lambda p: 3 if p.get('centered') else 1, 'adagrad': lambda p: 1,
+          'adadelta': lambda p: 2, 'ftrl': lambda p: 2, 'signum': lambda p: 1,
+          'ftml': lambda p: 3, 'lbsgd': lambda p: 1 if p.get('momentum', 0) else 0,
+          'dcasgd': lambda p: 2 if p.get('momentum', 0) else 1, 'nadam': lambda p: 2,
+          'adamax': lambda p: 2, 'sgld': lambda p: 0, 'test': lambda p: 1}
+
+_UNARY = ((0, 0),)
+_BINARY = ((0, 0), (1, 0))
+# op -> (FInplaceOption pairs (input, output), FInplaceIdentity per pair,
+# FIgnoreInputs), as src/operator registers them in MXNet 1.9.1 (CPU, oneDNN).
+# An op not listed has none of the three.
+INPLACE = {}
+
+
+def _register(ops, pairs, identity=None, ignore=()):
+    for op in ops.split():
+        INPLACE[op] = (tuple(pairs), tuple(identity or (False,) * len(pairs)), tuple(ignore))
+
+
+_register('Activation _backward_Activation LeakyReLU _backward_LeakyReLU Dropout '
+          '_backward_Dropout SoftmaxOutput _backward_SoftmaxOutput softmax log_softmax '
+          'LinearRegressionOutput LogisticRegressionOutput MAERegressionOutput '
+          'LayerNorm add_n ElementWiseSum relu sigmoid tanh exp log negative reciprocal '
+          'square sqrt rsqrt abs sign erf gelu softsign _plus_scalar _minus_scalar '
+          '_rminus_scalar _mul_scalar _div_scalar _rdiv_scalar _power_scalar '
+          '_backward_mul_scalar _backward_div_scalar _maximum_scalar _minimum_scalar '
+          '_equal_scalar _not_equal_scalar _greater_scalar _lesser_scalar clip '
+          'make_loss MakeLoss', _UNARY)
+_register('_backward_linear_reg_out _backward_logistic_reg_out _backward_mae_reg_out '
+          'elemwise_add elemwise_sub elemwise_mul elemwise_div _grad_add _add _plus _sub '
+          '_minus _mul _div _Plus _Minus _Mul _Div _mod broadcast_add broadcast_sub '
+          'broadcast_mul broadcast_div broadcast_plus broadcast_minus broadcast_greater '
+          'broadcast_lesser broadcast_equal broadcast_maximum broadcast_minimum '
+          'broadcast_power _backward_reciprocal _backward_square _backward_sqrt '
+          '_backward_rsqrt _backward_sigmoid _backward_tanh _backward_relu _backward_exp '
+          '_backward_log _backward_erf _backward_softsign _backward_rdiv_scalar', _BINARY)
+_register('_backward_FullyConnected', ((1, 0),))
+_register('_backward_add _backward_sub', ((0, 0), (0, 1)))
+_register('_backward_mul', ((0, 1),))
+_register('_backward_softmax _backward_log_softmax', ((0, 0), (1, 0)))
+_register('_copy identity _backward_copy _backward_reshape Reshape reshape Flatten flatten '
+          'expand_dims BlockGrad stop_gradient Cast cast _backward_cast', _UNARY, (True,))
+_register('_identity_with_attr_like_rhs reshape_like', _UNARY, (True,), ignore=(1,))
+_register('zeros_like ones_like _contrib_arange_like', (), ignore=(0,))
+_register('_backward_Pooling', ((1, 0),))  # oneDNN pooling with a workspace output
+
+# Ops that leave an output nothing reads unwritten (MXNet asks kNullOp of it):
+# oneDNN's convolution and dense backward passes, a first layer's data
+# gradient. Other ops' outputs are allocated when the op runs, read or not.
+UNWRITTEN = frozenset(('_backward_Convolution', '_backward_Deconvolution',
+                       '_backward_FullyConnected'))
+
+_CONTROL = ' control deps'  # a key no attribute has: the node's control dependencies, by name
+_LOG_NODE = re.compile(r'node (\d+) (\S+)\s*$')
+_LOG_ENTRY = re.compile(r'(input|output) (\d+): \[([^\]]*)\]')
+
+
+class PlannedGraph:
+    """A training graph as MXNet's executor plans it (:func:`planned_graph`).
+
+    Attributes:
+        nodes: ``[{'op': name or None (a variable), 'name', 'attrs',
+            'inputs': [entry], 'outputs': [entry], 'device': str(ctx)}]`` in
+            MXNet's node order (the order the planner walks).
+        shapes: ``{entry: shape}``.
+        external: Entries MXNet writes into arrays it was given (the
+            gradients of the arguments).
+        outputs: The forward outputs' entries, in order.
+        env: ``{NNVM_EXEC_MATCH_RANGE, NNVM_AUTO_SEARCH_MATCH_RANGE}`` in
+            force at the bind.
+        total_mib: MXNet's own total of its plan, in whole MiB (what
+            ``debug_str`` prints): :func:`planner_total` must agree.
+        added: The gradient entries MXNet adds to their arrays (``grad_req='add'``).
+    """
+
+    def __init__(self, nodes, shapes, external, outputs, env, total_mib=None):
+        self.nodes, self.shapes = nodes, shapes
+        self.external, self.outputs, self.env = external, outputs, env
+        self.total_mib = total_mib
+        self.added = set()
+
+
+def _lazy(shape, ctx, dtype):
+    """An NDArray of ``shape`` whose storage is never allocated unless written."""
+    return NDArray(_new_alloc_handle(tuple(shape), ctx, True, np.dtype(dtype)))
+
+
+BIND_TIMEOUT = 600  # seconds for the child's bind of one graph (it allocates nothing)
+
+
+def _array_spec(array):
+    return [list(array.shape), [array.context.device_type, array.context.device_id],
+            np.dtype(array.dtype).name]
+
+
+def _logged_bind(symbol, context, args, grads, aux, group2ctx, env):
+    """The planner's log and ``debug_str()`` of ``symbol`` bound on ``args``,
+    ``grads`` and ``aux`` (never allocated), in a child process.
+
+    MXNet reads ``MXNET_MEM_PLAN_VERBOSE_LOGGING`` once per process, at its
+    first bind (``static`` in ``GraphExecutor::Init``): in this process the
+    log would be missing after any earlier bind, and every later bind of
+    the user's would print it. The child binds once, with the log on.
+
+    Raises:
+        RuntimeError: the child failed (its last line).
+    """
+    def ctx(c):
+        return [c.device_type, c.device_id]
+    request = {'symbol': symbol.tojson(), 'context': ctx(context),
+               'args': {n: _array_spec(a) for n, a in args.items()},
+               'grads': {n: _array_spec(a) for n, a in grads.items()},
+               'aux': {n: _array_spec(a) for n, a in aux.items()},
+               'group2ctx': {g: ctx(c) for g, c in group2ctx.items()}}
+    if _SERVER:
+        return _SERVER[-1].bind(request, env)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child_env = dict(os.environ, MXNET_MEM_PLAN_VERBOSE_LOGGING='1', **env)
+    child_env['PYTHONPATH'] = os.pathsep.join(
+        [root] + [p for p in [os.environ.get('PYTHONPATH')] if p])
+    try:
+        done = subprocess.run([sys.executable, '-c', 'from mp_symbolic.core.planning.estimate import '
+                               '_bind_in_child; _bind_in_child()'],
+                              input=json.dumps(request), capture_output=True, text=True,
+                              env=child_env, check=False, timeout=BIND_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError('planned graph: expected the child that binds the graph to end '
+                           'within %d s, found it still running: stopped' % BIND_TIMEOUT) from None
+    if done.returncode != 0:
+        raise RuntimeError('planned graph: the child that binds the graph failed: %s'
+                           % (done.stderr.strip().splitlines() or ['exit %d' % done.returncode])[-1])
+    return [line for line in done.stderr.splitlines() if line.strip()], done.stdout
+
+
+def _bind_in_child():
+    """:func:`_logged_bind`'s child: the request on stdin, ``debug_str()`` on
+    stdout, the planner's log on stderr."""
+    executor = _bound(json.load(sys.stdin))
+    sys.stdout.write(executor.debug_str())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access  # nothing to finalise: skip the collection
+
+
+_SERVER = []  # the child of the innermost :func:`batched_binds`, while it is open
+
+
+class batched_binds:  # pylint: disable=invalid-name
+    """A context in which every :func:`planned_graph` of this thread binds
+    in one child process, kept for the context, rather than one child per
+    graph: the estimates of many plans without MXNet's start for each
+    graph (the planner's candidates). The child binds each graph as the
+    child of one bind does (the planner's log on, each graph's environment
+    set for its bind, then unset), its log written to a file per graph.
+
+    Raises:
+        RuntimeError: (at a bind) the child failed or died (its last line).
+    """
+
+    def __init__(self):
+        self._child = None
+        self._folder = None
+
+    def __enter__(self):
+        import tempfile  # pylint: disable=import-outside-toplevel
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        child_env = dict(os.environ, MXNET_MEM_PLAN_VERBOSE_LOGGING='1')
+        child_env['PYTHONPATH'] = os.pathsep.join(
+            [root] + [p for p in [os.environ.get('PYTHONPATH')] if p])
+        self._folder = tempfile.mkdtemp(prefix='mp-estimate-')
+        self._child = subprocess.Popen(
+            [sys.executable, '-c', 'from mp_symbolic.core.planning.estimate import _serve_binds; '
+             '_serve_binds()'], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=open(os.path.join(self._folder, 'stderr'), 'w'), text=True, env=child_env)
+        _SERVER.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        import shutil  # pylint: disable=import-outside-toplevel
+        _SERVER.remove(self)
+        try:
+            self._child.stdin.close()
+            self._child.wait(timeout=BIND_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired):
+            self._child.kill()
+            self._child.wait()
+        self._child.stdout.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+        return False
+
+    def bind(self, request, env):
+        """``(log lines, debug_str)`` of ``request`` bound in the child
+        under ``env`` (:func:`_logged_bind`'s)."""
+        log = os.path.join(self._folder, 'log')
+        text = os.path.join(self._folder, 'debug')
+        line = json.dumps(dict(request, env=dict(env), log=log, debug=text))
+        try:
+            self._child.stdin.write(line + '\n')
+            self._child.stdin.flush()
+            answer = self._child.stdout.readline().strip()
+        except OSError:
+            answer = ''
+        if answer != 'ok':
+            with open(os.path.join(self._folder, 'stderr')) as err:
+                lines = err.read().strip().splitlines()
+            raise RuntimeError('planned graph: the child that binds the graphs failed: %s'
+                               % (answer[len('error: '):] if answer.startswith('error: ')
+                                  else (lines or ['it ended'])[-1]))
+        with open(log) as lines, open(text) as debug:
+            return [line for line in lines.read().splitlines() if line.strip()], debug.read()
+
+
+def _serve_binds():
+    """:class:`batched_binds`' child: one request a line on stdin, its
+    planner's log into the request's ``log`` file (the process's stderr
+    pointed there for the bind), its ``debug_str()`` into ``debug``, then
+    ``ok`` (or ``error: <line>``) on stdout."""
+    import gc  # pylint: disable=import-outside-toplevel
+    saved = os.dup(2)
+    for line in sys.stdin:
+        request = json.loads(line)
+        env = request.pop('env')
+        before = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            with open(request['log'], 'w') as log:
+                sys.stderr.flush()
+                os.dup2(log.fileno(), 2)
+                try:
+                    executor = _bound(request)
+                    sys.stderr.flush()
+                finally:
+                    os.dup2(saved, 2)
+            with open(request['debug'], 'w') as debug:
+                debug.write(executor.debug_str())
+            del executor
+            gc.collect()
+            answer = 'ok'
+        except Exception as err:  # pylint: disable=broad-except
+            answer = 'error: %s' % (str(err).strip().splitlines() or [type(err).__name__])[0]
+        for key, value in before.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
+        sys.stdout.write(answer + '\n')
+        sys.stdout.flush()
+    os._exit(0)  # pylint: disable=protected-access
+
+
+def _bound(request):
+    """The executor of a request of :func:`_logged_bind`, its arrays never allocated."""
+    def ctx(spec):
+        return mx.Context(*spec)
+
+    def arrays(specs):
+        return {n: _lazy(shape, ctx(c), dtype) for n, (shape, c, dtype) in specs.items()}
+    symbol = mx.sym.load_json(request['symbol'])
+    args, grads, aux = (arrays(request[k]) for k in ('args', 'grads', 'aux'))
+    group2ctx = {g: ctx(c) for g, c in request['group2ctx'].items()}
+    return symbol.bind(ctx(request['context']), args, args_grad=grads or None,
+                       grad_req={n: 'write' if n in grads else 'null' for n in args},
+                       aux_states=aux, group2ctx=group2ctx or None)
+
+
+def _parse_log(lines):
+    """MXNET_MEM_PLAN_VERBOSE_LOGGING's lines -> ``[(op or None, inputs, outputs)]``, shapes."""
+    nodes, shapes = [], {}
+    for line in lines:
+        match = _LOG_NODE.search(line)
+        if match:
+            nodes.append([None if match.group(2) == 'var' else match.group(2), [], []])
+            continue
+        match = _LOG_ENTRY.search(line)
+        if match and nodes:
+            entry = int(match.group(2))
+            dims = match.group(3).strip()
+            shapes[entry] = tuple(int(d) for d in dims.split(',')) if dims else ()
+            nodes[-1][1 if match.group(1) == 'input' else 2].append(entry)
+    return nodes, shapes
+
+
+def _parse_debug(text):
+    """``Executor.debug_str()`` -> its outputs ``[(name, index)]`` and its nodes
+    ``[(op or None, name, attrs)]`` in the same order as the planner's log,
+    and the planner's total in MiB (``storage_allocated_bytes >> 20``)."""
+    outputs, nodes = [], []
+    current, total = None, None
+    section = None
+    for line in text.splitlines():
+        if line.startswith('\toutput['):
+            name, index = re.match(r'\toutput\[\d+\]=(.*)\((\d+)\)$', line).groups()
+            outputs.append((name, int(index)))
+        elif line.startswith('Variable:'):
+            nodes.append((None, line[len('Variable:'):], {}))
+            current = None
+        elif line.startswith('Op:') or line.startswith('SubgraphOp:'):
+            op, name = re.match(r'(?:Subgraph)?Op:([^,]*), Name=(.*)$', line).groups()
+            current = (op, name, {})
+            nodes.append(current)
+            section = None
+        elif line in ('Inputs:', 'Attrs:', 'Control deps:'):
+            section = line
+        elif current is not None and section == 'Attrs:' and line.startswith('\t'):
+            key, _, value = line[1:].partition('=')
+            current[2][key] = value
+        elif current is not None and section == 'Control deps:' and line.startswith('\tcdep['):
+            current[2].setdefault(_CONTROL, []).append(line.split('=', 1)[1])
+        elif line.startswith('Total ') and line.endswith(' MB allocated'):
+            total = int(line.split()[1])
+    return outputs, nodes, total
+
+
+def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None,
+                  grad_names=None, env=None, added=()):
+    """``symbol``'s training graph as MXNet's executor would plan it, without
+    allocating its arrays.
+
+    Args:
+        symbol: The training graph (loss heads included).
+        shapes: ``{input name: shape}`` of its inputs and labels.
+        group2ctx: ``{ctx_group: mx.Context}``; None: every node on ``context``.
+        context: The bind's default context.
+        dtypes: ``{name: dtype}`` of inputs not float32.
+        grad_names: The arguments that get a gradient; default: every
+            argument not in ``shapes``.
+        env: Environment variables in force at the bind (``MXNET_BACKWARD_DO_MIRROR``,
+            ``NNVM_EXEC_MATCH_RANGE``, ...); default: what a split bind uses
+            (:func:`~mp_symbolic.core.base.compat.split_bind_environ`).
+        added: The arguments whose gradient is added to its array
+            (``grad_req='add'``: the stage runtime's weights).
+
+    Returns:
+        A :class:`PlannedGraph`.
+
+    Raises:
+        ValueError: the shapes do not fit the graph (MXNet's message, one line).
+    """
+    group2ctx = dict(group2ctx or {})
+    try:
+        arg_shapes, _, aux_shapes = symbol.infer_shape(**shapes)
+        arg_types, _, aux_types = symbol.infer_type(**{n: np.dtype((dtypes or {}).get(
+            n, 'float32')).name for n in shapes})
+    except mx.base.MXNetError as err:
+        raise ValueError('shapes: expected shapes the graph takes, found %s: %s'
+                         % (shapes, str(err).strip().splitlines()[0])) from None
+    if arg_shapes is None:
+        raise ValueError('shapes: expected every input of the graph, found %s'
+                         % sorted(shapes))
+    attrs = symbol.attr_dict()
+
+    def device(name):
+        return group2ctx.get(attrs.get(name, {}).get(GROUP_ATTR), context)
+
+    names = symbol.list_arguments()
+    if grad_names is None:
+        grad_names = [n for n in names if n not in shapes]
+    grad_names = set(grad_names)
+    args = {n: _lazy(s, device(n), t) for n, s, t in zip(names, arg_shapes, arg_types)}
+    grads = {n: _lazy(s, device(n), t) for n, s, t in zip(names, arg_shapes, arg_types)
+             if n in grad_names}
+    aux = {n: _lazy(s, device(n), t) for n, s, t in
+           zip(symbol.list_auxiliary_states(), aux_shapes, aux_types)}
+    if env is None:
+        env = split_bind_environ(group2ctx.values(), symbol)
+    lines, text = _logged_bind(symbol, context, args, grads, aux, group2ctx, dict(env))
+    logged, entry_shapes = _parse_log(lines)
+    outputs, printed, total_mib = _parse_debug(text)
+    if len(logged) != len(printed) or any(a[0] != b[0] for a, b in zip(logged, printed)):
+        raise RuntimeError('planned graph: expected the executor\'s log and its debug_str '
+                           'to list the same nodes, found %d and %d' % (len(logged), len(printed)))
+    nodes = []
+    entry = 0
+    for (op, inputs, outs), (_, name, node_attrs) in zip(logged, printed):
+        if op is None:
+            outs = [entry]
+        entry += len(outs)
+        nodes.append({'op': op, 'name': name, 'attrs': node_attrs, 'inputs': inputs,
+                      'outputs': outs})
+    _place(nodes, attrs, group2ctx, context, {n: str(a.context) for n, a in
+                                              list(args.items()) + list(aux.items())})
+    by_name = {}
+    for node in nodes:
+        by_name.setdefault(node['name'], []).append(node)
+    # outputs by name, in order: where several nodes share a name (MXNet names
+    # every gradient sum 'sum_grad'), the first not taken that nothing reads
+    # (the depth-first order visits each output's own nodes in output order)
+    consumed = {e for node in nodes for e in node['inputs']}
+    located = []
+    for name, index in outputs:
+        candidates = [n['outputs'][index] for n in by_name.get(name, [])
+                      if len(n['outputs']) > index]
+        free = [e for e in candidates if e not in consumed and e not in located]
+        located.append((free or candidates)[0])
+    num_forward = len(symbol.list_outputs())
+    match = {'NNVM_EXEC_MATCH_RANGE': env.get('NNVM_EXEC_MATCH_RANGE', '16'),
+             'NNVM_AUTO_SEARCH_MATCH_RANGE': env.get('NNVM_AUTO_SEARCH_MATCH_RANGE', '0')}
+    graph = PlannedGraph(nodes, entry_shapes, set(located[num_forward:]), located[:num_forward],
+                         match, total_mib)
+    order = [n for n in names if n in grads]  # the gradients' outputs follow the forward's
+    graph.added = {e for n, e in zip(order, located[num_forward:]) if n in set(added)}
+    return graph
+
+
+def _place(nodes, attrs, group2ctx, context, arrays):
+    """Each node's device, as ``AssignContext`` and nnvm's ``PlaceDevice`` give
+    it: a variable's array's device; a node of a ``ctx_group`` its group's;
+    a copy the device of the node it feeds; any other the device of its
+    first placed input, else of a node it feeds, else the default."""
+    producer = {}
+    for k, node in enumerate(nodes):
+        for e in node['outputs']:
+            producer[e] = k
+    consumers = {}
+    for k, node in enumerate(nodes):
+        for e in node['inputs']:
+            consumers.setdefault(producer.get(e), []).append(k)
+    device = [None] * len(nodes)
+    last_named = {}
+    for k, node in enumerate(nodes):
+        group = node['attrs'].get(GROUP_ATTR)
+        forward = [last_named.get(n) for n in node['attrs'].get(_CONTROL, ())]
+        last_named[node['name']] = k
+        if node['op'] is None:
+            device[k] = arrays.get(node['name'])
+            if device[k] is None and group in group2ctx:
+                device[k] = str(group2ctx[group])
+        elif node['op'] == '_CrossDeviceCopy':
+            continue
+        elif group in group2ctx:
+            device[k] = str(group2ctx[group])
+        elif node['op'].startswith('_backward') and forward and forward[0] is not None:
+            device[k] = device[forward[0]]  # a backward node runs where its forward node did
+        else:  # the copies came after placement: an input is read where it was made
+            for e in node['inputs']:
+                source = producer.get(e)
+                while source is not None and nodes[source]['op'] == '_CrossDeviceCopy':
+                    source = producer.get(nodes[source]['inputs'][0])
+                if source is not None and device[source] is not None:
+                    device[k] = device[source]
+                    break
+    for k in range(len(nodes) - 1, -1, -1):
+        if device[k] is None:
+            for c in consumers.get(k, []):
+                if device[c] is not None:
+                    device[k] = device[c]
+                    break
+    for k, node in enumerate(nodes):
+        node['device'] = device[k] or str(context)
+
+
+def _nbytes(shape, itemsize=4):
+    return int(np.prod(shape, dtype=np.int64)) * itemsize if shape is not None else 0
+
+
+def _allocate(graph, match_range):
+    """One pass of ``MXAllocMemory``: ``(storage id per entry, [(device,
+    bytes)] per storage id, the plan's total)``; a chunk never written has
+    0 bytes, the total counts it as MXNet's planner does."""
+    nodes, shapes = graph.nodes, graph.shapes
+    ref = {}
+    for node in nodes:
+        if node['op'] is None:
+            continue
+        ignore = INPLACE.get(node['op'], ((), (), ()))[2]
+        for i, e in enumerate(node['inputs']):
+            if i not in ignore:
+                ref[e] = ref.get(e, 0) + 1
+    for e in graph.outputs:
+        ref[e] = ref.get(e, 0) + 1
+    storage = {e: -2 for e in graph.external}  # kExternalStorageID
+    chunks = []  # [device, max_bytes, released_by]
+    free = []  # [(bytes, order, id)]: a multimap by size
+    counts = {}
+    untouched = set()
+    order = [0]
+
+    def request(device, size):
+        if size == 0:
+            return -1
+        if match_range:
+            lo, hi = size // match_range, size * match_range
+            candidates = sorted(free)
+            above = [c for c in candidates if size <= c[0] <= hi]
+            below = [c for c in candidates if lo <= c[0] < size]
+            for c in above + below[::-1]:
+                if chunks[c[2]][0] != device:
+                    continue
+                free.remove(c)
+                chunks[c[2]][1] = max(size, chunks[c[2]][1])
+                return c[2]
+        chunks.append([device, size])
+        return len(chunks) - 1
+
+    def release(sid):
+        order[0] += 1
+        free.append((chunks[sid][1], order[0], sid))
+
+    for node in nodes:
+        if node['op'] is None:
+            continue
+        pairs, identity, ignore = INPLACE.get(node['op'], ((), (), ()))
+        taken = set()
+        for (i, o), same in zip(pairs, identity):
+            if i >= len(node['inputs']) or o >= len(node['outputs']):
+                continue
+            e_in, e_out = node['inputs'][i], node['outputs'][o]
+            sid_in = storage.get(e_in, -1)
+            size_in, size_out = _nbytes(shapes.get(e_in)), _nbytes(shapes.get(e_out))
+            if i not in taken and storage.get(e_out, -1) == -1 and sid_in >= 0 and \
+                    ((counts.get(sid_in) == 1 and len(ignore) != len(node['inputs'])) or
+                     (same and size_in == size_out)) and \
+                    ref.get(e_out, 0) > 0 and size_in == size_out:
+                taken.add(i)
+                storage[e_out] = sid_in
+                counts[sid_in] += ref.get(e_out, 0)
+        outs = [e for e in node['outputs'] if storage.get(e, -1) == -1]
+        # largest first; equal sizes by entry, last first (a multimap walked backwards)
+        for e in sorted(outs, key=lambda e: (_nbytes(shapes.get(e)), e), reverse=True):
+            sid = request(node['device'], _nbytes(shapes.get(e)))
+            if sid >= 0:
+                counts[sid] = ref.get(e, 0)
+            storage[e] = sid
+        for i, e in enumerate(node['inputs']):
+            if i in ignore:
+                continue
+            sid = storage.get(e, -1)
+            if sid < 0:
+                continue
+            counts[sid] -= 1
+            if counts[sid] == 0:
+                release(sid)
+        for e in node['outputs']:
+            sid = storage.get(e, -1)
+            if sid >= 0 and counts.get(sid) == 0:
+                release(sid)
+                if node['op'] in UNWRITTEN:
+                    untouched.add(e)
+    # a chunk only such entries hold is never written, so its delayed
+    # storage is never allocated
+    written = {sid for e, sid in storage.items() if sid >= 0 and e not in untouched}
+    return (storage, [chunk if sid in written else [chunk[0], 0]
+                      for sid, chunk in enumerate(chunks)], sum(size for _, size in chunks))
+
+
+def planner_total(graph):
+    """The bytes MXNet's planner reports for ``graph`` (``storage_allocated_bytes``:
+    every chunk of the plan it keeps, written or not)."""
+    return _best_plan(graph)[0]
+
+
+def _best_plan(graph):
+    """``(total, storage, chunks)`` of the plan MXPlanMemory keeps."""
+    top = int(graph.env.get('NNVM_EXEC_MATCH_RANGE') or 16)
+    low = 1 if str(graph.env.get('NNVM_AUTO_SEARCH_MATCH_RANGE', '0')).strip() not in \
+        ('', '0') and top else top
+    best = None
+    match = low
+    while True:
+        storage, chunks, total = _allocate(graph, match)
+        if best is None or total < best[0]:
+            best = (total, storage, chunks)
+        if top == 0:
+            break
+        match *= 2
+        if match > top:
+            break
+    return best
+
+
+def plan_storage(graph):
+    """MXNet's memory plan of ``graph`` (a :class:`PlannedGraph`), replayed:
+    the bytes of its storage chunks per device.
+
+    With ``NNVM_AUTO_SEARCH_MATCH_RANGE`` the plan is made at every match
+    range 1, 2, 4, ... up to ``NNVM_EXEC_MATCH_RANGE`` and the fewest bytes
+    kept; with ``NNVM_EXEC_MATCH_RANGE=0`` no storage is shared but in place.
+
+    Returns:
+        ``{device: bytes}``: the executor's pool, each chunk rounded up to
+        whole float32 words as MXNet allocates it; a chunk no op writes
+        (only outputs nothing reads) is never allocated, and counts 0.
+    """
+    _, _, chunks = _best_plan(graph)
+    # each chunk on the device of its first entry (they agree: the planner matches by device)
+    pool = {}
+    for device, size in chunks:
+        pool[device] = pool.get(device, 0) + (size + 3) // 4 * 4
+    return pool
+
+
+def head_gradients(graph):
+    """``{device: bytes}`` of the head gradients MXNet allocates at bind: one
+    per forward output whose gradient a backward node reads (a loss head's is
+    never read, and never made), on the output's device."""
+    device = {}
+    for node in graph.nodes:
+        for e in node['outputs']:
+            device[e] = node['device']
+    held = {}
+    for node in graph.nodes:
+        match = re.fullmatch(r'_head_grad_(\d+)', node['name'] or '')
+        if node['op'] is None and match and int(match.group(1)) < len(graph.outputs):
+            e = graph.outputs[int(match.group(1))]
+            held[device[e]] = held.get(device[e], 0) + _nbytes(graph.shapes.get(e))
+    return held
+
+
+def _broadcast_backward(node, shapes):
+    """``BinaryBroadcastBackwardUseNone`` on CPU: one ``index_t`` (8 bytes) per
+    element of the output gradient, where an input was broadcast."""
+    ograd = shapes.get(node['inputs'][0])
+    if all(shapes.get(e) == ograd for e in node['outputs']):
+        return 0
+    return 8 * _nbytes(ograd, 1)
+
+
+# op -> the temporary space (bytes) it asks of MXNet's resource manager
+# (``get_space``), from its inputs' and outputs' shapes (src/operator, CPU):
+# the largest request each makes. An op not listed asks for none, or a few bytes.
+WORKSPACE = {
+    '_backward_broadcast_add': _broadcast_backward,
+    '_backward_broadcast_sub': _broadcast_backward,
+    # 2 x its data (the normalised data and the output gradient's product) and
+    # its mean (layer_norm-inl.h, LayerNormGradComputeGeneral)
+    '_backward_LayerNorm': lambda node, shapes: 2 * _nbytes(shapes.get(node['inputs'][1])) +
+                           _nbytes(shapes.get(node['inputs'][3])),
+}
+
+# The ops MXNet runs through oneDNN on CPU whose arrays it reorders into
+# oneDNN's temporary memory (TmpMemMgr, src/operator/nn/mkldnn): each
+# reorder takes the array's bytes and kMKLDNNAlign (64) more.
+ONEDNN = frozenset('FullyConnected _backward_FullyConnected Convolution _backward_Convolution '
+                   'Deconvolution _backward_Deconvolution BatchNorm _backward_BatchNorm '
+                   'LRN _backward_LRN'.split())
+ONEDNN_ALIGN = 64
+
+
+def _plain_dense(node, shapes):
+    """A dense layer on a matrix (its data of two axes): oneDNN reads and
+    writes it in place, with no reorder."""
+    if node['op'] not in ('FullyConnected', '_backward_FullyConnected'):
+        return False
+    data = shapes.get(node['inputs'][0 if node['op'] == 'FullyConnected' else 1])
+    return data is not None and len(data) <= 2
+
+
+def _dense_reorders(node, shapes, read):
+    """A dense layer: oneDNN views its data and output as matrices
+    (``MKLDNNFCFlattenData``), so its forward pass reorders nothing; its
+    backward pass writes the data's gradient, where one is wanted (``read``:
+    the entries something reads), into oneDNN's temporary memory
+    (``CreateMKLDNNMem``) and copies it out: its bytes and the alignment."""
+    if node['op'] != '_backward_FullyConnected' or not node['outputs'] or \
+            node['outputs'][0] not in read:
+        return 0
+    grad = shapes.get(node['outputs'][0])
+    return _nbytes(grad) + ONEDNN_ALIGN if grad is not None else 0
+
+
+def _weight_reorders(node, shapes, added=()):
+    """A convolution's weight reordered into oneDNN's blocked layout, and in
+    its backward pass the weight's gradient out of it, and once more where
+    the gradient is added to its array (``added``): each its bytes and the
+    alignment."""
+    if node['op'] in ('Convolution', 'Deconvolution'):
+        return _nbytes(shapes.get(node['inputs'][1])) + ONEDNN_ALIGN
+    if node['op'] in ('_backward_Convolution', '_backward_Deconvolution') and \
+            len(node['inputs']) > 2 and len(node['outputs']) > 1:
+        weight = _nbytes(shapes.get(node['inputs'][2])) + ONEDNN_ALIGN
+        return (3 if node['outputs'][1] in added else 2) * weight
+    return 0
+
+
+def workspace(graph):
+    """``{device: (bytes, bytes)}`` of the temporary space ``graph``'s
+    executor asks for: one resource per device its ops run on
+    (AttachOpResources caches one per context), holding the largest
+    ``get_space`` of that device's ops (:data:`WORKSPACE`) and, apart, the
+    largest oneDNN reorder among its :data:`ONEDNN` ops (the largest array
+    an op reads or writes, and the alignment; a dense layer's:
+    :func:`_dense_reorders`), which oneDNN's TmpMemMgr asks
+    for twice over (``mem_size * 2``, from the largest it has seen on that
+    device's thread)."""
+    largest = {}
+    read = {e for node in graph.nodes for e in node['inputs']} | set(graph.outputs)
+    for node in graph.nodes:
+        rule = WORKSPACE.get(node['op'])
+        space, reorder = largest.get(node['device'], (0, 0))
+        if rule is not None:
+            space = max(space, rule(node, graph.shapes))
+        if node['op'] in ('FullyConnected', '_backward_FullyConnected'):
+            reorder = max(reorder, _dense_reorders(node, graph.shapes, read))
+        elif node['op'] in ONEDNN:
+            reorder = max([reorder, _weight_reorders(node, graph.shapes, graph.added)] +
+                          [_nbytes(graph.shapes.get(e)) + ONEDNN_ALIGN
+                           for e in node['inputs'] + node['outputs'] if e in graph.shapes])
+        if rule is not None or reorder:
+            largest[node['device']] = (space, reorder)
+    return largest
+
+
+def temp_space(requests, copies=None):
+    """Where the resources of ``requests`` (one :func:`workspace` per
+    executor) end up: ``{device: bytes}``. CPU resources are the
+    ``MXNET_CPU_TEMP_COPY`` (4) copies MXNet's resource manager keeps on
+    ``cpu(0)`` for every ``cpu(i)``, handed out round robin, each holding the
+    largest ``get_space`` and the largest host space of the executors it
+    serves; oneDNN's host space is twice the largest reorder its device's
+    thread has made, in any executor. At most the sum of the largest
+    resources, one per copy (what this returns)."""
+    import os  # pylint: disable=import-outside-toplevel
+    copies = int(os.environ.get('MXNET_CPU_TEMP_COPY', '4')) if copies is None else copies
+    reorder = {}
+    for one in requests:
+        for device, (_, size) in one.items():
+            reorder[device] = max(reorder.get(device, 0), size)
+    sizes = sorted((space + 2 * reorder[device] for one in requests
+                    for device, (space, _) in one.items() if device.startswith('cpu')),
+                   reverse=True)
+    held = {}
+    if sizes and copies > 0:
+        held['cpu(0)'] = sum(sizes[:copies])
+    for one in requests:
+        for device, (space, _) in one.items():
+            if not device.startswith('cpu'):
+                held[device] = held.get(device, 0) + space
+    return held
+
+
+_RNN_GATES = {'lstm': 4, 'gru': 3, 'rnn_relu': 1, 'rnn_tanh': 1}
+# oneDNN's packed RNN weights: their rows (gates x state size) in blocks of this many
+RNN_PACKED_ROWS = 128
+
+
+def _rnn_buffer(node, shapes):
+    """The fused RNN op's own buffer (``MKLDNNRnnMemMgr``,
+    src/operator/nn/mkldnn/mkldnn_rnn.cc), an array its state allocates on
+    its device at its first forward pass: per fused group of layers its
+    weights, recurrent weights and biases in oneDNN's order, once more its
+    weights and recurrent weights in the packed layout of the inference
+    primitive (``GetSize``: the gates' rows, gates x state size, padded to
+    :data:`RNN_PACKED_ROWS`) and one element, the intermediate outputs
+    between groups, and 320 elements of alignment per group. oneDNN runs
+    the op in float32 without a projection, unless
+    ``MXNET_USE_MKLDNN_RNN=0``; otherwise the op holds none (0)."""
+    import os  # pylint: disable=import-outside-toplevel
+    attrs = node['attrs']
+    data = shapes.get(node['inputs'][0])
+    if attrs.get('projection_size', 'None') != 'None' or data is None or len(data) != 3 or \
+            os.environ.get('MXNET_USE_MKLDNN_RNN', '1') == '0':
+        return 0
+    gates = _RNN_GATES[attrs.get('mode', 'lstm')]
+    biases = gates + 1 if attrs.get('mode') == 'gru' else gates
+    size, layers = int(attrs['state_size']), int(attrs.get('num_layers', '1'))
+    steps, batch, width = data
+    if attrs.get('bidirectional', 'False') in ('True', 'true', '1'):
+        groups = [(1, 2, width)] + [(1, 2, 2 * size)] * (layers - 1)
+    elif width == size:
+        groups = [(layers, 1, width)]
+    else:
+        groups = [(1, 1, width)] + ([(layers - 1, 1, size)] if layers > 1 else [])
+    elements = 0
+    for depth, directions, inputs in groups:
+        rows = -(-gates * size // RNN_PACKED_ROWS) * RNN_PACKED_ROWS
+        elements += depth * directions * ((inputs + size) * (gates * size + rows) +
+                                          biases * size) + 1 + ONEDNN_ALIGN * 5
+    elements += steps * batch * size * groups[-1][1] * (len(groups) - 1)
+    return 4 * elements
+
+
+# op -> the bytes of storage of its own its state allocates on its device,
+# outside the plan and the temporary space, from its inputs' shapes and its
+# attributes (one per node of the graph)
+OP_STORAGE = {'RNN': _rnn_buffer}
+
+
+def op_storage(graph):
+    """``{device: bytes}`` the stateful ops of ``graph`` allocate for
+    themselves on their devices (:data:`OP_STORAGE`)."""
+    held = {}
+    for node in graph.nodes:
+        rule = OP_STORAGE.get(node['op'])
+        if rule is not None:
+            size = rule(node, graph.shapes)
+            if size:
+                held[node['device']] = held.get(node['device'], 0) + size
+    return held
+
+
+def activations(graph):
+    """``{device: bytes}`` the executor of ``graph`` holds beyond the arrays
+    it was given: its planned pool, its head gradients and the storage its
+    stateful ops keep (:func:`op_storage`; its temporary space:
+    :func:`workspace`)."""
+    total = dict(plan_storage(graph))
+    for part in (head_gradients(graph), op_storage(graph)):
+        for device, size in part.items():
+            total[device] = total.get(device, 0) + size
+    return total
+
+
+# -- a Pipeline's table ---------------------------------------------------------
+
+CATEGORIES = ('params', 'grads', 'optimizer', 'aux', 'inputs', 'module_copy', 'other')
+
+
+def _resized(shape, axis, size):
+    return tuple(size if a == axis else n for a, n in enumerate(shape))
+
+
+def _row(table, device):
+    return table.setdefault(str(device), dict.fromkeys(CATEGORIES, 0))
+
+
+def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, trained, states,
+                with_inputs=True, held=None):
+    """Params, grads, optimizer states, aux and (``with_inputs``) inputs of
+    one executor bound on ``symbol`` at ``shapes`` (every argument's), each
+    on its group's device; optimizer states only of the parameters in
+    ``held`` where it is given (the replica's share under
+    ``shard_optimizer``)."""
+    attrs = symbol.attr_dict()
+
+    def device(name):
+        return group2ctx.get(attrs.get(name, {}).get(GROUP_ATTR), context)
+
+    for name in symbol.list_arguments():
+        size = _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
+        row = _row(table, device(name))
+        if name in inputs:
+            row['inputs'] += size if with_inputs else 0
+        else:
+            row['params'] += size
+            if name in trained:
+                row['grads'] += size
+                if held is None or name in held:
+                    row['optimizer'] += states * size
+    for name in symbol.list_auxiliary_states():
+        _row(table, device(name))['aux'] += \
+            _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
+
+
+def replica_shares(pipe, symbol, shapes, types, inputs, trained):
+    """``[set of parameter names]`` per replica: the optimizer state each
+    replica holds under ``Pipeline(..., shard_optimizer=True)``, as the
+    Module deals it (:func:`mp_symbolic.core.optim.zero.owners`: by the device of
+    replica 0's copy and bytes); ``None`` per replica without sharding."""
+    from ..optim.zero import owners  # pylint: disable=import-outside-toplevel
+    if not pipe.shard_optimizer or pipe.replicas == 1:
+        return [None] * pipe.replicas
+    attrs = symbol.attr_dict()
+    group2ctx, context = pipe.plan.group2ctxs[0], pipe.plan.stage_devices[0][0][0]
+    params = [(n, str(group2ctx.get(attrs.get(n, {}).get(GROUP_ATTR), context)),
+               _nbytes(shapes[n], np.dtype(types.get(n, 'float32')).itemsize))
+              for n in symbol.list_arguments() if n not in inputs and n in trained]
+    owned = owners(params, pipe.replicas)
+    return [{n for n, k in owned.items() if k == r} for r in range(pipe.replicas)]
+
+
+def optimizer_shares(pipe, symbol, shapes, fixed=()):
+    """:func:`replica_shares` of ``symbol`` bound at ``shapes`` (``[(input
+    name, shape)]``, labels may be left out), ``fixed`` parameters untrained."""
+    inputs = {n for n, _ in shapes} | _labels(symbol)
+    found, types = _specs(symbol, dict(shapes))
+    trained = {n for n in symbol.list_arguments() if n not in inputs and n not in set(fixed)}
+    return replica_shares(pipe, symbol, found, types, inputs, trained)
+
+
+def _specs(symbol, shapes):
+    """``({name: shape}, {name: dtype})`` of every argument and auxiliary
+    state of ``symbol`` for inputs of ``shapes`` (labels may be left out:
+    the loss heads infer them)."""
+    arg_shapes, _, aux_shapes = symbol.infer_shape_partial(**shapes)
+    arg_types, _, aux_types = symbol.infer_type(**{n: 'float32' for n in shapes})
+    names = symbol.list_arguments() + symbol.list_auxiliary_states()
+    found = dict(zip(names, [tuple(s) for s in arg_shapes + aux_shapes]))
+    missing = [n for n, s in found.items() if not s or 0 in s]
+    if missing:
+        raise ValueError('shapes: expected shapes that fix every array of the graph, found '
+                         '%s unknown (give its shape)' % ', '.join(missing[:3]))
+    return found, dict(zip(names, arg_types + aux_types))
+
+
+def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
+             label_name=None, optimizer='sgd', optimizer_params=None):
+    """Bytes per device and category of one training step of ``pipe``'s
+    Module, without binding it (see the module).
+
+    Args:
+        pipe: A :class:`~mp_symbolic.Pipeline` (its devices, chunks, replicas,
+            schedule, mirror, shards and ``shard_optimizer`` are the plan:
+            sharded, each replica's optimizer row holds its share).
+        data_shapes: ``[(name, shape)]`` of the whole batch, as ``Module.bind`` takes them.
+        label_shapes: ``[(name, shape)]``; default: as the loss head infers it.
+        loss, output: As :meth:`~mp_symbolic.Pipeline.module` takes them.
+        label_name: The label's name (default: the Pipeline's ``softmax_label``).
+        optimizer, optimizer_params: As ``init_optimizer`` takes them
+            (:data:`STATES`: the states each trained parameter gets).
+
+    Returns:
+        ``{device: {category: bytes}}`` with :data:`CATEGORIES` and ``total``,
+        sorted by device, as :func:`mp_symbolic.tools.memory.device_memory`
+        returns a measured step's.
+
+    Raises:
+        ValueError: an optimizer :data:`STATES` does not know, a batch the
+            micro-batches and replicas do not divide, or shapes the graph
+            does not take (one line each).
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..engine.module import fixed_param_names
+    from ..graph.names import LABEL_NAME
+    from ..schedule import one_graph
+    name = str(optimizer).lower()
+    if name not in STATES:
+        raise ValueError('optimizer: expected one of %s, found %r'
+                         % (', '.join(sorted(STATES)), optimizer))
+    states = STATES[name](dict(optimizer_params or {}))
+    label_name = label_name or LABEL_NAME
+    data_shapes = [(n, tuple(s)) for n, s in data_shapes]
+    label_shapes = [(n, tuple(s)) for n, s in (label_shapes or ())]
+    axis = pipe.batch_axis
+    batch = data_shapes[0][1][axis]
+    per = pipe.chunks * pipe.replicas
+    if batch % per:
+        raise ValueError('batch size: expected a multiple of chunks x replicas (%d), found %d'
+                         % (per, batch))
+    if one_graph(pipe.schedule):
+        symbol = pipe.training_symbol(loss, label_name=label_name, output=output)
+        table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
+                           set(fixed_param_names(pipe, symbol)))
+    else:
+        placed = pipe.training_graph(loss, label_name=label_name, chunks=1, output=output)
+        symbol = placed.to_symbol()
+        table = _staged(pipe, placed, symbol, data_shapes, label_shapes, states,
+                        set(fixed_param_names(pipe, symbol)))
+    if pipe.replicas > 1:
+        _kvstore(table, symbol, data_shapes, pipe, set(fixed_param_names(pipe, symbol)))
+    for row in table.values():
+        row['total'] = sum(row[c] for c in CATEGORIES)
+    return dict(sorted(table.items(), key=lambda kv: _device_key(kv[0])))
+
+
+# where MXNet's local kvstore keeps its buffers on a CPU-only machine
+PINNED = 'cpu_pinned(0)'
+
+
+def _kvstore(table, symbol, data_shapes, pipe, fixed):
+    """The buffers of the ``'local'`` kvstore that sums the replicas'
+    gradients (``CommCPU::Reduce``, src/kvstore/comm.h): per trained
+    parameter, the merged sum and one copy per replica past the first, in
+    pinned host memory (:data:`PINNED`)."""
+    inputs = {n for n, _ in data_shapes} | _labels(symbol)
+    batch = data_shapes[0][1][pipe.batch_axis]
+    shapes, types = _specs(symbol, _replica_shapes(pipe, data_shapes, batch // pipe.replicas))
+    trained = [n for n in symbol.list_arguments() if n not in inputs and n not in fixed]
+    size = sum(_nbytes(shapes[n], np.dtype(types[n]).itemsize) for n in trained)
+    _row(table, PINNED)['other'] += pipe.replicas * size
+
+
+def _device_key(name):
+    kind, _, index = name.partition('(')
+    index = index.rstrip(')')
+    return kind != 'cpu', kind, int(index) if index.isdigit() else -1
+
+
+def _replica_shapes(pipe, shapes, size):
+    axis = pipe.batch_axis
+    return {n: _resized(s, axis, size) if len(s) > axis else s for n, s in shapes}
+
+
+def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
+    """GPipe's one graph of every micro-batch, one executor per replica."""
+    plan = pipe.plan
+    batch = data_shapes[0][1][pipe.batch_axis]
+    shapes = _replica_shapes(pipe, data_shapes + label_shapes, batch // pipe.replicas)
+    specs, types = _specs(symbol, shapes)
+    inputs = set(shapes) | _labels(symbol)
+    trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
+    table, requests = {}, []
+    shares = replica_shares(pipe, symbol, specs, types, inputs, trained)
+    for r, group2ctx in enumerate(plan.group2ctxs):
+        context = plan.stage_devices[r][0][0]
+        _add_arrays(table, symbol, specs, types, group2ctx, context, inputs, trained, states,
+                    held=shares[r])
+        bound = {n: specs[n] for n in inputs}
+        graph = planned_graph(symbol, bound, group2ctx, context, grad_names=trained)
+        for device, size in activations(graph).items():
+            _row(table, device)['other'] += size
+        requests.append(workspace(graph))
+    for device, size in temp_space(requests).items():
+        _row(table, device)['other'] += size
+    return table
+
+
+def _labels(symbol):
+    """The loss heads' labels: the arguments a loss op reads as its second input."""
+    import json  # pylint: disable=import-outside-toplevel
+    graph = json.loads(symbol.tojson())
+    heads = {'SoftmaxOutput', 'LinearRegressionOutput', 'LogisticRegressionOutput',
+             'MAERegressionOutput', 'SVMOutput'}
+    found = set()
+    for node in graph['nodes']:
+        if node['op'] in heads and len(node['inputs']) > 1:
+            found.add(graph['nodes'][node['inputs'][1][0]]['name'])
+    return found
+
+
+def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
+    """The stage runtime: the weights, gradients and auxiliary states its
+    stage executors share, then each stage's executors of one micro-batch
+    (inputs their own), as many as it keeps in flight."""
+    # pylint: disable=import-outside-toplevel
+    from ..base.compat import lengths_outside_gradient
+    from ..graph.names import parse_group, stage_name
+    from ..graph.passes import cut
+    from ..schedule import in_flight
+    from ..engine.stages import boundary_specs, head_specs
+    plan = pipe.plan
+    batch = data_shapes[0][1][pipe.batch_axis]
+    labels = _labels(symbol) | {n for n, _ in label_shapes}
+    input_names = [n for n, _ in data_shapes]
+    given = dict(data_shapes + label_shapes)
+    stages = cut(placed, plan.num_stages)
+    micro = batch // (pipe.chunks * pipe.replicas)
+    micro_shapes = _replica_shapes(pipe, list(given.items()), micro)
+    specs = _specs(symbol, micro_shapes)
+    boundary = boundary_specs(stages, specs)
+    inputs = set(input_names) | labels
+    trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
+    flight = in_flight(pipe.run_schedule())
+    table, requests = {}, []
+    shares = replica_shares(pipe, symbol, specs[0], specs[1], inputs, trained)
+    for r, group2ctx in enumerate(plan.group2ctxs):
+        context = plan.stage_devices[r][0][0]
+        # the arrays the stage executors share (their inputs are each executor's own)
+        _add_arrays(table, symbol, specs[0], specs[1], group2ctx, context, inputs, trained,
+                    states, with_inputs=False, held=shares[r])
+        for graph in stages:
+            s = graph.stage
+            groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}
+            device = groups[stage_name(s)]
+            stage_symbol = lengths_outside_gradient(graph.graph).to_symbol()
+            received = {name: boundary[entry] for name, _, entry in graph.receives}
+            bound, owned, read = {}, 0, 0
+            for name in stage_symbol.list_arguments():
+                if name in received:
+                    shape, dtype = received[name]
+                    bound[name] = shape
+                    owned += 2 * _nbytes(shape, np.dtype(dtype).itemsize)  # it and its gradient
+                elif name in inputs:
+                    bound[name] = specs[0][name]
+                    read += _nbytes(specs[0][name], np.dtype(specs[1][name]).itemsize)
+            grads = [n for n in stage_symbol.list_arguments() if n in trained or n in received]
+            planned = planned_graph(stage_symbol, bound, group2ctx, device, grad_names=grads,
+                                    env=split_bind_environ(groups.values(), stage_symbol),
+                                    added=[n for n in grads if n not in received])
+            if graph.sends:  # a gradient array per output
+                owned += sum(_nbytes(planned.shapes[e]) for e in planned.outputs)
+            copies = max(1, flight[s])
+            for where, size in activations(planned).items():
+                _row(table, where)['other'] += copies * size
+            _row(table, device)['other'] += copies * owned
+            _row(table, device)['inputs'] += copies * read
+            requests += [workspace(planned)] * copies
+        # the batch's outputs, joined from its micro-batches on the last stage's device
+        last = group2ctx[stage_name(plan.num_stages - 1)]
+        for graph in stages:
+            for shape, dtype in head_specs(graph, specs, boundary).values():
+                _row(table, last)['other'] += pipe.chunks * _nbytes(
+                    shape, np.dtype(dtype).itemsize)
+    for device, size in temp_space(requests).items():
+        _row(table, device)['other'] += size
+    return table

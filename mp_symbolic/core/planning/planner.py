@@ -1,0 +1,909 @@
+"""The plan chosen for you: ``Pipeline(..., plan='auto', memory_per_device=...)``.
+
+The candidates are every plan of the given devices the Pipeline can run:
+stages ``K`` and replicas ``R`` (``K x R`` of the devices, in order), the
+blocks per stage by parameter count and by measured time, micro-batches
+(``chunks``), the schedule (``'gpipe'``, ``'1f1b'``, ``'interleaved'``),
+recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
+(``shard_optimizer``). Each is scored twice:
+
+* **memory**: :func:`~mp_symbolic.core.planning.estimate.estimate`'s table, before
+  anything is allocated (all graphs of all candidates bound in one child,
+  :class:`~mp_symbolic.core.planning.estimate.batched_binds`); its largest device
+  is held against the budget. Recomputation and ZeRO only save memory, so
+  a candidate with either is scored only where the same plan without it
+  does not fit;
+* **step time**: each stage's forward and backward pass of one
+  micro-batch, measured on its device (every stage graph the candidates
+  cut, bound alone; a graph seen before is not measured again; once more
+  after every candidate is scored, the faster time kept, and no longer
+  than the same graph takes on more examples, nor more than in proportion
+  to what it takes on fewer), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
+  simulated over those times for every replica at once (:func:`simulate`),
+  then the optimizer's update and, with replicas, the sum of their
+  gradients, at the measured cost of an element.
+
+**What the devices share.** Stand-in CPU devices (``cpu(0)``, ``cpu(1)``,
+...) run on the host's cores: two of them busy at once do not run twice as
+fast as one. How much faster ``k`` busy devices run than one is measured
+once (the whole network's step on ``k`` devices at once against one:
+:attr:`Timings.capacity`), and the simulation shares it among the actions
+running at each moment (each runs at ``capacity(k) / k`` of its measured
+speed). GPUs share nothing in the model.
+
+The candidates that fit rank by predicted step time (then by memory); the
+others follow them, by memory. A budget none fits is refused
+(:class:`PlanError`, one line with the smallest memory a candidate needs).
+"""
+from dataclasses import dataclass, field, replace
+import inspect
+
+import mxnet as mx
+import numpy as np
+
+from .. import schedule as schedules
+from ..base.checks import excerpt
+from .sizes import format_size, parse_size
+
+__all__ = []
+
+AUTO = 'auto'
+
+class PlanError(ValueError):
+    """A budget no candidate plan fits, or planner arguments that cannot work."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan: the Pipeline arguments the planner chooses.
+
+    Attributes:
+        devices: The devices it runs on, ``'cpu:0,cpu:1'`` (stages x replicas).
+        stages: Devices per replica (``K``).
+        replicas: Data-parallel copies (``R``).
+        chunks: Micro-batches per batch (``M``).
+        schedule: A name of :data:`~mp_symbolic.core.schedule.NAMES`.
+        virtual: Stages per device (2 under ``'interleaved'``, else 1).
+        mirror: Every stage recomputed in the backward pass.
+        balance: Blocks (ops) per stage, a tuple; ``None``: by parameter count.
+        rule: How ``balance`` was made: ``'size'`` or ``'time'``.
+        shard_optimizer: ZeRO-1 over the replicas (``None``: not an option
+            of this Pipeline).
+    """
+    devices: str
+    stages: int
+    replicas: int
+    chunks: int
+    schedule: str
+    virtual: int = 1
+    mirror: bool = False
+    balance: tuple = None
+    rule: str = 'size'
+    shard_optimizer: bool = None
+
+    def pipeline_args(self):
+        """``Pipeline``'s keyword arguments for this plan (with ``devices``)."""
+        args = dict(devices=self.devices, balance=None if self.balance is None
+                    else list(self.balance), chunks=self.chunks, replicas=self.replicas,
+                    mirror=self.mirror, schedule=self.schedule,
+                    virtual=self.virtual if self.schedule in schedules.VIRTUAL else None)
+        if self.shard_optimizer is not None:
+            args['shard_optimizer'] = self.shard_optimizer
+        return args
+
+    def flags(self):
+        """The ``train`` flags of this plan."""
+        words = ['--devices %s' % self.devices]
+        if self.balance is not None:
+            words.append('--balance %s' % ','.join(map(str, self.balance)))
+        words.append('--schedule %s' % self.schedule)
+        if self.schedule in schedules.VIRTUAL:
+            words.append('--virtual %d' % self.virtual)
+        words.append('--chunks %d' % self.chunks)
+        if self.replicas > 1:
+            words.append('--replicas %d' % self.replicas)
+        if self.mirror:
+            words.append('--mirror')
+        if self.shard_optimizer:
+            words.append('--shard-optimizer')
+        return ' '.join(words)
+
+    def __str__(self):
+        return self.flags()
+
+
+@dataclass
+class Scored:
+    """A :class:`Candidate` with its predicted memory and step time.
+
+    Attributes:
+        candidate: The plan.
+        memory: ``{device: bytes}`` of the estimate's totals.
+        seconds: The predicted step time.
+        fits: Whether its largest device is within the budget (``True``
+            without one).
+    """
+    candidate: Candidate
+    memory: dict
+    seconds: float
+    fits: bool = True
+
+    @property
+    def largest(self):
+        """The most bytes any device holds."""
+        return max(self.memory.values())
+
+
+@dataclass
+class Ranking:
+    """The scored candidates, best first, and why the first won.
+
+    Attributes:
+        ranked: :class:`Scored` s: those that fit by step time (then memory),
+            then the others by memory.
+        budget: Bytes per device, or ``None``.
+        skipped: Candidates with recomputation or ZeRO not scored because
+            the same plan without them fits.
+        timings: The :class:`Timings` the step times came from.
+        failed: ``[(candidate, MXNet's last line)]`` of the candidates one of
+            whose graphs MXNet could not bind or run (left out).
+    """
+    ranked: list
+    budget: int = None
+    skipped: int = 0
+    timings: object = field(default=None, repr=False)
+    failed: list = field(default_factory=list)
+
+    @property
+    def best(self):
+        """The chosen :class:`Scored`."""
+        return self.ranked[0]
+
+    @property
+    def smallest(self):
+        """The least memory (its largest device's) any candidate needs."""
+        return min(s.largest for s in self.ranked)
+
+    def why(self):
+        """One sentence: why the first candidate won."""
+        best, fitting = self.best, [s for s in self.ranked if s.fits]
+        within = ('of the %d plans within %s per device' % (len(fitting), format_size(self.budget))
+                  if self.budget is not None else 'of %d plans (no memory budget)' % len(fitting))
+        words = ['the least predicted step time (%.2f ms) %s' % (best.seconds * 1e3, within)]
+        if len(fitting) > 1:
+            after = fitting[1]
+            words.append('the next (%s) is predicted %.1f%% slower'
+                         % (after.candidate, 100 * (after.seconds / best.seconds - 1)))
+        faster = [s for s in self.ranked if not s.fits and s.seconds < best.seconds]
+        if faster:
+            quickest = min(faster, key=lambda s: s.seconds)
+            words.append('%d faster plan(s) need more memory (the fastest, %.2f ms, %s on a '
+                         'device)' % (len(faster), quickest.seconds * 1e3,
+                                      format_size(quickest.largest)))
+        return '; '.join(words)
+
+    def lines(self, limit=None):
+        """The ranked table, one line per candidate, then why the first won."""
+        shown = self.ranked if limit is None else self.ranked[:limit]
+        width = max(len(str(s.candidate)) for s in shown)
+        out = ['  rank  %s  memory (largest device)  step (predicted)  fits'
+               % 'plan'.ljust(width)]
+        for i, s in enumerate(shown, 1):
+            out.append('  %-4d  %s  %-23s  %-16s  %s'
+                       % (i, str(s.candidate).ljust(width), format_size(s.largest),
+                          '%.2f ms' % (s.seconds * 1e3), 'yes' if s.fits else 'no'))
+        if len(shown) < len(self.ranked):
+            out.append('  ... %d more' % (len(self.ranked) - len(shown)))
+        out.append('chosen: %s: %s' % (self.best.candidate, self.why()))
+        return out
+
+
+def takes_shard_optimizer():
+    """Whether ``Pipeline`` takes ``shard_optimizer`` (ZeRO-1 is then a
+    dimension of the candidates)."""
+    from ..pipeline import Pipeline  # pylint: disable=import-outside-toplevel
+    return 'shard_optimizer' in inspect.signature(Pipeline.__init__).parameters
+
+
+class Planner:
+    """What the planner plans for, and the space it searches.
+
+    ``Pipeline(..., plan='auto')`` is ``plan=Planner()``: a softmax head and
+    SGD with momentum 0.9. Give a ``Planner`` for another loss, optimizer
+    or a narrower space.
+
+    Args:
+        loss, output: The loss head, as :meth:`~mp_symbolic.Pipeline.module`
+            takes them.
+        label_name, label_shapes: The label's name and ``[(name, shape)]`` of
+            the whole batch (default: as the loss head infers them).
+        optimizer, optimizer_params: As ``init_optimizer`` takes them.
+        chunks: The micro-batch counts to try (those that divide the batch
+            by the replicas).
+        schedules: The schedules to try.
+        mirror: Whether recomputation is tried (where a plan does not fit
+            without it).
+        balances: ``'size'`` (by parameter count) and/or ``'time'`` (by each
+            block's measured time; block lists only).
+        stages, replicas: The counts to try (default: every count the
+            devices allow).
+        shard_optimizer: Whether ZeRO-1 is tried, where the Pipeline takes
+            it (default) and there are replicas.
+        repeats: Timed passes of each stage graph (the fastest counts).
+
+    Raises:
+        PlanError: a value that cannot be a space (one line).
+    """
+
+    def __init__(self, loss='softmax', output=None, label_name=None, label_shapes=None,
+                 optimizer='sgd', optimizer_params=None, chunks=(1, 2, 4, 8),
+                 schedules=schedules.NAMES, mirror=True, balances=('size', 'time'),
+                 stages=None, replicas=None, shard_optimizer=True, repeats=5):
+        self.loss, self.output = loss, output
+        self.label_name, self.label_shapes = label_name, label_shapes
+        self.optimizer = optimizer
+        self.optimizer_params = dict({'momentum': 0.9} if optimizer == 'sgd' and
+                                     optimizer_params is None else optimizer_params or {})
+        self.chunks = tuple(chunks)
+        self.schedules = tuple(schedules)
+        for name in self.schedules:
+            if name not in schedules_named():
+                raise PlanError('schedules: expected names of %s, found %r'
+                                % (', '.join(schedules_named()), name))
+        self.mirror = bool(mirror)
+        self.balances = tuple(balances)
+        if not self.balances or set(self.balances) - {'size', 'time'}:
+            raise PlanError("balances: expected 'size' and/or 'time', found %r"
+                            % (self.balances,))
+        self.stages = None if stages is None else tuple(stages)
+        self.replicas = None if replicas is None else tuple(replicas)
+        self.shard_optimizer = bool(shard_optimizer)
+        self.repeats = repeats
+
+    def choose(self, blocks, devices, sample, memory_per_device=None, batch_axis=0,
+               data_shapes=None):
+        """The candidates of ``blocks`` on ``devices``, ranked.
+
+        Args:
+            blocks: The network, as ``Pipeline`` takes it.
+            devices: The devices to plan on (``'cpu:0,cpu:1'`` or contexts),
+                one device each: the plans use the first ``K x R`` of them.
+            sample: The batch (a shape, an array, one per input), as
+                ``Pipeline`` takes it; its batch size is the step's.
+            memory_per_device: The budget: bytes, a size string
+                (:func:`parse_size`), or ``None`` for none.
+            data_shapes: ``[(input name, shape)]`` of the batch (default:
+                from ``sample``).
+
+        Returns:
+            A :class:`Ranking`.
+
+        Raises:
+            PlanError: no candidate fits the budget (one line with the
+                smallest memory one needs), or none can be made.
+            ValueError: a budget :func:`parse_size` refuses, devices that
+                cannot be read.
+        """
+        # pylint: disable=import-outside-toplevel
+        from ..placement.devices import parse_devices
+        from .estimate import batched_binds
+        budget = None if memory_per_device is None else parse_size(memory_per_device)
+        pool = _flat_devices(parse_devices(devices) if isinstance(devices, str) else devices)
+        search = _Search(self, blocks, pool, sample, batch_axis, data_shapes)
+        with batched_binds():
+            ranking = search.run(budget)
+        if not ranking.best.fits:
+            raise PlanError('memory_per_device: expected a budget a plan fits, found %s (%d '
+                            'bytes) below the smallest memory any of the %d candidate plans '
+                            'needs on a device: %s (%d bytes, %s)'
+                            % (format_size(budget), budget, len(ranking.ranked),
+                               format_size(ranking.smallest), ranking.smallest,
+                               min(ranking.ranked, key=lambda s: s.largest).candidate))
+        return ranking
+
+
+def schedules_named():
+    """The schedules the planner can try."""
+    return schedules.NAMES
+
+
+def _flat_devices(devices):
+    flat = []
+    for device in devices:
+        if isinstance(device, (tuple, list)):
+            raise PlanError('devices: expected one device per entry for the planner (it '
+                            'chooses stages and replicas), found a stage of %d devices'
+                            % len(device))
+        flat.append(device)
+    return flat
+
+
+def _spec(devices):
+    return ','.join('%s:%d' % (d.device_type, d.device_id) for d in devices)
+
+
+class _Search:
+    """One planning: the candidates, their estimates and their times."""
+
+    def __init__(self, planner, blocks, pool, sample, batch_axis, data_shapes):
+        from ..pipeline import Pipeline, _as_blocks  # pylint: disable=import-outside-toplevel
+        self.planner, self.pool, self.sample = planner, pool, sample
+        self.batch_axis = batch_axis
+        self.whole = isinstance(blocks, mx.gluon.HybridBlock) and \
+            not isinstance(blocks, mx.gluon.nn.HybridSequential)
+        self.network = blocks
+        self.blocks = blocks if self.whole else _as_blocks(blocks)
+        self.count = None if self.whole else len(self.blocks)
+        one = Pipeline(self.network, pool[:1], sample=sample, batch_axis=batch_axis)
+        if data_shapes is None:
+            from ..placement.place import sample_inputs  # pylint: disable=import-outside-toplevel
+            shapes, _ = sample_inputs(sample)
+            if shapes is None:
+                raise PlanError("sample: expected the batch (a shape or arrays) for "
+                                "plan='auto', found None")
+            data_shapes = list(zip(one.data_names(), shapes))
+        self.data_shapes = [(n, tuple(s)) for n, s in data_shapes]
+        self.batch = self.data_shapes[0][1][batch_axis]
+        self.label_shapes = planner.label_shapes
+        self.timings = Timings(self, one)
+        self.zero = planner.shard_optimizer and takes_shard_optimizer()
+        self.failed = []
+        self.keys = {}  # id(Scored) -> (its stages' keys into Timings.stage, stages)
+
+    def pipeline(self, candidate):
+        from ..pipeline import Pipeline  # pylint: disable=import-outside-toplevel
+        return Pipeline(self.network, sample=self.sample, batch_axis=self.batch_axis,
+                        **candidate.pipeline_args())
+
+    def candidates(self):
+        """Every plan without recomputation or ZeRO, the devices allow."""
+        n = len(self.pool)
+        planner = self.planner
+        out = []
+        for k in planner.stages or range(1, n + 1):
+            for r in planner.replicas or range(1, n // k + 1):
+                if k * r > n or (self.count is not None and k > self.count):
+                    continue
+                spec = _spec(self.pool[:k * r])
+                balances = self.timings.balances(k, 1) if k > 1 else [(None, 'size')]
+                for name in planner.schedules:
+                    if name != 'gpipe' and k == 1:
+                        continue  # one stage: the stage runtime adds nothing to gpipe
+                    virtual = schedules.VIRTUAL.get(name, 1)
+                    if self.count is not None and k * virtual > self.count:
+                        continue
+                    plans = balances if virtual == 1 else self.timings.balances(k, virtual)
+                    for m in planner.chunks:
+                        if self.batch % (m * r) or (name == 'interleaved' and m % k) or \
+                                (name != 'gpipe' and m == 1):
+                            continue
+                        for balance, rule in plans:
+                            out.append(Candidate(spec, k, r, m, name, virtual, False, balance,
+                                                 rule, False if self.zero else None))
+        return out
+
+    def run(self, budget):
+        scored, skipped = [], 0
+        for candidate in self.candidates():
+            base = self.score(candidate, budget)
+            if base is None:
+                continue
+            scored.append(base)
+            relief = []
+            if self.zero and candidate.replicas > 1:
+                relief.append(replace(candidate, shard_optimizer=True))
+            if self.planner.mirror:
+                relief.append(replace(candidate, mirror=True))
+                if self.zero and candidate.replicas > 1:
+                    relief.append(replace(candidate, mirror=True, shard_optimizer=True))
+            for other in relief:
+                if base.fits:
+                    skipped += 1
+                    continue
+                found = self.score(other, budget)
+                if found is not None:
+                    scored.append(found)
+        self.timings.retime()
+        self.timings.fit_steps()
+        for found in scored:
+            found.seconds = self.timings.predict(found.candidate, *self.keys[id(found)])
+        if not scored:
+            raise PlanError('plan: expected at least one candidate plan of %d device(s), '
+                            'found none the batch of %d divides' % (len(self.pool), self.batch))
+        ranked = sorted(scored, key=lambda s: (not s.fits, s.seconds if s.fits else s.largest,
+                                               s.largest))
+        return Ranking(ranked, budget, skipped, self.timings, self.failed)
+
+    def score(self, candidate, budget):
+        """The candidate scored, or ``None`` where MXNet cannot bind or run
+        one of its graphs (counted in :attr:`failed`, with its first line)."""
+        from .estimate import estimate  # pylint: disable=import-outside-toplevel
+        planner = self.planner
+        try:
+            pipe = self.pipeline(candidate)
+            keys = self.timings.stage_keys(
+                pipe, self.batch // (candidate.chunks * candidate.replicas))
+            seconds = self.timings.predict(candidate, keys, pipe.plan.num_stages)
+            table = estimate(pipe, self.data_shapes, self.label_shapes, loss=planner.loss,
+                             output=planner.output, label_name=planner.label_name,
+                             optimizer=planner.optimizer,
+                             optimizer_params=planner.optimizer_params)
+        except (mx.base.MXNetError, RuntimeError, ValueError) as err:
+            lines = [line for line in str(err).splitlines() if line.strip()]
+            self.failed.append((candidate, lines[-1] if lines else type(err).__name__))
+            return None
+        memory = {d: row['total'] for d, row in table.items()}
+        scored = Scored(candidate, memory, seconds,
+                        budget is None or max(memory.values()) <= budget)
+        self.keys[id(scored)] = (keys, pipe.plan.num_stages)
+        return scored
+
+
+class Timings:
+    """The times the simulation runs on, each measured once.
+
+    Attributes:
+        capacity: ``{k: how many times one device's work k busy devices
+            do at once}`` (1 for one device; ``k`` where they share nothing).
+        update: Seconds per parameter element of the optimizer's update.
+        add: Seconds per element of summing one replica's gradient into another.
+        stage: ``{key: (forward, backward) seconds}`` of each stage graph
+            measured.
+        steps: ``{'graph', 'replica', 'staged', 'action'}``: seconds a step
+            of MXNet's one graph, each replica past the first, a step of
+            the stage runtime and each of its actions take beyond the
+            simulated work (:meth:`calibrate`).
+    """
+
+    def __init__(self, search, one):
+        self.search = search
+        self.stage = {}
+        self._binds = {}
+        self._micro = {}
+        self._balances = {}
+        self._block_times = {}
+        self.params = sum(int(np.prod(p.shape)) for p in one.collect_params().values()
+                          if p.grad_req != 'null')
+        self.capacity = self._capacity(one)
+        self.update, self.add = self._element_costs()
+        self.steps = None
+        self.calibrate()
+
+    # -- measured once ---------------------------------------------------------
+
+    def _capacity(self, one):
+        """``{k: k x t1 / tk}``: the whole network's step of one micro-batch
+        on ``k`` devices at once, against one device (stand-in CPUs: the
+        cores they share); ``k`` for GPUs."""
+        pool = self.search.pool
+        capacity = {1: 1.0}
+        cpus = [d for d in pool if d.device_type == 'cpu']
+        for k in range(2, len(pool) + 1):
+            capacity[k] = float(k)
+        if len(cpus) < 2:
+            return capacity
+        from ..engine.stages import variable_specs  # pylint: disable=import-outside-toplevel
+        placed = self._training_graph(one)
+        symbol = _stage_symbol(placed)
+        shapes = dict(self._micro_inputs(one, self.search.batch))
+        runs = [_StageRun(symbol, shapes, variable_specs(symbol, shapes, _float32(shapes))[1], d, set(shapes))
+                for d in cpus]
+        repeats = max(3, self.search.planner.repeats)
+        alone = min(_timed(lambda: runs[0].step(), repeats))
+        for k in range(2, len(cpus) + 1):
+            together = min(_timed(lambda: [r.step(wait=False) for r in runs[:k]], repeats))
+            capacity[k] = min(float(k), max(1.0, k * alone / together))
+        return capacity
+
+    def _element_costs(self):
+        """Seconds per element of the optimizer's update and of an add."""
+        planner = self.search.planner
+        size = int(min(max(self.params, 1 << 16), 1 << 22))
+        ctx = self.search.pool[0]
+        weight = mx.nd.ones((size,), ctx=ctx)
+        grad = mx.nd.ones((size,), ctx=ctx) * 1e-3
+        optimizer = mx.optimizer.create(planner.optimizer, learning_rate=0.0,
+                                        **planner.optimizer_params)
+        updater = mx.optimizer.get_updater(optimizer)
+        repeats = max(3, planner.repeats)
+        update = min(_timed(lambda: updater(0, grad, weight), repeats))
+        other = mx.nd.zeros((size,), ctx=ctx)
+        add = min(_timed(lambda: other.__iadd__(grad), repeats))
+        return update / size, add / size
+
+    # -- per plan ---------------------------------------------------------------
+
+    def balances(self, k, virtual):
+        """``[(blocks per stage or None, rule)]`` of ``k x virtual`` stages:
+        by parameter count (``None``: the Pipeline's own), and by each
+        block's measured forward and backward time (block lists), distinct."""
+        key = (k, virtual)
+        if key not in self._balances:
+            # pylint: disable=import-outside-toplevel
+            from ..placement.balance import BalanceError, balance_by_size, solve
+            found = []
+            if 'size' in self.search.planner.balances:
+                found.append((None, 'size'))
+            if 'time' in self.search.planner.balances and not self.search.whole:
+                try:
+                    by_time = tuple(solve(self._per_block(), k * virtual))
+                    by_size = tuple(balance_by_size(self.search.blocks, k * virtual))
+                except BalanceError:
+                    by_time = by_size = None
+                if by_time is not None and by_time != by_size:
+                    found.append((by_time, 'time'))
+            self._balances[key] = found
+        return self._balances[key]
+
+    def _per_block(self):
+        if not self._block_times:
+            from ..placement.balance import forward_backward_times  # pylint: disable=import-outside-toplevel
+            shape = self.search.data_shapes[0][1]
+            self._block_times['all'] = forward_backward_times(
+                self.search.blocks, shape, self.search.pool[0],
+                repeats=self.search.planner.repeats)
+        return self._block_times['all']
+
+    def _training_graph(self, pipe):
+        planner = self.search.planner
+        return pipe.training_graph(planner.loss, label_name=_label(planner), chunks=1,
+                                   output=planner.output)
+
+    def _micro_inputs(self, pipe, size):
+        """``[(name, shape)]`` of the inputs and labels of one micro-batch of ``size``."""
+        axis = self.search.batch_axis
+        shapes = [(n, s[:axis] + (size,) + s[axis + 1:]) for n, s in self.search.data_shapes]
+        labels = self.search.label_shapes
+        if labels:
+            shapes += [(n, tuple(s)[:axis] + (size,) + tuple(s)[axis + 1:]) for n, s in labels]
+        return shapes
+
+    def stage_times(self, pipe, micro):
+        """``[(forward, backward)]`` seconds of each stage of ``pipe`` on one
+        micro-batch of ``micro`` examples, each stage graph bound alone on
+        its device (first replica's), measured the first time it is seen."""
+        return [self.stage[key] if key else (0.0, 0.0) for key in self.stage_keys(pipe, micro)]
+
+    def stage_keys(self, pipe, micro):
+        """:meth:`stage_times`' keys into :attr:`stage` (``None`` for a
+        stage with no graph), each graph measured if it was not yet."""
+        # pylint: disable=import-outside-toplevel
+        from ..graph.passes import cut
+        from ..engine.stages import boundary_specs, variable_specs
+        placed = self._training_graph(pipe)
+        stages = cut(placed, pipe.plan.num_stages)
+        given = dict(self._micro_inputs(pipe, micro))
+        symbol = placed.to_symbol()
+        shapes = {n: s for n, s in given.items() if n in symbol.list_arguments()}
+        label = _label(self.search.planner)
+        if label in symbol.list_arguments() and label not in shapes:
+            shapes = _with_label(symbol, shapes, label)
+        specs = variable_specs(symbol, shapes, _float32(shapes))
+        boundary = boundary_specs(stages, specs)
+        group2ctx = pipe.plan.group2ctxs[0]
+        from ..graph.names import parse_group, stage_name  # pylint: disable=import-outside-toplevel
+        keys = []
+        for graph in stages:
+            if graph.graph is None:
+                keys.append(None)
+                continue
+            stage_symbol = _stage_symbol(graph.graph)
+            received = {name: boundary[entry] for name, _, entry in graph.receives}
+            bound, types = {}, {}
+            for name in stage_symbol.list_arguments():
+                if name in received:
+                    bound[name], types[name] = received[name]
+                elif name in shapes:
+                    bound[name], types[name] = specs[0][name], specs[1][name]
+            device = group2ctx[stage_name(graph.stage)]
+            key = (stage_symbol.tojson(), tuple(sorted(bound.items())), str(device))
+            if key not in self.stage:
+                groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == graph.stage}
+                spec = (stage_symbol, bound, types, device,
+                        {n for n in bound if n not in received}, groups)
+                self.stage[key] = _StageRun(*spec).times(self.search.planner.repeats)
+                self._binds[key] = spec
+                self._micro[key] = micro
+            keys.append(key)
+        return keys
+
+    def retime(self):
+        """Every stage graph measured once more, bound anew, each keeping
+        the faster of its two times: a burst of other work on the host
+        that slowed one measurement seldom slows both."""
+        for key, spec in self._binds.items():
+            again = _StageRun(*spec).times(self.search.planner.repeats)
+            self.stage[key] = tuple(min(a, b) for a, b in zip(self.stage[key], again))
+        self._bound_by_size()
+
+    def _bound_by_size(self):
+        """Each graph's times bounded by the same graph's at other
+        micro-batch sizes: a pass on fewer examples takes no longer than
+        one on more, and ``k`` times the examples take at most ``k`` times
+        as long. Other work on the host only ever adds time, so each time
+        keeps the least of what it and these bounds allow."""
+        graphs = {}
+        for key, micro in self._micro.items():
+            graphs.setdefault((key[0], key[2]), []).append((micro, key))
+        for sizes in graphs.values():
+            sizes.sort()
+            for i, (micro, key) in enumerate(sizes):
+                bounds = [self.stage[key]]
+                bounds += [self.stage[k] for _, k in sizes[i + 1:]]  # more examples
+                bounds += [tuple(t * micro / m for t in self.stage[k]) for m, k in sizes[:i]]
+                self.stage[key] = tuple(min(b[j] for b in bounds) for j in range(2))
+
+    def step(self, candidate, pipe):
+        """The predicted seconds of one training step of ``candidate``."""
+        micro = self.search.batch // (candidate.chunks * candidate.replicas)
+        return self.predict(candidate, self.stage_keys(pipe, micro), pipe.plan.num_stages)
+
+    def predict(self, candidate, keys, num_stages, overhead=True):
+        """The predicted seconds of one step of ``candidate`` whose stages'
+        times are :attr:`stage` ``[keys]`` (without :meth:`overhead`, the
+        simulated work alone)."""
+        times = [self.stage[key] if key else (0.0, 0.0) for key in keys]
+        made = schedules.make(candidate.schedule, num_stages, candidate.chunks,
+                              candidate.virtual)
+        kinds = {}
+        for s, (forward, backward) in enumerate(times):
+            kinds[(s, 'F')], kinds[(s, 'B')] = forward, backward
+        span = simulate(made, kinds, candidate.replicas, self.capacity)
+        r = candidate.replicas
+        update = self.params * self.update
+        if candidate.shard_optimizer:
+            update = update / r + self.params * self.add
+        reduce = 2 * r * self.params * self.add if r > 1 else 0.0
+        return span + update + reduce + (self.overhead(candidate, made) if overhead else 0.0)
+
+    def overhead(self, candidate, made):
+        """The seconds a step takes beyond its simulated work: per step
+        (:attr:`steps`), per replica, and per action on the stage runtime."""
+        if self.steps is None:
+            return 0.0
+        extra = (candidate.replicas - 1) * self.steps['replica']
+        if schedules.one_graph(candidate.schedule):
+            return self.steps['graph'] + extra
+        actions = candidate.replicas * sum(len(a) for a in made)
+        return self.steps['staged'] + self.steps['action'] * actions + extra
+
+    def calibrate(self):
+        """:attr:`steps`: what a training step of the Module costs beyond
+        the simulated work, from real steps of a few plans on the devices:
+        one device's one graph (a cost per step), two replicas (one per
+        replica past the first), 1F1B over two stages of four micro-batches
+        (the stage runtime's step as the graph's, the rest per action),
+        the probes' steps taken in turn, the fastest of each counting
+        (:meth:`fit_steps`; again once :meth:`retime` has run)."""
+        search = self.search
+        self.steps = None
+        pool = search.pool
+        planner = search.planner
+        probes = {'graph': Candidate(_spec(pool[:1]), 1, 1, 1, 'gpipe')}
+        if len(pool) > 1 and search.batch % 2 == 0 and \
+                any(r > 1 for r in planner.replicas or (2,)):
+            probes['replica'] = Candidate(_spec(pool[:2]), 1, 2, 1, 'gpipe')
+        blocks = search.count if search.count is not None else 2
+        if len(pool) > 1 and blocks >= 2 and search.batch % 4 == 0 and \
+                any(not schedules.one_graph(name) for name in planner.schedules):
+            probes['staged'] = Candidate(_spec(pool[:2]), 2, 1, 4, '1f1b')
+        steppers, self._probes = {}, {}
+        for name, candidate in probes.items():
+            pipe = search.pipeline(candidate)
+            made = schedules.make(candidate.schedule, pipe.plan.num_stages, candidate.chunks,
+                                  candidate.virtual)
+            keys = self.stage_keys(pipe, search.batch // (candidate.chunks * candidate.replicas))
+            steppers[name] = _module_stepper(search, pipe, candidate)
+            self._probes[name] = [candidate, keys, pipe.plan.num_stages,
+                                  candidate.replicas * sum(len(a) for a in made), None]
+        # the probes' steps in turn, so that a burst of other work slows them alike
+        from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
+        for name, times in repeat(steppers, 3 * max(3, search.planner.repeats),
+                                  warmup=2).items():
+            self._probes[name][-1] = min(times)
+        self.fit_steps()
+
+    def fit_steps(self):
+        """:attr:`steps` from the probes' measured steps and their
+        simulated work on the stage times as they are now."""
+        gaps, counts = {}, {}
+        for name, (candidate, keys, num_stages, actions, measured) in self._probes.items():
+            gaps[name] = measured - self.predict(candidate, keys, num_stages, overhead=False)
+            counts[name] = actions
+        steps = {'graph': max(0.0, gaps['graph']), 'replica': 0.0, 'staged': 0.0,
+                 'action': 0.0}
+        if 'replica' in gaps:
+            steps['replica'] = max(0.0, gaps['replica'] - steps['graph'])
+        if 'staged' in gaps:  # a step's own cost as the one graph's, the rest per action
+            steps['staged'] = steps['graph']
+            steps['action'] = max(0.0, gaps['staged'] - steps['graph']) / counts['staged']
+        self.steps = steps
+
+
+def _module_stepper(search, pipe, candidate):
+    """A training step (``forward_backward`` and ``update``) of ``pipe``'s
+    Module on a batch of zeros, as a function."""
+    planner = search.planner
+    label = _label(planner)
+    labels = search.label_shapes
+    if not labels:
+        symbol = pipe.training_symbol(planner.loss, label_name=label, output=planner.output)
+        labels = [(label, _with_label(symbol, dict(search.data_shapes), label)[label])]
+    mod = pipe.module(loss=planner.loss, output=planner.output, label_name=label)
+    mod.bind(data_shapes=search.data_shapes, label_shapes=labels)
+    mod.init_params(initializer=mx.init.Uniform(0.01))
+    mod.init_optimizer(kvstore='local' if candidate.replicas > 1 else None,
+                       optimizer=planner.optimizer,
+                       optimizer_params=dict(planner.optimizer_params, learning_rate=0.0))
+    device = search.pool[0]
+    batch = mx.io.DataBatch([mx.nd.zeros(s, device) for _, s in search.data_shapes],
+                            [mx.nd.zeros(s, device) for _, s in labels])
+
+    def step():
+        mod.forward_backward(batch)
+        mod.update()
+    return step
+
+
+def _label(planner):
+    from ..graph.names import LABEL_NAME  # pylint: disable=import-outside-toplevel
+    return planner.label_name or LABEL_NAME
+
+
+def _with_label(symbol, shapes, label):
+    """``shapes`` with the loss head's ``label``, its shape as the head infers it."""
+    arg_shapes, _, _ = symbol.infer_shape_partial(**shapes)
+    found = dict(shapes)
+    found[label] = tuple(dict(zip(symbol.list_arguments(), arg_shapes))[label])
+    return found
+
+
+def _float32(shapes):
+    return {n: 'float32' for n in shapes}
+
+
+def _stage_symbol(placed):
+    from ..base.compat import lengths_outside_gradient  # pylint: disable=import-outside-toplevel
+    return lengths_outside_gradient(placed).to_symbol()
+
+
+def _timed(fn, repeats):
+    from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
+    return repeat(fn, repeats, warmup=1)
+
+
+class _StageRun:
+    """One graph bound alone on a device with random arrays, to time its
+    forward and backward passes."""
+
+    def __init__(self, symbol, shapes, types, device, inputs, group2ctx=None):
+        from ..base.compat import embedding_ids, split_bind  # pylint: disable=import-outside-toplevel
+        no_gradient = set(embedding_ids(symbol, shapes)) | set(inputs)
+        types = {n: t for n, t in types.items() if n in shapes}
+        with split_bind(group2ctx, symbol):  # as the stage runtime binds it
+            self.exe = symbol.simple_bind(device, grad_req={
+                a: 'null' if a in no_gradient or not np.issubdtype(types.get(a, np.float32),
+                                                                   np.floating)
+                else 'write' for a in symbol.list_arguments()}, type_dict=types or None,
+                group2ctx=group2ctx, **shapes)
+        rng = np.random.default_rng(0)
+        for array in self.exe.arg_arrays + self.exe.aux_arrays:
+            array[:] = rng.normal(0.0, 0.1, array.shape) \
+                if np.issubdtype(array.dtype, np.floating) else 1
+        self.head_grads = [mx.nd.ones(o.shape, ctx=device, dtype=o.dtype)
+                           for o in self.exe.outputs]
+
+    def forward(self):
+        self.exe.forward(is_train=True)
+
+    def step(self, wait=True):
+        self.exe.forward(is_train=True)
+        self.exe.backward(out_grads=self.head_grads)
+        if wait:
+            mx.nd.waitall()
+
+    def times(self, repeats):
+        """``(forward, backward)``: the fastest of ``repeats`` passes (the
+        least touched by other work on the host), the backward as the step
+        less the forward."""
+        forward = min(_timed(self.forward, repeats))
+        both = min(_timed(self.step, repeats))
+        return forward, max(0.0, both - forward)
+
+
+def simulate(schedule, cost, replicas=1, capacity=None):
+    """Seconds from the first action's start to the last's end of
+    ``schedule`` run by ``replicas`` copies at once, on devices that share
+    ``capacity``.
+
+    Each device runs its actions in order, each once its device is free and
+    the actions it needs (:func:`~mp_symbolic.core.schedule.timeline`'s
+    rules) have ended. While ``k`` actions run (on every replica), each
+    advances at ``capacity[k] / k`` of its own speed (processor sharing).
+
+    Args:
+        schedule: A :class:`~mp_symbolic.core.schedule.Schedule`.
+        cost: ``{(stage, kind): seconds}`` of one action alone.
+        replicas: Copies of the schedule running at once, each on devices of
+            its own.
+        capacity: ``{k: work k busy devices do at once, in one device's}``;
+            ``None``: they share nothing.
+
+    Returns:
+        The simulated seconds.
+    """
+    lists = [list(actions) for _ in range(replicas) for actions in schedule]
+    per = len(schedule)
+    num = schedule.num_stages
+    done = set()
+    position = [0] * len(lists)
+    running = {}  # device -> [action, work left]
+    now = 0.0
+    total = sum(len(a) for a in lists)
+
+    def ready(d):
+        if d in running or position[d] >= len(lists[d]):
+            return None
+        action = lists[d][position[d]]
+        r = d // per
+        s, i, kind = action
+        needs = [(s - 1, i, 'F')] if kind == 'F' and s else []
+        if kind == 'B':
+            needs = [(s, i, 'F')] + ([(s + 1, i, 'B')] if s + 1 < num else [])
+        return action if all((r,) + tuple(n) in done for n in needs) else None
+
+    while len(done) < total:
+        for d in range(len(lists)):
+            action = ready(d)
+            if action is not None:
+                running[d] = [action, cost[(action.stage, action.kind)]]
+                position[d] += 1
+        if not running:
+            raise schedules.ScheduleError('schedule: expected an order the devices can run, '
+                                          'found every device waiting')
+        k = len(running)
+        rate = (capacity or {}).get(k, k) / k if capacity else 1.0
+        rate = min(1.0, rate)
+        step = min(left for _, left in running.values()) / rate
+        now += step
+        for d in list(running):
+            running[d][1] -= step * rate
+            if running[d][1] <= 1e-15:
+                action = running.pop(d)[0]
+                done.add((d // per,) + tuple(action))
+    return now
+
+
+# Pipeline's arguments the planner chooses, and their defaults.
+CHOSEN = {'balance': None, 'chunks': 1, 'replicas': 1, 'mirror': False, 'schedule': 'gpipe',
+          'virtual': None, 'nodes': None, 'tensor_parallel': None, 'shard_optimizer': False}
+
+
+def plan_arguments(plan, memory_per_device, blocks, devices, sample, batch_axis, given):
+    """``(Ranking, {Pipeline argument: value})`` of ``Pipeline(..., plan=plan)``.
+
+    Args:
+        plan: ``'auto'`` or a :class:`Planner`.
+        given: The plan arguments the Pipeline was given (:data:`CHOSEN`'s).
+
+    Raises:
+        PlanError: ``plan`` neither, a plan argument given too, or no
+            ``sample``; a budget no candidate fits.
+        ValueError: a budget :func:`parse_size` refuses.
+    """
+    if plan == AUTO:
+        plan = Planner()
+    if not isinstance(plan, Planner):
+        raise PlanError("plan: expected 'auto' or a Planner, found %s" % excerpt(repr(plan)))
+    for name, default in CHOSEN.items():
+        value = given.get(name, default)
+        if name == 'nodes' and value == 1:
+            continue  # one node: this process
+        if value is not default and value != default:
+            raise PlanError("%s: expected the planner to choose it under plan='auto' (leave it "
+                            "at %r), found %s" % (name, default, excerpt(repr(value))))
+    if sample is None:
+        raise PlanError("sample: expected the batch (a shape or arrays) for plan='auto', "
+                        "found None")
+    ranking = plan.choose(blocks, devices, sample, memory_per_device, batch_axis=batch_axis)
+    return ranking, ranking.best.candidate.pipeline_args()
