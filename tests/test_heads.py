@@ -450,3 +450,15 @@ def test_a_normalised_head_takes_one_devices_step_or_is_refused_where_it_cannot(
         for name in values:
             np.testing.assert_allclose(found[name], one[name], rtol=1e-5, atol=1e-6,
                                        err_msg='%s %s' % (name, (schedule, chunks, replicas)))
+
+
+def test_the_labels_of_a_graph_are_what_its_loss_heads_read_second_and_nothing_else():
+    from mp_symbolic.core.graph.heads import labels_of  # pylint: disable=import-outside-toplevel
+    data = mx.sym.var('data')
+    out = mx.sym.FullyConnected(data, num_hidden=3, name='fc')
+    heads = mx.sym.Group([mx.sym.SoftmaxOutput(out, name='softmax'),
+                          mx.sym.MAERegressionOutput(out, mx.sym.var('y'), name='mae'),
+                          mx.sym.SVMOutput(out, mx.sym.var('z'), name='svm'),
+                          mx.sym.MakeLoss(mx.sym.sum(out * mx.sym.var('w')), name='made')])
+    assert labels_of(heads) == {'softmax_label', 'y', 'z'}
+    assert labels_of(out) == set()

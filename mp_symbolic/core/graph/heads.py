@@ -174,6 +174,20 @@ INFERENCE_FORMS = {op: head.inference for op, head in _BY_OP.items()}
 BATCH_SCALED_OPS = ('LinearRegressionOutput', 'LogisticRegressionOutput', 'MAERegressionOutput')
 
 
+# MXNet's loss ops that read a label as their second input (SVMOutput is
+# not made here, and is read back like the others).
+LABELLED_OPS = tuple(_BY_OP) + ('SVMOutput',)
+
+
+def labels_of(graph):
+    """The names of the variables ``graph`` (a Symbol, JSON or
+    :class:`~mp_symbolic.core.graph.ir.PlacedGraph`) feeds its loss heads as
+    their labels."""
+    graph = as_placed(graph)
+    return {graph.source(node.inputs[1]).name for node in graph.ops
+            if node.op in LABELLED_OPS and len(node.inputs) > 1}
+
+
 def head_of(loss):
     """The :class:`Head` of ``loss`` (a name or a record), or ``None`` for a
     callable head."""

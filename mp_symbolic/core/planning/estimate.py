@@ -58,6 +58,7 @@ from mxnet.ndarray.ndarray import NDArray, _new_alloc_handle
 import numpy as np
 
 from ..base.compat import split_bind_environ
+from ..graph.heads import labels_of
 from ..graph.names import GROUP_ATTR
 
 __all__ = []
@@ -929,7 +930,7 @@ def replica_shares(pipe, symbol, shapes, types, inputs, trained):
 def optimizer_shares(pipe, symbol, shapes, fixed=()):
     """:func:`replica_shares` of ``symbol`` bound at ``shapes`` (``[(input
     name, shape)]``, labels may be left out), ``fixed`` parameters untrained."""
-    inputs = {n for n, _ in shapes} | _labels(symbol)
+    inputs = {n for n, _ in shapes} | labels_of(symbol)
     found, types = _specs(symbol, dict(shapes))
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in set(fixed)}
     return replica_shares(pipe, symbol, found, types, inputs, trained)
@@ -1019,7 +1020,7 @@ def _kvstore(table, symbol, data_shapes, pipe, fixed):
     gradients (``CommCPU::Reduce``, src/kvstore/comm.h): per trained
     parameter, the merged sum and one copy per replica past the first, in
     pinned host memory (:data:`PINNED`)."""
-    inputs = {n for n, _ in data_shapes} | _labels(symbol)
+    inputs = {n for n, _ in data_shapes} | labels_of(symbol)
     batch = data_shapes[0][1][pipe.batch_axis]
     shapes, types = _specs(symbol, _replica_shapes(pipe, data_shapes, batch // pipe.replicas))
     trained = [n for n in symbol.list_arguments() if n not in inputs and n not in fixed]
@@ -1044,7 +1045,7 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
     batch = data_shapes[0][1][pipe.batch_axis]
     shapes = _replica_shapes(pipe, data_shapes + label_shapes, batch // pipe.replicas)
     specs, types = _specs(symbol, shapes)
-    inputs = set(shapes) | _labels(symbol)
+    inputs = set(shapes) | labels_of(symbol)
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
     table, requests = {}, []
     shares = replica_shares(pipe, symbol, specs, types, inputs, trained)
@@ -1062,19 +1063,6 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
     return table
 
 
-def _labels(symbol):
-    """The loss heads' labels: the arguments a loss op reads as its second input."""
-    import json  # pylint: disable=import-outside-toplevel
-    graph = json.loads(symbol.tojson())
-    heads = {'SoftmaxOutput', 'LinearRegressionOutput', 'LogisticRegressionOutput',
-             'MAERegressionOutput', 'SVMOutput'}
-    found = set()
-    for node in graph['nodes']:
-        if node['op'] in heads and len(node['inputs']) > 1:
-            found.add(graph['nodes'][node['inputs'][1][0]]['name'])
-    return found
-
-
 def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
     """The stage runtime: the weights, gradients and auxiliary states its
     stage executors share, then each stage's executors of one micro-batch
@@ -1087,7 +1075,7 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
     from ..engine.stages import boundary_specs, head_specs
     plan = pipe.plan
     batch = data_shapes[0][1][pipe.batch_axis]
-    labels = _labels(symbol) | {n for n, _ in label_shapes}
+    labels = labels_of(symbol) | {n for n, _ in label_shapes}
     input_names = [n for n, _ in data_shapes]
     given = dict(data_shapes + label_shapes)
     stages = cut(placed, plan.num_stages)
