@@ -1,6 +1,9 @@
-"""JSON reads and writes of the typed graph per Module build (python -m bench.graph_json).
+"""JSON reads and writes of the typed graph per Module build and per export
+(python -m bench.graph_json).
 
-Counts, while one Pipeline's Module is built and bound under each schedule:
+Counts, while one Pipeline's Module is built and bound under each schedule,
+and while its checkpoint is exported (``export.export_checkpoint``: the
+inference pair, ONNX and their verification, which reads the files back):
 ``PlacedGraph.from_json`` (MXNet's JSON read into the typed graph),
 ``PlacedGraph.to_json`` (the typed graph written back as JSON),
 ``Symbol.tojson`` and ``mx.sym.load_json`` (every JSON MXNet makes or reads,
@@ -16,7 +19,7 @@ import numpy as np
 from mp_symbolic import Pipeline
 from mp_symbolic.core.graph import ir
 
-__all__ = ['counting', 'build_counts']
+__all__ = ['counting', 'build_counts', 'export_counts']
 
 
 @contextmanager
@@ -91,6 +94,23 @@ def build_counts(schedule, whole=False, chunks=2):
     return built, bound
 
 
+def export_counts(folder):
+    """The counts of exporting a 3-stage block list's checkpoint, written
+    under ``folder``."""
+    # pylint: disable=import-outside-toplevel
+    import os
+    from export.exporter import export_checkpoint
+    from mp_symbolic.tools.checkpoint import save_checkpoint
+    mod = Pipeline(_mlp(), 'cpu:0,cpu:1,cpu:2').module(loss='softmax')
+    mod.bind([('data', (4, 8))], [('softmax_label', (4,))])
+    mod.init_params(mx.init.Xavier())
+    save_checkpoint(mod, os.path.join(folder, 'run'), 1)
+    with counting() as exported:
+        export_checkpoint(os.path.join(folder, 'run'), os.path.join(folder, 'out'),
+                          log=lambda *_: None)
+    return exported
+
+
 def main():
     keys = ('from_json', 'to_json', 'Symbol.tojson', 'load_json')
     print('%-28s %s' % ('Module of 3 stages, 2 chunks', '  '.join('%13s' % k for k in keys)))
@@ -101,6 +121,10 @@ def main():
             for what, counts in (('build', built), ('bind', bound)):
                 print('%-28s %s' % ('%s %s %s' % (form, schedule, what),
                                     '  '.join('%13d' % counts[k] for k in keys)))
+    import tempfile  # pylint: disable=import-outside-toplevel
+    with tempfile.TemporaryDirectory() as folder:
+        counts = export_counts(folder)
+    print('%-28s %s' % ('its checkpoint exported', '  '.join('%13d' % counts[k] for k in keys)))
 
 
 if __name__ == '__main__':

@@ -17,7 +17,7 @@ from mp_symbolic.core.graph.ir import ROLES, PlacedGraph
 from mp_symbolic.core.graph.names import GROUP_ATTR, SHARD_ATTR, shard_group
 from mp_symbolic.training.tasks import digits, gpt, lm
 
-from bench.graph_json import build_counts
+from bench.graph_json import build_counts, counting, export_counts
 from export.inference import stage_layout
 
 TINY = gpt.GPTConfig(vocab_size=23, block_size=12, num_layers=2, num_heads=2, num_hiddens=8)
@@ -202,6 +202,25 @@ def test_a_module_build_reads_the_json_once_and_writes_each_graph_it_binds_once(
     assert built['from_json'] == (0 if whole else 1)
     assert built['to_json'] == (1 if schedule == 'gpipe' else 1 + 3)
     assert bound['from_json'] == bound['to_json'] == bound['Symbol.tojson'] == 0
+
+
+def test_a_symbol_is_read_into_the_typed_graph_once_and_an_export_reads_each_symbol_once(tmp_path):
+    """PlacedGraph.from_symbol keeps the graphs of the Symbols read last: the
+    same Symbol (and inputs) gives the same graph without a second JSON read;
+    another Symbol, or other inputs, are read. An export of a checkpoint
+    reads as many JSONs as the Symbols it makes (it read 48 for 8 before)."""
+    symbol = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=2, name='fc')
+    with counting() as counts:
+        first = PlacedGraph.from_symbol(symbol)
+        assert PlacedGraph.from_symbol(symbol) is first
+        assert counts['from_json'] == counts['Symbol.tojson'] == 1
+        as_input = PlacedGraph.from_symbol(symbol, inputs=('data',))
+        assert as_input is not first and as_input.nodes[0].role == 'input'
+        other = mx.sym.FullyConnected(mx.sym.var('data'), num_hidden=3, name='fc')
+        assert PlacedGraph.from_symbol(other) is not first
+        assert counts['from_json'] == 3
+    exported = export_counts(str(tmp_path))
+    assert 0 < exported['from_json'] <= 10 and exported['Symbol.tojson'] <= exported['from_json'] + 2
 
 
 def test_a_block_lists_trace_is_made_once_and_again_only_after_a_parameter_changes():

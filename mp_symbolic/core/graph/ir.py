@@ -29,6 +29,10 @@ __all__ = ['Entry', 'Node', 'PlacedGraph', 'ROLES', 'as_placed', 'load', 'make_n
 ROLES = ('input', 'parameter', 'state', 'op')
 _NODE_FIELDS = ('op', 'name', 'inputs', 'attrs')  # what a Node reads of MXNet's JSON node
 _EMPTY = MappingProxyType({})
+# The typed graphs of the Symbols read last: (symbol, inputs) -> graph. Each entry holds its
+# Symbol, so its id is not reused while the entry lives; a Symbol's graph does not change.
+_READ = {}
+_READ_KEPT = 16
 
 
 class Entry(namedtuple('Entry', 'node output version')):
@@ -148,9 +152,20 @@ class PlacedGraph:
     @classmethod
     def from_symbol(cls, symbol, inputs=()):
         """The typed form of ``symbol``'s graph; its auxiliary states are
-        ``'state'`` nodes, the variables named in ``inputs`` ``'input'`` nodes."""
-        return cls.from_json(json.loads(symbol.tojson()), inputs,
-                             symbol.list_auxiliary_states())
+        ``'state'`` nodes, the variables named in ``inputs`` ``'input'`` nodes.
+        A Symbol is read once: the graphs of the last few Symbols read are
+        kept, and asking again for one of them returns the same graph."""
+        key = (id(symbol), tuple(inputs))
+        kept = _READ.get(key)
+        if kept is not None and kept[0] is symbol and cls is PlacedGraph:
+            return kept[1]
+        graph = cls.from_json(json.loads(symbol.tojson()), inputs,
+                              symbol.list_auxiliary_states())
+        if cls is PlacedGraph:
+            if len(_READ) >= _READ_KEPT:
+                del _READ[next(iter(_READ))]
+            _READ[key] = (symbol, graph)
+        return graph
 
     def but(self, nodes=None, heads=None):
         """A copy with other ``nodes`` (each at its index) or ``heads``."""
