@@ -478,3 +478,18 @@ def test_imperative_twin_takes_the_step_of_the_symbolic_graph(one_device, device
     for name, value in pipe.gather_params(params).items():
         np.testing.assert_allclose(value.asnumpy(), expected[name], rtol=TOL, atol=TOL,
                                    err_msg=name)
+
+
+def test_the_language_model_trains_with_its_embeddings_stage_recomputed(tmp_path, capsys):
+    """`--schedule interleaved --mirror` puts the Embedding alone in a mirrored
+    stage: MXNet cannot recompute it, and the run ended in its traceback
+    ("req[embedding::kOut] == kWriteTo"); the stage now keeps its output."""
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    status = cli_status(cli.main, [
+        'train', '--task', 'lm', '--schedule', 'interleaved', '--mirror', '--chunks', '2',
+        '--devices', 'cpu:0,cpu:1', '--epochs', '1', '--out', str(tmp_path / 'out'),
+        '--no-progress', '--no-memory', '--task-arg', 'train_chars=4096',
+        '--task-arg', 'val_chars=2048', '--task-arg', 'block_size=16'])
+    assert status == 0, capsys.readouterr().err
+    assert 'parameters sha256' in capsys.readouterr().out

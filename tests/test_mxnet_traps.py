@@ -88,6 +88,36 @@ def test_graph_wide_mirroring_cannot_bind_a_segment_boundary_copy():
         built_without.simple_bind(mx.cpu(1), group2ctx=pipe.plan.group2ctx, **shapes)
 
 
+def test_an_embedding_cannot_be_recomputed_so_mirroring_keeps_its_output():
+    """Why compat.UNMIRRORED_OPS: MXNet 1.9.1 asks a recomputed Embedding for
+    an output nothing reads (req kNullOp) and its forward checks kWriteTo, so
+    any graph with a mirrored Embedding fails its backward pass. Mirroring a
+    stage leaves its Embedding out; the other ops keep the mark, and the
+    stage trains."""
+    def embedded(mirror_embedding):
+        emb = mx.sym.Embedding(mx.sym.var('data'), input_dim=10, output_dim=4, name='emb')
+        if mirror_embedding:
+            emb._set_attr(__force_mirroring__='True')  # pylint: disable=protected-access
+        return mx.sym.tanh(emb, name='act')
+
+    def step(symbol):
+        ex = symbol.simple_bind(mx.cpu(0), data=(2, 3),
+                                grad_req={'data': 'null', 'emb_weight': 'write'})
+        ex.arg_dict['data'][:] = mx.nd.array([[1, 2, 3], [4, 5, 6]])
+        ex.forward(is_train=True)
+        ex.backward(mx.nd.ones(ex.outputs[0].shape))
+        mx.nd.waitall()
+
+    with pytest.raises(mx.base.MXNetError, match='kWriteTo'):
+        step(embedded(True))
+    graph = PlacedGraph.from_symbol(embedded(False))
+    graph = graph.but([n.but(group='stage0') for n in graph.nodes])
+    mirrored = passes.mirror_stages(graph, [0])
+    marks = {n.name: n.attrs.get('__force_mirroring__') for n in mirrored.ops}
+    assert marks == {'emb': None, 'act': 'True'}
+    step(mirrored.to_symbol())
+
+
 def _net_on_three_devices():
     pipe = Pipeline(regression.build_blocks(), THREE_DEVICES)
     pipe.initialize()

@@ -48,6 +48,10 @@ SEGMENT_BOUNDARY_OP = '_copyto'
 SEGMENT_BOUNDARY_PREFIX = 'chunk_boundary'
 # MXNet's switch for mirroring every op of a graph (read when the graph is bound).
 DO_MIRROR = 'MXNET_BACKWARD_DO_MIRROR'
+# Ops MXNet 1.9.1 cannot recompute in the backward pass: their recomputed copy's output
+# is asked for with req kNullOp (nothing reads it), and their forward checks kWriteTo
+# ("req[embedding::kOut] == kWriteTo"). Mirroring leaves them out (their outputs are kept).
+UNMIRRORED_OPS = frozenset({'Embedding', '_contrib_SparseEmbedding'})
 
 
 def segment_boundaries(heads, group, first_index, tag=''):

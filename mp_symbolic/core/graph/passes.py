@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..placement.balance import CutError
-from ..base.compat import segment_boundaries
+from ..base.compat import UNMIRRORED_OPS, segment_boundaries
 from .ir import PlacedGraph, make_node
 from .names import (CHUNK_JOIN, CHUNK_SPLIT, IDENTITY_OP, MIRROR_ATTR, chunk_name, is_tied,
                     shard_group, stage_name, tied_name)
@@ -53,10 +53,12 @@ def assign_stages(graph, stage_of_op, data_names=(), owners=None):
 def mirror_stages(graph, stages):
     """``graph`` whose ops of ``stages`` carry MXNet's ``__force_mirroring__``:
     the backward pass recomputes their outputs instead of keeping them
-    (compute traded for activation memory)."""
+    (compute traded for activation memory). Ops MXNet cannot recompute
+    (:data:`~mp_symbolic.core.base.compat.UNMIRRORED_OPS`) keep their outputs."""
     stages = set(stages)
     return graph.but([n.but(attrs=dict(n.attrs, **{MIRROR_ATTR: 'True'}))
-                      if not n.is_variable and n.stage in stages else n for n in graph.nodes])
+                      if not n.is_variable and n.stage in stages and n.op not in UNMIRRORED_OPS
+                      else n for n in graph.nodes])
 
 
 def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
