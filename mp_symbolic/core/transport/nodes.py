@@ -225,7 +225,7 @@ def join(nodes, gpus=False):
         gpus: Whether this node's stages run on GPUs: the tensors then go by
             NCCL (from GPU memory, through DLPack), the small messages (the
             plan, the losses, a commit's steps) by a gloo group beside it.
-            Untested here: the machines this was written on have no GPU.
+            Not tested on a GPU (docs/nodes.md, "GPUs").
 
     Raises:
         NodeFailure: the other nodes did not join within the timeout, the
