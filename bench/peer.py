@@ -34,8 +34,10 @@ project's step over PyTorch's, per round and their median (below 1: the
 project is faster). ``/proc/loadavg`` is read before and after each
 width's rounds. Beside the wall time, each side's CPU time a step (every
 thread of its processes, summed: the project's engine worker and its Python
-thread) and its ratio, per round and their median: on a loaded machine the
-wall time counts the time a process waited for a core, its CPU time does not.
+thread) and its ratio, per round and their median, with the project's Python
+threads' share apart (the engine's worker computes the ops; Python issues
+them and the update): on a loaded machine the wall time counts the time a
+process waited for a core, its CPU time does not.
 
 ``--project-env NAME=VALUE,...`` adds a row: the project's one-process step
 in a process of its own with those variables in its environment (an engine,
@@ -230,9 +232,9 @@ def _serve_project(args, role):
                 p, label[..., None].astype(np.int64), -1).astype(np.float64)).mean())
                       for key, p in (('loss', probs), ('second_loss', after))}
         elif command[0] == 'time':
-            cpu = time.process_time()
+            cpu, thread = time.process_time(), time.thread_time()
             answer = {'seconds': timing.seconds(lambda: step(int(command[1]))),
-                      'cpu': time.process_time() - cpu}
+                      'cpu': time.process_time() - cpu, 'thread': time.thread_time() - thread}
         elif command[0] == 'gemm':
             answer = _time_gemm(_gemm_mxnet(), int(command[1]), mx.nd.waitall)
         elif command[0] == 'profile':
@@ -427,11 +429,13 @@ class _Side:
         self.procs, self.command = procs, command
 
     def seconds(self, steps):
-        """``(seconds, CPU seconds)`` of ``steps`` steps: the slowest
-        process's wall time, and the CPU time of every thread of every process
-        of the side, summed."""
+        """``(seconds, CPU seconds, Python's)`` of ``steps`` steps: the
+        slowest process's wall time, the CPU time of every thread of every
+        process of the side, summed, and of their Python threads (all of it
+        where the process answers for one thread)."""
         answers = _ask(self.procs, self.command % steps)
-        return max(a['seconds'] for a in answers), sum(a['cpu'] for a in answers)
+        return (max(a['seconds'] for a in answers), sum(a['cpu'] for a in answers),
+                sum(a.get('thread', a['cpu']) for a in answers))
 
 
 def _start(args, role, width, extra=(), env=None):
@@ -529,6 +533,7 @@ def _width(args, width, folder, log):
         load = [_loadavg()]
         times = {name: [] for name in rows}
         cpu = {name: [] for name in rows}
+        python = {name: [] for name in rows}
         gemm = []
         for r in range(args.rounds):
             for name, (ours, theirs) in rows.items():
@@ -539,6 +544,7 @@ def _width(args, width, folder, log):
                     earlier, later = later, earlier
                 times[name].append((earlier[0], later[0]))
                 cpu[name].append((earlier[1], later[1]))
+                python[name].append((earlier[2], later[2]))
             peak = _ask([project], 'gemm %d' % args.gemm)[0]
             peak.update(_ask([peer], 'gemm %d' % args.gemm)[0])
             gemm.append(peak)
@@ -549,7 +555,7 @@ def _width(args, width, folder, log):
         return {'info': info, 'loss': loss, 'losses': losses, 'softmax_diff': softmax,
                 'second_loss': after_update, 'second_losses': seconds,
                 'balance': balance,
-                'times': times, 'cpu': cpu, 'gemm': gemm, 'load': load, 'profile': profile}
+                'times': times, 'cpu': cpu, 'python': python, 'gemm': gemm, 'load': load, 'profile': profile}
     finally:
         _close(procs)
 
@@ -590,14 +596,17 @@ def _report(args, width, result, log):
     for line in columns(table):
         log('  ' + line)
     log('  CPU time a step (every thread of the row\'s processes, summed; the load delays a '
-        'step but adds little to its CPU time):')
-    table = [('step', 'project', 'PyTorch', 'project/PyTorch', 'each round')]
+        'step but adds little to its CPU time; the project\'s Python threads apart):')
+    table = [('step', 'project', "project's Python", 'PyTorch', 'project/PyTorch',
+              'each round')]
     cpu_medians = {}
     for name, pairs in result['cpu'].items():
         ratios = [ours / theirs for ours, theirs in pairs]
         cpu_medians[name] = (statistics.median(o for o, _ in pairs),
-                             statistics.median(t for _, t in pairs), statistics.median(ratios))
+                             statistics.median(t for _, t in pairs), statistics.median(ratios),
+                             statistics.median(o for o, _ in result['python'][name]))
         table.append((name, '%.1f ms' % (cpu_medians[name][0] * 1e3),
+                      '%.1f ms' % (cpu_medians[name][3] * 1e3),
                       '%.1f ms' % (cpu_medians[name][1] * 1e3), '%.2f' % cpu_medians[name][2],
                       ' '.join('%.2f' % r for r in ratios)))
     for line in columns(table):
@@ -636,7 +645,8 @@ def _report(args, width, result, log):
                 log('    ' + line)
     return {'medians': {k: dict(zip(('project_s', 'pytorch_s', 'ratio'), v))
                         for k, v in medians.items()},
-            'cpu_medians': {k: dict(zip(('project_s', 'pytorch_s', 'ratio'), v))
+            'cpu_medians': {k: dict(zip(('project_s', 'pytorch_s', 'ratio', 'project_python_s'),
+                                        v))
                             for k, v in cpu_medians.items()},
             'gemm_peaks': peaks, 'flops_per_token': flops, 'utilisation': util,
             'utilisation_mxnet_gemm': util_mxnet}
@@ -747,7 +757,7 @@ def main(argv=None):
     with open(args.out, 'w') as f:
         json.dump({str(k): {key: v[key] for key in ('loss', 'losses', 'softmax_diff', 'second_loss',
                                                     'second_losses', 'balance',
-                                                    'times', 'cpu', 'cpu_medians', 'gemm',
+                                                    'times', 'cpu', 'python', 'cpu_medians', 'gemm',
                                                     'load', 'profile', 'medians', 'gemm_peaks',
                                                     'flops_per_token', 'utilisation',
                                                     'utilisation_mxnet_gemm', 'info')}

@@ -66,6 +66,9 @@ def test_quick_run_prints_each_sides_cpu_time_and_a_row_under_the_project_env_gi
         assert len(figures['cpu'][name]) == 2
         assert all(s > 0 for pair in figures['cpu'][name] for s in pair)
         assert figures['cpu_medians'][name]['ratio'] > 0
+        # the Python threads' share of the project's CPU time: a part of it, not all
+        assert 0 < figures['cpu_medians'][name]['project_python_s'] < \
+            figures['cpu_medians'][name]['project_s']
 
 
 def test_a_project_env_not_of_name_value_pairs_is_refused_in_one_line(capsys):
