@@ -538,13 +538,12 @@ def _width(args, width, folder, log):
         for r in range(args.rounds):
             for name, (ours, theirs) in rows.items():
                 pair = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-                earlier, later = ([t / args.steps for t in half.seconds(args.steps)]
-                                  for half in pair)
-                if r % 2:
-                    earlier, later = later, earlier
-                times[name].append((earlier[0], later[0]))
-                cpu[name].append((earlier[1], later[1]))
-                python[name].append((earlier[2], later[2]))
+                first, second = ([t / args.steps for t in half.seconds(args.steps)]
+                                 for half in pair)
+                mine, other = (first, second) if r % 2 == 0 else (second, first)
+                times[name].append((mine[0], other[0]))
+                cpu[name].append((mine[1], other[1]))
+                python[name].append((mine[2], other[2]))
             peak = _ask([project], 'gemm %d' % args.gemm)[0]
             peak.update(_ask([peer], 'gemm %d' % args.gemm)[0])
             gemm.append(peak)
@@ -555,7 +554,8 @@ def _width(args, width, folder, log):
         return {'info': info, 'loss': loss, 'losses': losses, 'softmax_diff': softmax,
                 'second_loss': after_update, 'second_losses': seconds,
                 'balance': balance,
-                'times': times, 'cpu': cpu, 'python': python, 'gemm': gemm, 'load': load, 'profile': profile}
+                'times': times, 'cpu': cpu, 'python': python, 'gemm': gemm, 'load': load,
+                'profile': profile}
     finally:
         _close(procs)
 
