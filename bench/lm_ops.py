@@ -31,7 +31,10 @@ magnitude.
   and ``adam_update`` a parameter): ``updater.adam_step`` (the same op, its
   arguments made in one pass: the project's), and MXNet's multi-tensor
   ``_multi_adamw_update`` at weight decay 0 with Adam's bias-corrected
-  learning rate, in one call or one call a size of array. Printed: ms an
+  learning rate, in one call or one call a size of array; and one
+  ``adam_update`` over all parameters at once, where the weights, gradients
+  and moments are views of one array each (the op is elementwise and every
+  parameter has the same learning rate). Printed: ms an
   update and the largest difference of the weights and first moments after
   one update more than the first.
 
@@ -39,6 +42,7 @@ Run with ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE`` for one thread, as
 docs/lm.md's figures are.
 """
 import argparse
+import math
 
 import mxnet as mx
 import numpy as np
@@ -218,9 +222,24 @@ def _multi_adamw(sizes):
     return update
 
 
+def _flat(updater, indices, grads, weights):
+    """One ``adam_update`` over every parameter at once: the weights,
+    gradients and both moments are views of one array each (:class:`_Update`
+    makes them so), every parameter has the same count and learning rate, and
+    the op is elementwise, so it computes what one call a parameter does."""
+    opt = updater.optimizer
+    opt._update_count(indices)  # pylint: disable=protected-access
+    t = opt._index_update_count[indices[0]]  # pylint: disable=protected-access
+    lr = opt.lr * (math.sqrt(1. - opt.beta2 ** t) / (1. - opt.beta1 ** t))   # as adam_step
+    w, g, m, v = updater.flat
+    mx.nd.adam_update(w, g, m, v, out=w, lr=lr, wd=0.0, beta1=opt.beta1, beta2=opt.beta2,
+                      epsilon=opt.epsilon, rescale_grad=opt.rescale_grad)
+
+
 UPDATES = {
     'Updater, one adam_update a parameter': None,
     'updater.adam_step': 'adam_step',
+    'one adam_update over one array': 'flat',
     'multi_adamw, one call': _multi_adamw(False),
     'multi_adamw, one call a size': _multi_adamw(True),
 }
@@ -239,7 +258,16 @@ class _Update:
         self.indices = list(range(len(shapes)))
         self.updater = mx.optimizer.get_updater(mx.optimizer.Adam(**ADAM))
         self.updater(self.indices, self.grads, self.weights)   # the states, one update
-        if how is None:
+        if how == 'flat':   # every array a view of one array of its kind
+            states = [self.updater.states[i] for i in self.indices]
+            kinds = [self.weights, self.grads] + [[s[k] for s in states] for k in (0, 1)]
+            self.updater.flat = [_views_of_one(arrays) for arrays in kinds]
+            self.weights, self.grads = (self.updater.flat[k][1] for k in (0, 1))
+            for i, mean, var in zip(self.indices, self.updater.flat[2][1], self.updater.flat[3][1]):
+                self.updater.states[i] = (mean, var)
+            self.updater.flat = [flat for flat, _ in self.updater.flat]
+            self.update = lambda i, g, w: _flat(self.updater, i, g, w)
+        elif how is None:
             self.update = self.updater
         elif how == 'adam_step':
             self.update = PerDeviceUpdater(self.updater)
@@ -254,6 +282,17 @@ class _Update:
         self.run(1)
         return [w.asnumpy() for w in self.weights] + [m.asnumpy() for m, _ in (
             self.updater.states[i] for i in self.indices)]
+
+
+def _views_of_one(arrays):
+    """``(flat, views)``: one array holding ``arrays``' values one after the
+    other, and a view of it in the shape of each."""
+    flat = mx.nd.concat(*[a.reshape((-1,)) for a in arrays], dim=0)
+    views, start = [], 0
+    for a in arrays:
+        views.append(flat[start:start + a.size].reshape(a.shape))
+        start += a.size
+    return flat, views
 
 
 def _updates(C, repeats, warmup):

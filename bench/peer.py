@@ -32,7 +32,18 @@ PyTorch's one after the other, the side that goes first alternating by
 round, so load on the machine falls on both alike. A row's ratio is the
 project's step over PyTorch's, per round and their median (below 1: the
 project is faster). ``/proc/loadavg`` is read before and after each
-width's rounds.
+width's rounds. Beside the wall time, each side's CPU time a step (every
+thread of its processes, summed: the project's engine worker and its Python
+thread) and its ratio, per round and their median, with the project's Python
+threads' share apart (the engine's worker computes the ops; Python issues
+them and the update): on a loaded machine the wall time counts the time a
+process waited for a core, its CPU time does not.
+
+``--project-env NAME=VALUE,...`` adds a row: the project's one-process step
+in a process of its own with those variables in its environment (an engine,
+bulking, any of MXNet's settings read at its start), its first two losses
+checked as the others', against PyTorch's explicit attention in the same
+rounds.
 
 MFU (:func:`bench.lm.model_flops_per_token`, :func:`bench.lm.utilisation`):
 the model's training FLOPs per token times tokens/s a process, over the
@@ -51,6 +62,7 @@ operators' time.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -220,7 +232,9 @@ def _serve_project(args, role):
                 p, label[..., None].astype(np.int64), -1).astype(np.float64)).mean())
                       for key, p in (('loss', probs), ('second_loss', after))}
         elif command[0] == 'time':
-            answer = {'seconds': timing.seconds(lambda: step(int(command[1])))}
+            cpu, thread = time.process_time(), time.thread_time()
+            answer = {'seconds': timing.seconds(lambda: step(int(command[1]))),
+                      'cpu': time.process_time() - cpu, 'thread': time.thread_time() - thread}
         elif command[0] == 'gemm':
             answer = _time_gemm(_gemm_mxnet(), int(command[1]), mx.nd.waitall)
         elif command[0] == 'profile':
@@ -307,9 +321,9 @@ def _serve_torch(args):
                 answer[name] = {'loss': losses[0], 'second_loss': losses[1],
                                  'softmax_diff': float(np.abs(probs - values[FIRST_SOFTMAX]).max())}
         elif command[0] == 'time':
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             step(command[1], int(command[2]))
-            answer = {'seconds': time.perf_counter() - start}
+            answer = {'seconds': time.perf_counter() - start, 'cpu': time.process_time() - cpu}
         elif command[0] == 'gemm':
             answer = _time_gemm({'torch.mm': lambda: torch.mm(a, b)}, int(command[1]),
                                 lambda: None)
@@ -374,9 +388,9 @@ def _serve_torch_node(args):
             answer = {'loss': losses[0] if losses else None,
                       'second_loss': losses[1] if losses else None}
         elif command[0] == 'time':
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             step(int(command[1]))
-            answer = {'seconds': time.perf_counter() - start}
+            answer = {'seconds': time.perf_counter() - start, 'cpu': time.process_time() - cpu}
         else:
             break
         print(json.dumps(answer), flush=True)
@@ -390,7 +404,7 @@ def serve(args):
     values and first output written to PATH; PyTorch: read from PATH, with
     ``BALANCE`` after it for a stage), then the first two steps and their
     losses,
-    ``time [MODEL] S`` (seconds of S steps), ``gemm N`` (FLOP/s of N 1024^3
+    ``time [MODEL] S`` (wall and CPU seconds of S steps), ``gemm N`` (FLOP/s of N 1024^3
     products), ``profile [MODEL] S TOP`` (the TOP slowest operators over S
     steps); anything else ends it.
 
@@ -415,7 +429,13 @@ class _Side:
         self.procs, self.command = procs, command
 
     def seconds(self, steps):
-        return max(a['seconds'] for a in _ask(self.procs, self.command % steps))
+        """``(seconds, CPU seconds, Python's)`` of ``steps`` steps: the
+        slowest process's wall time, the CPU time of every thread of every
+        process of the side, summed, and of their Python threads (all of it
+        where the process answers for one thread)."""
+        answers = _ask(self.procs, self.command % steps)
+        return (max(a['seconds'] for a in answers), sum(a['cpu'] for a in answers),
+                sum(a.get('thread', a['cpu']) for a in answers))
 
 
 def _start(args, role, width, extra=(), env=None):
@@ -445,6 +465,9 @@ def _width(args, width, folder, log):
         project = _start(args, 'project', width)
         peer = _start(args, 'torch', width)
         procs += [project, peer]
+        variants = [(' '.join('%s=%s' % kv for kv in env.items()),
+                     _start(args, 'project', width, env=env)) for env in args.project_env]
+        procs += [proc for _, proc in variants]
         pairs = {}
         for chunks in args.chunks:
             extra = ['--chunks', str(chunks)]
@@ -468,6 +491,12 @@ def _width(args, width, folder, log):
                                                     _Side([peer], 'time explicit %d')),
                 'one process, SDPA': (_Side([project], 'time %d'),
                                       _Side([peer], 'time sdpa %d'))}
+        for k, (text, proc) in enumerate(variants):   # the project under other settings
+            answer = _ask([proc], 'init ' + os.path.join(folder, 'variant-%d-%d.npz' % (width, k)))
+            losses['the project, ' + text] = answer[0]['loss']
+            seconds['the project, ' + text] = answer[0]['second_loss']
+            rows['one process, explicit attention, ' + text] = (
+                _Side([proc], 'time %d'), _Side([peer], 'time explicit %d'))
         for chunks, (ours, theirs) in pairs.items():
             _ask(ours, 'time 1')   # the first step: bound, connected
             first = _ask(theirs, 'init %s %s' % (values, ','.join(map(str, balance))))
@@ -503,12 +532,18 @@ def _width(args, width, folder, log):
                 half.seconds(1)
         load = [_loadavg()]
         times = {name: [] for name in rows}
+        cpu = {name: [] for name in rows}
+        python = {name: [] for name in rows}
         gemm = []
         for r in range(args.rounds):
             for name, (ours, theirs) in rows.items():
                 pair = (ours, theirs) if r % 2 == 0 else (theirs, ours)
-                earlier, later = (half.seconds(args.steps) / args.steps for half in pair)
-                times[name].append((earlier, later) if r % 2 == 0 else (later, earlier))
+                first, second = ([t / args.steps for t in half.seconds(args.steps)]
+                                 for half in pair)
+                mine, other = (first, second) if r % 2 == 0 else (second, first)
+                times[name].append((mine[0], other[0]))
+                cpu[name].append((mine[1], other[1]))
+                python[name].append((mine[2], other[2]))
             peak = _ask([project], 'gemm %d' % args.gemm)[0]
             peak.update(_ask([peer], 'gemm %d' % args.gemm)[0])
             gemm.append(peak)
@@ -519,7 +554,8 @@ def _width(args, width, folder, log):
         return {'info': info, 'loss': loss, 'losses': losses, 'softmax_diff': softmax,
                 'second_loss': after_update, 'second_losses': seconds,
                 'balance': balance,
-                'times': times, 'gemm': gemm, 'load': load, 'profile': profile}
+                'times': times, 'cpu': cpu, 'python': python, 'gemm': gemm, 'load': load,
+                'profile': profile}
     finally:
         _close(procs)
 
@@ -559,6 +595,22 @@ def _report(args, width, result, log):
                       ' '.join('%.2f' % r for r in ratios)))
     for line in columns(table):
         log('  ' + line)
+    log('  CPU time a step (every thread of the row\'s processes, summed; the load delays a '
+        'step but adds little to its CPU time; the project\'s Python threads apart):')
+    table = [('step', 'project', "project's Python", 'PyTorch', 'project/PyTorch',
+              'each round')]
+    cpu_medians = {}
+    for name, pairs in result['cpu'].items():
+        ratios = [ours / theirs for ours, theirs in pairs]
+        cpu_medians[name] = (statistics.median(o for o, _ in pairs),
+                             statistics.median(t for _, t in pairs), statistics.median(ratios),
+                             statistics.median(o for o, _ in result['python'][name]))
+        table.append((name, '%.1f ms' % (cpu_medians[name][0] * 1e3),
+                      '%.1f ms' % (cpu_medians[name][3] * 1e3),
+                      '%.1f ms' % (cpu_medians[name][1] * 1e3), '%.2f' % cpu_medians[name][2],
+                      ' '.join('%.2f' % r for r in ratios)))
+    for line in columns(table):
+        log('  ' + line)
     peaks = {name: statistics.median(g[name] for g in result['gemm'])
              for name in result['gemm'][0]}
     peak = max(peaks.values())
@@ -593,6 +645,9 @@ def _report(args, width, result, log):
                 log('    ' + line)
     return {'medians': {k: dict(zip(('project_s', 'pytorch_s', 'ratio'), v))
                         for k, v in medians.items()},
+            'cpu_medians': {k: dict(zip(('project_s', 'pytorch_s', 'ratio', 'project_python_s'),
+                                        v))
+                            for k, v in cpu_medians.items()},
             'gemm_peaks': peaks, 'flops_per_token': flops, 'utilisation': util,
             'utilisation_mxnet_gemm': util_mxnet}
 
@@ -633,6 +688,14 @@ def _ints(text):
     return values
 
 
+def _environment(text):
+    pairs = [item.partition('=') for item in text.split(',')]
+    if not all(re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name) and sep for name, sep, _ in pairs):
+        raise argparse.ArgumentTypeError('expected NAME=VALUE pairs separated by commas, '
+                                         'found %r' % text)
+    return {name: value for name, _, value in pairs}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.peer',
                                      description=__doc__.split('\n\n')[0])
@@ -652,6 +715,12 @@ def main(argv=None):
                         help="the top operators of each side's one-process step")
     parser.add_argument('--profile-steps', type=int, default=5, help=argparse.SUPPRESS)
     parser.add_argument('--top', type=int, default=12, help='operators --profile lists')
+    parser.add_argument('--project-env', type=_environment, action='append', default=[],
+                        metavar='NAME=VALUE[,NAME=VALUE...]',
+                        help="a row more: the project's one-process step with these variables "
+                             "in its environment (MXNet's settings, e.g. "
+                             "MXNET_ENGINE_TYPE=NaiveEngine), against PyTorch's explicit "
+                             "attention in the same rounds; repeatable")
     parser.add_argument('--quick', action='store_true',
                         help='a smoke run: width 32, 2 micro-batches, 2 rounds of 1 step')
     parser.add_argument('--out', default=os.path.join('artifacts', 'bench', 'peer.json'),
@@ -688,7 +757,7 @@ def main(argv=None):
     with open(args.out, 'w') as f:
         json.dump({str(k): {key: v[key] for key in ('loss', 'losses', 'softmax_diff', 'second_loss',
                                                     'second_losses', 'balance',
-                                                    'times', 'gemm',
+                                                    'times', 'cpu', 'python', 'cpu_medians', 'gemm',
                                                     'load', 'profile', 'medians', 'gemm_peaks',
                                                     'flops_per_token', 'utilisation',
                                                     'utilisation_mxnet_gemm', 'info')}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from bench import peer
 from bench.nodes import _ask
@@ -17,32 +18,66 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, **peer.THREADS)
 ROWS = ('one process, explicit attention', 'one process, SDPA',
         '2 processes 1F1B, 2 micro-batches')
+VARIANT = 'MXNET_EXEC_BULK_EXEC_TRAIN=0'   # a --project-env row
+VARIANT_ROW = 'one process, explicit attention, ' + VARIANT
 
 
-def test_quick_run_prints_every_row_after_each_pytorch_copy_matches_the_first_loss(tmp_path):
-    out = tmp_path / 'peer.json'
-    result = subprocess.run([sys.executable, '-m', 'bench.peer', '--quick', '--out', str(out)],
+@pytest.fixture(scope='module')
+def quick(tmp_path_factory):
+    """``(stdout, figures of width 32)`` of one quick run with a ``--project-env`` row."""
+    out = tmp_path_factory.mktemp('peer') / 'peer.json'
+    result = subprocess.run([sys.executable, '-m', 'bench.peer', '--quick', '--out', str(out),
+                             '--project-env', VARIANT],
                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    text = result.stdout
+    return result.stdout, json.loads(out.read_text())['32']
+
+
+def test_quick_run_prints_every_row_after_each_pytorch_copy_matches_the_first_loss(quick):
+    text, figures = quick
     assert "width 32: first step's loss" in text
     for row in ROWS:
         line = next(line for line in text.splitlines() if line.strip().startswith(row))
         assert len(line.split()) >= len(row.split()) + 5, line   # times, ratio, each round
     assert 'GEMM peak of one thread' in text and 'MFU' in text
     assert "first step's probabilities" in text
-    figures = json.loads(out.read_text())['32']
-    assert len(figures['losses']) == 3
+    assert len(figures['losses']) == 4
     for value in figures['losses'].values():
         assert peer.same_loss(figures['loss'], value)
     assert all(d <= peer.SOFTMAX_ATOL for d in figures['softmax_diff'].values())
     assert "second step's loss, after one Adam update" in text
-    assert len(figures['second_losses']) == 3
+    assert len(figures['second_losses']) == 4
     for value in figures['second_losses'].values():
         assert peer.same_loss(figures['second_loss'], value)
     for name in ROWS:
         assert len(figures['times'][name]) == 2
         assert all(s > 0 for pair in figures['times'][name] for s in pair)
+
+
+def test_quick_run_prints_each_sides_cpu_time_and_a_row_under_the_project_env_given(quick):
+    text, figures = quick
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if 'CPU time a step' in line)
+    for row in ROWS + (VARIANT_ROW,):   # a row of wall times above, of CPU times below
+        assert any(line.strip().startswith(row) for line in lines[:start]), row
+        assert any(line.strip().startswith(row) for line in lines[start:]), row
+    assert peer.same_loss(figures['loss'], figures['losses']['the project, ' + VARIANT])
+    for name in ROWS + (VARIANT_ROW,):
+        assert len(figures['cpu'][name]) == 2
+        assert all(s > 0 for pair in figures['cpu'][name] for s in pair)
+        assert figures['cpu_medians'][name]['ratio'] > 0
+        # the Python threads' share of the project's CPU time: a part of it, not all
+        assert 0 < figures['cpu_medians'][name]['project_python_s'] < \
+            figures['cpu_medians'][name]['project_s']
+
+
+def test_a_project_env_not_of_name_value_pairs_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as stop:
+        peer.main(['--project-env', 'MXNET_ENGINE_TYPE'])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m bench.peer: error: argument --project-env: expected NAME=VALUE pairs "
+        "separated by commas, found 'MXNET_ENGINE_TYPE'")
 
 
 def _server(role, width=32):
