@@ -336,7 +336,7 @@ print('torch' in sys.modules)
 def test_a_gluoncv_network_builds_after_the_nodes_imported_torch():
     # a node's Pipeline imports torch; GluonCV refuses to import after torch 2
     code = '''
-from mp_symbolic.core import nodes
+from mp_symbolic.core.transport import nodes
 nodes.torch('distributed')
 from gluoncv import model_zoo
 net = model_zoo.get_model('resnet18_v1b', pretrained=False, classes=10)
