@@ -514,13 +514,9 @@ class Pipeline(gluon.Block):
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
         """
-        # pylint: disable=import-outside-toplevel
-        from .module import PipelineModule
-        from .staged_module import StagedModule
-        kind = PipelineModule if schedules.one_graph(self.schedule, self.nodes) \
-            else StagedModule
-        return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
-                    host_copy=host_copy, **kwargs)
+        from .module import PipelineModule  # pylint: disable=import-outside-toplevel
+        return PipelineModule(self, loss=loss, data_name=data_name, label_name=label_name,
+                              output=output, host_copy=host_copy, **kwargs)
 
     def infer_shape(self, data_shape, data_name=DATA_NAME):
         """Fills in parameter shapes not known yet from one input shape.
