@@ -340,8 +340,9 @@ def test_grad_req_add_sums_the_batches_gradients_under_1f1b_as_in_the_gpipe_grap
                                    err_msg=name)
 
 
-def test_grad_req_null_leaves_no_gradient_and_no_update_under_1f1b():
-    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1,cpu:2', 2, grad_req='null')
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_grad_req_null_leaves_no_gradient_and_no_update_on_either_runtime(schedule):
+    mod, sample = _module_on(schedule, _digits, 'cpu:0,cpu:1,cpu:2', 2, grad_req='null')
     before = {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
     mod.forward_backward(_batch(sample, 1, 10))
     mod.update()
@@ -541,8 +542,9 @@ def test_a_stage_module_bound_with_a_shared_module_holds_its_arrays_and_refuses_
             [('data', sample)], [('softmax_label', (BATCH,))], shared_module=other)
 
 
-def test_a_monitor_installed_on_the_stage_module_sees_its_stage_executors_run():
-    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 1)
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_a_monitor_installed_on_the_module_sees_its_runtimes_executors_run(schedule):
+    mod, sample = _module_on(schedule, _digits, 'cpu:0,cpu:1', 2, 1)
     monitor = mx.monitor.Monitor(1, pattern='.*')
     mod.install_monitor(monitor)
     monitor.tic()

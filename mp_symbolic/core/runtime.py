@@ -10,8 +10,10 @@ Two implement it:
   graph whose order MXNet's engine decides (``schedule='gpipe'`` in one
   process).
 
-:func:`bind` makes the one the Pipeline's schedule runs on; the step code
-(the executor API's stepper) drives either alike.
+:func:`bind` makes the one the Pipeline's schedule runs on for the executor
+API's stepper; :class:`~mp_symbolic.core.module.PipelineModule` makes one
+per replica on its :class:`ArrayGroup`'s arrays. The step code of both
+drives either alike.
 """
 from typing import Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
@@ -380,10 +382,11 @@ def bind(pipe, loss, label_name, shapes):
             own = count if statistics else None
         grad_req = {n: 'null' if n in inputs or n in fixed else 'write'
                     for n in symbol.list_arguments()}
-        with split_bind(plan.group2ctx, symbol, fixed=fixed):
-            exe = symbol.simple_bind(ctx=plan.first_device, group2ctx=plan.group2ctx,
-                                     grad_req=grad_req, **shapes)
-        return FusedRuntime(exe, statistics=statistics, own_outputs=own)
+        specs = variable_specs(symbol, shapes, {n: 'float32' for n in shapes})
+        arrays = parameter_arrays(symbol, specs[0], specs[1], plan.group2ctx, inputs, fixed)
+        return bind_fused(symbol, plan.first_device, plan.group2ctx, arrays, shapes, specs[1],
+                          grad_req, True, plan.group2ctx, statistics=statistics,
+                          own_outputs=own, fixed=fixed)
     data = [(n, tuple(s)) for n, s in shapes.items() if n != label_name]
     descs = batch_descs(data, pipe.batch_axis, 1) + batch_descs(
         [(n, tuple(s)) for n, s in shapes.items() if n == label_name], pipe.batch_axis, 1,
