@@ -306,6 +306,8 @@ class PipelineModule(DeviceModule):
         self._inputs = self.pipeline.data_names(self.data_name)
         self._all_labels = tuple(label_names)  # what a metric reads, held here or not
         self._full = symbol
+        self._groups = {n.name: n.group for n in placed.variables}  # each variable's ctx_group
+        self._specs = None  # the last (input shapes, variable_specs) of this graph
         self._stages = None if self._fused else cut(placed, self.pipeline.plan.num_stages)
         if self.pipeline.nodes is None:
             return symbol, self._inputs, label_names
@@ -442,7 +444,7 @@ class PipelineModule(DeviceModule):
         pipe = self.pipeline
         micro = self._graph_batch(self.batch_size, pipe.chunks)
         shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
-        specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
+        specs = self._variable_specs(shapes)
         inputs = list(self._data_names) + list(self._label_names)
         requests = grad_requests(self._symbol.list_arguments(), self._param_names, inputs,
                                  grad_req, self._fixed_param_names or (), for_training,
@@ -510,7 +512,7 @@ class PipelineModule(DeviceModule):
         data_shapes, label_shapes = self._full_shapes if bucket is None else bucket
         micro = self._graph_batch(batch, chunks)
         shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
-        specs = variable_specs(self._full, shapes, {n: 'float32' for n in shapes})
+        specs = self._variable_specs(shapes)
         requests = self._exec_group.grad_req
         input_grads = self._inputs if self.inputs_need_grad else ()
         # a bucket's executors share the memory pools of the bound shapes' (never run together)
@@ -520,7 +522,7 @@ class PipelineModule(DeviceModule):
             runtimes = [
                 bind_fused(self._full, self._context[r], pipe.plan.group2ctxs[r],
                            (exe.arg_dict, exe.grad_dict, exe.aux_dict), shapes, specs[1],
-                           requests, train and self.for_training, self._devices(),
+                           self._groups, requests, train and self.for_training, self._devices(),
                            input_grads, self._statistics, self._own_outputs,
                            self._fixed_param_names or (), shared[r] if shared else None)
                 for r, exe in enumerate(self._exec_group.execs)]
@@ -561,6 +563,14 @@ class PipelineModule(DeviceModule):
                          batchnorm=pipe.batchnorm, accumulate=accumulate,
                          input_grads=input_grads, shared=shared[r] if shared else None)
             for r, exe in enumerate(self._exec_group.execs)]
+
+    def _variable_specs(self, shapes):
+        """:func:`~mp_symbolic.core.stages.variable_specs` of the bound graph
+        for inputs of ``shapes`` (the last shapes' kept)."""
+        key = tuple(sorted(shapes.items()))
+        if self._specs is None or self._specs[0] != key:
+            self._specs = (key, variable_specs(self._full, shapes, {n: 'float32' for n in shapes}))
+        return self._specs[1]
 
     def _graph_batch(self, batch, chunks):
         """The examples of a batch of ``batch`` in ``chunks`` micro-batches
@@ -1303,7 +1313,10 @@ def _desc(name, shape, axis):
 
 
 def _part(array, axis, index, size):
-    """Part ``index`` of ``array``'s batch, ``size`` long on ``axis`` (a view on axis 0)."""
+    """Part ``index`` of ``array``'s batch, ``size`` long on ``axis`` (a view on
+    axis 0; the array itself where the part is the whole)."""
+    if not index and array.shape[axis] == size:
+        return array
     if not axis:
         return array[index * size:(index + 1) * size]
     return mx.nd.slice_axis(array, axis=axis, begin=index * size, end=(index + 1) * size)

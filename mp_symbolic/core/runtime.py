@@ -124,7 +124,10 @@ class FusedRuntime:
         is one issue: ``each`` is not called."""
         exe = self.executor
         for name, value in inputs.items():
-            exe.arg_dict[name][:] = value
+            if isinstance(value, mx.nd.NDArray):
+                value.copyto(exe.arg_dict[name])  # MXNet's [:] = costs a millisecond in Python
+            else:
+                exe.arg_dict[name][:] = value
         exe.forward(is_train=train)
         if train:
             exe.backward()
@@ -135,8 +138,8 @@ class FusedRuntime:
         self.output_keys = list(range(len(self.outputs)))
 
 
-def bind_fused(symbol, device, group2ctx, parameters, shapes, types, grad_req, train, devices,
-               input_grads=(), statistics=(), own_outputs=None, fixed=(), shared=None):
+def bind_fused(symbol, device, group2ctx, parameters, shapes, types, groups, grad_req, train,
+               devices, input_grads=(), statistics=(), own_outputs=None, fixed=(), shared=None):
     """A :class:`FusedRuntime` of ``symbol`` (the graph of every micro-batch,
     :func:`~mp_symbolic.core.passes.replicate_chunks`) bound on one
     replica's arrays, its inputs on arrays of its own.
@@ -150,6 +153,8 @@ def bind_fused(symbol, device, group2ctx, parameters, shapes, types, grad_req, t
             states (a :class:`ReplicaArrays`' dicts).
         shapes, types: ``{input or label name: shape}`` of the replica's
             batch, and ``{name: dtype}`` of every variable.
+        groups: ``{input or label name: its ctx_group}`` (on ``device``
+            where it has none).
         grad_req: ``{argument: 'write', 'add' or 'null'}`` (:func:`grad_requests`).
         train: Whether it computes gradients (without, every request is ``'null'``).
         devices: Every device of the plan, as
@@ -164,13 +169,11 @@ def bind_fused(symbol, device, group2ctx, parameters, shapes, types, grad_req, t
         The :class:`FusedRuntime`.
     """
     arg_dict, grad_dict, aux_dict = parameters
-    attrs = symbol.attr_dict()
     args, grads, reqs = {}, {}, {}
     for name in symbol.list_arguments():
         request = grad_req.get(name, 'null') if train else 'null'
         if name in shapes:
-            group = attrs.get(name, {}).get(GROUP_ATTR)
-            args[name] = mx.nd.zeros(shapes[name], group2ctx.get(group, device),
+            args[name] = mx.nd.zeros(shapes[name], group2ctx.get(groups.get(name), device),
                                      dtype=types.get(name, 'float32'))
             if request != 'null':
                 grads[name] = mx.nd.zeros_like(args[name])
@@ -384,8 +387,9 @@ def bind(pipe, loss, label_name, shapes):
                     for n in symbol.list_arguments()}
         specs = variable_specs(symbol, shapes, {n: 'float32' for n in shapes})
         arrays = parameter_arrays(symbol, specs[0], specs[1], plan.group2ctx, inputs, fixed)
+        groups = {n.name: n.group for n in placed.variables}
         return bind_fused(symbol, plan.first_device, plan.group2ctx, arrays, shapes, specs[1],
-                          grad_req, True, plan.group2ctx, statistics=statistics,
+                          groups, grad_req, True, plan.group2ctx, statistics=statistics,
                           own_outputs=own, fixed=fixed)
     data = [(n, tuple(s)) for n, s in shapes.items() if n != label_name]
     descs = batch_descs(data, pipe.batch_axis, 1) + batch_descs(
