@@ -247,9 +247,10 @@ def test_an_unknown_schedule_is_refused_in_one_line():
         Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule='zero-bubble')
 
 
-def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_what_neither_runtime_can_do_is_refused_in_one_line(schedule):
     net, sample = _lm()
-    pipe = Pipeline(net, 'cpu:0,cpu:1', chunks=2, sample=sample, schedule='1f1b')
+    pipe = Pipeline(net, 'cpu:0,cpu:1', chunks=2, sample=sample, schedule=schedule)
     mod = pipe.module(loss='softmax')
     with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
                                          r'replicas \(2 x 1 = 2\), found 7$'):
@@ -263,7 +264,9 @@ def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
                                          r'replicas \(2 x 1 = 2\), found 3$'):
         mod.forward(_batch((3, TINY.block_size), 0, 10), is_train=True)
     mod.forward(_batch(sample, 0, 10), is_train=True)
-    with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='1f1b'"):
+    with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='%s' "
+                                         r"\(the loss head is in the graph\), found them given$"
+                       % schedule):
         mod.backward(out_grads=[mx.nd.ones((BATCH, TINY.block_size, TINY.vocab_size))])
 
 
