@@ -1,8 +1,11 @@
 """``PipelineModule``: an ``mx.mod.Module`` for a :class:`~mp_symbolic.Pipeline`.
 
 It is MXNet's own Module (``fit``, ``score``, ``predict``, ``save_checkpoint``
-work unchanged), built from the Pipeline's tagged training graph and bound to
-its stages' devices through ``group2ctxs`` (one dict per replica). Gluon's
+work unchanged), the one of every schedule, built from the Pipeline's tagged
+training graph with its stages' devices as ``group2ctxs`` (one dict per
+replica); each replica's batch runs on a runtime
+(:class:`~mp_symbolic.core.runtime.Runtime`) bound on the arrays the Module
+holds, in place of MXNet's executor group. Gluon's
 fixed parameters (``grad_req='null'``: constants made with
 ``params.get_constant`` and layers frozen with
 ``collect_params().setattr('grad_req', 'null')``) are the Module's
@@ -1254,11 +1257,12 @@ class PipelineModule(DeviceModule):
 
     @property
     def executors(self):
-        """The bound executors, one per replica (MXNet keeps them in the
-        Module's private executor group): each holds its replica's parameter,
-        gradient and auxiliary arrays (``arg_dict``, ``grad_dict``,
-        ``aux_dict``) on their stages' devices; on the stage runtime, the
-        arrays its stages' executors share. ``[]`` before ``bind``."""
+        """Each replica's arrays, as an executor holds them (a
+        :class:`~mp_symbolic.core.runtime.ReplicaArrays` per replica, kept
+        where MXNet keeps its executor group): its parameter, gradient and
+        auxiliary arrays (``arg_dict``, ``grad_dict``, ``aux_dict``) on their
+        stages' devices, which its runtimes' executors bind. ``[]`` before
+        ``bind``."""
         return list(self._exec_group.execs) if self.binded else []
 
     def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
