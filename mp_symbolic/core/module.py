@@ -308,7 +308,7 @@ class PipelineModule(DeviceModule):
         stages' parameters."""
         self._inputs = self.pipeline.data_names(self.data_name)
         self._all_labels = tuple(label_names)  # what a metric reads, held here or not
-        self._full = symbol
+        self._full, self._full_graph = symbol, placed
         self._groups = {n.name: n.group for n in placed.variables}  # each variable's ctx_group
         self._specs = None  # the last (input shapes, variable_specs) of this graph
         self._stages = None if self._fused else cut(placed, self.pipeline.plan.num_stages)
@@ -527,7 +527,8 @@ class PipelineModule(DeviceModule):
                            (exe.arg_dict, exe.grad_dict, exe.aux_dict), shapes, specs[1],
                            self._groups, requests, train and self.for_training, self._devices(),
                            input_grads, self._statistics, self._own_outputs,
-                           self._fixed_param_names or (), shared[r] if shared else None)
+                           self._fixed_param_names or (), shared[r] if shared else None,
+                           self._full_graph)
                 for r, exe in enumerate(self._exec_group.execs)]
         else:
             runtimes = self._stage_runtimes(shapes, specs, chunks, train, input_grads, shared)

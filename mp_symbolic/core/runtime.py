@@ -139,7 +139,8 @@ class FusedRuntime:
 
 
 def bind_fused(symbol, device, group2ctx, parameters, shapes, types, groups, grad_req, train,
-               devices, input_grads=(), statistics=(), own_outputs=None, fixed=(), shared=None):
+               devices, input_grads=(), statistics=(), own_outputs=None, fixed=(), shared=None,
+               graph=None):
     """A :class:`FusedRuntime` of ``symbol`` (the graph of every micro-batch,
     :func:`~mp_symbolic.core.passes.replicate_chunks`) bound on one
     replica's arrays, its inputs on arrays of its own.
@@ -164,6 +165,9 @@ def bind_fused(symbol, device, group2ctx, parameters, shapes, types, groups, gra
         fixed: The arguments that get no gradient.
         shared: A :class:`FusedRuntime` whose executor's memory pool this
             one shares (never run at once), or ``None``.
+        graph: ``symbol``'s :class:`~mp_symbolic.core.ir.PlacedGraph`, which
+            :func:`~mp_symbolic.core.compat.split_bind` reads for its ops
+            (``None``: read from ``symbol``).
 
     Returns:
         The :class:`FusedRuntime`.
@@ -184,7 +188,7 @@ def bind_fused(symbol, device, group2ctx, parameters, shapes, types, groups, gra
         if name in grads:
             reqs[name] = request
     aux = {name: aux_dict[name] for name in symbol.list_auxiliary_states()}
-    with split_bind(devices, symbol, bool(reqs), fixed):
+    with split_bind(devices, symbol if graph is None else graph, bool(reqs), fixed):
         executor = symbol.bind(device, args, args_grad=grads or None, grad_req=reqs or 'null',
                                aux_states=aux, group2ctx=group2ctx,
                                shared_exec=None if shared is None else shared.executor)
@@ -390,7 +394,7 @@ def bind(pipe, loss, label_name, shapes):
         groups = {n.name: n.group for n in placed.variables}
         return bind_fused(symbol, plan.first_device, plan.group2ctx, arrays, shapes, specs[1],
                           groups, grad_req, True, plan.group2ctx, statistics=statistics,
-                          own_outputs=own, fixed=fixed)
+                          own_outputs=own, fixed=fixed, graph=placed)
     data = [(n, tuple(s)) for n, s in shapes.items() if n != label_name]
     descs = batch_descs(data, pipe.batch_axis, 1) + batch_descs(
         [(n, tuple(s)) for n, s in shapes.items() if n == label_name], pipe.batch_axis, 1,
