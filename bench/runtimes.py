@@ -7,8 +7,9 @@ CNN at 3 stages), each round builds both Modules in turn (``Pipeline``,
 and then times their training steps (``forward_backward`` and ``update``)
 round-robin, one step of each in turn (:func:`mp_symbolic.core.base.timing.repeat`),
 so a change in the machine's load touches both alike. The one graph is
-``pipe.module()`` under ``schedule='gpipe'``; the stage runtime is the same
-Pipeline's ``StagedModule`` (the schedule's actions, fill and drain).
+``pipe.module()`` under ``schedule='gpipe'``; the stage runtime is
+``pipe.module()`` under ``schedule=mp_symbolic.core.schedule.gpipe``, the
+same schedule given as its function (its actions, fill and drain).
 Printed: the median build seconds and step milliseconds of each, per round,
 and their ratio.
 """
@@ -21,7 +22,7 @@ import mxnet as mx
 import numpy as np
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.engine.staged_module import StagedModule
+from mp_symbolic.core.schedule import gpipe
 from mp_symbolic.core.base.timing import repeat
 from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import digits, gpt
@@ -42,9 +43,8 @@ def build(name, runtime):
     make, stages, sample, chunks, micro = CONFIGS[name]
     shape = (chunks * micro,) + sample
     pipe = Pipeline(make(), ','.join('cpu:%d' % s for s in range(stages)), sample=shape,
-                    chunks=chunks)
-    mod = StagedModule(pipe, loss='softmax') if runtime == 'stages' else \
-        pipe.module(loss='softmax')
+                    chunks=chunks, schedule=gpipe if runtime == 'stages' else 'gpipe')
+    mod = pipe.module(loss='softmax')
     label = shape if len(sample) == 1 else shape[:1]
     mod.bind([('data', shape)], [('softmax_label', label)])
     mod.init_params(initializer=mx.init.Xavier())

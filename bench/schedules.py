@@ -27,8 +27,7 @@ import time
 import mxnet as mx
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.engine.staged_module import StagedModule
-from mp_symbolic.core.schedule import bubble, check_spec, make, one_graph
+from mp_symbolic.core.schedule import bubble, check_spec, gpipe, make, one_graph
 from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.tools.trace import dump as dump_trace
 from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
@@ -64,12 +63,13 @@ def _build(spec):
     """``spec``'s Module, bound, initialised, with SGD, and a batch for it."""
     cfg = gpt.GPTConfig(**spec['lm'])
     shape = (spec['chunks'] * spec['micro_batch'], cfg.block_size)
+    schedule = spec['schedule']
+    if spec.get('runtime') == 'stages' and schedule == 'gpipe':
+        schedule = gpipe  # GPipe on the stage runtime, beside its one graph (the name's)
     pipe = Pipeline(gpt.build_blocks(cfg), ','.join('cpu:%d' % s for s in range(spec['stages'])),
-                    sample=shape, chunks=spec['chunks'], schedule=spec['schedule'],
+                    sample=shape, chunks=spec['chunks'], schedule=schedule,
                     virtual=spec.get('virtual'), balance=spec.get('balance'))
-    # GPipe on the stage runtime, beside GPipe's one graph (what pipe.module() gives)
-    mod = StagedModule(pipe, loss='softmax') if spec.get('runtime') == 'stages' else \
-        pipe.module(loss='softmax')
+    mod = pipe.module(loss='softmax')
     mod.bind([('data', shape)], [('softmax_label', shape)])
     mod.init_params(initializer=lambda desc, arr: arr.__setitem__(slice(None), 0.01))
     mod.init_optimizer(kvstore=None, optimizer='sgd',

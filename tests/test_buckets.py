@@ -74,12 +74,9 @@ def test_each_bucket_binds_once_on_its_first_batch_and_writes_the_default_parame
         form = mod._buckets.bound[key]  # pylint: disable=protected-access
         assert forms.setdefault(key, form) is form  # bound on its first batch only
     assert list(mod._buckets.bound) == [11, 25, 40]  # pylint: disable=protected-access
-    # the bound shapes (40) run on the default bucket's executors
+    # the bound shapes (40) run on the runtimes kept by batch size
     default = mod._buckets.bound[40]  # pylint: disable=protected-access
-    if schedule == 'gpipe':
-        assert default is mod._default_group  # pylint: disable=protected-access
-    else:  # the runtimes kept by batch size
-        assert list(default.values()) == [None]
+    assert list(default.values()) == [None]
     # one set of parameters: a value written into the Module's reaches every bucket
     arg, aux = mod.get_params()
     weight = [n for n in arg if n.startswith('dense') and n.endswith('_weight')][0]

@@ -318,7 +318,7 @@ def test_init_params_set_params_and_a_rebind_give_what_the_host_copy_gives():
         arg_params, aux_params = mod.get_params()
         initial = {n: a.asnumpy() for n, a in dict(arg_params, **aux_params).items()}
         mod.set_params({n: -a for n, a in arg_params.items()}, aux_params)
-        with pytest.raises(RuntimeError, match='simple_bind error'):  # 3 channels, not 1
+        with pytest.raises(RuntimeError, match='Shape inconsistent'):  # 3 channels, not 1
             mod.bind(data_shapes=[('data', (8, 3, 8, 8))],
                      label_shapes=[('softmax_label', (8,))], force_rebind=True)
         mod.bind(data_shapes=[('data', (4, 1, 8, 8))], label_shapes=[('softmax_label', (4,))],

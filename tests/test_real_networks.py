@@ -59,8 +59,7 @@ def test_bert_takes_its_three_inputs_split_over_four_devices_and_outputs_all_thr
     assert [o.shape for o in outputs] == [(4, 8, 16), (4, 16), (4, 2)]
     for ours, theirs in zip(outputs, one_device):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
-    devices = {mod.executors[0].arg_dict[n].context
-               for n in mod.symbol.list_arguments()}
+    devices = {a.context for a in mod.executors[0].arg_dict.values()}  # the parameters
     assert devices == {mx.cpu(i) for i in range(4)}
 
 

@@ -446,7 +446,7 @@ def test_tnc_networks_under_the_stage_runtime_train_as_the_gpipe_graph(make, lea
     _, expected_out, expected = _schedule_steps(make, leaves, 'gpipe', replicas=replicas)
     mod, out, params = _schedule_steps(make, leaves, schedule, replicas=replicas,
                                        virtual=virtual)
-    assert type(mod).__name__ == 'StagedModule'
+    assert type(mod.runtimes[0]).__name__ == 'StageRuntime'
     assert [o.shape for o in out] == [o.shape for o in expected_out]
     assert out[0].shape[:2] == (T, N) and out[1].shape[1] == N
     assert [s for _, s in mod.output_shapes] == [o.shape for o in out]
@@ -504,8 +504,9 @@ def test_the_stage_runtime_reads_the_metric_and_output_shapes_as_the_one_graph()
         mod.forward(mx.io.DataBatch([x] + states, [y]), is_train=False)
         metric = mx.metric.Accuracy(axis=2)
         mod.update_metric(metric, [y])
-        found.append((type(mod).__name__, metric.num_inst, metric.sum_metric,
+        found.append((type(mod.runtimes[0]).__name__, metric.num_inst, metric.sum_metric,
                       [s for _, s in mod.output_shapes]))
-    assert found[1][0] == 'StagedModule' and found[1][1:] == found[0][1:]
+    assert (found[0][0], found[1][0]) == ('FusedRuntime', 'StageRuntime')
+    assert found[1][1:] == found[0][1:]
     assert found[0][1] == T * N and found[0][3] == [(T, N, VOCAB), (LAYERS, N, HIDDEN),
                                                     (LAYERS, N, HIDDEN)]

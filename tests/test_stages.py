@@ -14,7 +14,9 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
+from mp_symbolic.core.engine.module import PipelineModule
 from mp_symbolic.core.graph.passes import cut
+from mp_symbolic.core.engine.runtime import ArrayGroup
 from mp_symbolic.core.engine.staged_module import StagedModule
 from mp_symbolic.training import loop
 from mp_symbolic.training.tasks import digits, gpt, lm
@@ -65,6 +67,14 @@ def _batch(sample, step, classes):
                            [mx.nd.array(y.astype(np.float32))])
 
 
+def _runtime_kind(pipe, make):
+    """The class name of the runtime ``pipe``'s Module runs a batch of ``make``'s on."""
+    _, sample, *_ = make()
+    mod = pipe.module(loss='softmax')
+    mod.bind([('data', sample)], [('softmax_label', _batch(sample, 0, 10).label[0].shape)])
+    return type(mod.runtimes[0]).__name__
+
+
 def _train(make, devices, chunks, schedule, replicas=1, steps=3, virtual=None):
     """The last step's output and the parameters after ``steps`` SGD steps
     (momentum 0.9) from the blocks' seeded initial values."""
@@ -112,7 +122,7 @@ TABLE = [(_lm, 'cpu:0,cpu:1', m, 1) for m in (1, 2, 4)] + \
 def test_1f1b_equals_the_gpipe_graph_after_three_steps(make, devices, chunks, replicas):
     _, expected_out, expected = _train(make, devices, chunks, 'gpipe', replicas)
     pipe, out, params = _train(make, devices, chunks, '1f1b', replicas)
-    assert type(pipe.module()).__name__ == 'StagedModule'
+    assert _runtime_kind(pipe, make) == 'StageRuntime'
     np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
     assert sorted(params) == sorted(expected)
     for name, value in expected.items():  # BatchNorm's running statistics too
@@ -237,9 +247,10 @@ def test_an_unknown_schedule_is_refused_in_one_line():
         Pipeline(_lm()[0], 'cpu:0,cpu:1', schedule='zero-bubble')
 
 
-def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_what_neither_runtime_can_do_is_refused_in_one_line(schedule):
     net, sample = _lm()
-    pipe = Pipeline(net, 'cpu:0,cpu:1', chunks=2, sample=sample, schedule='1f1b')
+    pipe = Pipeline(net, 'cpu:0,cpu:1', chunks=2, sample=sample, schedule=schedule)
     mod = pipe.module(loss='softmax')
     with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
                                          r'replicas \(2 x 1 = 2\), found 7$'):
@@ -253,7 +264,9 @@ def test_what_the_stage_runtime_cannot_do_is_refused_in_one_line():
                                          r'replicas \(2 x 1 = 2\), found 3$'):
         mod.forward(_batch((3, TINY.block_size), 0, 10), is_train=True)
     mod.forward(_batch(sample, 0, 10), is_train=True)
-    with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='1f1b'"):
+    with pytest.raises(ValueError, match=r"^out_grads: expected None under schedule='%s' "
+                                         r"\(the loss head is in the graph\), found them given$"
+                       % schedule):
         mod.backward(out_grads=[mx.nd.ones((BATCH, TINY.block_size, TINY.vocab_size))])
 
 
@@ -330,8 +343,9 @@ def test_grad_req_add_sums_the_batches_gradients_under_1f1b_as_in_the_gpipe_grap
                                    err_msg=name)
 
 
-def test_grad_req_null_leaves_no_gradient_and_no_update_under_1f1b():
-    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1,cpu:2', 2, grad_req='null')
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_grad_req_null_leaves_no_gradient_and_no_update_on_either_runtime(schedule):
+    mod, sample = _module_on(schedule, _digits, 'cpu:0,cpu:1,cpu:2', 2, grad_req='null')
     before = {k: v.asnumpy() for k, v in mod.get_params()[0].items()}
     mod.forward_backward(_batch(sample, 1, 10))
     mod.update()
@@ -484,19 +498,22 @@ def test_the_runs_memory_table_under_1f1b_is_its_stages_arrays_per_device(small_
     assert all(row['params'] > 0 for row in measured['stages'].values())
 
 
-def test_the_stage_modules_bind_makes_no_executor_but_its_stages_and_they_hold_its_arrays(
-        monkeypatch):
-    """``StagedModule.bind`` binds the stage executors alone (no executor
-    of the whole graph, run or not): every parameter, gradient and
-    auxiliary array the Module reads (``get_params``, the optimizer) is the
-    one a stage executor binds."""
+@pytest.mark.parametrize('schedule, kind', [('gpipe', 'FusedRuntime'), ('1f1b', 'StageRuntime')])
+def test_every_schedules_module_binds_no_executor_but_its_runtimes_and_they_hold_its_arrays(
+        monkeypatch, schedule, kind):
+    """``bind`` binds the runtimes' executors alone (the stages', or GPipe's
+    fused graph's; no executor group, no executor that never runs): every
+    parameter, gradient and auxiliary array the Module reads
+    (``get_params``, the optimizer) is the one a runtime's executor binds."""
     made = []
     simple_bind = mx.sym.Symbol.simple_bind
     monkeypatch.setattr(mx.sym.Symbol, 'simple_bind',
                         lambda self, *a, **k: made.append(1) or simple_bind(self, *a, **k))
-    mod, _ = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 2)
+    mod, _ = _module_on(schedule, _digits, 'cpu:0,cpu:1', 2, 2)
     assert not made
+    assert [type(r).__name__ for r in mod.runtimes] == [kind, kind]
     group = mod._exec_group  # pylint: disable=protected-access
+    assert isinstance(group, ArrayGroup)
     for r, runtime in enumerate(mod._runtimes):  # pylint: disable=protected-access
         bound = {id(a) for exe in runtime.executors
                  for a in list(exe.arg_dict.values()) + list(exe.aux_dict.values()) +
@@ -521,15 +538,16 @@ def test_a_stage_module_bound_with_a_shared_module_holds_its_arrays_and_refuses_
         for a, b in zip(mine, theirs):
             b[0][:] = 7
             assert (a[0].asnumpy() == 7).all()
-    other, _ = _module_on('gpipe', _digits, 'cpu:0,cpu:1', 2, 1)
+    other = mx.mod.Module(mx.sym.Variable('data'))
     with pytest.raises(ValueError, match='^shared_module: expected a bound and initialised '
-                                         'StagedModule, found PipelineModule$'):
+                                         'PipelineModule, found Module$'):
         StagedModule(first.pipeline, loss='softmax').bind(
             [('data', sample)], [('softmax_label', (BATCH,))], shared_module=other)
 
 
-def test_a_monitor_installed_on_the_stage_module_sees_its_stage_executors_run():
-    mod, sample = _module_on('1f1b', _digits, 'cpu:0,cpu:1', 2, 1)
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_a_monitor_installed_on_the_module_sees_its_runtimes_executors_run(schedule):
+    mod, sample = _module_on(schedule, _digits, 'cpu:0,cpu:1', 2, 1)
     monitor = mx.monitor.Monitor(1, pattern='.*')
     mod.install_monitor(monitor)
     monitor.tic()
@@ -610,12 +628,22 @@ def test_gpipe_given_as_its_function_runs_on_the_stage_runtime_and_trains_as_its
     _, expected_out, expected = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'gpipe')
     pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, schedule.gpipe)
     mod = pipe.module(loss='softmax')
-    assert type(mod).__name__ == 'StagedModule'
     mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
+    assert type(mod.runtimes[0]).__name__ == 'StageRuntime'
     assert [len(slots) for slots in mod._runtimes[0].slots] == [4, 4, 4]  # pylint: disable=W0212
     np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
     for name, value in expected.items():
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b', 'interleaved', _one_at_a_time])
+def test_pipe_module_is_one_class_for_every_schedule(schedule):
+    """``pipe.module()`` is a PipelineModule whatever the schedule (GPipe's
+    fused graph or the stage runtime), and StagedModule is that class."""
+    pipe = Pipeline(_digits()[0], 'cpu:0,cpu:1', sample=(BATCH, 1, 8, 8), chunks=2,
+                    schedule=schedule)
+    assert type(pipe.module()) is PipelineModule  # pylint: disable=unidiomatic-typecheck
+    assert StagedModule is PipelineModule
 
 
 def _swapped(num_stages, microbatches):

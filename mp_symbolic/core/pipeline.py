@@ -30,9 +30,9 @@ with replicas and chunks too (:mod:`~mp_symbolic.core.engine.twin`), trained by
 :class:`~mp_symbolic.Trainer`.
 
 This module is the Gluon block and the entry point: the plan is one frozen
-:class:`~mp_symbolic.core.placement.place.Placement` made by
-:func:`~mp_symbolic.core.placement.place.place`; the graphs are built from it in
-:mod:`~mp_symbolic.core.graph.build` and the imperative forward pass runs on it in
+:class:`~mp_symbolic.core.placement.place.place.Placement` made by
+:func:`~mp_symbolic.core.placement.place.place.place`; the graphs are built from it in
+:mod:`~mp_symbolic.core.graph.build.build` and the imperative forward pass runs on it in
 :mod:`~mp_symbolic.core.engine.twin`.
 """
 import mxnet as mx
@@ -218,7 +218,7 @@ class Pipeline(gluon.Block):
 
     Attributes:
         blocks: The blocks, in order.
-        placement: The :class:`~mp_symbolic.core.placement.place.Placement`: what
+        placement: The :class:`~mp_symbolic.core.placement.place.place.Placement`: what
             runs where (the attributes below read it).
         plan: The :class:`~mp_symbolic.core.placement.devices.DevicePlan`.
         balance: Blocks per stage (ops per stage for a whole network).
@@ -447,7 +447,7 @@ class Pipeline(gluon.Block):
                        output=None, unsplit=False, shares=1):
         """:meth:`training_symbol`'s graph, typed (a
         :class:`~mp_symbolic.core.graph.ir.PlacedGraph`): the network's graph
-        (:func:`~mp_symbolic.core.graph.build.build`), the loss head
+        (:func:`~mp_symbolic.core.graph.build.build.build`), the loss head
         (:func:`~mp_symbolic.core.graph.heads.with_head`) and
         :func:`~mp_symbolic.core.graph.passes.finish`, passes on one typed graph.
 
@@ -518,13 +518,9 @@ class Pipeline(gluon.Block):
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
         """
-        # pylint: disable=import-outside-toplevel
-        from .engine.module import PipelineModule
-        from .engine.staged_module import StagedModule
-        kind = PipelineModule if schedules.one_graph(self.schedule, self.nodes) \
-            else StagedModule
-        return kind(self, loss=loss, data_name=data_name, label_name=label_name, output=output,
-                    host_copy=host_copy, **kwargs)
+        from .engine.module import PipelineModule  # pylint: disable=import-outside-toplevel
+        return PipelineModule(self, loss=loss, data_name=data_name, label_name=label_name,
+                              output=output, host_copy=host_copy, **kwargs)
 
     def infer_shape(self, data_shape, data_name=DATA_NAME):
         """Fills in parameter shapes not known yet from one input shape.

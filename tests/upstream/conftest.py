@@ -4,7 +4,7 @@ classes: ``test_gluon_trainer.py`` with ``gluon.Trainer`` replaced by
 ``test_bucketing.py`` it imports, from ``tests/python/train``), where they
 are placed here, with ``mx.mod.Module`` replaced by
 :class:`~mp_symbolic.core.engine.device_module.DeviceModule`, the Module that
-``PipelineModule`` and the stage runtime's Module are (no host copy of the
+``PipelineModule`` is (no host copy of the
 parameters: ``get_params`` and MXNet's own reads of ``_arg_params`` get a
 fresh one from the devices), BucketingModule's buckets included. Those two
 are not kept in the tree (``.gitignore``); they are fetched with::

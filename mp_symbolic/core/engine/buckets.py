@@ -1,4 +1,4 @@
-"""Variable-length batches: a Module's executors bound once per bucket key.
+"""Variable-length batches: a Module's runtimes bound once per bucket key.
 
 MXNet trains batches of several shapes (sentences batched by length:
 GluonNLP's ``FixedBucketSampler``) with ``mx.mod.BucketingModule``: one
@@ -11,15 +11,11 @@ their shape as ``BucketingModule`` reads it: an ``mx.io.DataBatch`` with
 missing, the labels' own shapes, or for a batch without labels the shapes
 the graph infers from the data):
 
-* on MXNet's one graph (:class:`~mp_symbolic.core.engine.module.PipelineModule`),
-  each key's executor group is bound as ``Module.bind(shared_module=...)``
-  binds one, with the default group as its ``shared_group``: the
-  parameters, their gradients and the auxiliary states are the default's
-  arrays, and its memory pool is shared (``simple_bind(shared_exec=...)``);
-* on the stage runtime (:class:`~mp_symbolic.core.engine.staged_module.StagedModule`),
-  each key's stage runtimes bind the Module's parameter, gradient and
-  auxiliary arrays, with receive buffers and activations at that key's
-  shapes.
+each key's runtimes (:class:`~mp_symbolic.core.engine.module.PipelineModule`'s,
+one per replica: the stage runtime's, or GPipe's fused graph) bind the
+Module's parameter, gradient and auxiliary arrays, with inputs, receive
+buffers and activations at that key's shapes, and share the memory pools
+of the bound shapes' executors (never run at once).
 
 The default bucket is the shapes the Module was bound at (``fit`` binds
 the iterator's ``provide_data``: MXNet's bucketing iterators give the
@@ -123,27 +119,3 @@ def with_labels(symbol, data_shapes, label_shapes, label_names):
     shapes, _, _ = symbol.infer_shape_partial(**dict(data_shapes))
     inferred = dict(zip(arguments, shapes))
     return [(n, given[n] if n in given else tuple(inferred[n])) for n in label_names]
-
-
-def shared_group(module, data_shapes, label_shapes, default):
-    """An executor group of ``module`` (an ``mx.mod.Module``) bound at
-    ``data_shapes`` and ``label_shapes`` as ``Module.bind`` binds one with
-    ``shared_module=``: ``default`` (the default bucket's group) its
-    ``shared_group``, so its parameters, gradients and auxiliary states
-    are the default's arrays and its memory pool the default's.
-
-    Returns:
-        ``(group, data descs, label descs)``.
-    """
-    # pylint: disable=import-outside-toplevel,protected-access
-    from mxnet.module.base_module import _parse_data_desc
-    from mxnet.module.executor_group import DataParallelExecutorGroup
-    data, labels = _parse_data_desc(module.data_names, module.label_names, data_shapes,
-                                    label_shapes or None)
-    group = DataParallelExecutorGroup(
-        module._symbol, module._context, module._work_load_list, data, labels,
-        module._param_names, module.for_training, module.inputs_need_grad, default,
-        logger=module.logger, fixed_param_names=module._fixed_param_names,
-        grad_req=default.grad_req, group2ctxs=module._group2ctxs,
-        state_names=module._state_names)
-    return group, data, labels

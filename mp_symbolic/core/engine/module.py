@@ -1,8 +1,11 @@
 """``PipelineModule``: an ``mx.mod.Module`` for a :class:`~mp_symbolic.Pipeline`.
 
 It is MXNet's own Module (``fit``, ``score``, ``predict``, ``save_checkpoint``
-work unchanged), built from the Pipeline's tagged training graph and bound to
-its stages' devices through ``group2ctxs`` (one dict per replica). Gluon's
+work unchanged), the one of every schedule, built from the Pipeline's tagged
+training graph with its stages' devices as ``group2ctxs`` (one dict per
+replica); each replica's batch runs on a runtime
+(:class:`~mp_symbolic.core.engine.runtime.Runtime`) bound on the arrays the Module
+holds, in place of MXNet's executor group. Gluon's
 fixed parameters (``grad_req='null'``: constants made with
 ``params.get_constant`` and layers frozen with
 ``collect_params().setattr('grad_req', 'null')``) are the Module's
@@ -40,16 +43,21 @@ import numpy as np
 
 from ..graph import batchnorm as batchnorms
 from . import buckets as bucketing
-from ..graph import layouts
+from ..transport import nodes as node_processes
+from .. import schedule as schedules
+from ..transport.comm import Route, open_transport
 from .device_module import DeviceModule, aux_written
-from ..base.compat import gradient_only_kvstore, split_bind
+from ..base.compat import gradient_only_kvstore
 from ..graph.heads import HEADS, class_axis, head_of
 from ..optim.initial import Drawn
 from ..graph.ir import PlacedGraph
 from ..graph.names import DATA_NAME, LABEL_NAME, LAYOUT_ATTR, SHAPE_ATTR
 from ..optim.optstate import FORMAT as STATES_FORMAT, drop_states, encode_state, gather_states, \
     set_states_by_name, split_states, states_by_name
-from .runtime import FusedRuntime
+from ..graph.layouts import batch_axis_of, batch_descs, layout_of, output_batch_axes
+from ..graph.passes import cut
+from .runtime import ArrayGroup, bind_fused, grad_requests
+from .stages import StageRuntime, boundary_specs, links, variable_specs
 from ..optim.updater import PerDeviceUpdater
 from ..optim.zero import owners
 
@@ -154,7 +162,32 @@ class _Restored:
 
 
 class PipelineModule(DeviceModule):
-    """MXNet's Module over a Pipeline's stages (use :meth:`Pipeline.module`).
+    """MXNet's Module over a Pipeline's stages (use :meth:`Pipeline.module`),
+    the one Module of every schedule.
+
+    It binds no executor of its own: the weights, gradients and auxiliary
+    states are held where Module keeps its executor group (an
+    :class:`~mp_symbolic.core.engine.runtime.ArrayGroup`, one set per replica), and
+    Module's own code reads them there. Each replica's batch runs on a
+    :class:`~mp_symbolic.core.engine.runtime.Runtime` bound on those arrays, chosen
+    once, where the graph is built: GPipe in one process
+    (:func:`~mp_symbolic.core.schedule.one_graph`) on its fused mode, every
+    micro-batch in one graph
+    (:class:`~mp_symbolic.core.engine.runtime.FusedRuntime`); every other schedule,
+    and any over node processes, on the stage runtime
+    (:class:`~mp_symbolic.core.engine.stages.StageRuntime`) in the schedule's order.
+    ``forward`` runs the batch's forwards and, in training, its backwards
+    (1F1B interleaves them); ``backward`` then has nothing left to do.
+
+    Each input and label is split into replicas (and micro-batches) on its
+    own batch axis (the ``N`` of its ``DataDesc`` layout, or the Pipeline's
+    ``batch_axis``: :func:`~mp_symbolic.core.graph.layouts.batch_descs`), and each
+    output joined on the axis where its size follows the batch (axis 0 for
+    one that does not). ``grad_req`` (``'write'``, ``'add'``, ``'null'`` or
+    by name) and ``inputs_need_grad`` are Module's: where a parameter's
+    request is ``'add'``, the batch's gradients add to what its array holds;
+    each input's gradient is joined over the micro-batches and replicas
+    (:meth:`get_input_grads`).
 
     Args:
         pipeline: The :class:`~mp_symbolic.Pipeline`.
@@ -169,17 +202,21 @@ class PipelineModule(DeviceModule):
             default the stages' devices hold the only copy, and
             ``get_params`` returns a fresh host copy each time
             (:class:`~mp_symbolic.core.engine.device_module.DeviceModule`).
-        buckets: ``None``: a batch with a ``bucket_key`` runs on executors
-            bound at its shapes on the key's first batch, sharing the
-            parameters, gradients, auxiliary states and optimizer with the
+        buckets: ``None``: a batch with a ``bucket_key`` runs on runtimes
+            bound at its shapes on the key's first batch, on the
+            parameters, gradients, auxiliary states and optimizer of the
             default bucket (:mod:`~mp_symbolic.core.engine.buckets`); or the keys
             the Module takes, declared ahead (another key is refused).
         **kwargs: Passed to ``mx.mod.Module``.
 
     Raises:
         ValueError: ``buckets`` that are not keys (as
-            :class:`~mp_symbolic.core.engine.buckets.Buckets` says); at ``forward``,
-            a ``bucket_key`` not declared.
+            :class:`~mp_symbolic.core.engine.buckets.Buckets` says); at ``bind``, a
+            batch that is not a multiple of ``chunks x replicas``, a layout
+            that cannot hold (as ``batch_descs`` says), ``inputs_need_grad``
+            over node processes, or a ``shared_module`` that is not a bound,
+            initialised PipelineModule; at ``forward``, a ``bucket_key`` not
+            declared.
 
     Attributes:
         pipeline: The Pipeline.
@@ -191,7 +228,7 @@ class PipelineModule(DeviceModule):
             the model); :attr:`export_graph` typed.
     """
 
-    _statistics = ()  # batchnorm='deferred': the statistics the one graph outputs
+    _statistics = ()  # batchnorm='deferred': the statistics the fused graph outputs
     _own_outputs = None  # then the count of the network's own outputs, before them
 
     def __init__(self, pipeline, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME,
@@ -206,6 +243,9 @@ class PipelineModule(DeviceModule):
         self._head_name = loss if isinstance(loss, str) else None  # fitted at bind
         self._head_fitted = False
         self.data_name, self.label_name, self.output = data_name, label_name, output
+        # the runtime every batch runs on: GPipe's fused graph, or the stages
+        self._fused = schedules.one_graph(pipeline.schedule, pipeline.nodes)
+        self._in_graph = pipeline.chunks if self._fused else 1  # micro-batches a graph holds
         placed = self._graph()
         symbol = placed.to_symbol()
         self._set_export(placed, symbol)
@@ -223,38 +263,64 @@ class PipelineModule(DeviceModule):
                          context=[devices[first] for devices in plan.replica_devices],
                          group2ctxs=plan.group2ctxs, fixed_param_names=fixed or None,
                          host_copy=host_copy, **kwargs)
-        self._placed = placed  # the graph of self._symbol, typed (read by binds)
         self.sample_shape = None
         self.input_shapes = {}
         self._batch_axes = {}  # input name -> its batch axis, once bound
-        self._laid_out = False  # whether the outputs' nodes carry layouts
+        self._varying = {}  # input name -> the axes its buckets' shapes vary on
+        self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
+        self._runtimes = []
+        self._trained = False
         self._update_args = None
         self._owners = None
         self._zero_keys = False  # whether the kvstore has the keys of gathered states
         # what restore() read, until bind/init_params and init_optimizer take it
         self._pending = _Restored()
 
-    def _held(self, placed, symbol, label_names):  # pylint: disable=unused-argument
-        """``(symbol, data names, label names)`` of the Module's own
-        executors: here the graph itself (``symbol``, ``placed`` written)."""
-        return symbol, self.pipeline.data_names(self.data_name), label_names
-
     def _graph(self):
-        """The graph this Module binds: the Pipeline's training graph, its
-        micro-batches in one graph; with ``batchnorm='deferred'`` and
-        several chunks, its BatchNorm ops at momentum 1 and their
-        micro-batches' statistics as outputs after the network's
+        """The graph the runtimes bind, a
+        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`: on the stage runtime one
+        micro-batch's training graph (the stages cut it, the runtime repeats
+        it); fused, the Pipeline's training graph with its micro-batches in
+        one graph, and with ``batchnorm='deferred'`` and several chunks its
+        BatchNorm ops at momentum 1 and their micro-batches' statistics as
+        outputs after the network's
         (:func:`~mp_symbolic.core.graph.batchnorm.deferred_graph`), which the
-        Module does not return. A :class:`~mp_symbolic.core.graph.ir.PlacedGraph`."""
-        placed = self.pipeline.training_graph(self.loss, self.data_name, self.label_name,
-                                              output=self.output,
-                                              shares=self.pipeline.replicas)
+        Module does not return."""
+        pipeline = self.pipeline
+        if not self._fused:
+            return pipeline.training_graph(self.loss, self.data_name, self.label_name,
+                                           chunks=1, output=self.output,
+                                           shares=pipeline.chunks * pipeline.replicas)
+        placed = pipeline.training_graph(self.loss, self.data_name, self.label_name,
+                                         output=self.output, shares=pipeline.replicas)
         self._statistics, self._own_outputs = [], None
-        if self.pipeline.batchnorm == 'deferred' and self.pipeline.chunks > 1:
+        if pipeline.batchnorm == 'deferred' and pipeline.chunks > 1:
             count = len(placed.heads)
             placed, self._statistics = batchnorms.deferred_graph(placed)
             self._own_outputs = count if self._statistics else None
         return placed
+
+    def _held(self, placed, symbol, label_names):
+        """``(symbol, data names, label names)`` of this process's weights,
+        gradients and auxiliary states (the Module's parameters): the whole
+        graph in one process; over nodes, this node's stage graphs alone
+        (their inputs from other stages as data), so a node holds only its
+        stages' parameters."""
+        self._inputs = self.pipeline.data_names(self.data_name)
+        self._all_labels = tuple(label_names)  # what a metric reads, held here or not
+        self._full, self._full_graph = symbol, placed
+        self._groups = {n.name: n.group for n in placed.variables}  # each variable's ctx_group
+        self._specs = None  # the last (input shapes, variable_specs) of this graph
+        self._stages = None if self._fused else cut(placed, self.pipeline.plan.num_stages)
+        if self.pipeline.nodes is None:
+            return symbol, self._inputs, label_names
+        local = [self._stages[s].symbol for s in self.pipeline.local_stages]
+        held = local[0] if len(local) == 1 else mx.sym.Group(local)
+        arguments = held.list_arguments()
+        received = [name for s in self.pipeline.local_stages
+                    for name, _, _ in self._stages[s].receives]
+        data = [n for n in self._inputs if n in arguments] + received
+        return held, data, tuple(n for n in label_names if n in arguments)
 
     def _set_export(self, placed, symbol):
         """Keeps the graph a checkpoint holds: ``placed`` (``symbol``
@@ -315,107 +381,433 @@ class PipelineModule(DeviceModule):
         self._set_export(placed, symbol)
         self._symbol = self._held(placed, symbol, (self.label_name,) if self.label_name in
                                   symbol.list_arguments() else ())[0]
-        self._placed = placed
+
 
     def _whole_graph(self):
-        """The training graph of every stage (whichever this process binds)."""
-        return self._symbol
+        """The graph of every stage (whichever this process binds)."""
+        return self._full
 
     def bind(self, data_shapes, label_shapes=None, for_training=True,
              inputs_need_grad=False, force_rebind=False, shared_module=None, grad_req='write'):
-        """``mx.mod.Module.bind``, after checking the batch splits into
-        ``replicas x chunks`` equal parts; ``loss='softmax'`` takes its
-        classes on the axis the labels leave. Each input's and label's batch
-        is on the axis of ``N`` in its ``DataDesc`` layout, or on the
-        Pipeline's ``batch_axis`` (:func:`~mp_symbolic.core.graph.layouts.batch_descs`);
-        each output's, where its size follows the batch.
+        """Binds the runtimes for a batch of ``data_shapes``, on the arrays
+        the Module holds.
 
         Raises:
-            ValueError: it does not, or a layout that cannot be honoured.
+            ValueError: see the class.
         """
-        placement = self.pipeline.placement
-        if not self.binded or force_rebind:
-            data_shapes = layouts.batch_descs(data_shapes, placement.batch_axis, placement.chunks)
-            if label_shapes:
-                label_shapes = layouts.batch_descs(label_shapes, placement.batch_axis,
-                                                   placement.chunks, labels=True)
+        if self.binded and not force_rebind:
+            self.logger.warning('Already bound, ignoring bind()')
+            return
+        if inputs_need_grad and self.pipeline.nodes is not None:
+            raise ValueError('inputs_need_grad: expected False over node processes (an input\'s '
+                             'gradient stays on the node of the stage reading it), found True')
+        # the fused graph splits every input into micro-batches on the Pipeline's batch_axis
+        axis, split = self.pipeline.batch_axis, self._in_graph
+        descs = batch_descs(data_shapes, axis, split) + \
+            batch_descs(label_shapes or (), axis, split, labels=True)
+        self._axes = {d.name: batch_axis_of(d) for d in descs}  # each one's batch axis
+        data_shapes = [shape_pair(d) for d in data_shapes]
+        label_shapes = [shape_pair(d) for d in label_shapes or ()]
         self._fit_head(data_shapes, label_shapes, force_rebind)
-        axes = [layouts.batch_axis_of(d) for d in data_shapes]
-        first = data_shapes[0]
-        shape = tuple(first.shape if hasattr(first, 'shape') else first[1])
-        if shape:
-            placement.micro_batch(shape[axes[0]])
-        self.sample_shape = shape[:axes[0]] + shape[axes[0] + 1:]
-        self.input_shapes, self._batch_axes = {}, {}
-        for desc, axis in zip(data_shapes, axes):
-            name, shape = shape_pair(desc)
-            self.input_shapes[name] = shape[:axis] + shape[axis + 1:] if axis >= 0 else shape
-            self._batch_axes[name] = axis
-        if not self.binded or force_rebind:
-            self._lay_out_outputs(data_shapes + list(label_shapes or ()))
-        with split_bind(self._devices(), self._placed, for_training and grad_req != 'null',
-                        self._fixed_param_names or ()):
-            super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
-                         force_rebind, shared_module, grad_req)
-        self._update_args = None  # a new executor group: update() lists its arrays anew
-        self._default_group = self._exec_group  # the default bucket's
-        self._buckets.clear()
-        self._varying = {}  # input name -> the axes its buckets' shapes vary on
+        first = data_shapes[0][0]
+        batch = data_shapes[0][1][self._axes[first]]
+        self.pipeline.placement.micro_batch(batch)
+        self.input_shapes = {n: _without(s, self._axes[n]) for n, s in data_shapes}
+        self.sample_shape = self.input_shapes[first]
+        self._batch_axes = {n: self._axes[n] for n, _ in data_shapes}
+        self.batch_size = self._batch = batch
+        self._out_axes = [max(a, 0) for a in output_batch_axes(self._full, [
+            d for d in descs if d.name in self._full.list_arguments()]) or ()]
+        self._full_shapes = (data_shapes, label_shapes)
+        self._own_arrays(for_training, inputs_need_grad, force_rebind, shared_module, grad_req)
+        self._update_args = None
         self._owners = None
+        self._bound_at = OrderedDict()  # (batch, training) -> its runtimes, newest last
+        self._buckets.clear()
+        self._varying = {}
+        self._steps = 0  # batches run since bind (over nodes, the step every node agrees on)
+        self._runtimes = self._runtimes_for(batch, for_training)
+        self._trained = False
         self._apply_pending()
 
-    def forward(self, data_batch, is_train=None):
-        """``mx.mod.Module.forward``; a batch with a ``bucket_key`` runs on
-        that key's executor group, bound at the batch's shapes on its first
-        batch with the default bucket's as its shared group (its
-        parameters, gradients and auxiliary states; :mod:`~mp_symbolic.core.engine.buckets`),
-        a batch without on the default bucket's.
+    def _own_arrays(self, for_training, inputs_need_grad, force_rebind, shared_module,
+                    grad_req):
+        """What ``mx.mod.Module.bind`` does after its checks, with the
+        arrays the runtimes bind (an :class:`~mp_symbolic.core.engine.runtime.ArrayGroup`)
+        where it binds an executor group: values carried over on a rebind,
+        a host copy made only with ``host_copy``."""
+        if force_rebind:
+            self._reset_bind()
+        self.for_training = for_training
+        self.inputs_need_grad = inputs_need_grad and for_training
+        self._grad_req = grad_req
+        data_shapes, label_shapes = self._full_shapes
+        self._data_shapes = [_desc(n, s, self._axes[n]) for n, s in data_shapes]
+        self._label_shapes = [_desc(n, s, self._axes[n]) for n, s in label_shapes]
+        pipe = self.pipeline
+        micro = self._graph_batch(self.batch_size, pipe.chunks)
+        shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
+        specs = self._variable_specs(shapes)
+        inputs = list(self._data_names) + list(self._label_names)
+        requests = grad_requests(self._symbol.list_arguments(), self._param_names, inputs,
+                                 grad_req, self._fixed_param_names or (), for_training,
+                                 self.inputs_need_grad)
+        shared = None
+        if shared_module is not None:
+            if not (isinstance(shared_module, PipelineModule) and shared_module.binded and
+                    shared_module.params_initialized):
+                raise ValueError('shared_module: expected a bound and initialised PipelineModule, '
+                                 'found %s' % type(shared_module).__name__)
+            shared = shared_module._exec_group
+        self._exec_group = ArrayGroup(self._symbol, self.pipeline.plan.group2ctxs,
+                                      self._param_names, specs, requests, self.batch_size,
+                                      for_training, self.inputs_need_grad, shared)
+        if shared_module is not None:
+            self.params_initialized = True
+            self._arg_params, self._aux_params = shared_module._arg_params, \
+                shared_module._aux_params
+        elif self.params_initialized:  # a rebind: the values carried over
+            self._exec_group.set_params(self._arg_params, self._aux_params,
+                                        allow_extra=self._other_nodes)
+        elif self.host_copy:
+            group = self._exec_group
+            self._arg_params = {n: mx.nd.zeros(a[0].shape, dtype=a[0].dtype)
+                                for n, a in zip(self._param_names, group.param_arrays)}
+            self._aux_params = {n: mx.nd.zeros(a[0].shape, dtype=a[0].dtype)
+                                for n, a in zip(self._aux_names, group.aux_arrays)}
+        if not self.host_copy:
+            self._kept = [None, None]
+        if shared_module is not None and shared_module.optimizer_initialized:
+            self.borrow_optimizer(shared_module)
+        self.binded = True
+
+    def _runtimes_for(self, batch, train, bucket=None):
+        """The runtimes (one per replica) that run a batch of ``batch``
+        examples: the schedule's ``chunks`` micro-batches, or on the stage
+        runtime for inference on a batch they do not divide, one
+        micro-batch per replica (the forwards need no schedule). Bound on
+        first use, kept for the last :data:`KEPT_BINDS` sizes (``fit`` with
+        ``eval_data``, ``score`` and ``predict`` of other batch sizes).
+
+        Args:
+            bucket: ``(data shapes, label shapes)`` (``[(name, shape)]``) of
+                a bucket's batch: its runtimes, bound at those shapes, are
+                the caller's to keep (:meth:`_bucket_runtimes`); ``None``:
+                the bound shapes, at ``batch``.
 
         Raises:
-            ValueError: a ``bucket_key`` not among ``buckets``, or a batch
-                that does not split into ``chunks x replicas`` equal parts.
+            ValueError: a batch the replicas (or, to train or in the fused
+                graph, ``chunks x replicas``) do not divide.
+        """
+        key = (batch, bool(train))
+        if bucket is None and key in self._bound_at:
+            self._bound_at.move_to_end(key)
+            return self._bound_at[key]
+        pipe = self.pipeline
+        chunks, replicas = pipe.chunks, pipe.replicas
+        if train or self._fused:  # the fused graph holds every micro-batch
+            pipe.placement.micro_batch(batch)
+        elif batch % replicas:
+            raise ValueError('batch size: expected a multiple of the replicas (%d) to predict, '
+                             'found %d' % (replicas, batch))
+        if batch % (chunks * replicas):
+            chunks = 1  # inference of a batch the micro-batches do not divide
+        data_shapes, label_shapes = self._full_shapes if bucket is None else bucket
+        micro = self._graph_batch(batch, chunks)
+        shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
+        specs = self._variable_specs(shapes)
+        requests = self._exec_group.grad_req
+        input_grads = self._inputs if self.inputs_need_grad else ()
+        # a bucket's executors share the memory pools of the bound shapes' (never run together)
+        shared = self._bound_at.get((self.batch_size, bool(train))) if bucket is not None \
+            and chunks == pipe.chunks else None
+        if self._fused:
+            runtimes = [
+                bind_fused(self._full, self._context[r], pipe.plan.group2ctxs[r],
+                           (exe.arg_dict, exe.grad_dict, exe.aux_dict), shapes, specs[1],
+                           self._groups, requests, train and self.for_training, self._devices(),
+                           input_grads, self._statistics, self._own_outputs,
+                           self._fixed_param_names or (), shared[r] if shared else None,
+                           self._full_graph)
+                for r, exe in enumerate(self._exec_group.execs)]
+        else:
+            runtimes = self._stage_runtimes(shapes, specs, chunks, train, input_grads, shared)
+        if bucket is not None:
+            return runtimes
+        self._bound_at[key] = runtimes
+        while len(self._bound_at) > KEPT_BINDS:
+            oldest = next(iter(self._bound_at))
+            if oldest == (self.batch_size, self.for_training):  # the bound size stays
+                self._bound_at.move_to_end(oldest)
+                oldest = next(iter(self._bound_at))
+            del self._bound_at[oldest]
+        return runtimes
+
+    def _stage_runtimes(self, shapes, specs, chunks, train, input_grads, shared):
+        """One :class:`~mp_symbolic.core.engine.stages.StageRuntime` per replica, on
+        its arrays, for inputs of ``shapes`` (one micro-batch's) in
+        ``chunks`` micro-batches (the schedule's, or 1 with no schedule)."""
+        pipe = self.pipeline
+        boundary = boundary_specs(self._stages, specs)
+        plan, nodes = pipe.plan, pipe.nodes
+        schedule = pipe.run_schedule() if chunks == pipe.chunks else \
+            schedules.gpipe(plan.num_stages, 1)
+        every = links(self._stages)
+        accumulate = {n for n, r in self._exec_group.grad_req.items() if r == 'add'}
+
+        def transport(replica):
+            return open_transport(pipe.transport, Route(
+                nodes, tuple(plan.node_of_stage), tuple(every), chunks, replica))
+
+        return [
+            StageRuntime(self._stages, plan.group2ctxs[r], exe.arg_dict, exe.grad_dict,
+                         exe.aux_dict, shapes, schedule, train and self.for_training,
+                         specs=specs, boundary=boundary, local=pipe.local_stages,
+                         transport=transport(r), axes=self._axes, output_axes=self._out_axes,
+                         batchnorm=pipe.batchnorm, accumulate=accumulate,
+                         input_grads=input_grads, shared=shared[r] if shared else None)
+            for r, exe in enumerate(self._exec_group.execs)]
+
+    def _variable_specs(self, shapes):
+        """:func:`~mp_symbolic.core.engine.stages.variable_specs` of the bound graph
+        for inputs of ``shapes`` (the last shapes' kept)."""
+        key = tuple(sorted(shapes.items()))
+        if self._specs is None or self._specs[0] != key:
+            self._specs = (key, variable_specs(self._full, shapes, {n: 'float32' for n in shapes}))
+        return self._specs[1]
+
+    def _graph_batch(self, batch, chunks):
+        """The examples of a batch of ``batch`` in ``chunks`` micro-batches
+        that one replica's bound graph takes: fused, the replica's whole
+        part; on the stage runtime, one micro-batch."""
+        return batch // (chunks * self.pipeline.replicas) * self._in_graph
+
+    def _bucket_runtimes(self, key, data_batch, batch, train):
+        """The runtimes of bucket ``key``: bound at the batch's shapes
+        on the key's first batch of those shapes (for training, and for
+        forwards alone, each on first use; a key's batch of another size,
+        such as a bucket's last, binds its own), on the Module's parameter,
+        gradient and auxiliary arrays, with receive buffers of their own;
+        the bound shapes' where the batch has them.
+
+        Raises:
+            ValueError: ``key`` not among ``buckets``; a batch that cannot
+                be split as :meth:`_runtimes_for` says.
+        """
+        form = self._buckets.get(key, dict)  # (training, data shapes) -> runtimes
+        data, labels = bucketing.batch_shapes(data_batch, self._inputs, self._all_labels)
+        shapes = (bool(train), tuple(s for _, s in data))
+        if shapes not in form:
+            if self._all_labels:
+                labels = bucketing.with_labels(self._full, data, labels, self._all_labels)
+            if [s for _, s in data] == [s for _, s in self._full_shapes[0]]:
+                form[shapes] = None  # the bound shapes: the runtimes kept by batch size
+            else:
+                self._note_bucket(data)
+                form[shapes] = self._runtimes_for(batch, train, (data, labels))
+        return form[shapes] if form[shapes] is not None else self._runtimes_for(batch, train)
+
+    @property
+    def data_shapes(self):
+        return [_desc(n, s, self._axes[n]) for n, s in self._full_shapes[0]] \
+            if self.binded else None
+
+    @property
+    def label_shapes(self):
+        return [_desc(n, s, self._axes[n]) for n, s in self._full_shapes[1]] \
+            if self.binded else None
+
+    @property
+    def output_shapes(self):
+        assert self.binded
+        data_shapes, label_shapes = self._full_shapes
+        pipe = self.pipeline
+        unit = self._graph_batch(pipe.chunks * pipe.replicas, pipe.chunks)  # its smallest
+        names = self._full.list_outputs()
+        _, shapes, _ = self._full.infer_shape(**{
+            n: _resized(s, self._axes[n], unit) for n, s in data_shapes + label_shapes})
+        return [(n, _resized(s, self._out_axis(i), self.batch_size))
+                for i, (n, s) in enumerate(zip(names[:self._own_outputs], shapes))]
+
+    @property
+    def output_names(self):
+        names = super().output_names
+        return names[:self._own_outputs] if self._own_outputs else names
+
+    def install_monitor(self, mon):
+        """Installs ``mon`` (an ``mx.monitor.Monitor``) on every executor of
+        the runtimes bound so far (each stage's, one per micro-batch in
+        flight; or the fused graph's): the Module's own arrays run in no
+        executor of their own."""
+        assert self.binded
+        for runtimes in self._bound_at.values():
+            for runtime in runtimes:
+                for executor in runtime.all_executors:
+                    mon.install(executor)
+
+    @property
+    def runtimes(self):
+        """The :class:`~mp_symbolic.core.engine.runtime.Runtime` of each replica
+        that ran the last batch (the bound batch size's before any)."""
+        return list(self._runtimes) if self.binded else []
+
+    def input_arrays(self):
+        """The arrays the runtimes of the last batch size read a batch's
+        inputs and labels into: each executor's own (on the stage runtime,
+        one per micro-batch a stage holds in flight), on its stage's device."""
+        names, found = set(self._inputs) | set(self._all_labels), {}
+        for runtime in self._runtimes:
+            for executor in runtime.all_executors:
+                for name, array in executor.arg_dict.items():
+                    if name in names:
+                        found.setdefault(id(array), array)
+        return list(found.values())
+
+    def _out_axis(self, i):
+        """The batch axis of output ``i`` (0 for one whose size does not follow the batch)."""
+        return self._out_axes[i] if i < len(self._out_axes) else 0
+
+    def forward(self, data_batch, is_train=None):
+        """Runs the batch on each replica's runtime: with ``is_train``, every
+        micro-batch's forward and backward (in the schedule's order on the
+        stage runtime; the gradients of the whole batch, summed); otherwise
+        the forwards.
+
+        A batch of another size than the bound one runs on runtimes bound
+        for it (:meth:`_runtimes_for`); a batch with a ``bucket_key``, on
+        that key's (:meth:`_bucket_runtimes`).
+
+        Over node processes, every node first checks that the others run
+        the same step with the same ``bucket_key`` (``None`` included),
+        before any tensor of the batch crosses
+        (:func:`~mp_symbolic.core.transport.nodes.agree_key`).
+
+        Raises:
+            ValueError: a batch that cannot be split as :meth:`_runtimes_for`
+                says, or a ``bucket_key`` not among ``buckets``; (``NodeError``)
+                over nodes, another node's key or step differs.
+            RuntimeError: (``NodeFailure``) over nodes, a node died or did
+                not answer.
         """
         assert self.binded and self.params_initialized
+        is_train = self.for_training if is_train is None else is_train
+        data = list(data_batch.data)
+        batch = data[0].shape[self._axes[self._inputs[0]]]
+        train = is_train and self.for_training
+        # the bound runtimes run the bound size, forwards alone too
+        train_form = train or batch == self.batch_size and self.for_training
         key = bucketing.bucket_key(data_batch)
-        group = self._default_group if key is None else \
-            self._buckets.get(key, lambda: self._bucket_group(data_batch))
-        if group is not self._exec_group:
-            self._exec_group = group
-            self._data_shapes, self._label_shapes = group.data_shapes, group.label_shapes
-            self._update_args = None
-        super().forward(data_batch, is_train)
+        if self.pipeline.nodes is not None:  # every node's batch of this step has this key
+            node_processes.agree_key(self.pipeline.nodes, self._steps, key,
+                                     self.pipeline.plan.node_of_stage)
+        self._steps += 1
+        if key is None:
+            self._runtimes = self._runtimes_for(batch, train_form)
+        else:
+            self._runtimes = self._bucket_runtimes(key, data_batch, batch, train_form)
+        self._batch = batch
+        labels = list(data_batch.label or ()) if self._label_names else []
+        names = list(self._inputs) + list(self._label_names[:len(labels)])
+        part = batch // len(self._runtimes)
+        if not train:
+            # oneDNN's inference convolution reorders its weight into its own
+            # layout in place; queued behind an update of that weight, it
+            # left NaN in the weights now and then (a score or predict right
+            # after fit's last step): the updates are done first
+            for arrays in self._exec_group.param_arrays:
+                for array in arrays:
+                    array.wait_to_read()
+        for r, runtime in enumerate(self._runtimes):
+            inputs = {n: _part(a, self._axes[n], r, part) for n, a in zip(names, data + labels)}
+            runtime.run(inputs, train=is_train and self.for_training)
+        self._trained = is_train and self.for_training
 
-    def _bucket_group(self, data_batch):
-        """The executor group of a bucket's first batch: the default
-        bucket's where the shapes are its, otherwise one bound at the
-        batch's shapes sharing the default's arrays
-        (:func:`~mp_symbolic.core.engine.buckets.shared_group`)."""
-        placement, default = self.pipeline.placement, self._default_group
-        data, labels = bucketing.batch_shapes(data_batch, self._data_names, self._label_names)
-        if self._label_names and self.for_training:
-            labels = bucketing.with_labels(self._symbol, data, labels, self._label_names)
-        data = layouts.batch_descs(data, placement.batch_axis, placement.chunks)
-        labels = layouts.batch_descs(labels, placement.batch_axis, placement.chunks,
-                                     labels=True) if labels else None
-        if [tuple(d.shape) for d in data] == [tuple(d.shape) for d in default.data_shapes]:
-            return default
-        self._note_bucket([(d.name, tuple(d.shape)) for d in data])
-        first = data[0]
-        placement.micro_batch(first.shape[layouts.batch_axis_of(first)])
-        with split_bind(self._devices(), self._placed, self.for_training,
-                        self._fixed_param_names or ()):
-            return bucketing.shared_group(self, data, labels, default)[0]
+    def backward(self, out_grads=None):
+        """Nothing left to do: :meth:`forward` ran the batch's backwards.
 
-    def _lay_out_outputs(self, descs):
-        """Each output of the graph joined over the replicas on its batch
-        axis: where an input's batch is not on axis 0, each output's node
-        carries its layout (:func:`~mp_symbolic.core.graph.layouts.output_batch_axes`)."""
-        if not self._laid_out and all(layouts.batch_axis_of(d) == 0 for d in descs):
-            return
-        axes = layouts.output_batch_axes(self._symbol, descs)
-        self._placed = layouts.with_output_layouts(self._placed, axes)
-        self._symbol = self._placed.to_symbol()
-        self._laid_out = axes is not None
+        Raises:
+            ValueError: ``out_grads`` given (the loss is the graph's head).
+            RuntimeError: no training forward came first.
+        """
+        if out_grads is not None:
+            raise ValueError('out_grads: expected None under schedule=%r (the loss head is in '
+                             'the graph), found them given' % self.pipeline.schedule)
+        if not self._trained:
+            raise RuntimeError('backward: expected forward(is_train=True) first under '
+                               'schedule=%r, found none' % self.pipeline.schedule)
+
+    def get_outputs(self, merge_multi_context=True):
+        """The outputs of the last batch, each over the whole batch (on the
+        first replica's device with ``merge_multi_context``). Over nodes,
+        on every node: the node of the stage that computes an output sends
+        it to the others within the batch's schedule, once every
+        micro-batch's is computed."""
+        parts = [runtime.outputs for runtime in self._runtimes]
+        per_output = [list(p) for p in zip(*parts)]
+        if not merge_multi_context:
+            return per_output
+        keys = self._runtimes[0].output_keys
+        return [p[0] if len(p) == 1 else
+                mx.nd.concat(*[a.as_in_context(p[0].context) for a in p],
+                             dim=self._out_axis(keys[i]))
+                for i, p in enumerate(per_output)]
+
+    def get_input_grads(self, merge_multi_context=True):
+        """The gradient of each input over the last training batch, in the
+        order of the data names (joined over the replicas on its batch axis,
+        on the first replica's device, with ``merge_multi_context``).
+
+        Raises:
+            ValueError: bound without ``inputs_need_grad``, or no training
+                batch run since.
+        """
+        if not self.inputs_need_grad:
+            raise ValueError('get_input_grads: expected bind(..., inputs_need_grad=True), '
+                             'found it bound without')
+        if not self._trained:
+            raise ValueError('get_input_grads: expected forward(is_train=True) first, '
+                             'found none')
+        per_input = [[runtime.input_grads[n] for runtime in self._runtimes]
+                     for n in self._inputs]
+        if not merge_multi_context:
+            return per_input
+        return [p[0] if len(p) == 1 else
+                mx.nd.concat(*[a.as_in_context(p[0].context) for a in p],
+                             dim=self._axes.get(n, 0))
+                for n, p in zip(self._inputs, per_input)]
+
+    def update_metric(self, eval_metric, labels, pre_sliced=False):
+        """``eval_metric`` on each replica's part of the outputs and labels
+        (as MXNet's executor group slices them); a loss on one of several
+        outputs is read from the head's output. Over nodes, every node
+        holds the outputs (the node of the last stage sends them) and reads
+        the labels given, also a node whose stages read none."""
+        names = self._full.list_outputs()  # the network's (a node's executors hold its stages')
+        if self._head_first:
+            names = names[:1]
+        part = self._batch // len(self._runtimes)
+        for r, runtime in enumerate(self._runtimes):
+            sliced = labels[r] if pre_sliced else [
+                _part(l, self._axes.get(n, 0), r, part) for n, l in zip(self._all_labels, labels)]
+            eval_metric.update_dict(OrderedDict(zip(self._all_labels, sliced)),
+                                    OrderedDict(zip(names, runtime.outputs)))
+
+    def reshape(self, data_shapes, label_shapes=None):
+        """Binds the runtimes for batches of ``data_shapes`` now (a batch of
+        another size is bound at its first :meth:`forward` anyway).
+
+        Raises:
+            ValueError: see :meth:`_runtimes_for`, or other per-sample shapes.
+        """
+        data_shapes = [shape_pair(d) for d in data_shapes]
+        bound = [_without(s, self._axes[n]) for n, s in self._full_shapes[0]]
+        given = [_without(s, self._axes.get(n, 0)) for n, s in data_shapes]
+        if given != bound:
+            raise ValueError('data_shapes: expected the bound per-sample shapes %s, found %s'
+                             % (bound, given))
+        name, shape = data_shapes[0]
+        self._runtimes_for(shape[self._axes.get(name, 0)], self.for_training)
+
 
     def recorded_shapes(self):
         """``{input name: one sample's shape}`` that a checkpoint records (on
@@ -433,7 +825,7 @@ class PipelineModule(DeviceModule):
         buckets bound it at several sizes of one other axis, a layout with
         ``T`` there (``'NT'`` for ``(N, T)`` tokens), which an exporter
         reads as the sequence, dynamic."""
-        found = {n: layouts.layout_of(a, len(self.input_shapes[n]) + 1)
+        found = {n: layout_of(a, len(self.input_shapes[n]) + 1)
                  for n, a in self._batch_axes.items() if a > 0}
         for name, axes in getattr(self, '_varying', {}).items():
             if name not in found and len(axes) == 1 and self._batch_axes.get(name) == 0:
@@ -456,77 +848,10 @@ class PipelineModule(DeviceModule):
                 varying.setdefault(name, set()).update(
                     i + (i >= axis) for i, (a, b) in enumerate(zip(sample, bound)) if a != b)
 
-    def update_metric(self, eval_metric, labels, pre_sliced=False):
-        """``mx.mod.Module.update_metric``; with a loss on one of several
-        outputs, the metric reads the head's output (the first), as it would
-        on a network of one output."""
-        group = self._exec_group
-        names = group.output_names
-        if self._head_first:
-            group.output_names = names[:1]  # the executor group zips names with outputs
-        elif self._own_outputs:
-            group.output_names = names[:self._own_outputs]
-        try:
-            super().update_metric(eval_metric, labels, pre_sliced)
-        finally:
-            group.output_names = names
-
-    def backward(self, out_grads=None):
-        """``mx.mod.Module.backward``; with ``batchnorm='deferred'``, then
-        one update of each BatchNorm's running statistics per replica, with
-        the whole batch's (:func:`~mp_symbolic.core.graph.batchnorm.update`)."""
-        super().backward(out_grads)
-        if self._statistics:
-            for executor in self._exec_group.execs:
-                batchnorms.update(self._statistics, executor.aux_dict, executor.outputs)
-
-    def get_outputs(self, merge_multi_context=True):
-        """``mx.mod.Module.get_outputs``: the network's (or its loss head's)
-        outputs, not the statistics ``batchnorm='deferred'`` reads."""
-        outputs = super().get_outputs(merge_multi_context)
-        return outputs[:self._own_outputs] if self._own_outputs else outputs
-
-    @property
-    def output_names(self):
-        names = super().output_names
-        return names[:self._own_outputs] if self._own_outputs else names
-
-    @property
-    def output_shapes(self):
-        shapes = super().output_shapes
-        return shapes[:self._own_outputs] if self._own_outputs else shapes
-
-    def reshape(self, data_shapes, label_shapes=None):
-        """``mx.mod.Module.reshape`` (called by ``forward`` on a batch of
-        another shape: ``score``, ``predict``, ``fit``'s ``eval_data``), bound
-        as :meth:`bind` binds. A batch without labels (``predict``) keeps
-        labels of the new batch size, unread: the graph's loss head has them.
-
-        Raises:
-            ValueError: the batch does not split into ``chunks x replicas``
-                equal parts (the one graph holds that many copies).
-        """
-        placement = self.pipeline.placement
-        data_shapes = layouts.batch_descs(data_shapes, placement.batch_axis, placement.chunks)
-        first = data_shapes[0]
-        batch = shape_pair(first)[1][layouts.batch_axis_of(first)]
-        placement.micro_batch(batch)
-        if not label_shapes and self._label_shapes:
-            label_shapes = []
-            for desc in self._label_shapes:
-                shape, axis = list(desc.shape), layouts.batch_axis_of(desc)
-                shape[axis] = batch
-                label_shapes.append(mx.io.DataDesc(desc.name, tuple(shape), desc.dtype,
-                                                   desc.layout))
-        elif label_shapes:
-            label_shapes = layouts.batch_descs(label_shapes, placement.batch_axis,
-                                               placement.chunks, labels=True)
-        with split_bind(self._devices(), self._placed, self.for_training,
-                        self._fixed_param_names or ()):
-            super().reshape(data_shapes, label_shapes)
 
     def _devices(self):
         return {i: d for i, d in enumerate(self.pipeline.plan.all_devices)}
+
 
     def init_optimizer(self, kvstore='local', optimizer='sgd',
                        optimizer_params=(('learning_rate', 0.01),), force_init=False):
@@ -933,20 +1258,13 @@ class PipelineModule(DeviceModule):
 
     @property
     def executors(self):
-        """The bound executors, one per replica (MXNet keeps them in the
-        Module's private executor group): each holds its replica's parameter,
-        gradient and auxiliary arrays (``arg_dict``, ``grad_dict``,
-        ``aux_dict``) on their stages' devices; on the stage runtime, the
-        arrays its stages' executors share. ``[]`` before ``bind``."""
+        """Each replica's arrays, as an executor holds them (a
+        :class:`~mp_symbolic.core.engine.runtime.ReplicaArrays` per replica, kept
+        where MXNet keeps its executor group): its parameter, gradient and
+        auxiliary arrays (``arg_dict``, ``grad_dict``, ``aux_dict``) on their
+        stages' devices, which its runtimes' executors bind. ``[]`` before
+        ``bind``."""
         return list(self._exec_group.execs) if self.binded else []
-
-    @property
-    def runtimes(self):
-        """The :class:`~mp_symbolic.core.engine.runtime.Runtime` of each replica:
-        here its one graph's executor as a
-        :class:`~mp_symbolic.core.engine.runtime.FusedRuntime`. ``[]`` before ``bind``."""
-        return [FusedRuntime(e, statistics=self._statistics, own_outputs=self._own_outputs)
-                for e in self.executors]
 
     def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
         """Writes ``prefix-symbol.json`` and ``prefix-%04d.params`` as
@@ -959,6 +1277,8 @@ class PipelineModule(DeviceModule):
         if save_optimizer_states:
             self.save_optimizer_states('%s-%04d.states' % (prefix, epoch))
 
+
+KEPT_BINDS = 4  # batch sizes whose runtimes stay bound at once
 
 # the kvstore keys of the optimizer state gathered from dist_sync workers
 ZERO_KEY = 'optimizer_state:'
@@ -977,3 +1297,31 @@ def _map_state(state, make):
 def shape_pair(desc):
     """``(name, shape)`` of an ``mx.io.DataDesc`` or a pair."""
     return (desc.name, tuple(desc.shape)) if hasattr(desc, 'name') else (desc[0], tuple(desc[1]))
+
+
+def _without(shape, axis):
+    """``shape`` without its batch ``axis``: one sample's."""
+    return tuple(shape[:axis]) + tuple(shape[axis + 1:])
+
+
+def _resized(shape, axis, size):
+    """``shape`` with ``size`` on its batch ``axis``."""
+    return tuple(shape[:axis]) + (size,) + tuple(shape[axis + 1:])
+
+
+def _desc(name, shape, axis):
+    """A ``DataDesc`` of ``shape`` whose layout puts ``N`` at ``axis`` (MXNet's
+    default layout for axis 0)."""
+    if not axis:
+        return mx.io.DataDesc(name, shape)
+    return mx.io.DataDesc(name, shape, layout=layout_of(axis, len(shape)))
+
+
+def _part(array, axis, index, size):
+    """Part ``index`` of ``array``'s batch, ``size`` long on ``axis`` (a view on
+    axis 0; the array itself where the part is the whole)."""
+    if not index and array.shape[axis] == size:
+        return array
+    if not axis:
+        return array[index * size:(index + 1) * size]
+    return mx.nd.slice_axis(array, axis=axis, begin=index * size, end=(index + 1) * size)

@@ -10,8 +10,10 @@ Two implement it:
   graph whose order MXNet's engine decides (``schedule='gpipe'`` in one
   process).
 
-:func:`bind` makes the one the Pipeline's schedule runs on; the step code
-(the executor API's stepper) drives either alike.
+:func:`bind` makes the one the Pipeline's schedule runs on for the executor
+API's stepper; :class:`~mp_symbolic.core.engine.module.PipelineModule` makes one
+per replica on its :class:`ArrayGroup`'s arrays. The step code of both
+drives either alike.
 """
 from typing import Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
@@ -40,9 +42,14 @@ class Runtime(Protocol):
             fused graph's hold its inputs too, their gradients ``None``).
         executors: The MXNet executors it runs (one per stage it binds, or
             the one fused graph's).
+        all_executors: Every executor it binds (each stage's, one per
+            micro-batch in flight; or the fused graph's).
+        output_keys: After :meth:`run`, the index in the graph's outputs of
+            each of ``outputs``.
     """
 
     outputs: Optional[List[mx.nd.NDArray]]
+    output_keys: List[int]
     input_grads: Dict[str, mx.nd.NDArray]
 
     @property
@@ -51,6 +58,10 @@ class Runtime(Protocol):
 
     @property
     def executors(self) -> List[mx.executor.Executor]:
+        ...
+
+    @property
+    def all_executors(self) -> List[mx.executor.Executor]:
         ...
 
     def device_copies(self) -> Tuple[int, int]:
@@ -85,6 +96,7 @@ class FusedRuntime:
         self._input_grads = tuple(input_grads)
         self._statistics, self._own = statistics, own_outputs
         self.outputs = None
+        self.output_keys = []
         self.input_grads = {}
 
     @property
@@ -94,6 +106,10 @@ class FusedRuntime:
 
     @property
     def executors(self):
+        return [self.executor]
+
+    @property
+    def all_executors(self):
         return [self.executor]
 
     def device_copies(self):
@@ -108,7 +124,10 @@ class FusedRuntime:
         is one issue: ``each`` is not called."""
         exe = self.executor
         for name, value in inputs.items():
-            exe.arg_dict[name][:] = value
+            if isinstance(value, mx.nd.NDArray):
+                value.copyto(exe.arg_dict[name])  # MXNet's [:] = costs a millisecond in Python
+            else:
+                exe.arg_dict[name][:] = value
         exe.forward(is_train=train)
         if train:
             exe.backward()
@@ -116,6 +135,65 @@ class FusedRuntime:
                 update(self._statistics, exe.aux_dict, exe.outputs)
             self.input_grads = {n: exe.grad_dict[n] for n in self._input_grads}
         self.outputs = exe.outputs[:self._own] if self._own else exe.outputs
+        self.output_keys = list(range(len(self.outputs)))
+
+
+def bind_fused(symbol, device, group2ctx, parameters, shapes, types, groups, grad_req, train,
+               devices, input_grads=(), statistics=(), own_outputs=None, fixed=(), shared=None,
+               graph=None):
+    """A :class:`FusedRuntime` of ``symbol`` (the graph of every micro-batch,
+    :func:`~mp_symbolic.core.graph.passes.replicate_chunks`) bound on one
+    replica's arrays, its inputs on arrays of its own.
+
+    Args:
+        symbol: The graph, each variable tagged with its ``ctx_group``.
+        device: The executor's device (the replica's first stage's).
+        group2ctx: The replica's ``{ctx_group: device}``.
+        parameters: ``(arg_dict, grad_dict, aux_dict)`` of the replica's
+            weights, gradients (``None`` for one without) and auxiliary
+            states (a :class:`ReplicaArrays`' dicts).
+        shapes, types: ``{input or label name: shape}`` of the replica's
+            batch, and ``{name: dtype}`` of every variable.
+        groups: ``{input or label name: its ctx_group}`` (on ``device``
+            where it has none).
+        grad_req: ``{argument: 'write', 'add' or 'null'}`` (:func:`grad_requests`).
+        train: Whether it computes gradients (without, every request is ``'null'``).
+        devices: Every device of the plan, as
+            :func:`~mp_symbolic.core.base.compat.split_bind` takes them.
+        input_grads: The inputs whose gradient :meth:`FusedRuntime.run` returns.
+        statistics, own_outputs: As :class:`FusedRuntime` takes them.
+        fixed: The arguments that get no gradient.
+        shared: A :class:`FusedRuntime` whose executor's memory pool this
+            one shares (never run at once), or ``None``.
+        graph: ``symbol``'s :class:`~mp_symbolic.core.graph.ir.PlacedGraph`, which
+            :func:`~mp_symbolic.core.base.compat.split_bind` reads for its ops
+            (``None``: read from ``symbol``).
+
+    Returns:
+        The :class:`FusedRuntime`.
+    """
+    arg_dict, grad_dict, aux_dict = parameters
+    args, grads, reqs = {}, {}, {}
+    for name in symbol.list_arguments():
+        request = grad_req.get(name, 'null') if train else 'null'
+        if name in shapes:
+            args[name] = mx.nd.zeros(shapes[name], group2ctx.get(groups.get(name), device),
+                                     dtype=types.get(name, 'float32'))
+            if request != 'null':
+                grads[name] = mx.nd.zeros_like(args[name])
+        else:
+            args[name] = arg_dict[name]
+            if request != 'null' and grad_dict.get(name) is not None:
+                grads[name] = grad_dict[name]
+        if name in grads:
+            reqs[name] = request
+    aux = {name: aux_dict[name] for name in symbol.list_auxiliary_states()}
+    with split_bind(devices, symbol if graph is None else graph, bool(reqs), fixed):
+        executor = symbol.bind(device, args, args_grad=grads or None, grad_req=reqs or 'null',
+                               aux_states=aux, group2ctx=group2ctx,
+                               shared_exec=None if shared is None else shared.executor)
+    return FusedRuntime(executor, input_grads if train else (), statistics if train else (),
+                        own_outputs)
 
 
 def graph_copies(executors):
@@ -311,10 +389,12 @@ def bind(pipe, loss, label_name, shapes):
             own = count if statistics else None
         grad_req = {n: 'null' if n in inputs or n in fixed else 'write'
                     for n in symbol.list_arguments()}
-        with split_bind(plan.group2ctx, symbol, fixed=fixed):
-            exe = symbol.simple_bind(ctx=plan.first_device, group2ctx=plan.group2ctx,
-                                     grad_req=grad_req, **shapes)
-        return FusedRuntime(exe, statistics=statistics, own_outputs=own)
+        specs = variable_specs(symbol, shapes, {n: 'float32' for n in shapes})
+        arrays = parameter_arrays(symbol, specs[0], specs[1], plan.group2ctx, inputs, fixed)
+        groups = {n.name: n.group for n in placed.variables}
+        return bind_fused(symbol, plan.first_device, plan.group2ctx, arrays, shapes, specs[1],
+                          groups, grad_req, True, plan.group2ctx, statistics=statistics,
+                          own_outputs=own, fixed=fixed, graph=placed)
     data = [(n, tuple(s)) for n, s in shapes.items() if n != label_name]
     descs = batch_descs(data, pipe.batch_axis, 1) + batch_descs(
         [(n, tuple(s)) for n, s in shapes.items() if n == label_name], pipe.batch_axis, 1,

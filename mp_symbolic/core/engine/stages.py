@@ -259,6 +259,11 @@ class StageRuntime:
         """One executor of each stage it binds (the first of its micro-batches in flight)."""
         return [self.slots[s][0].executor for s in self.local]
 
+    @property
+    def all_executors(self):
+        """Every executor it binds: each stage's, one per micro-batch in flight."""
+        return [slot.executor for slots in self.slots for slot in slots]
+
     def device_copies(self):
         """``(forward, backward)`` tensors copied between devices in one
         step of a micro-batch (a :class:`~mp_symbolic.core.engine.runtime.Runtime`'s):

@@ -2,16 +2,12 @@
 layouts (``mx.io.DataDesc(layout='TN')``), or the Pipeline's ``batch_axis``.
 
 MXNet's Module splits each input on the axis of ``N`` in its ``DataDesc``
-layout and joins each output on the axis of ``N`` in its node's
-``__layout__`` attribute, on axis 0 with neither
-(``mxnet/module/executor_group.py``). A network laid out ``TNC`` has its
-batch on axis 1, so its inputs get layouts with ``N`` there
-(:func:`batch_descs`) and its outputs a ``__layout__`` at the axis whose
-size follows the batch (:func:`with_output_layouts`).
+layout, on axis 0 without one (``mxnet/module/executor_group.py``). A
+network laid out ``TNC`` has its batch on axis 1, so its inputs get layouts
+with ``N`` there (:func:`batch_descs`), and each output is joined on the
+axis whose size follows the batch (:func:`output_batch_axes`).
 """
 import mxnet as mx
-
-from .names import LAYOUT_ATTR
 
 __all__ = []
 
@@ -107,22 +103,3 @@ def output_batch_axes(symbol, descs):
         grown = [i for i, (x, y) in enumerate(zip(a, b)) if x and y == 2 * x]
         axes.append(grown[0] if grown else -1)
     return axes
-
-
-def with_output_layouts(graph, axes):
-    """``graph`` (a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`) with each
-    output's node carrying a ``__layout__`` with ``N`` at its batch axis
-    (``axes``, one per output; ``None``: none written, as MXNet's own graphs
-    have)."""
-    layouts = {h.node: None for h in graph.heads}
-    written = set()
-    for head, axis in zip(graph.heads, axes if axes is not None else ()):
-        if head.node not in written:  # several outputs of one node: the first one's
-            written.add(head.node)
-            layouts[head.node] = layout_of(axis, axis + 1)
-    nodes = list(graph.nodes)
-    for i, layout in layouts.items():
-        attrs = {k: v for k, v in nodes[i].attrs.items() if k != LAYOUT_ATTR}
-        nodes[i] = nodes[i].but(attrs=attrs if layout is None else
-                                dict(attrs, **{LAYOUT_ATTR: layout}))
-    return graph.but(nodes)
