@@ -261,31 +261,6 @@ def test_the_twin_refuses_to_train_with_deferred_statistics_and_chunks():
     assert '\n' not in str(err.value)
 
 
-def test_deferred_statistics_over_two_nodes_are_one_process_bit_for_bit(tmp_path):
-    """MobileNetV2 over two node processes under 1F1B in two micro-batches,
-    ``batchnorm='deferred'``: each node updates the running statistics of
-    its own stages once per batch, nothing about them crosses, and every
-    array (statistics included) equals one process's bit for bit after
-    three Adam steps; the statistics are not the default rule's."""
-    import nodes_worker  # pylint: disable=import-outside-toplevel
-    from conftest import reserved_port  # pylint: disable=import-outside-toplevel
-    from test_nodes import run_nodes  # pylint: disable=import-outside-toplevel
-    config = dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, network='mobilenetv2_0.25',
-                  batchnorm='deferred')
-    with reserved_port() as port:
-        (held, names), = run_nodes(str(tmp_path), port, 2, [config])
-    expected, outputs = nodes_worker.train(**config)
-    expected['outputs'] = outputs
-    assert sorted(held) == sorted(expected)
-    assert all(any('running_mean' in key for key in mine) for mine in names)
-    for name, value in expected.items():
-        np.testing.assert_array_equal(held[name], value, err_msg=name)
-    default, _ = nodes_worker.train(**dict(config, batchnorm='micro-batch'))
-    running = [sorted(k for k in arrays if 'running' in k) for arrays in (held, default)]
-    assert len(running[0]) == len(running[1]) > 0  # the same arrays, named by another model
-    assert any(not np.array_equal(held[a], default[b]) for a, b in zip(*running))
-
-
 def _cli(capsys, *args, train=('--task', 'digits', '--devices', 'cpu:0,cpu:1', '--epochs', '1',
                                 '--no-progress', '--no-memory')):
     """``python -m mp_symbolic train`` ``train`` + ``args`` through the
