@@ -3,8 +3,6 @@ updates them in turn, in micro-batch order, under GPipe's one graph as
 under 1F1B and the interleaved schedule, bit for bit; with
 ``batchnorm='deferred'``, once per batch with the whole batch's."""
 import os
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -263,40 +261,17 @@ def test_the_twin_refuses_to_train_with_deferred_statistics_and_chunks():
     assert '\n' not in str(err.value)
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def test_deferred_statistics_over_two_nodes_are_one_process_bit_for_bit(tmp_path):
-    """MobileNetV2 over two node processes under 1F1B in two micro-batches,
-    ``batchnorm='deferred'``: each node updates the running statistics of
-    its own stages once per batch, nothing about them crosses, and every
-    array (statistics included) equals one process's bit for bit after
-    three Adam steps; the statistics are not the default rule's."""
-    import nodes_worker  # pylint: disable=import-outside-toplevel
-    from conftest import reserved_port  # pylint: disable=import-outside-toplevel
-    from test_nodes import run_nodes  # pylint: disable=import-outside-toplevel
-    config = dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, network='mobilenetv2_0.25',
-                  batchnorm='deferred')
-    with reserved_port() as port:
-        (held, names), = run_nodes(str(tmp_path), port, 2, [config])
-    expected, outputs = nodes_worker.train(**config)
-    expected['outputs'] = outputs
-    assert sorted(held) == sorted(expected)
-    assert all(any('running_mean' in key for key in mine) for mine in names)
-    for name, value in expected.items():
-        np.testing.assert_array_equal(held[name], value, err_msg=name)
-    default, _ = nodes_worker.train(**dict(config, batchnorm='micro-batch'))
-    running = [sorted(k for k in arrays if 'running' in k) for arrays in (held, default)]
-    assert len(running[0]) == len(running[1]) > 0  # the same arrays, named by another model
-    assert any(not np.array_equal(held[a], default[b]) for a, b in zip(*running))
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--task', 'digits',
-                           '--devices', 'cpu:0,cpu:1', '--epochs', '1', '--no-progress',
-                           '--no-memory'] + list(args),
-                          capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+def _cli(capsys, *args, train=('--task', 'digits', '--devices', 'cpu:0,cpu:1', '--epochs', '1',
+                                '--no-progress', '--no-memory')):
+    """``python -m mp_symbolic train`` ``train`` + ``args`` through the
+    command's ``main`` in this process (the same argv and folders; no MXNet
+    start): ``(status, stdout, stderr)``."""
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    capsys.readouterr()
+    status = cli_status(main, ['train'] + list(train) + list(args))
+    said = capsys.readouterr()
+    return status, said.out, said.err
 
 
 def _saved_statistics(folder):
@@ -307,7 +282,8 @@ def _saved_statistics(folder):
             if k.startswith('aux:')}
 
 
-def test_batchnorm_deferred_from_the_command_line_is_one_rule_for_gpipe_and_1f1b(tmp_path):
+def test_batchnorm_deferred_from_the_command_line_is_one_rule_for_gpipe_and_1f1b(tmp_path,
+                                                                                  capsys):
     """``--batchnorm deferred`` trains an epoch of the digits CNN in two
     micro-batches: the checkpoints' running statistics under ``--schedule
     gpipe`` and ``1f1b`` are the same bit for bit, and not the default
@@ -317,24 +293,23 @@ def test_batchnorm_deferred_from_the_command_line_is_one_rule_for_gpipe_and_1f1b
     for schedule, batchnorm in (('gpipe', 'deferred'), ('1f1b', 'deferred'),
                                 ('gpipe', 'micro-batch')):
         out = tmp_path / ('%s-%s' % (schedule, batchnorm))
-        run = _cli('--chunks', '2', '--schedule', schedule, '--batchnorm', batchnorm,
-                   '--out', str(out))
-        assert run.returncode == 0, run.stderr[-2000:]
-        assert ('BatchNorm statistics deferred' in run.stdout) == (batchnorm == 'deferred')
+        status, stdout, stderr = _cli(capsys, '--chunks', '2', '--schedule', schedule,
+                                      '--batchnorm', batchnorm, '--out', str(out))
+        assert status == 0, stderr[-2000:]
+        assert ('BatchNorm statistics deferred' in stdout) == (batchnorm == 'deferred')
         stats[schedule, batchnorm] = _saved_statistics(out)
     _assert_bitwise(stats['1f1b', 'deferred'], stats['gpipe', 'deferred'])
-    resumed = subprocess.run(  # a resume keeps the rule unless --batchnorm is given
-        [sys.executable, '-m', 'mp_symbolic', 'train', '--resume',
-         str(tmp_path / 'gpipe-deferred'), '--epochs', '2', '--no-progress', '--no-memory'],
-        capture_output=True, text=True, timeout=300, check=False, cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=ROOT))
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert 'BatchNorm statistics deferred' in resumed.stdout
+    # a resume keeps the rule unless --batchnorm is given
+    status, stdout, stderr = _cli(capsys, '--resume', str(tmp_path / 'gpipe-deferred'),
+                                  '--epochs', '2', '--no-progress', '--no-memory', train=())
+    assert status == 0, stderr[-2000:]
+    assert 'BatchNorm statistics deferred' in stdout
     default = stats['gpipe', 'micro-batch']
     assert any(not np.array_equal(v, default[k]) for k, v in stats['gpipe', 'deferred'].items())
-    run = _cli('--chunks', '2', '--batchnorm', 'sync', '--out', str(tmp_path / 'bad'))
-    assert run.returncode == 2
-    assert len(run.stderr.strip().splitlines()) == 1 and 'sync' in run.stderr, run.stderr
+    status, _, stderr = _cli(capsys, '--chunks', '2', '--batchnorm', 'sync',
+                             '--out', str(tmp_path / 'bad'))
+    assert status == 2
+    assert len(stderr.strip().splitlines()) == 1 and 'sync' in stderr, stderr
     assert not (tmp_path / 'bad').exists()
 
 

@@ -28,9 +28,15 @@ CORENAME = ('import ctypes, mxnet as mx\nf = mx.base._LIB.openblas_get_corename\
 
 
 @functools.lru_cache(maxsize=None)
+def _verdict(coretype):
+    """``blas.check(coretype)`` (a child process), run once per kernel for
+    every test of this file that reads it."""
+    return blas.check(coretype)
+
+
 def _core(coretype):
     """The kernel OpenBLAS runs for ``coretype`` (``None``: its own choice)."""
-    verdict = blas.check(coretype)
+    verdict = _verdict(coretype)
     assert verdict['core'], verdict['reason']
     return verdict['core']
 
@@ -77,10 +83,10 @@ def test_the_cpus_model_and_flags_are_read_from_cpuinfo(tmp_path):
 
 @needs_a_kernel
 def test_the_chosen_kernel_computes_dot_and_batch_dot_within_the_float32_bound():
-    verdict = blas.check(CHOSEN)
+    verdict = _verdict(CHOSEN)
     assert verdict['ok'], verdict['reason']
     assert verdict['core'] and 0 <= verdict['worst'] <= 1
-    own = blas.check(None)
+    own = _verdict(None)
     assert own['ok'], own['reason']
 
 

@@ -72,13 +72,13 @@ TABLE = [
 @pytest.fixture(scope='module')
 def node_job(tmp_path_factory):
     """Every configuration of :data:`TABLE`, :data:`ZOO` and :data:`TIED`
-    (with what each node sent), in that order, trained by one job of two
-    node processes (the first saved by both with
-    ``mp_symbolic.save_checkpoint``): one start of two nodes for all three
+    (with what each node sent), then :data:`DEFERRED`, in that order,
+    trained by one job of two node processes (the first saved by both with
+    ``mp_symbolic.save_checkpoint``): one start of two nodes for all four
     tables. Returns :func:`run_nodes`'s results and the saved folder."""
     folder = str(tmp_path_factory.mktemp('nodes'))
     table = [dict(TABLE[0], save=os.path.join(folder, 'saved'))] + TABLE[1:] + ZOO + \
-        [dict(config, stats=True) for config, _ in TIED]
+        [dict(config, stats=True) for config, _ in TIED] + [DEFERRED]
     with reserved_port() as port:
         return run_nodes(folder, port, 2, table, timeout=900), os.path.join(folder, 'saved')
 
@@ -190,7 +190,7 @@ TIED_BYTES = nodes_worker.TINY.vocab_size * nodes_worker.TINY.num_hiddens * 4
 @pytest.fixture(scope='module')
 def tied_nodes(node_job):
     """:data:`TIED`'s results of :func:`node_job`, with what each node sent."""
-    return node_job[0][len(TABLE) + len(ZOO):]
+    return node_job[0][len(TABLE) + len(ZOO):len(TABLE) + len(ZOO) + len(TIED)]
 
 
 @pytest.mark.parametrize('k', range(len(TIED)),
@@ -217,6 +217,31 @@ def test_a_tied_weight_crosses_nodes_once_per_step_each_way_and_ends_as_in_one_p
     assert sorted(held) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_array_equal(held[name], value, err_msg=name)
+
+
+# MobileNetV2 under 1F1B in two micro-batches, its running statistics updated
+# once per batch (batchnorm='deferred')
+DEFERRED = dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2, network='mobilenetv2_0.25',
+                batchnorm='deferred')
+
+
+def test_deferred_statistics_over_two_nodes_are_one_process_bit_for_bit(node_job):
+    """MobileNetV2 over two node processes under 1F1B in two micro-batches,
+    ``batchnorm='deferred'``: each node updates the running statistics of
+    its own stages once per batch, nothing about them crosses, and every
+    array (statistics included) equals one process's bit for bit after
+    three Adam steps; the statistics are not the default rule's."""
+    held, names = node_job[0][-1]
+    expected, outputs = nodes_worker.train(**DEFERRED)
+    expected['outputs'] = outputs
+    assert sorted(held) == sorted(expected)
+    assert all(any('running_mean' in key for key in mine) for mine in names)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(held[name], value, err_msg=name)
+    default, _ = nodes_worker.train(**dict(DEFERRED, batchnorm='micro-batch'))
+    running = [sorted(k for k in arrays if 'running' in k) for arrays in (held, default)]
+    assert len(running[0]) == len(running[1]) > 0  # the same arrays, named by another model
+    assert any(not np.array_equal(held[a], default[b]) for a, b in zip(*running))
 
 
 def test_get_params_reads_the_running_statistics_the_last_backward_updated():

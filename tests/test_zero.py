@@ -158,15 +158,19 @@ def test_shard_optimizer_where_it_cannot_apply_is_refused_in_one_line(capsys, tm
     assert not (tmp_path / 'out').exists()
 
 
-TRAIN = [sys.executable, '-m', 'mp_symbolic', 'train', '--task', 'digits', '--optimizer',
-         'adam', '--no-progress', '--no-memory', '--batch-size', '32']
+TRAIN = ['train', '--task', 'digits', '--optimizer', 'adam', '--no-progress', '--no-memory',
+         '--batch-size', '32']
 
 
-def _train(out, *flags):
-    job = subprocess.run(TRAIN + ['--out', str(out)] + list(flags), capture_output=True,
-                         text=True, timeout=600, check=False)
-    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
-    return job.stdout
+def _train(capsys, out, *flags):
+    """``python -m mp_symbolic`` + :data:`TRAIN` ``--out out`` + ``flags``
+    through the command's ``main`` in this process (the folder it writes is
+    the same; no MXNet start); returns what it printed."""
+    capsys.readouterr()
+    status = cli_status(main, TRAIN + ['--out', str(out)] + list(flags))
+    said = capsys.readouterr()
+    assert status == 0, said.out[-2000:] + said.err[-2000:]
+    return said.out
 
 
 def _files(folder):
@@ -176,34 +180,34 @@ def _files(folder):
 
 
 def test_a_sharded_run_checkpoints_the_whole_state_and_resumes_at_one_and_four_replicas(
-        tmp_path):
+        tmp_path, capsys):
     two = ['--devices', _devices(2), '--replicas', '2', '--epochs', '1']
-    _train(tmp_path / 'sharded', *two, '--shard-optimizer')
-    _train(tmp_path / 'plain', *two)
+    _train(capsys, tmp_path / 'sharded', *two, '--shard-optimizer')
+    _train(capsys, tmp_path / 'plain', *two)
     # the checkpoint of the sharded run is the unsharded run's, byte for byte
     assert _files(tmp_path / 'sharded') == _files(tmp_path / 'plain')
     for replicas, shard in ((1, ['--no-shard-optimizer']), (4, ['--shard-optimizer'])):
         again = ['--devices', _devices(replicas), '--replicas', str(replicas), '--epochs', '2']
-        said = _train(tmp_path / ('r%d' % replicas), '--resume', str(tmp_path / 'sharded'),
-                      *again, *shard)
+        said = _train(capsys, tmp_path / ('r%d' % replicas), '--resume',
+                      str(tmp_path / 'sharded'), *again, *shard)
         assert ('--shard-optimizer off (was on)' in said) == (replicas == 1), said
-        _train(tmp_path / ('plain-r%d' % replicas), '--resume', str(tmp_path / 'plain'),
-               *again, '--no-shard-optimizer')
+        _train(capsys, tmp_path / ('plain-r%d' % replicas), '--resume',
+               str(tmp_path / 'plain'), *again, '--no-shard-optimizer')
         resumed = read_checkpoint(str(tmp_path / ('r%d' % replicas)))
         assert resumed.epoch == 2
         assert _files(tmp_path / ('r%d' % replicas)) == \
             _files(tmp_path / ('plain-r%d' % replicas))
 
 
-def test_train_measures_replica_zeros_share_of_the_optimizer_state(tmp_path):
+def test_train_measures_replica_zeros_share_of_the_optimizer_state(tmp_path, capsys):
     """The table train measures after one step (replica 0's devices) holds
     the optimizer state of replica 0's share, the bytes that replica holds
     in the run."""
-    said = subprocess.run(
-        [sys.executable, '-m', 'mp_symbolic', 'train', '--widths', '2,64,64,64,64,1',
-         '--optimizer', 'adam', '--epochs', '1', '--no-progress', '--devices', _devices(2),
-         '--replicas', '2', '--shard-optimizer', '--out', str(tmp_path / 'run')],
-        capture_output=True, text=True, timeout=600, check=True).stdout
+    assert cli_status(main, ['train', '--widths', '2,64,64,64,64,1', '--optimizer', 'adam',
+                             '--epochs', '1', '--no-progress', '--devices', _devices(2),
+                             '--replicas', '2', '--shard-optimizer',
+                             '--out', str(tmp_path / 'run')]) == 0
+    said = capsys.readouterr().out
     assert 'this plan, replica 0 (its share of the sharded optimizer state)' in said
     held = dict((d, int(b)) for d, b in re.findall(r'(cpu\(\d\)) (\d+)', said.split(
         'optimizer state sharded over')[1].splitlines()[0]))
@@ -234,17 +238,18 @@ def _parts(folder):
     return [open(path, 'rb').read() for path in paths]
 
 
-def _resumes_at_one_and_four_replicas(tmp_path, folder):
+def _resumes_at_one_and_four_replicas(tmp_path, capsys, folder):
     for replicas in (1, 4):
         out = tmp_path / ('resumed-r%d' % replicas)
-        _train(out, '--resume', str(folder), '--devices', _devices(replicas), '--replicas',
+        _train(capsys, out, '--resume', str(folder), '--devices', _devices(replicas), '--replicas',
                str(replicas), '--epochs', '3', '--shard-optimizer')
         resumed = read_checkpoint(str(out))
         assert resumed.epoch == 3
         assert len(resumed.load_states()['params']) == 12  # the whole state, every parameter
 
 
-def test_two_dist_sync_workers_share_the_state_and_checkpoint_the_unsharded_run(tmp_path):
+def test_two_dist_sync_workers_share_the_state_and_checkpoint_the_unsharded_run(tmp_path,
+                                                                                 capsys):
     how = ['--workers', '2', '--servers', '1']
     digests, shares = _launch(tmp_path / 'sharded', how, '--devices', 'cpu:0,cpu:1',
                               '--shard-optimizer')
@@ -254,10 +259,10 @@ def test_two_dist_sync_workers_share_the_state_and_checkpoint_the_unsharded_run(
     held = sorted(int(s[2]) for s in shares)
     assert sum(held) == 12 and held[0] > 0  # each worker its share, every parameter once
     assert _parts(tmp_path / 'sharded') == _parts(tmp_path / 'plain')
-    _resumes_at_one_and_four_replicas(tmp_path, tmp_path / 'sharded')
+    _resumes_at_one_and_four_replicas(tmp_path, capsys, tmp_path / 'sharded')
 
 
-def test_two_nodes_shard_each_stage_over_its_replicas_as_one_process(tmp_path):
+def test_two_nodes_shard_each_stage_over_its_replicas_as_one_process(tmp_path, capsys):
     devices = ['--devices', _devices(2), '--replicas', '2']
     digests, shares = _launch(tmp_path / 'sharded', ['--nodes', '2'], *devices,
                               '--shard-optimizer')
@@ -266,4 +271,4 @@ def test_two_nodes_shard_each_stage_over_its_replicas_as_one_process(tmp_path):
     assert len(shares) == 2 and all(s[:2] == ('2', '1') for s in shares)
     assert sum(int(s[3]) for s in shares) == 12  # each node its stages' parameters
     assert _parts(tmp_path / 'sharded') == _parts(tmp_path / 'plain')
-    _resumes_at_one_and_four_replicas(tmp_path, tmp_path / 'sharded')
+    _resumes_at_one_and_four_replicas(tmp_path, capsys, tmp_path / 'sharded')
