@@ -12,7 +12,7 @@ from mxnet import gluon
 import pytest
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.graph.build import names
+from mp_symbolic.core.graph import names
 from mp_symbolic.core.graph.ir import ROLES, PlacedGraph
 from mp_symbolic.core.graph.names import GROUP_ATTR, SHARD_ATTR, shard_group
 from mp_symbolic.training.tasks import digits, gpt, lm
