@@ -214,8 +214,8 @@ def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
     from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
     from mp_symbolic.core.planner import Candidate  # pylint: disable=import-outside-toplevel
     task, _ = load_task('regression')
-    cell = bench_plan._cell(task, Candidate('cpu:0,cpu:1', 1, 2, 1, 'gpipe',  # pylint: disable=protected-access
-                                            shard_optimizer=True))
+    sharded = Candidate('cpu:0,cpu:1', 1, 2, 1, 'gpipe', shard_optimizer=True)
+    cell = bench_plan._cell(task, sharded)  # pylint: disable=protected-access
     measured = bench.measure([cell])[0]
     estimated = bench.estimate(cell)
     held = [measured[d]['optimizer'] for d in ('cpu(0)', 'cpu(1)')]
