@@ -72,7 +72,7 @@ def build(cell):
     plan = dict(chunks=cell['chunks'], schedule=cell['schedule'],
                 replicas=cell.get('replicas', 1), mirror=cell.get('mirror', False),
                 tensor_parallel=cell.get('tensor_parallel'), balance=cell.get('balance'),
-                virtual=cell.get('virtual'))
+                virtual=cell.get('virtual'), shard_optimizer=bool(cell.get('shard_optimizer')))
     model = cell['model']
     mx.random.seed(0)
     if model in ('regression', 'digits', 'lm'):
@@ -243,6 +243,8 @@ def label(cell):
         parts.append('mirror')
     if cell.get('tensor_parallel'):
         parts.append('shards')
+    if cell.get('shard_optimizer'):
+        parts.append('zero')
     if cell.get('optimizer', 'sgd') != 'sgd':
         parts.append(cell['optimizer'])
     return ' '.join(parts)

@@ -21,10 +21,13 @@ and measured step time, then:
   over every plan (``scipy.stats.kendalltau``);
 * the pick's peak memory per device, measured in a process of its own
   (:func:`bench.estimate.measure`: one profiled training step), against
-  the budget.
+  the budget;
+* the host's load average as the task's planning began and as its
+  measuring ended (the step times carry the other work on the host).
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -107,7 +110,7 @@ def _cell(task, candidate):
                 chunks=candidate.chunks, replicas=candidate.replicas, mirror=candidate.mirror,
                 balance=None if candidate.balance is None else list(candidate.balance),
                 virtual=candidate.virtual if candidate.schedule == 'interleaved' else None,
-                optimizer=task.optimizer)
+                shard_optimizer=bool(candidate.shard_optimizer), optimizer=task.optimizer)
 
 
 def kendall(x, y):
@@ -122,6 +125,7 @@ def run(tasks, rounds, steps, log=print):
     from mp_symbolic.core.planning.sizes import format_size, parse_size
     out = []
     for name, (budget, task_rounds, task_steps) in tasks.items():
+        load = [os.getloadavg()[0]]
         task, ranking, took = plan(name, budget)
         scored = ranking.ranked
         rounds_of = measure(task, [s.candidate for s in scored], rounds or task_rounds,
@@ -135,8 +139,9 @@ def run(tasks, rounds, steps, log=print):
         pick = rows[0]
         peak = memory.measure([pick['cell']])[0]
         pick['peak'] = {d: r['total'] for d, r in peak.items()} if 'error' not in peak else peak
+        load.append(os.getloadavg()[0])
         out.append(dict(task=name, budget=parse_size(budget), planning=took,
-                        capacity=ranking.timings.capacity, rows=rows))
+                        capacity=ranking.timings.capacity, rows=rows, load=load))
         report([out[-1]], log, format_size)
     if len(out) > 1:
         report_all(out, log)
@@ -162,6 +167,9 @@ def report(tasks, log=print, format_size=None):
                    '%.2f ms' % (r['measured'] * 1e3), 100 * r['spread']))
         for line in figures(entry, format_size):
             log('  ' + line)
+        if entry.get('load'):
+            log('  load average (1 min) as the planning began: %.1f; as the measuring ended: %.1f'
+                % tuple(entry['load']))
 
 
 def figures(entry, format_size):

@@ -206,3 +206,18 @@ def test_batched_binds_estimate_what_one_child_per_graph_estimates():
         together = [bench.estimate(cell) for cell in cells]
     assert together == alone
     assert json.dumps(together)  # plain values
+
+
+def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
+    """bench.plan's peak memory of a pick with ZeRO-1 is measured with each
+    replica holding its share of the optimizer state, as the plan runs."""
+    from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planner import Candidate  # pylint: disable=import-outside-toplevel
+    task, _ = load_task('regression')
+    sharded = Candidate('cpu:0,cpu:1', 1, 2, 1, 'gpipe', shard_optimizer=True)
+    cell = bench_plan._cell(task, sharded)  # pylint: disable=protected-access
+    measured = bench.measure([cell])[0]
+    estimated = bench.estimate(cell)
+    held = [measured[d]['optimizer'] for d in ('cpu(0)', 'cpu(1)')]
+    assert held == [estimated[d]['optimizer'] for d in ('cpu(0)', 'cpu(1)')]
+    assert sum(held) == measured['cpu(0)']['params']  # one copy of the state, dealt

@@ -27,7 +27,9 @@ What a training step holds on a device, row by row:
   Module's arrays (external). Each chunk is allocated once, its largest
   entry's bytes, on the device of its first entry
   (``GraphExecutor::InitDataEntryMemory``), beside one head gradient per
-  graph output a backward node reads, and the storage stateful ops keep
+  graph output a backward node reads, the default-layout copies the
+  executor keeps of oneDNN arrays for the ops that do not read oneDNN's
+  layouts (:func:`fallback_buffers`), and the storage stateful ops keep
   for themselves (:data:`OP_STORAGE`: the fused RNN op's buffer). Beside
   the plan, the temporary space its ops ask for (:data:`WORKSPACE`,
   :data:`ONEDNN`), laid where MXNet's resource manager keeps it
@@ -115,9 +117,12 @@ _register('_backward_Pooling', ((1, 0),))  # oneDNN pooling with a workspace out
 
 # Ops that leave an output nothing reads unwritten (MXNet asks kNullOp of it):
 # oneDNN's convolution and dense backward passes, a first layer's data
-# gradient. Other ops' outputs are allocated when the op runs, read or not.
+# gradient; oneDNN's dense layer, a recomputed copy of a mirrored graph's
+# last layer whose output nothing reads (it writes into its temporary
+# memory). Other ops' outputs are allocated when the op runs, read or not
+# (the executor takes each output's data for an op without oneDNN's kernels).
 UNWRITTEN = frozenset(('_backward_Convolution', '_backward_Deconvolution',
-                       '_backward_FullyConnected'))
+                       '_backward_FullyConnected', 'FullyConnected'))
 
 _CONTROL = ' control deps'  # a key no attribute has: the node's control dependencies, by name
 _LOG_NODE = re.compile(r'node (\d+) (\S+)\s*$')
@@ -703,6 +708,8 @@ ONEDNN = frozenset('FullyConnected _backward_FullyConnected Convolution _backwar
                    'Deconvolution _backward_Deconvolution BatchNorm _backward_BatchNorm '
                    'LRN _backward_LRN'.split())
 ONEDNN_ALIGN = 64
+# The rows and columns of oneDNN's blocked weight layouts on AVX-512 (``AB16b16a``)
+ONEDNN_BLOCK = 16
 
 
 def _plain_dense(node, shapes):
@@ -714,58 +721,146 @@ def _plain_dense(node, shapes):
     return data is not None and len(data) <= 2
 
 
-def _dense_reorders(node, shapes, read):
+def _dense_reorders(node, shapes, in_place, added, external):
     """A dense layer: oneDNN views its data and output as matrices
-    (``MKLDNNFCFlattenData``), so its forward pass reorders nothing; its
-    backward pass writes the data's gradient, where one is wanted (``read``:
-    the entries something reads), into oneDNN's temporary memory
-    (``CreateMKLDNNMem``) and copies it out: its bytes and the alignment."""
-    if node['op'] != '_backward_FullyConnected' or not node['outputs'] or \
-            node['outputs'][0] not in read:
+    (``MKLDNNFCFlattenData``), so its forward pass reorders nothing. Its
+    backward pass takes oneDNN's temporary memory (``TmpMemMgr::Alloc``,
+    each its bytes and the alignment) for the data's gradient where MXNet
+    writes it in place of the data (``kWriteInplace``: ``in_place``, the
+    outputs sharing an input's storage); for the weight's and the bias's
+    gradients where they are added to their arrays (``kAddTo``: ``added``,
+    the stage runtime's); and for the weight's gradient where it is an
+    entry of the plan (a micro-batch's, summed with the others': not in
+    ``external``, the arrays of the bind) that oneDNN writes in a blocked
+    layout of its own (both its dimensions at least :data:`ONEDNN_BLOCK`;
+    a smaller one it writes in the plain layout, into the entry) and copies
+    out (``CreateMKLDNNWeightGrad``). A gradient written into an array
+    (``kWriteTo``) goes there directly. The op's request is their sum."""
+    if node['op'] != '_backward_FullyConnected' or not node['outputs']:
         return 0
-    grad = shapes.get(node['outputs'][0])
-    return _nbytes(grad) + ONEDNN_ALIGN if grad is not None else 0
+
+    def blocked(e):
+        return min(shapes.get(e) or (0,)) >= ONEDNN_BLOCK
+    temporary = [e for k, e in enumerate(node['outputs'])
+                 if (k == 0 and e in in_place) or (k > 0 and e in added) or
+                 (k == 1 and e not in external and blocked(e))]
+    return sum(_nbytes(shapes.get(e)) + ONEDNN_ALIGN for e in temporary if e in shapes)
 
 
-def _weight_reorders(node, shapes, added=()):
-    """A convolution's weight reordered into oneDNN's blocked layout, and in
-    its backward pass the weight's gradient out of it, and once more where
-    the gradient is added to its array (``added``): each its bytes and the
-    alignment."""
+# oneDNN's element-wise backward passes: written in place of their output's
+# gradient, into oneDNN's temporary memory, then copied there
+ONEDNN_ELEMENTWISE = frozenset(('_backward_Activation', '_backward_LeakyReLU'))
+
+
+def _in_place(graph):
+    """The entries MXNet's plan (:func:`_best_plan`) writes into the
+    storage of one of their node's inputs (``kWriteInplace``)."""
+    storage = _best_plan(graph)[1]
+    found = set()
+    for node in graph.nodes:
+        if node['op'] is not None:
+            inputs = {storage.get(e, -1) for e in node['inputs']}
+            found.update(e for e in node['outputs'] if storage.get(e, -1) >= 0 and
+                         storage[e] in inputs)
+    return found
+
+
+def _weight_reorders(node, shapes):
+    """A convolution's weight reordered into oneDNN's blocked layout: its
+    bytes and the alignment."""
     if node['op'] in ('Convolution', 'Deconvolution'):
         return _nbytes(shapes.get(node['inputs'][1])) + ONEDNN_ALIGN
-    if node['op'] in ('_backward_Convolution', '_backward_Deconvolution') and \
-            len(node['inputs']) > 2 and len(node['outputs']) > 1:
-        weight = _nbytes(shapes.get(node['inputs'][2])) + ONEDNN_ALIGN
-        return (3 if node['outputs'][1] in added else 2) * weight
     return 0
 
 
-def workspace(graph):
+def _convolution_backward(node, shapes, added, read):
+    """A convolution's backward pass: the larger of its largest array
+    reordered (its output's gradient into the layout of the backward
+    primitives) and its weight reordered for the data's gradient (where one
+    is read: ``read``), then its weight's gradient in oneDNN's layout,
+    once more where it is added to its array (``added``: copied into the
+    array's layout, ``CommitOutput``), and the bias's gradient where it is
+    added; each its bytes and the alignment."""
+    outputs = node['outputs']
+    weight = _nbytes(shapes.get(node['inputs'][2])) + ONEDNN_ALIGN
+    arrays = max(_nbytes(shapes.get(e)) + ONEDNN_ALIGN
+                 for e in node['inputs'] + outputs if e in shapes)
+    first = max(arrays, weight if outputs[0] in read else 0)
+    gradients = weight * (2 if outputs[1] in added else 1)
+    bias = sum(_nbytes(shapes.get(e)) + ONEDNN_ALIGN for e in outputs[2:3]
+               if e in added and e in shapes)
+    return first + gradients + bias
+
+
+# The oneDNN ops that start their use of oneDNN's temporary memory with a
+# request of the resource (``TmpMemMgr::Init``: twice the most any op of the
+# thread has taken so far)
+ONEDNN_REQUESTS = frozenset(
+    'FullyConnected _backward_FullyConnected Convolution _backward_Convolution Deconvolution '
+    '_backward_Deconvolution BatchNorm _backward_BatchNorm _backward_Pooling '
+    '_backward_Activation _backward_LeakyReLU LRN _backward_LRN add_n ElementWiseSum '
+    'elemwise_add _copy _backward_copy Concat concat _backward_Concat RNN _backward_RNN'.split())
+
+
+def _onednn_taken(node, graph, read, in_place):
+    """The bytes of oneDNN's temporary memory ``node`` takes, the sum of its
+    allocations (a dense layer's: :func:`_dense_reorders`; a convolution's
+    backward pass: :func:`_convolution_backward`; an activation's backward
+    pass written in place: its gradient, :data:`ONEDNN_ELEMENTWISE`; another
+    of :data:`ONEDNN`: the largest array it reads or writes, and the
+    alignment, or its weight's reorder); 0 for an op without oneDNN."""
+    op, shapes = node['op'], graph.shapes
+    if op in ('FullyConnected', '_backward_FullyConnected'):
+        return _dense_reorders(node, shapes, in_place, graph.added, graph.external)
+    if op in ONEDNN_ELEMENTWISE:
+        return max([0] + [_nbytes(shapes.get(e)) + ONEDNN_ALIGN
+                          for e in node['outputs'][:1] if e in in_place])
+    if op in ('_backward_Convolution', '_backward_Deconvolution') and \
+            len(node['inputs']) > 2 and len(node['outputs']) > 1:
+        return _convolution_backward(node, shapes, graph.added, read)
+    if op in ONEDNN:
+        return max([_weight_reorders(node, shapes)] +
+                   [_nbytes(shapes.get(e)) + ONEDNN_ALIGN
+                    for e in node['inputs'] + node['outputs'] if e in shapes])
+    return 0
+
+
+def workspace(graph, once=False):
     """``{device: (bytes, bytes)}`` of the temporary space ``graph``'s
     executor asks for: one resource per device its ops run on
     (AttachOpResources caches one per context), holding the largest
     ``get_space`` of that device's ops (:data:`WORKSPACE`) and, apart, the
-    largest oneDNN reorder among its :data:`ONEDNN` ops (the largest array
-    an op reads or writes, and the alignment; a dense layer's:
-    :func:`_dense_reorders`), which oneDNN's TmpMemMgr asks
-    for twice over (``mem_size * 2``, from the largest it has seen on that
-    device's thread)."""
+    most oneDNN's temporary memory one op of that device takes
+    (:func:`_onednn_taken`), which oneDNN's TmpMemMgr asks of the resource
+    twice over (``mem_size * 2``) when an op of :data:`ONEDNN_REQUESTS`
+    starts on that device's thread.
+
+    Args:
+        once: The graph runs once in the step (one executor's one pass, as
+            GPipe's one graph): an op's take counts only where another op of
+            the device's thread asks for the space after it; otherwise (a
+            stage graph run for several micro-batches) every op's counts.
+    """
     largest = {}
     read = {e for node in graph.nodes for e in node['inputs']} | set(graph.outputs)
+    in_place = _in_place(graph)
+    taken = {}  # device -> the most one op has taken so far on its thread
     for node in graph.nodes:
+        if node['op'] is None:
+            continue
+        device = node['device']
         rule = WORKSPACE.get(node['op'])
-        space, reorder = largest.get(node['device'], (0, 0))
+        space, reorder = largest.get(device, (0, 0))
         if rule is not None:
             space = max(space, rule(node, graph.shapes))
-        if node['op'] in ('FullyConnected', '_backward_FullyConnected'):
-            reorder = max(reorder, _dense_reorders(node, graph.shapes, read))
-        elif node['op'] in ONEDNN:
-            reorder = max([reorder, _weight_reorders(node, graph.shapes, graph.added)] +
-                          [_nbytes(graph.shapes.get(e)) + ONEDNN_ALIGN
-                           for e in node['inputs'] + node['outputs'] if e in graph.shapes])
+        if once and node['op'] in ONEDNN_REQUESTS:
+            reorder = max(reorder, taken.get(device, 0))
+        take = _onednn_taken(node, graph, read, in_place)
+        taken[device] = max(taken.get(device, 0), take)
+        if not once:
+            reorder = max(reorder, take)
         if rule is not None or reorder:
-            largest[node['device']] = (space, reorder)
+            largest[device] = (space, reorder)
     return largest
 
 
@@ -857,13 +952,61 @@ def op_storage(graph):
     return held
 
 
+# The ops that read an array in oneDNN's layout as it is (``TIsMKLDNN``, in
+# MXNet 1.9.1's registry): any other op the executor runs on its inputs'
+# copies in the default layout.
+ONEDNN_READERS = frozenset(
+    'Convolution _backward_Convolution Deconvolution _backward_Deconvolution FullyConnected '
+    '_backward_FullyConnected BatchNorm _backward_BatchNorm Pooling _backward_Pooling '
+    'Activation _backward_Activation LeakyReLU _backward_LeakyReLU LRN _backward_LRN softmax '
+    '_backward_softmax log_softmax _backward_log_softmax SoftmaxOutput Concat concat '
+    '_backward_Concat elemwise_add _backward_add ElementWiseSum add_n _copy _backward_copy '
+    'Flatten flatten Reshape reshape expand_dims transpose slice RNN _backward_RNN '
+    '_CrossDeviceCopy'.split())
+# The ops whose oneDNN kernels write their output in a blocked layout of
+# their own, and those that write it in the layout of their data when that
+# is oneDNN's
+ONEDNN_BLOCKED = frozenset('Convolution _backward_Convolution Deconvolution '
+                           '_backward_Deconvolution'.split())
+ONEDNN_KEEPS = frozenset(
+    'BatchNorm _backward_BatchNorm Pooling _backward_Pooling Activation _backward_Activation '
+    'LeakyReLU _backward_LeakyReLU LRN _backward_LRN elemwise_add _backward_add '
+    'ElementWiseSum add_n _copy _backward_copy'.split())
+
+
+def fallback_buffers(graph):
+    """``{device: bytes}`` of the default-layout copies the executor keeps
+    for the ops that do not read oneDNN's layout (not in
+    :data:`ONEDNN_READERS`): each such op's input an op of
+    :data:`ONEDNN_BLOCKED` wrote (or an op of :data:`ONEDNN_KEEPS` passed
+    on) gets a buffer of its size, made at the op's first run and kept with
+    the executor (``StorageFallbackOpExecutor``'s ``pre_temp_buf_``), an
+    input the op ignores too (a head gradient's ``_identity_with_attr_like_rhs``
+    of a stage's output)."""
+    blocked, held = set(), {}
+    for node in graph.nodes:
+        if node['op'] is None:
+            continue
+        if node['op'] in ONEDNN_BLOCKED:
+            blocked.update(node['outputs'][:1])
+        elif node['op'] in ONEDNN_KEEPS and any(e in blocked for e in node['inputs']):
+            blocked.update(node['outputs'][:1] if node['op'].startswith('_backward')
+                           else node['outputs'])
+        if node['op'] not in ONEDNN_READERS:
+            size = sum(_nbytes(graph.shapes.get(e)) for e in node['inputs'] if e in blocked)
+            if size:
+                held[node['device']] = held.get(node['device'], 0) + size
+    return held
+
+
 def activations(graph):
     """``{device: bytes}`` the executor of ``graph`` holds beyond the arrays
-    it was given: its planned pool, its head gradients and the storage its
-    stateful ops keep (:func:`op_storage`; its temporary space:
+    it was given: its planned pool, its head gradients, the default-layout
+    copies of its oneDNN arrays (:func:`fallback_buffers`) and the storage
+    its stateful ops keep (:func:`op_storage`; its temporary space:
     :func:`workspace`)."""
     total = dict(plan_storage(graph))
-    for part in (head_gradients(graph), op_storage(graph)):
+    for part in (head_gradients(graph), fallback_buffers(graph), op_storage(graph)):
         for device, size in part.items():
             total[device] = total.get(device, 0) + size
     return total
@@ -1057,7 +1200,7 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
         graph = planned_graph(symbol, bound, group2ctx, context, grad_names=trained)
         for device, size in activations(graph).items():
             _row(table, device)['other'] += size
-        requests.append(workspace(graph))
+        requests.append(workspace(graph, once=True))
     for device, size in temp_space(requests).items():
         _row(table, device)['other'] += size
     return table
@@ -1119,7 +1262,7 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
                 _row(table, where)['other'] += copies * size
             _row(table, device)['other'] += copies * owned
             _row(table, device)['inputs'] += copies * read
-            requests += [workspace(planned)] * copies
+            requests += [workspace(planned, once=pipe.chunks == 1)] * copies
         # the batch's outputs, joined from its micro-batches on the last stage's device
         last = group2ctx[stage_name(plan.num_stages - 1)]
         for graph in stages:
