@@ -212,7 +212,7 @@ def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
     """bench.plan's peak memory of a pick with ZeRO-1 is measured with each
     replica holding its share of the optimizer state, as the plan runs."""
     from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
-    from mp_symbolic.core.planner import Candidate  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planning.planner import Candidate  # pylint: disable=import-outside-toplevel
     task, _ = load_task('regression')
     sharded = Candidate('cpu:0,cpu:1', 1, 2, 1, 'gpipe', shard_optimizer=True)
     cell = bench_plan._cell(task, sharded)  # pylint: disable=protected-access
