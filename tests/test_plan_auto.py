@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import mxnet as mx
+import numpy as np
 import pytest
 
 import mp_symbolic
@@ -221,3 +223,161 @@ def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
     held = [measured[d]['optimizer'] for d in ('cpu(0)', 'cpu(1)')]
     assert held == [estimated[d]['optimizer'] for d in ('cpu(0)', 'cpu(1)')]
     assert sum(held) == measured['cpu(0)']['params']  # one copy of the state, dealt
+
+
+# -- shards: tensor-parallel stages as candidates ------------------------------------
+
+TP_BUDGET = '1MiB'  # the wide MLP needs 1.4 MiB on a device whole, 0.9 MiB over two shards
+
+
+class _WideMLP(mx.gluon.HybridBlock):
+    """A transformer's MLP, 64 -> 1024 -> 64: 512 KiB of weights, on one
+    device 1.5 MiB with their gradients and momentum; one block, so that no
+    pipeline of its blocks splits it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.ffn_1 = mx.gluon.nn.Dense(1024, in_units=64, activation='relu',
+                                           prefix='ffn_1_')
+            self.ffn_2 = mx.gluon.nn.Dense(64, in_units=1024, prefix='ffn_2_')
+
+    def hybrid_forward(self, F, x):  # pylint: disable=arguments-differ
+        return self.ffn_2(self.ffn_1(x))
+
+
+def _wide():
+    mx.random.seed(0)
+    net = _WideMLP(prefix='wide_')
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def _tp_planner():
+    return Planner(chunks=(1, 2), schedules=('gpipe',), balances=('size',), repeats=3)
+
+
+def test_planner_lists_shard_candidates_and_picks_the_sharded_one_only_sharding_fits():
+    net = _wide()
+    ranking = _tp_planner().choose([net], DEVICES, (8, 64), TP_BUDGET, tensor_parallel='auto')
+    shards = {s.candidate.shards for s in ranking.ranked}
+    assert shards == {1, 2}
+    for s in ranking.ranked:
+        assert ('+' in s.candidate.devices) == (s.candidate.shards == 2)
+        assert s.candidate.tensor_parallel == 'auto'
+    fitting = [s for s in ranking.ranked if s.fits]
+    assert fitting and all(s.candidate.shards == 2 for s in fitting)
+    assert all(not s.fits for s in ranking.ranked if s.candidate.shards == 1)
+    best = ranking.best.candidate
+    assert best.devices == 'cpu:0+cpu:1' and best.pipeline_args()['tensor_parallel'] == 'auto'
+    assert any('cpu:0+cpu:1' in line for line in ranking.lines())
+
+
+def test_scoring_shard_candidates_leaves_the_network_given_unchanged():
+    net = _wide()
+    children = dict(net._children)  # pylint: disable=protected-access
+    values = {n: (p.data().asnumpy().copy(), p.list_ctx())
+              for n, p in net.collect_params().items()}
+    _tp_planner().choose([net], DEVICES, (8, 64), None, tensor_parallel='auto')
+    assert dict(net._children) == children  # pylint: disable=protected-access
+    assert (type(net.ffn_1), type(net.ffn_2)) == (mx.gluon.nn.Dense, mx.gluon.nn.Dense)
+    assert sorted(net.collect_params()) == sorted(values)
+    for name, param in net.collect_params().items():
+        assert (param.data().asnumpy() == values[name][0]).all()
+        assert param.list_ctx() == values[name][1]
+
+
+def test_plan_auto_with_tensor_parallel_auto_trains_the_sharded_pick_within_budget():
+    net = _wide()
+    pipe = Pipeline([net], DEVICES, sample=(8, 64), plan=_tp_planner(),
+                    memory_per_device=TP_BUDGET, tensor_parallel='auto')
+    assert pipe.plan.spec == 'cpu:0+cpu:1' == pipe.planned.best.candidate.devices
+    assert pipe.sharding.shards == 2
+    budget = parse_size(TP_BUDGET)
+    shapes = dict(data_shapes=[('data', (8, 64))], label_shapes=[('softmax_label', (8,))],
+                  loss='softmax', optimizer='sgd', optimizer_params={'momentum': 0.9})
+    estimated = mp_symbolic.estimate_memory(pipe, **shapes)
+    assert max(row.total for row in estimated) == pipe.planned.best.largest <= budget
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 64)).astype(np.float32)
+    y = rng.integers(0, 64, 64).astype(np.float32)
+    mod = pipe.module(loss='softmax')
+    losses = []
+    mx.random.seed(0)
+    mod.fit(mx.io.NDArrayIter(X, y, batch_size=8), num_epoch=3, optimizer='sgd',
+            optimizer_params={'learning_rate': 0.1, 'momentum': 0.9},
+            eval_metric='ce', initializer=mx.init.Xavier(),
+            epoch_end_callback=lambda *_: losses.append(
+                mod.score(mx.io.NDArrayIter(X, y, batch_size=8), 'ce')[0][1]))
+    assert losses[-1] < losses[0]
+    # the arrays each device holds after training: half of every weight, its
+    # gradient and momentum on each shard's device, within the budget
+    measured = mp_symbolic.memory_table(mod)
+    params = sum(p.data().size * 4 for p in net.collect_params().values())
+    for device in ('cpu(0)', 'cpu(1)'):
+        row = measured[device]
+        assert row.optimizer > 0
+        assert row.params + row.grads + row.optimizer < 0.6 * 3 * params
+        assert row.total <= budget
+    assert 3 * params > budget  # whole on one device, they alone would not fit
+
+
+def test_plan_auto_refuses_a_tensor_parallel_plan_other_than_auto_in_one_line():
+    for value in ({'*ffn_1*': 'column'}, 'column', True):
+        with pytest.raises(PlanError) as refused:
+            Pipeline([_wide()], DEVICES, sample=(8, 64), plan='auto', tensor_parallel=value)
+        line = str(refused.value)
+        assert '\n' not in line
+        assert line.startswith("tensor_parallel: expected None or 'auto' under plan='auto' "
+                               "(the planner chooses the shards), found ")
+    with pytest.raises(PlanError, match="^tensor_parallel: expected None or 'auto' for the "):
+        _tp_planner().choose([_wide()], DEVICES, (8, 64), tensor_parallel='column')
+
+
+_SHARDED_TASK = '''
+import numpy as np
+from mxnet import gluon
+import mp_symbolic
+
+
+class Wide(gluon.HybridBlock):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.up = mp_symbolic.ColumnParallelDense(1024, 64, 2, activation='relu',
+                                                      prefix='up_')
+            self.down = mp_symbolic.RowParallelDense(64, 1024, 2, prefix='down_')
+
+    def hybrid_forward(self, F, x):
+        return self.down(self.up(x))
+
+
+def task():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 64)).astype(np.float32)
+    y = rng.integers(0, 64, 64).astype(np.float32)
+    return mp_symbolic.Task(name='wide', blocks=lambda: [Wide(prefix='wide_')], loss='softmax',
+                            train=(X, y), batch_size=8, num_epochs=1, lr=0.1, momentum=0.9)
+'''
+
+
+def test_train_plan_auto_runs_a_network_of_parallel_layers_on_the_stage_of_shards_it_chose(
+        tmp_path, capsys):
+    path = tmp_path / 'wide_task.py'
+    path.write_text(_SHARDED_TASK)
+    argv = ['--task', str(path), '--devices', DEVICES, '--plan', 'auto',
+            '--memory-per-device', TP_BUDGET]
+    assert cli_status(main, ['plan'] + argv) == 0
+    printed = capsys.readouterr().out
+    rows = [_ROW.match(line).groups() for line in printed.splitlines() if _ROW.match(line)]
+    specs = {r[1].split()[1]: r[4] for r in rows}
+    assert 'cpu:0' in specs and 'cpu:0+cpu:1' in specs  # one device holds both shards, or two
+    assert specs['cpu:0'] == 'no' and rows[0][1].split()[1] == 'cpu:0+cpu:1'
+    out = str(tmp_path / 'run')
+    status = cli_status(main, ['train'] + argv + ['--epochs', '1', '--no-memory',
+                                                  '--no-progress', '--out', out])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err
+    chosen = re.search(r'^plan auto: --devices (\S+) ', printed.out, re.M)
+    assert chosen and chosen[1] == 'cpu:0+cpu:1', printed.out
+    assert mp_symbolic.read_checkpoint(out).summary['config']['devices'] == 'cpu:0+cpu:1'

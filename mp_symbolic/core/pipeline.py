@@ -204,14 +204,20 @@ class Pipeline(gluon.Block):
         plan: ``None``: the plan is the arguments given. ``'auto'``: the
             planner chooses ``balance``, ``chunks``, ``replicas``,
             ``mirror``, ``schedule`` and ``virtual`` (and which of
-            ``devices`` to use, in order; ``shard_optimizer`` where it is
+            ``devices`` to use, in order, and how many to a stage: the
+            shards of the network's tensor-parallel layers, or with
+            ``tensor_parallel='auto'`` the shards it makes, 1 among them;
+            ``shard_optimizer`` where it is
             needed to fit) from the memory estimate and a
             simulation of the schedule over stage times measured on
             ``devices`` (:mod:`~mp_symbolic.core.planning.planner`), for a softmax
             head and SGD with momentum; a
             :class:`~mp_symbolic.core.planning.planner.Planner` plans for its loss,
             optimizer and space. Those arguments must then be left at their
-            defaults, and ``sample`` given.
+            defaults (``tensor_parallel``: ``None`` or ``'auto'``), and
+            ``sample`` given. Scoring the candidates leaves ``blocks`` as
+            they are; ``tensor_parallel='auto'`` then shards them in place
+            for the plan chosen, as without a plan.
         memory_per_device: With ``plan``: the bytes each device may hold
             (an int, or ``'2GiB'``, ``'512MB'``, ``'1.5G'``); ``None``: no
             budget (the fastest plan).
@@ -284,6 +290,7 @@ class Pipeline(gluon.Block):
                                                   chosen['chunks'], chosen['replicas'])
             mirror, schedule, virtual = chosen['mirror'], chosen['schedule'], chosen['virtual']
             shard_optimizer = chosen.get('shard_optimizer', False)
+            tensor_parallel = chosen.get('tensor_parallel')
         elif memory_per_device is not None:
             raise ValueError("memory_per_device: expected it with plan='auto' (the budget the "
                              "planner holds each device to), found it without a plan")

@@ -1,7 +1,8 @@
 """The plan chosen for you: ``Pipeline(..., plan='auto', memory_per_device=...)``.
 
 The candidates are every plan of the given devices the Pipeline can run:
-stages ``K`` and replicas ``R`` (``K x R`` of the devices, in order), the
+stages ``K``, tensor-parallel shards ``S`` (devices per stage) and replicas
+``R`` (``K x S x R`` of the devices, in order), the
 blocks per stage by parameter count and by measured time, micro-batches
 (``chunks``), the schedule (``'gpipe'``, ``'1f1b'``, ``'interleaved'``),
 recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
@@ -19,7 +20,9 @@ recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
   after every candidate is scored, the faster time kept, and no longer
   than the same graph takes on more examples, nor more than in proportion
   to what it takes on fewer), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
-  simulated over those times for every replica at once (:func:`simulate`),
+  simulated over those times for every replica at once (:func:`simulate`;
+  a sharded stage's graph bound over its shards' devices, as the Pipeline
+  binds it, its actions each keeping ``S`` devices busy),
   then the optimizer's update and, with replicas, the sum of their
   gradients, at the measured cost of an element.
 
@@ -30,6 +33,16 @@ once (the whole network's step on ``k`` devices at once against one:
 :attr:`Timings.capacity`), and the simulation shares it among the actions
 running at each moment (each runs at ``capacity(k) / k`` of its measured
 speed). GPUs share nothing in the model.
+
+**Shards.** A network written with tensor-parallel layers
+(:class:`~mp_symbolic.ShardedBlock`) is planned with one device per stage
+(every shard of a stage on its device) and with stages of as many devices
+as its layers have shards. Under ``tensor_parallel='auto'`` every count of
+devices per stage that :mod:`~mp_symbolic.core.parallel.autotp` shards a
+layer of the network over is a candidate, and 1 (nothing sharded); each
+count is scored on a copy of the network's blocks with its parameters'
+names and shapes but no values, sharded as the Pipeline would shard it:
+the network given is left as it is.
 
 The candidates that fit rank by predicted step time (then by memory); the
 others follow them, by memory. A budget none fits is refused
@@ -58,8 +71,9 @@ class Candidate:
     """One plan: the Pipeline arguments the planner chooses.
 
     Attributes:
-        devices: The devices it runs on, ``'cpu:0,cpu:1'`` (stages x replicas).
-        stages: Devices per replica (``K``).
+        devices: The devices it runs on, ``'cpu:0,cpu:1'`` (stages x replicas),
+            a stage's shards joined by ``+`` (``'cpu:0+cpu:1,cpu:2+cpu:3'``).
+        stages: Stages per replica (``K``).
         replicas: Data-parallel copies (``R``).
         chunks: Micro-batches per batch (``M``).
         schedule: A name of :data:`~mp_symbolic.core.schedule.NAMES`.
@@ -69,6 +83,10 @@ class Candidate:
         rule: How ``balance`` was made: ``'size'`` or ``'time'``.
         shard_optimizer: ZeRO-1 over the replicas (``None``: not an option
             of this Pipeline).
+        shards: Devices per stage (``S``), each holding one shard of the
+            stage's tensor-parallel layers.
+        tensor_parallel: ``'auto'`` where the Pipeline shards the network's
+            layers itself (:mod:`~mp_symbolic.core.parallel.autotp`), else ``None``.
     """
     devices: str
     stages: int
@@ -80,6 +98,8 @@ class Candidate:
     balance: tuple = None
     rule: str = 'size'
     shard_optimizer: bool = None
+    shards: int = 1
+    tensor_parallel: str = None
 
     def pipeline_args(self):
         """``Pipeline``'s keyword arguments for this plan (with ``devices``)."""
@@ -89,6 +109,8 @@ class Candidate:
                     virtual=self.virtual if self.schedule in schedules.VIRTUAL else None)
         if self.shard_optimizer is not None:
             args['shard_optimizer'] = self.shard_optimizer
+        if self.tensor_parallel is not None:
+            args['tensor_parallel'] = self.tensor_parallel
         return args
 
     def flags(self):
@@ -227,6 +249,9 @@ class Planner:
             block's measured time; block lists only).
         stages, replicas: The counts to try (default: every count the
             devices allow).
+        shards: The devices per stage to try (default: every count the
+            network allows: 1, the shards of its tensor-parallel layers, and
+            under ``tensor_parallel='auto'`` the counts it shards a layer over).
         shard_optimizer: Whether ZeRO-1 is tried, where the Pipeline takes
             it (default) and there are replicas.
         repeats: Timed passes of each stage graph (the fastest counts).
@@ -238,7 +263,7 @@ class Planner:
     def __init__(self, loss='softmax', output=None, label_name=None, label_shapes=None,
                  optimizer='sgd', optimizer_params=None, chunks=(1, 2, 4, 8),
                  schedules=schedules.NAMES, mirror=True, balances=('size', 'time'),
-                 stages=None, replicas=None, shard_optimizer=True, repeats=5):
+                 stages=None, replicas=None, shard_optimizer=True, repeats=5, shards=None):
         self.loss, self.output = loss, output
         self.label_name, self.label_shapes = label_name, label_shapes
         self.optimizer = optimizer
@@ -257,11 +282,16 @@ class Planner:
                             % (self.balances,))
         self.stages = None if stages is None else tuple(stages)
         self.replicas = None if replicas is None else tuple(replicas)
+        self.shards = None if shards is None else tuple(shards)
+        if self.shards is not None and (not self.shards or any(
+                not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.shards)):
+            raise PlanError('shards: expected positive integers (devices per stage), found %r'
+                            % (self.shards,))
         self.shard_optimizer = bool(shard_optimizer)
         self.repeats = repeats
 
     def choose(self, blocks, devices, sample, memory_per_device=None, batch_axis=0,
-               data_shapes=None):
+               data_shapes=None, tensor_parallel=None):
         """The candidates of ``blocks`` on ``devices``, ranked.
 
         Args:
@@ -274,22 +304,30 @@ class Planner:
                 (:func:`parse_size`), or ``None`` for none.
             data_shapes: ``[(input name, shape)]`` of the batch (default:
                 from ``sample``).
+            tensor_parallel: ``None``, or ``'auto'``: the Pipeline may shard
+                the network's layers (:mod:`~mp_symbolic.core.parallel.autotp`), and
+                the candidates' shards include every count it shards a layer
+                over. ``blocks`` is not changed either way.
 
         Returns:
             A :class:`Ranking`.
 
         Raises:
             PlanError: no candidate fits the budget (one line with the
-                smallest memory one needs), or none can be made.
+                smallest memory one needs), or none can be made; a
+                ``tensor_parallel`` other than ``None`` and ``'auto'``.
             ValueError: a budget :func:`parse_size` refuses, devices that
                 cannot be read.
         """
         # pylint: disable=import-outside-toplevel
         from ..placement.devices import parse_devices
         from .estimate import batched_binds
+        if tensor_parallel not in (None, AUTO):
+            raise PlanError("tensor_parallel: expected None or 'auto' for the planner (it "
+                            "chooses the shards), found %s" % excerpt(repr(tensor_parallel)))
         budget = None if memory_per_device is None else parse_size(memory_per_device)
         pool = _flat_devices(parse_devices(devices) if isinstance(devices, str) else devices)
-        search = _Search(self, blocks, pool, sample, batch_axis, data_shapes)
+        search = _Search(self, blocks, pool, sample, batch_axis, data_shapes, tensor_parallel)
         with batched_binds():
             ranking = search.run(budget)
         if not ranking.best.fits:
@@ -312,22 +350,65 @@ def _flat_devices(devices):
     for device in devices:
         if isinstance(device, (tuple, list)):
             raise PlanError('devices: expected one device per entry for the planner (it '
-                            'chooses stages and replicas), found a stage of %d devices'
+                            'chooses stages, shards and replicas), found a stage of %d devices'
                             % len(device))
         flat.append(device)
     return flat
 
 
-def _spec(devices):
-    return ','.join('%s:%d' % (d.device_type, d.device_id) for d in devices)
+def _spec(devices, shards=1):
+    """The device spec of ``devices`` in order, ``shards`` to a stage (``+``)."""
+    names = ['%s:%d' % (d.device_type, d.device_id) for d in devices]
+    return ','.join('+'.join(names[i:i + shards]) for i in range(0, len(names), shards))
+
+
+def _tree(block):
+    """``block`` and every block under it, in order."""
+    yield block
+    for child in block._children.values():  # pylint: disable=protected-access
+        yield from _tree(child)
+
+
+def _declared_shards(blocks):
+    """The shard counts (above 1) of the tensor-parallel layers in ``blocks``."""
+    from ..parallel.tensor_parallel import ShardedBlock  # pylint: disable=import-outside-toplevel
+    return {b.shards for top in blocks for b in _tree(top)
+            if isinstance(b, ShardedBlock) and b.shards > 1}
+
+
+def _structure_copy(network):
+    """A copy of ``network`` (a block or a list of blocks): its tree of
+    blocks, with every parameter's name and shape, and no values (its
+    parameters not initialised), nothing shared with ``network``: what the
+    planner shards and binds without changing the network given."""
+    import copy  # pylint: disable=import-outside-toplevel
+    tops = list(network) if isinstance(network, (list, tuple)) else [network]
+    memo = {}
+    for top in tops:
+        for block in _tree(top):
+            if getattr(block, '_cached_op', None) is not None:
+                memo[id(block._cached_op)] = None  # pylint: disable=protected-access
+            for param in block._reg_params.values():  # pylint: disable=protected-access
+                for name in ('_data', '_grad', '_deferred_init', '_trainer'):
+                    value = getattr(param, name, None)
+                    if value:
+                        memo[id(value)] = () if name == '_deferred_init' else None
+    copied = copy.deepcopy(network, memo)
+    for top in (list(copied) if isinstance(copied, (list, tuple)) else [copied]):
+        for block in _tree(top):
+            block._clear_cached_op()  # pylint: disable=protected-access
+    return copied
 
 
 class _Search:
     """One planning: the candidates, their estimates and their times."""
 
-    def __init__(self, planner, blocks, pool, sample, batch_axis, data_shapes):
+    def __init__(self, planner, blocks, pool, sample, batch_axis, data_shapes,
+                 tensor_parallel=None):
         from ..pipeline import Pipeline, _as_blocks  # pylint: disable=import-outside-toplevel
         self.planner, self.pool, self.sample = planner, pool, sample
+        self.tensor_parallel = tensor_parallel
+        self.sharded = {}  # shards -> the network's copy autotp sharded (tensor_parallel='auto')
         self.batch_axis = batch_axis
         self.whole = isinstance(blocks, mx.gluon.HybridBlock) and \
             not isinstance(blocks, mx.gluon.nn.HybridSequential)
@@ -349,22 +430,72 @@ class _Search:
         self.zero = planner.shard_optimizer and takes_shard_optimizer()
         self.failed = []
         self.keys = {}  # id(Scored) -> (its stages' keys into Timings.stage, stages)
+        self.shard_counts = self._shard_counts()
 
     def pipeline(self, candidate):
+        """``candidate``'s Pipeline; under ``tensor_parallel='auto'`` built
+        on the copy of the network sharded for its shards."""
         from ..pipeline import Pipeline  # pylint: disable=import-outside-toplevel
-        return Pipeline(self.network, sample=self.sample, batch_axis=self.batch_axis,
-                        **candidate.pipeline_args())
+        args = candidate.pipeline_args()
+        network = self.network
+        if args.pop('tensor_parallel', None) is not None and candidate.shards > 1:
+            network = self.sharded[candidate.shards]
+        return Pipeline(network, sample=self.sample, batch_axis=self.batch_axis, **args)
+
+    def _shard_counts(self):
+        """The devices per stage to try: 1, the network's tensor-parallel
+        layers' shards, and under ``tensor_parallel='auto'`` each count
+        autotp shards a layer over (its sharded copy kept in :attr:`sharded`),
+        those the planner's ``shards`` name."""
+        wanted = self.planner.shards
+        counts = {1} | _declared_shards(self.blocks if not self.whole else [self.network])
+        if self.tensor_parallel == AUTO:
+            for shards in range(2, len(self.pool) + 1):
+                if wanted is None or shards in wanted:
+                    copied = self._autotp_copy(shards)
+                    if copied is not None:
+                        self.sharded[shards] = copied
+                        counts.add(shards)
+        return sorted(c for c in counts if c <= len(self.pool) and (wanted is None or c in wanted))
+
+    def _autotp_copy(self, shards):
+        """A copy of the network (:func:`_structure_copy`) with the layers
+        autotp shards over ``shards`` devices swapped, as ``Pipeline(...,
+        tensor_parallel='auto')`` swaps them in the network given, or
+        ``None`` where it shards none."""
+        # pylint: disable=import-outside-toplevel
+        from ..graph import build, nesting
+        from ..graph.names import input_names
+        from ..parallel import autotp
+        from ..parallel.tensor_parallel import ShardedBlock
+        from ..placement.place import sample_inputs
+        from ..pipeline import _as_blocks
+        copied = _structure_copy(self.network)
+        blocks = [copied] if self.whole else _as_blocks(copied)
+        before = {id(b) for top in blocks for b in _tree(top) if isinstance(b, ShardedBlock)}
+        shapes, nested = sample_inputs(self.sample)
+        names = tuple(input_names(1 if shapes is None else len(shapes)))
+        names = names if nested is None else nesting.unflatten(nested, names)
+        if shapes is not None:
+            build.infer_shapes(blocks, shapes, names)
+        stage = [tuple(self.pool[:shards])]
+        blocks, _ = autotp.apply(blocks, AUTO, stage, names)
+        if not any(isinstance(b, ShardedBlock) and id(b) not in before
+                   for top in blocks for b in _tree(top)):
+            return None
+        return blocks[0] if self.whole else blocks
 
     def candidates(self):
         """Every plan without recomputation or ZeRO, the devices allow."""
         n = len(self.pool)
         planner = self.planner
         out = []
-        for k in planner.stages or range(1, n + 1):
-            for r in planner.replicas or range(1, n // k + 1):
-                if k * r > n or (self.count is not None and k > self.count):
+        for s, k in ((s, k) for s in self.shard_counts for k in planner.stages or range(1, n + 1)):
+            tp = self.tensor_parallel
+            for r in planner.replicas or range(1, n // (k * s) + 1):
+                if k * s * r > n or (self.count is not None and k > self.count):
                     continue
-                spec = _spec(self.pool[:k * r])
+                spec = _spec(self.pool[:k * s * r], s)
                 balances = self.timings.balances(k, 1) if k > 1 else [(None, 'size')]
                 for name in planner.schedules:
                     if name != 'gpipe' and k == 1:
@@ -379,7 +510,7 @@ class _Search:
                             continue
                         for balance, rule in plans:
                             out.append(Candidate(spec, k, r, m, name, virtual, False, balance,
-                                                 rule, False if self.zero else None))
+                                                 rule, False if self.zero else None, s, tp))
         return out
 
     def run(self, budget):
@@ -596,9 +727,12 @@ class Timings:
                 elif name in shapes:
                     bound[name], types[name] = specs[0][name], specs[1][name]
             device = group2ctx[stage_name(graph.stage)]
-            key = (stage_symbol.tojson(), tuple(sorted(bound.items())), str(device))
+            groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == graph.stage}
+            # a stage's shards on other devices are another binding of the same graph
+            where = str(device) if all(d == device for d in groups.values()) else \
+                '+'.join(str(groups[g]) for g in sorted(groups, key=parse_group))
+            key = (stage_symbol.tojson(), tuple(sorted(bound.items())), where)
             if key not in self.stage:
-                groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == graph.stage}
                 spec = (stage_symbol, bound, types, device,
                         {n for n in bound if n not in received}, groups)
                 self.stage[key] = _StageRun(*spec).times(self.search.planner.repeats)
@@ -648,7 +782,7 @@ class Timings:
         kinds = {}
         for s, (forward, backward) in enumerate(times):
             kinds[(s, 'F')], kinds[(s, 'B')] = forward, backward
-        span = simulate(made, kinds, candidate.replicas, self.capacity)
+        span = simulate(made, kinds, candidate.replicas, self.capacity, candidate.shards)
         r = candidate.replicas
         update = self.params * self.update
         if candidate.shard_optimizer:
@@ -811,15 +945,18 @@ class _StageRun:
         return forward, max(0.0, both - forward)
 
 
-def simulate(schedule, cost, replicas=1, capacity=None):
+def simulate(schedule, cost, replicas=1, capacity=None, shards=1):
     """Seconds from the first action's start to the last's end of
     ``schedule`` run by ``replicas`` copies at once, on devices that share
     ``capacity``.
 
     Each device runs its actions in order, each once its device is free and
     the actions it needs (:func:`~mp_symbolic.core.schedule.timeline`'s
-    rules) have ended. While ``k`` actions run (on every replica), each
-    advances at ``capacity[k] / k`` of its own speed (processor sharing).
+    rules) have ended. While ``k`` devices are busy (``shards`` for each
+    action running, on every replica), each action advances at
+    ``capacity[k] / k`` of its devices' speed against the ``capacity[shards]
+    / shards`` its cost was measured at, alone (processor sharing; never
+    faster than alone).
 
     Args:
         schedule: A :class:`~mp_symbolic.core.schedule.Schedule`.
@@ -828,6 +965,8 @@ def simulate(schedule, cost, replicas=1, capacity=None):
             its own.
         capacity: ``{k: work k busy devices do at once, in one device's}``;
             ``None``: they share nothing.
+        shards: Devices each action keeps busy (a stage's tensor-parallel
+            shards), its ``cost`` measured on them.
 
     Returns:
         The simulated seconds.
@@ -861,8 +1000,9 @@ def simulate(schedule, cost, replicas=1, capacity=None):
         if not running:
             raise schedules.ScheduleError('schedule: expected an order the devices can run, '
                                           'found every device waiting')
-        k = len(running)
-        rate = (capacity or {}).get(k, k) / k if capacity else 1.0
+        k = len(running) * shards
+        rate = capacity.get(k, k) / k / (capacity.get(shards, shards) / shards) \
+            if capacity else 1.0
         rate = min(1.0, rate)
         step = min(left for _, left in running.values()) / rate
         now += step
@@ -884,11 +1024,14 @@ def plan_arguments(plan, memory_per_device, blocks, devices, sample, batch_axis,
 
     Args:
         plan: ``'auto'`` or a :class:`Planner`.
-        given: The plan arguments the Pipeline was given (:data:`CHOSEN`'s).
+        given: The plan arguments the Pipeline was given (:data:`CHOSEN`'s);
+            ``tensor_parallel='auto'`` lets the planner choose the shards
+            autotp makes (the chosen arguments then hold it).
 
     Raises:
-        PlanError: ``plan`` neither, a plan argument given too, or no
-            ``sample``; a budget no candidate fits.
+        PlanError: ``plan`` neither, a plan argument given too (a
+            ``tensor_parallel`` other than ``'auto'``), or no ``sample``; a
+            budget no candidate fits.
         ValueError: a budget :func:`parse_size` refuses.
     """
     if plan == AUTO:
@@ -899,11 +1042,18 @@ def plan_arguments(plan, memory_per_device, blocks, devices, sample, batch_axis,
         value = given.get(name, default)
         if name == 'nodes' and value == 1:
             continue  # one node: this process
+        if name == 'tensor_parallel' and value is not None:
+            if not isinstance(value, str) or value != AUTO:
+                raise PlanError("tensor_parallel: expected None or 'auto' under plan='auto' "
+                                "(the planner chooses the shards), found %s"
+                                % excerpt(repr(value)))
+            continue
         if value is not default and value != default:
             raise PlanError("%s: expected the planner to choose it under plan='auto' (leave it "
                             "at %r), found %s" % (name, default, excerpt(repr(value))))
     if sample is None:
         raise PlanError("sample: expected the batch (a shape or arrays) for plan='auto', "
                         "found None")
-    ranking = plan.choose(blocks, devices, sample, memory_per_device, batch_axis=batch_axis)
+    ranking = plan.choose(blocks, devices, sample, memory_per_device, batch_axis=batch_axis,
+                          tensor_parallel=given.get('tensor_parallel'))
     return ranking, ranking.best.candidate.pipeline_args()
