@@ -369,6 +369,7 @@ def test_train_plan_auto_runs_a_network_of_parallel_layers_on_the_stage_of_shard
             '--memory-per-device', TP_BUDGET]
     assert cli_status(main, ['plan'] + argv) == 0
     printed = capsys.readouterr().out
+    assert re.search(r'^plans of wide on cpu:0, cpu:1, ranked ', printed, re.M), printed
     rows = [_ROW.match(line).groups() for line in printed.splitlines() if _ROW.match(line)]
     specs = {r[1].split()[1]: r[4] for r in rows}
     assert 'cpu:0' in specs and 'cpu:0+cpu:1' in specs  # one device holds both shards, or two

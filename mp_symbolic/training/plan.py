@@ -12,6 +12,7 @@ the rows and units of the table ``train`` measures after one step
 device and the largest. Nothing is bound, run or written.
 """
 from dataclasses import replace
+import re
 import sys
 
 __all__ = []
@@ -74,7 +75,7 @@ def run(rest, parse, config_from_args, error, usage_error):
         print('plans of %s on %s, ranked (memory: the estimate\'s largest device; step: the '
               'schedule simulated over stage times measured on the devices):'
               % (task.name, ', '.join(sorted({c for s in ranking.ranked
-                                              for c in s.candidate.devices.split(',')},
+                                              for c in re.split('[,+]', s.candidate.devices)},
                                              key=lambda d: (len(d), d)))))
         for line in ranking.lines():
             print(line)
