@@ -200,6 +200,21 @@ def test_simulation_shares_the_cores_the_devices_share():
     assert simulate(four, cost, capacity={1: 1.0, 2: 1.0}) == pytest.approx(16.0)
 
 
+def test_simulation_counts_each_shard_of_a_stage_as_a_busy_device():
+    one = schedules.gpipe(1, 1)
+    cost = {(0, 'F'): 1.0, (0, 'B'): 1.0}
+    # a stage of 2 shards measured alone on 2 devices that do 1.5 devices' work:
+    # alone it runs at its measured speed
+    assert simulate(one, cost, capacity={2: 1.5}, shards=2) == pytest.approx(2.0)
+    # two replicas of it keep 4 devices busy, which do 2 devices' work: each
+    # advances at (2 / 4) / (1.5 / 2) of its measured speed
+    capacity = {2: 1.5, 4: 2.0}
+    assert simulate(one, cost, replicas=2, capacity=capacity, shards=2) == \
+        pytest.approx(2.0 * 1.5)
+    # as stages of one device the same replicas keep 2 devices busy
+    assert simulate(one, cost, replicas=2, capacity=capacity) == pytest.approx(2.0 / 0.75)
+
+
 def test_batched_binds_estimate_what_one_child_per_graph_estimates():
     cells = [bench._cell('regression', schedule='1f1b', chunks=2),  # pylint: disable=W0212
              bench._cell('regression', mirror=True)]  # pylint: disable=protected-access
