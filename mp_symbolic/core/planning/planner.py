@@ -50,6 +50,7 @@ others follow them, by memory. A budget none fits is refused
 """
 from dataclasses import dataclass, field, replace
 import inspect
+import itertools
 
 import mxnet as mx
 import numpy as np
@@ -322,7 +323,8 @@ class Planner:
         # pylint: disable=import-outside-toplevel
         from ..placement.devices import parse_devices
         from .estimate import batched_binds
-        if tensor_parallel not in (None, AUTO):
+        if tensor_parallel is not None and not (isinstance(tensor_parallel, str) and
+                                                tensor_parallel == AUTO):
             raise PlanError("tensor_parallel: expected None or 'auto' for the planner (it "
                             "chooses the shards), found %s" % excerpt(repr(tensor_parallel)))
         budget = None if memory_per_device is None else parse_size(memory_per_device)
@@ -489,9 +491,8 @@ class _Search:
         """Every plan without recomputation or ZeRO, the devices allow."""
         n = len(self.pool)
         planner = self.planner
-        out = []
-        for s, k in ((s, k) for s in self.shard_counts for k in planner.stages or range(1, n + 1)):
-            tp = self.tensor_parallel
+        out, tp = [], self.tensor_parallel
+        for s, k in itertools.product(self.shard_counts, planner.stages or range(1, n + 1)):
             for r in planner.replicas or range(1, n // (k * s) + 1):
                 if k * s * r > n or (self.count is not None and k > self.count):
                     continue
