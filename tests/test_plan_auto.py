@@ -221,3 +221,96 @@ def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
     held = [measured[d]['optimizer'] for d in ('cpu(0)', 'cpu(1)')]
     assert held == [estimated[d]['optimizer'] for d in ('cpu(0)', 'cpu(1)')]
     assert sum(held) == measured['cpu(0)']['params']  # one copy of the state, dealt
+
+
+class _Host:
+    """A host of fake timings: a timed call takes the work of the runs it
+    stepped (``k`` devices at once do ``capacity`` devices' work) and
+    ``slow`` times as long during calls ``busy`` (other work on the host)."""
+
+    def __init__(self, capacity=2.0, busy=range(0), slow=3.0):
+        self.capacity, self.busy, self.slow = capacity, busy, slow
+        self.calls, self.ran = 0, []
+
+    def seconds(self, fn):
+        self.ran = []
+        fn()
+        kinds = {kind for kind, _, _ in self.ran}
+        devices = {device for _, device, _ in self.ran}
+        work = sum(cost for _, _, cost in self.ran)
+        taken = work / min(len(devices), self.capacity) if kinds == {'step'} else work
+        taken *= self.slow if self.calls in self.busy else 1.0
+        self.calls += 1
+        return taken
+
+
+def _fake_timings(monkeypatch, host, cores=2):
+    """A ``Timings`` of two stand-in CPU devices whose stage graphs' passes
+    run on ``host`` (forward 1 s, forward and backward 3 s, times the
+    graph's ``scale``)."""
+    # pylint: disable=import-outside-toplevel
+    import types
+    import mxnet as mx
+    from mp_symbolic.core.base import timing
+    from mp_symbolic.core.engine import stages
+    from mp_symbolic.core.planning import planner as planning
+
+    class Run(planning._StageRun):  # pylint: disable=protected-access
+        def __init__(self, symbol, shapes, types_, device, inputs, groups=None):
+            # pylint: disable=super-init-not-called
+            del shapes, types_, inputs, groups
+            self.scale, self.device = symbol or 1.0, device
+
+        def forward(self):
+            host.ran.append(('forward', self.device, self.scale))
+
+        def step(self, wait=True):
+            del wait
+            host.ran.append(('step', self.device, 3.0 * self.scale))
+
+    monkeypatch.setattr(timing, 'seconds', host.seconds)
+    monkeypatch.setattr(planning, '_StageRun', Run)
+    monkeypatch.setattr(planning, '_stage_symbol', lambda placed: None)
+    monkeypatch.setattr(stages, 'variable_specs', lambda *args: ({}, {}))
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(cores)),
+                        raising=False)
+    found = planning.Timings.__new__(planning.Timings)
+    found.search = types.SimpleNamespace(pool=[mx.cpu(0), mx.cpu(1)], batch=8,
+                                         planner=types.SimpleNamespace(repeats=5))
+    found.stage, found._binds, found._micro = {}, {}, {}  # pylint: disable=protected-access
+    found._training_graph = lambda pipe: None  # pylint: disable=protected-access
+    found._micro_inputs = lambda pipe, size: [('data', (size, 2))]  # pylint: disable=W0212
+    return found
+
+
+def test_capacity_of_stand_in_cpus_is_at_most_the_cores_the_process_may_use(monkeypatch):
+    """Two devices that each run as fast alongside the other as alone
+    still do one core's work at once where the process may use one core."""
+    timings = _fake_timings(monkeypatch, _Host(capacity=2.0), cores=1)
+    assert timings._capacity(None) == {1: 1.0, 2: 1.0}  # pylint: disable=protected-access
+    timings = _fake_timings(monkeypatch, _Host(capacity=2.0), cores=2)
+    assert timings._capacity(None) == {1: 1.0, 2: 2.0}  # pylint: disable=protected-access
+
+
+def test_capacity_is_unmoved_by_the_host_load_changing_during_its_probe(monkeypatch):
+    """Other work on the host during the probe's first calls, then none:
+    the capacity is the devices', as on a host that stays quiet."""
+    # pylint: disable=protected-access
+    quiet = _fake_timings(monkeypatch, _Host(capacity=1.25))._capacity(None)
+    busy = _fake_timings(monkeypatch, _Host(capacity=1.25, busy=range(8)))._capacity(None)
+    assert quiet == {1: 1.0, 2: pytest.approx(1.25)}
+    assert busy == quiet
+
+
+def test_retimed_stage_graphs_each_keep_a_pass_a_burst_of_load_left_alone(monkeypatch):
+    """A burst of other work on the host as the retiming begins, longer
+    than one graph's passes: every graph still keeps its quiet time."""
+    host = _Host(busy=range(12))
+    timings = _fake_timings(monkeypatch, host)
+    for i, scale in enumerate((1.0, 2.0, 0.5)):
+        key = ('graph %d' % i, (), 'cpu(0)')
+        timings._binds[key] = (scale, {}, {}, 'cpu(0)', set(), None)  # pylint: disable=W0212
+        timings.stage[key] = (3 * scale, 6 * scale)  # slowed the first time too
+    timings.retime()
+    assert [timings.stage[key] for key in timings._binds] == [  # pylint: disable=W0212
+        pytest.approx((scale, 2 * scale)) for scale in (1.0, 2.0, 0.5)]

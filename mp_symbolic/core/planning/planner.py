@@ -16,7 +16,8 @@ recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
 * **step time**: each stage's forward and backward pass of one
   micro-batch, measured on its device (every stage graph the candidates
   cut, bound alone; a graph seen before is not measured again; once more
-  after every candidate is scored, the faster time kept, and no longer
+  after every candidate is scored, every graph bound at once and their
+  passes timed in turn, the faster time kept, and no longer
   than the same graph takes on more examples, nor more than in proportion
   to what it takes on fewer), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
   simulated over those times for every replica at once (:func:`simulate`),
@@ -26,10 +27,11 @@ recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
 **What the devices share.** Stand-in CPU devices (``cpu(0)``, ``cpu(1)``,
 ...) run on the host's cores: two of them busy at once do not run twice as
 fast as one. How much faster ``k`` busy devices run than one is measured
-once (the whole network's step on ``k`` devices at once against one:
-:attr:`Timings.capacity`), and the simulation shares it among the actions
-running at each moment (each runs at ``capacity(k) / k`` of its measured
-speed). GPUs share nothing in the model.
+once (the whole network's step on ``k`` devices at once against one, the
+two timed in turn, the median of the rounds' ratios, at most the cores the
+process may use: :attr:`Timings.capacity`), and the simulation shares it
+among the actions running at each moment (each runs at ``capacity(k) / k``
+of its measured speed). GPUs share nothing in the model.
 
 The candidates that fit rank by predicted step time (then by memory); the
 others follow them, by memory. A budget none fits is refused
@@ -37,6 +39,7 @@ others follow them, by memory. A budget none fits is refused
 """
 from dataclasses import dataclass, field, replace
 import inspect
+import os
 
 import mxnet as mx
 import numpy as np
@@ -474,7 +477,14 @@ class Timings:
     def _capacity(self, one):
         """``{k: k x t1 / tk}``: the whole network's step of one micro-batch
         on ``k`` devices at once, against one device (stand-in CPUs: the
-        cores they share); ``k`` for GPUs."""
+        cores they share); ``k`` for GPUs.
+
+        One device's step and ``k`` devices' steps are timed in turn, round
+        after round, each round giving its own ratio, and the median of the
+        rounds' ratios counts: a change in the host's load touches both
+        sides of a round alike, and a burst that slows one round does not
+        move the median. It is at least 1 and at most ``k`` and the cores
+        this process may run on (:func:`_cores`)."""
         pool = self.search.pool
         capacity = {1: 1.0}
         cpus = [d for d in pool if d.device_type == 'cpu']
@@ -483,16 +493,21 @@ class Timings:
         if len(cpus) < 2:
             return capacity
         from ..engine.stages import variable_specs  # pylint: disable=import-outside-toplevel
+        from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
         placed = self._training_graph(one)
         symbol = _stage_symbol(placed)
         shapes = dict(self._micro_inputs(one, self.search.batch))
         runs = [_StageRun(symbol, shapes, variable_specs(symbol, shapes, _float32(shapes))[1], d, set(shapes))
                 for d in cpus]
-        repeats = max(3, self.search.planner.repeats)
-        alone = min(_timed(lambda: runs[0].step(), repeats))
+        steps = {1: runs[0].step}
         for k in range(2, len(cpus) + 1):
-            together = min(_timed(lambda: [r.step(wait=False) for r in runs[:k]], repeats))
-            capacity[k] = min(float(k), max(1.0, k * alone / together))
+            steps[k] = lambda k=k: [r.step(wait=False) for r in runs[:k]]
+        times = repeat(steps, 3 * max(3, self.search.planner.repeats), warmup=2)
+        cores = _cores()
+        for k in range(2, len(cpus) + 1):
+            ratios = [k * alone / together for alone, together in zip(times[1], times[k])]
+            capacity[k] = min(float(k), float(max(1, cores)),
+                              max(1.0, float(np.median(ratios))))
         return capacity
 
     def _element_costs(self):
@@ -610,9 +625,18 @@ class Timings:
     def retime(self):
         """Every stage graph measured once more, bound anew, each keeping
         the faster of its two times: a burst of other work on the host
-        that slowed one measurement seldom slows both."""
-        for key, spec in self._binds.items():
-            again = _StageRun(*spec).times(self.search.planner.repeats)
+        that slowed one measurement seldom slows both. The graphs are
+        bound together and their passes timed in turn, one pass of each
+        graph a round, so that the host's load of each round touches every
+        graph alike."""
+        from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
+        runs = {key: _StageRun(*spec) for key, spec in self._binds.items()}
+        repeats = self.search.planner.repeats
+        forwards = repeat({key: run.forward for key, run in runs.items()}, repeats)
+        both = repeat({key: run.step for key, run in runs.items()}, repeats)
+        for key in runs:
+            forward = min(forwards[key])
+            again = (forward, max(0.0, min(both[key]) - forward))
             self.stage[key] = tuple(min(a, b) for a, b in zip(self.stage[key], again))
         self._bound_by_size()
 
@@ -765,6 +789,15 @@ def _float32(shapes):
 def _stage_symbol(placed):
     from ..base.compat import lengths_outside_gradient  # pylint: disable=import-outside-toplevel
     return lengths_outside_gradient(placed).to_symbol()
+
+
+def _cores():
+    """The cores this process may run on (its affinity where the host
+    tells it, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def _timed(fn, repeats):
