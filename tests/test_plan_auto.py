@@ -314,3 +314,27 @@ def test_retimed_stage_graphs_each_keep_a_pass_a_burst_of_load_left_alone(monkey
     timings.retime()
     assert [timings.stage[key] for key in timings._binds] == [  # pylint: disable=W0212
         pytest.approx((scale, 2 * scale)) for scale in (1.0, 2.0, 0.5)]
+
+
+def test_capacity_of_two_devices_is_what_a_real_step_of_two_replicas_shows(monkeypatch):
+    """Two replicas' measured step, each replica's graph taking 3 s alone,
+    beyond a step's own cost and the update and sum of gradients: 4.8 s
+    of work is two devices doing 1.25 devices' work, whatever the
+    synthetic probe read; at most the cores the process may use."""
+    from mp_symbolic.core.planning.planner import Candidate  # pylint: disable=C0415
+    for cores, expected in ((2, 1.25), (1, 1.0)):
+        timings = _fake_timings(monkeypatch, _Host(), cores=cores)
+        timings.capacity = {1: 1.0, 2: 2.0}  # the synthetic probe's
+        timings.params, timings.update, timings.add = 1000, 1e-6, 1e-7
+        timings.stage = {'whole': (1.8, 3.6), 'half': (1.0, 2.0)}
+        update, reduce, per_step = 1000 * 1e-6, 2 * 2 * 1000 * 1e-7, 0.5
+        timings._probes = {  # pylint: disable=protected-access
+            'graph': [Candidate('cpu:0', 1, 1, 1, 'gpipe'), ['whole'], 1, 2,
+                      5.4 + update + per_step],
+            'replica': [Candidate('cpu:0,cpu:1', 1, 2, 1, 'gpipe'), ['half'], 1, 4,
+                        2 * 3.0 / 1.25 + update + reduce + per_step]}
+        timings.fit_steps()
+        assert timings.capacity == {1: 1.0, 2: pytest.approx(expected)}
+        assert timings.steps['graph'] == pytest.approx(per_step)
+        if cores == 2:  # the probe's step is all work and per-step cost
+            assert timings.steps['replica'] == pytest.approx(0.0, abs=1e-9)

@@ -26,12 +26,15 @@ recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
 
 **What the devices share.** Stand-in CPU devices (``cpu(0)``, ``cpu(1)``,
 ...) run on the host's cores: two of them busy at once do not run twice as
-fast as one. How much faster ``k`` busy devices run than one is measured
-once (the whole network's step on ``k`` devices at once against one, the
-two timed in turn, the median of the rounds' ratios, at most the cores the
-process may use: :attr:`Timings.capacity`), and the simulation shares it
-among the actions running at each moment (each runs at ``capacity(k) / k``
-of its measured speed). GPUs share nothing in the model.
+fast as one. How much faster ``k`` busy devices run than one
+(:attr:`Timings.capacity`) is measured once: for two devices, from a real
+training step of two replicas at once against the work its stage graphs
+do alone (:meth:`Timings.fit_capacity`); for more, the whole network's
+step on ``k`` devices at once against one, the two timed in turn, the
+median of the rounds' ratios. It is at most the cores the process may
+use. The simulation shares it among the actions running at each moment
+(each runs at ``capacity(k) / k`` of its measured speed). GPUs share
+nothing in the model.
 
 The candidates that fit rank by predicted step time (then by memory); the
 others follow them, by memory. A budget none fits is refused
@@ -447,7 +450,8 @@ class Timings:
 
     Attributes:
         capacity: ``{k: how many times one device's work k busy devices
-            do at once}`` (1 for one device; ``k`` where they share nothing).
+            do at once}`` (1 for one device; ``k`` where they share nothing;
+            two stand-in CPUs' from :meth:`fit_capacity`).
         update: Seconds per parameter element of the optimizer's update.
         add: Seconds per element of summing one replica's gradient into another.
         stage: ``{key: (forward, backward) seconds}`` of each stage graph
@@ -662,17 +666,19 @@ class Timings:
         micro = self.search.batch // (candidate.chunks * candidate.replicas)
         return self.predict(candidate, self.stage_keys(pipe, micro), pipe.plan.num_stages)
 
-    def predict(self, candidate, keys, num_stages, overhead=True):
+    def predict(self, candidate, keys, num_stages, overhead=True, capacity=None):
         """The predicted seconds of one step of ``candidate`` whose stages'
         times are :attr:`stage` ``[keys]`` (without :meth:`overhead`, the
-        simulated work alone)."""
+        simulated work alone), on devices sharing ``capacity`` (default:
+        :attr:`capacity`; ``{}``: nothing shared)."""
         times = [self.stage[key] if key else (0.0, 0.0) for key in keys]
         made = schedules.make(candidate.schedule, num_stages, candidate.chunks,
                               candidate.virtual)
         kinds = {}
         for s, (forward, backward) in enumerate(times):
             kinds[(s, 'F')], kinds[(s, 'B')] = forward, backward
-        span = simulate(made, kinds, candidate.replicas, self.capacity)
+        span = simulate(made, kinds, candidate.replicas,
+                        self.capacity if capacity is None else capacity)
         r = candidate.replicas
         update = self.params * self.update
         if candidate.shard_optimizer:
@@ -729,7 +735,9 @@ class Timings:
 
     def fit_steps(self):
         """:attr:`steps` from the probes' measured steps and their
-        simulated work on the stage times as they are now."""
+        simulated work on the stage times as they are now (after
+        :meth:`fit_capacity`)."""
+        self.fit_capacity()
         gaps, counts = {}, {}
         for name, (candidate, keys, num_stages, actions, measured) in self._probes.items():
             gaps[name] = measured - self.predict(candidate, keys, num_stages, overhead=False)
@@ -742,6 +750,33 @@ class Timings:
             steps['staged'] = steps['graph']
             steps['action'] = max(0.0, gaps['staged'] - steps['graph']) / counts['staged']
         self.steps = steps
+
+    def fit_capacity(self):
+        """:attr:`capacity` of two stand-in CPU devices from a real step of
+        both at once: the two replicas' probe, each replica's one graph of
+        half the batch busy on its device from start to end. Its measured
+        step less the one device's cost per step (the one-graph probe's
+        beyond its work) and the update and sum of gradients is its work
+        with the devices shared, against the work they would do sharing
+        nothing. At least 1 and at most 2 and the cores the process may
+        use; left as :meth:`_capacity` measured it without that probe or
+        on other devices."""
+        if 'replica' not in self._probes or \
+                any(d.device_type != 'cpu' for d in self.search.pool[:2]):
+            return
+        candidate, keys, num_stages, _, measured = self._probes['replica']
+        graph, graph_keys, graph_stages, _, graph_measured = self._probes['graph']
+        per_step = max(0.0, graph_measured - self.predict(graph, graph_keys, graph_stages,
+                                                          overhead=False, capacity={}))
+        # its work: a span the sharing stretches (both devices busy throughout),
+        # then the update and the sum of gradients
+        free = self.predict(candidate, keys, num_stages, overhead=False, capacity={})
+        span = self.predict(candidate, keys, num_stages, overhead=False,
+                            capacity={2: 1.0}) - free
+        shared = measured - per_step - (free - span)
+        found = 2.0 * span / shared if shared > 0 else 2.0
+        self.capacity = dict(self.capacity)
+        self.capacity[2] = min(2.0, float(max(1, _cores())), max(1.0, found))
 
 
 def _module_stepper(search, pipe, candidate):
