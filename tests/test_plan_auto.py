@@ -338,3 +338,24 @@ def test_capacity_of_two_devices_is_what_a_real_step_of_two_replicas_shows(monke
         assert timings.steps['graph'] == pytest.approx(per_step)
         if cores == 2:  # the probe's step is all work and per-step cost
             assert timings.steps['replica'] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_one_graphs_micro_batches_past_the_first_cost_what_its_probe_of_four_shows(
+        monkeypatch):
+    """One device's one graph measured 0.5 s beyond its work on one
+    micro-batch and 0.8 s on four: each micro-batch past the first costs
+    0.1 s, so eight cost 0.7 s more than one."""
+    from mp_symbolic.core.planning.planner import Candidate  # pylint: disable=C0415
+    timings = _fake_timings(monkeypatch, _Host())
+    timings.capacity = {1: 1.0, 2: 2.0}
+    timings.params, timings.update, timings.add = 0, 0.0, 0.0
+    timings.stage = {'whole': (1.8, 3.6), 'quarter': (0.5, 1.0)}
+    timings._probes = {  # pylint: disable=protected-access
+        'graph': [Candidate('cpu:0', 1, 1, 1, 'gpipe'), ['whole'], 1, 2, 5.4 + 0.5],
+        'chunks': [Candidate('cpu:0', 1, 1, 4, 'gpipe'), ['quarter'], 1, 8, 6.0 + 0.8]}
+    timings.fit_steps()
+    eight = Candidate('cpu:0', 1, 1, 8, 'gpipe')
+    made = schedules.make('gpipe', 1, 8)
+    assert timings.overhead(eight, made) == pytest.approx(0.5 + 7 * 0.1)
+    assert timings.overhead(Candidate('cpu:0', 1, 1, 1, 'gpipe'),
+                            schedules.make('gpipe', 1, 1)) == pytest.approx(0.5)

@@ -456,9 +456,10 @@ class Timings:
         add: Seconds per element of summing one replica's gradient into another.
         stage: ``{key: (forward, backward) seconds}`` of each stage graph
             measured.
-        steps: ``{'graph', 'replica', 'staged', 'action'}``: seconds a step
-            of MXNet's one graph, each replica past the first, a step of
-            the stage runtime and each of its actions take beyond the
+        steps: ``{'graph', 'chunk', 'replica', 'staged', 'action'}``:
+            seconds a step of MXNet's one graph, each of its micro-batches
+            past the first, each replica past the first, a step of the
+            stage runtime and each of its actions take beyond the
             simulated work (:meth:`calibrate`).
     """
 
@@ -688,20 +689,22 @@ class Timings:
 
     def overhead(self, candidate, made):
         """The seconds a step takes beyond its simulated work: per step
-        (:attr:`steps`), per replica, and per action on the stage runtime."""
+        (:attr:`steps`), per replica, per micro-batch of MXNet's one graph
+        and per action on the stage runtime."""
         if self.steps is None:
             return 0.0
         extra = (candidate.replicas - 1) * self.steps['replica']
         if schedules.one_graph(candidate.schedule):
-            return self.steps['graph'] + extra
+            return self.steps['graph'] + (candidate.chunks - 1) * self.steps['chunk'] + extra
         actions = candidate.replicas * sum(len(a) for a in made)
         return self.steps['staged'] + self.steps['action'] * actions + extra
 
     def calibrate(self):
         """:attr:`steps`: what a training step of the Module costs beyond
         the simulated work, from real steps of a few plans on the devices:
-        one device's one graph (a cost per step), two replicas (one per
-        replica past the first), 1F1B over two stages of four micro-batches
+        one device's one graph (a cost per step), the same of 4 (or 2)
+        micro-batches (one per micro-batch past the first), two replicas
+        (one per replica past the first), 1F1B over two stages of four micro-batches
         (the stage runtime's step as the graph's, the rest per action),
         the probes' steps taken in turn, the fastest of each counting
         (:meth:`fit_steps`; again once :meth:`retime` has run)."""
@@ -710,6 +713,9 @@ class Timings:
         pool = search.pool
         planner = search.planner
         probes = {'graph': Candidate(_spec(pool[:1]), 1, 1, 1, 'gpipe')}
+        chunked = [m for m in (4, 2) if m in planner.chunks and search.batch % m == 0]
+        if chunked and any(schedules.one_graph(name) for name in planner.schedules):
+            probes['chunks'] = Candidate(_spec(pool[:1]), 1, 1, chunked[0], 'gpipe')
         if len(pool) > 1 and search.batch % 2 == 0 and \
                 any(r > 1 for r in planner.replicas or (2,)):
             probes['replica'] = Candidate(_spec(pool[:2]), 1, 2, 1, 'gpipe')
@@ -742,8 +748,11 @@ class Timings:
         for name, (candidate, keys, num_stages, actions, measured) in self._probes.items():
             gaps[name] = measured - self.predict(candidate, keys, num_stages, overhead=False)
             counts[name] = actions
-        steps = {'graph': max(0.0, gaps['graph']), 'replica': 0.0, 'staged': 0.0,
-                 'action': 0.0}
+        steps = {'graph': max(0.0, gaps['graph']), 'chunk': 0.0, 'replica': 0.0,
+                 'staged': 0.0, 'action': 0.0}
+        if 'chunks' in gaps:  # a step's own cost as the one graph's, the rest per micro-batch
+            chunks = self._probes['chunks'][0].chunks
+            steps['chunk'] = max(0.0, gaps['chunks'] - steps['graph']) / (chunks - 1)
         if 'replica' in gaps:
             steps['replica'] = max(0.0, gaps['replica'] - steps['graph'])
         if 'staged' in gaps:  # a step's own cost as the one graph's, the rest per action
