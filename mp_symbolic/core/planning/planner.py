@@ -631,14 +631,12 @@ class Timings:
         """Every stage graph measured once more, bound anew, each keeping
         the faster of its two times: a burst of other work on the host
         that slowed one measurement seldom slows both. The graphs are
-        bound together and their passes timed in turn, one pass of each
-        graph a round, so that the host's load of each round touches every
-        graph alike."""
-        from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
+        bound together and timed in turn (:func:`_in_rounds`), so that the
+        host's load of each round touches every graph alike."""
         runs = {key: _StageRun(*spec) for key, spec in self._binds.items()}
         repeats = self.search.planner.repeats
-        forwards = repeat({key: run.forward for key, run in runs.items()}, repeats)
-        both = repeat({key: run.step for key, run in runs.items()}, repeats)
+        forwards = _in_rounds({key: run.forward for key, run in runs.items()}, repeats, 3)
+        both = _in_rounds({key: run.step for key, run in runs.items()}, repeats, 3)
         for key in runs:
             forward = min(forwards[key])
             again = (forward, max(0.0, min(both[key]) - forward))
@@ -732,10 +730,9 @@ class Timings:
             steppers[name] = _module_stepper(search, pipe, candidate)
             self._probes[name] = [candidate, keys, pipe.plan.num_stages,
                                   candidate.replicas * sum(len(a) for a in made), None]
-        # the probes' steps in turn, so that a burst of other work slows them alike
-        from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
-        for name, times in repeat(steppers, 3 * max(3, search.planner.repeats),
-                                  warmup=2).items():
+        # the probes in turn, so that a burst of other work slows them alike
+        for name, times in _in_rounds(steppers, max(3, search.planner.repeats), 3,
+                                      warmup=2).items():
             self._probes[name][-1] = min(times)
         self.fit_steps()
 
@@ -842,6 +839,23 @@ def _cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def _in_rounds(runs, rounds, passes, warmup=1):
+    """``{name: [seconds of each round]}`` of ``runs`` (``{name:
+    callable}``) timed in turn, round after round: each round runs each
+    callable ``passes`` times in a row and keeps its fastest (the callable's
+    memory warm, as in a run of steps), after ``warmup`` untimed calls of
+    each."""
+    from ..base.timing import seconds  # pylint: disable=import-outside-toplevel
+    for _ in range(warmup):
+        for fn in runs.values():
+            fn()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            times[name].append(min(seconds(fn) for _ in range(passes)))
+    return times
 
 
 def _timed(fn, repeats):
