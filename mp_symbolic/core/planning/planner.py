@@ -704,7 +704,7 @@ class Timings:
         micro-batches (one per micro-batch past the first), two replicas
         (one per replica past the first), 1F1B over two stages of four micro-batches
         (the stage runtime's step as the graph's, the rest per action),
-        the probes' steps taken in turn, the fastest of each counting
+        the probes taken in turn (:func:`_in_rounds`), the fastest step of each counting
         (:meth:`fit_steps`; again once :meth:`retime` has run)."""
         search = self.search
         self.steps = None
