@@ -397,3 +397,141 @@ def test_train_plan_auto_runs_a_network_of_parallel_layers_on_the_stage_of_shard
     chosen = re.search(r'^plan auto: --devices (\S+) ', printed.out, re.M)
     assert chosen and chosen[1] == 'cpu:0+cpu:1', printed.out
     assert mp_symbolic.read_checkpoint(out).summary['config']['devices'] == 'cpu:0+cpu:1'
+
+
+class _Host:
+    """A host of fake timings: a timed call takes the work of the runs it
+    stepped (``k`` devices at once do ``capacity`` devices' work) and
+    ``slow`` times as long during calls ``busy`` (other work on the host)."""
+
+    def __init__(self, capacity=2.0, busy=range(0), slow=3.0):
+        self.capacity, self.busy, self.slow = capacity, busy, slow
+        self.calls, self.ran = 0, []
+
+    def seconds(self, fn):
+        self.ran = []
+        fn()
+        kinds = {kind for kind, _, _ in self.ran}
+        devices = {device for _, device, _ in self.ran}
+        work = sum(cost for _, _, cost in self.ran)
+        taken = work / min(len(devices), self.capacity) if kinds == {'step'} else work
+        taken *= self.slow if self.calls in self.busy else 1.0
+        self.calls += 1
+        return taken
+
+
+def _fake_timings(monkeypatch, host, cores=2):
+    """A ``Timings`` of two stand-in CPU devices whose stage graphs' passes
+    run on ``host`` (forward 1 s, forward and backward 3 s, times the
+    graph's ``scale``)."""
+    # pylint: disable=import-outside-toplevel
+    import types
+    import mxnet as mx
+    from mp_symbolic.core.base import timing
+    from mp_symbolic.core.engine import stages
+    from mp_symbolic.core.planning import planner as planning
+
+    class Run(planning._StageRun):  # pylint: disable=protected-access
+        def __init__(self, symbol, shapes, types_, device, inputs, groups=None):
+            # pylint: disable=super-init-not-called
+            del shapes, types_, inputs, groups
+            self.scale, self.device = symbol or 1.0, device
+
+        def forward(self):
+            host.ran.append(('forward', self.device, self.scale))
+
+        def step(self, wait=True):
+            del wait
+            host.ran.append(('step', self.device, 3.0 * self.scale))
+
+    monkeypatch.setattr(timing, 'seconds', host.seconds)
+    monkeypatch.setattr(planning, '_StageRun', Run)
+    monkeypatch.setattr(planning, '_stage_symbol', lambda placed: None)
+    monkeypatch.setattr(stages, 'variable_specs', lambda *args: ({}, {}))
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(cores)),
+                        raising=False)
+    found = planning.Timings.__new__(planning.Timings)
+    found.search = types.SimpleNamespace(pool=[mx.cpu(0), mx.cpu(1)], batch=8,
+                                         planner=types.SimpleNamespace(repeats=5))
+    found.stage, found._binds, found._micro = {}, {}, {}  # pylint: disable=protected-access
+    found._training_graph = lambda pipe: None  # pylint: disable=protected-access
+    found._micro_inputs = lambda pipe, size: [('data', (size, 2))]  # pylint: disable=W0212
+    return found
+
+
+def test_capacity_of_stand_in_cpus_is_at_most_the_cores_the_process_may_use(monkeypatch):
+    """Two devices that each run as fast alongside the other as alone
+    still do one core's work at once where the process may use one core."""
+    timings = _fake_timings(monkeypatch, _Host(capacity=2.0), cores=1)
+    assert timings._capacity(None) == {1: 1.0, 2: 1.0}  # pylint: disable=protected-access
+    timings = _fake_timings(monkeypatch, _Host(capacity=2.0), cores=2)
+    assert timings._capacity(None) == {1: 1.0, 2: 2.0}  # pylint: disable=protected-access
+
+
+def test_capacity_is_unmoved_by_the_host_load_changing_during_its_probe(monkeypatch):
+    """Other work on the host during the probe's first calls, then none:
+    the capacity is the devices', as on a host that stays quiet."""
+    # pylint: disable=protected-access
+    quiet = _fake_timings(monkeypatch, _Host(capacity=1.25))._capacity(None)
+    busy = _fake_timings(monkeypatch, _Host(capacity=1.25, busy=range(8)))._capacity(None)
+    assert quiet == {1: 1.0, 2: pytest.approx(1.25)}
+    assert busy == quiet
+
+
+def test_retimed_stage_graphs_each_keep_a_pass_a_burst_of_load_left_alone(monkeypatch):
+    """A burst of other work on the host as the retiming begins, longer
+    than one graph's passes: every graph still keeps its quiet time."""
+    host = _Host(busy=range(12))
+    timings = _fake_timings(monkeypatch, host)
+    for i, scale in enumerate((1.0, 2.0, 0.5)):
+        key = ('graph %d' % i, (), 'cpu(0)')
+        timings._binds[key] = (scale, {}, {}, 'cpu(0)', set(), None)  # pylint: disable=W0212
+        timings.stage[key] = (3 * scale, 6 * scale)  # slowed the first time too
+    timings.retime()
+    assert [timings.stage[key] for key in timings._binds] == [  # pylint: disable=W0212
+        pytest.approx((scale, 2 * scale)) for scale in (1.0, 2.0, 0.5)]
+
+
+def test_capacity_of_two_devices_is_what_a_real_step_of_two_replicas_shows(monkeypatch):
+    """Two replicas' measured step, each replica's graph taking 3 s alone,
+    beyond a step's own cost and the update and sum of gradients: 4.8 s
+    of work is two devices doing 1.25 devices' work, whatever the
+    synthetic probe read; at most the cores the process may use."""
+    from mp_symbolic.core.planning.planner import Candidate  # pylint: disable=C0415
+    for cores, expected in ((2, 1.25), (1, 1.0)):
+        timings = _fake_timings(monkeypatch, _Host(), cores=cores)
+        timings.capacity = {1: 1.0, 2: 2.0}  # the synthetic probe's
+        timings.params, timings.update, timings.add = 1000, 1e-6, 1e-7
+        timings.stage = {'whole': (1.8, 3.6), 'half': (1.0, 2.0)}
+        update, reduce, per_step = 1000 * 1e-6, 2 * 2 * 1000 * 1e-7, 0.5
+        timings._probes = {  # pylint: disable=protected-access
+            'graph': [Candidate('cpu:0', 1, 1, 1, 'gpipe'), ['whole'], 1, 2,
+                      5.4 + update + per_step],
+            'replica': [Candidate('cpu:0,cpu:1', 1, 2, 1, 'gpipe'), ['half'], 1, 4,
+                        2 * 3.0 / 1.25 + update + reduce + per_step]}
+        timings.fit_steps()
+        assert timings.capacity == {1: 1.0, 2: pytest.approx(expected)}
+        assert timings.steps['graph'] == pytest.approx(per_step)
+        if cores == 2:  # the probe's step is all work and per-step cost
+            assert timings.steps['replica'] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_one_graphs_micro_batches_past_the_first_cost_what_its_probe_of_four_shows(
+        monkeypatch):
+    """One device's one graph measured 0.5 s beyond its work on one
+    micro-batch and 0.8 s on four: each micro-batch past the first costs
+    0.1 s, so eight cost 0.7 s more than one."""
+    from mp_symbolic.core.planning.planner import Candidate  # pylint: disable=C0415
+    timings = _fake_timings(monkeypatch, _Host())
+    timings.capacity = {1: 1.0, 2: 2.0}
+    timings.params, timings.update, timings.add = 0, 0.0, 0.0
+    timings.stage = {'whole': (1.8, 3.6), 'quarter': (0.5, 1.0)}
+    timings._probes = {  # pylint: disable=protected-access
+        'graph': [Candidate('cpu:0', 1, 1, 1, 'gpipe'), ['whole'], 1, 2, 5.4 + 0.5],
+        'chunks': [Candidate('cpu:0', 1, 1, 4, 'gpipe'), ['quarter'], 1, 8, 6.0 + 0.8]}
+    timings.fit_steps()
+    eight = Candidate('cpu:0', 1, 1, 8, 'gpipe')
+    made = schedules.make('gpipe', 1, 8)
+    assert timings.overhead(eight, made) == pytest.approx(0.5 + 7 * 0.1)
+    assert timings.overhead(Candidate('cpu:0', 1, 1, 1, 'gpipe'),
+                            schedules.make('gpipe', 1, 1)) == pytest.approx(0.5)

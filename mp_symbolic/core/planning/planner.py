@@ -17,7 +17,8 @@ recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
 * **step time**: each stage's forward and backward pass of one
   micro-batch, measured on its device (every stage graph the candidates
   cut, bound alone; a graph seen before is not measured again; once more
-  after every candidate is scored, the faster time kept, and no longer
+  after every candidate is scored, every graph bound at once and their
+  passes timed in turn, the faster time kept, and no longer
   than the same graph takes on more examples, nor more than in proportion
   to what it takes on fewer), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
   simulated over those times for every replica at once (:func:`simulate`;
@@ -28,11 +29,15 @@ recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
 
 **What the devices share.** Stand-in CPU devices (``cpu(0)``, ``cpu(1)``,
 ...) run on the host's cores: two of them busy at once do not run twice as
-fast as one. How much faster ``k`` busy devices run than one is measured
-once (the whole network's step on ``k`` devices at once against one:
-:attr:`Timings.capacity`), and the simulation shares it among the actions
-running at each moment (each runs at ``capacity(k) / k`` of its measured
-speed). GPUs share nothing in the model.
+fast as one. How much faster ``k`` busy devices run than one
+(:attr:`Timings.capacity`) is measured once: for two devices, from a real
+training step of two replicas at once against the work its stage graphs
+do alone (:meth:`Timings.fit_capacity`); for more, the whole network's
+step on ``k`` devices at once against one, the two timed in turn, the
+median of the rounds' ratios. It is at most the cores the process may
+use. The simulation shares it among the actions running at each moment
+(each runs at ``capacity(k) / k`` of its measured speed). GPUs share
+nothing in the model.
 
 **Shards.** A network written with tensor-parallel layers
 (:class:`~mp_symbolic.ShardedBlock`) is planned with one device per stage
@@ -51,6 +56,7 @@ others follow them, by memory. A budget none fits is refused
 from dataclasses import dataclass, field, replace
 import inspect
 import itertools
+import os
 
 import mxnet as mx
 import numpy as np
@@ -576,14 +582,16 @@ class Timings:
 
     Attributes:
         capacity: ``{k: how many times one device's work k busy devices
-            do at once}`` (1 for one device; ``k`` where they share nothing).
+            do at once}`` (1 for one device; ``k`` where they share nothing;
+            two stand-in CPUs' from :meth:`fit_capacity`).
         update: Seconds per parameter element of the optimizer's update.
         add: Seconds per element of summing one replica's gradient into another.
         stage: ``{key: (forward, backward) seconds}`` of each stage graph
             measured.
-        steps: ``{'graph', 'replica', 'staged', 'action'}``: seconds a step
-            of MXNet's one graph, each replica past the first, a step of
-            the stage runtime and each of its actions take beyond the
+        steps: ``{'graph', 'chunk', 'replica', 'staged', 'action'}``:
+            seconds a step of MXNet's one graph, each of its micro-batches
+            past the first, each replica past the first, a step of the
+            stage runtime and each of its actions take beyond the
             simulated work (:meth:`calibrate`).
     """
 
@@ -606,7 +614,14 @@ class Timings:
     def _capacity(self, one):
         """``{k: k x t1 / tk}``: the whole network's step of one micro-batch
         on ``k`` devices at once, against one device (stand-in CPUs: the
-        cores they share); ``k`` for GPUs."""
+        cores they share); ``k`` for GPUs.
+
+        One device's step and ``k`` devices' steps are timed in turn, round
+        after round, each round giving its own ratio, and the median of the
+        rounds' ratios counts: a change in the host's load touches both
+        sides of a round alike, and a burst that slows one round does not
+        move the median. It is at least 1 and at most ``k`` and the cores
+        this process may run on (:func:`_cores`)."""
         pool = self.search.pool
         capacity = {1: 1.0}
         cpus = [d for d in pool if d.device_type == 'cpu']
@@ -615,16 +630,21 @@ class Timings:
         if len(cpus) < 2:
             return capacity
         from ..engine.stages import variable_specs  # pylint: disable=import-outside-toplevel
+        from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
         placed = self._training_graph(one)
         symbol = _stage_symbol(placed)
         shapes = dict(self._micro_inputs(one, self.search.batch))
         runs = [_StageRun(symbol, shapes, variable_specs(symbol, shapes, _float32(shapes))[1], d, set(shapes))
                 for d in cpus]
-        repeats = max(3, self.search.planner.repeats)
-        alone = min(_timed(lambda: runs[0].step(), repeats))
+        steps = {1: runs[0].step}
         for k in range(2, len(cpus) + 1):
-            together = min(_timed(lambda: [r.step(wait=False) for r in runs[:k]], repeats))
-            capacity[k] = min(float(k), max(1.0, k * alone / together))
+            steps[k] = lambda k=k: [r.step(wait=False) for r in runs[:k]]
+        times = repeat(steps, 3 * max(3, self.search.planner.repeats), warmup=2)
+        cores = _cores()
+        for k in range(2, len(cpus) + 1):
+            ratios = [k * alone / together for alone, together in zip(times[1], times[k])]
+            capacity[k] = min(float(k), float(max(1, cores)),
+                              max(1.0, float(np.median(ratios))))
         return capacity
 
     def _element_costs(self):
@@ -745,9 +765,16 @@ class Timings:
     def retime(self):
         """Every stage graph measured once more, bound anew, each keeping
         the faster of its two times: a burst of other work on the host
-        that slowed one measurement seldom slows both."""
-        for key, spec in self._binds.items():
-            again = _StageRun(*spec).times(self.search.planner.repeats)
+        that slowed one measurement seldom slows both. The graphs are
+        bound together and timed in turn (:func:`_in_rounds`), so that the
+        host's load of each round touches every graph alike."""
+        runs = {key: _StageRun(*spec) for key, spec in self._binds.items()}
+        repeats = self.search.planner.repeats
+        forwards = _in_rounds({key: run.forward for key, run in runs.items()}, repeats, 3)
+        both = _in_rounds({key: run.step for key, run in runs.items()}, repeats, 3)
+        for key in runs:
+            forward = min(forwards[key])
+            again = (forward, max(0.0, min(both[key]) - forward))
             self.stage[key] = tuple(min(a, b) for a, b in zip(self.stage[key], again))
         self._bound_by_size()
 
@@ -773,17 +800,19 @@ class Timings:
         micro = self.search.batch // (candidate.chunks * candidate.replicas)
         return self.predict(candidate, self.stage_keys(pipe, micro), pipe.plan.num_stages)
 
-    def predict(self, candidate, keys, num_stages, overhead=True):
+    def predict(self, candidate, keys, num_stages, overhead=True, capacity=None):
         """The predicted seconds of one step of ``candidate`` whose stages'
         times are :attr:`stage` ``[keys]`` (without :meth:`overhead`, the
-        simulated work alone)."""
+        simulated work alone), on devices sharing ``capacity`` (default:
+        :attr:`capacity`; ``{}``: nothing shared)."""
         times = [self.stage[key] if key else (0.0, 0.0) for key in keys]
         made = schedules.make(candidate.schedule, num_stages, candidate.chunks,
                               candidate.virtual)
         kinds = {}
         for s, (forward, backward) in enumerate(times):
             kinds[(s, 'F')], kinds[(s, 'B')] = forward, backward
-        span = simulate(made, kinds, candidate.replicas, self.capacity, candidate.shards)
+        span = simulate(made, kinds, candidate.replicas,
+                        self.capacity if capacity is None else capacity, candidate.shards)
         r = candidate.replicas
         update = self.params * self.update
         if candidate.shard_optimizer:
@@ -793,28 +822,33 @@ class Timings:
 
     def overhead(self, candidate, made):
         """The seconds a step takes beyond its simulated work: per step
-        (:attr:`steps`), per replica, and per action on the stage runtime."""
+        (:attr:`steps`), per replica, per micro-batch of MXNet's one graph
+        and per action on the stage runtime."""
         if self.steps is None:
             return 0.0
         extra = (candidate.replicas - 1) * self.steps['replica']
         if schedules.one_graph(candidate.schedule):
-            return self.steps['graph'] + extra
+            return self.steps['graph'] + (candidate.chunks - 1) * self.steps['chunk'] + extra
         actions = candidate.replicas * sum(len(a) for a in made)
         return self.steps['staged'] + self.steps['action'] * actions + extra
 
     def calibrate(self):
         """:attr:`steps`: what a training step of the Module costs beyond
         the simulated work, from real steps of a few plans on the devices:
-        one device's one graph (a cost per step), two replicas (one per
-        replica past the first), 1F1B over two stages of four micro-batches
+        one device's one graph (a cost per step), the same of 4 (or 2)
+        micro-batches (one per micro-batch past the first), two replicas
+        (one per replica past the first), 1F1B over two stages of four micro-batches
         (the stage runtime's step as the graph's, the rest per action),
-        the probes' steps taken in turn, the fastest of each counting
+        the probes taken in turn (:func:`_in_rounds`), the fastest step of each counting
         (:meth:`fit_steps`; again once :meth:`retime` has run)."""
         search = self.search
         self.steps = None
         pool = search.pool
         planner = search.planner
         probes = {'graph': Candidate(_spec(pool[:1]), 1, 1, 1, 'gpipe')}
+        chunked = [m for m in (4, 2) if m in planner.chunks and search.batch % m == 0]
+        if chunked and any(schedules.one_graph(name) for name in planner.schedules):
+            probes['chunks'] = Candidate(_spec(pool[:1]), 1, 1, chunked[0], 'gpipe')
         if len(pool) > 1 and search.batch % 2 == 0 and \
                 any(r > 1 for r in planner.replicas or (2,)):
             probes['replica'] = Candidate(_spec(pool[:2]), 1, 2, 1, 'gpipe')
@@ -831,28 +865,59 @@ class Timings:
             steppers[name] = _module_stepper(search, pipe, candidate)
             self._probes[name] = [candidate, keys, pipe.plan.num_stages,
                                   candidate.replicas * sum(len(a) for a in made), None]
-        # the probes' steps in turn, so that a burst of other work slows them alike
-        from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
-        for name, times in repeat(steppers, 3 * max(3, search.planner.repeats),
-                                  warmup=2).items():
+        # the probes in turn, so that a burst of other work slows them alike
+        for name, times in _in_rounds(steppers, max(3, search.planner.repeats), 3,
+                                      warmup=2).items():
             self._probes[name][-1] = min(times)
         self.fit_steps()
 
     def fit_steps(self):
         """:attr:`steps` from the probes' measured steps and their
-        simulated work on the stage times as they are now."""
+        simulated work on the stage times as they are now (after
+        :meth:`fit_capacity`)."""
+        self.fit_capacity()
         gaps, counts = {}, {}
         for name, (candidate, keys, num_stages, actions, measured) in self._probes.items():
             gaps[name] = measured - self.predict(candidate, keys, num_stages, overhead=False)
             counts[name] = actions
-        steps = {'graph': max(0.0, gaps['graph']), 'replica': 0.0, 'staged': 0.0,
-                 'action': 0.0}
+        steps = {'graph': max(0.0, gaps['graph']), 'chunk': 0.0, 'replica': 0.0,
+                 'staged': 0.0, 'action': 0.0}
+        if 'chunks' in gaps:  # a step's own cost as the one graph's, the rest per micro-batch
+            chunks = self._probes['chunks'][0].chunks
+            steps['chunk'] = max(0.0, gaps['chunks'] - steps['graph']) / (chunks - 1)
         if 'replica' in gaps:
             steps['replica'] = max(0.0, gaps['replica'] - steps['graph'])
         if 'staged' in gaps:  # a step's own cost as the one graph's, the rest per action
             steps['staged'] = steps['graph']
             steps['action'] = max(0.0, gaps['staged'] - steps['graph']) / counts['staged']
         self.steps = steps
+
+    def fit_capacity(self):
+        """:attr:`capacity` of two stand-in CPU devices from a real step of
+        both at once: the two replicas' probe, each replica's one graph of
+        half the batch busy on its device from start to end. Its measured
+        step less the one device's cost per step (the one-graph probe's
+        beyond its work) and the update and sum of gradients is its work
+        with the devices shared, against the work they would do sharing
+        nothing. At least 1 and at most 2 and the cores the process may
+        use; left as :meth:`_capacity` measured it without that probe or
+        on other devices."""
+        if 'replica' not in self._probes or \
+                any(d.device_type != 'cpu' for d in self.search.pool[:2]):
+            return
+        candidate, keys, num_stages, _, measured = self._probes['replica']
+        graph, graph_keys, graph_stages, _, graph_measured = self._probes['graph']
+        per_step = max(0.0, graph_measured - self.predict(graph, graph_keys, graph_stages,
+                                                          overhead=False, capacity={}))
+        # its work: a span the sharing stretches (both devices busy throughout),
+        # then the update and the sum of gradients
+        free = self.predict(candidate, keys, num_stages, overhead=False, capacity={})
+        span = self.predict(candidate, keys, num_stages, overhead=False,
+                            capacity={2: 1.0}) - free
+        shared = measured - per_step - (free - span)
+        found = 2.0 * span / shared if shared > 0 else 2.0
+        self.capacity = dict(self.capacity)
+        self.capacity[2] = min(2.0, float(max(1, _cores())), max(1.0, found))
 
 
 def _module_stepper(search, pipe, candidate):
@@ -900,6 +965,32 @@ def _float32(shapes):
 def _stage_symbol(placed):
     from ..base.compat import lengths_outside_gradient  # pylint: disable=import-outside-toplevel
     return lengths_outside_gradient(placed).to_symbol()
+
+
+def _cores():
+    """The cores this process may run on (its affinity where the host
+    tells it, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _in_rounds(runs, rounds, passes, warmup=1):
+    """``{name: [seconds of each round]}`` of ``runs`` (``{name:
+    callable}``) timed in turn, round after round: each round runs each
+    callable ``passes`` times in a row and keeps its fastest (the callable's
+    memory warm, as in a run of steps), after ``warmup`` untimed calls of
+    each."""
+    from ..base.timing import seconds  # pylint: disable=import-outside-toplevel
+    for _ in range(warmup):
+        for fn in runs.values():
+            fn()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            times[name].append(min(seconds(fn) for _ in range(passes)))
+    return times
 
 
 def _timed(fn, repeats):
