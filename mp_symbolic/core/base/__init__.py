@@ -1,1 +1,3 @@
-"""Shared by every layer: checks, the one clock, MXNet behaviours worked around, scoped process state, arrays written one at a time."""
+"""Shared by every layer: checks, the one clock, MXNet behaviours worked
+around, scoped process state, arrays written one at a time.
+"""

@@ -23,10 +23,12 @@ def seconds(fn):
     return time.perf_counter() - start
 
 
-def repeat(runs, repeats, warmup=1):
+def repeat(runs, repeats, warmup=1, passes=1):
     """Seconds of ``repeats`` timed calls of each run (:func:`seconds`),
     after ``warmup`` untimed calls of each (binding, memory pools, oneDNN
-    primitives are made on the first ones).
+    primitives are made on the first ones); with ``passes`` above 1, each
+    of the ``repeats`` is the fastest of that many calls in a row (the
+    run's memory warm, as in a run of steps).
 
     Several runs are timed round-robin, one call of each in turn, so that a
     change in the machine's load during the measurement touches every run
@@ -36,6 +38,7 @@ def repeat(runs, repeats, warmup=1):
         runs: A callable, or ``{name: callable}``.
         repeats: Timed calls of each.
         warmup: Untimed calls of each first.
+        passes: Calls in a row a timed repeat keeps the fastest of.
 
     Returns:
         ``[seconds of each call]`` for one callable; ``{name: [seconds]}``
@@ -48,7 +51,7 @@ def repeat(runs, repeats, warmup=1):
     times = {name: [] for name in named}
     for _ in range(repeats):
         for name, fn in named.items():
-            times[name].append(seconds(fn))
+            times[name].append(min(seconds(fn) for _ in range(passes)))
     return times if isinstance(runs, dict) else times[None]
 
 

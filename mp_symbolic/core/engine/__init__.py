@@ -1,1 +1,3 @@
-"""The runtime: the stage graphs bound and run in a schedule's order, the Modules on it, variable-length batches, the imperative twin."""
+"""The runtime: the stage graphs bound and run in a schedule's order, the
+Modules on it, variable-length batches, the imperative twin.
+"""

@@ -1,1 +1,3 @@
-"""The network as a graph: the typed placed graph, its passes, the loss heads, the cut into stages."""
+"""The network as a graph: the typed placed graph, its passes, the loss heads,
+the cut into stages.
+"""

@@ -1,1 +1,3 @@
-"""Parameters and optimizer state: initial values, the updates, ZeRO-1, the Trainer, state by name."""
+"""Parameters and optimizer state: initial values, the updates, ZeRO-1, the
+Trainer, state by name.
+"""

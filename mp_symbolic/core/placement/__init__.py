@@ -1,1 +1,3 @@
-"""The graph placed on devices: which stage and shard each node is, blocks per stage, devices per stage."""
+"""The graph placed on devices: which stage and shard each node is, blocks per
+stage, devices per stage.
+"""

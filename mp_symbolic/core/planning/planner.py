@@ -63,6 +63,7 @@ import numpy as np
 
 from .. import schedule as schedules
 from ..base.checks import excerpt
+from ..base.timing import repeat
 from .sizes import format_size, parse_size
 
 __all__ = []
@@ -630,11 +631,11 @@ class Timings:
         if len(cpus) < 2:
             return capacity
         from ..engine.stages import variable_specs  # pylint: disable=import-outside-toplevel
-        from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
         placed = self._training_graph(one)
         symbol = _stage_symbol(placed)
         shapes = dict(self._micro_inputs(one, self.search.batch))
-        runs = [_StageRun(symbol, shapes, variable_specs(symbol, shapes, _float32(shapes))[1], d, set(shapes))
+        runs = [_StageRun(symbol, shapes, variable_specs(symbol, shapes, _float32(shapes))[1], d,
+                          set(shapes))
                 for d in cpus]
         steps = {1: runs[0].step}
         for k in range(2, len(cpus) + 1):
@@ -689,7 +690,8 @@ class Timings:
 
     def _per_block(self):
         if not self._block_times:
-            from ..placement.balance import forward_backward_times  # pylint: disable=import-outside-toplevel
+            # pylint: disable-next=import-outside-toplevel
+            from ..placement.balance import forward_backward_times
             shape = self.search.data_shapes[0][1]
             self._block_times['all'] = forward_backward_times(
                 self.search.blocks, shape, self.search.pool[0],
@@ -766,12 +768,12 @@ class Timings:
         """Every stage graph measured once more, bound anew, each keeping
         the faster of its two times: a burst of other work on the host
         that slowed one measurement seldom slows both. The graphs are
-        bound together and timed in turn (:func:`_in_rounds`), so that the
+        bound together and timed in turn (``timing.repeat``), so that the
         host's load of each round touches every graph alike."""
         runs = {key: _StageRun(*spec) for key, spec in self._binds.items()}
         repeats = self.search.planner.repeats
-        forwards = _in_rounds({key: run.forward for key, run in runs.items()}, repeats, 3)
-        both = _in_rounds({key: run.step for key, run in runs.items()}, repeats, 3)
+        forwards = repeat({key: run.forward for key, run in runs.items()}, repeats, passes=3)
+        both = repeat({key: run.step for key, run in runs.items()}, repeats, passes=3)
         for key in runs:
             forward = min(forwards[key])
             again = (forward, max(0.0, min(both[key]) - forward))
@@ -839,7 +841,7 @@ class Timings:
         micro-batches (one per micro-batch past the first), two replicas
         (one per replica past the first), 1F1B over two stages of four micro-batches
         (the stage runtime's step as the graph's, the rest per action),
-        the probes taken in turn (:func:`_in_rounds`), the fastest step of each counting
+        the probes taken in turn (``timing.repeat``), the fastest step of each counting
         (:meth:`fit_steps`; again once :meth:`retime` has run)."""
         search = self.search
         self.steps = None
@@ -866,8 +868,8 @@ class Timings:
             self._probes[name] = [candidate, keys, pipe.plan.num_stages,
                                   candidate.replicas * sum(len(a) for a in made), None]
         # the probes in turn, so that a burst of other work slows them alike
-        for name, times in _in_rounds(steppers, max(3, search.planner.repeats), 3,
-                                      warmup=2).items():
+        for name, times in repeat(steppers, max(3, search.planner.repeats), warmup=2,
+                                  passes=3).items():
             self._probes[name][-1] = min(times)
         self.fit_steps()
 
@@ -976,25 +978,7 @@ def _cores():
         return os.cpu_count() or 1
 
 
-def _in_rounds(runs, rounds, passes, warmup=1):
-    """``{name: [seconds of each round]}`` of ``runs`` (``{name:
-    callable}``) timed in turn, round after round: each round runs each
-    callable ``passes`` times in a row and keeps its fastest (the callable's
-    memory warm, as in a run of steps), after ``warmup`` untimed calls of
-    each."""
-    from ..base.timing import seconds  # pylint: disable=import-outside-toplevel
-    for _ in range(warmup):
-        for fn in runs.values():
-            fn()
-    times = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            times[name].append(min(seconds(fn) for _ in range(passes)))
-    return times
-
-
 def _timed(fn, repeats):
-    from ..base.timing import repeat  # pylint: disable=import-outside-toplevel
     return repeat(fn, repeats, warmup=1)
 
 
@@ -1003,7 +987,8 @@ class _StageRun:
     forward and backward passes."""
 
     def __init__(self, symbol, shapes, types, device, inputs, group2ctx=None):
-        from ..base.compat import embedding_ids, split_bind  # pylint: disable=import-outside-toplevel
+        # pylint: disable-next=import-outside-toplevel
+        from ..base.compat import embedding_ids, split_bind
         no_gradient = set(embedding_ids(symbol, shapes)) | set(inputs)
         types = {n: t for n, t in types.items() if n in shapes}
         with split_bind(group2ctx, symbol):  # as the stage runtime binds it

@@ -1,1 +1,3 @@
-"""Where tensors leave a stage or a shard: the declared Transport and control plane, the node processes."""
+"""Where tensors leave a stage or a shard: the declared Transport and control
+plane, the node processes.
+"""
