@@ -1,3 +1,3 @@
 """The runtime: the stage graphs bound and run in a schedule's order, the
-Modules on it, variable-length batches, the imperative twin.
+Module on it, variable-length batches, the imperative twin.
 """
