@@ -535,3 +535,29 @@ def test_one_graphs_micro_batches_past_the_first_cost_what_its_probe_of_four_sho
     assert timings.overhead(eight, made) == pytest.approx(0.5 + 7 * 0.1)
     assert timings.overhead(Candidate('cpu:0', 1, 1, 1, 'gpipe'),
                             schedules.make('gpipe', 1, 1)) == pytest.approx(0.5)
+
+
+def test_planning_gluonnlp_bert_with_shards_scores_both_counts_and_leaves_it_unchanged():
+    """GluonNLP's BERT under tensor_parallel='auto': the planner scores its
+    attention and feed-forward layers split over 2 devices and whole, each on
+    a copy, and the network given keeps its layers and values (its classifier
+    output, the third, under the softmax loss)."""
+    from conftest import bert_batch, small_bert  # pylint: disable=import-outside-toplevel
+    net = small_bert()
+    kinds = [type(b).__name__ for b in _every_block(net)]
+    values = {n: p.data().asnumpy().copy() for n, p in net.collect_params().items()}
+    sample = tuple(mx.nd.array(x) for x in bert_batch())
+    planner = Planner(output=2, chunks=(1,), schedules=('gpipe',), balances=('size',), repeats=3)
+    ranking = planner.choose([net], DEVICES, sample, None, tensor_parallel='auto')
+    assert {s.candidate.shards for s in ranking.ranked} == {1, 2}
+    assert any(s.candidate.devices == 'cpu:0+cpu:1' for s in ranking.ranked)
+    assert [type(b).__name__ for b in _every_block(net)] == kinds
+    assert sorted(net.collect_params()) == sorted(values)
+    for name, param in net.collect_params().items():
+        assert (param.data().asnumpy() == values[name]).all(), name
+
+
+def _every_block(block):
+    yield block
+    for child in block._children.values():  # pylint: disable=protected-access
+        yield from _every_block(child)
