@@ -272,3 +272,57 @@ def test_two_nodes_shard_each_stage_over_its_replicas_as_one_process(tmp_path, c
     assert sum(int(s[3]) for s in shares) == 12  # each node its stages' parameters
     assert _parts(tmp_path / 'sharded') == _parts(tmp_path / 'plain')
     _resumes_at_one_and_four_replicas(tmp_path, capsys, tmp_path / 'sharded')
+
+
+class _OneWorkerOfTwo:
+    """Worker ``rank`` of a two-worker ``dist_sync`` kvstore, in one process:
+    what is pushed is kept (the other worker's share taken as zeros) and
+    pulled back. MXNet's dist kvstore reads a pushed CPU array's buffer as
+    it is (``send_buf.data()``, src/kvstore/kvstore_dist.h), which refuses
+    an array oneDNN keeps in its own layout; ``to_dlpack_for_read`` makes
+    the same check, so every push is recorded with whether it passes."""
+
+    type, num_workers = 'dist_sync', 2
+
+    def __init__(self, rank):
+        self.rank, self.kept, self.refused = rank, {}, []
+
+    def push(self, key, value, priority=0):
+        # pylint: disable=unused-argument
+        for array in value if isinstance(value, (list, tuple)) else [value]:
+            try:
+                array.to_dlpack_for_read()
+            except mx.base.MXNetError:
+                self.refused.append(key)
+            self.kept[key] = array.copy()
+
+    def pull(self, key, out=None, priority=0):
+        # pylint: disable=unused-argument
+        for array in out if isinstance(out, (list, tuple)) else [out]:
+            self.kept[key].copyto(array)
+
+
+def test_a_weight_oneDNN_left_in_its_own_layout_is_pushed_to_dist_sync_workers_readable():
+    """An inference pass leaves a convolution's weight in oneDNN's layout
+    until the next training pass reorders it; where that reorder has not
+    run by the owner's push (a race the engine's order allows), MXNet's
+    dist kvstore failed with ``Check failed: !IsMKLDNNData()``."""
+    from mp_symbolic.training.tasks.digits import build_blocks
+    pipe = Pipeline(build_blocks(), 'cpu:0,cpu:1', sample=(BATCH, 1, 8, 8), chunks=1,
+                    shard_optimizer=True)
+    mod = pipe.module('softmax')
+    mod.bind([('data', (BATCH, 1, 8, 8))], [('softmax_label', (BATCH,))])
+    mx.random.seed(1)
+    mod.init_params(mx.init.Xavier())
+    mod.init_optimizer(optimizer='adam', optimizer_params={'learning_rate': 0.01})
+    rng = np.random.RandomState(0)
+    batch = mx.io.DataBatch([mx.nd.array(rng.randn(BATCH, 1, 8, 8))],
+                            [mx.nd.array(rng.randint(0, 10, BATCH))])
+    mod.forward_backward(batch)
+    for rank in (0, 1):  # each worker's pushes: one owns the weight, the other not
+        mod._kvstore = kvstore = _OneWorkerOfTwo(rank)  # pylint: disable=protected-access
+        mod.forward(batch, is_train=False)  # oneDNN reorders the convolutions' weights
+        mx.nd.waitall()
+        mod.update()
+        mx.nd.waitall()
+        assert 'conv1_weight' in kvstore.kept and kvstore.refused == []

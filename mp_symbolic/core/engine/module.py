@@ -950,8 +950,11 @@ class PipelineModule(DeviceModule):
         per-device updater call per replica (as MXNet orders them), then
         each updated value copied to the other replicas (over ``dist_sync``
         workers, pushed by its owner and summed with the other workers'
-        zeros: a non-owner's first gradient array, no longer read, is
-        zeroed for it; every worker pushes every key in the same order)."""
+        zeros: the owner's gradient array, no longer read, takes a copy of
+        the value in the default layout (an inference pass may leave a
+        weight in oneDNN's own, which the dist kvstore cannot read), a
+        non-owner's first is zeroed; every worker pushes every key in the
+        same order)."""
         assert self.binded and self.params_initialized and self.optimizer_initialized
         self._params_dirty = True
         group, local, kvstore = self._exec_group, len(self._context), self._kvstore
@@ -976,8 +979,9 @@ class PipelineModule(DeviceModule):
                 self._updater(list(indices), list(grads), list(weights))
         for i, name, worker, k, arrays, grads in moves:
             if kvstore is not None and 'dist' in kvstore.type:
-                if worker == rank:
-                    kvstore.push(name, arrays[k], priority=-i)
+                if worker == rank:  # the dist kvstore reads the buffer as it is laid out
+                    arrays[k].copyto(grads[k])
+                    kvstore.push(name, grads[k], priority=-i)
                 else:
                     grads[0][:] = 0
                     kvstore.push(name, grads[0], priority=-i)
