@@ -126,6 +126,14 @@ def test_estimate_memory_refuses_an_optimizer_it_does_not_know():
                                     optimizer='novel')
 
 
+def test_estimate_memory_refuses_a_rank_not_among_the_workers_in_one_line():
+    task, _ = load_task('regression')
+    with pytest.raises(ValueError, match=r"^workers, rank: expected a count of dist_sync workers "
+                                         r"and a rank below it, found workers=2, rank=2$"):
+        mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2),
+                                    workers=2, rank=2)
+
+
 def test_the_estimate_after_a_bind_in_the_same_process_equals_one_made_first_and_later_binds_log_nothing():
     # MXNet reads its planner-log switch once per process, at the first bind
     code = (

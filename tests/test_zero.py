@@ -20,7 +20,7 @@ from mp_symbolic import Pipeline
 from mp_symbolic.core.optim.optstate import OptimizerStateError
 from mp_symbolic.core.optim.zero import owners
 from mp_symbolic.tools.checkpoint import read_checkpoint
-from mp_symbolic.tools.memory import memory_table
+from mp_symbolic.tools.memory import format_bytes, memory_table
 from mp_symbolic.training.cli import main
 
 from conftest import cli_status
@@ -221,15 +221,18 @@ LAUNCHED = ['train', '--task', 'digits', '--optimizer', 'adam', '--no-progress',
             '--batch-size', '32', '--epochs', '2']
 
 
-def _launch(out, how, *flags):
+def _launch(out, how, *flags, memory=False):
+    """Digests and share lines of a launched run; with ``memory``, measured
+    tables too, and its stdout last among the shares."""
+    launched = [f for f in LAUNCHED if not (memory and f == '--no-memory')]
     job = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'launch'] + how + ['--'] +
-                         LAUNCHED + ['--out', str(out)] + list(flags), capture_output=True,
+                         launched + ['--out', str(out)] + list(flags), capture_output=True,
                          text=True, timeout=600, check=False)
     assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
     digests = set(re.findall(r'parameters sha256: ([0-9a-f]{64})$', job.stdout, re.M))
     shares = re.findall(r'\] optimizer state sharded over (\d) replica\(s\) x (\d) worker\(s\): '
                         r'this process holds the state of (\d+) of its (\d+) trained', job.stdout)
-    return digests, shares
+    return digests, shares + [job.stdout] if memory else shares
 
 
 def _parts(folder):
@@ -248,11 +251,43 @@ def _resumes_at_one_and_four_replicas(tmp_path, capsys, folder):
         assert len(resumed.load_states()['params']) == 12  # the whole state, every parameter
 
 
+def _tables_against_shares(stdout):
+    """Per worker, the optimizer column of its measured table and the bytes
+    its share line reports, by device, both as :func:`format_bytes` prints."""
+    found = {}
+    for label, rest in re.findall(r'^\[worker (\d)\] (.*)$', stdout, re.M):
+        share = re.search(r'this process holds the state .* bytes \((.*)\)$', rest)
+        row = re.match(r'\s+(cpu\(\d\))\s+\S+ \S+\s+\S+ \S+\s+(\S+ \S+)\s', rest)
+        mine = found.setdefault(label, {'table': {}, 'share': {}, 'title': ''})
+        if share:
+            mine['share'] = {d: format_bytes(int(b)) for d, b in
+                             re.findall(r'(cpu\(\d\)) (\d+)', share.group(1))}
+        elif row and 'this plan' in mine['title']:
+            mine['table'][row.group(1)] = row.group(2)
+        elif rest.startswith('  ') and not rest.startswith('    '):
+            mine['title'] = rest
+            rank = re.search(r"worker (\d)'s replica", rest)
+            mine['rank'] = int(rank.group(1)) if rank else mine.get('rank')
+    return found
+
+
 def test_two_dist_sync_workers_share_the_state_and_checkpoint_the_unsharded_run(tmp_path,
                                                                                  capsys):
     how = ['--workers', '2', '--servers', '1']
     digests, shares = _launch(tmp_path / 'sharded', how, '--devices', 'cpu:0,cpu:1',
-                              '--shard-optimizer')
+                              '--shard-optimizer', memory=True)
+    # each worker's measured table holds its own share of the state, at its share of the batch
+    tables = _tables_against_shares(shares.pop())
+    assert len(tables) == 2 and all(t['share'] and t['table'] == t['share']
+                                    for t in tables.values()), tables
+    # and the estimate of each rank's, made before anything is bound
+    from mp_symbolic.training.tasks.digits import build_blocks
+    assert sorted(t['rank'] for t in tables.values()) == [0, 1]
+    for table in tables.values():
+        estimate = mp_symbolic.estimate_memory(
+            build_blocks(), 'cpu:0,cpu:1', sample=(16, 1, 8, 8), optimizer='adam',
+            shard_optimizer=True, workers=2, rank=table['rank'])
+        assert {r.device: format_bytes(r.optimizer) for r in estimate.rows} == table['share']
     plain, _ = _launch(tmp_path / 'plain', how, '--devices', 'cpu:0,cpu:1')
     assert len(digests) == 1 and digests == plain  # both workers, bit for bit the unsharded
     assert sorted(s[:2] for s in shares) == [('1', '2'), ('1', '2')]

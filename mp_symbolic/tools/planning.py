@@ -17,7 +17,7 @@ __all__ = []
 
 def estimate_memory(model, devices=None, sample=None, loss='softmax', output=None,
                     data_shapes=None, label_shapes=None, optimizer='sgd',
-                    optimizer_params=None, **plan):
+                    optimizer_params=None, workers=1, rank=0, **plan):
     """Bytes per device and category of one training step, without binding
     or running anything.
 
@@ -44,6 +44,10 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
         label_shapes: ``[(name, shape)]``, the label's name the loss head's
             (default: ``softmax_label``, its shape as the loss head infers it).
         optimizer, optimizer_params: As ``init_optimizer`` takes them.
+        workers, rank: Over ``dist_sync`` workers, their count and the rank
+            whose table is estimated (its batch is ``sample``: its share):
+            under ``shard_optimizer`` its optimizer rows hold its share of
+            the state dealt over replicas x workers.
         **plan: ``Pipeline`` arguments (``chunks``, ``replicas``, ``schedule``,
             ``virtual``, ``mirror``, ``balance``, ``tensor_parallel``,
             ``batch_axis``, ``shard_optimizer``: each replica's optimizer
@@ -72,7 +76,8 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
         data_shapes = _shapes_of(pipe, sample)
     table = estimate(pipe, data_shapes, label_shapes, loss=loss, output=output,
                      label_name=label_shapes[0][0] if label_shapes else None,
-                     optimizer=optimizer, optimizer_params=optimizer_params)
+                     optimizer=optimizer, optimizer_params=optimizer_params,
+                     workers=workers, rank=rank)
     rows = []
     for device, row in table.items():
         values = {c: row[c] for c in CATEGORIES}

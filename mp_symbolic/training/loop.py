@@ -649,13 +649,15 @@ def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
     # pylint: disable=import-outside-toplevel
     from ..core.planning.estimate import optimizer_shares
     from ..tools.memory import format_memory, measure_memories
-    local = cfg.batch_size // cfg.replicas
+    # over dist_sync workers, this worker's share of the batch and of the sharded state
+    rank, workers = getattr(stepper, 'shard', (0, 1))
+    local = cfg.batch_size // (workers * cfg.replicas)
     symbol = pipe.training_symbol(task.graph_loss, label_name=task.label)
     data_shapes = task.data_shapes(local, pipe.data_names())
     fixed = fixed_param_names(pipe, symbol)
     try:
         # the split plan is replica 0's: with the state sharded, its share
-        held = optimizer_shares(pipe, symbol, data_shapes, fixed)[0]
+        held = optimizer_shares(pipe, symbol, data_shapes, fixed, (rank, workers))[0]
         common = dict(symbol=symbol, data_shapes=data_shapes,
                       label_shapes=[(task.label, (local,) + tuple(label_shape))],
                       context=str(pipe.plan.first_device), optimizer=cfg.optimizer,
@@ -671,7 +673,9 @@ def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
     log('memory per device, after one step (other: activations and workspace, from MXNet\'s '
         'storage profiler):')
     this = '  this plan' if held is None else \
-        '  this plan, replica 0 (its share of the sharded optimizer state)'
+        '  this plan, replica 0 (its share of the sharded optimizer state)' if workers == 1 \
+        else '  this plan, worker %d\'s replica 0 (its share of the sharded optimizer state)' \
+        % rank
     for title, key in ((this, 'split'), ('  the same model on %s alone'
                                          % pipe.plan.first_device, 'one_device')):
         for line in format_memory(result[key], title):

@@ -1053,30 +1053,35 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
             _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
 
 
-def replica_shares(pipe, symbol, shapes, types, inputs, trained):
+def replica_shares(pipe, symbol, shapes, types, inputs, trained, worker=(0, 1)):
     """``[set of parameter names]`` per replica: the optimizer state each
     replica holds under ``Pipeline(..., shard_optimizer=True)``, as the
     Module deals it (:func:`mp_symbolic.core.optim.zero.owners`: by the device of
-    replica 0's copy and bytes); ``None`` per replica without sharding."""
+    replica 0's copy and bytes, over the R replicas of each of W ``dist_sync``
+    workers, ``worker`` being ``(rank, W)``); ``None`` per replica without
+    sharding."""
     from ..optim.zero import owners  # pylint: disable=import-outside-toplevel
-    if not pipe.shard_optimizer or pipe.replicas == 1:
+    rank, workers = worker
+    if not pipe.shard_optimizer or pipe.replicas * workers == 1:
         return [None] * pipe.replicas
     attrs = symbol.attr_dict()
     group2ctx, context = pipe.plan.group2ctxs[0], pipe.plan.stage_devices[0][0][0]
     params = [(n, str(group2ctx.get(attrs.get(n, {}).get(GROUP_ATTR), context)),
                _nbytes(shapes[n], np.dtype(types.get(n, 'float32')).itemsize))
               for n in symbol.list_arguments() if n not in inputs and n in trained]
-    owned = owners(params, pipe.replicas)
-    return [{n for n, k in owned.items() if k == r} for r in range(pipe.replicas)]
+    owned = owners(params, pipe.replicas * workers)
+    return [{n for n, k in owned.items() if k == rank * pipe.replicas + r}
+            for r in range(pipe.replicas)]
 
 
-def optimizer_shares(pipe, symbol, shapes, fixed=()):
+def optimizer_shares(pipe, symbol, shapes, fixed=(), worker=(0, 1)):
     """:func:`replica_shares` of ``symbol`` bound at ``shapes`` (``[(input
-    name, shape)]``, labels may be left out), ``fixed`` parameters untrained."""
+    name, shape)]``, labels may be left out), ``fixed`` parameters untrained,
+    for ``dist_sync`` worker ``(rank, workers)``."""
     inputs = {n for n, _ in shapes} | labels_of(symbol)
     found, types = _specs(symbol, dict(shapes))
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in set(fixed)}
-    return replica_shares(pipe, symbol, found, types, inputs, trained)
+    return replica_shares(pipe, symbol, found, types, inputs, trained, worker)
 
 
 def _specs(symbol, shapes):
@@ -1095,7 +1100,7 @@ def _specs(symbol, shapes):
 
 
 def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
-             label_name=None, optimizer='sgd', optimizer_params=None):
+             label_name=None, optimizer='sgd', optimizer_params=None, workers=1, rank=0):
     """Bytes per device and category of one training step of ``pipe``'s
     Module, without binding it (see the module).
 
@@ -1103,12 +1108,16 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
         pipe: A :class:`~mp_symbolic.Pipeline` (its devices, chunks, replicas,
             schedule, mirror, shards and ``shard_optimizer`` are the plan:
             sharded, each replica's optimizer row holds its share).
-        data_shapes: ``[(name, shape)]`` of the whole batch, as ``Module.bind`` takes them.
+        data_shapes: ``[(name, shape)]`` of the whole batch, as ``Module.bind`` takes them
+            (over ``dist_sync`` workers, this worker's share of it).
         label_shapes: ``[(name, shape)]``; default: as the loss head infers it.
         loss, output: As :meth:`~mp_symbolic.Pipeline.module` takes them.
         label_name: The label's name (default: the Pipeline's ``softmax_label``).
         optimizer, optimizer_params: As ``init_optimizer`` takes them
             (:data:`STATES`: the states each trained parameter gets).
+        workers, rank: The ``dist_sync`` workers training ``pipe`` and this
+            worker's rank: under ``shard_optimizer`` its replicas hold their
+            shares of the state dealt over replicas x workers.
 
     Returns:
         ``{device: {category: bytes}}`` with :data:`CATEGORIES` and ``total``,
@@ -1117,8 +1126,8 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
 
     Raises:
         ValueError: an optimizer :data:`STATES` does not know, a batch the
-            micro-batches and replicas do not divide, or shapes the graph
-            does not take (one line each).
+            micro-batches and replicas do not divide, shapes the graph does
+            not take, or a rank not among the workers (one line each).
     """
     # pylint: disable=import-outside-toplevel
     from ..engine.module import fixed_param_names
@@ -1129,6 +1138,9 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
         raise ValueError('optimizer: expected one of %s, found %r'
                          % (', '.join(sorted(STATES)), optimizer))
     states = STATES[name](dict(optimizer_params or {}))
+    if not (isinstance(workers, int) and isinstance(rank, int) and 0 <= rank < workers):
+        raise ValueError('workers, rank: expected a count of dist_sync workers and a rank '
+                         'below it, found workers=%r, rank=%r' % (workers, rank))
     label_name = label_name or LABEL_NAME
     data_shapes = [(n, tuple(s)) for n, s in data_shapes]
     label_shapes = [(n, tuple(s)) for n, s in (label_shapes or ())]
@@ -1141,12 +1153,12 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
     if one_graph(pipe.schedule):
         symbol = pipe.training_symbol(loss, label_name=label_name, output=output)
         table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
-                           set(fixed_param_names(pipe, symbol)))
+                           set(fixed_param_names(pipe, symbol)), (rank, workers))
     else:
         placed = pipe.training_graph(loss, label_name=label_name, chunks=1, output=output)
         symbol = placed.to_symbol()
         table = _staged(pipe, placed, symbol, data_shapes, label_shapes, states,
-                        set(fixed_param_names(pipe, symbol)))
+                        set(fixed_param_names(pipe, symbol)), (rank, workers))
     if pipe.replicas > 1:
         _kvstore(table, symbol, data_shapes, pipe, set(fixed_param_names(pipe, symbol)))
     for row in table.values():
@@ -1182,7 +1194,7 @@ def _replica_shapes(pipe, shapes, size):
     return {n: _resized(s, axis, size) if len(s) > axis else s for n, s in shapes}
 
 
-def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
+def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed, worker=(0, 1)):
     """GPipe's one graph of every micro-batch, one executor per replica."""
     plan = pipe.plan
     batch = data_shapes[0][1][pipe.batch_axis]
@@ -1191,7 +1203,7 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
     inputs = set(shapes) | labels_of(symbol)
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
     table, requests = {}, []
-    shares = replica_shares(pipe, symbol, specs, types, inputs, trained)
+    shares = replica_shares(pipe, symbol, specs, types, inputs, trained, worker)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
         _add_arrays(table, symbol, specs, types, group2ctx, context, inputs, trained, states,
@@ -1206,7 +1218,7 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed):
     return table
 
 
-def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
+def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed, worker=(0, 1)):
     """The stage runtime: the weights, gradients and auxiliary states its
     stage executors share, then each stage's executors of one micro-batch
     (inputs their own), as many as it keeps in flight."""
@@ -1230,7 +1242,7 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed):
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
     flight = in_flight(pipe.run_schedule())
     table, requests = {}, []
-    shares = replica_shares(pipe, symbol, specs[0], specs[1], inputs, trained)
+    shares = replica_shares(pipe, symbol, specs[0], specs[1], inputs, trained, worker)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
         # the arrays the stage executors share (their inputs are each executor's own)
