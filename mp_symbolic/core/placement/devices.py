@@ -1,13 +1,10 @@
 """The one place that decides which device runs which pipeline stage.
 
-A *device plan* maps a network's blocks to contiguous pipeline stages and
-each stage to one device (or several, for tensor-parallel layers:
-``cpu:0+cpu:1,cpu:2``); with replicas, R copies of that plan each get their
-own devices. Every variant (Module, executor, imperative, export) takes its
-``group2ctx`` from it, so group names agree everywhere. Shard ``i`` of stage
-``s`` runs in ``ctx_group`` :func:`shard_group` ``(s, i)``. ``cpu(0)``,
-``cpu(1)``, ... are distinct devices to MXNet, which is how everything here
-runs without a GPU.
+A *device plan* maps a network's blocks to contiguous stages and each stage
+to one device, or several for tensor-parallel layers
+(``cpu:0+cpu:1,cpu:2``); with replicas, each copy of the plan gets its own
+devices. Every variant takes its ``group2ctx`` from it. ``cpu(0)``,
+``cpu(1)``, ... are distinct devices to MXNet.
 """
 from dataclasses import dataclass
 import re
@@ -41,15 +38,15 @@ def format_stage(devices):
 
 
 def parse_devices(spec, num_gpus=None, unique=True):
-    """Parses ``'cpu:0,gpu:1'`` into ``[mx.cpu(0), mx.gpu(1)]``.
-
-    ``'cpu:0+cpu:1,cpu:2'`` gives ``[(mx.cpu(0), mx.cpu(1)), mx.cpu(2)]``: a
-    stage of two devices (for tensor-parallel layers), then one of one.
+    """Parses ``'cpu:0,gpu:1'`` into ``[mx.cpu(0), mx.gpu(1)]``, and
+    ``'cpu:0+cpu:1,cpu:2'`` into ``[(mx.cpu(0), mx.cpu(1)), mx.cpu(2)]`` (a
+    stage of two devices, then one of one).
 
     Args:
         spec: Comma-separated ``cpu:N`` / ``gpu:N`` entries, or several such
             joined by ``+`` for a stage of several devices.
         num_gpus: GPUs MXNet can see; ``None`` asks MXNet.
+        unique: Refuse a device listed twice.
 
     Raises:
         DeviceSpecError: an entry is malformed, a device is listed twice, or
@@ -96,12 +93,8 @@ def flat_devices(devices):
 
 
 def check_devices(devices, num_gpus=None, unique=True):
-    """Checks a device list: contexts, each device once, every GPU present.
-
-    An entry may be a tuple of contexts: one stage on several devices.
-
-    Returns:
-        ``devices`` as a list (multi-device stages as tuples).
+    """``devices`` (contexts, or tuples of them for a stage of several) checked
+    and returned as a list.
 
     Raises:
         DeviceSpecError: an entry is not an ``mx.Context`` (or a non-empty
@@ -149,8 +142,8 @@ def default_devices(num_stages, num_gpus=None):
     """One device per stage: GPUs if MXNet sees enough, else CPU stand-ins.
 
     Returns:
-        ``(devices, note)``: the device list and a one-line note saying which
-        choice was made, for the caller to print once.
+        ``(devices, note)``: the device list and a line saying which choice
+        was made.
     """
     if num_gpus is None:
         num_gpus = _visible_gpus()
@@ -179,24 +172,20 @@ def partition(num_blocks, num_stages):
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """Blocks -> stages -> devices, for each replica.
-
-    A stage may hold several devices (tensor-parallel shards): give it as a
-    tuple of contexts in ``devices`` / ``replica_devices``; ``devices`` and
-    ``replica_devices`` then keep each stage's first device (the one its
-    other ops run on) and ``stage_devices`` has them all.
+    """Blocks -> stages -> devices, for each replica. A stage of several devices
+    (tensor-parallel shards) is a tuple of contexts in ``devices`` /
+    ``replica_devices``, which then keep its first device.
 
     Attributes:
-        devices: Device of each stage of replica 0, ``devices[s]`` for stage ``s``.
+        devices: Device of each stage of replica 0.
         stage_of_layer: Stage index of each block (layer), contiguous from 0.
         replica_devices: ``replica_devices[r][s]``: device of stage ``s`` in
             replica ``r``; ``(devices,)`` without replicas.
-        stage_devices: ``stage_devices[r][s]``: the tuple of devices of stage
-            ``s`` in replica ``r``; shard ``i`` of a tensor-parallel layer runs
-            on ``stage_devices[r][s][i]``.
+        stage_devices: ``stage_devices[r][s]``: the devices of stage ``s`` in
+            replica ``r``; shard ``i`` runs on ``stage_devices[r][s][i]``.
         node_of_stage: The node process that runs each stage (all 0 in one
-            process); a device of one node is that node's (``gpu:0`` on
-            node 1 is node 1's GPU), so a device may be listed once per node.
+            process); a device belongs to its node, so it may be listed once
+            per node.
     """
     devices: tuple
     stage_of_layer: tuple
@@ -229,7 +218,7 @@ class DevicePlan:
 
     @property
     def num_nodes(self):
-        """Node processes the stages are divided over (1: this process holds them all)."""
+        """Node processes the stages are divided over."""
         return max(self.node_of_stage) + 1
 
     def stages_of_node(self, node):
@@ -251,8 +240,7 @@ class DevicePlan:
 
     @property
     def group2ctx(self):
-        """``{'stage0': ctx0, ...}`` of replica 0, for ``simple_bind(group2ctx=...)``;
-        a stage of several devices adds ``'stage0_shard1'``, ... (:func:`shard_group`)."""
+        """``{'stage0': ctx0, ...}`` of replica 0 (shards' groups included)."""
         return self.group2ctxs[0]
 
     @property
@@ -268,8 +256,8 @@ class DevicePlan:
         return [d for devices in self.stage_devices for stage in devices for d in stage]
 
     def stage_label(self, stage):
-        """The stage's device(s) in each replica: ``'cpu(1)'``, ``'cpu(1)+cpu(2), cpu(4)+cpu(5)'``;
-        over nodes, its node's first: ``'node 1 cpu(0)'``."""
+        """The stage's device(s) in each replica: ``'cpu(1)+cpu(2), cpu(4)+cpu(5)'``;
+        over nodes, its node first: ``'node 1 cpu(0)'``."""
         devices = ', '.join('+'.join(str(d) for d in devices[stage])
                             for devices in self.stage_devices)
         return devices if self.num_nodes == 1 else 'node %d %s' % (self.node_of_stage[stage],
@@ -294,9 +282,8 @@ class DevicePlan:
 
 
 def resolve_devices(devices, num_gpus=None, unique=True):
-    """A ``--devices`` string or a list of contexts -> a checked list of
-    contexts (``unique=False``: devices of several nodes, each node's
-    checked apart)."""
+    """A ``--devices`` string or a list of contexts as a checked list of contexts
+    (``unique=False``: devices of several nodes)."""
     if isinstance(devices, str):
         return parse_devices(devices, num_gpus, unique)
     if isinstance(devices, mx.Context):
@@ -332,16 +319,15 @@ def make_plan(num_layers, devices=None, num_gpus=None, stage_of_layer=None, repl
 
     Args:
         num_layers: Blocks (layers) of the network.
-        devices: A ``--devices`` string, a list of contexts (checked as
-            :func:`check_devices` does), or ``None`` for :func:`default_devices`
-            (one device per layer).
+        devices: A ``--devices`` string, a list of contexts, or ``None`` for
+            :func:`default_devices` (one device per layer).
         num_gpus: GPUs MXNet can see; ``None`` asks MXNet.
         stage_of_layer: Stage of each layer; ``None``: :func:`partition`.
         replicas: Copies of the plan; ``devices`` then lists ``replicas x K``
             devices, replica by replica.
 
     Returns:
-        ``(plan, note)``; ``note`` is a line to print when the default devices
+        ``(plan, note)``; ``note`` a line to print when the default devices
         were chosen, else ``None``.
 
     Raises:
