@@ -1,23 +1,7 @@
-"""``Task``: a workload the command line trains, written by its user.
-
-A task file defines ``task(**kwargs)`` returning a :class:`Task`; ``python -m
+"""``Task``: a workload the command line trains, written by its user. A task
+file defines ``task(**kwargs)`` returning a :class:`Task`; ``python -m
 mp_symbolic train --task FILE.py --task-arg KEY=VALUE`` calls it with the
-``--task-arg`` values as keyword arguments (docs/tasks.md).
-
-Example (``my_task.py``)::
-
-    from mxnet import gluon
-    from sklearn.datasets import load_wine
-    import mp_symbolic
-
-    def task(hidden=32):
-        X, y = load_wine(return_X_y=True)
-        ...
-        return mp_symbolic.Task(
-            name='wine', blocks=[gluon.nn.Dense(hidden, activation='relu'), ...],
-            loss='softmax', train=(X_train, y_train), val=(X_val, y_val),
-            metric='acc', batch_size=16, num_epochs=30, lr=0.05)
-"""
+``--task-arg`` values (docs/tasks.md, docs/your-own-model.md)."""
 from collections import namedtuple
 from dataclasses import dataclass, field
 import re
@@ -199,11 +183,8 @@ class Task:
     # -- what the training loop reads --------------------------------------
 
     def make_blocks(self):
-        """The network's blocks (calling ``blocks`` once if it is a function).
-
-        Raises:
-            TaskError: ``blocks`` gives no HybridBlock, or ``blocks()`` raised.
-        """
+        """The network's blocks (calling ``blocks`` once if it is a function); raises
+        TaskError where it gives no HybridBlock or raises."""
         if 'blocks' not in self._cache:
             blocks = self.blocks
             if callable(blocks) and not isinstance(blocks, mx.gluon.Block):
@@ -242,8 +223,7 @@ class Task:
 
     def batch_labels(self):
         """``[('train', labels), ('val', labels)]`` of a bucketed DataIter, each read
-        once, its labels flattened without padding (``val``'s are ``train``'s
-        without one).
+        once, its labels flattened without padding.
 
         Raises:
             TaskError: a DataIter that raises, has no batch, a batch without a
@@ -268,8 +248,8 @@ class Task:
         return self._cache['labels']
 
     def data(self):
-        """The data as numpy arrays: a :data:`Data` (the validation arrays are the
-        training ones without ``val``).
+        """The data as numpy arrays, a :data:`Data` (validation arrays the training
+        ones without ``val``).
 
         Raises:
             TaskError: data that is not ``(X, y)`` arrays or a DataIter, whose
@@ -332,18 +312,10 @@ class Task:
     # -- the loss head, fitted to the network's output ---------------------
 
     def fit_head(self, output_shape, training_symbol):
-        """Fits the loss head to the network and remembers it: ``'softmax'`` on the
-        class axis its labels leave in outputs of ``output_shape``, a callable's
-        head read off its graph.
-
-        Args:
-            output_shape: The network's output shape, batch first (``None``: not
-                known; ``'softmax'`` keeps the last axis).
-            training_symbol: ``loss -> the training graph`` with that loss.
-
-        Returns:
-            The training graph of the fitted head.
-        """
+        """Fits the loss head to the network and remembers it (``'softmax'`` on the
+        class axis its labels leave in outputs of ``output_shape``, ``None`` for
+        the last; a callable's head read off its graph); returns the training
+        graph ``training_symbol(loss)`` of the fitted head."""
         loss = self.loss
         head = head_of(loss)
         if head is not None and head.classes and output_shape is not None:
@@ -382,13 +354,9 @@ class Task:
         return mx.nd.mean(output)  # MakeLoss outputs the loss itself
 
     def report(self, params, predict):
-        """How the network with ``params`` does (see ``evaluate``).
-
-        Args:
-            params: Name -> numpy array.
-            predict: ``predict(X)`` -> numpy outputs in inference form; for a
-                bucketed DataIter, ``predict(batch)`` of one DataBatch.
-        """
+        """How the network with ``params`` (name -> numpy) does, through
+        ``predict(X)`` (numpy outputs in inference form; ``predict(batch)`` for a
+        bucketed DataIter). See ``evaluate``."""
         if self.bucketed:
             return self._batch_report(predict)
         data = self.data()
@@ -563,12 +531,8 @@ def _checked(name, X, y, which):
 
 def _batches(data, name, limit):
     """``(batch, examples kept)`` of every batch of the DataIter ``data`` in one
-    epoch, padding cut; ``data`` is reset after.
-
-    Raises:
-        TaskError: no batch, a batch without a label, or more than ``limit``
-            bytes.
-    """
+    epoch, padding cut, ``data`` reset after. Raises TaskError for no batch, a
+    batch without a label, or more than ``limit`` bytes."""
     count, size = 0, 0
     data.reset()
     for batch in data:
@@ -589,12 +553,9 @@ def _batches(data, name, limit):
 
 
 def _read_iter(data, name, limit):
-    """Every batch of the DataIter ``data``, padding cut: ``([X of each input],
-    y)``.
-
-    Raises:
-        TaskError: as :func:`_batches`, or batches of different input counts.
-    """
+    """Every batch of the DataIter ``data``, padding cut, as ``([X of each
+    input], y)``. Raises as :func:`_batches`, or for batches of different
+    input counts."""
     xs, ys = [], []
     for batch, keep in _batches(data, name, limit):
         if xs and len(batch.data) != len(xs[0]):
@@ -629,8 +590,7 @@ def _positive_shape(shape):
 
 def _shapes(X, examples=True):
     """Shapes of one example of each input of ``X`` (with ``examples=False``,
-    ``X`` is an ``input_shape``).
-    """
+    ``X`` is an ``input_shape``)."""
     if not examples:
         return tuple(X) if X and isinstance(X[0], tuple) else (tuple(X),)
     return tuple(x.shape[1:] for x in as_inputs(X))

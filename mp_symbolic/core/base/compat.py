@@ -2,8 +2,7 @@
 is worked around. ``tests/test_mxnet_traps.py`` pins each behaviour; the
 longer accounts are in docs/batchnorm-chunks.md and docs/pipelining.md. Two
 stay where they act: the Module's host copy (``engine/device_module.py``) and
-the ``Trainer``'s ``dist_*`` kvstore (``optim/trainer.py``).
-"""
+the ``Trainer``'s ``dist_*`` kvstore (``optim/trainer.py``)."""
 from contextlib import contextmanager
 import functools
 import linecache
@@ -51,22 +50,17 @@ UNMIRRORED_OPS = frozenset({'Embedding', '_contrib_SparseEmbedding'})
 
 
 def segment_boundaries(heads, group, first_index, tag=''):
-    """Micro-batch outputs ``heads``, each but the last through a ``_copyto`` on
-    the join's device, so that MXNet bulks every stage's ops of every micro-batch
-    (it ends a bulked segment only at a copy, and does not bulk one over two
-    devices). None under ``MXNET_BACKWARD_DO_MIRROR=1``, where the copy's
-    recomputed dtype cannot be inferred.
-
-    Args:
-        heads: The graph entries ``(node, output, version)`` of the micro-batch
-            outputs, in the join's order.
-        group: The ``ctx_group`` of the join (the last stage's).
-        first_index: The index the first appended node will have.
-        tag: Put in the copies' names after the prefix.
+    """Micro-batch outputs ``heads`` (graph entries, in the join's order), each
+    but the last through a ``_copyto`` in the join's ``group``, so that MXNet
+    bulks every stage's ops of every micro-batch (it ends a bulked segment
+    only at a copy, and bulks none over two devices). None under
+    ``MXNET_BACKWARD_DO_MIRROR=1``, where the copy's recomputed dtype cannot be
+    inferred.
 
     Returns:
-        ``(nodes, heads)``: the copy nodes to append (named
-        ``chunk_boundary<m>``) and the entries for the join to read.
+        ``(nodes, heads)``: the copy nodes to append, from index
+        ``first_index``, named ``chunk_boundary<tag><m>``; the entries for the
+        join to read.
     """
     if os.environ.get(DO_MIRROR, '0') not in ('', '0'):
         return [], list(heads)
@@ -91,10 +85,10 @@ def split_bind(group2ctx, symbol=None, training=True, fixed=()):
     Args:
         group2ctx: ``{group: mx.Context}`` of the bind (or any mapping whose
             values are its devices); ``None`` or empty for one device.
-        symbol: The graph being bound (Symbol or ``PlacedGraph``); ``None``
-            binds as if it had an op of :data:`ONEDNN_LAYOUT_OPS`.
-        training: Whether the bind computes gradients.
-        fixed: Names of the arguments that get no gradient.
+        symbol: The graph being bound (Symbol or ``PlacedGraph``); ``None``:
+            as if it had an op of :data:`ONEDNN_LAYOUT_OPS`.
+        training, fixed: Whether the bind computes gradients; the arguments
+            that get none.
 
     Raises:
         ValueError: a training bind without shared storage of a graph with
@@ -139,20 +133,11 @@ def leaves_onednn_layouts(symbol):
 
 
 def unallocated_weight_gradients(symbol, fixed=()):
-    """The ops of ``symbol`` whose weight gradient MXNet 1.9.1's oneDNN
-    ``_backward_Deconvolution`` writes through a null pointer when intermediate
-    arrays do not share storage: a weight read by several ops
-    (docs/batchnorm-chunks.md).
-
-    Args:
-        symbol: A Symbol or a ``PlacedGraph``.
-        fixed: Names of the arguments that get no gradient.
-
-    Returns:
-        ``[(op name, weight name, readers)]`` in the graph's order (for a
-        weight computed by an op, ``weight name`` is that op's and ``readers``
-        is 0).
-    """
+    """``[(op name, weight name, readers)]`` of the ops of ``symbol`` whose
+    weight gradient MXNet 1.9.1's oneDNN ``_backward_Deconvolution`` writes
+    through a null pointer when intermediate arrays do not share storage: a
+    weight (not in ``fixed``) read by several ops, or computed by an op
+    (``readers`` 0) (docs/batchnorm-chunks.md)."""
     graph = as_placed(symbol)
     readers = graph.reader_counts()
     found = []
@@ -170,12 +155,9 @@ def unallocated_weight_gradients(symbol, fixed=()):
 
 
 def refuse_unallocated_weight_gradients(symbol, fixed=()):
-    """Refuses a graph with :func:`unallocated_weight_gradients`.
-
-    Raises:
-        ValueError: one line naming the first such op, its weight, its
-            readers and how many such ops there are.
-    """
+    """Raises ValueError in one line naming the first op of
+    :func:`unallocated_weight_gradients`, its weight and readers, and how many
+    such ops there are."""
     found = unallocated_weight_gradients(symbol, fixed)
     if not found:
         return
@@ -191,7 +173,9 @@ def refuse_unallocated_weight_gradients(symbol, fixed=()):
 
 
 def split_bind_environ(devices, symbol=None):
-    """The environment a bind of a graph split over ``devices`` needs.
+    """The environment (``{name: value}``) a bind of a graph split over
+    ``devices`` needs (``symbol`` ``None``: as if it had an op of
+    :data:`ONEDNN_LAYOUT_OPS`):
 
     - ``MXNET_SUBGRAPH_BACKEND=NONE``: the oneDNN subgraph backend fuses ops
       across ``ctx_group`` s.
@@ -200,14 +184,6 @@ def split_bind_environ(devices, symbol=None):
       shared storage chunk keeps (docs/batchnorm-chunks.md).
     - Otherwise, and on one device, :data:`SEARCHED_MEMORY`, unless the
       caller's environment has ``NNVM_EXEC_MATCH_RANGE=0``.
-
-    Args:
-        devices: The ``mx.Context`` s of the plan.
-        symbol: The graph being bound (``None``: as if it had an op of
-            :data:`ONEDNN_LAYOUT_OPS`).
-
-    Returns:
-        ``{name: value}``.
     """
     devices = set(devices or ())
     searched = SEARCHED_MEMORY \
@@ -256,8 +232,7 @@ def reset_variables(block):
 @contextmanager
 def fresh_variables(blocks):
     """Context in which ``blocks`` (a block or a list) trace with fresh parameter
-    variables, forgotten again afterwards.
-    """
+    variables, forgotten again afterwards."""
     blocks = list(blocks) if isinstance(blocks, (list, tuple)) else [blocks]
     for block in blocks:
         reset_variables(block)
@@ -271,15 +246,13 @@ def fresh_variables(blocks):
 def gradient_only_kvstore():
     """Context around ``Module.init_optimizer`` in which the kvstore sums
     gradients only (``MXNET_UPDATE_ON_KVSTORE=0``): each parameter is updated on
-    its own stage's device.
-    """
+    its own stage's device."""
     return environ(MXNET_UPDATE_ON_KVSTORE='0')
 
 
 def profiler_cpu_limit():
     """The first ``cpu(i)`` MXNet 1.9.1's profiler cannot record (one row per
-    core, then two): an op past it aborts the process.
-    """
+    core, then two): an op past it aborts the process."""
     return (os.cpu_count() or 1) + 2
 
 
@@ -303,8 +276,7 @@ def _context(text):
 
 def error_line(err):
     """The informative line of an error: the last of MXNet's messages (which
-    start with a stack trace), the first of others.
-    """
+    start with a stack trace), the first of others."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
     if not lines:
         return type(err).__name__
@@ -332,12 +304,8 @@ def _failing_block(traceback):
 
 def symbol_safe(fn):
     """``fn``, with an error raised in a block's ``hybrid_forward`` traced on
-    Symbols made one line naming the block and the call.
-
-    Raises:
-        NotSymbolSafe: such an error, with the block's name and class, the
-            error's informative line and the call.
-    """
+    Symbols made a :class:`NotSymbolSafe` line naming the block, its class,
+    the error and the call."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -362,8 +330,7 @@ def read_on(params, device):
     """Context in which each ``(param, source)`` of ``params`` reads, on
     ``device``, a recorded copy of its value on ``source`` (a ``(param, source,
     target)`` reads it on ``target``); autograd sums every use's gradient into
-    that copy. Gluon's private lists that name the copy are restored afterwards.
-    """
+    that copy. Gluon's private lists that name the copy are restored afterwards."""
     # pylint: disable=protected-access
     saved = [(p[0], p[0]._data, p[0]._ctx_list, p[0]._ctx_map) for p in params]
     try:
@@ -390,8 +357,7 @@ EMBEDDING_OPS = frozenset({'Embedding', '_contrib_SparseEmbedding'})
 def embedding_ids(symbol, names):
     """The inputs among ``names`` (variables of ``symbol``) an Embedding reads its
     ids from, directly or through other ops: a training bind needs
-    ``grad_req='null'`` for each (MXNet's Embedding backward refuses them).
-    """
+    ``grad_req='null'`` for each (MXNet's Embedding backward refuses them)."""
     graph = as_placed(symbol)
     ids = graph.upstream(n.inputs[0] for n in graph.ops if n.op in EMBEDDING_OPS and n.inputs)
     wanted = set(names)
@@ -408,8 +374,7 @@ def lengths_outside_gradient(placed):
     through ``BlockGrad`` (``placed`` itself where none reads one); outputs and
     values unchanged. MXNet's ``softmax(use_length=True)`` backward may zero
     the length in place when its gradient is asked for, as the stage runtime
-    does (docs/any-network.md).
-    """
+    does (docs/any-network.md)."""
     nodes, moved = [], {}
     for node in placed.nodes:
         inputs = [(moved[e.node], e.output, e.version) for e in node.inputs]
@@ -426,8 +391,7 @@ def lengths_outside_gradient(placed):
 
 def ids_outside_gradient(F, x, name='indices'):
     """``x`` (Symbol or NDArray) with no gradient flowing back through it, for
-    ids that ops turn into an Embedding's input.
-    """
+    ids that ops turn into an Embedding's input."""
     return F.BlockGrad(x, name=name) if F is mx.sym else x.detach()
 
 
@@ -442,8 +406,7 @@ def read_in_own_group(F, x, name='input'):
 
 def kvstore_may_update(params):
     """Whether a kvstore may run the optimizer for ``params``: only when all live
-    on the same devices (MXNet's kvstore keeps the state where it reduces).
-    """
+    on the same devices (MXNet's kvstore keeps the state where it reduces)."""
     params = list(params)
     return all(p.list_ctx() == params[0].list_ctx() for p in params)
 
@@ -451,8 +414,7 @@ def kvstore_may_update(params):
 def updates_by_device(indices, grads, weights):
     """``[(indices, grads, weights)]``, one per device in order of first
     appearance: one ``Updater`` call's arrays split by device, since MXNet
-    fuses updates by dtype only, across devices.
-    """
+    fuses updates by dtype only, across devices."""
     by_device = {}
     for i, g, w in zip(indices, grads, weights):
         by_device.setdefault(w.context, []).append((i, g, w))

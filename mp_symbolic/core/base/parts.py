@@ -1,8 +1,7 @@
 """Files of named arrays written and read one array at a time, unpickled: the
 uncompressed ``.npz`` part each node commits to a checkpoint, and MXNet's
 ``.params``. Only numpy and the standard library, so that export and tools
-read parts without MXNet.
-"""
+read parts without MXNet."""
 import hashlib
 import os
 import struct
@@ -98,11 +97,8 @@ class _created:  # pylint: disable=invalid-name,too-few-public-methods
 
 def _npy_members(path):
     """``(name, member)`` of each ``.npy`` member of the ``.npz`` file ``path``,
-    each open while it is handled.
-
-    Raises:
-        PartError: not a zip of ``.npy`` members, or a member unreadable.
-    """
+    each open while it is handled; raises PartError for a file that is not a
+    zip of ``.npy`` members, or a member unreadable."""
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
@@ -123,11 +119,8 @@ def _not_a_part(path, err):
 
 
 def npz_digests(path):
-    """``{name: sha256 (hex)}`` of an ``.npz`` file's members' ``.npy`` bytes.
-
-    Raises:
-        PartError: the file is not a zip of ``.npy`` members.
-    """
+    """``{name: sha256 (hex)}`` of an ``.npz`` file's members' ``.npy`` bytes;
+    raises PartError for a file that is not a zip of ``.npy`` members."""
     found = {}
     for name, member in _npy_members(path):
         digest = hashlib.sha256()
@@ -142,11 +135,8 @@ def npz_digests(path):
 
 def npz_index(path):
     """``{name: (shape, dtype)}`` of an ``.npz`` file's members, from their
-    ``.npy`` headers only.
-
-    Raises:
-        PartError: the file is not a zip of ``.npy`` members of numbers.
-    """
+    ``.npy`` headers only; raises PartError for a file that is not a zip of
+    ``.npy`` members of numbers."""
     found = {}
     for name, member in _npy_members(path):
         try:
@@ -163,11 +153,8 @@ def npz_index(path):
 
 
 class NpzReader:
-    """One ``.npz`` file open for reading, one member at a time, unpickled.
-
-    Raises:
-        PartError: (from :meth:`read`) the member is missing or unreadable.
-    """
+    """One ``.npz`` file open for reading, one member at a time, unpickled;
+    :meth:`read` raises PartError for a member missing or unreadable."""
 
     def __init__(self, path):
         self.path = path
@@ -242,21 +229,14 @@ def write_mxnet_params(path, items, replace=False, digests=None):
 
 def mxnet_params_index(path):
     """``{name: (shape, dtype)}`` of an MXNet ``.params`` file of dense arrays,
-    read from its headers.
-
-    Raises:
-        PartError: the file is not one; the message names it.
-    """
+    read from its headers; raises PartError naming a file that is not one."""
     return {name: (shape, dtype) for name, (shape, dtype, _) in _mxnet_layout(path).items()}
 
 
 class MxnetParams:
-    """An MXNet ``.params`` file of dense arrays, read one array at a time.
-
-    Raises:
-        PartError: (on opening) the file is not one; (from :meth:`read`) no
-            array of that name.
-    """
+    """An MXNet ``.params`` file of dense arrays, read one array at a time;
+    raises PartError for a file that is not one, or (:meth:`read`) no array
+    of that name."""
 
     def __init__(self, path):
         self.path = path
@@ -281,8 +261,7 @@ class MxnetParams:
         return array.astype(dtype, copy=False).reshape(shape)
 
     def digest(self, name):
-        """The sha256 (hex) of the array ``name``'s data bytes.
-        """
+        """The sha256 (hex) of the array ``name``'s data bytes."""
         if name not in self._layout:
             raise PartError('%s: expected an array named %r, found none' % (self.path, name))
         shape, dtype, offset = self._layout[name]

@@ -1,8 +1,7 @@
 """Process state changed for the length of a ``with`` block, then restored:
 the environment MXNet reads at each bind or kvstore creation, and file
 descriptor 2, where MXNet's C++ parts log past ``sys.stderr``. Standard
-library only.
-"""
+library only."""
 from contextlib import contextmanager
 import os
 import sys
@@ -51,8 +50,7 @@ def captured_stderr():
 
 @contextmanager
 def discarded_stderr():
-    """Drops what is written to file descriptor 2 inside the block.
-    """
+    """Drops what is written to file descriptor 2 inside the block."""
     sys.stderr.flush()
     saved = os.dup(2)
     sink = os.open(os.devnull, os.O_WRONLY)

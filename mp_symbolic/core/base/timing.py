@@ -1,7 +1,6 @@
 """The one clock of the library and of its benchmarks: every reading waits for
 all of MXNet's asynchronous work (``mx.nd.waitall()``) before the clock
-starts and before it stops.
-"""
+starts and before it stops."""
 import statistics
 import time
 

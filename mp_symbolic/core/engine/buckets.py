@@ -90,8 +90,7 @@ def batch_shapes(data_batch, data_names, label_names):
 
 def with_labels(symbol, data_shapes, label_shapes, label_names):
     """``label_shapes``, completed where a label of ``label_names`` is missing
-    with the shape ``symbol`` infers from ``data_shapes``.
-    """
+    with the shape ``symbol`` infers from ``data_shapes``."""
     given = dict(label_shapes)
     missing = [n for n in label_names if n not in given]
     if not missing:

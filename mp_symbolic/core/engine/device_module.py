@@ -219,8 +219,7 @@ def aux_written(group):
     """Waits until every operation queued on the auxiliary states of ``group``
     (an executor group), and those reading them, is done: MXNet 1.9.1's
     BatchNorm backward writes its running statistics through inputs it
-    declares read-only, so no later read is ordered after that write.
-    """
+    declares read-only, so no later read is ordered after that write."""
     waited = False
     for block in group.aux_arrays:
         for array in block:

@@ -3,8 +3,7 @@ each parameter with one copy per replica on that replica's device of its
 stage. The batch is split into ``replicas`` shares of ``chunks``
 micro-batches, run through each replica's stages in the schedule's order
 and joined on replica 0's last stage; :class:`~mp_symbolic.Trainer` sums a
-parameter's copies, so one step equals one replica on the whole batch.
-"""
+parameter's copies, so one step equals one replica on the whole batch."""
 import mxnet as mx
 
 from ..graph import graphcut, nesting
@@ -82,8 +81,7 @@ def forwards(schedule):
 def _start(placement, xs, replica):
     """A run of one micro-batch ``xs`` through replica ``replica``'s stages: its
     Gluon blocks for a block list, its ops of the labelled graph for a cut
-    network.
-    """
+    network."""
     if placement.cut is None:
         return _BlockRun(placement, xs, replica)
     return _OpRun(placement, xs, replica)
@@ -156,8 +154,7 @@ def ops_of_stages(placement, graph):
 
 def start_graph(placement, graph, xs, replica):
     """A :class:`~mp_symbolic.core.graph.graphcut.GraphRun` of the labelled
-    ``graph`` on ``xs`` with replica ``replica``'s parameters.
-    """
+    ``graph`` on ``xs`` with replica ``replica``'s parameters."""
     inputs = {name: param.data(placement.device_of(name, replica))
               for name, param in placement.collect_params().items()}
     inputs.update(zip(placement.input_names, xs))

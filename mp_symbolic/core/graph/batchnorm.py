@@ -21,11 +21,7 @@ Statistics = namedtuple('Statistics', 'mean var momentum eps outputs')
 
 
 def check_mode(batchnorm):
-    """``batchnorm`` if it is one of :data:`MODES`.
-
-    Raises:
-        ValueError: it is not.
-    """
+    """``batchnorm`` if it is one of :data:`MODES`; raises ValueError otherwise."""
     if not isinstance(batchnorm, str) or batchnorm not in MODES:
         raise ValueError('batchnorm: expected one of %s, found %r'
                          % (', '.join(repr(m) for m in MODES), batchnorm))

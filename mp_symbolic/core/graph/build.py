@@ -1,8 +1,7 @@
 """The Pipeline's graphs, functions of a
 :class:`~mp_symbolic.core.placement.place.Placement`: its one labelled graph
 (every node tagged with its stage's ``ctx_group``) on micro-batches split
-and joined, and read from a caller's inputs.
-"""
+and joined, and read from a caller's inputs."""
 import mxnet as mx
 
 from . import nesting, passes

@@ -28,12 +28,8 @@ __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op
 
 def param_costs(graph, shapes, data_names):
     """Elements of the parameters each op is the first to read, one per op in
-    :func:`op_order`.
-
-    Args:
-        shapes: ``{variable name: shape}``.
-        data_names: Variables that are inputs, not parameters.
-    """
+    :func:`op_order` (``shapes``: ``{variable name: shape}``; ``data_names``:
+    the inputs, not parameters)."""
     graph = as_placed(graph)
     order = graph.op_order()
     position = {n: k for k, n in enumerate(order)}
@@ -48,8 +44,7 @@ def param_costs(graph, shapes, data_names):
 
 def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
     """Median seconds of one forward and backward pass of each op bound alone on
-    ``ctx`` on random inputs, one per op in :func:`op_order`.
-    """
+    ``ctx`` on random inputs, one per op in :func:`op_order`."""
     graph = as_placed(symbol)
     shapes, dtypes = entry_shapes(symbol, input_shapes), entry_dtypes(symbol, input_shapes)
     rng = np.random.default_rng(seed)
@@ -127,12 +122,8 @@ def _crossings(graph, nbytes):
 
 def cut_bytes(graph, nbytes):
     """Bytes crossing a cut after each op position: ``out[p]`` for a cut between
-    positions ``p`` and ``p + 1`` of :func:`op_order`.
-
-    Args:
-        nbytes: ``{(node name, output index): bytes}`` of the entries that
-            count (activations and inputs).
-    """
+    positions ``p`` and ``p + 1`` of :func:`op_order`, counting the entries of
+    ``nbytes`` (``{(node name, output index): bytes}``)."""
     graph = as_placed(graph)
     n = len(graph.op_order())
     delta = np.zeros(n + 1, dtype=np.float64)
@@ -146,12 +137,8 @@ def cut_bytes(graph, nbytes):
 
 
 def crossing_bytes(graph, stage_of_op, nbytes):
-    """Bytes crossing each boundary (``num_stages - 1`` entries) of a cut.
-
-    Args:
-        stage_of_op: Stage of each op, in :func:`op_order`, contiguous.
-        nbytes: As for :func:`cut_bytes`.
-    """
+    """Bytes crossing each boundary of a cut whose ``stage_of_op`` (in
+    :func:`op_order`) is contiguous; ``nbytes`` as for :func:`cut_bytes`."""
     per_cut = cut_bytes(graph, nbytes)
     bounds = [p for p in range(len(stage_of_op) - 1) if stage_of_op[p] != stage_of_op[p + 1]]
     return [int(per_cut[p]) for p in bounds]
@@ -301,14 +288,9 @@ def run_graph(graph, inputs, device_of_group):
 
 
 class GraphRun:
-    """A labelled graph run op by op (:func:`run_graph`), a part at a time.
-
-    Args:
-        graph, inputs, device_of_group: As for :func:`run_graph`.
-
-    Raises:
-        CutError: shape inference fails for a source op of unknown shape.
-    """
+    """A labelled graph run op by op (:func:`run_graph`, of the same arguments), a
+    part at a time; raises CutError where shape inference fails for a source
+    op of unknown shape."""
 
     def __init__(self, graph, inputs, device_of_group):
         if not isinstance(graph, PlacedGraph):
@@ -321,11 +303,7 @@ class GraphRun:
 
     def run(self, indices):
         """Runs the op nodes ``indices``, and first every op they read that has not
-        run yet, in the graph's order.
-
-        Raises:
-            CutError: as :func:`run_graph`.
-        """
+        run yet, in the graph's order; raises as :func:`run_graph`."""
         nodes = self.graph.nodes
         todo, stack = set(), [i for i in indices if (i, 0) not in self.values]
         while stack:
@@ -389,11 +367,7 @@ _OP_ARGUMENTS = {}   # op name -> names of its attributes
 
 
 def _op_handle(op):
-    """MXNet's handle of operator ``op`` (what ``mx.nd``'s functions invoke).
-
-    Raises:
-        CutError: MXNet has no operator of that name.
-    """
+    """MXNet's handle of operator ``op``; raises CutError where MXNet has none."""
     handle = _OP_HANDLES.get(op)
     if handle is None:
         handle = ctypes.c_void_p()
@@ -424,8 +398,7 @@ def _op_arguments(op):
 
 def _invoke(node, args, kwargs):
     """``node``'s op on ``args`` with the graph's string attributes, as ``mx.nd``
-    runs it; its visible outputs as a list.
-    """
+    runs it; its visible outputs as a list."""
     handle = _op_handle(node.op)
     try:
         return _imperative_invoke(handle.value, args, list(kwargs), list(kwargs.values()),

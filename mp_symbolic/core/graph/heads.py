@@ -1,8 +1,7 @@
 """Loss heads: their training form (MXNet's ``*Output`` ops), their Gluon
 twin, and the inference form an export replaces them with. Each is one
 :class:`Head` record in :data:`HEADS`; :func:`read_head` reads a record back
-off a graph. docs/how-it-works.md lists the heads and their class axes.
-"""
+off a graph. docs/how-it-works.md lists the heads and their class axes."""
 from dataclasses import dataclass, field, replace
 
 import mxnet as mx
@@ -45,8 +44,7 @@ def _binary_cross_entropy(output, label, **_):
 class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
     """Softmax cross-entropy over the last axis, summed over every other axis but
     the batch (``(N, T, C)`` -> ``(N,)``): the twin of ``SoftmaxOutput`` with
-    ``preserve_shape``, whose gradient is per position, unaveraged.
-    """
+    ``preserve_shape``, whose gradient is per position, unaveraged."""
 
     def __init__(self, **kwargs):
         super().__init__(weight=None, batch_axis=0, **kwargs)
@@ -71,21 +69,17 @@ class Head:
     Attributes:
         loss: The name users give (``loss='softmax'``).
         op: MXNet's training op (``SoftmaxOutput``).
-        node: The head node's name (``'softmax'`` gives MXNet's default label
-            name ``softmax_label``).
+        node: The head node's name (``'softmax'``: label ``softmax_label``).
         inference: What the op's forward pass computes, the form an export
             replaces it with: ``'identity'``, ``'softmax'`` or ``'sigmoid'``.
         label: What the per-epoch line calls the batch loss.
         metric: The default metric (an ``mx.metric`` name).
         gluon_loss: Makes the Gluon loss whose gradient equals the op's.
-        batch_loss: ``(head output, label, axis=, ignore_label=) -> the
-            batch's mean loss``.
-        predict: ``(raw outputs, axis) ->`` the head's output (``None``: the
-            same).
+        batch_loss: ``(output, label, axis=, ignore_label=) -> mean loss``.
+        predict: ``(raw outputs, axis) ->`` the head's output (``None``: same).
         classes: Whether labels are class indices of the class axis.
         op_args: Arguments of the op beyond data, label and name.
-        axis: The class axis of a head of ``classes``: -1 or 1; ``None``:
-            every axis but the batch, flattened.
+        axis: The class axis: -1 or 1; ``None``: every axis but the batch.
         ignore_label: A label value the loss skips, or ``None``.
     """
     loss: str
@@ -180,13 +174,9 @@ def head_of(loss):
 def class_axis(output_shape, label_shape=None):
     """The class axis of a softmax head on outputs of ``output_shape`` (batch
     first) with labels of ``label_shape``: -1 where the labels drop the last
-    axis (``(N, T, V)`` with ``(N, T)``), 1 where they drop axis 1 (``(N, C,
-    H, W)`` with ``(N, H, W)``). Where both fit, or without labels: 1 for
-    outputs of 4 axes or more, else -1.
-
-    Returns:
-        -1, 1, or ``None`` where the labels fit neither.
-    """
+    axis, 1 where they drop axis 1 (``(N, C, H, W)`` with ``(N, H, W)``),
+    ``None`` where neither. Where both fit, or without labels: 1 for outputs
+    of 4 axes or more, else -1."""
     output_shape = tuple(output_shape)
     by_rank = 1 if len(output_shape) >= 4 else -1
     if label_shape is None:
@@ -200,12 +190,9 @@ def class_axis(output_shape, label_shape=None):
 
 
 def make_head(loss, prediction, label):
-    """The training head on ``prediction``.
-
-    Args:
-        loss: ``'l2'``, ``'softmax'``, ``'logistic'``, a :class:`Head` record,
-            or a callable ``loss(prediction, label) -> Symbol``.
-        prediction, label: Symbols.
+    """The training head on the Symbols ``prediction`` and ``label``; ``loss`` is
+    ``'l2'``, ``'softmax'``, ``'logistic'``, a :class:`Head` record, or a
+    callable ``loss(prediction, label) -> Symbol``.
 
     Raises:
         ValueError: ``loss`` is none of these, or the callable returns no Symbol.
@@ -317,12 +304,9 @@ def with_head(prediction, loss, label_name, output=None, group=None, shares=1, b
 
 
 def read_head(symbol):
-    """The :class:`Head` the first output of ``symbol`` (a training graph) ends
-    in, read off its op and attributes, with its class axis and ignored label.
-
-    Returns:
-        The record, or ``None`` where the output is no known head.
-    """
+    """The :class:`Head` the first output of a training graph ends in, read off
+    its op and attributes (class axis and ignored label included), or ``None``
+    where it is no known head."""
     node = as_placed(symbol).output_node(0)
     head = _BY_OP.get(node.op)
     if head is None or not head.classes:
@@ -342,7 +326,7 @@ def gluon_loss(loss):
     """The Gluon loss whose gradient equals the training head's.
 
     Raises:
-        ValueError: ``loss`` is not one of :data:`LOSSES` (or their records).
+        ValueError: ``loss`` is not one of :data:`LOSSES`.
     """
     head = head_of(loss)
     if head is None or head.loss not in HEADS:
@@ -352,16 +336,9 @@ def gluon_loss(loss):
 
 
 def inference_form(head_op, head_attrs, prediction):
-    """``prediction`` through the inference form of a training head.
-
-    Args:
-        head_op: The head's op name (``'SoftmaxOutput'``, ...).
-        head_attrs: The head node's attributes (``multi_output``, ...).
-        prediction: The head's data input.
-
-    Returns:
-        A Symbol, or ``None`` if ``head_op`` is not a known head.
-    """
+    """``prediction`` through the inference form of a training head of op
+    ``head_op`` and attributes ``head_attrs``: a Symbol, or ``None`` for an
+    unknown head."""
     form = INFERENCE_FORMS.get(head_op)
     if form == 'identity':
         return prediction
@@ -375,7 +352,6 @@ def inference_form(head_op, head_attrs, prediction):
 
 def predict_form(loss, output):
     """An NDArray of raw outputs in the form the training head returns
-    (probabilities for ``'softmax'`` and ``'logistic'``).
-    """
+    (probabilities for ``'softmax'`` and ``'logistic'``)."""
     head = head_of(loss)
     return output if head is None else head.predict_form(output)

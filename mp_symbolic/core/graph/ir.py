@@ -109,12 +109,8 @@ class PlacedGraph:
 
     @classmethod
     def from_json(cls, graph, inputs=(), states=()):
-        """The typed form of ``graph`` (``json.loads(symbol.tojson())``, not changed).
-
-        Args:
-            inputs: The names of the data and label variables.
-            states: The names of the auxiliary states.
-        """
+        """The typed form of ``graph`` (``json.loads(symbol.tojson())``, unchanged),
+        the variables of ``inputs`` ``'input'`` nodes, of ``states`` ``'state'``."""
         inputs, states = set(inputs), set(states)
         nodes = []
         for i, raw in enumerate(graph['nodes']):
@@ -197,13 +193,9 @@ class PlacedGraph:
         return self.but(nodes, [(new[h.node], h.output, h.version) for h in self.heads])
 
     def compose(self, inner, inputs):
-        """This graph with its variables named in ``inputs`` replaced by outputs of
-        ``inner``, as MXNet's ``symbol(**kwargs)`` composes them, in MXNet's order.
-
-        Args:
-            inner: A :class:`PlacedGraph`.
-            inputs: ``{variable name: index of an output of inner}``.
-        """
+        """This graph with its variables named in ``inputs`` (``{name: output
+        index}``) replaced by outputs of ``inner``, as MXNet's
+        ``symbol(**kwargs)`` composes them, in MXNet's order."""
         out, moved, replaced = list(inner.nodes), {}, {}
 
         def entry(e):
@@ -330,8 +322,7 @@ def as_placed(graph):
 
 def op_order(graph):
     """Indices of the op nodes of ``graph`` (a :class:`PlacedGraph` or its JSON)
-    in a topological order (MXNet's own, checked).
-    """
+    in a topological order (MXNet's own, checked)."""
     return as_placed(graph).op_order()
 
 

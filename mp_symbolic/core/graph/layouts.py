@@ -1,7 +1,6 @@
 """Where the batch is in each input and output of the Module: MXNet's
 ``DataDesc`` layouts (the Module splits each input at its layout's ``N``,
-axis 0 without one), or the Pipeline's ``batch_axis``.
-"""
+axis 0 without one), or the Pipeline's ``batch_axis``."""
 import mxnet as mx
 
 __all__ = []
@@ -72,8 +71,7 @@ def batch_descs(descs, batch_axis, chunks, labels=False):
 def output_batch_axes(symbol, descs):
     """The batch axis of each output of ``symbol`` bound on ``descs``: the axis
     whose size doubles when every input's batch does, -1 where none does;
-    ``None`` when the shapes cannot be inferred.
-    """
+    ``None`` when the shapes cannot be inferred."""
     def shapes(scale):
         given = {}
         for desc in descs:

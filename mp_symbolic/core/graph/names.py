@@ -125,8 +125,7 @@ OTHER_OUTPUT_PREFIX = 'output'         # the BlockGrad of an output the loss doe
 
 def other_output_name(index):
     """The ``BlockGrad`` through which a training graph keeps the network's
-    output ``index`` that its loss does not read (``'output1'``).
-    """
+    output ``index`` that its loss does not read (``'output1'``)."""
     return '%s%d' % (OTHER_OUTPUT_PREFIX, index)
 
 

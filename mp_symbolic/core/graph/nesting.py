@@ -1,8 +1,7 @@
 """Nested inputs and outputs (GluonNLP's ``(inputs, begin_state)`` ->
 ``(out, [h, c])``) flattened into the graph's leaves in order and back,
 depth first as Gluon's ``_flatten`` / ``_regroup``. A nesting is
-:data:`LEAF`, or ``(list, children)`` / ``(tuple, children)``.
-"""
+:data:`LEAF`, or ``(list, children)`` / ``(tuple, children)``."""
 from ..base.checks import excerpt, is_int
 
 __all__ = []
@@ -153,8 +152,7 @@ def flat_names(inputs):
 
 def map_names(fn, inputs):
     """Nested names ``inputs`` with ``fn`` applied to each name (a list of the
-    positional inputs; a name alone stays alone).
-    """
+    positional inputs; a name alone stays alone)."""
     if isinstance(inputs, str):
         return fn(inputs)
     return map_leaves(fn, list(inputs), _is_name)

@@ -28,15 +28,10 @@ MAX_CHUNKED_OPS = 8192
 
 
 def assign_stages(graph, stage_of_op, data_names=(), owners=None):
-    """``graph`` with every node's group set: each op its stage's; a variable its
-    owner's (``owners``, else the stage of its first reader); the inputs and
-    unread variables without a group stage 0's.
-
-    Args:
-        stage_of_op: Stage of each op in
-            :meth:`~mp_symbolic.core.graph.ir.PlacedGraph.op_order`.
-        owners: ``{variable name: stage}`` the user chose.
-    """
+    """``graph`` with every node's group set: each op its stage's (``stage_of_op``,
+    in :meth:`~mp_symbolic.core.graph.ir.PlacedGraph.op_order`); a variable its
+    owner's (``owners``, ``{name: stage}``, else its first reader's); the
+    inputs and unread variables without a group stage 0's."""
     order = graph.op_order()
     stage = dict(zip(order, stage_of_op))
     groups = {i: stage_name(stage[i]) for i in order}
@@ -60,11 +55,7 @@ def mirror_stages(graph, stages):
 
 def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
     """``graph`` placed by stage: :func:`assign_stages`, :func:`mirror_stages`
-    for ``mirror``, then :func:`tie_parameters`.
-
-    Raises:
-        CutError: an auxiliary state read by ops of two stages.
-    """
+    for ``mirror``, then :func:`tie_parameters` (raising CutError)."""
     graph = assign_stages(graph, stage_of_op, data_names, owners)
     if mirror:
         graph = mirror_stages(graph, mirror)
@@ -75,14 +66,8 @@ def tie_parameters(graph, error=ValueError):
     """``graph`` where every variable read by ops of another group is read by
     them through one ``identity`` op (``<variable>_tied``) in the variable's
     group, listed right after it. MXNet 1.9.1 otherwise sums the gradients on
-    a reader's device and fails to save the sum to the variable's.
-
-    Args:
-        error: The exception class to raise.
-
-    Raises:
-        error: an auxiliary state read by ops of two groups.
-    """
+    a reader's device and fails to save the sum to the variable's. Raises
+    ``error`` for an auxiliary state read by ops of two groups."""
     nodes = graph.nodes
     foreign = {}
     for node in nodes:
@@ -114,12 +99,9 @@ def tie_parameters(graph, error=ValueError):
 def shard_groups(graph, widths):
     """A labelled graph with each tensor-parallel shard's node in its shard's
     group, for stages of ``widths[s]`` devices: a layer call's shards on the
-    stage of its first op, a moved weight's ``_tied`` identity with it.
-
-    Raises:
-        ValueError: a stage of several devices, but not as many as the shards
-            of a layer with ops in it.
-    """
+    stage of its first op, a moved weight's ``_tied`` identity with it. Raises
+    ValueError for a stage of several devices but not as many as a layer's
+    shards."""
     stage_of_layer = {}
     for node in graph.ops:  # in topological order
         if node.layer is not None:
@@ -274,12 +256,8 @@ class StageGraph:
 
 def cut(graph, num_stages):
     """``graph`` (every node in its stage's group, its data and label variables
-    ``'input'`` nodes) as one :class:`StageGraph` per stage.
-
-    Raises:
-        CutError: a stage reads an output of a later stage, or a parameter is
-            read by two stages.
-    """
+    ``'input'`` nodes) as one :class:`StageGraph` per stage; raises CutError
+    where a stage reads a later stage's output or a parameter is read by two."""
     placed = graph
     stage_of = {n.index: n.stage for n in placed.ops}
     readers, param_readers = {}, {}
@@ -352,8 +330,7 @@ def _stage_graph(graph, s, stage_of, readers):
 
 
 def unique_names(graph):
-    """``graph`` whose op names are unique: later ones get ``_<k>``.
-    """
+    """``graph`` whose op names are unique: later ones get ``_<k>``."""
     seen = {n.name for n in graph.variables}
     out = []
     for node in graph.nodes:

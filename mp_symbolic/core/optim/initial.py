@@ -86,8 +86,7 @@ class Drawn(mx.init.Initializer):
             np.random.set_state(kept)
 
     def close(self):
-        """Leaves MXNet's CPU generator at the seed the base value gives it.
-        """
+        """Leaves MXNet's CPU generator at the seed the base value gives it."""
         if self.base is not None:
             mx.random.seed(seed_of(self.base, _AFTER), ctx=mx.cpu())
         self._split = (None, None)

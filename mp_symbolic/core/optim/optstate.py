@@ -2,8 +2,7 @@
 onto another device plan: each parameter's state as numpy arrays with its
 update count and the optimizer's ``num_update``, in one ``.npz`` file (no
 pickle), restored onto the device of the parameter it belongs to.
-Invariant: an uninterrupted run and a resumed one compute the same updates.
-"""
+Invariant: an uninterrupted run and a resumed one compute the same updates."""
 import json
 import zipfile
 
@@ -64,13 +63,9 @@ def _count_of(optimizer, index):
 
 
 def states_by_name(updater, optimizer, names, lazy=False):
-    """The state of each parameter, by name.
-
-    Args:
-        updater: The ``mx.optimizer.Updater`` (or a wrapper of one).
-        optimizer: Its optimizer.
-        names: ``{index: parameter name}`` of the parameters to take.
-        lazy: Each array a :class:`Deferred`.
+    """The state of each parameter of ``names`` (``{index: name}``) in
+    ``updater`` (an ``mx.optimizer.Updater`` or a wrapper of one) of
+    ``optimizer``; with ``lazy``, each array a :class:`Deferred`.
 
     Returns:
         ``{'format', 'optimizer', 'num_update', 'params': {name: {'count',
@@ -95,10 +90,8 @@ def states_of(optimizer, sources, lazy=False):
 
 
 def set_states_by_name(updater, optimizer, states, targets):
-    """Restores :func:`states_by_name` output.
-
-    Args:
-        targets: ``{name: (index, device)}``: where each parameter's state goes.
+    """Restores :func:`states_by_name` output, each state to ``targets[name]``,
+    ``(index, device)``.
 
     Raises:
         OptimizerStateError: another optimizer, or a state for a parameter
@@ -150,12 +143,9 @@ def drop_states(states, names):
 
 
 def merge_states(parts):
-    """One :func:`states_by_name` output from several of disjoint parameters.
-
-    Raises:
-        OptimizerStateError: the parts are of other optimizers, or two name
-            the same parameter.
-    """
+    """One :func:`states_by_name` output from several of disjoint parameters;
+    raises OptimizerStateError for parts of other optimizers or two naming
+    one parameter."""
     merged = {'format': FORMAT, 'optimizer': None, 'num_update': 0, 'params': {},
               'arrays': []}
     for part in parts:
@@ -186,17 +176,9 @@ def _rebased(spec, offset):
 def save_states(path, states, digests=None):
     """Writes :func:`states_by_name` output to ``path`` as ``np.savez`` would
     (``meta``, then ``a0``, ``a1``, ...), one array at a time (an array may be
-    a function returning it).
-
-    Args:
-        digests: See :func:`~mp_symbolic.core.base.parts.write_npz`.
-
-    Returns:
-        ``{member: (shape, dtype)}`` of what was written.
-
-    Raises:
-        OSError: the file could not be written.
-    """
+    a function returning it); ``digests`` as for
+    :func:`~mp_symbolic.core.base.parts.write_npz`. Returns ``{member: (shape,
+    dtype)}``; raises OSError where the file cannot be written."""
     from ..base.parts import write_npz  # pylint: disable=import-outside-toplevel
     meta = {k: v for k, v in states.items() if k != 'arrays'}
     members = [('meta', np.array(json.dumps(meta)))]
@@ -205,12 +187,9 @@ def save_states(path, states, digests=None):
 
 
 def load_states(path):
-    """Reads :func:`save_states` output.
-
-    Raises:
-        OptimizerStateError: the file is missing, unreadable, of another
-            format, or refused by :func:`check_states`.
-    """
+    """Reads :func:`save_states` output; raises OptimizerStateError where the
+    file is missing, unreadable, of another format, or refused by
+    :func:`check_states`."""
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data['meta']))
@@ -239,11 +218,8 @@ MAX_DEPTH = 8  # nesting of one parameter's state (MXNet's optimizers use 2 at m
 
 
 def check_states(states, shapes=None):
-    """Checks :func:`states_by_name` output read from a file.
-
-    Args:
-        shapes: ``{name: shape}`` each parameter's state arrays must have
-            (``None``: not checked).
+    """Checks :func:`states_by_name` output read from a file, each state array
+    of its parameter's shape in ``shapes`` (``None``: not checked).
 
     Raises:
         OptimizerStateError: a field of the wrong kind, or an array that is
@@ -282,11 +258,8 @@ def _count(value):
 
 
 def _spec_arrays(spec, num_arrays, name, depth):
-    """The array indices a state spec refers to.
-
-    Raises:
-        OptimizerStateError: not a spec :func:`encode_state` writes.
-    """
+    """The array indices a state spec refers to; raises OptimizerStateError for
+    a spec :func:`encode_state` does not write."""
     kind = spec.get('t') if isinstance(spec, dict) else None
     if kind == 'none':
         return []
@@ -345,11 +318,8 @@ def _cut(spec, arrays, out, axis, sizes, ndim):
 
 def gather_states(states, sharded):
     """:func:`states_by_name` output with each tensor-parallel parameter's
-    shards' states joined under its unsplit name.
-
-    Args:
-        sharded: ``{unsplit name: ShardedParam}``.
-    """
+    shards' states joined under its unsplit name (``sharded``: ``{unsplit
+    name: ShardedParam}``)."""
     if not sharded:
         return states
     shard_of = {n: p for p in sharded.values() for n in p.names}
@@ -368,8 +338,7 @@ def gather_states(states, sharded):
 
 
 def split_states(states, sharded):
-    """The inverse of :func:`gather_states`.
-    """
+    """The inverse of :func:`gather_states`."""
     if not sharded:
         return states
     arrays, out, params = states['arrays'], [], {}

@@ -1,7 +1,6 @@
 """``Trainer``: ``gluon.Trainer`` for parameters on any devices (MXNet 1.9.1's
 ``gluon/trainer.py``, subclassed; ``tests/upstream/`` runs its tests against
-this class). docs/trainer.md lists what differs.
-"""
+this class). docs/trainer.md lists what differs."""
 from mxnet import gluon
 from mxnet import optimizer as opt
 from mxnet.kvstore import KVStore

@@ -363,11 +363,7 @@ def _has_params(block):
 
 def shards_of(devices):
     """The shard count for ``devices``: the device count of its stages of
-    several devices, or 1.
-
-    Raises:
-        DeviceSpecError: stages of several devices that differ in count.
-    """
+    several devices, or 1; raises DeviceSpecError where they differ."""
     counts = sorted({len(d) if isinstance(d, (list, tuple)) else 1
                      for d in resolve_devices(devices)} - {1})
     if len(counts) > 1:
@@ -378,11 +374,8 @@ def shards_of(devices):
 
 
 def check_spec(spec):
-    """``spec`` checked: ``'auto'`` or a dict of pattern -> kind.
-
-    Raises:
-        ValueError: anything else.
-    """
+    """``spec`` if it is ``'auto'`` or a dict of pattern -> kind; raises
+    ValueError otherwise."""
     if spec == 'auto':
         return spec
     if not isinstance(spec, dict) or not spec:
@@ -722,8 +715,7 @@ class _Pass:
         self._finish('whole on the stage\'s first device: no pattern names it')
 
     def _check_kind(self, where, rule, block):
-        """Raises ValueError unless ``rule`` (a :class:`Kind`) takes ``block``.
-        """
+        """Raises ValueError unless ``rule`` (a :class:`Kind`) takes ``block``."""
         if not rule.layers:
             return
         if not isinstance(block, tuple(t for t in rule.layers if t != ATTENTION)):

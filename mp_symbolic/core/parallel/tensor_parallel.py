@@ -5,8 +5,7 @@ weight in a group of their own, the shards meeting through
 the parameter ``<prefix>shard<i>_weight``; :func:`gather_params` and
 :func:`split_params` convert to and from the unsplit layer's names and
 shapes, which users and checkpoints see. docs/tensor-parallel.md describes
-the layers.
-"""
+the layers."""
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -38,14 +37,9 @@ class _Trace:
 def mark_shards(blocks, unsplit_layers=False):
     """Context in which the tensor-parallel layers of ``blocks`` (a block or a
     list) tag each shard's ops and weights with ``__tp_shard__='i/N/<layer
-    call>'`` instead of a ``ctx_group``, each call marked apart; other layers
-    build their split graph unmarked.
-
-    Args:
-        unsplit_layers: Build the layers unsplit (one op, the unsplit names and
-            shapes), marked ``'0/1/<layer call>'`` with the calls numbered as in
-            the split trace.
-    """
+    call>'`` instead of a ``ctx_group``, each call apart; with
+    ``unsplit_layers``, each layer builds unsplit, marked ``'0/1/<layer
+    call>'``, the calls numbered as in the split trace."""
     trace = _Trace(unsplit_layers)
     layers = [layer for block in (blocks if isinstance(blocks, (list, tuple)) else [blocks])
               for layer in sharded_blocks(block)]
@@ -70,11 +64,8 @@ def _next_call(trace, name):
 
 def device_index(shard, shards, width):
     """The stage device that runs ``shard`` of ``shards`` in a stage of ``width``
-    devices: device ``shard``, or 0 for a stage of one.
-
-    Raises:
-        ValueError: the stage has several devices, but not ``shards``.
-    """
+    devices (``shard``, or 0 for a stage of one); raises ValueError for
+    several devices but not ``shards``."""
     if width == 1:
         return 0
     if width != shards:
@@ -85,14 +76,8 @@ def device_index(shard, shards, width):
 
 @dataclass
 class ShardedParam:
-    """One unsplit parameter and its shards.
-
-    Attributes:
-        name: The unsplit parameter's name (``dense0_weight``).
-        shape: Its shape.
-        axis: The axis it is split along.
-        shards: The Gluon parameters of its parts, in order.
-    """
+    """One unsplit parameter (its ``name``, ``shape`` and the ``axis`` it is
+    split along) and the Gluon parameters of its ``shards``, in order."""
     name: str
     shape: tuple
     axis: int
@@ -138,11 +123,8 @@ class ShardedBlock(gluon.HybridBlock):
 
     def _dense_sizes(self, units, in_units, activation, use_bias, flatten, split):
         """Checks and keeps a dense layer's arguments; returns the shard sizes of
-        ``split`` (``'units'`` or ``'in_units'``).
-
-        Raises:
-            ValueError: a size not a positive integer, or more shards than rows.
-        """
+        ``split`` (``'units'`` or ``'in_units'``). Raises ValueError for a size
+        not a positive integer or more shards than rows."""
         positive_int('units', units)
         positive_int('in_units', in_units)
         size = units if split == 'units' else in_units
@@ -156,12 +138,8 @@ class ShardedBlock(gluon.HybridBlock):
     def add_param(self, key, shape, axis, sizes=None, **kwargs):
         """Registers parameter ``key`` of the unsplit ``shape``, split along ``axis``
         in ``sizes`` (one per shard), or whole on shard 0 (``axis=None``);
-        ``kwargs`` go to ``ParameterDict.get``.
-
-        Raises:
-            ValueError: ``sizes`` is not one positive size per shard summing to
-                ``shape[axis]``.
-        """
+        ``kwargs`` go to ``ParameterDict.get``. Raises ValueError unless ``sizes``
+        are positive and sum to ``shape[axis]``."""
         if axis is not None and (sizes is None or len(sizes) != self.shards or
                                  any(not is_int(v) or v < 1 for v in sizes) or
                                  sum(sizes) != shape[axis]):
@@ -582,12 +560,8 @@ def gather_made(made, sharded):
 
 
 def split_params(values, sharded):
-    """``values`` with each unsplit parameter replaced by its shards; other names
-    pass unchanged.
-
-    Raises:
-        ValueError: an unsplit value of another shape than the layer's.
-    """
+    """``values`` with each unsplit parameter replaced by its shards, other names
+    unchanged; raises ValueError for an unsplit value of another shape."""
     out = OrderedDict()
     for name, value in values.items():
         param = sharded.get(name)

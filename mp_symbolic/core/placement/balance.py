@@ -1,10 +1,6 @@
-"""How many blocks each pipeline stage gets (torchgpipe's ``balance``): a
-list given by the user, by parameter count (the default), or by each
-block's measured forward and backward time.
-
-Invariant: every stage gets at least one block and every block a stage;
-the split is solved exactly over contiguous splits (:func:`solve`).
-"""
+"""How many blocks each pipeline stage gets (torchgpipe's ``balance``): given,
+by parameter count (the default), or by measured time. Invariant: every
+stage gets at least one block, contiguous, solved exactly (:func:`solve`)."""
 import mxnet as mx
 import numpy as np
 
@@ -25,12 +21,8 @@ class CutError(BalanceError):
 
 class TooManyStages(DeviceSpecError, BalanceError):
     """More stages than blocks (or ops): a ``DeviceSpecError`` and a
-    ``BalanceError`` alike.
-
-    Attributes:
-        virtual: The stages per device asked for (the interleaved schedule's
-            ``virtual``), which the message counts.
-    """
+    ``BalanceError`` alike; ``virtual``, the stages per device asked for, is
+    counted in the message."""
 
     def __init__(self, message, virtual=1):
         super().__init__(message)
@@ -38,17 +30,9 @@ class TooManyStages(DeviceSpecError, BalanceError):
 
 
 def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtual=1):
-    """Raises unless ``count`` blocks (layers, ops) can fill ``num_stages``
-    stages, at least one each.
-
-    Args:
-        unit: What ``count`` counts (``'blocks'``, ``'layers'``, ``'ops'``).
-        per_replica: Whether ``num_stages`` is one replica's.
-        virtual: Stages per device, which the message then counts.
-
-    Raises:
-        TooManyStages: more stages than ``count``.
-    """
+    """Raises :class:`TooManyStages` unless ``count`` blocks (``unit``: blocks,
+    layers, ops) can fill ``num_stages`` stages (``per_replica``: one
+    replica's; ``virtual`` per device), one each."""
     if num_stages <= count:
         return
     whole = {'ops': 'graph'}.get(unit, unit)
@@ -63,8 +47,8 @@ def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtu
 
 
 def balance_kind(balance, has_sample, unit='blocks', error=BalanceError):
-    """What a ``balance=`` asks for: ``'size'`` (``None``), ``'time'`` (measured
-    on the sample) or ``'given'`` (a list of ``unit`` per stage).
+    """What a ``balance=`` asks for: ``'size'`` (``None``), ``'time'`` or
+    ``'given'`` (a list of ``unit`` per stage).
 
     Raises:
         error: another string, or ``'time'`` without a sample.
@@ -83,15 +67,11 @@ def balance_kind(balance, has_sample, unit='blocks', error=BalanceError):
 
 
 def check_balance(balance, num_items, num_stages, unit='blocks'):
-    """A user's list of blocks (or ops) per stage, as a tuple of ints.
-
-    Args:
-        num_items: Blocks of the list (ops of the graph, ``unit='ops'``).
-        unit: What ``balance`` counts, for the messages.
+    """A user's list of ``unit`` per stage (summing to ``num_items``) as a tuple
+    of ints.
 
     Raises:
-        BalanceError: not one positive integer per device, or not summing to
-            ``num_items``.
+        BalanceError: not one positive integer per device, or another sum.
     """
     try:
         balance = tuple(balance)
@@ -121,9 +101,7 @@ def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
 
     Args:
         costs: Non-negative cost of each block (op), in order.
-        num_stages: Stages to make.
         cross: Bytes crossing a cut after each position (``None``: balance only).
-        slack: How far above ``B`` a split may go to cross fewer bytes.
         unit: What the costs are of, for the message.
 
     Returns:
@@ -213,13 +191,8 @@ def param_counts(blocks):
 
 def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
     """Median seconds of one forward and backward pass of each block bound alone
-    on ``ctx`` with random parameters, fed the shape the previous block outputs
-    (the blocks' own parameters untouched).
-
-    Args:
-        sample_shape: Shape of one input batch, batch dimension first.
-        ctx: Device to time on.
-    """
+    on ``ctx`` with random parameters, fed the shape (``sample_shape``, batch
+    first) the previous block outputs; the blocks' own parameters untouched."""
     rng = np.random.default_rng(seed)
     shape, times = tuple(sample_shape), []
     for block in blocks:
@@ -232,14 +205,9 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
 
 def time_forward_backward(symbol, input_shapes, ctx, rng, repeats=5, input_dtypes=None):
     """Median seconds of one forward and backward pass of ``symbol`` bound alone
-    on ``ctx``, its arrays random from ``rng`` (integer inputs ones), every
-    floating-point argument but Embedding ids with a gradient.
-
-    Args:
-        symbol: The block's (op's) graph.
-        input_shapes: ``{input name: shape}``; the others are inferred.
-        input_dtypes: ``{input name: dtype}`` where not float32.
-    """
+    on ``ctx`` on ``input_shapes`` (``{name: shape}``, float32 but
+    ``input_dtypes``), its arrays random from ``rng`` (integers ones), every
+    floating-point argument but Embedding ids with a gradient."""
     no_gradient = embedding_ids(symbol, input_shapes)
     dtypes = dict(input_dtypes or {})
     exe = symbol.simple_bind(ctx, grad_req={

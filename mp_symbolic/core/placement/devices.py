@@ -1,11 +1,7 @@
-"""The one place that decides which device runs which pipeline stage.
-
-A *device plan* maps a network's blocks to contiguous stages and each stage
-to one device, or several for tensor-parallel layers
-(``cpu:0+cpu:1,cpu:2``); with replicas, each copy of the plan gets its own
-devices. Every variant takes its ``group2ctx`` from it. ``cpu(0)``,
-``cpu(1)``, ... are distinct devices to MXNet.
-"""
+"""The one place that decides which device runs which pipeline stage: a
+*device plan* maps blocks to contiguous stages, each stage to one device or
+several (tensor-parallel, ``cpu:0+cpu:1,cpu:2``), for each replica. Every
+variant takes its ``group2ctx`` from it."""
 from dataclasses import dataclass
 import re
 
@@ -93,12 +89,12 @@ def flat_devices(devices):
 
 
 def check_devices(devices, num_gpus=None, unique=True):
-    """``devices`` (contexts, or tuples of them for a stage of several) checked
-    and returned as a list.
+    """``devices`` (contexts, or tuples of them for a stage of several) checked,
+    as a list.
 
     Raises:
-        DeviceSpecError: an entry is not an ``mx.Context`` (or a non-empty
-            tuple of them), a device is listed twice, or a GPU is not there.
+        DeviceSpecError: an entry not an ``mx.Context`` or a non-empty tuple of
+            them, a device listed twice, or a GPU not there.
     """
     devices = [tuple(e) if isinstance(e, (tuple, list)) else e for e in devices]
     if any(isinstance(e, tuple) and not e for e in devices):
@@ -139,12 +135,8 @@ def _visible_gpus():
 
 
 def default_devices(num_stages, num_gpus=None):
-    """One device per stage: GPUs if MXNet sees enough, else CPU stand-ins.
-
-    Returns:
-        ``(devices, note)``: the device list and a line saying which choice
-        was made.
-    """
+    """``(devices, note)``: one device per stage, GPUs if MXNet sees enough, else
+    CPU stand-ins, and a line saying which."""
     if num_gpus is None:
         num_gpus = _visible_gpus()
     if num_gpus >= num_stages:
@@ -299,12 +291,8 @@ def resolve_devices(devices, num_gpus=None, unique=True):
 
 
 def split_replicas(devices, replicas):
-    """``R*K`` devices listed replica by replica -> ``R`` tuples of ``K``.
-
-    Raises:
-        DeviceSpecError: ``replicas`` is not a positive integer dividing the
-            number of devices.
-    """
+    """``R*K`` devices listed replica by replica -> ``R`` tuples of ``K``; raises
+    DeviceSpecError unless ``replicas`` is a positive integer dividing them."""
     positive_int('replicas', replicas, DeviceSpecError)
     if len(devices) % replicas:
         raise DeviceSpecError('expected a device count that is a multiple of the replicas '

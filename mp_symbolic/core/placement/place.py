@@ -1,8 +1,7 @@
 """Where every part of a network runs: :func:`place` makes one frozen
 :class:`Placement` from the network, the devices and the options: the
 devices and replicas, the parameter shapes from a sample, the stages, each
-parameter's owning stage, and each tensor-parallel shard's device.
-"""
+parameter's owning stage, and each tensor-parallel shard's device."""
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
@@ -26,8 +25,7 @@ __all__ = []
 def check_parameter_names(blocks, whole=False):
     """Raises ValueError where two parameters of ``blocks`` share a name (which
     Gluon's ``collect_params`` refuses or merges), naming both blocks by their
-    place and class.
-    """
+    place and class."""
     seen = {}
 
     def walk(block, path):
@@ -101,11 +99,8 @@ class Placement:
     batch_axis: int = 0
 
     def micro_batch(self, batch):
-        """Examples per micro-batch of a batch of ``batch`` (``None``: a scalar).
-
-        Raises:
-            ValueError: ``batch`` is not a multiple of ``chunks x replicas``.
-        """
+        """Examples per micro-batch of a batch of ``batch`` (``None``: a scalar);
+        raises ValueError unless it is a multiple of ``chunks x replicas``."""
         parts = self.chunks * self.replicas
         if not batch or batch % parts:
             raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = '
@@ -163,8 +158,7 @@ class Placement:
     def traced(self):
         """The :class:`~mp_symbolic.core.graph.graphcut.Cut` every graph is labelled
         from: a whole network's, or the block list traced at its block boundaries
-        (again once a parameter's shape, dtype or attributes changed).
-        """
+        (again once a parameter's shape, dtype or attributes changed)."""
         # A branch on the form: a cut network's stages are positions
         # in the op order of the trace its cut was solved on, so that trace is
         # the one; a block list's split points are its block boundaries, which
@@ -250,8 +244,7 @@ class Placement:
     def describe(self):
         """The plan, one line per stage: its devices, blocks and parameter count; for
         a whole network, its ops and parameters and the activation bytes per
-        sample that cross to the next stage.
-        """
+        sample that cross to the next stage."""
         # A branch on the form: the stages are printed in the units
         # their split points were named in, blocks (a block list, which may
         # never be traced) or ops (a cut network), and each keeps its lines.
@@ -297,12 +290,8 @@ class Placement:
 def sample_shapes(sample):
     """``sample`` as one batch shape per input: a batch (numpy or NDArray) or its
     shape, or a tuple or list of them, one per positional input (itself a list
-    for an input that is one, as GluonNLP's ``begin_state``); ``None`` stays
-    ``None``.
-
-    Raises:
-        ValueError: anything else.
-    """
+    for an input that is one); ``None`` stays ``None``. Raises ValueError for
+    anything else."""
     shapes, _ = sample_inputs(sample)
     return shapes
 
@@ -312,9 +301,9 @@ def sample_inputs(sample):
     positional inputs, or ``(None, None)``.
 
     Raises:
-        ValueError: see :func:`sample_shapes`; a size below 1, more elements
-            in one input than MXNet takes, or lists nested too deep or holding
-            themselves. The message shows the sample by kind and shape only.
+        ValueError: see :func:`sample_shapes`; a size below 1, more elements in
+            one input than MXNet takes, or lists nested too deep or holding
+            themselves (the sample shown by kind and shape only).
     """
     if sample is None:
         return None, None
@@ -440,13 +429,9 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
 
 def labelled(traced, plan, mirror=()):
     """``traced`` (a :class:`~mp_symbolic.core.graph.graphcut.Cut`) labelled by
-    stage, each shard in its group on ``plan``'s devices: the placed graph
-    every build starts from.
-
-    Raises:
-        ValueError: a stage of several devices, but not as many as the shards
-            of a layer with ops in it.
-    """
+    stage, each shard in its group: the placed graph every build starts from.
+    Raises ValueError for a stage of several devices but not as many as a
+    layer's shards."""
     graph = traced.labelled(mirror)
     if all(n.layer is None for n in graph.nodes):
         return graph
@@ -472,14 +457,10 @@ def _node_devices(devices, replicas, nodes):
 
 
 def trace_blocks(blocks, names, stage_of_layer, owner):
-    """A block list traced into one graph, its split points the block
-    boundaries: the :class:`~mp_symbolic.core.graph.graphcut.Cut` whose every op
-    sits in its block's stage, every parameter in its ``owner``.
-
-    Raises:
-        MXNetError, AttributeError, TypeError: a block's ``hybrid_forward``
-            does not run on Symbols.
-    """
+    """A block list traced into one graph: the
+    :class:`~mp_symbolic.core.graph.graphcut.Cut` whose every op sits in its
+    block's stage, every parameter in its ``owner``. Raises what a block's
+    ``hybrid_forward`` raises on Symbols."""
     with fresh_variables(blocks), tensor_parallel.mark_shards(blocks):
         x = symbol_variables(names)
         for i, block in enumerate(blocks):
@@ -578,8 +559,7 @@ def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
 def _check_inputs_given(symbol, names, params):
     """Raises ValueError where the traced network reads a variable that is
     neither an input of the sample nor a parameter (an input the sample left
-    out).
-    """
+    out)."""
     free = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
             if n not in params and n not in names]
     if free:
@@ -590,13 +570,10 @@ def _check_inputs_given(symbol, names, params):
 
 def _shards(blocks, graph, plan, owner):
     """``(owner, shard_of)``: each tensor-parallel shard's device index in its
-    stage, and its weight's owner moved to its layer's stage (``graph``: a
-    whole network's labelled graph, ``None`` for a block list).
-
-    Raises:
-        DeviceSpecError: a stage of several devices whose count is not the
-            shards of a layer in it.
-    """
+    stage, its weight's owner moved to its layer's stage (``graph``: a whole
+    network's labelled graph, ``None`` for a block list). Raises
+    DeviceSpecError for a stage of several devices but not as many as a
+    layer's shards."""
     widths = [plan.width(s) for s in range(plan.num_stages)]
     owner, shard_of = dict(owner), {}
     # A branch on the form: a cut network has no blocks per stage,

@@ -214,8 +214,7 @@ class Transport(abc.ABC):
 class LocalTransport(Transport):
     """Both ends of every link in this process: a forward message is copied when
     the consumer posts its receive, a backward one into the producer's posted
-    array when it is sent; MXNet's engine orders the copies.
-    """
+    array when it is sent; MXNet's engine orders the copies."""
 
     def __init__(self):
         self._sent, self._posted, self.written = {}, {}, set()
@@ -420,8 +419,7 @@ def control(nodes: Any, what: str = 'commit a checkpoint',
     """The control plane of ``nodes`` (this process's joined
     :class:`~mp_symbolic.core.transport.nodes.Nodes`), to do ``what`` together
     (named, with ``node_of_stage``, in a failure's line); :class:`OneProcess`
-    where ``nodes`` is ``None``.
-    """
+    where ``nodes`` is ``None``."""
     if nodes is None:
         return OneProcess()
     from .nodes import Group  # pylint: disable=import-outside-toplevel

@@ -1,18 +1,14 @@
 """Node processes: a pipeline's stages divided over several processes, their
-boundary tensors carried by torch.distributed's ``isend``/``irecv`` (gloo
-between CPUs, NCCL between GPUs), their control messages JSON text (never
-unpickled, at most :data:`MAX_MESSAGE_BYTES`). docs/nodes.md describes the
-rendezvous, the job's secret and the failures.
+boundary tensors carried by torch.distributed's ``isend``/``irecv``, their
+control messages JSON text, never unpickled (docs/nodes.md).
 
-Invariant: the stages are divided over the nodes in stage order
-(:func:`node_of_devices`), and every node runs the schedule filtered to its
-stages in the one issue order all compute alike, so a receive waits only
-on an earlier action and no node waits for ever on a live one. Sends never
-block.
+Invariant: every node runs the schedule filtered to its stages, in the one
+issue order all nodes compute alike, so a receive waits only on an earlier
+action and no node waits for ever on a live one. Sends never block.
 
-torch is imported on the first use of a node process group only, from the
-environment's ``torch-site`` folder where ``import torch`` finds none
-(GluonCV 0.10 refuses to import beside torch 2, dmlc/gluon-cv#1768).
+torch is imported on first use, from the environment's ``torch-site``
+where ``import torch`` finds none (GluonCV 0.10 refuses to import beside
+torch 2, dmlc/gluon-cv#1768).
 """
 import atexit
 import base64
@@ -57,11 +53,10 @@ _PARENT = os.getppid()
 
 
 def torch(part=None):
-    """torch, or its module ``torch.<part>``, imported on first use.
+    """torch, or ``torch.<part>``, imported on first use.
 
     Raises:
-        NodeError: torch is not installed (``make setup`` installs it; or
-            ``pip install 'mxnet-model-parallel[nodes]'``).
+        NodeError: torch is not installed.
     """
     name = 'torch' if part is None else 'torch.' + part
     if name in sys.modules:
@@ -102,11 +97,11 @@ class NodeFailure(RuntimeError):
 
 
 def node_of_devices(devices_per_replica, nodes):
-    """The node of each device of a replica: ``nodes`` contiguous runs, as
-    even as the count allows (``node_of_devices(3, 2) == (0, 0, 1)``).
+    """The node of each device of a replica, in contiguous runs
+    (``node_of_devices(3, 2) == (0, 0, 1)``).
 
     Raises:
-        NodeError: more nodes than devices (a node would hold no stage).
+        NodeError: more nodes than devices.
     """
     nodes = node_count(nodes, devices_per_replica, error=NodeError)
     return stage_of_block(even_split(devices_per_replica, nodes))
@@ -114,15 +109,9 @@ def node_of_devices(devices_per_replica, nodes):
 
 @dataclass(frozen=True)
 class Nodes:
-    """This process's place among the node processes of a job.
-
-    Attributes:
-        count: Node processes in the job.
-        rank: This one's (0 to ``count - 1``).
-        timeout: Seconds a node waits on another (a receive, a barrier)
-            before the job ends.
-        address: ``MASTER_ADDR:MASTER_PORT`` of the rendezvous.
-    """
+    """This process's place among the node processes of a job: ``count`` nodes,
+    this one ``rank``, waiting ``timeout`` seconds on another, the rendezvous
+    at ``address`` (``MASTER_ADDR:MASTER_PORT``)."""
     count: int
     rank: int
     timeout: float
@@ -130,13 +119,12 @@ class Nodes:
 
 
 def from_environment(count, timeout=None, environ=None):
-    """The :class:`Nodes` of this process for a job of ``count`` nodes,
-    from the rendezvous variables torchrun and ``launch --nodes`` set.
+    """The :class:`Nodes` of this process for a job of ``count`` nodes, from the
+    rendezvous variables torchrun and ``launch --nodes`` set.
 
     Raises:
-        NodeError: a variable is missing or malformed, the job's
-            ``WORLD_SIZE`` is not ``count``, or ``timeout`` is not a
-            positive number of seconds.
+        NodeError: a variable missing or malformed, ``WORLD_SIZE`` not
+            ``count``, or ``timeout`` not a positive number of seconds.
     """
     environ = os.environ if environ is None else environ
     count = positive_int('nodes', count, NodeError)
@@ -181,22 +169,19 @@ def _control():
 
 def join(nodes, gpus=False):
     """Joins this process to the job's process group, once per process, waiting
-    at most the node timeout for every node.
-
-    Node 0 (unless torchrun's agent hosts the store) listens on
-    ``MASTER_ADDR`` only, gloo on the interface that reaches it. With
-    ``MP_SYMBOLIC_NODE_SECRET`` set, each node proves it knows the secret
-    before the group forms. SIGINT or SIGTERM while waiting ends the process
-    in one line (130, 143); under torchrun, so does the agent's end.
+    at most the node timeout for every node. Node 0 listens on
+    ``MASTER_ADDR`` only; with ``MP_SYMBOLIC_NODE_SECRET`` set, each node
+    proves it knows the secret. SIGINT or SIGTERM while waiting, or (under
+    torchrun) the agent's end, ends the process in one line.
 
     Args:
         gpus: Whether this node's stages run on GPUs: tensors then go by NCCL,
-            small messages by a gloo group beside it (not tested on a GPU).
+            small messages by gloo (not tested on a GPU).
 
     Raises:
-        NodeFailure: the other nodes did not join in time, the rendezvous
-            could not be reached, a node failed to prove the secret, or this
-            node's parent has ended.
+        NodeFailure: the nodes did not join in time, the rendezvous could not
+            be reached, a node failed to prove the secret, or this node's
+            parent has ended.
     """
     dist = torch('distributed')
     if dist.is_initialized():
@@ -313,12 +298,11 @@ def _proof(secret, rank, count, nonce):
 
 
 def _prove(store, nodes, secret):
-    """Node 0 posts a nonce and checks every other node's proof that it knows
+    """Node 0 posts a nonce and checks each other node's proof that it knows
     ``secret``; the others post theirs and wait for node 0's verdict.
 
     Raises:
-        NodeFailure: a proof wrong or missing, or node 0 refused this node or
-            checks no secret while this one has one.
+        NodeFailure: a proof wrong or missing, or refused by node 0.
     """
     if nodes.rank == 0:
         nonce = secrets.token_hex(16) if secret else ''
@@ -429,13 +413,8 @@ def leave():
 
 
 def agree(nodes, facts, node_of_stage=None):
-    """Checks that every node made the same plan: ``facts`` (JSON-able values,
-    the same keys on every node) gathered from all.
-
-    Raises:
-        NodeError: a value differs from node 0's (field and values named).
-        NodeFailure: a node died, stopped answering or sent no dict.
-    """
+    """:meth:`~mp_symbolic.core.transport.comm.ControlPlane.agree` over
+    ``nodes``: every node made the same plan."""
     gathered = _gather(nodes, facts, 'compare their plans', node_of_stage)
     for rank, theirs in enumerate(gathered):
         if not isinstance(theirs, dict):
@@ -451,8 +430,7 @@ def agree(nodes, facts, node_of_stage=None):
 
 
 def _key_message(step, key):
-    """The :data:`KEY_SLOTS` int64 values that tell batch ``step``'s bucket
-    ``key``: ``[step, kind, length, integers...]``.
+    """The :data:`KEY_SLOTS` int64 values telling batch ``step``'s bucket ``key``.
 
     Raises:
         NodeError: a key of another kind, or a tuple too long.
@@ -482,10 +460,10 @@ def _key_of(message):
 def agree_key(nodes, step, key, node_of_stage=None):
     """Checks that every node runs batch ``step`` with the same bucket ``key``
     before any of its tensors cross: one int64 message to and from each other
-    node (tag :data:`KEY_TAG`), every send posted before any receive is waited.
+    node, every send posted before any receive is waited.
 
     Raises:
-        NodeError: another node's step or key differs; a key that is not an
+        NodeError: another node's step or key differs, or a key that is not an
             integer, a tuple of integers or ``None``.
         NodeFailure: a node died or did not answer within the node timeout.
     """
@@ -518,11 +496,8 @@ def agree_key(nodes, step, key, node_of_stage=None):
 
 
 def barrier(nodes, what, node_of_stage=None):
-    """Waits until every node gets here.
-
-    Raises:
-        NodeFailure: a node died, or did not come within the node timeout.
-    """
+    """:meth:`~mp_symbolic.core.transport.comm.ControlPlane.barrier` over
+    ``nodes``."""
     dist = torch('distributed')
     try:
         dist.barrier(group=_control())
@@ -531,13 +506,8 @@ def barrier(nodes, what, node_of_stage=None):
 
 
 def broadcast(nodes, value, source, what, node_of_stage=None):
-    """``value`` of node ``source`` on every node (JSON-able, as :func:`encode`
-    takes it; tuples come back as lists).
-
-    Raises:
-        NodeError: ``value`` (on ``source``) is not JSON-able or too long.
-        NodeFailure: a node died, stopped answering or sent no message.
-    """
+    """:meth:`~mp_symbolic.core.transport.comm.ControlPlane.broadcast` over
+    ``nodes``."""
     t = torch()
     dist = torch('distributed')
     data = encode(value) if nodes.rank == source else b''
@@ -559,17 +529,8 @@ def broadcast(nodes, value, source, what, node_of_stage=None):
 
 
 def broadcast_array(nodes, value, source, shape, dtype, what, node_of_stage=None):
-    """The numpy array ``value`` of node ``source`` on every node, as its raw
-    bytes; every node gives its ``shape`` and ``dtype``.
-
-    Returns:
-        The array (on ``source``, ``value`` itself where contiguous and of
-        ``dtype``).
-
-    Raises:
-        NodeError: ``value`` (on ``source``) is not of ``shape``.
-        NodeFailure: a node died or stopped answering.
-    """
+    """:meth:`~mp_symbolic.core.transport.comm.ControlPlane.broadcast_array`
+    over ``nodes``, as the array's raw bytes."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     t = torch()
     dist = torch('distributed')
@@ -617,14 +578,9 @@ def _gather(nodes, value, what, node_of_stage=None):
 
 
 class Group(ControlPlane):
-    """The :class:`~mp_symbolic.core.transport.comm.ControlPlane` of the node
-    processes, over torch.distributed's gloo group.
-
-    Args:
-        nodes: This process's joined :class:`Nodes`.
-        what, node_of_stage: What the nodes do together, and the node of each
-            stage, for a failure's line.
-    """
+    """The :class:`~mp_symbolic.core.transport.comm.ControlPlane` of the joined
+    ``nodes``, over gloo; ``what`` they do together and ``node_of_stage`` name
+    a failure's line."""
 
     def __init__(self, nodes, what='commit a checkpoint', node_of_stage=None):
         self.nodes, self.what, self.node_of_stage = nodes, what, node_of_stage
@@ -665,12 +621,11 @@ def _jsonable(value):
 
 
 def encode(value):
-    """``value`` as a control message: UTF-8 JSON text (numpy arrays as
-    ``{"__ndarray__": [dtype, shape, base64]}``, numpy scalars as numbers).
+    """``value`` as a control message: UTF-8 JSON (numpy arrays as
+    ``{"__ndarray__": [dtype, shape, base64]}``).
 
     Raises:
-        NodeError: ``value`` holds something else, or is over
-            :data:`MAX_MESSAGE_BYTES`.
+        NodeError: ``value`` holds something else, or is too long.
     """
     try:
         data = json.dumps(value, default=_jsonable, separators=(',', ':')).encode('utf-8')
@@ -700,11 +655,10 @@ def _array(obj):
 
 
 def decode(data, rank=None):
-    """A control message's value (JSON arrays as lists, ``__ndarray__`` objects
-    as numpy arrays).
+    """A control message's value (``__ndarray__`` objects as numpy arrays).
 
     Raises:
-        ValueError: ``data`` is not UTF-8 JSON, or an array in it is malformed.
+        ValueError: ``data`` is not UTF-8 JSON, or holds a malformed array.
     """
     try:
         return json.loads(data.decode('utf-8'), object_hook=_array)
@@ -790,10 +744,9 @@ def _torch_dtype(dtype):
 
 
 def to_torch(value):
-    """An NDArray's values as a torch tensor of their own on the array's device,
-    in the default layout once MXNet has written them: copied by MXNet
-    (``copyto`` reorders oneDNN's blocked layouts, of which MXNet makes no
-    DLPack view) into a buffer of torch's."""
+    """An NDArray's values as a torch tensor of their own on its device, copied
+    by MXNet (which reorders oneDNN's blocked layouts, of which it makes no
+    DLPack view)."""
     tensor = _empty_like(value)
     if tensor.numel():
         value.copyto(from_torch(tensor)).wait_to_read()
@@ -820,8 +773,8 @@ class _Received(Pending):
         self.transport, self.items, self.forward = transport, items, forward
 
     def wait(self):
-        """Waits for every message; each lands in its array (forward) or adds to it
-        (backward).
+        """Waits for every message, each landing in (forward) or adding to
+        (backward) its array.
 
         Raises:
             NodeFailure: the sending node died or stopped answering.
@@ -840,17 +793,10 @@ class _Received(Pending):
 
 class TorchTransport(Transport):
     """The transport ``'gloo'``: links within this node as
-    :class:`~mp_symbolic.core.transport.comm.LocalTransport` carries them,
-    links to another node through ``isend``/``irecv``, one tag per link,
-    direction and micro-batch.
-
-    Args:
-        nodes: This process's :class:`Nodes`.
-        node_of_stage: The node of each stage.
-        links: Every link of the stages, in the same order on every node.
-        microbatches: Micro-batches per batch.
-        replica: The replica these stages belong to (its own tags).
-    """
+    :class:`~mp_symbolic.core.transport.comm.LocalTransport` carries them, to
+    another node through ``isend``/``irecv``, one tag per link, direction and
+    micro-batch. Arguments as :class:`~mp_symbolic.core.transport.comm.Route`'s
+    fields."""
 
     between_nodes = True
 
@@ -888,10 +834,10 @@ class TorchTransport(Transport):
         self._post(work.wait, stage)
 
     def _post(self, call, stage):
-        """``call()``, a transfer with ``stage``'s node posted or waited for.
+        """``call()``, posting or waiting a transfer with ``stage``'s node.
 
         Raises:
-            NodeFailure: that node died, hung up or did not answer in time.
+            NodeFailure: as :meth:`wait`.
         """
         try:
             return call()
