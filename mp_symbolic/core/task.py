@@ -1,27 +1,7 @@
-"""``Task``: a workload the command line trains, written by its user.
-
-A task file defines ``task(**kwargs)`` returning a :class:`Task`; ``python -m
+"""``Task``: a workload the command line trains, written by its user. A task
+file defines ``task(**kwargs)`` returning a :class:`Task`; ``python -m
 mp_symbolic train --task FILE.py --task-arg KEY=VALUE`` calls it with the
-``--task-arg`` values as keyword arguments and gives the task everything the
-command line offers (device plans, chunks, replicas, committed checkpoints,
-resume, launch, profiling, memory, export). The bundled regression and digits
-tasks are two such files. The idea follows flax's examples: the model and data
-are plain functions, the training loop is the library's.
-
-Example (``my_task.py``)::
-
-    from mxnet import gluon
-    from sklearn.datasets import load_wine
-    import mp_symbolic
-
-    def task(hidden=32):
-        X, y = load_wine(return_X_y=True)
-        ...
-        return mp_symbolic.Task(
-            name='wine', blocks=[gluon.nn.Dense(hidden, activation='relu'), ...],
-            loss='softmax', train=(X_train, y_train), val=(X_val, y_val),
-            metric='acc', batch_size=16, num_epochs=30, lr=0.05)
-"""
+``--task-arg`` values (docs/tasks.md, docs/your-own-model.md)."""
 from collections import namedtuple
 from dataclasses import dataclass, field
 import re
@@ -87,65 +67,48 @@ class Task:
     """A workload: a network of Gluon blocks, its data, loss and defaults.
 
     Args:
-        name: Names the checkpoint files (``<name>-symbol.json``) and the
-            default output folder; letters, digits, ``.``, ``_``, ``-``.
-        blocks: A list of Gluon ``HybridBlock`` s (split into stages by
-            :class:`~mp_symbolic.Pipeline`), a ``HybridSequential``, or a
-            callable returning either; give blocks a ``prefix=`` for
-            parameter names that do not depend on Gluon's name counters.
-        train: ``(X, y)`` numpy arrays (examples first) or an
-            ``mx.io.DataIter`` with a label (read once into memory; the
-            training loop shuffles it per epoch by the seed). For a network
-            of several inputs, ``X`` is a tuple ``(X0, X1, ...)`` of arrays
-            with the same examples, one per positional input (the graph
-            calls them ``data0``, ``data1``, ...; one of several may hold
-            one number per example, ``(examples,)``), or the DataIter has
-            one data array per input, in order. Or a bucketed DataIter
-            (:func:`is_bucketed`: one with ``default_bucket_key``, batches
-            with ``bucket_key`` and ``provide_data``): never read into
-            arrays, each epoch trained as it makes its batches (its
-            ``set_epoch(epoch)`` called first where it has one, then
-            ``reset()``), its batch size the run's.
+        name: Names the checkpoint files and the default output folder;
+            letters, digits, ``.``, ``_``, ``-``.
+        blocks: A list of Gluon ``HybridBlock`` s, a ``HybridSequential``, or a
+            callable returning either; give blocks a ``prefix=`` for stable
+            parameter names.
+        train: ``(X, y)`` numpy arrays (examples first) or an ``mx.io.DataIter``
+            with a label, read once into memory. For several inputs, ``X`` is a
+            tuple of arrays, one per positional input (``data0``, ``data1``,
+            ...), or the DataIter has one data array per input. Or a bucketed
+            DataIter (:func:`is_bucketed`), never read into arrays: each epoch
+            is trained as it makes its batches (``set_epoch(epoch)`` where it
+            has one, then ``reset()``), its batch size the run's.
         loss: ``'l2'``, ``'softmax'``, ``'logistic'`` or a callable
-            ``(prediction, label) -> Symbol`` (what ``pipe.module(loss=...)``
-            takes). ``'softmax'`` takes its classes on the axis the labels
-            leave: the last for ``(N, C)`` or ``(N, T, V)`` outputs with
-            ``(N,)`` or ``(N, T)`` labels, axis 1 for ``(N, C, H, W)`` with
-            ``(N, H, W)`` (a per-pixel classifier).
-        val: Held-out data like ``train`` (a bucketed DataIter where
-            ``train`` is one), or ``None``: the metric is then computed on
-            ``train``.
-        metric: An MXNet metric name (``'acc'``, ``'mse'``, ...) or an
-            ``mx.metric.EvalMetric``; ``None``: ``'mse'`` for ``'l2'``,
-            ``'acc'`` for ``'softmax'`` (on its class axis, as ``'acc'``
-            given by name), accuracy at 0.5 for ``'logistic'``; for a
-            callable loss, the default of the head it makes (``'mse'`` for
-            another, ``MakeLoss``).
+            ``(prediction, label) -> Symbol``. ``'softmax'`` takes its classes
+            on the axis the labels leave: the last for ``(N, C)`` or ``(N, T,
+            V)`` outputs, axis 1 for ``(N, C, H, W)`` with ``(N, H, W)``.
+        val: Held-out data like ``train`` (bucketed where ``train`` is), or
+            ``None``: the metric is then computed on ``train``.
+        metric: An MXNet metric name or an ``mx.metric.EvalMetric``; ``None``:
+            the loss head's default (``'mse'``, ``'acc'`` on the class axis,
+            accuracy at 0.5 for ``'logistic'``; ``'mse'`` for ``MakeLoss``).
         batch_size, num_epochs, optimizer, lr, momentum: Defaults of the
-            ``--batch-size``, ``--epochs``, ``--optimizer``, ``--lr`` and
-            ``--momentum`` flags (``optimizer``: ``'sgd'`` or ``'adam'``).
-        input_shape: Shape of one example (a tuple of shapes, one per
-            input, for several inputs); ``None``: read off the data.
-        label_name: The label variable's name; ``None``: ``'softmax_label'``
-            (``mx.io.NDArrayIter``'s default).
+            ``--batch-size``, ``--epochs``, ``--optimizer`` (``'sgd'`` or
+            ``'adam'``), ``--lr`` and ``--momentum`` flags.
+        input_shape: Shape of one example (a tuple of shapes for several
+            inputs); ``None``: read off the data.
+        label_name: The label variable's name; ``None``: ``'softmax_label'``.
         description: One line saying what the task is.
         evaluate: ``None`` (the metric on ``val``) or a callable
-            ``evaluate(params, predict, data) -> Report`` for a report of
-            your own (``params``: name -> numpy; ``predict(X)``: the
-            network's output in its head's inference form; ``data``: a
-            :data:`Data`).
+            ``evaluate(params, predict, data) -> Report`` (``params``: name ->
+            numpy; ``predict(X)``: the output in its head's inference form;
+            ``data``: a :data:`Data`).
         out_dir: Default output folder, a format string over ``{name}`` and
             ``{variant}``; ``None``: ``artifacts/{name}`` for the symbolic
             variant, ``artifacts/{name}-{variant}`` for others.
-        max_data_bytes: The most ``train`` and ``val`` may each hold, examples
-            and labels as float32 (4 GiB): more is refused, and a DataIter
-            is read no further (one that never ends).
+        max_data_bytes: The most ``train`` and ``val`` may each hold as
+            float32; a DataIter is read no further.
 
     Raises:
-        TaskError: a field of the wrong kind or out of range (the message
-            names the field, what was expected and what was found); with a
-            bucketed ``train``, a ``val`` that is not one, an ``evaluate``
-            or an ``input_shape``.
+        TaskError: a field of the wrong kind or out of range; with a bucketed
+            ``train``, a ``val`` that is not one, an ``evaluate`` or an
+            ``input_shape``.
     """
     name: str
     blocks: object
@@ -220,12 +183,8 @@ class Task:
     # -- what the training loop reads --------------------------------------
 
     def make_blocks(self):
-        """The network's blocks (calling ``blocks`` once if it is a function).
-
-        Raises:
-            TaskError: ``blocks`` gives no HybridBlock, or ``blocks()`` raised
-                (its error and where, in one line).
-        """
+        """The network's blocks (calling ``blocks`` once if it is a function); raises
+        TaskError where it gives no HybridBlock or raises."""
         if 'blocks' not in self._cache:
             blocks = self.blocks
             if callable(blocks) and not isinstance(blocks, mx.gluon.Block):
@@ -254,26 +213,21 @@ class Task:
 
     @property
     def bucketed(self):
-        """Whether ``train`` is a bucketed DataIter (:func:`is_bucketed`):
-        its batches are trained as it yields them, never read into arrays."""
+        """Whether ``train`` is a bucketed DataIter (:func:`is_bucketed`)."""
         return is_bucketed(self.train)
 
     def batch_iters(self):
-        """``(train, val)``: the bucketed DataIters (``val`` is ``train``
-        when there is no ``val``)."""
+        """``(train, val)``: the bucketed DataIters (``val`` is ``train`` without
+        one)."""
         return self.train, (self.train if self.val is None else self.val)
 
     def batch_labels(self):
-        """``[('train', labels), ('val', labels)]`` of a bucketed DataIter:
-        each read once, batch by batch, its labels flattened (padding cut)
-        and kept, its examples let go (``val``'s are ``train``'s when there
-        is no ``val``).
+        """``[('train', labels), ('val', labels)]`` of a bucketed DataIter, each read
+        once, its labels flattened without padding.
 
         Raises:
-            TaskError: a DataIter that raises (its error in one line), that
-                has no batch, a batch without a label, or more than
-                ``max_data_bytes`` of examples and labels as float32 in one
-                epoch (one that never ends).
+            TaskError: a DataIter that raises, has no batch, a batch without a
+                label, or more than ``max_data_bytes`` in one epoch.
         """
         if 'labels' not in self._cache:
             found = []
@@ -294,13 +248,12 @@ class Task:
         return self._cache['labels']
 
     def data(self):
-        """The data as numpy arrays: a :data:`Data` (``X_val``/``y_val`` are
-        the training arrays when there is no ``val``).
+        """The data as numpy arrays, a :data:`Data` (validation arrays the training
+        ones without ``val``).
 
         Raises:
-            TaskError: data that is not ``(X, y)`` arrays or a DataIter, or
-                whose examples and labels do not pair up; or a bucketed
-                DataIter (its batches differ in shape).
+            TaskError: data that is not ``(X, y)`` arrays or a DataIter, whose
+                examples and labels do not pair up, or a bucketed DataIter.
         """
         if self.bucketed:
             raise TaskError('train: expected arrays or a DataIter of one shape here, found a '
@@ -359,21 +312,10 @@ class Task:
     # -- the loss head, fitted to the network's output ---------------------
 
     def fit_head(self, output_shape, training_symbol):
-        """Fits the loss head to the network and remembers it: ``'softmax'``
-        on the class axis its labels leave in outputs of ``output_shape``
-        (:func:`~mp_symbolic.core.graph.heads.class_axis`: axis 1 for ``(N, C, H,
-        W)`` outputs with ``(N, H, W)`` labels), a callable's head read off
-        its graph (:func:`~mp_symbolic.core.graph.heads.read_head`), so that the
-        printed loss is the loss itself.
-
-        Args:
-            output_shape: The network's output shape, batch first
-                (``None``: not known; ``'softmax'`` keeps the last axis).
-            training_symbol: ``loss -> the training graph`` with that loss.
-
-        Returns:
-            The training graph of the fitted head.
-        """
+        """Fits the loss head to the network and remembers it (``'softmax'`` on the
+        class axis its labels leave in outputs of ``output_shape``, ``None`` for
+        the last; a callable's head read off its graph); returns the training
+        graph ``training_symbol(loss)`` of the fitted head."""
         loss = self.loss
         head = head_of(loss)
         if head is not None and head.classes and output_shape is not None:
@@ -385,16 +327,14 @@ class Task:
 
     @property
     def graph_loss(self):
-        """The loss as the graph, the Module and the twin take it: the head's
-        record on its class axis once :meth:`fit_head` saw the network, else
-        ``loss`` as given."""
+        """The loss as the graph, the Module and the twin take it: the fitted head's
+        record, else ``loss`` as given."""
         return self._cache['head'][0] if 'head' in self._cache else self.loss
 
     @property
     def head(self):
         """The :class:`~mp_symbolic.core.graph.heads.Head` whose loss is printed, or
-        ``None``: a callable head of no known op (``MakeLoss``: its output is
-        the loss itself)."""
+        ``None`` for a callable head of no known op."""
         return self._cache['head'][1] if 'head' in self._cache else head_of(self.loss)
 
     @property
@@ -414,13 +354,9 @@ class Task:
         return mx.nd.mean(output)  # MakeLoss outputs the loss itself
 
     def report(self, params, predict):
-        """How the network with ``params`` does (see ``evaluate``).
-
-        Args:
-            params: Name -> numpy array.
-            predict: ``predict(X)`` -> numpy outputs in inference form; for
-                a bucketed DataIter, ``predict(batch)`` of one DataBatch.
-        """
+        """How the network with ``params`` (name -> numpy) does, through
+        ``predict(X)`` (numpy outputs in inference form; ``predict(batch)`` for a
+        bucketed DataIter). See ``evaluate``."""
         if self.bucketed:
             return self._batch_report(predict)
         data = self.data()
@@ -446,8 +382,8 @@ class Task:
 
 
     def _batch_report(self, predict):
-        """The metric and the mean batch loss over the bucketed ``val``
-        DataIter (``train`` without one), batch by batch, padding cut."""
+        """The metric and the mean batch loss over the bucketed ``val`` (``train``
+        without one), padding cut."""
         where = 'validation' if self.val is not None else 'training'
         metric = _make_metric(self.metric, self.head)
         metric.reset()
@@ -477,9 +413,7 @@ class Task:
 
 def is_bucketed(data):
     """Whether ``data`` is a bucketed ``mx.io.DataIter``: one with a
-    ``default_bucket_key``, as ``mx.mod.BucketingModule.fit`` reads it
-    (``mx.rnn.BucketSentenceIter``'s), whose batches carry ``bucket_key``
-    and ``provide_data``."""
+    ``default_bucket_key``, as ``mx.mod.BucketingModule.fit`` reads it."""
     return isinstance(data, mx.io.DataIter) and \
         getattr(data, 'default_bucket_key', None) is not None
 
@@ -491,8 +425,8 @@ def _descs(provided):
 
 
 def _make_metric(metric, head):
-    """``metric`` (``None``: the head's default) as an ``mx.metric.EvalMetric``;
-    accuracy reads the head's class axis."""
+    """``metric`` (``None``: the head's default) as an ``mx.metric.EvalMetric``
+    on the head's class axis."""
     if metric is None:
         metric = head.metric if head is not None else 'mse'
     if isinstance(metric, mx.metric.EvalMetric):
@@ -512,8 +446,8 @@ def _make_metric(metric, head):
 
 
 def _arrays(data, name, limit):
-    """``(X, y)`` float32 numpy arrays from a pair or a DataIter (``X`` a tuple
-    of arrays, one per input, for several inputs), of at most ``limit`` bytes."""
+    """``(X, y)`` float32 arrays from a pair or a DataIter (``X`` a tuple for
+    several inputs), of at most ``limit`` bytes."""
     if isinstance(data, mx.io.DataIter):
         try:
             inputs, y = _read_iter(data, name, limit)
@@ -550,8 +484,8 @@ def _arrays(data, name, limit):
 
 
 def _several(X, y):
-    """Whether ``X`` is several inputs: a tuple, or a list of arrays that each
-    hold one example per label (a list of rows or of numbers is one array)."""
+    """Whether ``X`` is several inputs: a tuple, or a list of arrays each holding
+    one example per label."""
     if isinstance(X, tuple):
         return True
     if not isinstance(X, list) or not X:
@@ -596,13 +530,9 @@ def _checked(name, X, y, which):
 
 
 def _batches(data, name, limit):
-    """``(batch, examples kept)`` of every batch of the DataIter ``data``
-    (its padding cut), one epoch from ``reset()``; ``data`` is reset after.
-
-    Raises:
-        TaskError: no batch, a batch without a label, or more than ``limit``
-            bytes of float32 examples and labels (an iterator that never ends).
-    """
+    """``(batch, examples kept)`` of every batch of the DataIter ``data`` in one
+    epoch, padding cut, ``data`` reset after. Raises TaskError for no batch, a
+    batch without a label, or more than ``limit`` bytes."""
     count, size = 0, 0
     data.reset()
     for batch in data:
@@ -623,13 +553,9 @@ def _batches(data, name, limit):
 
 
 def _read_iter(data, name, limit):
-    """Every batch of the DataIter ``data``, padding cut: ``([X of each
-    input], y)``.
-
-    Raises:
-        TaskError: as :func:`_batches`, or batches with different numbers of
-            data arrays.
-    """
+    """Every batch of the DataIter ``data``, padding cut, as ``([X of each
+    input], y)``. Raises as :func:`_batches`, or for batches of different
+    input counts."""
     xs, ys = [], []
     for batch, keep in _batches(data, name, limit):
         if xs and len(batch.data) != len(xs[0]):
@@ -641,8 +567,8 @@ def _read_iter(data, name, limit):
 
 
 def _iter_labels(data, name, limit):
-    """The labels of every batch of the bucketed DataIter ``data``,
-    flattened, padding cut, one epoch after ``reset()``."""
+    """The labels of every batch of the bucketed DataIter ``data``, flattened,
+    padding cut."""
     return np.concatenate([_numpy(batch.label[0])[:keep].ravel()
                            for batch, keep in _batches(data, name, limit)])
 
@@ -663,8 +589,8 @@ def _positive_shape(shape):
 
 
 def _shapes(X, examples=True):
-    """Shapes of one example of each input of ``X`` (arrays, examples first;
-    with ``examples=False``, ``X`` is an ``input_shape``)."""
+    """Shapes of one example of each input of ``X`` (with ``examples=False``,
+    ``X`` is an ``input_shape``)."""
     if not examples:
         return tuple(X) if X and isinstance(X[0], tuple) else (tuple(X),)
     return tuple(x.shape[1:] for x in as_inputs(X))

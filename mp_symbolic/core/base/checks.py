@@ -1,10 +1,5 @@
-"""The value checks every boundary shares: one positive-integer check, one
-set of ranges for the training settings a task and a flag both give.
-
-Each check raises with the project's one grammar, ``field: expected X,
-found Y``, so that a value is refused in the same words wherever it enters
-(``Pipeline``, ``Task``, ``TrainConfig``, the layers, the command line).
-"""
+"""The value checks every boundary shares, each raising ``field: expected X,
+found Y`` so a value is refused in the same words wherever it enters."""
 import os
 import traceback
 
@@ -23,14 +18,12 @@ MAX_NODES = 1024
 
 
 class DeviceSpecError(ValueError):
-    """A ``--devices`` value that cannot become a device plan (defined here,
-    without MXNet, so that the ONNX predictor can refuse ``--devices``;
-    :mod:`mp_symbolic.core.placement.devices` raises it)."""
+    """A ``--devices`` value that cannot become a device plan (defined without
+    MXNet, for the ONNX predictor)."""
 
 
 def excerpt(text, limit=EXCERPT_LIMIT):
-    """``text`` cut to ``limit`` characters (``...`` marks the cut): a value
-    of thousands of entries (a device list, a sample) is not echoed whole."""
+    """``text`` cut to ``limit`` characters, ``...`` marking the cut."""
     return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
@@ -70,17 +63,15 @@ def positive_int(field, value, error=ValueError):
 
 def node_count(nodes, devices_per_replica=None, most_devices=None, error=ValueError):
     """``nodes`` checked as :func:`mp_symbolic.core.transport.nodes.node_of_devices`
-    checks it, in its words, as far as the devices are known.
+    checks it, as far as the devices are known.
 
     Args:
         devices_per_replica: The devices of one replica, where known.
-        most_devices: Where they are not, the most there can be (``None``:
-            no bound known).
+        most_devices: Otherwise the most there can be (``None``: no bound).
 
     Raises:
         error: ``nodes`` is not a positive integer, is above
-            :data:`MAX_NODES`, or above the devices of a replica (a node
-            would hold no stage).
+            :data:`MAX_NODES`, or above the devices of a replica.
     """
     nodes = positive_int('nodes', nodes, error)
     if nodes > MAX_NODES:
@@ -107,15 +98,14 @@ def is_momentum(value):
 
 
 def tied_owners(tied, names, num_stages, what, error=ValueError):
-    """``tied`` (``{parameter name: stage}``, or ``None``) checked: every key a
-    parameter of ``names``, every value a stage index.
+    """``tied`` (``{parameter name: stage}`` or ``None``) checked as
+    ``{name: int stage}``.
 
     Args:
-        what: What the names are the parameters of (``'the blocks'``,
-            ``'the network'``), for the message.
+        what: What the names are the parameters of, for the message.
 
     Raises:
-        error: a name that is not a parameter, or a stage out of range.
+        error: a name not in ``names``, or a stage out of range.
     """
     owners = {}
     for name, stage in (tied or {}).items():

@@ -1,13 +1,8 @@
-"""Every MXNet 1.9.1 behaviour this library works around, in one place.
-
-Each workaround names the MXNet behaviour it works around; the figures and
-the longer accounts are in docs/batchnorm-chunks.md, docs/pipelining.md and
-docs/how-it-works.md, and ``tests/test_mxnet_traps.py`` pins each behaviour,
-so that a failing test says which workaround can go. Two stay where they
-act: the Module's host copy of every parameter
-(``mp_symbolic/core/engine/device_module.py``) and the ``Trainer``'s ``dist_*``
-kvstore set up at construction (``mp_symbolic/core/optim/trainer.py``).
-"""
+"""Every MXNet 1.9.1 behaviour this library works around, each named where it
+is worked around. ``tests/test_mxnet_traps.py`` pins each behaviour; the
+longer accounts are in docs/batchnorm-chunks.md and docs/pipelining.md. Two
+stay where they act: the Module's host copy (``engine/device_module.py``) and
+the ``Trainer``'s ``dist_*`` kvstore (``optim/trainer.py``)."""
 from contextlib import contextmanager
 import functools
 import linecache
@@ -55,27 +50,17 @@ UNMIRRORED_OPS = frozenset({'Embedding', '_contrib_SparseEmbedding'})
 
 
 def segment_boundaries(heads, group, first_index, tag=''):
-    """Micro-batch outputs ``heads``, each but the last through a ``_copyto`` on
-    the join's device, so that MXNet bulks every stage's ops of every micro-batch.
-
-    MXNet's graph executor does not bulk a segment whose ops sit on two devices
-    (``CreateCachedSegOpr``), and a segment ends only at a copy; the copies end
-    one chunk's segment before the next chunk's first stage. They are left out
-    under ``MXNET_BACKWARD_DO_MIRROR=1``, where the recomputed copy has no dtype
-    to infer and the bind fails. The values are the outputs themselves.
-
-    Args:
-        heads: The graph entries (``(node, output, version)``) of the
-            micro-batch outputs, in the join's order.
-        group: The ``ctx_group`` of the join (the last stage's).
-        first_index: The index the first appended node will have.
-        tag: Put in the copies' names after the prefix (one per output of a
-            network with several).
+    """Micro-batch outputs ``heads`` (graph entries, in the join's order), each
+    but the last through a ``_copyto`` in the join's ``group``, so that MXNet
+    bulks every stage's ops of every micro-batch (it ends a bulked segment
+    only at a copy, and bulks none over two devices). None under
+    ``MXNET_BACKWARD_DO_MIRROR=1``, where the copy's recomputed dtype cannot be
+    inferred.
 
     Returns:
-        ``(nodes, heads)``: the copy nodes to append to the graph
-        (:class:`~mp_symbolic.core.graph.ir.Node` s named ``chunk_boundary<m>``),
-        and the entries for the join to read.
+        ``(nodes, heads)``: the copy nodes to append, from index
+        ``first_index``, named ``chunk_boundary<tag><m>``; the entries for the
+        join to read.
     """
     if os.environ.get(DO_MIRROR, '0') not in ('', '0'):
         return [], list(heads)
@@ -94,28 +79,20 @@ def segment_boundaries(heads, group, first_index, tag=''):
 @contextmanager
 def split_bind(group2ctx, symbol=None, training=True, fixed=()):
     """Context around a bind of a graph split over several devices, in the
-    environment :func:`split_bind_environ` gives.
-
-    A training bind without shared storage is first refused if MXNet would
-    write a weight gradient through a null pointer
-    (:func:`unallocated_weight_gradients`). MXNet's log line for
-    ``MXNET_SUBGRAPH_BACKEND=NONE`` is dropped; anything else it writes to
-    stderr passes through.
+    environment :func:`split_bind_environ` gives; MXNet's log line for
+    ``MXNET_SUBGRAPH_BACKEND=NONE`` is dropped from stderr.
 
     Args:
         group2ctx: ``{group: mx.Context}`` of the bind (or any mapping whose
             values are its devices); ``None`` or empty for one device.
-        symbol: The graph being bound (an ``mx.sym.Symbol`` or its
-            :class:`~mp_symbolic.core.graph.ir.PlacedGraph`), read for its ops; ``None``
-            binds as if it had an op of :data:`ONEDNN_LAYOUT_OPS`.
-        training: Whether the bind computes gradients (``False`` for an
-            inference bind, ``grad_req='null'``).
-        fixed: Names of the arguments that get no gradient.
+        symbol: The graph being bound (Symbol or ``PlacedGraph``); ``None``:
+            as if it had an op of :data:`ONEDNN_LAYOUT_OPS`.
+        training, fixed: Whether the bind computes gradients; the arguments
+            that get none.
 
     Raises:
-        ValueError: a training bind of ``symbol`` without shared storage
-            where a :data:`UNALLOCATED_GRADIENT_OP`'s weight is read by other
-            ops too (one line naming the op, the weight and the cause).
+        ValueError: a training bind without shared storage of a graph with
+            :func:`unallocated_weight_gradients`.
     """
     env = split_bind_environ(group2ctx.values() if group2ctx else (), symbol)
     if training and symbol is not None and \
@@ -133,59 +110,34 @@ def split_bind(group2ctx, symbol=None, training=True, fixed=()):
 
 
 def max_tensor_size():
-    """The most elements MXNet takes in one tensor in this build.
-
-    Built without ``USE_INT64_TENSOR_SIZE`` (the PyPI wheels), MXNet's shape
-    inference raises a bare ``Exception`` past ``2^31 - 1`` elements; asking the
-    build lets a size be refused before MXNet sees it.
-    """
+    """The most elements MXNet takes in one tensor in this build (``2^31 - 1``
+    without ``USE_INT64_TENSOR_SIZE``, as in the PyPI wheels)."""
     return (1 << 63) - 1 if mx.runtime.Features().is_enabled('INT64_TENSOR_SIZE') \
         else (1 << 31) - 1
 
 
 def onednn_active():
-    """Whether MXNet runs CPU operators through oneDNN (MKLDNN) in this process.
-
-    MXNet reads ``MXNET_MKLDNN_ENABLED`` once, at its first operator; this
-    reads the variable as MXNet would and asks the build.
-    """
+    """Whether MXNet runs CPU operators through oneDNN in this process
+    (``MXNET_MKLDNN_ENABLED`` and the build)."""
     if os.environ.get('MXNET_MKLDNN_ENABLED', '1').lower() in ('0', 'false'):
         return False
     return mx.runtime.Features().is_enabled('MKLDNN')
 
 
 def leaves_onednn_layouts(symbol):
-    """Whether ``symbol`` (an ``mx.sym.Symbol``, a
-    :class:`~mp_symbolic.core.graph.ir.PlacedGraph`, or ``None`` for a graph not
-    known) has an op of :data:`ONEDNN_LAYOUT_OPS`: the graphs whose split binds
-    need storage of their own on CPU (:func:`split_bind_environ`).
-    """
+    """Whether ``symbol`` (Symbol, ``PlacedGraph``, or ``None`` for a graph not
+    known) has an op of :data:`ONEDNN_LAYOUT_OPS`."""
     if symbol is None:
         return True
     return any(node.op in ONEDNN_LAYOUT_OPS for node in as_placed(symbol).ops)
 
 
 def unallocated_weight_gradients(symbol, fixed=()):
-    """The ops of ``symbol`` whose weight gradient MXNet 1.9.1, with oneDNN,
-    writes through a null pointer when intermediate arrays do not share storage.
-
-    oneDNN's ``_backward_Deconvolution`` swaps the weight gradient's layout
-    before anything allocated its ``delay_alloc`` storage, and writes to
-    address 0: the process dies. This hits a weight read by several ops (one
-    gradient per reader, summed), such as the op's copies per micro-batch or a
-    tied weight (docs/batchnorm-chunks.md).
-
-    Args:
-        symbol: An ``mx.sym.Symbol`` or a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`.
-        fixed: Names of the arguments that get no gradient.
-
-    Returns:
-        ``[(op name, weight name, readers)]`` of the
-        :data:`UNALLOCATED_GRADIENT_OP` nodes whose weight is read by other
-        ops too (``readers`` the number of ops reading it; for a weight
-        computed by an op, ``weight name`` names that op and ``readers`` is
-        0), in the graph's order.
-    """
+    """``[(op name, weight name, readers)]`` of the ops of ``symbol`` whose
+    weight gradient MXNet 1.9.1's oneDNN ``_backward_Deconvolution`` writes
+    through a null pointer when intermediate arrays do not share storage: a
+    weight (not in ``fixed``) read by several ops, or computed by an op
+    (``readers`` 0) (docs/batchnorm-chunks.md)."""
     graph = as_placed(symbol)
     readers = graph.reader_counts()
     found = []
@@ -203,15 +155,9 @@ def unallocated_weight_gradients(symbol, fixed=()):
 
 
 def refuse_unallocated_weight_gradients(symbol, fixed=()):
-    """Refuses, in one line, a graph with a weight gradient of
-    :func:`unallocated_weight_gradients`, for a training bind without
-    storage sharing.
-
-    Raises:
-        ValueError: naming the first such op (the network's own op, before
-            its micro-batches' copies), its weight, how many ops read it,
-            and how many such ops the graph has.
-    """
+    """Raises ValueError in one line naming the first op of
+    :func:`unallocated_weight_gradients`, its weight and readers, and how many
+    such ops there are."""
     found = unallocated_weight_gradients(symbol, fixed)
     if not found:
         return
@@ -227,26 +173,17 @@ def refuse_unallocated_weight_gradients(symbol, fixed=()):
 
 
 def split_bind_environ(devices, symbol=None):
-    """The environment a bind of a graph split over ``devices`` needs.
+    """The environment (``{name: value}``) a bind of a graph split over
+    ``devices`` needs (``symbol`` ``None``: as if it had an op of
+    :data:`ONEDNN_LAYOUT_OPS`):
 
-    - ``MXNET_SUBGRAPH_BACKEND=NONE``: MXNet's oneDNN subgraph backend fuses
-      ops without looking at ``ctx_group``, and a fused op over two devices fails.
+    - ``MXNET_SUBGRAPH_BACKEND=NONE``: the oneDNN subgraph backend fuses ops
+      across ``ctx_group`` s.
     - On CPU with oneDNN, for a graph with an op of :data:`ONEDNN_LAYOUT_OPS`,
-      :data:`UNSHARED_MEMORY`: MXNet's cross-device copy (``CopyFromTo``)
-      writes through the stale oneDNN layout a shared storage chunk keeps,
-      which fails or computes wrong gradients (docs/batchnorm-chunks.md).
-    - Otherwise, and for a graph on one device, :data:`SEARCHED_MEMORY` (the
-      planner's plan of fewest bytes, docs/pipelining.md); left off where the
-      caller's environment has ``NNVM_EXEC_MATCH_RANGE=0``, under which MXNet's
-      search makes no plan and the bind fails.
-
-    Args:
-        devices: The ``mx.Context`` s of the plan (``group2ctx.values()``).
-        symbol: The graph being bound (``None``: as if it had an op of
-            :data:`ONEDNN_LAYOUT_OPS`).
-
-    Returns:
-        ``{name: value}``; for a graph on one device, the search alone.
+      :data:`UNSHARED_MEMORY`: ``CopyFromTo`` writes through the stale layout a
+      shared storage chunk keeps (docs/batchnorm-chunks.md).
+    - Otherwise, and on one device, :data:`SEARCHED_MEMORY`, unless the
+      caller's environment has ``NNVM_EXEC_MATCH_RANGE=0``.
     """
     devices = set(devices or ())
     searched = SEARCHED_MEMORY \
@@ -264,14 +201,8 @@ def split_bind_environ(devices, symbol=None):
 
 def write_into(array, value):
     """Writes ``value`` (a NumPy array of ``array``'s shape) into the NDArray
-    ``array`` in place, whatever layout oneDNN keeps it in.
-
-    Bound for inference, oneDNN's Deconvolution (and an unfused Convolution)
-    reorders its weight into a blocked layout, where MXNet refuses
-    ``array[:] = value`` (``We can't generate TBlob for MKLDNN data``); such an
-    array takes a copy (``CopyFromTo``), which reorders the value. Returns once
-    the copy is done: at most one temporary array is held at a time.
-    """
+    ``array`` in place, through a copy where oneDNN keeps ``array`` in a
+    blocked layout that refuses ``array[:] = value``."""
     try:
         array[:] = value
         return
@@ -282,11 +213,8 @@ def write_into(array, value):
 
 
 def initialized(param):
-    """Whether a Gluon ``Parameter`` has values (on some device).
-
-    Gluon has no public test: ``list_ctx()`` raises ``RuntimeError`` until
-    ``initialize`` was called, which is read as "not initialised".
-    """
+    """Whether a Gluon ``Parameter`` has values (``list_ctx()`` raises until it
+    has)."""
     try:
         param.list_ctx()
         return True
@@ -295,22 +223,16 @@ def initialized(param):
 
 
 def reset_variables(block):
-    """Forgets the Symbol variables Gluon cached for ``block``'s parameters.
-
-    Gluon caches a parameter's variable (``Parameter._var``) with the
-    ``mx.AttrScope`` attributes in force at its first trace, so a later trace
-    would keep the first one's ``ctx_group``.
-    """
+    """Forgets the Symbol variables Gluon cached for ``block``'s parameters (with
+    the ``ctx_group`` of their first trace)."""
     for param in block.collect_params().values():
         param._var = None  # pylint: disable=protected-access
 
 
 @contextmanager
 def fresh_variables(blocks):
-    """Context in which ``blocks`` (a block or a list of them) trace with fresh
-    parameter variables; afterwards, whatever happens, the variables are
-    forgotten again (:func:`reset_variables`).
-    """
+    """Context in which ``blocks`` (a block or a list) trace with fresh parameter
+    variables, forgotten again afterwards."""
     blocks = list(blocks) if isinstance(blocks, (list, tuple)) else [blocks]
     for block in blocks:
         reset_variables(block)
@@ -323,28 +245,20 @@ def fresh_variables(blocks):
 
 def gradient_only_kvstore():
     """Context around ``Module.init_optimizer`` in which the kvstore sums
-    gradients only.
-
-    MXNet's Module reads ``MXNET_UPDATE_ON_KVSTORE`` (default 1) and then runs
-    the update on the kvstore's device; here each parameter is updated on its
-    own stage's device, its state beside it.
-    """
+    gradients only (``MXNET_UPDATE_ON_KVSTORE=0``): each parameter is updated on
+    its own stage's device."""
     return environ(MXNET_UPDATE_ON_KVSTORE='0')
 
 
 def profiler_cpu_limit():
-    """The first ``cpu(i)`` MXNet's profiler cannot record.
-
-    MXNet 1.9.1's profiler keeps one row per core, then ``cpu pinned/`` and
-    ``cpu shared/``; an op on ``cpu(N)`` past them aborts the process
-    (``Check failed: idx < DeviceCount()``).
-    """
+    """The first ``cpu(i)`` MXNet 1.9.1's profiler cannot record (one row per
+    core, then two): an op past it aborts the process."""
     return (os.cpu_count() or 1) + 2
 
 
 def unprofilable(devices):
-    """The ``cpu(i)`` of ``devices`` (contexts or their strings) that MXNet's
-    profiler cannot record (see :func:`profiler_cpu_limit`), as ``'cpu:i'``."""
+    """The ``cpu(i)`` of ``devices`` (contexts or strings) past
+    :func:`profiler_cpu_limit`, as ``'cpu:i'``."""
     limit = profiler_cpu_limit()
     over = []
     for device in devices:
@@ -361,9 +275,8 @@ def _context(text):
 
 
 def error_line(err):
-    """The informative line of an error: the last of MXNet's messages, which start
-    with a stack trace, the first of others.
-    """
+    """The informative line of an error: the last of MXNet's messages (which
+    start with a stack trace), the first of others."""
     lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
     if not lines:
         return type(err).__name__
@@ -376,9 +289,8 @@ class NotSymbolSafe(ValueError):
 
 
 def _failing_block(traceback):
-    """The innermost Gluon block whose ``hybrid_forward`` was running on
-    Symbols (``F`` is ``mx.sym``) where ``traceback`` ends, and the line of
-    its ``hybrid_forward`` running then (``(file, line number)``), or
+    """The innermost Gluon block whose ``hybrid_forward`` was running on Symbols
+    where ``traceback`` ends, and ``(file, line)`` of that call, or
     ``(None, None)``."""
     block = where = None
     while traceback is not None:
@@ -391,17 +303,9 @@ def _failing_block(traceback):
 
 
 def symbol_safe(fn):
-    """``fn``, with an error raised inside a block's ``hybrid_forward`` while
-    Gluon traces it on Symbols made one line naming the block and the call.
-
-    A ``hybrid_forward`` that calls what only NDArrays take (``x.shape``,
-    ``asnumpy``, an ``nd`` op, NDArray-only reshape codes) fails deep in MXNet's
-    symbol creator, naming an operator's arguments and not the block.
-
-    Raises:
-        NotSymbolSafe: (a ``ValueError``) such an error, with the block's
-            name and class, the error's informative line and the call.
-    """
+    """``fn``, with an error raised in a block's ``hybrid_forward`` traced on
+    Symbols made a :class:`NotSymbolSafe` line naming the block, its class,
+    the error and the call."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -424,15 +328,9 @@ def symbol_safe(fn):
 @contextmanager
 def read_on(params, device):
     """Context in which each ``(param, source)`` of ``params`` reads, on
-    ``device``, a recorded copy (``as_in_context``) of its value on ``source``;
-    a ``(param, source, target)`` reads it on ``target``. Autograd sums the
-    gradient of every use into that copy.
-
-    Gluon's ``Parameter.data(ctx)`` refuses a device the parameter does not
-    live on, so a tied weight could not be read on another stage's device. The
-    parameter's private lists (``_data``, ``_ctx_list``, ``_ctx_map``) name the
-    copy within, and are put back afterwards, whatever happens.
-    """
+    ``device``, a recorded copy of its value on ``source`` (a ``(param, source,
+    target)`` reads it on ``target``); autograd sums every use's gradient into
+    that copy. Gluon's private lists that name the copy are restored afterwards."""
     # pylint: disable=protected-access
     saved = [(p[0], p[0]._data, p[0]._ctx_list, p[0]._ctx_map) for p in params]
     try:
@@ -457,14 +355,9 @@ EMBEDDING_OPS = frozenset({'Embedding', '_contrib_SparseEmbedding'})
 
 
 def embedding_ids(symbol, names):
-    """The inputs among ``names`` (variables of ``symbol``, an ``mx.sym.Symbol``
-    or a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`) that an Embedding op reads
-    its ids from, directly or through other ops: a training bind needs
-    ``grad_req='null'`` for each.
-
-    MXNet's Embedding backward fails at run time ("Embedding layer doesn't
-    support calculate data gradient") when its ids' gradient is asked for.
-    """
+    """The inputs among ``names`` (variables of ``symbol``) an Embedding reads its
+    ids from, directly or through other ops: a training bind needs
+    ``grad_req='null'`` for each (MXNet's Embedding backward refuses them)."""
     graph = as_placed(symbol)
     ids = graph.upstream(n.inputs[0] for n in graph.ops if n.op in EMBEDDING_OPS and n.inputs)
     wanted = set(names)
@@ -477,16 +370,11 @@ LENGTH_OPS = frozenset({'softmax'})
 
 
 def lengths_outside_gradient(placed):
-    """``placed`` (a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`) with the length
-    each op of :data:`LENGTH_OPS` reads passed through ``BlockGrad``; ``placed``
-    itself when no op reads one. The outputs, arguments and values are the same.
-
-    MXNet's ``softmax`` backward with ``use_length=True``, asked for the
-    length's gradient, may write it in place of the length
-    (``SoftmaxGradOpInplaceOption``) after zeroing it, and then reads every
-    length as 0: the scores get no gradient. The stage runtime asks for the
-    gradient of every tensor a stage receives, lengths included.
-    """
+    """``placed`` with the length each op of :data:`LENGTH_OPS` reads passed
+    through ``BlockGrad`` (``placed`` itself where none reads one); outputs and
+    values unchanged. MXNet's ``softmax(use_length=True)`` backward may zero
+    the length in place when its gradient is asked for, as the stage runtime
+    does (docs/any-network.md)."""
     nodes, moved = [], {}
     for node in placed.nodes:
         inputs = [(moved[e.node], e.output, e.version) for e in node.inputs]
@@ -502,43 +390,31 @@ def lengths_outside_gradient(placed):
 
 
 def ids_outside_gradient(F, x, name='indices'):
-    """``x`` (Symbol or NDArray) with no gradient flowing back through it
-    (``BlockGrad``, ``detach``), for ids that ops turn into an Embedding's
-    input: MXNet's Embedding refuses their gradient (:func:`embedding_ids`).
-    """
+    """``x`` (Symbol or NDArray) with no gradient flowing back through it, for
+    ids that ops turn into an Embedding's input."""
     return F.BlockGrad(x, name=name) if F is mx.sym else x.detach()
 
 
 def read_in_own_group(F, x, name='input'):
-    """``x`` read through an ``identity`` op of the group in force when it is
-    a variable (a Symbol without children), so that ops of several groups can
-    read it: the Symbol-level form of :func:`~mp_symbolic.core.graph.passes.tie_parameters`. Ops, NDArrays
-    and other values pass as they are."""
+    """``x`` read through an ``identity`` op of the group in force when it is a
+    variable, so that ops of several groups can read it; anything else as it
+    is."""
     if F is mx.sym and isinstance(x, mx.sym.Symbol) and x.get_children() is None:
         return F.identity(x, name=name)
     return x
 
 
 def kvstore_may_update(params):
-    """Whether a kvstore may run the optimizer for ``params`` (Gluon
-    ``Parameter`` s): only when every one lives on the same devices.
-
-    MXNet's kvstore keeps each key's merge buffer and optimizer state where its
-    reduction puts them (on CPU, ``cpu_pinned(0)`` for every key), not on the
-    parameter's stage; otherwise the kvstore only sums gradients.
-    """
+    """Whether a kvstore may run the optimizer for ``params``: only when all live
+    on the same devices (MXNet's kvstore keeps the state where it reduces)."""
     params = list(params)
     return all(p.list_ctx() == params[0].list_ctx() for p in params)
 
 
 def updates_by_device(indices, grads, weights):
     """``[(indices, grads, weights)]``, one per device in order of first
-    appearance: one ``mx.optimizer.Updater`` call's arrays, split by device.
-
-    MXNet's Updater fuses up to ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` parameters
-    into one ``multi_*_update`` op grouped by dtype only, which would run on one
-    device over another device's weights.
-    """
+    appearance: one ``Updater`` call's arrays split by device, since MXNet
+    fuses updates by dtype only, across devices."""
     by_device = {}
     for i, g, w in zip(indices, grads, weights):
         by_device.setdefault(w.context, []).append((i, g, w))

@@ -1,16 +1,7 @@
-"""Files of named arrays written and read one array at a time, unpickled.
-
-A checkpoint committed by node processes is one *part* per node: an
-uncompressed numpy ``.npz`` file of that node's arrays by name.
-:func:`write_npz` writes it member by member, each array made only when its
-turn comes; :func:`npz_index` reads names, shapes and dtypes from the
-``.npy`` headers alone. :func:`write_mxnet_params` writes the bytes
-``mx.nd.save`` writes (MXNet's ``.params``), one array at a time, and
-:func:`mxnet_params_index` reads its index by seeking over the data.
-
-Only numpy and the standard library: export and tools read parts without
-MXNet.
-"""
+"""Files of named arrays written and read one array at a time, unpickled: the
+uncompressed ``.npz`` part each node commits to a checkpoint, and MXNet's
+``.params``. Only numpy and the standard library, so that export and tools
+read parts without MXNet."""
 import hashlib
 import os
 import struct
@@ -39,23 +30,22 @@ class PartError(ValueError):
 
 
 def write_npz(path, members, replace=False, digests=None):
-    """Writes an ``.npz`` file of ``members`` one array at a time, and
-    fsyncs it: the bytes ``np.savez`` writes for them, in order.
+    """Writes an ``.npz`` file of ``members`` one array at a time (the bytes
+    ``np.savez`` writes), and fsyncs it.
 
     Args:
         path: The file to create (it must not exist, unless ``replace``).
-        members: ``(name, value)`` pairs in order; ``value`` is an array or
-            a function of no arguments returning one, called when its turn
-            comes (so only one member's array need be held at a time).
+        members: ``(name, value)`` pairs in order; ``value`` an array or a
+            function of no arguments returning one, called in turn.
         replace: Truncate ``path`` if it exists.
-        digests: A dict, or ``None``: filled with each member's sha256
-            (hex) of its ``.npy`` bytes, as :func:`npz_digests` reads them.
+        digests: A dict to fill with each member's sha256 (hex) of its
+            ``.npy`` bytes, as :func:`npz_digests` reads them; or ``None``.
 
     Returns:
         ``{name: (shape, dtype)}`` of what was written, in order.
 
     Raises:
-        OSError: the file cannot be written (a full disk, a file size limit).
+        OSError: the file cannot be written.
     """
     written = {}
     with _created(path, replace) as f:
@@ -87,9 +77,9 @@ class _Hashing:
 
 
 class _created:  # pylint: disable=invalid-name,too-few-public-methods
-    """``with _created(path, replace) as f``: ``path`` opened for binary
-    writing (created, or truncated if ``replace``), flushed and fsynced
-    when the block ends without an error."""
+    """``with _created(path, replace) as f``: ``path`` opened for binary writing
+    (created, or truncated if ``replace``), fsynced if the block ends without
+    an error."""
 
     def __init__(self, path, replace):
         flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if replace else os.O_EXCL)
@@ -106,13 +96,9 @@ class _created:  # pylint: disable=invalid-name,too-few-public-methods
 
 
 def _npy_members(path):
-    """``(name, member)`` of each ``.npy`` member of the ``.npz`` file
-    ``path``, each open for reading while it is handled.
-
-    Raises:
-        PartError: the file is not a zip of ``.npy`` members (the message
-            names it), or reading a member failed.
-    """
+    """``(name, member)`` of each ``.npy`` member of the ``.npz`` file ``path``,
+    each open while it is handled; raises PartError for a file that is not a
+    zip of ``.npy`` members, or a member unreadable."""
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
@@ -133,12 +119,8 @@ def _not_a_part(path, err):
 
 
 def npz_digests(path):
-    """``{name: sha256 (hex)}`` of an ``.npz`` file's members' ``.npy``
-    bytes, read :data:`CHUNK` bytes at a time.
-
-    Raises:
-        PartError: the file is not a zip of ``.npy`` members.
-    """
+    """``{name: sha256 (hex)}`` of an ``.npz`` file's members' ``.npy`` bytes;
+    raises PartError for a file that is not a zip of ``.npy`` members."""
     found = {}
     for name, member in _npy_members(path):
         digest = hashlib.sha256()
@@ -152,13 +134,9 @@ def npz_digests(path):
 
 
 def npz_index(path):
-    """``{name: (shape, dtype)}`` of an ``.npz`` file's members, read from
-    their ``.npy`` headers only.
-
-    Raises:
-        PartError: the file is not a zip of ``.npy`` members (the message
-            names it).
-    """
+    """``{name: (shape, dtype)}`` of an ``.npz`` file's members, from their
+    ``.npy`` headers only; raises PartError for a file that is not a zip of
+    ``.npy`` members of numbers."""
     found = {}
     for name, member in _npy_members(path):
         try:
@@ -175,11 +153,8 @@ def npz_index(path):
 
 
 class NpzReader:
-    """One ``.npz`` file open for reading, one member at a time, unpickled.
-
-    Raises:
-        PartError: (from :meth:`read`) the member is missing or unreadable.
-    """
+    """One ``.npz`` file open for reading, one member at a time, unpickled;
+    :meth:`read` raises PartError for a member missing or unreadable."""
 
     def __init__(self, path):
         self.path = path
@@ -209,16 +184,16 @@ class NpzReader:
 
 
 def write_mxnet_params(path, items, replace=False, digests=None):
-    """Writes the bytes ``mx.nd.save(path, dict(items))`` writes, one array
-    at a time, and fsyncs the file.
+    """Writes the bytes ``mx.nd.save(path, dict(items))`` writes, one array at a
+    time, and fsyncs the file.
 
     Args:
         path: The file to create (it must not exist, unless ``replace``).
-        items: A sequence of ``(name, value)``: ``value`` an array of one of
-            MXNet's dense types or a function of no arguments returning one.
+        items: ``(name, value)`` pairs; ``value`` an array of one of MXNet's
+            dense types or a function of no arguments returning one.
         replace: Truncate ``path`` if it exists.
-        digests: A dict, or ``None``: filled with each array's sha256 (hex)
-            of its data bytes, as :meth:`MxnetParams.digest` reads them.
+        digests: A dict to fill with each array's sha256 (hex) of its data
+            bytes, as :meth:`MxnetParams.digest` reads them; or ``None``.
 
     Returns:
         ``{name: (shape, dtype)}`` of what was written.
@@ -253,23 +228,15 @@ def write_mxnet_params(path, items, replace=False, digests=None):
 
 
 def mxnet_params_index(path):
-    """``{name: (shape, dtype)}`` of an MXNet ``.params`` file of dense
-    arrays, read from its headers (the data is skipped, not read).
-
-    Raises:
-        PartError: the file is not one (truncated, another kind, unnamed
-            arrays); the message names it.
-    """
+    """``{name: (shape, dtype)}`` of an MXNet ``.params`` file of dense arrays,
+    read from its headers; raises PartError naming a file that is not one."""
     return {name: (shape, dtype) for name, (shape, dtype, _) in _mxnet_layout(path).items()}
 
 
 class MxnetParams:
-    """An MXNet ``.params`` file of dense arrays, read one array at a time.
-
-    Raises:
-        PartError: (on opening) the file is not one; (from :meth:`read`) no
-            array of that name.
-    """
+    """An MXNet ``.params`` file of dense arrays, read one array at a time;
+    raises PartError for a file that is not one, or (:meth:`read`) no array
+    of that name."""
 
     def __init__(self, path):
         self.path = path
@@ -294,8 +261,7 @@ class MxnetParams:
         return array.astype(dtype, copy=False).reshape(shape)
 
     def digest(self, name):
-        """The sha256 (hex) of the array ``name``'s data bytes, read
-        :data:`CHUNK` bytes at a time."""
+        """The sha256 (hex) of the array ``name``'s data bytes."""
         if name not in self._layout:
             raise PartError('%s: expected an array named %r, found none' % (self.path, name))
         shape, dtype, offset = self._layout[name]

@@ -1,11 +1,7 @@
-"""Process state changed for the length of a ``with`` block, then restored.
-
-MXNet reads several settings from the environment at each bind
-(``MXNET_SUBGRAPH_BACKEND``, ``MXNET_EXEC_BULK_EXEC_TRAIN``,
-``MXNET_BACKWARD_DO_MIRROR``) or each kvstore creation
-(``MXNET_UPDATE_ON_KVSTORE``), and its C++ parts (and onnxruntime's) log
-straight to file descriptor 2, past ``sys.stderr``. Standard library only.
-"""
+"""Process state changed for the length of a ``with`` block, then restored:
+the environment MXNet reads at each bind or kvstore creation, and file
+descriptor 2, where MXNet's C++ parts log past ``sys.stderr``. Standard
+library only."""
 from contextlib import contextmanager
 import os
 import sys
@@ -54,8 +50,7 @@ def captured_stderr():
 
 @contextmanager
 def discarded_stderr():
-    """Drops what is written to file descriptor 2 inside the block (to
-    ``os.devnull``: nothing accumulates, however long the block lasts)."""
+    """Drops what is written to file descriptor 2 inside the block."""
     sys.stderr.flush()
     saved = os.dup(2)
     sink = os.open(os.devnull, os.O_WRONLY)

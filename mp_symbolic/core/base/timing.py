@@ -1,11 +1,6 @@
-"""The one clock of the library and of its benchmarks.
-
-MXNet runs operators asynchronously, so every reading here waits for all
-of MXNet's work (``mx.nd.waitall()``) before the clock starts and again
-before it stops: nothing queued earlier is counted, and everything the
-timed call queued is. ``balance_by_time``, the training loop and
-``bench/`` all read it.
-"""
+"""The one clock of the library and of its benchmarks: every reading waits for
+all of MXNet's asynchronous work (``mx.nd.waitall()``) before the clock
+starts and before it stops."""
 import statistics
 import time
 
@@ -24,25 +19,18 @@ def seconds(fn):
 
 
 def repeat(runs, repeats, warmup=1, passes=1):
-    """Seconds of ``repeats`` timed calls of each run (:func:`seconds`),
-    after ``warmup`` untimed calls of each (binding, memory pools, oneDNN
-    primitives are made on the first ones); with ``passes`` above 1, each
-    of the ``repeats`` is the fastest of that many calls in a row (the
-    run's memory warm, as in a run of steps).
-
-    Several runs are timed round-robin, one call of each in turn, so that a
-    change in the machine's load during the measurement touches every run
-    alike instead of the last ones.
+    """Seconds of ``repeats`` timed calls of each run (:func:`seconds`), after
+    ``warmup`` untimed calls of each. Several runs are timed round-robin, one
+    call of each in turn, so a change in the machine's load touches all alike.
 
     Args:
         runs: A callable, or ``{name: callable}``.
         repeats: Timed calls of each.
         warmup: Untimed calls of each first.
-        passes: Calls in a row a timed repeat keeps the fastest of.
+        passes: Calls in a row each timed repeat keeps the fastest of.
 
     Returns:
-        ``[seconds of each call]`` for one callable; ``{name: [seconds]}``
-        for a dict.
+        ``[seconds]`` for one callable; ``{name: [seconds]}`` for a dict.
     """
     named = runs if isinstance(runs, dict) else {None: runs}
     for _ in range(warmup):

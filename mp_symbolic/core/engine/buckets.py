@@ -1,32 +1,14 @@
-"""Variable-length batches: a Module's runtimes bound once per bucket key.
+"""Variable-length batches: a Module's runtimes bound once per bucket key, as
+``mx.mod.BucketingModule`` binds a Module per key on the default's arrays.
 
-MXNet trains batches of several shapes (sentences batched by length:
-GluonNLP's ``FixedBucketSampler``) with ``mx.mod.BucketingModule``: one
-Module per bucket key, bound on first use with ``shared_module=`` the
-default bucket's, so that every bucket's executors read and write the
-default's parameter and gradient arrays and one optimizer updates them.
-A Pipeline's Module does the same within itself, for batches that carry
-their shape as ``BucketingModule`` reads it: an ``mx.io.DataBatch`` with
-``bucket_key`` and ``provide_data`` (and ``provide_label``; where it is
-missing, the labels' own shapes, or for a batch without labels the shapes
-the graph infers from the data):
-
-each key's runtimes (:class:`~mp_symbolic.core.engine.module.PipelineModule`'s,
-one per replica: the stage runtime's, or GPipe's fused graph) bind the
-Module's parameter, gradient and auxiliary arrays, with inputs, receive
-buffers and activations at that key's shapes, and share the memory pools
-of the bound shapes' executors (never run at once).
-
-The default bucket is the shapes the Module was bound at (``fit`` binds
-the iterator's ``provide_data``: MXNet's bucketing iterators give the
-default key's); a key whose shapes are those runs on it. The optimizer and
-its state are the Module's own, whatever the key. A batch whose
-``bucket_key`` is ``None`` (``NDArrayIter``'s) runs as before, on the
-default form.
-
-``buckets=`` (``pipe.module(..., buckets=[...])``) declares the keys
-ahead: a batch of another key is refused in one line, so the bound forms,
-and their memory, stay within the declared count.
+A batch carries its shape as ``BucketingModule`` reads it (``bucket_key``,
+``provide_data``, ``provide_label``). Each key's runtimes bind the Module's
+parameter, gradient and auxiliary arrays, with inputs and activations at
+that key's shapes, sharing the memory pools of the other keys' executors.
+The default bucket is the shapes the Module was bound at; a batch whose
+``bucket_key`` is ``None`` runs on it. The optimizer and its state are the
+Module's own whatever the key. ``buckets=`` declares the keys ahead, and a
+batch of another key is refused.
 """
 from collections import OrderedDict
 
@@ -34,20 +16,20 @@ __all__ = []
 
 
 class Buckets:
-    """The forms a Module has bound, by bucket key: made on a key's first
-    batch, kept (a key bound once is never bound again).
+    """The forms a Module has bound, by bucket key, each made on the key's first
+    batch and kept.
 
     Args:
-        declared: ``None``: any key, each bound on first use; or the keys
-            the Module takes (a non-empty iterable of hashable values).
+        declared: ``None``: any key; or the keys the Module takes (a non-empty
+            iterable of hashable values).
 
     Attributes:
         declared: The declared keys, a tuple, or ``None``.
         bound: ``{key: form}`` in the order the keys were first seen.
 
     Raises:
-        ValueError: ``declared`` empty, not iterable, or holding a key that
-            cannot be a dict key, or ``None`` (a batch of no key).
+        ValueError: ``declared`` empty, not iterable, or holding an unhashable
+            key or ``None``.
     """
 
     def __init__(self, declared=None):
@@ -93,10 +75,9 @@ def bucket_key(data_batch):
 
 
 def batch_shapes(data_batch, data_names, label_names):
-    """``(data shapes, label shapes)`` of a batch, as ``[(name, shape)]``:
-    ``provide_data`` and ``provide_label`` as ``BucketingModule`` reads
-    them, or, where the batch lacks them, its arrays' shapes by the names
-    given (labels only where the batch has them)."""
+    """``(data shapes, label shapes)`` of a batch as ``[(name, shape)]``: its
+    ``provide_data`` and ``provide_label``, or its arrays' shapes by the names
+    given."""
     def pairs(provided, arrays, names):
         if provided:
             return [(d.name, tuple(d.shape)) if hasattr(d, 'name') else (d[0], tuple(d[1]))
@@ -108,9 +89,8 @@ def batch_shapes(data_batch, data_names, label_names):
 
 
 def with_labels(symbol, data_shapes, label_shapes, label_names):
-    """``label_shapes``, or where a label of ``label_names`` is missing
-    (a batch to predict), the label shapes ``symbol`` infers from
-    ``data_shapes`` (its loss head's, never read)."""
+    """``label_shapes``, completed where a label of ``label_names`` is missing
+    with the shape ``symbol`` infers from ``data_shapes``."""
     given = dict(label_shapes)
     missing = [n for n in label_names if n not in given]
     if not missing:

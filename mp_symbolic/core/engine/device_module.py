@@ -1,37 +1,15 @@
 """``DeviceModule``: ``mx.mod.Module`` whose parameters live on their devices
-only, with a host copy made when one is asked for.
+only, without MXNet's host copy of every parameter on ``cpu(0)``
+(docs/pipelining.md, "A Module's memory from Python").
 
-MXNet's Module keeps a second copy of every parameter and auxiliary state
-on the host (``_arg_params`` / ``_aux_params``, on ``cpu(0)``): bind fills
-it with zeros, ``init_params`` initialises it and copies it to the devices,
-``get_params`` brings it up to date and hands it out. For a model split
-over devices that copy is the whole model on one device: a split BERT-base
-(GluonNLP's ``bert_12_768_12``, four devices) holds 331 MiB of it on
-``cpu(0)`` beside that device's own share of the weights.
-
-Here the devices hold the only copy. What the host copy did is done from
-the devices, with MXNet's own code where it has some:
-
-* ``init_params`` initialises each parameter in a host array of its own, in
-  MXNet's order (so a seed gives the same values), copies it to every device
-  and lets it go; given values (NDArrays, or numpy arrays) are copied
-  straight to the devices;
-* ``get_params`` (and what reads it: ``save_params``, ``save_checkpoint``,
-  ``fit``'s epoch callbacks) returns a fresh host copy gathered from the
-  devices as MXNet gathers its own (the replicas averaged), not kept (MXNet's
-  ``fit`` holds the one of its epoch callbacks until the next epoch ends);
-* ``init_optimizer`` with a kvstore hands MXNet a fresh copy to start the
-  kvstore from; a rebind (``force_rebind``) carries the values over
-  through one; both are dropped after.
-
-``DeviceModule(..., host_copy=True)`` keeps MXNet's behaviour, the copy
-included. MXNet 1.9.1's own ``tests/python/unittest/test_module.py``
-passes against this class (``tests/upstream/conftest.py`` says how to run
-it).
-
-References: MXNet 1.9.1 ``python/mxnet/module/module.py`` (``bind``,
-``init_params``, ``get_params``, ``_sync_params_from_devices``,
-``init_optimizer``).
+What the host copy did is done from the devices, with MXNet's own code
+where it has some: ``init_params`` fills one host array at a time and
+copies it to the devices; ``get_params`` (and ``save_params``,
+``save_checkpoint``, ``fit``'s callbacks) returns a fresh copy gathered as
+MXNet gathers its own; a kvstore and a rebind start from a fresh copy,
+dropped after. ``host_copy=True`` keeps MXNet's behaviour. MXNet 1.9.1's
+``tests/python/unittest/test_module.py`` passes against this class
+(``tests/upstream/conftest.py``).
 """
 import warnings
 
@@ -45,13 +23,12 @@ __all__ = []
 
 
 class DeviceModule(mx.mod.Module):
-    """``mx.mod.Module`` without the host copy of its parameters (see the module).
+    """``mx.mod.Module`` without the host copy of its parameters.
 
     Args:
         symbol, data_names, label_names, ...: As ``mx.mod.Module`` takes them.
-        host_copy: Keep MXNet's host copy of every parameter (on MXNet's
-            default context, ``cpu(0)``): ``get_params`` then
-            returns the same arrays each time, brought up to date.
+        host_copy: Keep MXNet's host copy of every parameter: ``get_params``
+            then returns the same arrays each time, brought up to date.
 
     Attributes:
         host_copy: Whether the Module keeps the host copy.
@@ -64,8 +41,8 @@ class DeviceModule(mx.mod.Module):
 
     @staticmethod
     def load(prefix, epoch, load_optimizer_states=False, **kwargs):
-        """``mx.mod.Module.load``: a DeviceModule (``host_copy`` among
-        ``kwargs``) holding the checkpoint's values until it is bound."""
+        """``mx.mod.Module.load``: a DeviceModule holding the checkpoint's values
+        until it is bound."""
         symbol, arg_params, aux_params = mx.model.load_checkpoint(prefix, epoch)
         mod = DeviceModule(symbol=symbol, **kwargs)
         mod._arg_params, mod._aux_params = arg_params, aux_params
@@ -93,9 +70,8 @@ class DeviceModule(mx.mod.Module):
 
     @property
     def host_params(self):
-        """``(arg_params, aux_params)`` the Module keeps on the host:
-        ``(None, None)`` unless ``host_copy`` (or :meth:`load` read them and
-        the Module is not bound yet)."""
+        """``(arg_params, aux_params)`` kept on the host: ``(None, None)`` unless
+        ``host_copy`` (or :meth:`load` read them and the Module is not bound yet)."""
         return tuple(self._kept)
 
     def _host_values(self, which):
@@ -105,8 +81,8 @@ class DeviceModule(mx.mod.Module):
         return self._from_devices()[which]  # read by code that expects the copy: a fresh one
 
     def _from_devices(self):
-        """A fresh host copy ``(arg_params, aux_params)``, made as MXNet's bind
-        makes its own and filled as ``_sync_params_from_devices`` fills it."""
+        """A fresh host copy ``(arg_params, aux_params)``, filled as MXNet's
+        ``_sync_params_from_devices`` fills its own."""
         group = self._exec_group
         arg = {name: mx.nd.zeros(a[0].shape, dtype=a[0].dtype, stype=a[0].stype)
                for name, a in zip(self._param_names, group.param_arrays)}
@@ -146,9 +122,7 @@ class DeviceModule(mx.mod.Module):
 
     def bind(self, data_shapes, label_shapes=None, for_training=True, inputs_need_grad=False,
              force_rebind=False, shared_module=None, grad_req='write'):
-        """``mx.mod.Module.bind``; then, unless ``host_copy``, no host copy
-        is kept (before ``init_params``, none is made: MXNet would make one
-        of zeros for ``init_params`` to fill)."""
+        """``mx.mod.Module.bind``; then, unless ``host_copy``, no host copy is kept."""
         if self.host_copy:
             super().bind(data_shapes, label_shapes, for_training, inputs_need_grad,
                          force_rebind, shared_module, grad_req)
@@ -168,13 +142,11 @@ class DeviceModule(mx.mod.Module):
 
     def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
                     allow_missing=False, force_init=False, allow_extra=False):
-        """``mx.mod.Module.init_params``, each value written to the devices'
-        arrays: an initialised one through a host array of its own, made,
-        filled in MXNet's order and dropped before the next is made; a given
-        one (an NDArray, or a numpy array unless ``host_copy``) copied
-        straight. Without ``initializer`` a parameter missing from
-        ``arg_params`` keeps the value its devices hold (zeros, the first
-        time)."""
+        """``mx.mod.Module.init_params``, each value written to the devices' arrays:
+        an initialised one through a host array of its own, in MXNet's order,
+        dropped before the next is made; a given one copied straight. Without
+        ``initializer`` a parameter missing from ``arg_params`` keeps its devices'
+        value."""
         if self.host_copy:
             super().init_params(initializer, arg_params, aux_params, allow_missing, force_init,
                                 allow_extra)
@@ -215,9 +187,8 @@ class DeviceModule(mx.mod.Module):
         self._params_dirty = False
 
     def get_params(self):
-        """``mx.mod.Module.get_params``: unless ``host_copy``, a fresh host
-        copy of the devices' values (the replicas averaged, as MXNet
-        averages them), not kept."""
+        """``mx.mod.Module.get_params``: unless ``host_copy``, a fresh host copy of
+        the devices' values (replicas averaged, as MXNet does), not kept."""
         if self.host_copy or self._kept[0] is not None:
             return super().get_params()
         assert self.params_initialized
@@ -225,8 +196,8 @@ class DeviceModule(mx.mod.Module):
 
     def init_optimizer(self, kvstore='local', optimizer='sgd',
                        optimizer_params=(('learning_rate', 0.01),), force_init=False):
-        """``mx.mod.Module.init_optimizer``; a kvstore starts from a fresh
-        host copy, dropped after."""
+        """``mx.mod.Module.init_optimizer``; a kvstore starts from a fresh host copy,
+        dropped after."""
         if self.host_copy or self._kept[0] is not None or \
                 not (self.binded and self.params_initialized) or \
                 self.optimizer_initialized and not force_init:
@@ -245,18 +216,10 @@ class DeviceModule(mx.mod.Module):
 
 
 def aux_written(group):
-    """Waits until every operation queued on the auxiliary states of
-    ``group`` (an executor group) is done, the ones that read them too.
-
-    MXNet 1.9.1's BatchNorm updates its running mean and variance in its
-    backward pass (``_backward_BatchNorm``, oneDNN's and MXNet's own), which
-    takes them as inputs it reads: the engine orders no later read after
-    that write, so a copy made once the backward is queued (``get_params``,
-    a checkpoint) read the statistics before or after their update by
-    chance. Waiting to write an array (``MXNDArrayWaitToWrite``, which
-    Python's NDArray does not offer) waits for its readers; as the write
-    itself is undeclared, every queued operation is waited for too
-    (``mx.nd.waitall``) where there are statistics."""
+    """Waits until every operation queued on the auxiliary states of ``group``
+    (an executor group), and those reading them, is done: MXNet 1.9.1's
+    BatchNorm backward writes its running statistics through inputs it
+    declares read-only, so no later read is ordered after that write."""
     waited = False
     for block in group.aux_arrays:
         for array in block:

@@ -1,19 +1,9 @@
 """The imperative twin's forward pass: a Pipeline run by Gluon and autograd,
-with replicas (data parallelism) and micro-batches (GPipe), after
-torchgpipe's ``microbatch.scatter``/``gather`` and Gluon's
-``split_and_load``.
-
-Each parameter has one copy per replica, on that replica's device of its
-stage. :func:`forward` splits the batch into ``replicas`` shares of
-``chunks`` micro-batches, runs each through its replica's stages in the
-order of the Pipeline's schedule (:mod:`~mp_symbolic.core.schedule`),
-moving activations between devices (autograd records the copies), and joins
-the outputs on the last stage of replica 0. The backward pass is autograd's;
-:class:`~mp_symbolic.Trainer` sums a parameter's copies, so one step equals
-one replica on the whole batch. A block list's stage runs its Gluon blocks;
-a whole network's runs its ops of the labelled graph
-(:class:`~mp_symbolic.core.graph.graphcut.GraphRun`).
-"""
+each parameter with one copy per replica on that replica's device of its
+stage. The batch is split into ``replicas`` shares of ``chunks``
+micro-batches, run through each replica's stages in the schedule's order
+and joined on replica 0's last stage; :class:`~mp_symbolic.Trainer` sums a
+parameter's copies, so one step equals one replica on the whole batch."""
 import mxnet as mx
 
 from ..graph import graphcut, nesting
@@ -41,22 +31,19 @@ def _check_batch(placement, xs):
 
 
 def forward(placement, *xs, order=None):
-    """The inputs ``xs`` (the leaves, in order, of the inputs as the network
-    takes them: :mod:`~mp_symbolic.core.graph.nesting`) through ``placement``'s
-    stages on every replica; the whole batch's output on the last stage of
-    replica 0 (a tuple for several, nested as the network returns them).
-
-    Each input is split, and each output joined, on ``placement.batch_axis``.
+    """The inputs ``xs`` (the leaves of the network's inputs, in order) through
+    ``placement``'s stages on every replica, split and joined on
+    ``placement.batch_axis``; the output on the last stage of replica 0 (a
+    tuple for several, nested as the network returns them).
 
     Args:
         order: The forward :class:`~mp_symbolic.core.schedule.Action` s in
-            the order to issue them (each ``(stage, micro-batch)`` once, a
-            stage after the one before it); ``None``: GPipe's.
+            issue order; ``None``: GPipe's.
 
     Raises:
         TypeError: an input is not an NDArray, or not one per input name.
-        ValueError: the batch does not split into ``chunks x replicas``
-            equal parts.
+        ValueError: the batch does not split into ``chunks x replicas`` equal
+            parts.
     """
     size = _check_batch(placement, xs)
     plan, axis = placement.plan, placement.batch_axis
@@ -76,9 +63,8 @@ def forward(placement, *xs, order=None):
 
 
 def _join(outputs, device, axis):
-    """Each run's outputs (a list, nested as the network returns them)
-    joined on ``axis`` on ``device``: one output alone, several as a tuple
-    (nested ones kept as they are)."""
+    """Each run's outputs joined on ``axis`` on ``device``: one output alone,
+    several as a tuple."""
     flat = [nesting.flatten(list(out)) for out in outputs]
     parts = zip(*[[h.as_in_context(device) for h in leaves] for leaves, _ in flat])
     joined = [p[0] if len(p) == 1 else mx.nd.concat(*p, dim=axis) for p in parts]
@@ -93,19 +79,16 @@ def forwards(schedule):
 
 
 def _start(placement, xs, replica):
-    """A run of one micro-batch ``xs`` (the inputs' leaves) through replica
-    ``replica``'s stages: a block list's stage runs its Gluon blocks (which
-    may run only on NDArrays, or learn their input size on the first pass); a
-    cut network's runs its stage's ops of the labelled graph.
-    """
+    """A run of one micro-batch ``xs`` through replica ``replica``'s stages: its
+    Gluon blocks for a block list, its ops of the labelled graph for a cut
+    network."""
     if placement.cut is None:
         return _BlockRun(placement, xs, replica)
     return _OpRun(placement, xs, replica)
 
 
 class _BlockRun:
-    """A micro-batch through a block list's stages, each :meth:`run` one
-    stage's blocks on its device (autograd records the copies between)."""
+    """A micro-batch through a block list's stages, one stage per :meth:`run`."""
 
     def __init__(self, placement, xs, replica):
         self.placement = placement
@@ -123,9 +106,8 @@ class _BlockRun:
 
 
 class _OpRun:
-    """A micro-batch through a cut network's stages, each :meth:`run` one
-    stage's ops of the labelled graph (made once per placement:
-    :attr:`~mp_symbolic.core.placement.place.Placement.run_graph`)."""
+    """A micro-batch through a cut network's stages, one stage's ops of the
+    labelled graph per :meth:`run`."""
 
     def __init__(self, placement, xs, replica):
         self.nesting = placement.outputs
@@ -147,11 +129,9 @@ class _OpRun:
 
 
 def run_stage(placement, stage, xs, devices):
-    """Stage ``stage``'s blocks on the values ``xs`` (a list: a block of
-    several outputs passes them all on), on one replica's ``devices``. A
-    tied parameter owned by another stage is read through a copy from its
-    owner's device (a shard's: from its shard's device, onto this stage's
-    device of that shard), recorded by autograd (its gradient sums every use)."""
+    """Stage ``stage``'s blocks on the values ``xs`` (a list) on one replica's
+    ``devices``; a tied parameter of another stage (or shard) is read through
+    a copy autograd records."""
     stage_devices = placement.plan.stage_devices[placement.plan.replica_devices.index(devices)]
     reads = [(p, stage_devices[owner][shard],
               stage_devices[stage][shard if len(stage_devices[stage]) > 1 else 0])
@@ -168,16 +148,13 @@ def _as_list(out):
 
 
 def ops_of_stages(placement, graph):
-    """The op nodes of each stage in the labelled ``graph`` (a
-    :class:`~mp_symbolic.core.graph.ir.PlacedGraph`; a shard's in its stage), in
-    the graph's order."""
+    """The op nodes of each stage of the labelled ``graph``, in order."""
     return graph.op_indices_by_stage(placement.plan.num_stages)
 
 
 def start_graph(placement, graph, xs, replica):
-    """A run of the labelled ``graph`` on the inputs ``xs`` with replica
-    ``replica``'s parameters (:class:`~mp_symbolic.core.graph.graphcut.GraphRun`),
-    its stages run one :meth:`~mp_symbolic.core.graph.graphcut.GraphRun.run` at a time."""
+    """A :class:`~mp_symbolic.core.graph.graphcut.GraphRun` of the labelled
+    ``graph`` on ``xs`` with replica ``replica``'s parameters."""
     inputs = {name: param.data(placement.device_of(name, replica))
               for name, param in placement.collect_params().items()}
     inputs.update(zip(placement.input_names, xs))

@@ -1,19 +1,11 @@
 """BatchNorm's running statistics over a batch's micro-batches.
 
-``Pipeline(..., batchnorm='micro-batch')`` (the default): each micro-batch
-updates them in turn, in micro-batch order, as MXNet's BatchNorm does in its
-backward pass (``moving * momentum + stat * (1 - momentum)``).
-
-``batchnorm='deferred'`` (torchgpipe's ``deferred_batch_norm``): the bound
-graphs' BatchNorm ops run with momentum 1, which leaves the statistics as
-they are (``moving * 1 + stat * 0``, exact in float32), and give each
-micro-batch's mean and inverse standard deviation as extra outputs
-(:func:`deferred_graph`); once the batch's backward passes are issued,
-:func:`update` applies one update per BatchNorm with the whole batch's
-mean and biased variance, as one device running the whole batch does.
-
-The modes are read by the command line's configuration before MXNet is
-imported: the module imports MXNet only when a graph or an update needs it.
+``batchnorm='micro-batch'`` (the default): each micro-batch updates them in
+turn, as MXNet's BatchNorm does. ``batchnorm='deferred'``: the bound graphs'
+BatchNorm ops run at momentum 1 (the statistics unchanged) and output each
+micro-batch's mean and inverse standard deviation (:func:`deferred_graph`);
+:func:`update` then applies one update with the whole batch's. MXNet is
+imported only when a graph or an update needs it.
 """
 from collections import OrderedDict, namedtuple
 
@@ -29,11 +21,7 @@ Statistics = namedtuple('Statistics', 'mean var momentum eps outputs')
 
 
 def check_mode(batchnorm):
-    """``batchnorm`` if it is one of :data:`MODES`.
-
-    Raises:
-        ValueError: it is not.
-    """
+    """``batchnorm`` if it is one of :data:`MODES`; raises ValueError otherwise."""
     if not isinstance(batchnorm, str) or batchnorm not in MODES:
         raise ValueError('batchnorm: expected one of %s, found %r'
                          % (', '.join(repr(m) for m in MODES), batchnorm))
@@ -45,19 +33,16 @@ def _true(value):
 
 
 def deferred_graph(placed):
-    """``(graph, statistics)``: ``placed`` (a
-    :class:`~mp_symbolic.core.graph.ir.PlacedGraph`) with every BatchNorm that updates
-    running statistics (not ``use_global_stats``) at momentum 1 and with
-    its mean and inverse standard deviation as two more outputs (through
-    ``BlockGrad``, on the op's own group), after the graph's own outputs.
+    """``placed`` with every BatchNorm that updates running statistics at
+    momentum 1 and its mean and inverse standard deviation as two more outputs
+    (through ``BlockGrad``, on the op's group), after the graph's own.
 
     Returns:
-        The graph (``placed`` itself where no BatchNorm updates
-        statistics), and one :class:`Statistics` per pair of running
-        statistics, in graph order, its ``outputs`` ``[(mean output,
-        inverse std output)]`` (indices into the new graph's outputs), one
-        pair per op that updates them (per micro-batch copy in the one
-        graph). The graph's own outputs keep their indices.
+        ``(graph, statistics)``: the graph (``placed`` itself where no
+        BatchNorm updates statistics; its own outputs keep their indices), and
+        one :class:`Statistics` per pair of running statistics in graph order,
+        its ``outputs`` ``[(mean output, inverse std output)]`` one pair per op
+        (per micro-batch copy) that updates them.
     """
     from .ir import make_node  # pylint: disable=import-outside-toplevel
     nodes = list(placed.nodes)
@@ -88,18 +73,15 @@ def deferred_graph(placed):
 
 
 def update(statistics, aux, outputs):
-    """One update of each BatchNorm's running statistics with the whole
-    batch's: the mean of the micro-batches' means, and the mean of their
-    biased variances (MXNet's ``1 / (invstd * invstd) - eps``) plus the
-    spread of their means about the whole mean (the micro-batches are of
-    one size), then ``moving * momentum + whole * (1 - momentum)`` in
-    float32, as MXNet's kernel computes it, on the statistics' device.
+    """One update of each BatchNorm's running statistics with the whole batch's
+    mean and biased variance (from the micro-batches', of one size), computed
+    as MXNet's kernel does, on the statistics' device.
 
     Args:
         statistics: :func:`deferred_graph`'s, or several graphs' together.
         aux: ``{name: NDArray}``: the running statistics, updated in place.
-        outputs: ``outputs[k]``: an NDArray of graph output ``k`` per
-            micro-batch, or a list of them (one per micro-batch).
+        outputs: ``outputs[k]``: graph output ``k``, an NDArray or a list of
+            one per micro-batch.
     """
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel

@@ -1,16 +1,7 @@
-"""The Pipeline's graphs: every op, parameter variable and auxiliary state
-tagged with its stage's ``ctx_group``, micro-batches split and joined, and
-the checks that every node carries a stage.
-
-Functions of a :class:`~mp_symbolic.core.placement.place.Placement`: both forms,
-a block list and one whole network, are built from its one labelled graph
-(:meth:`~mp_symbolic.core.placement.place.Placement.labelled`), and
-:func:`~mp_symbolic.core.graph.passes.replicate_chunks` makes the micro-batches.
-The labels are written into the traced graph, not by an ``mx.AttrScope``
-inside ``hybrid_forward``: Gluon creates the parameter variables before
-``hybrid_forward`` runs, so such a scope leaves them untagged and the split
-graph fails to bind for training.
-"""
+"""The Pipeline's graphs, functions of a
+:class:`~mp_symbolic.core.placement.place.Placement`: its one labelled graph
+(every node tagged with its stage's ``ctx_group``) on micro-batches split
+and joined, and read from a caller's inputs."""
 import mxnet as mx
 
 from . import nesting, passes
@@ -22,10 +13,9 @@ __all__ = []
 
 
 def chain(blocks, inputs):
-    """The blocks one after the other on the Symbols ``inputs`` (the first
-    block takes them all, nested as given; a block returning several
-    outputs passes them all to the next); several outputs at the end
-    grouped, nested ones in order (:func:`~mp_symbolic.core.graph.nesting.flatten`)."""
+    """The blocks one after the other on the Symbols ``inputs`` (a block's
+    outputs all passed to the next); several outputs at the end grouped,
+    flattened in order."""
     x = list(inputs)
     for block in blocks:
         x = block(*x)
@@ -36,12 +26,10 @@ def chain(blocks, inputs):
 
 def build(placement, data_names, chunks, unsplit=False):
     """The network of ``placement`` on inputs named ``data_names`` (one per
-    input, in order), every stage of it: its one labelled graph (a whole
-    network's cut, or a block list traced at its block boundaries), on
-    ``chunks`` micro-batches (split on ``placement.batch_axis``) joined there
-    on the last stage; with ``unsplit``, tensor-parallel layers in their
-    unsplit form (:meth:`~mp_symbolic.core.placement.place.Placement.unsplit_labelled`:
-    the graph a checkpoint holds). A :class:`~mp_symbolic.core.graph.ir.PlacedGraph`."""
+    input, in order): its labelled graph on ``chunks`` micro-batches split on
+    ``placement.batch_axis`` and joined on the last stage; with ``unsplit``,
+    its tensor-parallel layers unsplit (the graph a checkpoint holds).
+    Returns a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`."""
     if placement.shard_of and unsplit:
         labelled = placement.unsplit_labelled()
     else:
@@ -57,11 +45,10 @@ def build(placement, data_names, chunks, unsplit=False):
 
 
 def on_inputs(graph, data, placement):
-    """``graph`` (:func:`build`'s, its inputs named ``placement.input_names``)
-    read from ``data``, a caller's Symbols (one per input): variables rename
-    its inputs; ops on variables are composed in front of it, each node of
-    theirs that names no ``ctx_group`` in the first stage's, where the
-    input lives. A :class:`~mp_symbolic.core.graph.ir.PlacedGraph`.
+    """``graph`` (:func:`build`'s) read from ``data``, a caller's Symbols (one
+    per input): variables rename its inputs; ops are composed in front of it,
+    those without a ``ctx_group`` on the first stage. Returns a
+    :class:`~mp_symbolic.core.graph.ir.PlacedGraph`.
 
     Raises:
         ValueError: a node names a ``ctx_group`` the plan does not have.
@@ -84,17 +71,16 @@ def on_inputs(graph, data, placement):
 
 def infer_shapes(blocks, data_shape, data_name=DATA_NAME):
     """Fills in the parameter shapes of ``blocks`` (in order, each feeding the
-    next) not known yet from one input shape.
+    next) from one input shape, and returns ``{name: shape}``.
 
     Args:
-        data_shape, data_name: The input's shape and name; for several
-            inputs, a tuple of shapes and one of names (the positional
-            inputs as nested names, for nested inputs: ``('data0', ['data1',
-            'data2'])``, the shapes then of the names in order).
+        data_shape, data_name: The input's shape and name; for several inputs,
+            a tuple of shapes and one of names (nested for nested inputs:
+            ``('data0', ['data1', 'data2'])``, the shapes in flat order).
 
     Raises:
-        ValueError: MXNet cannot infer the shapes from ``data_shape``, or
-            the network takes another number of inputs.
+        ValueError: MXNet cannot infer the shapes, or the network takes
+            another number of inputs.
     """
     names = tuple(nesting.flat_names(data_name))
     shapes = (tuple(data_shape),) if isinstance(data_name, str) else tuple(map(tuple, data_shape))

@@ -1,17 +1,11 @@
 """The graph cut: any traced network split into contiguous pipeline stages.
 
 Pure functions over a traced graph (a
-:class:`~mp_symbolic.core.graph.ir.PlacedGraph`, or its JSON), after PyTorch's
-pipelining of a traced graph rather than a list of layers: the op order
-(:func:`op_order`), what each op costs (:func:`param_costs`,
-:func:`op_times`), the activation bytes a cut makes cross each boundary
-(:func:`entry_bytes`, :func:`crossing_bytes`), and :class:`Cut`, which
-solves for contiguous stages with :func:`mp_symbolic.core.placement.balance.solve`.
-The passes (:mod:`~mp_symbolic.core.graph.passes`) label the stages;
-:func:`run_graph` runs a labelled graph op by op on NDArrays (the
-imperative twin of a cut network). Bound with ``group2ctx``, MXNet's graph
-executor puts each node on its group's device and copies every entry that
-crosses devices.
+:class:`~mp_symbolic.core.graph.ir.PlacedGraph`, or its JSON): what each op
+costs (:func:`param_costs`, :func:`op_times`), the activation bytes a cut
+makes cross each boundary (:func:`cut_bytes`, :func:`crossing_bytes`),
+:class:`Cut`, and :func:`run_graph`, which runs a labelled graph op by op
+on NDArrays (the imperative twin of a cut network).
 """
 import ast
 import ctypes
@@ -34,12 +28,8 @@ __all__ = ['Cut', 'CutError', 'op_order', 'variable_readers', 'param_costs', 'op
 
 def param_costs(graph, shapes, data_names):
     """Elements of the parameters each op is the first to read, one per op in
-    :func:`op_order` (a parameter read by several ops counts once).
-
-    Args:
-        shapes: ``{variable name: shape}`` (from shape inference).
-        data_names: Variables that are inputs, not parameters.
-    """
+    :func:`op_order` (``shapes``: ``{variable name: shape}``; ``data_names``:
+    the inputs, not parameters)."""
     graph = as_placed(graph)
     order = graph.op_order()
     position = {n: k for k, n in enumerate(order)}
@@ -53,11 +43,8 @@ def param_costs(graph, shapes, data_names):
 
 
 def op_times(symbol, input_shapes, ctx, repeats=5, seed=0):
-    """Median seconds of one forward + backward pass of each op alone, one per
-    op in :func:`op_order`: each op bound by itself on ``ctx``, its inputs
-    fresh random variables of the inferred shapes and dtypes, timed by
-    :func:`mp_symbolic.core.placement.balance.time_forward_backward`.
-    """
+    """Median seconds of one forward and backward pass of each op bound alone on
+    ``ctx`` on random inputs, one per op in :func:`op_order`."""
     graph = as_placed(symbol)
     shapes, dtypes = entry_shapes(symbol, input_shapes), entry_dtypes(symbol, input_shapes)
     rng = np.random.default_rng(seed)
@@ -89,9 +76,9 @@ def _by_entry(internals, values):
 
 
 def entry_shapes(symbol, input_shapes, with_dtype=False):
-    """``{(node name, output index): shape}`` of every visible output of every
-    node, from shape inference on ``input_shapes`` (``{name: shape}``, inputs
-    float32); with ``with_dtype``, ``(shape, bytes per element)``."""
+    """``{(node name, output index): shape}`` of every visible node output, from
+    shape inference on ``input_shapes`` (inputs float32); with ``with_dtype``,
+    ``(shape, bytes per element)``."""
     internals = symbol.get_internals()
     _, out_shapes, _ = internals.infer_shape(**input_shapes)
     shapes = [tuple(s) for s in out_shapes]
@@ -102,9 +89,8 @@ def entry_shapes(symbol, input_shapes, with_dtype=False):
 
 
 def entry_dtypes(symbol, input_shapes):
-    """``{(node name, output index): numpy dtype}`` of every visible output of
-    every node, from type inference with the inputs of ``input_shapes``
-    float32 (a ``Cast`` makes an integer entry)."""
+    """``{(node name, output index): numpy dtype}`` of every visible node output,
+    the inputs of ``input_shapes`` float32."""
     internals = symbol.get_internals()
     _, out_types, _ = internals.infer_type(**{k: np.float32 for k in input_shapes})
     return _by_entry(internals, [np.dtype(t) for t in out_types])
@@ -117,8 +103,8 @@ def entry_bytes(symbol, input_shapes):
 
 
 def _crossings(graph, nbytes):
-    """``(first, last, bytes)`` per distinct entry read by an op: positions (in
-    :func:`op_order`) of its producer (-1: a variable) and of its last reader."""
+    """``(first, last, bytes)`` per distinct entry an op reads: the positions in
+    :func:`op_order` of its producer (-1: a variable) and of its last reader."""
     order = graph.op_order()
     position = {n: k for k, n in enumerate(order)}
     nodes = graph.nodes
@@ -135,14 +121,9 @@ def _crossings(graph, nbytes):
 
 
 def cut_bytes(graph, nbytes):
-    """Bytes crossing a cut made after each op position: ``out[p]`` for a cut
-    between positions ``p`` and ``p + 1`` of :func:`op_order`.
-
-    Args:
-        nbytes: ``{(node name, output index): bytes}`` of the entries that
-            count: activations and inputs (:func:`entry_bytes` without the
-            parameters).
-    """
+    """Bytes crossing a cut after each op position: ``out[p]`` for a cut between
+    positions ``p`` and ``p + 1`` of :func:`op_order`, counting the entries of
+    ``nbytes`` (``{(node name, output index): bytes}``)."""
     graph = as_placed(graph)
     n = len(graph.op_order())
     delta = np.zeros(n + 1, dtype=np.float64)
@@ -156,12 +137,8 @@ def cut_bytes(graph, nbytes):
 
 
 def crossing_bytes(graph, stage_of_op, nbytes):
-    """Bytes crossing each boundary (``num_stages - 1`` entries) of a cut.
-
-    Args:
-        stage_of_op: Stage of each op, in :func:`op_order`, contiguous.
-        nbytes: As for :func:`cut_bytes`.
-    """
+    """Bytes crossing each boundary of a cut whose ``stage_of_op`` (in
+    :func:`op_order`) is contiguous; ``nbytes`` as for :func:`cut_bytes`."""
     per_cut = cut_bytes(graph, nbytes)
     bounds = [p for p in range(len(stage_of_op) - 1) if stage_of_op[p] != stage_of_op[p + 1]]
     return [int(per_cut[p]) for p in bounds]
@@ -172,30 +149,25 @@ class Cut:
     builds for one ``HybridBlock``.
 
     Args:
-        symbol: The traced network (``net(mx.sym.var(data_name))``; several
-            outputs grouped, ``mx.sym.Group``), or its
+        symbol: The traced network (several outputs grouped), or its
             :class:`~mp_symbolic.core.graph.ir.PlacedGraph`.
         num_stages: Stages to make.
         balance: ``None`` (parameter count), ``'time'`` (measured on
             ``input_shape``) or a list of ops per stage.
         input_shape: A batch's shape (``{input name: shape}`` for several
-            inputs), or ``None`` when the data shape is not known (then no
-            bytes are counted).
+            inputs), or ``None`` (then no bytes are counted).
         param_shapes: ``{name: shape}`` of every parameter and auxiliary state.
         owners: ``{parameter name: stage}`` chosen by the user.
         data_name: The input variable, or the names of several.
         slack: See :func:`mp_symbolic.core.placement.balance.solve`.
         ctx: Device to time ops on for ``balance='time'`` (default ``cpu(0)``).
-        stage_of_op: The stage of each op in :func:`op_order`, when the
-            split points are fixed already (a block list's block boundaries,
-            balanced by :mod:`~mp_symbolic.core.placement.balance`); ``balance`` is
-            then not read and parameter shapes need not be known.
-        batch_axis: The axis of the batch in the inputs (what "per sample"
-            divides by).
+        stage_of_op: The stage of each op in :func:`op_order` where the split
+            is fixed already; ``balance`` is then not read and parameter
+            shapes need not be known.
+        batch_axis: The axis of the batch in the inputs.
 
     Attributes:
-        placed: The unlabelled graph (op names made unique), the
-            :class:`~mp_symbolic.core.graph.ir.PlacedGraph` the passes place.
+        placed: The unlabelled graph, op names made unique.
         graph: The same as MXNet's JSON.
         op_names: Op names in :func:`op_order`.
         stage_of_op: Stage of each op.
@@ -203,14 +175,13 @@ class Cut:
         readers: ``{variable name: stages that read it}``.
         boundary_bytes: Activation bytes crossing each boundary per sample
             (``None`` without ``input_shape``).
-        activation_bytes: ``{(node name, output index): bytes}`` of the
-            input and every op output for one batch of ``input_shape``
-            (``None`` without it).
+        activation_bytes: ``{(node name, output index): bytes}`` of the input
+            and every op output for one batch (``None`` without ``input_shape``).
         costs: The cost of each op that was balanced.
 
     Raises:
-        BalanceError: more stages than ops, or a bad ``balance`` (``CutError``,
-            a subclass: bad ``owners``, an auxiliary state read by two stages).
+        BalanceError: more stages than ops, or a bad ``balance`` (``CutError``:
+            bad ``owners``, an auxiliary state read by two stages).
     """
 
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
@@ -283,8 +254,7 @@ class Cut:
         return tuple(self.stage_of_op.count(s) for s in range(max(self.stage_of_op) + 1))
 
     def labelled(self, mirror=()):
-        """The graph, every node in its stage's group (:func:`label`), a
-        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`."""
+        """The graph, every node in its stage's group (:func:`label`)."""
         return label(self.placed, self.stage_of_op, set(self.data_names), self.owner, mirror)
 
     def ops_of_stage(self, stage):
@@ -296,14 +266,10 @@ def _known(shape):
 
 
 def run_graph(graph, inputs, device_of_group):
-    """Runs a labelled graph op by op on NDArrays (the imperative twin of a cut
-    network): each op on its group's device, each input moved there first
-    (``as_in_context``, which autograd records).
-
-    Every op is invoked as ``mx.nd`` invokes it, its attributes passed as the
-    graph's strings. A source op whose ``shape`` has a 0 (left for MXNet's
-    shape inference to fill, as a ``begin_state``'s ``_zeros``) gets the shape
-    that inference gives on the real inputs.
+    """Runs a labelled graph op by op on NDArrays, each op on its group's device
+    (its inputs moved there through ``as_in_context``, which autograd records).
+    A source op whose ``shape`` has a 0 gets the shape inference gives on the
+    real inputs.
 
     Args:
         graph: A :class:`~mp_symbolic.core.graph.ir.PlacedGraph`, or its JSON.
@@ -314,8 +280,7 @@ def run_graph(graph, inputs, device_of_group):
         The graph's outputs: one NDArray, or a list for several.
 
     Raises:
-        CutError: an op MXNet does not know, or one it cannot run on these
-            inputs (the message names the op and its node).
+        CutError: an op MXNet does not know, or cannot run on these inputs.
     """
     run = GraphRun(graph, inputs, device_of_group)
     run.run([n.index for n in run.graph.ops])
@@ -323,15 +288,9 @@ def run_graph(graph, inputs, device_of_group):
 
 
 class GraphRun:
-    """A labelled graph run op by op (:func:`run_graph`), a part at a time:
-    each :meth:`run` is one stage of one micro-batch, in the schedule's order.
-
-    Args:
-        graph, inputs, device_of_group: As for :func:`run_graph`.
-
-    Raises:
-        CutError: shape inference fails for a source op of unknown shape.
-    """
+    """A labelled graph run op by op (:func:`run_graph`, of the same arguments), a
+    part at a time; raises CutError where shape inference fails for a source
+    op of unknown shape."""
 
     def __init__(self, graph, inputs, device_of_group):
         if not isinstance(graph, PlacedGraph):
@@ -343,13 +302,8 @@ class GraphRun:
             self.values[(node.index, 0)] = inputs[node.name]
 
     def run(self, indices):
-        """Runs the op nodes ``indices``, and first every op they read that
-        has not run yet (a weight's ``identity`` in a later stage that owns
-        it), in the graph's (topological) order.
-
-        Raises:
-            CutError: as :func:`run_graph`.
-        """
+        """Runs the op nodes ``indices``, and first every op they read that has not
+        run yet, in the graph's order; raises as :func:`run_graph`."""
         nodes = self.graph.nodes
         todo, stack = set(), [i for i in indices if (i, 0) not in self.values]
         while stack:
@@ -373,8 +327,7 @@ class GraphRun:
             self.values[(node.index, k)] = value
 
     def outputs(self):
-        """The graph's outputs: one NDArray, or a list for several (every op
-        they need run first)."""
+        """The graph's outputs: one NDArray, or a list for several."""
         heads = self.graph.heads
         self.run([h.node for h in heads])
         outputs = [self.values[(h.node, h.output)] for h in heads]
@@ -382,8 +335,7 @@ class GraphRun:
 
 
 def _has_unknown_shape(node):
-    """Whether ``node`` is a source op (no array input) whose ``shape``
-    attribute has a 0 dimension, which only shape inference can fill."""
+    """Whether ``node`` is a source op whose ``shape`` has a 0 dimension."""
     shape = node.attrs.get('shape')
     if node.is_variable or node.inputs or not shape:
         return False
@@ -395,8 +347,8 @@ def _has_unknown_shape(node):
 
 
 def _source_shapes(graph, inputs):
-    """``{node name: shape}`` of the source ops whose ``shape`` has unknown
-    (0) dimensions, from shape inference on the real inputs' shapes."""
+    """``{node name: shape}`` of the source ops of unknown shape, inferred from
+    the real inputs' shapes."""
     names = [n.name for n in graph.nodes if _has_unknown_shape(n)]
     if not names:
         return {}
@@ -415,11 +367,7 @@ _OP_ARGUMENTS = {}   # op name -> names of its attributes
 
 
 def _op_handle(op):
-    """MXNet's handle of operator ``op`` (what ``mx.nd``'s functions invoke).
-
-    Raises:
-        CutError: MXNet has no operator of that name.
-    """
+    """MXNet's handle of operator ``op``; raises CutError where MXNet has none."""
     handle = _OP_HANDLES.get(op)
     if handle is None:
         handle = ctypes.c_void_p()
@@ -449,8 +397,8 @@ def _op_arguments(op):
 
 
 def _invoke(node, args, kwargs):
-    """``node``'s op on ``args`` with the graph's string attributes, as
-    ``mx.nd`` runs it (autograd records it); its visible outputs as a list."""
+    """``node``'s op on ``args`` with the graph's string attributes, as ``mx.nd``
+    runs it; its visible outputs as a list."""
     handle = _op_handle(node.op)
     try:
         return _imperative_invoke(handle.value, args, list(kwargs), list(kwargs.values()),

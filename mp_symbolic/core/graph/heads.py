@@ -1,19 +1,7 @@
 """Loss heads: their training form (MXNet's ``*Output`` ops), their Gluon
-twin, and the inference form an export replaces them with.
-
-Each head is one :class:`Head` record in :data:`HEADS` (its op, Gluon loss,
-inference form, label, default metric, batch loss, class axis), read by the
-graph, the imperative twin, the task and the export; :func:`read_head` reads
-the record back off a graph, a head of the user's own included.
-docs/how-it-works.md lists the heads and their class axes.
-
-MXNet's ``*Output`` ops back-propagate the loss gradient per sample,
-unaveraged. Its regression heads (and ``SoftmaxOutput`` with
-``normalization='batch'``) divide it by a size that holds the batch where
-the batch is off axis 0 (on axis 0 for ``SoftmaxOutput``), so a head that
-sees a share of the batch is scaled back (:func:`scaled_heads`); one
-normalised by its part's valid entries is refused.
-"""
+twin, and the inference form an export replaces them with. Each is one
+:class:`Head` record in :data:`HEADS`; :func:`read_head` reads a record back
+off a graph. docs/how-it-works.md lists the heads and their class axes."""
 from dataclasses import dataclass, field, replace
 
 import mxnet as mx
@@ -34,10 +22,9 @@ def _mean_absolute(output, label, **_):
 
 
 def _cross_entropy(output, label, axis=-1, ignore_label=None):
-    """Mean ``-log p`` of each position's label class; ``axis`` ``None``
-    (``SoftmaxOutput`` with neither ``preserve_shape`` nor ``multi_output``):
-    with one label per example, the classes are every axis but the batch,
-    flattened, as that op's forward takes them."""
+    """Mean ``-log p`` of each position's label class; ``axis`` ``None``: every
+    axis but the batch is a class, flattened, as ``SoftmaxOutput`` takes them
+    without ``preserve_shape`` or ``multi_output``."""
     if axis is None:
         output = output.reshape((0, -1)) if label.ndim == 1 else output
         axis = -1
@@ -55,11 +42,9 @@ def _binary_cross_entropy(output, label, **_):
 
 
 class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
-    """Softmax cross-entropy over the last axis, summed over every other axis
-    but the batch (``(N, T, C)`` -> ``(N,)``): the twin of ``SoftmaxOutput``
-    with ``preserve_shape``, which back-propagates each position's gradient
-    unaveraged (Gluon's ``SoftmaxCrossEntropyLoss`` averages them).
-    """
+    """Softmax cross-entropy over the last axis, summed over every other axis but
+    the batch (``(N, T, C)`` -> ``(N,)``): the twin of ``SoftmaxOutput`` with
+    ``preserve_shape``, whose gradient is per position, unaveraged."""
 
     def __init__(self, **kwargs):
         super().__init__(weight=None, batch_axis=0, **kwargs)
@@ -70,11 +55,8 @@ class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
 
 
 def softmax_twin(axis=-1):
-    """The Gluon twin of ``SoftmaxOutput`` on class axis ``axis``: -1
-    (``preserve_shape``) sums each position's loss
-    (:class:`PositionSummedSoftmaxCELoss`); 1 (``multi_output``) averages
-    them, as that op divides its gradient by the positions (``H x W``):
-    Gluon's own ``SoftmaxCrossEntropyLoss(axis=1)``."""
+    """The Gluon twin of ``SoftmaxOutput`` on class axis ``axis``: -1 sums each
+    position's loss; 1 (``multi_output``) averages them."""
     if axis == 1:
         return gluon.loss.SoftmaxCrossEntropyLoss(axis=1)
     return PositionSummedSoftmaxCELoss()
@@ -87,23 +69,18 @@ class Head:
     Attributes:
         loss: The name users give (``loss='softmax'``).
         op: MXNet's training op (``SoftmaxOutput``).
-        node: The head node's name (``'softmax'`` makes MXNet's default label
-            name ``softmax_label``).
+        node: The head node's name (``'softmax'``: label ``softmax_label``).
         inference: What the op's forward pass computes, the form an export
             replaces it with: ``'identity'``, ``'softmax'`` or ``'sigmoid'``.
         label: What the per-epoch line calls the batch loss.
         metric: The default metric (an ``mx.metric`` name).
         gluon_loss: Makes the Gluon loss whose gradient equals the op's.
-        batch_loss: ``(head output, label, axis=, ignore_label=) -> the
-            batch's mean loss``.
-        predict: ``(raw outputs, axis) ->`` the head's output (``None``:
-            the same).
+        batch_loss: ``(output, label, axis=, ignore_label=) -> mean loss``.
+        predict: ``(raw outputs, axis) ->`` the head's output (``None``: same).
         classes: Whether labels are class indices of the class axis.
         op_args: Arguments of the op beyond data, label and name.
-        axis: The class axis of a head of ``classes``: -1 (the last) or 1
-            (:meth:`on_axis`); ``None``: every axis but the batch, flattened.
-        ignore_label: A label value the loss skips (``SoftmaxOutput``'s
-            ``use_ignore``), or ``None``.
+        axis: The class axis: -1 or 1; ``None``: every axis but the batch.
+        ignore_label: A label value the loss skips, or ``None``.
     """
     loss: str
     op: str
@@ -120,8 +97,7 @@ class Head:
     ignore_label: float = None
 
     def on_axis(self, axis):
-        """This head with its classes on ``axis`` (-1 or 1; the record itself
-        for a head without classes)."""
+        """This head with its classes on ``axis`` (-1 or 1)."""
         if not self.classes or axis == self.axis:
             return self
         return replace(self, axis=axis, op_args={'multi_output': True} if axis == 1
@@ -140,8 +116,8 @@ class Head:
         return output if self.predict is None else self.predict(output, self.axis)
 
     def metric_object(self):
-        """The default metric as an ``mx.metric.EvalMetric`` (accuracy on
-        the class axis for a head of classes), or its name."""
+        """The default metric (an ``mx.metric.Accuracy`` on the class axis for a
+        head of classes), or its name."""
         return mx.metric.Accuracy(axis=self.axis) if self.classes and self.axis is not None \
             else self.metric
 
@@ -180,9 +156,8 @@ LABELLED_OPS = tuple(_BY_OP) + ('SVMOutput',)
 
 
 def labels_of(graph):
-    """The names of the variables ``graph`` (a Symbol, JSON or
-    :class:`~mp_symbolic.core.graph.ir.PlacedGraph`) feeds its loss heads as
-    their labels."""
+    """The names of the variables ``graph`` (Symbol, JSON or ``PlacedGraph``)
+    feeds its loss heads as labels."""
     graph = as_placed(graph)
     return {graph.source(node.inputs[1]).name for node in graph.ops
             if node.op in LABELLED_OPS and len(node.inputs) > 1}
@@ -197,18 +172,11 @@ def head_of(loss):
 
 
 def class_axis(output_shape, label_shape=None):
-    """The class axis of a softmax head on outputs of ``output_shape``
-    (batch first) with labels of ``label_shape``: -1 where the labels are the
-    outputs' shape without its last axis (``(N, C)`` with ``(N,)``, ``(N, T,
-    V)`` with ``(N, T)``), 1 where they are the shape without axis 1 (``(N,
-    C, H, W)`` with ``(N, H, W)``, MXNet's ``multi_output``).
-
-    Where both fit, or no labels are given: 1 for outputs of 4 axes or more
-    (MXNet's ``NCHW`` layout), else -1.
-
-    Returns:
-        -1, 1, or ``None`` where the labels fit neither.
-    """
+    """The class axis of a softmax head on outputs of ``output_shape`` (batch
+    first) with labels of ``label_shape``: -1 where the labels drop the last
+    axis, 1 where they drop axis 1 (``(N, C, H, W)`` with ``(N, H, W)``),
+    ``None`` where neither. Where both fit, or without labels: 1 for outputs
+    of 4 axes or more, else -1."""
     output_shape = tuple(output_shape)
     by_rank = 1 if len(output_shape) >= 4 else -1
     if label_shape is None:
@@ -222,14 +190,9 @@ def class_axis(output_shape, label_shape=None):
 
 
 def make_head(loss, prediction, label):
-    """The training head on ``prediction``.
-
-    Args:
-        loss: ``'l2'``, ``'softmax'``, ``'logistic'``, a :class:`Head`
-            record (``HEADS['softmax'].on_axis(1)``), or a callable
-            ``loss(prediction, label) -> Symbol`` (a head of your own, e.g.
-            built with ``mx.sym.MakeLoss``).
-        prediction, label: Symbols.
+    """The training head on the Symbols ``prediction`` and ``label``; ``loss`` is
+    ``'l2'``, ``'softmax'``, ``'logistic'``, a :class:`Head` record, or a
+    callable ``loss(prediction, label) -> Symbol``.
 
     Raises:
         ValueError: ``loss`` is none of these, or the callable returns no Symbol.
@@ -253,9 +216,9 @@ PART_COUNTED_OPS = SOFTMAX_OPS + ('MakeLoss',)  # normalization='valid' counts t
 
 
 def _divides_by_batch(node, batch_axis):
-    """Whether ``node``'s gradient divisor holds the batch it sees: a
-    regression head's with the batch off axis 0, ``SoftmaxOutput``'s with
-    ``normalization='batch'`` (``label.shape[0]``) with the batch on axis 0."""
+    """Whether ``node``'s gradient divisor holds the batch it sees: a regression
+    head's with the batch off axis 0, ``SoftmaxOutput``'s with
+    ``normalization='batch'`` with the batch on axis 0."""
     if node.op in BATCH_SCALED_OPS:
         return batch_axis != 0
     return node.op in SOFTMAX_OPS and node.attrs.get('normalization') == 'batch' \
@@ -263,15 +226,12 @@ def _divides_by_batch(node, batch_axis):
 
 
 def scaled_heads(graph, shares, batch_axis=1):
-    """``graph`` with the ``grad_scale`` of each head whose gradient divisor
-    holds the batch it sees divided by ``shares`` (the graph itself where
-    ``shares`` is 1): a head that sees 1/``shares`` of one device's batch
-    then gives one device's gradients.
+    """``graph`` with the ``grad_scale`` of each head whose gradient divisor holds
+    the batch it sees divided by ``shares``, so that a head seeing
+    1/``shares`` of one device's batch gives one device's gradients.
 
     Raises:
-        ValueError: a head divides by the valid labels of its part
-            (``normalization='valid'``) and ``shares`` is above 1: no
-            constant makes that one device's gradient.
+        ValueError: a head with ``normalization='valid'`` and ``shares`` above 1.
     """
     if shares == 1:
         return graph
@@ -290,27 +250,22 @@ def scaled_heads(graph, shares, batch_axis=1):
 
 
 def with_head(prediction, loss, label_name, output=None, group=None, shares=1, batch_axis=1):
-    """The pass that adds the training head: ``prediction`` (a
-    :class:`~mp_symbolic.core.graph.ir.PlacedGraph` whose outputs are the network's)
-    with ``loss``'s head (:func:`make_head`) on its outputs and a label
-    variable ``label_name``, the head's nodes in ``group`` (a ``ctx_group``).
+    """The pass that adds the training head: ``prediction`` (a ``PlacedGraph``
+    whose outputs are the network's) with ``loss``'s head (:func:`make_head`)
+    and a label variable ``label_name``, the head's nodes in ``group``.
 
-    For a network of several outputs and a named loss, the outputs are the
-    head on output ``output``, then the others in order, each through a
-    ``BlockGrad`` (:func:`~mp_symbolic.core.graph.names.other_output_name`); a
-    callable loss receives the list of outputs. The graph is the one MXNet's
-    composition of the two Symbols gives, node for node.
+    With several outputs and a named loss, the outputs are the head on output
+    ``output``, then the others in order, each through a ``BlockGrad``; a
+    callable loss receives every output.
 
     Args:
-        shares: The batch one device takes unsplit over the batch this head
-            sees, on axis ``batch_axis``; a head whose gradient divisor holds
-            that batch has its ``grad_scale`` divided by it
-            (:func:`scaled_heads`). 1 leaves the head as MXNet makes it.
+        shares: One device's unsplit batch over the batch this head sees
+            (:func:`scaled_heads`); 1 leaves the head as MXNet makes it.
 
     Raises:
-        ValueError: ``output`` is missing or out of range for a network of
-            several outputs, or given for one of a single output; ``loss``
-            is none of :func:`make_head`'s; a head :func:`scaled_heads` refuses.
+        ValueError: ``output`` missing or out of range for several outputs,
+            or given for one; ``loss`` none of :func:`make_head`'s; a head
+            :func:`scaled_heads` refuses.
     """
     count = len(prediction.heads)
     named = not callable(loss) or isinstance(loss, str)
@@ -349,15 +304,9 @@ def with_head(prediction, loss, label_name, output=None, group=None, shares=1, b
 
 
 def read_head(symbol):
-    """The :class:`Head` that the first output of ``symbol`` (a training graph:
-    a Symbol or a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`) ends in, read off
-    its op and attributes, a callable loss's head of the user's included, with
-    its class axis and ignored label.
-
-    Returns:
-        The record, or ``None`` where the output is no known head (``MakeLoss``:
-        the output is the loss itself).
-    """
+    """The :class:`Head` the first output of a training graph ends in, read off
+    its op and attributes (class axis and ignored label included), or ``None``
+    where it is no known head."""
     node = as_placed(symbol).output_node(0)
     head = _BY_OP.get(node.op)
     if head is None or not head.classes:
@@ -377,7 +326,7 @@ def gluon_loss(loss):
     """The Gluon loss whose gradient equals the training head's.
 
     Raises:
-        ValueError: ``loss`` is not one of :data:`LOSSES` (or their records).
+        ValueError: ``loss`` is not one of :data:`LOSSES`.
     """
     head = head_of(loss)
     if head is None or head.loss not in HEADS:
@@ -387,16 +336,9 @@ def gluon_loss(loss):
 
 
 def inference_form(head_op, head_attrs, prediction):
-    """``prediction`` through the inference form of a training head.
-
-    Args:
-        head_op: The head's op name (``'SoftmaxOutput'``, ...).
-        head_attrs: The head node's attributes (``multi_output``, ...).
-        prediction: The head's data input.
-
-    Returns:
-        A Symbol, or ``None`` if ``head_op`` is not a known head.
-    """
+    """``prediction`` through the inference form of a training head of op
+    ``head_op`` and attributes ``head_attrs``: a Symbol, or ``None`` for an
+    unknown head."""
     form = INFERENCE_FORMS.get(head_op)
     if form == 'identity':
         return prediction
@@ -409,8 +351,7 @@ def inference_form(head_op, head_attrs, prediction):
 
 
 def predict_form(loss, output):
-    """An NDArray of raw outputs (the imperative twin's) in the form the
-    training head returns: probabilities for ``'softmax'`` (on its class
-    axis) / ``'logistic'``."""
+    """An NDArray of raw outputs in the form the training head returns
+    (probabilities for ``'softmax'`` and ``'logistic'``)."""
     head = head_of(loss)
     return output if head is None else head.predict_form(output)

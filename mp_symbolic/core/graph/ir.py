@@ -1,16 +1,12 @@
 """The placed graph, typed: every node of a Symbol with its op, inputs, stage,
-shard and role, the form the placement's passes
-(:mod:`~mp_symbolic.core.graph.passes`) take and return.
+shard and role, the form the passes (:mod:`~mp_symbolic.core.graph.passes`)
+take and return.
 
-:meth:`PlacedGraph.from_json` reads MXNet's JSON (``symbol.tojson()``) once
-into :class:`Node` values: the ``ctx_group`` as typed fields (stage and
-shard), and the marks a trace can attach only as attributes
-(:attr:`Node.layer`, :attr:`Node.block`) read into fields and never written
-back. :meth:`PlacedGraph.to_json` and :meth:`PlacedGraph.to_symbol` make the
-JSON form at the edges only (bind, export, plots);
-:meth:`PlacedGraph.compose` puts a graph on another's outputs in MXNet's
-own order. Invariant: every walk of a graph in the library and the export
-reads a :class:`PlacedGraph` (:func:`as_placed`).
+:meth:`PlacedGraph.from_json` reads MXNet's JSON into :class:`Node` values,
+the trace's marks into fields never written back; :meth:`PlacedGraph.to_json`
+and :meth:`PlacedGraph.to_symbol` make the JSON at the edges only (bind,
+export, plots). Invariant: every walk of a graph in the library and the
+export reads a :class:`PlacedGraph` (:func:`as_placed`).
 """
 from collections import namedtuple
 from dataclasses import dataclass, field, replace
@@ -37,8 +33,7 @@ _READ_KEPT = 16
 
 class Entry(namedtuple('Entry', 'node output version')):
     """What a node reads: output ``output`` of node ``node`` (an index);
-    ``version`` is MXNet's, 1 where an op writes the variable in place (an
-    auxiliary state), else 0."""
+    ``version`` is MXNet's (1 where an op writes a variable in place)."""
     __slots__ = ()
 
 
@@ -47,22 +42,18 @@ class Node:
     """One node of a placed graph.
 
     Attributes:
-        index: Its position in the graph (what other nodes' ``inputs`` name).
+        index: Its position in the graph.
         name: MXNet's name of the op or variable.
         op: The op's name; ``'null'`` for a variable.
         inputs: ``(Entry, ...)``: the entries it reads.
         group: Its ``ctx_group`` name, or ``None``.
         role: One of :data:`ROLES`.
-        layer: For a tensor-parallel shard's op or weight, ``(index,
-            shards, layer call)`` (:func:`~mp_symbolic.core.parallel.tensor_parallel.mark_shards`);
-            ``None`` otherwise.
-        block: For an op of a traced block list, the index of the block
-            that made it (:func:`~mp_symbolic.core.placement.place.trace_blocks`);
-            ``None`` otherwise.
-        attrs: Its other MXNet attributes (neither the group nor those
-            marks), read-only.
-        extra: Any other field of MXNet's JSON node (``control_deps``,
-            ``subgraphs``), kept as read.
+        layer: ``(index, shards, layer call)`` for a tensor-parallel shard's op
+            or weight, else ``None``.
+        block: The index of the block that made an op of a traced block list,
+            else ``None``.
+        attrs: Its other MXNet attributes, read-only.
+        extra: Any other field of MXNet's JSON node, kept as read.
     """
     index: int
     name: str
@@ -77,15 +68,14 @@ class Node:
 
     @property
     def stage(self):
-        """The pipeline stage its group belongs to, or ``None`` (no group,
-        or one that names no stage)."""
+        """The pipeline stage of its group, or ``None``."""
         parsed = parse_group(self.group)
         return None if parsed is None else parsed[0]
 
     @property
     def shard(self):
-        """The tensor-parallel shard of its stage (0 for the stage's own
-        group), or ``None`` with :attr:`stage`."""
+        """The tensor-parallel shard of its stage (0 for the stage's own group), or
+        ``None``."""
         parsed = parse_group(self.group)
         return None if parsed is None else parsed[1]
 
@@ -111,23 +101,16 @@ def make_node(index, name, op, inputs=(), group=None, role='op', attrs=None, lay
 
 @dataclass(frozen=True)
 class PlacedGraph:
-    """A graph's nodes (:class:`Node`, in the graph's topological order, each
-    at its own ``index``), outputs (``(Entry, ...)``) and MXNet's graph
-    attributes (its version)."""
+    """A graph's nodes (:class:`Node`, in topological order, each at its own
+    ``index``), outputs (``(Entry, ...)``) and MXNet's graph attributes."""
     nodes: tuple
     heads: tuple
     attrs: object = field(default_factory=lambda: _EMPTY)
 
     @classmethod
     def from_json(cls, graph, inputs=(), states=()):
-        """The typed form of ``graph`` (``json.loads(symbol.tojson())``, not
-        changed).
-
-        Args:
-            inputs: The names of the data and label variables.
-            states: The names of the auxiliary states
-                (``symbol.list_auxiliary_states()``).
-        """
+        """The typed form of ``graph`` (``json.loads(symbol.tojson())``, unchanged),
+        the variables of ``inputs`` ``'input'`` nodes, of ``states`` ``'state'``."""
         inputs, states = set(inputs), set(states)
         nodes = []
         for i, raw in enumerate(graph['nodes']):
@@ -151,10 +134,9 @@ class PlacedGraph:
 
     @classmethod
     def from_symbol(cls, symbol, inputs=()):
-        """The typed form of ``symbol``'s graph; its auxiliary states are
-        ``'state'`` nodes, the variables named in ``inputs`` ``'input'`` nodes.
-        A Symbol is read once: the graphs of the last few Symbols read are
-        kept, and asking again for one of them returns the same graph."""
+        """The typed form of ``symbol``'s graph (auxiliary states ``'state'`` nodes,
+        ``inputs`` ``'input'`` nodes); the last few Symbols' graphs are kept, so
+        asking again for one returns the same graph."""
         key = (id(symbol), tuple(inputs))
         kept = _READ.get(key)
         if kept is not None and kept[0] is symbol and cls is PlacedGraph:
@@ -177,11 +159,9 @@ class PlacedGraph:
                            tuple(Entry(*h) for h in heads), self.attrs)
 
     def in_mxnet_order(self):
-        """The graph with its nodes in the order MXNet writes them (a
-        depth-first post-order from the outputs, each node's inputs in
-        order, then its control dependencies): what ``to_symbol()`` then
-        ``from_symbol`` would give, without the round trip. A node no output
-        reads is left out."""
+        """The graph with its nodes in the order MXNet writes them (depth-first
+        post-order from the outputs), as a round trip through a Symbol would give;
+        a node no output reads is left out."""
         order, seen = [], set()
         for head in self.heads:
             stack = [(head.node, 0)]
@@ -213,14 +193,9 @@ class PlacedGraph:
         return self.but(nodes, [(new[h.node], h.output, h.version) for h in self.heads])
 
     def compose(self, inner, inputs):
-        """This graph with its variables named in ``inputs`` replaced by
-        outputs of ``inner``, as MXNet's ``symbol(**kwargs)`` composes them,
-        its nodes in MXNet's order (:meth:`in_mxnet_order`).
-
-        Args:
-            inner: A :class:`PlacedGraph`.
-            inputs: ``{variable name: index of an output of inner}``.
-        """
+        """This graph with its variables named in ``inputs`` (``{name: output
+        index}``) replaced by outputs of ``inner``, as MXNet's
+        ``symbol(**kwargs)`` composes them, in MXNet's order."""
         out, moved, replaced = list(inner.nodes), {}, {}
 
         def entry(e):
@@ -237,8 +212,8 @@ class PlacedGraph:
                            self.attrs).in_mxnet_order()
 
     def to_json(self):
-        """The graph as MXNet's JSON (a new dict: to bind, export or draw);
-        the group as ``ctx_group``, no mark of the trace."""
+        """The graph as MXNet's JSON (a new dict); the group as ``ctx_group``, no mark
+        of the trace."""
         nodes = []
         for node in self.nodes:
             attrs = dict(node.attrs)
@@ -285,8 +260,7 @@ class PlacedGraph:
         return self.nodes[entry[0]]
 
     def reader_counts(self):
-        """``{node index: how many nodes read it}`` (a node reading it
-        through several inputs counted once)."""
+        """``{node index: how many nodes read it}``."""
         counts = {}
         for node in self.nodes:
             for source in {e.node for e in node.inputs}:
@@ -294,8 +268,8 @@ class PlacedGraph:
         return counts
 
     def upstream(self, entries):
-        """The nodes the entries ``entries`` read, directly or through other
-        nodes (theirs included), in index order."""
+        """The nodes the entries ``entries`` read, directly or not (theirs included),
+        in index order."""
         seen, pending = set(), [e[0] for e in entries]
         while pending:
             i = pending.pop()
@@ -347,12 +321,8 @@ def as_placed(graph):
 
 
 def op_order(graph):
-    """Indices of the op (non-variable) nodes of ``graph`` (a
-    :class:`PlacedGraph` or its JSON) in a topological order.
-
-    MXNet writes nodes in a depth-first post-order, which is topological;
-    this checks it (an input listed after its reader is an internal error).
-    """
+    """Indices of the op nodes of ``graph`` (a :class:`PlacedGraph` or its JSON)
+    in a topological order (MXNet's own, checked)."""
     return as_placed(graph).op_order()
 
 

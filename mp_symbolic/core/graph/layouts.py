@@ -1,12 +1,6 @@
-"""Where the batch is in each input and output of the Module: MXNet's data
-layouts (``mx.io.DataDesc(layout='TN')``), or the Pipeline's ``batch_axis``.
-
-MXNet's Module splits each input on the axis of ``N`` in its ``DataDesc``
-layout, on axis 0 without one (``mxnet/module/executor_group.py``). A
-network laid out ``TNC`` has its batch on axis 1, so its inputs get layouts
-with ``N`` there (:func:`batch_descs`), and each output is joined on the
-axis whose size follows the batch (:func:`output_batch_axes`).
-"""
+"""Where the batch is in each input and output of the Module: MXNet's
+``DataDesc`` layouts (the Module splits each input at its layout's ``N``,
+axis 0 without one), or the Pipeline's ``batch_axis``."""
 import mxnet as mx
 
 __all__ = []
@@ -32,18 +26,15 @@ def batch_descs(descs, batch_axis, chunks, labels=False):
     """``descs`` (``mx.io.DataDesc`` s or ``(name, shape)`` pairs) as
     ``DataDesc`` s whose layouts put ``N`` on each one's batch axis.
 
-    A pair, or a ``DataDesc`` of MXNet's default layout (``'NCHW'``, which
-    every pair and ``NDArrayIter`` get), has its batch on ``batch_axis`` (the
-    Pipeline's); another layout keeps its own, where the Pipeline's is 0
-    and the graph has one micro-batch (the micro-batches split on the
-    Pipeline's axis), and otherwise must agree with it. A label's own
-    layout is kept whatever the Pipeline's (``labels``: the graph never
-    splits a label; MXNet's Module slices it on its layout's ``N``).
+    A pair or a ``DataDesc`` of MXNet's default layout has its batch on
+    ``batch_axis``; another layout keeps its own where ``batch_axis`` is 0 and
+    ``chunks`` 1, and must otherwise agree with it. A label (``labels``) keeps
+    its own layout whatever ``batch_axis``.
 
     Raises:
         ValueError: a layout without ``N`` or with ``N`` past the shape, an
-            array without ``batch_axis``, or a layout whose batch axis
-            differs from the Pipeline's where that cannot be.
+            array without ``batch_axis``, or a batch axis that differs from the
+            Pipeline's where it cannot.
     """
     out = []
     for desc in descs:
@@ -78,10 +69,9 @@ def batch_descs(descs, batch_axis, chunks, labels=False):
 
 
 def output_batch_axes(symbol, descs):
-    """The batch axis of each output of ``symbol`` bound on ``descs``
-    (:func:`batch_descs`): the axis whose size doubles when every input's
-    batch does (shape inference at both sizes), -1 for an output whose size
-    does not follow the batch; ``None`` when the shapes cannot be inferred."""
+    """The batch axis of each output of ``symbol`` bound on ``descs``: the axis
+    whose size doubles when every input's batch does, -1 where none does;
+    ``None`` when the shapes cannot be inferred."""
     def shapes(scale):
         given = {}
         for desc in descs:

@@ -1,27 +1,16 @@
 """The placed graph's vocabulary: every name and attribute the library writes
-into a Symbol, and reads back, in one place (only the standard library is
-imported).
+into a Symbol and reads back (standard library only).
 
-* ``ctx_group`` of a stage and of a tensor-parallel shard: :func:`stage_name`,
-  :func:`shard_group`, in the node attribute :data:`GROUP_ATTR`
-  (:data:`GROUP_KEY` to ``Symbol.attr``);
-* a parameter read on another stage than its own goes through one
-  :data:`IDENTITY_OP` node named :func:`tied_name` ``(parameter)``;
-* trace marks (:data:`TRACE_ATTRS`), which the typed graph reads into
-  its nodes or drops and never writes back: :data:`SHARD_ATTR`
-  (:func:`shard_mark` ``(index, shards, layer)``, the layer of one call
-  :func:`layer_call`; :attr:`~mp_symbolic.core.graph.ir.Node.layer`),
-  :data:`BLOCK_ATTR` (a block list's block index;
-  :attr:`~mp_symbolic.core.graph.ir.Node.block`) and :data:`GATHER_ATTR` (the
-  shards behind a column-parallel layer's join; dropped);
-* :data:`MXNET_ATTRS`: the attributes MXNet reads that the library writes,
-  the only ones a bound graph carries; :data:`ATTRS`: every attribute the
-  library writes;
-* the copies of an op for micro-batch ``m > 0`` are :func:`chunk_name`
-  ``(op, m)``; the input is split by :data:`CHUNK_SPLIT` and the outputs
-  joined by :data:`CHUNK_JOIN`;
-* inputs are named as ``HybridBlock.export`` names them (:func:`input_names`),
-  the label as ``mx.io.NDArrayIter`` does (:data:`LABEL_NAME`).
+* ``ctx_group`` of a stage and of a shard: :func:`stage_name`,
+  :func:`shard_group`, in :data:`GROUP_ATTR`;
+* a parameter read on another stage goes through one :data:`IDENTITY_OP`
+  node named :func:`tied_name` ``(parameter)``;
+* :data:`TRACE_ATTRS`, the marks of a trace, are read into the typed graph
+  or dropped, never written back; :data:`MXNET_ATTRS` are the only ones of
+  the library's a bound graph carries; :data:`ATTRS` is every one;
+* micro-batch ``m > 0``'s copy of an op is :func:`chunk_name` ``(op, m)``;
+* inputs are named as ``HybridBlock.export`` names them, the label as
+  ``mx.io.NDArrayIter`` does.
 """
 __all__ = []
 
@@ -66,8 +55,7 @@ def stage_name(stage):
 
 def shard_group(stage, index):
     """The ``ctx_group`` of the ``index``-th device of stage ``stage``:
-    ``'stage0'`` for the first (the stage's own group), ``'stage0_shard1'``, ...
-    for the others."""
+    ``'stage0'`` for the first, ``'stage0_shard1'``, ... for the others."""
     return stage_name(stage) if index == 0 else '%s_shard%d' % (stage_name(stage), index)
 
 
@@ -99,9 +87,8 @@ def shard_mark(index, shards, layer):
 
 
 def layer_call(layer, call):
-    """The layer part of a shard mark: layer ``layer`` at the ``call``-th
-    tensor-parallel layer call of a trace (``'dense0#3'``); each call of one
-    layer (weights another layer reuses) is its own."""
+    """The layer part of a shard mark: ``layer`` at the ``call``-th
+    tensor-parallel layer call of a trace (``'dense0#3'``)."""
     return '%s#%d' % (layer, call)
 
 
@@ -118,7 +105,7 @@ def chunk_name(name, chunk):
 
 def input_names(count):
     """The names of a network's ``count`` inputs, as ``HybridBlock.export``
-    gives them: ``['data']`` for one, ``['data0', 'data1', ...]`` for several."""
+    gives them: ``['data']``, or ``['data0', 'data1', ...]``."""
     if count == 1:
         return [DATA_NAME]
     return ['%s%d' % (DATA_NAME, i) for i in range(count)]
@@ -129,8 +116,7 @@ PREDICTION_PREFIX = 'mp_prediction'    # a network output, while its loss head i
 
 def prediction_name(index):
     """The variable that stands for the network's output ``index`` while its
-    loss head is built (:func:`~mp_symbolic.core.graph.heads.with_head`), then
-    replaced by that output."""
+    loss head is built."""
     return '%s%d' % (PREDICTION_PREFIX, index)
 
 
@@ -138,8 +124,8 @@ OTHER_OUTPUT_PREFIX = 'output'         # the BlockGrad of an output the loss doe
 
 
 def other_output_name(index):
-    """The name of the ``BlockGrad`` through which a training graph keeps the
-    network's output ``index`` that its loss does not read (``'output1'``)."""
+    """The ``BlockGrad`` through which a training graph keeps the network's
+    output ``index`` that its loss does not read (``'output1'``)."""
     return '%s%d' % (OTHER_OUTPUT_PREFIX, index)
 
 

@@ -1,13 +1,7 @@
-"""Nested inputs and outputs: a network's arguments and results as Gluon
-takes and returns them (GluonNLP's ``(inputs, begin_state)`` -> ``(out,
-[h, c])``), flattened into the graph's leaves in order, and back, depth
-first as Gluon's own ``_flatten`` / ``_regroup``.
-
-:func:`flatten` gives ``(leaves, nesting)``, :func:`unflatten` puts leaves
-back in a nesting. A nesting is :data:`LEAF`, or ``(list, children)`` /
-``(tuple, children)``; :func:`describe` writes one without values
-(``(x, [x, x])``), for messages.
-"""
+"""Nested inputs and outputs (GluonNLP's ``(inputs, begin_state)`` ->
+``(out, [h, c])``) flattened into the graph's leaves in order and back,
+depth first as Gluon's ``_flatten`` / ``_regroup``. A nesting is
+:data:`LEAF`, or ``(list, children)`` / ``(tuple, children)``."""
 from ..base.checks import excerpt, is_int
 
 __all__ = []
@@ -25,19 +19,18 @@ def is_shape(value):
 
 
 def _is_leaf(value):
-    """An array (NDArray, Symbol, numpy) or a shape; a list or tuple of
-    anything else is a container."""
+    """An array (NDArray, Symbol, numpy) or a shape; a list or tuple of anything
+    else is a container."""
     return hasattr(value, 'shape') or hasattr(value, 'list_outputs') or is_shape(value) or \
         not isinstance(value, (tuple, list))
 
 
 def check(value, field, is_leaf=_is_leaf):
     """Raises ValueError unless ``value``'s lists and tuples nest at most
-    :data:`MAX_DEPTH` deep and none holds itself (walked without recursion,
-    so that :func:`flatten` and :func:`describe_value` may recurse after).
+    :data:`MAX_DEPTH` deep and none holds itself (walked without recursion).
 
     Args:
-        field: What ``value`` is, for the message (``'sample'``).
+        field: What ``value`` is, for the message.
     """
     if is_leaf(value):
         return
@@ -103,8 +96,8 @@ def is_flat(nesting):
 
 
 def alike(one, other):
-    """Whether two nestings hold their leaves alike, a list and a tuple
-    counting as the same (a network takes ``[h, c]`` or ``(h, c)`` alike)."""
+    """Whether two nestings hold their leaves alike, a list and a tuple counting
+    as the same."""
     if one is LEAF or other is LEAF:
         return one is other
     return len(one[1]) == len(other[1]) and all(alike(a, b) for a, b in zip(one[1], other[1]))
@@ -117,9 +110,8 @@ def map_leaves(fn, value, is_leaf=_is_leaf):
 
 
 def describe(nesting, leaf='x'):
-    """``nesting`` written without values: ``(x, [x, x])``; ``leaf`` is
-    what each leaf is written as, or an iterator of them in order
-    (``(data0, [data1, data2])``)."""
+    """``nesting`` written without values: ``(x, [x, x])``; ``leaf`` is what each
+    leaf is written as, or an iterator of them in order."""
     if nesting is LEAF:
         return leaf if isinstance(leaf, str) else next(leaf)
     kind, children = nesting
@@ -130,9 +122,8 @@ def describe(nesting, leaf='x'):
 
 
 def describe_value(value):
-    """``value`` written by kind and shape, never by its values: an NDArray
-    as ``NDArray(2, 4, 200)``, a shape as itself, anything else by its type
-    (``str``), nested as it is."""
+    """``value`` written by kind and shape, never by its values
+    (``NDArray(2, 4, 200)``, a shape as itself, else its type), nested as it is."""
     if hasattr(value, 'shape') and not isinstance(value, (tuple, list)):
         shape = getattr(value, 'shape', None)
         shape = ', '.join(str(d) for d in shape) if isinstance(shape, tuple) else '?'
@@ -160,8 +151,8 @@ def flat_names(inputs):
 
 
 def map_names(fn, inputs):
-    """Nested names ``inputs`` with ``fn`` applied to each name (a list of
-    the positional inputs; a name alone stays alone)."""
+    """Nested names ``inputs`` with ``fn`` applied to each name (a list of the
+    positional inputs; a name alone stays alone)."""
     if isinstance(inputs, str):
         return fn(inputs)
     return map_leaves(fn, list(inputs), _is_name)

@@ -1,13 +1,12 @@
 """The placed graph's passes: functions from a
-:class:`~mp_symbolic.core.graph.ir.PlacedGraph` to a new one (the graph given is
-left as it is), in the order a Pipeline runs them: :func:`assign_stages`,
-:func:`mirror_stages`, :func:`tie_parameters` (the three are
-:func:`label`), :func:`shard_groups`, :func:`replicate_chunks` (the
-one-graph GPipe), :func:`finish`, and :func:`cut` into one
-:class:`StageGraph` per stage, what the stage runtime binds.
+:class:`~mp_symbolic.core.graph.ir.PlacedGraph` to a new one, in the order a
+Pipeline runs them: :func:`label` (:func:`assign_stages`,
+:func:`mirror_stages`, :func:`tie_parameters`), :func:`shard_groups`,
+:func:`replicate_chunks`, :func:`finish`, and :func:`cut` into one
+:class:`StageGraph` per stage.
 
 Invariant: after each pass no variable is read outside its group, as
-MXNet's bind needs; a pass that moves nodes between groups ties again.
+MXNet's bind needs.
 """
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -29,16 +28,10 @@ MAX_CHUNKED_OPS = 8192
 
 
 def assign_stages(graph, stage_of_op, data_names=(), owners=None):
-    """``graph`` with every node's group set: each op its stage's; a
-    variable its owner's (``owners``, else the stage of the first op that
-    reads it); the inputs (``data_names``) and a variable no op reads
-    without a group stage 0's.
-
-    Args:
-        stage_of_op: Stage of each op in :meth:`~mp_symbolic.core.graph.ir.PlacedGraph.op_order`.
-        owners: ``{variable name: stage}`` for variables whose stage the user
-            chose.
-    """
+    """``graph`` with every node's group set: each op its stage's (``stage_of_op``,
+    in :meth:`~mp_symbolic.core.graph.ir.PlacedGraph.op_order`); a variable its
+    owner's (``owners``, ``{name: stage}``, else its first reader's); the
+    inputs and unread variables without a group stage 0's."""
     order = graph.op_order()
     stage = dict(zip(order, stage_of_op))
     groups = {i: stage_name(stage[i]) for i in order}
@@ -51,10 +44,9 @@ def assign_stages(graph, stage_of_op, data_names=(), owners=None):
 
 
 def mirror_stages(graph, stages):
-    """``graph`` whose ops of ``stages`` carry MXNet's ``__force_mirroring__``:
-    the backward pass recomputes their outputs instead of keeping them
-    (compute traded for activation memory). Ops MXNet cannot recompute
-    (:data:`~mp_symbolic.core.base.compat.UNMIRRORED_OPS`) keep their outputs."""
+    """``graph`` whose ops of ``stages`` carry MXNet's ``__force_mirroring__``
+    (recomputed in the backward pass), but those of
+    :data:`~mp_symbolic.core.base.compat.UNMIRRORED_OPS`."""
     stages = set(stages)
     return graph.but([n.but(attrs=dict(n.attrs, **{MIRROR_ATTR: 'True'}))
                       if not n.is_variable and n.stage in stages and n.op not in UNMIRRORED_OPS
@@ -62,15 +54,8 @@ def mirror_stages(graph, stages):
 
 
 def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
-    """``graph`` placed by stage: :func:`assign_stages`, then
-    :func:`mirror_stages` for the stages ``mirror`` names, then
-    :func:`tie_parameters` (a variable read by ops of several stages read
-    through one ``identity`` op in its own).
-
-    Raises:
-        CutError: an auxiliary state read by ops of two stages (it is written
-            in place, it cannot be copied).
-    """
+    """``graph`` placed by stage: :func:`assign_stages`, :func:`mirror_stages`
+    for ``mirror``, then :func:`tie_parameters` (raising CutError)."""
     graph = assign_stages(graph, stage_of_op, data_names, owners)
     if mirror:
         graph = mirror_stages(graph, mirror)
@@ -78,23 +63,11 @@ def label(graph, stage_of_op, data_names=(), owners=None, mirror=()):
 
 
 def tie_parameters(graph, error=ValueError):
-    """``graph`` where every variable read by ops of a group other than its
-    own is read by those ops through one ``identity`` op
-    (``<variable>_tied``) in the variable's group, listed right after it.
-    Variables without a group are left as they are.
-
-    MXNet 1.9.1 sums a variable's gradients from two groups on one reader's
-    device and then fails to save the sum to the variable's ("Trying to save
-    gradient to cpu(0) while its source node sum_grad computes it on
-    cpu(1)"); through the identity the sum lands on the owner's device.
-
-    Args:
-        error: The exception class to raise.
-
-    Raises:
-        error: an auxiliary state read by ops of two groups (written in
-            place, it cannot be read through a copy).
-    """
+    """``graph`` where every variable read by ops of another group is read by
+    them through one ``identity`` op (``<variable>_tied``) in the variable's
+    group, listed right after it. MXNet 1.9.1 otherwise sums the gradients on
+    a reader's device and fails to save the sum to the variable's. Raises
+    ``error`` for an auxiliary state read by ops of two groups."""
     nodes = graph.nodes
     foreign = {}
     for node in nodes:
@@ -124,16 +97,11 @@ def tie_parameters(graph, error=ValueError):
 
 
 def shard_groups(graph, widths):
-    """A labelled graph (every node in a stage's group) with each
-    tensor-parallel shard's node (:attr:`~mp_symbolic.core.graph.ir.Node.layer`)
-    in its shard's group, for stages of ``widths[s]`` devices. A layer call's
-    shards all go to the stage of its first op; an ``identity`` through which
-    other stages read a moved weight (``<weight>_tied``) moves with it.
-
-    Raises:
-        ValueError: a stage of several devices, but not as many as the
-            shards of a layer with ops in it.
-    """
+    """A labelled graph with each tensor-parallel shard's node in its shard's
+    group, for stages of ``widths[s]`` devices: a layer call's shards on the
+    stage of its first op, a moved weight's ``_tied`` identity with it. Raises
+    ValueError for a stage of several devices but not as many as a layer's
+    shards."""
     stage_of_layer = {}
     for node in graph.ops:  # in topological order
         if node.layer is not None:
@@ -157,26 +125,21 @@ def shard_groups(graph, widths):
 
 
 def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
-    """``graph`` run on ``chunks`` micro-batches of its inputs: each input
-    split along the batch axis in its own stage (``chunk``; ``chunk_<name>``
-    for several inputs), every op copied per chunk (copies after the first
-    named ``<op>_chunk<m>``), every variable shared, each output's chunks
-    joined in ``last_stage`` (``join``; ``join<k>`` for several outputs), each
-    but the first through a segment boundary when there are several stages
-    (:func:`mp_symbolic.core.base.compat.segment_boundaries`).
-
-    The join reads the chunks last first (``join_reversed``, ``join_parts``):
-    MXNet's backward pass visits the ops in the reverse order, so the chunks'
-    BatchNorm copies update the running statistics in micro-batch order, as
-    the stage runtime's schedules do (docs/batchnorm-chunks.md).
+    """``graph`` on ``chunks`` micro-batches: each input split on ``axis`` in its
+    own stage (``chunk``, ``chunk_<name>``), every op copied per chunk
+    (``<op>_chunk<m>``), every variable shared, each output's chunks joined in
+    ``last_stage`` (``join``, ``join<k>``) through segment boundaries
+    (:func:`~mp_symbolic.core.base.compat.segment_boundaries`). The join reads
+    the chunks last first, so that the backward pass updates BatchNorm's
+    statistics in micro-batch order (docs/batchnorm-chunks.md).
 
     Args:
         data_name: The input variable, or the names of several.
-        axis: The batch axis of every input and output, where they are split
-            and joined.
+        axis: The batch axis of every input and output.
 
     Raises:
-        CutError: an input is not a variable of the graph.
+        CutError: an input is not one variable of the graph, or ops x chunks
+            is above :data:`MAX_CHUNKED_OPS`.
     """
     if chunks == 1:
         return graph
@@ -242,11 +205,10 @@ def replicate_chunks(graph, data_name, chunks, last_stage, axis=0):
 
 
 def finish(graph, placement):
-    """``graph`` with every parameter in its owner's group (its shard's, for
-    a tensor-parallel one: ``placement.owner``, ``placement.shard_of``) and
-    read through :func:`tie_parameters` where others read it; copies of an
-    op (micro-batches) named apart (:func:`~mp_symbolic.core.graph.names.chunk_name`);
-    every node checked to carry a group of ``placement``'s plan."""
+    """``graph`` with every parameter in its owner's (or shard's) group and tied
+    where others read it, op copies named apart
+    (:func:`~mp_symbolic.core.graph.names.chunk_name`), every node checked to
+    carry a group of ``placement``'s plan."""
     owner, shard_of = placement.owner, placement.shard_of
     graph = tie_parameters(graph.but([
         n.but(group=shard_group(owner[n.name], shard_of.get(n.name, 0)))
@@ -272,14 +234,13 @@ class StageGraph:
 
     Attributes:
         stage: Its index.
-        graph: The sub-graph (a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`,
-            ``None`` for a stage with no output); its outputs are ``heads``
-            then ``sends``.
+        graph: The sub-graph (``None`` for a stage with no output); its
+            outputs are ``heads`` then ``sends``.
         symbol: The sub-graph as a Symbol, to bind.
         heads: ``[(k, output)]``: the whole graph's output ``k`` is this
             sub-graph's output ``output``.
-        sends: Outputs read by later stages: ``[(entry, output)]``, ``entry``
-            the ``(node, index)`` of the whole graph.
+        sends: ``[(entry, output)]``: outputs later stages read, ``entry`` the
+            whole graph's ``(node, index)``.
         receives: ``[(variable, producer stage, entry)]``: inputs that are
             another stage's outputs.
         inputs: The data and label variables this stage reads.
@@ -294,15 +255,9 @@ class StageGraph:
 
 
 def cut(graph, num_stages):
-    """``graph`` (every node in its stage's group, its data and label
-    variables ``'input'`` nodes) as one :class:`StageGraph` per stage; each
-    stage that reads an input gets it as an input of its own.
-
-    Raises:
-        CutError: a stage reads an output of a later stage, or a parameter is
-            read by two stages (the Pipeline reads a tied weight through an
-            identity op in its owner's stage, so neither happens on its graphs).
-    """
+    """``graph`` (every node in its stage's group, its data and label variables
+    ``'input'`` nodes) as one :class:`StageGraph` per stage; raises CutError
+    where a stage reads a later stage's output or a parameter is read by two."""
     placed = graph
     stage_of = {n.index: n.stage for n in placed.ops}
     readers, param_readers = {}, {}
@@ -375,8 +330,7 @@ def _stage_graph(graph, s, stage_of, readers):
 
 
 def unique_names(graph):
-    """``graph`` whose op names are unique (a block called twice in one
-    network makes two ops of one name): later ones get ``_<k>``."""
+    """``graph`` whose op names are unique: later ones get ``_<k>``."""
     seen = {n.name for n in graph.variables}
     out = []
     for node in graph.nodes:

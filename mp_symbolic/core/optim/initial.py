@@ -1,17 +1,13 @@
-"""Initial values that depend on the seed and each parameter's name only
-(``PipelineModule.init_params``, ``fit(initializer=...)``,
-``Pipeline.initialize``).
+"""Initial values that depend on the seed and each parameter's name only.
 
-The first parameter an init call draws takes one base value from MXNet's
-CPU generator; each parameter is then drawn whole on the CPU, with MXNet's
-CPU generator (and numpy's global one) seeded from the base value and its
-name, a tensor-parallel one under its unsplit name and shape and then
-sliced (as Megatron-LM's ``_initialize_affine_weight_cpu``), and copied to
-each device that holds it. Invariant: a parameter's initial value is the
-same whatever the plan, the process or the other parameters drawn. After
-the call MXNet's CPU generator is seeded from the base value again; numpy's
-is left as it was. A call that draws nothing takes nothing from the
-generator. docs/how-it-works.md states the rule.
+Each parameter is drawn whole on the CPU, MXNet's and numpy's generators
+seeded from one base value (taken from MXNet's CPU generator at the call's
+first draw) and its name; a tensor-parallel one under its unsplit name and
+shape, then sliced. Invariant: a parameter's initial value is the same
+whatever the plan, the process or the other parameters drawn. After a call
+MXNet's CPU generator is seeded from the base value again (untouched if
+nothing was drawn); numpy's is restored. docs/how-it-works.md states the
+rule.
 """
 import hashlib
 
@@ -34,10 +30,9 @@ def seed_of(base, name):
 
 
 class Drawn(mx.init.Initializer):
-    """``initializer`` drawn by the rule of this module: one instance per init
-    call (a base value taken at its first draw), called as any initializer
-    with a parameter's ``InitDesc`` and its host array, or given to Gluon as
-    ``default_init``.
+    """``initializer`` drawn by this module's rule: one instance per init call,
+    called as any initializer with an ``InitDesc`` and a host array, or given
+    to Gluon as ``default_init``.
 
     Args:
         initializer: An ``mx.init.Initializer`` or any callable
@@ -65,8 +60,8 @@ class Drawn(mx.init.Initializer):
         self(InitDesc(str(name), {INIT_ATTR: self.initializer}), arr)
 
     def value(self, name, arr, attrs):
-        """The initial value of parameter ``name`` (a host array: ``arr``
-        itself, filled, or its slice of the unsplit parameter)."""
+        """The initial value of parameter ``name``: ``arr`` filled, or its slice of
+        the unsplit parameter."""
         whole = self._whole_of.get(name)
         if whole is None:
             self._draw(name, arr, attrs)
@@ -91,8 +86,7 @@ class Drawn(mx.init.Initializer):
             np.random.set_state(kept)
 
     def close(self):
-        """Leaves MXNet's CPU generator at the seed the base value gives it
-        (nothing, if nothing was drawn)."""
+        """Leaves MXNet's CPU generator at the seed the base value gives it."""
         if self.base is not None:
             mx.random.seed(seed_of(self.base, _AFTER), ctx=mx.cpu())
         self._split = (None, None)

@@ -1,15 +1,8 @@
-"""Optimizer state by parameter name, free of devices, so a run can resume
-onto another device plan (DeepSpeed's "universal checkpoint" idea).
-
-MXNet keeps optimizer state per integer index, on the weight's device, and
-counts updates per device id (``Optimizer._all_index_update_counts``); its own
-``get_states`` pickles those arrays with their devices. Here the state of
-each parameter is taken by name as numpy arrays, with its update count and
-the optimizer's ``num_update``, and written to one ``.npz`` file (no pickle).
-Restoring puts every array on the device of the parameter it belongs to, so
-an uninterrupted run and a resumed one compute the same updates (Adam's bias
-correction included).
-"""
+"""Optimizer state by parameter name, free of devices, so that a run resumes
+onto another device plan: each parameter's state as numpy arrays with its
+update count and the optimizer's ``num_update``, in one ``.npz`` file (no
+pickle), restored onto the device of the parameter it belongs to.
+Invariant: an uninterrupted run and a resumed one compute the same updates."""
 import json
 import zipfile
 
@@ -26,8 +19,8 @@ class OptimizerStateError(ValueError):
 
 
 class Deferred:  # pylint: disable=too-few-public-methods
-    """An optimizer-state array not copied to the host yet: called, it
-    returns the array (numpy); ``ndim`` is known before."""
+    """An optimizer-state array not copied to the host yet; called, it returns
+    the numpy array. ``ndim`` is known before."""
 
     def __init__(self, make, ndim):
         self.make, self.ndim = make, ndim
@@ -37,8 +30,8 @@ class Deferred:  # pylint: disable=too-few-public-methods
 
 
 def encode_state(state, arrays, lazy=False):
-    """One parameter's optimizer state as its spec (``{'t': ...}``), its
-    arrays appended to ``arrays`` (numpy, or :class:`Deferred` if ``lazy``)."""
+    """One parameter's state as its spec (``{'t': ...}``), its arrays appended to
+    ``arrays`` (numpy, or :class:`Deferred` if ``lazy``)."""
     if state is None:
         return {'t': 'none'}
     if isinstance(state, mx.nd.NDArray):
@@ -70,14 +63,9 @@ def _count_of(optimizer, index):
 
 
 def states_by_name(updater, optimizer, names, lazy=False):
-    """The state of each parameter, by name.
-
-    Args:
-        updater: The ``mx.optimizer.Updater`` (or a wrapper of one).
-        optimizer: Its optimizer.
-        names: ``{index: parameter name}`` of the parameters to take.
-        lazy: Each of ``'arrays'`` a :class:`Deferred`, copied to the host
-            only when called (a writer then holds one at a time).
+    """The state of each parameter of ``names`` (``{index: name}``) in
+    ``updater`` (an ``mx.optimizer.Updater`` or a wrapper of one) of
+    ``optimizer``; with ``lazy``, each array a :class:`Deferred`.
 
     Returns:
         ``{'format', 'optimizer', 'num_update', 'params': {name: {'count',
@@ -89,13 +77,8 @@ def states_by_name(updater, optimizer, names, lazy=False):
 
 
 def states_of(optimizer, sources, lazy=False):
-    """:func:`states_by_name` with an updater per parameter.
-
-    Args:
-        optimizer: The optimizer of every updater.
-        sources: ``[(name, index, updater)]``: where each parameter's state is.
-        lazy: As :func:`states_by_name`'s.
-    """
+    """:func:`states_by_name` with an updater per parameter: ``sources``
+    ``[(name, index, updater)]``."""
     arrays, params = [], {}
     for name, index, updater in sources:
         if index not in updater.states:
@@ -107,10 +90,8 @@ def states_of(optimizer, sources, lazy=False):
 
 
 def set_states_by_name(updater, optimizer, states, targets):
-    """Restores :func:`states_by_name` output.
-
-    Args:
-        targets: ``{name: (index, device)}``: where each parameter's state goes.
+    """Restores :func:`states_by_name` output, each state to ``targets[name]``,
+    ``(index, device)``.
 
     Raises:
         OptimizerStateError: another optimizer, or a state for a parameter
@@ -121,13 +102,14 @@ def set_states_by_name(updater, optimizer, states, targets):
 
 
 def set_states_of(optimizer, states, targets):
-    """Restores :func:`states_of` output, a parameter's state to each of its copies.
+    """Restores :func:`states_of` output, a parameter's state to each of its
+    copies.
 
     Args:
         targets: ``{name: [(updater, index, device, count_ids)]}``: each copy's
-            updater, index in it, the device its state goes to (``None``: the
-            CPU, moved by the updater to its weight's device on first use) and
-            the device ids whose update count of ``index`` is set.
+            updater, its index there, the device its state goes to (``None``:
+            the CPU, moved by the updater on first use) and the device ids
+            whose update count is set.
 
     Raises:
         OptimizerStateError: another optimizer, or a state for a parameter
@@ -155,21 +137,15 @@ def set_states_of(optimizer, states, targets):
 
 
 def drop_states(states, names):
-    """``states`` without the entries of ``names``: fixed parameters
-    (``grad_req='null'``), never updated, whose state a run that trained them
-    saved and nothing would read."""
+    """``states`` without the entries of ``names``."""
     names = set(names)
     return dict(states, params={n: e for n, e in states['params'].items() if n not in names})
 
 
 def merge_states(parts):
-    """One :func:`states_by_name` output from several, each of other
-    parameters (the nodes' of one pipeline): their arrays in one list.
-
-    Raises:
-        OptimizerStateError: the parts are of other optimizers, or two name
-            the same parameter.
-    """
+    """One :func:`states_by_name` output from several of disjoint parameters;
+    raises OptimizerStateError for parts of other optimizers or two naming
+    one parameter."""
     merged = {'format': FORMAT, 'optimizer': None, 'num_update': 0, 'params': {},
               'arrays': []}
     for part in parts:
@@ -198,21 +174,11 @@ def _rebased(spec, offset):
 
 
 def save_states(path, states, digests=None):
-    """Writes :func:`states_by_name` output to ``path`` (an ``.npz`` file, as
-    ``np.savez`` writes it: ``meta``, then ``a0``, ``a1``, ...), straight to
-    the file, one array at a time (an array may be a function of no
-    arguments returning it, called when its turn comes).
-
-    Args:
-        digests: A dict, or ``None``: filled with each member's sha256, see
-            :func:`~mp_symbolic.core.base.parts.write_npz`.
-
-    Returns:
-        ``{member: (shape, dtype)}`` of what was written.
-
-    Raises:
-        OSError: the file could not be written.
-    """
+    """Writes :func:`states_by_name` output to ``path`` as ``np.savez`` would
+    (``meta``, then ``a0``, ``a1``, ...), one array at a time (an array may be
+    a function returning it); ``digests`` as for
+    :func:`~mp_symbolic.core.base.parts.write_npz`. Returns ``{member: (shape,
+    dtype)}``; raises OSError where the file cannot be written."""
     from ..base.parts import write_npz  # pylint: disable=import-outside-toplevel
     meta = {k: v for k, v in states.items() if k != 'arrays'}
     members = [('meta', np.array(json.dumps(meta)))]
@@ -221,12 +187,9 @@ def save_states(path, states, digests=None):
 
 
 def load_states(path):
-    """Reads :func:`save_states` output, checked (see :func:`check_states`).
-
-    Raises:
-        OptimizerStateError: the file is missing, unreadable, of another
-            format, or holds states that :func:`check_states` refuses.
-    """
+    """Reads :func:`save_states` output; raises OptimizerStateError where the
+    file is missing, unreadable, of another format, or refused by
+    :func:`check_states`."""
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data['meta']))
@@ -255,15 +218,12 @@ MAX_DEPTH = 8  # nesting of one parameter's state (MXNet's optimizers use 2 at m
 
 
 def check_states(states, shapes=None):
-    """Checks :func:`states_by_name` output read from a file.
-
-    Args:
-        shapes: ``{name: shape}`` of the parameters the states are for; every
-            state array must have its parameter's shape. ``None``: not checked.
+    """Checks :func:`states_by_name` output read from a file, each state array
+    of its parameter's shape in ``shapes`` (``None``: not checked).
 
     Raises:
-        OptimizerStateError: a field of the wrong kind, an array that is not
-            floating point or not finite, or of another shape than its parameter.
+        OptimizerStateError: a field of the wrong kind, or an array that is
+            not finite floating point or not of its parameter's shape.
     """
     def bad(what, expected, found):
         raise OptimizerStateError('%s: expected %s, found %s' % (what, expected, found))
@@ -298,8 +258,8 @@ def _count(value):
 
 
 def _spec_arrays(spec, num_arrays, name, depth):
-    """The array indices a state spec refers to; raises OptimizerStateError
-    unless it is one :func:`encode_state` writes."""
+    """The array indices a state spec refers to; raises OptimizerStateError for
+    a spec :func:`encode_state` does not write."""
     kind = spec.get('t') if isinstance(spec, dict) else None
     if kind == 'none':
         return []
@@ -317,8 +277,8 @@ def _spec_arrays(spec, num_arrays, name, depth):
 
 
 def _merge(specs, arrays, out, axis, ndim):
-    """One state spec from the specs of a parameter's shards: arrays of the
-    weight's rank joined along ``axis``, others (scalars) taken from shard 0."""
+    """One spec from a parameter's shards' specs: arrays of the weight's rank
+    joined along ``axis``, others taken from shard 0."""
     kind = specs[0]['t']
     if kind == 'none':
         return {'t': 'none'}
@@ -357,14 +317,9 @@ def _cut(spec, arrays, out, axis, sizes, ndim):
 
 
 def gather_states(states, sharded):
-    """:func:`states_by_name` output with the states of each tensor-parallel
-    parameter's shards joined under its unsplit name (:class:`Deferred`
-    arrays joined when called).
-
-    Args:
-        sharded: ``{unsplit name: ShardedParam}``
-            (:func:`mp_symbolic.core.parallel.tensor_parallel.layout`).
-    """
+    """:func:`states_by_name` output with each tensor-parallel parameter's
+    shards' states joined under its unsplit name (``sharded``: ``{unsplit
+    name: ShardedParam}``)."""
     if not sharded:
         return states
     shard_of = {n: p for p in sharded.values() for n in p.names}
@@ -383,8 +338,7 @@ def gather_states(states, sharded):
 
 
 def split_states(states, sharded):
-    """The inverse of :func:`gather_states`: each unsplit parameter's state cut
-    into its shards' (names already of shards pass unchanged)."""
+    """The inverse of :func:`gather_states`."""
     if not sharded:
         return states
     arrays, out, params = states['arrays'], [], {}

@@ -1,28 +1,6 @@
-"""``Trainer``: ``gluon.Trainer`` for parameters on any devices.
-
-``gluon.Trainer`` is built for data parallelism: it expects every parameter on
-the same set of devices and refuses a model-parallel network at construction
-("All Parameters must be initialized on the same set of contexts", apache/mxnet
-#18406 asks for this class). This is ``gluon.Trainer`` itself (a subclass:
-kvstore creation rules, ``step`` / ``allreduce_grads`` / ``update``, gradient
-rescaling, row_sparse pulls, kvstore reset on ``Parameter.load``) with what
-model and hybrid parallelism need changed:
-
-* each parameter may live on its own devices: one (a pipeline stage), several
-  (data-parallel replicas), or a mix of both across the network;
-* one optimizer ``Updater`` per device, as Gluon keeps one per context, but
-  each copy of a parameter goes to the updater of *its* device, so a fused
-  ``multi_*_update`` op only ever touches one device's arrays;
-* with parameters on different devices, gradients are only summed by the
-  kvstore and every copy is updated on its own device, beside its optimizer
-  state (``update_on_kvstore=True`` is honoured when asked for);
-* the optimizer state is saved by parameter name, as numpy, without devices
-  (:mod:`~mp_symbolic.core.optim.optstate`, an ``.npz`` file, no pickle), so it loads
-  onto another placement.
-
-Reference: MXNet 1.9.1 ``python/mxnet/gluon/trainer.py`` and its tests
-(``tests/upstream/`` runs them, unchanged, against this class).
-"""
+"""``Trainer``: ``gluon.Trainer`` for parameters on any devices (MXNet 1.9.1's
+``gluon/trainer.py``, subclassed; ``tests/upstream/`` runs its tests against
+this class). docs/trainer.md lists what differs."""
 from mxnet import gluon
 from mxnet import optimizer as opt
 from mxnet.kvstore import KVStore
@@ -37,36 +15,34 @@ __all__ = []
 
 
 class Trainer(gluon.Trainer):
-    """Applies an optimizer to parameters placed on any devices.
+    """Applies an optimizer to parameters placed on any devices: each on one
+    device, several (replicas) or a mix. Each copy is updated by its own
+    device's updater, beside its optimizer state; the state is saved by
+    parameter name, without devices (:mod:`~mp_symbolic.core.optim.optstate`).
 
     Used as ``gluon.Trainer`` is (after ``autograd.backward()``, outside
     ``record()``): ``step(batch_size)``, or ``allreduce_grads()`` then
     ``update(batch_size)``.
 
     Args:
-        params: A ``ParameterDict`` (``net.collect_params()``), a dict or a
-            list of ``Parameter`` s. Each may be initialised on one device or
-            on several (its copies are kept equal).
+        params: A ``ParameterDict``, a dict or a list of ``Parameter`` s, each
+            initialised on one device or several (its copies kept equal).
         optimizer: An ``mx.optimizer.Optimizer`` or its name (``'sgd'``, ...).
-        optimizer_params: Keyword arguments of the optimizer, when given by
-            name (``{'learning_rate': 0.1, 'lr_scheduler': ...}``).
+        optimizer_params: Keyword arguments of the optimizer given by name.
         kvstore: ``'device'``, ``'local'``, ``'dist_sync'``, ... or a
-            ``KVStore``; it sums the gradients of a parameter's copies (and of
-            the workers). None is created when no parameter has several
-            copies and no ``dist_*`` kvstore is asked for. A ``dist_*`` kvstore
-            is set up here (Gluon: at the first step), so every worker starts
-            from worker 0's values.
-        compression_params: Gradient compression of the kvstore (see
-            ``KVStore.set_gradient_compression``).
+            ``KVStore``, summing the gradients of a parameter's copies (and of
+            the workers); none is made when no parameter has several copies and
+            no ``dist_*`` is asked for. A ``dist_*`` kvstore is set up here, so
+            every worker starts from worker 0's values.
+        compression_params: Gradient compression of the kvstore.
         update_on_kvstore: Whether the kvstore runs the optimizer. ``None``:
-            Gluon's choice when every parameter is on the same devices (data
-            parallelism); otherwise ``False``, each copy updated on its own
-            device.
+            Gluon's choice when every parameter is on the same devices, else
+            ``False``.
 
     Raises:
         ValueError: ``params`` is not Parameters, lists a parameter twice,
             ``kvstore=None`` for a parameter with several copies, or an
-            ``update_on_kvstore`` the kvstore cannot honour (as Gluon).
+            ``update_on_kvstore`` the kvstore cannot honour.
         RuntimeError: a parameter is not initialised, or a row_sparse
             parameter already has another Trainer (as Gluon).
     """
@@ -94,13 +70,8 @@ class Trainer(gluon.Trainer):
                                      str(c) for c in several[0].list_ctx())))
         kind = kvstore.type if isinstance(kvstore, KVStore) else str(kvstore)
         if 'dist' in kind:
-            # Gluon creates the kvstore and sends worker 0's values at the
-            # first step, after the first backward pass. With a dist kvstore
-            # and the update on the workers, two-worker jobs then ended with
-            # garbage weights after the second step in about one run of four
-            # (stock gluon.Trainer too, MXNet 1.9.1, CPU); set up before any
-            # forward pass, as Module does, they did not. Workers also start
-            # from worker 0's values, not only after the first update.
+            # set up before any forward pass, as Module does, not at the first
+            # step as Gluon does (docs/trainer.md: garbage weights otherwise)
             self._init_kvstore()
             self._init_params()  # parameters still deferred wait for the first step
 
@@ -248,13 +219,11 @@ class Trainer(gluon.Trainer):
             self._init_params()
 
     def states(self, lazy=False):
-        """The optimizer state by parameter name, as numpy, without devices
-        (see :mod:`~mp_symbolic.core.optim.optstate`); a parameter's copies share one.
+        """The optimizer state by parameter name, as numpy, without devices (one per
+        parameter, whatever its copies).
 
         Args:
-            lazy: Each of ``'arrays'`` a function of no arguments making
-                that one array on the host when called (for a writer that
-                holds one at a time), not the array.
+            lazy: Each array a function of no arguments making it on the host.
 
         Raises:
             ValueError: the optimizer runs on a dist kvstore's servers.
@@ -269,13 +238,13 @@ class Trainer(gluon.Trainer):
         return states_of(self._optimizer, sources, lazy=lazy)
 
     def set_states(self, states):
-        """Restores :meth:`states` output: each copy of a parameter gets the
-        state on its own device, whatever placement it was saved on. A state
-        of a parameter with ``grad_req='null'`` is dropped (never read).
+        """Restores :meth:`states` output onto each copy's own device, whatever
+        placement it was saved on (states of ``grad_req='null'`` parameters
+        dropped).
 
         Raises:
-            mp_symbolic.core.optim.optstate.OptimizerStateError: state of another
-                optimizer, or of a parameter this Trainer does not have.
+            OptimizerStateError: state of another optimizer, or of a parameter
+                this Trainer does not have.
             ValueError: the optimizer runs on a dist kvstore's servers.
         """
         self._ensure_kvstore()
@@ -302,24 +271,19 @@ class Trainer(gluon.Trainer):
         return updater
 
     def save_states(self, fname):
-        """Saves the optimizer state, by parameter name and without devices,
-        to ``fname`` (an ``.npz`` file; ``gluon.Trainer`` writes a pickle)."""
+        """Saves the optimizer state by parameter name, without devices, to
+        ``fname`` (an ``.npz`` file, not a pickle)."""
         save_states(fname, self.states())
 
     def load_states(self, fname):
-        """Loads :meth:`save_states` output onto this placement of the
-        parameters, which may differ from the one it was saved on.
-
-        The optimizer keeps its own hyper-parameters (``gluon.Trainer`` takes
-        the pickled optimizer from the file); its update counts come from the
-        file.
+        """Loads :meth:`save_states` output onto this placement, which may differ
+        from the one it was saved on; the optimizer keeps its hyper-parameters,
+        its update counts come from the file.
 
         Raises:
-            mp_symbolic.core.optim.optstate.OptimizerStateError: the file is unreadable,
-                truncated or forged (a field of the wrong kind, a state that is
-                not floating point or not finite), or holds another optimizer's
-                or another model's state (a state of another shape than its
-                parameter included).
+            OptimizerStateError: the file is unreadable, truncated or forged, or
+                holds another optimizer's or another model's state (another shape
+                included).
         """
         states = load_states(fname)
         known = {p.name: p.shape for p in self._params if p.shape and all(p.shape)}

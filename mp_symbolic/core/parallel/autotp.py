@@ -1,21 +1,16 @@
-"""Tensor parallelism for a network written with Gluon's own layers: its
-``Dense`` and ``Embedding`` children swapped for the parallel layers of
-:mod:`~mp_symbolic.core.parallel.tensor_parallel`, found automatically or named by a plan
-(after DeepSpeed's AutoTP and PyTorch's ``parallelize_module``).
+"""Tensor parallelism for a network of Gluon's own layers (after DeepSpeed's
+AutoTP): its ``Dense`` and ``Embedding`` children swapped, in place, for
+the layers of :mod:`~mp_symbolic.core.parallel.tensor_parallel`, keeping
+their parameter names and values.
 
-* ``'auto'`` reads the traced graph for each MLP and each self-attention
-  and shards them Megatron-LM's way: the first layer column-parallel, the
-  attention by heads (:class:`HeadParallel`), the element-wise blocks
-  between per shard (:class:`~mp_symbolic.PerShard`), the output layer
-  row-parallel: one sum at the block's end.
-* A plan ``{pattern: 'column' | 'row' | 'vocab' | 'replicate'}`` names the
-  layers: an ``fnmatch`` pattern over a layer's block name or its
-  parameters' names, the first that matches deciding. ``'column'`` on an
-  attention block shards it by heads.
+* ``'auto'`` finds each MLP and self-attention in the traced graph and
+  shards it Megatron-LM's way: column, per shard (or by heads,
+  :class:`HeadParallel`), then row: one sum at the block's end.
+* A plan ``{pattern: 'column' | 'row' | 'vocab' | 'replicate'}``: the
+  first ``fnmatch`` pattern over a layer's name or its parameters' names
+  decides.
 
-A swapped layer keeps the unsplit layer's parameter names and, if
-initialised, its values. The network given is changed in place (Gluon has
-no copy of a block). docs/tensor-parallel.md shows both forms.
+docs/tensor-parallel.md shows both forms.
 """
 import copy
 from collections import OrderedDict
@@ -127,23 +122,20 @@ def _act(dense):
 
 
 class HeadParallel(ShardedBlock):
-    """An attention block of the user's, run once per shard on that shard's
-    heads: its query, key and value weights split by whole heads, its head
-    count and widths set to the shard's, its own ``hybrid_forward`` run
-    unchanged.
-
-    ``combine='concat'``: the first output (the heads' contexts) stays in
-    parts for the row-parallel layer after it; any other output is joined
-    along axis 1, the heads axis. ``combine='sum'``: the block holds its
-    row-parallel output projection; the shards' outputs are summed (the bias
-    added once, by shard 0).
+    """An attention block of the user's run once per shard on that shard's heads:
+    its query, key and value weights split by whole heads, its head count and
+    widths the shard's, its own ``hybrid_forward`` unchanged.
+    ``combine='concat'``: the first output stays in parts for the row layer
+    after it, any other is joined on axis 1. ``combine='sum'``: the block
+    holds its row-parallel output projection and the shards' outputs are
+    summed.
 
     Args:
-        block: The user's block (it keeps its code; its parameters move here).
+        block: The user's block (its parameters move here).
         shards: Parts.
         heads: Its head count (a multiple of ``shards``).
         columns: ``[(attribute, Parameter or Dense)]``: the query, key and
-            value weights (an own parameter, or a ``Dense`` child).
+            value weights.
         row: ``(attribute, Dense)``: the output projection inside the block,
             or ``None``.
         combine: ``'concat'`` or ``'sum'``.
@@ -189,10 +181,9 @@ class HeadParallel(ShardedBlock):
         return param.name[len(self.prefix):]
 
     def _view(self, F, params, part):
-        """The user's block as shard ``part`` of ``self.shards`` sees it
-        (``part=None``: whole), its dense children functions of ``params``:
-        a shallow copy whose own attributes are set past Gluon's ``__setattr__``
-        (which refuses a child's change of type); the user's block is unchanged."""
+        """The user's block as shard ``part`` sees it (``None``: whole), its dense
+        children functions of ``params``: a shallow copy; the user's block is
+        unchanged."""
         view = copy.copy(self._user)
         shadow = partial(object.__setattr__, view)
         scale = 1 if part is None else self.shards
@@ -262,10 +253,8 @@ def _walk(block, parent=None, key=None):
 
 
 def _swap(parent, key, old, new):
-    """``parent``'s child ``key`` replaced by ``new``: the registered child,
-    and every attribute that held it set through Gluon's own ``setattr``
-    (which registers the child; the old attribute deleted first, as Gluon
-    refuses to change an attribute's type)."""
+    """``parent``'s child ``key`` replaced by ``new``, and every attribute that
+    held it (through Gluon's ``setattr``, the old attribute deleted first)."""
     parent._children[key] = new  # pylint: disable=protected-access
     for attr, value in list(vars(parent).items()):
         if value is old:
@@ -277,8 +266,8 @@ def _swap(parent, key, old, new):
 
 
 def _carry_values(old_params, new_block):
-    """The old layer's values, split into the new layer's shards, on the old
-    layer's devices (nothing, where the old layer was not initialised)."""
+    """The old layer's values split into the new layer's shards, on the old
+    layer's devices (none where it was not initialised)."""
     values = {p.name: p.data(p.list_ctx()[0]) for p in old_params if initialized(p)}
     if not values:
         return
@@ -293,8 +282,8 @@ def _carry_values(old_params, new_block):
 # -- the traced graph -------------------------------------------------------------
 
 class _Graph:
-    """The network's traced graph: which op feeds which, and which block
-    wrote each op (the block with the longest prefix of its name)."""
+    """The network's traced graph: which op feeds which, and which block wrote
+    each op (the longest prefix of its name)."""
 
     def __init__(self, blocks, names):
         with fresh_variables(blocks):
@@ -373,12 +362,8 @@ def _has_params(block):
 # -- the pass ---------------------------------------------------------------------
 
 def shards_of(devices):
-    """The shard count for ``devices``: the device count of the stages of
-    several devices (1 if every stage has one).
-
-    Raises:
-        DeviceSpecError: stages of several devices that differ in count.
-    """
+    """The shard count for ``devices``: the device count of its stages of
+    several devices, or 1; raises DeviceSpecError where they differ."""
     counts = sorted({len(d) if isinstance(d, (list, tuple)) else 1
                      for d in resolve_devices(devices)} - {1})
     if len(counts) > 1:
@@ -389,11 +374,8 @@ def shards_of(devices):
 
 
 def check_spec(spec):
-    """``spec`` checked: ``'auto'`` or a dict of pattern -> kind.
-
-    Raises:
-        ValueError: anything else.
-    """
+    """``spec`` if it is ``'auto'`` or a dict of pattern -> kind; raises
+    ValueError otherwise."""
     if spec == 'auto':
         return spec
     if not isinstance(spec, dict) or not spec:
@@ -411,18 +393,17 @@ def apply(blocks, spec, devices, names):
 
     Args:
         blocks: The blocks (one whole network, or a block list in order).
-        spec: ``'auto'`` or a plan (see the module docstring).
+        spec: ``'auto'`` or a plan.
         devices: As :class:`~mp_symbolic.Pipeline` takes them.
-        names: The inputs' names (the positional inputs as nested names,
-            for nested inputs: :mod:`~mp_symbolic.core.graph.nesting`).
+        names: The positional inputs as nested names.
 
     Returns:
         ``(blocks, Sharding)``: the blocks (a top-level layer may be swapped)
         and what was done.
 
     Raises:
-        ValueError: a plan that cannot hold, naming the layer, its shapes
-            and the shard count.
+        ValueError: a plan that cannot hold, naming the layer, its shapes and
+            the shard count.
     """
     spec = check_spec(spec)
     shards = shards_of(devices)
@@ -562,9 +543,8 @@ class _Pass:
     # -- dense layers -----------------------------------------------------------
 
     def _divides(self, where, block, axis, expected, unit):
-        """Raises ValueError unless ``block``'s weight axis ``axis`` divides
-        into the stage's shards (the message names the plan entry, the layer,
-        its weight's shape and the shard count)."""
+        """Raises ValueError unless ``block``'s weight axis ``axis`` divides into the
+        shards."""
         size = block.weight.shape[axis]
         if size % self.shards:
             raise ValueError('%s: expected %s into %d shards, found %s of weight %s (%d %s)'
@@ -578,8 +558,8 @@ class _Pass:
         self._dense(RowParallelDense, dense, why)
 
     def _dense(self, layer, dense, why):
-        """Swaps ``dense`` for a ``layer`` (column or row) of its units, input
-        width, activation, initialisers, prefix and values."""
+        """Swaps ``dense`` for a column or row ``layer`` of its sizes, activation,
+        initialisers, prefix and values."""
         new = layer(dense._units, dense.weight.shape[1], self.shards,  # pylint: disable=protected-access
                     activation=_act(dense), use_bias=dense.bias is not None,
                     flatten=dense._flatten, dtype=dense.weight.dtype,  # pylint: disable=protected-access
@@ -601,9 +581,9 @@ class _Pass:
         self.taken[id(embedding)] = 'vocabulary-parallel'
 
     def _per_shard_between(self, first, members):
-        """The blocks that wrote the ops ``members`` between a column layer
-        ``first`` and a row layer, each swapped for a :class:`PerShard`; a
-        text saying so, or why the ops run on the gathered output."""
+        """The blocks that wrote the ops ``members`` between column layer ``first``
+        and a row layer, each swapped for a :class:`PerShard`; a text saying so,
+        or why the ops run on the gathered output."""
         inside = _descendants(first)
         writers = OrderedDict()
         for i in sorted(members):
@@ -735,9 +715,7 @@ class _Pass:
         self._finish('whole on the stage\'s first device: no pattern names it')
 
     def _check_kind(self, where, rule, block):
-        """Raises ValueError unless ``rule`` (a :class:`Kind`) takes ``block``:
-        one of its layer types, its weight's axis dividing into the shards
-        (an attention block: one :meth:`_attention` finds)."""
+        """Raises ValueError unless ``rule`` (a :class:`Kind`) takes ``block``."""
         if not rule.layers:
             return
         if not isinstance(block, tuple(t for t in rule.layers if t != ATTENTION)):

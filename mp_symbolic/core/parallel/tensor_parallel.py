@@ -1,16 +1,11 @@
-"""Tensor-parallel layers: one layer's weight split over the devices of a stage.
-
-Megatron-LM's ``core/tensor_parallel/layers.py`` on MXNet's graph executor:
-:class:`ColumnParallelDense`, :class:`RowParallelDense`, :class:`PerShard`
-and :class:`VocabParallelEmbedding`, on the base :class:`ShardedBlock`.
-Each shard's ops and weight carry a group of their own, the shards meet
-through :mod:`~mp_symbolic.core.transport.comm`, and MXNet's executor inserts the
-copies and computes the backward pass. Shard ``i`` of ``<prefix>weight`` is
-the parameter ``<prefix>shard<i>_weight`` (``Dense``'s own names with
-``shards=1``); :func:`gather_params` and :func:`split_params` convert to and
-from the unsplit layer's names and shapes, which users and checkpoints see.
-docs/tensor-parallel.md describes the layers and their placement.
-"""
+"""Tensor-parallel layers (after Megatron-LM's ``tensor_parallel/layers.py``):
+one layer's weight split over the devices of a stage, each shard's ops and
+weight in a group of their own, the shards meeting through
+:mod:`~mp_symbolic.core.transport.comm`. Shard ``i`` of ``<prefix>weight`` is
+the parameter ``<prefix>shard<i>_weight``; :func:`gather_params` and
+:func:`split_params` convert to and from the unsplit layer's names and
+shapes, which users and checkpoints see. docs/tensor-parallel.md describes
+the layers."""
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -30,9 +25,8 @@ __all__ = ['ColumnParallelDense', 'PerShard', 'RowParallelDense', 'ShardedBlock'
 
 
 class _Trace:
-    """One trace of a network: the layer calls counted so far, whether the
-    layers build unsplit, and the unsplit variables made (one per name,
-    however many layers read it: tied weights)."""
+    """One trace of a network: the layer calls counted so far, whether the layers
+    build unsplit, and the unsplit variables made (one per name)."""
     __slots__ = ('calls', 'unsplit', 'variables')
 
     def __init__(self, unsplit_layers):
@@ -42,21 +36,10 @@ class _Trace:
 @contextmanager
 def mark_shards(blocks, unsplit_layers=False):
     """Context in which the tensor-parallel layers of ``blocks`` (a block or a
-    list of them) tag each shard's ops and weights with
-    ``__tp_shard__='i/N/<layer call>'`` instead of a ``ctx_group``, for
-    :func:`~mp_symbolic.core.graph.passes.shard_groups` to place.
-
-    Each call of a layer is marked apart (:func:`~mp_symbolic.core.graph.names.layer_call`),
-    so a layer tied to another's parameters stays in its own stage. The trace
-    reaches the layers of ``blocks`` and no others; outside it, a layer on
-    Symbols builds its split graph unmarked.
-
-    Args:
-        unsplit_layers: Build the layers unsplit (one op, the unsplit
-            layer's parameter names and shapes, as checkpoints hold it),
-            each layer's ops and weights marked ``'0/1/<layer call>'``, the
-            calls numbered as in the split trace. Else split.
-    """
+    list) tag each shard's ops and weights with ``__tp_shard__='i/N/<layer
+    call>'`` instead of a ``ctx_group``, each call apart; with
+    ``unsplit_layers``, each layer builds unsplit, marked ``'0/1/<layer
+    call>'``, the calls numbered as in the split trace."""
     trace = _Trace(unsplit_layers)
     layers = [layer for block in (blocks if isinstance(blocks, (list, tuple)) else [blocks])
               for layer in sharded_blocks(block)]
@@ -71,8 +54,8 @@ def mark_shards(blocks, unsplit_layers=False):
 
 
 def _next_call(trace, name):
-    """The mark's layer of this call of layer ``name`` in ``trace``, or
-    ``None`` outside one."""
+    """The mark's layer of this call of layer ``name``, or ``None`` outside a
+    trace."""
     if trace is None:
         return None
     call, trace.calls = trace.calls, trace.calls + 1
@@ -80,12 +63,9 @@ def _next_call(trace, name):
 
 
 def device_index(shard, shards, width):
-    """The stage device (index) that runs ``shard`` of ``shards`` in a stage
-    of ``width`` devices: shard ``i`` on device ``i``, or all on the one device.
-
-    Raises:
-        ValueError: the stage has several devices, but not ``shards``.
-    """
+    """The stage device that runs ``shard`` of ``shards`` in a stage of ``width``
+    devices (``shard``, or 0 for a stage of one); raises ValueError for
+    several devices but not ``shards``."""
     if width == 1:
         return 0
     if width != shards:
@@ -96,14 +76,8 @@ def device_index(shard, shards, width):
 
 @dataclass
 class ShardedParam:
-    """One unsplit parameter and its shards.
-
-    Attributes:
-        name: The unsplit parameter's name (``dense0_weight``).
-        shape: Its shape.
-        axis: The axis it is split along.
-        shards: The Gluon parameters of its parts, in order.
-    """
+    """One unsplit parameter (its ``name``, ``shape`` and the ``axis`` it is
+    split along) and the Gluon parameters of its ``shards``, in order."""
     name: str
     shape: tuple
     axis: int
@@ -115,24 +89,21 @@ class ShardedParam:
 
 
 class ShardedBlock(gluon.HybridBlock):
-    """The base of a tensor-parallel layer: one layer's parameters split into
-    ``shards`` parts, each part's computation on its own device of the stage.
+    """The base of a tensor-parallel layer: its parameters split into ``shards``
+    parts, each part's computation on its own device of the stage.
 
-    A subclass registers each parameter once by its unsplit shape with
+    A subclass registers each parameter by its unsplit shape with
     :meth:`add_param` in ``__init__``, and writes, as functions of ``F``
     (``mx.sym`` or ``mx.nd``):
 
-    * :meth:`shard_forward` ``(F, i, x, **params)``: shard ``i``'s part, on
-      shard ``i``'s device;
-    * :meth:`combine` ``(F, parts, x)``: the output from the parts, on shard
+    * :meth:`shard_forward` ``(F, i, *x, **params)``: shard ``i``'s part;
+    * :meth:`combine` ``(F, parts, *x)``: the output from the parts, on shard
       0's device, through :mod:`~mp_symbolic.core.transport.comm`;
-    * :meth:`unsplit_forward` ``(F, x, **params)``: the same layer from the
-      whole parameters (what checkpoints hold and export writes, so a model
-      trained on any number of shards resumes on any other);
-    * optionally :meth:`prepare` ``(F, x)``: the input as every shard reads it.
+    * :meth:`unsplit_forward` ``(F, *x, **params)``: the same layer from the
+      whole parameters (what checkpoints hold and export writes);
+    * optionally :meth:`prepare` ``(F, *x)``: the inputs as every shard reads
+      them (a tuple for several).
 
-    A layer of several inputs takes them in order in each of the four, after
-    ``F`` (and ``i``, ``parts``); its :meth:`prepare` returns a tuple.
     docs/tensor-parallel.md shows a layer written this way.
 
     Args:
@@ -151,13 +122,9 @@ class ShardedBlock(gluon.HybridBlock):
         self.shard_params = [OrderedDict() for _ in range(shards)]  # per shard: key -> Parameter
 
     def _dense_sizes(self, units, in_units, activation, use_bias, flatten, split):
-        """Checks and keeps a dense layer's arguments; returns the shard sizes
-        of the dimension ``split`` (``'units'`` or ``'in_units'``).
-
-        Raises:
-            ValueError: a size is not a positive integer, or there are more
-                shards than the split dimension has rows.
-        """
+        """Checks and keeps a dense layer's arguments; returns the shard sizes of
+        ``split`` (``'units'`` or ``'in_units'``). Raises ValueError for a size
+        not a positive integer or more shards than rows."""
         positive_int('units', units)
         positive_int('in_units', in_units)
         size = units if split == 'units' else in_units
@@ -169,15 +136,10 @@ class ShardedBlock(gluon.HybridBlock):
         return even_split(size, self.shards)
 
     def add_param(self, key, shape, axis, sizes=None, **kwargs):
-        """Registers parameter ``key`` of the unsplit ``shape``: split along
-        ``axis`` in ``sizes`` (one per shard, summing to ``shape[axis]``), or
-        whole on shard 0 (``axis=None``). ``kwargs`` go to
-        ``ParameterDict.get`` (``init``, ``dtype``, ``allow_deferred_init``).
-
-        Raises:
-            ValueError: ``sizes`` is not one positive size per shard summing
-                to ``shape[axis]``.
-        """
+        """Registers parameter ``key`` of the unsplit ``shape``, split along ``axis``
+        in ``sizes`` (one per shard), or whole on shard 0 (``axis=None``);
+        ``kwargs`` go to ``ParameterDict.get``. Raises ValueError unless ``sizes``
+        are positive and sum to ``shape[axis]``."""
         if axis is not None and (sizes is None or len(sizes) != self.shards or
                                  any(not is_int(v) or v < 1 for v in sizes) or
                                  sum(sizes) != shape[axis]):
@@ -211,8 +173,8 @@ class ShardedBlock(gluon.HybridBlock):
         return (x,) + more if more else x
 
     def shard_forward(self, F, i, x, **params):
-        """Shard ``i``'s part of the output, from its ``params`` (by the keys
-        given to :meth:`add_param`; shard 0 also holds the whole ones)."""
+        """Shard ``i``'s part of the output, from its ``params`` (by the keys given
+        to :meth:`add_param`)."""
         raise NotImplementedError('%s: expected a shard_forward(F, i, x, **params) method'
                                   % type(self).__name__)
 
@@ -229,9 +191,9 @@ class ShardedBlock(gluon.HybridBlock):
     _trace = None  # the trace under way (mark_shards), while one is
 
     def forward(self, x, *more):  # pylint: disable=arguments-differ
-        """The layer's output for the inputs ``x, *more``: Symbols (its graph,
-        each shard's ops in the shard's group) or NDArrays (each shard on
-        its device, the parts combined on shard 0's)."""
+        """The layer's output for the inputs ``x, *more``: Symbols (each shard's ops
+        in its group) or NDArrays (each shard on its device, combined on shard
+        0's)."""
         inputs = (x,) + more
         if isinstance(x, mx.sym.Symbol):
             return self._symbolic(inputs)
@@ -274,10 +236,9 @@ class ShardedBlock(gluon.HybridBlock):
                 return self.combine(F, parts, *xs)
 
     def shard_devices(self, x):
-        """The device of each shard for the input ``x`` (an NDArray): those
-        of the replica whose shard 0 sits on ``x``'s device (parameters are
-        initialised on each replica's devices, in replica order), or of the
-        first replica; a shard without parameters runs on ``x``'s device."""
+        """The device of each shard for the NDArray ``x``: those of the replica whose
+        shard 0 sits on ``x``'s device, else the first replica's; a shard without
+        parameters on ``x``'s device."""
         first = next(iter(self.shard_params[0].values()), None)
         ctxs = first.list_ctx() if first is not None else []
         replica = ctxs.index(x.context) if x.context in ctxs else 0
@@ -304,13 +265,12 @@ def _moved(out, device):
 
 
 class ColumnParallelDense(ShardedBlock):
-    """``gluon.nn.Dense`` whose weight is split by output units over ``shards``.
-
-    Shard ``i`` computes its rows of the output (and the activation) from the
-    whole input; a concat on shard 0's device gathers them.
+    """``gluon.nn.Dense`` whose weight is split by output units over ``shards``:
+    shard ``i`` computes its rows of the output (and the activation) from the
+    whole input, joined on shard 0's device.
 
     Args:
-        units: Output size (``Dense``'s ``units``).
+        units: Output size.
         in_units: Input size (required: each shard's shape is known up front).
         shards: Parts the layer is split into; ``units`` need not divide.
         activation, use_bias, flatten, dtype, weight_initializer,
@@ -361,30 +321,24 @@ class ColumnParallelDense(ShardedBlock):
 
 class PerShard(ShardedBlock):
     """A parameter-free function of each shard's part of the inputs, on that
-    shard's device.
-
-    Directly after a :class:`ColumnParallelDense` of as many shards, shard ``i``
-    applies ``fn`` to that layer's shard ``i`` output, and a following
-    :class:`RowParallelDense` reads the result: nothing crosses devices.
-    Otherwise each input's last axis is cut into ``shards`` contiguous parts
-    and the results are concatenated on shard 0's device. ``fn`` must act on
-    each part alone (e.g. on whole attention heads) for the result not to
-    depend on the shard count. On NDArrays every shard runs on the input's
-    device.
+    shard's device. After a :class:`ColumnParallelDense` of as many shards it
+    reads that layer's shard outputs, and a following :class:`RowParallelDense`
+    reads its own: nothing crosses devices. Otherwise each input's last axis is
+    cut into ``shards`` parts and the results joined on shard 0's device.
+    ``fn`` must act on each part alone for the result not to depend on the
+    shard count.
 
     Args:
-        fn: ``fn(F, x, ...) -> y`` on a part of each input (``F`` is
-            ``mx.sym`` or ``mx.nd``); its last axis may change size.
-        units: Size of the input's last axis (to cut it when it is not a
-            column layer's output).
+        fn: ``fn(F, x, ...) -> y`` on a part of each input; its last axis may
+            change size.
+        units: Size of the input's last axis.
         shards: Parts, as the layers around it.
-        flatten: Whether the row layer after it flattens its input (as that
-            layer's ``flatten``).
+        flatten: Whether the row layer after it flattens its input.
         prefix, params: As any Gluon block.
 
     Raises:
-        ValueError: ``units`` or ``shards`` not a positive integer, or
-            ``fn`` not callable.
+        ValueError: ``units`` or ``shards`` not a positive integer, or ``fn``
+            not callable.
     """
 
     def __init__(self, fn, units, shards, flatten=False, prefix=None, params=None):
@@ -420,12 +374,10 @@ class PerShard(ShardedBlock):
 
 
 class RowParallelDense(ShardedBlock):
-    """``gluon.nn.Dense`` whose weight is split by input units over ``shards``.
-
-    Shard ``i`` multiplies its columns of the weight with its slice of the
-    input (or, directly after a :class:`ColumnParallelDense` of as many shards,
-    with that layer's shard ``i`` output); the partial outputs are summed on
-    shard 0's device, which adds the bias once, and the activation follows.
+    """``gluon.nn.Dense`` whose weight is split by input units over ``shards``:
+    shard ``i`` multiplies its columns with its slice of the input (or a
+    preceding :class:`ColumnParallelDense`'s shard ``i`` output); the parts are
+    summed on shard 0's device, which adds the bias and the activation.
 
     Args:
         units: Output size.
@@ -490,11 +442,9 @@ class RowParallelDense(ShardedBlock):
 
 
 class VocabParallelEmbedding(ShardedBlock):
-    """``gluon.nn.Embedding`` whose table is split by rows (vocabulary).
-
-    Shard ``i`` looks up the indices in its rows and zeroes the others; the
-    shards are summed on shard 0's device (Megatron-LM's masked lookup and
-    all-reduce).
+    """``gluon.nn.Embedding`` whose table is split by rows: shard ``i`` looks up
+    the ids in its rows, zero elsewhere, and the shards are summed on shard 0's
+    device.
 
     Args:
         input_dim: Vocabulary size.
@@ -503,8 +453,8 @@ class VocabParallelEmbedding(ShardedBlock):
         dtype, weight_initializer, prefix, params: As ``gluon.nn.Embedding``.
 
     Raises:
-        ValueError: ``input_dim``, ``output_dim`` or ``shards`` not a
-            positive integer, or more shards than rows.
+        ValueError: ``input_dim``, ``output_dim`` or ``shards`` not a positive
+            integer, or more shards than rows.
     """
 
     def __init__(self, input_dim, output_dim, shards, dtype='float32', weight_initializer=None,
@@ -559,8 +509,8 @@ def sharded_blocks(block):
 
 
 def layout(blocks):
-    """``{unsplit name: ShardedParam}`` of every split parameter in ``blocks``
-    (layers of one shard included: their names are the unsplit ones)."""
+    """``{unsplit name: ShardedParam}`` of every parameter of ``blocks`` split
+    over several shards."""
     found = OrderedDict()
     for block in blocks:
         for layer in sharded_blocks(block):
@@ -573,9 +523,8 @@ def _as_numpy(value):
 
 
 def gather_params(values, sharded):
-    """``values`` (name -> array) with each split parameter's shards replaced
-    by the unsplit parameter (a concat along its axis), on ``cpu()``.
-    Names that are not shards pass unchanged; so do unsplit names."""
+    """``values`` (name -> array) with each split parameter's shards replaced by
+    the unsplit parameter, on ``cpu()``; other names pass unchanged."""
     out = OrderedDict()
     shard_names = {n: s for s in sharded.values() for n in s.names}
     for name, value in values.items():
@@ -592,10 +541,9 @@ def gather_params(values, sharded):
 
 
 def gather_made(made, sharded):
-    """:func:`gather_params` over functions: ``made`` (name -> function of
-    no arguments returning a numpy array) with each split parameter's
-    shards replaced by one function that joins them when called, in the
-    order :func:`gather_params` gives; the others pass unchanged."""
+    """:func:`gather_params` over functions of no arguments returning numpy
+    arrays: each split parameter's shards replaced by one function joining
+    them, in :func:`gather_params`'s order."""
     out = OrderedDict()
     shard_names = {n: s for s in sharded.values() for n in s.names}
 
@@ -612,13 +560,8 @@ def gather_made(made, sharded):
 
 
 def split_params(values, sharded):
-    """``values`` with each unsplit parameter replaced by its shards (slices
-    along its axis); names that are already shards, or not split, pass
-    unchanged.
-
-    Raises:
-        ValueError: an unsplit value of another shape than the layer's.
-    """
+    """``values`` with each unsplit parameter replaced by its shards, other names
+    unchanged; raises ValueError for an unsplit value of another shape."""
     out = OrderedDict()
     for name, value in values.items():
         param = sharded.get(name)

@@ -1,3 +1,2 @@
 """The graph placed on devices: which stage and shard each node is, blocks per
-stage, devices per stage.
-"""
+stage, devices per stage."""

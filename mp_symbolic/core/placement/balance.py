@@ -1,11 +1,6 @@
-"""How many blocks each pipeline stage gets, as in torchgpipe (``balance``)
-and DeepSpeed (``partition_method``): a list of ints given by the user, by
-parameter count (the default), or by each block's measured forward +
-backward time.
-
-Invariant: every stage gets at least one block and every block a stage;
-the partition is solved exactly over contiguous splits (:func:`solve`).
-"""
+"""How many blocks each pipeline stage gets (torchgpipe's ``balance``): given,
+by parameter count (the default), or by measured time. Invariant: every
+stage gets at least one block, contiguous, solved exactly (:func:`solve`)."""
 import mxnet as mx
 import numpy as np
 
@@ -25,14 +20,9 @@ class CutError(BalanceError):
 
 
 class TooManyStages(DeviceSpecError, BalanceError):
-    """More stages than blocks (or ops) to fill them: a device plan that
-    cannot be made (``DeviceSpecError``) and a balance that cannot be
-    found (``BalanceError``) alike.
-
-    Attributes:
-        virtual: The stages per device asked for (more than 1: the
-            interleaved schedule's ``virtual``, which the message counts).
-    """
+    """More stages than blocks (or ops): a ``DeviceSpecError`` and a
+    ``BalanceError`` alike; ``virtual``, the stages per device asked for, is
+    counted in the message."""
 
     def __init__(self, message, virtual=1):
         super().__init__(message)
@@ -40,18 +30,9 @@ class TooManyStages(DeviceSpecError, BalanceError):
 
 
 def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtual=1):
-    """The one rule for how many stages ``count`` blocks (layers, ops)
-    can fill: at least one each.
-
-    Args:
-        unit: What ``count`` counts (``'blocks'``, ``'layers'``, ``'ops'``).
-        per_replica: Whether ``num_stages`` is one replica's (said so).
-        virtual: Stages per device (the interleaved schedule's): the
-            message then counts the devices and their stages.
-
-    Raises:
-        TooManyStages: more stages than ``count``.
-    """
+    """Raises :class:`TooManyStages` unless ``count`` blocks (``unit``: blocks,
+    layers, ops) can fill ``num_stages`` stages (``per_replica``: one
+    replica's; ``virtual`` per device), one each."""
     if num_stages <= count:
         return
     whole = {'ops': 'graph'}.get(unit, unit)
@@ -66,14 +47,11 @@ def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtu
 
 
 def balance_kind(balance, has_sample, unit='blocks', error=BalanceError):
-    """What a ``balance=`` asks for, the one reading of it for block lists and
-    cut graphs: ``'size'`` (``None``: by parameter count), ``'time'``
-    (measured on the sample) or ``'given'`` (a list of ``unit`` per stage,
-    then checked by :func:`check_balance`).
+    """What a ``balance=`` asks for: ``'size'`` (``None``), ``'time'`` or
+    ``'given'`` (a list of ``unit`` per stage).
 
     Raises:
-        BalanceError: (``error``) another string, or ``'time'`` without a
-            sample.
+        error: another string, or ``'time'`` without a sample.
     """
     if balance is None:
         return 'size'
@@ -89,18 +67,11 @@ def balance_kind(balance, has_sample, unit='blocks', error=BalanceError):
 
 
 def check_balance(balance, num_items, num_stages, unit='blocks'):
-    """Validates a user's list of blocks (or ops) per stage.
-
-    Args:
-        num_items: Blocks of the list (ops of the graph, ``unit='ops'``).
-        unit: What ``balance`` counts, for the messages.
-
-    Returns:
-        ``balance`` as a tuple of ints.
+    """A user's list of ``unit`` per stage (summing to ``num_items``) as a tuple
+    of ints.
 
     Raises:
-        BalanceError: not one positive integer per device, or not summing to
-            the number of blocks (ops).
+        BalanceError: not one positive integer per device, or another sum.
     """
     try:
         balance = tuple(balance)
@@ -123,19 +94,14 @@ def check_balance(balance, num_items, num_stages, unit='blocks'):
 
 
 def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
-    """Blocks (or ops) per stage: contiguous, each stage at least one.
-
-    First the largest stage cost ``B`` as small as it can be; then, among the
-    splits whose every stage costs at most ``B * (1 + slack)``, the fewest
-    bytes crossing (summed over the boundaries); then the smaller sum of
-    squared stage costs; then the earlier cut. Deterministic.
+    """Blocks (or ops) per stage, contiguous, each stage at least one: first the
+    smallest largest stage cost ``B``; then, among splits whose every stage
+    costs at most ``B * (1 + slack)``, the fewest bytes crossing; then the
+    smaller sum of squared stage costs; then the earlier cut.
 
     Args:
         costs: Non-negative cost of each block (op), in order.
-        num_stages: Stages to make.
         cross: Bytes crossing a cut after each position (``None``: balance only).
-        slack: How far above the best largest stage a split may go to cross
-            fewer bytes.
         unit: What the costs are of, for the message.
 
     Returns:
@@ -191,9 +157,8 @@ def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
 
 
 def even_split(total, parts):
-    """Sizes of ``parts`` contiguous parts of ``total``, as even as counts
-    allow, the first ones larger by one where it does not divide:
-    ``even_split(7, 3) == [3, 2, 2]`` (layers over stages, units over shards)."""
+    """Sizes of ``parts`` contiguous parts of ``total``, the first ones larger by
+    one where it does not divide: ``even_split(7, 3) == [3, 2, 2]``."""
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
@@ -207,8 +172,7 @@ def param_counts(blocks):
     """Elements of every parameter (auxiliary states included) of each block.
 
     Raises:
-        BalanceError: a parameter's shape is not known yet (deferred
-            initialisation); give the layer its input size or a ``sample``.
+        BalanceError: a parameter's shape is not known yet.
     """
     counts = []
     for i, block in enumerate(blocks):
@@ -226,16 +190,9 @@ def param_counts(blocks):
 
 
 def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
-    """Median seconds of one forward + backward pass of each block alone.
-
-    Each block is bound by itself on ``ctx`` with random parameters, fed the
-    shape the previous block outputs, and timed by
-    :func:`time_forward_backward`. The blocks' own parameters are not touched.
-
-    Args:
-        sample_shape: Shape of one input batch, batch dimension first.
-        ctx: Device to time on.
-    """
+    """Median seconds of one forward and backward pass of each block bound alone
+    on ``ctx`` with random parameters, fed the shape (``sample_shape``, batch
+    first) the previous block outputs; the blocks' own parameters untouched."""
     rng = np.random.default_rng(seed)
     shape, times = tuple(sample_shape), []
     for block in blocks:
@@ -247,19 +204,10 @@ def forward_backward_times(blocks, sample_shape, ctx, repeats=5, seed=0):
 
 
 def time_forward_backward(symbol, input_shapes, ctx, rng, repeats=5, input_dtypes=None):
-    """Median seconds of one forward + backward pass of ``symbol`` bound alone
-    on ``ctx``, its arrays filled from ``rng``, the first pass untimed
-    (:func:`mp_symbolic.core.base.timing.median_seconds`). Every floating-point
-    argument gets a gradient but the Embedding ids
-    (:func:`mp_symbolic.core.base.compat.embedding_ids`); an integer input holds
-    ones, which every length and index accepts.
-
-    Args:
-        symbol: The block's (op's) graph.
-        input_shapes: ``{input name: shape}``; the other arguments' shapes
-            are inferred.
-        input_dtypes: ``{input name: dtype}`` where not float32.
-    """
+    """Median seconds of one forward and backward pass of ``symbol`` bound alone
+    on ``ctx`` on ``input_shapes`` (``{name: shape}``, float32 but
+    ``input_dtypes``), its arrays random from ``rng`` (integers ones), every
+    floating-point argument but Embedding ids with a gradient."""
     no_gradient = embedding_ids(symbol, input_shapes)
     dtypes = dict(input_dtypes or {})
     exe = symbol.simple_bind(ctx, grad_req={

@@ -1,14 +1,7 @@
-"""The one place that decides which device runs which pipeline stage.
-
-A *device plan* maps a network's blocks to contiguous pipeline stages and
-each stage to one device (or several, for tensor-parallel layers:
-``cpu:0+cpu:1,cpu:2``); with replicas, R copies of that plan each get their
-own devices. Every variant (Module, executor, imperative, export) takes its
-``group2ctx`` from it, so group names agree everywhere. Shard ``i`` of stage
-``s`` runs in ``ctx_group`` :func:`shard_group` ``(s, i)``. ``cpu(0)``,
-``cpu(1)``, ... are distinct devices to MXNet, which is how everything here
-runs without a GPU.
-"""
+"""The one place that decides which device runs which pipeline stage: a
+*device plan* maps blocks to contiguous stages, each stage to one device or
+several (tensor-parallel, ``cpu:0+cpu:1,cpu:2``), for each replica. Every
+variant takes its ``group2ctx`` from it."""
 from dataclasses import dataclass
 import re
 
@@ -41,15 +34,15 @@ def format_stage(devices):
 
 
 def parse_devices(spec, num_gpus=None, unique=True):
-    """Parses ``'cpu:0,gpu:1'`` into ``[mx.cpu(0), mx.gpu(1)]``.
-
-    ``'cpu:0+cpu:1,cpu:2'`` gives ``[(mx.cpu(0), mx.cpu(1)), mx.cpu(2)]``: a
-    stage of two devices (for tensor-parallel layers), then one of one.
+    """Parses ``'cpu:0,gpu:1'`` into ``[mx.cpu(0), mx.gpu(1)]``, and
+    ``'cpu:0+cpu:1,cpu:2'`` into ``[(mx.cpu(0), mx.cpu(1)), mx.cpu(2)]`` (a
+    stage of two devices, then one of one).
 
     Args:
         spec: Comma-separated ``cpu:N`` / ``gpu:N`` entries, or several such
             joined by ``+`` for a stage of several devices.
         num_gpus: GPUs MXNet can see; ``None`` asks MXNet.
+        unique: Refuse a device listed twice.
 
     Raises:
         DeviceSpecError: an entry is malformed, a device is listed twice, or
@@ -96,16 +89,12 @@ def flat_devices(devices):
 
 
 def check_devices(devices, num_gpus=None, unique=True):
-    """Checks a device list: contexts, each device once, every GPU present.
-
-    An entry may be a tuple of contexts: one stage on several devices.
-
-    Returns:
-        ``devices`` as a list (multi-device stages as tuples).
+    """``devices`` (contexts, or tuples of them for a stage of several) checked,
+    as a list.
 
     Raises:
-        DeviceSpecError: an entry is not an ``mx.Context`` (or a non-empty
-            tuple of them), a device is listed twice, or a GPU is not there.
+        DeviceSpecError: an entry not an ``mx.Context`` or a non-empty tuple of
+            them, a device listed twice, or a GPU not there.
     """
     devices = [tuple(e) if isinstance(e, (tuple, list)) else e for e in devices]
     if any(isinstance(e, tuple) and not e for e in devices):
@@ -146,12 +135,8 @@ def _visible_gpus():
 
 
 def default_devices(num_stages, num_gpus=None):
-    """One device per stage: GPUs if MXNet sees enough, else CPU stand-ins.
-
-    Returns:
-        ``(devices, note)``: the device list and a one-line note saying which
-        choice was made, for the caller to print once.
-    """
+    """``(devices, note)``: one device per stage, GPUs if MXNet sees enough, else
+    CPU stand-ins, and a line saying which."""
     if num_gpus is None:
         num_gpus = _visible_gpus()
     if num_gpus >= num_stages:
@@ -179,24 +164,20 @@ def partition(num_blocks, num_stages):
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """Blocks -> stages -> devices, for each replica.
-
-    A stage may hold several devices (tensor-parallel shards): give it as a
-    tuple of contexts in ``devices`` / ``replica_devices``; ``devices`` and
-    ``replica_devices`` then keep each stage's first device (the one its
-    other ops run on) and ``stage_devices`` has them all.
+    """Blocks -> stages -> devices, for each replica. A stage of several devices
+    (tensor-parallel shards) is a tuple of contexts in ``devices`` /
+    ``replica_devices``, which then keep its first device.
 
     Attributes:
-        devices: Device of each stage of replica 0, ``devices[s]`` for stage ``s``.
+        devices: Device of each stage of replica 0.
         stage_of_layer: Stage index of each block (layer), contiguous from 0.
         replica_devices: ``replica_devices[r][s]``: device of stage ``s`` in
             replica ``r``; ``(devices,)`` without replicas.
-        stage_devices: ``stage_devices[r][s]``: the tuple of devices of stage
-            ``s`` in replica ``r``; shard ``i`` of a tensor-parallel layer runs
-            on ``stage_devices[r][s][i]``.
+        stage_devices: ``stage_devices[r][s]``: the devices of stage ``s`` in
+            replica ``r``; shard ``i`` runs on ``stage_devices[r][s][i]``.
         node_of_stage: The node process that runs each stage (all 0 in one
-            process); a device of one node is that node's (``gpu:0`` on
-            node 1 is node 1's GPU), so a device may be listed once per node.
+            process); a device belongs to its node, so it may be listed once
+            per node.
     """
     devices: tuple
     stage_of_layer: tuple
@@ -229,7 +210,7 @@ class DevicePlan:
 
     @property
     def num_nodes(self):
-        """Node processes the stages are divided over (1: this process holds them all)."""
+        """Node processes the stages are divided over."""
         return max(self.node_of_stage) + 1
 
     def stages_of_node(self, node):
@@ -251,8 +232,7 @@ class DevicePlan:
 
     @property
     def group2ctx(self):
-        """``{'stage0': ctx0, ...}`` of replica 0, for ``simple_bind(group2ctx=...)``;
-        a stage of several devices adds ``'stage0_shard1'``, ... (:func:`shard_group`)."""
+        """``{'stage0': ctx0, ...}`` of replica 0 (shards' groups included)."""
         return self.group2ctxs[0]
 
     @property
@@ -268,8 +248,8 @@ class DevicePlan:
         return [d for devices in self.stage_devices for stage in devices for d in stage]
 
     def stage_label(self, stage):
-        """The stage's device(s) in each replica: ``'cpu(1)'``, ``'cpu(1)+cpu(2), cpu(4)+cpu(5)'``;
-        over nodes, its node's first: ``'node 1 cpu(0)'``."""
+        """The stage's device(s) in each replica: ``'cpu(1)+cpu(2), cpu(4)+cpu(5)'``;
+        over nodes, its node first: ``'node 1 cpu(0)'``."""
         devices = ', '.join('+'.join(str(d) for d in devices[stage])
                             for devices in self.stage_devices)
         return devices if self.num_nodes == 1 else 'node %d %s' % (self.node_of_stage[stage],
@@ -294,9 +274,8 @@ class DevicePlan:
 
 
 def resolve_devices(devices, num_gpus=None, unique=True):
-    """A ``--devices`` string or a list of contexts -> a checked list of
-    contexts (``unique=False``: devices of several nodes, each node's
-    checked apart)."""
+    """A ``--devices`` string or a list of contexts as a checked list of contexts
+    (``unique=False``: devices of several nodes)."""
     if isinstance(devices, str):
         return parse_devices(devices, num_gpus, unique)
     if isinstance(devices, mx.Context):
@@ -312,12 +291,8 @@ def resolve_devices(devices, num_gpus=None, unique=True):
 
 
 def split_replicas(devices, replicas):
-    """``R*K`` devices listed replica by replica -> ``R`` tuples of ``K``.
-
-    Raises:
-        DeviceSpecError: ``replicas`` is not a positive integer dividing the
-            number of devices.
-    """
+    """``R*K`` devices listed replica by replica -> ``R`` tuples of ``K``; raises
+    DeviceSpecError unless ``replicas`` is a positive integer dividing them."""
     positive_int('replicas', replicas, DeviceSpecError)
     if len(devices) % replicas:
         raise DeviceSpecError('expected a device count that is a multiple of the replicas '
@@ -332,16 +307,15 @@ def make_plan(num_layers, devices=None, num_gpus=None, stage_of_layer=None, repl
 
     Args:
         num_layers: Blocks (layers) of the network.
-        devices: A ``--devices`` string, a list of contexts (checked as
-            :func:`check_devices` does), or ``None`` for :func:`default_devices`
-            (one device per layer).
+        devices: A ``--devices`` string, a list of contexts, or ``None`` for
+            :func:`default_devices` (one device per layer).
         num_gpus: GPUs MXNet can see; ``None`` asks MXNet.
         stage_of_layer: Stage of each layer; ``None``: :func:`partition`.
         replicas: Copies of the plan; ``devices`` then lists ``replicas x K``
             devices, replica by replica.
 
     Returns:
-        ``(plan, note)``; ``note`` is a line to print when the default devices
+        ``(plan, note)``; ``note`` a line to print when the default devices
         were chosen, else ``None``.
 
     Raises:

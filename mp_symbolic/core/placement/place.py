@@ -1,15 +1,7 @@
 """Where every part of a network runs: :func:`place` makes one frozen
-:class:`Placement` from the network, the devices and the options, which the
-graph builder (:mod:`~mp_symbolic.core.graph.build`), the imperative twin
-(:mod:`~mp_symbolic.core.engine.twin`) and :class:`~mp_symbolic.Pipeline` read.
-
-Planning is one function of steps, each taking the previous one's result
-(after torchgpipe's ``split_module()``): the devices and replicas
-(:mod:`~mp_symbolic.core.placement.devices`), the parameter shapes from a sample, the
-stages (:mod:`~mp_symbolic.core.placement.balance` for a block list,
-:mod:`~mp_symbolic.core.graph.graphcut` for a whole network), each parameter's
-owning stage, and each tensor-parallel shard's device within its stage.
-"""
+:class:`Placement` from the network, the devices and the options: the
+devices and replicas, the parameter shapes from a sample, the stages, each
+parameter's owning stage, and each tensor-parallel shard's device."""
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,14 +23,9 @@ __all__ = []
 
 
 def check_parameter_names(blocks, whole=False):
-    """Raises ValueError where two parameters of ``blocks`` share a name,
-    naming the parameter and both blocks by their place (``blocks[1]``,
-    ``Net.encoder.fc``) and class.
-
-    Gluon names a parameter by its block's prefix, and ``collect_params``
-    refuses two of one name with an ``AssertionError`` or, in a list, merges
-    them into one.
-    """
+    """Raises ValueError where two parameters of ``blocks`` share a name (which
+    Gluon's ``collect_params`` refuses or merges), naming both blocks by their
+    place and class."""
     seen = {}
 
     def walk(block, path):
@@ -73,29 +60,25 @@ class Placement:
 
     Attributes:
         blocks: The blocks, in order (one ``HybridBlock`` for a whole network).
-        whole: Whether one whole network was cut (then ``cut`` is its
-            :class:`~mp_symbolic.core.graph.graphcut.Cut`).
-        cut: The cut, or ``None`` for a block list.
+        whole: Whether one whole network was cut (by ``cut``).
+        cut: The :class:`~mp_symbolic.core.graph.graphcut.Cut`, or ``None`` for
+            a block list.
         plan: The :class:`~mp_symbolic.core.placement.devices.DevicePlan`.
         owner: ``{parameter name: stage it lives on}``.
         shard_of: ``{parameter name: index of its device in its stage}`` for
-            the shards of tensor-parallel layers; others are on the stage's first.
+            tensor-parallel shards; others are on the stage's first.
         sharded: The tensor-parallel layout (:func:`tensor_parallel.layout`).
         chunks, replicas: Micro-batches per batch, copies of the pipeline.
         mirror: Stages whose ops are recomputed in the backward pass.
-        sample_shapes: One batch shape per input, or ``None`` (no sample).
-        input_names: The inputs' names, as ``HybridBlock.export`` gives them
-            (:func:`~mp_symbolic.core.graph.names.input_names`).
-        stages: What each stage runs: its blocks (a block list) or its op
-            names (a whole network).
+        sample_shapes: One batch shape per input, or ``None``.
+        input_names: The inputs' names, as ``HybridBlock.export`` gives them.
+        stages: What each stage runs: its blocks, or its op names.
         readers: ``{parameter name: [stages that read it]}``.
-        inputs: The positional inputs as nested names, as the network takes
-            them: ``('data0', ['data1', 'data2'])`` for ``(x, [h, c])``
-            (:mod:`~mp_symbolic.core.graph.nesting`); ``None``: ``input_names``.
-        outputs: A whole network's output nesting (``(tuple, (LEAF, (list,
-            (LEAF, LEAF))))`` for ``(out, [h, c])``), or ``None``.
-        batch_axis: The axis of the batch in every input and output (1 for
-            GluonNLP's ``TNC``).
+        inputs: The positional inputs as nested names
+            (``('data0', ['data1', 'data2'])`` for ``(x, [h, c])``); ``None``:
+            ``input_names``.
+        outputs: A whole network's output nesting, or ``None``.
+        batch_axis: The axis of the batch in every input and output.
     """
     blocks: tuple
     whole: bool
@@ -116,13 +99,8 @@ class Placement:
     batch_axis: int = 0
 
     def micro_batch(self, batch):
-        """Examples per micro-batch of a batch of ``batch`` (``None``: a
-        scalar input): the one rule that a batch splits into ``chunks x
-        replicas`` equal parts.
-
-        Raises:
-            ValueError: it does not.
-        """
+        """Examples per micro-batch of a batch of ``batch`` (``None``: a scalar);
+        raises ValueError unless it is a multiple of ``chunks x replicas``."""
         parts = self.chunks * self.replicas
         if not batch or batch % parts:
             raise ValueError('batch size: expected a multiple of chunks x replicas (%d x %d = '
@@ -131,17 +109,13 @@ class Placement:
         return batch // parts
 
     def micro_batch_of(self, sizes):
-        """Examples per micro-batch of inputs of ``sizes`` along the batch
-        axis (``{input name: size}``, in order; ``None``: a scalar): each
-        input is split into ``chunks x replicas`` equal parts, so their
-        sizes must be one multiple of that count. With one part (one chunk,
-        one replica) nothing is split: each input goes whole, whatever its
-        size, and the first input's gives the micro-batch.
+        """Examples per micro-batch of inputs of ``sizes`` along the batch axis
+        (``{input name: size}``, in order); with one part nothing is split and the
+        first input's size is the micro-batch.
 
         Raises:
-            ValueError: the sizes differ or are not that multiple (the
-                message names each input's size, and ``batch_axis`` where
-                they differ), or the first input is a scalar.
+            ValueError: the sizes differ or are not a multiple of ``chunks x
+                replicas``, or the first input is a scalar.
         """
         names, values = list(sizes), list(sizes.values())
         parts = self.chunks * self.replicas
@@ -183,10 +157,8 @@ class Placement:
     @property
     def traced(self):
         """The :class:`~mp_symbolic.core.graph.graphcut.Cut` every graph is labelled
-        from: a whole network's, or the block list traced into one graph whose
-        split points are its block boundaries. A block list is traced on first
-        use, and again once a parameter's shape, dtype or attributes changed.
-        """
+        from: a whole network's, or the block list traced at its block boundaries
+        (again once a parameter's shape, dtype or attributes changed)."""
         # A branch on the form: a cut network's stages are positions
         # in the op order of the trace its cut was solved on, so that trace is
         # the one; a block list's split points are its block boundaries, which
@@ -206,14 +178,12 @@ class Placement:
         return [None, None]
 
     def labelled(self, mirror=()):
-        """The traced graph labelled by stage, each tensor-parallel shard in its
-        group (:func:`labelled`)."""
+        """The traced graph labelled by stage, each shard in its group."""
         return labelled(self.traced, self.plan, mirror)
 
     @cached_property
     def run_graph(self):
-        """The labelled graph a cut network's imperative twin runs, made once
-        for every forward pass (nothing it is made of changes once placed)."""
+        """The labelled graph a cut network's imperative twin runs, made once."""
         return self.labelled()
 
     @cached_property
@@ -223,11 +193,7 @@ class Placement:
 
     def unsplit_labelled(self):
         """The network traced with its tensor-parallel layers unsplit (as
-        checkpoints hold it), each node in the stage its split form has: each
-        layer call's unsplit ops and weights in its shards' stage (by the
-        call's mark, :func:`~mp_symbolic.core.parallel.tensor_parallel.mark_shards`),
-        every other node in its own (by name, made unique in both traces
-        alike). The same for both forms: a block list is the blocks in a row."""
+        checkpoints hold it), each node in the stage its split form has."""
         stage_of, stage_of_call = {}, {}
         for node in self.labelled().nodes:
             if node.layer is None:
@@ -276,12 +242,9 @@ class Placement:
     # -- the plan in words --------------------------------------------------
 
     def describe(self):
-        """The plan, one line per stage, with block names and parameter counts.
-
-        For a whole network: per stage, its device(s), op count and parameter
-        count, then its ops and its parameters, and after each stage but the
-        last the activation bytes per sample that cross to the next.
-        """
+        """The plan, one line per stage: its devices, blocks and parameter count; for
+        a whole network, its ops and parameters and the activation bytes per
+        sample that cross to the next stage."""
         # A branch on the form: the stages are printed in the units
         # their split points were named in, blocks (a block list, which may
         # never be traced) or ops (a cut network), and each keeps its lines.
@@ -325,31 +288,22 @@ class Placement:
 
 
 def sample_shapes(sample):
-    """``sample`` as one batch shape per input: a batch (numpy or NDArray)
-    or its shape for one input; a tuple or list of batches or shapes, one per
-    positional input of the network, for several; a positional input may be
-    a list or tuple of them itself (GluonNLP's ``begin_state``: ``sample=(x,
-    [h0, c0])``), its leaves then inputs in order; ``None`` stays ``None``.
-
-    Raises:
-        ValueError: anything else.
-    """
+    """``sample`` as one batch shape per input: a batch (numpy or NDArray) or its
+    shape, or a tuple or list of them, one per positional input (itself a list
+    for an input that is one); ``None`` stays ``None``. Raises ValueError for
+    anything else."""
     shapes, _ = sample_inputs(sample)
     return shapes
 
 
 def sample_inputs(sample):
     """``(shapes, nesting)``: :func:`sample_shapes` and the nesting of the
-    positional inputs (:mod:`~mp_symbolic.core.graph.nesting`, a tuple), or
-    ``(None, None)`` for no sample.
+    positional inputs, or ``(None, None)``.
 
     Raises:
-        ValueError: see :func:`sample_shapes`; a size below 1 (MXNet reads
-            0 as unknown), more elements in one input than
-            :func:`~mp_symbolic.core.base.compat.max_tensor_size`, or lists
-            nested deeper than :data:`~mp_symbolic.core.graph.nesting.MAX_DEPTH`
-            or holding themselves. The message shows the sample by kind and
-            shape, never its values.
+        ValueError: see :func:`sample_shapes`; a size below 1, more elements in
+            one input than MXNet takes, or lists nested too deep or holding
+            themselves (the sample shown by kind and shape only).
     """
     if sample is None:
         return None, None
@@ -369,8 +323,8 @@ def sample_inputs(sample):
 
 
 def _check_sizes(shapes):
-    """Raises ValueError where a sample's shape has a size below 1 (MXNet
-    reads 0 as unknown) or more elements than MXNet takes in one tensor."""
+    """Raises ValueError where a sample's shape has a size below 1 or more
+    elements than MXNet takes in one tensor."""
     names = input_names(len(shapes))
     limit = max_tensor_size()
     for name, shape in zip(names, shapes):
@@ -399,22 +353,15 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
     Args:
         blocks: The blocks (checked ``HybridBlock`` s); one, for ``whole``.
         whole: Whether the one block is cut through its traced graph.
-        virtual: Stages per device: each replica's devices (each listed
-            once, checked as always) then hold ``virtual x`` as many stages,
-            round-robin (stage ``s`` on device ``s mod K``: the interleaved
-            schedule's virtual stages).
-        sample: A batch or its shape, or a tuple of them (one per input:
-            :func:`sample_shapes`); parameter shapes are inferred from it
-            first. ``None``: no sample, one input.
+        virtual: Stages per device: stage ``s`` on device ``s mod K``.
+        sample: A batch or its shape, or a tuple of them
+            (:func:`sample_shapes`); ``None``: no sample, one input.
         nodes: ``None`` (one process), or this process's
-            :class:`~mp_symbolic.core.transport.nodes.Nodes`: each replica's devices
-            divided over the nodes in order (each device once per node;
-            only this node's GPUs need be present).
+            :class:`~mp_symbolic.core.transport.nodes.Nodes`: each replica's
+            devices divided over the nodes in order.
         batch_axis: The axis of the batch in every input and output.
         sample_checked: ``sample`` has been traced through these blocks
-            already (the Pipeline does, before it swaps in tensor-parallel
-            layers): parameter shapes are inferred again only if one is
-            still unknown.
+            already: shapes are inferred again only if one is unknown.
 
     Raises:
         ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
@@ -482,14 +429,9 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
 
 def labelled(traced, plan, mirror=()):
     """``traced`` (a :class:`~mp_symbolic.core.graph.graphcut.Cut`) labelled by
-    stage, each tensor-parallel shard in its group on ``plan``'s stage
-    devices (weights that moved away from a reader then read through an
-    identity): the placed graph every build starts from.
-
-    Raises:
-        ValueError: a stage of several devices, but not as many as the
-            shards of a layer with ops in it.
-    """
+    stage, each shard in its group: the placed graph every build starts from.
+    Raises ValueError for a stage of several devices but not as many as a
+    layer's shards."""
     graph = traced.labelled(mirror)
     if all(n.layer is None for n in graph.nodes):
         return graph
@@ -498,9 +440,8 @@ def labelled(traced, plan, mirror=()):
 
 
 def _node_devices(devices, replicas, nodes):
-    """``(replica devices, node of each device of a replica)`` for a plan
-    over ``nodes``: each replica's devices divided evenly, in order; a
-    device listed once per node, this node's GPUs present."""
+    """``(replica devices, node of each device of a replica)`` for a plan over
+    ``nodes``: each replica's devices divided evenly, in order."""
     # pylint: disable=import-outside-toplevel
     from ..transport.nodes import node_of_devices
     listed = resolve_devices(devices, unique=False)
@@ -516,22 +457,10 @@ def _node_devices(devices, replicas, nodes):
 
 
 def trace_blocks(blocks, names, stage_of_layer, owner):
-    """A block list traced into one graph like a whole network, its split
-    points the block boundaries: the :class:`~mp_symbolic.core.graph.graphcut.Cut`
-    whose every op sits in its block's stage (``stage_of_layer``), every
-    parameter in its ``owner``.
-
-    Each block is traced under :data:`~mp_symbolic.core.graph.names.BLOCK_ATTR`
-    naming its index (read into :attr:`~mp_symbolic.core.graph.ir.Node.block`, never
-    written back); tensor-parallel layers mark their shards as in a whole
-    network (:func:`~mp_symbolic.core.parallel.tensor_parallel.mark_shards`).
-
-    Raises:
-        MXNetError, AttributeError, TypeError: a block's ``hybrid_forward``
-            does not run on Symbols (made one line by
-            :func:`~mp_symbolic.core.base.compat.symbol_safe` where the Pipeline
-            builds a graph).
-    """
+    """A block list traced into one graph: the
+    :class:`~mp_symbolic.core.graph.graphcut.Cut` whose every op sits in its
+    block's stage, every parameter in its ``owner``. Raises what a block's
+    ``hybrid_forward`` raises on Symbols."""
     with fresh_variables(blocks), tensor_parallel.mark_shards(blocks):
         x = symbol_variables(names)
         for i, block in enumerate(blocks):
@@ -553,11 +482,8 @@ def trace_blocks(blocks, names, stage_of_layer, owner):
 
 
 def _layout(blocks, cut, graph, plan, shard_of, input_names):
-    """``(stages, readers)``: what each stage runs and ``{parameter name:
-    [stages that read it]}``. A block list's stages are its blocks, and a
-    parameter's readers the stages of the blocks that hold it (no Symbol is
-    traced: a block list runs imperatively without one); a whole network's
-    come from its labelled ``graph`` (shards moved to their layer's stage)."""
+    """``(stages, readers)``: what each stage runs (its blocks, or its ops), and
+    ``{parameter name: [stages that read it]}``."""
     # A branch on the form: a block list's stages are its blocks
     # (Pipeline.stages, describe and the twin run them), and its readers come
     # from the blocks without a trace (its blocks need not run on Symbols).
@@ -607,8 +533,7 @@ def _balance(blocks, num_stages, balance, shapes, device, virtual=1):
 
 def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
     """``(cut, outputs)``: the cut of one whole network into ``num_stages``
-    stages, and the nesting of its output (``inputs``: the positional inputs
-    as nested names)."""
+    stages, and the nesting of its output."""
     with fresh_variables(net), tensor_parallel.mark_shards(net):
         out = net(*symbol_variables(inputs))
         leaves, outputs = nesting.flatten(out)
@@ -633,10 +558,8 @@ def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
 
 def _check_inputs_given(symbol, names, params):
     """Raises ValueError where the traced network reads a variable that is
-    neither an input of the sample nor a parameter: an input the sample left
-    out (an LSTM given ``[h]`` alone reads its own ``..._state_cell``), whose
-    shape nothing gives.
-    """
+    neither an input of the sample nor a parameter (an input the sample left
+    out)."""
     free = [n for n in symbol.list_arguments() + symbol.list_auxiliary_states()
             if n not in params and n not in names]
     if free:
@@ -646,15 +569,11 @@ def _check_inputs_given(symbol, names, params):
 
 
 def _shards(blocks, graph, plan, owner):
-    """``(owner, shard_of)``: each tensor-parallel shard's device index in
-    its stage, and its weight's owner (``owner``: each parameter's stage)
-    moved to its layer's stage; ``graph``: a whole network's labelled graph,
-    ``None`` for a block list.
-
-    Raises:
-        DeviceSpecError: a stage of several devices whose count is not the
-            shards of a tensor-parallel layer in it.
-    """
+    """``(owner, shard_of)``: each tensor-parallel shard's device index in its
+    stage, its weight's owner moved to its layer's stage (``graph``: a whole
+    network's labelled graph, ``None`` for a block list). Raises
+    DeviceSpecError for a stage of several devices but not as many as a
+    layer's shards."""
     widths = [plan.width(s) for s in range(plan.num_stages)]
     owner, shard_of = dict(owner), {}
     # A branch on the form: a cut network has no blocks per stage,

@@ -1,3 +1,2 @@
 """Where tensors leave a stage or a shard: the declared Transport and control
-plane, the node processes.
-"""
+plane, the node processes."""

@@ -1,55 +1,22 @@
-"""Where a tensor leaves a pipeline stage or a tensor-parallel shard: the
-communication vocabulary, in one place.
+"""Where a tensor leaves a pipeline stage or a tensor-parallel shard (after
+Megatron-LM's ``p2p_communication.py`` and ``mappings.py``); overview in
+docs/how-it-works.md.
 
-After Megatron-LM's ``p2p_communication.py`` (``send_forward``,
-``recv_forward``, ``send_backward``, ``recv_backward``) and
-torch.distributed.pipelining's ``PipelineStage``: the runtime
-(:mod:`~mp_symbolic.core.engine.stages`) never copies a boundary tensor itself; it
-posts each receive with the array the tensor lands in, and hands each tensor
-it produces to a *transport*, which matches the two.
+* :class:`Transport`: point to point, the boundary tensors of one replica's
+  stages, registered by name (:func:`register_transport`) and chosen in one
+  place (:func:`check_transport`, :func:`open_transport`).
+* :class:`ControlPlane`: the node processes together, made by
+  :func:`control`.
+* :func:`copy_to_shards`, :func:`gather_from_shards`,
+  :func:`reduce_from_shards`: where a stage's shards meet, each an op of the
+  graph in shard 0's group (MXNet copies between the shards' devices).
 
-A message is one boundary tensor of one micro-batch along a :class:`Link`
-(``producer`` stage, ``consumer`` stage, ``tensor``: the index of the
-producer's output among its sends), in one direction: forward (the
-activation, producer to consumer) or backward (its gradient, consumer to
-producer). A tensor that several later stages read has one link per reader;
-their gradients are summed where they land (the first written, the others
-added), in the order the runtime issues the backwards.
-A tied parameter's link (:func:`~mp_symbolic.core.engine.stages.tied_sends`)
-carries one message each way per batch, as micro-batch 0's: the parameter,
-and the sum of its gradients over the reader's micro-batches.
-
-Two interfaces are declared here, and everything that communicates goes
-through them:
-
-* :class:`Transport`: point to point, the boundary tensors of one
-  replica's stages. A transport is registered by name
-  (:func:`register_transport`) and chosen in one place
-  (:func:`check_transport` when the Pipeline is made, :func:`open_transport`
-  when its Module binds): ``'local'`` (:class:`LocalTransport`) in one
-  process, ``'gloo'`` (:class:`~mp_symbolic.core.transport.nodes.TorchTransport`)
-  over node processes, or ``Pipeline(transport=name)``. A new transport is
-  one file: a :class:`Transport` subclass and its registration.
-* :class:`ControlPlane`: the node processes together (``rank``,
-  ``count``, ``barrier``, ``broadcast``, ``gather``, ``agree``), made by
-  :func:`control` (:class:`~mp_symbolic.core.transport.nodes.Group`, over gloo).
-
-The local transport is :class:`LocalTransport`: both stages in this process,
-each message one copy between the two stages' arrays, pushed to MXNet's
-engine like any op (a cross-device copy where the devices differ), so the
-devices still overlap. Its receives are posted when the receiving array is
-free to be written (a forward's input at its forward; a backward's output
-gradients at the forward that made the outputs, so a gradient can land as
-soon as it is sent) and complete when the matching send is issued.
-
-Tensor-parallel shards meet inside a stage's graph, after Megatron-LM's
-``mappings.py``, only through the functions here: :func:`copy_to_shards`
-(every shard reads one input), :func:`gather_from_shards` (their outputs
-joined; :func:`parts_behind` finds them again for a layer that reads each
-shard's part) and :func:`reduce_from_shards` (their partial outputs
-summed). Each is an op of the graph in shard 0's group; MXNet's executor,
-bound with ``group2ctx``, inserts the copies between the shards' devices,
-and its backward pass is the conjugate (a split, a broadcast).
+A message is one boundary tensor of one micro-batch along a :class:`Link`,
+forward (the activation) or backward (its gradient). A tensor several later
+stages read has one link per reader; their gradients sum where they land.
+A tied parameter's link carries one message each way per batch, as
+micro-batch 0's: the parameter, and its gradient summed over the reader's
+micro-batches.
 """
 import abc
 from collections import namedtuple
@@ -68,9 +35,8 @@ __all__ = []
 # -- between the shards of a stage (Megatron's mappings) ----------------------
 
 def copy_to_shards(F, x):
-    """``x`` as every shard of a layer reads it: a variable through an op of
-    the group in force (a variable read by several groups cannot be bound
-    for training, :func:`~mp_symbolic.core.base.compat.read_in_own_group`)."""
+    """``x`` as every shard of a layer reads it: a variable through an op of the
+    group in force (:func:`~mp_symbolic.core.base.compat.read_in_own_group`)."""
     return read_in_own_group(F, x)
 
 
@@ -81,10 +47,10 @@ def gather_from_shards(F, parts, flatten=None, axis=-1):
         F: ``mx.sym`` or ``mx.nd``.
         parts: Each shard's output, in shard order (one: returned as it is).
         flatten: For a join along the last axis: whether the layer after it
-            flattens its input; the join is then marked so that a layer of
-            as many shards reads each shard's part (:func:`parts_behind`)
-            instead of slicing the join. ``None``: not marked.
-        axis: The axis joined (the shards' heads of attention weights: 1).
+            flattens its input; the join is then marked so that a layer of as
+            many shards reads each part (:func:`parts_behind`). ``None``: not
+            marked.
+        axis: The axis joined.
     """
     if len(parts) == 1:
         return parts[0]
@@ -97,10 +63,9 @@ def gather_from_shards(F, parts, flatten=None, axis=-1):
 
 
 def parts_behind(x, shards, flatten):
-    """The shard outputs behind a join (:func:`gather_from_shards` with
-    ``flatten``) that a layer of ``shards`` shards reads directly, or
-    ``None`` (``x`` is not such a join, of another shard count, or not
-    flattened where the reader flattens)."""
+    """The shard outputs behind a marked join (:func:`gather_from_shards`) that a
+    layer of ``shards`` shards reads directly, or ``None`` where ``x`` is not
+    such a join of that many shards, flattened where the reader flattens."""
     if not isinstance(x, mx.sym.Symbol) or shards == 1:
         return None
     mark = x.attr(GATHER_ATTR)
@@ -136,12 +101,10 @@ class Pending(abc.ABC):
 
     @abc.abstractmethod
     def wait(self) -> None:
-        """Returns once every message has landed in its array (or been
-        added to it, for a gradient several stages send).
+        """Returns once every message has landed in (or been added to) its array.
 
         Raises:
-            NodeFailure: (a transport between processes) the sender died or
-                stopped answering.
+            NodeFailure: (between processes) the sender died or stopped answering.
         """
 
 
@@ -156,8 +119,8 @@ DONE = _Done()
 
 
 def accumulate(dest, value, written, key):
-    """Writes ``value`` into ``dest`` (the first time ``key`` lands) or adds
-    it (a tensor read by several stages: its gradients sum)."""
+    """Writes ``value`` into ``dest`` the first time ``key`` lands, and adds it
+    after."""
     if key in written:
         dest += value.as_in_context(dest.context)
     else:
@@ -167,14 +130,14 @@ def accumulate(dest, value, written, key):
 
 @dataclass(frozen=True)
 class Route:
-    """What one replica's transport carries, as its Module binds it.
+    """What one replica's transport carries.
 
     Attributes:
-        nodes: This process's :class:`~mp_symbolic.core.transport.nodes.Nodes`, or
-            ``None`` (every stage in this process).
-        node_of_stage: The node of each stage (every stage 0 without nodes).
-        links: Every link of the stages with its spec, in the order every
-            node has (:func:`~mp_symbolic.core.engine.stages.links`).
+        nodes: This process's :class:`~mp_symbolic.core.transport.nodes.Nodes`,
+            or ``None`` (every stage in this process).
+        node_of_stage: The node of each stage.
+        links: Every link of the stages with its spec, in the same order on
+            every node (:func:`~mp_symbolic.core.engine.stages.links`).
         microbatches: Micro-batches per batch.
         replica: The replica whose stages these are.
     """
@@ -188,24 +151,18 @@ class Route:
 class Transport(abc.ABC):
     """Point to point: the boundary tensors of one replica's stages.
 
-    The stage runtime calls, per batch: :meth:`begin`; then, in the
-    schedule's issue order, ``recv_*`` with the arrays the tensors land in
-    (before the action that reads them, whose caller waits the returned
-    :class:`Pending`) and ``send_*`` with the arrays an action produced
-    (after it is issued: a send may copy once MXNet's engine has written
-    them); :meth:`send_outputs` / :meth:`recv_outputs` for the network's
-    outputs a stage on another process computes; then :meth:`finish`.
-    Every ``(link, micro-batch)`` is sent once and received once in each
-    direction; backward messages of one tensor's links land in one array,
-    summed (:func:`accumulate`). Nothing is read or written outside the
-    arrays given.
-
-    A subclass is registered by name (:func:`register_transport`) and
-    made by :meth:`for_route` for each replica as the Module binds.
+    Per batch the stage runtime calls :meth:`begin`; then, in the schedule's
+    issue order, ``recv_*`` with the arrays the tensors land in (waiting the
+    returned :class:`Pending` before the action that reads them) and ``send_*``
+    with the arrays an action produced, once it is issued; then
+    :meth:`finish`. Invariant: every ``(link, micro-batch)`` is sent and
+    received once in each direction, backward messages of one tensor's links
+    summed in one array (:func:`accumulate`); nothing outside the arrays given
+    is read or written.
 
     Attributes:
-        between_nodes: Whether it carries links between node processes
-            (one that does not is refused with ``nodes``).
+        between_nodes: Whether it carries links between node processes (one
+            that does not is refused with ``nodes``).
     """
     between_nodes: ClassVar[bool] = False
 
@@ -216,8 +173,7 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def begin(self) -> None:
-        """Starts a batch: the last batch's messages are forgotten (a batch
-        stopped midway leaves some)."""
+        """Starts a batch, forgetting any message a stopped batch left."""
 
     @abc.abstractmethod
     def send_forward(self, microbatch: int, values: Values) -> None:
@@ -225,8 +181,7 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def recv_forward(self, microbatch: int, dests: Values) -> Pending:
-        """``dests``: ``[(link, NDArray)]``, the consumer's inputs; returns
-        the pending receive (wait it before the forward)."""
+        """``dests``: ``[(link, NDArray)]``, the consumer's inputs."""
 
     @abc.abstractmethod
     def send_backward(self, microbatch: int, values: Values) -> None:
@@ -234,39 +189,32 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def recv_backward(self, microbatch: int, dests: Values) -> Pending:
-        """``dests``: ``[(link, NDArray)]``, the producer's output gradients
-        (one array for the links of one tensor: they sum there)."""
+        """``dests``: ``[(link, NDArray)]``, the producer's output gradients (one
+        array for the links of one tensor)."""
 
     @abc.abstractmethod
     def send_outputs(self, stage: int, values: Outputs) -> None:
-        """``values``: ``[(k, NDArray)]``, the network's outputs ``stage``
-        computed, the batch's micro-batches joined, for every process that
-        does not run ``stage``."""
+        """``values``: ``[(k, NDArray)]``, the network's outputs ``stage`` computed
+        (micro-batches joined), for every process that does not run ``stage``."""
 
     @abc.abstractmethod
     def recv_outputs(self, stage: int, dests: Outputs) -> Pending:
         """Posts the receives of the network's outputs ``dests`` (``[(k,
-        NDArray)]``) that ``stage``, run by another process, computes."""
+        NDArray)]``) that ``stage``, on another process, computes."""
 
     @abc.abstractmethod
     def finish(self) -> None:
-        """Ends the batch: every send has left (its errors surface here).
+        """Ends the batch once every send has left.
 
         Raises:
-            NodeFailure: (a transport between processes) a receiver died or
-                stopped answering.
+            NodeFailure: (between processes) a receiver died or stopped answering.
         """
 
 
 class LocalTransport(Transport):
-    """Both ends of every link in this process.
-
-    A forward message is copied from the producer's output array when the
-    consumer posts its receive (the producer keeps that array until its own
-    backward, which follows the consumer's); a backward message is copied
-    into the array the producer posted, when it is sent (the consumer's
-    gradient array is written again by its next backward).
-    """
+    """Both ends of every link in this process: a forward message is copied when
+    the consumer posts its receive, a backward one into the producer's posted
+    array when it is sent; MXNet's engine orders the copies."""
 
     def __init__(self):
         self._sent, self._posted, self.written = {}, {}, set()
@@ -298,8 +246,7 @@ class LocalTransport(Transport):
             accumulate(dest, value, self.written, (link.producer, link.tensor, microbatch))
 
     def send_outputs(self, stage, values):
-        """Nothing to send: every stage is in this process, where the
-        outputs are read already."""
+        """Nothing to send: every stage is in this process."""
 
     def recv_outputs(self, stage, dests):
         """Refused: no stage runs in another process.
@@ -321,13 +268,11 @@ LOCAL, GLOO = 'local', 'gloo'
 
 
 def register_transport(name: str, kind: Type[Transport]) -> Type[Transport]:
-    """Makes ``kind`` the transport ``name`` (``Pipeline(transport=name)``);
-    returns ``kind`` (a class decorator's form).
+    """Makes ``kind`` the transport ``name``; returns ``kind``.
 
     Raises:
         TypeError: ``kind`` is not a :class:`Transport` subclass.
-        ValueError: ``name`` is not a non-empty string, or names another
-            transport already.
+        ValueError: ``name`` is not a non-empty string, or is taken.
     """
     if not (isinstance(kind, type) and issubclass(kind, Transport)):
         raise TypeError('transport %s: expected a subclass of comm.Transport, found %s'
@@ -353,12 +298,12 @@ def _registered():
 
 
 def check_transport(name: Optional[str], nodes: Any = None) -> str:
-    """The transport a Pipeline's stages use: ``name``, or by default
-    ``'local'`` in one process and ``'gloo'`` over node processes.
+    """The transport a Pipeline's stages use: ``name``, or by default ``'local'``
+    in one process and ``'gloo'`` over node processes.
 
     Raises:
-        ValueError: ``name`` is not a registered transport, or one that
-            does not cross processes is named with ``nodes``.
+        ValueError: ``name`` is not registered, or does not cross processes
+            and ``nodes`` is given.
     """
     kinds = _registered()
     if name is None:
@@ -382,9 +327,8 @@ def open_transport(name: str, route: Route) -> Transport:
 # -- the node processes together ----------------------------------------------
 
 class ControlPlane(abc.ABC):
-    """The node processes of one job together: small JSON-able messages
-    and arrays between them, each call made by every node in the same
-    order. What they do together (``what``) names the failure's line.
+    """The node processes of one job together, each call made by every node in
+    the same order.
 
     Attributes:
         rank: This node's number, 0 to ``count - 1``.
@@ -403,20 +347,19 @@ class ControlPlane(abc.ABC):
 
     @abc.abstractmethod
     def broadcast(self, value: Any, source: int) -> Any:
-        """``value`` of node ``source`` on every node (JSON-able; tuples
-        come back as lists); the others' ``value`` is not read.
+        """``value`` of node ``source`` on every node (JSON-able; tuples come back as
+        lists).
 
         Raises:
             NodeError: ``value`` (on ``source``) is not JSON-able or too long.
-            NodeFailure: a node died or stopped answering, or sent a
-                message that is not one.
+            NodeFailure: a node died, stopped answering or sent no message.
         """
 
     @abc.abstractmethod
     def broadcast_array(self, value: Any, source: int, shape: Sequence[int],
                         dtype: Any) -> Any:
-        """The numpy array ``value`` of node ``source`` on every node, as its
-        raw bytes; every node gives its ``shape`` and ``dtype``.
+        """The numpy array ``value`` of node ``source`` on every node; every node
+        gives its ``shape`` and ``dtype``.
 
         Raises:
             NodeError: ``value`` (on ``source``) is not of ``shape``.
@@ -429,25 +372,23 @@ class ControlPlane(abc.ABC):
 
         Raises:
             NodeError: ``value`` is not JSON-able or too long.
-            NodeFailure: a node died or stopped answering, or sent a
-                message that is not one.
+            NodeFailure: a node died, stopped answering or sent no message.
         """
 
     @abc.abstractmethod
     def agree(self, facts: Dict[str, Any]) -> None:
-        """Checks that every node holds the same ``facts`` (a dict of
-        JSON-able values, the same keys on every node).
+        """Checks that every node holds the same ``facts`` (JSON-able values, the
+        same keys on every node).
 
         Raises:
-            NodeError: a node's value differs from node 0's (the field and
-                both values named).
+            NodeError: a value differs from node 0's (field and values named).
             NodeFailure: a node died or stopped answering.
         """
 
 
 class OneProcess(ControlPlane):
-    """The control plane of a job of one process: each call returns at once,
-    with this process's own values."""
+    """The control plane of one process: each call returns at once, with this
+    process's values."""
     rank, count = 0, 1
 
     def barrier(self) -> None:
@@ -476,9 +417,9 @@ class OneProcess(ControlPlane):
 def control(nodes: Any, what: str = 'commit a checkpoint',
             node_of_stage: Optional[Sequence[int]] = None) -> ControlPlane:
     """The control plane of ``nodes`` (this process's joined
-    :class:`~mp_symbolic.core.transport.nodes.Nodes`): the node processes over gloo,
-    to do ``what`` together (``node_of_stage`` names each node's stages in
-    a failure's line); :class:`OneProcess` where ``nodes`` is ``None``."""
+    :class:`~mp_symbolic.core.transport.nodes.Nodes`), to do ``what`` together
+    (named, with ``node_of_stage``, in a failure's line); :class:`OneProcess`
+    where ``nodes`` is ``None``."""
     if nodes is None:
         return OneProcess()
     from .nodes import Group  # pylint: disable=import-outside-toplevel

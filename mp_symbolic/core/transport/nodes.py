@@ -1,45 +1,14 @@
-"""Node processes: a pipeline's stages divided over several processes (on
-one host or many), and the transport that carries their boundary tensors.
+"""Node processes: a pipeline's stages divided over several processes, their
+boundary tensors carried by torch.distributed's ``isend``/``irecv``, their
+control messages JSON text, never unpickled (docs/nodes.md).
 
-MXNet has no point-to-point transport between processes (its ps-lite
-kvstore only sums what workers push), so, as Megatron-LM
-(``p2p_communication.py``), DeepSpeed (``runtime/pipe/p2p.py``) and
-torch.distributed.pipelining do, the tensors go through
-torch.distributed's ``isend``/``irecv``: gloo between CPU devices, NCCL
-between GPUs. An NDArray becomes a torch tensor by one copy of MXNet's
-into a buffer of torch's seen through DLPack (so that MXNet may write the
-array again while the send is in flight, and an array in oneDNN's layout
-arrives in the default one), and a received tensor is read back through
-DLPack.
+Invariant: every node runs the schedule filtered to its stages, in the one
+issue order all nodes compute alike, so a receive waits only on an earlier
+action and no node waits for ever on a live one. Sends never block.
 
-The stages are divided over the nodes in stage order, contiguous, the
-devices of a replica evenly (:func:`node_of_devices`); every node runs the
-same schedule filtered to its stages, in the one issue order every node
-computes alike, so a node's receive always waits for an action that comes
-earlier in that order and no node waits for ever on another that is alive
-(:mod:`~mp_symbolic.core.schedule`). Sends never block: a transfer
-overlaps the next action's compute.
-
-torch is imported here only, on the first use of a node process group:
-a Pipeline of one node never loads it. GluonCV 0.10 refuses to import
-wherever torch 2 is importable (its version check raises, dmlc/gluon-cv
-#1768), so torch may live apart: where ``import torch`` finds none, the
-folder ``torch-site`` of this Python's environment (``make setup`` installs
-torch there) is appended to ``sys.path`` first.
-
-Rendezvous: the variables torchrun sets, and ``python -m mp_symbolic
-launch --nodes N`` sets for its node processes (``MASTER_ADDR``,
-``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``). Node 0's store listens on
-``MASTER_ADDR`` only, and gloo on the interface that reaches it. With a
-job's secret in ``MP_SYMBOLIC_NODE_SECRET``, every node proves at the
-rendezvous that it knows it (an HMAC-SHA256 of its rank and a nonce node 0
-posts in the store; the secret itself never leaves the host), and node 0
-refuses one that cannot before any other message is exchanged.
-
-The nodes' control messages (the plans compared, the losses shared, a
-commit's steps) are JSON text, each node's parsed by the others
-(``json.loads``, at most :data:`MAX_MESSAGE_BYTES`): nothing a peer sends
-is unpickled. numpy arrays in them travel as their dtype, shape and bytes.
+torch is imported on first use, from the environment's ``torch-site``
+where ``import torch`` finds none (GluonCV 0.10 refuses to import beside
+torch 2, dmlc/gluon-cv#1768).
 """
 import atexit
 import base64
@@ -84,11 +53,10 @@ _PARENT = os.getppid()
 
 
 def torch(part=None):
-    """torch, or its module ``torch.<part>``, imported on first use.
+    """torch, or ``torch.<part>``, imported on first use.
 
     Raises:
-        NodeError: torch is not installed (``make setup`` installs it; or
-            ``pip install 'mxnet-model-parallel[nodes]'``).
+        NodeError: torch is not installed.
     """
     name = 'torch' if part is None else 'torch.' + part
     if name in sys.modules:
@@ -107,11 +75,9 @@ def torch(part=None):
 
 
 def _gluoncv_first():
-    """Imports GluonCV, where it is installed and not imported yet, before
-    torch is: GluonCV refuses to import once torch 2 is importable
-    (dmlc/gluon-cv#1768, a RuntimeError), so a GluonCV network built after
-    a node's Pipeline would fail. A GluonCV that does not import here is
-    left for its user to meet."""
+    """Imports GluonCV, where installed and not imported yet, before torch is
+    (it refuses to import once torch 2 is importable); a failure is left for
+    its user to meet."""
     if 'torch' in sys.modules or 'gluoncv' in sys.modules or \
             importlib.util.find_spec('gluoncv') is None:
         return
@@ -131,11 +97,11 @@ class NodeFailure(RuntimeError):
 
 
 def node_of_devices(devices_per_replica, nodes):
-    """The node of each device of a replica: ``nodes`` contiguous runs, as
-    even as the count allows (``node_of_devices(3, 2) == (0, 0, 1)``).
+    """The node of each device of a replica, in contiguous runs
+    (``node_of_devices(3, 2) == (0, 0, 1)``).
 
     Raises:
-        NodeError: more nodes than devices (a node would hold no stage).
+        NodeError: more nodes than devices.
     """
     nodes = node_count(nodes, devices_per_replica, error=NodeError)
     return stage_of_block(even_split(devices_per_replica, nodes))
@@ -143,15 +109,9 @@ def node_of_devices(devices_per_replica, nodes):
 
 @dataclass(frozen=True)
 class Nodes:
-    """This process's place among the node processes of a job.
-
-    Attributes:
-        count: Node processes in the job.
-        rank: This one's (0 to ``count - 1``).
-        timeout: Seconds a node waits on another (a receive, a barrier)
-            before the job ends.
-        address: ``MASTER_ADDR:MASTER_PORT`` of the rendezvous.
-    """
+    """This process's place among the node processes of a job: ``count`` nodes,
+    this one ``rank``, waiting ``timeout`` seconds on another, the rendezvous
+    at ``address`` (``MASTER_ADDR:MASTER_PORT``)."""
     count: int
     rank: int
     timeout: float
@@ -159,13 +119,12 @@ class Nodes:
 
 
 def from_environment(count, timeout=None, environ=None):
-    """The :class:`Nodes` of this process for a job of ``count`` nodes,
-    from the rendezvous variables torchrun and ``launch --nodes`` set.
+    """The :class:`Nodes` of this process for a job of ``count`` nodes, from the
+    rendezvous variables torchrun and ``launch --nodes`` set.
 
     Raises:
-        NodeError: a variable is missing or malformed, the job's
-            ``WORLD_SIZE`` is not ``count``, or ``timeout`` is not a
-            positive number of seconds.
+        NodeError: a variable missing or malformed, ``WORLD_SIZE`` not
+            ``count``, or ``timeout`` not a positive number of seconds.
     """
     environ = os.environ if environ is None else environ
     count = positive_int('nodes', count, NodeError)
@@ -209,28 +168,20 @@ def _control():
 
 
 def join(nodes, gpus=False):
-    """Joins this process to the job's process group (once per process;
-    waits until every node has joined, at most the node timeout).
-
-    Node 0 (unless torchrun's agent hosts the store) listens on
-    ``MASTER_ADDR`` only; gloo listens on the interface that reaches it
-    (``GLOO_SOCKET_IFNAME``, unless set). With ``MP_SYMBOLIC_NODE_SECRET``
-    set, each node proves it knows the secret before the group forms.
-    Nothing torch logs meanwhile reaches stderr. SIGINT or SIGTERM while
-    waiting prints one line and ends the process (130, 143). Under
-    torchrun, a watchdog then ends this node, in one line, once its
-    agent is gone.
+    """Joins this process to the job's process group, once per process, waiting
+    at most the node timeout for every node. Node 0 listens on
+    ``MASTER_ADDR`` only; with ``MP_SYMBOLIC_NODE_SECRET`` set, each node
+    proves it knows the secret. SIGINT or SIGTERM while waiting, or (under
+    torchrun) the agent's end, ends the process in one line.
 
     Args:
-        gpus: Whether this node's stages run on GPUs: the tensors then go by
-            NCCL (from GPU memory, through DLPack), the small messages (the
-            plan, the losses, a commit's steps) by a gloo group beside it.
-            Not tested on a GPU (docs/nodes.md, "GPUs").
+        gpus: Whether this node's stages run on GPUs: tensors then go by NCCL,
+            small messages by gloo (not tested on a GPU).
 
     Raises:
-        NodeFailure: the other nodes did not join within the timeout, the
-            rendezvous could not be reached, a node could not prove it
-            knows the job's secret, or this node's parent ended already.
+        NodeFailure: the nodes did not join in time, the rendezvous could not
+            be reached, a node failed to prove the secret, or this node's
+            parent has ended.
     """
     dist = torch('distributed')
     if dist.is_initialized():
@@ -347,13 +298,11 @@ def _proof(secret, rank, count, nonce):
 
 
 def _prove(store, nodes, secret):
-    """Node 0 posts a nonce and checks every other node's proof that it
-    knows the job's ``secret`` (none where node 0 has none); the others
-    post theirs and wait for node 0's verdict.
+    """Node 0 posts a nonce and checks each other node's proof that it knows
+    ``secret``; the others post theirs and wait for node 0's verdict.
 
     Raises:
-        NodeFailure: a node's proof is wrong or missing (node 0), or node 0
-            refused this node or checks no secret while this one has one.
+        NodeFailure: a proof wrong or missing, or refused by node 0.
     """
     if nodes.rank == 0:
         nonce = secrets.token_hex(16) if secret else ''
@@ -413,15 +362,14 @@ _LINE = threading.Lock()  # held by whoever prints the process's last error line
 
 
 def claim_line():
-    """Whether this caller prints the process's error line: False once
-    another (the parent watch) is printing its own and ending the process."""
+    """Whether this caller prints the process's error line (False once another
+    is printing its own and ending the process)."""
     return _LINE.acquire(blocking=False)
 
 
 def _exit_line(text, status):
-    """Prints ``error: text`` and ends the process at once (a thread of
-    torch's may still hold the rendezvous), unless another error line of
-    this process is being printed (:func:`claim_line`)."""
+    """Prints ``error: text`` and ends the process at once, unless another error
+    line of this process is being printed."""
     if not claim_line():
         return
     try:
@@ -436,8 +384,7 @@ PARENT_POLL = 0.5  # seconds between two looks at the parent process
 
 
 def _watch_parent(nodes):
-    """Ends this process in one line once the process that started it
-    (torchrun's agent) is gone, checked every :data:`PARENT_POLL` seconds.
+    """Ends this process in one line once its parent (torchrun's agent) is gone.
 
     Raises:
         NodeFailure: it is gone already.
@@ -456,12 +403,9 @@ def _watch_parent(nodes):
 
 
 def leave():
-    """Destroys this process's process group, if it has one (at exit, while
-    the interpreter is whole). Left to the interpreter's end, gloo's threads
-    still hold their last works' tensors, and releasing those there aborted
-    a node now and then ("terminate called without an active exception",
-    SIGABRT after a finished run; pytorch/pytorch#179291). Local: it waits
-    on no other node."""
+    """Destroys this process's process group, if any, at exit while the
+    interpreter is whole (gloo's threads releasing tensors at its end may
+    abort the process, pytorch/pytorch#179291). Waits on no other node."""
     dist = torch('distributed')
     if dist.is_initialized():
         _CONTROL.clear()
@@ -469,15 +413,8 @@ def leave():
 
 
 def agree(nodes, facts, node_of_stage=None):
-    """Checks that every node made the same plan: ``facts`` (a dict of
-    JSON-able values, the same keys on every node) gathered from all.
-
-    Raises:
-        NodeError: a node's value differs from node 0's (the message names
-            the field and both values).
-        NodeFailure: a node died or stopped answering meanwhile, or sent
-            something else than a dict.
-    """
+    """:meth:`~mp_symbolic.core.transport.comm.ControlPlane.agree` over
+    ``nodes``: every node made the same plan."""
     gathered = _gather(nodes, facts, 'compare their plans', node_of_stage)
     for rank, theirs in enumerate(gathered):
         if not isinstance(theirs, dict):
@@ -493,9 +430,7 @@ def agree(nodes, facts, node_of_stage=None):
 
 
 def _key_message(step, key):
-    """The int64 values that tell batch ``step``'s bucket ``key``:
-    ``[step, kind, length, integers...]`` (kind 0: ``None``; 1: an
-    integer; 2: a tuple of integers), :data:`KEY_SLOTS` long.
+    """The :data:`KEY_SLOTS` int64 values telling batch ``step``'s bucket ``key``.
 
     Raises:
         NodeError: a key of another kind, or a tuple too long.
@@ -523,17 +458,13 @@ def _key_of(message):
 
 
 def agree_key(nodes, step, key, node_of_stage=None):
-    """Checks that every node runs batch ``step`` with the same bucket
-    ``key`` before any of its tensors cross: one message of
-    :data:`KEY_SLOTS` int64 (the step and the key, no text) to each other
-    node and one from each, point to point (``isend``/``irecv``, tag
-    :data:`KEY_TAG`), every send posted before any receive is waited for,
-    so no node waits on another that waits on it.
+    """Checks that every node runs batch ``step`` with the same bucket ``key``
+    before any of its tensors cross: one int64 message to and from each other
+    node, every send posted before any receive is waited.
 
     Raises:
-        NodeError: another node's step or key differs (the message names
-            the step and both keys); a key that is not an integer, a tuple
-            of integers or ``None``.
+        NodeError: another node's step or key differs, or a key that is not an
+            integer, a tuple of integers or ``None``.
         NodeFailure: a node died or did not answer within the node timeout.
     """
     t = torch()
@@ -565,11 +496,8 @@ def agree_key(nodes, step, key, node_of_stage=None):
 
 
 def barrier(nodes, what, node_of_stage=None):
-    """Waits until every node gets here.
-
-    Raises:
-        NodeFailure: a node died, or did not come within the node timeout.
-    """
+    """:meth:`~mp_symbolic.core.transport.comm.ControlPlane.barrier` over
+    ``nodes``."""
     dist = torch('distributed')
     try:
         dist.barrier(group=_control())
@@ -578,15 +506,8 @@ def barrier(nodes, what, node_of_stage=None):
 
 
 def broadcast(nodes, value, source, what, node_of_stage=None):
-    """``value`` of node ``source`` on every node (a JSON-able object, as
-    :func:`encode` takes it; it comes back as :func:`decode` gives it:
-    tuples as lists). The others' ``value`` is not read.
-
-    Raises:
-        NodeError: ``value`` (on ``source``) is not JSON-able or too long.
-        NodeFailure: a node died or stopped answering meanwhile, or
-            ``source`` sent a message that is not one.
-    """
+    """:meth:`~mp_symbolic.core.transport.comm.ControlPlane.broadcast` over
+    ``nodes``."""
     t = torch()
     dist = torch('distributed')
     data = encode(value) if nodes.rank == source else b''
@@ -608,18 +529,8 @@ def broadcast(nodes, value, source, what, node_of_stage=None):
 
 
 def broadcast_array(nodes, value, source, shape, dtype, what, node_of_stage=None):
-    """The numpy array ``value`` of node ``source`` on every node, sent as
-    its raw bytes (one torch.distributed broadcast, no message text); every
-    node gives its ``shape`` and ``dtype``, the others' ``value`` is not read.
-
-    Returns:
-        The array (on ``source``, ``value`` itself where it is contiguous
-        and of ``dtype``).
-
-    Raises:
-        NodeError: ``value`` (on ``source``) is not of ``shape``.
-        NodeFailure: a node died or stopped answering meanwhile.
-    """
+    """:meth:`~mp_symbolic.core.transport.comm.ControlPlane.broadcast_array`
+    over ``nodes``, as the array's raw bytes."""
     import numpy as np  # pylint: disable=import-outside-toplevel
     t = torch()
     dist = torch('distributed')
@@ -667,15 +578,9 @@ def _gather(nodes, value, what, node_of_stage=None):
 
 
 class Group(ControlPlane):
-    """The :class:`~mp_symbolic.core.transport.comm.ControlPlane` of the node
-    processes, over torch.distributed's gloo group of control messages
-    (made by :func:`~mp_symbolic.core.transport.comm.control`).
-
-    Args:
-        nodes: This process's :class:`Nodes` (joined: :func:`join`).
-        what: What the nodes do together, for the failure's line.
-        node_of_stage: The node of each stage, for the failure's line.
-    """
+    """The :class:`~mp_symbolic.core.transport.comm.ControlPlane` of the joined
+    ``nodes``, over gloo; ``what`` they do together and ``node_of_stage`` name
+    a failure's line."""
 
     def __init__(self, nodes, what='commit a checkpoint', node_of_stage=None):
         self.nodes, self.what, self.node_of_stage = nodes, what, node_of_stage
@@ -716,13 +621,11 @@ def _jsonable(value):
 
 
 def encode(value):
-    """``value`` as a control message: UTF-8 JSON text (numpy arrays of
-    :data:`_DTYPES` as ``{"__ndarray__": [dtype, shape, base64]}``, numpy
-    scalars as numbers).
+    """``value`` as a control message: UTF-8 JSON (numpy arrays as
+    ``{"__ndarray__": [dtype, shape, base64]}``).
 
     Raises:
-        NodeError: ``value`` holds something else, or its text is over
-            :data:`MAX_MESSAGE_BYTES`.
+        NodeError: ``value`` holds something else, or is too long.
     """
     try:
         data = json.dumps(value, default=_jsonable, separators=(',', ':')).encode('utf-8')
@@ -752,12 +655,10 @@ def _array(obj):
 
 
 def decode(data, rank=None):
-    """A control message's value (JSON arrays as lists; an
-    ``{"__ndarray__": ...}`` object as its numpy array).
+    """A control message's value (``__ndarray__`` objects as numpy arrays).
 
     Raises:
-        ValueError: ``data`` is not UTF-8 JSON text, or an array in it is
-            malformed.
+        ValueError: ``data`` is not UTF-8 JSON, or holds a malformed array.
     """
     try:
         return json.loads(data.decode('utf-8'), object_hook=_array)
@@ -805,8 +706,7 @@ def describe(node, node_of_stage=None):
 
 
 def _collective(nodes, what, err, source=None, node_of_stage=None):
-    """The :class:`NodeFailure` of a collective (a broadcast from ``source``,
-    a gather, a barrier) that failed on this node."""
+    """The :class:`NodeFailure` of a collective that failed on this node."""
     others = [k for k in range(nodes.count) if k != nodes.rank]
     if source is not None and source != nodes.rank:
         others = [source]
@@ -844,16 +744,9 @@ def _torch_dtype(dtype):
 
 
 def to_torch(value):
-    """An NDArray's values as a torch tensor of their own (on the array's
-    device: CPU, or the GPU for NCCL), in the default (row-major) layout,
-    once MXNet has written them.
-
-    An array a oneDNN operator wrote (a convolution's output on CPU) may
-    hold its values in oneDNN's own blocked layout, of which MXNet makes
-    no DLPack view (``to_dlpack_for_read`` fails: "We can't generate TBlob
-    for MKLDNN data"). MXNet's own copy (``copyto``, as ``asnumpy`` does)
-    reorders them to the default layout: the values are copied by MXNet
-    into a buffer of torch's, the one copy the send needs anyway."""
+    """An NDArray's values as a torch tensor of their own on its device, copied
+    by MXNet (which reorders oneDNN's blocked layouts, of which it makes no
+    DLPack view)."""
     tensor = _empty_like(value)
     if tensor.numel():
         value.copyto(from_torch(tensor)).wait_to_read()
@@ -873,14 +766,15 @@ def _empty_like(dest):
 
 
 class _Received(Pending):
-    """Receives in flight from other nodes, landing in their arrays on :meth:`wait`."""
+    """Receives in flight from other nodes, landing in their arrays on
+    :meth:`wait`."""
 
     def __init__(self, transport, items, forward):
         self.transport, self.items, self.forward = transport, items, forward
 
     def wait(self):
-        """Waits for every message; each lands in (forward) or adds to
-        (backward: gradients of a tensor several stages read) its array.
+        """Waits for every message, each landing in (forward) or adding to
+        (backward) its array.
 
         Raises:
             NodeFailure: the sending node died or stopped answering.
@@ -898,21 +792,11 @@ class _Received(Pending):
 
 
 class TorchTransport(Transport):
-    """The transport ``'gloo'`` (:class:`~mp_symbolic.core.transport.comm.Transport`):
-    the boundary tensors of one replica's stages when other node processes
-    run some of them: links within this node as
-    :class:`~mp_symbolic.core.transport.comm.LocalTransport` carries them, links to
-    another node through torch.distributed's ``isend``/``irecv``, one tag
-    per link, direction and micro-batch.
-
-    Args:
-        nodes: This process's :class:`Nodes`.
-        node_of_stage: The node of each stage.
-        links: Every link of the stages, in the order every node has
-            (:func:`~mp_symbolic.core.engine.stages.links`).
-        microbatches: Micro-batches per batch.
-        replica: The replica these stages belong to (its own tags).
-    """
+    """The transport ``'gloo'``: links within this node as
+    :class:`~mp_symbolic.core.transport.comm.LocalTransport` carries them, to
+    another node through ``isend``/``irecv``, one tag per link, direction and
+    micro-batch. Arguments as :class:`~mp_symbolic.core.transport.comm.Route`'s
+    fields."""
 
     between_nodes = True
 
@@ -945,19 +829,15 @@ class TorchTransport(Transport):
         """Waits for ``work``, a transfer with ``stage``'s node.
 
         Raises:
-            NodeFailure: that node died, hung up or did not answer within
-                the node timeout.
+            NodeFailure: that node died, hung up or did not answer in time.
         """
         self._post(work.wait, stage)
 
     def _post(self, call, stage):
-        """``call()`` (a transfer with ``stage``'s node posted, or waited
-        for): gloo refuses to post to a peer whose connection closed, as it
-        fails a wait.
+        """``call()``, posting or waiting a transfer with ``stage``'s node.
 
         Raises:
-            NodeFailure: that node died, hung up or did not answer within
-                the node timeout.
+            NodeFailure: as :meth:`wait`.
         """
         try:
             return call()
@@ -1028,8 +908,7 @@ class TorchTransport(Transport):
         return self._outputs_base + k
 
     def send_outputs(self, stage, values):
-        """Sends the network's outputs ``values`` to every other node, which
-        posted their receives (:meth:`recv_outputs`) at the batch's start."""
+        """Sends the network's outputs ``values`` to every other node."""
         dist = torch('distributed')
         for k, value in values:
             tensor = to_torch(value)
@@ -1053,7 +932,7 @@ class TorchTransport(Transport):
         return _Received(self, items, forward=True)
 
     def finish(self):
-        """Waits for this batch's sends (their buffers go, their errors surface).
+        """Waits for this batch's sends.
 
         Raises:
             NodeFailure: a receiving node died or stopped answering.
