@@ -787,8 +787,7 @@ def test_fit_with_eval_data_score_and_predict_take_other_batch_sizes_under_the_s
         schedule):
     """``fit(eval_data=...)``, ``score`` and ``predict`` at batch sizes other
     than the bound one give what the GPipe graph gives; a prediction at a
-    batch size the micro-batches do not divide (which the GPipe graph
-    refuses) gives the same values."""
+    batch size the micro-batches do not divide gives the same values."""
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 4)).astype(np.float32)
     y = (X[:, 0] > 0).astype(np.float32)
