@@ -56,7 +56,7 @@ from ..optim.optstate import FORMAT as STATES_FORMAT, drop_states, encode_state,
     set_states_by_name, split_states, states_by_name
 from ..graph.layouts import batch_axis_of, batch_descs, layout_of, output_batch_axes
 from ..graph.passes import cut
-from .runtime import ArrayGroup, bind_fused, grad_requests
+from .runtime import ArrayGroup, bind_fused, fused, grad_requests
 from .stages import StageRuntime, boundary_specs, links, variable_specs
 from ..optim.updater import PerDeviceUpdater
 from ..optim.zero import owners
@@ -170,8 +170,8 @@ class PipelineModule(DeviceModule):
     :class:`~mp_symbolic.core.engine.runtime.ArrayGroup`, one set per replica), and
     Module's own code reads them there. Each replica's batch runs on a
     :class:`~mp_symbolic.core.engine.runtime.Runtime` bound on those arrays, chosen
-    once, where the graph is built: GPipe in one process
-    (:func:`~mp_symbolic.core.schedule.one_graph`) on its fused mode, every
+    once, where the graph is built (:func:`~mp_symbolic.core.engine.runtime.fused`):
+    GPipe in one process on its fused mode, every
     micro-batch in one graph
     (:class:`~mp_symbolic.core.engine.runtime.FusedRuntime`); every other schedule,
     and any over node processes, on the stage runtime
@@ -244,7 +244,7 @@ class PipelineModule(DeviceModule):
         self._head_fitted = False
         self.data_name, self.label_name, self.output = data_name, label_name, output
         # the runtime every batch runs on: GPipe's fused graph, or the stages
-        self._fused = schedules.one_graph(pipeline.schedule, pipeline.nodes)
+        self._fused = fused(pipeline)
         self._in_graph = pipeline.chunks if self._fused else 1  # micro-batches a graph holds
         placed = self._graph()
         symbol = placed.to_symbol()
@@ -567,7 +567,7 @@ class PipelineModule(DeviceModule):
         boundary = boundary_specs(self._stages, specs)
         plan, nodes = pipe.plan, pipe.nodes
         schedule = pipe.run_schedule() if chunks == pipe.chunks else \
-            schedules.gpipe(plan.num_stages, 1)
+            schedules.whole_batch(plan.num_stages)
         every = links(self._stages)
         accumulate = {n for n, r in self._exec_group.grad_req.items() if r == 'add'}
 
