@@ -321,7 +321,6 @@ class PipelineModule(DeviceModule):
         self._inputs = self.pipeline.data_names(self.data_name)
         self._all_labels = tuple(label_names)  # what a metric reads, held here or not
         self._full, self._full_graph = symbol, placed
-        self._groups = {n.name: n.group for n in placed.variables}  # each variable's ctx_group
         self._specs = None  # the last (input shapes, variable_specs) of this graph
         self._stages = None if self._fused else cut(placed, self.pipeline.plan.num_stages)
         if self.pipeline.nodes is None:
