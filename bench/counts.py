@@ -13,8 +13,9 @@ imported), so that one command prints the same counts for any commit
   outside ``ir.py`` that index MXNet's graph JSON by its keys
   (``['nodes']``, ``['heads']``, ``['arg_nodes']``, ``['node_row_ptr']``) or
   read a Symbol's ``tojson()``: :data:`RAW_WALK`, a heuristic grep.
-* **runtime choices**: the calls of ``one_graph`` (whether a schedule runs
-  as GPipe's one graph or on the stage runtime) in ``mp_symbolic/``,
+* **runtime choices**: the calls of the function that says whether a step
+  runs on GPipe's one graph or on the stage runtime (:data:`CHOOSERS`:
+  ``schedule.one_graph``, then ``runtime.fused``) in ``mp_symbolic/``,
   ``export/`` and ``bench/``, outside the module that defines it: each is
   a site that branches on which runtime a step runs on. Listed as
   ``file:function``.
@@ -41,6 +42,7 @@ import tokenize
 CORE = os.path.join('mp_symbolic', 'core')
 SCOPES = ('mp_symbolic', 'export')  # the code whose files an extension may touch
 LARGEST = 15
+CHOOSERS = ('one_graph', 'fused')  # the function choosing the runtime, in any commit
 RAW_WALK = re.compile(r"""\[\s*['"](nodes|heads|arg_nodes|node_row_ptr)['"]\s*\]|tojson\(\)""")
 
 
@@ -152,20 +154,19 @@ def raw_walks(root):
 
 
 def runtime_choices(root, scopes=SCOPES + ('bench',)):
-    """``['file:function']`` of every call of ``one_graph`` (a name or an
-    attribute) outside the file that defines it, in ``scopes``, sorted."""
+    """``['file:function']`` of every call of a function of :data:`CHOOSERS`
+    (a name or an attribute) outside the file that defines it, in
+    ``scopes``, sorted."""
     found = []
     for scope in scopes:
         for path in python_files(root, scope):
             source = Source(root, path)
-            if any(isinstance(n, ast.FunctionDef) and n.name == 'one_graph'
-                   for n in source.tree.body):
-                continue
+            defined = {n.name for n in source.tree.body if isinstance(n, ast.FunctionDef)}
             spans = source.functions()
             for node in ast.walk(source.tree):
                 func = getattr(node, 'func', None)
-                if isinstance(node, ast.Call) and 'one_graph' in (
-                        getattr(func, 'id', None), getattr(func, 'attr', None)):
+                called = {getattr(func, 'id', None), getattr(func, 'attr', None)}
+                if isinstance(node, ast.Call) and called & (set(CHOOSERS) - defined):
                     inside = [(first, name) for name, first, last in spans
                               if first <= node.lineno <= last]
                     found.append('%s:%s' % (path, max(inside)[1] if inside else '<module>'))
@@ -256,8 +257,8 @@ def report(root):
     lines += ['  ' + l for l in columns([('lines', 'file')] + sorted(
         ((n, p) for p, n in walks.items()), key=lambda r: (-r[0], r[1])))] if walks else []
     choices = runtime_choices(root)
-    lines += ['', 'runtime choices (calls of one_graph outside its module): %d'
-              % len(choices)] + ['  ' + c for c in choices]
+    lines += ['', 'runtime choices (calls of %s outside its module): %d'
+              % (' or '.join(CHOOSERS), len(choices))] + ['  ' + c for c in choices]
     lines += ['', 'files touched to add one (the new one, and the files naming a member):']
     for point, (count, naming, members) in touched(root, sources,
                                                    extension_points(sources)).items():

@@ -27,7 +27,7 @@ import time
 import mxnet as mx
 
 from mp_symbolic import Pipeline
-from mp_symbolic.core.schedule import bubble, check_spec, gpipe, make, one_graph
+from mp_symbolic.core.schedule import bubble, check_spec, gpipe, kind, make
 from mp_symbolic.tools.memory import device_memory
 from mp_symbolic.tools.trace import dump as dump_trace
 from mp_symbolic.tools.trace import (TraceError, clip, load_trace, op_intervals, step_stats,
@@ -172,7 +172,7 @@ def _stage_times(spec, built=None, steps=3):
     it, waking the threads late). GPipe's one graph has no stage executors:
     its stages are timed on the stage runtime of the same split (``'1f1b'``).
     """
-    if built is None or one_graph(spec['schedule']):
+    if built is None or kind(spec['schedule']).fused:
         built = _build(dict(spec, schedule='1f1b'))
     mod, batch = built
     names = list(mod._data_names) + list(mod._label_names)  # pylint: disable=protected-access

@@ -46,6 +46,10 @@ def pick(name):
 class Maker:
     def make(self, schedule):
         return schedules.one_graph(schedule) or one_graph(schedule, None)
+
+
+def choose(pipe):
+    return runtime.fused(pipe) and pipe.schedule.fused
 '''
 
 SCHEDULE = '''\
@@ -87,10 +91,12 @@ def test_counts_split_code_from_docstrings_and_name_the_files_naming_a_member(tm
     assert touched['schedule'] == (2, ['mp_symbolic/user.py'], ['gpipe', 'zigzag'])
 
 
-def test_counts_list_each_call_choosing_the_runtime_by_one_graph_outside_its_module(
+def test_counts_list_each_call_choosing_the_runtime_by_one_graph_or_fused_outside_its_module(
         tmp_path):
     root = _tree(tmp_path)
-    assert counts.runtime_choices(root) == ['mp_symbolic/user.py:Maker.make'] * 2
+    # a schedule's fused read (not a call) is no choice
+    assert counts.runtime_choices(root) == ['mp_symbolic/user.py:Maker.make'] * 2 + [
+        'mp_symbolic/user.py:choose']
 
 
 def test_counts_refuses_a_folder_without_core_in_one_line(tmp_path):

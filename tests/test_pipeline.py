@@ -414,9 +414,9 @@ def test_module_rebinds_a_batch_of_another_shape_as_it_binds():
 
 
 def test_module_bound_to_train_predicts_and_scores_batches_of_other_sizes():
-    """After a training bind at 8: predict (no labels) at 4 and score at 6
-    give what the same parameters give on one device; a batch the chunks do
-    not divide is one line, not MXNet's traceback."""
+    """After a training bind at 8: predict (no labels) at 4 and 5 (which
+    the two chunks do not divide) and score at 6 give what the same
+    parameters give on one device."""
     rng = np.random.default_rng(1)
     X = rng.uniform(0, 1, (12, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, 10, 12).astype(np.float32)
@@ -436,11 +436,42 @@ def test_module_bound_to_train_predicts_and_scores_batches_of_other_sizes():
     np.testing.assert_allclose(predicted[1], predicted[0], rtol=1e-5, atol=1e-6)
     scores = [dict(m.score(mx.io.NDArrayIter(X, y, batch_size=6), 'ce')) for m in mods]
     assert abs(scores[1]['cross-entropy'] - scores[0]['cross-entropy']) < 1e-5
-    with pytest.raises(ValueError, match=r'^batch size: expected a multiple of chunks x '
-                                         r'replicas \(2 x 1 = 2\), found 5$'):
-        split.predict(mx.io.NDArrayIter(X, batch_size=5, last_batch_handle='pad'))
-    assert one.predict(mx.io.NDArrayIter(X, batch_size=5, last_batch_handle='pad')).shape == \
-        (12, 10)
+    uneven = [m.predict(mx.io.NDArrayIter(X, batch_size=5, last_batch_handle='pad')).asnumpy()
+              for m in (one, split)]
+    assert uneven[1].shape == (12, 10)
+    np.testing.assert_allclose(uneven[1], uneven[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_an_inference_batch_the_micro_batches_do_not_divide_runs_whole_on_each_replica(
+        schedule):
+    """Bound to train at 8 in 2 chunks over 2 replicas, a forward of 6 or
+    2 examples (not of 2 x 2 parts) gives on GPipe's fused graph what it
+    gives on the stage runtime and what the bound size gives for the same
+    examples; one the replicas do not divide is refused in one line."""
+    rng = np.random.default_rng(2)
+    X = rng.uniform(0, 1, (8, 1, 8, 8)).astype(np.float32)
+    found = {}
+    for name in ('1f1b', schedule):
+        mx.random.seed(3)
+        mod = Pipeline(digits.build_blocks(), 'cpu:0,cpu:1,cpu:2,cpu:3', sample=(8, 1, 8, 8),
+                       chunks=2, replicas=2, schedule=name).module(loss='softmax')
+        mod.bind([('data', (8, 1, 8, 8))], [('softmax_label', (8,))])
+        mod.init_params(mx.init.Xavier())
+        outputs = []
+        for size in (8, 6, 2):
+            mod.forward(mx.io.DataBatch([mx.nd.array(X[:size])]), is_train=False)
+            outputs.append(mod.get_outputs()[0].asnumpy())
+        with pytest.raises(ValueError, match=r'^batch size: expected a multiple of the replicas '
+                                             r'\(2\) to predict, found 5$'):
+            mod.forward(mx.io.DataBatch([mx.nd.array(X[:5])]), is_train=False)
+        found[name] = outputs
+    whole, six, two = found[schedule]
+    assert six.shape == (6, 10) and two.shape == (2, 10)
+    np.testing.assert_allclose(six, whole[:6], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(two, whole[:2], rtol=1e-5, atol=1e-6)
+    for ours, staged in zip(found[schedule], found['1f1b']):
+        np.testing.assert_allclose(ours, staged, rtol=1e-5, atol=1e-6)
 
 
 def test_imperative_twin_places_and_moves_parameters():

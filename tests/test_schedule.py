@@ -133,3 +133,36 @@ def test_a_schedule_prints_as_a_table_of_devices_on_a_clock():
                                  '3     0B0   1F1',
                                  '4           1B1',
                                  '5     0B1']
+
+
+def _user_schedule(num_stages, microbatches):
+    """GPipe's lists from a function: the user's own schedule."""
+    return list(sched.gpipe(num_stages, microbatches))
+
+
+def test_every_schedule_answers_what_the_runtime_the_planner_and_the_estimate_ask():
+    """Each named schedule's record, and a function's (``Schedule`` itself),
+    say before any is made whether it runs fused, its virtual stages by
+    default and the counts it takes; a made one, its virtual stages, what it
+    holds in flight and the twin's order of its forwards."""
+    answers = {name: (sched.kind(name).fused, sched.kind(name).virtual_default,
+                      sched.kind(name).takes(2, 3), sched.kind(name).takes(2, 4))
+               for name in sched.NAMES}
+    assert answers == {'gpipe': (True, None, True, True), '1f1b': (False, None, True, True),
+                       'interleaved': (False, 2, False, True)}
+    assert sched.kind(_user_schedule) is Schedule
+    assert (Schedule.fused, Schedule.virtual_default, Schedule.takes(2, 3)) == (False, 1, True)
+    assert sched.VIRTUAL == {'interleaved': 2}
+    made = {name: sched.make(name, 4, 4, sched.check_spec(name)) for name in sched.NAMES}
+    made['user'] = sched.make(_user_schedule, 4, 4)
+    assert {n: (type(s).__name__, s.fused, s.virtual) for n, s in made.items()} == {
+        'gpipe': ('GPipe', True, 1), '1f1b': ('OneFOneB', False, 1),
+        'interleaved': ('Interleaved', False, 2), 'user': ('Schedule', False, 1)}
+    assert made['1f1b'].in_flight() == {0: 4, 1: 3, 2: 2, 3: 1}
+    assert made['user'].in_flight() == made['gpipe'].in_flight() == {s: 4 for s in range(4)}
+    assert made['user'].forwards() == made['gpipe'].forwards()
+    assert [a for a in sched.issue_order(made['1f1b']) if a.kind == 'F'] == \
+        made['1f1b'].forwards()
+    with pytest.raises(ValueError, match=r"^schedule: expected one of 'gpipe', '1f1b', "
+                                         r"'interleaved' or a function"):
+        sched.kind('zigzag')

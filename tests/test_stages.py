@@ -636,6 +636,34 @@ def test_gpipe_given_as_its_function_runs_on_the_stage_runtime_and_trains_as_its
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
 
 
+def test_a_schedule_added_as_one_record_in_named_runs_and_trains_as_the_gpipe_graph(
+        monkeypatch):
+    """A schedule added as a ``Schedule`` subclass and its ``NAMED`` entry,
+    nothing else (1F1B's lists under another name), is taken by name and
+    runs on the stage runtime, as its record says, giving the GPipe
+    graph's outputs and parameters."""
+    from mp_symbolic.core import schedule  # pylint: disable=import-outside-toplevel
+
+    class Zigzag(schedule.Schedule):
+        virtual_default = None
+
+        @classmethod
+        def build(cls, num_stages, microbatches, virtual):  # pylint: disable=unused-argument
+            made = schedule.one_f_one_b(num_stages, microbatches)
+            return cls('zigzag', made.devices, num_stages, microbatches, made.device_of_stage)
+
+    monkeypatch.setitem(schedule.NAMED, 'zigzag', Zigzag)
+    _, expected_out, expected = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'gpipe')
+    pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'zigzag')
+    assert type(pipe.run_schedule()) is Zigzag  # pylint: disable=unidiomatic-typecheck
+    mod = pipe.module(loss='softmax')
+    mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
+    assert type(mod.runtimes[0]).__name__ == 'StageRuntime'
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
 @pytest.mark.parametrize('schedule', ['gpipe', '1f1b', 'interleaved', _one_at_a_time])
 def test_pipe_module_is_one_class_for_every_schedule(schedule):
     """``pipe.module()`` is a PipelineModule whatever the schedule (GPipe's
@@ -787,8 +815,7 @@ def test_fit_with_eval_data_score_and_predict_take_other_batch_sizes_under_the_s
         schedule):
     """``fit(eval_data=...)``, ``score`` and ``predict`` at batch sizes other
     than the bound one give what the GPipe graph gives; a prediction at a
-    batch size the micro-batches do not divide (which the GPipe graph
-    refuses) gives the same values."""
+    batch size the micro-batches do not divide gives the same values."""
     rng = np.random.default_rng(0)
     X = rng.normal(size=(60, 4)).astype(np.float32)
     y = (X[:, 0] > 0).astype(np.float32)

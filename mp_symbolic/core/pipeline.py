@@ -42,7 +42,7 @@ from .parallel import autotp, tensor_parallel
 from .transport import comm
 from .graph import build as graph, nesting, passes
 from .optim import initial, zero
-from .engine import twin
+from .engine import runtime, twin
 from .base.checks import excerpt
 from .base.compat import initialized, symbol_safe
 from .graph.heads import with_head
@@ -273,7 +273,7 @@ class Pipeline(gluon.Block):
 
     @symbol_safe
     def __init__(self, blocks, devices, balance=None, sample=None, chunks=1, replicas=1,
-                 mirror=False, tied=None, tensor_parallel=None, schedule='gpipe',
+                 mirror=False, tied=None, tensor_parallel=None, schedule=schedules.DEFAULT,
                  virtual=None, nodes=None, node_timeout=None, batch_axis=0,
                  batchnorm=batchnorms.DEFAULT, transport=None, shard_optimizer=False,
                  plan=None, memory_per_device=None):
@@ -308,7 +308,7 @@ class Pipeline(gluon.Block):
                     "in one process (Pipeline(..., balance='time').balance) and give that"
                     % balance)
         self.transport = comm.check_transport(transport, self.nodes)
-        if self.transport != comm.LOCAL and schedules.one_graph(schedule, self.nodes):
+        if self.transport != comm.LOCAL and runtime.fused(self):
             raise ValueError('transport: expected %r under schedule=%r in one process (MXNet\'s '
                              'one graph copies between the devices itself), found %r'
                              % (comm.LOCAL, schedule, self.transport))
@@ -332,7 +332,7 @@ class Pipeline(gluon.Block):
                                mirror, tied, self.virtual, self.nodes, batch_axis,
                                sample_checked=tensor_parallel is not None)
         # a schedule that cannot run is refused here, not at bind
-        self._forwards = twin.forwards(self.run_schedule())
+        self._forwards = self.run_schedule().forwards()
         if self.nodes is not None:  # every check above is done: now wait for the others
             node_processes.join(self.nodes, gpus=any(
                 d.device_type == 'gpu' for s in self.local_stages

@@ -61,7 +61,13 @@ class Action(namedtuple('Action', 'stage microbatch kind')):
 
 @dataclass(frozen=True)
 class Schedule:
-    """One list of :class:`Action` s per device, in issue order.
+    """One list of :class:`Action` s per device, in issue order, and what
+    the runtime, the planner, the estimate and the twin ask of a schedule.
+
+    A named schedule is a subclass registered in :data:`NAMED`, whose class
+    attributes and :meth:`takes` answer for its name before any schedule
+    is made; ``Schedule`` itself answers for a function's (the user's own).
+    Adding a schedule is a subclass here and its :data:`NAMED` entry.
 
     Attributes:
         name: ``'gpipe'``, ``'1f1b'``, ``'interleaved'``, or the name of the
@@ -70,12 +76,46 @@ class Schedule:
         num_stages: Stages (``v x`` devices for ``v`` virtual stages per device).
         microbatches: Micro-batches per batch.
         device_of_stage: ``device_of_stage[s]``: the device index running stage ``s``.
+        fused: (class) Whether it runs, in one process, as MXNet's one bound
+            graph of every micro-batch, its order left to MXNet's engine
+            (GPipe's fill and drain), rather than on the stage runtime.
+        virtual_default: (class) The virtual stages per device it runs when
+            ``virtual`` is not given; ``None``: one stage per device, and
+            ``virtual`` refused.
     """
     name: str
     devices: tuple
     num_stages: int
     microbatches: int
     device_of_stage: tuple
+
+    fused = False
+    virtual_default = 1
+
+    @classmethod
+    def takes(cls, devices, microbatches):  # pylint: disable=unused-argument
+        """Whether it runs ``microbatches`` over ``devices`` devices (both
+        positive integers): the planner's candidates are the counts it takes."""
+        return True
+
+    @property
+    def virtual(self):
+        """The stages each device runs."""
+        return self.num_stages // len(self.devices)
+
+    def in_flight(self):
+        """:func:`in_flight`: ``{stage: the micro-batches it holds at most
+        between their forward and their backward}``."""
+        return in_flight(self)
+
+    def forwards(self):
+        """The forward actions in the order one thread issues them
+        (:func:`issue_order`): the imperative twin's order."""
+        return [a for a in issue_order(self) if a.kind == 'F']
+
+    def bubble(self, cost=None):
+        """:func:`bubble`: the idle fraction of the devices' time."""
+        return bubble(self, cost)
 
     def __iter__(self):
         return iter(self.devices)
@@ -90,9 +130,9 @@ class Schedule:
         return format_schedule(self)
 
 
-def _make(name, lists, num_stages, microbatches, device_of_stage):
-    schedule = Schedule(name, tuple(tuple(actions) for actions in lists), num_stages,
-                        microbatches, tuple(device_of_stage))
+def _make(name, lists, num_stages, microbatches, device_of_stage, kind=Schedule):
+    schedule = kind(name, tuple(tuple(actions) for actions in lists), num_stages,
+                    microbatches, tuple(device_of_stage))
     check(schedule)
     return schedule
 
@@ -108,7 +148,7 @@ def gpipe(num_stages, microbatches):
     m = positive_int('micro-batches', microbatches)
     lists = [[Action(s, i, 'F') for i in range(m)] + [Action(s, i, 'B') for i in range(m)]
              for s in range(stages)]
-    return _make('gpipe', lists, stages, m, range(stages))
+    return _make('gpipe', lists, stages, m, range(stages), GPipe)
 
 
 def one_f_one_b(num_stages, microbatches):
@@ -132,7 +172,7 @@ def one_f_one_b(num_stages, microbatches):
             forward, backward = forward + 1, backward + 1
         actions += [Action(s, i, 'B') for i in range(backward, m)]
         lists.append(actions)
-    return _make('1f1b', lists, stages, m, range(stages))
+    return _make('1f1b', lists, stages, m, range(stages), OneFOneB)
 
 
 def interleaved(num_devices, microbatches, virtual):
@@ -174,35 +214,72 @@ def interleaved(num_devices, microbatches, virtual):
             forward, backward = forward + 1, backward + 1
         actions += [Action(*nth(d, n, True), 'B') for n in range(backward, total)]
         lists.append(actions)
-    return _make('interleaved', lists, k * v, m, [s % k for s in range(k * v)])
+    return _make('interleaved', lists, k * v, m, [s % k for s in range(k * v)], Interleaved)
 
 
-def _interleaved(num_stages, microbatches, virtual):
-    return interleaved(num_stages // virtual, microbatches, virtual)
+class GPipe(Schedule):
+    """:func:`gpipe`'s schedule: in one process, MXNet's one graph."""
+    fused = True
+    virtual_default = None
+
+    @staticmethod
+    def build(num_stages, microbatches, virtual):  # pylint: disable=unused-argument
+        return gpipe(num_stages, microbatches)
 
 
-# The named schedules, each ``(stages, micro-batches, virtual stages per
-# device) -> Schedule``; ``VIRTUAL`` gives the virtual stages a name takes
-# by default (only the interleaved schedule runs more than one per device).
-NAMED = {'gpipe': lambda k, m, v: gpipe(k, m), '1f1b': lambda k, m, v: one_f_one_b(k, m),
-         'interleaved': _interleaved}
+class OneFOneB(Schedule):
+    """:func:`one_f_one_b`'s schedule."""
+    virtual_default = None
+
+    @staticmethod
+    def build(num_stages, microbatches, virtual):  # pylint: disable=unused-argument
+        return one_f_one_b(num_stages, microbatches)
+
+
+class Interleaved(Schedule):
+    """:func:`interleaved`'s schedule: 2 virtual stages per device unless
+    given, micro-batches a multiple of the devices."""
+    virtual_default = 2
+
+    @classmethod
+    def takes(cls, devices, microbatches):
+        return microbatches % devices == 0
+
+    @staticmethod
+    def build(num_stages, microbatches, virtual):
+        return interleaved(num_stages // virtual, microbatches, virtual)
+
+
+# The named schedules: each name's Schedule subclass, whose ``build(stages,
+# micro-batches, virtual stages per device)`` makes it. ``NAMES``, ``VIRTUAL``
+# (the names that take virtual stages, each with its default) follow.
+NAMED = {'gpipe': GPipe, '1f1b': OneFOneB, 'interleaved': Interleaved}
 NAMES = tuple(NAMED)
-VIRTUAL = {'interleaved': 2}
+VIRTUAL = {name: cls.virtual_default for name, cls in NAMED.items()
+           if cls.virtual_default is not None}
 DEFAULT = 'gpipe'
-# The named schedule a Pipeline on one host runs as one graph (every stage's
-# forward, then every backward, in one executor that MXNet's engine
-# overlaps): measured faster than the same actions on the stage runtime
-# (docs/pipelining.md, ``make bench-pipeline``). Every other schedule, a
-# schedule function, and stages on several nodes run on the stage runtime.
-ONE_GRAPH = ('gpipe',)
 
 
-def one_graph(spec, nodes=None):
-    """Whether schedule ``spec`` (see :func:`check_spec`) runs as MXNet's one
-    bound graph rather than on the stage runtime: a name of
-    :data:`ONE_GRAPH`, with no ``nodes`` (stages in other processes run on
-    the stage runtime, whatever the schedule)."""
-    return nodes is None and isinstance(spec, str) and spec in ONE_GRAPH
+def kind(spec):
+    """The class of ``spec``'s schedules, which answers for it before one is
+    made: a name's (:data:`NAMED`), or :class:`Schedule` for a function.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if callable(spec) and not isinstance(spec, str):
+        return Schedule
+    if not isinstance(spec, str) or spec not in NAMED:
+        raise ValueError('schedule: expected one of %s or a function (num_stages, '
+                         'microbatches) -> one list of actions per device, found %s'
+                         % (', '.join(repr(k) for k in NAMES), excerpt(repr(spec))))
+    return NAMED[spec]
+
+
+def whole_batch(num_stages):
+    """The schedule of a batch run whole, as one micro-batch: each stage's
+    forward in turn, then each backward."""
+    return gpipe(num_stages, 1)
 
 
 def check_spec(spec, virtual=None):
@@ -214,17 +291,12 @@ def check_spec(spec, virtual=None):
         ValueError: an unknown name, or ``virtual`` given to a named schedule
             that runs one stage per device, or not a positive integer.
     """
-    if callable(spec) and not isinstance(spec, str):
-        return 1 if virtual is None else positive_int('virtual', virtual)
-    if spec not in NAMED:
-        raise ValueError('schedule: expected one of %s or a function (num_stages, '
-                         'microbatches) -> one list of actions per device, found %s'
-                         % (', '.join(repr(k) for k in NAMES), excerpt(repr(spec))))
-    if virtual is not None and spec not in VIRTUAL:
+    default = kind(spec).virtual_default
+    if virtual is not None and default is None:
         raise ValueError('virtual: expected None with schedule=%r (virtual stages are the '
                          '%s schedule\'s), found %r' % (spec, ' or '.join(
                              repr(k) for k in VIRTUAL), virtual))
-    return positive_int('virtual', VIRTUAL.get(spec, 1) if virtual is None else virtual)
+    return positive_int('virtual', (default or 1) if virtual is None else virtual)
 
 
 def make(spec, num_stages, microbatches, virtual=1):
@@ -248,7 +320,7 @@ def make(spec, num_stages, microbatches, virtual=1):
             micro-batches not a multiple of the devices.
     """
     if not callable(spec) or isinstance(spec, str):
-        return NAMED[spec](num_stages, microbatches, virtual)
+        return kind(spec).build(num_stages, microbatches, virtual)
     devices = num_stages // virtual
     name = getattr(spec, '__name__', None)
     name = name if isinstance(name, str) else type(spec).__name__

@@ -268,8 +268,8 @@ def pipeline_steps(trace, devices, num_chunks, marker='step'):
     """
     ops = op_intervals(trace)
     windows = step_windows(trace, marker)
-    gpipe = gpipe_bubble(len(devices), num_chunks)
-    return [dict(step_stats(clip(ops, w), devices), window_us=w, gpipe_bubble=gpipe)
+    ideal = gpipe_bubble(len(devices), num_chunks)
+    return [dict(step_stats(clip(ops, w), devices), window_us=w, gpipe_bubble=ideal)
             for w in windows]
 
 

@@ -25,11 +25,12 @@ from ..tools.files import write_text
 from ..tools import trace
 from .imperative import ImperativeStepper
 from ..core.engine.module import fixed_param_names, with_input_shape
+from ..core.engine.runtime import fused
 from ..core.optim.optstate import OptimizerStateError, check_states, gather_states, split_states
 from ..core.transport.comm import control
 from ..core.transport.nodes import from_environment
 from ..core.pipeline import Pipeline
-from ..core.schedule import DEFAULT, VIRTUAL, one_graph
+from ..core.schedule import DEFAULT, VIRTUAL
 from ..core.placement.devices import format_device, make_plan
 from ..tools.store import Store
 from ..tools.launch import hold_kvstore
@@ -611,8 +612,8 @@ def _arrays_of(state):
 def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
     """Bytes per device of the split plan beside the same model on one device,
     measured after one step (:mod:`~mp_symbolic.tools.memory`); logged as two tables.
-    On the stage runtime (a schedule other than GPipe's one graph, or over
-    nodes), the arrays of this process's stages on their devices
+    On the stage runtime (:func:`~mp_symbolic.core.engine.runtime.fused`
+    false: a schedule other than GPipe's one graph, or over nodes), the arrays of this process's stages on their devices
     (``stepper``'s Module: :func:`~mp_symbolic.tools.memory.memory_table`),
     in one table.
 
@@ -624,7 +625,7 @@ def plan_memory(cfg, pipe, task, label_shape, log=print, stepper=None):
     if cfg.variant != 'symbolic':
         return None
     nodes = None if pipe is None else pipe.nodes
-    if not one_graph(cfg.schedule, nodes):
+    if pipe is None or not fused(pipe):
         from ..tools.memory import memory_table  # pylint: disable=import-outside-toplevel
         module = getattr(stepper, 'module', None)
         if module is None and nodes is not None:

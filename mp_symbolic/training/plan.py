@@ -147,7 +147,7 @@ def auto(cfg, task, args, argv):
     chosen = ranking.best.candidate
     cfg = replace(cfg, devices=chosen.devices, balance=chosen.balance, chunks=chosen.chunks,
                   schedule=chosen.schedule, replicas=chosen.replicas, mirror=chosen.mirror,
-                  virtual=chosen.virtual if chosen.schedule == 'interleaved' else None,
+                  virtual=chosen.pipeline_args()['virtual'],
                   shard_optimizer=bool(chosen.shard_optimizer))
     return cfg, ranking
 

@@ -56,7 +56,7 @@ from ..optim.optstate import FORMAT as STATES_FORMAT, drop_states, encode_state,
     set_states_by_name, split_states, states_by_name
 from ..graph.layouts import batch_axis_of, batch_descs, layout_of, output_batch_axes
 from ..graph.passes import cut
-from .runtime import ArrayGroup, bind_fused, grad_requests
+from .runtime import ArrayGroup, bind_fused, fused, grad_requests
 from .stages import StageRuntime, boundary_specs, links, variable_specs
 from ..optim.updater import PerDeviceUpdater
 from ..optim.zero import owners
@@ -170,8 +170,8 @@ class PipelineModule(DeviceModule):
     :class:`~mp_symbolic.core.engine.runtime.ArrayGroup`, one set per replica), and
     Module's own code reads them there. Each replica's batch runs on a
     :class:`~mp_symbolic.core.engine.runtime.Runtime` bound on those arrays, chosen
-    once, where the graph is built: GPipe in one process
-    (:func:`~mp_symbolic.core.schedule.one_graph`) on its fused mode, every
+    once, where the graph is built (:func:`~mp_symbolic.core.engine.runtime.fused`):
+    GPipe in one process on its fused mode, every
     micro-batch in one graph
     (:class:`~mp_symbolic.core.engine.runtime.FusedRuntime`); every other schedule,
     and any over node processes, on the stage runtime
@@ -244,7 +244,7 @@ class PipelineModule(DeviceModule):
         self._head_fitted = False
         self.data_name, self.label_name, self.output = data_name, label_name, output
         # the runtime every batch runs on: GPipe's fused graph, or the stages
-        self._fused = schedules.one_graph(pipeline.schedule, pipeline.nodes)
+        self._fused = fused(pipeline)
         self._in_graph = pipeline.chunks if self._fused else 1  # micro-batches a graph holds
         placed = self._graph()
         symbol = placed.to_symbol()
@@ -287,6 +287,7 @@ class PipelineModule(DeviceModule):
         (:func:`~mp_symbolic.core.graph.batchnorm.deferred_graph`), which the
         Module does not return."""
         pipeline = self.pipeline
+        self._whole_batch = None  # fused: the graph of a batch run whole, made on first use
         if not self._fused:
             return pipeline.training_graph(self.loss, self.data_name, self.label_name,
                                            chunks=1, output=self.output,
@@ -300,6 +301,17 @@ class PipelineModule(DeviceModule):
             self._own_outputs = count if self._statistics else None
         return placed
 
+    def _unsplit_graph(self):
+        """Fused: ``(symbol, placed graph)`` of one micro-batch per replica,
+        the graph an inference batch that ``chunks x replicas`` does not
+        divide runs on (each replica's part whole, as on the stage runtime)."""
+        if self._whole_batch is None:
+            placed = self.pipeline.training_graph(self.loss, self.data_name, self.label_name,
+                                                  chunks=1, output=self.output,
+                                                  shares=self.pipeline.replicas)
+            self._whole_batch = (placed.to_symbol(), placed)
+        return self._whole_batch
+
     def _held(self, placed, symbol, label_names):
         """``(symbol, data names, label names)`` of this process's weights,
         gradients and auxiliary states (the Module's parameters): the whole
@@ -309,7 +321,6 @@ class PipelineModule(DeviceModule):
         self._inputs = self.pipeline.data_names(self.data_name)
         self._all_labels = tuple(label_names)  # what a metric reads, held here or not
         self._full, self._full_graph = symbol, placed
-        self._groups = {n.name: n.group for n in placed.variables}  # each variable's ctx_group
         self._specs = None  # the last (input shapes, variable_specs) of this graph
         self._stages = None if self._fused else cut(placed, self.pipeline.plan.num_stages)
         if self.pipeline.nodes is None:
@@ -483,9 +494,9 @@ class PipelineModule(DeviceModule):
 
     def _runtimes_for(self, batch, train, bucket=None):
         """The runtimes (one per replica) that run a batch of ``batch``
-        examples: the schedule's ``chunks`` micro-batches, or on the stage
-        runtime for inference on a batch they do not divide, one
-        micro-batch per replica (the forwards need no schedule). Bound on
+        examples: the schedule's ``chunks`` micro-batches, or for inference
+        on a batch they do not divide, one micro-batch per replica (the
+        forwards need no schedule; fused, a graph of one micro-batch). Bound on
         first use, kept for the last :data:`KEPT_BINDS` sizes (``fit`` with
         ``eval_data``, ``score`` and ``predict`` of other batch sizes).
 
@@ -496,8 +507,8 @@ class PipelineModule(DeviceModule):
                 the bound shapes, at ``batch``.
 
         Raises:
-            ValueError: a batch the replicas (or, to train or in the fused
-                graph, ``chunks x replicas``) do not divide.
+            ValueError: a batch the replicas (or, to train, ``chunks x
+                replicas``) do not divide.
         """
         key = (batch, bool(train))
         if bucket is None and key in self._bound_at:
@@ -505,7 +516,7 @@ class PipelineModule(DeviceModule):
             return self._bound_at[key]
         pipe = self.pipeline
         chunks, replicas = pipe.chunks, pipe.replicas
-        if train or self._fused:  # the fused graph holds every micro-batch
+        if train:
             pipe.placement.micro_batch(batch)
         elif batch % replicas:
             raise ValueError('batch size: expected a multiple of the replicas (%d) to predict, '
@@ -515,20 +526,24 @@ class PipelineModule(DeviceModule):
         data_shapes, label_shapes = self._full_shapes if bucket is None else bucket
         micro = self._graph_batch(batch, chunks)
         shapes = {n: _resized(s, self._axes[n], micro) for n, s in data_shapes + label_shapes}
-        specs = self._variable_specs(shapes)
+        symbol, placed = (self._full, self._full_graph) if chunks == pipe.chunks or \
+            not self._fused else self._unsplit_graph()
+        specs = self._variable_specs(shapes, symbol)
         requests = self._exec_group.grad_req
         input_grads = self._inputs if self.inputs_need_grad else ()
         # a bucket's executors share the memory pools of the bound shapes' (never run together)
         shared = self._bound_at.get((self.batch_size, bool(train))) if bucket is not None \
             and chunks == pipe.chunks else None
         if self._fused:
+            groups = {n.name: n.group for n in placed.variables}
+            statistics, own = (self._statistics, self._own_outputs) if symbol is self._full \
+                else ((), None)
             runtimes = [
-                bind_fused(self._full, self._context[r], pipe.plan.group2ctxs[r],
+                bind_fused(symbol, self._context[r], pipe.plan.group2ctxs[r],
                            (exe.arg_dict, exe.grad_dict, exe.aux_dict), shapes, specs[1],
-                           self._groups, requests, train and self.for_training, self._devices(),
-                           input_grads, self._statistics, self._own_outputs,
-                           self._fixed_param_names or (), shared[r] if shared else None,
-                           self._full_graph)
+                           groups, requests, train and self.for_training, self._devices(),
+                           input_grads, statistics, own, self._fixed_param_names or (),
+                           shared[r] if shared else None, placed)
                 for r, exe in enumerate(self._exec_group.execs)]
         else:
             runtimes = self._stage_runtimes(shapes, specs, chunks, train, input_grads, shared)
@@ -551,7 +566,7 @@ class PipelineModule(DeviceModule):
         boundary = boundary_specs(self._stages, specs)
         plan, nodes = pipe.plan, pipe.nodes
         schedule = pipe.run_schedule() if chunks == pipe.chunks else \
-            schedules.gpipe(plan.num_stages, 1)
+            schedules.whole_batch(plan.num_stages)
         every = links(self._stages)
         accumulate = {n for n, r in self._exec_group.grad_req.items() if r == 'add'}
 
@@ -568,19 +583,21 @@ class PipelineModule(DeviceModule):
                          input_grads=input_grads, shared=shared[r] if shared else None)
             for r, exe in enumerate(self._exec_group.execs)]
 
-    def _variable_specs(self, shapes):
-        """:func:`~mp_symbolic.core.engine.stages.variable_specs` of the bound graph
-        for inputs of ``shapes`` (the last shapes' kept)."""
-        key = tuple(sorted(shapes.items()))
+    def _variable_specs(self, shapes, symbol=None):
+        """:func:`~mp_symbolic.core.engine.stages.variable_specs` of ``symbol``
+        (default: the bound graph) for inputs of ``shapes`` (the last
+        shapes' kept)."""
+        symbol = self._full if symbol is None else symbol
+        key = (symbol is self._full, tuple(sorted(shapes.items())))
         if self._specs is None or self._specs[0] != key:
-            self._specs = (key, variable_specs(self._full, shapes, {n: 'float32' for n in shapes}))
+            self._specs = (key, variable_specs(symbol, shapes, {n: 'float32' for n in shapes}))
         return self._specs[1]
 
     def _graph_batch(self, batch, chunks):
         """The examples of a batch of ``batch`` in ``chunks`` micro-batches
         that one replica's bound graph takes: fused, the replica's whole
         part; on the stage runtime, one micro-batch."""
-        return batch // (chunks * self.pipeline.replicas) * self._in_graph
+        return batch // (chunks * self.pipeline.replicas) * (chunks if self._fused else 1)
 
     def _bucket_runtimes(self, key, data_batch, batch, train):
         """The runtimes of bucket ``key``: bound at the batch's shapes

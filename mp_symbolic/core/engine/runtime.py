@@ -10,18 +10,18 @@ Two implement it:
   graph whose order MXNet's engine decides (``schedule='gpipe'`` in one
   process).
 
-:func:`bind` makes the one the Pipeline's schedule runs on for the executor
-API's stepper; :class:`~mp_symbolic.core.engine.module.PipelineModule` makes one
-per replica on its :class:`ArrayGroup`'s arrays. The step code of both
-drives either alike.
+:func:`fused` chooses which, once per Pipeline;
+:class:`~mp_symbolic.core.engine.module.PipelineModule` makes one per replica
+on its :class:`ArrayGroup`'s arrays, and :func:`bind` hands the executor
+API's stepper the one of a one-replica Module. The step code of both drives
+either alike.
 """
 from typing import Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 import mxnet as mx
 
-from ..graph.batchnorm import deferred_graph, update
+from ..graph.batchnorm import update
 from ..base.compat import split_bind
-from ..graph.layouts import batch_axis_of, batch_descs, output_batch_axes
 from ..graph.names import GROUP_ATTR
 from .. import schedule as schedules
 
@@ -351,11 +351,20 @@ def grad_requests(arg_names, param_names, data_names, grad_req, fixed=(), for_tr
     return out
 
 
+def fused(pipe):
+    """Whether the steps of ``pipe`` (a :class:`~mp_symbolic.Pipeline`) run
+    on :class:`FusedRuntime` rather than on the stage runtime: its
+    schedule's ``fused`` (:class:`~mp_symbolic.core.schedule.Schedule`), in
+    one process (stages on node processes run on the stage runtime,
+    whatever the schedule). The one place the runtime is chosen."""
+    return pipe.nodes is None and schedules.kind(pipe.schedule).fused
+
+
 def bind(pipe, loss, label_name, shapes):
     """The runtime the Pipeline's schedule runs a batch of ``shapes`` on,
-    for training (one replica): :class:`FusedRuntime` where
-    :func:`~mp_symbolic.core.schedule.one_graph` says so, otherwise a
-    :class:`~mp_symbolic.core.engine.stages.StageRuntime` of every stage.
+    for training (one replica): the one its
+    :class:`~mp_symbolic.core.engine.module.PipelineModule` binds
+    (:func:`fused` chooses which), on that Module's arrays.
 
     Args:
         pipe: The :class:`~mp_symbolic.Pipeline`.
@@ -371,47 +380,8 @@ def bind(pipe, loss, label_name, shapes):
         ValueError: a batch the micro-batches do not divide, or an array
             without the Pipeline's batch axis.
     """
-    # pylint: disable=import-outside-toplevel
-    from .module import fixed_param_names
-    from ..graph.passes import cut
-    from .stages import StageRuntime, variable_specs
-    inputs = set(shapes)
-    plan = pipe.plan
-    if schedules.one_graph(pipe.schedule, pipe.nodes):
-        placed = pipe.training_graph(loss, label_name=label_name)
-        symbol = placed.to_symbol()
-        fixed = set(fixed_param_names(pipe, symbol))
-        statistics, own = (), None
-        if pipe.batchnorm == 'deferred' and pipe.chunks > 1:
-            count = len(symbol.list_outputs())
-            placed, statistics = deferred_graph(placed)
-            symbol = placed.to_symbol()
-            own = count if statistics else None
-        grad_req = {n: 'null' if n in inputs or n in fixed else 'write'
-                    for n in symbol.list_arguments()}
-        specs = variable_specs(symbol, shapes, {n: 'float32' for n in shapes})
-        arrays = parameter_arrays(symbol, specs[0], specs[1], plan.group2ctx, inputs, fixed)
-        groups = {n.name: n.group for n in placed.variables}
-        return bind_fused(symbol, plan.first_device, plan.group2ctx, arrays, shapes, specs[1],
-                          groups, grad_req, True, plan.group2ctx, statistics=statistics,
-                          own_outputs=own, fixed=fixed, graph=placed)
-    data = [(n, tuple(s)) for n, s in shapes.items() if n != label_name]
-    descs = batch_descs(data, pipe.batch_axis, 1) + batch_descs(
-        [(n, tuple(s)) for n, s in shapes.items() if n == label_name], pipe.batch_axis, 1,
-        labels=True)
-    axes = {d.name: batch_axis_of(d) for d in descs}  # where each splits into micro-batches
-    pipe.placement.micro_batch(data[0][1][axes[data[0][0]]])
-    micro = {n: tuple(size // pipe.chunks if i == axes[n] else size
-                      for i, size in enumerate(s)) for n, s in shapes.items()}
-    placed = pipe.training_graph(loss, label_name=label_name, chunks=1)
-    symbol = placed.to_symbol()
-    fixed = set(fixed_param_names(pipe, symbol))
-    specs = variable_specs(symbol, micro, {n: 'float32' for n in micro})
-    stages = cut(placed, plan.num_stages)
-    arg_dict, grad_dict, aux_dict = parameter_arrays(symbol, specs[0], specs[1], plan.group2ctx,
-                                                     inputs, fixed)
-    output_axes = [max(a, 0) for a in output_batch_axes(symbol, [
-        d for d in descs if d.name in symbol.list_arguments()]) or ()]
-    return StageRuntime(stages, plan.group2ctx, arg_dict, grad_dict, aux_dict, micro,
-                        pipe.run_schedule(), True, specs=specs, axes=axes,
-                        output_axes=output_axes, batchnorm=pipe.batchnorm)
+    from .module import PipelineModule  # pylint: disable=import-outside-toplevel
+    module = PipelineModule(pipe, loss, label_name=label_name)
+    data = [(n, tuple(shapes[n])) for n in pipe.data_names() if n in shapes]
+    module.bind(data, [(n, tuple(s)) for n, s in shapes.items() if n == label_name])
+    return module.runtimes[0]

@@ -8,7 +8,6 @@ import mxnet as mx
 
 from ..graph import graphcut, nesting
 from ..base.compat import read_on
-from ..schedule import gpipe, issue_order
 
 __all__ = []
 
@@ -30,7 +29,7 @@ def _check_batch(placement, xs):
     return placement.micro_batch_of(sizes)
 
 
-def forward(placement, *xs, order=None):
+def forward(placement, *xs, order):
     """The inputs ``xs`` (the leaves of the network's inputs, in order) through
     ``placement``'s stages on every replica, split and joined on
     ``placement.batch_axis``; the output on the last stage of replica 0 (a
@@ -38,7 +37,8 @@ def forward(placement, *xs, order=None):
 
     Args:
         order: The forward :class:`~mp_symbolic.core.schedule.Action` s in
-            issue order; ``None``: GPipe's.
+            issue order: the schedule's
+            (:meth:`~mp_symbolic.core.schedule.Schedule.forwards`).
 
     Raises:
         TypeError: an input is not an NDArray, or not one per input name.
@@ -47,15 +47,13 @@ def forward(placement, *xs, order=None):
     """
     size = _check_batch(placement, xs)
     plan, axis = placement.plan, placement.batch_axis
-    num_stages, chunks = plan.num_stages, placement.chunks
+    chunks = placement.chunks
     # runs[r][m]: micro-batch m of replica r, run one stage at a time
     whole = chunks * placement.replicas == 1  # one part: every input goes whole
     runs = [[_start(placement, [x if whole or size == x.shape[axis] else
                                 mx.nd.slice_axis(x, axis=axis, begin=(r * chunks + m) * size,
                                                  end=(r * chunks + m + 1) * size) for x in xs], r)
              for m in range(chunks)] for r in range(placement.replicas)]
-    if order is None:
-        order = forwards(gpipe(num_stages, chunks))
     for stage, m, _ in order:
         for shares in runs:
             shares[m].run(stage)
@@ -71,11 +69,6 @@ def _join(outputs, device, axis):
     nested = flat[0][1]
     value = nesting.unflatten(nested, joined)
     return value[0] if len(value) == 1 and nested[1][0] is nesting.LEAF else tuple(value)
-
-
-def forwards(schedule):
-    """The forward actions of ``schedule`` in the order one thread issues them."""
-    return [a for a in issue_order(schedule) if a.kind == 'F']
 
 
 def _start(placement, xs, replica):

@@ -35,9 +35,10 @@ What a training step holds on a device, row by row:
   :data:`ONEDNN`), laid where MXNet's resource manager keeps it
   (:func:`temp_space`: ``cpu(0)`` for every ``cpu(i)``).
 
-Under ``'gpipe'`` the one graph of every micro-batch is planned; under the
-stage runtime (``'1f1b'``, ``'interleaved'``) each stage's graph of one
-micro-batch, once per executor it keeps (``K - s`` under 1F1B), with the
+Under a schedule that runs fused (``'gpipe'``) the one graph of every
+micro-batch is planned; under the stage runtime (``'1f1b'``,
+``'interleaved'``) each stage's graph of one micro-batch, once per
+executor it keeps (the schedule's ``in_flight``: ``K - s`` under 1F1B), with the
 arrays each executor owns (received activations and their gradients,
 inputs, output gradients) and the batch's joined outputs. Mirrored stages
 are planned as MXNet recomputes them (their graph carries the mark).
@@ -1132,7 +1133,6 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
     # pylint: disable=import-outside-toplevel
     from ..engine.module import fixed_param_names
     from ..graph.names import LABEL_NAME
-    from ..schedule import one_graph
     name = str(optimizer).lower()
     if name not in STATES:
         raise ValueError('optimizer: expected one of %s, found %r'
@@ -1150,7 +1150,7 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
     if batch % per:
         raise ValueError('batch size: expected a multiple of chunks x replicas (%d), found %d'
                          % (per, batch))
-    if one_graph(pipe.schedule):
+    if pipe.run_schedule().fused:
         symbol = pipe.training_symbol(loss, label_name=label_name, output=output)
         table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
                            set(fixed_param_names(pipe, symbol)), (rank, workers))
@@ -1226,7 +1226,6 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed, work
     from ..base.compat import lengths_outside_gradient
     from ..graph.names import parse_group, stage_name
     from ..graph.passes import cut
-    from ..schedule import in_flight
     from ..engine.stages import boundary_specs, head_specs
     plan = pipe.plan
     batch = data_shapes[0][1][pipe.batch_axis]
@@ -1240,7 +1239,7 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed, work
     boundary = boundary_specs(stages, specs)
     inputs = set(input_names) | labels
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
-    flight = in_flight(pipe.run_schedule())
+    flight = pipe.run_schedule().in_flight()
     table, requests = {}, []
     shares = replica_shares(pipe, symbol, specs[0], specs[1], inputs, trained, worker)
     for r, group2ctx in enumerate(plan.group2ctxs):

@@ -506,15 +506,16 @@ class _Search:
                 spec = _spec(self.pool[:k * s * r], s)
                 balances = self.timings.balances(k, 1) if k > 1 else [(None, 'size')]
                 for name in planner.schedules:
-                    if name != 'gpipe' and k == 1:
-                        continue  # one stage: the stage runtime adds nothing to gpipe
-                    virtual = schedules.VIRTUAL.get(name, 1)
+                    kind = schedules.kind(name)
+                    if not kind.fused and k == 1:
+                        continue  # one stage: the stage runtime adds nothing to the fused graph
+                    virtual = kind.virtual_default or 1
                     if self.count is not None and k * virtual > self.count:
                         continue
                     plans = balances if virtual == 1 else self.timings.balances(k, virtual)
                     for m in planner.chunks:
-                        if self.batch % (m * r) or (name == 'interleaved' and m % k) or \
-                                (name != 'gpipe' and m == 1):
+                        if self.batch % (m * r) or not kind.takes(k, m) or \
+                                (not kind.fused and m == 1):
                             continue
                         for balance, rule in plans:
                             out.append(Candidate(spec, k, r, m, name, virtual, False, balance,
@@ -829,7 +830,7 @@ class Timings:
         if self.steps is None:
             return 0.0
         extra = (candidate.replicas - 1) * self.steps['replica']
-        if schedules.one_graph(candidate.schedule):
+        if made.fused:
             return self.steps['graph'] + (candidate.chunks - 1) * self.steps['chunk'] + extra
         actions = candidate.replicas * sum(len(a) for a in made)
         return self.steps['staged'] + self.steps['action'] * actions + extra
@@ -847,17 +848,21 @@ class Timings:
         self.steps = None
         pool = search.pool
         planner = search.planner
-        probes = {'graph': Candidate(_spec(pool[:1]), 1, 1, 1, 'gpipe')}
+        # the fused graph's probes, and the stage runtime's (one stage per device)
+        fused = next(n for n in schedules.NAMES if schedules.kind(n).fused)
+        staged = next(n for n in schedules.NAMES if not schedules.kind(n).fused and
+                      schedules.kind(n).virtual_default is None)
+        probes = {'graph': Candidate(_spec(pool[:1]), 1, 1, 1, fused)}
         chunked = [m for m in (4, 2) if m in planner.chunks and search.batch % m == 0]
-        if chunked and any(schedules.one_graph(name) for name in planner.schedules):
-            probes['chunks'] = Candidate(_spec(pool[:1]), 1, 1, chunked[0], 'gpipe')
+        if chunked and any(schedules.kind(name).fused for name in planner.schedules):
+            probes['chunks'] = Candidate(_spec(pool[:1]), 1, 1, chunked[0], fused)
         if len(pool) > 1 and search.batch % 2 == 0 and \
                 any(r > 1 for r in planner.replicas or (2,)):
-            probes['replica'] = Candidate(_spec(pool[:2]), 1, 2, 1, 'gpipe')
+            probes['replica'] = Candidate(_spec(pool[:2]), 1, 2, 1, fused)
         blocks = search.count if search.count is not None else 2
         if len(pool) > 1 and blocks >= 2 and search.batch % 4 == 0 and \
-                any(not schedules.one_graph(name) for name in planner.schedules):
-            probes['staged'] = Candidate(_spec(pool[:2]), 2, 1, 4, '1f1b')
+                any(not schedules.kind(name).fused for name in planner.schedules):
+            probes['staged'] = Candidate(_spec(pool[:2]), 2, 1, 4, staged)
         steppers, self._probes = {}, {}
         for name, candidate in probes.items():
             pipe = search.pipeline(candidate)
@@ -1092,8 +1097,9 @@ def simulate(schedule, cost, replicas=1, capacity=None, shards=1):
 
 
 # Pipeline's arguments the planner chooses, and their defaults.
-CHOSEN = {'balance': None, 'chunks': 1, 'replicas': 1, 'mirror': False, 'schedule': 'gpipe',
-          'virtual': None, 'nodes': None, 'tensor_parallel': None, 'shard_optimizer': False}
+CHOSEN = {'balance': None, 'chunks': 1, 'replicas': 1, 'mirror': False,
+          'schedule': schedules.DEFAULT, 'virtual': None, 'nodes': None, 'tensor_parallel': None,
+          'shard_optimizer': False}
 
 
 def plan_arguments(plan, memory_per_device, blocks, devices, sample, batch_axis, given):
