@@ -1,39 +1,13 @@
 """``Pipeline``: any Gluon network split into stages on several devices.
 
-Modelled on torchgpipe's ``GPipe(module, balance, devices, chunks)``, but on
-MXNet's own machinery: the Pipeline tags every op, parameter variable and
-auxiliary state of stage ``s`` with ``ctx_group='stage<s>'``, and MXNet's
-graph executor, bound with ``group2ctx``, places each stage on its device and
-inserts the cross-device copies (``Module(group2ctxs=...)``,
-``Symbol.simple_bind(group2ctx=...)``). With ``chunks=M`` the graph splits each
-batch into M micro-batches that run through the stages with shared weights
-(GPipe); MXNet's dependency engine then runs stage ``s`` on chunk ``m`` while
-stage ``s+1`` works on chunk ``m-1``, with no scheduler of ours.
-
-One ``HybridBlock`` of any shape (residuals, branches) is split whole: its
-traced graph is cut into one contiguous range of ops per stage and relabelled
-(:mod:`~mp_symbolic.core.graph.graphcut`). A parameter read by several stages (tied
-weights) lives on one stage and the others read it through an ``identity``
-op there.
-
-A stage may hold several devices (``'cpu:0+cpu:1,cpu:2'``): its
-tensor-parallel layers (:mod:`~mp_symbolic.core.parallel.tensor_parallel`) then put
-shard ``i`` on the stage's device ``i``, in ``ctx_group``
-``stage<s>_shard<i>``; everything else in the stage runs on its first device.
-Where users see parameters (``get_params``, ``set_params``, checkpoints) a
-split layer has its unsplit names and shapes.
-
-The same object is the imperative twin: a Gluon ``Block`` whose parameters
-live on their stage's device and whose forward pass moves activations between
-devices (autograd records those copies, so gradients flow back across them);
-with replicas and chunks too (:mod:`~mp_symbolic.core.engine.twin`), trained by
-:class:`~mp_symbolic.Trainer`.
-
-This module is the Gluon block and the entry point: the plan is one frozen
-:class:`~mp_symbolic.core.placement.place.place.Placement` made by
-:func:`~mp_symbolic.core.placement.place.place.place`; the graphs are built from it in
-:mod:`~mp_symbolic.core.graph.build.build` and the imperative forward pass runs on it in
-:mod:`~mp_symbolic.core.engine.twin`.
+Every op, parameter variable and auxiliary state of stage ``s`` is tagged
+``ctx_group='stage<s>'`` (shard ``i`` of a tensor-parallel layer
+``stage<s>_shard<i>``), and MXNet's graph executor, bound with
+``group2ctx``, puts each stage on its device and copies between them
+(docs/how-it-works.md). The same object is the imperative twin, a Gluon
+``Block`` (:mod:`~mp_symbolic.core.engine.twin`). The plan is one frozen
+:class:`~mp_symbolic.core.placement.place.Placement`; the graphs are built
+from it (:mod:`~mp_symbolic.core.graph.build`).
 """
 import mxnet as mx
 from mxnet import gluon
@@ -79,196 +53,108 @@ class Pipeline(gluon.Block):
     """A network of Gluon blocks, split into contiguous stages, one device each.
 
     Args:
-        blocks: Gluon ``HybridBlock`` s in order (``Dense``, ``Conv2D``,
-            ``BatchNorm``, pooling, ``Flatten``, ``Dropout``, your own ...), or
-            a ``HybridSequential``; each block takes one input and returns one
-            output. Or ONE ``HybridBlock`` of any shape (residuals, branches,
-            concatenations: ``vision.resnet18_v1(classes=10)``): its traced
-            graph is cut into one contiguous range of ops per stage
-            (:mod:`~mp_symbolic.core.graph.graphcut`).
-        devices: ``'cpu:0,cpu:1,cpu:2'`` (the ``--devices`` form) or a list of
-            ``mx.Context``; one device per stage, times ``replicas``. A stage
-            of several devices, for tensor-parallel layers: ``'cpu:0+cpu:1,cpu:2'``
-            or a tuple of contexts in the list.
-        balance: ``None``: balance the stages by parameter count; a list of
-            ints: blocks per stage (one entry per device, each at least 1,
-            summing to the number of blocks; ops per stage for one whole
-            network); ``'time'``: balance by each block's (op's) measured
-            forward + backward time on ``sample``. For a whole network, among
-            cuts within 10% of the best balance the one with the fewest
-            activation bytes crossing the boundaries wins.
-        sample: A batch (numpy or NDArray) or its shape, for ``balance='time'``
-            and for parameter shapes not known yet (layers without their input
-            size); for a whole network it also gives the bytes crossing each
-            boundary. A tuple of batches (or of shapes), one per positional
-            input, for a network of several inputs: they are then named
-            ``data0``, ``data1``, ... (``input_names``). A positional input
-            that is a list (GluonNLP's ``begin_state``): a list of batches
-            in its place, ``sample=(x, [h0, c0])``; its leaves are inputs in
-            order (``data0`` for ``x``, ``data1``, ``data2`` for the states)
-            and ``pipe(x, [h, c])`` takes them nested the same way.
-        chunks: Micro-batches per batch (GPipe), in the symbolic graph and in
-            the imperative twin; the batch size must be a multiple of
-            ``chunks * replicas``.
-        replicas: Data-parallel copies of the pipeline; ``devices`` then lists
-            ``replicas x stages`` devices, replica by replica.
-        mirror: Re-materialisation: ``True`` (every stage) or stage indices
-            whose ops carry MXNet's ``__force_mirroring__``, so the backward
-            pass recomputes their outputs instead of keeping them (compute
-            traded for activation memory; see the README for what it measured).
-        tied: ``{parameter name: stage}`` for parameters read by several
-            stages (tied weights) that should live on another stage than the
-            first that reads them. Other stages read such a parameter through
-            an ``identity`` op in its stage (a copy, in the imperative twin);
-            its gradient is the sum over its uses.
-        tensor_parallel: ``None``: only the tensor-parallel layers the network
-            is written with are sharded. ``'auto'``: its ``Dense`` layers and
-            attention blocks are swapped for tensor-parallel ones over the
-            devices of a stage, each MLP and self-attention Megatron-LM's way
-            (:mod:`~mp_symbolic.core.parallel.autotp`); ``{pattern: 'column' | 'row' |
-            'vocab' | 'replicate'}``: the layers whose block or parameter name
-            matches an ``fnmatch`` pattern (the first that matches decides).
-            Swapped layers keep their parameter names and values; the network
-            given is changed in place. ``print(pipe)`` says what was sharded.
-        schedule: The order of the micro-batches in the Module's training
-            step: ``'gpipe'`` (fill and drain: every forward, then every
-            backward), ``'1f1b'`` (each stage one forward and one backward
-            in turn, so stage ``s`` of ``K`` keeps at most ``K - s``
-            micro-batches' activations: :mod:`~mp_symbolic.core.engine.stages`),
-            ``'interleaved'`` (Megatron-LM's interleaved 1F1B: ``virtual``
-            stages per device, so a step's idle fraction falls from
-            ``(K-1)/(M+K-1)`` to ``(K-1)/(vM+K-1)``; ``chunks`` a multiple
-            of the ``K`` devices), or a function ``(num_stages,
-            microbatches) -> one list of actions per device``
-            (:class:`~mp_symbolic.Action` ``(stage, microbatch, kind)``,
-            kind ``'F'`` or ``'B'``), checked here: each action once, on its
-            stage's device, in an order the devices can run; the function
-            runs in a thread of its own and must return, and its lists be
-            read, within ``schedule.TIME_LIMIT`` seconds (10), at most ``2
-            x stages x micro-batches`` actions a device. The imperative
-            twin runs the schedule's forwards in its order.
-        virtual: Stages per device (default 2 under ``'interleaved'``, 1
-            under a function; the other names run one): ``devices`` lists
-            each device once and the network is cut into ``virtual x K``
-            stages, stage ``s`` on device ``s mod K`` (with 2 devices and
-            ``virtual=2``: stages 0, 1, 2, 3 on devices 0, 1, 0, 1). An
-            argument of its own rather than ``schedule='interleaved:2'``: the
-            schedule stays a value, and the count is checked as the other
-            counts are. Each virtual stage binds its own executors, as many
-            as the schedule keeps micro-batches in flight on it.
-        nodes: ``None`` or 1: every stage in this process. ``N``: the stages
-            divided over N node processes (on one host or several), each
-            replica's devices evenly and in order, each node binding only its
-            stages on its own devices (``gpu:0`` of node 1 is node 1's GPU; a
-            device may be listed once per node) and holding only their
-            parameters, gradients and optimizer state; the boundary tensors
-            cross by torch.distributed (:mod:`~mp_symbolic.core.transport.nodes`). Every
-            node process builds the same Pipeline; its rank and the rendezvous
-            come from torchrun's variables (``MASTER_ADDR``, ``MASTER_PORT``,
-            ``RANK``, ``WORLD_SIZE``; ``python -m mp_symbolic launch --nodes N``
-            sets them too). The Module (``pipe.module()``) trains as on one
-            host; its outputs and metric are the last node's.
-        node_timeout: Seconds a node waits on another (a tensor, a commit)
-            before it ends (a stopped or wedged node); default 300.
-        batch_axis: The axis of the batch in every input and output of the
-            network: 0 (batch first), or 1 for GluonNLP's ``TNC`` layout
-            (tokens ``(T, N)``, states ``(L, N, C)``, outputs ``(T, N, V)``).
-            The micro-batches and the replicas split every input on it and
-            join every output on it, in the twin and the Module (whose
-            inputs and labels then carry layouts with ``N`` there), on
-            every schedule and over nodes.
-        batchnorm: How the Module's training step updates BatchNorm's
-            running statistics with micro-batches: ``'micro-batch'`` (each
-            micro-batch in turn, in micro-batch order, under every schedule),
-            or ``'deferred'`` (torchgpipe's ``deferred_batch_norm``: once per
-            batch, with the whole batch's mean and variance, as one device
-            running the whole batch; each replica its own, each node its
-            stages'; :mod:`~mp_symbolic.core.graph.batchnorm`). With one chunk both
-            are MXNet's own update. :meth:`training_symbol` is the graph
-            of the default rule; the imperative twin refuses to train with
-            ``'deferred'`` and several chunks.
-        transport: The name of the transport that carries the boundary
-            tensors on the stage runtime (:mod:`~mp_symbolic.core.transport.comm`):
-            ``None`` for ``'local'`` in one process and ``'gloo'`` over
-            nodes, or a name given to
-            :func:`~mp_symbolic.core.transport.comm.register_transport`.
-        shard_optimizer: ZeRO stage 1 (:mod:`~mp_symbolic.core.optim.zero`): each
-            of a stage's replicas (times the ``dist_sync`` workers) holds
-            and updates the optimizer state of its share of the stage's
-            parameters (whole parameters, balanced by bytes), and the
-            updated values go to the other replicas; the values are the
-            unsharded run's, bit for bit. With one replica there is nothing
-            to share: the run is the unsharded one. The Module's training
-            step does it (``pipe.module()``); checkpoints hold the whole
-            state by name, as without.
-        plan: ``None``: the plan is the arguments given. ``'auto'``: the
-            planner chooses ``balance``, ``chunks``, ``replicas``,
-            ``mirror``, ``schedule`` and ``virtual`` (and which of
-            ``devices`` to use, in order, and how many to a stage: the
-            shards of the network's tensor-parallel layers, or with
-            ``tensor_parallel='auto'`` the shards it makes, 1 among them;
-            ``shard_optimizer`` where it is
-            needed to fit) from the memory estimate and a
-            simulation of the schedule over stage times measured on
-            ``devices`` (:mod:`~mp_symbolic.core.planning.planner`), for a softmax
-            head and SGD with momentum; a
-            :class:`~mp_symbolic.core.planning.planner.Planner` plans for its loss,
-            optimizer and space. Those arguments must then be left at their
-            defaults (``tensor_parallel``: ``None`` or ``'auto'``), and
-            ``sample`` given. Scoring the candidates leaves ``blocks`` as
-            they are; ``tensor_parallel='auto'`` then shards them in place
-            for the plan chosen, as without a plan.
-        memory_per_device: With ``plan``: the bytes each device may hold
-            (an int, or ``'2GiB'``, ``'512MB'``, ``'1.5G'``); ``None``: no
-            budget (the fastest plan).
+        blocks: ``HybridBlock`` s in order (or a ``HybridSequential``), each
+            taking one input and returning one output; or one ``HybridBlock`` of
+            any shape, whose traced graph is cut into contiguous ranges of ops.
+        devices: ``'cpu:0,cpu:1'`` or a list of ``mx.Context``: one device per
+            stage, times ``replicas``; a stage of several devices (its
+            tensor-parallel shards): ``'cpu:0+cpu:1,cpu:2'``, or a tuple in the
+            list.
+        balance: ``None`` (by parameter count), blocks (ops, for a whole
+            network) per stage, each at least 1, or ``'time'`` (by each block's
+            or op's forward and backward time on ``sample``). A whole network's
+            cut is, among those within 10% of the best balance, the one with
+            the fewest activation bytes crossing.
+        sample: A batch or its shape, for ``balance='time'`` and shapes not known
+            yet; several inputs as a tuple (``data0``, ``data1``, ...), a list
+            input (GluonNLP's ``begin_state``) as a list: ``sample=(x, [h0, c0])``
+            then ``pipe(x, [h, c])``. Needed for a whole network whose shapes
+            are not known; sizes at least 1, lists at most 32 deep.
+        chunks: Micro-batches per batch (GPipe); the batch size must be a
+            multiple of ``chunks * replicas``.
+        replicas: Data-parallel copies; ``devices`` lists ``replicas x stages``
+            devices, replica by replica.
+        mirror: ``True`` or stage indices whose outputs the backward pass
+            recomputes (MXNet's ``__force_mirroring__``).
+        tied: ``{parameter name: stage}`` to hold a parameter several stages
+            read (default the first); the others read it through an
+            ``identity`` there, its gradient the sum over its uses.
+        tensor_parallel: ``None`` (only the network's own tensor-parallel
+            layers), ``'auto'`` (its ``Dense`` layers and attention blocks
+            sharded over a stage's devices Megatron-LM's way:
+            :mod:`~mp_symbolic.core.parallel.autotp`) or ``{fnmatch pattern:
+            'column' | 'row' | 'vocab' | 'replicate'}`` over block or parameter
+            names, the first match deciding. ``blocks`` is changed in place,
+            names and values kept; ``print(pipe)`` says what was sharded.
+        schedule: The training step's order: ``'gpipe'`` (every forward, then
+            every backward), ``'1f1b'`` (stage ``s`` of ``K`` keeps at most ``K
+            - s`` micro-batches), ``'interleaved'`` (Megatron-LM's, ``chunks`` a
+            multiple of the ``K`` devices) or a function ``(num_stages,
+            microbatches) -> one list of`` :class:`~mp_symbolic.Action` s per
+            device, checked as :func:`~mp_symbolic.core.schedule.make` says.
+            The twin runs its forwards in its order.
+        virtual: Stages per device (default 2 under ``'interleaved'``, 1 under a
+            function; refused under the others): the network is cut into
+            ``virtual x K`` stages, stage ``s`` on device ``s mod K``.
+        nodes: ``None`` or 1: one process. ``N``: each replica's devices dealt
+            evenly and in order over N node processes, each binding and holding
+            only its stages (``gpu:0`` of node 1 is node 1's GPU), boundary
+            tensors crossing by torch.distributed
+            (:mod:`~mp_symbolic.core.transport.nodes`). Each node builds the same
+            Pipeline, its rank and rendezvous from torchrun's variables
+            (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``); the
+            Module's outputs and metric are the last node's.
+        node_timeout: Seconds a node waits on another before it ends (300).
+        batch_axis: The batch's axis in every input and output, a non-negative
+            integer: 0, or 1 for GluonNLP's ``TNC`` layout; micro-batches and
+            replicas split and join on it everywhere.
+        batchnorm: ``'micro-batch'`` (the Module's step updates BatchNorm's
+            running statistics per micro-batch) or ``'deferred'`` (once per
+            batch with the whole batch's, as torchgpipe's
+            ``deferred_batch_norm``: :mod:`~mp_symbolic.core.graph.batchnorm`;
+            the twin does not train with it and several chunks).
+        transport: The stage runtime's transport
+            (:mod:`~mp_symbolic.core.transport.comm`): ``None`` (``'local'`` in
+            one process, ``'gloo'`` over nodes) or a registered name; only
+            ``'local'`` under ``'gpipe'`` in one process.
+        shard_optimizer: A bool, ZeRO-1 (:mod:`~mp_symbolic.core.optim.zero`):
+            each of a stage's replicas (times the ``dist_sync`` workers) updates
+            the optimizer state of its share of the parameters and sends the
+            values to the others, bit for bit the unsharded run's; checkpoints
+            hold the whole state.
+        plan: ``None``, or ``'auto'``: the planner chooses the devices used,
+            ``balance``, ``chunks``, ``replicas``, ``mirror``, ``schedule``,
+            ``virtual`` and ``shard_optimizer`` from the memory estimate and
+            stage times measured on ``devices``, for a softmax head and SGD with
+            momentum (a :class:`~mp_symbolic.core.planning.planner.Planner`: for
+            its loss, optimizer and space); those arguments left at their
+            defaults (``tensor_parallel``: ``None`` or ``'auto'``), ``sample``
+            given. Scoring the candidates leaves ``blocks`` as they are.
+        memory_per_device: With ``plan``, the bytes a device may hold (an int,
+            ``'2GiB'``, ``'512MB'``); ``None``: the fastest plan.
 
     Attributes:
-        blocks: The blocks, in order.
-        placement: The :class:`~mp_symbolic.core.placement.place.place.Placement`: what
-            runs where (the attributes below read it).
+        blocks, placement: The blocks in order; the
+            :class:`~mp_symbolic.core.placement.place.Placement` (what runs where,
+            which the attributes read).
         plan: The :class:`~mp_symbolic.core.placement.devices.DevicePlan`.
-        balance: Blocks per stage (ops per stage for a whole network).
-        chunks, replicas, schedule, virtual, batchnorm, shard_optimizer: As
-            given (``virtual`` 1 but under ``'interleaved'``).
-        transport: The transport's name (``'local'``, ``'gloo'`` or as given).
-        planned: With ``plan``: the :class:`~mp_symbolic.core.planning.planner.Ranking`
-            of the candidates (``planned.best``: the plan built), else ``None``.
-        whole: Whether one whole network was cut (then ``cut`` is its
-            :class:`~mp_symbolic.core.graph.graphcut.Cut`).
-        tied: ``{parameter name: (owning stage, stages that read it)}``.
-        sharding: What ``tensor_parallel`` did, layer by layer
-            (:class:`~mp_symbolic.core.parallel.autotp.Sharding`), or ``None``.
-        inputs: The positional inputs as nested names (``('data0',
-            ['data1', 'data2'])``); ``input_names`` are their leaves.
-        batch_axis: As given.
+        balance, tied, whole, cut, sharding, inputs: Blocks (ops) per stage;
+            ``{parameter: (owning stage, readers)}``; whether a whole network was
+            cut, and its :class:`~mp_symbolic.core.graph.graphcut.Cut`; what
+            ``tensor_parallel`` did, or ``None``; the inputs as nested names.
+        chunks, replicas, schedule, virtual, batch_axis: As given or defaulted.
+        batchnorm, transport, shard_optimizer: As given or defaulted.
+        planned: With ``plan``, the candidates'
+            :class:`~mp_symbolic.core.planning.planner.Ranking`, else ``None``.
 
     Raises:
         TypeError: a block is not a ``HybridBlock``.
-        ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks or replicas that cannot work; an unknown ``schedule``, or
-            a function's that cannot run (``ScheduleError``); ``virtual``
-            not a positive integer, or given with a named schedule of one
-            stage per device; under ``'interleaved'``, ``chunks`` not a
-            multiple of the devices; (``NodeError``) nodes without a
-            rendezvous, more nodes than devices per replica, a device twice
-            on one node, ``balance='time'`` with nodes, or nodes whose plans
-            differ; a
-            ``tied`` entry that is not a parameter and a stage; a whole network without ``sample``
-            whose shapes are not known; a ``sample`` with a size below 1,
-            more elements in an input than MXNet takes in one tensor, or
-            lists nested deeper than 32 or holding themselves; a stage of several devices whose
-            count is not the shards of a tensor-parallel layer in it; a
-            ``tensor_parallel`` plan that cannot hold (the layer, its shapes
-            and the shard count named); ``batch_axis`` not a non-negative
-            integer; ``batchnorm`` not one of
-            :data:`~mp_symbolic.core.graph.batchnorm.MODES`; ``shard_optimizer``
-            not a bool; ``transport`` not
-            a registered name, one within a process with nodes, or other
-            than ``'local'`` on MXNet's one graph (``schedule='gpipe'`` in
-            one process); (``PlanError``) with ``plan``, a budget no
-            candidate fits (its one line names the smallest memory one
-            needs), a size that cannot be read, or a plan argument given
-            too; ``memory_per_device`` without ``plan``.
+        ValueError: an argument that cannot work as its entry above says, in
+            one line naming it; ``DeviceSpecError``, ``BalanceError``,
+            ``ScheduleError``, ``NodeError`` (no rendezvous, more nodes than
+            devices per replica, a device twice on a node, ``balance='time'``,
+            plans that differ) and ``PlanError`` (no candidate fits the budget)
+            among them.
     """
 
     @symbol_safe
@@ -399,12 +285,9 @@ class Pipeline(gluon.Block):
         return [(owner[name], param) for name, param in self.collect_params().items()]
 
     def describe(self):
-        """The plan, one line per stage, with block names and parameter counts.
-
-        For a whole network: per stage, its device(s), op count and parameter
-        count, then its ops and its parameters, and after each stage but the
-        last the activation bytes per sample that cross to the next.
-        """
+        """The plan, one line per stage: its device(s), blocks (ops) and parameter
+        counts; for a whole network, its ops and parameters, and the activation
+        bytes per sample that cross to the next stage."""
         return self.placement.describe()
 
     # -- symbolic ------------------------------------------------------------
@@ -428,23 +311,20 @@ class Pipeline(gluon.Block):
     @symbol_safe
     def training_symbol(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
                         output=None, unsplit=False):
-        """The graph with its loss head (see :func:`mp_symbolic.core.graph.heads.make_head`).
+        """The graph with its loss head (:func:`mp_symbolic.core.graph.heads.make_head`).
 
         Args:
-            loss: A loss head; ``None``: no head, the network's outputs (an
-                inference graph with no label).
-            chunks: Micro-batches; ``None``: the Pipeline's ``chunks``.
-            output: For a network of several outputs, the one a named loss
-                reads; the graph's outputs are then the head, then the other
-                outputs in order (through ``BlockGrad``: no gradient flows
-                from them). A callable loss receives the list of outputs.
-            unsplit: Tensor-parallel layers unsplit (one op each, with the
-                unsplit layer's parameter names and shapes): the graph a
-                checkpoint holds, whatever the shards it was trained on.
+            loss: A loss head; ``None``: the network's outputs, no label.
+            chunks: Micro-batches; ``None``: the Pipeline's.
+            output: For several outputs, the one a named loss reads; the graph's
+                outputs are then the head and the others in order, through
+                ``BlockGrad``. A callable loss receives them all.
+            unsplit: Tensor-parallel layers unsplit, with their unsplit parameter
+                names and shapes: the graph a checkpoint holds.
 
         Raises:
-            ValueError: ``output`` is missing or out of range for a network
-                of several outputs, or given for one of a single output.
+            ValueError: ``output`` missing or out of range for several outputs,
+                or given for one.
         """
         return self.training_graph(loss, data_name, label_name, chunks, output,
                                    unsplit).to_symbol()
@@ -452,20 +332,14 @@ class Pipeline(gluon.Block):
     @symbol_safe
     def training_graph(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
                        output=None, unsplit=False, shares=1):
-        """:meth:`training_symbol`'s graph, typed (a
-        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`): the network's graph
-        (:func:`~mp_symbolic.core.graph.build.build.build`), the loss head
-        (:func:`~mp_symbolic.core.graph.heads.with_head`) and
-        :func:`~mp_symbolic.core.graph.passes.finish`, passes on one typed graph.
+        """:meth:`training_symbol`'s graph, a
+        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`.
 
         Args:
-            shares: The parts of a step's batch the graph is bound to (a
-                replica's share, times ``chunks`` where each micro-batch is
-                bound alone): the ``grad_scale`` of a head whose gradient
-                divisor holds the batch is divided by it
+            shares: The parts of a step's batch the graph is bound to: a head whose
+                gradient divides by the batch has its ``grad_scale`` divided by it
                 (:func:`~mp_symbolic.core.graph.heads.scaled_heads`), so that its
-                gradients are those of one device's unsplit batch; 1 (the
-                default): the head as one device trains it.
+                gradients are one device's on the unsplit batch.
 
         Raises:
             ValueError: as :meth:`training_symbol`.
@@ -485,43 +359,35 @@ class Pipeline(gluon.Block):
         return self.plan.num_stages // self.virtual
 
     def run_schedule(self):
-        """The :class:`~mp_symbolic.core.schedule.Schedule` the stage runtime
-        runs on each replica (under ``'gpipe'``, fill and drain as data: the
-        one graph's Module leaves the order to MXNet's engine instead).
+        """The :class:`~mp_symbolic.core.schedule.Schedule` each replica runs
+        (``'gpipe'``'s fused graph leaves its order to MXNet's engine).
 
         Raises:
-            ValueError: (``ScheduleError``) a schedule function whose
-                actions cannot run; under ``'interleaved'``, ``chunks`` not a
-                multiple of the devices.
+            ValueError: (``ScheduleError``) a function's actions that cannot run;
+                under ``'interleaved'``, ``chunks`` not a multiple of the devices.
         """
         return schedules.make(self.schedule, self.plan.num_stages, self.chunks, self.virtual)
 
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, output=None,
                host_copy=False, **kwargs):
-        """An ``mx.mod.Module`` bound to the stages' devices (see
-        :class:`~mp_symbolic.core.engine.module.PipelineModule`); ``fit``, ``score``,
-        ``predict`` and ``save_checkpoint`` work as on any Module.
+        """An ``mx.mod.Module`` on the stages' devices
+        (:class:`~mp_symbolic.core.engine.module.PipelineModule`): ``fit``,
+        ``score``, ``predict``, ``save_checkpoint`` work as on any Module.
 
         Args:
-            loss: ``'l2'``, ``'softmax'``, ``'logistic'``, a callable
-                ``(prediction, label) -> Symbol`` (for several outputs:
-                ``(outputs, label)``), or ``None`` for an inference module
-                with no label whose outputs are the network's, in order.
-            data_name, label_name: Names of the input and label variables
-                (default: ``mx.io.NDArrayIter``'s ``data`` and ``softmax_label``);
-                a network of several inputs takes ``data0``, ``data1``, ...
-            output: For a network of several outputs, the one the loss reads
-                (see :meth:`training_symbol`).
-            host_copy: Keep ``mx.mod.Module``'s host copy of every parameter
-                (on ``cpu(0)``). By default the stages' devices hold the only
-                copy; ``get_params`` and checkpoints gather a fresh one.
-            buckets: The bucket keys the Module takes, declared ahead (a
-                batch of another ``bucket_key`` is refused), or ``None``
-                (any): a batch with a ``bucket_key`` and ``provide_data``,
-                as ``mx.mod.BucketingModule`` reads it, runs on executors
-                bound at its shapes on the key's first batch, sharing the
-                default bucket's parameters, gradients and optimizer
-                (:mod:`~mp_symbolic.core.engine.buckets`).
+            loss: ``'l2'``, ``'softmax'``, ``'logistic'``, a callable ``(prediction,
+                label) -> Symbol`` (``(outputs, label)`` for several), or ``None``:
+                an inference module, no label, the network's outputs.
+            data_name, label_name: The input's and label's names (default
+                ``mx.io.NDArrayIter``'s); several inputs are ``data0``, ``data1``, ...
+            output: For several outputs, the one the loss reads
+                (:meth:`training_symbol`).
+            host_copy: Keep ``mx.mod.Module``'s copy of every parameter on
+                ``cpu(0)``; otherwise ``get_params`` and checkpoints gather one.
+            buckets: The bucket keys taken (another is refused), or ``None`` (any):
+                a batch's ``bucket_key`` and ``provide_data`` run on executors bound
+                at its shapes, sharing the default bucket's parameters, gradients
+                and optimizer (:mod:`~mp_symbolic.core.engine.buckets`).
             **kwargs: Passed to ``mx.mod.Module`` (``logger``,
                 ``fixed_param_names``, ``compression_params``, ...).
         """
@@ -533,7 +399,7 @@ class Pipeline(gluon.Block):
         """Fills in parameter shapes not known yet from one input shape.
 
         Raises:
-            ValueError: MXNet cannot infer the shapes from ``data_shape``.
+            ValueError: MXNet cannot infer them from ``data_shape``.
         """
         return graph.infer_shapes(self.blocks, data_shape, data_name)
 
@@ -541,26 +407,20 @@ class Pipeline(gluon.Block):
 
     @symbol_safe
     def forward(self, x, *more):  # pylint: disable=arguments-differ
-        """Runs the blocks stage by stage, moving ``x`` to each stage's device;
-        with replicas, each replica a share of the batch, with chunks, as
-        micro-batches (see :func:`mp_symbolic.core.engine.twin.forward`). Returns the
-        whole batch's output on the last stage of the first replica (a tuple,
-        for a network of several outputs, nested as the network returns
-        them: GluonNLP's language model gives ``(out, [h, c])``). A network
-        of several inputs takes them all: ``pipe(x0, x1, ...)``, each batch
-        on ``batch_axis``, nested as ``sample`` was (``pipe(x, [h, c])``).
-
-        On a Symbol, returns the tagged inference graph (one chunk); the
-        Symbol's own nodes go to the first stage unless they name a stage.
+        """The imperative twin's forward pass (:func:`mp_symbolic.core.engine.twin.forward`):
+        the batch's output on the first replica's last stage, nested as the network
+        returns it. Several inputs are given as ``sample`` nests them
+        (``pipe(x, [h, c])``). On a Symbol: the tagged inference graph of one chunk,
+        its own nodes on the first stage unless they name one.
 
         Raises:
-            TypeError: ``x`` is neither an NDArray nor a Symbol, or the
-                inputs are not nested as the sample was.
-            ValueError: the batch is not a multiple of ``chunks x replicas``,
-                or a node of the Symbol names a ``ctx_group`` the plan lacks;
-                in training, ``batchnorm='deferred'`` with ``chunks > 1``.
-            RuntimeError: on NDArrays, a parameter not initialised yet
-                (neither :meth:`initialize` nor :meth:`set_params` called).
+            TypeError: ``x`` is neither an NDArray nor a Symbol, or the inputs are
+                nested otherwise than ``sample``.
+            ValueError: a batch not a multiple of ``chunks x replicas``; a Symbol's
+                node naming a ``ctx_group`` the plan lacks; training with
+                ``batchnorm='deferred'`` and ``chunks > 1``.
+            NodeError: a Pipeline over nodes (it trains through :meth:`module`).
+            RuntimeError: on NDArrays, a parameter not initialised.
         """
         placement = self.placement
         if self.nodes is not None and not isinstance(x, mx.sym.Symbol):
@@ -582,9 +442,8 @@ class Pipeline(gluon.Block):
         return twin.forward(placement, *leaves, order=self._forwards)
 
     def _check_initialized(self):
-        """Raises RuntimeError in one line while a parameter has no values
-        (nor a deferred initialisation) on any device, where Gluon would
-        raise its own of several lines from inside the first stage."""
+        """Raises RuntimeError in one line while a parameter has neither values nor
+        a deferred initialisation (Gluon's own error spans several lines)."""
         if getattr(self, '_ready', False):
             return
         params = list(self.collect_params().values())
@@ -610,14 +469,14 @@ class Pipeline(gluon.Block):
         return self.placement.batch_axis
 
     def _input_leaves(self, args):
-        """The leaves of the positional ``args``, in order, checked to be
-        nested as :attr:`inputs` (a flat network's count is the twin's to
-        check, in its own words).
+        """The leaves of ``args``, in order, checked to nest as :attr:`inputs` (a
+        flat network's count is the twin's to check).
 
         Raises:
-            TypeError: they are nested otherwise.
+            TypeError: they nest otherwise.
             ValueError: they nest deeper than
-                :data:`~mp_symbolic.core.graph.nesting.MAX_DEPTH`, or a list holds itself.
+                :data:`~mp_symbolic.core.graph.nesting.MAX_DEPTH`, or a list holds
+                itself.
         """
         nesting.check(tuple(args), 'inputs')
         leaves, given = nesting.flatten(tuple(args))
@@ -631,17 +490,14 @@ class Pipeline(gluon.Block):
 
     def initialize(self, init=mx.init.Uniform(), ctx=None, verbose=False,
                    force_reinit=False):
-        """Initialises (or moves) each parameter on its stage's device, one
-        copy per replica.
-
-        Parameters already initialised elsewhere keep their values and move.
-        Layers without their input size finish on the first forward pass.
-        Each value drawn is a function of MXNet's random state at the call
-        and the parameter's (unsplit) name only, as ``init_params`` draws it
-        (:mod:`~mp_symbolic.core.optim.initial`).
+        """Initialises each parameter on its stage's device, one copy per replica;
+        one initialised already keeps its values and moves there, and a layer
+        without its input size finishes on the first forward pass. Each value
+        drawn depends only on MXNet's random state at the call and the
+        parameter's unsplit name (:mod:`~mp_symbolic.core.optim.initial`).
 
         Raises:
-            ValueError: ``ctx`` is given (the plan decides placement).
+            ValueError: ``ctx`` is given (the plan places the parameters).
         """
         if ctx is not None:
             raise ValueError('ctx: expected None (a Pipeline places each stage on its own '
@@ -663,19 +519,17 @@ class Pipeline(gluon.Block):
                 print(line)
 
     def set_params(self, arg_params, aux_params=None, allow_missing=False):
-        """Places the given values: each parameter on its stage's device (on
-        each replica's).
+        """Places the values, each parameter on its stage's device(s).
 
         Args:
-            arg_params, aux_params: Name -> NDArray or numpy array (as
-                ``mx.model.load_checkpoint`` returns them); a tensor-parallel
-                layer's parameters by their unsplit names and shapes (or by
-                their shard names).
-            allow_missing: Set those given only; the other parameters keep
-                their values (they must be initialised).
+            arg_params, aux_params: Name -> NDArray or numpy array, as
+                ``mx.model.load_checkpoint`` returns them; tensor-parallel
+                parameters by their unsplit names and shapes, or by shard.
+            allow_missing: Set those given; the others keep their values (they
+                must be initialised).
 
         Raises:
-            ValueError: a parameter has no value (without ``allow_missing``),
+            ValueError: a parameter without a value (unless ``allow_missing``),
                 or a value of another shape.
         """
         values = dict(arg_params)
@@ -704,17 +558,12 @@ class Pipeline(gluon.Block):
             param.set_data(value.astype(param.dtype))
 
     def get_params(self, lazy=False):
-        """``(arg_params, aux_params)`` of the initialised parameters, on ``cpu()``.
-
-        Auxiliary states are those the symbol lists as such (BatchNorm's
-        running statistics). A tensor-parallel layer's parameters are
-        gathered: their unsplit names and shapes, whatever the shards.
+        """``(arg_params, aux_params)`` on ``cpu()``, tensor-parallel parameters
+        gathered to their unsplit names and shapes.
 
         Args:
-            lazy: Each value a function of no arguments making that one
-                array on the host (numpy, the same bits) when called, not
-                the array: a caller taking them one at a time holds one
-                array at a time.
+            lazy: Each value a function making that one numpy array when called,
+                so that a caller holds one at a time.
         """
         aux_names = set(self.symbol().list_auxiliary_states())
         arg_params, aux_params = {}, {}
@@ -734,8 +583,8 @@ class Pipeline(gluon.Block):
         return tensor_parallel.gather_params(values, self.sharded)
 
     def split_params(self, values):
-        """``values`` with each unsplit tensor-parallel parameter split into
-        this Pipeline's shards (the inverse of :meth:`gather_params`).
+        """``values`` with each unsplit tensor-parallel parameter split into shards
+        (:meth:`gather_params`'s inverse).
 
         Raises:
             ValueError: an unsplit value of another shape than its layer's.
