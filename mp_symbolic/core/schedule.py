@@ -1,33 +1,14 @@
 """Pipeline schedules as data: which device runs which stage's forward or
-backward pass on which micro-batch, in what order.
+backward pass on which micro-batch, in what order (after
+torch.distributed.pipelining and Megatron-LM; docs/pipelining.md).
 
-After torch.distributed.pipelining (``ScheduleGPipe``, ``Schedule1F1B``,
-``ScheduleInterleaved1F1B``: a schedule is a list of actions per rank, and
-``_format_pipeline_order`` prints it) and Megatron-LM's 1F1B and interleaved
-1F1B. An :class:`Action` is ``(stage, microbatch, kind)`` with ``kind``
-``'F'`` (forward) or ``'B'`` (backward); a :class:`Schedule` holds one list
-of actions per device, in the order that device issues them. Every
-schedule made here is checked (:func:`check`): each ``(stage, micro-batch)``
-is run forward once and backward once, on its stage's device, and the
-devices can run their lists in order without waiting on each other for
-ever (a stage's forward after the previous stage's, its backward after its
-forward and after the next stage's backward).
-
-``print(one_f_one_b(3, 4))`` draws it on a clock of one unit per action
-(``2F1``: stage 2's forward of micro-batch 1; blank: the device waits)::
-
-    step  dev0  dev1  dev2
-    0     0F0
-    1     0F1   1F0
-    2     0F2   1F1   2F0
-    3                 2B0
-    4           1B0   2F1
-    5     0B0   1F2   2B1
-    ...
-
-Stage ``s`` of ``K`` under 1F1B holds at most ``K - s`` micro-batches
-between their forward and their backward (:func:`in_flight`), whatever the
-number of micro-batches; under GPipe every stage holds all ``M``.
+An :class:`Action` is ``(stage, microbatch, kind)``, ``kind`` ``'F'`` or
+``'B'``; a :class:`Schedule` holds one list of actions per device, in issue
+order. Every schedule made here is checked (:func:`check`): each ``(stage,
+micro-batch)`` runs forward once and backward once, on its stage's device,
+and the devices can run their lists without waiting on each other for ever
+(a stage's forward after the previous stage's; its backward after its
+forward and the next stage's backward). ``print(schedule)`` draws it.
 """
 from collections import namedtuple
 from dataclasses import dataclass
@@ -61,27 +42,23 @@ class Action(namedtuple('Action', 'stage microbatch kind')):
 
 @dataclass(frozen=True)
 class Schedule:
-    """One list of :class:`Action` s per device, in issue order, and what
-    the runtime, the planner, the estimate and the twin ask of a schedule.
-
-    A named schedule is a subclass registered in :data:`NAMED`, whose class
-    attributes and :meth:`takes` answer for its name before any schedule
-    is made; ``Schedule`` itself answers for a function's (the user's own).
-    Adding a schedule is a subclass here and its :data:`NAMED` entry.
+    """One list of :class:`Action` s per device, in issue order, and what the
+    runtime, the planner, the estimate and the twin ask of a schedule. A named
+    schedule is a subclass in :data:`NAMED`, whose class attributes and
+    :meth:`takes` answer for its name before one is made; ``Schedule`` itself
+    answers for a function's. A new schedule is a subclass and its entry.
 
     Attributes:
-        name: ``'gpipe'``, ``'1f1b'``, ``'interleaved'``, or the name of the
-            function that made it.
+        name: ``'gpipe'``, ``'1f1b'``, ``'interleaved'``, or the function's name.
         devices: A tuple per device of its actions.
         num_stages: Stages (``v x`` devices for ``v`` virtual stages per device).
         microbatches: Micro-batches per batch.
-        device_of_stage: ``device_of_stage[s]``: the device index running stage ``s``.
-        fused: (class) Whether it runs, in one process, as MXNet's one bound
-            graph of every micro-batch, its order left to MXNet's engine
-            (GPipe's fill and drain), rather than on the stage runtime.
-        virtual_default: (class) The virtual stages per device it runs when
-            ``virtual`` is not given; ``None``: one stage per device, and
-            ``virtual`` refused.
+        device_of_stage: ``device_of_stage[s]``: the device running stage ``s``.
+        fused: (class) Whether it runs in one process as MXNet's one bound
+            graph of every micro-batch, its order left to MXNet's engine,
+            rather than on the stage runtime.
+        virtual_default: (class) Its virtual stages per device when ``virtual``
+            is not given; ``None``: one, and ``virtual`` refused.
     """
     name: str
     devices: tuple
@@ -94,8 +71,8 @@ class Schedule:
 
     @classmethod
     def takes(cls, devices, microbatches):  # pylint: disable=unused-argument
-        """Whether it runs ``microbatches`` over ``devices`` devices (both
-        positive integers): the planner's candidates are the counts it takes."""
+        """Whether it runs ``microbatches`` over ``devices`` devices (the planner's
+        candidates)."""
         return True
 
     @property
@@ -104,13 +81,11 @@ class Schedule:
         return self.num_stages // len(self.devices)
 
     def in_flight(self):
-        """:func:`in_flight`: ``{stage: the micro-batches it holds at most
-        between their forward and their backward}``."""
+        """:func:`in_flight`."""
         return in_flight(self)
 
     def forwards(self):
-        """The forward actions in the order one thread issues them
-        (:func:`issue_order`): the imperative twin's order."""
+        """The forward actions in :func:`issue_order`: the imperative twin's order."""
         return [a for a in issue_order(self) if a.kind == 'F']
 
     def bubble(self, cost=None):
@@ -138,8 +113,8 @@ def _make(name, lists, num_stages, microbatches, device_of_stage, kind=Schedule)
 
 
 def gpipe(num_stages, microbatches):
-    """GPipe's fill-and-drain: every device runs all its forwards, then all
-    its backwards (micro-batch order in both, as torch's ``ScheduleGPipe``).
+    """GPipe's fill and drain: every device runs all its forwards, then all its
+    backwards, each in micro-batch order.
 
     Raises:
         ValueError: a count that is not a positive integer.
@@ -152,10 +127,9 @@ def gpipe(num_stages, microbatches):
 
 
 def one_f_one_b(num_stages, microbatches):
-    """1F1B (PipeDream-flush, Megatron-LM's non-interleaved schedule): stage
-    ``s`` of ``K`` runs ``min(K - 1 - s, M)`` forwards to fill the pipe, then
-    alternates one forward and one backward, then drains its backwards; it
-    holds at most ``K - s`` micro-batches in flight.
+    """1F1B (PipeDream-flush): stage ``s`` of ``K`` runs ``min(K - 1 - s, M)``
+    forwards, then one forward and one backward in turn, then its remaining
+    backwards; it holds at most ``K - s`` micro-batches in flight.
 
     Raises:
         ValueError: a count that is not a positive integer.
@@ -176,19 +150,14 @@ def one_f_one_b(num_stages, microbatches):
 
 
 def interleaved(num_devices, microbatches, virtual):
-    """Megatron-LM's interleaved 1F1B: ``virtual`` stages per device, device
-    ``d`` holding stages ``d, d + K, ..., d + (v - 1) K`` of ``v x K``. Its
-    ideal bubble is ``(K - 1) / (v M + K - 1)`` of a step, against
-    ``(K - 1) / (M + K - 1)`` for GPipe and 1F1B.
-
-    Micro-batches go through each device's stages in groups of ``K``
-    (Megatron's order): the ``k``-th forward of a device is of its stage
-    ``(k // K) mod v`` on micro-batch ``(k // (K v)) K + k mod K``, its
-    backwards the same with the stages in reverse.
+    """Megatron-LM's interleaved 1F1B: device ``d`` of ``K`` holds stages ``d, d +
+    K, ..., d + (v - 1) K``. Its ``k``-th forward is of its stage ``(k // K) mod
+    v`` on micro-batch ``(k // (K v)) K + k mod K``; its backwards the same,
+    the stages reversed.
 
     Raises:
         ValueError: a count that is not a positive integer, or ``M`` not a
-            multiple of ``K`` (Megatron's condition).
+            multiple of ``K``.
     """
     k = positive_int('devices', num_devices)
     m = positive_int('micro-batches', microbatches)
@@ -237,8 +206,7 @@ class OneFOneB(Schedule):
 
 
 class Interleaved(Schedule):
-    """:func:`interleaved`'s schedule: 2 virtual stages per device unless
-    given, micro-batches a multiple of the devices."""
+    """:func:`interleaved`'s schedule: 2 virtual stages per device unless given."""
     virtual_default = 2
 
     @classmethod
@@ -261,8 +229,8 @@ DEFAULT = 'gpipe'
 
 
 def kind(spec):
-    """The class of ``spec``'s schedules, which answers for it before one is
-    made: a name's (:data:`NAMED`), or :class:`Schedule` for a function.
+    """The :class:`Schedule` class that answers for ``spec``: a name's
+    (:data:`NAMED`), or ``Schedule`` for a function.
 
     Raises:
         ValueError: an unknown name.
@@ -277,19 +245,17 @@ def kind(spec):
 
 
 def whole_batch(num_stages):
-    """The schedule of a batch run whole, as one micro-batch: each stage's
-    forward in turn, then each backward."""
+    """The schedule of a batch run as one micro-batch."""
     return gpipe(num_stages, 1)
 
 
 def check_spec(spec, virtual=None):
-    """The virtual stages per device of schedule ``spec`` (a name of
-    :data:`NAMES`, or a function ``(num_stages, microbatches) -> one list
-    of actions per device``), after checking both.
+    """The virtual stages per device of schedule ``spec`` (a name of :data:`NAMES`
+    or a function), after checking both.
 
     Raises:
-        ValueError: an unknown name, or ``virtual`` given to a named schedule
-            that runs one stage per device, or not a positive integer.
+        ValueError: an unknown name; ``virtual`` given to a schedule of one
+            stage per device, or not a positive integer.
     """
     default = kind(spec).virtual_default
     if virtual is not None and default is None:
@@ -300,22 +266,20 @@ def check_spec(spec, virtual=None):
 
 
 def make(spec, num_stages, microbatches, virtual=1):
-    """The checked :class:`Schedule` of ``spec`` (see :func:`check_spec`)
-    over ``num_stages`` stages, ``virtual`` per device: stage ``s`` on device
-    ``s mod (num_stages / virtual)``.
+    """The checked :class:`Schedule` of ``spec`` (see :func:`check_spec`) over
+    ``num_stages`` stages, ``virtual`` per device: stage ``s`` on device ``s mod
+    (num_stages / virtual)``.
 
-    A function's lists may hold :class:`Action` s or ``(stage, microbatch,
-    kind)`` tuples, and may be any iterables (generators too); it is called
-    once per call here, in a thread of its own, and it and the reading of
-    what it returns must end within :data:`TIME_LIMIT` seconds. At most
-    ``2 x num_stages x microbatches`` actions are read per device (the
-    count of the whole schedule: a device's list any longer repeats one).
+    A function's lists may be any iterables of :class:`Action` s or ``(stage,
+    microbatch, kind)`` tuples. It is called once, in a thread of its own; it
+    and the reading of its lists must end within :data:`TIME_LIMIT` seconds,
+    and at most ``2 x num_stages x microbatches`` actions are read per device.
 
     Raises:
-        ScheduleError: the function's schedule cannot run (see :func:`check`),
-            is not one list of actions per device, holds more actions than
-            that on a device, or the function or the reading of its lists
-            raised or took longer than :data:`TIME_LIMIT`.
+        ScheduleError: the function's schedule cannot run (:func:`check`), is
+            not one list of actions per device, holds more actions than that on
+            a device, or the function or the reading raised or overran
+            :data:`TIME_LIMIT`.
         ValueError: a count that is not a positive integer, or (interleaved)
             micro-batches not a multiple of the devices.
     """
@@ -330,13 +294,11 @@ def make(spec, num_stages, microbatches, virtual=1):
 
 
 def _within_time_limit(read, call):
-    """``read()`` run in a thread of its own (so that the limit holds
-    whichever thread builds the Pipeline; a signal's alarm reaches the main
-    thread only), waited on for :data:`TIME_LIMIT` seconds.
+    """``read()`` in a thread of its own (a signal's alarm would reach only the
+    main thread), waited on for :data:`TIME_LIMIT` seconds.
 
     Raises:
-        ScheduleError: it is still running then (the thread is left to end
-            on its own: Python cannot stop it).
+        ScheduleError: it is still running then (the thread is left to end).
         BaseException: what ``read`` raised.
     """
     done = {}
@@ -373,13 +335,11 @@ _END = object()
 
 
 def _read(spec, name, num_stages, microbatches, devices):
-    """``spec(num_stages, microbatches)`` read into one list of
-    :class:`Action` s per device, every iterable of it read under a bound.
+    """``spec(num_stages, microbatches)`` read into one list of :class:`Action` s
+    per device, every iterable read under a bound.
 
     Raises:
-        ScheduleError: ``spec`` or the reading of its lists raised, they are
-            not one list of ``(stage, microbatch, kind)`` per device, or a
-            device holds more than ``2 x num_stages x microbatches`` actions.
+        ScheduleError: as :func:`make`.
     """
     call = '%s(%d, %d)' % (name, num_stages, microbatches)
     try:
@@ -457,13 +417,12 @@ def _needs(action, num_stages):
 
 
 def timeline(schedule, cost=None):
-    """The devices' clock: each action starts once its device is free and
-    the actions it needs have ended.
+    """The devices' clock: each action starts once its device is free and the
+    actions it needs have ended.
 
     Args:
-        cost: ``{kind: time}``, or ``{(stage, kind): time}`` for stages of
-            unequal times (as measured: the ideal of an uneven split);
-            ``None``: one unit for each action.
+        cost: ``{kind: time}`` or ``{(stage, kind): time}``; ``None``: one unit
+            each.
 
     Returns:
         ``[(start, end, action)]`` per device, in its order.
@@ -507,8 +466,8 @@ def check(schedule):
     """Checks that ``schedule`` can run (see the module docstring).
 
     Raises:
-        ScheduleError: an action is missing, repeated, of an unknown kind or
-            stage, on another device than its stage's, or the devices wait on
+        ScheduleError: an action missing, repeated, of an unknown kind or
+            stage, or on another device than its stage's; devices that wait on
             each other for ever.
     """
     seen = set()
@@ -550,10 +509,9 @@ def in_flight(schedule):
 
 
 def bubble(schedule, cost=None):
-    """The idle fraction of the devices' time from the first start to the
-    last end, on :func:`timeline`'s clock (the schedule's ideal bubble;
-    with ``cost`` per stage and kind, the ideal of stages of those times,
-    the copies between them free).
+    """The idle fraction of the devices' time from the first start to the last
+    end on :func:`timeline`'s clock, ``cost`` as it takes it (copies between
+    stages free).
 
     Raises:
         KeyError: ``cost`` lacks an action's stage and kind.
@@ -565,18 +523,17 @@ def bubble(schedule, cost=None):
 
 
 def issue_order(schedule):
-    """Every action once, in an order that respects each device's list and
-    every dependency: the order a single thread issues them to MXNet's
-    engine (the clock of :func:`timeline`; at a tie, the older micro-batch
-    first, then the devices in turn)."""
+    """Every action once, in :func:`timeline`'s clock order (at a tie the older
+    micro-batch first, then the devices in turn): the order one thread issues
+    them to MXNet's engine."""
     rows = timeline(schedule)
     return [a for _, _, _, a in sorted((start, a.microbatch, d, a) for d, row in enumerate(rows)
                                        for start, _, a in row)]
 
 
 def format_schedule(schedule):
-    """The schedule as a table: one row per unit of :func:`timeline`'s
-    clock, one column per device, ``<stage><F|B><micro-batch>`` or blank."""
+    """A table: one row per unit of :func:`timeline`'s clock, one column per
+    device, ``<stage><F|B><micro-batch>`` or blank."""
     rows = timeline(schedule)
     span = max(row[-1][1] for row in rows if row)
     grid = [[''] * len(rows) for _ in range(span)]
