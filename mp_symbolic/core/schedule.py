@@ -417,15 +417,9 @@ def _needs(action, num_stages):
 
 
 def timeline(schedule, cost=None):
-    """The devices' clock: each action starts once its device is free and the
-    actions it needs have ended.
-
-    Args:
-        cost: ``{kind: time}`` or ``{(stage, kind): time}``; ``None``: one unit
-            each.
-
-    Returns:
-        ``[(start, end, action)]`` per device, in its order.
+    """The devices' clock: ``[(start, end, action)]`` per device in its order, each
+    action started once its device is free and the actions it needs have ended;
+    ``cost`` ``{kind: time}`` or ``{(stage, kind): time}`` (``None``: one unit).
 
     Raises:
         ScheduleError: the devices wait on each other for ever (the message
