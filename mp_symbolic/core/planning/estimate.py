@@ -1,54 +1,13 @@
 """Memory per device before anything is allocated: the table of
 :func:`mp_symbolic.tools.memory.memory_table`, estimated from shapes and
-MXNet 1.9.1's own memory planning.
+MXNet 1.9.1's own memory planning (docs/planning.md).
 
-What a training step holds on a device, row by row:
-
-* ``params``, ``grads``, ``aux``, ``inputs``: each argument's and auxiliary
-  state's shape (``infer_shape``) on the device of its ``ctx_group``, as
-  the Module binds them;
-* ``optimizer``: the states the optimizer makes per trained parameter
-  (:data:`STATES`: SGD with momentum one, Adam two, ...), each the
-  parameter's size, on its device; under ``shard_optimizer`` only those of
-  the replica's share (:func:`mp_symbolic.core.optim.zero.owners`);
-* ``other``: the executors' activations, as MXNet plans them. Each graph
-  is handed to MXNet's graph executor with arrays that are never allocated
-  (``delay_alloc``), so MXNet itself takes the gradient (with its
-  aggregation, mirroring and zero elimination), places every node and
-  inserts the cross-device copies, infers shapes, and logs the planned
-  graph (``MXNET_MEM_PLAN_VERBOSE_LOGGING``): every node, its op, its input
-  and output entries and their shapes. The plan itself (which entries share
-  a storage chunk) is not exposed, so :func:`plan_storage` replays
-  ``MXPlanMemory`` (``src/nnvm/plan_memory.cc``) on that graph: reference
-  counts, in-place pairs (:data:`INPLACE`, each op's ``FInplaceOption``,
-  ``FInplaceIdentity`` and ``FIgnoreInputs`` as MXNet registers them), the
-  free list matched within ``NNVM_EXEC_MATCH_RANGE`` by device, the search
-  over match ranges where it is on, and the gradients written into the
-  Module's arrays (external). Each chunk is allocated once, its largest
-  entry's bytes, on the device of its first entry
-  (``GraphExecutor::InitDataEntryMemory``), beside one head gradient per
-  graph output a backward node reads, the default-layout copies the
-  executor keeps of oneDNN arrays for the ops that do not read oneDNN's
-  layouts (:func:`fallback_buffers`), and the storage stateful ops keep
-  for themselves (:data:`OP_STORAGE`: the fused RNN op's buffer). Beside
-  the plan, the temporary space its ops ask for (:data:`WORKSPACE`,
-  :data:`ONEDNN`), laid where MXNet's resource manager keeps it
-  (:func:`temp_space`: ``cpu(0)`` for every ``cpu(i)``).
-
-Under a schedule that runs fused (``'gpipe'``) the one graph of every
-micro-batch is planned; under the stage runtime (``'1f1b'``,
-``'interleaved'``) each stage's graph of one micro-batch, once per
-executor it keeps (the schedule's ``in_flight``: ``K - s`` under 1F1B), with the
-arrays each executor owns (received activations and their gradients,
-inputs, output gradients) and the batch's joined outputs. Mirrored stages
-are planned as MXNet recomputes them (their graph carries the mark).
-Replicas are each a plan of their own on their devices, and the local
-kvstore that sums their gradients holds its buffers in pinned host memory
-(:data:`PINNED`); tensor-parallel shards are nodes of the graph on their
-devices.
-
-Nothing of the model is allocated: only the head gradients MXNet makes at
-bind for the graph outputs a backward node reads.
+The arrays' rows come from their shapes on their ``ctx_group``'s device.
+``other``: each training graph is bound in a child process on arrays never
+allocated, the graph MXNet plans is read from its log, ``MXPlanMemory`` is
+replayed on it (:func:`plan_storage`), and what the plan does not hold is
+added (:func:`activations`, :func:`temp_space`). Nothing of the model is
+allocated but the head gradients MXNet makes at bind.
 """
 import json
 import os
@@ -134,18 +93,14 @@ class PlannedGraph:
     """A training graph as MXNet's executor plans it (:func:`planned_graph`).
 
     Attributes:
-        nodes: ``[{'op': name or None (a variable), 'name', 'attrs',
-            'inputs': [entry], 'outputs': [entry], 'device': str(ctx)}]`` in
-            MXNet's node order (the order the planner walks).
+        nodes: ``[{'op': name or None (a variable), 'name', 'attrs', 'inputs':
+            [entry], 'outputs': [entry], 'device': str(ctx)}]``, in MXNet's order.
         shapes: ``{entry: shape}``.
-        external: Entries MXNet writes into arrays it was given (the
-            gradients of the arguments).
+        external, added: The entries MXNet writes into arrays it was given (the
+            arguments' gradients), and those it adds to them (``grad_req='add'``).
         outputs: The forward outputs' entries, in order.
-        env: ``{NNVM_EXEC_MATCH_RANGE, NNVM_AUTO_SEARCH_MATCH_RANGE}`` in
-            force at the bind.
-        total_mib: MXNet's own total of its plan, in whole MiB (what
-            ``debug_str`` prints): :func:`planner_total` must agree.
-        added: The gradient entries MXNet adds to their arrays (``grad_req='add'``).
+        env: The bind's ``NNVM_EXEC_MATCH_RANGE`` and ``NNVM_AUTO_SEARCH_MATCH_RANGE``.
+        total_mib: MXNet's own total of its plan in whole MiB (``debug_str``).
     """
 
     def __init__(self, nodes, shapes, external, outputs, env, total_mib=None):
@@ -169,13 +124,9 @@ def _array_spec(array):
 
 
 def _logged_bind(symbol, context, args, grads, aux, group2ctx, env):
-    """The planner's log and ``debug_str()`` of ``symbol`` bound on ``args``,
-    ``grads`` and ``aux`` (never allocated), in a child process.
-
-    MXNet reads ``MXNET_MEM_PLAN_VERBOSE_LOGGING`` once per process, at its
-    first bind (``static`` in ``GraphExecutor::Init``): in this process the
-    log would be missing after any earlier bind, and every later bind of
-    the user's would print it. The child binds once, with the log on.
+    """The planner's log and ``debug_str()`` of ``symbol`` bound on arrays never
+    allocated, in a child process: MXNet reads ``MXNET_MEM_PLAN_VERBOSE_LOGGING``
+    once per process, at its first bind.
 
     Raises:
         RuntimeError: the child failed (its last line).
@@ -221,12 +172,10 @@ _SERVER = []  # the child of the innermost :func:`batched_binds`, while it is op
 
 
 class batched_binds:  # pylint: disable=invalid-name
-    """A context in which every :func:`planned_graph` of this thread binds
-    in one child process, kept for the context, rather than one child per
-    graph: the estimates of many plans without MXNet's start for each
-    graph (the planner's candidates). The child binds each graph as the
-    child of one bind does (the planner's log on, each graph's environment
-    set for its bind, then unset), its log written to a file per graph.
+    """A context in which every :func:`planned_graph` of this thread binds in one
+    child process kept for the context, rather than one child per graph (the
+    planner's candidates). Each graph is bound as :func:`_logged_bind` binds
+    it, its environment set for its bind only.
 
     Raises:
         RuntimeError: (at a bind) the child failed or died (its last line).
@@ -286,10 +235,9 @@ class batched_binds:  # pylint: disable=invalid-name
 
 
 def _serve_binds():
-    """:class:`batched_binds`' child: one request a line on stdin, its
-    planner's log into the request's ``log`` file (the process's stderr
-    pointed there for the bind), its ``debug_str()`` into ``debug``, then
-    ``ok`` (or ``error: <line>``) on stdout."""
+    """:class:`batched_binds`' child: one request a line on stdin, its log and
+    ``debug_str()`` into the request's files, then ``ok`` or ``error: <line>``
+    on stdout."""
     import gc  # pylint: disable=import-outside-toplevel
     saved = os.dup(2)
     for line in sys.stdin:
@@ -388,22 +336,18 @@ def _parse_debug(text):
 
 def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None,
                   grad_names=None, env=None, added=()):
-    """``symbol``'s training graph as MXNet's executor would plan it, without
-    allocating its arrays.
+    """``symbol``'s training graph as MXNet's executor plans it, nothing allocated.
 
     Args:
-        symbol: The training graph (loss heads included).
+        symbol: The training graph, loss heads included.
         shapes: ``{input name: shape}`` of its inputs and labels.
-        group2ctx: ``{ctx_group: mx.Context}``; None: every node on ``context``.
-        context: The bind's default context.
+        group2ctx, context: ``{ctx_group: mx.Context}`` (default none), and the
+            bind's default context.
         dtypes: ``{name: dtype}`` of inputs not float32.
-        grad_names: The arguments that get a gradient; default: every
-            argument not in ``shapes``.
-        env: Environment variables in force at the bind (``MXNET_BACKWARD_DO_MIRROR``,
-            ``NNVM_EXEC_MATCH_RANGE``, ...); default: what a split bind uses
+        grad_names: The arguments with a gradient; default: those not in ``shapes``.
+        env: The environment of the bind; default: a split bind's
             (:func:`~mp_symbolic.core.base.compat.split_bind_environ`).
-        added: The arguments whose gradient is added to its array
-            (``grad_req='add'``: the stage runtime's weights).
+        added: The arguments whose gradient is added to its array.
 
     Returns:
         A :class:`PlannedGraph`.
@@ -478,10 +422,10 @@ def planned_graph(symbol, shapes, group2ctx=None, context=mx.cpu(0), dtypes=None
 
 
 def _place(nodes, attrs, group2ctx, context, arrays):
-    """Each node's device, as ``AssignContext`` and nnvm's ``PlaceDevice`` give
-    it: a variable's array's device; a node of a ``ctx_group`` its group's;
-    a copy the device of the node it feeds; any other the device of its
-    first placed input, else of a node it feeds, else the default."""
+    """Each node's device as ``AssignContext`` and nnvm's ``PlaceDevice`` give it:
+    a variable its array's, a node of a ``ctx_group`` its group's, a backward
+    node its forward node's, another its first placed input's, else a
+    reader's, else ``context``."""
     producer = {}
     for k, node in enumerate(nodes):
         for e in node['outputs']:
@@ -529,9 +473,9 @@ def _nbytes(shape, itemsize=4):
 
 
 def _allocate(graph, match_range):
-    """One pass of ``MXAllocMemory``: ``(storage id per entry, [(device,
-    bytes)] per storage id, the plan's total)``; a chunk never written has
-    0 bytes, the total counts it as MXNet's planner does."""
+    """One pass of ``MXAllocMemory``: ``(storage id per entry, [(device, bytes)]
+    per storage id, total)``; a chunk never written has 0 bytes, but counts in
+    the total as in MXNet's."""
     nodes, shapes = graph.nodes, graph.shapes
     ref = {}
     for node in nodes:
@@ -619,8 +563,8 @@ def _allocate(graph, match_range):
 
 
 def planner_total(graph):
-    """The bytes MXNet's planner reports for ``graph`` (``storage_allocated_bytes``:
-    every chunk of the plan it keeps, written or not)."""
+    """The bytes MXNet's planner reports for ``graph``
+    (``storage_allocated_bytes``)."""
     return _best_plan(graph)[0]
 
 
@@ -644,17 +588,13 @@ def _best_plan(graph):
 
 
 def plan_storage(graph):
-    """MXNet's memory plan of ``graph`` (a :class:`PlannedGraph`), replayed:
-    the bytes of its storage chunks per device.
-
-    With ``NNVM_AUTO_SEARCH_MATCH_RANGE`` the plan is made at every match
-    range 1, 2, 4, ... up to ``NNVM_EXEC_MATCH_RANGE`` and the fewest bytes
-    kept; with ``NNVM_EXEC_MATCH_RANGE=0`` no storage is shared but in place.
+    """MXNet's memory plan of ``graph`` (a :class:`PlannedGraph`), replayed, at
+    each match range up to ``NNVM_EXEC_MATCH_RANGE`` under
+    ``NNVM_AUTO_SEARCH_MATCH_RANGE``, the fewest bytes kept.
 
     Returns:
-        ``{device: bytes}``: the executor's pool, each chunk rounded up to
-        whole float32 words as MXNet allocates it; a chunk no op writes
-        (only outputs nothing reads) is never allocated, and counts 0.
+        ``{device: bytes}``: the executor's pool, each chunk in whole float32
+        words; a chunk no op writes counts 0.
     """
     _, _, chunks = _best_plan(graph)
     # each chunk on the device of its first entry (they agree: the planner matches by device)
@@ -665,9 +605,8 @@ def plan_storage(graph):
 
 
 def head_gradients(graph):
-    """``{device: bytes}`` of the head gradients MXNet allocates at bind: one
-    per forward output whose gradient a backward node reads (a loss head's is
-    never read, and never made), on the output's device."""
+    """``{device: bytes}`` of the head gradients MXNet allocates at bind: one per
+    forward output whose gradient a backward node reads, on its device."""
     device = {}
     for node in graph.nodes:
         for e in node['outputs']:
@@ -682,8 +621,8 @@ def head_gradients(graph):
 
 
 def _broadcast_backward(node, shapes):
-    """``BinaryBroadcastBackwardUseNone`` on CPU: one ``index_t`` (8 bytes) per
-    element of the output gradient, where an input was broadcast."""
+    """``BinaryBroadcastBackwardUseNone`` on CPU: 8 bytes per element of the
+    output gradient, where an input was broadcast."""
     ograd = shapes.get(node['inputs'][0])
     if all(shapes.get(e) == ograd for e in node['outputs']):
         return 0
@@ -723,20 +662,12 @@ def _plain_dense(node, shapes):
 
 
 def _dense_reorders(node, shapes, in_place, added, external):
-    """A dense layer: oneDNN views its data and output as matrices
-    (``MKLDNNFCFlattenData``), so its forward pass reorders nothing. Its
-    backward pass takes oneDNN's temporary memory (``TmpMemMgr::Alloc``,
-    each its bytes and the alignment) for the data's gradient where MXNet
-    writes it in place of the data (``kWriteInplace``: ``in_place``, the
-    outputs sharing an input's storage); for the weight's and the bias's
-    gradients where they are added to their arrays (``kAddTo``: ``added``,
-    the stage runtime's); and for the weight's gradient where it is an
-    entry of the plan (a micro-batch's, summed with the others': not in
-    ``external``, the arrays of the bind) that oneDNN writes in a blocked
-    layout of its own (both its dimensions at least :data:`ONEDNN_BLOCK`;
-    a smaller one it writes in the plain layout, into the entry) and copies
-    out (``CreateMKLDNNWeightGrad``). A gradient written into an array
-    (``kWriteTo``) goes there directly. The op's request is their sum."""
+    """A dense layer's take of oneDNN's temporary memory (``TmpMemMgr::Alloc``,
+    each its bytes and the alignment): none forward; backward, the data's
+    gradient written in place (``in_place``), the weight's and bias's added to
+    their arrays (``added``), and the weight's where it is a plan entry
+    (not ``external``) that oneDNN writes in its blocked layout (both
+    dimensions at least :data:`ONEDNN_BLOCK`) and copies out."""
     if node['op'] != '_backward_FullyConnected' or not node['outputs']:
         return 0
 
@@ -754,8 +685,8 @@ ONEDNN_ELEMENTWISE = frozenset(('_backward_Activation', '_backward_LeakyReLU'))
 
 
 def _in_place(graph):
-    """The entries MXNet's plan (:func:`_best_plan`) writes into the
-    storage of one of their node's inputs (``kWriteInplace``)."""
+    """The entries :func:`_best_plan` writes into one of their node's inputs'
+    storage."""
     storage = _best_plan(graph)[1]
     found = set()
     for node in graph.nodes:
@@ -767,21 +698,18 @@ def _in_place(graph):
 
 
 def _weight_reorders(node, shapes):
-    """A convolution's weight reordered into oneDNN's blocked layout: its
-    bytes and the alignment."""
+    """A convolution's weight reordered into oneDNN's layout: its bytes and the
+    alignment."""
     if node['op'] in ('Convolution', 'Deconvolution'):
         return _nbytes(shapes.get(node['inputs'][1])) + ONEDNN_ALIGN
     return 0
 
 
 def _convolution_backward(node, shapes, added, read):
-    """A convolution's backward pass: the larger of its largest array
-    reordered (its output's gradient into the layout of the backward
-    primitives) and its weight reordered for the data's gradient (where one
-    is read: ``read``), then its weight's gradient in oneDNN's layout,
-    once more where it is added to its array (``added``: copied into the
-    array's layout, ``CommitOutput``), and the bias's gradient where it is
-    added; each its bytes and the alignment."""
+    """A convolution's backward take of oneDNN's temporary memory: the larger of
+    its largest array and (where the data's gradient is ``read``) its weight,
+    then its weight's gradient, once more where ``added``, and the bias's
+    gradient where ``added``; each its bytes and the alignment."""
     outputs = node['outputs']
     weight = _nbytes(shapes.get(node['inputs'][2])) + ONEDNN_ALIGN
     arrays = max(_nbytes(shapes.get(e)) + ONEDNN_ALIGN
@@ -804,12 +732,10 @@ ONEDNN_REQUESTS = frozenset(
 
 
 def _onednn_taken(node, graph, read, in_place):
-    """The bytes of oneDNN's temporary memory ``node`` takes, the sum of its
-    allocations (a dense layer's: :func:`_dense_reorders`; a convolution's
-    backward pass: :func:`_convolution_backward`; an activation's backward
-    pass written in place: its gradient, :data:`ONEDNN_ELEMENTWISE`; another
-    of :data:`ONEDNN`: the largest array it reads or writes, and the
-    alignment, or its weight's reorder); 0 for an op without oneDNN."""
+    """The bytes of oneDNN's temporary memory ``node`` takes (0 without oneDNN):
+    :func:`_dense_reorders`, :func:`_convolution_backward`, an element-wise
+    backward pass's gradient written in place, or for another op of
+    :data:`ONEDNN` its largest array or its weight's reorder."""
     op, shapes = node['op'], graph.shapes
     if op in ('FullyConnected', '_backward_FullyConnected'):
         return _dense_reorders(node, shapes, in_place, graph.added, graph.external)
@@ -827,20 +753,16 @@ def _onednn_taken(node, graph, read, in_place):
 
 
 def workspace(graph, once=False):
-    """``{device: (bytes, bytes)}`` of the temporary space ``graph``'s
-    executor asks for: one resource per device its ops run on
-    (AttachOpResources caches one per context), holding the largest
-    ``get_space`` of that device's ops (:data:`WORKSPACE`) and, apart, the
-    most oneDNN's temporary memory one op of that device takes
-    (:func:`_onednn_taken`), which oneDNN's TmpMemMgr asks of the resource
-    twice over (``mem_size * 2``) when an op of :data:`ONEDNN_REQUESTS`
-    starts on that device's thread.
+    """``{device: (bytes, bytes)}`` of the temporary space ``graph``'s executor
+    asks for, one resource per device: the largest ``get_space`` of its ops
+    (:data:`WORKSPACE`), and apart the most oneDNN's temporary memory one op
+    takes (:func:`_onednn_taken`), which ``TmpMemMgr`` asks twice over when an
+    op of :data:`ONEDNN_REQUESTS` starts.
 
     Args:
-        once: The graph runs once in the step (one executor's one pass, as
-            GPipe's one graph): an op's take counts only where another op of
-            the device's thread asks for the space after it; otherwise (a
-            stage graph run for several micro-batches) every op's counts.
+        once: The graph runs once in the step (GPipe's one graph): an op's take
+            counts only where a later op of its device asks for the space;
+            otherwise every op's counts.
     """
     largest = {}
     read = {e for node in graph.nodes for e in node['inputs']} | set(graph.outputs)
@@ -866,14 +788,11 @@ def workspace(graph, once=False):
 
 
 def temp_space(requests, copies=None):
-    """Where the resources of ``requests`` (one :func:`workspace` per
-    executor) end up: ``{device: bytes}``. CPU resources are the
-    ``MXNET_CPU_TEMP_COPY`` (4) copies MXNet's resource manager keeps on
-    ``cpu(0)`` for every ``cpu(i)``, handed out round robin, each holding the
-    largest ``get_space`` and the largest host space of the executors it
-    serves; oneDNN's host space is twice the largest reorder its device's
-    thread has made, in any executor. At most the sum of the largest
-    resources, one per copy (what this returns)."""
+    """``{device: bytes}`` the resources of ``requests`` (one :func:`workspace` per
+    executor) hold. On CPU they are the ``MXNET_CPU_TEMP_COPY`` copies MXNet
+    keeps on ``cpu(0)`` for every ``cpu(i)``, handed out round robin: the
+    largest requests, one per copy, each its ``get_space`` and twice its
+    device's largest oneDNN take. Elsewhere, each request's ``get_space``."""
     import os  # pylint: disable=import-outside-toplevel
     copies = int(os.environ.get('MXNET_CPU_TEMP_COPY', '4')) if copies is None else copies
     reorder = {}
@@ -899,16 +818,12 @@ RNN_PACKED_ROWS = 128
 
 
 def _rnn_buffer(node, shapes):
-    """The fused RNN op's own buffer (``MKLDNNRnnMemMgr``,
-    src/operator/nn/mkldnn/mkldnn_rnn.cc), an array its state allocates on
-    its device at its first forward pass: per fused group of layers its
-    weights, recurrent weights and biases in oneDNN's order, once more its
-    weights and recurrent weights in the packed layout of the inference
-    primitive (``GetSize``: the gates' rows, gates x state size, padded to
-    :data:`RNN_PACKED_ROWS`) and one element, the intermediate outputs
-    between groups, and 320 elements of alignment per group. oneDNN runs
-    the op in float32 without a projection, unless
-    ``MXNET_USE_MKLDNN_RNN=0``; otherwise the op holds none (0)."""
+    """The fused RNN op's own buffer (``MKLDNNRnnMemMgr``), allocated on its device
+    at its first forward pass: per fused group of layers its weights and
+    biases, its weights once more in the inference primitive's packed layout
+    (rows padded to :data:`RNN_PACKED_ROWS`), the outputs between groups and
+    alignment. 0 where oneDNN does not run it (a projection, data not of 3
+    axes, ``MXNET_USE_MKLDNN_RNN=0``)."""
     import os  # pylint: disable=import-outside-toplevel
     attrs = node['attrs']
     data = shapes.get(node['inputs'][0])
@@ -977,13 +892,10 @@ ONEDNN_KEEPS = frozenset(
 
 def fallback_buffers(graph):
     """``{device: bytes}`` of the default-layout copies the executor keeps
-    for the ops that do not read oneDNN's layout (not in
-    :data:`ONEDNN_READERS`): each such op's input an op of
-    :data:`ONEDNN_BLOCKED` wrote (or an op of :data:`ONEDNN_KEEPS` passed
-    on) gets a buffer of its size, made at the op's first run and kept with
-    the executor (``StorageFallbackOpExecutor``'s ``pre_temp_buf_``), an
-    input the op ignores too (a head gradient's ``_identity_with_attr_like_rhs``
-    of a stage's output)."""
+    (``StorageFallbackOpExecutor``) for ops that do not read oneDNN's layout
+    (not :data:`ONEDNN_READERS`): one per input that an op of
+    :data:`ONEDNN_BLOCKED` wrote or one of :data:`ONEDNN_KEEPS` passed on,
+    ignored inputs included."""
     blocked, held = set(), {}
     for node in graph.nodes:
         if node['op'] is None:
@@ -1001,11 +913,9 @@ def fallback_buffers(graph):
 
 
 def activations(graph):
-    """``{device: bytes}`` the executor of ``graph`` holds beyond the arrays
-    it was given: its planned pool, its head gradients, the default-layout
-    copies of its oneDNN arrays (:func:`fallback_buffers`) and the storage
-    its stateful ops keep (:func:`op_storage`; its temporary space:
-    :func:`workspace`)."""
+    """``{device: bytes}`` the executor of ``graph`` holds beyond its arrays: the
+    planned pool, head gradients, :func:`fallback_buffers` and
+    :func:`op_storage` (its temporary space is :func:`workspace`'s)."""
     total = dict(plan_storage(graph))
     for part in (head_gradients(graph), fallback_buffers(graph), op_storage(graph)):
         for device, size in part.items():
@@ -1028,11 +938,9 @@ def _row(table, device):
 
 def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, trained, states,
                 with_inputs=True, held=None):
-    """Params, grads, optimizer states, aux and (``with_inputs``) inputs of
-    one executor bound on ``symbol`` at ``shapes`` (every argument's), each
-    on its group's device; optimizer states only of the parameters in
-    ``held`` where it is given (the replica's share under
-    ``shard_optimizer``)."""
+    """The arrays' rows of one executor bound on ``symbol`` at ``shapes``, each on
+    its group's device; optimizer states only of ``held`` where given (the
+    replica's share under ``shard_optimizer``)."""
     attrs = symbol.attr_dict()
 
     def device(name):
@@ -1055,12 +963,10 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
 
 
 def replica_shares(pipe, symbol, shapes, types, inputs, trained, worker=(0, 1)):
-    """``[set of parameter names]`` per replica: the optimizer state each
-    replica holds under ``Pipeline(..., shard_optimizer=True)``, as the
-    Module deals it (:func:`mp_symbolic.core.optim.zero.owners`: by the device of
-    replica 0's copy and bytes, over the R replicas of each of W ``dist_sync``
-    workers, ``worker`` being ``(rank, W)``); ``None`` per replica without
-    sharding."""
+    """``[set of parameter names]`` per replica: the optimizer state each holds
+    under ``shard_optimizer``, dealt as the Module deals it
+    (:func:`mp_symbolic.core.optim.zero.owners`) over the replicas of
+    ``worker``'s ``(rank, workers)``; ``None`` per replica without sharding."""
     from ..optim.zero import owners  # pylint: disable=import-outside-toplevel
     rank, workers = worker
     if not pipe.shard_optimizer or pipe.replicas * workers == 1:
@@ -1076,9 +982,8 @@ def replica_shares(pipe, symbol, shapes, types, inputs, trained, worker=(0, 1)):
 
 
 def optimizer_shares(pipe, symbol, shapes, fixed=(), worker=(0, 1)):
-    """:func:`replica_shares` of ``symbol`` bound at ``shapes`` (``[(input
-    name, shape)]``, labels may be left out), ``fixed`` parameters untrained,
-    for ``dist_sync`` worker ``(rank, workers)``."""
+    """:func:`replica_shares` of ``symbol`` bound at ``shapes`` (``[(input name,
+    shape)]``, labels optional), ``fixed`` parameters untrained."""
     inputs = {n for n, _ in shapes} | labels_of(symbol)
     found, types = _specs(symbol, dict(shapes))
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in set(fixed)}
@@ -1086,9 +991,8 @@ def optimizer_shares(pipe, symbol, shapes, fixed=(), worker=(0, 1)):
 
 
 def _specs(symbol, shapes):
-    """``({name: shape}, {name: dtype})`` of every argument and auxiliary
-    state of ``symbol`` for inputs of ``shapes`` (labels may be left out:
-    the loss heads infer them)."""
+    """``({name: shape}, {name: dtype})`` of every argument and auxiliary state
+    for inputs of ``shapes`` (labels optional)."""
     arg_shapes, _, aux_shapes = symbol.infer_shape_partial(**shapes)
     arg_types, _, aux_types = symbol.infer_type(**{n: 'float32' for n in shapes})
     names = symbol.list_arguments() + symbol.list_auxiliary_states()
@@ -1102,33 +1006,30 @@ def _specs(symbol, shapes):
 
 def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
              label_name=None, optimizer='sgd', optimizer_params=None, workers=1, rank=0):
-    """Bytes per device and category of one training step of ``pipe``'s
-    Module, without binding it (see the module).
+    """Bytes per device and category of one training step of ``pipe``'s Module,
+    nothing bound.
 
     Args:
-        pipe: A :class:`~mp_symbolic.Pipeline` (its devices, chunks, replicas,
-            schedule, mirror, shards and ``shard_optimizer`` are the plan:
-            sharded, each replica's optimizer row holds its share).
-        data_shapes: ``[(name, shape)]`` of the whole batch, as ``Module.bind`` takes them
-            (over ``dist_sync`` workers, this worker's share of it).
+        pipe: A :class:`~mp_symbolic.Pipeline`: its plan.
+        data_shapes: ``[(name, shape)]`` of the whole batch, as ``Module.bind``
+            takes them (over ``dist_sync`` workers, this worker's share).
         label_shapes: ``[(name, shape)]``; default: as the loss head infers it.
-        loss, output: As :meth:`~mp_symbolic.Pipeline.module` takes them.
-        label_name: The label's name (default: the Pipeline's ``softmax_label``).
+        loss, output, label_name: As :meth:`~mp_symbolic.Pipeline.module` takes
+            them.
         optimizer, optimizer_params: As ``init_optimizer`` takes them
-            (:data:`STATES`: the states each trained parameter gets).
-        workers, rank: The ``dist_sync`` workers training ``pipe`` and this
-            worker's rank: under ``shard_optimizer`` its replicas hold their
-            shares of the state dealt over replicas x workers.
+            (:data:`STATES`).
+        workers, rank: The ``dist_sync`` workers and this worker's rank, over
+            which ``shard_optimizer`` deals the state.
 
     Returns:
-        ``{device: {category: bytes}}`` with :data:`CATEGORIES` and ``total``,
+        ``{device: {category: bytes}}`` of :data:`CATEGORIES` and ``total``,
         sorted by device, as :func:`mp_symbolic.tools.memory.device_memory`
-        returns a measured step's.
+        gives a measured step's.
 
     Raises:
         ValueError: an optimizer :data:`STATES` does not know, a batch the
-            micro-batches and replicas do not divide, shapes the graph does
-            not take, or a rank not among the workers (one line each).
+            micro-batches and replicas do not divide, shapes the graph does not
+            take, or a rank not among the workers.
     """
     # pylint: disable=import-outside-toplevel
     from ..engine.module import fixed_param_names
@@ -1171,10 +1072,9 @@ PINNED = 'cpu_pinned(0)'
 
 
 def _kvstore(table, symbol, data_shapes, pipe, fixed):
-    """The buffers of the ``'local'`` kvstore that sums the replicas'
-    gradients (``CommCPU::Reduce``, src/kvstore/comm.h): per trained
-    parameter, the merged sum and one copy per replica past the first, in
-    pinned host memory (:data:`PINNED`)."""
+    """The ``'local'`` kvstore's buffers that sum the replicas' gradients
+    (``CommCPU::Reduce``): per trained parameter the sum and one copy per
+    replica past the first, in :data:`PINNED` memory."""
     inputs = {n for n, _ in data_shapes} | labels_of(symbol)
     batch = data_shapes[0][1][pipe.batch_axis]
     shapes, types = _specs(symbol, _replica_shapes(pipe, data_shapes, batch // pipe.replicas))
@@ -1219,9 +1119,8 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed, worker=(0
 
 
 def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed, worker=(0, 1)):
-    """The stage runtime: the weights, gradients and auxiliary states its
-    stage executors share, then each stage's executors of one micro-batch
-    (inputs their own), as many as it keeps in flight."""
+    """The stage runtime's table: the arrays its stage executors share, then per
+    stage its executors of one micro-batch, as many as it keeps in flight."""
     # pylint: disable=import-outside-toplevel
     from ..base.compat import lengths_outside_gradient
     from ..graph.names import parse_group, stage_name

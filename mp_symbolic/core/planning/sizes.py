@@ -16,15 +16,12 @@ _SIZE = re.compile(r'^\s*((?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([A-Za-z]*)\s
 
 
 def parse_size(value, name='memory_per_device'):
-    """Bytes of a size: a positive number of bytes, or a string such as
-    ``'2GiB'``, ``'512MB'``, ``'1.5G'``, ``'100K'``. ``KiB``, ``MiB``, ``GiB``,
-    ``TiB`` and the letters alone (``K``, ``M``, ``G``, ``T``) are powers of
-    1024; ``KB``, ``MB``, ``GB``, ``TB`` powers of 1000; ``B`` or nothing,
-    bytes. Case does not matter.
+    """Bytes of a size: a positive number, or a string such as ``'2GiB'``,
+    ``'512MB'``, ``'1.5G'``: ``K`` or ``KiB`` to ``T`` or ``TiB`` are powers of
+    1024, ``KB`` to ``TB`` of 1000, ``B`` or nothing bytes, in any case.
 
     Raises:
-        ValueError: anything else, or a size below one byte (one line naming
-            ``name``).
+        ValueError: anything else, or below one byte (one line naming ``name``).
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         number, unit = float(value), ''
