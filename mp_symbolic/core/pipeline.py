@@ -333,17 +333,11 @@ class Pipeline(gluon.Block):
     def training_graph(self, loss, data_name=DATA_NAME, label_name=LABEL_NAME, chunks=None,
                        output=None, unsplit=False, shares=1):
         """:meth:`training_symbol`'s graph, a
-        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`.
-
-        Args:
-            shares: The parts of a step's batch the graph is bound to: a head whose
-                gradient divides by the batch has its ``grad_scale`` divided by it
-                (:func:`~mp_symbolic.core.graph.heads.scaled_heads`), so that its
-                gradients are one device's on the unsplit batch.
-
-        Raises:
-            ValueError: as :meth:`training_symbol`.
-        """
+        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`; ``shares``: the parts of a
+        step's batch it is bound to, which divide the ``grad_scale`` of a head whose
+        gradient divides by the batch
+        (:func:`~mp_symbolic.core.graph.heads.scaled_heads`): its gradients are then
+        one device's on the unsplit batch. Raises as :meth:`training_symbol`."""
         chunks = self.chunks if chunks is None else chunks
         placed = graph.build(self.placement, self.data_names(data_name), chunks, unsplit)
         if loss is not None:
@@ -469,15 +463,10 @@ class Pipeline(gluon.Block):
         return self.placement.batch_axis
 
     def _input_leaves(self, args):
-        """The leaves of ``args``, in order, checked to nest as :attr:`inputs` (a
-        flat network's count is the twin's to check).
-
-        Raises:
-            TypeError: they nest otherwise.
-            ValueError: they nest deeper than
-                :data:`~mp_symbolic.core.graph.nesting.MAX_DEPTH`, or a list holds
-                itself.
-        """
+        """The leaves of ``args`` in order, checked to nest as :attr:`inputs` (a flat
+        network's count is the twin's to check): TypeError where they nest
+        otherwise, ValueError deeper than
+        :data:`~mp_symbolic.core.graph.nesting.MAX_DEPTH` or a list holding itself."""
         nesting.check(tuple(args), 'inputs')
         leaves, given = nesting.flatten(tuple(args))
         _, expected = nesting.flatten(self.inputs, lambda v: isinstance(v, str))
