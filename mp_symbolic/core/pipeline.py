@@ -55,7 +55,7 @@ class Pipeline(gluon.Block):
     Args:
         blocks: ``HybridBlock`` s in order (or a ``HybridSequential``), each
             taking one input and returning one output; or one ``HybridBlock`` of
-            any shape, whose traced graph is cut into contiguous ranges of ops.
+            any shape, whose traced graph is cut into one range of ops a stage.
         devices: ``'cpu:0,cpu:1'`` or a list of ``mx.Context``: one device per
             stage, times ``replicas``; a stage of several devices (its
             tensor-parallel shards): ``'cpu:0+cpu:1,cpu:2'``, or a tuple in the
@@ -87,12 +87,13 @@ class Pipeline(gluon.Block):
             names, the first match deciding. ``blocks`` is changed in place,
             names and values kept; ``print(pipe)`` says what was sharded.
         schedule: The training step's order: ``'gpipe'`` (every forward, then
-            every backward), ``'1f1b'`` (stage ``s`` of ``K`` keeps at most ``K
-            - s`` micro-batches), ``'interleaved'`` (Megatron-LM's, ``chunks`` a
-            multiple of the ``K`` devices) or a function ``(num_stages,
-            microbatches) -> one list of`` :class:`~mp_symbolic.Action` s per
-            device, checked as :func:`~mp_symbolic.core.schedule.make` says.
-            The twin runs its forwards in its order.
+            every backward), ``'1f1b'`` (stage ``s`` of ``K`` keeps at most
+            ``K - s`` micro-batches), ``'interleaved'`` (Megatron-LM's,
+            ``chunks`` a multiple of the ``K`` devices), or a function of
+            ``(num_stages, microbatches)`` returning one list of
+            :class:`~mp_symbolic.Action` s per device, checked as
+            :func:`~mp_symbolic.core.schedule.make` says. The twin runs its
+            forwards in its order.
         virtual: Stages per device (default 2 under ``'interleaved'``, 1 under a
             function; refused under the others): the network is cut into
             ``virtual x K`` stages, stage ``s`` on device ``s mod K``.
