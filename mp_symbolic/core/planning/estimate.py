@@ -792,7 +792,7 @@ def temp_space(requests, copies=None):
     executor) hold. On CPU they are the ``MXNET_CPU_TEMP_COPY`` copies MXNet
     keeps on ``cpu(0)`` for every ``cpu(i)``, handed out round robin: the
     largest requests, one per copy, each its ``get_space`` and twice its
-    device's largest oneDNN take. Elsewhere, each request's ``get_space``."""
+    device's largest oneDNN take. Elsewhere, the requests' ``get_space`` summed."""
     import os  # pylint: disable=import-outside-toplevel
     copies = int(os.environ.get('MXNET_CPU_TEMP_COPY', '4')) if copies is None else copies
     reorder = {}
@@ -965,8 +965,9 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
 def replica_shares(pipe, symbol, shapes, types, inputs, trained, worker=(0, 1)):
     """``[set of parameter names]`` per replica: the optimizer state each holds
     under ``shard_optimizer``, dealt as the Module deals it
-    (:func:`mp_symbolic.core.optim.zero.owners`) over the replicas of
-    ``worker``'s ``(rank, workers)``; ``None`` per replica without sharding."""
+    (:func:`mp_symbolic.core.optim.zero.owners`) over the replicas of every
+    ``dist_sync`` worker, ``worker`` being ``(rank, workers)``; ``None`` per
+    replica without sharding."""
     from ..optim.zero import owners  # pylint: disable=import-outside-toplevel
     rank, workers = worker
     if not pipe.shard_optimizer or pipe.replicas * workers == 1:
