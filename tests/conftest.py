@@ -46,15 +46,15 @@ def chain(blocks, **kwargs):
 # long file starts last and ends the run alone on one worker while the short
 # files, after them, fill both workers to the end. A file of 15 CPU-seconds or
 # more belongs here.
-HEAVY_FIRST = ('test_nodes.py', 'test_process_memory.py', 'test_estimate.py', 'test_zero.py',
-               'test_peer.py', 'test_plan_auto.py', 'test_launch.py', 'test_walkthrough.py',
-               'test_node_rendezvous.py', 'test_blas.py', 'test_export_memory.py',
-               'test_batchnorm.py', 'test_lm.py', 'test_export_detectors.py', 'test_buckets.py',
-               'test_readme.py', 'test_audit.py', 'test_export_layers.py',
-               'test_export_tolerance.py', 'test_stages.py', 'test_task_buckets.py',
-               'test_train.py', 'test_graphcut.py', 'test_pipeline_bench.py',
-               'test_mxnet_traps.py', 'test_node_networks.py', 'test_tasks.py',
-               'test_export_inputs.py', 'test_checkpoints.py', 'test_trainer_hybrid.py')
+HEAVY_FIRST = ('test_nodes.py', 'test_plan_auto.py', 'test_process_memory.py', 'test_zero.py',
+               'test_walkthrough.py', 'test_estimate.py', 'test_launch.py', 'test_peer.py',
+               'test_node_rendezvous.py', 'test_export_memory.py', 'test_blas.py',
+               'test_export_detectors.py', 'test_buckets.py', 'test_readme.py', 'test_audit.py',
+               'test_lm.py', 'test_export_tolerance.py', 'test_batchnorm.py',
+               'test_task_buckets.py', 'test_pipeline_bench.py', 'test_stages.py', 'test_tasks.py',
+               'test_node_networks.py', 'test_checkpoints.py', 'test_graphcut.py',
+               'test_mxnet_traps.py', 'test_export_layers.py', 'test_train.py',
+               'test_export_inputs.py', 'test_trainer_hybrid.py')
 
 
 def pytest_collection_modifyitems(items):

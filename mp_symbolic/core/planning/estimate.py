@@ -116,6 +116,10 @@ def _lazy(shape, ctx, dtype):
 
 
 BIND_TIMEOUT = 600  # seconds for the child's bind of one graph (it allocates nothing)
+# The children's program up to the function they run: MXNet loaded as the
+# commands load it, without scikit-learn (tools/startup.py); they only bind.
+_CHILD = ('from mp_symbolic.tools.startup import mxnet_without_sklearn; mxnet_without_sklearn(); '
+          'from mp_symbolic.core.planning.estimate import ')
 
 
 def _array_spec(array):
@@ -145,8 +149,7 @@ def _logged_bind(symbol, context, args, grads, aux, group2ctx, env):
     child_env['PYTHONPATH'] = os.pathsep.join(
         [root] + [p for p in [os.environ.get('PYTHONPATH')] if p])
     try:
-        done = subprocess.run([sys.executable, '-c', 'from mp_symbolic.core.planning.estimate import '
-                               '_bind_in_child; _bind_in_child()'],
+        done = subprocess.run([sys.executable, '-c', _CHILD + '_bind_in_child; _bind_in_child()'],
                               input=json.dumps(request), capture_output=True, text=True,
                               env=child_env, check=False, timeout=BIND_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -193,8 +196,8 @@ class batched_binds:  # pylint: disable=invalid-name
             [root] + [p for p in [os.environ.get('PYTHONPATH')] if p])
         self._folder = tempfile.mkdtemp(prefix='mp-estimate-')
         self._child = subprocess.Popen(
-            [sys.executable, '-c', 'from mp_symbolic.core.planning.estimate import _serve_binds; '
-             '_serve_binds()'], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, '-c', _CHILD + '_serve_binds; _serve_binds()'],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=open(os.path.join(self._folder, 'stderr'), 'w'), text=True, env=child_env)
         _SERVER.append(self)
         return self
