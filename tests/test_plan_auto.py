@@ -561,3 +561,24 @@ def _every_block(block):
     yield block
     for child in block._children.values():  # pylint: disable=protected-access
         yield from _every_block(child)
+
+
+def test_plan_auto_on_a_network_of_several_outputs_names_planner_output_in_one_line():
+    """GluonNLP's BERT has three outputs: plan='auto' with no output for
+    its loss refuses in one line that says to pick it through the
+    Pipeline's plan (plan=Planner(output=k)), and so does an output past
+    the last; Planner(output=2) plans it."""
+    from conftest import bert_batch, small_bert  # pylint: disable=import-outside-toplevel
+    net = small_bert()
+    sample = tuple(mx.nd.array(x) for x in bert_batch())
+    for plan in ('auto', Planner(output=3)):
+        with pytest.raises(PlanError) as refused:
+            Pipeline([net], DEVICES, sample=sample, plan=plan)
+        message = str(refused.value)
+        assert '\n' not in message
+        assert message.startswith('output: expected plan=Planner(output=k)')
+        assert 'the network has 3 outputs' in message
+    planner = Planner(output=2, chunks=(1,), schedules=('gpipe',), balances=('size',),
+                      stages=(1,), replicas=(1,), mirror=False, repeats=3)
+    pipe = Pipeline([net], DEVICES, sample=sample, plan=planner)
+    assert pipe.planned.best.candidate.devices == 'cpu:0'

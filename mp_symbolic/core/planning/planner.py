@@ -323,7 +323,9 @@ class Planner:
         Raises:
             PlanError: no candidate fits the budget (one line with the
                 smallest memory one needs), or none can be made; a
-                ``tensor_parallel`` other than ``None`` and ``'auto'``.
+                ``tensor_parallel`` other than ``None`` and ``'auto'``; a
+                network of several outputs and a named loss without the
+                index of the one it reads (``Planner(output=k)``).
             ValueError: a budget :func:`parse_size` refuses, devices that
                 cannot be read.
         """
@@ -363,6 +365,21 @@ def _flat_devices(devices):
                             % len(device))
         flat.append(device)
     return flat
+
+
+def _check_output(planner, pipe):
+    """Refuses (:class:`PlanError`, one line naming ``Planner(output=k)``) a
+    named loss without the index of the output it reads, or one past the
+    last, for a network of several outputs: under ``plan='auto'`` the
+    Pipeline takes the output through its plan."""
+    count = len(pipe.training_graph(None, chunks=1).heads)
+    output, loss = planner.output, planner.loss
+    named = not callable(loss) or isinstance(loss, str)
+    if named and count > 1 and (not isinstance(output, int) or isinstance(output, bool)
+                                or not 0 <= output < count):
+        raise PlanError('output: expected plan=Planner(output=k), k the index of the output '
+                        'the loss reads (the network has %d outputs, 0 to %d), found %s'
+                        % (count, count - 1, excerpt(repr(output))))
 
 
 def _spec(devices, shards=1):
@@ -425,6 +442,7 @@ class _Search:
         self.blocks = blocks if self.whole else _as_blocks(blocks)
         self.count = None if self.whole else len(self.blocks)
         one = Pipeline(self.network, pool[:1], sample=sample, batch_axis=batch_axis)
+        _check_output(planner, one)
         if data_shapes is None:
             from ..placement.place import sample_inputs  # pylint: disable=import-outside-toplevel
             shapes, _ = sample_inputs(sample)
