@@ -349,6 +349,66 @@ def test_plan_auto_refuses_a_tensor_parallel_plan_other_than_auto_in_one_line():
         _tp_planner().choose([_wide()], DEVICES, (8, 64), tensor_parallel='column')
 
 
+
+def _two_wide(values=None):
+    """Two wide MLPs, a block each (fixed names): two stages can split them."""
+    mx.random.seed(0)
+    blocks = [_WideMLP(prefix='wide%d_' % i) for i in range(2)]
+    for block in blocks:
+        block.initialize(mx.init.Xavier())
+        for name, param in block.collect_params().items():
+            if values is not None:
+                param.set_data(values[name])
+    return blocks
+
+
+def _trained(pipe, values, X, y):
+    """The outputs of one SGD step of ``pipe``'s Module from ``values``,
+    and its parameters after it, by their unsplit names."""
+    mod = pipe.module(loss='softmax')
+    mod.bind(data_shapes=[('data', X.shape)], label_shapes=[('softmax_label', y.shape)])
+    mod.init_params(arg_params=values, aux_params={}, allow_missing=False, allow_extra=True)
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.5,
+                                                          'momentum': 0.9})
+    mod.forward_backward(mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)]))
+    mod.update()
+    outputs = [o.asnumpy() for o in mod.get_outputs()]
+    return outputs, {n: v.asnumpy() for n, v in mod.get_params()[0].items()}
+
+
+def test_shard_plans_over_four_devices_run_and_equal_the_unsharded_plan():
+    """Over four devices under tensor_parallel='auto' the planner scores
+    two stages of two shards and one stage of four shards; each, built
+    from its candidate's Pipeline arguments, trains a step equal to the
+    network on one device, its outputs and parameters within float
+    tolerance."""
+    four = 'cpu:0,cpu:1,cpu:2,cpu:3'
+    values = {n: p.data().copy() for b in _two_wide() for n, p in b.collect_params().items()}
+    planner = Planner(chunks=(1,), schedules=('gpipe',), balances=('size',), replicas=(1,),
+                      mirror=False, repeats=2)
+    ranking = planner.choose(_two_wide(values), four, (8, 64), None, tensor_parallel='auto')
+    by_spec = {s.candidate.devices: s.candidate for s in ranking.ranked}
+    wanted = {'cpu:0+cpu:1,cpu:2+cpu:3': (2, 2), 'cpu:0+cpu:1+cpu:2+cpu:3': (1, 4)}
+    for spec, (stages, shards) in wanted.items():
+        assert spec in by_spec, sorted(by_spec)
+        assert (by_spec[spec].stages, by_spec[spec].shards) == (stages, shards)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(8, 64)).astype(np.float32)
+    y = rng.integers(0, 64, 8).astype(np.float32)
+    expected, after = _trained(Pipeline(_two_wide(values), 'cpu:0', sample=(8, 64)),
+                               values, X, y)
+    for spec in wanted:
+        pipe = Pipeline(_two_wide(values), sample=(8, 64), **by_spec[spec].pipeline_args())
+        assert pipe.plan.spec == spec and pipe.sharding.shards == wanted[spec][1]
+        outputs, params = _trained(pipe, values, X, y)
+        for ours, theirs in zip(outputs, expected):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        assert sorted(params) == sorted(after)
+        for name, value in after.items():
+            np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-6,
+                                       err_msg=name)
+
+
 _SHARDED_TASK = '''
 import numpy as np
 from mxnet import gluon
