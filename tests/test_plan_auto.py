@@ -240,6 +240,34 @@ def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
     assert sum(held) == measured['cpu(0)']['params']  # one copy of the state, dealt
 
 
+
+def test_bench_plan_plans_the_sharded_lm_and_measures_a_sharded_pick_as_sharded(monkeypatch):
+    """bench.plan's lm-tp entry plans the language model under
+    tensor_parallel='auto' (stages of two shards among its candidates,
+    built as the Pipeline builds them), and the peak memory of a sharded
+    pick is measured with its layers sharded over the stage's devices, as
+    the plan runs and as the estimate has it."""
+    from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
+    narrow = bench_plan._planner  # pylint: disable=protected-access
+
+    def planner(task):
+        found = narrow(task)
+        found.chunks, found.schedules, found.balances = (1,), ('gpipe',), ('size',)
+        found.replicas, found.mirror, found.repeats = (1,), False, 2
+        return found
+    monkeypatch.setattr(bench_plan, '_planner', planner)
+    task, ranking, _ = bench_plan.plan('lm-tp', None)
+    sharded = [s.candidate for s in ranking.ranked if s.candidate.shards == 2]
+    assert [c.devices for c in sharded] == ['cpu:0+cpu:1']
+    assert {s.candidate.shards for s in ranking.ranked} == {1, 2}
+    cell = bench_plan._cell(task, sharded[0])  # pylint: disable=protected-access
+    measured = bench.measure([cell])[0]
+    estimated = bench.estimate(cell)
+    held = [measured[d]['params'] for d in ('cpu(0)', 'cpu(1)')]
+    assert held == [estimated[d]['params'] for d in ('cpu(0)', 'cpu(1)')]
+    assert min(held) > 0.3 * sum(held)  # the sharded layers' halves on each device
+
+
 # -- shards: tensor-parallel stages as candidates ------------------------------------
 
 TP_BUDGET = '1MiB'  # the wide MLP needs 1.4 MiB on a device whole, 0.9 MiB over two shards
