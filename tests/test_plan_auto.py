@@ -670,3 +670,74 @@ def test_plan_auto_on_a_network_of_several_outputs_names_planner_output_in_one_l
                       stages=(1,), replicas=(1,), mirror=False, repeats=3)
     pipe = Pipeline([net], DEVICES, sample=sample, plan=planner)
     assert pipe.planned.best.candidate.devices == 'cpu:0'
+
+
+def _pipeline_probes(timings, fused, staged=None, interleaved=None):
+    """Probes of one device's graph (a step's own cost 0.5 s) and GPipe's
+    one graph over two stages of one micro-batch (0.3 s more: the second
+    stage) and of four (``fused`` s), each stage's graph 1 + 2 s of work a
+    batch; 1F1B's and the interleaved schedule's measured ``staged`` and
+    ``interleaved`` s, where given."""
+    from mp_symbolic.core.planning.planner import Candidate  # pylint: disable=C0415
+    timings.capacity = {1: 1.0, 2: 2.0}  # two replicas' devices share nothing
+    timings.params, timings.update, timings.add = 0, 0.0, 0.0
+    timings.stage = {'whole': (2.0, 4.0), 'half': (1.0, 2.0), 'quarter': (0.25, 0.5),
+                     'eighth': (0.125, 0.25)}
+    timings._probes = {  # pylint: disable=protected-access
+        'graph': [Candidate('cpu:0', 1, 1, 1, 'gpipe'), ['whole'], 1, 2, 6.0 + 0.5],
+        'split': [Candidate('cpu:0,cpu:1', 2, 1, 1, 'gpipe'), ['half'] * 2, 2, 4, 6.8],
+        'fused': [Candidate('cpu:0,cpu:1', 2, 1, 4, 'gpipe'), ['quarter'] * 2, 2, 16, fused]}
+    if staged is not None:
+        timings._probes['staged'] = [  # pylint: disable=protected-access
+            Candidate('cpu:0,cpu:1', 2, 1, 4, '1f1b'), ['quarter'] * 2, 2, 16, staged]
+    if interleaved is not None:
+        timings._probes['interleaved'] = [  # pylint: disable=protected-access
+            Candidate('cpu:0,cpu:1', 2, 1, 4, 'interleaved', 2), ['eighth'] * 4, 4, 32,
+            interleaved]
+
+
+def test_gpipes_one_graph_over_two_stages_shares_the_devices_as_its_probes_show(monkeypatch):
+    """GPipe's one graph over two stages measured as long as its stages'
+    work one after the other (6 s) and the costs beyond it: its devices do
+    one device's work at once (capacity 1), where two replicas' do twice,
+    and its second stage costs 0.3 s a step; a plan of eight micro-batches
+    is predicted at its work in turn, the third stage past that 0.6 s."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planning.planner import Candidate
+    timings = _fake_timings(monkeypatch, _Host())
+    _pipeline_probes(timings, fused=6.0 + 0.5 + 0.3)
+    timings.fit_steps()
+    assert timings.steps['split'] == pytest.approx(0.3)
+    assert timings.pipelined['graph'] == pytest.approx(1.0, abs=1e-6)
+    assert timings.capacity[2] == 2.0  # the replicas' devices still share nothing
+    eight = Candidate('cpu:0,cpu:1', 2, 1, 8, 'gpipe')
+    assert timings.predict(eight, ['eighth'] * 2, 2) == pytest.approx(6.0 + 0.5 + 0.3, rel=1e-6)
+    three = Candidate('cpu:0,cpu:1,cpu:2', 3, 1, 1, 'gpipe')
+    assert timings.overhead(three, schedules.make('gpipe', 3, 1)) == pytest.approx(0.5 + 0.6)
+    # the same graph measured at the simulated span of devices that share nothing
+    free = timings.predict(Candidate('cpu:0,cpu:1', 2, 1, 4, 'gpipe'), ['quarter'] * 2, 2,
+                           overhead=False, capacity={})
+    _pipeline_probes(timings, fused=free + 0.5 + 0.3)
+    timings.fit_steps()
+    assert timings.pipelined['graph'] == pytest.approx(2.0, abs=1e-6)
+
+
+def test_stage_runtimes_actions_cost_what_their_schedules_probes_show(monkeypatch):
+    """1F1B's probe of 16 actions measured 1.6 s beyond its work and the
+    interleaved schedule's of 32 actions 6.4 s: an action costs 0.1 s under
+    1F1B and 0.2 s interleaved, each on the capacity GPipe's one graph
+    shows for two stages at once."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planning.planner import Candidate
+    timings = _fake_timings(monkeypatch, _Host())
+    serial = 6.0  # capacity 1: the stages' work one after the other
+    _pipeline_probes(timings, fused=serial + 0.5 + 0.3, staged=serial + 0.5 + 1.6,
+                     interleaved=serial + 0.5 + 6.4)
+    timings.fit_steps()
+    assert timings.pipelined == {'graph': pytest.approx(1.0, abs=1e-6),
+                                 'staged': pytest.approx(1.0, abs=1e-6)}
+    assert timings.steps['action'] == {'1f1b': pytest.approx(0.1, abs=1e-6),
+                                       'interleaved': pytest.approx(0.2, abs=1e-6)}
+    eight = Candidate('cpu:0,cpu:1', 2, 1, 8, 'interleaved', 2)  # 64 actions of 0.1875 s
+    assert timings.predict(eight, ['eighth'] * 4, 4) == pytest.approx(
+        64 * 0.1875 + 0.5 + 64 * 0.2, rel=1e-6)
