@@ -741,3 +741,19 @@ def test_stage_runtimes_actions_cost_what_their_schedules_probes_show(monkeypatc
     eight = Candidate('cpu:0,cpu:1', 2, 1, 8, 'interleaved', 2)  # 64 actions of 0.1875 s
     assert timings.predict(eight, ['eighth'] * 4, 4) == pytest.approx(
         64 * 0.1875 + 0.5 + 64 * 0.2, rel=1e-6)
+
+
+def test_planning_a_whole_network_too_small_for_an_interleaved_probe_skips_that_probe():
+    """A whole network of three ops cannot be cut into the interleaved
+    schedule's four stages: the planner ranks its other plans, probing
+    GPipe's one graph and 1F1B over two stages, and lists the interleaved
+    plan among those MXNet or the Pipeline could not make."""
+    mx.random.seed(0)
+    net = _WideMLP(prefix='whole_')
+    net.initialize()
+    ranking = Planner(chunks=(4,), balances=('size',), repeats=2).choose(
+        net, DEVICES, (8, 64), None)
+    probes = set(ranking.timings._probes)  # pylint: disable=protected-access
+    assert {'graph', 'split', 'fused', 'staged'} <= probes and 'interleaved' not in probes
+    assert {s.candidate.schedule for s in ranking.ranked} == {'gpipe', '1f1b'}
+    assert [c.schedule for c, _ in ranking.failed] == ['interleaved']

@@ -918,11 +918,17 @@ class Timings:
             probes['interleaved'] = Candidate(_spec(pool[:2]), 2, 1, 4, 'interleaved', 2)
         steppers, self._probes = {}, {}
         for name, candidate in probes.items():
-            pipe = search.pipeline(candidate)
-            made = schedules.make(candidate.schedule, pipe.plan.num_stages, candidate.chunks,
-                                  candidate.virtual)
-            keys = self.stage_keys(pipe, search.batch // (candidate.chunks * candidate.replicas))
-            steppers[name] = _module_stepper(search, pipe, candidate)
+            try:
+                pipe = search.pipeline(candidate)
+                made = schedules.make(candidate.schedule, pipe.plan.num_stages,
+                                      candidate.chunks, candidate.virtual)
+                keys = self.stage_keys(pipe, search.batch // (candidate.chunks *
+                                                              candidate.replicas))
+                steppers[name] = _module_stepper(search, pipe, candidate)
+            except (mx.base.MXNetError, RuntimeError, ValueError):
+                if name == 'graph':
+                    raise
+                continue  # a plan the network cannot take (a graph of too few ops): no probe
             self._probes[name] = [candidate, keys, pipe.plan.num_stages,
                                   candidate.replicas * sum(len(a) for a in made), None]
         # the probes in turn, so that a burst of other work slows them alike
