@@ -2,8 +2,10 @@
 (``Pipeline(..., plan='auto', memory_per_device=...)``) against every plan
 it scored, measured.
 
-For each bundled task (``regression``, ``digits``, ``lm``) on ``cpu:0,cpu:1``
-under a budget per device, the planner ranks its candidates
+For each bundled task (``regression``, ``digits``, ``lm``, and ``lm-tp``:
+the language model under ``tensor_parallel='auto'``, its candidates with
+stages of two shards among them) on ``cpu:0,cpu:1`` under a budget per
+device, the planner ranks its candidates
 (:class:`mp_symbolic.core.planning.planner.Planner`, the task's loss and
 optimizer). Then every candidate it scored is trained: its Module bound,
 initialised and stepped (``forward_backward`` and ``update``), the plans
@@ -36,7 +38,11 @@ __all__ = ['TASKS', 'main']
 
 # task -> (the budget per device: below what the fastest plans need, so that
 # the budget decides; rounds; steps a round)
-TASKS = {'regression': ('4KiB', 5, 20), 'digits': ('2MiB', 5, 20), 'lm': ('12MiB', 5, 10)}
+TASKS = {'regression': ('4KiB', 5, 20), 'digits': ('2MiB', 5, 20), 'lm': ('12MiB', 5, 10),
+         'lm-tp': ('12MiB', 5, 10)}
+# an entry of TASKS -> the task it plans under tensor_parallel='auto' (the
+# planner's candidates then include stages of shards: Candidate.shards)
+SHARDED = {'lm-tp': 'lm'}
 DEVICES = 'cpu:0,cpu:1'
 
 
@@ -51,12 +57,15 @@ def _planner(task):
 
 
 def plan(name, budget):
-    """``(task, ranking, seconds the planning took)`` of task ``name``."""
+    """``(task, ranking, seconds the planning took)`` of the entry ``name``
+    of :data:`TASKS` (a task, or one of :data:`SHARDED`: its task under
+    ``tensor_parallel='auto'``)."""
     from mp_symbolic.training.tasks import load_task  # pylint: disable=import-outside-toplevel
-    task, _ = load_task(name)
+    task, _ = load_task(SHARDED.get(name, name))
     start = time.perf_counter()
     ranking = _planner(task).choose(task.make_blocks(), DEVICES,
-                                    (task.batch_size,) + tuple(task.sample_shapes[0]), budget)
+                                    (task.batch_size,) + tuple(task.sample_shapes[0]), budget,
+                                    tensor_parallel='auto' if name in SHARDED else None)
     return task, ranking, time.perf_counter() - start
 
 
@@ -110,7 +119,8 @@ def _cell(task, candidate):
                 chunks=candidate.chunks, replicas=candidate.replicas, mirror=candidate.mirror,
                 balance=None if candidate.balance is None else list(candidate.balance),
                 virtual=candidate.virtual if candidate.schedule == 'interleaved' else None,
-                shard_optimizer=bool(candidate.shard_optimizer), optimizer=task.optimizer)
+                shard_optimizer=bool(candidate.shard_optimizer), optimizer=task.optimizer,
+                tensor_parallel=candidate.tensor_parallel)
 
 
 def kendall(x, y):

@@ -240,6 +240,34 @@ def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
     assert sum(held) == measured['cpu(0)']['params']  # one copy of the state, dealt
 
 
+
+def test_bench_plan_plans_the_sharded_lm_and_measures_a_sharded_pick_as_sharded(monkeypatch):
+    """bench.plan's lm-tp entry plans the language model under
+    tensor_parallel='auto' (stages of two shards among its candidates,
+    built as the Pipeline builds them), and the peak memory of a sharded
+    pick is measured with its layers sharded over the stage's devices, as
+    the plan runs and as the estimate has it."""
+    from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
+    narrow = bench_plan._planner  # pylint: disable=protected-access
+
+    def planner(task):
+        found = narrow(task)
+        found.chunks, found.schedules, found.balances = (1,), ('gpipe',), ('size',)
+        found.replicas, found.mirror, found.repeats = (1,), False, 2
+        return found
+    monkeypatch.setattr(bench_plan, '_planner', planner)
+    task, ranking, _ = bench_plan.plan('lm-tp', None)
+    sharded = [s.candidate for s in ranking.ranked if s.candidate.shards == 2]
+    assert [c.devices for c in sharded] == ['cpu:0+cpu:1']
+    assert {s.candidate.shards for s in ranking.ranked} == {1, 2}
+    cell = bench_plan._cell(task, sharded[0])  # pylint: disable=protected-access
+    measured = bench.measure([cell])[0]
+    estimated = bench.estimate(cell)
+    held = [measured[d]['params'] for d in ('cpu(0)', 'cpu(1)')]
+    assert held == [estimated[d]['params'] for d in ('cpu(0)', 'cpu(1)')]
+    assert min(held) > 0.3 * sum(held)  # the sharded layers' halves on each device
+
+
 # -- shards: tensor-parallel stages as candidates ------------------------------------
 
 TP_BUDGET = '1MiB'  # the wide MLP needs 1.4 MiB on a device whole, 0.9 MiB over two shards
@@ -347,6 +375,66 @@ def test_plan_auto_refuses_a_tensor_parallel_plan_other_than_auto_in_one_line():
                                "(the planner chooses the shards), found ")
     with pytest.raises(PlanError, match="^tensor_parallel: expected None or 'auto' for the "):
         _tp_planner().choose([_wide()], DEVICES, (8, 64), tensor_parallel='column')
+
+
+
+def _two_wide(values=None):
+    """Two wide MLPs, a block each (fixed names): two stages can split them."""
+    mx.random.seed(0)
+    blocks = [_WideMLP(prefix='wide%d_' % i) for i in range(2)]
+    for block in blocks:
+        block.initialize(mx.init.Xavier())
+        for name, param in block.collect_params().items():
+            if values is not None:
+                param.set_data(values[name])
+    return blocks
+
+
+def _trained(pipe, values, X, y):
+    """The outputs of one SGD step of ``pipe``'s Module from ``values``,
+    and its parameters after it, by their unsplit names."""
+    mod = pipe.module(loss='softmax')
+    mod.bind(data_shapes=[('data', X.shape)], label_shapes=[('softmax_label', y.shape)])
+    mod.init_params(arg_params=values, aux_params={}, allow_missing=False, allow_extra=True)
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.5,
+                                                          'momentum': 0.9})
+    mod.forward_backward(mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)]))
+    mod.update()
+    outputs = [o.asnumpy() for o in mod.get_outputs()]
+    return outputs, {n: v.asnumpy() for n, v in mod.get_params()[0].items()}
+
+
+def test_shard_plans_over_four_devices_run_and_equal_the_unsharded_plan():
+    """Over four devices under tensor_parallel='auto' the planner scores
+    two stages of two shards and one stage of four shards; each, built
+    from its candidate's Pipeline arguments, trains a step equal to the
+    network on one device, its outputs and parameters within float
+    tolerance."""
+    four = 'cpu:0,cpu:1,cpu:2,cpu:3'
+    values = {n: p.data().copy() for b in _two_wide() for n, p in b.collect_params().items()}
+    planner = Planner(chunks=(1,), schedules=('gpipe',), balances=('size',), replicas=(1,),
+                      mirror=False, repeats=2)
+    ranking = planner.choose(_two_wide(values), four, (8, 64), None, tensor_parallel='auto')
+    by_spec = {s.candidate.devices: s.candidate for s in ranking.ranked}
+    wanted = {'cpu:0+cpu:1,cpu:2+cpu:3': (2, 2), 'cpu:0+cpu:1+cpu:2+cpu:3': (1, 4)}
+    for spec, (stages, shards) in wanted.items():
+        assert spec in by_spec, sorted(by_spec)
+        assert (by_spec[spec].stages, by_spec[spec].shards) == (stages, shards)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(8, 64)).astype(np.float32)
+    y = rng.integers(0, 64, 8).astype(np.float32)
+    expected, after = _trained(Pipeline(_two_wide(values), 'cpu:0', sample=(8, 64)),
+                               values, X, y)
+    for spec in wanted:
+        pipe = Pipeline(_two_wide(values), sample=(8, 64), **by_spec[spec].pipeline_args())
+        assert pipe.plan.spec == spec and pipe.sharding.shards == wanted[spec][1]
+        outputs, params = _trained(pipe, values, X, y)
+        for ours, theirs in zip(outputs, expected):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        assert sorted(params) == sorted(after)
+        for name, value in after.items():
+            np.testing.assert_allclose(params[name], value, rtol=1e-5, atol=1e-6,
+                                       err_msg=name)
 
 
 _SHARDED_TASK = '''
@@ -561,3 +649,111 @@ def _every_block(block):
     yield block
     for child in block._children.values():  # pylint: disable=protected-access
         yield from _every_block(child)
+
+
+def test_plan_auto_on_a_network_of_several_outputs_names_planner_output_in_one_line():
+    """GluonNLP's BERT has three outputs: plan='auto' with no output for
+    its loss refuses in one line that says to pick it through the
+    Pipeline's plan (plan=Planner(output=k)), and so does an output past
+    the last; Planner(output=2) plans it."""
+    from conftest import bert_batch, small_bert  # pylint: disable=import-outside-toplevel
+    net = small_bert()
+    sample = tuple(mx.nd.array(x) for x in bert_batch())
+    for plan in ('auto', Planner(output=3)):
+        with pytest.raises(PlanError) as refused:
+            Pipeline([net], DEVICES, sample=sample, plan=plan)
+        message = str(refused.value)
+        assert '\n' not in message
+        assert message.startswith('output: expected plan=Planner(output=k)')
+        assert 'the network has 3 outputs' in message
+    planner = Planner(output=2, chunks=(1,), schedules=('gpipe',), balances=('size',),
+                      stages=(1,), replicas=(1,), mirror=False, repeats=3)
+    pipe = Pipeline([net], DEVICES, sample=sample, plan=planner)
+    assert pipe.planned.best.candidate.devices == 'cpu:0'
+
+
+def _pipeline_probes(timings, fused, staged=None, interleaved=None):
+    """Probes of one device's graph (a step's own cost 0.5 s) and GPipe's
+    one graph over two stages of one micro-batch (0.3 s more: the second
+    stage) and of four (``fused`` s), each stage's graph 1 + 2 s of work a
+    batch; 1F1B's and the interleaved schedule's measured ``staged`` and
+    ``interleaved`` s, where given."""
+    from mp_symbolic.core.planning.planner import Candidate  # pylint: disable=C0415
+    timings.capacity = {1: 1.0, 2: 2.0}  # two replicas' devices share nothing
+    timings.params, timings.update, timings.add = 0, 0.0, 0.0
+    timings.stage = {'whole': (2.0, 4.0), 'half': (1.0, 2.0), 'quarter': (0.25, 0.5),
+                     'eighth': (0.125, 0.25)}
+    timings._probes = {  # pylint: disable=protected-access
+        'graph': [Candidate('cpu:0', 1, 1, 1, 'gpipe'), ['whole'], 1, 2, 6.0 + 0.5],
+        'split': [Candidate('cpu:0,cpu:1', 2, 1, 1, 'gpipe'), ['half'] * 2, 2, 4, 6.8],
+        'fused': [Candidate('cpu:0,cpu:1', 2, 1, 4, 'gpipe'), ['quarter'] * 2, 2, 16, fused]}
+    if staged is not None:
+        timings._probes['staged'] = [  # pylint: disable=protected-access
+            Candidate('cpu:0,cpu:1', 2, 1, 4, '1f1b'), ['quarter'] * 2, 2, 16, staged]
+    if interleaved is not None:
+        timings._probes['interleaved'] = [  # pylint: disable=protected-access
+            Candidate('cpu:0,cpu:1', 2, 1, 4, 'interleaved', 2), ['eighth'] * 4, 4, 32,
+            interleaved]
+
+
+def test_gpipes_one_graph_over_two_stages_shares_the_devices_as_its_probes_show(monkeypatch):
+    """GPipe's one graph over two stages measured as long as its stages'
+    work one after the other (6 s) and the costs beyond it: its devices do
+    one device's work at once (capacity 1), where two replicas' do twice,
+    and its second stage costs 0.3 s a step; a plan of eight micro-batches
+    is predicted at its work in turn, the third stage past that 0.6 s."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planning.planner import Candidate
+    timings = _fake_timings(monkeypatch, _Host())
+    _pipeline_probes(timings, fused=6.0 + 0.5 + 0.3)
+    timings.fit_steps()
+    assert timings.steps['split'] == pytest.approx(0.3)
+    assert timings.pipelined['graph'] == pytest.approx(1.0, abs=1e-6)
+    assert timings.capacity[2] == 2.0  # the replicas' devices still share nothing
+    eight = Candidate('cpu:0,cpu:1', 2, 1, 8, 'gpipe')
+    assert timings.predict(eight, ['eighth'] * 2, 2) == pytest.approx(6.0 + 0.5 + 0.3, rel=1e-6)
+    three = Candidate('cpu:0,cpu:1,cpu:2', 3, 1, 1, 'gpipe')
+    assert timings.overhead(three, schedules.make('gpipe', 3, 1)) == pytest.approx(0.5 + 0.6)
+    # the same graph measured at the simulated span of devices that share nothing
+    free = timings.predict(Candidate('cpu:0,cpu:1', 2, 1, 4, 'gpipe'), ['quarter'] * 2, 2,
+                           overhead=False, capacity={})
+    _pipeline_probes(timings, fused=free + 0.5 + 0.3)
+    timings.fit_steps()
+    assert timings.pipelined['graph'] == pytest.approx(2.0, abs=1e-6)
+
+
+def test_stage_runtimes_actions_cost_what_their_schedules_probes_show(monkeypatch):
+    """1F1B's probe of 16 actions measured 1.6 s beyond its work and the
+    interleaved schedule's of 32 actions 6.4 s: an action costs 0.1 s under
+    1F1B and 0.2 s interleaved, each on the capacity GPipe's one graph
+    shows for two stages at once."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planning.planner import Candidate
+    timings = _fake_timings(monkeypatch, _Host())
+    serial = 6.0  # capacity 1: the stages' work one after the other
+    _pipeline_probes(timings, fused=serial + 0.5 + 0.3, staged=serial + 0.5 + 1.6,
+                     interleaved=serial + 0.5 + 6.4)
+    timings.fit_steps()
+    assert timings.pipelined == {'graph': pytest.approx(1.0, abs=1e-6),
+                                 'staged': pytest.approx(1.0, abs=1e-6)}
+    assert timings.steps['action'] == {'1f1b': pytest.approx(0.1, abs=1e-6),
+                                       'interleaved': pytest.approx(0.2, abs=1e-6)}
+    eight = Candidate('cpu:0,cpu:1', 2, 1, 8, 'interleaved', 2)  # 64 actions of 0.1875 s
+    assert timings.predict(eight, ['eighth'] * 4, 4) == pytest.approx(
+        64 * 0.1875 + 0.5 + 64 * 0.2, rel=1e-6)
+
+
+def test_planning_a_whole_network_too_small_for_an_interleaved_probe_skips_that_probe():
+    """A whole network of three ops cannot be cut into the interleaved
+    schedule's four stages: the planner ranks its other plans, probing
+    GPipe's one graph and 1F1B over two stages, and lists the interleaved
+    plan among those MXNet or the Pipeline could not make."""
+    mx.random.seed(0)
+    net = _WideMLP(prefix='whole_')
+    net.initialize()
+    ranking = Planner(chunks=(4,), balances=('size',), repeats=2).choose(
+        net, DEVICES, (8, 64), None)
+    probes = set(ranking.timings._probes)  # pylint: disable=protected-access
+    assert {'graph', 'split', 'fused', 'staged'} <= probes and 'interleaved' not in probes
+    assert {s.candidate.schedule for s in ranking.ranked} == {'gpipe', '1f1b'}
+    assert [c.schedule for c, _ in ranking.failed] == ['interleaved']

@@ -36,8 +36,12 @@ do alone (:meth:`Timings.fit_capacity`); for more, the whole network's
 step on ``k`` devices at once against one, the two timed in turn, the
 median of the rounds' ratios. It is at most the cores the process may
 use. The simulation shares it among the actions running at each moment
-(each runs at ``capacity(k) / k`` of its measured speed). GPUs share
-nothing in the model.
+(each runs at ``capacity(k) / k`` of its measured speed). The stages of
+one replica on two devices share what a real step of GPipe's one graph
+over two stages shows (:attr:`Timings.pipelined`, its stages past the
+first costing what the same graph of one micro-batch shows); the stage
+runtime's actions each cost what a real step of its schedule shows
+(:meth:`Timings.fit_steps`). GPUs share nothing in the model.
 
 **Shards.** A network written with tensor-parallel layers
 (:class:`~mp_symbolic.ShardedBlock`) is planned with one device per stage
@@ -323,7 +327,9 @@ class Planner:
         Raises:
             PlanError: no candidate fits the budget (one line with the
                 smallest memory one needs), or none can be made; a
-                ``tensor_parallel`` other than ``None`` and ``'auto'``.
+                ``tensor_parallel`` other than ``None`` and ``'auto'``; a
+                network of several outputs and a named loss without the
+                index of the one it reads (``Planner(output=k)``).
             ValueError: a budget :func:`parse_size` refuses, devices that
                 cannot be read.
         """
@@ -363,6 +369,21 @@ def _flat_devices(devices):
                             % len(device))
         flat.append(device)
     return flat
+
+
+def _check_output(planner, pipe):
+    """Refuses (:class:`PlanError`, one line naming ``Planner(output=k)``) a
+    named loss without the index of the output it reads, or one past the
+    last, for a network of several outputs: under ``plan='auto'`` the
+    Pipeline takes the output through its plan."""
+    count = len(pipe.training_graph(None, chunks=1).heads)
+    output, loss = planner.output, planner.loss
+    named = not callable(loss) or isinstance(loss, str)
+    if named and count > 1 and (not isinstance(output, int) or isinstance(output, bool)
+                                or not 0 <= output < count):
+        raise PlanError('output: expected plan=Planner(output=k), k the index of the output '
+                        'the loss reads (the network has %d outputs, 0 to %d), found %s'
+                        % (count, count - 1, excerpt(repr(output))))
 
 
 def _spec(devices, shards=1):
@@ -425,6 +446,7 @@ class _Search:
         self.blocks = blocks if self.whole else _as_blocks(blocks)
         self.count = None if self.whole else len(self.blocks)
         one = Pipeline(self.network, pool[:1], sample=sample, batch_axis=batch_axis)
+        _check_output(planner, one)
         if data_shapes is None:
             from ..placement.place import sample_inputs  # pylint: disable=import-outside-toplevel
             shapes, _ = sample_inputs(sample)
@@ -590,11 +612,18 @@ class Timings:
         add: Seconds per element of summing one replica's gradient into another.
         stage: ``{key: (forward, backward) seconds}`` of each stage graph
             measured.
-        steps: ``{'graph', 'chunk', 'replica', 'staged', 'action'}``:
-            seconds a step of MXNet's one graph, each of its micro-batches
-            past the first, each replica past the first, a step of the
-            stage runtime and each of its actions take beyond the
-            simulated work (:meth:`calibrate`).
+        pipelined: ``{runtime: capacity}``: the work two stand-in devices
+            do at once while the stages of one replica run on them, for
+            GPipe's one graph (``'graph'``) and the stage runtime
+            (``'staged'``), in one device's (:meth:`fit_steps`); a plan of
+            two stages on two devices shares it in place of
+            :attr:`capacity`'s.
+        steps: ``{'graph', 'chunk', 'replica', 'split', 'staged',
+            'action'}``: seconds a step of MXNet's one graph, each of its
+            micro-batches past the first, each replica past the first,
+            each of its stages past the first, a step of the stage
+            runtime, and ``{schedule: seconds}`` each action of the stage
+            runtime takes, beyond the simulated work (:meth:`calibrate`).
     """
 
     def __init__(self, search, one):
@@ -609,6 +638,7 @@ class Timings:
         self.capacity = self._capacity(one)
         self.update, self.add = self._element_costs()
         self.steps = None
+        self.pipelined = {}
         self.calibrate()
 
     # -- measured once ---------------------------------------------------------
@@ -815,7 +845,8 @@ class Timings:
         for s, (forward, backward) in enumerate(times):
             kinds[(s, 'F')], kinds[(s, 'B')] = forward, backward
         span = simulate(made, kinds, candidate.replicas,
-                        self.capacity if capacity is None else capacity, candidate.shards)
+                        self.shared(candidate) if capacity is None else capacity,
+                        candidate.shards)
         r = candidate.replicas
         update = self.params * self.update
         if candidate.shard_optimizer:
@@ -829,20 +860,40 @@ class Timings:
         and per action on the stage runtime."""
         if self.steps is None:
             return 0.0
-        extra = (candidate.replicas - 1) * self.steps['replica']
+        steps = self.steps
+        extra = (candidate.replicas - 1) * steps['replica']
         if made.fused:
-            return self.steps['graph'] + (candidate.chunks - 1) * self.steps['chunk'] + extra
+            return steps['graph'] + (candidate.chunks - 1) * steps['chunk'] + \
+                (candidate.stages - 1) * steps['split'] + extra
         actions = candidate.replicas * sum(len(a) for a in made)
-        return self.steps['staged'] + self.steps['action'] * actions + extra
+        action = steps['action']
+        # a schedule without a probe: the first probed (one stage per device, then several)
+        per = action.get(candidate.schedule, next(iter(action.values()), 0.0))
+        return steps['staged'] + per * actions + extra
+
+    def shared(self, candidate):
+        """The capacity ``candidate``'s devices share: :attr:`capacity`,
+        that of two devices as its runtime's stages run at once
+        (:attr:`pipelined`) where it has stages and a replica of two
+        devices."""
+        runtime = 'graph' if schedules.kind(candidate.schedule).fused else 'staged'
+        if candidate.stages < 2 or candidate.replicas * candidate.shards > 1 or \
+                runtime not in self.pipelined:
+            return self.capacity
+        found = dict(self.capacity)
+        found[2] = self.pipelined[runtime]
+        return found
 
     def calibrate(self):
-        """:attr:`steps`: what a training step of the Module costs beyond
-        the simulated work, from real steps of a few plans on the devices:
-        one device's one graph (a cost per step), the same of 4 (or 2)
-        micro-batches (one per micro-batch past the first), two replicas
-        (one per replica past the first), 1F1B over two stages of four micro-batches
-        (the stage runtime's step as the graph's, the rest per action),
-        the probes taken in turn (``timing.repeat``), the fastest step of each counting
+        """:attr:`steps` and :attr:`pipelined`: what a training step of the
+        Module costs beyond the simulated work, and what two devices share
+        as a replica's stages run at once, from real steps of a few plans
+        on the devices: one device's one graph, the same of 4 (or 2)
+        micro-batches, two replicas, GPipe's one graph over two stages of
+        one micro-batch and of 4 (or 2), 1F1B and the interleaved schedule
+        over two devices of four micro-batches, each where the planner's
+        space holds such plans; the probes taken in turn
+        (``timing.repeat``), the fastest step of each counting
         (:meth:`fit_steps`; again once :meth:`retime` has run)."""
         search = self.search
         self.steps = None
@@ -852,6 +903,9 @@ class Timings:
         fused = next(n for n in schedules.NAMES if schedules.kind(n).fused)
         staged = next(n for n in schedules.NAMES if not schedules.kind(n).fused and
                       schedules.kind(n).virtual_default is None)
+        # and a schedule of several stages per device (the interleaved one)
+        looped = next((n for n in schedules.NAMES if not schedules.kind(n).fused and
+                       (schedules.kind(n).virtual_default or 1) > 1), None)
         probes = {'graph': Candidate(_spec(pool[:1]), 1, 1, 1, fused)}
         chunked = [m for m in (4, 2) if m in planner.chunks and search.batch % m == 0]
         if chunked and any(schedules.kind(name).fused for name in planner.schedules):
@@ -859,17 +913,31 @@ class Timings:
         if len(pool) > 1 and search.batch % 2 == 0 and \
                 any(r > 1 for r in planner.replicas or (2,)):
             probes['replica'] = Candidate(_spec(pool[:2]), 1, 2, 1, fused)
-        blocks = search.count if search.count is not None else 2
-        if len(pool) > 1 and blocks >= 2 and search.batch % 4 == 0 and \
-                any(not schedules.kind(name).fused for name in planner.schedules):
+        blocks = search.count if search.count is not None else 4
+        two = len(pool) > 1 and blocks >= 2 and any(k > 1 for k in planner.stages or (2,))
+        if two and any(schedules.kind(name).fused for name in planner.schedules):
+            probes['split'] = Candidate(_spec(pool[:2]), 2, 1, 1, fused)
+            if chunked:
+                probes['fused'] = Candidate(_spec(pool[:2]), 2, 1, chunked[0], fused)
+        if two and search.batch % 4 == 0 and staged in planner.schedules:
             probes['staged'] = Candidate(_spec(pool[:2]), 2, 1, 4, staged)
+        virtual = schedules.kind(looped).virtual_default if looped else 0
+        if two and looped and blocks >= 2 * virtual and search.batch % 4 == 0 and \
+                looped in planner.schedules:
+            probes['interleaved'] = Candidate(_spec(pool[:2]), 2, 1, 4, looped, virtual)
         steppers, self._probes = {}, {}
         for name, candidate in probes.items():
-            pipe = search.pipeline(candidate)
-            made = schedules.make(candidate.schedule, pipe.plan.num_stages, candidate.chunks,
-                                  candidate.virtual)
-            keys = self.stage_keys(pipe, search.batch // (candidate.chunks * candidate.replicas))
-            steppers[name] = _module_stepper(search, pipe, candidate)
+            try:
+                pipe = search.pipeline(candidate)
+                made = schedules.make(candidate.schedule, pipe.plan.num_stages,
+                                      candidate.chunks, candidate.virtual)
+                keys = self.stage_keys(pipe, search.batch // (candidate.chunks *
+                                                              candidate.replicas))
+                steppers[name] = _module_stepper(search, pipe, candidate)
+            except (mx.base.MXNetError, RuntimeError, ValueError):
+                if name == 'graph':
+                    raise
+                continue  # a plan the network cannot take (a graph of too few ops): no probe
             self._probes[name] = [candidate, keys, pipe.plan.num_stages,
                                   candidate.replicas * sum(len(a) for a in made), None]
         # the probes in turn, so that a burst of other work slows them alike
@@ -879,25 +947,86 @@ class Timings:
         self.fit_steps()
 
     def fit_steps(self):
-        """:attr:`steps` from the probes' measured steps and their
-        simulated work on the stage times as they are now (after
-        :meth:`fit_capacity`)."""
+        """:attr:`steps` and :attr:`pipelined` from the probes' measured
+        steps and their simulated work on the stage times as they are now
+        (after :meth:`fit_capacity`).
+
+        In order: one device's one graph gives a step's own cost; its four
+        (or two) micro-batches the cost of each past the first; two
+        replicas each replica's past the first. GPipe's one graph over two
+        stages of one micro-batch (no stage busy beside another) gives the
+        cost of each stage past the first; of four micro-batches, the
+        capacity of two devices while its stages run at once
+        (:meth:`_fit_pipelined`). The stage runtime's step costs the one
+        graph's, then each of its actions a cost of its schedule's, from
+        its probe (1F1B's, and the interleaved schedule's of twice the
+        actions; a schedule without a probe takes 1F1B's, else the
+        interleaved one's), its devices sharing what GPipe's one graph's
+        share."""
         self.fit_capacity()
-        gaps, counts = {}, {}
-        for name, (candidate, keys, num_stages, actions, measured) in self._probes.items():
-            gaps[name] = measured - self.predict(candidate, keys, num_stages, overhead=False)
-            counts[name] = actions
-        steps = {'graph': max(0.0, gaps['graph']), 'chunk': 0.0, 'replica': 0.0,
-                 'staged': 0.0, 'action': 0.0}
-        if 'chunks' in gaps:  # a step's own cost as the one graph's, the rest per micro-batch
-            chunks = self._probes['chunks'][0].chunks
-            steps['chunk'] = max(0.0, gaps['chunks'] - steps['graph']) / (chunks - 1)
-        if 'replica' in gaps:
-            steps['replica'] = max(0.0, gaps['replica'] - steps['graph'])
-        if 'staged' in gaps:  # a step's own cost as the one graph's, the rest per action
-            steps['staged'] = steps['graph']
-            steps['action'] = max(0.0, gaps['staged'] - steps['graph']) / counts['staged']
+        self.pipelined = {}
+        probes = self._probes
+        steps = {'graph': max(0.0, self._gap('graph')), 'chunk': 0.0, 'replica': 0.0,
+                 'split': 0.0, 'staged': 0.0, 'action': {}}
         self.steps = steps
+        if 'chunks' in probes:  # a step's own cost as the one graph's, the rest per micro-batch
+            chunks = probes['chunks'][0].chunks
+            steps['chunk'] = max(0.0, self._gap('chunks') - steps['graph']) / (chunks - 1)
+        if 'replica' in probes:
+            steps['replica'] = max(0.0, self._gap('replica') - steps['graph'])
+        if 'split' in probes:  # one micro-batch: the stages one after the other
+            steps['split'] = max(0.0, self._gap('split') - steps['graph'])
+        if 'fused' in probes:
+            candidate = probes['fused'][0]
+            self.pipelined['graph'] = self._fit_pipelined(
+                'fused', steps['graph'] + (candidate.chunks - 1) * steps['chunk'] +
+                steps['split'])
+        if 'graph' in self.pipelined:
+            self.pipelined['staged'] = self.pipelined['graph']
+        steps['staged'] = steps['graph']
+        for name in ('staged', 'interleaved'):
+            if name in probes:  # a step's own cost as the one graph's, the rest per action
+                candidate, _, _, actions, _ = probes[name]
+                steps['action'][candidate.schedule] = max(
+                    0.0, self._gap(name) - steps['staged']) / actions
+
+    def _gap(self, name):
+        """Probe ``name``'s measured step less its predicted step without
+        the costs beyond its work (on the capacity its runtime shares)."""
+        candidate, keys, num_stages, _, measured = self._probes[name]
+        return measured - self.predict(candidate, keys, num_stages, overhead=False)
+
+    def _fit_pipelined(self, name, beyond):
+        """The capacity of two devices that makes probe ``name``'s
+        simulated work and ``beyond`` (its costs beyond the work) its
+        measured step, from half of one device's work (two busy at once
+        slower than one after the other) to 2 and the cores the process
+        may use."""
+        candidate, keys, num_stages, _, measured = self._probes[name]
+        low, high = 0.5, min(2.0, float(max(1, _cores())))
+
+        def work(capacity):
+            shared = dict(self.capacity)
+            shared[2] = capacity
+            return self.predict(candidate, keys, num_stages, overhead=False,
+                                capacity=shared) + beyond
+        if work(high) >= measured:
+            return high
+        if work(low) <= measured:
+            return low
+        return self._bisect(work, measured, low, high)
+
+    @staticmethod
+    def _bisect(work, measured, low, high):
+        """The capacity in ``[low, high]`` whose ``work`` is ``measured``
+        (``work`` falls as the capacity grows)."""
+        for _ in range(40):
+            middle = (low + high) / 2
+            if work(middle) > measured:
+                low = middle
+            else:
+                high = middle
+        return (low + high) / 2
 
     def fit_capacity(self):
         """:attr:`capacity` of two stand-in CPU devices from a real step of
