@@ -691,7 +691,7 @@ def _pipeline_probes(timings, fused, staged=None, interleaved=None):
         timings._probes['staged'] = [  # pylint: disable=protected-access
             Candidate('cpu:0,cpu:1', 2, 1, 4, '1f1b'), ['quarter'] * 2, 2, 16, staged]
     if interleaved is not None:
-        timings._probes['interleaved'] = [  # pylint: disable=protected-access
+        timings._probes['looped'] = [  # pylint: disable=protected-access
             Candidate('cpu:0,cpu:1', 2, 1, 4, 'interleaved', 2), ['eighth'] * 4, 4, 32,
             interleaved]
 
@@ -754,6 +754,6 @@ def test_planning_a_whole_network_too_small_for_an_interleaved_probe_skips_that_
     ranking = Planner(chunks=(4,), balances=('size',), repeats=2).choose(
         net, DEVICES, (8, 64), None)
     probes = set(ranking.timings._probes)  # pylint: disable=protected-access
-    assert {'graph', 'split', 'fused', 'staged'} <= probes and 'interleaved' not in probes
+    assert {'graph', 'split', 'fused', 'staged'} <= probes and 'looped' not in probes
     assert {s.candidate.schedule for s in ranking.ranked} == {'gpipe', '1f1b'}
     assert [c.schedule for c, _ in ranking.failed] == ['interleaved']

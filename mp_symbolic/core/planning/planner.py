@@ -924,7 +924,7 @@ class Timings:
         virtual = schedules.kind(looped).virtual_default if looped else 0
         if two and looped and blocks >= 2 * virtual and search.batch % 4 == 0 and \
                 looped in planner.schedules:
-            probes['interleaved'] = Candidate(_spec(pool[:2]), 2, 1, 4, looped, virtual)
+            probes['looped'] = Candidate(_spec(pool[:2]), 2, 1, 4, looped, virtual)
         steppers, self._probes = {}, {}
         for name, candidate in probes.items():
             try:
@@ -984,7 +984,7 @@ class Timings:
         if 'graph' in self.pipelined:
             self.pipelined['staged'] = self.pipelined['graph']
         steps['staged'] = steps['graph']
-        for name in ('staged', 'interleaved'):
+        for name in ('staged', 'looped'):
             if name in probes:  # a step's own cost as the one graph's, the rest per action
                 candidate, _, _, actions, _ = probes[name]
                 steps['action'][candidate.schedule] = max(
