@@ -187,8 +187,8 @@ def test_bench_profile_counts_each_ops_calls_a_training_step():
 
 def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     """bench.lm_ops' candidates agree to float32 rounding; the project's Adam
-    step (updater.adam_step) and one adam_update over one array are MXNet's
-    Adam exactly."""
+    steps (updater.adam_step, updater.adam_contiguous) and one adam_update
+    over one array are MXNet's Adam exactly."""
     from bench.lm_ops import run  # pylint: disable=import-outside-toplevel
     report = run(widths=(8,), repeats=1, warmup=1, log=lambda line: None)
     assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt'}
@@ -196,8 +196,12 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
                                            'softmax temperature'}
     assert set(report['Adam'][8]) == {'Updater, one adam_update a parameter',
                                       'updater.adam_step', 'one adam_update over one array',
-                                      'multi_adamw, one call', 'multi_adamw, one call a size'}
+                                      'updater.adam_contiguous', 'multi_adamw, one call',
+                                      'multi_adamw, one call a size'}
+    assert set(report['loss'][8]) == {'SoftmaxOutput', 'SoftmaxOutput, 2-D',
+                                      'log_softmax, pick, MakeLoss'}
     assert report['Adam'][8]['updater.adam_step']['error'] == 0
+    assert report['Adam'][8]['updater.adam_contiguous']['error'] == 0
     # elementwise, one learning rate: one call over views of one array is each call's result
     assert report['Adam'][8]['one adam_update over one array']['error'] == 0
     for part in report.values():

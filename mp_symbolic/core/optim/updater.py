@@ -106,6 +106,8 @@ class Contiguous:
             shape, in ``names``' order: the arrays a graph binds.
         means, variances: The views of ``mean`` and ``var`` in the same
             shapes (empty until :meth:`moments` makes them).
+        pairs: ``(mean view, var view)`` of each parameter: the state the
+            updater holds for it.
     """
 
     def __init__(self, names, shapes, device, dtype):
@@ -120,7 +122,7 @@ class Contiguous:
         self.grad = mx.nd.zeros((start,), device, dtype=dtype)
         self.weights, self.grads = self._views(self.weight), self._views(self.grad)
         self.mean = self.var = None
-        self.means, self.variances = [], []
+        self.means, self.variances, self.pairs = [], [], []
         self._spans = {}
 
     def _views(self, flat):
@@ -132,6 +134,7 @@ class Contiguous:
             self.mean = mx.nd.zeros(self.weight.shape, self.device, dtype=self.dtype)
             self.var = mx.nd.zeros(self.weight.shape, self.device, dtype=self.dtype)
             self.means, self.variances = self._views(self.mean), self._views(self.var)
+            self.pairs = list(zip(self.means, self.variances))
 
     def span(self, first, last):
         """``(weight, grad, mean, var)``: views of the flat arrays over the
@@ -188,27 +191,28 @@ def adam_contiguous(updater, indices, grads, weights, where):
     counts = opt._index_update_count  # pylint: disable=protected-access
     if len({counts.get(i, opt.begin_num_update) for i in indices}) != 1:
         return False
-    states = updater.states
-    for index, weight in zip(indices, weights):
+    states, adopt = updater.states, []
+    for index, weight, (flat, k) in zip(indices, weights, places):
         state = states.get(index)
+        if flat.pairs and state is flat.pairs[k]:   # the moments' own views
+            continue
         if state is not None and not (
                 isinstance(state, (tuple, list)) and len(state) == 2 and
                 all(isinstance(s, NDArray) and s.shape == weight.shape and s.dtype == weight.dtype
                     and s.stype == 'default' for s in state)):
             return False
-    for index, (flat, k) in zip(indices, places):
+        adopt.append((index, state, flat, k))
+    for index, state, flat, k in adopt:
         flat.moments()
-        mine = (flat.means[k], flat.variances[k])
-        state = states.get(index)
-        if state is None or state[0] is not mine[0] or state[1] is not mine[1]:
-            if state is not None:  # another state put in place: its values kept
-                state[0].copyto(mine[0])
-                state[1].copyto(mine[1])
-            else:
-                mine[0][:] = 0
-                mine[1][:] = 0
-            states[index] = mine
-            updater.states_synced[index] = True
+        mine = flat.pairs[k]
+        if state is not None:  # another state put in place: its values kept
+            state[0].copyto(mine[0])
+            state[1].copyto(mine[1])
+        else:
+            mine[0][:] = 0
+            mine[1][:] = 0
+        states[index] = mine
+        updater.states_synced[index] = True
     lrs = opt._get_lrs(indices)  # pylint: disable=protected-access
     wds = opt._get_wds(indices)  # pylint: disable=protected-access
     opt._update_count(indices)  # pylint: disable=protected-access
@@ -253,6 +257,7 @@ class PerDeviceUpdater:
     def __init__(self, updater):
         self.updater = updater
         self._held, self._where = None, {}
+        self._split = (None, None)   # the last call's arrays, and their split by device
 
     def hold(self, contiguous):
         """Updates the parameters viewed in ``contiguous`` (a list of
@@ -263,10 +268,19 @@ class PerDeviceUpdater:
             self._where = {id(w): (flat, k) for flat in contiguous or ()
                            for k, w in enumerate(flat.weights)}
 
+    def _by_device(self, index, grad, weight):
+        """``updates_by_device``'s split, kept for the same arrays (a
+        Module passes the same lists every step; the split holds them, so
+        their ids stay theirs)."""
+        key = (tuple(index), tuple(map(id, grad)), tuple(map(id, weight)))
+        if self._split[0] != key:
+            self._split = (key, updates_by_device(index, grad, weight))
+        return self._split[1]
+
     def __call__(self, index, grad, weight):
         if not isinstance(index, (list, tuple)):
             return self.updater(index, grad, weight)
-        for indices, grads, weights in updates_by_device(index, grad, weight):
+        for indices, grads, weights in self._by_device(index, grad, weight):
             if not (self._where and adam_contiguous(self.updater, indices, grads, weights,
                                                     self._where)) and \
                     not adam_step(self.updater, indices, grads, weights):
