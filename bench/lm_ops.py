@@ -30,9 +30,11 @@ magnitude.
   labels, against the model's ``SoftmaxOutput`` (``preserve_shape``; MXNet
   1.9.1 runs its oneDNN softmax at inference only, its generic kernel in
   training): ``SoftmaxOutput, 2-D`` (the scores as ``(N T, 166)`` rows and
-  back) and ``log_softmax, pick, MakeLoss`` (oneDNN's ``log_softmax``
+  back), ``log_softmax, pick, MakeLoss`` (oneDNN's ``log_softmax``
   forward and backward; its output is each position's loss, not the
-  probabilities, so only the gradient is compared).
+  probabilities) and ``softmax out, log_softmax gradient`` (the
+  probabilities of oneDNN's ``softmax`` as the output, the gradient that
+  one's); only the scores' gradient is compared.
 * Adam over the model's parameters at width C (``--task lm``'s 36, its
   learning rate and batch), against MXNet's ``Updater`` (one ``Adam.update``
   and ``adam_update`` a parameter): ``updater.adam_step`` (the same op, its
@@ -170,11 +172,20 @@ def _loss_2d(F, x, label):
     return F.reshape_like(rows, x)
 
 
+def _probabilities_out(F, x, label):
+    """``softmax``'s probabilities as the output, the gradient of
+    ``log_softmax``, ``pick`` and ``MakeLoss`` (each position's loss, times
+    0, added to them: the output's values are the probabilities')."""
+    loss = F.MakeLoss(-F.pick(F.log_softmax(x, axis=-1), label, axis=-1))
+    return F.broadcast_add(F.BlockGrad(F.softmax(x, axis=-1)), F.expand_dims(loss * 0, axis=-1))
+
+
 LOSSES = {
     'SoftmaxOutput': lambda F, x, label: F.SoftmaxOutput(x, label, preserve_shape=True),
     'SoftmaxOutput, 2-D': _loss_2d,
     'log_softmax, pick, MakeLoss': lambda F, x, label: F.MakeLoss(
         -F.pick(F.log_softmax(x, axis=-1), label, axis=-1)),
+    'softmax out, log_softmax gradient': _probabilities_out,
 }
 
 

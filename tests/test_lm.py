@@ -199,7 +199,8 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
                                       'updater.adam_contiguous', 'multi_adamw, one call',
                                       'multi_adamw, one call a size'}
     assert set(report['loss'][8]) == {'SoftmaxOutput', 'SoftmaxOutput, 2-D',
-                                      'log_softmax, pick, MakeLoss'}
+                                      'log_softmax, pick, MakeLoss',
+                                      'softmax out, log_softmax gradient'}
     assert report['Adam'][8]['updater.adam_step']['error'] == 0
     assert report['Adam'][8]['updater.adam_contiguous']['error'] == 0
     # elementwise, one learning rate: one call over views of one array is each call's result
