@@ -26,6 +26,15 @@ magnitude.
   and values stacked head by head into one ``(T, N, 3C)`` array and the
   result transposed back) and ``softmax temperature`` (the scale as
   ``softmax``'s ``temperature`` instead of a product with the queries).
+* The loss head on the output layer's ``(N, T, 166)`` scores and the
+  labels, against the model's ``SoftmaxOutput`` (``preserve_shape``; MXNet
+  1.9.1 runs its oneDNN softmax at inference only, its generic kernel in
+  training): ``SoftmaxOutput, 2-D`` (the scores as ``(N T, 166)`` rows and
+  back), ``log_softmax, pick, MakeLoss`` (oneDNN's ``log_softmax``
+  forward and backward; its output is each position's loss, not the
+  probabilities) and ``softmax out, log_softmax gradient`` (the
+  probabilities of oneDNN's ``softmax`` as the output, the gradient that
+  one's); only the scores' gradient is compared.
 * Adam over the model's parameters at width C (``--task lm``'s 36, its
   learning rate and batch), against MXNet's ``Updater`` (one ``Adam.update``
   and ``adam_update`` a parameter): ``updater.adam_step`` (the same op, its
@@ -34,7 +43,9 @@ magnitude.
   learning rate, in one call or one call a size of array; and one
   ``adam_update`` over all parameters at once, where the weights, gradients
   and moments are views of one array each (the op is elementwise and every
-  parameter has the same learning rate). Printed: ms an
+  parameter has the same learning rate), by hand and as the project runs it
+  (``updater.adam_contiguous``: ``PerDeviceUpdater`` over a
+  ``Contiguous``). Printed: ms an
   update and the largest difference of the weights and first moments after
   one update more than the first.
 
@@ -153,6 +164,67 @@ ATTENTIONS = {
 }
 
 
+VOCAB = 166   # the corpus' characters: the output layer's width
+
+
+def _loss_2d(F, x, label):
+    rows = F.SoftmaxOutput(F.reshape(x, shape=(-1, VOCAB)), F.reshape(label, shape=(-1,)))
+    return F.reshape_like(rows, x)
+
+
+def _probabilities_out(F, x, label):
+    """``softmax``'s probabilities as the output, the gradient of
+    ``log_softmax``, ``pick`` and ``MakeLoss`` (each position's loss, times
+    0, added to them: the output's values are the probabilities')."""
+    loss = F.MakeLoss(-F.pick(F.log_softmax(x, axis=-1), label, axis=-1))
+    return F.broadcast_add(F.BlockGrad(F.softmax(x, axis=-1)), F.expand_dims(loss * 0, axis=-1))
+
+
+LOSSES = {
+    'SoftmaxOutput': lambda F, x, label: F.SoftmaxOutput(x, label, preserve_shape=True),
+    'SoftmaxOutput, 2-D': _loss_2d,
+    'log_softmax, pick, MakeLoss': lambda F, x, label: F.MakeLoss(
+        -F.pick(F.log_softmax(x, axis=-1), label, axis=-1)),
+    'softmax out, log_softmax gradient': _probabilities_out,
+}
+
+
+class _LossPass:
+    """One loss head bound on ``cpu(0)`` over scores ``x`` and labels:
+    ``run(n)`` runs n forward and backward passes (a loss takes no output
+    gradient); ``results()`` is the scores' gradient."""
+
+    def __init__(self, symbol, scores, labels):
+        self.exe = symbol.simple_bind(mx.cpu(0), x=scores.shape, label=labels.shape,
+                                      grad_req={'x': 'write', 'label': 'null'})
+        self.exe.arg_dict['x'][:] = scores
+        self.exe.arg_dict['label'][:] = labels
+
+    def run(self, num_steps):
+        for _ in range(num_steps):
+            self.exe.forward(is_train=True)
+            self.exe.backward()
+
+    def results(self):
+        self.run(1)
+        return [self.exe.grad_dict['x'].asnumpy()]
+
+
+def _losses(rng, repeats, warmup):
+    """The loss heads on ``(BATCH, CONTEXT, VOCAB)`` scores, timed and
+    compared by the scores' gradient."""
+    x, label = mx.sym.var('x'), mx.sym.var('label')
+    scores = rng.normal(0, 2.0, (BATCH, CONTEXT, VOCAB))
+    labels = rng.integers(0, VOCAB, (BATCH, CONTEXT))
+    passes = {name: _LossPass(loss(mx.sym, x, label), scores, labels)
+              for name, loss in LOSSES.items()}
+    want = passes['SoftmaxOutput'].results()[0]
+    error = {name: float(np.abs(p.results()[0] - want).max() / np.abs(want).max())
+             for name, p in passes.items()}
+    rates = throughput(passes, 1, STEPS, repeats, warmup)
+    return {name: {'ms': 1e3 / rates[name][0], 'error': error[name]} for name in passes}
+
+
 class _Pass:
     """One candidate bound on ``cpu(0)``: ``run(n)`` runs n forward and
     backward passes with the same output gradient."""
@@ -240,6 +312,7 @@ UPDATES = {
     'Updater, one adam_update a parameter': None,
     'updater.adam_step': 'adam_step',
     'one adam_update over one array': 'flat',
+    'updater.adam_contiguous': 'contiguous',
     'multi_adamw, one call': _multi_adamw(False),
     'multi_adamw, one call a size': _multi_adamw(True),
 }
@@ -251,7 +324,7 @@ class _Update:
 
     def __init__(self, how, shapes, rng_seed):
         # pylint: disable=import-outside-toplevel
-        from mp_symbolic.core.optim.updater import PerDeviceUpdater
+        from mp_symbolic.core.optim.updater import Contiguous, PerDeviceUpdater
         rng = np.random.RandomState(rng_seed)
         self.weights = [mx.nd.array(rng.normal(0, 0.02, s)) for s in shapes]
         self.grads = [mx.nd.array(rng.normal(0, 1.0, s)) for s in shapes]
@@ -267,6 +340,14 @@ class _Update:
                 self.updater.states[i] = (mean, var)
             self.updater.flat = [flat for flat, _ in self.updater.flat]
             self.update = lambda i, g, w: _flat(self.updater, i, g, w)
+        elif how == 'contiguous':   # the project's: PerDeviceUpdater over a Contiguous
+            flat = Contiguous(self.indices, shapes, mx.cpu(0), 'float32')
+            for w, g, view, grad in zip(self.weights, self.grads, flat.weights, flat.grads):
+                w.copyto(view)
+                g.copyto(grad)
+            self.weights, self.grads = flat.weights, flat.grads
+            self.update = PerDeviceUpdater(self.updater)
+            self.update.hold([flat])
         elif how is None:
             self.update = self.updater
         elif how == 'adam_step':
@@ -309,11 +390,12 @@ def _updates(C, repeats, warmup):
 
 def run(widths=(64, 256), repeats=9, warmup=3, log=print):
     """Measures and logs every candidate at every width; returns
-    ``{'norm' | 'attention' | 'Adam': {width: {candidate: {'ms', 'error'}}}}``."""
+    ``{'norm' | 'attention' | 'Adam' | 'loss': {width: {candidate: {'ms', 'error'}}}}``."""
     rng = np.random.RandomState(0)
-    report = {'norm': {}, 'attention': {}, 'Adam': {}}
+    report = {'norm': {}, 'attention': {}, 'Adam': {}, 'loss': {}}
     for C in widths:
         report['Adam'][C] = _updates(C, repeats, warmup)
+        report['loss'][C] = _losses(np.random.default_rng(C), repeats, warmup)
         shape = (BATCH, CONTEXT, C)
         x, g, b, q, k, v = (mx.sym.var(n) for n in ('x', 'g', 'b', 'q', 'k', 'v'))
         values = {'x': rng.normal(1.0, 2.0, shape), 'g': rng.normal(1.0, 0.2, (C,)),
@@ -328,8 +410,14 @@ def run(widths=(64, 256), repeats=9, warmup=3, log=print):
                                           'gpt._Attend', values, rng.normal(size=shape),
                                           repeats, warmup)
     for part, reference in (('norm', 'LayerNorm op'), ('attention', 'gpt._Attend'),
-                            ('Adam', 'Updater, one adam_update a parameter')):
-        if part == 'Adam':
+                            ('Adam', 'Updater, one adam_update a parameter'),
+                            ('loss', 'SoftmaxOutput')):
+        if part == 'loss':
+            log('loss head, forward and backward on (%d, %d, %d) scores (the same at every C), '
+                'ms a pass (median of %d alternated rounds of %d passes), largest difference '
+                'of the scores\' gradient from %s:'
+                % (BATCH, CONTEXT, VOCAB, repeats, STEPS, reference))
+        elif part == 'Adam':
             log('Adam, the update of the model\'s %d parameters at width C after one, ms an '
                 'update (median of %d alternated rounds of %d updates), largest difference of '
                 'the weights and means after one more from %s:'

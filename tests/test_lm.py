@@ -187,8 +187,8 @@ def test_bench_profile_counts_each_ops_calls_a_training_step():
 
 def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     """bench.lm_ops' candidates agree to float32 rounding; the project's Adam
-    step (updater.adam_step) and one adam_update over one array are MXNet's
-    Adam exactly."""
+    steps (updater.adam_step, updater.adam_contiguous) and one adam_update
+    over one array are MXNet's Adam exactly."""
     from bench.lm_ops import run  # pylint: disable=import-outside-toplevel
     report = run(widths=(8,), repeats=1, warmup=1, log=lambda line: None)
     assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt'}
@@ -196,8 +196,13 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
                                            'softmax temperature'}
     assert set(report['Adam'][8]) == {'Updater, one adam_update a parameter',
                                       'updater.adam_step', 'one adam_update over one array',
-                                      'multi_adamw, one call', 'multi_adamw, one call a size'}
+                                      'updater.adam_contiguous', 'multi_adamw, one call',
+                                      'multi_adamw, one call a size'}
+    assert set(report['loss'][8]) == {'SoftmaxOutput', 'SoftmaxOutput, 2-D',
+                                      'log_softmax, pick, MakeLoss',
+                                      'softmax out, log_softmax gradient'}
     assert report['Adam'][8]['updater.adam_step']['error'] == 0
+    assert report['Adam'][8]['updater.adam_contiguous']['error'] == 0
     # elementwise, one learning rate: one call over views of one array is each call's result
     assert report['Adam'][8]['one adam_update over one array']['error'] == 0
     for part in report.values():
@@ -496,3 +501,35 @@ def test_the_language_model_trains_with_its_embeddings_stage_recomputed(tmp_path
         '--task-arg', 'val_chars=2048', '--task-arg', 'block_size=16'])
     assert status == 0, capsys.readouterr().err
     assert 'parameters sha256' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('devices,replicas', [('cpu:0,cpu:1', 1), ('cpu:0,cpu:1,cpu:2,cpu:3', 2)])
+def test_module_updates_each_devices_parameters_in_one_adam_update(one_device, monkeypatch,
+                                                                   devices, replicas):
+    """The model's trained parameters on each device of each replica are
+    views of one array, their gradients of another: an Adam step (after
+    the first, which makes the moments) is one adam_update a device of a
+    replica, and never Adam.update."""
+    from mp_symbolic.core.optim import updater  # pylint: disable=import-outside-toplevel
+    _, init, _, _ = one_device
+    pipe = mp_symbolic.Pipeline(_network(False), devices, sample=(BATCH, TINY.block_size),
+                                replicas=replicas)
+    mod = _bound(pipe, init[0], replicas)
+    mod.init_optimizer(kvstore='local' if replicas > 1 else None, optimizer='adam',
+                       optimizer_params={'learning_rate': 3e-3}, force_init=True)
+    X, y = _batch()
+    batch = mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)])
+    mod.forward_backward(batch)
+    mod.update()
+    calls = []
+    invoke = updater._imperative_invoke   # pylint: disable=protected-access
+    monkeypatch.setattr(updater, '_imperative_invoke', lambda *a: calls.append(a) or invoke(*a))
+    monkeypatch.setattr(mx.optimizer.Adam, 'update', lambda *a: calls.append('Adam.update'))
+    mod.forward_backward(batch)
+    mod.update()
+    flats = mod._exec_group.contiguous   # pylint: disable=protected-access
+    assert len(flats) == 2 * replicas   # two stages a replica
+    assert sum(len(f.names) for f in flats) == \
+        replicas * len(mod._exec_group.param_names)   # pylint: disable=protected-access
+    assert len(calls) == len(flats)
+    assert all(call[1][0] is flat.weight for call, flat in zip(calls, flats))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mp_symbolic.core.base.compat import updates_by_device
-from mp_symbolic.core.optim.updater import PerDeviceUpdater, adam_step
+from mp_symbolic.core.optim.updater import Contiguous, PerDeviceUpdater, adam_step
 
 SHAPES = [(166, 64), (64,), (192, 64), (64, 256), (1,)]
 
@@ -118,3 +118,117 @@ def test_trainers_adam_step_equals_its_updaters_bit_for_bit(monkeypatch):
     assert sorted(ours) == sorted(theirs)
     for name, value in theirs.items():
         np.testing.assert_array_equal(ours[name], value, err_msg=name)
+
+
+def _contiguous(values, devices):
+    """The arrays of ``values`` as views of one Contiguous a device (the
+    parameters of each device in order), and ``{id(view): place}``."""
+    flats = []
+    for device in devices:
+        ks = [k for k in range(len(values)) if k % len(devices) == devices.index(device)]
+        flat = Contiguous(['p%d' % k for k in ks], [SHAPES[k] for k in ks], device, 'float32')
+        for k, view in zip(ks, flat.weights):
+            values[k].copyto(view)
+        flats.append((ks, flat))
+    weights, grads = [None] * len(values), [None] * len(values)
+    for ks, flat in flats:
+        for j, k in enumerate(ks):
+            weights[k], grads[k] = flat.weights[j], flat.grads[j]
+    return weights, grads, [flat for _, flat in flats]
+
+
+@pytest.mark.parametrize('kwargs', [{}, {'wd': 1e-2, 'clip_gradient': 0.5}],
+                         ids=['plain', 'weight decay and clipping'])
+def test_adam_over_contiguous_arrays_equals_mxnets_adam_bit_for_bit(kwargs):
+    """Three steps over parameters on two devices held as views of one array
+    a device (per-parameter learning-rate and weight-decay multipliers
+    among them): every weight, both moments and each device's counts as
+    MXNet's Updater leaves them on arrays of their own."""
+    devices = [mx.cpu(0), mx.cpu(1)]
+    theirs = mx.optimizer.get_updater(_optimizer(**kwargs))
+    expected = _run(lambda i, g, w: [theirs(*part) for part in updates_by_device(i, g, w)],
+                    3, devices)
+    ours = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer(**kwargs)))
+    weights, grads, flats = _contiguous(_arrays(0, devices), devices)
+    ours.hold(flats)
+    for step in range(3):
+        for grad, value in zip(grads, _arrays(1 + step, devices)):
+            value.copyto(grad)
+        ours(list(range(len(SHAPES))), grads, weights)
+    for a, b in zip(expected, weights):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    assert sorted(theirs.states) == sorted(ours.states)
+    for index, (mean, var) in theirs.states.items():
+        np.testing.assert_array_equal(mean.asnumpy(), ours.states[index][0].asnumpy())
+        np.testing.assert_array_equal(var.asnumpy(), ours.states[index][1].asnumpy())
+    # pylint: disable=protected-access
+    assert theirs.optimizer._all_index_update_counts == ours.optimizer._all_index_update_counts
+    assert theirs.optimizer.num_update == ours.optimizer.num_update == 3
+
+
+def test_contiguous_parameters_update_in_one_call_a_run_of_equal_settings(monkeypatch):
+    """On one device, parameters 0..4 with a learning-rate multiplier on 1
+    and weight decay off on 3: the runs [0], [1], [2], [3], [4] of equal
+    settings under weight decay, and, without weight decay, [0], [1],
+    [2 3 4]: one adam_update a run, never Adam.update."""
+    from mp_symbolic.core.optim import updater as module  # pylint: disable=import-outside-toplevel
+    calls = []
+    invoke = module._imperative_invoke   # pylint: disable=protected-access
+    monkeypatch.setattr(module, '_imperative_invoke',
+                        lambda *a: calls.append(a[1][0].size) or invoke(*a))
+    monkeypatch.setattr(mx.optimizer.Adam, 'update', lambda *a: calls.append('Adam.update'))
+    sizes = [int(np.prod(s)) for s in SHAPES]
+    for kwargs, runs in (({'wd': 1e-2}, sizes), ({}, [sizes[0], sizes[1], sum(sizes[2:])])):
+        ours = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer(**kwargs)))
+        weights, grads, flats = _contiguous(_arrays(0, [mx.cpu(0)]), [mx.cpu(0)])
+        ours.hold(flats)
+        del calls[:]
+        ours(list(range(len(SHAPES))), grads, weights)
+        assert calls == runs
+
+
+def test_contiguous_update_takes_a_state_put_in_its_place():
+    """A state set in the updater's place (a checkpoint's, set_states) is
+    copied into the contiguous moments on the next update: the weights
+    after it are those of MXNet's Updater that kept its own state."""
+    devices = [mx.cpu(0)]
+    indices = list(range(len(SHAPES)))
+    theirs = mx.optimizer.get_updater(_optimizer())
+    expected = _arrays(0, devices)
+    for step in range(2):
+        theirs(indices, _arrays(1 + step, devices), expected)
+    ours = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer()))
+    weights, grads, flats = _contiguous(_arrays(0, devices), devices)
+    ours.hold(flats)
+    for grad, value in zip(grads, _arrays(1, devices)):
+        value.copyto(grad)
+    ours(indices, grads, weights)
+    ours.set_states(theirs.get_states(dump_optimizer=True))   # theirs, one update more
+    for w, value in zip(weights, expected):
+        value.copyto(w)
+    theirs(indices, _arrays(3, devices), expected)
+    for grad, value in zip(grads, _arrays(3, devices)):
+        value.copyto(grad)
+    ours(indices, grads, weights)
+    assert all(ours.states[i][0] is flats[0].means[i] for i in indices)
+    for a, b in zip(expected, weights):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+
+
+def test_weights_a_onednn_op_may_lay_out_anew_are_not_views():
+    """A convolution's inputs (oneDNN lays its weight out anew in its
+    array's whole storage at inference), a large FullyConnected weight
+    (BRGEMM) and a float16 one stay arrays of their own; the others are
+    views of one array."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.engine.runtime import contiguous_names
+    x = mx.sym.var('data')
+    h = mx.sym.Convolution(x, num_filter=4, kernel=(3, 3), name='conv')
+    h = mx.sym.FullyConnected(h, num_hidden=1024, name='big')
+    h = mx.sym.FullyConnected(h, num_hidden=8, name='fc')
+    h = mx.sym.Cast(h, dtype='float16') * mx.sym.var('half', dtype='float16')
+    shapes = dict(zip(h.list_arguments(), h.infer_shape(data=(2, 3, 8, 8))[0]))
+    types = dict(zip(h.list_arguments(), h.infer_type(data='float32')[0]))
+    shapes['big_weight'] = (1024, 1024)   # what a wider input would make it
+    names = [n for n in h.list_arguments() if n != 'data']
+    assert contiguous_names(h, names, shapes, types) == ['big_bias', 'fc_weight', 'fc_bias']

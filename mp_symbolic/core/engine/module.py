@@ -912,6 +912,8 @@ class PipelineModule(DeviceModule):
         rebuilds them in Python every step); with the optimizer state
         sharded (:meth:`optimizer_owners`), each parameter updated by its
         owner alone, then copied to the other replicas."""
+        if self._updater is not None:
+            self._updater.hold(self._exec_group.contiguous)
         if self.optimizer_owners() is not None:
             self._update_sharded()
             return

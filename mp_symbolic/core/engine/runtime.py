@@ -16,13 +16,17 @@ on its :class:`ArrayGroup`'s arrays, and :func:`bind` hands the executor
 API's stepper the one of a one-replica Module. The step code of both drives
 either alike.
 """
+from collections import OrderedDict
 from typing import Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 import mxnet as mx
+import numpy as np
 
 from ..graph.batchnorm import update
 from ..base.compat import split_bind
+from ..graph.ir import PlacedGraph
 from ..graph.names import GROUP_ATTR
+from ..optim.updater import Contiguous
 from .. import schedule as schedules
 
 __all__ = []
@@ -208,20 +212,70 @@ def graph_copies(executors):
     return len(names) - backward, backward
 
 
-def parameter_arrays(symbol, shapes, types, group2ctx, inputs, fixed=()):
+#: Ops whose oneDNN kernels may lay a weight out anew in place (in its
+#: array's whole storage), which a view of a larger array cannot take.
+RELAYOUT_OPS = frozenset(['Convolution', 'Deconvolution'])
+#: ``FullyConnected`` lays a 2-D weight out anew at inference where both its
+#: sides reach this and are multiples of 64 (oneDNN's BRGEMM kernel).
+RELAYOUT_FC_SIDE = 1024
+
+
+def contiguous_names(symbol, names, shapes, types):
+    """The parameters of ``names`` that can be views of one array: float32,
+    of rank 1 or more, and read by no op that may lay its input out anew in
+    place (:data:`RELAYOUT_OPS`, a large ``FullyConnected`` weight, an op
+    of a quantized or subgraph kind, or one holding a graph of its own)."""
+    graph = PlacedGraph.from_symbol(symbol)
+    nodes = graph.nodes
+    unsafe = set()
+    for index, readers in graph.variable_readers().items():
+        for reader in readers:
+            op = nodes[reader]
+            shape = shapes.get(nodes[index].name, ())
+            if op.op in RELAYOUT_OPS or op.op.startswith(('_contrib_quantized', '_sg_')) or \
+                    'subgraphs' in op.extra or op.op == 'FullyConnected' and len(shape) == 2 and \
+                    min(shape) >= RELAYOUT_FC_SIDE and not shape[0] % 64 and not shape[1] % 64:
+                unsafe.add(nodes[index].name)
+    return [n for n in names if n not in unsafe and len(shapes[n]) >= 1
+            and np.dtype(types[n]) == np.float32]
+
+
+def parameter_arrays(symbol, shapes, types, group2ctx, inputs, fixed=(), contiguous=None):
     """``(arg_dict, grad_dict, aux_dict)`` of new zero arrays for every
     argument of ``symbol`` but ``inputs``, and every auxiliary state, each on
     the device of its ``ctx_group`` (``shapes`` and ``types``: by name, as
     :func:`~mp_symbolic.core.engine.stages.variable_specs` gives them); ``fixed``
-    arguments get no gradient array (``None``)."""
+    arguments get no gradient array (``None``).
+
+    Args:
+        contiguous: A list, or ``None``. Given a list, the trained parameters
+            of each device that can be (:func:`contiguous_names`) are views
+            of one array, their gradients of another (a
+            :class:`~mp_symbolic.core.optim.updater.Contiguous`, appended to
+            the list), so that one op updates them all.
+    """
     attrs = symbol.attr_dict()
 
+    def device_of(name):
+        return group2ctx[attrs[name][GROUP_ATTR]]
+
     def zeros(name):
-        device = group2ctx[attrs[name][GROUP_ATTR]]
-        return mx.nd.zeros(shapes[name], device, dtype=types[name])
+        return mx.nd.zeros(shapes[name], device_of(name), dtype=types[name])
     params = [n for n in symbol.list_arguments() if n not in inputs]
-    arg_dict = {n: zeros(n) for n in params}
-    grad_dict = {n: None if n in fixed else mx.nd.zeros_like(a) for n, a in arg_dict.items()}
+    arg_dict, grad_dict = {}, {}
+    if contiguous is not None:
+        by_device = OrderedDict()
+        for name in contiguous_names(symbol, [n for n in params if n not in fixed], shapes,
+                                     types):
+            by_device.setdefault(device_of(name), []).append(name)
+        for device, names in by_device.items():
+            flat = Contiguous(names, [shapes[n] for n in names], device, 'float32')
+            arg_dict.update(zip(names, flat.weights))
+            grad_dict.update(zip(names, flat.grads))
+            contiguous.append(flat)
+    arg_dict = {n: arg_dict[n] if n in arg_dict else zeros(n) for n in params}
+    grad_dict = {n: None if n in fixed else grad_dict[n] if n in grad_dict else
+                 mx.nd.zeros_like(a) for n, a in arg_dict.items()}
     aux_dict = {n: zeros(n) for n in symbol.list_auxiliary_states()}
     return arg_dict, grad_dict, aux_dict
 
@@ -261,6 +315,10 @@ class ArrayGroup:
 
     Attributes:
         execs: One :class:`ReplicaArrays` per replica.
+        contiguous: The :class:`~mp_symbolic.core.optim.updater.Contiguous`
+            arrays whose views the replicas' trained parameters and gradients
+            are (:func:`parameter_arrays`), for the updater
+            (:meth:`~mp_symbolic.core.optim.updater.PerDeviceUpdater.hold`).
     """
 
     def __init__(self, symbol, group2ctxs, param_names, specs, grad_req, batch_size,
@@ -273,14 +331,20 @@ class ArrayGroup:
         fixed = [n for n in self.param_names
                  if not for_training or self.grad_req.get(n, 'null') == 'null']
         inputs = [n for n in symbol.list_arguments() if n not in self.param_names]
-        self.execs = []
+        self.execs, self.contiguous = [], []
         for k, group2ctx in enumerate(group2ctxs):
-            arrays = parameter_arrays(symbol, specs[0], specs[1], group2ctx, inputs, fixed)
+            made = []
+            arrays = parameter_arrays(symbol, specs[0], specs[1], group2ctx, inputs, fixed, made)
             if shared is not None:
-                for made, kept in zip(arrays, (shared.execs[k].arg_dict, shared.execs[k].grad_dict,
+                for mine, kept in zip(arrays, (shared.execs[k].arg_dict, shared.execs[k].grad_dict,
                                                shared.execs[k].aux_dict)):
-                    made.update({n: kept[n] for n in made if n in kept and (
-                        kept[n] is None) == (made[n] is None)})
+                    mine.update({n: kept[n] for n in mine if n in kept and (
+                        kept[n] is None) == (mine[n] is None)})
+                made += shared.contiguous
+            # those whose views are the arrays bound (of another group's, where it shares them)
+            self.contiguous += [c for c in made if all(
+                arrays[0].get(n) is w and arrays[1].get(n) is g
+                for n, w, g in zip(c.names, c.weights, c.grads))]
             self.execs.append(ReplicaArrays(*arrays))
         self.param_arrays = [[e.arg_dict[n] for e in self.execs] for n in self.param_names]
         self.grad_arrays = [[e.grad_dict[n] for e in self.execs] for n in self.param_names] \

@@ -1,5 +1,7 @@
 """``PerDeviceUpdater``: MXNet's optimizer updater, one device per call;
-``adam_step``: one device's Adam update of many parameters in one pass.
+``adam_step``: one device's Adam update of many parameters in one pass;
+``Contiguous`` and ``adam_contiguous``: parameters held as views of one array,
+updated by one ``adam_update`` call.
 
 Reference: MXNet 1.9.1 ``python/mxnet/optimizer/updater.py`` (``Updater.__call__``
 and its ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` fusion) and ``optimizer.py``
@@ -88,6 +90,156 @@ def adam_step(updater, indices, grads, weights):
     return True
 
 
+class Contiguous:
+    """Parameters of one device held one after the other in one array each:
+    the weights in ``weight``, their gradients in ``grad`` (the same layout),
+    and, made on their first update, Adam's moments in ``mean`` and ``var``.
+
+    Args:
+        names: The parameters, in the order they are laid out.
+        shapes: Their shapes, in that order.
+        device: The device of every array.
+        dtype: The dtype of every array.
+
+    Attributes:
+        weights, grads: A view of ``weight`` / ``grad`` in each parameter's
+            shape, in ``names``' order: the arrays a graph binds.
+        means, variances: The views of ``mean`` and ``var`` in the same
+            shapes (empty until :meth:`moments` makes them).
+        pairs: ``(mean view, var view)`` of each parameter: the state the
+            updater holds for it.
+    """
+
+    def __init__(self, names, shapes, device, dtype):
+        self.names = list(names)
+        self.device, self.dtype = device, np.dtype(dtype)
+        self.bounds, start = [], 0
+        for shape in shapes:
+            size = int(np.prod(shape, dtype=np.int64))
+            self.bounds.append((start, start + size, tuple(shape)))
+            start += size
+        self.weight = mx.nd.zeros((start,), device, dtype=dtype)
+        self.grad = mx.nd.zeros((start,), device, dtype=dtype)
+        self.weights, self.grads = self._views(self.weight), self._views(self.grad)
+        self.mean = self.var = None
+        self.means, self.variances, self.pairs = [], [], []
+        self._spans = {}
+
+    def _views(self, flat):
+        return [flat[a:b].reshape(shape) for a, b, shape in self.bounds]
+
+    def moments(self):
+        """Makes ``mean`` and ``var`` (zeros) and their views, once."""
+        if self.mean is None:
+            self.mean = mx.nd.zeros(self.weight.shape, self.device, dtype=self.dtype)
+            self.var = mx.nd.zeros(self.weight.shape, self.device, dtype=self.dtype)
+            self.means, self.variances = self._views(self.mean), self._views(self.var)
+            self.pairs = list(zip(self.means, self.variances))
+
+    def span(self, first, last):
+        """``(weight, grad, mean, var)``: views of the flat arrays over the
+        parameters at positions ``first`` to ``last`` (inclusive), made once
+        (the arrays themselves where they span them all)."""
+        key = (first, last)
+        if key not in self._spans:
+            a, b = self.bounds[first][0], self.bounds[last][1]
+            flats = (self.weight, self.grad, self.mean, self.var)
+            self._spans[key] = flats if b - a == self.weight.size else \
+                tuple(flat[a:b] for flat in flats)
+        return self._spans[key]
+
+
+def adam_contiguous(updater, indices, grads, weights, where):
+    """One device's Adam update of ``weights`` by ``grads`` where they are
+    views of :class:`Contiguous` arrays: one ``adam_update`` call over each
+    run of parameters laid out one after the other with the same learning
+    rate and weight decay (all of them, where the optimizer's per-parameter
+    settings are alike). Adam's update is elementwise, so each call computes
+    bit for bit what one call a parameter does (:func:`adam_step`).
+
+    The moments are held in the :class:`Contiguous`' own arrays, and the
+    updater's ``states`` point at their views: a state put in its place
+    (``set_states``, a checkpoint's) is copied into them on the next call.
+
+    Args:
+        updater: An ``mx.optimizer.Updater`` whose states are read and
+            replaced and whose optimizer's counts advance.
+        indices, grads, weights: One device's parameters, as ``Updater``
+            takes them in a list call.
+        where: ``{id(weight view): (Contiguous, position)}`` of the views
+            (:meth:`PerDeviceUpdater.hold`).
+
+    Returns:
+        True where it updated them; False, having changed nothing, where
+        :func:`adam_step` or the updater is to run the call: its optimizer is
+        not exactly ``mx.optimizer.Adam`` or has a learning-rate schedule, a
+        weight or gradient is not a float32 view a :class:`Contiguous` holds
+        at the same position, the update counts differ, or a state is not a
+        pair of dense arrays of the weight's shape and dtype.
+    """
+    opt = getattr(updater, 'optimizer', None)
+    if type(opt) is not mx.optimizer.Adam or opt.lr_scheduler is not None or not indices:
+        return False
+    places = []
+    for grad, weight in zip(grads, weights):
+        place = where.get(id(weight))
+        if place is None or place[0].dtype != np.float32 or \
+                place[0].weights[place[1]] is not weight or place[0].grads[place[1]] is not grad:
+            return False
+        places.append(place)
+    opt._set_current_context(weights[0].context.device_id)  # pylint: disable=protected-access
+    counts = opt._index_update_count  # pylint: disable=protected-access
+    if len({counts.get(i, opt.begin_num_update) for i in indices}) != 1:
+        return False
+    states, adopt = updater.states, []
+    for index, weight, (flat, k) in zip(indices, weights, places):
+        state = states.get(index)
+        if flat.pairs and state is flat.pairs[k]:   # the moments' own views
+            continue
+        if state is not None and not (
+                isinstance(state, (tuple, list)) and len(state) == 2 and
+                all(isinstance(s, NDArray) and s.shape == weight.shape and s.dtype == weight.dtype
+                    and s.stype == 'default' for s in state)):
+            return False
+        adopt.append((index, state, flat, k))
+    for index, state, flat, k in adopt:
+        flat.moments()
+        mine = flat.pairs[k]
+        if state is not None:  # another state put in place: its values kept
+            state[0].copyto(mine[0])
+            state[1].copyto(mine[1])
+        else:
+            mine[0][:] = 0
+            mine[1][:] = 0
+        states[index] = mine
+        updater.states_synced[index] = True
+    lrs = opt._get_lrs(indices)  # pylint: disable=protected-access
+    wds = opt._get_wds(indices)  # pylint: disable=protected-access
+    opt._update_count(indices)  # pylint: disable=protected-access
+    t = counts[indices[0]]
+    coef1 = 1. - opt.beta1**t
+    coef2 = 1. - opt.beta2**t
+    keys = ['lr', 'wd', 'beta1', 'beta2', 'epsilon', 'rescale_grad', 'lazy_update']
+    fixed = [str(opt.beta1), str(opt.beta2), str(opt.epsilon), str(opt.rescale_grad),
+             str(opt.lazy_update)]
+    if opt.clip_gradient:
+        keys.append('clip_gradient')
+        fixed.append(str(opt.clip_gradient))
+    handle = _op('adam_update')
+    start = 0
+    for end in range(1, len(indices) + 1):
+        if end < len(indices) and places[end][0] is places[start][0] and \
+                places[end][1] == places[end - 1][1] + 1 and \
+                lrs[end] == lrs[start] and wds[end] == wds[start]:
+            continue
+        lr = lrs[start] * (math.sqrt(coef2)/coef1)
+        weight, grad, mean, var = places[start][0].span(places[start][1], places[end - 1][1])
+        _imperative_invoke(handle, [weight, grad, mean, var], keys,
+                           [str(lr), str(wds[start])] + fixed, weight, False, False)
+        start = end
+    return True
+
+
 class PerDeviceUpdater:
     """Wraps an ``mx.optimizer.Updater`` so each call updates one device's arrays.
 
@@ -97,17 +249,41 @@ class PerDeviceUpdater:
     does), one op would run on one device over another device's weights. This
     splits each call by device and keeps the fusion within a device
     (:func:`mp_symbolic.core.base.compat.updates_by_device`); each device's Adam
-    update runs in one pass (:func:`adam_step`), its result the updater's.
+    update runs in one pass: one ``adam_update`` call over parameters held
+    in :class:`Contiguous` arrays (:meth:`hold`, :func:`adam_contiguous`),
+    else one a parameter (:func:`adam_step`), its result the updater's.
     """
 
     def __init__(self, updater):
         self.updater = updater
+        self._held, self._where = None, {}
+        self._split = (None, None)   # the last call's arrays, and their split by device
+
+    def hold(self, contiguous):
+        """Updates the parameters viewed in ``contiguous`` (a list of
+        :class:`Contiguous`, kept by reference; ``None`` or empty: none) in
+        one call a run of them from now on."""
+        if contiguous is not self._held:
+            self._held = contiguous
+            self._where = {id(w): (flat, k) for flat in contiguous or ()
+                           for k, w in enumerate(flat.weights)}
+
+    def _by_device(self, index, grad, weight):
+        """``updates_by_device``'s split, kept for the same arrays (a
+        Module passes the same lists every step; the split holds them, so
+        their ids stay theirs)."""
+        key = (tuple(index), tuple(map(id, grad)), tuple(map(id, weight)))
+        if self._split[0] != key:
+            self._split = (key, updates_by_device(index, grad, weight))
+        return self._split[1]
 
     def __call__(self, index, grad, weight):
         if not isinstance(index, (list, tuple)):
             return self.updater(index, grad, weight)
-        for indices, grads, weights in updates_by_device(index, grad, weight):
-            if not adam_step(self.updater, indices, grads, weights):
+        for indices, grads, weights in self._by_device(index, grad, weight):
+            if not (self._where and adam_contiguous(self.updater, indices, grads, weights,
+                                                    self._where)) and \
+                    not adam_step(self.updater, indices, grads, weights):
                 self.updater(indices, grads, weights)
         return None
 
