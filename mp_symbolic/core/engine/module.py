@@ -1,41 +1,6 @@
-"""``PipelineModule``: an ``mx.mod.Module`` for a :class:`~mp_symbolic.Pipeline`.
-
-It is MXNet's own Module (``fit``, ``score``, ``predict``, ``save_checkpoint``
-work unchanged), the one of every schedule, built from the Pipeline's tagged
-training graph with its stages' devices as ``group2ctxs`` (one dict per
-replica); each replica's batch runs on a runtime
-(:class:`~mp_symbolic.core.engine.runtime.Runtime`) bound on the arrays the Module
-holds, in place of MXNet's executor group. Gluon's
-fixed parameters (``grad_req='null'``: constants made with
-``params.get_constant`` and layers frozen with
-``collect_params().setattr('grad_req', 'null')``) are the Module's
-``fixed_param_names``, with any the caller names: they get no gradient, no
-update and no optimizer state. Five more differences are what model
-parallelism needs:
-
-* the stages' devices hold the only copy of the parameters: MXNet's Module
-  keeps another of all of them on the host (``cpu(0)``), here made only for
-  ``get_params`` and checkpoints and not kept, unless ``host_copy=True``
-  (:class:`~mp_symbolic.core.engine.device_module.DeviceModule`);
-* every optimizer update runs on the device of the parameter it updates
-  (:class:`PerDeviceUpdater`);
-* the kvstore, where there is one, only sums gradients (across replicas or
-  worker processes); each replica then updates its own copy on its own
-  devices, so optimizer state stays beside its weights and can be saved by
-  parameter name;
-* a tensor-parallel layer's parameters go in and out by their unsplit names
-  and shapes (``get_params``, ``set_params``, ``init_params(arg_params=...)``,
-  checkpoints, optimizer state): the module splits them into its shards on
-  the way in and gathers them on the way out, so values move between plans
-  of any number of shards;
-* ``init_params`` draws each value from MXNet's random state at the call
-  and the parameter's (unsplit) name only, a tensor-parallel one whole and
-  then sliced (:mod:`~mp_symbolic.core.optim.initial`): every plan, node count
-  and shard count starts from the same values.
-
-References: MXNet 1.9.1 ``python/mxnet/module/module.py``,
-``tests/python/unittest/test_module.py::test_module_ctx_group``.
-"""
+"""``PipelineModule``: an ``mx.mod.Module`` for a :class:`~mp_symbolic.Pipeline`,
+the one of every schedule (docs/how-it-works.md, "Symbolic training"; MXNet
+1.9.1's ``python/mxnet/module/module.py``)."""
 from collections import OrderedDict
 
 import mxnet as mx
@@ -65,17 +30,12 @@ __all__ = []
 
 
 def with_input_shape(symbol, data_name, sample_shape, input_layouts=None):
-    """``symbol`` (a Symbol, or a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`)
-    as a Symbol with ``(0,) + sample_shape`` recorded on its data variable
-    (``data_name`` and ``sample_shape`` may be ``{name: sample shape}`` and
-    ``None`` for several inputs); an input of ``input_layouts`` (``{name:
-    layout}``, its batch at the layout's ``N``: ``'TN'``, ``'TNC'``) has the
-    layout recorded (``__layout__``), and its shape with the 0 there.
-
-    MXNet reads a 0 dimension as unknown, so the graph still binds at any
-    batch size; an exporter reads the per-sample shape and where the batch
-    is back from the file.
-    """
+    """``symbol`` (a Symbol or a :class:`~mp_symbolic.core.graph.ir.PlacedGraph`)
+    as a Symbol with ``(0,) + sample_shape`` recorded on variable ``data_name``
+    (or ``data_name`` ``{name: sample shape}``, ``sample_shape`` ``None``); an
+    input of ``input_layouts`` (``{name: layout}``) has its layout recorded
+    and the 0 at the layout's ``N``. MXNet reads a 0 dimension as unknown, so
+    the graph binds at any batch size."""
     shapes = data_name if isinstance(data_name, dict) else {data_name: sample_shape}
     input_layouts = dict(input_layouts or {})
 
@@ -95,33 +55,24 @@ def with_input_shape(symbol, data_name, sample_shape, input_layouts=None):
 
 
 def fixed_param_names(pipeline, symbol):
-    """The arguments of ``symbol`` whose Gluon parameter has ``grad_req='null'``.
-
-    Gluon leaves such parameters alone (``gluon.Trainer`` skips them), but a
-    Symbol carries no ``grad_req``: ``mx.mod.Module`` trains every argument
-    that is not data, a label or in its ``fixed_param_names``. Auxiliary
-    states (also ``'null'`` in Gluon) are not arguments, and MXNet never
-    hands them to an optimizer.
-    """
+    """The arguments of ``symbol`` whose Gluon parameter has ``grad_req='null'``
+    (a Symbol carries no ``grad_req``: ``mx.mod.Module`` trains every argument
+    not in its ``fixed_param_names``)."""
     arguments = set(symbol.list_arguments())
     return [name for name, param in pipeline.collect_params().items()
             if param.grad_req == 'null' and name in arguments]
 
 
 def match_parameters(saved, ours, values, shapes):
-    """``{saved name: our name}`` for a checkpoint's parameters.
-
-    Equal name sets match by name. Otherwise (Gluon's automatic names count
-    blocks per process, so the same network built elsewhere may be
-    ``dense5_weight`` where it was ``dense2_weight``) parameters match by
-    their place in the graph's argument order, which the architecture alone
-    decides, with every known shape checked.
+    """``{saved name: our name}`` for a checkpoint's parameters: by name where
+    the name sets are equal, otherwise (Gluon's automatic names count blocks
+    per process) by their place in graph order, every known shape checked.
 
     Args:
         saved, ours: Parameter names in graph order (arguments, then
             auxiliary states).
-        values: Saved name -> array.
-        shapes: Our name -> shape (``None`` or zeros where not known yet).
+        values, shapes: Saved name -> array; our name -> shape (``None`` or
+            zeros where not known yet).
 
     Raises:
         ValueError: the parameters differ in number or shape.
@@ -149,8 +100,7 @@ class _Shape:  # pylint: disable=too-few-public-methods
 
 class _Restored:
     """What :meth:`PipelineModule.restore` read and the module has not taken
-    yet: the parameters (taken once bound with parameters) and the
-    optimizer state (taken once the optimizer exists), each taken once."""
+    yet: the parameters and the optimizer state, each taken once."""
 
     def __init__(self, params=None, states=None):
         self.params, self.states = params, states
@@ -162,70 +112,65 @@ class _Restored:
 
 
 class PipelineModule(DeviceModule):
-    """MXNet's Module over a Pipeline's stages (use :meth:`Pipeline.module`),
-    the one Module of every schedule.
+    """MXNet's Module over a Pipeline's stages (use :meth:`Pipeline.module`):
+    ``fit``, ``score``, ``predict`` and ``save_checkpoint`` are Module's, and
+    so are ``grad_req`` and ``inputs_need_grad``. It differs from Module where
+    model parallelism needs it:
 
-    It binds no executor of its own: the weights, gradients and auxiliary
-    states are held where Module keeps its executor group (an
-    :class:`~mp_symbolic.core.engine.runtime.ArrayGroup`, one set per replica), and
-    Module's own code reads them there. Each replica's batch runs on a
-    :class:`~mp_symbolic.core.engine.runtime.Runtime` bound on those arrays, chosen
-    once, where the graph is built (:func:`~mp_symbolic.core.engine.runtime.fused`):
-    GPipe in one process on its fused mode, every
-    micro-batch in one graph
-    (:class:`~mp_symbolic.core.engine.runtime.FusedRuntime`); every other schedule,
-    and any over node processes, on the stage runtime
-    (:class:`~mp_symbolic.core.engine.stages.StageRuntime`) in the schedule's order.
-    ``forward`` runs the batch's forwards and, in training, its backwards
-    (1F1B interleaves them); ``backward`` then has nothing left to do.
-
-    Each input and label is split into replicas (and micro-batches) on its
-    own batch axis (the ``N`` of its ``DataDesc`` layout, or the Pipeline's
-    ``batch_axis``: :func:`~mp_symbolic.core.graph.layouts.batch_descs`), and each
-    output joined on the axis where its size follows the batch (axis 0 for
-    one that does not). ``grad_req`` (``'write'``, ``'add'``, ``'null'`` or
-    by name) and ``inputs_need_grad`` are Module's: where a parameter's
-    request is ``'add'``, the batch's gradients add to what its array holds;
-    each input's gradient is joined over the micro-batches and replicas
-    (:meth:`get_input_grads`).
+    * it binds no executor group: the weights, gradients and auxiliary states
+      are held in an :class:`~mp_symbolic.core.engine.runtime.ArrayGroup`
+      (one set per replica), and each replica's batch runs on a
+      :class:`~mp_symbolic.core.engine.runtime.Runtime` bound on them (GPipe
+      in one process on its fused graph, other schedules and node processes
+      on the stage runtime); ``forward`` runs the batch's forwards and, in
+      training, its backwards, and ``backward`` has nothing left to do;
+    * each input and label is split into replicas and micro-batches on its
+      own batch axis (the ``N`` of its ``DataDesc`` layout, or the Pipeline's
+      ``batch_axis``), each output joined on the axis where its size follows
+      the batch (else 0);
+    * Gluon's fixed parameters (``grad_req='null'``) are in
+      ``fixed_param_names``: no gradient, no update, no optimizer state;
+    * the stages' devices hold the only copy of the parameters, unless
+      ``host_copy``;
+    * every update runs on its parameter's device (:class:`PerDeviceUpdater`)
+      and the kvstore only sums gradients;
+    * tensor-parallel parameters go in and out (parameters, checkpoints,
+      optimizer state) by their unsplit names and shapes, whatever the shards;
+    * ``init_params`` draws each value from MXNet's random state at the call
+      and the parameter's unsplit name only, the same on every plan.
 
     Args:
         pipeline: The :class:`~mp_symbolic.Pipeline`.
         loss: See :func:`mp_symbolic.core.graph.heads.make_head`; ``None``: an
-            inference module with no label (the network's outputs).
+            inference module with no label.
         data_name, label_name: Input and label variable names (a network of
             several inputs takes ``data0``, ``data1``, ...).
         output: For a network of several outputs, the one the loss reads
             (:meth:`~mp_symbolic.Pipeline.training_symbol`).
-        host_copy: Keep MXNet's host copy of every parameter (on MXNet's
-            default context, ``cpu(0)``), as ``mx.mod.Module`` does. By
-            default the stages' devices hold the only copy, and
-            ``get_params`` returns a fresh host copy each time
-            (:class:`~mp_symbolic.core.engine.device_module.DeviceModule`).
-        buckets: ``None``: a batch with a ``bucket_key`` runs on runtimes
-            bound at its shapes on the key's first batch, on the
-            parameters, gradients, auxiliary states and optimizer of the
-            default bucket (:mod:`~mp_symbolic.core.engine.buckets`); or the keys
-            the Module takes, declared ahead (another key is refused).
+        host_copy: Keep MXNet's host copy of every parameter on ``cpu(0)``,
+            as ``mx.mod.Module`` does; by default ``get_params`` returns a
+            fresh host copy each time.
+        buckets: ``None``: a batch with a ``bucket_key`` runs on runtimes bound
+            at its shapes on the key's first batch, on the default bucket's
+            arrays and optimizer; or the keys the Module takes, declared ahead.
         **kwargs: Passed to ``mx.mod.Module``.
 
     Raises:
-        ValueError: ``buckets`` that are not keys (as
-            :class:`~mp_symbolic.core.engine.buckets.Buckets` says); at ``bind``, a
-            batch that is not a multiple of ``chunks x replicas``, a layout
-            that cannot hold (as ``batch_descs`` says), ``inputs_need_grad``
-            over node processes, or a ``shared_module`` that is not a bound,
-            initialised PipelineModule; at ``forward``, a ``bucket_key`` not
-            declared.
+        ValueError: ``buckets`` that are not keys; ``context``,
+            ``group2ctxs``, ``data_names`` or ``label_names`` given; at
+            ``bind``, a batch that is not a multiple of ``chunks x
+            replicas``, a layout that cannot hold
+            (:func:`~mp_symbolic.core.graph.layouts.batch_descs`),
+            ``inputs_need_grad`` over node processes, or a ``shared_module``
+            that is not a bound, initialised PipelineModule; at ``forward``,
+            a ``bucket_key`` not declared.
 
     Attributes:
         pipeline: The Pipeline.
         host_copy: Whether the Module keeps the host copy.
         input_shapes: ``{input name: one sample's shape}`` once bound.
-        export_symbol: The training graph without micro-batches and with
-            tensor-parallel layers unsplit, which :meth:`save_checkpoint`
-            writes (chunks and shards are a training schedule, not part of
-            the model); :attr:`export_graph` typed.
+        export_symbol: What :meth:`save_checkpoint` writes (typed:
+            :attr:`export_graph`).
     """
 
     _statistics = ()  # batchnorm='deferred': the statistics the fused graph outputs
@@ -277,15 +222,11 @@ class PipelineModule(DeviceModule):
         self._pending = _Restored()
 
     def _graph(self):
-        """The graph the runtimes bind, a
-        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`: on the stage runtime one
-        micro-batch's training graph (the stages cut it, the runtime repeats
-        it); fused, the Pipeline's training graph with its micro-batches in
-        one graph, and with ``batchnorm='deferred'`` and several chunks its
-        BatchNorm ops at momentum 1 and their micro-batches' statistics as
-        outputs after the network's
-        (:func:`~mp_symbolic.core.graph.batchnorm.deferred_graph`), which the
-        Module does not return."""
+        """The :class:`~mp_symbolic.core.graph.ir.PlacedGraph` the runtimes bind:
+        staged, one micro-batch's; fused, every micro-batch's in one graph, and
+        with ``batchnorm='deferred'`` and several chunks the BatchNorm
+        statistics (:func:`~mp_symbolic.core.graph.batchnorm.deferred_graph`)
+        as outputs the Module does not return."""
         pipeline = self.pipeline
         self._whole_batch = None  # fused: the graph of a batch run whole, made on first use
         if not self._fused:
@@ -302,9 +243,8 @@ class PipelineModule(DeviceModule):
         return placed
 
     def _unsplit_graph(self):
-        """Fused: ``(symbol, placed graph)`` of one micro-batch per replica,
-        the graph an inference batch that ``chunks x replicas`` does not
-        divide runs on (each replica's part whole, as on the stage runtime)."""
+        """Fused: ``(symbol, placed graph)`` of one micro-batch per replica, for
+        an inference batch that ``chunks x replicas`` does not divide."""
         if self._whole_batch is None:
             placed = self.pipeline.training_graph(self.loss, self.data_name, self.label_name,
                                                   chunks=1, output=self.output,
@@ -313,11 +253,9 @@ class PipelineModule(DeviceModule):
         return self._whole_batch
 
     def _held(self, placed, symbol, label_names):
-        """``(symbol, data names, label names)`` of this process's weights,
-        gradients and auxiliary states (the Module's parameters): the whole
-        graph in one process; over nodes, this node's stage graphs alone
-        (their inputs from other stages as data), so a node holds only its
-        stages' parameters."""
+        """``(symbol, data names, label names)`` of the parameters this process
+        holds: the whole graph; over nodes, this node's stage graphs alone
+        (their inputs from other stages as data)."""
         self._inputs = self.pipeline.data_names(self.data_name)
         self._all_labels = tuple(label_names)  # what a metric reads, held here or not
         self._full, self._full_graph = symbol, placed
@@ -334,10 +272,8 @@ class PipelineModule(DeviceModule):
         return held, data, tuple(n for n in label_names if n in arguments)
 
     def _set_export(self, placed, symbol):
-        """Keeps the graph a checkpoint holds: ``placed`` (``symbol``
-        written) without micro-batches and with tensor-parallel layers
-        unsplit, its head as one device trains it, built now and written on
-        first use (:attr:`export_symbol`)."""
+        """Keeps :attr:`export_graph`: ``placed`` (``symbol`` written) without
+        micro-batches and with tensor-parallel layers unsplit."""
         pipeline = self.pipeline
         as_one = pipeline.batch_axis == 0 or pipeline.replicas == 1
         if pipeline.chunks == 1 and not pipeline.sharded and as_one:
@@ -356,17 +292,15 @@ class PipelineModule(DeviceModule):
     @property
     def export_symbol(self):
         """The training graph without micro-batches and with tensor-parallel
-        layers unsplit, which :meth:`save_checkpoint` writes (chunks and
-        shards are a training schedule, not part of the model)."""
+        layers unsplit, which :meth:`save_checkpoint` writes."""
         if self._export_symbol is None:
             self._export_symbol = self._export.to_symbol()
         return self._export_symbol
 
     def _fit_head(self, data_shapes, label_shapes, force_rebind):
         """``loss='softmax'``: its classes on the axis the labels leave in the
-        outputs (:func:`~mp_symbolic.core.graph.heads.class_axis`: axis 1 for ``(N,
-        C, H, W)`` outputs with ``(N, H, W)`` labels, MXNet's ``multi_output``),
-        the graph rebuilt where it has the other; its names stay."""
+        outputs (:func:`~mp_symbolic.core.graph.heads.class_axis`), the graph
+        rebuilt where it has the other; its names stay."""
         head = HEADS.get(self._head_name)
         if head is None or not head.classes or self.binded and not force_rebind:
             return
@@ -443,10 +377,9 @@ class PipelineModule(DeviceModule):
 
     def _own_arrays(self, for_training, inputs_need_grad, force_rebind, shared_module,
                     grad_req):
-        """What ``mx.mod.Module.bind`` does after its checks, with the
-        arrays the runtimes bind (an :class:`~mp_symbolic.core.engine.runtime.ArrayGroup`)
-        where it binds an executor group: values carried over on a rebind,
-        a host copy made only with ``host_copy``."""
+        """``mx.mod.Module.bind`` after its checks, with an
+        :class:`~mp_symbolic.core.engine.runtime.ArrayGroup` where it binds an
+        executor group; a host copy made only with ``host_copy``."""
         if force_rebind:
             self._reset_bind()
         self.for_training = for_training
@@ -493,23 +426,13 @@ class PipelineModule(DeviceModule):
         self.binded = True
 
     def _runtimes_for(self, batch, train, bucket=None):
-        """The runtimes (one per replica) that run a batch of ``batch``
-        examples: the schedule's ``chunks`` micro-batches, or for inference
-        on a batch they do not divide, one micro-batch per replica (the
-        forwards need no schedule; fused, a graph of one micro-batch). Bound on
-        first use, kept for the last :data:`KEPT_BINDS` sizes (``fit`` with
-        ``eval_data``, ``score`` and ``predict`` of other batch sizes).
-
-        Args:
-            bucket: ``(data shapes, label shapes)`` (``[(name, shape)]``) of
-                a bucket's batch: its runtimes, bound at those shapes, are
-                the caller's to keep (:meth:`_bucket_runtimes`); ``None``:
-                the bound shapes, at ``batch``.
-
-        Raises:
-            ValueError: a batch the replicas (or, to train, ``chunks x
-                replicas``) do not divide.
-        """
+        """The runtimes (one per replica) for a batch of ``batch`` examples in
+        the schedule's micro-batches, or, for inference of a batch they do not
+        divide, one per replica; bound on first use and kept for the last
+        :data:`KEPT_BINDS` sizes. ``bucket``: ``(data shapes, label shapes)``
+        of a bucket's batch, whose runtimes the caller keeps. Raises
+        ValueError for a batch the replicas (to train, ``chunks x replicas``)
+        do not divide."""
         key = (batch, bool(train))
         if bucket is None and key in self._bound_at:
             self._bound_at.move_to_end(key)
@@ -559,9 +482,8 @@ class PipelineModule(DeviceModule):
         return runtimes
 
     def _stage_runtimes(self, shapes, specs, chunks, train, input_grads, shared):
-        """One :class:`~mp_symbolic.core.engine.stages.StageRuntime` per replica, on
-        its arrays, for inputs of ``shapes`` (one micro-batch's) in
-        ``chunks`` micro-batches (the schedule's, or 1 with no schedule)."""
+        """One :class:`~mp_symbolic.core.engine.stages.StageRuntime` per replica
+        for one micro-batch's ``shapes`` in ``chunks`` micro-batches."""
         pipe = self.pipeline
         boundary = boundary_specs(self._stages, specs)
         plan, nodes = pipe.plan, pipe.nodes
@@ -585,8 +507,7 @@ class PipelineModule(DeviceModule):
 
     def _variable_specs(self, shapes, symbol=None):
         """:func:`~mp_symbolic.core.engine.stages.variable_specs` of ``symbol``
-        (default: the bound graph) for inputs of ``shapes`` (the last
-        shapes' kept)."""
+        (default: the bound graph) for ``shapes``, the last ones kept."""
         symbol = self._full if symbol is None else symbol
         key = (symbol is self._full, tuple(sorted(shapes.items())))
         if self._specs is None or self._specs[0] != key:
@@ -594,23 +515,15 @@ class PipelineModule(DeviceModule):
         return self._specs[1]
 
     def _graph_batch(self, batch, chunks):
-        """The examples of a batch of ``batch`` in ``chunks`` micro-batches
-        that one replica's bound graph takes: fused, the replica's whole
-        part; on the stage runtime, one micro-batch."""
+        """The examples one replica's graph takes of ``batch`` in ``chunks``:
+        fused, the replica's whole part; staged, one micro-batch."""
         return batch // (chunks * self.pipeline.replicas) * (chunks if self._fused else 1)
 
     def _bucket_runtimes(self, key, data_batch, batch, train):
-        """The runtimes of bucket ``key``: bound at the batch's shapes
-        on the key's first batch of those shapes (for training, and for
-        forwards alone, each on first use; a key's batch of another size,
-        such as a bucket's last, binds its own), on the Module's parameter,
-        gradient and auxiliary arrays, with receive buffers of their own;
-        the bound shapes' where the batch has them.
-
-        Raises:
-            ValueError: ``key`` not among ``buckets``; a batch that cannot
-                be split as :meth:`_runtimes_for` says.
-        """
+        """The runtimes of bucket ``key`` at ``data_batch``'s shapes, bound on
+        their first batch on the Module's arrays (the bound shapes' where the
+        batch has them). Raises ValueError for a ``key`` not among ``buckets``
+        and a batch :meth:`_runtimes_for` refuses."""
         form = self._buckets.get(key, dict)  # (training, data shapes) -> runtimes
         data, labels = bucketing.batch_shapes(data_batch, self._inputs, self._all_labels)
         shapes = (bool(train), tuple(s for _, s in data))
@@ -652,10 +565,8 @@ class PipelineModule(DeviceModule):
         return names[:self._own_outputs] if self._own_outputs else names
 
     def install_monitor(self, mon):
-        """Installs ``mon`` (an ``mx.monitor.Monitor``) on every executor of
-        the runtimes bound so far (each stage's, one per micro-batch in
-        flight; or the fused graph's): the Module's own arrays run in no
-        executor of their own."""
+        """Installs ``mon`` (an ``mx.monitor.Monitor``) on every executor of the
+        runtimes bound so far."""
         assert self.binded
         for runtimes in self._bound_at.values():
             for runtime in runtimes:
@@ -670,8 +581,7 @@ class PipelineModule(DeviceModule):
 
     def input_arrays(self):
         """The arrays the runtimes of the last batch size read a batch's
-        inputs and labels into: each executor's own (on the stage runtime,
-        one per micro-batch a stage holds in flight), on its stage's device."""
+        inputs and labels into, each executor's own."""
         names, found = set(self._inputs) | set(self._all_labels), {}
         for runtime in self._runtimes:
             for executor in runtime.all_executors:
@@ -686,23 +596,15 @@ class PipelineModule(DeviceModule):
 
     def forward(self, data_batch, is_train=None):
         """Runs the batch on each replica's runtime: with ``is_train``, every
-        micro-batch's forward and backward (in the schedule's order on the
-        stage runtime; the gradients of the whole batch, summed); otherwise
-        the forwards.
-
-        A batch of another size than the bound one runs on runtimes bound
-        for it (:meth:`_runtimes_for`); a batch with a ``bucket_key``, on
-        that key's (:meth:`_bucket_runtimes`).
-
-        Over node processes, every node first checks that the others run
-        the same step with the same ``bucket_key`` (``None`` included),
-        before any tensor of the batch crosses
-        (:func:`~mp_symbolic.core.transport.nodes.agree_key`).
+        micro-batch's forward and backward (the whole batch's gradients,
+        summed); otherwise the forwards. A batch of another size, or with a
+        ``bucket_key``, runs on runtimes bound for it. Over node processes,
+        every node first checks that the others run the same step with the
+        same ``bucket_key`` (:func:`~mp_symbolic.core.transport.nodes.agree_key`).
 
         Raises:
-            ValueError: a batch that cannot be split as :meth:`_runtimes_for`
-                says, or a ``bucket_key`` not among ``buckets``; (``NodeError``)
-                over nodes, another node's key or step differs.
+            ValueError: a batch :meth:`_runtimes_for` refuses, a ``bucket_key``
+                not among ``buckets``; (``NodeError``) another node's key or step.
             RuntimeError: (``NodeFailure``) over nodes, a node died or did
                 not answer.
         """
@@ -755,10 +657,8 @@ class PipelineModule(DeviceModule):
 
     def get_outputs(self, merge_multi_context=True):
         """The outputs of the last batch, each over the whole batch (on the
-        first replica's device with ``merge_multi_context``). Over nodes,
-        on every node: the node of the stage that computes an output sends
-        it to the others within the batch's schedule, once every
-        micro-batch's is computed."""
+        first replica's device with ``merge_multi_context``); over nodes, on
+        every node."""
         parts = [runtime.outputs for runtime in self._runtimes]
         per_output = [list(p) for p in zip(*parts)]
         if not merge_multi_context:
@@ -771,8 +671,8 @@ class PipelineModule(DeviceModule):
 
     def get_input_grads(self, merge_multi_context=True):
         """The gradient of each input over the last training batch, in the
-        order of the data names (joined over the replicas on its batch axis,
-        on the first replica's device, with ``merge_multi_context``).
+        order of the data names (joined on its batch axis, on the first
+        replica's device, with ``merge_multi_context``).
 
         Raises:
             ValueError: bound without ``inputs_need_grad``, or no training
@@ -794,11 +694,9 @@ class PipelineModule(DeviceModule):
                 for n, p in zip(self._inputs, per_input)]
 
     def update_metric(self, eval_metric, labels, pre_sliced=False):
-        """``eval_metric`` on each replica's part of the outputs and labels
-        (as MXNet's executor group slices them); a loss on one of several
-        outputs is read from the head's output. Over nodes, every node
-        holds the outputs (the node of the last stage sends them) and reads
-        the labels given, also a node whose stages read none."""
+        """``eval_metric`` on each replica's part of the outputs and labels, as
+        MXNet's executor group slices them (a loss on one of several outputs
+        read from the head's output); over nodes, on every node."""
         names = self._full.list_outputs()  # the network's (a node's executors hold its stages')
         if self._head_first:
             names = names[:1]
@@ -810,8 +708,8 @@ class PipelineModule(DeviceModule):
                                     OrderedDict(zip(names, runtime.outputs)))
 
     def reshape(self, data_shapes, label_shapes=None):
-        """Binds the runtimes for batches of ``data_shapes`` now (a batch of
-        another size is bound at its first :meth:`forward` anyway).
+        """Binds the runtimes for batches of ``data_shapes`` now (another size
+        is bound at its first :meth:`forward` anyway).
 
         Raises:
             ValueError: see :meth:`_runtimes_for`, or other per-sample shapes.
@@ -827,21 +725,16 @@ class PipelineModule(DeviceModule):
 
 
     def recorded_shapes(self):
-        """``{input name: one sample's shape}`` that a checkpoint records (on
-        the graph's input variables), for the inputs of more than one axis
-        whose batch is on axis 0 (the recorded shape is ``(0,) + one
-        sample's``)."""
+        """``{input name: one sample's shape}`` a checkpoint records, for the
+        inputs of more than one axis whose batch is on axis 0."""
         return {n: s for n, s in self.input_shapes.items()
                 if s and self._batch_axes.get(n, 0) == 0}
 
     def recorded_layouts(self):
-        """``{input name: layout}`` that a checkpoint records (``__layout__``)
-        for the inputs whose batch is not on axis 0 (``'TN'`` for ``(T,
-        N)`` tokens, ``'TNC'`` for ``(L, N, C)`` states): an exporter reads
-        each input's batch there; and for an input of batch axis 0 whose
-        buckets bound it at several sizes of one other axis, a layout with
-        ``T`` there (``'NT'`` for ``(N, T)`` tokens), which an exporter
-        reads as the sequence, dynamic."""
+        """``{input name: layout}`` a checkpoint records (``__layout__``): for an
+        input whose batch is not on axis 0, ``N`` there (``'TN'``, ``'TNC'``);
+        for one of batch axis 0 whose buckets vary one other axis, ``T`` there
+        (``'NT'``), which an exporter reads as a dynamic sequence."""
         found = {n: layout_of(a, len(self.input_shapes[n]) + 1)
                  for n, a in self._batch_axes.items() if a > 0}
         for name, axes in getattr(self, '_varying', {}).items():
@@ -872,15 +765,12 @@ class PipelineModule(DeviceModule):
 
     def init_optimizer(self, kvstore='local', optimizer='sgd',
                        optimizer_params=(('learning_rate', 0.01),), force_init=False):
-        """``mx.mod.Module.init_optimizer`` with per-device updates.
-
-        With several replicas or a ``dist_*`` kvstore, the kvstore sums the
-        gradients and every replica updates its own copy; the replicas then
-        start from the kvstore's values (worker 0's, across processes).
+        """``mx.mod.Module.init_optimizer`` with per-device updates: the kvstore
+        only sums gradients, every replica updates its own copy, and over
+        ``dist_*`` workers they start from worker 0's values.
 
         Raises:
-            ValueError: ``kvstore=None`` with several replicas (they would
-                drift apart silently).
+            ValueError: ``kvstore=None`` with several replicas.
         """
         if kvstore is None and len(self._context) > 1:
             raise ValueError('kvstore: expected one (local, device or dist_sync) to sum the '
@@ -907,11 +797,10 @@ class PipelineModule(DeviceModule):
             self._params_dirty = True
 
     def update(self):
-        """``mx.mod.Module.update``; without a kvstore, one call of the
-        per-device updater with argument lists made once (MXNet's loop
-        rebuilds them in Python every step); with the optimizer state
-        sharded (:meth:`optimizer_owners`), each parameter updated by its
-        owner alone, then copied to the other replicas."""
+        """``mx.mod.Module.update``; without a kvstore, one per-device updater
+        call on argument lists made once; with the state sharded
+        (:meth:`optimizer_owners`), each parameter updated by its owner alone,
+        then copied to the other replicas."""
         if self._updater is not None:
             self._updater.hold(self._exec_group.contiguous)
         if self.optimizer_owners() is not None:
@@ -941,10 +830,9 @@ class PipelineModule(DeviceModule):
         ``Pipeline(..., shard_optimizer=True)`` (:mod:`~mp_symbolic.core.optim.zero`).
 
         Returns:
-            ``None`` when the state is not sharded (``shard_optimizer``
-            off, or one replica in all); else ``{parameter name: (worker,
-            replica)}``: the ``dist_sync`` worker's rank (0 without one)
-            and the replica of that worker whose copy owns it.
+            ``None`` when the state is not sharded (``shard_optimizer`` off,
+            or one replica in all); else ``{parameter name: (worker rank,
+            replica)}``, the rank 0 without ``dist_sync``.
         """
         if not (self.pipeline.shard_optimizer and self.binded and self.optimizer_initialized):
             return None
@@ -964,16 +852,10 @@ class PipelineModule(DeviceModule):
         return self._owners[1]
 
     def _update_sharded(self):
-        """One update with the optimizer state sharded: the summed gradient
-        pulled into the owner's copy only, each owner's updates in one
-        per-device updater call per replica (as MXNet orders them), then
-        each updated value copied to the other replicas (over ``dist_sync``
-        workers, pushed by its owner and summed with the other workers'
-        zeros: the owner's gradient array, no longer read, takes a copy of
-        the value in the default layout (an inference pass may leave a
-        weight in oneDNN's own, which the dist kvstore cannot read), a
-        non-owner's first is zeroed; every worker pushes every key in the
-        same order)."""
+        """One sharded update: the summed gradient pulled into the owner's copy,
+        one updater call per replica, each new value copied to the other
+        replicas (over ``dist_sync`` workers, the owner's value, in the default
+        layout the dist kvstore reads, summed with the others' zeros)."""
         assert self.binded and self.params_initialized and self.optimizer_initialized
         self._params_dirty = True
         group, local, kvstore = self._exec_group, len(self._context), self._kvstore
@@ -1013,10 +895,9 @@ class PipelineModule(DeviceModule):
     # -- optimizer state by parameter name, and restoring a checkpoint --------
 
     def _state_index(self):
-        """``{parameter name: MXNet's updater index of the copy whose state
-        is read}``: Module's updater indexes parameter ``i`` of replica
-        ``k`` as ``i * replicas + k``; replica 0's copy, or with the state
-        sharded the owner's (a parameter another worker owns is left out)."""
+        """``{parameter name: updater index of the copy whose state is read}``
+        (Module's ``i * replicas + k``): replica 0's, or with the state
+        sharded the owner's (another worker's left out)."""
         replicas, found = len(self._context), self.optimizer_owners()
         if found is None:
             return OrderedDict((n, i * replicas)
@@ -1027,15 +908,13 @@ class PipelineModule(DeviceModule):
                            if n in found and found[n][0] == rank)
 
     def optimizer_states(self, lazy=False):
-        """The optimizer state by parameter name, device-free (replica 0's;
-        the replicas' are equal; with the state sharded, each owner's: over
-        ``dist_sync`` workers, this worker's share), as
-        :mod:`~mp_symbolic.core.optim.optstate` saves it.
+        """The optimizer state by parameter name, device-free, as
+        :mod:`~mp_symbolic.core.optim.optstate` saves it: replica 0's, or with
+        the state sharded each owner's (gathered over ``dist_sync`` workers).
 
         Args:
-            lazy: Each of ``'arrays'`` a function of no arguments making
-                that one array on the host when called (for a writer that
-                holds one at a time), not the array.
+            lazy: Each of ``'arrays'`` a function of no arguments making that
+                one array on the host when called, not the array.
 
         Raises:
             RuntimeError: the optimizer is not initialised.
@@ -1051,21 +930,18 @@ class PipelineModule(DeviceModule):
         return gather_states(states, self.pipeline.sharded)
 
     def states_over_workers(self):
-        """Whether the optimizer state is sharded over ``dist_sync`` workers
-        (each holds its share only): :meth:`optimizer_states` is then
-        gathered from every worker, and every worker must call it at the
-        same point."""
+        """Whether the optimizer state is sharded over ``dist_sync`` workers:
+        every worker must then call :meth:`optimizer_states` at the same
+        point."""
         found = self.optimizer_owners()
         return found is not None and 'dist' in self._kvstore.type and \
             self._kvstore.num_workers > 1
 
     def _gathered_states(self):
-        """Every parameter's optimizer state, from the workers that own
-        them: each state array (and the update count) pushed by its owner
-        and as zeros by the others, the sum (the owner's) pulled by every
-        worker into arrays of its own. Every worker calls it at the same
-        point (a checkpoint's commit); the kvstore's keys are made on the
-        first call, together."""
+        """Every parameter's optimizer state, from the workers that own them:
+        each state array and update count pushed by its owner and as zeros by
+        the others, the sum pulled by every worker. Collective: every worker
+        calls it at the same point."""
         group, local, kvstore = self._exec_group, len(self._context), self._kvstore
         found, rank = self.optimizer_owners(), kvstore.rank
         made, sums = [], OrderedDict()
@@ -1115,13 +991,9 @@ class PipelineModule(DeviceModule):
         return 0
 
     def set_optimizer_states(self, states):
-        """Puts :meth:`optimizer_states` output back, each state on its
-        parameter's device, for every replica (with the state sharded, for
-        its owner alone: the whole state, from any number of replicas,
-        taken by name).
-
-        A state of a fixed parameter (saved by a run that trained it) is
-        dropped: the parameter is never updated, so it would never be read.
+        """Puts :meth:`optimizer_states` output back by name, each state on its
+        parameter's device, for every replica (with the state sharded, its
+        owner alone); a fixed parameter's state is dropped.
 
         Raises:
             OptimizerStateError: the states are of another optimizer or name
@@ -1149,15 +1021,9 @@ class PipelineModule(DeviceModule):
 
     def restore(self, checkpoint):
         """Continues a committed checkpoint (:func:`mp_symbolic.read_checkpoint`)
-        on this module's plan: parameters, and the optimizer state once the
-        optimizer exists (``fit`` then picks both up).
-
-        Names are matched as saved; where Gluon's automatic names differ (the
-        blocks were built in another order or process), parameters are
-        matched by their place in the graph, shapes checked.
-
-        Args:
-            checkpoint: A :class:`~mp_symbolic.tools.checkpoint.Checkpoint`.
+        (a :class:`~mp_symbolic.tools.checkpoint.Checkpoint`) on this module's
+        plan: parameters, matched as :func:`match_parameters` says, and the
+        optimizer state once the optimizer exists (``fit`` picks both up).
 
         Raises:
             ValueError: the checkpoint's parameters do not fit this network.
@@ -1197,12 +1063,10 @@ class PipelineModule(DeviceModule):
     def init_params(self, initializer=mx.init.Uniform(0.01), arg_params=None, aux_params=None,
                     allow_missing=False, force_init=False, allow_extra=False):
         """``mx.mod.Module.init_params``; after :meth:`restore`, the
-        checkpoint's values unless others are given. Tensor-parallel
-        parameters may come by their unsplit names and shapes.
-
-        Each value ``initializer`` draws is a function of MXNet's random
-        state at the call and the parameter's (unsplit) name only, the same
-        on any plan and any node (:mod:`~mp_symbolic.core.optim.initial`)."""
+        checkpoint's values unless others are given; tensor-parallel
+        parameters by their unsplit names and shapes. Each drawn value is a
+        function of MXNet's random state at the call and the parameter's
+        unsplit name only (:mod:`~mp_symbolic.core.optim.initial`)."""
         if self._pending.params is not None and arg_params is None and aux_params is None:
             arg_params, aux_params = self._pending.take('params')
             allow_missing, force_init = False, True
@@ -1236,11 +1100,8 @@ class PipelineModule(DeviceModule):
         return self.pipeline.gather_params(arg_params), aux_params
 
     def lazy_params(self):
-        """:meth:`get_params`'s names and values, each value a function of
-        no arguments that makes that one array on the host (numpy) when
-        called, from the devices (the replicas averaged as MXNet averages
-        them; a tensor-parallel layer's shards joined): a caller writing
-        them one at a time holds one array at a time.
+        """:meth:`get_params`'s names and values, each value a function making
+        that one array on the host (numpy) when called.
 
         Returns:
             ``(arg_params, aux_params)``: ``{name: function}`` each.
@@ -1281,18 +1142,14 @@ class PipelineModule(DeviceModule):
 
     @property
     def executors(self):
-        """Each replica's arrays, as an executor holds them (a
-        :class:`~mp_symbolic.core.engine.runtime.ReplicaArrays` per replica, kept
-        where MXNet keeps its executor group): its parameter, gradient and
-        auxiliary arrays (``arg_dict``, ``grad_dict``, ``aux_dict``) on their
-        stages' devices, which its runtimes' executors bind. ``[]`` before
-        ``bind``."""
+        """Each replica's :class:`~mp_symbolic.core.engine.runtime.ReplicaArrays`
+        (``arg_dict``, ``grad_dict``, ``aux_dict``, on their stages' devices),
+        which its runtimes' executors bind; ``[]`` before ``bind``."""
         return list(self._exec_group.execs) if self.binded else []
 
     def save_checkpoint(self, prefix, epoch, save_optimizer_states=False, remove_amp_cast=True):
-        """Writes ``prefix-symbol.json`` and ``prefix-%04d.params`` as
-        ``mx.mod.Module.save_checkpoint`` does, with the graph without
-        micro-batches and the per-sample input shape recorded on ``data``."""
+        """``mx.mod.Module.save_checkpoint`` of :attr:`export_symbol`, each
+        input's per-sample shape or layout recorded on it."""
         symbol = with_input_shape(self.export_graph, self.recorded_shapes(), None,
                                   self.recorded_layouts())
         symbol.save('%s-symbol.json' % prefix, remove_amp_cast=remove_amp_cast)
@@ -1308,7 +1165,7 @@ ZERO_KEY = 'optimizer_state:'
 
 
 def _map_state(state, make):
-    """``state`` (an NDArray, a tuple or list of them, nested, or None) with
+    """``state`` (an NDArray, nested tuples or lists of them, or None) with
     each NDArray replaced by ``make(array)``, in order."""
     if state is None:
         return None
@@ -1341,8 +1198,7 @@ def _desc(name, shape, axis):
 
 
 def _part(array, axis, index, size):
-    """Part ``index`` of ``array``'s batch, ``size`` long on ``axis`` (a view on
-    axis 0; the array itself where the part is the whole)."""
+    """Part ``index`` of ``array``'s batch, ``size`` long on ``axis``."""
     if not index and array.shape[axis] == size:
         return array
     if not axis:

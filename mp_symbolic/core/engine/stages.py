@@ -1,45 +1,22 @@
 """The stage runtime: a Pipeline's training graph cut into one sub-graph per
-stage, each bound as executors of its own, run in the order a schedule gives.
+stage, each bound as executors of its own, run in the order a schedule gives
+(docs/pipelining.md, "Schedules").
 
-GPipe in one graph (:func:`~mp_symbolic.core.graph.passes.replicate_chunks`)
-leaves the order to MXNet's engine, and the executor joins every
-micro-batch before the loss, so no device starts a backward before every
-forward is done and every micro-batch's activations stay alive. Here each
-stage is an executor of its own (after Megatron-LM's and
-torch.distributed.pipelining's stage runtimes), so a schedule
-(:mod:`~mp_symbolic.core.schedule`) decides when each stage runs which
-micro-batch forward or backward:
-
-* the labelled graph (one micro-batch, every node tagged with its stage) is
-  cut along its stages (:func:`~mp_symbolic.core.graph.passes.cut`): an output
-  one stage reads from another becomes an input variable of the reader's sub-graph and an output
-  of the producer's; its gradient comes back through
-  ``backward(out_grads=...)``;
-* a stage keeps one executor per micro-batch it holds in flight
-  (:func:`~mp_symbolic.core.schedule.in_flight`: ``K - s`` under 1F1B),
-  all bound with ``bind`` on the same weight, gradient and auxiliary arrays
-  (``grad_req='add'``: the micro-batches' gradients sum, as in the one
-  graph, where the loss heads back-propagate each sample unaveraged and the
-  optimizer rescales by ``1 / batch``). Not ``simple_bind(shared_exec=...)``:
-  that shares the executors' internal memory pool, and two micro-batches in
-  flight then overwrite each other's activations (wrong gradients, no error);
-* activations and their gradients pass between stages through a transport
-  (:mod:`~mp_symbolic.core.transport.comm`, the one seam where a tensor leaves a
-  stage): in one process, NDArray copies pushed to MXNet's engine like any
-  op, so the devices still overlap; a runtime may bind only some of the
-  stages (``local``), the others' messages then crossing to the processes
-  that run them. Within a stage, ``group2ctx`` puts tensor-parallel shards
-  on their devices, and a received tensor that the shards read goes through
-  an identity in the stage's own group (as a tied weight does);
-* a parameter another stage reads (a tied weight, read through the identity
-  :func:`~mp_symbolic.core.graph.passes.tie_parameters` puts in its owner's
-  stage) crosses once per batch, not once per micro-batch
-  (:func:`tied_sends`): the owner sends the parameter as the batch begins,
-  the reader receives it before its first forward into one array all its
-  executors read, sums its gradient over its micro-batches there
-  (``grad_req='add'``) and sends the sum after its last backward; the owner
-  adds it to the parameter's gradient at the batch's end, after its own
-  micro-batches' (its identity's output gradient stays zero).
+* :func:`~mp_symbolic.core.graph.passes.cut` cuts one micro-batch's labelled
+  graph: an output one stage reads from another becomes an input of the
+  reader's sub-graph and an output of the producer's, its gradient coming
+  back through ``backward(out_grads=...)``.
+* A stage keeps one executor per micro-batch in flight
+  (:func:`~mp_symbolic.core.schedule.in_flight`), each bound with ``bind`` on
+  the same weight, gradient and auxiliary arrays (``grad_req='add'``: the
+  micro-batches' gradients sum). ``simple_bind(shared_exec=...)`` would share
+  their memory pool, and two micro-batches in flight would overwrite each
+  other's activations.
+* Boundary tensors pass through a transport
+  (:mod:`~mp_symbolic.core.transport.comm`); a runtime may bind only some of
+  the stages (``local``), the others run by other processes.
+* A parameter another stage reads crosses once per batch, not once per
+  micro-batch (:func:`tied_sends`; docs/any-network.md, "Tied weights").
 """
 import mxnet as mx
 
@@ -62,9 +39,9 @@ class _Slot:
 
 
 def links(stages):
-    """Every :class:`~mp_symbolic.core.transport.comm.Link` of ``stages``, with the
-    name of the variable each lands in: ``[(link, variable)]``, in stage
-    order (the same on every process that cuts the same graph)."""
+    """``[(link, variable)]``: every :class:`~mp_symbolic.core.transport.comm.Link`
+    of ``stages`` and the variable it lands in, in stage order (the same on
+    every process that cuts the same graph)."""
     found = []
     for graph in stages:
         for name, t, entry in graph.receives:
@@ -77,11 +54,10 @@ def _send_index(graph, entry):
 
 
 def tied_sends(stages):
-    """``{(stage, tensor): parameter}``: the sends of ``stages`` that are a
-    parameter of the stage read by a later stage through its identity
-    (``<parameter>_tied``, :func:`~mp_symbolic.core.graph.passes.tie_parameters`),
-    ``tensor`` the send's index. Its value is the parameter's, the same for
-    every micro-batch of a batch."""
+    """``{(stage, tensor): parameter}``: the sends of ``stages`` (``tensor``
+    the send's index) that are a stage's parameter read by a later stage
+    through its identity ``<parameter>_tied``
+    (:func:`~mp_symbolic.core.graph.passes.tie_parameters`)."""
     found = {}
     for graph in stages:
         for tensor, (_, output) in enumerate(graph.sends):
@@ -98,9 +74,7 @@ def tied_sends(stages):
 
 def variable_specs(symbol, input_shapes, input_types=None):
     """``({variable: shape}, {variable: dtype})`` of every argument and
-    auxiliary state of ``symbol`` (one micro-batch's training graph) for
-    inputs of ``input_shapes``: what each stage's arrays are made from,
-    whichever stages this process binds."""
+    auxiliary state of ``symbol`` for inputs of ``input_shapes``."""
     arg_shapes, _, aux_shapes = symbol.infer_shape(**input_shapes)
     arg_types, _, aux_types = symbol.infer_type(**dict(input_types or {}))
     names = symbol.list_arguments() + symbol.list_auxiliary_states()
@@ -109,62 +83,48 @@ def variable_specs(symbol, input_shapes, input_types=None):
 
 class StageRuntime:
     """The stages of one replica bound as executors, running a schedule (a
-    :class:`~mp_symbolic.core.engine.runtime.Runtime`).
-
-    Every boundary tensor goes through ``transport``
-    (:mod:`~mp_symbolic.core.transport.comm`): the runtime posts each receive with the
-    array the tensor lands in, and sends each tensor once its action is
-    issued (a tied parameter's once per batch: :func:`tied_sends`). After
-    :meth:`run`, ``outputs`` holds the network's outputs of
-    the batch, in order, those of stages another process runs too: that
-    process sends them (``transport.send_outputs``) once its stage's last
-    forward is issued, and this one posts their receives
-    (``transport.recv_outputs``) at the batch's start.
+    :class:`~mp_symbolic.core.engine.runtime.Runtime`). Every boundary tensor,
+    and every network output a stage of another process computes, goes
+    through ``transport``.
 
     Args:
         stages: The :class:`~mp_symbolic.core.graph.passes.StageGraph` s, in order
             (all of them, also those another process runs).
         group2ctx: The replica's ``{ctx_group: device}`` (of the stages it binds).
         arg_dict, grad_dict, aux_dict: The replica's weight, gradient and
-            auxiliary arrays by name (gradients ``None`` for fixed ones):
-            every executor of a stage binds these same arrays.
+            auxiliary arrays by name (gradients ``None`` for fixed ones),
+            which every executor of a stage binds.
         input_shapes: ``{data or label name: one micro-batch's shape}``.
         schedule: A :class:`~mp_symbolic.core.schedule.Schedule` over these stages.
         for_training: Whether the executors compute gradients.
         specs: :func:`variable_specs` of the graph the stages were cut from.
         boundary: Its :func:`boundary_specs`, where the caller made them already.
         local: The stages this runtime binds and runs (default: every stage).
-        transport: The :class:`~mp_symbolic.core.transport.comm.Transport` that
-            carries the boundary tensors (default: ``'local'``'s).
-        axes: ``{data or label name: its batch axis}``, where the
-            micro-batches split it (default: axis 0).
-        output_axes: The batch axis of each output of the graph the stages
-            were cut from, by index, where the micro-batches' outputs join
-            (default: axis 0).
+        transport: The :class:`~mp_symbolic.core.transport.comm.Transport`
+            (default: ``'local'``'s).
+        axes: ``{data or label name: its batch axis}`` (default: 0).
+        output_axes: The batch axis of each graph output, by index, where the
+            micro-batches' outputs join (default: 0).
         batchnorm: ``'deferred'``: a training run updates each BatchNorm's
             running statistics once, with the whole batch's
             (:mod:`~mp_symbolic.core.graph.batchnorm`); otherwise each
             micro-batch's backward does.
         accumulate: The parameters whose gradients a training run adds to
             what their arrays hold (``grad_req='add'``); the others' are
-            zeroed first (``'write'``).
+            zeroed first.
         input_grads: The inputs whose gradient a training run returns in
-            ``input_grads`` (``inputs_need_grad``).
+            ``input_grads``.
         shared: Another runtime of these stages (another bucket's shapes),
-            never run in the same batch as this one: each executor shares
-            the memory pool of the one of its stage and slot there
-            (``bind(shared_exec=...)``, as ``BucketingModule``'s buckets
-            share the default's), but a stage over several devices whose
-            ops leave oneDNN layouts, where a cross-device copy within could
-            write through one (its binds keep storage of their own:
-            :func:`~mp_symbolic.core.base.compat.split_bind`); two slots of one
-            runtime never share.
+            never run in the same batch: each executor shares the memory pool
+            of its stage and slot there (``bind(shared_exec=...)``), except a
+            stage over several devices whose ops leave oneDNN layouts
+            (:func:`~mp_symbolic.core.base.compat.split_bind`).
 
     Attributes:
-        outputs: After :meth:`run`, the network's outputs of the batch, in order.
+        outputs: After :meth:`run`, the network's outputs of the batch, in
+            order, those of stages another process runs too.
         input_grads: After a training :meth:`run`, ``{input: its gradient}``
-            over the batch, for each of ``input_grads`` a stage of this
-            runtime reads.
+            over the batch, for each of ``input_grads`` a local stage reads.
     """
 
     def __init__(self, stages, group2ctx, arg_dict, grad_dict, aux_dict, input_shapes,
@@ -250,8 +210,7 @@ class StageRuntime:
 
     @property
     def parameters(self):
-        """``(arg_dict, grad_dict, aux_dict)`` its executors bind
-        (:class:`~mp_symbolic.core.engine.runtime.Runtime`)."""
+        """``(arg_dict, grad_dict, aux_dict)`` its executors bind."""
         return self._arg_dict, self._grad_dict, self._aux_dict
 
     @property
@@ -265,11 +224,10 @@ class StageRuntime:
         return [slot.executor for slots in self.slots for slot in slots]
 
     def device_copies(self):
-        """``(forward, backward)`` tensors copied between devices in one
-        step of a micro-batch (a :class:`~mp_symbolic.core.engine.runtime.Runtime`'s):
-        the ``_CrossDeviceCopy`` nodes of its stage executors' graphs, and
-        each boundary tensor its transport carries from one device (or
-        process) to another, its gradient back in training."""
+        """``(forward, backward)`` tensors copied between devices in one step
+        of a micro-batch: the ``_CrossDeviceCopy`` nodes of its executors'
+        graphs, and each boundary tensor carried from one device (or process)
+        to another, its gradient back in training."""
         # pylint: disable=import-outside-toplevel
         from .runtime import graph_copies
         forward, backward = graph_copies(self.executors)
@@ -282,8 +240,7 @@ class StageRuntime:
         return forward, backward
 
     def _joined_shape(self, k, shape):
-        """The shape of graph output ``k`` of a micro-batch's ``shape``, the
-        batch's micro-batches joined on its batch axis."""
+        """Graph output ``k``'s micro-batch ``shape`` joined over the batch."""
         return self._joined(shape, self.output_axes[k] if k < len(self.output_axes) else 0)
 
     def _joined(self, shape, axis):
@@ -292,9 +249,9 @@ class StageRuntime:
 
     def _bind(self, graph, symbol, groups, group2ctx, arg_dict, grad_dict, aux_dict, types,
               shared_exec=None):
-        """One executor of ``graph`` (bound as ``symbol``, its graph or one
-        computing the same) on the stage's arrays, sharing ``shared_exec``'s
-        memory pool where given."""
+        """A slot of ``graph``: ``symbol`` (its graph, or one computing the
+        same) bound on the stage's arrays, on ``shared_exec``'s memory pool
+        where given."""
         device = groups[stage_name(graph.stage)]
         received = {name: entry for name, _, entry in graph.receives}
         args, grads, reqs = {}, {}, {}
@@ -342,16 +299,14 @@ class StageRuntime:
 
         Args:
             inputs: ``{data or label name: NDArray}`` of ``microbatches x``
-                the micro-batch shape (a label may be missing: its arrays keep
-                what they hold; an input only another process's stages read
-                may be missing too).
+                the micro-batch shape (a missing label's arrays keep what they
+                hold; an input only other processes' stages read may be
+                missing).
             train: Run the schedule's forwards and backwards (gradients summed
                 into the gradient arrays, zeroed first unless ``accumulate``
                 names them); otherwise forwards only, micro-batch by micro-batch.
             each: Called with each :class:`~mp_symbolic.core.schedule.Action`
-                once it is issued (to MXNet's engine: nothing waits for it
-                unless ``each`` does, as a benchmark timing the actions one
-                by one does).
+                once it is issued to MXNet's engine (not waited for).
         """
         outputs = {}
         if train:
@@ -483,8 +438,7 @@ class StageRuntime:
 
 
 def _slot_executor(runtime, stage, slot):
-    """The executor of ``stage``'s slot ``slot`` in ``runtime`` (``None``
-    where it has none)."""
+    """The executor of ``stage``'s slot ``slot`` in ``runtime``, or ``None``."""
     if runtime is None or stage >= len(runtime.slots) or slot >= len(runtime.slots[stage]):
         return None
     return runtime.slots[stage][slot].executor
@@ -492,8 +446,7 @@ def _slot_executor(runtime, stage, slot):
 
 def boundary_specs(stages, specs):
     """``{entry: (shape, dtype)}`` of every tensor a stage sends, inferred
-    stage by stage from the variables' shapes and types (``specs``:
-    :func:`variable_specs`)."""
+    stage by stage from ``specs`` (:func:`variable_specs`)."""
     found = {}
     for graph in stages:
         if graph.symbol is None:
@@ -505,9 +458,8 @@ def boundary_specs(stages, specs):
 
 
 def head_specs(graph, specs, boundary):
-    """``{k: (shape, dtype)}`` of the network's outputs stage ``graph``
-    computes, one micro-batch's (``specs``: :func:`variable_specs`;
-    ``boundary``: :func:`boundary_specs`)."""
+    """``{k: (shape, dtype)}`` of one micro-batch of the network's outputs
+    stage ``graph`` computes (``boundary``: :func:`boundary_specs`)."""
     outputs = _output_specs(graph, specs, boundary)
     return {k: outputs[output] for k, output in graph.heads}
 
