@@ -1,61 +1,17 @@
 """The plan chosen for you: ``Pipeline(..., plan='auto', memory_per_device=...)``.
 
 The candidates are every plan of the given devices the Pipeline can run:
-stages ``K``, tensor-parallel shards ``S`` (devices per stage) and replicas
-``R`` (``K x S x R`` of the devices, in order), the
-blocks per stage by parameter count and by measured time, micro-batches
-(``chunks``), the schedule (``'gpipe'``, ``'1f1b'``, ``'interleaved'``),
-recomputation (``mirror``) and, where ``Pipeline`` takes it, ZeRO-1
-(``shard_optimizer``). Each is scored twice:
-
-* **memory**: :func:`~mp_symbolic.core.planning.estimate.estimate`'s table, before
-  anything is allocated (all graphs of all candidates bound in one child,
-  :class:`~mp_symbolic.core.planning.estimate.batched_binds`); its largest device
-  is held against the budget. Recomputation and ZeRO only save memory, so
-  a candidate with either is scored only where the same plan without it
-  does not fit;
-* **step time**: each stage's forward and backward pass of one
-  micro-batch, measured on its device (every stage graph the candidates
-  cut, bound alone; a graph seen before is not measured again; once more
-  after every candidate is scored, every graph bound at once and their
-  passes timed in turn, the faster time kept, and no longer
-  than the same graph takes on more examples, nor more than in proportion
-  to what it takes on fewer), then the schedule's actions (:func:`~mp_symbolic.core.schedule.make`)
-  simulated over those times for every replica at once (:func:`simulate`;
-  a sharded stage's graph bound over its shards' devices, as the Pipeline
-  binds it, its actions each keeping ``S`` devices busy),
-  then the optimizer's update and, with replicas, the sum of their
-  gradients, at the measured cost of an element.
-
-**What the devices share.** Stand-in CPU devices (``cpu(0)``, ``cpu(1)``,
-...) run on the host's cores: two of them busy at once do not run twice as
-fast as one. How much faster ``k`` busy devices run than one
-(:attr:`Timings.capacity`) is measured once: for two devices, from a real
-training step of two replicas at once against the work its stage graphs
-do alone (:meth:`Timings.fit_capacity`); for more, the whole network's
-step on ``k`` devices at once against one, the two timed in turn, the
-median of the rounds' ratios. It is at most the cores the process may
-use. The simulation shares it among the actions running at each moment
-(each runs at ``capacity(k) / k`` of its measured speed). The stages of
-one replica on two devices share what a real step of GPipe's one graph
-over two stages shows (:attr:`Timings.pipelined`, its stages past the
-first costing what the same graph of one micro-batch shows); the stage
-runtime's actions each cost what a real step of its schedule shows
-(:meth:`Timings.fit_steps`). GPUs share nothing in the model.
-
-**Shards.** A network written with tensor-parallel layers
-(:class:`~mp_symbolic.ShardedBlock`) is planned with one device per stage
-(every shard of a stage on its device) and with stages of as many devices
-as its layers have shards. Under ``tensor_parallel='auto'`` every count of
-devices per stage that :mod:`~mp_symbolic.core.parallel.autotp` shards a
-layer of the network over is a candidate, and 1 (nothing sharded); each
-count is scored on a copy of the network's blocks with its parameters'
-names and shapes but no values, sharded as the Pipeline would shard it:
-the network given is left as it is.
-
-The candidates that fit rank by predicted step time (then by memory); the
-others follow them, by memory. A budget none fits is refused
-(:class:`PlanError`, one line with the smallest memory a candidate needs).
+stages ``K``, shards ``S`` per stage and replicas ``R`` (``K x S x R`` of the
+devices, in order), the balance by parameter count and by measured time,
+``chunks``, the schedule, ``mirror`` and, where ``Pipeline`` takes it,
+``shard_optimizer``. Each is scored on memory
+(:func:`~mp_symbolic.core.planning.estimate.estimate`'s largest device
+against the budget) and on step time (each stage graph's measured passes,
+the schedule's actions simulated over them on the capacity the devices
+share, :class:`Timings`). The candidates that fit rank by predicted step
+time (then memory), the others follow by memory; a budget none fits raises
+:class:`PlanError`. docs/planning.md ("The plan chosen for you") describes
+the model.
 """
 from dataclasses import dataclass, field, replace
 import inspect
@@ -606,25 +562,14 @@ class Timings:
 
     Attributes:
         capacity: ``{k: how many times one device's work k busy devices
-            do at once}`` (1 for one device; ``k`` where they share nothing;
-            two stand-in CPUs' from :meth:`fit_capacity`).
-        update: Seconds per parameter element of the optimizer's update.
-        add: Seconds per element of summing one replica's gradient into another.
-        stage: ``{key: (forward, backward) seconds}`` of each stage graph
-            measured.
-        pipelined: ``{runtime: capacity}``: the work two stand-in devices
-            do at once while the stages of one replica run on them, for
-            GPipe's one graph (``'graph'``) and the stage runtime
-            (``'staged'``), in one device's (:meth:`fit_steps`); a plan of
-            two stages on two devices shares it in place of
-            :attr:`capacity`'s.
-        steps: ``{'graph', 'chunk', 'replica', 'split', 'staged',
-            'action'}``: seconds a step of MXNet's one graph, each of its
-            micro-batches past the first, each replica past the first,
-            each of its stages past the first, a step of the stage
-            runtime, and ``{schedule: seconds}`` each action of the stage
-            runtime takes, beyond the simulated work (:meth:`calibrate`).
-    """
+            do at once}`` (``k`` where they share nothing).
+        update, add: Seconds per element of the optimizer's update, and of
+            summing one replica's gradient into another.
+        stage: ``{key: (forward, backward) seconds}`` of each stage graph.
+        pipelined: ``{'graph' or 'staged': capacity}`` of two devices while one
+            replica's stages run on them (:meth:`fit_steps`).
+        steps: ``{'graph', 'chunk', 'replica', 'split', 'staged', 'action'}``:
+            the seconds beyond the simulated work (:meth:`calibrate`)."""
 
     def __init__(self, search, one):
         self.search = search
@@ -645,15 +590,8 @@ class Timings:
 
     def _capacity(self, one):
         """``{k: k x t1 / tk}``: the whole network's step of one micro-batch
-        on ``k`` devices at once, against one device (stand-in CPUs: the
-        cores they share); ``k`` for GPUs.
-
-        One device's step and ``k`` devices' steps are timed in turn, round
-        after round, each round giving its own ratio, and the median of the
-        rounds' ratios counts: a change in the host's load touches both
-        sides of a round alike, and a burst that slows one round does not
-        move the median. It is at least 1 and at most ``k`` and the cores
-        this process may run on (:func:`_cores`)."""
+        on ``k`` devices at once against one, the median of rounds timed in turn
+        (``k`` for GPUs); between 1 and ``min(k,`` :func:`_cores` ``)``."""
         pool = self.search.pool
         capacity = {1: 1.0}
         cpus = [d for d in pool if d.device_type == 'cpu']
@@ -796,11 +734,8 @@ class Timings:
         return keys
 
     def retime(self):
-        """Every stage graph measured once more, bound anew, each keeping
-        the faster of its two times: a burst of other work on the host
-        that slowed one measurement seldom slows both. The graphs are
-        bound together and timed in turn (``timing.repeat``), so that the
-        host's load of each round touches every graph alike."""
+        """Every stage graph bound anew, all at once, and timed in turn
+        (``timing.repeat``), each keeping the faster of its two times."""
         runs = {key: _StageRun(*spec) for key, spec in self._binds.items()}
         repeats = self.search.planner.repeats
         forwards = repeat({key: run.forward for key, run in runs.items()}, repeats, passes=3)
@@ -813,10 +748,8 @@ class Timings:
 
     def _bound_by_size(self):
         """Each graph's times bounded by the same graph's at other
-        micro-batch sizes: a pass on fewer examples takes no longer than
-        one on more, and ``k`` times the examples take at most ``k`` times
-        as long. Other work on the host only ever adds time, so each time
-        keeps the least of what it and these bounds allow."""
+        micro-batch sizes: no longer than on more examples, nor more than in
+        proportion to what it takes on fewer."""
         graphs = {}
         for key, micro in self._micro.items():
             graphs.setdefault((key[0], key[2]), []).append((micro, key))
@@ -855,9 +788,7 @@ class Timings:
         return span + update + reduce + (self.overhead(candidate, made) if overhead else 0.0)
 
     def overhead(self, candidate, made):
-        """The seconds a step takes beyond its simulated work: per step
-        (:attr:`steps`), per replica, per micro-batch of MXNet's one graph
-        and per action on the stage runtime."""
+        """The seconds a step takes beyond its simulated work (:attr:`steps`)."""
         if self.steps is None:
             return 0.0
         steps = self.steps
@@ -872,10 +803,8 @@ class Timings:
         return steps['staged'] + per * actions + extra
 
     def shared(self, candidate):
-        """The capacity ``candidate``'s devices share: :attr:`capacity`,
-        that of two devices as its runtime's stages run at once
-        (:attr:`pipelined`) where it has stages and a replica of two
-        devices."""
+        """The capacity ``candidate``'s devices share: :attr:`capacity`, with
+        two devices' from :attr:`pipelined` for one replica of two stages."""
         runtime = 'graph' if schedules.kind(candidate.schedule).fused else 'staged'
         if candidate.stages < 2 or candidate.replicas * candidate.shards > 1 or \
                 runtime not in self.pipelined:
@@ -885,16 +814,9 @@ class Timings:
         return found
 
     def calibrate(self):
-        """:attr:`steps` and :attr:`pipelined`: what a training step of the
-        Module costs beyond the simulated work, and what two devices share
-        as a replica's stages run at once, from real steps of a few plans
-        on the devices: one device's one graph, the same of 4 (or 2)
-        micro-batches, two replicas, GPipe's one graph over two stages of
-        one micro-batch and of 4 (or 2), 1F1B and the interleaved schedule
-        over two devices of four micro-batches, each where the planner's
-        space holds such plans; the probes taken in turn
-        (``timing.repeat``), the fastest step of each counting
-        (:meth:`fit_steps`; again once :meth:`retime` has run)."""
+        """Measures the probes' steps (a few plans on the devices, each where
+        the planner's space holds its kind, taken in turn) and sets :attr:`steps`
+        and :attr:`pipelined` from them (:meth:`fit_steps`)."""
         search = self.search
         self.steps = None
         pool = search.pool
@@ -948,21 +870,9 @@ class Timings:
 
     def fit_steps(self):
         """:attr:`steps` and :attr:`pipelined` from the probes' measured
-        steps and their simulated work on the stage times as they are now
-        (after :meth:`fit_capacity`).
-
-        In order: one device's one graph gives a step's own cost; its four
-        (or two) micro-batches the cost of each past the first; two
-        replicas each replica's past the first. GPipe's one graph over two
-        stages of one micro-batch (no stage busy beside another) gives the
-        cost of each stage past the first; of four micro-batches, the
-        capacity of two devices while its stages run at once
-        (:meth:`_fit_pipelined`). The stage runtime's step costs the one
-        graph's, then each of its actions a cost of its schedule's, from
-        its probe (1F1B's, and the interleaved schedule's of twice the
-        actions; a schedule without a probe takes 1F1B's, else the
-        interleaved one's), its devices sharing what GPipe's one graph's
-        share."""
+        steps less their simulated work on the current stage times (after
+        :meth:`fit_capacity`); a schedule without a probe of its own takes the
+        first probed one's cost per action."""
         self.fit_capacity()
         self.pipelined = {}
         probes = self._probes
@@ -997,11 +907,8 @@ class Timings:
         return measured - self.predict(candidate, keys, num_stages, overhead=False)
 
     def _fit_pipelined(self, name, beyond):
-        """The capacity of two devices that makes probe ``name``'s
-        simulated work and ``beyond`` (its costs beyond the work) its
-        measured step, from half of one device's work (two busy at once
-        slower than one after the other) to 2 and the cores the process
-        may use."""
+        """The capacity of two devices in ``[0.5, min(2, cores)]`` that makes
+        probe ``name``'s simulated work plus ``beyond`` its measured step."""
         candidate, keys, num_stages, _, measured = self._probes[name]
         low, high = 0.5, min(2.0, float(max(1, _cores())))
 
@@ -1029,15 +936,10 @@ class Timings:
         return (low + high) / 2
 
     def fit_capacity(self):
-        """:attr:`capacity` of two stand-in CPU devices from a real step of
-        both at once: the two replicas' probe, each replica's one graph of
-        half the batch busy on its device from start to end. Its measured
-        step less the one device's cost per step (the one-graph probe's
-        beyond its work) and the update and sum of gradients is its work
-        with the devices shared, against the work they would do sharing
-        nothing. At least 1 and at most 2 and the cores the process may
-        use; left as :meth:`_capacity` measured it without that probe or
-        on other devices."""
+        """:attr:`capacity` ``[2]`` of two stand-in CPU devices from the two
+        replicas' probe: its measured step less the per-step cost, update and
+        sum of gradients, against the work of devices sharing nothing; between 1
+        and ``min(2, cores)``. Unchanged without that probe or on other devices."""
         if 'replica' not in self._probes or \
                 any(d.device_type != 'cpu' for d in self.search.pool[:2]):
             return
@@ -1158,30 +1060,24 @@ class _StageRun:
 
 def simulate(schedule, cost, replicas=1, capacity=None, shards=1):
     """Seconds from the first action's start to the last's end of
-    ``schedule`` run by ``replicas`` copies at once, on devices that share
-    ``capacity``.
+    ``schedule`` run by ``replicas`` copies at once.
 
     Each device runs its actions in order, each once its device is free and
-    the actions it needs (:func:`~mp_symbolic.core.schedule.timeline`'s
-    rules) have ended. While ``k`` devices are busy (``shards`` for each
-    action running, on every replica), each action advances at
-    ``capacity[k] / k`` of its devices' speed against the ``capacity[shards]
-    / shards`` its cost was measured at, alone (processor sharing; never
-    faster than alone).
+    the actions it needs (:func:`~mp_symbolic.core.schedule.timeline`'s rules)
+    have ended. While ``k`` devices are busy, each action advances at
+    ``capacity[k] / k`` of its speed against the ``capacity[shards] / shards``
+    its cost was measured at (never faster than alone).
 
     Args:
         schedule: A :class:`~mp_symbolic.core.schedule.Schedule`.
         cost: ``{(stage, kind): seconds}`` of one action alone.
-        replicas: Copies of the schedule running at once, each on devices of
-            its own.
+        replicas: Copies of the schedule, each on devices of its own.
         capacity: ``{k: work k busy devices do at once, in one device's}``;
             ``None``: they share nothing.
-        shards: Devices each action keeps busy (a stage's tensor-parallel
-            shards), its ``cost`` measured on them.
+        shards: Devices each action keeps busy, its ``cost`` measured on them.
 
-    Returns:
-        The simulated seconds.
-    """
+    Raises:
+        ScheduleError: every device waiting."""
     lists = [list(actions) for _ in range(replicas) for actions in schedule]
     per = len(schedule)
     num = schedule.num_stages
