@@ -1,20 +1,8 @@
-"""The runtime interface: a Pipeline's training graph bound on its devices,
-running one batch at a time. Every symbolic step runs on one.
-
-Two implement it:
-
-* :class:`~mp_symbolic.core.engine.stages.StageRuntime`: the stage graphs, each
-  bound as executors of its own, run in a schedule's order (every schedule,
-  and over node processes);
-* :class:`FusedRuntime`: GPipe's fused mode, every micro-batch in one bound
-  graph whose order MXNet's engine decides (``schedule='gpipe'`` in one
-  process).
-
-:func:`fused` chooses which, once per Pipeline;
-:class:`~mp_symbolic.core.engine.module.PipelineModule` makes one per replica
-on its :class:`ArrayGroup`'s arrays, and :func:`bind` hands the executor
-API's stepper the one of a one-replica Module. The step code of both drives
-either alike.
+"""The runtime interface (:class:`Runtime`): a Pipeline's training graph
+bound on its devices, running one batch at a time. Every symbolic step runs
+on one: :class:`~mp_symbolic.core.engine.stages.StageRuntime` (every
+schedule, and over node processes) or :class:`FusedRuntime` (GPipe in one
+process), chosen by :func:`fused`.
 """
 from collections import OrderedDict
 from typing import Dict, List, Optional, Protocol, Tuple, runtime_checkable
@@ -80,20 +68,14 @@ class Runtime(Protocol):
 
 
 class FusedRuntime:
-    """GPipe's fused mode: one executor of the graph with every micro-batch
-    (:func:`~mp_symbolic.core.graph.passes.replicate_chunks`), its forwards and
-    backwards ordered by MXNet's engine.
-
-    Args:
-        executor: The bound executor.
-        input_grads: The inputs whose gradient :meth:`run` returns (bound
-            with a gradient).
-        statistics: With ``batchnorm='deferred'``, the statistics the graph
-            outputs after its own (:func:`~mp_symbolic.core.graph.batchnorm.deferred_graph`):
-            a training run then updates the running statistics once, with
-            the whole batch's; ``outputs`` leaves them out.
-        own_outputs: The count of the graph's own outputs, before the statistics.
-    """
+    """GPipe's fused mode (a :class:`Runtime`): one ``executor`` of the graph
+    of every micro-batch (:func:`~mp_symbolic.core.graph.passes.replicate_chunks`),
+    its order MXNet's engine's. :meth:`run` returns the gradients of
+    ``input_grads``. With ``batchnorm='deferred'``, ``statistics`` are those
+    the graph outputs after its ``own_outputs``
+    (:func:`~mp_symbolic.core.graph.batchnorm.deferred_graph`): a training run
+    updates the running statistics with the whole batch's, and ``outputs``
+    leaves them out."""
 
     def __init__(self, executor, input_grads=(), statistics=(), own_outputs=None):
         self.executor = executor
@@ -117,15 +99,12 @@ class FusedRuntime:
         return [self.executor]
 
     def device_copies(self):
-        """``(forward, backward)`` copies between devices in one step of a
-        micro-batch: the ``_CrossDeviceCopy`` nodes MXNet put in the bound
-        graph (:func:`graph_copies`)."""
+        """See :class:`Runtime`: the bound graph's copies (:func:`graph_copies`)."""
         return graph_copies(self.executors)
 
     def run(self, inputs, train, each=None):
-        """See :class:`Runtime`; ``inputs`` may be NDArrays on any device or
-        numpy arrays, written into the executor's arrays. The whole schedule
-        is one issue: ``each`` is not called."""
+        """See :class:`Runtime`; ``inputs`` NDArrays on any device or numpy
+        arrays. ``each`` is never called (the schedule is one issue)."""
         exe = self.executor
         for name, value in inputs.items():
             if isinstance(value, mx.nd.NDArray):
@@ -146,35 +125,23 @@ def bind_fused(symbol, device, group2ctx, parameters, shapes, types, groups, gra
                devices, input_grads=(), statistics=(), own_outputs=None, fixed=(), shared=None,
                graph=None):
     """A :class:`FusedRuntime` of ``symbol`` (the graph of every micro-batch,
-    :func:`~mp_symbolic.core.graph.passes.replicate_chunks`) bound on one
-    replica's arrays, its inputs on arrays of its own.
+    each variable tagged with its ``ctx_group``) on ``device`` and the
+    replica's ``group2ctx``, bound on its ``parameters`` (a
+    :class:`ReplicaArrays`' three dicts), its inputs on arrays of its own.
 
     Args:
-        symbol: The graph, each variable tagged with its ``ctx_group``.
-        device: The executor's device (the replica's first stage's).
-        group2ctx: The replica's ``{ctx_group: device}``.
-        parameters: ``(arg_dict, grad_dict, aux_dict)`` of the replica's
-            weights, gradients (``None`` for one without) and auxiliary
-            states (a :class:`ReplicaArrays`' dicts).
         shapes, types: ``{input or label name: shape}`` of the replica's
             batch, and ``{name: dtype}`` of every variable.
-        groups: ``{input or label name: its ctx_group}`` (on ``device``
-            where it has none).
-        grad_req: ``{argument: 'write', 'add' or 'null'}`` (:func:`grad_requests`).
-        train: Whether it computes gradients (without, every request is ``'null'``).
-        devices: Every device of the plan, as
-            :func:`~mp_symbolic.core.base.compat.split_bind` takes them.
-        input_grads: The inputs whose gradient :meth:`FusedRuntime.run` returns.
-        statistics, own_outputs: As :class:`FusedRuntime` takes them.
-        fixed: The arguments that get no gradient.
-        shared: A :class:`FusedRuntime` whose executor's memory pool this
-            one shares (never run at once), or ``None``.
-        graph: ``symbol``'s :class:`~mp_symbolic.core.graph.ir.PlacedGraph`, which
-            :func:`~mp_symbolic.core.base.compat.split_bind` reads for its ops
+        groups: ``{input or label name: its ctx_group}`` (``device`` where none).
+        grad_req: ``{argument: request}`` (:func:`grad_requests`), all
+            ``'null'`` unless ``train``; ``fixed`` arguments get no gradient.
+        devices: Every device of the plan, for
+            :func:`~mp_symbolic.core.base.compat.split_bind`.
+        input_grads, statistics, own_outputs: As :class:`FusedRuntime` takes them.
+        shared: A :class:`FusedRuntime` whose memory pool this one shares
+            (never run at once), or ``None``.
+        graph: ``symbol``'s :class:`~mp_symbolic.core.graph.ir.PlacedGraph`
             (``None``: read from ``symbol``).
-
-    Returns:
-        The :class:`FusedRuntime`.
     """
     arg_dict, grad_dict, aux_dict = parameters
     args, grads, reqs = {}, {}, {}
@@ -202,9 +169,8 @@ def bind_fused(symbol, device, group2ctx, parameters, shapes, types, groups, gra
 
 def graph_copies(executors):
     """``(forward, backward)``: the ``_CrossDeviceCopy`` nodes MXNet
-    inserted in ``executors``' graphs where it bound them with
-    ``group2ctx``, read from ``debug_str()`` (one ``Op:<op>, Name=<node>``
-    line per node; a backward copy's name holds ``_backward``)."""
+    inserted in ``executors``' graphs at a ``group2ctx`` bind, read from
+    ``debug_str()`` (a backward copy's name holds ``_backward``)."""
     names = [line.split('Name=', 1)[1] for exe in executors
              for line in exe.debug_str().splitlines()
              if line.startswith('Op:_CrossDeviceCopy,')]
@@ -223,8 +189,8 @@ RELAYOUT_FC_SIDE = 1024
 def contiguous_names(symbol, names, shapes, types):
     """The parameters of ``names`` that can be views of one array: float32,
     of rank 1 or more, and read by no op that may lay its input out anew in
-    place (:data:`RELAYOUT_OPS`, a large ``FullyConnected`` weight, an op
-    of a quantized or subgraph kind, or one holding a graph of its own)."""
+    place (:data:`RELAYOUT_OPS`, a large ``FullyConnected`` weight, a quantized
+    or subgraph op)."""
     graph = PlacedGraph.from_symbol(symbol)
     nodes = graph.nodes
     unsafe = set()
@@ -243,17 +209,11 @@ def contiguous_names(symbol, names, shapes, types):
 def parameter_arrays(symbol, shapes, types, group2ctx, inputs, fixed=(), contiguous=None):
     """``(arg_dict, grad_dict, aux_dict)`` of new zero arrays for every
     argument of ``symbol`` but ``inputs``, and every auxiliary state, each on
-    the device of its ``ctx_group`` (``shapes`` and ``types``: by name, as
-    :func:`~mp_symbolic.core.engine.stages.variable_specs` gives them); ``fixed``
-    arguments get no gradient array (``None``).
-
-    Args:
-        contiguous: A list, or ``None``. Given a list, the trained parameters
-            of each device that can be (:func:`contiguous_names`) are views
-            of one array, their gradients of another (a
-            :class:`~mp_symbolic.core.optim.updater.Contiguous`, appended to
-            the list), so that one op updates them all.
-    """
+    its ``ctx_group``'s device; ``fixed`` arguments' gradients are ``None``.
+    Given a list ``contiguous``, each device's trained parameters that can be
+    (:func:`contiguous_names`) are views of one array and their gradients of
+    another, a :class:`~mp_symbolic.core.optim.updater.Contiguous` appended to
+    it."""
     attrs = symbol.attr_dict()
 
     def device_of(name):
@@ -281,9 +241,8 @@ def parameter_arrays(symbol, shapes, types, group2ctx, inputs, fixed=(), contigu
 
 
 class ReplicaArrays:  # pylint: disable=too-few-public-methods
-    """One replica's arrays by name, as an executor holds them: ``arg_dict``
-    (the weights), ``grad_dict`` (their gradients, ``None`` where none is
-    asked for) and ``aux_dict`` (the auxiliary states)."""
+    """One replica's ``arg_dict``, ``grad_dict`` (``None`` where no
+    gradient is asked for) and ``aux_dict``, as an executor holds them."""
 
     def __init__(self, arg_dict, grad_dict, aux_dict):
         self.arg_dict, self.grad_dict, self.aux_dict = arg_dict, grad_dict, aux_dict
@@ -291,34 +250,29 @@ class ReplicaArrays:  # pylint: disable=too-few-public-methods
 
 class ArrayGroup:
     """The weights, gradients and auxiliary states a Module's runtimes bind,
-    one set per replica, held where MXNet's Module holds its executor group
-    (``_exec_group``) and read through the same attributes and methods
-    (``param_arrays``, ``grad_arrays``, ``aux_arrays``, ``param_names``,
-    ``aux_names``, ``grad_req``, ``batch_size``, ``execs``, ``get_params``,
-    ``set_params``): it binds no executor of its own.
+    one set per replica, in the place and with the attributes of MXNet's
+    executor group (``_exec_group``: ``param_arrays``, ``grad_arrays``,
+    ``aux_arrays``, ``param_names``, ``aux_names``, ``grad_req``,
+    ``batch_size``, ``execs``, ``get_params``, ``set_params``); it binds no
+    executor.
 
     Args:
-        symbol: The graph of the parameters, each variable tagged with its
-            ``ctx_group``.
+        symbol: The graph of the parameters, variables tagged with ``ctx_group``.
         group2ctxs: One ``{ctx_group: device}`` per replica.
-        param_names: The arguments of ``symbol`` that are parameters, in its order.
+        param_names: The arguments of ``symbol`` that are parameters, in order.
         specs: ``({name: shape}, {name: dtype})`` of every parameter and
             auxiliary state (:func:`~mp_symbolic.core.engine.stages.variable_specs`).
-        grad_req: ``{parameter: 'write', 'add' or 'null'}`` (as
-            :func:`grad_requests` gives it); a ``'null'`` one, or any one
-            without ``for_training``, has no gradient array.
-        batch_size: The examples of a batch, over every replica (the
-            optimizer rescales gradients by its inverse).
-        for_training, inputs_need_grad: As the Module was bound.
-        shared: An :class:`ArrayGroup` whose arrays of the same names this
-            one holds (not new ones), or ``None``.
+        grad_req: ``{parameter: request}`` (:func:`grad_requests`); a ``'null'``
+            one, or any without ``for_training``, has no gradient array.
+        batch_size, for_training, inputs_need_grad: As the Module was bound
+            (``batch_size`` over every replica).
+        shared: An :class:`ArrayGroup` whose arrays of the same names this one
+            holds, or ``None``.
 
     Attributes:
         execs: One :class:`ReplicaArrays` per replica.
         contiguous: The :class:`~mp_symbolic.core.optim.updater.Contiguous`
-            arrays whose views the replicas' trained parameters and gradients
-            are (:func:`parameter_arrays`), for the updater
-            (:meth:`~mp_symbolic.core.optim.updater.PerDeviceUpdater.hold`).
+            arrays the trained parameters and gradients are views of.
     """
 
     def __init__(self, symbol, group2ctxs, param_names, specs, grad_req, batch_size,
@@ -383,10 +337,9 @@ class ArrayGroup:
 def grad_requests(arg_names, param_names, data_names, grad_req, fixed=(), for_training=True,
                   inputs_need_grad=False):
     """``{argument: 'write', 'add' or 'null'}`` from Module's ``grad_req``
-    (one for all, a list in argument order, or some by name over
-    ``'write'``), as MXNet's executor group reads it: ``'null'`` for
-    ``fixed`` parameters, for inputs unless ``inputs_need_grad``, and for
-    every argument without ``for_training``.
+    (one for all, a list in argument order, or a dict over ``'write'``), as
+    MXNet's executor group reads it: ``'null'`` for ``fixed`` parameters, for
+    inputs unless ``inputs_need_grad``, and for all without ``for_training``.
 
     Raises:
         ValueError: ``grad_req`` of another type, or a list of another length.
@@ -416,29 +369,20 @@ def grad_requests(arg_names, param_names, data_names, grad_req, fixed=(), for_tr
 
 
 def fused(pipe):
-    """Whether the steps of ``pipe`` (a :class:`~mp_symbolic.Pipeline`) run
-    on :class:`FusedRuntime` rather than on the stage runtime: its
-    schedule's ``fused`` (:class:`~mp_symbolic.core.schedule.Schedule`), in
-    one process (stages on node processes run on the stage runtime,
-    whatever the schedule). The one place the runtime is chosen."""
+    """Whether the steps of ``pipe`` run on :class:`FusedRuntime` rather than
+    on the stage runtime: its schedule's ``fused``, in one process. The one
+    place the runtime is chosen."""
     return pipe.nodes is None and schedules.kind(pipe.schedule).fused
 
 
 def bind(pipe, loss, label_name, shapes):
-    """The runtime the Pipeline's schedule runs a batch of ``shapes`` on,
-    for training (one replica): the one its
-    :class:`~mp_symbolic.core.engine.module.PipelineModule` binds
-    (:func:`fused` chooses which), on that Module's arrays.
-
-    Args:
-        pipe: The :class:`~mp_symbolic.Pipeline`.
-        loss, label_name: As :meth:`~mp_symbolic.Pipeline.training_symbol` takes them.
-        shapes: ``{input or label name: the batch's shape}``, the batch on
-            the Pipeline's ``batch_axis`` (a label's too).
-
-    Returns:
-        The runtime; parameters of Gluon's ``grad_req='null'`` have no
-        gradient array.
+    """The runtime a one-replica
+    :class:`~mp_symbolic.core.engine.module.PipelineModule` of ``pipe`` (the
+    :class:`~mp_symbolic.Pipeline`) binds for training on a batch of
+    ``shapes`` (``{input or label name: shape}``, the batch on its
+    ``batch_axis``); ``loss`` and ``label_name`` as
+    :meth:`~mp_symbolic.Pipeline.training_symbol` takes them. Parameters of
+    Gluon's ``grad_req='null'`` have no gradient array.
 
     Raises:
         ValueError: a batch the micro-batches do not divide, or an array

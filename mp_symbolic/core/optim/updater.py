@@ -1,11 +1,7 @@
-"""``PerDeviceUpdater``: MXNet's optimizer updater, one device per call;
-``adam_step``: one device's Adam update of many parameters in one pass;
-``Contiguous`` and ``adam_contiguous``: parameters held as views of one array,
-updated by one ``adam_update`` call.
-
-Reference: MXNet 1.9.1 ``python/mxnet/optimizer/updater.py`` (``Updater.__call__``
-and its ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` fusion) and ``optimizer.py``
-(``Adam.update``).
+"""``PerDeviceUpdater``: MXNet's optimizer updater, one device per call, with
+Adam's update of one device in one pass (``adam_step``) or one
+``adam_update`` a run of parameters held as views of one array
+(``Contiguous``, ``adam_contiguous``).
 """
 import ctypes
 import math
@@ -33,30 +29,19 @@ def _op(name):
 
 
 def adam_step(updater, indices, grads, weights):
-    """One device's Adam update of ``weights`` by ``grads``: bit for bit what
-    ``updater(indices, grads, weights)`` computes and records, in one pass.
-
-    MXNet 1.9.1's ``Adam`` has no multi-tensor form (its ``aggregate_num`` is
-    0; ``_multi_adamw_update`` rounds its moments differently), so the
-    ``Updater`` runs ``Adam.update`` once a parameter, each building its
-    arguments and calling ``adam_update`` through the generated Python
-    function. Here the counts are advanced, the learning rates and weight
-    decays read once for all ``indices``, and ``adam_update`` invoked by its
-    operator handle on each parameter with the arguments ``Adam.update``
-    gives it (the same values, written as the same strings).
-
-    Args:
-        updater: an ``mx.optimizer.Updater`` (what ``mx.optimizer.get_updater``
-            returns), whose states are read and whose optimizer's counts advance.
-        indices, grads, weights: one device's parameters, as ``Updater`` takes
-            them in a list call.
+    """One device's Adam update of ``weights`` by ``grads`` (as ``Updater``
+    takes them in a list call): bit for bit what ``updater(indices, grads,
+    weights)`` computes and records (its states, and its optimizer's counts
+    advanced), ``adam_update`` invoked by its handle on each parameter with
+    ``Adam.update``'s arguments (MXNet 1.9.1's Adam has no multi-tensor form
+    of the same rounding).
 
     Returns:
         True where it updated them; False, having done nothing, where the
-        updater is to run the call itself: its optimizer is not exactly
-        ``mx.optimizer.Adam``, has a learning-rate schedule (read by each
-        parameter's count in turn), an index has no state yet or one to move
-        to its device, or an array is not a dense float32 ``NDArray``.
+        updater is to run the call itself: an optimizer not exactly
+        ``mx.optimizer.Adam`` or with a learning-rate schedule, an index with no
+        state yet or one to move to its device, or an array not a dense float32
+        ``NDArray``.
     """
     opt = getattr(updater, 'optimizer', None)
     if type(opt) is not mx.optimizer.Adam or opt.lr_scheduler is not None or not indices:
@@ -91,23 +76,20 @@ def adam_step(updater, indices, grads, weights):
 
 
 class Contiguous:
-    """Parameters of one device held one after the other in one array each:
-    the weights in ``weight``, their gradients in ``grad`` (the same layout),
-    and, made on their first update, Adam's moments in ``mean`` and ``var``.
+    """Parameters of one device laid out one after the other in one array
+    each: weights in ``weight``, gradients in ``grad`` and, once
+    :meth:`moments` makes them, Adam's moments in ``mean`` and ``var``.
 
     Args:
-        names: The parameters, in the order they are laid out.
-        shapes: Their shapes, in that order.
-        device: The device of every array.
-        dtype: The dtype of every array.
+        names, shapes: The parameters and their shapes, in layout order.
+        device, dtype: Every array's.
 
     Attributes:
-        weights, grads: A view of ``weight`` / ``grad`` in each parameter's
+        weights, grads: Views of ``weight`` / ``grad`` in each parameter's
             shape, in ``names``' order: the arrays a graph binds.
-        means, variances: The views of ``mean`` and ``var`` in the same
-            shapes (empty until :meth:`moments` makes them).
-        pairs: ``(mean view, var view)`` of each parameter: the state the
-            updater holds for it.
+        means, variances: The same of ``mean`` and ``var`` (empty before
+            :meth:`moments`).
+        pairs: ``(mean view, var view)`` of each parameter: its updater state.
     """
 
     def __init__(self, names, shapes, device, dtype):
@@ -137,9 +119,9 @@ class Contiguous:
             self.pairs = list(zip(self.means, self.variances))
 
     def span(self, first, last):
-        """``(weight, grad, mean, var)``: views of the flat arrays over the
-        parameters at positions ``first`` to ``last`` (inclusive), made once
-        (the arrays themselves where they span them all)."""
+        """``(weight, grad, mean, var)`` over the parameters at positions
+        ``first`` to ``last`` (inclusive), made once (the arrays themselves where
+        they span them all)."""
         key = (first, last)
         if key not in self._spans:
             a, b = self.bounds[first][0], self.bounds[last][1]
@@ -150,32 +132,29 @@ class Contiguous:
 
 
 def adam_contiguous(updater, indices, grads, weights, where):
-    """One device's Adam update of ``weights`` by ``grads`` where they are
-    views of :class:`Contiguous` arrays: one ``adam_update`` call over each
-    run of parameters laid out one after the other with the same learning
-    rate and weight decay (all of them, where the optimizer's per-parameter
-    settings are alike). Adam's update is elementwise, so each call computes
-    bit for bit what one call a parameter does (:func:`adam_step`).
-
-    The moments are held in the :class:`Contiguous`' own arrays, and the
-    updater's ``states`` point at their views: a state put in its place
-    (``set_states``, a checkpoint's) is copied into them on the next call.
+    """One device's Adam update of ``weights`` by ``grads``, views of
+    :class:`Contiguous` arrays: one ``adam_update`` call over each run of
+    adjacent parameters of the same learning rate and weight decay, bit for
+    bit what :func:`adam_step` computes (the update is elementwise). The
+    updater's ``states`` become views of the :class:`Contiguous`' moments; a
+    state put in their place (``set_states``) is copied into them on the next
+    call.
 
     Args:
-        updater: An ``mx.optimizer.Updater`` whose states are read and
-            replaced and whose optimizer's counts advance.
-        indices, grads, weights: One device's parameters, as ``Updater``
-            takes them in a list call.
-        where: ``{id(weight view): (Contiguous, position)}`` of the views
+        updater: An ``mx.optimizer.Updater`` whose states are read and replaced
+            and whose optimizer's counts advance.
+        indices, grads, weights: One device's parameters, as ``Updater`` takes
+            them in a list call.
+        where: ``{id(weight view): (Contiguous, position)}``
             (:meth:`PerDeviceUpdater.hold`).
 
     Returns:
-        True where it updated them; False, having changed nothing, where
-        :func:`adam_step` or the updater is to run the call: its optimizer is
-        not exactly ``mx.optimizer.Adam`` or has a learning-rate schedule, a
-        weight or gradient is not a float32 view a :class:`Contiguous` holds
-        at the same position, the update counts differ, or a state is not a
-        pair of dense arrays of the weight's shape and dtype.
+        True where it updated them; False, having changed nothing, where the
+        optimizer is not exactly ``mx.optimizer.Adam`` or has a learning-rate
+        schedule, a weight or gradient is not a float32 view a
+        :class:`Contiguous` holds at the same position, the update counts
+        differ, or a state is not a pair of dense arrays of the weight's shape
+        and dtype.
     """
     opt = getattr(updater, 'optimizer', None)
     if type(opt) is not mx.optimizer.Adam or opt.lr_scheduler is not None or not indices:
@@ -243,15 +222,16 @@ def adam_contiguous(updater, indices, grads, weights, where):
 class PerDeviceUpdater:
     """Wraps an ``mx.optimizer.Updater`` so each call updates one device's arrays.
 
-    MXNet's Updater fuses up to ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` (4)
-    parameters into one ``multi_*_update`` op, grouping them by dtype only:
-    handed the parameters of several devices at once (as ``Module.update``
-    does), one op would run on one device over another device's weights. This
-    splits each call by device and keeps the fusion within a device
-    (:func:`mp_symbolic.core.base.compat.updates_by_device`); each device's Adam
-    update runs in one pass: one ``adam_update`` call over parameters held
-    in :class:`Contiguous` arrays (:meth:`hold`, :func:`adam_contiguous`),
-    else one a parameter (:func:`adam_step`), its result the updater's.
+    MXNet's Updater fuses up to ``MXNET_OPTIMIZER_AGGREGATION_SIZE`` parameters
+    into one ``multi_*_update`` op by dtype alone, so a call over several
+    devices (as ``Module.update`` makes) would run one op across devices. Each
+    call is split by device
+    (:func:`~mp_symbolic.core.base.compat.updates_by_device`); Adam runs as
+    :func:`adam_contiguous` on the arrays :meth:`hold` names, else as
+    :func:`adam_step`, else as the updater. Other attributes are the updater's.
+
+    Args:
+        updater: The ``mx.optimizer.Updater`` wrapped.
     """
 
     def __init__(self, updater):
@@ -269,9 +249,8 @@ class PerDeviceUpdater:
                            for k, w in enumerate(flat.weights)}
 
     def _by_device(self, index, grad, weight):
-        """``updates_by_device``'s split, kept for the same arrays (a
-        Module passes the same lists every step; the split holds them, so
-        their ids stay theirs)."""
+        """``updates_by_device``'s split, kept while the same arrays come (the
+        split holds them, so their ids stay theirs)."""
         key = (tuple(index), tuple(map(id, grad)), tuple(map(id, weight)))
         if self._split[0] != key:
             self._split = (key, updates_by_device(index, grad, weight))
