@@ -39,22 +39,19 @@ class Candidate:
     """One plan: the Pipeline arguments the planner chooses.
 
     Attributes:
-        devices: The devices it runs on, ``'cpu:0,cpu:1'`` (stages x replicas),
-            a stage's shards joined by ``+`` (``'cpu:0+cpu:1,cpu:2+cpu:3'``).
-        stages: Stages per replica (``K``).
-        replicas: Data-parallel copies (``R``).
-        chunks: Micro-batches per batch (``M``).
+        devices: ``'cpu:0,cpu:1'`` (stages x replicas), a stage's shards joined
+            by ``+``.
+        stages, replicas, chunks: ``K``, ``R`` and ``M``.
         schedule: A name of :data:`~mp_symbolic.core.schedule.NAMES`.
-        virtual: Stages per device (2 under ``'interleaved'``, else 1).
+        virtual: Stages per device.
         mirror: Every stage recomputed in the backward pass.
-        balance: Blocks (ops) per stage, a tuple; ``None``: by parameter count.
+        balance: Blocks (ops) per stage; ``None``: by parameter count.
         rule: How ``balance`` was made: ``'size'`` or ``'time'``.
-        shard_optimizer: ZeRO-1 over the replicas (``None``: not an option
-            of this Pipeline).
-        shards: Devices per stage (``S``), each holding one shard of the
-            stage's tensor-parallel layers.
-        tensor_parallel: ``'auto'`` where the Pipeline shards the network's
-            layers itself (:mod:`~mp_symbolic.core.parallel.autotp`), else ``None``.
+        shard_optimizer: ZeRO-1 over the replicas (``None``: not an option of
+            this Pipeline).
+        shards: Devices per stage (``S``), one tensor-parallel shard each.
+        tensor_parallel: ``'auto'`` where the Pipeline shards the layers
+            itself (:mod:`~mp_symbolic.core.parallel.autotp`), else ``None``.
     """
     devices: str
     stages: int
@@ -104,15 +101,9 @@ class Candidate:
 
 @dataclass
 class Scored:
-    """A :class:`Candidate` with its predicted memory and step time.
-
-    Attributes:
-        candidate: The plan.
-        memory: ``{device: bytes}`` of the estimate's totals.
-        seconds: The predicted step time.
-        fits: Whether its largest device is within the budget (``True``
-            without one).
-    """
+    """A :class:`Candidate` with its predicted ``memory`` (``{device:
+    bytes}``), ``seconds`` of a step, and whether it ``fits`` the budget
+    (``True`` without one)."""
     candidate: Candidate
     memory: dict
     seconds: float
@@ -132,11 +123,11 @@ class Ranking:
         ranked: :class:`Scored` s: those that fit by step time (then memory),
             then the others by memory.
         budget: Bytes per device, or ``None``.
-        skipped: Candidates with recomputation or ZeRO not scored because
-            the same plan without them fits.
-        timings: The :class:`Timings` the step times came from.
-        failed: ``[(candidate, MXNet's last line)]`` of the candidates one of
-            whose graphs MXNet could not bind or run (left out).
+        skipped: Candidates with recomputation or ZeRO left unscored, the same
+            plan without them fitting.
+        timings: The :class:`Timings` of the step times.
+        failed: ``[(candidate, MXNet's last line)]`` of those MXNet could not
+            bind or run (left out).
     """
     ranked: list
     budget: int = None
@@ -197,10 +188,8 @@ def takes_shard_optimizer():
 
 class Planner:
     """What the planner plans for, and the space it searches.
-
-    ``Pipeline(..., plan='auto')`` is ``plan=Planner()``: a softmax head and
-    SGD with momentum 0.9. Give a ``Planner`` for another loss, optimizer
-    or a narrower space.
+    ``Pipeline(..., plan='auto')`` is ``plan=Planner()``: a softmax head and SGD
+    with momentum 0.9.
 
     Args:
         loss, output: The loss head, as :meth:`~mp_symbolic.Pipeline.module`
@@ -208,24 +197,24 @@ class Planner:
         label_name, label_shapes: The label's name and ``[(name, shape)]`` of
             the whole batch (default: as the loss head infers them).
         optimizer, optimizer_params: As ``init_optimizer`` takes them.
-        chunks: The micro-batch counts to try (those that divide the batch
-            by the replicas).
+        chunks: The micro-batch counts to try (those dividing the batch by the
+            replicas).
         schedules: The schedules to try.
         mirror: Whether recomputation is tried (where a plan does not fit
             without it).
         balances: ``'size'`` (by parameter count) and/or ``'time'`` (by each
             block's measured time; block lists only).
-        stages, replicas: The counts to try (default: every count the
-            devices allow).
-        shards: The devices per stage to try (default: every count the
-            network allows: 1, the shards of its tensor-parallel layers, and
-            under ``tensor_parallel='auto'`` the counts it shards a layer over).
-        shard_optimizer: Whether ZeRO-1 is tried, where the Pipeline takes
-            it (default) and there are replicas.
+        stages, replicas: The counts to try (default: every count the devices
+            allow).
+        shards: The devices per stage to try (default: 1, the shards of the
+            network's tensor-parallel layers, and under
+            ``tensor_parallel='auto'`` each count autotp shards a layer over).
+        shard_optimizer: Whether ZeRO-1 is tried, where the Pipeline takes it
+            and there are replicas.
         repeats: Timed passes of each stage graph (the fastest counts).
 
     Raises:
-        PlanError: a value that cannot be a space (one line).
+        PlanError: a value that cannot be a space.
     """
 
     def __init__(self, loss='softmax', output=None, label_name=None, label_shapes=None,
@@ -263,31 +252,26 @@ class Planner:
         """The candidates of ``blocks`` on ``devices``, ranked.
 
         Args:
-            blocks: The network, as ``Pipeline`` takes it.
-            devices: The devices to plan on (``'cpu:0,cpu:1'`` or contexts),
-                one device each: the plans use the first ``K x R`` of them.
-            sample: The batch (a shape, an array, one per input), as
-                ``Pipeline`` takes it; its batch size is the step's.
+            blocks: The network, as ``Pipeline`` takes it (never changed).
+            devices: One device each (``'cpu:0,cpu:1'`` or contexts); a plan uses
+                the first ``K x S x R`` of them.
+            sample: The batch, as ``Pipeline`` takes it: its batch size is the step's.
             memory_per_device: The budget: bytes, a size string
-                (:func:`parse_size`), or ``None`` for none.
-            data_shapes: ``[(input name, shape)]`` of the batch (default:
-                from ``sample``).
-            tensor_parallel: ``None``, or ``'auto'``: the Pipeline may shard
-                the network's layers (:mod:`~mp_symbolic.core.parallel.autotp`), and
-                the candidates' shards include every count it shards a layer
-                over. ``blocks`` is not changed either way.
+                (:func:`parse_size`), or ``None``.
+            data_shapes: ``[(input name, shape)]`` of the batch (default: ``sample``'s).
+            tensor_parallel: ``None``, or ``'auto'``: the candidates' shards include
+                every count autotp shards a layer over.
 
         Returns:
             A :class:`Ranking`.
 
         Raises:
-            PlanError: no candidate fits the budget (one line with the
-                smallest memory one needs), or none can be made; a
-                ``tensor_parallel`` other than ``None`` and ``'auto'``; a
-                network of several outputs and a named loss without the
-                index of the one it reads (``Planner(output=k)``).
-            ValueError: a budget :func:`parse_size` refuses, devices that
-                cannot be read.
+            PlanError: no candidate fits the budget (naming the smallest memory
+                one needs) or none can be made; ``tensor_parallel`` other than
+                ``None`` and ``'auto'``; a named loss without ``Planner(output=k)``
+                for a network of several outputs.
+            ValueError: a budget :func:`parse_size` refuses, devices that cannot
+                be read.
         """
         # pylint: disable=import-outside-toplevel
         from ..placement.devices import parse_devices
@@ -328,10 +312,8 @@ def _flat_devices(devices):
 
 
 def _check_output(planner, pipe):
-    """Refuses (:class:`PlanError`, one line naming ``Planner(output=k)``) a
-    named loss without the index of the output it reads, or one past the
-    last, for a network of several outputs: under ``plan='auto'`` the
-    Pipeline takes the output through its plan."""
+    """Refuses (:class:`PlanError`) a named loss without ``Planner(output=k)``
+    in range, for a network of several outputs."""
     count = len(pipe.training_graph(None, chunks=1).heads)
     output, loss = planner.output, planner.loss
     named = not callable(loss) or isinstance(loss, str)
@@ -363,10 +345,8 @@ def _declared_shards(blocks):
 
 
 def _structure_copy(network):
-    """A copy of ``network`` (a block or a list of blocks): its tree of
-    blocks, with every parameter's name and shape, and no values (its
-    parameters not initialised), nothing shared with ``network``: what the
-    planner shards and binds without changing the network given."""
+    """A copy of ``network`` (a block or a list of blocks) sharing nothing
+    with it: its blocks and parameters' names and shapes, no values."""
     import copy  # pylint: disable=import-outside-toplevel
     tops = list(network) if isinstance(network, (list, tuple)) else [network]
     memo = {}
@@ -420,8 +400,7 @@ class _Search:
         self.shard_counts = self._shard_counts()
 
     def pipeline(self, candidate):
-        """``candidate``'s Pipeline; under ``tensor_parallel='auto'`` built
-        on the copy of the network sharded for its shards."""
+        """``candidate``'s Pipeline (on the network's sharded copy under autotp)."""
         from ..pipeline import Pipeline  # pylint: disable=import-outside-toplevel
         args = candidate.pipeline_args()
         network = self.network
@@ -430,10 +409,9 @@ class _Search:
         return Pipeline(network, sample=self.sample, batch_axis=self.batch_axis, **args)
 
     def _shard_counts(self):
-        """The devices per stage to try: 1, the network's tensor-parallel
-        layers' shards, and under ``tensor_parallel='auto'`` each count
-        autotp shards a layer over (its sharded copy kept in :attr:`sharded`),
-        those the planner's ``shards`` name."""
+        """The devices per stage to try, of the planner's ``shards``: 1, the
+        network's tensor-parallel shards and, under ``tensor_parallel='auto'``, each
+        count autotp shards a layer over (its copy kept in :attr:`sharded`)."""
         wanted = self.planner.shards
         counts = {1} | _declared_shards(self.blocks if not self.whole else [self.network])
         if self.tensor_parallel == AUTO:
@@ -446,10 +424,8 @@ class _Search:
         return sorted(c for c in counts if c <= len(self.pool) and (wanted is None or c in wanted))
 
     def _autotp_copy(self, shards):
-        """A copy of the network (:func:`_structure_copy`) with the layers
-        autotp shards over ``shards`` devices swapped, as ``Pipeline(...,
-        tensor_parallel='auto')`` swaps them in the network given, or
-        ``None`` where it shards none."""
+        """A :func:`_structure_copy` of the network with the layers autotp
+        shards over ``shards`` devices swapped, or ``None`` where it shards none."""
         # pylint: disable=import-outside-toplevel
         from ..graph import build, nesting
         from ..graph.names import input_names
@@ -569,7 +545,8 @@ class Timings:
         pipelined: ``{'graph' or 'staged': capacity}`` of two devices while one
             replica's stages run on them (:meth:`fit_steps`).
         steps: ``{'graph', 'chunk', 'replica', 'split', 'staged', 'action'}``:
-            the seconds beyond the simulated work (:meth:`calibrate`)."""
+            the seconds beyond the simulated work (:meth:`calibrate`).
+    """
 
     def __init__(self, search, one):
         self.search = search
@@ -636,9 +613,8 @@ class Timings:
     # -- per plan ---------------------------------------------------------------
 
     def balances(self, k, virtual):
-        """``[(blocks per stage or None, rule)]`` of ``k x virtual`` stages:
-        by parameter count (``None``: the Pipeline's own), and by each
-        block's measured forward and backward time (block lists), distinct."""
+        """The distinct ``[(blocks per stage or None, rule)]`` of ``k x virtual``
+        stages: by parameter count (``None``), and by measured time (block lists)."""
         key = (k, virtual)
         if key not in self._balances:
             # pylint: disable=import-outside-toplevel
@@ -682,9 +658,8 @@ class Timings:
         return shapes
 
     def stage_times(self, pipe, micro):
-        """``[(forward, backward)]`` seconds of each stage of ``pipe`` on one
-        micro-batch of ``micro`` examples, each stage graph bound alone on
-        its device (first replica's), measured the first time it is seen."""
+        """``[(forward, backward)]`` seconds of each stage of ``pipe`` on a
+        micro-batch of ``micro``, each graph bound alone and measured once."""
         return [self.stage[key] if key else (0.0, 0.0) for key in self.stage_keys(pipe, micro)]
 
     def stage_keys(self, pipe, micro):
@@ -767,10 +742,9 @@ class Timings:
         return self.predict(candidate, self.stage_keys(pipe, micro), pipe.plan.num_stages)
 
     def predict(self, candidate, keys, num_stages, overhead=True, capacity=None):
-        """The predicted seconds of one step of ``candidate`` whose stages'
-        times are :attr:`stage` ``[keys]`` (without :meth:`overhead`, the
-        simulated work alone), on devices sharing ``capacity`` (default:
-        :attr:`capacity`; ``{}``: nothing shared)."""
+        """The predicted seconds of one step of ``candidate`` on stage times
+        :attr:`stage` ``[keys]`` (the simulated work alone without ``overhead``),
+        on devices sharing ``capacity`` (default :attr:`capacity`; ``{}``: nothing)."""
         times = [self.stage[key] if key else (0.0, 0.0) for key in keys]
         made = schedules.make(candidate.schedule, num_stages, candidate.chunks,
                               candidate.virtual)
@@ -1060,24 +1034,19 @@ class _StageRun:
 
 def simulate(schedule, cost, replicas=1, capacity=None, shards=1):
     """Seconds from the first action's start to the last's end of
-    ``schedule`` run by ``replicas`` copies at once.
+    ``schedule`` (a :class:`~mp_symbolic.core.schedule.Schedule`) run by
+    ``replicas`` copies at once, each on devices of its own.
 
     Each device runs its actions in order, each once its device is free and
     the actions it needs (:func:`~mp_symbolic.core.schedule.timeline`'s rules)
     have ended. While ``k`` devices are busy, each action advances at
     ``capacity[k] / k`` of its speed against the ``capacity[shards] / shards``
-    its cost was measured at (never faster than alone).
-
-    Args:
-        schedule: A :class:`~mp_symbolic.core.schedule.Schedule`.
-        cost: ``{(stage, kind): seconds}`` of one action alone.
-        replicas: Copies of the schedule, each on devices of its own.
-        capacity: ``{k: work k busy devices do at once, in one device's}``;
-            ``None``: they share nothing.
-        shards: Devices each action keeps busy, its ``cost`` measured on them.
+    its ``cost`` (``{(stage, kind): seconds}`` alone) was measured at, never
+    faster than alone; ``capacity`` ``None``: devices share nothing.
 
     Raises:
-        ScheduleError: every device waiting."""
+        ScheduleError: every device waiting.
+    """
     lists = [list(actions) for _ in range(replicas) for actions in schedule]
     per = len(schedule)
     num = schedule.num_stages
@@ -1128,18 +1097,14 @@ CHOSEN = {'balance': None, 'chunks': 1, 'replicas': 1, 'mirror': False,
 
 
 def plan_arguments(plan, memory_per_device, blocks, devices, sample, batch_axis, given):
-    """``(Ranking, {Pipeline argument: value})`` of ``Pipeline(..., plan=plan)``.
-
-    Args:
-        plan: ``'auto'`` or a :class:`Planner`.
-        given: The plan arguments the Pipeline was given (:data:`CHOSEN`'s);
-            ``tensor_parallel='auto'`` lets the planner choose the shards
-            autotp makes (the chosen arguments then hold it).
+    """``(Ranking, {Pipeline argument: value})`` of ``Pipeline(..., plan=plan)``,
+    ``plan`` ``'auto'`` or a :class:`Planner` and ``given`` the plan arguments
+    (:data:`CHOSEN`'s) the Pipeline was given.
 
     Raises:
-        PlanError: ``plan`` neither, a plan argument given too (a
-            ``tensor_parallel`` other than ``'auto'``), or no ``sample``; a
-            budget no candidate fits.
+        PlanError: ``plan`` neither, a plan argument given too (but
+            ``tensor_parallel='auto'``), no ``sample``, or a budget no candidate
+            fits.
         ValueError: a budget :func:`parse_size` refuses.
     """
     if plan == AUTO:
