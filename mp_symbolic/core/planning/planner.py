@@ -188,6 +188,7 @@ def takes_shard_optimizer():
 
 class Planner:
     """What the planner plans for, and the space it searches.
+
     ``Pipeline(..., plan='auto')`` is ``plan=Planner()``: a softmax head and SGD
     with momentum 0.9.
 
