@@ -20,7 +20,8 @@ from mp_symbolic import Pipeline
 from mp_symbolic.core.optim.optstate import OptimizerStateError
 from mp_symbolic.core.optim.zero import owners
 from mp_symbolic.tools.checkpoint import read_checkpoint
-from mp_symbolic.tools.memory import format_bytes, memory_table
+from mp_symbolic.tools.memory import (counted_storage, format_bytes, memory_table,
+                                      start_storage_profile)
 from mp_symbolic.training.cli import main
 
 from conftest import cli_status
@@ -110,6 +111,24 @@ def test_each_replica_holds_its_share_of_the_optimizer_bytes_as_estimated():
     estimated = {r.device: r.optimizer
                  for r in mp_symbolic.estimate_memory(sharded_pipe, **shapes)}
     assert {d: b for d, b in estimated.items() if b} == after
+
+
+def test_each_replica_allocates_only_its_share_of_the_optimizer_state():
+    """What the storage profiler counts at the first update (when Adam's
+    states are made) is each device's share, as its table says: a device
+    holding every parameter's moments (in one array beside its parameters'
+    one) would hold the whole state where it owns a share."""
+    _, sharded = _module(2, True)
+    rng = np.random.RandomState(0)
+    sharded.forward_backward(mx.io.DataBatch([mx.nd.array(rng.randn(BATCH, 20))],
+                                             [mx.nd.array(rng.randint(0, 10, BATCH))]))
+    mx.nd.waitall()
+    path = start_storage_profile()
+    sharded.update()
+    made = counted_storage(path)
+    held = {r.device: r.optimizer for r in memory_table(sharded)}
+    for device in ('cpu(0)', 'cpu(1)'):  # the profiler's own rows (cpu(2) shares pinned's)
+        assert made[device.replace('(', '/').rstrip(')')] == held[device] > 0
 
 
 def test_a_sharded_module_refuses_the_optimizer_state_of_another_model():

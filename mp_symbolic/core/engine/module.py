@@ -800,10 +800,12 @@ class PipelineModule(DeviceModule):
         """``mx.mod.Module.update``; without a kvstore, one per-device updater
         call on argument lists made once; with the state sharded
         (:meth:`optimizer_owners`), each parameter updated by its owner alone,
-        then copied to the other replicas."""
+        then copied to the other replicas (Adam's moments then each its own
+        array, made for the parameters the replica owns alone)."""
+        sharded = self.optimizer_owners() is not None
         if self._updater is not None:
-            self._updater.hold(self._exec_group.contiguous)
-        if self.optimizer_owners() is not None:
+            self._updater.hold(None if sharded else self._exec_group.contiguous)
+        if sharded:
             self._update_sharded()
             return
         if self._kvstore is not None or self._update_on_kvstore:
