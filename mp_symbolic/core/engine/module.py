@@ -405,7 +405,8 @@ class PipelineModule(DeviceModule):
             shared = shared_module._exec_group
         self._exec_group = ArrayGroup(self._symbol, self.pipeline.plan.group2ctxs,
                                       self._param_names, specs, requests, self.batch_size,
-                                      for_training, self.inputs_need_grad, shared)
+                                      for_training, self.inputs_need_grad, shared,
+                                      graph=self._full_graph)
         if shared_module is not None:
             self.params_initialized = True
             self._arg_params, self._aux_params = shared_module._arg_params, \

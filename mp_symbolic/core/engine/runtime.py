@@ -190,8 +190,10 @@ def contiguous_names(symbol, names, shapes, types):
     """The parameters of ``names`` that can be views of one array: float32,
     of rank 1 or more, and read by no op that may lay its input out anew in
     place (:data:`RELAYOUT_OPS`, a large ``FullyConnected`` weight, a quantized
-    or subgraph op)."""
-    graph = PlacedGraph.from_symbol(symbol)
+    or subgraph op). ``symbol``: a Symbol, or a
+    :class:`~mp_symbolic.core.graph.ir.PlacedGraph` holding every op that
+    reads them."""
+    graph = symbol if isinstance(symbol, PlacedGraph) else PlacedGraph.from_symbol(symbol)
     nodes = graph.nodes
     unsafe = set()
     for index, readers in graph.variable_readers().items():
@@ -206,14 +208,16 @@ def contiguous_names(symbol, names, shapes, types):
             and np.dtype(types[n]) == np.float32]
 
 
-def parameter_arrays(symbol, shapes, types, group2ctx, inputs, fixed=(), contiguous=None):
+def parameter_arrays(symbol, shapes, types, group2ctx, inputs, fixed=(), contiguous=None,
+                     graph=None):
     """``(arg_dict, grad_dict, aux_dict)`` of new zero arrays for every
     argument of ``symbol`` but ``inputs``, and every auxiliary state, each on
     its ``ctx_group``'s device; ``fixed`` arguments' gradients are ``None``.
     Given a list ``contiguous``, each device's trained parameters that can be
-    (:func:`contiguous_names`) are views of one array and their gradients of
-    another, a :class:`~mp_symbolic.core.optim.updater.Contiguous` appended to
-    it."""
+    (:func:`contiguous_names`, read from ``graph``, the typed graph of every
+    op reading them, where given) are views of one array and their gradients
+    of another, a :class:`~mp_symbolic.core.optim.updater.Contiguous` appended
+    to it."""
     attrs = symbol.attr_dict()
 
     def device_of(name):
@@ -225,8 +229,8 @@ def parameter_arrays(symbol, shapes, types, group2ctx, inputs, fixed=(), contigu
     arg_dict, grad_dict = {}, {}
     if contiguous is not None:
         by_device = OrderedDict()
-        for name in contiguous_names(symbol, [n for n in params if n not in fixed], shapes,
-                                     types):
+        for name in contiguous_names(symbol if graph is None else graph,
+                                     [n for n in params if n not in fixed], shapes, types):
             by_device.setdefault(device_of(name), []).append(name)
         for device, names in by_device.items():
             flat = Contiguous(names, [shapes[n] for n in names], device, 'float32')
@@ -268,6 +272,8 @@ class ArrayGroup:
             (``batch_size`` over every replica).
         shared: An :class:`ArrayGroup` whose arrays of the same names this one
             holds, or ``None``.
+        graph: The typed graph of every op reading the parameters (``symbol``'s
+            by default: read from its JSON).
 
     Attributes:
         execs: One :class:`ReplicaArrays` per replica.
@@ -276,7 +282,7 @@ class ArrayGroup:
     """
 
     def __init__(self, symbol, group2ctxs, param_names, specs, grad_req, batch_size,
-                 for_training, inputs_need_grad=False, shared=None):
+                 for_training, inputs_need_grad=False, shared=None, graph=None):
         self.param_names = list(param_names)
         self.aux_names = symbol.list_auxiliary_states()
         self.grad_req = dict(grad_req)
@@ -288,7 +294,8 @@ class ArrayGroup:
         self.execs, self.contiguous = [], []
         for k, group2ctx in enumerate(group2ctxs):
             made = []
-            arrays = parameter_arrays(symbol, specs[0], specs[1], group2ctx, inputs, fixed, made)
+            arrays = parameter_arrays(symbol, specs[0], specs[1], group2ctx, inputs, fixed, made,
+                                      graph)
             if shared is not None:
                 for mine, kept in zip(arrays, (shared.execs[k].arg_dict, shared.execs[k].grad_dict,
                                                shared.execs[k].aux_dict)):
