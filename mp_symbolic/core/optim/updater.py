@@ -28,6 +28,18 @@ def _op(name):
     return _OPS[name]
 
 
+def _adam_arguments(opt):
+    """``adam_update``'s keyword names and the values every parameter shares
+    (after ``lr`` and ``wd``), written as ``Adam.update`` writes them."""
+    keys = ['lr', 'wd', 'beta1', 'beta2', 'epsilon', 'rescale_grad', 'lazy_update']
+    fixed = [str(opt.beta1), str(opt.beta2), str(opt.epsilon), str(opt.rescale_grad),
+             str(opt.lazy_update)]
+    if opt.clip_gradient:
+        keys.append('clip_gradient')
+        fixed.append(str(opt.clip_gradient))
+    return keys, fixed
+
+
 def adam_step(updater, indices, grads, weights):
     """One device's Adam update of ``weights`` by ``grads`` (as ``Updater``
     takes them in a list call): bit for bit what ``updater(indices, grads,
@@ -57,12 +69,7 @@ def adam_step(updater, indices, grads, weights):
     lrs = opt._get_lrs(indices)  # pylint: disable=protected-access
     wds = opt._get_wds(indices)  # pylint: disable=protected-access
     counts = opt._index_update_count  # pylint: disable=protected-access
-    keys = ['lr', 'wd', 'beta1', 'beta2', 'epsilon', 'rescale_grad', 'lazy_update']
-    fixed = [str(opt.beta1), str(opt.beta2), str(opt.epsilon), str(opt.rescale_grad),
-             str(opt.lazy_update)]
-    if opt.clip_gradient:
-        keys.append('clip_gradient')
-        fixed.append(str(opt.clip_gradient))
+    keys, fixed = _adam_arguments(opt)
     handle = _op('adam_update')
     for index, grad, weight, lr, wd in zip(indices, grads, weights, lrs, wds):
         t = counts[index]
@@ -198,12 +205,7 @@ def adam_contiguous(updater, indices, grads, weights, where):
     t = counts[indices[0]]
     coef1 = 1. - opt.beta1**t
     coef2 = 1. - opt.beta2**t
-    keys = ['lr', 'wd', 'beta1', 'beta2', 'epsilon', 'rescale_grad', 'lazy_update']
-    fixed = [str(opt.beta1), str(opt.beta2), str(opt.epsilon), str(opt.rescale_grad),
-             str(opt.lazy_update)]
-    if opt.clip_gradient:
-        keys.append('clip_gradient')
-        fixed.append(str(opt.clip_gradient))
+    keys, fixed = _adam_arguments(opt)
     handle = _op('adam_update')
     start = 0
     for end in range(1, len(indices) + 1):
