@@ -512,6 +512,7 @@ def test_module_updates_each_devices_parameters_in_one_adam_update(one_device, m
     replica, and never Adam.update."""
     from mp_symbolic.core.optim import updater  # pylint: disable=import-outside-toplevel
     _, init, _, _ = one_device
+    monkeypatch.setenv('MP_SYMBOLIC_CONTIGUOUS', '1')  # opt-in
     pipe = mp_symbolic.Pipeline(_network(False), devices, sample=(BATCH, TINY.block_size),
                                 replicas=replicas)
     mod = _bound(pipe, init[0], replicas)

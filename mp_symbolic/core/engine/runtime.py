@@ -5,6 +5,7 @@ schedule, and over node processes) or :class:`FusedRuntime` (GPipe in one
 process), chosen by :func:`fused`.
 """
 from collections import OrderedDict
+import os
 from typing import Dict, List, Optional, Protocol, Tuple, runtime_checkable
 
 import mxnet as mx
@@ -186,6 +187,16 @@ RELAYOUT_OPS = frozenset(['Convolution', 'Deconvolution'])
 RELAYOUT_FC_SIDE = 1024
 
 
+def contiguous_parameters():
+    """Whether the Module holds each device's trained parameters as views of
+    one array (:func:`parameter_arrays`, updated by one ``adam_update`` a run
+    of them): where ``MP_SYMBOLIC_CONTIGUOUS=1`` is set. Off by default: in
+    two full test runs under load, processes holding such views ended in
+    MXNet aborts (a floating-point exception, an abort in a forward pass)
+    that are not traced yet."""
+    return os.environ.get('MP_SYMBOLIC_CONTIGUOUS', '0') == '1'
+
+
 def contiguous_names(symbol, names, shapes, types):
     """The parameters of ``names`` that can be views of one array: float32,
     of rank 1 or more, and read by no op that may lay its input out anew in
@@ -294,8 +305,8 @@ class ArrayGroup:
         self.execs, self.contiguous = [], []
         for k, group2ctx in enumerate(group2ctxs):
             made = []
-            arrays = parameter_arrays(symbol, specs[0], specs[1], group2ctx, inputs, fixed, made,
-                                      graph)
+            arrays = parameter_arrays(symbol, specs[0], specs[1], group2ctx, inputs, fixed,
+                                      made if contiguous_parameters() else None, graph)
             if shared is not None:
                 for mine, kept in zip(arrays, (shared.execs[k].arg_dict, shared.execs[k].grad_dict,
                                                shared.execs[k].aux_dict)):
