@@ -45,13 +45,18 @@ def test_adam_step_equals_mxnets_adam_bit_for_bit(kwargs):
     found = _run(ours, 3, devices)
     for a, b in zip(expected, found):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    _assert_same_states(theirs, ours, 3)
+
+
+def _assert_same_states(theirs, ours, steps):
+    """Both updaters hold equal Adam states and update counts after ``steps``."""
     assert sorted(theirs.states) == sorted(ours.states)
     for index, (mean, var) in theirs.states.items():
         np.testing.assert_array_equal(mean.asnumpy(), ours.states[index][0].asnumpy())
         np.testing.assert_array_equal(var.asnumpy(), ours.states[index][1].asnumpy())
     # pylint: disable=protected-access
     assert theirs.optimizer._all_index_update_counts == ours.optimizer._all_index_update_counts
-    assert theirs.optimizer.num_update == ours.optimizer.num_update == 3
+    assert theirs.optimizer.num_update == ours.optimizer.num_update == steps
 
 
 def test_adam_step_updates_without_adams_per_parameter_update(monkeypatch):
@@ -157,13 +162,7 @@ def test_adam_over_contiguous_arrays_equals_mxnets_adam_bit_for_bit(kwargs):
         ours(list(range(len(SHAPES))), grads, weights)
     for a, b in zip(expected, weights):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
-    assert sorted(theirs.states) == sorted(ours.states)
-    for index, (mean, var) in theirs.states.items():
-        np.testing.assert_array_equal(mean.asnumpy(), ours.states[index][0].asnumpy())
-        np.testing.assert_array_equal(var.asnumpy(), ours.states[index][1].asnumpy())
-    # pylint: disable=protected-access
-    assert theirs.optimizer._all_index_update_counts == ours.optimizer._all_index_update_counts
-    assert theirs.optimizer.num_update == ours.optimizer.num_update == 3
+    _assert_same_states(theirs, ours, 3)
 
 
 def test_contiguous_parameters_update_in_one_call_a_run_of_equal_settings(monkeypatch):
