@@ -782,3 +782,16 @@ def test_candidate_plans_are_the_same_whatever_the_measured_block_times():
     plans = [[plan[:3] for plan in plans] for _, plans in found]
     assert plans[0] == plans[1] and any(rule == 'time' for _, _, rule in plans[0])
 
+
+def test_bench_plan_prints_the_pipelined_capacity_beside_the_replicas():
+    """bench.plan's title line of a task gives the devices' capacity at once
+    and, beside it, their capacity while one replica's stages run on them."""
+    from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
+    row = dict(plan='--devices cpu:0 --schedule gpipe --chunks 1', fits=True, predicted=1e-3,
+               measured=1e-3, spread=0.01, memory=1 << 10)
+    entry = dict(task='regression', budget=4 << 10, planning=1.0, capacity={1: 1.0, 2: 1.71},
+                 pipelined={'graph': 1.52, 'staged': 1.48}, rows=[row, dict(row)], load=[])
+    lines = []
+    bench_plan.report([entry], lines.append)
+    assert lines[0].endswith('(capacity of the devices at once: 1: 1.00, 2: 1.71; '
+                             'pipelined: graph 1.52, staged 1.48)'), lines[0]
