@@ -23,7 +23,8 @@ import mxnet as mx  # noqa: E402
 from bench import estimate as bench  # noqa: E402
 from mp_symbolic import estimate_memory  # noqa: E402
 from mp_symbolic.tools.launch import abort_on_error, announce_rank, hold_kvstore  # noqa: E402
-from mp_symbolic.tools.memory import device_memory, profiled_step, start_storage_profile  # noqa: E402
+from mp_symbolic.tools.memory import (  # noqa: E402
+    device_memory, profiled_step, start_storage_profile)
 
 
 def main():
@@ -40,7 +41,8 @@ def main():
     mod.init_optimizer(kvstore=kvstore, optimizer=optimizer,
                        optimizer_params=dict(params, learning_rate=0.01))
     storage = profiled_step(mod, data_shapes, label_shapes, path)
-    measured = device_memory(mod, bench._blocks_free(storage, pipe))  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    measured = device_memory(mod, bench._blocks_free(storage, pipe))
     estimated = estimate_memory(pipe, data_shapes=data_shapes, label_shapes=label_shapes,
                                 loss=loss, output=output, optimizer=optimizer,
                                 optimizer_params=params, workers=kvstore.num_workers,

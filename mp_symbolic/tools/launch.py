@@ -57,7 +57,7 @@ __all__ = []
 NODE_SECRET = 'MP_SYMBOLIC_NODE_SECRET'
 # Set in a launched worker: it tells the launcher its kvstore rank (announce_rank) on stdout.
 RANK_LINE = 'MP_SYMBOLIC_LAUNCH_RANK_LINE'
-RANK_MARK = '@mp_symbolic launch: kvstore rank '  # the line's start; the launcher relays no such line
+RANK_MARK = '@mp_symbolic launch: kvstore rank '  # its line's start: never relayed
 MODES = ('local', 'ssh', 'manual')
 # First words of COMMAND that are ``python -m mp_symbolic`` subcommands.
 # What a server and the scheduler run: importing MXNet with DMLC_ROLE set runs them.
