@@ -250,18 +250,20 @@ def label(cell):
     return ' '.join(parts)
 
 
-def as_profiled(estimated):
-    """``estimated`` with its pinned host memory on the row MXNet's storage
-    profiler counts it in on a CPU-only machine (``cpu(<cores>)``: the
-    measured table's device names come from the profiler's rows)."""
+def as_profiled(estimated, measured=None):
+    """``estimated`` as the measured table names its rows: its pinned host
+    memory on the row MXNet's storage profiler counts it in on a CPU-only
+    machine, ``cpu(<cores>)``, where the model runs on that device too (the
+    measured table then has no ``cpu_pinned(0)`` row of its own:
+    :func:`mp_symbolic.tools.memory.host_rows`)."""
     # pylint: disable=import-outside-toplevel
     from mp_symbolic.core.planning.estimate import PINNED
     from mp_symbolic.core.base.compat import profiler_cpu_limit
-    if PINNED not in estimated:
+    shared = 'cpu(%d)' % (profiler_cpu_limit() - 2)
+    if PINNED not in estimated or (measured is not None and shared not in measured):
         return estimated
     out = {d: dict(row) for d, row in estimated.items() if d != PINNED}
-    row = out.setdefault('cpu(%d)' % (profiler_cpu_limit() - 2),
-                         dict.fromkeys(estimated[PINNED], 0))
+    row = out.setdefault(shared, dict.fromkeys(estimated[PINNED], 0))
     for key, value in estimated[PINNED].items():
         row[key] += value
     return out
@@ -273,7 +275,7 @@ def errors(measured, estimated):
     bytes over the devices (``other``: of the device's total)."""
     devices = {}
     worst = {}
-    estimated = as_profiled(estimated)
+    estimated = as_profiled(estimated, measured)
     for device, row in measured.items():
         est = estimated.get(device, {})
         total = row['total']
@@ -314,7 +316,7 @@ def report(rows, log=print):
                                                                      got.get('error')), ''])
             continue
         devices, worst = errors(got, est)
-        profiled = as_profiled(est)
+        profiled = as_profiled(est, got)
         for device, (total, guess, err) in devices.items():
             every.append(err)
             every_device.append((device, err))

@@ -21,6 +21,8 @@ and measured step time, then:
   plan that fits, or within the run-to-run spread;
 * Kendall's tau between predicted and measured step times, per task and
   over every plan (``scipy.stats.kendalltau``);
+* the devices' capacity at once (``Timings.capacity``) and while one
+  replica's stages run on them (``Timings.pipelined``), in the title;
 * the pick's peak memory per device, measured in a process of its own
   (:func:`bench.estimate.measure`: one profiled training step), against
   the budget;
@@ -151,7 +153,9 @@ def run(tasks, rounds, steps, log=print):
         pick['peak'] = {d: r['total'] for d, r in peak.items()} if 'error' not in peak else peak
         load.append(os.getloadavg()[0])
         out.append(dict(task=name, budget=parse_size(budget), planning=took,
-                        capacity=ranking.timings.capacity, rows=rows, load=load))
+                        capacity=ranking.timings.capacity,
+                        pipelined=dict(ranking.timings.pipelined), skipped=ranking.skipped,
+                        rows=rows, load=load))
         report([out[-1]], log, format_size)
     if len(out) > 1:
         report_all(out, log)
@@ -164,10 +168,11 @@ def report(tasks, log=print, format_size=None):
         from mp_symbolic.core.planning.sizes import format_size  # pylint: disable=import-outside-toplevel
     for entry in tasks:
         rows, budget = entry['rows'], entry['budget']
-        log('%s on %s, budget %s per device: %d plans scored in %.0f s (capacity of the devices '
-            'at once: %s)' % (entry['task'], DEVICES, format_size(budget), len(rows),
-                              entry['planning'], ', '.join(
-                                  '%s: %.2f' % kv for kv in sorted(entry['capacity'].items()))))
+        log('%s on %s, budget %s per device: %d plans scored%s in %.0f s (capacity of the '
+            'devices at once: %s%s)' % (entry['task'], DEVICES, format_size(budget), len(rows),
+                                        _skipped(entry), entry['planning'], ', '.join(
+                                    '%s: %.2f' % kv for kv in sorted(entry['capacity'].items())),
+                                _pipelined(entry)))
         width = max(len(r['plan']) for r in rows)
         log('  rank  %s  fits  memory     predicted  measured   spread' % 'plan'.ljust(width))
         for i, r in enumerate(rows, 1):
@@ -180,6 +185,25 @@ def report(tasks, log=print, format_size=None):
         if entry.get('load'):
             log('  load average (1 min) as the planning began: %.1f; as the measuring ended: %.1f'
                 % tuple(entry['load']))
+
+
+def _skipped(entry):
+    """``' (and 9 with recomputation or ZeRO not scored: ...)'``, or ``''``
+    where none was left unscored (or a run's JSON does not say)."""
+    if not entry.get('skipped'):
+        return ''
+    return (' (and %d with recomputation or ZeRO not scored: the same plan without it fits)'
+            % entry['skipped'])
+
+
+def _pipelined(entry):
+    """``'; pipelined: graph 1.52, staged 1.52'``: the two devices' capacity
+    while one replica's stages run on them (``Timings.pipelined``), or
+    ``''`` where the planner measured none (or a run's JSON has none)."""
+    found = entry.get('pipelined') or {}
+    if not found:
+        return ''
+    return '; pipelined: %s' % ', '.join('%s %.2f' % kv for kv in sorted(found.items()))
 
 
 def figures(entry, format_size):

@@ -319,7 +319,7 @@ def test_dist_sync_workers_of_a_task_file_agree_and_keep_fixed_parameters_withou
          '--no-progress', '--no-memory', '--out', str(tmp_path / 'dist')],
         capture_output=True, text=True, timeout=240, check=False)
     assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
-    digests = re.findall(r'^\[worker (\d)\] parameters sha256: (\w+)$', job.stdout, re.M)
+    digests = re.findall(r'^\[worker (\d), rank \d\] parameters sha256: (\w+)$', job.stdout, re.M)
     assert sorted(w for w, _ in digests) == ['0', '1'] and len({d for _, d in digests}) == 1, \
         job.stdout
     pipe, init = _initial('mlp', 0, make_config().seed)

@@ -1,6 +1,7 @@
 """The memory estimate before allocation (mp_symbolic.estimate_memory and
 python -m mp_symbolic plan) against the table one measured step gives."""
 import os
+import re
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
-from mp_symbolic.core.planning.estimate import batched_binds, planned_graph, planner_total
+from mp_symbolic.core.planning.estimate import PINNED, batched_binds, planned_graph, planner_total
 from mp_symbolic.tools.memory import CATEGORIES
 from mp_symbolic.training.cli import main
 from mp_symbolic.training.tasks import load_task
@@ -34,7 +35,13 @@ CELLS = [bench._cell(model, **plan) for model, plan in (  # pylint: disable=prot
     ('regression', {'schedule': '1f1b', 'chunks': 4}),
     ('digits', {'schedule': '1f1b', 'chunks': 4}),
     ('digits', {'schedule': 'interleaved', 'chunks': 4}),
-    ('digits', {'devices': 'cpu:0,cpu:1,cpu:2,cpu:3', 'replicas': 2, 'chunks': 2}))]
+    ('digits', {'devices': 'cpu:0,cpu:1,cpu:2,cpu:3', 'replicas': 2, 'chunks': 2}),
+    ('lm', {'replicas': 2, 'shard_optimizer': True, 'optimizer': 'adam'}))]
+# the two replicas of one stage on cpu(0) and cpu(1): their local kvstore's
+# buffers in pinned host memory, which the storage profiler counts in the
+# row after the cores, a device this plan does not use
+ZERO_PICK = CELLS[-1]
+REPLICAS = bench._cell('lm', replicas=2)  # pylint: disable=protected-access
 
 
 @pytest.fixture(scope='module')
@@ -52,18 +59,47 @@ def test_estimate_per_device_total_is_within_5_percent_of_the_measured_and_never
         cells):
     for cell, estimated, measured in cells:
         devices, _ = bench.errors(measured, estimated)
-        assert set(bench.as_profiled(estimated)) == set(measured), bench.label(cell)
+        assert set(bench.as_profiled(estimated, measured)) == set(measured), bench.label(cell)
         for device, (total, guess, error) in devices.items():
             assert abs(error) <= 0.05, (bench.label(cell), device, total, guess)
 
 
 def test_estimate_rows_of_arrays_are_the_measured_bytes_exactly(cells):
     for cell, estimated, measured in cells:
-        estimated = bench.as_profiled(estimated)
+        estimated = bench.as_profiled(estimated, measured)
         for device, row in measured.items():
             for category in ('params', 'grads', 'optimizer', 'aux', 'module_copy'):
                 assert estimated[device][category] == row[category], \
                     (bench.label(cell), device, category)
+
+
+def test_kvstore_host_buffers_are_their_own_row_equal_to_the_estimate_not_a_device_off_the_plan(
+        cells):
+    _, estimated, measured = next(c for c in cells if c[0] is ZERO_PICK)
+    assert sorted(measured) == ['cpu(0)', 'cpu(1)', PINNED]
+    assert measured[PINNED]['total'] == estimated[PINNED]['total'] > 0
+
+
+def test_dist_sync_workers_host_buffers_are_the_estimates(tmp_path):
+    """Two workers, each with two replicas of one stage: each worker's
+    measured table, the dist kvstore's host buffers in pinned memory among
+    its rows, is its estimate's, row for row."""
+    job = subprocess.run(
+        [sys.executable, '-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--',
+         sys.executable, os.path.join(ROOT, 'tests', 'dist_memory_worker.py'),
+         __import__('json').dumps(REPLICAS)],
+        capture_output=True, text=True, timeout=300, check=False, cwd=str(tmp_path),
+        env=dict(os.environ, PYTHONPATH=ROOT))
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    tables = [__import__('json').loads(m) for m in
+              re.findall(r'^\[worker \d, rank \d\] table \d (\{.*\})$', job.stdout, re.M)]
+    assert len(tables) == 2, job.stdout[-2000:]
+    for table in tables:
+        measured, estimated = table['measured'], table['estimated']
+        assert sorted(measured) == sorted(estimated) == ['cpu(0)', 'cpu(1)', PINNED]
+        assert measured[PINNED]['total'] == estimated[PINNED]['total'] > 0
+        devices, _ = bench.errors(measured, estimated)
+        assert all(abs(error) <= 0.05 for _, _, error in devices.values()), devices
 
 
 def test_replayed_memory_plan_totals_what_mxnets_own_planner_reports():

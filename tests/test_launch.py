@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from mp_symbolic.training import cli
-from mp_symbolic.tools.launch import plan_job, read_hostfile, shell_line, worker_argv
+from mp_symbolic.tools.launch import (RANK_MARK, Node, _Child, plan_job, read_hostfile,
+                                      shell_line, worker_argv)
 
 from conftest import cli_status, reserved_port
 
@@ -366,6 +367,24 @@ def test_ssh_mode_runs_each_process_through_ssh_to_its_host(tmp_path, port):
     params = final_params(result.stdout)
     assert len(params) == 2 and params['worker 0'] == params['worker 1']
     assert_nothing_left(result.stdout, port, num_processes=4)
+
+
+def test_a_workers_lines_name_its_kvstore_rank_from_the_line_that_tells_it():
+    """The rank line sets the prefix of the lines after it, on stdout and
+    stderr, and is not relayed; a server's identical line is its own output."""
+    import io, threading  # pylint: disable=import-outside-toplevel,multiple-imports
+    script = ('echo before; echo "%s1"; echo after; sleep 0.2; echo late >&2' % RANK_MARK)
+    relayed = {}
+    for role in ('worker', 'server'):
+        out, err = io.StringIO(), io.StringIO()
+        child = _Child(Node(role, 0, '127.0.0.1', (), ()), ('sh', '-c', script), dict(os.environ),
+                       out, err, threading.Lock())
+        child.reap()
+        relayed[role] = out.getvalue() + err.getvalue()
+    assert relayed['worker'] == ('[worker 0] before\n[worker 0, rank 1] after\n'
+                                 '[worker 0, rank 1] late\n')
+    assert relayed['server'] == ('[server 0] before\n[server 0] %s1\n[server 0] after\n'
+                                 '[server 0] late\n' % RANK_MARK)
 
 
 def test_hosts_are_assigned_round_robin_with_the_scheduler_on_the_first():

@@ -757,3 +757,41 @@ def test_planning_a_whole_network_too_small_for_an_interleaved_probe_skips_that_
     assert {'graph', 'split', 'fused', 'staged'} <= probes and 'looped' not in probes
     assert {s.candidate.schedule for s in ranking.ranked} == {'gpipe', '1f1b'}
     assert [c.schedule for c, _ in ranking.failed] == ['interleaved']
+
+
+def test_candidate_plans_are_the_same_whatever_the_measured_block_times():
+    """A time balance is a plan of its own whether or not the block times
+    measured in this run balance the stages as the parameter counts do: the
+    plans scored are a function of the network, devices and budget."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.placement.balance import balance_by_size
+    from mp_symbolic.core.planning.planner import _Search
+    task, planner, sample = _regression()
+    planner.balances = ('size', 'time')
+    search = _Search(planner, task.make_blocks(), [mx.cpu(0), mx.cpu(1)], sample, 0, None, None)
+    by_size = tuple(balance_by_size(search.blocks, 2))
+    found = []
+    for split in ((1, 2), (2, 1)):  # block times that balance as the sizes do, and otherwise
+        times = [1.0] * 3
+        times[0 if split == (1, 2) else 2] = 3.0  # the heavy block alone on its stage
+        search.timings._block_times['all'] = times  # pylint: disable=protected-access
+        search.timings._balances.clear()  # pylint: disable=protected-access
+        found.append((split == by_size, [(c.stages, c.chunks, c.rule, c.balance or split)
+                                         for c in search.candidates()]))
+    assert {same for same, _ in found} == {True, False}
+    plans = [[plan[:3] for plan in plans] for _, plans in found]
+    assert plans[0] == plans[1] and any(rule == 'time' for _, _, rule in plans[0])
+
+
+def test_bench_plan_prints_the_pipelined_capacity_beside_the_replicas():
+    """bench.plan's title line of a task gives the devices' capacity at once
+    and, beside it, their capacity while one replica's stages run on them."""
+    from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
+    row = dict(plan='--devices cpu:0 --schedule gpipe --chunks 1', fits=True, predicted=1e-3,
+               measured=1e-3, spread=0.01, memory=1 << 10)
+    entry = dict(task='regression', budget=4 << 10, planning=1.0, capacity={1: 1.0, 2: 1.71},
+                 pipelined={'graph': 1.52, 'staged': 1.48}, rows=[row, dict(row)], load=[])
+    lines = []
+    bench_plan.report([entry], lines.append)
+    assert lines[0].endswith('(capacity of the devices at once: 1: 1.00, 2: 1.71; '
+                             'pipelined: graph 1.52, staged 1.48)'), lines[0]

@@ -245,7 +245,11 @@ def test_executor_and_imperative_commit_resume_and_digest_hold_one_array_at_a_ti
     peak, before = committed_and_resumed[what]
     largest = 4 * MLP_WIDTH * MLP_WIDTH  # 16.8 MB; the parameters 201 MB, their momentum as much
     # a resume's group: a parameter and its momentum read on the host, each on its
-    # way into its device array (the whole model: 239-286 MB, before one at a time)
-    assert peak - before <= 4 * largest, \
+    # way into its device array (4 arrays), and one array's worth for what the
+    # reader and the allocator hold besides: with every large allocation mapped
+    # and unmapped on its own (MALLOC_MMAP_THRESHOLD_=131072), the resume peaks at
+    # 3.8 to 4.2 arrays; without, at less where glibc reuses heap pages a
+    # previous phase freed (the whole model read at once: 239-286 MB)
+    assert peak - before <= 5 * largest, \
         'the %s peaked %.1f MB above the %.1f MB resident before it' % (
             what, (peak - before) / 1e6, before / 1e6)

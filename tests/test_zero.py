@@ -281,7 +281,7 @@ def _tables_against_shares(stdout):
     """Per worker, the optimizer column of its measured table and the bytes
     its share line reports, by device, both as :func:`format_bytes` prints."""
     found = {}
-    for label, rest in re.findall(r'^\[worker (\d)\] (.*)$', stdout, re.M):
+    for label, rest in re.findall(r'^\[worker (\d)(?:, rank \d)?\] (.*)$', stdout, re.M):
         share = re.search(r'this process holds the state .* bytes \((.*)\)$', rest)
         row = re.match(r'\s+(cpu\(\d\))\s+\S+ \S+\s+\S+ \S+\s+(\S+ \S+)\s', rest)
         mine = found.setdefault(label, {'table': {}, 'share': {}, 'title': ''})

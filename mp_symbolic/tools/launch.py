@@ -55,6 +55,9 @@ __all__ = []
 
 # The secret a job's node processes prove they share (core/transport/nodes.py; not imported: MXNet).
 NODE_SECRET = 'MP_SYMBOLIC_NODE_SECRET'
+# Set in a launched worker: it tells the launcher its kvstore rank (announce_rank) on stdout.
+RANK_LINE = 'MP_SYMBOLIC_LAUNCH_RANK_LINE'
+RANK_MARK = '@mp_symbolic launch: kvstore rank '  # its line's start: never relayed
 MODES = ('local', 'ssh', 'manual')
 # First words of COMMAND that are ``python -m mp_symbolic`` subcommands.
 # What a server and the scheduler run: importing MXNet with DMLC_ROLE set runs them.
@@ -304,13 +307,14 @@ def plan_job(command, num_workers, num_servers, hosts, port, subcommands=()):
              for i in range(num_workers)])
 
 
-def shell_line(node, cwd, exec_=False):
+def shell_line(node, cwd, exec_=False, extra_env=()):
     """One shell line that runs ``node`` on its host: ``cd DIR && env VAR=... CMD``.
 
     With ``exec_``, the shell replaces itself with the command (``exec env ...``),
-    so that ending the shell's session ends the command.
+    so that ending the shell's session ends the command. ``extra_env``:
+    ``((name, value), ...)`` set after the node's own.
     """
-    env = ' '.join('%s=%s' % (k, shlex.quote(v)) for k, v in node.env)
+    env = ' '.join('%s=%s' % (k, shlex.quote(v)) for k, v in node.env + tuple(extra_env))
     return 'cd %s && %senv %s %s' % (shlex.quote(cwd), 'exec ' if exec_ else '', env,
                                       shlex.join(node.argv))
 
@@ -406,6 +410,7 @@ class _Child:
 
     def __init__(self, node, argv, env, out, err, lock):
         self.node = node
+        self.rank = None  # a worker's kvstore rank, once it announced it (announce_rank)
         self._info = None
         self.last_output = time.monotonic()  # when it last wrote to stdout or stderr
         self.stopped_since = None  # monotonic time it was first seen stopped, None if running
@@ -414,7 +419,7 @@ class _Child:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True, preexec_fn=_dies_with(os.getpid()))
         self.threads = [threading.Thread(target=_relay, daemon=True,
-                                         args=(pipe, sink, '[%s] ' % node.name, lock, self))
+                                         args=(pipe, sink, lock, self, pipe is self.proc.stdout))
                         for pipe, sink in ((self.proc.stdout, out), (self.proc.stderr, err))]
         for thread in self.threads:
             thread.start()
@@ -422,6 +427,14 @@ class _Child:
     @property
     def pid(self):
         return self.proc.pid
+
+    @property
+    def prefix(self):
+        """``'[worker 1] '``, then ``'[worker 1, rank 0] '`` once the worker
+        announced its kvstore rank: what every relayed line starts with."""
+        if self.rank is None:
+            return '[%s] ' % self.node.name
+        return '[%s, rank %d] ' % (self.node.name, self.rank)
 
     def ended(self):
         """``os.waitid`` result once the process has ended, else None (it is not reaped)."""
@@ -461,15 +474,23 @@ class _Child:
 MAX_LINE_BYTES = 1 << 20  # a longer line is relayed in pieces of this size
 
 
-def _relay(pipe, sink, prefix, lock, child):
-    """Copies ``pipe`` line by line to ``sink``, each line after ``prefix``.
-    Any bytes read (a line, or a progress bar redrawn without one) set
-    ``child.last_output``: the child's sign of progress."""
+def _relay(pipe, sink, lock, child, stdout=False):
+    """Copies ``pipe`` line by line to ``sink``, each line after
+    ``child.prefix``. Any bytes read (a line, or a progress bar redrawn
+    without one) set ``child.last_output``: the child's sign of progress. On
+    a worker's ``stdout``, the line :func:`announce_rank` prints sets
+    ``child.rank`` and is not relayed."""
     def emit(lines):
         with lock:
             for raw in lines:
+                text = raw.decode('utf-8', 'replace').rstrip('\r')
+                if stdout and child.node.role == 'worker' and text.startswith(RANK_MARK):
+                    rank = text[len(RANK_MARK):]
+                    if rank.isdigit():
+                        child.rank = int(rank)
+                        continue
                 try:
-                    sink.write(prefix + raw.decode('utf-8', 'replace').rstrip('\r') + '\n')
+                    sink.write(child.prefix + text + '\n')
                     sink.flush()
                 except (BrokenPipeError, ValueError):
                     pass  # the launcher's own output is gone; keep draining the child
@@ -673,6 +694,16 @@ def _silent_message(running, now, progress_timeout):
 
 _ABORTING = []  # non-empty inside abort_on_error()
 _HELD = []      # the worker's dist kvstores, kept from MXNet's destructor (see hold_kvstore)
+
+
+def announce_rank(kvstore):
+    """In a worker the launcher started: prints the line that tells it
+    ``kvstore``'s rank (a dist kvstore's, which ps-lite's scheduler assigns
+    and need not be the worker's index), so that its lines are relayed as
+    ``[worker i, rank r]`` from then on. Elsewhere (no launcher, a kvstore
+    that is not dist) this prints nothing."""
+    if os.environ.get(RANK_LINE) and 'dist' in kvstore.type:
+        print('%s%d' % (RANK_MARK, kvstore.rank), flush=True)
 
 
 def hold_kvstore(kvstore):
@@ -892,10 +923,11 @@ def run_launch(args, subcommands=None):
         # -tt gives the remote command a terminal, so ending ssh hangs it up and ends it.
         return run_job(nodes, args.timeout, argv_of=lambda node: (
             'ssh', '-tt', '-o', 'BatchMode=yes', node.host,
-            shell_line(node, cwd, exec_=True)), stopped_timeout=args.stopped_timeout,
+            shell_line(node, cwd, exec_=True, extra_env=((RANK_LINE, '1'),))),
+            stopped_timeout=args.stopped_timeout,
             progress_timeout=args.progress_timeout)
-    # Unbuffered Python output, so lines are relayed as they are printed.
-    extra_env = {'PYTHONUNBUFFERED': '1'}
+    # Unbuffered Python output, so lines are relayed as they are printed; workers tell their rank.
+    extra_env = {'PYTHONUNBUFFERED': '1', RANK_LINE: '1'}
     if args.nodes is not None:  # only this job's nodes know it (core/transport/nodes.py checks it)
         extra_env[NODE_SECRET] = os.environ.get(NODE_SECRET) or secrets.token_hex(32)
     return run_job(nodes, args.timeout, extra_env=extra_env,

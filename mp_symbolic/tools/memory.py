@@ -92,7 +92,10 @@ def device_memory(model, storage=None, input_names=None, updater=None):
             its inputs are the arrays of its ``input_arrays()``.
         storage: ``{device: bytes}`` the device holds in all
             (:func:`mp_symbolic.tools.trace.storage_bytes`, devices as ``'cpu/0'``
-            or ``'cpu(0)'``); adds ``other`` and ``total`` to each row.
+            or ``'cpu(0)'``); adds ``other`` and ``total`` to each row. The
+            profiler's row of pinned memory, ``cpu(<cores>)``, is a row
+            ``'cpu_pinned(0)'`` where the model does not run on that device
+            (:func:`host_rows`).
         input_names: Arguments that are inputs, not parameters. Default: the
             Module's data and label names; for an executor, the arguments
             without a gradient.
@@ -140,7 +143,8 @@ def device_memory(model, storage=None, input_names=None, updater=None):
         for arr in (params or {}).values():
             _add(table, arr, 'module_copy')
     if storage is not None:
-        storage = {_ctx_name(d): b for d, b in storage.items()}
+        storage = host_rows({_ctx_name(d): b for d, b in storage.items()},
+                            set(table) | _bound_devices(model))
         for device in set(storage) - set(table):
             table[device] = dict.fromkeys(CATEGORIES, 0)
         for device, row in table.items():
@@ -151,6 +155,43 @@ def device_memory(model, storage=None, input_names=None, updater=None):
                                  'found %d bytes' % (device, known, total))
             row['other'], row['total'] = total - known, total
     return dict(sorted(table.items(), key=lambda kv: _device_key(kv[0])))
+
+
+# MXNet's storage profiler counts pinned and shared host memory in the two
+# rows after the cores, which is where it counts cpu(cores) and cpu(cores + 1)
+# too (mp_symbolic.tools.trace): named so when the model runs on neither.
+HOST_ROWS = (('cpu_pinned(0)', 0), ('cpu_shared(0)', 1))
+
+
+def host_rows(storage, devices):
+    """``storage`` (``{'cpu(i)': bytes}``, read from the profiler without GPU
+    rows) with the rows of ``cpu(cores)`` and ``cpu(cores + 1)`` named
+    ``'cpu_pinned(0)'`` and ``'cpu_shared(0)'`` where ``devices`` (those the
+    model runs on, as ``'cpu(i)'``) do not hold them: the local and dist
+    kvstores' buffers, in pinned memory. Such a row left at 0 bytes is
+    dropped. With GPU rows, or a model on those devices, ``storage`` as given.
+    """
+    if any(d.startswith('gpu') for d in storage):
+        return storage
+    cores = profiler_cpu_limit() - 2
+    out = dict(storage)
+    for name, offset in HOST_ROWS:
+        row = 'cpu(%d)' % (cores + offset)
+        if row in out and row not in devices:
+            held = out.pop(row)
+            if held:
+                out[name] = held
+    return out
+
+
+def _bound_devices(model):
+    """The devices a Module is bound on (its contexts and its groups'), as ``'cpu(i)'``."""
+    groups = getattr(model, '_group2ctxs', None) or {}
+    devices = {str(c) for c in getattr(model, '_context', None) or ()}
+    for group in groups if isinstance(groups, (list, tuple)) else [groups]:
+        for ctx in (group or {}).values():
+            devices.update(str(c) for c in (ctx if isinstance(ctx, (list, tuple)) else [ctx]))
+    return devices
 
 
 def _ctx_name(device):

@@ -17,9 +17,10 @@ trace: a ``'M'`` ``process_name`` event names each device row (``args.name``
 without GPUs ``cpu(2)`` lands on ``'cpu pinned/'`` and ``cpu(3)`` on
 ``'cpu shared/'`` (and ``cpu(4)`` aborts the process). :func:`device_rows`
 reads those two rows back as ``cpu/<cores>`` and ``cpu/<cores + 1>`` when the
-trace has no GPU rows; this is right only when nothing uses pinned or shared
-memory, which holds for this project's CPU stand-in runs (no
-``mx.cpu_pinned()`` arrays, no shared-memory data loaders). With GPU rows
+trace has no GPU rows; such a row also holds any pinned or shared memory (a
+kvstore's buffers in pinned memory: ``mp_symbolic.tools.memory.host_rows``
+names the row ``cpu_pinned(0)`` where the model does not run on
+``cpu(<cores>)``). With GPU rows
 present the two rows keep their names, since there ``cpu(cores)`` would collide
 with ``gpu/0``.
 

@@ -33,7 +33,7 @@ from ..core.pipeline import Pipeline
 from ..core.schedule import DEFAULT, VIRTUAL
 from ..core.placement.devices import format_device, make_plan
 from ..tools.store import Store
-from ..tools.launch import hold_kvstore
+from ..tools.launch import announce_rank, hold_kvstore
 from .symbolic import ExecutorStepper, ModuleStepper
 from .tasks import load_task
 from ..core.task import TaskError, num_examples
@@ -736,6 +736,7 @@ def train(cfg, log=print, built=None, task=None):
     kvstore = mx.kv.create(cfg.kvstore) if (cfg.kvstore or '').startswith('dist') else None
     if kvstore is not None:
         hold_kvstore(kvstore)  # a failed worker must not wait in its destructor's barrier
+        announce_rank(kvstore)  # the launcher's prefix: [worker i, rank r]
     # one worker (one node) holds the store and commits the checkpoints
     writer = (kvstore is None or kvstore.rank == 0) and node_rank(cfg) == 0
     if kvstore is not None:

@@ -614,23 +614,23 @@ class Timings:
     # -- per plan ---------------------------------------------------------------
 
     def balances(self, k, virtual):
-        """The distinct ``[(blocks per stage or None, rule)]`` of ``k x virtual``
-        stages: by parameter count (``None``), and by measured time (block lists)."""
+        """The ``[(blocks per stage or None, rule)]`` of ``k x virtual``
+        stages: by parameter count (``None``), and by measured time (block
+        lists), the latter a plan of its own even where it splits the blocks
+        as the former does, so that which plans are scored does not depend on
+        the times measured."""
         key = (k, virtual)
         if key not in self._balances:
             # pylint: disable=import-outside-toplevel
-            from ..placement.balance import BalanceError, balance_by_size, solve
+            from ..placement.balance import BalanceError, solve
             found = []
             if 'size' in self.search.planner.balances:
                 found.append((None, 'size'))
             if 'time' in self.search.planner.balances and not self.search.whole:
                 try:
-                    by_time = tuple(solve(self._per_block(), k * virtual))
-                    by_size = tuple(balance_by_size(self.search.blocks, k * virtual))
+                    found.append((tuple(solve(self._per_block(), k * virtual)), 'time'))
                 except BalanceError:
-                    by_time = by_size = None
-                if by_time is not None and by_time != by_size:
-                    found.append((by_time, 'time'))
+                    pass
             self._balances[key] = found
         return self._balances[key]
 
