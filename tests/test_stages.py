@@ -620,6 +620,30 @@ def test_a_schedule_given_as_a_function_trains_as_the_gpipe_graph_and_keeps_what
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
 
 
+def test_a_schedule_function_is_called_once_however_often_the_schedule_is_read():
+    """The Pipeline makes a function's schedule once: reading it again, and
+    binding and stepping a Module on it, call the function no more, and
+    every read is that one record."""
+    calls = []
+
+    def counted(num_stages, microbatches):
+        calls.append((num_stages, microbatches))
+        return _one_at_a_time(num_stages, microbatches)
+
+    net, sample = _digits()
+    pipe = Pipeline(net, 'cpu:0,cpu:1', sample=sample, chunks=2, schedule=counted)
+    first = pipe.run_schedule()
+    assert pipe.run_schedule() is first and pipe.virtual == 1 and pipe.devices_per_replica == 2
+    mod = pipe.module(loss='softmax')
+    batch = _batch(sample, 0, 10)
+    mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', (BATCH,))])
+    mod.init_params(initializer=mx.init.Xavier())
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.1})
+    mod.forward_backward(batch)
+    mod.update()
+    assert calls == [(2, 2)]
+
+
 def test_gpipe_given_as_its_function_runs_on_the_stage_runtime_and_trains_as_its_one_graph():
     """What docs/pipelining.md says: ``schedule=schedule.gpipe`` (the
     function, not the name) runs GPipe on the stage runtime in one process,
