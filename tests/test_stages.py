@@ -896,6 +896,35 @@ def test_runtime_bind_splits_a_batch_on_axis_1_into_micro_batches_on_the_stage_r
         np.testing.assert_allclose(grads[name], value, rtol=TOL, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_runtime_bind_builds_only_the_graph_it_binds_and_a_module_its_checkpoint_graph_on_read(
+        monkeypatch, schedule):
+    """``runtime.bind`` (the executor API) builds the graph it binds and not
+    the checkpoint's (one micro-batch, shards unsplit); a Module builds that
+    one when its ``export_graph`` is first read, once, the graph
+    ``training_graph(..., chunks=1, unsplit=True)`` gives."""
+    from mp_symbolic.core.engine import runtime  # pylint: disable=import-outside-toplevel
+    built = []
+    build = Pipeline.training_graph
+
+    def counted(self, *args, **kwargs):
+        built.append(bool(kwargs.get('unsplit')))
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, 'training_graph', counted)
+    net, sample = _digits()
+    pipe = Pipeline(net, 'cpu:0,cpu:1', sample=sample, chunks=4, schedule=schedule)
+    runtime.bind(pipe, 'softmax', 'softmax_label', {'data': sample, 'softmax_label': (BATCH,)})
+    assert built == [False]
+    mod = pipe.module(loss='softmax')
+    assert True not in built
+    symbol = mod.export_symbol
+    assert built.count(True) == 1 and mod.export_graph is mod.export_graph
+    assert built.count(True) == 1
+    expected = build(pipe, 'softmax', chunks=1, unsplit=True).to_symbol()
+    assert symbol.tojson() == expected.tojson()
+
+
 def test_runtime_bind_gives_the_fused_graph_or_the_stage_runtime_behind_one_interface():
     """``runtime.bind`` under ``gpipe`` (the fused one graph) and ``1f1b``
     (the stage runtime): both are a ``Runtime``, bind the same parameters on
