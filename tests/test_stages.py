@@ -688,6 +688,34 @@ def test_a_schedule_added_as_one_record_in_named_runs_and_trains_as_the_gpipe_gr
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
 
 
+def test_the_stage_runtime_binds_per_stage_what_the_schedule_record_says_it_keeps_in_flight(
+        monkeypatch):
+    """The stage runtime asks the schedule's record (``Schedule.in_flight``)
+    how many micro-batches each stage keeps: a record that keeps every
+    micro-batch of 1F1B's order alive gets that many executors a stage, and
+    trains as the GPipe graph."""
+    from mp_symbolic.core import schedule  # pylint: disable=import-outside-toplevel
+
+    class Roomy(schedule.OneFOneB):
+        @classmethod
+        def build(cls, num_stages, microbatches, virtual):  # pylint: disable=unused-argument
+            made = schedule.one_f_one_b(num_stages, microbatches)
+            return cls('roomy', made.devices, num_stages, microbatches, made.device_of_stage)
+
+        def in_flight(self):
+            return {s: self.microbatches for s in range(self.num_stages)}
+
+    monkeypatch.setitem(schedule.NAMED, 'roomy', Roomy)
+    _, expected_out, expected = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'gpipe')
+    pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'roomy')
+    mod = pipe.module(loss='softmax')
+    mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
+    assert [len(slots) for slots in mod._runtimes[0].slots] == [4, 4, 4]  # pylint: disable=W0212
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
 @pytest.mark.parametrize('schedule', ['gpipe', '1f1b', 'interleaved', _one_at_a_time])
 def test_pipe_module_is_one_class_for_every_schedule(schedule):
     """``pipe.module()`` is a PipelineModule whatever the schedule (GPipe's

@@ -81,8 +81,15 @@ class Schedule:
         return self.num_stages // len(self.devices)
 
     def in_flight(self):
-        """:func:`in_flight`."""
-        return in_flight(self)
+        """``{stage: most micro-batches between their forward and their backward
+        at once}``, in each device's order: the activations a stage keeps."""
+        most = {s: 0 for s in range(self.num_stages)}
+        for actions in self.devices:
+            alive = {s: 0 for s in most}
+            for s, _, kind in actions:
+                alive[s] += 1 if kind == 'F' else -1
+                most[s] = max(most[s], alive[s])
+        return most
 
     def forwards(self):
         """The forward actions in :func:`issue_order`: the imperative twin's order."""
@@ -515,18 +522,6 @@ def check(schedule):
         raise ScheduleError('schedule: expected every stage forward and backward on every '
                             'micro-batch, found %s missing' % ', '.join(map(str, missing[:4])))
     timeline(schedule)
-
-
-def in_flight(schedule):
-    """``{stage: most micro-batches between their forward and their backward
-    at once}``, in each device's order: the activations a stage keeps."""
-    most = {s: 0 for s in range(schedule.num_stages)}
-    for actions in schedule:
-        alive = {s: 0 for s in most}
-        for s, _, kind in actions:
-            alive[s] += 1 if kind == 'F' else -1
-            most[s] = max(most[s], alive[s])
-    return most
 
 
 def bubble(schedule, cost=None):
