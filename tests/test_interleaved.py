@@ -41,7 +41,7 @@ def test_virtual_stages_go_round_robin_and_each_binds_what_it_keeps_in_flight():
     mod = pipe.module(loss='softmax')
     mod.bind([('data', sample)], [('softmax_label', sample)])
     runtime = mod._runtimes[0]  # pylint: disable=protected-access
-    flight = sched.in_flight(sched.interleaved(2, 4, 2))
+    flight = sched.interleaved(2, 4, 2).in_flight()
     assert [len(slots) for slots in runtime.slots] == [flight[s] for s in range(4)]
     assert [slots[0].executor.outputs[0].context for slots in runtime.slots] == \
         list(pipe.plan.devices)

@@ -320,20 +320,20 @@ def test_a_node_plan_that_cannot_run_is_refused_in_one_line_before_any_node_wait
 def test_a_device_of_one_node_may_be_listed_again_for_another():
     """``gpu:0`` on node 1 is node 1's GPU: the plan's devices repeat per
     node, each replica's divided evenly in order."""
-    from mp_symbolic.core.placement.place import place  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from mp_symbolic.core.placement.place import place, replica_devices
     assert node_processes.node_of_devices(3, 2) == (0, 0, 1)
     nodes = node_processes.Nodes(2, 1, 60.0, '127.0.0.1:9')
-    placed = place(tuple(_net()), False, 'cpu:0,cpu:1,cpu:0,cpu:1', sample=SAMPLE, replicas=1,
-                   nodes=nodes)
+    placed = place(tuple(_net()), False, replica_devices('cpu:0,cpu:1,cpu:0,cpu:1', 1, nodes),
+                   (0, 1, 2, 3), sample=SAMPLE)
     assert placed.plan.node_of_stage == (0, 0, 1, 1)
     assert placed.plan.stages_of_node(1) == (2, 3)
     # a GPU of another node need not be here; one of this node must
-    placed = place(tuple(_net()), False, 'gpu:0,cpu:1', sample=SAMPLE,
-                   nodes=node_processes.Nodes(2, 1, 60.0, '127.0.0.1:9'))
+    other = replica_devices('gpu:0,cpu:1', 1, node_processes.Nodes(2, 1, 60.0, '127.0.0.1:9'))
+    placed = place(tuple(_net()), False, other, (0, 1), sample=SAMPLE)
     assert placed.plan.node_of_stage == (0, 1)
     with pytest.raises(ValueError, match=r'^node 1: gpu:0 requested but MXNet sees 0 GPU'):
-        place(tuple(_net()), False, 'cpu:1,gpu:0', sample=SAMPLE,
-              nodes=node_processes.Nodes(2, 1, 60.0, '127.0.0.1:9'))
+        replica_devices('cpu:1,gpu:0', 1, node_processes.Nodes(2, 1, 60.0, '127.0.0.1:9'))
 
 
 def test_a_pipeline_of_one_process_never_imports_torch():

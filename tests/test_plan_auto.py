@@ -692,7 +692,7 @@ def _pipeline_probes(timings, fused, staged=None, interleaved=None):
             Candidate('cpu:0,cpu:1', 2, 1, 4, '1f1b'), ['quarter'] * 2, 2, 16, staged]
     if interleaved is not None:
         timings._probes['looped'] = [  # pylint: disable=protected-access
-            Candidate('cpu:0,cpu:1', 2, 1, 4, 'interleaved', 2), ['eighth'] * 4, 4, 32,
+            Candidate('cpu:0,cpu:1', 2, 1, 4, 'interleaved'), ['eighth'] * 4, 4, 32,
             interleaved]
 
 
@@ -738,7 +738,7 @@ def test_stage_runtimes_actions_cost_what_their_schedules_probes_show(monkeypatc
                                  'staged': pytest.approx(1.0, abs=1e-6)}
     assert timings.steps['action'] == {'1f1b': pytest.approx(0.1, abs=1e-6),
                                        'interleaved': pytest.approx(0.2, abs=1e-6)}
-    eight = Candidate('cpu:0,cpu:1', 2, 1, 8, 'interleaved', 2)  # 64 actions of 0.1875 s
+    eight = Candidate('cpu:0,cpu:1', 2, 1, 8, 'interleaved')  # 64 actions of 0.1875 s
     assert timings.predict(eight, ['eighth'] * 4, 4) == pytest.approx(
         64 * 0.1875 + 0.5 + 64 * 0.2, rel=1e-6)
 

@@ -26,9 +26,9 @@ def test_every_stage_runs_forward_and_backward_once_per_microbatch(make, stages,
 
 @pytest.mark.parametrize('stages, microbatches', [(2, 1), (2, 2), (2, 8), (3, 2), (3, 8), (4, 16)])
 def test_1f1b_keeps_at_most_stages_minus_stage_microbatches_in_flight(stages, microbatches):
-    flight = sched.in_flight(sched.one_f_one_b(stages, microbatches))
+    flight = sched.one_f_one_b(stages, microbatches).in_flight()
     assert flight == {s: min(stages - s, microbatches) for s in range(stages)}
-    assert sched.in_flight(sched.gpipe(stages, microbatches)) == \
+    assert sched.gpipe(stages, microbatches).in_flight() == \
         {s: microbatches for s in range(stages)}
 
 

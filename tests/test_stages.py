@@ -620,6 +620,30 @@ def test_a_schedule_given_as_a_function_trains_as_the_gpipe_graph_and_keeps_what
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
 
 
+def test_a_schedule_function_is_called_once_however_often_the_schedule_is_read():
+    """The Pipeline makes a function's schedule once: reading it again, and
+    binding and stepping a Module on it, call the function no more, and
+    every read is that one record."""
+    calls = []
+
+    def counted(num_stages, microbatches):
+        calls.append((num_stages, microbatches))
+        return _one_at_a_time(num_stages, microbatches)
+
+    net, sample = _digits()
+    pipe = Pipeline(net, 'cpu:0,cpu:1', sample=sample, chunks=2, schedule=counted)
+    first = pipe.run_schedule()
+    assert pipe.run_schedule() is first and pipe.virtual == 1 and pipe.devices_per_replica == 2
+    mod = pipe.module(loss='softmax')
+    batch = _batch(sample, 0, 10)
+    mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', (BATCH,))])
+    mod.init_params(initializer=mx.init.Xavier())
+    mod.init_optimizer(optimizer='sgd', optimizer_params={'learning_rate': 0.1})
+    mod.forward_backward(batch)
+    mod.update()
+    assert calls == [(2, 2)]
+
+
 def test_gpipe_given_as_its_function_runs_on_the_stage_runtime_and_trains_as_its_one_graph():
     """What docs/pipelining.md says: ``schedule=schedule.gpipe`` (the
     function, not the name) runs GPipe on the stage runtime in one process,
@@ -659,6 +683,34 @@ def test_a_schedule_added_as_one_record_in_named_runs_and_trains_as_the_gpipe_gr
     mod = pipe.module(loss='softmax')
     mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
     assert type(mod.runtimes[0]).__name__ == 'StageRuntime'
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
+def test_the_stage_runtime_binds_per_stage_what_the_schedule_record_says_it_keeps_in_flight(
+        monkeypatch):
+    """The stage runtime asks the schedule's record (``Schedule.in_flight``)
+    how many micro-batches each stage keeps: a record that keeps every
+    micro-batch of 1F1B's order alive gets that many executors a stage, and
+    trains as the GPipe graph."""
+    from mp_symbolic.core import schedule  # pylint: disable=import-outside-toplevel
+
+    class Roomy(schedule.OneFOneB):
+        @classmethod
+        def build(cls, num_stages, microbatches, virtual):  # pylint: disable=unused-argument
+            made = schedule.one_f_one_b(num_stages, microbatches)
+            return cls('roomy', made.devices, num_stages, microbatches, made.device_of_stage)
+
+        def in_flight(self):
+            return {s: self.microbatches for s in range(self.num_stages)}
+
+    monkeypatch.setitem(schedule.NAMED, 'roomy', Roomy)
+    _, expected_out, expected = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'gpipe')
+    pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'roomy')
+    mod = pipe.module(loss='softmax')
+    mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
+    assert [len(slots) for slots in mod._runtimes[0].slots] == [4, 4, 4]  # pylint: disable=W0212
     np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
     for name, value in expected.items():
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
@@ -870,6 +922,35 @@ def test_runtime_bind_splits_a_batch_on_axis_1_into_micro_batches_on_the_stage_r
     assert sorted(grads) == sorted(ref_grads)
     for name, value in ref_grads.items():
         np.testing.assert_allclose(grads[name], value, rtol=TOL, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
+def test_runtime_bind_builds_only_the_graph_it_binds_and_a_module_its_checkpoint_graph_on_read(
+        monkeypatch, schedule):
+    """``runtime.bind`` (the executor API) builds the graph it binds and not
+    the checkpoint's (one micro-batch, shards unsplit); a Module builds that
+    one when its ``export_graph`` is first read, once, the graph
+    ``training_graph(..., chunks=1, unsplit=True)`` gives."""
+    from mp_symbolic.core.engine import runtime  # pylint: disable=import-outside-toplevel
+    built = []
+    build = Pipeline.training_graph
+
+    def counted(self, *args, **kwargs):
+        built.append(bool(kwargs.get('unsplit')))
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, 'training_graph', counted)
+    net, sample = _digits()
+    pipe = Pipeline(net, 'cpu:0,cpu:1', sample=sample, chunks=4, schedule=schedule)
+    runtime.bind(pipe, 'softmax', 'softmax_label', {'data': sample, 'softmax_label': (BATCH,)})
+    assert built == [False]
+    mod = pipe.module(loss='softmax')
+    assert True not in built
+    symbol = mod.export_symbol
+    assert built.count(True) == 1 and mod.export_graph is mod.export_graph
+    assert built.count(True) == 1
+    expected = build(pipe, 'softmax', chunks=1, unsplit=True).to_symbol()
+    assert symbol.tojson() == expected.tojson()
 
 
 def test_runtime_bind_gives_the_fused_graph_or_the_stage_runtime_behind_one_interface():

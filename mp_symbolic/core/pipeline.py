@@ -21,7 +21,7 @@ from .base.checks import excerpt
 from .base.compat import initialized, symbol_safe
 from .graph.heads import with_head
 from .graph.names import DATA_NAME, LABEL_NAME, input_names, stage_name
-from .placement.place import check_parameter_names, place, sample_inputs
+from .placement.place import check_parameter_names, place, replica_devices, sample_inputs
 from .transport import nodes as node_processes
 from .graph import batchnorm as batchnorms
 from . import schedule as schedules
@@ -183,7 +183,7 @@ class Pipeline(gluon.Block):
                              "planner holds each device to), found it without a plan")
         self.batchnorm = batchnorms.check_mode(batchnorm)
         self.shard_optimizer = zero.check(shard_optimizer)
-        self.virtual = schedules.check_spec(schedule, virtual)
+        schedules.check_spec(schedule, virtual)
         self.schedule = schedule
         self.nodes = None
         if nodes is not None and nodes != 1:
@@ -215,11 +215,14 @@ class Pipeline(gluon.Block):
         self.blocks = tuple(blocks)
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
-        self.placement = place(self.blocks, whole, devices, balance, sample, chunks, replicas,
-                               mirror, tied, self.virtual, self.nodes, batch_axis,
+        split = replica_devices(devices, replicas, self.nodes)
+        self.placement = place(self.blocks, whole, split,
+                               schedules.stage_devices(schedule, len(split[0][0]), virtual),
+                               balance, sample, chunks, replicas, mirror, tied, batch_axis,
                                sample_checked=tensor_parallel is not None)
-        # a schedule that cannot run is refused here, not at bind
-        self._forwards = self.run_schedule().forwards()
+        # made once, with its virtual stages; a schedule that cannot run is refused here
+        self._schedule = schedules.over(schedule, len(split[0][0]), chunks, virtual)
+        self._forwards = self._schedule.forwards()
         if self.nodes is not None:  # every check above is done: now wait for the others
             node_processes.join(self.nodes, gpus=any(
                 d.device_type == 'gpu' for s in self.local_stages
@@ -349,19 +352,20 @@ class Pipeline(gluon.Block):
 
     @property
     def devices_per_replica(self):
-        """``K``: the distinct devices of one replica's stages (the stages
-        over ``virtual``)."""
-        return self.plan.num_stages // self.virtual
+        """``K``: the distinct devices of one replica's stages (its schedule's
+        device lists)."""
+        return len(self._schedule)
+
+    @property
+    def virtual(self):
+        """Stages per device: the schedule's."""
+        return self._schedule.virtual
 
     def run_schedule(self):
         """The :class:`~mp_symbolic.core.schedule.Schedule` each replica runs
-        (``'gpipe'``'s fused graph leaves its order to MXNet's engine).
-
-        Raises:
-            ValueError: (``ScheduleError``) a function's actions that cannot run;
-                under ``'interleaved'``, ``chunks`` not a multiple of the devices.
-        """
-        return schedules.make(self.schedule, self.plan.num_stages, self.chunks, self.virtual)
+        (``'gpipe'``'s fused graph leaves its order to MXNet's engine), made
+        once when the Pipeline is: a schedule function is called once."""
+        return self._schedule
 
     def module(self, loss='softmax', data_name=DATA_NAME, label_name=LABEL_NAME, output=None,
                host_copy=False, **kwargs):

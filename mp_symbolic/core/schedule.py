@@ -81,8 +81,15 @@ class Schedule:
         return self.num_stages // len(self.devices)
 
     def in_flight(self):
-        """:func:`in_flight`."""
-        return in_flight(self)
+        """``{stage: most micro-batches between their forward and their backward
+        at once}``, in each device's order: the activations a stage keeps."""
+        most = {s: 0 for s in range(self.num_stages)}
+        for actions in self.devices:
+            alive = {s: 0 for s in most}
+            for s, _, kind in actions:
+                alive[s] += 1 if kind == 'F' else -1
+                most[s] = max(most[s], alive[s])
+        return most
 
     def forwards(self):
         """The forward actions in :func:`issue_order`: the imperative twin's order."""
@@ -263,6 +270,33 @@ def check_spec(spec, virtual=None):
                          '%s schedule\'s), found %r' % (spec, ' or '.join(
                              repr(k) for k in VIRTUAL), virtual))
     return positive_int('virtual', (default or 1) if virtual is None else virtual)
+
+
+def stage_devices(spec, devices, virtual=None):
+    """The device each stage of ``spec`` over ``devices`` devices runs on, its
+    virtual stages per device ``virtual`` (:func:`check_spec`): stage ``s`` on
+    device ``s mod devices``, as :func:`over` makes it (what the placement
+    lays out before the schedule is made).
+
+    Raises:
+        ValueError: as :func:`check_spec`.
+    """
+    devices = positive_int('devices', devices)
+    return tuple(s % devices for s in range(devices * check_spec(spec, virtual)))
+
+
+def over(spec, devices, microbatches, virtual=None):
+    """The checked :class:`Schedule` of ``spec`` over ``devices`` devices, its
+    virtual stages per device ``virtual`` (:func:`check_spec`): ``Pipeline``'s
+    ``schedule`` and ``virtual`` made into the one record the placement, the
+    runtime, the estimate and the planner read (``.virtual``,
+    ``.device_of_stage``).
+
+    Raises:
+        ValueError: as :func:`check_spec` and :func:`make`.
+    """
+    v = check_spec(spec, virtual)
+    return make(spec, positive_int('devices', devices) * v, microbatches, v)
 
 
 def make(spec, num_stages, microbatches, virtual=1):
@@ -488,18 +522,6 @@ def check(schedule):
         raise ScheduleError('schedule: expected every stage forward and backward on every '
                             'micro-batch, found %s missing' % ', '.join(map(str, missing[:4])))
     timeline(schedule)
-
-
-def in_flight(schedule):
-    """``{stage: most micro-batches between their forward and their backward
-    at once}``, in each device's order: the activations a stage keeps."""
-    most = {s: 0 for s in range(schedule.num_stages)}
-    for actions in schedule:
-        alive = {s: 0 for s in most}
-        for s, _, kind in actions:
-            alive[s] += 1 if kind == 'F' else -1
-            most[s] = max(most[s], alive[s])
-    return most
 
 
 def bubble(schedule, cost=None):

@@ -58,8 +58,9 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
         the activations and workspace MXNet's plan gives each device.
 
     Raises:
-        ValueError: a plan or shapes the Pipeline refuses, an optimizer the
-            estimate does not know, or no batch shape (one line each).
+        ValueError: a plan or shapes the Pipeline refuses, a Pipeline over
+            node processes, an optimizer the estimate does not know, or no
+            batch shape (one line each).
     """
     from ..core.pipeline import Pipeline  # pylint: disable=import-outside-toplevel
     if isinstance(model, Pipeline):

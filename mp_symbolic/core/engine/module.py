@@ -272,21 +272,24 @@ class PipelineModule(DeviceModule):
         return held, data, tuple(n for n in label_names if n in arguments)
 
     def _set_export(self, placed, symbol):
-        """Keeps :attr:`export_graph`: ``placed`` (``symbol`` written) without
-        micro-batches and with tensor-parallel layers unsplit."""
+        """Keeps :attr:`export_graph`: ``placed`` (``symbol`` written) where it
+        is already without micro-batches and with tensor-parallel layers
+        unsplit; otherwise that graph is built on its first read."""
         pipeline = self.pipeline
         as_one = pipeline.batch_axis == 0 or pipeline.replicas == 1
         if pipeline.chunks == 1 and not pipeline.sharded and as_one:
             self._export, self._export_symbol = placed, symbol
         else:
-            self._export = pipeline.training_graph(self.loss, self.data_name, self.label_name,
-                                                   chunks=1, output=self.output, unsplit=True)
-            self._export_symbol = None
+            self._export = self._export_symbol = None
 
     @property
     def export_graph(self):
         """:attr:`export_symbol`'s graph, typed (a
-        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`)."""
+        :class:`~mp_symbolic.core.graph.ir.PlacedGraph`), built on first read."""
+        if self._export is None:
+            self._export = self.pipeline.training_graph(
+                self.loss, self.data_name, self.label_name, chunks=1, output=self.output,
+                unsplit=True)
         return self._export
 
     @property
@@ -294,7 +297,7 @@ class PipelineModule(DeviceModule):
         """The training graph without micro-batches and with tensor-parallel
         layers unsplit, which :meth:`save_checkpoint` writes."""
         if self._export_symbol is None:
-            self._export_symbol = self._export.to_symbol()
+            self._export_symbol = self.export_graph.to_symbol()
         return self._export_symbol
 
     def _fit_head(self, data_shapes, label_shapes, force_rebind):

@@ -7,7 +7,7 @@ stage, each bound as executors of its own, run in the order a schedule gives
   reader's sub-graph and an output of the producer's, its gradient coming
   back through ``backward(out_grads=...)``.
 * A stage keeps one executor per micro-batch in flight
-  (:func:`~mp_symbolic.core.schedule.in_flight`), each bound with ``bind`` on
+  (:meth:`~mp_symbolic.core.schedule.Schedule.in_flight`), each bound with ``bind`` on
   the same weight, gradient and auxiliary arrays (``grad_req='add'``: the
   micro-batches' gradients sum). ``simple_bind(shared_exec=...)`` would share
   their memory pool, and two micro-batches in flight would overwrite each
@@ -24,7 +24,7 @@ from ..graph.batchnorm import deferred_graph, update
 from ..transport.comm import DONE, LOCAL, Link, open_transport
 from ..base.compat import leaves_onednn_layouts, lengths_outside_gradient, onednn_active, split_bind
 from ..graph.names import TIED_SUFFIX, is_tied, parse_group, stage_name
-from ..schedule import Action, in_flight, issue_order
+from ..schedule import Action, issue_order
 
 __all__ = []
 
@@ -180,7 +180,7 @@ class StageRuntime:
                         value.shape, value.context, dtype=value.dtype))
         types = specs[1]
         self._boundary = boundary_specs(stages, specs) if boundary is None else boundary
-        flight = in_flight(schedule)
+        flight = schedule.in_flight()
         self._statistics = {}  # stage -> the BatchNorm statistics its graph outputs
         self._batch_statistics = {}  # stage -> {output: [its value per micro-batch]}
         self.slots = [[] for _ in stages]  # a stage another process runs has none here

@@ -345,40 +345,49 @@ def symbol_variables(inputs):
     return nesting.map_names(mx.sym.var, inputs)
 
 
-def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=1,
-          mirror=False, tied=None, virtual=1, nodes=None, batch_axis=0, sample_checked=False):
+def replica_devices(devices, replicas, nodes=None):
+    """``(devices of each replica, node of each device of a replica)``: ``devices``
+    (see :class:`~mp_symbolic.Pipeline`) checked and split into ``replicas``.
+
+    Raises:
+        DeviceSpecError: devices that cannot work (``None``, unknown, twice on
+            a node, not a multiple of ``replicas``).
+    """
+    if devices is None:
+        raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
+                              'list of mx.Context, found None')
+    if nodes is None:
+        split = split_replicas(resolve_devices(devices), replicas)
+        return split, (0,) * len(split[0])
+    return _node_devices(devices, replicas, nodes)
+
+
+def place(blocks, whole, devices, device_of_stage, balance=None, sample=None, chunks=1,
+          replicas=1, mirror=False, tied=None, batch_axis=0, sample_checked=False):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
 
     Args:
         blocks: The blocks (checked ``HybridBlock`` s); one, for ``whole``.
         whole: Whether the one block is cut through its traced graph.
-        virtual: Stages per device: stage ``s`` on device ``s mod K``.
+        devices: The pair :func:`replica_devices` returns (over nodes, each
+            replica's devices divided over the nodes in order).
+        device_of_stage: The device of a replica each stage runs on, as its
+            schedule lays them (:func:`~mp_symbolic.core.schedule.stage_devices`).
         sample: A batch or its shape, or a tuple of them
             (:func:`sample_shapes`); ``None``: no sample, one input.
-        nodes: ``None`` (one process), or this process's
-            :class:`~mp_symbolic.core.transport.nodes.Nodes`: each replica's
-            devices divided over the nodes in order.
         batch_axis: The axis of the batch in every input and output.
         sample_checked: ``sample`` has been traced through these blocks
             already: shapes are inferred again only if one is unknown.
 
     Raises:
-        ValueError: (``DeviceSpecError``, ``BalanceError``) devices, balance,
-            chunks, replicas, mirror, tied or batch_axis values that cannot
-            work.
+        ValueError: (``DeviceSpecError``, ``BalanceError``) balance, chunks,
+            mirror, tied or batch_axis values that cannot work.
     """
-    if devices is None:
-        raise DeviceSpecError("devices: expected a device list such as 'cpu:0,cpu:1' or a "
-                              'list of mx.Context, found None')
-    if nodes is None:
-        replica_devices = split_replicas(resolve_devices(devices), replicas)
-        node_of_device = (0,) * len(replica_devices[0])
-    else:
-        replica_devices, node_of_device = _node_devices(devices, replicas, nodes)
+    split, node_of_device = devices
     # the only plan with a device twice: checked once above, then repeated
-    replica_devices = tuple(tuple(devs) * virtual for devs in replica_devices)
-    node_of_stage = tuple(node_of_device) * virtual
+    replica_devices = tuple(tuple(devs[d] for d in device_of_stage) for devs in split)
+    node_of_stage = tuple(node_of_device[d] for d in device_of_stage)
     num_stages = len(replica_devices[0])
     positive_int('chunks', chunks)
     if not is_int(batch_axis) or batch_axis < 0:
@@ -405,7 +414,8 @@ def place(blocks, whole, devices, balance=None, sample=None, chunks=1, replicas=
         for name in parameters(blocks):
             owner.setdefault(name, 0)  # a parameter the forward pass does not use
     else:
-        sizes = _balance(blocks, num_stages, balance, shapes, replica_devices[0][0], virtual)
+        sizes = _balance(blocks, num_stages, balance, shapes, replica_devices[0][0],
+                         num_stages // len(split[0]))
         plan = DevicePlan(replica_devices[0], balancing.stage_of_block(sizes), replica_devices,
                           node_of_stage=node_of_stage)
         owner = {}

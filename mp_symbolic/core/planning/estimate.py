@@ -1031,12 +1031,18 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
         gives a measured step's.
 
     Raises:
-        ValueError: an optimizer :data:`STATES` does not know, a batch the
-            micro-batches and replicas do not divide, shapes the graph does not
-            take, or a rank not among the workers.
+        ValueError: a Pipeline over node processes, an optimizer
+            :data:`STATES` does not know, a batch the micro-batches and replicas
+            do not divide, shapes the graph does not take, or a rank not among
+            the workers.
     """
     # pylint: disable=import-outside-toplevel
     from ..engine.module import fixed_param_names
+    from ..engine.runtime import fused
+    if pipe.nodes is not None:
+        raise ValueError('nodes: expected a Pipeline of one process to estimate (its table '
+                         'is of one process\'s devices), found one over %d nodes, each holding '
+                         'only its stages; estimate the plan without nodes' % pipe.nodes.count)
     from ..graph.names import LABEL_NAME
     name = str(optimizer).lower()
     if name not in STATES:
@@ -1055,7 +1061,7 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
     if batch % per:
         raise ValueError('batch size: expected a multiple of chunks x replicas (%d), found %d'
                          % (per, batch))
-    if pipe.run_schedule().fused:
+    if fused(pipe):
         symbol = pipe.training_symbol(loss, label_name=label_name, output=output)
         table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
                            set(fixed_param_names(pipe, symbol)), (rank, workers))

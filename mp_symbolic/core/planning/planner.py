@@ -42,8 +42,8 @@ class Candidate:
         devices: ``'cpu:0,cpu:1'`` (stages x replicas), a stage's shards joined
             by ``+``.
         stages, replicas, chunks: ``K``, ``R`` and ``M``.
-        schedule: A name of :data:`~mp_symbolic.core.schedule.NAMES`.
-        virtual: Stages per device.
+        schedule: A name of :data:`~mp_symbolic.core.schedule.NAMES`, with
+            its default stages per device (``virtual``).
         mirror: Every stage recomputed in the backward pass.
         balance: Blocks (ops) per stage; ``None``: by parameter count.
         rule: How ``balance`` was made: ``'size'`` or ``'time'``.
@@ -58,7 +58,6 @@ class Candidate:
     replicas: int
     chunks: int
     schedule: str
-    virtual: int = 1
     mirror: bool = False
     balance: tuple = None
     rule: str = 'size'
@@ -77,6 +76,12 @@ class Candidate:
         if self.tensor_parallel is not None:
             args['tensor_parallel'] = self.tensor_parallel
         return args
+
+    @property
+    def virtual(self):
+        """Stages per device: its schedule's default (one for a schedule that
+        takes none)."""
+        return schedules.kind(self.schedule).virtual_default or 1
 
     def flags(self):
         """The ``train`` flags of this plan."""
@@ -459,21 +464,21 @@ class _Search:
                 if k * s * r > n or (self.count is not None and k > self.count):
                     continue
                 spec = _spec(self.pool[:k * s * r], s)
-                balances = self.timings.balances(k, 1) if k > 1 else [(None, 'size')]
+                balances = self.timings.balances(k) if k > 1 else [(None, 'size')]
                 for name in planner.schedules:
                     kind = schedules.kind(name)
                     if not kind.fused and k == 1:
                         continue  # one stage: the stage runtime adds nothing to the fused graph
-                    virtual = kind.virtual_default or 1
-                    if self.count is not None and k * virtual > self.count:
+                    num_stages = k * (kind.virtual_default or 1)
+                    if self.count is not None and num_stages > self.count:
                         continue
-                    plans = balances if virtual == 1 else self.timings.balances(k, virtual)
+                    plans = balances if num_stages == k else self.timings.balances(num_stages)
                     for m in planner.chunks:
                         if self.batch % (m * r) or not kind.takes(k, m) or \
                                 (not kind.fused and m == 1):
                             continue
                         for balance, rule in plans:
-                            out.append(Candidate(spec, k, r, m, name, virtual, False, balance,
+                            out.append(Candidate(spec, k, r, m, name, False, balance,
                                                  rule, False if self.zero else None, s, tp))
         return out
 
@@ -613,13 +618,13 @@ class Timings:
 
     # -- per plan ---------------------------------------------------------------
 
-    def balances(self, k, virtual):
-        """The ``[(blocks per stage or None, rule)]`` of ``k x virtual``
+    def balances(self, num_stages):
+        """The ``[(blocks per stage or None, rule)]`` of ``num_stages``
         stages: by parameter count (``None``), and by measured time (block
         lists), the latter a plan of its own even where it splits the blocks
         as the former does, so that which plans are scored does not depend on
         the times measured."""
-        key = (k, virtual)
+        key = num_stages
         if key not in self._balances:
             # pylint: disable=import-outside-toplevel
             from ..placement.balance import BalanceError, solve
@@ -628,7 +633,7 @@ class Timings:
                 found.append((None, 'size'))
             if 'time' in self.search.planner.balances and not self.search.whole:
                 try:
-                    found.append((tuple(solve(self._per_block(), k * virtual)), 'time'))
+                    found.append((tuple(solve(self._per_block(), num_stages)), 'time'))
                 except BalanceError:
                     pass
             self._balances[key] = found
@@ -821,13 +826,12 @@ class Timings:
         virtual = schedules.kind(looped).virtual_default if looped else 0
         if two and looped and blocks >= 2 * virtual and search.batch % 4 == 0 and \
                 looped in planner.schedules:
-            probes['looped'] = Candidate(_spec(pool[:2]), 2, 1, 4, looped, virtual)
+            probes['looped'] = Candidate(_spec(pool[:2]), 2, 1, 4, looped)
         steppers, self._probes = {}, {}
         for name, candidate in probes.items():
             try:
                 pipe = search.pipeline(candidate)
-                made = schedules.make(candidate.schedule, pipe.plan.num_stages,
-                                      candidate.chunks, candidate.virtual)
+                made = pipe.run_schedule()
                 keys = self.stage_keys(pipe, search.batch // (candidate.chunks *
                                                               candidate.replicas))
                 steppers[name] = _module_stepper(search, pipe, candidate)
