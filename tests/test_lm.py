@@ -57,12 +57,13 @@ def _bound(pipe, arg_params, replicas=1):
     return mod
 
 
-def _one_step(devices, whole=False, chunks=1, replicas=1, init=None, shards=1):
+def _one_step(devices, whole=False, chunks=1, replicas=1, init=None, shards=1,
+              schedule='gpipe'):
     """Outputs and parameters after one SGD step of the tiny model on ``devices``."""
     X, y = _batch()
     pipe = mp_symbolic.Pipeline(_network(whole, shards), devices,
                                 sample=(BATCH, TINY.block_size), chunks=chunks,
-                                replicas=replicas)
+                                replicas=replicas, schedule=schedule)
     if init is None:
         init = loop.initial_values(pipe, seed=0)
     mod = _bound(pipe, init[0], replicas)
@@ -260,6 +261,20 @@ def test_split_equals_one_device_after_one_step(one_device, network, devices, ch
     assert pipe.plan.num_stages == len(devices.split(',')) // replicas
     np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
     assert sorted(params) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+
+
+@pytest.mark.parametrize('devices,chunks,shards', [('cpu:0,cpu:1', 4, 1),
+                                                    ('cpu:0+cpu:1,cpu:2+cpu:3', 2, 2)])
+def test_the_stage_runtime_under_1f1b_takes_one_devices_step_with_the_loss_head(
+        one_device, devices, chunks, shards):
+    """Each micro-batch's head bound alone on the last stage, its gradient
+    taken with no head gradient given (the head is a MakeLoss)."""
+    _, init, expected_out, expected = one_device
+    _, _, out, params = _one_step(devices, chunks=chunks, init=init, shards=shards,
+                                  schedule='1f1b')
+    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
     for name, value in expected.items():
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
 
