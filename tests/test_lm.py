@@ -199,6 +199,16 @@ def test_bench_profile_counts_each_ops_calls_a_training_step():
     assert "MXNet's profiler" in lines[1] and len(lines) == 3 + 3 + 1
 
 
+def test_bench_losses_times_the_step_of_each_head_against_the_first():
+    from bench.lm import losses  # pylint: disable=import-outside-toplevel
+    lines = []
+    result = losses(['softmax', 'log_softmax'], num_hiddens=8, steps=1, repeats=2, warmup=1,
+                    log=lines.append)
+    assert sorted(result) == ['log_softmax', 'softmax'] and result['softmax']['cpu_ratio'] == 1
+    assert all(row['cpu_ms'] > 0 and row['wall_ms'] > 0 for row in result.values())
+    assert [line.split()[0] for line in lines[2:]] == ['softmax', 'log_softmax']
+
+
 def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     """bench.lm_ops' candidates agree to float32 rounding; the project's Adam
     steps (updater.adam_step, updater.adam_contiguous) and one adam_update
