@@ -124,6 +124,17 @@ def _pixels():
     return X, y
 
 
+@pytest.mark.parametrize('loss', ['softmax', 'log_softmax'])
+def test_the_label_takes_the_predictions_type_and_shape_from_the_data_alone(loss):
+    """As SoftmaxOutput types its label, so the estimate and the command line,
+    which infer types from the data alone, see every array's type."""
+    symbol = make_head(loss, mx.sym.var('p'), mx.sym.var('y'))
+    arg_types, _, _ = symbol.infer_type(p='float32')
+    assert dict(zip(symbol.list_arguments(), arg_types)) == {'p': np.float32, 'y': np.float32}
+    arg_shapes, _, _ = symbol.infer_shape(p=(2, 3, 5))
+    assert dict(zip(symbol.list_arguments(), arg_shapes)) == {'p': (2, 3, 5), 'y': (2, 3)}
+
+
 def test_the_log_softmax_head_refuses_classes_on_axis_1_in_one_line():
     """'log_softmax' takes its classes on the last axis only (its MakeLoss
     sums each pixel's loss, where SoftmaxOutput's multi_output averages)."""

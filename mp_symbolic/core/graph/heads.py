@@ -64,11 +64,16 @@ def _log_softmax_head(prediction, label, name, axis=-1):
     forward pass is the probabilities and whose gradient reaches neither."""
     probabilities = mx.sym.BlockGrad(mx.sym.softmax(prediction, axis=axis, name=name + '_prob'),
                                      name=name + '_out')
-    # the labels as float32 class indices: pick needs their type, which a graph's
-    # inference by its data's type alone leaves unset
-    picked = mx.sym.pick(mx.sym.log_softmax(prediction, axis=axis, name=name + '_log'),
-                         mx.sym.Cast(label, dtype='float32', name=name + '_index'), axis=axis,
-                         name=name + '_pick')
+    # the labels as they are, typed and shaped like the prediction's first class (as
+    # SoftmaxOutput types them): pick needs its index's type, which inference from
+    # the data alone would otherwise leave unset
+    first = mx.sym.squeeze(mx.sym.slice_axis(prediction, axis=axis, begin=0, end=1,
+                                             name=name + '_first'), axis=axis,
+                           name=name + '_first_class')
+    index = mx.sym._internal._identity_with_attr_like_rhs(  # pylint: disable=protected-access
+        label, first, name=name + '_index')
+    picked = mx.sym.pick(mx.sym.log_softmax(prediction, axis=axis, name=name + '_log'), index,
+                         axis=axis, name=name + '_pick')
     loss = mx.sym.MakeLoss(picked, grad_scale=-1.0, name=name + '_loss')
     return mx.sym.slice_like(probabilities, loss, axes=(0,), name=name)
 
@@ -83,7 +88,7 @@ def _is_log_softmax_head(graph, node):
     prob, pick = graph.source(out.inputs[0]), graph.source(loss.inputs[0])
     return prob.op == 'softmax' and pick.op == 'pick' and len(pick.inputs) == 2 \
         and graph.source(pick.inputs[0]).op == 'log_softmax' \
-        and graph.source(pick.inputs[1]).op == 'Cast'
+        and graph.source(pick.inputs[1]).op == '_identity_with_attr_like_rhs'
 
 
 def _log_softmax_parts(graph, node):
@@ -233,14 +238,6 @@ def head_at(graph, node):
     if head is not None:
         return head
     return next((head for head in _BUILT if head.ends(graph, node)), None)
-
-
-def prediction_of(graph, node):
-    """``(prediction entry, label entry or None)`` of the head of
-    :func:`head_at` ending at ``node``."""
-    if _is_log_softmax_head(graph, node):
-        return _log_softmax_parts(graph, node)[:2]
-    return node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
 
 
 def labels_of(graph):
