@@ -21,7 +21,9 @@ N = 1, 2, 4, all in one process:
 ``--against GPT_PY`` instead times the one-device step of this GPT beside
 another ``gpt.py``'s in alternated rounds (:func:`against`), and with
 ``--profile N`` prints MXNet's profiler's top N ops of both
-(:func:`top_ops`).
+(:func:`top_ops`). ``--losses A,B`` times the one-device step of this GPT
+with each of those loss heads in alternated rounds, in CPU and wall time
+(:func:`losses`).
 
 Random token ids stand in for the corpus (the step's cost does not depend on
 which characters they are). On this machine the "devices" are ``cpu(i)``
@@ -34,12 +36,15 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import tempfile
+import time
 
 import mxnet as mx
 import numpy as np
 
 from mp_symbolic import Pipeline
+from mp_symbolic.core.graph.heads import HEADS
 from mp_symbolic.tools.memory import format_bytes, measure_memory
 from mp_symbolic.training.tasks import gpt, lm
 
@@ -118,10 +123,10 @@ def _pipe(cfg, shards, devices):
 class _Steps:
     """A bound Module stepping on one fixed batch (``run(n)`` for throughput)."""
 
-    def __init__(self, pipe, cfg, batch_size):
+    def __init__(self, pipe, cfg, batch_size, loss='softmax'):
         rng = np.random.RandomState(0)
         shape = (batch_size, cfg.block_size)
-        self.mod = pipe.module(loss='softmax')
+        self.mod = pipe.module(loss=loss)
         self.mod.bind([('data', shape)], [('softmax_label', shape)])
         self.mod.init_params(mx.init.Normal(0.02))
         self.mod.init_optimizer(kvstore=None, optimizer=OPTIMIZER[0],
@@ -304,6 +309,45 @@ def against(path, num_hiddens=64, batch_size=16, steps=10, repeats=15, warmup=5,
     return result
 
 
+def losses(names, num_hiddens=64, batch_size=16, steps=10, repeats=15, warmup=5, log=print):
+    """The one-device training step of this GPT with each loss head of
+    ``names`` (``heads.HEADS``' names), alternated in one process on the same
+    batch, the first head's turn first in even rounds and last in odd ones;
+    logs and returns ``{name: {'cpu_ms', 'wall_ms', 'cpu_ratio'}}``: the
+    median CPU and wall time a step over the rounds, and the median of each
+    round's CPU time over the first head's."""
+    cfg = gpt.GPTConfig(vocab_size=VOCAB_SIZE, block_size=64, num_layers=2, num_heads=4,
+                        num_hiddens=num_hiddens)
+    variants = {name: _Steps(Pipeline(gpt.build_blocks(cfg), 'cpu:0', sample=(1, 64)), cfg,
+                             batch_size, loss=name) for name in names}
+    cpu, wall = {name: [] for name in names}, {name: [] for name in names}
+    for variant in variants.values():
+        variant.run(warmup)
+    mx.nd.waitall()
+    for round_ in range(repeats):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            start, clock = time.process_time(), time.perf_counter()
+            variants[name].run(steps)
+            mx.nd.waitall()
+            cpu[name].append(1e3 * (time.process_time() - start) / steps)
+            wall[name].append(1e3 * (time.perf_counter() - clock) / steps)
+    first = names[0]
+    result = {name: {'cpu_ms': statistics.median(cpu[name]),
+                     'wall_ms': statistics.median(wall[name]),
+                     'cpu_ratio': statistics.median(
+                         [a / b for a, b in zip(cpu[name], cpu[first])])} for name in names}
+    log('one-device training step, width %d, batch %d, each loss head (median of %d '
+        'alternated rounds of %d steps; CPU time of every thread of the process):'
+        % (num_hiddens, batch_size, repeats, steps))
+    rows = [['loss', 'CPU ms a step', 'wall ms a step', 'CPU / %s\'s' % first]]
+    for name in names:
+        rows.append([name, '%.2f' % result[name]['cpu_ms'], '%.2f' % result[name]['wall_ms'],
+                     '%.3f' % result[name]['cpu_ratio']])
+    for line in columns(rows):
+        log('  ' + line)
+    return result
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog='python -m bench.lm',
@@ -317,11 +361,14 @@ def main(argv=None):
     parser.add_argument('--against', metavar='GPT_PY',
                         help="only the one-device step (the task's width 64 unless "
                              "--num-hiddens), alternated with the GPT of another gpt.py")
+    parser.add_argument('--losses', metavar='LOSS,LOSS',
+                        help="only the one-device step (the task's width 64 unless "
+                             "--num-hiddens) with each of these loss heads, alternated")
     parser.add_argument('--profile', type=int, default=0, metavar='N',
                         help="with --against: MXNet's profiler's top N ops of both graphs")
     args = parser.parse_args(argv)
     if args.num_hiddens is None:
-        args.num_hiddens = 64 if args.against else 256
+        args.num_hiddens = 64 if args.against or args.losses else 256
     if args.profile < 0 or (args.profile and not args.against):
         parser.error('--profile: expected a number of ops at least 1, with --against, found %d%s'
                      % (args.profile, '' if args.against else ' without --against'))
@@ -329,6 +376,13 @@ def main(argv=None):
         parser.error('--num-hiddens, --batch-size: expected a positive multiple of 4 (the '
                      'heads) and a positive integer, found %d, %d'
                      % (args.num_hiddens, args.batch_size))
+    if args.losses:
+        names = args.losses.split(',')
+        classes = [name for name, head in HEADS.items() if head.classes]
+        if len(names) < 2 or not set(names) <= set(classes):
+            parser.error('--losses: expected two or more of %s, comma-separated, found %r'
+                         % (', '.join(classes), args.losses))
+        return losses(names, num_hiddens=args.num_hiddens, batch_size=args.batch_size)
     if args.against:
         if not os.path.isfile(args.against):
             parser.error('--against: expected a gpt.py file, found %r' % args.against)

@@ -34,7 +34,9 @@ magnitude.
   forward and backward; its output is each position's loss, not the
   probabilities) and ``softmax out, log_softmax gradient`` (the
   probabilities of oneDNN's ``softmax`` as the output, the gradient that
-  one's); only the scores' gradient is compared.
+  one's) and the ``'log_softmax'`` head the language model trains with (the
+  same, joined by a ``slice_like``; ``heads.make_head``); only the scores'
+  gradient is compared.
 * Adam over the model's parameters at width C (``--task lm``'s 36, its
   learning rate and batch), against MXNet's ``Updater`` (one ``Adam.update``
   and ``adam_update`` a parameter): ``updater.adam_step`` (the same op, its
@@ -58,6 +60,7 @@ import math
 import mxnet as mx
 import numpy as np
 
+from mp_symbolic.core.graph.heads import make_head
 from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import gpt
 
@@ -186,6 +189,7 @@ LOSSES = {
     'log_softmax, pick, MakeLoss': lambda F, x, label: F.MakeLoss(
         -F.pick(F.log_softmax(x, axis=-1), label, axis=-1)),
     'softmax out, log_softmax gradient': _probabilities_out,
+    "the 'log_softmax' head": lambda F, x, label: make_head('log_softmax', x, label),
 }
 
 

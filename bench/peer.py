@@ -111,13 +111,14 @@ def _project(args, nodes=None, chunks=1):
     # pylint: disable=import-outside-toplevel
     import mxnet as mx
     from mp_symbolic import Pipeline
-    from mp_symbolic.training.tasks import gpt
+    from mp_symbolic.training.tasks import gpt, lm
     cfg = gpt.GPTConfig(num_layers=args.layers, num_hiddens=args.width, **LM)
     shape = (args.batch, cfg.block_size)
     devices = 'cpu:0' if nodes is None else 'cpu:0,cpu:1'
     options = {} if nodes is None else dict(chunks=chunks, schedule='1f1b', nodes=nodes)
     pipe = Pipeline(gpt.build_blocks(cfg), devices, sample=shape, **options)
-    mod = pipe.module(loss='softmax')
+    # the language model's head ('softmax' in a tree without lm.LOSS, a --project-env row's)
+    mod = pipe.module(loss=getattr(lm, 'LOSS', 'softmax'))
     mod.bind([('data', shape)], [('softmax_label', shape)])
     mx.random.seed(SEED)
     mod.init_params(initializer=gpt.INIT)

@@ -5,7 +5,8 @@ its ``ctx_group`` attributes describe.
 A training graph's outputs may end in one of MXNet's loss heads, which have
 no ONNX converter: ``LinearRegressionOutput`` (its forward pass is the
 identity), ``SoftmaxOutput`` (softmax) or ``LogisticRegressionOutput``
-(sigmoid). Each head is replaced by that form, built under the head's own
+(sigmoid), or the ops of the ``'log_softmax'`` head (softmax). Each head is
+replaced by that form, built under the head's own
 ``ctx_group``; every other op and variable keeps the attributes it was
 trained with, and every output stays an output, in order.
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from mp_symbolic.core.base.checks import excerpt
 from mp_symbolic.core.base.compat import error_line
-from mp_symbolic.core.graph.heads import INFERENCE_FORMS, inference_form
+from mp_symbolic.core.graph.heads import INFERENCE_FORMS, head_at, inference_of
 from mp_symbolic.core.graph.ir import PlacedGraph
 from mp_symbolic.core.graph.names import (DATA_NAME, DTYPE_ATTR, DYNAMIC_ATTR,
                                     LAYOUT_ATTR, SHAPE_ATTR, other_output_index, parse_group,
@@ -58,10 +59,11 @@ def input_names(symbol):
 
 def _inference_output(output):
     """One output of the training graph as the prediction it stands for."""
-    head = PlacedGraph.from_symbol(output).output_node(0)
-    if head.op in LOSS_HEADS:
+    graph = PlacedGraph.from_symbol(output)
+    head = graph.output_node(0)
+    if head_at(graph, head) is not None:
         with mx.AttrScope(ctx_group=head.group):
-            return inference_form(head.op, head.attrs, output.get_children()[0])
+            return inference_of(output)
     if head.op == 'BlockGrad':  # an output a loss on another one left without gradient
         return output.get_children()[0]
     if head.op in _TRAINING_ONLY:
@@ -85,7 +87,7 @@ def network_order(symbol):
     heads = [graph.output_node(i) for i in range(count)]
     others = [other_output_index(h.name) if h.op == 'BlockGrad' else None for h in heads[1:]]
     missing = sorted(set(range(count)) - set(o for o in others if o is not None))
-    if not others or None in others or heads[0].op not in LOSS_HEADS or len(missing) != 1 \
+    if not others or None in others or head_at(graph, heads[0]) is None or len(missing) != 1 \
             or sorted(others + missing) != list(range(count)):
         return list(range(count))
     order = [0] * count

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import cli_status
-from export.inference import LOSS_HEADS, inference_graph
+from export.inference import inference_graph
 from mp_symbolic import Pipeline, Task
-from mp_symbolic.core.graph.heads import (HEADS, LOSSES, class_axis, gluon_loss, make_head,
-                                    predict_form, with_head)
+from mp_symbolic.core.graph.heads import (HEADS, LOSSES, class_axis, gluon_loss, head_at,
+                                    labels_of, make_head, predict_form, with_head)
 from mp_symbolic.core.graph.ir import PlacedGraph
 from mp_symbolic.core.graph.names import other_output_name
 
@@ -55,10 +55,13 @@ def test_the_loss_head_pass_gives_the_graph_of_mxnets_composition_node_for_node(
 @pytest.mark.parametrize('loss', LOSSES)
 def test_every_site_reads_the_loss_heads_one_record(loss):
     head = HEADS[loss]
-    node = json.loads(make_head(loss, mx.sym.var('p'), mx.sym.var('y')).tojson())['nodes'][-1]
+    symbol = make_head(loss, mx.sym.var('p'), mx.sym.var('y'))
+    node = json.loads(symbol.tojson())['nodes'][-1]
     assert (node['op'], node['name']) == (head.op, head.node)
     assert isinstance(gluon_loss(loss), type(head.gluon_loss()))
-    assert head.op in LOSS_HEADS
+    graph = PlacedGraph.from_symbol(symbol)
+    assert head_at(graph, graph.output_node(0)) is head   # what read_head and the export find
+    assert labels_of(symbol) == {'y'}
     X = np.zeros((4, 3), np.float32)
     y = np.zeros((4,) if head.classes else (4, 3), np.float32)
     task = Task(name='t', blocks=[mx.gluon.nn.Dense(3)], loss=loss, train=(X, y), batch_size=2)
@@ -119,6 +122,30 @@ def _pixels():
     X = rng.normal(size=(n, 2, size, size)).astype(np.float32)
     y = rng.integers(0, SEGMENT['classes'], (n, size, size)).astype(np.float32)
     return X, y
+
+
+@pytest.mark.parametrize('loss', ['softmax', 'log_softmax'])
+def test_the_label_takes_the_predictions_type_and_shape_from_the_data_alone(loss):
+    """As SoftmaxOutput types its label, so the estimate and the command line,
+    which infer types from the data alone, see every array's type."""
+    symbol = make_head(loss, mx.sym.var('p'), mx.sym.var('y'))
+    arg_types, _, _ = symbol.infer_type(p='float32')
+    assert dict(zip(symbol.list_arguments(), arg_types)) == {'p': np.float32, 'y': np.float32}
+    arg_shapes, _, _ = symbol.infer_shape(p=(2, 3, 5))
+    assert dict(zip(symbol.list_arguments(), arg_shapes)) == {'p': (2, 3, 5), 'y': (2, 3)}
+
+
+def test_the_log_softmax_head_refuses_classes_on_axis_1_in_one_line():
+    """'log_softmax' takes its classes on the last axis only (its MakeLoss
+    sums each pixel's loss, where SoftmaxOutput's multi_output averages)."""
+    X, y = _pixels()
+    pipe = Pipeline(_segmenter('ls_'), 'cpu:0', sample=X.shape)
+    mod = pipe.module(loss='log_softmax')
+    with pytest.raises(ValueError) as err:
+        mod.bind([('data', X.shape)], [('softmax_label', y.shape)])
+    assert str(err.value) == (
+        "loss: expected classes on the last axis for 'log_softmax' (labels of the outputs' "
+        "shape without it), found labels that leave axis 1: use loss='softmax'")
 
 
 @pytest.mark.parametrize('schedule', ['gpipe', '1f1b'])
@@ -453,7 +480,6 @@ def test_a_normalised_head_takes_one_devices_step_or_is_refused_where_it_cannot(
 
 
 def test_the_labels_of_a_graph_are_what_its_loss_heads_read_second_and_nothing_else():
-    from mp_symbolic.core.graph.heads import labels_of  # pylint: disable=import-outside-toplevel
     data = mx.sym.var('data')
     out = mx.sym.FullyConnected(data, num_hidden=3, name='fc')
     heads = mx.sym.Group([mx.sym.SoftmaxOutput(out, name='softmax'),

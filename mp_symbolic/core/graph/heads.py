@@ -1,7 +1,8 @@
-"""Loss heads: their training form (MXNet's ``*Output`` ops), their Gluon
-twin, and the inference form an export replaces them with. Each is one
-:class:`Head` record in :data:`HEADS`; :func:`read_head` reads a record back
-off a graph. docs/how-it-works.md lists the heads and their class axes."""
+"""Loss heads: their training form (MXNet's ``*Output`` ops, or a few ops a
+head builds), their Gluon twin, and the inference form an export replaces
+them with. Each is one :class:`Head` record in :data:`HEADS`;
+:func:`read_head` reads a record back off a graph. docs/how-it-works.md lists
+the heads and their class axes."""
 from dataclasses import dataclass, field, replace
 
 import mxnet as mx
@@ -54,6 +55,50 @@ class PositionSummedSoftmaxCELoss(gluon.loss.Loss):
         return F.sum(F.reshape(nll, shape=(0, -1)), axis=1)
 
 
+def _log_softmax_head(prediction, label, name, axis=-1):
+    """The ``'log_softmax'`` head's training graph: its output is ``softmax``'s
+    probabilities (``BlockGrad``: no gradient through them), its gradient each
+    position's ``softmax - one_hot(label)`` through ``log_softmax``, ``pick``
+    and ``MakeLoss`` (``grad_scale`` -1: the picked log-probability's
+    gradient is -1), joined by a ``slice_like`` on the batch axis, whose
+    forward pass is the probabilities and whose gradient reaches neither."""
+    probabilities = mx.sym.BlockGrad(mx.sym.softmax(prediction, axis=axis, name=name + '_prob'),
+                                     name=name + '_out')
+    # the labels as they are, typed and shaped like the prediction's first class (as
+    # SoftmaxOutput types them): pick needs its index's type, which inference from
+    # the data alone would otherwise leave unset
+    first = mx.sym.squeeze(mx.sym.slice_axis(prediction, axis=axis, begin=0, end=1,
+                                             name=name + '_first'), axis=axis,
+                           name=name + '_first_class')
+    index = mx.sym._internal._identity_with_attr_like_rhs(  # pylint: disable=protected-access
+        label, first, name=name + '_index')
+    picked = mx.sym.pick(mx.sym.log_softmax(prediction, axis=axis, name=name + '_log'), index,
+                         axis=axis, name=name + '_pick')
+    loss = mx.sym.MakeLoss(picked, grad_scale=-1.0, name=name + '_loss')
+    return mx.sym.slice_like(probabilities, loss, axes=(0,), name=name)
+
+
+def _is_log_softmax_head(graph, node):
+    """Whether ``node`` of ``graph`` joins :func:`_log_softmax_head`'s ops."""
+    if node.op != 'slice_like' or len(node.inputs) != 2:
+        return False
+    out, loss = (graph.source(e) for e in node.inputs)
+    if out.op != 'BlockGrad' or loss.op != 'MakeLoss':
+        return False
+    prob, pick = graph.source(out.inputs[0]), graph.source(loss.inputs[0])
+    return prob.op == 'softmax' and pick.op == 'pick' and len(pick.inputs) == 2 \
+        and graph.source(pick.inputs[0]).op == 'log_softmax' \
+        and graph.source(pick.inputs[1]).op == '_identity_with_attr_like_rhs'
+
+
+def _log_softmax_parts(graph, node):
+    """``(prediction entry, label entry, class axis)`` of a
+    :func:`_log_softmax_head` joined at ``node``."""
+    prob = graph.source(graph.source(node.inputs[0]).inputs[0])
+    index = graph.source(graph.source(graph.source(node.inputs[1]).inputs[0]).inputs[1])
+    return prob.inputs[0], index.inputs[0], int(prob.attrs.get('axis', -1))
+
+
 def softmax_twin(axis=-1):
     """The Gluon twin of ``SoftmaxOutput`` on class axis ``axis``: -1 sums each
     position's loss; 1 (``multi_output``) averages them."""
@@ -81,6 +126,11 @@ class Head:
         op_args: Arguments of the op beyond data, label and name.
         axis: The class axis: -1 or 1; ``None``: every axis but the batch.
         ignore_label: A label value the loss skips, or ``None``.
+        build: ``None``: the head is the one ``op`` node. Else ``build(prediction,
+            label, name, axis) -> Symbol``, the head's ops, its output node an
+            ``op`` node named ``node``, found in a graph by ``made``.
+        made: ``(graph, node) -> bool``: whether a built head ends at ``node``.
+        axes: The class axes the head takes.
     """
     loss: str
     op: str
@@ -95,13 +145,30 @@ class Head:
     op_args: dict = field(default_factory=dict)
     axis: int = -1
     ignore_label: float = None
+    build: object = None
+    made: object = None
+    axes: tuple = (-1, 1)
 
     def on_axis(self, axis):
-        """This head with its classes on ``axis`` (-1 or 1)."""
+        """This head with its classes on ``axis`` (-1 or 1).
+
+        Raises:
+            ValueError: the head does not take classes on ``axis``.
+        """
         if not self.classes or axis == self.axis:
             return self
+        if axis not in self.axes:
+            raise ValueError("loss: expected classes on the last axis for %r (labels of the "
+                             "outputs' shape without it), found labels that leave axis %s: "
+                             "use loss='softmax'" % (self.loss, axis))
+        if self.build is not None:
+            return replace(self, axis=axis)
         return replace(self, axis=axis, op_args={'multi_output': True} if axis == 1
                        else {'preserve_shape': True})
+
+    def ends(self, graph, node):
+        """Whether this head's training form ends at ``node`` of ``graph``."""
+        return node.op == self.op and (self.made is None or self.made(graph, node))
 
     def mean_loss(self, output, label):
         """The batch's mean loss from the head's output, on its device."""
@@ -136,6 +203,13 @@ HEADS = {head.loss: head for head in (
     Head('logistic', 'LogisticRegressionOutput', 'logistic', 'sigmoid',
          'binary cross-entropy', 'binary accuracy', gluon.loss.SigmoidBinaryCrossEntropyLoss,
          _binary_cross_entropy, lambda output, axis: mx.nd.sigmoid(output)),
+    # 'softmax''s output, loss and gradient (to float32 rounding) on the last
+    # axis, its gradient through oneDNN's log_softmax where SoftmaxOutput runs
+    # MXNet's generic softmax in training (docs/lm.md measures both)
+    Head('log_softmax', 'slice_like', 'softmax', 'softmax', 'cross-entropy', 'acc',
+         softmax_twin, _cross_entropy,
+         lambda output, axis: mx.nd.softmax(output, axis=axis), classes=True,
+         build=_log_softmax_head, made=_is_log_softmax_head, axes=(-1,)),
 )}
 LOSSES = tuple(HEADS)
 # MXNet's own head, not made here (no loss name), read back off a graph and exported.
@@ -143,8 +217,10 @@ _MAE = Head('mae', 'MAERegressionOutput', 'mae', 'identity', 'batch MAE', 'mae',
             gluon.loss.L1Loss, _mean_absolute)
 # Node name of each head; 'softmax' makes MXNet's default label name 'softmax_label'.
 HEAD_NAMES = {name: head.node for name, head in HEADS.items()}
-# Training head op -> its record, and what its forward pass computes at inference.
-_BY_OP = {head.op: head for head in list(HEADS.values()) + [_MAE]}
+# Training head op -> its record, and what its forward pass computes at inference
+# (the heads of one op; a built head is found by its record's ``made``).
+_BY_OP = {head.op: head for head in list(HEADS.values()) + [_MAE] if head.build is None}
+_BUILT = tuple(head for head in HEADS.values() if head.build is not None)
 INFERENCE_FORMS = {op: head.inference for op, head in _BY_OP.items()}
 # Heads whose gradient MXNet divides by the label's size over its axis 0.
 BATCH_SCALED_OPS = ('LinearRegressionOutput', 'LogisticRegressionOutput', 'MAERegressionOutput')
@@ -155,12 +231,23 @@ BATCH_SCALED_OPS = ('LinearRegressionOutput', 'LogisticRegressionOutput', 'MAERe
 LABELLED_OPS = tuple(_BY_OP) + ('SVMOutput',)
 
 
+def head_at(graph, node):
+    """The :class:`Head` whose training form ends at ``node`` of ``graph`` (a
+    ``PlacedGraph``), or ``None``."""
+    head = _BY_OP.get(node.op)
+    if head is not None:
+        return head
+    return next((head for head in _BUILT if head.ends(graph, node)), None)
+
+
 def labels_of(graph):
     """The names of the variables ``graph`` (Symbol, JSON or ``PlacedGraph``)
     feeds its loss heads as labels."""
     graph = as_placed(graph)
     return {graph.source(node.inputs[1]).name for node in graph.ops
-            if node.op in LABELLED_OPS and len(node.inputs) > 1}
+            if node.op in LABELLED_OPS and len(node.inputs) > 1} | {
+                graph.source(_log_softmax_parts(graph, node)[1]).name for node in graph.ops
+                if _is_log_softmax_head(graph, node)}
 
 
 def head_of(loss):
@@ -207,6 +294,8 @@ def make_head(loss, prediction, label):
     if head is None:
         raise ValueError('loss: expected %s or a callable (prediction, label) -> Symbol, '
                          'found %r' % (', '.join(repr(l) for l in LOSSES), loss))
+    if head.build is not None:
+        return head.build(prediction, label, head.node, head.axis)
     return getattr(mx.sym, head.op)(data=prediction, label=label, name=head.node,
                                     **head.op_args)
 
@@ -280,7 +369,15 @@ def with_head(prediction, loss, label_name, output=None, group=None, shares=1, b
     if named and record is None:
         raise ValueError('loss: expected %s or a callable (prediction, label) -> Symbol, '
                          'found %r' % (', '.join(repr(l) for l in LOSSES), loss))
-    if record is not None:  # the head's nodes made here: no Symbol to read
+    if record is not None and record.build is not None:  # a built head: its Symbol, read once
+        with mx.AttrScope(**({GROUP_KEY: group} if group is not None else {})):
+            outputs = [mx.sym.var(prediction_name(k)) for k in range(count)]
+            symbols = [make_head(record, outputs[output or 0], mx.sym.var(label_name))] + [
+                mx.sym.BlockGrad(outputs[k], name=other_output_name(k))
+                for k in range(count) if k != (output or 0)]
+        graph = PlacedGraph.from_symbol(symbols[0] if count == 1 else mx.sym.Group(symbols),
+                                        (label_name,))
+    elif record is not None:  # the head's nodes made here: no Symbol to read
         heads = [(count + 1, 0, 0)]
         nodes = [make_node(k, prediction_name(k), 'null', group=group) for k in range(count)]
         nodes.append(make_node(count, label_name, 'null', group=group, role='input'))
@@ -307,10 +404,13 @@ def read_head(symbol):
     """The :class:`Head` the first output of a training graph ends in, read off
     its op and attributes (class axis and ignored label included), or ``None``
     where it is no known head."""
-    node = as_placed(symbol).output_node(0)
-    head = _BY_OP.get(node.op)
+    graph = as_placed(symbol)
+    node = graph.output_node(0)
+    head = head_at(graph, node)
     if head is None or not head.classes:
         return head
+    if head.build is not None:
+        return head.on_axis(_log_softmax_parts(graph, node)[2])
     attrs = node.attrs
 
     def flag(name):
@@ -348,6 +448,22 @@ def inference_form(head_op, head_attrs, prediction):
         multi = str(head_attrs.get('multi_output', 'False')).lower() in ('true', '1')
         return mx.sym.softmax(prediction, axis=1 if multi else -1, name='softmax_out')
     return None
+
+
+def inference_of(output):
+    """``output`` (a Symbol of one output of a training graph) through the
+    inference form of the loss head it ends in, or ``None`` where it ends in
+    no known head."""
+    graph = as_placed(output)
+    node = graph.output_node(0)
+    head = head_at(graph, node)
+    if head is None:
+        return None
+    if head.build is None:
+        return inference_form(node.op, node.attrs, output.get_children()[0])
+    probabilities = output.get_children()[0].get_children()[0]   # BlockGrad(softmax)
+    return mx.sym.softmax(probabilities.get_children()[0], axis=_log_softmax_parts(graph, node)[2],
+                          name='softmax_out')
 
 
 def predict_form(loss, output):

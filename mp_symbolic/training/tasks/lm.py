@@ -33,6 +33,9 @@ MAX_LAYERS = 128
 MAX_HIDDENS = 4096
 _K_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 _EVAL_WINDOWS = 256    # windows per predict() call in evaluate
+# The loss head: 'softmax''s probabilities and gradient, the gradient through
+# oneDNN's log_softmax (MXNet's SoftmaxOutput runs a generic softmax in training)
+LOSS = 'log_softmax'
 
 
 def corpus_files(stdlib=None):
@@ -312,7 +315,7 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
     build = gpt.build_network if whole else gpt.build_blocks
     layers = sharded_layers(shards)
     return mp_symbolic.Task(
-        name='lm', blocks=lambda: build(cfg, layers), loss='softmax', train=train, val=val,
+        name='lm', blocks=lambda: build(cfg, layers), loss=LOSS, train=train, val=val,
         batch_size=16, num_epochs=2, optimizer='adam', lr=3e-3,
         evaluate=make_evaluate(vocab, baseline, ngram_order, k),
         description='a character-level GPT (%d blocks, width %d, %d heads, context %d%s) on '
