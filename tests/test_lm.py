@@ -353,7 +353,8 @@ def test_a_schedule_out_of_range_is_refused_in_one_line(tmp_path, capsys, arg, m
 
 
 def test_learning_rate_rises_over_the_warmup_and_ends_at_lr_end_at_the_runs_last_step():
-    from mp_symbolic.training.symbolic import create_optimizer  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.symbolic import create_optimizer
     task = lm.task(**dict(SHORT_RUN, warmup=0.25, lr_end=0.1))
     cfg = TrainConfig(task='lm', num_epochs=2, batch_size=16, lr=0.01).with_task(task)
     steps = 2 * ((SHORT_RUN['train_chars'] // SHORT_RUN['block_size']) // 16)   # 2 x 128

@@ -328,7 +328,7 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
             and where it ends as a fraction of ``--lr``.
 
     Raises:
-        ValueError: a size that cannot work (names the argument).
+        ValueError: a size or schedule that cannot work (names the argument).
     """
     for name, value, most in (('num_layers', num_layers, MAX_LAYERS),
                               ('num_hiddens', num_hiddens, MAX_HIDDENS)):
