@@ -4,6 +4,7 @@ over the blocks or over its graph, micro-batches, replicas) computes what one
 device computes, a checkpoint resumes onto another plan, and its export runs
 in onnxruntime at any batch size and sequence length with the trained
 numbers."""
+import dataclasses
 import json
 import re
 import subprocess
@@ -375,12 +376,80 @@ def test_a_model_too_large_is_refused_in_one_line_before_any_work(tmp_path, caps
     assert not (tmp_path / 'out').exists()
 
 
+@pytest.mark.parametrize('arg, message', [
+    ('warmup=1', '--task-arg warmup: expected a number from 0 to 1 (1 excluded), found 1'),
+    ('lr_end=-0.5', '--task-arg lr_end: expected a number from 0 to 1, found -0.5'),
+], ids=['warmup', 'lr_end'])
+def test_a_schedule_out_of_range_is_refused_in_one_line(tmp_path, capsys, arg, message):
+    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    capsys.readouterr()
+    status = cli_status(cli.main, ['train', '--task', 'lm', '--task-arg', arg, '--out',
+                                   str(tmp_path / 'out'), '--no-progress', '--no-memory'])
+    assert status == 2
+    assert capsys.readouterr().err == 'error: %s\n' % message
+    assert not (tmp_path / 'out').exists()
+
+
+def test_learning_rate_rises_over_the_warmup_and_ends_at_lr_end_at_the_runs_last_step():
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.symbolic import create_optimizer
+    task = lm.task(**dict(SHORT_RUN, warmup=0.25, lr_end=0.1))
+    cfg = TrainConfig(task='lm', num_epochs=2, batch_size=16, lr=0.01).with_task(task)
+    steps = 2 * ((SHORT_RUN['train_chars'] // SHORT_RUN['block_size']) // 16)   # 2 x 128
+    schedule = create_optimizer(cfg, task=task).lr_scheduler
+    assert schedule.max_update == steps and schedule.warmup_steps == steps // 4
+    assert schedule(steps // 8) == pytest.approx(0.005)          # half way up
+    assert schedule(steps // 4) == pytest.approx(0.01)           # the top
+    assert 0.001 < schedule(steps - 1) < schedule(steps // 2) < 0.01
+    assert schedule(steps) == pytest.approx(0.001)               # lr_end x lr
+    assert lm.task(**dict(SHORT_RUN, warmup=0, lr_end=1)).lr_schedule is None   # lr held
+
+
+class _Counted(mx.lr_scheduler.LRScheduler):
+    """The learning rate held, each update the optimizer asked it for noted."""
+
+    def __init__(self, base_lr, steps):
+        super().__init__(base_lr)
+        self.steps, self.asked = steps, set()
+
+    def __call__(self, num_update):
+        self.asked.add(num_update)
+        return self.base_lr
+
+
+@pytest.mark.parametrize('variant,api', [('symbolic', 'module'), ('symbolic', 'executor'),
+                                         ('imperative', 'module')])
+def test_every_variant_updates_at_the_learning_rate_of_the_tasks_schedule(variant, api):
+    made = []
+
+    def schedule(lr, steps):
+        made.append(_Counted(lr, steps))
+        return made[-1]
+
+    cfg = TrainConfig(task='lm', task_args=tuple(dict(SHORT_RUN, train_chars=4096).items()),
+                      devices='cpu:0,cpu:1', num_epochs=2, variant=variant, api=api,
+                      progress=False, batch_size=16, lr=0.01, out=None)
+    task, cfg = loop.load(cfg)
+    task = dataclasses.replace(task, lr_schedule=schedule)
+    pipe, _ = loop.build_pipeline(cfg, task)
+    stepper = loop.make_stepper(cfg, pipe, task, loop.initial_values(pipe, cfg.seed),
+                                task.label_shape, None)
+    loop.fit(stepper, *task.data()[:2], cfg, log=lambda line: None)
+    assert len(made) == 1 and made[0].steps == 2 * (4096 // 32 // 16)   # 2 epochs of 8 steps
+    assert made[0].asked >= set(range(1, made[0].steps + 1))
+
+
 def _train(out, devices, num_epochs, resume=None, **task_args):
     args = dict(SHORT_RUN, **task_args)
     cfg = TrainConfig(task='lm', task_args=tuple(args.items()), devices=devices,
                       num_epochs=num_epochs, out=None if resume else str(out), resume=resume,
-                      progress=False, batch_size=16, lr=0.01)
+                      progress=False, batch_size=16, lr=0.01, checkpoint_every=1)
     return loop.train(cfg, log=lambda line: None)
+
+
+class _Stopped(Exception):
+    """Ends a run after its first epoch's checkpoint."""
 
 
 @pytest.fixture(scope='module')
@@ -396,10 +465,25 @@ def test_short_run_learns_from_the_context(short_run):
     assert len(result.metrics['vocabulary']) > 90
 
 
-def test_resume_onto_another_plan_equals_an_uninterrupted_run(short_run, tmp_path):
+def test_resume_onto_another_plan_equals_an_uninterrupted_run(short_run, tmp_path,
+                                                               monkeypatch):
+    """A 2-epoch run on three stages, stopped after its first epoch's
+    checkpoint, resumed on one device: the learning rate's schedule over the
+    two epochs goes on from the checkpoint's update count."""
     _, straight = short_run
     first = tmp_path / 'resumed'
-    _train(first, 'cpu:0,cpu:1,cpu:2', 1)
+    fit = loop.fit
+
+    def stopped(*args):
+        def on_epoch(epoch, loss):
+            args[-1](epoch, loss)
+            raise _Stopped
+        return fit(*args[:-1], on_epoch)
+
+    monkeypatch.setattr(loop, 'fit', stopped)
+    with pytest.raises(_Stopped):
+        _train(first, 'cpu:0,cpu:1,cpu:2', 2)
+    monkeypatch.setattr(loop, 'fit', fit)
     resumed = _train(None, 'cpu:0', 2, resume=str(first))
     for name, value in straight.params.items():
         np.testing.assert_allclose(resumed.params[name], value, rtol=1e-4, atol=1e-5,

@@ -217,7 +217,9 @@ def _iterators():
      'evaluate takes arrays)'),
     (dict(input_shape=(8,)), "input_shape: expected None with a bucketed DataIter (its "
      "provide_data gives the default bucket's shapes)"),
-], ids=['val', 'evaluate', 'input_shape'])
+    (dict(lr_schedule=lambda lr, steps: None), 'lr_schedule: expected None with a bucketed '
+     'DataIter (its batches are not counted before they come)'),
+], ids=['val', 'evaluate', 'input_shape', 'lr_schedule'])
 def test_a_bucketed_task_refuses_fields_that_need_arrays_naming_them(fields, line):
     batches, mp_symbolic = _iterators()
     with pytest.raises(mp_symbolic.TaskError) as raised:

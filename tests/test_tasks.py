@@ -390,3 +390,14 @@ def test_help_answers_without_loading_mxnet():
     result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True,
                             text=True, timeout=60, env=dict(os.environ))
     assert result.stdout.strip().splitlines()[-1] == 'False', result.stdout + result.stderr
+
+
+def test_a_task_refuses_an_lr_schedule_it_cannot_call():
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from mxnet.gluon import nn  # pylint: disable=import-outside-toplevel
+    from mp_symbolic import Task, TaskError  # pylint: disable=import-outside-toplevel
+    X, y = np.zeros((4, 2), np.float32), np.zeros(4, np.float32)
+    with pytest.raises(TaskError) as raised:
+        Task(name='t', blocks=[nn.Dense(1)], train=(X, y), loss='l2', lr_schedule=0.1)
+    assert str(raised.value).startswith('lr_schedule: expected None or a callable (lr, steps) '
+                                        '-> mx.lr_scheduler.LRScheduler, found ')

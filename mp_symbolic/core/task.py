@@ -104,11 +104,17 @@ class Task:
             variant, ``artifacts/{name}-{variant}`` for others.
         max_data_bytes: The most ``train`` and ``val`` may each hold as
             float32; a DataIter is read no further.
+        lr_schedule: ``None`` (the learning rate stays the run's ``lr``) or
+            a callable ``lr_schedule(lr, steps)`` returning the
+            ``mx.lr_scheduler.LRScheduler`` of a run of ``steps`` updates
+            from the run's ``lr`` (``steps``: its epochs times the batches of
+            one); not with a bucketed DataIter (its batches are not counted
+            before they come).
 
     Raises:
         TaskError: a field of the wrong kind or out of range; with a bucketed
-            ``train``, a ``val`` that is not one, an ``evaluate`` or an
-            ``input_shape``.
+            ``train``, a ``val`` that is not one, an ``evaluate``, an
+            ``input_shape`` or an ``lr_schedule``.
     """
     name: str
     blocks: object
@@ -127,6 +133,7 @@ class Task:
     evaluate: object = None
     out_dir: str = None
     max_data_bytes: int = MAX_DATA_BYTES
+    lr_schedule: object = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
@@ -164,6 +171,8 @@ class Task:
             bad('label_name', 'a string')
         if self.evaluate is not None and not callable(self.evaluate):
             bad('evaluate', 'None or a callable (params, predict, data) -> Report')
+        if self.lr_schedule is not None and not callable(self.lr_schedule):
+            bad('lr_schedule', 'None or a callable (lr, steps) -> mx.lr_scheduler.LRScheduler')
         if self.out_dir is not None and not isinstance(self.out_dir, str):
             bad('out_dir', 'None or a folder path')
         if not isinstance(self.description, str):
@@ -179,6 +188,9 @@ class Task:
             if self.input_shape is not None:
                 bad('input_shape', "None with a bucketed DataIter (its provide_data gives the "
                     "default bucket's shapes)")
+            if self.lr_schedule is not None:
+                bad('lr_schedule', 'None with a bucketed DataIter (its batches are not counted '
+                    'before they come)')
 
     # -- what the training loop reads --------------------------------------
 

@@ -37,7 +37,8 @@ class ImperativeStepper:
         pipe.set_params(*init)
         self._arg_names = list(init[0])
         self._aux_names = list(init[1])
-        self.trainer = Trainer(pipe.collect_params(), create_optimizer(cfg, rescale_grad=1.0))
+        self.trainer = Trainer(pipe.collect_params(),
+                               create_optimizer(cfg, rescale_grad=1.0, task=task))
         self._loss_fn = gluon_loss(task.graph_loss)
 
     def batches(self, X, y, epoch):

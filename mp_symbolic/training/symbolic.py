@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import mxnet as mx
 import numpy as np
 
-from .data import padded_batches, staged_batches
+from .data import padded_batches, staged_batches, steps_per_epoch
 from ..core.optim.updater import PerDeviceUpdater
 from ..core.optim.optstate import drop_states, set_states_by_name, states_by_name
 from ..core.task import as_inputs
@@ -33,10 +33,16 @@ from ..core.engine import runtime
 __all__ = []
 
 
-def create_optimizer(cfg, rescale_grad=None):
-    """``cfg``'s optimizer; gradients averaged over the global batch by default."""
+def create_optimizer(cfg, rescale_grad=None, task=None):
+    """``cfg``'s optimizer; gradients averaged over the global batch by default.
+    With ``task`` given, its learning rate follows the task's ``lr_schedule``
+    over the run's ``num_epochs`` epochs of ``batch_size`` batches."""
     rescale = 1.0 / cfg.batch_size if rescale_grad is None else rescale_grad
-    return mx.optimizer.create(cfg.optimizer, rescale_grad=rescale, **cfg.optimizer_params())
+    params = cfg.optimizer_params()
+    if task is not None and task.lr_schedule is not None:
+        steps = cfg.num_epochs * steps_per_epoch(len(task.data().y), cfg.batch_size)
+        params['lr_scheduler'] = task.lr_schedule(cfg.lr, steps)
+    return mx.optimizer.create(cfg.optimizer, rescale_grad=rescale, **params)
 
 
 def _float32(values):
@@ -239,7 +245,7 @@ class ModuleStepper(_SymbolicStepper):
         # NDArray copy of the whole model is made on the way
         self.module.init_params(arg_params=_float32(arg_params), aux_params=_float32(aux_params),
                                 allow_missing=False)
-        self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg))
+        self.module.init_optimizer(kvstore=kvstore, optimizer=create_optimizer(cfg, task=task))
         self._local = local
         nodes = pipe.nodes
         self._group = control(nodes, 'share the losses', self.plan.node_of_stage)
@@ -389,7 +395,7 @@ class ExecutorStepper(_SymbolicStepper):
         for name, value in aux_params.items():
             aux_dict[name][:] = value
         self._batch = cfg.batch_size
-        self._optimizer = create_optimizer(cfg)
+        self._optimizer = create_optimizer(cfg, task=task)
         self._updater = PerDeviceUpdater(mx.optimizer.get_updater(self._optimizer))
         self._names = self.param_names
         # constants and frozen layers (grad_req 'null') get no gradient and no update

@@ -48,15 +48,17 @@ def adam_step(updater, indices, grads, weights):
     ``Adam.update``'s arguments (MXNet 1.9.1's Adam has no multi-tensor form
     of the same rounding).
 
+    With a learning-rate schedule, each parameter's rate is the schedule's
+    at the count the step reaches, as ``Adam.update`` asks it.
+
     Returns:
         True where it updated them; False, having done nothing, where the
         updater is to run the call itself: an optimizer not exactly
-        ``mx.optimizer.Adam`` or with a learning-rate schedule, an index with no
-        state yet or one to move to its device, or an array not a dense float32
-        ``NDArray``.
+        ``mx.optimizer.Adam``, an index with no state yet or one to move to
+        its device, or an array not a dense float32 ``NDArray``.
     """
     opt = getattr(updater, 'optimizer', None)
-    if type(opt) is not mx.optimizer.Adam or opt.lr_scheduler is not None or not indices:
+    if type(opt) is not mx.optimizer.Adam or not indices:
         return False
     states, synced = updater.states, updater.states_synced
     for index, grad, weight in zip(indices, grads, weights):

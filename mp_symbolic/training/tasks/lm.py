@@ -16,6 +16,7 @@ import math
 import os
 import sysconfig
 
+import mxnet as mx
 import numpy as np
 
 import mp_symbolic
@@ -36,6 +37,12 @@ _EVAL_WINDOWS = 256    # windows per predict() call in evaluate
 # The loss head: 'softmax''s probabilities and gradient, the gradient through
 # oneDNN's log_softmax (MXNet's SoftmaxOutput runs a generic softmax in training)
 LOSS = 'log_softmax'
+# The training recipe's defaults (docs/lm.md, "The recipe"): each measured
+# against the others at the same training-loop time.
+BATCH_SIZE = 16
+LR = 6e-3
+WARMUP = 0.02
+LR_END = 0.1
 
 
 def corpus_files(stdlib=None):
@@ -242,6 +249,31 @@ def make_evaluate(vocab, baseline, order, k):
     return evaluate
 
 
+def lr_schedule(warmup, lr_end):
+    """The task's ``lr_schedule``: over a run of ``steps`` updates from
+    ``lr``, a linear rise from 0 over the first ``warmup`` of the steps, then
+    half a cosine down to ``lr_end`` times ``lr`` at the last step (MXNet's
+    ``CosineScheduler``); ``None`` (``lr`` throughout) for ``warmup=0`` and
+    ``lr_end=1``.
+
+    Raises:
+        ValueError: ``warmup`` not in [0, 1) or ``lr_end`` not in [0, 1]
+            (names the argument).
+    """
+    for name, value, most, closed in (('warmup', warmup, 1, False), ('lr_end', lr_end, 1, True)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                not (0 <= value <= most if closed else 0 <= value < most):
+            raise ValueError('%s: expected a number from 0 to 1%s, found %r'
+                             % (name, '' if closed else ' (1 excluded)', value))
+    if warmup == 0 and lr_end == 1:
+        return None
+
+    def schedule(lr, steps):
+        return mx.lr_scheduler.CosineScheduler(steps, base_lr=lr, final_lr=lr * lr_end,
+                                               warmup_steps=int(warmup * steps))
+    return schedule
+
+
 @functools.lru_cache(maxsize=4)
 def prepare(block_size, train_chars, val_chars, ngram_order, stdlib=None):
     """The data of a task (cached: tests build several tasks in a process).
@@ -273,7 +305,7 @@ def prepare(block_size, train_chars, val_chars, ngram_order, stdlib=None):
 
 
 def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1 << 22,
-         val_chars=1 << 17, ngram_order=4, whole=False, shards=1):
+         val_chars=1 << 17, ngram_order=4, whole=False, shards=1, warmup=WARMUP, lr_end=LR_END):
     """The character-level GPT on the standard library as a
     :class:`~mp_symbolic.Task`.
 
@@ -294,9 +326,12 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
             devices holds 1/``shards`` of each; 1 builds Gluon's layers. The
             parameters keep the unsplit names and shapes wherever they are
             seen (checkpoints load across shard counts).
+        warmup, lr_end: The learning rate's schedule over the run
+            (:func:`lr_schedule`): the fraction of the steps it rises over,
+            and where it ends as a fraction of ``--lr``.
 
     Raises:
-        ValueError: a size that cannot work (names the argument).
+        ValueError: a size or schedule that cannot work (names the argument).
     """
     for name, value, most in (('num_layers', num_layers, MAX_LAYERS),
                               ('num_hiddens', num_hiddens, MAX_HIDDENS)):
@@ -307,6 +342,7 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
     if isinstance(num_heads, int) and num_heads % shards:
         raise ValueError('shards: expected a divisor of num_heads (%d), found %d'
                          % (num_heads, shards))
+    schedule = lr_schedule(warmup, lr_end)
     vocab, train, val, baseline, k = prepare(block_size, train_chars, val_chars, ngram_order)
     cfg = gpt.GPTConfig(vocab_size=len(vocab), block_size=block_size, num_layers=num_layers,
                         num_heads=num_heads, num_hiddens=num_hiddens)
@@ -316,7 +352,7 @@ def task(num_layers=2, num_heads=4, num_hiddens=64, block_size=64, train_chars=1
     layers = sharded_layers(shards)
     return mp_symbolic.Task(
         name='lm', blocks=lambda: build(cfg, layers), loss=LOSS, train=train, val=val,
-        batch_size=16, num_epochs=2, optimizer='adam', lr=3e-3,
+        batch_size=BATCH_SIZE, num_epochs=2, optimizer='adam', lr=LR, lr_schedule=schedule,
         evaluate=make_evaluate(vocab, baseline, ngram_order, k),
         description='a character-level GPT (%d blocks, width %d, %d heads, context %d%s) on '
                     'the Python standard library\'s %d modules' % (
