@@ -4,6 +4,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from mp_symbolic.core.base import compat
 from mp_symbolic.core.base.compat import updates_by_device
 from mp_symbolic.core.optim.updater import Contiguous, PerDeviceUpdater, adam_step
 
@@ -250,3 +251,98 @@ def test_weights_a_onednn_op_may_lay_out_anew_are_not_views():
     shapes['big_weight'] = (1024, 1024)   # what a wider input would make it
     names = [n for n in h.list_arguments() if n != 'data']
     assert contiguous_names(h, names, shapes, types) == ['big_bias', 'fc_weight', 'fc_bias']
+
+
+def _passes_on_views(symbol, data_shapes, views, train, req):
+    """Three passes of ``symbol`` bound on cpu(0) (a backward after each in
+    training, gradients asked for by ``req``), its parameters arrays of
+    their own or views of one :class:`Contiguous` with a sentinel of 16
+    values before, between and after them: ``(outputs, gradients, weights,
+    the sentinels' weight and gradient values)``."""
+    rng = np.random.default_rng(0)
+    shapes = dict(zip(symbol.list_arguments(), symbol.infer_shape(**data_shapes)[0]))
+    aux = [mx.nd.array(rng.uniform(0.5, 1.5, size=s))
+           for s in symbol.infer_shape(**data_shapes)[2]]
+    params = [n for n in symbol.list_arguments() if n not in data_shapes]
+    values = {n: rng.normal(size=shapes[n]).astype(np.float32) for n in shapes}
+    if views:
+        names = ['sentinel'] + [n for p in params for n in (p, 'sentinel')]
+        flat = Contiguous(names, [shapes.get(n, (16,)) for n in names], mx.cpu(0), 'float32')
+        flat.weight[:] = 7
+        flat.grad[:] = 9
+        args, grads = dict(zip(names, flat.weights)), dict(zip(names, flat.grads))
+    else:
+        args = {n: mx.nd.zeros(shapes[n]) for n in params}
+        grads = {n: mx.nd.zeros(shapes[n]) for n in params}
+    for name in params:
+        args[name][:] = values[name]
+        grads[name][:] = 0.25
+    args.update({name: mx.nd.array(values[name]) for name in data_shapes})
+    exe = symbol.bind(mx.cpu(0), {n: args[n] for n in shapes},
+                      args_grad={n: grads[n] for n in params}, grad_req=req, aux_states=aux)
+    outputs = []
+    for _ in range(3):
+        outputs += [o.asnumpy() for o in exe.forward(is_train=train)]
+        if train:
+            exe.backward([mx.nd.ones_like(o) for o in exe.outputs])
+    sentinels = [a.asnumpy() for k, a in enumerate(flat.weights + flat.grads)
+                 if names[k % len(names)] == 'sentinel'] if views else []
+    return (outputs, [grads[n].asnumpy() for n in params], [args[n].asnumpy() for n in params],
+            sentinels)
+
+
+def _rnn():
+    """A two-layer bidirectional LSTM over (7, 3, 5): 2 x 4 x 6 x (5 + 6 + 2)
+    and 2 x 4 x 6 x (12 + 6 + 2) parameters in one array."""
+    x = mx.sym.var('data')
+    return mx.sym.RNN(x, mx.sym.var('rnn_parameters', shape=(2 * 4 * 6 * 13 + 2 * 4 * 6 * 20,)),
+                      mx.sym.var('rnn_state', shape=(4, 3, 6)),
+                      mx.sym.var('rnn_cell', shape=(4, 3, 6)),
+                      state_size=6, num_layers=2, mode='lstm', bidirectional=True, name='rnn')
+
+
+VIEW_OPS = [  # the ops whose parameters the bundled networks hold as views
+    ('FullyConnected', lambda x: mx.sym.FullyConnected(x, num_hidden=16, name='fc'), (4, 3, 8)),
+    ('FullyConnected, not flattened',
+     lambda x: mx.sym.FullyConnected(x, num_hidden=16, flatten=False, name='fc'), (4, 3, 8)),
+    ('BatchNorm', lambda x: mx.sym.BatchNorm(x, fix_gamma=False, name='bn'), (4, 8, 5, 5)),
+    ('BatchNorm, fixed gamma', lambda x: mx.sym.BatchNorm(x, name='bn'), (4, 8)),
+    ('LayerNorm', lambda x: mx.sym.LayerNorm(x, name='ln'), (4, 8)),
+    ('Embedding', lambda x: mx.sym.Embedding(x, input_dim=10, output_dim=6, name='emb'), (4, 3)),
+    ('RNN', lambda x: _rnn(), (7, 3, 5)),
+]
+
+
+@pytest.mark.parametrize('make, shape', [op[1:] for op in VIEW_OPS],
+                         ids=[op[0] for op in VIEW_OPS])
+@pytest.mark.parametrize('train, req', [(True, 'write'), (True, 'add'), (False, 'write')],
+                         ids=['training', 'training, gradients added', 'inference'])
+def test_parameters_as_views_compute_as_their_own_arrays_and_leave_their_neighbours_alone(
+        make, shape, train, req):
+    """The ops whose parameters can be views of one array (none of
+    runtime.RELAYOUT_OPS), in training and inference: outputs, gradients and
+    weights bit for bit those of arrays of their own, and no value of the
+    array outside the views they read or write changed."""
+    symbol = make(mx.sym.var('data'))
+    data = {'data': shape}
+    own, views = (_passes_on_views(symbol, data, v, train, req) for v in (False, True))
+    for a, b in zip(own[:3], views[:3]):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    half = len(views[3]) // 2
+    assert all((s == 7).all() for s in views[3][:half]) and \
+        all((s == 9).all() for s in views[3][half:])
+
+
+def test_a_convolution_at_inference_lays_a_weight_view_out_anew_over_its_neighbours():
+    """Why runtime.RELAYOUT_OPS keeps a convolution's inputs out of views:
+    at inference oneDNN reorders the weight's array in place to its blocked
+    layout, from the start of the whole array, so the values next to a
+    weight view change and the outputs differ from the weight's own array."""
+    if not compat.onednn_active():
+        pytest.skip('without oneDNN no weight is laid out anew')
+    symbol = mx.sym.Convolution(mx.sym.var('data'), num_filter=16, kernel=(3, 3), name='conv')
+    own, views = (_passes_on_views(symbol, {'data': (2, 8, 8, 8)}, v, False, 'write')
+                  for v in (False, True))
+    assert not all((s == 7).all() for s in views[3][:len(views[3]) // 2])
+    assert not np.array_equal(own[0][-1], views[0][-1])
