@@ -854,3 +854,45 @@ def test_a_command_loads_mxnet_without_scikit_learn_and_a_task_still_imports_it(
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-4:] == ['0', 'False', 'object', '1797'], done.stdout[-2000:]
+
+
+def test_binding_and_training_over_devices_never_add_or_remove_an_environment_entry():
+    """MXNet's engine threads call ``getenv`` inside operators (LayerNorm at
+    every call) while the Python thread binds the next graph: adding or
+    removing an entry reallocates or shifts the C library's environment array
+    under that read, so the library's variables get their entries at import
+    and are only given values afterwards."""
+    code = (
+        "import os\n"
+        "HELD = ('MXNET_SUBGRAPH_BACKEND', 'NNVM_EXEC_MATCH_RANGE',\n"
+        "        'NNVM_AUTO_SEARCH_MATCH_RANGE', 'MXNET_UPDATE_ON_KVSTORE')\n"
+        "for key in HELD:\n"
+        "    os.environ.pop(key, None)\n"
+        "import mxnet as mx\n"
+        "import numpy as np\n"
+        "from mxnet.gluon import nn\n"
+        "from mp_symbolic import Pipeline\n"
+        "changed = []\n"
+        "put, unset = os.putenv, os.unsetenv\n"
+        "def spy_put(key, value):\n"
+        "    if key not in os.environ._data:\n"
+        "        changed.append(('added', key))\n"
+        "    put(key, value)\n"
+        "def spy_unset(key):\n"
+        "    changed.append(('removed', key))\n"
+        "    unset(key)\n"
+        "os.putenv, os.unsetenv = spy_put, spy_unset\n"
+        "blocks = [nn.HybridSequential() for _ in range(2)]\n"
+        "blocks[0].add(nn.Dense(16, activation='relu'), nn.LayerNorm())\n"
+        "blocks[1].add(nn.Dense(2))\n"
+        "pipe = Pipeline(blocks, 'cpu:0,cpu:1', chunks=2, sample=(16, 4))\n"
+        "mod = pipe.module(loss='softmax')\n"
+        "X = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)\n"
+        "data = mx.io.NDArrayIter(X, (X[:, 0] > 0).astype(np.float32), batch_size=16)\n"
+        "mod.fit(data, optimizer='sgd', num_epoch=1, initializer=mx.init.Xavier())\n"
+        "print('changed', changed, [os.environ.get(key) for key in HELD])\n")
+    job = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         timeout=300, check=False, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert "changed [] ['', '', '', '1']" in job.stdout, job.stdout[-2000:]

@@ -14,7 +14,7 @@ import mxnet as mx
 from .checks import excerpt
 from ..graph.ir import as_placed, make_node
 from ..graph.names import CHUNK_INFIX
-from .scoped import captured_stderr, environ
+from .scoped import captured_stderr, environ, hold_entries
 
 __all__ = []
 
@@ -26,6 +26,10 @@ UNSHARED_MEMORY = {'NNVM_EXEC_MATCH_RANGE': '0', 'NNVM_AUTO_SEARCH_MATCH_RANGE':
 # up to NNVM_EXEC_MATCH_RANGE (16) and keep the plan of fewest bytes, not the
 # one of 16 alone (see split_bind_environ).
 SEARCHED_MEMORY = {'NNVM_AUTO_SEARCH_MATCH_RANGE': '1'}
+# Set around binds and kvstores while operators may run: each gets its entry
+# now, empty (MXNet's dmlc::GetEnv reads "" as unset) or MXNet's default.
+hold_entries(**dict.fromkeys(list(SUBGRAPH_BACKEND) + list(UNSHARED_MEMORY), ''),
+             MXNET_UPDATE_ON_KVSTORE='1')
 # The ops whose oneDNN kernels write an array in a blocked layout of their
 # own (or keep one they are given, after a convolution): a graph with none of
 # them leaves no stale layout for a cross-device copy to find, and keeps
@@ -187,7 +191,7 @@ def split_bind_environ(devices, symbol=None):
     """
     devices = set(devices or ())
     searched = SEARCHED_MEMORY \
-        if os.environ.get('NNVM_EXEC_MATCH_RANGE', '16').strip().lstrip('0') else {}
+        if (os.environ.get('NNVM_EXEC_MATCH_RANGE') or '16').strip().lstrip('0') else {}
     if len(devices) < 2:
         return dict(searched)
     env = dict(SUBGRAPH_BACKEND)

@@ -10,17 +10,38 @@ import tempfile
 __all__ = []
 
 
+#: ``{name: value MXNet reads as unset}`` of the variables set around MXNet
+#: calls while MXNet's engine threads may be running operators that call
+#: ``getenv`` (LayerNorm reads ``MXNET_SAFE_ACCUMULATION`` at every call).
+#: Adding or removing an entry reallocates or shifts the C library's
+#: environment array under such a read; replacing a value does not. Each gets
+#: its entry once (:func:`hold_entries`), and :func:`environ` restores it to
+#: this value rather than removing it.
+HELD = {}
+
+
+def hold_entries(**neutral):
+    """Gives each variable of ``neutral`` an entry where it has none, with
+    the value given (one MXNet reads as unset), and has :func:`environ`
+    restore it to that value rather than remove it."""
+    HELD.update(neutral)
+    for key, value in neutral.items():
+        os.environ.setdefault(key, value)
+
+
 @contextmanager
 def environ(**values):
     """Sets the environment variables ``values`` inside the block; restores
-    (or removes) each afterwards."""
+    each afterwards, removing those it added unless :data:`HELD`."""
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
         yield
     finally:
         for key, value in saved.items():
-            if value is None:
+            if value is None and key in HELD:
+                os.environ[key] = HELD[key]
+            elif value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value

@@ -190,10 +190,8 @@ RELAYOUT_FC_SIDE = 1024
 def contiguous_parameters():
     """Whether the Module holds each device's trained parameters as views of
     one array (:func:`parameter_arrays`, updated by one ``adam_update`` a run
-    of them): where ``MP_SYMBOLIC_CONTIGUOUS=1`` is set. Off by default: in
-    two full test runs under load, processes holding such views ended in
-    MXNet aborts (a floating-point exception, an abort in a forward pass)
-    that are not traced yet."""
+    of them): where ``MP_SYMBOLIC_CONTIGUOUS=1`` is set, off by default
+    (docs/compare-and-benchmarks.md says why)."""
     return os.environ.get('MP_SYMBOLIC_CONTIGUOUS', '0') == '1'
 
 
