@@ -41,7 +41,8 @@ CELLS = [bench._cell(model, **plan) for model, plan in (  # pylint: disable=prot
 # buffers in pinned host memory, which the storage profiler counts in the
 # row after the cores, a device this plan does not use
 ZERO_PICK = CELLS[-1]
-REPLICAS = bench._cell('lm', replicas=2)  # pylint: disable=protected-access
+REPLICAS = bench._cell('lm', replicas=2, shard_optimizer=True,  # pylint: disable=protected-access
+                       optimizer='adam')
 
 
 @pytest.fixture(scope='module')
@@ -81,9 +82,10 @@ def test_kvstore_host_buffers_are_their_own_row_equal_to_the_estimate_not_a_devi
 
 
 def test_dist_sync_workers_host_buffers_are_the_estimates(tmp_path):
-    """Two workers, each with two replicas of one stage: each worker's
-    measured table, the dist kvstore's host buffers in pinned memory among
-    its rows, is its estimate's, row for row."""
+    """Two workers, each with two replicas of one stage and its share of
+    Adam's state, the Module stepped directly: each worker's measured table,
+    the dist kvstore's host buffers in pinned memory among its rows, is its
+    estimate's, row for row."""
     job = subprocess.run(
         [sys.executable, '-m', 'mp_symbolic', 'launch', '--workers', '2', '--servers', '1', '--',
          sys.executable, os.path.join(ROOT, 'tests', 'dist_memory_worker.py'),

@@ -884,6 +884,10 @@ class PipelineModule(DeviceModule):
             if replica:
                 indices, grads, weights = zip(*replica)
                 self._updater(list(indices), list(grads), list(weights))
+        if kvstore is not None and 'dist' in kvstore.type:
+            # A worker that pulls nothing back would push a key's second value
+            # before its first is merged; the servers count pushes, not workers.
+            mx.nd.waitall()
         for i, name, worker, k, arrays, grads in moves:
             if kvstore is not None and 'dist' in kvstore.type:
                 if worker == rank:  # the dist kvstore reads the buffer as it is laid out
