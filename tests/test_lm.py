@@ -361,26 +361,13 @@ def test_shard_count_that_cannot_split_the_heads_raises(args, message):
                           'found 100000'),
     ('num_hiddens=1000000', '--task-arg num_hiddens: expected a positive integer at most 4096, '
                             'found 1000000'),
-], ids=['num_layers', 'num_hiddens'])
-def test_a_model_too_large_is_refused_in_one_line_before_any_work(tmp_path, capsys, arg,
-                                                                   message):
-    """100,000 blocks took minutes to build before any line; a width of 10^6
-    ended in MXNet's 2^31-element check, a traceback, after the corpus."""
-    from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
-    from conftest import cli_status  # pylint: disable=import-outside-toplevel
-    capsys.readouterr()
-    status = cli_status(cli.main, ['train', '--task', 'lm', '--task-arg', arg, '--out',
-                                   str(tmp_path / 'out'), '--no-progress', '--no-memory'])
-    assert status == 2
-    assert capsys.readouterr().err == 'error: %s\n' % message
-    assert not (tmp_path / 'out').exists()
-
-
-@pytest.mark.parametrize('arg, message', [
     ('warmup=1', '--task-arg warmup: expected a number from 0 to 1 (1 excluded), found 1'),
     ('lr_end=-0.5', '--task-arg lr_end: expected a number from 0 to 1, found -0.5'),
-], ids=['warmup', 'lr_end'])
-def test_a_schedule_out_of_range_is_refused_in_one_line(tmp_path, capsys, arg, message):
+], ids=['num_layers', 'num_hiddens', 'warmup', 'lr_end'])
+def test_a_model_or_schedule_out_of_range_is_refused_in_one_line_before_any_work(
+        tmp_path, capsys, arg, message):
+    """100,000 blocks took minutes to build before any line; a width of 10^6
+    ended in MXNet's 2^31-element check, a traceback, after the corpus."""
     from mp_symbolic.training import cli  # pylint: disable=import-outside-toplevel
     from conftest import cli_status  # pylint: disable=import-outside-toplevel
     capsys.readouterr()

@@ -608,16 +608,23 @@ def _one_at_a_time(num_stages, microbatches):
             for s in range(num_stages)]
 
 
-def test_a_schedule_given_as_a_function_trains_as_the_gpipe_graph_and_keeps_what_it_says():
+def _trains_as_the_gpipe_graph_keeping(spec, kept):
+    """Trains ``spec`` over three devices as the GPipe graph does; the
+    micro-batches each stage's runtime keeps are ``kept``. The Pipeline."""
     _, expected_out, expected = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'gpipe')
-    pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, _one_at_a_time)
-    assert pipe.run_schedule().name == '_one_at_a_time'
+    pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, spec)
     mod = pipe.module(loss='softmax')
     mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
-    assert [len(slots) for slots in mod._runtimes[0].slots] == [1, 1, 1]  # pylint: disable=W0212
+    assert [len(slots) for slots in mod._runtimes[0].slots] == kept  # pylint: disable=W0212
     np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
     for name, value in expected.items():
         np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+    return pipe
+
+
+def test_a_schedule_given_as_a_function_trains_as_the_gpipe_graph_and_keeps_what_it_says():
+    pipe = _trains_as_the_gpipe_graph_keeping(_one_at_a_time, [1, 1, 1])
+    assert pipe.run_schedule().name == '_one_at_a_time'
 
 
 def test_a_schedule_function_is_called_once_however_often_the_schedule_is_read():
@@ -706,14 +713,7 @@ def test_the_stage_runtime_binds_per_stage_what_the_schedule_record_says_it_keep
             return {s: self.microbatches for s in range(self.num_stages)}
 
     monkeypatch.setitem(schedule.NAMED, 'roomy', Roomy)
-    _, expected_out, expected = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'gpipe')
-    pipe, out, params = _train(_lm, 'cpu:0,cpu:1,cpu:2', 4, 'roomy')
-    mod = pipe.module(loss='softmax')
-    mod.bind([('data', (BATCH, TINY.block_size))], [('softmax_label', (BATCH, TINY.block_size))])
-    assert [len(slots) for slots in mod._runtimes[0].slots] == [4, 4, 4]  # pylint: disable=W0212
-    np.testing.assert_allclose(out, expected_out, rtol=TOL, atol=TOL)
-    for name, value in expected.items():
-        np.testing.assert_allclose(params[name], value, rtol=TOL, atol=TOL, err_msg=name)
+    _trains_as_the_gpipe_graph_keeping('roomy', [4, 4, 4])
 
 
 @pytest.mark.parametrize('schedule', ['gpipe', '1f1b', 'interleaved', _one_at_a_time])
