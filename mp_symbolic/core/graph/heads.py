@@ -78,24 +78,22 @@ def _log_softmax_head(prediction, label, name, axis=-1):
     return mx.sym.slice_like(probabilities, loss, axes=(0,), name=name)
 
 
-def _is_log_softmax_head(graph, node):
-    """Whether ``node`` of ``graph`` joins :func:`_log_softmax_head`'s ops."""
+def _log_softmax_parts(graph, node):
+    """``(prediction entry, label entry, class axis)`` of the
+    :func:`_log_softmax_head` joined at ``node`` of ``graph``, or ``None``
+    where ``node`` joins no such head."""
     if node.op != 'slice_like' or len(node.inputs) != 2:
-        return False
+        return None
     out, loss = (graph.source(e) for e in node.inputs)
     if out.op != 'BlockGrad' or loss.op != 'MakeLoss':
-        return False
+        return None
     prob, pick = graph.source(out.inputs[0]), graph.source(loss.inputs[0])
-    return prob.op == 'softmax' and pick.op == 'pick' and len(pick.inputs) == 2 \
-        and graph.source(pick.inputs[0]).op == 'log_softmax' \
-        and graph.source(pick.inputs[1]).op == '_identity_with_attr_like_rhs'
-
-
-def _log_softmax_parts(graph, node):
-    """``(prediction entry, label entry, class axis)`` of a
-    :func:`_log_softmax_head` joined at ``node``."""
-    prob = graph.source(graph.source(node.inputs[0]).inputs[0])
-    index = graph.source(graph.source(graph.source(node.inputs[1]).inputs[0]).inputs[1])
+    if not (prob.op == 'softmax' and pick.op == 'pick' and len(pick.inputs) == 2
+            and graph.source(pick.inputs[0]).op == 'log_softmax'):
+        return None
+    index = graph.source(pick.inputs[1])
+    if index.op != '_identity_with_attr_like_rhs':
+        return None
     return prob.inputs[0], index.inputs[0], int(prob.attrs.get('axis', -1))
 
 
@@ -129,7 +127,8 @@ class Head:
         build: ``None``: the head is the one ``op`` node. Else ``build(prediction,
             label, name, axis) -> Symbol``, the head's ops, its output node an
             ``op`` node named ``node``, found in a graph by ``made``.
-        made: ``(graph, node) -> bool``: whether a built head ends at ``node``.
+        made: ``(graph, node) -> (prediction entry, label entry, class axis)``
+            of a built head ending at ``node``, or ``None`` where none does.
         axes: The class axes the head takes.
     """
     loss: str
@@ -168,7 +167,7 @@ class Head:
 
     def ends(self, graph, node):
         """Whether this head's training form ends at ``node`` of ``graph``."""
-        return node.op == self.op and (self.made is None or self.made(graph, node))
+        return node.op == self.op and (self.made is None or self.made(graph, node) is not None)
 
     def mean_loss(self, output, label):
         """The batch's mean loss from the head's output, on its device."""
@@ -209,7 +208,7 @@ HEADS = {head.loss: head for head in (
     Head('log_softmax', 'slice_like', 'softmax', 'softmax', 'cross-entropy', 'acc',
          softmax_twin, _cross_entropy,
          lambda output, axis: mx.nd.softmax(output, axis=axis), classes=True,
-         build=_log_softmax_head, made=_is_log_softmax_head, axes=(-1,)),
+         build=_log_softmax_head, made=_log_softmax_parts, axes=(-1,)),
 )}
 LOSSES = tuple(HEADS)
 # MXNet's own head, not made here (no loss name), read back off a graph and exported.
@@ -246,8 +245,8 @@ def labels_of(graph):
     graph = as_placed(graph)
     return {graph.source(node.inputs[1]).name for node in graph.ops
             if node.op in LABELLED_OPS and len(node.inputs) > 1} | {
-                graph.source(_log_softmax_parts(graph, node)[1]).name for node in graph.ops
-                if _is_log_softmax_head(graph, node)}
+                graph.source(head.made(graph, node)[1]).name for node in graph.ops
+                for head in _BUILT if head.ends(graph, node)}
 
 
 def head_of(loss):
@@ -410,7 +409,7 @@ def read_head(symbol):
     if head is None or not head.classes:
         return head
     if head.build is not None:
-        return head.on_axis(_log_softmax_parts(graph, node)[2])
+        return head.on_axis(head.made(graph, node)[2])
     attrs = node.attrs
 
     def flag(name):
@@ -462,7 +461,7 @@ def inference_of(output):
     if head.build is None:
         return inference_form(node.op, node.attrs, output.get_children()[0])
     probabilities = output.get_children()[0].get_children()[0]   # BlockGrad(softmax)
-    return mx.sym.softmax(probabilities.get_children()[0], axis=_log_softmax_parts(graph, node)[2],
+    return mx.sym.softmax(probabilities.get_children()[0], axis=head.made(graph, node)[2],
                           name='softmax_out')
 
 
