@@ -28,7 +28,7 @@ SUPPORTED = import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 11))
 .PHONY: help setup train-symbolic train-imperative train-digits train-lm export-lm sample-lm \
         export export-digits compare \
         bench bench-export bench-dist bench-pipeline bench-tp bench-lm bench-nodes bench-blas bench-peer bench-plan \
-        bench-commit test clean distclean
+        bench-commit test test-slow test-all clean distclean
 
 help:
 	@echo "make train-symbolic    train the regression model-parallel (Pipeline + MXNet Module)"
@@ -53,7 +53,10 @@ help:
 	@echo "make bench-peer        the language model's step against PyTorch's on the same GPT: one process, and 2 processes 1F1B against torch.distributed.pipelining"
 	@echo "make bench-commit      a checkpoint commit over 2 node processes: time, bytes each node writes, memory"
 	@echo "make bench-plan        the planner's pick (plan='auto') against every plan it scored, trained: gap, Kendall's tau, peak memory"
-	@echo "make test              run the test suite"
+	@echo "make test              run the test suite, less the tests marked slow (about 5 minutes on 2 cores)"
+	@echo "make test-slow         run only the tests marked slow: most node and dist_sync jobs, fresh-process memory,"
+	@echo "                       the docs' walkthroughs, benchmarks' quick runs (about 10 minutes on 2 cores)"
+	@echo "make test-all          run both"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
 
@@ -160,9 +163,18 @@ bench-plan: $(STAMP)
 
 # one pytest worker per core, each test file on one worker: a file's module fixtures
 # (a trained run, an export) are made once, not once per worker; files in the order
-# tests/conftest.py gives them (the heaviest first)
+# tests/conftest.py gives them (the heaviest first). `make test` leaves out the tests
+# marked slow (pyproject.toml's `slow`); `make test-slow` runs only them, `make test-all`
+# everything, and .ci/run both halves.
+PYTEST = $(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
 test: $(STAMP) $(TORCH_STAMP)
-	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
+	$(PYTEST) -m 'not slow'
+
+test-slow: $(STAMP) $(TORCH_STAMP)
+	$(PYTEST) -m slow
+
+test-all: $(STAMP) $(TORCH_STAMP)
+	$(PYTEST)
 
 clean:
 	rm -rf artifacts .pytest_cache

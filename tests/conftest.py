@@ -40,21 +40,24 @@ def chain(blocks, **kwargs):
     from mp_symbolic.training.tasks.gpt import GPT  # pylint: disable=import-outside-toplevel
     return GPT(blocks, **kwargs)
 
-# The files that take the most CPU, heaviest first (each file's user and system
-# CPU, its own and its child processes', run alone): started first under `make
-# test` (--dist loadfile --no-loadscope-reorder keeps this order), so that no
-# long file starts last and ends the run alone on one worker while the short
-# files, after them, fill both workers to the end. A file of 15 CPU-seconds or
-# more belongs here.
-HEAVY_FIRST = ('test_nodes.py', 'test_plan_auto.py', 'test_process_memory.py', 'test_zero.py',
-               'test_walkthrough.py', 'test_estimate.py', 'test_launch.py', 'test_peer.py',
-               'test_node_rendezvous.py', 'test_export_memory.py', 'test_blas.py',
-               'test_export_detectors.py', 'test_buckets.py', 'test_readme.py', 'test_audit.py',
-               'test_lm.py', 'test_export_tolerance.py', 'test_batchnorm.py',
-               'test_task_buckets.py', 'test_pipeline_bench.py', 'test_stages.py', 'test_tasks.py',
-               'test_node_networks.py', 'test_checkpoints.py', 'test_graphcut.py',
-               'test_mxnet_traps.py', 'test_export_layers.py', 'test_train.py',
-               'test_export_inputs.py', 'test_trainer_hybrid.py')
+# The files whose tests take the longest in either half of the suite (`make
+# test`, or `make test-slow`: the tests marked slow), longest first, each by the
+# longer of its two halves (the seconds of its tests' set-up, call and tear-down
+# under pytest-xdist): started first (--dist loadfile --no-loadscope-reorder keeps
+# this order), so that no long file starts last and ends the run alone on one
+# worker while the short files, after them, fill both workers to the end. A file
+# of 15 seconds or more in either half belongs here.
+HEAVY_FIRST = ('test_nodes.py', 'test_process_memory.py', 'test_plan_auto.py',
+               'test_walkthrough.py', 'test_estimate.py', 'test_node_rendezvous.py',
+               'test_peer.py', 'test_readme.py', 'test_export_layers.py', 'test_blas.py',
+               'test_zero.py', 'test_export_memory.py', 'test_pipeline_bench.py', 'test_tasks.py',
+               'test_launch.py', 'test_lm.py', 'test_node_networks.py',
+               'test_export_detectors.py', 'test_mxnet_traps.py', 'test_stages.py',
+               'test_export_outputs.py', 'test_buckets.py', 'test_checkpoints.py',
+               'test_train.py', 'test_audit.py', 'test_bench_networks.py', 'test_graphcut.py',
+               'test_export_inputs.py', 'test_initial_values.py', 'test_bounds.py',
+               'test_task_buckets.py', 'test_batchnorm.py', 'test_export_dynamic.py',
+               'test_transport.py', 'test_constants.py', 'test_autotp.py')
 
 
 def pytest_collection_modifyitems(items):
@@ -64,6 +67,36 @@ def pytest_collection_modifyitems(items):
         name = os.path.basename(str(item.fspath))
         return HEAVY_FIRST.index(name) if name in HEAVY_FIRST else len(HEAVY_FIRST)
     items.sort(key=rank)
+
+
+SLOW_LEFT_OUT = []  # the count of tests marked slow that `-m 'not slow'` left out
+
+
+def pytest_deselected(items):
+    """Counts the tests marked slow that were left out; a pytest-xdist worker
+    sends the count to the controller, which collects nothing itself."""
+    SLOW_LEFT_OUT.append(sum(1 for item in items if item.get_closest_marker('slow')))
+    config = items[0].config if items else None
+    if config is not None and hasattr(config, 'workeroutput'):
+        config.workeroutput['deselected'] = sum(SLOW_LEFT_OUT)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pylint: disable=unused-argument
+    """pytest-xdist's controller: each worker collected every test, so any
+    one's count is the run's."""
+    count = getattr(node, 'workeroutput', {}).get('deselected')
+    if count is not None and not SLOW_LEFT_OUT:
+        SLOW_LEFT_OUT.append(count)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Says, at the end of a run that left the tests marked slow out (`make
+    test`), how many there were and the command that runs them."""
+    if 'not slow' not in (config.getoption('markexpr') or ''):
+        return
+    terminalreporter.write_line('%d tests marked slow left out: `make test-slow` runs them '
+                                '(`make test-all`: everything)' % sum(SLOW_LEFT_OUT))
 
 
 @pytest.fixture(autouse=True)

@@ -313,6 +313,7 @@ def test_batchnorm_deferred_from_the_command_line_is_one_rule_for_gpipe_and_1f1b
     assert not (tmp_path / 'bad').exists()
 
 
+@pytest.mark.slow
 def test_nodes_given_other_batchnorm_rules_both_exit_2_in_one_line(tmp_path, port):
     """The BatchNorm rule is part of the plan every node compares before
     any tensor crosses."""

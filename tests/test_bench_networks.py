@@ -16,6 +16,7 @@ def _cells(line):
     return [c.strip() for c in line.strip().strip('|').split('|')]
 
 
+@pytest.mark.slow
 def test_a_quick_row_of_mobilenetv2_has_every_column_measured():
     pytest.importorskip('gluoncv')
     proc = subprocess.run([sys.executable, '-m', 'bench.networks', '--only', 'mobilenetv2_0.25',

@@ -81,6 +81,7 @@ def test_the_cpus_model_and_flags_are_read_from_cpuinfo(tmp_path):
     assert blas.cpu(str(tmp_path / 'missing')) == ('', frozenset())
 
 
+@pytest.mark.slow
 @needs_a_kernel
 def test_the_chosen_kernel_computes_dot_and_batch_dot_within_the_float32_bound():
     verdict = _verdict(CHOSEN)
@@ -190,6 +191,7 @@ def test_a_bad_switch_is_refused_in_one_line_with_status_2(tmp_path):
         assert result.stdout == ''
 
 
+@pytest.mark.slow
 @needs_a_kernel
 def test_a_kernel_that_fails_its_check_leaves_openblas_its_own_choice_and_says_so_once(tmp_path):
     own = _core(None)
@@ -204,6 +206,7 @@ def test_a_kernel_that_fails_its_check_leaves_openblas_its_own_choice_and_says_s
     assert 'MP_SYMBOLIC_BLAS=default' in notes[0]
 
 
+@pytest.mark.slow
 @needs_a_kernel
 def test_apply_runs_mxnets_openblas_at_the_kernel_and_leaves_numpy_and_the_environment(tmp_path):
     code = ('import os\nfrom mp_symbolic.tools import blas\nprint(blas.apply().coretype)\n'
@@ -237,6 +240,7 @@ def task(record):
 '''
 
 
+@pytest.mark.slow
 @needs_a_kernel
 @pytest.mark.parametrize('setting', ['auto', 'default', 'user'])
 def test_the_command_line_trains_at_the_chosen_kernel_unless_told_otherwise(tmp_path, setting):
@@ -256,6 +260,7 @@ def test_the_command_line_trains_at_the_chosen_kernel_unless_told_otherwise(tmp_
     assert 'note:' not in result.stderr
 
 
+@pytest.mark.slow
 @needs_a_kernel
 def test_blas_command_prints_the_choice_its_verdict_and_openblass_own(tmp_path):
     result = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'blas'], cwd=ROOT,
@@ -286,6 +291,7 @@ def test_a_cache_that_cannot_be_read_is_checked_again_and_rewritten(tmp_path, te
         assert json.load(f)[key]['reason'] == 'stand-in verdict'
 
 
+@pytest.mark.slow
 @needs_a_kernel
 def test_the_benchmark_times_both_kernels_in_processes_of_their_own(tmp_path):
     result = subprocess.run([sys.executable, '-m', 'bench.blas', '--rounds', '1', '--tasks', '',

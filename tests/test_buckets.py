@@ -136,6 +136,7 @@ def _reference(batches, config):
     return bench.reference(mod.export_symbol, data, initial), initial
 
 
+@pytest.mark.slow
 def test_two_nodes_fit_bucketed_batches_as_one_device_bucketing_module(tmp_path):
     config = dict(devices='cpu:0,cpu:1', schedule='1f1b', chunks=2)
     batches = 20
@@ -156,6 +157,7 @@ def test_two_nodes_fit_bucketed_batches_as_one_device_bucketing_module(tmp_path)
     assert change > 0.1 and worst <= EQUAL, (worst, change)
 
 
+@pytest.mark.slow
 def test_nodes_reading_other_bucket_keys_end_at_that_step_in_one_line_naming_both(tmp_path):
     batches = 12
     keys = [bench.BucketIter(bench.sentences(64), batches, seed).keys for seed in (0, 1)]

@@ -214,6 +214,7 @@ def test_a_process_started_for_a_test_ends_with_the_test_when_the_signal_never_c
     assert proc.poll() == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_a_training_killed_mid_run_leaves_a_whole_checkpoint_that_exports(tmp_path):
     """SIGKILL while epochs are being committed: the folder holds one whole
     checkpoint (verified file by file), and it exports."""
@@ -284,6 +285,7 @@ print(status('VmHWM') - before)
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('which', ['params', 'states'])
 def test_a_commits_file_is_written_and_read_back_holding_one_array_at_a_time(tmp_path, which):
     """Writing a 256 MB params (or optimizer-state) file of arrays the caller

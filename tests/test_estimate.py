@@ -81,6 +81,7 @@ def test_kvstore_host_buffers_are_their_own_row_equal_to_the_estimate_not_a_devi
     assert measured[PINNED]['total'] == estimated[PINNED]['total'] > 0
 
 
+@pytest.mark.slow
 def test_dist_sync_workers_host_buffers_are_the_estimates(tmp_path):
     """Two workers, each with two replicas of one stage and its share of
     Adam's state, the Module stepped directly: each worker's measured table,
@@ -114,6 +115,7 @@ def test_replayed_memory_plan_totals_what_mxnets_own_planner_reports():
     assert planner_total(graph) >> 20 == graph.total_mib
 
 
+@pytest.mark.slow
 def test_estimate_allocates_nothing_on_the_devices():
     code = (
         "import mxnet as mx, json, tempfile, os\n"
@@ -139,6 +141,7 @@ def test_estimate_allocates_nothing_on_the_devices():
     assert sum(held.values()) < estimated / 10
 
 
+@pytest.mark.slow
 def test_plan_prints_the_measured_tables_rows_and_a_total(capsys):
     status = cli_status(main, ['plan', '--task', 'lm', '--devices', 'cpu:0,cpu:1',
                                '--chunks', '4', '--schedule', '1f1b'])
@@ -204,6 +207,7 @@ def test_estimate_memory_refuses_a_rank_not_among_the_workers_in_one_line():
                                     workers=2, rank=2)
 
 
+@pytest.mark.slow
 def test_the_estimate_after_a_bind_in_the_same_process_equals_one_made_first_and_later_binds_log_nothing():
     # MXNet reads its planner-log switch once per process, at the first bind
     code = (

@@ -158,6 +158,7 @@ def test_box_nms_orders_equal_scores_as_mxnet_among_thousands():
 
 # -- the detectors -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_detector_exports_from_a_two_device_checkpoint_and_verifies(detector):
     report = detector['report']
     assert report['ok']

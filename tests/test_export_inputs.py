@@ -589,6 +589,7 @@ def test_a_gluoncv_resnet18_body_exports_and_predicts_nd_maps(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_a_network_whose_weights_onednn_reorders_in_place_exports_with_its_values(tmp_path):
     """GluonCV's SimplePose (ResNet-18 v1b, random weights) on two devices:
     MXNet's oneDNN backend reorders weights it binds (a convolution's, a

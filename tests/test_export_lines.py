@@ -100,6 +100,7 @@ def _deep_copy_of(sym_path, params_path, folder, depth):
     return sym
 
 
+@pytest.mark.slow
 def test_a_symbol_100000_ops_deep_is_one_line_in_predict_and_load_model(exported, tmp_path,
                                                                           capsys):
     import numpy as np  # pylint: disable=import-outside-toplevel

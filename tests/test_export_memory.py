@@ -80,6 +80,7 @@ def _bert_checkpoint(folder):
     return sum(v.size * 4 for v in values.values()), sample
 
 
+@pytest.mark.slow
 def test_bert_exports_within_a_peak_proportional_to_its_parameters_at_several_batch_sizes(
         tmp_path):
     param_bytes, sample = _bert_checkpoint(str(tmp_path / 'bert'))

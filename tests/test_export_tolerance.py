@@ -81,6 +81,7 @@ def saturated(tmp_path_factory):
             'reference': OneDeviceReference(symbol, arg_params, aux_params, SHAPE)}
 
 
+@pytest.mark.slow
 def test_a_saturated_softmax_exports_by_default_where_a_fraction_of_the_scale_refused(
         saturated):
     report = saturated['report']

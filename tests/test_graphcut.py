@@ -303,6 +303,7 @@ def test_a_split_resnet_runs_inference_twice_only_with_unshared_storage(resnet):
                                    atol=1e-5)
 
 
+@pytest.mark.slow
 def test_resnet18_whole_fits_and_its_checkpoint_exports_with_onnx_parity(resnet, tmp_path):
     _, pipe, X, _, arg, aux = resnet
     mod = pipe.module(loss='softmax')

@@ -250,6 +250,7 @@ sys.exit(_profile_forked('cpu:0,cpu:1,cpu:2', [(4, sys.argv[1], True), (4, sys.a
 """
 
 
+@pytest.mark.slow
 def test_a_bulked_segment_over_two_devices_runs_op_by_op(tmp_path):
     """Why micro-batch outputs pass through a copy before the join
     (compat.segment_boundaries): MXNet bulks consecutive ops of its schedule
@@ -763,6 +764,7 @@ for name, env, c_in, c_out, side, shared in variants:
 """
 
 
+@pytest.mark.slow
 def test_deconvolution_backward_writes_an_unallocated_weight_gradient_through_a_null_pointer():
     """compat.unallocated_weight_gradients: two Deconvolutions reading one
     weight (the copies of one op per micro-batch) each write a gradient of
@@ -847,6 +849,7 @@ print(status, loaded, mxnet.model.BASE_ESTIMATOR.__name__, load_digits().data.sh
 """
 
 
+@pytest.mark.slow
 def test_a_command_loads_mxnet_without_scikit_learn_and_a_task_still_imports_it():
     done = subprocess.run([sys.executable, '-c', _COMMAND_THEN_SKLEARN, 'plan', '--task',
                            'regression', '--devices', 'cpu:0,cpu:1'], cwd=ROOT,
@@ -856,6 +859,7 @@ def test_a_command_loads_mxnet_without_scikit_learn_and_a_task_still_imports_it(
     assert done.stdout.split()[-4:] == ['0', 'False', 'object', '1797'], done.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_binding_and_training_over_devices_never_add_or_remove_an_environment_entry():
     """MXNet's engine threads call ``getenv`` inside operators (LayerNorm at
     every call) while the Python thread binds the next graph: adding or

@@ -36,6 +36,7 @@ def two_nodes(tmp_path_factory):
     return merged
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('k', range(len(NETWORKS)), ids=NETWORKS)
 def test_real_networks_fitted_over_two_nodes_hold_one_process_parameters_statistics_and_outputs(
         two_nodes, k):

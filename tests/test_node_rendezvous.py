@@ -69,6 +69,7 @@ def listening(pid):
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('secret', [None, 'the job secret'])
 def test_a_peer_sending_a_pickle_runs_no_code_and_node_0_ends_in_one_line(tmp_path, port,
                                                                           secret):
@@ -98,6 +99,7 @@ def test_a_peer_sending_a_pickle_runs_no_code_and_node_0_ends_in_one_line(tmp_pa
     assert len(lines) == 1 and lines[0].startswith(expected), stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_nodes_with_different_secrets_are_refused_in_one_line_each(tmp_path, port):
     procs = [_node(k, port, tmp_path / 'run', '--node-timeout', '60',
                    **{SECRET: 'secret %d' % k}) for k in range(2)]
@@ -110,6 +112,7 @@ def test_nodes_with_different_secrets_are_refused_in_one_line_each(tmp_path, por
                                   'MP_SYMBOLIC_NODE_SECRET, differs from node 1\'s)')
 
 
+@pytest.mark.slow
 def test_every_listening_socket_of_a_local_node_job_is_on_the_loopback(tmp_path, port):
     """Under ``launch --nodes 2`` on 127.0.0.1, while the nodes train: node
     0's store and every node's gloo listen on 127.0.0.1 only; each node
@@ -141,6 +144,7 @@ def test_every_listening_socket_of_a_local_node_job_is_on_the_loopback(tmp_path,
     assert SECRET not in os.environ
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('signum, status', [(signal.SIGTERM, 143), (signal.SIGINT, 130)],
                          ids=['SIGTERM', 'SIGINT'])
 def test_a_node_waiting_at_the_rendezvous_ends_on_a_signal_within_seconds(tmp_path, port, signum,
@@ -167,6 +171,7 @@ def test_a_node_waiting_at_the_rendezvous_ends_on_a_signal_within_seconds(tmp_pa
                                    % (port, signal.Signals(signum).name)], stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_node_that_cannot_reach_its_rendezvous_prints_one_line_only(tmp_path, port):
     """Node 1, nothing listening on the port: its whole stderr is one line."""
     (proc, _, stderr), = _ended([_node(1, port, tmp_path / 'run', '--node-timeout', '3')])
@@ -177,6 +182,7 @@ def test_a_node_that_cannot_reach_its_rendezvous_prints_one_line_only(tmp_path, 
         'connect to (127.0.0.1, %d)' % (port, port)], stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_nodes_whose_torchrun_agent_is_killed_end_within_seconds_in_one_line(tmp_path, port):
     """torchrun's agent killed by SIGKILL while its two nodes train: both
     end, each saying why."""

@@ -505,6 +505,7 @@ def test_pair_writes_a_checkpoint_of_parts_as_mxnets_own_pair_that_resumes_as_th
     assert not os.path.exists(tmp_path / 'again' / 'current')
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_on_two_nodes_from_parts_onto_other_stages_and_from_a_pair(
         launched, tmp_path, port, capsys):
     """Each node reads its own stages' arrays: from the parts of 2 nodes
@@ -540,6 +541,7 @@ REPORT_WORKER = os.path.join(ROOT, 'tests', 'report_nodes_worker.py')
 REPORT_LINES = ('full-data MSE:', 'learned map:', 'parameters sha256:')
 
 
+@pytest.mark.slow
 def test_the_report_and_digest_over_two_nodes_read_one_parameter_at_a_time_as_one_process(
         tmp_path, port, capsys):
     """Over two nodes no gather carries a parameter: the end-of-run report
@@ -580,6 +582,7 @@ def _pids(text):
             (entry.rsplit(' ', 1) for entry in line[len('launch: pids: '):].split(', '))}
 
 
+@pytest.mark.slow
 def test_a_node_killed_ends_the_other_in_one_line_naming_it_and_keeps_the_checkpoint(
         tmp_path, port):
     from mp_symbolic.tools.store import Store  # pylint: disable=import-outside-toplevel
@@ -616,6 +619,7 @@ def test_a_node_killed_ends_the_other_in_one_line_naming_it_and_keeps_the_checkp
     assert Store(str(out)).current().meta['epoch'] >= 1  # the last commit, whole
 
 
+@pytest.mark.slow
 def test_a_stopped_node_ends_the_others_at_the_node_timeout_in_one_line(tmp_path, port):
     """Without a launcher watching: node 1 stopped (SIGSTOP), node 0 ends at
     ``--node-timeout`` naming it."""
@@ -643,6 +647,7 @@ def test_a_stopped_node_ends_the_others_at_the_node_timeout_in_one_line(tmp_path
         lines[0]), stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_a_killed_node_from_the_last_checkpoint_to_the_uninterrupted_result(
         tmp_path, port, capsys):
     out = tmp_path / 'run'
@@ -817,6 +822,7 @@ RUN_DIFFERS = ("error: --nodes: expected every node to make the same plan, found
                "where node 0's is %s (are the flags the same on every host?)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flags, shown', [
     # several flags differ: the first compared is named
     ([[], ['--seed', '1', '--epochs', '3', '--lr', '0.05', '--optimizer', 'sgd',
@@ -832,6 +838,7 @@ def test_nodes_given_other_run_flags_both_exit_2_in_one_line_naming_the_flag(
     assert not (tmp_path / 'run' / 'current').exists()
 
 
+@pytest.mark.slow
 def test_nodes_resuming_from_other_epochs_both_exit_2_in_one_line(tmp_path, port, capsys):
     """``--resume`` is each node's path: the epoch it resumes from is compared."""
     first = str(tmp_path / 'first')
@@ -842,6 +849,7 @@ def test_nodes_resuming_from_other_epochs_both_exit_2_in_one_line(tmp_path, port
         assert (status, lines) == (2, [RUN_DIFFERS % ('--resume epoch 0', '1')]), lines[-20:]
 
 
+@pytest.mark.slow
 def test_the_nodes_benchmark_sends_each_activation_per_microbatch_and_the_tie_once_per_step(
         tmp_path):
     """``python -m bench.nodes --quick``: the two nodes hold the whole
@@ -940,6 +948,7 @@ kill_each(base, attempt, victim=R)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('killed_node', [0, 1])
 def test_a_node_killed_at_any_file_operation_of_a_checkpoint_commit_leaves_one_whole_and_resumable(
         tmp_path, killed_node):

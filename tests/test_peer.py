@@ -33,6 +33,7 @@ def quick(tmp_path_factory):
     return result.stdout, json.loads(out.read_text())['32']
 
 
+@pytest.mark.slow
 def test_quick_run_prints_every_row_after_each_pytorch_copy_matches_the_first_loss(quick):
     text, figures = quick
     assert "width 32: first step's loss" in text
@@ -86,6 +87,7 @@ def _server(role, width=32):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_the_first_output_tells_a_pytorch_copy_with_one_weight_changed_apart(tmp_path):
     values, changed = str(tmp_path / 'initial.npz'), str(tmp_path / 'changed.npz')
     project = _server('project')
@@ -120,6 +122,7 @@ def test_micro_batch_counts_that_do_not_divide_the_batch_are_refused_in_one_line
     assert 'Traceback' not in result.stderr
 
 
+@pytest.mark.slow
 def test_initial_values_without_the_models_parameters_end_a_pytorch_process_in_one_line(
         tmp_path):
     path = str(tmp_path / 'other.npz')

@@ -19,6 +19,7 @@ from bench.pipeline import main
 from mp_symbolic.training.tasks import gpt
 
 
+@pytest.mark.slow
 def test_quick_run_writes_report_and_timeline(tmp_path):
     env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0')
     proc = subprocess.run([sys.executable, '-m', 'bench.pipeline', '--quick', '--stages', '2',
@@ -106,6 +107,7 @@ def test_more_stages_than_the_profiler_records_is_refused(capsys):
     assert err.count('\n') == 1 and "MXNet's profiler aborts past" in err
 
 
+@pytest.mark.slow
 def test_op_times_of_the_digits_step_count_each_micro_batch():
     """``python -m bench.bn_chunks --ops``'s measurement (two child processes):
     each op type of the digits step, once per micro-batch with chunks=4; no

@@ -57,6 +57,7 @@ def _size(text):
     return float(number) * {'B': 1, 'KiB': 1 << 10, 'MiB': 1 << 20, 'GiB': 1 << 30}[unit]
 
 
+@pytest.mark.slow
 def test_plan_auto_prints_candidates_ranked_by_predicted_time_within_budget_and_why(
         ranked_output):
     status, out = ranked_output
@@ -91,6 +92,7 @@ def test_plan_auto_refuses_a_budget_no_plan_fits_in_one_line_with_the_smallest_n
     assert re.search(r'needs on a device: [\d.]+ KiB \(\d+ bytes, --devices cpu:0 ', lines[0])
 
 
+@pytest.mark.slow
 def test_planner_smallest_need_is_the_least_budget_it_accepts():
     task, planner, sample = _regression()
     with pytest.raises(PlanError) as refused:
@@ -215,6 +217,7 @@ def test_simulation_counts_each_shard_of_a_stage_as_a_busy_device():
     assert simulate(one, cost, replicas=2, capacity=capacity) == pytest.approx(2.0 / 0.75)
 
 
+@pytest.mark.slow
 def test_batched_binds_estimate_what_one_child_per_graph_estimates():
     cells = [bench._cell('regression', schedule='1f1b', chunks=2),  # pylint: disable=W0212
              bench._cell('regression', mirror=True)]  # pylint: disable=protected-access
@@ -225,6 +228,7 @@ def test_batched_binds_estimate_what_one_child_per_graph_estimates():
     assert json.dumps(together)  # plain values
 
 
+@pytest.mark.slow
 def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
     """bench.plan's peak memory of a pick with ZeRO-1 is measured with each
     replica holding its share of the optimizer state, as the plan runs."""
@@ -241,6 +245,7 @@ def test_bench_plan_measures_a_plan_with_sharded_optimizer_state_as_sharded():
 
 
 
+@pytest.mark.slow
 def test_bench_plan_plans_the_sharded_lm_and_measures_a_sharded_pick_as_sharded(monkeypatch):
     """bench.plan's lm-tp entry plans the language model under
     tensor_parallel='auto' (stages of two shards among its candidates,
@@ -300,6 +305,7 @@ def _tp_planner():
     return Planner(chunks=(1, 2), schedules=('gpipe',), balances=('size',), repeats=3)
 
 
+@pytest.mark.slow
 def test_planner_lists_shard_candidates_and_picks_the_sharded_one_only_sharding_fits():
     net = _wide()
     ranking = _tp_planner().choose([net], DEVICES, (8, 64), TP_BUDGET, tensor_parallel='auto')
@@ -330,6 +336,7 @@ def test_scoring_shard_candidates_leaves_the_network_given_unchanged():
         assert param.list_ctx() == values[name][1]
 
 
+@pytest.mark.slow
 def test_plan_auto_with_tensor_parallel_auto_trains_the_sharded_pick_within_budget():
     net = _wide()
     pipe = Pipeline([net], DEVICES, sample=(8, 64), plan=_tp_planner(),
@@ -464,6 +471,7 @@ def task():
 '''
 
 
+@pytest.mark.slow
 def test_train_plan_auto_runs_a_network_of_parallel_layers_on_the_stage_of_shards_it_chose(
         tmp_path, capsys):
     path = tmp_path / 'wide_task.py'
@@ -625,6 +633,7 @@ def test_one_graphs_micro_batches_past_the_first_cost_what_its_probe_of_four_sho
                             schedules.make('gpipe', 1, 1)) == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_planning_gluonnlp_bert_with_shards_scores_both_counts_and_leaves_it_unchanged():
     """GluonNLP's BERT under tensor_parallel='auto': the planner scores its
     attention and feed-forward layers split over 2 devices and whole, each on
@@ -651,6 +660,7 @@ def _every_block(block):
         yield from _every_block(child)
 
 
+@pytest.mark.slow
 def test_plan_auto_on_a_network_of_several_outputs_names_planner_output_in_one_line():
     """GluonNLP's BERT has three outputs: plan='auto' with no output for
     its loss refuses in one line that says to pick it through the

@@ -28,6 +28,7 @@ def baseline():
     return _peak('--child', 'baseline')
 
 
+@pytest.mark.slow
 def test_training_run_peak_stays_within_seven_times_its_parameters_above_mxnet(baseline):
     # 13 Dense layers of 2048 (201 MB of parameters), SGD with momentum, a
     # checkpoint at the end: parameters, gradients and momentum are 3x the
@@ -153,6 +154,7 @@ def _phases(answer, phase):
     return [row for row in answer['phases'] if row['phase'] == phase]
 
 
+@pytest.mark.slow
 def test_one_process_peaks_within_one_and_a_half_times_its_arrays_above_mxnets_baseline(
         measured, baseline):
     arrays = 3 * param_bytes(MLP_WIDTH, MLP_LAYERS)  # parameters, gradients, momentum
@@ -239,6 +241,7 @@ def committed_and_resumed(request, tmp_path_factory):
     return measured
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('what', ['commit', 'resume', 'digest'])
 def test_executor_and_imperative_commit_resume_and_digest_hold_one_array_at_a_time(
         committed_and_resumed, what):

@@ -189,6 +189,7 @@ def run_steps(steps, workdir, capsys, monkeypatch):
     return failures
 
 
+@pytest.mark.slow
 def test_every_readme_command_runs_as_written(workdir, capsys, monkeypatch):
     """README.md's commands in order, then the refusals and examples of the
     pages under docs/ (the walkthroughs it links run in a copy of their own,

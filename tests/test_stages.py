@@ -364,6 +364,7 @@ def test_input_gradients_asked_for_without_inputs_need_grad_are_refused_in_one_l
         mod.get_input_grads()
 
 
+@pytest.mark.slow
 def test_1f1b_activation_memory_per_device_is_flat_in_the_number_of_microbatches():
     from bench.schedules import measure, spec  # pylint: disable=import-outside-toplevel
     small = dict(vocab_size=32, block_size=32, num_layers=2, num_heads=2, num_hiddens=32)
@@ -457,6 +458,7 @@ def test_a_schedule_the_run_cannot_use_is_refused_in_one_line(fields, message):
                     momentum=0.0, **fields)
 
 
+@pytest.mark.slow
 def test_virtual_stages_the_run_cannot_use_are_refused_on_the_command_line_in_one_line(capsys):
     """``--virtual`` without ``--schedule interleaved``, end to end (exit
     status 2, one line, no traceback); a count of 0 and ``--chunks`` not a

@@ -181,6 +181,7 @@ def _launch_task(task, out, port, *argv):
                     '--no-progress', '--no-memory'] + NODE_PLAN + list(argv), port)
 
 
+@pytest.mark.slow
 def test_bucketed_task_over_two_nodes_ends_with_the_parameters_of_one_device(
         bucket_task, one_device, tmp_path, port):
     result = _launch_task(bucket_task, tmp_path / 'nodes', port)
@@ -189,6 +190,7 @@ def test_bucketed_task_over_two_nodes_ends_with_the_parameters_of_one_device(
     _assert_equal_params(_params(tmp_path / 'nodes'), one_device[0])  # one part per node
 
 
+@pytest.mark.slow
 def test_nodes_reading_other_batches_end_in_one_line_naming_the_step_and_both_keys(
         bucket_task, tmp_path, port):
     result = _launch_task(bucket_task, tmp_path / 'nodes', port, '--task-arg',

@@ -89,6 +89,7 @@ def _summary(out):
     return json.loads((out / 'current' / 'summary.json').read_text())
 
 
+@pytest.mark.slow
 def test_own_task_trains_and_commits_a_checkpoint(trained):
     out, result = trained
     assert 'cancer: symbolic (module API) model-parallel training, 3 blocks in 3 stage(s)' \
@@ -102,6 +103,7 @@ def test_own_task_trains_and_commits_a_checkpoint(trained):
     assert (out / 'current' / 'cancer-symbol.json').is_file()
 
 
+@pytest.mark.slow
 def test_own_task_resumes_onto_a_plan_of_another_size(trained):
     out, _ = trained
     result = _run('mp_symbolic', 'train', '--resume', str(out), '--epochs', '5',
@@ -143,6 +145,7 @@ def test_own_task_exports_to_onnx_that_scores_what_the_module_scored(trained, ow
         np.testing.assert_allclose(np.load(tmp_path / 'y.npy'), probs, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_own_task_profiles_measures_memory_and_compares(own_task, tmp_path):
     result = _run('mp_symbolic', 'train', '--task', str(own_task), '--devices', 'cpu:0,cpu:1',
                   '--epochs', '1', '--chunks', '2', '--profile', '--out', str(tmp_path / 'p'),
@@ -231,6 +234,7 @@ def _train_refusal(argv, capsys, end_to_end):
     return status, capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('body, message', UNWORKABLE)
 def test_a_task_that_cannot_work_is_one_line_naming_the_file(tmp_path, capsys, body, message):
     path = _bad_task(tmp_path, body)

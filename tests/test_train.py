@@ -269,6 +269,7 @@ def test_digits_reaches_the_target_accuracy_with_bn_statistics_placed(tmp_path):
     assert placed['bn0_running_mean'] == mx.cpu(0) and placed['dense1_weight'] == mx.cpu(2)
 
 
+@pytest.mark.slow
 def test_batchnorm_with_micro_batches_trains_from_the_command_line_with_a_quiet_stderr(tmp_path):
     """BatchNorm computes its statistics per chunk, as in GPipe, with oneDNN on
     (the default cut ends stage 0 with bn1, where MXNet's copy used to fail).
@@ -301,6 +302,7 @@ def test_cli_train_profiles_and_commits(tmp_path, capsys):
     assert 'FullyConnected' in (tmp_path / 'profile-stats.txt').read_text()
 
 
+@pytest.mark.slow
 def test_a_second_profile_in_one_process_is_a_complete_trace_with_its_device_rows(tmp_path):
     """MXNet writes the trace's header and device rows on a process's first
     dump only: the second --profile of one process still writes a trace that
@@ -343,6 +345,7 @@ def test_divergence_stops_within_its_epoch_and_writes_no_profile(tmp_path):
     assert not (tmp_path / 'current').exists()
 
 
+@pytest.mark.slow
 def test_a_failed_profiled_run_removes_no_file_but_its_own(tmp_path):
     """MXNet's profiler unlinks the file set_config names: a failed run
     drops its trace without naming any file of the system's (it named

@@ -190,6 +190,7 @@ def test_only_a_transport_subclass_is_registered(host_transport):
         comm.register_transport('host', comm.LocalTransport)
 
 
+@pytest.mark.slow
 def test_a_transport_between_nodes_registered_outside_the_library_trains_as_one_process(
         tmp_path, port):
     from conftest import run_node_workers  # pylint: disable=import-outside-toplevel

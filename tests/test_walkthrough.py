@@ -8,6 +8,7 @@ import pytest
 from test_readme import WALKTHROUGHS, _readme_steps, run_steps, workdir  # noqa: F401  (fixture)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('page', WALKTHROUGHS)
 def test_every_walkthrough_command_runs_as_written(page, workdir, capsys, monkeypatch):  # noqa: F811
     steps = _readme_steps((page,))

@@ -91,6 +91,7 @@ def test_sharded_adam_holds_the_unsharded_parameters_and_states_bit_for_bit(sche
                 sharded_states['arrays'][j['a']].tobytes(), name
 
 
+@pytest.mark.slow
 def test_each_replica_holds_its_share_of_the_optimizer_bytes_as_estimated():
     pipe, plain = _module(2, False)
     sharded_pipe, sharded = _module(2, True)
@@ -297,6 +298,7 @@ def _tables_against_shares(stdout):
     return found
 
 
+@pytest.mark.slow
 def test_two_dist_sync_workers_share_the_state_and_checkpoint_the_unsharded_run(tmp_path,
                                                                                  capsys):
     how = ['--workers', '2', '--servers', '1']
@@ -323,6 +325,7 @@ def test_two_dist_sync_workers_share_the_state_and_checkpoint_the_unsharded_run(
     _resumes_at_one_and_four_replicas(tmp_path, capsys, tmp_path / 'sharded')
 
 
+@pytest.mark.slow
 def test_two_nodes_shard_each_stage_over_its_replicas_as_one_process(tmp_path, capsys):
     devices = ['--devices', _devices(2), '--replicas', '2']
     digests, shares = _launch(tmp_path / 'sharded', ['--nodes', '2'], *devices,
