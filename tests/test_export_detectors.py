@@ -179,6 +179,7 @@ def test_detector_exports_from_a_two_device_checkpoint_and_verifies(detector):
                    detector['lines'])
 
 
+@pytest.mark.slow
 def test_onnxruntime_after_suppress_equals_the_networks_outputs_on_one_device(detector):
     onnx_path = detector['paths']['onnx']
     decoded = _session(onnx_path).run(None, {'data': detector['batch']})
@@ -256,6 +257,7 @@ def test_mxnet_topk_orders_equal_values_otherwise_than_onnx_topk():
     assert mxnet_indices.astype(np.int64).tolist() != onnx_indices.tolist()
 
 
+@pytest.mark.slow
 def test_suppress_refuses_an_export_without_a_suppression(detector):
     if detector['kind'] != 'centernet':
         pytest.skip('a detector with box_nms')

@@ -116,6 +116,7 @@ def _failed_runtimes(report):
     return sorted({row['runtime'].split()[0] for row in report['parity'] if not row['ok']})
 
 
+@pytest.mark.slow
 def test_one_classifier_weight_off_by_1e_3_of_itself_fails_by_default(saturated, tmp_path):
     """The weight that moves the leading logit of the sample nearest a tie of
     two classes the most: a saturated softmax shows no weight on the others,

@@ -154,6 +154,7 @@ def zoo_nodes(node_job):
     return node_job[0][len(TABLE):len(TABLE) + len(ZOO)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('k', range(len(ZOO)), ids=[c['network'] for c in ZOO])
 def test_gluoncv_networks_over_two_nodes_hold_one_process_values_running_statistics_included(
         zoo_nodes, k):
@@ -358,6 +359,7 @@ print('torch' in sys.modules)
     assert result.stdout.strip() == 'False', result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_gluoncv_network_builds_after_the_nodes_imported_torch():
     # a node's Pipeline imports torch; GluonCV refuses to import after torch 2
     code = '''
@@ -426,6 +428,7 @@ def launched(tmp_path_factory):
     return result, folder
 
 
+@pytest.mark.slow
 def test_launch_nodes_trains_as_one_process_and_its_checkpoint_resumes_in_one_and_exports(
         launched, tmp_path, capsys):
     """Two node processes under ``launch --nodes 2``: every node reports the

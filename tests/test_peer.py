@@ -55,6 +55,7 @@ def test_quick_run_prints_every_row_after_each_pytorch_copy_matches_the_first_lo
         assert all(s > 0 for pair in figures['times'][name] for s in pair)
 
 
+@pytest.mark.slow
 def test_quick_run_prints_each_sides_cpu_time_and_a_row_under_the_project_env_given(quick):
     text, figures = quick
     lines = text.splitlines()

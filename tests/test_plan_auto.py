@@ -79,6 +79,7 @@ def test_plan_auto_prints_candidates_ranked_by_predicted_time_within_budget_and_
     assert re.search(r'^regression: \d stage\(s\) on ', out, re.M)
 
 
+@pytest.mark.slow
 def test_plan_auto_refuses_a_budget_no_plan_fits_in_one_line_with_the_smallest_need():
     env = dict(os.environ, PYTHONPATH=ROOT)
     done = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'plan', '--task', 'regression',
@@ -150,6 +151,7 @@ def test_plan_auto_refuses_a_flag_it_chooses_and_a_budget_without_it(capsys):
                  memory_per_device='1GiB')
 
 
+@pytest.mark.slow
 def test_plan_auto_builds_a_pipeline_whose_estimated_memory_per_device_is_within_budget():
     task, planner, sample = _regression()
     budget = parse_size(BUDGET)
@@ -411,6 +413,7 @@ def _trained(pipe, values, X, y):
     return outputs, {n: v.asnumpy() for n, v in mod.get_params()[0].items()}
 
 
+@pytest.mark.slow
 def test_shard_plans_over_four_devices_run_and_equal_the_unsharded_plan():
     """Over four devices under tensor_parallel='auto' the planner scores
     two stages of two shards and one stage of four shards; each, built

@@ -165,6 +165,7 @@ def test_one_process_peaks_within_one_and_a_half_times_its_arrays_above_mxnets_b
                                                                     baseline / 1e9)
 
 
+@pytest.mark.slow
 def test_the_command_lines_commit_holds_one_array_at_a_time_beside_the_model(measured):
     largest = 4 * MLP_WIDTH * MLP_WIDTH
     for layout in ('one process', '2 nodes'):
@@ -176,6 +177,7 @@ def test_the_command_lines_commit_holds_one_array_at_a_time_beside_the_model(mea
                     commit['rss_before'] / 1e6)
 
 
+@pytest.mark.slow
 def test_each_node_peaks_within_one_and_a_half_times_its_share_of_the_arrays(measured):
     from bench.memory_peak import _blocks  # pylint: disable=import-outside-toplevel
     pipe = Pipeline(_blocks(MLP_WIDTH, MLP_LAYERS), 'cpu:0,cpu:1', sample=(64, MLP_WIDTH))
