@@ -168,34 +168,6 @@ def test_estimate_memory_refuses_an_optimizer_it_does_not_know():
                                     optimizer='novel')
 
 
-def test_estimate_memory_refuses_a_pipeline_over_nodes_in_one_line(monkeypatch):
-    """A Pipeline over node processes holds only each node's stages, on each
-    node's own devices: the estimate, of one process's devices, refuses it
-    rather than estimate every stage as one process's."""
-    from mp_symbolic.core import pipeline  # pylint: disable=import-outside-toplevel
-    for name, value in {'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '1', 'RANK': '0',
-                        'WORLD_SIZE': '2'}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(pipeline.node_processes, 'join', lambda *args, **kwargs: None)
-
-    class Agreeing:  # the other node, making the same plan
-        def agree(self, facts):
-            return facts
-
-    monkeypatch.setattr(pipeline.comm, 'control', lambda *args: Agreeing())
-    task, _ = load_task('regression')
-    for schedule in ('gpipe', '1f1b'):
-        pipe = Pipeline(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2), nodes=2,
-                        schedule=schedule)
-        assert pipe.local_stages == (0,)
-        with pytest.raises(ValueError) as refused:
-            mp_symbolic.estimate_memory(pipe, sample=(100, 2))
-        assert str(refused.value) == (
-            "nodes: expected a Pipeline of one process to estimate (its table is of one "
-            "process's devices), found one over 2 nodes, each holding only its stages; "
-            "estimate the plan without nodes")
-
-
 def test_estimate_memory_refuses_a_rank_not_among_the_workers_in_one_line():
     task, _ = load_task('regression')
     with pytest.raises(ValueError, match=r"^workers, rank: expected a count of dist_sync workers "
