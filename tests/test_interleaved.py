@@ -122,6 +122,27 @@ def test_a_virtual_count_too_large_for_the_blocks_is_blamed_on_virtual(capsys, t
         'stages on each: 3000000 stages, blocks: 3); expected at most one stage per block')
 
 
+def test_a_virtual_count_too_large_for_a_whole_networks_ops_is_blamed_on_virtual(capsys, tmp_path):
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    assert cli_status(main, ['train', '--task', 'lm', '--task-arg', 'whole=True', '--schedule',
+                             'interleaved', '--virtual', '1000000', '--epochs', '1', '--out',
+                             str(tmp_path / 'out')]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        'error: --virtual: too many stages for the graph (devices per replica: 3, 1000000 '
+        'stages on each: 3000000 stages, ops: 204); expected at most one stage per op')
+
+
+def test_too_few_ops_of_a_whole_network_for_the_virtual_stages_is_refused_counting_stages():
+    from mxnet import gluon  # pylint: disable=import-outside-toplevel
+    net = gluon.nn.Dense(2, in_units=4)  # one op, cut through its graph
+    net.initialize()
+    with pytest.raises(DeviceSpecError, match=r'^too many stages for the graph \(devices per '
+                                              r'replica: 2, 2 stages on each: 4 stages, ops: '
+                                              r'1\); expected at most one stage per op$'):
+        Pipeline(net, 'cpu:0,cpu:1', sample=(4, 4), chunks=2, schedule='interleaved')
+
+
 def test_too_few_blocks_for_the_virtual_stages_is_refused_counting_stages_not_devices():
     from mxnet import gluon  # pylint: disable=import-outside-toplevel
     blocks = [gluon.nn.Dense(4, in_units=4), gluon.nn.Dense(2, in_units=4)]

@@ -183,7 +183,7 @@ class Pipeline(gluon.Block):
                              "planner holds each device to), found it without a plan")
         self.batchnorm = batchnorms.check_mode(batchnorm)
         self.shard_optimizer = zero.check(shard_optimizer)
-        schedules.check_spec(schedule, virtual)
+        per_device = schedules.check_spec(schedule, virtual)  # stages per device
         self.schedule = schedule
         self.nodes = None
         if nodes is not None and nodes != 1:
@@ -219,7 +219,7 @@ class Pipeline(gluon.Block):
         self.placement = place(self.blocks, whole, split,
                                schedules.stage_devices(schedule, len(split[0][0]), virtual),
                                balance, sample, chunks, replicas, mirror, tied, batch_axis,
-                               sample_checked=tensor_parallel is not None)
+                               sample_checked=tensor_parallel is not None, virtual=per_device)
         # made once, with its virtual stages; a schedule that cannot run is refused here
         self._schedule = schedules.over(schedule, len(split[0][0]), chunks, virtual)
         self._forwards = self._schedule.forwards()
