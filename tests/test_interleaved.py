@@ -65,6 +65,25 @@ def test_what_interleaving_cannot_run_is_refused_in_one_line(kwargs, message):
         Pipeline(_lm()[0], 'cpu:0,cpu:1', **kwargs)
 
 
+@pytest.mark.parametrize('schedule, virtual', [('gpipe', None), ('1f1b', None),
+                                               ('interleaved', None), ('interleaved', 2)])
+def test_a_pipeline_checks_its_virtual_stages_once(monkeypatch, schedule, virtual):
+    """``Pipeline(virtual=...)`` is checked by the schedule record once, before
+    the placement; the placement and the schedule take the checked count."""
+    calls = []
+    check = sched.check_spec
+
+    def counted(*args):
+        calls.append(args)
+        return check(*args)
+
+    monkeypatch.setattr(sched, 'check_spec', counted)
+    pipe = Pipeline(_lm()[0], 'cpu:0,cpu:1', chunks=2, schedule=schedule, virtual=virtual)
+    assert calls == [(schedule, virtual)]
+    assert pipe.virtual == (2 if schedule == 'interleaved' else 1)
+    assert pipe.plan.num_stages == 2 * pipe.virtual
+
+
 def _entered(schedule, device=0):
     """Micro-batches the first stage takes in on ``device`` before its first backward."""
     actions = schedule[device]
