@@ -168,6 +168,30 @@ def test_estimate_memory_refuses_an_optimizer_it_does_not_know():
                                     optimizer='novel')
 
 
+def test_estimate_memory_asks_for_label_shapes_where_a_callable_heads_label_type_is_unknown():
+    """A head that casts its label leaves the label's type to the caller: the
+    estimate refuses in one line naming the head and what to pass, and takes
+    the label's shape."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    task, _ = load_task('regression')
+
+    def casting_mse(prediction, label):
+        return mx.sym.MakeLoss(mx.sym.mean(mx.sym.square(
+            prediction - mx.sym.Cast(label, dtype='float32'))))
+
+    with pytest.raises(ValueError) as refused:
+        mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2),
+                                    loss=casting_mse)
+    assert str(refused.value) == (
+        "label_shapes: expected them with a loss head whose label's type MXNet cannot infer "
+        "from the data, found none for loss 'casting_mse'; pass "
+        "label_shapes=[('softmax_label', shape)] (the label then float32)")
+    table = mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2),
+                                        loss=casting_mse,
+                                        label_shapes=[('softmax_label', (100, 1))])
+    assert table['cpu(1)'].inputs == 100 * 4  # the label, float32, on the last stage
+
+
 def test_estimate_memory_refuses_a_rank_not_among_the_workers_in_one_line():
     task, _ = load_task('regression')
     with pytest.raises(ValueError, match=r"^workers, rank: expected a count of dist_sync workers "

@@ -1001,12 +1001,30 @@ def optimizer_shares(pipe, symbol, shapes, fixed=(), worker=(0, 1)):
     return replica_shares(pipe, symbol, found, types, inputs, trained, worker)
 
 
+class UntypedError(ValueError):
+    """Arrays of a graph whose types MXNet cannot infer from its inputs'
+    (``names``); the message is one line."""
+
+    def __init__(self, names):
+        super().__init__('types: expected every array of the graph typed from its inputs, '
+                         'found %s untyped (give its shape)' % ', '.join(names[:3]))
+        self.names = tuple(names)
+
+
 def _specs(symbol, shapes):
     """``({name: shape}, {name: dtype})`` of every argument and auxiliary state
-    for inputs of ``shapes`` (labels optional)."""
+    for inputs of ``shapes`` (labels optional), float32 each.
+
+    Raises:
+        UntypedError: an array whose type does not follow from the inputs'.
+        ValueError: an array whose shape does not follow from ``shapes``.
+    """
     arg_shapes, _, aux_shapes = symbol.infer_shape_partial(**shapes)
-    arg_types, _, aux_types = symbol.infer_type(**{n: 'float32' for n in shapes})
+    arg_types, _, aux_types = symbol.infer_type_partial(**{n: 'float32' for n in shapes})
     names = symbol.list_arguments() + symbol.list_auxiliary_states()
+    untyped = [n for n, t in zip(names, arg_types + aux_types) if t is None]
+    if untyped:
+        raise UntypedError(untyped)
     found = dict(zip(names, [tuple(s) for s in arg_shapes + aux_shapes]))
     missing = [n for n, s in found.items() if not s or 0 in s]
     if missing:
@@ -1083,8 +1101,9 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
     Raises:
         ValueError: an optimizer :data:`STATES` does not know, a batch the
             micro-batches and replicas do not divide, shapes the graph does
-            not take, a rank not among the workers, or nodes and a node
-            :func:`node_stages` refuses.
+            not take, a loss head whose label's type does not follow from the
+            data without ``label_shapes``, a rank not among the workers, or
+            nodes and a node :func:`node_stages` refuses.
     """
     # pylint: disable=import-outside-toplevel
     from ..engine.module import fixed_param_names
@@ -1109,17 +1128,27 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
         raise ValueError('batch size: expected a multiple of chunks x replicas (%d), found %d'
                          % (per, batch))
     held = None
-    if fused(pipe) and local is None:  # over nodes every schedule runs on the stage runtime
-        symbol = pipe.training_symbol(loss, label_name=label_name, output=output)
-        table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
-                           set(fixed_param_names(pipe, symbol)), (rank, workers))
-    else:
-        placed = pipe.training_graph(loss, label_name=label_name, chunks=1, output=output)
-        symbol = placed.to_symbol()
-        table, held = _staged(pipe, placed, symbol, data_shapes, label_shapes, states,
-                              set(fixed_param_names(pipe, symbol)), (rank, workers), local)
-    if pipe.replicas > 1:
-        _kvstore(table, symbol, data_shapes, pipe, set(fixed_param_names(pipe, symbol)), held)
+    try:
+        if fused(pipe) and local is None:  # over nodes every schedule runs on the stage runtime
+            symbol = pipe.training_symbol(loss, label_name=label_name, output=output)
+            table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
+                               set(fixed_param_names(pipe, symbol)), (rank, workers))
+        else:
+            placed = pipe.training_graph(loss, label_name=label_name, chunks=1, output=output)
+            symbol = placed.to_symbol()
+            table, held = _staged(pipe, placed, symbol, data_shapes, label_shapes, states,
+                                  set(fixed_param_names(pipe, symbol)), (rank, workers), local)
+        if pipe.replicas > 1:
+            _kvstore(table, symbol, data_shapes, pipe, set(fixed_param_names(pipe, symbol)),
+                     held)
+    except UntypedError as err:
+        if label_name not in err.names or label_shapes:
+            raise
+        head = loss if isinstance(loss, str) else getattr(loss, '__name__', type(loss).__name__)
+        raise ValueError('label_shapes: expected them with a loss head whose label\'s type '
+                         'MXNet cannot infer from the data, found none for loss %r; pass '
+                         'label_shapes=[(%r, shape)] (the label then float32)'
+                         % (head, label_name)) from None
     for row in table.values():
         row['total'] = sum(row[c] for c in CATEGORIES)
     return dict(sorted(table.items(), key=lambda kv: _device_key(kv[0])))
