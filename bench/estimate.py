@@ -14,6 +14,12 @@ before anything of the cell is allocated. Per device it prints the measured
 and estimated totals and the error, and the largest error of a row
 (``other``: activations and workspace; the arrays' rows are exact or not).
 
+``--nodes``: the cells of :data:`NODE_CELLS`, each a plan over 2 node
+processes: its tables estimated node by node in this process
+(``estimate_memory(..., nodes=2)``), then measured by the node processes of
+a job on 127.0.0.1, each its own step (:func:`measure_nodes`); a row per
+node and device.
+
 Models: the bundled tasks (``regression``, ``digits``: a CNN with BatchNorm,
 ``lm``: the GPT), GluonCV's ``resnet18_v1b`` and ``cifar_resnet20_v1``
 (BatchNorm), GluonNLP's BERT (two layers of 64 units, sequence 32) and
@@ -27,7 +33,8 @@ import traceback
 
 import numpy as np
 
-__all__ = ['CELLS', 'build', 'measure', 'estimate', 'run', 'main']
+__all__ = ['CELLS', 'NODE_CELLS', 'build', 'measure', 'measure_nodes', 'estimate', 'run',
+           'run_nodes', 'main']
 
 MOMENTUM = {'momentum': 0.9}
 
@@ -63,13 +70,21 @@ CELLS += [
     _cell('lm', optimizer='adam'), _cell('bert', optimizer='adam', schedule='1f1b', chunks=4),
 ]
 
+# over 2 node processes: each node's table its own row
+NODE_CELLS = [
+    _cell('lm', schedule='1f1b', chunks=4, nodes=2), _cell('lm', nodes=2),
+    _cell('digits', schedule='1f1b', chunks=4, nodes=2),
+    _cell('cifar_resnet20_v1', schedule='1f1b', chunks=4, nodes=2),
+    _cell('resnet18_v1b', nodes=2),
+]
+
 
 def build(cell):
     """``(pipe, loss, output, data_shapes, label_shapes)`` of ``cell``."""
     # pylint: disable=import-outside-toplevel
     import mxnet as mx
     from mp_symbolic import Pipeline
-    plan = dict(chunks=cell['chunks'], schedule=cell['schedule'],
+    plan = dict(chunks=cell['chunks'], schedule=cell['schedule'], nodes=cell.get('nodes'),
                 replicas=cell.get('replicas', 1), mirror=cell.get('mirror', False),
                 tensor_parallel=cell.get('tensor_parallel'), balance=cell.get('balance'),
                 virtual=cell.get('virtual'), shard_optimizer=bool(cell.get('shard_optimizer')))
@@ -132,13 +147,17 @@ def _optimizer(cell):
 
 
 def estimate(cell):
-    """The estimated ``{device: {category: bytes}}`` of ``cell``, in this process."""
+    """The estimated ``{device: {category: bytes}}`` of ``cell``, in this
+    process; over ``nodes``, a list of them, node by node (the plan made in
+    this process, no rendezvous)."""
     from mp_symbolic import estimate_memory  # pylint: disable=import-outside-toplevel
-    pipe, loss, output, data_shapes, label_shapes = build(cell)
+    nodes = cell.get('nodes')
+    pipe, loss, output, data_shapes, label_shapes = build(dict(cell, nodes=None))
     optimizer, params = _optimizer(cell)
-    return estimate_memory(pipe, data_shapes=data_shapes, label_shapes=label_shapes,
-                           loss=loss, output=output, optimizer=optimizer,
-                           optimizer_params=params).as_dict()
+    table = estimate_memory(pipe, data_shapes=data_shapes, label_shapes=label_shapes,
+                            loss=loss, output=output, optimizer=optimizer,
+                            optimizer_params=params, nodes=nodes)
+    return [t.as_dict() for t in table] if nodes else table.as_dict()
 
 
 def _measure_here(cell):
@@ -234,9 +253,49 @@ def measure(cells, timeout=3600):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def measure_nodes(cell, timeout=900):
+    """The measured tables of ``cell`` over its ``nodes`` node processes, node
+    by node: each node a fresh process on a rendezvous at 127.0.0.1 measuring
+    its own Module's step (:func:`_measure_here`)."""
+    import socket  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0', MASTER_ADDR='127.0.0.1',
+               MASTER_PORT=str(port), WORLD_SIZE=str(cell['nodes']))
+    env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
+    procs = [subprocess.Popen([sys.executable, '-m', 'bench.estimate', '--node-child',
+                               json.dumps(cell)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=dict(env, RANK=str(k)))
+             for k in range(cell['nodes'])]
+    tables = []
+    for k, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            lines = err.strip().splitlines() or ['(no stderr)']
+            raise RuntimeError('node %d: expected exit status 0, found %d: %s'
+                               % (k, proc.returncode, lines[-1]))
+        tables.append(json.loads(out.strip().splitlines()[-1]))
+    return tables
+
+
+def run_nodes(cells, log=print):
+    """:func:`run` of cells over node processes: each node's table a row."""
+    rows = []
+    for cell in cells:
+        for k, (est, got) in enumerate(zip(estimate(cell), measure_nodes(cell))):
+            rows.append({'cell': dict(cell, node=k), 'measured': got, 'estimated': est})
+    report(rows, log)
+    return rows
+
+
 def label(cell):
     """The cell in a few words: model, devices, schedule, chunks, and what else it sets."""
     parts = [cell['model'], cell['devices'], cell['schedule'], 'M=%d' % cell['chunks']]
+    if cell.get('nodes'):
+        parts.append('node %d of %d' % (cell.get('node', 0), cell['nodes']))
     if cell.get('replicas', 1) > 1:
         parts.append('R=%d' % cell['replicas'])
     if cell.get('mirror'):
@@ -368,6 +427,10 @@ def _mib(n):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.estimate', description=__doc__)
     parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--node-child', default=None, help=argparse.SUPPRESS)
+    parser.add_argument('--nodes', action='store_true',
+                        help='the cells over 2 node processes (NODE_CELLS), each node\'s '
+                             'table measured in its own process')
     parser.add_argument('--only', default=None, metavar='MODEL,...',
                         help='the cells of these models only')
     parser.add_argument('--json', default=None, metavar='FILE',
@@ -380,15 +443,18 @@ def main(argv=None):
         import mxnet  # pylint: disable=import-outside-toplevel,unused-import
         print(json.dumps([_forked(cell) for cell in cells]))
         return 0
+    if args.node_child:
+        print(json.dumps(_measure_here(json.loads(args.node_child))))
+        return 0
     if args.report:
         with open(args.report) as given:
             report(json.load(given))
         return 0
-    cells = CELLS
+    cells = NODE_CELLS if args.nodes else CELLS
     if args.only:
         wanted = set(args.only.split(','))
-        cells = [c for c in CELLS if c['model'] in wanted]
-    rows = run(cells)
+        cells = [c for c in cells if c['model'] in wanted]
+    rows = (run_nodes if args.nodes else run)(cells)
     if args.json:
         with open(args.json, 'w') as out:
             json.dump(rows, out, indent=1)

@@ -171,32 +171,28 @@ def test_estimate_memory_refuses_an_optimizer_it_does_not_know():
                                     optimizer='novel')
 
 
-def test_estimate_memory_refuses_a_pipeline_over_nodes_in_one_line(monkeypatch):
-    """A Pipeline over node processes holds only each node's stages, on each
-    node's own devices: the estimate, of one process's devices, refuses it
-    rather than estimate every stage as one process's."""
-    from mp_symbolic.core import pipeline  # pylint: disable=import-outside-toplevel
-    for name, value in {'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '1', 'RANK': '0',
-                        'WORLD_SIZE': '2'}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(pipeline.node_processes, 'join', lambda *args, **kwargs: None)
-
-    class Agreeing:  # the other node, making the same plan
-        def agree(self, facts):
-            return facts
-
-    monkeypatch.setattr(pipeline.comm, 'control', lambda *args: Agreeing())
+def test_estimate_memory_asks_for_label_shapes_where_a_callable_heads_label_type_is_unknown():
+    """A head that casts its label leaves the label's type to the caller: the
+    estimate refuses in one line naming the head and what to pass, and takes
+    the label's shape."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
     task, _ = load_task('regression')
-    for schedule in ('gpipe', '1f1b'):
-        pipe = Pipeline(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2), nodes=2,
-                        schedule=schedule)
-        assert pipe.local_stages == (0,)
-        with pytest.raises(ValueError) as refused:
-            mp_symbolic.estimate_memory(pipe, sample=(100, 2))
-        assert str(refused.value) == (
-            "nodes: expected a Pipeline of one process to estimate (its table is of one "
-            "process's devices), found one over 2 nodes, each holding only its stages; "
-            "estimate the plan without nodes")
+
+    def casting_mse(prediction, label):
+        return mx.sym.MakeLoss(mx.sym.mean(mx.sym.square(
+            prediction - mx.sym.Cast(label, dtype='float32'))))
+
+    with pytest.raises(ValueError) as refused:
+        mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2),
+                                    loss=casting_mse)
+    assert str(refused.value) == (
+        "label_shapes: expected them with a loss head whose label's type MXNet cannot infer "
+        "from the data, found none for loss 'casting_mse'; pass "
+        "label_shapes=[('softmax_label', shape)] (the label then float32)")
+    table = mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2),
+                                        loss=casting_mse,
+                                        label_shapes=[('softmax_label', (100, 1))])
+    assert table['cpu(1)'].inputs == 100 * 4  # the label, float32, on the last stage
 
 
 def test_estimate_memory_refuses_a_rank_not_among_the_workers_in_one_line():

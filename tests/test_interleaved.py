@@ -65,6 +65,25 @@ def test_what_interleaving_cannot_run_is_refused_in_one_line(kwargs, message):
         Pipeline(_lm()[0], 'cpu:0,cpu:1', **kwargs)
 
 
+@pytest.mark.parametrize('schedule, virtual', [('gpipe', None), ('1f1b', None),
+                                               ('interleaved', None), ('interleaved', 2)])
+def test_a_pipeline_checks_its_virtual_stages_once(monkeypatch, schedule, virtual):
+    """``Pipeline(virtual=...)`` is checked by the schedule record once, before
+    the placement; the placement and the schedule take the checked count."""
+    calls = []
+    check = sched.check_spec
+
+    def counted(*args):
+        calls.append(args)
+        return check(*args)
+
+    monkeypatch.setattr(sched, 'check_spec', counted)
+    pipe = Pipeline(_lm()[0], 'cpu:0,cpu:1', chunks=2, schedule=schedule, virtual=virtual)
+    assert calls == [(schedule, virtual)]
+    assert pipe.virtual == (2 if schedule == 'interleaved' else 1)
+    assert pipe.plan.num_stages == 2 * pipe.virtual
+
+
 def _entered(schedule, device=0):
     """Micro-batches the first stage takes in on ``device`` before its first backward."""
     actions = schedule[device]
@@ -120,6 +139,27 @@ def test_a_virtual_count_too_large_for_the_blocks_is_blamed_on_virtual(capsys, t
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         'error: --virtual: too many stages for the blocks (devices per replica: 3, 1000000 '
         'stages on each: 3000000 stages, blocks: 3); expected at most one stage per block')
+
+
+def test_a_virtual_count_too_large_for_a_whole_networks_ops_is_blamed_on_virtual(capsys, tmp_path):
+    from conftest import cli_status  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.training.cli import main  # pylint: disable=import-outside-toplevel
+    assert cli_status(main, ['train', '--task', 'lm', '--task-arg', 'whole=True', '--schedule',
+                             'interleaved', '--virtual', '1000000', '--epochs', '1', '--out',
+                             str(tmp_path / 'out')]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        'error: --virtual: too many stages for the graph (devices per replica: 3, 1000000 '
+        'stages on each: 3000000 stages, ops: 204); expected at most one stage per op')
+
+
+def test_too_few_ops_of_a_whole_network_for_the_virtual_stages_is_refused_counting_stages():
+    from mxnet import gluon  # pylint: disable=import-outside-toplevel
+    net = gluon.nn.Dense(2, in_units=4)  # one op, cut through its graph
+    net.initialize()
+    with pytest.raises(DeviceSpecError, match=r'^too many stages for the graph \(devices per '
+                                              r'replica: 2, 2 stages on each: 4 stages, ops: '
+                                              r'1\); expected at most one stage per op$'):
+        Pipeline(net, 'cpu:0,cpu:1', sample=(4, 4), chunks=2, schedule='interleaved')
 
 
 def test_too_few_blocks_for_the_virtual_stages_is_refused_counting_stages_not_devices():

@@ -445,8 +445,8 @@ def test_the_executor_api_runs_every_schedule_and_gives_gpipes_losses_and_parame
 @pytest.mark.parametrize('fields, message', [
     (dict(schedule='zb'), r"^schedule: expected gpipe or 1f1b or interleaved, found 'zb'$"),
     (dict(schedule='1f1b', virtual=2),
-     r"^virtual: expected schedule 'interleaved' with it \(virtual stages are its\), found 2 "
-     r"with schedule '1f1b'$"),
+     r"^virtual: expected None with schedule='1f1b' \(virtual stages are the 'interleaved' "
+     r"schedule's\), found 2$"),
     (dict(schedule='interleaved', virtual=0), r"^virtual: expected a positive integer, found 0$"),
     (dict(schedule='1f1b', variant='imperative'),
      r"^schedule: expected 'gpipe' \(the default\) with variant 'imperative'"),
@@ -458,6 +458,22 @@ def test_a_schedule_the_run_cannot_use_is_refused_in_one_line(fields, message):
                     momentum=0.0, **fields)
 
 
+def test_the_run_refuses_virtual_stages_with_the_schedule_records_own_message():
+    """The task file's ``virtual`` and ``Pipeline(virtual=...)`` are one check
+    (``schedule.check_spec``): one message each."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.schedule import check_spec
+    from mp_symbolic.training.config import TrainConfig
+    for schedule, virtual in (('1f1b', 2), ('gpipe', 1), ('interleaved', 0),
+                              ('interleaved', True), ('interleaved', 1.5)):
+        with pytest.raises(ValueError) as record:
+            check_spec(schedule, virtual)
+        with pytest.raises(ValueError) as run:
+            TrainConfig(task='regression', batch_size=8, num_epochs=1, schedule=schedule,
+                        virtual=virtual)
+        assert str(run.value) == str(record.value), (schedule, virtual)
+
+
 @pytest.mark.slow
 def test_virtual_stages_the_run_cannot_use_are_refused_on_the_command_line_in_one_line(capsys):
     """``--virtual`` without ``--schedule interleaved``, end to end (exit
@@ -467,8 +483,8 @@ def test_virtual_stages_the_run_cannot_use_are_refused_on_the_command_line_in_on
     blocks = ['--widths', '2,4,4,4,1', '--batch-size', '12']
     assert one_line_error(run(['-m', 'mp_symbolic', 'train', '--schedule', '1f1b', '--virtual',
                                '2'] + TRAIN + blocks)) == \
-        "error: --virtual: expected schedule 'interleaved' with it (virtual stages are its), " \
-        "found 2 with schedule '1f1b'"
+        "error: --virtual: expected None with schedule='1f1b' (virtual stages are the " \
+        "'interleaved' schedule's), found 2"
     assert one_line_error_in_process(['train', '--schedule', 'interleaved', '--virtual', '0']
                                      + TRAIN + blocks, capsys) == \
         'error: --virtual: expected a positive integer, found 0'

@@ -183,7 +183,8 @@ class Pipeline(gluon.Block):
                              "planner holds each device to), found it without a plan")
         self.batchnorm = batchnorms.check_mode(batchnorm)
         self.shard_optimizer = zero.check(shard_optimizer)
-        schedules.check_spec(schedule, virtual)
+        # the one check of virtual, before any node waits: the stages per device
+        per_device = schedules.check_spec(schedule, virtual)
         self.schedule = schedule
         self.nodes = None
         if nodes is not None and nodes != 1:
@@ -216,12 +217,14 @@ class Pipeline(gluon.Block):
         for i, block in enumerate(self.blocks):
             self.register_child(block, 'block%d' % i)
         split = replica_devices(devices, replicas, self.nodes)
+        devices_per_replica = len(split[0][0])
         self.placement = place(self.blocks, whole, split,
-                               schedules.stage_devices(schedule, len(split[0][0]), virtual),
+                               schedules.round_robin(devices_per_replica, per_device),
                                balance, sample, chunks, replicas, mirror, tied, batch_axis,
-                               sample_checked=tensor_parallel is not None)
+                               sample_checked=tensor_parallel is not None, virtual=per_device)
         # made once, with its virtual stages; a schedule that cannot run is refused here
-        self._schedule = schedules.over(schedule, len(split[0][0]), chunks, virtual)
+        self._schedule = schedules.make(schedule, devices_per_replica * per_device, chunks,
+                                        per_device)
         self._forwards = self._schedule.forwards()
         if self.nodes is not None:  # every check above is done: now wait for the others
             node_processes.join(self.nodes, gpus=any(

@@ -272,6 +272,13 @@ def check_spec(spec, virtual=None):
     return positive_int('virtual', (default or 1) if virtual is None else virtual)
 
 
+def round_robin(devices, virtual):
+    """The device of each of ``devices x virtual`` stages, stage ``s`` on
+    device ``s mod devices``: how every named schedule lays its stages out
+    (``virtual`` a count :func:`check_spec` gave)."""
+    return tuple(s % devices for s in range(devices * virtual))
+
+
 def stage_devices(spec, devices, virtual=None):
     """The device each stage of ``spec`` over ``devices`` devices runs on, its
     virtual stages per device ``virtual`` (:func:`check_spec`): stage ``s`` on
@@ -281,8 +288,7 @@ def stage_devices(spec, devices, virtual=None):
     Raises:
         ValueError: as :func:`check_spec`.
     """
-    devices = positive_int('devices', devices)
-    return tuple(s % devices for s in range(devices * check_spec(spec, virtual)))
+    return round_robin(positive_int('devices', devices), check_spec(spec, virtual))
 
 
 def over(spec, devices, microbatches, virtual=None):

@@ -17,9 +17,9 @@ __all__ = []
 
 def estimate_memory(model, devices=None, sample=None, loss='softmax', output=None,
                     data_shapes=None, label_shapes=None, optimizer='sgd',
-                    optimizer_params=None, workers=1, rank=0, **plan):
+                    optimizer_params=None, workers=1, rank=0, nodes=None, node=None, **plan):
     """Bytes per device and category of one training step, without binding
-    or running anything.
+    or running anything; over node processes, per node.
 
     Example::
 
@@ -48,6 +48,13 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
             whose table is estimated (its batch is ``sample``: its share):
             under ``shard_optimizer`` its optimizer rows hold its share of
             the state dealt over replicas x workers.
+        nodes, node: Over node processes, their count and the node whose
+            table is estimated: its stages' arrays, executors and buffers
+            alone, on its devices, as each replica's devices are dealt over
+            the nodes. A Pipeline over nodes: its own (``node`` by default
+            this process's). A network or a Pipeline of one process: the
+            plan over ``nodes`` processes, made in this one (no rendezvous);
+            without ``node``, the whole job: one table per node.
         **plan: ``Pipeline`` arguments (``chunks``, ``replicas``, ``schedule``,
             ``virtual``, ``mirror``, ``balance``, ``tensor_parallel``,
             ``batch_axis``, ``shard_optimizer``: each replica's optimizer
@@ -55,12 +62,14 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
 
     Returns:
         A :class:`~mp_symbolic.tools.memory.MemoryTable` whose ``other`` is
-        the activations and workspace MXNet's plan gives each device.
+        the activations and workspace MXNet's plan gives each device; with
+        ``nodes`` and no ``node`` for a network or a Pipeline of one
+        process, a tuple of them, node by node.
 
     Raises:
-        ValueError: a plan or shapes the Pipeline refuses, a Pipeline over
-            node processes, an optimizer the estimate does not know, or no
-            batch shape (one line each).
+        ValueError: a plan or shapes the Pipeline refuses, nodes or a node
+            the plan does not have, an optimizer the estimate does not know,
+            or no batch shape (one line each).
     """
     from ..core.pipeline import Pipeline  # pylint: disable=import-outside-toplevel
     if isinstance(model, Pipeline):
@@ -75,10 +84,21 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
         pipe = Pipeline(model, devices, sample=sample, **plan)
     if data_shapes is None:
         data_shapes = _shapes_of(pipe, sample)
-    table = estimate(pipe, data_shapes, label_shapes, loss=loss, output=output,
-                     label_name=label_shapes[0][0] if label_shapes else None,
-                     optimizer=optimizer, optimizer_params=optimizer_params,
-                     workers=workers, rank=rank)
+
+    def table_of(node):
+        return _table(estimate(pipe, data_shapes, label_shapes, loss=loss, output=output,
+                               label_name=label_shapes[0][0] if label_shapes else None,
+                               optimizer=optimizer, optimizer_params=optimizer_params,
+                               workers=workers, rank=rank, nodes=nodes, node=node))
+
+    if pipe.nodes is None and node is None and nodes not in (None, 1):
+        first = table_of(0)  # nodes checked
+        return (first,) + tuple(table_of(k) for k in range(1, nodes))
+    return table_of(node)
+
+
+def _table(table):
+    """The :class:`MemoryTable` of :func:`estimate`'s ``{device: {category: bytes}}``."""
     rows = []
     for device, row in table.items():
         values = {c: row[c] for c in CATEGORIES}

@@ -365,9 +365,11 @@ EXIT_FAILED = 1      # training diverged, or a file could not be written
 EXIT_DISAGREE = 3    # compare: the variants did not agree within the tolerance
 
 
-def _flag_message(err, task=None):
+def _flag_message(err, task=None, virtual=1):
     """``'num_epochs: expected ...'`` -> ``'--epochs: expected ...'``; a device
-    plan that cannot be made names ``--devices``."""
+    plan that cannot be made names ``--devices``, or ``--virtual`` for more
+    stages than blocks where the run's schedule puts ``virtual`` (more than
+    one) on each device."""
     # pylint: disable=import-outside-toplevel
     from ..core.base.checks import DeviceSpecError  # these without MXNet: the launcher's checks
     from .tasks import TaskLoadError
@@ -384,8 +386,21 @@ def _flag_message(err, task=None):
         return '%s: %s' % (_FLAG_OF[field], rest)
     if isinstance(err, DeviceSpecError):
         # more stages than blocks: with stages per device, the number asked for is --virtual's
-        return '%s: %s' % ('--virtual' if getattr(err, 'virtual', 1) > 1 else '--devices', err)
+        if virtual > 1:
+            from ..core.placement.balance import TooManyStages
+            if isinstance(err, TooManyStages):
+                return '--virtual: %s' % err
+        return '--devices: %s' % err
     return str(err)
+
+
+def _stages_per_device(cfg):
+    """The stages per device of ``cfg``'s schedule, as its record counts them
+    (:func:`~mp_symbolic.core.schedule.check_spec`); 1 without a config."""
+    if cfg is None:
+        return 1
+    from ..core.schedule import check_spec  # pylint: disable=import-outside-toplevel
+    return check_spec(cfg.schedule, cfg.virtual)
 
 
 def _make_folder(path):
@@ -458,7 +473,7 @@ def main(argv=None):
     from ..tools.store import check_store_folder
     from ..core.transport.nodes import NodeFailure, claim_line as node_line
     from .loop import TrainingDidNotLearn, TrainingDiverged, build_pipeline, load, train
-    spec = None
+    spec = cfg = None
     try:
         cfg = config_from_args(args, argv, **_restarted(args))
         check_dist_environment(cfg.kvstore)  # dist_sync: only in a process launch started
@@ -477,7 +492,7 @@ def main(argv=None):
         check_store_folder(cfg.out_dir, 'training' if args.command == 'train' else None, 'out')
         _make_folder(cfg.out_dir)
     except ValueError as err:
-        print('error: %s' % _flag_message(err, spec), file=sys.stderr)
+        print('error: %s' % _flag_message(err, spec, _stages_per_device(cfg)), file=sys.stderr)
         return EXIT_USAGE
     except NodeFailure as err:  # another node did not join
         print('error: %s' % err, file=sys.stderr)
@@ -493,7 +508,7 @@ def main(argv=None):
             # while the process exits nor kill it silently
             ignore_signals()
     except ValueError as err:  # a folder in use, a checkpoint that cannot be resumed
-        print('error: %s' % _flag_message(err, spec), file=sys.stderr)
+        print('error: %s' % _flag_message(err, spec, _stages_per_device(cfg)), file=sys.stderr)
         return EXIT_USAGE
     except (OSError, TrainingDiverged, TrainingDidNotLearn, NodeFailure) as err:
         if isinstance(err, NodeFailure) and not node_line():

@@ -12,7 +12,7 @@ import math
 from ..core.base.checks import LR_EXPECTED, MOMENTUM_EXPECTED, POSITIVE_EXPECTED, is_int, is_lr, \
     is_momentum, is_positive_int, node_count
 from ..core.graph.batchnorm import DEFAULT as BATCHNORM_DEFAULT, MODES as BATCHNORM_MODES
-from ..core.schedule import DEFAULT, NAMES, VIRTUAL
+from ..core.schedule import DEFAULT, NAMES, VIRTUAL, check_spec
 from .tasks import DEFAULT_TASK
 
 __all__ = []
@@ -152,12 +152,7 @@ class TrainConfig:
             bad('seed', 'an integer in [0, 2**32) (MXNet seeds with 32 bits)')
         if self.schedule not in SCHEDULES:
             bad('schedule', ' or '.join(SCHEDULES))
-        if self.virtual is not None and self.schedule not in VIRTUAL:
-            raise ValueError('virtual: expected schedule %s with it (virtual stages are its), '
-                             'found %r with schedule %r' % (' or '.join(repr(k) for k in VIRTUAL),
-                                                            self.virtual, self.schedule))
-        if self.virtual is not None and not is_positive_int(self.virtual):
-            bad('virtual', POSITIVE_EXPECTED)
+        check_spec(self.schedule, self.virtual)  # the schedule record's own check of virtual
         if self.batchnorm not in BATCHNORM_MODES:
             bad('batchnorm', ' or '.join(BATCHNORM_MODES))
         if self.kvstore is not None and self.kvstore not in KVSTORES:

@@ -9,7 +9,9 @@ It takes ``train``'s flags (``--task``, ``--devices``, ``--chunks``,
 the rows and units of the table ``train`` measures after one step
 (``params``, ``grads``, ``optimizer``, ``aux``, ``inputs``, ``module_copy``,
 ``other``: activations and workspace, ``total``), then the total of every
-device and the largest. Nothing is bound, run or written.
+device and the largest. With ``--nodes N``, the plan is made in this process
+(no rendezvous) and each node's table is printed, its stages' alone. Nothing
+is bound, run or written.
 """
 from dataclasses import replace
 import re
@@ -48,26 +50,29 @@ def run(rest, parse, config_from_args, error, usage_error):
         error('plan: expected the symbolic variant and the module API (the table is the '
               'Module\'s), found --variant %s --api %s' % (args.variant, args.api))
         return usage_error
-    if args.nodes != 1 or args.resume is not None:
-        error('plan: expected a plan of this process (no --nodes, no --resume), found %s'
-              % ('--nodes %d' % args.nodes if args.nodes != 1 else '--resume'))
+    if args.resume is not None:
+        error('plan: expected a new run\'s plan (no --resume), found --resume')
         return usage_error
     # pylint: disable=import-outside-toplevel
     from .loop import build_pipeline, load
     from ..tools.memory import format_bytes, format_memory
     from ..tools.planning import estimate_memory
+    from ..core.planning.estimate import node_stages
     ranking = None
     try:
         cfg = config_from_args(args, ['train'] + rest)
         task, cfg = load(cfg)
         if args.plan is not None or args.memory_per_device is not None:
             cfg, ranking = auto(cfg, task, args, ['train'] + rest)
-        pipe, _ = build_pipeline(cfg, task)
+        nodes = cfg.nodes
+        pipe, _ = build_pipeline(replace(cfg, nodes=1), task)  # the nodes' plan, made here
         data_shapes = task.data_shapes(cfg.batch_size, pipe.data_names())
         label_shapes = [(task.label, (cfg.batch_size,) + tuple(task.label_shape))]
-        table = estimate_memory(pipe, data_shapes=data_shapes, label_shapes=label_shapes,
-                                loss=task.graph_loss, optimizer=cfg.optimizer,
-                                optimizer_params=cfg.optimizer_params())
+        tables = estimate_memory(pipe, data_shapes=data_shapes, label_shapes=label_shapes,
+                                 loss=task.graph_loss, optimizer=cfg.optimizer,
+                                 optimizer_params=cfg.optimizer_params(),
+                                 nodes=nodes if nodes > 1 else None)
+        tables = tables if nodes > 1 else (tables,)
     except ValueError as err:
         error(_flag_line(err))
         return usage_error
@@ -83,18 +88,32 @@ def run(rest, parse, config_from_args, error, usage_error):
                                                  pipe.plan.spec),
                      '--schedule %s --chunks %d' % (cfg.schedule, cfg.chunks)] +
                     (['--replicas %d' % cfg.replicas] if cfg.replicas > 1 else []) +
+                    (['--nodes %d' % nodes] if nodes > 1 else []) +
                     (['--mirror'] if cfg.mirror else []) +
                     (['--shard-optimizer'] if cfg.shard_optimizer else []) +
                     ['--batch-size %d --optimizer %s' % (cfg.batch_size, cfg.optimizer)])
     print(plan)
     print('memory per device, estimated before allocation (other: activations and workspace, '
           'from MXNet\'s memory plan of the training graph):')
-    for line in format_memory(table.as_dict()):
-        print('    ' + line)
-    largest = max(table, key=lambda row: row.total)
-    print('total %s on %d device(s); the most on %s: %s'
-          % (format_bytes(table.total), len(table), largest.device,
-             format_bytes(largest.total)))
+    for node, table in enumerate(tables):
+        if nodes > 1:
+            stages = node_stages(pipe, nodes, node)
+            print('  node %d (stage%s %s):' % (node, 's' if len(stages) > 1 else '',
+                                               ', '.join(str(s) for s in stages)))
+        for line in format_memory(table.as_dict()):
+            print('    ' + line)
+    if nodes > 1:
+        largest = max(((n, row) for n, table in enumerate(tables) for row in table),
+                      key=lambda pair: pair[1].total)
+        print('total %s on %d node(s); the most on node %d\'s %s: %s'
+              % (format_bytes(sum(t.total for t in tables)), nodes, largest[0],
+                 largest[1].device, format_bytes(largest[1].total)))
+    else:
+        table = tables[0]
+        largest = max(table, key=lambda row: row.total)
+        print('total %s on %d device(s); the most on %s: %s'
+              % (format_bytes(table.total), len(table), largest.device,
+                 format_bytes(largest.total)))
     sys.stdout.flush()
     return 0
 

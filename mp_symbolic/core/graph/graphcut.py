@@ -165,6 +165,8 @@ class Cut:
             is fixed already; ``balance`` is then not read and parameter
             shapes need not be known.
         batch_axis: The axis of the batch in the inputs.
+        virtual: The stages per device of ``num_stages`` (the schedule's),
+            named where the graph has fewer ops than stages.
 
     Attributes:
         placed: The unlabelled graph, op names made unique.
@@ -186,7 +188,7 @@ class Cut:
 
     def __init__(self, symbol, num_stages, balance=None, input_shape=None, param_shapes=None,
                  owners=None, data_name=DATA_NAME, slack=0.1, ctx=None, stage_of_op=None,
-                 batch_axis=0):
+                 batch_axis=0, virtual=1):
         self.data_names = (data_name,) if isinstance(data_name, str) else tuple(data_name)
         self.data_name = self.data_names[0]
         if not isinstance(symbol, PlacedGraph):
@@ -228,7 +230,7 @@ class Cut:
             if self.costs is None:
                 sizes = check_balance(balance, len(order), num_stages, unit='ops')
             else:
-                sizes = solve(self.costs, num_stages, cross, slack, unit='ops')
+                sizes = solve(self.costs, num_stages, cross, slack, unit='ops', virtual=virtual)
             self.stage_of_op = tuple(s for s, count in enumerate(sizes) for _ in range(count))
         stage = dict(zip(order, self.stage_of_op))
         self.readers, self.owner = {}, {}

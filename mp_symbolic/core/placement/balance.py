@@ -21,12 +21,8 @@ class CutError(BalanceError):
 
 class TooManyStages(DeviceSpecError, BalanceError):
     """More stages than blocks (or ops): a ``DeviceSpecError`` and a
-    ``BalanceError`` alike; ``virtual``, the stages per device asked for, is
-    counted in the message."""
-
-    def __init__(self, message, virtual=1):
-        super().__init__(message)
-        self.virtual = virtual
+    ``BalanceError`` alike; the stages per device asked for, where more than
+    one, are counted in the message."""
 
 
 def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtual=1):
@@ -40,7 +36,7 @@ def check_stage_count(num_stages, count, unit='blocks', per_replica=False, virtu
         raise TooManyStages('too many stages for the %s (devices per replica: %d, %d stages on '
                             'each: %d stages, %s: %d); expected at most one stage per %s'
                             % (whole, num_stages // virtual, virtual, num_stages, unit, count,
-                               unit[:-1]), virtual)
+                               unit[:-1]))
     raise TooManyStages('too many devices for the %s (devices%s: %d, %s: %d); expected at most '
                         'one device per %s' % (whole, ' per replica' if per_replica else '',
                                                num_stages, unit, count, unit[:-1]))
@@ -93,7 +89,7 @@ def check_balance(balance, num_items, num_stages, unit='blocks'):
     return tuple(int(b) for b in balance)
 
 
-def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
+def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks', virtual=1):
     """Blocks (or ops) per stage, contiguous, each stage at least one: first the
     smallest largest stage cost ``B``; then, among splits whose every stage
     costs at most ``B * (1 + slack)``, the fewest bytes crossing; then the
@@ -103,6 +99,7 @@ def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
         costs: Non-negative cost of each block (op), in order.
         cross: Bytes crossing a cut after each position (``None``: balance only).
         unit: What the costs are of, for the message.
+        virtual: The stages per device of ``num_stages``, for the message.
 
     Returns:
         A tuple of ``num_stages`` positive ints summing to ``len(costs)``.
@@ -113,7 +110,7 @@ def solve(costs, num_stages, cross=None, slack=0.0, unit='blocks'):
     n = len(costs)
     if num_stages < 1:
         raise BalanceError('expected at least one device, found %d' % num_stages)
-    check_stage_count(num_stages, n, unit)
+    check_stage_count(num_stages, n, unit, virtual=virtual)
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(costs, dtype=np.float64))])
     # bottleneck[k][i]: smallest largest stage over splits of items[:i] into k stages
     inf = np.inf

@@ -363,7 +363,7 @@ def replica_devices(devices, replicas, nodes=None):
 
 
 def place(blocks, whole, devices, device_of_stage, balance=None, sample=None, chunks=1,
-          replicas=1, mirror=False, tied=None, batch_axis=0, sample_checked=False):
+          replicas=1, mirror=False, tied=None, batch_axis=0, sample_checked=False, virtual=1):
     """The :class:`Placement` of ``blocks`` on ``devices`` (see
     :class:`~mp_symbolic.Pipeline` for the arguments).
 
@@ -374,6 +374,9 @@ def place(blocks, whole, devices, device_of_stage, balance=None, sample=None, ch
             replica's devices divided over the nodes in order).
         device_of_stage: The device of a replica each stage runs on, as its
             schedule lays them (:func:`~mp_symbolic.core.schedule.stage_devices`).
+        virtual: The stages per device of the schedule
+            (:func:`~mp_symbolic.core.schedule.check_spec`'s count), named where
+            the blocks or the graph's ops are fewer than the stages.
         sample: A batch or its shape, or a tuple of them
             (:func:`sample_shapes`); ``None``: no sample, one input.
         batch_axis: The axis of the batch in every input and output.
@@ -407,15 +410,15 @@ def place(blocks, whole, devices, device_of_stage, balance=None, sample=None, ch
         graph.infer_shapes(blocks, shapes, inputs)
     cut, outputs = None, None
     if whole:
-        cut, outputs = _cut(blocks[0], num_stages, balance, shapes, inputs, tied, batch_axis)
+        cut, outputs = _cut(blocks[0], num_stages, balance, shapes, inputs, tied, batch_axis,
+                            virtual)
         plan = DevicePlan(replica_devices[0], cut.stage_of_op, replica_devices,
                           node_of_stage=node_of_stage)
         owner = {n: s for n, s in cut.owner.items() if n not in names}
         for name in parameters(blocks):
             owner.setdefault(name, 0)  # a parameter the forward pass does not use
     else:
-        sizes = _balance(blocks, num_stages, balance, shapes, replica_devices[0][0],
-                         num_stages // len(split[0]))
+        sizes = _balance(blocks, num_stages, balance, shapes, replica_devices[0][0], virtual)
         plan = DevicePlan(replica_devices[0], balancing.stage_of_block(sizes), replica_devices,
                           node_of_stage=node_of_stage)
         owner = {}
@@ -541,7 +544,7 @@ def _balance(blocks, num_stages, balance, shapes, device, virtual=1):
     return balancing.check_balance(balance, len(blocks), num_stages)
 
 
-def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
+def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0, virtual=1):
     """``(cut, outputs)``: the cut of one whole network into ``num_stages``
     stages, and the nesting of its output."""
     with fresh_variables(net), tensor_parallel.mark_shards(net):
@@ -559,7 +562,7 @@ def _cut(net, num_stages, balance, shapes, inputs, tied, batch_axis=0):
     try:
         return graphcut.Cut(symbol, num_stages, balance,
                             None if shapes is None else dict(zip(names, shapes)), params, tied,
-                            names, batch_axis=batch_axis), outputs
+                            names, batch_axis=batch_axis, virtual=virtual), outputs
     except balancing.TooManyStages:
         raise
     except balancing.BalanceError as err:  # CutError too

@@ -940,16 +940,19 @@ def _row(table, device):
 
 
 def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, trained, states,
-                with_inputs=True, held=None):
+                with_inputs=True, held=None, only=None):
     """The arrays' rows of one executor bound on ``symbol`` at ``shapes``, each on
     its group's device; optimizer states only of ``held`` where given (the
-    replica's share under ``shard_optimizer``)."""
+    replica's share under ``shard_optimizer``); only the arrays named in
+    ``only`` where given (a node's stages)."""
     attrs = symbol.attr_dict()
 
     def device(name):
         return group2ctx.get(attrs.get(name, {}).get(GROUP_ATTR), context)
 
     for name in symbol.list_arguments():
+        if only is not None and name not in only:
+            continue
         size = _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
         row = _row(table, device(name))
         if name in inputs:
@@ -961,15 +964,18 @@ def _add_arrays(table, symbol, shapes, types, group2ctx, context, inputs, traine
                 if held is None or name in held:
                     row['optimizer'] += states * size
     for name in symbol.list_auxiliary_states():
+        if only is not None and name not in only:
+            continue
         _row(table, device(name))['aux'] += \
             _nbytes(shapes[name], np.dtype(types.get(name, 'float32')).itemsize)
 
 
-def replica_shares(pipe, symbol, shapes, types, inputs, trained, worker=(0, 1)):
+def replica_shares(pipe, symbol, shapes, types, inputs, trained, worker=(0, 1), only=None):
     """``[set of parameter names]`` per replica: the optimizer state each holds
     under ``shard_optimizer``, dealt as the Module deals it
     (:func:`mp_symbolic.core.optim.zero.owners`) over the replicas of every
-    ``dist_sync`` worker, ``worker`` being ``(rank, workers)``; ``None`` per
+    ``dist_sync`` worker, ``worker`` being ``(rank, workers)``, of the
+    parameters named in ``only`` where given (a node's); ``None`` per
     replica without sharding."""
     from ..optim.zero import owners  # pylint: disable=import-outside-toplevel
     rank, workers = worker
@@ -979,7 +985,8 @@ def replica_shares(pipe, symbol, shapes, types, inputs, trained, worker=(0, 1)):
     group2ctx, context = pipe.plan.group2ctxs[0], pipe.plan.stage_devices[0][0][0]
     params = [(n, str(group2ctx.get(attrs.get(n, {}).get(GROUP_ATTR), context)),
                _nbytes(shapes[n], np.dtype(types.get(n, 'float32')).itemsize))
-              for n in symbol.list_arguments() if n not in inputs and n in trained]
+              for n in symbol.list_arguments() if n not in inputs and n in trained and
+              (only is None or n in only)]
     owned = owners(params, pipe.replicas * workers)
     return [{n for n, k in owned.items() if k == rank * pipe.replicas + r}
             for r in range(pipe.replicas)]
@@ -994,12 +1001,30 @@ def optimizer_shares(pipe, symbol, shapes, fixed=(), worker=(0, 1)):
     return replica_shares(pipe, symbol, found, types, inputs, trained, worker)
 
 
+class UntypedError(ValueError):
+    """Arrays of a graph whose types MXNet cannot infer from its inputs'
+    (``names``); the message is one line."""
+
+    def __init__(self, names):
+        super().__init__('types: expected every array of the graph typed from its inputs, '
+                         'found %s untyped (give its shape)' % ', '.join(names[:3]))
+        self.names = tuple(names)
+
+
 def _specs(symbol, shapes):
     """``({name: shape}, {name: dtype})`` of every argument and auxiliary state
-    for inputs of ``shapes`` (labels optional)."""
+    for inputs of ``shapes`` (labels optional), float32 each.
+
+    Raises:
+        UntypedError: an array whose type does not follow from the inputs'.
+        ValueError: an array whose shape does not follow from ``shapes``.
+    """
     arg_shapes, _, aux_shapes = symbol.infer_shape_partial(**shapes)
-    arg_types, _, aux_types = symbol.infer_type(**{n: 'float32' for n in shapes})
+    arg_types, _, aux_types = symbol.infer_type_partial(**{n: 'float32' for n in shapes})
     names = symbol.list_arguments() + symbol.list_auxiliary_states()
+    untyped = [n for n, t in zip(names, arg_types + aux_types) if t is None]
+    if untyped:
+        raise UntypedError(untyped)
     found = dict(zip(names, [tuple(s) for s in arg_shapes + aux_shapes]))
     missing = [n for n, s in found.items() if not s or 0 in s]
     if missing:
@@ -1008,10 +1033,49 @@ def _specs(symbol, shapes):
     return found, dict(zip(names, arg_types + aux_types))
 
 
+def node_stages(pipe, nodes=None, node=None):
+    """The stages node ``node`` of ``nodes`` node processes runs of ``pipe``'s
+    plan, each replica's devices dealt over the nodes as a Pipeline over
+    nodes deals them; ``None`` for one process.
+
+    Args:
+        pipe: A :class:`~mp_symbolic.Pipeline`. Over node processes, its own
+            nodes (``nodes`` their count or ``None``; ``node`` by default
+            this process's rank); in one process, the plan of ``nodes``.
+        nodes: The node processes (``None`` or 1: one process).
+        node: The node, from 0.
+
+    Raises:
+        ValueError: ``nodes`` other than the Pipeline's own, more nodes than
+            devices per replica, or a ``node`` not among them (one line).
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..transport.nodes import node_of_devices
+    if pipe.nodes is not None:
+        if nodes not in (None, pipe.nodes.count):
+            raise ValueError('nodes: expected the Pipeline\'s own %d nodes or none, found %r'
+                             % (pipe.nodes.count, nodes))
+        nodes, node = pipe.nodes.count, pipe.nodes.rank if node is None else node
+        node_of_stage = pipe.plan.node_of_stage
+    elif nodes is None or nodes == 1:
+        if node not in (None, 0):
+            raise ValueError('node: expected a node with nodes (their count), found node=%r '
+                             'without nodes' % (node,))
+        return None
+    else:
+        of_device = node_of_devices(pipe.devices_per_replica, nodes)
+        node_of_stage = tuple(of_device[d] for d in pipe.run_schedule().device_of_stage)
+    if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < nodes:
+        raise ValueError('node: expected a node of the %d (0 to %d), found %r'
+                         % (nodes, nodes - 1, node))
+    return tuple(s for s, n in enumerate(node_of_stage) if n == node)
+
+
 def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
-             label_name=None, optimizer='sgd', optimizer_params=None, workers=1, rank=0):
+             label_name=None, optimizer='sgd', optimizer_params=None, workers=1, rank=0,
+             nodes=None, node=None):
     """Bytes per device and category of one training step of ``pipe``'s Module,
-    nothing bound.
+    nothing bound; over node processes, of one node's.
 
     Args:
         pipe: A :class:`~mp_symbolic.Pipeline`: its plan.
@@ -1024,6 +1088,10 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
             (:data:`STATES`).
         workers, rank: The ``dist_sync`` workers and this worker's rank, over
             which ``shard_optimizer`` deals the state.
+        nodes, node: Over node processes, the table of node ``node``: the
+            arrays, executors and buffers of its stages alone, as
+            :func:`node_stages` deals them (a Pipeline over nodes: its own,
+            this process's node by default).
 
     Returns:
         ``{device: {category: bytes}}`` of :data:`CATEGORIES` and ``total``,
@@ -1031,19 +1099,17 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
         gives a measured step's.
 
     Raises:
-        ValueError: a Pipeline over node processes, an optimizer
-            :data:`STATES` does not know, a batch the micro-batches and replicas
-            do not divide, shapes the graph does not take, or a rank not among
-            the workers.
+        ValueError: an optimizer :data:`STATES` does not know, a batch the
+            micro-batches and replicas do not divide, shapes the graph does
+            not take, a loss head whose label's type does not follow from the
+            data without ``label_shapes``, a rank not among the workers, or
+            nodes and a node :func:`node_stages` refuses.
     """
     # pylint: disable=import-outside-toplevel
     from ..engine.module import fixed_param_names
     from ..engine.runtime import fused
-    if pipe.nodes is not None:
-        raise ValueError('nodes: expected a Pipeline of one process to estimate (its table '
-                         'is of one process\'s devices), found one over %d nodes, each holding '
-                         'only its stages; estimate the plan without nodes' % pipe.nodes.count)
     from ..graph.names import LABEL_NAME
+    local = node_stages(pipe, nodes, node)
     name = str(optimizer).lower()
     if name not in STATES:
         raise ValueError('optimizer: expected one of %s, found %r'
@@ -1061,17 +1127,28 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
     if batch % per:
         raise ValueError('batch size: expected a multiple of chunks x replicas (%d), found %d'
                          % (per, batch))
-    if fused(pipe):
-        symbol = pipe.training_symbol(loss, label_name=label_name, output=output)
-        table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
-                           set(fixed_param_names(pipe, symbol)), (rank, workers))
-    else:
-        placed = pipe.training_graph(loss, label_name=label_name, chunks=1, output=output)
-        symbol = placed.to_symbol()
-        table = _staged(pipe, placed, symbol, data_shapes, label_shapes, states,
-                        set(fixed_param_names(pipe, symbol)), (rank, workers))
-    if pipe.replicas > 1:
-        _kvstore(table, symbol, data_shapes, pipe, set(fixed_param_names(pipe, symbol)))
+    held = None
+    try:
+        if fused(pipe) and local is None:  # over nodes every schedule runs on the stage runtime
+            symbol = pipe.training_symbol(loss, label_name=label_name, output=output)
+            table = _one_graph(pipe, symbol, data_shapes, label_shapes, states,
+                               set(fixed_param_names(pipe, symbol)), (rank, workers))
+        else:
+            placed = pipe.training_graph(loss, label_name=label_name, chunks=1, output=output)
+            symbol = placed.to_symbol()
+            table, held = _staged(pipe, placed, symbol, data_shapes, label_shapes, states,
+                                  set(fixed_param_names(pipe, symbol)), (rank, workers), local)
+        if pipe.replicas > 1:
+            _kvstore(table, symbol, data_shapes, pipe, set(fixed_param_names(pipe, symbol)),
+                     held)
+    except UntypedError as err:
+        if label_name not in err.names or label_shapes:
+            raise
+        head = loss if isinstance(loss, str) else getattr(loss, '__name__', type(loss).__name__)
+        raise ValueError('label_shapes: expected them with a loss head whose label\'s type '
+                         'MXNet cannot infer from the data, found none for loss %r; pass '
+                         'label_shapes=[(%r, shape)] (the label then float32)'
+                         % (head, label_name)) from None
     for row in table.values():
         row['total'] = sum(row[c] for c in CATEGORIES)
     return dict(sorted(table.items(), key=lambda kv: _device_key(kv[0])))
@@ -1081,14 +1158,15 @@ def estimate(pipe, data_shapes, label_shapes=None, loss='softmax', output=None,
 PINNED = 'cpu_pinned(0)'
 
 
-def _kvstore(table, symbol, data_shapes, pipe, fixed):
+def _kvstore(table, symbol, data_shapes, pipe, fixed, held=None):
     """The ``'local'`` kvstore's buffers that sum the replicas' gradients
-    (``CommCPU::Reduce``): per trained parameter the sum and one copy per
-    replica past the first, in :data:`PINNED` memory."""
+    (``CommCPU::Reduce``): per trained parameter (of ``held`` where given) the
+    sum and one copy per replica past the first, in :data:`PINNED` memory."""
     inputs = {n for n, _ in data_shapes} | labels_of(symbol)
     batch = data_shapes[0][1][pipe.batch_axis]
     shapes, types = _specs(symbol, _replica_shapes(pipe, data_shapes, batch // pipe.replicas))
-    trained = [n for n in symbol.list_arguments() if n not in inputs and n not in fixed]
+    trained = [n for n in symbol.list_arguments() if n not in inputs and n not in fixed and
+               (held is None or n in held)]
     size = sum(_nbytes(shapes[n], np.dtype(types[n]).itemsize) for n in trained)
     _row(table, PINNED)['other'] += pipe.replicas * size
 
@@ -1128,9 +1206,13 @@ def _one_graph(pipe, symbol, data_shapes, label_shapes, states, fixed, worker=(0
     return table
 
 
-def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed, worker=(0, 1)):
-    """The stage runtime's table: the arrays its stage executors share, then per
-    stage its executors of one micro-batch, as many as it keeps in flight."""
+def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed, worker=(0, 1),
+            local=None):
+    """``(table, held)``: the stage runtime's table, the arrays its stage
+    executors share, then per stage its executors of one micro-batch, as many
+    as it keeps in flight; of the ``local`` stages where given (a node's:
+    ``held`` the names of their arrays, else ``None``), the outputs other
+    nodes' stages compute received on its last stage's device."""
     # pylint: disable=import-outside-toplevel
     from ..base.compat import lengths_outside_gradient
     from ..graph.names import parse_group, stage_name
@@ -1149,15 +1231,22 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed, work
     inputs = set(input_names) | labels
     trained = {n for n in symbol.list_arguments() if n not in inputs and n not in fixed}
     flight = pipe.run_schedule().in_flight()
-    table, requests = {}, []
-    shares = replica_shares(pipe, symbol, specs[0], specs[1], inputs, trained, worker)
+    table, requests, held = {}, [], None
+    if local is not None:
+        held = set()
+        for graph in stages:
+            if graph.stage in local:
+                held.update(graph.symbol.list_arguments() + graph.symbol.list_auxiliary_states())
+    shares = replica_shares(pipe, symbol, specs[0], specs[1], inputs, trained, worker, held)
     for r, group2ctx in enumerate(plan.group2ctxs):
         context = plan.stage_devices[r][0][0]
         # the arrays the stage executors share (their inputs are each executor's own)
         _add_arrays(table, symbol, specs[0], specs[1], group2ctx, context, inputs, trained,
-                    states, with_inputs=False, held=shares[r])
+                    states, with_inputs=False, held=shares[r], only=held)
         for graph in stages:
             s = graph.stage
+            if local is not None and s not in local:
+                continue
             groups = {g: d for g, d in group2ctx.items() if parse_group(g)[0] == s}
             device = groups[stage_name(s)]
             stage_symbol = lengths_outside_gradient(graph.graph).to_symbol()
@@ -1184,11 +1273,14 @@ def _staged(pipe, placed, symbol, data_shapes, label_shapes, states, fixed, work
             _row(table, device)['inputs'] += copies * read
             requests += [workspace(planned, once=pipe.chunks == 1)] * copies
         # the batch's outputs, joined from its micro-batches on the last stage's device
-        last = group2ctx[stage_name(plan.num_stages - 1)]
+        # (over nodes, the node's own stage's; those of other nodes' on its last stage's)
+        last = group2ctx[stage_name(plan.num_stages - 1 if local is None else local[-1])]
         for graph in stages:
+            where = last if local is None or graph.stage not in local else \
+                group2ctx[stage_name(graph.stage)]
             for shape, dtype in head_specs(graph, specs, boundary).values():
-                _row(table, last)['other'] += pipe.chunks * _nbytes(
+                _row(table, where)['other'] += pipe.chunks * _nbytes(
                     shape, np.dtype(dtype).itemsize)
     for device, size in temp_space(requests).items():
         _row(table, device)['other'] += size
-    return table
+    return table, held
