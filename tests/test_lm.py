@@ -218,7 +218,8 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     report = run(widths=(8,), repeats=1, warmup=1, log=lambda line: None)
     assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt'}
     assert set(report['attention'][8]) == {'gpt._Attend', 'zeros_like mask', 'interleaved',
-                                           'softmax temperature'}
+                                           'softmax temperature', 'scores by linalg.gemm'}
+    assert set(report['q, k, v'][8]) == {'three products', 'one product'}
     assert set(report['Adam'][8]) == {'Updater, one adam_update a parameter',
                                       'updater.adam_step', 'one adam_update over one array',
                                       'updater.adam_contiguous', 'multi_adamw, one call',
