@@ -16,7 +16,12 @@ magnitude.
   ``gamma apart`` (the same with ``gamma`` spread by a product of its own and
   multiplied in apart), ``rsqrt`` (the model's with each position's
   reciprocal deviation by one ``rsqrt`` where ``reciprocal`` and ``sqrt`` take
-  two), and the ``LayerNorm`` op itself (its backward runs MXNet's generic
+  two), ``last axis`` (the model's products on the last axis of the input as
+  it is, ``flatten=False``, with no reshape: in the model the input's
+  gradients from the norm and from the residual path are then one ``add_n``),
+  ``InstanceNorm`` (MXNet's ``InstanceNorm`` op over each position's C
+  features as one channel, ``gamma`` and ``beta`` by products as the model's)
+  and the ``LayerNorm`` op itself (its backward runs MXNet's generic
   reduction on CPU).
 * Causal attention of queries, keys and values ``(N, T, C)``, against the
   model's ``gpt._Attend`` (the mask spread over the scores by one ``dot``):
@@ -120,12 +125,45 @@ def _rsqrt(F, x, gamma, beta, C):
     return F.reshape_like(out, x)
 
 
+def _last_axis(F, x, gamma, beta, C):
+    """``gpt.LayerNorm`` with every product on the last axis of ``x`` as it is."""
+    ones = F.BlockGrad(F.ones_like(gamma))
+    mean_of = F.reshape(ones, shape=(1, C)) * (1.0 / C)
+    spread = F.reshape(ones, shape=(C, 1))
+    centred = x - F.FullyConnected(
+        F.FullyConnected(x, mean_of, no_bias=True, num_hidden=1, flatten=False),
+        spread, no_bias=True, num_hidden=C, flatten=False)
+    variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1,
+                                flatten=False)
+    scale = F.FullyConnected(F.reciprocal(F.sqrt(variance + EPSILON)),
+                             F.reshape(gamma, shape=(C, 1)), no_bias=True, num_hidden=C,
+                             flatten=False)
+    each = F.BlockGrad(F.ones_like(variance))
+    return centred * scale + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)),
+                                              no_bias=True, num_hidden=C, flatten=False)
+
+
+def _instance_norm(F, x, gamma, beta, C):
+    """Each position's C features as the one channel of ``InstanceNorm``,
+    ``gamma`` and ``beta`` spread by products as ``gpt.LayerNorm`` spreads them."""
+    one = F.BlockGrad(F.ones_like(F.slice_axis(gamma, axis=0, begin=0, end=1)))   # (1,)
+    normed = F.reshape(F.InstanceNorm(F.reshape(x, shape=(-1, 1, C)), one, one * 0,
+                                      eps=EPSILON), shape=(-1, C))                # (R, C)
+    each = F.BlockGrad(F.ones_like(F.slice_axis(normed, axis=1, begin=0, end=1)))  # (R, 1)
+    out = normed * F.FullyConnected(each, F.reshape(gamma, shape=(C, 1)), no_bias=True,
+                                    num_hidden=C) \
+        + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)), no_bias=True, num_hidden=C)
+    return F.reshape_like(out, x)
+
+
 NORMS = {
     'LayerNorm op': lambda F, x, g, b, C: F.LayerNorm(x, g, b, axis=-1, eps=EPSILON),
     'gpt.LayerNorm': lambda F, x, g, b, C: gpt.LayerNorm(C, prefix='ln_').hybrid_forward(
         F, x, g, b),
     'gamma apart': _gamma_apart,
     'rsqrt': _rsqrt,
+    'last axis': _last_axis,
+    'InstanceNorm': _instance_norm,
 }
 
 

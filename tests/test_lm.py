@@ -216,7 +216,8 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     over one array are MXNet's Adam exactly."""
     from bench.lm_ops import run  # pylint: disable=import-outside-toplevel
     report = run(widths=(8,), repeats=1, warmup=1, log=lambda line: None)
-    assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt'}
+    assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt',
+                                      'last axis', 'InstanceNorm'}
     assert set(report['attention'][8]) == {'gpt._Attend', 'zeros_like mask', 'interleaved',
                                            'softmax temperature', 'scores by linalg.gemm'}
     assert set(report['q, k, v'][8]) == {'three products', 'one product'}
