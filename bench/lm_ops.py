@@ -16,7 +16,12 @@ magnitude.
   ``gamma apart`` (the same with ``gamma`` spread by a product of its own and
   multiplied in apart), ``rsqrt`` (the model's with each position's
   reciprocal deviation by one ``rsqrt`` where ``reciprocal`` and ``sqrt`` take
-  two), and the ``LayerNorm`` op itself (its backward runs MXNet's generic
+  two), ``last axis`` (the model's products on the last axis of the input as
+  it is, ``flatten=False``, with no reshape: in the model the input's
+  gradients from the norm and from the residual path are then one ``add_n``),
+  ``InstanceNorm`` (MXNet's ``InstanceNorm`` op over each position's C
+  features as one channel, ``gamma`` and ``beta`` by products as the model's)
+  and the ``LayerNorm`` op itself (its backward runs MXNet's generic
   reduction on CPU).
 * Causal attention of queries, keys and values ``(N, T, C)``, against the
   model's ``gpt._Attend`` (the mask spread over the scores by one ``dot``):
@@ -24,8 +29,17 @@ magnitude.
   ``broadcast_add``), ``interleaved`` (MXNet's fused
   ``_contrib_interleaved_matmul_selfatt_qk`` / ``_valatt``, the queries, keys
   and values stacked head by head into one ``(T, N, 3C)`` array and the
-  result transposed back) and ``softmax temperature`` (the scale as
-  ``softmax``'s ``temperature`` instead of a product with the queries).
+  result transposed back), ``softmax temperature`` (the scale as
+  ``softmax``'s ``temperature`` instead of a product with the queries) and
+  ``scores by linalg.gemm`` (the queries' scale, the scores' product and the
+  mask's addition in one ``linalg.gemm`` on ``(N h, T, D)`` heads; MXNet
+  1.9.1's ONNX exporter has no converter for it).
+* The queries, keys and values of ``(N, T, C)`` inputs and the attention on
+  them, against the model's three ``FullyConnected`` (``three products``):
+  ``one product`` (the three weights and biases concatenated into one
+  ``FullyConnected`` of ``3 C`` units, its output's heads made by one
+  ``transpose`` and ``split``, as the model would have to with the
+  parameters kept under their names).
 * The loss head on the output layer's ``(N, T, 166)`` scores and the
   labels, against the model's ``SoftmaxOutput`` (``preserve_shape``; MXNet
   1.9.1 runs its oneDNN softmax at inference only, its generic kernel in
@@ -111,12 +125,45 @@ def _rsqrt(F, x, gamma, beta, C):
     return F.reshape_like(out, x)
 
 
+def _last_axis(F, x, gamma, beta, C):
+    """``gpt.LayerNorm`` with every product on the last axis of ``x`` as it is."""
+    ones = F.BlockGrad(F.ones_like(gamma))
+    mean_of = F.reshape(ones, shape=(1, C)) * (1.0 / C)
+    spread = F.reshape(ones, shape=(C, 1))
+    centred = x - F.FullyConnected(
+        F.FullyConnected(x, mean_of, no_bias=True, num_hidden=1, flatten=False),
+        spread, no_bias=True, num_hidden=C, flatten=False)
+    variance = F.FullyConnected(F.square(centred), mean_of, no_bias=True, num_hidden=1,
+                                flatten=False)
+    scale = F.FullyConnected(F.reciprocal(F.sqrt(variance + EPSILON)),
+                             F.reshape(gamma, shape=(C, 1)), no_bias=True, num_hidden=C,
+                             flatten=False)
+    each = F.BlockGrad(F.ones_like(variance))
+    return centred * scale + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)),
+                                              no_bias=True, num_hidden=C, flatten=False)
+
+
+def _instance_norm(F, x, gamma, beta, C):
+    """Each position's C features as the one channel of ``InstanceNorm``,
+    ``gamma`` and ``beta`` spread by products as ``gpt.LayerNorm`` spreads them."""
+    one = F.BlockGrad(F.ones_like(F.slice_axis(gamma, axis=0, begin=0, end=1)))   # (1,)
+    normed = F.reshape(F.InstanceNorm(F.reshape(x, shape=(-1, 1, C)), one, one * 0,
+                                      eps=EPSILON), shape=(-1, C))                # (R, C)
+    each = F.BlockGrad(F.ones_like(F.slice_axis(normed, axis=1, begin=0, end=1)))  # (R, 1)
+    out = normed * F.FullyConnected(each, F.reshape(gamma, shape=(C, 1)), no_bias=True,
+                                    num_hidden=C) \
+        + F.FullyConnected(each, F.reshape(beta, shape=(C, 1)), no_bias=True, num_hidden=C)
+    return F.reshape_like(out, x)
+
+
 NORMS = {
     'LayerNorm op': lambda F, x, g, b, C: F.LayerNorm(x, g, b, axis=-1, eps=EPSILON),
     'gpt.LayerNorm': lambda F, x, g, b, C: gpt.LayerNorm(C, prefix='ln_').hybrid_forward(
         F, x, g, b),
     'gamma apart': _gamma_apart,
     'rsqrt': _rsqrt,
+    'last axis': _last_axis,
+    'InstanceNorm': _instance_norm,
 }
 
 
@@ -159,11 +206,46 @@ def _interleaved(F, q, k, v, head_dim):
     return F.transpose(out, axes=(1, 0, 2))
 
 
+def _linalg_gemm(F, q, k, v, head_dim):
+    heads = [_heads(F, part, head_dim) for part in (q, k, v)]                   # (N, h, T, D)
+    q, k, v = (F.reshape(part, shape=(-3, 0, 0)) for part in heads)             # (N h, T, D)
+    future = _future(F, q)
+    rows = F.reshape(F.ones_like(F.contrib.arange_like(F.BlockGrad(q), axis=0)), shape=(-1, 1))
+    mask = F.BlockGrad(F.reshape_like(F.dot(rows, F.reshape(future * -1e9, shape=(1, -1))),
+                                      future, lhs_begin=1, lhs_end=2, rhs_begin=0, rhs_end=2))
+    scores = F.linalg.gemm(q, k, mask, transpose_b=True, alpha=head_dim ** -0.5, beta=1.0)
+    out = F.reshape_like(F.batch_dot(F.softmax(scores, axis=-1), v), heads[0])  # (N, h, T, D)
+    return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))
+
+
 ATTENTIONS = {
     'gpt._Attend': lambda F, q, k, v, D: gpt._Attend(D)(F, q, k, v),  # pylint: disable=protected-access
     'zeros_like mask': _zeros_like_mask,
     'interleaved': _interleaved,
     'softmax temperature': _temperature,
+    'scores by linalg.gemm': _linalg_gemm,
+}
+
+
+def _three_products(F, x, weights, biases, C):
+    q, k, v = (F.FullyConnected(x, w, b, num_hidden=C, flatten=False)
+               for w, b in zip(weights, biases))
+    return gpt._Attend(C // HEADS)(F, q, k, v)  # pylint: disable=protected-access
+
+
+def _one_product(F, x, weights, biases, C):
+    qkv = F.FullyConnected(x, F.concat(*weights, dim=0), F.concat(*biases, dim=0),
+                           num_hidden=3 * C, flatten=False)                     # (N, T, 3 C)
+    heads = F.transpose(F.reshape(qkv, shape=(0, 0, 3, -1, C // HEADS)),
+                        axes=(2, 0, 3, 1, 4))                                   # (3, N, h, T, D)
+    q, k, v = (F.reshape(F.transpose(part, axes=(0, 2, 1, 3)), shape=(0, 0, -1))
+               for part in F.split(heads, num_outputs=3, axis=0, squeeze_axis=True))
+    return gpt._Attend(C // HEADS)(F, q, k, v)  # pylint: disable=protected-access
+
+
+PROJECTIONS = {
+    'three products': _three_products,
+    'one product': _one_product,
 }
 
 
@@ -396,7 +478,7 @@ def run(widths=(64, 256), repeats=9, warmup=3, log=print):
     """Measures and logs every candidate at every width; returns
     ``{'norm' | 'attention' | 'Adam' | 'loss': {width: {candidate: {'ms', 'error'}}}}``."""
     rng = np.random.RandomState(0)
-    report = {'norm': {}, 'attention': {}, 'Adam': {}, 'loss': {}}
+    report = {'norm': {}, 'attention': {}, 'q, k, v': {}, 'Adam': {}, 'loss': {}}
     for C in widths:
         report['Adam'][C] = _updates(C, repeats, warmup)
         report['loss'][C] = _losses(np.random.default_rng(C), repeats, warmup)
@@ -413,7 +495,18 @@ def run(widths=(64, 256), repeats=9, warmup=3, log=print):
                                            for name, attention in ATTENTIONS.items()},
                                           'gpt._Attend', values, rng.normal(size=shape),
                                           repeats, warmup)
+        names = [[p + '_weight' for p in 'qkv'], [p + '_bias' for p in 'qkv']]
+        values = {n: rng.normal(0.0, 0.1, (C, C) if n in names[0] else (C,))
+                  for n in names[0] + names[1]}
+        values['x'] = rng.normal(size=shape)
+        weights, biases = ([mx.sym.var(n) for n in part] for part in names)
+        report['q, k, v'][C] = _compare({name: projection(mx.sym, mx.sym.var('x'), weights,
+                                                          biases, C)
+                                         for name, projection in PROJECTIONS.items()},
+                                        'three products', values, rng.normal(size=shape),
+                                        repeats, warmup)
     for part, reference in (('norm', 'LayerNorm op'), ('attention', 'gpt._Attend'),
+                            ('q, k, v', 'three products'),
                             ('Adam', 'Updater, one adam_update a parameter'),
                             ('loss', 'SoftmaxOutput')):
         if part == 'loss':
@@ -421,6 +514,10 @@ def run(widths=(64, 256), repeats=9, warmup=3, log=print):
                 'ms a pass (median of %d alternated rounds of %d passes), largest difference '
                 'of the scores\' gradient from %s:'
                 % (BATCH, CONTEXT, VOCAB, repeats, STEPS, reference))
+        elif part == 'q, k, v':
+            log('queries, keys and values of (%d, %d, C) inputs and the attention on them, '
+                'forward and backward, ms a pass (median of %d alternated rounds of %d passes), '
+                'largest difference from %s:' % (BATCH, CONTEXT, repeats, STEPS, reference))
         elif part == 'Adam':
             log('Adam, the update of the model\'s %d parameters at width C after one, ms an '
                 'update (median of %d alternated rounds of %d updates), largest difference of '

@@ -216,9 +216,11 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     over one array are MXNet's Adam exactly."""
     from bench.lm_ops import run  # pylint: disable=import-outside-toplevel
     report = run(widths=(8,), repeats=1, warmup=1, log=lambda line: None)
-    assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt'}
+    assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt',
+                                      'last axis', 'InstanceNorm'}
     assert set(report['attention'][8]) == {'gpt._Attend', 'zeros_like mask', 'interleaved',
-                                           'softmax temperature'}
+                                           'softmax temperature', 'scores by linalg.gemm'}
+    assert set(report['q, k, v'][8]) == {'three products', 'one product'}
     assert set(report['Adam'][8]) == {'Updater, one adam_update a parameter',
                                       'updater.adam_step', 'one adam_update over one array',
                                       'updater.adam_contiguous', 'multi_adamw, one call',
@@ -645,3 +647,36 @@ def test_module_updates_each_devices_parameters_in_one_adam_update(one_device, m
         replicas * len(mod._exec_group.param_names)   # pylint: disable=protected-access
     assert len(calls) == len(flats)
     assert all(call[1][0] is flat.weight for call, flat in zip(calls, flats))
+
+
+def test_views_follow_a_learning_rate_schedule_as_arrays_of_their_own(one_device, monkeypatch):
+    """Three Adam steps under a warmup and a cosine on two stages: with the
+    parameters as views (one adam_update a device, never adam_step nor
+    Adam.update) every parameter ends as without them, to the bit."""
+    from mp_symbolic.core.optim import updater  # pylint: disable=import-outside-toplevel
+    _, init, _, _ = one_device
+    X, y = _batch()
+    batch = mx.io.DataBatch([mx.nd.array(X)], [mx.nd.array(y)])
+
+    def trained():
+        pipe = mp_symbolic.Pipeline(_network(False), 'cpu:0,cpu:1',
+                                    sample=(BATCH, TINY.block_size))
+        mod = _bound(pipe, init[0])
+        schedule = mx.lr_scheduler.CosineScheduler(3, base_lr=3e-3, final_lr=3e-4,
+                                                   warmup_steps=1)
+        mod.init_optimizer(optimizer='adam', force_init=True,
+                           optimizer_params={'learning_rate': 3e-3, 'lr_scheduler': schedule})
+        for _ in range(3):
+            mod.forward_backward(batch)
+            mod.update()
+        return {n: a.asnumpy() for n, a in mod.get_params()[0].items()}
+
+    monkeypatch.delenv('MP_SYMBOLIC_CONTIGUOUS', raising=False)
+    off = trained()
+    monkeypatch.setenv('MP_SYMBOLIC_CONTIGUOUS', '1')
+    monkeypatch.setattr(updater, 'adam_step', lambda *a: pytest.fail('adam_step'))
+    monkeypatch.setattr(mx.optimizer.Adam, 'update', lambda *a: pytest.fail('Adam.update'))
+    on = trained()
+    assert sorted(on) == sorted(off)
+    for name, value in off.items():
+        np.testing.assert_array_equal(on[name], value, err_msg=name)

@@ -185,6 +185,32 @@ def test_adam_over_contiguous_arrays_equals_mxnets_adam_bit_for_bit(kwargs):
     _assert_same_states(theirs, ours, 3)
 
 
+def test_adam_over_contiguous_arrays_follows_a_learning_rate_schedule_bit_for_bit(monkeypatch):
+    """Four steps of a warmup and a cosine over parameters on two devices
+    held as views of one array a device: every weight, moment and count as
+    the same steps on arrays of their own, each step one adam_update a run
+    of views (Adam.update and adam_step never called)."""
+    from mp_symbolic.core.optim import updater as module  # pylint: disable=import-outside-toplevel
+
+    def schedule():
+        return mx.lr_scheduler.CosineScheduler(4, base_lr=3e-3, final_lr=3e-4, warmup_steps=1)
+
+    devices = [mx.cpu(0), mx.cpu(1)]
+    off = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer(lr_scheduler=schedule())))
+    expected = _run(off, 4, devices)
+    monkeypatch.setattr(mx.optimizer.Adam, 'update', lambda *a: pytest.fail('Adam.update'))
+    monkeypatch.setattr(module, 'adam_step', lambda *a: pytest.fail('adam_step'))
+    on = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer(lr_scheduler=schedule())))
+    weights, grads, flats = _contiguous(_arrays(0, devices), devices)
+    on.hold(flats)
+    for step in range(4):
+        for grad, value in zip(grads, _arrays(1 + step, devices)):
+            value.copyto(grad)
+        on(list(range(len(SHAPES))), grads, weights)
+    for a, b in zip(expected, weights):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    _assert_same_states(off.updater, on, 4)
+
 def test_contiguous_parameters_update_in_one_call_a_run_of_equal_settings(monkeypatch):
     """On one device, parameters 0..4 with a learning-rate multiplier on 1
     and weight decay off on 3: the runs [0], [1], [2], [3], [4] of equal

@@ -144,7 +144,9 @@ def adam_contiguous(updater, indices, grads, weights, where):
     """One device's Adam update of ``weights`` by ``grads``, views of
     :class:`Contiguous` arrays: one ``adam_update`` call over each run of
     adjacent parameters of the same learning rate and weight decay, bit for
-    bit what :func:`adam_step` computes (the update is elementwise). The
+    bit what :func:`adam_step` computes (the update is elementwise). With a
+    learning-rate schedule, each parameter's rate is the schedule's at the
+    count the step reaches, as ``Adam.update`` asks it. The
     updater's ``states`` become views of the :class:`Contiguous`' moments; a
     state put in their place (``set_states``) is copied into them on the next
     call.
@@ -159,14 +161,13 @@ def adam_contiguous(updater, indices, grads, weights, where):
 
     Returns:
         True where it updated them; False, having changed nothing, where the
-        optimizer is not exactly ``mx.optimizer.Adam`` or has a learning-rate
-        schedule, a weight or gradient is not a float32 view a
+        optimizer is not exactly ``mx.optimizer.Adam``, a weight or gradient is not a float32 view a
         :class:`Contiguous` holds at the same position, the update counts
         differ, or a state is not a pair of dense arrays of the weight's shape
         and dtype.
     """
     opt = getattr(updater, 'optimizer', None)
-    if type(opt) is not mx.optimizer.Adam or opt.lr_scheduler is not None or not indices:
+    if type(opt) is not mx.optimizer.Adam or not indices:
         return False
     places = []
     for grad, weight in zip(grads, weights):
@@ -201,9 +202,9 @@ def adam_contiguous(updater, indices, grads, weights, where):
             mine[1][:] = 0
         states[index] = mine
         updater.states_synced[index] = True
+    opt._update_count(indices)  # pylint: disable=protected-access
     lrs = opt._get_lrs(indices)  # pylint: disable=protected-access
     wds = opt._get_wds(indices)  # pylint: disable=protected-access
-    opt._update_count(indices)  # pylint: disable=protected-access
     t = counts[indices[0]]
     coef1 = 1. - opt.beta1**t
     coef2 = 1. - opt.beta2**t
