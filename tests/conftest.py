@@ -48,7 +48,8 @@ def chain(blocks, **kwargs):
 # worker while the short files, after them, fill both workers to the end. A file
 # of 15 seconds or more in either half belongs here.
 HEAVY_FIRST = ('test_nodes.py', 'test_process_memory.py', 'test_plan_auto.py',
-               'test_walkthrough.py', 'test_estimate.py', 'test_node_rendezvous.py',
+               'test_walkthrough.py', 'test_estimate.py', 'test_estimate_nodes.py',
+               'test_node_rendezvous.py',
                'test_peer.py', 'test_readme.py', 'test_export_layers.py', 'test_blas.py',
                'test_zero.py', 'test_export_memory.py', 'test_pipeline_bench.py', 'test_tasks.py',
                'test_launch.py', 'test_lm.py', 'test_node_networks.py',

@@ -27,6 +27,7 @@ def cells():
     return [(cell, bench.estimate(cell), bench.measure_nodes(cell)) for cell in CELLS]
 
 
+@pytest.mark.slow
 def test_each_nodes_estimate_is_within_5_percent_of_its_measured_table_and_never_5_percent_under(
         cells):
     for cell, estimated, measured in cells:
@@ -38,6 +39,7 @@ def test_each_nodes_estimate_is_within_5_percent_of_its_measured_table_and_never
                 assert abs(error) <= 0.05, (bench.label(cell), node, device, total, estimate)
 
 
+@pytest.mark.slow
 def test_each_nodes_rows_of_arrays_are_its_measured_bytes_exactly(cells):
     for cell, estimated, measured in cells:
         for node, (guess, got) in enumerate(zip(estimated, measured)):
@@ -47,6 +49,7 @@ def test_each_nodes_rows_of_arrays_are_its_measured_bytes_exactly(cells):
                         (bench.label(cell), node, device, category)
 
 
+@pytest.mark.slow
 def test_the_nodes_hold_the_parameters_of_the_plan_once_between_them(cells):
     for cell, estimated, _ in cells:
         whole = bench.estimate(dict(cell, nodes=None))
