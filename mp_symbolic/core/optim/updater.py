@@ -161,10 +161,10 @@ def adam_contiguous(updater, indices, grads, weights, where):
 
     Returns:
         True where it updated them; False, having changed nothing, where the
-        optimizer is not exactly ``mx.optimizer.Adam``, a weight or gradient is not a float32 view a
-        :class:`Contiguous` holds at the same position, the update counts
-        differ, or a state is not a pair of dense arrays of the weight's shape
-        and dtype.
+        optimizer is not exactly ``mx.optimizer.Adam``, a weight or gradient
+        is not a float32 view a :class:`Contiguous` holds at the same
+        position, the update counts differ, or a state is not a pair of
+        dense arrays of the weight's shape and dtype.
     """
     opt = getattr(updater, 'optimizer', None)
     if type(opt) is not mx.optimizer.Adam or not indices:
