@@ -145,7 +145,7 @@ def run(tasks, rounds, steps, log=print):
         rows = []
         for s, times in zip(scored, rounds_of):
             middle = statistics.median(times)
-            rows.append(dict(plan=str(s.candidate), fits=s.fits, predicted=s.seconds,
+            rows.append(dict(plan=s.candidate.label(), fits=s.fits, predicted=s.seconds,
                              measured=middle, spread=(max(times) - min(times)) / middle,
                              memory=s.largest, cell=_cell(task, s.candidate)))
         pick = rows[0]
@@ -155,6 +155,7 @@ def run(tasks, rounds, steps, log=print):
         out.append(dict(task=name, budget=parse_size(budget), planning=took,
                         capacity=ranking.timings.capacity,
                         pipelined=dict(ranking.timings.pipelined), skipped=ranking.skipped,
+                        merged=ranking.merged,
                         rows=rows, load=load))
         report([out[-1]], log, format_size)
     if len(out) > 1:
@@ -188,12 +189,17 @@ def report(tasks, log=print, format_size=None):
 
 
 def _skipped(entry):
-    """``' (and 9 with recomputation or ZeRO not scored: ...)'``, or ``''``
-    where none was left unscored (or a run's JSON does not say)."""
-    if not entry.get('skipped'):
-        return ''
-    return (' (and %d with recomputation or ZeRO not scored: the same plan without it fits)'
-            % entry['skipped'])
+    """``' (and 9 with recomputation or ZeRO not scored: ...)'`` and
+    ``' (and 4 balanced by time as by size: ...)'``, or ``''`` where none
+    was left unscored (or a run's JSON does not say)."""
+    words = ''
+    if entry.get('skipped'):
+        words += (' (and %d with recomputation or ZeRO not scored: the same plan without it '
+                  'fits)' % entry['skipped'])
+    if entry.get('merged'):
+        words += (' (and %d balanced by time as by size: each scored once with that plan, '
+                  'rule size=time)' % entry['merged'])
+    return words
 
 
 def _pipelined(entry):

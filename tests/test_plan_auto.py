@@ -1,5 +1,6 @@
 """The plan chosen for you: Pipeline(..., plan='auto', memory_per_device=...),
 train --plan auto --memory-per-device SIZE, and plan's ranked candidates."""
+from dataclasses import replace
 import json
 import os
 import re
@@ -781,6 +782,39 @@ def test_candidate_plans_are_the_same_whatever_the_measured_block_times():
     assert {same for same, _ in found} == {True, False}
     plans = [[plan[:3] for plan in plans] for _, plans in found]
     assert plans[0] == plans[1] and any(rule == 'time' for _, _, rule in plans[0])
+
+
+def test_a_plan_whose_size_and_time_balances_split_alike_is_scored_once():
+    """Block times that balance the stages as the parameter counts do make
+    one plan under both rules: scored once, its rule 'size=time' in the
+    ranked table, the time-balanced candidates it stands for counted."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.placement.balance import balance_by_size
+    from mp_symbolic.core.planning.planner import _Search
+    task, planner, sample = _regression()
+    planner.balances = ('size', 'time')
+    search = _Search(planner, task.make_blocks(), [mx.cpu(0), mx.cpu(1)], sample, 0, None, None)
+    by_size = tuple(balance_by_size(search.blocks, 2))
+    assert by_size in ((1, 2), (2, 1))
+    times = [1.0] * 3
+    times[0 if by_size == (1, 2) else 2] = 3.0  # the heavy block alone, as the sizes split
+    search.timings._block_times['all'] = times  # pylint: disable=protected-access
+    considered = search.candidates()
+    timed = [c for c in considered if c.rule == 'time']
+    assert timed and all(c.balance == by_size for c in timed)
+    with batched_binds():
+        ranking = search.run(None)
+    plans = [replace(s.candidate, balance=None, rule=None) for s in ranking.ranked]
+    assert len(plans) == len(set(plans))  # no plan scored twice
+    assert ranking.merged == len(timed)
+    split = [s.candidate for s in ranking.ranked if s.candidate.stages > 1]
+    assert split and all(c.rule == 'size=time' and c.balance is None for c in split)
+    assert {c.rule for c in considered if c.stages == 1} == \
+        {s.candidate.rule for s in ranking.ranked if s.candidate.stages == 1} == {'size'}
+    lines = ranking.lines()
+    for found in split:
+        assert found.label() == str(found) + ' (rule size=time)'
+        assert any(line.startswith('  ') and found.label() + '  ' in line for line in lines)
 
 
 def test_bench_plan_prints_the_pipelined_capacity_beside_the_replicas():
