@@ -817,6 +817,32 @@ def test_a_plan_whose_size_and_time_balances_split_alike_is_scored_once():
         assert any(line.startswith('  ') and found.label() + '  ' in line for line in lines)
 
 
+def test_bench_plan_reports_tau_over_the_pairs_measured_apart_beside_the_plain_tau():
+    """bench.plan's tau over the pairs of plans whose measured gap exceeds
+    both plans' run-to-run spread leaves out the pairs the noise orders,
+    and the plain tau over every plan stays printed beside it."""
+    from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
+
+    def row(predicted, measured, spread):
+        return dict(plan='--devices cpu:0 --chunks %d' % measured, fits=True, memory=1 << 10,
+                    predicted=predicted * 1e-3, measured=measured * 1e-3, spread=spread)
+    # 10 and 11 ms lie within each other's spread and are predicted the other
+    # way round; 30 ms lies beyond both, and is predicted slowest
+    rows = [row(2.0, 10, 0.2), row(1.0, 11, 0.2), row(3.0, 30, 0.05)]
+    assert bench_plan.resolved_kendall(rows) == (1.0, 2, 3)
+    assert bench_plan.kendall([r['predicted'] for r in rows],
+                              [r['measured'] for r in rows]) == pytest.approx(1 / 3)
+    entry = dict(task='regression', budget=4 << 10, planning=1.0, capacity={1: 1.0},
+                 rows=rows, load=[])
+    lines = []
+    bench_plan.report([entry], lines.append)
+    assert "  Kendall's tau, predicted against measured step times: 0.33 over 3 plans" in lines
+    assert ("  Kendall's tau over the pairs of plans measured further apart than their "
+            "run-to-run spread: 1.00 over 2 of 3 pairs") in lines
+    rows[2]['spread'] = 5.0  # every gap within the spread: no pair counted
+    assert bench_plan.resolved_kendall(rows) == (None, 0, 3)
+
+
 def test_bench_plan_prints_the_pipelined_capacity_beside_the_replicas():
     """bench.plan's title line of a task gives the devices' capacity at once
     and, beside it, their capacity while one replica's stages run on them."""
