@@ -581,6 +581,23 @@ def test_retimed_stage_graphs_each_keep_a_pass_a_burst_of_load_left_alone(monkey
         pytest.approx((scale, 2 * scale)) for scale in (1.0, 2.0, 0.5)]
 
 
+def test_a_forward_slowed_in_one_timing_leaves_a_stage_no_faster_than_its_fastest_step(
+        monkeypatch):
+    """A burst of other work on the host while the retiming times the
+    forward passes, gone as it times the steps: the graph keeps its first
+    forward and backward, not the retimed backward (the step less a slowed
+    forward), and its forward and backward take no less than a step."""
+    host = _Host(busy=range(15))  # the 5 x 3 timed forward passes of one graph
+    timings = _fake_timings(monkeypatch, host)
+    key = ('graph', (), 'cpu(0)')
+    timings._binds[key] = (1.0, {}, {}, 'cpu(0)', set(), None)  # pylint: disable=W0212
+    timings._micro[key] = 8  # pylint: disable=protected-access
+    timings.stage[key] = (1.0, 2.0)  # a quiet first timing: forward 1 s, step 3 s
+    timings.retime()
+    assert timings.stage[key] == pytest.approx((1.0, 2.0))
+    assert sum(timings.stage[key]) == pytest.approx(3.0)
+
+
 def test_capacity_of_two_devices_is_what_a_real_step_of_two_replicas_shows(monkeypatch):
     """Two replicas' measured step, each replica's graph taking 3 s alone,
     beyond a step's own cost and the update and sum of gradients: 4.8 s

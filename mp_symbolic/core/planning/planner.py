@@ -745,15 +745,19 @@ class Timings:
 
     def retime(self):
         """Every stage graph bound anew, all at once, and timed in turn
-        (``timing.repeat``), each keeping the faster of its two times."""
+        (``timing.repeat``), each keeping the faster forward pass and the
+        faster forward and backward passes of its two times, its backward
+        the latter less the former (so that a forward slowed in one timing
+        leaves no backward shorter than any step measured)."""
         runs = {key: _StageRun(*spec) for key, spec in self._binds.items()}
         repeats = self.search.planner.repeats
         forwards = repeat({key: run.forward for key, run in runs.items()}, repeats, passes=3)
         both = repeat({key: run.step for key, run in runs.items()}, repeats, passes=3)
         for key in runs:
-            forward = min(forwards[key])
-            again = (forward, max(0.0, min(both[key]) - forward))
-            self.stage[key] = tuple(min(a, b) for a, b in zip(self.stage[key], again))
+            forward, backward = self.stage[key]
+            fastest = min(forward, min(forwards[key]))
+            step = min(forward + backward, min(both[key]))
+            self.stage[key] = (fastest, max(0.0, step - fastest))
         self._bound_by_size()
 
     def _bound_by_size(self):
