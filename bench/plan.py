@@ -20,7 +20,10 @@ and measured step time, then:
 * whether the pick (the first that fits) is within 5% of the best measured
   plan that fits, or within the run-to-run spread;
 * Kendall's tau between predicted and measured step times, per task and
-  over every plan (``scipy.stats.kendalltau``);
+  over every plan (``scipy.stats.kendalltau``), and beside it per task
+  over the pairs of plans whose measured gap exceeds both plans'
+  run-to-run spread (:func:`resolved_kendall`: the pairs the noise does
+  not order);
 * the devices' capacity at once (``Timings.capacity``) and while one
   replica's stages run on them (``Timings.pipelined``), in the title;
 * the pick's peak memory per device, measured in a process of its own
@@ -131,6 +134,25 @@ def kendall(x, y):
     return float(kendalltau(x, y).statistic)
 
 
+def resolved_kendall(rows):
+    """``(tau, pairs counted, pairs)``: Kendall's tau (concordant less
+    discordant pairs over the pairs counted) between predicted and measured
+    step times over the pairs of ``rows`` whose measured gap exceeds both
+    plans' run-to-run spread (its slowest round less its fastest); ``tau``
+    ``None`` where no pair does."""
+    concordant = counted = 0
+    pairs = len(rows) * (len(rows) - 1) // 2
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            gap = b['measured'] - a['measured']
+            if abs(gap) <= max(a['spread'] * a['measured'], b['spread'] * b['measured']):
+                continue
+            counted += 1
+            order = (b['predicted'] - a['predicted']) * gap
+            concordant += (order > 0) - (order < 0)
+    return (concordant / counted if counted else None), counted, pairs
+
+
 def run(tasks, rounds, steps, log=print):
     """Plans, measures and reports each task; returns the rows."""
     from bench import estimate as memory  # pylint: disable=import-outside-toplevel
@@ -145,7 +167,7 @@ def run(tasks, rounds, steps, log=print):
         rows = []
         for s, times in zip(scored, rounds_of):
             middle = statistics.median(times)
-            rows.append(dict(plan=str(s.candidate), fits=s.fits, predicted=s.seconds,
+            rows.append(dict(plan=s.candidate.label(), fits=s.fits, predicted=s.seconds,
                              measured=middle, spread=(max(times) - min(times)) / middle,
                              memory=s.largest, cell=_cell(task, s.candidate)))
         pick = rows[0]
@@ -155,6 +177,7 @@ def run(tasks, rounds, steps, log=print):
         out.append(dict(task=name, budget=parse_size(budget), planning=took,
                         capacity=ranking.timings.capacity,
                         pipelined=dict(ranking.timings.pipelined), skipped=ranking.skipped,
+                        merged=ranking.merged,
                         rows=rows, load=load))
         report([out[-1]], log, format_size)
     if len(out) > 1:
@@ -188,12 +211,17 @@ def report(tasks, log=print, format_size=None):
 
 
 def _skipped(entry):
-    """``' (and 9 with recomputation or ZeRO not scored: ...)'``, or ``''``
-    where none was left unscored (or a run's JSON does not say)."""
-    if not entry.get('skipped'):
-        return ''
-    return (' (and %d with recomputation or ZeRO not scored: the same plan without it fits)'
-            % entry['skipped'])
+    """``' (and 9 with recomputation or ZeRO not scored: ...)'`` and
+    ``' (and 4 balanced by time as by size: ...)'``, or ``''`` where none
+    was left unscored (or a run's JSON does not say)."""
+    words = ''
+    if entry.get('skipped'):
+        words += (' (and %d with recomputation or ZeRO not scored: the same plan without it '
+                  'fits)' % entry['skipped'])
+    if entry.get('merged'):
+        words += (' (and %d balanced by time as by size: each scored once with that plan, '
+                  'rule size=time)' % entry['merged'])
+    return words
 
 
 def _pipelined(entry):
@@ -222,6 +250,10 @@ def figures(entry, format_size):
     lines.append("Kendall's tau, predicted against measured step times: %.2f over %d plans"
                  % (kendall([r['predicted'] for r in rows], [r['measured'] for r in rows]),
                     len(rows)))
+    tau, counted, pairs = resolved_kendall(rows)
+    lines.append("Kendall's tau over the pairs of plans measured further apart than their "
+                 "run-to-run spread: %s over %d of %d pairs"
+                 % ('-' if tau is None else '%.2f' % tau, counted, pairs))
     peak = pick.get('peak', {})
     if 'error' in peak:
         lines.append('peak memory of the pick: not measured (%s)' % peak['error'])
@@ -249,6 +281,11 @@ def report_all(tasks, log=print):
         'the spread) on %d of %d tasks; Kendall\'s tau per task %s, over every plan %.2f'
         % (len(tasks), len(rows), within, len(tasks), ', '.join('%.2f' % t for t in taus),
            kendall([r['predicted'] for r in rows], [r['measured'] for r in rows])))
+    resolved = [resolved_kendall(e['rows']) for e in tasks]
+    log("Kendall's tau over the pairs of plans measured further apart than their run-to-run "
+        'spread, per task: %s' % ', '.join('%s (%d of %d pairs)' % (
+            '-' if tau is None else '%.2f' % tau, counted, pairs)
+                                            for tau, counted, pairs in resolved))
 
 
 def main(argv=None):

@@ -1,5 +1,6 @@
 """The plan chosen for you: Pipeline(..., plan='auto', memory_per_device=...),
 train --plan auto --memory-per-device SIZE, and plan's ranked candidates."""
+from dataclasses import replace
 import json
 import os
 import re
@@ -591,6 +592,23 @@ def test_retimed_stage_graphs_each_keep_a_pass_a_burst_of_load_left_alone(monkey
         pytest.approx((scale, 2 * scale)) for scale in (1.0, 2.0, 0.5)]
 
 
+def test_a_forward_slowed_in_one_timing_leaves_a_stage_no_faster_than_its_fastest_step(
+        monkeypatch):
+    """A burst of other work on the host while the retiming times the
+    forward passes, gone as it times the steps: the graph keeps its first
+    forward and backward, not the retimed backward (the step less a slowed
+    forward), and its forward and backward take no less than a step."""
+    host = _Host(busy=range(15))  # the 5 x 3 timed forward passes of one graph
+    timings = _fake_timings(monkeypatch, host)
+    key = ('graph', (), 'cpu(0)')
+    timings._binds[key] = (1.0, {}, {}, 'cpu(0)', set(), None)  # pylint: disable=W0212
+    timings._micro[key] = 8  # pylint: disable=protected-access
+    timings.stage[key] = (1.0, 2.0)  # a quiet first timing: forward 1 s, step 3 s
+    timings.retime()
+    assert timings.stage[key] == pytest.approx((1.0, 2.0))
+    assert sum(timings.stage[key]) == pytest.approx(3.0)
+
+
 def test_capacity_of_two_devices_is_what_a_real_step_of_two_replicas_shows(monkeypatch):
     """Two replicas' measured step, each replica's graph taking 3 s alone,
     beyond a step's own cost and the update and sum of gradients: 4.8 s
@@ -794,6 +812,65 @@ def test_candidate_plans_are_the_same_whatever_the_measured_block_times():
     assert {same for same, _ in found} == {True, False}
     plans = [[plan[:3] for plan in plans] for _, plans in found]
     assert plans[0] == plans[1] and any(rule == 'time' for _, _, rule in plans[0])
+
+
+def test_a_plan_whose_size_and_time_balances_split_alike_is_scored_once():
+    """Block times that balance the stages as the parameter counts do make
+    one plan under both rules: scored once, its rule 'size=time' in the
+    ranked table, the time-balanced candidates it stands for counted."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.placement.balance import balance_by_size
+    from mp_symbolic.core.planning.planner import _Search
+    task, planner, sample = _regression()
+    planner.balances = ('size', 'time')
+    search = _Search(planner, task.make_blocks(), [mx.cpu(0), mx.cpu(1)], sample, 0, None, None)
+    by_size = tuple(balance_by_size(search.blocks, 2))
+    assert by_size in ((1, 2), (2, 1))
+    times = [1.0] * 3
+    times[0 if by_size == (1, 2) else 2] = 3.0  # the heavy block alone, as the sizes split
+    search.timings._block_times['all'] = times  # pylint: disable=protected-access
+    considered = search.candidates()
+    timed = [c for c in considered if c.rule == 'time']
+    assert timed and all(c.balance == by_size for c in timed)
+    with batched_binds():
+        ranking = search.run(None)
+    plans = [replace(s.candidate, balance=None, rule=None) for s in ranking.ranked]
+    assert len(plans) == len(set(plans))  # no plan scored twice
+    assert ranking.merged == len(timed)
+    split = [s.candidate for s in ranking.ranked if s.candidate.stages > 1]
+    assert split and all(c.rule == 'size=time' and c.balance is None for c in split)
+    assert {c.rule for c in considered if c.stages == 1} == \
+        {s.candidate.rule for s in ranking.ranked if s.candidate.stages == 1} == {'size'}
+    lines = ranking.lines()
+    for found in split:
+        assert found.label() == str(found) + ' (rule size=time)'
+        assert any(line.startswith('  ') and found.label() + '  ' in line for line in lines)
+
+
+def test_bench_plan_reports_tau_over_the_pairs_measured_apart_beside_the_plain_tau():
+    """bench.plan's tau over the pairs of plans whose measured gap exceeds
+    both plans' run-to-run spread leaves out the pairs the noise orders,
+    and the plain tau over every plan stays printed beside it."""
+    from bench import plan as bench_plan  # pylint: disable=import-outside-toplevel
+
+    def row(predicted, measured, spread):
+        return dict(plan='--devices cpu:0 --chunks %d' % measured, fits=True, memory=1 << 10,
+                    predicted=predicted * 1e-3, measured=measured * 1e-3, spread=spread)
+    # 10 and 11 ms lie within each other's spread and are predicted the other
+    # way round; 30 ms lies beyond both, and is predicted slowest
+    rows = [row(2.0, 10, 0.2), row(1.0, 11, 0.2), row(3.0, 30, 0.05)]
+    assert bench_plan.resolved_kendall(rows) == (1.0, 2, 3)
+    assert bench_plan.kendall([r['predicted'] for r in rows],
+                              [r['measured'] for r in rows]) == pytest.approx(1 / 3)
+    entry = dict(task='regression', budget=4 << 10, planning=1.0, capacity={1: 1.0},
+                 rows=rows, load=[])
+    lines = []
+    bench_plan.report([entry], lines.append)
+    assert "  Kendall's tau, predicted against measured step times: 0.33 over 3 plans" in lines
+    assert ("  Kendall's tau over the pairs of plans measured further apart than their "
+            "run-to-run spread: 1.00 over 2 of 3 pairs") in lines
+    rows[2]['spread'] = 5.0  # every gap within the spread: no pair counted
+    assert bench_plan.resolved_kendall(rows) == (None, 0, 3)
 
 
 def test_bench_plan_prints_the_pipelined_capacity_beside_the_replicas():

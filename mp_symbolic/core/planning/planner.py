@@ -29,6 +29,9 @@ from .sizes import format_size, parse_size
 __all__ = []
 
 AUTO = 'auto'
+# the rule of a plan whose balance by parameter count splits the blocks as
+# its balance by measured time does (scored once)
+SIZE_TIME = 'size=time'
 
 class PlanError(ValueError):
     """A budget no candidate plan fits, or planner arguments that cannot work."""
@@ -46,7 +49,9 @@ class Candidate:
             its default stages per device (``virtual``).
         mirror: Every stage recomputed in the backward pass.
         balance: Blocks (ops) per stage; ``None``: by parameter count.
-        rule: How ``balance`` was made: ``'size'`` or ``'time'``.
+        rule: How ``balance`` was made: ``'size'``, ``'time'``, or
+            ``'size=time'`` (by parameter count, which splits the blocks as
+            the measured times do: one plan under both rules).
         shard_optimizer: ZeRO-1 over the replicas (``None``: not an option of
             this Pipeline).
         shards: Devices per stage (``S``), one tensor-parallel shard each.
@@ -103,6 +108,11 @@ class Candidate:
     def __str__(self):
         return self.flags()
 
+    def label(self):
+        """The plan as the ranked tables show it: its :meth:`flags`, then
+        ``(rule size=time)`` where both balances split its blocks alike."""
+        return self.flags() + (' (rule %s)' % self.rule if self.rule == SIZE_TIME else '')
+
 
 @dataclass
 class Scored:
@@ -130,6 +140,9 @@ class Ranking:
         budget: Bytes per device, or ``None``.
         skipped: Candidates with recomputation or ZeRO left unscored, the same
             plan without them fitting.
+        merged: Candidates balanced by time that split the blocks as the same
+            plan balanced by size does, scored once as that plan (its rule
+            ``'size=time'``).
         timings: The :class:`Timings` of the step times.
         failed: ``[(candidate, MXNet's last line)]`` of those MXNet could not
             bind or run (left out).
@@ -137,6 +150,7 @@ class Ranking:
     ranked: list
     budget: int = None
     skipped: int = 0
+    merged: int = 0
     timings: object = field(default=None, repr=False)
     failed: list = field(default_factory=list)
 
@@ -159,7 +173,7 @@ class Ranking:
         if len(fitting) > 1:
             after = fitting[1]
             words.append('the next (%s) is predicted %.1f%% slower'
-                         % (after.candidate, 100 * (after.seconds / best.seconds - 1)))
+                         % (after.candidate.label(), 100 * (after.seconds / best.seconds - 1)))
         faster = [s for s in self.ranked if not s.fits and s.seconds < best.seconds]
         if faster:
             quickest = min(faster, key=lambda s: s.seconds)
@@ -171,16 +185,16 @@ class Ranking:
     def lines(self, limit=None):
         """The ranked table, one line per candidate, then why the first won."""
         shown = self.ranked if limit is None else self.ranked[:limit]
-        width = max(len(str(s.candidate)) for s in shown)
+        width = max(len(s.candidate.label()) for s in shown)
         out = ['  rank  %s  memory (largest device)  step (predicted)  fits'
                % 'plan'.ljust(width)]
         for i, s in enumerate(shown, 1):
             out.append('  %-4d  %s  %-23s  %-16s  %s'
-                       % (i, str(s.candidate).ljust(width), format_size(s.largest),
+                       % (i, s.candidate.label().ljust(width), format_size(s.largest),
                           '%.2f ms' % (s.seconds * 1e3), 'yes' if s.fits else 'no'))
         if len(shown) < len(self.ranked):
             out.append('  ... %d more' % (len(self.ranked) - len(shown)))
-        out.append('chosen: %s: %s' % (self.best.candidate, self.why()))
+        out.append('chosen: %s: %s' % (self.best.candidate.label(), self.why()))
         return out
 
 
@@ -403,6 +417,7 @@ class _Search:
         self.zero = planner.shard_optimizer and takes_shard_optimizer()
         self.failed = []
         self.keys = {}  # id(Scored) -> (its stages' keys into Timings.stage, stages)
+        self.balance = {}  # id(Scored) -> the blocks per stage its Pipeline made
         self.shard_counts = self._shard_counts()
 
     def pipeline(self, candidate):
@@ -483,12 +498,22 @@ class _Search:
         return out
 
     def run(self, budget):
-        scored, skipped = [], 0
+        scored, skipped, merged = [], 0, 0
+        by_size = {}  # a plan balanced by size -> (the blocks per stage it made, its Scored s)
         for candidate in self.candidates():
+            same = replace(candidate, balance=None, rule='size')
+            if candidate.rule == 'time' and same in by_size and \
+                    by_size[same][0] == candidate.balance:
+                for found in by_size[same][1]:  # one plan under both rules: scored once
+                    found.candidate = replace(found.candidate, rule=SIZE_TIME)
+                merged += 1
+                continue
             base = self.score(candidate, budget)
             if base is None:
                 continue
             scored.append(base)
+            if candidate.rule == 'size':
+                by_size[candidate] = (self.balance.pop(id(base)), [base])
             relief = []
             if self.zero and candidate.replicas > 1:
                 relief.append(replace(candidate, shard_optimizer=True))
@@ -503,6 +528,8 @@ class _Search:
                 found = self.score(other, budget)
                 if found is not None:
                     scored.append(found)
+                    if candidate in by_size:
+                        by_size[candidate][1].append(found)
         self.timings.retime()
         self.timings.fit_steps()
         for found in scored:
@@ -512,7 +539,7 @@ class _Search:
                             'found none the batch of %d divides' % (len(self.pool), self.batch))
         ranked = sorted(scored, key=lambda s: (not s.fits, s.seconds if s.fits else s.largest,
                                                s.largest))
-        return Ranking(ranked, budget, skipped, self.timings, self.failed)
+        return Ranking(ranked, budget, skipped, merged, self.timings, self.failed)
 
     def score(self, candidate, budget):
         """The candidate scored, or ``None`` where MXNet cannot bind or run
@@ -536,6 +563,7 @@ class _Search:
         scored = Scored(candidate, memory, seconds,
                         budget is None or max(memory.values()) <= budget)
         self.keys[id(scored)] = (keys, pipe.plan.num_stages)
+        self.balance[id(scored)] = tuple(pipe.balance)
         return scored
 
 
@@ -621,9 +649,10 @@ class Timings:
     def balances(self, num_stages):
         """The ``[(blocks per stage or None, rule)]`` of ``num_stages``
         stages: by parameter count (``None``), and by measured time (block
-        lists), the latter a plan of its own even where it splits the blocks
-        as the former does, so that which plans are scored does not depend on
-        the times measured."""
+        lists), the latter a candidate of its own even where it splits the
+        blocks as the former does, so that which plans are considered does
+        not depend on the times measured (such a pair is scored once, its
+        rule ``'size=time'``)."""
         key = num_stages
         if key not in self._balances:
             # pylint: disable=import-outside-toplevel
@@ -716,15 +745,19 @@ class Timings:
 
     def retime(self):
         """Every stage graph bound anew, all at once, and timed in turn
-        (``timing.repeat``), each keeping the faster of its two times."""
+        (``timing.repeat``), each keeping the faster forward pass and the
+        faster forward and backward passes of its two times, its backward
+        the latter less the former (so that a forward slowed in one timing
+        leaves no backward shorter than any step measured)."""
         runs = {key: _StageRun(*spec) for key, spec in self._binds.items()}
         repeats = self.search.planner.repeats
         forwards = repeat({key: run.forward for key, run in runs.items()}, repeats, passes=3)
         both = repeat({key: run.step for key, run in runs.items()}, repeats, passes=3)
         for key in runs:
-            forward = min(forwards[key])
-            again = (forward, max(0.0, min(both[key]) - forward))
-            self.stage[key] = tuple(min(a, b) for a, b in zip(self.stage[key], again))
+            forward, backward = self.stage[key]
+            fastest = min(forward, min(forwards[key]))
+            step = min(forward + backward, min(both[key]))
+            self.stage[key] = (fastest, max(0.0, step - fastest))
         self._bound_by_size()
 
     def _bound_by_size(self):
