@@ -5,6 +5,7 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
+from mp_symbolic.core.planning.estimate import batched_binds
 from mp_symbolic.training.cli import main
 from mp_symbolic.training.tasks import load_task
 
@@ -76,21 +77,22 @@ def _over_nodes(monkeypatch, rank):
 
 def test_a_pipeline_over_nodes_is_estimated_as_its_own_node_of_the_plan(monkeypatch):
     task, _ = load_task('regression')
-    for schedule in ('gpipe', '1f1b'):
-        whole = mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2),
-                                            schedule=schedule, nodes=2)
-        for rank in (0, 1):
-            _over_nodes(monkeypatch, rank)
-            pipe = Pipeline(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2), nodes=2,
-                            schedule=schedule)
-            assert pipe.local_stages == (rank,)
-            table = mp_symbolic.estimate_memory(pipe, sample=(100, 2))
-            assert table.as_dict() == whole[rank].as_dict(), (schedule, rank)
-            other = mp_symbolic.estimate_memory(pipe, sample=(100, 2), node=1 - rank)
-            assert other.as_dict() == whole[1 - rank].as_dict(), (schedule, rank)
-            # its stage's parameters on its device, none of the other's
-            assert table['cpu(%d)' % rank].params > 0
-            assert ('cpu(1)' in table.devices) == (rank == 1)
+    with batched_binds():  # one bind child for the ten estimates
+        for schedule in ('gpipe', '1f1b'):
+            whole = mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1',
+                                                sample=(100, 2), schedule=schedule, nodes=2)
+            for rank in (0, 1):
+                _over_nodes(monkeypatch, rank)
+                pipe = Pipeline(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2), nodes=2,
+                                schedule=schedule)
+                assert pipe.local_stages == (rank,)
+                table = mp_symbolic.estimate_memory(pipe, sample=(100, 2))
+                assert table.as_dict() == whole[rank].as_dict(), (schedule, rank)
+                other = mp_symbolic.estimate_memory(pipe, sample=(100, 2), node=1 - rank)
+                assert other.as_dict() == whole[1 - rank].as_dict(), (schedule, rank)
+                # its stage's parameters on its device, none of the other's
+                assert table['cpu(%d)' % rank].params > 0
+                assert ('cpu(1)' in table.devices) == (rank == 1)
 
 
 def test_estimate_memory_refuses_a_node_not_among_the_nodes_in_one_line():
