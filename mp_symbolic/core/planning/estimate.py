@@ -777,8 +777,7 @@ def _onednn_taken(node, graph, read, in_place, blocked):
     or softmax backward pass's gradient written in place, or for another op of
     :data:`ONEDNN` its largest array or its weight's reorder; a convolution's
     :func:`_data_reorder` (its data not among the ``blocked`` entries) more."""
-    op, shapes = node['op'], graph.shapes
-    return _data_reorder(node, shapes, blocked) + _onednn_own(node, graph, read, in_place)
+    return _data_reorder(node, graph.shapes, blocked) + _onednn_own(node, graph, read, in_place)
 
 
 def _onednn_own(node, graph, read, in_place):
