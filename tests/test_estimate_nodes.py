@@ -15,10 +15,16 @@ from conftest import cli_status
 
 # the language model under GPipe (over nodes, on the stage runtime), a GluonCV
 # ResNet with BatchNorm, and the CNN with BatchNorm under 1F1B: each over two
-# node processes, node 1's temporary space on its cpu(0) beside its stage on cpu(1)
+# node processes, node 1's temporary space on its cpu(0) beside its stage on cpu(1);
+# under 1F1B, the language model and the CIFAR ResNet, whose node 1's cpu(0)
+# holds that temporary space alone: oneDNN's windows (a softmax's backward
+# pass taking without asking after a dense layer's; a convolution's data
+# reordered beside its weight)
 CELL = bench._cell  # pylint: disable=protected-access
 CELLS = [CELL(model, nodes=2, **plan) for model, plan in (
-    ('lm', {}), ('resnet18_v1b', {}), ('digits', {'schedule': '1f1b', 'chunks': 4}))]
+    ('lm', {}), ('resnet18_v1b', {}), ('digits', {'schedule': '1f1b', 'chunks': 4}),
+    ('lm', {'schedule': '1f1b', 'chunks': 4}),
+    ('cifar_resnet20_v1', {'schedule': '1f1b', 'chunks': 4}))]
 
 
 @pytest.fixture(scope='module')

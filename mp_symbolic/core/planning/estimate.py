@@ -708,6 +708,22 @@ def _weight_reorders(node, shapes):
     return 0
 
 
+def _data_reorder(node, shapes, blocked):
+    """A convolution's data reordered into oneDNN's blocked layout, forward
+    and backward: where the data is in the default layout (not ``blocked``)
+    and has channels enough for oneDNN to block them (at least
+    :data:`ONEDNN_BLOCK`; fewer, a first layer's, are read as they are):
+    its bytes and the alignment."""
+    if node['op'] not in ('Convolution', '_backward_Convolution'):
+        return 0
+    k = 0 if node['op'] == 'Convolution' else 1
+    data = node['inputs'][k] if len(node['inputs']) > k else None
+    shape = shapes.get(data)
+    if data in blocked or shape is None or len(shape) < 3 or shape[1] < ONEDNN_BLOCK:
+        return 0
+    return _nbytes(shape) + ONEDNN_ALIGN
+
+
 def _convolution_backward(node, shapes, added, read):
     """A convolution's backward take of oneDNN's temporary memory: the larger of
     its largest array and (where the data's gradient is ``read``) its weight,
@@ -725,24 +741,51 @@ def _convolution_backward(node, shapes, added, read):
 
 
 # The oneDNN ops that start their use of oneDNN's temporary memory with a
-# request of the resource (``TmpMemMgr::Init``: twice the most any op of the
-# thread has taken so far)
+# request of the resource (``TmpMemMgr::Init``: twice the most any window of
+# the thread has taken so far; a window is what was taken since the last
+# request, so an op that takes without asking adds onto the window of the
+# last op that asked)
 ONEDNN_REQUESTS = frozenset(
     'FullyConnected _backward_FullyConnected Convolution _backward_Convolution Deconvolution '
     '_backward_Deconvolution BatchNorm _backward_BatchNorm _backward_Pooling '
     '_backward_Activation _backward_LeakyReLU LRN _backward_LRN add_n ElementWiseSum '
     'elemwise_add _copy _backward_copy Concat concat _backward_Concat RNN _backward_RNN'.split())
+# oneDNN's softmax backward passes: they take without asking, their output
+# written in place of their output's gradient (``CreateMKLDNNMem`` with
+# ``kWriteInplace``)
+ONEDNN_SOFTMAX = frozenset(('_backward_softmax', '_backward_log_softmax'))
 
 
-def _onednn_taken(node, graph, read, in_place):
+def _onednn_softmax(node, shapes):
+    """Whether oneDNN runs ``node``, a backward pass of :data:`ONEDNN_SOFTMAX`
+    (``SupportMKLDNNSoftmax``: on the last axis of 1 to 4, float32, no
+    temperature, no lengths, no dtype)."""
+    attrs = node['attrs']
+    data = shapes.get(node['outputs'][0]) if node['outputs'] else None
+    if data is None or not 1 <= len(data) <= 4:
+        return False
+    axis = int(attrs.get('axis', '-1'))
+    return axis in (-1, len(data) - 1) and \
+        attrs.get('temperature', 'None') == 'None' and \
+        attrs.get('use_length', 'False') in ('False', 'false', '0') and \
+        attrs.get('dtype', 'None') == 'None'
+
+
+def _onednn_taken(node, graph, read, in_place, blocked):
     """The bytes of oneDNN's temporary memory ``node`` takes (0 without oneDNN):
     :func:`_dense_reorders`, :func:`_convolution_backward`, an element-wise
-    backward pass's gradient written in place, or for another op of
-    :data:`ONEDNN` its largest array or its weight's reorder."""
+    or softmax backward pass's gradient written in place, or for another op of
+    :data:`ONEDNN` its largest array or its weight's reorder; a convolution's
+    :func:`_data_reorder` (its data not among the ``blocked`` entries) more."""
+    return _data_reorder(node, graph.shapes, blocked) + _onednn_own(node, graph, read, in_place)
+
+
+def _onednn_own(node, graph, read, in_place):
+    """:func:`_onednn_taken` but a convolution's data reorder."""
     op, shapes = node['op'], graph.shapes
     if op in ('FullyConnected', '_backward_FullyConnected'):
         return _dense_reorders(node, shapes, in_place, graph.added, graph.external)
-    if op in ONEDNN_ELEMENTWISE:
+    if op in ONEDNN_ELEMENTWISE or (op in ONEDNN_SOFTMAX and _onednn_softmax(node, shapes)):
         return max([0] + [_nbytes(shapes.get(e)) + ONEDNN_ALIGN
                           for e in node['outputs'][:1] if e in in_place])
     if op in ('_backward_Convolution', '_backward_Deconvolution') and \
@@ -758,19 +801,23 @@ def _onednn_taken(node, graph, read, in_place):
 def workspace(graph, once=False):
     """``{device: (bytes, bytes)}`` of the temporary space ``graph``'s executor
     asks for, one resource per device: the largest ``get_space`` of its ops
-    (:data:`WORKSPACE`), and apart the most oneDNN's temporary memory one op
-    takes (:func:`_onednn_taken`), which ``TmpMemMgr`` asks twice over when an
-    op of :data:`ONEDNN_REQUESTS` starts.
+    (:data:`WORKSPACE`), and apart the largest window of oneDNN's temporary
+    memory (``TmpMemMgr``): the sum of what the ops of a device take
+    (:func:`_onednn_taken`) from one op of :data:`ONEDNN_REQUESTS` to the
+    next, which asks for twice the largest window so far.
 
     Args:
-        once: The graph runs once in the step (GPipe's one graph): an op's take
+        once: The graph runs once in the step (GPipe's one graph): a window
             counts only where a later op of its device asks for the space;
-            otherwise every op's counts.
+            otherwise the graph runs again, and its last window of a device
+            goes on into its first (the ops before its first request).
     """
     largest = {}
     read = {e for node in graph.nodes for e in node['inputs']} | set(graph.outputs)
     in_place = _in_place(graph)
-    taken = {}  # device -> the most one op has taken so far on its thread
+    blocked = blocked_entries(graph)
+    window = {}  # device -> what its thread took since its last request
+    leading = {}  # device -> what it took before its first request
     for node in graph.nodes:
         if node['op'] is None:
             continue
@@ -779,14 +826,22 @@ def workspace(graph, once=False):
         space, reorder = largest.get(device, (0, 0))
         if rule is not None:
             space = max(space, rule(node, graph.shapes))
-        if once and node['op'] in ONEDNN_REQUESTS:
-            reorder = max(reorder, taken.get(device, 0))
-        take = _onednn_taken(node, graph, read, in_place)
-        taken[device] = max(taken.get(device, 0), take)
-        if not once:
-            reorder = max(reorder, take)
+        if node['op'] in ONEDNN_REQUESTS:
+            if not once and device not in leading:
+                leading[device] = window.get(device, 0)  # joined to the last window below
+            else:
+                reorder = max(reorder, window.get(device, 0))
+            window[device] = 0
+        window[device] = window.get(device, 0) + _onednn_taken(node, graph, read, in_place,
+                                                                 blocked)
         if rule is not None or reorder:
             largest[device] = (space, reorder)
+    if not once:
+        for device, size in window.items():
+            size += leading.get(device, 0)
+            if size:
+                space, reorder = largest.get(device, (0, 0))
+                largest[device] = (space, max(reorder, size))
     return largest
 
 
@@ -893,22 +948,27 @@ ONEDNN_KEEPS = frozenset(
     'ElementWiseSum add_n _copy _backward_copy'.split())
 
 
-def fallback_buffers(graph):
-    """``{device: bytes}`` of the default-layout copies the executor keeps
-    (``StorageFallbackOpExecutor``) for ops that do not read oneDNN's layout
-    (not :data:`ONEDNN_READERS`): one per input that an op of
-    :data:`ONEDNN_BLOCKED` wrote or one of :data:`ONEDNN_KEEPS` passed on,
-    ignored inputs included."""
-    blocked, held = set(), {}
+def blocked_entries(graph):
+    """The entries of ``graph`` in oneDNN's blocked layout: those an op of
+    :data:`ONEDNN_BLOCKED` wrote or one of :data:`ONEDNN_KEEPS` passed on."""
+    blocked = set()
     for node in graph.nodes:
-        if node['op'] is None:
-            continue
         if node['op'] in ONEDNN_BLOCKED:
             blocked.update(node['outputs'][:1])
         elif node['op'] in ONEDNN_KEEPS and any(e in blocked for e in node['inputs']):
             blocked.update(node['outputs'][:1] if node['op'].startswith('_backward')
                            else node['outputs'])
-        if node['op'] not in ONEDNN_READERS:
+    return blocked
+
+
+def fallback_buffers(graph):
+    """``{device: bytes}`` of the default-layout copies the executor keeps
+    (``StorageFallbackOpExecutor``) for ops that do not read oneDNN's layout
+    (not :data:`ONEDNN_READERS`): one per input in oneDNN's blocked layout
+    (:func:`blocked_entries`), ignored inputs included."""
+    blocked, held = blocked_entries(graph), {}
+    for node in graph.nodes:
+        if node['op'] is not None and node['op'] not in ONEDNN_READERS:
             size = sum(_nbytes(graph.shapes.get(e)) for e in node['inputs'] if e in blocked)
             if size:
                 held[node['device']] = held.get(node['device'], 0) + size
