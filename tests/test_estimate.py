@@ -161,7 +161,21 @@ def test_plan_refuses_a_batch_the_chunks_do_not_divide_in_one_line():
     assert proc.returncode == 2
     assert proc.stdout == ''
     assert proc.stderr.strip().splitlines() == [
-        'error: batch_size: expected a multiple of chunks x replicas (3 x 1), found 64']
+        'error: --batch-size: expected a multiple of chunks x replicas (3 x 1), found 64']
+
+
+@pytest.mark.parametrize('argv', [
+    ['--devices', 'cpu:0,cpu:1', '--schedule', 'interleaved', '--virtual', '4', '--chunks', '2'],
+    ['--devices', 'cpu:0,cpu:1', '--chunks', '0'],
+    ['--devices', 'cpu:0,cpu:1,cpu:2,cpu:3,cpu:4']])
+def test_plan_names_the_flag_of_a_refusal_as_train_does(argv, tmp_path, capsys):
+    assert main(['plan', '--task', 'regression'] + argv) == 2
+    planned = capsys.readouterr()
+    assert main(['train', '--task', 'regression', '--out', str(tmp_path)] + argv) == 2
+    trained = capsys.readouterr()
+    assert planned.out == ''
+    assert planned.err.splitlines() == trained.err.splitlines()[-1:]
+    assert re.match(r'error: --(virtual|chunks|devices): ', planned.err), planned.err
 
 
 def test_estimate_memory_refuses_an_optimizer_it_does_not_know():

@@ -459,7 +459,9 @@ def main(argv=None):
         return _pair(args)
     if args.command == 'plan':  # train's flags, read by train's parser
         return planning.run(args.rest, build_parser().parse_args, config_from_args,
-                            lambda line: print('error: %s' % line, file=sys.stderr), EXIT_USAGE)
+                            lambda line: print('error: %s' % line, file=sys.stderr), EXIT_USAGE,
+                            lambda err, cfg: _flag_message(err, getattr(cfg, 'task', None),
+                                                           _stages_per_device(cfg)))
     if args.command == 'blas':
         from ..tools.blas import report  # pylint: disable=import-outside-toplevel
         try:

@@ -31,7 +31,7 @@ DESCRIPTION = ('Print the memory per device of a training run, estimated from sh
                '--batch-size, --optimizer, ...); binds, runs and writes nothing.')
 
 
-def run(rest, parse, config_from_args, error, usage_error):
+def run(rest, parse, config_from_args, error, usage_error, flag_message=None):
     """The ``plan`` command on ``rest`` (train's flags).
 
     Args:
@@ -40,6 +40,9 @@ def run(rest, parse, config_from_args, error, usage_error):
         config_from_args: ``(namespace, argv) -> TrainConfig``.
         error: Prints a refusal's one line.
         usage_error: The exit status of a refusal.
+        flag_message: ``(error, TrainConfig or None) -> str``: a refusal's
+            message naming the flag that sets its field, as ``train`` names
+            it; ``None``: only ``--memory-per-device`` is named.
 
     Returns:
         0, or ``usage_error`` after one line on stderr.
@@ -58,7 +61,7 @@ def run(rest, parse, config_from_args, error, usage_error):
     from ..tools.memory import format_bytes, format_memory
     from ..tools.planning import estimate_memory
     from ..core.planning.estimate import node_stages
-    ranking = None
+    ranking, cfg = None, None
     try:
         cfg = config_from_args(args, ['train'] + rest)
         task, cfg = load(cfg)
@@ -74,7 +77,8 @@ def run(rest, parse, config_from_args, error, usage_error):
                                  nodes=nodes if nodes > 1 else None)
         tables = tables if nodes > 1 else (tables,)
     except ValueError as err:
-        error(_flag_line(err))
+        error(_flag_line(err) if flag_message is None else
+              str(flag_message(err, cfg)).strip().splitlines()[0])
         return usage_error
     if ranking is not None:
         print('plans of %s on %s, ranked (memory: the estimate\'s largest device; step: the '
