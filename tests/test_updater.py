@@ -174,15 +174,21 @@ def test_adam_over_contiguous_arrays_equals_mxnets_adam_bit_for_bit(kwargs):
     expected = _run(lambda i, g, w: [theirs(*part) for part in updates_by_device(i, g, w)],
                     3, devices)
     ours = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer(**kwargs)))
-    weights, grads, flats = _contiguous(_arrays(0, devices), devices)
-    ours.hold(flats)
-    for step in range(3):
-        for grad, value in zip(grads, _arrays(1 + step, devices)):
-            value.copyto(grad)
-        ours(list(range(len(SHAPES))), grads, weights)
-    for a, b in zip(expected, weights):
+    for a, b in zip(expected, _run_contiguous(ours, 3, devices)):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
     _assert_same_states(theirs, ours, 3)
+
+
+def _run_contiguous(updater, steps, devices):
+    """``_run``'s steps with the parameters held as views of one array a
+    device (``updater.hold``): the weights after them."""
+    weights, grads, flats = _contiguous(_arrays(0, devices), devices)
+    updater.hold(flats)
+    for step in range(steps):
+        for grad, value in zip(grads, _arrays(1 + step, devices)):
+            value.copyto(grad)
+        updater(list(range(len(SHAPES))), grads, weights)
+    return weights
 
 
 def test_adam_over_contiguous_arrays_follows_a_learning_rate_schedule_bit_for_bit(monkeypatch):
@@ -201,15 +207,10 @@ def test_adam_over_contiguous_arrays_follows_a_learning_rate_schedule_bit_for_bi
     monkeypatch.setattr(mx.optimizer.Adam, 'update', lambda *a: pytest.fail('Adam.update'))
     monkeypatch.setattr(module, 'adam_step', lambda *a: pytest.fail('adam_step'))
     on = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer(lr_scheduler=schedule())))
-    weights, grads, flats = _contiguous(_arrays(0, devices), devices)
-    on.hold(flats)
-    for step in range(4):
-        for grad, value in zip(grads, _arrays(1 + step, devices)):
-            value.copyto(grad)
-        on(list(range(len(SHAPES))), grads, weights)
-    for a, b in zip(expected, weights):
+    for a, b in zip(expected, _run_contiguous(on, 4, devices)):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
     _assert_same_states(off.updater, on, 4)
+
 
 def test_contiguous_parameters_update_in_one_call_a_run_of_equal_settings(monkeypatch):
     """On one device, parameters 0..4 with a learning-rate multiplier on 1
