@@ -55,7 +55,7 @@ help:
 	@echo "make bench-plan        the planner's pick (plan='auto') against every plan it scored, trained: gap, Kendall's tau, peak memory"
 	@echo "make test              run the test suite, less the tests marked slow (about 5 minutes on 2 cores)"
 	@echo "make test-slow         run only the tests marked slow: most node and dist_sync jobs, fresh-process memory,"
-	@echo "                       the docs' walkthroughs, benchmarks' quick runs (about 10 minutes on 2 cores)"
+	@echo "                       the docs' walkthroughs, benchmarks' quick runs (about 6 minutes on 2 cores)"
 	@echo "make test-all          run both"
 	@echo "make clean             remove artifacts/ (distclean: .venv too)"
 	@echo "options: DEVICES=cpu:0,cpu:1,cpu:2 EPOCHS=N CHUNKS=M MXNET=cpu|cu112 PYTHON=python3.x QUICK=1"
