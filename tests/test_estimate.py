@@ -178,6 +178,14 @@ def test_plan_names_the_flag_of_a_refusal_as_train_does(argv, tmp_path, capsys):
     assert re.match(r'error: --(virtual|chunks|devices): ', planned.err), planned.err
 
 
+def test_plan_names_itself_in_the_refusal_of_a_flag_its_parser_refuses(capsys):
+    assert cli_status(main, ['plan', '--task', 'regression', '--memory-per-device', '1x']) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "error: python -m mp_symbolic plan: argument --memory-per-device: expected a size "
+        "such as 2GiB, 512MB, 1.5G or a number of bytes, found '1x' (see --help)"], err
+
+
 def test_estimate_memory_refuses_an_optimizer_it_does_not_know():
     task, _ = load_task('regression')
     with pytest.raises(ValueError, match=r"^optimizer: expected one of .*found 'novel'$"):

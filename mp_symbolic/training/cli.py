@@ -394,6 +394,16 @@ def _flag_message(err, task=None, virtual=1):
     return str(err)
 
 
+def _plan_parser():
+    """The parser ``plan`` reads train's flags with: its refusals name
+    ``python -m mp_symbolic plan``, not ``train``."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions  # pylint: disable=protected-access
+                    if isinstance(a, argparse._SubParsersAction))  # pylint: disable=W0212
+    commands.choices['train'].prog = '%s plan' % parser.prog
+    return parser
+
+
 def _stages_per_device(cfg):
     """The stages per device of ``cfg``'s schedule, as its record counts them
     (:func:`~mp_symbolic.core.schedule.check_spec`); 1 without a config."""
@@ -458,7 +468,7 @@ def main(argv=None):
     if args.command == 'pair':
         return _pair(args)
     if args.command == 'plan':  # train's flags, read by train's parser
-        return planning.run(args.rest, build_parser().parse_args, config_from_args,
+        return planning.run(args.rest, _plan_parser().parse_args, config_from_args,
                             lambda line: print('error: %s' % line, file=sys.stderr), EXIT_USAGE,
                             lambda err, cfg: _flag_message(err, getattr(cfg, 'task', None),
                                                            _stages_per_device(cfg)))
