@@ -148,8 +148,8 @@ def _optimizer(cell):
 
 def estimate(cell):
     """The estimated ``{device: {category: bytes}}`` of ``cell``, in this
-    process; over ``nodes``, a list of them, node by node (the plan made in
-    this process, no rendezvous)."""
+    process; over ``nodes`` (more than one), a list of them, node by node
+    (the plan made in this process, no rendezvous)."""
     from mp_symbolic import estimate_memory  # pylint: disable=import-outside-toplevel
     nodes = cell.get('nodes')
     pipe, loss, output, data_shapes, label_shapes = build(dict(cell, nodes=None))
@@ -157,7 +157,9 @@ def estimate(cell):
     table = estimate_memory(pipe, data_shapes=data_shapes, label_shapes=label_shapes,
                             loss=loss, output=output, optimizer=optimizer,
                             optimizer_params=params, nodes=nodes)
-    return [t.as_dict() for t in table] if nodes else table.as_dict()
+    if nodes is None or nodes == 1:
+        return table.as_dict()
+    return [t.as_dict() for t in table]
 
 
 def _measure_here(cell):
@@ -259,6 +261,7 @@ def measure_nodes(cell, timeout=900):
     its own Module's step (:func:`_measure_here`)."""
     import socket  # pylint: disable=import-outside-toplevel
     import subprocess  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
@@ -266,19 +269,35 @@ def measure_nodes(cell, timeout=900):
     env = dict(os.environ, MXNET_SUBGRAPH_VERBOSE='0', MASTER_ADDR='127.0.0.1',
                MASTER_PORT=str(port), WORLD_SIZE=str(cell['nodes']))
     env['PYTHONPATH'] = os.pathsep.join(filter(None, [root, env.get('PYTHONPATH')]))
-    procs = [subprocess.Popen([sys.executable, '-m', 'bench.estimate', '--node-child',
-                               json.dumps(cell)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=dict(env, RANK=str(k)))
-             for k in range(cell['nodes'])]
-    tables = []
-    for k, proc in enumerate(procs):
-        out, err = proc.communicate(timeout=timeout)
-        if proc.returncode != 0:
-            lines = err.strip().splitlines() or ['(no stderr)']
-            raise RuntimeError('node %d: expected exit status 0, found %d: %s'
-                               % (k, proc.returncode, lines[-1]))
-        tables.append(json.loads(out.strip().splitlines()[-1]))
-    return tables
+    # each node's output to a file of its own: a node blocked on a full pipe
+    # would hold up the others at their next collective
+    files = [(tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+'))
+             for _ in range(cell['nodes'])]
+    procs = []
+    try:
+        for k, (out, err) in enumerate(files):
+            procs.append(subprocess.Popen(
+                [sys.executable, '-m', 'bench.estimate', '--node-child', json.dumps(cell)],
+                stdout=out, stderr=err, text=True, env=dict(env, RANK=str(k))))
+        tables = []
+        for k, (proc, (out, err)) in enumerate(zip(procs, files)):
+            proc.wait(timeout=timeout)
+            out.seek(0)
+            err.seek(0)
+            if proc.returncode != 0:
+                lines = err.read().strip().splitlines() or ['(no stderr)']
+                raise RuntimeError('node %d: expected exit status 0, found %d: %s'
+                                   % (k, proc.returncode, lines[-1]))
+            tables.append(json.loads(out.read().strip().splitlines()[-1]))
+        return tables
+    finally:  # a node failed or timed out: the others do not wait at the rendezvous
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for out, err in files:
+            out.close()
+            err.close()
 
 
 def run_nodes(cells, log=print):

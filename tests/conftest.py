@@ -94,7 +94,7 @@ def pytest_testnodedown(node, error):  # pylint: disable=unused-argument
 def pytest_terminal_summary(terminalreporter, config):
     """Says, at the end of a run that left the tests marked slow out (`make
     test`), how many there were and the command that runs them."""
-    if 'not slow' not in (config.getoption('markexpr') or ''):
+    if (config.getoption('markexpr') or '').strip() != 'not slow':
         return
     terminalreporter.write_line('%d tests marked slow left out: `make test-slow` runs them '
                                 '(`make test-all`: everything)' % sum(SLOW_LEFT_OUT))
