@@ -279,32 +279,6 @@ def round_robin(devices, virtual):
     return tuple(s % devices for s in range(devices * virtual))
 
 
-def stage_devices(spec, devices, virtual=None):
-    """The device each stage of ``spec`` over ``devices`` devices runs on, its
-    virtual stages per device ``virtual`` (:func:`check_spec`): stage ``s`` on
-    device ``s mod devices``, as :func:`over` makes it (what the placement
-    lays out before the schedule is made).
-
-    Raises:
-        ValueError: as :func:`check_spec`.
-    """
-    return round_robin(positive_int('devices', devices), check_spec(spec, virtual))
-
-
-def over(spec, devices, microbatches, virtual=None):
-    """The checked :class:`Schedule` of ``spec`` over ``devices`` devices, its
-    virtual stages per device ``virtual`` (:func:`check_spec`): ``Pipeline``'s
-    ``schedule`` and ``virtual`` made into the one record the placement, the
-    runtime, the estimate and the planner read (``.virtual``,
-    ``.device_of_stage``).
-
-    Raises:
-        ValueError: as :func:`check_spec` and :func:`make`.
-    """
-    v = check_spec(spec, virtual)
-    return make(spec, positive_int('devices', devices) * v, microbatches, v)
-
-
 def make(spec, num_stages, microbatches, virtual=1):
     """The checked :class:`Schedule` of ``spec`` (see :func:`check_spec`) over
     ``num_stages`` stages, ``virtual`` per device: stage ``s`` on device ``s mod

@@ -373,7 +373,7 @@ def place(blocks, whole, devices, device_of_stage, balance=None, sample=None, ch
         devices: The pair :func:`replica_devices` returns (over nodes, each
             replica's devices divided over the nodes in order).
         device_of_stage: The device of a replica each stage runs on, as its
-            schedule lays them (:func:`~mp_symbolic.core.schedule.stage_devices`).
+            schedule lays them (:func:`~mp_symbolic.core.schedule.round_robin`).
         virtual: The stages per device of the schedule
             (:func:`~mp_symbolic.core.schedule.check_spec`'s count), named where
             the blocks or the graph's ops are fewer than the stages.
