@@ -994,3 +994,61 @@ def test_a_node_killed_at_any_file_operation_of_a_checkpoint_commit_leaves_one_w
         assert read_checkpoint(folder).load()[1]['w1'].asnumpy().sum() == 0
     # a kill of node 1 always comes before the switch: the old checkpoint stays
     assert seen[1] > 0 and (seen[2] > 0 or killed_node == 1), seen
+
+
+class _Posted:
+    """torch.distributed's ``isend``/``irecv`` as a list of what was posted,
+    each transfer complete at once (a received tensor filled with its tag)."""
+
+    def __init__(self):
+        self.posted = []
+
+    def isend(self, tensor, dst, tag):
+        self.posted.append(('send', tensor, dst, tag))
+        return self
+
+    def irecv(self, tensor, src, tag):
+        tensor.fill_(tag)
+        self.posted.append(('receive', tensor, src, tag))
+        return self
+
+    def wait(self):
+        return True
+
+
+def test_the_gloo_transport_sends_and_receives_through_one_buffer_a_tag_kept_across_batches(
+        monkeypatch):
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.transport.comm import Link  # pylint: disable=import-outside-toplevel
+    posted = _Posted()
+    real = node_processes.torch
+    monkeypatch.setattr(node_processes, 'torch',
+                        lambda part=None: posted if part == 'distributed' else real(part))
+    link = Link(0, 1, 'x')
+    me = node_processes.Nodes(2, 0, 1.0, '127.0.0.1:1')
+    transport = node_processes.TorchTransport(me, (0, 1), [(link, None)], microbatches=2)
+    seen = []
+    for batch in range(3):
+        transport.begin()
+        values = [mx.nd.full((2, 3), batch * 10 + i) for i in range(2)]
+        dests = [mx.nd.zeros((2, 3)) for _ in range(2)]
+        for i in range(2):
+            transport.send_forward(i, [(link, values[i])])
+            transport.recv_backward(i, [(link, dests[i])]).wait()
+        transport.finish()
+        sent = [p for p in posted.posted if p[0] == 'send']
+        received = [p for p in posted.posted if p[0] == 'receive']
+        # what went out is each micro-batch's value; what came in landed in its array
+        for i in range(2):
+            np.testing.assert_array_equal(sent[i][1].numpy(), values[i].asnumpy())
+            assert (dests[i].asnumpy() == received[i][3]).all()
+        seen.append([t for _, t, _, _ in posted.posted])   # kept: none is freed and reused
+        posted.posted.clear()
+    for later in seen[1:]:                                # the same tensors every batch
+        assert all(a is b for a, b in zip(seen[0], later)), (seen[0], later)
+    assert len({t.data_ptr() for t in seen[0]}) == 4      # one buffer a tag and direction
+    # a tensor of another shape on the same tag gets a buffer of its own shape
+    transport.begin()
+    transport.send_forward(0, [(link, mx.nd.ones((4, 3)))])
+    transport.finish()
+    assert tuple(posted.posted[-1][1].shape) == (4, 3)

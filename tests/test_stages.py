@@ -1003,3 +1003,22 @@ def test_runtime_bind_gives_the_fused_graph_or_the_stage_runtime_behind_one_inte
     for name, (device, value) in ref_grads.items():
         assert grads[name][0] == device
         np.testing.assert_allclose(grads[name][1], value, rtol=TOL, atol=1e-6, err_msg=name)
+
+
+def test_zero_sets_every_gradient_to_0_with_one_op_a_device_and_a_sparse_one_apart(monkeypatch):
+    from mp_symbolic.core.engine import stages  # pylint: disable=import-outside-toplevel
+    dense = [mx.nd.ones((3, 2), mx.cpu(0)), mx.nd.ones((5,), mx.cpu(1)),
+             mx.nd.ones((2, 2), mx.cpu(0), dtype='float16'), mx.nd.ones((4,), mx.cpu(1))]
+    sparse = mx.nd.ones((4, 2)).tostype('row_sparse')
+    calls = []
+    real = mx.nd.reset_arrays
+
+    def spy(*arrays, **kwargs):
+        calls.append(sorted({a.context.device_id for a in arrays}))
+        return real(*arrays, **kwargs)
+
+    monkeypatch.setattr(mx.nd, 'reset_arrays', spy)
+    stages.zero(dense + [sparse])
+    for array in dense + [sparse]:
+        assert not array.asnumpy().any()
+    assert sorted(calls) == [[0], [1]], calls

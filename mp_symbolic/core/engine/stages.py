@@ -310,8 +310,7 @@ class StageRuntime:
         """
         outputs = {}
         if train:
-            for grad in self.grads + list(self._held_grads.values()):
-                grad[:] = 0
+            zero(self.grads + list(self._held_grads.values()))
             self.input_grads = {
                 name: mx.nd.zeros(self._joined(self.input_shapes[name], self.axes.get(name, 0)),
                                   device, dtype=dtype)
@@ -435,6 +434,20 @@ class StageRuntime:
                 whole = self.input_grads[name]
                 whole[where] = whole[where] + executor.grad_dict[name].as_in_context(
                     whole.context)
+
+
+def zero(arrays):
+    """Sets every array of ``arrays`` to 0: one ``reset_arrays`` op a device
+    (as Gluon's ``zero_grad``), where assigning each array takes a Python
+    indexing call and an op of its own."""
+    by_device = {}
+    for array in arrays:
+        if array.stype == 'default':
+            by_device.setdefault(array.context, []).append(array)
+        else:  # a sparse gradient (reset_arrays takes dense arrays)
+            mx.nd.zeros_like(array, out=array)
+    for group in by_device.values():
+        mx.nd.reset_arrays(*group, num_arrays=len(group))
 
 
 def _slot_executor(runtime, stage, slot):

@@ -743,14 +743,14 @@ def _torch_dtype(dtype):
     return _TORCH_DTYPES[np.dtype(dtype)]
 
 
-def to_torch(value):
+def to_torch(value, buffer=None):
     """An NDArray's values as a torch tensor of their own on its device, copied
     by MXNet (which reorders oneDNN's blocked layouts, of which it makes no
-    DLPack view)."""
-    tensor = _empty_like(value)
-    if tensor.numel():
-        value.copyto(from_torch(tensor)).wait_to_read()
-    return tensor
+    DLPack view); into ``buffer``'s (a :class:`_Buffer` of its shape) where given."""
+    buffer = buffer or _Buffer(value)
+    if buffer.tensor.numel():
+        value.copyto(buffer.array).wait_to_read()
+    return buffer.tensor
 
 
 def from_torch(tensor):
@@ -763,6 +763,26 @@ def _empty_like(dest):
     device = 'cpu' if dest.context.device_type in ('cpu', 'cpu_pinned', 'cpu_shared') else \
         'cuda:%d' % dest.context.device_id
     return torch().empty(dest.shape, dtype=_torch_dtype(dest.dtype), device=device)
+
+
+class _Buffer:
+    """A torch tensor shaped as an NDArray, and the NDArray sharing its memory
+    (``array``), made once for a tag and kept from batch to batch."""
+
+    def __init__(self, like):
+        self.tensor = _empty_like(like)
+        self.array = from_torch(self.tensor)
+
+    def wait_to_write(self):
+        """Returns once every operation MXNet's engine has pending on the array
+        (a copy out of it) is done, so that torch may write into it again."""
+        mx.base.check_call(mx.base._LIB.MXNDArrayWaitToWrite(  # pylint: disable=protected-access
+            self.array.handle))
+
+    def fits(self, like):
+        """True where ``like`` has this buffer's shape, type and device."""
+        return (self.array.shape == like.shape and self.array.dtype == like.dtype and
+                self.array.context == like.context)
 
 
 class _Received(Pending):
@@ -782,7 +802,7 @@ class _Received(Pending):
         start = time.perf_counter()
         for work, buffer, dest, link, microbatch in self.items:
             self.transport.wait(work, link.producer if self.forward else link.consumer)
-            value = from_torch(buffer)
+            value = buffer.array
             if self.forward:
                 value.copyto(dest)
             else:
@@ -812,6 +832,8 @@ class TorchTransport(Transport):
         self._base = replica * len(links)
         self._outputs_base = OUTPUT_TAG + replica * MAX_OUTPUTS
         self._sent = []
+        # {(tag, 'send' or 'receive'): _Buffer}, kept from batch to batch
+        self._buffers = {}
 
     @classmethod
     def for_route(cls, route):
@@ -853,6 +875,18 @@ class TorchTransport(Transport):
         self.local.begin()
         self._sent = []
 
+    def _buffer(self, tag, way, like):
+        """The kept buffer of ``tag`` and ``way`` (``'send'`` or ``'receive'``),
+        made anew where ``like`` does not fit it. Reusing it is safe: every send
+        of a batch is waited for by :meth:`finish`, and a received buffer's
+        copies out are waited for (``wait_to_write``) before it takes another."""
+        buffer = self._buffers.get((tag, way))
+        if buffer is None or not buffer.fits(like):
+            buffer = self._buffers[(tag, way)] = _Buffer(like)
+        elif way == 'receive':
+            buffer.wait_to_write()
+        return buffer
+
     def _send(self, values, backward, microbatch):
         dist = torch('distributed')
         local = []
@@ -861,11 +895,11 @@ class TorchTransport(Transport):
             if not self._remote(peer):
                 local.append((link, value))
                 continue
-            tensor = to_torch(value)
+            tag = self._tag(link, backward, microbatch)
+            tensor = to_torch(value, self._buffer(tag, 'send', value))
             self.stats['sent_bytes'] += tensor.numel() * tensor.element_size()
             self.stats['sent'] += 1
-            work = self._post(lambda: dist.isend(tensor, self.node_of_stage[peer],
-                                                 tag=self._tag(link, backward, microbatch)),
+            work = self._post(lambda: dist.isend(tensor, self.node_of_stage[peer], tag=tag),
                               peer)
             self._sent.append((work, tensor, peer))
         return local
@@ -878,10 +912,10 @@ class TorchTransport(Transport):
             if not self._remote(peer):
                 local.append((link, dest))
                 continue
-            buffer = _empty_like(dest)
-            work = self._post(lambda: dist.irecv(buffer, self.node_of_stage[peer],
-                                                 tag=self._tag(link, backward, microbatch)),
-                              peer)
+            tag = self._tag(link, backward, microbatch)
+            buffer = self._buffer(tag, 'receive', dest)
+            work = self._post(lambda: dist.irecv(buffer.tensor, self.node_of_stage[peer],
+                                                 tag=tag), peer)
             items.append((work, buffer, dest, link, microbatch))
         return local, items
 
@@ -911,7 +945,7 @@ class TorchTransport(Transport):
         """Sends the network's outputs ``values`` to every other node."""
         dist = torch('distributed')
         for k, value in values:
-            tensor = to_torch(value)
+            tensor = to_torch(value, self._buffer(self._output_tag(k), 'send', value))
             for node in range(self.nodes.count):
                 if node == self.nodes.rank:
                     continue
@@ -925,8 +959,8 @@ class TorchTransport(Transport):
         dist = torch('distributed')
         items = []
         for k, dest in dests:
-            buffer = _empty_like(dest)
-            work = self._post(lambda: dist.irecv(buffer, self.node_of_stage[stage],
+            buffer = self._buffer(self._output_tag(k), 'receive', dest)
+            work = self._post(lambda: dist.irecv(buffer.tensor, self.node_of_stage[stage],
                                                  tag=self._output_tag(k)), stage)
             items.append((work, buffer, dest, Link(stage, None, k), None))
         return _Received(self, items, forward=True)
