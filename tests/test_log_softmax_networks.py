@@ -17,7 +17,9 @@ ReLU input within rounding of zero may fall on the other side, which moves
 one weight under the ``'softmax'`` head alone drifts as far (1.8e-5 on
 ``conv0_weight`` after two steps at lr 0.01).
 
-The export of each trained ResNet predicts the same probabilities.
+The export of each trained ResNet predicts the same probabilities, and the
+memory estimate of the ResNet on ``'log_softmax'`` is within 5% of the
+measured table.
 """
 import json
 
@@ -28,7 +30,10 @@ import pytest
 
 import mp_symbolic
 from mp_symbolic import Pipeline
+from mp_symbolic.core.planning.estimate import batched_binds
 from mp_symbolic.training import loop
+
+from bench import estimate as bench
 
 from export.__main__ import main as export_main
 from export.runtimes import MXNetPredictor
@@ -201,3 +206,24 @@ def test_a_resnet_trained_on_log_softmax_exports_the_predictions_of_softmax(tmp_
     np.testing.assert_allclose(predictions['log_softmax'], predictions['softmax'], rtol=0,
                                atol=1e-5)
 
+
+def test_the_memory_estimate_of_a_resnet_on_log_softmax_is_within_5_percent_of_the_measured():
+    """bench.estimate's ResNet cells with ``loss='log_softmax'``: the one
+    graph and the stage runtime, each estimated in this process and measured
+    by one step in a process of its own (tests/test_estimate.py's measure)."""
+    # pylint: disable=protected-access
+    cells = [bench._cell('cifar_resnet20_v1', loss='log_softmax', **plan)
+             for plan in ({}, {'schedule': '1f1b', 'chunks': 2})]
+    assert [bench.build(cell)[1] for cell in cells] == ['log_softmax'] * 2
+    with batched_binds():
+        estimated = [bench.estimate(cell) for cell in cells]
+    for cell, guess, measured in zip(cells, estimated, bench.measure(cells)):
+        devices, _ = bench.errors(measured, guess)
+        assert sorted(devices) == ['cpu(0)', 'cpu(1)'], bench.label(cell)
+        for device, (total, estimate, error) in devices.items():
+            assert abs(error) <= 0.05, (bench.label(cell), device, total, estimate)
+        guess = bench.as_profiled(guess, measured)
+        for device, row in measured.items():
+            for category in ('params', 'grads', 'optimizer', 'aux', 'module_copy'):
+                assert guess[device][category] == row[category], \
+                    (bench.label(cell), device, category)
