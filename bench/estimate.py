@@ -3,7 +3,8 @@ estimate (:func:`mp_symbolic.estimate_memory`, nothing allocated) against
 the measured table, cell by cell.
 
 Each cell is a model, a device plan, a schedule, micro-batches, replicas,
-shards or mirroring. Its measured table is one training step (SGD with
+shards or mirroring (and, for the GluonCV models, a ``loss`` head other
+than ``'softmax'``). Its measured table is one training step (SGD with
 momentum 0.9) of ``pipe.module(loss)`` bound, initialised and stepped in a
 process of its own with MXNet's storage profiler on
 (:func:`mp_symbolic.tools.memory.device_memory` with the storage totals: the
@@ -104,7 +105,8 @@ def build(cell):
         net.initialize(mx.init.Xavier())
         shape = (16, 3, 32, 32)
         pipe = Pipeline(net, cell['devices'], sample=shape, **plan)
-        return pipe, 'softmax', None, [('data', shape)], [('softmax_label', (16,))]
+        return (pipe, cell.get('loss', 'softmax'), None, [('data', shape)],
+                [('softmax_label', (16,))])
     if model == 'bert':
         from gluonnlp.model import bert
         encoder = bert.BERTEncoder(num_layers=2, units=64, hidden_size=128, max_length=32,
@@ -325,6 +327,8 @@ def label(cell):
         parts.append('zero')
     if cell.get('optimizer', 'sgd') != 'sgd':
         parts.append(cell['optimizer'])
+    if cell.get('loss'):
+        parts.append(cell['loss'])
     return ' '.join(parts)
 
 
