@@ -743,16 +743,6 @@ def _torch_dtype(dtype):
     return _TORCH_DTYPES[np.dtype(dtype)]
 
 
-def to_torch(value, buffer=None):
-    """An NDArray's values as a torch tensor of their own on its device, copied
-    by MXNet (which reorders oneDNN's blocked layouts, of which it makes no
-    DLPack view); into ``buffer``'s (a :class:`_Buffer` of its shape) where given."""
-    buffer = buffer or _Buffer(value)
-    if buffer.tensor.numel():
-        value.copyto(buffer.array).wait_to_read()
-    return buffer.tensor
-
-
 def from_torch(tensor):
     """A torch tensor as an NDArray sharing its memory."""
     dlpack = torch('utils.dlpack')
@@ -800,6 +790,7 @@ class _Received(Pending):
             NodeFailure: the sending node died or stopped answering.
         """
         start = time.perf_counter()
+        self.transport.post_sends()  # a peer may be waiting on them while this waits on it
         for work, buffer, dest, link, microbatch in self.items:
             self.transport.wait(work, link.producer if self.forward else link.consumer)
             value = buffer.array
@@ -832,6 +823,8 @@ class TorchTransport(Transport):
         self._base = replica * len(links)
         self._outputs_base = OUTPUT_TAG + replica * MAX_OUTPUTS
         self._sent = []
+        # sends whose copies are issued and not yet posted: (tensor, buffer, [(node, tag)], stage)
+        self._unposted = []
         # {(tag, 'send' or 'receive'): _Buffer}, kept from batch to batch
         self._buffers = {}
 
@@ -874,6 +867,7 @@ class TorchTransport(Transport):
     def begin(self):
         self.local.begin()
         self._sent = []
+        self._unposted = []
 
     def _buffer(self, tag, way, like):
         """The kept buffer of ``tag`` and ``way`` (``'send'`` or ``'receive'``),
@@ -887,8 +881,37 @@ class TorchTransport(Transport):
             buffer.wait_to_write()
         return buffer
 
-    def _send(self, values, backward, microbatch):
+    def _copy_out(self, value, tag):
+        """The kept send buffer of ``tag``, ``value`` copied into it by an op
+        issued to MXNet's engine (not waited for). The copy, not a DLPack view
+        of ``value``: MXNet reorders oneDNN's blocked layouts as it copies, and
+        makes no DLPack view of them."""
+        buffer = self._buffer(tag, 'send', value)
+        if buffer.tensor.numel():
+            value.copyto(buffer.array)
+        return buffer
+
+    def post_sends(self):
+        """Posts every send whose copy was issued, each once its copy is done.
+
+        A send is posted at the next call to this transport, not as it is
+        made: by then the action after it is issued too, so MXNet's engine
+        has that to run while this thread waits for the copy.
+
+        Raises:
+            NodeFailure: a receiving node died or hung up.
+        """
         dist = torch('distributed')
+        unposted, self._unposted = self._unposted, []
+        for buffer, targets in unposted:
+            buffer.array.wait_to_read()
+            tensor = buffer.tensor
+            for node, tag, stage in targets:
+                work = self._post(lambda: dist.isend(tensor, node, tag=tag), stage)
+                self._sent.append((work, tensor, stage))
+
+    def _send(self, values, backward, microbatch):
+        self.post_sends()  # the sends of the action before: its successor is issued
         local = []
         for link, value in values:
             peer = link.producer if backward else link.consumer
@@ -896,12 +919,10 @@ class TorchTransport(Transport):
                 local.append((link, value))
                 continue
             tag = self._tag(link, backward, microbatch)
-            tensor = to_torch(value, self._buffer(tag, 'send', value))
-            self.stats['sent_bytes'] += tensor.numel() * tensor.element_size()
+            buffer = self._copy_out(value, tag)
+            self.stats['sent_bytes'] += buffer.tensor.numel() * buffer.tensor.element_size()
             self.stats['sent'] += 1
-            work = self._post(lambda: dist.isend(tensor, self.node_of_stage[peer], tag=tag),
-                              peer)
-            self._sent.append((work, tensor, peer))
+            self._unposted.append((buffer, [(self.node_of_stage[peer], tag, peer)]))
         return local
 
     def _receive(self, dests, backward, microbatch):
@@ -943,17 +964,15 @@ class TorchTransport(Transport):
 
     def send_outputs(self, stage, values):
         """Sends the network's outputs ``values`` to every other node."""
-        dist = torch('distributed')
+        self.post_sends()
         for k, value in values:
-            tensor = to_torch(value, self._buffer(self._output_tag(k), 'send', value))
-            for node in range(self.nodes.count):
-                if node == self.nodes.rank:
-                    continue
-                work = self._post(lambda: dist.isend(tensor, node, tag=self._output_tag(k)),
-                                  self.node_of_stage.index(node))
-                self.stats['outputs_bytes'] += tensor.numel() * tensor.element_size()
-                self.stats['outputs_sent'] += 1
-                self._sent.append((work, tensor, self.node_of_stage.index(node)))
+            buffer = self._copy_out(value, self._output_tag(k))
+            targets = [(node, self._output_tag(k), self.node_of_stage.index(node))
+                       for node in range(self.nodes.count) if node != self.nodes.rank]
+            self.stats['outputs_bytes'] += \
+                len(targets) * buffer.tensor.numel() * buffer.tensor.element_size()
+            self.stats['outputs_sent'] += len(targets)
+            self._unposted.append((buffer, targets))
 
     def recv_outputs(self, stage, dests):
         dist = torch('distributed')
@@ -971,6 +990,7 @@ class TorchTransport(Transport):
         Raises:
             NodeFailure: a receiving node died or stopped answering.
         """
+        self.post_sends()
         sent, self._sent = self._sent, []
         for work, _, peer in sent:
             self.wait(work, peer)
