@@ -885,3 +885,19 @@ def test_bench_plan_prints_the_pipelined_capacity_beside_the_replicas():
     bench_plan.report([entry], lines.append)
     assert lines[0].endswith('(capacity of the devices at once: 1: 1.00, 2: 1.71; '
                              'pipelined: graph 1.52, staged 1.48)'), lines[0]
+
+
+def test_a_graph_bounded_by_its_other_sizes_is_no_faster_than_the_fastest_step_of_any(
+        monkeypatch):
+    """One graph at 8 and 16 examples a micro-batch: the 16's forward is the
+    faster, the 8's whole step the faster. The 8's bound takes the faster
+    forward and the faster step, not the 16's forward joined to the 8's own
+    backward (1.0 + 4.0 s, faster than any step measured)."""
+    timings = _fake_timings(monkeypatch, _Host())
+    small, large = ('graph', (), 'cpu(0)'), ('graph', (8,), 'cpu(0)')
+    timings._micro.update({small: 8, large: 16})  # pylint: disable=protected-access
+    timings.stage.update({small: (3.0, 4.0), large: (1.0, 7.0)})
+    timings._bound_by_size()  # pylint: disable=protected-access
+    assert timings.stage[small] == pytest.approx((1.0, 6.0))
+    assert sum(timings.stage[small]) == pytest.approx(min(7.0, 8.0))
+    assert timings.stage[large] == pytest.approx((1.0, 7.0))

@@ -763,7 +763,11 @@ class Timings:
     def _bound_by_size(self):
         """Each graph's times bounded by the same graph's at other
         micro-batch sizes: no longer than on more examples, nor more than in
-        proportion to what it takes on fewer."""
+        proportion to what it takes on fewer. As :meth:`retime`, the bound
+        keeps the fastest forward pass and the fastest forward and backward
+        passes, its backward the latter less the former: bounding the two
+        apart could join one size's forward to another's backward, faster
+        than any step of any size."""
         graphs = {}
         for key, micro in self._micro.items():
             graphs.setdefault((key[0], key[2]), []).append((micro, key))
@@ -773,7 +777,9 @@ class Timings:
                 bounds = [self.stage[key]]
                 bounds += [self.stage[k] for _, k in sizes[i + 1:]]  # more examples
                 bounds += [tuple(t * micro / m for t in self.stage[k]) for m, k in sizes[:i]]
-                self.stage[key] = tuple(min(b[j] for b in bounds) for j in range(2))
+                forward = min(b[0] for b in bounds)
+                step = min(b[0] + b[1] for b in bounds)
+                self.stage[key] = (forward, max(0.0, step - forward))
 
     def step(self, candidate, pipe):
         """The predicted seconds of one training step of ``candidate``."""
