@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 import pytest
 
-from mp_symbolic.training.cli import add_train_flags
+from mp_symbolic.training.cli import add_train_flags, main as cli_main
 from mp_symbolic.tools.cliargs import OneLineArgumentParser, print_error
 from mp_symbolic.training.tasks.regression import forward_numpy
 from mp_symbolic.training.loop import train
@@ -28,7 +28,7 @@ from export.errors import EXCERPT_LIMIT, excerpt
 from export.exporter import export_checkpoint
 from export.predict import main as predict_main
 
-from conftest import make_config
+from conftest import cli_status, make_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECRET = 'root:x:0:0:the first line of some file that is not a model at all, quoted nowhere'
@@ -303,6 +303,7 @@ def test_flag_error_is_one_line_exit_2(capfd, main, argv, message):
     (['fly'], "error: prog: argument COMMAND: invalid choice: 'fly' (choose from 'train') "
               "(see --help)"),
     ([], 'error: prog: the following arguments are required: COMMAND (see --help)'),
+    (['train', '--bogus'], 'error: prog train: unrecognized arguments: --bogus (see --help)'),
 ])
 def test_subcommand_flag_error_is_one_line_exit_2(capfd, argv, message):
     parser = OneLineArgumentParser(prog='prog')
@@ -313,6 +314,16 @@ def test_subcommand_flag_error_is_one_line_exit_2(capfd, argv, message):
         parser.parse_args(argv)
     assert exit_.value.code == 2
     assert _one_error_line(capfd.readouterr().err) == message
+
+
+@pytest.mark.parametrize('argv', [
+    ['train'], ['compare'], ['launch'], ['pair', '--checkpoint', 'a', '--out', 'b'],
+    ['sample', '--model', 'm'], ['plan'], ['plan', '--task', 'regression'], ['blas']])
+def test_unknown_flag_is_refused_naming_its_subcommand(capsys, argv):
+    assert cli_status(cli_main, argv + ['--bogus']) == 2
+    assert _one_error_line(capsys.readouterr().err) == (
+        'error: python -m mp_symbolic %s: unrecognized arguments: --bogus (see --help)'
+        % argv[0])
 
 
 def test_error_line_survives_a_stream_that_cannot_encode_it(tmp_path):

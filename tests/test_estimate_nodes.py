@@ -1,6 +1,7 @@
 """The memory estimate of a plan over node processes, node by node
 (mp_symbolic.estimate_memory(..., nodes=N), python -m mp_symbolic plan
 --nodes N), against the tables the node processes of a real job measure."""
+import numpy as np
 import pytest
 
 import mp_symbolic
@@ -117,6 +118,30 @@ def test_estimate_memory_refuses_a_node_not_among_the_nodes_in_one_line():
                                   'replica (2), found 3 (a node would hold no stage)')
 
 
+@pytest.mark.parametrize('given, message', [
+    ({'nodes': True}, 'nodes: expected a positive integer, found True'),
+    ({'nodes': 1.0}, 'nodes: expected a positive integer, found 1.0'),
+    ({'node': False}, 'node: expected a node with nodes (their count), found node=False '
+                      'without nodes'),
+    ({'nodes': 1, 'node': 0.0}, 'node: expected a node with nodes (their count), found '
+                                'node=0.0 without nodes')])
+def test_estimate_memory_refuses_a_bool_or_non_integer_nodes_or_node_in_one_line(given, message):
+    """``True == 1`` and ``2.0 == 2``: neither is taken as a count of processes."""
+    task, _ = load_task('regression')
+    with pytest.raises(ValueError) as refused:
+        mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1', sample=(100, 2), **given)
+    assert str(refused.value) == message
+
+
+def test_estimate_memory_takes_numpy_integers_for_nodes_and_node():
+    task, _ = load_task('regression')
+    with batched_binds():
+        tables = [mp_symbolic.estimate_memory(task.make_blocks(), 'cpu:0,cpu:1',
+                                              sample=(100, 2), nodes=count(2), node=count(1))
+                  for count in (int, np.int64)]
+    assert tables[1].as_dict() == tables[0].as_dict()
+
+
 def test_estimate_memory_refuses_other_nodes_than_the_pipelines_own_in_one_line(monkeypatch):
     task, _ = load_task('regression')
     _over_nodes(monkeypatch, 0)
@@ -124,6 +149,9 @@ def test_estimate_memory_refuses_other_nodes_than_the_pipelines_own_in_one_line(
     with pytest.raises(ValueError) as refused:
         mp_symbolic.estimate_memory(pipe, sample=(100, 2), nodes=1)
     assert str(refused.value) == "nodes: expected the Pipeline's own 2 nodes or none, found 1"
+    with pytest.raises(ValueError) as refused:
+        mp_symbolic.estimate_memory(pipe, sample=(100, 2), nodes=2.0)
+    assert str(refused.value) == 'nodes: expected a positive integer, found 2.0'
 
 
 def test_plan_over_nodes_prints_each_nodes_table_and_the_largest_device(capsys):

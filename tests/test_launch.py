@@ -437,7 +437,7 @@ def test_a_python_script_runs_with_the_launchers_python():
 # -- refusals before anything starts ----------------------------------------------------------
 
 BAD_WORKER_COMMANDS = [
-    (['train', '...'], 'error: worker command: python -m mp_symbolic: unrecognized '
+    (['train', '...'], 'error: worker command: python -m mp_symbolic train: unrecognized '
                        'arguments: ...'),
     (['train', '--epochs', '0'], 'worker command: --epochs: expected a positive integer'),
     (['train', '--task', 'nowhere.py'], 'worker command: --task nowhere.py: expected a task '

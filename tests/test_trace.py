@@ -1,11 +1,18 @@
-"""Trace analysis on small synthetic traces whose answers are known exactly."""
+"""Trace analysis on small synthetic traces whose answers are known exactly,
+and on a profiled GPipe step of the language model."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
+from mp_symbolic.core.graph.heads import head_calls
 from mp_symbolic.tools.trace import (TraceError, busy_time, clip, device_rows, gpipe_bubble,
                                label_chunks, load_trace, op_intervals, overlap_time,
                                pipeline_steps, step_stats, step_windows, storage_bytes)
+
+from conftest import ROOT
 
 
 def _rows(*names):
@@ -121,6 +128,88 @@ def test_label_chunks_runs_forward_in_order_and_backward_in_reverse():
         ('_backward_FullyConnected', 'backward', 0), ('add_n', 'backward', None),
         ('sgd_mom_update', 'update', None), ('[relu,relu]', 'forward', None),
         ('CopyCPU2CPU', 'copy', None), ('CopyCPU2CPU', 'copy', None)]
+
+
+def test_label_chunks_gives_a_loss_heads_calls_no_chunk_and_the_networks_theirs():
+    """The 'log_softmax' head on the last stage's device, M=2: its one softmax
+    after the two chunks' attention softmax, its backward ops before theirs."""
+    head = sorted(head_calls('log_softmax'))
+    assert {'softmax', 'log_softmax', 'pick', 'MakeLoss', '_backward_log_softmax'} <= set(head)
+    names = (['softmax', 'softmax'] + [op for op in head if not op.startswith('_backward')]
+             + [op for op in head if op.startswith('_backward')]
+             + ['_backward_softmax', '_backward_softmax'])
+    ops = [(t, t + 1, name) for t, name in enumerate(names)]
+    labelled = [(name, chunk) for _, _, name, _, chunk in label_chunks(ops, 2)]
+    assert labelled == ([('softmax', 0), ('softmax', 1)] + [(op, None) for op in names[2:-2]]
+                        + [('_backward_softmax', 1), ('_backward_softmax', 0)])
+    # a device without the head: every softmax is a chunk's
+    assert [chunk for _, _, _, _, chunk in label_chunks(ops[:2], 2)] == [0, 1]
+
+
+def test_loss_heads_calls_are_the_ops_mxnet_runs_for_them():
+    assert head_calls('l2') == {'LinearRegressionOutput': 1, '_backward_linear_reg_out': 1}
+    assert head_calls('softmax') == {'SoftmaxOutput': 1, '_backward_SoftmaxOutput': 1}
+    with pytest.raises(ValueError, match="loss: expected one of l2, softmax, logistic, "
+                                         "log_softmax, found 'hinge'"):
+        head_calls('hinge')
+
+
+# A GPipe step of a small language model (its loss head 'log_softmax') over
+# cpu(0) and cpu(1), M=2, profiled one op per engine operation; argv[1] the trace.
+LM_GPIPE_STEP = """
+import sys
+import mxnet as mx
+import numpy as np
+from mp_symbolic import Pipeline
+from mp_symbolic.tools.trace import dump
+from mp_symbolic.training.tasks import load_task
+task, _ = load_task('lm', (('num_layers', 2), ('num_heads', 2), ('num_hiddens', 16),
+                           ('block_size', 8), ('train_chars', 4096), ('val_chars', 1024)))
+pipe = Pipeline(task.make_blocks(), 'cpu:0,cpu:1', sample=(8, 8), chunks=2, schedule='gpipe')
+mod = pipe.module(loss=task.loss)
+mod.bind(data_shapes=[('data', (8, 8))], label_shapes=[('softmax_label', (8, 8))])
+mod.init_params()
+mod.init_optimizer()
+X = mx.nd.array(np.random.RandomState(0).randint(0, 20, (8, 8)))
+batch = mx.io.DataBatch([X], [X])
+mod.forward_backward(batch)
+mod.update()
+mx.nd.waitall()
+mx.profiler.set_config(profile_symbolic=True, filename=sys.argv[1], aggregate_stats=False)
+marker = mx.profiler.Marker(mx.profiler.Domain('test'), 'step')
+mx.profiler.set_state('run')
+marker.mark()
+mod.forward_backward(batch)
+mod.update()
+mx.nd.waitall()
+marker.mark()
+mx.profiler.set_state('stop')
+dump(sys.argv[1])
+"""
+
+
+def test_a_gpipe_trace_of_the_language_model_gives_every_attention_softmax_its_chunk(tmp_path):
+    """The 'log_softmax' head runs one softmax over the whole batch on the
+    last stage's device beside each chunk's attention softmax: the head's
+    gets no chunk, and each attention's its own."""
+    path = str(tmp_path / 'trace.json')
+    run = subprocess.run([sys.executable, '-c', LM_GPIPE_STEP, path], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT, MXNET_EXEC_BULK_EXEC_TRAIN='0'))
+    assert run.returncode == 0, run.stderr[-2000:]
+    trace = load_trace(path)
+    step = clip(op_intervals(trace), step_windows(trace)[0])
+    head_devices = [d for d, ops in step.items() if any(op == 'log_softmax' for *_, op in ops)]
+    assert len(head_devices) == 1
+    for device in ('cpu/0', 'cpu/1'):
+        labelled = label_chunks(step[device], 2)
+        forward = [chunk for _, _, name, _, chunk in labelled if name == 'softmax']
+        backward = [chunk for _, _, name, _, chunk in labelled if name == '_backward_softmax']
+        head = [None] if device in head_devices else []
+        attention = len(backward) // 2  # per chunk: one each layer on the device
+        assert attention >= 1, device
+        assert forward == [0] * attention + [1] * attention + head, device
+        assert backward == [1] * attention + [0] * attention, device
 
 
 def test_pipeline_steps_give_each_step_with_gpipe_beside_it():

@@ -42,14 +42,35 @@ def print_error(message, file=None):
         pass  # stderr itself is gone: the exit status still tells
 
 
+class _Subcommands(argparse._SubParsersAction):  # pylint: disable=protected-access
+    """Subcommands whose parser refuses an argument it does not know, naming
+    itself: argparse leaves such arguments to the top-level parser, whose
+    refusal names only the top-level program."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        # argparse's own place for them (the top-level parser keeps its own apart)
+        unknown = argparse._UNRECOGNIZED_ARGS_ATTR  # pylint: disable=protected-access
+        extras = vars(namespace).pop(unknown, None)
+        if extras:
+            self._name_parser_map[values[0]].error(
+                'unrecognized arguments: %s' % ' '.join(extras))
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one line and exit status 2.
 
     Subcommand parsers made through :meth:`add_subparsers` are of this class
     too (argparse makes them of the parent's class), so their errors name the
     subcommand: ``error: python -m mp_symbolic train: argument --epochs:
-    invalid int value: 'x' (see --help)``.
+    invalid int value: 'x' (see --help)``, and so does an argument after the
+    subcommand that it does not know: ``error: python -m mp_symbolic train:
+    unrecognized arguments: --bogus (see --help)``.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register('action', 'parsers', _Subcommands)
 
     def error(self, message):
         print_error('%s: %s (see --help)' % (self.prog, message))

@@ -28,8 +28,9 @@ with ``gpu/0``.
 header and the device rows on a process's first ``dump()`` only; a later one
 writes a headless fragment. :func:`dump` writes a complete trace either way.
 
-This file reads JSON; only :func:`dump` and :func:`discard` import MXNet, and nothing imports
-training code.
+This file reads JSON; only :func:`dump` and :func:`discard` import MXNet, and
+:func:`label_chunks`, which asks the loss heads table for the ops each head runs;
+nothing imports training code.
 """
 import json
 import os
@@ -282,12 +283,31 @@ def gpipe_bubble(num_stages, num_chunks):
     return (num_stages - 1) / (num_chunks + num_stages - 1)
 
 
-# Ops that see the whole batch: the split into micro-batches, the concat and
-# loss head, and the sums of the per-chunk weight gradients.
+# Ops of which every call sees the whole batch: the split into micro-batches,
+# the concat, and the sums of the per-chunk weight gradients. A loss head's
+# calls are the heads table's (heads_here).
 WHOLE_BATCH_OPS = frozenset([
-    'SliceChannel', 'Concat', 'SoftmaxOutput', 'LinearRegressionOutput', 'add_n',
-    'ElementWiseSum', '_grad_add', '_backward_SliceChannel', '_backward_Concat',
-    '_backward_SoftmaxOutput', '_backward_LinearRegressionOutput'])
+    'SliceChannel', 'Concat', 'add_n', 'ElementWiseSum', '_grad_add', '_backward_SliceChannel',
+    '_backward_Concat'])
+
+
+def heads_here(counts):
+    """``{op: calls}`` of the loss heads that ran on a device in one step: each
+    head of the heads table (:func:`mp_symbolic.core.graph.heads.head_calls`)
+    whose every op the device ran at least as often as the head alone runs it.
+
+    Args:
+        counts: ``{op: calls}`` of the device in the step.
+    """
+    # pylint: disable=import-outside-toplevel
+    from ..core.graph.heads import LOSSES, head_calls  # MXNet binds each head once
+    here = {}
+    for loss in LOSSES:
+        calls = head_calls(loss)
+        if all(counts.get(op, 0) >= n for op, n in calls.items()):
+            for op, n in calls.items():
+                here[op] = here.get(op, 0) + n
+    return here
 
 
 def label_chunks(intervals, num_chunks):
@@ -303,6 +323,13 @@ def label_chunks(intervals, num_chunks):
     whose count is not a multiple of ``num_chunks`` (bulked segments, see
     ``MXNET_EXEC_BULK_EXEC_TRAIN``) gets no chunk; with ``L`` ops of a type
     per chunk, occurrences go ``L`` at a time.
+
+    A loss head that ran on the device (:func:`heads_here`) sees the whole
+    batch: where a type's count less the head's calls of it is a multiple of
+    ``num_chunks``, those calls are the type's last forward ones (the head
+    reads every chunk's output) or first backward ones (every chunk's
+    backward reads the head's gradient) and get no chunk, and the others
+    theirs (the ``'log_softmax'`` head's ``softmax`` beside the attention's).
 
     Args:
         intervals: ``[(start, end, name)]`` of one device, one step.
@@ -326,13 +353,20 @@ def label_chunks(intervals, num_chunks):
     counts = {}
     for _, _, name in ops:
         counts[name] = counts.get(name, 0) + 1
+    head = {op: n for op, n in heads_here(counts).items()
+            if (counts[op] - n) % num_chunks == 0}
     seen, out = {}, []
     for start, end, name in ops:
         p, chunk = phase(name), None
-        regular = counts[name] % num_chunks == 0 and not name.startswith('[')
-        if p in ('forward', 'backward') and name not in WHOLE_BATCH_OPS and regular:
-            per_chunk = counts[name] // num_chunks
-            i = seen.get(name, 0) // per_chunk
+        whole = head.get(name, 0)
+        # the head's calls: a forward type's last, a backward type's first
+        k = seen.get(name, 0) - (whole if p == 'backward' else 0)
+        chunked = counts[name] - whole
+        regular = chunked % num_chunks == 0 and not name.startswith('[')
+        if p in ('forward', 'backward') and name not in WHOLE_BATCH_OPS and regular \
+                and 0 <= k < chunked:
+            per_chunk = chunked // num_chunks
+            i = k // per_chunk
             chunk = i if p == 'forward' else num_chunks - 1 - i
         seen[name] = seen.get(name, 0) + 1
         out.append((start, end, name, p, chunk))

@@ -4,6 +4,8 @@ them with. Each is one :class:`Head` record in :data:`HEADS`;
 :func:`read_head` reads a record back off a graph. docs/how-it-works.md lists
 the heads and their class axes."""
 from dataclasses import dataclass, field, replace
+import functools
+import re
 
 import mxnet as mx
 from mxnet import gluon
@@ -297,6 +299,35 @@ def make_head(loss, prediction, label):
         return head.build(prediction, label, head.node, head.axis)
     return getattr(mx.sym, head.op)(data=prediction, label=label, name=head.node,
                                     **head.op_args)
+
+
+def head_calls(loss):
+    """``{op: calls}`` of one training step of the head named ``loss`` alone,
+    forward and backward, as MXNet binds it: the ops a profiler trace shows
+    for the head (``'l2'``: ``{'LinearRegressionOutput': 1,
+    '_backward_linear_reg_out': 1}``).
+
+    Raises:
+        ValueError: ``loss`` is not one of :data:`LOSSES`.
+    """
+    if loss not in HEADS:
+        raise ValueError('loss: expected one of %s, found %r' % (', '.join(LOSSES), loss))
+    return dict(_bound_calls(loss))
+
+
+@functools.lru_cache(maxsize=None)
+def _bound_calls(loss):
+    head = HEADS[loss]
+    shape = (2, 3)  # (batch, classes or outputs); the ops do not depend on it
+    symbol = make_head(head, mx.sym.var('prediction'), mx.sym.var('label'))
+    executor = symbol.simple_bind(mx.cpu(), grad_req={'prediction': 'write', 'label': 'null'},
+                                  prediction=shape, label=shape[:1] if head.classes else shape)
+    calls = {}
+    for line in executor.debug_str().splitlines():  # its forward and backward nodes
+        match = re.match(r'(?:Subgraph)?Op:([^,]*), Name=', line)
+        if match:
+            calls[match.group(1)] = calls.get(match.group(1), 0) + 1
+    return tuple(sorted(calls.items()))
 
 
 SOFTMAX_OPS = ('SoftmaxOutput', 'Softmax')  # 'Softmax': MXNet's older name of the same op

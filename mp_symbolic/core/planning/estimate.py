@@ -19,6 +19,7 @@ import mxnet as mx
 from mxnet.ndarray.ndarray import NDArray, _new_alloc_handle
 import numpy as np
 
+from ..base.checks import is_int, positive_int
 from ..base.compat import split_bind_environ
 from ..graph.heads import labels_of
 from ..graph.names import GROUP_ATTR
@@ -1106,11 +1107,14 @@ def node_stages(pipe, nodes=None, node=None):
         node: The node, from 0.
 
     Raises:
-        ValueError: ``nodes`` other than the Pipeline's own, more nodes than
-            devices per replica, or a ``node`` not among them (one line).
+        ValueError: ``nodes`` not a positive integer (a ``bool`` is not one)
+            or other than the Pipeline's own, more nodes than devices per
+            replica, or a ``node`` not an integer among them (one line).
     """
     # pylint: disable=import-outside-toplevel
     from ..transport.nodes import node_of_devices
+    if nodes is not None:  # True is not one process, nor 2.0 two
+        nodes = positive_int('nodes', nodes)
     if pipe.nodes is not None:
         if nodes not in (None, pipe.nodes.count):
             raise ValueError('nodes: expected the Pipeline\'s own %d nodes or none, found %r'
@@ -1118,14 +1122,14 @@ def node_stages(pipe, nodes=None, node=None):
         nodes, node = pipe.nodes.count, pipe.nodes.rank if node is None else node
         node_of_stage = pipe.plan.node_of_stage
     elif nodes is None or nodes == 1:
-        if node not in (None, 0):
+        if node is not None and not (is_int(node) and node == 0):
             raise ValueError('node: expected a node with nodes (their count), found node=%r '
                              'without nodes' % (node,))
         return None
     else:
         of_device = node_of_devices(pipe.devices_per_replica, nodes)
         node_of_stage = tuple(of_device[d] for d in pipe.run_schedule().device_of_stage)
-    if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < nodes:
+    if not is_int(node) or not 0 <= node < nodes:
         raise ValueError('node: expected a node of the %d (0 to %d), found %r'
                          % (nodes, nodes - 1, node))
     return tuple(s for s, n in enumerate(node_of_stage) if n == node)
