@@ -1030,8 +1030,9 @@ def test_the_gloo_transport_sends_and_receives_through_one_buffer_a_tag_kept_acr
     seen = []
     for batch in range(3):
         transport.begin()
-        values = [mx.nd.full((2, 3), batch * 10 + i) for i in range(2)]
-        dests = [mx.nd.zeros((2, 3)) for _ in range(2)]
+        # on cpu(1): a DLPack view of a CPU tensor is an NDArray on cpu(0)
+        values = [mx.nd.full((2, 3), batch * 10 + i, ctx=mx.cpu(1)) for i in range(2)]
+        dests = [mx.nd.zeros((2, 3), ctx=mx.cpu(1)) for _ in range(2)]
         for i in range(2):
             transport.send_forward(i, [(link, values[i])])
             transport.recv_backward(i, [(link, dests[i])]).wait()

@@ -761,7 +761,8 @@ class _Buffer:
 
     def __init__(self, like):
         self.tensor = _empty_like(like)
-        self.array = from_torch(self.tensor)
+        self.array = from_torch(self.tensor)  # on cpu(0) for every CPU device
+        self.like = (like.shape, like.dtype, like.context)
 
     def wait_to_write(self):
         """Returns once every operation MXNet's engine has pending on the array
@@ -770,9 +771,9 @@ class _Buffer:
             self.array.handle))
 
     def fits(self, like):
-        """True where ``like`` has this buffer's shape, type and device."""
-        return (self.array.shape == like.shape and self.array.dtype == like.dtype and
-                self.array.context == like.context)
+        """True where ``like`` has the shape, type and device of the array this
+        buffer was made for."""
+        return self.like == (like.shape, like.dtype, like.context)
 
 
 class _Received(Pending):
