@@ -824,7 +824,7 @@ class TorchTransport(Transport):
         self._base = replica * len(links)
         self._outputs_base = OUTPUT_TAG + replica * MAX_OUTPUTS
         self._sent = []
-        # sends whose copies are issued and not yet posted: (tensor, buffer, [(node, tag)], stage)
+        # sends whose copies are issued and not yet posted: (buffer, [(node, tag, stage)])
         self._unposted = []
         # {(tag, 'send' or 'receive'): _Buffer}, kept from batch to batch
         self._buffers = {}
