@@ -22,7 +22,9 @@ magnitude.
   ``InstanceNorm`` (MXNet's ``InstanceNorm`` op over each position's C
   features as one channel, ``gamma`` and ``beta`` by products as the model's)
   and the ``LayerNorm`` op itself (its backward runs MXNet's generic
-  reduction on CPU).
+  reduction on CPU); and, where a C++ compiler builds it, ``fused op``: a
+  custom operator of MXNet's library API, forward and backward each one pass
+  a row (:mod:`bench.custom_ops`, ``bench/fused_layer_norm.cc``).
 * Causal attention of queries, keys and values ``(N, T, C)``, against the
   model's ``gpt._Attend`` (the mask spread over the scores by one ``dot``):
   ``zeros_like mask`` (the mask made by ``zeros_like`` and
@@ -78,6 +80,7 @@ from mp_symbolic.core.graph.heads import make_head
 from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import gpt
 
+from . import custom_ops
 from .measure import throughput
 
 __all__ = ['run', 'main']
@@ -165,6 +168,23 @@ NORMS = {
     'last axis': _last_axis,
     'InstanceNorm': _instance_norm,
 }
+
+
+FUSED = 'fused op (bench/fused_layer_norm.cc)'
+_SAID = []  # the one line saying why the fused op is left out, once a process
+
+
+def _norms(log):
+    """:data:`NORMS`, and :data:`FUSED` where :func:`bench.custom_ops.fused_layer_norm`
+    builds and loads it (otherwise a line of ``log`` says why it is left out)."""
+    loaded, why = custom_ops.fused_layer_norm()
+    if not loaded:
+        if not _SAID:
+            _SAID.append(why)
+            log('norm candidate %s left out: %s' % (FUSED, why))
+        return dict(NORMS)
+    return dict(NORMS, **{FUSED: lambda F, x, g, b, C: F.fused_layer_norm(x, g, b,
+                                                                            eps=EPSILON)})
 
 
 def _heads(F, x, head_dim):
@@ -487,7 +507,7 @@ def run(widths=(64, 256), repeats=9, warmup=3, log=print):
         values = {'x': rng.normal(1.0, 2.0, shape), 'g': rng.normal(1.0, 0.2, (C,)),
                   'b': rng.normal(0.0, 0.2, (C,))}
         report['norm'][C] = _compare({name: norm(mx.sym, x, g, b, C)
-                                      for name, norm in NORMS.items()},
+                                      for name, norm in _norms(log).items()},
                                      'LayerNorm op', values, rng.normal(size=shape),
                                      repeats, warmup)
         values = {n: rng.normal(size=shape) for n in 'qkv'}

@@ -6,6 +6,7 @@ in onnxruntime at any batch size and sequence length with the trained
 numbers."""
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -215,9 +216,11 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     steps (updater.adam_step, updater.adam_contiguous) and one adam_update
     over one array are MXNet's Adam exactly."""
     from bench.lm_ops import run  # pylint: disable=import-outside-toplevel
+    from bench import custom_ops  # pylint: disable=import-outside-toplevel
     report = run(widths=(8,), repeats=1, warmup=1, log=lambda line: None)
+    fused = {'fused op (bench/fused_layer_norm.cc)'} if custom_ops.fused_layer_norm()[0] else set()
     assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt',
-                                      'last axis', 'InstanceNorm'}
+                                      'last axis', 'InstanceNorm'} | fused
     assert set(report['attention'][8]) == {'gpt._Attend', 'zeros_like mask', 'interleaved',
                                            'softmax temperature', 'scores by linalg.gemm'}
     assert set(report['q, k, v'][8]) == {'three products', 'one product'}
@@ -236,6 +239,46 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     for part in report.values():
         for name, row in part[8].items():
             assert row['error'] < 1e-5 and row['ms'] > 0, name
+
+
+def test_the_fused_layer_norm_op_is_mxnets_layer_norm_forward_and_backward():
+    """bench/fused_layer_norm.cc against MXNet's LayerNorm op on rows of 3 to
+    256 features (a 3-D input, gamma and beta away from 1 and 0): the output
+    and every gradient to float32 rounding."""
+    from bench import custom_ops  # pylint: disable=import-outside-toplevel
+    loaded, why = custom_ops.fused_layer_norm()
+    if not loaded:
+        pytest.skip(why)
+    rng = np.random.RandomState(0)
+    for C in (3, 64, 256):
+        shape = (4, 5, C)
+        values = {'x': rng.normal(1.0, 2.0, shape), 'g': rng.normal(1.0, 0.3, C),
+                  'b': rng.normal(0.0, 0.3, C)}
+        dy = mx.nd.array(rng.normal(size=shape))
+        x, g, b = (mx.sym.var(n) for n in 'xgb')
+        results = []
+        for symbol in (mx.sym.LayerNorm(x, g, b, axis=-1, eps=1e-5),
+                       mx.sym.fused_layer_norm(x, g, b, eps=1e-5)):
+            executor = symbol.simple_bind(mx.cpu(), x=shape, g=(C,), b=(C,))
+            for name, value in values.items():
+                executor.arg_dict[name][:] = value
+            executor.forward(is_train=True)
+            executor.backward(dy)
+            results.append([executor.outputs[0].asnumpy()] +
+                           [executor.grad_dict[n].asnumpy() for n in 'xgb'])
+        for want, got in zip(*results):
+            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+def test_a_fused_layer_norm_that_cannot_be_built_is_left_out_with_one_line(monkeypatch,
+                                                                            tmp_path):
+    from bench import custom_ops  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(custom_ops, 'OUT_DIR', str(tmp_path))
+    monkeypatch.setenv('CXX', 'false')
+    loaded, why = custom_ops._build_and_load()  # pylint: disable=protected-access
+    assert not loaded and why.startswith('building libfused_layer_norm-') and \
+        why.endswith('failed: no output'), why
+    assert os.listdir(str(tmp_path)) == []  # nothing half-built left
 
 
 def test_output_layer_reads_the_token_embedding_on_its_own_stage():
