@@ -58,5 +58,9 @@ def _build_and_load():
             lines = (result.stderr or result.stdout).strip().splitlines() or ['no output']
             return False, 'building %s failed: %s' % (os.path.basename(path), lines[0])
         os.replace(building, path)
-    mx.library.load(path, verbose=False)
+    try:
+        mx.library.load(path, verbose=False)
+    except mx.base.MXNetError as err:
+        lines = str(err).strip().splitlines() or ['no message']
+        return False, 'loading %s failed: %s' % (os.path.basename(path), lines[0])
     return True, path

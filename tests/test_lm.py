@@ -281,6 +281,20 @@ def test_a_fused_layer_norm_that_cannot_be_built_is_left_out_with_one_line(monke
     assert os.listdir(str(tmp_path)) == []  # nothing half-built left
 
 
+def test_a_fused_layer_norm_that_mxnet_cannot_load_is_left_out_with_one_line(monkeypatch):
+    from bench import custom_ops  # pylint: disable=import-outside-toplevel
+    if not custom_ops.fused_layer_norm()[0]:
+        pytest.skip(custom_ops.fused_layer_norm()[1])
+
+    def refuse(path, verbose=True):
+        raise mx.base.MXNetError('library version mismatch\nmore lines')
+
+    monkeypatch.setattr(mx.library, 'load', refuse)
+    loaded, why = custom_ops._build_and_load()  # pylint: disable=protected-access
+    assert not loaded and why.startswith('loading libfused_layer_norm-') and \
+        why.endswith('failed: library version mismatch'), why
+
+
 def test_output_layer_reads_the_token_embedding_on_its_own_stage():
     pipe = mp_symbolic.Pipeline(gpt.build_blocks(TINY), 'cpu:0,cpu:1,cpu:2',
                                 sample=(BATCH, TINY.block_size))
