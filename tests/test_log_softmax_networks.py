@@ -207,6 +207,7 @@ def test_a_resnet_trained_on_log_softmax_exports_the_predictions_of_softmax(tmp_
                                atol=1e-5)
 
 
+@pytest.mark.slow  # two measured tables, each in a process of its own
 def test_the_memory_estimate_of_a_resnet_on_log_softmax_is_within_5_percent_of_the_measured():
     """bench.estimate's ResNet cells with ``loss='log_softmax'``: the one
     graph and the stage runtime, each estimated in this process and measured
