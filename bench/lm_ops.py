@@ -11,7 +11,8 @@ input's gradient from the reference, relative to the reference's largest
 magnitude.
 
 * LayerNorm over C, against MXNet's ``LayerNorm`` op: ``gpt.LayerNorm``
-  (the model's: means, variance and the spreads as ``FullyConnected``
+  (``fused=False``, the model's where the fused op cannot be built: means,
+  variance and the spreads as ``FullyConnected``
   products, ``gamma`` spread with each position's deviation in one product),
   ``gamma apart`` (the same with ``gamma`` spread by a product of its own and
   multiplied in apart), ``rsqrt`` (the model's with each position's
@@ -22,9 +23,9 @@ magnitude.
   ``InstanceNorm`` (MXNet's ``InstanceNorm`` op over each position's C
   features as one channel, ``gamma`` and ``beta`` by products as the model's)
   and the ``LayerNorm`` op itself (its backward runs MXNet's generic
-  reduction on CPU); and, where a C++ compiler builds it, ``fused op``: a
-  custom operator of MXNet's library API, forward and backward each one pass
-  a row (:mod:`bench.custom_ops`, ``bench/fused_layer_norm.cc``).
+  reduction on CPU); and, where a C++ compiler builds it, ``fused op``: the
+  model's, a custom operator of MXNet's library API, forward and backward
+  each one pass a row (:mod:`mp_symbolic.core.kernels`).
 * Causal attention of queries, keys and values ``(N, T, C)``, against the
   model's ``gpt._Attend`` (the mask spread over the scores by one ``dot``):
   ``zeros_like mask`` (the mask made by ``zeros_like`` and
@@ -161,8 +162,8 @@ def _instance_norm(F, x, gamma, beta, C):
 
 NORMS = {
     'LayerNorm op': lambda F, x, g, b, C: F.LayerNorm(x, g, b, axis=-1, eps=EPSILON),
-    'gpt.LayerNorm': lambda F, x, g, b, C: gpt.LayerNorm(C, prefix='ln_').hybrid_forward(
-        F, x, g, b),
+    'gpt.LayerNorm': lambda F, x, g, b, C: gpt.LayerNorm(
+        C, fused=False, prefix='ln_').hybrid_forward(F, x, g, b),
     'gamma apart': _gamma_apart,
     'rsqrt': _rsqrt,
     'last axis': _last_axis,
@@ -170,7 +171,7 @@ NORMS = {
 }
 
 
-FUSED = 'fused op (bench/fused_layer_norm.cc)'
+FUSED = 'fused op (the model\'s)'
 _SAID = []  # the one line saying why the fused op is left out, once a process
 
 

@@ -28,6 +28,7 @@ import os
 
 import numpy as np
 
+from mp_symbolic.core import kernels
 from mp_symbolic.core.base.checks import excerpt as cut
 from mp_symbolic.core.engine.module import with_input_shape
 from mp_symbolic.core.graph.names import DATA_NAME, DTYPE_ATTR
@@ -319,8 +320,8 @@ def _laid_out(sym_path):
     layouts); none where the file does not load (the loading says why)."""
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     try:
-        return input_layouts(mx.sym.load(sym_path))
-    except (mx.base.MXNetError, ValueError, UnicodeDecodeError, OSError):
+        return input_layouts(kernels.load_symbol(sym_path))
+    except (mx.base.MXNetError, ValueError, UnicodeDecodeError, OSError, kernels.KernelError):
         return {}
 
 

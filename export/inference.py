@@ -22,6 +22,7 @@ import mxnet as mx
 from mxnet.ndarray.ndarray import _DTYPE_MX_TO_NP, _DTYPE_NP_TO_MX
 import numpy as np
 
+from mp_symbolic.core import kernels
 from mp_symbolic.core.base.checks import excerpt
 from mp_symbolic.core.base.compat import error_line
 from mp_symbolic.core.graph.heads import INFERENCE_FORMS, head_at, inference_of
@@ -98,7 +99,9 @@ def network_order(symbol):
 
 def inference_graph(symbol):
     """``symbol`` with every loss head replaced by its inference form
-    (unchanged if it has none).
+    (unchanged if it has none), and the project's own operators by MXNet's
+    (:func:`mp_symbolic.core.kernels.with_mxnet_ops`: a runtime without the
+    project's library loads the files).
 
     Args:
         symbol: A symbol of one or several outputs, as trained or already
@@ -113,6 +116,8 @@ def inference_graph(symbol):
             reads no input named ``data`` (or ``data0``, ``data1``, ...), or
             both kinds.
     """
+    if any(node.op == kernels.FUSED_LAYER_NORM for node in PlacedGraph.from_symbol(symbol).nodes):
+        symbol = kernels.load_symbol_json(kernels.with_mxnet_ops(symbol.tojson()))  # MXNet's ops
     outputs = [_inference_output(symbol[i]) for i in range(len(symbol.list_outputs()))]
     outputs = [outputs[i] for i in network_order(symbol)]
     symbol = outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)

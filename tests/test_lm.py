@@ -6,7 +6,6 @@ in onnxruntime at any batch size and sequence length with the trained
 numbers."""
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import onnx
 import pytest
 
 import mp_symbolic
+from mp_symbolic.core import kernels
 from mp_symbolic.training import loop
 from mp_symbolic.training.config import TrainConfig
 from mp_symbolic.training.sample import MXNetModel, OnnxModel, sample
@@ -106,7 +106,10 @@ def test_layer_norm_equals_gluons_layer_norm_and_its_gradients_under_the_same_na
     X = mx.nd.array(rng.normal(1.0, 2.0, (3, 5, 8)))
     dy = mx.nd.array(rng.normal(size=(3, 5, 8)))
     results = []
-    for norm in (mx.gluon.nn.LayerNorm(in_channels=8, prefix='ln_'), gpt.LayerNorm(8, prefix='ln_')):
+    norms = [gpt.LayerNorm(8, fused=False, prefix='ln_')]
+    if kernels.fused_layer_norm()[0]:
+        norms.append(gpt.LayerNorm(8, fused=True, prefix='ln_'))
+    for norm in [mx.gluon.nn.LayerNorm(in_channels=8, prefix='ln_')] + norms:
         norm.initialize()
         norm.gamma.set_data(mx.nd.array(np.linspace(0.5, 1.5, 8)))
         norm.beta.set_data(mx.nd.array(np.linspace(-1, 1, 8)))
@@ -117,10 +120,11 @@ def test_layer_norm_equals_gluons_layer_norm_and_its_gradients_under_the_same_na
         out.backward(dy)
         results.append({'out': out.asnumpy(), 'x': x.grad.asnumpy(),
                         **{n: p.grad().asnumpy() for n, p in norm.collect_params().items()}})
-    want, got = results
-    assert sorted(got) == sorted(want) == ['ln_beta', 'ln_gamma', 'out', 'x']
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+    want = results[0]
+    for got in results[1:]:
+        assert sorted(got) == sorted(want) == ['ln_beta', 'ln_gamma', 'out', 'x']
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_backward_pass_runs_no_broadcast_reduction_and_no_layer_norm_backward():
@@ -158,8 +162,9 @@ def _ops_of(symbol, **shapes):
 
 def test_layer_norm_scales_by_gamma_and_each_positions_deviation_in_one_product():
     """Five products a norm, forward: the mean, its spread, the variance, the
-    deviation times ``gamma``, ``beta``'s spread; no (R, C) array of ``gamma``."""
-    norm = gpt.LayerNorm(8, prefix='ln_')
+    deviation times ``gamma``, ``beta``'s spread; no (R, C) array of ``gamma``
+    (the norm where the fused op cannot be built)."""
+    norm = gpt.LayerNorm(8, fused=False, prefix='ln_')
     x = mx.sym.var('data')
     ops = _ops_of(norm(x), data=(3, 5, 8), ln_gamma=(8,), ln_beta=(8,))
     assert ops.count('FullyConnected') == 5
@@ -188,14 +193,19 @@ def test_model_flops_per_token_count_every_matrix_product_forward_and_backward()
 
 def test_bench_profile_counts_each_ops_calls_a_training_step():
     """``python -m bench.lm --against F --profile N``: 12 dense layers, the
-    tied output and five products in each of the five norms a step."""
+    tied output, and the five norms: the fused op once each, or five
+    products each where it cannot be built."""
     from bench.lm import against  # pylint: disable=import-outside-toplevel
     lines = []
     result = against(gpt.__file__, num_hiddens=8, steps=2, repeats=1, warmup=1, profile=3,
                      log=lines.append)
+    fused = kernels.use_fused_norm()
     for name in ('this', 'other'):
         calls = {op: per_step for op, _, _, per_step in result['top_ops'][name]}
-        assert calls['FullyConnected'] == calls['_backward_FullyConnected'] == 12 + 1 + 5 * 5
+        assert calls['FullyConnected'] == calls['_backward_FullyConnected'] == \
+            12 + 1 + (0 if fused else 5 * 5)
+        if fused:
+            assert calls['fused_layer_norm'] == calls['_backward_fused_layer_norm'] == 5
         assert calls['batch_dot'] == 2 * 2 * 3  # two products a block, and two gradients each
         assert abs(sum(share for _, _, share, _ in result['top_ops'][name]) - 1) < 1e-6
     assert "MXNet's profiler" in lines[1] and len(lines) == 3 + 3 + 1
@@ -216,9 +226,9 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     steps (updater.adam_step, updater.adam_contiguous) and one adam_update
     over one array are MXNet's Adam exactly."""
     from bench.lm_ops import run  # pylint: disable=import-outside-toplevel
-    from bench import custom_ops  # pylint: disable=import-outside-toplevel
+    from bench.lm_ops import FUSED  # pylint: disable=import-outside-toplevel
     report = run(widths=(8,), repeats=1, warmup=1, log=lambda line: None)
-    fused = {'fused op (bench/fused_layer_norm.cc)'} if custom_ops.fused_layer_norm()[0] else set()
+    fused = {FUSED} if kernels.fused_layer_norm()[0] else set()
     assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt',
                                       'last axis', 'InstanceNorm'} | fused
     assert set(report['attention'][8]) == {'gpt._Attend', 'zeros_like mask', 'interleaved',
@@ -239,60 +249,6 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     for part in report.values():
         for name, row in part[8].items():
             assert row['error'] < 1e-5 and row['ms'] > 0, name
-
-
-def test_the_fused_layer_norm_op_is_mxnets_layer_norm_forward_and_backward():
-    """bench/fused_layer_norm.cc against MXNet's LayerNorm op on rows of 3 to
-    256 features (a 3-D input, gamma and beta away from 1 and 0): the output
-    and every gradient to float32 rounding."""
-    from bench import custom_ops  # pylint: disable=import-outside-toplevel
-    loaded, why = custom_ops.fused_layer_norm()
-    if not loaded:
-        pytest.skip(why)
-    rng = np.random.RandomState(0)
-    for C in (3, 64, 256):
-        shape = (4, 5, C)
-        values = {'x': rng.normal(1.0, 2.0, shape), 'g': rng.normal(1.0, 0.3, C),
-                  'b': rng.normal(0.0, 0.3, C)}
-        dy = mx.nd.array(rng.normal(size=shape))
-        x, g, b = (mx.sym.var(n) for n in 'xgb')
-        results = []
-        for symbol in (mx.sym.LayerNorm(x, g, b, axis=-1, eps=1e-5),
-                       mx.sym.fused_layer_norm(x, g, b, eps=1e-5)):
-            executor = symbol.simple_bind(mx.cpu(), x=shape, g=(C,), b=(C,))
-            for name, value in values.items():
-                executor.arg_dict[name][:] = value
-            executor.forward(is_train=True)
-            executor.backward(dy)
-            results.append([executor.outputs[0].asnumpy()] +
-                           [executor.grad_dict[n].asnumpy() for n in 'xgb'])
-        for want, got in zip(*results):
-            np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
-
-
-def test_a_fused_layer_norm_that_cannot_be_built_is_left_out_with_one_line(monkeypatch,
-                                                                            tmp_path):
-    from bench import custom_ops  # pylint: disable=import-outside-toplevel
-    monkeypatch.setattr(custom_ops, 'OUT_DIR', str(tmp_path))
-    monkeypatch.setenv('CXX', 'false')
-    loaded, why = custom_ops._build_and_load()  # pylint: disable=protected-access
-    assert not loaded and why.startswith('building libfused_layer_norm-') and \
-        why.endswith('failed: no output'), why
-    assert os.listdir(str(tmp_path)) == []  # nothing half-built left
-
-
-def test_a_fused_layer_norm_that_mxnet_cannot_load_is_left_out_with_one_line(monkeypatch):
-    from bench import custom_ops  # pylint: disable=import-outside-toplevel
-    if not custom_ops.fused_layer_norm()[0]:
-        pytest.skip(custom_ops.fused_layer_norm()[1])
-
-    def refuse(path, verbose=True):
-        raise mx.base.MXNetError('library version mismatch\nmore lines')
-
-    monkeypatch.setattr(mx.library, 'load', refuse)
-    loaded, why = custom_ops._build_and_load()  # pylint: disable=protected-access
-    assert not loaded and why.startswith('loading libfused_layer_norm-') and \
-        why.endswith('failed: library version mismatch'), why
 
 
 def test_output_layer_reads_the_token_embedding_on_its_own_stage():

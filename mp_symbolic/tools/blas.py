@@ -49,6 +49,8 @@ import signal
 import subprocess
 import sys
 
+from ..core.base.checks import cache_dir
+
 __all__ = ['choose', 'check', 'recommended', 'load', 'apply', 'at_start', 'cpu', 'library',
            'Choice', 'KERNELS']
 
@@ -278,11 +280,7 @@ def check(coretype, tolerance=1.0, timeout=CHECK_TIMEOUT, environ=None):
 def cache_path(environ=None):
     """``$XDG_CACHE_HOME/mp_symbolic/blas.json`` (an absolute
     ``XDG_CACHE_HOME`` only), else ``~/.cache/mp_symbolic/blas.json``."""
-    environ = os.environ if environ is None else environ
-    base = environ.get('XDG_CACHE_HOME', '')
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser('~'), '.cache')
-    return os.path.join(base, 'mp_symbolic', 'blas.json')
+    return os.path.join(cache_dir(environ), 'blas.json')
 
 
 def _key(coretype, model, flags, mxnet):

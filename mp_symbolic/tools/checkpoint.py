@@ -23,6 +23,7 @@ import numpy as np
 
 
 
+from ..core import kernels
 from ..core.base.compat import error_line as first_line
 from ..core.graph.names import DATA_NAME, SHAPE_ATTR
 from .files import check_writable_dir  # pylint: disable=unused-import  (its home is files)
@@ -172,7 +173,9 @@ def load_checkpoint(sym_path, params_path, input_shapes=None):
         if not os.path.isfile(path):
             raise CheckpointError('expected a checkpoint file at %s, found none' % path)
     try:
-        symbol = mx.sym.load(sym_path)
+        symbol = kernels.load_symbol(sym_path)
+    except kernels.KernelError as err:
+        raise CheckpointError(str(err)) from None
     except (mx.base.MXNetError, ValueError, UnicodeDecodeError) as err:
         raise CheckpointError('%s is not an MXNet symbol file: %s'
                               % (sym_path, first_line(err))) from None
@@ -411,7 +414,9 @@ class Checkpoint:
             raise CheckpointError('expected a checkpoint file at %s, found none'
                                   % self.symbol_path)
         try:
-            symbol = mx.sym.load(self.symbol_path)
+            symbol = kernels.load_symbol(self.symbol_path)
+        except kernels.KernelError as err:
+            raise CheckpointError(str(err)) from None
         except (mx.base.MXNetError, ValueError, UnicodeDecodeError) as err:
             raise CheckpointError('%s is not an MXNet symbol file: %s'
                                   % (self.symbol_path, first_line(err))) from None
@@ -823,7 +828,7 @@ def write_pair(checkpoint, out, log=print):
 
     def write(folder):
         with open(checkpoint.symbol_path, 'rb') as f:
-            symbol = mx.sym.load_json(f.read().decode('utf-8'))
+            symbol = kernels.load_symbol_json(f.read().decode('utf-8'), checkpoint.symbol_path)
         save_symbol(os.path.join(folder, files['symbol']), symbol)
         path = os.path.join(folder, files['params'])
         written = write_mxnet_params(path, [

@@ -49,6 +49,7 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .text import columns
+from ..core import kernels
 from ..core.base.compat import profiler_cpu_limit, unprofilable
 from .trace import dump, load_trace, storage_bytes
 from ..core.optim.updater import PerDeviceUpdater
@@ -479,7 +480,7 @@ def memory_table(module, storage=None):
 def _run_child(spec):
     """In a fresh process: profile storage, bind, one step, report (``__main__``)."""
     trace_path = start_storage_profile()  # before the first allocation: every array counted
-    symbol = mx.sym.load_json(spec['symbol'])
+    symbol = kernels.load_symbol_json(spec['symbol'])
     data_shapes = [(n, tuple(s)) for n, s in spec['data_shapes']]
     label_shapes = [(n, tuple(s)) for n, s in spec['label_shapes']]
     group2ctx = {g: _context(c) for g, c in (spec['group2ctx'] or {}).items()}

@@ -116,3 +116,27 @@ def tied_owners(tied, names, num_stages, what, error=ValueError):
                         % (num_stages, name, stage))
         owners[name] = int(stage)
     return owners
+
+
+def cache_dir(environ=None):
+    """Where the project keeps what it works out once a machine (the BLAS
+    kernel's verdict, built operators): ``$XDG_CACHE_HOME/mp_symbolic`` (an
+    absolute ``XDG_CACHE_HOME`` only), else ``~/.cache/mp_symbolic``."""
+    environ = os.environ if environ is None else environ
+    base = environ.get('XDG_CACHE_HOME', '')
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser('~'), '.cache')
+    return os.path.join(base, 'mp_symbolic')
+
+
+FUSED_NORM = 'MP_SYMBOLIC_FUSED_NORM'  # the language model's norm: auto | 0 | 1
+
+
+def fused_norm_switch(environ=None):
+    """``MP_SYMBOLIC_FUSED_NORM`` as ``'auto'`` (also where unset), ``'0'``
+    or ``'1'``; ``ValueError`` of one line for anything else."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(FUSED_NORM, 'auto')
+    if value.strip().lower() not in ('auto', '0', '1'):
+        raise ValueError('%s: expected auto, 0 or 1, found %r' % (FUSED_NORM, value))
+    return value.strip().lower()

@@ -303,11 +303,11 @@ class PlacedGraph:
 
 def load(graph):
     """The Symbol of a JSON graph (``arg_nodes`` and ``node_row_ptr`` recomputed)."""
-    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from .. import kernels  # pylint: disable=import-outside-toplevel  (imports MXNet)
     graph = dict(graph)
     graph['arg_nodes'] = [i for i, n in enumerate(graph['nodes']) if n['op'] == 'null']
     graph.pop('node_row_ptr', None)
-    return mx.sym.load_json(json.dumps(graph))
+    return kernels.load_symbol_json(json.dumps(graph))
 
 
 def as_placed(graph):

@@ -19,6 +19,7 @@ import mxnet as mx
 from mxnet.ndarray.ndarray import NDArray, _new_alloc_handle
 import numpy as np
 
+from .. import kernels
 from ..base.checks import is_int, positive_int
 from ..base.compat import split_bind_environ
 from ..graph.heads import labels_of
@@ -282,7 +283,7 @@ def _bound(request):
 
     def arrays(specs):
         return {n: _lazy(shape, ctx(c), dtype) for n, (shape, c, dtype) in specs.items()}
-    symbol = mx.sym.load_json(request['symbol'])
+    symbol = kernels.load_symbol_json(request['symbol'])
     args, grads, aux = (arrays(request[k]) for k in ('args', 'grads', 'aux'))
     group2ctx = {g: ctx(c) for g, c in request['group2ctx'].items()}
     return symbol.bind(ctx(request['context']), args, args_grad=grads or None,

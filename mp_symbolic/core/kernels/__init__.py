@@ -1,0 +1,156 @@
+"""Operators of the project's own, in C++ against MXNet 1.9.1's library API,
+built on first use and loaded into the process (``mx.library.load``).
+
+``fused_layer_norm(x, gamma, beta, eps)`` (``fused_layer_norm.cc``):
+LayerNorm over the last axis of a float32 array, forward and backward each
+one pass over a row's values, on CPU. MXNet's own ``LayerNorm`` reduces its
+backward through a generic kernel on CPU, and the norm written as matrix
+products (``gpt.LayerNorm``'s other form) takes five products a norm; this
+op takes 0.28 to 0.38 of the products' time (docs/lm.md).
+
+The library is compiled with the C++ compiler on the path (``$CXX``, else
+``g++``) against the ``lib_api.h`` that the ``mxnet`` wheel installs and
+``third_party/lib_api.cc`` (apache/mxnet's ``src/lib_api.cc`` at tag 1.9.1),
+into the project's cache folder (``$XDG_CACHE_HOME/mp_symbolic``, else
+``~/.cache/mp_symbolic``) under a name of the sources' digest, once. Later
+processes load what is built.
+
+``MP_SYMBOLIC_FUSED_NORM`` chooses where the language model uses it:
+unset (or ``auto``), wherever MXNet is a CPU build and the library builds
+and loads, with the norm of matrix products otherwise; ``0``, never; ``1``,
+always, and a one-line error where it cannot be built. A graph holding the
+op is read back (checkpoints, the memory estimate's children, export) by
+:func:`load_symbol` and :func:`load_symbol_json`, which load the library
+first; the export writes MXNet's ``LayerNorm`` in its place
+(:func:`with_mxnet_ops`). Standard library and MXNet only.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import mxnet as mx
+
+from ..base.checks import FUSED_NORM as ENV, cache_dir, fused_norm_switch
+
+__all__ = []
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FUSED_LAYER_NORM = 'fused_layer_norm'
+SOURCES = (os.path.join(HERE, 'fused_layer_norm.cc'),
+           os.path.join(HERE, 'third_party', 'lib_api.cc'))
+_LOADED = {}
+
+
+class KernelError(RuntimeError):
+    """The project's operators were asked for where they cannot be built or
+    loaded; the message says why, in one line."""
+
+
+def fused_layer_norm():
+    """``(True, path)`` once ``fused_layer_norm`` is an operator of this
+    process (``mx.sym.fused_layer_norm``, ``mx.nd.fused_layer_norm``), else
+    ``(False, why)``: no compiler, no header, the build or the load failing,
+    in one line. Built once a cache, loaded once a process."""
+    if FUSED_LAYER_NORM not in _LOADED:
+        _LOADED[FUSED_LAYER_NORM] = _build_and_load()
+    return _LOADED[FUSED_LAYER_NORM]
+
+
+def use_fused_norm():
+    """Whether the language model's norm is the fused op here
+    (``MP_SYMBOLIC_FUSED_NORM``: unset or ``auto``, ``0`` or ``1``)."""
+    try:
+        choice = fused_norm_switch()
+    except ValueError as err:
+        raise KernelError(str(err)) from None
+    if choice == '0':
+        return False
+    if choice == 'auto' and mx.runtime.Features().is_enabled('CUDA'):
+        return False  # the op runs on CPU only; a GPU build keeps the products
+    loaded, why = fused_layer_norm()
+    if not loaded and choice == '1':
+        raise KernelError('%s=1: the fused LayerNorm op is not available: %s' % (ENV, why))
+    return loaded
+
+
+def _holds_ours(text):
+    return ('"%s"' % FUSED_LAYER_NORM) in text
+
+
+def _ensure_for(text, where):
+    if _holds_ours(text):
+        loaded, why = fused_layer_norm()
+        if not loaded:
+            raise KernelError('%s holds the %s op, which cannot be loaded here: %s'
+                              % (where, FUSED_LAYER_NORM, why))
+
+
+def load_symbol_json(text, where='the graph'):
+    """``mx.sym.load_json(text)``, with the project's operators loaded first
+    where the graph holds them (:class:`KernelError` where they cannot be)."""
+    _ensure_for(text, where)
+    return mx.sym.load_json(text)
+
+
+def load_symbol(path):
+    """``mx.sym.load(path)``, with the project's operators loaded first where
+    the graph holds them."""
+    with open(path, encoding='utf-8') as f:
+        _ensure_for(f.read(), path)
+    return mx.sym.load(path)
+
+
+def with_mxnet_ops(text):
+    """A graph's JSON with each ``fused_layer_norm`` node written as MXNet's
+    ``LayerNorm`` over the last axis, the same inputs, epsilon and other
+    attributes (for a runtime without the project's library: symbol/params
+    files and ONNX). The results agree to float32 rounding."""
+    if not _holds_ours(text):
+        return text
+    graph = json.loads(text)
+    for node in graph['nodes']:
+        if node['op'] == FUSED_LAYER_NORM:
+            attrs = dict(node.get('attrs', {}))
+            attrs['eps'] = attrs.get('eps', '1e-05')
+            attrs['axis'] = '-1'
+            node['op'], node['attrs'] = 'LayerNorm', attrs
+    return json.dumps(graph, indent=2)
+
+
+def _build_and_load():
+    compiler = os.environ.get('CXX') or shutil.which('g++')
+    if not compiler:
+        return False, 'no C++ compiler (g++, or $CXX) on the path'
+    include = os.path.join(os.path.dirname(mx.__file__), 'include')
+    header = os.path.join(include, 'mxnet', 'lib_api.h')
+    if not os.path.isfile(header):
+        return False, 'the mxnet wheel has no include/mxnet/lib_api.h'
+    digest = hashlib.sha256(compiler.encode('utf-8'))
+    for path in SOURCES + (header,):
+        with open(path, 'rb') as f:
+            digest.update(f.read())
+    directory = cache_dir()
+    path = os.path.join(directory, 'libfused_layer_norm-%s.so' % digest.hexdigest()[:16])
+    if not os.path.isfile(path):
+        building = '%s.%d' % (path, os.getpid())
+        try:
+            os.makedirs(directory, exist_ok=True)
+            result = subprocess.run([compiler, '-shared', '-fPIC', '-std=c++11', '-O3', *SOURCES,
+                                     '-I', include, '-o', building],
+                                    capture_output=True, text=True, check=False)
+        except OSError as err:
+            return False, 'building in %s failed: %s' % (directory, err.strerror or err)
+        if result.returncode:
+            if os.path.exists(building):  # a compiler that failed part-way
+                os.remove(building)
+            lines = (result.stderr or result.stdout).strip().splitlines() or ['no output']
+            return False, 'building %s failed: %s' % (os.path.basename(path), lines[0])
+        os.replace(building, path)  # whole, or not there: another process may be building it
+    try:
+        mx.library.load(path, verbose=False)
+    except mx.base.MXNetError as err:
+        lines = str(err).strip().splitlines() or ['no message']
+        return False, 'loading %s failed: %s' % (os.path.basename(path), lines[0])
+    return True, path

@@ -1,0 +1,231 @@
+"""The project's own operators (mp_symbolic/core/kernels): the fused LayerNorm
+computes MXNet's LayerNorm, forward and backward; it is built once and loaded
+where a graph holding it is read; where it cannot be built the model keeps
+its norm of matrix products and says why; and the export writes MXNet's
+LayerNorm in its place."""
+# pylint: disable=protected-access
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mp_symbolic.core import kernels
+from mp_symbolic.training.tasks import gpt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NO_COMPILER = 'no C++ compiler (g++, or $CXX) on the path'
+
+
+def _needs_the_op():
+    loaded, why = kernels.fused_layer_norm()
+    if not loaded:
+        pytest.skip(why)
+
+
+def _run(symbol, values, dy, shapes):
+    executor = symbol.simple_bind(mx.cpu(), **shapes)
+    for name, value in values.items():
+        executor.arg_dict[name][:] = value
+    executor.forward(is_train=True)
+    executor.backward(mx.nd.array(dy))
+    return [executor.outputs[0].asnumpy()] + [executor.grad_dict[n].asnumpy() for n in values]
+
+
+def test_the_fused_layer_norm_op_is_mxnets_layer_norm_forward_and_backward():
+    """Against MXNet's LayerNorm op on rows of 3 to 256 features (a 3-D
+    input, gamma and beta away from 1 and 0): the output and every gradient
+    to float32 rounding."""
+    _needs_the_op()
+    rng = np.random.RandomState(0)
+    for C in (3, 64, 256):
+        shape = (4, 5, C)
+        values = {'x': rng.normal(1.0, 2.0, shape), 'g': rng.normal(1.0, 0.3, C),
+                  'b': rng.normal(0.0, 0.3, C)}
+        dy = rng.normal(size=shape)
+        x, g, b = (mx.sym.var(n) for n in 'xgb')
+        shapes = dict(x=shape, g=(C,), b=(C,))
+        want = _run(mx.sym.LayerNorm(x, g, b, axis=-1, eps=1e-5), values, dy, shapes)
+        got = _run(mx.sym.fused_layer_norm(x, g, b, eps=1e-5), values, dy, shapes)
+        for w, o in zip(want, got):
+            np.testing.assert_allclose(o, w, rtol=2e-5, atol=2e-5 * np.abs(w).max())
+
+
+def test_the_op_refuses_other_types_and_gamma_of_another_width_in_one_line():
+    _needs_the_op()
+    x, g, b = (mx.sym.var(n) for n in 'xgb')
+    norm = mx.sym.fused_layer_norm(x, g, b)
+    with pytest.raises(mx.base.MXNetError, match='expected gamma and beta of the input'):
+        norm.infer_shape(x=(2, 3, 8), g=(7,), b=(8,))
+    with pytest.raises(mx.base.MXNetError, match='expected float32 inputs, found type'):
+        norm.infer_type(x='float64', g='float64', b='float64')
+
+
+def test_the_model_norm_is_the_fused_op_where_it_builds_and_equals_the_products():
+    """gpt.LayerNorm() takes the fused op here; its results and its
+    parameters' gradients are those of fused=False to float32 rounding."""
+    _needs_the_op()
+    rng = np.random.default_rng(1)
+    X = mx.nd.array(rng.normal(0.5, 1.5, (3, 7, 16)))
+    dy = mx.nd.array(rng.normal(size=(3, 7, 16)))
+    results = []
+    for fused in (None, False):
+        norm = gpt.LayerNorm(16, fused=fused, prefix='ln_')
+        assert norm.fused is (fused is None)
+        norm.initialize()
+        norm.gamma.set_data(mx.nd.array(np.linspace(0.5, 1.5, 16)))
+        norm.beta.set_data(mx.nd.array(np.linspace(-1, 1, 16)))
+        norm.hybridize()
+        x = X.copy()
+        x.attach_grad()
+        with mx.autograd.record():
+            out = norm(x)
+        out.backward(dy)
+        results.append([out.asnumpy(), x.grad.asnumpy(), norm.gamma.grad().asnumpy(),
+                        norm.beta.grad().asnumpy()])
+        ops = {n['op'] for n in json.loads(norm(mx.sym.var('data')).tojson())['nodes']}
+        assert ('fused_layer_norm' in ops) is (fused is None)
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_environment_chooses_and_a_bad_choice_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setenv(kernels.ENV, '0')
+    assert not kernels.use_fused_norm() and not gpt.LayerNorm(8).fused
+    monkeypatch.setenv(kernels.ENV, 'yes')
+    with pytest.raises(kernels.KernelError,
+                       match=r"^MP_SYMBOLIC_FUSED_NORM: expected auto, 0 or 1, found 'yes'$"):
+        kernels.use_fused_norm()
+    monkeypatch.setitem(kernels._LOADED, kernels.FUSED_LAYER_NORM,
+                        (False, NO_COMPILER))
+    monkeypatch.setenv(kernels.ENV, 'auto')
+    assert not kernels.use_fused_norm() and not gpt.LayerNorm(8).fused  # the products
+    monkeypatch.setenv(kernels.ENV, '1')
+    with pytest.raises(kernels.KernelError, match=r'^MP_SYMBOLIC_FUSED_NORM=1: the fused '
+                       r'LayerNorm op is not available: no C\+\+ compiler'):
+        kernels.use_fused_norm()
+    with pytest.raises(kernels.KernelError, match=r'^LayerNorm\(fused=True\): the fused op '
+                       r'is not available: no C\+\+ compiler'):
+        gpt.LayerNorm(8, fused=True)
+
+
+def test_a_library_that_cannot_be_built_is_left_out_with_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    monkeypatch.setenv('CXX', 'false')
+    loaded, why = kernels._build_and_load()
+    assert not loaded and why.startswith('building libfused_layer_norm-') and \
+        why.endswith('failed: no output'), why
+    assert os.listdir(str(tmp_path / 'mp_symbolic')) == []  # nothing half-built left
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'file'))
+    (tmp_path / 'file').write_text('a file where the cache folder would be')
+    loaded, why = kernels._build_and_load()
+    assert not loaded and why.startswith('building in %s failed: ' % (tmp_path / 'file' / 'mp_symbolic'))
+
+
+def test_a_library_that_mxnet_cannot_load_is_left_out_with_one_line(monkeypatch):
+    _needs_the_op()
+
+    def refuse(path, verbose=True):
+        raise mx.base.MXNetError('library version mismatch\nmore lines')
+
+    monkeypatch.setattr(mx.library, 'load', refuse)
+    loaded, why = kernels._build_and_load()
+    assert not loaded and why.startswith('loading libfused_layer_norm-') and \
+        why.endswith('failed: library version mismatch'), why
+
+
+READ_BACK = '''
+import sys
+import mxnet as mx
+text = open(sys.argv[1]).read()
+try:
+    mx.sym.load_json(text)
+except mx.base.MXNetError:
+    print('plain MXNet refuses it')
+from mp_symbolic.core import kernels
+symbol = kernels.load_symbol_json(text)
+print(sorted(symbol.list_arguments()))
+'''
+
+
+def test_a_graph_holding_the_op_is_read_back_in_a_fresh_process(tmp_path):
+    """A process that never built the model reads the graph (a node, a
+    checkpoint's reader, the memory estimate's children): the library is
+    loaded first."""
+    _needs_the_op()
+    norm = gpt.LayerNorm(8, prefix='ln_')
+    path = tmp_path / 'norm.json'
+    path.write_text(norm(mx.sym.var('data')).tojson())
+    out = subprocess.run([sys.executable, '-c', READ_BACK, str(path)], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.splitlines()
+    assert out == ['plain MXNet refuses it', "['data', 'ln_beta', 'ln_gamma']"]
+
+
+def test_a_graph_holding_the_op_where_it_cannot_be_loaded_is_refused_in_one_line(monkeypatch):
+    _needs_the_op()
+    text = gpt.LayerNorm(8, prefix='ln_')(mx.sym.var('data')).tojson()
+    monkeypatch.setitem(kernels._LOADED, kernels.FUSED_LAYER_NORM,
+                        (False, NO_COMPILER))
+    with pytest.raises(kernels.KernelError, match=r'^x\.json holds the fused_layer_norm op, which '
+                       r'cannot be loaded here: no C\+\+ compiler'):
+        kernels.load_symbol_json(text, 'x.json')
+
+
+def test_the_export_form_is_mxnets_layer_norm_with_the_same_inputs_and_results():
+    _needs_the_op()
+    x, g, b = (mx.sym.var(n) for n in 'xgb')
+    fused = mx.sym.fused_layer_norm(x, g, b, eps=1e-3, name='ln')
+    exported = json.loads(kernels.with_mxnet_ops(fused.tojson()))
+    node = exported['nodes'][-1]
+    assert (node['op'], node['name'], node['attrs']) == \
+        ('LayerNorm', 'ln', {'eps': '0.001', 'axis': '-1'})
+    plain = mx.sym.load_json(json.dumps(exported))
+    rng = np.random.RandomState(2)
+    values = {'x': rng.normal(size=(2, 3, 5)), 'g': rng.normal(1, 0.2, 5), 'b': rng.normal(size=5)}
+    dy = rng.normal(size=(2, 3, 5))
+    shapes = dict(x=(2, 3, 5), g=(5,), b=(5,))
+    for w, o in zip(_run(plain, values, dy, shapes), _run(fused, values, dy, shapes)):
+        np.testing.assert_allclose(o, w, rtol=2e-5, atol=2e-5 * np.abs(w).max())
+    assert kernels.with_mxnet_ops(plain.tojson()) == plain.tojson()  # nothing of ours: as it is
+
+
+@pytest.mark.parametrize('hybridize', [False, True], ids=['imperative', 'hybridized'])
+def test_the_norms_gradients_add_up_where_grad_req_is_add(hybridize):
+    """MXNet hands a library's op no write request, so its gradients would
+    overwrite; micro-batches add theirs (grad_req='add'). Two backward
+    passes give twice one's gradients, for the input and both parameters."""
+    _needs_the_op()
+    rng = np.random.default_rng(4)
+    X = mx.nd.array(rng.normal(size=(2, 3, 8)))
+    dy = mx.nd.array(rng.normal(size=(2, 3, 8)))
+    grads = []
+    for passes in (1, 2):
+        norm = gpt.LayerNorm(8, fused=True, prefix='ln_')
+        norm.initialize()
+        norm.gamma.set_data(mx.nd.array(np.linspace(0.5, 1.5, 8)))
+        if hybridize:
+            norm.hybridize()
+        norm.collect_params().setattr('grad_req', 'add')
+        x = X.copy()
+        x.attach_grad(grad_req='add')
+        for _ in range(passes):
+            with mx.autograd.record():
+                out = norm(x)
+            out.backward(dy)
+        grads.append([x.grad.asnumpy(), norm.gamma.grad().asnumpy(), norm.beta.grad().asnumpy()])
+    for one, two in zip(*grads):
+        np.testing.assert_allclose(two, 2 * one, rtol=1e-6, atol=1e-6)
+
+
+def test_the_command_line_refuses_a_bad_choice_of_norm_in_one_line_before_any_work(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT, MP_SYMBOLIC_FUSED_NORM='yes')
+    done = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--task', 'lm',
+                           '--devices', 'cpu:0', '--out', str(tmp_path / 'out')], cwd=ROOT,
+                          env=env, capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 2 and done.stdout == ''
+    assert done.stderr.strip().splitlines() == [
+        "error: MP_SYMBOLIC_FUSED_NORM: expected auto, 0 or 1, found 'yes'"]
+    assert not (tmp_path / 'out').exists()
