@@ -763,6 +763,7 @@ class _Buffer:
         self.tensor = _empty_like(like)
         self.array = from_torch(self.tensor)  # on cpu(0) for every CPU device
         self.like = (like.shape, like.dtype, like.context)
+        self.made_for = like  # held, so that no other array takes its place in memory
 
     def wait_to_write(self):
         """Returns once every operation MXNet's engine has pending on the array
@@ -772,8 +773,10 @@ class _Buffer:
 
     def fits(self, like):
         """True where ``like`` has the shape, type and device of the array this
-        buffer was made for."""
-        return self.like == (like.shape, like.dtype, like.context)
+        buffer was made for: at once where it is that array (an executor's
+        argument or output, the same at every batch; an NDArray's shape, type
+        and device never change), else read through MXNet's C API."""
+        return like is self.made_for or self.like == (like.shape, like.dtype, like.context)
 
 
 class _Received(Pending):
