@@ -17,7 +17,8 @@ processes load what is built.
 
 ``MP_SYMBOLIC_FUSED_NORM`` chooses where the language model uses it:
 unset (or ``auto``), wherever MXNet is a CPU build and the library builds
-and loads, with the norm of matrix products otherwise; ``0``, never; ``1``,
+and loads, with the norm of matrix products otherwise (and a
+``RuntimeWarning`` saying why, once a process); ``0``, never; ``1``,
 always, and a one-line error where it cannot be built. A graph holding the
 op is read back (checkpoints, the memory estimate's children, export) by
 :func:`load_symbol` and :func:`load_symbol_json`, which load the library
@@ -29,6 +30,7 @@ import json
 import os
 import shutil
 import subprocess
+import warnings
 
 import mxnet as mx
 
@@ -41,6 +43,7 @@ FUSED_LAYER_NORM = 'fused_layer_norm'
 SOURCES = (os.path.join(HERE, 'fused_layer_norm.cc'),
            os.path.join(HERE, 'third_party', 'lib_api.cc'))
 _LOADED = {}
+_SAID = []  # the note that the op is not available, given once a process
 
 
 class KernelError(RuntimeError):
@@ -72,6 +75,11 @@ def use_fused_norm():
     loaded, why = fused_layer_norm()
     if not loaded and choice == '1':
         raise KernelError('%s=1: the fused LayerNorm op is not available: %s' % (ENV, why))
+    if not loaded and not _SAID:  # once a process: the norm runs, at a third of its speed
+        _SAID.append(why)
+        warnings.warn('the fused LayerNorm op is not available (%s): the norm runs as matrix '
+                      'products, about 3 times slower; %s=0 chooses them without this note'
+                      % (why, ENV), RuntimeWarning, stacklevel=2)
     return loaded
 
 
