@@ -12,8 +12,8 @@ magnitude.
 
 * LayerNorm over C, against MXNet's ``LayerNorm`` op: ``gpt.LayerNorm``
   (``fused=False``, the model's where the fused op cannot be built: means,
-  variance and the spreads as ``FullyConnected``
-  products, ``gamma`` spread with each position's deviation in one product),
+  variance and the spreads as ``FullyConnected`` products, ``gamma`` spread
+  with each position's deviation in one product),
   ``gamma apart`` (the same with ``gamma`` spread by a product of its own and
   multiplied in apart), ``rsqrt`` (the model's with each position's
   reciprocal deviation by one ``rsqrt`` where ``reciprocal`` and ``sqrt`` take
@@ -77,11 +77,11 @@ import math
 import mxnet as mx
 import numpy as np
 
+from mp_symbolic.core import kernels
 from mp_symbolic.core.graph.heads import make_head
 from mp_symbolic.tools.text import columns
 from mp_symbolic.training.tasks import gpt
 
-from . import custom_ops
 from .measure import throughput
 
 __all__ = ['run', 'main']
@@ -176,9 +176,9 @@ _SAID = []  # the one line saying why the fused op is left out, once a process
 
 
 def _norms(log):
-    """:data:`NORMS`, and :data:`FUSED` where :func:`bench.custom_ops.fused_layer_norm`
+    """:data:`NORMS`, and :data:`FUSED` where :func:`mp_symbolic.core.kernels.fused_layer_norm`
     builds and loads it (otherwise a line of ``log`` says why it is left out)."""
-    loaded, why = custom_ops.fused_layer_norm()
+    loaded, why = kernels.fused_layer_norm()
     if not loaded:
         if not _SAID:
             _SAID.append(why)
