@@ -99,8 +99,7 @@ def test_the_environment_chooses_and_a_bad_choice_is_refused_in_one_line(monkeyp
     with pytest.raises(kernels.KernelError,
                        match=r"^MP_SYMBOLIC_FUSED_NORM: expected auto, 0 or 1, found 'yes'$"):
         kernels.use_fused_norm()
-    monkeypatch.setitem(kernels._LOADED, kernels.FUSED_LAYER_NORM,
-                        (False, NO_COMPILER))
+    monkeypatch.setitem(kernels._LOADED, kernels.FUSED_LAYER_NORM, (False, NO_COMPILER))
     monkeypatch.setenv(kernels.ENV, 'auto')
     monkeypatch.setattr(kernels, '_SAID', [])
     with pytest.warns(RuntimeWarning, match=r'^the fused LayerNorm op is not available \(no C\+\+ '
@@ -127,7 +126,8 @@ def test_a_library_that_cannot_be_built_is_left_out_with_one_line(monkeypatch, t
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'file'))
     (tmp_path / 'file').write_text('a file where the cache folder would be')
     loaded, why = kernels._build_and_load()
-    assert not loaded and why.startswith('building in %s failed: ' % (tmp_path / 'file' / 'mp_symbolic'))
+    assert not loaded and why.startswith('building in %s failed: '
+                                         % (tmp_path / 'file' / 'mp_symbolic')), why
 
 
 def test_a_library_that_mxnet_cannot_load_is_left_out_with_one_line(monkeypatch):
@@ -172,8 +172,7 @@ def test_a_graph_holding_the_op_is_read_back_in_a_fresh_process(tmp_path):
 def test_a_graph_holding_the_op_where_it_cannot_be_loaded_is_refused_in_one_line(monkeypatch):
     _needs_the_op()
     text = gpt.LayerNorm(8, prefix='ln_')(mx.sym.var('data')).tojson()
-    monkeypatch.setitem(kernels._LOADED, kernels.FUSED_LAYER_NORM,
-                        (False, NO_COMPILER))
+    monkeypatch.setitem(kernels._LOADED, kernels.FUSED_LAYER_NORM, (False, NO_COMPILER))
     with pytest.raises(kernels.KernelError, match=r'^x\.json holds the fused_layer_norm op, which '
                        r'cannot be loaded here: no C\+\+ compiler'):
         kernels.load_symbol_json(text, 'x.json')
