@@ -165,8 +165,11 @@ bench-plan: $(STAMP)
 # (a trained run, an export) are made once, not once per worker; files in the order
 # tests/conftest.py gives them (the heaviest first). `make test` leaves out the tests
 # marked slow (pyproject.toml's `slow`); `make test-slow` runs only them, `make test-all`
-# everything, and .ci/run both halves.
-PYTEST = $(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
+# everything, and .ci/run both halves. A worker that crashes (a signal in MXNet) is not
+# replaced: pytest-xdist 3.8's loadfile scheduling can wait forever for a replacement
+# (pytest-dev/pytest-xdist#784); the run fails at once, naming the test.
+PYTEST = $(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15 \
+	--max-worker-restart=0
 test: $(STAMP) $(TORCH_STAMP)
 	$(PYTEST) -m 'not slow'
 
