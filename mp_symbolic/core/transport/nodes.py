@@ -774,8 +774,9 @@ class _Buffer:
     def fits(self, like):
         """True where ``like`` has the shape, type and device of the array this
         buffer was made for: at once where it is that array (an executor's
-        argument or output, the same at every batch; an NDArray's shape, type
-        and device never change), else read through MXNet's C API."""
+        argument or gradient, the same at every batch; its outputs are new
+        NDArrays at every forward; an NDArray's shape, type and device never
+        change), else read through MXNet's C API."""
         return like is self.made_for or self.like == (like.shape, like.dtype, like.context)
 
 
