@@ -116,8 +116,10 @@ def inference_graph(symbol):
             reads no input named ``data`` (or ``data0``, ``data1``, ...), or
             both kinds.
     """
-    if any(node.op == kernels.FUSED_LAYER_NORM for node in PlacedGraph.from_symbol(symbol).nodes):
-        symbol = kernels.load_symbol_json(kernels.with_mxnet_ops(symbol.tojson()))  # MXNet's ops
+    graph = PlacedGraph.from_symbol(symbol)
+    plain = kernels.with_mxnet_ops(graph)
+    if plain is not graph:  # MXNet's ops in place of the project's
+        symbol = plain.to_symbol()
     outputs = [_inference_output(symbol[i]) for i in range(len(symbol.list_outputs()))]
     outputs = [outputs[i] for i in network_order(symbol)]
     symbol = outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)

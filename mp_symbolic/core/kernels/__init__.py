@@ -26,7 +26,6 @@ first; the export writes MXNet's ``LayerNorm`` in its place
 (:func:`with_mxnet_ops`). Standard library and MXNet only.
 """
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -103,28 +102,24 @@ def load_symbol_json(text, where='the graph'):
 
 
 def load_symbol(path):
-    """``mx.sym.load(path)``, with the project's operators loaded first where
-    the graph holds them."""
+    """``mx.sym.load(path)`` (the file read once), with the project's operators
+    loaded first where the graph holds them."""
     with open(path, encoding='utf-8') as f:
-        _ensure_for(f.read(), path)
-    return mx.sym.load(path)
+        return load_symbol_json(f.read(), path)
 
 
-def with_mxnet_ops(text):
-    """A graph's JSON with each ``fused_layer_norm`` node written as MXNet's
-    ``LayerNorm`` over the last axis, the same inputs, epsilon and other
-    attributes (for a runtime without the project's library: symbol/params
-    files and ONNX). The results agree to float32 rounding."""
-    if not _holds_ours(text):
-        return text
-    graph = json.loads(text)
-    for node in graph['nodes']:
-        if node['op'] == FUSED_LAYER_NORM:
-            attrs = dict(node.get('attrs', {}))
-            attrs['eps'] = attrs.get('eps', '1e-05')
-            attrs['axis'] = '-1'
-            node['op'], node['attrs'] = 'LayerNorm', attrs
-    return json.dumps(graph, indent=2)
+def with_mxnet_ops(graph):
+    """The :class:`~mp_symbolic.core.graph.ir.PlacedGraph` ``graph`` with each
+    ``fused_layer_norm`` node made MXNet's ``LayerNorm`` over the last axis:
+    the same name, inputs, group, epsilon and other attributes (for a runtime
+    without the project's library: symbol/params files and ONNX); ``graph``
+    itself where it holds none. The results agree to float32 rounding."""
+    if not any(node.op == FUSED_LAYER_NORM for node in graph.nodes):
+        return graph
+    return graph.but(nodes=[
+        node.but(op='LayerNorm', attrs=dict(node.attrs, eps=node.attrs.get('eps', '1e-05'),
+                                            axis='-1'))
+        if node.op == FUSED_LAYER_NORM else node for node in graph.nodes])
 
 
 def _build_and_load():
