@@ -56,8 +56,10 @@ magnitude.
   gradient is compared.
 * Adam over the model's parameters at width C (``--task lm``'s 36, its
   learning rate and batch), against MXNet's ``Updater`` (one ``Adam.update``
-  and ``adam_update`` a parameter): ``updater.adam_step`` (the same op, its
-  arguments made in one pass: the project's), and MXNet's multi-tensor
+  and ``adam_update`` a parameter): ``updater.adam_step`` (the project's:
+  its arguments made in one pass, then one ``fused_adam_update`` of the
+  project's library over all parameters, bit for bit ``adam_update``'s; and
+  the same without that op, one ``adam_update`` a parameter), and MXNet's multi-tensor
   ``_multi_adamw_update`` at weight decay 0 with Adam's bias-corrected
   learning rate, in one call or one call a size of array; and one
   ``adam_update`` over all parameters at once, where the weights, gradients
@@ -368,13 +370,19 @@ ADAM = dict(learning_rate=3e-3, rescale_grad=1.0 / BATCH)   # the task's Adam, b
 
 
 def _shapes(C):
-    """The shapes of the language model's parameters at width ``C`` (``--task lm``)."""
+    """The shapes of the language model's parameters at width ``C`` (``--task lm``),
+    and whether each is one no op of the model lays out anew (its updates
+    may go to the fused op: ``runtime.plain_names``)."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.engine.runtime import plain_names
     cfg = gpt.GPTConfig(vocab_size=166, block_size=CONTEXT, num_layers=2, num_heads=HEADS,
                         num_hiddens=C)
     net = gpt.build_network(cfg)
     net.initialize(mx.init.Zero())
     net(mx.nd.zeros((1, CONTEXT)))
-    return [p.shape for p in net.collect_params().values()]
+    params = net.collect_params()
+    plain = set(plain_names(net(mx.sym.var('data')), list(params)))
+    return [p.shape for p in params.values()], [name in plain for name in params]
 
 
 def _multi_adamw(sizes):
@@ -401,6 +409,20 @@ def _multi_adamw(sizes):
     return update
 
 
+def _adam_step_op_a_parameter(updater, indices, grads, weights):
+    """``updater.adam_step`` as it runs where the project's library does not
+    load: one ``adam_update`` a parameter."""
+    # pylint: disable=import-outside-toplevel,protected-access
+    from mp_symbolic.core.optim import updater as module
+    held = dict(module._OPS)
+    module._OPS[kernels.FUSED_ADAM] = None
+    try:
+        assert module.adam_step(updater, indices, grads, weights)
+    finally:
+        module._OPS.clear()
+        module._OPS.update(held)
+
+
 def _flat(updater, indices, grads, weights):
     """One ``adam_update`` over every parameter at once: the weights,
     gradients and both moments are views of one array each (:class:`_Update`
@@ -418,6 +440,7 @@ def _flat(updater, indices, grads, weights):
 UPDATES = {
     'Updater, one adam_update a parameter': None,
     'updater.adam_step': 'adam_step',
+    'updater.adam_step, adam_update a parameter': _adam_step_op_a_parameter,
     'one adam_update over one array': 'flat',
     'updater.adam_contiguous': 'contiguous',
     'multi_adamw, one call': _multi_adamw(False),
@@ -429,9 +452,10 @@ class _Update:
     """Adam over the model's parameters at width ``C`` on ``cpu(0)``:
     ``run(n)`` takes n updates with the same gradients."""
 
-    def __init__(self, how, shapes, rng_seed):
+    def __init__(self, how, layout, rng_seed):
         # pylint: disable=import-outside-toplevel
         from mp_symbolic.core.optim.updater import Contiguous, PerDeviceUpdater
+        shapes, plain = layout
         rng = np.random.RandomState(rng_seed)
         self.weights = [mx.nd.array(rng.normal(0, 0.02, s)) for s in shapes]
         self.grads = [mx.nd.array(rng.normal(0, 1.0, s)) for s in shapes]
@@ -457,8 +481,9 @@ class _Update:
             self.update.hold([flat])
         elif how is None:
             self.update = self.updater
-        elif how == 'adam_step':
+        elif how == 'adam_step':   # as the model's Module runs it
             self.update = PerDeviceUpdater(self.updater)
+            self.update.plain([w for w, p in zip(self.weights, plain) if p])
         else:
             self.update = lambda i, g, w: how(self.updater, i, g, w)
 
@@ -484,8 +509,8 @@ def _views_of_one(arrays):
 
 
 def _updates(C, repeats, warmup):
-    shapes = _shapes(C)
-    updates = {name: _Update(how, shapes, 0) for name, how in UPDATES.items()}
+    layout = _shapes(C)
+    updates = {name: _Update(how, layout, 0) for name, how in UPDATES.items()}
     results = {name: u.results() for name, u in updates.items()}   # each one update more
     want = results['Updater, one adam_update a parameter']
     error = {name: max(float(np.abs(g - w).max() / np.abs(w).max())
@@ -543,7 +568,7 @@ def run(widths=(64, 256), repeats=9, warmup=3, log=print):
             log('Adam, the update of the model\'s %d parameters at width C after one, ms an '
                 'update (median of %d alternated rounds of %d updates), largest difference of '
                 'the weights and means after one more from %s:'
-                % (len(_shapes(widths[0])), repeats, STEPS, reference))
+                % (len(_shapes(widths[0])[0]), repeats, STEPS, reference))
         else:
             log('%s, forward and backward on (%d, %d, C), ms a pass (median of %d alternated '
                 'rounds of %d passes), largest difference from %s:'

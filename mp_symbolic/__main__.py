@@ -11,11 +11,12 @@ if sys.argv[1:2] != ['blas']:  # which reports the choice, and so makes none
     # OpenBLAS reads its kernel when MXNet loads: this process's and those it starts
     from .tools.blas import at_start
     at_start()
-if not {'-h', '--help'} & set(sys.argv[1:]):  # a bad choice of norm: one line, before any work
-    from .core.base.checks import fused_norm_switch
+if not {'-h', '--help'} & set(sys.argv[1:]):  # a bad choice of op: one line, before any work
+    from .core.base.checks import fused_adam_switch, fused_norm_switch
     from .tools.cliargs import USAGE_ERROR, print_error
     try:
         fused_norm_switch()
+        fused_adam_switch()
     except ValueError as err:
         print_error(err)
         sys.exit(USAGE_ERROR)

@@ -100,7 +100,7 @@ def test_the_environment_chooses_and_a_bad_choice_is_refused_in_one_line(monkeyp
     with pytest.raises(kernels.KernelError,
                        match=r"^MP_SYMBOLIC_FUSED_NORM: expected auto, 0 or 1, found 'yes'$"):
         kernels.use_fused_norm()
-    monkeypatch.setitem(kernels._LOADED, kernels.FUSED_LAYER_NORM, (False, NO_COMPILER))
+    monkeypatch.setitem(kernels._LOADED, kernels._KEY, (False, NO_COMPILER))
     monkeypatch.setenv(kernels.ENV, 'auto')
     monkeypatch.setattr(kernels, '_SAID', [])
     with pytest.warns(RuntimeWarning, match=r'^the fused LayerNorm op is not available \(no C\+\+ '
@@ -121,7 +121,7 @@ def test_a_library_that_cannot_be_built_is_left_out_with_one_line(monkeypatch, t
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     monkeypatch.setenv('CXX', 'false')
     loaded, why = kernels._build_and_load()
-    assert not loaded and why.startswith('building libfused_layer_norm-') and \
+    assert not loaded and why.startswith('building libmp_symbolic_ops-') and \
         why.endswith('failed: no output'), why
     assert os.listdir(str(tmp_path / 'mp_symbolic')) == []  # nothing half-built left
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'file'))
@@ -139,7 +139,7 @@ def test_a_library_that_mxnet_cannot_load_is_left_out_with_one_line(monkeypatch)
 
     monkeypatch.setattr(mx.library, 'load', refuse)
     loaded, why = kernels._build_and_load()
-    assert not loaded and why.startswith('loading libfused_layer_norm-') and \
+    assert not loaded and why.startswith('loading libmp_symbolic_ops-') and \
         why.endswith('failed: library version mismatch'), why
 
 
@@ -173,7 +173,7 @@ def test_a_graph_holding_the_op_is_read_back_in_a_fresh_process(tmp_path):
 def test_a_graph_holding_the_op_where_it_cannot_be_loaded_is_refused_in_one_line(monkeypatch):
     _needs_the_op()
     text = gpt.LayerNorm(8, prefix='ln_')(mx.sym.var('data')).tojson()
-    monkeypatch.setitem(kernels._LOADED, kernels.FUSED_LAYER_NORM, (False, NO_COMPILER))
+    monkeypatch.setitem(kernels._LOADED, kernels._KEY, (False, NO_COMPILER))
     with pytest.raises(kernels.KernelError, match=r'^x\.json holds the fused_layer_norm op, which '
                        r'cannot be loaded here: no C\+\+ compiler'):
         kernels.load_symbol_json(text, 'x.json')
@@ -225,12 +225,82 @@ def test_the_norms_gradients_add_up_where_grad_req_is_add(hybridize):
         np.testing.assert_allclose(two, 2 * one, rtol=1e-6, atol=1e-6)
 
 
-def test_the_command_line_refuses_a_bad_choice_of_norm_in_one_line_before_any_work(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, MP_SYMBOLIC_FUSED_NORM='yes')
+@pytest.mark.parametrize('name, expected', [('MP_SYMBOLIC_FUSED_NORM', 'auto, 0 or 1'),
+                                            ('MP_SYMBOLIC_FUSED_ADAM', 'auto or 0')])
+def test_the_command_line_refuses_a_bad_choice_of_op_in_one_line_before_any_work(
+        tmp_path, name, expected):
+    env = dict(os.environ, PYTHONPATH=ROOT, **{name: 'yes'})
     done = subprocess.run([sys.executable, '-m', 'mp_symbolic', 'train', '--task', 'lm',
                            '--devices', 'cpu:0', '--out', str(tmp_path / 'out')], cwd=ROOT,
                           env=env, capture_output=True, text=True, check=False, timeout=300)
     assert done.returncode == 2 and done.stdout == ''
     assert done.stderr.strip().splitlines() == [
-        "error: MP_SYMBOLIC_FUSED_NORM: expected auto, 0 or 1, found 'yes'"]
+        "error: %s: expected %s, found 'yes'" % (name, expected)]
     assert not (tmp_path / 'out').exists()
+
+
+def test_the_environment_turns_the_fused_adam_off_and_refuses_a_bad_choice(monkeypatch):
+    monkeypatch.setenv('MP_SYMBOLIC_FUSED_ADAM', '0')
+    assert not kernels.use_fused_adam()
+    monkeypatch.setenv('MP_SYMBOLIC_FUSED_ADAM', 'auto')
+    assert kernels.use_fused_adam() == kernels.library()[0]
+    monkeypatch.setitem(kernels._LOADED, kernels._KEY, (False, NO_COMPILER))
+    assert not kernels.use_fused_adam()   # no library: one adam_update a parameter, no note
+    monkeypatch.setenv('MP_SYMBOLIC_FUSED_ADAM', '1')
+    with pytest.raises(kernels.KernelError,
+                       match=r"^MP_SYMBOLIC_FUSED_ADAM: expected auto or 0, found '1'$"):
+        kernels.use_fused_adam()
+
+
+def _adam_arrays(rng, shapes):
+    return [mx.nd.array(rng.normal(0.0, 0.1, s).astype(np.float32)) for s in shapes]
+
+
+@pytest.mark.parametrize('clip', [None, 0.05], ids=['plain', 'clipped'])
+@pytest.mark.parametrize('in_place', [True, False], ids=['in place', 'into other arrays'])
+def test_the_fused_adam_update_is_adam_update_bit_for_bit(clip, in_place):
+    """50 steps over six arrays (one of one element, one of a length no vector
+    width divides), each step with learning rates drawn from 1e-6 to 0.1 (so
+    their strings take exponents, and many read as a float other than the
+    nearest) and a weight decay on every other array: every weight and both
+    moments are adam_update's, bit for bit, written over the weights or into
+    other arrays."""
+    _needs_the_op()
+    rng = np.random.default_rng(5)
+    shapes = [(64, 64), (64,), (3, 5), (1,), (166, 64), (37,)]
+    n = len(shapes)
+    ours = [_adam_arrays(rng, shapes)] + [[mx.nd.zeros(s) for s in shapes] for _ in range(2)]
+    theirs = [[a.copy() for a in part] for part in ours]
+    outs = ours[0] if in_place else [mx.nd.zeros(s) for s in shapes]
+    extra = {} if clip is None else {'clip_gradient': clip}
+    for _ in range(50):
+        grads = _adam_arrays(rng, shapes)
+        lrs = [float(x) for x in 10 ** rng.uniform(-6, -1, n)]
+        wds = [0.01 * (k % 2) for k in range(n)]
+        for k in range(n):
+            weight, mean, var = (part[k] for part in theirs)
+            mx.nd.adam_update(weight, grads[k], mean, var, out=weight, lr=lrs[k], wd=wds[k],
+                              beta1=0.9, beta2=0.999, epsilon=1e-8, rescale_grad=0.5, **extra)
+        arrays = [a for k in range(n) for a in (ours[0][k], grads[k], ours[1][k], ours[2][k])]
+        mx.nd.fused_adam_update(*arrays, num_weights=n, lrs=lrs, wds=wds, beta1=0.9,
+                                beta2=0.999, epsilon=1e-8, rescale_grad=0.5, out=outs, **extra)
+        if not in_place:
+            for k in range(n):
+                outs[k].copyto(ours[0][k])
+    for mine, want in zip(sum(ours, []), sum(theirs, [])):
+        assert (mine.asnumpy().view(np.uint32) == want.asnumpy().view(np.uint32)).all()
+
+
+def test_the_fused_adam_update_refuses_what_it_cannot_read_in_one_line():
+    _needs_the_op()
+    w, g, m, v = (mx.nd.ones((3,)) for _ in range(4))
+    for kwargs, message in (
+            (dict(lrs=[0.1, 0.2], wds=[0.0]), r'expected 1 lrs and wds, found 2 and 1'),
+            (dict(lrs=['0.1x'], wds=[0.0]), r"expected a number for lrs, found '\['0.1x'\]'"),
+            (dict(lrs=[0.1], wds=[0.0], momentum=0.9), r'no argument named momentum')):
+        with pytest.raises(mx.base.MXNetError, match='fused_adam_update: ' + message):
+            mx.nd.fused_adam_update(w, g, m, v, num_weights=1, out=w, **kwargs).wait_to_read()
+    with pytest.raises(mx.base.MXNetError, match=r'fused_adam_update: expected float32 arrays, '
+                       r'found type 1 at input 1'):
+        mx.nd.fused_adam_update(w, g.astype('float64'), m, v, num_weights=1, lrs=[0.1],
+                                wds=[0.0], out=w).wait_to_read()

@@ -235,7 +235,9 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
                                            'softmax temperature', 'scores by linalg.gemm'}
     assert set(report['q, k, v'][8]) == {'three products', 'one product'}
     assert set(report['Adam'][8]) == {'Updater, one adam_update a parameter',
-                                      'updater.adam_step', 'one adam_update over one array',
+                                      'updater.adam_step',
+                                      'updater.adam_step, adam_update a parameter',
+                                      'one adam_update over one array',
                                       'updater.adam_contiguous', 'multi_adamw, one call',
                                       'multi_adamw, one call a size'}
     assert set(report['loss'][8]) == {'SoftmaxOutput', 'SoftmaxOutput, 2-D',
@@ -243,6 +245,7 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
                                       'softmax out, log_softmax gradient',
                                       "the 'log_softmax' head"}
     assert report['Adam'][8]['updater.adam_step']['error'] == 0
+    assert report['Adam'][8]['updater.adam_step, adam_update a parameter']['error'] == 0
     assert report['Adam'][8]['updater.adam_contiguous']['error'] == 0
     # elementwise, one learning rate: one call over views of one array is each call's result
     assert report['Adam'][8]['one adam_update over one array']['error'] == 0

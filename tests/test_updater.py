@@ -6,6 +6,8 @@ import pytest
 
 from mp_symbolic.core.base import compat
 from mp_symbolic.core.base.compat import updates_by_device
+from mp_symbolic.core import kernels
+from mp_symbolic.core.optim import updater as updater_module
 from mp_symbolic.core.optim.updater import Contiguous, PerDeviceUpdater, adam_step
 
 SHAPES = [(166, 64), (64,), (192, 64), (64, 256), (1,)]
@@ -32,12 +34,26 @@ def _optimizer(**kwargs):
     return opt
 
 
+@pytest.fixture(params=['fused', 'one op a parameter'])
+def fused(request, monkeypatch):
+    """adam_step with the project's fused_adam_update (where its library
+    loads), then as where it does not: one adam_update a parameter."""
+    if request.param == 'fused':
+        loaded, why = kernels.library()
+        if not loaded:
+            pytest.skip(why)
+    else:
+        monkeypatch.setitem(updater_module._OPS, kernels.FUSED_ADAM, None)
+    return request.param == 'fused'
+
+
 @pytest.mark.parametrize('kwargs', [{}, {'wd': 1e-2, 'clip_gradient': 0.5}],
                          ids=['plain', 'weight decay and clipping'])
-def test_adam_step_equals_mxnets_adam_bit_for_bit(kwargs):
+def test_adam_step_equals_mxnets_adam_bit_for_bit(kwargs, fused):
     """Three steps over parameters on two devices (per-parameter learning
     rate and weight-decay multipliers among them): every weight, both
-    moments and each device's counts as MXNet's Updater leaves them."""
+    moments and each device's counts as MXNet's Updater leaves them, with
+    the fused op and without it."""
     devices = [mx.cpu(0), mx.cpu(1)]
     theirs = mx.optimizer.get_updater(_optimizer(**kwargs))
     ours = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer(**kwargs)))
@@ -60,20 +76,36 @@ def _assert_same_states(theirs, ours, steps):
     assert theirs.optimizer.num_update == ours.optimizer.num_update == steps
 
 
-def test_adam_step_updates_without_adams_per_parameter_update(monkeypatch):
+def test_adam_step_updates_without_adams_per_parameter_update(monkeypatch, fused):
     """Once the states exist, a list call runs in one pass: Adam.update is
-    never called."""
+    never called. Where the fused op loads, it updates each device's
+    weights of rank 1 in one call, and those of rank 2 too once they are
+    declared plain (no op lays them out anew); each other parameter, and
+    every one where the op does not load, is one adam_update."""
     updater = PerDeviceUpdater(mx.optimizer.get_updater(_optimizer()))
-    weights = _arrays(0, [mx.cpu(0)])
+    devices = [mx.cpu(0), mx.cpu(1)]
+    weights = _arrays(0, devices)   # cpu(0): (166, 64), (192, 64), (1,); cpu(1): (64,), (64, 256)
     indices = list(range(len(SHAPES)))
-    updater(indices, _arrays(1, [mx.cpu(0)]), weights)   # the states are made
-    calls = []
+    updater(indices, _arrays(1, devices), weights)   # the states are made
+    calls, invoked, invoke = [], [], updater_module._imperative_invoke
+    adam = updater_module._op('adam_update')
     monkeypatch.setattr(mx.optimizer.Adam, 'update', lambda *a: calls.append(a))
-    updater(indices, _arrays(2, [mx.cpu(0)]), weights)
-    assert calls == []
+    monkeypatch.setattr(updater_module, '_imperative_invoke',
+                        lambda handle, arrays, *a: invoked.append(
+                            ('adam_update' if handle == adam else 'fused', len(arrays))) or
+                        invoke(handle, arrays, *a))
+    updater(indices, _arrays(2, devices), weights)
+    one_each = [('adam_update', 4)] * len(SHAPES)
+    assert calls == [] and invoked == ([('fused', 4)] + one_each[:2] + [('fused', 4)] +
+                                       one_each[:1] if fused else one_each)
+    invoked.clear()
+    updater.plain(weights)
+    updater(indices, _arrays(3, devices), weights)
+    assert calls == [] and invoked == ([('fused', 12), ('fused', 8)] if fused else one_each)
 
 
-def test_adam_step_follows_a_learning_rate_schedule_as_mxnets_adam_bit_for_bit(monkeypatch):
+def test_adam_step_follows_a_learning_rate_schedule_as_mxnets_adam_bit_for_bit(monkeypatch,
+                                                                               fused):
     """Four steps of a warmup and a cosine over parameters on two devices:
     every weight, moment and count as MXNet's Updater leaves them, and after
     the first step Adam.update is never called."""
@@ -373,3 +405,47 @@ def test_a_convolution_at_inference_lays_a_weight_view_out_anew_over_its_neighbo
                   for v in (False, True))
     assert not all((s == 7).all() for s in views[3][:len(views[3]) // 2])
     assert not np.array_equal(own[0][-1], views[0][-1])
+
+
+def test_the_fused_update_leaves_weights_an_op_may_lay_out_anew_to_adam_update():
+    """At inference oneDNN lays a convolution's weight out anew in its
+    array, and MXNet refuses a library's op an output in that layout (a
+    failure at the next read of the weights). runtime.plain_names leaves out
+    every weight a convolution or FullyConnected reads, so such a weight
+    goes to adam_update, which takes it; the other weights to the fused op.
+    Two updates right after an inference pass leave every weight equal to
+    MXNet's Updater's, bit for bit."""
+    if not compat.onednn_active():
+        pytest.skip('without oneDNN no weight is laid out anew')
+    loaded, why = kernels.library()
+    if not loaded:
+        pytest.skip(why)
+    from mp_symbolic.core.engine.runtime import plain_names  # pylint: disable=import-outside-toplevel
+    data = mx.sym.var('data')
+    conv = mx.sym.Convolution(data, num_filter=16, kernel=(3, 3), no_bias=True, name='conv')
+    scaled = mx.sym.broadcast_mul(mx.sym.flatten(conv), mx.sym.var('scale', shape=(1, 576)))
+    symbol = mx.sym.FullyConnected(scaled, num_hidden=4, name='fc')
+    names = [n for n in symbol.list_arguments() if n != 'data']
+    assert plain_names(symbol, names) == ['scale']
+    rng = np.random.default_rng(6)
+    results = []
+    for ours in (True, False):
+        executor = symbol.simple_bind(mx.cpu(0), data=(2, 8, 8, 8), grad_req='write')
+        for name in names:
+            executor.arg_dict[name][:] = rng.normal(size=executor.arg_dict[name].shape) \
+                if ours else results[0][1][name]
+        executor.arg_dict['data'][:] = 1.0
+        executor.forward(is_train=False)   # the convolution's weight laid out anew
+        executor.outputs[0].wait_to_read()
+        updater = mx.optimizer.get_updater(_optimizer())
+        if ours:
+            updater = PerDeviceUpdater(updater)
+            updater.plain([executor.arg_dict[n] for n in plain_names(symbol, names)])
+        start = {n: executor.arg_dict[n].asnumpy() for n in names}
+        for step in range(2):
+            grads = [mx.nd.array(np.full(executor.arg_dict[n].shape, 0.1 * (step + 1)))
+                     for n in names]
+            updater(list(range(len(names))), grads, [executor.arg_dict[n] for n in names])
+        results.append(({n: executor.arg_dict[n].asnumpy() for n in names}, start))
+    for name in names:
+        np.testing.assert_array_equal(results[0][0][name], results[1][0][name])

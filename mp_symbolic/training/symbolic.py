@@ -387,7 +387,8 @@ class ExecutorStepper(_SymbolicStepper):
         super().__init__(pipe, task, cfg)
         shapes = dict(task.data_shapes(cfg.batch_size, self.data_names),
                       **{self.label_name: (cfg.batch_size,) + tuple(label_shape)})
-        self.runtime = runtime.bind(pipe, task.graph_loss, self.label_name, shapes)
+        plain = []
+        self.runtime = runtime.bind(pipe, task.graph_loss, self.label_name, shapes, plain)
         arg_dict, grad_dict, aux_dict = self.runtime.parameters
         arg_params, aux_params = init
         for name, value in arg_params.items():
@@ -397,6 +398,7 @@ class ExecutorStepper(_SymbolicStepper):
         self._batch = cfg.batch_size
         self._optimizer = create_optimizer(cfg, task=task)
         self._updater = PerDeviceUpdater(mx.optimizer.get_updater(self._optimizer))
+        self._updater.plain(plain)
         self._names = self.param_names
         # constants and frozen layers (grad_req 'null') get no gradient and no update
         self._fixed = {n for n in self._names if grad_dict.get(n) is None}

@@ -130,13 +130,25 @@ def cache_dir(environ=None):
 
 
 FUSED_NORM = 'MP_SYMBOLIC_FUSED_NORM'  # the language model's norm: auto | 0 | 1
+FUSED_ADAM = 'MP_SYMBOLIC_FUSED_ADAM'  # Adam's update in one op a device: auto | 0
+
+
+def _switch(name, choices, environ):
+    environ = os.environ if environ is None else environ
+    value = environ.get(name, 'auto')
+    if value.strip().lower() not in choices:
+        raise ValueError('%s: expected %s or %s, found %r'
+                         % (name, ', '.join(choices[:-1]), choices[-1], value))
+    return value.strip().lower()
 
 
 def fused_norm_switch(environ=None):
     """``MP_SYMBOLIC_FUSED_NORM`` as ``'auto'`` (also where unset), ``'0'``
     or ``'1'``; ``ValueError`` of one line for anything else."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(FUSED_NORM, 'auto')
-    if value.strip().lower() not in ('auto', '0', '1'):
-        raise ValueError('%s: expected auto, 0 or 1, found %r' % (FUSED_NORM, value))
-    return value.strip().lower()
+    return _switch(FUSED_NORM, ('auto', '0', '1'), environ)
+
+
+def fused_adam_switch(environ=None):
+    """``MP_SYMBOLIC_FUSED_ADAM`` as ``'auto'`` (also where unset) or ``'0'``;
+    ``ValueError`` of one line for anything else."""
+    return _switch(FUSED_ADAM, ('auto', '0'), environ)

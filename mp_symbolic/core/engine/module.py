@@ -809,6 +809,7 @@ class PipelineModule(DeviceModule):
         sharded = self.optimizer_owners() is not None
         if self._updater is not None:
             self._updater.hold(None if sharded else self._exec_group.contiguous)
+            self._updater.plain(self._exec_group.plain)
         if sharded:
             self._update_sharded()
             return

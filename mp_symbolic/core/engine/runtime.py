@@ -187,6 +187,32 @@ RELAYOUT_OPS = frozenset(['Convolution', 'Deconvolution'])
 RELAYOUT_FC_SIDE = 1024
 
 
+#: Ops whose oneDNN kernels may lay a parameter out anew in place at
+#: inference, at some size on some CPU (MXNet 1.9.1 reorders their weight
+#: with ``MKLDNNDataReorderAsync``): ``FullyConnected``'s choice of layout
+#: depends on the CPU, so every one counts.
+LAYOUT_WRITERS = RELAYOUT_OPS | {'FullyConnected'}
+
+
+def _lays_out_anew(op):
+    return op.op in LAYOUT_WRITERS or op.op.startswith(('_contrib_quantized', '_sg_')) or \
+        'subgraphs' in op.extra
+
+
+def plain_names(symbol, names):
+    """The parameters of ``names`` that no op of ``symbol`` (a Symbol, or a
+    :class:`~mp_symbolic.core.graph.ir.PlacedGraph` holding every op reading
+    them) can lay out anew in place (:data:`LAYOUT_WRITERS`, a quantized or
+    subgraph op): their arrays stay in MXNet's default layout, which a
+    library's op writes (``fused_adam_update``; MXNet refuses it an output
+    in oneDNN's layout)."""
+    graph = symbol if isinstance(symbol, PlacedGraph) else PlacedGraph.from_symbol(symbol)
+    nodes = graph.nodes
+    relaid = {nodes[index].name for index, readers in graph.variable_readers().items()
+              if any(_lays_out_anew(nodes[reader]) for reader in readers)}
+    return [n for n in names if n not in relaid]
+
+
 def contiguous_parameters():
     """Whether the Module holds each device's trained parameters as views of
     one array (:func:`parameter_arrays`, updated by one ``adam_update`` a run
@@ -288,6 +314,8 @@ class ArrayGroup:
         execs: One :class:`ReplicaArrays` per replica.
         contiguous: The :class:`~mp_symbolic.core.optim.updater.Contiguous`
             arrays the trained parameters and gradients are views of.
+        plain: Every replica's weight arrays that no op lays out anew
+            (:func:`plain_names`), for the updater's fused Adam.
     """
 
     def __init__(self, symbol, group2ctxs, param_names, specs, grad_req, batch_size,
@@ -317,6 +345,8 @@ class ArrayGroup:
                 for n, w, g in zip(c.names, c.weights, c.grads))]
             self.execs.append(ReplicaArrays(*arrays))
         self.param_arrays = [[e.arg_dict[n] for e in self.execs] for n in self.param_names]
+        self.plain = [e.arg_dict[n] for n in plain_names(symbol if graph is None else graph,
+                                                         self.param_names) for e in self.execs]
         self.grad_arrays = [[e.grad_dict[n] for e in self.execs] for n in self.param_names] \
             if for_training else None
         self.aux_arrays = [[e.aux_dict[n] for e in self.execs] for n in self.aux_names]
@@ -391,14 +421,16 @@ def fused(pipe):
     return pipe.nodes is None and schedules.kind(pipe.schedule).fused
 
 
-def bind(pipe, loss, label_name, shapes):
+def bind(pipe, loss, label_name, shapes, plain=None):
     """The runtime a one-replica
     :class:`~mp_symbolic.core.engine.module.PipelineModule` of ``pipe`` (the
     :class:`~mp_symbolic.Pipeline`) binds for training on a batch of
     ``shapes`` (``{input or label name: shape}``, the batch on its
     ``batch_axis``); ``loss`` and ``label_name`` as
     :meth:`~mp_symbolic.Pipeline.training_symbol` takes them. Parameters of
-    Gluon's ``grad_req='null'`` have no gradient array.
+    Gluon's ``grad_req='null'`` have no gradient array. Given a list
+    ``plain``, the weight arrays no op lays out anew are appended to it
+    (:attr:`ArrayGroup.plain`).
 
     Raises:
         ValueError: a batch the micro-batches do not divide, or an array
@@ -408,4 +440,6 @@ def bind(pipe, loss, label_name, shapes):
     module = PipelineModule(pipe, loss, label_name=label_name)
     data = [(n, tuple(shapes[n])) for n in pipe.data_names() if n in shapes]
     module.bind(data, [(n, tuple(s)) for n, s in shapes.items() if n == label_name])
+    if plain is not None:
+        plain.extend(module._exec_group.plain)  # pylint: disable=protected-access
     return module.runtimes[0]

@@ -23,7 +23,16 @@ always, and a one-line error where it cannot be built. A graph holding the
 op is read back (checkpoints, the memory estimate's children, export) by
 :func:`load_symbol` and :func:`load_symbol_json`, which load the library
 first; the export writes MXNet's ``LayerNorm`` in its place
-(:func:`with_mxnet_ops`). Standard library and MXNet only.
+(:func:`with_mxnet_ops`).
+
+``fused_adam_update`` (``fused_adam.cc``): MXNet's ``adam_update`` over all
+of one device's float32 parameters in one call, bit for bit (each number
+read from its string as MXNet reads it, each element in the same float
+arithmetic), with the loops made vector operations. The optimizer's update
+(``optim.updater.adam_step``) runs it wherever the library loads, one
+``adam_update`` a parameter otherwise: the weights and moments are the same
+either way (``MP_SYMBOLIC_FUSED_ADAM=0``: one ``adam_update`` a parameter
+anyway). Standard library and MXNet only.
 """
 import hashlib
 import os
@@ -33,14 +42,20 @@ import warnings
 
 import mxnet as mx
 
-from ..base.checks import FUSED_NORM as ENV, cache_dir, fused_norm_switch
+from ..base.checks import FUSED_NORM as ENV, cache_dir, fused_adam_switch, fused_norm_switch
 
 __all__ = []
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FUSED_LAYER_NORM = 'fused_layer_norm'
-SOURCES = (os.path.join(HERE, 'fused_layer_norm.cc'),
+FUSED_ADAM = 'fused_adam_update'
+SOURCES = (os.path.join(HERE, 'fused_layer_norm.cc'), os.path.join(HERE, 'fused_adam.cc'),
            os.path.join(HERE, 'third_party', 'lib_api.cc'))
+LIBRARY = 'libmp_symbolic_ops'
+# -fno-math-errno: sqrt without errno's branch, so that loops holding it are
+# vector operations (IEEE sqrt: the same results)
+FLAGS = ('-shared', '-fPIC', '-std=c++11', '-O3', '-fno-math-errno')
+_KEY = 'library'
 _LOADED = {}
 _SAID = []  # the note that the op is not available, given once a process
 
@@ -50,14 +65,21 @@ class KernelError(RuntimeError):
     loaded; the message says why, in one line."""
 
 
-def fused_layer_norm():
-    """``(True, path)`` once ``fused_layer_norm`` is an operator of this
-    process (``mx.sym.fused_layer_norm``, ``mx.nd.fused_layer_norm``), else
+def library():
+    """``(True, path)`` once the project's operators (``fused_layer_norm``,
+    ``fused_adam_update``) are operators of this process
+    (``mx.sym.fused_layer_norm``, ``mx.nd.fused_layer_norm``, ...), else
     ``(False, why)``: no compiler, no header, the build or the load failing,
     in one line. Built once a cache, loaded once a process."""
-    if FUSED_LAYER_NORM not in _LOADED:
-        _LOADED[FUSED_LAYER_NORM] = _build_and_load()
-    return _LOADED[FUSED_LAYER_NORM]
+    if _KEY not in _LOADED:
+        _LOADED[_KEY] = _build_and_load()
+    return _LOADED[_KEY]
+
+
+def fused_layer_norm():
+    """:func:`library`: ``(True, path)`` where ``fused_layer_norm`` is an
+    operator of this process, else ``(False, why)``."""
+    return library()
 
 
 def use_fused_norm():
@@ -80,6 +102,17 @@ def use_fused_norm():
                       'products, about 3 times slower; %s=0 chooses them without this note'
                       % (why, ENV), RuntimeWarning, stacklevel=2)
     return loaded
+
+
+def use_fused_adam():
+    """Whether Adam's update runs as ``fused_adam_update`` here
+    (``MP_SYMBOLIC_FUSED_ADAM``: unset or ``auto``, wherever the library
+    loads; ``0``, never): the same results either way."""
+    try:
+        choice = fused_adam_switch()
+    except ValueError as err:
+        raise KernelError(str(err)) from None
+    return choice == 'auto' and library()[0]
 
 
 def _holds_ours(text):
@@ -130,17 +163,17 @@ def _build_and_load():
     header = os.path.join(include, 'mxnet', 'lib_api.h')
     if not os.path.isfile(header):
         return False, 'the mxnet wheel has no include/mxnet/lib_api.h'
-    digest = hashlib.sha256(compiler.encode('utf-8'))
+    digest = hashlib.sha256(' '.join((compiler,) + FLAGS).encode('utf-8'))
     for path in SOURCES + (header,):
         with open(path, 'rb') as f:
             digest.update(f.read())
     directory = cache_dir()
-    path = os.path.join(directory, 'libfused_layer_norm-%s.so' % digest.hexdigest()[:16])
+    path = os.path.join(directory, '%s-%s.so' % (LIBRARY, digest.hexdigest()[:16]))
     if not os.path.isfile(path):
         building = '%s.%d' % (path, os.getpid())
         try:
             os.makedirs(directory, exist_ok=True)
-            result = subprocess.run([compiler, '-shared', '-fPIC', '-std=c++11', '-O3', *SOURCES,
+            result = subprocess.run([compiler, *FLAGS, *SOURCES,
                                      '-I', include, '-o', building],
                                     capture_output=True, text=True, check=False)
         except OSError as err:

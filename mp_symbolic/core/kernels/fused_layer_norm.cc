@@ -64,38 +64,40 @@ void Moments(const float* x, int64_t C, float eps, float* mean, float* rstd) {
 }
 
 // One row's share of the backward pass: x's gradient, and the row's terms
-// added to the parameters' gradients. No array overlaps another
-// (__restrict__), so that the compiler vectorises every loop.
+// added to the parameters' gradients, in two passes over the row after its
+// moments: the first sums dy gamma and dy gamma (x - mean) in lanes and adds
+// the parameters' terms, the second writes dx = rstd (dy gamma - mean(dy
+// gamma) - h mean(dy gamma h)), h = (x - mean) rstd. No array overlaps
+// another (__restrict__), so that the compiler vectorises every loop.
 void RowBackward(const float* __restrict__ x, const float* __restrict__ dy,
                  const float* __restrict__ gamma, int64_t C, float eps,
                  float* __restrict__ dx, float* __restrict__ gamma_sum,
-                 float* __restrict__ beta_sum, float* __restrict__ normed,
-                 float* __restrict__ scaled) {
+                 float* __restrict__ beta_sum) {
   float mean, rstd;
   Moments(x, C, eps, &mean, &rstd);
-  for (int64_t c = 0; c < C; ++c) {
-    const float h = (x[c] - mean) * rstd;
-    normed[c] = h;
-    scaled[c] = dy[c] * gamma[c];
-    gamma_sum[c] += dy[c] * h;
-    beta_sum[c] += dy[c];
-  }
-  // over the row: dy gamma, and dy gamma times the normed x
   float sum_lanes[kLanes] = {0.f}, dot_lanes[kLanes] = {0.f};
   int64_t c = 0;
   for (; c + kLanes <= C; c += kLanes)
     for (int64_t l = 0; l < kLanes; ++l) {
-      sum_lanes[l] += scaled[c + l];
-      dot_lanes[l] += scaled[c + l] * normed[c + l];
+      const float d = x[c + l] - mean, g = dy[c + l];
+      const float scaled = g * gamma[c + l];
+      sum_lanes[l] += scaled;
+      dot_lanes[l] += scaled * d;
+      gamma_sum[c + l] += g * (d * rstd);
+      beta_sum[c + l] += g;
     }
   float sum = Total(sum_lanes), dot = Total(dot_lanes);
   for (; c < C; ++c) {
-    sum += scaled[c];
-    dot += scaled[c] * normed[c];
+    const float d = x[c] - mean, g = dy[c];
+    const float scaled = g * gamma[c];
+    sum += scaled;
+    dot += scaled * d;
+    gamma_sum[c] += g * (d * rstd);
+    beta_sum[c] += g;
   }
-  sum /= C;
-  dot /= C;
-  for (c = 0; c < C; ++c) dx[c] = rstd * (scaled[c] - sum - normed[c] * dot);
+  const float shift = sum / C, slope = dot * rstd / C;
+  for (c = 0; c < C; ++c)
+    dx[c] = rstd * (dy[c] * gamma[c] - shift - (x[c] - mean) * rstd * slope);
 }
 
 }  // namespace
@@ -132,12 +134,11 @@ MXReturnValue Backward(const Attrs& attrs, std::vector<MXTensor>* inputs,
   int64_t R, C;
   RowsOf(inputs->at(1).shape, &R, &C);
   const float eps = Epsilon(attrs);
-  // the parameters' gradients summed over the rows, then written once; a
-  // row's normed x, and dy gamma
-  std::vector<float> gamma_sum(C, 0.f), beta_sum(C, 0.f), normed(C), scaled(C);
+  // the parameters' gradients summed over the rows, then written once
+  std::vector<float> gamma_sum(C, 0.f), beta_sum(C, 0.f);
   for (int64_t r = 0; r < R; ++r)
     RowBackward(x + r * C, dy + r * C, gamma, C, eps, dx + r * C, gamma_sum.data(),
-                beta_sum.data(), normed.data(), scaled.data());
+                beta_sum.data());
   for (int64_t c = 0; c < C; ++c) {
     dgamma[c] = gamma_sum[c];
     dbeta[c] = beta_sum[c];

@@ -1,7 +1,8 @@
 """``PerDeviceUpdater``: MXNet's optimizer updater, one device per call, with
-Adam's update of one device in one pass (``adam_step``) or one
-``adam_update`` a run of parameters held as views of one array
-(``Contiguous``, ``adam_contiguous``).
+Adam's update of one device in one pass (``adam_step``: one
+``fused_adam_update`` of the project's library, else one ``adam_update`` a
+parameter) or one ``adam_update`` a run of parameters held as views of one
+array (``Contiguous``, ``adam_contiguous``).
 """
 import ctypes
 import math
@@ -12,6 +13,7 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call
 from mxnet.ndarray import NDArray
 from mxnet.ndarray._internal import _imperative_invoke
 
+from .. import kernels
 from ..base.compat import updates_by_device
 
 __all__ = []
@@ -28,6 +30,16 @@ def _op(name):
     return _OPS[name]
 
 
+def _fused_adam():
+    """The handle of the project's ``fused_adam_update`` where it is to run
+    (:func:`~mp_symbolic.core.kernels.use_fused_adam`: its library loads in
+    this process, and ``MP_SYMBOLIC_FUSED_ADAM`` is not ``0``), else None;
+    asked once a process."""
+    if kernels.FUSED_ADAM not in _OPS:
+        _OPS[kernels.FUSED_ADAM] = _op(kernels.FUSED_ADAM) if kernels.use_fused_adam() else None
+    return _OPS[kernels.FUSED_ADAM]
+
+
 def _adam_arguments(opt):
     """``adam_update``'s keyword names and the values every parameter shares
     (after ``lr`` and ``wd``), written as ``Adam.update`` writes them."""
@@ -40,13 +52,19 @@ def _adam_arguments(opt):
     return keys, fixed
 
 
-def adam_step(updater, indices, grads, weights):
+def adam_step(updater, indices, grads, weights, plain=()):
     """One device's Adam update of ``weights`` by ``grads`` (as ``Updater``
     takes them in a list call): bit for bit what ``updater(indices, grads,
     weights)`` computes and records (its states, and its optimizer's counts
-    advanced), ``adam_update`` invoked by its handle on each parameter with
-    ``Adam.update``'s arguments (MXNet 1.9.1's Adam has no multi-tensor form
-    of the same rounding).
+    advanced). Where the parameters are on one CPU device and the project's
+    library loads, one ``fused_adam_update`` updates those it may write with
+    the arguments ``Adam.update`` gives ``adam_update`` (the same strings,
+    read and computed as that op does: MXNet 1.9.1's Adam has no
+    multi-tensor form of the same rounding); ``adam_update`` is invoked by
+    its handle on each other parameter with them. The fused op may write a
+    weight of rank 1, or one whose ``id`` is in ``plain`` (weights no op
+    lays out anew in oneDNN's layout, which MXNet refuses a library's op as
+    an output: :func:`~mp_symbolic.core.engine.runtime.plain_names`).
 
     With a learning-rate schedule, each parameter's rate is the schedule's
     at the count the step reaches, as ``Adam.update`` asks it.
@@ -71,16 +89,36 @@ def adam_step(updater, indices, grads, weights):
     lrs = opt._get_lrs(indices)  # pylint: disable=protected-access
     wds = opt._get_wds(indices)  # pylint: disable=protected-access
     counts = opt._index_update_count  # pylint: disable=protected-access
-    keys, fixed = _adam_arguments(opt)
-    handle = _op('adam_update')
-    for index, grad, weight, lr, wd in zip(indices, grads, weights, lrs, wds):
+    for k, index in enumerate(indices):
         t = counts[index]
         coef1 = 1. - opt.beta1**t
         coef2 = 1. - opt.beta2**t
-        lr *= math.sqrt(coef2)/coef1
-        mean, var = states[index]
-        _imperative_invoke(handle, [weight, grad, mean, var], keys, [str(lr), str(wd)] + fixed,
-                           weight, False, False)
+        lrs[k] *= math.sqrt(coef2)/coef1
+    keys, fixed = _adam_arguments(opt)
+    rest = range(len(weights))
+    fused = _fused_adam()
+    device = weights[0].context
+    if fused is not None and device.device_type == 'cpu':
+        mine = [k for k, (g, w) in enumerate(zip(grads, weights))
+                if (w.ndim == 1 or id(w) in plain) and w.context == device and g.context == device]
+        if mine:
+            arrays = []
+            for k in mine:
+                arrays.extend((weights[k], grads[k]) + tuple(states[indices[k]]))
+            keep = [j for j, key in enumerate(keys) if key not in ('lr', 'wd', 'lazy_update')]
+            _imperative_invoke(fused, arrays,
+                               ['num_weights', 'lrs', 'wds'] + [keys[j] for j in keep],
+                               [str(len(mine)), ','.join(str(lrs[k]) for k in mine),
+                                ','.join(str(wds[k]) for k in mine)]
+                               + [fixed[j - 2] for j in keep], [weights[k] for k in mine],
+                               False, True)
+            taken = set(mine)
+            rest = [k for k in rest if k not in taken]
+    handle = _op('adam_update')
+    for k in rest:
+        mean, var = states[indices[k]]
+        _imperative_invoke(handle, [weights[k], grads[k], mean, var], keys,
+                           [str(lrs[k]), str(wds[k])] + fixed, weights[k], False, False)
     return True
 
 
@@ -242,6 +280,7 @@ class PerDeviceUpdater:
     def __init__(self, updater):
         self.updater = updater
         self._held, self._where = None, {}
+        self._plain_held, self._plain = None, frozenset()
         self._split = (None, None)   # the last call's arrays, and their split by device
 
     def hold(self, contiguous):
@@ -252,6 +291,15 @@ class PerDeviceUpdater:
             self._held = contiguous
             self._where = {id(w): (flat, k) for flat in contiguous or ()
                            for k, w in enumerate(flat.weights)}
+
+    def plain(self, weights):
+        """Lets :func:`adam_step`'s fused op write ``weights`` (a list, kept
+        by reference; ``None`` or empty: weights of rank 1 only): arrays no
+        op lays out anew in oneDNN's layout
+        (:attr:`~mp_symbolic.core.engine.runtime.ArrayGroup.plain`)."""
+        if weights is not self._plain_held:
+            self._plain_held = weights
+            self._plain = frozenset(map(id, weights or ()))
 
     def _by_device(self, index, grad, weight):
         """``updates_by_device``'s split, kept while the same arrays come (the
@@ -267,7 +315,7 @@ class PerDeviceUpdater:
         for indices, grads, weights in self._by_device(index, grad, weight):
             if not (self._where and adam_contiguous(self.updater, indices, grads, weights,
                                                     self._where)) and \
-                    not adam_step(self.updater, indices, grads, weights):
+                    not adam_step(self.updater, indices, grads, weights, self._plain):
                 self.updater(indices, grads, weights)
         return None
 
