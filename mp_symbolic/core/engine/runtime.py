@@ -187,29 +187,33 @@ RELAYOUT_OPS = frozenset(['Convolution', 'Deconvolution'])
 RELAYOUT_FC_SIDE = 1024
 
 
-#: Ops whose oneDNN kernels may lay a parameter out anew in place at
-#: inference, at some size on some CPU (MXNet 1.9.1 reorders their weight
-#: with ``MKLDNNDataReorderAsync``): ``FullyConnected``'s choice of layout
-#: depends on the CPU, so every one counts.
-LAYOUT_WRITERS = RELAYOUT_OPS | {'FullyConnected'}
+def _relaid(graph, laid_out_anew):
+    """The names of ``graph``'s variables some reader of which
+    ``laid_out_anew(op, name)`` (the reading node, the variable's name) says
+    may lay them out anew."""
+    nodes, relaid = graph.nodes, set()
+    for index, readers in graph.variable_readers().items():
+        if any(laid_out_anew(nodes[reader], nodes[index].name) for reader in readers):
+            relaid.add(nodes[index].name)
+    return relaid
 
 
-def _lays_out_anew(op):
-    return op.op in LAYOUT_WRITERS or op.op.startswith(('_contrib_quantized', '_sg_')) or \
-        'subgraphs' in op.extra
+def _special(op):
+    """A quantized or subgraph op: its oneDNN kernels may lay any input out anew."""
+    return op.op.startswith(('_contrib_quantized', '_sg_')) or 'subgraphs' in op.extra
 
 
 def plain_names(symbol, names):
     """The parameters of ``names`` that no op of ``symbol`` (a Symbol, or a
     :class:`~mp_symbolic.core.graph.ir.PlacedGraph` holding every op reading
-    them) can lay out anew in place (:data:`LAYOUT_WRITERS`, a quantized or
-    subgraph op): their arrays stay in MXNet's default layout, which a
-    library's op writes (``fused_adam_update``; MXNet refuses it an output
-    in oneDNN's layout)."""
+    them) can lay out anew in place: no :data:`RELAYOUT_OPS` op, no
+    ``FullyConnected`` of any size (the layout it takes at inference depends
+    on the CPU), no quantized or subgraph op reads them. Their arrays stay
+    in MXNet's default layout, which a library's op may write
+    (``fused_adam_update``: MXNet refuses it an output in oneDNN's layout)."""
     graph = symbol if isinstance(symbol, PlacedGraph) else PlacedGraph.from_symbol(symbol)
-    nodes = graph.nodes
-    relaid = {nodes[index].name for index, readers in graph.variable_readers().items()
-              if any(_lays_out_anew(nodes[reader]) for reader in readers)}
+    relaid = _relaid(graph, lambda op, name: op.op in RELAYOUT_OPS or
+                     op.op == 'FullyConnected' or _special(op))
     return [n for n in names if n not in relaid]
 
 
@@ -229,16 +233,14 @@ def contiguous_names(symbol, names, shapes, types):
     :class:`~mp_symbolic.core.graph.ir.PlacedGraph` holding every op that
     reads them."""
     graph = symbol if isinstance(symbol, PlacedGraph) else PlacedGraph.from_symbol(symbol)
-    nodes = graph.nodes
-    unsafe = set()
-    for index, readers in graph.variable_readers().items():
-        for reader in readers:
-            op = nodes[reader]
-            shape = shapes.get(nodes[index].name, ())
-            if op.op in RELAYOUT_OPS or op.op.startswith(('_contrib_quantized', '_sg_')) or \
-                    'subgraphs' in op.extra or op.op == 'FullyConnected' and len(shape) == 2 and \
-                    min(shape) >= RELAYOUT_FC_SIDE and not shape[0] % 64 and not shape[1] % 64:
-                unsafe.add(nodes[index].name)
+
+    def large_dense(op, name):
+        shape = shapes.get(name, ())
+        return op.op == 'FullyConnected' and len(shape) == 2 and \
+            min(shape) >= RELAYOUT_FC_SIDE and not shape[0] % 64 and not shape[1] % 64
+
+    unsafe = _relaid(graph, lambda op, name: op.op in RELAYOUT_OPS or _special(op) or
+                     large_dense(op, name))
     return [n for n in names if n not in unsafe and len(shapes[n]) >= 1
             and np.dtype(types[n]) == np.float32]
 
