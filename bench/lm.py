@@ -123,7 +123,7 @@ def _pipe(cfg, shards, devices):
 class _Steps:
     """A bound Module stepping on one fixed batch (``run(n)`` for throughput)."""
 
-    def __init__(self, pipe, cfg, batch_size, loss='softmax'):
+    def __init__(self, pipe, cfg, batch_size, loss=lm.LOSS):
         rng = np.random.RandomState(0)
         shape = (batch_size, cfg.block_size)
         self.mod = pipe.module(loss=loss)
@@ -167,7 +167,7 @@ def run(shard_counts=(1, 2, 4), num_layers=2, num_heads=4, num_hiddens=256, bloc
     for name, (shards, devices) in plans.items():
         pipe = _pipe(cfg, shards, devices)
         memory[name] = measure_memory(
-            pipe.training_symbol('softmax'), [('data', shape)], [('softmax_label', shape)],
+            pipe.training_symbol(lm.LOSS), [('data', shape)], [('softmax_label', shape)],
             pipe.plan.group2ctx, context=str(pipe.plan.first_device), optimizer=OPTIMIZER[0],
             optimizer_params=OPTIMIZER[1])['devices']
     log_memory(memory, log, optimizer=True)
