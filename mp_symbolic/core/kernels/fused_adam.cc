@@ -157,29 +157,12 @@ bool Read(const Attrs& attrs, Settings* s, bool lists) {
 }
 
 // The moments' updates and the new weight of elements [0, n): adam_update's
-// arithmetic, term by term. `clip` < 0: no clipping.
-template <bool kClip>
-void Update(int64_t n, const float* __restrict__ weight, const float* __restrict__ grad,
+// arithmetic, term by term, the new weight written over `weight` (kInPlace)
+// or into `out`. kClip: clip the gradient to clip_gradient.
+template <bool kClip, bool kInPlace>
+void Update(int64_t n, float* __restrict__ weight, const float* __restrict__ grad,
             float* __restrict__ mean, float* __restrict__ var, float* __restrict__ out,
             const Settings& s, float lr, float wd) {
-  const float b1 = s.beta1, b2 = s.beta2, rest1 = 1.f - s.beta1, rest2 = 1.f - s.beta2;
-  for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i] * s.rescale_grad + weight[i] * wd;
-    if (kClip) g = g > s.clip_gradient ? s.clip_gradient
-                   : (g < -s.clip_gradient ? -s.clip_gradient : g);
-    const float m = b1 * mean[i] + rest1 * g;
-    const float v = b2 * var[i] + rest2 * g * g;
-    mean[i] = m;
-    var[i] = v;
-    out[i] = weight[i] - lr * m / (std::sqrt(v) + s.epsilon);
-  }
-}
-
-// the same, the weight updated in place (out is the weight)
-template <bool kClip>
-void UpdateInPlace(int64_t n, float* __restrict__ weight, const float* __restrict__ grad,
-                   float* __restrict__ mean, float* __restrict__ var, const Settings& s,
-                   float lr, float wd) {
   const float b1 = s.beta1, b2 = s.beta2, rest1 = 1.f - s.beta1, rest2 = 1.f - s.beta2;
   for (int64_t i = 0; i < n; ++i) {
     const float w = weight[i];
@@ -190,7 +173,7 @@ void UpdateInPlace(int64_t n, float* __restrict__ weight, const float* __restric
     const float v = b2 * var[i] + rest2 * g * g;
     mean[i] = m;
     var[i] = v;
-    weight[i] = w - lr * m / (std::sqrt(v) + s.epsilon);
+    (kInPlace ? weight : out)[i] = w - lr * m / (std::sqrt(v) + s.epsilon);
   }
 }
 
@@ -211,11 +194,11 @@ MXReturnValue AdamForward(const Attrs& attrs, std::vector<MXTensor>* inputs,
     const int64_t n = w.size();
     const float lr = s.lrs[k], wd = s.wds[k];
     if (out == weight) {
-      if (clip) UpdateInPlace<true>(n, weight, grad, mean, var, s, lr, wd);
-      else UpdateInPlace<false>(n, weight, grad, mean, var, s, lr, wd);
+      if (clip) Update<true, true>(n, weight, grad, mean, var, nullptr, s, lr, wd);
+      else Update<false, true>(n, weight, grad, mean, var, nullptr, s, lr, wd);
     } else {
-      if (clip) Update<true>(n, weight, grad, mean, var, out, s, lr, wd);
-      else Update<false>(n, weight, grad, mean, var, out, s, lr, wd);
+      if (clip) Update<true, false>(n, weight, grad, mean, var, out, s, lr, wd);
+      else Update<false, false>(n, weight, grad, mean, var, out, s, lr, wd);
     }
   }
   return mxnet::ext::MX_SUCCESS;
