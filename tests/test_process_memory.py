@@ -250,11 +250,15 @@ def test_executor_and_imperative_commit_resume_and_digest_hold_one_array_at_a_ti
     peak, before = committed_and_resumed[what]
     largest = 4 * MLP_WIDTH * MLP_WIDTH  # 16.8 MB; the parameters 201 MB, their momentum as much
     # a resume's group: a parameter and its momentum read on the host, each on its
-    # way into its device array (4 arrays), and one array's worth for what the
-    # reader and the allocator hold besides: with every large allocation mapped
-    # and unmapped on its own (MALLOC_MMAP_THRESHOLD_=131072), the resume peaks at
-    # 3.8 to 4.2 arrays; without, at less where glibc reuses heap pages a
-    # previous phase freed (the whole model read at once: 239-286 MB)
-    assert peak - before <= 5 * largest, \
+    # way into its device array (4 arrays), one array's worth for what the
+    # reader and the allocator hold besides, and one for an array MXNet's engine
+    # has not yet freed when the next is made (its frees follow its ops, and a
+    # test run beside others delays them: a resume of the imperative stepper
+    # peaked at 85.6 MB, 5.1 arrays, in one fresh clone's make test-slow): with
+    # every large allocation mapped and unmapped on its own
+    # (MALLOC_MMAP_THRESHOLD_=131072), the resume peaks at 3.8 to 4.2 arrays;
+    # without, at less where glibc reuses heap pages a previous phase freed
+    # (the whole model read at once: 239-286 MB, 14 arrays or more)
+    assert peak - before <= 6 * largest, \
         'the %s peaked %.1f MB above the %.1f MB resident before it' % (
             what, (peak - before) / 1e6, before / 1e6)
