@@ -252,9 +252,10 @@ def test_executor_and_imperative_commit_resume_and_digest_hold_one_array_at_a_ti
     # a resume's group: a parameter and its momentum read on the host, each on its
     # way into its device array (4 arrays), one array's worth for what the
     # reader and the allocator hold besides, and one for an array MXNet's engine
-    # has not yet freed when the next is made (its frees follow its ops, and a
-    # test run beside others delays them: a resume of the imperative stepper
-    # peaked at 85.6 MB, 5.1 arrays, in one fresh clone's make test-slow): with
+    # may not have freed yet when the next is made (it frees an array after the
+    # ops reading it, later where other tests load the machine: a resume of the
+    # imperative stepper peaked at 85.6 MB, 5.1 arrays, once in a fresh clone's
+    # make test-slow, not in the run after it nor in two runs alone): with
     # every large allocation mapped and unmapped on its own
     # (MALLOC_MMAP_THRESHOLD_=131072), the resume peaks at 3.8 to 4.2 arrays;
     # without, at less where glibc reuses heap pages a previous phase freed
