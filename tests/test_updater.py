@@ -6,6 +6,7 @@ import pytest
 
 from mp_symbolic.core.base import compat
 from mp_symbolic.core.base.compat import updates_by_device
+from conftest import bert_batch, small_bert
 from mp_symbolic.core import kernels
 from mp_symbolic.core.optim import updater as updater_module
 from mp_symbolic.core.optim.updater import Contiguous, PerDeviceUpdater, adam_step
@@ -449,3 +450,107 @@ def test_the_fused_update_leaves_weights_an_op_may_lay_out_anew_to_adam_update()
         results.append(({n: executor.arg_dict[n].asnumpy() for n in names}, start))
     for name in names:
         np.testing.assert_array_equal(results[0][0][name], results[1][0][name])
+
+
+def _mobilenet_adam(steps_before, steps_after):
+    """GluonCV's MobileNetV2 (random values) split over two devices, trained
+    with Adam: ``steps_before`` steps, one inference pass (which lays its
+    convolutions' weights out anew), ``steps_after`` more; its Module, and
+    every parameter after."""
+    # pylint: disable=import-outside-toplevel
+    model_zoo = pytest.importorskip('gluoncv.model_zoo')
+    from mp_symbolic import Pipeline
+    from mp_symbolic.training import loop
+    net = model_zoo.get_model('mobilenetv2_0.25', pretrained=False, classes=10,
+                              prefix='mobilenet_')
+    sample = (8, 3, 32, 32)
+    pipe = Pipeline(net, 'cpu:0,cpu:1', sample=sample, chunks=2, schedule='1f1b')
+    arg_params, aux_params = loop.initial_values(pipe, seed=0)
+    mod = pipe.module(loss='softmax')
+    mod.bind(data_shapes=[('data', sample)], label_shapes=[('softmax_label', (8,))])
+    mod.init_params(arg_params={k: mx.nd.array(v) for k, v in arg_params.items()},
+                    aux_params={k: mx.nd.array(v) for k, v in aux_params.items()})
+    mod.init_optimizer(kvstore=None, optimizer='adam', optimizer_params={'learning_rate': 1e-3})
+    rng = np.random.default_rng(7)
+
+    def batch():
+        return mx.io.DataBatch([mx.nd.array(rng.normal(size=sample).astype(np.float32))],
+                               [mx.nd.array(rng.integers(0, 10, 8).astype(np.float32))])
+    for _ in range(steps_before):
+        mod.forward_backward(batch())
+        mod.update()
+    mod.forward(batch(), is_train=False)
+    mod.get_outputs()[0].wait_to_read()
+    for _ in range(steps_after):
+        mod.forward_backward(batch())
+        mod.update()
+    args, _ = mod.get_params()
+    return mod, {n: a.asnumpy() for n, a in args.items()}
+
+
+def test_a_gluoncv_network_trains_with_the_fused_update_as_with_adams_own_bit_for_bit(
+        monkeypatch):
+    """MobileNetV2 over two devices: after an inference pass has laid its
+    convolutions' weights out anew, Adam's steps with the fused op (its
+    BatchNorms' and biases' parameters, no convolution's or dense layer's
+    weight) leave every parameter as one adam_update a parameter does."""
+    loaded, why = kernels.library()
+    if not loaded:
+        pytest.skip(why)
+    calls, invoke = [], updater_module._imperative_invoke
+    fused = updater_module._fused_adam()
+    monkeypatch.setattr(updater_module, '_imperative_invoke',
+                        lambda handle, *a: calls.append(handle == fused) or invoke(handle, *a))
+    mod, ours = _mobilenet_adam(2, 2)
+    group = mod._exec_group  # pylint: disable=protected-access
+    plain = {id(a) for a in group.plain}
+    for name, arrays in zip(group.param_names, group.param_arrays):
+        if name.endswith('weight') and len(arrays[0].shape) > 1:   # convolutions, the dense layer
+            assert id(arrays[0]) not in plain, name
+    assert any(calls) and not all(calls)
+    monkeypatch.setitem(updater_module._OPS, kernels.FUSED_ADAM, None)
+    _, theirs = _mobilenet_adam(2, 2)
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(ours[name], value, err_msg=name)
+
+
+def _bert_adam_steps(steps=3):
+    """GluonNLP's BERT (two small layers) split over two devices, ``steps``
+    Adam steps of mp_symbolic.Trainer on its classifier's loss; every
+    parameter after."""
+    # pylint: disable=import-outside-toplevel
+    from mxnet import autograd, gluon
+    from mp_symbolic import Pipeline, Trainer
+    xs = bert_batch()
+    pipe = Pipeline(small_bert(), 'cpu:0,cpu:1', sample=tuple(xs))
+    pipe.initialize()
+    trainer = Trainer(pipe.collect_params(), 'adam', {'learning_rate': 1e-2})
+    label = mx.nd.array([0, 1, 1, 0]).as_in_context(pipe.plan.last_device)
+    for _ in range(steps):
+        with autograd.record():
+            loss = gluon.loss.SoftmaxCrossEntropyLoss()(
+                pipe(*[mx.nd.array(x, ctx=mx.cpu(0)) for x in xs])[2], label)
+        loss.backward()
+        trainer.step(len(xs[0]))
+    return {n: p.data(p.list_ctx()[0]).asnumpy() for n, p in pipe.collect_params().items()}
+
+
+def test_gluonnlps_bert_trains_with_the_fused_update_as_with_adams_own_bit_for_bit(monkeypatch):
+    """BERT through the project's Trainer (Gluon's own API): its LayerNorms'
+    and biases' updates go to the fused op, and three Adam steps leave every
+    parameter as one adam_update a parameter does."""
+    loaded, why = kernels.library()
+    if not loaded:
+        pytest.skip(why)
+    calls, invoke = [], updater_module._imperative_invoke
+    fused = updater_module._fused_adam()
+    monkeypatch.setattr(updater_module, '_imperative_invoke',
+                        lambda handle, *a: calls.append(handle == fused) or invoke(handle, *a))
+    ours = _bert_adam_steps()
+    assert any(calls)
+    monkeypatch.setitem(updater_module._OPS, kernels.FUSED_ADAM, None)
+    theirs = _bert_adam_steps()
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(ours[name], value, err_msg=name)
