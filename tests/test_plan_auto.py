@@ -654,6 +654,58 @@ def test_one_graphs_micro_batches_past_the_first_cost_what_its_probe_of_four_sho
                             schedules.make('gpipe', 1, 1)) == pytest.approx(0.5)
 
 
+def test_one_graphs_micro_batches_cost_what_each_probed_count_shows_even_less_than_one(
+        monkeypatch):
+    """One device's one graph measured 0.5 s beyond its work on one
+    micro-batch, 0.4 s on two (the device's thread kept busy while the
+    step's Python runs) and 0.8 s on four: two micro-batches are predicted
+    0.1 s cheaper than one, three halfway between two and four, and eight
+    at the last probes' 0.2 s a micro-batch past four."""
+    from mp_symbolic.core.planning.planner import Candidate  # pylint: disable=C0415
+    timings = _fake_timings(monkeypatch, _Host())
+    timings.capacity = {1: 1.0, 2: 2.0}
+    timings.params, timings.update, timings.add = 0, 0.0, 0.0
+    timings.stage = {'whole': (1.8, 3.6), 'half': (0.9, 1.8), 'quarter': (0.5, 1.0)}
+    timings._probes = {  # pylint: disable=protected-access
+        'graph': [Candidate('cpu:0', 1, 1, 1, 'gpipe'), ['whole'], 1, 2, 5.4 + 0.5],
+        'chunks': [Candidate('cpu:0', 1, 1, 4, 'gpipe'), ['quarter'], 1, 8, 6.0 + 0.8],
+        'chunks-2': [Candidate('cpu:0', 1, 1, 2, 'gpipe'), ['half'], 1, 4, 5.4 + 0.4]}
+    timings.fit_steps()
+    assert timings.steps['chunks'] == {1: 0.0, 2: pytest.approx(-0.1), 4: pytest.approx(0.3)}
+    for chunks, beyond in ((1, 0.5), (2, 0.4), (3, 0.6), (4, 0.8), (8, 1.6)):
+        made = schedules.make('gpipe', 1, chunks)
+        assert timings.overhead(Candidate('cpu:0', 1, 1, chunks, 'gpipe'), made) == \
+            pytest.approx(beyond), chunks
+    two = Candidate('cpu:0', 1, 1, 2, 'gpipe')
+    assert timings.predict(two, ['half'], 1) < timings.predict(
+        Candidate('cpu:0', 1, 1, 1, 'gpipe'), ['whole'], 1)
+
+
+def test_the_stage_runtimes_own_cost_and_an_actions_come_from_two_probes(monkeypatch):
+    """1F1B over two stages measured 2.0 s beyond its work with two
+    micro-batches (8 actions) and 3.0 s with four (16): the runtime's own
+    cost a step is 1.0 s (0.5 s more than one device's one graph) and an
+    action's 0.125 s; the interleaved schedule's probe (6.4 s more than
+    that cost over 32 actions) is read against that cost."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planning.planner import Candidate
+    timings = _fake_timings(monkeypatch, _Host())
+    serial = 6.0
+    _pipeline_probes(timings, fused=serial + 0.5 + 0.3, staged=serial + 1.0 + 2.0,
+                     interleaved=serial + 1.0 + 6.4)
+    timings.stage['half-batch'] = (0.5, 1.0)
+    timings._probes['staged-2'] = [  # pylint: disable=protected-access
+        Candidate('cpu:0,cpu:1', 2, 1, 2, '1f1b'), ['half-batch'] * 2, 2, 8, serial + 1.0 + 1.0]
+    timings.fit_steps()
+    assert timings.steps['graph'] == pytest.approx(0.5)
+    assert timings.steps['staged'] == pytest.approx(1.0)
+    assert timings.steps['action'] == {'1f1b': pytest.approx(0.125),
+                                       'interleaved': pytest.approx(0.2)}
+    eight = Candidate('cpu:0,cpu:1', 2, 1, 8, '1f1b')
+    assert timings.overhead(eight, schedules.make('1f1b', 2, 8)) == pytest.approx(
+        1.0 + 32 * 0.125)
+
+
 @pytest.mark.slow
 def test_planning_gluonnlp_bert_with_shards_scores_both_counts_and_leaves_it_unchanged():
     """GluonNLP's BERT under tensor_parallel='auto': the planner scores its
@@ -751,6 +803,28 @@ def test_gpipes_one_graph_over_two_stages_shares_the_devices_as_its_probes_show(
     _pipeline_probes(timings, fused=free + 0.5 + 0.3)
     timings.fit_steps()
     assert timings.pipelined['graph'] == pytest.approx(2.0, abs=1e-6)
+
+
+def test_recomputation_in_gpipes_one_graph_costs_what_its_probe_shows(monkeypatch):
+    """GPipe's one graph over two stages of four micro-batches, recomputed,
+    measured 0.6 s beyond its recomputed stage graphs' work and the costs
+    the same plan has without recomputation: each micro-batch past the
+    first costs 0.2 s more recomputed, so eight cost 1.4 s more, one
+    nothing, and a plan without recomputation nothing."""
+    # pylint: disable=import-outside-toplevel
+    from mp_symbolic.core.planning.planner import Candidate
+    timings = _fake_timings(monkeypatch, _Host())
+    _pipeline_probes(timings, fused=6.0 + 0.5 + 0.3)
+    timings.stage['quarter, recomputed'] = (0.25, 0.75)
+    timings._probes['mirror'] = [  # pylint: disable=protected-access
+        Candidate('cpu:0,cpu:1', 2, 1, 4, 'gpipe', mirror=True),
+        ['quarter, recomputed'] * 2, 2, 16, 8.0 + 0.5 + 0.3 + 0.6]
+    timings.fit_steps()
+    assert timings.steps['mirror'] == pytest.approx(0.2)
+    for chunks, mirror, beyond in ((8, True, 0.8 + 1.4), (8, False, 0.8), (1, True, 0.8)):
+        candidate = Candidate('cpu:0,cpu:1', 2, 1, chunks, 'gpipe', mirror=mirror)
+        made = schedules.make('gpipe', 2, chunks)
+        assert timings.overhead(candidate, made) == pytest.approx(beyond), (chunks, mirror)
 
 
 def test_stage_runtimes_actions_cost_what_their_schedules_probes_show(monkeypatch):

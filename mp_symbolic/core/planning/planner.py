@@ -578,8 +578,14 @@ class Timings:
         stage: ``{key: (forward, backward) seconds}`` of each stage graph.
         pipelined: ``{'graph' or 'staged': capacity}`` of two devices while one
             replica's stages run on them (:meth:`fit_steps`).
-        steps: ``{'graph', 'chunk', 'replica', 'split', 'staged', 'action'}``:
-            the seconds beyond the simulated work (:meth:`calibrate`).
+        steps: ``{'graph', 'chunk', 'chunks', 'replica', 'split', 'mirror',
+            'staged', 'action'}``: the seconds beyond the simulated work
+            (:meth:`calibrate`); ``'chunks'`` ``{micro-batches: seconds}`` of
+            GPipe's one graph beyond one micro-batch's at each count probed
+            (less where more micro-batches keep the device's thread busy while
+            the step's Python runs), ``'chunk'`` each one's past the last,
+            ``'mirror'`` each recomputed micro-batch's past the first in that
+            graph beyond its stage graphs' recomputation.
     """
 
     def __init__(self, search, one):
@@ -813,13 +819,27 @@ class Timings:
         steps = self.steps
         extra = (candidate.replicas - 1) * steps['replica']
         if made.fused:
-            return steps['graph'] + (candidate.chunks - 1) * steps['chunk'] + \
-                (candidate.stages - 1) * steps['split'] + extra
+            mirror = (candidate.chunks - 1) * steps['mirror'] if candidate.mirror else 0.0
+            return max(0.0, steps['graph'] + self.chunk_cost(candidate.chunks) +
+                       (candidate.stages - 1) * steps['split'] + mirror + extra)
         actions = candidate.replicas * sum(len(a) for a in made)
         action = steps['action']
         # a schedule without a probe: the first probed (one stage per device, then several)
         per = action.get(candidate.schedule, next(iter(action.values()), 0.0))
         return steps['staged'] + per * actions + extra
+
+    def chunk_cost(self, chunks):
+        """The seconds GPipe's one graph of ``chunks`` micro-batches takes
+        beyond its work and one micro-batch's cost: straight between the
+        chunk counts probed (:attr:`steps` ``['chunks']``), beyond the last
+        at ``steps['chunk']`` a micro-batch."""
+        points = sorted(self.steps.get('chunks', {1: 0.0}).items())
+        if chunks >= points[-1][0]:
+            return points[-1][1] + (chunks - points[-1][0]) * self.steps['chunk']
+        for (m0, c0), (m1, c1) in zip(points, points[1:]):
+            if chunks <= m1:
+                return c0 + (c1 - c0) * (chunks - m0) / (m1 - m0)
+        return points[0][1]
 
     def shared(self, candidate):
         """The capacity ``candidate``'s devices share: :attr:`capacity`, with
@@ -851,6 +871,9 @@ class Timings:
         chunked = [m for m in (4, 2) if m in planner.chunks and search.batch % m == 0]
         if chunked and any(schedules.kind(name).fused for name in planner.schedules):
             probes['chunks'] = Candidate(_spec(pool[:1]), 1, 1, chunked[0], fused)
+            if len(chunked) > 1:  # and fewer: what a micro-batch costs need not be straight
+                probes['chunks-%d' % chunked[1]] = Candidate(_spec(pool[:1]), 1, 1,
+                                                             chunked[1], fused)
         if len(pool) > 1 and search.batch % 2 == 0 and \
                 any(r > 1 for r in planner.replicas or (2,)):
             probes['replica'] = Candidate(_spec(pool[:2]), 1, 2, 1, fused)
@@ -860,8 +883,13 @@ class Timings:
             probes['split'] = Candidate(_spec(pool[:2]), 2, 1, 1, fused)
             if chunked:
                 probes['fused'] = Candidate(_spec(pool[:2]), 2, 1, chunked[0], fused)
+            if chunked and planner.mirror:  # recomputation in the one graph
+                probes['mirror'] = Candidate(_spec(pool[:2]), 2, 1, chunked[0], fused,
+                                             mirror=True)
         if two and search.batch % 4 == 0 and staged in planner.schedules:
             probes['staged'] = Candidate(_spec(pool[:2]), 2, 1, 4, staged)
+            if 2 in planner.chunks:  # and of fewer actions: the runtime's own cost a step
+                probes['staged-2'] = Candidate(_spec(pool[:2]), 2, 1, 2, staged)
         virtual = schedules.kind(looped).virtual_default if looped else 0
         if two and looped and blocks >= 2 * virtual and search.batch % 4 == 0 and \
                 looped in planner.schedules:
@@ -894,12 +922,17 @@ class Timings:
         self.fit_capacity()
         self.pipelined = {}
         probes = self._probes
-        steps = {'graph': max(0.0, self._gap('graph')), 'chunk': 0.0, 'replica': 0.0,
-                 'split': 0.0, 'staged': 0.0, 'action': {}}
+        steps = {'graph': max(0.0, self._gap('graph')), 'chunk': 0.0, 'chunks': {1: 0.0},
+                 'replica': 0.0, 'split': 0.0, 'mirror': 0.0, 'staged': 0.0, 'action': {}}
         self.steps = steps
-        if 'chunks' in probes:  # a step's own cost as the one graph's, the rest per micro-batch
-            chunks = probes['chunks'][0].chunks
-            steps['chunk'] = max(0.0, self._gap('chunks') - steps['graph']) / (chunks - 1)
+        # a step's own cost as the one graph's, the rest at each chunk count probed (less
+        # where more micro-batches keep the device's thread busy while the step's Python
+        # runs), then per micro-batch past the last
+        for name in [n for n in probes if n.startswith('chunks')]:
+            steps['chunks'][probes[name][0].chunks] = self._gap(name) - steps['graph']
+        points = sorted(steps['chunks'].items())
+        (m0, c0), (m1, c1) = points[-2:] if len(points) > 1 else ((1, 0.0), (1, 0.0))
+        steps['chunk'] = max(0.0, (c1 - c0) / (m1 - m0)) if m1 > m0 else 0.0
         if 'replica' in probes:
             steps['replica'] = max(0.0, self._gap('replica') - steps['graph'])
         if 'split' in probes:  # one micro-batch: the stages one after the other
@@ -907,14 +940,28 @@ class Timings:
         if 'fused' in probes:
             candidate = probes['fused'][0]
             self.pipelined['graph'] = self._fit_pipelined(
-                'fused', steps['graph'] + (candidate.chunks - 1) * steps['chunk'] +
+                'fused', steps['graph'] + self.chunk_cost(candidate.chunks) +
                 steps['split'])
+        if 'mirror' in probes:  # beyond its recomputed stage graphs, per micro-batch past one
+            candidate = probes['mirror'][0]
+            steps['mirror'] = max(0.0, self._gap('mirror') - steps['graph'] - steps['split'] -
+                                  self.chunk_cost(candidate.chunks)) / (candidate.chunks - 1)
         if 'graph' in self.pipelined:
             self.pipelined['staged'] = self.pipelined['graph']
         steps['staged'] = steps['graph']
+        if 'staged' in probes and 'staged-2' in probes:
+            # two counts of actions: the runtime's own cost a step and an action's, each >= 0
+            (a0, g0), (a1, g1) = sorted((probes[n][3], self._gap(n))
+                                        for n in ('staged-2', 'staged'))
+            per = max(0.0, (g1 - g0) / (a1 - a0)) if a1 > a0 else 0.0
+            steps['staged'] = max(0.0, min(g0, g1) if per == 0.0 else g0 - per * a0)
+            if steps['staged'] == 0.0 and per > 0.0:
+                per = max(0.0, g1) / a1
+            steps['action'][probes['staged'][0].schedule] = per
         for name in ('staged', 'looped'):
-            if name in probes:  # a step's own cost as the one graph's, the rest per action
-                candidate, _, _, actions, _ = probes[name]
+            candidate, _, _, actions, _ = probes.get(name, (None,) * 5)
+            if candidate is not None and candidate.schedule not in steps['action']:
+                # a step's own cost as the runtime's, the rest per action
                 steps['action'][candidate.schedule] = max(
                     0.0, self._gap(name) - steps['staged']) / actions
 
