@@ -217,6 +217,30 @@ def test_estimate_memory_asks_for_label_shapes_where_a_callable_heads_label_type
     assert table['cpu(1)'].inputs == 100 * 4  # the label, float32, on the last stage
 
 
+def test_estimate_memory_of_a_pipeline_made_with_a_sample_takes_its_batch_from_it():
+    """GluonCV's CIFAR ResNet-20 (BatchNorm) as a Pipeline made with
+    sample=: its estimate without a sample is the one with that sample, and
+    the network's with the same plan; a Pipeline made without sample= and
+    estimated without one is refused in one line."""
+    from gluoncv.model_zoo import get_model  # pylint: disable=import-outside-toplevel
+    sample = (8, 3, 32, 32)
+    net = get_model('cifar_resnet20_v1', classes=10)
+    net.initialize()
+    pipe = Pipeline(net, 'cpu:0,cpu:1', sample=sample, chunks=2, schedule='1f1b')
+    table = mp_symbolic.estimate_memory(pipe)
+    assert table == mp_symbolic.estimate_memory(pipe, sample=sample)
+    assert [row.total for row in table] == [
+        row.total for row in mp_symbolic.estimate_memory(net, 'cpu:0,cpu:1', sample=sample,
+                                                         chunks=2, schedule='1f1b')]
+    assert table['cpu(1)'].aux > 0   # the BatchNorms' running statistics
+    task, _ = load_task('regression')
+    unsized = Pipeline(task.make_blocks(), 'cpu:0,cpu:1')
+    with pytest.raises(ValueError, match=r"^sample: expected the batch \(a shape or arrays\) "
+                                         r"or data_shapes, found neither \(nor a Pipeline "
+                                         r"made with sample=\)$"):
+        mp_symbolic.estimate_memory(unsized)
+
+
 def test_estimate_memory_refuses_a_rank_not_among_the_workers_in_one_line():
     task, _ = load_task('regression')
     with pytest.raises(ValueError, match=r"^workers, rank: expected a count of dist_sync workers "

@@ -37,7 +37,8 @@ def estimate_memory(model, devices=None, sample=None, loss='softmax', output=Non
         devices: The devices of a network's Pipeline (``'cpu:0,cpu:1'``).
         sample: The batch (a shape, an array, or one per input), as
             ``Pipeline`` takes it; for a Pipeline, its batch's shape if
-            ``data_shapes`` is not given.
+            ``data_shapes`` is not given (default: the ``sample`` the
+            Pipeline was made with).
         loss, output: The loss head, as :meth:`~mp_symbolic.Pipeline.module`
             takes them.
         data_shapes: ``[(name, shape)]`` of the whole batch (default: from ``sample``).
@@ -110,9 +111,11 @@ def _shapes_of(pipe, sample):
     """``[(input name, shape)]`` of the batch ``sample`` (a shape, an array,
     or one of them per input, nested as the network's inputs are)."""
     if sample is None:
-        raise ValueError('sample: expected the batch (a shape or arrays) or data_shapes, '
-                         'found neither')
-    if isinstance(sample, tuple) and all(isinstance(n, int) for n in sample):
+        if pipe.placement.sample_shapes is None:
+            raise ValueError('sample: expected the batch (a shape or arrays) or data_shapes, '
+                             'found neither (nor a Pipeline made with sample=)')
+        leaves = [tuple(s) for s in pipe.placement.sample_shapes]
+    elif isinstance(sample, tuple) and all(isinstance(n, int) for n in sample):
         leaves = [sample]
     else:
         leaves = [tuple(getattr(a, 'shape', a)) for a in _flat(sample)]
