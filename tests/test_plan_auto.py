@@ -170,6 +170,38 @@ def test_plan_auto_builds_a_pipeline_whose_estimated_memory_per_device_is_within
     assert max(row.total for row in table) == pipe.planned.best.largest
 
 
+@pytest.mark.slow
+def test_plan_auto_on_a_gluoncv_cnn_picks_a_plan_within_budget_that_trains():
+    """GluonCV's CIFAR ResNet-20 (BatchNorm, random initial values) under
+    plan='auto' and 24 MiB a device: some of its plans need more, the pick's
+    estimate is within the budget, and the Pipeline it builds trains."""
+    from gluoncv.model_zoo import get_model  # pylint: disable=import-outside-toplevel
+    mx.random.seed(0)
+    net = get_model('cifar_resnet20_v1', classes=10)
+    net.initialize(mx.init.Xavier())
+    sample = (32, 3, 32, 32)
+    planner = Planner(chunks=(1, 2, 4), schedules=('gpipe', '1f1b'), balances=('size',),
+                      repeats=2)
+    pipe = Pipeline(net, DEVICES, sample=sample, plan=planner, memory_per_device='24MiB')
+    assert any(not s.fits for s in pipe.planned.ranked)  # the budget decided
+    table = mp_symbolic.estimate_memory(pipe, optimizer_params={'momentum': 0.9})  # planner's
+    assert max(row.total for row in table) <= parse_size('24MiB')
+    assert max(row.total for row in table) == pipe.planned.best.largest
+    mod = pipe.module()
+    mod.bind(data_shapes=[(pipe.data_names()[0], sample)],
+             label_shapes=[('softmax_label', (32,))])
+    mod.init_params()
+    mod.init_optimizer(kvstore='local' if pipe.replicas > 1 else None, optimizer='sgd',
+                       optimizer_params={'learning_rate': 0.1, 'momentum': 0.9})
+    rng = np.random.default_rng(0)
+    batch = mx.io.DataBatch([mx.nd.array(rng.normal(size=sample))],
+                            [mx.nd.array(rng.integers(0, 10, 32))])
+    for _ in range(2):
+        mod.forward_backward(batch)
+        mod.update()
+    assert np.isfinite(mod.get_outputs()[0].asnumpy()).all()
+
+
 def test_train_plan_auto_trains_the_chosen_plan(tmp_path, capsys):
     out = str(tmp_path / 'run')
     status = cli_status(main, ['train', '--task', 'regression', '--devices', DEVICES,
