@@ -36,7 +36,10 @@ magnitude.
   ``softmax``'s ``temperature`` instead of a product with the queries) and
   ``scores by linalg.gemm`` (the queries' scale, the scores' product and the
   mask's addition in one ``linalg.gemm`` on ``(N h, T, D)`` heads; MXNet
-  1.9.1's ONNX exporter has no converter for it).
+  1.9.1's ONNX exporter has no converter for it); and, where the project's
+  library loads, ``products by small_batch_dot`` (the model's attention
+  with its two products by the project's ``small_batch_dot``, the kernel
+  the CPU runs named: :mod:`mp_symbolic.core.kernels`).
 * The queries, keys and values of ``(N, T, C)`` inputs and the attention on
   them, against the model's three ``FullyConnected`` (``three products``):
   ``one product`` (the three weights and biases concatenated into one
@@ -520,6 +523,17 @@ def _updates(C, repeats, warmup):
     return {name: {'ms': 1e3 / rates[name][0], 'error': error[name]} for name in updates}
 
 
+def _attentions():
+    """:data:`ATTENTIONS`, and the model's attention with its products by
+    ``small_batch_dot`` where the project's library loads."""
+    kernel = kernels.small_batch_dot_kernel()
+    if kernel is None:
+        return dict(ATTENTIONS)  # the norms' candidate says why, once
+    name = 'products by %s (%s)' % (kernels.SMALL_BATCH_DOT, kernel)
+    return dict(ATTENTIONS, **{name: lambda F, q, k, v, D: gpt._Attend(  # pylint: disable=W0212
+        D, product=kernels.SMALL_BATCH_DOT)(F, q, k, v)})
+
+
 def run(widths=(64, 256), repeats=9, warmup=3, log=print):
     """Measures and logs every candidate at every width; returns
     ``{'norm' | 'attention' | 'Adam' | 'loss': {width: {candidate: {'ms', 'error'}}}}``."""
@@ -538,7 +552,7 @@ def run(widths=(64, 256), repeats=9, warmup=3, log=print):
                                      repeats, warmup)
         values = {n: rng.normal(size=shape) for n in 'qkv'}
         report['attention'][C] = _compare({name: attention(mx.sym, q, k, v, C // HEADS)
-                                           for name, attention in ATTENTIONS.items()},
+                                           for name, attention in _attentions().items()},
                                           'gpt._Attend', values, rng.normal(size=shape),
                                           repeats, warmup)
         names = [[p + '_weight' for p in 'qkv'], [p + '_bias' for p in 'qkv']]

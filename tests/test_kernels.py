@@ -304,3 +304,92 @@ def test_the_fused_adam_update_refuses_what_it_cannot_read_in_one_line():
                        r'found type 1 at input 1'):
         mx.nd.fused_adam_update(w, g.astype('float64'), m, v, num_weights=1, lrs=[0.1],
                                 wds=[0.0], out=w).wait_to_read()
+
+
+@pytest.mark.parametrize('transpose_a', [False, True])
+@pytest.mark.parametrize('transpose_b', [False, True])
+def test_small_batch_dot_is_mxnets_batch_dot_forward_and_backward(transpose_a, transpose_b):
+    """Against MXNet's batch_dot, bound in a graph: the output and both
+    gradients to float32 rounding, at the language model's attention shapes
+    (4 axes, widths 64 and 256 and a shard's two heads) and at sizes that
+    leave rows and vector columns over (3 axes)."""
+    _needs_the_op()
+    rng = np.random.RandomState(1)
+    for batch, m, k, n in (((16, 4), 64, 16, 64), ((16, 4), 64, 64, 16), ((16, 2), 64, 64, 64),
+                           ((3,), 5, 7, 9), ((2,), 33, 20, 50), ((2,), 19, 3, 40)):
+        shapes = dict(a=batch + ((k, m) if transpose_a else (m, k)),
+                      b=batch + ((n, k) if transpose_b else (k, n)))
+        values = {name: rng.normal(size=shape) for name, shape in shapes.items()}
+        dy = rng.normal(size=batch + (m, n))
+        a, b = mx.sym.var('a'), mx.sym.var('b')
+        flags = dict(transpose_a=transpose_a, transpose_b=transpose_b)
+        want = _run(mx.sym.batch_dot(a, b, **flags), values, dy, shapes)
+        got = _run(mx.sym.small_batch_dot(a, b, **flags), values, dy, shapes)
+        for w, o in zip(want, got):
+            np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+def test_small_batch_dot_refuses_other_shapes_and_types_in_one_line():
+    _needs_the_op()
+    a, b = mx.sym.var('a'), mx.sym.var('b')
+    product = mx.sym.small_batch_dot(a, b, transpose_b=True)
+    with pytest.raises(mx.base.MXNetError, match=r"small_batch_dot: expected the products' "
+                                                  r"inner axes equal, found 16 and 8"):
+        product.infer_shape(a=(4, 64, 16), b=(4, 64, 8))
+    with pytest.raises(mx.base.MXNetError, match=r'small_batch_dot: expected two arrays of 3 or '
+                                                  r'more axes, the same but the last two, '
+                                                  r'found 2 and 2 axes'):
+        product.infer_shape(a=(64, 16), b=(64, 16))
+    with pytest.raises(mx.base.MXNetError, match=r'small_batch_dot: expected two arrays of 3 or '
+                                                  r'more axes, the same but the last two, '
+                                                  r'found 3 and 3 axes'):
+        product.infer_shape(a=(4, 64, 16), b=(5, 64, 16))
+    with pytest.raises(mx.base.MXNetError, match='small_batch_dot: expected float32 inputs'):
+        product.infer_type(a='float64', b='float64')
+
+
+def test_the_attention_with_small_batch_dot_is_the_models_and_names_its_kernel():
+    """gpt._Attend with its products by small_batch_dot computes the model's
+    attention (batch_dot's) to float32 rounding, forward and backward; the
+    library names the loop this CPU runs."""
+    _needs_the_op()
+    assert kernels.small_batch_dot_kernel() in ('avx512', 'avx2', 'baseline')
+    rng = np.random.RandomState(2)
+    shape = (4, 16, 32)
+    values = {n: rng.normal(size=shape) for n in 'qkv'}
+    dy = rng.normal(size=shape)
+    q, k, v = (mx.sym.var(n) for n in 'qkv')
+    shapes = {n: shape for n in 'qkv'}
+    attend = gpt._Attend  # pylint: disable=protected-access
+    want = _run(attend(8)(mx.sym, q, k, v), values, dy, shapes)
+    got = _run(attend(8, product=kernels.SMALL_BATCH_DOT)(mx.sym, q, k, v), values, dy, shapes)
+    for w, o in zip(want, got):
+        np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+@pytest.mark.parametrize('kernel', ['avx2', 'baseline'])
+def test_each_of_small_batch_dots_loops_is_batch_dot(kernel):
+    """The loops for other CPUs than this one's fastest, asked for by
+    MP_SYMBOLIC_SMALL_BATCH_DOT_KERNEL in a process of their own: each
+    equals batch_dot to float32 rounding (a loop the CPU cannot run is not
+    chosen, and the test says which ran)."""
+    _needs_the_op()
+    code = (
+        "import numpy as np, mxnet as mx\n"
+        "from mp_symbolic.core import kernels\n"
+        "kernels.library()\n"
+        "rng = np.random.RandomState(3)\n"
+        "for (m, k, n, ta, tb) in ((64, 16, 64, 0, 1), (33, 20, 50, 1, 0), (19, 3, 40, 1, 1)):\n"
+        "    a = mx.nd.array(rng.normal(size=(2, k, m) if ta else (2, m, k)))\n"
+        "    b = mx.nd.array(rng.normal(size=(2, n, k) if tb else (2, k, n)))\n"
+        "    flags = dict(transpose_a=bool(ta), transpose_b=bool(tb))\n"
+        "    want = mx.nd.batch_dot(a, b, **flags).asnumpy()\n"
+        "    got = mx.nd.small_batch_dot(a, b, **flags).asnumpy()\n"
+        "    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())\n"
+        "print(kernels.small_batch_dot_kernel())\n")
+    env = dict(os.environ, MP_SYMBOLIC_SMALL_BATCH_DOT_KERNEL=kernel)
+    done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ran = done.stdout.split()[-1]
+    assert ran == kernel or (kernel == 'avx2' and ran == 'baseline'), ran

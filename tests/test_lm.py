@@ -231,8 +231,10 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     fused = {FUSED} if kernels.fused_layer_norm()[0] else set()
     assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt',
                                       'last axis', 'InstanceNorm'} | fused
+    kernel = kernels.small_batch_dot_kernel()
+    small = {'products by small_batch_dot (%s)' % kernel} if kernel else set()
     assert set(report['attention'][8]) == {'gpt._Attend', 'zeros_like mask', 'interleaved',
-                                           'softmax temperature', 'scores by linalg.gemm'}
+                                           'softmax temperature', 'scores by linalg.gemm'} | small
     assert set(report['q, k, v'][8]) == {'three products', 'one product'}
     assert set(report['Adam'][8]) == {'Updater, one adam_update a parameter',
                                       'updater.adam_step',

@@ -33,6 +33,14 @@ arithmetic), with the loops made vector operations. The optimizer's update
 ``adam_update`` a parameter otherwise: the weights and moments are the same
 either way (``MP_SYMBOLIC_FUSED_ADAM=0``: one ``adam_update`` a parameter
 anyway). Standard library and MXNet only.
+
+``small_batch_dot(a, b, transpose_a, transpose_b)`` (``small_batch_dot.cc``):
+MXNet's ``batch_dot`` for small matrices (attention's: MXNet 1.9.1 calls
+BLAS once a batch item, which at those sizes costs more than the product),
+each item one product in registers, the loop compiled for AVX-512, AVX2 and
+the baseline and chosen as the library loads (:func:`small_batch_dot_kernel`).
+Equal to ``batch_dot`` to float32 rounding; ``gpt._Attend(..., product=...)``
+takes it, the language model does not yet (docs/lm.md).
 """
 import hashlib
 import os
@@ -49,7 +57,9 @@ __all__ = []
 HERE = os.path.dirname(os.path.abspath(__file__))
 FUSED_LAYER_NORM = 'fused_layer_norm'
 FUSED_ADAM = 'fused_adam_update'
+SMALL_BATCH_DOT = 'small_batch_dot'
 SOURCES = (os.path.join(HERE, 'fused_layer_norm.cc'), os.path.join(HERE, 'fused_adam.cc'),
+           os.path.join(HERE, 'small_batch_dot.cc'),
            os.path.join(HERE, 'third_party', 'lib_api.cc'))
 LIBRARY = 'libmp_symbolic_ops'
 # -fno-math-errno: sqrt without errno's branch, so that loops holding it are
@@ -67,7 +77,7 @@ class KernelError(RuntimeError):
 
 def library():
     """``(True, path)`` once the project's operators (``fused_layer_norm``,
-    ``fused_adam_update``) are operators of this process
+    ``fused_adam_update``, ``small_batch_dot``) are operators of this process
     (``mx.sym.fused_layer_norm``, ``mx.nd.fused_layer_norm``, ...), else
     ``(False, why)``: no compiler, no header, the build or the load failing,
     in one line. Built once a cache, loaded once a process."""
@@ -80,6 +90,19 @@ def fused_layer_norm():
     """:func:`library`: ``(True, path)`` where ``fused_layer_norm`` is an
     operator of this process, else ``(False, why)``."""
     return library()
+
+
+def small_batch_dot_kernel():
+    """The loop ``small_batch_dot`` runs on this CPU (``'avx512'``,
+    ``'avx2'`` or ``'baseline'``), or ``None`` where the library does not
+    load (:func:`library`)."""
+    loaded, path = library()
+    if not loaded:
+        return None
+    import ctypes  # pylint: disable=import-outside-toplevel
+    name = ctypes.CDLL(path).small_batch_dot_kernel
+    name.restype = ctypes.c_char_p
+    return name().decode('ascii')
 
 
 def use_fused_norm():

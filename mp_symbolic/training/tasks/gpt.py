@@ -191,11 +191,14 @@ class Embed(gluon.HybridBlock):
 class _Attend:
     """Causal attention of queries, keys and values ``(N, T, h D)`` holding
     whole heads of ``head_dim`` features (all ``H`` heads, or a shard's): the
-    result ``(N, T, h D)``, head by head, whatever ``h`` is."""
+    result ``(N, T, h D)``, head by head, whatever ``h`` is. Its two products
+    are the op ``product`` names: MXNet's ``batch_dot``, or the project's
+    ``small_batch_dot`` (:mod:`mp_symbolic.core.kernels`, loaded first)."""
 
-    def __init__(self, head_dim):
+    def __init__(self, head_dim, product='batch_dot'):
         self.head_dim = head_dim
         self.scale = head_dim ** -0.5
+        self.product = product
         self.__name__ = 'attention'
 
     def _heads(self, F, x):
@@ -206,7 +209,8 @@ class _Attend:
         steps = F.contrib.arange_like(F.BlockGrad(q), axis=1)            # (T,)
         # the scale on the queries (N, T, h D), a quarter of the scores' size at D = T / 4
         q, k, v = (self._heads(F, part) for part in (q * self.scale, k, v))
-        scores = F.batch_dot(q, k, transpose_b=True)                     # (N, h, T, T)
+        product = getattr(F, self.product)
+        scores = product(q, k, transpose_b=True)                         # (N, h, T, T)
         future = F.broadcast_greater(F.reshape(steps, shape=(1, -1)),    # (T, T): key after query
                                      F.reshape(steps, shape=(-1, 1)))
         # the mask spread over the scores' N h rows outside the gradient, by one
@@ -221,7 +225,7 @@ class _Attend:
         mask = F.BlockGrad(F.reshape_like(
             F.dot(rows, F.reshape(future * -1e9, shape=(1, -1))), scores))  # (N, h, T, T)
         attention = F.softmax(scores + mask, axis=-1)
-        out = F.batch_dot(attention, v)                                  # (N, h, T, D)
+        out = product(attention, v)                                      # (N, h, T, D)
         return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))  # (N, T, h D)
 
 
