@@ -226,7 +226,8 @@ def test_the_norms_gradients_add_up_where_grad_req_is_add(hybridize):
 
 
 @pytest.mark.parametrize('name, expected', [('MP_SYMBOLIC_FUSED_NORM', 'auto, 0 or 1'),
-                                            ('MP_SYMBOLIC_FUSED_ADAM', 'auto or 0')])
+                                            ('MP_SYMBOLIC_FUSED_ADAM', 'auto or 0'),
+                                            ('MP_SYMBOLIC_SMALL_BATCH_DOT', 'auto, 0 or 1')])
 def test_the_command_line_refuses_a_bad_choice_of_op_in_one_line_before_any_work(
         tmp_path, name, expected):
     env = dict(os.environ, PYTHONPATH=ROOT, **{name: 'yes'})
@@ -393,3 +394,61 @@ def test_each_of_small_batch_dots_loops_is_batch_dot(kernel):
     assert done.returncode == 0, done.stderr[-2000:]
     ran = done.stdout.split()[-1]
     assert ran == kernel or (kernel == 'avx2' and ran == 'baseline'), ran
+
+
+def test_the_environment_chooses_the_attentions_products(monkeypatch):
+    """MP_SYMBOLIC_SMALL_BATCH_DOT: 0 keeps batch_dot, 1 asks for the op
+    (one line where it cannot be built), auto takes it where the library
+    loads with a vector loop; anything else is refused in one line. The
+    language model's attention follows."""
+    cfg = gpt.GPTConfig(num_layers=1, num_hiddens=16, num_heads=2, block_size=8, vocab_size=11)
+    monkeypatch.setenv('MP_SYMBOLIC_SMALL_BATCH_DOT', '0')
+    assert not kernels.use_small_batch_dot()
+    assert gpt.CausalSelfAttention(cfg).attend.product == 'batch_dot'
+    monkeypatch.setenv('MP_SYMBOLIC_SMALL_BATCH_DOT', 'yes')
+    with pytest.raises(kernels.KernelError, match=r"^MP_SYMBOLIC_SMALL_BATCH_DOT: expected auto, "
+                                                  r"0 or 1, found 'yes'$"):
+        kernels.use_small_batch_dot()
+    monkeypatch.setenv('MP_SYMBOLIC_SMALL_BATCH_DOT', 'auto')
+    vector = kernels.small_batch_dot_kernel() in ('avx512', 'avx2')
+    assert kernels.use_small_batch_dot() == vector
+    assert gpt.CausalSelfAttention(cfg).attend.product == (
+        kernels.SMALL_BATCH_DOT if vector else 'batch_dot')
+    monkeypatch.setitem(kernels._LOADED, kernels._KEY, (False, NO_COMPILER))
+    assert not kernels.use_small_batch_dot()  # auto: batch_dot, nothing said
+    monkeypatch.setenv('MP_SYMBOLIC_SMALL_BATCH_DOT', '1')
+    with pytest.raises(kernels.KernelError, match=r'^MP_SYMBOLIC_SMALL_BATCH_DOT=1: the '
+                       r'small_batch_dot op is not available: no C\+\+ compiler'):
+        kernels.use_small_batch_dot()
+
+
+def test_the_export_form_of_small_batch_dot_is_batch_dot_with_the_same_attributes():
+    _needs_the_op()
+    a, b = mx.sym.var('a'), mx.sym.var('b')
+    ours = mx.sym.small_batch_dot(a, b, transpose_b=True, name='scores')
+    plain = kernels.with_mxnet_ops(PlacedGraph.from_symbol(ours)).to_symbol()
+    node = json.loads(plain.tojson())['nodes'][-1]
+    assert (node['op'], node['name'], node['attrs']) == \
+        ('batch_dot', 'scores', {'transpose_b': 'True'})
+    rng = np.random.RandomState(4)
+    shapes = dict(a=(2, 3, 6, 5), b=(2, 3, 7, 5))
+    values = {n: rng.normal(size=s) for n, s in shapes.items()}
+    dy = rng.normal(size=(2, 3, 6, 7))
+    for w, o in zip(_run(plain, values, dy, shapes), _run(ours, values, dy, shapes)):
+        np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+def test_a_graph_holding_both_ops_where_they_cannot_be_loaded_names_both_in_one_line(
+        monkeypatch):
+    """The graph's ops are read from its nodes: a parameter merely named like
+    the op does not count."""
+    _needs_the_op()
+    x = mx.sym.var('data')
+    norm = gpt.LayerNorm(8, prefix='ln_')(x)
+    both = mx.sym.small_batch_dot(norm, norm, transpose_b=True)
+    named = mx.sym.var('small_batch_dot') + x
+    monkeypatch.setitem(kernels._LOADED, kernels._KEY, (False, NO_COMPILER))
+    with pytest.raises(kernels.KernelError, match=r'^x\.json holds the fused_layer_norm and '
+                       r'small_batch_dot op, which cannot be loaded here: no C\+\+ compiler'):
+        kernels.load_symbol_json(both.tojson(), 'x.json')
+    assert kernels.load_symbol_json(named.tojson()).list_arguments() == ['small_batch_dot', 'data']

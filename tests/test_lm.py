@@ -136,7 +136,8 @@ def test_backward_pass_runs_no_broadcast_reduction_and_no_layer_norm_backward():
     exe = symbol.simple_bind(mx.cpu(0), data=(BATCH, TINY.block_size),
                              softmax_label=(BATCH, TINY.block_size))
     ops = set(re.findall(r'Op:(\w+)', exe.debug_str()))
-    assert {'_backward_FullyConnected', 'batch_dot'} <= ops  # the plan lists the backward ops
+    product = kernels.SMALL_BATCH_DOT if kernels.use_small_batch_dot() else 'batch_dot'
+    assert {'_backward_FullyConnected', product} <= ops  # the plan lists the backward ops
     assert not {op for op in ops if op.startswith('_backward_broadcast')}
     assert '_backward_LayerNorm' not in ops and 'LayerNorm' not in ops
 
@@ -194,7 +195,9 @@ def test_model_flops_per_token_count_every_matrix_product_forward_and_backward()
 def test_bench_profile_counts_each_ops_calls_a_training_step():
     """``python -m bench.lm --against F --profile N``: 12 dense layers, the
     tied output, and the five norms: the fused op once each, or five
-    products each where it cannot be built."""
+    products each where it cannot be built; the attention's two products a
+    block, by batch_dot (its gradients two more batch_dot each) or by
+    small_batch_dot (both gradients one backward op)."""
     from bench.lm import against  # pylint: disable=import-outside-toplevel
     lines = []
     result = against(gpt.__file__, num_hiddens=8, steps=2, repeats=1, warmup=1, profile=3,
@@ -206,7 +209,10 @@ def test_bench_profile_counts_each_ops_calls_a_training_step():
             12 + 1 + (0 if fused else 5 * 5)
         if fused:
             assert calls['fused_layer_norm'] == calls['_backward_fused_layer_norm'] == 5
-        assert calls['batch_dot'] == 2 * 2 * 3  # two products a block, and two gradients each
+        if kernels.use_small_batch_dot():
+            assert calls['small_batch_dot'] == calls['_backward_small_batch_dot'] == 2 * 2
+        else:
+            assert calls['batch_dot'] == 2 * 2 * 3  # two products a block, two gradients each
         assert abs(sum(share for _, _, share, _ in result['top_ops'][name]) - 1) < 1e-6
     assert "MXNet's profiler" in lines[1] and len(lines) == 3 + 3 + 1
 

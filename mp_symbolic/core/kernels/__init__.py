@@ -39,8 +39,13 @@ MXNet's ``batch_dot`` for small matrices (attention's: MXNet 1.9.1 calls
 BLAS once a batch item, which at those sizes costs more than the product),
 each item one product in registers, the loop compiled for AVX-512, AVX2 and
 the baseline and chosen as the library loads (:func:`small_batch_dot_kernel`).
-Equal to ``batch_dot`` to float32 rounding; ``gpt._Attend(..., product=...)``
-takes it, the language model does not yet (docs/lm.md).
+Equal to ``batch_dot`` to float32 rounding, not bit for bit.
+``MP_SYMBOLIC_SMALL_BATCH_DOT`` chooses where the language model's attention
+runs it (:func:`use_small_batch_dot`): unset (or ``auto``), wherever the
+library loads and its loop is AVX-512's or AVX2's, ``batch_dot`` otherwise
+(nothing said: only the speed and float32 rounding differ); ``0``, never;
+``1``, always, and a one-line error where it cannot be built. The export
+writes ``batch_dot`` in its place (:func:`with_mxnet_ops`).
 """
 import hashlib
 import os
@@ -50,7 +55,8 @@ import warnings
 
 import mxnet as mx
 
-from ..base.checks import FUSED_NORM as ENV, cache_dir, fused_adam_switch, fused_norm_switch
+from ..base.checks import FUSED_NORM as ENV, SMALL_BATCH_DOT as SMALL_ENV, cache_dir
+from ..base.checks import fused_adam_switch, fused_norm_switch, small_batch_dot_switch
 
 __all__ = []
 
@@ -105,6 +111,26 @@ def small_batch_dot_kernel():
     return name().decode('ascii')
 
 
+def use_small_batch_dot():
+    """Whether the language model's attention runs ``small_batch_dot`` here
+    (``MP_SYMBOLIC_SMALL_BATCH_DOT``: unset or ``auto``, where the library
+    loads and its loop is AVX-512's or AVX2's; ``0``, never; ``1``, always,
+    :class:`KernelError` where it cannot be built)."""
+    try:
+        choice = small_batch_dot_switch()
+    except ValueError as err:
+        raise KernelError(str(err)) from None
+    if choice == '0':
+        return False
+    loaded, why = library()
+    if choice == '1':
+        if not loaded:
+            raise KernelError('%s=1: the %s op is not available: %s'
+                              % (SMALL_ENV, SMALL_BATCH_DOT, why))
+        return True
+    return loaded and small_batch_dot_kernel() in ('avx512', 'avx2')
+
+
 def use_fused_norm():
     """Whether the language model's norm is the fused op here
     (``MP_SYMBOLIC_FUSED_NORM``: unset or ``auto``, ``0`` or ``1``)."""
@@ -138,16 +164,29 @@ def use_fused_adam():
     return choice == 'auto' and library()[0]
 
 
-def _holds_ours(text):
-    return ('"%s"' % FUSED_LAYER_NORM) in text
+# the project's operators a graph may hold (fused_adam_update is an update, in no graph)
+IN_GRAPHS = (FUSED_LAYER_NORM, SMALL_BATCH_DOT)
+
+
+def _held(text):
+    """The project's operators graph JSON ``text`` holds: each node's
+    ``"op"`` read from the parsed graph, not matched in the text."""
+    import json  # pylint: disable=import-outside-toplevel
+    try:
+        nodes = json.loads(text).get('nodes', [])
+    except (ValueError, AttributeError):
+        return []  # not a graph: mx.sym.load_json says so
+    ops = {node.get('op') for node in nodes if isinstance(node, dict)}
+    return [name for name in IN_GRAPHS if name in ops]
 
 
 def _ensure_for(text, where):
-    if _holds_ours(text):
-        loaded, why = fused_layer_norm()
+    held = _held(text)
+    if held:
+        loaded, why = library()
         if not loaded:
             raise KernelError('%s holds the %s op, which cannot be loaded here: %s'
-                              % (where, FUSED_LAYER_NORM, why))
+                              % (where, ' and '.join(held), why))
 
 
 def load_symbol_json(text, where='the graph'):
@@ -166,16 +205,23 @@ def load_symbol(path):
 
 def with_mxnet_ops(graph):
     """The :class:`~mp_symbolic.core.graph.ir.PlacedGraph` ``graph`` with each
-    ``fused_layer_norm`` node made MXNet's ``LayerNorm`` over the last axis:
-    the same name, inputs, group, epsilon and other attributes (for a runtime
-    without the project's library: symbol/params files and ONNX); ``graph``
-    itself where it holds none. The results agree to float32 rounding."""
-    if not any(node.op == FUSED_LAYER_NORM for node in graph.nodes):
+    ``fused_layer_norm`` node made MXNet's ``LayerNorm`` over the last axis
+    and each ``small_batch_dot`` node MXNet's ``batch_dot`` (the same
+    attributes): the same names, inputs, groups and other attributes (for a
+    runtime without the project's library: symbol/params files and ONNX);
+    ``graph`` itself where it holds none. The results agree to float32
+    rounding."""
+    if not any(node.op in IN_GRAPHS for node in graph.nodes):
         return graph
-    return graph.but(nodes=[
-        node.but(op='LayerNorm', attrs=dict(node.attrs, eps=node.attrs.get('eps', '1e-05'),
-                                            axis='-1'))
-        if node.op == FUSED_LAYER_NORM else node for node in graph.nodes])
+
+    def mxnets(node):
+        if node.op == FUSED_LAYER_NORM:
+            return node.but(op='LayerNorm', attrs=dict(
+                node.attrs, eps=node.attrs.get('eps', '1e-05'), axis='-1'))
+        if node.op == SMALL_BATCH_DOT:
+            return node.but(op='batch_dot')
+        return node
+    return graph.but(nodes=[mxnets(node) for node in graph.nodes])
 
 
 def _build_and_load():

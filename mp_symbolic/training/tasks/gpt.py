@@ -239,7 +239,11 @@ class CausalSelfAttention(gluon.HybridBlock):
     def __init__(self, cfg, layers=Layers(), **kwargs):
         super().__init__(**kwargs)
         C = cfg.num_hiddens
-        self.attend = _Attend(C // cfg.num_heads)
+        # the products by the project's small_batch_dot where it runs a vector loop
+        # (MP_SYMBOLIC_SMALL_BATCH_DOT), MXNet's batch_dot otherwise; the export writes
+        # batch_dot in its place
+        self.attend = _Attend(C // cfg.num_heads, product=kernels.SMALL_BATCH_DOT
+                              if kernels.use_small_batch_dot() else 'batch_dot')
         with self.name_scope():
             self.query = layers.dense(C, C, 'query_', 'column')
             self.key = layers.dense(C, C, 'key_', 'column')
