@@ -373,7 +373,8 @@ def test_each_of_small_batch_dots_loops_is_batch_dot(kernel):
     """The loops for other CPUs than this one's fastest, asked for by
     MP_SYMBOLIC_SMALL_BATCH_DOT_KERNEL in a process of their own: each
     equals batch_dot to float32 rounding (a loop the CPU cannot run is not
-    chosen, and the test says which ran)."""
+    chosen, and the test says which ran), and the language model keeps
+    batch_dot under it."""
     _needs_the_op()
     code = (
         "import numpy as np, mxnet as mx\n"
@@ -387,19 +388,20 @@ def test_each_of_small_batch_dots_loops_is_batch_dot(kernel):
         "    want = mx.nd.batch_dot(a, b, **flags).asnumpy()\n"
         "    got = mx.nd.small_batch_dot(a, b, **flags).asnumpy()\n"
         "    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())\n"
-        "print(kernels.small_batch_dot_kernel())\n")
+        "print(kernels.use_small_batch_dot(), kernels.small_batch_dot_kernel())\n")
     env = dict(os.environ, MP_SYMBOLIC_SMALL_BATCH_DOT_KERNEL=kernel)
     done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    ran = done.stdout.split()[-1]
+    used, ran = done.stdout.split()[-2:]
     assert ran == kernel or (kernel == 'avx2' and ran == 'baseline'), ran
+    assert used == 'False'  # auto: batch_dot where the loop is not AVX-512's
 
 
 def test_the_environment_chooses_the_attentions_products(monkeypatch):
     """MP_SYMBOLIC_SMALL_BATCH_DOT: 0 keeps batch_dot, 1 asks for the op
     (one line where it cannot be built), auto takes it where the library
-    loads with a vector loop; anything else is refused in one line. The
+    loads with its AVX-512 loop; anything else is refused in one line. The
     language model's attention follows."""
     cfg = gpt.GPTConfig(num_layers=1, num_hiddens=16, num_heads=2, block_size=8, vocab_size=11)
     monkeypatch.setenv('MP_SYMBOLIC_SMALL_BATCH_DOT', '0')
@@ -410,7 +412,7 @@ def test_the_environment_chooses_the_attentions_products(monkeypatch):
                                                   r"0 or 1, found 'yes'$"):
         kernels.use_small_batch_dot()
     monkeypatch.setenv('MP_SYMBOLIC_SMALL_BATCH_DOT', 'auto')
-    vector = kernels.small_batch_dot_kernel() in ('avx512', 'avx2')
+    vector = kernels.small_batch_dot_kernel() == 'avx512'
     assert kernels.use_small_batch_dot() == vector
     assert gpt.CausalSelfAttention(cfg).attend.product == (
         kernels.SMALL_BATCH_DOT if vector else 'batch_dot')

@@ -42,8 +42,9 @@ the baseline and chosen as the library loads (:func:`small_batch_dot_kernel`).
 Equal to ``batch_dot`` to float32 rounding, not bit for bit.
 ``MP_SYMBOLIC_SMALL_BATCH_DOT`` chooses where the language model's attention
 runs it (:func:`use_small_batch_dot`): unset (or ``auto``), wherever the
-library loads and its loop is AVX-512's or AVX2's, ``batch_dot`` otherwise
-(nothing said: only the speed and float32 rounding differ); ``0``, never;
+library loads and its loop is AVX-512's (its AVX2 loop measured level with
+``batch_dot``, its baseline loop slower), ``batch_dot`` otherwise (nothing
+said: only the speed and float32 rounding differ); ``0``, never;
 ``1``, always, and a one-line error where it cannot be built. The export
 writes ``batch_dot`` in its place (:func:`with_mxnet_ops`).
 """
@@ -114,7 +115,7 @@ def small_batch_dot_kernel():
 def use_small_batch_dot():
     """Whether the language model's attention runs ``small_batch_dot`` here
     (``MP_SYMBOLIC_SMALL_BATCH_DOT``: unset or ``auto``, where the library
-    loads and its loop is AVX-512's or AVX2's; ``0``, never; ``1``, always,
+    loads and its loop is AVX-512's; ``0``, never; ``1``, always,
     :class:`KernelError` where it cannot be built)."""
     try:
         choice = small_batch_dot_switch()
@@ -128,7 +129,7 @@ def use_small_batch_dot():
             raise KernelError('%s=1: the %s op is not available: %s'
                               % (SMALL_ENV, SMALL_BATCH_DOT, why))
         return True
-    return loaded and small_batch_dot_kernel() in ('avx512', 'avx2')
+    return loaded and small_batch_dot_kernel() == 'avx512'
 
 
 def use_fused_norm():

@@ -29,26 +29,39 @@ using Attrs = std::unordered_map<std::string, std::string>;
 
 namespace small_batch_dot {
 
+// vectors of 16, 8 and 4 floats
 typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+// a vector read or written at any float's alignment (memcpy: one unaligned move)
+template <typename V>
+inline __attribute__((always_inline)) void Load(V* x, const float* p) {
+  std::memcpy(x, p, sizeof(V));
+}
+
+template <typename V>
+inline __attribute__((always_inline)) void Store(float* p, const V& x) {
+  std::memcpy(p, &x, sizeof(V));
+}
 
 bool Flag(const Attrs& attrs, const char* name) {
   auto it = attrs.find(name);
   return it != attrs.end() && (it->second == "True" || it->second == "true" || it->second == "1");
 }
 
-// c (R rows of ldc) = op(a) (R x K: element (r, k) at a[r rs + k ks]) . b (K x NV 16
+// c (R rows of ldc) = op(a) (R x K: element (r, k) at a[r rs + k ks]) . b (K x NV W
 // columns from j, row stride ldb), R x NV vector accumulators held in registers
-template <int NV, int R>
+template <typename V, int W, int NV, int R>
 inline __attribute__((always_inline)) void Block(const float* a, int64_t rs, int64_t ks,
                                                  const float* b, int64_t ldb, float* c,
                                                  int64_t ldc, int64_t K, int64_t j, int64_t N) {
-  v16 acc[R][NV];
+  V acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = v16{};
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
   for (int64_t k = 0; k < K; ++k) {
-    v16 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = *reinterpret_cast<const v16u*>(b + k * ldb + j + 16 * v);
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) Load(&bv[v], b + k * ldb + j + W * v);
     for (int r = 0; r < R; ++r) {
       const float s = a[r * rs + k * ks];
       for (int v = 0; v < NV; ++v) acc[r][v] += s * bv[v];
@@ -56,40 +69,50 @@ inline __attribute__((always_inline)) void Block(const float* a, int64_t rs, int
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) {
-      const int64_t col = j + 16 * v;
-      if (col + 16 <= N) {
-        *reinterpret_cast<v16u*>(c + r * ldc + col) = acc[r][v];
+      const int64_t col = j + W * v;
+      if (col + W <= N) {
+        Store(c + r * ldc + col, acc[r][v]);
       } else {
-        float tmp[16];
+        float tmp[W];
         std::memcpy(tmp, &acc[r][v], sizeof(tmp));
         for (int64_t q = 0; col + q < N; ++q) c[r * ldc + col + q] = tmp[q];
       }
     }
 }
 
-// the columns j .. j + 16 NV of every row, R rows at a time
-template <int NV, int R>
+// the columns j .. j + NV W of every row, R rows at a time
+template <typename V, int W, int NV, int R>
 inline __attribute__((always_inline)) void Cols(const float* a, int64_t rs, int64_t ks,
                                                 const float* b, int64_t ldb, float* c,
                                                 int64_t M, int64_t K, int64_t N, int64_t j) {
   int64_t i = 0;
-  for (; i + R <= M; i += R) Block<NV, R>(a + i * rs, rs, ks, b, ldb, c + i * N, N, K, j, N);
-  for (; i < M; ++i) Block<NV, 1>(a + i * rs, rs, ks, b, ldb, c + i * N, N, K, j, N);
+  for (; i + R <= M; i += R)
+    Block<V, W, NV, R>(a + i * rs, rs, ks, b, ldb, c + i * N, N, K, j, N);
+  for (; i < M; ++i) Block<V, W, NV, 1>(a + i * rs, rs, ks, b, ldb, c + i * N, N, K, j, N);
 }
 
-// one batch item: c (M x N) = op(a) . b, b K x NP (NP a multiple of 16, row stride ldb)
-#define ITEM_BODY \
-  int64_t j = 0; \
-  for (; j + 64 <= NP; j += 64) Cols<4, 4>(a, rs, ks, b, ldb, c, M, K, N, j); \
-  if (NP - j == 48) Cols<3, 4>(a, rs, ks, b, ldb, c, M, K, N, j); \
-  else if (NP - j == 32) Cols<2, 8>(a, rs, ks, b, ldb, c, M, K, N, j); \
-  else if (NP - j == 16) Cols<1, 16>(a, rs, ks, b, ldb, c, M, K, N, j);
+// one batch item: c (M x N) = op(a) . b, b K x NP (NP a multiple of 16, row stride ldb).
+// Each loop holds at most 16 accumulators in the registers its instructions have:
+// AVX-512's 32 of 16 floats, up to 64 columns by 4 rows (16 columns by 16 rows) at once;
+// AVX2's 16 of 8 floats, 16 columns by 6 rows; the baseline's (SSE2) 16 of 4, 16 by 3
 #define ITEM_ARGS const float* a, int64_t rs, int64_t ks, const float* b, int64_t ldb, \
   float* c, int64_t M, int64_t K, int64_t N, int64_t NP
 
-__attribute__((target("avx512f,fma"))) void Item512(ITEM_ARGS) { ITEM_BODY }
-__attribute__((target("avx2,fma"))) void Item256(ITEM_ARGS) { ITEM_BODY }
-void ItemBase(ITEM_ARGS) { ITEM_BODY }
+__attribute__((target("avx512f,fma"))) void Item512(ITEM_ARGS) {
+  int64_t j = 0;
+  for (; j + 64 <= NP; j += 64) Cols<v16, 16, 4, 4>(a, rs, ks, b, ldb, c, M, K, N, j);
+  if (NP - j == 48) Cols<v16, 16, 3, 4>(a, rs, ks, b, ldb, c, M, K, N, j);
+  else if (NP - j == 32) Cols<v16, 16, 2, 8>(a, rs, ks, b, ldb, c, M, K, N, j);
+  else if (NP - j == 16) Cols<v16, 16, 1, 16>(a, rs, ks, b, ldb, c, M, K, N, j);
+}
+
+__attribute__((target("avx2,fma"))) void Item256(ITEM_ARGS) {
+  for (int64_t j = 0; j < NP; j += 16) Cols<v8, 8, 2, 6>(a, rs, ks, b, ldb, c, M, K, N, j);
+}
+
+void ItemBase(ITEM_ARGS) {
+  for (int64_t j = 0; j < NP; j += 16) Cols<v4, 4, 4, 3>(a, rs, ks, b, ldb, c, M, K, N, j);
+}
 
 typedef void (*ItemFn)(ITEM_ARGS);
 struct Kernel {

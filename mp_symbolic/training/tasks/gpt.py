@@ -239,7 +239,7 @@ class CausalSelfAttention(gluon.HybridBlock):
     def __init__(self, cfg, layers=Layers(), **kwargs):
         super().__init__(**kwargs)
         C = cfg.num_hiddens
-        # the products by the project's small_batch_dot where it runs a vector loop
+        # the products by the project's small_batch_dot where it runs its AVX-512 loop
         # (MP_SYMBOLIC_SMALL_BATCH_DOT), MXNet's batch_dot otherwise; the export writes
         # batch_dot in its place
         self.attend = _Attend(C // cfg.num_heads, product=kernels.SMALL_BATCH_DOT
