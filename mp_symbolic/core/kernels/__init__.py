@@ -68,6 +68,7 @@ SMALL_BATCH_DOT = 'small_batch_dot'
 SOURCES = (os.path.join(HERE, 'fused_layer_norm.cc'), os.path.join(HERE, 'fused_adam.cc'),
            os.path.join(HERE, 'small_batch_dot.cc'),
            os.path.join(HERE, 'third_party', 'lib_api.cc'))
+HEADERS = (os.path.join(HERE, 'float32_only.h'),)  # the sources' own, in the digest
 LIBRARY = 'libmp_symbolic_ops'
 # -fno-math-errno: sqrt without errno's branch, so that loops holding it are
 # vector operations (IEEE sqrt: the same results)
@@ -234,7 +235,7 @@ def _build_and_load():
     if not os.path.isfile(header):
         return False, 'the mxnet wheel has no include/mxnet/lib_api.h'
     digest = hashlib.sha256(' '.join((compiler,) + FLAGS).encode('utf-8'))
-    for path in SOURCES + (header,):
+    for path in SOURCES + HEADERS + (header,):
         with open(path, 'rb') as f:
             digest.update(f.read())
     directory = cache_dir()

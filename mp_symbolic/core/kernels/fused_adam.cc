@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "mxnet/lib_api.h"
+#include "float32_only.h"
 
 using mxnet::ext::MXReturnValue;
 using mxnet::ext::MXTensor;
@@ -213,15 +214,7 @@ MXReturnValue AdamParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
 }
 
 MXReturnValue AdamInferType(const Attrs& attrs, std::vector<int>* in, std::vector<int>* out) {
-  for (size_t i = 0; i < in->size(); ++i) {
-    if (in->at(i) != mxnet::ext::kFloat32) {
-      MX_ERROR_MSG << "fused_adam_update: expected float32 arrays, found type " << in->at(i)
-                   << " at input " << i;
-      return mxnet::ext::MX_FAIL;
-    }
-  }
-  for (size_t k = 0; k < out->size(); ++k) out->at(k) = mxnet::ext::kFloat32;
-  return mxnet::ext::MX_SUCCESS;
+  return mp_symbolic_kernels::Float32Only("fused_adam_update", "arrays", in, out);
 }
 
 MXReturnValue AdamInferShape(const Attrs& attrs, std::vector<std::vector<unsigned int>>* in,

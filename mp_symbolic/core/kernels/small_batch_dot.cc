@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "mxnet/lib_api.h"
+#include "float32_only.h"
 
 using mxnet::ext::MXReturnValue;
 using mxnet::ext::MXTensor;
@@ -202,15 +203,7 @@ MXReturnValue ParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
 }
 
 MXReturnValue InferType(const Attrs& attrs, std::vector<int>* in, std::vector<int>* out) {
-  for (size_t i = 0; i < in->size(); ++i) {
-    if (in->at(i) != mxnet::ext::kFloat32) {
-      MX_ERROR_MSG << "small_batch_dot: expected float32 inputs, found type " << in->at(i)
-                   << " at input " << i;
-      return mxnet::ext::MX_FAIL;
-    }
-  }
-  out->at(0) = in->at(0);
-  return mxnet::ext::MX_SUCCESS;
+  return mp_symbolic_kernels::Float32Only("small_batch_dot", "inputs", in, out);
 }
 
 MXReturnValue InferShape(const Attrs& attrs, std::vector<std::vector<unsigned int>>* in,
