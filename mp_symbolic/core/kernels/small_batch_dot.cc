@@ -3,9 +3,9 @@
 // the small matrices of attention. MXNet 1.9.1's batch_dot calls BLAS's gemm
 // once a batch item, and at attention's sizes (64 x 16 by 16 x 64 at the
 // language model's width 64) the call costs more than its arithmetic. Here
-// each item is one product in registers: the columns of op(b) packed 16 to a
-// vector (op(b) copied only where transposed or of a width not a multiple of
-// 16), op(a) read in place through its strides, R rows by up to 64 columns
+// each item is one product in registers: op(b)'s rows read as vectors (op(b)
+// copied only where transposed or of a width not a multiple of 16), op(a)
+// read in place through its strides, a block of R rows by up to 64 columns
 // accumulated at once. The products are float32 sums in another order than
 // BLAS's: equal to batch_dot's to float32 rounding, not bit for bit. The
 // loop is compiled three times, for AVX-512, for AVX2 with FMA and for the
