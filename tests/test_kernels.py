@@ -389,7 +389,8 @@ def test_each_of_small_batch_dots_loops_is_batch_dot(kernel):
         "    got = mx.nd.small_batch_dot(a, b, **flags).asnumpy()\n"
         "    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())\n"
         "print(kernels.use_small_batch_dot(), kernels.small_batch_dot_kernel())\n")
-    env = dict(os.environ, MP_SYMBOLIC_SMALL_BATCH_DOT_KERNEL=kernel)
+    env = dict(os.environ, MP_SYMBOLIC_SMALL_BATCH_DOT_KERNEL=kernel,
+               MP_SYMBOLIC_SMALL_BATCH_DOT='auto')
     done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -399,11 +400,13 @@ def test_each_of_small_batch_dots_loops_is_batch_dot(kernel):
 
 
 def test_the_environment_chooses_the_attentions_products(monkeypatch):
-    """MP_SYMBOLIC_SMALL_BATCH_DOT: 0 keeps batch_dot, 1 asks for the op
-    (one line where it cannot be built), auto takes it where the library
-    loads with its AVX-512 loop; anything else is refused in one line. The
-    language model's attention follows."""
+    """MP_SYMBOLIC_SMALL_BATCH_DOT: unset or 0 keeps batch_dot, 1 asks for
+    the op (one line where it cannot be built), auto takes it where the
+    library loads with its AVX-512 loop; anything else is refused in one
+    line. The language model's attention follows."""
     cfg = gpt.GPTConfig(num_layers=1, num_hiddens=16, num_heads=2, block_size=8, vocab_size=11)
+    monkeypatch.delenv('MP_SYMBOLIC_SMALL_BATCH_DOT', raising=False)
+    assert not kernels.use_small_batch_dot()
     monkeypatch.setenv('MP_SYMBOLIC_SMALL_BATCH_DOT', '0')
     assert not kernels.use_small_batch_dot()
     assert gpt.CausalSelfAttention(cfg).attend.product == 'batch_dot'

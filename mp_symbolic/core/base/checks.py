@@ -131,12 +131,12 @@ def cache_dir(environ=None):
 
 FUSED_NORM = 'MP_SYMBOLIC_FUSED_NORM'  # the language model's norm: auto | 0 | 1
 FUSED_ADAM = 'MP_SYMBOLIC_FUSED_ADAM'  # Adam's update in one op a device: auto | 0
-SMALL_BATCH_DOT = 'MP_SYMBOLIC_SMALL_BATCH_DOT'  # the language model's attention: auto | 0 | 1
+SMALL_BATCH_DOT = 'MP_SYMBOLIC_SMALL_BATCH_DOT'  # the language model's attention: 0 | auto | 1
 
 
-def _switch(name, choices, environ):
+def _switch(name, choices, environ, default='auto'):
     environ = os.environ if environ is None else environ
-    value = environ.get(name, 'auto')
+    value = environ.get(name, default)
     if value.strip().lower() not in choices:
         raise ValueError('%s: expected %s or %s, found %r'
                          % (name, ', '.join(choices[:-1]), choices[-1], value))
@@ -150,9 +150,9 @@ def fused_norm_switch(environ=None):
 
 
 def small_batch_dot_switch(environ=None):
-    """``MP_SYMBOLIC_SMALL_BATCH_DOT`` as ``'auto'`` (also where unset),
-    ``'0'`` or ``'1'``; ``ValueError`` of one line for anything else."""
-    return _switch(SMALL_BATCH_DOT, ('auto', '0', '1'), environ)
+    """``MP_SYMBOLIC_SMALL_BATCH_DOT`` as ``'0'`` (also where unset),
+    ``'auto'`` or ``'1'``; ``ValueError`` of one line for anything else."""
+    return _switch(SMALL_BATCH_DOT, ('auto', '0', '1'), environ, default='0')
 
 
 def fused_adam_switch(environ=None):

@@ -239,9 +239,9 @@ class CausalSelfAttention(gluon.HybridBlock):
     def __init__(self, cfg, layers=Layers(), **kwargs):
         super().__init__(**kwargs)
         C = cfg.num_hiddens
-        # the products by the project's small_batch_dot where it runs its AVX-512 loop
-        # (MP_SYMBOLIC_SMALL_BATCH_DOT), MXNet's batch_dot otherwise; the export writes
-        # batch_dot in its place
+        # the products by MXNet's batch_dot, or by the project's small_batch_dot where
+        # MP_SYMBOLIC_SMALL_BATCH_DOT asks (it keeps the scores to the backward pass);
+        # the export writes batch_dot in its place
         self.attend = _Attend(C // cfg.num_heads, product=kernels.SMALL_BATCH_DOT
                               if kernels.use_small_batch_dot() else 'batch_dot')
         with self.name_scope():
