@@ -173,9 +173,7 @@ def test_trainers_adam_step_equals_its_updaters_bit_for_bit(monkeypatch):
     assert len(calls) == len(ours)   # the first step only, which makes the states
     monkeypatch.setattr(trainer, 'adam_step', lambda *a: False)
     theirs = _trainer_steps()
-    assert sorted(ours) == sorted(theirs)
-    for name, value in theirs.items():
-        np.testing.assert_array_equal(ours[name], value, err_msg=name)
+    _equal_bit_for_bit(ours, theirs)
 
 
 def _contiguous(values, devices):
@@ -452,6 +450,25 @@ def test_the_fused_update_leaves_weights_an_op_may_lay_out_anew_to_adam_update()
         np.testing.assert_array_equal(results[0][0][name], results[1][0][name])
 
 
+def _fused_calls(monkeypatch):
+    """``[whether it was the fused op]`` of each op the updater invokes from
+    now on (skips where the library does not load)."""
+    loaded, why = kernels.library()
+    if not loaded:
+        pytest.skip(why)
+    calls, invoke = [], updater_module._imperative_invoke
+    fused = updater_module._fused_adam()
+    monkeypatch.setattr(updater_module, '_imperative_invoke',
+                        lambda handle, *a: calls.append(handle == fused) or invoke(handle, *a))
+    return calls
+
+
+def _equal_bit_for_bit(ours, theirs):
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(ours[name], value, err_msg=name)
+
+
 def _mobilenet_adam(steps_before, steps_after):
     """GluonCV's MobileNetV2 (random values) split over two devices, trained
     with Adam: ``steps_before`` steps, one inference pass (which lays its
@@ -494,13 +511,7 @@ def test_a_gluoncv_network_trains_with_the_fused_update_as_with_adams_own_bit_fo
     convolutions' weights out anew, Adam's steps with the fused op (its
     BatchNorms' and biases' parameters, no convolution's or dense layer's
     weight) leave every parameter as one adam_update a parameter does."""
-    loaded, why = kernels.library()
-    if not loaded:
-        pytest.skip(why)
-    calls, invoke = [], updater_module._imperative_invoke
-    fused = updater_module._fused_adam()
-    monkeypatch.setattr(updater_module, '_imperative_invoke',
-                        lambda handle, *a: calls.append(handle == fused) or invoke(handle, *a))
+    calls = _fused_calls(monkeypatch)
     mod, ours = _mobilenet_adam(2, 2)
     group = mod._exec_group  # pylint: disable=protected-access
     plain = {id(a) for a in group.plain}
@@ -510,9 +521,7 @@ def test_a_gluoncv_network_trains_with_the_fused_update_as_with_adams_own_bit_fo
     assert any(calls) and not all(calls)
     monkeypatch.setitem(updater_module._OPS, kernels.FUSED_ADAM, None)
     _, theirs = _mobilenet_adam(2, 2)
-    assert sorted(ours) == sorted(theirs)
-    for name, value in theirs.items():
-        np.testing.assert_array_equal(ours[name], value, err_msg=name)
+    _equal_bit_for_bit(ours, theirs)
 
 
 def _bert_adam_steps(steps=3):
@@ -540,17 +549,9 @@ def test_gluonnlps_bert_trains_with_the_fused_update_as_with_adams_own_bit_for_b
     """BERT through the project's Trainer (Gluon's own API): its LayerNorms'
     and biases' updates go to the fused op, and three Adam steps leave every
     parameter as one adam_update a parameter does."""
-    loaded, why = kernels.library()
-    if not loaded:
-        pytest.skip(why)
-    calls, invoke = [], updater_module._imperative_invoke
-    fused = updater_module._fused_adam()
-    monkeypatch.setattr(updater_module, '_imperative_invoke',
-                        lambda handle, *a: calls.append(handle == fused) or invoke(handle, *a))
+    calls = _fused_calls(monkeypatch)
     ours = _bert_adam_steps()
     assert any(calls)
     monkeypatch.setitem(updater_module._OPS, kernels.FUSED_ADAM, None)
     theirs = _bert_adam_steps()
-    assert sorted(ours) == sorted(theirs)
-    for name, value in theirs.items():
-        np.testing.assert_array_equal(ours[name], value, err_msg=name)
+    _equal_bit_for_bit(ours, theirs)

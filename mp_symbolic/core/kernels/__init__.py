@@ -110,10 +110,12 @@ def small_batch_dot_kernel():
     loaded, path = library()
     if not loaded:
         return None
-    import ctypes  # pylint: disable=import-outside-toplevel
-    name = ctypes.CDLL(path).small_batch_dot_kernel
-    name.restype = ctypes.c_char_p
-    return name().decode('ascii')
+    if 'kernel' not in _LOADED:  # chosen once, as the library loaded
+        import ctypes  # pylint: disable=import-outside-toplevel
+        name = ctypes.CDLL(path).small_batch_dot_kernel
+        name.restype = ctypes.c_char_p
+        _LOADED['kernel'] = name().decode('ascii')
+    return _LOADED['kernel']
 
 
 def use_small_batch_dot():
@@ -175,7 +177,10 @@ IN_GRAPHS = (FUSED_LAYER_NORM, SMALL_BATCH_DOT)
 
 def _held(text):
     """The project's operators graph JSON ``text`` holds: each node's
-    ``"op"`` read from the parsed graph, not matched in the text."""
+    ``"op"`` read from the parsed graph, not matched in the text (which is
+    parsed only where one of their names is in it)."""
+    if not any(name in text for name in IN_GRAPHS):
+        return []
     import json  # pylint: disable=import-outside-toplevel
     try:
         nodes = json.loads(text).get('nodes', [])
