@@ -530,8 +530,11 @@ def _attentions():
     if kernel is None:
         return dict(ATTENTIONS)  # the norms' candidate says why, once
     name = 'products by %s (%s)' % (kernels.SMALL_BATCH_DOT, kernel)
+    fused = '%s op (%s)' % (kernels.CAUSAL_ATTENTION, kernel)
     return dict(ATTENTIONS, **{name: lambda F, q, k, v, D: gpt._Attend(  # pylint: disable=W0212
-        D, product=kernels.SMALL_BATCH_DOT)(F, q, k, v)})
+        D, product=kernels.SMALL_BATCH_DOT)(F, q, k, v),
+                               fused: lambda F, q, k, v, D: getattr(F, kernels.CAUSAL_ATTENTION)(
+                                   q, k, v, head_dim=D)})
 
 
 def run(widths=(64, 256), repeats=9, warmup=3, log=print):

@@ -12,12 +12,14 @@ if sys.argv[1:2] != ['blas']:  # which reports the choice, and so makes none
     from .tools.blas import at_start
     at_start()
 if not {'-h', '--help'} & set(sys.argv[1:]):  # a bad choice of op: one line, before any work
-    from .core.base.checks import fused_adam_switch, fused_norm_switch, small_batch_dot_switch
+    from .core.base.checks import fused_adam_switch, fused_attention_switch, \
+        fused_norm_switch, small_batch_dot_switch
     from .tools.cliargs import USAGE_ERROR, print_error
     try:
         fused_norm_switch()
         fused_adam_switch()
         small_batch_dot_switch()
+        fused_attention_switch()
     except ValueError as err:
         print_error(err)
         sys.exit(USAGE_ERROR)

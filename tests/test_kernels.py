@@ -1,8 +1,9 @@
 """The project's own operators (mp_symbolic/core/kernels): the fused LayerNorm
-computes MXNet's LayerNorm, forward and backward; it is built once and loaded
-where a graph holding it is read; where it cannot be built the model keeps
-its norm of matrix products and says why; and the export writes MXNet's
-LayerNorm in its place."""
+computes MXNet's LayerNorm, small_batch_dot MXNet's batch_dot and
+causal_attention the attention of MXNet's ops, forward and backward; the
+library is built once and loaded where a graph holding an op is read; where
+it cannot be built the model keeps MXNet's ops (and says why for the norm);
+and the export writes MXNet's ops in their place."""
 # pylint: disable=protected-access
 import json
 import os
@@ -227,7 +228,8 @@ def test_the_norms_gradients_add_up_where_grad_req_is_add(hybridize):
 
 @pytest.mark.parametrize('name, expected', [('MP_SYMBOLIC_FUSED_NORM', 'auto, 0 or 1'),
                                             ('MP_SYMBOLIC_FUSED_ADAM', 'auto or 0'),
-                                            ('MP_SYMBOLIC_SMALL_BATCH_DOT', 'auto, 0 or 1')])
+                                            ('MP_SYMBOLIC_SMALL_BATCH_DOT', 'auto, 0 or 1'),
+                                            ('MP_SYMBOLIC_FUSED_ATTENTION', 'auto, 0 or 1')])
 def test_the_command_line_refuses_a_bad_choice_of_op_in_one_line_before_any_work(
         tmp_path, name, expected):
     env = dict(os.environ, PYTHONPATH=ROOT, **{name: 'yes'})
@@ -457,3 +459,208 @@ def test_a_graph_holding_both_ops_where_they_cannot_be_loaded_names_both_in_one_
                        r'small_batch_dot op, which cannot be loaded here: no C\+\+ compiler'):
         kernels.load_symbol_json(both.tojson(), 'x.json')
     assert kernels.load_symbol_json(named.tojson()).list_arguments() == ['small_batch_dot', 'data']
+
+
+def _attention_values(rng, shape):
+    return {n: rng.normal(size=shape) for n in 'qkv'}, rng.normal(size=shape)
+
+
+@pytest.mark.parametrize('shape, head_dim', [
+    ((16, 64, 64), 16), ((4, 64, 256), 64),  # the language model's widths, 4 heads
+    ((2, 33, 40), 20), ((3, 17, 24), 8), ((2, 5, 12), 3), ((2, 1, 8), 8), ((1, 130, 64), 32)])
+def test_causal_attention_is_the_attention_of_mxnets_ops_forward_and_backward(shape, head_dim):
+    """Against kernels.attention_of_mxnet_ops (the model's attention where the
+    op is not chosen: batch_dot, the mask, softmax), bound in a graph: the
+    result and the three gradients to float32 rounding, at heads whose width
+    is or is not a multiple of 16 and sequences of 1 to 130 positions."""
+    _needs_the_op()
+    rng = np.random.RandomState(5)
+    values, dy = _attention_values(rng, shape)
+    q, k, v = (mx.sym.var(n) for n in 'qkv')
+    shapes = {n: shape for n in 'qkv'}
+    want = _run(kernels.attention_of_mxnet_ops(mx.sym, q, k, v, head_dim), values, dy, shapes)
+    got = _run(mx.sym.causal_attention(q, k, v, head_dim=head_dim), values, dy, shapes)
+    for w, o in zip(want, got):
+        np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+def test_causal_attention_sees_no_later_position_and_takes_the_scale_given():
+    """A change to the keys and values of the last position changes only the
+    last position's result; scale=0 averages the values seen so far."""
+    _needs_the_op()
+    rng = np.random.RandomState(6)
+    q, k, v = (mx.nd.array(rng.normal(size=(2, 9, 8))) for _ in range(3))
+    out = mx.nd.causal_attention(q, k, v, head_dim=4).asnumpy()
+    k2, v2 = k.copy(), v.copy()
+    k2[:, -1] += 3
+    v2[:, -1] -= 2
+    moved = mx.nd.causal_attention(q, k2, v2, head_dim=4).asnumpy()
+    np.testing.assert_array_equal(moved[:, :-1], out[:, :-1])
+    assert np.abs(moved[:, -1] - out[:, -1]).min() > 0
+    mean = np.cumsum(v.asnumpy(), axis=1) / np.arange(1, 10)[None, :, None]
+    np.testing.assert_allclose(mx.nd.causal_attention(q, k, v, head_dim=4, scale=0).asnumpy(),
+                               mean, rtol=1e-5, atol=1e-6)
+
+
+def test_causal_attention_refuses_what_it_cannot_compute_in_one_line():
+    _needs_the_op()
+    q, k, v = (mx.sym.var(n) for n in 'qkv')
+    with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected head_dim, a '
+                                                  r"positive whole number, found 'x'"):
+        mx.sym.causal_attention(q, k, v, head_dim='x')
+    with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected head_dim, a '
+                                                  r'positive whole number, found none'):
+        mx.sym.causal_attention(q, k, v)
+    attention = mx.sym.causal_attention(q, k, v, head_dim=16)
+    with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected C a multiple of '
+                                                  r'head_dim 16, found C 40'):
+        attention.infer_shape(q=(2, 8, 40), k=(2, 8, 40), v=(2, 8, 40))
+    with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected queries, keys and '
+                                                  r'values of one shape \(N, T, C\), found '
+                                                  r'\(2, 8, 32\), \(2, 7, 32\) and \(2, 8, 32\)'):
+        attention.infer_shape(q=(2, 8, 32), k=(2, 7, 32), v=(2, 8, 32))
+    with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected queries, keys and '
+                                                  r'values of one shape \(N, T, C\), found '
+                                                  r'\(8, 32\), \(8, 32\) and \(8, 32\)'):
+        attention.infer_shape(q=(8, 32), k=(8, 32), v=(8, 32))
+    with pytest.raises(mx.base.MXNetError, match='causal_attention: expected float32 inputs'):
+        attention.infer_type(q='float64', k='float64', v='float64')
+
+
+@pytest.mark.parametrize('kernel', ['avx2', 'baseline'])
+def test_each_of_causal_attentions_loops_is_the_attention_of_mxnets_ops(kernel):
+    """The op's loops for other CPUs than this one's fastest
+    (MP_SYMBOLIC_SMALL_BATCH_DOT_KERNEL, in a process of their own), forward
+    and backward, to float32 rounding; the model takes the op under each."""
+    _needs_the_op()
+    code = (
+        "import numpy as np, mxnet as mx\n"
+        "from mp_symbolic.core import kernels\n"
+        "kernels.library()\n"
+        "rng = np.random.RandomState(7)\n"
+        "for shape, D in (((3, 64, 64), 16), ((2, 19, 36), 12), ((2, 40, 128), 64)):\n"
+        "    results = []\n"
+        "    for attend in (lambda q, k, v: kernels.attention_of_mxnet_ops(mx.nd, q, k, v, D),\n"
+        "                   lambda q, k, v: mx.nd.causal_attention(q, k, v, head_dim=D)):\n"
+        "        rng = np.random.RandomState(8)\n"
+        "        xs = [mx.nd.array(rng.normal(size=shape)) for _ in range(3)]\n"
+        "        for x in xs:\n"
+        "            x.attach_grad()\n"
+        "        with mx.autograd.record():\n"
+        "            out = attend(*xs)\n"
+        "        out.backward(mx.nd.array(rng.normal(size=shape)))\n"
+        "        results.append([out.asnumpy()] + [x.grad.asnumpy() for x in xs])\n"
+        "    for want, got in zip(*results):\n"
+        "        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())\n"
+        "print(kernels.use_fused_attention(), kernels.small_batch_dot_kernel())\n")
+    env = dict(os.environ, MP_SYMBOLIC_SMALL_BATCH_DOT_KERNEL=kernel)
+    env.pop('MP_SYMBOLIC_FUSED_ATTENTION', None)
+    env.pop('MP_SYMBOLIC_SMALL_BATCH_DOT', None)
+    done = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    used, ran = done.stdout.split()[-2:]
+    assert ran == kernel or (kernel == 'avx2' and ran == 'baseline'), ran
+    assert used == str(not mx.runtime.Features().is_enabled('CUDA'))
+
+
+def test_the_environment_chooses_the_attention_op(monkeypatch):
+    """MP_SYMBOLIC_FUSED_ATTENTION: unset or auto takes the op where the
+    library loads (unless MP_SYMBOLIC_SMALL_BATCH_DOT asks for the products
+    with MXNet's softmax), 0 keeps MXNet's ops, 1 requires it (one line where
+    it cannot be built, or where the products are required too); anything
+    else is refused in one line. The language model's attention follows."""
+    _needs_the_op()
+    cfg = gpt.GPTConfig(num_layers=1, num_hiddens=16, num_heads=2, block_size=8, vocab_size=11)
+    monkeypatch.delenv('MP_SYMBOLIC_FUSED_ATTENTION', raising=False)
+    monkeypatch.delenv('MP_SYMBOLIC_SMALL_BATCH_DOT', raising=False)
+    cpu = not mx.runtime.Features().is_enabled('CUDA')
+    assert kernels.use_fused_attention() == cpu
+    assert gpt.CausalSelfAttention(cfg).attend.fused == cpu
+    monkeypatch.setenv('MP_SYMBOLIC_FUSED_ATTENTION', '0')
+    assert not kernels.use_fused_attention() and not gpt.CausalSelfAttention(cfg).attend.fused
+    monkeypatch.setenv('MP_SYMBOLIC_FUSED_ATTENTION', 'on')
+    with pytest.raises(kernels.KernelError, match=r"^MP_SYMBOLIC_FUSED_ATTENTION: expected auto, "
+                                                  r"0 or 1, found 'on'$"):
+        kernels.use_fused_attention()
+    monkeypatch.setenv('MP_SYMBOLIC_FUSED_ATTENTION', 'auto')
+    monkeypatch.setenv('MP_SYMBOLIC_SMALL_BATCH_DOT', '1')
+    attend = gpt.CausalSelfAttention(cfg).attend
+    assert not attend.fused and attend.product == kernels.SMALL_BATCH_DOT
+    monkeypatch.setenv('MP_SYMBOLIC_FUSED_ATTENTION', '1')
+    with pytest.raises(kernels.KernelError, match=r'^MP_SYMBOLIC_FUSED_ATTENTION=1 and '
+                                                  r'MP_SYMBOLIC_SMALL_BATCH_DOT=1: the attention '
+                                                  r'is one op or'):
+        kernels.use_fused_attention()
+    monkeypatch.delenv('MP_SYMBOLIC_SMALL_BATCH_DOT')
+    assert kernels.use_fused_attention()
+    monkeypatch.setitem(kernels._LOADED, kernels._KEY, (False, NO_COMPILER))
+    with pytest.raises(kernels.KernelError, match=r'^MP_SYMBOLIC_FUSED_ATTENTION=1: the '
+                       r'causal_attention op is not available: no C\+\+ compiler'):
+        kernels.use_fused_attention()
+    monkeypatch.setenv('MP_SYMBOLIC_FUSED_ATTENTION', 'auto')
+    assert not kernels.use_fused_attention()  # MXNet's ops, nothing said
+    attend = gpt.CausalSelfAttention(cfg).attend
+    assert not attend.fused and attend.product == 'batch_dot'
+
+
+def test_the_export_form_of_causal_attention_is_mxnets_ops_in_its_group():
+    """with_mxnet_ops writes the op as attention_of_mxnet_ops's nodes, named
+    from it and in its ctx_group, reading the op's inputs and read by its
+    readers: the same results, forward and backward."""
+    _needs_the_op()
+    q, k, v = (mx.sym.var(n) for n in 'qkv')
+    with mx.AttrScope(ctx_group='stage1'):
+        ours = mx.sym.causal_attention(mx.sym.identity(q), k, v, head_dim=4, name='attend')
+    ours = mx.sym.FullyConnected(ours * 2, num_hidden=3, flatten=False, name='fc')
+    plain = kernels.with_mxnet_ops(PlacedGraph.from_symbol(ours)).to_symbol()
+    nodes = json.loads(plain.tojson())['nodes']
+    assert kernels.CAUSAL_ATTENTION not in {n['op'] for n in nodes}
+    inner = [n for n in nodes if n['name'].startswith('attend_')]
+    assert {n['op'] for n in inner} >= {'batch_dot', 'softmax', 'transpose'}
+    assert {n['attrs']['__ctx_group__'] for n in inner} == {'stage1'}
+    assert sorted(plain.list_arguments()) == sorted(ours.list_arguments())
+    rng = np.random.RandomState(9)
+    shapes = {n: (2, 7, 12) for n in 'qkv'}
+    values = {n: rng.normal(size=s) for n, s in shapes.items()}
+    values.update(fc_weight=rng.normal(size=(3, 12)), fc_bias=rng.normal(size=(3,)))
+    shapes.update(fc_weight=(3, 12), fc_bias=(3,))
+    dy = rng.normal(size=(2, 7, 3))
+    for w, o in zip(_run(plain, values, dy, shapes), _run(ours, values, dy, shapes)):
+        np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+class _Attention(mx.gluon.HybridBlock):
+    def __init__(self, head_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.attend = gpt._Attend(head_dim, fused=True)
+
+    def hybrid_forward(self, F, q, k, v):  # pylint: disable=arguments-differ
+        return self.attend(F, q, k, v)
+
+
+@pytest.mark.parametrize('hybridize', [False, True], ids=['imperative', 'hybridized'])
+def test_the_attentions_gradients_add_up_where_grad_req_is_add(hybridize):
+    """MXNet hands a library's op no write request; the model's attention
+    with the op reads its inputs through identities, so that two backward
+    passes into arrays of grad_req='add' give twice one's gradients."""
+    _needs_the_op()
+    rng = np.random.default_rng(10)
+    inputs = [mx.nd.array(rng.normal(size=(2, 8, 16))) for _ in range(3)]
+    dy = mx.nd.array(rng.normal(size=(2, 8, 16)))
+    grads = []
+    for passes in (1, 2):
+        attention = _Attention(8)
+        if hybridize:
+            attention.hybridize()
+        xs = [x.copy() for x in inputs]
+        for x in xs:
+            x.attach_grad(grad_req='add')
+        for _ in range(passes):
+            with mx.autograd.record():
+                out = attention(*xs)
+            out.backward(dy)
+        grads.append([x.grad.asnumpy() for x in xs])
+    for one, two in zip(*grads):
+        assert np.abs(one).max() > 0
+        np.testing.assert_allclose(two, 2 * one, rtol=1e-6, atol=1e-6)

@@ -136,7 +136,8 @@ def test_backward_pass_runs_no_broadcast_reduction_and_no_layer_norm_backward():
     exe = symbol.simple_bind(mx.cpu(0), data=(BATCH, TINY.block_size),
                              softmax_label=(BATCH, TINY.block_size))
     ops = set(re.findall(r'Op:(\w+)', exe.debug_str()))
-    product = kernels.SMALL_BATCH_DOT if kernels.use_small_batch_dot() else 'batch_dot'
+    product = kernels.CAUSAL_ATTENTION if kernels.use_fused_attention() else \
+        kernels.SMALL_BATCH_DOT if kernels.use_small_batch_dot() else 'batch_dot'
     assert {'_backward_FullyConnected', product} <= ops  # the plan lists the backward ops
     assert not {op for op in ops if op.startswith('_backward_broadcast')}
     assert '_backward_LayerNorm' not in ops and 'LayerNorm' not in ops
@@ -197,7 +198,8 @@ def test_bench_profile_counts_each_ops_calls_a_training_step():
     tied output, and the five norms: the fused op once each, or five
     products each where it cannot be built; the attention's two products a
     block, by batch_dot (its gradients two more batch_dot each) or by
-    small_batch_dot (both gradients one backward op)."""
+    small_batch_dot (both gradients one backward op), or the attention one
+    causal_attention op a block."""
     from bench.lm import against  # pylint: disable=import-outside-toplevel
     lines = []
     result = against(gpt.__file__, num_hiddens=8, steps=2, repeats=1, warmup=1, profile=3,
@@ -209,7 +211,10 @@ def test_bench_profile_counts_each_ops_calls_a_training_step():
             12 + 1 + (0 if fused else 5 * 5)
         if fused:
             assert calls['fused_layer_norm'] == calls['_backward_fused_layer_norm'] == 5
-        if kernels.use_small_batch_dot():
+        if kernels.use_fused_attention():
+            assert calls['causal_attention'] == calls['_backward_causal_attention'] == 2
+            assert 'batch_dot' not in calls
+        elif kernels.use_small_batch_dot():
             assert calls['small_batch_dot'] == calls['_backward_small_batch_dot'] == 2 * 2
         else:
             assert calls['batch_dot'] == 2 * 2 * 3  # two products a block, two gradients each
@@ -238,7 +243,8 @@ def test_every_norm_attention_and_adam_candidate_computes_the_same_function():
     assert set(report['norm'][8]) == {'LayerNorm op', 'gpt.LayerNorm', 'gamma apart', 'rsqrt',
                                       'last axis', 'InstanceNorm'} | fused
     kernel = kernels.small_batch_dot_kernel()
-    small = {'products by small_batch_dot (%s)' % kernel} if kernel else set()
+    small = {'products by small_batch_dot (%s)' % kernel,
+             'causal_attention op (%s)' % kernel} if kernel else set()
     assert set(report['attention'][8]) == {'gpt._Attend', 'zeros_like mask', 'interleaved',
                                            'softmax temperature', 'scores by linalg.gemm'} | small
     assert set(report['q, k, v'][8]) == {'three products', 'one product'}

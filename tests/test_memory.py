@@ -119,7 +119,7 @@ def lm_measured():
                           optimizer='adam')
 
 
-def test_the_language_model_split_over_two_stages_holds_at_most_1_2_times_one_device_activations(
+def test_the_language_model_split_over_two_stages_holds_at_most_1_3_times_one_device_activations(
         lm_measured):
     """The split's activations and workspace (``other``, summed over its
     devices) against the same model on one device, both bound as training
@@ -127,11 +127,13 @@ def test_the_language_model_split_over_two_stages_holds_at_most_1_2_times_one_de
     every split bind gave each array storage of its own; what is left is
     each device's own oneDNN workspace, the boundary's activation and
     gradient copies and each device's own working arrays (docs/pipelining.md):
-    0.47 MB, whether the norms are the fused op (one device 1.88 MB, 1.25
-    times) or matrix products (2.39 MB, 1.20 times)."""
+    0.43 to 0.47 MB, whether the attention is the project's op and the norms
+    the fused op (one device 1.58 MB, 1.27 times), the attention MXNet's ops
+    (1.88 MB, 1.25 times) or the norms matrix products too (2.39 MB, 1.20
+    times)."""
     one = lm_measured['one_device']['devices']['cpu(0)']['other']
     split = sum(row['other'] for row in lm_measured['split']['devices'].values())
-    assert split <= 1.26 * one, (split, one)
+    assert split <= 1.3 * one, (split, one)
 
 
 def test_split_plan_puts_less_parameter_memory_on_each_device_than_one_device(measured):

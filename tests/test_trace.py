@@ -190,12 +190,15 @@ dump(sys.argv[1])
 
 def test_a_gpipe_trace_of_the_language_model_gives_every_attention_softmax_its_chunk(tmp_path):
     """The 'log_softmax' head runs one softmax over the whole batch on the
-    last stage's device beside each chunk's attention softmax: the head's
-    gets no chunk, and each attention's its own."""
+    last stage's device beside each chunk's attention softmax (the attention
+    in MXNet's ops, MP_SYMBOLIC_FUSED_ATTENTION=0): the head's gets no
+    chunk, and each attention's its own."""
     path = str(tmp_path / 'trace.json')
     run = subprocess.run([sys.executable, '-c', LM_GPIPE_STEP, path], capture_output=True,
                          text=True, timeout=120, cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=ROOT, MXNET_EXEC_BULK_EXEC_TRAIN='0'))
+                         # the attention in MXNet's ops, its softmax among them
+                         env=dict(os.environ, PYTHONPATH=ROOT, MXNET_EXEC_BULK_EXEC_TRAIN='0',
+                                  MP_SYMBOLIC_FUSED_ATTENTION='0'))
     assert run.returncode == 0, run.stderr[-2000:]
     trace = load_trace(path)
     step = clip(op_intervals(trace), step_windows(trace)[0])

@@ -132,6 +132,7 @@ def cache_dir(environ=None):
 FUSED_NORM = 'MP_SYMBOLIC_FUSED_NORM'  # the language model's norm: auto | 0 | 1
 FUSED_ADAM = 'MP_SYMBOLIC_FUSED_ADAM'  # Adam's update in one op a device: auto | 0
 SMALL_BATCH_DOT = 'MP_SYMBOLIC_SMALL_BATCH_DOT'  # the language model's attention: 0 | auto | 1
+FUSED_ATTENTION = 'MP_SYMBOLIC_FUSED_ATTENTION'  # the language model's attention: auto | 0 | 1
 
 
 def _switch(name, choices, environ, default='auto'):
@@ -153,6 +154,12 @@ def small_batch_dot_switch(environ=None):
     """``MP_SYMBOLIC_SMALL_BATCH_DOT`` as ``'0'`` (also where unset),
     ``'auto'`` or ``'1'``; ``ValueError`` of one line for anything else."""
     return _switch(SMALL_BATCH_DOT, ('auto', '0', '1'), environ, default='0')
+
+
+def fused_attention_switch(environ=None):
+    """``MP_SYMBOLIC_FUSED_ATTENTION`` as ``'auto'`` (also where unset),
+    ``'0'`` or ``'1'``; ``ValueError`` of one line for anything else."""
+    return _switch(FUSED_ATTENTION, ('auto', '0', '1'), environ)
 
 
 def fused_adam_switch(environ=None):

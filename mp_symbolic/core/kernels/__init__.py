@@ -59,8 +59,10 @@ import warnings
 
 import mxnet as mx
 
-from ..base.checks import FUSED_NORM as ENV, SMALL_BATCH_DOT as SMALL_ENV, cache_dir
-from ..base.checks import fused_adam_switch, fused_norm_switch, small_batch_dot_switch
+from ..base.checks import FUSED_ATTENTION as ATTENTION_ENV, FUSED_NORM as ENV, \
+    SMALL_BATCH_DOT as SMALL_ENV, cache_dir
+from ..base.checks import fused_adam_switch, fused_attention_switch, fused_norm_switch, \
+    small_batch_dot_switch
 
 __all__ = []
 
@@ -68,10 +70,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FUSED_LAYER_NORM = 'fused_layer_norm'
 FUSED_ADAM = 'fused_adam_update'
 SMALL_BATCH_DOT = 'small_batch_dot'
-SOURCES = (os.path.join(HERE, 'fused_layer_norm.cc'), os.path.join(HERE, 'fused_adam.cc'),
-           os.path.join(HERE, 'small_batch_dot.cc'),
-           os.path.join(HERE, 'third_party', 'lib_api.cc'))
-HEADERS = (os.path.join(HERE, 'float32_only.h'),)  # the sources' own, in the digest
+CAUSAL_ATTENTION = 'causal_attention'
+SOURCES = tuple(os.path.join(HERE, name) for name in (
+    'fused_layer_norm.cc', 'fused_adam.cc', 'small_kernels.cc', 'small_batch_dot.cc',
+    'causal_attention.cc', os.path.join('third_party', 'lib_api.cc')))
+# the sources' own, in the digest
+HEADERS = tuple(os.path.join(HERE, name) for name in ('float32_only.h', 'small_kernels.h'))
 LIBRARY = 'libmp_symbolic_ops'
 # -fno-math-errno: sqrt without errno's branch, so that loops holding it are
 # vector operations (IEEE sqrt: the same results)
@@ -138,6 +142,32 @@ def use_small_batch_dot():
     return loaded and small_batch_dot_kernel() == 'avx512'
 
 
+def use_fused_attention():
+    """Whether the language model's attention is the ``causal_attention`` op
+    here (``MP_SYMBOLIC_FUSED_ATTENTION``: unset or ``auto``, wherever MXNet
+    is a CPU build and the library loads, unless ``MP_SYMBOLIC_SMALL_BATCH_DOT``
+    asks for MXNet's softmax between ``small_batch_dot`` products; ``0``,
+    never; ``1``, always, :class:`KernelError` where it cannot be built or
+    where ``MP_SYMBOLIC_SMALL_BATCH_DOT=1`` asks for the other)."""
+    try:
+        choice, products = fused_attention_switch(), small_batch_dot_switch()
+    except ValueError as err:
+        raise KernelError(str(err)) from None
+    if choice == '0':
+        return False
+    if choice == '1' and products == '1':
+        raise KernelError('%s=1 and %s=1: the attention is one op or MXNet\'s softmax between '
+                          'two small_batch_dot products, not both; unset one'
+                          % (ATTENTION_ENV, SMALL_ENV))
+    if choice == 'auto' and (products != '0' or mx.runtime.Features().is_enabled('CUDA')):
+        return False  # the products asked for; or a GPU build (the op runs on CPU only)
+    loaded, why = library()
+    if choice == '1' and not loaded:
+        raise KernelError('%s=1: the %s op is not available: %s'
+                          % (ATTENTION_ENV, CAUSAL_ATTENTION, why))
+    return loaded
+
+
 def use_fused_norm():
     """Whether the language model's norm is the fused op here
     (``MP_SYMBOLIC_FUSED_NORM``: unset or ``auto``, ``0`` or ``1``)."""
@@ -172,7 +202,7 @@ def use_fused_adam():
 
 
 # the project's operators a graph may hold (fused_adam_update is an update, in no graph)
-IN_GRAPHS = (FUSED_LAYER_NORM, SMALL_BATCH_DOT)
+IN_GRAPHS = (FUSED_LAYER_NORM, SMALL_BATCH_DOT, CAUSAL_ATTENTION)
 
 
 def _held(text):
@@ -213,14 +243,66 @@ def load_symbol(path):
         return load_symbol_json(f.read(), path)
 
 
+def attention_of_mxnet_ops(F, q, k, v, head_dim, product='batch_dot', scale=None):
+    """``causal_attention(q, k, v, head_dim, scale)`` in MXNet's ops (``F``:
+    ``mx.sym`` or ``mx.nd``): queries, keys and values ``(N, T, h D)`` ->
+    ``(N, T, h D)``, the heads transposed to ``(N, h, T, D)``, the scores by
+    ``product`` (``batch_dot``, or ``small_batch_dot`` where the library
+    loads), the mask added, ``softmax``, and the product with the values. The
+    language model's attention where the op is not chosen, and the export's
+    form of the op."""
+    scale = head_dim ** -0.5 if scale is None else scale
+
+    def heads(x):  # (N, T, h D) -> (N, T, h, D) -> (N, h, T, D); 0 copies a dimension
+        return F.transpose(F.reshape(x, shape=(0, 0, -1, head_dim)), axes=(0, 2, 1, 3))
+
+    steps = F.contrib.arange_like(F.BlockGrad(q), axis=1)                # (T,)
+    # the scale on the queries (N, T, h D), a quarter of the scores' size at D = T / 4
+    q, k, v = (heads(part) for part in (q * scale, k, v))
+    multiply = getattr(F, product)
+    scores = multiply(q, k, transpose_b=True)                            # (N, h, T, T)
+    future = F.broadcast_greater(F.reshape(steps, shape=(1, -1)),        # (T, T): key after query
+                                 F.reshape(steps, shape=(-1, 1)))
+    # the mask spread over the scores' N h rows outside the gradient, by one
+    # product of a column of ones with the (T T) mask (one pass, where a
+    # zeros_like and a broadcast_add take two), then added elementwise: the
+    # backward pass passes the scores' gradient through, where
+    # broadcast_add's backward runs MXNet's slow reduction
+    fixed = F.BlockGrad(scores)
+    batch, each_head = (F.ones_like(F.contrib.arange_like(fixed, axis=axis)) for axis in (0, 1))
+    rows = F.reshape(F.dot(F.reshape(batch, shape=(-1, 1)), F.reshape(each_head, shape=(1, -1))),
+                     shape=(-1, 1))                                          # (N h, 1) ones
+    mask = F.BlockGrad(F.reshape_like(
+        F.dot(rows, F.reshape(future * -1e9, shape=(1, -1))), scores))      # (N, h, T, T)
+    attention = F.softmax(scores + mask, axis=-1)
+    out = multiply(attention, v)                                         # (N, h, T, D)
+    return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))  # (N, T, h D)
+
+
+def _attention_nodes(node):
+    """The nodes of ``causal_attention`` node ``node`` in MXNet's ops
+    (:func:`attention_of_mxnet_ops`), named from its name: a
+    :class:`~mp_symbolic.core.graph.ir.PlacedGraph` whose variables are
+    named ``<name>_q``, ``_k`` and ``_v``."""
+    from ..graph.ir import PlacedGraph  # pylint: disable=import-outside-toplevel
+    scale = node.attrs.get('scale')
+    inputs = [mx.sym.var('%s_%s' % (node.name, part)) for part in 'qkv']
+    with mx.name.Prefix(node.name + '_'):
+        symbol = attention_of_mxnet_ops(
+            mx.sym, *inputs, head_dim=int(node.attrs['head_dim']),
+            scale=None if scale in (None, '', 'None') else float(scale))
+    return PlacedGraph.from_symbol(symbol)
+
+
 def with_mxnet_ops(graph):
     """The :class:`~mp_symbolic.core.graph.ir.PlacedGraph` ``graph`` with each
-    ``fused_layer_norm`` node made MXNet's ``LayerNorm`` over the last axis
-    and each ``small_batch_dot`` node MXNet's ``batch_dot`` (the same
-    attributes): the same names, inputs, groups and other attributes (for a
-    runtime without the project's library: symbol/params files and ONNX);
-    ``graph`` itself where it holds none. The results agree to float32
-    rounding."""
+    ``fused_layer_norm`` node made MXNet's ``LayerNorm`` over the last axis,
+    each ``small_batch_dot`` node MXNet's ``batch_dot`` (the same
+    attributes) and each ``causal_attention`` node the ops of
+    :func:`attention_of_mxnet_ops`, named from it: the same names, inputs,
+    groups and other attributes (for a runtime without the project's
+    library: symbol/params files and ONNX); ``graph`` itself where it holds
+    none. The results agree to float32 rounding."""
     if not any(node.op in IN_GRAPHS for node in graph.nodes):
         return graph
 
@@ -231,7 +313,31 @@ def with_mxnet_ops(graph):
         if node.op == SMALL_BATCH_DOT:
             return node.but(op='batch_dot')
         return node
-    return graph.but(nodes=[mxnets(node) for node in graph.nodes])
+    nodes, at = [], {}  # at: old index -> the new entry of its output 0 (node, output)
+
+    def entry(e):
+        new, output = at[e.node]
+        return (new, output + e.output, e.version)
+    for node in graph.nodes:
+        if node.op != CAUSAL_ATTENTION:
+            at[node.index] = (len(nodes), 0)
+            nodes.append(mxnets(node).but(index=len(nodes),
+                                          inputs=[entry(e) for e in node.inputs]))
+            continue
+        inner = _attention_nodes(node)
+        inner_at = {}
+        for part in inner.nodes:
+            if part.is_variable:  # one of the op's inputs: q, k or v
+                inner_at[part.index] = entry(node.inputs['qkv'.index(part.name[-1])])
+                continue
+            inner_at[part.index] = (len(nodes), 0, 0)
+            nodes.append(part.but(index=len(nodes), group=node.group, layer=node.layer,
+                                  block=node.block, inputs=[
+                                      (inner_at[e.node][0], inner_at[e.node][1] + e.output,
+                                       e.version) for e in part.inputs]))
+        head = inner.heads[0]
+        at[node.index] = (inner_at[head.node][0], inner_at[head.node][1] + head.output)
+    return graph.but(nodes=nodes, heads=[entry(h) for h in graph.heads])
 
 
 def _build_and_load():

@@ -191,42 +191,26 @@ class Embed(gluon.HybridBlock):
 class _Attend:
     """Causal attention of queries, keys and values ``(N, T, h D)`` holding
     whole heads of ``head_dim`` features (all ``H`` heads, or a shard's): the
-    result ``(N, T, h D)``, head by head, whatever ``h`` is. Its two products
-    are the op ``product`` names: MXNet's ``batch_dot``, or the project's
-    ``small_batch_dot`` (:mod:`mp_symbolic.core.kernels`, loaded first)."""
+    result ``(N, T, h D)``, head by head, whatever ``h`` is. ``fused``: the
+    project's ``causal_attention`` op (:mod:`mp_symbolic.core.kernels`,
+    loaded first), all of it in one op; else MXNet's ops, the two products
+    the op ``product`` names: MXNet's ``batch_dot``, or the project's
+    ``small_batch_dot``."""
 
-    def __init__(self, head_dim, product='batch_dot'):
+    def __init__(self, head_dim, product='batch_dot', fused=False):
         self.head_dim = head_dim
         self.scale = head_dim ** -0.5
         self.product = product
+        self.fused = fused
         self.__name__ = 'attention'
 
-    def _heads(self, F, x):
-        # (N, T, h D) -> (N, T, h, D) -> (N, h, T, D); 0 copies a dimension, so T may vary
-        return F.transpose(F.reshape(x, shape=(0, 0, -1, self.head_dim)), axes=(0, 2, 1, 3))
-
     def __call__(self, F, q, k, v):
-        steps = F.contrib.arange_like(F.BlockGrad(q), axis=1)            # (T,)
-        # the scale on the queries (N, T, h D), a quarter of the scores' size at D = T / 4
-        q, k, v = (self._heads(F, part) for part in (q * self.scale, k, v))
-        product = getattr(F, self.product)
-        scores = product(q, k, transpose_b=True)                         # (N, h, T, T)
-        future = F.broadcast_greater(F.reshape(steps, shape=(1, -1)),    # (T, T): key after query
-                                     F.reshape(steps, shape=(-1, 1)))
-        # the mask spread over the scores' N h rows outside the gradient, by one
-        # product of a column of ones with the (T T) mask (one pass, where a
-        # zeros_like and a broadcast_add take two), then added elementwise: the
-        # backward pass passes the scores' gradient through, where
-        # broadcast_add's backward runs MXNet's slow reduction
-        fixed = F.BlockGrad(scores)
-        batch, heads = (F.ones_like(F.contrib.arange_like(fixed, axis=axis)) for axis in (0, 1))
-        rows = F.reshape(F.dot(F.reshape(batch, shape=(-1, 1)), F.reshape(heads, shape=(1, -1))),
-                         shape=(-1, 1))                                      # (N h, 1) ones
-        mask = F.BlockGrad(F.reshape_like(
-            F.dot(rows, F.reshape(future * -1e9, shape=(1, -1))), scores))  # (N, h, T, T)
-        attention = F.softmax(scores + mask, axis=-1)
-        out = product(attention, v)                                      # (N, h, T, D)
-        return F.reshape(F.transpose(out, axes=(0, 2, 1, 3)), shape=(0, 0, -1))  # (N, T, h D)
+        if self.fused:
+            # MXNet hands a library's op no write request: through an identity
+            # each input's gradient adds where its array's grad_req is 'add'
+            q, k, v = (F.identity(a) for a in (q, k, v))
+            return getattr(F, kernels.CAUSAL_ATTENTION)(q, k, v, head_dim=self.head_dim)
+        return kernels.attention_of_mxnet_ops(F, q, k, v, self.head_dim, product=self.product)
 
 
 def _gelu(F, x):
@@ -239,11 +223,13 @@ class CausalSelfAttention(gluon.HybridBlock):
     def __init__(self, cfg, layers=Layers(), **kwargs):
         super().__init__(**kwargs)
         C = cfg.num_hiddens
-        # the products by MXNet's batch_dot, or by the project's small_batch_dot where
-        # MP_SYMBOLIC_SMALL_BATCH_DOT asks (it keeps the scores to the backward pass);
-        # the export writes batch_dot in its place
-        self.attend = _Attend(C // cfg.num_heads, product=kernels.SMALL_BATCH_DOT
-                              if kernels.use_small_batch_dot() else 'batch_dot')
+        # the project's causal_attention op where its library loads (the export
+        # writes MXNet's ops in its place); else the products by MXNet's batch_dot,
+        # or by the project's small_batch_dot where MP_SYMBOLIC_SMALL_BATCH_DOT asks
+        # (it keeps the scores to the backward pass), batch_dot in the export
+        fused = kernels.use_fused_attention()
+        self.attend = _Attend(C // cfg.num_heads, fused=fused, product=kernels.SMALL_BATCH_DOT
+                              if not fused and kernels.use_small_batch_dot() else 'batch_dot')
         with self.name_scope():
             self.query = layers.dense(C, C, 'query_', 'column')
             self.key = layers.dense(C, C, 'key_', 'column')
