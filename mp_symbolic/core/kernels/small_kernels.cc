@@ -101,6 +101,10 @@ inline __attribute__((always_inline)) void Cols(const float* a, int64_t rs, int6
 
 __attribute__((target("avx512f,fma"))) void Product512(PRODUCT_ARGS) {
   int64_t j = 0;
+  if (band == kRowsFromCol) {  // blocks of 16 columns: the rows above each are left out
+    for (; j < NP; j += 16) Cols<v16, 16, 1, 16>(PRODUCT_PASS, j, band);
+    return;
+  }
   for (; j + 64 <= NP; j += 64) Cols<v16, 16, 4, 4>(PRODUCT_PASS, j, band);
   if (NP - j == 48) Cols<v16, 16, 3, 4>(PRODUCT_PASS, j, band);
   else if (NP - j == 32) Cols<v16, 16, 2, 8>(PRODUCT_PASS, j, band);
