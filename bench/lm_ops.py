@@ -26,8 +26,9 @@ magnitude.
   reduction on CPU); and, where a C++ compiler builds it, ``fused op``: the
   model's, a custom operator of MXNet's library API, forward and backward
   each one pass a row (:mod:`mp_symbolic.core.kernels`).
-* Causal attention of queries, keys and values ``(N, T, C)``, against the
-  model's ``gpt._Attend`` (the mask spread over the scores by one ``dot``):
+* Causal attention of queries, keys and values ``(N, T, C)``, against
+  ``gpt._Attend`` in MXNet's ops (the model's where the project's op is not
+  chosen: the mask spread over the scores by one ``dot``):
   ``zeros_like mask`` (the mask made by ``zeros_like`` and
   ``broadcast_add``), ``interleaved`` (MXNet's fused
   ``_contrib_interleaved_matmul_selfatt_qk`` / ``_valatt``, the queries, keys
@@ -39,7 +40,9 @@ magnitude.
   1.9.1's ONNX exporter has no converter for it); and, where the project's
   library loads, ``products by small_batch_dot`` (the model's attention
   with its two products by the project's ``small_batch_dot``, the kernel
-  the CPU runs named: :mod:`mp_symbolic.core.kernels`).
+  the CPU runs named: :mod:`mp_symbolic.core.kernels`) and
+  ``causal_attention op`` (the project's op, all of the attention in one:
+  the model's wherever the library loads).
 * The queries, keys and values of ``(N, T, C)`` inputs and the attention on
   them, against the model's three ``FullyConnected`` (``three products``):
   ``one product`` (the three weights and biases concatenated into one
@@ -524,8 +527,9 @@ def _updates(C, repeats, warmup):
 
 
 def _attentions():
-    """:data:`ATTENTIONS`, and the model's attention with its products by
-    ``small_batch_dot`` where the project's library loads."""
+    """:data:`ATTENTIONS`, and where the project's library loads the
+    attention with its products by ``small_batch_dot`` and the
+    ``causal_attention`` op."""
     kernel = kernels.small_batch_dot_kernel()
     if kernel is None:
         return dict(ATTENTIONS)  # the norms' candidate says why, once
