@@ -154,9 +154,18 @@ inline __attribute__((always_inline)) void Softmax(float* s, int64_t T, int64_t 
                                                    float scale) {
   for (int64_t i = 0; i < T; ++i) {
     float* row = s + i * ld;
-    const int64_t n = i + 1, chunks = (n + W - 1) / W;
-    float top = row[0];
-    for (int64_t j = 1; j < n; ++j) top = row[j] > top ? row[j] : top;
+    const int64_t n = i + 1, chunks = (n + W - 1) / W, whole = n / W;
+    // the row's largest score: its whole vectors' lanes, then the rest one by one
+    V most = Splat<V>(row[0]);
+    for (int64_t c = 0; c < whole; ++c) {
+      V x;
+      Load(&x, row + c * W);
+      most = x > most ? x : most;
+    }
+    float top = row[0], lanes[W];
+    std::memcpy(lanes, &most, sizeof(lanes));
+    for (float lane : lanes) top = lane > top ? lane : top;
+    for (int64_t j = whole * W; j < n; ++j) top = row[j] > top ? row[j] : top;
     const float shift = -top * scale;
     for (int64_t c = 0; c < chunks; ++c) {
       V x;
