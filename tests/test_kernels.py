@@ -505,12 +505,17 @@ def test_causal_attention_sees_no_later_position_and_takes_the_scale_given():
 def test_causal_attention_refuses_what_it_cannot_compute_in_one_line():
     _needs_the_op()
     q, k, v = (mx.sym.var(n) for n in 'qkv')
+    for head_dim in ('x', '0', '-4', '99999999999999999999'):
+        with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected head_dim, a '
+                           r"whole number from 1 to 1048576, found '%s'" % head_dim):
+            mx.sym.causal_attention(q, k, v, head_dim=head_dim)
     with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected head_dim, a '
-                                                  r"positive whole number, found 'x'"):
-        mx.sym.causal_attention(q, k, v, head_dim='x')
-    with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected head_dim, a '
-                                                  r'positive whole number, found none'):
+                                                  r'whole number from 1 to 1048576, found none'):
         mx.sym.causal_attention(q, k, v)
+    for scale in ('x', '0.5y', 'inf', 'nan'):
+        with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected scale, a '
+                           r"finite number, found '%s'" % scale):
+            mx.sym.causal_attention(q, k, v, head_dim=4, scale=scale)
     attention = mx.sym.causal_attention(q, k, v, head_dim=16)
     with pytest.raises(mx.base.MXNetError, match=r'causal_attention: expected C a multiple of '
                                                   r'head_dim 16, found C 40'):

@@ -50,6 +50,21 @@ library loads and its loop is AVX-512's (its AVX2 loop measured level with
 said: only the speed and float32 rounding differ); ``1``, always, and a
 one-line error where it cannot be built. The export writes ``batch_dot``
 in its place (:func:`with_mxnet_ops`).
+
+``causal_attention(q, k, v, head_dim, scale)`` (``causal_attention.cc``):
+the language model's causal multi-head attention in one op, queries, keys
+and values ``(N, T, C)`` to ``(N, T, C)``, each head read in place through
+the rows' stride, the scale, the mask and the softmax folded in, the
+backward recomputing each head's probabilities (the library API keeps an
+op's outputs for its backward: this one's is the result alone). Its loops
+and ``small_batch_dot``'s are ``small_kernels.cc``'s. Equal to
+:func:`attention_of_mxnet_ops` to float32 rounding.
+``MP_SYMBOLIC_FUSED_ATTENTION`` chooses where the language model uses it
+(:func:`use_fused_attention`): unset (or ``auto``), wherever MXNet is a CPU
+build and the library loads, unless ``MP_SYMBOLIC_SMALL_BATCH_DOT`` asks for
+its products between MXNet's other ops; ``0``, never; ``1``, always, and a
+one-line error where it cannot be built. The export writes
+:func:`attention_of_mxnet_ops`'s nodes in its place (:func:`with_mxnet_ops`).
 """
 import hashlib
 import os
@@ -92,10 +107,11 @@ class KernelError(RuntimeError):
 
 def library():
     """``(True, path)`` once the project's operators (``fused_layer_norm``,
-    ``fused_adam_update``, ``small_batch_dot``) are operators of this process
-    (``mx.sym.fused_layer_norm``, ``mx.nd.fused_layer_norm``, ...), else
-    ``(False, why)``: no compiler, no header, the build or the load failing,
-    in one line. Built once a cache, loaded once a process."""
+    ``fused_adam_update``, ``small_batch_dot``, ``causal_attention``) are
+    operators of this process (``mx.sym.fused_layer_norm``,
+    ``mx.nd.fused_layer_norm``, ...), else ``(False, why)``: no compiler, no
+    header, the build or the load failing, in one line. Built once a cache,
+    loaded once a process."""
     if _KEY not in _LOADED:
         _LOADED[_KEY] = _build_and_load()
     return _LOADED[_KEY]

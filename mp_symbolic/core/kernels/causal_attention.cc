@@ -13,6 +13,7 @@
 // mp_symbolic/core/kernels/__init__.py.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -31,20 +32,27 @@ using mp_symbolic_kernels::Chosen;
 
 namespace causal_attention {
 
-// head_dim, or 0 where it is missing or not a positive whole number
+// head_dim, or 0 where it is missing or not a whole number from 1 to 2^20
 int64_t HeadDim(const Attrs& attrs) {
   auto it = attrs.find("head_dim");
-  if (it == attrs.end() || it->second.empty()) return 0;
+  if (it == attrs.end() || it->second.empty() || it->second.size() > 7) return 0;
   for (char c : it->second)
     if (c < '0' || c > '9') return 0;
-  return std::stoll(it->second);
+  const int64_t dim = std::strtoll(it->second.c_str(), nullptr, 10);
+  return dim <= (int64_t{1} << 20) ? dim : 0;
 }
 
-float Scale(const Attrs& attrs, int64_t head_dim) {
+// scale as written (true), or head_dim^-1/2 where it is not given; false where it
+// is not a finite number
+bool Scale(const Attrs& attrs, int64_t head_dim, float* scale) {
   auto it = attrs.find("scale");
-  if (it == attrs.end() || it->second.empty() || it->second == "None")
-    return 1.f / std::sqrt(static_cast<float>(head_dim));
-  return std::stof(it->second);
+  if (it == attrs.end() || it->second.empty() || it->second == "None") {
+    *scale = 1.f / std::sqrt(static_cast<float>(head_dim));
+    return true;
+  }
+  char* end = nullptr;
+  *scale = std::strtof(it->second.c_str(), &end);
+  return end != it->second.c_str() && *end == '\0' && std::isfinite(*scale);
 }
 
 int64_t Up16(int64_t x) { return (x + 15) / 16 * 16; }
@@ -105,7 +113,8 @@ MXReturnValue Forward(const Attrs& attrs, std::vector<MXTensor>* inputs,
     MX_ERROR_MSG << "causal_attention: expected (N, T, C) inputs, C a multiple of head_dim";
     return mxnet::ext::MX_FAIL;
   }
-  const float scale = Scale(attrs, s.D);
+  float scale;
+  Scale(attrs, s.D, &scale);  // ParseAttrs has refused one it cannot read
   const float* q = inputs->at(0).data<float>();
   const float* k = inputs->at(1).data<float>();
   const float* v = inputs->at(2).data<float>();
@@ -134,7 +143,8 @@ MXReturnValue Backward(const Attrs& attrs, std::vector<MXTensor>* inputs,
     MX_ERROR_MSG << "causal_attention: expected (N, T, C) inputs, C a multiple of head_dim";
     return mxnet::ext::MX_FAIL;
   }
-  const float scale = Scale(attrs, s.D);
+  float scale;
+  Scale(attrs, s.D, &scale);
   const float* dout = inputs->at(0).data<float>();
   const float* q = inputs->at(1).data<float>();
   const float* k = inputs->at(2).data<float>();
@@ -168,8 +178,14 @@ MXReturnValue Backward(const Attrs& attrs, std::vector<MXTensor>* inputs,
 MXReturnValue ParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
   if (HeadDim(attrs) <= 0) {
     auto it = attrs.find("head_dim");
-    MX_ERROR_MSG << "causal_attention: expected head_dim, a positive whole number, found "
-                 << (it == attrs.end() ? std::string("none") : "'" + it->second + "'");
+    MX_ERROR_MSG << "causal_attention: expected head_dim, a whole number from 1 to 1048576, "
+                 << "found " << (it == attrs.end() ? std::string("none") : "'" + it->second + "'");
+    return mxnet::ext::MX_FAIL;
+  }
+  float scale;
+  if (!Scale(attrs, HeadDim(attrs), &scale)) {
+    MX_ERROR_MSG << "causal_attention: expected scale, a finite number, found '"
+                 << attrs.at("scale") << "'";
     return mxnet::ext::MX_FAIL;
   }
   *num_in = 3;

@@ -199,7 +199,6 @@ class _Attend:
 
     def __init__(self, head_dim, product='batch_dot', fused=False):
         self.head_dim = head_dim
-        self.scale = head_dim ** -0.5
         self.product = product
         self.fused = fused
         self.__name__ = 'attention'
