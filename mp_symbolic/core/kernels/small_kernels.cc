@@ -2,12 +2,13 @@
 // to 64 columns accumulated in vector registers: op(b)'s rows read as
 // vectors, op(a) read in place through its strides. Each loop holds at most
 // 16 accumulators in the registers its instructions have: AVX-512's 32 of
-// 16 floats, up to 64 columns by 4 rows (16 columns by 16 rows) at once;
-// AVX2's 16 of 8 floats, 16 columns by 6 rows; the baseline's (SSE2) 16 of
-// 4, 16 by 3. The softmax's exponential is Cephes' expf polynomial on
-// vectors (within 2 units in the last place of float32's exp). The sums
-// are float32 in another order than BLAS's and MXNet's softmax's: equal to
-// theirs to float32 rounding, not bit for bit.
+// 16 floats, up to 64 columns by 4 rows (16 columns by 16 rows at once, and
+// for a causal band's columns); AVX2's 16 of 8 floats, 16 columns by 6
+// rows; the baseline's (SSE2) 16 of 4, 16 by 3. The softmax's exponential
+// is Cephes' expf polynomial on vectors: within 1.01 units in the last
+// place of the float32 nearest to exp over [-87, 0] in each loop (against
+// float64's). The sums are float32 in another order than BLAS's and MXNet's
+// softmax's: equal to theirs to float32 rounding, not bit for bit.
 #include "small_kernels.h"
 
 #include <cstdlib>
