@@ -259,6 +259,16 @@ def load_symbol(path):
         return load_symbol_json(f.read(), path)
 
 
+def as_inputs(F, *arrays):
+    """``arrays`` as inputs of one of the project's operators, each through
+    an ``identity``: MXNet hands a library's op no write request, so its
+    gradients always overwrite; through an identity each input's gradient
+    reaches its array by the identity's backward, which adds where
+    ``grad_req='add'`` (micro-batches) and runs in place (no copy) where it
+    writes."""
+    return [F.identity(a) for a in arrays]
+
+
 def attention_of_mxnet_ops(F, q, k, v, head_dim, product='batch_dot', scale=None):
     """``causal_attention(q, k, v, head_dim, scale)`` in MXNet's ops (``F``:
     ``mx.sym`` or ``mx.nd``): queries, keys and values ``(N, T, h D)`` ->

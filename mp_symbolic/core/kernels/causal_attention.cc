@@ -96,25 +96,27 @@ struct Shape {
   int64_t N, T, C, D, TP;
 };
 
-bool ShapeOf(const Attrs& attrs, const std::vector<int64_t>& shape, Shape* s) {
-  if (shape.size() != 3) return false;
+// the queries' shape and the scale, as ParseAttrs and InferShape have checked them
+MXReturnValue ShapeOf(const Attrs& attrs, const std::vector<int64_t>& shape, Shape* s,
+                      float* scale) {
+  s->D = HeadDim(attrs);
+  if (shape.size() != 3 || s->D <= 0 || shape[2] % s->D != 0 || !Scale(attrs, s->D, scale)) {
+    MX_ERROR_MSG << "causal_attention: expected (N, T, C) inputs, C a multiple of head_dim";
+    return mxnet::ext::MX_FAIL;
+  }
   s->N = shape[0];
   s->T = shape[1];
   s->C = shape[2];
-  s->D = HeadDim(attrs);
   s->TP = Up16(s->T);
-  return s->D > 0 && s->C % s->D == 0;
+  return mxnet::ext::MX_SUCCESS;
 }
 
 MXReturnValue Forward(const Attrs& attrs, std::vector<MXTensor>* inputs,
                       std::vector<MXTensor>* outputs, const OpResource& res) {
   Shape s;
-  if (!ShapeOf(attrs, inputs->at(0).shape, &s)) {
-    MX_ERROR_MSG << "causal_attention: expected (N, T, C) inputs, C a multiple of head_dim";
-    return mxnet::ext::MX_FAIL;
-  }
   float scale;
-  Scale(attrs, s.D, &scale);  // ParseAttrs has refused one it cannot read
+  if (ShapeOf(attrs, inputs->at(0).shape, &s, &scale) != mxnet::ext::MX_SUCCESS)
+    return mxnet::ext::MX_FAIL;
   const float* q = inputs->at(0).data<float>();
   const float* k = inputs->at(1).data<float>();
   const float* v = inputs->at(2).data<float>();
@@ -139,12 +141,9 @@ MXReturnValue Forward(const Attrs& attrs, std::vector<MXTensor>* inputs,
 MXReturnValue Backward(const Attrs& attrs, std::vector<MXTensor>* inputs,
                        std::vector<MXTensor>* outputs, const OpResource& res) {
   Shape s;
-  if (!ShapeOf(attrs, inputs->at(1).shape, &s)) {
-    MX_ERROR_MSG << "causal_attention: expected (N, T, C) inputs, C a multiple of head_dim";
-    return mxnet::ext::MX_FAIL;
-  }
   float scale;
-  Scale(attrs, s.D, &scale);
+  if (ShapeOf(attrs, inputs->at(1).shape, &s, &scale) != mxnet::ext::MX_SUCCESS)
+    return mxnet::ext::MX_FAIL;
   const float* dout = inputs->at(0).data<float>();
   const float* q = inputs->at(1).data<float>();
   const float* k = inputs->at(2).data<float>();

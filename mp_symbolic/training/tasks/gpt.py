@@ -145,11 +145,7 @@ class LayerNorm(gluon.HybridBlock):
 
     def hybrid_forward(self, F, x, gamma, beta):  # pylint: disable=arguments-differ
         if self.fused:
-            # MXNet hands a library's op no write request: its gradients always
-            # overwrite. Through an identity each input's gradient reaches its
-            # array by the identity's backward, which adds where grad_req='add'
-            # (micro-batches), and which runs in place (no copy) where it writes.
-            x, gamma, beta = (F.identity(a) for a in (x, gamma, beta))
+            x, gamma, beta = kernels.as_inputs(F, x, gamma, beta)  # gradients that add
             return F.fused_layer_norm(x, gamma, beta, eps=self.epsilon)
         C = self.in_channels
         rows = F.reshape(x, shape=(-1, C))                                  # (R, C): R positions
@@ -205,9 +201,7 @@ class _Attend:
 
     def __call__(self, F, q, k, v):
         if self.fused:
-            # MXNet hands a library's op no write request: through an identity
-            # each input's gradient adds where its array's grad_req is 'add'
-            q, k, v = (F.identity(a) for a in (q, k, v))
+            q, k, v = kernels.as_inputs(F, q, k, v)  # gradients that add
             return getattr(F, kernels.CAUSAL_ATTENTION)(q, k, v, head_dim=self.head_dim)
         return kernels.attention_of_mxnet_ops(F, q, k, v, self.head_dim, product=self.product)
 
