@@ -123,6 +123,15 @@ def fused_layer_norm():
     return library()
 
 
+def _choice(switch):
+    """``switch()``'s value (:mod:`mp_symbolic.core.base.checks`), a bad one
+    a :class:`KernelError` of its one line."""
+    try:
+        return switch()
+    except ValueError as err:
+        raise KernelError(str(err)) from None
+
+
 def small_batch_dot_kernel():
     """The loop ``small_batch_dot`` runs on this CPU (``'avx512'``,
     ``'avx2'`` or ``'baseline'``), or ``None`` where the library does not
@@ -143,10 +152,7 @@ def use_small_batch_dot():
     (``MP_SYMBOLIC_SMALL_BATCH_DOT``: unset or ``0``, never; ``auto``, where
     the library loads and its loop is AVX-512's; ``1``, always,
     :class:`KernelError` where it cannot be built)."""
-    try:
-        choice = small_batch_dot_switch()
-    except ValueError as err:
-        raise KernelError(str(err)) from None
+    choice = _choice(small_batch_dot_switch)
     if choice == '0':
         return False
     loaded, why = library()
@@ -165,10 +171,7 @@ def use_fused_attention():
     asks for MXNet's softmax between ``small_batch_dot`` products; ``0``,
     never; ``1``, always, :class:`KernelError` where it cannot be built or
     where ``MP_SYMBOLIC_SMALL_BATCH_DOT=1`` asks for the other)."""
-    try:
-        choice, products = fused_attention_switch(), small_batch_dot_switch()
-    except ValueError as err:
-        raise KernelError(str(err)) from None
+    choice, products = _choice(fused_attention_switch), _choice(small_batch_dot_switch)
     if choice == '0':
         return False
     if choice == '1' and products == '1':
@@ -187,10 +190,7 @@ def use_fused_attention():
 def use_fused_norm():
     """Whether the language model's norm is the fused op here
     (``MP_SYMBOLIC_FUSED_NORM``: unset or ``auto``, ``0`` or ``1``)."""
-    try:
-        choice = fused_norm_switch()
-    except ValueError as err:
-        raise KernelError(str(err)) from None
+    choice = _choice(fused_norm_switch)
     if choice == '0':
         return False
     if choice == 'auto' and mx.runtime.Features().is_enabled('CUDA'):
@@ -210,10 +210,7 @@ def use_fused_adam():
     """Whether Adam's update runs as ``fused_adam_update`` here
     (``MP_SYMBOLIC_FUSED_ADAM``: unset or ``auto``, wherever the library
     loads; ``0``, never): the same results either way."""
-    try:
-        choice = fused_adam_switch()
-    except ValueError as err:
-        raise KernelError(str(err)) from None
+    choice = _choice(fused_adam_switch)
     return choice == 'auto' and library()[0]
 
 
